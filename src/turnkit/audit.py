@@ -1,0 +1,232 @@
+"""Audit rows: one per model call, with the call's identity, shape and typed payload slots.
+
+Each row carries the identity tuple (`session_id`, `turn_id`, `stage_id`,
+`seq_within_turn`), the post-routing call shape, and one typed slot per payload kind
+(`planGeneration`, `cacheBreakpoint`, `fallbackStep`, `toolSelection`, `toolFallbackStep`,
+`synthesisQuality`, `providerCascade`). A tool-loop call that emits tool calls fills two
+slots (`cacheBreakpoint` and `toolSelection`); a failed rung fills `fallbackStep`. The one
+untyped slot is `plugin_payloads`, namespaced by plugin name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    JsonValue,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveInt,
+    model_validator,
+)
+
+from turnkit.ids import SessionId, StageId, ToolCallId, TurnId
+
+__all__ = (
+    "AuditPayloads",
+    "AuditRow",
+    "CacheBreakpointPayload",
+    "CallIdentity",
+    "CallOutcome",
+    "CallShape",
+    "FallbackStepPayload",
+    "PlanGenerationPayload",
+    "ProviderCascadePayload",
+    "SynthesisQualityPayload",
+    "ToolCallRef",
+    "ToolFallbackStepPayload",
+    "ToolSelectionPayload",
+    "UsageDelta",
+)
+
+_CONFIG = ConfigDict(
+    frozen=True, extra="forbid", use_attribute_docstrings=True, populate_by_name=True
+)
+
+CallOutcome = Literal["ok", "error", "user-aborted", "cancelled"]
+
+
+class CallIdentity(BaseModel):
+    """Which turn, stage and position a row belongs to."""
+
+    model_config = _CONFIG
+    session_id: SessionId
+    turn_id: TurnId
+    stage_id: StageId
+    seq_within_turn: PositiveInt
+    """1-based position of the row among the turn's audit rows."""
+
+
+class CallShape(BaseModel):
+    """The post-routing shape of one model call: who answered, how long, what it cost."""
+
+    model_config = _CONFIG
+    provider: str
+    model: str
+    family: str
+    rung: NonNegativeInt
+    latency_ms: NonNegativeFloat
+    input_tokens: NonNegativeInt = 0
+    output_tokens: NonNegativeInt = 0
+    cached_tokens: NonNegativeInt = 0
+    cost_usd: NonNegativeFloat = 0.0
+    outcome: CallOutcome
+    error_code: str | None = None
+    """Set when `outcome` is not `ok`."""
+
+
+class PlanGenerationPayload(BaseModel):
+    """What anchor-plan decided."""
+
+    model_config = _CONFIG
+    kind: Literal["planGeneration"] = "planGeneration"
+    intent: str
+    depth: Literal["none", "task_list", "spec_plan_tasks"]
+    tasks: tuple[str, ...] = ()
+
+
+class CacheBreakpointPayload(BaseModel):
+    """The cacheable prefix at the provider response boundary of a tool-loop call."""
+
+    model_config = _CONFIG
+    kind: Literal["cacheBreakpoint"] = "cacheBreakpoint"
+    iteration: PositiveInt
+    prefix_messages: NonNegativeInt
+    """How many request messages repeat the previous call's messages byte for byte."""
+    request_messages: NonNegativeInt
+    cached_tokens: NonNegativeInt = 0
+
+
+class FallbackStepPayload(BaseModel):
+    """One in-family retry: the rung that failed and where the call went next."""
+
+    model_config = _CONFIG
+    kind: Literal["fallbackStep"] = "fallbackStep"
+    from_rung: NonNegativeInt
+    from_model: str
+    to_rung: NonNegativeInt | None
+    to_model: str | None
+    reason: str
+    status_code: int | None = None
+
+
+class ToolCallRef(BaseModel):
+    """A tool call as the model named it."""
+
+    model_config = _CONFIG
+    tool_call_id: ToolCallId
+    tool_name: str
+
+
+class ToolSelectionPayload(BaseModel):
+    """Which tools were offered and which the call selected."""
+
+    model_config = _CONFIG
+    kind: Literal["toolSelection"] = "toolSelection"
+    offered: tuple[str, ...]
+    selected: tuple[ToolCallRef, ...]
+
+
+class ToolFallbackStepPayload(BaseModel):
+    """A tool cascade pivot from one in-class tool to the next."""
+
+    model_config = _CONFIG
+    kind: Literal["toolFallbackStep"] = "toolFallbackStep"
+    tool_call_id: ToolCallId
+    tool_class: str
+    from_tool: str
+    to_tool: str | None
+    reason: str
+
+
+class SynthesisQualityPayload(BaseModel):
+    """The one synthesize call: what it wrote (the same string the client rendered)."""
+
+    model_config = _CONFIG
+    kind: Literal["synthesisQuality"] = "synthesisQuality"
+    answer_chars: NonNegativeInt
+    answer_sha256: str
+    """Hash of the exact answer string streamed to the client."""
+    stop_reason: str
+    tool_calls_in_turn: NonNegativeInt
+
+
+class ProviderCascadePayload(BaseModel):
+    """The whole path a cascaded call took through its family."""
+
+    model_config = _CONFIG
+    kind: Literal["providerCascade"] = "providerCascade"
+    family: str
+    attempts: tuple[str, ...]
+    """Models tried, in order."""
+    answered_rung: NonNegativeInt | None
+    """None when the family ran out."""
+
+
+class AuditPayloads(BaseModel):
+    """One typed slot per payload kind; a row fills the slots its call needs."""
+
+    model_config = _CONFIG
+    plan_generation: PlanGenerationPayload | None = Field(default=None, alias="planGeneration")
+    cache_breakpoint: CacheBreakpointPayload | None = Field(default=None, alias="cacheBreakpoint")
+    fallback_step: FallbackStepPayload | None = Field(default=None, alias="fallbackStep")
+    tool_selection: ToolSelectionPayload | None = Field(default=None, alias="toolSelection")
+    tool_fallback_step: ToolFallbackStepPayload | None = Field(
+        default=None, alias="toolFallbackStep"
+    )
+    synthesis_quality: SynthesisQualityPayload | None = Field(
+        default=None, alias="synthesisQuality"
+    )
+    provider_cascade: ProviderCascadePayload | None = Field(default=None, alias="providerCascade")
+
+    def kinds(self) -> tuple[str, ...]:
+        """Wire names of the filled slots."""
+        return tuple(
+            field.alias or name
+            for name, field in type(self).model_fields.items()
+            if getattr(self, name) is not None
+        )
+
+
+class AuditRow(BaseModel):
+    """One audit row. `call` is None only for rows that are not model calls (tool pivots)."""
+
+    model_config = _CONFIG
+    identity: CallIdentity
+    call: CallShape | None
+    payloads: AuditPayloads = AuditPayloads()
+    plugin_payloads: Mapping[str, JsonValue] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _has_a_payload_or_call(self) -> AuditRow:
+        if self.call is None and not self.payloads.kinds():
+            raise ValueError("an audit row without a call must carry a payload")
+        return self
+
+
+class UsageDelta(BaseModel):
+    """What one audit row adds to the session's usage rollup (same transaction)."""
+
+    model_config = _CONFIG
+    model_calls: NonNegativeInt = 0
+    input_tokens: NonNegativeInt = 0
+    output_tokens: NonNegativeInt = 0
+    cached_tokens: NonNegativeInt = 0
+    cost_usd: NonNegativeFloat = 0.0
+
+    @classmethod
+    def of(cls, call: CallShape | None) -> UsageDelta:
+        """The usage one call adds (nothing for rows that are not model calls)."""
+        if call is None:
+            return cls()
+        return cls(
+            model_calls=1,
+            input_tokens=call.input_tokens,
+            output_tokens=call.output_tokens,
+            cached_tokens=call.cached_tokens,
+            cost_usd=call.cost_usd,
+        )

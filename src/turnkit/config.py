@@ -1,0 +1,56 @@
+"""`RuntimeConfig`: limits and deadlines, validated when the runtime is built."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from turnkit.errors import ConfigurationError
+
+__all__ = ("RuntimeConfig",)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RuntimeConfig:
+    """How a `SessionRuntime` bounds and persists turns.
+
+    Attributes:
+        database_url: Where the Store and checkpoints live (`sqlite:///…` or
+            `postgresql://…`).
+        max_content_chars: Longest accepted user message.
+        checkpoint_durability: When LangGraph checkpoints are written: `sync` (before the
+            next super-step starts), `async` (while it runs) or `exit` (when the graph
+            stops). Events are always committed before they are sent, whatever this is.
+        idle_window_s: A run may go this long without producing a chunk.
+        ceiling_s: A run may take this long in all.
+        credential_lifetime_s: Lifetime of the model credential a run is given, if
+            known; it must exceed `ceiling_s`.
+        heartbeat_interval_s: How often the driver sends a heartbeat while a model call
+            is silent.
+    """
+
+    database_url: str = "sqlite:///turnkit.db"
+    max_content_chars: int = 100_000
+    checkpoint_durability: Literal["sync", "async", "exit"] = "sync"
+    idle_window_s: float = 120.0
+    ceiling_s: float = 3600.0
+    credential_lifetime_s: float | None = None
+    heartbeat_interval_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        if self.max_content_chars < 1:
+            raise ConfigurationError("max_content_chars must be at least 1")
+        if self.idle_window_s <= 0 or self.ceiling_s <= 0:
+            raise ConfigurationError("idle_window_s and ceiling_s must be positive")
+        if self.idle_window_s > self.ceiling_s:
+            raise ConfigurationError(
+                f"idle_window_s ({self.idle_window_s}) cannot exceed ceiling_s ({self.ceiling_s})"
+            )
+        if not 0 < self.heartbeat_interval_s < self.idle_window_s:
+            raise ConfigurationError("heartbeat_interval_s must be positive and below the idle window")
+        if self.credential_lifetime_s is not None and self.credential_lifetime_s <= self.ceiling_s:
+            raise ConfigurationError(
+                f"the credential lifetime ({self.credential_lifetime_s} s) must exceed the "
+                f"ceiling ({self.ceiling_s} s): a run that outlives its key fails model calls "
+                "halfway through; lower `ceiling_s` or issue longer-lived keys"
+            )

@@ -1,0 +1,249 @@
+"""Every error turnkit raises, each with a stable `code` from one catalog.
+
+```
+TurnkitError
+ ├─ ConfigurationError        developer mistake; raised at construction, never mid-turn
+ │   ├─ DuplicateToolError
+ │   └─ UnknownModelError
+ ├─ InvalidInputError         bad input to a public call; nothing was written
+ │   ├─ EmptyContentError
+ │   ├─ ContentTooLargeError
+ │   └─ InvalidSessionIdError
+ ├─ NotFoundError
+ │   ├─ SessionNotFoundError
+ │   └─ TurnNotFoundError
+ ├─ TurnError                 ends a turn with a code → `error` event + terminal state
+ │   ├─ ProviderError                 one model call failed (retriable or not)
+ │   ├─ FamilyExhaustedError          every rung of the model family failed
+ │   ├─ OutputLimitExceededError      the answer hit the provider's output limit
+ │   ├─ ToolCallError                 truncated/malformed tool call naming no tool
+ │   ├─ DeadlineExceededError         idle window or ceiling → `timed_out`
+ │   ├─ UserAbortedError              the caller closed the stream or cancelled
+ │   └─ InternalError                 an unexpected exception inside the turn
+ ├─ StoreError
+ │   └─ StaleEpochError       fencing rejection; the driver stops at once
+ └─ ReplayCursorError         malformed / ahead-of-log cursor
+```
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Literal, get_args
+
+__all__ = (
+    "DOCS_URL",
+    "ConfigurationError",
+    "ContentTooLargeError",
+    "DeadlineExceededError",
+    "DuplicateToolError",
+    "EmptyContentError",
+    "ErrorCode",
+    "FamilyExhaustedError",
+    "InternalError",
+    "InvalidInputError",
+    "InvalidSessionIdError",
+    "NotFoundError",
+    "OutputLimitExceededError",
+    "ProviderError",
+    "ReplayCursorError",
+    "SessionNotFoundError",
+    "StaleEpochError",
+    "StoreError",
+    "ToolCallError",
+    "TurnError",
+    "TurnNotFoundError",
+    "TurnkitError",
+    "UnknownModelError",
+    "UserAbortedError",
+    "error_codes",
+)
+
+DOCS_URL = "docs/errors.md"
+
+ErrorCode = Literal[
+    "configuration-invalid",
+    "duplicate-tool",
+    "unknown-model",
+    "invalid-input",
+    "empty-content",
+    "content-too-large",
+    "invalid-session-id",
+    "not-found",
+    "session-not-found",
+    "turn-not-found",
+    "provider-error",
+    "family-exhausted",
+    "agent_output_limit_exceeded",
+    "tool-call-malformed",
+    "tool-arguments-invalid",
+    "tool-not-found",
+    "tool-failed",
+    "deadline-exceeded",
+    "user-aborted",
+    "internal-error",
+    "store-error",
+    "stale-epoch",
+    "replay-cursor-invalid",
+]
+"""The one catalog of error codes. Codes never change meaning once published."""
+
+
+def error_codes() -> tuple[str, ...]:
+    """All codes of the catalog, in catalog order."""
+    return get_args(ErrorCode)
+
+
+class TurnkitError(Exception):
+    """Root of every turnkit error. `code` is stable; `message` says what to do next."""
+
+    code: ClassVar[ErrorCode] = "internal-error"
+
+    def __init__(self, message: str, **details: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details: dict[str, Any] = details
+        for key, value in details.items():
+            setattr(self, key, value)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (type(self), self.message, self.details))
+
+    def __str__(self) -> str:
+        return f"{self.message} [{self.code}; see {DOCS_URL}#{self.code}]"
+
+
+def _rebuild(cls: type[TurnkitError], message: str, details: dict[str, Any]) -> TurnkitError:
+    return cls(message, **details)
+
+
+class ConfigurationError(TurnkitError):
+    """A developer mistake found at construction or registration time."""
+
+    code: ClassVar[ErrorCode] = "configuration-invalid"
+
+
+class DuplicateToolError(ConfigurationError):
+    """Two tools of one agent share a name."""
+
+    code: ClassVar[ErrorCode] = "duplicate-tool"
+
+
+class UnknownModelError(ConfigurationError):
+    """A model string no provider resolves."""
+
+    code: ClassVar[ErrorCode] = "unknown-model"
+
+
+class InvalidInputError(TurnkitError):
+    """Bad input to a public call; nothing was written."""
+
+    code: ClassVar[ErrorCode] = "invalid-input"
+
+
+class EmptyContentError(InvalidInputError):
+    """A message with no content (empty or only white space)."""
+
+    code: ClassVar[ErrorCode] = "empty-content"
+
+
+class ContentTooLargeError(InvalidInputError):
+    """A message longer than the configured bound."""
+
+    code: ClassVar[ErrorCode] = "content-too-large"
+
+
+class InvalidSessionIdError(InvalidInputError):
+    """A session id that does not have the session id format."""
+
+    code: ClassVar[ErrorCode] = "invalid-session-id"
+
+
+class NotFoundError(TurnkitError):
+    """Something asked for does not exist (or is not visible to the caller)."""
+
+    code: ClassVar[ErrorCode] = "not-found"
+
+
+class SessionNotFoundError(NotFoundError):
+    """No such session."""
+
+    code: ClassVar[ErrorCode] = "session-not-found"
+
+
+class TurnNotFoundError(NotFoundError):
+    """No such turn."""
+
+    code: ClassVar[ErrorCode] = "turn-not-found"
+
+
+class TurnError(TurnkitError):
+    """An error that ends a turn; it becomes an `error` event and a terminal state."""
+
+    code: ClassVar[ErrorCode] = "internal-error"
+
+
+class ProviderError(TurnError):
+    """One model call failed. `is_retriable` decides whether a family walks on."""
+
+    code: ClassVar[ErrorCode] = "provider-error"
+    status_code: int | None
+    is_retriable: bool
+
+    def __init__(
+        self, message: str, *, status_code: int | None = None, is_retriable: bool = False
+    ) -> None:
+        super().__init__(message, status_code=status_code, is_retriable=is_retriable)
+
+
+class FamilyExhaustedError(TurnError):
+    """Every rung of the model family failed; the turn never widens to another family."""
+
+    code: ClassVar[ErrorCode] = "family-exhausted"
+
+
+class OutputLimitExceededError(TurnError):
+    """The provider's output limit was hit in the answer (seed 002, Finishing)."""
+
+    code: ClassVar[ErrorCode] = "agent_output_limit_exceeded"
+
+
+class ToolCallError(TurnError):
+    """A truncated or malformed tool call that names no tool: fatal (seed 002)."""
+
+    code: ClassVar[ErrorCode] = "tool-call-malformed"
+
+
+class DeadlineExceededError(TurnError):
+    """The idle window or the ceiling passed; the turn is `timed_out`."""
+
+    code: ClassVar[ErrorCode] = "deadline-exceeded"
+
+
+class UserAbortedError(TurnError):
+    """The caller closed the stream or triggered the cancel token."""
+
+    code: ClassVar[ErrorCode] = "user-aborted"
+
+
+class InternalError(TurnError):
+    """An unexpected exception inside the turn (a bug in a tool, plugin or turnkit)."""
+
+    code: ClassVar[ErrorCode] = "internal-error"
+
+
+class StoreError(TurnkitError):
+    """The Store refused or failed a write."""
+
+    code: ClassVar[ErrorCode] = "store-error"
+
+
+class StaleEpochError(StoreError):
+    """A commit carried a fencing token older than the turn's current lease."""
+
+    code: ClassVar[ErrorCode] = "stale-epoch"
+
+
+class ReplayCursorError(TurnkitError):
+    """A replay cursor that is malformed or ahead of anything written."""
+
+    code: ClassVar[ErrorCode] = "replay-cursor-invalid"

@@ -1,0 +1,407 @@
+"""Stream events: one discriminated union on `type`, durable or ephemeral by type.
+
+Durable events carry `seq` (1, 2, 3… within the turn, gap-free), are committed to the
+Store before anyone sees them and are replayed. Ephemeral events carry no `seq`, are never
+persisted and never replayed. Which is which is the class an event derives from.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    JsonValue,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveInt,
+    TypeAdapter,
+)
+
+from turnkit.blocks import TextBlock, ThinkingSummaryBlock, ToolResultBlock, ToolUseBlock
+from turnkit.errors import ErrorCode
+from turnkit.ids import SessionId, StageId, ToolCallId, TurnId
+from turnkit.states import TerminalStatus
+
+__all__ = (
+    "STREAM_EVENT_ADAPTER",
+    "ApprovalRequestedEvent",
+    "CheckpointCreatedEvent",
+    "Citation",
+    "ClarificationRequestedEvent",
+    "CompactionCompletedEvent",
+    "CompactionStartedEvent",
+    "DoneEvent",
+    "DurableEvent",
+    "Entity",
+    "EphemeralEvent",
+    "ErrorEvent",
+    "GuardrailEvent",
+    "HeartbeatEvent",
+    "JobCompletedEvent",
+    "JobDispatchedEvent",
+    "JobProgressEvent",
+    "MessageCitationsEvent",
+    "MessageCompleteEvent",
+    "MessageDeltaEvent",
+    "MessageEntitiesEvent",
+    "ProviderCascadeEvent",
+    "StageName",
+    "StepEndEvent",
+    "StepStartEvent",
+    "StreamEvent",
+    "ThinkingCompleteEvent",
+    "ThinkingDeltaEvent",
+    "ToolCompletedEvent",
+    "ToolDeltaEvent",
+    "ToolFailedEvent",
+    "ToolStartedEvent",
+    "TurnStartedEvent",
+    "UsageEvent",
+    "decode_event",
+    "encode_event",
+)
+
+StageName = Literal["anchor-plan", "tool-loop", "synthesize", "post-turn"]
+
+
+class _Event(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+    session_id: SessionId
+    turn_id: TurnId
+    stage_id: StageId
+    """The stage that produced the event, or `runtime` for the turn's own bookkeeping."""
+    ts: AwareDatetime
+    """When the runtime produced the event (UTC)."""
+
+
+class DurableEvent(_Event):
+    """Committed to the Store before it is sent; replayed after a reconnect."""
+
+    seq: PositiveInt
+    """1-based, gap-free position within the turn; also the SSE `id:`."""
+
+
+class EphemeralEvent(_Event):
+    """Never persisted, never replayed, sent without an SSE id."""
+
+
+# ── turn and stage bookkeeping ────────────────────────────────────────────────────────
+
+
+class TurnStartedEvent(DurableEvent):
+    """The turn row is written; the user's message is part of the log."""
+
+    type: Literal["turn.started"] = "turn.started"
+    content: str
+    """The user's message."""
+    request_id: str | None = None
+    agent: str
+    model: str
+    """The model (or family) the turn runs on."""
+    effort: Literal["off", "low", "medium", "high"]
+
+
+class StepStartEvent(DurableEvent):
+    """A stage began. `iteration` counts tool-loop passes from 1."""
+
+    type: Literal["step.start"] = "step.start"
+    step: StageName
+    iteration: PositiveInt | None = None
+
+
+class StepEndEvent(DurableEvent):
+    """A stage ended."""
+
+    type: Literal["step.end"] = "step.end"
+    step: StageName
+    iteration: PositiveInt | None = None
+    duration_ms: NonNegativeFloat
+
+
+# ── model output ──────────────────────────────────────────────────────────────────────
+
+
+class MessageDeltaEvent(EphemeralEvent):
+    """A piece of assistant text; the whole block arrives later in `message.complete`."""
+
+    type: Literal["message.delta"] = "message.delta"
+    block_id: str
+    text: str
+
+
+class ThinkingDeltaEvent(EphemeralEvent):
+    """A piece of a thinking summary (never raw chain-of-thought)."""
+
+    type: Literal["thinking.delta"] = "thinking.delta"
+    block_id: str
+    text: str
+
+
+class ThinkingCompleteEvent(DurableEvent):
+    """A thinking summary block is complete."""
+
+    type: Literal["thinking.complete"] = "thinking.complete"
+    block: ThinkingSummaryBlock
+
+
+class MessageCompleteEvent(DurableEvent):
+    """A text block is complete: narration in `tool-loop`, the answer in `synthesize`."""
+
+    type: Literal["message.complete"] = "message.complete"
+    block: TextBlock
+
+
+class Citation(BaseModel):
+    """A source the answer relies on."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+    source: str
+    title: str | None = None
+    url: str | None = None
+    quote: str | None = None
+
+
+class Entity(BaseModel):
+    """A named thing the turn referred to."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+    name: str
+    kind: str
+
+
+class MessageCitationsEvent(DurableEvent):
+    """Citations an enrichment plugin attached to a text block."""
+
+    type: Literal["message.citations"] = "message.citations"
+    block_id: str
+    citations: tuple[Citation, ...]
+
+
+class MessageEntitiesEvent(DurableEvent):
+    """Entities anchored at plan time or extracted from a block."""
+
+    type: Literal["message.entities"] = "message.entities"
+    block_id: str | None = None
+    entities: tuple[Entity, ...]
+
+
+# ── tools and jobs ────────────────────────────────────────────────────────────────────
+
+
+class ToolStartedEvent(DurableEvent):
+    """A tool call is dispatched; written ahead of the tool running."""
+
+    type: Literal["tool.started"] = "tool.started"
+    block: ToolUseBlock
+
+
+class ToolDeltaEvent(EphemeralEvent):
+    """The model is still writing a tool call's arguments."""
+
+    type: Literal["tool.delta"] = "tool.delta"
+    tool_call_id: ToolCallId
+    tool_name: str | None = None
+    arguments_delta: str
+    chars: NonNegativeInt
+    """How many argument characters the open call has written so far."""
+
+
+class ToolCompletedEvent(DurableEvent):
+    """A tool call answered."""
+
+    type: Literal["tool.completed"] = "tool.completed"
+    tool_call_id: ToolCallId
+    result: ToolResultBlock
+    duration_ms: NonNegativeFloat
+    tool_name: str
+    """The tool that answered (differs from the called name after a cascade pivot)."""
+
+
+class ToolFailedEvent(DurableEvent):
+    """A tool call failed; the failure is a result the model reads, not a turn error."""
+
+    type: Literal["tool.failed"] = "tool.failed"
+    tool_call_id: ToolCallId
+    result: ToolResultBlock
+    duration_ms: NonNegativeFloat
+    code: ErrorCode
+
+
+class JobDispatchedEvent(DurableEvent):
+    """A long-running tool started a job."""
+
+    type: Literal["job.dispatched"] = "job.dispatched"
+    job_id: str
+    tool_call_id: ToolCallId
+    tool_name: str
+
+
+class JobProgressEvent(EphemeralEvent):
+    """A long-running tool reported progress."""
+
+    type: Literal["job.progress"] = "job.progress"
+    job_id: str
+    tool_call_id: ToolCallId
+    progress: float | None = Field(default=None, ge=0.0, le=1.0)
+    message: str | None = None
+
+
+class JobCompletedEvent(DurableEvent):
+    """A long-running tool's job ended."""
+
+    type: Literal["job.completed"] = "job.completed"
+    job_id: str
+    tool_call_id: ToolCallId
+    is_error: bool = False
+
+
+# ── cascades, pauses, guards, context ─────────────────────────────────────────────────
+
+
+class ProviderCascadeEvent(DurableEvent):
+    """A rung of the model family failed and the call walked to the next rung (or ran out)."""
+
+    type: Literal["provider.cascade"] = "provider.cascade"
+    family: str
+    from_rung: NonNegativeInt
+    from_model: str
+    to_rung: NonNegativeInt | None = None
+    """The rung tried next; None when the family ran out."""
+    to_model: str | None = None
+    reason: str
+    status_code: int | None = None
+
+
+class ApprovalRequestedEvent(DurableEvent):
+    """A tool call waits for a person's approval; the turn is `awaiting_approval`."""
+
+    type: Literal["approval.requested"] = "approval.requested"
+    request_id: str
+    tool_call_id: ToolCallId
+    tool_name: str
+    arguments: dict[str, JsonValue]
+    summary: str
+
+
+class ClarificationRequestedEvent(DurableEvent):
+    """The model asked the person a question; the turn is `awaiting_input`."""
+
+    type: Literal["clarification.requested"] = "clarification.requested"
+    request_id: str
+    question: str
+    choices: tuple[str, ...] = ()
+
+
+class GuardrailEvent(DurableEvent):
+    """What one guardrail check found (never the checked text)."""
+
+    type: Literal["guardrail"] = "guardrail"
+    checkpoint: str
+    kind: str
+    subject: str
+    action: str
+
+
+class CompactionStartedEvent(EphemeralEvent):
+    """A summary of the history is being written."""
+
+    type: Literal["compaction.started"] = "compaction.started"
+
+
+class CompactionCompletedEvent(DurableEvent):
+    """The history was replaced by a summary."""
+
+    type: Literal["compaction.completed"] = "compaction.completed"
+    summarized_messages: NonNegativeInt
+    tokens_before: NonNegativeInt
+    tokens_after: NonNegativeInt
+
+
+class UsageEvent(DurableEvent):
+    """Totals for the turn so far: tokens and cost over every model call."""
+
+    type: Literal["usage"] = "usage"
+    model_calls: NonNegativeInt
+    input_tokens: NonNegativeInt
+    output_tokens: NonNegativeInt
+    cached_tokens: NonNegativeInt = 0
+    cost_usd: NonNegativeFloat = 0.0
+
+
+class CheckpointCreatedEvent(DurableEvent):
+    """The graph state was checkpointed; a resumed turn continues from here."""
+
+    type: Literal["checkpoint.created"] = "checkpoint.created"
+    checkpoint_id: str
+
+
+class HeartbeatEvent(EphemeralEvent):
+    """The driver is alive while a model call is silent."""
+
+    type: Literal["heartbeat"] = "heartbeat"
+
+
+class ErrorEvent(DurableEvent):
+    """The turn failed (or was interrupted) with a stable code."""
+
+    type: Literal["error"] = "error"
+    code: ErrorCode
+    message: str
+    details: dict[str, JsonValue] = Field(default_factory=dict)
+
+
+class DoneEvent(DurableEvent):
+    """The last event of every turn: its terminal status."""
+
+    type: Literal["done"] = "done"
+    status: TerminalStatus
+    error_code: ErrorCode | None = None
+    """Set for `failed` and `timed_out`; `cancelled` carries no error code."""
+
+
+StreamEvent = Annotated[
+    TurnStartedEvent
+    | StepStartEvent
+    | StepEndEvent
+    | MessageDeltaEvent
+    | ThinkingDeltaEvent
+    | ThinkingCompleteEvent
+    | ToolStartedEvent
+    | ToolDeltaEvent
+    | ToolCompletedEvent
+    | ToolFailedEvent
+    | JobDispatchedEvent
+    | JobProgressEvent
+    | JobCompletedEvent
+    | ProviderCascadeEvent
+    | MessageCompleteEvent
+    | MessageCitationsEvent
+    | MessageEntitiesEvent
+    | ApprovalRequestedEvent
+    | ClarificationRequestedEvent
+    | GuardrailEvent
+    | CompactionStartedEvent
+    | CompactionCompletedEvent
+    | UsageEvent
+    | CheckpointCreatedEvent
+    | HeartbeatEvent
+    | ErrorEvent
+    | DoneEvent,
+    Field(discriminator="type"),
+]
+STREAM_EVENT_ADAPTER: TypeAdapter[StreamEvent] = TypeAdapter(StreamEvent)
+
+
+def encode_event(event: DurableEvent | EphemeralEvent) -> bytes:
+    """The event's wire JSON (the bytes the Store keeps and replay forwards)."""
+    return event.__pydantic_serializer__.to_json(event)
+
+
+def decode_event(data: bytes | str) -> StreamEvent:
+    """Parse wire JSON back into its typed event."""
+    return STREAM_EVENT_ADAPTER.validate_json(data)
+

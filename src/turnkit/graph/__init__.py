@@ -1,0 +1,199 @@
+"""The four-stage graph on LangGraph: the only package that imports langgraph.
+
+`anchor-plan → tool-loop ⇄ synthesize → post-turn`. Each tool-loop iteration is its own
+super-step, so a checkpoint lands between iterations. There is no edge back into
+synthesize: it runs once per turn, by structure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import operator
+import time
+from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator
+from typing import Annotated, Any, Literal, TypedDict, cast
+
+from langgraph.checkpoint.base import BaseCheckpointSaver
+from langgraph.errors import GraphBubbleUp
+from langgraph.graph import END, START, StateGraph
+from langgraph.graph.state import CompiledStateGraph
+from langgraph.runtime import Runtime
+
+from turnkit.events import StageName, StepEndEvent, StepStartEvent
+from turnkit.stages import (
+    StageContext,
+    StageOutcome,
+    run_anchor_plan,
+    run_post_turn,
+    run_synthesize,
+    run_tool_loop,
+)
+from turnkit.stages._types import Route, TranscriptMessage
+
+__all__ = (
+    "TurnGraph",
+    "TurnState",
+    "compile_turn_graph",
+    "latest_checkpoint_id",
+    "open_checkpointer",
+    "reraise_control_flow",
+    "stream_turn",
+)
+
+
+class TurnState(TypedDict):
+    """Graph state: plain JSON, so any checkpointer stores it without custom types."""
+
+    transcript: Annotated[list[TranscriptMessage], operator.add]
+    content: str
+    route: Route
+    iteration: int
+    last_request_len: int
+
+
+TurnGraph = CompiledStateGraph[TurnState, StageContext, TurnState, TurnState]
+
+
+def reraise_control_flow(exc: BaseException) -> None:
+    """Re-raise cancellation and LangGraph's interrupts before any broad handler."""
+    if isinstance(exc, asyncio.CancelledError | GraphBubbleUp):
+        raise exc
+
+
+async def _bracket(
+    ctx: StageContext,
+    step: StageName,
+    iteration: int | None,
+    body: Callable[[], Awaitable[StageOutcome]],
+) -> StageOutcome:
+    rec = ctx.recorder
+    started = time.perf_counter()
+    rec.durable(StepStartEvent, step, step=step, iteration=iteration)
+    outcome = await body()
+    rec.durable(
+        StepEndEvent,
+        step,
+        step=step,
+        iteration=iteration,
+        duration_ms=(time.perf_counter() - started) * 1000,
+    )
+    await rec.flush()  # events of a super-step are durable before its checkpoint
+    return outcome
+
+
+def _bind(runtime: Runtime[StageContext]) -> StageContext:
+    ctx = runtime.context
+    ctx.recorder.publish = runtime.stream_writer
+    return ctx
+
+
+async def _anchor_plan(state: TurnState, runtime: Runtime[StageContext]) -> dict[str, Any]:
+    ctx = _bind(runtime)
+    out = await _bracket(
+        ctx, "anchor-plan", None, lambda: run_anchor_plan(ctx, state["transcript"], state["content"])
+    )
+    return {"transcript": list(out.appended), "route": out.route}
+
+
+async def _tool_loop(state: TurnState, runtime: Runtime[StageContext]) -> dict[str, Any]:
+    ctx = _bind(runtime)
+    iteration = state["iteration"] + 1
+    transcript = state["transcript"]
+    previous = transcript[: state["last_request_len"]]
+    out = await _bracket(
+        ctx, "tool-loop", iteration, lambda: run_tool_loop(ctx, transcript, iteration, previous)
+    )
+    return {
+        "transcript": list(out.appended),
+        "route": out.route,
+        "iteration": iteration,
+        "last_request_len": len(transcript),
+    }
+
+
+async def _synthesize(state: TurnState, runtime: Runtime[StageContext]) -> dict[str, Any]:
+    ctx = _bind(runtime)
+    out = await _bracket(ctx, "synthesize", None, lambda: run_synthesize(ctx, state["transcript"]))
+    return {"transcript": list(out.appended), "route": out.route}
+
+
+async def _post_turn(state: TurnState, runtime: Runtime[StageContext]) -> dict[str, Any]:
+    ctx = _bind(runtime)
+    out = await _bracket(ctx, "post-turn", None, lambda: run_post_turn(ctx))
+    return {"route": out.route}
+
+
+def _route(state: TurnState) -> Route:
+    return state["route"]
+
+
+def compile_turn_graph(checkpointer: BaseCheckpointSaver[Any] | None) -> TurnGraph:
+    """Build and compile the graph once; per-turn dependencies arrive as LangGraph context."""
+    builder = StateGraph(TurnState, context_schema=StageContext)
+    builder.add_node("anchor-plan", _anchor_plan)
+    builder.add_node("tool-loop", _tool_loop)
+    builder.add_node("synthesize", _synthesize)
+    builder.add_node("post-turn", _post_turn)
+    builder.add_conditional_edges(START, _route, ["anchor-plan", "tool-loop", "synthesize"])
+    builder.add_conditional_edges("anchor-plan", _route, ["tool-loop", "synthesize"])
+    builder.add_conditional_edges("tool-loop", _route, ["tool-loop", "synthesize"])
+    builder.add_edge("synthesize", "post-turn")
+    builder.add_edge("post-turn", END)
+    return builder.compile(checkpointer=checkpointer, name="turnkit-turn")
+
+
+async def stream_turn(
+    graph: TurnGraph,
+    state: TurnState,
+    ctx: StageContext,
+    *,
+    thread_id: str,
+    durability: Literal["sync", "async", "exit"],
+) -> AsyncIterator[object]:
+    """Run the graph for one turn, yielding what stages wrote to the stream writer."""
+    config: Any = {"configurable": {"thread_id": thread_id}}
+    async for chunk in graph.astream(
+        state, config, context=ctx, stream_mode="custom", durability=durability
+    ):
+        yield chunk
+
+
+async def latest_checkpoint_id(graph: TurnGraph, thread_id: str) -> str | None:
+    """Id of the newest checkpoint of a thread, if the graph has a checkpointer."""
+    saver = graph.checkpointer
+    if not isinstance(saver, BaseCheckpointSaver):
+        return None
+    found = await saver.aget_tuple(cast(Any, {"configurable": {"thread_id": thread_id}}))
+    return None if found is None else str(found.checkpoint["id"])
+
+
+async def open_checkpointer(
+    database_url: str,
+) -> tuple[BaseCheckpointSaver[Any], Callable[[], Awaitable[None]]]:
+    """LangGraph's own checkpointer for the database: SQLite or PostgreSQL.
+
+    Returns the saver and an async `close` for what it opened.
+    """
+    if database_url.startswith("sqlite"):
+        import aiosqlite
+        from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
+
+        path = database_url.split("///", 1)[1] if "///" in database_url else ":memory:"
+        conn = await aiosqlite.connect(path or ":memory:", timeout=30)
+        await conn.execute("PRAGMA journal_mode=WAL")
+        await conn.execute("PRAGMA synchronous=NORMAL")
+        saver = AsyncSqliteSaver(conn)
+        await saver.setup()
+        return saver, conn.close
+    if database_url.startswith(("postgresql", "postgres")):
+        from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
+        from psycopg import AsyncConnection
+        from psycopg.rows import dict_row
+
+        dsn = database_url.replace("postgresql+asyncpg://", "postgresql://")
+        pg = await AsyncConnection.connect(dsn, autocommit=True, prepare_threshold=0, row_factory=dict_row)
+        pg_saver = AsyncPostgresSaver(pg)  # type: ignore[arg-type]
+        await pg_saver.setup()
+        return pg_saver, pg.close
+    raise ValueError(f"no checkpointer for database url {database_url!r}")

@@ -1,0 +1,182 @@
+"""The model port: neutral request, chunk and response types, and the `ModelClient` protocol.
+
+Vendor shapes (litellm, OpenAI) never cross this line; `turnkit.models.litellm` translates
+at the edge. A `ModelFamily` (see `turnkit.models.family`) is itself a `ModelClient`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+__all__ = (
+    "ALLOW_NETWORK",
+    "Finish",
+    "ModelClient",
+    "ModelMessage",
+    "ModelRequest",
+    "ModelResponse",
+    "ModelChunk",
+    "RungFailed",
+    "RungStarted",
+    "StopReason",
+    "TextDelta",
+    "ThinkingDelta",
+    "ToolCallDelta",
+    "ToolCallPart",
+    "ToolSpec",
+    "Usage",
+)
+
+ALLOW_NETWORK = True
+"""Tests set this to False so that no model client can reach a real provider by accident."""
+
+StopReason = Literal["end_turn", "tool_use", "max_tokens", "error"]
+Role = Literal["system", "user", "assistant", "tool"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ToolCallPart:
+    """A tool call inside an assistant message; `arguments` is the raw JSON text."""
+
+    tool_call_id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelMessage:
+    """One chat message in provider-neutral form."""
+
+    role: Role
+    content: str = ""
+    tool_calls: tuple[ToolCallPart, ...] = ()
+    tool_call_id: str | None = None
+    """Set on `tool` messages: the call this message answers."""
+    name: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ToolSpec:
+    """A tool as offered to the model: name, description, JSON schema of its arguments."""
+
+    name: str
+    description: str
+    parameters: dict[str, object]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelRequest:
+    """Everything one model call sends."""
+
+    messages: tuple[ModelMessage, ...]
+    tools: tuple[ToolSpec, ...] = ()
+    thinking_budget: int = 0
+    """Reasoning tokens allowed for this call (0 = reasoning off)."""
+    max_output_tokens: int | None = None
+    purpose: Literal["plan", "tool-loop", "synthesize", "utility"] = "tool-loop"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Usage:
+    """Tokens and cost of one call."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cached_tokens: int = 0
+    cost_usd: float = 0.0
+
+
+# ── streamed chunks ───────────────────────────────────────────────────────────────────
+
+
+@dataclass(frozen=True, slots=True)
+class TextDelta:
+    """A piece of assistant text."""
+
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class ThinkingDelta:
+    """A piece of reasoning summary."""
+
+    text: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ToolCallDelta:
+    """A piece of a tool call; `index` ties pieces of one call together."""
+
+    index: int
+    tool_call_id: str | None = None
+    name: str | None = None
+    arguments: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Finish:
+    """The call ended; `usage` is the call's total."""
+
+    stop_reason: StopReason
+    usage: Usage = field(default_factory=Usage)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RungStarted:
+    """A family began an attempt on one rung (sent before that rung's chunks)."""
+
+    rung: int
+    model: str
+    provider: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RungFailed:
+    """A family's rung failed; chunks seen since the last `RungStarted` are void."""
+
+    rung: int
+    model: str
+    provider: str
+    error: Exception
+    latency_ms: float
+    next_rung: int | None
+    next_model: str | None
+
+
+ModelChunk = TextDelta | ThinkingDelta | ToolCallDelta | Finish | RungStarted | RungFailed
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelResponse:
+    """A whole response, assembled from chunks."""
+
+    text: str
+    thinking: str
+    tool_calls: tuple[ToolCallPart, ...]
+    stop_reason: StopReason
+    usage: Usage
+
+
+class ModelClient(Protocol):
+    """Anything that can stream one model call.
+
+    `stream` yields chunks and ends with exactly one `Finish`; it raises
+    `turnkit.errors.ProviderError` (with `is_retriable`) when the provider fails.
+    Cancelling the consuming task must abort the underlying provider request.
+    """
+
+    @property
+    def model(self) -> str:
+        """The model name, as audit rows show it."""
+        ...
+
+    @property
+    def provider(self) -> str:
+        """The provider name, as audit rows show it."""
+        ...
+
+    def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
+        """Stream one call."""
+        ...

@@ -1,0 +1,100 @@
+"""`ModelFamily`: ordered rungs with a family-strict cascade; itself a `ModelClient`."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+
+from turnkit.errors import ConfigurationError, FamilyExhaustedError, ProviderError
+from turnkit.models import ModelChunk, ModelClient, ModelRequest, RungFailed, RungStarted
+
+__all__ = ("ModelFamily", "default_is_retriable", "resolve_family")
+
+RETRIABLE_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504, 529})
+
+
+def default_is_retriable(exc: Exception) -> bool:
+    """429, 5xx, timeouts and "overloaded": worth trying the next rung."""
+    if isinstance(exc, ProviderError):
+        return exc.is_retriable or (exc.status_code in RETRIABLE_STATUS)
+    return isinstance(exc, TimeoutError | ConnectionError)
+
+
+class ModelFamily:
+    """An ordered list of rungs; retriable failures walk down, never to another family.
+
+    The family yields a `RungStarted` before each attempt and a `RungFailed` when an
+    attempt fails retriably, so the caller can void that attempt's chunks, audit the step
+    and tell the client. When the last rung fails it raises `FamilyExhaustedError`.
+    A non-retriable failure is raised as is: walking on would hide a real error.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        rungs: Sequence[ModelClient],
+        *,
+        is_retriable: Callable[[Exception], bool] = default_is_retriable,
+    ) -> None:
+        if not rungs:
+            raise ConfigurationError(f"model family {name!r} needs at least one rung")
+        self.name = name
+        self.rungs: tuple[ModelClient, ...] = tuple(rungs)
+        self.is_retriable = is_retriable
+
+    @classmethod
+    def of(cls, client: ModelClient | ModelFamily) -> ModelFamily:
+        """A family of one rung, or the family itself."""
+        if isinstance(client, ModelFamily):
+            return client
+        return cls(client.model, [client])
+
+    @property
+    def model(self) -> str:
+        """The first rung's model."""
+        return self.rungs[0].model
+
+    @property
+    def provider(self) -> str:
+        """The first rung's provider."""
+        return self.rungs[0].provider
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
+        """Stream the call on the first rung that answers."""
+        errors: list[str] = []
+        for index, rung in enumerate(self.rungs):
+            yield RungStarted(rung=index, model=rung.model, provider=rung.provider)
+            started = time.perf_counter()
+            try:
+                async for chunk in rung.stream(request):
+                    yield chunk
+                return
+            except Exception as exc:  # noqa: BLE001 - classified below; others re-raised
+                if not self.is_retriable(exc):
+                    raise
+                errors.append(f"{rung.model}: {exc}")
+                nxt = index + 1 if index + 1 < len(self.rungs) else None
+                yield RungFailed(
+                    rung=index,
+                    model=rung.model,
+                    provider=rung.provider,
+                    error=exc,
+                    latency_ms=(time.perf_counter() - started) * 1000,
+                    next_rung=nxt,
+                    next_model=self.rungs[nxt].model if nxt is not None else None,
+                )
+        raise FamilyExhaustedError(
+            f"every rung of model family {self.name!r} failed ({'; '.join(errors)}); "
+            "pick another family: turnkit never widens a cascade on its own",
+            family=self.name,
+            attempts=tuple(r.model for r in self.rungs),
+        )
+
+
+def resolve_family(spec: str | ModelClient) -> ModelFamily:
+    """A family for a model string (through litellm), a client, or a family."""
+    if isinstance(spec, str):
+        from turnkit.models.litellm import LiteLLMClient
+
+        return ModelFamily(spec, [LiteLLMClient(spec)])
+    return ModelFamily.of(spec)

@@ -1,0 +1,234 @@
+"""One model call, streamed: deltas out, cascade steps audited, the response assembled."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from turnkit.audit import AuditPayloads, CallShape, FallbackStepPayload, ProviderCascadePayload
+from turnkit.errors import ProviderError, TurnkitError
+from turnkit.events import MessageDeltaEvent, ProviderCascadeEvent, ThinkingDeltaEvent, ToolDeltaEvent
+from turnkit.ids import StageId, derive_id
+from turnkit.models import (
+    Finish,
+    ModelRequest,
+    ModelResponse,
+    RungFailed,
+    RungStarted,
+    TextDelta,
+    ThinkingDelta,
+    ToolCallDelta,
+    ToolCallPart,
+)
+from turnkit.models.family import ModelFamily
+from turnkit.stages._types import StageContext
+from turnkit.telemetry import OpenCall
+
+__all__ = ("CallResult", "call_model")
+
+_TOOL_DELTA_INTERVAL_S = 0.5
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CallResult:
+    """A finished call: the response, its audit shape, the block id its text streamed under."""
+
+    response: ModelResponse
+    shape: CallShape
+    block_id: str
+    cascade: ProviderCascadePayload | None
+
+
+class _Assembler:
+    def __init__(self) -> None:
+        self.text: list[str] = []
+        self.thinking: list[str] = []
+        self.calls: dict[int, list[str]] = {}
+        self.ids: dict[int, str] = {}
+        self.names: dict[int, str] = {}
+
+    def tool_calls(self) -> tuple[ToolCallPart, ...]:
+        return tuple(
+            ToolCallPart(
+                tool_call_id=self.ids.get(i) or f"call_{i}",
+                name=self.names.get(i, ""),
+                arguments="".join(parts),
+            )
+            for i, parts in sorted(self.calls.items())
+        )
+
+
+async def call_model(
+    ctx: StageContext,
+    stage_id: StageId,
+    family: ModelFamily,
+    request: ModelRequest,
+    *,
+    block_key: str,
+) -> CallResult:
+    """Run one call on `family`, streaming deltas and auditing failed rungs.
+
+    The caller stages the call's own audit row (it knows the payloads). Durable events
+    staged before the call are committed first: nothing waits on a provider unwritten.
+    """
+    rec = ctx.recorder
+    await rec.flush()
+    attempts: list[str] = []
+    asm = _Assembler()
+    block_id = derive_id("blk", rec.turn_id, block_key, 0)
+    started = time.perf_counter()
+    rung, model, provider = 0, family.model, family.provider
+    last_tool_delta: dict[int, float] = {}
+    rec.open_call = OpenCall(stage_id, family.name, model, provider, rung, started)
+    try:
+        async for chunk in family.stream(request):
+            match chunk:
+                case TextDelta(text=text) if text:
+                    asm.text.append(text)
+                    await rec.ephemeral(MessageDeltaEvent, stage_id, block_id=block_id, text=text)
+                case ThinkingDelta(text=text) if text:
+                    asm.thinking.append(text)
+                    await rec.ephemeral(ThinkingDeltaEvent, stage_id, block_id=block_id, text=text)
+                case ToolCallDelta():
+                    await _tool_delta(ctx, stage_id, asm, chunk, last_tool_delta)
+                case RungStarted():
+                    rung, model, provider = chunk.rung, chunk.model, chunk.provider
+                    attempts.append(model)
+                    asm = _Assembler()
+                    block_id = derive_id("blk", rec.turn_id, block_key, len(attempts) - 1)
+                    started = time.perf_counter()
+                    rec.open_call = OpenCall(stage_id, family.name, model, provider, rung, started)
+                case RungFailed():
+                    _audit_failed_rung(ctx, stage_id, family, chunk, attempts)
+                case Finish(stop_reason=stop, usage=usage):
+                    response = ModelResponse(
+                        text="".join(asm.text),
+                        thinking="".join(asm.thinking),
+                        tool_calls=asm.tool_calls(),
+                        stop_reason=stop,
+                        usage=usage,
+                    )
+                    shape = CallShape(
+                        provider=provider,
+                        model=model,
+                        family=family.name,
+                        rung=rung,
+                        latency_ms=(time.perf_counter() - started) * 1000,
+                        input_tokens=usage.input_tokens,
+                        output_tokens=usage.output_tokens,
+                        cached_tokens=usage.cached_tokens,
+                        cost_usd=usage.cost_usd,
+                        outcome="ok",
+                    )
+                    cascade = (
+                        ProviderCascadePayload(
+                            family=family.name, attempts=tuple(attempts), answered_rung=rung
+                        )
+                        if len(attempts) > 1
+                        else None
+                    )
+                    rec.open_call = None
+                    return CallResult(
+                        response=response, shape=shape, block_id=block_id, cascade=cascade
+                    )
+                case _:
+                    pass
+    except TurnkitError as exc:
+        if isinstance(exc, ProviderError):
+            rec.audit(
+                stage_id,
+                call=CallShape(
+                    provider=provider,
+                    model=model,
+                    family=family.name,
+                    rung=rung,
+                    latency_ms=(time.perf_counter() - started) * 1000,
+                    outcome="error",
+                    error_code=exc.code,
+                ),
+            )
+        rec.open_call = None
+        raise
+    rec.open_call = None
+    raise ProviderError(
+        f"model {model!r} ended its stream without a finish; treat it as a provider failure",
+        is_retriable=False,
+    )
+
+
+async def _tool_delta(
+    ctx: StageContext,
+    stage_id: StageId,
+    asm: _Assembler,
+    chunk: ToolCallDelta,
+    last: dict[int, float],
+) -> None:
+    parts = asm.calls.setdefault(chunk.index, [])
+    parts.append(chunk.arguments)
+    if chunk.tool_call_id:
+        asm.ids[chunk.index] = chunk.tool_call_id
+    if chunk.name:
+        asm.names[chunk.index] = chunk.name
+    now = ctx.recorder.clock.monotonic()
+    if now - last.get(chunk.index, -1e9) < _TOOL_DELTA_INTERVAL_S:
+        return  # at most twice a second per open call (seed 000)
+    last[chunk.index] = now
+    await ctx.recorder.ephemeral(
+        ToolDeltaEvent,
+        stage_id,
+        tool_call_id=asm.ids.get(chunk.index, f"call_{chunk.index}"),
+        tool_name=asm.names.get(chunk.index),
+        arguments_delta=chunk.arguments,
+        chars=sum(len(p) for p in parts),
+    )
+
+
+def _audit_failed_rung(
+    ctx: StageContext,
+    stage_id: StageId,
+    family: ModelFamily,
+    failed: RungFailed,
+    attempts: list[str],
+) -> None:
+    status = failed.error.status_code if isinstance(failed.error, ProviderError) else None
+    reason = f"{type(failed.error).__name__}: {failed.error}"
+    step = FallbackStepPayload(
+        from_rung=failed.rung,
+        from_model=failed.model,
+        to_rung=failed.next_rung,
+        to_model=failed.next_model,
+        reason=reason,
+        status_code=status,
+    )
+    exhausted = failed.next_rung is None
+    ctx.recorder.audit(
+        stage_id,
+        call=CallShape(
+            provider=failed.provider,
+            model=failed.model,
+            family=family.name,
+            rung=failed.rung,
+            latency_ms=failed.latency_ms,
+            outcome="error",
+            error_code="family-exhausted" if exhausted else "provider-error",
+        ),
+        payloads=AuditPayloads(
+            fallbackStep=step,
+            providerCascade=ProviderCascadePayload(
+                family=family.name, attempts=tuple(attempts), answered_rung=None
+            )
+            if exhausted
+            else None,
+        ),
+    )
+    ctx.recorder.durable(
+        ProviderCascadeEvent,
+        stage_id,
+        family=family.name,
+        from_rung=failed.rung,
+        from_model=failed.model,
+        to_rung=failed.next_rung,
+        to_model=failed.next_model,
+        reason=reason,
+        status_code=status,
+    )

@@ -1,0 +1,73 @@
+"""synthesize: the turn's one answer-writing call, tools withheld."""
+
+from __future__ import annotations
+
+import hashlib
+
+from turnkit.audit import AuditPayloads, SynthesisQualityPayload
+from turnkit.blocks import TextBlock, ThinkingSummaryBlock
+from turnkit.errors import OutputLimitExceededError
+from turnkit.events import MessageCompleteEvent, ThinkingCompleteEvent
+from turnkit.models import ModelRequest
+from turnkit.stages._calls import call_model
+from turnkit.stages._types import StageContext, StageOutcome, TranscriptMessage, from_transcript
+
+__all__ = ("run_synthesize", "synthesis_request")
+
+
+def synthesis_request(
+    ctx: StageContext, transcript: list[TranscriptMessage]
+) -> tuple[TranscriptMessage, ...]:
+    """Messages the synthesize call appends: the closing instruction, when work preceded it."""
+    if transcript and transcript[-1]["role"] == "user":
+        return ()  # nothing ran since the user spoke: answer the message itself
+    return ({"role": "user", "content": ctx.agent.synthesis_instructions},)
+
+
+async def run_synthesize(ctx: StageContext, transcript: list[TranscriptMessage]) -> StageOutcome:
+    """Stream the answer; the audited string is the streamed string.
+
+    The graph reaches this stage exactly once per turn (there is no edge back into it),
+    so a turn has exactly one synthesize call and one `synthesisQuality` row.
+    """
+    rec = ctx.recorder
+    appended = synthesis_request(ctx, transcript)
+    request = ModelRequest(
+        messages=from_transcript([*transcript, *appended]),
+        thinking_budget=ctx.thinking_budget,
+        purpose="synthesize",
+    )
+    result = await call_model(ctx, "synthesize", ctx.family, request, block_key="answer")
+    response = result.response
+    rec.audit(
+        "synthesize",
+        call=result.shape,
+        payloads=AuditPayloads(
+            synthesisQuality=SynthesisQualityPayload(
+                answer_chars=len(response.text),
+                answer_sha256=hashlib.sha256(response.text.encode()).hexdigest(),
+                stop_reason=response.stop_reason,
+                tool_calls_in_turn=rec.tool_calls,
+            ),
+            providerCascade=result.cascade,
+        ),
+    )
+    if response.stop_reason == "max_tokens":
+        raise OutputLimitExceededError(
+            "the provider's output limit was reached while writing the answer; ask for a "
+            "shorter answer or use a model with a larger output capacity",
+            answer_chars=len(response.text),
+        )
+    if response.thinking:
+        rec.durable(
+            ThinkingCompleteEvent,
+            "synthesize",
+            block=ThinkingSummaryBlock(block_id=result.block_id, summary=response.thinking),
+        )
+    rec.durable(
+        MessageCompleteEvent,
+        "synthesize",
+        block=TextBlock(block_id=result.block_id, text=response.text, is_answer=True),
+    )
+    answer: TranscriptMessage = {"role": "assistant", "content": response.text}
+    return StageOutcome(appended=(*appended, answer), route="post-turn")

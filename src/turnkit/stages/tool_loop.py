@@ -1,0 +1,114 @@
+"""tool-loop: one reasoning call per iteration, then the tool batch it asked for."""
+
+from __future__ import annotations
+
+from turnkit.audit import AuditPayloads, CacheBreakpointPayload, ToolCallRef, ToolSelectionPayload
+from turnkit.blocks import TextBlock, ThinkingSummaryBlock
+from turnkit.errors import OutputLimitExceededError, ToolCallError
+from turnkit.events import MessageCompleteEvent, ThinkingCompleteEvent
+from turnkit.ids import ToolCallId
+from turnkit.models import ModelMessage, ModelRequest
+from turnkit.stages._calls import call_model
+from turnkit.stages._dispatch import dispatch_tools
+from turnkit.stages._types import (
+    StageContext,
+    StageOutcome,
+    TranscriptMessage,
+    from_transcript,
+    to_transcript,
+)
+
+__all__ = ("run_tool_loop", "shared_prefix")
+
+
+def shared_prefix(previous: list[TranscriptMessage], current: list[TranscriptMessage]) -> int:
+    """How many leading messages of `current` repeat `previous` exactly."""
+    count = 0
+    for old, new in zip(previous, current, strict=False):
+        if old != new:
+            break
+        count += 1
+    return count
+
+
+async def run_tool_loop(
+    ctx: StageContext,
+    transcript: list[TranscriptMessage],
+    iteration: int,
+    previous_request: list[TranscriptMessage],
+) -> StageOutcome:
+    """One iteration: a call with tools offered; its tool calls run; loop or move on.
+
+    Text written in a pass that goes on to use a tool stays its own block. A response
+    cut by the output limit while writing tool calls gets failed results and the loop
+    goes on; one cut with no call named is fatal (seed 002 "Finishing").
+    """
+    rec = ctx.recorder
+    specs = ctx.registry.specs()
+    request = ModelRequest(
+        messages=from_transcript(transcript),
+        tools=specs,
+        thinking_budget=ctx.thinking_budget,
+        purpose="tool-loop",
+    )
+    result = await call_model(ctx, "tool-loop", ctx.family, request, block_key=f"loop-{iteration}")
+    response = result.response
+    selected = tuple(
+        ToolCallRef(tool_call_id=ToolCallId(c.tool_call_id), tool_name=c.name)
+        for c in response.tool_calls
+    )
+    rec.audit(
+        "tool-loop",
+        call=result.shape,
+        payloads=AuditPayloads(
+            cacheBreakpoint=CacheBreakpointPayload(
+                iteration=iteration,
+                prefix_messages=shared_prefix(previous_request, transcript),
+                request_messages=len(transcript),
+                cached_tokens=response.usage.cached_tokens,
+            ),
+            toolSelection=ToolSelectionPayload(offered=tuple(s.name for s in specs), selected=selected)
+            if selected
+            else None,
+            providerCascade=result.cascade,
+        ),
+    )
+    if response.thinking:
+        rec.durable(
+            ThinkingCompleteEvent,
+            "tool-loop",
+            block=ThinkingSummaryBlock(block_id=result.block_id, summary=response.thinking),
+        )
+    if response.text:
+        rec.durable(
+            MessageCompleteEvent,
+            "tool-loop",
+            block=TextBlock(block_id=result.block_id, text=response.text),
+        )
+    truncated = response.stop_reason == "max_tokens"
+    if not response.tool_calls:
+        if truncated:
+            raise OutputLimitExceededError(
+                "the output limit was reached before the model finished, and no tool call "
+                "was named: the cut text cannot stand as the answer",
+                stop_reason=response.stop_reason,
+            )
+        closing = (
+            (to_transcript(ModelMessage(role="assistant", content=response.text)),)
+            if response.text
+            else ()
+        )
+        return StageOutcome(appended=closing, route="synthesize")
+    if any(not c.name for c in response.tool_calls):
+        raise ToolCallError(
+            "the model wrote a tool call without a tool name; the response cannot be trusted",
+            stop_reason=response.stop_reason,
+        )
+    assistant = to_transcript(
+        ModelMessage(role="assistant", content=response.text, tool_calls=response.tool_calls)
+    )
+    results = await dispatch_tools(ctx, response.tool_calls, truncated=truncated)
+    return StageOutcome(
+        appended=(assistant, *results), route="tool-loop", tool_calls=len(response.tool_calls)
+    )
+

@@ -1,0 +1,163 @@
+"""`Recorder`: the single seam through which stages emit events and audit rows.
+
+Durable events get their `seq` here and are staged; `flush()` commits everything staged in
+one Store transaction and only then publishes the events. An ephemeral event flushes first,
+so nothing is ever published ahead of a durable event produced before it (write before
+send, DESIGN §5.1). Stages never touch the Store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from turnkit.audit import AuditPayloads, AuditRow, CallIdentity, CallShape, UsageDelta
+from turnkit.clock import Clock
+from turnkit.events import DurableEvent, EphemeralEvent
+from turnkit.ids import SessionId, StageId, TurnId
+from turnkit.states import TurnStatus
+from turnkit.store import Store
+
+__all__ = ("OpenCall", "Recorder")
+
+D = TypeVar("D", bound=DurableEvent)
+E = TypeVar("E", bound=EphemeralEvent)
+Publish = Callable[[DurableEvent | EphemeralEvent], None]
+
+
+@dataclass(slots=True)
+class OpenCall:
+    """A model call in flight, so an abort can still audit it."""
+
+    stage_id: StageId
+    family: str
+    model: str
+    provider: str
+    rung: int
+    started: float
+
+
+class Recorder:
+    """Stamps, stages, commits and publishes one turn's events and audit rows."""
+
+    def __init__(
+        self,
+        *,
+        store: Store,
+        session_id: SessionId,
+        turn_id: TurnId,
+        epoch: int,
+        clock: Clock,
+        publish: Publish,
+        last_seq: int = 0,
+        last_audit_seq: int = 0,
+    ) -> None:
+        self.store = store
+        self.session_id = session_id
+        self.turn_id = turn_id
+        self.epoch = epoch
+        self.clock = clock
+        self.publish = publish
+        self._seq = last_seq
+        self._audit_seq = last_audit_seq
+        self._events: list[DurableEvent] = []
+        self._audit: list[AuditRow] = []
+        self._lock = asyncio.Lock()
+        self.usage = UsageDelta()
+        self.open_call: OpenCall | None = None
+        self.tool_calls = 0
+
+    @property
+    def last_seq(self) -> int:
+        """The last `seq` handed out."""
+        return self._seq
+
+    def durable(self, cls: type[D], stage_id: StageId, **fields: Any) -> D:
+        """Build a durable event with the next `seq` and stage it for the next flush."""
+        self._seq += 1
+        event = cls(
+            session_id=self.session_id,
+            turn_id=self.turn_id,
+            stage_id=stage_id,
+            ts=self.clock.now(),
+            seq=self._seq,
+            **fields,
+        )
+        self._events.append(event)
+        return event
+
+    async def ephemeral(self, cls: type[E], stage_id: StageId, **fields: Any) -> E:
+        """Publish an ephemeral event, after committing whatever durable events came first."""
+        event = cls(
+            session_id=self.session_id,
+            turn_id=self.turn_id,
+            stage_id=stage_id,
+            ts=self.clock.now(),
+            **fields,
+        )
+        async with self._lock:
+            await self._commit_staged(None, None)
+            self.publish(event)
+        return event
+
+    def audit(
+        self,
+        stage_id: StageId,
+        *,
+        call: CallShape | None,
+        payloads: AuditPayloads | None = None,
+    ) -> AuditRow:
+        """Stage an audit row (committed with the usage rollup at the next flush)."""
+        self._audit_seq += 1
+        row = AuditRow(
+            identity=CallIdentity(
+                session_id=self.session_id,
+                turn_id=self.turn_id,
+                stage_id=stage_id,
+                seq_within_turn=self._audit_seq,
+            ),
+            call=call,
+            payloads=payloads or AuditPayloads(),
+        )
+        delta = UsageDelta.of(call)
+        self.usage = UsageDelta(
+            model_calls=self.usage.model_calls + delta.model_calls,
+            input_tokens=self.usage.input_tokens + delta.input_tokens,
+            output_tokens=self.usage.output_tokens + delta.output_tokens,
+            cached_tokens=self.usage.cached_tokens + delta.cached_tokens,
+            cost_usd=self.usage.cost_usd + delta.cost_usd,
+        )
+        self._audit.append(row)
+        return row
+
+    async def flush(
+        self, *, status: TurnStatus | None = None, error_code: str | None = None
+    ) -> None:
+        """Commit everything staged (and an optional status move) in one transaction, then publish."""
+        async with self._lock:
+            await self._commit_staged(status, error_code)
+
+    async def _commit_staged(self, status: TurnStatus | None, error_code: str | None) -> None:
+        if not (self._events or self._audit or status):
+            return
+        events, audit = self._events, self._audit
+        self._events, self._audit = [], []
+        try:
+            await self.store.commit(
+                self.turn_id,
+                epoch=self.epoch,
+                events=events,
+                audit=audit,
+                status=status,
+                error_code=error_code,
+            )
+        except BaseException:
+            # Nothing was committed: keep it staged so a later flush (or the error path)
+            # writes it, and `seq` stays gap-free.
+            self._events[:0] = events
+            self._audit[:0] = audit
+            raise
+        for event in events:
+            self.publish(event)

@@ -1,0 +1,33 @@
+"""Test helpers: a deterministic scripted model and event collection.
+
+`ScriptedModel` is the default fake for unit tests and runs the offline demo; it never
+touches the network.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from turnkit.events import DurableEvent, EphemeralEvent
+from turnkit.testing._scripted import ModelStep, ScriptedModel, UnexpectedModelCall, call, raw_call
+
+__all__ = (
+    "ModelStep",
+    "ScriptedModel",
+    "UnexpectedModelCall",
+    "call",
+    "collect_events",
+    "raw_call",
+)
+
+
+async def collect_events(
+    stream: AsyncIterator[DurableEvent | EphemeralEvent], *, limit: int = 10_000
+) -> list[DurableEvent | EphemeralEvent]:
+    """Drain an event stream into a list (at most `limit` events, then fail)."""
+    events: list[DurableEvent | EphemeralEvent] = []
+    async for event in stream:
+        events.append(event)
+        if len(events) > limit:
+            raise AssertionError(f"the stream produced more than {limit} events")
+    return events

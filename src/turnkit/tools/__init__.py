@@ -1,0 +1,82 @@
+"""Tools: the `Tool` port, the `@tool` decorator, `ToolContext` and the registry.
+
+A tool's JSON schema comes from its signature; its arguments are validated with pydantic
+before it runs, and a validation failure becomes a failed result the model can read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Protocol, runtime_checkable
+
+from pydantic import JsonValue
+
+from turnkit.errors import DuplicateToolError
+from turnkit.models import ToolSpec
+from turnkit.tools._context import ToolContext
+from turnkit.tools._function import FunctionTool, ToolArgumentsError, tool
+from turnkit.tools.cascade import ToolClass
+
+__all__ = (
+    "FunctionTool",
+    "Tool",
+    "ToolArgumentsError",
+    "ToolClass",
+    "ToolContext",
+    "ToolRegistry",
+    "tool",
+)
+
+
+@runtime_checkable
+class Tool(Protocol):
+    """Something the model can call.
+
+    `invoke` validates `arguments` (raising `ToolArgumentsError` when they do not fit),
+    runs, and returns a JSON value. Any other exception is a failed call the model reads;
+    cancellation propagates.
+    """
+
+    @property
+    def name(self) -> str:
+        """The name the model calls."""
+        ...
+
+    def spec(self) -> ToolSpec:
+        """Name, description and argument schema as offered to the model."""
+        ...
+
+    async def invoke(self, arguments: Mapping[str, JsonValue], ctx: ToolContext) -> JsonValue:
+        """Run the tool."""
+        ...
+
+
+class ToolRegistry:
+    """The tools of one agent, by name. Two tools of one name are a configuration error."""
+
+    def __init__(self, tools: Iterable[Tool] = ()) -> None:
+        self._tools: dict[str, Tool] = {}
+        for item in tools:
+            if item.name in self._tools:
+                raise DuplicateToolError(
+                    f"two tools are named {item.name!r}; give each tool of an agent its own "
+                    "name (`@tool(name=...)`), or group alternatives in a `ToolClass`",
+                    tool_name=item.name,
+                )
+            self._tools[item.name] = item
+
+    def get(self, name: str) -> Tool | None:
+        """The tool called `name`, if any."""
+        return self._tools.get(name)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Tool names in registration order."""
+        return tuple(self._tools)
+
+    def specs(self) -> tuple[ToolSpec, ...]:
+        """What the model is offered."""
+        return tuple(t.spec() for t in self._tools.values())
+
+    def __len__(self) -> int:
+        return len(self._tools)

@@ -1,0 +1,60 @@
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from turnkit.ids import SessionId, ToolCallId, TurnId
+
+__all__ = ("ToolContext",)
+
+
+async def _ignore_progress(progress: float | None, message: str | None) -> None:
+    return None
+
+
+async def _ignore_pivot(from_tool: str, to_tool: str | None, reason: str) -> None:
+    return None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ToolContext:
+    """What a running tool knows about its call. Declare a `ToolContext` parameter to get it.
+
+    Attributes:
+        session_id: The session the turn belongs to.
+        turn_id: The turn making the call.
+        tool_call_id: The model's id for this call.
+        idempotency_key: Stable across retries and recovery of the same call: a tool that
+            honours it has its effect exactly once.
+    """
+
+    session_id: SessionId
+    turn_id: TurnId
+    tool_call_id: ToolCallId
+    idempotency_key: str
+    _progress: Callable[[float | None, str | None], Awaitable[None]] = field(
+        default=_ignore_progress, repr=False
+    )
+    _pivot: Callable[[str, str | None, str], Awaitable[None]] = field(
+        default=_ignore_pivot, repr=False
+    )
+
+    async def report_progress(
+        self, progress: float | None = None, message: str | None = None
+    ) -> None:
+        """Report progress of a long-running call.
+
+        The first report turns the call into a job: clients see `job.dispatched`, then a
+        `job.progress` per report and `job.completed` when the tool returns.
+
+        Args:
+            progress: Fraction done, from 0.0 to 1.0, if known.
+            message: A short human-readable status.
+        """
+        if progress is not None and not 0.0 <= progress <= 1.0:
+            raise ValueError(f"progress must be between 0.0 and 1.0, got {progress!r}")
+        await self._progress(progress, message)
+
+    async def report_pivot(self, from_tool: str, to_tool: str | None, reason: str) -> None:
+        """Record that a tool cascade moved from one in-class tool to the next."""
+        await self._pivot(from_tool, to_tool, reason)

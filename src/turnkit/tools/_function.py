@@ -1,0 +1,192 @@
+from __future__ import annotations
+
+import asyncio
+import inspect
+import re
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, cast, get_type_hints, overload
+
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError, create_model
+from pydantic_core import to_jsonable_python
+
+from turnkit.errors import ConfigurationError
+from turnkit.models import ToolSpec
+from turnkit.tools._context import ToolContext
+
+__all__ = ("FunctionTool", "ToolArgumentsError", "tool")
+
+ToolFunction = Callable[..., Any]
+_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+class ToolArgumentsError(Exception):
+    """A tool call's arguments do not fit the tool's schema; the model reads `reason`."""
+
+    def __init__(self, tool_name: str, reason: str) -> None:
+        super().__init__(f"invalid arguments for tool {tool_name!r}: {reason}")
+        self.tool_name = tool_name
+        self.reason = reason
+
+
+def _describe(error: ValidationError) -> str:
+    parts = []
+    for item in error.errors(include_url=False):
+        where = ".".join(str(p) for p in item["loc"]) or "arguments"
+        parts.append(f"{where}: {item['msg']}")
+    return "; ".join(parts)
+
+
+def _param_docs(doc: str) -> dict[str, str]:
+    """Descriptions of `Args:` entries in a Google-style docstring."""
+    docs: dict[str, str] = {}
+    in_args = False
+    current: str | None = None
+    for line in doc.splitlines():
+        stripped = line.strip()
+        if stripped in ("Args:", "Arguments:", "Parameters:"):
+            in_args = True
+            continue
+        if in_args and stripped.endswith(":") and " " not in stripped:
+            break  # the next section (Returns:, Raises:)
+        if not in_args or not stripped:
+            continue
+        match = re.match(r"^(\w+)\s*(?:\([^)]*\))?\s*:\s*(.*)$", stripped)
+        if match and line.startswith((" ", "\t")) and len(line) - len(line.lstrip()) <= 8:
+            current = match.group(1)
+            docs[current] = match.group(2)
+        elif current:
+            docs[current] = f"{docs[current]} {stripped}".strip()
+    return docs
+
+
+class FunctionTool:
+    """A tool made from a typed Python function (sync or async)."""
+
+    def __init__(
+        self,
+        fn: ToolFunction,
+        *,
+        name: str | None = None,
+        description: str | None = None,
+    ) -> None:
+        self.fn = fn
+        self._name = name or fn.__name__
+        if not _NAME.fullmatch(self._name):
+            raise ConfigurationError(
+                f"tool name {self._name!r} must be 1-64 letters, digits, `_` or `-`"
+            )
+        doc = inspect.getdoc(fn) or ""
+        self.description = description or doc.split("\n\n", 1)[0].strip() or self._name
+        self._is_async = inspect.iscoroutinefunction(fn)
+        self._context_param: str | None = None
+        self._args_model = self._build_model(fn, _param_docs(doc))
+        schema = self._args_model.model_json_schema()
+        schema.pop("title", None)
+        self._parameters: dict[str, object] = schema
+
+    @property
+    def name(self) -> str:
+        """The name the model calls."""
+        return self._name
+
+    def _build_model(self, fn: ToolFunction, docs: dict[str, str]) -> type[BaseModel]:
+        try:
+            hints = get_type_hints(fn, include_extras=True)
+        except NameError as exc:
+            raise ConfigurationError(
+                f"cannot resolve the type hints of tool {self._name!r}: {exc}"
+            ) from exc
+        fields: dict[str, Any] = {}
+        for param in inspect.signature(fn).parameters.values():
+            annotation = hints.get(param.name, Any)
+            if annotation is ToolContext:
+                self._context_param = param.name
+                continue
+            if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+                raise ConfigurationError(
+                    f"tool {self._name!r} takes *args/**kwargs; give every argument a name "
+                    "and a type so the model gets a schema"
+                )
+            default = ... if param.default is inspect.Parameter.empty else param.default
+            fields[param.name] = (annotation, Field(default, description=docs.get(param.name)))
+        model = create_model(  # type: ignore[call-overload]
+            f"{self._name}_arguments", __config__=ConfigDict(extra="forbid"), **fields
+        )
+        return cast(type[BaseModel], model)
+
+    def spec(self) -> ToolSpec:
+        """Name, description and JSON schema, as offered to the model."""
+        return ToolSpec(name=self._name, description=self.description, parameters=self._parameters)
+
+    def validate(self, arguments: Mapping[str, JsonValue]) -> dict[str, Any]:
+        """Validated keyword arguments, or `ToolArgumentsError`."""
+        try:
+            parsed = self._args_model.model_validate(dict(arguments))
+        except ValidationError as exc:
+            raise ToolArgumentsError(self._name, _describe(exc)) from exc
+        return {key: getattr(parsed, key) for key in type(parsed).model_fields}
+
+    async def invoke(self, arguments: Mapping[str, JsonValue], ctx: ToolContext) -> JsonValue:
+        """Validate the arguments, run the function, return its result as JSON."""
+        kwargs = self.validate(arguments)
+        if self._context_param is not None:
+            kwargs[self._context_param] = ctx
+        if self._is_async:
+            result = await cast(Callable[..., Awaitable[Any]], self.fn)(**kwargs)
+        else:
+            # Sync tools may block (files, HTTP); keep the event loop free.
+            result = await asyncio.to_thread(self.fn, **kwargs)
+        return cast(JsonValue, to_jsonable_python(result))
+
+    def __repr__(self) -> str:
+        return f"FunctionTool({self._name!r})"
+
+
+@overload
+def tool(fn: ToolFunction, /) -> FunctionTool: ...
+
+
+@overload
+def tool(
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    fallbacks: Sequence[FunctionTool] = (),
+) -> Callable[[ToolFunction], Any]: ...
+
+
+def tool(
+    fn: ToolFunction | None = None,
+    /,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    fallbacks: Sequence[FunctionTool] = (),
+) -> Any:
+    """Turn a typed function into a tool.
+
+    The JSON schema comes from the signature (and `Args:` descriptions in the docstring);
+    a parameter typed `ToolContext` is left out of the schema and receives the call's
+    context. With `fallbacks`, the result is a `ToolClass`: when the function fails, the
+    call pivots to the next fallback with the same arguments.
+
+    Example:
+        ```python
+        @tool
+        async def get_weather(city: str, ctx: ToolContext) -> dict[str, str]:
+            \"\"\"Current weather for a city.\"\"\"
+            ...
+        ```
+    """
+
+    def wrap(func: ToolFunction) -> Any:
+        made = FunctionTool(func, name=name, description=description)
+        if not fallbacks:
+            return made
+        from turnkit.tools.cascade import ToolClass
+
+        return ToolClass(made.name, [made, *fallbacks])
+
+    if fn is not None:
+        return wrap(fn)
+    return wrap

@@ -1,0 +1,64 @@
+"""`ToolClass`: in-class tool fallbacks (seed 003 tool cascade); itself a tool."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from pydantic import JsonValue
+
+from turnkit.errors import ConfigurationError
+from turnkit.models import ToolSpec
+from turnkit.tools._context import ToolContext
+
+if TYPE_CHECKING:
+    from turnkit.tools import Tool
+
+__all__ = ("ToolClass",)
+
+
+class ToolClass:
+    """Tools that do the same job, tried in order under one name.
+
+    The model sees one tool (named `name`, with the first member's schema). When a member
+    raises, the call pivots to the next member with the same arguments, and each pivot is
+    recorded (`toolFallbackStep` audit row). Invalid arguments are not retried: the
+    arguments, not the tool, are at fault. When every member fails, the last error stands.
+    """
+
+    def __init__(self, name: str, tools: Sequence[Tool]) -> None:
+        if not tools:
+            raise ConfigurationError(f"tool class {name!r} needs at least one tool")
+        self._name = name
+        self.tools: tuple[Tool, ...] = tuple(tools)
+
+    @property
+    def name(self) -> str:
+        """The name the model calls."""
+        return self._name
+
+    def spec(self) -> ToolSpec:
+        """The first member's spec, under the class name."""
+        first = self.tools[0].spec()
+        return ToolSpec(name=self._name, description=first.description, parameters=first.parameters)
+
+    async def invoke(self, arguments: Mapping[str, JsonValue], ctx: ToolContext) -> JsonValue:
+        """Run members in order until one answers."""
+        from turnkit.tools._function import ToolArgumentsError
+
+        last: Exception | None = None
+        for index, member in enumerate(self.tools):
+            try:
+                return await member.invoke(arguments, ctx)
+            except (asyncio.CancelledError, ToolArgumentsError):
+                raise
+            except Exception as exc:  # noqa: BLE001 - a failed member is the cascade's trigger
+                last = exc
+                nxt = self.tools[index + 1].name if index + 1 < len(self.tools) else None
+                await ctx.report_pivot(member.name, nxt, f"{type(exc).__name__}: {exc}")
+        assert last is not None
+        raise last
+
+    def __repr__(self) -> str:
+        return f"ToolClass({self._name!r}, {[t.name for t in self.tools]!r})"
