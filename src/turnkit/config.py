@@ -47,7 +47,9 @@ class RuntimeConfig:
                 f"idle_window_s ({self.idle_window_s}) cannot exceed ceiling_s ({self.ceiling_s})"
             )
         if not 0 < self.heartbeat_interval_s < self.idle_window_s:
-            raise ConfigurationError("heartbeat_interval_s must be positive and below the idle window")
+            raise ConfigurationError(
+                "heartbeat_interval_s must be positive and below the idle window"
+            )
         if self.credential_lifetime_s is not None and self.credential_lifetime_s <= self.ceiling_s:
             raise ConfigurationError(
                 f"the credential lifetime ({self.credential_lifetime_s} s) must exceed the "

@@ -404,4 +404,3 @@ def encode_event(event: DurableEvent | EphemeralEvent) -> bytes:
 def decode_event(data: bytes | str) -> StreamEvent:
     """Parse wire JSON back into its typed event."""
     return STREAM_EVENT_ADAPTER.validate_json(data)
-

@@ -40,7 +40,7 @@ def is_valid_session_id(value: str) -> bool:
 
 def uuid7() -> str:
     """A time-ordered UUIDv7 string (RFC 9562), so ids sort by creation time."""
-    ms = time.time_ns() // 1_000_000  # noqa: TID251 - id minting needs wall time, not a Clock
+    ms = time.time_ns() // 1_000_000
     rand = int.from_bytes(os.urandom(10), "big")
     value = (ms & ((1 << 48) - 1)) << 80
     value |= 0x7 << 76

@@ -7,7 +7,13 @@ from typing import Final, Literal
 __all__ = ("TERMINAL_STATES", "TRANSITIONS", "TerminalStatus", "TurnStatus", "can_transition")
 
 TurnStatus = Literal[
-    "running", "awaiting_approval", "awaiting_input", "succeeded", "failed", "timed_out", "cancelled"
+    "running",
+    "awaiting_approval",
+    "awaiting_input",
+    "succeeded",
+    "failed",
+    "timed_out",
+    "cancelled",
 ]
 TerminalStatus = Literal["succeeded", "failed", "timed_out", "cancelled"]
 

@@ -135,7 +135,7 @@ class Recorder:
     async def flush(
         self, *, status: TurnStatus | None = None, error_code: str | None = None
     ) -> None:
-        """Commit everything staged (and an optional status move) in one transaction, then publish."""
+        """Commit everything staged (and a status move) in one transaction, then publish."""
         async with self._lock:
             await self._commit_staged(status, error_code)
 

@@ -10,8 +10,7 @@ from __future__ import annotations
 import asyncio
 import operator
 import time
-from collections.abc import Awaitable, Callable
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Annotated, Any, Literal, TypedDict, cast
 
 from langgraph.checkpoint.base import BaseCheckpointSaver
@@ -91,7 +90,10 @@ def _bind(runtime: Runtime[StageContext]) -> StageContext:
 async def _anchor_plan(state: TurnState, runtime: Runtime[StageContext]) -> dict[str, Any]:
     ctx = _bind(runtime)
     out = await _bracket(
-        ctx, "anchor-plan", None, lambda: run_anchor_plan(ctx, state["transcript"], state["content"])
+        ctx,
+        "anchor-plan",
+        None,
+        lambda: run_anchor_plan(ctx, state["transcript"], state["content"]),
     )
     return {"transcript": list(out.appended), "route": out.route}
 
@@ -180,6 +182,8 @@ async def open_checkpointer(
         from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 
         path = database_url.split("///", 1)[1] if "///" in database_url else ":memory:"
+        if path and path != ":memory:":
+            path = _checkpoint_path(path)
         conn = await aiosqlite.connect(path or ":memory:", timeout=30)
         await conn.execute("PRAGMA journal_mode=WAL")
         await conn.execute("PRAGMA synchronous=NORMAL")
@@ -192,8 +196,20 @@ async def open_checkpointer(
         from psycopg.rows import dict_row
 
         dsn = database_url.replace("postgresql+asyncpg://", "postgresql://")
-        pg = await AsyncConnection.connect(dsn, autocommit=True, prepare_threshold=0, row_factory=dict_row)
-        pg_saver = AsyncPostgresSaver(pg)  # type: ignore[arg-type]
+        pg = await AsyncConnection.connect(
+            dsn, autocommit=True, prepare_threshold=0, row_factory=dict_row
+        )
+        pg_saver = AsyncPostgresSaver(pg)
         await pg_saver.setup()
         return pg_saver, pg.close
     raise ValueError(f"no checkpointer for database url {database_url!r}")
+
+
+def _checkpoint_path(store_path: str) -> str:
+    """Checkpoints live beside the store (`x.db` → `x.checkpoints.db`).
+
+    A second file, not a second connection to the same file: two connections writing one
+    SQLite file serialize on its write lock and back off in milliseconds.
+    """
+    stem, dot, ext = store_path.rpartition(".")
+    return f"{stem}.checkpoints.{ext}" if dot and "/" not in ext else f"{store_path}.checkpoints"

@@ -69,7 +69,7 @@ class ModelFamily:
                 async for chunk in rung.stream(request):
                     yield chunk
                 return
-            except Exception as exc:  # noqa: BLE001 - classified below; others re-raised
+            except Exception as exc:
                 if not self.is_retriable(exc):
                     raise
                 errors.append(f"{rung.model}: {exc}")

@@ -81,7 +81,9 @@ class SessionRuntime:
     def store(self) -> Store:
         """The Store turns are written to."""
         if self._store is None:
-            raise ConfigurationError("the runtime is not open: use `async with SessionRuntime(...)`")
+            raise ConfigurationError(
+                "the runtime is not open: use `async with SessionRuntime(...)`"
+            )
         return self._store
 
     async def __aenter__(self) -> Self:
@@ -121,7 +123,12 @@ class SessionRuntime:
         return family
 
     def _validate(
-        self, session_id: str, content: str, agent: Agent, request_id: str | None, effort: Effort | None
+        self,
+        session_id: str,
+        content: str,
+        agent: Agent,
+        request_id: str | None,
+        effort: Effort | None,
     ) -> TurnRequest:
         if not is_valid_session_id(session_id):
             raise InvalidSessionIdError(
@@ -195,8 +202,10 @@ class SessionRuntime:
             async for stored in self.store.read_events(record.turn_id):
                 yield stored.decode()
             return
-        async for event in self._drive(request, record, graph, family, utility, prior, cancel):
-            yield event
+        drive = self._drive(request, record, graph, family, utility, prior, cancel)
+        async with contextlib.aclosing(drive):  # closing this stream must reach the driver
+            async for event in drive:
+                yield event
 
     async def _drive(
         self,
@@ -283,9 +292,7 @@ class SessionRuntime:
             raise SessionNotFoundError(f"no session {session_id!r}", session_id=session_id)
         return [await self._turn_history(t) for t in turns]
 
-    async def events(
-        self, turn_id: str, *, after_seq: int = 0
-    ) -> AsyncIterator[StreamEvent]:
+    async def events(self, turn_id: str, *, after_seq: int = 0) -> AsyncIterator[StreamEvent]:
         """A turn's committed events after `after_seq`, in order."""
         if await self.store.get_turn(TurnId(turn_id)) is None:
             raise TurnNotFoundError(f"no turn {turn_id!r}", turn_id=turn_id)
@@ -325,5 +332,3 @@ def _thinking_budget(effort: Effort, family: ModelFamily) -> int:
     from turnkit.models.catalog import model_facts, thinking_budget
 
     return min(thinking_budget(effort, model_facts(rung.model)) for rung in family.rungs)
-
-

@@ -53,4 +53,3 @@ def blocks_of(events: list[StreamEvent]) -> tuple[Block, ...]:
             case _:
                 pass
     return tuple(blocks)
-

@@ -21,8 +21,8 @@ from turnkit.events import (
 from turnkit.graph import TurnGraph, TurnState, latest_checkpoint_id, stream_turn
 from turnkit.stages import StageContext
 from turnkit.stages._types import Route, TranscriptMessage
-from turnkit.telemetry import Recorder
 from turnkit.store import Store, TurnRecord
+from turnkit.telemetry import Recorder
 
 __all__ = ("TurnDriver",)
 

@@ -7,7 +7,12 @@ from dataclasses import dataclass
 
 from turnkit.audit import AuditPayloads, CallShape, FallbackStepPayload, ProviderCascadePayload
 from turnkit.errors import ProviderError, TurnkitError
-from turnkit.events import MessageDeltaEvent, ProviderCascadeEvent, ThinkingDeltaEvent, ToolDeltaEvent
+from turnkit.events import (
+    MessageDeltaEvent,
+    ProviderCascadeEvent,
+    ThinkingDeltaEvent,
+    ToolDeltaEvent,
+)
 from turnkit.ids import StageId, derive_id
 from turnkit.models import (
     Finish,

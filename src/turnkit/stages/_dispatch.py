@@ -33,7 +33,10 @@ def _parse(part: ToolCallPart) -> tuple[dict[str, JsonValue] | None, str | None]
     try:
         value = json.loads(part.arguments or "{}")
     except json.JSONDecodeError as exc:
-        return None, f"the arguments are not valid JSON ({exc.msg} at char {exc.pos}); write the call again"
+        return (
+            None,
+            f"the arguments are not valid JSON ({exc.msg} at char {exc.pos}); write the call again",
+        )
     if not isinstance(value, dict):
         return None, "the arguments must be a JSON object; write the call again"
     return cast(dict[str, JsonValue], value), None
@@ -75,7 +78,10 @@ async def dispatch_tools(
     await rec.flush()  # write ahead: every call is on record before any tool runs
 
     async def run(
-        part: ToolCallPart, tool: Tool | None, args: Mapping[str, JsonValue], problem: str | None,
+        part: ToolCallPart,
+        tool: Tool | None,
+        args: Mapping[str, JsonValue],
+        problem: str | None,
         code: ErrorCode,
     ) -> TranscriptMessage:
         started = time.perf_counter()
@@ -129,12 +135,19 @@ async def _invoke(
         if not dispatched:
             dispatched = True
             rec.durable(
-                JobDispatchedEvent, "tool-loop", job_id=job_id, tool_call_id=call_id,
+                JobDispatchedEvent,
+                "tool-loop",
+                job_id=job_id,
+                tool_call_id=call_id,
                 tool_name=part.name,
             )
         await rec.ephemeral(
-            JobProgressEvent, "tool-loop", job_id=job_id, tool_call_id=call_id,
-            progress=fraction, message=message,
+            JobProgressEvent,
+            "tool-loop",
+            job_id=job_id,
+            tool_call_id=call_id,
+            progress=fraction,
+            message=message,
         )
 
     async def pivot(from_tool: str, to_tool: str | None, reason: str) -> None:
@@ -143,8 +156,11 @@ async def _invoke(
             call=None,
             payloads=AuditPayloads(
                 toolFallbackStep=ToolFallbackStepPayload(
-                    tool_call_id=call_id, tool_class=tool.name, from_tool=from_tool,
-                    to_tool=to_tool, reason=reason,
+                    tool_call_id=call_id,
+                    tool_class=tool.name,
+                    from_tool=from_tool,
+                    to_tool=to_tool,
+                    reason=reason,
                 )
             ),
         )
@@ -170,7 +186,10 @@ async def _invoke(
         problem = f"the tool raised {type(exc).__name__}: {exc}"
     if dispatched:
         rec.durable(
-            JobCompletedEvent, "tool-loop", job_id=job_id, tool_call_id=call_id,
+            JobCompletedEvent,
+            "tool-loop",
+            job_id=job_id,
+            tool_call_id=call_id,
             is_error=problem is not None,
         )
     return problem, code, output

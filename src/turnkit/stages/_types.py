@@ -21,7 +21,7 @@ __all__ = (
     "to_transcript",
 )
 
-Route = Literal["tool-loop", "synthesize", "post-turn", "end"]
+Route = Literal["anchor-plan", "tool-loop", "synthesize", "post-turn", "end"]
 
 
 class TranscriptToolCall(TypedDict):

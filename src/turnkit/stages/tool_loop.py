@@ -67,7 +67,9 @@ async def run_tool_loop(
                 request_messages=len(transcript),
                 cached_tokens=response.usage.cached_tokens,
             ),
-            toolSelection=ToolSelectionPayload(offered=tuple(s.name for s in specs), selected=selected)
+            toolSelection=ToolSelectionPayload(
+                offered=tuple(s.name for s in specs), selected=selected
+            )
             if selected
             else None,
             providerCascade=result.cascade,
@@ -111,4 +113,3 @@ async def run_tool_loop(
     return StageOutcome(
         appended=(assistant, *results), route="tool-loop", tool_calls=len(response.tool_calls)
     )
-

@@ -190,7 +190,7 @@ class SqlStore:
         status: TurnStatus | None = None,
         error_code: str | None = None,
     ) -> None:
-        """Append events, audit rows with the usage rollup, and a status move, in one transaction."""
+        """Append events, audit rows (+ usage rollup) and a status move in one transaction."""
         top = max((e.seq for e in events), default=0)
         values: dict[str, Any] = {"updated_at": self._clock.now()}
         if top:

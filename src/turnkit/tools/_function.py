@@ -4,7 +4,7 @@ import asyncio
 import inspect
 import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, cast, get_type_hints, overload
+from typing import Any, cast, get_args, get_type_hints, overload
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError, create_model
 from pydantic_core import to_jsonable_python
@@ -59,6 +59,10 @@ def _param_docs(doc: str) -> dict[str, str]:
     return docs
 
 
+def _is_context(annotation: object) -> bool:
+    return annotation is ToolContext or ToolContext in get_args(annotation)
+
+
 class FunctionTool:
     """A tool made from a typed Python function (sync or async)."""
 
@@ -99,7 +103,7 @@ class FunctionTool:
         fields: dict[str, Any] = {}
         for param in inspect.signature(fn).parameters.values():
             annotation = hints.get(param.name, Any)
-            if annotation is ToolContext:
+            if _is_context(annotation):
                 self._context_param = param.name
                 continue
             if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
@@ -109,7 +113,7 @@ class FunctionTool:
                 )
             default = ... if param.default is inspect.Parameter.empty else param.default
             fields[param.name] = (annotation, Field(default, description=docs.get(param.name)))
-        model = create_model(  # type: ignore[call-overload]
+        model = create_model(
             f"{self._name}_arguments", __config__=ConfigDict(extra="forbid"), **fields
         )
         return cast(type[BaseModel], model)

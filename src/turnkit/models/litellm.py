@@ -1,0 +1,427 @@
+"""`LiteLLMClient`: the `ModelClient` that reaches real providers through litellm.
+
+This is the only turnkit module that imports litellm, and it does so lazily (the import is
+slow), so `import turnkit` stays fast and works without a provider key. Vendor shapes stop
+here: requests go out as OpenAI chat dicts, chunks come back as turnkit's neutral chunks,
+and every provider failure becomes a `ProviderError` with `is_retriable` set.
+"""
+
+from __future__ import annotations
+
+import importlib
+import ipaddress
+import math
+import os
+from collections.abc import AsyncIterator, Mapping
+from types import ModuleType
+from typing import Any
+from urllib.parse import urlsplit
+
+from turnkit import models as _models
+from turnkit.errors import ConfigurationError, InvalidInputError, ProviderError, UnknownModelError
+from turnkit.models import (
+    Finish,
+    ModelChunk,
+    ModelMessage,
+    ModelRequest,
+    StopReason,
+    TextDelta,
+    ThinkingDelta,
+    ToolCallDelta,
+    ToolSpec,
+    Usage,
+)
+from turnkit.models.family import RETRIABLE_STATUS
+
+__all__ = ("LiteLLMClient", "resolve_model")
+
+_MIN_THINKING_BUDGET = 1024
+"""Providers with an explicit thinking budget (Anthropic, Gemini) reject smaller ones."""
+
+
+def _load_litellm() -> ModuleType:
+    """Import litellm on first use, offline and quiet.
+
+    `LITELLM_LOCAL_MODEL_COST_MAP` keeps litellm from fetching its price map over the
+    network at import time (a caller may still set it to something else beforehand).
+    Returned as a `ModuleType` so mypy does not type-check litellm itself.
+    """
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    litellm = importlib.import_module("litellm")
+    # Global litellm setting, set here once: stop litellm from printing its "Provider List"
+    # and debugging banners to stdout on every failure. turnkit raises its own errors.
+    settings: Any = litellm  # a module attribute mypy cannot see on ModuleType
+    settings.suppress_debug_info = True
+    return litellm
+
+
+def _resolve(model: str, api_base: str | None = None) -> tuple[str, str]:
+    """Return `(bare model, provider)` for `model`, or raise `UnknownModelError`."""
+    litellm = _load_litellm()
+    try:
+        bare, provider, _, _ = litellm.get_llm_provider(model=model, api_base=api_base)
+    except Exception as exc:
+        raise UnknownModelError(
+            f"cannot resolve model {model!r} to a provider: give it a provider prefix, e.g. "
+            f"'openai/{model}' or 'anthropic/<model>' (see litellm's provider list); "
+            "to run without a provider key or network, use turnkit.testing.ScriptedModel",
+            model=model,
+        ) from exc
+    return str(bare), str(provider)
+
+
+def resolve_model(model: str) -> str:
+    """Return the provider name litellm resolves `model` to.
+
+    Args:
+        model: A litellm model string such as `"openai/gpt-4o"`.
+
+    Returns:
+        The provider name, e.g. `"openai"`.
+
+    Raises:
+        UnknownModelError: litellm cannot tell which provider serves `model`.
+    """
+    return _resolve(model)[1]
+
+
+def _is_loopback(api_base: str | None) -> bool:
+    if not api_base:
+        return False
+    host = urlsplit(api_base if "//" in api_base else f"//{api_base}").hostname
+    if host is None:
+        return False
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _message_dict(message: ModelMessage) -> dict[str, object]:
+    """One neutral message as an OpenAI chat message."""
+    out: dict[str, object] = {"role": message.role}
+    if message.role == "assistant" and message.tool_calls:
+        out["content"] = message.content or None
+        out["tool_calls"] = [
+            {
+                "id": call.tool_call_id,
+                "type": "function",
+                "function": {"name": call.name, "arguments": call.arguments},
+            }
+            for call in message.tool_calls
+        ]
+    else:
+        out["content"] = message.content
+    if message.role == "tool":
+        if not message.tool_call_id:
+            raise InvalidInputError(
+                "a 'tool' message needs tool_call_id: set it to the id of the call it answers"
+            )
+        out["tool_call_id"] = message.tool_call_id
+    elif message.name:
+        out["name"] = message.name
+    return out
+
+
+def _tool_dict(tool: ToolSpec) -> dict[str, object]:
+    return {
+        "type": "function",
+        "function": {
+            "name": tool.name,
+            "description": tool.description,
+            "parameters": tool.parameters,
+        },
+    }
+
+
+def _effort_for(budget: int) -> str:
+    if budget <= 1024:
+        return "low"
+    if budget <= 4096:
+        return "medium"
+    return "high"
+
+
+def _int(value: object) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _stop_reason(finish_reason: str | None, saw_tool_call: bool) -> StopReason:
+    """Map an OpenAI finish reason; a call that streamed tool calls ends in `tool_use`."""
+    if finish_reason == "length":
+        return "max_tokens"
+    if finish_reason in ("tool_calls", "function_call") or saw_tool_call:
+        return "tool_use"
+    return "end_turn"
+
+
+class LiteLLMClient:
+    """A `ModelClient` for any provider litellm knows, streaming OpenAI-style chat.
+
+    Args:
+        model: A litellm model string with a provider prefix, e.g. `"openai/gpt-4o"`.
+        api_base: Base URL of the provider (e.g. a proxy or a local server).
+        api_key: The provider key; litellm reads the provider's env variable when omitted.
+        timeout: Seconds litellm waits for the provider (connect and between chunks).
+        extra_body: Extra JSON fields sent as they are in the request body.
+        num_retries: Retries litellm makes on its own; keep 0 under a `ModelFamily`, which
+            walks to the next rung instead.
+
+    Raises:
+        UnknownModelError: litellm cannot resolve `model` to a provider.
+    """
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        api_base: str | None = None,
+        api_key: str | None = None,
+        timeout: float = 60.0,
+        extra_body: Mapping[str, object] | None = None,
+        num_retries: int = 0,
+    ) -> None:
+        self._bare_model, self._provider = _resolve(model, api_base)
+        self._model = model
+        self._api_base = api_base
+        self._api_key = api_key
+        self._timeout = timeout
+        self._extra_body = dict(extra_body) if extra_body else None
+        self._num_retries = num_retries
+
+    @property
+    def model(self) -> str:
+        """The model string as given, e.g. `"openai/gpt-4o"`."""
+        return self._model
+
+    @property
+    def provider(self) -> str:
+        """The provider litellm resolved, e.g. `"openai"`."""
+        return self._provider
+
+    def __repr__(self) -> str:
+        return f"LiteLLMClient(model={self._model!r}, api_base={self._api_base!r})"
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
+        """Stream one call: text, thinking and tool-call deltas, then exactly one `Finish`.
+
+        Raises:
+            ConfigurationError: `turnkit.models.ALLOW_NETWORK` is False and the call would
+                leave this machine.
+            InvalidInputError: A `tool` message has no `tool_call_id`.
+            ProviderError: The provider failed; `is_retriable` says whether to walk on.
+        """
+        self._check_network()
+        litellm = _load_litellm()
+        kwargs = self._call_kwargs(litellm, request)
+        try:
+            response = await litellm.acompletion(**kwargs)
+        except Exception as exc:
+            mapped = self._map_error(litellm, exc)
+            if mapped is None:
+                raise
+            raise mapped from exc
+
+        finish_reason: str | None = None
+        saw_tool_call = False
+        usage: object = None
+        try:
+            async for chunk in response:
+                chunk_usage = getattr(chunk, "usage", None)
+                if chunk_usage is not None:
+                    usage = chunk_usage
+                choices = getattr(chunk, "choices", None) or ()
+                for choice in choices[:1]:
+                    reason = getattr(choice, "finish_reason", None)
+                    if reason:
+                        finish_reason = str(reason)
+                    for piece in self._delta_chunks(getattr(choice, "delta", None)):
+                        saw_tool_call = saw_tool_call or isinstance(piece, ToolCallDelta)
+                        yield piece
+        except Exception as exc:
+            mapped = self._map_error(litellm, exc)
+            if mapped is None:
+                raise
+            raise mapped from exc
+        finally:
+            await _close_stream(response)
+        yield Finish(_stop_reason(finish_reason, saw_tool_call), self._usage(litellm, usage))
+
+    # ── request ─────────────────────────────────────────────────────────────────────
+
+    def _check_network(self) -> None:
+        if _models.ALLOW_NETWORK or _is_loopback(self._api_base):
+            return
+        where = f"api_base {self._api_base!r}" if self._api_base else "the provider's default URL"
+        raise ConfigurationError(
+            f"model {self._model!r} would call {where}, but turnkit.models.ALLOW_NETWORK is "
+            "False: point api_base at a loopback server (127.0.0.1, localhost, ::1), use "
+            "turnkit.testing.ScriptedModel, or set ALLOW_NETWORK = True"
+        )
+
+    def _call_kwargs(self, litellm: ModuleType, request: ModelRequest) -> dict[str, object]:
+        kwargs: dict[str, object] = {
+            "model": self._model,
+            "messages": [_message_dict(m) for m in request.messages],
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "timeout": self._timeout,
+            "num_retries": self._num_retries,
+        }
+        if self._api_base is not None:
+            kwargs["api_base"] = self._api_base
+        if self._api_key is not None:
+            kwargs["api_key"] = self._api_key
+        if request.tools:
+            kwargs["tools"] = [_tool_dict(t) for t in request.tools]
+        if request.max_output_tokens is not None:
+            kwargs["max_tokens"] = request.max_output_tokens
+        kwargs.update(self._reasoning_kwargs(litellm, request))
+        if self._extra_body:
+            kwargs["extra_body"] = dict(self._extra_body)
+        return kwargs
+
+    def _reasoning_kwargs(self, litellm: ModuleType, request: ModelRequest) -> dict[str, object]:
+        """`thinking` (exact budget) or `reasoning_effort`, only for reasoning models.
+
+        The budget is kept below `max_output_tokens` when that is set; a provider that
+        takes an explicit budget gets nothing when fewer than 1024 tokens remain.
+        """
+        budget = request.thinking_budget
+        if request.max_output_tokens is not None:
+            budget = min(budget, request.max_output_tokens - 1)
+        if budget <= 0:
+            return {}
+        try:
+            if not litellm.supports_reasoning(model=self._model):
+                return {}
+            supported = litellm.get_supported_openai_params(
+                model=self._bare_model, custom_llm_provider=self._provider
+            )
+        except Exception:  # noqa: BLE001 - unknown model facts mean: send no reasoning params
+            return {}
+        supported_params = set(supported or ())
+        if "thinking" in supported_params:
+            if budget < _MIN_THINKING_BUDGET:
+                return {}
+            return {"thinking": {"type": "enabled", "budget_tokens": budget}}
+        if "reasoning_effort" in supported_params:
+            return {"reasoning_effort": _effort_for(budget)}
+        return {}
+
+    # ── response ────────────────────────────────────────────────────────────────────
+
+    @staticmethod
+    def _delta_chunks(delta: object) -> list[ModelChunk]:
+        if delta is None:
+            return []
+        out: list[ModelChunk] = []
+        reasoning = getattr(delta, "reasoning_content", None)
+        if isinstance(reasoning, str) and reasoning:
+            out.append(ThinkingDelta(reasoning))
+        content = getattr(delta, "content", None)
+        if isinstance(content, str) and content:
+            out.append(TextDelta(content))
+        for position, call in enumerate(getattr(delta, "tool_calls", None) or ()):
+            index = getattr(call, "index", None)
+            call_id = getattr(call, "id", None)
+            function = getattr(call, "function", None)
+            name = getattr(function, "name", None)
+            arguments = getattr(function, "arguments", None)
+            piece = ToolCallDelta(
+                index=index if isinstance(index, int) else position,
+                tool_call_id=call_id if isinstance(call_id, str) and call_id else None,
+                name=name if isinstance(name, str) and name else None,
+                arguments=arguments if isinstance(arguments, str) else "",
+            )
+            if piece.tool_call_id or piece.name or piece.arguments:
+                out.append(piece)
+        return out
+
+    def _usage(self, litellm: ModuleType, usage: object) -> Usage:
+        if usage is None:
+            return Usage()
+        details = getattr(usage, "prompt_tokens_details", None)
+        input_tokens = _int(getattr(usage, "prompt_tokens", 0))
+        output_tokens = _int(getattr(usage, "completion_tokens", 0))
+        return Usage(
+            input_tokens=input_tokens,
+            output_tokens=output_tokens,
+            cached_tokens=_int(getattr(details, "cached_tokens", 0)),
+            cost_usd=self._cost(litellm, usage, input_tokens, output_tokens),
+        )
+
+    def _cost(self, litellm: ModuleType, usage: object, input_tokens: int, output: int) -> float:
+        """Dollar cost from litellm's price map; 0.0 when the model has no known price."""
+        try:
+            prompt_cost, completion_cost = litellm.cost_per_token(
+                model=self._bare_model,
+                custom_llm_provider=self._provider,
+                prompt_tokens=input_tokens,
+                completion_tokens=output,
+                usage_object=usage,
+            )
+            cost = float(prompt_cost) + float(completion_cost)
+        except Exception:  # noqa: BLE001 - an unknown price must never fail the call
+            return 0.0
+        return cost if math.isfinite(cost) and cost > 0 else 0.0
+
+    # ── errors ──────────────────────────────────────────────────────────────────────
+
+    def _map_error(self, litellm: ModuleType, exc: Exception) -> ProviderError | None:
+        """A `ProviderError` for provider and transport failures; None for anything else."""
+        openai = importlib.import_module("openai")
+        httpx = importlib.import_module("httpx")
+        status = getattr(exc, "status_code", None)
+        status = status if isinstance(status, int) and not isinstance(status, bool) else None
+        if isinstance(exc, openai.APITimeoutError | TimeoutError):
+            status, retriable, advice = status or 408, True, "the provider timed out"
+        elif isinstance(exc, openai.APIConnectionError | httpx.TransportError | ConnectionError):
+            retriable, advice = True, "the provider could not be reached"
+        elif isinstance(exc, openai.RateLimitError):
+            status, retriable, advice = status or 429, True, "the provider is rate limiting"
+        elif status is not None or isinstance(exc, openai.OpenAIError):
+            retriable = status is not None and (status in RETRIABLE_STATUS or status >= 500)
+            advice = _advice(status, exc, litellm)
+        else:
+            return None
+        if retriable:
+            advice += "; retry later or add a fallback rung to the ModelFamily"
+        detail = str(getattr(exc, "message", "") or exc).strip()
+        if len(detail) > 500:
+            detail = detail[:500] + "..."
+        return ProviderError(
+            f"model {self._model!r} (provider {self._provider!r}) failed"
+            f"{f' with HTTP {status}' if status else ''}: {advice}. Provider said: {detail}",
+            status_code=status,
+            is_retriable=retriable,
+        )
+
+
+def _advice(status: int | None, exc: Exception, litellm: ModuleType) -> str:
+    if isinstance(exc, litellm.ContextWindowExceededError):
+        return "the request exceeds the model's context window; shorten the conversation"
+    if status in (401, 403):
+        return "the provider refused the credentials; check api_key or the provider's env key"
+    if status == 404:
+        return "the provider does not know this model or endpoint; check the model and api_base"
+    if status is not None and status >= 500:
+        return "the provider had a server error"
+    if status is not None and status in RETRIABLE_STATUS:
+        return "the provider is busy"
+    return "the provider rejected the request; check the messages, tools and parameters"
+
+
+async def _close_stream(response: object) -> None:
+    """Close litellm's stream so its HTTP connection is released (also on cancellation)."""
+    aclose = getattr(response, "aclose", None)
+    close = getattr(response, "close", None)
+    try:
+        if callable(aclose):
+            await aclose()
+        elif callable(close):
+            close()
+    except Exception:  # noqa: BLE001 - best-effort cleanup must not hide the real outcome
+        pass

@@ -1,0 +1,116 @@
+"""Family-strict model cascades and in-class tool cascades (DESIGN §7)."""
+
+from __future__ import annotations
+
+from tests.conftest import RuntimeFactory
+from tests.helpers import durable
+
+from turnkit import Agent, ModelFamily, ProviderError, tool
+from turnkit.events import DoneEvent, ErrorEvent, ProviderCascadeEvent, ToolCompletedEvent
+from turnkit.testing import ModelStep, ScriptedModel, call, collect_events
+
+
+async def test_rung_one_429_rung_two_answers(runtime_factory: RuntimeFactory) -> None:
+    first = ScriptedModel(
+        [ModelStep.fail(ProviderError("slow down", status_code=429))], name="m-large"
+    )
+    second = ScriptedModel([ModelStep.text_reply("Answer from rung two.")], name="m-small")
+    family = ModelFamily("m", [first, second])
+    runtime = runtime_factory(Agent(model=family))
+    events = await collect_events(runtime.execute_message("s1", "hello"))
+
+    cascades = [e for e in events if isinstance(e, ProviderCascadeEvent)]
+    assert len(cascades) == 1
+    step = cascades[0]
+    assert (step.from_model, step.to_model, step.status_code) == ("m-large", "m-small", 429)
+    done = events[-1]
+    assert isinstance(done, DoneEvent)
+    assert done.status == "succeeded"
+    history = await runtime.history("s1")
+    assert history[0].answer == "Answer from rung two."
+    rows = await runtime.audit(events[0].turn_id)
+    fallback = [r for r in rows if r.payloads.fallback_step is not None]
+    assert len(fallback) == 1
+    assert fallback[0].call is not None
+    assert fallback[0].call.outcome == "error"
+    assert fallback[0].call.rung == 0
+    answered = [r for r in rows if r.payloads.synthesis_quality is not None][0]
+    assert answered.call is not None
+    assert answered.call.model == "m-small"
+    assert answered.call.rung == 1
+    assert answered.payloads.provider_cascade is not None
+    assert answered.payloads.provider_cascade.attempts == ("m-large", "m-small")
+
+
+async def test_every_rung_failing_ends_family_exhausted(runtime_factory: RuntimeFactory) -> None:
+    rungs = [
+        ScriptedModel([ModelStep.fail(ProviderError("overloaded", status_code=529))], name="a"),
+        ScriptedModel([ModelStep.fail(ProviderError("boom", status_code=500))], name="b"),
+    ]
+    # The utility model serves anchor-plan only; it must never stand in for the family.
+    outsider = ScriptedModel(
+        [ModelStep.text_reply('{"intent": "x", "depth": "none"}')], name="other-family"
+    )
+    runtime = runtime_factory(Agent(model=ModelFamily("fam", rungs), utility_model=outsider))
+    events = await collect_events(runtime.execute_message("s1", "hello"))
+    errors = [e for e in events if isinstance(e, ErrorEvent)]
+    assert [e.code for e in errors] == ["family-exhausted"]
+    done = events[-1]
+    assert isinstance(done, DoneEvent)
+    assert done.status == "failed"
+    assert done.error_code == "family-exhausted"
+    assert len(outsider.calls) == 1  # the utility model was never used as a fallback
+    cascades = [e for e in durable(events) if isinstance(e, ProviderCascadeEvent)]
+    assert [(c.from_model, c.to_model) for c in cascades] == [("a", "b"), ("b", None)]
+    record = await runtime.turn(events[0].turn_id)
+    assert (record.status, record.error_code) == ("failed", "family-exhausted")
+
+
+async def test_non_retriable_error_does_not_walk(runtime_factory: RuntimeFactory) -> None:
+    second = ScriptedModel([], name="b")
+    family = ModelFamily(
+        "fam",
+        [
+            ScriptedModel(
+                [ModelStep.fail(ProviderError("bad request", status_code=400))], name="a"
+            ),
+            second,
+        ],
+    )
+    runtime = runtime_factory(Agent(model=family))
+    events = await collect_events(runtime.execute_message("s1", "hello"))
+    assert [e.code for e in events if isinstance(e, ErrorEvent)] == ["provider-error"]
+    assert second.calls == []
+
+
+async def test_tool_cascade_pivots_to_the_next_in_class_tool(
+    runtime_factory: RuntimeFactory,
+) -> None:
+    @tool
+    async def mirror_search(query: str) -> str:
+        """Search a mirror."""
+        return f"mirror: {query}"
+
+    @tool(fallbacks=[mirror_search])
+    async def search(query: str) -> str:
+        """Search the primary index."""
+        raise ConnectionError("primary index is down")
+
+    model = ScriptedModel(
+        [
+            ModelStep.tool_call_reply(call("search", query="q3")),
+            ModelStep.text_reply("Found it."),
+            ModelStep.text_reply("Q3 is in the mirror."),
+        ]
+    )
+    runtime = runtime_factory(Agent(model=model, tools=[search]))
+    events = await collect_events(runtime.execute_message("s1", "find q3"))
+    completed = [e for e in events if isinstance(e, ToolCompletedEvent)]
+    assert len(completed) == 1
+    assert completed[0].result.output == "mirror: q3"
+    rows = await runtime.audit(events[0].turn_id)
+    pivots = [r.payloads.tool_fallback_step for r in rows if r.payloads.tool_fallback_step]
+    assert len(pivots) == 1
+    assert (pivots[0].from_tool, pivots[0].to_tool) == ("search", "mirror_search")
+    assert "primary index is down" in pivots[0].reason
+    assert model.calls[0].tools[0].name == "search"  # the model sees one tool

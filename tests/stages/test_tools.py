@@ -1,0 +1,199 @@
+"""Tools: schema from signature, readable validation failures, context, jobs, finishing."""
+
+from __future__ import annotations
+
+import pytest
+from tests.conftest import RuntimeFactory
+from tests.helpers import add
+
+from turnkit import Agent, ConfigurationError, DuplicateToolError, ToolContext, tool
+from turnkit.events import (
+    DoneEvent,
+    ErrorEvent,
+    JobCompletedEvent,
+    JobDispatchedEvent,
+    JobProgressEvent,
+    ToolCompletedEvent,
+    ToolFailedEvent,
+)
+from turnkit.testing import ModelStep, ScriptedModel, call, collect_events, raw_call
+
+
+def test_schema_comes_from_the_signature() -> None:
+    @tool
+    async def lookup(city: str, days: int = 3, ctx: ToolContext | None = None) -> str:
+        """Weather for a city.
+
+        Args:
+            city: Which city.
+            days: How many days ahead.
+        """
+        return city
+
+    spec = lookup.spec()
+    assert spec.name == "lookup"
+    assert spec.description == "Weather for a city."
+    params = spec.parameters
+    assert params["required"] == ["city"]
+    props = params["properties"]
+    assert isinstance(props, dict)
+    assert set(props) == {"city", "days"}
+    assert props["city"]["description"] == "Which city."
+    assert props["days"]["default"] == 3
+
+
+def test_context_parameter_is_left_out_of_the_schema() -> None:
+    @tool
+    async def whoami(ctx: ToolContext) -> str:
+        """Say the turn id."""
+        return ctx.turn_id
+
+    assert whoami.spec().parameters["properties"] == {}
+
+
+def test_two_tools_of_one_name_are_refused() -> None:
+    @tool(name="add")
+    async def other_add(a: int) -> int:
+        """Another add."""
+        return a
+
+    with pytest.raises(DuplicateToolError, match="'add'"):
+        Agent(model=ScriptedModel([]), tools=[add, other_add])
+
+
+def test_untyped_star_args_are_refused() -> None:
+    def loose(*args: int) -> int:
+        return 0
+
+    with pytest.raises(ConfigurationError, match=r"\*args"):
+        tool(loose)
+
+
+async def test_invalid_arguments_become_a_failed_result_and_the_turn_answers(
+    runtime_factory: RuntimeFactory,
+) -> None:
+    model = ScriptedModel(
+        [
+            ModelStep.tool_call_reply(call("add", a="two", b=3)),
+            ModelStep.tool_call_reply(call("add", a=2, b=3)),
+            ModelStep.text_reply("Fixed."),
+            ModelStep.text_reply("5"),
+        ]
+    )
+    runtime = runtime_factory(Agent(model=model, tools=[add]))
+    events = await collect_events(runtime.execute_message("s1", "2+3"))
+    failed = [e for e in events if isinstance(e, ToolFailedEvent)]
+    assert len(failed) == 1
+    assert failed[0].code == "tool-arguments-invalid"
+    assert failed[0].result.error is not None
+    assert "a:" in failed[0].result.error
+    # The model read the failure as a tool message and tried again.
+    second_request = model.calls[1].messages
+    assert second_request[-1].role == "tool"
+    assert second_request[-1].content.startswith("Error:")
+    assert isinstance(events[-1], DoneEvent)
+    assert events[-1].status == "succeeded"
+    assert (await runtime.history("s1"))[0].answer == "5"
+
+
+async def test_unknown_tool_and_malformed_json_are_failed_results(
+    runtime_factory: RuntimeFactory,
+) -> None:
+    model = ScriptedModel(
+        [
+            ModelStep.tool_call_reply(call("nope", x=1), raw_call("add", '{"a": 1, "b":')),
+            ModelStep.text_reply("Gave up."),
+            ModelStep.text_reply("I could not compute it."),
+        ]
+    )
+    runtime = runtime_factory(Agent(model=model, tools=[add]))
+    events = await collect_events(runtime.execute_message("s1", "hm"))
+    codes = sorted(e.code for e in events if isinstance(e, ToolFailedEvent))
+    assert codes == ["tool-arguments-invalid", "tool-not-found"]
+    assert isinstance(events[-1], DoneEvent)
+    assert events[-1].status == "succeeded"
+
+
+async def test_output_limit_while_writing_a_call_fails_the_call_not_the_turn(
+    runtime_factory: RuntimeFactory,
+) -> None:
+    model = ScriptedModel(
+        [
+            ModelStep.truncated("", raw_call("add", '{"a": 1')),
+            ModelStep.tool_call_reply(call("add", a=1, b=1)),
+            ModelStep.text_reply("ok"),
+            ModelStep.text_reply("2"),
+        ]
+    )
+    runtime = runtime_factory(Agent(model=model, tools=[add]))
+    events = await collect_events(runtime.execute_message("s1", "1+1"))
+    failed = [e for e in events if isinstance(e, ToolFailedEvent)]
+    assert len(failed) == 1
+    assert "output limit" in (failed[0].result.error or "")
+    assert [e.result.output for e in events if isinstance(e, ToolCompletedEvent)] == [2]
+
+
+async def test_output_limit_with_no_call_named_is_fatal(runtime_factory: RuntimeFactory) -> None:
+    model = ScriptedModel([ModelStep.truncated("The answer is that the")])
+    runtime = runtime_factory(Agent(model=model, tools=[add]))
+    events = await collect_events(runtime.execute_message("s1", "explain"))
+    assert [e.code for e in events if isinstance(e, ErrorEvent)] == ["agent_output_limit_exceeded"]
+    assert (await runtime.history("s1"))[0].answer is None
+
+
+async def test_context_carries_ids_and_progress_becomes_job_events(
+    runtime_factory: RuntimeFactory,
+) -> None:
+    seen: list[ToolContext] = []
+
+    @tool
+    async def crunch(n: int, ctx: ToolContext) -> int:
+        """Crunch numbers for a while."""
+        seen.append(ctx)
+        await ctx.report_progress(0.5, "half way")
+        await ctx.report_progress(1.0)
+        return n * 2
+
+    model = ScriptedModel(
+        [
+            ModelStep.tool_call_reply(call("crunch", n=21, tool_call_id="call_x")),
+            ModelStep.text_reply("done"),
+            ModelStep.text_reply("42"),
+        ]
+    )
+    runtime = runtime_factory(Agent(model=model, tools=[crunch]))
+    events = await collect_events(runtime.execute_message("s1", "crunch"))
+    [ctx] = seen
+    assert ctx.tool_call_id == "call_x"
+    assert ctx.session_id == "s1"
+    assert ctx.turn_id == events[0].turn_id
+    assert ctx.idempotency_key.startswith("idem_")
+    kinds = [
+        type(e)
+        for e in events
+        if isinstance(e, JobDispatchedEvent | JobProgressEvent | JobCompletedEvent)
+    ]
+    assert kinds == [JobDispatchedEvent, JobProgressEvent, JobProgressEvent, JobCompletedEvent]
+    progress = [e for e in events if isinstance(e, JobProgressEvent)]
+    assert progress[0].progress == 0.5
+    assert progress[0].message == "half way"
+
+
+async def test_a_raising_tool_is_a_failed_result(runtime_factory: RuntimeFactory) -> None:
+    @tool
+    def flaky(x: int) -> int:
+        """Always fails."""
+        raise RuntimeError("disk full")
+
+    model = ScriptedModel(
+        [
+            ModelStep.tool_call_reply(call("flaky", x=1)),
+            ModelStep.text_reply("no"),
+            ModelStep.text_reply("Sorry."),
+        ]
+    )
+    runtime = runtime_factory(Agent(model=model, tools=[flaky]))
+    events = await collect_events(runtime.execute_message("s1", "go"))
+    [failed] = [e for e in events if isinstance(e, ToolFailedEvent)]
+    assert failed.code == "tool-failed"
+    assert "disk full" in (failed.result.error or "")

@@ -1,0 +1,56 @@
+"""Closing the stream or a cancel token aborts the turn and records `user-aborted`."""
+
+from __future__ import annotations
+
+import asyncio
+
+from tests.conftest import RuntimeFactory
+from turnkit import Agent, CancelToken
+from turnkit.events import DoneEvent, MessageDeltaEvent
+from turnkit.testing import ModelStep, ScriptedModel
+
+
+async def test_closing_the_generator_aborts_the_model_call(runtime_factory: RuntimeFactory) -> None:
+    model = ScriptedModel([ModelStep.hang("Thinking about it")])
+    runtime = runtime_factory(Agent(model=model))
+    stream = runtime.execute_message("s1", "tell me a long story")
+    turn_id = None
+    async for event in stream:
+        turn_id = event.turn_id
+        if isinstance(event, MessageDeltaEvent):
+            break
+    await stream.aclose()
+    assert turn_id is not None
+    assert model.aborted == 1  # the provider stream itself was cancelled
+    record = await runtime.turn(turn_id)
+    assert record.status == "cancelled"
+    assert record.error_code is None
+    rows = await runtime.audit(turn_id)
+    last = rows[-1]
+    assert last.call is not None
+    assert last.call.outcome == "user-aborted"
+    assert last.identity.stage_id == "synthesize"
+    stored = [e async for e in runtime.events(turn_id)]
+    assert isinstance(stored[-1], DoneEvent)
+    assert stored[-1].status == "cancelled"
+    assert [e.seq for e in stored] == list(range(1, len(stored) + 1))
+
+
+async def test_cancel_token_ends_the_stream_with_cancelled(runtime_factory: RuntimeFactory) -> None:
+    model = ScriptedModel([ModelStep.hang("Working")])
+    runtime = runtime_factory(Agent(model=model))
+    token = CancelToken()
+    events = []
+    async with asyncio.timeout(10):
+        async for event in runtime.execute_message("s1", "go", cancel=token):
+            events.append(event)
+            if isinstance(event, MessageDeltaEvent):
+                token.cancel()
+    done = events[-1]
+    assert isinstance(done, DoneEvent)
+    assert done.status == "cancelled"
+    assert done.error_code is None
+    assert model.aborted == 1
+    rows = await runtime.audit(done.turn_id)
+    assert rows[-1].call is not None
+    assert rows[-1].call.outcome == "user-aborted"

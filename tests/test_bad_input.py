@@ -1,0 +1,114 @@
+"""Bad input is a typed error with a clear message, and nothing is half-written."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import RuntimeFactory
+from tests.helpers import add
+from turnkit import (
+    Agent,
+    ConfigurationError,
+    ContentTooLargeError,
+    DuplicateToolError,
+    EmptyContentError,
+    InvalidSessionIdError,
+    RuntimeConfig,
+    SessionNotFoundError,
+    UnknownModelError,
+    tool,
+)
+from turnkit.testing import ModelStep, ScriptedModel, collect_events
+
+
+async def _nothing_written(runtime_factory: RuntimeFactory, session_id: str) -> None:
+    probe = runtime_factory(Agent(model=ScriptedModel([])))
+    await probe.open()
+    assert await probe.store.list_turns(session_id) == []  # type: ignore[arg-type]
+    with pytest.raises(SessionNotFoundError):
+        await probe.history(session_id)
+
+
+@pytest.mark.parametrize("content", ["", "   \n\t "])
+async def test_empty_content(runtime_factory: RuntimeFactory, content: str) -> None:
+    model = ScriptedModel([ModelStep.text_reply("never")])
+    runtime = runtime_factory(Agent(model=model))
+    with pytest.raises(EmptyContentError, match="empty"):
+        await collect_events(runtime.execute_message("s1", content))
+    assert model.calls == []
+    await _nothing_written(runtime_factory, "s1")
+
+
+@pytest.mark.parametrize("session_id", ["", "has space", "x" * 129, "../etc", "-leading"])
+async def test_session_id_with_unknown_format(
+    runtime_factory: RuntimeFactory, session_id: str
+) -> None:
+    runtime = runtime_factory(Agent(model=ScriptedModel([])))
+    with pytest.raises(InvalidSessionIdError, match="unknown format") as info:
+        await collect_events(runtime.execute_message(session_id, "hello"))
+    assert info.value.code == "invalid-session-id"
+
+
+async def test_oversized_content(runtime_factory: RuntimeFactory, database_url: str) -> None:
+    runtime = runtime_factory(
+        Agent(model=ScriptedModel([])),
+        config=RuntimeConfig(database_url=database_url, max_content_chars=10),
+    )
+    with pytest.raises(ContentTooLargeError, match="limit is 10"):
+        await collect_events(runtime.execute_message("s1", "x" * 11))
+    await _nothing_written(runtime_factory, "s1")
+
+
+def test_agent_with_two_tools_of_one_name() -> None:
+    twin = tool(name="add")(lambda a: a)  # type: ignore[arg-type]
+    with pytest.raises(DuplicateToolError, match="two tools are named 'add'"):
+        Agent(model=ScriptedModel([]), tools=[add, twin])
+
+
+def test_model_string_litellm_cannot_resolve(database_url: str) -> None:
+    from turnkit import SessionRuntime
+
+    with pytest.raises(UnknownModelError, match="no-such-provider-model-xyz"):
+        SessionRuntime(
+            agent=Agent(model="no-such-provider-model-xyz"),
+            config=RuntimeConfig(database_url=database_url),
+        )
+
+
+async def test_per_message_agent_with_unknown_model_writes_nothing(
+    runtime_factory: RuntimeFactory,
+) -> None:
+    runtime = runtime_factory(Agent(model=ScriptedModel([])))
+    with pytest.raises(UnknownModelError):
+        await collect_events(
+            runtime.execute_message("s1", "hi", agent=Agent(model="no-such-provider-model-xyz"))
+        )
+    await _nothing_written(runtime_factory, "s1")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"idle_window_s": 10, "ceiling_s": 5}, "cannot exceed"),
+        ({"ceiling_s": 600, "credential_lifetime_s": 600}, "must exceed the ceiling"),
+        ({"max_content_chars": 0}, "at least 1"),
+    ],
+)
+def test_bad_configuration(kwargs: dict[str, float], message: str) -> None:
+    with pytest.raises(ConfigurationError, match=message):
+        RuntimeConfig(**kwargs)  # type: ignore[arg-type]
+
+
+def test_agent_cannot_skip_synthesize() -> None:
+    with pytest.raises(ConfigurationError, match="synthesize and post-turn always run"):
+        Agent(model=ScriptedModel([]), skip_stages=frozenset({"synthesize"}))  # type: ignore[arg-type]
+
+
+def test_errors_pickle_and_carry_codes() -> None:
+    import pickle
+
+    err = InvalidSessionIdError("bad id", session_id="a b")
+    again = pickle.loads(pickle.dumps(err))
+    assert type(again) is InvalidSessionIdError
+    assert again.details == {"session_id": "a b"}
+    assert "invalid-session-id" in str(again)

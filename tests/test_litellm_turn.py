@@ -1,0 +1,90 @@
+"""A whole turn on the litellm path, over real HTTP to the fake OpenAI-compatible server."""
+
+from __future__ import annotations
+
+import json
+
+from tests.conftest import RuntimeFactory
+from tests.helpers import add
+from tests.support.openai_server import FakeOpenAIServer, Reply
+from turnkit import Agent, ModelFamily
+from turnkit.events import (
+    DoneEvent,
+    MessageDeltaEvent,
+    ProviderCascadeEvent,
+    ToolCompletedEvent,
+    ToolDeltaEvent,
+    UsageEvent,
+)
+from turnkit.models.litellm import LiteLLMClient
+from turnkit.testing import collect_events
+
+
+def _client(server: FakeOpenAIServer, name: str) -> LiteLLMClient:
+    return LiteLLMClient(f"openai/{name}", api_base=server.base_url, api_key="sk-test")
+
+
+async def test_tool_using_turn_over_http(
+    runtime_factory: RuntimeFactory, openai_server: FakeOpenAIServer
+) -> None:
+    openai_server.script(
+        "fake-model",
+        [
+            Reply.tool_call("add", {"a": 20, "b": 22}, call_id="call_abc", chunks=5),
+            Reply.text("Got 42.", chunks=2),
+            Reply.text("The answer is 42.", chunks=4, prompt_tokens=50, completion_tokens=6),
+        ],
+    )
+    runtime = runtime_factory(Agent(model=_client(openai_server, "fake-model"), tools=[add]))
+    events = await collect_events(runtime.execute_message("s1", "What is 20 + 22?"))
+
+    assert any(isinstance(e, ToolDeltaEvent) for e in events)
+    [completed] = [e for e in events if isinstance(e, ToolCompletedEvent)]
+    assert completed.tool_call_id == "call_abc"
+    assert completed.result.output == 42
+    answer_deltas = [
+        e.text for e in events if isinstance(e, MessageDeltaEvent) and e.stage_id == "synthesize"
+    ]
+    assert len(answer_deltas) == 4
+    assert "".join(answer_deltas) == "The answer is 42."
+    [usage] = [e for e in events if isinstance(e, UsageEvent)]
+    assert usage.model_calls == 3
+    assert usage.input_tokens == 11 + 11 + 50
+    assert isinstance(events[-1], DoneEvent)
+    assert events[-1].status == "succeeded"
+    # What the provider received: the tool result went back as a tool message.
+    second = openai_server.requests[1]
+    messages = second["messages"]
+    assert isinstance(messages, list)
+    tool_message = messages[-1]
+    assert tool_message["role"] == "tool"
+    assert tool_message["tool_call_id"] == "call_abc"
+    assert json.loads(tool_message["content"]) == 42
+    assert "tools" not in openai_server.requests[2]  # synthesize withholds tools
+
+
+async def test_rate_limited_rung_walks_to_the_next_over_http(
+    runtime_factory: RuntimeFactory, openai_server: FakeOpenAIServer
+) -> None:
+    openai_server.script("big", [Reply.error(429)])
+    openai_server.script("small", [Reply.text("fine")])
+    family = ModelFamily("gpt", [_client(openai_server, "big"), _client(openai_server, "small")])
+    runtime = runtime_factory(Agent(model=family))
+    events = await collect_events(runtime.execute_message("s1", "hello"))
+    [step] = [e for e in events if isinstance(e, ProviderCascadeEvent)]
+    assert step.status_code == 429
+    assert step.to_model == "openai/small"
+    assert (await runtime.history("s1"))[0].answer == "fine"
+
+
+async def test_server_errors_exhaust_the_family_over_http(
+    runtime_factory: RuntimeFactory, openai_server: FakeOpenAIServer
+) -> None:
+    openai_server.script("big", [Reply.error(500)])
+    openai_server.script("small", [Reply.error(503)])
+    family = ModelFamily("gpt", [_client(openai_server, "big"), _client(openai_server, "small")])
+    runtime = runtime_factory(Agent(model=family))
+    events = await collect_events(runtime.execute_message("s1", "hello"))
+    done = events[-1]
+    assert isinstance(done, DoneEvent)
+    assert done.error_code == "family-exhausted"

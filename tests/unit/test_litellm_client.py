@@ -1,0 +1,508 @@
+"""LiteLLMClient against a real OpenAI-compatible HTTP server on 127.0.0.1."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import time
+from collections.abc import AsyncGenerator, AsyncIterator
+
+import pytest
+from tests.support import openai_server as fake_openai
+from tests.support.openai_server import FakeOpenAIServer, Reply
+
+import turnkit.models
+from turnkit.errors import ConfigurationError, ProviderError, UnknownModelError
+from turnkit.models import (
+    Finish,
+    ModelChunk,
+    ModelMessage,
+    ModelRequest,
+    RungFailed,
+    RungStarted,
+    TextDelta,
+    ThinkingDelta,
+    ToolCallDelta,
+    ToolCallPart,
+    ToolSpec,
+)
+from turnkit.models.catalog import DEFAULT_FACTS, ModelFacts, model_facts, thinking_budget
+from turnkit.models.family import ModelFamily
+from turnkit.models.litellm import LiteLLMClient, resolve_model
+
+openai_server = fake_openai.openai_server  # the fixture, visible to this module's tests
+
+HELLO = ModelRequest(messages=(ModelMessage(role="user", content="hi"),))
+WEATHER = ToolSpec(
+    name="get_weather",
+    description="Weather for a city.",
+    parameters={"type": "object", "properties": {"city": {"type": "string"}}},
+)
+
+
+def client_for(
+    server: FakeOpenAIServer,
+    model: str = "fake-model",
+    *,
+    timeout: float = 10.0,
+    extra_body: dict[str, object] | None = None,
+) -> LiteLLMClient:
+    return LiteLLMClient(
+        f"openai/{model}",
+        api_base=server.base_url,
+        api_key="sk-test",
+        timeout=timeout,
+        extra_body=extra_body,
+    )
+
+
+async def collect(stream: AsyncIterator[ModelChunk]) -> list[ModelChunk]:
+    return [chunk async for chunk in stream]
+
+
+def text_of(chunks: list[ModelChunk]) -> str:
+    return "".join(c.text for c in chunks if isinstance(c, TextDelta))
+
+
+def only_finish(chunks: list[ModelChunk]) -> Finish:
+    finishes = [c for c in chunks if isinstance(c, Finish)]
+    assert len(finishes) == 1, chunks
+    assert chunks[-1] is finishes[0], "Finish must be the last chunk"
+    return finishes[0]
+
+
+# ── streaming ─────────────────────────────────────────────────────────────────────────
+
+
+async def test_streamed_text_arrives_in_order_in_several_deltas(
+    openai_server: FakeOpenAIServer,
+) -> None:
+    openai_server.script("fake-model", [Reply.text("hello world", chunks=5)])
+
+    chunks = await collect(client_for(openai_server).stream(HELLO))
+
+    deltas = [c.text for c in chunks if isinstance(c, TextDelta)]
+    assert len(deltas) == 5
+    assert "".join(deltas) == "hello world"
+    assert only_finish(chunks).stop_reason == "end_turn"
+
+
+async def test_reasoning_content_streams_as_thinking_before_text(
+    openai_server: FakeOpenAIServer,
+) -> None:
+    openai_server.script("fake-model", [Reply.text("42", reasoning="six times seven", chunks=3)])
+
+    chunks = await collect(client_for(openai_server).stream(HELLO))
+
+    thinking = [c for c in chunks if isinstance(c, ThinkingDelta)]
+    assert "".join(c.text for c in thinking) == "six times seven"
+    assert len(thinking) == 3
+    first_text = next(i for i, c in enumerate(chunks) if isinstance(c, TextDelta))
+    assert chunks.index(thinking[-1]) < first_text
+    assert text_of(chunks) == "42"
+
+
+async def test_streamed_tool_call_assembles_into_valid_json(
+    openai_server: FakeOpenAIServer,
+) -> None:
+    openai_server.script(
+        "fake-model",
+        [Reply.tool_call("get_weather", {"city": "Oslo", "unit": "C"}, call_id="call_1", chunks=4)],
+    )
+    request = ModelRequest(messages=HELLO.messages, tools=(WEATHER,))
+
+    chunks = await collect(client_for(openai_server).stream(request))
+
+    pieces = [c for c in chunks if isinstance(c, ToolCallDelta)]
+    with_arguments = [p for p in pieces if p.arguments]
+    assert len(with_arguments) >= 3, "arguments must stream in several pieces"
+    assert {p.index for p in pieces} == {0}
+    assert [p.tool_call_id for p in pieces if p.tool_call_id] == ["call_1"]
+    assert [p.name for p in pieces if p.name] == ["get_weather"]
+    assert json.loads("".join(p.arguments for p in pieces)) == {"city": "Oslo", "unit": "C"}
+    assert text_of(chunks) == ""
+    assert only_finish(chunks).stop_reason == "tool_use"
+
+
+async def test_length_finish_maps_to_max_tokens(openai_server: FakeOpenAIServer) -> None:
+    openai_server.script("fake-model", [Reply.text("cut sho", finish_reason="length")])
+
+    chunks = await collect(client_for(openai_server).stream(HELLO))
+
+    assert only_finish(chunks).stop_reason == "max_tokens"
+
+
+async def test_finish_reports_usage_from_the_final_chunk(openai_server: FakeOpenAIServer) -> None:
+    openai_server.script(
+        "fake-model",
+        [Reply.text("ok", prompt_tokens=120, completion_tokens=30, cached_tokens=100)],
+    )
+
+    usage = only_finish(await collect(client_for(openai_server).stream(HELLO))).usage
+
+    assert (usage.input_tokens, usage.output_tokens, usage.cached_tokens) == (120, 30, 100)
+    assert usage.cost_usd == 0.0, "a model without a known price costs 0.0, never an error"
+    assert openai_server.requests[0]["stream_options"] == {"include_usage": True}
+
+
+async def test_known_model_gets_a_cost(openai_server: FakeOpenAIServer) -> None:
+    openai_server.script("gpt-4o", [Reply.text("ok", prompt_tokens=1000, completion_tokens=100)])
+
+    usage = only_finish(await collect(client_for(openai_server, "gpt-4o").stream(HELLO))).usage
+
+    assert usage.input_tokens == 1000
+    assert 0.0 < usage.cost_usd < 1.0
+
+
+# ── what the provider receives ────────────────────────────────────────────────────────
+
+
+async def test_request_body_carries_translated_messages_and_tools(
+    openai_server: FakeOpenAIServer,
+) -> None:
+    openai_server.script("fake-model", [Reply.text("It is sunny.")])
+    request = ModelRequest(
+        messages=(
+            ModelMessage(role="system", content="Be brief."),
+            ModelMessage(role="user", content="Weather in Oslo?"),
+            ModelMessage(
+                role="assistant",
+                tool_calls=(
+                    ToolCallPart(
+                        tool_call_id="call_9", name="get_weather", arguments='{"city": "Oslo"}'
+                    ),
+                ),
+            ),
+            ModelMessage(role="tool", content='{"sky": "clear"}', tool_call_id="call_9"),
+        ),
+        tools=(WEATHER,),
+        max_output_tokens=256,
+    )
+
+    chunks = await collect(client_for(openai_server).stream(request))
+
+    assert text_of(chunks) == "It is sunny."
+    (body,) = openai_server.requests
+    assert body["model"] == "fake-model"
+    assert body["stream"] is True
+    assert body["max_tokens"] == 256
+    messages = body["messages"]
+    assert isinstance(messages, list)
+    assert messages[0] == {"role": "system", "content": "Be brief."}
+    assert messages[1] == {"role": "user", "content": "Weather in Oslo?"}
+    assert messages[2]["role"] == "assistant"
+    assert not messages[2].get("content")
+    assert messages[2]["tool_calls"] == [
+        {
+            "id": "call_9",
+            "type": "function",
+            "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'},
+        }
+    ]
+    assert messages[3] == {"role": "tool", "content": '{"sky": "clear"}', "tool_call_id": "call_9"}
+    assert body["tools"] == [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "description": "Weather for a city.",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+            },
+        }
+    ]
+
+
+async def test_thinking_budget_is_not_sent_to_a_model_without_reasoning(
+    openai_server: FakeOpenAIServer,
+) -> None:
+    openai_server.script("fake-model", [Reply.text("ok")])
+    request = ModelRequest(messages=HELLO.messages, thinking_budget=4096)
+
+    await collect(client_for(openai_server).stream(request))
+
+    (body,) = openai_server.requests
+    assert "reasoning_effort" not in body
+    assert "thinking" not in body
+
+
+async def test_thinking_budget_becomes_reasoning_effort_for_a_reasoning_model(
+    openai_server: FakeOpenAIServer,
+) -> None:
+    openai_server.script("o3-mini", [Reply.text("ok"), Reply.text("ok")])
+    client = client_for(openai_server, "o3-mini")
+
+    await collect(client.stream(ModelRequest(messages=HELLO.messages, thinking_budget=16384)))
+    await collect(client.stream(HELLO))
+
+    with_budget, without = openai_server.requests
+    assert with_budget["reasoning_effort"] == "high"
+    assert "reasoning_effort" not in without
+
+
+async def test_extra_body_is_sent_as_is(openai_server: FakeOpenAIServer) -> None:
+    openai_server.script("fake-model", [Reply.text("ok")])
+    client = client_for(openai_server, extra_body={"metadata_tag": "turnkit-test"})
+
+    await collect(client.stream(HELLO))
+
+    assert openai_server.requests[0]["metadata_tag"] == "turnkit-test"
+
+
+# ── failures ──────────────────────────────────────────────────────────────────────────
+
+
+async def test_rate_limit_is_retriable_429_without_internal_retries(
+    openai_server: FakeOpenAIServer,
+) -> None:
+    openai_server.script("fake-model", [Reply.error(429, "slow down")])
+
+    started = time.monotonic()
+    with pytest.raises(ProviderError) as caught:
+        await collect(client_for(openai_server).stream(HELLO))
+
+    assert caught.value.status_code == 429
+    assert caught.value.is_retriable is True
+    assert "'openai/fake-model'" in caught.value.message
+    assert "fallback rung" in caught.value.message
+    assert len(openai_server.requests) == 1, "litellm must not retry on its own"
+    assert time.monotonic() - started < 5
+
+
+async def test_server_error_is_retriable(openai_server: FakeOpenAIServer) -> None:
+    openai_server.script("fake-model", [Reply.error(500)])
+
+    with pytest.raises(ProviderError) as caught:
+        await collect(client_for(openai_server).stream(HELLO))
+
+    assert caught.value.status_code == 500
+    assert caught.value.is_retriable is True
+    assert len(openai_server.requests) == 1
+
+
+@pytest.mark.parametrize(
+    ("status", "hint"), [(400, "rejected"), (401, "api_key"), (404, "api_base")]
+)
+async def test_client_errors_are_not_retriable(
+    openai_server: FakeOpenAIServer, status: int, hint: str
+) -> None:
+    openai_server.script("fake-model", [Reply.error(status, "nope")])
+
+    with pytest.raises(ProviderError) as caught:
+        await collect(client_for(openai_server).stream(HELLO))
+
+    assert caught.value.status_code == status
+    assert caught.value.is_retriable is False
+    assert "'openai/fake-model'" in caught.value.message
+    assert hint in caught.value.message
+
+
+async def test_exhausted_script_answers_500_naming_the_model(
+    openai_server: FakeOpenAIServer,
+) -> None:
+    with pytest.raises(ProviderError) as caught:
+        await collect(client_for(openai_server).stream(HELLO))
+
+    assert caught.value.status_code == 500
+    assert "no scripted reply left for model 'fake-model'" in caught.value.message
+
+
+async def test_unreachable_server_is_retriable() -> None:
+    with socket.socket() as sock:  # a port that was free a moment ago: nothing listens
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    client = LiteLLMClient(
+        "openai/fake-model", api_base=f"http://127.0.0.1:{port}/v1", api_key="sk", timeout=5
+    )
+
+    with pytest.raises(ProviderError) as caught:
+        await collect(client.stream(HELLO))
+
+    assert caught.value.is_retriable is True
+
+
+async def test_stalled_stream_times_out_as_retriable(openai_server: FakeOpenAIServer) -> None:
+    openai_server.script("fake-model", [Reply.text("hello world", stall=True)])
+    client = client_for(openai_server, timeout=0.5)
+
+    seen: list[ModelChunk] = []
+
+    async def consume() -> None:
+        async for chunk in client.stream(HELLO):
+            seen.append(chunk)
+
+    with pytest.raises(ProviderError) as caught:
+        await consume()
+
+    assert caught.value.is_retriable is True
+    assert caught.value.status_code == 408
+    assert not any(isinstance(c, Finish) for c in seen)
+
+
+# ── family cascade ────────────────────────────────────────────────────────────────────
+
+
+async def test_family_walks_to_the_second_rung_after_a_429(
+    openai_server: FakeOpenAIServer,
+) -> None:
+    openai_server.script("rung-a", [Reply.error(429)])
+    openai_server.script("rung-b", [Reply.text("from rung b", chunks=3)])
+    family = ModelFamily(
+        "test", [client_for(openai_server, "rung-a"), client_for(openai_server, "rung-b")]
+    )
+
+    chunks = await collect(family.stream(HELLO))
+
+    started = [c for c in chunks if isinstance(c, RungStarted)]
+    failed = [c for c in chunks if isinstance(c, RungFailed)]
+    assert [(s.rung, s.model, s.provider) for s in started] == [
+        (0, "openai/rung-a", "openai"),
+        (1, "openai/rung-b", "openai"),
+    ]
+    assert [(f.rung, f.next_rung, f.next_model) for f in failed] == [(0, 1, "openai/rung-b")]
+    assert isinstance(failed[0].error, ProviderError)
+    assert failed[0].error.status_code == 429
+    assert chunks.index(started[0]) < chunks.index(failed[0]) < chunks.index(started[1])
+    first_text = next(i for i, c in enumerate(chunks) if isinstance(c, TextDelta))
+    assert chunks.index(started[1]) < first_text
+    assert text_of(chunks) == "from rung b"
+    assert only_finish(chunks).stop_reason == "end_turn"
+    assert [r["model"] for r in openai_server.requests] == ["rung-a", "rung-b"]
+
+
+# ── cancellation ──────────────────────────────────────────────────────────────────────
+
+
+async def server_saw_disconnect(server: FakeOpenAIServer) -> bool:
+    return await asyncio.to_thread(server.wait_for_disconnects, 1, 5.0)
+
+
+async def test_cancelling_the_consumer_closes_the_http_stream(
+    openai_server: FakeOpenAIServer,
+) -> None:
+    openai_server.script("fake-model", [Reply.text("hello world", chunks=5, stall=True)])
+    first = asyncio.Event()
+
+    async def consume() -> None:
+        async for chunk in client_for(openai_server).stream(HELLO):
+            if isinstance(chunk, TextDelta):
+                first.set()
+
+    task = asyncio.create_task(consume())
+    await asyncio.wait_for(first.wait(), timeout=5)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+    assert await server_saw_disconnect(openai_server)
+    assert openai_server.disconnects == 1
+
+
+async def test_closing_the_stream_early_closes_the_http_stream(
+    openai_server: FakeOpenAIServer,
+) -> None:
+    openai_server.script("fake-model", [Reply.text("hello world", chunks=5, stall=True)])
+    stream = client_for(openai_server).stream(HELLO)
+    assert isinstance(stream, AsyncGenerator)
+
+    async for chunk in stream:
+        if isinstance(chunk, TextDelta):
+            break
+    await stream.aclose()
+
+    assert await server_saw_disconnect(openai_server)
+    assert openai_server.disconnects == 1
+
+
+# ── model resolution and the network guard ────────────────────────────────────────────
+
+
+def test_unresolvable_model_raises_unknown_model_error() -> None:
+    with pytest.raises(UnknownModelError) as caught:
+        resolve_model("definitely-not-a-provider-model-xyz")
+
+    message = caught.value.message
+    assert "'definitely-not-a-provider-model-xyz'" in message
+    assert "openai/" in message
+    assert "turnkit.testing.ScriptedModel" in message
+
+
+def test_client_construction_fails_for_an_unresolvable_model() -> None:
+    with pytest.raises(UnknownModelError):
+        LiteLLMClient("definitely-not-a-provider-model-xyz")
+
+
+def test_resolve_model_returns_the_provider() -> None:
+    assert resolve_model("openai/fake-model") == "openai"
+    assert resolve_model("anthropic/claude-sonnet-4-5") == "anthropic"
+
+
+@pytest.mark.parametrize("api_base", ["https://api.example.com/v1", None])
+async def test_network_guard_refuses_non_loopback_calls(
+    monkeypatch: pytest.MonkeyPatch, api_base: str | None
+) -> None:
+    monkeypatch.setattr(turnkit.models, "ALLOW_NETWORK", False)
+    client = LiteLLMClient("openai/fake-model", api_base=api_base, api_key="sk-test")
+
+    with pytest.raises(ConfigurationError) as caught:
+        await collect(client.stream(HELLO))
+
+    assert "ALLOW_NETWORK" in caught.value.message
+    assert "'openai/fake-model'" in caught.value.message
+
+
+async def test_network_guard_allows_loopback(
+    monkeypatch: pytest.MonkeyPatch, openai_server: FakeOpenAIServer
+) -> None:
+    monkeypatch.setattr(turnkit.models, "ALLOW_NETWORK", False)
+    openai_server.script("fake-model", [Reply.text("local")])
+
+    chunks = await collect(client_for(openai_server).stream(HELLO))
+
+    assert text_of(chunks) == "local"
+
+
+# ── catalog ───────────────────────────────────────────────────────────────────────────
+
+REASONING = ModelFacts(context_window=200_000, max_output_tokens=100_000, supports_reasoning=True)
+
+
+@pytest.mark.parametrize(
+    ("effort", "budget"), [("off", 0), ("low", 1024), ("medium", 4096), ("high", 16384)]
+)
+def test_thinking_budget_levels(effort: str, budget: int) -> None:
+    assert thinking_budget(effort, REASONING) == budget  # type: ignore[arg-type]
+
+
+def test_thinking_budget_is_zero_without_reasoning() -> None:
+    facts = ModelFacts(context_window=128_000, max_output_tokens=16_384, supports_reasoning=False)
+
+    assert thinking_budget("high", facts) == 0
+
+
+@pytest.mark.parametrize("max_output", [2048, 4096, 8192, 16384, 20000])
+def test_thinking_budget_stays_below_the_output_limit(max_output: int) -> None:
+    facts = ModelFacts(
+        context_window=128_000, max_output_tokens=max_output, supports_reasoning=True
+    )
+
+    budget = thinking_budget("high", facts)
+
+    assert 1024 <= budget < max_output
+    assert budget <= max_output // 2, "the answer keeps at least half of the output limit"
+
+
+def test_thinking_budget_is_off_when_the_output_limit_is_tiny() -> None:
+    facts = ModelFacts(context_window=8_000, max_output_tokens=1500, supports_reasoning=True)
+
+    assert thinking_budget("low", facts) == 0
+
+
+def test_model_facts_for_known_and_unknown_models() -> None:
+    known = model_facts("openai/o3-mini")
+    assert known.supports_reasoning is True
+    assert known.context_window > known.max_output_tokens > 4096
+
+    assert model_facts("openai/definitely-not-a-real-model") == DEFAULT_FACTS
+    assert (DEFAULT_FACTS.context_window, DEFAULT_FACTS.max_output_tokens) == (128_000, 4_096)
+    assert DEFAULT_FACTS.supports_reasoning is False
