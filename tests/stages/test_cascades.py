@@ -108,6 +108,7 @@ async def test_tool_cascade_pivots_to_the_next_in_class_tool(
     completed = [e for e in events if isinstance(e, ToolCompletedEvent)]
     assert len(completed) == 1
     assert completed[0].result.output == "mirror: q3"
+    assert completed[0].tool_name == "mirror_search"  # who answered, after the pivot
     rows = await runtime.audit(events[0].turn_id)
     pivots = [r.payloads.tool_fallback_step for r in rows if r.payloads.tool_fallback_step]
     assert len(pivots) == 1

@@ -178,18 +178,12 @@ async def open_checkpointer(
     Returns the saver and an async `close` for what it opened.
     """
     if database_url.startswith("sqlite"):
-        import aiosqlite
-        from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
+        from turnkit.graph._sqlite_saver import ThreadedSqliteSaver
 
-        path = database_url.split("///", 1)[1] if "///" in database_url else ":memory:"
-        if path and path != ":memory:":
-            path = _checkpoint_path(path)
-        conn = await aiosqlite.connect(path or ":memory:", timeout=30)
-        await conn.execute("PRAGMA journal_mode=WAL")
-        await conn.execute("PRAGMA synchronous=NORMAL")
-        saver = AsyncSqliteSaver(conn)
-        await saver.setup()
-        return saver, conn.close
+        path = database_url.split("///", 1)[1] if "///" in database_url else ""
+        saver = ThreadedSqliteSaver(_checkpoint_path(path) if path else ":memory:")
+        await saver.asetup()
+        return saver, saver.aclose
     if database_url.startswith(("postgresql", "postgres")):
         from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
         from psycopg import AsyncConnection

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Self
 
@@ -216,7 +216,7 @@ class SessionRuntime:
         utility: ModelFamily | None,
         prior: list[TurnRecord],
         cancel: CancelToken | None,
-    ) -> AsyncIterator[DurableEvent | EphemeralEvent]:
+    ) -> AsyncGenerator[DurableEvent | EphemeralEvent, None]:
         agent = request.agent
         effort = request.effort or agent.effort
         budget = _thinking_budget(effort, family)

@@ -196,7 +196,8 @@ def _audit_failed_rung(
     attempts: list[str],
 ) -> None:
     status = failed.error.status_code if isinstance(failed.error, ProviderError) else None
-    reason = f"{type(failed.error).__name__}: {failed.error}"
+    message = failed.error.message if isinstance(failed.error, TurnkitError) else str(failed.error)
+    reason = f"{type(failed.error).__name__}: {message}"
     step = FallbackStepPayload(
         from_rung=failed.rung,
         from_model=failed.model,

@@ -86,8 +86,9 @@ async def dispatch_tools(
     ) -> TranscriptMessage:
         started = time.perf_counter()
         call_id = ToolCallId(part.tool_call_id)
+        answered_by = part.name
         if problem is None and tool is not None:
-            problem, code, output = await _invoke(ctx, tool, part, args)
+            problem, code, output, answered_by = await _invoke(ctx, tool, part, args)
         else:
             output = None
         duration = (time.perf_counter() - started) * 1000
@@ -99,7 +100,7 @@ async def dispatch_tools(
                 tool_call_id=call_id,
                 result=result,
                 duration_ms=duration,
-                tool_name=part.name,
+                tool_name=answered_by,
             )
             content = json.dumps(output, ensure_ascii=False, separators=(",", ":"))
         else:
@@ -124,7 +125,7 @@ async def dispatch_tools(
 
 async def _invoke(
     ctx: StageContext, tool: Tool, part: ToolCallPart, args: Mapping[str, JsonValue]
-) -> tuple[str | None, ErrorCode, JsonValue]:
+) -> tuple[str | None, ErrorCode, JsonValue, str]:
     rec = ctx.recorder
     call_id = ToolCallId(part.tool_call_id)
     job_id = derive_id("job", rec.turn_id, part.tool_call_id)
@@ -150,7 +151,11 @@ async def _invoke(
             message=message,
         )
 
+    answered_by = part.name
+
     async def pivot(from_tool: str, to_tool: str | None, reason: str) -> None:
+        nonlocal answered_by
+        answered_by = to_tool or from_tool
         rec.audit(
             "tool-loop",
             call=None,
@@ -192,4 +197,4 @@ async def _invoke(
             tool_call_id=call_id,
             is_error=problem is not None,
         )
-    return problem, code, output
+    return problem, code, output, answered_by

@@ -6,14 +6,16 @@ uses Core statements on one connection per transaction, never an ORM session per
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+import asyncio
+from collections.abc import AsyncIterator, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
-from typing import Any, Self, cast
+from typing import Any, Self, TypeVar, cast
 
-from sqlalchemy import case, event, select, update
+from sqlalchemy import Connection, Engine, bindparam, case, create_engine, event, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from turnkit.audit import AuditRow, UsageDelta
 from turnkit.clock import Clock, SystemClock
@@ -32,6 +34,8 @@ from turnkit.store._tables import (
 )
 
 __all__ = ("SqlStore", "normalize_url")
+
+T = TypeVar("T")
 
 _sessions = SessionRow.__table__  # type: ignore[attr-defined]
 _turns = TurnRow.__table__  # type: ignore[attr-defined]
@@ -76,43 +80,110 @@ def _turn_record(row: Any) -> TurnRecord:
     )
 
 
-class SqlStore:
-    """The Store on a SQLAlchemy async engine.
+class _HotStatements:
+    """The statements of the append path, built once (SQLAlchemy then only looks them up)."""
 
-    `SqlStore.from_url(url)` owns its engine and disposes it on `close()`;
-    `SqlStore(engine)` borrows one and never closes it. Use as an async context manager,
-    or call `setup()` (creates missing tables) and `close()` yourself.
+    def __init__(self, insert: Any) -> None:
+        last_seq = case(
+            (_turns.c.last_seq < bindparam("k_top"), bindparam("k_top")),
+            else_=_turns.c.last_seq,
+        )
+        fenced = (
+            _turns.c.turn_id == bindparam("k_turn"),
+            _turns.c.lease_epoch == bindparam("k_epoch"),
+        )
+        self.touch_turn = (
+            update(_turns).where(*fenced).values(updated_at=bindparam("k_now"), last_seq=last_seq)
+        )
+        self.move_turn = {
+            target: update(_turns)
+            .where(*fenced, _turns.c.status.in_(sources))
+            .values(
+                updated_at=bindparam("k_now"),
+                last_seq=last_seq,
+                status=bindparam("k_status"),
+                error_code=bindparam("k_error"),
+            )
+            for target, sources in _SOURCES.items()
+        }
+        self.insert_event = insert(_events).on_conflict_do_nothing()
+        self.insert_audit = insert(_audit).on_conflict_do_nothing()
+        usage = insert(_usage)
+        self.add_usage = usage.on_conflict_do_update(
+            index_elements=["turn_id"],
+            set_={
+                name: getattr(_usage.c, name) + getattr(usage.excluded, name)
+                for name in UsageDelta.model_fields
+            },
+        )
+
+
+class SqlStore:
+    """The Store on SQLAlchemy Core: SQLite (embedded default) or PostgreSQL (asyncpg).
+
+    Every operation is one short transaction written as plain Core statements. On
+    PostgreSQL it runs on the async engine; on SQLite it runs on a sync engine in one
+    dedicated thread, so a transaction costs one thread hop instead of one per statement.
+    `SqlStore.from_url(url)` owns its engine and disposes it on `close()`. Use as an async
+    context manager, or call `setup()` (creates missing tables) and `close()` yourself.
     """
 
-    def __init__(
-        self, engine: AsyncEngine, *, owns_engine: bool = False, clock: Clock | None = None
-    ) -> None:
-        self.engine = engine
-        self._owns_engine = owns_engine
+    def __init__(self, url: str, *, clock: Clock | None = None) -> None:
+        self.url = normalize_url(url)
         self._clock = clock or SystemClock()
-        name = engine.dialect.name
-        if name == "sqlite":
+        self._thread: ThreadPoolExecutor | None = None
+        self._sync_engine: Engine | None = None
+        self._sync_conn: Connection | None = None
+        self._async_engine: AsyncEngine | None = None
+        if self.url.startswith("sqlite"):
+            sync_url = self.url.replace("sqlite+aiosqlite", "sqlite", 1)
+            self._sync_engine = create_engine(
+                sync_url, connect_args={"timeout": 30, "check_same_thread": False}
+            )
+            _tune_sqlite(self._sync_engine)
+            self._thread = ThreadPoolExecutor(1, thread_name_prefix="turnkit-sqlite")
             self._insert: Any = sqlite.insert
-        elif name == "postgresql":
+        elif self.url.startswith("postgresql"):
+            self._async_engine = create_async_engine(
+                self.url, pool_size=10, max_overflow=10, pool_pre_ping=True
+            )
             self._insert = postgresql.insert
         else:
-            raise StoreError(f"SqlStore supports SQLite and PostgreSQL, not {name!r}")
+            raise StoreError(f"SqlStore supports SQLite and PostgreSQL, not {url!r}")
+        self._hot = _HotStatements(self._insert)
 
     @classmethod
     def from_url(cls, url: str, *, clock: Clock | None = None) -> SqlStore:
-        """A store that owns an engine made from `url` (`sqlite:///turnkit.db`, `postgresql://…`)."""
-        full = normalize_url(url)
-        if full.startswith("sqlite"):
-            engine = create_async_engine(full, connect_args={"timeout": 30})
-            _tune_sqlite(engine)
-        else:
-            engine = create_async_engine(full, pool_size=10, max_overflow=10, pool_pre_ping=True)
-        return cls(engine, owns_engine=True, clock=clock)
+        """A store for `url` (`sqlite:///turnkit.db`, `postgresql://…`); it owns its engine."""
+        return cls(url, clock=clock)
+
+    @property
+    def dialect(self) -> str:
+        """`sqlite` or `postgresql`."""
+        return "sqlite" if self._sync_engine is not None else "postgresql"
+
+    async def _tx(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run `fn(conn, *args)` in one transaction."""
+        if self._sync_engine is not None:
+            engine = self._sync_engine
+
+            def run() -> T:
+                # One long-lived connection, used only on this store's thread.
+                if self._sync_conn is None:
+                    self._sync_conn = engine.connect()
+                conn = self._sync_conn
+                with conn.begin():
+                    return fn(conn, *args)
+
+            assert self._thread is not None
+            return await asyncio.get_running_loop().run_in_executor(self._thread, run)
+        assert self._async_engine is not None
+        async with self._async_engine.begin() as aconn:
+            return await aconn.run_sync(fn, *args)
 
     async def setup(self) -> None:
         """Create missing tables."""
-        async with self.engine.begin() as conn:
-            await conn.run_sync(metadata.create_all)
+        await self._tx(lambda conn: metadata.create_all(conn))
 
     async def __aenter__(self) -> Self:
         await self.setup()
@@ -122,63 +193,64 @@ class SqlStore:
         await self.close()
 
     async def close(self) -> None:
-        """Dispose the engine if this store created it."""
-        if self._owns_engine:
-            self._owns_engine = False
-            await self.engine.dispose()
+        """Dispose the engine and stop the SQLite thread (idempotent)."""
+        if self._sync_engine is not None:
+            engine, self._sync_engine = self._sync_engine, None
+            assert self._thread is not None
+            conn, self._sync_conn = self._sync_conn, None
+
+            def dispose() -> None:
+                if conn is not None:
+                    conn.close()
+                engine.dispose()
+
+            await asyncio.get_running_loop().run_in_executor(self._thread, dispose)
+            self._thread.shutdown(wait=True)
+        if self._async_engine is not None:
+            engine_a, self._async_engine = self._async_engine, None
+            await engine_a.dispose()
 
     # ── writes ──────────────────────────────────────────────────────────────────────
 
     async def start_turn(self, turn: NewTurn) -> tuple[TurnRecord, bool]:
         """Write the session (if new) and the turn; a reused `request_id` returns the old turn."""
-        now = self._clock.now()
         try:
-            async with self.engine.begin() as conn:
-                if turn.request_id is not None:
-                    existing = await self._turn_by_request(conn, turn)
-                    if existing is not None:
-                        return existing, False
-                await conn.execute(
-                    self._insert(_sessions)
-                    .values(session_id=turn.session_id, created_at=now, updated_at=now)
-                    .on_conflict_do_nothing(index_elements=["session_id"])
-                )
-                await conn.execute(
-                    _turns.insert().values(
-                        turn_id=turn.turn_id,
-                        session_id=turn.session_id,
-                        status="running",
-                        content=turn.content,
-                        request_id=turn.request_id,
-                        agent=turn.agent,
-                        model=turn.model,
-                        last_seq=0,
-                        lease_epoch=1,
-                        created_at=now,
-                        updated_at=now,
-                    )
-                )
+            return await self._tx(self._start_turn, turn, self._clock.now())
         except IntegrityError:
             # A concurrent request with the same request_id won the race: answer with its turn.
-            async with self.engine.connect() as conn:
-                existing = await self._turn_by_request(conn, turn)
+            existing = await self._tx(_turn_by_request, turn)
             if existing is None:
                 raise
             return existing, False
-        record = await self.get_turn(turn.turn_id)
-        assert record is not None
-        return record, True
 
-    async def _turn_by_request(self, conn: AsyncConnection, turn: NewTurn) -> TurnRecord | None:
-        row = (
-            await conn.execute(
-                select(_turns).where(
-                    _turns.c.session_id == turn.session_id,
-                    _turns.c.request_id == turn.request_id,
-                )
-            )
-        ).first()
-        return _turn_record(row) if row is not None else None
+    def _start_turn(
+        self, conn: Connection, turn: NewTurn, now: datetime
+    ) -> tuple[TurnRecord, bool]:
+        if turn.request_id is not None:
+            existing = _turn_by_request(conn, turn)
+            if existing is not None:
+                return existing, False
+        conn.execute(
+            self._insert(_sessions)
+            .values(session_id=turn.session_id, created_at=now, updated_at=now)
+            .on_conflict_do_nothing(index_elements=["session_id"])
+        )
+        values = {
+            "turn_id": turn.turn_id,
+            "session_id": turn.session_id,
+            "status": "running",
+            "content": turn.content,
+            "request_id": turn.request_id,
+            "agent": turn.agent,
+            "model": turn.model,
+            "error_code": None,
+            "last_seq": 0,
+            "lease_epoch": 1,
+            "created_at": now,
+            "updated_at": now,
+        }
+        conn.execute(_turns.insert().values(**values))
+        return _turn_record(_Row(values)), True
 
     async def commit(
         self,
@@ -191,93 +263,68 @@ class SqlStore:
         error_code: str | None = None,
     ) -> None:
         """Append events, audit rows (+ usage rollup) and a status move in one transaction."""
-        top = max((e.seq for e in events), default=0)
-        values: dict[str, Any] = {"updated_at": self._clock.now()}
-        if top:
-            values["last_seq"] = case((_turns.c.last_seq < top, top), else_=_turns.c.last_seq)
-        condition = [_turns.c.turn_id == turn_id, _turns.c.lease_epoch == epoch]
-        if status is not None:
-            values["status"] = status
-            values["error_code"] = error_code
-            condition.append(_turns.c.status.in_(_SOURCES[status]))
-        async with self.engine.begin() as conn:
-            result = await conn.execute(update(_turns).where(*condition).values(**values))
-            if result.rowcount != 1:
-                await self._explain_refusal(conn, turn_id, epoch, status)
-            if events:
-                await conn.execute(
-                    self._insert(_events).on_conflict_do_nothing(),
-                    [
-                        {"turn_id": turn_id, "seq": e.seq, "type": e.type, "data": encode_event(e)}  # type: ignore[attr-defined]
-                        for e in events
-                    ],
-                )
-            if audit:
-                await self._write_audit(conn, turn_id, audit)
-
-    async def _explain_refusal(
-        self, conn: AsyncConnection, turn_id: TurnId, epoch: int, status: TurnStatus | None
-    ) -> None:
-        row = (
-            await conn.execute(
-                select(_turns.c.status, _turns.c.lease_epoch).where(_turns.c.turn_id == turn_id)
-            )
-        ).first()
-        if row is None:
-            raise TurnNotFoundError(f"no turn {turn_id!r}", turn_id=turn_id)
-        if row.lease_epoch != epoch:
-            raise StaleEpochError(
-                f"turn {turn_id!r} is leased at epoch {row.lease_epoch}, not {epoch}: "
-                "another driver owns it now; this driver must stop",
-                turn_id=turn_id,
-                epoch=epoch,
-                current_epoch=row.lease_epoch,
-            )
-        raise StoreError(
-            f"turn {turn_id!r} cannot move from {row.status!r} to {status!r}",
-            turn_id=turn_id,
-            current=row.status,
-            target=status,
+        event_rows = [
+            {"turn_id": turn_id, "seq": e.seq, "type": e.type, "data": encode_event(e)}  # type: ignore[attr-defined]
+            for e in events
+        ]
+        audit_rows = [
+            {
+                "turn_id": turn_id,
+                "seq_within_turn": row.identity.seq_within_turn,
+                "session_id": row.identity.session_id,
+                "stage_id": row.identity.stage_id,
+                "data": row.model_dump_json(by_alias=True).encode(),
+            }
+            for row in audit
+        ]
+        usage = _sum_usage(audit)
+        session_id = audit[0].identity.session_id if audit else None
+        await self._tx(
+            self._commit,
+            turn_id,
+            epoch,
+            event_rows,
+            audit_rows,
+            (session_id, usage),
+            status,
+            error_code,
         )
 
-    async def _write_audit(
-        self, conn: AsyncConnection, turn_id: TurnId, audit: Sequence[AuditRow]
+    def _commit(
+        self,
+        conn: Connection,
+        turn_id: TurnId,
+        epoch: int,
+        event_rows: list[dict[str, Any]],
+        audit_rows: list[dict[str, Any]],
+        usage: tuple[str | None, UsageDelta],
+        status: TurnStatus | None,
+        error_code: str | None,
     ) -> None:
-        await conn.execute(
-            self._insert(_audit).on_conflict_do_nothing(),
-            [
-                {
-                    "turn_id": turn_id,
-                    "seq_within_turn": row.identity.seq_within_turn,
-                    "session_id": row.identity.session_id,
-                    "stage_id": row.identity.stage_id,
-                    "data": row.model_dump_json(by_alias=True).encode(),
-                }
-                for row in audit
-            ],
-        )
-        total = UsageDelta()
-        for row in audit:
-            delta = UsageDelta.of(row.call)
-            total = UsageDelta(
-                model_calls=total.model_calls + delta.model_calls,
-                input_tokens=total.input_tokens + delta.input_tokens,
-                output_tokens=total.output_tokens + delta.output_tokens,
-                cached_tokens=total.cached_tokens + delta.cached_tokens,
-                cost_usd=total.cost_usd + delta.cost_usd,
+        top = max((r["seq"] for r in event_rows), default=0)
+        params: dict[str, Any] = {
+            "k_turn": turn_id,
+            "k_epoch": epoch,
+            "k_now": self._clock.now(),
+            "k_top": top,
+        }
+        if status is None:
+            statement = self._hot.touch_turn
+        else:
+            statement = self._hot.move_turn[status]
+            params["k_status"] = status
+            params["k_error"] = error_code
+        if conn.execute(statement, params).rowcount != 1:
+            _explain_refusal(conn, turn_id, epoch, status)
+        if event_rows:
+            conn.execute(self._hot.insert_event, event_rows)
+        if audit_rows:
+            conn.execute(self._hot.insert_audit, audit_rows)
+            session_id, delta = usage
+            conn.execute(
+                self._hot.add_usage,
+                {"turn_id": turn_id, "session_id": session_id, **delta.model_dump()},
             )
-        stmt = self._insert(_usage).values(
-            turn_id=turn_id, session_id=audit[0].identity.session_id, **total.model_dump()
-        )
-        await conn.execute(
-            stmt.on_conflict_do_update(
-                index_elements=["turn_id"],
-                set_={
-                    name: getattr(_usage.c, name) + getattr(stmt.excluded, name)
-                    for name in UsageDelta.model_fields
-                },
-            )
-        )
 
     # ── reads ───────────────────────────────────────────────────────────────────────
 
@@ -287,64 +334,124 @@ class SqlStore:
         """Committed events after `after_seq`, in order, read in pages of `page_size`."""
         cursor = after_seq
         while True:
-            async with self.engine.connect() as conn:
-                rows = (
-                    await conn.execute(
-                        select(_events.c.seq, _events.c.type, _events.c.data)
-                        .where(_events.c.turn_id == turn_id, _events.c.seq > cursor)
-                        .order_by(_events.c.seq)
-                        .limit(page_size)
-                    )
-                ).all()
-            for row in rows:
-                yield StoredEvent(turn_id=turn_id, seq=row.seq, type=row.type, data=bytes(row.data))
+            rows = await self._tx(_event_page, turn_id, cursor, page_size)
+            for seq, type_, data in rows:
+                yield StoredEvent(turn_id=turn_id, seq=seq, type=type_, data=data)
             if len(rows) < page_size:
                 return
-            cursor = rows[-1].seq
+            cursor = rows[-1][0]
 
     async def get_turn(self, turn_id: TurnId) -> TurnRecord | None:
         """One turn, or None."""
-        async with self.engine.connect() as conn:
-            row = (await conn.execute(select(_turns).where(_turns.c.turn_id == turn_id))).first()
-        return _turn_record(row) if row is not None else None
+        return await self._tx(_get_turn, turn_id)
 
     async def list_turns(self, session_id: SessionId) -> list[TurnRecord]:
         """A session's turns, oldest first."""
-        async with self.engine.connect() as conn:
-            rows = (
-                await conn.execute(
-                    select(_turns)
-                    .where(_turns.c.session_id == session_id)
-                    .order_by(_turns.c.created_at, _turns.c.turn_id)
-                )
-            ).all()
-        return [_turn_record(r) for r in rows]
+        return await self._tx(_list_turns, session_id)
 
     async def read_audit(self, turn_id: TurnId) -> list[AuditRow]:
         """A turn's audit rows in order."""
-        async with self.engine.connect() as conn:
-            rows = (
-                await conn.execute(
-                    select(_audit.c.data)
-                    .where(_audit.c.turn_id == turn_id)
-                    .order_by(_audit.c.seq_within_turn)
-                )
-            ).all()
-        return [AuditRow.model_validate_json(bytes(r.data)) for r in rows]
+        blobs = await self._tx(_audit_blobs, turn_id)
+        return [AuditRow.model_validate_json(b) for b in blobs]
 
     async def read_usage(self, turn_id: TurnId) -> UsageDelta:
         """The turn's usage rollup (zeros when it made no call)."""
-        async with self.engine.connect() as conn:
-            row = (await conn.execute(select(_usage).where(_usage.c.turn_id == turn_id))).first()
-        if row is None:
-            return UsageDelta()
-        return UsageDelta.model_validate(
-            {name: getattr(row, name) for name in UsageDelta.model_fields}
+        return await self._tx(_read_usage, turn_id)
+
+
+class _Row:
+    """Attribute access over a dict, so a just-inserted row maps like a fetched one."""
+
+    def __init__(self, values: dict[str, Any]) -> None:
+        self.__dict__.update(values)
+
+
+def _sum_usage(audit: Sequence[AuditRow]) -> UsageDelta:
+    deltas = [UsageDelta.of(row.call) for row in audit]
+    return UsageDelta(
+        model_calls=sum(d.model_calls for d in deltas),
+        input_tokens=sum(d.input_tokens for d in deltas),
+        output_tokens=sum(d.output_tokens for d in deltas),
+        cached_tokens=sum(d.cached_tokens for d in deltas),
+        cost_usd=sum(d.cost_usd for d in deltas),
+    )
+
+
+def _turn_by_request(conn: Connection, turn: NewTurn) -> TurnRecord | None:
+    row = conn.execute(
+        select(_turns).where(
+            _turns.c.session_id == turn.session_id, _turns.c.request_id == turn.request_id
         )
+    ).first()
+    return _turn_record(row) if row is not None else None
 
 
-def _tune_sqlite(engine: AsyncEngine) -> None:
-    @event.listens_for(engine.sync_engine, "connect")
+def _explain_refusal(
+    conn: Connection, turn_id: TurnId, epoch: int, status: TurnStatus | None
+) -> None:
+    row = conn.execute(
+        select(_turns.c.status, _turns.c.lease_epoch).where(_turns.c.turn_id == turn_id)
+    ).first()
+    if row is None:
+        raise TurnNotFoundError(f"no turn {turn_id!r}", turn_id=turn_id)
+    if row.lease_epoch != epoch:
+        raise StaleEpochError(
+            f"turn {turn_id!r} is leased at epoch {row.lease_epoch}, not {epoch}: "
+            "another driver owns it now; this driver must stop",
+            turn_id=turn_id,
+            epoch=epoch,
+            current_epoch=row.lease_epoch,
+        )
+    raise StoreError(
+        f"turn {turn_id!r} cannot move from {row.status!r} to {status!r}",
+        turn_id=turn_id,
+        current=row.status,
+        target=status,
+    )
+
+
+def _event_page(
+    conn: Connection, turn_id: TurnId, after: int, limit: int
+) -> list[tuple[int, str, bytes]]:
+    rows = conn.execute(
+        select(_events.c.seq, _events.c.type, _events.c.data)
+        .where(_events.c.turn_id == turn_id, _events.c.seq > after)
+        .order_by(_events.c.seq)
+        .limit(limit)
+    ).all()
+    return [(r.seq, r.type, bytes(r.data)) for r in rows]
+
+
+def _get_turn(conn: Connection, turn_id: TurnId) -> TurnRecord | None:
+    row = conn.execute(select(_turns).where(_turns.c.turn_id == turn_id)).first()
+    return _turn_record(row) if row is not None else None
+
+
+def _list_turns(conn: Connection, session_id: SessionId) -> list[TurnRecord]:
+    rows = conn.execute(
+        select(_turns)
+        .where(_turns.c.session_id == session_id)
+        .order_by(_turns.c.created_at, _turns.c.turn_id)
+    ).all()
+    return [_turn_record(r) for r in rows]
+
+
+def _audit_blobs(conn: Connection, turn_id: TurnId) -> list[bytes]:
+    rows = conn.execute(
+        select(_audit.c.data).where(_audit.c.turn_id == turn_id).order_by(_audit.c.seq_within_turn)
+    ).all()
+    return [bytes(r.data) for r in rows]
+
+
+def _read_usage(conn: Connection, turn_id: TurnId) -> UsageDelta:
+    row = conn.execute(select(_usage).where(_usage.c.turn_id == turn_id)).first()
+    if row is None:
+        return UsageDelta()
+    return UsageDelta.model_validate({name: getattr(row, name) for name in UsageDelta.model_fields})
+
+
+def _tune_sqlite(engine: Engine) -> None:
+    @event.listens_for(engine, "connect")
     def _pragmas(dbapi_conn: Any, _record: Any) -> None:
         cur = dbapi_conn.cursor()
         cur.execute("PRAGMA journal_mode=WAL")

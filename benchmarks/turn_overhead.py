@@ -1,0 +1,319 @@
+"""Framework overhead of one tool-using turn, against a plain-asyncio floor and peers.
+
+Every contender does the same work with a zero-latency fake model: a model call that asks
+for a tool, the tool, a model call that answers without tools, and (where the framework has
+one) the separate synthesize call — turnkit's structure makes that 3 model calls + 1 tool,
+and the floor and the bare LangGraph graph do exactly those 3 calls too. PydanticAI's loop
+ends on the first answer, so it does 2 calls + 1 tool (noted in the table).
+
+Run:  .venv/bin/python benchmarks/turn_overhead.py [--turns 300] [--json PATH]
+Prints a table and writes JSON (default benchmarks/results/turn_overhead.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import operator
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+import tracemalloc
+from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated, Any, TypedDict
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+from turnkit import Agent, RuntimeConfig, SessionRuntime, tool  # noqa: E402
+from turnkit.events import MessageDeltaEvent, StepStartEvent, ToolCompletedEvent  # noqa: E402
+from turnkit.testing import ModelStep, ScriptedModel, call  # noqa: E402
+
+Turn = Callable[[int], Awaitable[int]]
+ANSWER = "The sum of two and three is five."
+
+
+@tool
+async def add(a: int, b: int) -> int:
+    """Add two integers."""
+    return a + b
+
+
+async def _fake_stream(kind: str) -> AsyncIterator[tuple[str, Any]]:
+    """The fake model the baselines use: chunks like ScriptedModel's, zero latency."""
+    if kind == "tool":
+        yield ("tool", ("add", '{"a": 2, "b": 3}'))
+    else:
+        for start in range(0, len(ANSWER), 8):
+            yield ("text", ANSWER[start : start + 8])
+
+
+def _ev(cls: Any, turn: int, seq: int, **fields: Any) -> Any:
+    return cls(
+        session_id=f"s{turn}", turn_id=f"t{turn}", stage_id="tool-loop",
+        ts=datetime.now(UTC), seq=seq, **fields,
+    )
+
+
+# ── the plain-asyncio floor ──────────────────────────────────────────────────────────
+
+
+async def floor_turn(i: int) -> int:
+    events: list[Any] = []
+    seq = 0
+    transcript: list[dict[str, str]] = [{"role": "user", "content": "2+3?"}]
+    for kind in ("tool", "text", "text"):
+        seq += 1
+        events.append(_ev(StepStartEvent, i, seq, step="tool-loop"))
+        async for chunk_kind, value in _fake_stream(kind):
+            if chunk_kind == "text":
+                events.append(
+                    MessageDeltaEvent(
+                        session_id=f"s{i}", turn_id=f"t{i}", stage_id="tool-loop",
+                        ts=datetime.now(UTC), block_id="b", text=value,
+                    )
+                )
+            else:
+                result = await add.invoke(json.loads(value[1]), None)  # type: ignore[arg-type]
+                seq += 1
+                events.append(_tool_event(i, seq, result))
+        transcript.append({"role": "assistant", "content": kind})
+    return len(events)
+
+
+def _tool_event(i: int, seq: int, result: Any) -> Any:
+    from turnkit.blocks import ToolResultBlock
+
+    return _ev(
+        ToolCompletedEvent, i, seq, tool_call_id="c1", tool_name="add", duration_ms=0.0,
+        result=ToolResultBlock(tool_call_id="c1", tool_name="add", output=result),
+    )
+
+
+# ── a bare LangGraph graph doing the same work ──────────────────────────────────────
+
+
+def _langgraph_graph(checkpointer: Any = None) -> Any:
+    from langgraph.config import get_stream_writer
+    from langgraph.graph import END, START, StateGraph
+
+    class State(TypedDict):
+        transcript: Annotated[list[dict[str, str]], operator.add]
+        route: str
+        turn: int
+
+    async def call_model(state: State, kind: str) -> None:
+        write = get_stream_writer()
+        i = state["turn"]
+        write(_ev(StepStartEvent, i, 1, step="tool-loop"))
+        async for chunk_kind, value in _fake_stream(kind):
+            if chunk_kind == "text":
+                write(
+                    MessageDeltaEvent(
+                        session_id=f"s{i}", turn_id=f"t{i}", stage_id="tool-loop",
+                        ts=datetime.now(UTC), block_id="b", text=value,
+                    )
+                )
+            else:
+                result = await add.invoke(json.loads(value[1]), None)  # type: ignore[arg-type]
+                write(_tool_event(i, 2, result))
+
+    async def anchor(state: State) -> dict[str, Any]:
+        return {"route": "tool"}
+
+    async def loop(state: State) -> dict[str, Any]:
+        kind = state["route"]
+        await call_model(state, "tool" if kind == "tool" else "text")
+        return {"transcript": [{"role": "assistant", "content": kind}],
+                "route": "text" if kind == "tool" else "synth"}
+
+    async def synth(state: State) -> dict[str, Any]:
+        await call_model(state, "text")
+        return {"transcript": [{"role": "assistant", "content": ANSWER}]}
+
+    async def post(state: State) -> dict[str, Any]:
+        return {}
+
+    g = StateGraph(State)
+    g.add_node("anchor", anchor)
+    g.add_node("loop", loop)
+    g.add_node("synth", synth)
+    g.add_node("post", post)
+    g.add_edge(START, "anchor")
+    g.add_edge("anchor", "loop")
+    g.add_conditional_edges("loop", lambda s: "synth" if s["route"] == "synth" else "loop")
+    g.add_edge("synth", "post")
+    g.add_edge("post", END)
+    return g.compile(checkpointer=checkpointer)
+
+
+def langgraph_turn(graph: Any, **kwargs: Any) -> Turn:
+    async def run(i: int) -> int:
+        n = 0
+        config = {"configurable": {"thread_id": f"t{i}"}}
+        state = {"transcript": [{"role": "user", "content": "2+3?"}], "route": "", "turn": i}
+        async for _ in graph.astream(state, config, stream_mode="custom", **kwargs):
+            n += 1
+        return n
+
+    return run
+
+
+# ── PydanticAI ───────────────────────────────────────────────────────────────────────
+
+
+def pydantic_ai_turn() -> Turn | None:
+    try:
+        from pydantic_ai import Agent as PAgent
+        from pydantic_ai.messages import ModelMessage, ToolReturnPart
+        from pydantic_ai.models.function import AgentInfo, DeltaToolCall, FunctionModel
+    except ImportError:
+        return None
+
+    async def stream(messages: list[ModelMessage], info: AgentInfo) -> AsyncIterator[Any]:
+        last = messages[-1]
+        if any(isinstance(p, ToolReturnPart) for p in last.parts):
+            for start in range(0, len(ANSWER), 8):
+                yield ANSWER[start : start + 8]
+        else:
+            yield {0: DeltaToolCall(name="add", json_args='{"a": 2, "b": 3}', tool_call_id="c1")}
+
+    agent = PAgent(FunctionModel(stream_function=stream))
+
+    @agent.tool_plain(name="add")
+    async def add_tool(a: int, b: int) -> int:
+        return a + b
+
+    async def run(i: int) -> int:
+        n = 0
+        async with agent.run_stream_events("2+3?") as events:
+            async for _event in events:
+                n += 1
+        return n
+
+    return run
+
+
+# ── turnkit ──────────────────────────────────────────────────────────────────────────
+
+
+async def turnkit_contender(
+    turns: int, durability: str, tmp: Path
+) -> tuple[Turn, SessionRuntime]:
+    steps: list[ModelStep] = []
+    for _ in range(turns + 50):
+        steps += [
+            ModelStep.tool_call_reply(call("add", a=2, b=3)),
+            ModelStep.text_reply(ANSWER),
+            ModelStep.text_reply(ANSWER),
+        ]
+    agent = Agent(
+        model=ScriptedModel(steps), tools=[add], skip_stages=frozenset({"anchor-plan"})
+    )
+    config = RuntimeConfig(
+        database_url=f"sqlite:///{tmp / f'tk-{durability}.db'}",
+        checkpoint_durability=durability,  # type: ignore[arg-type]
+    )
+    runtime = SessionRuntime(agent=agent, config=config)
+    await runtime.open()
+
+    async def run(i: int) -> int:
+        n = 0
+        async for _ in runtime.execute_message(f"s-{durability}-{i}", "What is 2 + 3?"):
+            n += 1
+        return n
+
+    return run, runtime
+
+
+# ── measurement ──────────────────────────────────────────────────────────────────────
+
+
+async def measure(name: str, turn: Turn, turns: int, warmup: int) -> dict[str, Any]:
+    for i in range(warmup):
+        await turn(10_000_000 + i)
+    gc.collect()
+    wall: list[float] = []
+    cpu0 = time.process_time()
+    for i in range(turns):
+        t0 = time.perf_counter()
+        await turn(i)
+        wall.append((time.perf_counter() - t0) * 1000)
+    cpu = (time.process_time() - cpu0) * 1000 / turns
+    tracemalloc.start()
+    for i in range(10):
+        await turn(20_000_000 + i)
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    wall.sort()
+    return {
+        "name": name,
+        "turns": turns,
+        "median_ms": statistics.median(wall),
+        "p90_ms": wall[int(len(wall) * 0.9) - 1],
+        "cpu_ms_per_turn": cpu,
+        "peak_alloc_kib_10_turns": peak / 1024,
+    }
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--turns", type=int, default=300)
+    parser.add_argument("--warmup", type=int, default=30)
+    parser.add_argument("--json", default=str(Path(__file__).parent / "results" / "turn_overhead.json"))
+    args = parser.parse_args()
+    from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
+
+    results: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as tmpdir:
+        tmp = Path(tmpdir)
+        results.append(await measure("plain asyncio (floor)", floor_turn, args.turns, args.warmup))
+        results.append(
+            await measure("langgraph bare, no checkpointer", langgraph_turn(_langgraph_graph()),
+                          args.turns, args.warmup)
+        )
+        async with AsyncSqliteSaver.from_conn_string(str(tmp / "lg.db")) as saver:
+            results.append(
+                await measure("langgraph + AsyncSqliteSaver (sync)",
+                              langgraph_turn(_langgraph_graph(saver), durability="sync"),
+                              args.turns, args.warmup)
+            )
+        pyd = pydantic_ai_turn()
+        if pyd is not None:
+            results.append(await measure("pydantic-ai run_stream_events (2 calls)", pyd,
+                                         args.turns, args.warmup))
+        for durability in ("sync", "exit"):
+            run, runtime = await turnkit_contender(args.turns + args.warmup + 20, durability, tmp)
+            try:
+                results.append(await measure(f"turnkit durable ({durability} checkpoints)", run,
+                                             args.turns, args.warmup))
+            finally:
+                await runtime.close()
+
+    bare = next(r for r in results if r["name"].startswith("langgraph bare"))["median_ms"]
+    floor = results[0]["median_ms"]
+    print(f"\nturn overhead — {platform.python_version()} on {os.cpu_count()} cores, "
+          f"{args.turns} turns each\n")
+    print(f"{'contender':44} {'median ms':>10} {'p90 ms':>8} {'cpu ms':>8} {'× bare LG':>10} "
+          f"{'× floor':>8} {'peak KiB':>9}")
+    for r in results:
+        r["x_bare_langgraph"] = r["median_ms"] / bare
+        r["x_floor"] = r["median_ms"] / floor
+        print(f"{r['name']:44} {r['median_ms']:10.3f} {r['p90_ms']:8.3f} "
+              f"{r['cpu_ms_per_turn']:8.3f} {r['x_bare_langgraph']:10.2f} {r['x_floor']:8.1f} "
+              f"{r['peak_alloc_kib_10_turns']:9.0f}")
+    out = Path(args.json)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"python": sys.version, "cores": os.cpu_count(),
+                               "ts": datetime.now(UTC).isoformat(), "results": results}, indent=2))
+    print(f"\nwrote {out}")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -1,0 +1,93 @@
+"""LangGraph's own SQLite checkpointer, with its sync methods run on one dedicated thread.
+
+`AsyncSqliteSaver` goes through aiosqlite, which costs a thread hop per statement;
+`SqliteSaver` does the same work in plain sqlite3. Running each of its calls on one
+thread costs one hop per call and keeps the connection on a single thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from collections.abc import AsyncIterator, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import (
+    ChannelVersions,
+    Checkpoint,
+    CheckpointMetadata,
+    CheckpointTuple,
+)
+from langgraph.checkpoint.sqlite import SqliteSaver
+
+__all__ = ("ThreadedSqliteSaver",)
+
+T = TypeVar("T")
+
+
+class ThreadedSqliteSaver(SqliteSaver):
+    """`SqliteSaver` with working async methods (one thread hop per call)."""
+
+    def __init__(self, path: str) -> None:
+        conn = sqlite3.connect(path, check_same_thread=False, timeout=30)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=NORMAL")
+        super().__init__(conn)
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="turnkit-checkpoints")
+
+    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
+
+    async def asetup(self) -> None:
+        """Create the checkpoint tables."""
+        await self._run(self.setup)
+
+    async def aclose(self) -> None:
+        """Close the connection and stop the thread."""
+        await self._run(self.conn.close)
+        self._thread.shutdown(wait=True)
+
+    async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        """`get_tuple` on the saver's thread."""
+        return await self._run(self.get_tuple, config)
+
+    async def alist(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> AsyncIterator[CheckpointTuple]:
+        """`list` on the saver's thread."""
+        items = await self._run(
+            lambda: list(self.list(config, filter=filter, before=before, limit=limit))
+        )
+        for item in items:
+            yield item
+
+    async def aput(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        """`put` on the saver's thread."""
+        return await self._run(self.put, config, checkpoint, metadata, new_versions)
+
+    async def aput_writes(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str = "",
+    ) -> None:
+        """`put_writes` on the saver's thread."""
+        await self._run(self.put_writes, config, writes, task_id, task_path)
+
+    async def adelete_thread(self, thread_id: str) -> None:
+        """`delete_thread` on the saver's thread."""
+        await self._run(self.delete_thread, thread_id)

@@ -1,0 +1,139 @@
+"""Meta-tests that pin the review rules: wire names, catalogs, docs, the public surface."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import get_args
+
+import pytest
+
+import turnkit
+from turnkit import audit, errors, events
+
+ROOT = Path(__file__).parent.parent
+EVENT_CLASSES = get_args(get_args(events.StreamEvent)[0])
+SCHEMA_SNAPSHOT = ROOT / "docs" / "reference" / "events.schema.json"
+
+
+def _wire_type(cls: type) -> str:
+    return cls.model_fields["type"].default  # type: ignore[attr-defined, no-any-return]
+
+
+def test_event_class_names_follow_wire_names() -> None:
+    for cls in EVENT_CLASSES:
+        wire = _wire_type(cls)
+        expected = "".join(part.capitalize() for part in wire.split(".")) + "Event"
+        assert cls.__name__ == expected, wire
+
+
+def test_payload_class_names_follow_kinds() -> None:
+    slots = audit.AuditPayloads.model_fields
+    for field in slots.values():
+        cls = get_args(field.annotation)[0]
+        kind = cls.model_fields["kind"].default
+        assert field.alias == kind
+        assert cls.__name__ == kind[0].upper() + kind[1:] + "Payload"
+
+
+def test_ephemeral_events_are_exactly_the_starred_ones() -> None:
+    ephemeral = {_wire_type(c) for c in EVENT_CLASSES if issubclass(c, events.EphemeralEvent)}
+    assert ephemeral == {
+        "message.delta",
+        "thinking.delta",
+        "tool.delta",
+        "job.progress",
+        "compaction.started",
+        "heartbeat",
+    }
+    for cls in EVENT_CLASSES:
+        assert issubclass(cls, events.DurableEvent) != issubclass(cls, events.EphemeralEvent)
+
+
+def test_every_event_type_is_documented() -> None:
+    text = (ROOT / "docs" / "concepts" / "events.md").read_text()
+    missing = [t for t in map(_wire_type, EVENT_CLASSES) if f"`{t}`" not in text]
+    assert not missing, f"add these event types to docs/concepts/events.md: {missing}"
+
+
+def test_every_error_code_is_documented() -> None:
+    text = (ROOT / "docs" / "errors.md").read_text()
+    missing = [c for c in errors.error_codes() if f"`{c}`" not in text]
+    assert not missing, f"add these codes to docs/errors.md: {missing}"
+
+
+def test_every_error_class_has_its_own_code() -> None:
+    classes = [
+        c
+        for c in vars(errors).values()
+        if isinstance(c, type) and issubclass(c, errors.TurnkitError)
+    ]
+    codes = [c.code for c in classes if c not in (errors.TurnError, errors.TurnkitError)]
+    assert len(codes) == len(set(codes)), "two error classes share a code"
+    assert set(codes) <= set(errors.error_codes())
+
+
+def test_event_schema_matches_the_snapshot() -> None:
+    """The wire only grows: regenerate the snapshot deliberately when it changes."""
+    current = json.dumps(events.STREAM_EVENT_ADAPTER.json_schema(), indent=2, sort_keys=True)
+    if not SCHEMA_SNAPSHOT.exists():  # pragma: no cover - first run writes it
+        SCHEMA_SNAPSHOT.write_text(current + "\n")
+        pytest.fail("wrote docs/reference/events.schema.json; commit it")
+    assert SCHEMA_SNAPSHOT.read_text() == current + "\n", (
+        "the event wire changed: check it only grew, then regenerate with "
+        "`python -c 'import json,turnkit.events as e; print(json.dumps("
+        "e.STREAM_EVENT_ADAPTER.json_schema(), indent=2, sort_keys=True))' "
+        "> docs/reference/events.schema.json`"
+    )
+
+
+def test_public_api_is_pinned() -> None:
+    assert sorted(turnkit.__all__) == [
+        "Agent",
+        "CancelToken",
+        "ConfigurationError",
+        "ContentTooLargeError",
+        "DeadlineExceededError",
+        "DuplicateToolError",
+        "DurableEvent",
+        "Effort",
+        "EmptyContentError",
+        "EphemeralEvent",
+        "FamilyExhaustedError",
+        "InternalError",
+        "InvalidInputError",
+        "InvalidSessionIdError",
+        "ModelFamily",
+        "NotFoundError",
+        "OutputLimitExceededError",
+        "ProviderError",
+        "ReplayCursorError",
+        "RuntimeConfig",
+        "SessionNotFoundError",
+        "SessionRuntime",
+        "StaleEpochError",
+        "StoreError",
+        "StreamEvent",
+        "ToolCallError",
+        "ToolClass",
+        "ToolContext",
+        "TurnError",
+        "TurnHistory",
+        "TurnNotFoundError",
+        "TurnkitError",
+        "UnknownModelError",
+        "UserAbortedError",
+        "tool",
+    ]
+    for name in turnkit.__all__:
+        assert hasattr(turnkit, name)
+
+
+def test_public_modules_declare_all() -> None:
+    for path in (ROOT / "src" / "turnkit").rglob("*.py"):
+        if path.name.startswith("_") and path.name != "__init__.py":
+            continue
+        text = path.read_text()
+        if "def " in text or "class " in text:
+            assert re.search(r"^__all__ = \(", text, re.M), f"{path} has no __all__ tuple"

@@ -1,0 +1,35 @@
+"""Every example runs as written (offline) and prints what its docstring promises."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+EXAMPLES = sorted((Path(__file__).parent.parent / "examples").glob("[0-9][0-9]_*.py"))
+EXPECT = {
+    "01_hello_turn.py": ["turn.started", "done", "answer: Hello! I am a scripted model."],
+    "02_tools_and_cascade.py": [
+        "provider.cascade",
+        "toolFallbackStep",
+        "answer: ACME is at $12.50",
+    ],
+}
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_example_runs(path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "TURNKIT_MODEL"}
+    done = subprocess.run(
+        [sys.executable, str(path)], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert done.returncode == 0, done.stderr
+    for needle in EXPECT.get(path.name, []):
+        assert needle in done.stdout, f"{needle!r} missing from:\n{done.stdout}"
+
+
+def test_every_example_has_expectations() -> None:
+    assert {p.name for p in EXAMPLES} <= set(EXPECT)
