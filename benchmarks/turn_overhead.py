@@ -31,9 +31,9 @@ from typing import Annotated, Any, TypedDict
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
-from turnkit import Agent, RuntimeConfig, SessionRuntime, tool  # noqa: E402
-from turnkit.events import MessageDeltaEvent, StepStartEvent, ToolCompletedEvent  # noqa: E402
-from turnkit.testing import ModelStep, ScriptedModel, call  # noqa: E402
+from turnkit import Agent, RuntimeConfig, SessionRuntime, tool
+from turnkit.events import MessageDeltaEvent, StepStartEvent, ToolCompletedEvent
+from turnkit.testing import ModelStep, ScriptedModel, call
 
 Turn = Callable[[int], Awaitable[int]]
 ANSWER = "The sum of two and three is five."
@@ -56,8 +56,12 @@ async def _fake_stream(kind: str) -> AsyncIterator[tuple[str, Any]]:
 
 def _ev(cls: Any, turn: int, seq: int, **fields: Any) -> Any:
     return cls(
-        session_id=f"s{turn}", turn_id=f"t{turn}", stage_id="tool-loop",
-        ts=datetime.now(UTC), seq=seq, **fields,
+        session_id=f"s{turn}",
+        turn_id=f"t{turn}",
+        stage_id="tool-loop",
+        ts=datetime.now(UTC),
+        seq=seq,
+        **fields,
     )
 
 
@@ -75,8 +79,12 @@ async def floor_turn(i: int) -> int:
             if chunk_kind == "text":
                 events.append(
                     MessageDeltaEvent(
-                        session_id=f"s{i}", turn_id=f"t{i}", stage_id="tool-loop",
-                        ts=datetime.now(UTC), block_id="b", text=value,
+                        session_id=f"s{i}",
+                        turn_id=f"t{i}",
+                        stage_id="tool-loop",
+                        ts=datetime.now(UTC),
+                        block_id="b",
+                        text=value,
                     )
                 )
             else:
@@ -91,7 +99,12 @@ def _tool_event(i: int, seq: int, result: Any) -> Any:
     from turnkit.blocks import ToolResultBlock
 
     return _ev(
-        ToolCompletedEvent, i, seq, tool_call_id="c1", tool_name="add", duration_ms=0.0,
+        ToolCompletedEvent,
+        i,
+        seq,
+        tool_call_id="c1",
+        tool_name="add",
+        duration_ms=0.0,
         result=ToolResultBlock(tool_call_id="c1", tool_name="add", output=result),
     )
 
@@ -116,8 +129,12 @@ def _langgraph_graph(checkpointer: Any = None) -> Any:
             if chunk_kind == "text":
                 write(
                     MessageDeltaEvent(
-                        session_id=f"s{i}", turn_id=f"t{i}", stage_id="tool-loop",
-                        ts=datetime.now(UTC), block_id="b", text=value,
+                        session_id=f"s{i}",
+                        turn_id=f"t{i}",
+                        stage_id="tool-loop",
+                        ts=datetime.now(UTC),
+                        block_id="b",
+                        text=value,
                     )
                 )
             else:
@@ -130,8 +147,10 @@ def _langgraph_graph(checkpointer: Any = None) -> Any:
     async def loop(state: State) -> dict[str, Any]:
         kind = state["route"]
         await call_model(state, "tool" if kind == "tool" else "text")
-        return {"transcript": [{"role": "assistant", "content": kind}],
-                "route": "text" if kind == "tool" else "synth"}
+        return {
+            "transcript": [{"role": "assistant", "content": kind}],
+            "route": "text" if kind == "tool" else "synth",
+        }
 
     async def synth(state: State) -> dict[str, Any]:
         await call_model(state, "text")
@@ -203,9 +222,7 @@ def pydantic_ai_turn() -> Turn | None:
 # ── turnkit ──────────────────────────────────────────────────────────────────────────
 
 
-async def turnkit_contender(
-    turns: int, durability: str, tmp: Path
-) -> tuple[Turn, SessionRuntime]:
+async def turnkit_contender(turns: int, durability: str, tmp: Path) -> tuple[Turn, SessionRuntime]:
     steps: list[ModelStep] = []
     for _ in range(turns + 50):
         steps += [
@@ -213,9 +230,7 @@ async def turnkit_contender(
             ModelStep.text_reply(ANSWER),
             ModelStep.text_reply(ANSWER),
         ]
-    agent = Agent(
-        model=ScriptedModel(steps), tools=[add], skip_stages=frozenset({"anchor-plan"})
-    )
+    agent = Agent(model=ScriptedModel(steps), tools=[add], skip_stages=frozenset({"anchor-plan"}))
     config = RuntimeConfig(
         database_url=f"sqlite:///{tmp / f'tk-{durability}.db'}",
         checkpoint_durability=durability,  # type: ignore[arg-type]
@@ -266,7 +281,8 @@ async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--turns", type=int, default=300)
     parser.add_argument("--warmup", type=int, default=30)
-    parser.add_argument("--json", default=str(Path(__file__).parent / "results" / "turn_overhead.json"))
+    default_json = Path(__file__).parent / "results" / "turn_overhead.json"
+    parser.add_argument("--json", default=str(default_json))
     args = parser.parse_args()
     from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 
@@ -275,44 +291,71 @@ async def main() -> None:
         tmp = Path(tmpdir)
         results.append(await measure("plain asyncio (floor)", floor_turn, args.turns, args.warmup))
         results.append(
-            await measure("langgraph bare, no checkpointer", langgraph_turn(_langgraph_graph()),
-                          args.turns, args.warmup)
+            await measure(
+                "langgraph bare, no checkpointer",
+                langgraph_turn(_langgraph_graph()),
+                args.turns,
+                args.warmup,
+            )
         )
         async with AsyncSqliteSaver.from_conn_string(str(tmp / "lg.db")) as saver:
             results.append(
-                await measure("langgraph + AsyncSqliteSaver (sync)",
-                              langgraph_turn(_langgraph_graph(saver), durability="sync"),
-                              args.turns, args.warmup)
+                await measure(
+                    "langgraph + AsyncSqliteSaver (sync)",
+                    langgraph_turn(_langgraph_graph(saver), durability="sync"),
+                    args.turns,
+                    args.warmup,
+                )
             )
         pyd = pydantic_ai_turn()
         if pyd is not None:
-            results.append(await measure("pydantic-ai run_stream_events (2 calls)", pyd,
-                                         args.turns, args.warmup))
+            results.append(
+                await measure(
+                    "pydantic-ai run_stream_events (2 calls)", pyd, args.turns, args.warmup
+                )
+            )
         for durability in ("sync", "exit"):
             run, runtime = await turnkit_contender(args.turns + args.warmup + 20, durability, tmp)
             try:
-                results.append(await measure(f"turnkit durable ({durability} checkpoints)", run,
-                                             args.turns, args.warmup))
+                results.append(
+                    await measure(
+                        f"turnkit durable ({durability} checkpoints)", run, args.turns, args.warmup
+                    )
+                )
             finally:
                 await runtime.close()
 
     bare = next(r for r in results if r["name"].startswith("langgraph bare"))["median_ms"]
     floor = results[0]["median_ms"]
-    print(f"\nturn overhead — {platform.python_version()} on {os.cpu_count()} cores, "
-          f"{args.turns} turns each\n")
-    print(f"{'contender':44} {'median ms':>10} {'p90 ms':>8} {'cpu ms':>8} {'× bare LG':>10} "
-          f"{'× floor':>8} {'peak KiB':>9}")
+    print(
+        f"\nturn overhead — {platform.python_version()} on {os.cpu_count()} cores, "
+        f"{args.turns} turns each\n"
+    )
+    print(
+        f"{'contender':44} {'median ms':>10} {'p90 ms':>8} {'cpu ms':>8} {'× bare LG':>10} "
+        f"{'× floor':>8} {'peak KiB':>9}"
+    )
     for r in results:
         r["x_bare_langgraph"] = r["median_ms"] / bare
         r["x_floor"] = r["median_ms"] / floor
-        print(f"{r['name']:44} {r['median_ms']:10.3f} {r['p90_ms']:8.3f} "
-              f"{r['cpu_ms_per_turn']:8.3f} {r['x_bare_langgraph']:10.2f} {r['x_floor']:8.1f} "
-              f"{r['peak_alloc_kib_10_turns']:9.0f}")
-    out = Path(args.json)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"python": sys.version, "cores": os.cpu_count(),
-                               "ts": datetime.now(UTC).isoformat(), "results": results}, indent=2))
+        print(
+            f"{r['name']:44} {r['median_ms']:10.3f} {r['p90_ms']:8.3f} "
+            f"{r['cpu_ms_per_turn']:8.3f} {r['x_bare_langgraph']:10.2f} {r['x_floor']:8.1f} "
+            f"{r['peak_alloc_kib_10_turns']:9.0f}"
+        )
+    _write(Path(args.json), results)
     print(f"\nwrote {out}")
+
+
+def _write(out: Path, results: list[dict[str, Any]]) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    payload = {
+        "python": sys.version,
+        "cores": os.cpu_count(),
+        "ts": datetime.now(UTC).isoformat(),
+        "results": results,
+    }
+    out.write_text(json.dumps(payload, indent=2))
 
 
 if __name__ == "__main__":

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import socket
+import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -42,3 +45,51 @@ async def runtime_factory(database_url: str) -> AsyncIterator[RuntimeFactory]:
     yield make
     for runtime in opened:
         await runtime.close()
+
+
+# ── real services: PostgreSQL and Redis ─────────────────────────────────────────────
+
+POSTGRES_URL = os.environ.get(
+    "TURNKIT_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"
+)
+REDIS_URL = os.environ.get("TURNKIT_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+
+
+def _reachable(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=1.0):
+            return True
+    except OSError:
+        return False
+
+
+def require_service(name: str, host: str, port: int) -> None:
+    """Skip when a service is down on a developer machine; fail under CI=true."""
+    if _reachable(host, port):
+        return
+    message = f"{name} is not reachable on {host}:{port}"
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"{message} (CI=true: services must run; see .ci/run)")
+    pytest.skip(f"{message}; start it to run this test")
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+async def db(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> AsyncIterator[tuple[str, str | None]]:
+    """(database_url, schema) for SQLite and for a real PostgreSQL schema."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'turnkit.db'}", None
+        return
+    require_service("PostgreSQL", "127.0.0.1", 5432)
+    import asyncpg
+
+    schema = f"tk_test_{uuid.uuid4().hex[:12]}"
+    try:
+        yield POSTGRES_URL, schema
+    finally:
+        conn = await asyncpg.connect(POSTGRES_URL)
+        try:
+            await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        finally:
+            await conn.close()

@@ -132,7 +132,7 @@ def test_public_api_is_pinned() -> None:
 
 def test_public_modules_declare_all() -> None:
     for path in (ROOT / "src" / "turnkit").rglob("*.py"):
-        if path.name.startswith("_") and path.name != "__init__.py":
+        if path.name.startswith("_") and path.name != "__init__.py" or "migrations" in path.parts:
             continue
         text = path.read_text()
         if "def " in text or "class " in text:

@@ -17,6 +17,9 @@ class RuntimeConfig:
     Attributes:
         database_url: Where the Store and checkpoints live (`sqlite:///…` or
             `postgresql://…`).
+        database_schema: PostgreSQL schema for turnkit's tables and checkpoints.
+        auto_migrate: Apply schema migrations when the runtime opens (otherwise run
+            `turnkit db upgrade` yourself; a schema behind this version is refused).
         max_content_chars: Longest accepted user message.
         checkpoint_durability: When LangGraph checkpoints are written: `sync` (before the
             next super-step starts), `async` (while it runs) or `exit` (when the graph
@@ -27,15 +30,21 @@ class RuntimeConfig:
             known; it must exceed `ceiling_s`.
         heartbeat_interval_s: How often the driver sends a heartbeat while a model call
             is silent.
+        lease_ttl_s: How long a claim lasts without renewal; drivers renew at a third.
+        max_attempts: How many attempts a turn gets before the sweep times it out.
     """
 
     database_url: str = "sqlite:///turnkit.db"
+    database_schema: str | None = None
+    auto_migrate: bool = True
     max_content_chars: int = 100_000
     checkpoint_durability: Literal["sync", "async", "exit"] = "sync"
     idle_window_s: float = 120.0
     ceiling_s: float = 3600.0
     credential_lifetime_s: float | None = None
     heartbeat_interval_s: float = 5.0
+    lease_ttl_s: float = 30.0
+    max_attempts: int = 3
 
     def __post_init__(self) -> None:
         if self.max_content_chars < 1:
@@ -50,6 +59,8 @@ class RuntimeConfig:
             raise ConfigurationError(
                 "heartbeat_interval_s must be positive and below the idle window"
             )
+        if self.lease_ttl_s <= 0 or self.max_attempts < 1:
+            raise ConfigurationError("lease_ttl_s must be positive and max_attempts at least 1")
         if self.credential_lifetime_s is not None and self.credential_lifetime_s <= self.ceiling_s:
             raise ConfigurationError(
                 f"the credential lifetime ({self.credential_lifetime_s} s) must exceed the "

@@ -103,6 +103,11 @@ class TurnStartedEvent(DurableEvent):
     model: str
     """The model (or family) the turn runs on."""
     effort: Literal["off", "low", "medium", "high"]
+    input_seq: PositiveInt | None = None
+    """The message's position among the session's committed inputs."""
+    delivery: Literal["queue", "guide"] = "queue"
+    """How the message was delivered; a `guide` with no live turn is committed as `queue`."""
+    requested_delivery: Literal["queue", "guide"] = "queue"
 
 
 class StepStartEvent(DurableEvent):
@@ -146,6 +151,8 @@ class ThinkingCompleteEvent(DurableEvent):
 
     type: Literal["thinking.complete"] = "thinking.complete"
     block: ThinkingSummaryBlock
+    generation_id: str | None = None
+    """The model call that wrote it (derived from the log, stable across recovery)."""
 
 
 class MessageCompleteEvent(DurableEvent):
@@ -153,6 +160,8 @@ class MessageCompleteEvent(DurableEvent):
 
     type: Literal["message.complete"] = "message.complete"
     block: TextBlock
+    generation_id: str | None = None
+    """The model call that wrote it (derived from the log, stable across recovery)."""
 
 
 class Citation(BaseModel):
@@ -197,6 +206,12 @@ class ToolStartedEvent(DurableEvent):
 
     type: Literal["tool.started"] = "tool.started"
     block: ToolUseBlock
+    generation_id: str | None = None
+    """The model call that asked for the tool."""
+    idempotency_key: str | None = None
+    """Handed to the tool as `ctx.idempotency_key`; the same on every retry of the call."""
+    arguments_error: str | None = None
+    """Why the call will not run (malformed JSON, unknown tool, cut by the output limit)."""
 
 
 class ToolDeltaEvent(EphemeralEvent):

@@ -17,8 +17,9 @@ from turnkit.audit import AuditPayloads, AuditRow, CallIdentity, CallShape, Usag
 from turnkit.clock import Clock
 from turnkit.events import DurableEvent, EphemeralEvent
 from turnkit.ids import SessionId, StageId, TurnId
+from turnkit.journal import Journal, dedupe_key
 from turnkit.states import TurnStatus
-from turnkit.store import Store
+from turnkit.store import RunSummary, Store
 
 __all__ = ("OpenCall", "Recorder")
 
@@ -53,6 +54,8 @@ class Recorder:
         publish: Publish,
         last_seq: int = 0,
         last_audit_seq: int = 0,
+        journal: Journal | None = None,
+        usage: UsageDelta | None = None,
     ) -> None:
         self.store = store
         self.session_id = session_id
@@ -65,17 +68,30 @@ class Recorder:
         self._events: list[DurableEvent] = []
         self._audit: list[AuditRow] = []
         self._lock = asyncio.Lock()
-        self.usage = UsageDelta()
+        self.usage = usage or UsageDelta()
+        self.journal = journal or Journal()
         self.open_call: OpenCall | None = None
+        self.last_activity = clock.monotonic()
         self.tool_calls = 0
+        self.tool_timings: list[tuple[str, float]] = []
+        self.context_messages = 0
 
     @property
     def last_seq(self) -> int:
         """The last `seq` handed out."""
         return self._seq
 
-    def durable(self, cls: type[D], stage_id: StageId, **fields: Any) -> D:
-        """Build a durable event with the next `seq` and stage it for the next flush."""
+    def durable(self, cls: type[D], stage_id: StageId, **fields: Any) -> D | None:
+        """Build a durable event with the next `seq` and stage it for the next flush.
+
+        Returns None (and stages nothing) when the committed log already holds this
+        event, as it does when a recovered attempt repeats a step.
+        """
+        key = dedupe_key(cls.model_fields["type"].default, fields)
+        if key is not None:
+            if key in self.journal.keys:
+                return None
+            self.journal.keys.add(key)
         self._seq += 1
         event = cls(
             session_id=self.session_id,
@@ -99,6 +115,7 @@ class Recorder:
         )
         async with self._lock:
             await self._commit_staged(None, None)
+            self.last_activity = self.clock.monotonic()
             self.publish(event)
         return event
 
@@ -133,14 +150,25 @@ class Recorder:
         return row
 
     async def flush(
-        self, *, status: TurnStatus | None = None, error_code: str | None = None
+        self,
+        *,
+        status: TurnStatus | None = None,
+        error_code: str | None = None,
+        summary: RunSummary | None = None,
+        release: bool = False,
     ) -> None:
         """Commit everything staged (and a status move) in one transaction, then publish."""
         async with self._lock:
-            await self._commit_staged(status, error_code)
+            await self._commit_staged(status, error_code, summary, release)
 
-    async def _commit_staged(self, status: TurnStatus | None, error_code: str | None) -> None:
-        if not (self._events or self._audit or status):
+    async def _commit_staged(
+        self,
+        status: TurnStatus | None,
+        error_code: str | None,
+        summary: RunSummary | None = None,
+        release: bool = False,
+    ) -> None:
+        if not (self._events or self._audit or status or release):
             return
         events, audit = self._events, self._audit
         self._events, self._audit = [], []
@@ -152,6 +180,8 @@ class Recorder:
                 audit=audit,
                 status=status,
                 error_code=error_code,
+                summary=summary,
+                release=release,
             )
         except BaseException:
             # Nothing was committed: keep it staged so a later flush (or the error path)
@@ -159,5 +189,6 @@ class Recorder:
             self._events[:0] = events
             self._audit[:0] = audit
             raise
+        self.last_activity = self.clock.monotonic()
         for event in events:
             self.publish(event)

@@ -147,13 +147,16 @@ def compile_turn_graph(checkpointer: BaseCheckpointSaver[Any] | None) -> TurnGra
 
 async def stream_turn(
     graph: TurnGraph,
-    state: TurnState,
+    state: TurnState | None,
     ctx: StageContext,
     *,
     thread_id: str,
     durability: Literal["sync", "async", "exit"],
 ) -> AsyncIterator[object]:
-    """Run the graph for one turn, yielding what stages wrote to the stream writer."""
+    """Run (state given) or resume (None: from the last checkpoint) one turn's graph.
+
+    Yields what the stages wrote to LangGraph's stream writer.
+    """
     config: Any = {"configurable": {"thread_id": thread_id}}
     async for chunk in graph.astream(
         state, config, context=ctx, stream_mode="custom", durability=durability
@@ -171,7 +174,7 @@ async def latest_checkpoint_id(graph: TurnGraph, thread_id: str) -> str | None:
 
 
 async def open_checkpointer(
-    database_url: str,
+    database_url: str, *, schema: str | None = None
 ) -> tuple[BaseCheckpointSaver[Any], Callable[[], Awaitable[None]]]:
     """LangGraph's own checkpointer for the database: SQLite or PostgreSQL.
 
@@ -190,8 +193,9 @@ async def open_checkpointer(
         from psycopg.rows import dict_row
 
         dsn = database_url.replace("postgresql+asyncpg://", "postgresql://")
+        options = f"-c search_path={schema}" if schema else None
         pg = await AsyncConnection.connect(
-            dsn, autocommit=True, prepare_threshold=0, row_factory=dict_row
+            dsn, autocommit=True, prepare_threshold=0, row_factory=dict_row, options=options
         )
         pg_saver = AsyncPostgresSaver(pg)
         await pg_saver.setup()

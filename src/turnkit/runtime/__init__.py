@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import socket
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Self
@@ -16,22 +18,21 @@ from turnkit.errors import (
     ConfigurationError,
     ContentTooLargeError,
     EmptyContentError,
+    InvalidInputError,
     InvalidSessionIdError,
     SessionNotFoundError,
     TurnNotFoundError,
 )
 from turnkit.events import DurableEvent, EphemeralEvent, StreamEvent
 from turnkit.graph import TurnGraph, compile_turn_graph, open_checkpointer
-from turnkit.ids import SessionId, TurnId, is_valid_session_id, new_turn_id
+from turnkit.ids import SessionId, TurnId, is_valid_session_id, new_turn_id, uuid7
 from turnkit.models.family import ModelFamily, resolve_family
 from turnkit.runtime._cancel import CancelToken
-from turnkit.runtime._history import TurnHistory, blocks_of
-from turnkit.runtime.driver import TurnDriver
-from turnkit.stages import StageContext
-from turnkit.stages._types import Route, TranscriptMessage
-from turnkit.store import NewTurn, Store, TurnRecord
+from turnkit.runtime._history import TurnHistory
+from turnkit.runtime._runner import TurnRunner, pinned_config, turn_history
+from turnkit.store import Delivery, Lease, NewInput, Store, Submission, TurnRecord
+from turnkit.store.migrate import head_revision
 from turnkit.store.sql import SqlStore
-from turnkit.telemetry import Recorder
 
 __all__ = ("CancelToken", "SessionRuntime", "TurnHistory", "TurnRequest")
 
@@ -73,8 +74,11 @@ class SessionRuntime:
         self._store = store
         self._owns_store = store is None
         self._graph: TurnGraph | None = None
+        self._opening: asyncio.Event | None = None
         self._close_checkpointer: Callable[[], Awaitable[None]] | None = None
         self._families: dict[int, ModelFamily] = {}
+        self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid7()[-12:]}"
+        """This runtime's lease owner name."""
         self._family(agent.model)  # an unresolvable model string fails here, not mid-turn
 
     @property
@@ -97,12 +101,22 @@ class SessionRuntime:
         """Open the Store and checkpointer and compile the graph (idempotent)."""
         if self._graph is not None:
             return
+        if self._opening is not None:
+            await self._opening.wait()
+            return
+        self._opening = asyncio.Event()
         if self._store is None:
-            store = SqlStore.from_url(self.config.database_url, clock=self.clock)
-            await store.setup()
+            store = SqlStore.from_url(
+                self.config.database_url, clock=self.clock, schema=self.config.database_schema
+            )
+            await _prepare(store, migrate=self.config.auto_migrate)
             self._store = store
-        saver, self._close_checkpointer = await open_checkpointer(self.config.database_url)
+        saver, self._close_checkpointer = await open_checkpointer(
+            self.config.database_url, schema=self.config.database_schema
+        )
         self._graph = compile_turn_graph(saver)
+        self._opening.set()
+        self._opening = None
 
     async def close(self) -> None:
         """Close what the runtime opened."""
@@ -155,6 +169,52 @@ class SessionRuntime:
             effort=effort,
         )
 
+    async def submit(
+        self,
+        session_id: str,
+        content: str,
+        *,
+        agent: Agent | None = None,
+        request_id: str | None = None,
+        delivery: Delivery = "queue",
+        effort: Effort | None = None,
+        principal: str | None = None,
+    ) -> Submission:
+        """Commit a user message and queue its turn (one transaction), without running it.
+
+        A worker (or `execute_message`) runs the turn. A `request_id` already used in the
+        session returns the first submission and writes nothing.
+
+        Raises:
+            InvalidInputError: bad session id, empty or oversized content, bad delivery.
+            UnknownModelError: the agent's model string does not resolve.
+        """
+        turn_agent = agent or self.agent
+        request = self._validate(session_id, content, turn_agent, request_id, effort)
+        if delivery not in ("queue", "guide"):
+            raise InvalidInputError(
+                f"delivery {delivery!r} is not 'queue' or 'guide'", delivery=delivery
+            )
+        family = self._family(turn_agent.model)
+        if turn_agent.utility_model is not None:
+            self._family(turn_agent.utility_model)
+        await self.open()
+        effort_used = request.effort or turn_agent.effort
+        return await self.store.submit(
+            NewInput(
+                session_id=request.session_id,
+                turn_id=new_turn_id(),
+                content=request.content,
+                request_id=request.request_id,
+                delivery=delivery,
+                agent=turn_agent.name,
+                model=family.name,
+                effort=effort_used,
+                pinned=pinned_config(turn_agent, family, effort_used),
+                principal=principal,
+            )
+        )
+
     async def execute_message(
         self,
         session_id: str,
@@ -162,91 +222,70 @@ class SessionRuntime:
         *,
         agent: Agent | None = None,
         request_id: str | None = None,
+        delivery: Delivery = "queue",
         effort: Effort | None = None,
         cancel: CancelToken | None = None,
     ) -> AsyncIterator[DurableEvent | EphemeralEvent]:
-        """Run one turn and stream its events.
+        """Run one turn in this process and stream its events.
 
         Every durable event is committed to the Store before it is yielded. Closing the
         generator (or `cancel.cancel()`) aborts the turn: the model call is cancelled, the
         abort is audited as `user-aborted`, and the turn ends `cancelled`. A `request_id`
         already used in the session replays that turn's committed events instead of
-        running it again.
+        running it again. A turn waits for the session's earlier turns to finish.
 
         Raises:
             InvalidInputError: bad session id, empty or oversized content (nothing written).
             UnknownModelError: the agent's model string does not resolve.
         """
-        turn_agent = agent or self.agent
-        request = self._validate(session_id, content, turn_agent, request_id, effort)
-        family = self._family(turn_agent.model)
-        utility = (
-            self._family(turn_agent.utility_model) if turn_agent.utility_model is not None else None
+        submission = await self.submit(
+            session_id,
+            content,
+            agent=agent,
+            request_id=request_id,
+            delivery=delivery,
+            effort=effort,
         )
-        if self._graph is None:
-            await self.open()
-        graph = self._graph
-        assert graph is not None
-        prior = await self.store.list_turns(request.session_id)
-        record, is_new = await self.store.start_turn(
-            NewTurn(
-                turn_id=new_turn_id(),
-                session_id=request.session_id,
-                content=request.content,
-                request_id=request.request_id,
-                agent=turn_agent.name,
-                model=family.name,
-            )
-        )
-        if not is_new:
-            async for stored in self.store.read_events(record.turn_id):
-                yield stored.decode()
+        async for stored in self.store.read_events(submission.turn_id):
+            yield stored.decode()
+        if not submission.is_new:
             return
-        drive = self._drive(request, record, graph, family, utility, prior, cancel)
+        drive = self._drive(submission.turn_id, agent, cancel)
         async with contextlib.aclosing(drive):  # closing this stream must reach the driver
             async for event in drive:
                 yield event
 
-    async def _drive(
-        self,
-        request: TurnRequest,
-        record: TurnRecord,
-        graph: TurnGraph,
-        family: ModelFamily,
-        utility: ModelFamily | None,
-        prior: list[TurnRecord],
-        cancel: CancelToken | None,
-    ) -> AsyncGenerator[DurableEvent | EphemeralEvent, None]:
-        agent = request.agent
-        effort = request.effort or agent.effort
-        budget = _thinking_budget(effort, family)
-        registry = agent.registry()
-
-        def ctx_factory(recorder: Recorder) -> StageContext:
-            return StageContext(
-                recorder=recorder,
-                agent=agent,
-                family=family,
-                utility=utility,
-                registry=registry,
-                config=self.config,
-                thinking_budget=budget,
+    async def _claim(self, turn_id: TurnId) -> Lease | None:
+        """Claim our own turn, waiting (bounded by the ceiling) for earlier turns to end."""
+        delay, waited = 0.01, 0.0
+        while waited < self.config.ceiling_s:
+            lease = await self.store.claim(
+                self.owner,
+                ttl_s=self.config.lease_ttl_s,
+                max_attempts=self.config.max_attempts,
+                turn_id=turn_id,
             )
+            if lease is not None:
+                return lease
+            record = await self.store.get_turn(turn_id)
+            if record is None or record.status != "running" or record.lease_owner is not None:
+                return None  # ended, or another driver has it
+            await self.clock.sleep(delay)
+            waited += delay
+            delay = min(delay * 2, 1.0)
+        return None
 
+    async def _drive(
+        self, turn_id: TurnId, agent: Agent | None, cancel: CancelToken | None
+    ) -> AsyncGenerator[DurableEvent | EphemeralEvent, None]:
+        lease = await self._claim(turn_id)
+        if lease is None:
+            async for stored in self.store.read_events(turn_id, after_seq=1):
+                yield stored.decode()
+            return
         queue: asyncio.Queue[DurableEvent | EphemeralEvent | None] = asyncio.Queue()
-        driver = TurnDriver(
-            graph=graph,
-            store=self.store,
-            clock=self.clock,
-            record=record,
-            ctx_factory=ctx_factory,
-            transcript=await self._transcript(agent, prior, request.content),
-            entry=_entry(agent, registry_size=len(registry)),
-            effort=effort,
-            durability=self.config.checkpoint_durability,
-            sink=queue.put_nowait,
-        )
-        task = asyncio.create_task(driver.run(), name=f"turnkit-turn-{record.turn_id}")
+        driver = await self.runner().driver(lease, sink=queue.put_nowait, agent=agent)
+        task = asyncio.create_task(driver.run(), name=f"turnkit-turn-{turn_id}")
         watcher = (
             asyncio.create_task(_cancel_when(cancel, task), name="turnkit-cancel-watch")
             if cancel is not None
@@ -265,21 +304,20 @@ class SessionRuntime:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
 
-    async def _transcript(
-        self, agent: Agent, prior: list[TurnRecord], content: str
-    ) -> list[TranscriptMessage]:
-        messages: list[TranscriptMessage] = [{"role": "system", "content": agent.instructions}]
-        for turn in prior:
-            messages.append({"role": "user", "content": turn.content})
-            history = await self._turn_history(turn)
-            if history.answer is not None:
-                messages.append({"role": "assistant", "content": history.answer})
-        messages.append({"role": "user", "content": content})
-        return messages
-
-    async def _turn_history(self, turn: TurnRecord) -> TurnHistory:
-        events: list[StreamEvent] = [e.decode() async for e in self.store.read_events(turn.turn_id)]
-        return TurnHistory(turn_id=turn.turn_id, status=turn.status, blocks=blocks_of(events))
+    def runner(self) -> TurnRunner:
+        """What turns a claimed lease into a driver (used by `Worker`)."""
+        if self._graph is None:
+            raise ConfigurationError(
+                "the runtime is not open: use `async with SessionRuntime(...)`"
+            )
+        return TurnRunner(
+            agent=self.agent,
+            store=self.store,
+            graph=self._graph,
+            config=self.config,
+            clock=self.clock,
+            family=self._family,
+        )
 
     async def history(self, session_id: str) -> list[TurnHistory]:
         """A session's turns, oldest first, each with its committed blocks.
@@ -290,7 +328,7 @@ class SessionRuntime:
         turns = await self.store.list_turns(SessionId(session_id))
         if not turns:
             raise SessionNotFoundError(f"no session {session_id!r}", session_id=session_id)
-        return [await self._turn_history(t) for t in turns]
+        return [await turn_history(self.store, t) for t in turns]
 
     async def events(self, turn_id: str, *, after_seq: int = 0) -> AsyncIterator[StreamEvent]:
         """A turn's committed events after `after_seq`, in order."""
@@ -318,17 +356,13 @@ async def _cancel_when(token: CancelToken, task: asyncio.Task[None]) -> None:
     task.cancel()
 
 
-def _entry(agent: Agent, *, registry_size: int) -> Route:
-    if "anchor-plan" not in agent.skip_stages:
-        return "anchor-plan"
-    if "tool-loop" in agent.skip_stages or registry_size == 0:
-        return "synthesize"
-    return "tool-loop"
-
-
-def _thinking_budget(effort: Effort, family: ModelFamily) -> int:
-    if effort == "off" or family.provider == "scripted":
-        return 0
-    from turnkit.models.catalog import model_facts, thinking_budget
-
-    return min(thinking_budget(effort, model_facts(rung.model)) for rung in family.rungs)
+async def _prepare(store: SqlStore, *, migrate: bool) -> None:
+    if migrate:
+        await store.setup()
+        return
+    current = await store.schema_revision()
+    if current != head_revision():
+        raise ConfigurationError(
+            f"the database schema is at {current!r}, this turnkit needs {head_revision()!r}: "
+            "run `turnkit db upgrade` (or set `RuntimeConfig.auto_migrate=True`)"
+        )

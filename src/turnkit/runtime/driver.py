@@ -1,27 +1,37 @@
-"""`TurnDriver`: runs one turn's graph and owns its ending (write before send throughout)."""
+"""`TurnDriver`: drives one turn under a lease and writes exactly one ending.
+
+Write before send holds throughout (the Recorder commits before it publishes). The lease
+is renewed at ttl/3; the moment renewal fails the driver stops writing and cancels the
+turn's work. An attempt that takes over a dead one resumes from the last LangGraph
+checkpoint and repeats nothing the log already holds (see `turnkit.journal`).
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable
 from typing import Literal
 
 from turnkit.audit import CallShape
 from turnkit.clock import Clock
-from turnkit.errors import InternalError, StaleEpochError, TurnError
+from turnkit.config import RuntimeConfig
+from turnkit.errors import DeadlineExceededError, InternalError, StaleEpochError, TurnError
 from turnkit.events import (
     CheckpointCreatedEvent,
     DoneEvent,
     DurableEvent,
     EphemeralEvent,
     ErrorEvent,
-    TurnStartedEvent,
+    HeartbeatEvent,
 )
 from turnkit.graph import TurnGraph, TurnState, latest_checkpoint_id, stream_turn
+from turnkit.journal import Journal
 from turnkit.stages import StageContext
 from turnkit.stages._types import Route, TranscriptMessage
-from turnkit.store import Store, TurnRecord
+from turnkit.states import TerminalStatus
+from turnkit.store import Lease, RunSummary, Store, TurnRecord
 from turnkit.telemetry import Recorder
 
 __all__ = ("TurnDriver",)
@@ -31,7 +41,7 @@ Sink = Callable[[DurableEvent | EphemeralEvent | None], None]
 
 
 class TurnDriver:
-    """Drives one turn: starts it, runs the graph, and writes exactly one ending."""
+    """Drives one claimed turn to a terminal state (or to a lost lease)."""
 
     def __init__(
         self,
@@ -39,95 +49,181 @@ class TurnDriver:
         graph: TurnGraph,
         store: Store,
         clock: Clock,
+        config: RuntimeConfig,
+        lease: Lease,
         record: TurnRecord,
         ctx_factory: Callable[[Recorder], StageContext],
         transcript: list[TranscriptMessage],
         entry: Route,
-        effort: Literal["off", "low", "medium", "high"],
-        durability: Literal["sync", "async", "exit"],
         sink: Sink,
     ) -> None:
         self.graph = graph
+        self.store = store
+        self.clock = clock
+        self.config = config
+        self.lease = lease
         self.record = record
-        self.sink = sink
+        self.ctx_factory = ctx_factory
         self.transcript = transcript
         self.entry = entry
-        self.effort = effort
-        self.durability = durability
-        self.recorder = Recorder(
-            store=store,
-            session_id=record.session_id,
-            turn_id=record.turn_id,
-            epoch=record.lease_epoch,
-            clock=clock,
-            publish=self._publish,
-            last_seq=record.last_seq,
-        )
-        self.ctx = ctx_factory(self.recorder)
+        self.sink = sink
+        self.lease_lost = False
+        self.recorder: Recorder | None = None
+        self._started = time.perf_counter()
 
     def _publish(self, event: DurableEvent | EphemeralEvent) -> None:
         self.sink(event)
 
+    async def _recorder(self) -> Recorder:
+        journal, audit_seq = Journal(), 0
+        usage = None
+        if self.lease.last_seq > 1:  # an earlier attempt got further than turn.started
+            events = [e.decode() async for e in self.store.read_events(self.lease.turn_id)]
+            journal = Journal.of(events)
+            audit_seq = len(await self.store.read_audit(self.lease.turn_id))
+            usage = await self.store.read_usage(self.lease.turn_id)
+        journal.keys.add("turn.started")
+        return Recorder(
+            store=self.store,
+            session_id=self.lease.session_id,
+            turn_id=self.lease.turn_id,
+            epoch=self.lease.epoch,
+            clock=self.clock,
+            publish=self._publish,
+            last_seq=self.lease.last_seq,
+            last_audit_seq=audit_seq,
+            journal=journal,
+            usage=usage,
+        )
+
     async def run(self) -> None:
         """Run the turn to a terminal state. Cancelling this task aborts the turn."""
-        rec = self.recorder
-        record = self.record
-        rec.durable(
-            TurnStartedEvent,
-            "runtime",
-            content=record.content,
-            request_id=record.request_id,
-            agent=record.agent,
-            model=record.model,
-            effort=self.effort,
-        )
-        state: TurnState = {
-            "transcript": self.transcript,
-            "content": record.content,
-            "route": self.entry,
-            "iteration": 0,
-            "last_request_len": 0,
-        }
         try:
+            # The read watermark is recorded before anything else (seed 001 ③).
+            await self.store.record_read(self.lease, self.record.input_seq)
+            rec = self.recorder = await self._recorder()
+            graph_task = asyncio.current_task()
+            assert graph_task is not None
+            keeper = asyncio.create_task(self._keep_lease(graph_task), name="turnkit-lease")
+            beat = asyncio.create_task(self._heartbeat(rec), name="turnkit-heartbeat")
             try:
-                async for chunk in stream_turn(
-                    self.graph,
-                    state,
-                    self.ctx,
-                    thread_id=record.turn_id,
-                    durability=self.durability,
-                ):
-                    if isinstance(chunk, DurableEvent | EphemeralEvent):
-                        self.sink(chunk)
+                await self._run_graph(rec)
             finally:
-                rec.publish = self._publish  # the last node's stream writer is gone
-            checkpoint_id = await latest_checkpoint_id(self.graph, record.turn_id)
-            if checkpoint_id is not None:
-                rec.durable(CheckpointCreatedEvent, "post-turn", checkpoint_id=checkpoint_id)
-            rec.durable(DoneEvent, "post-turn", status="succeeded")
-            await rec.flush(status="succeeded")
+                keeper.cancel()
+                beat.cancel()
+                await asyncio.gather(keeper, beat, return_exceptions=True)
+                rec.publish = self._publish
+            await self._settle(rec, "succeeded")
         except asyncio.CancelledError:
-            await self._end_aborted()
+            if not self.lease_lost and self.recorder is not None:
+                await self._end_aborted(self.recorder)
+            if self.lease_lost:
+                return  # someone else owns the turn now: write nothing, end quietly
             raise
         except StaleEpochError:
-            raise  # another driver owns the turn: write nothing more
+            self.lease_lost = True
         except TurnError as exc:
-            await self._end_failed(exc)
+            if self.recorder is not None:
+                await self._end_failed(self.recorder, exc)
         except Exception as exc:  # noqa: BLE001 - any bug still ends the turn with a clear state
-            await self._end_failed(
-                InternalError(f"unexpected {type(exc).__name__} inside the turn: {exc}")
-            )
+            if self.recorder is not None:
+                await self._end_failed(
+                    self.recorder,
+                    InternalError(f"unexpected {type(exc).__name__} inside the turn: {exc}"),
+                )
         finally:
             self.sink(None)
 
-    async def _end_failed(self, exc: TurnError) -> None:
-        rec = self.recorder
-        rec.durable(ErrorEvent, "runtime", code=exc.code, message=exc.message)
-        rec.durable(DoneEvent, "runtime", status="failed", error_code=exc.code)
-        await rec.flush(status="failed", error_code=exc.code)
+    async def _run_graph(self, rec: Recorder) -> None:
+        elapsed = (self.clock.now() - self.lease.started_at).total_seconds()
+        remaining = self.config.ceiling_s - elapsed
+        resume = (
+            self.lease.attempt > 1
+            and await latest_checkpoint_id(self.graph, self.lease.turn_id) is not None
+        )
+        state: TurnState | None = None
+        if not resume:
+            state = {
+                "transcript": self.transcript,
+                "content": self.record.content,
+                "route": self.entry,
+                "iteration": 0,
+                "last_request_len": 0,
+            }
+        try:
+            async with asyncio.timeout(max(remaining, 0.001)):
+                async for chunk in stream_turn(
+                    self.graph,
+                    state,
+                    self.ctx_factory(rec),
+                    thread_id=self.lease.turn_id,
+                    durability=self.config.checkpoint_durability,
+                ):
+                    if isinstance(chunk, DurableEvent | EphemeralEvent):
+                        self.sink(chunk)
+        except TimeoutError as exc:
+            raise DeadlineExceededError(
+                f"the turn ran past its ceiling of {self.config.ceiling_s:g} s "
+                "(`RuntimeConfig.ceiling_s`)",
+                ceiling_s=self.config.ceiling_s,
+            ) from exc
 
-    async def _end_aborted(self) -> None:
-        rec = self.recorder
+    async def _keep_lease(self, graph_task: asyncio.Task[object]) -> None:
+        interval = self.config.lease_ttl_s / 3
+        while True:
+            await self.clock.sleep(interval)
+            try:
+                self.lease = await self.store.renew(self.lease, ttl_s=self.config.lease_ttl_s)
+            except Exception:  # noqa: BLE001 - any failure to renew means we may not own it
+                self.lease_lost = True
+                graph_task.cancel()
+                return
+
+    async def _heartbeat(self, rec: Recorder) -> None:
+        interval = self.config.heartbeat_interval_s
+        while True:
+            await self.clock.sleep(interval)
+            if self.clock.monotonic() - rec.last_activity >= interval:
+                await rec.ephemeral(HeartbeatEvent, "runtime")
+
+    def _summary(self, rec: Recorder, status: TerminalStatus, code: str | None) -> RunSummary:
+        usage = rec.usage
+        return RunSummary(
+            status=status,
+            model_calls=usage.model_calls,
+            input_tokens=usage.input_tokens,
+            output_tokens=usage.output_tokens,
+            cached_tokens=usage.cached_tokens,
+            cost_usd=usage.cost_usd,
+            tool_timings=tuple(rec.tool_timings),
+            context_messages=rec.context_messages,
+            stop_reason={"succeeded": "end_turn", "cancelled": "aborted"}.get(status, "error"),
+            error_code=code,
+            duration_ms=(time.perf_counter() - self._started) * 1000,
+            model=self.record.model,
+            attempt=self.lease.attempt,
+        )
+
+    async def _settle(self, rec: Recorder, status: Literal["succeeded"]) -> None:
+        checkpoint_id = await latest_checkpoint_id(self.graph, self.lease.turn_id)
+        if checkpoint_id is not None:
+            rec.durable(CheckpointCreatedEvent, "post-turn", checkpoint_id=checkpoint_id)
+        rec.durable(DoneEvent, "post-turn", status=status)
+        await rec.flush(status=status, summary=self._summary(rec, status, None), release=True)
+
+    async def _end_failed(self, rec: Recorder, exc: TurnError) -> None:
+        status: TerminalStatus = "timed_out" if isinstance(exc, DeadlineExceededError) else "failed"
+        rec.durable(ErrorEvent, "runtime", code=exc.code, message=exc.message)
+        rec.durable(DoneEvent, "runtime", status=status, error_code=exc.code)
+        with contextlib.suppress(StaleEpochError):
+            await rec.flush(
+                status=status,
+                error_code=exc.code,
+                summary=self._summary(rec, status, exc.code),
+                release=True,
+            )
+
+    async def _end_aborted(self, rec: Recorder) -> None:
         call = rec.open_call
         if call is not None:
             rec.audit(
@@ -144,4 +240,7 @@ class TurnDriver:
             )
             rec.open_call = None
         rec.durable(DoneEvent, "runtime", status="cancelled")
-        await rec.flush(status="cancelled")
+        with contextlib.suppress(StaleEpochError):
+            await rec.flush(
+                status="cancelled", summary=self._summary(rec, "cancelled", None), release=True
+            )

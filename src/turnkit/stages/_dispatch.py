@@ -26,7 +26,20 @@ from turnkit.models import ToolCallPart
 from turnkit.stages._types import StageContext, TranscriptMessage
 from turnkit.tools import Tool, ToolArgumentsError, ToolContext
 
-__all__ = ("dispatch_tools",)
+__all__ = ("dispatch_tools", "idempotency_key")
+
+
+def idempotency_key(session_id: str, turn_id: str, tool_call_id: str) -> str:
+    """Stable across retries and recovery: derived from ids the log already holds."""
+    return derive_id("idem", session_id, turn_id, tool_call_id)
+
+
+def _result_message(result: ToolResultBlock) -> TranscriptMessage:
+    if result.is_error:
+        content = f"Error: {result.error}"
+    else:
+        content = json.dumps(result.output, ensure_ascii=False, separators=(",", ":"))
+    return {"role": "tool", "content": content, "tool_call_id": result.tool_call_id}
 
 
 def _parse(part: ToolCallPart) -> tuple[dict[str, JsonValue] | None, str | None]:
@@ -43,20 +56,30 @@ def _parse(part: ToolCallPart) -> tuple[dict[str, JsonValue] | None, str | None]
 
 
 async def dispatch_tools(
-    ctx: StageContext, calls: tuple[ToolCallPart, ...], *, truncated: bool
+    ctx: StageContext,
+    calls: tuple[ToolCallPart, ...],
+    *,
+    truncated: bool,
+    generation_id: str,
+    known_errors: Mapping[str, str] | None = None,
 ) -> list[TranscriptMessage]:
     """Run a batch; one result message per call, in call order.
 
     `truncated` means the provider's output limit cut the response while the model was
-    writing these calls: nothing runs, each call gets a failed result saying so.
+    writing these calls: nothing runs, each call gets a failed result saying so. A call
+    whose result is already committed (a recovered attempt) is not run again; a call that
+    was written ahead but has no result runs again with the same idempotency key.
     """
     rec = ctx.recorder
+    known = known_errors or {}
     plans: list[tuple[ToolCallPart, Tool | None, dict[str, JsonValue], str | None, ErrorCode]] = []
     for part in calls:
         args, problem = _parse(part)
         code: ErrorCode = "tool-arguments-invalid"
         tool = ctx.registry.get(part.name)
-        if truncated:
+        if part.tool_call_id in known:
+            problem = known[part.tool_call_id]
+        elif truncated:
             problem = (
                 "the output limit was reached while this call's arguments were being written; "
                 "nothing ran. Write the call again, shorter if you can"
@@ -72,6 +95,9 @@ async def dispatch_tools(
                 tool_name=part.name,
                 arguments=args or {},
             ),
+            generation_id=generation_id,
+            idempotency_key=idempotency_key(rec.session_id, rec.turn_id, part.tool_call_id),
+            arguments_error=problem,
         )
         plans.append((part, tool, args or {}, problem, code))
     rec.tool_calls += len(calls)
@@ -86,12 +112,17 @@ async def dispatch_tools(
     ) -> TranscriptMessage:
         started = time.perf_counter()
         call_id = ToolCallId(part.tool_call_id)
+        done = rec.journal.results.get(call_id)
+        if done is not None:  # committed by an earlier attempt: one result per call
+            block, _ = done
+            return _result_message(block)
         answered_by = part.name
         if problem is None and tool is not None:
             problem, code, output, answered_by = await _invoke(ctx, tool, part, args)
         else:
             output = None
         duration = (time.perf_counter() - started) * 1000
+        rec.tool_timings.append((answered_by, duration))
         if problem is None:
             result = ToolResultBlock(tool_call_id=call_id, tool_name=part.name, output=output)
             rec.durable(
@@ -102,7 +133,6 @@ async def dispatch_tools(
                 duration_ms=duration,
                 tool_name=answered_by,
             )
-            content = json.dumps(output, ensure_ascii=False, separators=(",", ":"))
         else:
             result = ToolResultBlock(
                 tool_call_id=call_id, tool_name=part.name, is_error=True, error=problem
@@ -115,8 +145,7 @@ async def dispatch_tools(
                 duration_ms=duration,
                 code=code,
             )
-            content = f"Error: {problem}"
-        return {"role": "tool", "content": content, "tool_call_id": part.tool_call_id}
+        return _result_message(result)
 
     if len(plans) == 1:
         return [await run(*plans[0])]
@@ -174,7 +203,7 @@ async def _invoke(
         session_id=rec.session_id,
         turn_id=rec.turn_id,
         tool_call_id=call_id,
-        idempotency_key=derive_id("idem", rec.session_id, rec.turn_id, part.tool_call_id),
+        idempotency_key=idempotency_key(rec.session_id, rec.turn_id, part.tool_call_id),
         _progress=progress,
         _pivot=pivot,
     )

@@ -8,6 +8,7 @@ from turnkit.audit import AuditPayloads, SynthesisQualityPayload
 from turnkit.blocks import TextBlock, ThinkingSummaryBlock
 from turnkit.errors import OutputLimitExceededError
 from turnkit.events import MessageCompleteEvent, ThinkingCompleteEvent
+from turnkit.ids import derive_id
 from turnkit.models import ModelRequest
 from turnkit.stages._calls import call_model
 from turnkit.stages._types import StageContext, StageOutcome, TranscriptMessage, from_transcript
@@ -32,8 +33,23 @@ async def run_synthesize(ctx: StageContext, transcript: list[TranscriptMessage])
     """
     rec = ctx.recorder
     appended = synthesis_request(ctx, transcript)
+    generation = derive_id("gen", rec.turn_id, "synthesize")
+    committed = rec.journal.generation(generation)
+    if committed is not None:
+        # The answer is already in the log (a previous attempt died after writing it):
+        # never write, bill or stream it twice.
+        text = committed.text
+    else:
+        text = await _call(ctx, [*transcript, *appended], generation)
+    rec.context_messages = len(transcript) + len(appended) + 1
+    answer: TranscriptMessage = {"role": "assistant", "content": text}
+    return StageOutcome(appended=(*appended, answer), route="post-turn")
+
+
+async def _call(ctx: StageContext, messages: list[TranscriptMessage], generation: str) -> str:
+    rec = ctx.recorder
     request = ModelRequest(
-        messages=from_transcript([*transcript, *appended]),
+        messages=from_transcript(messages),
         thinking_budget=ctx.thinking_budget,
         purpose="synthesize",
     )
@@ -63,11 +79,12 @@ async def run_synthesize(ctx: StageContext, transcript: list[TranscriptMessage])
             ThinkingCompleteEvent,
             "synthesize",
             block=ThinkingSummaryBlock(block_id=result.block_id, summary=response.thinking),
+            generation_id=generation,
         )
     rec.durable(
         MessageCompleteEvent,
         "synthesize",
         block=TextBlock(block_id=result.block_id, text=response.text, is_answer=True),
+        generation_id=generation,
     )
-    answer: TranscriptMessage = {"role": "assistant", "content": response.text}
-    return StageOutcome(appended=(*appended, answer), route="post-turn")
+    return response.text

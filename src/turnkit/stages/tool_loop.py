@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
+
 from turnkit.audit import AuditPayloads, CacheBreakpointPayload, ToolCallRef, ToolSelectionPayload
 from turnkit.blocks import TextBlock, ThinkingSummaryBlock
 from turnkit.errors import OutputLimitExceededError, ToolCallError
 from turnkit.events import MessageCompleteEvent, ThinkingCompleteEvent
-from turnkit.ids import ToolCallId
-from turnkit.models import ModelMessage, ModelRequest
+from turnkit.ids import ToolCallId, derive_id
+from turnkit.journal import CommittedGeneration
+from turnkit.models import ModelMessage, ModelRequest, ModelResponse, ToolCallPart, Usage
 from turnkit.stages._calls import call_model
 from turnkit.stages._dispatch import dispatch_tools
 from turnkit.stages._types import (
@@ -45,47 +48,59 @@ async def run_tool_loop(
     """
     rec = ctx.recorder
     specs = ctx.registry.specs()
-    request = ModelRequest(
-        messages=from_transcript(transcript),
-        tools=specs,
-        thinking_budget=ctx.thinking_budget,
-        purpose="tool-loop",
-    )
-    result = await call_model(ctx, "tool-loop", ctx.family, request, block_key=f"loop-{iteration}")
-    response = result.response
-    selected = tuple(
-        ToolCallRef(tool_call_id=ToolCallId(c.tool_call_id), tool_name=c.name)
-        for c in response.tool_calls
-    )
-    rec.audit(
-        "tool-loop",
-        call=result.shape,
-        payloads=AuditPayloads(
-            cacheBreakpoint=CacheBreakpointPayload(
-                iteration=iteration,
-                prefix_messages=shared_prefix(previous_request, transcript),
-                request_messages=len(transcript),
-                cached_tokens=response.usage.cached_tokens,
+    generation = derive_id("gen", rec.turn_id, "tool-loop", iteration)
+    committed = rec.journal.generation(generation)
+    if committed is not None:
+        # A previous attempt already called the model for this iteration and committed
+        # what it said: reuse it rather than pay for (and diverge on) a second call.
+        response = committed_response(committed)
+        block_id = derive_id("blk", rec.turn_id, f"loop-{iteration}", 0)
+    else:
+        request = ModelRequest(
+            messages=from_transcript(transcript),
+            tools=specs,
+            thinking_budget=ctx.thinking_budget,
+            purpose="tool-loop",
+        )
+        result = await call_model(
+            ctx, "tool-loop", ctx.family, request, block_key=f"loop-{iteration}"
+        )
+        response, block_id = result.response, result.block_id
+        selected = tuple(
+            ToolCallRef(tool_call_id=ToolCallId(c.tool_call_id), tool_name=c.name)
+            for c in response.tool_calls
+        )
+        rec.audit(
+            "tool-loop",
+            call=result.shape,
+            payloads=AuditPayloads(
+                cacheBreakpoint=CacheBreakpointPayload(
+                    iteration=iteration,
+                    prefix_messages=shared_prefix(previous_request, transcript),
+                    request_messages=len(transcript),
+                    cached_tokens=response.usage.cached_tokens,
+                ),
+                toolSelection=ToolSelectionPayload(
+                    offered=tuple(s.name for s in specs), selected=selected
+                )
+                if selected
+                else None,
+                providerCascade=result.cascade,
             ),
-            toolSelection=ToolSelectionPayload(
-                offered=tuple(s.name for s in specs), selected=selected
-            )
-            if selected
-            else None,
-            providerCascade=result.cascade,
-        ),
-    )
+        )
     if response.thinking:
         rec.durable(
             ThinkingCompleteEvent,
             "tool-loop",
-            block=ThinkingSummaryBlock(block_id=result.block_id, summary=response.thinking),
+            block=ThinkingSummaryBlock(block_id=block_id, summary=response.thinking),
+            generation_id=generation,
         )
     if response.text:
         rec.durable(
             MessageCompleteEvent,
             "tool-loop",
-            block=TextBlock(block_id=result.block_id, text=response.text),
+            block=TextBlock(block_id=block_id, text=response.text),
+            generation_id=generation,
         )
     truncated = response.stop_reason == "max_tokens"
     if not response.tool_calls:
@@ -109,7 +124,34 @@ async def run_tool_loop(
     assistant = to_transcript(
         ModelMessage(role="assistant", content=response.text, tool_calls=response.tool_calls)
     )
-    results = await dispatch_tools(ctx, response.tool_calls, truncated=truncated)
+    results = await dispatch_tools(
+        ctx,
+        response.tool_calls,
+        truncated=truncated,
+        generation_id=generation,
+        known_errors=_known_errors(committed),
+    )
     return StageOutcome(
         appended=(assistant, *results), route="tool-loop", tool_calls=len(response.tool_calls)
     )
+
+
+def committed_response(committed: CommittedGeneration) -> ModelResponse:
+    """A response rebuilt from what a previous attempt committed."""
+    calls = tuple(
+        ToolCallPart(tool_call_id=c.tool_call_id, name=c.name, arguments=json.dumps(c.arguments))
+        for c in committed.calls
+    )
+    return ModelResponse(
+        text=committed.text,
+        thinking=committed.thinking,
+        tool_calls=calls,
+        stop_reason="tool_use" if calls else "end_turn",
+        usage=Usage(),
+    )
+
+
+def _known_errors(committed: CommittedGeneration | None) -> dict[str, str]:
+    if committed is None:
+        return {}
+    return {c.tool_call_id: c.arguments_error for c in committed.calls if c.arguments_error}

@@ -11,7 +11,9 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+from pydantic import BaseModel, ConfigDict, JsonValue
 
 from turnkit.audit import AuditRow, UsageDelta
 from turnkit.events import DurableEvent, StreamEvent, decode_event
@@ -22,24 +24,70 @@ if TYPE_CHECKING:
     from turnkit.store.sql import SqlStore
 
 __all__ = (
-    "NewTurn",
+    "Delivery",
+    "Lease",
+    "NewInput",
+    "RunQueue",
+    "RunSummary",
     "SqlStore",
     "Store",
     "StoredEvent",
+    "Submission",
+    "TurnLedger",
     "TurnRecord",
 )
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class NewTurn:
-    """A turn about to be written: the user's message and who answers it."""
+Delivery = Literal["queue", "guide"]
 
-    turn_id: TurnId
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NewInput:
+    """A user message to commit, and the turn it opens (edge class: no lease)."""
+
     session_id: SessionId
+    turn_id: TurnId
     content: str
     request_id: str | None
+    delivery: Delivery
     agent: str
     model: str
+    effort: Literal["off", "low", "medium", "high"]
+    pinned: dict[str, JsonValue]
+    """The configuration the run is pinned to (model, effort, tools), kept for audit."""
+    principal: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Submission:
+    """What committing an input did. A retried `request_id` returns the first submission."""
+
+    session_id: SessionId
+    turn_id: TurnId
+    input_seq: int
+    delivery: Delivery
+    requested_delivery: Delivery
+    is_new: bool
+
+
+class RunSummary(BaseModel):
+    """The attempt's own account, written when the run settles (seed 001 `run.finished`)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    status: TurnStatus
+    model_calls: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cached_tokens: int = 0
+    cost_usd: float = 0.0
+    tool_timings: tuple[tuple[str, float], ...] = ()
+    """(tool name, duration in ms) per tool call, in order."""
+    context_messages: int = 0
+    stop_reason: str | None = None
+    error_code: str | None = None
+    duration_ms: float = 0.0
+    model: str = ""
+    attempt: int = 1
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -48,6 +96,7 @@ class TurnRecord:
 
     turn_id: TurnId
     session_id: SessionId
+    input_seq: int
     status: TurnStatus
     content: str
     request_id: str | None
@@ -56,8 +105,39 @@ class TurnRecord:
     error_code: str | None
     last_seq: int
     lease_epoch: int
+    lease_owner: str | None
+    lease_expires_at: datetime | None
+    attempts: int
+    read_watermark: int
+    pinned: dict[str, JsonValue]
+    summary: RunSummary | None
+    started_at: datetime | None
     created_at: datetime
     updated_at: datetime
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Lease:
+    """The right to drive one turn: every commit carries `epoch` (the fencing token)."""
+
+    turn_id: TurnId
+    session_id: SessionId
+    owner: str
+    epoch: int
+    expires_at: datetime
+    attempt: int
+    """1 for the first attempt; higher after a takeover."""
+    took_over: bool
+    """Whether this claim took over an expired one (the previous driver died)."""
+    previous_watermark: int
+    """The highest input seq the previous attempt had read (0 if none)."""
+    last_seq: int
+    started_at: datetime
+
+    @property
+    def token(self) -> str:
+        """`owner@epoch`."""
+        return f"{self.owner}@{self.epoch}"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -74,23 +154,8 @@ class StoredEvent:
         return decode_event(self.data)
 
 
-class Store(Protocol):
-    """Durable turn storage.
-
-    Contract: `commit` is one transaction; it returns only after the data is durable,
-    rejects a stale `epoch` with `StaleEpochError` and an illegal status move with
-    `StoreError`, and treats an already-stored `(turn_id, seq)` as done (no error, no
-    second row). `read_events` yields committed events in `seq` order, in bounded pages.
-    Implementations are safe for concurrent use by many tasks.
-    """
-
-    async def start_turn(self, turn: NewTurn) -> tuple[TurnRecord, bool]:
-        """Write the session (if new) and the turn as `running`.
-
-        Returns the record and whether it is new: a `request_id` already used in the
-        session returns the existing turn and `False`, writing nothing.
-        """
-        ...
+class TurnLedger(Protocol):
+    """The append-only side: events, audit rows, usage, status moves."""
 
     async def commit(
         self,
@@ -101,22 +166,21 @@ class Store(Protocol):
         audit: Sequence[AuditRow] = (),
         status: TurnStatus | None = None,
         error_code: str | None = None,
+        summary: RunSummary | None = None,
+        release: bool = False,
     ) -> None:
-        """Append events, audit rows (+ usage rollup) and an optional status move, atomically."""
+        """Append events, audit rows (+ usage rollup) and a status move, atomically.
+
+        Rejects a stale `epoch` with `StaleEpochError` and an illegal status move with
+        `StoreError`; an already-stored `(turn_id, seq)` is kept as is (no error).
+        `release` drops the lease (a settled or paused turn holds none).
+        """
         ...
 
     def read_events(
         self, turn_id: TurnId, *, after_seq: int = 0, page_size: int = 500
     ) -> AsyncIterator[StoredEvent]:
-        """Committed events with `seq > after_seq`, in order."""
-        ...
-
-    async def get_turn(self, turn_id: TurnId) -> TurnRecord | None:
-        """One turn, or None."""
-        ...
-
-    async def list_turns(self, session_id: SessionId) -> list[TurnRecord]:
-        """A session's turns, oldest first."""
+        """Committed events with `seq > after_seq`, in order, in bounded pages."""
         ...
 
     async def read_audit(self, turn_id: TurnId) -> list[AuditRow]:
@@ -127,8 +191,59 @@ class Store(Protocol):
         """The turn's usage rollup."""
         ...
 
+
+class RunQueue(Protocol):
+    """The run side: committing input, claiming, renewing and sweeping runs."""
+
+    async def submit(self, new: NewInput) -> Submission:
+        """Commit a user message and queue its turn in one transaction.
+
+        The turn's first event (`turn.started`, seq 1) is written in the same
+        transaction, so an input is never visible without its queued run.
+        """
+        ...
+
+    async def claim(
+        self, owner: str, *, ttl_s: float, max_attempts: int, turn_id: TurnId | None = None
+    ) -> Lease | None:
+        """Claim the next runnable turn (or `turn_id`): one winner per turn and epoch.
+
+        A turn is runnable when it is `running`, unleased or its lease expired, has
+        attempts left, and no earlier turn of its session is unfinished.
+        """
+        ...
+
+    async def renew(self, lease: Lease, *, ttl_s: float) -> Lease:
+        """Extend the lease; `StaleEpochError` when it is no longer this driver's."""
+        ...
+
+    async def record_read(self, lease: Lease, watermark: int) -> None:
+        """Persist the highest input seq this attempt has read (before anything else)."""
+        ...
+
+    async def sweep(self, *, ceiling_s: float, max_attempts: int) -> list[TurnId]:
+        """End orphaned `running` turns as `timed_out`; paused turns are never touched.
+
+        Orphaned: started longer ago than the ceiling, or out of attempts with no live
+        lease. Each gets an `error` and a `done` event, and its epoch moves on so a
+        zombie driver can commit nothing more.
+        """
+        ...
+
+
+class Store(TurnLedger, RunQueue, Protocol):
+    """Durable turn storage (see `TurnLedger` and `RunQueue`). Safe for concurrent use."""
+
+    async def get_turn(self, turn_id: TurnId) -> TurnRecord | None:
+        """One turn, or None."""
+        ...
+
+    async def list_turns(self, session_id: SessionId) -> list[TurnRecord]:
+        """A session's turns, oldest first."""
+        ...
+
     async def close(self) -> None:
-        """Release what the store owns (an engine it created); idempotent."""
+        """Release what the store owns; idempotent."""
         ...
 
 

@@ -1,49 +1,80 @@
-"""SQLModel table definitions; private to the store package."""
+"""SQLModel table definitions; private to the store package.
+
+Schema changes go through an Alembic migration in `store/migrations/versions/`.
+"""
 
 from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import Column, DateTime, Index, LargeBinary, UniqueConstraint
+from sqlalchemy import Column, DateTime, Index, LargeBinary, Text, UniqueConstraint
 from sqlmodel import Field, SQLModel
 
 metadata = SQLModel.metadata
 
 
-def _ts(**kwargs: object) -> Column[datetime]:
-    return Column(DateTime(timezone=True), nullable=False, **kwargs)  # type: ignore[arg-type]
+def _ts(*, nullable: bool = False) -> Column[datetime]:
+    return Column(DateTime(timezone=True), nullable=nullable)
 
 
 class SessionRow(SQLModel, table=True):
     __tablename__ = "tk_sessions"
     session_id: str = Field(primary_key=True, max_length=128)
     title: str | None = None
-    principal: str | None = Field(default=None, index=True)
+    principal: str | None = Field(default=None, index=True, max_length=256)
+    last_input_seq: int = 0
     created_at: datetime = Field(sa_column=_ts())
     updated_at: datetime = Field(sa_column=_ts())
 
 
+class InputRow(SQLModel, table=True):
+    """A committed user message; `request_id` is its idempotency key."""
+
+    __tablename__ = "tk_inputs"
+    __table_args__ = (UniqueConstraint("session_id", "request_id", name="uq_input_request"),)
+    session_id: str = Field(primary_key=True, max_length=128)
+    seq: int = Field(primary_key=True)
+    request_id: str | None = Field(default=None, max_length=128)
+    content: str = Field(sa_column=Column(Text, nullable=False))
+    requested_delivery: str = Field(max_length=8)
+    delivery: str = Field(max_length=8)
+    turn_id: str = Field(max_length=64, index=True)
+    created_at: datetime = Field(sa_column=_ts())
+
+
 class TurnRow(SQLModel, table=True):
+    """A turn and its run: status, lease (owner@epoch), attempts and settle summary."""
+
     __tablename__ = "tk_turns"
     __table_args__ = (
-        UniqueConstraint("session_id", "request_id", name="uq_turn_request"),
         Index("ix_turn_session_created", "session_id", "created_at"),
+        Index("ix_turn_claimable", "status", "lease_expires_at"),
     )
     turn_id: str = Field(primary_key=True, max_length=64)
     session_id: str = Field(max_length=128)
+    input_seq: int = 0
     status: str = Field(max_length=32)
-    content: str
+    content: str = Field(sa_column=Column(Text, nullable=False))
     request_id: str | None = Field(default=None, max_length=128)
     agent: str
     model: str
     error_code: str | None = None
     last_seq: int = 0
-    lease_epoch: int = 1
+    lease_epoch: int = 0
+    lease_owner: str | None = Field(default=None, max_length=128)
+    lease_expires_at: datetime | None = Field(default=None, sa_column=_ts(nullable=True))
+    attempts: int = 0
+    read_watermark: int = 0
+    pinned: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+    summary: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+    started_at: datetime | None = Field(default=None, sa_column=_ts(nullable=True))
     created_at: datetime = Field(sa_column=_ts())
     updated_at: datetime = Field(sa_column=_ts())
 
 
 class EventRow(SQLModel, table=True):
+    """Committed durable events; the primary key is UNIQUE(turn_id, seq)."""
+
     __tablename__ = "tk_events"
     turn_id: str = Field(primary_key=True, max_length=64)
     seq: int = Field(primary_key=True)
@@ -71,3 +102,18 @@ class UsageRollupRow(SQLModel, table=True):
     output_tokens: int = 0
     cached_tokens: int = 0
     cost_usd: float = 0.0
+
+
+class PauseRow(SQLModel, table=True):
+    """An approval or clarification request a paused turn waits on."""
+
+    __tablename__ = "tk_pauses"
+    request_id: str = Field(primary_key=True, max_length=64)
+    turn_id: str = Field(max_length=64, index=True)
+    session_id: str = Field(max_length=128)
+    kind: str = Field(max_length=16)
+    payload: str = Field(sa_column=Column(Text, nullable=False))
+    status: str = Field(max_length=16)
+    answer: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+    created_at: datetime = Field(sa_column=_ts())
+    answered_at: datetime | None = Field(default=None, sa_column=_ts(nullable=True))

@@ -9,10 +9,19 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from datetime import UTC, datetime
-from typing import Any, Self, TypeVar, cast
+from typing import Any, Self, TypeVar
 
-from sqlalchemy import Connection, Engine, bindparam, case, create_engine, event, select, update
+from sqlalchemy import (
+    Connection,
+    Engine,
+    bindparam,
+    case,
+    create_engine,
+    event,
+    select,
+    text,
+    update,
+)
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
@@ -22,31 +31,29 @@ from turnkit.clock import Clock, SystemClock
 from turnkit.errors import StaleEpochError, StoreError, TurnNotFoundError
 from turnkit.events import DurableEvent, encode_event
 from turnkit.ids import SessionId, TurnId
-from turnkit.states import TRANSITIONS, TurnStatus
-from turnkit.store import NewTurn, StoredEvent, TurnRecord
-from turnkit.store._tables import (
-    AuditRowTable,
-    EventRow,
-    SessionRow,
-    TurnRow,
-    UsageRollupRow,
-    metadata,
+from turnkit.states import TurnStatus
+from turnkit.store import (
+    Lease,
+    NewInput,
+    RunSummary,
+    StoredEvent,
+    Submission,
+    TurnRecord,
+    _queue_sql as queue,
 )
+from turnkit.store._schema import (
+    SOURCES as _SOURCES,
+    audit as _audit,
+    events as _events,
+    turn_record as _turn_record,
+    turns as _turns,
+    usage as _usage,
+)
+from turnkit.store.migrate import current_revision, upgrade
 
 __all__ = ("SqlStore", "normalize_url")
 
 T = TypeVar("T")
-
-_sessions = SessionRow.__table__  # type: ignore[attr-defined]
-_turns = TurnRow.__table__  # type: ignore[attr-defined]
-_events = EventRow.__table__  # type: ignore[attr-defined]
-_audit = AuditRowTable.__table__  # type: ignore[attr-defined]
-_usage = UsageRollupRow.__table__  # type: ignore[attr-defined]
-
-_SOURCES: dict[TurnStatus, tuple[TurnStatus, ...]] = {
-    target: tuple(s for s, targets in TRANSITIONS.items() if target in targets)
-    for target in TRANSITIONS
-}
 
 
 def normalize_url(url: str) -> str:
@@ -57,27 +64,6 @@ def normalize_url(url: str) -> str:
         if url.startswith(prefix):
             return "postgresql+asyncpg://" + url[len(prefix) :]
     return url
-
-
-def _aware(value: datetime) -> datetime:
-    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
-
-
-def _turn_record(row: Any) -> TurnRecord:
-    return TurnRecord(
-        turn_id=TurnId(row.turn_id),
-        session_id=SessionId(row.session_id),
-        status=cast(TurnStatus, row.status),
-        content=row.content,
-        request_id=row.request_id,
-        agent=row.agent,
-        model=row.model,
-        error_code=row.error_code,
-        last_seq=row.last_seq,
-        lease_epoch=row.lease_epoch,
-        created_at=_aware(row.created_at),
-        updated_at=_aware(row.updated_at),
-    )
 
 
 class _HotStatements:
@@ -128,8 +114,9 @@ class SqlStore:
     context manager, or call `setup()` (creates missing tables) and `close()` yourself.
     """
 
-    def __init__(self, url: str, *, clock: Clock | None = None) -> None:
+    def __init__(self, url: str, *, clock: Clock | None = None, schema: str | None = None) -> None:
         self.url = normalize_url(url)
+        self.schema = schema
         self._clock = clock or SystemClock()
         self._thread: ThreadPoolExecutor | None = None
         self._sync_engine: Engine | None = None
@@ -144,8 +131,15 @@ class SqlStore:
             self._thread = ThreadPoolExecutor(1, thread_name_prefix="turnkit-sqlite")
             self._insert: Any = sqlite.insert
         elif self.url.startswith("postgresql"):
+            connect_args: dict[str, Any] = {}
+            if schema is not None:
+                connect_args["server_settings"] = {"search_path": schema}
             self._async_engine = create_async_engine(
-                self.url, pool_size=10, max_overflow=10, pool_pre_ping=True
+                self.url,
+                pool_size=10,
+                max_overflow=10,
+                pool_pre_ping=True,
+                connect_args=connect_args,
             )
             self._insert = postgresql.insert
         else:
@@ -153,9 +147,14 @@ class SqlStore:
         self._hot = _HotStatements(self._insert)
 
     @classmethod
-    def from_url(cls, url: str, *, clock: Clock | None = None) -> SqlStore:
-        """A store for `url` (`sqlite:///turnkit.db`, `postgresql://…`); it owns its engine."""
-        return cls(url, clock=clock)
+    def from_url(
+        cls, url: str, *, clock: Clock | None = None, schema: str | None = None
+    ) -> SqlStore:
+        """A store for `url` (`sqlite:///turnkit.db`, `postgresql://…`); it owns its engine.
+
+        `schema` (PostgreSQL only) puts turnkit's tables in that schema.
+        """
+        return cls(url, clock=clock, schema=schema)
 
     @property
     def dialect(self) -> str:
@@ -182,8 +181,21 @@ class SqlStore:
             return await aconn.run_sync(fn, *args)
 
     async def setup(self) -> None:
-        """Create missing tables."""
-        await self._tx(lambda conn: metadata.create_all(conn))
+        """Bring the schema up to date (Alembic migrations; safe to run concurrently)."""
+
+        def migrate(conn: Connection) -> None:
+            if conn.dialect.name == "postgresql":
+                # One migrator at a time across processes; released at commit.
+                conn.execute(text("SELECT pg_advisory_xact_lock(7413620511)"))
+                if self.schema is not None:
+                    conn.execute(text(f'CREATE SCHEMA IF NOT EXISTS "{self.schema}"'))
+            upgrade(conn)
+
+        await self._tx(migrate)
+
+    async def schema_revision(self) -> str | None:
+        """The schema revision the database is at (None before the first upgrade)."""
+        return await self._tx(current_revision)
 
     async def __aenter__(self) -> Self:
         await self.setup()
@@ -212,45 +224,59 @@ class SqlStore:
 
     # ── writes ──────────────────────────────────────────────────────────────────────
 
-    async def start_turn(self, turn: NewTurn) -> tuple[TurnRecord, bool]:
-        """Write the session (if new) and the turn; a reused `request_id` returns the old turn."""
+    async def submit(self, new: NewInput) -> Submission:
+        """Commit a user message, its queued turn and `turn.started` in one transaction."""
         try:
-            return await self._tx(self._start_turn, turn, self._clock.now())
+            return await self._tx(queue.submit, self._insert, new, self._clock.now())
         except IntegrityError:
-            # A concurrent request with the same request_id won the race: answer with its turn.
-            existing = await self._tx(_turn_by_request, turn)
-            if existing is None:
+            # A concurrent submit with the same request_id won the race: it answers.
+            if new.request_id is None:
                 raise
-            return existing, False
+            return await self._tx(queue.submit, self._insert, new, self._clock.now())
 
-    def _start_turn(
-        self, conn: Connection, turn: NewTurn, now: datetime
-    ) -> tuple[TurnRecord, bool]:
-        if turn.request_id is not None:
-            existing = _turn_by_request(conn, turn)
-            if existing is not None:
-                return existing, False
-        conn.execute(
-            self._insert(_sessions)
-            .values(session_id=turn.session_id, created_at=now, updated_at=now)
-            .on_conflict_do_nothing(index_elements=["session_id"])
+    async def claim(
+        self, owner: str, *, ttl_s: float, max_attempts: int, turn_id: TurnId | None = None
+    ) -> Lease | None:
+        """Claim the next runnable turn (or `turn_id`) for `owner`."""
+        return await self._tx(
+            lambda conn: queue.claim(
+                conn,
+                owner=owner,
+                ttl_s=ttl_s,
+                max_attempts=max_attempts,
+                turn_id=turn_id,
+                now=self._clock.now(),
+                skip_locked=self.dialect == "postgresql",
+            )
         )
-        values = {
-            "turn_id": turn.turn_id,
-            "session_id": turn.session_id,
-            "status": "running",
-            "content": turn.content,
-            "request_id": turn.request_id,
-            "agent": turn.agent,
-            "model": turn.model,
-            "error_code": None,
-            "last_seq": 0,
-            "lease_epoch": 1,
-            "created_at": now,
-            "updated_at": now,
-        }
-        conn.execute(_turns.insert().values(**values))
-        return _turn_record(_Row(values)), True
+
+    async def renew(self, lease: Lease, *, ttl_s: float) -> Lease:
+        """Extend the lease or raise `StaleEpochError`."""
+        return await self._tx(
+            lambda conn: queue.renew(conn, lease, ttl_s=ttl_s, now=self._clock.now())
+        )
+
+    async def record_read(self, lease: Lease, watermark: int) -> None:
+        """Persist the attempt's read watermark."""
+        await self._tx(queue.record_read, lease, watermark)
+
+    async def sweep(self, *, ceiling_s: float, max_attempts: int) -> list[TurnId]:
+        """Time out orphaned running turns; returns the ones this call ended."""
+        now = self._clock.now()
+        rows = await self._tx(
+            lambda conn: queue.sweepable(
+                conn, now=now, ceiling_s=ceiling_s, max_attempts=max_attempts
+            )
+        )
+        reason = (
+            f"the run outlived its ceiling of {ceiling_s:g} s or ran out of attempts "
+            "with no live driver; the sweep ended it"
+        )
+        ended: list[TurnId] = []
+        for row in rows:
+            if await self._tx(queue.sweep, row, now, reason):
+                ended.append(TurnId(row.turn_id))
+        return ended
 
     async def commit(
         self,
@@ -261,6 +287,8 @@ class SqlStore:
         audit: Sequence[AuditRow] = (),
         status: TurnStatus | None = None,
         error_code: str | None = None,
+        summary: RunSummary | None = None,
+        release: bool = False,
     ) -> None:
         """Append events, audit rows (+ usage rollup) and a status move in one transaction."""
         event_rows = [
@@ -288,6 +316,7 @@ class SqlStore:
             (session_id, usage),
             status,
             error_code,
+            (summary.model_dump_json() if summary is not None else None, release),
         )
 
     def _commit(
@@ -300,6 +329,7 @@ class SqlStore:
         usage: tuple[str | None, UsageDelta],
         status: TurnStatus | None,
         error_code: str | None,
+        settle: tuple[str | None, bool] = (None, False),
     ) -> None:
         top = max((r["seq"] for r in event_rows), default=0)
         params: dict[str, Any] = {
@@ -316,6 +346,19 @@ class SqlStore:
             params["k_error"] = error_code
         if conn.execute(statement, params).rowcount != 1:
             _explain_refusal(conn, turn_id, epoch, status)
+        summary_json, release = settle
+        if summary_json is not None or release:
+            extra: dict[str, Any] = {}
+            if summary_json is not None:
+                extra["summary"] = summary_json
+            if release:
+                extra["lease_owner"] = None
+                extra["lease_expires_at"] = None
+            conn.execute(
+                update(_turns)
+                .where(_turns.c.turn_id == turn_id, _turns.c.lease_epoch == epoch)
+                .values(**extra)
+            )
         if event_rows:
             conn.execute(self._hot.insert_event, event_rows)
         if audit_rows:
@@ -359,13 +402,6 @@ class SqlStore:
         return await self._tx(_read_usage, turn_id)
 
 
-class _Row:
-    """Attribute access over a dict, so a just-inserted row maps like a fetched one."""
-
-    def __init__(self, values: dict[str, Any]) -> None:
-        self.__dict__.update(values)
-
-
 def _sum_usage(audit: Sequence[AuditRow]) -> UsageDelta:
     deltas = [UsageDelta.of(row.call) for row in audit]
     return UsageDelta(
@@ -375,15 +411,6 @@ def _sum_usage(audit: Sequence[AuditRow]) -> UsageDelta:
         cached_tokens=sum(d.cached_tokens for d in deltas),
         cost_usd=sum(d.cost_usd for d in deltas),
     )
-
-
-def _turn_by_request(conn: Connection, turn: NewTurn) -> TurnRecord | None:
-    row = conn.execute(
-        select(_turns).where(
-            _turns.c.session_id == turn.session_id, _turns.c.request_id == turn.request_id
-        )
-    ).first()
-    return _turn_record(row) if row is not None else None
 
 
 def _explain_refusal(

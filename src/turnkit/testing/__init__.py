@@ -9,9 +9,11 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 from turnkit.events import DurableEvent, EphemeralEvent
+from turnkit.testing._clock import FakeClock
 from turnkit.testing._scripted import ModelStep, ScriptedModel, UnexpectedModelCall, call, raw_call
 
 __all__ = (
+    "FakeClock",
     "ModelStep",
     "ScriptedModel",
     "UnexpectedModelCall",

@@ -1,0 +1,120 @@
+"""`Journal`: what a turn's committed log already holds, so a retried attempt repeats nothing.
+
+Built from the Store's events when an attempt starts. The Recorder skips events whose
+dedupe key is already committed; stages reuse a committed model response (by its
+`generation_id`) instead of calling the model again, and a committed tool result instead
+of running the tool again. Ids are derived from the log, so every attempt derives the same.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from turnkit.blocks import ToolResultBlock
+from turnkit.events import (
+    DurableEvent,
+    MessageCompleteEvent,
+    StreamEvent,
+    ThinkingCompleteEvent,
+    ToolCompletedEvent,
+    ToolFailedEvent,
+    ToolStartedEvent,
+)
+
+__all__ = ("CommittedCall", "CommittedGeneration", "Journal", "dedupe_key")
+
+_ONCE = frozenset({"turn.started", "usage", "checkpoint.created", "error", "done"})
+
+
+def dedupe_key(event_type: str, fields: Mapping[str, Any]) -> str | None:
+    """The identity of an event within its turn, or None if every occurrence is new."""
+    match event_type:
+        case "step.start" | "step.end":
+            return f"{event_type}:{fields['step']}:{fields.get('iteration')}"
+        case "tool.started":
+            return f"tool.started:{fields['block'].tool_call_id}"
+        case "tool.completed" | "tool.failed":
+            return f"tool.result:{fields['tool_call_id']}"
+        case "message.complete" | "thinking.complete":
+            generation = fields.get("generation_id")
+            return f"{event_type}:{generation}" if generation else None
+        case "job.dispatched" | "job.completed":
+            return f"{event_type}:{fields['job_id']}"
+        case _ if event_type in _ONCE:
+            return event_type
+        case _:
+            return None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CommittedCall:
+    """A tool call recorded by `tool.started`."""
+
+    tool_call_id: str
+    name: str
+    arguments: dict[str, Any]
+    arguments_error: str | None
+
+
+@dataclass(slots=True, kw_only=True)
+class CommittedGeneration:
+    """A model response whose effects are already in the log."""
+
+    text: str = ""
+    thinking: str = ""
+    calls: list[CommittedCall] = field(default_factory=list[CommittedCall])
+
+
+@dataclass(slots=True)
+class Journal:
+    """The committed log of one turn, indexed for an attempt that resumes it."""
+
+    keys: set[str] = field(default_factory=set[str])
+    generations: dict[str, CommittedGeneration] = field(
+        default_factory=dict[str, CommittedGeneration]
+    )
+    results: dict[str, tuple[ToolResultBlock, str | None]] = field(
+        default_factory=dict[str, tuple[ToolResultBlock, str | None]]
+    )
+    """tool_call_id → (result, error code or None)."""
+
+    @classmethod
+    def of(cls, events: Iterable[StreamEvent]) -> Journal:
+        """Index committed events."""
+        journal = cls()
+        for event in events:
+            if not isinstance(event, DurableEvent):
+                continue
+            key = dedupe_key(event.type, dict(event))
+            if key is not None:
+                journal.keys.add(key)
+            journal._index(event)
+        return journal
+
+    def _index(self, event: DurableEvent) -> None:
+        match event:
+            case MessageCompleteEvent(generation_id=str(gen), block=block):
+                self.generations.setdefault(gen, CommittedGeneration()).text = block.text
+            case ThinkingCompleteEvent(generation_id=str(gen), block=block):
+                self.generations.setdefault(gen, CommittedGeneration()).thinking = block.summary
+            case ToolStartedEvent(generation_id=str(gen), block=block):
+                self.generations.setdefault(gen, CommittedGeneration()).calls.append(
+                    CommittedCall(
+                        tool_call_id=block.tool_call_id,
+                        name=block.tool_name,
+                        arguments=dict(block.arguments),
+                        arguments_error=event.arguments_error,
+                    )
+                )
+            case ToolCompletedEvent(tool_call_id=call_id, result=result):
+                self.results[call_id] = (result, None)
+            case ToolFailedEvent(tool_call_id=call_id, result=result, code=code):
+                self.results[call_id] = (result, code)
+            case _:
+                pass
+
+    def generation(self, generation_id: str) -> CommittedGeneration | None:
+        """A committed response, if this generation's effects reached the log."""
+        return self.generations.get(generation_id)

@@ -1,0 +1,127 @@
+"""`TurnRunner`: turns a claimed lease into a `TurnDriver` (in-process and in workers)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from turnkit.agent import Agent, Effort
+from turnkit.clock import Clock
+from turnkit.config import RuntimeConfig
+from turnkit.errors import TurnNotFoundError
+from turnkit.graph import TurnGraph
+from turnkit.models.family import ModelFamily, resolve_family
+from turnkit.runtime._history import TurnHistory, blocks_of
+from turnkit.runtime.driver import Sink, TurnDriver
+from turnkit.stages import StageContext
+from turnkit.stages._types import Route, TranscriptMessage
+from turnkit.store import Lease, Store, TurnRecord
+from turnkit.telemetry import Recorder
+
+__all__ = ("TurnRunner", "pinned_config", "turn_history")
+
+
+def pinned_config(agent: Agent, family: ModelFamily, effort: Effort) -> dict[str, Any]:
+    """What a run is pinned to, recorded on the run row for audit (seed 001 ⑦)."""
+    return {
+        "agent": agent.name,
+        "family": family.name,
+        "rungs": [r.model for r in family.rungs],
+        "utility_model": agent.utility_model
+        if isinstance(agent.utility_model, str)
+        else getattr(agent.utility_model, "model", None),
+        "effort": effort,
+        "tools": list(agent.registry().names),
+        "skip_stages": sorted(agent.skip_stages),
+    }
+
+
+async def turn_history(store: Store, turn: TurnRecord) -> TurnHistory:
+    """A turn's committed blocks."""
+    events = [e.decode() async for e in store.read_events(turn.turn_id)]
+    return TurnHistory(turn_id=turn.turn_id, status=turn.status, blocks=blocks_of(events))
+
+
+class TurnRunner:
+    """Builds drivers: resolves the agent's models, the transcript and the stage context."""
+
+    def __init__(
+        self,
+        *,
+        agent: Agent,
+        store: Store,
+        graph: TurnGraph,
+        config: RuntimeConfig,
+        clock: Clock,
+        family: Callable[[Any], ModelFamily] = resolve_family,
+    ) -> None:
+        self.agent = agent
+        self.store = store
+        self.graph = graph
+        self.config = config
+        self.clock = clock
+        self.family = family
+
+    async def driver(self, lease: Lease, *, sink: Sink, agent: Agent | None = None) -> TurnDriver:
+        """A driver for a claimed turn."""
+        record = await self.store.get_turn(lease.turn_id)
+        if record is None:
+            raise TurnNotFoundError(f"no turn {lease.turn_id!r}", turn_id=lease.turn_id)
+        agent = agent or self.agent
+        family = self.family(agent.model)
+        utility = self.family(agent.utility_model) if agent.utility_model is not None else None
+        effort: Effort = record.pinned.get("effort", agent.effort)  # type: ignore[assignment]
+        budget = _thinking_budget(effort, family)
+        registry = agent.registry()
+
+        def ctx_factory(recorder: Recorder) -> StageContext:
+            return StageContext(
+                recorder=recorder,
+                agent=agent,
+                family=family,
+                utility=utility,
+                registry=registry,
+                config=self.config,
+                thinking_budget=budget,
+            )
+
+        return TurnDriver(
+            graph=self.graph,
+            store=self.store,
+            clock=self.clock,
+            config=self.config,
+            lease=lease,
+            record=record,
+            ctx_factory=ctx_factory,
+            transcript=await self._transcript(agent, record),
+            entry=_entry(agent, registry_size=len(registry)),
+            sink=sink,
+        )
+
+    async def _transcript(self, agent: Agent, record: TurnRecord) -> list[TranscriptMessage]:
+        messages: list[TranscriptMessage] = [{"role": "system", "content": agent.instructions}]
+        for turn in await self.store.list_turns(record.session_id):
+            if turn.input_seq >= record.input_seq:
+                break
+            messages.append({"role": "user", "content": turn.content})
+            answer = (await turn_history(self.store, turn)).answer
+            if answer is not None:
+                messages.append({"role": "assistant", "content": answer})
+        messages.append({"role": "user", "content": record.content})
+        return messages
+
+
+def _entry(agent: Agent, *, registry_size: int) -> Route:
+    if "anchor-plan" not in agent.skip_stages:
+        return "anchor-plan"
+    if "tool-loop" in agent.skip_stages or registry_size == 0:
+        return "synthesize"
+    return "tool-loop"
+
+
+def _thinking_budget(effort: Effort, family: ModelFamily) -> int:
+    if effort == "off" or family.provider == "scripted":
+        return 0
+    from turnkit.models.catalog import model_facts, thinking_budget
+
+    return min(thinking_budget(effort, model_facts(rung.model)) for rung in family.rungs)

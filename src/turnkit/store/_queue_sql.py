@@ -1,0 +1,323 @@
+"""The run-queue side of `SqlStore`: submit, claim, renew, record_read, sweep.
+
+Each function runs inside one transaction on a sync `Connection` (see `SqlStore._tx`).
+Claims are optimistic: pick a candidate (PostgreSQL: `FOR UPDATE SKIP LOCKED`), then a
+conditional UPDATE that only one contender can win; the epoch moves on with every claim.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, cast
+
+from sqlalchemy import Connection, and_, exists, or_, select, update
+from sqlalchemy.orm import aliased
+
+from turnkit.errors import StaleEpochError
+from turnkit.events import DoneEvent, ErrorEvent, TurnStartedEvent, encode_event
+from turnkit.ids import SessionId, TurnId
+from turnkit.store import Delivery, Lease, NewInput, Submission
+from turnkit.store._schema import (
+    UNFINISHED,
+    aware,
+    events,
+    inputs,
+    sessions,
+    turns,
+)
+
+__all__ = ("Orphan", "claim", "record_read", "renew", "submit", "sweep", "sweepable")
+
+
+@dataclass(frozen=True, slots=True)
+class Orphan:
+    """A running turn the sweep may end, as it was when found."""
+
+    turn_id: str
+    session_id: str
+    lease_epoch: int
+    last_seq: int
+
+
+def submit(conn: Connection, insert: Any, new: NewInput, now: datetime) -> Submission:
+    """Commit the input, its queued turn and the turn's first event, or return the first try."""
+    if new.request_id is not None:
+        found = conn.execute(
+            select(
+                inputs.c.seq, inputs.c.turn_id, inputs.c.delivery, inputs.c.requested_delivery
+            ).where(inputs.c.session_id == new.session_id, inputs.c.request_id == new.request_id)
+        ).first()
+        if found is not None:
+            return Submission(
+                session_id=new.session_id,
+                turn_id=TurnId(found.turn_id),
+                input_seq=found.seq,
+                delivery=cast(Delivery, found.delivery),
+                requested_delivery=cast(Delivery, found.requested_delivery),
+                is_new=False,
+            )
+    conn.execute(
+        insert(sessions)
+        .values(
+            session_id=new.session_id,
+            principal=new.principal,
+            last_input_seq=0,
+            created_at=now,
+            updated_at=now,
+        )
+        .on_conflict_do_nothing(index_elements=["session_id"])
+    )
+    seq = conn.execute(
+        update(sessions)
+        .where(sessions.c.session_id == new.session_id)
+        .values(last_input_seq=sessions.c.last_input_seq + 1, updated_at=now)
+        .returning(sessions.c.last_input_seq)
+    ).scalar_one()
+    # Guide injection into a live turn is not available yet: every input opens its own
+    # turn, and a `guide` is committed as `queue` so the log says what really happened.
+    delivery: Delivery = "queue"
+    conn.execute(
+        inputs.insert().values(
+            session_id=new.session_id,
+            seq=seq,
+            request_id=new.request_id,
+            content=new.content,
+            requested_delivery=new.delivery,
+            delivery=delivery,
+            turn_id=new.turn_id,
+            created_at=now,
+        )
+    )
+    conn.execute(
+        turns.insert().values(
+            turn_id=new.turn_id,
+            session_id=new.session_id,
+            input_seq=seq,
+            status="running",
+            content=new.content,
+            request_id=new.request_id,
+            agent=new.agent,
+            model=new.model,
+            last_seq=1,
+            lease_epoch=0,
+            attempts=0,
+            read_watermark=0,
+            pinned=json.dumps(new.pinned, sort_keys=True),
+            created_at=now,
+            updated_at=now,
+        )
+    )
+    started = TurnStartedEvent(
+        session_id=new.session_id,
+        turn_id=new.turn_id,
+        stage_id="runtime",
+        ts=now,
+        seq=1,
+        content=new.content,
+        request_id=new.request_id,
+        agent=new.agent,
+        model=new.model,
+        effort=new.effort,
+        input_seq=seq,
+        delivery=delivery,
+        requested_delivery=new.delivery,
+    )
+    conn.execute(
+        events.insert().values(
+            turn_id=new.turn_id, seq=1, type=started.type, data=encode_event(started)
+        )
+    )
+    return Submission(
+        session_id=new.session_id,
+        turn_id=new.turn_id,
+        input_seq=seq,
+        delivery=delivery,
+        requested_delivery=new.delivery,
+        is_new=True,
+    )
+
+
+def _claimable(now: datetime, max_attempts: int) -> Any:
+    earlier = aliased(turns)
+    return and_(
+        turns.c.status == "running",
+        or_(turns.c.lease_owner.is_(None), turns.c.lease_expires_at < now),
+        turns.c.attempts < max_attempts,
+        ~exists().where(
+            earlier.c.session_id == turns.c.session_id,
+            earlier.c.input_seq < turns.c.input_seq,
+            earlier.c.status.in_(UNFINISHED),
+        ),
+    )
+
+
+def claim(
+    conn: Connection,
+    *,
+    owner: str,
+    ttl_s: float,
+    max_attempts: int,
+    turn_id: TurnId | None,
+    now: datetime,
+    skip_locked: bool,
+) -> Lease | None:
+    """Claim one runnable turn for `owner`, or None."""
+    query = select(
+        turns.c.turn_id,
+        turns.c.lease_epoch,
+        turns.c.lease_owner,
+        turns.c.attempts,
+        turns.c.read_watermark,
+    ).where(_claimable(now, max_attempts))
+    if turn_id is not None:
+        query = query.where(turns.c.turn_id == turn_id)
+    query = query.order_by(turns.c.created_at, turns.c.input_seq).limit(1)
+    if skip_locked:
+        query = query.with_for_update(skip_locked=True, of=turns)
+    row = conn.execute(query).first()
+    if row is None:
+        return None
+    expires = now + timedelta(seconds=ttl_s)
+    won = conn.execute(
+        update(turns)
+        .where(
+            turns.c.turn_id == row.turn_id,
+            turns.c.lease_epoch == row.lease_epoch,
+            turns.c.status == "running",
+        )
+        .values(
+            lease_owner=owner,
+            lease_epoch=row.lease_epoch + 1,
+            lease_expires_at=expires,
+            attempts=row.attempts + 1,
+            started_at=turns.c.started_at if row.attempts else now,
+            updated_at=now,
+        )
+        .returning(turns.c.session_id, turns.c.last_seq, turns.c.started_at)
+    ).first()
+    if won is None:
+        return None  # another claimant moved the epoch first
+    started = aware(won.started_at)
+    assert started is not None
+    return Lease(
+        turn_id=TurnId(row.turn_id),
+        session_id=SessionId(won.session_id),
+        owner=owner,
+        epoch=row.lease_epoch + 1,
+        expires_at=expires,
+        attempt=row.attempts + 1,
+        took_over=row.lease_owner is not None,
+        previous_watermark=row.read_watermark,
+        last_seq=won.last_seq,
+        started_at=started,
+    )
+
+
+def _fenced(lease: Lease) -> Any:
+    return and_(
+        turns.c.turn_id == lease.turn_id,
+        turns.c.lease_epoch == lease.epoch,
+        turns.c.lease_owner == lease.owner,
+    )
+
+
+def _stale(lease: Lease) -> StaleEpochError:
+    return StaleEpochError(
+        f"the lease {lease.token} on turn {lease.turn_id!r} is gone: another driver or the "
+        "sweep owns the turn now; this driver must stop",
+        turn_id=lease.turn_id,
+        epoch=lease.epoch,
+    )
+
+
+def renew(conn: Connection, lease: Lease, *, ttl_s: float, now: datetime) -> Lease:
+    """Extend the lease or raise `StaleEpochError`."""
+    expires = now + timedelta(seconds=ttl_s)
+    result = conn.execute(
+        update(turns)
+        .where(_fenced(lease), turns.c.status.in_(UNFINISHED))
+        .values(lease_expires_at=expires)
+    )
+    if result.rowcount != 1:
+        raise _stale(lease)
+    return Lease(
+        turn_id=lease.turn_id,
+        session_id=lease.session_id,
+        owner=lease.owner,
+        epoch=lease.epoch,
+        expires_at=expires,
+        attempt=lease.attempt,
+        took_over=lease.took_over,
+        previous_watermark=lease.previous_watermark,
+        last_seq=lease.last_seq,
+        started_at=lease.started_at,
+    )
+
+
+def record_read(conn: Connection, lease: Lease, watermark: int) -> None:
+    """Persist the attempt's read watermark under the lease."""
+    result = conn.execute(update(turns).where(_fenced(lease)).values(read_watermark=watermark))
+    if result.rowcount != 1:
+        raise _stale(lease)
+
+
+def sweepable(
+    conn: Connection, *, now: datetime, ceiling_s: float, max_attempts: int
+) -> list[Orphan]:
+    """Running turns nobody can finish: past the ceiling, or out of attempts and unleased."""
+    deadline = now - timedelta(seconds=ceiling_s)
+    rows = conn.execute(
+        select(turns.c.turn_id, turns.c.session_id, turns.c.lease_epoch, turns.c.last_seq).where(
+            turns.c.status == "running",
+            or_(
+                and_(turns.c.started_at.is_not(None), turns.c.started_at < deadline),
+                and_(
+                    turns.c.attempts >= max_attempts,
+                    or_(turns.c.lease_owner.is_(None), turns.c.lease_expires_at < now),
+                ),
+            ),
+        )
+    ).all()
+    return [Orphan(r.turn_id, r.session_id, r.lease_epoch, r.last_seq) for r in rows]
+
+
+def sweep(conn: Connection, row: Orphan, now: datetime, reason: str) -> bool:
+    """Time one orphaned turn out: bump its epoch, append `error` + `done`. False if it moved."""
+    seq = row.last_seq + 1
+    won = conn.execute(
+        update(turns)
+        .where(
+            turns.c.turn_id == row.turn_id,
+            turns.c.lease_epoch == row.lease_epoch,
+            turns.c.last_seq == row.last_seq,
+            turns.c.status == "running",
+        )
+        .values(
+            status="timed_out",
+            error_code="deadline-exceeded",
+            lease_epoch=row.lease_epoch + 1,
+            lease_owner=None,
+            last_seq=seq + 1,
+            updated_at=now,
+        )
+    )
+    if won.rowcount != 1:
+        return False
+    common: dict[str, Any] = {
+        "session_id": row.session_id,
+        "turn_id": row.turn_id,
+        "stage_id": "runtime",
+        "ts": now,
+    }
+    error = ErrorEvent(seq=seq, code="deadline-exceeded", message=reason, **common)
+    done = DoneEvent(seq=seq + 1, status="timed_out", error_code="deadline-exceeded", **common)
+    conn.execute(
+        events.insert(),
+        [
+            {"turn_id": row.turn_id, "seq": e.seq, "type": e.type, "data": encode_event(e)}
+            for e in (error, done)
+        ],
+    )
+    return True

@@ -1,0 +1,75 @@
+"""Table handles and row mapping shared by the SQL modules (private)."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any, cast
+
+from sqlalchemy import Table
+
+from turnkit.ids import SessionId, TurnId
+from turnkit.states import TRANSITIONS, TurnStatus
+from turnkit.store import RunSummary, TurnRecord
+from turnkit.store._tables import (
+    AuditRowTable,
+    EventRow,
+    InputRow,
+    PauseRow,
+    SessionRow,
+    TurnRow,
+    UsageRollupRow,
+)
+
+sessions: Table = SessionRow.__table__  # type: ignore[attr-defined]
+inputs: Table = InputRow.__table__  # type: ignore[attr-defined]
+turns: Table = TurnRow.__table__  # type: ignore[attr-defined]
+events: Table = EventRow.__table__  # type: ignore[attr-defined]
+audit: Table = AuditRowTable.__table__  # type: ignore[attr-defined]
+usage: Table = UsageRollupRow.__table__  # type: ignore[attr-defined]
+pauses: Table = PauseRow.__table__  # type: ignore[attr-defined]
+
+SOURCES: dict[TurnStatus, tuple[TurnStatus, ...]] = {
+    target: tuple(s for s, targets in TRANSITIONS.items() if target in targets)
+    for target in TRANSITIONS
+}
+"""For each status, the statuses a turn may move to it from."""
+
+UNFINISHED: tuple[TurnStatus, ...] = ("running", "awaiting_approval", "awaiting_input")
+
+
+def aware(value: datetime | None) -> datetime | None:
+    """SQLite returns naive datetimes; every stored time is UTC."""
+    if value is None:
+        return None
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+
+
+def turn_record(row: Any) -> TurnRecord:
+    """Map a `tk_turns` row (or anything with its attributes) to a `TurnRecord`."""
+    created = aware(row.created_at)
+    updated = aware(row.updated_at)
+    assert created is not None
+    assert updated is not None
+    return TurnRecord(
+        turn_id=TurnId(row.turn_id),
+        session_id=SessionId(row.session_id),
+        input_seq=row.input_seq,
+        status=cast(TurnStatus, row.status),
+        content=row.content,
+        request_id=row.request_id,
+        agent=row.agent,
+        model=row.model,
+        error_code=row.error_code,
+        last_seq=row.last_seq,
+        lease_epoch=row.lease_epoch,
+        lease_owner=row.lease_owner,
+        lease_expires_at=aware(row.lease_expires_at),
+        attempts=row.attempts,
+        read_watermark=row.read_watermark,
+        pinned=json.loads(row.pinned) if row.pinned else {},
+        summary=RunSummary.model_validate_json(row.summary) if row.summary else None,
+        started_at=aware(row.started_at),
+        created_at=created,
+        updated_at=updated,
+    )

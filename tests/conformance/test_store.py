@@ -1,0 +1,299 @@
+"""The Store contract, run against SQLite and the real PostgreSQL (parametrised by `db`)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+
+import pytest
+
+from turnkit.audit import AuditPayloads, AuditRow, CallIdentity, CallShape, PlanGenerationPayload
+from turnkit.errors import StaleEpochError, StoreError
+from turnkit.events import DoneEvent, ErrorEvent, StepStartEvent, TurnStartedEvent
+from turnkit.ids import SessionId, TurnId, new_turn_id
+from turnkit.store import NewInput, Store, Submission
+from turnkit.store.sql import SqlStore
+from turnkit.testing import FakeClock
+
+DB = tuple[str, str | None]
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock(datetime(2026, 5, 1, tzinfo=UTC))
+
+
+@pytest.fixture
+async def store(db: DB, clock: FakeClock) -> AsyncIterator[SqlStore]:
+    url, schema = db
+    async with SqlStore.from_url(url, clock=clock, schema=schema) as opened:
+        yield opened
+
+
+def _input(session: str = "s1", content: str = "hello", **kw: object) -> NewInput:
+    fields: dict[str, object] = {
+        "session_id": SessionId(session),
+        "turn_id": new_turn_id(),
+        "content": content,
+        "request_id": None,
+        "delivery": "queue",
+        "agent": "assistant",
+        "model": "m",
+        "effort": "off",
+        "pinned": {"model": "m", "tools": ["add"]},
+    }
+    fields.update(kw)
+    return NewInput(**fields)  # type: ignore[arg-type]
+
+
+def _step(sub: Submission, seq: int) -> StepStartEvent:
+    return StepStartEvent(
+        session_id=sub.session_id,
+        turn_id=sub.turn_id,
+        stage_id="tool-loop",
+        ts=datetime.now(UTC),
+        seq=seq,
+        step="tool-loop",
+        iteration=seq,
+    )
+
+
+async def _events(store: Store, turn_id: TurnId) -> list[int]:
+    return [e.seq async for e in store.read_events(turn_id)]
+
+
+async def test_submit_commits_input_turn_and_first_event_together(store: SqlStore) -> None:
+    sub = await store.submit(_input(content="what is 2+2?"))
+    assert sub.is_new
+    assert sub.input_seq == 1
+    record = await store.get_turn(sub.turn_id)
+    assert record is not None
+    assert record.status == "running"
+    assert record.lease_owner is None
+    assert record.pinned == {"model": "m", "tools": ["add"]}
+    [first] = [e.decode() async for e in store.read_events(sub.turn_id)]
+    assert isinstance(first, TurnStartedEvent)
+    assert (first.seq, first.content, first.input_seq) == (1, "what is 2+2?", 1)
+    second = await store.submit(_input())
+    assert second.input_seq == 2
+
+
+async def test_same_request_id_is_one_input_and_one_turn(store: SqlStore) -> None:
+    first = await store.submit(_input(request_id="req-1"))
+    again = await store.submit(_input(request_id="req-1", content="changed"))
+    assert not again.is_new
+    assert (again.turn_id, again.input_seq) == (first.turn_id, first.input_seq)
+    assert len(await store.list_turns(SessionId("s1"))) == 1
+    other_session = await store.submit(_input(session="s2", request_id="req-1"))
+    assert other_session.is_new  # request ids are scoped to their session
+
+
+async def test_guide_with_no_live_attempt_is_committed_as_queue(store: SqlStore) -> None:
+    sub = await store.submit(_input(delivery="guide"))
+    assert (sub.delivery, sub.requested_delivery) == ("queue", "guide")
+    [started] = [e.decode() async for e in store.read_events(sub.turn_id)]
+    assert isinstance(started, TurnStartedEvent)
+    assert (started.delivery, started.requested_delivery) == ("queue", "guide")
+
+
+async def test_reappending_an_event_changes_nothing(store: SqlStore) -> None:
+    sub = await store.submit(_input())
+    lease = await store.claim("w1", ttl_s=30, max_attempts=3)
+    assert lease is not None
+    await store.commit(sub.turn_id, epoch=lease.epoch, events=[_step(sub, 2)])
+    await store.commit(sub.turn_id, epoch=lease.epoch, events=[_step(sub, 2), _step(sub, 3)])
+    assert await _events(store, sub.turn_id) == [1, 2, 3]
+    record = await store.get_turn(sub.turn_id)
+    assert record is not None
+    assert record.last_seq == 3
+
+
+async def test_stale_epoch_is_rejected(store: SqlStore, clock: FakeClock) -> None:
+    sub = await store.submit(_input())
+    old = await store.claim("w1", ttl_s=10, max_attempts=3)
+    assert old is not None
+    assert (old.epoch, old.attempt, old.took_over) == (1, 1, False)
+    clock.advance(11)  # w1 stopped renewing: its lease expired
+    new = await store.claim("w2", ttl_s=10, max_attempts=3)
+    assert new is not None
+    assert (new.epoch, new.attempt, new.took_over) == (2, 2, True)
+    with pytest.raises(StaleEpochError, match="another driver owns it"):
+        await store.commit(sub.turn_id, epoch=old.epoch, events=[_step(sub, 2)])
+    with pytest.raises(StaleEpochError):
+        await store.renew(old, ttl_s=10)
+    assert await _events(store, sub.turn_id) == [1]  # nothing of the stale commit landed
+    await store.commit(sub.turn_id, epoch=new.epoch, events=[_step(sub, 2)])
+
+
+async def test_a_live_lease_cannot_be_claimed(store: SqlStore, clock: FakeClock) -> None:
+    await store.submit(_input())
+    lease = await store.claim("w1", ttl_s=10, max_attempts=3)
+    assert lease is not None
+    clock.advance(9)
+    lease = await store.renew(lease, ttl_s=10)
+    clock.advance(9)  # 18 s after the claim, but renewed at 9 s
+    assert await store.claim("w2", ttl_s=10, max_attempts=3) is None
+
+
+async def test_two_workers_racing_for_one_run_exactly_one_wins(
+    db: DB, store: SqlStore, clock: FakeClock
+) -> None:
+    await store.submit(_input())
+    url, schema = db
+    others = [SqlStore.from_url(url, clock=clock, schema=schema) for _ in range(3)]
+    try:
+        leases = await asyncio.gather(
+            store.claim("w0", ttl_s=30, max_attempts=3),
+            *(s.claim(f"w{i + 1}", ttl_s=30, max_attempts=3) for i, s in enumerate(others)),
+        )
+    finally:
+        for other in others:
+            await other.close()
+    winners = [lease for lease in leases if lease is not None]
+    assert len(winners) == 1
+    assert winners[0].epoch == 1
+
+
+async def test_a_session_runs_its_turns_in_order(store: SqlStore) -> None:
+    first = await store.submit(_input())
+    second = await store.submit(_input(content="next"))
+    lease = await store.claim("w1", ttl_s=30, max_attempts=3)
+    assert lease is not None
+    assert lease.turn_id == first.turn_id
+    assert await store.claim("w2", ttl_s=30, max_attempts=3) is None  # second waits
+    await store.commit(first.turn_id, epoch=lease.epoch, status="succeeded", release=True)
+    nxt = await store.claim("w2", ttl_s=30, max_attempts=3)
+    assert nxt is not None
+    assert nxt.turn_id == second.turn_id
+
+
+async def test_terminal_states_never_change(store: SqlStore) -> None:
+    sub = await store.submit(_input())
+    lease = await store.claim("w1", ttl_s=30, max_attempts=3)
+    assert lease is not None
+    await store.commit(sub.turn_id, epoch=lease.epoch, status="succeeded")
+    with pytest.raises(StoreError, match="cannot move from 'succeeded' to 'running'"):
+        await store.commit(sub.turn_id, epoch=lease.epoch, status="running")
+    with pytest.raises(StoreError, match="cannot move"):
+        await store.commit(sub.turn_id, epoch=lease.epoch, status="cancelled")
+    record = await store.get_turn(sub.turn_id)
+    assert record is not None
+    assert record.status == "succeeded"
+
+
+async def test_audit_rows_and_usage_rollup_commit_together(store: SqlStore) -> None:
+    sub = await store.submit(_input())
+    lease = await store.claim("w1", ttl_s=30, max_attempts=3)
+    assert lease is not None
+    rows = [
+        AuditRow(
+            identity=CallIdentity(
+                session_id=sub.session_id,
+                turn_id=sub.turn_id,
+                stage_id="tool-loop",
+                seq_within_turn=i,
+            ),
+            call=CallShape(
+                provider="p",
+                model="m",
+                family="f",
+                rung=0,
+                latency_ms=1.0,
+                input_tokens=10 * i,
+                output_tokens=i,
+                cost_usd=0.5,
+                outcome="ok",
+            ),
+        )
+        for i in (1, 2)
+    ]
+    plan = AuditRow(
+        identity=CallIdentity(
+            session_id=sub.session_id,
+            turn_id=sub.turn_id,
+            stage_id="anchor-plan",
+            seq_within_turn=3,
+        ),
+        call=None,
+        payloads=AuditPayloads(planGeneration=PlanGenerationPayload(intent="x", depth="none")),
+    )
+    await store.commit(sub.turn_id, epoch=lease.epoch, audit=[*rows, plan])
+    assert [r.identity.seq_within_turn for r in await store.read_audit(sub.turn_id)] == [1, 2, 3]
+    usage = await store.read_usage(sub.turn_id)
+    assert (usage.model_calls, usage.input_tokens, usage.output_tokens) == (2, 30, 3)
+    assert usage.cost_usd == pytest.approx(1.0)
+    stale = rows[0]
+    with pytest.raises(StaleEpochError):
+        await store.commit(sub.turn_id, epoch=lease.epoch + 5, audit=[stale])
+    assert (await store.read_usage(sub.turn_id)).model_calls == 2
+
+
+async def test_reads_come_in_bounded_pages(store: SqlStore) -> None:
+    sub = await store.submit(_input())
+    lease = await store.claim("w1", ttl_s=30, max_attempts=3)
+    assert lease is not None
+    await store.commit(sub.turn_id, epoch=lease.epoch, events=[_step(sub, n) for n in range(2, 8)])
+    seqs = [e.seq async for e in store.read_events(sub.turn_id, after_seq=2, page_size=2)]
+    assert seqs == [3, 4, 5, 6, 7]
+
+
+async def test_sweep_ends_runs_past_the_ceiling_and_leaves_paused_ones(
+    store: SqlStore, clock: FakeClock
+) -> None:
+    running = await store.submit(_input(session="a"))
+    paused = await store.submit(_input(session="b"))
+    lease_a = await store.claim("w1", ttl_s=30, max_attempts=3, turn_id=running.turn_id)
+    lease_b = await store.claim("w1", ttl_s=30, max_attempts=3, turn_id=paused.turn_id)
+    assert lease_a is not None
+    assert lease_b is not None
+    await store.commit(
+        paused.turn_id, epoch=lease_b.epoch, status="awaiting_approval", release=True
+    )
+    assert await store.sweep(ceiling_s=600, max_attempts=3) == []
+    clock.advance(601)
+    assert await store.sweep(ceiling_s=600, max_attempts=3) == [running.turn_id]
+    record = await store.get_turn(running.turn_id)
+    assert record is not None
+    assert (record.status, record.error_code) == ("timed_out", "deadline-exceeded")
+    tail = [e.decode() async for e in store.read_events(running.turn_id, after_seq=1)]
+    assert [type(e) for e in tail] == [ErrorEvent, DoneEvent]
+    assert isinstance(tail[1], DoneEvent)
+    assert tail[1].status == "timed_out"
+    paused_record = await store.get_turn(paused.turn_id)
+    assert paused_record is not None
+    assert paused_record.status == "awaiting_approval"
+    with pytest.raises(StaleEpochError):  # the zombie driver is fenced out
+        await store.commit(running.turn_id, epoch=lease_a.epoch, events=[_step(running, 4)])
+
+
+async def test_sweep_ends_runs_out_of_attempts(store: SqlStore, clock: FakeClock) -> None:
+    sub = await store.submit(_input())
+    for _ in range(2):
+        assert await store.claim("w", ttl_s=10, max_attempts=2) is not None
+        clock.advance(11)
+    assert await store.claim("w", ttl_s=10, max_attempts=2) is None
+    assert await store.sweep(ceiling_s=3600, max_attempts=2) == [sub.turn_id]
+
+
+async def test_record_read_is_fenced(store: SqlStore, clock: FakeClock) -> None:
+    sub = await store.submit(_input())
+    lease = await store.claim("w1", ttl_s=10, max_attempts=3)
+    assert lease is not None
+    await store.record_read(lease, 1)
+    clock.advance(11)
+    taken = await store.claim("w2", ttl_s=10, max_attempts=3)
+    assert taken is not None
+    assert taken.previous_watermark == 1
+    with pytest.raises(StaleEpochError):
+        await store.record_read(lease, 1)
+    record = await store.get_turn(sub.turn_id)
+    assert record is not None
+    assert record.attempts == 2
+
+
+async def test_migrations_are_at_head(store: SqlStore) -> None:
+    from turnkit.store.migrate import head_revision
+
+    assert await store.schema_revision() == head_revision()
+    await store.setup()  # running it again is harmless
