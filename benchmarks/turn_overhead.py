@@ -344,7 +344,7 @@ async def main() -> None:
             f"{r['peak_alloc_kib_10_turns']:9.0f}"
         )
     _write(Path(args.json), results)
-    print(f"\nwrote {out}")
+    print(f"\nwrote {args.json}")
 
 
 def _write(out: Path, results: list[dict[str, Any]]) -> None:
