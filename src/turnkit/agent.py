@@ -12,6 +12,7 @@ from typing import Final, Literal
 
 from turnkit.errors import ConfigurationError
 from turnkit.models import ModelClient
+from turnkit.plugins import Plugin, validate_plugins
 from turnkit.tools import Tool, ToolRegistry
 
 __all__ = ("DEFAULT_SYNTHESIS_INSTRUCTIONS", "Agent", "Effort", "SkippableStage")
@@ -42,6 +43,7 @@ class Agent:
         skip_stages: Stages to leave out. The tool-loop is also skipped when the agent
             has no tools; synthesize and post-turn always run.
         synthesis_instructions: The closing instruction of the one synthesize call.
+        plugins: Post-turn enrichment and other hooks, validated here and run by `order`.
     """
 
     name: str = "assistant"
@@ -52,6 +54,7 @@ class Agent:
     effort: Effort = "off"
     skip_stages: frozenset[SkippableStage] = field(default_factory=frozenset[SkippableStage])
     synthesis_instructions: str = DEFAULT_SYNTHESIS_INSTRUCTIONS
+    plugins: Sequence[Plugin] = ()
 
     def __post_init__(self) -> None:
         if not self.name.strip():
@@ -67,6 +70,7 @@ class Agent:
                 "skipped; synthesize and post-turn always run"
             )
         object.__setattr__(self, "tools", tuple(self.tools))
+        object.__setattr__(self, "plugins", validate_plugins(self.plugins))
         self.registry()  # duplicate tool names fail here, at construction
 
     def registry(self) -> ToolRegistry:

@@ -203,7 +203,7 @@ class AuditRow(BaseModel):
 
     @model_validator(mode="after")
     def _has_a_payload_or_call(self) -> AuditRow:
-        if self.call is None and not self.payloads.kinds():
+        if self.call is None and not self.payloads.kinds() and not self.plugin_payloads:
             raise ValueError("an audit row without a call must carry a payload")
         return self
 

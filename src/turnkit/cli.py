@@ -1,17 +1,24 @@
-"""`turnkit` command line: `turnkit run "message"` streams one turn in the terminal."""
+"""`turnkit` command line.
+
+`turnkit run "message"` streams one turn; `turnkit worker` drives queued turns;
+`turnkit sweep` times out orphaned runs; `turnkit db upgrade` applies migrations.
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import os
+import signal
 import sys
 from collections.abc import Sequence
 from typing import TextIO
 
+from turnkit.agent import Agent
 from turnkit.config import RuntimeConfig
 from turnkit.demo import DEMO_MODEL_NAME, demo_agent
-from turnkit.errors import TurnkitError
+from turnkit.errors import ConfigurationError, TurnkitError
 from turnkit.events import (
     DoneEvent,
     DurableEvent,
@@ -29,6 +36,8 @@ from turnkit.events import (
 )
 from turnkit.ids import uuid7
 from turnkit.runtime import SessionRuntime
+from turnkit.runtime.worker import Worker
+from turnkit.store.sql import SqlStore
 
 __all__ = ("main",)
 
@@ -96,7 +105,7 @@ async def _run(args: argparse.Namespace, out: TextIO) -> int:
             f"model: {DEMO_MODEL_NAME} — the OFFLINE DEMO model: fixed rules, not an LLM "
             "(use --model provider/name for a real one)\n"
         )
-    config = RuntimeConfig(database_url=args.database_url)
+    config = _config(args)
     printer = _Printer(out)
     async with SessionRuntime(agent=agent, config=config) as runtime:
         status = "failed"
@@ -107,6 +116,84 @@ async def _run(args: argparse.Namespace, out: TextIO) -> int:
     return 0 if status == "succeeded" else 1
 
 
+def _config(args: argparse.Namespace) -> RuntimeConfig:
+    return RuntimeConfig(
+        database_url=args.database_url,
+        database_schema=args.database_schema,
+        lease_ttl_s=getattr(args, "lease_ttl", 30.0),
+        ceiling_s=getattr(args, "ceiling", 3600.0),
+        idle_window_s=min(120.0, getattr(args, "ceiling", 3600.0)),
+        heartbeat_interval_s=min(5.0, getattr(args, "ceiling", 3600.0) / 2),
+        max_attempts=getattr(args, "max_attempts", 3),
+    )
+
+
+def _load_agent(spec: str) -> Agent:
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise ConfigurationError(f"--agent {spec!r} must look like `package.module:name`")
+    try:
+        target = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigurationError(f"cannot load the agent {spec!r}: {exc}") from exc
+    agent = target() if callable(target) and not isinstance(target, Agent) else target
+    if not isinstance(agent, Agent):
+        raise ConfigurationError(f"{spec!r} is not a turnkit.Agent (or a function returning one)")
+    return agent
+
+
+async def _worker(args: argparse.Namespace, out: TextIO) -> int:
+    agent = _load_agent(args.agent) if args.agent else demo_agent(os.environ.get("TURNKIT_MODEL"))
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    async with SessionRuntime(agent=agent, config=_config(args)) as runtime:
+        worker = Worker(
+            runtime,
+            concurrency=args.concurrency,
+            poll_interval_s=args.poll_interval,
+            sweep_interval_s=args.sweep_interval,
+        )
+        out.write(f"turnkit worker {runtime.owner} on {args.database_url}\n")
+        out.flush()
+        await worker.run(stop)
+    return 0
+
+
+async def _sweep(args: argparse.Namespace, out: TextIO) -> int:
+    config = _config(args)
+    async with SqlStore.from_url(config.database_url, schema=config.database_schema) as store:
+        ended = await store.sweep(ceiling_s=config.ceiling_s, max_attempts=config.max_attempts)
+    out.write(f"swept {len(ended)} turn(s)\n" + "".join(f"  {t}\n" for t in ended))
+    return 0
+
+
+async def _db_upgrade(args: argparse.Namespace, out: TextIO) -> int:
+    store = SqlStore.from_url(args.database_url, schema=args.database_schema)
+    try:
+        before = await store.schema_revision()
+        await store.setup()
+        after = await store.schema_revision()
+    finally:
+        await store.close()
+    out.write(f"schema: {before or 'empty'} → {after}\n")
+    return 0
+
+
+def _database_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--database-url",
+        default=os.environ.get("TURNKIT_DATABASE_URL", "sqlite:///turnkit.db"),
+        help="where turns are stored (default: $TURNKIT_DATABASE_URL or sqlite:///turnkit.db)",
+    )
+    parser.add_argument(
+        "--database-schema",
+        default=os.environ.get("TURNKIT_DATABASE_SCHEMA"),
+        help="PostgreSQL schema for turnkit's tables",
+    )
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="turnkit", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -114,12 +201,28 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("message", help="the user message")
     run.add_argument("--model", help="a litellm model string (default: the offline demo model)")
     run.add_argument("--session", help="session id (default: a new one)")
-    run.add_argument(
-        "--database-url",
-        default=os.environ.get("TURNKIT_DATABASE_URL", "sqlite:///turnkit.db"),
-        help="where turns are stored (default: sqlite:///turnkit.db)",
-    )
+    _database_args(run)
+    worker = sub.add_parser("worker", help="claim and drive queued turns")
+    worker.add_argument("--agent", help="`package.module:name` of an Agent (default: demo)")
+    worker.add_argument("--concurrency", type=int, default=4)
+    worker.add_argument("--poll-interval", type=float, default=0.2)
+    worker.add_argument("--sweep-interval", type=float, default=30.0)
+    worker.add_argument("--lease-ttl", type=float, default=30.0)
+    worker.add_argument("--ceiling", type=float, default=3600.0)
+    worker.add_argument("--max-attempts", type=int, default=3)
+    _database_args(worker)
+    sweep = sub.add_parser("sweep", help="time out orphaned running turns once")
+    sweep.add_argument("--ceiling", type=float, default=3600.0)
+    sweep.add_argument("--max-attempts", type=int, default=3)
+    _database_args(sweep)
+    db = sub.add_parser("db", help="database schema")
+    db_sub = db.add_subparsers(dest="db_command", required=True)
+    upgrade = db_sub.add_parser("upgrade", help="apply schema migrations")
+    _database_args(upgrade)
     return parser
+
+
+_COMMANDS = {"run": _run, "worker": _worker, "sweep": _sweep, "db": _db_upgrade}
 
 
 def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None) -> int:
@@ -127,7 +230,7 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None) -> int
     args = _parser().parse_args(argv)
     stream = out or sys.stdout
     try:
-        return asyncio.run(_run(args, stream))
+        return asyncio.run(_COMMANDS[args.command](args, stream))
     except TurnkitError as exc:
         sys.stderr.write(f"turnkit: {exc}\n")
         return 2

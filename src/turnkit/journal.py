@@ -8,6 +8,7 @@ of running the tool again. Ids are derived from the log, so every attempt derive
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,6 +41,10 @@ def dedupe_key(event_type: str, fields: Mapping[str, Any]) -> str | None:
         case "message.complete" | "thinking.complete":
             generation = fields.get("generation_id")
             return f"{event_type}:{generation}" if generation else None
+        case "message.citations" | "message.entities":
+            items = fields.get("citations") or fields.get("entities") or ()
+            digest = hashlib.sha256(repr(tuple(items)).encode()).hexdigest()[:16]
+            return f"{event_type}:{fields.get('block_id')}:{digest}"
         case "job.dispatched" | "job.completed":
             return f"{event_type}:{fields['job_id']}"
         case _ if event_type in _ONCE:

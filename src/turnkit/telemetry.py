@@ -9,9 +9,11 @@ send, DESIGN §5.1). Stages never touch the Store.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
+
+from pydantic import JsonValue
 
 from turnkit.audit import AuditPayloads, AuditRow, CallIdentity, CallShape, UsageDelta
 from turnkit.clock import Clock
@@ -125,6 +127,7 @@ class Recorder:
         *,
         call: CallShape | None,
         payloads: AuditPayloads | None = None,
+        plugin_payloads: Mapping[str, JsonValue] | None = None,
     ) -> AuditRow:
         """Stage an audit row (committed with the usage rollup at the next flush)."""
         self._audit_seq += 1
@@ -137,6 +140,7 @@ class Recorder:
             ),
             call=call,
             payloads=payloads or AuditPayloads(),
+            plugin_payloads=plugin_payloads or {},
         )
         delta = UsageDelta.of(call)
         self.usage = UsageDelta(

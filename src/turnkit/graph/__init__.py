@@ -122,7 +122,7 @@ async def _synthesize(state: TurnState, runtime: Runtime[StageContext]) -> dict[
 
 async def _post_turn(state: TurnState, runtime: Runtime[StageContext]) -> dict[str, Any]:
     ctx = _bind(runtime)
-    out = await _bracket(ctx, "post-turn", None, lambda: run_post_turn(ctx))
+    out = await _bracket(ctx, "post-turn", None, lambda: run_post_turn(ctx, state["transcript"]))
     return {"route": out.route}
 
 

@@ -71,6 +71,10 @@ class TurnDriver:
         self.recorder: Recorder | None = None
         self._started = time.perf_counter()
 
+    def abandon(self) -> None:
+        """Give the turn up without ending it (shutdown): the next cancel writes nothing."""
+        self.lease_lost = True
+
     def _publish(self, event: DurableEvent | EphemeralEvent) -> None:
         self.sink(event)
 

@@ -1,17 +1,54 @@
-"""post-turn: usage totals and durable flush. No model calls here."""
+"""post-turn: enrichment plugins and usage totals. No model calls here."""
 
 from __future__ import annotations
 
-from turnkit.events import UsageEvent
-from turnkit.stages._types import StageContext, StageOutcome
+import logging
+
+from turnkit.blocks import TextBlock
+from turnkit.events import MessageCitationsEvent, MessageEntitiesEvent, UsageEvent
+from turnkit.stages._types import StageContext, StageOutcome, TranscriptMessage
 
 __all__ = ("run_post_turn",)
 
+log = logging.getLogger("turnkit.plugins")
 
-async def run_post_turn(ctx: StageContext) -> StageOutcome:
-    """Record the turn's usage; the driver then writes `checkpoint.created` and `done`."""
-    usage = ctx.recorder.usage
-    ctx.recorder.durable(
+
+async def run_post_turn(ctx: StageContext, transcript: list[TranscriptMessage]) -> StageOutcome:
+    """Run enrichment plugins on the answer, then record the turn's usage.
+
+    The driver writes `checkpoint.created` and `done` after this stage's checkpoint lands.
+    A plugin that raises is recorded (audit row + log) and the turn goes on.
+    """
+    rec = ctx.recorder
+    answer = next((m["content"] for m in reversed(transcript) if m["role"] == "assistant"), None)
+    if answer is not None and ctx.agent.plugins:
+        block = TextBlock(block_id="answer", text=answer, is_answer=True)
+        for plugin in ctx.agent.plugins:
+            name = type(plugin).name
+            try:
+                found = await plugin.enrich_message(
+                    block, session_id=rec.session_id, turn_id=rec.turn_id
+                )
+            except Exception as exc:  # noqa: BLE001 - a failing plugin must not fail the turn
+                log.warning("plugin %s failed in enrich_message: %s", name, exc)
+                rec.audit(
+                    "post-turn",
+                    call=None,
+                    plugin_payloads={name: {"hook": "enrich_message", "error": repr(exc)}},
+                )
+                continue
+            if found is None:
+                continue
+            if found.citations:
+                rec.durable(
+                    MessageCitationsEvent, "post-turn", block_id="answer", citations=found.citations
+                )
+            if found.entities:
+                rec.durable(
+                    MessageEntitiesEvent, "post-turn", block_id="answer", entities=found.entities
+                )
+    usage = rec.usage
+    rec.durable(
         UsageEvent,
         "post-turn",
         model_calls=usage.model_calls,

@@ -1,0 +1,129 @@
+"""`Worker`: claims queued runs from the Store and drives each under a lease.
+
+`turnkit worker` runs one. Claims use `FOR UPDATE SKIP LOCKED` on PostgreSQL, so any
+number of workers can share one database; each run gets its own task, under a
+concurrency bound. The worker also sweeps orphaned runs on a timer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from turnkit.events import DurableEvent, EphemeralEvent
+from turnkit.runtime import SessionRuntime
+from turnkit.runtime.driver import TurnDriver
+from turnkit.store import Lease
+
+__all__ = ("Worker",)
+
+log = logging.getLogger("turnkit.worker")
+
+
+class Worker:
+    """Claim-and-drive loop over one `SessionRuntime`'s Store.
+
+    Args:
+        runtime: Supplies the Store, the compiled graph, the agent and the config.
+        concurrency: At most this many turns run at once.
+        poll_interval_s: How long to wait when nothing is claimable.
+        sweep_interval_s: How often to run the orphan sweep.
+        drain_timeout_s: On stop, how long running turns may take before they are
+            cancelled (their leases then expire and another worker resumes them).
+    """
+
+    def __init__(
+        self,
+        runtime: SessionRuntime,
+        *,
+        concurrency: int = 4,
+        poll_interval_s: float = 0.2,
+        sweep_interval_s: float = 30.0,
+        drain_timeout_s: float = 30.0,
+    ) -> None:
+        if concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        self.runtime = runtime
+        self.concurrency = concurrency
+        self.poll_interval_s = poll_interval_s
+        self.sweep_interval_s = sweep_interval_s
+        self.drain_timeout_s = drain_timeout_s
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._drivers: dict[asyncio.Task[None], TurnDriver] = {}
+
+    @property
+    def running(self) -> int:
+        """Turns being driven now."""
+        return len(self._tasks)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Claim and drive runs until `stop` is set, then drain."""
+        runtime = self.runtime
+        await runtime.open()
+        config, clock, store = runtime.config, runtime.clock, runtime.store
+        next_sweep = clock.monotonic()
+        log.info("worker %s started (concurrency %d)", runtime.owner, self.concurrency)
+        try:
+            while not stop.is_set():
+                if clock.monotonic() >= next_sweep:
+                    await self.sweep()
+                    next_sweep = clock.monotonic() + self.sweep_interval_s
+                lease = None
+                if len(self._tasks) < self.concurrency:
+                    lease = await store.claim(
+                        runtime.owner, ttl_s=config.lease_ttl_s, max_attempts=config.max_attempts
+                    )
+                if lease is not None:
+                    self._start(lease)
+                    continue
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), self.poll_interval_s)
+        finally:
+            await self._drain()
+
+    def _start(self, lease: Lease) -> None:
+        log.info(
+            "claimed %s (attempt %d, took over: %s)", lease.turn_id, lease.attempt, lease.took_over
+        )
+        task = asyncio.create_task(self._drive(lease), name=f"turnkit-turn-{lease.turn_id}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _drive(self, lease: Lease) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        try:
+            driver = await self.runtime.runner().driver(lease, sink=_discard)
+            self._drivers[task] = driver
+            await driver.run()
+        except Exception:
+            log.exception("driving %s failed", lease.turn_id)
+        finally:
+            self._drivers.pop(task, None)
+
+    async def sweep(self) -> list[str]:
+        """End orphaned runs now; returns their turn ids."""
+        config = self.runtime.config
+        ended = await self.runtime.store.sweep(
+            ceiling_s=config.ceiling_s, max_attempts=config.max_attempts
+        )
+        for turn_id in ended:
+            log.warning("swept %s: timed out with no live driver", turn_id)
+        return list(ended)
+
+    async def _drain(self) -> None:
+        if not self._tasks:
+            return
+        _, pending = await asyncio.wait(set(self._tasks), timeout=self.drain_timeout_s)
+        for task in pending:
+            # Shutting down is not Stop: leave the turn to the next worker, write nothing.
+            driver = self._drivers.get(task)
+            if driver is not None:
+                driver.abandon()
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+
+
+def _discard(_: DurableEvent | EphemeralEvent | None) -> None:
+    """Worker-driven turns are read from the Store (and, later, the replay buffer)."""

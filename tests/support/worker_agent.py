@@ -1,0 +1,76 @@
+"""The agent `turnkit worker` runs in the crash-recovery tests (loaded by import path).
+
+Its model decides from the request alone (so a fresh process continues where a killed
+one stopped), its tool and its enrichment plugin can be made slow through environment
+variables, and every model call, tool run and enrichment is appended to `$TK_TEST_LOG`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from collections.abc import AsyncIterator
+
+from turnkit import Agent, ToolContext, tool
+from turnkit.blocks import TextBlock
+from turnkit.ids import SessionId, TurnId
+from turnkit.models import Finish, ModelChunk, ModelRequest, TextDelta, ToolCallDelta, Usage
+from turnkit.plugins import Enrichment, Plugin
+
+
+def _log(**fields: object) -> None:
+    with open(os.environ["TK_TEST_LOG"], "a", encoding="utf-8") as fh:
+        fh.write(json.dumps({"pid": os.getpid(), **fields}) + "\n")
+
+
+@tool
+async def slow_tool(x: int, ctx: ToolContext) -> int:
+    """Double a number, slowly when TK_TOOL_SLEEP says so."""
+    _log(event="tool", key=ctx.idempotency_key, call=ctx.tool_call_id)
+    await asyncio.sleep(float(os.environ.get("TK_TOOL_SLEEP", "0")))
+    return x * 2
+
+
+class SlowEnrichment(Plugin):
+    name = "slow-enrichment"
+
+    async def enrich_message(
+        self, answer: TextBlock, *, session_id: SessionId, turn_id: TurnId
+    ) -> Enrichment | None:
+        _log(event="enrich", text=answer.text)
+        await asyncio.sleep(float(os.environ.get("TK_ENRICH_SLEEP", "0")))
+        return None
+
+
+class RuleModel:
+    """Asks for `slow_tool` once, then answers; the answer is always the same string."""
+
+    model = "rule-model"
+    provider = "test"
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
+        has_result = any(m.role == "tool" for m in request.messages)
+        _log(event="model", purpose=request.purpose, has_result=has_result)
+        usage = Usage(input_tokens=10, output_tokens=5)
+        if request.purpose == "tool-loop" and not has_result:
+            yield ToolCallDelta(
+                index=0, tool_call_id="call_fixed", name="slow_tool", arguments='{"x": 21}'
+            )
+            yield Finish("tool_use", usage)
+        elif request.purpose == "tool-loop":
+            yield TextDelta("The tool answered 42.")
+            yield Finish("end_turn", usage)
+        else:
+            yield TextDelta("The answer is 42.")
+            yield Finish("end_turn", usage)
+
+
+def agent() -> Agent:
+    return Agent(
+        name="worker-test",
+        model=RuleModel(),
+        tools=[slow_tool],
+        plugins=[SlowEnrichment()],
+        skip_stages=frozenset({"anchor-plan"}),
+    )
