@@ -162,6 +162,8 @@ class MessageCompleteEvent(DurableEvent):
     block: TextBlock
     generation_id: str | None = None
     """The model call that wrote it (derived from the log, stable across recovery)."""
+    input_seqs: tuple[PositiveInt, ...] = ()
+    """The committed user inputs the request presented (what this message consumed)."""
 
 
 class Citation(BaseModel):

@@ -77,6 +77,8 @@ class Recorder:
         self.tool_calls = 0
         self.tool_timings: list[tuple[str, float]] = []
         self.context_messages = 0
+        self.input_seqs: tuple[int, ...] = ()
+        """The inputs this turn's requests present (set by the driver)."""
 
     @property
     def last_seq(self) -> int:

@@ -30,7 +30,15 @@ from turnkit.models.family import ModelFamily, resolve_family
 from turnkit.runtime._cancel import CancelToken
 from turnkit.runtime._history import TurnHistory
 from turnkit.runtime._runner import TurnRunner, pinned_config, turn_history
-from turnkit.store import Delivery, Lease, NewInput, Store, Submission, TurnRecord
+from turnkit.store import (
+    Delivery,
+    Lease,
+    NewInput,
+    SessionRecord,
+    Store,
+    Submission,
+    TurnRecord,
+)
 from turnkit.store.migrate import head_revision
 from turnkit.store.sql import SqlStore
 
@@ -212,7 +220,23 @@ class SessionRuntime:
                 effort=effort_used,
                 pinned=pinned_config(turn_agent, family, effort_used),
                 principal=principal,
+                create_session=self.config.auto_create_sessions,
             )
+        )
+
+    async def create_session(
+        self, session_id: str, *, principal: str | None = None, title: str | None = None
+    ) -> SessionRecord:
+        """Create a session (a no-op if it exists); returns it."""
+        if not is_valid_session_id(session_id):
+            raise InvalidSessionIdError(
+                f"session id {session_id!r} has an unknown format: use 1-128 letters, digits "
+                "or `_ . : -`, starting with a letter or digit",
+                session_id=session_id,
+            )
+        await self.open()
+        return await self.store.create_session(
+            SessionId(session_id), principal=principal, title=title
         )
 
     async def execute_message(

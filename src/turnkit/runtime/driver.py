@@ -106,6 +106,7 @@ class TurnDriver:
             # The read watermark is recorded before anything else (seed 001 ③).
             await self.store.record_read(self.lease, self.record.input_seq)
             rec = self.recorder = await self._recorder()
+            rec.input_seqs = (self.record.input_seq,)
             graph_task = asyncio.current_task()
             assert graph_task is not None
             keeper = asyncio.create_task(self._keep_lease(graph_task), name="turnkit-lease")
@@ -188,7 +189,17 @@ class TurnDriver:
         while True:
             await self.clock.sleep(interval)
             if self.clock.monotonic() - rec.last_activity >= interval:
-                await rec.ephemeral(HeartbeatEvent, "runtime")
+                # Straight to the sink: a heartbeat carries nothing that must be ordered
+                # after staged events, and LangGraph's writer only works inside a node.
+                rec.last_activity = self.clock.monotonic()
+                self.sink(
+                    HeartbeatEvent(
+                        session_id=rec.session_id,
+                        turn_id=rec.turn_id,
+                        stage_id="runtime",
+                        ts=self.clock.now(),
+                    )
+                )
 
     def _summary(self, rec: Recorder, status: TerminalStatus, code: str | None) -> RunSummary:
         usage = rec.usage

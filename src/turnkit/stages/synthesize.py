@@ -86,5 +86,6 @@ async def _call(ctx: StageContext, messages: list[TranscriptMessage], generation
         "synthesize",
         block=TextBlock(block_id=result.block_id, text=response.text, is_answer=True),
         generation_id=generation,
+        input_seqs=rec.input_seqs,
     )
     return response.text

@@ -101,6 +101,7 @@ async def run_tool_loop(
             "tool-loop",
             block=TextBlock(block_id=block_id, text=response.text),
             generation_id=generation,
+            input_seqs=rec.input_seqs,
         )
     truncated = response.stop_reason == "max_tokens"
     if not response.tool_calls:

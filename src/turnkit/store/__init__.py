@@ -29,6 +29,8 @@ __all__ = (
     "NewInput",
     "RunQueue",
     "RunSummary",
+    "SessionDirectory",
+    "SessionRecord",
     "SqlStore",
     "Store",
     "StoredEvent",
@@ -56,6 +58,20 @@ class NewInput:
     pinned: dict[str, JsonValue]
     """The configuration the run is pinned to (model, effort, tools), kept for audit."""
     principal: str | None = None
+    create_session: bool = True
+    """Create the session if it does not exist (otherwise: `SessionNotFoundError`)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SessionRecord:
+    """A session: who owns it and what it is called."""
+
+    session_id: SessionId
+    principal: str | None
+    title: str | None
+    last_input_seq: int
+    created_at: datetime
+    updated_at: datetime
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -231,7 +247,35 @@ class RunQueue(Protocol):
         ...
 
 
-class Store(TurnLedger, RunQueue, Protocol):
+class SessionDirectory(Protocol):
+    """Sessions: create, look up, list, rename, delete."""
+
+    async def create_session(
+        self, session_id: SessionId, *, principal: str | None = None, title: str | None = None
+    ) -> SessionRecord:
+        """Create a session (idempotent for the same principal)."""
+        ...
+
+    async def get_session(self, session_id: SessionId) -> SessionRecord | None:
+        """One session, or None."""
+        ...
+
+    async def list_sessions(
+        self, *, principal: str | None = None, limit: int = 100
+    ) -> list[SessionRecord]:
+        """Sessions, newest first (only the principal's, when given)."""
+        ...
+
+    async def rename_session(self, session_id: SessionId, title: str) -> SessionRecord:
+        """Set a session's title."""
+        ...
+
+    async def delete_session(self, session_id: SessionId) -> bool:
+        """Delete a session with its inputs, turns and events (audit rows stay)."""
+        ...
+
+
+class Store(TurnLedger, RunQueue, SessionDirectory, Protocol):
     """Durable turn storage (see `TurnLedger` and `RunQueue`). Safe for concurrent use."""
 
     async def get_turn(self, turn_id: TurnId) -> TurnRecord | None:

@@ -15,7 +15,7 @@ from typing import Any, cast
 from sqlalchemy import Connection, and_, exists, or_, select, update
 from sqlalchemy.orm import aliased
 
-from turnkit.errors import StaleEpochError
+from turnkit.errors import SessionNotFoundError, StaleEpochError
 from turnkit.events import DoneEvent, ErrorEvent, TurnStartedEvent, encode_event
 from turnkit.ids import SessionId, TurnId
 from turnkit.store import Delivery, Lease, NewInput, Submission
@@ -57,6 +57,14 @@ def submit(conn: Connection, insert: Any, new: NewInput, now: datetime) -> Submi
                 delivery=cast(Delivery, found.delivery),
                 requested_delivery=cast(Delivery, found.requested_delivery),
                 is_new=False,
+            )
+    if not new.create_session:
+        exists_ = conn.execute(
+            select(sessions.c.session_id).where(sessions.c.session_id == new.session_id)
+        ).first()
+        if exists_ is None:
+            raise SessionNotFoundError(
+                f"no session {new.session_id!r}: create it first", session_id=new.session_id
             )
     conn.execute(
         insert(sessions)

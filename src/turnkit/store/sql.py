@@ -36,10 +36,12 @@ from turnkit.store import (
     Lease,
     NewInput,
     RunSummary,
+    SessionRecord,
     StoredEvent,
     Submission,
     TurnRecord,
     _queue_sql as queue,
+    _sessions_sql as sessions_sql,
 )
 from turnkit.store._schema import (
     SOURCES as _SOURCES,
@@ -368,6 +370,34 @@ class SqlStore:
                 self._hot.add_usage,
                 {"turn_id": turn_id, "session_id": session_id, **delta.model_dump()},
             )
+
+    # ── sessions ────────────────────────────────────────────────────────────────────
+
+    async def create_session(
+        self, session_id: SessionId, *, principal: str | None = None, title: str | None = None
+    ) -> SessionRecord:
+        """Create a session if it does not exist; return it."""
+        return await self._tx(
+            sessions_sql.create, self._insert, session_id, principal, title, self._clock.now()
+        )
+
+    async def get_session(self, session_id: SessionId) -> SessionRecord | None:
+        """One session, or None."""
+        return await self._tx(sessions_sql.get, session_id)
+
+    async def list_sessions(
+        self, *, principal: str | None = None, limit: int = 100
+    ) -> list[SessionRecord]:
+        """Sessions, most recently active first."""
+        return await self._tx(sessions_sql.list_, principal, limit)
+
+    async def rename_session(self, session_id: SessionId, title: str) -> SessionRecord:
+        """Set a session's title (`SessionNotFoundError` if there is none)."""
+        return await self._tx(sessions_sql.rename, session_id, title, self._clock.now())
+
+    async def delete_session(self, session_id: SessionId) -> bool:
+        """Delete a session's chat data (audit rows stay); False if it did not exist."""
+        return await self._tx(sessions_sql.remove, session_id)
 
     # ── reads ───────────────────────────────────────────────────────────────────────
 

@@ -1,0 +1,93 @@
+"""The session directory side of `SqlStore` (each function runs in one transaction)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Connection, delete, select, update
+
+from turnkit.errors import SessionNotFoundError
+from turnkit.ids import SessionId
+from turnkit.store import SessionRecord
+from turnkit.store._schema import aware, events, inputs, pauses, sessions, turns
+
+__all__ = ("create", "get", "list_", "remove", "rename")
+
+
+def _record(row: Any) -> SessionRecord:
+    created, updated = aware(row.created_at), aware(row.updated_at)
+    assert created is not None
+    assert updated is not None
+    return SessionRecord(
+        session_id=SessionId(row.session_id),
+        principal=row.principal,
+        title=row.title,
+        last_input_seq=row.last_input_seq,
+        created_at=created,
+        updated_at=updated,
+    )
+
+
+def get(conn: Connection, session_id: SessionId) -> SessionRecord | None:
+    """One session."""
+    row = conn.execute(select(sessions).where(sessions.c.session_id == session_id)).first()
+    return _record(row) if row is not None else None
+
+
+def create(
+    conn: Connection,
+    insert: Any,
+    session_id: SessionId,
+    principal: str | None,
+    title: str | None,
+    now: datetime,
+) -> SessionRecord:
+    """Insert if missing; return the session."""
+    conn.execute(
+        insert(sessions)
+        .values(
+            session_id=session_id,
+            principal=principal,
+            title=title,
+            last_input_seq=0,
+            created_at=now,
+            updated_at=now,
+        )
+        .on_conflict_do_nothing(index_elements=["session_id"])
+    )
+    found = get(conn, session_id)
+    assert found is not None
+    return found
+
+
+def list_(conn: Connection, principal: str | None, limit: int) -> list[SessionRecord]:
+    """Newest first."""
+    query = select(sessions).order_by(sessions.c.updated_at.desc()).limit(limit)
+    if principal is not None:
+        query = query.where(sessions.c.principal == principal)
+    return [_record(r) for r in conn.execute(query).all()]
+
+
+def rename(conn: Connection, session_id: SessionId, title: str, now: datetime) -> SessionRecord:
+    """Set the title."""
+    done = conn.execute(
+        update(sessions)
+        .where(sessions.c.session_id == session_id)
+        .values(title=title, updated_at=now)
+    )
+    if done.rowcount != 1:
+        raise SessionNotFoundError(f"no session {session_id!r}", session_id=session_id)
+    found = get(conn, session_id)
+    assert found is not None
+    return found
+
+
+def remove(conn: Connection, session_id: SessionId) -> bool:
+    """Delete the session and its chat data; audit rows have their own retention."""
+    turn_ids = select(turns.c.turn_id).where(turns.c.session_id == session_id)
+    conn.execute(delete(events).where(events.c.turn_id.in_(turn_ids)))
+    conn.execute(delete(pauses).where(pauses.c.session_id == session_id))
+    conn.execute(delete(turns).where(turns.c.session_id == session_id))
+    conn.execute(delete(inputs).where(inputs.c.session_id == session_id))
+    return conn.execute(delete(sessions).where(sessions.c.session_id == session_id)).rowcount == 1

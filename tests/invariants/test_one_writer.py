@@ -1,0 +1,46 @@
+"""DESIGN §5.3: one writer per turn. A driver that loses its lease stops at once."""
+
+from __future__ import annotations
+
+import asyncio
+
+from tests.conftest import RuntimeFactory
+
+from turnkit import Agent, RuntimeConfig
+from turnkit.events import DoneEvent, ErrorEvent, MessageDeltaEvent
+from turnkit.testing import ModelStep, ScriptedModel
+
+
+async def test_a_driver_that_loses_its_lease_stops_writing(
+    runtime_factory: RuntimeFactory, database_url: str
+) -> None:
+    model = ScriptedModel([ModelStep.hang("still thinking")])
+    config = RuntimeConfig(
+        database_url=database_url,
+        lease_ttl_s=0.3,
+        heartbeat_interval_s=0.05,
+        idle_window_s=5,
+        ceiling_s=60,
+    )
+    runtime = runtime_factory(Agent(model=model), config=config)
+    seen = []
+    swept = False
+    async with asyncio.timeout(15):
+        async for event in runtime.execute_message("s1", "go"):
+            seen.append(event)
+            if isinstance(event, MessageDeltaEvent) and not swept:
+                swept = True
+                # Someone else (here: the sweep, with a zero ceiling) takes the turn over.
+                ended = await runtime.store.sweep(ceiling_s=0, max_attempts=3)
+                assert ended == [event.turn_id]
+    turn_id = seen[0].turn_id
+    assert model.aborted == 1  # the driver cancelled its own model call
+    stored = [e async for e in runtime.events(turn_id)]
+    assert [type(e) for e in stored[-2:]] == [ErrorEvent, DoneEvent]
+    last = stored[-1]
+    assert isinstance(last, DoneEvent)
+    assert last.status == "timed_out"
+    # Nothing after the sweep's ending: the stale driver wrote no cancellation of its own.
+    assert [e.seq for e in stored] == list(range(1, len(stored) + 1))
+    record = await runtime.turn(turn_id)
+    assert record.status == "timed_out"

@@ -1,0 +1,82 @@
+"""Kernel behaviour through SessionRuntime: input commit, pinned config, sessions, bad input."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import RuntimeFactory
+from tests.helpers import add
+from turnkit import Agent, InvalidInputError, RuntimeConfig, SessionNotFoundError
+from turnkit.events import MessageCompleteEvent, TurnStartedEvent
+from turnkit.testing import ModelStep, ScriptedModel, collect_events
+
+
+async def test_guide_without_a_live_turn_is_committed_as_queue(
+    runtime_factory: RuntimeFactory,
+) -> None:
+    runtime = runtime_factory(Agent(model=ScriptedModel([ModelStep.text_reply("ok")])))
+    events = await collect_events(runtime.execute_message("s1", "hi", delivery="guide"))
+    started = events[0]
+    assert isinstance(started, TurnStartedEvent)
+    assert (started.delivery, started.requested_delivery) == ("queue", "guide")
+    assert started.input_seq == 1
+    answer = next(e for e in events if isinstance(e, MessageCompleteEvent))
+    assert answer.input_seqs == (1,)  # what the answer consumed
+
+
+async def test_the_run_records_its_pinned_configuration_and_summary(
+    runtime_factory: RuntimeFactory,
+) -> None:
+    model = ScriptedModel([ModelStep.text_reply("5")])
+    runtime = runtime_factory(
+        Agent(model=model, tools=[add], effort="low", skip_stages=frozenset({"tool-loop"}))
+    )
+    events = await collect_events(runtime.execute_message("s1", "2+3"))
+    record = await runtime.turn(events[0].turn_id)
+    assert record.pinned["rungs"] == ["scripted"]
+    assert record.pinned["effort"] == "low"
+    assert record.pinned["tools"] == ["add"]
+    assert record.summary is not None
+    assert record.summary.status == "succeeded"
+    assert record.summary.model_calls == 1
+    assert record.lease_owner is None  # a settled run holds no lease
+    assert record.read_watermark == record.input_seq == 1
+
+
+async def test_invalid_delivery_is_refused_and_writes_nothing(
+    runtime_factory: RuntimeFactory,
+) -> None:
+    runtime = runtime_factory(Agent(model=ScriptedModel([])))
+    await runtime.open()
+    with pytest.raises(InvalidInputError, match="'shout'"):
+        await runtime.submit("s1", "hi", delivery="shout")  # type: ignore[arg-type]
+    assert await runtime.store.get_session("s1") is None  # type: ignore[arg-type]
+
+
+async def test_unknown_session_is_refused_when_sessions_are_explicit(
+    runtime_factory: RuntimeFactory, database_url: str
+) -> None:
+    config = RuntimeConfig(database_url=database_url, auto_create_sessions=False)
+    model = ScriptedModel([ModelStep.text_reply("hello")])
+    runtime = runtime_factory(Agent(model=model), config=config)
+    with pytest.raises(SessionNotFoundError, match="create it first"):
+        await runtime.submit("nobody", "hi")
+    assert await runtime.store.list_turns("nobody") == []  # type: ignore[arg-type]
+    await runtime.create_session("somebody", principal="alice", title="Chat")
+    events = await collect_events(runtime.execute_message("somebody", "hi"))
+    assert events[-1].type == "done"
+
+
+async def test_turns_of_one_session_run_in_order(runtime_factory: RuntimeFactory) -> None:
+    import asyncio
+
+    model = ScriptedModel([ModelStep.text_reply("first"), ModelStep.text_reply("second")])
+    runtime = runtime_factory(Agent(model=model))
+    one, two = await asyncio.gather(
+        collect_events(runtime.execute_message("s1", "one")),
+        collect_events(runtime.execute_message("s1", "two")),
+    )
+    history = await runtime.history("s1")
+    assert [t.answer for t in history] == ["first", "second"]
+    # The second turn's request saw the first turn's answer.
+    assert ("assistant", "first") in [(m.role, m.content) for m in model.calls[1].messages]
