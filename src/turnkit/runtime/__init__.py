@@ -27,9 +27,14 @@ from turnkit.events import DurableEvent, EphemeralEvent, StreamEvent
 from turnkit.graph import TurnGraph, compile_turn_graph, open_checkpointer
 from turnkit.ids import SessionId, TurnId, is_valid_session_id, new_turn_id, uuid7
 from turnkit.models.family import ModelFamily, resolve_family
+from turnkit.replay import ReplayBuffer
+from turnkit.replay.memory import InMemoryReplayBuffer
 from turnkit.runtime._cancel import CancelToken
 from turnkit.runtime._history import TurnHistory
+from turnkit.runtime._publish import BufferPublisher
 from turnkit.runtime._runner import TurnRunner, pinned_config, turn_history
+from turnkit.runtime.reader import TurnReader
+from turnkit.states import TurnStatus
 from turnkit.store import (
     Delivery,
     Lease,
@@ -74,6 +79,7 @@ class SessionRuntime:
         agent: Agent,
         config: RuntimeConfig | None = None,
         store: Store | None = None,
+        replay: ReplayBuffer | None = None,
         clock: Clock | None = None,
     ) -> None:
         self.agent = agent
@@ -81,6 +87,10 @@ class SessionRuntime:
         self.clock = clock or SystemClock()
         self._store = store
         self._owns_store = store is None
+        self.replay: ReplayBuffer = replay or InMemoryReplayBuffer()
+        """Where detached and worker-driven turns publish for live readers."""
+        self._detached: dict[TurnId, asyncio.Task[None]] = {}
+        self._stopping: dict[TurnId, bool] = {}
         self._graph: TurnGraph | None = None
         self._opening: asyncio.Event | None = None
         self._close_checkpointer: Callable[[], Awaitable[None]] | None = None
@@ -127,7 +137,14 @@ class SessionRuntime:
         self._opening = None
 
     async def close(self) -> None:
-        """Close what the runtime opened."""
+        """Close what the runtime opened.
+
+        Detached turns still running are abandoned, not cancelled: their leases expire and
+        a worker resumes them (or a reader records them timed out).
+        """
+        for task in list(self._detached.values()):
+            task.cancel()
+        await asyncio.gather(*self._detached.values(), return_exceptions=True)
         if self._close_checkpointer is not None:
             await self._close_checkpointer()
             self._close_checkpointer = None
@@ -327,6 +344,96 @@ class SessionRuntime:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+
+    async def start(
+        self,
+        session_id: str,
+        content: str,
+        *,
+        agent: Agent | None = None,
+        request_id: str | None = None,
+        delivery: Delivery = "queue",
+        effort: Effort | None = None,
+        principal: str | None = None,
+    ) -> Submission:
+        """Commit a message and run its turn detached from the caller.
+
+        The turn runs in a task of this runtime (when `RuntimeConfig.run_in_process`) or
+        in a `turnkit worker`, and publishes to `self.replay`; read it with `reader()`.
+        Closing a reader does not stop it; `cancel(turn_id)` does.
+        """
+        submission = await self.submit(
+            session_id,
+            content,
+            agent=agent,
+            request_id=request_id,
+            delivery=delivery,
+            effort=effort,
+            principal=principal,
+        )
+        if submission.is_new and self.config.run_in_process:
+            task = asyncio.create_task(
+                self._run_detached(submission.turn_id, agent),
+                name=f"turnkit-detached-{submission.turn_id}",
+            )
+            self._detached[submission.turn_id] = task
+            task.add_done_callback(lambda _: self._detached.pop(submission.turn_id, None))
+        return submission
+
+    async def _run_detached(self, turn_id: TurnId, agent: Agent | None) -> None:
+        lease = await self._claim(turn_id)
+        if lease is None:
+            return
+        publisher = BufferPublisher(self.replay, turn_id)
+        driver = await self.runner().driver(lease, sink=publisher, agent=agent)
+        try:
+            await driver.run()
+        except asyncio.CancelledError:
+            if not self._stopping.get(turn_id):
+                driver.abandon()
+            raise
+        finally:
+            self._stopping.pop(turn_id, None)
+            await publisher.wait()
+
+    async def cancel(self, turn_id: str) -> TurnStatus:
+        """Press Stop: end the turn `cancelled` from wherever it is driven.
+
+        A turn driven in this process is cancelled at once (its model call aborted,
+        `user-aborted` audited); a paused or queued turn is ended in the Store; a turn
+        driven by another process is flagged and stops at that driver's next renewal.
+        Returns the turn's status after the call.
+        """
+        task = self._detached.get(TurnId(turn_id))
+        if task is not None:
+            self._stopping[TurnId(turn_id)] = True
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            return (await self.turn(turn_id)).status
+        status = await self.store.cancel(TurnId(turn_id))
+        if status == "cancelled":
+            record = await self.turn(turn_id)
+            await self.replay.publish(
+                record.turn_id,
+                [(record.last_seq, await self._last_event(record.turn_id), True)],
+            )
+        return status
+
+    async def _last_event(self, turn_id: TurnId) -> bytes:
+        data = b""
+        async for stored in self.store.read_events(turn_id, after_seq=0):
+            data = stored.data
+        return data
+
+    def reader(self, *, keepalive_s: float = 15.0) -> TurnReader:
+        """A reader for one connection: replay from a cursor, then follow live."""
+        return TurnReader(
+            store=self.store,
+            buffer=self.replay,
+            clock=self.clock,
+            idle_window_s=self.config.idle_window_s,
+            keepalive_s=keepalive_s,
+        )
 
     def runner(self) -> TurnRunner:
         """What turns a claimed lease into a driver (used by `Worker`)."""

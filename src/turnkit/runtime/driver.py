@@ -183,6 +183,9 @@ class TurnDriver:
                 self.lease_lost = True
                 graph_task.cancel()
                 return
+            if self.lease.cancel_requested:
+                graph_task.cancel()  # Stop pressed elsewhere: end as cancelled
+                return
 
     async def _heartbeat(self, rec: Recorder) -> None:
         interval = self.config.heartbeat_interval_s

@@ -37,6 +37,7 @@ __all__ = (
     "Submission",
     "TurnLedger",
     "TurnRecord",
+    "Watchdog",
 )
 
 
@@ -149,6 +150,8 @@ class Lease:
     """The highest input seq the previous attempt had read (0 if none)."""
     last_seq: int
     started_at: datetime
+    cancel_requested: bool = False
+    """Someone pressed Stop: the driver ends the turn `cancelled` at its next renewal."""
 
     @property
     def token(self) -> str:
@@ -275,7 +278,32 @@ class SessionDirectory(Protocol):
         ...
 
 
-class Store(TurnLedger, RunQueue, SessionDirectory, Protocol):
+class Watchdog(Protocol):
+    """What a reader records when the driver of a running turn is gone."""
+
+    async def time_out(self, turn_id: TurnId, *, reason: str) -> bool:
+        """End a `running` turn as `timed_out` (error + done events, epoch moved on).
+
+        False when the turn is not running (finished, paused) or moved meanwhile.
+        """
+        ...
+
+
+class Canceller(Protocol):
+    """Stop, from any process."""
+
+    async def cancel(self, turn_id: TurnId) -> TurnStatus:
+        """End a turn as `cancelled`, or ask its live driver to.
+
+        A paused, queued or orphaned turn is ended here (a `done` event with status
+        `cancelled`, its epoch moved on) and `cancelled` is returned. A turn with a live
+        lease gets `cancel_requested` and `running` is returned: its driver stops at its
+        next renewal. A finished turn is left as it is and its status returned.
+        """
+        ...
+
+
+class Store(TurnLedger, RunQueue, SessionDirectory, Watchdog, Canceller, Protocol):
     """Durable turn storage (see `TurnLedger` and `RunQueue`). Safe for concurrent use."""
 
     async def get_turn(self, turn_id: TurnId) -> TurnRecord | None:

@@ -28,7 +28,17 @@ from turnkit.store._schema import (
     turns,
 )
 
-__all__ = ("Orphan", "claim", "record_read", "renew", "submit", "sweep", "sweepable")
+__all__ = (
+    "Orphan",
+    "cancel",
+    "claim",
+    "orphan",
+    "record_read",
+    "renew",
+    "submit",
+    "sweep",
+    "sweepable",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,12 +253,13 @@ def _stale(lease: Lease) -> StaleEpochError:
 def renew(conn: Connection, lease: Lease, *, ttl_s: float, now: datetime) -> Lease:
     """Extend the lease or raise `StaleEpochError`."""
     expires = now + timedelta(seconds=ttl_s)
-    result = conn.execute(
+    flag = conn.execute(
         update(turns)
         .where(_fenced(lease), turns.c.status.in_(UNFINISHED))
         .values(lease_expires_at=expires)
-    )
-    if result.rowcount != 1:
+        .returning(turns.c.cancel_requested)
+    ).scalar_one_or_none()
+    if flag is None:
         raise _stale(lease)
     return Lease(
         turn_id=lease.turn_id,
@@ -261,6 +272,7 @@ def renew(conn: Connection, lease: Lease, *, ttl_s: float, now: datetime) -> Lea
         previous_watermark=lease.previous_watermark,
         last_seq=lease.last_seq,
         started_at=lease.started_at,
+        cancel_requested=bool(flag),
     )
 
 
@@ -289,6 +301,16 @@ def sweepable(
         )
     ).all()
     return [Orphan(r.turn_id, r.session_id, r.lease_epoch, r.last_seq) for r in rows]
+
+
+def orphan(conn: Connection, turn_id: TurnId) -> Orphan | None:
+    """The turn as the sweep needs it, if it is running."""
+    r = conn.execute(
+        select(turns.c.turn_id, turns.c.session_id, turns.c.lease_epoch, turns.c.last_seq).where(
+            turns.c.turn_id == turn_id, turns.c.status == "running"
+        )
+    ).first()
+    return Orphan(r.turn_id, r.session_id, r.lease_epoch, r.last_seq) if r is not None else None
 
 
 def sweep(conn: Connection, row: Orphan, now: datetime, reason: str) -> bool:
@@ -329,3 +351,58 @@ def sweep(conn: Connection, row: Orphan, now: datetime, reason: str) -> bool:
         ],
     )
     return True
+
+
+def cancel(conn: Connection, turn_id: TurnId, now: datetime) -> str | None:
+    """Cancel here if no live driver holds the turn, else flag it. None: no such turn."""
+    row = conn.execute(
+        select(
+            turns.c.session_id,
+            turns.c.status,
+            turns.c.lease_owner,
+            turns.c.lease_expires_at,
+            turns.c.lease_epoch,
+            turns.c.last_seq,
+        ).where(turns.c.turn_id == turn_id)
+    ).first()
+    if row is None:
+        return None
+    if row.status not in UNFINISHED:
+        return str(row.status)
+    expires = aware(row.lease_expires_at)
+    live = row.status == "running" and row.lease_owner is not None and expires is not None
+    if live and expires is not None and expires > now:
+        conn.execute(update(turns).where(turns.c.turn_id == turn_id).values(cancel_requested=True))
+        return "running"
+    seq = row.last_seq + 1
+    won = conn.execute(
+        update(turns)
+        .where(
+            turns.c.turn_id == turn_id,
+            turns.c.lease_epoch == row.lease_epoch,
+            turns.c.last_seq == row.last_seq,
+            turns.c.status == row.status,
+        )
+        .values(
+            status="cancelled",
+            error_code=None,
+            lease_epoch=row.lease_epoch + 1,
+            lease_owner=None,
+            last_seq=seq,
+            updated_at=now,
+        )
+    )
+    if won.rowcount != 1:
+        return cancel(conn, turn_id, now)  # it moved under us: look again
+    done = DoneEvent(
+        session_id=row.session_id,
+        turn_id=turn_id,
+        stage_id="runtime",
+        ts=now,
+        seq=seq,
+        status="cancelled",
+    )
+    conn.execute(
+        events.insert().values(turn_id=turn_id, seq=seq, type=done.type, data=encode_event(done))
+    )
+    return "cancelled"

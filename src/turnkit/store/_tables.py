@@ -7,7 +7,16 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import Column, DateTime, Index, LargeBinary, Text, UniqueConstraint
+from sqlalchemy import (
+    Boolean,
+    Column,
+    DateTime,
+    Index,
+    LargeBinary,
+    Text,
+    UniqueConstraint,
+    false,
+)
 from sqlmodel import Field, SQLModel
 
 metadata = SQLModel.metadata
@@ -65,6 +74,9 @@ class TurnRow(SQLModel, table=True):
     lease_expires_at: datetime | None = Field(default=None, sa_column=_ts(nullable=True))
     attempts: int = 0
     read_watermark: int = 0
+    cancel_requested: bool = Field(
+        default=False, sa_column=Column(Boolean, nullable=False, server_default=false())
+    )
     pinned: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
     summary: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
     started_at: datetime | None = Field(default=None, sa_column=_ts(nullable=True))

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Self, TypeVar
+from typing import Any, Self, TypeVar, cast
 
 from sqlalchemy import (
     Connection,
@@ -370,6 +370,23 @@ class SqlStore:
                 self._hot.add_usage,
                 {"turn_id": turn_id, "session_id": session_id, **delta.model_dump()},
             )
+
+    async def cancel(self, turn_id: TurnId) -> TurnStatus:
+        """Cancel a turn here, or flag it for its live driver (see `Canceller`)."""
+        status = await self._tx(queue.cancel, turn_id, self._clock.now())
+        if status is None:
+            raise TurnNotFoundError(f"no turn {turn_id!r}", turn_id=turn_id)
+        return cast(TurnStatus, status)
+
+    async def time_out(self, turn_id: TurnId, *, reason: str) -> bool:
+        """End one running turn as `timed_out` (a reader found its driver gone)."""
+        now = self._clock.now()
+
+        def run(conn: Connection) -> bool:
+            row = queue.orphan(conn, turn_id)
+            return row is not None and queue.sweep(conn, row, now, reason)
+
+        return await self._tx(run)
 
     # ── sessions ────────────────────────────────────────────────────────────────────
 

@@ -1,0 +1,93 @@
+"""`InMemoryReplayBuffer`: the embedded default (one process)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from turnkit.ids import TurnId
+from turnkit.replay import BufferEntry, ReplaySettings
+
+__all__ = ("InMemoryReplayBuffer",)
+
+
+@dataclass(slots=True)
+class _Turn:
+    entries: deque[BufferEntry]
+    counter: int = 0
+    expires: float = 0.0
+    changed: asyncio.Condition = field(default_factory=asyncio.Condition)
+
+
+class InMemoryReplayBuffer:
+    """Per-turn bounded deques with a condition for live readers."""
+
+    def __init__(self, settings: ReplaySettings | None = None) -> None:
+        self.settings = settings or ReplaySettings()
+        self._turns: dict[str, _Turn] = {}
+
+    def _turn(self, turn_id: TurnId) -> _Turn:
+        self._expire()
+        turn = self._turns.get(turn_id)
+        if turn is None:
+            turn = _Turn(entries=deque(maxlen=self.settings.max_entries))
+            self._turns[turn_id] = turn
+        return turn
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        for turn_id in [t for t, v in self._turns.items() if v.expires and v.expires < now]:
+            del self._turns[turn_id]
+
+    async def publish(
+        self, turn_id: TurnId, entries: Sequence[tuple[int | None, bytes, bool]]
+    ) -> None:
+        """Append entries and wake readers."""
+        turn = self._turn(turn_id)
+        ttl = self.settings.ttl_s
+        for seq, data, terminal in entries:
+            turn.counter += 1
+            turn.entries.append(
+                BufferEntry(position=str(turn.counter), seq=seq, data=data, is_terminal=terminal)
+            )
+            if terminal:
+                ttl = self.settings.terminal_grace_s
+        turn.expires = time.monotonic() + ttl
+        async with turn.changed:
+            turn.changed.notify_all()
+
+    async def tail(self, turn_id: TurnId) -> str:
+        """Newest position."""
+        turn = self._turns.get(turn_id)
+        return str(turn.counter) if turn is not None else "0"
+
+    async def read(
+        self, turn_id: TurnId, *, after: str, wait_s: float, limit: int = 500
+    ) -> list[BufferEntry]:
+        """Entries after `after`, waiting up to `wait_s` for the first."""
+        turn = self._turn(turn_id)
+        start = int(after)
+
+        def ready() -> list[BufferEntry]:
+            return [e for e in turn.entries if int(e.position) > start][:limit]
+
+        found = ready()
+        if found or wait_s <= 0:
+            return found
+        async with turn.changed:
+            try:
+                await asyncio.wait_for(turn.changed.wait_for(lambda: bool(ready())), wait_s)
+            except TimeoutError:
+                return []
+        return ready()
+
+    async def drop(self, turn_id: TurnId) -> None:
+        """Forget a turn."""
+        self._turns.pop(turn_id, None)
+
+    async def close(self) -> None:
+        """Nothing to release."""
+        self._turns.clear()

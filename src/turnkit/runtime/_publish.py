@@ -1,0 +1,61 @@
+"""`BufferPublisher`: a driver sink that forwards committed events to the ReplayBuffer."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from turnkit.events import DoneEvent, DurableEvent, EphemeralEvent, encode_event
+from turnkit.ids import TurnId
+from turnkit.replay import ReplayBuffer
+
+__all__ = ("BufferPublisher",)
+
+log = logging.getLogger("turnkit.replay")
+
+
+class BufferPublisher:
+    """Called synchronously by the driver; publishes in order, batching what piled up.
+
+    Events reach it only after their commit, so the buffer never holds an event the
+    Store lacks. A buffer failure is logged and never fails the turn: readers fall back
+    to the Store.
+    """
+
+    def __init__(self, buffer: ReplayBuffer, turn_id: TurnId) -> None:
+        self.buffer = buffer
+        self.turn_id = turn_id
+        self._queue: asyncio.Queue[DurableEvent | EphemeralEvent | None] = asyncio.Queue()
+        self._task = asyncio.create_task(self._run(), name=f"turnkit-publish-{turn_id}")
+
+    def __call__(self, event: DurableEvent | EphemeralEvent | None) -> None:
+        self._queue.put_nowait(event)
+
+    async def _run(self) -> None:
+        finished = False
+        while not finished:
+            batch = [await self._queue.get()]
+            while not self._queue.empty():
+                batch.append(self._queue.get_nowait())
+            finished = None in batch
+            entries = [
+                (
+                    e.seq if isinstance(e, DurableEvent) else None,
+                    encode_event(e),
+                    isinstance(e, DoneEvent),
+                )
+                for e in batch
+                if e is not None
+            ]
+            if not entries:
+                continue
+            try:
+                await self.buffer.publish(self.turn_id, entries)
+            except Exception:
+                log.exception("publishing %d events of %s failed", len(entries), self.turn_id)
+
+    async def wait(self) -> None:
+        """Return once everything up to the end marker is published."""
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
