@@ -215,6 +215,10 @@ def _parser() -> argparse.ArgumentParser:
     sweep.add_argument("--ceiling", type=float, default=3600.0)
     sweep.add_argument("--max-attempts", type=int, default=3)
     _database_args(sweep)
+    serve = sub.add_parser("serve", help="serve the HTTP routes (quickstart app)")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    _database_args(serve)
     db = sub.add_parser("db", help="database schema")
     db_sub = db.add_subparsers(dest="db_command", required=True)
     upgrade = db_sub.add_parser("upgrade", help="apply schema migrations")
@@ -222,7 +226,28 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-_COMMANDS = {"run": _run, "worker": _worker, "sweep": _sweep, "db": _db_upgrade}
+async def _serve(args: argparse.Namespace, out: TextIO) -> int:
+    import uvicorn
+
+    os.environ.setdefault("TURNKIT_DATABASE_URL", args.database_url)
+    if args.database_schema:
+        os.environ.setdefault("TURNKIT_DATABASE_SCHEMA", args.database_schema)
+    config = uvicorn.Config(
+        "turnkit.quickstart:app", host=args.host, port=args.port, log_level="info"
+    )
+    out.write(f"turnkit serving on http://{args.host}:{args.port}/api/harness\n")
+    out.flush()
+    await uvicorn.Server(config).serve()
+    return 0
+
+
+_COMMANDS = {
+    "run": _run,
+    "worker": _worker,
+    "sweep": _sweep,
+    "db": _db_upgrade,
+    "serve": _serve,
+}
 
 
 def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None) -> int:

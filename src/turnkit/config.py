@@ -21,6 +21,8 @@ class RuntimeConfig:
         auto_migrate: Apply schema migrations when the runtime opens (otherwise run
             `turnkit db upgrade` yourself; a schema behind this version is refused).
         max_content_chars: Longest accepted user message.
+        allowed_models: Models a single message may switch to (HTTP `model`); empty:
+            none.
         run_in_process: `SessionRuntime.start` drives turns in this process (the
             embedded default); False leaves them to `turnkit worker` processes.
         auto_create_sessions: A message to an unknown session creates it; when False,
@@ -44,6 +46,7 @@ class RuntimeConfig:
     max_content_chars: int = 100_000
     auto_create_sessions: bool = True
     run_in_process: bool = True
+    allowed_models: tuple[str, ...] = ()
     checkpoint_durability: Literal["sync", "async", "exit"] = "sync"
     idle_window_s: float = 120.0
     ceiling_s: float = 3600.0

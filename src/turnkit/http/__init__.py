@@ -1,0 +1,207 @@
+"""FastAPI routes for turnkit: execute with resumable SSE, resume, cancel, sessions, audit.
+
+```python
+app = FastAPI()
+app.include_router(create_turnkit_router(runtime, auth=current_user))
+install_problem_handlers(app)
+```
+"""
+
+import dataclasses
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any, cast
+
+from fastapi import APIRouter, Depends, Header, Query, Response
+from sse_starlette import EventSourceResponse
+
+from turnkit.errors import InvalidInputError, SessionNotFoundError, TurnNotFoundError
+from turnkit.http.models import (
+    AuditOut,
+    CancelOut,
+    ExecuteBody,
+    SessionBody,
+    SessionOut,
+    TurnOut,
+    TurnStatusOut,
+)
+from turnkit.http.problems import Problem, install_problem_handlers
+from turnkit.http.sse import frames_to_sse
+from turnkit.ids import SessionId, TurnId, uuid7
+from turnkit.runtime import SessionRuntime
+from turnkit.runtime._runner import turn_history
+from turnkit.runtime.reader import parse_cursor
+from turnkit.store import SessionRecord, TurnRecord
+
+__all__ = ("TURN_ID_HEADER", "create_turnkit_router", "install_problem_handlers")
+
+TURN_ID_HEADER = "X-Turn-Id"
+Principal = str | None
+AuthDependency = Callable[..., Principal | Awaitable[Principal]]
+
+_PROBLEMS: dict[int | str, dict[str, Any]] = {
+    status: {"model": Problem, "content": {"application/problem+json": {}}}
+    for status in (400, 404, 409, 416, 422)
+}
+
+
+async def _anonymous() -> Principal:
+    return None
+
+
+def create_turnkit_router(  # noqa: C901 - one closure per route keeps the routes readable
+    runtime: SessionRuntime,
+    *,
+    auth: AuthDependency = _anonymous,
+    prefix: str = "/api/harness",
+    max_frame_bytes: int = 1_000_000,
+    keepalive_s: float = 15.0,
+) -> APIRouter:
+    """Routes for `runtime` under `prefix`.
+
+    `auth` is a FastAPI dependency returning the caller's principal (any string) or None
+    for anonymous use. Sessions belong to the principal that created them; a session or
+    turn of another principal answers 404, exactly like one that does not exist.
+    """
+    router = APIRouter(prefix=prefix, tags=["turnkit"], responses=_PROBLEMS)
+    Caller = Annotated[Principal, Depends(auth)]
+
+    async def visible_session(session_id: str, principal: Principal) -> SessionRecord:
+        record = await runtime.store.get_session(SessionId(session_id))
+        if record is None or (record.principal is not None and record.principal != principal):
+            raise SessionNotFoundError(f"no session {session_id!r}", session_id=session_id)
+        return record
+
+    async def visible_turn(turn_id: str, principal: Principal) -> TurnRecord:
+        record = await runtime.store.get_turn(TurnId(turn_id))
+        if record is None:
+            raise TurnNotFoundError(f"no turn {turn_id!r}", turn_id=turn_id)
+        try:
+            await visible_session(record.session_id, principal)
+        except SessionNotFoundError as exc:
+            raise TurnNotFoundError(f"no turn {turn_id!r}", turn_id=turn_id) from exc
+        return record
+
+    def stream(turn_id: TurnId, after: int, status_code: int = 200) -> EventSourceResponse:
+        frames = runtime.reader(keepalive_s=keepalive_s).follow(turn_id, after_seq=after)
+        return EventSourceResponse(
+            frames_to_sse(frames, max_frame_bytes=max_frame_bytes, turn_id=turn_id),
+            status_code=status_code,
+            headers={TURN_ID_HEADER: turn_id, "Cache-Control": "no-store"},
+            ping=None,
+        )
+
+    @router.post(
+        "/sessions/{session_id}/execute",
+        response_class=EventSourceResponse,
+        summary="Send a message and stream its turn (SSE)",
+    )
+    async def execute(session_id: str, body: ExecuteBody, principal: Caller) -> Response:
+        existing = await runtime.store.get_session(SessionId(session_id))
+        if existing is not None:
+            await visible_session(session_id, principal)
+        agent = runtime.agent
+        if body.model is not None and body.model != _model_name(agent.model):
+            if body.model not in runtime.config.allowed_models:
+                raise InvalidInputError(
+                    f"model {body.model!r} is not allowed here "
+                    f"(allowed: {list(runtime.config.allowed_models)})",
+                    model=body.model,
+                )
+            agent = dataclasses.replace(agent, model=body.model)
+        submission = await runtime.start(
+            session_id,
+            body.content,
+            agent=agent,
+            request_id=body.request_id,
+            delivery=cast(Any, body.delivery),
+            effort=body.effort,
+            principal=principal,
+        )
+        return stream(submission.turn_id, 0)
+
+    @router.get(
+        "/turns/{turn_id}/stream",
+        response_class=EventSourceResponse,
+        summary="Resume a turn's stream after a cursor (SSE)",
+    )
+    async def resume(
+        turn_id: str,
+        principal: Caller,
+        after: Annotated[str | None, Query(description="Resume after this event id.")] = None,
+        last_event_id: Annotated[str | None, Header()] = None,
+    ) -> Response:
+        record = await visible_turn(turn_id, principal)
+        cursor = parse_cursor(last_event_id if last_event_id is not None else after)
+        _check_cursor(record, cursor)
+        return stream(record.turn_id, cursor)
+
+    @router.get("/turns/{turn_id}", response_model=TurnStatusOut, summary="A turn's state")
+    async def get_turn(turn_id: str, principal: Caller) -> TurnStatusOut:
+        return TurnStatusOut.of(await visible_turn(turn_id, principal))
+
+    @router.post("/turns/{turn_id}/cancel", response_model=CancelOut, summary="Stop a turn")
+    async def cancel(turn_id: str, principal: Caller) -> CancelOut:
+        record = await visible_turn(turn_id, principal)
+        status = await runtime.cancel(record.turn_id)
+        return CancelOut(turn_id=record.turn_id, status=status)
+
+    @router.get("/turns/{turn_id}/audit", response_model=AuditOut, summary="A turn's audit rows")
+    async def audit(turn_id: str, principal: Caller) -> AuditOut:
+        record = await visible_turn(turn_id, principal)
+        return AuditOut(turn_id=record.turn_id, rows=await runtime.store.read_audit(record.turn_id))
+
+    @router.get("/sessions", response_model=list[SessionOut], summary="Your sessions")
+    async def list_sessions(
+        principal: Caller, limit: Annotated[int, Query(ge=1, le=500)] = 100
+    ) -> list[SessionOut]:
+        records = await runtime.store.list_sessions(principal=principal, limit=limit)
+        return [SessionOut.of(r) for r in records]
+
+    @router.post("/sessions", response_model=SessionOut, status_code=201, summary="New session")
+    async def create_session(body: SessionBody, principal: Caller) -> SessionOut:
+        session_id = body.session_id or f"s_{uuid7()}"
+        existing = await runtime.store.get_session(SessionId(session_id))
+        if existing is not None:
+            await visible_session(session_id, principal)
+        record = await runtime.create_session(session_id, principal=principal, title=body.title)
+        return SessionOut.of(record)
+
+    @router.get(
+        "/sessions/{session_id}/history",
+        response_model=list[TurnOut],
+        summary="Committed blocks per turn",
+    )
+    async def history(session_id: str, principal: Caller) -> list[TurnOut]:
+        await visible_session(session_id, principal)
+        turns = await runtime.store.list_turns(SessionId(session_id))
+        return [TurnOut.of(await turn_history(runtime.store, t)) for t in turns]
+
+    @router.patch("/sessions/{session_id}", response_model=SessionOut, summary="Rename")
+    async def rename(session_id: str, body: SessionBody, principal: Caller) -> SessionOut:
+        await visible_session(session_id, principal)
+        if body.title is None:
+            raise InvalidInputError("send a `title` to rename the session")
+        return SessionOut.of(await runtime.store.rename_session(SessionId(session_id), body.title))
+
+    @router.delete("/sessions/{session_id}", status_code=204, summary="Delete a session")
+    async def delete(session_id: str, principal: Caller) -> Response:
+        await visible_session(session_id, principal)
+        await runtime.store.delete_session(SessionId(session_id))
+        return Response(status_code=204)
+
+    return router
+
+
+def _check_cursor(record: TurnRecord, cursor: int) -> None:
+    from turnkit.errors import ReplayCursorError
+
+    if cursor > record.last_seq:
+        raise ReplayCursorError(
+            f"cursor {cursor} is ahead of turn {record.turn_id!r}, which has written "
+            f"{record.last_seq} events; a cursor is never guessed forward",
+            cursor=cursor,
+        )
+
+
+def _model_name(model: object) -> str | None:
+    return model if isinstance(model, str) else getattr(model, "model", None)

@@ -1,0 +1,121 @@
+"""Request and response bodies of the HTTP adapter (camelCase on the wire)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+from turnkit.agent import Effort
+from turnkit.audit import AuditRow
+from turnkit.blocks import Block
+from turnkit.runtime import TurnHistory
+from turnkit.states import TurnStatus
+from turnkit.store import SessionRecord, TurnRecord
+
+__all__ = (
+    "CancelOut",
+    "ExecuteBody",
+    "SessionBody",
+    "SessionOut",
+    "TurnOut",
+)
+
+
+class _Camel(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+
+class ExecuteBody(_Camel):
+    """Body of `POST /sessions/{id}/execute`."""
+
+    content: str = Field(min_length=1, description="The user's message.")
+    request_id: str | None = Field(
+        default=None, min_length=1, max_length=128, description="Idempotency key."
+    )
+    delivery: str = Field(default="queue", pattern="^(queue|guide)$")
+    model: str | None = Field(default=None, description="A model from `allowed_models`.")
+    effort: Effort | None = None
+
+
+class SessionBody(_Camel):
+    """Body of `POST /sessions` and `PATCH /sessions/{id}`."""
+
+    session_id: str | None = Field(default=None, min_length=1, max_length=128)
+    title: str | None = Field(default=None, max_length=500)
+
+
+class SessionOut(_Camel):
+    """A session."""
+
+    session_id: str
+    title: str | None
+    created_at: datetime
+    updated_at: datetime
+
+    @classmethod
+    def of(cls, record: SessionRecord) -> SessionOut:
+        """From the Store's record."""
+        return cls(
+            session_id=record.session_id,
+            title=record.title,
+            created_at=record.created_at,
+            updated_at=record.updated_at,
+        )
+
+
+class TurnOut(_Camel):
+    """A turn with its committed blocks."""
+
+    turn_id: str
+    status: TurnStatus
+    blocks: list[Block] = Field(default_factory=list[Block])
+    answer: str | None = None
+
+    @classmethod
+    def of(cls, history: TurnHistory) -> TurnOut:
+        """From a turn's history."""
+        return cls(
+            turn_id=history.turn_id,
+            status=history.status,
+            blocks=list(history.blocks),
+            answer=history.answer,
+        )
+
+
+class TurnStatusOut(_Camel):
+    """A turn's state."""
+
+    turn_id: str
+    session_id: str
+    status: TurnStatus
+    error_code: str | None
+    last_seq: int
+    attempts: int
+
+    @classmethod
+    def of(cls, record: TurnRecord) -> TurnStatusOut:
+        """From the Store's record."""
+        return cls(
+            turn_id=record.turn_id,
+            session_id=record.session_id,
+            status=record.status,
+            error_code=record.error_code,
+            last_seq=record.last_seq,
+            attempts=record.attempts,
+        )
+
+
+class CancelOut(_Camel):
+    """What Stop did: `cancelled`, or `running` while another process's driver stops."""
+
+    turn_id: str
+    status: TurnStatus
+
+
+class AuditOut(_Camel):
+    """A turn's audit rows."""
+
+    turn_id: str
+    rows: list[AuditRow]

@@ -1,0 +1,74 @@
+"""The batteries-included app: `uvicorn turnkit.quickstart:app` or `turnkit serve`.
+
+Embedded defaults — SQLite (`turnkit.db`), in-memory replay, the offline demo model (not an
+LLM). Environment variables switch to production parts:
+
+| variable | effect |
+|---|---|
+| `TURNKIT_DATABASE_URL` | `postgresql://…` for PostgreSQL (default `sqlite:///turnkit.db`) |
+| `TURNKIT_DATABASE_SCHEMA` | PostgreSQL schema for turnkit's tables |
+| `TURNKIT_REDIS_URL` | `redis://…` for the Redis Streams replay buffer |
+| `TURNKIT_MODEL` | a litellm model string instead of the demo model |
+| `TURNKIT_RUN_IN_PROCESS` | `0` leaves turns to `turnkit worker` processes |
+| `TURNKIT_IDLE_WINDOW_S` | the readers' idle window (default 120) |
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from turnkit.config import RuntimeConfig
+from turnkit.demo import demo_agent
+from turnkit.http import create_turnkit_router, install_problem_handlers
+from turnkit.replay import ReplayBuffer
+from turnkit.replay.memory import InMemoryReplayBuffer
+from turnkit.runtime import SessionRuntime
+
+__all__ = ("app", "create_app", "runtime_from_env")
+
+
+def runtime_from_env(env: Mapping[str, str] | None = None) -> SessionRuntime:
+    """A runtime configured from `TURNKIT_*` environment variables."""
+    env = os.environ if env is None else env
+    idle = float(env.get("TURNKIT_IDLE_WINDOW_S", "120"))
+    config = RuntimeConfig(
+        database_url=env.get("TURNKIT_DATABASE_URL", "sqlite:///turnkit.db"),
+        database_schema=env.get("TURNKIT_DATABASE_SCHEMA") or None,
+        run_in_process=env.get("TURNKIT_RUN_IN_PROCESS", "1") not in ("0", "false", "no"),
+        idle_window_s=idle,
+        heartbeat_interval_s=min(5.0, idle / 3),
+        ceiling_s=max(3600.0, idle),
+    )
+    replay: ReplayBuffer = InMemoryReplayBuffer()
+    if env.get("TURNKIT_REDIS_URL"):
+        from turnkit.replay.redis import RedisReplayBuffer
+
+        replay = RedisReplayBuffer.from_url(env["TURNKIT_REDIS_URL"])
+    return SessionRuntime(agent=demo_agent(env.get("TURNKIT_MODEL")), config=config, replay=replay)
+
+
+def create_app(runtime: SessionRuntime | None = None) -> FastAPI:
+    """A FastAPI app serving turnkit's routes under `/api/harness`."""
+    rt = runtime or runtime_from_env()
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await rt.open()
+        try:
+            yield
+        finally:
+            await rt.close()
+            await rt.replay.close()
+
+    application = FastAPI(title="turnkit", version="0.1.0", lifespan=lifespan)
+    application.include_router(create_turnkit_router(rt))
+    install_problem_handlers(application)
+    application.state.runtime = rt
+    return application
+
+
+app = create_app()

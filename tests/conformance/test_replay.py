@@ -1,0 +1,86 @@
+"""The ReplayBuffer contract, against the in-memory buffer and the real Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+
+from tests.conftest import REDIS_URL, require_service
+from turnkit.ids import TurnId
+from turnkit.replay import ReplayBuffer, ReplaySettings
+from turnkit.replay.memory import InMemoryReplayBuffer
+
+
+@pytest.fixture(params=["memory", "redis"])
+async def buffer(request: pytest.FixtureRequest) -> AsyncIterator[ReplayBuffer]:
+    settings = ReplaySettings(max_entries=50, ttl_s=60, terminal_grace_s=0.3)
+    if request.param == "memory":
+        yield InMemoryReplayBuffer(settings)
+        return
+    require_service("Redis", "127.0.0.1", 6379)
+    from turnkit.replay.redis import RedisReplayBuffer
+
+    redis_buffer = RedisReplayBuffer.from_url(
+        REDIS_URL, settings=settings, prefix=f"tk-test-{uuid.uuid4().hex[:8]}"
+    )
+    try:
+        yield redis_buffer
+    finally:
+        await redis_buffer.close()
+
+
+def _turn() -> TurnId:
+    return TurnId(f"turn_{uuid.uuid4().hex}")
+
+
+async def test_entries_come_back_in_order_after_a_position(buffer: ReplayBuffer) -> None:
+    turn = _turn()
+    assert await buffer.tail(turn) == "0"
+    await buffer.publish(turn, [(1, b"a", False), (None, b"delta", False), (2, b"b", False)])
+    entries = await buffer.read(turn, after="0", wait_s=0)
+    assert [(e.seq, e.data) for e in entries] == [(1, b"a"), (None, b"delta"), (2, b"b")]
+    assert await buffer.tail(turn) == entries[-1].position
+    after_first = await buffer.read(turn, after=entries[0].position, wait_s=0)
+    assert [e.data for e in after_first] == [b"delta", b"b"]
+
+
+async def test_a_reader_waits_for_the_next_entry(buffer: ReplayBuffer) -> None:
+    turn = _turn()
+    position = await buffer.tail(turn)
+
+    async def later() -> None:
+        await asyncio.sleep(0.05)
+        await buffer.publish(turn, [(1, b"x", False)])
+
+    task = asyncio.create_task(later())
+    entries = await buffer.read(turn, after=position, wait_s=5)
+    await task
+    assert [e.data for e in entries] == [b"x"]
+    assert await buffer.read(turn, after=entries[0].position, wait_s=0.05) == []
+
+
+async def test_the_buffer_is_bounded(buffer: ReplayBuffer) -> None:
+    turn = _turn()
+    await buffer.publish(turn, [(n, str(n).encode(), False) for n in range(1, 201)])
+    entries = await buffer.read(turn, after="0", wait_s=0, limit=1000)
+    assert 50 <= len(entries) < 200  # trimmed (Redis trims approximately)
+    assert entries[-1].seq == 200
+
+
+async def test_a_finished_turn_is_dropped_after_the_grace(buffer: ReplayBuffer) -> None:
+    turn = _turn()
+    await buffer.publish(turn, [(1, b"a", False), (2, b"done", True)])
+    entries = await buffer.read(turn, after="0", wait_s=0)
+    assert entries[-1].is_terminal
+    await asyncio.sleep(0.6)
+    assert await buffer.read(turn, after="0", wait_s=0) == []
+
+
+async def test_drop_forgets_a_turn(buffer: ReplayBuffer) -> None:
+    turn = _turn()
+    await buffer.publish(turn, [(1, b"a", False)])
+    await buffer.drop(turn)
+    assert await buffer.read(turn, after="0", wait_s=0) == []

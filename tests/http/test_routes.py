@@ -1,0 +1,196 @@
+"""The HTTP routes in-process: problem bodies, visibility, sessions, audit, OpenAPI."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pytest
+from fastapi import FastAPI, Header
+
+from turnkit import Agent, RuntimeConfig, SessionRuntime
+from turnkit.http import TURN_ID_HEADER, create_turnkit_router, install_problem_handlers
+from turnkit.testing import ModelStep, ScriptedModel
+
+API = "/api/harness"
+
+
+async def _principal(x_user: str | None = Header(default=None)) -> str | None:
+    return x_user
+
+
+@pytest.fixture
+async def client(tmp_path: Path) -> AsyncIterator[httpx.AsyncClient]:
+    model = ScriptedModel([ModelStep.text_reply("Hello from the route.")], repeat_last=True)
+    runtime = SessionRuntime(
+        agent=Agent(model=model),
+        config=RuntimeConfig(database_url=f"sqlite:///{tmp_path / 'http.db'}"),
+    )
+    await runtime.open()
+    app = FastAPI()
+    app.include_router(create_turnkit_router(runtime, auth=_principal))
+    install_problem_handlers(app)
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+        yield http
+    await runtime.close()
+
+
+def _sse(text: str) -> list[dict[str, str]]:
+    frames = []
+    for block in text.strip().split("\r\n\r\n" if "\r\n" in text else "\n\n"):
+        frame: dict[str, str] = {}
+        for line in block.splitlines():
+            if line.startswith(":"):
+                continue
+            key, _, value = line.partition(": ")
+            frame[key] = value
+        if frame:
+            frames.append(frame)
+    return frames
+
+
+async def _execute(http: httpx.AsyncClient, session: str, user: str = "alice") -> httpx.Response:
+    return await http.post(
+        f"{API}/sessions/{session}/execute",
+        json={"content": "hi", "requestId": None},
+        headers={"x-user": user},
+    )
+
+
+async def test_execute_streams_the_turn_with_ids_only_on_durable_events(
+    client: httpx.AsyncClient,
+) -> None:
+    response = await _execute(client, "s1")
+    assert response.status_code == 200
+    turn_id = response.headers[TURN_ID_HEADER]
+    assert turn_id.startswith("turn_")
+    frames = _sse(response.text)
+    events = [json.loads(f["data"]) for f in frames]
+    assert events[0]["type"] == "turn.started"
+    assert events[-1]["type"] == "done"
+    for frame, event in zip(frames, events, strict=True):
+        if "seq" in event:
+            assert frame["id"] == str(event["seq"])
+        else:
+            assert "id" not in frame  # ephemeral: no id, never replayed
+    assert any(e["type"] == "message.delta" for e in events)
+
+
+async def test_resume_after_a_cursor_returns_only_the_rest(client: httpx.AsyncClient) -> None:
+    response = await _execute(client, "s1")
+    turn_id = response.headers[TURN_ID_HEADER]
+    all_durable = [json.loads(f["data"]) for f in _sse(response.text) if "id" in f]
+    resumed = await client.get(
+        f"{API}/turns/{turn_id}/stream", headers={"Last-Event-ID": "3", "x-user": "alice"}
+    )
+    assert [json.loads(f["data"])["seq"] for f in _sse(resumed.text)] == [
+        e["seq"] for e in all_durable[3:]
+    ]
+    by_query = await client.get(
+        f"{API}/turns/{turn_id}/stream", params={"after": "3"}, headers={"x-user": "alice"}
+    )
+    assert _sse(by_query.text) == _sse(resumed.text)
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "kwargs", "status", "code"),
+    [
+        ("post", "/sessions/s1/execute", {"content": b"{not json"}, 422, "invalid-input"),
+        ("post", "/sessions/s1/execute", {"json": {}}, 422, "invalid-input"),
+        ("post", "/sessions/s1/execute", {"json": {"content": ""}}, 422, "invalid-input"),
+        ("post", "/sessions/s1/execute", {"json": {"content": "x", "delivery": "loud"}}, 422,
+         "invalid-input"),
+        ("post", "/sessions/bad%20id/execute", {"json": {"content": "x"}}, 422,
+         "invalid-session-id"),
+        ("post", "/sessions/s1/execute", {"json": {"content": "x", "model": "gpt-x"}}, 422,
+         "invalid-input"),
+        ("get", "/sessions/nope/history", {}, 404, "session-not-found"),
+        ("get", "/turns/turn_nope/stream", {}, 404, "turn-not-found"),
+        ("post", "/turns/turn_nope/cancel", {}, 404, "turn-not-found"),
+        ("get", "/turns/turn_nope/audit", {}, 404, "turn-not-found"),
+    ],
+)  # fmt: skip
+async def test_bad_requests_answer_problem_bodies(
+    client: httpx.AsyncClient,
+    method: str,
+    path: str,
+    kwargs: dict[str, object],
+    status: int,
+    code: str,
+) -> None:
+    headers = {"x-user": "alice", "content-type": "application/json"}
+    response = await client.request(method.upper(), API + path, headers=headers, **kwargs)  # type: ignore[arg-type]
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"].startswith("application/problem+json")
+    body = response.json()
+    assert body["status"] == status
+    assert body["code"] == code
+    assert body["type"].endswith(f"#{code}")
+    assert body["detail"]
+
+
+async def test_bad_requests_write_nothing(client: httpx.AsyncClient) -> None:
+    await client.post(f"{API}/sessions/s9/execute", json={"content": ""}, headers={"x-user": "a"})
+    listed = await client.get(f"{API}/sessions", headers={"x-user": "a"})
+    assert listed.json() == []
+
+
+async def test_cursors_that_are_garbage_or_ahead_are_4xx(client: httpx.AsyncClient) -> None:
+    turn_id = (await _execute(client, "s1")).headers[TURN_ID_HEADER]
+    url = f"{API}/turns/{turn_id}/stream"
+    garbage = await client.get(url, headers={"Last-Event-ID": "abc", "x-user": "alice"})
+    assert garbage.status_code == 400
+    assert garbage.json()["code"] == "replay-cursor-invalid"
+    ahead = await client.get(url, headers={"Last-Event-ID": "9999", "x-user": "alice"})
+    assert ahead.status_code == 416
+    assert ahead.json()["code"] == "replay-cursor-invalid"
+
+
+async def test_another_principals_session_is_not_found(client: httpx.AsyncClient) -> None:
+    turn_id = (await _execute(client, "private", user="alice")).headers[TURN_ID_HEADER]
+    bob = {"x-user": "bob"}
+    for method, path in [
+        ("GET", "/sessions/private/history"),
+        ("GET", f"/turns/{turn_id}/stream"),
+        ("GET", f"/turns/{turn_id}/audit"),
+        ("POST", f"/turns/{turn_id}/cancel"),
+        ("DELETE", "/sessions/private"),
+    ]:
+        response = await client.request(method, API + path, headers=bob)
+        assert response.status_code == 404, (method, path)
+    hijack = await client.post(
+        f"{API}/sessions/private/execute", json={"content": "x"}, headers=bob
+    )
+    assert hijack.status_code == 404
+    assert (await client.get(f"{API}/sessions", headers=bob)).json() == []
+
+
+async def test_sessions_history_rename_delete_and_audit(client: httpx.AsyncClient) -> None:
+    alice = {"x-user": "alice"}
+    turn_id = (await _execute(client, "s1")).headers[TURN_ID_HEADER]
+    history = (await client.get(f"{API}/sessions/s1/history", headers=alice)).json()
+    assert [t["answer"] for t in history] == ["Hello from the route."]
+    assert history[0]["status"] == "succeeded"
+    assert [b["kind"] for b in history[0]["blocks"]] == ["user", "text"]
+    renamed = await client.patch(f"{API}/sessions/s1", json={"title": "Greetings"}, headers=alice)
+    assert renamed.json()["title"] == "Greetings"
+    audit = (await client.get(f"{API}/turns/{turn_id}/audit", headers=alice)).json()
+    assert [r["payloads"] for r in audit["rows"]][-1]["synthesisQuality"]["answer_chars"] == 21
+    turn = (await client.get(f"{API}/turns/{turn_id}", headers=alice)).json()
+    assert turn["status"] == "succeeded"
+    assert (await client.delete(f"{API}/sessions/s1", headers=alice)).status_code == 204
+    gone = await client.get(f"{API}/sessions/s1/history", headers=alice)
+    assert gone.status_code == 404
+
+
+async def test_the_openapi_document_validates(client: httpx.AsyncClient) -> None:
+    from openapi_spec_validator import validate
+
+    spec = (await client.get("/openapi.json")).json()
+    validate(spec)
+    paths = spec["paths"]
+    assert f"{API}/sessions/{{session_id}}/execute" in paths
+    assert f"{API}/turns/{{turn_id}}/stream" in paths
