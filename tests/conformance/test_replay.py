@@ -7,8 +7,8 @@ import uuid
 from collections.abc import AsyncIterator
 
 import pytest
-
 from tests.conftest import REDIS_URL, require_service
+
 from turnkit.ids import TurnId
 from turnkit.replay import ReplayBuffer, ReplaySettings
 from turnkit.replay.memory import InMemoryReplayBuffer
