@@ -15,7 +15,7 @@ from turnkit.models import ModelClient
 from turnkit.plugins import Plugin, validate_plugins
 from turnkit.tools import Tool, ToolRegistry
 
-__all__ = ("DEFAULT_SYNTHESIS_INSTRUCTIONS", "Agent", "Effort", "SkippableStage")
+__all__ = ("DEFAULT_SYNTHESIS_INSTRUCTIONS", "Agent", "Effort", "SkippableStage", "load_agent")
 
 Effort = Literal["off", "low", "medium", "high"]
 SkippableStage = Literal["anchor-plan", "tool-loop"]
@@ -76,3 +76,20 @@ class Agent:
     def registry(self) -> ToolRegistry:
         """The agent's tools by name."""
         return ToolRegistry(self.tools)
+
+
+def load_agent(spec: str) -> Agent:
+    """Import an agent by `package.module:name` (an `Agent`, or a function returning one)."""
+    import importlib
+
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise ConfigurationError(f"agent {spec!r} must look like `package.module:name`")
+    try:
+        target = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigurationError(f"cannot load the agent {spec!r}: {exc}") from exc
+    agent = target() if callable(target) and not isinstance(target, Agent) else target
+    if not isinstance(agent, Agent):
+        raise ConfigurationError(f"{spec!r} is not a turnkit.Agent (or a function returning one)")
+    return agent

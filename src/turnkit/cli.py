@@ -8,17 +8,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib
 import os
 import signal
 import sys
 from collections.abc import Sequence
 from typing import TextIO
 
-from turnkit.agent import Agent
+from turnkit.agent import load_agent
 from turnkit.config import RuntimeConfig
 from turnkit.demo import DEMO_MODEL_NAME, demo_agent
-from turnkit.errors import ConfigurationError, TurnkitError
+from turnkit.errors import TurnkitError
 from turnkit.events import (
     DoneEvent,
     DurableEvent,
@@ -128,22 +127,8 @@ def _config(args: argparse.Namespace) -> RuntimeConfig:
     )
 
 
-def _load_agent(spec: str) -> Agent:
-    module_name, _, attr = spec.partition(":")
-    if not module_name or not attr:
-        raise ConfigurationError(f"--agent {spec!r} must look like `package.module:name`")
-    try:
-        target = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigurationError(f"cannot load the agent {spec!r}: {exc}") from exc
-    agent = target() if callable(target) and not isinstance(target, Agent) else target
-    if not isinstance(agent, Agent):
-        raise ConfigurationError(f"{spec!r} is not a turnkit.Agent (or a function returning one)")
-    return agent
-
-
 async def _worker(args: argparse.Namespace, out: TextIO) -> int:
-    agent = _load_agent(args.agent) if args.agent else demo_agent(os.environ.get("TURNKIT_MODEL"))
+    agent = load_agent(args.agent) if args.agent else demo_agent(os.environ.get("TURNKIT_MODEL"))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

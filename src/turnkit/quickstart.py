@@ -9,6 +9,7 @@ LLM). Environment variables switch to production parts:
 | `TURNKIT_DATABASE_SCHEMA` | PostgreSQL schema for turnkit's tables |
 | `TURNKIT_REDIS_URL` | `redis://…` for the Redis Streams replay buffer |
 | `TURNKIT_MODEL` | a litellm model string instead of the demo model |
+| `TURNKIT_AGENT` | `package.module:name` of your own `Agent` (instead of the demo agent) |
 | `TURNKIT_RUN_IN_PROCESS` | `0` leaves turns to `turnkit worker` processes |
 | `TURNKIT_IDLE_WINDOW_S` | the readers' idle window (default 120) |
 """
@@ -21,6 +22,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
+from turnkit.agent import load_agent
 from turnkit.config import RuntimeConfig
 from turnkit.demo import demo_agent
 from turnkit.http import create_turnkit_router, install_problem_handlers
@@ -48,7 +50,12 @@ def runtime_from_env(env: Mapping[str, str] | None = None) -> SessionRuntime:
         from turnkit.replay.redis import RedisReplayBuffer
 
         replay = RedisReplayBuffer.from_url(env["TURNKIT_REDIS_URL"])
-    return SessionRuntime(agent=demo_agent(env.get("TURNKIT_MODEL")), config=config, replay=replay)
+    agent = (
+        load_agent(env["TURNKIT_AGENT"])
+        if env.get("TURNKIT_AGENT")
+        else demo_agent(env.get("TURNKIT_MODEL"))
+    )
+    return SessionRuntime(agent=agent, config=config, replay=replay)
 
 
 def create_app(runtime: SessionRuntime | None = None) -> FastAPI:

@@ -194,3 +194,24 @@ async def test_the_openapi_document_validates(client: httpx.AsyncClient) -> None
     paths = spec["paths"]
     assert f"{API}/sessions/{{session_id}}/execute" in paths
     assert f"{API}/turns/{{turn_id}}/stream" in paths
+
+
+async def test_an_oversized_frame_is_dropped_and_the_stream_carries_on(tmp_path: Path) -> None:
+    model = ScriptedModel([ModelStep.text_reply("x" * 3000, chunk_size=3000)])
+    runtime = SessionRuntime(
+        agent=Agent(model=model),
+        config=RuntimeConfig(database_url=f"sqlite:///{tmp_path / 'big.db'}"),
+    )
+    await runtime.open()
+    app = FastAPI()
+    app.include_router(create_turnkit_router(runtime, max_frame_bytes=2000))
+    install_problem_handlers(app)
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://test"
+    ) as http:
+        response = await http.post(f"{API}/sessions/big/execute", json={"content": "long"})
+    await runtime.close()
+    assert "dropped oversized frame" in response.text
+    types = [json.loads(f["data"])["type"] for f in _sse(response.text)]
+    assert "message.delta" not in types  # the 3,000-character delta was dropped
+    assert types[-1] == "done"  # ... and the stream went on to the end
