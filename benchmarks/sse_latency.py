@@ -8,18 +8,22 @@ temp SQLite database, and an httpx + httpx-sse client measures:
    the whole turn (POST sent → `done` received);
 2. resume of a finished turn (`Last-Event-ID` = a seq in the middle → first replayed event)
    and of a live turn (model streams 200 chunks 5 ms apart; the client drops the stream
-   after a few events and reconnects with the last id it saw → first event). The live figure
-   includes waiting for the model's next chunk (0-5 ms);
+   after a few events, pauses a random 0-5 ms so that reconnects land at random phases of
+   the chunk clock, and reconnects with the last id it saw → first event). The live figure
+   therefore includes waiting for the model's next chunk (uniform 0-5 ms); the JSON also
+   has that event's delivery time alone (its `ts` → received);
 3. sustained events/s through one stream: a model streaming `--events` chunks with no delay,
    events received / (POST sent → `done` received);
 4. the floor: a plain FastAPI + sse-starlette endpoint on the same kind of server yielding
    the same number of pre-built events of the same size (no turnkit).
 
-The server runs in a background thread with its own event loop (`--server thread`, the
-default): the client's parsing never sits in the server's loop queue, as with a real
-remote client. Both still share one process and the GIL; `--server task` runs uvicorn as a
-task in the client's loop instead. Every stream also checks what it received (durable seqs
-gap-free and in order, deltas adding up to the answer); failures are counted, not hidden.
+By default uvicorn runs as a task in the client's event loop (`--server task`): server and
+client work then add up on one thread, nothing else. `--server thread` runs it in a thread
+with its own loop instead; measured on 2 cores that gives the same latencies within ~10%
+but halves every rate, the floor's included (22k vs 44k events/s): the two threads hand
+the GIL back and forth on every event, a cost no real, out-of-process client imposes.
+Every stream also checks what it received (durable seqs gap-free, in order, ending in
+`done`; deltas adding up to the answer); failures are printed and counted, never hidden.
 
 Run:  .venv/bin/python benchmarks/sse_latency.py [--turns 200] [--events 5000] [--json PATH]
 Prints a table and writes JSON (default benchmarks/results/sse_latency.json).
@@ -34,6 +38,7 @@ import json
 import math
 import os
 import platform
+import random
 import re
 import socket
 import statistics
@@ -118,7 +123,9 @@ class Served:
 
     def __init__(self, app: Any, mode: str) -> None:
         self.mode = mode
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        # proto=IPPROTO_TCP matters: asyncio sets TCP_NODELAY only on sockets that say they
+        # are TCP; without it Nagle + delayed ACK add ~40 ms to keep-alive responses.
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind((HOST, 0))
         self.port = self.sock.getsockname()[1]
@@ -176,18 +183,20 @@ class Served:
         self.sock.close()
 
 
+class FloorBody(BaseModel):
+    """The floor's request body: a message like turnkit's, and how many events to send."""
+
+    content: str
+    n: int
+
+
 def floor_app(payload: str, max_events: int) -> FastAPI:
     """A plain sse-starlette endpoint yielding `n` pre-built events (no turnkit)."""
-
-    class Body(BaseModel):
-        content: str
-        n: int
-
     prebuilt = [ServerSentEvent(data=payload, id=str(i)) for i in range(1, max_events + 1)]
     app = FastAPI()
 
     @app.post("/floor/execute")
-    async def execute(body: Body) -> EventSourceResponse:
+    async def execute(body: FloorBody) -> EventSourceResponse:
         async def frames() -> AsyncIterator[ServerSentEvent]:
             for event in prebuilt[: body.n]:
                 yield event
@@ -214,6 +223,8 @@ class Read:
     events: int = 0
     seqs: list[int] = field(default_factory=list[int])
     first_type: str | None = None
+    first_age_ms: float | None = None
+    """Receipt of the first event minus its `ts` (when the runtime produced it)."""
     last_id: str | None = None
     deltas: list[str] = field(default_factory=list[str])
     answer: str | None = None
@@ -252,13 +263,15 @@ async def read_stream(
             await source.response.aread()
             raise RuntimeError(f"{method} {url} answered {read.status}: {source.response.text}")
         async for sse in source.aiter_sse():
-            if read.t_first is None:
-                read.t_first = time.perf_counter()
-            read.events += 1
-            read.last_id = sse.id or None
             event = json.loads(sse.data)
             kind = event.get("type")
-            read.first_type = read.first_type or kind
+            if read.t_first is None:
+                read.t_first = time.perf_counter()
+                read.first_type = kind
+                produced = datetime.fromisoformat(event["ts"])
+                read.first_age_ms = (datetime.now(UTC) - produced).total_seconds() * 1000
+            read.events += 1
+            read.last_id = sse.id or None
             if "seq" in event:
                 read.seqs.append(event["seq"])
             if kind == "message.delta":
@@ -392,7 +405,9 @@ async def resume_live(
 ) -> dict[str, Any]:
     """Phase 2b: drop a live turn's stream after a few events, reconnect with the last id."""
     samples: list[float] = []
+    ages: list[float] = []
     first_kinds: dict[str, int] = {}
+    rng = random.Random(20260101)
     deadline = time.monotonic() + budget_s
     for i in range(n):
         if time.monotonic() > deadline:
@@ -409,6 +424,7 @@ async def resume_live(
             findings.add("live head", f"turn ended or carried no id after {head.events} events")
             continue
         verify = i < VERIFY_LIVE
+        await asyncio.sleep(rng.uniform(0, LIVE_DELAY_MS / 1000))  # a random chunk phase
         tail = await read_stream(
             client,
             "GET",
@@ -417,6 +433,8 @@ async def resume_live(
             stop_after=None if verify else 1,
         )
         samples.append(tail.first_ms)
+        if tail.first_age_ms is not None:
+            ages.append(tail.first_age_ms)
         kind = tail.first_type or "?"
         first_kinds[kind] = first_kinds.get(kind, 0) + 1
         if verify:
@@ -436,7 +454,13 @@ async def resume_live(
         dropped_after_events=LIVE_DROP_AFTER,
         first_event_types=first_kinds,
         of=n,
+        first_event_age=_spread(ages),
     )
+
+
+def _spread(values: Sequence[float]) -> dict[str, float] | None:
+    """p50/p99 of event ages (receipt − the event's `ts`), in ms."""
+    return {"p50_ms": statistics.median(values), "p99_ms": pct(values, 99)} if values else None
 
 
 async def throughput(
@@ -451,7 +475,6 @@ async def throughput(
     """Phase 3: events/s of one stream, POST sent → last event received."""
     rates: list[float] = []
     counts: list[int] = []
-    firsts: list[float] = []
     deadline = time.monotonic() + budget_s
     for rep in range(reps):
         if rep and time.monotonic() > deadline:
@@ -460,7 +483,6 @@ async def throughput(
         read = await read_stream(client, "POST", url(rep), body=body(), max_events=events + 1000)
         rates.append(read.events / read.total_s)
         counts.append(read.events)
-        firsts.append(read.first_ms)
         if findings is not None:
             if (problem := check_seqs(read, 0)) is not None:
                 findings.add("bulk stream", problem)
@@ -477,7 +499,6 @@ async def throughput(
         "rate_eps": statistics.median(rates) if rates else None,
         "rate_eps_all": rates,
         "events_received": counts,
-        "first_event_ms": firsts,
         "chunks": events,
     }
 
@@ -644,9 +665,20 @@ def report(results: list[dict[str, Any]], args: argparse.Namespace) -> None:
             ratio = _x_floor(row, base)
             print(f"{metric:36} {result['buffer']:7} {row['n']:5} {p50} {p99} {rate} {ratio:>8}")
     print(
-        f"\nlive resume: the model streams a chunk every {LIVE_DELAY_MS:g} ms, so up to "
-        f"{LIVE_DELAY_MS:g} ms of it is waiting for the next chunk. × floor: p50 ratio, or "
-        "floor rate / rate (higher = slower)."
+        "\n× floor: p50 / floor p50, or floor rate / rate (higher = slower). The floor is "
+        "sse-starlette alone: no Store, no buffer, no resume."
+    )
+    delivery = ", ".join(
+        f"{r['buffer']} p50 {row['first_event_age']['p50_ms']:.2f} / p99 "
+        f"{row['first_event_age']['p99_ms']:.2f} ms"
+        for r in results
+        for row in r["rows"]
+        if row["metric"].startswith("resume live") and row.get("first_event_age")
+    )
+    print(
+        f"live resume: the model streams a chunk every {LIVE_DELAY_MS:g} ms and reconnects "
+        f"land at random phases, so ~{LIVE_DELAY_MS / 2:g} ms of the p50 is waiting for the "
+        f"next chunk; that event's delivery alone (its ts → received): {delivery or 'n/a'}."
     )
     for result in results[1:]:
         if result["check_failures"]:
@@ -676,7 +708,7 @@ async def main() -> None:
     parser.add_argument("--turns", type=int, default=200, help="samples per latency metric")
     parser.add_argument("--events", type=int, default=5000, help="chunks of the bulk turn")
     parser.add_argument("--reps", type=int, default=3, help="bulk streams per buffer")
-    parser.add_argument("--server", choices=("thread", "task"), default="thread")
+    parser.add_argument("--server", choices=("task", "thread"), default="task")
     parser.add_argument("--no-redis", action="store_true", help="skip the Redis buffer")
     parser.add_argument(
         "--budget", type=float, default=150.0, help="seconds for all phases (caps sample counts)"

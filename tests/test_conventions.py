@@ -91,10 +91,13 @@ def test_event_schema_matches_the_snapshot() -> None:
 def test_public_api_is_pinned() -> None:
     assert sorted(turnkit.__all__) == [
         "Agent",
+        "Answer",
+        "Approve",
         "CancelToken",
         "ConfigurationError",
         "ContentTooLargeError",
         "DeadlineExceededError",
+        "Deny",
         "DuplicateToolError",
         "DurableEvent",
         "Effort",
@@ -107,6 +110,8 @@ def test_public_api_is_pinned() -> None:
         "ModelFamily",
         "NotFoundError",
         "OutputLimitExceededError",
+        "PauseAnsweredError",
+        "PauseNotFoundError",
         "ProviderError",
         "ReplayCursorError",
         "RuntimeConfig",

@@ -18,6 +18,8 @@ from turnkit.errors import (
     InvalidSessionIdError,
     NotFoundError,
     OutputLimitExceededError,
+    PauseAnsweredError,
+    PauseNotFoundError,
     ProviderError,
     ReplayCursorError,
     SessionNotFoundError,
@@ -32,15 +34,19 @@ from turnkit.errors import (
 )
 from turnkit.events import DurableEvent, EphemeralEvent, StreamEvent
 from turnkit.models.family import ModelFamily
+from turnkit.pauses import Answer, Approve, Deny
 from turnkit.runtime import CancelToken, SessionRuntime, TurnHistory
 from turnkit.tools import ToolClass, ToolContext, tool
 
 __all__ = (
     "Agent",
+    "Answer",
+    "Approve",
     "CancelToken",
     "ConfigurationError",
     "ContentTooLargeError",
     "DeadlineExceededError",
+    "Deny",
     "DuplicateToolError",
     "DurableEvent",
     "Effort",
@@ -53,6 +59,8 @@ __all__ = (
     "ModelFamily",
     "NotFoundError",
     "OutputLimitExceededError",
+    "PauseAnsweredError",
+    "PauseNotFoundError",
     "ProviderError",
     "ReplayCursorError",
     "RuntimeConfig",

@@ -12,6 +12,7 @@ from typing import Final, Literal
 
 from turnkit.errors import ConfigurationError
 from turnkit.models import ModelClient
+from turnkit.pauses import ApprovalPolicy
 from turnkit.plugins import Plugin, validate_plugins
 from turnkit.tools import Tool, ToolRegistry
 
@@ -44,6 +45,11 @@ class Agent:
             has no tools; synthesize and post-turn always run.
         synthesis_instructions: The closing instruction of the one synthesize call.
         plugins: Post-turn enrichment and other hooks, validated here and run by `order`.
+        approval: When a tool call waits for a person: `never`, `always` ("Ask before each
+            action") or a function of (tool name, arguments). A tool's own `approval`
+            (`@tool(approval=...)`) takes precedence.
+        clarifications: Offer the model the built-in `ask_user` tool, which pauses the
+            turn until the person answers its question.
     """
 
     name: str = "assistant"
@@ -55,6 +61,8 @@ class Agent:
     skip_stages: frozenset[SkippableStage] = field(default_factory=frozenset[SkippableStage])
     synthesis_instructions: str = DEFAULT_SYNTHESIS_INSTRUCTIONS
     plugins: Sequence[Plugin] = ()
+    approval: ApprovalPolicy = "never"
+    clarifications: bool = False
 
     def __post_init__(self) -> None:
         if not self.name.strip():

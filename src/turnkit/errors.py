@@ -11,7 +11,9 @@ TurnkitError
  │   └─ InvalidSessionIdError
  ├─ NotFoundError
  │   ├─ SessionNotFoundError
- │   └─ TurnNotFoundError
+ │   ├─ TurnNotFoundError
+ │   └─ PauseNotFoundError
+ ├─ PauseAnsweredError        the approval or question was answered already
  ├─ TurnError                 ends a turn with a code → `error` event + terminal state
  │   ├─ ProviderError                 one model call failed (retriable or not)
  │   ├─ FamilyExhaustedError          every rung of the model family failed
@@ -44,6 +46,8 @@ __all__ = (
     "InvalidSessionIdError",
     "NotFoundError",
     "OutputLimitExceededError",
+    "PauseAnsweredError",
+    "PauseNotFoundError",
     "ProviderError",
     "ReplayCursorError",
     "SessionNotFoundError",
@@ -71,6 +75,9 @@ ErrorCode = Literal[
     "not-found",
     "session-not-found",
     "turn-not-found",
+    "pause-not-found",
+    "pause-already-answered",
+    "tool-denied",
     "provider-error",
     "family-exhausted",
     "agent_output_limit_exceeded",
@@ -174,6 +181,18 @@ class TurnNotFoundError(NotFoundError):
     """No such turn."""
 
     code: ClassVar[ErrorCode] = "turn-not-found"
+
+
+class PauseNotFoundError(NotFoundError):
+    """No such approval or clarification request on this turn."""
+
+    code: ClassVar[ErrorCode] = "pause-not-found"
+
+
+class PauseAnsweredError(TurnkitError):
+    """The approval or clarification request was answered already; nothing changed."""
+
+    code: ClassVar[ErrorCode] = "pause-already-answered"
 
 
 class TurnError(TurnkitError):

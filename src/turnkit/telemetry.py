@@ -20,6 +20,7 @@ from turnkit.clock import Clock
 from turnkit.events import DurableEvent, EphemeralEvent
 from turnkit.ids import SessionId, StageId, TurnId
 from turnkit.journal import Journal, dedupe_key
+from turnkit.pauses import PauseRequest
 from turnkit.states import TurnStatus
 from turnkit.store import RunSummary, Store
 
@@ -77,6 +78,8 @@ class Recorder:
         self.tool_calls = 0
         self.tool_timings: list[tuple[str, float]] = []
         self.context_messages = 0
+        self.pending_pause: PauseRequest | None = None
+        """Set while a stage waits on a person; the driver then settles the pause."""
         self.input_seqs: tuple[int, ...] = ()
         """The inputs this turn's requests present (set by the driver)."""
 
@@ -162,10 +165,11 @@ class Recorder:
         error_code: str | None = None,
         summary: RunSummary | None = None,
         release: bool = False,
+        pause: PauseRequest | None = None,
     ) -> None:
         """Commit everything staged (and a status move) in one transaction, then publish."""
         async with self._lock:
-            await self._commit_staged(status, error_code, summary, release)
+            await self._commit_staged(status, error_code, summary, release, pause)
 
     async def _commit_staged(
         self,
@@ -173,6 +177,7 @@ class Recorder:
         error_code: str | None,
         summary: RunSummary | None = None,
         release: bool = False,
+        pause: PauseRequest | None = None,
     ) -> None:
         if not (self._events or self._audit or status or release):
             return
@@ -188,6 +193,7 @@ class Recorder:
                 error_code=error_code,
                 summary=summary,
                 release=release,
+                pause=pause,
             )
         except BaseException:
             # Nothing was committed: keep it staged so a later flush (or the error path)

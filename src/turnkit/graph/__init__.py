@@ -18,6 +18,7 @@ from langgraph.errors import GraphBubbleUp
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.runtime import Runtime
+from langgraph.types import Command, interrupt
 
 from turnkit.events import StageName, StepEndEvent, StepStartEvent
 from turnkit.stages import (
@@ -35,7 +36,9 @@ __all__ = (
     "TurnState",
     "compile_turn_graph",
     "latest_checkpoint_id",
+    "has_pending_interrupt",
     "open_checkpointer",
+    "pause_here",
     "reraise_control_flow",
     "stream_turn",
 )
@@ -145,6 +148,17 @@ def compile_turn_graph(checkpointer: BaseCheckpointSaver[Any] | None) -> TurnGra
     return builder.compile(checkpointer=checkpointer, name="turnkit-turn")
 
 
+def pause_here(value: Any) -> Any:
+    """Pause the running node (LangGraph `interrupt`); returns the resume value on resume."""
+    return interrupt(value)
+
+
+async def has_pending_interrupt(graph: TurnGraph, thread_id: str) -> bool:
+    """Whether the thread stopped at an `interrupt` that has not been resumed."""
+    snapshot = await graph.aget_state(cast(Any, {"configurable": {"thread_id": thread_id}}))
+    return bool(snapshot.interrupts)
+
+
 async def stream_turn(
     graph: TurnGraph,
     state: TurnState | None,
@@ -152,14 +166,16 @@ async def stream_turn(
     *,
     thread_id: str,
     durability: Literal["sync", "async", "exit"],
+    resume: Any = None,
 ) -> AsyncIterator[object]:
     """Run (state given) or resume (None: from the last checkpoint) one turn's graph.
 
     Yields what the stages wrote to LangGraph's stream writer.
     """
     config: Any = {"configurable": {"thread_id": thread_id}}
+    graph_input: Any = Command(resume=resume) if resume is not None else state
     async for chunk in graph.astream(
-        state, config, context=ctx, stream_mode="custom", durability=durability
+        graph_input, config, context=ctx, stream_mode="custom", durability=durability
     ):
         yield chunk
 

@@ -16,9 +16,12 @@ from sse_starlette import EventSourceResponse
 
 from turnkit.errors import InvalidInputError, SessionNotFoundError, TurnNotFoundError
 from turnkit.http.models import (
+    AnswerBody,
+    ApprovalBody,
     AuditOut,
     CancelOut,
     ExecuteBody,
+    ResumeOut,
     SessionBody,
     SessionOut,
     TurnOut,
@@ -27,6 +30,7 @@ from turnkit.http.models import (
 from turnkit.http.problems import Problem, install_problem_handlers
 from turnkit.http.sse import frames_to_sse
 from turnkit.ids import SessionId, TurnId, uuid7
+from turnkit.pauses import Answer, Approve, Deny, Resolution
 from turnkit.runtime import SessionRuntime
 from turnkit.runtime._runner import turn_history
 from turnkit.runtime.reader import parse_cursor
@@ -144,6 +148,43 @@ def create_turnkit_router(  # noqa: C901 - one closure per route keeps the route
         record = await visible_turn(turn_id, principal)
         status = await runtime.cancel(record.turn_id)
         return CancelOut(turn_id=record.turn_id, status=status)
+
+    @router.post(
+        "/turns/{turn_id}/approvals/{request_id}",
+        response_model=ResumeOut,
+        status_code=202,
+        summary="Approve or deny a paused tool call",
+    )
+    async def approve(
+        turn_id: str, request_id: str, body: ApprovalBody, principal: Caller
+    ) -> ResumeOut:
+        record = await visible_turn(turn_id, principal)
+        resolution: Resolution = (
+            Approve(note=body.note) if body.decision == "approve" else Deny(note=body.note)
+        )
+        await runtime.resume(record.turn_id, request_id, resolution)
+        return ResumeOut(
+            turn_id=record.turn_id,
+            request_id=request_id,
+            status=(await runtime.turn(record.turn_id)).status,
+        )
+
+    @router.post(
+        "/turns/{turn_id}/clarifications/{request_id}",
+        response_model=ResumeOut,
+        status_code=202,
+        summary="Answer the model's question",
+    )
+    async def answer(
+        turn_id: str, request_id: str, body: AnswerBody, principal: Caller
+    ) -> ResumeOut:
+        record = await visible_turn(turn_id, principal)
+        await runtime.resume(record.turn_id, request_id, Answer(text=body.answer))
+        return ResumeOut(
+            turn_id=record.turn_id,
+            request_id=request_id,
+            status=(await runtime.turn(record.turn_id)).status,
+        )
 
     @router.get("/turns/{turn_id}/audit", response_model=AuditOut, summary="A turn's audit rows")
     async def audit(turn_id: str, principal: Caller) -> AuditOut:

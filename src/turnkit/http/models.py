@@ -119,3 +119,24 @@ class AuditOut(_Camel):
 
     turn_id: str
     rows: list[AuditRow]
+
+
+class ApprovalBody(_Camel):
+    """Body of `POST /turns/{turn_id}/approvals/{request_id}`."""
+
+    decision: str = Field(pattern="^(approve|deny)$")
+    note: str | None = Field(default=None, max_length=4000)
+
+
+class AnswerBody(_Camel):
+    """Body of `POST /turns/{turn_id}/clarifications/{request_id}`."""
+
+    answer: str = Field(min_length=1, max_length=20_000)
+
+
+class ResumeOut(_Camel):
+    """The turn goes on; follow it with `GET /turns/{turn_id}/stream?after=<last id>`."""
+
+    turn_id: str
+    request_id: str
+    status: TurnStatus

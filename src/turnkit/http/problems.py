@@ -15,6 +15,7 @@ from turnkit.errors import (
     ConfigurationError,
     InvalidInputError,
     NotFoundError,
+    PauseAnsweredError,
     ReplayCursorError,
     StaleEpochError,
     TurnkitError,
@@ -45,7 +46,7 @@ def status_for(exc: TurnkitError) -> int:
             return 416 if "ahead" in exc.message else 400
         case InvalidInputError():
             return 422
-        case StaleEpochError():
+        case StaleEpochError() | PauseAnsweredError():
             return 409
         case ConfigurationError():
             return 400

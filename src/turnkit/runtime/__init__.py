@@ -27,6 +27,7 @@ from turnkit.events import DurableEvent, EphemeralEvent, StreamEvent
 from turnkit.graph import TurnGraph, compile_turn_graph, open_checkpointer
 from turnkit.ids import SessionId, TurnId, is_valid_session_id, new_turn_id, uuid7
 from turnkit.models.family import ModelFamily, resolve_family
+from turnkit.pauses import Resolution
 from turnkit.replay import ReplayBuffer
 from turnkit.replay.memory import InMemoryReplayBuffer
 from turnkit.runtime._cancel import CancelToken
@@ -418,6 +419,46 @@ class SessionRuntime:
                 [(record.last_seq, await self._last_event(record.turn_id), True)],
             )
         return status
+
+    async def resume(self, turn_id: str, request_id: str, resolution: Resolution) -> Submission:
+        """Answer a paused turn's request and continue the *same* turn.
+
+        `Approve()` lets the tool call run; `Deny(note=...)` turns it into a failed result
+        the model reads; `Answer(text=...)` answers an `ask_user` question. The turn goes
+        on from its checkpoint (nothing before the pause runs or is billed again), in this
+        process when `RuntimeConfig.run_in_process`, else in a worker. Follow it with
+        `reader().follow(turn_id, after_seq=...)` or the HTTP resume stream.
+
+        Raises:
+            PauseNotFoundError: the turn has no such request.
+            PauseAnsweredError: the request was answered (or the turn ended) already.
+            InvalidInputError: an approval answered with text, or a question with a decision.
+        """
+        record = await self.turn(turn_id)
+        expected = {"awaiting_approval": ("approve", "deny"), "awaiting_input": ("answer",)}
+        allowed = expected.get(record.status)
+        if allowed is not None and resolution.kind not in allowed:
+            raise InvalidInputError(
+                f"turn {turn_id!r} is {record.status}: answer it with {' or '.join(allowed)}, "
+                f"not {resolution.kind}",
+                kind=resolution.kind,
+            )
+        await self.store.answer_pause(record.turn_id, request_id, resolution.model_dump())
+        if self.config.run_in_process:
+            task = asyncio.create_task(
+                self._run_detached(record.turn_id, None),
+                name=f"turnkit-resume-{record.turn_id}",
+            )
+            self._detached[record.turn_id] = task
+            task.add_done_callback(lambda _: self._detached.pop(record.turn_id, None))
+        return Submission(
+            session_id=record.session_id,
+            turn_id=record.turn_id,
+            input_seq=record.input_seq,
+            delivery="queue",
+            requested_delivery="queue",
+            is_new=False,
+        )
 
     async def _last_event(self, turn_id: TurnId) -> bytes:
         data = b""

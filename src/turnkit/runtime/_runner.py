@@ -9,7 +9,7 @@ from turnkit.agent import Agent, Effort
 from turnkit.clock import Clock
 from turnkit.config import RuntimeConfig
 from turnkit.errors import TurnNotFoundError
-from turnkit.graph import TurnGraph
+from turnkit.graph import TurnGraph, pause_here
 from turnkit.models.family import ModelFamily, resolve_family
 from turnkit.runtime._history import TurnHistory, blocks_of
 from turnkit.runtime.driver import Sink, TurnDriver
@@ -83,6 +83,7 @@ class TurnRunner:
                 registry=registry,
                 config=self.config,
                 thinking_budget=budget,
+                interrupt=pause_here,
             )
 
         return TurnDriver(
@@ -94,7 +95,7 @@ class TurnRunner:
             record=record,
             ctx_factory=ctx_factory,
             transcript=await self._transcript(agent, record),
-            entry=_entry(agent, registry_size=len(registry)),
+            entry=_entry(agent, registry_size=len(registry) + int(agent.clarifications)),
             sink=sink,
         )
 

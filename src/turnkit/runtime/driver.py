@@ -26,11 +26,17 @@ from turnkit.events import (
     ErrorEvent,
     HeartbeatEvent,
 )
-from turnkit.graph import TurnGraph, TurnState, latest_checkpoint_id, stream_turn
+from turnkit.graph import (
+    TurnGraph,
+    TurnState,
+    has_pending_interrupt,
+    latest_checkpoint_id,
+    stream_turn,
+)
 from turnkit.journal import Journal
 from turnkit.stages import StageContext
 from turnkit.stages._types import Route, TranscriptMessage
-from turnkit.states import TerminalStatus
+from turnkit.states import TerminalStatus, TurnStatus
 from turnkit.store import Lease, RunSummary, Store, TurnRecord
 from turnkit.telemetry import Recorder
 
@@ -118,7 +124,10 @@ class TurnDriver:
                 beat.cancel()
                 await asyncio.gather(keeper, beat, return_exceptions=True)
                 rec.publish = self._publish
-            await self._settle(rec, "succeeded")
+            if rec.pending_pause is not None:
+                await self._pause(rec)
+            else:
+                await self._settle(rec, "succeeded")
         except asyncio.CancelledError:
             if not self.lease_lost and self.recorder is not None:
                 await self._end_aborted(self.recorder)
@@ -142,10 +151,11 @@ class TurnDriver:
     async def _run_graph(self, rec: Recorder) -> None:
         elapsed = (self.clock.now() - self.lease.started_at).total_seconds()
         remaining = self.config.ceiling_s - elapsed
-        resume = (
-            self.lease.attempt > 1
-            and await latest_checkpoint_id(self.graph, self.lease.turn_id) is not None
-        )
+        # Turn ids are unique, so a checkpoint means this turn ran before: resume it.
+        resume = await latest_checkpoint_id(self.graph, self.lease.turn_id) is not None
+        answer = None
+        if resume and await has_pending_interrupt(self.graph, self.lease.turn_id):
+            answer = await self.store.pending_answer(self.lease.turn_id)
         state: TurnState | None = None
         if not resume:
             state = {
@@ -163,6 +173,7 @@ class TurnDriver:
                     self.ctx_factory(rec),
                     thread_id=self.lease.turn_id,
                     durability=self.config.checkpoint_durability,
+                    resume=answer,
                 ):
                     if isinstance(chunk, DurableEvent | EphemeralEvent):
                         self.sink(chunk)
@@ -228,6 +239,13 @@ class TurnDriver:
             rec.durable(CheckpointCreatedEvent, "post-turn", checkpoint_id=checkpoint_id)
         rec.durable(DoneEvent, "post-turn", status=status)
         await rec.flush(status=status, summary=self._summary(rec, status, None), release=True)
+
+    async def _pause(self, rec: Recorder) -> None:
+        """End this invocation only: save the request, wait for a person, hold nothing."""
+        pause = rec.pending_pause
+        assert pause is not None
+        status: TurnStatus = "awaiting_approval" if pause.kind == "approval" else "awaiting_input"
+        await rec.flush(status=status, pause=pause, release=True)
 
     async def _end_failed(self, rec: Recorder, exc: TurnError) -> None:
         status: TerminalStatus = "timed_out" if isinstance(exc, DeadlineExceededError) else "failed"

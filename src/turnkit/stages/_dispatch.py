@@ -6,7 +6,7 @@ import asyncio
 import json
 import time
 from collections.abc import Mapping
-from typing import cast
+from typing import Literal, cast
 
 from pydantic import JsonValue
 
@@ -14,6 +14,8 @@ from turnkit.audit import AuditPayloads, ToolFallbackStepPayload
 from turnkit.blocks import ToolResultBlock, ToolUseBlock
 from turnkit.errors import ErrorCode
 from turnkit.events import (
+    ApprovalRequestedEvent,
+    ClarificationRequestedEvent,
     JobCompletedEvent,
     JobDispatchedEvent,
     JobProgressEvent,
@@ -23,6 +25,16 @@ from turnkit.events import (
 )
 from turnkit.ids import ToolCallId, derive_id
 from turnkit.models import ToolCallPart
+from turnkit.pauses import (
+    CLARIFY_TOOL,
+    RESOLUTION_ADAPTER,
+    Answer,
+    Deny,
+    PauseRequest,
+    Resolution,
+    needs_approval,
+    summarize_call,
+)
 from turnkit.stages._types import StageContext, TranscriptMessage
 from turnkit.tools import Tool, ToolArgumentsError, ToolContext
 
@@ -71,37 +83,16 @@ async def dispatch_tools(
     was written ahead but has no result runs again with the same idempotency key.
     """
     rec = ctx.recorder
-    known = known_errors or {}
-    plans: list[tuple[ToolCallPart, Tool | None, dict[str, JsonValue], str | None, ErrorCode]] = []
-    for part in calls:
-        args, problem = _parse(part)
-        code: ErrorCode = "tool-arguments-invalid"
-        tool = ctx.registry.get(part.name)
-        if part.tool_call_id in known:
-            problem = known[part.tool_call_id]
-        elif truncated:
-            problem = (
-                "the output limit was reached while this call's arguments were being written; "
-                "nothing ran. Write the call again, shorter if you can"
-            )
-        elif problem is None and tool is None:
-            code = "tool-not-found"
-            problem = f"there is no tool named {part.name!r}; available: {list(ctx.registry.names)}"
-        rec.durable(
-            ToolStartedEvent,
-            "tool-loop",
-            block=ToolUseBlock(
-                tool_call_id=ToolCallId(part.tool_call_id),
-                tool_name=part.name,
-                arguments=args or {},
-            ),
-            generation_id=generation_id,
-            idempotency_key=idempotency_key(rec.session_id, rec.turn_id, part.tool_call_id),
-            arguments_error=problem,
-        )
-        plans.append((part, tool, args or {}, problem, code))
+    plans = _write_ahead(ctx, calls, truncated, generation_id, known_errors or {})
     rec.tool_calls += len(calls)
     await rec.flush()  # write ahead: every call is on record before any tool runs
+    # Approvals and questions come first, in call order: nothing runs until all are settled.
+    settled: dict[str, tuple[str | None, ErrorCode, JsonValue]] = {}
+    for part, tool, args, problem, _ in plans:
+        if problem is None and part.tool_call_id not in rec.journal.results:
+            outcome = _settle_pause(ctx, part, tool, args)
+            if outcome is not None:
+                settled[part.tool_call_id] = outcome
 
     async def run(
         part: ToolCallPart,
@@ -117,10 +108,11 @@ async def dispatch_tools(
             block, _ = done
             return _result_message(block)
         answered_by = part.name
-        if problem is None and tool is not None:
+        output: JsonValue = None
+        if part.tool_call_id in settled:
+            problem, code, output = settled[part.tool_call_id]
+        elif problem is None and tool is not None:
             problem, code, output, answered_by = await _invoke(ctx, tool, part, args)
-        else:
-            output = None
         duration = (time.perf_counter() - started) * 1000
         rec.tool_timings.append((answered_by, duration))
         if problem is None:
@@ -227,3 +219,117 @@ async def _invoke(
             is_error=problem is not None,
         )
     return problem, code, output, answered_by
+
+
+def _is_clarify(ctx: StageContext, part: ToolCallPart) -> bool:
+    return ctx.agent.clarifications and part.name == CLARIFY_TOOL
+
+
+def _settle_pause(
+    ctx: StageContext, part: ToolCallPart, tool: Tool | None, args: Mapping[str, JsonValue]
+) -> tuple[str | None, ErrorCode, JsonValue] | None:
+    """Pause for a question or an approval if this call needs one; the settled outcome.
+
+    Returns None when the call should simply run. Pausing raises out of the node (the
+    LangGraph interrupt); on resume the same code runs again and the interrupt returns
+    the person's answer.
+    """
+    rec = ctx.recorder
+    call_id = ToolCallId(part.tool_call_id)
+    request_id = derive_id("req", rec.turn_id, part.tool_call_id)
+    if _is_clarify(ctx, part):
+        question = str(args.get("question") or "")
+        raw_choices = args.get("choices") or []
+        choices = tuple(str(c) for c in raw_choices) if isinstance(raw_choices, list) else ()
+        rec.durable(
+            ClarificationRequestedEvent,
+            "tool-loop",
+            request_id=request_id,
+            question=question,
+            choices=choices,
+        )
+        payload: dict[str, JsonValue] = {"question": question, "choices": list(choices)}
+        resolution = _wait(ctx, request_id, "clarification", part, payload)
+        if not isinstance(resolution, Answer):
+            return ("the question was not answered", "tool-failed", None)
+        return (None, "tool-failed", {"answer": resolution.text})
+    if tool is None:
+        return None
+    policy = getattr(tool, "approval", None) or ctx.agent.approval
+    if not needs_approval(policy, part.name, args):
+        return None
+    summary = summarize_call(part.name, args)
+    rec.durable(
+        ApprovalRequestedEvent,
+        "tool-loop",
+        request_id=request_id,
+        tool_call_id=call_id,
+        tool_name=part.name,
+        arguments=dict(args),
+        summary=summary,
+    )
+    payload = {"tool_name": part.name, "arguments": dict(args), "summary": summary}
+    resolution = _wait(ctx, request_id, "approval", part, payload)
+    if isinstance(resolution, Deny):
+        note = f": {resolution.note}" if resolution.note else ""
+        return (f"the person denied this call{note}. Do not retry it as is", "tool-denied", None)
+    return None  # approved: run it
+
+
+def _wait(
+    ctx: StageContext,
+    request_id: str,
+    kind: Literal["approval", "clarification"],
+    part: ToolCallPart,
+    payload: dict[str, JsonValue],
+) -> Resolution:
+    rec = ctx.recorder
+    rec.pending_pause = PauseRequest(
+        request_id=request_id, kind=kind, tool_call_id=part.tool_call_id, payload=payload
+    )
+    answer = ctx.interrupt({"request_id": request_id, "kind": kind})
+    rec.pending_pause = None
+    return RESOLUTION_ADAPTER.validate_python(answer)
+
+
+Plan = tuple[ToolCallPart, Tool | None, dict[str, JsonValue], str | None, ErrorCode]
+
+
+def _write_ahead(
+    ctx: StageContext,
+    calls: tuple[ToolCallPart, ...],
+    truncated: bool,
+    generation_id: str,
+    known: Mapping[str, str],
+) -> list[Plan]:
+    """Stage a `tool.started` per call (with why it will not run, if it will not)."""
+    rec = ctx.recorder
+    plans: list[Plan] = []
+    for part in calls:
+        args, problem = _parse(part)
+        code: ErrorCode = "tool-arguments-invalid"
+        tool = ctx.registry.get(part.name)
+        if part.tool_call_id in known:
+            problem = known[part.tool_call_id]
+        elif truncated:
+            problem = (
+                "the output limit was reached while this call's arguments were being written; "
+                "nothing ran. Write the call again, shorter if you can"
+            )
+        elif problem is None and tool is None and not _is_clarify(ctx, part):
+            code = "tool-not-found"
+            problem = f"there is no tool named {part.name!r}; available: {list(ctx.registry.names)}"
+        rec.durable(
+            ToolStartedEvent,
+            "tool-loop",
+            block=ToolUseBlock(
+                tool_call_id=ToolCallId(part.tool_call_id),
+                tool_name=part.name,
+                arguments=args or {},
+            ),
+            generation_id=generation_id,
+            idempotency_key=idempotency_key(rec.session_id, rec.turn_id, part.tool_call_id),
+            arguments_error=problem,
+        )
+        plans.append((part, tool, args or {}, problem, code))
+    return plans

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, NotRequired, TypedDict
+
+from pydantic import JsonValue
 
 from turnkit.agent import Agent
 from turnkit.config import RuntimeConfig
@@ -68,6 +71,10 @@ def from_transcript(messages: list[TranscriptMessage]) -> tuple[ModelMessage, ..
     )
 
 
+def _no_pauses(value: JsonValue) -> JsonValue:
+    raise RuntimeError("pausing needs the graph: run stages through turnkit.graph")
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StageContext:
     """What a stage may use: the recorder (its only way out), the agent and its models."""
@@ -79,6 +86,8 @@ class StageContext:
     registry: ToolRegistry
     config: RuntimeConfig
     thinking_budget: int
+    interrupt: Callable[[JsonValue], JsonValue] = _no_pauses
+    """Pause the turn here; returns the answer when the turn is resumed (LangGraph)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

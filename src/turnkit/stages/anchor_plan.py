@@ -78,5 +78,6 @@ async def run_anchor_plan(
     if plan.tasks:
         steps = "\n".join(f"{i}. {task}" for i, task in enumerate(plan.tasks, 1))
         appended = ({"role": "system", "content": f"Plan for this request:\n{steps}"},)
-    skip_tools = "tool-loop" in ctx.agent.skip_stages or not len(ctx.registry)
+    no_tools = not len(ctx.registry) and not ctx.agent.clarifications
+    skip_tools = "tool-loop" in ctx.agent.skip_stages or no_tools
     return StageOutcome(appended=appended, route="synthesize" if skip_tools else "tool-loop")

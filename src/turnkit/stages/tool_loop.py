@@ -11,6 +11,7 @@ from turnkit.events import MessageCompleteEvent, ThinkingCompleteEvent
 from turnkit.ids import ToolCallId, derive_id
 from turnkit.journal import CommittedGeneration
 from turnkit.models import ModelMessage, ModelRequest, ModelResponse, ToolCallPart, Usage
+from turnkit.pauses import clarify_spec
 from turnkit.stages._calls import call_model
 from turnkit.stages._dispatch import dispatch_tools
 from turnkit.stages._types import (
@@ -47,7 +48,7 @@ async def run_tool_loop(
     goes on; one cut with no call named is fatal (seed 002 "Finishing").
     """
     rec = ctx.recorder
-    specs = ctx.registry.specs()
+    specs = ctx.registry.specs() + ((clarify_spec(),) if ctx.agent.clarifications else ())
     generation = derive_id("gen", rec.turn_id, "tool-loop", iteration)
     committed = rec.journal.generation(generation)
     if committed is not None:

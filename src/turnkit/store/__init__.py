@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, JsonValue
 from turnkit.audit import AuditRow, UsageDelta
 from turnkit.events import DurableEvent, StreamEvent, decode_event
 from turnkit.ids import SessionId, TurnId
+from turnkit.pauses import PauseRequest
 from turnkit.states import TurnStatus
 
 if TYPE_CHECKING:
@@ -27,6 +28,7 @@ __all__ = (
     "Delivery",
     "Lease",
     "NewInput",
+    "PauseBook",
     "RunQueue",
     "RunSummary",
     "SessionDirectory",
@@ -187,8 +189,11 @@ class TurnLedger(Protocol):
         error_code: str | None = None,
         summary: RunSummary | None = None,
         release: bool = False,
+        pause: PauseRequest | None = None,
     ) -> None:
         """Append events, audit rows (+ usage rollup) and a status move, atomically.
+
+        `pause` saves the approval or clarification request the turn now waits on.
 
         Rejects a stale `epoch` with `StaleEpochError` and an illegal status move with
         `StoreError`; an already-stored `(turn_id, seq)` is kept as is (no error).
@@ -303,7 +308,25 @@ class Canceller(Protocol):
         ...
 
 
-class Store(TurnLedger, RunQueue, SessionDirectory, Watchdog, Canceller, Protocol):
+class PauseBook(Protocol):
+    """The requests paused turns wait on, and their answers."""
+
+    async def answer_pause(
+        self, turn_id: TurnId, request_id: str, answer: dict[str, JsonValue]
+    ) -> PauseRequest:
+        """Record the answer and make the turn runnable again, in one transaction.
+
+        Raises `PauseNotFoundError` (no such request on this turn) or
+        `PauseAnsweredError` (answered already); either way nothing changes.
+        """
+        ...
+
+    async def pending_answer(self, turn_id: TurnId) -> dict[str, JsonValue] | None:
+        """The newest answer the turn has not consumed yet (what the resumed run needs)."""
+        ...
+
+
+class Store(TurnLedger, RunQueue, SessionDirectory, Watchdog, Canceller, PauseBook, Protocol):
     """Durable turn storage (see `TurnLedger` and `RunQueue`). Safe for concurrent use."""
 
     async def get_turn(self, turn_id: TurnId) -> TurnRecord | None:

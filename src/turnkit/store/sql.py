@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Self, TypeVar, cast
 
+from pydantic import JsonValue
 from sqlalchemy import (
     Connection,
     Engine,
@@ -31,6 +32,7 @@ from turnkit.clock import Clock, SystemClock
 from turnkit.errors import StaleEpochError, StoreError, TurnNotFoundError
 from turnkit.events import DurableEvent, encode_event
 from turnkit.ids import SessionId, TurnId
+from turnkit.pauses import PauseRequest
 from turnkit.states import TurnStatus
 from turnkit.store import (
     Lease,
@@ -40,6 +42,7 @@ from turnkit.store import (
     StoredEvent,
     Submission,
     TurnRecord,
+    _pauses_sql as pauses_sql,
     _queue_sql as queue,
     _sessions_sql as sessions_sql,
 )
@@ -291,6 +294,7 @@ class SqlStore:
         error_code: str | None = None,
         summary: RunSummary | None = None,
         release: bool = False,
+        pause: PauseRequest | None = None,
     ) -> None:
         """Append events, audit rows (+ usage rollup) and a status move in one transaction."""
         event_rows = [
@@ -319,6 +323,7 @@ class SqlStore:
             status,
             error_code,
             (summary.model_dump_json() if summary is not None else None, release),
+            pause,
         )
 
     def _commit(
@@ -332,6 +337,7 @@ class SqlStore:
         status: TurnStatus | None,
         error_code: str | None,
         settle: tuple[str | None, bool] = (None, False),
+        pause: PauseRequest | None = None,
     ) -> None:
         top = max((r["seq"] for r in event_rows), default=0)
         params: dict[str, Any] = {
@@ -361,6 +367,11 @@ class SqlStore:
                 .where(_turns.c.turn_id == turn_id, _turns.c.lease_epoch == epoch)
                 .values(**extra)
             )
+        if pause is not None:
+            session_id = conn.execute(
+                select(_turns.c.session_id).where(_turns.c.turn_id == turn_id)
+            ).scalar_one()
+            pauses_sql.open_pause(conn, self._insert, turn_id, session_id, pause, self._clock.now())
         if event_rows:
             conn.execute(self._hot.insert_event, event_rows)
         if audit_rows:
@@ -377,6 +388,16 @@ class SqlStore:
         if status is None:
             raise TurnNotFoundError(f"no turn {turn_id!r}", turn_id=turn_id)
         return cast(TurnStatus, status)
+
+    async def answer_pause(
+        self, turn_id: TurnId, request_id: str, answer: dict[str, JsonValue]
+    ) -> PauseRequest:
+        """Record an answer and make the turn runnable again (one transaction)."""
+        return await self._tx(pauses_sql.answer, turn_id, request_id, answer, self._clock.now())
+
+    async def pending_answer(self, turn_id: TurnId) -> dict[str, JsonValue] | None:
+        """The newest answer not yet consumed by a resumed run."""
+        return await self._tx(pauses_sql.pending_answer, turn_id)
 
     async def time_out(self, turn_id: TurnId, *, reason: str) -> bool:
         """End one running turn as `timed_out` (a reader found its driver gone)."""

@@ -11,6 +11,7 @@ from pydantic_core import to_jsonable_python
 
 from turnkit.errors import ConfigurationError
 from turnkit.models import ToolSpec
+from turnkit.pauses import ApprovalPolicy
 from turnkit.tools._context import ToolContext
 
 __all__ = ("FunctionTool", "ToolArgumentsError", "tool")
@@ -72,8 +73,11 @@ class FunctionTool:
         *,
         name: str | None = None,
         description: str | None = None,
+        approval: ApprovalPolicy | None = None,
     ) -> None:
         self.fn = fn
+        self.approval = approval
+        """This tool's approval policy (None: the agent's)."""
         self._name = name or fn.__name__
         if not _NAME.fullmatch(self._name):
             raise ConfigurationError(
@@ -156,6 +160,7 @@ def tool(
     name: str | None = None,
     description: str | None = None,
     fallbacks: Sequence[FunctionTool] = (),
+    approval: ApprovalPolicy | None = None,
 ) -> Callable[[ToolFunction], Any]: ...
 
 
@@ -166,13 +171,15 @@ def tool(
     name: str | None = None,
     description: str | None = None,
     fallbacks: Sequence[FunctionTool] = (),
+    approval: ApprovalPolicy | None = None,
 ) -> Any:
     """Turn a typed function into a tool.
 
     The JSON schema comes from the signature (and `Args:` descriptions in the docstring);
     a parameter typed `ToolContext` is left out of the schema and receives the call's
     context. With `fallbacks`, the result is a `ToolClass`: when the function fails, the
-    call pivots to the next fallback with the same arguments.
+    call pivots to the next fallback with the same arguments. `approval` (`"always"`,
+    `"never"` or a function of name and arguments) overrides the agent's policy.
 
     Example:
         ```python
@@ -184,7 +191,7 @@ def tool(
     """
 
     def wrap(func: ToolFunction) -> Any:
-        made = FunctionTool(func, name=name, description=description)
+        made = FunctionTool(func, name=name, description=description, approval=approval)
         if not fallbacks:
             return made
         from turnkit.tools.cascade import ToolClass

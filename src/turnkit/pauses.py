@@ -1,0 +1,122 @@
+"""Pauses: approval policies, the clarification tool, and the answers that resume a turn.
+
+A tool call that needs approval, or a question the model asks with `ask_user`, pauses the
+*same* turn: the request is saved, `approval.requested` / `clarification.requested` is
+committed, the turn moves to `awaiting_approval` / `awaiting_input`, and the invocation
+ends — nothing of the tool runs, and no process holds the turn. Answering resumes it from
+its LangGraph checkpoint, from any process, however much later.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, TypeAdapter
+
+from turnkit.errors import ConfigurationError
+from turnkit.models import ToolSpec
+
+__all__ = (
+    "CLARIFY_TOOL",
+    "RESOLUTION_ADAPTER",
+    "Answer",
+    "ApprovalPolicy",
+    "Approve",
+    "Deny",
+    "PauseRequest",
+    "Resolution",
+    "clarify_spec",
+    "needs_approval",
+    "summarize_call",
+)
+
+ApprovalPolicy = Literal["never", "always"] | Callable[[str, Mapping[str, JsonValue]], bool]
+"""`never`, `always` ("Ask before each action"), or a function of (tool name, arguments)."""
+
+CLARIFY_TOOL = "ask_user"
+
+
+class Approve(BaseModel):
+    """Let the paused tool call run."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    kind: Literal["approve"] = "approve"
+    note: str | None = None
+
+
+class Deny(BaseModel):
+    """Refuse the paused tool call; the model reads the refusal (and `note`) as its result."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    kind: Literal["deny"] = "deny"
+    note: str | None = Field(default=None, max_length=4000)
+
+
+class Answer(BaseModel):
+    """Answer the model's clarification question."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    kind: Literal["answer"] = "answer"
+    text: str = Field(min_length=1, max_length=20_000)
+
+
+Resolution = Annotated[Approve | Deny | Answer, Field(discriminator="kind")]
+RESOLUTION_ADAPTER: TypeAdapter[Resolution] = TypeAdapter(Resolution)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PauseRequest:
+    """What a paused turn waits on (saved in the Store with the pause)."""
+
+    request_id: str
+    kind: Literal["approval", "clarification"]
+    tool_call_id: str
+    payload: dict[str, JsonValue]
+
+
+def needs_approval(
+    policy: ApprovalPolicy, tool_name: str, arguments: Mapping[str, JsonValue]
+) -> bool:
+    """Whether a call needs a person's approval under `policy`."""
+    if policy == "never":
+        return False
+    if policy == "always":
+        return True
+    if callable(policy):
+        return bool(policy(tool_name, arguments))
+    raise ConfigurationError(f"approval policy {policy!r} is not 'never', 'always' or a function")
+
+
+def summarize_call(tool_name: str, arguments: Mapping[str, JsonValue]) -> str:
+    """A human-readable line for the approval card."""
+    args = json.dumps(dict(arguments), ensure_ascii=False, sort_keys=True)
+    if len(args) > 300:
+        args = args[:297] + "..."
+    return f"Run {tool_name} with {args}"
+
+
+def clarify_spec() -> ToolSpec:
+    """The built-in tool the model calls to ask the person a question."""
+    return ToolSpec(
+        name=CLARIFY_TOOL,
+        description=(
+            "Ask the person a question when the answer would change what you deliver. "
+            "The turn pauses until they answer; their answer is this tool's result."
+        ),
+        parameters={
+            "type": "object",
+            "properties": {
+                "question": {"type": "string", "description": "The question to ask."},
+                "choices": {
+                    "type": "array",
+                    "items": {"type": "string"},
+                    "description": "Answers to offer, if the question has a few.",
+                },
+            },
+            "required": ["question"],
+            "additionalProperties": False,
+        },
+    )

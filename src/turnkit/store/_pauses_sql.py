@@ -1,0 +1,105 @@
+"""The pause side of `SqlStore`: save a request, answer it, hand the answer to the run."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any, cast
+
+from pydantic import JsonValue
+from sqlalchemy import Connection, select, update
+
+from turnkit.errors import PauseAnsweredError, PauseNotFoundError
+from turnkit.ids import TurnId
+from turnkit.pauses import PauseRequest
+from turnkit.store._schema import pauses, turns
+
+__all__ = ("answer", "open_pause", "pending_answer")
+
+_AWAITING = {"approval": "awaiting_approval", "clarification": "awaiting_input"}
+
+
+def open_pause(
+    conn: Connection,
+    insert: Any,
+    turn_id: TurnId,
+    session_id: str,
+    pause: PauseRequest,
+    now: datetime,
+) -> None:
+    """Save the request a turn now waits on (a retried pause changes nothing)."""
+    conn.execute(
+        insert(pauses)
+        .values(
+            request_id=pause.request_id,
+            turn_id=turn_id,
+            session_id=session_id,
+            kind=pause.kind,
+            payload=json.dumps({"tool_call_id": pause.tool_call_id, **pause.payload}),
+            status="open",
+            created_at=now,
+        )
+        .on_conflict_do_nothing(index_elements=["request_id"])
+    )
+
+
+def answer(
+    conn: Connection, turn_id: TurnId, request_id: str, value: dict[str, JsonValue], now: datetime
+) -> PauseRequest:
+    """Answer an open request of this turn and move the turn back to `running`."""
+    row = conn.execute(
+        select(pauses).where(pauses.c.request_id == request_id, pauses.c.turn_id == turn_id)
+    ).first()
+    if row is None:
+        raise PauseNotFoundError(
+            f"turn {turn_id!r} has no request {request_id!r}",
+            turn_id=turn_id,
+            request_id=request_id,
+        )
+    if row.status != "open":
+        raise PauseAnsweredError(
+            f"request {request_id!r} is {row.status} already; nothing was changed",
+            request_id=request_id,
+            status=row.status,
+        )
+    moved = conn.execute(
+        update(turns)
+        .where(turns.c.turn_id == turn_id, turns.c.status == _AWAITING[row.kind])
+        .values(
+            status="running",
+            # A resumed run is a new run: fresh attempts and a fresh ceiling.
+            attempts=0,
+            started_at=None,
+            lease_owner=None,
+            lease_expires_at=None,
+            updated_at=now,
+        )
+    )
+    if moved.rowcount != 1:
+        raise PauseAnsweredError(
+            f"turn {turn_id!r} is not waiting on {request_id!r} any more; nothing was changed",
+            request_id=request_id,
+        )
+    conn.execute(
+        update(pauses)
+        .where(pauses.c.request_id == request_id, pauses.c.status == "open")
+        .values(status="answered", answer=json.dumps(value), answered_at=now)
+    )
+    payload = json.loads(row.payload)
+    return PauseRequest(
+        request_id=request_id,
+        kind=row.kind,
+        tool_call_id=str(payload.pop("tool_call_id", "")),
+        payload=payload,
+    )
+
+
+def pending_answer(conn: Connection, turn_id: TurnId) -> dict[str, JsonValue] | None:
+    """The newest answered request's answer."""
+    row = conn.execute(
+        select(pauses.c.answer)
+        .where(pauses.c.turn_id == turn_id, pauses.c.status == "answered")
+        .order_by(pauses.c.answered_at.desc())
+        .limit(1)
+    ).first()
+    return cast(dict[str, JsonValue], json.loads(row.answer)) if row is not None else None

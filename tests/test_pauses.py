@@ -1,0 +1,225 @@
+"""Approvals, clarifications and Stop: a paused turn waits, then resumes the same turn."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from turnkit import (
+    Agent,
+    Answer,
+    Approve,
+    Deny,
+    PauseAnsweredError,
+    PauseNotFoundError,
+    RuntimeConfig,
+    SessionRuntime,
+    ToolContext,
+    tool,
+)
+from turnkit.events import (
+    ApprovalRequestedEvent,
+    ClarificationRequestedEvent,
+    DoneEvent,
+    StreamEvent,
+    ToolCompletedEvent,
+    ToolFailedEvent,
+)
+from turnkit.runtime.reader import Frame
+from turnkit.testing import ModelStep, ScriptedModel, call, collect_events
+
+RUNS: list[str] = []
+
+
+@tool(approval="always")
+async def send_email(to: str, ctx: ToolContext) -> str:
+    """Send an email (needs a person's approval)."""
+    RUNS.append(ctx.idempotency_key)
+    return f"sent to {to}"
+
+
+def _runtime(db: Path, model: ScriptedModel, **agent_kw: object) -> SessionRuntime:
+    agent = Agent(model=model, tools=[send_email], **agent_kw)  # type: ignore[arg-type]
+    return SessionRuntime(agent=agent, config=RuntimeConfig(database_url=f"sqlite:///{db}"))
+
+
+async def _finish(runtime: SessionRuntime, turn_id: str, after: int) -> list[StreamEvent]:
+    """Follow the resumed turn to its end (bounded)."""
+    from turnkit.events import decode_event
+
+    out: list[StreamEvent] = []
+    async with asyncio.timeout(20):
+        async for frame in runtime.reader().follow(turn_id, after_seq=after):  # type: ignore[arg-type]
+            if isinstance(frame, Frame) and frame.seq is not None:
+                out.append(decode_event(frame.data))
+                if out[-1].type == "done":
+                    return out
+    return out
+
+
+@pytest.fixture(autouse=True)
+def _reset_runs() -> None:
+    RUNS.clear()
+
+
+async def test_approval_survives_a_restart_and_resumes_the_same_turn(tmp_path: Path) -> None:
+    db = tmp_path / "pause.db"
+    before = ScriptedModel([ModelStep.tool_call_reply(call("send_email", to="ada@example.com"))])
+    first = _runtime(db, before)
+    await first.open()
+    events = await collect_events(first.execute_message("s1", "email Ada"))
+    await first.close()  # the process goes away while the turn waits
+
+    [asked] = [e for e in events if isinstance(e, ApprovalRequestedEvent)]
+    assert asked.tool_name == "send_email"
+    assert asked.arguments == {"to": "ada@example.com"}
+    assert "send_email" in asked.summary
+    assert events[-1] == asked  # this invocation ended at the request: no `done`
+    assert RUNS == []  # nothing of the tool ran
+
+    after = ScriptedModel([ModelStep.text_reply("Sent."), ModelStep.text_reply("Done: sent.")])
+    second = _runtime(db, after)
+    await second.open()
+    try:
+        record = await second.turn(asked.turn_id)
+        assert record.status == "awaiting_approval"
+        assert record.lease_owner is None  # a paused turn holds no process
+        await second.resume(asked.turn_id, asked.request_id, Approve())
+        rest = await _finish(second, asked.turn_id, after=asked.seq)
+    finally:
+        await second.close()
+
+    seqs = [e.seq for e in events if hasattr(e, "seq")] + [e.seq for e in rest]  # type: ignore[union-attr]
+    assert seqs == list(range(1, len(seqs) + 1))  # same turn, seq continues gap-free
+    assert {e.turn_id for e in rest} == {asked.turn_id}
+    done = rest[-1]
+    assert isinstance(done, DoneEvent)
+    assert done.status == "succeeded"
+    assert [e.result.output for e in rest if isinstance(e, ToolCompletedEvent)] == [
+        "sent to ada@example.com"
+    ]
+    assert len(RUNS) == 1  # the tool ran exactly once
+    assert len(before.calls) == 1  # the steps before the pause were not re-run ...
+    assert len(after.calls) == 2  # ... only what came after it
+    after.assert_complete()
+
+
+async def test_a_denial_is_a_result_the_model_reads(tmp_path: Path) -> None:
+    model = ScriptedModel(
+        [
+            ModelStep.tool_call_reply(call("send_email", to="x@example.com")),
+            ModelStep.text_reply("Understood, not sending."),
+            ModelStep.text_reply("I did not send it."),
+        ]
+    )
+    runtime = _runtime(tmp_path / "deny.db", model)
+    await runtime.open()
+    try:
+        events = await collect_events(runtime.execute_message("s1", "email x"))
+        asked = events[-1]
+        assert isinstance(asked, ApprovalRequestedEvent)
+        await runtime.resume(asked.turn_id, asked.request_id, Deny(note="wrong address"))
+        rest = await _finish(runtime, asked.turn_id, after=asked.seq)
+    finally:
+        await runtime.close()
+    [failed] = [e for e in rest if isinstance(e, ToolFailedEvent)]
+    assert failed.code == "tool-denied"
+    assert "wrong address" in (failed.result.error or "")
+    assert RUNS == []
+    tool_message = model.calls[1].messages[-1]
+    assert tool_message.role == "tool"
+    assert "denied" in tool_message.content
+    assert rest[-1].type == "done"
+
+
+async def test_a_clarification_with_choices_pauses_then_answers(tmp_path: Path) -> None:
+    model = ScriptedModel(
+        [
+            ModelStep.tool_call_reply(
+                call("ask_user", question="Which format?", choices=["PDF", "DOCX"])
+            ),
+            ModelStep.text_reply("PDF it is."),
+            ModelStep.text_reply("Here is the PDF plan."),
+        ]
+    )
+    runtime = _runtime(tmp_path / "ask.db", model, clarifications=True)
+    await runtime.open()
+    try:
+        events = await collect_events(runtime.execute_message("s1", "write the report"))
+        asked = events[-1]
+        assert isinstance(asked, ClarificationRequestedEvent)
+        assert (asked.question, asked.choices) == ("Which format?", ("PDF", "DOCX"))
+        assert (await runtime.turn(asked.turn_id)).status == "awaiting_input"
+        assert "ask_user" in [t.name for t in model.calls[0].tools]
+        with pytest.raises(Exception, match="answer it with answer"):
+            await runtime.resume(asked.turn_id, asked.request_id, Approve())
+        await runtime.resume(asked.turn_id, asked.request_id, Answer(text="PDF"))
+        rest = await _finish(runtime, asked.turn_id, after=asked.seq)
+    finally:
+        await runtime.close()
+    [answered] = [e for e in rest if isinstance(e, ToolCompletedEvent)]
+    assert answered.result.output == {"answer": "PDF"}
+    assert '"PDF"' in model.calls[1].messages[-1].content
+    assert rest[-1].type == "done"
+
+
+async def test_answers_twice_or_for_another_turn_are_refused(tmp_path: Path) -> None:
+    model = ScriptedModel(
+        [
+            ModelStep.tool_call_reply(call("send_email", to="a@example.com")),
+            ModelStep.tool_call_reply(call("send_email", to="b@example.com")),
+            ModelStep.text_reply("ok"),
+            ModelStep.text_reply("ok"),
+        ]
+    )
+    runtime = _runtime(tmp_path / "twice.db", model)
+    await runtime.open()
+    try:
+        one = (await collect_events(runtime.execute_message("s1", "email a")))[-1]
+        two = (await collect_events(runtime.execute_message("s2", "email b")))[-1]
+        assert isinstance(one, ApprovalRequestedEvent)
+        assert isinstance(two, ApprovalRequestedEvent)
+        with pytest.raises(PauseNotFoundError):
+            await runtime.resume(one.turn_id, two.request_id, Approve())
+        assert (await runtime.turn(two.turn_id)).status == "awaiting_approval"
+        await runtime.resume(one.turn_id, one.request_id, Approve())
+        with pytest.raises(PauseAnsweredError, match="nothing was changed"):
+            await runtime.resume(one.turn_id, one.request_id, Deny())
+        await _finish(runtime, one.turn_id, after=one.seq)
+    finally:
+        await runtime.close()
+
+
+async def test_stop_while_awaiting_ends_the_turn_cancelled(tmp_path: Path) -> None:
+    model = ScriptedModel([ModelStep.tool_call_reply(call("send_email", to="c@example.com"))])
+    runtime = _runtime(tmp_path / "stop.db", model)
+    await runtime.open()
+    try:
+        asked = (await collect_events(runtime.execute_message("s1", "email c")))[-1]
+        assert isinstance(asked, ApprovalRequestedEvent)
+        assert await runtime.cancel(asked.turn_id) == "cancelled"
+        record = await runtime.turn(asked.turn_id)
+        assert (record.status, record.error_code) == ("cancelled", None)
+        stored = [e async for e in runtime.events(asked.turn_id)]
+        assert isinstance(stored[-1], DoneEvent)
+        assert stored[-1].status == "cancelled"
+        assert stored[-1].seq == asked.seq + 1
+        with pytest.raises(PauseAnsweredError):
+            await runtime.resume(asked.turn_id, asked.request_id, Approve())
+        assert RUNS == []
+    finally:
+        await runtime.close()
+
+
+async def test_a_paused_turn_is_never_swept(tmp_path: Path) -> None:
+    model = ScriptedModel([ModelStep.tool_call_reply(call("send_email", to="d@example.com"))])
+    runtime = _runtime(tmp_path / "sweep.db", model)
+    await runtime.open()
+    try:
+        asked = (await collect_events(runtime.execute_message("s1", "email d")))[-1]
+        assert await runtime.store.sweep(ceiling_s=0, max_attempts=1) == []
+        assert (await runtime.turn(asked.turn_id)).status == "awaiting_approval"
+    finally:
+        await runtime.close()
