@@ -17,6 +17,13 @@ EXPECT = {
         "toolFallbackStep",
         "answer: ACME is at $12.50",
     ],
+    "approval.py": [
+        "approval.requested",
+        "status: awaiting_approval",
+        "tool.completed",
+        "status: succeeded",
+        "answer: Ada got her 40 EUR.",
+    ],
 }
 
 
