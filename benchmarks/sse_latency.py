@@ -13,7 +13,9 @@ temp SQLite database, and an httpx + httpx-sse client measures:
    therefore includes waiting for the model's next chunk (uniform 0-5 ms); the JSON also
    has that event's delivery time alone (its `ts` → received);
 3. sustained events/s through one stream: a model streaming `--events` chunks with no delay,
-   events received / (POST sent → `done` received);
+   events received / (POST sent → `done` received). Two models: "streaming" suspends once
+   per chunk (as a client reading a socket does) and "burst" never suspends (like
+   `ScriptedModel`: the driver emits every delta before the publisher runs once);
 4. the floor: a plain FastAPI + sse-starlette endpoint on the same kind of server yielding
    the same number of pre-built events of the same size (no turnkit).
 
@@ -78,14 +80,24 @@ LIVE_CHUNKS, LIVE_DELAY_MS, LIVE_DROP_AFTER = 200, 5.0, 5
 STREAM_TIMEOUT_S = 60.0  # no single stream may take longer than this
 WARMUP = 5
 VERIFY_LIVE = 3  # live turns read to the end after the reconnect (the rest are cancelled)
-_DIRECTIVE = re.compile(r"^bench chunks=(\d+) delay_ms=([0-9.]+)$")
+_DIRECTIVE = re.compile(r"^bench chunks=(\d+) delay_ms=([0-9.]+)( burst)?$")
+FIRST, DONE = "first event after POST", "turn done after POST"
+RESUME_DONE, RESUME_LIVE = "resume finished turn → 1st event", "resume live turn → 1st event"
+RATE_FLOOR = "events/s, one stream"
+RATE_STREAM, RATE_BURST = "events/s, streaming model", "events/s, burst model"
+METRICS = (FIRST, DONE, RESUME_DONE, RESUME_LIVE, RATE_FLOOR, RATE_STREAM, RATE_BURST)
 
 
 # ── the model ────────────────────────────────────────────────────────────────────────
 
 
 class BenchModel:
-    """A `ModelClient` answering at once; `bench chunks=N delay_ms=D` streams N chunks."""
+    """A `ModelClient` answering at once; `bench chunks=N delay_ms=D` streams N chunks.
+
+    Streaming suspends once per chunk (`asyncio.sleep(D)`, also for D = 0), as a client
+    reading a socket does; `… burst` never suspends, like `ScriptedModel`, so the driver
+    runs the whole stream before the publisher gets the loop and publishes it in one batch.
+    """
 
     @property
     def model(self) -> str:
@@ -103,16 +115,16 @@ class BenchModel:
                 yield TextDelta(ANSWER[start : start + 8])
             yield Finish("end_turn", Usage(input_tokens=8, output_tokens=9))
             return
-        chunks, delay = int(match[1]), float(match[2]) / 1000
+        chunks, delay, burst = int(match[1]), float(match[2]) / 1000, bool(match[3])
         for _ in range(chunks):
-            if delay:
+            if not burst:
                 await asyncio.sleep(delay)
             yield TextDelta(CHUNK)
         yield Finish("end_turn", Usage(input_tokens=8, output_tokens=chunks * 2))
 
 
-def bench_message(chunks: int, delay_ms: float = 0.0) -> str:
-    return f"bench chunks={chunks} delay_ms={delay_ms:g}"
+def bench_message(chunks: int, delay_ms: float = 0.0, *, burst: bool = False) -> str:
+    return f"bench chunks={chunks} delay_ms={delay_ms:g}" + (" burst" if burst else "")
 
 
 # ── serving ──────────────────────────────────────────────────────────────────────────
@@ -363,14 +375,14 @@ async def first_events(
     return (
         [
             latency(
-                "first event after POST",
+                FIRST,
                 first,
                 model="instant",
-                of=n,
+                requested=n,
                 events_per_turn=statistics.median_low([e for e, _ in shape] or [0]),
                 durable_per_turn=statistics.median_low([d for _, d in shape] or [0]),
             ),
-            latency("turn done after POST", whole, model="instant", of=n),
+            latency(DONE, whole, model="instant", requested=n),
         ],
         finished,
     )
@@ -397,7 +409,7 @@ async def resume_finished(
         samples.append(read.first_ms)
         if (problem := check_seqs(read, cursor)) is not None:
             findings.add("resume finished", problem)
-    return latency("resume finished turn → 1st event", samples, cursor="last_seq // 2", of=n)
+    return latency(RESUME_DONE, samples, cursor="last_seq // 2", requested=n)
 
 
 async def resume_live(
@@ -448,12 +460,12 @@ async def resume_live(
             if cancel.status_code != 200:
                 findings.add("cancel", f"{cancel.status_code} {cancel.text[:200]}")
     return latency(
-        "resume live turn → 1st event",
+        RESUME_LIVE,
         samples,
         model=f"{LIVE_CHUNKS} chunks, {LIVE_DELAY_MS:g} ms apart",
         dropped_after_events=LIVE_DROP_AFTER,
         first_event_types=first_kinds,
-        of=n,
+        requested=n,
         first_event_age=_spread(ages),
     )
 
@@ -464,6 +476,7 @@ def _spread(values: Sequence[float]) -> dict[str, float] | None:
 
 
 async def throughput(
+    metric: str,
     client: httpx.AsyncClient,
     url: Callable[[int], str],
     body: Callable[[], dict[str, Any]],
@@ -485,16 +498,16 @@ async def throughput(
         counts.append(read.events)
         if findings is not None:
             if (problem := check_seqs(read, 0)) is not None:
-                findings.add("bulk stream", problem)
+                findings.add(f"{metric}: stream", problem)
             got = "".join(read.deltas)
             if got != CHUNK * events:
                 findings.add(
-                    "bulk deltas",
+                    f"{metric}: deltas",
                     f"{len(read.deltas)} of {events} deltas arrived "
                     f"({len(got)} of {len(CHUNK) * events} chars)",
                 )
     return {
-        "metric": "sustained events/s, one stream",
+        "metric": metric,
         "n": len(rates),
         "rate_eps": statistics.median(rates) if rates else None,
         "rate_eps_all": rates,
@@ -525,17 +538,18 @@ async def bench_turnkit(
         rows += first
         rows.append(await resume_finished(client, finished, args.turns, budget_s * 0.1, findings))
         rows.append(await resume_live(client, args.turns, budget_s * 0.25, tag, findings))
-        rows.append(
-            await throughput(
+        for metric, burst in ((RATE_STREAM, False), (RATE_BURST, True)):
+            row = await throughput(
+                metric,
                 client,
-                lambda rep: f"{API}/sessions/b{tag}-{rep}/execute",
-                lambda: {"content": bench_message(args.events)},
+                lambda rep, burst=burst: f"{API}/sessions/b{tag}-{int(burst)}-{rep}/execute",
+                lambda burst=burst: {"content": bench_message(args.events, burst=burst)},
                 args.events,
                 args.reps,
-                budget_s * 0.3,
+                budget_s * 0.15,
                 findings,
             )
-        )
+            rows.append(row | {"floor_metric": RATE_FLOOR})
     return {
         "buffer": name,
         "rows": rows,
@@ -578,9 +592,10 @@ async def bench_floor(
             first.append(read.first_ms)
             whole.append(read.total_s * 1000)
         rows = [
-            latency("first event after POST", first, events=instant_events, of=args.turns),
-            latency("turn done after POST", whole, events=instant_events, of=args.turns),
+            latency(FIRST, first, events=instant_events, requested=args.turns),
+            latency(DONE, whole, events=instant_events, requested=args.turns),
             await throughput(
+                RATE_FLOOR,
                 client,
                 lambda _: "/floor/execute",
                 lambda: {"content": "hi", "n": bulk},
@@ -648,12 +663,7 @@ def report(results: list[dict[str, Any]], args: argparse.Namespace) -> None:
     )
     print(f"{'metric':36} {'buffer':7} {'n':>5} {'p50 ms':>9} {'p99 ms':>9} {'events/s':>10} "
           f"{'× floor':>8}")  # fmt: skip
-    metrics: list[str] = []
-    for result in results:
-        for row in result["rows"]:
-            if row["metric"] not in metrics:
-                metrics.append(row["metric"])
-    for metric in metrics:
+    for metric in METRICS:
         for result in results:
             row = next((r for r in result["rows"] if r["metric"] == metric), None)
             if row is None:
@@ -661,12 +671,13 @@ def report(results: list[dict[str, Any]], args: argparse.Namespace) -> None:
             p50 = f"{row['p50_ms']:9.2f}" if "p50_ms" in row else f"{'':9}"
             p99 = f"{row['p99_ms']:9.2f}" if "p99_ms" in row else f"{'':9}"
             rate = f"{row['rate_eps']:10,.0f}" if row.get("rate_eps") else f"{'':10}"
-            base = floor.get(metric) if result is not results[0] else None
+            base = floor.get(row.get("floor_metric", metric)) if result is not results[0] else None
             ratio = _x_floor(row, base)
             print(f"{metric:36} {result['buffer']:7} {row['n']:5} {p50} {p99} {rate} {ratio:>8}")
     print(
         "\n× floor: p50 / floor p50, or floor rate / rate (higher = slower). The floor is "
-        "sse-starlette alone: no Store, no buffer, no resume."
+        "sse-starlette alone: no Store, no buffer, no resume. Streaming model: suspends "
+        "once per chunk; burst model: never suspends, so the turn is published in one batch."
     )
     delivery = ", ".join(
         f"{r['buffer']} p50 {row['first_event_age']['p50_ms']:.2f} / p99 "

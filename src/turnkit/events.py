@@ -41,6 +41,7 @@ __all__ = (
     "ErrorEvent",
     "GuardrailEvent",
     "HeartbeatEvent",
+    "InputGuidedEvent",
     "JobCompletedEvent",
     "JobDispatchedEvent",
     "JobProgressEvent",
@@ -108,6 +109,15 @@ class TurnStartedEvent(DurableEvent):
     delivery: Literal["queue", "guide"] = "queue"
     """How the message was delivered; a `guide` with no live turn is committed as `queue`."""
     requested_delivery: Literal["queue", "guide"] = "queue"
+
+
+class InputGuidedEvent(DurableEvent):
+    """A message sent with `delivery=guide` joined this running turn before a model request."""
+
+    type: Literal["input.guided"] = "input.guided"
+    content: str
+    input_seq: PositiveInt
+    request_id: str | None = None
 
 
 class StepStartEvent(DurableEvent):
@@ -382,6 +392,7 @@ class DoneEvent(DurableEvent):
 
 StreamEvent = Annotated[
     TurnStartedEvent
+    | InputGuidedEvent
     | StepStartEvent
     | StepEndEvent
     | MessageDeltaEvent

@@ -45,6 +45,8 @@ def dedupe_key(event_type: str, fields: Mapping[str, Any]) -> str | None:
             items = fields.get("citations") or fields.get("entities") or ()
             digest = hashlib.sha256(repr(tuple(items)).encode()).hexdigest()[:16]
             return f"{event_type}:{fields.get('block_id')}:{digest}"
+        case "input.guided":
+            return f"input.guided:{fields['input_seq']}"
         case "approval.requested" | "clarification.requested":
             return f"pause:{fields['request_id']}"
         case "job.dispatched" | "job.completed":

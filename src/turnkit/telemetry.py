@@ -81,6 +81,8 @@ class Recorder:
         self.pending_pause: PauseRequest | None = None
         """Set while a stage waits on a person; the driver then settles the pause."""
         self.input_seqs: tuple[int, ...] = ()
+        self.guide_watermark = 0
+        """Guide messages up to this input seq were presented to the model."""
         """The inputs this turn's requests present (set by the driver)."""
 
     @property
@@ -125,6 +127,16 @@ class Recorder:
             self.last_activity = self.clock.monotonic()
             self.publish(event)
         return event
+
+    async def take_guides(self) -> list[tuple[int, str, str | None]]:
+        """Guide messages that arrived since the last request (marked as presented)."""
+        found = await self.store.guided_inputs(
+            self.turn_id, after_input_seq=max(self.guide_watermark, *self.input_seqs, 0)
+        )
+        if found:
+            self.guide_watermark = found[-1][0]
+            self.input_seqs = (*self.input_seqs, *(seq for seq, _, _ in found))
+        return found
 
     def audit(
         self,
@@ -194,6 +206,9 @@ class Recorder:
                 summary=summary,
                 release=release,
                 pause=pause,
+                guides_consumed_through=max(self.guide_watermark, *self.input_seqs, 0)
+                if release
+                else None,
             )
         except BaseException:
             # Nothing was committed: keep it staged so a later flush (or the error path)

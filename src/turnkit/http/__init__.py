@@ -121,6 +121,9 @@ def create_turnkit_router(  # noqa: C901 - one closure per route keeps the route
             effort=body.effort,
             principal=principal,
         )
+        if submission.guided:  # joined a running turn: stream it from here on
+            live = await runtime.turn(submission.turn_id)
+            return stream(live.turn_id, live.last_seq)
         return stream(submission.turn_id, 0)
 
     @router.get(

@@ -23,7 +23,7 @@ from turnkit.errors import (
     SessionNotFoundError,
     TurnNotFoundError,
 )
-from turnkit.events import DurableEvent, EphemeralEvent, StreamEvent
+from turnkit.events import DurableEvent, EphemeralEvent, StreamEvent, decode_event
 from turnkit.graph import TurnGraph, compile_turn_graph, open_checkpointer
 from turnkit.ids import SessionId, TurnId, is_valid_session_id, new_turn_id, uuid7
 from turnkit.models.family import ModelFamily, resolve_family
@@ -34,7 +34,7 @@ from turnkit.runtime._cancel import CancelToken
 from turnkit.runtime._history import TurnHistory
 from turnkit.runtime._publish import BufferPublisher
 from turnkit.runtime._runner import TurnRunner, pinned_config, turn_history
-from turnkit.runtime.reader import TurnReader
+from turnkit.runtime.reader import Frame, TurnReader
 from turnkit.states import TurnStatus
 from turnkit.store import (
     Delivery,
@@ -288,6 +288,13 @@ class SessionRuntime:
             delivery=delivery,
             effort=effort,
         )
+        if submission.guided:
+            # The message joined a running turn: follow that turn from here on.
+            live = await self.turn(submission.turn_id)
+            async for frame in self.reader().follow(live.turn_id, after_seq=live.last_seq):
+                if isinstance(frame, Frame):
+                    yield decode_event(frame.data)
+            return
         async for stored in self.store.read_events(submission.turn_id):
             yield stored.decode()
         if not submission.is_new:
@@ -338,6 +345,7 @@ class SessionRuntime:
                 yield event
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+            await self._pick_up(lease.session_id)
         finally:
             if watcher is not None:
                 watcher.cancel()
@@ -396,6 +404,37 @@ class SessionRuntime:
         finally:
             self._stopping.pop(turn_id, None)
             await publisher.wait()
+        await self._pick_up(lease.session_id)
+
+    async def _pick_up(self, session_id: SessionId) -> None:
+        """Run turns this session queued meanwhile (e.g. a re-queued guide message)."""
+        if not self.config.run_in_process:
+            return
+        lease = await self.store.claim(
+            self.owner,
+            ttl_s=self.config.lease_ttl_s,
+            max_attempts=self.config.max_attempts,
+            session_id=session_id,
+        )
+        if lease is not None:
+            task = asyncio.create_task(
+                self._run_claimed(lease), name=f"turnkit-detached-{lease.turn_id}"
+            )
+            self._detached[lease.turn_id] = task
+            task.add_done_callback(lambda _: self._detached.pop(lease.turn_id, None))
+
+    async def _run_claimed(self, lease: Lease) -> None:
+        publisher = BufferPublisher(self.replay, lease.turn_id)
+        driver = await self.runner().driver(lease, sink=publisher)
+        try:
+            await driver.run()
+        except asyncio.CancelledError:
+            if not self._stopping.get(lease.turn_id):
+                driver.abandon()
+            raise
+        finally:
+            await publisher.wait()
+        await self._pick_up(lease.session_id)
 
     async def cancel(self, turn_id: str) -> TurnStatus:
         """Press Stop: end the turn `cancelled` from wherever it is driven.

@@ -40,6 +40,8 @@ class TranscriptMessage(TypedDict):
     content: str
     tool_calls: NotRequired[list[TranscriptToolCall]]
     tool_call_id: NotRequired[str]
+    input_seq: NotRequired[int]
+    """Set on a guide message: the input it came from (never sent to the model)."""
 
 
 def to_transcript(message: ModelMessage) -> TranscriptMessage:

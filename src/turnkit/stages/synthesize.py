@@ -11,6 +11,7 @@ from turnkit.events import MessageCompleteEvent, ThinkingCompleteEvent
 from turnkit.ids import derive_id
 from turnkit.models import ModelRequest
 from turnkit.stages._calls import call_model
+from turnkit.stages._guides import take_guides
 from turnkit.stages._types import StageContext, StageOutcome, TranscriptMessage, from_transcript
 
 __all__ = ("run_synthesize", "synthesis_request")
@@ -40,6 +41,9 @@ async def run_synthesize(ctx: StageContext, transcript: list[TranscriptMessage])
         # never write, bill or stream it twice.
         text = committed.text
     else:
+        guides = await take_guides(ctx, "synthesize", transcript)
+        if guides:  # a late guide: present it, then the closing instruction again
+            appended = (*guides, {"role": "user", "content": ctx.agent.synthesis_instructions})
         text = await _call(ctx, [*transcript, *appended], generation)
     rec.context_messages = len(transcript) + len(appended) + 1
     answer: TranscriptMessage = {"role": "assistant", "content": text}

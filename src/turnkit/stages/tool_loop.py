@@ -14,6 +14,7 @@ from turnkit.models import ModelMessage, ModelRequest, ModelResponse, ToolCallPa
 from turnkit.pauses import clarify_spec
 from turnkit.stages._calls import call_model
 from turnkit.stages._dispatch import dispatch_tools
+from turnkit.stages._guides import take_guides
 from turnkit.stages._types import (
     StageContext,
     StageOutcome,
@@ -51,12 +52,15 @@ async def run_tool_loop(
     specs = ctx.registry.specs() + ((clarify_spec(),) if ctx.agent.clarifications else ())
     generation = derive_id("gen", rec.turn_id, "tool-loop", iteration)
     committed = rec.journal.generation(generation)
+    guides: tuple[TranscriptMessage, ...] = ()
     if committed is not None:
         # A previous attempt already called the model for this iteration and committed
         # what it said: reuse it rather than pay for (and diverge on) a second call.
         response = committed_response(committed)
         block_id = derive_id("blk", rec.turn_id, f"loop-{iteration}", 0)
     else:
+        guides = await take_guides(ctx, "tool-loop", transcript)
+        transcript = [*transcript, *guides]
         request = ModelRequest(
             messages=from_transcript(transcript),
             tools=specs,
@@ -117,7 +121,7 @@ async def run_tool_loop(
             if response.text
             else ()
         )
-        return StageOutcome(appended=closing, route="synthesize")
+        return StageOutcome(appended=(*guides, *closing), route="synthesize")
     if any(not c.name for c in response.tool_calls):
         raise ToolCallError(
             "the model wrote a tool call without a tool name; the response cannot be trusted",
@@ -134,7 +138,9 @@ async def run_tool_loop(
         known_errors=_known_errors(committed),
     )
     return StageOutcome(
-        appended=(assistant, *results), route="tool-loop", tool_calls=len(response.tool_calls)
+        appended=(*guides, assistant, *results),
+        route="tool-loop",
+        tool_calls=len(response.tool_calls),
     )
 
 

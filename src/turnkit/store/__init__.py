@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 __all__ = (
     "Delivery",
     "Lease",
+    "GuideFeed",
     "NewInput",
     "PauseBook",
     "RunQueue",
@@ -87,6 +88,8 @@ class Submission:
     delivery: Delivery
     requested_delivery: Delivery
     is_new: bool
+    guided: bool = False
+    """The message joined a running turn (`turn_id`) instead of opening one."""
 
 
 class RunSummary(BaseModel):
@@ -190,10 +193,14 @@ class TurnLedger(Protocol):
         summary: RunSummary | None = None,
         release: bool = False,
         pause: PauseRequest | None = None,
+        guides_consumed_through: int | None = None,
     ) -> None:
         """Append events, audit rows (+ usage rollup) and a status move, atomically.
 
-        `pause` saves the approval or clarification request the turn now waits on.
+        `pause` saves the approval or clarification request the turn now waits on. When a
+        turn ends, guide messages it never presented (input seq above
+        `guides_consumed_through`) are re-queued as turns of their own, in the same
+        transaction: a message that arrived mid-run is answered, never stranded.
 
         Rejects a stale `epoch` with `StaleEpochError` and an illegal status move with
         `StoreError`; an already-stored `(turn_id, seq)` is kept as is (no error).
@@ -228,9 +235,17 @@ class RunQueue(Protocol):
         ...
 
     async def claim(
-        self, owner: str, *, ttl_s: float, max_attempts: int, turn_id: TurnId | None = None
+        self,
+        owner: str,
+        *,
+        ttl_s: float,
+        max_attempts: int,
+        turn_id: TurnId | None = None,
+        session_id: SessionId | None = None,
     ) -> Lease | None:
-        """Claim the next runnable turn (or `turn_id`): one winner per turn and epoch.
+        """Claim the next runnable turn (or `turn_id`, or one of `session_id`).
+
+        One winner per turn and epoch.
 
         A turn is runnable when it is `running`, unleased or its lease expired, has
         attempts left, and no earlier turn of its session is unfinished.
@@ -308,6 +323,16 @@ class Canceller(Protocol):
         ...
 
 
+class GuideFeed(Protocol):
+    """Messages sent with `delivery=guide` to a running turn."""
+
+    async def guided_inputs(
+        self, turn_id: TurnId, *, after_input_seq: int
+    ) -> list[tuple[int, str, str | None]]:
+        """(input seq, content, request id) of guide messages for the turn, in order."""
+        ...
+
+
 class PauseBook(Protocol):
     """The requests paused turns wait on, and their answers."""
 
@@ -326,7 +351,9 @@ class PauseBook(Protocol):
         ...
 
 
-class Store(TurnLedger, RunQueue, SessionDirectory, Watchdog, Canceller, PauseBook, Protocol):
+class Store(
+    TurnLedger, RunQueue, SessionDirectory, Watchdog, Canceller, PauseBook, GuideFeed, Protocol
+):
     """Durable turn storage (see `TurnLedger` and `RunQueue`). Safe for concurrent use."""
 
     async def get_turn(self, turn_id: TurnId) -> TurnRecord | None:

@@ -17,7 +17,7 @@ from sqlalchemy.orm import aliased
 
 from turnkit.errors import SessionNotFoundError, StaleEpochError
 from turnkit.events import DoneEvent, ErrorEvent, TurnStartedEvent, encode_event
-from turnkit.ids import SessionId, TurnId
+from turnkit.ids import SessionId, TurnId, uuid7
 from turnkit.store import Delivery, Lease, NewInput, Submission
 from turnkit.store._schema import (
     UNFINISHED,
@@ -30,6 +30,8 @@ from turnkit.store._schema import (
 
 __all__ = (
     "Orphan",
+    "guided_inputs",
+    "requeue_guides",
     "cancel",
     "claim",
     "orphan",
@@ -67,6 +69,7 @@ def submit(conn: Connection, insert: Any, new: NewInput, now: datetime) -> Submi
                 delivery=cast(Delivery, found.delivery),
                 requested_delivery=cast(Delivery, found.requested_delivery),
                 is_new=False,
+                guided=found.delivery == "guide",
             )
     if not new.create_session:
         exists_ = conn.execute(
@@ -93,29 +96,99 @@ def submit(conn: Connection, insert: Any, new: NewInput, now: datetime) -> Submi
         .values(last_input_seq=sessions.c.last_input_seq + 1, updated_at=now)
         .returning(sessions.c.last_input_seq)
     ).scalar_one()
-    # Guide injection into a live turn is not available yet: every input opens its own
-    # turn, and a `guide` is committed as `queue` so the log says what really happened.
-    delivery: Delivery = "queue"
-    conn.execute(
-        inputs.insert().values(
-            session_id=new.session_id,
-            seq=seq,
-            request_id=new.request_id,
-            content=new.content,
-            requested_delivery=new.delivery,
-            delivery=delivery,
-            turn_id=new.turn_id,
-            created_at=now,
-        )
+    if new.delivery == "guide":
+        live = _live_turn(conn, new.session_id, now)
+        if live is not None:
+            conn.execute(
+                inputs.insert().values(
+                    session_id=new.session_id,
+                    seq=seq,
+                    request_id=new.request_id,
+                    content=new.content,
+                    requested_delivery="guide",
+                    delivery="guide",
+                    turn_id=live,
+                    created_at=now,
+                )
+            )
+            return Submission(
+                session_id=new.session_id,
+                turn_id=TurnId(live),
+                input_seq=seq,
+                delivery="guide",
+                requested_delivery="guide",
+                is_new=True,
+                guided=True,
+            )
+    # No live attempt to guide: the message opens its own turn, and the log says so.
+    _open_turn(conn, new, seq, now, requested=new.delivery)
+    return Submission(
+        session_id=new.session_id,
+        turn_id=new.turn_id,
+        input_seq=seq,
+        delivery="queue",
+        requested_delivery=new.delivery,
+        is_new=True,
     )
+
+
+def _live_turn(conn: Connection, session_id: str, now: datetime) -> str | None:
+    """The session's turn a driver holds right now (its row locked on PostgreSQL)."""
+    query = (
+        select(turns.c.turn_id)
+        .where(
+            turns.c.session_id == session_id,
+            turns.c.status == "running",
+            turns.c.lease_owner.is_not(None),
+            turns.c.lease_expires_at > now,
+        )
+        .order_by(turns.c.input_seq)
+        .limit(1)
+    )
+    if conn.dialect.name == "postgresql":
+        # Serialise with the driver's settle, which re-queues unread guides (seed 001 ⑦).
+        query = query.with_for_update(of=turns)
+    return conn.execute(query).scalar_one_or_none()
+
+
+def _open_turn(
+    conn: Connection,
+    new: NewInput,
+    seq: int,
+    now: datetime,
+    *,
+    requested: Delivery,
+    turn_id: TurnId | None = None,
+    content: str | None = None,
+    request_id: str | None = None,
+    input_exists: bool = False,
+) -> TurnId:
+    """Insert a queued turn for input `seq` (and the input row), with its `turn.started`."""
+    turn_id = turn_id or new.turn_id
+    content = new.content if content is None else content
+    request_id = new.request_id if request_id is None else request_id
+    delivery: Delivery = "queue"
+    if not input_exists:
+        conn.execute(
+            inputs.insert().values(
+                session_id=new.session_id,
+                seq=seq,
+                request_id=request_id,
+                content=content,
+                requested_delivery=requested,
+                delivery=delivery,
+                turn_id=turn_id,
+                created_at=now,
+            )
+        )
     conn.execute(
         turns.insert().values(
-            turn_id=new.turn_id,
+            turn_id=turn_id,
             session_id=new.session_id,
             input_seq=seq,
             status="running",
-            content=new.content,
-            request_id=new.request_id,
+            content=content,
+            request_id=request_id,
             agent=new.agent,
             model=new.model,
             last_seq=1,
@@ -129,32 +202,76 @@ def submit(conn: Connection, insert: Any, new: NewInput, now: datetime) -> Submi
     )
     started = TurnStartedEvent(
         session_id=new.session_id,
-        turn_id=new.turn_id,
+        turn_id=turn_id,
         stage_id="runtime",
         ts=now,
         seq=1,
-        content=new.content,
-        request_id=new.request_id,
+        content=content,
+        request_id=request_id,
         agent=new.agent,
         model=new.model,
         effort=new.effort,
         input_seq=seq,
         delivery=delivery,
-        requested_delivery=new.delivery,
+        requested_delivery=requested,
     )
     conn.execute(
         events.insert().values(
-            turn_id=new.turn_id, seq=1, type=started.type, data=encode_event(started)
+            turn_id=turn_id, seq=1, type=started.type, data=encode_event(started)
         )
     )
-    return Submission(
-        session_id=new.session_id,
-        turn_id=new.turn_id,
-        input_seq=seq,
-        delivery=delivery,
-        requested_delivery=new.delivery,
-        is_new=True,
+    return turn_id
+
+
+def guided_inputs(
+    conn: Connection, turn_id: TurnId, after_input_seq: int
+) -> list[tuple[int, str, str | None]]:
+    """Guide messages attached to a turn, after an input seq."""
+    rows = conn.execute(
+        select(inputs.c.seq, inputs.c.content, inputs.c.request_id)
+        .where(
+            inputs.c.turn_id == turn_id,
+            inputs.c.delivery == "guide",
+            inputs.c.seq > after_input_seq,
+        )
+        .order_by(inputs.c.seq)
+    ).all()
+    return [(r.seq, r.content, r.request_id) for r in rows]
+
+
+def requeue_guides(conn: Connection, turn_id: TurnId, consumed_through: int, now: datetime) -> None:
+    """Give every guide message the ended turn never presented a queued turn of its own."""
+    unread = guided_inputs(conn, turn_id, consumed_through)
+    if not unread:
+        return
+    ended = conn.execute(
+        select(turns.c.session_id, turns.c.agent, turns.c.model, turns.c.pinned).where(
+            turns.c.turn_id == turn_id
+        )
+    ).one()
+    pinned = json.loads(ended.pinned) if ended.pinned else {}
+    template = NewInput(
+        session_id=SessionId(ended.session_id),
+        turn_id=turn_id,
+        content="",
+        request_id=None,
+        delivery="queue",
+        agent=ended.agent,
+        model=ended.model,
+        effort=pinned.get("effort", "off"),
+        pinned=pinned,
     )
+    for seq, content, request_id in unread:
+        new_id = TurnId(f"turn_{uuid7()}")
+        _open_turn(
+            conn, template, seq, now, requested="guide", turn_id=new_id, content=content,
+            request_id=request_id, input_exists=True,
+        )  # fmt: skip
+        conn.execute(
+            update(inputs)
+            .where(inputs.c.session_id == ended.session_id, inputs.c.seq == seq)
+            .values(turn_id=new_id, delivery="queue")
+        )
 
 
 def _claimable(now: datetime, max_attempts: int) -> Any:
@@ -180,6 +297,7 @@ def claim(
     turn_id: TurnId | None,
     now: datetime,
     skip_locked: bool,
+    session_id: SessionId | None = None,
 ) -> Lease | None:
     """Claim one runnable turn for `owner`, or None."""
     query = select(
@@ -191,6 +309,8 @@ def claim(
     ).where(_claimable(now, max_attempts))
     if turn_id is not None:
         query = query.where(turns.c.turn_id == turn_id)
+    if session_id is not None:
+        query = query.where(turns.c.session_id == session_id)
     query = query.order_by(turns.c.created_at, turns.c.input_seq).limit(1)
     if skip_locked:
         query = query.with_for_update(skip_locked=True, of=turns)

@@ -33,7 +33,7 @@ from turnkit.errors import StaleEpochError, StoreError, TurnNotFoundError
 from turnkit.events import DurableEvent, encode_event
 from turnkit.ids import SessionId, TurnId
 from turnkit.pauses import PauseRequest
-from turnkit.states import TurnStatus
+from turnkit.states import TERMINAL_STATES, TurnStatus
 from turnkit.store import (
     Lease,
     NewInput,
@@ -240,9 +240,15 @@ class SqlStore:
             return await self._tx(queue.submit, self._insert, new, self._clock.now())
 
     async def claim(
-        self, owner: str, *, ttl_s: float, max_attempts: int, turn_id: TurnId | None = None
+        self,
+        owner: str,
+        *,
+        ttl_s: float,
+        max_attempts: int,
+        turn_id: TurnId | None = None,
+        session_id: SessionId | None = None,
     ) -> Lease | None:
-        """Claim the next runnable turn (or `turn_id`) for `owner`."""
+        """Claim the next runnable turn (or `turn_id`, or one of `session_id`) for `owner`."""
         return await self._tx(
             lambda conn: queue.claim(
                 conn,
@@ -252,6 +258,7 @@ class SqlStore:
                 turn_id=turn_id,
                 now=self._clock.now(),
                 skip_locked=self.dialect == "postgresql",
+                session_id=session_id,
             )
         )
 
@@ -295,6 +302,7 @@ class SqlStore:
         summary: RunSummary | None = None,
         release: bool = False,
         pause: PauseRequest | None = None,
+        guides_consumed_through: int | None = None,
     ) -> None:
         """Append events, audit rows (+ usage rollup) and a status move in one transaction."""
         event_rows = [
@@ -324,6 +332,7 @@ class SqlStore:
             error_code,
             (summary.model_dump_json() if summary is not None else None, release),
             pause,
+            guides_consumed_through,
         )
 
     def _commit(
@@ -338,6 +347,7 @@ class SqlStore:
         error_code: str | None,
         settle: tuple[str | None, bool] = (None, False),
         pause: PauseRequest | None = None,
+        guides_consumed_through: int | None = None,
     ) -> None:
         top = max((r["seq"] for r in event_rows), default=0)
         params: dict[str, Any] = {
@@ -367,6 +377,8 @@ class SqlStore:
                 .where(_turns.c.turn_id == turn_id, _turns.c.lease_epoch == epoch)
                 .values(**extra)
             )
+        if guides_consumed_through is not None and status in TERMINAL_STATES:
+            queue.requeue_guides(conn, turn_id, guides_consumed_through, self._clock.now())
         if pause is not None:
             session_id = conn.execute(
                 select(_turns.c.session_id).where(_turns.c.turn_id == turn_id)
@@ -388,6 +400,12 @@ class SqlStore:
         if status is None:
             raise TurnNotFoundError(f"no turn {turn_id!r}", turn_id=turn_id)
         return cast(TurnStatus, status)
+
+    async def guided_inputs(
+        self, turn_id: TurnId, *, after_input_seq: int
+    ) -> list[tuple[int, str, str | None]]:
+        """Guide messages attached to a running turn, after an input seq."""
+        return await self._tx(queue.guided_inputs, turn_id, after_input_seq)
 
     async def answer_pause(
         self, turn_id: TurnId, request_id: str, answer: dict[str, JsonValue]

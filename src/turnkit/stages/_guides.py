@@ -1,0 +1,30 @@
+"""Guide messages (`delivery=guide`) join a running turn before its next model request."""
+
+from __future__ import annotations
+
+from turnkit.events import InputGuidedEvent
+from turnkit.ids import StageId
+from turnkit.stages._types import StageContext, TranscriptMessage
+
+__all__ = ("take_guides",)
+
+
+async def take_guides(
+    ctx: StageContext, stage_id: StageId, transcript: list[TranscriptMessage]
+) -> tuple[TranscriptMessage, ...]:
+    """User messages for guides that arrived since the last request (append-only).
+
+    Each is committed as `input.guided` and counted in the next `message.complete`'s
+    `input_seqs`. A guide the checkpointed transcript already holds is not added twice
+    (a recovered attempt re-runs the step that first presented it).
+    """
+    rec = ctx.recorder
+    present = {m.get("input_seq") for m in transcript}
+    added: list[TranscriptMessage] = []
+    for seq, content, request_id in await rec.take_guides():
+        rec.durable(
+            InputGuidedEvent, stage_id, content=content, input_seq=seq, request_id=request_id
+        )
+        if seq not in present:
+            added.append({"role": "user", "content": content, "input_seq": seq})
+    return tuple(added)

@@ -1,0 +1,113 @@
+"""`delivery=guide`: a message joins the running turn before its next model request, or,
+if the turn never presents it, is answered by a turn of its own (never stranded)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+from tests.conftest import RuntimeFactory
+from turnkit import Agent, tool
+from turnkit.blocks import TextBlock
+from turnkit.events import (
+    InputGuidedEvent,
+    MessageCompleteEvent,
+    ToolStartedEvent,
+    TurnStartedEvent,
+)
+from turnkit.ids import SessionId, TurnId
+from turnkit.plugins import Enrichment, Plugin
+from turnkit.testing import ModelStep, ScriptedModel, call
+
+
+async def _drain(stream: AsyncIterator[object], sink: list[object]) -> None:
+    async for event in stream:
+        sink.append(event)
+
+
+async def _wait_for(check: object, limit_s: float = 10) -> None:
+    async with asyncio.timeout(limit_s):
+        while not check():  # type: ignore[operator]
+            await asyncio.sleep(0.01)
+
+
+async def test_a_guide_joins_the_running_turn_before_the_next_request(
+    runtime_factory: RuntimeFactory,
+) -> None:
+    release = asyncio.Event()
+
+    @tool
+    async def slow_lookup(q: str) -> str:
+        """Look something up, slowly."""
+        await release.wait()
+        return f"found {q}"
+
+    model = ScriptedModel(
+        [
+            ModelStep.tool_call_reply(call("slow_lookup", q="A")),
+            ModelStep.text_reply("Checked A, and B as you asked."),
+            ModelStep.text_reply("A and B are fine."),
+        ]
+    )
+    runtime = runtime_factory(Agent(model=model, tools=[slow_lookup]))
+    events: list[object] = []
+    consumer = asyncio.create_task(_drain(runtime.execute_message("s1", "check A"), events))
+    await _wait_for(lambda: any(isinstance(e, ToolStartedEvent) for e in events))
+    guided = await runtime.submit("s1", "also check B", delivery="guide")
+    assert guided.guided
+    assert guided.delivery == "guide"
+    assert guided.turn_id == events[0].turn_id  # type: ignore[attr-defined]
+    release.set()
+    await asyncio.wait_for(consumer, 10)
+
+    [joined] = [e for e in events if isinstance(e, InputGuidedEvent)]
+    assert (joined.content, joined.input_seq) == ("also check B", 2)
+    second_request = model.calls[1].messages
+    assert (second_request[-1].role, second_request[-1].content) == ("user", "also check B")
+    answers = [e for e in events if isinstance(e, MessageCompleteEvent)]
+    assert answers[-1].input_seqs == (1, 2)  # the answer consumed both messages
+    assert len(await runtime.store.list_turns(SessionId("s1"))) == 1
+
+
+class Gate(Plugin):
+    name = "gate"
+
+    def __init__(self) -> None:
+        self.entered = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def enrich_message(
+        self, answer: TextBlock, *, session_id: SessionId, turn_id: TurnId
+    ) -> Enrichment | None:
+        self.entered.set()
+        await self.release.wait()
+        return None
+
+
+async def test_a_guide_the_turn_never_presented_gets_its_own_turn(
+    runtime_factory: RuntimeFactory,
+) -> None:
+    gate = Gate()
+    model = ScriptedModel([ModelStep.text_reply("First answer."), ModelStep.text_reply("Second.")])
+    runtime = runtime_factory(Agent(model=model, plugins=[gate]))
+    events: list[object] = []
+    consumer = asyncio.create_task(_drain(runtime.execute_message("s1", "first"), events))
+    await asyncio.wait_for(gate.entered.wait(), 10)  # the answer is written; post-turn runs
+    late = await runtime.submit("s1", "one more thing", delivery="guide")
+    assert late.guided
+    gate.release.set()
+    await asyncio.wait_for(consumer, 10)
+
+    async def answered() -> bool:
+        turns = await runtime.store.list_turns(SessionId("s1"))
+        return len(turns) == 2 and turns[1].status == "succeeded"
+
+    async with asyncio.timeout(10):
+        while not await answered():
+            await asyncio.sleep(0.02)
+    turns = await runtime.store.list_turns(SessionId("s1"))
+    started = [e async for e in runtime.events(turns[1].turn_id)][0]
+    assert isinstance(started, TurnStartedEvent)
+    assert (started.content, started.input_seq) == ("one more thing", 2)
+    assert (started.delivery, started.requested_delivery) == ("queue", "guide")
+    assert [t.answer for t in await runtime.history("s1")] == ["First answer.", "Second."]
