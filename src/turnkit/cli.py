@@ -34,6 +34,8 @@ from turnkit.events import (
     UsageEvent,
 )
 from turnkit.ids import uuid7
+from turnkit.replay import ReplayBuffer
+from turnkit.replay.memory import InMemoryReplayBuffer
 from turnkit.runtime import SessionRuntime
 from turnkit.runtime.worker import Worker
 from turnkit.store.sql import SqlStore
@@ -133,7 +135,12 @@ async def _worker(args: argparse.Namespace, out: TextIO) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    async with SessionRuntime(agent=agent, config=_config(args)) as runtime:
+    replay: ReplayBuffer = InMemoryReplayBuffer()
+    if args.redis_url:
+        from turnkit.replay.redis import RedisReplayBuffer
+
+        replay = RedisReplayBuffer.from_url(args.redis_url)
+    async with SessionRuntime(agent=agent, config=_config(args), replay=replay) as runtime:
         worker = Worker(
             runtime,
             concurrency=args.concurrency,
@@ -195,6 +202,11 @@ def _parser() -> argparse.ArgumentParser:
     worker.add_argument("--lease-ttl", type=float, default=30.0)
     worker.add_argument("--ceiling", type=float, default=3600.0)
     worker.add_argument("--max-attempts", type=int, default=3)
+    worker.add_argument(
+        "--redis-url",
+        default=os.environ.get("TURNKIT_REDIS_URL"),
+        help="publish to this Redis replay buffer so API processes stream live",
+    )
     _database_args(worker)
     sweep = sub.add_parser("sweep", help="time out orphaned running turns once")
     sweep.add_argument("--ceiling", type=float, default=3600.0)

@@ -126,6 +126,9 @@ class Recorder:
             await self._commit_staged(None, None)
             self.last_activity = self.clock.monotonic()
             self.publish(event)
+        # Let publishers and readers run: a model that never suspends must still stream
+        # live, not in one burst at its end (which a bounded buffer would trim).
+        await self.clock.sleep(0)
         return event
 
     async def take_guides(self) -> list[tuple[int, str, str | None]]:

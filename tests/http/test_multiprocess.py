@@ -164,3 +164,43 @@ async def test_killing_the_driving_process_ends_the_readers_stream(servers: Serv
         assert waited < IDLE_WINDOW_S + 3, f"took {waited:.1f} s for a {IDLE_WINDOW_S} s window"
         turn = (await http.get(f"{url_b}{API}/turns/{turn_id}")).json()
         assert turn["status"] == "timed_out"
+
+
+async def test_a_worker_driven_turn_streams_live_through_redis(servers: Servers) -> None:
+    url, _ = servers.start(TURNKIT_RUN_IN_PROCESS="0")
+    worker = subprocess.Popen(  # noqa: ASYNC220 - started once, never awaited
+        [
+            sys.executable,
+            "-m",
+            "turnkit.cli",
+            "worker",
+            "--agent",
+            "tests.support.worker_agent:agent",
+            "--database-url",
+            POSTGRES_URL,
+            "--database-schema",
+            servers.schema,
+            "--redis-url",
+            REDIS_URL,
+            "--poll-interval",
+            "0.05",
+        ],  # fmt: skip
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "TK_TEST_LOG": str(servers.log)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    servers.procs.append(worker)
+    async with httpx.AsyncClient(timeout=60) as http:
+        events = [
+            event
+            async for event in _events(
+                http, "POST", f"{url}{API}/sessions/by-worker/execute",
+                json={"content": "double 21"}, until="done",
+            )
+        ]  # fmt: skip
+    assert events[-1]["status"] == "succeeded"
+    # Deltas are ephemeral: never stored, so they can only have come live through Redis.
+    assert any(e["type"] == "message.delta" for e in events)
+    calls = [json.loads(line) for line in servers.log.read_text().splitlines()]
+    assert {c["pid"] for c in calls} == {worker.pid}  # the worker drove it, not the API

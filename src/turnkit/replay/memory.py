@@ -72,7 +72,13 @@ class InMemoryReplayBuffer:
         start = int(after)
 
         def ready() -> list[BufferEntry]:
-            return [e for e in turn.entries if int(e.position) > start][:limit]
+            # Positions are consecutive, so the first wanted entry is found by arithmetic.
+            entries = turn.entries
+            if not entries:
+                return []
+            first = int(entries[0].position)
+            begin = max(0, start - first + 1)
+            return [entries[i] for i in range(begin, min(len(entries), begin + limit))]
 
         found = ready()
         if found or wait_s <= 0:

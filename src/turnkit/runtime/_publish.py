@@ -30,6 +30,8 @@ class BufferPublisher:
         self._task = asyncio.create_task(self._run(), name=f"turnkit-publish-{turn_id}")
 
     def __call__(self, event: DurableEvent | EphemeralEvent | None) -> None:
+        if self._task.done():
+            return  # ended already (a second end marker, or after a failure)
         self._queue.put_nowait(event)
 
     async def _run(self) -> None:

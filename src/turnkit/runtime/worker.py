@@ -11,8 +11,8 @@ import asyncio
 import contextlib
 import logging
 
-from turnkit.events import DurableEvent, EphemeralEvent
 from turnkit.runtime import SessionRuntime
+from turnkit.runtime._publish import BufferPublisher
 from turnkit.runtime.driver import TurnDriver
 from turnkit.store import Lease
 
@@ -93,14 +93,17 @@ class Worker:
     async def _drive(self, lease: Lease) -> None:
         task = asyncio.current_task()
         assert task is not None
+        publisher = BufferPublisher(self.runtime.replay, lease.turn_id)
         try:
-            driver = await self.runtime.runner().driver(lease, sink=_discard)
+            driver = await self.runtime.runner().driver(lease, sink=publisher)
             self._drivers[task] = driver
             await driver.run()
         except Exception:
             log.exception("driving %s failed", lease.turn_id)
         finally:
             self._drivers.pop(task, None)
+            publisher(None)  # idempotent end marker if the driver never ran
+            await publisher.wait()
 
     async def sweep(self) -> list[str]:
         """End orphaned runs now; returns their turn ids."""
@@ -123,7 +126,3 @@ class Worker:
                 driver.abandon()
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
-
-
-def _discard(_: DurableEvent | EphemeralEvent | None) -> None:
-    """Worker-driven turns are read from the Store (and, later, the replay buffer)."""
