@@ -380,17 +380,24 @@ class SessionRuntime:
             effort=effort,
             principal=principal,
         )
-        if submission.is_new and self.config.run_in_process:
-            task = asyncio.create_task(
-                self._run_detached(submission.turn_id, agent),
-                name=f"turnkit-detached-{submission.turn_id}",
-            )
-            self._detached[submission.turn_id] = task
-            task.add_done_callback(lambda _: self._detached.pop(submission.turn_id, None))
+        if submission.is_new and not submission.guided and self.config.run_in_process:
+            self._detach(submission.turn_id, agent=agent)
         return submission
 
-    async def _run_detached(self, turn_id: TurnId, agent: Agent | None) -> None:
-        lease = await self._claim(turn_id)
+    def _detach(
+        self, turn_id: TurnId, *, lease: Lease | None = None, agent: Agent | None = None
+    ) -> None:
+        """Drive a turn in a task of this runtime, publishing to the replay buffer."""
+        task = asyncio.create_task(
+            self._run_detached(turn_id, lease, agent), name=f"turnkit-detached-{turn_id}"
+        )
+        self._detached[turn_id] = task
+        task.add_done_callback(lambda _: self._detached.pop(turn_id, None))
+
+    async def _run_detached(
+        self, turn_id: TurnId, lease: Lease | None, agent: Agent | None
+    ) -> None:
+        lease = lease or await self._claim(turn_id)
         if lease is None:
             return
         publisher = BufferPublisher(self.replay, turn_id)
@@ -399,7 +406,7 @@ class SessionRuntime:
             await driver.run()
         except asyncio.CancelledError:
             if not self._stopping.get(turn_id):
-                driver.abandon()
+                driver.abandon()  # closing the runtime is not Stop
             raise
         finally:
             self._stopping.pop(turn_id, None)
@@ -407,7 +414,7 @@ class SessionRuntime:
         await self._pick_up(lease.session_id)
 
     async def _pick_up(self, session_id: SessionId) -> None:
-        """Run turns this session queued meanwhile (e.g. a re-queued guide message)."""
+        """Run a turn this session queued meanwhile (e.g. a re-queued guide message)."""
         if not self.config.run_in_process:
             return
         lease = await self.store.claim(
@@ -417,24 +424,7 @@ class SessionRuntime:
             session_id=session_id,
         )
         if lease is not None:
-            task = asyncio.create_task(
-                self._run_claimed(lease), name=f"turnkit-detached-{lease.turn_id}"
-            )
-            self._detached[lease.turn_id] = task
-            task.add_done_callback(lambda _: self._detached.pop(lease.turn_id, None))
-
-    async def _run_claimed(self, lease: Lease) -> None:
-        publisher = BufferPublisher(self.replay, lease.turn_id)
-        driver = await self.runner().driver(lease, sink=publisher)
-        try:
-            await driver.run()
-        except asyncio.CancelledError:
-            if not self._stopping.get(lease.turn_id):
-                driver.abandon()
-            raise
-        finally:
-            await publisher.wait()
-        await self._pick_up(lease.session_id)
+            self._detach(lease.turn_id, lease=lease)
 
     async def cancel(self, turn_id: str) -> TurnStatus:
         """Press Stop: end the turn `cancelled` from wherever it is driven.
@@ -484,12 +474,7 @@ class SessionRuntime:
             )
         await self.store.answer_pause(record.turn_id, request_id, resolution.model_dump())
         if self.config.run_in_process:
-            task = asyncio.create_task(
-                self._run_detached(record.turn_id, None),
-                name=f"turnkit-resume-{record.turn_id}",
-            )
-            self._detached[record.turn_id] = task
-            task.add_done_callback(lambda _: self._detached.pop(record.turn_id, None))
+            self._detach(record.turn_id)
         return Submission(
             session_id=record.session_id,
             turn_id=record.turn_id,
