@@ -223,3 +223,33 @@ async def test_a_paused_turn_is_never_swept(tmp_path: Path) -> None:
         assert (await runtime.turn(asked.turn_id)).status == "awaiting_approval"
     finally:
         await runtime.close()
+
+
+async def test_stop_reaches_a_turn_driven_by_another_process(tmp_path: Path) -> None:
+    db = tmp_path / "remote-stop.db"
+    config = RuntimeConfig(
+        database_url=f"sqlite:///{db}", lease_ttl_s=0.3, heartbeat_interval_s=0.05
+    )
+    model = ScriptedModel([ModelStep.hang("thinking")])
+    driving = SessionRuntime(agent=Agent(model=model), config=config)
+    other = SessionRuntime(agent=Agent(model=ScriptedModel([])), config=config)
+    await driving.open()
+    await other.open()
+    try:
+        submission = await driving.start("s1", "go")
+        async with asyncio.timeout(10):
+            while model.calls == []:
+                await asyncio.sleep(0.01)
+            # `other` does not drive the turn: it can only flag it for its driver.
+            assert await other.cancel(submission.turn_id) == "running"
+            while (await other.turn(submission.turn_id)).status == "running":
+                await asyncio.sleep(0.02)
+        record = await other.turn(submission.turn_id)
+        assert (record.status, record.error_code) == ("cancelled", None)
+        assert model.aborted == 1  # the driver aborted its own model call
+        rows = await other.audit(submission.turn_id)
+        assert rows[-1].call is not None
+        assert rows[-1].call.outcome == "user-aborted"
+    finally:
+        await driving.close()
+        await other.close()
