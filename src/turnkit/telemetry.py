@@ -82,6 +82,10 @@ class Recorder:
         """Set while a stage waits on a person; the driver then settles the pause."""
         self.input_seqs: tuple[int, ...] = ()
         self.guide_watermark = 0
+        self.newest_guide_seq = 0
+        """The newest guide the Store reported at the last commit."""
+        self.requeued = 0
+        """Guide messages the ending commit re-queued as turns of their own."""
         """Guide messages up to this input seq were presented to the model."""
         """The inputs this turn's requests present (set by the driver)."""
 
@@ -133,9 +137,10 @@ class Recorder:
 
     async def take_guides(self) -> list[tuple[int, str, str | None]]:
         """Guide messages that arrived since the last request (marked as presented)."""
-        found = await self.store.guided_inputs(
-            self.turn_id, after_input_seq=max(self.guide_watermark, *self.input_seqs, 0)
-        )
+        watermark = max(self.guide_watermark, *self.input_seqs, 0)
+        if self.newest_guide_seq <= watermark:
+            return []  # the last commit saw none newer: no query
+        found = await self.store.guided_inputs(self.turn_id, after_input_seq=watermark)
         if found:
             self.guide_watermark = found[-1][0]
             self.input_seqs = (*self.input_seqs, *(seq for seq, _, _ in found))
@@ -199,7 +204,7 @@ class Recorder:
         events, audit = self._events, self._audit
         self._events, self._audit = [], []
         try:
-            await self.store.commit(
+            result = await self.store.commit(
                 self.turn_id,
                 epoch=self.epoch,
                 events=events,
@@ -219,6 +224,8 @@ class Recorder:
             self._events[:0] = events
             self._audit[:0] = audit
             raise
+        self.newest_guide_seq = max(self.newest_guide_seq, result.newest_guide_seq)
+        self.requeued += result.requeued
         self.last_activity = self.clock.monotonic()
         for event in events:
             self.publish(event)

@@ -345,7 +345,8 @@ class SessionRuntime:
                 yield event
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-            await self._pick_up(lease.session_id)
+            if driver.requeued:
+                await self._pick_up(lease.session_id)
         finally:
             if watcher is not None:
                 watcher.cancel()
@@ -411,7 +412,8 @@ class SessionRuntime:
         finally:
             self._stopping.pop(turn_id, None)
             await publisher.wait()
-        await self._pick_up(lease.session_id)
+        if driver.requeued:
+            await self._pick_up(lease.session_id)
 
     async def _pick_up(self, session_id: SessionId) -> None:
         """Run a turn this session queued meanwhile (e.g. a re-queued guide message)."""

@@ -77,6 +77,11 @@ class TurnDriver:
         self.recorder: Recorder | None = None
         self._started = time.perf_counter()
 
+    @property
+    def requeued(self) -> int:
+        """Guide messages this turn's ending re-queued as turns of their own."""
+        return self.recorder.requeued if self.recorder is not None else 0
+
     def abandon(self) -> None:
         """Give the turn up without ending it (shutdown): the next cancel writes nothing."""
         self.lease_lost = True
@@ -93,7 +98,7 @@ class TurnDriver:
             audit_seq = len(await self.store.read_audit(self.lease.turn_id))
             usage = await self.store.read_usage(self.lease.turn_id)
         journal.keys.add("turn.started")
-        return Recorder(
+        recorder = Recorder(
             store=self.store,
             session_id=self.lease.session_id,
             turn_id=self.lease.turn_id,
@@ -105,12 +110,14 @@ class TurnDriver:
             journal=journal,
             usage=usage,
         )
+        if self.lease.last_seq > 1:
+            recorder.newest_guide_seq = 2**62  # resumed: look for guides at the first request
+        return recorder
 
     async def run(self) -> None:
         """Run the turn to a terminal state. Cancelling this task aborts the turn."""
         try:
-            # The read watermark is recorded before anything else (seed 001 ③).
-            await self.store.record_read(self.lease, self.record.input_seq)
+            # The read watermark was recorded by the claim itself, before anything else.
             rec = self.recorder = await self._recorder()
             rec.input_seqs = (self.record.input_seq,)
             graph_task = asyncio.current_task()

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from turnkit.store.sql import SqlStore
 
 __all__ = (
+    "CommitResult",
     "Delivery",
     "Lease",
     "GuideFeed",
@@ -165,6 +166,16 @@ class Lease:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class CommitResult:
+    """What a commit learned on the way."""
+
+    newest_guide_seq: int = 0
+    """The newest guide message attached to the turn (0: none)."""
+    requeued: int = 0
+    """Guide messages re-queued as turns of their own by this (terminal) commit."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class StoredEvent:
     """A committed durable event: its position and the exact bytes clients receive."""
 
@@ -194,7 +205,7 @@ class TurnLedger(Protocol):
         release: bool = False,
         pause: PauseRequest | None = None,
         guides_consumed_through: int | None = None,
-    ) -> None:
+    ) -> CommitResult:
         """Append events, audit rows (+ usage rollup) and a status move, atomically.
 
         `pause` saves the approval or clarification request the turn now waits on. When a

@@ -239,11 +239,11 @@ def guided_inputs(
     return [(r.seq, r.content, r.request_id) for r in rows]
 
 
-def requeue_guides(conn: Connection, turn_id: TurnId, consumed_through: int, now: datetime) -> None:
+def requeue_guides(conn: Connection, turn_id: TurnId, consumed_through: int, now: datetime) -> int:
     """Give every guide message the ended turn never presented a queued turn of its own."""
     unread = guided_inputs(conn, turn_id, consumed_through)
     if not unread:
-        return
+        return 0
     ended = conn.execute(
         select(turns.c.session_id, turns.c.agent, turns.c.model, turns.c.pinned).where(
             turns.c.turn_id == turn_id
@@ -272,6 +272,7 @@ def requeue_guides(conn: Connection, turn_id: TurnId, consumed_through: int, now
             .where(inputs.c.session_id == ended.session_id, inputs.c.seq == seq)
             .values(turn_id=new_id, delivery="queue")
         )
+    return len(unread)
 
 
 def _claimable(now: datetime, max_attempts: int) -> Any:
@@ -331,6 +332,8 @@ def claim(
             lease_expires_at=expires,
             attempts=row.attempts + 1,
             started_at=turns.c.started_at if row.attempts else now,
+            # The attempt reads the turn's own input first: its watermark, on record at once.
+            read_watermark=turns.c.input_seq,
             updated_at=now,
         )
         .returning(turns.c.session_id, turns.c.last_seq, turns.c.started_at)

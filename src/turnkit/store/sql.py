@@ -19,6 +19,7 @@ from sqlalchemy import (
     case,
     create_engine,
     event,
+    func,
     select,
     text,
     update,
@@ -35,6 +36,7 @@ from turnkit.ids import SessionId, TurnId
 from turnkit.pauses import PauseRequest
 from turnkit.states import TERMINAL_STATES, TurnStatus
 from turnkit.store import (
+    CommitResult,
     Lease,
     NewInput,
     RunSummary,
@@ -50,6 +52,7 @@ from turnkit.store._schema import (
     SOURCES as _SOURCES,
     audit as _audit,
     events as _events,
+    inputs as _inputs,
     turn_record as _turn_record,
     turns as _turns,
     usage as _usage,
@@ -83,8 +86,18 @@ class _HotStatements:
             _turns.c.turn_id == bindparam("k_turn"),
             _turns.c.lease_epoch == bindparam("k_epoch"),
         )
+        # Every commit also reports the newest guide message for the turn, so the driver
+        # only asks for guides when one arrived (no extra query per model request).
+        newest_guide = (
+            select(func.max(_inputs.c.seq))
+            .where(_inputs.c.turn_id == bindparam("k_turn"), _inputs.c.delivery == "guide")
+            .scalar_subquery()
+        )
         self.touch_turn = (
-            update(_turns).where(*fenced).values(updated_at=bindparam("k_now"), last_seq=last_seq)
+            update(_turns)
+            .where(*fenced)
+            .values(updated_at=bindparam("k_now"), last_seq=last_seq)
+            .returning(newest_guide)
         )
         self.move_turn = {
             target: update(_turns)
@@ -95,6 +108,7 @@ class _HotStatements:
                 status=bindparam("k_status"),
                 error_code=bindparam("k_error"),
             )
+            .returning(newest_guide)
             for target, sources in _SOURCES.items()
         }
         self.insert_event = insert(_events).on_conflict_do_nothing()
@@ -303,7 +317,7 @@ class SqlStore:
         release: bool = False,
         pause: PauseRequest | None = None,
         guides_consumed_through: int | None = None,
-    ) -> None:
+    ) -> CommitResult:
         """Append events, audit rows (+ usage rollup) and a status move in one transaction."""
         event_rows = [
             {"turn_id": turn_id, "seq": e.seq, "type": e.type, "data": encode_event(e)}  # type: ignore[attr-defined]
@@ -321,7 +335,7 @@ class SqlStore:
         ]
         usage = _sum_usage(audit)
         session_id = audit[0].identity.session_id if audit else None
-        await self._tx(
+        return await self._tx(
             self._commit,
             turn_id,
             epoch,
@@ -348,7 +362,7 @@ class SqlStore:
         settle: tuple[str | None, bool] = (None, False),
         pause: PauseRequest | None = None,
         guides_consumed_through: int | None = None,
-    ) -> None:
+    ) -> CommitResult:
         top = max((r["seq"] for r in event_rows), default=0)
         params: dict[str, Any] = {
             "k_turn": turn_id,
@@ -362,8 +376,11 @@ class SqlStore:
             statement = self._hot.move_turn[status]
             params["k_status"] = status
             params["k_error"] = error_code
-        if conn.execute(statement, params).rowcount != 1:
+        moved = conn.execute(statement, params).first()
+        if moved is None:
             _explain_refusal(conn, turn_id, epoch, status)
+        newest_guide = int(moved[0] or 0) if moved is not None else 0
+        requeued = 0
         summary_json, release = settle
         if summary_json is not None or release:
             extra: dict[str, Any] = {}
@@ -378,7 +395,9 @@ class SqlStore:
                 .values(**extra)
             )
         if guides_consumed_through is not None and status in TERMINAL_STATES:
-            queue.requeue_guides(conn, turn_id, guides_consumed_through, self._clock.now())
+            requeued = queue.requeue_guides(
+                conn, turn_id, guides_consumed_through, self._clock.now()
+            )
         if pause is not None:
             session_id = conn.execute(
                 select(_turns.c.session_id).where(_turns.c.turn_id == turn_id)
@@ -393,6 +412,7 @@ class SqlStore:
                 self._hot.add_usage,
                 {"turn_id": turn_id, "session_id": session_id, **delta.model_dump()},
             )
+        return CommitResult(newest_guide_seq=newest_guide, requeued=requeued)
 
     async def cancel(self, turn_id: TurnId) -> TurnStatus:
         """Cancel a turn here, or flag it for its live driver (see `Canceller`)."""
