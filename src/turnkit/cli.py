@@ -226,9 +226,11 @@ def _parser() -> argparse.ArgumentParser:
 async def _serve(args: argparse.Namespace, out: TextIO) -> int:
     import uvicorn
 
-    os.environ.setdefault("TURNKIT_DATABASE_URL", args.database_url)
+    os.environ["TURNKIT_DATABASE_URL"] = (
+        args.database_url
+    )  # the flag wins (its default is $TURNKIT_DATABASE_URL)
     if args.database_schema:
-        os.environ.setdefault("TURNKIT_DATABASE_SCHEMA", args.database_schema)
+        os.environ["TURNKIT_DATABASE_SCHEMA"] = args.database_schema
     config = uvicorn.Config(
         "turnkit.quickstart:app", host=args.host, port=args.port, log_level="info"
     )

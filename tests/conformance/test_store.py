@@ -297,3 +297,24 @@ async def test_migrations_are_at_head(store: SqlStore) -> None:
 
     assert await store.schema_revision() == head_revision()
     await store.setup()  # running it again is harmless
+
+
+async def test_reappending_an_audit_row_counts_its_usage_once(store: SqlStore) -> None:
+    sub = await store.submit(_input())
+    lease = await store.claim("w1", ttl_s=30, max_attempts=3)
+    assert lease is not None
+    row = AuditRow(
+        identity=CallIdentity(
+            session_id=sub.session_id, turn_id=sub.turn_id, stage_id="tool-loop",
+            seq_within_turn=1,
+        ),
+        call=CallShape(
+            provider="p", model="m", family="f", rung=0, latency_ms=1.0,
+            input_tokens=7, output_tokens=3, outcome="ok",
+        ),
+    )  # fmt: skip
+    await store.commit(sub.turn_id, epoch=lease.epoch, audit=[row])
+    await store.commit(sub.turn_id, epoch=lease.epoch, audit=[row])
+    usage = await store.read_usage(sub.turn_id)
+    assert (usage.model_calls, usage.input_tokens) == (1, 7)
+    assert len(await store.read_audit(sub.turn_id)) == 1

@@ -50,6 +50,7 @@ class Servers:
             "TURNKIT_REDIS_URL": REDIS_URL,
             "TURNKIT_AGENT": "tests.support.worker_agent:agent",
             "TURNKIT_IDLE_WINDOW_S": str(IDLE_WINDOW_S),
+            "TURNKIT_LEASE_TTL_S": "1",
             "TK_TEST_LOG": str(self.log),
             **env,
         }

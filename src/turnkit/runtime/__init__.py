@@ -186,7 +186,10 @@ class SessionRuntime:
                 limit=self.config.max_content_chars,
             )
         if request_id is not None and not 0 < len(request_id) <= 128:
-            raise InvalidSessionIdError("request_id must be 1-128 characters")
+            raise InvalidInputError(
+                f"request_id must be 1-128 characters, got {len(request_id)}",
+                request_id=request_id,
+            )
         return TurnRequest(
             session_id=SessionId(session_id),
             content=content,
@@ -333,7 +336,13 @@ class SessionRuntime:
                 yield stored.decode()
             return
         queue: asyncio.Queue[DurableEvent | EphemeralEvent | None] = asyncio.Queue()
-        driver = await self.runner().driver(lease, sink=queue.put_nowait, agent=agent)
+        publisher = BufferPublisher(self.replay, turn_id)  # so other readers follow it too
+
+        def sink(event: DurableEvent | EphemeralEvent | None) -> None:
+            queue.put_nowait(event)
+            publisher(event)
+
+        driver = await self.runner().driver(lease, sink=sink, agent=agent)
         task = asyncio.create_task(driver.run(), name=f"turnkit-turn-{turn_id}")
         watcher = (
             asyncio.create_task(_cancel_when(cancel, task), name="turnkit-cancel-watch")
@@ -354,6 +363,8 @@ class SessionRuntime:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+            publisher(None)
+            await publisher.wait()
 
     async def start(
         self,

@@ -14,6 +14,8 @@ import time
 from collections.abc import Callable
 from typing import Literal
 
+from pydantic import JsonValue
+
 from turnkit.audit import CallShape
 from turnkit.clock import Clock
 from turnkit.config import RuntimeConfig
@@ -256,7 +258,9 @@ class TurnDriver:
 
     async def _end_failed(self, rec: Recorder, exc: TurnError) -> None:
         status: TerminalStatus = "timed_out" if isinstance(exc, DeadlineExceededError) else "failed"
-        rec.durable(ErrorEvent, "runtime", code=exc.code, message=exc.message)
+        rec.durable(
+            ErrorEvent, "runtime", code=exc.code, message=exc.message, details=_details(exc)
+        )
         rec.durable(DoneEvent, "runtime", status=status, error_code=exc.code)
         with contextlib.suppress(StaleEpochError):
             await rec.flush(
@@ -287,3 +291,14 @@ class TurnDriver:
             await rec.flush(
                 status="cancelled", summary=self._summary(rec, "cancelled", None), release=True
             )
+
+
+def _details(exc: TurnError) -> dict[str, JsonValue]:
+    """The error's typed attributes, as far as they are plain JSON."""
+    out: dict[str, JsonValue] = {}
+    for key, value in exc.details.items():
+        if isinstance(value, tuple | list):
+            value = [v for v in value if isinstance(v, str | int | float | bool)]
+        if value is None or isinstance(value, str | int | float | bool | list):
+            out[key] = value
+    return out

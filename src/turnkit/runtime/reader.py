@@ -8,10 +8,12 @@ bounded pages), then follows the ReplayBuffer live until a terminal event. The r
 | absent (0) or inside the log | replay from there, follow live to a terminal event |
 | older than the buffer | the gap comes from the Store anyway, then live |
 | turn finished | the remaining events from the Store, ending in the terminal one |
-| silence past the idle window, turn `running` | record `timed_out`, send its terminal events |
+| idle window of silence, `running`, no live lease | record `timed_out`, send the ending |
 | ahead of anything written, or malformed | `ReplayCursorError` (the HTTP layer answers 4xx) |
 
-Silence is measured from the last event (heartbeats count), not from connect. A paused
+Silence is measured from the last event (heartbeats and Store progress count), not from
+connect; a turn whose lease is still being renewed is never timed out by a reader, so a
+driver that publishes nowhere the reader can see is not mistaken for a dead one. A paused
 turn's reader waits without timing out. While waiting, the reader yields `KEEPALIVE`.
 """
 
@@ -25,7 +27,7 @@ from turnkit.clock import Clock
 from turnkit.errors import ReplayCursorError, TurnNotFoundError
 from turnkit.ids import TurnId
 from turnkit.replay import BufferEntry, ReplayBuffer
-from turnkit.store import Store
+from turnkit.store import Store, TurnRecord
 
 __all__ = ("KEEPALIVE", "Frame", "TurnReader", "parse_cursor")
 
@@ -47,6 +49,12 @@ class _KeepAlive:
 
 KEEPALIVE: Final = _KeepAlive()
 """Yielded while the reader waits; send a comment so proxies keep the stream open."""
+
+
+def _leased(record: TurnRecord, clock: Clock) -> bool:
+    """A live lease means a driver renewed it within its ttl: the driver is alive."""
+    expires = record.lease_expires_at
+    return record.lease_owner is not None and expires is not None and expires > clock.now()
 
 
 def parse_cursor(raw: str | None) -> int:
@@ -103,10 +111,11 @@ class TurnReader:
             assert record is not None
             if record.last_seq > progress.sent:
                 # Committed but not in the buffer (the sweep ended it, the buffer was
-                # trimmed or lost): the Store has it.
+                # trimmed or lost): the Store has it, and it is a sign of life.
+                last_event = self.clock.monotonic()
                 async for frame in self._from_store(turn_id, progress):
                     yield frame
-            elif record.status == "running" and idle_left <= 0:
+            elif record.status == "running" and idle_left <= 0 and not _leased(record, self.clock):
                 await self.store.time_out(
                     turn_id,
                     reason=(

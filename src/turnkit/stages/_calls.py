@@ -6,11 +6,10 @@ import time
 from dataclasses import dataclass
 
 from turnkit.audit import AuditPayloads, CallShape, FallbackStepPayload, ProviderCascadePayload
-from turnkit.errors import ProviderError, TurnkitError
+from turnkit.errors import FamilyExhaustedError, ProviderError, TurnkitError
 from turnkit.events import (
     MessageDeltaEvent,
     ProviderCascadeEvent,
-    ThinkingDeltaEvent,
     ToolDeltaEvent,
 )
 from turnkit.ids import StageId, derive_id
@@ -70,11 +69,14 @@ async def call_model(
     request: ModelRequest,
     *,
     block_key: str,
+    stream_text: bool = True,
 ) -> CallResult:
     """Run one call on `family`, streaming deltas and auditing failed rungs.
 
     The caller stages the call's own audit row (it knows the payloads). Durable events
     staged before the call are committed first: nothing waits on a provider unwritten.
+    Raw reasoning is kept inside the runtime (never streamed); `stream_text=False` keeps
+    the text in too (anchor-plan's planning output is not prose for the user).
     """
     rec = ctx.recorder
     await rec.flush()
@@ -90,10 +92,12 @@ async def call_model(
             match chunk:
                 case TextDelta(text=text) if text:
                     asm.text.append(text)
-                    await rec.ephemeral(MessageDeltaEvent, stage_id, block_id=block_id, text=text)
+                    if stream_text:
+                        await rec.ephemeral(
+                            MessageDeltaEvent, stage_id, block_id=block_id, text=text
+                        )
                 case ThinkingDelta(text=text) if text:
-                    asm.thinking.append(text)
-                    await rec.ephemeral(ThinkingDeltaEvent, stage_id, block_id=block_id, text=text)
+                    asm.thinking.append(text)  # raw chain-of-thought never leaves the runtime
                 case ToolCallDelta():
                     await _tool_delta(ctx, stage_id, asm, chunk, last_tool_delta)
                 case RungStarted():
@@ -138,20 +142,24 @@ async def call_model(
                     )
                 case _:
                     pass
-    except TurnkitError as exc:
-        if isinstance(exc, ProviderError):
-            rec.audit(
-                stage_id,
-                call=CallShape(
-                    provider=provider,
-                    model=model,
-                    family=family.name,
-                    rung=rung,
-                    latency_ms=(time.perf_counter() - started) * 1000,
-                    outcome="error",
-                    error_code=exc.code,
-                ),
-            )
+    except FamilyExhaustedError:
+        rec.open_call = None  # every rung already left its own row
+        raise
+    except Exception as exc:
+        # One audit row per model call, however it ended (DESIGN §5.7).
+        code = exc.code if isinstance(exc, TurnkitError) else "internal-error"
+        rec.audit(
+            stage_id,
+            call=CallShape(
+                provider=provider,
+                model=model,
+                family=family.name,
+                rung=rung,
+                latency_ms=(time.perf_counter() - started) * 1000,
+                outcome="error",
+                error_code=code,
+            ),
+        )
         rec.open_call = None
         raise
     rec.open_call = None

@@ -67,7 +67,9 @@ async def run_anchor_plan(
             ),
             purpose="plan",
         )
-        result = await call_model(ctx, "anchor-plan", ctx.utility, request, block_key="plan")
+        result = await call_model(
+            ctx, "anchor-plan", ctx.utility, request, block_key="plan", stream_text=False
+        )
         plan = _parse(result.response.text, content)
         ctx.recorder.audit(
             "anchor-plan",

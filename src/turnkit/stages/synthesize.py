@@ -5,9 +5,9 @@ from __future__ import annotations
 import hashlib
 
 from turnkit.audit import AuditPayloads, SynthesisQualityPayload
-from turnkit.blocks import TextBlock, ThinkingSummaryBlock
+from turnkit.blocks import TextBlock
 from turnkit.errors import OutputLimitExceededError
-from turnkit.events import MessageCompleteEvent, ThinkingCompleteEvent
+from turnkit.events import MessageCompleteEvent
 from turnkit.ids import derive_id
 from turnkit.models import ModelRequest
 from turnkit.stages._calls import call_model
@@ -77,13 +77,6 @@ async def _call(ctx: StageContext, messages: list[TranscriptMessage], generation
             "the provider's output limit was reached while writing the answer; ask for a "
             "shorter answer or use a model with a larger output capacity",
             answer_chars=len(response.text),
-        )
-    if response.thinking:
-        rec.durable(
-            ThinkingCompleteEvent,
-            "synthesize",
-            block=ThinkingSummaryBlock(block_id=result.block_id, summary=response.thinking),
-            generation_id=generation,
         )
     rec.durable(
         MessageCompleteEvent,

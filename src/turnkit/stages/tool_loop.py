@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 
 from turnkit.audit import AuditPayloads, CacheBreakpointPayload, ToolCallRef, ToolSelectionPayload
-from turnkit.blocks import TextBlock, ThinkingSummaryBlock
+from turnkit.blocks import TextBlock
 from turnkit.errors import OutputLimitExceededError, ToolCallError
-from turnkit.events import MessageCompleteEvent, ThinkingCompleteEvent
+from turnkit.events import MessageCompleteEvent
 from turnkit.ids import ToolCallId, derive_id
 from turnkit.journal import CommittedGeneration
 from turnkit.models import ModelMessage, ModelRequest, ModelResponse, ToolCallPart, Usage
@@ -92,13 +92,6 @@ async def run_tool_loop(
                 else None,
                 providerCascade=result.cascade,
             ),
-        )
-    if response.thinking:
-        rec.durable(
-            ThinkingCompleteEvent,
-            "tool-loop",
-            block=ThinkingSummaryBlock(block_id=block_id, summary=response.thinking),
-            generation_id=generation,
         )
     if response.text:
         rec.durable(

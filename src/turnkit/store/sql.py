@@ -333,7 +333,7 @@ class SqlStore:
             }
             for row in audit
         ]
-        usage = _sum_usage(audit)
+        usage = {row.identity.seq_within_turn: UsageDelta.of(row.call) for row in audit}
         session_id = audit[0].identity.session_id if audit else None
         return await self._tx(
             self._commit,
@@ -356,7 +356,7 @@ class SqlStore:
         epoch: int,
         event_rows: list[dict[str, Any]],
         audit_rows: list[dict[str, Any]],
-        usage: tuple[str | None, UsageDelta],
+        usage: tuple[str | None, dict[int, UsageDelta]],
         status: TurnStatus | None,
         error_code: str | None,
         settle: tuple[str | None, bool] = (None, False),
@@ -406,12 +406,17 @@ class SqlStore:
         if event_rows:
             conn.execute(self._hot.insert_event, event_rows)
         if audit_rows:
-            conn.execute(self._hot.insert_audit, audit_rows)
-            session_id, delta = usage
-            conn.execute(
-                self._hot.add_usage,
-                {"turn_id": turn_id, "session_id": session_id, **delta.model_dump()},
-            )
+            # Only rows this commit inserted count: re-appending a row repeats no usage.
+            inserted = conn.execute(
+                self._hot.insert_audit.returning(_audit.c.seq_within_turn), audit_rows
+            ).scalars()
+            session_id, per_row = usage
+            delta = _sum_usage([per_row[seq] for seq in inserted])
+            if delta.model_calls or delta.cost_usd:
+                conn.execute(
+                    self._hot.add_usage,
+                    {"turn_id": turn_id, "session_id": session_id, **delta.model_dump()},
+                )
         return CommitResult(newest_guide_seq=newest_guide, requeued=requeued)
 
     async def cancel(self, turn_id: TurnId) -> TurnStatus:
@@ -508,8 +513,7 @@ class SqlStore:
         return await self._tx(_read_usage, turn_id)
 
 
-def _sum_usage(audit: Sequence[AuditRow]) -> UsageDelta:
-    deltas = [UsageDelta.of(row.call) for row in audit]
+def _sum_usage(deltas: Sequence[UsageDelta]) -> UsageDelta:
     return UsageDelta(
         model_calls=sum(d.model_calls for d in deltas),
         input_tokens=sum(d.input_tokens for d in deltas),
