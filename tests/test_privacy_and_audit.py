@@ -56,3 +56,63 @@ async def test_error_events_carry_the_errors_details(runtime_factory: RuntimeFac
     events = await collect_events(runtime.execute_message("s1", "hi"))
     [error] = [e for e in events if isinstance(e, ErrorEvent)]
     assert error.details == {"family": "fam", "attempts": ["a", "b"]}
+
+
+async def test_the_next_turn_learns_the_last_one_hit_the_output_limit(
+    runtime_factory: RuntimeFactory,
+) -> None:
+    model = ScriptedModel([ModelStep.truncated("The long answer is"), ModelStep.text_reply("ok")])
+    runtime = runtime_factory(Agent(model=model))
+    first = await collect_events(runtime.execute_message("s1", "write a lot"))
+    assert first[-1].error_code == "agent_output_limit_exceeded"  # type: ignore[attr-defined]
+    rows = await runtime.audit(first[0].turn_id)
+    assert rows[-1].call is not None
+    assert rows[-1].call.outcome == "error"  # a cut answer is not audited as fine
+    await collect_events(runtime.execute_message("s1", "shorter please"))
+    contents = [m.content for m in model.calls[1].messages]
+    assert any("agent_output_limit_exceeded" in c for c in contents)
+
+
+async def test_throttled_tool_deltas_lose_no_argument_text(
+    runtime_factory: RuntimeFactory,
+) -> None:
+    from tests.helpers import add
+    from turnkit.events import ToolDeltaEvent
+    from turnkit.testing import raw_call
+
+    args = '{"a": 1, "b": 2}'
+    model = ScriptedModel(
+        [
+            ModelStep.tool_call_reply(raw_call("add", args)),
+            ModelStep.text_reply("3"),
+            ModelStep.text_reply("3"),
+        ]
+    )
+    runtime = runtime_factory(Agent(model=model, tools=[add]))
+    events = await collect_events(runtime.execute_message("s1", "1+2"))
+    deltas = [e for e in events if isinstance(e, ToolDeltaEvent)]
+    assert deltas
+    assert "".join(d.arguments_delta for d in deltas) == args[: deltas[-1].chars]
+
+
+async def test_enrichment_points_at_the_answer_block(runtime_factory: RuntimeFactory) -> None:
+    from turnkit.blocks import TextBlock
+    from turnkit.events import Citation, MessageCitationsEvent, MessageCompleteEvent
+    from turnkit.ids import SessionId, TurnId
+    from turnkit.plugins import Enrichment, Plugin
+
+    class Cite(Plugin):
+        name = "cite"
+
+        async def enrich_message(
+            self, answer: TextBlock, *, session_id: SessionId, turn_id: TurnId
+        ) -> Enrichment | None:
+            return Enrichment(citations=(Citation(source="doc-1", quote=answer.text[:5]),))
+
+    model = ScriptedModel([ModelStep.text_reply("Cited answer.")])
+    runtime = runtime_factory(Agent(model=model, plugins=[Cite()]))
+    events = await collect_events(runtime.execute_message("s1", "cite it"))
+    answer = next(e for e in events if isinstance(e, MessageCompleteEvent))
+    [cited] = [e for e in events if isinstance(e, MessageCitationsEvent)]
+    assert cited.block_id == answer.block.block_id
+    assert cited.citations[0].quote == "Cited"

@@ -209,7 +209,7 @@ class AuditRow(BaseModel):
 
 
 class UsageDelta(BaseModel):
-    """What one audit row adds to the session's usage rollup (same transaction)."""
+    """What one audit row adds to the turn's usage rollup (same transaction)."""
 
     model_config = _CONFIG
     model_calls: NonNegativeInt = 0

@@ -51,7 +51,7 @@ class ThinkingSummaryBlock(BaseModel):
 
 
 class ToolUseBlock(BaseModel):
-    """A tool call the model made, with its validated (or raw, if invalid) arguments."""
+    """A tool call the model made; `arguments` is `{}` when they were not a JSON object."""
 
     model_config = _CONFIG
     kind: Literal["tool_use"] = "tool_use"

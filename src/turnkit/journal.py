@@ -72,6 +72,7 @@ class CommittedGeneration:
     """A model response whose effects are already in the log."""
 
     text: str = ""
+    block_id: str = ""
     thinking: str = ""
     calls: list[CommittedCall] = field(default_factory=list[CommittedCall])
 
@@ -105,7 +106,8 @@ class Journal:
     def _index(self, event: DurableEvent) -> None:
         match event:
             case MessageCompleteEvent(generation_id=str(gen), block=block):
-                self.generations.setdefault(gen, CommittedGeneration()).text = block.text
+                committed = self.generations.setdefault(gen, CommittedGeneration())
+                committed.text, committed.block_id = block.text, block.block_id
             case ThinkingCompleteEvent(generation_id=str(gen), block=block):
                 self.generations.setdefault(gen, CommittedGeneration()).thinking = block.summary
             case ToolStartedEvent(generation_id=str(gen), block=block):

@@ -76,6 +76,8 @@ class Recorder:
         self.open_call: OpenCall | None = None
         self.last_activity = clock.monotonic()
         self.tool_calls = 0
+        self.answer_block_id = "answer"
+        """The block id of the turn's answer (set by synthesize), for enrichment events."""
         self.tool_timings: list[tuple[str, float]] = []
         self.context_messages = 0
         self.pending_pause: PauseRequest | None = None

@@ -34,6 +34,9 @@ async def test_a_driver_that_loses_its_lease_stops_writing(
                 ended = await runtime.store.sweep(ceiling_s=0, max_attempts=3)
                 assert ended == [event.turn_id]
     turn_id = seen[0].turn_id
+    # The caller's stream still ends clearly: with the ending the new owner wrote.
+    assert isinstance(seen[-1], DoneEvent)
+    assert seen[-1].status == "timed_out"
     assert model.aborted == 1  # the driver cancelled its own model call
     stored = [e async for e in runtime.events(turn_id)]
     assert [type(e) for e in stored[-2:]] == [ErrorEvent, DoneEvent]

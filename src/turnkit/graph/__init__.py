@@ -7,14 +7,12 @@ synthesize: it runs once per turn, by structure.
 
 from __future__ import annotations
 
-import asyncio
 import operator
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Annotated, Any, Literal, TypedDict, cast
 
 from langgraph.checkpoint.base import BaseCheckpointSaver
-from langgraph.errors import GraphBubbleUp
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.runtime import Runtime
@@ -39,7 +37,6 @@ __all__ = (
     "has_pending_interrupt",
     "open_checkpointer",
     "pause_here",
-    "reraise_control_flow",
     "stream_turn",
 )
 
@@ -55,12 +52,6 @@ class TurnState(TypedDict):
 
 
 TurnGraph = CompiledStateGraph[TurnState, StageContext, TurnState, TurnState]
-
-
-def reraise_control_flow(exc: BaseException) -> None:
-    """Re-raise cancellation and LangGraph's interrupts before any broad handler."""
-    if isinstance(exc, asyncio.CancelledError | GraphBubbleUp):
-        raise exc
 
 
 async def _bracket(

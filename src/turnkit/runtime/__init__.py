@@ -95,7 +95,7 @@ class SessionRuntime:
         self._graph: TurnGraph | None = None
         self._opening: asyncio.Event | None = None
         self._close_checkpointer: Callable[[], Awaitable[None]] | None = None
-        self._families: dict[int, ModelFamily] = {}
+        self._families: dict[object, tuple[object, ModelFamily]] = {}
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid7()[-12:]}"
         """This runtime's lease owner name."""
         self._family(agent.model)  # an unresolvable model string fails here, not mid-turn
@@ -155,12 +155,13 @@ class SessionRuntime:
         self._graph = None
 
     def _family(self, spec: str | Any) -> ModelFamily:
-        key = id(spec) if not isinstance(spec, str) else hash(spec)
-        family = self._families.get(key)
-        if family is None:
-            family = resolve_family(spec)
-            self._families[key] = family
-        return family
+        key: object = spec if isinstance(spec, str) else ("client", id(spec))
+        cached = self._families.get(key)
+        if cached is None:
+            # The client itself is kept with its family, so its id cannot be reused.
+            cached = (spec, resolve_family(spec))
+            self._families[key] = cached
+        return cached[1]
 
     def _validate(
         self,
@@ -350,10 +351,18 @@ class SessionRuntime:
             else None
         )
         try:
+            last_seq, ended = lease.last_seq, False
             while (event := await queue.get()) is not None:
+                if isinstance(event, DurableEvent):
+                    last_seq, ended = event.seq, event.type == "done"  # type: ignore[attr-defined]
                 yield event
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+            if driver.lease_lost and not ended:
+                # Someone else owns the turn now (a takeover or the sweep): read its ending.
+                async for frame in self.reader().follow(turn_id, after_seq=last_seq):
+                    if isinstance(frame, Frame):
+                        yield decode_event(frame.data)
             if driver.requeued:
                 await self._pick_up(lease.session_id)
         finally:

@@ -108,6 +108,15 @@ class TurnRunner:
             answer = (await turn_history(self.store, turn)).answer
             if answer is not None:
                 messages.append({"role": "assistant", "content": answer})
+            elif turn.error_code == "agent_output_limit_exceeded":
+                # Seed 002: the next turn receives the failure reason, even with no block.
+                messages.append(
+                    {
+                        "role": "assistant",
+                        "content": "[my previous answer failed: agent_output_limit_exceeded "
+                        "— the output limit was reached before it was complete]",
+                    }
+                )
         messages.append({"role": "user", "content": record.content})
         return messages
 
@@ -121,7 +130,12 @@ def _entry(agent: Agent, *, registry_size: int) -> Route:
 
 
 def _thinking_budget(effort: Effort, family: ModelFamily) -> int:
-    if effort == "off" or family.provider == "scripted":
+    """Thinking tokens per call: the smallest any rung allows (0 for non-litellm clients)."""
+    if effort == "off":
+        return 0
+    from turnkit.models.litellm import LiteLLMClient
+
+    if not all(isinstance(rung, LiteLLMClient) for rung in family.rungs):
         return 0
     from turnkit.models.catalog import model_facts, thinking_budget
 

@@ -114,6 +114,7 @@ class TurnDriver:
         )
         if self.lease.last_seq > 1:
             recorder.newest_guide_seq = 2**62  # resumed: look for guides at the first request
+            recorder.tool_calls = sum(1 for k in journal.keys if k.startswith("tool.started:"))
         return recorder
 
     async def run(self) -> None:

@@ -50,6 +50,8 @@ class _Assembler:
         self.calls: dict[int, list[str]] = {}
         self.ids: dict[int, str] = {}
         self.names: dict[int, str] = {}
+        self.sent: dict[int, int] = {}
+        """Argument characters already reported per call (for throttled `tool.delta`)."""
 
     def tool_calls(self) -> tuple[ToolCallPart, ...]:
         return tuple(
@@ -186,13 +188,16 @@ async def _tool_delta(
     if now - last.get(chunk.index, -1e9) < _TOOL_DELTA_INTERVAL_S:
         return  # at most twice a second per open call (seed 000)
     last[chunk.index] = now
+    written = "".join(parts)
+    start = asm.sent.get(chunk.index, 0)
+    asm.sent[chunk.index] = len(written)
     await ctx.recorder.ephemeral(
         ToolDeltaEvent,
         stage_id,
         tool_call_id=asm.ids.get(chunk.index, f"call_{chunk.index}"),
         tool_name=asm.names.get(chunk.index),
-        arguments_delta=chunk.arguments,
-        chars=sum(len(p) for p in parts),
+        arguments_delta=written[start:],  # everything since the last report
+        chars=len(written),
     )
 
 

@@ -84,7 +84,6 @@ async def dispatch_tools(
     """
     rec = ctx.recorder
     plans = _write_ahead(ctx, calls, truncated, generation_id, known_errors or {})
-    rec.tool_calls += len(calls)
     await rec.flush()  # write ahead: every call is on record before any tool runs
     # Approvals and questions come first, in call order: nothing runs until all are settled.
     settled: dict[str, tuple[str | None, ErrorCode, JsonValue]] = {}
@@ -319,7 +318,7 @@ def _write_ahead(
         elif problem is None and tool is None and not _is_clarify(ctx, part):
             code = "tool-not-found"
             problem = f"there is no tool named {part.name!r}; available: {list(ctx.registry.names)}"
-        rec.durable(
+        started = rec.durable(
             ToolStartedEvent,
             "tool-loop",
             block=ToolUseBlock(
@@ -331,5 +330,7 @@ def _write_ahead(
             idempotency_key=idempotency_key(rec.session_id, rec.turn_id, part.tool_call_id),
             arguments_error=problem,
         )
+        if started is not None:  # not already in the log from an earlier attempt
+            rec.tool_calls += 1
         plans.append((part, tool, args or {}, problem, code))
     return plans

@@ -22,7 +22,7 @@ async def run_post_turn(ctx: StageContext, transcript: list[TranscriptMessage]) 
     rec = ctx.recorder
     answer = next((m["content"] for m in reversed(transcript) if m["role"] == "assistant"), None)
     if answer is not None and ctx.agent.plugins:
-        block = TextBlock(block_id="answer", text=answer, is_answer=True)
+        block = TextBlock(block_id=rec.answer_block_id, text=answer, is_answer=True)
         for plugin in ctx.agent.plugins:
             name = type(plugin).name
             try:
@@ -41,11 +41,17 @@ async def run_post_turn(ctx: StageContext, transcript: list[TranscriptMessage]) 
                 continue
             if found.citations:
                 rec.durable(
-                    MessageCitationsEvent, "post-turn", block_id="answer", citations=found.citations
+                    MessageCitationsEvent,
+                    "post-turn",
+                    block_id=block.block_id,
+                    citations=found.citations,
                 )
             if found.entities:
                 rec.durable(
-                    MessageEntitiesEvent, "post-turn", block_id="answer", entities=found.entities
+                    MessageEntitiesEvent,
+                    "post-turn",
+                    block_id=block.block_id,
+                    entities=found.entities,
                 )
     usage = rec.usage
     rec.durable(

@@ -40,6 +40,7 @@ async def run_synthesize(ctx: StageContext, transcript: list[TranscriptMessage])
         # The answer is already in the log (a previous attempt died after writing it):
         # never write, bill or stream it twice.
         text = committed.text
+        rec.answer_block_id = committed.block_id
     else:
         guides = await take_guides(ctx, "synthesize", transcript)
         if guides:  # a late guide: present it, then the closing instruction again
@@ -59,9 +60,14 @@ async def _call(ctx: StageContext, messages: list[TranscriptMessage], generation
     )
     result = await call_model(ctx, "synthesize", ctx.family, request, block_key="answer")
     response = result.response
+    shape = result.shape
+    if response.stop_reason == "max_tokens":
+        shape = shape.model_copy(
+            update={"outcome": "error", "error_code": "agent_output_limit_exceeded"}
+        )
     rec.audit(
         "synthesize",
-        call=result.shape,
+        call=shape,
         payloads=AuditPayloads(
             synthesisQuality=SynthesisQualityPayload(
                 answer_chars=len(response.text),
@@ -78,6 +84,7 @@ async def _call(ctx: StageContext, messages: list[TranscriptMessage], generation
             "shorter answer or use a model with a larger output capacity",
             answer_chars=len(response.text),
         )
+    rec.answer_block_id = result.block_id
     rec.durable(
         MessageCompleteEvent,
         "synthesize",
