@@ -171,11 +171,24 @@ async def stream_turn(
         yield chunk
 
 
-async def latest_checkpoint_id(graph: TurnGraph, thread_id: str) -> str | None:
-    """Id of the newest checkpoint of a thread, if the graph has a checkpointer."""
+async def latest_checkpoint_id(
+    graph: TurnGraph, thread_id: str, *, just_ran: bool = False
+) -> str | None:
+    """Id of the newest checkpoint of a thread, if the graph has a checkpointer.
+
+    `just_ran`: this process just ran the thread, so the id it wrote is the newest.
+    """
     saver = graph.checkpointer
     if not isinstance(saver, BaseCheckpointSaver):
         return None
+    if just_ran:
+        from turnkit.graph._sqlite_saver import ThreadedSqliteSaver
+
+        if (
+            isinstance(saver, ThreadedSqliteSaver)
+            and (written := saver.take_written(thread_id)) is not None
+        ):
+            return written
     found = await saver.aget_tuple(cast(Any, {"configurable": {"thread_id": thread_id}}))
     return None if found is None else str(found.checkpoint["id"])
 

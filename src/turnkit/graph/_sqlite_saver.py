@@ -36,6 +36,8 @@ class ThreadedSqliteSaver(SqliteSaver):
         conn.execute("PRAGMA synchronous=NORMAL")
         super().__init__(conn)
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="turnkit-checkpoints")
+        self._written: dict[str, str] = {}
+        """thread id → id of the checkpoint this saver wrote last for it."""
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
@@ -76,7 +78,15 @@ class ThreadedSqliteSaver(SqliteSaver):
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
         """`put` on the saver's thread."""
-        return await self._run(self.put, config, checkpoint, metadata, new_versions)
+        saved = await self._run(self.put, config, checkpoint, metadata, new_versions)
+        self._written[str(config["configurable"]["thread_id"])] = str(checkpoint["id"])
+        while len(self._written) > 4096:  # threads that never settled: forget the oldest
+            self._written.pop(next(iter(self._written)))
+        return saved
+
+    def take_written(self, thread_id: str) -> str | None:
+        """The checkpoint id this saver last wrote for `thread_id` (forgotten once taken)."""
+        return self._written.pop(thread_id, None)
 
     async def aput_writes(
         self,

@@ -37,6 +37,7 @@ from turnkit.runtime._runner import TurnRunner, pinned_config, turn_history
 from turnkit.runtime.reader import Frame, TurnReader
 from turnkit.states import TurnStatus
 from turnkit.store import (
+    ClaimRequest,
     Delivery,
     Lease,
     NewInput,
@@ -209,8 +210,12 @@ class SessionRuntime:
         delivery: Delivery = "queue",
         effort: Effort | None = None,
         principal: str | None = None,
+        claim: bool = False,
     ) -> Submission:
         """Commit a user message and queue its turn (one transaction), without running it.
+
+        With `claim=True` the new turn is also claimed for this runtime in the same
+        transaction (when its session lets it run now): `Submission.lease` is then set.
 
         A worker (or `execute_message`) runs the turn. A `request_id` already used in the
         session returns the first submission and writes nothing.
@@ -243,6 +248,13 @@ class SessionRuntime:
                 pinned=pinned_config(turn_agent, family, effort_used),
                 principal=principal,
                 create_session=self.config.auto_create_sessions,
+                claim_for=ClaimRequest(
+                    owner=self.owner,
+                    ttl_s=self.config.lease_ttl_s,
+                    max_attempts=self.config.max_attempts,
+                )
+                if claim
+                else None,
             )
         )
 
@@ -291,6 +303,7 @@ class SessionRuntime:
             request_id=request_id,
             delivery=delivery,
             effort=effort,
+            claim=True,
         )
         if submission.guided:
             # The message joined a running turn: follow that turn from here on.
@@ -299,11 +312,16 @@ class SessionRuntime:
                 if isinstance(frame, Frame):
                     yield decode_event(frame.data)
             return
-        async for stored in self.store.read_events(submission.turn_id):
-            yield stored.decode()
+        if submission.started is not None:
+            yield submission.started  # committed with the input: no need to read it back
+        else:
+            async for stored in self.store.read_events(submission.turn_id):
+                yield stored.decode()
         if not submission.is_new:
             return
-        drive = self._drive(submission.turn_id, agent, cancel)
+        drive = self._drive(
+            submission.turn_id, agent, cancel, lease=submission.lease, record=submission.record
+        )
         async with contextlib.aclosing(drive):  # closing this stream must reach the driver
             async for event in drive:
                 yield event
@@ -329,9 +347,15 @@ class SessionRuntime:
         return None
 
     async def _drive(
-        self, turn_id: TurnId, agent: Agent | None, cancel: CancelToken | None
+        self,
+        turn_id: TurnId,
+        agent: Agent | None,
+        cancel: CancelToken | None,
+        *,
+        lease: Lease | None = None,
+        record: TurnRecord | None = None,
     ) -> AsyncGenerator[DurableEvent | EphemeralEvent, None]:
-        lease = await self._claim(turn_id)
+        lease = lease or await self._claim(turn_id)
         if lease is None:
             async for stored in self.store.read_events(turn_id, after_seq=1):
                 yield stored.decode()
@@ -343,7 +367,7 @@ class SessionRuntime:
             queue.put_nowait(event)
             publisher(event)
 
-        driver = await self.runner().driver(lease, sink=sink, agent=agent)
+        driver = await self.runner().driver(lease, sink=sink, agent=agent, record=record)
         task = asyncio.create_task(driver.run(), name=f"turnkit-turn-{turn_id}")
         watcher = (
             asyncio.create_task(_cancel_when(cancel, task), name="turnkit-cancel-watch")

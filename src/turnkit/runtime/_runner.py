@@ -62,9 +62,16 @@ class TurnRunner:
         self.clock = clock
         self.family = family
 
-    async def driver(self, lease: Lease, *, sink: Sink, agent: Agent | None = None) -> TurnDriver:
-        """A driver for a claimed turn."""
-        record = await self.store.get_turn(lease.turn_id)
+    async def driver(
+        self,
+        lease: Lease,
+        *,
+        sink: Sink,
+        agent: Agent | None = None,
+        record: TurnRecord | None = None,
+    ) -> TurnDriver:
+        """A driver for a claimed turn (`record`: the turn as claimed, if already read)."""
+        record = record or await self.store.get_turn(lease.turn_id)
         if record is None:
             raise TurnNotFoundError(f"no turn {lease.turn_id!r}", turn_id=lease.turn_id)
         agent = agent or self.agent
@@ -101,7 +108,8 @@ class TurnRunner:
 
     async def _transcript(self, agent: Agent, record: TurnRecord) -> list[TranscriptMessage]:
         messages: list[TranscriptMessage] = [{"role": "system", "content": agent.instructions}]
-        for turn in await self.store.list_turns(record.session_id):
+        earlier = await self.store.list_turns(record.session_id) if record.input_seq > 1 else []
+        for turn in earlier:
             if turn.input_seq >= record.input_seq:
                 break
             messages.append({"role": "user", "content": turn.content})

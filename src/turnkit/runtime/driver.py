@@ -161,8 +161,12 @@ class TurnDriver:
     async def _run_graph(self, rec: Recorder) -> None:
         elapsed = (self.clock.now() - self.lease.started_at).total_seconds()
         remaining = self.config.ceiling_s - elapsed
-        # Turn ids are unique, so a checkpoint means this turn ran before: resume it.
-        resume = await latest_checkpoint_id(self.graph, self.lease.turn_id) is not None
+        # Turn ids are unique, so a checkpoint means this turn ran before: resume it. A
+        # first attempt whose log holds only `turn.started` cannot have one.
+        fresh = self.lease.attempt == 1 and self.lease.last_seq <= 1
+        resume = (
+            not fresh and await latest_checkpoint_id(self.graph, self.lease.turn_id) is not None
+        )
         answer = None
         if resume and await has_pending_interrupt(self.graph, self.lease.turn_id):
             answer = await self.store.pending_answer(self.lease.turn_id)
@@ -244,7 +248,7 @@ class TurnDriver:
         )
 
     async def _settle(self, rec: Recorder, status: Literal["succeeded"]) -> None:
-        checkpoint_id = await latest_checkpoint_id(self.graph, self.lease.turn_id)
+        checkpoint_id = await latest_checkpoint_id(self.graph, self.lease.turn_id, just_ran=True)
         if checkpoint_id is not None:
             rec.durable(CheckpointCreatedEvent, "post-turn", checkpoint_id=checkpoint_id)
         rec.durable(DoneEvent, "post-turn", status=status)

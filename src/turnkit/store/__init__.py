@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 from pydantic import BaseModel, ConfigDict, JsonValue
 
 from turnkit.audit import AuditRow, UsageDelta
-from turnkit.events import DurableEvent, StreamEvent, decode_event
+from turnkit.events import DurableEvent, StreamEvent, TurnStartedEvent, decode_event
 from turnkit.ids import SessionId, TurnId
 from turnkit.pauses import PauseRequest
 from turnkit.states import TurnStatus
@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from turnkit.store.sql import SqlStore
 
 __all__ = (
+    "ClaimRequest",
     "CommitResult",
     "Delivery",
     "Lease",
@@ -65,6 +66,17 @@ class NewInput:
     principal: str | None = None
     create_session: bool = True
     """Create the session if it does not exist (otherwise: `SessionNotFoundError`)."""
+    claim_for: ClaimRequest | None = None
+    """Claim the new turn in the same transaction, when its session lets it run now."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClaimRequest:
+    """Who claims, for how long, with how many attempts."""
+
+    owner: str
+    ttl_s: float
+    max_attempts: int
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -91,6 +103,12 @@ class Submission:
     is_new: bool
     guided: bool = False
     """The message joined a running turn (`turn_id`) instead of opening one."""
+    lease: Lease | None = None
+    """Set when `NewInput.claim_for` claimed the new turn in the same transaction."""
+    record: TurnRecord | None = None
+    """The turn as committed, when it was claimed here."""
+    started: TurnStartedEvent | None = None
+    """The committed first event of a new turn."""
 
 
 class RunSummary(BaseModel):

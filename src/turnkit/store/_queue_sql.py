@@ -25,6 +25,7 @@ from turnkit.store._schema import (
     events,
     inputs,
     sessions,
+    turn_record,
     turns,
 )
 
@@ -121,7 +122,21 @@ def submit(conn: Connection, insert: Any, new: NewInput, now: datetime) -> Submi
                 guided=True,
             )
     # No live attempt to guide: the message opens its own turn, and the log says so.
-    _open_turn(conn, new, seq, now, requested=new.delivery)
+    _, started = _open_turn(conn, new, seq, now, requested=new.delivery)
+    lease, record = None, None
+    if new.claim_for is not None:
+        lease = claim(
+            conn,
+            owner=new.claim_for.owner,
+            ttl_s=new.claim_for.ttl_s,
+            max_attempts=new.claim_for.max_attempts,
+            turn_id=new.turn_id,
+            now=now,
+            skip_locked=False,
+        )
+        if lease is not None:
+            row = conn.execute(select(turns).where(turns.c.turn_id == new.turn_id)).one()
+            record = turn_record(row)
     return Submission(
         session_id=new.session_id,
         turn_id=new.turn_id,
@@ -129,6 +144,9 @@ def submit(conn: Connection, insert: Any, new: NewInput, now: datetime) -> Submi
         delivery="queue",
         requested_delivery=new.delivery,
         is_new=True,
+        lease=lease,
+        record=record,
+        started=started,
     )
 
 
@@ -162,7 +180,7 @@ def _open_turn(
     content: str | None = None,
     request_id: str | None = None,
     input_exists: bool = False,
-) -> TurnId:
+) -> tuple[TurnId, TurnStartedEvent]:
     """Insert a queued turn for input `seq` (and the input row), with its `turn.started`."""
     turn_id = turn_id or new.turn_id
     content = new.content if content is None else content
@@ -220,7 +238,7 @@ def _open_turn(
             turn_id=turn_id, seq=1, type=started.type, data=encode_event(started)
         )
     )
-    return turn_id
+    return turn_id, started
 
 
 def guided_inputs(
