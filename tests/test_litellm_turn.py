@@ -88,3 +88,20 @@ async def test_server_errors_exhaust_the_family_over_http(
     done = events[-1]
     assert isinstance(done, DoneEvent)
     assert done.error_code == "family-exhausted"
+
+
+async def test_a_stream_whose_frame_never_ends_fails_the_turn(
+    runtime_factory: RuntimeFactory, openai_server: FakeOpenAIServer
+) -> None:
+    """Seed 000: a sender whose frame never ends still fails the turn (no hang)."""
+    openai_server.script("stalls", [Reply.text("Hello there, this never", stall=True)])
+    client = LiteLLMClient(
+        "openai/stalls", api_base=openai_server.base_url, api_key="sk-test", timeout=1.0
+    )
+    runtime = runtime_factory(Agent(model=client))
+    events = await collect_events(runtime.execute_message("s1", "hi"))
+    done = events[-1]
+    assert isinstance(done, DoneEvent)
+    assert done.status == "failed"
+    assert done.error_code == "family-exhausted"
+    assert any(isinstance(e, ProviderCascadeEvent) and e.status_code == 408 for e in events)
