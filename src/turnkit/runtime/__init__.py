@@ -6,8 +6,7 @@ import asyncio
 import contextlib
 import os
 import socket
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Self
 
 from turnkit.agent import Agent, Effort
@@ -16,30 +15,27 @@ from turnkit.clock import Clock, SystemClock
 from turnkit.config import RuntimeConfig
 from turnkit.errors import (
     ConfigurationError,
-    ContentTooLargeError,
-    EmptyContentError,
     InvalidInputError,
-    InvalidSessionIdError,
     SessionNotFoundError,
     TurnNotFoundError,
 )
 from turnkit.events import DurableEvent, EphemeralEvent, StreamEvent, decode_event
 from turnkit.graph import TurnGraph, compile_turn_graph, open_checkpointer
-from turnkit.ids import SessionId, TurnId, is_valid_session_id, new_turn_id, uuid7
+from turnkit.ids import SessionId, TurnId, new_turn_id, uuid7
 from turnkit.models.family import ModelFamily, resolve_family
 from turnkit.pauses import Resolution
 from turnkit.replay import ReplayBuffer
 from turnkit.replay.memory import InMemoryReplayBuffer
 from turnkit.runtime._cancel import CancelToken
 from turnkit.runtime._history import TurnHistory
-from turnkit.runtime._publish import BufferPublisher
+from turnkit.runtime._host import TurnHost
 from turnkit.runtime._runner import TurnRunner, pinned_config, turn_history
+from turnkit.runtime._validate import TurnRequest, check_session_id, validate_request
 from turnkit.runtime.reader import Frame, TurnReader
 from turnkit.states import TurnStatus
 from turnkit.store import (
     ClaimRequest,
     Delivery,
-    Lease,
     NewInput,
     SessionRecord,
     Store,
@@ -50,17 +46,6 @@ from turnkit.store.migrate import head_revision
 from turnkit.store.sql import SqlStore
 
 __all__ = ("CancelToken", "SessionRuntime", "TurnHistory", "TurnRequest")
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class TurnRequest:
-    """One validated request to run a turn (built by `execute_message` and the HTTP route)."""
-
-    session_id: SessionId
-    content: str
-    agent: Agent
-    request_id: str | None = None
-    effort: Effort | None = None
 
 
 class SessionRuntime:
@@ -91,14 +76,22 @@ class SessionRuntime:
         self._owns_store = store is None
         self.replay: ReplayBuffer = replay or InMemoryReplayBuffer()
         """Where detached and worker-driven turns publish for live readers."""
-        self._detached: dict[TurnId, asyncio.Task[None]] = {}
-        self._stopping: dict[TurnId, bool] = {}
         self._graph: TurnGraph | None = None
         self._opening: asyncio.Event | None = None
         self._close_checkpointer: Callable[[], Awaitable[None]] | None = None
         self._families: dict[object, tuple[object, ModelFamily]] = {}
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid7()[-12:]}"
         """This runtime's lease owner name."""
+        self.host = TurnHost(
+            owner=self.owner,
+            store=lambda: self.store,
+            replay=self.replay,
+            config=self.config,
+            clock=self.clock,
+            runner=self.runner,
+            reader=self.reader,
+        )
+        """Claims and drives turns in this process."""
         self._family(agent.model)  # an unresolvable model string fails here, not mid-turn
 
     @property
@@ -144,9 +137,7 @@ class SessionRuntime:
         Detached turns still running are abandoned, not cancelled: their leases expire and
         a worker resumes them (or a reader records them timed out).
         """
-        for task in list(self._detached.values()):
-            task.cancel()
-        await asyncio.gather(*self._detached.values(), return_exceptions=True)
+        await self.host.close()
         if self._close_checkpointer is not None:
             await self._close_checkpointer()
             self._close_checkpointer = None
@@ -163,42 +154,6 @@ class SessionRuntime:
             cached = (spec, resolve_family(spec))
             self._families[key] = cached
         return cached[1]
-
-    def _validate(
-        self,
-        session_id: str,
-        content: str,
-        agent: Agent,
-        request_id: str | None,
-        effort: Effort | None,
-    ) -> TurnRequest:
-        if not is_valid_session_id(session_id):
-            raise InvalidSessionIdError(
-                f"session id {session_id!r} has an unknown format: use 1-128 letters, digits "
-                "or `_ . : -`, starting with a letter or digit",
-                session_id=session_id,
-            )
-        if not content.strip():
-            raise EmptyContentError("the message is empty: send some text", session_id=session_id)
-        if len(content) > self.config.max_content_chars:
-            raise ContentTooLargeError(
-                f"the message has {len(content)} characters; the limit is "
-                f"{self.config.max_content_chars} (`RuntimeConfig.max_content_chars`)",
-                chars=len(content),
-                limit=self.config.max_content_chars,
-            )
-        if request_id is not None and not 0 < len(request_id) <= 128:
-            raise InvalidInputError(
-                f"request_id must be 1-128 characters, got {len(request_id)}",
-                request_id=request_id,
-            )
-        return TurnRequest(
-            session_id=SessionId(session_id),
-            content=content,
-            agent=agent,
-            request_id=request_id,
-            effort=effort,
-        )
 
     async def submit(
         self,
@@ -225,7 +180,7 @@ class SessionRuntime:
             UnknownModelError: the agent's model string does not resolve.
         """
         turn_agent = agent or self.agent
-        request = self._validate(session_id, content, turn_agent, request_id, effort)
+        request = validate_request(self.config, session_id, content, turn_agent, request_id, effort)
         if delivery not in ("queue", "guide"):
             raise InvalidInputError(
                 f"delivery {delivery!r} is not 'queue' or 'guide'", delivery=delivery
@@ -262,16 +217,9 @@ class SessionRuntime:
         self, session_id: str, *, principal: str | None = None, title: str | None = None
     ) -> SessionRecord:
         """Create a session (a no-op if it exists); returns it."""
-        if not is_valid_session_id(session_id):
-            raise InvalidSessionIdError(
-                f"session id {session_id!r} has an unknown format: use 1-128 letters, digits "
-                "or `_ . : -`, starting with a letter or digit",
-                session_id=session_id,
-            )
+        sid = check_session_id(session_id)
         await self.open()
-        return await self.store.create_session(
-            SessionId(session_id), principal=principal, title=title
-        )
+        return await self.store.create_session(sid, principal=principal, title=title)
 
     async def execute_message(
         self,
@@ -319,85 +267,12 @@ class SessionRuntime:
                 yield stored.decode()
         if not submission.is_new:
             return
-        drive = self._drive(
+        drive = self.host.stream(
             submission.turn_id, agent, cancel, lease=submission.lease, record=submission.record
         )
         async with contextlib.aclosing(drive):  # closing this stream must reach the driver
             async for event in drive:
                 yield event
-
-    async def _claim(self, turn_id: TurnId) -> Lease | None:
-        """Claim our own turn, waiting (bounded by the ceiling) for earlier turns to end."""
-        delay, waited = 0.01, 0.0
-        while waited < self.config.ceiling_s:
-            lease = await self.store.claim(
-                self.owner,
-                ttl_s=self.config.lease_ttl_s,
-                max_attempts=self.config.max_attempts,
-                turn_id=turn_id,
-            )
-            if lease is not None:
-                return lease
-            record = await self.store.get_turn(turn_id)
-            if record is None or record.status != "running" or record.lease_owner is not None:
-                return None  # ended, or another driver has it
-            await self.clock.sleep(delay)
-            waited += delay
-            delay = min(delay * 2, 1.0)
-        return None
-
-    async def _drive(
-        self,
-        turn_id: TurnId,
-        agent: Agent | None,
-        cancel: CancelToken | None,
-        *,
-        lease: Lease | None = None,
-        record: TurnRecord | None = None,
-    ) -> AsyncGenerator[DurableEvent | EphemeralEvent, None]:
-        lease = lease or await self._claim(turn_id)
-        if lease is None:
-            async for stored in self.store.read_events(turn_id, after_seq=1):
-                yield stored.decode()
-            return
-        queue: asyncio.Queue[DurableEvent | EphemeralEvent | None] = asyncio.Queue()
-        publisher = BufferPublisher(self.replay, turn_id)  # so other readers follow it too
-
-        def sink(event: DurableEvent | EphemeralEvent | None) -> None:
-            queue.put_nowait(event)
-            publisher(event)
-
-        driver = await self.runner().driver(lease, sink=sink, agent=agent, record=record)
-        task = asyncio.create_task(driver.run(), name=f"turnkit-turn-{turn_id}")
-        watcher = (
-            asyncio.create_task(_cancel_when(cancel, task), name="turnkit-cancel-watch")
-            if cancel is not None
-            else None
-        )
-        try:
-            last_seq, ended = lease.last_seq, False
-            while (event := await queue.get()) is not None:
-                if isinstance(event, DurableEvent):
-                    last_seq, ended = event.seq, event.type == "done"  # type: ignore[attr-defined]
-                yield event
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-            if driver.lease_lost and not ended:
-                # Someone else owns the turn now (a takeover or the sweep): read its ending.
-                async for frame in self.reader().follow(turn_id, after_seq=last_seq):
-                    if isinstance(frame, Frame):
-                        yield decode_event(frame.data)
-            if driver.requeued:
-                await self._pick_up(lease.session_id)
-        finally:
-            if watcher is not None:
-                watcher.cancel()
-            if not task.done():
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-            publisher(None)
-            await publisher.wait()
 
     async def start(
         self,
@@ -426,51 +301,8 @@ class SessionRuntime:
             principal=principal,
         )
         if submission.is_new and not submission.guided and self.config.run_in_process:
-            self._detach(submission.turn_id, agent=agent)
+            self.host.detach(submission.turn_id, agent=agent)
         return submission
-
-    def _detach(
-        self, turn_id: TurnId, *, lease: Lease | None = None, agent: Agent | None = None
-    ) -> None:
-        """Drive a turn in a task of this runtime, publishing to the replay buffer."""
-        task = asyncio.create_task(
-            self._run_detached(turn_id, lease, agent), name=f"turnkit-detached-{turn_id}"
-        )
-        self._detached[turn_id] = task
-        task.add_done_callback(lambda _: self._detached.pop(turn_id, None))
-
-    async def _run_detached(
-        self, turn_id: TurnId, lease: Lease | None, agent: Agent | None
-    ) -> None:
-        lease = lease or await self._claim(turn_id)
-        if lease is None:
-            return
-        publisher = BufferPublisher(self.replay, turn_id)
-        driver = await self.runner().driver(lease, sink=publisher, agent=agent)
-        try:
-            await driver.run()
-        except asyncio.CancelledError:
-            if not self._stopping.get(turn_id):
-                driver.abandon()  # closing the runtime is not Stop
-            raise
-        finally:
-            self._stopping.pop(turn_id, None)
-            await publisher.wait()
-        if driver.requeued:
-            await self._pick_up(lease.session_id)
-
-    async def _pick_up(self, session_id: SessionId) -> None:
-        """Run a turn this session queued meanwhile (e.g. a re-queued guide message)."""
-        if not self.config.run_in_process:
-            return
-        lease = await self.store.claim(
-            self.owner,
-            ttl_s=self.config.lease_ttl_s,
-            max_attempts=self.config.max_attempts,
-            session_id=session_id,
-        )
-        if lease is not None:
-            self._detach(lease.turn_id, lease=lease)
 
     async def cancel(self, turn_id: str) -> TurnStatus:
         """Press Stop: end the turn `cancelled` from wherever it is driven.
@@ -480,11 +312,7 @@ class SessionRuntime:
         driven by another process is flagged and stops at that driver's next renewal.
         Returns the turn's status after the call.
         """
-        task = self._detached.get(TurnId(turn_id))
-        if task is not None:
-            self._stopping[TurnId(turn_id)] = True
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+        if await self.host.stop(TurnId(turn_id)):
             return (await self.turn(turn_id)).status
         status = await self.store.cancel(TurnId(turn_id))
         if status == "cancelled":
@@ -520,7 +348,7 @@ class SessionRuntime:
             )
         await self.store.answer_pause(record.turn_id, request_id, resolution.model_dump())
         if self.config.run_in_process:
-            self._detach(record.turn_id)
+            self.host.detach(record.turn_id)
         return Submission(
             session_id=record.session_id,
             turn_id=record.turn_id,
@@ -531,8 +359,9 @@ class SessionRuntime:
         )
 
     async def _last_event(self, turn_id: TurnId) -> bytes:
+        record = await self.turn(turn_id)
         data = b""
-        async for stored in self.store.read_events(turn_id, after_seq=0):
+        async for stored in self.store.read_events(turn_id, after_seq=record.last_seq - 1):
             data = stored.data
         return data
 
@@ -591,11 +420,6 @@ class SessionRuntime:
         if record is None:
             raise TurnNotFoundError(f"no turn {turn_id!r}", turn_id=turn_id)
         return record
-
-
-async def _cancel_when(token: CancelToken, task: asyncio.Task[None]) -> None:
-    await token.wait()
-    task.cancel()
 
 
 async def _prepare(store: SqlStore, *, migrate: bool) -> None:

@@ -1,0 +1,192 @@
+"""`TurnHost`: claims and drives turns inside one runtime's process.
+
+It streams a turn to an in-process caller (`execute_message`), or runs it detached in a
+task (`start`, `resume`, re-queued guides), always publishing to the replay buffer so other
+readers can follow. Closing the runtime abandons detached turns (their leases expire);
+only `stop` cancels one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncGenerator, Callable
+
+from turnkit.agent import Agent
+from turnkit.clock import Clock
+from turnkit.config import RuntimeConfig
+from turnkit.events import DurableEvent, EphemeralEvent, decode_event
+from turnkit.ids import SessionId, TurnId
+from turnkit.replay import ReplayBuffer
+from turnkit.runtime._cancel import CancelToken
+from turnkit.runtime._publish import BufferPublisher
+from turnkit.runtime._runner import TurnRunner
+from turnkit.runtime.reader import Frame, TurnReader
+from turnkit.store import Lease, Store, TurnRecord
+
+__all__ = ("TurnHost",)
+
+
+class TurnHost:
+    """Claim, drive, detach and stop turns for one runtime (its `owner`)."""
+
+    def __init__(
+        self,
+        *,
+        owner: str,
+        store: Callable[[], Store],
+        replay: ReplayBuffer,
+        config: RuntimeConfig,
+        clock: Clock,
+        runner: Callable[[], TurnRunner],
+        reader: Callable[[], TurnReader],
+    ) -> None:
+        self.owner = owner
+        self._store = store
+        self.replay = replay
+        self.config = config
+        self.clock = clock
+        self._runner = runner
+        self._reader = reader
+        self._detached: dict[TurnId, asyncio.Task[None]] = {}
+        self._stopping: set[TurnId] = set()
+
+    async def claim(self, turn_id: TurnId) -> Lease | None:
+        """Claim our own turn, waiting (bounded by the ceiling) for earlier turns to end."""
+        store = self._store()
+        delay, waited = 0.01, 0.0
+        while waited < self.config.ceiling_s:
+            lease = await store.claim(
+                self.owner,
+                ttl_s=self.config.lease_ttl_s,
+                max_attempts=self.config.max_attempts,
+                turn_id=turn_id,
+            )
+            if lease is not None:
+                return lease
+            record = await store.get_turn(turn_id)
+            if record is None or record.status != "running" or record.lease_owner is not None:
+                return None  # ended, or another driver has it
+            await self.clock.sleep(delay)
+            waited += delay
+            delay = min(delay * 2, 1.0)
+        return None
+
+    async def stream(
+        self,
+        turn_id: TurnId,
+        agent: Agent | None,
+        cancel: CancelToken | None,
+        *,
+        lease: Lease | None = None,
+        record: TurnRecord | None = None,
+    ) -> AsyncGenerator[DurableEvent | EphemeralEvent, None]:
+        """Drive a turn here and stream it; closing the stream aborts the turn."""
+        lease = lease or await self.claim(turn_id)
+        if lease is None:
+            async for stored in self._store().read_events(turn_id, after_seq=1):
+                yield stored.decode()
+            return
+        queue: asyncio.Queue[DurableEvent | EphemeralEvent | None] = asyncio.Queue()
+        publisher = BufferPublisher(self.replay, turn_id)  # so other readers follow it too
+
+        def sink(event: DurableEvent | EphemeralEvent | None) -> None:
+            queue.put_nowait(event)
+            publisher(event)
+
+        driver = await self._runner().driver(lease, sink=sink, agent=agent, record=record)
+        task = asyncio.create_task(driver.run(), name=f"turnkit-turn-{turn_id}")
+        watcher = (
+            asyncio.create_task(_cancel_when(cancel, task), name="turnkit-cancel-watch")
+            if cancel is not None
+            else None
+        )
+        try:
+            last_seq, ended = lease.last_seq, False
+            while (event := await queue.get()) is not None:
+                if isinstance(event, DurableEvent):
+                    last_seq, ended = event.seq, event.type == "done"  # type: ignore[attr-defined]
+                yield event
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            if driver.lease_lost and not ended:
+                # Someone else owns the turn now (a takeover or the sweep): read its ending.
+                async for frame in self._reader().follow(turn_id, after_seq=last_seq):
+                    if isinstance(frame, Frame):
+                        yield decode_event(frame.data)
+            if driver.requeued:
+                await self.pick_up(lease.session_id)
+        finally:
+            if watcher is not None:
+                watcher.cancel()
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            publisher(None)
+            await publisher.wait()
+
+    def detach(
+        self, turn_id: TurnId, *, lease: Lease | None = None, agent: Agent | None = None
+    ) -> None:
+        """Drive a turn in a task of this runtime, publishing to the replay buffer."""
+        task = asyncio.create_task(
+            self._run_detached(turn_id, lease, agent), name=f"turnkit-detached-{turn_id}"
+        )
+        self._detached[turn_id] = task
+        task.add_done_callback(lambda _: self._detached.pop(turn_id, None))
+
+    async def _run_detached(
+        self, turn_id: TurnId, lease: Lease | None, agent: Agent | None
+    ) -> None:
+        lease = lease or await self.claim(turn_id)
+        if lease is None:
+            return
+        publisher = BufferPublisher(self.replay, turn_id)
+        driver = await self._runner().driver(lease, sink=publisher, agent=agent)
+        try:
+            await driver.run()
+        except asyncio.CancelledError:
+            if turn_id not in self._stopping:
+                driver.abandon()  # closing the runtime is not Stop
+            raise
+        finally:
+            self._stopping.discard(turn_id)
+            await publisher.wait()
+        if driver.requeued:
+            await self.pick_up(lease.session_id)
+
+    async def pick_up(self, session_id: SessionId) -> None:
+        """Run a turn this session queued meanwhile (e.g. a re-queued guide message)."""
+        if not self.config.run_in_process:
+            return
+        lease = await self._store().claim(
+            self.owner,
+            ttl_s=self.config.lease_ttl_s,
+            max_attempts=self.config.max_attempts,
+            session_id=session_id,
+        )
+        if lease is not None:
+            self.detach(lease.turn_id, lease=lease)
+
+    async def stop(self, turn_id: TurnId) -> bool:
+        """Cancel a turn detached here (Stop); False if it is not driven here."""
+        task = self._detached.get(turn_id)
+        if task is None:
+            return False
+        self._stopping.add(turn_id)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        return True
+
+    async def close(self) -> None:
+        """Abandon detached turns (their leases expire; a worker or reader ends them)."""
+        tasks = list(self._detached.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _cancel_when(token: CancelToken, task: asyncio.Task[None]) -> None:
+    await token.wait()
+    task.cancel()
