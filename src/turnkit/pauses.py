@@ -17,7 +17,6 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, TypeAdapter
 
 from turnkit.errors import ConfigurationError
-from turnkit.models import ToolSpec
 
 __all__ = (
     "CLARIFY_TOOL",
@@ -28,7 +27,6 @@ __all__ = (
     "Deny",
     "PauseRequest",
     "Resolution",
-    "clarify_spec",
     "needs_approval",
     "summarize_call",
 )
@@ -96,27 +94,3 @@ def summarize_call(tool_name: str, arguments: Mapping[str, JsonValue]) -> str:
     if len(args) > 300:
         args = args[:297] + "..."
     return f"Run {tool_name} with {args}"
-
-
-def clarify_spec() -> ToolSpec:
-    """The built-in tool the model calls to ask the person a question."""
-    return ToolSpec(
-        name=CLARIFY_TOOL,
-        description=(
-            "Ask the person a question when the answer would change what you deliver. "
-            "The turn pauses until they answer; their answer is this tool's result."
-        ),
-        parameters={
-            "type": "object",
-            "properties": {
-                "question": {"type": "string", "description": "The question to ask."},
-                "choices": {
-                    "type": "array",
-                    "items": {"type": "string"},
-                    "description": "Answers to offer, if the question has a few.",
-                },
-            },
-            "required": ["question"],
-            "additionalProperties": False,
-        },
-    )

@@ -11,7 +11,6 @@ from turnkit.events import MessageCompleteEvent
 from turnkit.ids import ToolCallId, derive_id
 from turnkit.journal import CommittedGeneration
 from turnkit.models import ModelMessage, ModelRequest, ModelResponse, ToolCallPart, Usage
-from turnkit.pauses import clarify_spec
 from turnkit.stages._calls import call_model
 from turnkit.stages._dispatch import dispatch_tools
 from turnkit.stages._guides import take_guides
@@ -22,6 +21,7 @@ from turnkit.stages._types import (
     from_transcript,
     to_transcript,
 )
+from turnkit.tools import clarify_spec
 
 __all__ = ("run_tool_loop", "shared_prefix")
 

@@ -13,12 +13,14 @@ from pydantic import JsonValue
 
 from turnkit.errors import DuplicateToolError
 from turnkit.models import ToolSpec
+from turnkit.pauses import CLARIFY_TOOL
 from turnkit.tools._context import ToolContext
 from turnkit.tools._function import FunctionTool, ToolArgumentsError, tool
 from turnkit.tools.cascade import ToolClass
 
 __all__ = (
     "FunctionTool",
+    "clarify_spec",
     "Tool",
     "ToolArgumentsError",
     "ToolClass",
@@ -80,3 +82,27 @@ class ToolRegistry:
 
     def __len__(self) -> int:
         return len(self._tools)
+
+
+def clarify_spec() -> ToolSpec:
+    """The built-in tool the model calls to ask the person a question."""
+    return ToolSpec(
+        name=CLARIFY_TOOL,
+        description=(
+            "Ask the person a question when the answer would change what you deliver. "
+            "The turn pauses until they answer; their answer is this tool's result."
+        ),
+        parameters={
+            "type": "object",
+            "properties": {
+                "question": {"type": "string", "description": "The question to ask."},
+                "choices": {
+                    "type": "array",
+                    "items": {"type": "string"},
+                    "description": "Answers to offer, if the question has a few.",
+                },
+            },
+            "required": ["question"],
+            "additionalProperties": False,
+        },
+    )
