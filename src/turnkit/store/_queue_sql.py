@@ -7,12 +7,13 @@ conditional UPDATE that only one contender can win; the epoch moves on with ever
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, cast
 
-from sqlalchemy import Connection, and_, exists, or_, select, update
+from sqlalchemy import Connection, and_, bindparam, exists, or_, select, update
 from sqlalchemy.orm import aliased
 
 from turnkit.errors import SessionNotFoundError, StaleEpochError
@@ -28,6 +29,10 @@ from turnkit.store._schema import (
     turn_record,
     turns,
 )
+
+_INSERT_INPUT = inputs.insert()
+_INSERT_TURN = turns.insert()
+_INSERT_EVENT = events.insert()
 
 __all__ = (
     "Orphan",
@@ -81,22 +86,10 @@ def submit(conn: Connection, insert: Any, new: NewInput, now: datetime) -> Submi
                 f"no session {new.session_id!r}: create it first", session_id=new.session_id
             )
     conn.execute(
-        insert(sessions)
-        .values(
-            session_id=new.session_id,
-            principal=new.principal,
-            last_input_seq=0,
-            created_at=now,
-            updated_at=now,
-        )
-        .on_conflict_do_nothing(index_elements=["session_id"])
+        _ensure_session(insert),
+        {"s_id": new.session_id, "s_principal": new.principal, "s_now": now},
     )
-    seq = conn.execute(
-        update(sessions)
-        .where(sessions.c.session_id == new.session_id)
-        .values(last_input_seq=sessions.c.last_input_seq + 1, updated_at=now)
-        .returning(sessions.c.last_input_seq)
-    ).scalar_one()
+    seq = conn.execute(_next_input_seq(), {"s_id": new.session_id, "s_now": now}).scalar_one()
     if new.delivery == "guide":
         live = _live_turn(conn, new.session_id, now)
         if live is not None:
@@ -150,6 +143,31 @@ def submit(conn: Connection, insert: Any, new: NewInput, now: datetime) -> Submi
     )
 
 
+@functools.cache
+def _ensure_session(insert: Any) -> Any:
+    return (
+        insert(sessions)
+        .values(
+            session_id=bindparam("s_id"),
+            principal=bindparam("s_principal"),
+            last_input_seq=0,
+            created_at=bindparam("s_now"),
+            updated_at=bindparam("s_now"),
+        )
+        .on_conflict_do_nothing(index_elements=["session_id"])
+    )
+
+
+@functools.cache
+def _next_input_seq() -> Any:
+    return (
+        update(sessions)
+        .where(sessions.c.session_id == bindparam("s_id"))
+        .values(last_input_seq=sessions.c.last_input_seq + 1, updated_at=bindparam("s_now"))
+        .returning(sessions.c.last_input_seq)
+    )
+
+
 def _live_turn(conn: Connection, session_id: str, now: datetime) -> str | None:
     """The session's turn a driver holds right now (its row locked on PostgreSQL)."""
     query = (
@@ -188,35 +206,43 @@ def _open_turn(
     delivery: Delivery = "queue"
     if not input_exists:
         conn.execute(
-            inputs.insert().values(
-                session_id=new.session_id,
-                seq=seq,
-                request_id=request_id,
-                content=content,
-                requested_delivery=requested,
-                delivery=delivery,
-                turn_id=turn_id,
-                created_at=now,
-            )
+            _INSERT_INPUT,
+            {
+                "session_id": new.session_id,
+                "seq": seq,
+                "request_id": request_id,
+                "content": content,
+                "requested_delivery": requested,
+                "delivery": delivery,
+                "turn_id": turn_id,
+                "created_at": now,
+            },
         )
     conn.execute(
-        turns.insert().values(
-            turn_id=turn_id,
-            session_id=new.session_id,
-            input_seq=seq,
-            status="running",
-            content=content,
-            request_id=request_id,
-            agent=new.agent,
-            model=new.model,
-            last_seq=1,
-            lease_epoch=0,
-            attempts=0,
-            read_watermark=0,
-            pinned=json.dumps(new.pinned, sort_keys=True),
-            created_at=now,
-            updated_at=now,
-        )
+        _INSERT_TURN,
+        {
+            "turn_id": turn_id,
+            "session_id": new.session_id,
+            "input_seq": seq,
+            "status": "running",
+            "content": content,
+            "request_id": request_id,
+            "agent": new.agent,
+            "model": new.model,
+            "last_seq": 1,
+            "lease_epoch": 0,
+            "lease_owner": None,
+            "lease_expires_at": None,
+            "attempts": 0,
+            "read_watermark": 0,
+            "cancel_requested": False,
+            "pinned": json.dumps(new.pinned, sort_keys=True),
+            "summary": None,
+            "started_at": None,
+            "error_code": None,
+            "created_at": now,
+            "updated_at": now,
+        },
     )
     started = TurnStartedEvent(
         session_id=new.session_id,
@@ -234,9 +260,8 @@ def _open_turn(
         requested_delivery=requested,
     )
     conn.execute(
-        events.insert().values(
-            turn_id=turn_id, seq=1, type=started.type, data=encode_event(started)
-        )
+        _INSERT_EVENT,
+        {"turn_id": turn_id, "seq": 1, "type": started.type, "data": encode_event(started)},
     )
     return turn_id, started
 
@@ -293,17 +318,57 @@ def requeue_guides(conn: Connection, turn_id: TurnId, consumed_through: int, now
     return len(unread)
 
 
-def _claimable(now: datetime, max_attempts: int) -> Any:
+@functools.cache
+def _claim_query(*, by_turn: bool, by_session: bool, skip_locked: bool) -> Any:
+    """The candidate query, built once per shape (values arrive as bind parameters)."""
     earlier = aliased(turns)
-    return and_(
+    query = select(
+        turns.c.turn_id,
+        turns.c.lease_epoch,
+        turns.c.lease_owner,
+        turns.c.attempts,
+        turns.c.read_watermark,
+    ).where(
         turns.c.status == "running",
-        or_(turns.c.lease_owner.is_(None), turns.c.lease_expires_at < now),
-        turns.c.attempts < max_attempts,
+        or_(turns.c.lease_owner.is_(None), turns.c.lease_expires_at < bindparam("c_now")),
+        turns.c.attempts < bindparam("c_max"),
         ~exists().where(
             earlier.c.session_id == turns.c.session_id,
             earlier.c.input_seq < turns.c.input_seq,
             earlier.c.status.in_(UNFINISHED),
         ),
+    )
+    if by_turn:
+        query = query.where(turns.c.turn_id == bindparam("c_turn"))
+    if by_session:
+        query = query.where(turns.c.session_id == bindparam("c_session"))
+    query = query.order_by(turns.c.created_at, turns.c.input_seq).limit(1)
+    if skip_locked:
+        query = query.with_for_update(skip_locked=True, of=turns)
+    return query
+
+
+@functools.cache
+def _claim_update(*, first: bool) -> Any:
+    """Take the lease if the epoch is still the one read (one winner per epoch)."""
+    return (
+        update(turns)
+        .where(
+            turns.c.turn_id == bindparam("c_turn"),
+            turns.c.lease_epoch == bindparam("c_epoch"),
+            turns.c.status == "running",
+        )
+        .values(
+            lease_owner=bindparam("c_owner"),
+            lease_epoch=bindparam("c_new_epoch"),
+            lease_expires_at=bindparam("c_expires"),
+            attempts=bindparam("c_attempts"),
+            started_at=bindparam("c_now") if first else turns.c.started_at,
+            # The attempt reads the turn's own input first: its watermark, on record at once.
+            read_watermark=turns.c.input_seq,
+            updated_at=bindparam("c_now"),
+        )
+        .returning(turns.c.session_id, turns.c.last_seq, turns.c.started_at)
     )
 
 
@@ -319,42 +384,29 @@ def claim(
     session_id: SessionId | None = None,
 ) -> Lease | None:
     """Claim one runnable turn for `owner`, or None."""
-    query = select(
-        turns.c.turn_id,
-        turns.c.lease_epoch,
-        turns.c.lease_owner,
-        turns.c.attempts,
-        turns.c.read_watermark,
-    ).where(_claimable(now, max_attempts))
+    query = _claim_query(
+        by_turn=turn_id is not None, by_session=session_id is not None, skip_locked=skip_locked
+    )
+    params: dict[str, Any] = {"c_now": now, "c_max": max_attempts}
     if turn_id is not None:
-        query = query.where(turns.c.turn_id == turn_id)
+        params["c_turn"] = turn_id
     if session_id is not None:
-        query = query.where(turns.c.session_id == session_id)
-    query = query.order_by(turns.c.created_at, turns.c.input_seq).limit(1)
-    if skip_locked:
-        query = query.with_for_update(skip_locked=True, of=turns)
-    row = conn.execute(query).first()
+        params["c_session"] = session_id
+    row = conn.execute(query, params).first()
     if row is None:
         return None
     expires = now + timedelta(seconds=ttl_s)
     won = conn.execute(
-        update(turns)
-        .where(
-            turns.c.turn_id == row.turn_id,
-            turns.c.lease_epoch == row.lease_epoch,
-            turns.c.status == "running",
-        )
-        .values(
-            lease_owner=owner,
-            lease_epoch=row.lease_epoch + 1,
-            lease_expires_at=expires,
-            attempts=row.attempts + 1,
-            started_at=turns.c.started_at if row.attempts else now,
-            # The attempt reads the turn's own input first: its watermark, on record at once.
-            read_watermark=turns.c.input_seq,
-            updated_at=now,
-        )
-        .returning(turns.c.session_id, turns.c.last_seq, turns.c.started_at)
+        _claim_update(first=not row.attempts),
+        {
+            "c_turn": row.turn_id,
+            "c_epoch": row.lease_epoch,
+            "c_owner": owner,
+            "c_new_epoch": row.lease_epoch + 1,
+            "c_expires": expires,
+            "c_attempts": row.attempts + 1,
+            "c_now": now,
+        },
     ).first()
     if won is None:
         return None  # another claimant moved the epoch first
