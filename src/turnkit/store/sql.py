@@ -112,7 +112,9 @@ class _HotStatements:
             for target, sources in _SOURCES.items()
         }
         self.insert_event = insert(_events).on_conflict_do_nothing()
-        self.insert_audit = insert(_audit).on_conflict_do_nothing()
+        self.insert_audit = (
+            insert(_audit).on_conflict_do_nothing().returning(_audit.c.seq_within_turn)
+        )
         usage = insert(_usage)
         self.add_usage = usage.on_conflict_do_update(
             index_elements=["turn_id"],
@@ -407,9 +409,7 @@ class SqlStore:
             conn.execute(self._hot.insert_event, event_rows)
         if audit_rows:
             # Only rows this commit inserted count: re-appending a row repeats no usage.
-            inserted = conn.execute(
-                self._hot.insert_audit.returning(_audit.c.seq_within_turn), audit_rows
-            ).scalars()
+            inserted = conn.execute(self._hot.insert_audit, audit_rows).scalars()
             session_id, per_row = usage
             delta = _sum_usage([per_row[seq] for seq in inserted])
             if delta.model_calls or delta.cost_usd:
