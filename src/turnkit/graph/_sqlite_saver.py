@@ -38,6 +38,8 @@ class ThreadedSqliteSaver(SqliteSaver):
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="turnkit-checkpoints")
         self._written: dict[str, str] = {}
         """thread id → id of the checkpoint this saver wrote last for it."""
+        self._deferred: list[tuple[RunnableConfig, Sequence[tuple[str, Any]], str, str]] = []
+        """Plain task writes, written together with the next checkpoint (one thread hop)."""
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
@@ -47,13 +49,24 @@ class ThreadedSqliteSaver(SqliteSaver):
         await self._run(self.setup)
 
     async def aclose(self) -> None:
-        """Close the connection and stop the thread."""
+        """Write what is deferred, close the connection and stop the thread."""
+        await self._run(self._flush_deferred)
         await self._run(self.conn.close)
         self._thread.shutdown(wait=True)
 
+    def _flush_deferred(self) -> None:
+        deferred, self._deferred = self._deferred, []
+        for config, writes, task_id, task_path in deferred:
+            self.put_writes(config, writes, task_id, task_path)
+
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
-        """`get_tuple` on the saver's thread."""
-        return await self._run(self.get_tuple, config)
+        """`get_tuple` on the saver's thread (after any deferred writes)."""
+
+        def read() -> CheckpointTuple | None:
+            self._flush_deferred()
+            return self.get_tuple(config)
+
+        return await self._run(read)
 
     async def alist(
         self,
@@ -64,9 +77,12 @@ class ThreadedSqliteSaver(SqliteSaver):
         limit: int | None = None,
     ) -> AsyncIterator[CheckpointTuple]:
         """`list` on the saver's thread."""
-        items = await self._run(
-            lambda: list(self.list(config, filter=filter, before=before, limit=limit))
-        )
+
+        def read() -> list[CheckpointTuple]:
+            self._flush_deferred()
+            return list(self.list(config, filter=filter, before=before, limit=limit))
+
+        items = await self._run(read)
         for item in items:
             yield item
 
@@ -77,8 +93,13 @@ class ThreadedSqliteSaver(SqliteSaver):
         metadata: CheckpointMetadata,
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
-        """`put` on the saver's thread."""
-        saved = await self._run(self.put, config, checkpoint, metadata, new_versions)
+        """`put` on the saver's thread, after the writes deferred for it (one hop)."""
+
+        def write() -> RunnableConfig:
+            self._flush_deferred()
+            return self.put(config, checkpoint, metadata, new_versions)
+
+        saved = await self._run(write)
         self._written[str(config["configurable"]["thread_id"])] = str(checkpoint["id"])
         while len(self._written) > 4096:  # threads that never settled: forget the oldest
             self._written.pop(next(iter(self._written)))
@@ -95,9 +116,28 @@ class ThreadedSqliteSaver(SqliteSaver):
         task_id: str,
         task_path: str = "",
     ) -> None:
-        """`put_writes` on the saver's thread."""
-        await self._run(self.put_writes, config, writes, task_id, task_path)
+        """`put_writes`: plain task writes wait for the next `put`; special ones go now.
+
+        A write on a LangGraph-internal channel (an interrupt, a resume value, an error)
+        must be durable before the run stops, so it is written at once (with anything
+        deferred before it). A plain write lost to a crash only means the task runs again,
+        and turnkit's journal makes a re-run repeat nothing.
+        """
+        if all(not channel.startswith("__") for channel, _ in writes):
+            self._deferred.append((config, list(writes), task_id, task_path))
+            return
+
+        def write() -> None:
+            self._flush_deferred()
+            self.put_writes(config, writes, task_id, task_path)
+
+        await self._run(write)
 
     async def adelete_thread(self, thread_id: str) -> None:
         """`delete_thread` on the saver's thread."""
-        await self._run(self.delete_thread, thread_id)
+
+        def delete() -> None:
+            self._flush_deferred()
+            self.delete_thread(thread_id)
+
+        await self._run(delete)
