@@ -146,6 +146,7 @@ async def _worker(args: argparse.Namespace, out: TextIO) -> int:
             concurrency=args.concurrency,
             poll_interval_s=args.poll_interval,
             sweep_interval_s=args.sweep_interval,
+            drain_timeout_s=args.drain_timeout,
         )
         out.write(f"turnkit worker {runtime.owner} on {args.database_url}\n")
         out.flush()
@@ -199,6 +200,12 @@ def _parser() -> argparse.ArgumentParser:
     worker.add_argument("--concurrency", type=int, default=4)
     worker.add_argument("--poll-interval", type=float, default=0.2)
     worker.add_argument("--sweep-interval", type=float, default=30.0)
+    worker.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=30.0,
+        help="on SIGTERM, how long running turns may finish before they are left to others",
+    )
     worker.add_argument("--lease-ttl", type=float, default=30.0)
     worker.add_argument("--ceiling", type=float, default=3600.0)
     worker.add_argument("--max-attempts", type=int, default=3)

@@ -51,6 +51,7 @@ class Workers:
             "--lease-ttl", "1.5",
             "--poll-interval", "0.05",
             "--sweep-interval", "3600",
+            "--drain-timeout", "0.5",
         ]  # fmt: skip
         if schema:
             cmd += ["--database-schema", schema]
@@ -188,5 +189,35 @@ async def test_kill_between_the_answer_and_the_settle(db: DB, workers: Workers) 
         assert len(synth) == 1, "the answer was not asked for (or billed) twice"
         rows = await runtime.audit(turn_id)
         assert len([r for r in rows if r.payloads.synthesis_quality]) == 1
+    finally:
+        await runtime.close()
+
+
+async def test_a_stopped_worker_leaves_its_turn_to_the_next_one(db: DB, workers: Workers) -> None:
+    """SIGTERM is not Stop: the turn is abandoned (not cancelled) and another worker ends it."""
+    url, schema = db
+    runtime = SessionRuntime(
+        agent=agent(), config=RuntimeConfig(database_url=url, database_schema=schema)
+    )
+    await runtime.open()
+    try:
+        submission = await runtime.submit("drain-session", "double 21 please")
+        first = workers.start(TK_TOOL_SLEEP="60")
+
+        def tool_started() -> bool:
+            return any(line["event"] == "tool" for line in _log(workers))
+
+        await _wait_for(tool_started, "the tool to start")
+        first.send_signal(signal.SIGTERM)  # drain timeout is 0.5 s (see Workers.start)
+        first.wait(timeout=20)
+        record = await runtime.turn(submission.turn_id)
+        assert record.status == "running"  # abandoned, not cancelled
+        workers.start()
+
+        async def finished() -> bool:
+            return (await runtime.turn(submission.turn_id)).status == "succeeded"
+
+        await _wait_for(finished, "the next worker to finish the turn", limit_s=60)
+        _assert_clean_log(await _events(runtime, submission.turn_id))
     finally:
         await runtime.close()
