@@ -33,7 +33,7 @@ from turnkit.ids import SessionId, TurnId, uuid7
 from turnkit.pauses import Answer, Approve, Deny, Resolution
 from turnkit.runtime import SessionRuntime
 from turnkit.runtime._runner import turn_history
-from turnkit.runtime.reader import parse_cursor
+from turnkit.runtime.reader import check_cursor, parse_cursor
 from turnkit.store import SessionRecord, TurnRecord
 
 __all__ = ("TURN_ID_HEADER", "create_turnkit_router", "install_problem_handlers")
@@ -139,7 +139,7 @@ def create_turnkit_router(  # noqa: C901 - one closure per route keeps the route
     ) -> Response:
         record = await visible_turn(turn_id, principal)
         cursor = parse_cursor(last_event_id if last_event_id is not None else after)
-        _check_cursor(record, cursor)
+        check_cursor(record, cursor)
         return stream(record.turn_id, cursor)
 
     @router.get("/turns/{turn_id}", response_model=TurnStatusOut, summary="A turn's state")
@@ -234,17 +234,6 @@ def create_turnkit_router(  # noqa: C901 - one closure per route keeps the route
         return Response(status_code=204)
 
     return router
-
-
-def _check_cursor(record: TurnRecord, cursor: int) -> None:
-    from turnkit.errors import ReplayCursorError
-
-    if cursor > record.last_seq:
-        raise ReplayCursorError(
-            f"cursor {cursor} is ahead of turn {record.turn_id!r}, which has written "
-            f"{record.last_seq} events; a cursor is never guessed forward",
-            cursor=cursor,
-        )
 
 
 def _model_name(model: object) -> str | None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import inspect
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -83,8 +83,3 @@ def _check_signature(name: str, hook: str, value: object) -> None:
         raise PluginValidationError(
             f"plugin {name!r}: {hook}{got} does not match the hook {hook}{expected}"
         )
-
-
-def plugin_names(plugins: Sequence[Plugin]) -> list[str]:
-    """Names in run order."""
-    return [type(p).name for p in plugins]

@@ -29,7 +29,7 @@ from turnkit.ids import TurnId
 from turnkit.replay import BufferEntry, ReplayBuffer
 from turnkit.store import Store, TurnRecord
 
-__all__ = ("KEEPALIVE", "Frame", "TurnReader", "parse_cursor")
+__all__ = ("KEEPALIVE", "Frame", "TurnReader", "check_cursor", "parse_cursor")
 
 _TERMINAL_TYPES: Final = frozenset({"done"})
 
@@ -55,6 +55,17 @@ def _leased(record: TurnRecord, clock: Clock) -> bool:
     """A live lease means a driver renewed it within its ttl: the driver is alive."""
     expires = record.lease_expires_at
     return record.lease_owner is not None and expires is not None and expires > clock.now()
+
+
+def check_cursor(record: TurnRecord, after_seq: int) -> None:
+    """Refuse a cursor ahead of anything the turn has written (never guessed forward)."""
+    if after_seq > record.last_seq:
+        raise ReplayCursorError(
+            f"cursor {after_seq} is ahead of turn {record.turn_id!r}, which has written "
+            f"{record.last_seq} events; a cursor is never guessed forward",
+            cursor=after_seq,
+            last_seq=record.last_seq,
+        )
 
 
 def parse_cursor(raw: str | None) -> int:
@@ -130,13 +141,7 @@ class TurnReader:
         record = await self.store.get_turn(turn_id)
         if record is None:
             raise TurnNotFoundError(f"no turn {turn_id!r}", turn_id=turn_id)
-        if after_seq > record.last_seq:
-            raise ReplayCursorError(
-                f"cursor {after_seq} is ahead of turn {turn_id!r}, which has written "
-                f"{record.last_seq} events; a cursor is never guessed forward",
-                cursor=after_seq,
-                last_seq=record.last_seq,
-            )
+        check_cursor(record, after_seq)
 
     async def _from_store(self, turn_id: TurnId, progress: _Progress) -> AsyncIterator[Frame]:
         async for stored in self.store.read_events(turn_id, after_seq=progress.sent):
