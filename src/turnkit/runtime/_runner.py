@@ -10,6 +10,7 @@ from turnkit.clock import Clock
 from turnkit.config import RuntimeConfig
 from turnkit.errors import TurnNotFoundError
 from turnkit.graph import TurnGraph, pause_here
+from turnkit.ids import TurnId
 from turnkit.models.family import ModelFamily, resolve_family
 from turnkit.runtime._history import TurnHistory, blocks_of
 from turnkit.runtime.driver import Sink, TurnDriver
@@ -108,12 +109,16 @@ class TurnRunner:
 
     async def _transcript(self, agent: Agent, record: TurnRecord) -> list[TranscriptMessage]:
         messages: list[TranscriptMessage] = [{"role": "system", "content": agent.instructions}]
-        earlier = await self.store.list_turns(record.session_id) if record.input_seq > 1 else []
+        earlier: list[TurnRecord] = []
+        answers: dict[TurnId, str] = {}
+        if record.input_seq > 1:  # a session's first turn has no history to read
+            earlier = await self.store.list_turns(record.session_id)
+            answers = await self.store.answers(record.session_id, before_input_seq=record.input_seq)
         for turn in earlier:
             if turn.input_seq >= record.input_seq:
                 break
             messages.append({"role": "user", "content": turn.content})
-            answer = (await turn_history(self.store, turn)).answer
+            answer = answers.get(turn.turn_id)
             if answer is not None:
                 messages.append({"role": "assistant", "content": answer})
             elif turn.error_code == "agent_output_limit_exceeded":

@@ -251,6 +251,10 @@ class TurnLedger(Protocol):
         """The turn's usage rollup."""
         ...
 
+    async def answers(self, session_id: SessionId, *, before_input_seq: int) -> dict[TurnId, str]:
+        """The answer text of each of the session's earlier turns that wrote one (one read)."""
+        ...
+
 
 class RunQueue(Protocol):
     """The run side: committing input, claiming, renewing and sweeping runs."""

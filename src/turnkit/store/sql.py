@@ -31,7 +31,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from turnkit.audit import AuditRow, UsageDelta
 from turnkit.clock import Clock, SystemClock
 from turnkit.errors import StaleEpochError, StoreError, TurnNotFoundError
-from turnkit.events import DurableEvent, encode_event
+from turnkit.events import DurableEvent, MessageCompleteEvent, decode_event, encode_event
 from turnkit.ids import SessionId, TurnId
 from turnkit.pauses import PauseRequest
 from turnkit.states import TERMINAL_STATES, TurnStatus
@@ -512,6 +512,16 @@ class SqlStore:
         """The turn's usage rollup (zeros when it made no call)."""
         return await self._tx(_read_usage, turn_id)
 
+    async def answers(self, session_id: SessionId, *, before_input_seq: int) -> dict[TurnId, str]:
+        """Answers of the session's turns before `before_input_seq`, in one query."""
+        blobs = await self._tx(_answer_blobs, session_id, before_input_seq)
+        found: dict[TurnId, str] = {}
+        for data in blobs:
+            event = decode_event(data)
+            if isinstance(event, MessageCompleteEvent) and event.block.is_answer:
+                found[event.turn_id] = event.block.text
+        return found
+
 
 def _sum_usage(deltas: Sequence[UsageDelta]) -> UsageDelta:
     return UsageDelta(
@@ -576,6 +586,18 @@ def _list_turns(conn: Connection, session_id: SessionId) -> list[TurnRecord]:
 def _audit_blobs(conn: Connection, turn_id: TurnId) -> list[bytes]:
     rows = conn.execute(
         select(_audit.c.data).where(_audit.c.turn_id == turn_id).order_by(_audit.c.seq_within_turn)
+    ).all()
+    return [bytes(r.data) for r in rows]
+
+
+def _answer_blobs(conn: Connection, session_id: SessionId, before: int) -> list[bytes]:
+    earlier = select(_turns.c.turn_id).where(
+        _turns.c.session_id == session_id, _turns.c.input_seq < before
+    )
+    rows = conn.execute(
+        select(_events.c.data).where(
+            _events.c.turn_id.in_(earlier), _events.c.type == "message.complete"
+        )
     ).all()
     return [bytes(r.data) for r in rows]
 
