@@ -316,11 +316,10 @@ class SessionRuntime:
             return (await self.turn(turn_id)).status
         status = await self.store.cancel(TurnId(turn_id))
         if status == "cancelled":
+            # Live readers wait on the buffer: hand them the `done` the Store just wrote.
             record = await self.turn(turn_id)
-            await self.replay.publish(
-                record.turn_id,
-                [(record.last_seq, await self._last_event(record.turn_id), True)],
-            )
+            async for done in self.store.read_events(record.turn_id, after_seq=record.last_seq - 1):
+                await self.replay.publish(record.turn_id, [(done.seq, done.data, True)])
         return status
 
     async def resume(self, turn_id: str, request_id: str, resolution: Resolution) -> Submission:
@@ -357,13 +356,6 @@ class SessionRuntime:
             requested_delivery="queue",
             is_new=False,
         )
-
-    async def _last_event(self, turn_id: TurnId) -> bytes:
-        record = await self.turn(turn_id)
-        data = b""
-        async for stored in self.store.read_events(turn_id, after_seq=record.last_seq - 1):
-            data = stored.data
-        return data
 
     def reader(self, *, keepalive_s: float = 15.0) -> TurnReader:
         """A reader for one connection: replay from a cursor, then follow live."""
