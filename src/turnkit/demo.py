@@ -15,7 +15,7 @@ import re
 from collections.abc import AsyncIterator, Callable
 from typing import Final
 
-from turnkit.agent import Agent
+from turnkit.agent import DEFAULT_SYNTHESIS_INSTRUCTIONS, Agent
 from turnkit.models import (
     Finish,
     ModelChunk,
@@ -83,13 +83,15 @@ def _last(messages: tuple[ModelMessage, ...], role: str) -> ModelMessage | None:
     return next((m for m in reversed(messages) if m.role == role), None)
 
 
-def _user_text(messages: tuple[ModelMessage, ...]) -> str:
-    users = [m for m in messages if m.role == "user"]
-    # The synthesize call appends a closing instruction as a user message; skip it.
-    for message in reversed(users):
-        if not message.content.startswith("Write the final answer"):
-            return message.content
-    return ""
+def _question(messages: tuple[ModelMessage, ...]) -> tuple[str, list[str]]:
+    """The user's last message and the tool results that came after it."""
+    for index in range(len(messages) - 1, -1, -1):
+        message = messages[index]
+        # The synthesize call appends its closing instruction as a user message; skip it.
+        if message.role == "user" and message.content != DEFAULT_SYNTHESIS_INSTRUCTIONS:
+            results = [m.content for m in messages[index + 1 :] if m.role == "tool"]
+            return message.content, results
+    return "", []
 
 
 class DemoModel:
@@ -127,16 +129,7 @@ class DemoModel:
     def _decide(self, request: ModelRequest) -> tuple[str, tuple[str, dict[str, str]] | None]:
         messages = request.messages
         offered = {t.name for t in request.tools}
-        question = _user_text(messages)
-        results = (
-            [
-                m.content
-                for m in messages[messages.index(_last_user(messages)) :]
-                if m.role == "tool"
-            ]
-            if _last_user(messages)
-            else []
-        )
+        question, results = _question(messages)
         if request.purpose == "plan":
             return '{"intent": "answer", "depth": "none"}', None
         if request.purpose == "tool-loop":
@@ -163,11 +156,6 @@ class DemoModel:
             '`turnkit run --model openai/gpt-4o-mini "..."` with an API key for a real model.',
             None,
         )
-
-
-def _last_user(messages: tuple[ModelMessage, ...]) -> ModelMessage | None:
-    question = _user_text(messages)
-    return next((m for m in reversed(messages) if m.role == "user" and m.content == question), None)
 
 
 def demo_agent(model: str | None = None) -> Agent:
