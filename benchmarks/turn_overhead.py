@@ -68,29 +68,31 @@ def _ev(cls: Any, turn: int, seq: int, **fields: Any) -> Any:
 # ── the plain-asyncio floor ──────────────────────────────────────────────────────────
 
 
+async def _model_step(i: int, kind: str, emit: Any) -> None:
+    """One fake model call and its tool, as events: what every baseline does per call."""
+    emit(_ev(StepStartEvent, i, 1, step="tool-loop"))
+    async for chunk_kind, value in _fake_stream(kind):
+        if chunk_kind == "text":
+            emit(
+                MessageDeltaEvent(
+                    session_id=f"s{i}",
+                    turn_id=f"t{i}",
+                    stage_id="tool-loop",
+                    ts=datetime.now(UTC),
+                    block_id="b",
+                    text=value,
+                )
+            )
+        else:
+            result = await add.invoke(json.loads(value[1]), None)  # type: ignore[arg-type]
+            emit(_tool_event(i, 2, result))
+
+
 async def floor_turn(i: int) -> int:
     events: list[Any] = []
-    seq = 0
     transcript: list[dict[str, str]] = [{"role": "user", "content": "2+3?"}]
     for kind in ("tool", "text", "text"):
-        seq += 1
-        events.append(_ev(StepStartEvent, i, seq, step="tool-loop"))
-        async for chunk_kind, value in _fake_stream(kind):
-            if chunk_kind == "text":
-                events.append(
-                    MessageDeltaEvent(
-                        session_id=f"s{i}",
-                        turn_id=f"t{i}",
-                        stage_id="tool-loop",
-                        ts=datetime.now(UTC),
-                        block_id="b",
-                        text=value,
-                    )
-                )
-            else:
-                result = await add.invoke(json.loads(value[1]), None)  # type: ignore[arg-type]
-                seq += 1
-                events.append(_tool_event(i, seq, result))
+        await _model_step(i, kind, events.append)
         transcript.append({"role": "assistant", "content": kind})
     return len(events)
 
@@ -122,24 +124,7 @@ def _langgraph_graph(checkpointer: Any = None) -> Any:
         turn: int
 
     async def call_model(state: State, kind: str) -> None:
-        write = get_stream_writer()
-        i = state["turn"]
-        write(_ev(StepStartEvent, i, 1, step="tool-loop"))
-        async for chunk_kind, value in _fake_stream(kind):
-            if chunk_kind == "text":
-                write(
-                    MessageDeltaEvent(
-                        session_id=f"s{i}",
-                        turn_id=f"t{i}",
-                        stage_id="tool-loop",
-                        ts=datetime.now(UTC),
-                        block_id="b",
-                        text=value,
-                    )
-                )
-            else:
-                result = await add.invoke(json.loads(value[1]), None)  # type: ignore[arg-type]
-                write(_tool_event(i, 2, result))
+        await _model_step(state["turn"], kind, get_stream_writer())
 
     async def anchor(state: State) -> dict[str, Any]:
         return {"route": "tool"}
