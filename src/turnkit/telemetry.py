@@ -137,9 +137,14 @@ class Recorder:
         await self.clock.sleep(0)
         return event
 
+    @property
+    def consumed_input_seq(self) -> int:
+        """The highest input seq this turn has presented to the model."""
+        return max(self.guide_watermark, *self.input_seqs, 0)
+
     async def take_guides(self) -> list[tuple[int, str, str | None]]:
         """Guide messages that arrived since the last request (marked as presented)."""
-        watermark = max(self.guide_watermark, *self.input_seqs, 0)
+        watermark = self.consumed_input_seq
         if self.newest_guide_seq <= watermark:
             return []  # the last commit saw none newer: no query
         found = await self.store.guided_inputs(self.turn_id, after_input_seq=watermark)
@@ -216,9 +221,7 @@ class Recorder:
                 summary=summary,
                 release=release,
                 pause=pause,
-                guides_consumed_through=max(self.guide_watermark, *self.input_seqs, 0)
-                if release
-                else None,
+                guides_consumed_through=self.consumed_input_seq if release else None,
             )
         except BaseException:
             # Nothing was committed: keep it staged so a later flush (or the error path)
