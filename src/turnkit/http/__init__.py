@@ -85,6 +85,14 @@ def create_turnkit_router(  # noqa: C901 - one closure per route keeps the route
             raise TurnNotFoundError(f"no turn {turn_id!r}", turn_id=turn_id) from exc
         return record
 
+    async def settle_pause(
+        turn_id: str, request_id: str, resolution: Resolution, principal: Principal
+    ) -> ResumeOut:
+        record = await visible_turn(turn_id, principal)
+        await runtime.resume(record.turn_id, request_id, resolution)
+        status = (await runtime.turn(record.turn_id)).status
+        return ResumeOut(turn_id=record.turn_id, request_id=request_id, status=status)
+
     def stream(turn_id: TurnId, after: int, status_code: int = 200) -> EventSourceResponse:
         frames = runtime.reader(keepalive_s=keepalive_s).follow(turn_id, after_seq=after)
         return EventSourceResponse(
@@ -161,16 +169,10 @@ def create_turnkit_router(  # noqa: C901 - one closure per route keeps the route
     async def approve(
         turn_id: str, request_id: str, body: ApprovalBody, principal: Caller
     ) -> ResumeOut:
-        record = await visible_turn(turn_id, principal)
         resolution: Resolution = (
             Approve(note=body.note) if body.decision == "approve" else Deny(note=body.note)
         )
-        await runtime.resume(record.turn_id, request_id, resolution)
-        return ResumeOut(
-            turn_id=record.turn_id,
-            request_id=request_id,
-            status=(await runtime.turn(record.turn_id)).status,
-        )
+        return await settle_pause(turn_id, request_id, resolution, principal)
 
     @router.post(
         "/turns/{turn_id}/clarifications/{request_id}",
@@ -181,13 +183,7 @@ def create_turnkit_router(  # noqa: C901 - one closure per route keeps the route
     async def answer(
         turn_id: str, request_id: str, body: AnswerBody, principal: Caller
     ) -> ResumeOut:
-        record = await visible_turn(turn_id, principal)
-        await runtime.resume(record.turn_id, request_id, Answer(text=body.answer))
-        return ResumeOut(
-            turn_id=record.turn_id,
-            request_id=request_id,
-            status=(await runtime.turn(record.turn_id)).status,
-        )
+        return await settle_pause(turn_id, request_id, Answer(text=body.answer), principal)
 
     @router.get("/turns/{turn_id}/audit", response_model=AuditOut, summary="A turn's audit rows")
     async def audit(turn_id: str, principal: Caller) -> AuditOut:
