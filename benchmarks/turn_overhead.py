@@ -235,86 +235,95 @@ async def turnkit_contender(turns: int, durability: str, tmp: Path) -> tuple[Tur
 # ── measurement ──────────────────────────────────────────────────────────────────────
 
 
-async def measure(name: str, turn: Turn, turns: int, warmup: int) -> dict[str, Any]:
-    for i in range(warmup):
-        await turn(10_000_000 + i)
-    gc.collect()
-    wall: list[float] = []
-    cpu0 = time.process_time()
-    for i in range(turns):
-        t0 = time.perf_counter()
-        await turn(i)
-        wall.append((time.perf_counter() - t0) * 1000)
-    cpu = (time.process_time() - cpu0) * 1000 / turns
-    tracemalloc.start()
-    for i in range(10):
-        await turn(20_000_000 + i)
-    _, peak = tracemalloc.get_traced_memory()
-    tracemalloc.stop()
-    wall.sort()
-    return {
-        "name": name,
-        "turns": turns,
-        "median_ms": statistics.median(wall),
-        "p90_ms": wall[int(len(wall) * 0.9) - 1],
-        "cpu_ms_per_turn": cpu,
-        "peak_alloc_kib_10_turns": peak / 1024,
-    }
+async def measure(
+    contenders: list[tuple[str, Turn]], turns: int, warmup: int, rounds: int
+) -> list[dict[str, Any]]:
+    """Time every contender in the same rounds, interleaved.
+
+    Each round runs `turns / rounds` turns of every contender, in a rotating order, so
+    noise from the machine (other processes, frequency changes) lands on all of them
+    alike instead of on whichever ran at the wrong moment.
+    """
+    for _, turn in contenders:
+        for i in range(warmup):
+            await turn(10_000_000 + i)
+    wall: dict[str, list[float]] = {name: [] for name, _ in contenders}
+    cpu: dict[str, float] = dict.fromkeys(wall, 0.0)
+    per_round = max(1, turns // rounds)
+    counter = 0
+    for r in range(rounds):
+        order = contenders[r % len(contenders) :] + contenders[: r % len(contenders)]
+        for name, turn in order:
+            gc.collect()
+            cpu0 = time.process_time()
+            for _ in range(per_round):
+                counter += 1
+                t0 = time.perf_counter()
+                await turn(counter)
+                wall[name].append((time.perf_counter() - t0) * 1000)
+            cpu[name] += time.process_time() - cpu0
+    results = []
+    for name, turn in contenders:
+        tracemalloc.start()
+        for i in range(10):
+            await turn(20_000_000 + i)
+        _, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        times = sorted(wall[name])
+        results.append(
+            {
+                "name": name,
+                "turns": len(times),
+                "median_ms": statistics.median(times),
+                "p90_ms": times[int(len(times) * 0.9) - 1],
+                "cpu_ms_per_turn": cpu[name] * 1000 / len(times),
+                "peak_alloc_kib_10_turns": peak / 1024,
+            }
+        )
+    return results
 
 
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--turns", type=int, default=300)
     parser.add_argument("--warmup", type=int, default=30)
+    parser.add_argument("--rounds", type=int, default=10)
     default_json = Path(__file__).parent / "results" / "turn_overhead.json"
     parser.add_argument("--json", default=str(default_json))
     args = parser.parse_args()
     from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 
-    results: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmpdir:
         tmp = Path(tmpdir)
-        results.append(await measure("plain asyncio (floor)", floor_turn, args.turns, args.warmup))
-        results.append(
-            await measure(
-                "langgraph bare, no checkpointer",
-                langgraph_turn(_langgraph_graph()),
-                args.turns,
-                args.warmup,
-            )
-        )
+        budget = args.turns + args.warmup + 20
         async with AsyncSqliteSaver.from_conn_string(str(tmp / "lg.db")) as saver:
-            results.append(
-                await measure(
+            contenders: list[tuple[str, Turn]] = [
+                ("plain asyncio (floor)", floor_turn),
+                ("langgraph bare, no checkpointer", langgraph_turn(_langgraph_graph())),
+                (
                     "langgraph + AsyncSqliteSaver (sync)",
                     langgraph_turn(_langgraph_graph(saver), durability="sync"),
-                    args.turns,
-                    args.warmup,
-                )
-            )
-        pyd = pydantic_ai_turn()
-        if pyd is not None:
-            results.append(
-                await measure(
-                    "pydantic-ai run_stream_events (2 calls)", pyd, args.turns, args.warmup
-                )
-            )
-        for durability in ("sync", "exit"):
-            run, runtime = await turnkit_contender(args.turns + args.warmup + 20, durability, tmp)
+                ),
+            ]
+            pyd = pydantic_ai_turn()
+            if pyd is not None:
+                contenders.append(("pydantic-ai run_stream_events (2 calls)", pyd))
+            runtimes: list[SessionRuntime] = []
             try:
-                results.append(
-                    await measure(
-                        f"turnkit durable ({durability} checkpoints)", run, args.turns, args.warmup
-                    )
-                )
+                for durability in ("sync", "exit"):
+                    run, runtime = await turnkit_contender(budget, durability, tmp)
+                    runtimes.append(runtime)
+                    contenders.append((f"turnkit durable ({durability} checkpoints)", run))
+                results = await measure(contenders, args.turns, args.warmup, args.rounds)
             finally:
-                await runtime.close()
+                for runtime in runtimes:
+                    await runtime.close()
 
     bare = next(r for r in results if r["name"].startswith("langgraph bare"))["median_ms"]
     floor = results[0]["median_ms"]
     print(
         f"\nturn overhead — {platform.python_version()} on {os.cpu_count()} cores, "
-        f"{args.turns} turns each\n"
+        f"{args.turns} turns each in {args.rounds} interleaved rounds\n"
     )
     print(
         f"{'contender':44} {'median ms':>10} {'p90 ms':>8} {'cpu ms':>8} {'× bare LG':>10} "

@@ -28,17 +28,30 @@ class InMemoryReplayBuffer:
     def __init__(self, settings: ReplaySettings | None = None) -> None:
         self.settings = settings or ReplaySettings()
         self._turns: dict[str, _Turn] = {}
+        self._next_expiry = 0.0
 
     def _turn(self, turn_id: TurnId) -> _Turn:
         self._expire()
-        turn = self._turns.get(turn_id)
+        turn = self._live(turn_id)
         if turn is None:
             turn = _Turn(entries=deque(maxlen=self.settings.max_entries))
             self._turns[turn_id] = turn
         return turn
 
+    def _live(self, turn_id: TurnId) -> _Turn | None:
+        """The turn's entries, unless they expired (checked for this turn on every call)."""
+        turn = self._turns.get(turn_id)
+        if turn is not None and turn.expires and turn.expires < time.monotonic():
+            del self._turns[turn_id]
+            return None
+        return turn
+
     def _expire(self) -> None:
+        """Drop every expired turn, at most once a second (a scan is O(turns))."""
         now = time.monotonic()
+        if now < self._next_expiry:
+            return
+        self._next_expiry = now + 1.0
         for turn_id in [t for t, v in self._turns.items() if v.expires and v.expires < now]:
             del self._turns[turn_id]
 
@@ -61,7 +74,7 @@ class InMemoryReplayBuffer:
 
     async def tail(self, turn_id: TurnId) -> str:
         """Newest position."""
-        turn = self._turns.get(turn_id)
+        turn = self._live(turn_id)
         return str(turn.counter) if turn is not None else "0"
 
     async def read(

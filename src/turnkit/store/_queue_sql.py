@@ -33,8 +33,19 @@ from turnkit.store._schema import (
 _INSERT_INPUT = inputs.insert()
 _INSERT_TURN = turns.insert()
 _INSERT_EVENT = events.insert()
+TURN_BY_ID = select(turns).where(turns.c.turn_id == bindparam("t_id"))
+_GUIDED = (
+    select(inputs.c.seq, inputs.c.content, inputs.c.request_id)
+    .where(
+        inputs.c.turn_id == bindparam("g_turn"),
+        inputs.c.delivery == "guide",
+        inputs.c.seq > bindparam("g_after"),
+    )
+    .order_by(inputs.c.seq)
+)
 
 __all__ = (
+    "TURN_BY_ID",
     "Orphan",
     "guided_inputs",
     "requeue_guides",
@@ -128,7 +139,7 @@ def submit(conn: Connection, insert: Any, new: NewInput, now: datetime) -> Submi
             skip_locked=False,
         )
         if lease is not None:
-            row = conn.execute(select(turns).where(turns.c.turn_id == new.turn_id)).one()
+            row = conn.execute(TURN_BY_ID, {"t_id": new.turn_id}).one()
             record = turn_record(row)
     return Submission(
         session_id=new.session_id,
@@ -270,15 +281,7 @@ def guided_inputs(
     conn: Connection, turn_id: TurnId, after_input_seq: int
 ) -> list[tuple[int, str, str | None]]:
     """Guide messages attached to a turn, after an input seq."""
-    rows = conn.execute(
-        select(inputs.c.seq, inputs.c.content, inputs.c.request_id)
-        .where(
-            inputs.c.turn_id == turn_id,
-            inputs.c.delivery == "guide",
-            inputs.c.seq > after_input_seq,
-        )
-        .order_by(inputs.c.seq)
-    ).all()
+    rows = conn.execute(_GUIDED, {"g_turn": turn_id, "g_after": after_input_seq}).all()
     return [(r.seq, r.content, r.request_id) for r in rows]
 
 

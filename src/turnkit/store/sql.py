@@ -7,6 +7,8 @@ uses Core statements on one connection per transaction, never an ORM session per
 from __future__ import annotations
 
 import asyncio
+import functools
+import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Self, TypeVar, cast
@@ -25,6 +27,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
@@ -47,6 +50,7 @@ from turnkit.store import (
     _pauses_sql as pauses_sql,
     _queue_sql as queue,
     _sessions_sql as sessions_sql,
+    _sqlite as sqlite_conn,
 )
 from turnkit.store._schema import (
     SOURCES as _SOURCES,
@@ -62,6 +66,9 @@ from turnkit.store.migrate import current_revision, upgrade
 __all__ = ("SqlStore", "normalize_url")
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
+_CHECKPOINT_EVERY = 256
+"""Commits on the loop's connection between two WAL checkpoints on the store's thread."""
 
 
 def normalize_url(url: str) -> str:
@@ -140,15 +147,27 @@ class SqlStore:
         self.schema = schema
         self._clock = clock or SystemClock()
         self._thread: ThreadPoolExecutor | None = None
-        self._sync_engine: Engine | None = None
-        self._sync_conn: Connection | None = None
+        self._migrator: Engine | None = None
+        self._path: str | None = None
+        self._on_thread: sqlite_conn.SqliteConnection | None = None
+        self._on_loop: sqlite_conn.SqliteConnection | None = None
+        self._loop_commits = 0
+        self._pending: set[asyncio.Future[Any]] = set()
         self._async_engine: AsyncEngine | None = None
         if self.url.startswith("sqlite"):
-            sync_url = self.url.replace("sqlite+aiosqlite", "sqlite", 1)
-            self._sync_engine = create_engine(
-                sync_url, connect_args={"timeout": 30, "check_same_thread": False}
+            path = make_url(self.url).database
+            if not path or path == ":memory:":
+                raise StoreError(
+                    "SqlStore needs a SQLite file (sqlite:///turnkit.db): an in-memory "
+                    "database cannot outlive the process, which is the point of the store"
+                )
+            self._path = path
+            # SQLAlchemy's engine only runs migrations; statements go through `_sqlite`.
+            self._migrator = create_engine(
+                self.url.replace("sqlite+aiosqlite", "sqlite", 1),
+                connect_args={"timeout": 30, "check_same_thread": False},
             )
-            _tune_sqlite(self._sync_engine)
+            _tune_sqlite(self._migrator)
             self._thread = ThreadPoolExecutor(1, thread_name_prefix="turnkit-sqlite")
             self._insert: Any = sqlite.insert
         elif self.url.startswith("postgresql"):
@@ -180,26 +199,70 @@ class SqlStore:
     @property
     def dialect(self) -> str:
         """`sqlite` or `postgresql`."""
-        return "sqlite" if self._sync_engine is not None else "postgresql"
+        return "sqlite" if self._path is not None else "postgresql"
 
-    async def _tx(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run `fn(conn, *args)` in one transaction."""
-        if self._sync_engine is not None:
-            engine = self._sync_engine
+    async def _tx(self, fn: Callable[..., T], *args: Any, write: bool = True) -> T:
+        """Run `fn(conn, *args)` in one transaction (SQLite: on the store's thread)."""
+        if self._thread is not None:
 
             def run() -> T:
-                # One long-lived connection, used only on this store's thread.
-                if self._sync_conn is None:
-                    self._sync_conn = engine.connect()
-                conn = self._sync_conn
-                with conn.begin():
+                if self._on_thread is None:
+                    assert self._path is not None
+                    self._on_thread = sqlite_conn.connect(
+                        self._path, busy_timeout_ms=30_000, autocheckpoint=True
+                    )
+                with self._on_thread.transaction(write=write) as conn:
                     return fn(conn, *args)
 
-            assert self._thread is not None
             return await asyncio.get_running_loop().run_in_executor(self._thread, run)
         assert self._async_engine is not None
         async with self._async_engine.begin() as aconn:
             return await aconn.run_sync(fn, *args)
+
+    async def _hot_tx(self, fn: Callable[..., T], *args: Any, write: bool = True) -> T:
+        """`_tx` for the per-turn path: on SQLite, run on the event loop if it need not wait.
+
+        A short SQLite transaction costs tens of microseconds, less than the hop to a
+        thread, so it runs in place — with a zero busy timeout, so the loop never waits
+        for a lock: if another connection holds it, the transaction goes to the store's
+        thread and waits there. Nothing was written by the attempt (BEGIN IMMEDIATE takes
+        the lock before any statement runs).
+        """
+        if self._thread is None:
+            return await self._tx(fn, *args, write=write)
+        if self._on_loop is None:
+            assert self._path is not None
+            self._on_loop = sqlite_conn.connect(self._path, busy_timeout_ms=0, autocheckpoint=False)
+        try:
+            with self._on_loop.transaction(write=write) as conn:
+                result = fn(conn, *args)
+        except sqlite_conn.BusyError:
+            return await self._tx(fn, *args, write=write)
+        if write:
+            self._loop_commits += 1
+            if self._loop_commits % _CHECKPOINT_EVERY == 0:
+                self._checkpoint_wal()
+        return result
+
+    def _checkpoint_wal(self) -> None:
+        """Fold the WAL into the database, on the store's thread.
+
+        The loop's connection never does it itself: a checkpoint writes and syncs the file.
+        """
+
+        def run() -> None:
+            if self._on_thread is not None:
+                self._on_thread.raw.execute("PRAGMA wal_checkpoint(PASSIVE)")
+
+        assert self._thread is not None
+        future = asyncio.get_running_loop().run_in_executor(self._thread, run)
+        self._pending.add(future)
+        future.add_done_callback(self._checkpoint_done)
+
+    def _checkpoint_done(self, future: asyncio.Future[Any]) -> None:
+        self._pending.discard(future)
+        if not future.cancelled() and future.exception() is not None:
+            log.warning("WAL checkpoint failed: %s", future.exception())
 
     async def setup(self) -> None:
         """Bring the schema up to date (Alembic migrations; safe to run concurrently)."""
@@ -212,11 +275,26 @@ class SqlStore:
                     conn.execute(text(f'CREATE SCHEMA IF NOT EXISTS "{self.schema}"'))
             upgrade(conn)
 
-        await self._tx(migrate)
+        await self._migrate(migrate)
 
     async def schema_revision(self) -> str | None:
         """The schema revision the database is at (None before the first upgrade)."""
-        return await self._tx(current_revision)
+        return await self._migrate(current_revision)
+
+    async def _migrate(self, fn: Callable[[Connection], T]) -> T:
+        """Run `fn` on a SQLAlchemy connection (Alembic needs one) in one transaction."""
+        if self._migrator is not None:
+            engine = self._migrator
+
+            def run() -> T:
+                with engine.begin() as conn:
+                    return fn(conn)
+
+            assert self._thread is not None
+            return await asyncio.get_running_loop().run_in_executor(self._thread, run)
+        assert self._async_engine is not None
+        async with self._async_engine.begin() as aconn:
+            return await aconn.run_sync(fn)
 
     async def __aenter__(self) -> Self:
         await self.setup()
@@ -227,16 +305,20 @@ class SqlStore:
 
     async def close(self) -> None:
         """Dispose the engine and stop the SQLite thread (idempotent)."""
-        if self._sync_engine is not None:
-            engine, self._sync_engine = self._sync_engine, None
+        if self._migrator is not None:
+            engine, self._migrator = self._migrator, None
             assert self._thread is not None
-            conn, self._sync_conn = self._sync_conn, None
+            on_thread, self._on_thread = self._on_thread, None
+            on_loop, self._on_loop = self._on_loop, None
 
             def dispose() -> None:
-                if conn is not None:
-                    conn.close()
+                if on_thread is not None:
+                    on_thread.raw.execute("PRAGMA wal_checkpoint(PASSIVE)")
+                    on_thread.close()
                 engine.dispose()
 
+            if on_loop is not None:
+                on_loop.close()
             await asyncio.get_running_loop().run_in_executor(self._thread, dispose)
             self._thread.shutdown(wait=True)
         if self._async_engine is not None:
@@ -248,12 +330,12 @@ class SqlStore:
     async def submit(self, new: NewInput) -> Submission:
         """Commit a user message, its queued turn and `turn.started` in one transaction."""
         try:
-            return await self._tx(queue.submit, self._insert, new, self._clock.now())
+            return await self._hot_tx(queue.submit, self._insert, new, self._clock.now())
         except IntegrityError:
             # A concurrent submit with the same request_id won the race: it answers.
             if new.request_id is None:
                 raise
-            return await self._tx(queue.submit, self._insert, new, self._clock.now())
+            return await self._hot_tx(queue.submit, self._insert, new, self._clock.now())
 
     async def claim(
         self,
@@ -265,7 +347,7 @@ class SqlStore:
         session_id: SessionId | None = None,
     ) -> Lease | None:
         """Claim the next runnable turn (or `turn_id`, or one of `session_id`) for `owner`."""
-        return await self._tx(
+        return await self._hot_tx(
             lambda conn: queue.claim(
                 conn,
                 owner=owner,
@@ -280,13 +362,13 @@ class SqlStore:
 
     async def renew(self, lease: Lease, *, ttl_s: float) -> Lease:
         """Extend the lease or raise `StaleEpochError`."""
-        return await self._tx(
+        return await self._hot_tx(
             lambda conn: queue.renew(conn, lease, ttl_s=ttl_s, now=self._clock.now())
         )
 
     async def record_read(self, lease: Lease, watermark: int) -> None:
         """Persist the attempt's read watermark."""
-        await self._tx(queue.record_read, lease, watermark)
+        await self._hot_tx(queue.record_read, lease, watermark)
 
     async def sweep(self, *, ceiling_s: float, max_attempts: int) -> list[TurnId]:
         """Time out orphaned running turns; returns the ones this call ended."""
@@ -337,7 +419,7 @@ class SqlStore:
         ]
         usage = {row.identity.seq_within_turn: UsageDelta.of(row.call) for row in audit}
         session_id = audit[0].identity.session_id if audit else None
-        return await self._tx(
+        return await self._hot_tx(
             self._commit,
             turn_id,
             epoch,
@@ -385,16 +467,9 @@ class SqlStore:
         requeued = 0
         summary_json, release = settle
         if summary_json is not None or release:
-            extra: dict[str, Any] = {}
-            if summary_json is not None:
-                extra["summary"] = summary_json
-            if release:
-                extra["lease_owner"] = None
-                extra["lease_expires_at"] = None
             conn.execute(
-                update(_turns)
-                .where(_turns.c.turn_id == turn_id, _turns.c.lease_epoch == epoch)
-                .values(**extra)
+                _settle(summary=summary_json is not None, release=release),
+                {"k_turn": turn_id, "k_epoch": epoch, "k_summary": summary_json},
             )
         if guides_consumed_through is not None and status in TERMINAL_STATES:
             requeued = queue.requeue_guides(
@@ -430,7 +505,7 @@ class SqlStore:
         self, turn_id: TurnId, *, after_input_seq: int
     ) -> list[tuple[int, str, str | None]]:
         """Guide messages attached to a running turn, after an input seq."""
-        return await self._tx(queue.guided_inputs, turn_id, after_input_seq)
+        return await self._hot_tx(queue.guided_inputs, turn_id, after_input_seq, write=False)
 
     async def answer_pause(
         self, turn_id: TurnId, request_id: str, answer: dict[str, JsonValue]
@@ -440,7 +515,7 @@ class SqlStore:
 
     async def pending_answer(self, turn_id: TurnId) -> dict[str, JsonValue] | None:
         """The newest answer not yet consumed by a resumed run."""
-        return await self._tx(pauses_sql.pending_answer, turn_id)
+        return await self._tx(pauses_sql.pending_answer, turn_id, write=False)
 
     async def time_out(self, turn_id: TurnId, *, reason: str) -> bool:
         """End one running turn as `timed_out` (a reader found its driver gone)."""
@@ -464,13 +539,13 @@ class SqlStore:
 
     async def get_session(self, session_id: SessionId) -> SessionRecord | None:
         """One session, or None."""
-        return await self._tx(sessions_sql.get, session_id)
+        return await self._tx(sessions_sql.get, session_id, write=False)
 
     async def list_sessions(
         self, *, principal: str | None = None, limit: int = 100
     ) -> list[SessionRecord]:
         """Sessions, most recently active first."""
-        return await self._tx(sessions_sql.list_, principal, limit)
+        return await self._tx(sessions_sql.list_, principal, limit, write=False)
 
     async def rename_session(self, session_id: SessionId, title: str) -> SessionRecord:
         """Set a session's title (`SessionNotFoundError` if there is none)."""
@@ -488,7 +563,7 @@ class SqlStore:
         """Committed events after `after_seq`, in order, read in pages of `page_size`."""
         cursor = after_seq
         while True:
-            rows = await self._tx(_event_page, turn_id, cursor, page_size)
+            rows = await self._tx(_event_page, turn_id, cursor, page_size, write=False)
             for seq, type_, data in rows:
                 yield StoredEvent(turn_id=turn_id, seq=seq, type=type_, data=data)
             if len(rows) < page_size:
@@ -497,30 +572,48 @@ class SqlStore:
 
     async def get_turn(self, turn_id: TurnId) -> TurnRecord | None:
         """One turn, or None."""
-        return await self._tx(_get_turn, turn_id)
+        return await self._tx(_get_turn, turn_id, write=False)
 
     async def list_turns(self, session_id: SessionId) -> list[TurnRecord]:
         """A session's turns, oldest first."""
-        return await self._tx(_list_turns, session_id)
+        return await self._tx(_list_turns, session_id, write=False)
 
     async def read_audit(self, turn_id: TurnId) -> list[AuditRow]:
         """A turn's audit rows in order."""
-        blobs = await self._tx(_audit_blobs, turn_id)
+        blobs = await self._tx(_audit_blobs, turn_id, write=False)
         return [AuditRow.model_validate_json(b) for b in blobs]
 
     async def read_usage(self, turn_id: TurnId) -> UsageDelta:
         """The turn's usage rollup (zeros when it made no call)."""
-        return await self._tx(_read_usage, turn_id)
+        return await self._tx(_read_usage, turn_id, write=False)
 
     async def answers(self, session_id: SessionId, *, before_input_seq: int) -> dict[TurnId, str]:
         """Answers of the session's turns before `before_input_seq`, in one query."""
-        blobs = await self._tx(_answer_blobs, session_id, before_input_seq)
+        blobs = await self._hot_tx(_answer_blobs, session_id, before_input_seq, write=False)
         found: dict[TurnId, str] = {}
         for data in blobs:
             event = decode_event(data)
             if isinstance(event, MessageCompleteEvent) and event.block.is_answer:
                 found[event.turn_id] = event.block.text
         return found
+
+
+@functools.cache
+def _settle(*, summary: bool, release: bool) -> Any:
+    """Record the run summary and/or release the lease (fenced on the epoch)."""
+    values: dict[str, Any] = {}
+    if summary:
+        values["summary"] = bindparam("k_summary")
+    if release:
+        values["lease_owner"] = None
+        values["lease_expires_at"] = None
+    return (
+        update(_turns)
+        .where(
+            _turns.c.turn_id == bindparam("k_turn"), _turns.c.lease_epoch == bindparam("k_epoch")
+        )
+        .values(**values)
+    )
 
 
 def _sum_usage(deltas: Sequence[UsageDelta]) -> UsageDelta:
@@ -570,7 +663,7 @@ def _event_page(
 
 
 def _get_turn(conn: Connection, turn_id: TurnId) -> TurnRecord | None:
-    row = conn.execute(select(_turns).where(_turns.c.turn_id == turn_id)).first()
+    row = conn.execute(queue.TURN_BY_ID, {"t_id": turn_id}).first()
     return _turn_record(row) if row is not None else None
 
 

@@ -1,0 +1,255 @@
+"""SQLAlchemy Core statements run on a plain `sqlite3` connection (private).
+
+SQLAlchemy's per-statement work (cache-key generation, parameter and result processing)
+costs 25–200 µs, several times what SQLite itself needs for a small write. Here a Core
+statement is compiled once for SQLite, keyed by the statement object, and each execution
+is one `sqlite3` call. The statements stay the single definition: PostgreSQL runs the same
+objects through SQLAlchemy.
+
+Only what turnkit's statements use is supported: named bind parameters (values from the
+call or fixed in the statement), literal IN lists, RETURNING, and result columns of the
+types in `_tables.py` (times come back as naive UTC datetimes, like SQLAlchemy's).
+"""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+from collections import OrderedDict
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from typing import Any, ClassVar
+
+from sqlalchemy import Boolean, DateTime
+from sqlalchemy.dialects import sqlite
+from sqlalchemy.exc import IntegrityError, OperationalError
+
+__all__ = ("BusyError", "RawResult", "SqliteConnection", "connect")
+
+_DIALECT = sqlite.dialect(paramstyle="named")
+_POSTCOMPILE = re.compile(r"__\[POSTCOMPILE_(\w+)\]")
+_CACHE_SIZE = 512
+
+
+class BusyError(Exception):
+    """Another connection holds the write lock (raised only when the wait is zero)."""
+
+
+class _Row(tuple[Any, ...]):
+    """A result row: a tuple whose columns are also attributes."""
+
+    __slots__ = ()
+    _index: ClassVar[dict[str, int]] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self[self._index[name]]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
+class RawResult:
+    """The rows of one statement, fetched at once (turnkit's results are small)."""
+
+    __slots__ = ("rowcount", "_rows")
+
+    def __init__(self, rows: list[Any], rowcount: int) -> None:
+        self._rows = rows
+        self.rowcount = rowcount
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._rows)
+
+    def all(self) -> list[Any]:
+        return self._rows
+
+    def first(self) -> Any:
+        return self._rows[0] if self._rows else None
+
+    def one(self) -> Any:
+        if len(self._rows) != 1:
+            raise LookupError(f"expected one row, got {len(self._rows)}")
+        return self._rows[0]
+
+    def scalar_one(self) -> Any:
+        return self.one()[0]
+
+    def scalar_one_or_none(self) -> Any:
+        if len(self._rows) > 1:
+            raise LookupError(f"expected at most one row, got {len(self._rows)}")
+        return self._rows[0][0] if self._rows else None
+
+    def scalars(self) -> list[Any]:
+        return [row[0] for row in self._rows]
+
+
+def _bind_value(value: Any) -> Any:
+    """Python values as SQLAlchemy's SQLite types store them."""
+    if isinstance(value, datetime):
+        if value.tzinfo is not None:
+            value = value.astimezone(UTC).replace(tzinfo=None)
+        return value.strftime("%Y-%m-%d %H:%M:%S.%f")
+    return value
+
+
+def _parse_time(value: Any) -> Any:
+    return datetime.fromisoformat(value) if isinstance(value, str) else value
+
+
+def _parse_bool(value: Any) -> Any:
+    return bool(value) if value is not None else None
+
+
+class _Compiled:
+    """One statement's SQL, fixed parameter values, and row shape."""
+
+    __slots__ = ("sql", "fixed", "row_type", "convert", "returns_rows")
+
+    def __init__(self, statement: Any, keys: Sequence[str] | None) -> None:
+        compiled = statement.compile(dialect=_DIALECT, column_keys=keys)
+        sql: str = compiled.string
+        fixed: dict[str, Any] = {}
+        for name, bind in compiled.binds.items():
+            if bind.expanding:
+                if bind.required:
+                    raise TypeError(f"bind parameter {name!r}: expanding values must be fixed")
+                names = [f"{name}_{i}" for i in range(len(bind.value))]
+                fixed.update(zip(names, (_bind_value(v) for v in bind.value), strict=True))
+                sql = sql.replace(
+                    f"__[POSTCOMPILE_{name}]", ", ".join(f":{n}" for n in names) or "NULL"
+                )
+            elif not bind.required and bind.callable is None:
+                fixed[name] = _bind_value(bind.value)  # a value written into the statement
+        if _POSTCOMPILE.search(sql):
+            raise TypeError(f"unsupported post-compile parameter in {sql!r}")
+        self.sql = sql
+        self.fixed = fixed
+        columns = _result_columns(statement)
+        self.returns_rows = columns is not None
+        self.row_type: type[_Row] = type(
+            "Row",
+            (_Row,),
+            {"__slots__": (), "_index": {c.key: i for i, c in enumerate(columns or ())}},
+        )
+        self.convert = [
+            (i, _parse_time if isinstance(c.type, DateTime) else _parse_bool)
+            for i, c in enumerate(columns or ())
+            if isinstance(c.type, DateTime | Boolean)
+        ]
+
+    def params(self, values: Mapping[str, Any] | None) -> dict[str, Any]:
+        params = dict(self.fixed)
+        if values:
+            for key, value in values.items():
+                params[key] = _bind_value(value)
+        return params
+
+    def rows(self, raw: list[tuple[Any, ...]]) -> list[Any]:
+        if self.convert:
+            out = []
+            for row in raw:
+                cells = list(row)
+                for i, fn in self.convert:
+                    cells[i] = fn(cells[i])
+                out.append(self.row_type(cells))
+            return out
+        return [self.row_type(row) for row in raw]
+
+
+def _result_columns(statement: Any) -> Any:
+    if statement.is_select:
+        return statement.selected_columns
+    if statement.is_dml and statement._returning:
+        return statement.exported_columns
+    return None
+
+
+class SqliteConnection:
+    """A `sqlite3` connection that runs Core statements (one thread uses it at a time)."""
+
+    dialect = _DIALECT
+
+    def __init__(self, raw: sqlite3.Connection) -> None:
+        self.raw = raw
+        self._cache: OrderedDict[tuple[int, tuple[str, ...] | None], tuple[Any, _Compiled]]
+        self._cache = OrderedDict()
+
+    def _compiled(self, statement: Any, keys: tuple[str, ...] | None) -> _Compiled:
+        key = (id(statement), keys)
+        hit = self._cache.get(key)
+        if hit is not None and hit[0] is statement:
+            self._cache.move_to_end(key)
+            return hit[1]
+        compiled = _Compiled(statement, keys)
+        # The entry holds the statement, so its id cannot be reused while cached.
+        self._cache[key] = (statement, compiled)
+        if len(self._cache) > _CACHE_SIZE:
+            self._cache.popitem(last=False)
+        return compiled
+
+    def execute(
+        self,
+        statement: Any,
+        parameters: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
+    ) -> RawResult:
+        """Run `statement` with one parameter set, or with each of a list of them."""
+        batch: list[Mapping[str, Any]] | None = None
+        single: Mapping[str, Any] | None = None
+        if isinstance(parameters, Mapping) or parameters is None:
+            single = parameters
+        else:
+            batch = list(parameters)
+        first = batch[0] if batch else single
+        # As in SQLAlchemy, an INSERT/UPDATE's parameter names pick its columns.
+        keys = tuple(first) if statement.is_dml and first else None
+        compiled = self._compiled(statement, keys)
+        try:
+            if batch is not None:
+                params = [compiled.params(p) for p in batch]
+                if compiled.returns_rows:
+                    rows: list[Any] = []
+                    for p in params:
+                        rows += self.raw.execute(compiled.sql, p).fetchall()
+                    return RawResult(compiled.rows(rows), len(rows))
+                cursor = self.raw.executemany(compiled.sql, params)
+                return RawResult([], cursor.rowcount)
+            cursor = self.raw.execute(compiled.sql, compiled.params(single))
+            rows = cursor.fetchall() if compiled.returns_rows else []
+            return RawResult(compiled.rows(rows), cursor.rowcount)
+        except sqlite3.IntegrityError as exc:
+            raise IntegrityError(compiled.sql, None, exc) from exc
+
+    @contextmanager
+    def transaction(self, *, write: bool = True) -> Iterator[SqliteConnection]:
+        """BEGIN … COMMIT (ROLLBACK on error).
+
+        A write transaction takes the write lock up front (BEGIN IMMEDIATE), so it either
+        waits for it here — `BusyError` when the busy timeout is zero — or never waits later.
+        """
+        try:
+            self.raw.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+        except sqlite3.OperationalError as exc:
+            if "locked" in str(exc) or "busy" in str(exc):
+                raise BusyError(str(exc)) from exc
+            raise OperationalError("BEGIN IMMEDIATE", None, exc) from exc
+        try:
+            yield self
+        except BaseException:
+            self.raw.execute("ROLLBACK")
+            raise
+        self.raw.execute("COMMIT")
+
+    def close(self) -> None:
+        self.raw.close()
+
+
+def connect(path: str, *, busy_timeout_ms: int, autocheckpoint: bool) -> SqliteConnection:
+    """Open `path` in WAL mode with synchronous=NORMAL and explicit transactions."""
+    raw = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    raw.execute("PRAGMA journal_mode=WAL")
+    raw.execute("PRAGMA synchronous=NORMAL")
+    raw.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
+    if not autocheckpoint:
+        raw.execute("PRAGMA wal_autocheckpoint=0")
+    return SqliteConnection(raw)

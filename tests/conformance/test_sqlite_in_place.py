@@ -1,0 +1,151 @@
+"""SQLite writes run on the event loop only when they need not wait for the write lock.
+
+Another connection (another process, a `turnkit worker`, a migration) holding the lock
+must neither block the loop nor fail the write: the write moves to the store's thread,
+waits there, and lands once the lock is free.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from collections.abc import AsyncIterator, Awaitable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import create_engine, select
+
+from turnkit.errors import StoreError
+from turnkit.events import StepStartEvent
+from turnkit.graph import open_checkpointer
+from turnkit.ids import SessionId, new_turn_id
+from turnkit.store import NewInput
+from turnkit.store._schema import turns
+from turnkit.store.sql import SqlStore
+from turnkit.testing import FakeClock
+
+HOLD_S = 0.4
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[SqlStore]:
+    clock = FakeClock(datetime(2026, 5, 1, 12, 30, 15, 123456, tzinfo=UTC))
+    async with SqlStore.from_url(f"sqlite:///{tmp_path / 'tk.db'}", clock=clock) as opened:
+        yield opened
+
+
+def _input() -> NewInput:
+    return NewInput(
+        session_id=SessionId("s1"),
+        turn_id=new_turn_id(),
+        content="hello",
+        request_id=None,
+        delivery="queue",
+        agent="assistant",
+        model="m",
+        effort="off",
+        pinned={},
+    )
+
+
+async def _while_locked(path: Path, write: Awaitable[Any]) -> tuple[Any, int, bool]:
+    """Run `write` while another connection holds `path`'s write lock for HOLD_S.
+
+    Returns the write's result, how often a 10 ms ticker ran on the loop meanwhile, and
+    whether the write had finished before the lock was released.
+    """
+    other = sqlite3.connect(path, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.01)
+            ticks += 1
+
+    tick_task = asyncio.create_task(ticker())
+    write_task = asyncio.ensure_future(write)
+    await asyncio.sleep(HOLD_S)
+    finished_early = write_task.done()
+    other.execute("COMMIT")
+    other.close()
+    result = await asyncio.wait_for(write_task, 10)
+    tick_task.cancel()
+    return result, ticks, finished_early
+
+
+async def test_a_commit_waits_for_a_held_lock_off_the_loop(store: SqlStore, tmp_path: Path) -> None:
+    sub = await store.submit(_input())
+    lease = await store.claim("w1", ttl_s=30, max_attempts=3)
+    assert lease is not None
+    step = StepStartEvent(
+        session_id=sub.session_id,
+        turn_id=sub.turn_id,
+        stage_id="tool-loop",
+        ts=datetime.now(UTC),
+        seq=2,
+        step="tool-loop",
+        iteration=1,
+    )
+    commit = store.commit(sub.turn_id, epoch=lease.epoch, events=[step])
+    _, ticks, finished_early = await _while_locked(tmp_path / "tk.db", commit)
+    assert not finished_early  # it waited for the lock instead of skipping or failing
+    assert ticks >= HOLD_S / 0.01 / 2  # and the loop kept running while it waited
+    assert [e.seq async for e in store.read_events(sub.turn_id)] == [1, 2]
+
+
+async def test_a_submit_waits_for_a_held_lock_off_the_loop(store: SqlStore, tmp_path: Path) -> None:
+    sub, ticks, finished_early = await _while_locked(tmp_path / "tk.db", store.submit(_input()))
+    assert not finished_early
+    assert ticks >= HOLD_S / 0.01 / 2
+    record = await store.get_turn(sub.turn_id)
+    assert record is not None
+    assert record.status == "running"
+
+
+async def test_a_checkpoint_waits_for_a_held_lock_off_the_loop(tmp_path: Path) -> None:
+    saver, close = await open_checkpointer(f"sqlite:///{tmp_path / 'tk.db'}")
+    try:
+        config: Any = {"configurable": {"thread_id": "t1", "checkpoint_ns": ""}}
+        checkpoint: Any = {
+            "v": 4,
+            "id": "1f0a0000-0000-6000-8000-000000000001",
+            "ts": "2026-05-01T12:00:00+00:00",
+            "channel_values": {"content": "hello"},
+            "channel_versions": {"content": 1},
+            "versions_seen": {},
+        }
+        put = saver.aput(config, checkpoint, {"source": "input", "step": -1}, {})
+        _, ticks, finished_early = await _while_locked(tmp_path / "tk.checkpoints.db", put)
+        assert not finished_early
+        assert ticks >= HOLD_S / 0.01 / 2
+        found = await saver.aget_tuple({"configurable": {"thread_id": "t1"}})
+        assert found is not None
+        assert found.checkpoint["channel_values"] == {"content": "hello"}
+    finally:
+        await close()
+
+
+async def test_times_are_stored_as_sqlalchemy_reads_them(store: SqlStore, tmp_path: Path) -> None:
+    """Rows written on the raw path read back the same through SQLAlchemy (and Alembic)."""
+    sub = await store.submit(_input())
+    engine = create_engine(f"sqlite:///{tmp_path / 'tk.db'}")
+    try:
+        with engine.connect() as conn:
+            row = conn.execute(select(turns).where(turns.c.turn_id == sub.turn_id)).one()
+    finally:
+        engine.dispose()
+    assert row.created_at == datetime(2026, 5, 1, 12, 30, 15, 123456, tzinfo=UTC).replace(
+        tzinfo=None
+    )  # SQLite keeps naive UTC
+    record = await store.get_turn(sub.turn_id)
+    assert record is not None
+    assert record.created_at == datetime(2026, 5, 1, 12, 30, 15, 123456, tzinfo=UTC)
+
+
+def test_an_in_memory_database_is_refused() -> None:
+    with pytest.raises(StoreError, match="needs a SQLite file"):
+        SqlStore.from_url("sqlite://")
