@@ -71,6 +71,13 @@ async def _bracket(
         iteration=iteration,
         duration_ms=(time.perf_counter() - started) * 1000,
     )
+    # The next stage's `step.start` shares this transaction (DESIGN §11): one commit less
+    # per stage. The next node stages it again, and the Recorder's journal drops the copy,
+    # also when a recovered attempt resumes at that node.
+    following = outcome.route
+    if following in ("tool-loop", "synthesize", "post-turn"):
+        next_iteration = (iteration or 0) + 1 if following == "tool-loop" else None
+        rec.durable(StepStartEvent, following, step=following, iteration=next_iteration)
     await rec.flush()  # events of a super-step are durable before its checkpoint
     return outcome
 
