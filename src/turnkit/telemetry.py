@@ -9,7 +9,7 @@ send, DESIGN §5.1). Stages never touch the Store.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -28,7 +28,8 @@ __all__ = ("OpenCall", "Recorder")
 
 D = TypeVar("D", bound=DurableEvent)
 E = TypeVar("E", bound=EphemeralEvent)
-Publish = Callable[[DurableEvent | EphemeralEvent], None]
+Publish = Callable[[Sequence[DurableEvent | EphemeralEvent]], None]
+"""Sends events on, in order; a commit's events travel as one batch."""
 
 
 @dataclass(slots=True)
@@ -131,7 +132,7 @@ class Recorder:
         async with self._lock:
             await self._commit_staged(None, None)
             self.last_activity = self.clock.monotonic()
-            self.publish(event)
+            self.publish((event,))
         # Let publishers and readers run: a model that never suspends must still stream
         # live, not in one burst at its end (which a bounded buffer would trim).
         await self.clock.sleep(0)
@@ -232,5 +233,5 @@ class Recorder:
         self.newest_guide_seq = max(self.newest_guide_seq, result.newest_guide_seq)
         self.requeued += result.requeued
         self.last_activity = self.clock.monotonic()
-        for event in events:
-            self.publish(event)
+        if events:
+            self.publish(events)

@@ -11,8 +11,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable
-from typing import Literal
+from collections.abc import Callable, Sequence
+from typing import Literal, cast
 
 from pydantic import JsonValue
 
@@ -88,8 +88,9 @@ class TurnDriver:
         """Give the turn up without ending it (shutdown): the next cancel writes nothing."""
         self.lease_lost = True
 
-    def _publish(self, event: DurableEvent | EphemeralEvent) -> None:
-        self.sink(event)
+    def _publish(self, events: Sequence[DurableEvent | EphemeralEvent]) -> None:
+        for event in events:
+            self.sink(event)
 
     async def _recorder(self) -> Recorder:
         journal, audit_seq = Journal(), 0
@@ -189,8 +190,9 @@ class TurnDriver:
                     durability=self.config.checkpoint_durability,
                     resume=answer,
                 ):
-                    if isinstance(chunk, DurableEvent | EphemeralEvent):
-                        self.sink(chunk)
+                    # The Recorder writes batches (one per commit) to LangGraph's stream.
+                    for event in cast(Sequence[DurableEvent | EphemeralEvent], chunk):
+                        self.sink(event)
         except TimeoutError as exc:
             raise DeadlineExceededError(
                 f"the turn ran past its ceiling of {self.config.ceiling_s:g} s "
