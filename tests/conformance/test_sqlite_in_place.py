@@ -17,7 +17,6 @@ from typing import Any
 import pytest
 from sqlalchemy import create_engine, select
 
-from turnkit.errors import StoreError
 from turnkit.events import StepStartEvent
 from turnkit.graph import open_checkpointer
 from turnkit.ids import SessionId, new_turn_id
@@ -146,6 +145,12 @@ async def test_times_are_stored_as_sqlalchemy_reads_them(store: SqlStore, tmp_pa
     assert record.created_at == datetime(2026, 5, 1, 12, 30, 15, 123456, tzinfo=UTC)
 
 
-def test_an_in_memory_database_is_refused() -> None:
-    with pytest.raises(StoreError, match="needs a SQLite file"):
-        SqlStore.from_url("sqlite://")
+async def test_an_in_memory_store_works_and_forgets_on_close() -> None:
+    for _ in range(2):
+        async with SqlStore.from_url("sqlite://") as store:
+            assert await store.list_sessions() == []
+            sub = await store.submit(_input())
+            lease = await store.claim("w1", ttl_s=30, max_attempts=3)
+            assert lease is not None
+            assert lease.turn_id == sub.turn_id
+            assert [e.seq async for e in store.read_events(sub.turn_id)] == [1]

@@ -30,6 +30,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.pool import StaticPool
 
 from turnkit.audit import AuditRow, UsageDelta
 from turnkit.clock import Clock, SystemClock
@@ -155,21 +156,24 @@ class SqlStore:
         self._pending: set[asyncio.Future[Any]] = set()
         self._async_engine: AsyncEngine | None = None
         if self.url.startswith("sqlite"):
-            path = make_url(self.url).database
-            if not path or path == ":memory:":
-                raise StoreError(
-                    "SqlStore needs a SQLite file (sqlite:///turnkit.db): an in-memory "
-                    "database cannot outlive the process, which is the point of the store"
-                )
+            path = make_url(self.url).database or ":memory:"
             self._path = path
-            # SQLAlchemy's engine only runs migrations; statements go through `_sqlite`.
-            self._migrator = create_engine(
-                self.url.replace("sqlite+aiosqlite", "sqlite", 1),
-                connect_args={"timeout": 30, "check_same_thread": False},
-            )
-            _tune_sqlite(self._migrator)
-            self._thread = ThreadPoolExecutor(1, thread_name_prefix="turnkit-sqlite")
             self._insert: Any = sqlite.insert
+            # SQLAlchemy's engine only runs migrations; statements go through `_sqlite`.
+            if path == ":memory:":
+                # One connection holds the database, so everything runs on it, in place.
+                shared = sqlite_conn.connect(path, busy_timeout_ms=0, autocheckpoint=True)
+                self._on_loop = self._on_thread = shared
+                self._migrator = create_engine(
+                    "sqlite://", creator=lambda: shared.raw, poolclass=StaticPool
+                )
+            else:
+                self._migrator = create_engine(
+                    self.url.replace("sqlite+aiosqlite", "sqlite", 1),
+                    connect_args={"timeout": 30, "check_same_thread": False},
+                )
+                _tune_sqlite(self._migrator)
+                self._thread = ThreadPoolExecutor(1, thread_name_prefix="turnkit-sqlite")
         elif self.url.startswith("postgresql"):
             connect_args: dict[str, Any] = {}
             if schema is not None:
@@ -203,6 +207,10 @@ class SqlStore:
 
     async def _tx(self, fn: Callable[..., T], *args: Any, write: bool = True) -> T:
         """Run `fn(conn, *args)` in one transaction (SQLite: on the store's thread)."""
+        if self._path == ":memory:":
+            assert self._on_loop is not None
+            with self._on_loop.transaction(write=write) as conn:
+                return fn(conn, *args)
         if self._thread is not None:
 
             def run() -> T:
@@ -290,7 +298,8 @@ class SqlStore:
                 with engine.begin() as conn:
                     return fn(conn)
 
-            assert self._thread is not None
+            if self._thread is None:  # in memory: the one connection is used in place
+                return run()
             return await asyncio.get_running_loop().run_in_executor(self._thread, run)
         assert self._async_engine is not None
         async with self._async_engine.begin() as aconn:
@@ -307,9 +316,13 @@ class SqlStore:
         """Dispose the engine and stop the SQLite thread (idempotent)."""
         if self._migrator is not None:
             engine, self._migrator = self._migrator, None
-            assert self._thread is not None
             on_thread, self._on_thread = self._on_thread, None
             on_loop, self._on_loop = self._on_loop, None
+            if self._thread is None:  # in memory: one connection, closed with the engine
+                engine.dispose()
+                if on_loop is not None:
+                    on_loop.close()
+                return
 
             def dispose() -> None:
                 if on_thread is not None:
