@@ -22,6 +22,7 @@ import httpx
 import pytest
 from httpx_sse import aconnect_sse
 from tests.conftest import POSTGRES_URL, REDIS_URL, require_service
+from tests.support.worker_agent import read_log
 
 ROOT = Path(__file__).parent.parent.parent
 API = "/api/harness"
@@ -203,5 +204,5 @@ async def test_a_worker_driven_turn_streams_live_through_redis(servers: Servers)
     assert events[-1]["status"] == "succeeded"
     # Deltas are ephemeral: never stored, so they can only have come live through Redis.
     assert any(e["type"] == "message.delta" for e in events)
-    calls = [json.loads(line) for line in servers.log.read_text().splitlines()]
+    calls = read_log(servers.log)
     assert {c["pid"] for c in calls} == {worker.pid}  # the worker drove it, not the API

@@ -6,7 +6,6 @@ result, the answer is written once, and the tool saw the same idempotency key tw
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -16,7 +15,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from tests.support.worker_agent import agent
+from tests.support.worker_agent import agent, read_log
 
 from turnkit import RuntimeConfig, SessionRuntime
 from turnkit.events import (
@@ -80,9 +79,7 @@ def workers(db: DB, tmp_path: Path) -> Iterator[Workers]:
 
 
 def _log(workers: Workers) -> list[dict[str, object]]:
-    if not workers.log.exists():
-        return []
-    return [json.loads(line) for line in workers.log.read_text().splitlines()]
+    return read_log(workers.log)
 
 
 async def _wait_for(check: Callable[[], object], what: str, limit_s: float = 30.0) -> None:

@@ -10,7 +10,9 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 from turnkit import Agent, ToolContext, tool
 from turnkit.blocks import TextBlock
@@ -20,8 +22,29 @@ from turnkit.plugins import Enrichment, Plugin
 
 
 def _log(**fields: object) -> None:
-    with open(os.environ["TK_TEST_LOG"], "a", encoding="utf-8") as fh:
-        fh.write(json.dumps({"pid": os.getpid(), **fields}) + "\n")
+    line = (json.dumps({"pid": os.getpid(), **fields}) + "\n").encode()
+    fd = os.open(os.environ["TK_TEST_LOG"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line)  # one append: lines of concurrent processes never interleave
+    finally:
+        os.close(fd)
+
+
+def read_log(path: Path) -> list[dict[str, object]]:
+    """The complete lines of a call log that other processes may still be appending to.
+
+    A line another process is writing at this moment may show up unfinished: it is read
+    again (bounded: 2 s), never parsed half-written.
+    """
+    for _ in range(40):
+        if not path.exists():
+            return []
+        *complete, _unfinished = path.read_bytes().split(b"\n")
+        try:
+            return [json.loads(line) for line in complete]
+        except ValueError:
+            time.sleep(0.05)
+    raise AssertionError(f"{path} holds a line that is not JSON")
 
 
 @tool
