@@ -73,9 +73,9 @@ _CHECKPOINT_EVERY = 256
 
 
 def normalize_url(url: str) -> str:
-    """Pick the async driver: `sqlite:///x.db` → aiosqlite, `postgresql://` → asyncpg."""
+    """The SQLAlchemy URL: SQLite as given (plain `sqlite3`), `postgresql://` → asyncpg."""
     if url.startswith("sqlite:///") or url == "sqlite://":
-        return "sqlite+aiosqlite" + url[len("sqlite") :]
+        return url
     for prefix in ("postgresql://", "postgres://"):
         if url.startswith(prefix):
             return "postgresql+asyncpg://" + url[len(prefix) :]
@@ -156,7 +156,8 @@ class SqlStore:
         self._pending: set[asyncio.Future[Any]] = set()
         self._async_engine: AsyncEngine | None = None
         if self.url.startswith("sqlite"):
-            path = make_url(self.url).database or ":memory:"
+            sa_url = make_url(self.url).set(drivername="sqlite")  # whatever driver was named
+            path = sa_url.database or ":memory:"
             self._path = path
             self._insert: Any = sqlite.insert
             # SQLAlchemy's engine only runs migrations; statements go through `_sqlite`.
@@ -169,7 +170,7 @@ class SqlStore:
                 )
             else:
                 self._migrator = create_engine(
-                    self.url.replace("sqlite+aiosqlite", "sqlite", 1),
+                    sa_url,
                     connect_args={"timeout": 30, "check_same_thread": False},
                 )
                 _tune_sqlite(self._migrator)
