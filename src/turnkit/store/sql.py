@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import threading
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Self, TypeVar, cast
@@ -152,6 +153,8 @@ class SqlStore:
         self._path: str | None = None
         self._on_thread: sqlite_conn.SqliteConnection | None = None
         self._on_loop: sqlite_conn.SqliteConnection | None = None
+        self._loop_thread = 0
+        self._folding = False
         self._loop_commits = 0
         self._pending: set[asyncio.Future[Any]] = set()
         self._async_engine: AsyncEngine | None = None
@@ -215,18 +218,22 @@ class SqlStore:
         if self._thread is not None:
 
             def run() -> T:
-                if self._on_thread is None:
-                    assert self._path is not None
-                    self._on_thread = sqlite_conn.connect(
-                        self._path, busy_timeout_ms=30_000, autocheckpoint=True
-                    )
-                with self._on_thread.transaction(write=write) as conn:
+                with self._thread_conn().transaction(write=write) as conn:
                     return fn(conn, *args)
 
             return await asyncio.get_running_loop().run_in_executor(self._thread, run)
         assert self._async_engine is not None
         async with self._async_engine.begin() as aconn:
             return await aconn.run_sync(fn, *args)
+
+    def _thread_conn(self) -> sqlite_conn.SqliteConnection:
+        """The store thread's connection (waits up to 30 s for the write lock)."""
+        if self._on_thread is None:
+            assert self._path is not None
+            self._on_thread = sqlite_conn.connect(
+                self._path, busy_timeout_ms=30_000, autocheckpoint=True
+            )
+        return self._on_thread
 
     async def _hot_tx(self, fn: Callable[..., T], *args: Any, write: bool = True) -> T:
         """`_tx` for the per-turn path: on SQLite, run on the event loop if it need not wait.
@@ -235,13 +242,20 @@ class SqlStore:
         thread, so it runs in place — with a zero busy timeout, so the loop never waits
         for a lock: if another connection holds it, the transaction goes to the store's
         thread and waits there. Nothing was written by the attempt (BEGIN IMMEDIATE takes
-        the lock before any statement runs).
+        the lock before any statement runs). The connection belongs to the first thread
+        that uses it; a store shared with another thread's loop sends that loop's
+        transactions to the store's thread.
         """
         if self._thread is None:
             return await self._tx(fn, *args, write=write)
         if self._on_loop is None:
             assert self._path is not None
             self._on_loop = sqlite_conn.connect(self._path, busy_timeout_ms=0, autocheckpoint=False)
+            self._loop_thread = threading.get_ident()
+        elif self._loop_thread != threading.get_ident() or self._folding:
+            # Another thread's loop, or a WAL checkpoint queued on the store's thread:
+            # writes line up behind it there, so it folds the whole log.
+            return await self._tx(fn, *args, write=write)
         try:
             with self._on_loop.transaction(write=write) as conn:
                 result = fn(conn, *args)
@@ -257,18 +271,21 @@ class SqlStore:
         """Fold the WAL into the database, on the store's thread.
 
         The loop's connection never does it itself: a checkpoint writes and syncs the file.
+        Until it is done, writes go to the thread too, behind it: a checkpoint racing new
+        commits never catches up with the end of the log, and the log never restarts.
         """
 
         def run() -> None:
-            if self._on_thread is not None:
-                self._on_thread.raw.execute("PRAGMA wal_checkpoint(PASSIVE)")
+            self._thread_conn().raw.execute("PRAGMA wal_checkpoint(PASSIVE)")
 
         assert self._thread is not None
+        self._folding = True
         future = asyncio.get_running_loop().run_in_executor(self._thread, run)
         self._pending.add(future)
         future.add_done_callback(self._checkpoint_done)
 
     def _checkpoint_done(self, future: asyncio.Future[Any]) -> None:
+        self._folding = False
         self._pending.discard(future)
         if not future.cancelled() and future.exception() is not None:
             log.warning("WAL checkpoint failed: %s", future.exception())
