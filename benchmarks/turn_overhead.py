@@ -151,7 +151,12 @@ def _langgraph_graph(checkpointer: Any = None) -> Any:
     g.add_node("post", post)
     g.add_edge(START, "anchor")
     g.add_edge("anchor", "loop")
-    g.add_conditional_edges("loop", lambda s: "synth" if s["route"] == "synth" else "loop")
+
+    async def route(state: Any) -> str:
+        # async: LangGraph runs a sync edge function in a thread pool, which costs a hop
+        return "synth" if state["route"] == "synth" else "loop"
+
+    g.add_conditional_edges("loop", route)
     g.add_edge("synth", "post")
     g.add_edge("post", END)
     return g.compile(checkpointer=checkpointer)

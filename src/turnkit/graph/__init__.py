@@ -127,7 +127,8 @@ async def _post_turn(state: TurnState, runtime: Runtime[StageContext]) -> dict[s
     return {"route": out.route}
 
 
-def _route(state: TurnState) -> Route:
+async def _route(state: TurnState) -> Route:
+    # async on purpose: LangGraph runs a sync edge function in a thread-pool executor.
     return state["route"]
 
 
