@@ -84,12 +84,19 @@ class RawResult:
         return [row[0] for row in self._rows]
 
 
+_last_time: tuple[datetime | None, str] = (None, "")
+
+
 def _bind_value(value: Any) -> Any:
-    """Python values as SQLAlchemy's SQLite types store them."""
+    """Python values as SQLAlchemy's SQLite types store them (times: naive UTC text)."""
+    global _last_time  # a one-entry cache: a transaction binds one "now" many times
     if isinstance(value, datetime):
-        if value.tzinfo is not None:
-            value = value.astimezone(UTC).replace(tzinfo=None)
-        return value.strftime("%Y-%m-%d %H:%M:%S.%f")
+        if _last_time[0] is value:
+            return _last_time[1]
+        plain = value.astimezone(UTC).replace(tzinfo=None) if value.tzinfo else value
+        text = plain.isoformat(" ", "microseconds")
+        _last_time = (value, text)
+        return text
     return value
 
 
