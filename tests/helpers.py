@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 from turnkit import tool
-from turnkit.events import DurableEvent, EphemeralEvent
+from turnkit.events import DurableEvent, EphemeralEvent, StepStartEvent
+from turnkit.ids import SessionId, new_turn_id
+from turnkit.store import NewInput, Submission
 
 
 @tool
@@ -23,3 +27,31 @@ def durable(events: list[DurableEvent | EphemeralEvent]) -> list[DurableEvent]:
 
 def types(events: list[DurableEvent | EphemeralEvent]) -> list[str]:
     return [e.type for e in events]  # type: ignore[attr-defined]
+
+
+def new_input(session: str = "s1", content: str = "hello", **kw: object) -> NewInput:
+    fields: dict[str, object] = {
+        "session_id": SessionId(session),
+        "turn_id": new_turn_id(),
+        "content": content,
+        "request_id": None,
+        "delivery": "queue",
+        "agent": "assistant",
+        "model": "m",
+        "effort": "off",
+        "pinned": {"model": "m", "tools": ["add"]},
+    }
+    fields.update(kw)
+    return NewInput(**fields)  # type: ignore[arg-type]
+
+
+def step_event(sub: Submission, seq: int) -> StepStartEvent:
+    return StepStartEvent(
+        session_id=sub.session_id,
+        turn_id=sub.turn_id,
+        stage_id="tool-loop",
+        ts=datetime.now(UTC),
+        seq=seq,
+        step="tool-loop",
+        iteration=seq,
+    )

@@ -16,11 +16,10 @@ from typing import Any
 
 import pytest
 from sqlalchemy import create_engine, select
+from tests.helpers import new_input, step_event
 
-from turnkit.events import ErrorEvent, StepStartEvent
+from turnkit.events import ErrorEvent
 from turnkit.graph import open_checkpointer
-from turnkit.ids import SessionId, new_turn_id
-from turnkit.store import NewInput
 from turnkit.store._schema import turns
 from turnkit.store.sql import SqlStore
 from turnkit.testing import FakeClock
@@ -33,20 +32,6 @@ async def store(tmp_path: Path) -> AsyncIterator[SqlStore]:
     clock = FakeClock(datetime(2026, 5, 1, 12, 30, 15, 123456, tzinfo=UTC))
     async with SqlStore.from_url(f"sqlite:///{tmp_path / 'tk.db'}", clock=clock) as opened:
         yield opened
-
-
-def _input() -> NewInput:
-    return NewInput(
-        session_id=SessionId("s1"),
-        turn_id=new_turn_id(),
-        content="hello",
-        request_id=None,
-        delivery="queue",
-        agent="assistant",
-        model="m",
-        effort="off",
-        pinned={},
-    )
 
 
 async def _while_locked(path: Path, write: Awaitable[Any]) -> tuple[Any, int, bool]:
@@ -77,19 +62,10 @@ async def _while_locked(path: Path, write: Awaitable[Any]) -> tuple[Any, int, bo
 
 
 async def test_a_commit_waits_for_a_held_lock_off_the_loop(store: SqlStore, tmp_path: Path) -> None:
-    sub = await store.submit(_input())
+    sub = await store.submit(new_input())
     lease = await store.claim("w1", ttl_s=30, max_attempts=3)
     assert lease is not None
-    step = StepStartEvent(
-        session_id=sub.session_id,
-        turn_id=sub.turn_id,
-        stage_id="tool-loop",
-        ts=datetime.now(UTC),
-        seq=2,
-        step="tool-loop",
-        iteration=1,
-    )
-    commit = store.commit(sub.turn_id, epoch=lease.epoch, events=[step])
+    commit = store.commit(sub.turn_id, epoch=lease.epoch, events=[step_event(sub, 2)])
     _, ticks, finished_early = await _while_locked(tmp_path / "tk.db", commit)
     assert not finished_early  # it waited for the lock instead of skipping or failing
     assert ticks >= HOLD_S / 0.01 / 2  # and the loop kept running while it waited
@@ -97,7 +73,7 @@ async def test_a_commit_waits_for_a_held_lock_off_the_loop(store: SqlStore, tmp_
 
 
 async def test_a_submit_waits_for_a_held_lock_off_the_loop(store: SqlStore, tmp_path: Path) -> None:
-    sub, ticks, finished_early = await _while_locked(tmp_path / "tk.db", store.submit(_input()))
+    sub, ticks, finished_early = await _while_locked(tmp_path / "tk.db", store.submit(new_input()))
     assert not finished_early
     assert ticks >= HOLD_S / 0.01 / 2
     record = await store.get_turn(sub.turn_id)
@@ -130,7 +106,7 @@ async def test_a_checkpoint_waits_for_a_held_lock_off_the_loop(tmp_path: Path) -
 
 async def test_times_are_stored_as_sqlalchemy_reads_them(store: SqlStore, tmp_path: Path) -> None:
     """Rows written on the raw path read back the same through SQLAlchemy (and Alembic)."""
-    sub = await store.submit(_input())
+    sub = await store.submit(new_input())
     engine = create_engine(f"sqlite:///{tmp_path / 'tk.db'}")
     try:
         with engine.connect() as conn:
@@ -149,7 +125,7 @@ async def test_an_in_memory_store_works_and_forgets_on_close() -> None:
     for _ in range(2):
         async with SqlStore.from_url("sqlite://") as store:
             assert await store.list_sessions() == []
-            sub = await store.submit(_input())
+            sub = await store.submit(new_input())
             lease = await store.claim("w1", ttl_s=30, max_attempts=3)
             assert lease is not None
             assert lease.turn_id == sub.turn_id
@@ -160,7 +136,7 @@ async def test_the_wal_is_folded_back_while_writes_run_in_place(
     store: SqlStore, tmp_path: Path
 ) -> None:
     """The loop's connection never checkpoints the WAL itself; the store's thread does."""
-    sub = await store.submit(_input())
+    sub = await store.submit(new_input())
     lease = await store.claim("w1", ttl_s=30, max_attempts=3)
     assert lease is not None
     body = "x" * 3000  # about one page per event

@@ -7,12 +7,13 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 
 import pytest
+from tests.helpers import new_input, step_event
 
 from turnkit.audit import AuditPayloads, AuditRow, CallIdentity, CallShape, PlanGenerationPayload
 from turnkit.errors import StaleEpochError, StoreError
-from turnkit.events import DoneEvent, ErrorEvent, StepStartEvent, TurnStartedEvent
-from turnkit.ids import SessionId, TurnId, new_turn_id
-from turnkit.store import NewInput, Store, Submission
+from turnkit.events import DoneEvent, ErrorEvent, TurnStartedEvent
+from turnkit.ids import SessionId, TurnId
+from turnkit.store import Store
 from turnkit.store.sql import SqlStore
 from turnkit.testing import FakeClock
 
@@ -31,40 +32,12 @@ async def store(db: DB, clock: FakeClock) -> AsyncIterator[SqlStore]:
         yield opened
 
 
-def _input(session: str = "s1", content: str = "hello", **kw: object) -> NewInput:
-    fields: dict[str, object] = {
-        "session_id": SessionId(session),
-        "turn_id": new_turn_id(),
-        "content": content,
-        "request_id": None,
-        "delivery": "queue",
-        "agent": "assistant",
-        "model": "m",
-        "effort": "off",
-        "pinned": {"model": "m", "tools": ["add"]},
-    }
-    fields.update(kw)
-    return NewInput(**fields)  # type: ignore[arg-type]
-
-
-def _step(sub: Submission, seq: int) -> StepStartEvent:
-    return StepStartEvent(
-        session_id=sub.session_id,
-        turn_id=sub.turn_id,
-        stage_id="tool-loop",
-        ts=datetime.now(UTC),
-        seq=seq,
-        step="tool-loop",
-        iteration=seq,
-    )
-
-
 async def _events(store: Store, turn_id: TurnId) -> list[int]:
     return [e.seq async for e in store.read_events(turn_id)]
 
 
 async def test_submit_commits_input_turn_and_first_event_together(store: SqlStore) -> None:
-    sub = await store.submit(_input(content="what is 2+2?"))
+    sub = await store.submit(new_input(content="what is 2+2?"))
     assert sub.is_new
     assert sub.input_seq == 1
     record = await store.get_turn(sub.turn_id)
@@ -75,22 +48,22 @@ async def test_submit_commits_input_turn_and_first_event_together(store: SqlStor
     [first] = [e.decode() async for e in store.read_events(sub.turn_id)]
     assert isinstance(first, TurnStartedEvent)
     assert (first.seq, first.content, first.input_seq) == (1, "what is 2+2?", 1)
-    second = await store.submit(_input())
+    second = await store.submit(new_input())
     assert second.input_seq == 2
 
 
 async def test_same_request_id_is_one_input_and_one_turn(store: SqlStore) -> None:
-    first = await store.submit(_input(request_id="req-1"))
-    again = await store.submit(_input(request_id="req-1", content="changed"))
+    first = await store.submit(new_input(request_id="req-1"))
+    again = await store.submit(new_input(request_id="req-1", content="changed"))
     assert not again.is_new
     assert (again.turn_id, again.input_seq) == (first.turn_id, first.input_seq)
     assert len(await store.list_turns(SessionId("s1"))) == 1
-    other_session = await store.submit(_input(session="s2", request_id="req-1"))
+    other_session = await store.submit(new_input(session="s2", request_id="req-1"))
     assert other_session.is_new  # request ids are scoped to their session
 
 
 async def test_guide_with_no_live_attempt_is_committed_as_queue(store: SqlStore) -> None:
-    sub = await store.submit(_input(delivery="guide"))
+    sub = await store.submit(new_input(delivery="guide"))
     assert (sub.delivery, sub.requested_delivery) == ("queue", "guide")
     [started] = [e.decode() async for e in store.read_events(sub.turn_id)]
     assert isinstance(started, TurnStartedEvent)
@@ -98,11 +71,13 @@ async def test_guide_with_no_live_attempt_is_committed_as_queue(store: SqlStore)
 
 
 async def test_reappending_an_event_changes_nothing(store: SqlStore) -> None:
-    sub = await store.submit(_input())
+    sub = await store.submit(new_input())
     lease = await store.claim("w1", ttl_s=30, max_attempts=3)
     assert lease is not None
-    await store.commit(sub.turn_id, epoch=lease.epoch, events=[_step(sub, 2)])
-    await store.commit(sub.turn_id, epoch=lease.epoch, events=[_step(sub, 2), _step(sub, 3)])
+    await store.commit(sub.turn_id, epoch=lease.epoch, events=[step_event(sub, 2)])
+    await store.commit(
+        sub.turn_id, epoch=lease.epoch, events=[step_event(sub, 2), step_event(sub, 3)]
+    )
     assert await _events(store, sub.turn_id) == [1, 2, 3]
     record = await store.get_turn(sub.turn_id)
     assert record is not None
@@ -110,7 +85,7 @@ async def test_reappending_an_event_changes_nothing(store: SqlStore) -> None:
 
 
 async def test_stale_epoch_is_rejected(store: SqlStore, clock: FakeClock) -> None:
-    sub = await store.submit(_input())
+    sub = await store.submit(new_input())
     old = await store.claim("w1", ttl_s=10, max_attempts=3)
     assert old is not None
     assert (old.epoch, old.attempt, old.took_over) == (1, 1, False)
@@ -119,15 +94,15 @@ async def test_stale_epoch_is_rejected(store: SqlStore, clock: FakeClock) -> Non
     assert new is not None
     assert (new.epoch, new.attempt, new.took_over) == (2, 2, True)
     with pytest.raises(StaleEpochError, match="another driver owns it"):
-        await store.commit(sub.turn_id, epoch=old.epoch, events=[_step(sub, 2)])
+        await store.commit(sub.turn_id, epoch=old.epoch, events=[step_event(sub, 2)])
     with pytest.raises(StaleEpochError):
         await store.renew(old, ttl_s=10)
     assert await _events(store, sub.turn_id) == [1]  # nothing of the stale commit landed
-    await store.commit(sub.turn_id, epoch=new.epoch, events=[_step(sub, 2)])
+    await store.commit(sub.turn_id, epoch=new.epoch, events=[step_event(sub, 2)])
 
 
 async def test_a_live_lease_cannot_be_claimed(store: SqlStore, clock: FakeClock) -> None:
-    await store.submit(_input())
+    await store.submit(new_input())
     lease = await store.claim("w1", ttl_s=10, max_attempts=3)
     assert lease is not None
     clock.advance(9)
@@ -139,7 +114,7 @@ async def test_a_live_lease_cannot_be_claimed(store: SqlStore, clock: FakeClock)
 async def test_two_workers_racing_for_one_run_exactly_one_wins(
     db: DB, store: SqlStore, clock: FakeClock
 ) -> None:
-    await store.submit(_input())
+    await store.submit(new_input())
     url, schema = db
     others = [SqlStore.from_url(url, clock=clock, schema=schema) for _ in range(3)]
     try:
@@ -156,8 +131,8 @@ async def test_two_workers_racing_for_one_run_exactly_one_wins(
 
 
 async def test_a_session_runs_its_turns_in_order(store: SqlStore) -> None:
-    first = await store.submit(_input())
-    second = await store.submit(_input(content="next"))
+    first = await store.submit(new_input())
+    second = await store.submit(new_input(content="next"))
     lease = await store.claim("w1", ttl_s=30, max_attempts=3)
     assert lease is not None
     assert lease.turn_id == first.turn_id
@@ -169,7 +144,7 @@ async def test_a_session_runs_its_turns_in_order(store: SqlStore) -> None:
 
 
 async def test_terminal_states_never_change(store: SqlStore) -> None:
-    sub = await store.submit(_input())
+    sub = await store.submit(new_input())
     lease = await store.claim("w1", ttl_s=30, max_attempts=3)
     assert lease is not None
     await store.commit(sub.turn_id, epoch=lease.epoch, status="succeeded")
@@ -183,7 +158,7 @@ async def test_terminal_states_never_change(store: SqlStore) -> None:
 
 
 async def test_audit_rows_and_usage_rollup_commit_together(store: SqlStore) -> None:
-    sub = await store.submit(_input())
+    sub = await store.submit(new_input())
     lease = await store.claim("w1", ttl_s=30, max_attempts=3)
     assert lease is not None
     rows = [
@@ -230,10 +205,12 @@ async def test_audit_rows_and_usage_rollup_commit_together(store: SqlStore) -> N
 
 
 async def test_reads_come_in_bounded_pages(store: SqlStore) -> None:
-    sub = await store.submit(_input())
+    sub = await store.submit(new_input())
     lease = await store.claim("w1", ttl_s=30, max_attempts=3)
     assert lease is not None
-    await store.commit(sub.turn_id, epoch=lease.epoch, events=[_step(sub, n) for n in range(2, 8)])
+    await store.commit(
+        sub.turn_id, epoch=lease.epoch, events=[step_event(sub, n) for n in range(2, 8)]
+    )
     seqs = [e.seq async for e in store.read_events(sub.turn_id, after_seq=2, page_size=2)]
     assert seqs == [3, 4, 5, 6, 7]
 
@@ -241,8 +218,8 @@ async def test_reads_come_in_bounded_pages(store: SqlStore) -> None:
 async def test_sweep_ends_runs_past_the_ceiling_and_leaves_paused_ones(
     store: SqlStore, clock: FakeClock
 ) -> None:
-    running = await store.submit(_input(session="a"))
-    paused = await store.submit(_input(session="b"))
+    running = await store.submit(new_input(session="a"))
+    paused = await store.submit(new_input(session="b"))
     lease_a = await store.claim("w1", ttl_s=30, max_attempts=3, turn_id=running.turn_id)
     lease_b = await store.claim("w1", ttl_s=30, max_attempts=3, turn_id=paused.turn_id)
     assert lease_a is not None
@@ -264,11 +241,11 @@ async def test_sweep_ends_runs_past_the_ceiling_and_leaves_paused_ones(
     assert paused_record is not None
     assert paused_record.status == "awaiting_approval"
     with pytest.raises(StaleEpochError):  # the zombie driver is fenced out
-        await store.commit(running.turn_id, epoch=lease_a.epoch, events=[_step(running, 4)])
+        await store.commit(running.turn_id, epoch=lease_a.epoch, events=[step_event(running, 4)])
 
 
 async def test_sweep_ends_runs_out_of_attempts(store: SqlStore, clock: FakeClock) -> None:
-    sub = await store.submit(_input())
+    sub = await store.submit(new_input())
     for _ in range(2):
         assert await store.claim("w", ttl_s=10, max_attempts=2) is not None
         clock.advance(11)
@@ -277,7 +254,7 @@ async def test_sweep_ends_runs_out_of_attempts(store: SqlStore, clock: FakeClock
 
 
 async def test_record_read_is_fenced(store: SqlStore, clock: FakeClock) -> None:
-    sub = await store.submit(_input())
+    sub = await store.submit(new_input())
     lease = await store.claim("w1", ttl_s=10, max_attempts=3)
     assert lease is not None
     await store.record_read(lease, 1)
@@ -300,7 +277,7 @@ async def test_migrations_are_at_head(store: SqlStore) -> None:
 
 
 async def test_reappending_an_audit_row_counts_its_usage_once(store: SqlStore) -> None:
-    sub = await store.submit(_input())
+    sub = await store.submit(new_input())
     lease = await store.claim("w1", ttl_s=30, max_attempts=3)
     assert lease is not None
     row = AuditRow(
