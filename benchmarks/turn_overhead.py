@@ -6,8 +6,11 @@ one) the separate synthesize call — turnkit's structure makes that 3 model cal
 and the floor and the bare LangGraph graph do exactly those 3 calls too. PydanticAI's loop
 ends on the first answer, so it does 2 calls + 1 tool (noted in the table).
 
-Run:  .venv/bin/python benchmarks/turn_overhead.py [--turns 300] [--json PATH]
-Prints a table and writes JSON (default benchmarks/results/turn_overhead.json).
+Then it runs `--concurrency` turns at once (each in its own session) for throughput.
+
+Run:  .venv/bin/python benchmarks/turn_overhead.py [--turns 300] [--rounds 10]
+      [--concurrency 20] [--json PATH]
+Prints two tables and writes JSON (default benchmarks/results/turn_overhead.json).
 """
 
 from __future__ import annotations
@@ -32,7 +35,8 @@ from typing import Annotated, Any, TypedDict
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 from turnkit import Agent, RuntimeConfig, SessionRuntime, tool
-from turnkit.events import MessageDeltaEvent, StepStartEvent, ToolCompletedEvent
+from turnkit.events import DoneEvent, MessageDeltaEvent, StepStartEvent, ToolCompletedEvent
+from turnkit.models import ModelRequest
 from turnkit.testing import ModelStep, ScriptedModel, call
 
 Turn = Callable[[int], Awaitable[int]]
@@ -212,15 +216,20 @@ def pydantic_ai_turn() -> Turn | None:
 # ── turnkit ──────────────────────────────────────────────────────────────────────────
 
 
-async def turnkit_contender(turns: int, durability: str, tmp: Path) -> tuple[Turn, SessionRuntime]:
-    steps: list[ModelStep] = []
-    for _ in range(turns + 50):
-        steps += [
-            ModelStep.tool_call_reply(call("add", a=2, b=3)),
-            ModelStep.text_reply(ANSWER),
-            ModelStep.text_reply(ANSWER),
-        ]
-    agent = Agent(model=ScriptedModel(steps), tools=[add], skip_stages=frozenset({"anchor-plan"}))
+def _reply(request: ModelRequest) -> ModelStep:
+    """The fake model's answer, from the request alone (so concurrent turns all do the same
+    work): ask for the tool, then narrate once its result is in, then answer."""
+    if request.purpose == "synthesize":
+        return ModelStep.text_reply(ANSWER)
+    if any(m.role == "tool" for m in request.messages):
+        return ModelStep.text_reply(ANSWER)
+    return ModelStep.tool_call_reply(call("add", a=2, b=3))
+
+
+async def turnkit_contender(durability: str, tmp: Path) -> tuple[Turn, SessionRuntime]:
+    steps = [ModelStep.respond(_reply)]
+    model = ScriptedModel(steps, repeat_last=True)
+    agent = Agent(model=model, tools=[add], skip_stages=frozenset({"anchor-plan"}))
     config = RuntimeConfig(
         database_url=f"sqlite:///{tmp / f'tk-{durability}.db'}",
         checkpoint_durability=durability,  # type: ignore[arg-type]
@@ -230,8 +239,11 @@ async def turnkit_contender(turns: int, durability: str, tmp: Path) -> tuple[Tur
 
     async def run(i: int) -> int:
         n = 0
-        async for _ in runtime.execute_message(f"s-{durability}-{i}", "What is 2 + 3?"):
+        async for event in runtime.execute_message(f"s-{durability}-{i}", "What is 2 + 3?"):
             n += 1
+            if isinstance(event, DoneEvent) and event.status != "succeeded":
+                raise RuntimeError(f"benchmark turn ended {event.status}: {event.error_code}")
+        model.calls.clear()  # the fake model's call log would grow with every turn
         return n
 
     return run, runtime
@@ -288,11 +300,45 @@ async def measure(
     return results
 
 
+async def _timed(turn: Turn, i: int, gate: asyncio.Semaphore, latencies: list[float]) -> None:
+    async with gate:
+        t0 = time.perf_counter()
+        await turn(i)
+        latencies.append((time.perf_counter() - t0) * 1000)
+
+
+async def throughput(
+    contenders: list[tuple[str, Turn]], turns: int, concurrency: int, start: int
+) -> list[dict[str, Any]]:
+    """Turns per second with `concurrency` turns in flight at once (each its own session)."""
+    results = []
+    for name, turn in contenders:
+        gate = asyncio.Semaphore(concurrency)
+        latencies: list[float] = []
+        gc.collect()
+        t0 = time.perf_counter()
+        await asyncio.gather(*(_timed(turn, start + i, gate, latencies) for i in range(turns)))
+        elapsed = time.perf_counter() - t0
+        start += turns
+        latencies.sort()
+        results.append(
+            {
+                "name": name,
+                "concurrency": concurrency,
+                "turns_per_s": turns / elapsed,
+                "p50_ms": statistics.median(latencies),
+                "p99_ms": latencies[int(len(latencies) * 0.99) - 1],
+            }
+        )
+    return results
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--turns", type=int, default=300)
     parser.add_argument("--warmup", type=int, default=30)
     parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--concurrency", type=int, default=20)
     default_json = Path(__file__).parent / "results" / "turn_overhead.json"
     parser.add_argument("--json", default=str(default_json))
     args = parser.parse_args()
@@ -300,7 +346,6 @@ async def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmpdir:
         tmp = Path(tmpdir)
-        budget = args.turns + args.warmup + 20
         async with AsyncSqliteSaver.from_conn_string(str(tmp / "lg.db")) as saver:
             contenders: list[tuple[str, Turn]] = [
                 ("plain asyncio (floor)", floor_turn),
@@ -316,10 +361,16 @@ async def main() -> None:
             runtimes: list[SessionRuntime] = []
             try:
                 for durability in ("sync", "exit"):
-                    run, runtime = await turnkit_contender(budget, durability, tmp)
+                    run, runtime = await turnkit_contender(durability, tmp)
                     runtimes.append(runtime)
                     contenders.append((f"turnkit durable ({durability} checkpoints)", run))
                 results = await measure(contenders, args.turns, args.warmup, args.rounds)
+                loaded = await throughput(
+                    [c for c in contenders if "exit" not in c[0] and "pydantic" not in c[0]],
+                    args.turns,
+                    args.concurrency,
+                    start=30_000_000,
+                )
             finally:
                 for runtime in runtimes:
                     await runtime.close()
@@ -345,17 +396,22 @@ async def main() -> None:
             f"{r['x_langgraph_sqlite_saver']:11.2f} {r['x_floor']:8.1f} "
             f"{r['peak_alloc_kib_10_turns']:9.0f}"
         )
-    _write(Path(args.json), results)
+    print(f"\n{args.concurrency} turns in flight at once, {args.turns} turns each\n")
+    print(f"{'contender':44} {'turns/s':>10} {'p50 ms':>8} {'p99 ms':>8}")
+    for r in loaded:
+        print(f"{r['name']:44} {r['turns_per_s']:10.0f} {r['p50_ms']:8.1f} {r['p99_ms']:8.1f}")
+    _write(Path(args.json), results, loaded)
     print(f"\nwrote {args.json}")
 
 
-def _write(out: Path, results: list[dict[str, Any]]) -> None:
+def _write(out: Path, results: list[dict[str, Any]], loaded: list[dict[str, Any]]) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     payload = {
         "python": sys.version,
         "cores": os.cpu_count(),
         "ts": datetime.now(UTC).isoformat(),
         "results": results,
+        "throughput": loaded,
     }
     out.write_text(json.dumps(payload, indent=2))
 
