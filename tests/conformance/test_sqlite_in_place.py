@@ -18,8 +18,10 @@ import pytest
 from sqlalchemy import create_engine, select
 from tests.helpers import new_input, step_event
 
+from turnkit.errors import StoreError
 from turnkit.events import ErrorEvent
 from turnkit.graph import open_checkpointer
+from turnkit.store import sql as sql_module
 from turnkit.store._schema import turns
 from turnkit.store.sql import SqlStore
 from turnkit.testing import FakeClock
@@ -177,3 +179,24 @@ async def test_the_checkpoint_wal_is_folded_back(tmp_path: Path) -> None:
         assert wal.stat().st_size < 10 * 1024 * 1024
     finally:
         await close()
+
+
+async def test_a_lock_held_too_long_is_a_clear_error_and_writes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sql_module, "_THREAD_WAIT_MS", 200)
+    async with SqlStore.from_url(f"sqlite:///{tmp_path / 'tk.db'}") as store:
+        sub = await store.submit(new_input())
+        lease = await store.claim("w1", ttl_s=30, max_attempts=3)
+        assert lease is not None
+        other = sqlite3.connect(tmp_path / "tk.db", isolation_level=None)
+        other.execute("BEGIN IMMEDIATE")
+        try:
+            with pytest.raises(StoreError, match="stayed locked .* nothing was written"):
+                await store.commit(sub.turn_id, epoch=lease.epoch, events=[step_event(sub, 2)])
+        finally:
+            other.execute("COMMIT")
+            other.close()
+        assert [e.seq async for e in store.read_events(sub.turn_id)] == [1]
+        await store.commit(sub.turn_id, epoch=lease.epoch, events=[step_event(sub, 2)])
+        assert [e.seq async for e in store.read_events(sub.turn_id)] == [1, 2]

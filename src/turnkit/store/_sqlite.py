@@ -100,6 +100,12 @@ def _bind_value(value: Any) -> Any:
     return value
 
 
+def _is_busy(exc: sqlite3.OperationalError) -> bool:
+    """SQLITE_BUSY or SQLITE_LOCKED: another connection holds a lock."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    return code in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED) or "locked" in str(exc)
+
+
 def _parse_time(value: Any) -> Any:
     return datetime.fromisoformat(value) if isinstance(value, str) else value
 
@@ -226,6 +232,10 @@ class SqliteConnection:
             return RawResult(compiled.rows(rows), cursor.rowcount)
         except sqlite3.IntegrityError as exc:
             raise IntegrityError(compiled.sql, None, exc) from exc
+        except sqlite3.OperationalError as exc:
+            if _is_busy(exc):  # a read that met a lock (writes hold theirs from BEGIN)
+                raise BusyError(str(exc)) from exc
+            raise
 
     @contextmanager
     def transaction(self, *, write: bool = True) -> Iterator[SqliteConnection]:
@@ -237,9 +247,9 @@ class SqliteConnection:
         try:
             self.raw.execute("BEGIN IMMEDIATE" if write else "BEGIN")
         except sqlite3.OperationalError as exc:
-            if "locked" in str(exc) or "busy" in str(exc):
+            if _is_busy(exc):
                 raise BusyError(str(exc)) from exc
-            raise OperationalError("BEGIN IMMEDIATE", None, exc) from exc
+            raise OperationalError("BEGIN", None, exc) from exc
         try:
             yield self
         except BaseException:

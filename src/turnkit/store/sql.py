@@ -69,6 +69,8 @@ __all__ = ("SqlStore", "normalize_url")
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
+_THREAD_WAIT_MS = 30_000
+"""How long the store's thread waits for SQLite's write lock before giving up."""
 _CHECKPOINT_EVERY = 256
 """Commits on the loop's connection between two WAL checkpoints on the store's thread."""
 
@@ -218,8 +220,15 @@ class SqlStore:
         if self._thread is not None:
 
             def run() -> T:
-                with self._thread_conn().transaction(write=write) as conn:
-                    return fn(conn, *args)
+                try:
+                    with self._thread_conn().transaction(write=write) as conn:
+                        return fn(conn, *args)
+                except sqlite_conn.BusyError as exc:
+                    raise StoreError(
+                        f"the SQLite database {self._path!r} stayed locked by another "
+                        f"connection for {_THREAD_WAIT_MS / 1000:g} s; nothing was written",
+                        path=self._path,
+                    ) from exc
 
             return await asyncio.get_running_loop().run_in_executor(self._thread, run)
         assert self._async_engine is not None
@@ -227,11 +236,11 @@ class SqlStore:
             return await aconn.run_sync(fn, *args)
 
     def _thread_conn(self) -> sqlite_conn.SqliteConnection:
-        """The store thread's connection (waits up to 30 s for the write lock)."""
+        """The store thread's connection (waits up to `_THREAD_WAIT_MS` for the write lock)."""
         if self._on_thread is None:
             assert self._path is not None
             self._on_thread = sqlite_conn.connect(
-                self._path, busy_timeout_ms=30_000, autocheckpoint=True
+                self._path, busy_timeout_ms=_THREAD_WAIT_MS, autocheckpoint=True
             )
         return self._on_thread
 
