@@ -234,4 +234,4 @@ class Recorder:
         self.requeued += result.requeued
         self.last_activity = self.clock.monotonic()
         if events:
-            self.publish(events)
+            self.publish(tuple(events))

@@ -197,3 +197,29 @@ async def test_a_raising_tool_is_a_failed_result(runtime_factory: RuntimeFactory
     [failed] = [e for e in events if isinstance(e, ToolFailedEvent)]
     assert failed.code == "tool-failed"
     assert "disk full" in (failed.result.error or "")
+
+
+async def test_a_tool_writing_to_langgraphs_stream_does_not_disturb_the_turn(
+    runtime_factory: RuntimeFactory,
+) -> None:
+    """Only turnkit's own event batches travel on LangGraph's custom stream."""
+    from langgraph.config import get_stream_writer
+
+    @tool
+    async def noisy(x: int) -> int:
+        """Write something of its own to LangGraph's stream writer."""
+        get_stream_writer()({"progress": "half"})
+        return x
+
+    model = ScriptedModel(
+        [
+            ModelStep.tool_call_reply(call("noisy", x=7)),
+            ModelStep.text_reply("Done."),
+            ModelStep.text_reply("7"),
+        ]
+    )
+    runtime = runtime_factory(Agent(model=model, tools=[noisy]))
+    events = await collect_events(runtime.execute_message("s1", "go"))
+    assert isinstance(events[-1], DoneEvent)
+    assert events[-1].status == "succeeded"
+    assert all(hasattr(e, "type") for e in events)

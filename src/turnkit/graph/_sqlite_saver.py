@@ -11,6 +11,7 @@ zero busy timeout and a non-blocking acquire of the saver's lock.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sqlite3
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
@@ -96,14 +97,16 @@ class ThreadedSqliteSaver(SqliteSaver):
                 for config, writes, task_id, task_path in deferred:
                     self.put_writes(config, writes, task_id, task_path)
                 result = fn()
+                self.conn.execute("COMMIT")
             except BaseException:
-                self.conn.execute("ROLLBACK")
+                if self.conn.in_transaction:  # SQLite may have rolled back already
+                    with contextlib.suppress(sqlite3.Error):
+                        self.conn.execute("ROLLBACK")
                 with self._deferred_lock:
                     self._deferred[:0] = deferred
                 raise
             finally:
                 self._batch = False
-            self.conn.execute("COMMIT")
             self._commits += 1
             return result
         finally:

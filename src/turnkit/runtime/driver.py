@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable, Sequence
-from typing import Literal, cast
+from typing import Literal
 
 from pydantic import JsonValue
 
@@ -190,9 +190,12 @@ class TurnDriver:
                     durability=self.config.checkpoint_durability,
                     resume=answer,
                 ):
-                    # The Recorder writes batches (one per commit) to LangGraph's stream.
-                    for event in cast(Sequence[DurableEvent | EphemeralEvent], chunk):
-                        self.sink(event)
+                    # The Recorder writes batches (one per commit) to LangGraph's stream;
+                    # anything else a tool writes there is not ours to forward.
+                    if isinstance(chunk, tuple):
+                        for event in chunk:
+                            if isinstance(event, DurableEvent | EphemeralEvent):
+                                self.sink(event)
         except TimeoutError as exc:
             raise DeadlineExceededError(
                 f"the turn ran past its ceiling of {self.config.ceiling_s:g} s "

@@ -446,14 +446,25 @@ def _stale(lease: Lease) -> StaleEpochError:
     )
 
 
+_RENEW = (
+    update(turns)
+    .where(
+        turns.c.turn_id == bindparam("r_turn"),
+        turns.c.lease_epoch == bindparam("r_epoch"),
+        turns.c.lease_owner == bindparam("r_owner"),
+        turns.c.status.in_(UNFINISHED),
+    )
+    .values(lease_expires_at=bindparam("r_exp"))
+    .returning(turns.c.cancel_requested)
+)
+
+
 def renew(conn: Connection, lease: Lease, *, ttl_s: float, now: datetime) -> Lease:
     """Extend the lease or raise `StaleEpochError`."""
     expires = now + timedelta(seconds=ttl_s)
     flag = conn.execute(
-        update(turns)
-        .where(_fenced(lease), turns.c.status.in_(UNFINISHED))
-        .values(lease_expires_at=expires)
-        .returning(turns.c.cancel_requested)
+        _RENEW,
+        {"r_turn": lease.turn_id, "r_epoch": lease.epoch, "r_owner": lease.owner, "r_exp": expires},
     ).scalar_one_or_none()
     if flag is None:
         raise _stale(lease)

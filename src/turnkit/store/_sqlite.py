@@ -13,6 +13,7 @@ types in `_tables.py` (times come back as naive UTC datetimes, like SQLAlchemy's
 
 from __future__ import annotations
 
+import contextlib
 import re
 import sqlite3
 from collections import OrderedDict
@@ -91,8 +92,9 @@ def _bind_value(value: Any) -> Any:
     """Python values as SQLAlchemy's SQLite types store them (times: naive UTC text)."""
     global _last_time  # a one-entry cache: a transaction binds one "now" many times
     if isinstance(value, datetime):
-        if _last_time[0] is value:
-            return _last_time[1]
+        cached = _last_time  # one read: another thread may replace it meanwhile
+        if cached[0] is value:
+            return cached[1]
         plain = value.astimezone(UTC).replace(tzinfo=None) if value.tzinfo else value
         text = plain.isoformat(" ", "microseconds")
         _last_time = (value, text)
@@ -134,6 +136,12 @@ class _Compiled:
                 )
             elif not bind.required and bind.callable is None:
                 fixed[name] = _bind_value(bind.value)  # a value written into the statement
+        # Column defaults SQLAlchemy fills in at execution (`x: int = 0` on the model).
+        for column in (*compiled.insert_prefetch, *compiled.update_prefetch):
+            default = column.default if column in compiled.insert_prefetch else column.onupdate
+            if default is None or not default.is_scalar:
+                raise TypeError(f"column {column.key!r}: only constant defaults are supported")
+            fixed[column.key] = _bind_value(default.arg)
         if _POSTCOMPILE.search(sql):
             raise TypeError(f"unsupported post-compile parameter in {sql!r}")
         self.sql = sql
@@ -252,10 +260,16 @@ class SqliteConnection:
             raise OperationalError("BEGIN", None, exc) from exc
         try:
             yield self
+            self.raw.execute("COMMIT")
         except BaseException:
-            self.raw.execute("ROLLBACK")
+            self._roll_back()
             raise
-        self.raw.execute("COMMIT")
+
+    def _roll_back(self) -> None:
+        """End a failed transaction (SQLite may have rolled it back already)."""
+        if self.raw.in_transaction:
+            with contextlib.suppress(sqlite3.Error):
+                self.raw.execute("ROLLBACK")
 
     def close(self) -> None:
         self.raw.close()

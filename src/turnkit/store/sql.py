@@ -7,8 +7,10 @@ uses Core statements on one connection per transaction, never an ORM session per
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
+import sqlite3
 import threading
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -157,6 +159,8 @@ class SqlStore:
         self._on_loop: sqlite_conn.SqliteConnection | None = None
         self._loop_thread = 0
         self._folding = False
+        self._closed = False
+        self._first_use = threading.Lock()
         self._loop_commits = 0
         self._pending: set[asyncio.Future[Any]] = set()
         self._async_engine: AsyncEngine | None = None
@@ -213,9 +217,11 @@ class SqlStore:
 
     async def _tx(self, fn: Callable[..., T], *args: Any, write: bool = True) -> T:
         """Run `fn(conn, *args)` in one transaction (SQLite: on the store's thread)."""
+        if self._closed:
+            raise StoreError("the store is closed", url=self.url)
         if self._path == ":memory:":
             assert self._on_loop is not None
-            with self._on_loop.transaction(write=write) as conn:
+            with self._first_use, self._on_loop.transaction(write=write) as conn:  # one connection
                 return fn(conn, *args)
         if self._thread is not None:
 
@@ -255,13 +261,17 @@ class SqlStore:
         that uses it; a store shared with another thread's loop sends that loop's
         transactions to the store's thread.
         """
-        if self._thread is None:
+        if self._thread is None or self._closed:
             return await self._tx(fn, *args, write=write)
         if self._on_loop is None:
-            assert self._path is not None
-            self._on_loop = sqlite_conn.connect(self._path, busy_timeout_ms=0, autocheckpoint=False)
-            self._loop_thread = threading.get_ident()
-        elif self._loop_thread != threading.get_ident() or self._folding:
+            with self._first_use:
+                if self._on_loop is None:
+                    assert self._path is not None
+                    self._loop_thread = threading.get_ident()
+                    self._on_loop = sqlite_conn.connect(
+                        self._path, busy_timeout_ms=0, autocheckpoint=False
+                    )
+        if self._loop_thread != threading.get_ident() or self._folding:
             # Another thread's loop, or a WAL checkpoint queued on the store's thread:
             # writes line up behind it there, so it folds the whole log.
             return await self._tx(fn, *args, write=write)
@@ -340,20 +350,29 @@ class SqlStore:
         await self.close()
 
     async def close(self) -> None:
-        """Dispose the engine and stop the SQLite thread (idempotent)."""
+        """Dispose the engine and stop the SQLite thread (idempotent).
+
+        Work already handed to the store's thread finishes first; calls after this raise
+        `StoreError`.
+        """
+        self._closed = True
         if self._migrator is not None:
             engine, self._migrator = self._migrator, None
-            on_thread, self._on_thread = self._on_thread, None
             on_loop, self._on_loop = self._on_loop, None
             if self._thread is None:  # in memory: one connection, closed with the engine
+                self._on_thread = None
                 engine.dispose()
                 if on_loop is not None:
                     on_loop.close()
                 return
+            await asyncio.gather(*self._pending, return_exceptions=True)
 
             def dispose() -> None:
+                # Runs after everything queued before it, so it closes whatever they opened.
+                on_thread, self._on_thread = self._on_thread, None
                 if on_thread is not None:
-                    on_thread.raw.execute("PRAGMA wal_checkpoint(PASSIVE)")
+                    with contextlib.suppress(sqlite3.Error):
+                        on_thread.raw.execute("PRAGMA wal_checkpoint(PASSIVE)")
                     on_thread.close()
                 engine.dispose()
 
@@ -690,15 +709,18 @@ def _explain_refusal(
     )
 
 
+_EVENT_PAGE = (
+    select(_events.c.seq, _events.c.type, _events.c.data)
+    .where(_events.c.turn_id == bindparam("e_turn"), _events.c.seq > bindparam("e_after"))
+    .order_by(_events.c.seq)
+    .limit(bindparam("e_limit"))
+)
+
+
 def _event_page(
     conn: Connection, turn_id: TurnId, after: int, limit: int
 ) -> list[tuple[int, str, bytes]]:
-    rows = conn.execute(
-        select(_events.c.seq, _events.c.type, _events.c.data)
-        .where(_events.c.turn_id == turn_id, _events.c.seq > after)
-        .order_by(_events.c.seq)
-        .limit(limit)
-    ).all()
+    rows = conn.execute(_EVENT_PAGE, {"e_turn": turn_id, "e_after": after, "e_limit": limit}).all()
     return [(r.seq, r.type, bytes(r.data)) for r in rows]
 
 

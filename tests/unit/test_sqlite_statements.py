@@ -1,0 +1,70 @@
+"""`turnkit.store._sqlite`: Core statements on plain sqlite3 behave as through SQLAlchemy."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, select
+from tests.helpers import new_input
+
+from turnkit.errors import StoreError
+from turnkit.store import _sqlite
+from turnkit.store._schema import usage
+from turnkit.store._tables import metadata
+from turnkit.store.sql import SqlStore
+
+
+def test_constant_column_defaults_are_filled_in(tmp_path: Path) -> None:
+    """`x: int = 0` on a model is a default SQLAlchemy supplies; the raw path must too."""
+    engine = create_engine(f"sqlite:///{tmp_path / 'd.db'}")
+    metadata.create_all(engine)
+    engine.dispose()
+    conn = _sqlite.connect(str(tmp_path / "d.db"), busy_timeout_ms=0, autocheckpoint=True)
+    try:
+        with conn.transaction() as tx:
+            tx.execute(usage.insert(), {"turn_id": "t1", "session_id": "s1"})
+        row = conn.execute(select(usage).where(usage.c.turn_id == "t1")).one()
+    finally:
+        conn.close()
+    assert (row.model_calls, row.input_tokens, row.cost_usd) == (0, 0, 0.0)
+
+
+async def test_a_closed_store_refuses_work(tmp_path: Path) -> None:
+    store = SqlStore.from_url(f"sqlite:///{tmp_path / 'tk.db'}")
+    await store.setup()
+    await store.submit(new_input())
+    await store.close()
+    with pytest.raises(StoreError, match="closed"):
+        await store.submit(new_input())
+    with pytest.raises(StoreError, match="closed"):
+        await store.list_sessions()
+
+
+async def test_an_in_memory_store_can_be_shared_by_loops_on_several_threads() -> None:
+    store = SqlStore.from_url("sqlite://")
+    await store.setup()
+    errors: list[BaseException] = []
+
+    def worker(n: int) -> None:
+        async def submits() -> None:
+            for i in range(60):
+                await store.submit(new_input(session=f"s{n}-{i}"))
+
+        try:
+            asyncio.run(submits())
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    try:
+        assert errors == []
+        assert len(await store.list_sessions(limit=1000)) == 180
+    finally:
+        await store.close()
