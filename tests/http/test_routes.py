@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -9,10 +10,11 @@ from pathlib import Path
 import httpx
 import pytest
 from fastapi import FastAPI, Header
+from httpx_sse import aconnect_sse
 
-from turnkit import Agent, RuntimeConfig, SessionRuntime
+from turnkit import Agent, RuntimeConfig, SessionRuntime, tool
 from turnkit.http import TURN_ID_HEADER, create_turnkit_router, install_problem_handlers
-from turnkit.testing import ModelStep, ScriptedModel
+from turnkit.testing import ModelStep, ScriptedModel, call
 
 API = "/api/harness"
 
@@ -215,3 +217,46 @@ async def test_an_oversized_frame_is_dropped_and_the_stream_carries_on(tmp_path:
     types = [json.loads(f["data"])["type"] for f in _sse(response.text)]
     assert "message.delta" not in types  # the 3,000-character delta was dropped
     assert types[-1] == "done"  # ... and the stream went on to the end
+
+
+async def test_keep_alives_never_reach_a_client_as_empty_events(tmp_path: Path) -> None:
+    """httpx-sse dispatches an empty event for a comment followed by a blank line."""
+
+    @tool
+    async def slow(x: int) -> int:
+        """Take a while."""
+        await asyncio.sleep(0.4)
+        return x
+
+    turn = [
+        ModelStep.tool_call_reply(call("slow", x=1)),
+        ModelStep.text_reply("Done."),
+        ModelStep.text_reply("1"),
+    ]
+    runtime = SessionRuntime(
+        agent=Agent(model=ScriptedModel(turn * 2), tools=[slow]),
+        config=RuntimeConfig(database_url=f"sqlite:///{tmp_path / 'ka.db'}"),
+    )
+    await runtime.open()
+    app = FastAPI()
+    app.include_router(create_turnkit_router(runtime, keepalive_s=0.05))
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://test"
+    ) as http:
+        raw = await http.post(f"{API}/sessions/ka/execute", json={"content": "go"})
+        async with aconnect_sse(
+            http, "POST", f"{API}/sessions/ka2/execute", json={"content": "go"}
+        ) as source:
+            parsed = [sse.data async for sse in source.aiter_sse()]
+    await runtime.close()
+    assert raw.text.count(": keep-alive") >= 3  # the slow tool left room for several
+    seen = []
+    for block in raw.text.replace("\r\n", "\n").split("\n\n"):
+        data = [line[6:] for line in block.splitlines() if line.startswith("data: ")]
+        if block.strip() and not data:
+            assert all(line.startswith(":") for line in block.splitlines())
+        seen += data
+    assert all(seen)
+    assert json.loads(seen[-1])["type"] == "done"
+    assert all(parsed)  # httpx-sse saw no empty event
+    assert json.loads(parsed[-1])["type"] == "done"

@@ -14,13 +14,22 @@ __all__ = ("frames_to_sse",)
 log = logging.getLogger("turnkit.http")
 
 
+def _comment(text: str) -> bytes:
+    """A comment line with no blank line after it, so no client dispatches an event.
+
+    (A blank line ends an event; some clients, httpx-sse among them, then dispatch an event
+    with empty data carrying the last id, which a JSON-parsing consumer chokes on.)
+    """
+    return f": {text}\r\n".encode()
+
+
 async def frames_to_sse(
     frames: AsyncIterator[object], *, max_frame_bytes: int, turn_id: str
-) -> AsyncIterator[ServerSentEvent]:
-    """SSE events for a reader's frames (keep-alives become comments)."""
+) -> AsyncIterator[ServerSentEvent | bytes]:
+    """SSE events for a reader's frames (keep-alives become comment lines)."""
     async for item in frames:
         if item is KEEPALIVE:
-            yield ServerSentEvent(comment="keep-alive")
+            yield _comment("keep-alive")
             continue
         assert isinstance(item, Frame)
         if len(item.data) > max_frame_bytes:
@@ -29,9 +38,7 @@ async def frames_to_sse(
                 "dropped an oversized frame of turn %s (seq %s, %d bytes > %d)",
                 turn_id, item.seq, len(item.data), max_frame_bytes,
             )  # fmt: skip
-            yield ServerSentEvent(
-                comment=f"dropped oversized frame seq={item.seq} bytes={len(item.data)}"
-            )
+            yield _comment(f"dropped oversized frame seq={item.seq} bytes={len(item.data)}")
             continue
         yield ServerSentEvent(
             data=item.data.decode(), id=str(item.seq) if item.seq is not None else None
