@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from tests.conftest import RuntimeFactory
 from tests.helpers import add
-from turnkit import Agent, InvalidInputError, RuntimeConfig, SessionNotFoundError
-from turnkit.events import MessageCompleteEvent, TurnStartedEvent
-from turnkit.testing import ModelStep, ScriptedModel, collect_events
+from turnkit import Agent, InvalidInputError, RuntimeConfig, SessionNotFoundError, tool
+from turnkit.events import DurableEvent, MessageCompleteEvent, TurnStartedEvent, decode_event
+from turnkit.runtime.reader import Frame
+from turnkit.testing import ModelStep, ScriptedModel, call, collect_events
 
 
 async def test_guide_without_a_live_turn_is_committed_as_queue(
@@ -80,3 +83,44 @@ async def test_turns_of_one_session_run_in_order(runtime_factory: RuntimeFactory
     assert [t.answer for t in history] == ["first", "second"]
     # The second turn's request saw the first turn's answer.
     assert ("assistant", "first") in [(m.role, m.content) for m in model.calls[1].messages]
+
+
+async def test_a_first_reader_of_a_live_turn_gets_what_it_streamed_before_attaching(
+    runtime_factory: RuntimeFactory,
+) -> None:
+    """The first connection of a fast turn must not lose the deltas it was too late for."""
+    release = asyncio.Event()
+
+    @tool
+    async def wait_here(x: int) -> int:
+        """Hold the turn until the test lets it go."""
+        await release.wait()
+        return x
+
+    model = ScriptedModel(
+        [
+            ModelStep.tool_call_reply(call("wait_here", x=1), text="Let me compute."),
+            ModelStep.text_reply("Done."),
+            ModelStep.text_reply("1"),
+        ]
+    )
+    runtime = runtime_factory(Agent(model=model, tools=[wait_here]))
+    submission = await runtime.start("s1", "go")
+    for _ in range(500):  # until the tool runs: the narration has streamed by then
+        if any([e.type == "tool.started" async for e in runtime.events(submission.turn_id)]):
+            break
+        await asyncio.sleep(0.01)
+    frames = []
+    follow = runtime.reader().follow(submission.turn_id)
+    async for frame in follow:
+        if isinstance(frame, Frame):
+            frames.append(decode_event(frame.data))
+            if frames[-1].type == "tool.started":
+                release.set()
+    types = [e.type for e in frames]
+    deltas = "".join(e.text for e in frames if e.type == "message.delta")
+    assert deltas.startswith("Let me compute.")
+    assert types.index("message.delta") < types.index("message.complete")
+    seqs = [e.seq for e in frames if isinstance(e, DurableEvent)]
+    assert seqs == list(range(1, len(seqs) + 1))
+    assert types[-1] == "done"

@@ -102,15 +102,26 @@ class TurnReader:
         self, turn_id: TurnId, *, after_seq: int = 0
     ) -> AsyncIterator[Frame | _KeepAlive]:
         """Frames strictly after `after_seq`, ending with the turn's terminal event."""
-        await self._check(turn_id, after_seq)
-        position = await self.buffer.tail(turn_id)  # taken before reading the Store
+        record = await self._check(turn_id, after_seq)
         progress = _Progress(sent=after_seq)
-        async for frame in self._from_store(turn_id, progress):
-            yield frame
+        first_wait = self.keepalive_s
+        if after_seq == 0 and record.status == "running":
+            # A first connection to a live turn reads the buffer from the turn's start, so
+            # it also gets the live events (deltas) a fast turn streamed before it attached,
+            # in their order; durable events the buffer lacks come from the Store (gap fill).
+            async for frame in self._from_store(turn_id, progress, limit=1):
+                yield frame  # `turn.started`: committed at submit, never in the buffer
+            position = "0"
+            first_wait = min(first_wait, 1.0)  # a driver publishing nowhere: ask the Store soon
+        else:
+            position = await self.buffer.tail(turn_id)  # taken before reading the Store
+            async for frame in self._from_store(turn_id, progress):
+                yield frame
         last_event = self.clock.monotonic()
         while not progress.done:
             idle_left = self.idle_window_s - (self.clock.monotonic() - last_event)
-            wait = max(0.0, min(self.keepalive_s, idle_left))
+            wait = max(0.0, min(first_wait, idle_left))
+            first_wait = self.keepalive_s
             entries = await self.buffer.read(turn_id, after=position, wait_s=wait)
             if entries:
                 last_event = self.clock.monotonic()
@@ -118,8 +129,9 @@ class TurnReader:
                 async for frame in self._from_buffer(turn_id, entries, progress):
                     yield frame
                 continue
-            record = await self.store.get_turn(turn_id)
-            assert record is not None
+            now = await self.store.get_turn(turn_id)
+            assert now is not None
+            record = now
             if record.last_seq > progress.sent:
                 # Committed but not in the buffer (the sweep ended it, the buffer was
                 # trimmed or lost): the Store has it, and it is a sign of life.
@@ -137,18 +149,23 @@ class TurnReader:
             else:
                 yield KEEPALIVE
 
-    async def _check(self, turn_id: TurnId, after_seq: int) -> None:
+    async def _check(self, turn_id: TurnId, after_seq: int) -> TurnRecord:
         record = await self.store.get_turn(turn_id)
         if record is None:
             raise TurnNotFoundError(f"no turn {turn_id!r}", turn_id=turn_id)
         check_cursor(record, after_seq)
+        return record
 
-    async def _from_store(self, turn_id: TurnId, progress: _Progress) -> AsyncIterator[Frame]:
+    async def _from_store(
+        self, turn_id: TurnId, progress: _Progress, *, limit: int | None = None
+    ) -> AsyncIterator[Frame]:
+        sent = 0
         async for stored in self.store.read_events(turn_id, after_seq=progress.sent):
             progress.sent = stored.seq
             progress.done = stored.type in _TERMINAL_TYPES
             yield Frame(stored.seq, stored.data)
-            if progress.done:
+            sent += 1
+            if progress.done or sent == limit:
                 return
 
     async def _from_buffer(
