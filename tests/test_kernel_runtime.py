@@ -10,7 +10,7 @@ from tests.conftest import RuntimeFactory
 from tests.helpers import add
 from turnkit import Agent, InvalidInputError, RuntimeConfig, SessionNotFoundError, tool
 from turnkit.events import DurableEvent, MessageCompleteEvent, TurnStartedEvent, decode_event
-from turnkit.runtime.reader import Frame
+from turnkit.runtime.reader import KEEPALIVE, Frame
 from turnkit.testing import ModelStep, ScriptedModel, call, collect_events
 
 
@@ -124,3 +124,33 @@ async def test_a_first_reader_of_a_live_turn_gets_what_it_streamed_before_attach
     seqs = [e.seq for e in frames if isinstance(e, DurableEvent)]
     assert seqs == list(range(1, len(seqs) + 1))
     assert types[-1] == "done"
+
+
+async def test_a_reader_waits_for_a_queued_turn_instead_of_timing_it_out(
+    runtime_factory: RuntimeFactory, database_url: str
+) -> None:
+    """Silence on a turn no driver has claimed yet means "queued", not "driver died"."""
+    config = RuntimeConfig(
+        database_url=database_url,
+        run_in_process=False,
+        idle_window_s=0.2,
+        heartbeat_interval_s=0.05,
+    )
+    runtime = runtime_factory(Agent(model=ScriptedModel([])), config=config)
+    submission = await runtime.start("s1", "for a worker")
+    reader = runtime.reader(keepalive_s=0.05)
+    received: list[object] = []
+
+    async def follow() -> None:
+        async for item in reader.follow(submission.turn_id):
+            received.append(item)
+
+    task = asyncio.create_task(follow())
+    await asyncio.sleep(0.8)  # four idle windows
+    assert (await runtime.turn(submission.turn_id)).status == "running"
+    assert len([i for i in received if i is KEEPALIVE]) >= 3
+    await runtime.cancel(submission.turn_id)
+    await asyncio.wait_for(task, 5)
+    last = received[-1]
+    assert isinstance(last, Frame)
+    assert decode_event(last.data).type == "done"

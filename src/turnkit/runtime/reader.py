@@ -8,7 +8,7 @@ bounded pages), then follows the ReplayBuffer live until a terminal event. The r
 | absent (0) or inside the log | replay from there, follow live to a terminal event |
 | older than the buffer | the gap comes from the Store anyway, then live |
 | turn finished | the remaining events from the Store, ending in the terminal one |
-| idle window of silence, `running`, no live lease | record `timed_out`, send the ending |
+| silence for the idle window, claimed, no live lease | record `timed_out`, send the ending |
 | ahead of anything written, or malformed | `ReplayCursorError` (the HTTP layer answers 4xx) |
 
 Silence is measured from the last event (heartbeats and Store progress count), not from
@@ -55,6 +55,14 @@ def _leased(record: TurnRecord, clock: Clock) -> bool:
     """A live lease means a driver renewed it within its ttl: the driver is alive."""
     expires = record.lease_expires_at
     return record.lease_owner is not None and expires is not None and expires > clock.now()
+
+
+def _abandoned(record: TurnRecord, clock: Clock) -> bool:
+    """Running, claimed by a driver at least once, and no lease alive: its driver is gone.
+
+    A turn no driver has claimed yet is waiting in the queue for a worker, not dead.
+    """
+    return record.status == "running" and record.attempts > 0 and not _leased(record, clock)
 
 
 def check_cursor(record: TurnRecord, after_seq: int) -> None:
@@ -138,7 +146,7 @@ class TurnReader:
                 last_event = self.clock.monotonic()
                 async for frame in self._from_store(turn_id, progress):
                     yield frame
-            elif record.status == "running" and idle_left <= 0 and not _leased(record, self.clock):
+            elif _abandoned(record, self.clock) and idle_left <= 0:
                 await self.store.time_out(
                     turn_id,
                     reason=(
