@@ -375,7 +375,8 @@ async def main() -> None:
                 for runtime in runtimes:
                     await runtime.close()
 
-    bare = next(r for r in results if r["name"].startswith("langgraph bare"))["median_ms"]
+    bare_row = next(r for r in results if r["name"].startswith("langgraph bare"))
+    bare, bare_cpu = bare_row["median_ms"], bare_row["cpu_ms_per_turn"]
     saver = next(r for r in results if "AsyncSqliteSaver" in r["name"])["median_ms"]
     floor = results[0]["median_ms"]
     print(
@@ -384,16 +385,18 @@ async def main() -> None:
     )
     print(
         f"{'contender':44} {'median ms':>10} {'p90 ms':>8} {'cpu ms':>8} {'× bare LG':>10} "
-        f"{'× LG+saver':>11} {'× floor':>8} {'peak KiB':>9}"
+        f"{'(cpu)':>6} {'× LG+saver':>11} {'× floor':>8} {'peak KiB':>9}"
     )
     for r in results:
         r["x_bare_langgraph"] = r["median_ms"] / bare
+        r["x_bare_langgraph_cpu"] = r["cpu_ms_per_turn"] / bare_cpu
         r["x_langgraph_sqlite_saver"] = r["median_ms"] / saver
         r["x_floor"] = r["median_ms"] / floor
         print(
             f"{r['name']:44} {r['median_ms']:10.3f} {r['p90_ms']:8.3f} "
             f"{r['cpu_ms_per_turn']:8.3f} {r['x_bare_langgraph']:10.2f} "
-            f"{r['x_langgraph_sqlite_saver']:11.2f} {r['x_floor']:8.1f} "
+            f"{r['x_bare_langgraph_cpu']:6.2f} {r['x_langgraph_sqlite_saver']:11.2f} "
+            f"{r['x_floor']:8.1f} "
             f"{r['peak_alloc_kib_10_turns']:9.0f}"
         )
     print(f"\n{args.concurrency} turns in flight at once, {args.turns} turns each\n")
