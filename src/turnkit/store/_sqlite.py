@@ -26,7 +26,7 @@ from sqlalchemy import Boolean, DateTime
 from sqlalchemy.dialects import sqlite
 from sqlalchemy.exc import IntegrityError, OperationalError
 
-__all__ = ("BusyError", "RawResult", "SqliteConnection", "connect")
+__all__ = ("BusyError", "RawResult", "SqliteConnection", "connect", "tune")
 
 _DIALECT = sqlite.dialect(paramstyle="named")
 _POSTCOMPILE = re.compile(r"__\[POSTCOMPILE_(\w+)\]")
@@ -275,12 +275,17 @@ class SqliteConnection:
         self.raw.close()
 
 
-def connect(path: str, *, busy_timeout_ms: int, autocheckpoint: bool) -> SqliteConnection:
-    """Open `path` in WAL mode with synchronous=NORMAL and explicit transactions."""
-    raw = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+def tune(raw: sqlite3.Connection, *, busy_timeout_ms: int, autocheckpoint: bool = True) -> None:
+    """WAL mode with synchronous=NORMAL: a commit survives a crash of the process."""
     raw.execute("PRAGMA journal_mode=WAL")
     raw.execute("PRAGMA synchronous=NORMAL")
     raw.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
     if not autocheckpoint:
         raw.execute("PRAGMA wal_autocheckpoint=0")
+
+
+def connect(path: str, *, busy_timeout_ms: int, autocheckpoint: bool) -> SqliteConnection:
+    """Open `path` tuned (see `tune`), with explicit transactions."""
+    raw = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    tune(raw, busy_timeout_ms=busy_timeout_ms, autocheckpoint=autocheckpoint)
     return SqliteConnection(raw)

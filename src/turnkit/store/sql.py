@@ -158,11 +158,11 @@ class SqlStore:
         self._on_thread: sqlite_conn.SqliteConnection | None = None
         self._on_loop: sqlite_conn.SqliteConnection | None = None
         self._loop_thread = 0
-        self._folding = False
         self._closed = False
-        self._first_use = threading.Lock()
+        self._conn_lock = threading.Lock()
         self._loop_commits = 0
-        self._pending: set[asyncio.Future[Any]] = set()
+        self._fold: asyncio.Future[None] | None = None
+        """The WAL checkpoint running on the store's thread, if any."""
         self._async_engine: AsyncEngine | None = None
         if self.url.startswith("sqlite"):
             sa_url = make_url(self.url).set(drivername="sqlite")  # whatever driver was named
@@ -221,7 +221,7 @@ class SqlStore:
             raise StoreError("the store is closed", url=self.url)
         if self._path == ":memory:":
             assert self._on_loop is not None
-            with self._first_use, self._on_loop.transaction(write=write) as conn:  # one connection
+            with self._conn_lock, self._on_loop.transaction(write=write) as conn:  # one connection
                 return fn(conn, *args)
         if self._thread is not None:
 
@@ -264,14 +264,15 @@ class SqlStore:
         if self._thread is None or self._closed:
             return await self._tx(fn, *args, write=write)
         if self._on_loop is None:
-            with self._first_use:
+            with self._conn_lock:
                 if self._on_loop is None:
                     assert self._path is not None
                     self._loop_thread = threading.get_ident()
                     self._on_loop = sqlite_conn.connect(
                         self._path, busy_timeout_ms=0, autocheckpoint=False
                     )
-        if self._loop_thread != threading.get_ident() or self._folding:
+        folding = self._fold is not None and not self._fold.done()
+        if self._loop_thread != threading.get_ident() or folding:
             # Another thread's loop, or a WAL checkpoint queued on the store's thread:
             # writes line up behind it there, so it folds the whole log.
             return await self._tx(fn, *args, write=write)
@@ -298,16 +299,8 @@ class SqlStore:
             self._thread_conn().raw.execute("PRAGMA wal_checkpoint(PASSIVE)")
 
         assert self._thread is not None
-        self._folding = True
-        future = asyncio.get_running_loop().run_in_executor(self._thread, run)
-        self._pending.add(future)
-        future.add_done_callback(self._checkpoint_done)
-
-    def _checkpoint_done(self, future: asyncio.Future[Any]) -> None:
-        self._folding = False
-        self._pending.discard(future)
-        if not future.cancelled() and future.exception() is not None:
-            log.warning("WAL checkpoint failed: %s", future.exception())
+        self._fold = asyncio.get_running_loop().run_in_executor(self._thread, run)
+        self._fold.add_done_callback(_log_fold_failure)
 
     async def setup(self) -> None:
         """Bring the schema up to date (Alembic migrations; safe to run concurrently)."""
@@ -365,7 +358,8 @@ class SqlStore:
                 if on_loop is not None:
                     on_loop.close()
                 return
-            await asyncio.gather(*self._pending, return_exceptions=True)
+            if self._fold is not None:
+                await asyncio.gather(self._fold, return_exceptions=True)
 
             def dispose() -> None:
                 # Runs after everything queued before it, so it closes whatever they opened.
@@ -764,11 +758,12 @@ def _read_usage(conn: Connection, turn_id: TurnId) -> UsageDelta:
     return UsageDelta.model_validate({name: getattr(row, name) for name in UsageDelta.model_fields})
 
 
+def _log_fold_failure(fold: asyncio.Future[None]) -> None:
+    if not fold.cancelled() and fold.exception() is not None:
+        log.warning("WAL checkpoint failed: %s", fold.exception())
+
+
 def _tune_sqlite(engine: Engine) -> None:
     @event.listens_for(engine, "connect")
     def _pragmas(dbapi_conn: Any, _record: Any) -> None:
-        cur = dbapi_conn.cursor()
-        cur.execute("PRAGMA journal_mode=WAL")
-        cur.execute("PRAGMA synchronous=NORMAL")
-        cur.execute("PRAGMA busy_timeout=30000")
-        cur.close()
+        sqlite_conn.tune(dbapi_conn, busy_timeout_ms=_THREAD_WAIT_MS)
