@@ -27,7 +27,7 @@ from turnkit.http.models import (
     TurnOut,
     TurnStatusOut,
 )
-from turnkit.http.problems import Problem, install_problem_handlers
+from turnkit.http.problems import MEDIA_TYPE, Problem, install_problem_handlers
 from turnkit.http.sse import frames_to_sse
 from turnkit.ids import SessionId, TurnId, uuid7
 from turnkit.pauses import Answer, Approve, Deny, Resolution
@@ -43,8 +43,7 @@ Principal = str | None
 AuthDependency = Callable[..., Principal | Awaitable[Principal]]
 
 _PROBLEMS: dict[int | str, dict[str, Any]] = {
-    status: {"model": Problem, "content": {"application/problem+json": {}}}
-    for status in (400, 404, 409, 416, 422)
+    status: {"model": Problem, "content": {MEDIA_TYPE: {}}} for status in (400, 404, 409, 416, 422)
 }
 
 
@@ -69,11 +68,13 @@ def create_turnkit_router(  # noqa: C901 - one closure per route keeps the route
     router = APIRouter(prefix=prefix, tags=["turnkit"], responses=_PROBLEMS)
     Caller = Annotated[Principal, Depends(auth)]
 
-    async def visible_session(session_id: str, principal: Principal) -> SessionRecord:
-        record = await runtime.store.get_session(SessionId(session_id))
+    def owned(record: SessionRecord | None, session_id: str, principal: Principal) -> SessionRecord:
         if record is None or (record.principal is not None and record.principal != principal):
             raise SessionNotFoundError(f"no session {session_id!r}", session_id=session_id)
         return record
+
+    async def visible_session(session_id: str, principal: Principal) -> SessionRecord:
+        return owned(await runtime.store.get_session(SessionId(session_id)), session_id, principal)
 
     async def visible_turn(turn_id: str, principal: Principal) -> TurnRecord:
         record = await runtime.store.get_turn(TurnId(turn_id))
@@ -110,7 +111,7 @@ def create_turnkit_router(  # noqa: C901 - one closure per route keeps the route
     async def execute(session_id: str, body: ExecuteBody, principal: Caller) -> Response:
         existing = await runtime.store.get_session(SessionId(session_id))
         if existing is not None:
-            await visible_session(session_id, principal)
+            owned(existing, session_id, principal)
         agent = runtime.agent
         if body.model is not None and body.model != _model_name(agent.model):
             if body.model not in runtime.config.allowed_models:
@@ -152,7 +153,7 @@ def create_turnkit_router(  # noqa: C901 - one closure per route keeps the route
 
     @router.get("/turns/{turn_id}", response_model=TurnStatusOut, summary="A turn's state")
     async def get_turn(turn_id: str, principal: Caller) -> TurnStatusOut:
-        return TurnStatusOut.of(await visible_turn(turn_id, principal))
+        return TurnStatusOut.model_validate(await visible_turn(turn_id, principal))
 
     @router.post("/turns/{turn_id}/cancel", response_model=CancelOut, summary="Stop a turn")
     async def cancel(turn_id: str, principal: Caller) -> CancelOut:
@@ -195,16 +196,16 @@ def create_turnkit_router(  # noqa: C901 - one closure per route keeps the route
         principal: Caller, limit: Annotated[int, Query(ge=1, le=500)] = 100
     ) -> list[SessionOut]:
         records = await runtime.store.list_sessions(principal=principal, limit=limit)
-        return [SessionOut.of(r) for r in records]
+        return [SessionOut.model_validate(r) for r in records]
 
     @router.post("/sessions", response_model=SessionOut, status_code=201, summary="New session")
     async def create_session(body: SessionBody, principal: Caller) -> SessionOut:
         session_id = body.session_id or f"s_{uuid7()}"
         existing = await runtime.store.get_session(SessionId(session_id))
         if existing is not None:
-            await visible_session(session_id, principal)
+            owned(existing, session_id, principal)
         record = await runtime.create_session(session_id, principal=principal, title=body.title)
-        return SessionOut.of(record)
+        return SessionOut.model_validate(record)
 
     @router.get(
         "/sessions/{session_id}/history",
@@ -214,14 +215,16 @@ def create_turnkit_router(  # noqa: C901 - one closure per route keeps the route
     async def history(session_id: str, principal: Caller) -> list[TurnOut]:
         await visible_session(session_id, principal)
         turns = await runtime.store.list_turns(SessionId(session_id))
-        return [TurnOut.of(await turn_history(runtime.store, t)) for t in turns]
+        return [TurnOut.model_validate(await turn_history(runtime.store, t)) for t in turns]
 
     @router.patch("/sessions/{session_id}", response_model=SessionOut, summary="Rename")
     async def rename(session_id: str, body: SessionBody, principal: Caller) -> SessionOut:
         await visible_session(session_id, principal)
         if body.title is None:
             raise InvalidInputError("send a `title` to rename the session")
-        return SessionOut.of(await runtime.store.rename_session(SessionId(session_id), body.title))
+        return SessionOut.model_validate(
+            await runtime.store.rename_session(SessionId(session_id), body.title)
+        )
 
     @router.delete("/sessions/{session_id}", status_code=204, summary="Delete a session")
     async def delete(session_id: str, principal: Caller) -> Response:

@@ -10,9 +10,7 @@ from pydantic.alias_generators import to_camel
 from turnkit.agent import Effort
 from turnkit.audit import AuditRow
 from turnkit.blocks import Block
-from turnkit.runtime import TurnHistory
 from turnkit.states import TurnStatus
-from turnkit.store import SessionRecord, TurnRecord
 
 __all__ = (
     "CancelOut",
@@ -24,7 +22,9 @@ __all__ = (
 
 
 class _Camel(BaseModel):
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="forbid", from_attributes=True
+    )
 
 
 class ExecuteBody(_Camel):
@@ -54,16 +54,6 @@ class SessionOut(_Camel):
     created_at: datetime
     updated_at: datetime
 
-    @classmethod
-    def of(cls, record: SessionRecord) -> SessionOut:
-        """From the Store's record."""
-        return cls(
-            session_id=record.session_id,
-            title=record.title,
-            created_at=record.created_at,
-            updated_at=record.updated_at,
-        )
-
 
 class TurnOut(_Camel):
     """A turn with its committed blocks."""
@@ -72,16 +62,6 @@ class TurnOut(_Camel):
     status: TurnStatus
     blocks: list[Block] = Field(default_factory=list[Block])
     answer: str | None = None
-
-    @classmethod
-    def of(cls, history: TurnHistory) -> TurnOut:
-        """From a turn's history."""
-        return cls(
-            turn_id=history.turn_id,
-            status=history.status,
-            blocks=list(history.blocks),
-            answer=history.answer,
-        )
 
 
 class TurnStatusOut(_Camel):
@@ -93,18 +73,6 @@ class TurnStatusOut(_Camel):
     error_code: str | None
     last_seq: int
     attempts: int
-
-    @classmethod
-    def of(cls, record: TurnRecord) -> TurnStatusOut:
-        """From the Store's record."""
-        return cls(
-            turn_id=record.turn_id,
-            session_id=record.session_id,
-            status=record.status,
-            error_code=record.error_code,
-            last_seq=record.last_seq,
-            attempts=record.attempts,
-        )
 
 
 class CancelOut(_Camel):

@@ -43,7 +43,7 @@ def status_for(exc: TurnkitError) -> int:
         case NotFoundError():
             return 404
         case ReplayCursorError():
-            return 416 if "ahead" in exc.message else 400
+            return 416 if "last_seq" in exc.details else 400  # only `check_cursor` sets it
         case InvalidInputError():
             return 422
         case StaleEpochError() | PauseAnsweredError():
@@ -67,16 +67,12 @@ def problem_response(status: int, code: str, detail: str, **extra: Any) -> JSONR
     return JSONResponse(body.model_dump(), status_code=status, media_type=MEDIA_TYPE)
 
 
-def _from_turnkit(exc: TurnkitError) -> JSONResponse:
-    return problem_response(status_for(exc), exc.code, exc.message)
-
-
 def install_problem_handlers(app: FastAPI) -> None:
     """Answer every turnkit error, validation error and HTTP error with a problem body."""
 
     async def turnkit_error(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, TurnkitError)
-        return _from_turnkit(exc)
+        return problem_response(status_for(exc), exc.code, exc.message)
 
     async def validation_error(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)
@@ -88,7 +84,7 @@ def install_problem_handlers(app: FastAPI) -> None:
 
     async def http_error(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
-        code = {404: "not-found", 405: "invalid-input"}.get(exc.status_code, "invalid-input")
+        code = "not-found" if exc.status_code == 404 else "invalid-input"
         return problem_response(exc.status_code, code, str(exc.detail))
 
     app.add_exception_handler(TurnkitError, turnkit_error)
