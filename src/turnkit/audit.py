@@ -218,6 +218,16 @@ class UsageDelta(BaseModel):
     cached_tokens: NonNegativeInt = 0
     cost_usd: NonNegativeFloat = 0.0
 
+    def __add__(self, other: UsageDelta) -> UsageDelta:
+        """Field by field."""
+        return UsageDelta(
+            model_calls=self.model_calls + other.model_calls,
+            input_tokens=self.input_tokens + other.input_tokens,
+            output_tokens=self.output_tokens + other.output_tokens,
+            cached_tokens=self.cached_tokens + other.cached_tokens,
+            cost_usd=self.cost_usd + other.cost_usd,
+        )
+
     @classmethod
     def of(cls, call: CallShape | None) -> UsageDelta:
         """The usage one call adds (nothing for rows that are not model calls)."""

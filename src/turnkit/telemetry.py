@@ -175,14 +175,7 @@ class Recorder:
             payloads=payloads or AuditPayloads(),
             plugin_payloads=plugin_payloads or {},
         )
-        delta = UsageDelta.of(call)
-        self.usage = UsageDelta(
-            model_calls=self.usage.model_calls + delta.model_calls,
-            input_tokens=self.usage.input_tokens + delta.input_tokens,
-            output_tokens=self.usage.output_tokens + delta.output_tokens,
-            cached_tokens=self.usage.cached_tokens + delta.cached_tokens,
-            cost_usd=self.usage.cost_usd + delta.cost_usd,
-        )
+        self.usage = self.usage + UsageDelta.of(call)
         self._audit.append(row)
         return row
 

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from turnkit.ids import TurnId
-from turnkit.replay import BufferEntry, ReplaySettings
+from turnkit.replay import START, BufferEntry, ReplaySettings
 
 __all__ = ("InMemoryReplayBuffer",)
 
@@ -17,8 +17,8 @@ __all__ = ("InMemoryReplayBuffer",)
 @dataclass(slots=True)
 class _Turn:
     entries: deque[BufferEntry]
+    expires: float
     counter: int = 0
-    expires: float = 0.0
     changed: asyncio.Condition = field(default_factory=asyncio.Condition)
 
 
@@ -34,14 +34,18 @@ class InMemoryReplayBuffer:
         self._expire()
         turn = self._live(turn_id)
         if turn is None:
-            turn = _Turn(entries=deque(maxlen=self.settings.max_entries))
+            # A reader may get here first; a turn that never publishes still expires.
+            turn = _Turn(
+                entries=deque(maxlen=self.settings.max_entries),
+                expires=time.monotonic() + self.settings.ttl_s,
+            )
             self._turns[turn_id] = turn
         return turn
 
     def _live(self, turn_id: TurnId) -> _Turn | None:
         """The turn's entries, unless they expired (checked for this turn on every call)."""
         turn = self._turns.get(turn_id)
-        if turn is not None and turn.expires and turn.expires < time.monotonic():
+        if turn is not None and turn.expires < time.monotonic():
             del self._turns[turn_id]
             return None
         return turn
@@ -52,7 +56,7 @@ class InMemoryReplayBuffer:
         if now < self._next_expiry:
             return
         self._next_expiry = now + 1.0
-        for turn_id in [t for t, v in self._turns.items() if v.expires and v.expires < now]:
+        for turn_id in [t for t, v in self._turns.items() if v.expires < now]:
             del self._turns[turn_id]
 
     async def publish(
@@ -75,7 +79,7 @@ class InMemoryReplayBuffer:
     async def tail(self, turn_id: TurnId) -> str:
         """Newest position."""
         turn = self._live(turn_id)
-        return str(turn.counter) if turn is not None else "0"
+        return str(turn.counter) if turn is not None else START
 
     async def read(
         self, turn_id: TurnId, *, after: str, wait_s: float, limit: int = 500

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Any, Self
 
 from turnkit.ids import TurnId
-from turnkit.replay import BufferEntry, ReplaySettings
+from turnkit.replay import START, BufferEntry, ReplaySettings
 
 try:
     import redis.asyncio as aioredis
@@ -84,7 +84,7 @@ class RedisReplayBuffer:
     async def tail(self, turn_id: TurnId) -> str:
         """The newest entry id, or "0"."""
         newest: Any = await self.client.xrevrange(self._key(turn_id), count=1)
-        return _id(newest[0][0]) if newest else "0"
+        return _id(newest[0][0]) if newest else START
 
     async def read(
         self, turn_id: TurnId, *, after: str, wait_s: float, limit: int = 500

@@ -26,7 +26,7 @@ from typing import Final
 from turnkit.clock import Clock
 from turnkit.errors import ReplayCursorError, TurnNotFoundError
 from turnkit.ids import TurnId
-from turnkit.replay import BufferEntry, ReplayBuffer
+from turnkit.replay import START, BufferEntry, ReplayBuffer
 from turnkit.store import Store, TurnRecord
 
 __all__ = ("KEEPALIVE", "Frame", "TurnReader", "check_cursor", "parse_cursor")
@@ -119,7 +119,7 @@ class TurnReader:
             # in their order; durable events the buffer lacks come from the Store (gap fill).
             async for frame in self._from_store(turn_id, progress, limit=1):
                 yield frame  # `turn.started`: committed at submit, never in the buffer
-            position = "0"
+            position = START
             first_wait = min(first_wait, 1.0)  # a driver publishing nowhere: ask the Store soon
         else:
             position = await self.buffer.tail(turn_id)  # taken before reading the Store

@@ -33,6 +33,11 @@ from turnkit.store._schema import (
 _INSERT_INPUT = inputs.insert()
 _INSERT_TURN = turns.insert()
 _INSERT_EVENT = events.insert()
+_BY_REQUEST = select(
+    inputs.c.seq, inputs.c.turn_id, inputs.c.delivery, inputs.c.requested_delivery
+).where(
+    inputs.c.session_id == bindparam("q_session"), inputs.c.request_id == bindparam("q_request")
+)
 TURN_BY_ID = select(turns).where(turns.c.turn_id == bindparam("t_id"))
 _GUIDED = (
     select(inputs.c.seq, inputs.c.content, inputs.c.request_id)
@@ -74,9 +79,7 @@ def submit(conn: Connection, insert: Any, new: NewInput, now: datetime) -> Submi
     """Commit the input, its queued turn and the turn's first event, or return the first try."""
     if new.request_id is not None:
         found = conn.execute(
-            select(
-                inputs.c.seq, inputs.c.turn_id, inputs.c.delivery, inputs.c.requested_delivery
-            ).where(inputs.c.session_id == new.session_id, inputs.c.request_id == new.request_id)
+            _BY_REQUEST, {"q_session": new.session_id, "q_request": new.request_id}
         ).first()
         if found is not None:
             return Submission(

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, delete, select, update
+from sqlalchemy import Connection, bindparam, delete, select, update
 
 from turnkit.errors import SessionNotFoundError
 from turnkit.ids import SessionId
@@ -29,9 +29,12 @@ def _record(row: Any) -> SessionRecord:
     )
 
 
+_SESSION = select(sessions).where(sessions.c.session_id == bindparam("s_id"))
+
+
 def get(conn: Connection, session_id: SessionId) -> SessionRecord | None:
     """One session."""
-    row = conn.execute(select(sessions).where(sessions.c.session_id == session_id)).first()
+    row = conn.execute(_SESSION, {"s_id": session_id}).first()
     return _record(row) if row is not None else None
 
 

@@ -539,7 +539,7 @@ class SqlStore:
             # Only rows this commit inserted count: re-appending a row repeats no usage.
             inserted = conn.execute(self._hot.insert_audit, audit_rows).scalars()
             session_id, per_row = usage
-            delta = _sum_usage([per_row[seq] for seq in inserted])
+            delta = sum((per_row[seq] for seq in inserted), UsageDelta())
             if delta.model_calls or delta.cost_usd:
                 conn.execute(
                     self._hot.add_usage,
@@ -592,7 +592,7 @@ class SqlStore:
 
     async def get_session(self, session_id: SessionId) -> SessionRecord | None:
         """One session, or None."""
-        return await self._tx(sessions_sql.get, session_id, write=False)
+        return await self._hot_tx(sessions_sql.get, session_id, write=False)
 
     async def list_sessions(
         self, *, principal: str | None = None, limit: int = 100
@@ -625,11 +625,11 @@ class SqlStore:
 
     async def get_turn(self, turn_id: TurnId) -> TurnRecord | None:
         """One turn, or None."""
-        return await self._tx(_get_turn, turn_id, write=False)
+        return await self._hot_tx(_get_turn, turn_id, write=False)
 
     async def list_turns(self, session_id: SessionId) -> list[TurnRecord]:
         """A session's turns, oldest first."""
-        return await self._tx(_list_turns, session_id, write=False)
+        return await self._hot_tx(_list_turns, session_id, write=False)
 
     async def read_audit(self, turn_id: TurnId) -> list[AuditRow]:
         """A turn's audit rows in order."""
@@ -666,16 +666,6 @@ def _settle(*, summary: bool, release: bool) -> Any:
             _turns.c.turn_id == bindparam("k_turn"), _turns.c.lease_epoch == bindparam("k_epoch")
         )
         .values(**values)
-    )
-
-
-def _sum_usage(deltas: Sequence[UsageDelta]) -> UsageDelta:
-    return UsageDelta(
-        model_calls=sum(d.model_calls for d in deltas),
-        input_tokens=sum(d.input_tokens for d in deltas),
-        output_tokens=sum(d.output_tokens for d in deltas),
-        cached_tokens=sum(d.cached_tokens for d in deltas),
-        cost_usd=sum(d.cost_usd for d in deltas),
     )
 
 
@@ -723,12 +713,15 @@ def _get_turn(conn: Connection, turn_id: TurnId) -> TurnRecord | None:
     return _turn_record(row) if row is not None else None
 
 
+_TURNS_OF_SESSION = (
+    select(_turns)
+    .where(_turns.c.session_id == bindparam("l_session"))
+    .order_by(_turns.c.created_at, _turns.c.turn_id)
+)
+
+
 def _list_turns(conn: Connection, session_id: SessionId) -> list[TurnRecord]:
-    rows = conn.execute(
-        select(_turns)
-        .where(_turns.c.session_id == session_id)
-        .order_by(_turns.c.created_at, _turns.c.turn_id)
-    ).all()
+    rows = conn.execute(_TURNS_OF_SESSION, {"l_session": session_id}).all()
     return [_turn_record(r) for r in rows]
 
 
@@ -739,15 +732,19 @@ def _audit_blobs(conn: Connection, turn_id: TurnId) -> list[bytes]:
     return [bytes(r.data) for r in rows]
 
 
-def _answer_blobs(conn: Connection, session_id: SessionId, before: int) -> list[bytes]:
-    earlier = select(_turns.c.turn_id).where(
-        _turns.c.session_id == session_id, _turns.c.input_seq < before
-    )
-    rows = conn.execute(
-        select(_events.c.data).where(
-            _events.c.turn_id.in_(earlier), _events.c.type == "message.complete"
+_ANSWER_BLOBS = select(_events.c.data).where(
+    _events.c.turn_id.in_(
+        select(_turns.c.turn_id).where(
+            _turns.c.session_id == bindparam("a_session"),
+            _turns.c.input_seq < bindparam("a_before"),
         )
-    ).all()
+    ),
+    _events.c.type == "message.complete",
+)
+
+
+def _answer_blobs(conn: Connection, session_id: SessionId, before: int) -> list[bytes]:
+    rows = conn.execute(_ANSWER_BLOBS, {"a_session": session_id, "a_before": before}).all()
     return [bytes(r.data) for r in rows]
 
 
