@@ -128,7 +128,9 @@ class TurnReader:
         last_event = self.clock.monotonic()
         while not progress.done:
             idle_left = self.idle_window_s - (self.clock.monotonic() - last_event)
-            wait = max(0.0, min(first_wait, idle_left))
+            # Past the idle window with the turn still alive (leased, or queued for a
+            # worker), keep waiting a keep-alive interval at a time: never a busy loop.
+            wait = min(first_wait, idle_left) if idle_left > 0 else first_wait
             first_wait = self.keepalive_s
             entries = await self.buffer.read(turn_id, after=position, wait_s=wait)
             if entries:
