@@ -84,18 +84,13 @@ class Recorder:
         self.pending_pause: PauseRequest | None = None
         """Set while a stage waits on a person; the driver then settles the pause."""
         self.input_seqs: tuple[int, ...] = ()
+        """The inputs this turn's requests present (set by the driver)."""
         self.guide_watermark = 0
+        """Guide messages up to this input seq were presented to the model."""
         self.newest_guide_seq = 0
         """The newest guide the Store reported at the last commit."""
         self.requeued = 0
         """Guide messages the ending commit re-queued as turns of their own."""
-        """Guide messages up to this input seq were presented to the model."""
-        """The inputs this turn's requests present (set by the driver)."""
-
-    @property
-    def last_seq(self) -> int:
-        """The last `seq` handed out."""
-        return self._seq
 
     def durable(self, cls: type[D], stage_id: StageId, **fields: Any) -> D | None:
         """Build a durable event with the next `seq` and stage it for the next flush.

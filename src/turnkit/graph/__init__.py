@@ -94,7 +94,7 @@ async def _anchor_plan(state: TurnState, runtime: Runtime[StageContext]) -> dict
         ctx,
         "anchor-plan",
         None,
-        lambda: run_anchor_plan(ctx, state["transcript"], state["content"]),
+        lambda: run_anchor_plan(ctx, state["content"]),
     )
     return {"transcript": list(out.appended), "route": out.route}
 

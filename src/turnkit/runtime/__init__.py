@@ -180,7 +180,7 @@ class SessionRuntime:
             UnknownModelError: the agent's model string does not resolve.
         """
         turn_agent = agent or self.agent
-        request = validate_request(self.config, session_id, content, turn_agent, request_id, effort)
+        request = validate_request(self.config, session_id, content, request_id, effort)
         if delivery not in ("queue", "guide"):
             raise InvalidInputError(
                 f"delivery {delivery!r} is not 'queue' or 'guide'", delivery=delivery
@@ -395,15 +395,13 @@ class SessionRuntime:
 
     async def events(self, turn_id: str, *, after_seq: int = 0) -> AsyncIterator[StreamEvent]:
         """A turn's committed events after `after_seq`, in order."""
-        if await self.store.get_turn(TurnId(turn_id)) is None:
-            raise TurnNotFoundError(f"no turn {turn_id!r}", turn_id=turn_id)
+        await self.turn(turn_id)  # TurnNotFoundError if there is none
         async for stored in self.store.read_events(TurnId(turn_id), after_seq=after_seq):
             yield stored.decode()
 
     async def audit(self, turn_id: str) -> list[AuditRow]:
         """A turn's audit rows, in order."""
-        if await self.store.get_turn(TurnId(turn_id)) is None:
-            raise TurnNotFoundError(f"no turn {turn_id!r}", turn_id=turn_id)
+        await self.turn(turn_id)  # TurnNotFoundError if there is none
         return await self.store.read_audit(TurnId(turn_id))
 
     async def turn(self, turn_id: str) -> TurnRecord:

@@ -88,43 +88,42 @@ class TurnHost:
                 yield stored.decode()
             return
         queue: asyncio.Queue[DurableEvent | EphemeralEvent | None] = asyncio.Queue()
-        publisher = BufferPublisher(self.replay, turn_id)  # so other readers follow it too
+        # The publisher lets other readers follow the turn too.
+        async with BufferPublisher(self.replay, turn_id) as publisher:
 
-        def sink(event: DurableEvent | EphemeralEvent | None) -> None:
-            queue.put_nowait(event)
-            publisher(event)
+            def sink(event: DurableEvent | EphemeralEvent | None) -> None:
+                queue.put_nowait(event)
+                publisher(event)
 
-        driver = await self._runner().driver(lease, sink=sink, agent=agent, record=record)
-        task = asyncio.create_task(driver.run(), name=f"turnkit-turn-{turn_id}")
-        watcher = (
-            asyncio.create_task(_cancel_when(cancel, task), name="turnkit-cancel-watch")
-            if cancel is not None
-            else None
-        )
-        try:
-            last_seq, ended = lease.last_seq, False
-            while (event := await queue.get()) is not None:
-                if isinstance(event, DurableEvent):
-                    last_seq, ended = event.seq, event.type == "done"  # type: ignore[attr-defined]
-                yield event
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-            if driver.lease_lost and not ended:
-                # Someone else owns the turn now (a takeover or the sweep): read its ending.
-                async for frame in self._reader().follow(turn_id, after_seq=last_seq):
-                    if isinstance(frame, Frame):
-                        yield decode_event(frame.data)
-            if driver.requeued:
-                await self.pick_up(lease.session_id)
-        finally:
-            if watcher is not None:
-                watcher.cancel()
-            if not task.done():
-                task.cancel()
+            driver = await self._runner().driver(lease, sink=sink, agent=agent, record=record)
+            task = asyncio.create_task(driver.run(), name=f"turnkit-turn-{turn_id}")
+            watcher = (
+                asyncio.create_task(_cancel_when(cancel, task), name="turnkit-cancel-watch")
+                if cancel is not None
+                else None
+            )
+            try:
+                last_seq, ended = lease.last_seq, False
+                while (event := await queue.get()) is not None:
+                    if isinstance(event, DurableEvent):
+                        last_seq, ended = event.seq, event.type == "done"  # type: ignore[attr-defined]
+                    yield event
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-            publisher(None)
-            await publisher.wait()
+                if driver.lease_lost and not ended:
+                    # Someone else owns the turn now (a takeover or the sweep): read its ending.
+                    async for frame in self._reader().follow(turn_id, after_seq=last_seq):
+                        if isinstance(frame, Frame):
+                            yield decode_event(frame.data)
+                if driver.requeued:
+                    await self.pick_up(lease.session_id)
+            finally:
+                if watcher is not None:
+                    watcher.cancel()
+                if not task.done():
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
 
     def detach(
         self, turn_id: TurnId, *, lease: Lease | None = None, agent: Agent | None = None
@@ -142,17 +141,16 @@ class TurnHost:
         lease = lease or await self.claim(turn_id)
         if lease is None:
             return
-        publisher = BufferPublisher(self.replay, turn_id)
-        driver = await self._runner().driver(lease, sink=publisher, agent=agent)
-        try:
-            await driver.run()
-        except asyncio.CancelledError:
-            if turn_id not in self._stopping:
-                driver.abandon()  # closing the runtime is not Stop
-            raise
-        finally:
-            self._stopping.discard(turn_id)
-            await publisher.wait()
+        async with BufferPublisher(self.replay, turn_id) as publisher:
+            driver = await self._runner().driver(lease, sink=publisher, agent=agent)
+            try:
+                await driver.run()
+            except asyncio.CancelledError:
+                if turn_id not in self._stopping:
+                    driver.abandon()  # closing the runtime is not Stop
+                raise
+            finally:
+                self._stopping.discard(turn_id)
         if driver.requeued:
             await self.pick_up(lease.session_id)
 

@@ -57,6 +57,14 @@ class BufferPublisher:
             except Exception:
                 log.exception("publishing %d events of %s failed", len(entries), self.turn_id)
 
+    async def __aenter__(self) -> BufferPublisher:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        """Send the end marker (a no-op if the driver sent it) and wait for the rest."""
+        self(None)
+        await self.wait()
+
     async def wait(self) -> None:
         """Return once everything up to the end marker is published."""
         with contextlib.suppress(asyncio.CancelledError):

@@ -89,7 +89,6 @@ class TurnRunner:
                 family=family,
                 utility=utility,
                 registry=registry,
-                config=self.config,
                 thinking_budget=budget,
                 interrupt=pause_here,
             )

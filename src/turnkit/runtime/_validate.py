@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from turnkit.agent import Agent, Effort
+from turnkit.agent import Effort
 from turnkit.config import RuntimeConfig
 from turnkit.errors import (
     ContentTooLargeError,
@@ -19,11 +19,10 @@ __all__ = ("TurnRequest", "check_session_id", "validate_request")
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TurnRequest:
-    """One validated request to run a turn (built by `execute_message` and the HTTP route)."""
+    """One validated request to run a turn (built by `SessionRuntime.submit`)."""
 
     session_id: SessionId
     content: str
-    agent: Agent
     request_id: str | None = None
     effort: Effort | None = None
 
@@ -43,7 +42,6 @@ def validate_request(
     config: RuntimeConfig,
     session_id: str,
     content: str,
-    agent: Agent,
     request_id: str | None,
     effort: Effort | None,
 ) -> TurnRequest:
@@ -63,6 +61,4 @@ def validate_request(
             f"request_id must be 1-128 characters, got {len(request_id)}",
             request_id=request_id,
         )
-    return TurnRequest(
-        session_id=sid, content=content, agent=agent, request_id=request_id, effort=effort
-    )
+    return TurnRequest(session_id=sid, content=content, request_id=request_id, effort=effort)

@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable, Sequence
-from typing import Literal
 
 from pydantic import JsonValue
 
@@ -138,7 +137,7 @@ class TurnDriver:
             if rec.pending_pause is not None:
                 await self._pause(rec)
             else:
-                await self._settle(rec, "succeeded")
+                await self._settle(rec)
         except asyncio.CancelledError:
             if not self.lease_lost and self.recorder is not None:
                 await self._end_aborted(self.recorder)
@@ -252,7 +251,8 @@ class TurnDriver:
             attempt=self.lease.attempt,
         )
 
-    async def _settle(self, rec: Recorder, status: Literal["succeeded"]) -> None:
+    async def _settle(self, rec: Recorder) -> None:
+        status: TerminalStatus = "succeeded"
         checkpoint_id = await latest_checkpoint_id(self.graph, self.lease.turn_id, just_ran=True)
         if checkpoint_id is not None:
             rec.durable(CheckpointCreatedEvent, "post-turn", checkpoint_id=checkpoint_id)

@@ -93,17 +93,15 @@ class Worker:
     async def _drive(self, lease: Lease) -> None:
         task = asyncio.current_task()
         assert task is not None
-        publisher = BufferPublisher(self.runtime.replay, lease.turn_id)
-        try:
-            driver = await self.runtime.runner().driver(lease, sink=publisher)
-            self._drivers[task] = driver
-            await driver.run()
-        except Exception:
-            log.exception("driving %s failed", lease.turn_id)
-        finally:
-            self._drivers.pop(task, None)
-            publisher(None)  # idempotent end marker if the driver never ran
-            await publisher.wait()
+        async with BufferPublisher(self.runtime.replay, lease.turn_id) as publisher:
+            try:
+                driver = await self.runtime.runner().driver(lease, sink=publisher)
+                self._drivers[task] = driver
+                await driver.run()
+            except Exception:
+                log.exception("driving %s failed", lease.turn_id)
+            finally:
+                self._drivers.pop(task, None)
 
     async def sweep(self) -> list[str]:
         """End orphaned runs now; returns their turn ids."""

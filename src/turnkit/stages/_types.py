@@ -9,7 +9,6 @@ from typing import Literal, NotRequired, TypedDict
 from pydantic import JsonValue
 
 from turnkit.agent import Agent
-from turnkit.config import RuntimeConfig
 from turnkit.models import ModelMessage, ToolCallPart
 from turnkit.models.family import ModelFamily
 from turnkit.telemetry import Recorder
@@ -86,7 +85,6 @@ class StageContext:
     family: ModelFamily
     utility: ModelFamily | None
     registry: ToolRegistry
-    config: RuntimeConfig
     thinking_budget: int
     interrupt: Callable[[JsonValue], JsonValue] = _no_pauses
     """Pause the turn here; returns the answer when the turn is resumed (LangGraph)."""
@@ -98,4 +96,3 @@ class StageOutcome:
 
     appended: tuple[TranscriptMessage, ...] = ()
     route: Route
-    tool_calls: int = 0

@@ -48,9 +48,7 @@ def _parse(text: str, content: str) -> PlanGenerationPayload:
     )
 
 
-async def run_anchor_plan(
-    ctx: StageContext, transcript: list[TranscriptMessage], content: str
-) -> StageOutcome:
+async def run_anchor_plan(ctx: StageContext, content: str) -> StageOutcome:
     """Plan with the utility model if the agent has one, else by a cheap heuristic.
 
     A plan with tasks is appended to the transcript as a system note, so every later call

@@ -130,11 +130,7 @@ async def run_tool_loop(
         generation_id=generation,
         known_errors=_known_errors(committed),
     )
-    return StageOutcome(
-        appended=(*guides, assistant, *results),
-        route="tool-loop",
-        tool_calls=len(response.tool_calls),
-    )
+    return StageOutcome(appended=(*guides, assistant, *results), route="tool-loop")
 
 
 def committed_response(committed: CommittedGeneration) -> ModelResponse:
