@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections.abc import AsyncIterator
 
@@ -84,3 +85,20 @@ async def test_drop_forgets_a_turn(buffer: ReplayBuffer) -> None:
     await buffer.publish(turn, [(1, b"a", False)])
     await buffer.drop(turn)
     assert await buffer.read(turn, after="0", wait_s=0) == []
+
+
+async def test_a_redis_wait_longer_than_the_socket_timeout_returns_empty() -> None:
+    """One XREAD blocking past redis-py's socket timeout would raise instead of waiting."""
+    require_service("Redis", "127.0.0.1", 6379)
+    import redis.asyncio as aioredis
+
+    from turnkit.replay.redis import RedisReplayBuffer
+
+    client = aioredis.Redis.from_url(REDIS_URL, socket_timeout=1.2)
+    buffer = RedisReplayBuffer(client, prefix=f"tk-test-{uuid.uuid4().hex[:8]}")
+    try:
+        started = time.monotonic()
+        assert await buffer.read(_turn(), after="0", wait_s=2.5) == []
+        assert time.monotonic() - started >= 2.4
+    finally:
+        await client.aclose()

@@ -7,6 +7,7 @@ Redis entry ids are the buffer positions; they never leave turnkit.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any, Self
 
@@ -21,6 +22,10 @@ except ImportError as exc:  # pragma: no cover - depends on the install
     ) from exc
 
 __all__ = ("RedisReplayBuffer",)
+
+
+_MAX_BLOCK_S = 1.0
+"""The longest one XREAD blocks (well under redis-py's default 5 s socket timeout)."""
 
 
 class RedisReplayBuffer:
@@ -89,10 +94,20 @@ class RedisReplayBuffer:
     async def read(
         self, turn_id: TurnId, *, after: str, wait_s: float, limit: int = 500
     ) -> list[BufferEntry]:
-        """XREAD after `after`, blocking up to `wait_s`."""
-        block = max(1, int(wait_s * 1000)) if wait_s > 0 else None
-        # redis-py types replies as loose unions; with decode_responses=False they are bytes.
-        reply: Any = await self.client.xread({self._key(turn_id): after}, count=limit, block=block)
+        """XREAD after `after`, blocking up to `wait_s`.
+
+        A long wait is split into blocks of at most `_MAX_BLOCK_S`: a single XREAD that
+        blocks longer than the client's socket timeout (redis-py: 5 s) fails instead.
+        """
+        key: dict[Any, Any] = {self._key(turn_id): after}
+        deadline = time.monotonic() + wait_s
+        for _ in range(int(wait_s / _MAX_BLOCK_S) + 2):  # bounded; usually one round
+            remaining = deadline - time.monotonic()
+            block = max(1, int(min(remaining, _MAX_BLOCK_S) * 1000)) if remaining > 0 else None
+            # redis-py types replies as loose unions; with decode_responses=False: bytes.
+            reply: Any = await self.client.xread(key, count=limit, block=block)
+            if reply or block is None or remaining <= _MAX_BLOCK_S:
+                break
         entries: list[BufferEntry] = []
         for _stream, items in reply or []:
             for entry_id, fields in items:
