@@ -65,6 +65,14 @@ def _abandoned(record: TurnRecord, clock: Clock) -> bool:
     return record.status == "running" and record.attempts > 0 and not _leased(record, clock)
 
 
+def _until_lapse(record: TurnRecord, clock: Clock) -> float:
+    """Seconds until the turn's lease expires (at least 50 ms), or infinity if unleased."""
+    expires = record.lease_expires_at
+    if record.lease_owner is None or expires is None:
+        return float("inf")
+    return max(0.05, (expires - clock.now()).total_seconds())
+
+
 def check_cursor(record: TurnRecord, after_seq: int) -> None:
     """Refuse a cursor ahead of anything the turn has written (never guessed forward)."""
     if after_seq > record.last_seq:
@@ -128,9 +136,9 @@ class TurnReader:
         last_event = self.clock.monotonic()
         while not progress.done:
             idle_left = self.idle_window_s - (self.clock.monotonic() - last_event)
-            # Past the idle window with the turn still alive (leased, or queued for a
-            # worker), keep waiting a keep-alive interval at a time: never a busy loop.
-            wait = min(first_wait, idle_left) if idle_left > 0 else first_wait
+            # Past the idle window with the turn still alive, wait until its lease could
+            # lapse (or a keep-alive interval if it is queued): never a busy loop.
+            wait = min(first_wait, idle_left if idle_left > 0 else _until_lapse(record, self.clock))
             first_wait = self.keepalive_s
             entries = await self.buffer.read(turn_id, after=position, wait_s=wait)
             if entries:
