@@ -35,6 +35,7 @@ from typing import Annotated, Any, TypedDict
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 from turnkit import Agent, RuntimeConfig, SessionRuntime, tool
+from turnkit.blocks import ToolResultBlock
 from turnkit.events import DoneEvent, MessageDeltaEvent, StepStartEvent, ToolCompletedEvent
 from turnkit.models import ModelRequest
 from turnkit.testing import ModelStep, ScriptedModel, call
@@ -102,8 +103,6 @@ async def floor_turn(i: int) -> int:
 
 
 def _tool_event(i: int, seq: int, result: Any) -> Any:
-    from turnkit.blocks import ToolResultBlock
-
     return _ev(
         ToolCompletedEvent,
         i,

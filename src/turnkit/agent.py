@@ -79,11 +79,13 @@ class Agent:
             )
         object.__setattr__(self, "tools", tuple(self.tools))
         object.__setattr__(self, "plugins", validate_plugins(self.plugins))
-        self.registry()  # duplicate tool names fail here, at construction
+        # Built once (duplicate tool names fail here, at construction); an Agent is frozen.
+        object.__setattr__(self, "_registry", ToolRegistry(self.tools))
 
     def registry(self) -> ToolRegistry:
         """The agent's tools by name."""
-        return ToolRegistry(self.tools)
+        registry: ToolRegistry = self._registry  # type: ignore[attr-defined]
+        return registry
 
 
 def load_agent(spec: str) -> Agent:

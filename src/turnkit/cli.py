@@ -34,8 +34,7 @@ from turnkit.events import (
     UsageEvent,
 )
 from turnkit.ids import uuid7
-from turnkit.replay import ReplayBuffer
-from turnkit.replay.memory import InMemoryReplayBuffer
+from turnkit.replay import replay_from_url
 from turnkit.runtime import SessionRuntime
 from turnkit.runtime.worker import Worker
 from turnkit.store.sql import SqlStore
@@ -135,22 +134,21 @@ async def _worker(args: argparse.Namespace, out: TextIO) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    replay: ReplayBuffer = InMemoryReplayBuffer()
-    if args.redis_url:
-        from turnkit.replay.redis import RedisReplayBuffer
-
-        replay = RedisReplayBuffer.from_url(args.redis_url)
-    async with SessionRuntime(agent=agent, config=_config(args), replay=replay) as runtime:
-        worker = Worker(
-            runtime,
-            concurrency=args.concurrency,
-            poll_interval_s=args.poll_interval,
-            sweep_interval_s=args.sweep_interval,
-            drain_timeout_s=args.drain_timeout,
-        )
-        out.write(f"turnkit worker {runtime.owner} on {args.database_url}\n")
-        out.flush()
-        await worker.run(stop)
+    replay = replay_from_url(args.redis_url)
+    try:
+        async with SessionRuntime(agent=agent, config=_config(args), replay=replay) as runtime:
+            worker = Worker(
+                runtime,
+                concurrency=args.concurrency,
+                poll_interval_s=args.poll_interval,
+                sweep_interval_s=args.sweep_interval,
+                drain_timeout_s=args.drain_timeout,
+            )
+            out.write(f"turnkit worker {runtime.owner} on {args.database_url}\n")
+            out.flush()
+            await worker.run(stop)
+    finally:
+        await replay.close()
     return 0
 
 

@@ -79,10 +79,6 @@ def word_count(text: str) -> int:
     return len(text.split())
 
 
-def _last(messages: tuple[ModelMessage, ...], role: str) -> ModelMessage | None:
-    return next((m for m in reversed(messages) if m.role == role), None)
-
-
 def _question(messages: tuple[ModelMessage, ...]) -> tuple[str, list[str]]:
     """The user's last message and the tool results that came after it."""
     for index in range(len(messages) - 1, -1, -1):

@@ -27,8 +27,7 @@ from turnkit.agent import load_agent
 from turnkit.config import RuntimeConfig
 from turnkit.demo import demo_agent
 from turnkit.http import create_turnkit_router, install_problem_handlers
-from turnkit.replay import ReplayBuffer
-from turnkit.replay.memory import InMemoryReplayBuffer
+from turnkit.replay import replay_from_url
 from turnkit.runtime import SessionRuntime
 
 __all__ = ("app", "create_app", "runtime_from_env")
@@ -47,11 +46,7 @@ def runtime_from_env(env: Mapping[str, str] | None = None) -> SessionRuntime:
         ceiling_s=max(3600.0, idle),
         lease_ttl_s=float(env.get("TURNKIT_LEASE_TTL_S", "30")),
     )
-    replay: ReplayBuffer = InMemoryReplayBuffer()
-    if env.get("TURNKIT_REDIS_URL"):
-        from turnkit.replay.redis import RedisReplayBuffer
-
-        replay = RedisReplayBuffer.from_url(env["TURNKIT_REDIS_URL"])
+    replay = replay_from_url(env.get("TURNKIT_REDIS_URL"))
     agent = (
         load_agent(env["TURNKIT_AGENT"])
         if env.get("TURNKIT_AGENT")

@@ -52,8 +52,8 @@ class Plugin:
 def validate_plugins(plugins: Iterable[Plugin]) -> tuple[Plugin, ...]:
     """Check plugins when they register; return them in run order (order, then as given)."""
     seen: set[str] = set()
-    ordered: list[tuple[int, int, Plugin]] = []
-    for index, plugin in enumerate(plugins):
+    checked: list[Plugin] = []
+    for plugin in plugins:
         cls = type(plugin)
         if not isinstance(plugin, Plugin):
             raise PluginValidationError(f"{plugin!r} is not a turnkit.plugins.Plugin")
@@ -70,8 +70,8 @@ def validate_plugins(plugins: Iterable[Plugin]) -> tuple[Plugin, ...]:
                 )
             if attr in HOOKS:
                 _check_signature(cls.name, attr, value)
-        ordered.append((cls.order, index, plugin))
-    return tuple(p for _, _, p in sorted(ordered, key=lambda t: (t[0], t[1])))
+        checked.append(plugin)
+    return tuple(sorted(checked, key=lambda p: type(p).order))  # stable: ties keep their order
 
 
 def _check_signature(name: str, hook: str, value: object) -> None:

@@ -25,6 +25,7 @@ __all__ = (
     "RedisReplayBuffer",
     "ReplayBuffer",
     "ReplaySettings",
+    "replay_from_url",
 )
 
 START = "0"
@@ -90,6 +91,17 @@ class ReplayBuffer(Protocol):
     async def close(self) -> None:
         """Release connections the buffer owns."""
         ...
+
+
+def replay_from_url(url: str | None) -> ReplayBuffer:
+    """The Redis buffer for a `redis://` URL, else the in-memory one (the embedded default)."""
+    if url:
+        from turnkit.replay.redis import RedisReplayBuffer
+
+        return RedisReplayBuffer.from_url(url)
+    from turnkit.replay.memory import InMemoryReplayBuffer
+
+    return InMemoryReplayBuffer()
 
 
 def __getattr__(name: str) -> Any:

@@ -91,6 +91,7 @@ class FunctionTool:
         schema = self._args_model.model_json_schema()
         schema.pop("title", None)
         self._parameters: dict[str, object] = schema
+        self._spec: ToolSpec | None = None
 
     @property
     def name(self) -> str:
@@ -123,8 +124,12 @@ class FunctionTool:
         return cast(type[BaseModel], model)
 
     def spec(self) -> ToolSpec:
-        """Name, description and JSON schema, as offered to the model."""
-        return ToolSpec(name=self._name, description=self.description, parameters=self._parameters)
+        """Name, description and JSON schema, as offered to the model (built once)."""
+        if self._spec is None:
+            self._spec = ToolSpec(
+                name=self._name, description=self.description, parameters=self._parameters
+            )
+        return self._spec
 
     def validate(self, arguments: Mapping[str, JsonValue]) -> dict[str, Any]:
         """Validated keyword arguments, or `ToolArgumentsError`."""

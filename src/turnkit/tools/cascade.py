@@ -11,6 +11,7 @@ from pydantic import JsonValue
 from turnkit.errors import ConfigurationError
 from turnkit.models import ToolSpec
 from turnkit.tools._context import ToolContext
+from turnkit.tools._function import ToolArgumentsError
 
 if TYPE_CHECKING:
     from turnkit.tools import Tool
@@ -46,8 +47,6 @@ class ToolClass:
 
     async def invoke(self, arguments: Mapping[str, JsonValue], ctx: ToolContext) -> JsonValue:
         """Run members in order until one answers."""
-        from turnkit.tools._function import ToolArgumentsError
-
         last: Exception | None = None
         for index, member in enumerate(self.tools):
             try:
