@@ -19,7 +19,7 @@ from turnkit.errors import (
     SessionNotFoundError,
     TurnNotFoundError,
 )
-from turnkit.events import DurableEvent, EphemeralEvent, StreamEvent, decode_event
+from turnkit.events import DurableEvent, EphemeralEvent, StreamEvent
 from turnkit.graph import TurnGraph, compile_turn_graph, open_checkpointer
 from turnkit.ids import SessionId, TurnId, new_turn_id, uuid7
 from turnkit.models.family import ModelFamily, resolve_family
@@ -31,7 +31,7 @@ from turnkit.runtime._history import TurnHistory
 from turnkit.runtime._host import TurnHost
 from turnkit.runtime._runner import TurnRunner, pinned_config, turn_history
 from turnkit.runtime._validate import TurnRequest, check_session_id, validate_request
-from turnkit.runtime.reader import Frame, TurnReader
+from turnkit.runtime.reader import TurnReader
 from turnkit.states import TurnStatus
 from turnkit.store import (
     ClaimRequest,
@@ -256,9 +256,8 @@ class SessionRuntime:
         if submission.guided:
             # The message joined a running turn: follow that turn from here on.
             live = await self.turn(submission.turn_id)
-            async for frame in self.reader().follow(live.turn_id, after_seq=live.last_seq):
-                if isinstance(frame, Frame):
-                    yield decode_event(frame.data)
+            async for joined in self.reader().events(live.turn_id, after_seq=live.last_seq):
+                yield joined
             return
         if submission.started is not None:
             yield submission.started  # committed with the input: no need to read it back

@@ -15,13 +15,13 @@ from collections.abc import AsyncGenerator, Callable
 from turnkit.agent import Agent
 from turnkit.clock import Clock
 from turnkit.config import RuntimeConfig
-from turnkit.events import DurableEvent, EphemeralEvent, decode_event
+from turnkit.events import DurableEvent, EphemeralEvent
 from turnkit.ids import SessionId, TurnId
 from turnkit.replay import ReplayBuffer
 from turnkit.runtime._cancel import CancelToken
 from turnkit.runtime._publish import BufferPublisher
 from turnkit.runtime._runner import TurnRunner
-from turnkit.runtime.reader import Frame, TurnReader
+from turnkit.runtime.reader import TurnReader
 from turnkit.store import Lease, Store, TurnRecord
 
 __all__ = ("TurnHost",)
@@ -112,9 +112,8 @@ class TurnHost:
                     await task
                 if driver.lease_lost and not ended:
                     # Someone else owns the turn now (a takeover or the sweep): read its ending.
-                    async for frame in self._reader().follow(turn_id, after_seq=last_seq):
-                        if isinstance(frame, Frame):
-                            yield decode_event(frame.data)
+                    async for ended_by in self._reader().events(turn_id, after_seq=last_seq):
+                        yield ended_by
                 if driver.requeued:
                     await self.pick_up(lease.session_id)
             finally:

@@ -25,6 +25,7 @@ from typing import Final
 
 from turnkit.clock import Clock
 from turnkit.errors import ReplayCursorError, TurnNotFoundError
+from turnkit.events import StreamEvent, decode_event
 from turnkit.ids import TurnId
 from turnkit.replay import START, BufferEntry, ReplayBuffer
 from turnkit.store import Store, TurnRecord
@@ -166,6 +167,12 @@ class TurnReader:
                 )
             else:
                 yield KEEPALIVE
+
+    async def events(self, turn_id: TurnId, *, after_seq: int = 0) -> AsyncIterator[StreamEvent]:
+        """`follow`, decoded: the turn's events after `after_seq`, without keep-alives."""
+        async for frame in self.follow(turn_id, after_seq=after_seq):
+            if isinstance(frame, Frame):
+                yield decode_event(frame.data)
 
     async def _check(self, turn_id: TurnId, after_seq: int) -> TurnRecord:
         record = await self.store.get_turn(turn_id)
