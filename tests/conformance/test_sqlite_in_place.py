@@ -95,7 +95,7 @@ async def test_a_checkpoint_waits_for_a_held_lock_off_the_loop(tmp_path: Path) -
             "channel_versions": {"content": 1},
             "versions_seen": {},
         }
-        put = saver.aput(config, checkpoint, {"source": "input", "step": -1}, {})
+        put = saver.aput(config, checkpoint, {"source": "loop", "step": 0}, {})
         _, ticks, finished_early = await _while_locked(tmp_path / "tk.checkpoints.db", put)
         assert not finished_early
         assert ticks >= HOLD_S / 0.01 / 2

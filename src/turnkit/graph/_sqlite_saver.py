@@ -1,11 +1,15 @@
 """LangGraph's own SQLite checkpointer, writing in place unless the database is busy.
 
 `AsyncSqliteSaver` goes through aiosqlite, which costs a thread hop per statement.
-`SqliteSaver` does the same work in plain sqlite3. Here a checkpoint (with the task writes
-deferred to it) is written in one transaction, on the event loop when the write lock is
-free — a small insert costs less than a thread hop — and on the saver's thread, which may
-wait for the lock, when it is not. The loop never waits for a lock: its attempts use a
-zero busy timeout and a non-blocking acquire of the saver's lock.
+`SqliteSaver` does the same work in plain sqlite3. Here each checkpoint is one transaction,
+run on the event loop when the database is free — a small insert costs less than a thread
+hop — and on the saver's thread, which may wait for the lock, when it is not. The loop never
+waits for a lock: its attempts use a zero busy timeout and a non-blocking acquire of the
+saver's lock. Reads run the same way.
+
+Two writes LangGraph asks for are folded into the next checkpoint instead of being a
+transaction of their own (see `aput` and `aput_writes`): the run's input checkpoint, and a
+task's plain writes, which the next checkpoint supersedes.
 """
 
 from __future__ import annotations
@@ -41,6 +45,45 @@ class _Busy(Exception):
     """The write lock is held elsewhere; the loop must not wait for it."""
 
 
+class _Deferred:
+    """A write held for a later transaction: an input checkpoint or one task's writes."""
+
+    __slots__ = ("thread_id", "checkpoint_id", "is_checkpoint", "write")
+
+    def __init__(
+        self, config: RunnableConfig, is_checkpoint: bool, write: Callable[[SqliteSaver], Any]
+    ) -> None:
+        self.thread_id = str(config["configurable"]["thread_id"])
+        self.checkpoint_id = config["configurable"].get("checkpoint_id")
+        self.is_checkpoint = is_checkpoint
+        self.write = write
+
+    @classmethod
+    def checkpoint(
+        cls,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> _Deferred:
+        return cls(config, True, lambda s: s.put(config, checkpoint, metadata, new_versions))
+
+    @classmethod
+    def task_writes(
+        cls, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str, path: str
+    ) -> _Deferred:
+        return cls(config, False, lambda s: s.put_writes(config, writes, task_id, path))
+
+    def superseded_by(self, thread_id: str, parent: str | None) -> bool:
+        """Task writes on `parent`, whose child checkpoint is being written."""
+        return (
+            not self.is_checkpoint
+            and parent is not None
+            and self.thread_id == thread_id
+            and self.checkpoint_id == parent
+        )
+
+
 class ThreadedSqliteSaver(SqliteSaver):
     """`SqliteSaver` with async methods that write in place when they need not wait."""
 
@@ -57,8 +100,8 @@ class ThreadedSqliteSaver(SqliteSaver):
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="turnkit-checkpoints")
         self._written: dict[str, str] = {}
         """thread id → id of the checkpoint this saver wrote last for it."""
-        self._deferred: list[tuple[RunnableConfig, Sequence[tuple[str, Any]], str, str]] = []
-        """Plain task writes, written together with the next checkpoint."""
+        self._deferred: list[_Deferred] = []
+        """Writes held for the next transaction (input checkpoints, plain task writes)."""
         self._deferred_lock = threading.Lock()  # the loop appends while a thread may take
 
     @contextmanager
@@ -94,8 +137,8 @@ class ThreadedSqliteSaver(SqliteSaver):
                 deferred, self._deferred = self._deferred, []
             self._batch = True
             try:
-                for config, writes, task_id, task_path in deferred:
-                    self.put_writes(config, writes, task_id, task_path)
+                for held in deferred:
+                    held.write(self)
                 result = fn()
                 self.conn.execute("COMMIT")
             except BaseException:
@@ -145,14 +188,36 @@ class ThreadedSqliteSaver(SqliteSaver):
         if self._deferred:
             self._in_batch(lambda: None, wait=True)
 
+    async def _read(self, fn: Callable[[], T]) -> T:
+        """Run a read (after anything deferred) in place, or on the thread if it must wait."""
+        try:
+            if self._deferred:
+                self._in_batch(lambda: None, wait=False)
+            if not self.lock.acquire(blocking=False):
+                raise _Busy
+            try:
+                return fn()
+            except sqlite3.OperationalError as exc:
+                if "locked" in str(exc) or "busy" in str(exc):
+                    raise _Busy from exc
+                raise
+            finally:
+                self.lock.release()
+        except _Busy:
+
+            def wait_and_read() -> T:
+                self._flush_deferred()
+                self.conn.execute(f"PRAGMA busy_timeout={_WAIT_MS}")
+                try:
+                    return fn()
+                finally:
+                    self.conn.execute("PRAGMA busy_timeout=0")
+
+            return await self._run(wait_and_read)
+
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
-        """`get_tuple` on the saver's thread (after any deferred writes)."""
-
-        def read() -> CheckpointTuple | None:
-            self._flush_deferred()
-            return self.get_tuple(config)
-
-        return await self._run(read)
+        """`get_tuple`, after any deferred writes."""
+        return await self._read(lambda: self.get_tuple(config))
 
     async def alist(
         self,
@@ -162,13 +227,10 @@ class ThreadedSqliteSaver(SqliteSaver):
         before: RunnableConfig | None = None,
         limit: int | None = None,
     ) -> AsyncIterator[CheckpointTuple]:
-        """`list` on the saver's thread."""
-
-        def read() -> list[CheckpointTuple]:
-            self._flush_deferred()
-            return list(self.list(config, filter=filter, before=before, limit=limit))
-
-        items = await self._run(read)
+        """`list`, after any deferred writes."""
+        items = await self._read(
+            lambda: list(self.list(config, filter=filter, before=before, limit=limit))
+        )
         for item in items:
             yield item
 
@@ -179,9 +241,36 @@ class ThreadedSqliteSaver(SqliteSaver):
         metadata: CheckpointMetadata,
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
-        """`put`, with the writes deferred for it, in one transaction."""
-        saved = await self._write(lambda: self.put(config, checkpoint, metadata, new_versions))
-        self._written[str(config["configurable"]["thread_id"])] = str(checkpoint["id"])
+        """`put`, in one transaction with what is deferred.
+
+        The task writes deferred for this checkpoint's parent are dropped: this checkpoint
+        holds their result, and LangGraph reads a checkpoint's pending writes only while it
+        is the newest. A run's input checkpoint (`source: input`) is held for the next
+        transaction, which comes right after it (the START task's checkpoint): a crash
+        between the two loses only a checkpoint no turn has run from.
+        """
+        thread_id = str(config["configurable"]["thread_id"])
+        parent = config["configurable"].get("checkpoint_id")
+        with self._deferred_lock:
+            self._deferred = [d for d in self._deferred if not d.superseded_by(thread_id, parent)]
+            if metadata.get("source") == "input":
+                self._deferred.insert(
+                    0, _Deferred.checkpoint(config, checkpoint, metadata.copy(), new_versions)
+                )
+                held = True
+            else:
+                held = False
+        if held:
+            saved: RunnableConfig = {
+                "configurable": {
+                    "thread_id": thread_id,
+                    "checkpoint_ns": config["configurable"].get("checkpoint_ns", ""),
+                    "checkpoint_id": checkpoint["id"],
+                }
+            }
+        else:
+            saved = await self._write(lambda: self.put(config, checkpoint, metadata, new_versions))
+        self._written[thread_id] = str(checkpoint["id"])
         while len(self._written) > 4096:  # threads that never settled: forget the oldest
             self._written.pop(next(iter(self._written)))
         return saved
@@ -197,16 +286,19 @@ class ThreadedSqliteSaver(SqliteSaver):
         task_id: str,
         task_path: str = "",
     ) -> None:
-        """`put_writes`: plain task writes wait for the next `put`; special ones go now.
+        """`put_writes`: plain task writes are held; special ones go now.
 
         A write on a LangGraph-internal channel (an interrupt, a resume value, an error)
         must be durable before the run stops, so it is written at once (with anything
-        deferred before it). A plain write lost to a crash only means the task runs again,
-        and turnkit's journal makes a re-run repeat nothing.
+        deferred before it). A plain write is held until the next checkpoint, which
+        supersedes it (see `aput`), or until something else is written: a write lost to a
+        crash only means the task runs again, and turnkit's journal makes a re-run repeat
+        nothing.
         """
         if all(not channel.startswith("__") for channel, _ in writes):
+            held = _Deferred.task_writes(config, list(writes), task_id, task_path)
             with self._deferred_lock:
-                self._deferred.append((config, list(writes), task_id, task_path))
+                self._deferred.append(held)
             return
 
         await self._write(lambda: self.put_writes(config, writes, task_id, task_path))
