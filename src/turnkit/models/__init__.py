@@ -27,6 +27,7 @@ __all__ = (
     "ToolCallPart",
     "ToolSpec",
     "Usage",
+    "closing_stream",
 )
 
 ALLOW_NETWORK = True
@@ -180,3 +181,25 @@ class ModelClient(Protocol):
     def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
         """Stream one call."""
         ...
+
+
+class closing_stream:
+    """Close a model stream on the way out, like `contextlib.aclosing`.
+
+    `async with closing_stream(client.stream(request)) as chunks:` calls the stream's
+    `aclose` (where it has one) instead of leaving an unfinished generator, and the
+    provider connection inside it, to the garbage collector.
+    """
+
+    __slots__ = ("_stream",)
+
+    def __init__(self, stream: AsyncIterator[ModelChunk]) -> None:
+        self._stream = stream
+
+    async def __aenter__(self) -> AsyncIterator[ModelChunk]:
+        return self._stream
+
+    async def __aexit__(self, *exc: object) -> None:
+        close = getattr(self._stream, "aclose", None)
+        if close is not None:
+            await close()

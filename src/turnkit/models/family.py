@@ -6,7 +6,14 @@ import time
 from collections.abc import AsyncIterator, Callable, Sequence
 
 from turnkit.errors import ConfigurationError, FamilyExhaustedError, ProviderError
-from turnkit.models import ModelChunk, ModelClient, ModelRequest, RungFailed, RungStarted
+from turnkit.models import (
+    ModelChunk,
+    ModelClient,
+    ModelRequest,
+    RungFailed,
+    RungStarted,
+    closing_stream,
+)
 
 __all__ = ("ModelFamily", "default_is_retriable", "resolve_family")
 
@@ -66,8 +73,9 @@ class ModelFamily:
             yield RungStarted(rung=index, model=rung.model, provider=rung.provider)
             started = time.perf_counter()
             try:
-                async for chunk in rung.stream(request):
-                    yield chunk
+                async with closing_stream(rung.stream(request)) as chunks:
+                    async for chunk in chunks:
+                        yield chunk
                 return
             except Exception as exc:
                 if not self.is_retriable(exc):

@@ -23,6 +23,7 @@ from turnkit.models import (
     ThinkingDelta,
     ToolCallDelta,
     ToolCallPart,
+    closing_stream,
 )
 from turnkit.models.family import ModelFamily
 from turnkit.stages._types import StageContext
@@ -89,61 +90,66 @@ async def call_model(
     rung, model, provider = 0, family.model, family.provider
     last_tool_delta: dict[int, float] = {}
     rec.open_call = OpenCall(stage_id, family.name, model, provider, rung, started)
+    # Closed explicitly: the call returns at `Finish`, and a stream left to the garbage
+    # collector keeps its provider connection open until then.
     try:
-        async for chunk in family.stream(request):
-            match chunk:
-                case TextDelta(text=text) if text:
-                    asm.text.append(text)
-                    if stream_text:
-                        await rec.ephemeral(
-                            MessageDeltaEvent, stage_id, block_id=block_id, text=text
+        async with closing_stream(family.stream(request)) as stream:
+            async for chunk in stream:
+                match chunk:
+                    case TextDelta(text=text) if text:
+                        asm.text.append(text)
+                        if stream_text:
+                            await rec.ephemeral(
+                                MessageDeltaEvent, stage_id, block_id=block_id, text=text
+                            )
+                    case ThinkingDelta(text=text) if text:
+                        asm.thinking.append(text)  # raw chain-of-thought never leaves the runtime
+                    case ToolCallDelta():
+                        await _tool_delta(ctx, stage_id, asm, chunk, last_tool_delta)
+                    case RungStarted():
+                        rung, model, provider = chunk.rung, chunk.model, chunk.provider
+                        attempts.append(model)
+                        asm = _Assembler()
+                        block_id = derive_id("blk", rec.turn_id, block_key, len(attempts) - 1)
+                        started = time.perf_counter()
+                        rec.open_call = OpenCall(
+                            stage_id, family.name, model, provider, rung, started
                         )
-                case ThinkingDelta(text=text) if text:
-                    asm.thinking.append(text)  # raw chain-of-thought never leaves the runtime
-                case ToolCallDelta():
-                    await _tool_delta(ctx, stage_id, asm, chunk, last_tool_delta)
-                case RungStarted():
-                    rung, model, provider = chunk.rung, chunk.model, chunk.provider
-                    attempts.append(model)
-                    asm = _Assembler()
-                    block_id = derive_id("blk", rec.turn_id, block_key, len(attempts) - 1)
-                    started = time.perf_counter()
-                    rec.open_call = OpenCall(stage_id, family.name, model, provider, rung, started)
-                case RungFailed():
-                    _audit_failed_rung(ctx, stage_id, family, chunk, attempts)
-                case Finish(stop_reason=stop, usage=usage):
-                    response = ModelResponse(
-                        text="".join(asm.text),
-                        thinking="".join(asm.thinking),
-                        tool_calls=asm.tool_calls(),
-                        stop_reason=stop,
-                        usage=usage,
-                    )
-                    shape = CallShape(
-                        provider=provider,
-                        model=model,
-                        family=family.name,
-                        rung=rung,
-                        latency_ms=(time.perf_counter() - started) * 1000,
-                        input_tokens=usage.input_tokens,
-                        output_tokens=usage.output_tokens,
-                        cached_tokens=usage.cached_tokens,
-                        cost_usd=usage.cost_usd,
-                        outcome="ok",
-                    )
-                    cascade = (
-                        ProviderCascadePayload(
-                            family=family.name, attempts=tuple(attempts), answered_rung=rung
+                    case RungFailed():
+                        _audit_failed_rung(ctx, stage_id, family, chunk, attempts)
+                    case Finish(stop_reason=stop, usage=usage):
+                        response = ModelResponse(
+                            text="".join(asm.text),
+                            thinking="".join(asm.thinking),
+                            tool_calls=asm.tool_calls(),
+                            stop_reason=stop,
+                            usage=usage,
                         )
-                        if len(attempts) > 1
-                        else None
-                    )
-                    rec.open_call = None
-                    return CallResult(
-                        response=response, shape=shape, block_id=block_id, cascade=cascade
-                    )
-                case _:
-                    pass
+                        shape = CallShape(
+                            provider=provider,
+                            model=model,
+                            family=family.name,
+                            rung=rung,
+                            latency_ms=(time.perf_counter() - started) * 1000,
+                            input_tokens=usage.input_tokens,
+                            output_tokens=usage.output_tokens,
+                            cached_tokens=usage.cached_tokens,
+                            cost_usd=usage.cost_usd,
+                            outcome="ok",
+                        )
+                        cascade = (
+                            ProviderCascadePayload(
+                                family=family.name, attempts=tuple(attempts), answered_rung=rung
+                            )
+                            if len(attempts) > 1
+                            else None
+                        )
+                        rec.open_call = None
+                        return CallResult(
+                            response=response, shape=shape, block_id=block_id, cascade=cascade
+                        )
+                    case _:
+                        pass
     except FamilyExhaustedError:
         rec.open_call = None  # every rung already left its own row
         raise

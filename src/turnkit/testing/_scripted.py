@@ -17,6 +17,7 @@ from turnkit.models import (
     ToolCallDelta,
     ToolCallPart,
     Usage,
+    closing_stream,
 )
 
 __all__ = ("ModelStep", "ScriptedModel", "UnexpectedModelCall", "call", "raw_call")
@@ -158,11 +159,15 @@ class ScriptedModel:
         step = self._next_step(request)
         if step.error is not None:
             raise step.error
+        finished = False
         try:
-            async for chunk in self._play(step, request):
-                yield chunk
+            async with closing_stream(self._play(step, request)) as chunks:
+                async for chunk in chunks:
+                    finished = isinstance(chunk, Finish)
+                    yield chunk
         except (asyncio.CancelledError, GeneratorExit):
-            self.aborted += 1
+            if not finished:  # closed before its `Finish`: the call was cut off
+                self.aborted += 1
             raise
 
     async def _play(self, step: ModelStep, request: ModelRequest) -> AsyncIterator[ModelChunk]:
