@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import sys
+from collections.abc import AsyncGenerator
 
 from tests.conftest import RuntimeFactory
+from tests.helpers import add
 from turnkit import Agent, CancelToken
 from turnkit.events import DoneEvent, MessageDeltaEvent
-from turnkit.testing import ModelStep, ScriptedModel
+from turnkit.testing import ModelStep, ScriptedModel, call
 
 
 async def test_closing_the_generator_aborts_the_model_call(runtime_factory: RuntimeFactory) -> None:
@@ -54,3 +57,32 @@ async def test_cancel_token_ends_the_stream_with_cancelled(runtime_factory: Runt
     rows = await runtime.audit(done.turn_id)
     assert rows[-1].call is not None
     assert rows[-1].call.outcome == "user-aborted"
+
+
+async def test_no_model_stream_is_left_to_the_garbage_collector(
+    runtime_factory: RuntimeFactory,
+) -> None:
+    """A call that ends at `Finish` closes its stream (and the provider connection in it)
+    itself, instead of leaving an unfinished generator for asyncio's finalizer."""
+    model = ScriptedModel(
+        [ModelStep.tool_call_reply(call("add", a=2, b=3)), ModelStep.text_reply("Five.")],
+        repeat_last=True,
+    )
+    runtime = runtime_factory(Agent(model=model, tools=[add]))
+    finalized: list[str] = []
+    firstiter, finalizer = sys.get_asyncgen_hooks()
+    assert finalizer is not None
+
+    def record(agen: AsyncGenerator[object, None]) -> None:
+        finalized.append(agen.ag_code.co_qualname)
+        finalizer(agen)
+
+    sys.set_asyncgen_hooks(firstiter=firstiter, finalizer=record)
+    try:
+        events = [e async for e in runtime.execute_message("s1", "what is 2 + 3?")]
+    finally:
+        sys.set_asyncgen_hooks(firstiter=firstiter, finalizer=finalizer)
+    assert isinstance(events[-1], DoneEvent)
+    assert events[-1].status == "succeeded"
+    assert len(model.calls) >= 2
+    assert [n for n in finalized if "Model" in n] == []
