@@ -6,10 +6,12 @@ import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 
 import pytest
 from tests.conftest import REDIS_URL, require_service
 
+from turnkit.events import DoneEvent, MessageDeltaEvent, encode_event
 from turnkit.ids import TurnId
 from turnkit.replay import ReplayBuffer, ReplaySettings
 from turnkit.replay.memory import InMemoryReplayBuffer
@@ -102,3 +104,27 @@ async def test_a_redis_wait_longer_than_the_socket_timeout_returns_empty() -> No
         assert time.monotonic() - started >= 2.4
     finally:
         await client.aclose()
+
+
+async def test_events_published_in_process_read_back_as_their_wire_bytes() -> None:
+    """A driver in this process hands the in-memory buffer its events; readers get the same
+    bytes a Store row or a Redis entry carries, a waiting reader wakes, and `done` ends it."""
+    buffer = InMemoryReplayBuffer(ReplaySettings(terminal_grace_s=0.2))
+    turn = _turn()
+    now = datetime.now(UTC)
+    delta = MessageDeltaEvent(
+        session_id="s1", turn_id=turn, stage_id="synthesize", ts=now, block_id="b", text="hi"
+    )
+    done = DoneEvent(
+        session_id="s1", turn_id=turn, stage_id="post-turn", ts=now, seq=2, status="succeeded"
+    )
+    waiting = asyncio.create_task(buffer.read(turn, after="0", wait_s=5))
+    await asyncio.sleep(0.02)
+    buffer.publish_events(turn, [delta])
+    first = await asyncio.wait_for(waiting, 1)
+    assert [(e.seq, e.data, e.is_terminal) for e in first] == [(None, encode_event(delta), False)]
+    buffer.publish_events(turn, [done])
+    rest = await buffer.read(turn, after=first[-1].position, wait_s=0)
+    assert [(e.seq, e.data, e.is_terminal) for e in rest] == [(2, encode_event(done), True)]
+    await asyncio.sleep(0.3)
+    assert await buffer.tail(turn) == "0"  # dropped after the terminal grace

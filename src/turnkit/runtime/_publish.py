@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable, Sequence
 
 from turnkit.events import DoneEvent, DurableEvent, EphemeralEvent, encode_event
 from turnkit.ids import TurnId
@@ -20,17 +21,32 @@ class BufferPublisher:
 
     Events reach it only after their commit, so the buffer never holds an event the
     Store lacks. A buffer failure is logged and never fails the turn: readers fall back
-    to the Store.
+    to the Store. A buffer with a synchronous `publish_events` (the in-memory one) gets each
+    event at once; any other gets batches from a task of its own.
     """
 
     def __init__(self, buffer: ReplayBuffer, turn_id: TurnId) -> None:
         self.buffer = buffer
         self.turn_id = turn_id
+        self._now: Callable[[TurnId, Sequence[DurableEvent | EphemeralEvent]], None] | None = (
+            getattr(buffer, "publish_events", None)
+        )
         self._queue: asyncio.Queue[DurableEvent | EphemeralEvent | None] = asyncio.Queue()
-        self._task = asyncio.create_task(self._run(), name=f"turnkit-publish-{turn_id}")
+        self._task = (
+            asyncio.create_task(self._run(), name=f"turnkit-publish-{turn_id}")
+            if self._now is None
+            else None
+        )
 
     def __call__(self, event: DurableEvent | EphemeralEvent | None) -> None:
-        if self._task.done():
+        if self._now is not None:
+            if event is not None:
+                try:
+                    self._now(self.turn_id, (event,))
+                except Exception:
+                    log.exception("publishing an event of %s failed", self.turn_id)
+            return
+        if self._task is None or self._task.done():
             return  # ended already (a second end marker, or after a failure)
         self._queue.put_nowait(event)
 
@@ -41,15 +57,7 @@ class BufferPublisher:
             while not self._queue.empty():
                 batch.append(self._queue.get_nowait())
             finished = None in batch
-            entries = [
-                (
-                    e.seq if isinstance(e, DurableEvent) else None,
-                    encode_event(e),
-                    isinstance(e, DoneEvent),
-                )
-                for e in batch
-                if e is not None
-            ]
+            entries = [_entry(e) for e in batch if e is not None]
             if not entries:
                 continue
             try:
@@ -67,5 +75,12 @@ class BufferPublisher:
 
     async def wait(self) -> None:
         """Return once everything up to the end marker is published."""
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
+        if self._task is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+
+def _entry(event: DurableEvent | EphemeralEvent) -> tuple[int | None, bytes, bool]:
+    """The buffer's `(seq, wire bytes, is_terminal)` for an event."""
+    seq = event.seq if isinstance(event, DurableEvent) else None
+    return (seq, encode_event(event), isinstance(event, DoneEvent))
