@@ -15,37 +15,9 @@ from turnkit.replay import START, BufferEntry, ReplaySettings
 __all__ = ("InMemoryReplayBuffer",)
 
 
-class _Slot:
-    """One entry: its wire bytes, or the (frozen) event they are encoded from on first read."""
-
-    __slots__ = ("position", "seq", "is_terminal", "_data", "_event")
-
-    def __init__(
-        self,
-        position: int,
-        seq: int | None,
-        is_terminal: bool,
-        data: bytes | None,
-        event: DurableEvent | EphemeralEvent | None = None,
-    ) -> None:
-        self.position = position
-        self.seq = seq
-        self.is_terminal = is_terminal
-        self._data = data
-        self._event = event
-
-    def entry(self) -> BufferEntry:
-        if self._data is None:
-            assert self._event is not None
-            self._data, self._event = encode_event(self._event), None
-        return BufferEntry(
-            position=str(self.position), seq=self.seq, data=self._data, is_terminal=self.is_terminal
-        )
-
-
 @dataclass(slots=True)
 class _Turn:
-    slots: deque[_Slot]
+    entries: deque[BufferEntry]
     expires: float
     counter: int = 0
     wake: asyncio.Event | None = None
@@ -56,8 +28,7 @@ class InMemoryReplayBuffer:
     """Per-turn bounded deques; live readers wait for the next publish.
 
     A driver in this process publishes synchronously (`publish_events`), with no task or
-    queue in between, and an event is encoded only when a reader first reads it: a turn
-    nobody follows through the buffer costs no encoding.
+    queue in between.
     """
 
     def __init__(self, settings: ReplaySettings | None = None) -> None:
@@ -71,7 +42,7 @@ class InMemoryReplayBuffer:
         if turn is None:
             # A reader may get here first; a turn that never publishes still expires.
             turn = _Turn(
-                slots=deque(maxlen=self.settings.max_entries),
+                entries=deque(maxlen=self.settings.max_entries),
                 expires=time.monotonic() + self.settings.ttl_s,
             )
             self._turns[turn_id] = turn
@@ -98,24 +69,33 @@ class InMemoryReplayBuffer:
         self, turn_id: TurnId, entries: Sequence[tuple[int | None, bytes, bool]]
     ) -> None:
         """Append entries and wake readers."""
-        turn = self._turn(turn_id)
-        for seq, data, terminal in entries:
-            turn.counter += 1
-            turn.slots.append(_Slot(turn.counter, seq, terminal, data))
-        self._published(turn, any(terminal for _, _, terminal in entries))
+        self._append(turn_id, entries)
 
     def publish_events(
         self, turn_id: TurnId, events: Sequence[DurableEvent | EphemeralEvent]
     ) -> None:
-        """`publish`, synchronously, from the events themselves (encoded when first read)."""
+        """`publish`, synchronously, from the events themselves."""
+        self._append(
+            turn_id,
+            [
+                (
+                    event.seq if isinstance(event, DurableEvent) else None,
+                    encode_event(event),
+                    isinstance(event, DoneEvent),
+                )
+                for event in events
+            ],
+        )
+
+    def _append(self, turn_id: TurnId, entries: Sequence[tuple[int | None, bytes, bool]]) -> None:
         turn = self._turn(turn_id)
         terminal = False
-        for event in events:
+        for seq, data, is_terminal in entries:
             turn.counter += 1
-            seq = event.seq if isinstance(event, DurableEvent) else None
-            done = isinstance(event, DoneEvent)
-            terminal = terminal or done
-            turn.slots.append(_Slot(turn.counter, seq, done, None, event))
+            turn.entries.append(
+                BufferEntry(position=str(turn.counter), seq=seq, data=data, is_terminal=is_terminal)
+            )
+            terminal = terminal or is_terminal
         self._published(turn, terminal)
 
     def _published(self, turn: _Turn, terminal: bool) -> None:
@@ -140,11 +120,11 @@ class InMemoryReplayBuffer:
 
         def ready() -> list[BufferEntry]:
             # Positions are consecutive, so the first wanted entry is found by arithmetic.
-            slots = turn.slots
-            if not slots:
+            entries = turn.entries
+            if not entries:
                 return []
-            begin = max(0, start - slots[0].position + 1)
-            return [slots[i].entry() for i in range(begin, min(len(slots), begin + limit))]
+            begin = max(0, start - int(entries[0].position) + 1)
+            return [entries[i] for i in range(begin, min(len(entries), begin + limit))]
 
         found = ready()
         if found or wait_s <= 0:
