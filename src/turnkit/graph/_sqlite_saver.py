@@ -19,7 +19,7 @@ import contextlib
 import sqlite3
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
@@ -94,7 +94,12 @@ class ThreadedSqliteSaver(SqliteSaver):
         conn.execute("PRAGMA busy_timeout=0")
         conn.execute("PRAGMA wal_autocheckpoint=0")  # see _fold_wal
         super().__init__(conn)
+        self._path = path
         self._commits = 0
+        self._fold: Future[None] | None = None
+        self._fold_blocks = False
+        """Whether `_fold` is the second, short pass, which writes wait behind."""
+        self._fold_conn: sqlite3.Connection | None = None  # the thread's, for folding
         self.lock = threading.RLock()  # type: ignore[assignment]  # held across a batch
         self._batch = False
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="turnkit-checkpoints")
@@ -156,19 +161,37 @@ class ThreadedSqliteSaver(SqliteSaver):
             self.lock.release()
 
     async def _write(self, fn: Callable[[], T]) -> T:
+        if self._fold is not None and not self._fold_blocks and self._fold.done():
+            self._fold_wal(blocking=True)  # the bulk is folded: now fold the rest
         try:
+            if self._fold_blocks and self._fold is not None and not self._fold.done():
+                raise _Busy  # behind the fold, on the thread
             result = self._in_batch(fn, wait=False)
         except _Busy:
             result = await self._run(lambda: self._in_batch(fn, wait=True))
-        if self._commits >= _FOLD_EVERY:
+        if self._commits >= _FOLD_EVERY and (self._fold is None or self._fold.done()):
             self._commits = 0
-            await self._run(self._fold_wal)
+            self._fold_wal(blocking=False)
         return result
 
-    def _fold_wal(self) -> None:
-        """Fold the WAL into the database file (on the thread: it writes and syncs)."""
-        with self.lock:
-            self.conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+    def _fold_wal(self, *, blocking: bool) -> None:
+        """Fold the WAL into the database file, on the thread, in two passes.
+
+        The first pass runs while writes go on; only a log folded to its very end
+        restarts from the beginning, so a second, short pass folds what was written
+        meanwhile while holding the saver's lock: writes wait behind it on the thread.
+        """
+        if self._path == ":memory:":
+            return
+
+        def run() -> None:
+            if self._fold_conn is None:
+                self._fold_conn = sqlite3.connect(self._path, check_same_thread=False)
+            with self.lock if blocking else contextlib.nullcontext():
+                self._fold_conn.execute("PRAGMA wal_checkpoint(PASSIVE)").close()
+
+        self._fold_blocks = blocking
+        self._fold = self._thread.submit(run)
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
@@ -181,7 +204,13 @@ class ThreadedSqliteSaver(SqliteSaver):
         """Write what is deferred, close the connection and stop the thread."""
         if self._deferred:
             await self._write(lambda: None)
-        await self._run(self.conn.close)
+
+        def close() -> None:
+            self.conn.close()
+            if self._fold_conn is not None:
+                self._fold_conn.close()
+
+        await self._run(close)  # after any fold: the thread runs in order
         self._thread.shutdown(wait=True)
 
     def _flush_deferred(self) -> None:

@@ -7,6 +7,7 @@ uses Core statements on one connection per transaction, never an ORM session per
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import functools
 import logging
@@ -161,7 +162,9 @@ class SqlStore:
         self._closed = False
         self._conn_lock = threading.Lock()
         self._loop_commits = 0
-        self._fold: asyncio.Future[None] | None = None
+        self._fold: concurrent.futures.Future[None] | None = None
+        self._fold_blocks = False
+        """Whether `_fold` is the second, short pass, which writes wait behind."""
         """The WAL checkpoint running on the store's thread, if any."""
         self._async_engine: AsyncEngine | None = None
         if self.url.startswith("sqlite"):
@@ -271,11 +274,13 @@ class SqlStore:
                     self._on_loop = sqlite_conn.connect(
                         self._path, busy_timeout_ms=0, autocheckpoint=False
                     )
-        folding = self._fold is not None and not self._fold.done()
-        if self._loop_thread != threading.get_ident() or folding:
-            # Another thread's loop, or a WAL checkpoint queued on the store's thread:
-            # writes line up behind it there, so it folds the whole log.
-            return await self._tx(fn, *args, write=write)
+        if write and self._fold is not None:
+            if not self._fold_blocks and self._fold.done():
+                self._fold_wal(blocking=True)  # the bulk is folded: now fold the rest
+            if self._fold_blocks and not self._fold.done():
+                return await self._tx(fn, *args, write=write)  # behind the fold, on the thread
+        if self._loop_thread != threading.get_ident():
+            return await self._tx(fn, *args, write=write)  # another thread's loop
         try:
             with self._on_loop.transaction(write=write) as conn:
                 result = fn(conn, *args)
@@ -283,23 +288,30 @@ class SqlStore:
             return await self._tx(fn, *args, write=write)
         if write:
             self._loop_commits += 1
-            if self._loop_commits % _CHECKPOINT_EVERY == 0:
-                self._checkpoint_wal()
+            if self._loop_commits % _CHECKPOINT_EVERY == 0 and (
+                self._fold is None or self._fold.done()
+            ):
+                self._fold_wal(blocking=False)
         return result
 
-    def _checkpoint_wal(self) -> None:
-        """Fold the WAL into the database, on the store's thread.
+    def _fold_wal(self, *, blocking: bool) -> None:
+        """Fold the WAL into the database, on the store's thread, in two passes.
 
-        The loop's connection never does it itself: a checkpoint writes and syncs the file.
-        Until it is done, writes go to the thread too, behind it: a checkpoint racing new
-        commits never catches up with the end of the log, and the log never restarts.
+        The loop's connection never does it itself: a checkpoint copies every page the
+        log holds and syncs the file (milliseconds). The first pass runs while writes go
+        on; it folds most of the log, but only a log folded to its very end restarts from
+        the beginning, so a second pass folds what was written meanwhile, with writes
+        waiting behind it on the thread: a short wait, and the file stays bounded.
         """
 
         def run() -> None:
-            self._thread_conn().raw.execute("PRAGMA wal_checkpoint(PASSIVE)")
+            self._thread_conn().raw.execute("PRAGMA wal_checkpoint(PASSIVE)").close()
 
         assert self._thread is not None
-        self._fold = asyncio.get_running_loop().run_in_executor(self._thread, run)
+        self._fold_blocks = blocking
+        # A thread future, not an asyncio one: whether it is done must not depend on the
+        # loop getting to run its callbacks (a loop committing in place may not yield).
+        self._fold = self._thread.submit(run)
         self._fold.add_done_callback(_log_fold_failure)
 
     async def setup(self) -> None:
@@ -359,7 +371,7 @@ class SqlStore:
                     on_loop.close()
                 return
             if self._fold is not None:
-                await asyncio.gather(self._fold, return_exceptions=True)
+                await asyncio.gather(asyncio.wrap_future(self._fold), return_exceptions=True)
 
             def dispose() -> None:
                 # Runs after everything queued before it, so it closes whatever they opened.
@@ -755,9 +767,9 @@ def _read_usage(conn: Connection, turn_id: TurnId) -> UsageDelta:
     return UsageDelta.model_validate({name: getattr(row, name) for name in UsageDelta.model_fields})
 
 
-def _log_fold_failure(fold: asyncio.Future[None]) -> None:
-    if not fold.cancelled() and fold.exception() is not None:
-        log.warning("WAL checkpoint failed: %s", fold.exception())
+def _log_fold_failure(fold: concurrent.futures.Future[None]) -> None:
+    if not fold.cancelled() and (exc := fold.exception()) is not None:
+        log.warning("WAL checkpoint failed: %s", exc)
 
 
 def _tune_sqlite(engine: Engine) -> None:
