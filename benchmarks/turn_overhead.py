@@ -6,6 +6,13 @@ one) the separate synthesize call — turnkit's structure makes that 3 model cal
 and the floor and the bare LangGraph graph do exactly those 3 calls too. PydanticAI's loop
 ends on the first answer, so it does 2 calls + 1 tool (noted in the table).
 
+Two floors bound what durability can cost on LangGraph: the bare graph with LangGraph's
+`InMemorySaver` (its checkpoint machinery alone), and the "durable floor": the bare graph
+committing each model step's events in one raw `sqlite3` transaction before emitting them,
+with LangGraph's own `SqliteSaver` writing in place (no thread hop). The durable floor has
+no leases, audit rows, usage, replay buffer or turn bookkeeping; no durable runtime built
+on LangGraph's SQLite checkpointer can cost less.
+
 Then it runs `--concurrency` turns at once (each in its own session) for throughput.
 
 Run:  .venv/bin/python benchmarks/turn_overhead.py [--turns 300] [--rounds 10]
@@ -73,8 +80,19 @@ def _ev(cls: Any, turn: int, seq: int, **fields: Any) -> Any:
 # ── the plain-asyncio floor ──────────────────────────────────────────────────────────
 
 
-async def _model_step(i: int, kind: str, emit: Any) -> None:
-    """One fake model call and its tool, as events: what every baseline does per call."""
+async def _model_step(i: int, kind: str, emit: Any, commit: Any = None) -> None:
+    """One fake model call and its tool, as events: what every baseline does per call.
+
+    `commit`, when given, receives the step's events (one transaction) before any is
+    emitted: the least a durable turn must do.
+    """
+    if commit is not None:
+        staged: list[Any] = []
+        await _model_step(i, kind, staged.append)
+        commit(i, staged)
+        for event in staged:
+            emit(event)
+        return
     emit(_ev(StepStartEvent, i, 1, step="tool-loop"))
     async for chunk_kind, value in _fake_stream(kind):
         if chunk_kind == "text":
@@ -117,7 +135,7 @@ def _tool_event(i: int, seq: int, result: Any) -> Any:
 # ── a bare LangGraph graph doing the same work ──────────────────────────────────────
 
 
-def _langgraph_graph(checkpointer: Any = None) -> Any:
+def _langgraph_graph(checkpointer: Any = None, commit: Any = None) -> Any:
     from langgraph.config import get_stream_writer
     from langgraph.graph import END, START, StateGraph
 
@@ -127,7 +145,7 @@ def _langgraph_graph(checkpointer: Any = None) -> Any:
         turn: int
 
     async def call_model(state: State, kind: str) -> None:
-        await _model_step(state["turn"], kind, get_stream_writer())
+        await _model_step(state["turn"], kind, get_stream_writer(), commit)
 
     async def anchor(state: State) -> dict[str, Any]:
         return {"route": "tool"}
@@ -175,6 +193,67 @@ def langgraph_turn(graph: Any, **kwargs: Any) -> Turn:
         return n
 
     return run
+
+
+# ── the durable floor: LangGraph, its SQLite checkpointer and raw event commits ──────
+
+
+class _InPlaceSqliteSaver:
+    """LangGraph's `SqliteSaver`, its async methods run in place (no thread hop)."""
+
+    @staticmethod
+    def open(path: Path) -> Any:
+        import sqlite3
+
+        from langgraph.checkpoint.sqlite import SqliteSaver
+
+        class InPlace(SqliteSaver):
+            async def aget_tuple(self, config: Any) -> Any:
+                return self.get_tuple(config)
+
+            async def aput(self, *args: Any) -> Any:
+                return self.put(*args)
+
+            async def aput_writes(self, *args: Any, **kwargs: Any) -> None:
+                self.put_writes(*args, **kwargs)
+
+        conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=NORMAL")
+        saver = InPlace(conn)
+        saver.setup()
+        return saver
+
+
+def _raw_event_log(path: Path) -> Callable[[int, list[Any]], None]:
+    """One sqlite3 transaction per model step, inserting its events as JSON."""
+    import itertools
+    import sqlite3
+
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=NORMAL")
+    conn.execute("CREATE TABLE events (id INTEGER PRIMARY KEY, turn INT, data BLOB)")
+    ids = itertools.count(1)
+
+    def commit(turn: int, events: list[Any]) -> None:
+        conn.execute("BEGIN IMMEDIATE")
+        conn.executemany(
+            "INSERT INTO events (id, turn, data) VALUES (?, ?, ?)",
+            [(next(ids), turn, e.__pydantic_serializer__.to_json(e)) for e in events],
+        )
+        conn.execute("COMMIT")
+
+    return commit
+
+
+def durable_floor(tmp: Path, durability: str) -> Turn:
+    """The least a durable LangGraph turn does: events committed before they are sent,
+    LangGraph's own SQLite checkpointer writing in place. No leases, audit, usage,
+    replay buffer or turn bookkeeping: a floor, not a competitor."""
+    saver = _InPlaceSqliteSaver.open(tmp / f"floor-{durability}.checkpoints.db")
+    graph = _langgraph_graph(saver, commit=_raw_event_log(tmp / f"floor-{durability}.db"))
+    return langgraph_turn(graph, durability=durability)
 
 
 # ── PydanticAI ───────────────────────────────────────────────────────────────────────
@@ -354,6 +433,16 @@ async def main() -> None:
                     langgraph_turn(_langgraph_graph(saver), durability="sync"),
                 ),
             ]
+            from langgraph.checkpoint.memory import InMemorySaver
+
+            contenders += [
+                (
+                    "langgraph + InMemorySaver (sync)",
+                    langgraph_turn(_langgraph_graph(InMemorySaver()), durability="sync"),
+                ),
+                ("durable floor: LG + SqliteSaver + event tx (sync)", durable_floor(tmp, "sync")),
+                ("durable floor: LG + SqliteSaver + event tx (exit)", durable_floor(tmp, "exit")),
+            ]
             pyd = pydantic_ai_turn()
             if pyd is not None:
                 contenders.append(("pydantic-ai run_stream_events (2 calls)", pyd))
@@ -365,7 +454,11 @@ async def main() -> None:
                     contenders.append((f"turnkit durable ({durability} checkpoints)", run))
                 results = await measure(contenders, args.turns, args.warmup, args.rounds)
                 loaded = await throughput(
-                    [c for c in contenders if "exit" not in c[0] and "pydantic" not in c[0]],
+                    [
+                        c
+                        for c in contenders
+                        if not any(k in c[0] for k in ("exit", "pydantic", "floor:", "InMemory"))
+                    ],
                     args.turns,
                     args.concurrency,
                     start=30_000_000,
@@ -383,7 +476,7 @@ async def main() -> None:
         f"{args.turns} turns each in {args.rounds} interleaved rounds\n"
     )
     print(
-        f"{'contender':44} {'median ms':>10} {'p90 ms':>8} {'cpu ms':>8} {'× bare LG':>10} "
+        f"{'contender':50} {'median ms':>10} {'p90 ms':>8} {'cpu ms':>8} {'× bare LG':>10} "
         f"{'(cpu)':>6} {'× LG+saver':>11} {'× floor':>8} {'peak KiB':>9}"
     )
     for r in results:
@@ -392,16 +485,16 @@ async def main() -> None:
         r["x_langgraph_sqlite_saver"] = r["median_ms"] / saver
         r["x_floor"] = r["median_ms"] / floor
         print(
-            f"{r['name']:44} {r['median_ms']:10.3f} {r['p90_ms']:8.3f} "
+            f"{r['name']:50} {r['median_ms']:10.3f} {r['p90_ms']:8.3f} "
             f"{r['cpu_ms_per_turn']:8.3f} {r['x_bare_langgraph']:10.2f} "
             f"{r['x_bare_langgraph_cpu']:6.2f} {r['x_langgraph_sqlite_saver']:11.2f} "
             f"{r['x_floor']:8.1f} "
             f"{r['peak_alloc_kib_10_turns']:9.0f}"
         )
     print(f"\n{args.concurrency} turns in flight at once, {args.turns} turns each\n")
-    print(f"{'contender':44} {'turns/s':>10} {'p50 ms':>8} {'p99 ms':>8}")
+    print(f"{'contender':50} {'turns/s':>10} {'p50 ms':>8} {'p99 ms':>8}")
     for r in loaded:
-        print(f"{r['name']:44} {r['turns_per_s']:10.0f} {r['p50_ms']:8.1f} {r['p99_ms']:8.1f}")
+        print(f"{r['name']:50} {r['turns_per_s']:10.0f} {r['p50_ms']:8.1f} {r['p99_ms']:8.1f}")
     _write(Path(args.json), results, loaded)
     print(f"\nwrote {args.json}")
 
