@@ -253,3 +253,39 @@ async def test_stop_reaches_a_turn_driven_by_another_process(tmp_path: Path) -> 
     finally:
         await driving.close()
         await other.close()
+
+
+@pytest.mark.parametrize("durability", ["sync", "exit"])
+async def test_a_pause_in_the_first_stage_is_on_disk_before_the_turn_says_so(
+    tmp_path: Path, durability: str
+) -> None:
+    """The checkpoint a pause resumes from is written before the pause is committed, even
+    when the very first stage pauses: a process that dies right after (no `close`) leaves
+    a turn another process can resume."""
+    db = tmp_path / "pause.db"
+    before = ScriptedModel([ModelStep.tool_call_reply(call("send_email", to="ada@example.com"))])
+    first = SessionRuntime(
+        agent=Agent(model=before, tools=[send_email], skip_stages=frozenset({"anchor-plan"})),
+        config=RuntimeConfig(
+            database_url=f"sqlite:///{db}",
+            checkpoint_durability=durability,  # type: ignore[arg-type]
+        ),
+    )
+    await first.open()
+    second = _runtime(db, ScriptedModel([ModelStep.text_reply("Sent.")], repeat_last=True))
+    try:
+        events = await collect_events(first.execute_message("s1", "email Ada"))
+        asked = events[-1]
+        assert isinstance(asked, ApprovalRequestedEvent)
+        # `first` is never closed before `second` resumes: only what is on disk counts.
+        await second.open()
+        await second.resume(asked.turn_id, asked.request_id, Approve())
+        rest = await _finish(second, asked.turn_id, after=asked.seq)
+    finally:
+        await second.close()
+        await first.close()
+    done = rest[-1]
+    assert isinstance(done, DoneEvent)
+    assert done.status == "succeeded"
+    assert len(RUNS) == 1
+    assert len(before.calls) == 1  # resumed from the pause, not re-run from the start
