@@ -8,7 +8,11 @@ pending writes of the newest checkpoint, and LangGraph's own channels, are kept.
 
 from __future__ import annotations
 
+import asyncio
+import os
 import sqlite3
+import threading
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -105,3 +109,88 @@ async def test_a_read_sees_writes_still_held(saver: Any) -> None:
     found = await saver.aget_tuple({"configurable": {"thread_id": THREAD}})
     assert found is not None
     assert found.pending_writes == [("task-a", "content", "pending")]
+
+
+class _NotStorable:
+    """A value LangGraph's serializer refuses."""
+
+
+async def test_a_held_write_that_cannot_be_stored_blocks_no_other_turn(
+    saver: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    await saver.aput(_config(), _checkpoint(1), {"source": "loop", "step": 0}, {})
+    await saver.aput_writes(_config(parent=1), [("content", _NotStorable())], "task-a")
+    other: Any = {"configurable": {"thread_id": "turn-2", "checkpoint_ns": ""}}
+    await saver.aput(other, _checkpoint(5), {"source": "loop", "step": 0}, {})
+    found = await saver.aget_tuple({"configurable": {"thread_id": "turn-2"}})
+    assert found is not None
+    assert found.checkpoint["id"] == _checkpoint(5)["id"]
+    assert "dropped a held task write of thread turn-1" in caplog.text
+
+
+async def test_a_read_waiting_on_the_thread_leaves_the_loop_no_lock_wait(tmp_path: Path) -> None:
+    """A read the saver's thread runs (its lock was busy) sets a long busy timeout on the
+    shared connection; the loop must not write through it meanwhile and wait on another
+    process's lock. The write waits on the thread instead, and the loop keeps running."""
+    saver, close = await open_checkpointer(f"sqlite:///{tmp_path / 'tk.db'}")
+    try:
+        await saver.aput(_config(), _checkpoint(1), {"source": "loop", "step": 0}, {})
+        plain_get_tuple = saver.get_tuple
+
+        def slow_on_the_thread(config: Any) -> Any:
+            if threading.current_thread().name.startswith("turnkit-checkpoints"):
+                time.sleep(0.3)  # the read sits on the thread, long timeout set
+            return plain_get_tuple(config)
+
+        saver.get_tuple = slow_on_the_thread
+        taken = threading.Event()
+
+        def hold_lock() -> None:
+            with saver.lock:
+                taken.set()
+                time.sleep(0.05)
+
+        threading.Thread(target=hold_lock).start()
+        taken.wait()
+        read = asyncio.create_task(saver.aget_tuple({"configurable": {"thread_id": THREAD}}))
+        await asyncio.sleep(0.1)  # the read went to the thread
+        other = sqlite3.connect(
+            tmp_path / "tk.checkpoints.db", isolation_level=None, check_same_thread=False
+        )
+        other.execute("BEGIN IMMEDIATE")  # another process holds the write lock for 0.6 s
+        releaser = threading.Timer(0.6, lambda: other.execute("COMMIT"))
+        releaser.start()
+        ticks = 0
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.01)
+                ticks += 1
+
+        ticking = asyncio.create_task(ticker())
+        started = time.perf_counter()
+        await saver.aput(_config(parent=1), _checkpoint(2), {"source": "loop", "step": 1}, {})
+        elapsed = time.perf_counter() - started
+        ticking.cancel()
+        await read
+        releaser.join()
+        other.close()
+        assert elapsed >= 0.3  # it did wait for the other process's lock ...
+        assert ticks >= elapsed / 0.01 / 2  # ... but not on the loop
+    finally:
+        await close()
+
+
+@pytest.mark.parametrize("url", ["sqlite://", "sqlite:///:memory:"])
+async def test_an_in_memory_url_keeps_checkpoints_in_memory(
+    url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    saver, close = await open_checkpointer(url)
+    try:
+        await saver.aput(_config(), _checkpoint(1), {"source": "loop", "step": 0}, {})
+        assert await saver.aget_tuple({"configurable": {"thread_id": THREAD}}) is not None
+    finally:
+        await close()
+    assert os.listdir(tmp_path) == []  # no file in the working directory

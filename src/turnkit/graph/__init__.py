@@ -212,7 +212,8 @@ async def open_checkpointer(
         from turnkit.graph._sqlite_saver import ThreadedSqliteSaver
 
         path = database_url.split("///", 1)[1] if "///" in database_url else ""
-        saver = ThreadedSqliteSaver(_checkpoint_path(path) if path else ":memory:")
+        in_memory = path in ("", ":memory:")
+        saver = ThreadedSqliteSaver(":memory:" if in_memory else _checkpoint_path(path))
         await saver.asetup()
         return saver, saver.aclose
     if database_url.startswith(("postgresql", "postgres")):

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import sqlite3
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
@@ -35,6 +36,7 @@ from langgraph.checkpoint.sqlite import SqliteSaver
 __all__ = ("ThreadedSqliteSaver",)
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 _WAIT_MS = 30_000
 """How long the saver's thread waits for the write lock."""
 _FOLD_EVERY = 256
@@ -43,6 +45,31 @@ _FOLD_EVERY = 256
 
 class _Busy(Exception):
     """The write lock is held elsewhere; the loop must not wait for it."""
+
+
+def _write_held(saver: SqliteSaver, held: _Deferred) -> None:
+    """Write a held item in the current transaction; one that cannot be stored is dropped.
+
+    A value the serializer refuses fails before any SQL runs. Raising would put it back
+    and fail every later write of every turn sharing this saver, so it is logged and
+    dropped instead: losing it only means its task runs again after a crash. Database
+    errors still fail the whole transaction (and the held items stay held).
+    """
+    try:
+        held.write(saver)
+    except sqlite3.Error:
+        raise
+    except Exception:
+        log.exception(
+            "dropped a held %s of thread %s: it cannot be stored",
+            "checkpoint" if held.is_checkpoint else "task write",
+            held.thread_id,
+        )
+
+
+def _log_fold_failure(fold: Future[None]) -> None:
+    if not fold.cancelled() and (exc := fold.exception()) is not None:
+        log.warning("checkpoint WAL fold failed: %s", exc)
 
 
 class _Deferred:
@@ -143,7 +170,7 @@ class ThreadedSqliteSaver(SqliteSaver):
             self._batch = True
             try:
                 for held in deferred:
-                    held.write(self)
+                    _write_held(self, held)
                 result = fn()
                 self.conn.execute("COMMIT")
             except BaseException:
@@ -161,8 +188,14 @@ class ThreadedSqliteSaver(SqliteSaver):
             self.lock.release()
 
     async def _write(self, fn: Callable[[], T]) -> T:
-        if self._fold is not None and not self._fold_blocks and self._fold.done():
-            self._fold_wal(blocking=True)  # the bulk is folded: now fold the rest
+        if (
+            self._fold is not None
+            and not self._fold_blocks
+            and (self._fold.done() or self._commits >= _FOLD_EVERY)
+        ):
+            # The bulk is folded (or the first pass fell a whole interval behind, so the
+            # log stays bounded): fold the rest, behind whatever runs on the thread.
+            self._fold_wal(blocking=True)
         try:
             if self._fold_blocks and self._fold is not None and not self._fold.done():
                 raise _Busy  # behind the fold, on the thread
@@ -192,6 +225,7 @@ class ThreadedSqliteSaver(SqliteSaver):
 
         self._fold_blocks = blocking
         self._fold = self._thread.submit(run)
+        self._fold.add_done_callback(_log_fold_failure)
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
@@ -202,16 +236,18 @@ class ThreadedSqliteSaver(SqliteSaver):
 
     async def aclose(self) -> None:
         """Write what is deferred, close the connection and stop the thread."""
-        if self._deferred:
-            await self._write(lambda: None)
+        try:
+            if self._deferred:
+                await self._write(lambda: None)
+        finally:
 
-        def close() -> None:
-            self.conn.close()
-            if self._fold_conn is not None:
-                self._fold_conn.close()
+            def close() -> None:
+                self.conn.close()
+                if self._fold_conn is not None:
+                    self._fold_conn.close()
 
-        await self._run(close)  # after any fold: the thread runs in order
-        self._thread.shutdown(wait=True)
+            await self._run(close)  # after any fold: the thread runs in order
+            self._thread.shutdown(wait=True)
 
     def _flush_deferred(self) -> None:
         if self._deferred:
@@ -235,12 +271,14 @@ class ThreadedSqliteSaver(SqliteSaver):
         except _Busy:
 
             def wait_and_read() -> T:
-                self._flush_deferred()
-                self.conn.execute(f"PRAGMA busy_timeout={_WAIT_MS}")
-                try:
-                    return fn()
-                finally:
-                    self.conn.execute("PRAGMA busy_timeout=0")
+                # Under the lock: the loop must never find the long timeout on `conn`.
+                with self.lock:
+                    self._flush_deferred()
+                    self.conn.execute(f"PRAGMA busy_timeout={_WAIT_MS}")
+                    try:
+                        return fn()
+                    finally:
+                        self.conn.execute("PRAGMA busy_timeout=0")
 
             return await self._run(wait_and_read)
 
@@ -273,8 +311,10 @@ class ThreadedSqliteSaver(SqliteSaver):
         """`put`, in one transaction with what is deferred.
 
         The task writes deferred for this checkpoint's parent are dropped: this checkpoint
-        holds their result, and LangGraph reads a checkpoint's pending writes only while it
-        is the newest. A run's input checkpoint (`source: input`) is held for the next
+        holds their result, and LangGraph reads a checkpoint's pending writes only when a
+        run starts from it, which turnkit only does from a thread's newest. (A LangGraph
+        `DeltaChannel`, rebuilt from its ancestors' writes, would need them: `TurnState`
+        has none.) A run's input checkpoint (`source: input`) is held for the next
         transaction, which comes right after it (the START task's checkpoint): a crash
         between the two loses only a checkpoint no turn has run from.
         """

@@ -163,9 +163,11 @@ class SqlStore:
         self._conn_lock = threading.Lock()
         self._loop_commits = 0
         self._fold: concurrent.futures.Future[None] | None = None
+        """The WAL checkpoint on the store's thread, running or done, if any."""
         self._fold_blocks = False
         """Whether `_fold` is the second, short pass, which writes wait behind."""
-        """The WAL checkpoint running on the store's thread, if any."""
+        self._fold_at = 0
+        """`_loop_commits` when `_fold` started."""
         self._async_engine: AsyncEngine | None = None
         if self.url.startswith("sqlite"):
             sa_url = make_url(self.url).set(drivername="sqlite")  # whatever driver was named
@@ -274,11 +276,17 @@ class SqlStore:
                     self._on_loop = sqlite_conn.connect(
                         self._path, busy_timeout_ms=0, autocheckpoint=False
                     )
-        if write and self._fold is not None:
-            if not self._fold_blocks and self._fold.done():
-                self._fold_wal(blocking=True)  # the bulk is folded: now fold the rest
-            if self._fold_blocks and not self._fold.done():
-                return await self._tx(fn, *args, write=write)  # behind the fold, on the thread
+        fold = self._fold if write else None
+        if (
+            fold is not None
+            and not self._fold_blocks
+            and (fold.done() or self._loop_commits - self._fold_at >= _CHECKPOINT_EVERY)
+        ):
+            # The bulk is folded (or the first pass fell a whole interval behind, so the
+            # log stays bounded): fold the rest, behind whatever runs on the thread.
+            self._fold_wal(blocking=True)
+        if write and self._fold_blocks and self._fold is not None and not self._fold.done():
+            return await self._tx(fn, *args, write=write)  # behind the fold, on the thread
         if self._loop_thread != threading.get_ident():
             return await self._tx(fn, *args, write=write)  # another thread's loop
         try:
@@ -309,6 +317,7 @@ class SqlStore:
 
         assert self._thread is not None
         self._fold_blocks = blocking
+        self._fold_at = self._loop_commits
         # A thread future, not an asyncio one: whether it is done must not depend on the
         # loop getting to run its callbacks (a loop committing in place may not yield).
         self._fold = self._thread.submit(run)
