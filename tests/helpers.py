@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from datetime import UTC, datetime
 
 from turnkit import tool
@@ -55,3 +57,26 @@ def step_event(sub: Submission, seq: int) -> StepStartEvent:
         step="tool-loop",
         iteration=seq,
     )
+
+
+class LoopTicker:
+    """Counts 10 ms ticks of the event loop while open: evidence nothing blocked it."""
+
+    def __init__(self) -> None:
+        self.ticks = 0
+        self._task: asyncio.Task[None] | None = None
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(0.01)
+            self.ticks += 1
+
+    async def __aenter__(self) -> LoopTicker:
+        self._task = asyncio.create_task(self._run())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._task is not None
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.helpers import LoopTicker
 
 from turnkit.graph import open_checkpointer
 
@@ -160,24 +161,15 @@ async def test_a_read_waiting_on_the_thread_leaves_the_loop_no_lock_wait(tmp_pat
         other.execute("BEGIN IMMEDIATE")  # another process holds the write lock for 0.6 s
         releaser = threading.Timer(0.6, lambda: other.execute("COMMIT"))
         releaser.start()
-        ticks = 0
-
-        async def ticker() -> None:
-            nonlocal ticks
-            while True:
-                await asyncio.sleep(0.01)
-                ticks += 1
-
-        ticking = asyncio.create_task(ticker())
-        started = time.perf_counter()
-        await saver.aput(_config(parent=1), _checkpoint(2), {"source": "loop", "step": 1}, {})
-        elapsed = time.perf_counter() - started
-        ticking.cancel()
+        async with LoopTicker() as ticker:
+            started = time.perf_counter()
+            await saver.aput(_config(parent=1), _checkpoint(2), {"source": "loop", "step": 1}, {})
+            elapsed = time.perf_counter() - started
         await read
         releaser.join()
         other.close()
         assert elapsed >= 0.3  # it did wait for the other process's lock ...
-        assert ticks >= elapsed / 0.01 / 2  # ... but not on the loop
+        assert ticker.ticks >= elapsed / 0.01 / 2  # ... but not on the loop
     finally:
         await close()
 

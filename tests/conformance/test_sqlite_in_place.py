@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from sqlalchemy import create_engine, select
-from tests.helpers import new_input, step_event
+from tests.helpers import LoopTicker, new_input, step_event
 
 from turnkit.errors import StoreError
 from turnkit.events import ErrorEvent
@@ -44,23 +44,14 @@ async def _while_locked(path: Path, write: Awaitable[Any]) -> tuple[Any, int, bo
     """
     other = sqlite3.connect(path, isolation_level=None)
     other.execute("BEGIN IMMEDIATE")
-    ticks = 0
-
-    async def ticker() -> None:
-        nonlocal ticks
-        while True:
-            await asyncio.sleep(0.01)
-            ticks += 1
-
-    tick_task = asyncio.create_task(ticker())
-    write_task = asyncio.ensure_future(write)
-    await asyncio.sleep(HOLD_S)
-    finished_early = write_task.done()
-    other.execute("COMMIT")
-    other.close()
-    result = await asyncio.wait_for(write_task, 10)
-    tick_task.cancel()
-    return result, ticks, finished_early
+    async with LoopTicker() as ticker:
+        write_task = asyncio.ensure_future(write)
+        await asyncio.sleep(HOLD_S)
+        finished_early = write_task.done()
+        other.execute("COMMIT")
+        other.close()
+        result = await asyncio.wait_for(write_task, 10)
+    return result, ticker.ticks, finished_early
 
 
 async def test_a_commit_waits_for_a_held_lock_off_the_loop(store: SqlStore, tmp_path: Path) -> None:
