@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from turnkit.audit import AuditPayloads, CallShape, FallbackStepPayload, ProviderCascadePayload
 from turnkit.errors import FamilyExhaustedError, ProviderError, TurnkitError
@@ -90,6 +91,18 @@ async def call_model(
     rung, model, provider = 0, family.model, family.provider
     last_tool_delta: dict[int, float] = {}
     rec.open_call = OpenCall(stage_id, family.name, model, provider, rung, started)
+
+    def call_shape(**outcome: Any) -> CallShape:
+        """The call's shape on the rung that ran last, timed from its start."""
+        return CallShape(
+            provider=provider,
+            model=model,
+            family=family.name,
+            rung=rung,
+            latency_ms=(time.perf_counter() - started) * 1000,
+            **outcome,
+        )
+
     # Closed explicitly: the call returns at `Finish`, and a stream left to the garbage
     # collector keeps its provider connection open until then.
     try:
@@ -125,12 +138,7 @@ async def call_model(
                             stop_reason=stop,
                             usage=usage,
                         )
-                        shape = CallShape(
-                            provider=provider,
-                            model=model,
-                            family=family.name,
-                            rung=rung,
-                            latency_ms=(time.perf_counter() - started) * 1000,
+                        shape = call_shape(
                             input_tokens=usage.input_tokens,
                             output_tokens=usage.output_tokens,
                             cached_tokens=usage.cached_tokens,
@@ -156,18 +164,7 @@ async def call_model(
     except Exception as exc:
         # One audit row per model call, however it ended (DESIGN §5.7).
         code = exc.code if isinstance(exc, TurnkitError) else "internal-error"
-        rec.audit(
-            stage_id,
-            call=CallShape(
-                provider=provider,
-                model=model,
-                family=family.name,
-                rung=rung,
-                latency_ms=(time.perf_counter() - started) * 1000,
-                outcome="error",
-                error_code=code,
-            ),
-        )
+        rec.audit(stage_id, call=call_shape(outcome="error", error_code=code))
         rec.open_call = None
         raise
     rec.open_call = None
