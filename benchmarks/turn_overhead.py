@@ -11,7 +11,8 @@ Two floors bound what durability can cost on LangGraph: the bare graph with Lang
 committing each model step's events in one raw `sqlite3` transaction before emitting them,
 with LangGraph's own `SqliteSaver` writing in place (no thread hop). The durable floor has
 no leases, audit rows, usage, replay buffer or turn bookkeeping; no durable runtime built
-on LangGraph's SQLite checkpointer can cost less.
+on LangGraph's SQLite checkpointer can cost less. A third variant keeps its checkpoints in
+an `InMemorySaver`, as if storing them durably cost nothing: a bound for any checkpointer.
 
 Then it runs `--concurrency` turns at once (each in its own session) for throughput.
 
@@ -247,12 +248,23 @@ def _raw_event_log(path: Path) -> Callable[[int, list[Any]], None]:
     return commit
 
 
-def durable_floor(tmp: Path, durability: str) -> Turn:
+def durable_floor(tmp: Path, durability: str, *, checkpoints_in_memory: bool = False) -> Turn:
     """The least a durable LangGraph turn does: events committed before they are sent,
     LangGraph's own SQLite checkpointer writing in place. No leases, audit, usage,
-    replay buffer or turn bookkeeping: a floor, not a competitor."""
-    saver = _InPlaceSqliteSaver.open(tmp / f"floor-{durability}.checkpoints.db")
-    graph = _langgraph_graph(saver, commit=_raw_event_log(tmp / f"floor-{durability}.db"))
+    replay buffer or turn bookkeeping: a floor, not a competitor.
+
+    `checkpoints_in_memory`: LangGraph's `InMemorySaver` instead, as if storing a
+    checkpoint durably cost nothing (a bound for any checkpointer, not just SQLite's).
+    """
+    from langgraph.checkpoint.memory import InMemorySaver
+
+    name = f"floor-{durability}-{'memory' if checkpoints_in_memory else 'sqlite'}"
+    saver = (
+        InMemorySaver()
+        if checkpoints_in_memory
+        else _InPlaceSqliteSaver.open(tmp / f"{name}.checkpoints.db")
+    )
+    graph = _langgraph_graph(saver, commit=_raw_event_log(tmp / f"{name}.db"))
     return langgraph_turn(graph, durability=durability)
 
 
@@ -442,6 +454,10 @@ async def main() -> None:
                 ),
                 ("durable floor: LG + SqliteSaver + event tx (sync)", durable_floor(tmp, "sync")),
                 ("durable floor: LG + SqliteSaver + event tx (exit)", durable_floor(tmp, "exit")),
+                (
+                    "floor: LG + InMemorySaver + event tx (sync)",
+                    durable_floor(tmp, "sync", checkpoints_in_memory=True),
+                ),
             ]
             pyd = pydantic_ai_turn()
             if pyd is not None:
