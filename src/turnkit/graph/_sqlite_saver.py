@@ -20,7 +20,7 @@ import logging
 import sqlite3
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
@@ -33,6 +33,8 @@ from langgraph.checkpoint.base import (
 )
 from langgraph.checkpoint.sqlite import SqliteSaver
 
+from turnkit.store._folds import WalFolds
+
 __all__ = ("ThreadedSqliteSaver",)
 
 T = TypeVar("T")
@@ -40,7 +42,7 @@ log = logging.getLogger(__name__)
 _WAIT_MS = 30_000
 """How long the saver's thread waits for the write lock."""
 _FOLD_EVERY = 256
-"""Commits between two WAL checkpoints."""
+"""Checkpoint commits between two WAL folds."""
 
 
 class _Busy(Exception):
@@ -65,11 +67,6 @@ def _write_held(saver: SqliteSaver, held: _Deferred) -> None:
             "checkpoint" if held.is_checkpoint else "task write",
             held.thread_id,
         )
-
-
-def _log_fold_failure(fold: Future[None]) -> None:
-    if not fold.cancelled() and (exc := fold.exception()) is not None:
-        log.warning("checkpoint WAL fold failed: %s", exc)
 
 
 class _Deferred:
@@ -122,14 +119,15 @@ class ThreadedSqliteSaver(SqliteSaver):
         conn.execute("PRAGMA wal_autocheckpoint=0")  # see _fold_wal
         super().__init__(conn)
         self._path = path
-        self._commits = 0
-        self._fold: Future[None] | None = None
-        self._fold_blocks = False
-        """Whether `_fold` is the second, short pass, which writes wait behind."""
         self._fold_conn: sqlite3.Connection | None = None  # the thread's, for folding
         self.lock = threading.RLock()  # type: ignore[assignment]  # held across a batch
         self._batch = False
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="turnkit-checkpoints")
+        self._folds = (
+            WalFolds(self._thread, self._fold_wal, every=_FOLD_EVERY)
+            if path != ":memory:"
+            else None
+        )
         self._written: dict[str, str] = {}
         """thread id → id of the checkpoint this saver wrote last for it."""
         self._deferred: list[_Deferred] = []
@@ -182,50 +180,30 @@ class ThreadedSqliteSaver(SqliteSaver):
                 raise
             finally:
                 self._batch = False
-            self._commits += 1
             return result
         finally:
             self.lock.release()
 
     async def _write(self, fn: Callable[[], T]) -> T:
-        if (
-            self._fold is not None
-            and not self._fold_blocks
-            and (self._fold.done() or self._commits >= _FOLD_EVERY)
-        ):
-            # The bulk is folded (or the first pass fell a whole interval behind, so the
-            # log stays bounded): fold the rest, behind whatever runs on the thread.
-            self._fold_wal(blocking=True)
         try:
-            if self._fold_blocks and self._fold is not None and not self._fold.done():
+            if self._folds is not None and self._folds.must_wait():
                 raise _Busy  # behind the fold, on the thread
             result = self._in_batch(fn, wait=False)
         except _Busy:
             result = await self._run(lambda: self._in_batch(fn, wait=True))
-        if self._commits >= _FOLD_EVERY and (self._fold is None or self._fold.done()):
-            self._commits = 0
-            self._fold_wal(blocking=False)
+        if self._folds is not None:
+            self._folds.committed()
         return result
 
-    def _fold_wal(self, *, blocking: bool) -> None:
-        """Fold the WAL into the database file, on the thread, in two passes.
+    def _fold_wal(self, second_pass: bool) -> None:
+        """Checkpoint the WAL on the thread, on a connection of its own (see `WalFolds`).
 
-        The first pass runs while writes go on; only a log folded to its very end
-        restarts from the beginning, so a second, short pass folds what was written
-        meanwhile while holding the saver's lock: writes wait behind it on the thread.
+        The second pass holds the saver's lock, so nothing writes in place meanwhile.
         """
-        if self._path == ":memory:":
-            return
-
-        def run() -> None:
-            if self._fold_conn is None:
-                self._fold_conn = sqlite3.connect(self._path, check_same_thread=False)
-            with self.lock if blocking else contextlib.nullcontext():
-                self._fold_conn.execute("PRAGMA wal_checkpoint(PASSIVE)").close()
-
-        self._fold_blocks = blocking
-        self._fold = self._thread.submit(run)
-        self._fold.add_done_callback(_log_fold_failure)
+        if self._fold_conn is None:
+            self._fold_conn = sqlite3.connect(self._path, check_same_thread=False)
+        with self.lock if second_pass else contextlib.nullcontext():
+            self._fold_conn.execute("PRAGMA wal_checkpoint(PASSIVE)").close()
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)

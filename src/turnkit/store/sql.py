@@ -7,7 +7,6 @@ uses Core statements on one connection per transaction, never an ORM session per
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import functools
 import logging
@@ -57,6 +56,7 @@ from turnkit.store import (
     _sessions_sql as sessions_sql,
     _sqlite as sqlite_conn,
 )
+from turnkit.store._folds import WalFolds
 from turnkit.store._schema import (
     SOURCES as _SOURCES,
     audit as _audit,
@@ -75,7 +75,7 @@ log = logging.getLogger(__name__)
 _THREAD_WAIT_MS = 30_000
 """How long the store's thread waits for SQLite's write lock before giving up."""
 _CHECKPOINT_EVERY = 256
-"""Commits on the loop's connection between two WAL checkpoints on the store's thread."""
+"""Commits on the loop's connection between two WAL folds on the store's thread."""
 
 
 def normalize_url(url: str) -> str:
@@ -161,13 +161,8 @@ class SqlStore:
         self._loop_thread = 0
         self._closed = False
         self._conn_lock = threading.Lock()
-        self._loop_commits = 0
-        self._fold: concurrent.futures.Future[None] | None = None
-        """The WAL checkpoint on the store's thread, running or done, if any."""
-        self._fold_blocks = False
-        """Whether `_fold` is the second, short pass, which writes wait behind."""
-        self._fold_at = 0
-        """`_loop_commits` when `_fold` started."""
+        self._folds: WalFolds | None = None
+        """WAL folds on the store's thread for the loop's connection (file databases)."""
         self._async_engine: AsyncEngine | None = None
         if self.url.startswith("sqlite"):
             sa_url = make_url(self.url).set(drivername="sqlite")  # whatever driver was named
@@ -189,6 +184,7 @@ class SqlStore:
                 )
                 _tune_sqlite(self._migrator)
                 self._thread = ThreadPoolExecutor(1, thread_name_prefix="turnkit-sqlite")
+                self._folds = WalFolds(self._thread, self._fold_wal, every=_CHECKPOINT_EVERY)
         elif self.url.startswith("postgresql"):
             connect_args: dict[str, Any] = {}
             if schema is not None:
@@ -276,16 +272,9 @@ class SqlStore:
                     self._on_loop = sqlite_conn.connect(
                         self._path, busy_timeout_ms=0, autocheckpoint=False
                     )
-        fold = self._fold if write else None
-        if (
-            fold is not None
-            and not self._fold_blocks
-            and (fold.done() or self._loop_commits - self._fold_at >= _CHECKPOINT_EVERY)
-        ):
-            # The bulk is folded (or the first pass fell a whole interval behind, so the
-            # log stays bounded): fold the rest, behind whatever runs on the thread.
-            self._fold_wal(blocking=True)
-        if write and self._fold_blocks and self._fold is not None and not self._fold.done():
+        folds = self._folds
+        assert folds is not None
+        if write and folds.must_wait():
             return await self._tx(fn, *args, write=write)  # behind the fold, on the thread
         if self._loop_thread != threading.get_ident():
             return await self._tx(fn, *args, write=write)  # another thread's loop
@@ -295,33 +284,12 @@ class SqlStore:
         except sqlite_conn.BusyError:
             return await self._tx(fn, *args, write=write)
         if write:
-            self._loop_commits += 1
-            if self._loop_commits % _CHECKPOINT_EVERY == 0 and (
-                self._fold is None or self._fold.done()
-            ):
-                self._fold_wal(blocking=False)
+            folds.committed()
         return result
 
-    def _fold_wal(self, *, blocking: bool) -> None:
-        """Fold the WAL into the database, on the store's thread, in two passes.
-
-        The loop's connection never does it itself: a checkpoint copies every page the
-        log holds and syncs the file (milliseconds). The first pass runs while writes go
-        on; it folds most of the log, but only a log folded to its very end restarts from
-        the beginning, so a second pass folds what was written meanwhile, with writes
-        waiting behind it on the thread: a short wait, and the file stays bounded.
-        """
-
-        def run() -> None:
-            self._thread_conn().raw.execute("PRAGMA wal_checkpoint(PASSIVE)").close()
-
-        assert self._thread is not None
-        self._fold_blocks = blocking
-        self._fold_at = self._loop_commits
-        # A thread future, not an asyncio one: whether it is done must not depend on the
-        # loop getting to run its callbacks (a loop committing in place may not yield).
-        self._fold = self._thread.submit(run)
-        self._fold.add_done_callback(_log_fold_failure)
+    def _fold_wal(self, second_pass: bool) -> None:
+        """Checkpoint the WAL on the store's thread (scheduled by `WalFolds`)."""
+        self._thread_conn().raw.execute("PRAGMA wal_checkpoint(PASSIVE)").close()
 
     async def setup(self) -> None:
         """Bring the schema up to date (Alembic migrations; safe to run concurrently)."""
@@ -379,8 +347,8 @@ class SqlStore:
                 if on_loop is not None:
                     on_loop.close()
                 return
-            if self._fold is not None:
-                await asyncio.gather(asyncio.wrap_future(self._fold), return_exceptions=True)
+            if self._folds is not None:
+                await self._folds.wait()
 
             def dispose() -> None:
                 # Runs after everything queued before it, so it closes whatever they opened.
@@ -774,11 +742,6 @@ def _read_usage(conn: Connection, turn_id: TurnId) -> UsageDelta:
     if row is None:
         return UsageDelta()
     return UsageDelta.model_validate({name: getattr(row, name) for name in UsageDelta.model_fields})
-
-
-def _log_fold_failure(fold: concurrent.futures.Future[None]) -> None:
-    if not fold.cancelled() and (exc := fold.exception()) is not None:
-        log.warning("WAL checkpoint failed: %s", exc)
 
 
 def _tune_sqlite(engine: Engine) -> None:
