@@ -15,6 +15,7 @@ from turnkit.events import DoneEvent, MessageDeltaEvent, encode_event
 from turnkit.ids import TurnId
 from turnkit.replay import ReplayBuffer, ReplaySettings
 from turnkit.replay.memory import InMemoryReplayBuffer
+from turnkit.runtime._publish import BufferPublisher
 
 
 @pytest.fixture(params=["memory", "redis"])
@@ -107,10 +108,12 @@ async def test_a_redis_wait_longer_than_the_socket_timeout_returns_empty() -> No
 
 
 async def test_events_published_in_process_read_back_as_their_wire_bytes() -> None:
-    """A driver in this process hands the in-memory buffer its events; readers get the same
-    bytes a Store row or a Redis entry carries, a waiting reader wakes, and `done` ends it."""
+    """A driver in this process hands the in-memory buffer its events (no publisher task);
+    readers get the same bytes a Store row or a Redis entry carries, a waiting reader
+    wakes, and `done` ends it."""
     buffer = InMemoryReplayBuffer(ReplaySettings(terminal_grace_s=0.2))
     turn = _turn()
+    publish = BufferPublisher(buffer, turn)
     now = datetime.now(UTC)
     delta = MessageDeltaEvent(
         session_id="s1", turn_id=turn, stage_id="synthesize", ts=now, block_id="b", text="hi"
@@ -120,10 +123,10 @@ async def test_events_published_in_process_read_back_as_their_wire_bytes() -> No
     )
     waiting = asyncio.create_task(buffer.read(turn, after="0", wait_s=5))
     await asyncio.sleep(0.02)
-    buffer.publish_events(turn, [delta])
+    publish(delta)
     first = await asyncio.wait_for(waiting, 1)
     assert [(e.seq, e.data, e.is_terminal) for e in first] == [(None, encode_event(delta), False)]
-    buffer.publish_events(turn, [done])
+    publish(done)
     rest = await buffer.read(turn, after=first[-1].position, wait_s=0)
     assert [(e.seq, e.data, e.is_terminal) for e in rest] == [(2, encode_event(done), True)]
     await asyncio.sleep(0.3)

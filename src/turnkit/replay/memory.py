@@ -8,7 +8,6 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from turnkit.events import DoneEvent, DurableEvent, EphemeralEvent, encode_event
 from turnkit.ids import TurnId
 from turnkit.replay import START, BufferEntry, ReplaySettings
 
@@ -27,7 +26,7 @@ class _Turn:
 class InMemoryReplayBuffer:
     """Per-turn bounded deques; live readers wait for the next publish.
 
-    A driver in this process publishes synchronously (`publish_events`), with no task or
+    A driver in this process publishes synchronously (`publish_now`), with no task or
     queue in between.
     """
 
@@ -69,38 +68,21 @@ class InMemoryReplayBuffer:
         self, turn_id: TurnId, entries: Sequence[tuple[int | None, bytes, bool]]
     ) -> None:
         """Append entries and wake readers."""
-        self._append(turn_id, entries)
+        self.publish_now(turn_id, entries)
 
-    def publish_events(
-        self, turn_id: TurnId, events: Sequence[DurableEvent | EphemeralEvent]
+    def publish_now(
+        self, turn_id: TurnId, entries: Sequence[tuple[int | None, bytes, bool]]
     ) -> None:
-        """`publish`, synchronously, from the events themselves."""
-        self._append(
-            turn_id,
-            [
-                (
-                    event.seq if isinstance(event, DurableEvent) else None,
-                    encode_event(event),
-                    isinstance(event, DoneEvent),
-                )
-                for event in events
-            ],
-        )
-
-    def _append(self, turn_id: TurnId, entries: Sequence[tuple[int | None, bytes, bool]]) -> None:
+        """`publish`, synchronously (a driver in this process needs no task for it)."""
         turn = self._turn(turn_id)
-        terminal = False
-        for seq, data, is_terminal in entries:
+        ttl = self.settings.ttl_s
+        for seq, data, terminal in entries:
             turn.counter += 1
             turn.entries.append(
-                BufferEntry(position=str(turn.counter), seq=seq, data=data, is_terminal=is_terminal)
+                BufferEntry(position=str(turn.counter), seq=seq, data=data, is_terminal=terminal)
             )
-            terminal = terminal or is_terminal
-        self._published(turn, terminal)
-
-    def _published(self, turn: _Turn, terminal: bool) -> None:
-        """Refresh the turn's expiry (a grace period once it ended) and wake readers."""
-        ttl = self.settings.terminal_grace_s if terminal else self.settings.ttl_s
+            if terminal:
+                ttl = self.settings.terminal_grace_s
         turn.expires = time.monotonic() + ttl
         if turn.wake is not None:
             turn.wake.set()

@@ -21,15 +21,15 @@ class BufferPublisher:
 
     Events reach it only after their commit, so the buffer never holds an event the
     Store lacks. A buffer failure is logged and never fails the turn: readers fall back
-    to the Store. A buffer with a synchronous `publish_events` (the in-memory one) gets each
+    to the Store. A buffer with a synchronous `publish_now` (the in-memory one) gets each
     event at once; any other gets batches from a task of its own.
     """
 
     def __init__(self, buffer: ReplayBuffer, turn_id: TurnId) -> None:
         self.buffer = buffer
         self.turn_id = turn_id
-        self._now: Callable[[TurnId, Sequence[DurableEvent | EphemeralEvent]], None] | None = (
-            getattr(buffer, "publish_events", None)
+        self._now: Callable[[TurnId, Sequence[Entry]], None] | None = getattr(
+            buffer, "publish_now", None
         )
         self._queue: asyncio.Queue[DurableEvent | EphemeralEvent | None] = asyncio.Queue()
         self._task = (
@@ -42,7 +42,7 @@ class BufferPublisher:
         if self._now is not None:
             if event is not None:
                 try:
-                    self._now(self.turn_id, (event,))
+                    self._now(self.turn_id, (_entry(event),))
                 except Exception:
                     log.exception("publishing an event of %s failed", self.turn_id)
             return
@@ -80,7 +80,11 @@ class BufferPublisher:
                 await self._task
 
 
-def _entry(event: DurableEvent | EphemeralEvent) -> tuple[int | None, bytes, bool]:
+Entry = tuple[int | None, bytes, bool]
+"""What a ReplayBuffer publishes: `(seq, wire bytes, is_terminal)`."""
+
+
+def _entry(event: DurableEvent | EphemeralEvent) -> Entry:
     """The buffer's `(seq, wire bytes, is_terminal)` for an event."""
     seq = event.seq if isinstance(event, DurableEvent) else None
     return (seq, encode_event(event), isinstance(event, DoneEvent))
