@@ -34,6 +34,7 @@ from langgraph.checkpoint.base import (
 from langgraph.checkpoint.sqlite import SqliteSaver
 
 from turnkit.store._folds import WalFolds
+from turnkit.store._sqlite import is_busy, tune
 
 __all__ = ("ThreadedSqliteSaver",)
 
@@ -113,10 +114,7 @@ class ThreadedSqliteSaver(SqliteSaver):
 
     def __init__(self, path: str) -> None:
         conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute("PRAGMA synchronous=NORMAL")
-        conn.execute("PRAGMA busy_timeout=0")
-        conn.execute("PRAGMA wal_autocheckpoint=0")  # see _fold_wal
+        tune(conn, busy_timeout_ms=0, autocheckpoint=False)  # folds: see _fold_wal
         super().__init__(conn)
         self._path = path
         self._fold_conn: sqlite3.Connection | None = None  # the thread's, for folding
@@ -157,7 +155,7 @@ class ThreadedSqliteSaver(SqliteSaver):
             try:
                 self.conn.execute("BEGIN IMMEDIATE")
             except sqlite3.OperationalError as exc:
-                if "locked" in str(exc) or "busy" in str(exc):
+                if is_busy(exc):
                     raise _Busy from exc
                 raise
             finally:
@@ -241,7 +239,7 @@ class ThreadedSqliteSaver(SqliteSaver):
             try:
                 return fn()
             except sqlite3.OperationalError as exc:
-                if "locked" in str(exc) or "busy" in str(exc):
+                if is_busy(exc):
                     raise _Busy from exc
                 raise
             finally:

@@ -26,7 +26,7 @@ from sqlalchemy import Boolean, DateTime
 from sqlalchemy.dialects import sqlite
 from sqlalchemy.exc import IntegrityError, OperationalError
 
-__all__ = ("BusyError", "RawResult", "SqliteConnection", "connect", "tune")
+__all__ = ("BusyError", "RawResult", "SqliteConnection", "connect", "is_busy", "tune")
 
 _DIALECT = sqlite.dialect(paramstyle="named")
 _POSTCOMPILE = re.compile(r"__\[POSTCOMPILE_(\w+)\]")
@@ -102,7 +102,7 @@ def _bind_value(value: Any) -> Any:
     return value
 
 
-def _is_busy(exc: sqlite3.OperationalError) -> bool:
+def is_busy(exc: sqlite3.OperationalError) -> bool:
     """SQLITE_BUSY or SQLITE_LOCKED: another connection holds a lock."""
     code = getattr(exc, "sqlite_errorcode", None)
     return code in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED) or "locked" in str(exc)
@@ -241,7 +241,7 @@ class SqliteConnection:
         except sqlite3.IntegrityError as exc:
             raise IntegrityError(compiled.sql, None, exc) from exc
         except sqlite3.OperationalError as exc:
-            if _is_busy(exc):  # a read that met a lock (writes hold theirs from BEGIN)
+            if is_busy(exc):  # a read that met a lock (writes hold theirs from BEGIN)
                 raise BusyError(str(exc)) from exc
             raise
 
@@ -255,7 +255,7 @@ class SqliteConnection:
         try:
             self.raw.execute("BEGIN IMMEDIATE" if write else "BEGIN")
         except sqlite3.OperationalError as exc:
-            if _is_busy(exc):
+            if is_busy(exc):
                 raise BusyError(str(exc)) from exc
             raise OperationalError("BEGIN", None, exc) from exc
         try:
