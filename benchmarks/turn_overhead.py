@@ -6,7 +6,7 @@ one) the separate synthesize call — turnkit's structure makes that 3 model cal
 and the floor and the bare LangGraph graph do exactly those 3 calls too. PydanticAI's loop
 ends on the first answer, so it does 2 calls + 1 tool (noted in the table).
 
-Two floors bound what durability can cost on LangGraph: the bare graph with LangGraph's
+Floors bound what durability can cost on LangGraph: the bare graph with LangGraph's
 `InMemorySaver` (its checkpoint machinery alone), and the "durable floor": the bare graph
 committing each model step's events in one raw `sqlite3` transaction before emitting them,
 with LangGraph's own `SqliteSaver` writing in place (no thread hop). The durable floor has
@@ -26,10 +26,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import itertools
 import json
 import operator
 import os
 import platform
+import sqlite3
 import statistics
 import sys
 import tempfile
@@ -44,7 +46,13 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 from turnkit import Agent, RuntimeConfig, SessionRuntime, tool
 from turnkit.blocks import ToolResultBlock
-from turnkit.events import DoneEvent, MessageDeltaEvent, StepStartEvent, ToolCompletedEvent
+from turnkit.events import (
+    DoneEvent,
+    MessageDeltaEvent,
+    StepStartEvent,
+    ToolCompletedEvent,
+    encode_event,
+)
 from turnkit.models import ModelRequest
 from turnkit.testing import ModelStep, ScriptedModel, call
 
@@ -199,41 +207,36 @@ def langgraph_turn(graph: Any, **kwargs: Any) -> Turn:
 # ── the durable floor: LangGraph, its SQLite checkpointer and raw event commits ──────
 
 
-class _InPlaceSqliteSaver:
+def _wal_connection(path: Path) -> sqlite3.Connection:
+    """A sqlite3 connection as turnkit tunes its own: WAL, synchronous=NORMAL."""
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=NORMAL")
+    return conn
+
+
+def _in_place_sqlite_saver(path: Path) -> Any:
     """LangGraph's `SqliteSaver`, its async methods run in place (no thread hop)."""
+    from langgraph.checkpoint.sqlite import SqliteSaver
 
-    @staticmethod
-    def open(path: Path) -> Any:
-        import sqlite3
+    class InPlace(SqliteSaver):
+        async def aget_tuple(self, config: Any) -> Any:
+            return self.get_tuple(config)
 
-        from langgraph.checkpoint.sqlite import SqliteSaver
+        async def aput(self, *args: Any) -> Any:
+            return self.put(*args)
 
-        class InPlace(SqliteSaver):
-            async def aget_tuple(self, config: Any) -> Any:
-                return self.get_tuple(config)
+        async def aput_writes(self, *args: Any, **kwargs: Any) -> None:
+            self.put_writes(*args, **kwargs)
 
-            async def aput(self, *args: Any) -> Any:
-                return self.put(*args)
-
-            async def aput_writes(self, *args: Any, **kwargs: Any) -> None:
-                self.put_writes(*args, **kwargs)
-
-        conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute("PRAGMA synchronous=NORMAL")
-        saver = InPlace(conn)
-        saver.setup()
-        return saver
+    saver = InPlace(_wal_connection(path))
+    saver.setup()
+    return saver
 
 
 def _raw_event_log(path: Path) -> Callable[[int, list[Any]], None]:
     """One sqlite3 transaction per model step, inserting its events as JSON."""
-    import itertools
-    import sqlite3
-
-    conn = sqlite3.connect(path, isolation_level=None)
-    conn.execute("PRAGMA journal_mode=WAL")
-    conn.execute("PRAGMA synchronous=NORMAL")
+    conn = _wal_connection(path)
     conn.execute("CREATE TABLE events (id INTEGER PRIMARY KEY, turn INT, data BLOB)")
     ids = itertools.count(1)
 
@@ -241,7 +244,7 @@ def _raw_event_log(path: Path) -> Callable[[int, list[Any]], None]:
         conn.execute("BEGIN IMMEDIATE")
         conn.executemany(
             "INSERT INTO events (id, turn, data) VALUES (?, ?, ?)",
-            [(next(ids), turn, e.__pydantic_serializer__.to_json(e)) for e in events],
+            [(next(ids), turn, encode_event(e)) for e in events],
         )
         conn.execute("COMMIT")
 
@@ -262,7 +265,7 @@ def durable_floor(tmp: Path, durability: str, *, checkpoints_in_memory: bool = F
     saver = (
         InMemorySaver()
         if checkpoints_in_memory
-        else _InPlaceSqliteSaver.open(tmp / f"{name}.checkpoints.db")
+        else _in_place_sqlite_saver(tmp / f"{name}.checkpoints.db")
     )
     graph = _langgraph_graph(saver, commit=_raw_event_log(tmp / f"{name}.db"))
     return langgraph_turn(graph, durability=durability)
