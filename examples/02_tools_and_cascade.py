@@ -33,12 +33,12 @@ async def live_price(symbol: str) -> float:
 
 # Each model call starts at the family's first rung; this one is rate-limited every time.
 primary = ScriptedModel(
-    [ModelStep.fail(ProviderError("rate limited", status_code=429))] * 3, name="big"
+    [ModelStep.fail(ProviderError("rate limited", status_code=429))] * 2, name="big"
 )
 backup = ScriptedModel(
     [
         ModelStep.tool_call_reply(call("live_price", symbol="ACME")),
-        ModelStep.text_reply("ACME trades at 12.5."),
+        # A call that names no tool has finished: its text is the answer (no extra call).
         ModelStep.text_reply("ACME is at $12.50 (from the cache: the live feed is down)."),
     ],
     name="small",

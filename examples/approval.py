@@ -40,9 +40,7 @@ async def main() -> None:
                 request = event
         print("status:", (await first.turn(request.turn_id)).status)
     # ... the process stops; hours later another one answers the card:
-    answering = ScriptedModel(
-        [ModelStep.text_reply("Transferred."), ModelStep.text_reply("Ada got her 40 EUR.")]
-    )
+    answering = ScriptedModel([ModelStep.text_reply("Ada got her 40 EUR.")])
     async with runtime(db, answering) as second:
         print("approving", request.summary)
         await second.resume(request.turn_id, request.request_id, Approve())

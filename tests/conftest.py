@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+import turnkit.context.prefix
 import turnkit.models
 from tests.support.openai_server import openai_server as openai_server
 from turnkit import Agent, RuntimeConfig, SessionRuntime
@@ -24,6 +25,14 @@ def _no_network() -> Iterator[None]:
     turnkit.models.ALLOW_NETWORK = False
     yield
     turnkit.models.ALLOW_NETWORK = True
+
+
+@pytest.fixture(autouse=True)
+def _strict_prefix() -> Iterator[None]:
+    """A request that rewrites what an earlier one sent fails the turn (not just a log)."""
+    turnkit.context.prefix.STRICT = True
+    yield
+    turnkit.context.prefix.STRICT = False
 
 
 @pytest.fixture

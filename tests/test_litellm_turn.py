@@ -31,7 +31,6 @@ async def test_tool_using_turn_over_http(
         "fake-model",
         [
             Reply.tool_call("add", {"a": 20, "b": 22}, call_id="call_abc", chunks=5),
-            Reply.text("Got 42.", chunks=2),
             Reply.text("The answer is 42.", chunks=4, prompt_tokens=50, completion_tokens=6),
         ],
     )
@@ -43,13 +42,13 @@ async def test_tool_using_turn_over_http(
     assert completed.tool_call_id == "call_abc"
     assert completed.result.output == 42
     answer_deltas = [
-        e.text for e in events if isinstance(e, MessageDeltaEvent) and e.stage_id == "synthesize"
+        e.text for e in events if isinstance(e, MessageDeltaEvent) and e.stage_id == "tool-loop"
     ]
     assert len(answer_deltas) == 4
     assert "".join(answer_deltas) == "The answer is 42."
     [usage] = [e for e in events if isinstance(e, UsageEvent)]
-    assert usage.model_calls == 3
-    assert usage.input_tokens == 11 + 11 + 50
+    assert usage.model_calls == 2  # the loop's last call wrote the answer
+    assert usage.input_tokens == 11 + 50
     assert isinstance(events[-1], DoneEvent)
     assert events[-1].status == "succeeded"
     # What the provider received: the tool result went back as a tool message.
@@ -60,7 +59,7 @@ async def test_tool_using_turn_over_http(
     assert tool_message["role"] == "tool"
     assert tool_message["tool_call_id"] == "call_abc"
     assert json.loads(tool_message["content"]) == 42
-    assert "tools" not in openai_server.requests[2]  # synthesize withholds tools
+    assert len(openai_server.requests) == 2
 
 
 async def test_rate_limited_rung_walks_to_the_next_over_http(

@@ -19,8 +19,7 @@ def _script() -> ScriptedModel:
     return ScriptedModel(
         [
             ModelStep.tool_call_reply(call("add", a=2, b=3), text="Adding."),
-            ModelStep.text_reply("The sum is 5."),
-            ModelStep.text_reply("2 + 3 = 5."),
+            ModelStep.text_reply("2 + 3 = 5."),  # names no tool: this text is the answer
         ]
     )
 
@@ -40,7 +39,6 @@ async def test_tool_using_turn_event_order(runtime_factory: RuntimeFactory) -> N
         ("tool.completed", "tool-loop"),
         ("step.end", "tool-loop"),
         ("step.start", "tool-loop"),
-        ("message.complete", "tool-loop"),
         ("step.end", "tool-loop"),
         ("step.start", "synthesize"),
         ("message.complete", "synthesize"),
@@ -74,7 +72,7 @@ async def test_history_returns_blocks_in_order(runtime_factory: RuntimeFactory) 
     await collect_events(runtime.execute_message("s1", "What is 2 + 3?"))
     [turn] = await runtime.history("s1")
     kinds = [type(b) for b in turn.blocks]
-    assert kinds == [UserBlock, TextBlock, ToolUseBlock, ToolResultBlock, TextBlock, TextBlock]
+    assert kinds == [UserBlock, TextBlock, ToolUseBlock, ToolResultBlock, TextBlock]
     assert turn.answer == "2 + 3 = 5."
     assert turn.status == "succeeded"
     narration = turn.blocks[1]
@@ -91,12 +89,12 @@ async def test_exactly_one_synthesis_row_and_one_row_per_model_call(
     events = await collect_events(runtime.execute_message("s1", "What is 2 + 3?"))
     rows = await runtime.audit(events[0].turn_id)
     model_rows = [r for r in rows if r.call is not None]
-    assert len(model_rows) == len(model.calls) == 3
+    assert len(model_rows) == len(model.calls) == 2  # a one-tool turn makes two calls
     assert [r.payloads.kinds() for r in rows] == [
         ("planGeneration",),
         ("cacheBreakpoint", "toolSelection"),
         ("cacheBreakpoint",),
-        ("synthesisQuality",),
+        ("synthesisQuality",),  # the loop's last call wrote the answer: no call of its own
     ]
     assert [r.identity.seq_within_turn for r in rows] == [1, 2, 3, 4]
     synthesis = [r for r in rows if r.payloads.synthesis_quality is not None]
@@ -105,12 +103,14 @@ async def test_exactly_one_synthesis_row_and_one_row_per_model_call(
     assert quality is not None
     assert quality.answer_chars == len("2 + 3 = 5.")
     assert quality.tool_calls_in_turn == 1
+    assert quality.source == "tool-loop"
+    assert synthesis[0].call is None
     selection = rows[1].payloads.tool_selection
     assert selection is not None
-    assert selection.offered == ("add",)
+    assert selection.offered == ("add", "read_tool_result")
     assert [s.tool_name for s in selection.selected] == ["add"]
     usage = await runtime.store.read_usage(events[0].turn_id)
-    assert usage.model_calls == 3
+    assert usage.model_calls == 2
     assert usage.input_tokens == sum(r.call.input_tokens for r in model_rows if r.call)
 
 
@@ -121,8 +121,52 @@ async def test_tool_loop_requests_only_append(runtime_factory: RuntimeFactory) -
     await collect_events(runtime.execute_message("s1", "What is 2 + 3?"))
     for before, after in zip(model.calls, model.calls[1:], strict=False):
         assert after.messages[: len(before.messages)] == before.messages
-    assert model.calls[-1].tools == ()  # synthesize withholds tools
+        assert after.tools == before.tools  # the tools are part of the cached prefix
     assert model.calls[0].tools[0].name == "add"
+
+
+async def test_a_no_tool_turn_is_one_call_streamed_once(runtime_factory: RuntimeFactory) -> None:
+    model = ScriptedModel([ModelStep.text_reply("Paris is the capital of France.")])
+    runtime = runtime_factory(Agent(model=model, tools=[add]))
+    events = await collect_events(runtime.execute_message("s1", "Capital of France?"))
+    model.assert_complete()
+    assert len(model.calls) == 1
+    deltas = "".join(e.text for e in events if isinstance(e, MessageDeltaEvent))
+    assert deltas == "Paris is the capital of France."  # streamed once, not twice
+    completes = [e for e in events if isinstance(e, MessageCompleteEvent)]
+    assert [(c.stage_id, c.block.is_answer) for c in completes] == [("synthesize", True)]
+    [turn] = await runtime.history("s1")
+    texts = [b.text for b in turn.blocks if isinstance(b, TextBlock)]
+    assert texts == ["Paris is the capital of France."]  # the answer is in history once
+
+
+async def test_separate_synthesis_keeps_the_old_shape(runtime_factory: RuntimeFactory) -> None:
+    writer = ScriptedModel([ModelStep.text_reply("2 + 3 = 5.")], name="writer")
+    model = ScriptedModel(
+        [
+            ModelStep.tool_call_reply(call("add", a=2, b=3), text="Adding."),
+            ModelStep.text_reply("The sum is 5."),
+        ]
+    )
+    agent = Agent(model=model, tools=[add], synthesis="separate", synthesis_model=writer)
+    runtime = runtime_factory(agent)
+    events = await collect_events(runtime.execute_message("s1", "What is 2 + 3?"))
+    model.assert_complete()
+    writer.assert_complete()
+    [turn] = await runtime.history("s1")
+    assert turn.answer == "2 + 3 = 5."
+    texts = [(b.text, b.is_answer) for b in turn.blocks if isinstance(b, TextBlock)]
+    assert texts == [("Adding.", False), ("The sum is 5.", False), ("2 + 3 = 5.", True)]
+    rows = await runtime.audit(events[0].turn_id)
+    [quality] = [r for r in rows if r.payloads.synthesis_quality is not None]
+    assert quality.call is not None and quality.call.model == "writer"
+    assert quality.payloads.synthesis_quality is not None
+    assert quality.payloads.synthesis_quality.source == "synthesize"
+    # The synthesis call keeps the prefix: same tools offered (not usable), messages appended.
+    last_loop, synthesis = model.calls[-1], writer.calls[0]
+    assert synthesis.messages[: len(last_loop.messages)] == last_loop.messages
+    assert synthesis.tools == last_loop.tools
+    assert synthesis.tool_choice == "none"
 
 
 async def test_second_turn_sees_the_first_answer(runtime_factory: RuntimeFactory) -> None:

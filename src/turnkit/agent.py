@@ -16,10 +16,18 @@ from turnkit.pauses import ApprovalPolicy
 from turnkit.plugins import Plugin, validate_plugins
 from turnkit.tools import Tool, ToolRegistry
 
-__all__ = ("DEFAULT_SYNTHESIS_INSTRUCTIONS", "Agent", "Effort", "SkippableStage", "load_agent")
+__all__ = (
+    "DEFAULT_SYNTHESIS_INSTRUCTIONS",
+    "Agent",
+    "Effort",
+    "SkippableStage",
+    "Synthesis",
+    "load_agent",
+)
 
 Effort = Literal["off", "low", "medium", "high"]
 SkippableStage = Literal["anchor-plan", "tool-loop"]
+Synthesis = Literal["terminal", "separate"]
 
 DEFAULT_SYNTHESIS_INSTRUCTIONS: Final = (
     "Write the final answer to the user's last message now, using what the conversation "
@@ -36,14 +44,24 @@ class Agent:
         instructions: The system prompt.
         model: A litellm model string (`"openai/gpt-4o-mini"`), a `ModelClient`, or a
             `ModelFamily` whose rungs are tried in order.
-        utility_model: Cheaper model for anchor-plan; without one, anchor-plan plans
-            without a model call.
+        utility_model: The background model: plans in anchor-plan, writes the turn's
+            thinking summary and compacts history. Without one, anchor-plan plans by a
+            heuristic, there is no thinking summary, and compaction drops old turns.
         tools: What the model may call; names must be unique.
         effort: Thinking budget per call (off/low/medium/high = 0/1,024/4,096/16,384
             tokens), none for models without reasoning.
         skip_stages: Stages to leave out. The tool-loop is also skipped when the agent
             has no tools; synthesize and post-turn always run.
-        synthesis_instructions: The closing instruction of the one synthesize call.
+        synthesis: `terminal` (default): the text of the tool-loop call that names no
+            tool is the answer, streamed once, with no further call. `separate`: one more
+            call writes the answer from the loop's work (then the loop's last text is
+            narration).
+        synthesis_model: The model of the separate synthesis call (default: `model`);
+            only with `synthesis="separate"`.
+        synthesis_instructions: The closing instruction of a separate synthesis call.
+        tool_result_preview_chars: A longer tool result is sent to the model as a
+            preview of this many characters plus a note; the model reads on with the
+            built-in `read_tool_result` tool. None sends results whole.
         plugins: Post-turn enrichment and other hooks, validated here and run by `order`.
         approval: When a tool call waits for a person: `never`, `always` ("Ask before each
             action") or a function of (tool name, arguments). A tool's own `approval`
@@ -59,7 +77,10 @@ class Agent:
     tools: Sequence[Tool] = ()
     effort: Effort = "off"
     skip_stages: frozenset[SkippableStage] = field(default_factory=frozenset[SkippableStage])
+    synthesis: Synthesis = "terminal"
+    synthesis_model: str | ModelClient | None = None
     synthesis_instructions: str = DEFAULT_SYNTHESIS_INSTRUCTIONS
+    tool_result_preview_chars: int | None = 16_000
     plugins: Sequence[Plugin] = ()
     approval: ApprovalPolicy = "never"
     clarifications: bool = False
@@ -76,6 +97,20 @@ class Agent:
             raise ConfigurationError(
                 f"cannot skip {sorted(unknown)!r}: only 'anchor-plan' and 'tool-loop' may be "
                 "skipped; synthesize and post-turn always run"
+            )
+        if self.synthesis not in ("terminal", "separate"):
+            raise ConfigurationError(
+                f"synthesis {self.synthesis!r} is not 'terminal' or 'separate'"
+            )
+        if self.synthesis_model is not None and self.synthesis != "separate":
+            raise ConfigurationError(
+                "`synthesis_model` writes a separate synthesis call: set "
+                "`synthesis='separate'` too (the default answers with the loop's own text)"
+            )
+        if self.tool_result_preview_chars is not None and self.tool_result_preview_chars < 200:
+            raise ConfigurationError(
+                "`tool_result_preview_chars` must be at least 200 (or None to send results "
+                f"whole), not {self.tool_result_preview_chars}"
             )
         object.__setattr__(self, "tools", tuple(self.tools))
         object.__setattr__(self, "plugins", validate_plugins(self.plugins))

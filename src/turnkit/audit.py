@@ -3,9 +3,10 @@
 Each row carries the identity tuple (`session_id`, `turn_id`, `stage_id`,
 `seq_within_turn`), the post-routing call shape, and one typed slot per payload kind
 (`planGeneration`, `cacheBreakpoint`, `fallbackStep`, `toolSelection`, `toolFallbackStep`,
-`synthesisQuality`, `providerCascade`). A tool-loop call that emits tool calls fills two
-slots (`cacheBreakpoint` and `toolSelection`); a failed rung fills `fallbackStep`. The one
-untyped slot is `plugin_payloads`, namespaced by plugin name.
+`synthesisQuality`, `providerCascade`, `compaction`, `thinkingSummary`). A tool-loop call
+that emits tool calls fills two slots (`cacheBreakpoint` and `toolSelection`); a failed
+rung fills `fallbackStep`. The one untyped slot is `plugin_payloads`, namespaced by
+plugin name.
 """
 
 from __future__ import annotations
@@ -33,10 +34,12 @@ __all__ = (
     "CallIdentity",
     "CallOutcome",
     "CallShape",
+    "CompactionPayload",
     "FallbackStepPayload",
     "PlanGenerationPayload",
     "ProviderCascadePayload",
     "SynthesisQualityPayload",
+    "ThinkingSummaryPayload",
     "ToolCallRef",
     "ToolFallbackStepPayload",
     "ToolSelectionPayload",
@@ -90,15 +93,27 @@ class PlanGenerationPayload(BaseModel):
 
 
 class CacheBreakpointPayload(BaseModel):
-    """The cacheable prefix at the provider response boundary of a tool-loop call."""
+    """The cacheable prefix of a reasoning call, at its provider response boundary.
+
+    The previous request is the session's previous reasoning call, in this turn or the
+    one before. When the prefix broke, `broken_region` says where and `break_reason` why.
+    """
 
     model_config = _CONFIG
     kind: Literal["cacheBreakpoint"] = "cacheBreakpoint"
-    iteration: PositiveInt
+    iteration: PositiveInt | None = None
+    """The tool-loop iteration (None for a synthesize call)."""
     prefix_messages: NonNegativeInt
     """How many request messages repeat the previous call's messages byte for byte."""
     request_messages: NonNegativeInt
     cached_tokens: NonNegativeInt = 0
+    prefix_sha256: str = ""
+    """Hash of the shared prefix's message digests."""
+    broken_region: Literal["system", "tools", "history", "pictures"] | None = None
+    """Where the prefix broke (None: the request only appended)."""
+    break_reason: (
+        Literal["compaction", "picture-release", "agent-changed", "unexpected-rewrite"] | None
+    ) = None
 
 
 class FallbackStepPayload(BaseModel):
@@ -153,6 +168,37 @@ class SynthesisQualityPayload(BaseModel):
     """Hash of the exact answer string streamed to the client."""
     stop_reason: str
     tool_calls_in_turn: NonNegativeInt
+    source: Literal["tool-loop", "synthesize"] = "synthesize"
+    """Which call wrote the answer: the tool-loop call that named no tool (its terminal
+    text is the answer, no further call), or a separate synthesis call."""
+    generation_id: str | None = None
+    """The answering call's generation id."""
+
+
+class CompactionPayload(BaseModel):
+    """History replaced to stay within the context window (one deliberate prefix break)."""
+
+    model_config = _CONFIG
+    kind: Literal["compaction"] = "compaction"
+    strategy: Literal["summary", "keep-newest"]
+    """`summary`: the utility model summarized; `keep-newest`: old turns were dropped."""
+    tokens_before: NonNegativeInt
+    tokens_after: NonNegativeInt
+    messages_before: NonNegativeInt
+    messages_after: NonNegativeInt
+    context_window: PositiveInt
+    model: str | None = None
+    """The model that wrote the summary (None for `keep-newest`)."""
+
+
+class ThinkingSummaryPayload(BaseModel):
+    """The turn's thinking summary, written by the utility model (its own priced call)."""
+
+    model_config = _CONFIG
+    kind: Literal["thinkingSummary"] = "thinkingSummary"
+    summary_chars: NonNegativeInt
+    reasoning_chars: NonNegativeInt
+    """How much raw reasoning it summarized (the reasoning itself is never stored)."""
 
 
 class ProviderCascadePayload(BaseModel):
@@ -182,6 +228,8 @@ class AuditPayloads(BaseModel):
         default=None, alias="synthesisQuality"
     )
     provider_cascade: ProviderCascadePayload | None = Field(default=None, alias="providerCascade")
+    compaction: CompactionPayload | None = Field(default=None, alias="compaction")
+    thinking_summary: ThinkingSummaryPayload | None = Field(default=None, alias="thinkingSummary")
 
     def kinds(self) -> tuple[str, ...]:
         """Wire names of the filled slots."""

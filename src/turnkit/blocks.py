@@ -4,13 +4,16 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, TypeAdapter
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, TypeAdapter, model_validator
 
 from turnkit.ids import ToolCallId
 
 __all__ = (
     "BLOCK_ADAPTER",
     "Block",
+    "ContentPart",
+    "ImagePart",
+    "TextPart",
     "TextBlock",
     "ThinkingSummaryBlock",
     "ToolResultBlock",
@@ -21,12 +24,52 @@ __all__ = (
 _CONFIG = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
 
+class TextPart(BaseModel):
+    """A piece of text inside a message that also carries pictures."""
+
+    model_config = _CONFIG
+    kind: Literal["text"] = "text"
+    text: str
+
+
+class ImagePart(BaseModel):
+    """A picture: by `url` (http(s) or a `data:` URL), or as raw `data` with a media type."""
+
+    model_config = ConfigDict(
+        frozen=True,
+        extra="forbid",
+        use_attribute_docstrings=True,
+        ser_json_bytes="base64",
+        val_json_bytes="base64",
+    )
+    kind: Literal["image"] = "image"
+    url: str | None = None
+    data: bytes | None = None
+    """The picture's bytes (base64 in JSON)."""
+    media_type: str = "image/png"
+    """The picture's MIME type, e.g. `image/png` or `image/jpeg`."""
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ImagePart:
+        if (self.url is None) == (self.data is None):
+            raise ValueError("an image needs exactly one of `url` or `data`")
+        if not self.media_type.startswith("image/"):
+            raise ValueError(f"media_type {self.media_type!r} is not an image type")
+        return self
+
+
+ContentPart = Annotated[TextPart | ImagePart, Field(discriminator="kind")]
+"""One part of a multimodal user message or tool result."""
+
+
 class UserBlock(BaseModel):
     """The user's message that opened the turn."""
 
     model_config = _CONFIG
     kind: Literal["user"] = "user"
     text: str
+    attachments: tuple[ImagePart, ...] = ()
+    """Pictures the person attached to the message."""
 
 
 class TextBlock(BaseModel):

@@ -24,6 +24,8 @@ from turnkit.models import (
     TextDelta,
     ToolCallDelta,
     Usage,
+    estimate_tokens,
+    text_of,
 )
 from turnkit.tools import FunctionTool, tool
 
@@ -83,10 +85,11 @@ def _question(messages: tuple[ModelMessage, ...]) -> tuple[str, list[str]]:
     """The user's last message and the tool results that came after it."""
     for index in range(len(messages) - 1, -1, -1):
         message = messages[index]
-        # The synthesize call appends its closing instruction as a user message; skip it.
-        if message.role == "user" and message.content != DEFAULT_SYNTHESIS_INSTRUCTIONS:
-            results = [m.content for m in messages[index + 1 :] if m.role == "tool"]
-            return message.content, results
+        text = text_of(message.content)
+        # A separate synthesis call appends its closing instruction as a user message.
+        if message.role == "user" and text != DEFAULT_SYNTHESIS_INSTRUCTIONS:
+            results = [text_of(m.content) for m in messages[index + 1 :] if m.role == "tool"]
+            return text, results
     return "", []
 
 
@@ -116,10 +119,9 @@ class DemoModel:
                 name=name,
                 arguments=json.dumps(args),
             )
-        prompt = sum(len(m.content) for m in request.messages)
         yield Finish(
             "tool_use" if call else "end_turn",
-            Usage(input_tokens=prompt // 4 + 1, output_tokens=len(text) // 4 + 1),
+            Usage(input_tokens=estimate_tokens(request), output_tokens=len(text) // 4 + 1),
         )
 
     def _decide(self, request: ModelRequest) -> tuple[str, tuple[str, dict[str, str]] | None]:
@@ -128,9 +130,7 @@ class DemoModel:
         question, results = _question(messages)
         if request.purpose == "plan":
             return '{"intent": "answer", "depth": "none"}', None
-        if request.purpose == "tool-loop":
-            if results:
-                return f"The tool answered {results[-1]}.", None
+        if request.purpose == "tool-loop" and not results:
             match = _ARITHMETIC.search(question)
             if match and "calculator" in offered:
                 return "Let me work that out.", (
@@ -139,7 +139,6 @@ class DemoModel:
                 )
             if "word" in question.lower() and "word_count" in offered:
                 return "Counting words.", ("word_count", {"text": question})
-            return "", None
         if results:
             return (
                 f"[demo model] Using the tool result {results[-1]}: "

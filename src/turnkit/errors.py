@@ -21,6 +21,7 @@ TurnkitError
  │   ├─ ToolCallError                 truncated/malformed tool call naming no tool
  │   ├─ DeadlineExceededError         idle window or ceiling → `timed_out`
  │   ├─ UserAbortedError              the caller closed the stream or cancelled
+ │   ├─ PrefixRewriteError            a hook rewrote bytes an earlier call sent (strict mode)
  │   └─ InternalError                 an unexpected exception inside the turn
  ├─ StoreError
  │   └─ StaleEpochError       fencing rejection; the driver stops at once
@@ -48,6 +49,7 @@ __all__ = (
     "OutputLimitExceededError",
     "PauseAnsweredError",
     "PauseNotFoundError",
+    "PrefixRewriteError",
     "ProviderError",
     "ReplayCursorError",
     "SessionNotFoundError",
@@ -87,6 +89,7 @@ ErrorCode = Literal[
     "tool-failed",
     "deadline-exceeded",
     "user-aborted",
+    "prefix-rewritten",
     "internal-error",
     "store-error",
     "stale-epoch",
@@ -242,6 +245,17 @@ class UserAbortedError(TurnError):
     """The caller closed the stream or triggered the cancel token."""
 
     code: ClassVar[ErrorCode] = "user-aborted"
+
+
+class PrefixRewriteError(TurnError):
+    """A model request rewrote bytes an earlier request sent.
+
+    Compaction and picture release are the only rewrites allowed. Raised only when the
+    prefix check is strict (tests); in production the break is logged and audited and
+    the turn goes on.
+    """
+
+    code: ClassVar[ErrorCode] = "prefix-rewritten"
 
 
 class InternalError(TurnError):

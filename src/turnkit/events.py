@@ -21,7 +21,13 @@ from pydantic import (
     TypeAdapter,
 )
 
-from turnkit.blocks import TextBlock, ThinkingSummaryBlock, ToolResultBlock, ToolUseBlock
+from turnkit.blocks import (
+    ImagePart,
+    TextBlock,
+    ThinkingSummaryBlock,
+    ToolResultBlock,
+    ToolUseBlock,
+)
 from turnkit.errors import ErrorCode
 from turnkit.ids import SessionId, StageId, ToolCallId, TurnId
 from turnkit.states import TerminalStatus
@@ -98,6 +104,8 @@ class TurnStartedEvent(DurableEvent):
 
     type: Literal["turn.started"] = "turn.started"
     content: str
+    attachments: tuple[ImagePart, ...] = ()
+    """Pictures the person attached to the message."""
     """The user's message."""
     request_id: str | None = None
     agent: str
@@ -340,12 +348,16 @@ class CompactionStartedEvent(EphemeralEvent):
 
 
 class CompactionCompletedEvent(DurableEvent):
-    """The history was replaced by a summary."""
+    """The history was replaced (by a summary, or by dropping the oldest turns)."""
 
     type: Literal["compaction.completed"] = "compaction.completed"
     summarized_messages: NonNegativeInt
     tokens_before: NonNegativeInt
     tokens_after: NonNegativeInt
+    strategy: Literal["summary", "keep-newest"] = "summary"
+    """`summary`: the utility model summarized; `keep-newest`: old turns were dropped."""
+    model: str | None = None
+    """The model that wrote the summary (None for `keep-newest`)."""
 
 
 class UsageEvent(DurableEvent):

@@ -17,12 +17,14 @@ from pydantic import JsonValue
 
 from turnkit.audit import AuditPayloads, AuditRow, CallIdentity, CallShape, UsageDelta
 from turnkit.clock import Clock
+from turnkit.context.prefix import PreviousRequest
+from turnkit.context.transcript import TranscriptMessage
 from turnkit.events import DurableEvent, EphemeralEvent
 from turnkit.ids import SessionId, StageId, TurnId
 from turnkit.journal import Journal, dedupe_key
 from turnkit.pauses import PauseRequest
 from turnkit.states import TurnStatus
-from turnkit.store import RunSummary, Store
+from turnkit.store import RunSummary, Store, TurnTranscript
 
 __all__ = ("OpenCall", "Recorder")
 
@@ -91,6 +93,22 @@ class Recorder:
         """The newest guide the Store reported at the last commit."""
         self.requeued = 0
         """Guide messages the ending commit re-queued as turns of their own."""
+        self.transcript: list[TranscriptMessage] = []
+        """The model-facing transcript as of the last finished stage (kept at the end)."""
+        self.base_len = 0
+        """How many of `transcript`'s messages earlier turns had already stored."""
+        self.history_replaced = False
+        """Compaction or picture release rewrote history this turn (stored whole)."""
+        self.last_request: PreviousRequest | None = None
+        """The turn's last reasoning request (the next turn's first is checked against it)."""
+        self.reasoning: list[str] = []
+        """Raw reasoning of this attempt's calls: only the thinking summary reads it."""
+        self.request_text = ""
+        """The text of the message that opened the turn."""
+        self.background: set[asyncio.Task[Any]] = set()
+        """Work running beside the turn (the thinking summary); cancelled when it ends."""
+        self.full_results: dict[str, str] = {}
+        """Whole tool results of this turn by tool call id (read by `read_tool_result`)."""
 
     def durable(self, cls: type[D], stage_id: StageId, **fields: Any) -> D | None:
         """Build a durable event with the next `seq` and stage it for the next flush.
@@ -182,10 +200,11 @@ class Recorder:
         summary: RunSummary | None = None,
         release: bool = False,
         pause: PauseRequest | None = None,
+        transcript: TurnTranscript | None = None,
     ) -> None:
         """Commit everything staged (and a status move) in one transaction, then publish."""
         async with self._lock:
-            await self._commit_staged(status, error_code, summary, release, pause)
+            await self._commit_staged(status, error_code, summary, release, pause, transcript)
 
     async def _commit_staged(
         self,
@@ -194,6 +213,7 @@ class Recorder:
         summary: RunSummary | None = None,
         release: bool = False,
         pause: PauseRequest | None = None,
+        transcript: TurnTranscript | None = None,
     ) -> None:
         if not (self._events or self._audit or status or release):
             return
@@ -211,6 +231,7 @@ class Recorder:
                 release=release,
                 pause=pause,
                 guides_consumed_through=self.consumed_input_seq if release else None,
+                transcript=transcript,
             )
         except BaseException:
             # Nothing was committed: keep it staged so a later flush (or the error path)

@@ -182,8 +182,8 @@ async def test_kill_between_the_answer_and_the_settle(db: DB, workers: Workers) 
         record = await runtime.turn(turn_id)
         assert record.status == "succeeded", record
         _assert_clean_log(await _events(runtime, turn_id))
-        synth = [c for c in _log(workers) if c["event"] == "model" and c["purpose"] == "synthesize"]
-        assert len(synth) == 1, "the answer was not asked for (or billed) twice"
+        answering = [c for c in _log(workers) if c["event"] == "model" and c["has_result"]]
+        assert len(answering) == 1, "the answer was not asked for (or billed) twice"
         rows = await runtime.audit(turn_id)
         assert len([r for r in rows if r.payloads.synthesis_quality]) == 1
     finally:

@@ -76,7 +76,6 @@ async def test_invalid_arguments_become_a_failed_result_and_the_turn_answers(
         [
             ModelStep.tool_call_reply(call("add", a="two", b=3)),
             ModelStep.tool_call_reply(call("add", a=2, b=3)),
-            ModelStep.text_reply("Fixed."),
             ModelStep.text_reply("5"),
         ]
     )

@@ -82,7 +82,7 @@ class RuleModel:
             )
             yield Finish("tool_use", usage)
         elif request.purpose == "tool-loop":
-            yield TextDelta("The tool answered 42.")
+            yield TextDelta("The answer is 42.")
             yield Finish("end_turn", usage)
         else:
             yield TextDelta("The answer is 42.")

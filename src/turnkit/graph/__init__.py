@@ -7,10 +7,9 @@ synthesize: it runs once per turn, by structure.
 
 from __future__ import annotations
 
-import operator
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Annotated, Any, Literal, TypedDict, cast
+from typing import Any, Literal, TypedDict, cast
 
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.graph import END, START, StateGraph
@@ -18,6 +17,7 @@ from langgraph.graph.state import CompiledStateGraph
 from langgraph.runtime import Runtime
 from langgraph.types import Command, interrupt
 
+from turnkit.context.prefix import PreviousRequest
 from turnkit.events import StageName, StepEndEvent, StepStartEvent
 from turnkit.stages import (
     StageContext,
@@ -27,7 +27,7 @@ from turnkit.stages import (
     run_synthesize,
     run_tool_loop,
 )
-from turnkit.stages._types import Route, TranscriptMessage
+from turnkit.stages._types import PendingAnswer, Route, TranscriptMessage
 
 __all__ = (
     "TurnGraph",
@@ -44,11 +44,15 @@ __all__ = (
 class TurnState(TypedDict):
     """Graph state: plain JSON, so any checkpointer stores it without custom types."""
 
-    transcript: Annotated[list[TranscriptMessage], operator.add]
+    transcript: list[TranscriptMessage]
+    """The model-facing transcript, whole (compaction may replace it)."""
     content: str
     route: Route
     iteration: int
-    last_request_len: int
+    previous: PreviousRequest | None
+    """The session's last reasoning request (the prefix check compares with it)."""
+    answer: PendingAnswer | None
+    """The tool-loop's terminal text, once a call named no tool."""
 
 
 TurnGraph = CompiledStateGraph[TurnState, StageContext, TurnState, TurnState]
@@ -82,47 +86,63 @@ async def _bracket(
     return outcome
 
 
-def _bind(runtime: Runtime[StageContext]) -> StageContext:
+def _bind(runtime: Runtime[StageContext], state: TurnState) -> StageContext:
     ctx = runtime.context
     ctx.recorder.publish = runtime.stream_writer
+    ctx.recorder.transcript = state["transcript"]  # what a failure now would keep
+    if state["previous"] is not None:
+        ctx.recorder.last_request = state["previous"]
     return ctx
 
 
+def _update(ctx: StageContext, out: StageOutcome) -> dict[str, Any]:
+    update: dict[str, Any] = {"route": out.route}
+    if out.transcript is not None:
+        update["transcript"] = out.transcript
+        ctx.recorder.transcript = out.transcript
+    if out.previous is not None:
+        update["previous"] = out.previous
+    if out.answer is not None:
+        update["answer"] = out.answer
+    return update
+
+
 async def _anchor_plan(state: TurnState, runtime: Runtime[StageContext]) -> dict[str, Any]:
-    ctx = _bind(runtime)
+    ctx = _bind(runtime, state)
     out = await _bracket(
         ctx,
         "anchor-plan",
         None,
-        lambda: run_anchor_plan(ctx, state["content"]),
+        lambda: run_anchor_plan(ctx, state["content"], state["transcript"]),
     )
-    return {"transcript": list(out.appended), "route": out.route}
+    return _update(ctx, out)
 
 
 async def _tool_loop(state: TurnState, runtime: Runtime[StageContext]) -> dict[str, Any]:
-    ctx = _bind(runtime)
+    ctx = _bind(runtime, state)
     iteration = state["iteration"] + 1
-    transcript = state["transcript"]
-    previous = transcript[: state["last_request_len"]]
     out = await _bracket(
-        ctx, "tool-loop", iteration, lambda: run_tool_loop(ctx, transcript, iteration, previous)
+        ctx,
+        "tool-loop",
+        iteration,
+        lambda: run_tool_loop(ctx, state["transcript"], iteration, state["previous"]),
     )
-    return {
-        "transcript": list(out.appended),
-        "route": out.route,
-        "iteration": iteration,
-        "last_request_len": len(transcript),
-    }
+    return {**_update(ctx, out), "iteration": iteration}
 
 
 async def _synthesize(state: TurnState, runtime: Runtime[StageContext]) -> dict[str, Any]:
-    ctx = _bind(runtime)
-    out = await _bracket(ctx, "synthesize", None, lambda: run_synthesize(ctx, state["transcript"]))
-    return {"transcript": list(out.appended), "route": out.route}
+    ctx = _bind(runtime, state)
+    out = await _bracket(
+        ctx,
+        "synthesize",
+        None,
+        lambda: run_synthesize(ctx, state["transcript"], state["previous"], state["answer"]),
+    )
+    return _update(ctx, out)
 
 
 async def _post_turn(state: TurnState, runtime: Runtime[StageContext]) -> dict[str, Any]:
-    ctx = _bind(runtime)
+    ctx = _bind(runtime, state)
     out = await _bracket(ctx, "post-turn", None, lambda: run_post_turn(ctx, state["transcript"]))
     return {"route": out.route}
 

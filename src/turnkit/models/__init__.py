@@ -10,8 +10,14 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
+from turnkit.blocks import ContentPart, ImagePart, TextPart
+
 __all__ = (
     "ALLOW_NETWORK",
+    "Content",
+    "estimate_tokens",
+    "pictures_in",
+    "text_of",
     "Finish",
     "ModelClient",
     "ModelMessage",
@@ -35,6 +41,11 @@ ALLOW_NETWORK = True
 
 StopReason = Literal["end_turn", "tool_use", "max_tokens", "error"]
 Role = Literal["system", "user", "assistant", "tool"]
+Content = str | tuple[ContentPart, ...]
+"""A message's content: plain text, or parts (text and pictures)."""
+
+_TOKENS_PER_PICTURE = 800
+"""A rough count for one picture when the client cannot count (most cost 85-1,600)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -51,7 +62,7 @@ class ModelMessage:
     """One chat message in provider-neutral form."""
 
     role: Role
-    content: str = ""
+    content: Content = ""
     tool_calls: tuple[ToolCallPart, ...] = ()
     tool_call_id: str | None = None
     """Set on `tool` messages: the call this message answers."""
@@ -76,6 +87,8 @@ class ModelRequest:
     thinking_budget: int = 0
     """Reasoning tokens allowed for this call (0 = reasoning off)."""
     max_output_tokens: int | None = None
+    tool_choice: Literal["auto", "none"] = "auto"
+    """`none`: the tools are offered (so the prompt prefix stays the same) but not usable."""
     purpose: Literal["plan", "tool-loop", "synthesize", "utility"] = "tool-loop"
 
 
@@ -181,6 +194,35 @@ class ModelClient(Protocol):
     def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
         """Stream one call."""
         ...
+
+
+def text_of(content: Content) -> str:
+    """The text of a message's content (pictures left out)."""
+    if isinstance(content, str):
+        return content
+    return "".join(part.text for part in content if isinstance(part, TextPart))
+
+
+def pictures_in(content: Content) -> int:
+    """How many pictures a message's content carries."""
+    if isinstance(content, str):
+        return 0
+    return sum(1 for part in content if isinstance(part, ImagePart))
+
+
+def estimate_tokens(request: ModelRequest) -> int:
+    """A provider-neutral token estimate of a request (about four characters a token).
+
+    Used when a client cannot count its own tokens; litellm-backed clients count exactly.
+    """
+    chars = 0
+    pictures = 0
+    for message in request.messages:
+        chars += len(text_of(message.content)) + 4
+        pictures += pictures_in(message.content)
+        chars += sum(len(c.name) + len(c.arguments) + 8 for c in message.tool_calls)
+    chars += sum(len(t.name) + len(t.description) + len(str(t.parameters)) for t in request.tools)
+    return chars // 4 + 1 + pictures * _TOKENS_PER_PICTURE
 
 
 class closing_stream:

@@ -13,6 +13,7 @@ from turnkit.models import (
     RungFailed,
     RungStarted,
     closing_stream,
+    estimate_tokens,
 )
 
 __all__ = ("ModelFamily", "default_is_retriable", "resolve_family")
@@ -65,6 +66,32 @@ class ModelFamily:
     def provider(self) -> str:
         """The first rung's provider."""
         return self.rungs[0].provider
+
+    def context_window(self) -> int | None:
+        """The smallest context window a rung declares (None: no rung declares one).
+
+        A client declares its window with a `context_window` attribute; `LiteLLMClient`
+        reads it from litellm's model catalog.
+        """
+        windows = [
+            w
+            for rung in self.rungs
+            if isinstance(w := getattr(rung, "context_window", None), int) and w > 0
+        ]
+        return min(windows) if windows else None
+
+    def count_tokens(self, request: ModelRequest) -> int:
+        """Input tokens of `request` as the first rung counts them (else an estimate).
+
+        A client counts its own tokens with a `count_tokens(request)` method; others get
+        `turnkit.models.estimate_tokens`.
+        """
+        counter = getattr(self.rungs[0], "count_tokens", None)
+        if callable(counter):
+            counted = counter(request)
+            if isinstance(counted, int):
+                return counted
+        return estimate_tokens(request)
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
         """Stream the call on the first rung that answers."""

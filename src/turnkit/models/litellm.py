@@ -8,18 +8,21 @@ and every provider failure becomes a `ProviderError` with `is_retriable` set.
 
 from __future__ import annotations
 
+import base64
 import importlib
 import ipaddress
 import math
 import os
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from types import ModuleType
 from typing import Any
 from urllib.parse import urlsplit
 
 from turnkit import models as _models
+from turnkit.blocks import ContentPart, ImagePart, TextPart
 from turnkit.errors import ConfigurationError, InvalidInputError, ProviderError, UnknownModelError
 from turnkit.models import (
+    Content,
     Finish,
     ModelChunk,
     ModelMessage,
@@ -30,6 +33,7 @@ from turnkit.models import (
     ToolCallDelta,
     ToolSpec,
     Usage,
+    text_of,
 )
 from turnkit.models.family import RETRIABLE_STATUS
 
@@ -99,11 +103,25 @@ def _is_loopback(api_base: str | None) -> bool:
         return False
 
 
+def _part_dict(part: ContentPart) -> dict[str, object]:
+    if isinstance(part, TextPart):
+        return {"type": "text", "text": part.text}
+    url = part.url
+    if url is None:
+        assert part.data is not None  # an ImagePart has exactly one of url and data
+        url = f"data:{part.media_type};base64,{base64.b64encode(part.data).decode()}"
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
+def _content(content: Content) -> object:
+    return content if isinstance(content, str) else [_part_dict(p) for p in content]
+
+
 def _message_dict(message: ModelMessage) -> dict[str, object]:
-    """One neutral message as an OpenAI chat message."""
+    """One neutral message as an OpenAI chat message (a tool's pictures left out)."""
     out: dict[str, object] = {"role": message.role}
     if message.role == "assistant" and message.tool_calls:
-        out["content"] = message.content or None
+        out["content"] = text_of(message.content) or None
         out["tool_calls"] = [
             {
                 "id": call.tool_call_id,
@@ -112,8 +130,10 @@ def _message_dict(message: ModelMessage) -> dict[str, object]:
             }
             for call in message.tool_calls
         ]
+    elif message.role == "tool":
+        out["content"] = text_of(message.content)
     else:
-        out["content"] = message.content
+        out["content"] = _content(message.content)
     if message.role == "tool":
         if not message.tool_call_id:
             raise InvalidInputError(
@@ -122,6 +142,30 @@ def _message_dict(message: ModelMessage) -> dict[str, object]:
         out["tool_call_id"] = message.tool_call_id
     elif message.name:
         out["name"] = message.name
+    return out
+
+
+def _message_dicts(messages: Sequence[ModelMessage]) -> list[dict[str, object]]:
+    """Neutral messages as OpenAI chat messages.
+
+    OpenAI-style tool messages carry text only, so the pictures a batch of tool results
+    returned follow that batch as one user message (deterministically, so the prompt
+    prefix stays byte-identical from call to call).
+    """
+    out: list[dict[str, object]] = []
+    pictures: list[dict[str, object]] = []
+    for message in messages:
+        if message.role != "tool" and pictures:
+            out.append({"role": "user", "content": pictures})
+            pictures = []
+        out.append(_message_dict(message))
+        if message.role == "tool" and not isinstance(message.content, str):
+            shown = [_part_dict(p) for p in message.content if isinstance(p, ImagePart)]
+            if shown:
+                label = f"Pictures returned by tool call {message.tool_call_id}:"
+                pictures += [{"type": "text", "text": label}, *shown]
+    if pictures:
+        out.append({"role": "user", "content": pictures})
     return out
 
 
@@ -204,6 +248,27 @@ class LiteLLMClient:
     def __repr__(self) -> str:
         return f"LiteLLMClient(model={self._model!r}, api_base={self._api_base!r})"
 
+    @property
+    def context_window(self) -> int:
+        """Input tokens the model accepts, from litellm's model catalog."""
+        from turnkit.models.catalog import model_facts
+
+        return model_facts(self._model).context_window
+
+    def count_tokens(self, request: ModelRequest) -> int:
+        """Input tokens of `request` by litellm's `token_counter` for this model."""
+        litellm = _load_litellm()
+        kwargs: dict[str, object] = {
+            "model": self._model,
+            "messages": _message_dicts(request.messages),
+        }
+        if request.tools:
+            kwargs["tools"] = [_tool_dict(t) for t in request.tools]
+        try:
+            return int(litellm.token_counter(**kwargs))
+        except Exception:  # noqa: BLE001 - a counter that fails must not fail the turn
+            return _models.estimate_tokens(request)
+
     async def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
         """Stream one call: text, thinking and tool-call deltas, then exactly one `Finish`.
 
@@ -264,7 +329,7 @@ class LiteLLMClient:
     def _call_kwargs(self, litellm: ModuleType, request: ModelRequest) -> dict[str, object]:
         kwargs: dict[str, object] = {
             "model": self._model,
-            "messages": [_message_dict(m) for m in request.messages],
+            "messages": _message_dicts(request.messages),
             "stream": True,
             "stream_options": {"include_usage": True},
             "timeout": self._timeout,
@@ -276,6 +341,8 @@ class LiteLLMClient:
             kwargs["api_key"] = self._api_key
         if request.tools:
             kwargs["tools"] = [_tool_dict(t) for t in request.tools]
+            if request.tool_choice != "auto":
+                kwargs["tool_choice"] = request.tool_choice
         if request.max_output_tokens is not None:
             kwargs["max_tokens"] = request.max_output_tokens
         kwargs.update(self._reasoning_kwargs(litellm, request))

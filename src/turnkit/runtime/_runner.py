@@ -10,12 +10,12 @@ from turnkit.clock import Clock
 from turnkit.config import RuntimeConfig
 from turnkit.errors import TurnNotFoundError
 from turnkit.graph import TurnGraph, pause_here
-from turnkit.ids import TurnId
 from turnkit.models.family import ModelFamily, resolve_family
 from turnkit.runtime._history import TurnHistory, blocks_of
+from turnkit.runtime._transcript import session_transcript
 from turnkit.runtime.driver import Sink, TurnDriver
 from turnkit.stages import StageContext
-from turnkit.stages._types import Route, TranscriptMessage
+from turnkit.stages._types import Route
 from turnkit.store import Lease, Store, TurnRecord
 from turnkit.telemetry import Recorder
 
@@ -34,6 +34,7 @@ def pinned_config(agent: Agent, family: ModelFamily, effort: Effort) -> dict[str
         "effort": effort,
         "tools": list(agent.registry().names),
         "skip_stages": sorted(agent.skip_stages),
+        "synthesis": agent.synthesis,
     }
 
 
@@ -78,6 +79,11 @@ class TurnRunner:
         agent = agent or self.agent
         family = self.family(agent.model)
         utility = self.family(agent.utility_model) if agent.utility_model is not None else None
+        synthesis = (
+            self.family(agent.synthesis_model or agent.model)
+            if agent.synthesis == "separate"
+            else None
+        )
         effort: Effort = record.pinned.get("effort", agent.effort)  # type: ignore[assignment]
         budget = _thinking_budget(effort, family)
         registry = agent.registry()
@@ -90,9 +96,11 @@ class TurnRunner:
                 utility=utility,
                 registry=registry,
                 thinking_budget=budget,
+                synthesis=synthesis,
                 interrupt=pause_here,
             )
 
+        transcript, previous = await session_transcript(self.store, agent, record)
         return TurnDriver(
             graph=self.graph,
             store=self.store,
@@ -101,36 +109,11 @@ class TurnRunner:
             lease=lease,
             record=record,
             ctx_factory=ctx_factory,
-            transcript=await self._transcript(agent, record),
+            transcript=transcript,
+            previous=previous,
             entry=_entry(agent, registry_size=len(registry) + int(agent.clarifications)),
             sink=sink,
         )
-
-    async def _transcript(self, agent: Agent, record: TurnRecord) -> list[TranscriptMessage]:
-        messages: list[TranscriptMessage] = [{"role": "system", "content": agent.instructions}]
-        earlier: list[TurnRecord] = []
-        answers: dict[TurnId, str] = {}
-        if record.input_seq > 1:  # a session's first turn has no history to read
-            earlier = await self.store.list_turns(record.session_id)
-            answers = await self.store.answers(record.session_id, before_input_seq=record.input_seq)
-        for turn in earlier:
-            if turn.input_seq >= record.input_seq:
-                break
-            messages.append({"role": "user", "content": turn.content})
-            answer = answers.get(turn.turn_id)
-            if answer is not None:
-                messages.append({"role": "assistant", "content": answer})
-            elif turn.error_code == "agent_output_limit_exceeded":
-                # Seed 002: the next turn receives the failure reason, even with no block.
-                messages.append(
-                    {
-                        "role": "assistant",
-                        "content": "[my previous answer failed: agent_output_limit_exceeded "
-                        "— the output limit was reached before it was complete]",
-                    }
-                )
-        messages.append({"role": "user", "content": record.content})
-        return messages
 
 
 def _entry(agent: Agent, *, registry_size: int) -> Route:

@@ -18,6 +18,7 @@ from pydantic import JsonValue
 from turnkit.audit import CallShape
 from turnkit.clock import Clock
 from turnkit.config import RuntimeConfig
+from turnkit.context.prefix import PreviousRequest
 from turnkit.errors import DeadlineExceededError, InternalError, StaleEpochError, TurnError
 from turnkit.events import (
     CheckpointCreatedEvent,
@@ -35,7 +36,9 @@ from turnkit.graph import (
     stream_turn,
 )
 from turnkit.journal import Journal
+from turnkit.runtime._transcript import ended_transcript
 from turnkit.stages import StageContext
+from turnkit.stages._message_list import result_text
 from turnkit.stages._types import Route, TranscriptMessage
 from turnkit.states import TerminalStatus, TurnStatus
 from turnkit.store import Lease, RunSummary, Store, TurnRecord
@@ -61,6 +64,7 @@ class TurnDriver:
         record: TurnRecord,
         ctx_factory: Callable[[Recorder], StageContext],
         transcript: list[TranscriptMessage],
+        previous: PreviousRequest | None,
         entry: Route,
         sink: Sink,
     ) -> None:
@@ -72,6 +76,7 @@ class TurnDriver:
         self.record = record
         self.ctx_factory = ctx_factory
         self.transcript = transcript
+        self.previous = previous
         self.entry = entry
         self.sink = sink
         self.lease_lost = False
@@ -112,6 +117,12 @@ class TurnDriver:
             journal=journal,
             usage=usage,
         )
+        recorder.transcript = self.transcript
+        recorder.base_len = len(self.transcript) - 1  # the turn's own start at its message
+        recorder.last_request = self.previous
+        recorder.request_text = self.record.content
+        for call_id, (block, _) in journal.results.items():
+            recorder.full_results[call_id] = result_text(block)
         if self.lease.last_seq > 1:
             recorder.newest_guide_seq = 2**62  # resumed: look for guides at the first request
             recorder.tool_calls = sum(1 for k in journal.keys if k.startswith("tool.started:"))
@@ -132,7 +143,9 @@ class TurnDriver:
             finally:
                 keeper.cancel()
                 beat.cancel()
-                await asyncio.gather(keeper, beat, return_exceptions=True)
+                for task in rec.background:  # a summary the turn no longer waits for
+                    task.cancel()
+                await asyncio.gather(keeper, beat, *rec.background, return_exceptions=True)
                 rec.publish = self._publish
             if rec.pending_pause is not None:
                 await self._pause(rec)
@@ -177,7 +190,8 @@ class TurnDriver:
                 "content": self.record.content,
                 "route": self.entry,
                 "iteration": 0,
-                "last_request_len": 0,
+                "previous": self.previous,
+                "answer": None,
             }
         try:
             async with asyncio.timeout(max(remaining, 0.001)):
@@ -257,7 +271,12 @@ class TurnDriver:
         if checkpoint_id is not None:
             rec.durable(CheckpointCreatedEvent, "post-turn", checkpoint_id=checkpoint_id)
         rec.durable(DoneEvent, "post-turn", status=status)
-        await rec.flush(status=status, summary=self._summary(rec, status, None), release=True)
+        await rec.flush(
+            status=status,
+            summary=self._summary(rec, status, None),
+            release=True,
+            transcript=ended_transcript(rec, status, None, None),
+        )
 
     async def _pause(self, rec: Recorder) -> None:
         """End this invocation only: save the request, wait for a person, hold nothing."""
@@ -278,6 +297,7 @@ class TurnDriver:
                 error_code=exc.code,
                 summary=self._summary(rec, status, exc.code),
                 release=True,
+                transcript=ended_transcript(rec, status, exc.code, exc.message),
             )
 
     async def _end_aborted(self, rec: Recorder) -> None:
@@ -299,7 +319,10 @@ class TurnDriver:
         rec.durable(DoneEvent, "runtime", status="cancelled")
         with contextlib.suppress(StaleEpochError):
             await rec.flush(
-                status="cancelled", summary=self._summary(rec, "cancelled", None), release=True
+                status="cancelled",
+                summary=self._summary(rec, "cancelled", None),
+                release=True,
+                transcript=ended_transcript(rec, "cancelled", None, None),
             )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,6 +75,8 @@ async def call_model(
     *,
     block_key: str,
     stream_text: bool = True,
+    on_answer: Callable[[], None] | None = None,
+    answer_after_chars: int = 0,
 ) -> CallResult:
     """Run one call on `family`, streaming deltas and auditing failed rungs.
 
@@ -81,6 +84,8 @@ async def call_model(
     staged before the call are committed first: nothing waits on a provider unwritten.
     Raw reasoning is kept inside the runtime (never streamed); `stream_text=False` keeps
     the text in too (anchor-plan's planning output is not prose for the user).
+    `on_answer` is called once the call has written `answer_after_chars` characters of
+    text and no tool call (its answer is under way).
     """
     rec = ctx.recorder
     await rec.flush()
@@ -111,6 +116,7 @@ async def call_model(
                 match chunk:
                     case TextDelta(text=text) if text:
                         asm.text.append(text)
+                        on_answer = _answer_check(asm, on_answer, answer_after_chars)
                         if stream_text:
                             await rec.ephemeral(
                                 MessageDeltaEvent, stage_id, block_id=block_id, text=text
@@ -172,6 +178,17 @@ async def call_model(
         f"model {model!r} ended its stream without a finish; treat it as a provider failure",
         is_retriable=False,
     )
+
+
+def _answer_check(
+    asm: _Assembler, on_answer: Callable[[], None] | None, after_chars: int
+) -> Callable[[], None] | None:
+    """Call `on_answer` once enough text and no tool call arrived; what is left to call."""
+    if on_answer is None or sum(map(len, asm.text)) < after_chars:
+        return on_answer
+    if not asm.calls:
+        on_answer()
+    return None
 
 
 async def _tool_delta(

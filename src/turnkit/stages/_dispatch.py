@@ -12,6 +12,7 @@ from pydantic import JsonValue
 
 from turnkit.audit import AuditPayloads, ToolFallbackStepPayload
 from turnkit.blocks import ToolResultBlock, ToolUseBlock
+from turnkit.context.results import READ_RESULT_TOOL
 from turnkit.errors import ErrorCode
 from turnkit.events import (
     ApprovalRequestedEvent,
@@ -35,6 +36,7 @@ from turnkit.pauses import (
     needs_approval,
     summarize_call,
 )
+from turnkit.stages._message_list import result_message, result_text
 from turnkit.stages._types import StageContext, TranscriptMessage
 from turnkit.tools import Tool, ToolArgumentsError, ToolContext
 
@@ -44,14 +46,6 @@ __all__ = ("dispatch_tools", "idempotency_key")
 def idempotency_key(session_id: str, turn_id: str, tool_call_id: str) -> str:
     """Stable across retries and recovery: derived from ids the log already holds."""
     return derive_id("idem", session_id, turn_id, tool_call_id)
-
-
-def _result_message(result: ToolResultBlock) -> TranscriptMessage:
-    if result.is_error:
-        content = f"Error: {result.error}"
-    else:
-        content = json.dumps(result.output, ensure_ascii=False, separators=(",", ":"))
-    return {"role": "tool", "content": content, "tool_call_id": result.tool_call_id}
 
 
 def _parse(part: ToolCallPart) -> tuple[dict[str, JsonValue] | None, str | None]:
@@ -105,11 +99,13 @@ async def dispatch_tools(
         done = rec.journal.results.get(call_id)
         if done is not None:  # committed by an earlier attempt: one result per call
             block, _ = done
-            return _result_message(block)
+            return _remember(ctx, block)
         answered_by = part.name
         output: JsonValue = None
         if part.tool_call_id in settled:
             problem, code, output = settled[part.tool_call_id]
+        elif problem is None and part.name == READ_RESULT_TOOL:
+            problem, output = _read_result(ctx, args)
         elif problem is None and tool is not None:
             problem, code, output, answered_by = await _invoke(ctx, tool, part, args)
         duration = (time.perf_counter() - started) * 1000
@@ -136,11 +132,33 @@ async def dispatch_tools(
                 duration_ms=duration,
                 code=code,
             )
-        return _result_message(result)
+        return _remember(ctx, result)
 
     if len(plans) == 1:
         return [await run(*plans[0])]
     return list(await asyncio.gather(*(run(*plan) for plan in plans)))
+
+
+def _remember(ctx: StageContext, result: ToolResultBlock) -> TranscriptMessage:
+    """Keep the whole result for `read_tool_result`; the model gets the message."""
+    ctx.recorder.full_results[result.tool_call_id] = result_text(result)
+    return result_message(ctx, result)
+
+
+def _read_result(ctx: StageContext, args: Mapping[str, JsonValue]) -> tuple[str | None, JsonValue]:
+    """The built-in `read_tool_result`: a window of a whole result of this turn."""
+    call_id = str(args.get("tool_call_id") or "")
+    full = ctx.recorder.full_results.get(call_id)
+    if full is None:
+        known = list(ctx.recorder.full_results)
+        return f"no result of this turn has tool_call_id {call_id!r}; known: {known}", None
+    offset = args.get("offset") or 0
+    limit = args.get("limit") or ctx.agent.tool_result_preview_chars or len(full)
+    if not isinstance(offset, int) or not isinstance(limit, int) or offset < 0 or limit < 1:
+        return "offset must be a whole number >= 0 and limit one >= 1", None
+    window = full[offset : offset + limit]
+    rest = max(0, len(full) - offset - len(window))
+    return None, {"text": window, "offset": offset, "remaining_chars": rest}
 
 
 async def _invoke(
@@ -222,6 +240,10 @@ async def _invoke(
 
 def _is_clarify(ctx: StageContext, part: ToolCallPart) -> bool:
     return ctx.agent.clarifications and part.name == CLARIFY_TOOL
+
+
+def _is_read_result(ctx: StageContext, part: ToolCallPart) -> bool:
+    return ctx.agent.tool_result_preview_chars is not None and part.name == READ_RESULT_TOOL
 
 
 def _settle_pause(
@@ -315,7 +337,12 @@ def _write_ahead(
                 "the output limit was reached while this call's arguments were being written; "
                 "nothing ran. Write the call again, shorter if you can"
             )
-        elif problem is None and tool is None and not _is_clarify(ctx, part):
+        elif (
+            problem is None
+            and tool is None
+            and not _is_clarify(ctx, part)
+            and not _is_read_result(ctx, part)
+        ):
             code = "tool-not-found"
             problem = f"there is no tool named {part.name!r}; available: {list(ctx.registry.names)}"
         started = rec.durable(

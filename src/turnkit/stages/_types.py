@@ -3,18 +3,25 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Literal, NotRequired, TypedDict
+from dataclasses import dataclass, field
+from typing import Literal, TypedDict
 
 from pydantic import JsonValue
 
 from turnkit.agent import Agent
-from turnkit.models import ModelMessage, ToolCallPart
+from turnkit.context.prefix import PreviousRequest
+from turnkit.context.transcript import (
+    TranscriptMessage,
+    from_transcript,
+    to_transcript,
+)
 from turnkit.models.family import ModelFamily
 from turnkit.telemetry import Recorder
 from turnkit.tools import ToolRegistry
 
 __all__ = (
+    "PendingAnswer",
+    "PreviousRequest",
     "Route",
     "StageContext",
     "StageOutcome",
@@ -26,50 +33,13 @@ __all__ = (
 Route = Literal["anchor-plan", "tool-loop", "synthesize", "post-turn", "end"]
 
 
-class TranscriptToolCall(TypedDict):
-    id: str
-    name: str
-    arguments: str
+class PendingAnswer(TypedDict):
+    """The tool-loop call that named no tool: its text is the turn's answer."""
 
-
-class TranscriptMessage(TypedDict):
-    """A model message as plain JSON, so checkpoints need no custom serializer."""
-
-    role: Literal["system", "user", "assistant", "tool"]
-    content: str
-    tool_calls: NotRequired[list[TranscriptToolCall]]
-    tool_call_id: NotRequired[str]
-    input_seq: NotRequired[int]
-    """Set on a guide message: the input it came from (never sent to the model)."""
-
-
-def to_transcript(message: ModelMessage) -> TranscriptMessage:
-    """A `ModelMessage` as plain JSON."""
-    out: TranscriptMessage = {"role": message.role, "content": message.content}
-    if message.tool_calls:
-        out["tool_calls"] = [
-            {"id": c.tool_call_id, "name": c.name, "arguments": c.arguments}
-            for c in message.tool_calls
-        ]
-    if message.tool_call_id is not None:
-        out["tool_call_id"] = message.tool_call_id
-    return out
-
-
-def from_transcript(messages: list[TranscriptMessage]) -> tuple[ModelMessage, ...]:
-    """Plain JSON back into `ModelMessage`s."""
-    return tuple(
-        ModelMessage(
-            role=m["role"],
-            content=m["content"],
-            tool_calls=tuple(
-                ToolCallPart(tool_call_id=c["id"], name=c["name"], arguments=c["arguments"])
-                for c in m.get("tool_calls", [])
-            ),
-            tool_call_id=m.get("tool_call_id"),
-        )
-        for m in messages
-    )
+    text: str
+    block_id: str
+    generation_id: str
+    stop_reason: str
 
 
 def _no_pauses(value: JsonValue) -> JsonValue:
@@ -86,13 +56,21 @@ class StageContext:
     utility: ModelFamily | None
     registry: ToolRegistry
     thinking_budget: int
+    synthesis: ModelFamily | None = None
+    """The family of a separate synthesis call; None: the loop's terminal text answers."""
     interrupt: Callable[[JsonValue], JsonValue] = _no_pauses
     """Pause the turn here; returns the answer when the turn is resumed (LangGraph)."""
+    scratch: dict[str, object] = field(default_factory=dict[str, object])
+    """Per-attempt helpers shared across stages (the thinking summary in flight)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StageOutcome:
-    """A stage's result: messages it appended and where the turn goes next."""
+    """A stage's result: the transcript after it and where the turn goes next."""
 
-    appended: tuple[TranscriptMessage, ...] = ()
+    transcript: list[TranscriptMessage] | None = None
+    """The whole transcript after the stage (None: unchanged)."""
     route: Route
+    previous: PreviousRequest | None = None
+    """The last reasoning request this stage made (None: it made none)."""
+    answer: PendingAnswer | None = None

@@ -48,7 +48,9 @@ def _parse(text: str, content: str) -> PlanGenerationPayload:
     )
 
 
-async def run_anchor_plan(ctx: StageContext, content: str) -> StageOutcome:
+async def run_anchor_plan(
+    ctx: StageContext, content: str, transcript: list[TranscriptMessage]
+) -> StageOutcome:
     """Plan with the utility model if the agent has one, else by a cheap heuristic.
 
     A plan with tasks is appended to the transcript as a system note, so every later call
@@ -74,10 +76,12 @@ async def run_anchor_plan(ctx: StageContext, content: str) -> StageOutcome:
             call=result.shape,
             payloads=AuditPayloads(planGeneration=plan, providerCascade=result.cascade),
         )
-    appended: tuple[TranscriptMessage, ...] = ()
     if plan.tasks:
         steps = "\n".join(f"{i}. {task}" for i, task in enumerate(plan.tasks, 1))
-        appended = ({"role": "system", "content": f"Plan for this request:\n{steps}"},)
+        transcript = [
+            *transcript,
+            {"role": "system", "content": f"Plan for this request:\n{steps}"},
+        ]
     no_tools = not len(ctx.registry) and not ctx.agent.clarifications
     skip_tools = "tool-loop" in ctx.agent.skip_stages or no_tools
-    return StageOutcome(appended=appended, route="synthesize" if skip_tools else "tool-loop")
+    return StageOutcome(transcript=transcript, route="synthesize" if skip_tools else "tool-loop")

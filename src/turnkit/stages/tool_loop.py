@@ -1,46 +1,57 @@
-"""tool-loop: one reasoning call per iteration, then the tool batch it asked for."""
+"""tool-loop: one reasoning call per iteration, then the tool batch it asked for.
+
+A call that names no tool has finished: by default its text is the turn's answer (it
+streamed once, as written, and synthesize finalizes it with no further call). With a
+separate synthesis call configured, that text is narration instead.
+"""
 
 from __future__ import annotations
 
 import json
 
-from turnkit.audit import AuditPayloads, CacheBreakpointPayload, ToolCallRef, ToolSelectionPayload
+from turnkit.audit import AuditPayloads, ToolCallRef, ToolSelectionPayload
 from turnkit.blocks import TextBlock
+from turnkit.context.prefix import PreviousRequest
+from turnkit.context.results import read_result_spec
 from turnkit.errors import OutputLimitExceededError, ToolCallError
 from turnkit.events import MessageCompleteEvent
 from turnkit.ids import ToolCallId, derive_id
 from turnkit.journal import CommittedGeneration
-from turnkit.models import ModelMessage, ModelRequest, ModelResponse, ToolCallPart, Usage
+from turnkit.models import ModelMessage, ModelResponse, ToolCallPart, ToolSpec, Usage
 from turnkit.stages._calls import call_model
 from turnkit.stages._dispatch import dispatch_tools
-from turnkit.stages._guides import take_guides
+from turnkit.stages._message_list import cache_breakpoint, prepare_request, repaired_calls
+from turnkit.stages._thinking import ANSWER_UNDER_WAY_CHARS, thinking_of
 from turnkit.stages._types import (
+    PendingAnswer,
     StageContext,
     StageOutcome,
     TranscriptMessage,
-    from_transcript,
     to_transcript,
 )
 from turnkit.tools import clarify_spec
 
-__all__ = ("run_tool_loop", "shared_prefix")
+__all__ = ("offered_tools", "run_tool_loop")
 
 
-def shared_prefix(previous: list[TranscriptMessage], current: list[TranscriptMessage]) -> int:
-    """How many leading messages of `current` repeat `previous` exactly."""
-    count = 0
-    for old, new in zip(previous, current, strict=False):
-        if old != new:
-            break
-        count += 1
-    return count
+def offered_tools(ctx: StageContext) -> tuple[ToolSpec, ...]:
+    """What every reasoning call of the agent offers.
+
+    The same on every call: the tools are part of the prompt prefix the cache matches.
+    """
+    specs = ctx.registry.specs()
+    if ctx.agent.clarifications:
+        specs += (clarify_spec(),)
+    if specs and ctx.agent.tool_result_preview_chars is not None:
+        specs += (read_result_spec(),)
+    return specs
 
 
 async def run_tool_loop(
     ctx: StageContext,
     transcript: list[TranscriptMessage],
     iteration: int,
-    previous_request: list[TranscriptMessage],
+    previous: PreviousRequest | None,
 ) -> StageOutcome:
     """One iteration: a call with tools offered; its tool calls run; loop or move on.
 
@@ -49,42 +60,47 @@ async def run_tool_loop(
     goes on; one cut with no call named is fatal (seed 002 "Finishing").
     """
     rec = ctx.recorder
-    specs = ctx.registry.specs() + ((clarify_spec(),) if ctx.agent.clarifications else ())
+    specs = offered_tools(ctx)
     generation = derive_id("gen", rec.turn_id, "tool-loop", iteration)
     committed = rec.journal.generation(generation)
-    guides: tuple[TranscriptMessage, ...] = ()
+    thinking = thinking_of(ctx) if ctx.synthesis is None else None
     if committed is not None:
         # A previous attempt already called the model for this iteration and committed
         # what it said: reuse it rather than pay for (and diverge on) a second call.
         response = committed_response(committed)
-        block_id = derive_id("blk", rec.turn_id, f"loop-{iteration}", 0)
+        block_id = committed.block_id or derive_id("blk", rec.turn_id, f"loop-{iteration}", 0)
+        calls = response.tool_calls
     else:
-        guides = await take_guides(ctx, "tool-loop", transcript)
-        transcript = [*transcript, *guides]
-        request = ModelRequest(
-            messages=from_transcript(transcript),
-            tools=specs,
-            thinking_budget=ctx.thinking_budget,
+        prepared = await prepare_request(
+            ctx,
+            "tool-loop",
+            transcript,
+            previous,
+            family=ctx.family,
+            specs=specs,
             purpose="tool-loop",
         )
+        transcript, previous = prepared.transcript, prepared.previous
         result = await call_model(
-            ctx, "tool-loop", ctx.family, request, block_key=f"loop-{iteration}"
+            ctx,
+            "tool-loop",
+            ctx.family,
+            prepared.request,
+            block_key=f"loop-{iteration}",
+            on_answer=(lambda: thinking.start("tool-loop")) if thinking is not None else None,
+            answer_after_chars=ANSWER_UNDER_WAY_CHARS,
         )
         response, block_id = result.response, result.block_id
+        rec.reasoning.append(response.thinking)  # read only by the thinking summary
+        calls = repaired_calls(response)
         selected = tuple(
-            ToolCallRef(tool_call_id=ToolCallId(c.tool_call_id), tool_name=c.name)
-            for c in response.tool_calls
+            ToolCallRef(tool_call_id=ToolCallId(c.tool_call_id), tool_name=c.name) for c in calls
         )
         rec.audit(
             "tool-loop",
             call=result.shape,
             payloads=AuditPayloads(
-                cacheBreakpoint=CacheBreakpointPayload(
-                    iteration=iteration,
-                    prefix_messages=shared_prefix(previous_request, transcript),
-                    request_messages=len(transcript),
-                    cached_tokens=response.usage.cached_tokens,
-                ),
+                cacheBreakpoint=cache_breakpoint(prepared, response, iteration),
                 toolSelection=ToolSelectionPayload(
                     offered=tuple(s.name for s in specs), selected=selected
                 )
@@ -93,44 +109,62 @@ async def run_tool_loop(
                 providerCascade=result.cascade,
             ),
         )
-    if response.text:
-        rec.durable(
-            MessageCompleteEvent,
-            "tool-loop",
-            block=TextBlock(block_id=block_id, text=response.text),
-            generation_id=generation,
-            input_seqs=rec.input_seqs,
-        )
     truncated = response.stop_reason == "max_tokens"
-    if not response.tool_calls:
+    if not calls:
         if truncated:
             raise OutputLimitExceededError(
                 "the output limit was reached before the model finished, and no tool call "
                 "was named: the cut text cannot stand as the answer",
                 stop_reason=response.stop_reason,
             )
-        closing = (
-            (to_transcript(ModelMessage(role="assistant", content=response.text)),)
-            if response.text
-            else ()
+        closing = to_transcript(ModelMessage(role="assistant", content=response.text))
+        if ctx.synthesis is not None:
+            _narration(ctx, response.text, block_id, generation)
+            return StageOutcome(
+                transcript=[*transcript, closing], route="synthesize", previous=previous
+            )
+        answer: PendingAnswer = {
+            "text": response.text,
+            "block_id": block_id,
+            "generation_id": generation,
+            "stop_reason": response.stop_reason,
+        }
+        return StageOutcome(
+            transcript=[*transcript, closing], route="synthesize", previous=previous, answer=answer
         )
-        return StageOutcome(appended=(*guides, *closing), route="synthesize")
-    if any(not c.name for c in response.tool_calls):
+    if thinking is not None:
+        await thinking.discard()  # it was not the answer after all
+    _narration(ctx, response.text, block_id, generation)
+    if any(not c.name for c in calls):
         raise ToolCallError(
             "the model wrote a tool call without a tool name; the response cannot be trusted",
             stop_reason=response.stop_reason,
         )
     assistant = to_transcript(
-        ModelMessage(role="assistant", content=response.text, tool_calls=response.tool_calls)
+        ModelMessage(role="assistant", content=response.text, tool_calls=calls)
     )
     results = await dispatch_tools(
         ctx,
-        response.tool_calls,
+        calls,
         truncated=truncated,
         generation_id=generation,
         known_errors=_known_errors(committed),
     )
-    return StageOutcome(appended=(*guides, assistant, *results), route="tool-loop")
+    return StageOutcome(
+        transcript=[*transcript, assistant, *results], route="tool-loop", previous=previous
+    )
+
+
+def _narration(ctx: StageContext, text: str, block_id: str, generation: str) -> None:
+    """Text of a pass that goes on to use a tool (or precedes a separate synthesis)."""
+    if text:
+        ctx.recorder.durable(
+            MessageCompleteEvent,
+            "tool-loop",
+            block=TextBlock(block_id=block_id, text=text),
+            generation_id=generation,
+            input_seqs=ctx.recorder.input_seqs,
+        )
 
 
 def committed_response(committed: CommittedGeneration) -> ModelResponse:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 from pydantic import BaseModel, ConfigDict, JsonValue
 
 from turnkit.audit import AuditRow, UsageDelta
+from turnkit.blocks import ImagePart
 from turnkit.events import DurableEvent, StreamEvent, TurnStartedEvent, decode_event
 from turnkit.ids import SessionId, TurnId
 from turnkit.pauses import PauseRequest
@@ -42,6 +43,7 @@ __all__ = (
     "Submission",
     "TurnLedger",
     "TurnRecord",
+    "TurnTranscript",
     "Watchdog",
 )
 
@@ -64,6 +66,8 @@ class NewInput:
     pinned: dict[str, JsonValue]
     """The configuration the run is pinned to (model, effort, tools), kept for audit."""
     principal: str | None = None
+    attachments: tuple[ImagePart, ...] = ()
+    """Pictures attached to the message."""
     create_session: bool = True
     """Create the session if it does not exist (otherwise: `SessionNotFoundError`)."""
     claim_for: ClaimRequest | None = None
@@ -111,6 +115,22 @@ class Submission:
     """The committed first event of a new turn."""
 
 
+class TurnTranscript(BaseModel):
+    """What a turn added to its session's model-facing transcript, kept exactly as sent.
+
+    The next turn's first request starts with the session's transcript, so it repeats
+    the bytes of this turn's last request (the provider's prompt cache matches on them).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    messages: tuple[dict[str, JsonValue], ...]
+    """The messages, in order: the turn's own, or the whole list when `replaces_history`."""
+    replaces_history: bool = False
+    """Compaction or picture release rewrote history: `messages` is the whole list."""
+    last_request: dict[str, JsonValue] | None = None
+    """Digests of the turn's last reasoning request (for the next turn's prefix check)."""
+
+
 class RunSummary(BaseModel):
     """The attempt's own account, written when the run settles (seed 001 `run.finished`)."""
 
@@ -155,6 +175,8 @@ class TurnRecord:
     started_at: datetime | None
     created_at: datetime
     updated_at: datetime
+    attachments: tuple[ImagePart, ...] = ()
+    """Pictures attached to the opening message."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -223,8 +245,12 @@ class TurnLedger(Protocol):
         release: bool = False,
         pause: PauseRequest | None = None,
         guides_consumed_through: int | None = None,
+        transcript: TurnTranscript | None = None,
     ) -> CommitResult:
         """Append events, audit rows (+ usage rollup) and a status move, atomically.
+
+        `transcript` (with `summary`, when the turn ends) is what the turn added to the
+        session's model-facing transcript.
 
         `pause` saves the approval or clarification request the turn now waits on. When a
         turn ends, guide messages it never presented (input seq above
@@ -253,6 +279,12 @@ class TurnLedger(Protocol):
 
     async def answers(self, session_id: SessionId, *, before_input_seq: int) -> dict[TurnId, str]:
         """The answer text of each of the session's earlier turns that wrote one (one read)."""
+        ...
+
+    async def transcripts(
+        self, session_id: SessionId, *, before_input_seq: int
+    ) -> dict[TurnId, TurnTranscript]:
+        """The stored transcripts of the session's earlier turns (turns that ended)."""
         ...
 
 

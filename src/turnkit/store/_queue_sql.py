@@ -22,6 +22,7 @@ from turnkit.ids import SessionId, TurnId, uuid7
 from turnkit.store import Delivery, Lease, NewInput, Submission
 from turnkit.store._schema import (
     UNFINISHED,
+    attachments_json,
     aware,
     events,
     inputs,
@@ -252,6 +253,8 @@ def _open_turn(
             "cancel_requested": False,
             "pinned": json.dumps(new.pinned, sort_keys=True),
             "summary": None,
+            "attachments": attachments_json(new.attachments),
+            "transcript": None,
             "started_at": None,
             "error_code": None,
             "created_at": now,
@@ -272,6 +275,7 @@ def _open_turn(
         input_seq=seq,
         delivery=delivery,
         requested_delivery=requested,
+        attachments=new.attachments,
     )
     conn.execute(
         _INSERT_EVENT,

@@ -8,6 +8,7 @@ from typing import Any, cast
 
 from sqlalchemy import Table
 
+from turnkit.blocks import ImagePart
 from turnkit.ids import SessionId, TurnId
 from turnkit.states import TRANSITIONS, TurnStatus
 from turnkit.store import RunSummary, TurnRecord
@@ -72,4 +73,18 @@ def turn_record(row: Any) -> TurnRecord:
         started_at=aware(row.started_at),
         created_at=created,
         updated_at=updated,
+        attachments=_attachments(row.attachments),
     )
+
+
+def _attachments(raw: str | None) -> tuple[ImagePart, ...]:
+    if not raw:
+        return ()
+    return tuple(ImagePart.model_validate(item) for item in json.loads(raw))
+
+
+def attachments_json(parts: tuple[ImagePart, ...]) -> str | None:
+    """Pictures as stored in `tk_turns.attachments` (None when there are none)."""
+    if not parts:
+        return None
+    return json.dumps([p.model_dump(mode="json") for p in parts])

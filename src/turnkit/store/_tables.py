@@ -79,6 +79,10 @@ class TurnRow(SQLModel, table=True):
     )
     pinned: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
     summary: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+    attachments: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+    """Pictures attached to the opening message (JSON), if any."""
+    transcript: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+    """What the turn added to the session's model-facing transcript (JSON), once it ended."""
     started_at: datetime | None = Field(default=None, sa_column=_ts(nullable=True))
     created_at: datetime = Field(sa_column=_ts())
     updated_at: datetime = Field(sa_column=_ts())

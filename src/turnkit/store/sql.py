@@ -51,6 +51,7 @@ from turnkit.store import (
     StoredEvent,
     Submission,
     TurnRecord,
+    TurnTranscript,
     _pauses_sql as pauses_sql,
     _queue_sql as queue,
     _sessions_sql as sessions_sql,
@@ -443,6 +444,7 @@ class SqlStore:
         release: bool = False,
         pause: PauseRequest | None = None,
         guides_consumed_through: int | None = None,
+        transcript: TurnTranscript | None = None,
     ) -> CommitResult:
         """Append events, audit rows (+ usage rollup) and a status move in one transaction."""
         event_rows = [
@@ -470,7 +472,11 @@ class SqlStore:
             (session_id, usage),
             status,
             error_code,
-            (summary.model_dump_json() if summary is not None else None, release),
+            (
+                summary.model_dump_json() if summary is not None else None,
+                release,
+                transcript.model_dump_json() if transcript is not None else None,
+            ),
             pause,
             guides_consumed_through,
         )
@@ -485,7 +491,7 @@ class SqlStore:
         usage: tuple[str | None, dict[int, UsageDelta]],
         status: TurnStatus | None,
         error_code: str | None,
-        settle: tuple[str | None, bool] = (None, False),
+        settle: tuple[str | None, bool, str | None] = (None, False, None),
         pause: PauseRequest | None = None,
         guides_consumed_through: int | None = None,
     ) -> CommitResult:
@@ -507,11 +513,20 @@ class SqlStore:
             _explain_refusal(conn, turn_id, epoch, status)
         newest_guide = int(moved[0] or 0) if moved is not None else 0
         requeued = 0
-        summary_json, release = settle
-        if summary_json is not None or release:
+        summary_json, release, transcript_json = settle
+        if summary_json is not None or release or transcript_json is not None:
             conn.execute(
-                _settle(summary=summary_json is not None, release=release),
-                {"k_turn": turn_id, "k_epoch": epoch, "k_summary": summary_json},
+                _settle(
+                    summary=summary_json is not None,
+                    release=release,
+                    transcript=transcript_json is not None,
+                ),
+                {
+                    "k_turn": turn_id,
+                    "k_epoch": epoch,
+                    "k_summary": summary_json,
+                    "k_transcript": transcript_json,
+                },
             )
         if guides_consumed_through is not None and status in TERMINAL_STATES:
             requeued = queue.requeue_guides(
@@ -629,6 +644,13 @@ class SqlStore:
         """The turn's usage rollup (zeros when it made no call)."""
         return await self._tx(_read_usage, turn_id, write=False)
 
+    async def transcripts(
+        self, session_id: SessionId, *, before_input_seq: int
+    ) -> dict[TurnId, TurnTranscript]:
+        """Stored transcripts of the session's turns before `before_input_seq`, in one query."""
+        rows = await self._hot_tx(_transcript_rows, session_id, before_input_seq, write=False)
+        return {TurnId(t): TurnTranscript.model_validate_json(data) for t, data in rows}
+
     async def answers(self, session_id: SessionId, *, before_input_seq: int) -> dict[TurnId, str]:
         """Answers of the session's turns before `before_input_seq`, in one query."""
         blobs = await self._hot_tx(_answer_blobs, session_id, before_input_seq, write=False)
@@ -641,11 +663,13 @@ class SqlStore:
 
 
 @functools.cache
-def _settle(*, summary: bool, release: bool) -> Any:
-    """Record the run summary and/or release the lease (fenced on the epoch)."""
+def _settle(*, summary: bool, release: bool, transcript: bool = False) -> Any:
+    """Record the run summary and transcript and/or release the lease (fenced on the epoch)."""
     values: dict[str, Any] = {}
     if summary:
         values["summary"] = bindparam("k_summary")
+    if transcript:
+        values["transcript"] = bindparam("k_transcript")
     if release:
         values["lease_owner"] = None
         values["lease_expires_at"] = None
@@ -735,6 +759,18 @@ _ANSWER_BLOBS = select(_events.c.data).where(
 def _answer_blobs(conn: Connection, session_id: SessionId, before: int) -> list[bytes]:
     rows = conn.execute(_ANSWER_BLOBS, {"a_session": session_id, "a_before": before}).all()
     return [bytes(r.data) for r in rows]
+
+
+_TRANSCRIPTS = select(_turns.c.turn_id, _turns.c.transcript).where(
+    _turns.c.session_id == bindparam("x_session"),
+    _turns.c.input_seq < bindparam("x_before"),
+    _turns.c.transcript.is_not(None),
+)
+
+
+def _transcript_rows(conn: Connection, session_id: SessionId, before: int) -> list[tuple[str, str]]:
+    rows = conn.execute(_TRANSCRIPTS, {"x_session": session_id, "x_before": before}).all()
+    return [(r.turn_id, r.transcript) for r in rows]
 
 
 def _read_usage(conn: Connection, turn_id: TurnId) -> UsageDelta:

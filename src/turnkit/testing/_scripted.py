@@ -18,6 +18,7 @@ from turnkit.models import (
     ToolCallPart,
     Usage,
     closing_stream,
+    estimate_tokens,
 )
 
 __all__ = ("ModelStep", "ScriptedModel", "UnexpectedModelCall", "call", "raw_call")
@@ -114,6 +115,8 @@ class ScriptedModel:
 
     steps: Sequence[ModelStep]
     name: str = "scripted"
+    context_window: int | None = None
+    """The context window to declare (compaction triggers at 85% of it); None: none."""
     repeat_last: bool = False
     """Answer every call past the script with the last step (for demos, not tests)."""
     calls: list[ModelRequest] = field(default_factory=list[ModelRequest])
@@ -188,9 +191,8 @@ class ScriptedModel:
             )
             yield ToolCallDelta(index=index, arguments=part.arguments[half:])
         stop: StopReason = step.stop_reason or ("tool_use" if step.tool_calls else "end_turn")
-        prompt = sum(len(m.content) + len(m.tool_calls) * 16 for m in request.messages)
         usage = step.usage or Usage(
-            input_tokens=prompt // 4 + 1,
+            input_tokens=estimate_tokens(request),
             output_tokens=_estimate_tokens(step.text + step.thinking)
             + sum(_estimate_tokens(c.arguments) for c in step.tool_calls),
         )

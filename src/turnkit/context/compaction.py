@@ -1,0 +1,134 @@
+"""Compaction: before a call would fill 85% of the context window, history becomes a summary.
+
+Pure functions; the tool-loop stage makes the summary call. With a utility model the
+summarized messages are replaced by one summary message. Without one, the oldest turns
+are dropped until the request fits (a note says so). Either way the list then grows by
+appending again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Final
+
+from turnkit.context.transcript import TranscriptMessage, from_transcript
+from turnkit.models import ModelMessage, text_of
+
+__all__ = (
+    "COMPACTION_THRESHOLD",
+    "FALLBACK_TARGET",
+    "SUMMARY_PROMPT",
+    "Split",
+    "keep_newest",
+    "needs_compaction",
+    "split_for_summary",
+    "summary_request",
+    "with_summary",
+)
+
+COMPACTION_THRESHOLD: Final = 0.85
+"""Compact before a call that would fill this share of the model's context window."""
+
+FALLBACK_TARGET: Final = 0.6
+"""Without a utility model, drop old turns until the request fits this share."""
+
+SUMMARY_PROMPT: Final = (
+    "You compress a conversation between a person and an assistant so that the assistant "
+    "can carry on without the full text. Write a faithful summary: the person's goals and "
+    "constraints, facts and numbers established (including tool results that matter), "
+    "decisions made and questions still open. Plain prose, no preamble."
+)
+
+
+def needs_compaction(tokens: int, window: int | None) -> bool:
+    """Whether a request of `tokens` would fill 85% or more of `window`."""
+    return window is not None and window > 0 and tokens >= COMPACTION_THRESHOLD * window
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Split:
+    """Where a transcript is cut: `head` stays, `middle` is summarized, `tail` stays."""
+
+    head: list[TranscriptMessage]
+    middle: list[TranscriptMessage]
+    tail: list[TranscriptMessage]
+
+
+def split_for_summary(transcript: list[TranscriptMessage]) -> Split:
+    """Where to cut: summarize earlier turns and keep the current one whole.
+
+    In a session's first turn, keep its opening message and summarize the work done
+    since (every tool call already has its result when a call is about to be made, so no
+    call is cut from its result).
+    """
+    opening = max(
+        (i for i, m in enumerate(transcript) if m.get("opens_turn")), default=len(transcript)
+    )
+    system = transcript[:1]
+    if opening > 1:
+        return Split(head=system, middle=transcript[1:opening], tail=transcript[opening:])
+    return Split(head=transcript[: opening + 1], middle=transcript[opening + 1 :], tail=[])
+
+
+def summary_request(middle: list[TranscriptMessage]) -> tuple[ModelMessage, ...]:
+    """The utility call's messages: the instruction, then the conversation as text."""
+    lines: list[str] = []
+    for message in from_transcript(middle):
+        text = text_of(message.content)
+        calls = "; ".join(f"{c.name}({c.arguments})" for c in message.tool_calls)
+        if calls:
+            text = f"{text}\n[called {calls}]".strip()
+        lines.append(f"{message.role}: {text}")
+    return (
+        ModelMessage(role="system", content=SUMMARY_PROMPT),
+        ModelMessage(role="user", content="\n\n".join(lines)),
+    )
+
+
+def _note(text: str) -> TranscriptMessage:
+    return {"role": "user", "content": text}
+
+
+def with_summary(split: Split, summary: str) -> list[TranscriptMessage]:
+    """The transcript with `split.middle` replaced by one summary message."""
+    note = _note(
+        f"[Summary of {len(split.middle)} earlier message(s), replaced to stay within the "
+        f"context window]\n{summary}"
+    )
+    return [*split.head, note, *split.tail]
+
+
+def _units(
+    messages: list[TranscriptMessage], starts: Callable[[TranscriptMessage], bool]
+) -> list[list[TranscriptMessage]]:
+    units: list[list[TranscriptMessage]] = []
+    for message in messages:
+        if not units or starts(message):
+            units.append([])
+        units[-1].append(message)
+    return units
+
+
+def keep_newest(
+    split: Split, fits: Callable[[list[TranscriptMessage]], bool]
+) -> list[TranscriptMessage]:
+    """The deterministic fallback: drop the oldest turns (or tool rounds) until it fits.
+
+    Earlier turns go first, whole; in a session's first turn, its oldest assistant rounds
+    go (each with its tool results). A note says how many messages were left out.
+    """
+    if split.tail:
+        units = _units(split.middle, lambda m: bool(m.get("opens_turn")))
+    else:
+        units = _units(split.middle, lambda m: m["role"] == "assistant")
+    dropped = 0
+    while True:
+        dropped += len(units.pop(0)) if units else 0
+        kept = [m for unit in units for m in unit]
+        note = _note(
+            f"[{dropped} earlier message(s) were left out to stay within the context window]"
+        )
+        candidate = [*split.head, note, *kept, *split.tail]
+        if not units or fits(candidate):
+            return candidate

@@ -1,0 +1,139 @@
+"""A session's model-facing transcript: kept as sent, never rebuilt differently.
+
+Each turn stores what it added (its opening message, the calls, tool results and notes
+its requests carried, and its answer) when it ends. The next turn's first request starts
+with exactly those bytes, so the provider's prompt cache keeps matching. A turn that
+compacted or released pictures stores the whole list instead. Turns stored before
+transcripts were kept fall back to their message and answer.
+"""
+
+from __future__ import annotations
+
+from typing import cast
+
+from pydantic import JsonValue
+
+from turnkit.agent import Agent
+from turnkit.context.prefix import PreviousRequest
+from turnkit.context.transcript import PartJson, TranscriptMessage
+from turnkit.ids import TurnId
+from turnkit.states import TerminalStatus
+from turnkit.store import Store, TurnRecord, TurnTranscript
+from turnkit.telemetry import Recorder
+
+__all__ = ("ended_transcript", "opening_message", "session_transcript")
+
+_OUTPUT_LIMIT_NOTE = (
+    "[my previous answer failed: agent_output_limit_exceeded — the output limit was "
+    "reached before it was complete]"
+)
+
+
+def opening_message(record: TurnRecord) -> TranscriptMessage:
+    """The user message that opens `record`'s turn (with its pictures, if any)."""
+    content: str | list[PartJson] = record.content
+    if record.attachments:
+        content = [
+            {"kind": "text", "text": record.content},
+            *(
+                {k: str(v) for k, v in p.model_dump(mode="json", exclude_none=True).items()}
+                for p in record.attachments
+            ),
+        ]
+    return {"role": "user", "content": content, "input_seq": record.input_seq, "opens_turn": True}
+
+
+async def session_transcript(
+    store: Store, agent: Agent, record: TurnRecord
+) -> tuple[list[TranscriptMessage], PreviousRequest | None]:
+    """The transcript `record`'s turn starts from, and the session's last request."""
+    messages: list[TranscriptMessage] = [{"role": "system", "content": agent.instructions}]
+    previous: PreviousRequest | None = None
+    if record.input_seq > 1:  # a session's first turn has no history to read
+        turns = [
+            t for t in await store.list_turns(record.session_id) if t.input_seq < record.input_seq
+        ]
+        kept = await store.transcripts(record.session_id, before_input_seq=record.input_seq)
+        answers: dict[TurnId, str] = {}
+        if any(t.turn_id not in kept for t in turns):
+            answers = await store.answers(record.session_id, before_input_seq=record.input_seq)
+        for turn in turns:
+            stored = kept.get(turn.turn_id)
+            if stored is None:
+                messages += _legacy(turn, answers.get(turn.turn_id))
+                continue
+            added = [cast(TranscriptMessage, m) for m in stored.messages]
+            messages = [messages[0], *added[1:]] if stored.replaces_history else messages + added
+            if stored.last_request is not None:
+                previous = cast(PreviousRequest, {**stored.last_request, "between_turns": True})
+    messages.append(opening_message(record))
+    return messages, previous
+
+
+def _legacy(turn: TurnRecord, answer: str | None) -> list[TranscriptMessage]:
+    """A turn with no stored transcript: its message and answer (or why it has none)."""
+    out: list[TranscriptMessage] = [opening_message(turn)]
+    if answer is not None:
+        out.append({"role": "assistant", "content": answer})
+    elif turn.error_code == "agent_output_limit_exceeded":
+        out.append({"role": "assistant", "content": _OUTPUT_LIMIT_NOTE})
+    return out
+
+
+def ended_transcript(
+    rec: Recorder, status: TerminalStatus, code: str | None, message: str | None
+) -> TurnTranscript:
+    """What the turn adds to its session's transcript as it ends.
+
+    A turn that ended without an answer keeps what its requests carried, answers any
+    tool call left without a result, and says why it ended, so the next turn's model
+    knows (and the next request still starts with this turn's last one).
+    """
+    messages = list(rec.transcript)
+    if status != "succeeded":
+        messages += _unanswered_calls(messages)
+        messages.append({"role": "assistant", "content": _ending_note(status, code, message)})
+    last: dict[str, JsonValue] | None = None
+    if rec.last_request is not None:
+        last = {
+            "messages": list(rec.last_request["messages"]),
+            "tools_sha256": rec.last_request["tools_sha256"],
+        }
+    if rec.history_replaced:
+        return TurnTranscript(
+            messages=tuple(_json(m) for m in messages), replaces_history=True, last_request=last
+        )
+    own = messages[rec.base_len :]
+    return TurnTranscript(messages=tuple(_json(m) for m in own), last_request=last)
+
+
+def _json(message: TranscriptMessage) -> dict[str, JsonValue]:
+    return cast(dict[str, JsonValue], dict(message))
+
+
+def _unanswered_calls(messages: list[TranscriptMessage]) -> list[TranscriptMessage]:
+    """Results for the calls of the newest assistant message that have none."""
+    for index in range(len(messages) - 1, -1, -1):
+        message = messages[index]
+        if message["role"] == "assistant":
+            answered = {m.get("tool_call_id") for m in messages[index + 1 :]}
+            return [
+                {
+                    "role": "tool",
+                    "content": "Error: the turn ended before this call finished",
+                    "tool_call_id": call["id"],
+                }
+                for call in message.get("tool_calls", [])
+                if call["id"] not in answered
+            ]
+    return []
+
+
+def _ending_note(status: TerminalStatus, code: str | None, message: str | None) -> str:
+    if code == "agent_output_limit_exceeded":
+        return _OUTPUT_LIMIT_NOTE
+    if status == "cancelled":
+        return "[the person stopped this turn before I answered]"
+    return (
+        f"[this turn ended without an answer: {code or status}{f' — {message}' if message else ''}]"
+    )

@@ -1,0 +1,255 @@
+"""The message list: every hook that changes what a call sends, in one place and one order.
+
+Before a reasoning request:
+1. the guide reader appends what the person typed while the turn was working;
+2. compaction replaces history with a summary when the call would fill 85% of the window;
+3. picture release replaces pictures in old tool results when the call would carry > 20;
+4. the prefix check compares the request with the session's previous one.
+
+After the response: argument repair fixes almost-JSON arguments, and the recovery of a
+call the model could not finish writing turns it into a failed result (see dispatch).
+After the tools: a long result is sent as a preview plus a note.
+
+Every hook only appends, except the two deliberate, audited rewrites (2 and 3).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Literal
+
+from turnkit.audit import AuditPayloads, CacheBreakpointPayload, CompactionPayload
+from turnkit.blocks import ToolResultBlock
+from turnkit.context.compaction import (
+    FALLBACK_TARGET,
+    keep_newest,
+    needs_compaction,
+    split_for_summary,
+    summary_request,
+    with_summary,
+)
+from turnkit.context.pictures import PICTURE_LIMIT, count_pictures, release_pictures
+from turnkit.context.prefix import (
+    PrefixReport,
+    PreviousRequest,
+    RequestView,
+    check_prefix,
+    stored,
+    tools_digest,
+    view_of,
+)
+from turnkit.context.results import preview_result, repair_arguments
+from turnkit.context.transcript import PartJson
+from turnkit.events import CompactionCompletedEvent, CompactionStartedEvent
+from turnkit.ids import StageId
+from turnkit.models import ModelRequest, ModelResponse, ToolCallPart, ToolSpec, estimate_tokens
+from turnkit.models.family import ModelFamily
+from turnkit.stages._calls import call_model
+from turnkit.stages._guides import take_guides
+from turnkit.stages._types import StageContext, TranscriptMessage, from_transcript
+
+__all__ = (
+    "Prepared",
+    "cache_breakpoint",
+    "prepare_request",
+    "repaired_calls",
+    "result_message",
+)
+
+Purpose = Literal["tool-loop", "synthesize"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Prepared:
+    """A request ready to send, the transcript it was made of, and its prefix report."""
+
+    transcript: list[TranscriptMessage]
+    request: ModelRequest
+    report: PrefixReport
+    previous: PreviousRequest
+    """This request, as the next one's previous."""
+
+
+async def prepare_request(
+    ctx: StageContext,
+    stage_id: StageId,
+    transcript: list[TranscriptMessage],
+    previous: PreviousRequest | None,
+    *,
+    family: ModelFamily,
+    specs: tuple[ToolSpec, ...],
+    purpose: Purpose,
+    closing: tuple[TranscriptMessage, ...] = (),
+) -> Prepared:
+    """Run the before-request hooks in order and check the prefix.
+
+    `closing` is appended last (a separate synthesis call's instruction).
+    """
+    guides = await take_guides(ctx, stage_id, transcript)
+    transcript = [*transcript, *guides, *closing]
+    deliberate: Literal["compaction", "picture-release"] | None = None
+    compacted = await _compact(ctx, stage_id, transcript, family=family, specs=specs)
+    if compacted is not None:
+        transcript, deliberate = compacted, "compaction"
+    if count_pictures(transcript) > PICTURE_LIMIT:
+        transcript, released = release_pictures(transcript)
+        if released:
+            deliberate = deliberate or "picture-release"
+    if deliberate is not None:
+        ctx.recorder.history_replaced = True
+    request = ModelRequest(
+        messages=from_transcript(transcript),
+        tools=specs,
+        tool_choice="none" if purpose == "synthesize" else "auto",
+        thinking_budget=ctx.thinking_budget,
+        purpose=purpose,
+    )
+    view = RequestView.of(transcript, tools_digest(specs))
+    report = check_prefix(
+        view_of(previous),
+        view,
+        deliberate=deliberate,
+        between_turns=previous is not None and previous["between_turns"],
+    )
+    ctx.recorder.last_request = stored(view)
+    return Prepared(transcript=transcript, request=request, report=report, previous=stored(view))
+
+
+def cache_breakpoint(
+    prepared: Prepared, response: ModelResponse, iteration: int | None
+) -> CacheBreakpointPayload:
+    """The call's `cacheBreakpoint` payload."""
+    report = prepared.report
+    return CacheBreakpointPayload(
+        iteration=iteration,
+        prefix_messages=report.shared,
+        request_messages=len(prepared.transcript),
+        cached_tokens=response.usage.cached_tokens,
+        prefix_sha256=report.prefix_sha256,
+        broken_region=report.broken,
+        break_reason=report.reason,
+    )
+
+
+async def _compact(
+    ctx: StageContext,
+    stage_id: StageId,
+    transcript: list[TranscriptMessage],
+    *,
+    family: ModelFamily,
+    specs: tuple[ToolSpec, ...],
+) -> list[TranscriptMessage] | None:
+    """The compacted transcript, or None when the call fits below 85% of the window."""
+    window = family.context_window()
+    if window is None:
+        return None
+
+    def tokens(messages: list[TranscriptMessage]) -> int:
+        return family.count_tokens(ModelRequest(messages=from_transcript(messages), tools=specs))
+
+    probe = ModelRequest(messages=from_transcript(transcript), tools=specs)
+    if estimate_tokens(probe) < window / 2:  # far from the line: skip the exact count
+        return None
+    before = family.count_tokens(probe)
+    split = split_for_summary(transcript)
+    if not needs_compaction(before, window) or not split.middle:
+        return None
+    rec = ctx.recorder
+    await rec.ephemeral(CompactionStartedEvent, stage_id)
+    if ctx.utility is not None:
+        result = await call_model(
+            ctx,
+            stage_id,
+            ctx.utility,
+            ModelRequest(messages=summary_request(split.middle), purpose="utility"),
+            block_key=f"compaction-{len(transcript)}",
+            stream_text=False,
+        )
+        compacted = with_summary(split, result.response.text)
+        call, model, strategy = result.shape, result.shape.model, "summary"
+    else:
+        compacted = keep_newest(split, lambda m: tokens(m) <= FALLBACK_TARGET * window)
+        call, model, strategy = None, None, "keep-newest"
+    after = tokens(compacted)
+    rec.audit(
+        stage_id,
+        call=call,
+        payloads=AuditPayloads(
+            compaction=CompactionPayload(
+                strategy=strategy,
+                tokens_before=before,
+                tokens_after=after,
+                messages_before=len(transcript),
+                messages_after=len(compacted),
+                context_window=window,
+                model=model,
+            )
+        ),
+    )
+    rec.durable(
+        CompactionCompletedEvent,
+        stage_id,
+        summarized_messages=len(split.middle),
+        tokens_before=before,
+        tokens_after=after,
+        strategy=strategy,
+        model=model,
+    )
+    return compacted
+
+
+def repaired_calls(response: ModelResponse) -> tuple[ToolCallPart, ...]:
+    """The response's tool calls with almost-JSON arguments repaired.
+
+    A response cut by the output limit is left alone: its arguments were never trusted.
+    """
+    if response.stop_reason == "max_tokens":
+        return response.tool_calls
+    return tuple(
+        ToolCallPart(
+            tool_call_id=c.tool_call_id, name=c.name, arguments=repair_arguments(c.arguments)
+        )
+        for c in response.tool_calls
+    )
+
+
+def result_text(result: ToolResultBlock) -> str:
+    """A tool result as the model reads it, in full (pictures left out)."""
+    if result.is_error:
+        return f"Error: {result.error}"
+    return json.dumps(_without_pictures(result.output), ensure_ascii=False, separators=(",", ":"))
+
+
+def result_message(ctx: StageContext, result: ToolResultBlock) -> TranscriptMessage:
+    """The tool message for `result`: a preview when long, its pictures as parts."""
+    text = result_text(result)
+    limit = ctx.agent.tool_result_preview_chars
+    if limit is not None:
+        text = preview_result(text, limit=limit, tool_call_id=result.tool_call_id)
+    pictures = [] if result.is_error else _pictures(result.output)
+    content: str | list[PartJson] = (
+        [{"kind": "text", "text": text}, *pictures] if pictures else text
+    )
+    return {"role": "tool", "content": content, "tool_call_id": result.tool_call_id}
+
+
+def _is_picture(value: object) -> bool:
+    return isinstance(value, dict) and value.get("kind") == "image"
+
+
+def _pictures(output: object) -> list[PartJson]:
+    items = output if isinstance(output, list) else [output]
+    return [
+        {k: str(v) for k, v in item.items() if v is not None}
+        for item in items
+        if isinstance(item, dict) and _is_picture(item)
+    ]
+
+
+def _without_pictures(output: object) -> object:
+    if _is_picture(output):
+        return "[picture]"
+    if isinstance(output, list):
+        return ["[picture]" if _is_picture(item) else item for item in output]
+    return output
