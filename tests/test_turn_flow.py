@@ -159,7 +159,8 @@ async def test_separate_synthesis_keeps_the_old_shape(runtime_factory: RuntimeFa
     assert texts == [("Adding.", False), ("The sum is 5.", False), ("2 + 3 = 5.", True)]
     rows = await runtime.audit(events[0].turn_id)
     [quality] = [r for r in rows if r.payloads.synthesis_quality is not None]
-    assert quality.call is not None and quality.call.model == "writer"
+    assert quality.call is not None
+    assert quality.call.model == "writer"
     assert quality.payloads.synthesis_quality is not None
     assert quality.payloads.synthesis_quality.source == "synthesize"
     # The synthesis call keeps the prefix: same tools offered (not usable), messages appended.

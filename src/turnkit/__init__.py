@@ -5,6 +5,7 @@ The quickstart surface is re-exported here; everything else lives in its concept
 """
 
 from turnkit.agent import Agent, Effort
+from turnkit.blocks import ImagePart, TextPart
 from turnkit.config import RuntimeConfig
 from turnkit.errors import (
     ConfigurationError,
@@ -20,6 +21,7 @@ from turnkit.errors import (
     OutputLimitExceededError,
     PauseAnsweredError,
     PauseNotFoundError,
+    PrefixRewriteError,
     ProviderError,
     ReplayCursorError,
     SessionNotFoundError,
@@ -53,6 +55,7 @@ __all__ = (
     "EmptyContentError",
     "EphemeralEvent",
     "FamilyExhaustedError",
+    "ImagePart",
     "InternalError",
     "InvalidInputError",
     "InvalidSessionIdError",
@@ -61,6 +64,7 @@ __all__ = (
     "OutputLimitExceededError",
     "PauseAnsweredError",
     "PauseNotFoundError",
+    "PrefixRewriteError",
     "ProviderError",
     "ReplayCursorError",
     "RuntimeConfig",
@@ -69,6 +73,7 @@ __all__ = (
     "StaleEpochError",
     "StoreError",
     "StreamEvent",
+    "TextPart",
     "ToolCallError",
     "ToolClass",
     "ToolContext",

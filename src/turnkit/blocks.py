@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
+import base64
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, TypeAdapter, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    JsonValue,
+    TypeAdapter,
+    field_serializer,
+    field_validator,
+    model_validator,
+)
 
 from turnkit.ids import ToolCallId
 
@@ -35,19 +45,29 @@ class TextPart(BaseModel):
 class ImagePart(BaseModel):
     """A picture: by `url` (http(s) or a `data:` URL), or as raw `data` with a media type."""
 
-    model_config = ConfigDict(
-        frozen=True,
-        extra="forbid",
-        use_attribute_docstrings=True,
-        ser_json_bytes="base64",
-        val_json_bytes="base64",
-    )
+    model_config = _CONFIG
     kind: Literal["image"] = "image"
     url: str | None = None
     data: bytes | None = None
     """The picture's bytes (base64 in JSON)."""
     media_type: str = "image/png"
     """The picture's MIME type, e.g. `image/png` or `image/jpeg`."""
+
+    @field_validator("data", mode="before")
+    @classmethod
+    def _from_base64(cls, value: object) -> object:
+        """Text is base64 (as in JSON; either alphabet); bytes are taken as they are."""
+        if isinstance(value, str):
+            try:
+                standard = value.replace("-", "+").replace("_", "/")
+                return base64.b64decode(standard, validate=True)
+            except ValueError as exc:
+                raise ValueError("`data` text must be base64") from exc
+        return value
+
+    @field_serializer("data", when_used="json")
+    def _to_base64(self, value: bytes | None) -> str | None:
+        return None if value is None else base64.b64encode(value).decode()
 
     @model_validator(mode="after")
     def _one_source(self) -> ImagePart:

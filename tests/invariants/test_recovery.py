@@ -169,6 +169,38 @@ async def test_kill_while_a_tool_runs(db: DB, workers: Workers) -> None:
         await runtime.close()
 
 
+async def test_the_next_turn_repeats_a_recovered_turns_last_request(
+    db: DB, workers: Workers
+) -> None:
+    """The prompt prefix survives a SIGKILL: the next turn starts with the bytes the
+    recovered turn last sent, so the provider's cache still matches."""
+
+    async def tool_is_running(runtime: SessionRuntime, turn_id: TurnId) -> bool:
+        return any(line["event"] == "tool" for line in _log(workers))
+
+    runtime, turn_id = await _kill_and_recover(
+        db, workers, slow={"TK_TOOL_SLEEP": "60"}, killed_when=tool_is_running
+    )
+    try:
+        assert (await runtime.turn(turn_id)).status == "succeeded"
+        nxt = await runtime.submit("crash-session", "thanks")
+
+        async def finished() -> bool:
+            return (await runtime.turn(nxt.turn_id)).status == "succeeded"
+
+        await _wait_for(finished, "a worker to run the next turn", limit_s=60)
+        calls = [c for c in _log(workers) if c["event"] == "model"]
+        first_turn = [c for c in calls if c["last_user"] == "double 21 please"]
+        second_turn = [c for c in calls if c["last_user"] == "thanks"]
+        last, first = first_turn[-1]["messages"], second_turn[0]["messages"]
+        assert isinstance(last, list)
+        assert isinstance(first, list)
+        assert first[: len(last)] == last
+        assert len(first) == len(last) + 2  # + the answer and the new message
+    finally:
+        await runtime.close()
+
+
 async def test_kill_between_the_answer_and_the_settle(db: DB, workers: Workers) -> None:
     async def answer_is_committed(runtime: SessionRuntime, turn_id: TurnId) -> bool:
         events = await _events(runtime, turn_id)

@@ -8,6 +8,7 @@ variables, and every model call, tool run and enrichment is appended to `$TK_TES
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import os
 import time
@@ -74,7 +75,14 @@ class RuleModel:
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
         has_result = any(m.role == "tool" for m in request.messages)
-        _log(event="model", purpose=request.purpose, has_result=has_result)
+        _log(
+            event="model",
+            purpose=request.purpose,
+            has_result=has_result,
+            # What the provider would receive, message by message (for prefix checks).
+            messages=[hashlib.sha256(repr(m).encode()).hexdigest()[:16] for m in request.messages],
+            last_user=next(str(m.content) for m in reversed(request.messages) if m.role == "user"),
+        )
         usage = Usage(input_tokens=10, output_tokens=5)
         if request.purpose == "tool-loop" and not has_result:
             yield ToolCallDelta(

@@ -9,7 +9,7 @@ from pydantic.alias_generators import to_camel
 
 from turnkit.agent import Effort
 from turnkit.audit import AuditRow
-from turnkit.blocks import Block
+from turnkit.blocks import Block, ContentPart
 from turnkit.states import TurnStatus
 
 __all__ = (
@@ -30,7 +30,11 @@ class _Camel(BaseModel):
 class ExecuteBody(_Camel):
     """Body of `POST /sessions/{id}/execute`."""
 
-    content: str = Field(min_length=1, description="The user's message.")
+    content: str | list[ContentPart] = Field(
+        min_length=1,
+        description="The user's message: text, or parts (`text`, and `image` by `url` or "
+        "base64 `data` with a `media_type`).",
+    )
     request_id: str | None = Field(
         default=None, min_length=1, max_length=128, description="Idempotency key."
     )

@@ -30,7 +30,12 @@ from turnkit.runtime._cancel import CancelToken
 from turnkit.runtime._history import TurnHistory
 from turnkit.runtime._host import TurnHost
 from turnkit.runtime._runner import TurnRunner, pinned_config, turn_history
-from turnkit.runtime._validate import TurnRequest, check_session_id, validate_request
+from turnkit.runtime._validate import (
+    MessageContent,
+    TurnRequest,
+    check_session_id,
+    validate_request,
+)
 from turnkit.runtime.reader import TurnReader
 from turnkit.states import TurnStatus
 from turnkit.store import (
@@ -45,7 +50,7 @@ from turnkit.store import (
 from turnkit.store.migrate import head_revision
 from turnkit.store.sql import SqlStore
 
-__all__ = ("CancelToken", "SessionRuntime", "TurnHistory", "TurnRequest")
+__all__ = ("CancelToken", "MessageContent", "SessionRuntime", "TurnHistory", "TurnRequest")
 
 
 class SessionRuntime:
@@ -158,7 +163,7 @@ class SessionRuntime:
     async def submit(
         self,
         session_id: str,
-        content: str,
+        content: MessageContent,
         *,
         agent: Agent | None = None,
         request_id: str | None = None,
@@ -185,6 +190,11 @@ class SessionRuntime:
             raise InvalidInputError(
                 f"delivery {delivery!r} is not 'queue' or 'guide'", delivery=delivery
             )
+        if delivery == "guide" and request.attachments:
+            raise InvalidInputError(
+                "pictures cannot join a running turn: send them with delivery='queue'",
+                delivery=delivery,
+            )
         family = self._family(turn_agent.model)
         if turn_agent.utility_model is not None:
             self._family(turn_agent.utility_model)
@@ -195,6 +205,7 @@ class SessionRuntime:
                 session_id=request.session_id,
                 turn_id=new_turn_id(),
                 content=request.content,
+                attachments=request.attachments,
                 request_id=request.request_id,
                 delivery=delivery,
                 agent=turn_agent.name,
@@ -224,7 +235,7 @@ class SessionRuntime:
     async def execute_message(
         self,
         session_id: str,
-        content: str,
+        content: MessageContent,
         *,
         agent: Agent | None = None,
         request_id: str | None = None,
@@ -234,6 +245,8 @@ class SessionRuntime:
     ) -> AsyncIterator[DurableEvent | EphemeralEvent]:
         """Run one turn in this process and stream its events.
 
+        `content` is text, or parts: `TextPart`s and `ImagePart`s (pictures by URL or
+        bytes with a media type, at most 20), sent to the model in its multimodal form.
         Every durable event is committed to the Store before it is yielded. Closing the
         generator (or `cancel.cancel()`) aborts the turn: the model call is cancelled, the
         abort is audited as `user-aborted`, and the turn ends `cancelled`. A `request_id`
@@ -276,7 +289,7 @@ class SessionRuntime:
     async def start(
         self,
         session_id: str,
-        content: str,
+        content: MessageContent,
         *,
         agent: Agent | None = None,
         request_id: str | None = None,

@@ -40,8 +40,8 @@ def blocks_of(events: list[StreamEvent]) -> tuple[Block, ...]:
     blocks: list[Block] = []
     for event in events:
         match event:
-            case TurnStartedEvent(content=content):
-                blocks.append(UserBlock(text=content))
+            case TurnStartedEvent(content=content, attachments=attachments):
+                blocks.append(UserBlock(text=content, attachments=attachments))
             case ThinkingCompleteEvent(block=block):
                 blocks.append(block)
             case MessageCompleteEvent(block=block):

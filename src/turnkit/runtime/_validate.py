@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from turnkit.agent import Effort
+from turnkit.blocks import ContentPart, ImagePart, TextPart
 from turnkit.config import RuntimeConfig
 from turnkit.errors import (
     ContentTooLargeError,
@@ -14,7 +16,14 @@ from turnkit.errors import (
 )
 from turnkit.ids import SessionId, is_valid_session_id
 
-__all__ = ("TurnRequest", "check_session_id", "validate_request")
+__all__ = (
+    "MAX_PICTURES",
+    "MessageContent",
+    "TurnRequest",
+    "check_session_id",
+    "split_content",
+    "validate_request",
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -23,8 +32,36 @@ class TurnRequest:
 
     session_id: SessionId
     content: str
+    attachments: tuple[ImagePart, ...] = ()
     request_id: str | None = None
     effort: Effort | None = None
+
+
+MAX_PICTURES = 20
+"""Pictures one message may carry (a picture the person attached is never released)."""
+MAX_PICTURE_BYTES = 20 * 1024 * 1024
+"""The largest picture one message may carry inline (`ImagePart.data`)."""
+
+MessageContent = str | Sequence[ContentPart]
+"""What a person sends: text, or parts (text and pictures)."""
+
+
+def split_content(content: MessageContent) -> tuple[str, tuple[ImagePart, ...]]:
+    """A message's text (its text parts, one paragraph each) and its pictures."""
+    if isinstance(content, str):
+        return content, ()
+    texts: list[str] = []
+    pictures: list[ImagePart] = []
+    for part in content:
+        if isinstance(part, TextPart):
+            texts.append(part.text)
+        elif isinstance(part, ImagePart):
+            pictures.append(part)
+        else:
+            raise InvalidInputError(
+                f"a message part must be a TextPart or an ImagePart, not {type(part).__name__}"
+            )
+    return "\n\n".join(texts), tuple(pictures)
 
 
 def check_session_id(session_id: str) -> SessionId:
@@ -41,14 +78,28 @@ def check_session_id(session_id: str) -> SessionId:
 def validate_request(
     config: RuntimeConfig,
     session_id: str,
-    content: str,
+    message: MessageContent,
     request_id: str | None,
     effort: Effort | None,
 ) -> TurnRequest:
     """Check a message before anything is written."""
     sid = check_session_id(session_id)
-    if not content.strip():
+    content, attachments = split_content(message)
+    if not content.strip() and not attachments:
         raise EmptyContentError("the message is empty: send some text", session_id=session_id)
+    if len(attachments) > MAX_PICTURES:
+        raise InvalidInputError(
+            f"the message carries {len(attachments)} pictures; at most {MAX_PICTURES} fit "
+            "one message",
+            pictures=len(attachments),
+        )
+    for picture in attachments:
+        if picture.data is not None and len(picture.data) > MAX_PICTURE_BYTES:
+            raise ContentTooLargeError(
+                f"a picture has {len(picture.data)} bytes; the limit is {MAX_PICTURE_BYTES}",
+                chars=len(picture.data),
+                limit=MAX_PICTURE_BYTES,
+            )
     if len(content) > config.max_content_chars:
         raise ContentTooLargeError(
             f"the message has {len(content)} characters; the limit is "
@@ -61,4 +112,10 @@ def validate_request(
             f"request_id must be 1-128 characters, got {len(request_id)}",
             request_id=request_id,
         )
-    return TurnRequest(session_id=sid, content=content, request_id=request_id, effort=effort)
+    return TurnRequest(
+        session_id=sid,
+        content=content,
+        attachments=attachments,
+        request_id=request_id,
+        effort=effort,
+    )

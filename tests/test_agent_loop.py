@@ -1,0 +1,368 @@
+"""The agent loop on `ScriptedModel`: a transcript that only grows across turns and
+processes, compaction, picture release, long results, argument repair, thinking summaries."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+import turnkit.context.prefix as prefix
+from tests.conftest import RuntimeFactory
+from tests.helpers import add
+from turnkit import (
+    Agent,
+    ImagePart,
+    InvalidInputError,
+    ModelFamily,
+    PrefixRewriteError,
+    ProviderError,
+    RuntimeConfig,
+    SessionRuntime,
+    TextPart,
+    tool,
+)
+from turnkit.blocks import ThinkingSummaryBlock, UserBlock
+from turnkit.context.prefix import RequestView, check_prefix
+from turnkit.events import (
+    CompactionCompletedEvent,
+    CompactionStartedEvent,
+    DoneEvent,
+    ThinkingCompleteEvent,
+    ToolCompletedEvent,
+)
+from turnkit.models import ModelRequest
+from turnkit.testing import ModelStep, ScriptedModel, call, collect_events, raw_call
+
+PNG = b"\x89PNG\r\n\x1a\n" + b"\x00" * 24
+
+
+def _starts_with(after: ModelRequest, before: ModelRequest) -> bool:
+    return after.messages[: len(before.messages)] == before.messages and after.tools == before.tools
+
+
+def _assert_only_appends(calls: list[ModelRequest]) -> None:
+    reasoning = [c for c in calls if c.purpose in ("tool-loop", "synthesize")]
+    for before, after in zip(reasoning, reasoning[1:], strict=False):
+        assert _starts_with(after, before), "a request rewrote what an earlier one sent"
+
+
+def _three_turn_script() -> list[ModelStep]:
+    return [
+        ModelStep.tool_call_reply(call("add", a=1, b=2), text="Adding."),
+        ModelStep.text_reply("1 + 2 = 3."),
+        ModelStep.text_reply("You are welcome."),
+        ModelStep.tool_call_reply(call("add", a=3, b=4)),
+        ModelStep.text_reply("3 + 4 = 7."),
+    ]
+
+
+async def test_three_turns_with_tools_only_append(runtime_factory: RuntimeFactory) -> None:
+    model = ScriptedModel(_three_turn_script())
+    runtime = runtime_factory(Agent(model=model, tools=[add]))
+    for message in ("What is 1 + 2?", "Thanks!", "And 3 + 4?"):
+        events = await collect_events(runtime.execute_message("s1", message))
+        assert isinstance(events[-1], DoneEvent)
+        assert events[-1].status == "succeeded"
+    model.assert_complete()
+    assert len(model.calls) == 5  # 2 + 1 + 2: no call beyond the loop's own
+    _assert_only_appends(model.calls)
+    # Turn 2's first request carries turn 1's tool call and result, not a rebuilt summary.
+    second = model.calls[2].messages
+    assert [m.role for m in second] == ["system", "user", "assistant", "tool", "assistant", "user"]
+    assert [t.answer for t in await runtime.history("s1")] == [
+        "1 + 2 = 3.",
+        "You are welcome.",
+        "3 + 4 = 7.",
+    ]
+    # Every request of the session's model shares the whole previous request.
+    rows = [r for t in await runtime.history("s1") for r in await runtime.audit(t.turn_id)]
+    breakpoints = [r.payloads.cache_breakpoint for r in rows if r.payloads.cache_breakpoint]
+    assert len(breakpoints) == 5
+    assert breakpoints[0].prefix_messages == 0  # the session's first request
+    for previous, row in zip(model.calls, breakpoints[1:], strict=False):
+        assert row.prefix_messages == len(previous.messages)
+        assert row.broken_region is None
+
+
+async def test_the_prefix_holds_across_a_restart(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'restart.db'}"
+    first = ScriptedModel(_three_turn_script()[:2])
+    async with SessionRuntime(
+        agent=Agent(model=first, tools=[add]), config=RuntimeConfig(database_url=url)
+    ) as runtime:
+        await collect_events(runtime.execute_message("s1", "What is 1 + 2?"))
+    second = ScriptedModel([ModelStep.text_reply("You are welcome.")])
+    async with SessionRuntime(
+        agent=Agent(model=second, tools=[add]), config=RuntimeConfig(database_url=url)
+    ) as runtime:
+        await collect_events(runtime.execute_message("s1", "Thanks!"))
+    assert _starts_with(second.calls[0], first.calls[-1])
+    assert second.calls[0].messages[len(first.calls[-1].messages)].content == "1 + 2 = 3."
+
+
+async def test_the_prefix_holds_after_a_fallback_to_the_next_rung(
+    runtime_factory: RuntimeFactory,
+) -> None:
+    big = ScriptedModel(
+        [ModelStep.text_reply("Hi."), ModelStep.fail(ProviderError("busy", status_code=429))],
+        name="big",
+    )
+    small = ScriptedModel([ModelStep.text_reply("Still here.")], name="small")
+    runtime = runtime_factory(Agent(model=ModelFamily("fam", [big, small]), tools=[add]))
+    await collect_events(runtime.execute_message("s1", "Hello"))
+    await collect_events(runtime.execute_message("s1", "Are you there?"))
+    # Only the model differs: the rung that answered got the same bytes the first would have.
+    assert big.calls[1] == small.calls[0]
+    assert _starts_with(small.calls[0], big.calls[0])
+
+
+def test_an_unexpected_rewrite_fails_loudly_when_strict(caplog: pytest.LogCaptureFixture) -> None:
+    before = RequestView(("sys", "u1", "a1"), "tools")
+    rewritten = RequestView(("sys", "u1-edited", "a1", "u2"), "tools")
+    with pytest.raises(PrefixRewriteError) as raised:
+        check_prefix(before, rewritten)
+    assert raised.value.code == "prefix-rewritten"
+    prefix.STRICT = False
+    with caplog.at_level(logging.ERROR, logger="turnkit.context"):
+        report = check_prefix(before, rewritten)
+    assert (report.shared, report.broken, report.reason) == (1, "history", "unexpected-rewrite")
+    assert "rewrote the history region" in caplog.text
+    # The two deliberate rewrites are recorded, never refused.
+    prefix.STRICT = True
+    assert check_prefix(before, rewritten, deliberate="compaction").reason == "compaction"
+    changed_tools = RequestView(("sys", "u1", "a1", "u2"), "other-tools")
+    report = check_prefix(before, changed_tools, between_turns=True)
+    assert (report.broken, report.reason) == ("tools", "agent-changed")
+
+
+def _background(request: ModelRequest) -> ModelStep:
+    """The utility model: compaction summaries and thinking summaries."""
+    if "compress a conversation" in str(request.messages[0].content):
+        return ModelStep.text_reply("The person asked twice about words.")
+    return ModelStep.text_reply("It considered the request.")
+
+
+async def test_compaction_summarizes_at_85_percent_and_the_turn_answers(
+    runtime_factory: RuntimeFactory,
+) -> None:
+    long = "word " * 300  # ~375 tokens a message by the four-characters estimate
+    model = ScriptedModel(
+        [ModelStep.text_reply(long), ModelStep.text_reply("Short answer.")], context_window=900
+    )
+    utility = ScriptedModel([ModelStep.respond(_background)], repeat_last=True)
+    runtime = runtime_factory(Agent(model=model, utility_model=utility, tools=[add]))
+    await collect_events(runtime.execute_message("s1", long))
+    events = await collect_events(runtime.execute_message("s1", "Now be brief."))
+    [started] = [e for e in events if isinstance(e, CompactionStartedEvent)]
+    [done] = [e for e in events if isinstance(e, CompactionCompletedEvent)]
+    assert events.index(started) < events.index(done)
+    assert done.strategy == "summary"
+    assert done.model == "scripted"
+    assert done.tokens_after < done.tokens_before
+    assert done.tokens_before >= 0.85 * 900
+    assert isinstance(events[-1], DoneEvent)
+    assert events[-1].status == "succeeded"
+    request = model.calls[-1]
+    assert "The person asked twice about words." in str(request.messages[1].content)
+    assert request.messages[-1].content == "Now be brief."
+    rows = await runtime.audit(events[0].turn_id)
+    [row] = [r for r in rows if r.payloads.compaction is not None]
+    assert row.call is not None
+    assert row.call.model == "scripted"
+    assert row.payloads.compaction is not None
+    assert row.payloads.compaction.context_window == 900
+    [breakpoint_] = [r.payloads.cache_breakpoint for r in rows if r.payloads.cache_breakpoint]
+    assert breakpoint_ is not None
+    assert (breakpoint_.broken_region, breakpoint_.break_reason) == ("history", "compaction")
+    # After compaction the list grows by appending again, also in the next turn.
+    more = ScriptedModel([ModelStep.text_reply("Ok.")], context_window=900)
+    runtime2 = runtime_factory(Agent(model=more, utility_model=utility, tools=[add]))
+    await collect_events(runtime2.execute_message("s1", "Thanks."))
+    assert _starts_with(more.calls[0], request)
+
+
+async def test_compaction_without_a_utility_model_keeps_the_newest_turns(
+    runtime_factory: RuntimeFactory,
+) -> None:
+    long = "word " * 200  # ~250 tokens: the third turn's first call crosses 85% of 900
+    model = ScriptedModel(
+        [ModelStep.text_reply(t) for t in ("First.", "Second.", "Third.")], context_window=900
+    )
+    runtime = runtime_factory(Agent(model=model, tools=[add]))
+    await collect_events(runtime.execute_message("s1", long))
+    await collect_events(runtime.execute_message("s1", long))
+    events = await collect_events(runtime.execute_message("s1", f"{long} And now?"))
+    [done] = [e for e in events if isinstance(e, CompactionCompletedEvent)]
+    assert (done.strategy, done.model) == ("keep-newest", None)
+    assert isinstance(events[-1], DoneEvent)
+    assert events[-1].status == "succeeded"
+    contents = [str(m.content) for m in model.calls[-1].messages]
+    assert "earlier message(s) were left out" in contents[1]
+    assert contents[-1].endswith("And now?")
+    assert "First." not in contents
+    rows = await runtime.audit(events[0].turn_id)
+    [row] = [r for r in rows if r.payloads.compaction is not None]
+    assert row.call is None  # no model wrote it
+    assert row.payloads.compaction is not None
+    assert row.payloads.compaction.strategy == "keep-newest"
+
+
+@tool
+async def screenshot(page: int) -> ImagePart:
+    """A picture of one page."""
+    return ImagePart(data=PNG + bytes([page]), media_type="image/png")
+
+
+async def test_pictures_past_twenty_are_released_but_never_the_users(
+    runtime_factory: RuntimeFactory,
+) -> None:
+    steps = [ModelStep.tool_call_reply(call("screenshot", page=i)) for i in range(1, 21)]
+    model = ScriptedModel([*steps, ModelStep.text_reply("Reviewed 20 pages.")])
+    runtime = runtime_factory(Agent(model=model, tools=[screenshot]))
+    attached = ImagePart(url="https://example.com/scan.png", media_type="image/png")
+    events = await collect_events(
+        runtime.execute_message("s1", [TextPart(text="Review every page."), attached])
+    )
+    assert isinstance(events[-1], DoneEvent)
+    assert events[-1].status == "succeeded"
+
+    def pictures(request: ModelRequest) -> list[ImagePart]:
+        return [
+            p
+            for m in request.messages
+            if not isinstance(m.content, str)
+            for p in m.content
+            if isinstance(p, ImagePart)
+        ]
+
+    # Call 20 carries the user's picture and 19 tool pictures: 20, no release yet.
+    assert len(pictures(model.calls[19])) == 20
+    last = model.calls[20]  # would carry 21: every tool picture but the newest is released
+    assert [p.url for p in pictures(last)] == ["https://example.com/scan.png", None]
+    assert pictures(last)[1].data == PNG + bytes([20])
+    notes = [
+        p.text
+        for m in last.messages
+        if m.role == "tool" and not isinstance(m.content, str)
+        for p in m.content
+        if isinstance(p, TextPart) and "released" in p.text
+    ]
+    assert len(notes) == 19
+    rows = await runtime.audit(events[0].turn_id)
+    final = [r.payloads.cache_breakpoint for r in rows if r.payloads.cache_breakpoint][-1]
+    assert final is not None
+    assert (final.broken_region, final.break_reason) == ("pictures", "picture-release")
+    [turn] = await runtime.history("s1")
+    assert isinstance(turn.blocks[0], UserBlock)
+    assert turn.blocks[0].attachments == (attached,)
+
+
+async def test_too_many_attached_pictures_are_refused(runtime_factory: RuntimeFactory) -> None:
+    model = ScriptedModel([])
+    runtime = runtime_factory(Agent(model=model))
+    parts = [ImagePart(url=f"https://example.com/{i}.png") for i in range(21)]
+    with pytest.raises(InvalidInputError, match="at most 20"):
+        await collect_events(runtime.execute_message("s1", parts))
+    assert model.calls == []
+
+
+@tool
+async def report() -> str:
+    """A long report."""
+    return "".join(f"line {i:04d}\n" for i in range(2000))
+
+
+async def test_a_long_result_is_a_preview_the_model_can_read_on(
+    runtime_factory: RuntimeFactory,
+) -> None:
+    model = ScriptedModel(
+        [
+            ModelStep.tool_call_reply(call("report", tool_call_id="call_r")),
+            ModelStep.tool_call_reply(
+                raw_call(
+                    "read_tool_result", '{"tool_call_id": "call_r", "offset": 1000, "limit": 22}'
+                )
+            ),
+            ModelStep.text_reply("Done reading."),
+        ]
+    )
+    runtime = runtime_factory(Agent(model=model, tools=[report], tool_result_preview_chars=1000))
+    events = await collect_events(runtime.execute_message("s1", "Read the report"))
+    shown = model.calls[1].messages[-1]
+    assert shown.role == "tool"
+    assert isinstance(shown.content, str)
+    assert len(shown.content) < 1300
+    assert "call `read_tool_result` with tool_call_id='call_r' and offset=1000" in shown.content
+    completed = [e for e in events if isinstance(e, ToolCompletedEvent)]
+    assert len(completed[0].result.output) == 20000  # type: ignore[arg-type]  # kept whole
+    window = json.loads(str(model.calls[2].messages[-1].content))
+    assert window["offset"] == 1000
+    assert window["remaining_chars"] > 0
+    assert len(window["text"]) == 22
+
+
+async def test_almost_json_arguments_are_repaired(runtime_factory: RuntimeFactory) -> None:
+    model = ScriptedModel(
+        [
+            ModelStep.tool_call_reply(raw_call("add", '```json\n{"a": 1, "b": 2,}\n```')),
+            ModelStep.text_reply("3."),
+        ]
+    )
+    runtime = runtime_factory(Agent(model=model, tools=[add]))
+    events = await collect_events(runtime.execute_message("s1", "1+2"))
+    [completed] = [e for e in events if isinstance(e, ToolCompletedEvent)]
+    assert completed.result.output == 3
+    sent = model.calls[1].messages[-2].tool_calls[0].arguments
+    assert json.loads(sent) == {"a": 1, "b": 2}
+
+
+async def test_a_thinking_summary_with_a_utility_model_and_none_without(
+    runtime_factory: RuntimeFactory, database_url: str
+) -> None:
+    secret = "SECRET-CHAIN-OF-THOUGHT"
+    model = ScriptedModel(
+        [
+            ModelStep(text="", thinking=f"{secret} maybe add", tool_calls=(call("add", a=2, b=2),)),
+            ModelStep.text_reply("2 + 2 = 4. " * 20, thinking=f"{secret} done"),
+        ]
+    )
+    utility = ScriptedModel(
+        [
+            ModelStep.text_reply('{"intent": "math", "depth": "none"}'),
+            ModelStep.text_reply("The assistant chose to add the numbers with the tool."),
+        ],
+        name="background",
+    )
+    runtime = runtime_factory(Agent(model=model, utility_model=utility, tools=[add]))
+    events = await collect_events(runtime.execute_message("s1", "2+2?"))
+    utility.assert_complete()
+    [thinking] = [e for e in events if isinstance(e, ThinkingCompleteEvent)]
+    assert thinking.block.summary == "The assistant chose to add the numbers with the tool."
+    answer_at = next(i for i, e in enumerate(events) if getattr(e, "type", "") == "message.complete"
+                     and e.block.is_answer)  # type: ignore[attr-defined]  # fmt: skip
+    assert events.index(thinking) < answer_at
+    summary_request = utility.calls[1]
+    assert secret in str(summary_request.messages[-1].content)  # read inside the runtime only
+    rows = await runtime.audit(events[0].turn_id)
+    [row] = [r for r in rows if r.payloads.thinking_summary is not None]
+    assert row.call is not None
+    assert row.call.model == "background"  # priced as its own work, naming its model
+    [turn] = await runtime.history("s1")
+    assert any(isinstance(b, ThinkingSummaryBlock) for b in turn.blocks)
+    # Raw reasoning is in no event, audit row or table.
+    dumped = json.dumps([e.model_dump(mode="json") for e in events])
+    dumped += json.dumps([r.model_dump(mode="json") for r in rows])
+    assert secret not in dumped
+    await runtime.close()
+    for path in Path(database_url.split("///", 1)[1]).parent.glob("*.db*"):
+        assert secret.encode() not in path.read_bytes()
+
+    plain = ScriptedModel([ModelStep.text_reply("4.", thinking=secret)])
+    runtime = runtime_factory(Agent(model=plain, tools=[add]))
+    events = await collect_events(runtime.execute_message("s2", "2+2?"))
+    assert not [e for e in events if isinstance(e, ThinkingCompleteEvent)]
+    assert isinstance(events[-1], DoneEvent)
+    assert events[-1].status == "succeeded"
