@@ -65,8 +65,9 @@ class _Printer:
                 self._line(f"▸ {step}" + (f" #{iteration}" if iteration else ""))
             case MessageDeltaEvent(stage_id=stage, text=text):
                 if self.streaming != stage:
+                    # Streamed as written: text that goes on to a tool call is narration,
+                    # text of a call that names no tool is the answer.
                     self._line("") if self.streaming is not None else None
-                    self.out.write("  … " if stage == "tool-loop" else "")
                     self.streaming = stage
                 self.out.write(text)
             case MessageCompleteEvent():
