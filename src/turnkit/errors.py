@@ -14,6 +14,7 @@ TurnkitError
  │   ├─ TurnNotFoundError
  │   └─ PauseNotFoundError
  ├─ PauseAnsweredError        the approval or question was answered already
+ ├─ RequestConflictError      a request_id reused with different content
  ├─ TurnError                 ends a turn with a code → `error` event + terminal state
  │   ├─ ProviderError                 one model call failed (retriable or not)
  │   ├─ FamilyExhaustedError          every rung of the model family failed
@@ -24,7 +25,8 @@ TurnkitError
  │   ├─ PrefixRewriteError            a hook rewrote bytes an earlier call sent (strict mode)
  │   └─ InternalError                 an unexpected exception inside the turn
  ├─ StoreError
- │   └─ StaleEpochError       fencing rejection; the driver stops at once
+ │   ├─ StaleEpochError       fencing rejection; the driver stops at once
+ │   └─ StoreUnavailableError the database cannot be reached (retry later)
  └─ ReplayCursorError         malformed / ahead-of-log cursor
 ```
 """
@@ -52,9 +54,11 @@ __all__ = (
     "PrefixRewriteError",
     "ProviderError",
     "ReplayCursorError",
+    "RequestConflictError",
     "SessionNotFoundError",
     "StaleEpochError",
     "StoreError",
+    "StoreUnavailableError",
     "ToolCallError",
     "TurnError",
     "TurnNotFoundError",
@@ -79,6 +83,7 @@ ErrorCode = Literal[
     "turn-not-found",
     "pause-not-found",
     "pause-already-answered",
+    "request-id-reused",
     "tool-denied",
     "provider-error",
     "family-exhausted",
@@ -93,6 +98,7 @@ ErrorCode = Literal[
     "internal-error",
     "store-error",
     "stale-epoch",
+    "store-unavailable",
     "replay-cursor-invalid",
 ]
 """The one catalog of error codes. Codes never change meaning once published."""
@@ -198,6 +204,12 @@ class PauseAnsweredError(TurnkitError):
     code: ClassVar[ErrorCode] = "pause-already-answered"
 
 
+class RequestConflictError(TurnkitError):
+    """A `request_id` the session already used, sent again with different content."""
+
+    code: ClassVar[ErrorCode] = "request-id-reused"
+
+
 class TurnError(TurnkitError):
     """An error that ends a turn; it becomes an `error` event and a terminal state."""
 
@@ -274,6 +286,12 @@ class StaleEpochError(StoreError):
     """A commit carried a fencing token older than the turn's current lease."""
 
     code: ClassVar[ErrorCode] = "stale-epoch"
+
+
+class StoreUnavailableError(StoreError):
+    """The database cannot be reached right now; nothing was written. Retry later."""
+
+    code: ClassVar[ErrorCode] = "store-unavailable"
 
 
 class ReplayCursorError(TurnkitError):

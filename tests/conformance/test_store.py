@@ -10,7 +10,7 @@ import pytest
 from tests.helpers import new_input, step_event
 
 from turnkit.audit import AuditPayloads, AuditRow, CallIdentity, CallShape, PlanGenerationPayload
-from turnkit.errors import StaleEpochError, StoreError
+from turnkit.errors import RequestConflictError, StaleEpochError, StoreError
 from turnkit.events import DoneEvent, ErrorEvent, TurnStartedEvent
 from turnkit.ids import SessionId, TurnId
 from turnkit.store import Store
@@ -54,12 +54,21 @@ async def test_submit_commits_input_turn_and_first_event_together(store: SqlStor
 
 async def test_same_request_id_is_one_input_and_one_turn(store: SqlStore) -> None:
     first = await store.submit(new_input(request_id="req-1"))
-    again = await store.submit(new_input(request_id="req-1", content="changed"))
+    again = await store.submit(new_input(request_id="req-1"))
     assert not again.is_new
     assert (again.turn_id, again.input_seq) == (first.turn_id, first.input_seq)
     assert len(await store.list_turns(SessionId("s1"))) == 1
     other_session = await store.submit(new_input(session="s2", request_id="req-1"))
     assert other_session.is_new  # request ids are scoped to their session
+
+
+async def test_a_reused_request_id_with_other_content_is_refused(store: SqlStore) -> None:
+    first = await store.submit(new_input(request_id="req-1"))
+    with pytest.raises(RequestConflictError) as refused:
+        await store.submit(new_input(request_id="req-1", content="changed"))
+    assert refused.value.code == "request-id-reused"
+    [turn] = await store.list_turns(SessionId("s1"))  # nothing more was written
+    assert turn.turn_id == first.turn_id
 
 
 async def test_guide_with_no_live_attempt_is_committed_as_queue(store: SqlStore) -> None:

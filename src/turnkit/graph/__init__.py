@@ -18,6 +18,7 @@ from langgraph.runtime import Runtime
 from langgraph.types import Command, interrupt
 
 from turnkit.context.prefix import PreviousRequest
+from turnkit.errors import StoreUnavailableError
 from turnkit.events import StageName, StepEndEvent, StepStartEvent
 from turnkit.stages import (
     StageContext,
@@ -237,19 +238,63 @@ async def open_checkpointer(
         await saver.asetup()
         return saver, saver.aclose
     if database_url.startswith(("postgresql", "postgres")):
-        from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
-        from psycopg import AsyncConnection
-        from psycopg.rows import dict_row
-
-        dsn = database_url.replace("postgresql+asyncpg://", "postgresql://")
-        options = f"-c search_path={schema}" if schema else None
-        pg = await AsyncConnection.connect(
-            dsn, autocommit=True, prepare_threshold=0, row_factory=dict_row, options=options
-        )
-        pg_saver = AsyncPostgresSaver(pg)
-        await pg_saver.setup()
-        return pg_saver, pg.close
+        return await _open_postgres_checkpointer(database_url, schema)
     raise ValueError(f"no checkpointer for database url {database_url!r}")
+
+
+_SETUP_LOCK = 7413620512
+"""The advisory lock that serializes checkpointer setup across processes starting at once."""
+
+
+async def _open_postgres_checkpointer(
+    database_url: str, schema: str | None
+) -> tuple[BaseCheckpointSaver[Any], Callable[[], Awaitable[None]]]:
+    """LangGraph's PostgreSQL saver on a small connection pool.
+
+    A pool, not one connection: a connection broken by a database restart is replaced,
+    so checkpoints work again once the database is back. Setup (LangGraph's own
+    migrations) runs under an advisory lock, so processes starting together on a fresh
+    schema do not race on it.
+    """
+    from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
+    from psycopg import AsyncConnection, OperationalError
+    from psycopg.rows import dict_row
+    from psycopg_pool import AsyncConnectionPool, PoolTimeout
+
+    dsn = database_url.replace("postgresql+asyncpg://", "postgresql://")
+    options = f"-c search_path={schema}" if schema else None
+    kwargs: dict[str, Any] = {"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row}
+    if options:
+        kwargs["options"] = options
+    pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
+        dsn,
+        min_size=1,
+        max_size=4,
+        kwargs=kwargs,
+        check=AsyncConnectionPool.check_connection,
+        open=False,
+    )
+    try:
+        await pool.open(wait=True, timeout=10)
+        saver = AsyncPostgresSaver(pool)
+        lock_kwargs: dict[str, Any] = {"autocommit": True}
+        if options:
+            lock_kwargs["options"] = options
+        async with await AsyncConnection.connect(dsn, **lock_kwargs) as lock:
+            await lock.execute("SELECT pg_advisory_lock(%s)", (_SETUP_LOCK,))
+            try:
+                await saver.setup()
+            finally:
+                await lock.execute("SELECT pg_advisory_unlock(%s)", (_SETUP_LOCK,))
+    except (OperationalError, PoolTimeout) as exc:
+        await pool.close()
+        raise StoreUnavailableError(
+            f"the database for checkpoints cannot be reached ({exc}); retry shortly"
+        ) from exc
+    except BaseException:
+        await pool.close()
+        raise
+    return saver, pool.close
 
 
 def _checkpoint_path(store_path: str) -> str:

@@ -11,7 +11,7 @@ import dataclasses
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, cast
 
-from fastapi import APIRouter, Depends, Header, Query, Response
+from fastapi import APIRouter, Depends, Header, Path, Query, Response
 from sse_starlette import EventSourceResponse
 
 from turnkit.errors import InvalidInputError, SessionNotFoundError, TurnNotFoundError
@@ -29,7 +29,7 @@ from turnkit.http.models import (
 )
 from turnkit.http.problems import MEDIA_TYPE, Problem, install_problem_handlers
 from turnkit.http.sse import frames_to_sse
-from turnkit.ids import SessionId, TurnId, uuid7
+from turnkit.ids import SESSION_ID_PATTERN, SessionId, TurnId, uuid7
 from turnkit.pauses import Answer, Approve, Deny, Resolution
 from turnkit.runtime import SessionRuntime
 from turnkit.runtime._runner import turn_history
@@ -43,8 +43,17 @@ Principal = str | None
 AuthDependency = Callable[..., Principal | Awaitable[Principal]]
 
 _PROBLEMS: dict[int | str, dict[str, Any]] = {
-    status: {"model": Problem, "content": {MEDIA_TYPE: {}}} for status in (400, 404, 409, 416, 422)
+    status: {"model": Problem, "content": {MEDIA_TYPE: {}}}
+    for status in (400, 404, 409, 416, 422, 503)
 }
+SessionPath = Annotated[
+    str,
+    Path(
+        pattern=SESSION_ID_PATTERN.pattern,
+        max_length=128,
+        description="1-128 letters, digits or `_ . : -`, starting with a letter or digit.",
+    ),
+]
 
 
 async def _anonymous() -> Principal:
@@ -108,7 +117,7 @@ def create_turnkit_router(  # noqa: C901 - one closure per route keeps the route
         response_class=EventSourceResponse,
         summary="Send a message and stream its turn (SSE)",
     )
-    async def execute(session_id: str, body: ExecuteBody, principal: Caller) -> Response:
+    async def execute(session_id: SessionPath, body: ExecuteBody, principal: Caller) -> Response:
         existing = await runtime.store.get_session(SessionId(session_id))
         if existing is not None:
             owned(existing, session_id, principal)
@@ -195,7 +204,10 @@ def create_turnkit_router(  # noqa: C901 - one closure per route keeps the route
     async def list_sessions(
         principal: Caller, limit: Annotated[int, Query(ge=1, le=500)] = 100
     ) -> list[SessionOut]:
-        records = await runtime.store.list_sessions(principal=principal, limit=limit)
+        # An anonymous caller sees only sessions nobody owns, never another principal's.
+        records = await runtime.store.list_sessions(
+            principal=principal, anonymous=principal is None, limit=limit
+        )
         return [SessionOut.model_validate(r) for r in records]
 
     @router.post("/sessions", response_model=SessionOut, status_code=201, summary="New session")
@@ -212,13 +224,13 @@ def create_turnkit_router(  # noqa: C901 - one closure per route keeps the route
         response_model=list[TurnOut],
         summary="Committed blocks per turn",
     )
-    async def history(session_id: str, principal: Caller) -> list[TurnOut]:
+    async def history(session_id: SessionPath, principal: Caller) -> list[TurnOut]:
         await visible_session(session_id, principal)
         turns = await runtime.store.list_turns(SessionId(session_id))
         return [TurnOut.model_validate(await turn_history(runtime.store, t)) for t in turns]
 
     @router.patch("/sessions/{session_id}", response_model=SessionOut, summary="Rename")
-    async def rename(session_id: str, body: SessionBody, principal: Caller) -> SessionOut:
+    async def rename(session_id: SessionPath, body: SessionBody, principal: Caller) -> SessionOut:
         await visible_session(session_id, principal)
         if body.title is None:
             raise InvalidInputError("send a `title` to rename the session")
@@ -227,7 +239,7 @@ def create_turnkit_router(  # noqa: C901 - one closure per route keeps the route
         )
 
     @router.delete("/sessions/{session_id}", status_code=204, summary="Delete a session")
-    async def delete(session_id: str, principal: Caller) -> Response:
+    async def delete(session_id: SessionPath, principal: Caller) -> Response:
         await visible_session(session_id, principal)
         await runtime.store.delete_session(SessionId(session_id))
         return Response(status_code=204)

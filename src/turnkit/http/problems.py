@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -17,13 +18,24 @@ from turnkit.errors import (
     NotFoundError,
     PauseAnsweredError,
     ReplayCursorError,
+    RequestConflictError,
     StaleEpochError,
+    StoreUnavailableError,
     TurnkitError,
 )
 
 __all__ = ("Problem", "install_problem_handlers", "problem_response", "status_for")
 
 MEDIA_TYPE = "application/problem+json"
+RETRY_AFTER_S = 2
+"""What a 503 asks the client to wait before retrying (`Retry-After`)."""
+_HTTP_CODES = {
+    401: "unauthenticated",
+    403: "forbidden",
+    404: "not-found",
+    405: "method-not-allowed",
+    413: "content-too-large",
+}
 
 
 class Problem(BaseModel):
@@ -46,15 +58,24 @@ def status_for(exc: TurnkitError) -> int:
             return 416 if "last_seq" in exc.details else 400  # only `check_cursor` sets it
         case InvalidInputError():
             return 422
-        case StaleEpochError() | PauseAnsweredError():
+        case StaleEpochError() | PauseAnsweredError() | RequestConflictError():
             return 409
+        case StoreUnavailableError():
+            return 503
         case ConfigurationError():
             return 400
         case _:
             return 500
 
 
-def problem_response(status: int, code: str, detail: str, **extra: Any) -> JSONResponse:
+def problem_response(
+    status: int,
+    code: str,
+    detail: str,
+    *,
+    headers: Mapping[str, str] | None = None,
+    **extra: Any,
+) -> JSONResponse:
     """A problem+json response."""
     body = Problem(
         type=f"{DOCS_URL}#{code}",
@@ -64,7 +85,9 @@ def problem_response(status: int, code: str, detail: str, **extra: Any) -> JSONR
         code=code,
         **extra,
     )
-    return JSONResponse(body.model_dump(), status_code=status, media_type=MEDIA_TYPE)
+    return JSONResponse(
+        body.model_dump(), status_code=status, media_type=MEDIA_TYPE, headers=headers
+    )
 
 
 def install_problem_handlers(app: FastAPI) -> None:
@@ -72,7 +95,9 @@ def install_problem_handlers(app: FastAPI) -> None:
 
     async def turnkit_error(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, TurnkitError)
-        return problem_response(status_for(exc), exc.code, exc.message)
+        status = status_for(exc)
+        headers = {"Retry-After": str(RETRY_AFTER_S)} if status == 503 else None
+        return problem_response(status, exc.code, exc.message, headers=headers)
 
     async def validation_error(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)
@@ -80,12 +105,21 @@ def install_problem_handlers(app: FastAPI) -> None:
             {"loc": list(e.get("loc", ())), "msg": str(e.get("msg", ""))} for e in exc.errors()
         ]
         detail = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in errors)
-        return problem_response(422, "invalid-input", detail or "invalid request", errors=errors)
+        code = (
+            "invalid-session-id"
+            if any(e["loc"] == ["path", "session_id"] for e in errors)
+            else "invalid-input"
+        )
+        return problem_response(422, code, detail or "invalid request", errors=errors)
 
     async def http_error(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
-        code = "not-found" if exc.status_code == 404 else "invalid-input"
-        return problem_response(exc.status_code, code, str(exc.detail))
+        status = exc.status_code
+        code = _HTTP_CODES.get(status, "invalid-input" if status < 500 else "internal-error")
+        if status == 400 and "parsing the body" in str(exc.detail):
+            # A body that is not UTF-8 JSON is invalid input like any other (422).
+            return problem_response(422, "invalid-input", f"the body is not JSON: {exc.detail}")
+        return problem_response(status, code, str(exc.detail), headers=exc.headers)
 
     app.add_exception_handler(TurnkitError, turnkit_error)
     app.add_exception_handler(RequestValidationError, validation_error)

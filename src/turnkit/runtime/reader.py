@@ -15,10 +15,19 @@ Silence is measured from the last event (heartbeats and Store progress count), n
 connect; a turn whose lease is still being renewed is never timed out by a reader, so a
 driver that publishes nowhere the reader can see is not mistaken for a dead one. A paused
 turn's reader waits without timing out. While waiting, the reader yields `KEEPALIVE`.
+
+The buffer is only a fast path. A reader asks the Store at least once a second while the
+buffer is quiet, so a lost buffer message delays nothing by more than that; and when the
+buffer fails (Redis down), the reader follows the Store alone, polling with backoff, and
+returns to the buffer once it answers again — the Store holds every durable event, so
+nothing is lost or sent twice (only deltas published during the outage are missed).
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Final
@@ -28,11 +37,18 @@ from turnkit.errors import ReplayCursorError, TurnNotFoundError
 from turnkit.events import StreamEvent, decode_event
 from turnkit.ids import TurnId
 from turnkit.replay import START, BufferEntry, ReplayBuffer
+from turnkit.states import TERMINAL_STATES
 from turnkit.store import Store, TurnRecord
 
 __all__ = ("KEEPALIVE", "Frame", "TurnReader", "check_cursor", "parse_cursor")
 
 _TERMINAL_TYPES: Final = frozenset({"done"})
+_CURSOR: Final = re.compile(r"(?:0|[1-9][0-9]{0,17})", re.ASCII)
+CATCH_UP_S: Final = 1.0
+"""A live reader asks the Store at least this often while the buffer is quiet."""
+_BACKOFF_MAX_S: Final = 1.0
+
+log = logging.getLogger("turnkit.replay")
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,7 +105,7 @@ def parse_cursor(raw: str | None) -> int:
     """A `Last-Event-ID` / `?after=` value as a seq (0 when absent)."""
     if raw is None or raw == "":
         return 0
-    if not raw.isdigit() or len(raw) > 18:
+    if _CURSOR.fullmatch(raw) is None:  # ASCII digits, no leading zeros, at most 18
         raise ReplayCursorError(
             f"cursor {raw!r} is not an event id: send the `id` of the last event you received",
             cursor=raw,
@@ -121,51 +137,36 @@ class TurnReader:
         """Frames strictly after `after_seq`, ending with the turn's terminal event."""
         record = await self._check(turn_id, after_seq)
         progress = _Progress(sent=after_seq)
-        first_wait = self.keepalive_s
-        if after_seq == 0 and record.status == "running":
-            # A first connection to a live turn reads the buffer from the turn's start, so
-            # it also gets the live events (deltas) a fast turn streamed before it attached,
-            # in their order; durable events the buffer lacks come from the Store (gap fill).
-            async for frame in self._from_store(turn_id, progress, limit=1):
-                yield frame  # `turn.started`: committed at submit, never in the buffer
-            position = START
-            first_wait = min(first_wait, 1.0)  # a driver publishing nowhere: ask the Store soon
-        else:
-            position = await self.buffer.tail(turn_id)  # taken before reading the Store
-            async for frame in self._from_store(turn_id, progress):
-                yield frame
-        last_event = self.clock.monotonic()
+        if record.status in TERMINAL_STATES and after_seq >= record.last_seq:
+            return  # the client has everything, its terminal event included
+        buffer = _Buffer(self.buffer, turn_id)
+        async for frame in self._replay(record, buffer, progress):
+            yield frame
+        last_event = last_keepalive = self.clock.monotonic()
         while not progress.done:
             idle_left = self.idle_window_s - (self.clock.monotonic() - last_event)
             # Past the idle window with the turn still alive, wait until its lease could
             # lapse (or a keep-alive interval if it is queued): never a busy loop.
-            wait = min(first_wait, idle_left if idle_left > 0 else _until_lapse(record, self.clock))
-            first_wait = self.keepalive_s
-            entries = await self.buffer.read(turn_id, after=position, wait_s=wait)
+            lapse = idle_left if idle_left > 0 else _until_lapse(record, self.clock)
+            entries = await buffer.read(min(CATCH_UP_S, self.keepalive_s, lapse), self.clock)
             if entries:
                 last_event = self.clock.monotonic()
-                position = entries[-1].position
                 async for frame in self._from_buffer(turn_id, entries, progress):
                     yield frame
                 continue
-            now = await self.store.get_turn(turn_id)
-            assert now is not None
-            record = now
+            record = await self._turn(turn_id)
             if record.last_seq > progress.sent:
                 # Committed but not in the buffer (the sweep ended it, the buffer was
-                # trimmed or lost): the Store has it, and it is a sign of life.
+                # trimmed, lost a message or is down): the Store has it, a sign of life.
                 last_event = self.clock.monotonic()
                 async for frame in self._from_store(turn_id, progress):
                     yield frame
+            elif record.status in TERMINAL_STATES:
+                return  # ended with nothing left to send (e.g. cancelled while paused)
             elif _abandoned(record, self.clock) and idle_left <= 0:
-                await self.store.time_out(
-                    turn_id,
-                    reason=(
-                        f"nothing arrived for {self.idle_window_s:g} s (the idle window): "
-                        "the process driving this turn is gone"
-                    ),
-                )
-            else:
+                await self._time_out(turn_id)
+            elif self.clock.monotonic() - last_keepalive >= self.keepalive_s:
+                last_keepalive = self.clock.monotonic()
                 yield KEEPALIVE
 
     async def events(self, turn_id: TurnId, *, after_seq: int = 0) -> AsyncIterator[StreamEvent]:
@@ -173,6 +174,38 @@ class TurnReader:
         async for frame in self.follow(turn_id, after_seq=after_seq):
             if isinstance(frame, Frame):
                 yield decode_event(frame.data)
+
+    async def _replay(
+        self, record: TurnRecord, buffer: _Buffer, progress: _Progress
+    ) -> AsyncIterator[Frame]:
+        """What the Store holds after the cursor, and where the buffer takes over."""
+        turn_id = record.turn_id
+        if progress.sent == 0 and record.status == "running":
+            # A first connection to a live turn reads the buffer from the turn's start, so
+            # it also gets the live events (deltas) a fast turn streamed before it attached,
+            # in their order; durable events the buffer lacks come from the Store (gap fill).
+            async for frame in self._from_store(turn_id, progress, limit=1):
+                yield frame  # `turn.started`: committed at submit, never in the buffer
+            buffer.position = START
+            return
+        await buffer.sync()  # the position is taken before reading the Store
+        async for frame in self._from_store(turn_id, progress):
+            yield frame
+
+    async def _turn(self, turn_id: TurnId) -> TurnRecord:
+        record = await self.store.get_turn(turn_id)
+        if record is None:  # deleted with its session while being read
+            raise TurnNotFoundError(f"no turn {turn_id!r}", turn_id=turn_id)
+        return record
+
+    async def _time_out(self, turn_id: TurnId) -> None:
+        await self.store.time_out(
+            turn_id,
+            reason=(
+                f"nothing arrived for {self.idle_window_s:g} s (the idle window): "
+                "the process driving this turn is gone"
+            ),
+        )
 
     async def _check(self, turn_id: TurnId, after_seq: int) -> TurnRecord:
         record = await self.store.get_turn(turn_id)
@@ -217,3 +250,57 @@ class TurnReader:
 class _Progress:
     sent: int
     done: bool = False
+
+
+class _Buffer:
+    """The buffer as one reader uses it: a position, and the Store as fallback when down."""
+
+    def __init__(self, buffer: ReplayBuffer, turn_id: TurnId) -> None:
+        self.buffer = buffer
+        self.turn_id = turn_id
+        self.position = START
+        self.is_down = False
+        self.backoff = 0.05
+
+    async def sync(self) -> bool:
+        """Take the buffer's newest position (events before it come from the Store).
+
+        Returns whether the buffer answered.
+        """
+        try:
+            self.position = await self.buffer.tail(self.turn_id)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - any buffer failure: follow the Store
+            self._failed(exc)
+            return False
+        return True
+
+    async def read(self, wait_s: float, clock: Clock) -> list[BufferEntry]:
+        """Entries after the position; [] when quiet or down (the caller asks the Store)."""
+        if self.is_down:
+            await clock.sleep(min(self.backoff, wait_s))
+            self.backoff = min(self.backoff * 2, _BACKOFF_MAX_S)
+            if not await self.sync():  # back? read on from its newest entry (Store fills in)
+                return []
+            self.is_down = False
+            log.info("replay buffer is back for %s; following it again", self.turn_id)
+        try:
+            entries = await self.buffer.read(self.turn_id, after=self.position, wait_s=wait_s)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - any buffer failure: follow the Store
+            self._failed(exc)
+            return []
+        if entries:
+            self.position = entries[-1].position
+        return entries
+
+    def _failed(self, exc: Exception) -> None:
+        if not self.is_down:
+            log.warning(
+                "replay buffer unavailable for %s (%s); following the Store until it is back",
+                self.turn_id,
+                exc,
+            )
+            self.is_down, self.backoff = True, 0.05

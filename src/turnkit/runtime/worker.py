@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 
+from turnkit.errors import StoreUnavailableError
 from turnkit.runtime import SessionRuntime
 from turnkit.runtime._publish import BufferPublisher
 from turnkit.runtime.driver import TurnDriver
@@ -19,6 +20,29 @@ from turnkit.store import Lease
 __all__ = ("Worker",)
 
 log = logging.getLogger("turnkit.worker")
+
+
+class _Backoff:
+    """0.2 s doubling to 5 s while the database is away; logs once per outage."""
+
+    def __init__(self) -> None:
+        self.delay = 0.0
+
+    def next(self, exc: Exception) -> float:
+        if self.delay == 0.0:
+            log.warning("the database is unavailable (%s); retrying with backoff", exc)
+        self.delay = min(max(self.delay * 2, 0.2), 5.0)
+        return self.delay
+
+    def reset(self) -> None:
+        if self.delay:
+            log.warning("the database is back; claiming again")
+        self.delay = 0.0
+
+
+async def _wait(stop: asyncio.Event, seconds: float) -> None:
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), seconds)
 
 
 class Worker:
@@ -58,29 +82,56 @@ class Worker:
         return len(self._tasks)
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Claim and drive runs until `stop` is set, then drain."""
+        """Claim and drive runs until `stop` is set, then drain.
+
+        A database that cannot be reached (at start or later) is waited out with backoff
+        (0.2 s doubling to 5 s): the worker logs it and keeps trying until `stop`.
+        """
         runtime = self.runtime
-        await runtime.open()
-        config, clock, store = runtime.config, runtime.clock, runtime.store
+        if not await self._until_open(stop):
+            return
+        clock = runtime.clock
         next_sweep = clock.monotonic()
         log.info("worker %s started (concurrency %d)", runtime.owner, self.concurrency)
+        backoff = _Backoff()
         try:
             while not stop.is_set():
-                if clock.monotonic() >= next_sweep:
-                    await self.sweep()
-                    next_sweep = clock.monotonic() + self.sweep_interval_s
-                lease = None
-                if len(self._tasks) < self.concurrency:
-                    lease = await store.claim(
-                        runtime.owner, ttl_s=config.lease_ttl_s, max_attempts=config.max_attempts
-                    )
-                if lease is not None:
-                    self._start(lease)
+                try:
+                    if clock.monotonic() >= next_sweep:
+                        await self.sweep()
+                        next_sweep = clock.monotonic() + self.sweep_interval_s
+                    claimed = await self._claim_one()
+                except StoreUnavailableError as exc:
+                    await _wait(stop, backoff.next(exc))
                     continue
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), self.poll_interval_s)
+                backoff.reset()
+                if not claimed:
+                    await _wait(stop, self.poll_interval_s)
         finally:
             await self._drain()
+
+    async def _until_open(self, stop: asyncio.Event) -> bool:
+        backoff = _Backoff()
+        while not stop.is_set():
+            try:
+                await self.runtime.open()
+                return True
+            except (StoreUnavailableError, OSError) as exc:
+                await _wait(stop, backoff.next(exc))
+        return False
+
+    async def _claim_one(self) -> bool:
+        """Claim and start one runnable turn, if there is room and one; whether it did."""
+        if len(self._tasks) >= self.concurrency:
+            return False
+        runtime, config = self.runtime, self.runtime.config
+        lease = await runtime.store.claim(
+            runtime.owner, ttl_s=config.lease_ttl_s, max_attempts=config.max_attempts
+        )
+        if lease is None:
+            return False
+        self._start(lease)
+        return True
 
     def _start(self, lease: Lease) -> None:
         log.info(

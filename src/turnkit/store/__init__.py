@@ -349,9 +349,13 @@ class SessionDirectory(Protocol):
         ...
 
     async def list_sessions(
-        self, *, principal: str | None = None, limit: int = 100
+        self, *, principal: str | None = None, anonymous: bool = False, limit: int = 100
     ) -> list[SessionRecord]:
-        """Sessions, newest first (only the principal's, when given)."""
+        """Sessions, newest first.
+
+        Only the principal's when `principal` is given; only those with no principal when
+        `anonymous`; else every session.
+        """
         ...
 
     async def rename_session(self, session_id: SessionId, title: str) -> SessionRecord:

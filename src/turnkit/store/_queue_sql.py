@@ -16,7 +16,7 @@ from typing import Any, cast
 from sqlalchemy import Connection, and_, bindparam, exists, or_, select, update
 from sqlalchemy.orm import aliased
 
-from turnkit.errors import SessionNotFoundError, StaleEpochError
+from turnkit.errors import RequestConflictError, SessionNotFoundError, StaleEpochError
 from turnkit.events import DoneEvent, ErrorEvent, TurnStartedEvent, encode_event
 from turnkit.ids import SessionId, TurnId, uuid7
 from turnkit.store import Delivery, Lease, NewInput, Submission
@@ -35,7 +35,7 @@ _INSERT_INPUT = inputs.insert()
 _INSERT_TURN = turns.insert()
 _INSERT_EVENT = events.insert()
 _BY_REQUEST = select(
-    inputs.c.seq, inputs.c.turn_id, inputs.c.delivery, inputs.c.requested_delivery
+    inputs.c.seq, inputs.c.turn_id, inputs.c.delivery, inputs.c.requested_delivery, inputs.c.content
 ).where(
     inputs.c.session_id == bindparam("q_session"), inputs.c.request_id == bindparam("q_request")
 )
@@ -83,6 +83,14 @@ def submit(conn: Connection, insert: Any, new: NewInput, now: datetime) -> Submi
             _BY_REQUEST, {"q_session": new.session_id, "q_request": new.request_id}
         ).first()
         if found is not None:
+            if found.content != new.content:
+                raise RequestConflictError(
+                    f"request_id {new.request_id!r} was already used in session "
+                    f"{new.session_id!r} for a different message; use a new request_id for "
+                    "a new message (a retry must send the same content)",
+                    request_id=new.request_id,
+                    session_id=new.session_id,
+                )
             return Submission(
                 session_id=new.session_id,
                 turn_id=TurnId(found.turn_id),

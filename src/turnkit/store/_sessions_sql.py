@@ -64,11 +64,15 @@ def create(
     return found
 
 
-def list_(conn: Connection, principal: str | None, limit: int) -> list[SessionRecord]:
+def list_(
+    conn: Connection, principal: str | None, anonymous: bool, limit: int
+) -> list[SessionRecord]:
     """Newest first."""
     query = select(sessions).order_by(sessions.c.updated_at.desc()).limit(limit)
     if principal is not None:
         query = query.where(sessions.c.principal == principal)
+    elif anonymous:
+        query = query.where(sessions.c.principal.is_(None))
     return [_record(r) for r in conn.execute(query).all()]
 
 

@@ -31,13 +31,13 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import DBAPIError, IntegrityError, InterfaceError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import StaticPool
 
 from turnkit.audit import AuditRow, UsageDelta
 from turnkit.clock import Clock, SystemClock
-from turnkit.errors import StaleEpochError, StoreError, TurnNotFoundError
+from turnkit.errors import StaleEpochError, StoreError, StoreUnavailableError, TurnNotFoundError
 from turnkit.events import DurableEvent, MessageCompleteEvent, decode_event, encode_event
 from turnkit.ids import SessionId, TurnId
 from turnkit.pauses import PauseRequest
@@ -240,8 +240,13 @@ class SqlStore:
 
             return await asyncio.get_running_loop().run_in_executor(self._thread, run)
         assert self._async_engine is not None
-        async with self._async_engine.begin() as aconn:
-            return await aconn.run_sync(fn, *args)
+        try:
+            async with self._async_engine.begin() as aconn:
+                return await aconn.run_sync(fn, *args)
+        except (DBAPIError, OSError) as exc:
+            if _is_unreachable(exc):
+                raise self._unavailable(exc) from exc
+            raise
 
     def _thread_conn(self) -> sqlite_conn.SqliteConnection:
         """The store thread's connection (waits up to `_THREAD_WAIT_MS` for the write lock)."""
@@ -322,8 +327,21 @@ class SqlStore:
                 return run()
             return await asyncio.get_running_loop().run_in_executor(self._thread, run)
         assert self._async_engine is not None
-        async with self._async_engine.begin() as aconn:
-            return await aconn.run_sync(fn)
+        try:
+            async with self._async_engine.begin() as aconn:
+                return await aconn.run_sync(fn)
+        except (DBAPIError, OSError) as exc:
+            if _is_unreachable(exc):
+                raise self._unavailable(exc) from exc
+            raise
+
+    def _unavailable(self, exc: DBAPIError | OSError) -> StoreUnavailableError:
+        """What a database out of reach raises (nothing was written)."""
+        return StoreUnavailableError(
+            f"the database cannot be reached ({type(exc).__name__}: {_first_line(exc)}); "
+            "nothing was written, retry shortly",
+            url=make_url(self.url).render_as_string(hide_password=True),
+        )
 
     async def __aenter__(self) -> Self:
         await self.setup()
@@ -599,10 +617,10 @@ class SqlStore:
         return await self._hot_tx(sessions_sql.get, session_id, write=False)
 
     async def list_sessions(
-        self, *, principal: str | None = None, limit: int = 100
+        self, *, principal: str | None = None, anonymous: bool = False, limit: int = 100
     ) -> list[SessionRecord]:
-        """Sessions, most recently active first."""
-        return await self._tx(sessions_sql.list_, principal, limit, write=False)
+        """Sessions, most recently active first (see `SessionDirectory.list_sessions`)."""
+        return await self._tx(sessions_sql.list_, principal, anonymous, limit, write=False)
 
     async def rename_session(self, session_id: SessionId, title: str) -> SessionRecord:
         """Set a session's title (`SessionNotFoundError` if there is none)."""
@@ -660,6 +678,35 @@ class SqlStore:
             if isinstance(event, MessageCompleteEvent) and event.block.is_answer:
                 found[event.turn_id] = event.block.text
         return found
+
+
+def _is_unreachable(exc: BaseException) -> bool:
+    """A failure to reach the database (refused, reset, shutting down), not a bad statement."""
+    if isinstance(exc, OSError):
+        return True
+    if isinstance(exc, DBAPIError) and exc.connection_invalidated:
+        return True
+    if isinstance(exc, OperationalError | InterfaceError):
+        return True
+    orig = getattr(exc, "orig", None)
+    name = type(orig).__name__ if orig is not None else ""
+    return isinstance(orig, OSError) or name in _UNREACHABLE_DRIVER_ERRORS
+
+
+_UNREACHABLE_DRIVER_ERRORS = frozenset(
+    {
+        "CannotConnectNowError",
+        "ConnectionDoesNotExistError",
+        "ConnectionFailureError",
+        "AdminShutdownError",
+        "CrashShutdownError",
+        "InterfaceError",
+    }
+)
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [""])[0][:200]
 
 
 @functools.cache
