@@ -45,7 +45,9 @@ async def client(tmp_path: Path) -> AsyncIterator[httpx.AsyncClient]:
 
 
 async def _finished_turn(http: httpx.AsyncClient, session: str = "s1", **headers: str) -> str:
-    done = await http.post(f"{API}/sessions/{session}/execute", json={"content": "hi"}, headers=headers)
+    done = await http.post(
+        f"{API}/sessions/{session}/execute", json={"content": "hi"}, headers=headers
+    )
     assert done.status_code == 200
     return done.headers[TURN_ID_HEADER]
 

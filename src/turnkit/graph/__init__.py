@@ -17,6 +17,7 @@ from langgraph.graph.state import CompiledStateGraph
 from langgraph.runtime import Runtime
 from langgraph.types import Command, interrupt
 
+from turnkit.clock import SystemClock
 from turnkit.context.prefix import PreviousRequest
 from turnkit.errors import StoreUnavailableError
 from turnkit.events import StageName, StepEndEvent, StepStartEvent
@@ -281,7 +282,7 @@ async def _open_postgres_checkpointer(
         if options:
             lock_kwargs["options"] = options
         async with await AsyncConnection.connect(dsn, **lock_kwargs) as lock:
-            await lock.execute("SELECT pg_advisory_lock(%s)", (_SETUP_LOCK,))
+            await _take_setup_lock(lock)
             try:
                 await saver.setup()
             finally:
@@ -295,6 +296,28 @@ async def _open_postgres_checkpointer(
         await pool.close()
         raise
     return saver, pool.close
+
+
+async def _take_setup_lock(conn: Any) -> None:
+    """Take the setup lock by polling, never by waiting inside a statement.
+
+    LangGraph's setup creates an index `CONCURRENTLY`, which waits for every open
+    transaction to end; a process blocked in `pg_advisory_lock` would be one, and the two
+    would wait for each other. Each try here is a statement that returns at once.
+    """
+    for _ in range(_SETUP_LOCK_TRIES):
+        cursor = await conn.execute("SELECT pg_try_advisory_lock(%s)", (_SETUP_LOCK,))
+        row = await cursor.fetchone()
+        if row is not None and row[0]:
+            return
+        await SystemClock().sleep(_SETUP_LOCK_POLL_S)
+    raise StoreUnavailableError(
+        "another process held the checkpoint setup lock for too long; retry shortly"
+    )
+
+
+_SETUP_LOCK_POLL_S = 0.05
+_SETUP_LOCK_TRIES = 1200  # one minute
 
 
 def _checkpoint_path(store_path: str) -> str:
