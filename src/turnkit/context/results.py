@@ -59,18 +59,14 @@ def read_result_spec() -> ToolSpec:
     """The built-in tool that reads a long tool result again, a window at a time."""
     return ToolSpec(
         name=READ_RESULT_TOOL,
-        description=(
-            "Read more of a tool result that was shown as a preview. Results of this turn "
-            "are kept whole."
-        ),
+        description="Read on in a tool result shown as a preview.",
         parameters={
             "type": "object",
             "properties": {
-                "tool_call_id": {"type": "string", "description": "The call whose result to read."},
-                "offset": {"type": "integer", "minimum": 0, "description": "First character."},
-                "limit": {"type": "integer", "minimum": 1, "description": "How many characters."},
+                "tool_call_id": {"type": "string"},
+                "offset": {"type": "integer"},
+                "limit": {"type": "integer"},
             },
             "required": ["tool_call_id"],
-            "additionalProperties": False,
         },
     )

@@ -90,6 +90,10 @@ class FunctionTool:
         self._args_model = self._build_model(fn, _param_docs(doc))
         schema = self._args_model.model_json_schema()
         schema.pop("title", None)
+        for prop in schema.get("properties", {}).values():
+            # Property titles repeat the names: tokens on every call, nothing for the model.
+            if isinstance(prop, dict):
+                prop.pop("title", None)
         self._parameters: dict[str, object] = schema
         self._spec: ToolSpec | None = None
 
