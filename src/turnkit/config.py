@@ -25,6 +25,12 @@ class RuntimeConfig:
             none.
         run_in_process: `SessionRuntime.start` drives turns in this process (the
             embedded default); False leaves them to `turnkit worker` processes.
+        recover_in_process: The runtime also runs a worker loop of its own while open:
+            it takes over turns whose driver died (this process before a restart, or any
+            other), drives queued turns, and sweeps orphans. One switch for a
+            single-process app (on in the quickstart app); with separate `turnkit worker`
+            processes it may stay off.
+        recovery_concurrency: How many turns that recovery loop drives at once.
         auto_create_sessions: A message to an unknown session creates it; when False,
             it is refused with `SessionNotFoundError` (create sessions explicitly).
         checkpoint_durability: When LangGraph checkpoints are written: `sync` (before the
@@ -46,6 +52,8 @@ class RuntimeConfig:
     max_content_chars: int = 100_000
     auto_create_sessions: bool = True
     run_in_process: bool = True
+    recover_in_process: bool = False
+    recovery_concurrency: int = 4
     allowed_models: tuple[str, ...] = ()
     checkpoint_durability: Literal["sync", "async", "exit"] = "sync"
     idle_window_s: float = 120.0

@@ -11,6 +11,7 @@ LLM). Environment variables switch to production parts:
 | `TURNKIT_MODEL` | a litellm model string instead of the demo model |
 | `TURNKIT_AGENT` | `package.module:name` of your own `Agent` (instead of the demo agent) |
 | `TURNKIT_RUN_IN_PROCESS` | `0` leaves turns to `turnkit worker` processes |
+| `TURNKIT_RECOVER_IN_PROCESS` | `0` turns off the app's own recovery loop (on by default) |
 | `TURNKIT_IDLE_WINDOW_S` | the readers' idle window (default 120) |
 | `TURNKIT_LEASE_TTL_S` | how long a driver's claim lasts unrenewed (default 30) |
 """
@@ -37,10 +38,12 @@ def runtime_from_env(env: Mapping[str, str] | None = None) -> SessionRuntime:
     """A runtime configured from `TURNKIT_*` environment variables."""
     env = os.environ if env is None else env
     idle = float(env.get("TURNKIT_IDLE_WINDOW_S", "120"))
+    in_process = _flag(env, "TURNKIT_RUN_IN_PROCESS", default=True)
     config = RuntimeConfig(
         database_url=env.get("TURNKIT_DATABASE_URL", "sqlite:///turnkit.db"),
         database_schema=env.get("TURNKIT_DATABASE_SCHEMA") or None,
-        run_in_process=env.get("TURNKIT_RUN_IN_PROCESS", "1") not in ("0", "false", "no"),
+        run_in_process=in_process,
+        recover_in_process=_flag(env, "TURNKIT_RECOVER_IN_PROCESS", default=in_process),
         idle_window_s=idle,
         heartbeat_interval_s=min(5.0, idle / 3),
         ceiling_s=max(3600.0, idle),
@@ -53,6 +56,11 @@ def runtime_from_env(env: Mapping[str, str] | None = None) -> SessionRuntime:
         else demo_agent(env.get("TURNKIT_MODEL"))
     )
     return SessionRuntime(agent=agent, config=config, replay=replay)
+
+
+def _flag(env: Mapping[str, str], name: str, *, default: bool) -> bool:
+    value = env.get(name)
+    return default if value is None else value.lower() not in ("0", "false", "no", "")
 
 
 def create_app(runtime: SessionRuntime | None = None) -> FastAPI:

@@ -138,9 +138,43 @@ async def test_a_turn_started_on_one_process_is_resumed_on_the_other(servers: Se
         assert history[0]["answer"] == "The answer is 42."
 
 
-async def test_killing_the_driving_process_ends_the_readers_stream(servers: Servers) -> None:
+async def test_killing_the_driving_process_hands_the_turn_to_another(servers: Servers) -> None:
+    """With the apps' own recovery loop (the quickstart default), the other process takes
+    the turn over: the reader's stream goes on and the turn succeeds."""
     url_a, proc_a = servers.start(TK_TOOL_SLEEP="60")
     url_b, _ = servers.start()
+    async with httpx.AsyncClient(timeout=30) as http:
+        seen: list[dict[str, object]] = []
+        async for event in _events(
+            http, "POST", f"{url_a}{API}/sessions/rescued/execute",
+            json={"content": "double 21"}, until="tool.started",
+        ):  # fmt: skip
+            if "seq" in event:
+                seen.append(event)
+        turn_id, last = seen[0]["_turn"], seen[-1]["seq"]
+        proc_a.send_signal(signal.SIGKILL)
+        killed = time.monotonic()
+        rest: list[dict[str, object]] = []
+        async for event in _events(
+            http, "GET", f"{url_b}{API}/turns/{turn_id}/stream",
+            headers={"Last-Event-ID": str(last)}, until="done",
+        ):  # fmt: skip
+            if "seq" in event:
+                rest.append(event)
+        waited = time.monotonic() - killed
+        union = seen + rest
+        assert [e["seq"] for e in union] == list(range(1, len(union) + 1))
+        assert rest[-1]["status"] == "succeeded"
+        assert waited < 10, f"took {waited:.1f} s to recover"
+        history = (await http.get(f"{url_b}{API}/sessions/rescued/history")).json()
+        assert history[0]["answer"] == "The answer is 42."
+
+
+async def test_killing_the_driving_process_ends_the_readers_stream(servers: Servers) -> None:
+    """Without any recovery (no worker, the apps' own loop off), a reader ends the turn
+    `timed_out` after the idle window: a clear end, not a spinner."""
+    url_a, proc_a = servers.start(TK_TOOL_SLEEP="60", TURNKIT_RECOVER_IN_PROCESS="0")
+    url_b, _ = servers.start(TURNKIT_RECOVER_IN_PROCESS="0")
     async with httpx.AsyncClient(timeout=30) as http:
         seen: list[dict[str, object]] = []
         async for event in _events(

@@ -85,6 +85,7 @@ class SessionRuntime:
         self._opening: asyncio.Event | None = None
         self._close_checkpointer: Callable[[], Awaitable[None]] | None = None
         self._families: dict[object, tuple[object, ModelFamily]] = {}
+        self._recovery: tuple[asyncio.Event, asyncio.Task[None]] | None = None
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid7()[-12:]}"
         """This runtime's lease owner name."""
         self.host = TurnHost(
@@ -135,6 +136,16 @@ class SessionRuntime:
         self._graph = compile_turn_graph(saver)
         self._opening.set()
         self._opening = None
+        if self.config.recover_in_process:
+            self._start_recovery()
+
+    def _start_recovery(self) -> None:
+        """Run a worker loop beside the app: turns whose driver died are taken over."""
+        from turnkit.runtime.worker import Worker
+
+        stop = asyncio.Event()
+        worker = Worker(self, concurrency=self.config.recovery_concurrency)
+        self._recovery = (stop, asyncio.create_task(worker.run(stop), name="turnkit-recovery"))
 
     async def close(self) -> None:
         """Close what the runtime opened.
@@ -142,6 +153,11 @@ class SessionRuntime:
         Detached turns still running are abandoned, not cancelled: their leases expire and
         a worker resumes them (or a reader records them timed out).
         """
+        if self._recovery is not None:
+            stop, task = self._recovery
+            self._recovery = None
+            stop.set()
+            await asyncio.gather(task, return_exceptions=True)
         await self.host.close()
         if self._close_checkpointer is not None:
             await self._close_checkpointer()

@@ -21,6 +21,7 @@ from turnkit.replay import ReplayBuffer
 from turnkit.runtime._cancel import CancelToken
 from turnkit.runtime._publish import BufferPublisher
 from turnkit.runtime._runner import TurnRunner
+from turnkit.runtime.driver import TurnDriver
 from turnkit.runtime.reader import TurnReader
 from turnkit.store import Lease, Store, TurnRecord
 
@@ -49,7 +50,7 @@ class TurnHost:
         self._runner = runner
         self._reader = reader
         self._detached: dict[TurnId, asyncio.Task[None]] = {}
-        self._stopping: set[TurnId] = set()
+        self._drivers: dict[TurnId, TurnDriver] = {}
 
     async def claim(self, turn_id: TurnId) -> Lease | None:
         """Claim our own turn, waiting (bounded by the ceiling) for earlier turns to end."""
@@ -142,14 +143,11 @@ class TurnHost:
             return
         async with BufferPublisher(self.replay, turn_id) as publisher:
             driver = await self._runner().driver(lease, sink=publisher, agent=agent)
+            self._drivers[turn_id] = driver
             try:
                 await driver.run()
-            except asyncio.CancelledError:
-                if turn_id not in self._stopping:
-                    driver.abandon()  # closing the runtime is not Stop
-                raise
             finally:
-                self._stopping.discard(turn_id)
+                self._drivers.pop(turn_id, None)
         if driver.requeued:
             await self.pick_up(lease.session_id)
 
@@ -171,7 +169,6 @@ class TurnHost:
         task = self._detached.get(turn_id)
         if task is None:
             return False
-        self._stopping.add(turn_id)
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         return True
@@ -179,6 +176,8 @@ class TurnHost:
     async def close(self) -> None:
         """Abandon detached turns (their leases expire; a worker or reader ends them)."""
         tasks = list(self._detached.values())
+        for driver in self._drivers.values():
+            driver.abandon()  # closing the runtime is not Stop: the driver writes nothing
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

@@ -1,0 +1,90 @@
+"""A single-process app recovers its own turns after a restart (`recover_in_process`)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+from turnkit import Agent, RuntimeConfig, SessionRuntime, tool
+from turnkit.events import ToolStartedEvent
+from turnkit.testing import ModelStep, ScriptedModel, call
+
+SLOW = {"seconds": 60.0}
+
+
+@tool
+async def fetch(n: int) -> int:
+    """Fetch something slowly."""
+    await asyncio.sleep(SLOW["seconds"])
+    return n
+
+
+def _runtime(db: Path, model: ScriptedModel, *, recover: bool) -> SessionRuntime:
+    config = RuntimeConfig(
+        database_url=f"sqlite:///{db}", lease_ttl_s=1.0, recover_in_process=recover
+    )
+    return SessionRuntime(agent=Agent(model=model, tools=[fetch]), config=config)
+
+
+async def test_a_restarted_app_finishes_the_turn_it_was_driving(tmp_path: Path) -> None:
+    db = tmp_path / "app.db"
+    before = ScriptedModel([ModelStep.tool_call_reply(call("fetch", n=7))])
+    first = _runtime(db, before, recover=True)
+    await first.open()
+    submission = await first.start("s1", "fetch 7")
+    started = False
+    for _ in range(200):  # bounded: until the tool runs
+        events = [e async for e in first.events(submission.turn_id)]
+        if any(isinstance(e, ToolStartedEvent) for e in events):
+            started = True
+            break
+        await asyncio.sleep(0.02)
+    assert started
+    await first.close()  # the process goes away mid-tool (its lease lapses, nothing ends)
+    assert (await _status(db, submission.turn_id)) == "running"
+
+    SLOW["seconds"] = 0.0
+    after = ScriptedModel([ModelStep.text_reply("Got 7.")])
+    second = _runtime(db, after, recover=True)
+    await second.open()  # no `turnkit worker` anywhere: the app recovers it itself
+    try:
+        deadline = time.monotonic() + 20
+        while (await second.turn(submission.turn_id)).status == "running":
+            assert time.monotonic() < deadline, "the restarted app never took the turn over"
+            await asyncio.sleep(0.05)
+        record = await second.turn(submission.turn_id)
+        assert record.status == "succeeded"
+        assert record.attempts == 2
+        [turn] = await second.history("s1")
+        assert turn.answer == "Got 7."
+    finally:
+        await second.close()
+        SLOW["seconds"] = 60.0
+
+
+async def test_without_the_switch_the_turn_waits_for_a_worker(tmp_path: Path) -> None:
+    db = tmp_path / "app.db"
+    first = _runtime(
+        db, ScriptedModel([ModelStep.tool_call_reply(call("fetch", n=1))]), recover=False
+    )
+    await first.open()
+    submission = await first.start("s1", "fetch 1")
+    await asyncio.sleep(0.3)
+    await first.close()
+    second = _runtime(db, ScriptedModel([ModelStep.text_reply("x")]), recover=False)
+    await second.open()
+    try:
+        await asyncio.sleep(1.5)  # past the lease: nobody takes it over
+        assert (await second.turn(submission.turn_id)).status == "running"
+    finally:
+        await second.close()
+
+
+async def _status(db: Path, turn_id: str) -> str:
+    probe = SessionRuntime(
+        agent=Agent(model=ScriptedModel([])),
+        config=RuntimeConfig(database_url=f"sqlite:///{db}"),
+    )
+    async with probe:
+        return (await probe.turn(turn_id)).status
