@@ -45,3 +45,40 @@ def test_a_bad_agent_path_is_a_clear_error(
     code = main(["worker", "--agent", "nowhere", "--database-url", url], out=io.StringIO())
     assert code == 2
     assert "package.module:name" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        ("mysql://x", "supports SQLite and PostgreSQL"),
+        ("sqlite:////nonexistent-dir/x.db", "does its folder exist"),
+        ("postgresql://postgres@127.0.0.1:1/x", "the database cannot be reached"),
+    ],
+)
+def test_a_bad_database_url_is_one_clear_line(
+    url: str, says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(["run", "hi", "--database-url", url], out=io.StringIO())
+    err = capsys.readouterr().err
+    assert code == 2
+    assert says in err
+    assert err.count("\n") == 1  # one line, no traceback
+    assert err.startswith("turnkit: ")
+
+
+def test_a_missing_extra_is_one_clear_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "redis", None)  # as if the extra were not installed
+    monkeypatch.setitem(sys.modules, "redis.asyncio", None)
+    monkeypatch.delitem(sys.modules, "turnkit.replay.redis", raising=False)
+    url = f"sqlite:///{tmp_path / 'w.db'}"
+    code = main(
+        ["worker", "--redis-url", "redis://127.0.0.1:1", "--database-url", url], out=io.StringIO()
+    )
+    err = capsys.readouterr().err
+    assert code == 2
+    assert 'pip install "turnkit[redis]"' in err
+    assert err.count("\n") == 1

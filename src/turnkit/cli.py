@@ -136,19 +136,20 @@ async def _worker(args: argparse.Namespace, out: TextIO) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     replay = replay_from_url(args.redis_url)
+    runtime = SessionRuntime(agent=agent, config=_config(args), replay=replay)
     try:
-        async with SessionRuntime(agent=agent, config=_config(args), replay=replay) as runtime:
-            worker = Worker(
-                runtime,
-                concurrency=args.concurrency,
-                poll_interval_s=args.poll_interval,
-                sweep_interval_s=args.sweep_interval,
-                drain_timeout_s=args.drain_timeout,
-            )
-            out.write(f"turnkit worker {runtime.owner} on {args.database_url}\n")
-            out.flush()
-            await worker.run(stop)
+        worker = Worker(
+            runtime,
+            concurrency=args.concurrency,
+            poll_interval_s=args.poll_interval,
+            sweep_interval_s=args.sweep_interval,
+            drain_timeout_s=args.drain_timeout,
+        )
+        out.write(f"turnkit worker {runtime.owner} on {args.database_url}\n")
+        out.flush()
+        await worker.run(stop)  # opens the runtime, waiting out a database not yet up
     finally:
+        await runtime.close()
         await replay.close()
     return 0
 
@@ -262,6 +263,9 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None) -> int
     try:
         return asyncio.run(_COMMANDS[args.command](args, stream))
     except TurnkitError as exc:
+        sys.stderr.write(f"turnkit: {exc}\n")
+        return 2
+    except ImportError as exc:  # an optional part is not installed: say which extra
         sys.stderr.write(f"turnkit: {exc}\n")
         return 2
     except KeyboardInterrupt:

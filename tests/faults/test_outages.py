@@ -162,3 +162,25 @@ async def _submit_when_back(runtime: SessionRuntime, session: str) -> str:
             if time.monotonic() > deadline:
                 raise
             await asyncio.sleep(0.2)
+
+
+async def test_a_buffer_down_at_start_up_is_reported_at_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from tests.support.services import free_port
+
+    buffer = RedisReplayBuffer.from_url(f"redis://127.0.0.1:{free_port()}/0")
+    runtime = SessionRuntime(
+        agent=Agent(model=ScriptedModel([ModelStep.text_reply("Still answering.")])),
+        config=RuntimeConfig(database_url=f"sqlite:///{tmp_path / 'b.db'}"),
+        replay=buffer,
+    )
+    try:
+        await runtime.open()  # the warning comes now, not at the first stream
+        assert "the replay buffer cannot be reached" in caplog.text
+        submission = await runtime.start("s1", "hi")
+        events = [e async for e in runtime.reader().events(submission.turn_id)]
+        assert events[-1].type == "done"  # readers follow the Store
+    finally:
+        await runtime.close()
+        await buffer.close()

@@ -84,6 +84,10 @@ class ReplayBuffer(Protocol):
         """Entries after `after` (at most `limit`), waiting up to `wait_s` for one."""
         ...
 
+    async def ping(self) -> None:
+        """Raise if the buffer cannot be reached now (checked when a runtime opens)."""
+        ...
+
     async def drop(self, turn_id: TurnId) -> None:
         """Forget a turn now."""
         ...

@@ -122,6 +122,9 @@ class InMemoryReplayBuffer:
             found = ready()
         return found
 
+    async def ping(self) -> None:
+        """Always reachable (it lives in this process)."""
+
     async def drop(self, turn_id: TurnId) -> None:
         """Forget a turn."""
         self._turns.pop(turn_id, None)

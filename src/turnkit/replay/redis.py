@@ -122,6 +122,10 @@ class RedisReplayBuffer:
                 )
         return entries
 
+    async def ping(self) -> None:
+        """Raise if Redis cannot be reached."""
+        await self.client.ping()
+
     async def drop(self, turn_id: TurnId) -> None:
         """DEL the turn's stream."""
         await self.client.delete(self._key(turn_id))

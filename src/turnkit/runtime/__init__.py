@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -51,6 +52,8 @@ from turnkit.store.migrate import head_revision
 from turnkit.store.sql import SqlStore
 
 __all__ = ("CancelToken", "MessageContent", "SessionRuntime", "TurnHistory", "TurnRequest")
+
+log = logging.getLogger("turnkit.runtime")
 
 
 class SessionRuntime:
@@ -118,26 +121,42 @@ class SessionRuntime:
 
     async def open(self) -> None:
         """Open the Store and checkpointer and compile the graph (idempotent)."""
+        while self._opening is not None:  # another caller is opening it: wait for that
+            await self._opening.wait()
         if self._graph is not None:
             return
-        if self._opening is not None:
-            await self._opening.wait()
-            return
         self._opening = asyncio.Event()
+        try:
+            await self._open_parts()
+        finally:
+            opening, self._opening = self._opening, None
+            opening.set()  # waiters find it open, or (it failed) try themselves
+        if self.config.recover_in_process:
+            self._start_recovery()
+
+    async def _open_parts(self) -> None:
         if self._store is None:
             store = SqlStore.from_url(
                 self.config.database_url, clock=self.clock, schema=self.config.database_schema
             )
-            await _prepare(store, migrate=self.config.auto_migrate)
+            try:
+                await _prepare(store, migrate=self.config.auto_migrate)
+            except BaseException:
+                await store.close()  # a database not up yet: leave nothing open behind
+                raise
             self._store = store
         saver, self._close_checkpointer = await open_checkpointer(
             self.config.database_url, schema=self.config.database_schema
         )
         self._graph = compile_turn_graph(saver)
-        self._opening.set()
-        self._opening = None
-        if self.config.recover_in_process:
-            self._start_recovery()
+        try:
+            await self.replay.ping()
+        except Exception as exc:  # noqa: BLE001 - the buffer is a fast path, never required
+            log.warning(
+                "the replay buffer cannot be reached (%s): turns still run and readers "
+                "follow the Store until it answers",
+                exc,
+            )
 
     def _start_recovery(self) -> None:
         """Run a worker loop beside the app: turns whose driver died are taken over."""

@@ -323,9 +323,17 @@ class SqlStore:
                 with engine.begin() as conn:
                     return fn(conn)
 
-            if self._thread is None:  # in memory: the one connection is used in place
-                return run()
-            return await asyncio.get_running_loop().run_in_executor(self._thread, run)
+            try:
+                if self._thread is None:  # in memory: the one connection is used in place
+                    return run()
+                return await asyncio.get_running_loop().run_in_executor(self._thread, run)
+            except DBAPIError as exc:
+                reason = _first_line(exc.orig or exc)
+                raise StoreError(
+                    f"cannot use the SQLite database {self._path!r}: {reason} "
+                    "(does its folder exist, and may this process write there?)",
+                    path=self._path,
+                ) from exc
         assert self._async_engine is not None
         try:
             async with self._async_engine.begin() as aconn:
