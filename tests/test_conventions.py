@@ -24,7 +24,7 @@ def _wire_type(cls: type) -> str:
 def test_event_class_names_follow_wire_names() -> None:
     for cls in EVENT_CLASSES:
         wire = _wire_type(cls)
-        expected = "".join(part.capitalize() for part in wire.split(".")) + "Event"
+        expected = "".join(part.capitalize() for part in re.split(r"[._]", wire)) + "Event"
         assert cls.__name__ == expected, wire
 
 

@@ -6,9 +6,15 @@ import asyncio
 import time
 from pathlib import Path
 
-from turnkit import Agent, RuntimeConfig, SessionRuntime, tool
-from turnkit.events import ToolStartedEvent
+from turnkit import Agent, RuntimeConfig, SessionRuntime, ToolContext, tool
+from turnkit.events import (
+    ToolCompletedEvent,
+    ToolInDoubtEvent,
+    ToolStartedEvent,
+    TurnRecoveringEvent,
+)
 from turnkit.testing import ModelStep, ScriptedModel, call
+from turnkit.tools import NOT_APPLIED
 
 SLOW = {"seconds": 60.0}
 
@@ -88,3 +94,62 @@ async def _status(db: Path, turn_id: str) -> str:
     )
     async with probe:
         return (await probe.turn(turn_id)).status
+
+
+RAN: list[int] = []
+
+
+async def _already_sent(key: str, arguments: dict[str, object]) -> object:
+    """The reconcile hook: the payment provider knows this key, so it took effect."""
+    return {"sent": arguments["amount"], "key": key} if SENT.get(key) else NOT_APPLIED
+
+
+SENT: dict[str, bool] = {}
+
+
+@tool(reconcile=_already_sent)
+async def pay(amount: int, ctx: ToolContext) -> dict[str, object]:
+    """Pay once (the provider dedupes on the idempotency key)."""
+    SENT[ctx.idempotency_key] = True  # it takes effect ...
+    RAN.append(amount)
+    await asyncio.sleep(SLOW["seconds"])  # ... and the process dies before the result lands
+    return {"sent": amount, "key": ctx.idempotency_key}
+
+
+async def test_a_call_in_doubt_is_reconciled_not_run_twice(tmp_path: Path) -> None:
+    db = tmp_path / "pay.db"
+
+    def runtime(model: ScriptedModel) -> SessionRuntime:
+        config = RuntimeConfig(
+            database_url=f"sqlite:///{db}", lease_ttl_s=1.0, recover_in_process=True
+        )
+        return SessionRuntime(agent=Agent(model=model, tools=[pay]), config=config)
+
+    first = runtime(ScriptedModel([ModelStep.tool_call_reply(call("pay", amount=40))]))
+    await first.open()
+    submission = await first.start("s1", "pay 40")
+    for _ in range(200):
+        if RAN:
+            break
+        await asyncio.sleep(0.02)
+    await first.close()  # dies after the payment took effect, before its result was saved
+    SLOW["seconds"] = 0.0
+    second = runtime(ScriptedModel([ModelStep.text_reply("Paid.")]))
+    await second.open()
+    try:
+        deadline = time.monotonic() + 20
+        while (await second.turn(submission.turn_id)).status == "running":
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.05)
+        events = [e async for e in second.events(submission.turn_id)]
+    finally:
+        await second.close()
+        SLOW["seconds"] = 60.0
+    assert RAN == [40]  # the payment ran once
+    [doubt] = [e for e in events if isinstance(e, ToolInDoubtEvent)]
+    assert doubt.resolution == "reconciled"
+    [completed] = [e for e in events if isinstance(e, ToolCompletedEvent)]
+    assert completed.result.output == {"sent": 40, "key": doubt.idempotency_key}
+    [recovering] = [e for e in events if isinstance(e, TurnRecoveringEvent)]
+    assert recovering.attempt == 2
+    assert events[-1].type == "done"

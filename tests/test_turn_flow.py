@@ -47,6 +47,7 @@ async def test_tool_using_turn_event_order(runtime_factory: RuntimeFactory) -> N
         ("usage", "post-turn"),
         ("step.end", "post-turn"),
         ("checkpoint.created", "post-turn"),
+        ("run.finished", "post-turn"),
         ("done", "post-turn"),
     ]
     model.assert_complete()

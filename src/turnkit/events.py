@@ -42,6 +42,10 @@ __all__ = (
     "CompactionStartedEvent",
     "DoneEvent",
     "DurableEvent",
+    "RunFinishedEvent",
+    "ToolInDoubtEvent",
+    "ToolTiming",
+    "TurnRecoveringEvent",
     "Entity",
     "EphemeralEvent",
     "ErrorEvent",
@@ -384,6 +388,69 @@ class HeartbeatEvent(EphemeralEvent):
     type: Literal["heartbeat"] = "heartbeat"
 
 
+class TurnRecoveringEvent(DurableEvent):
+    """A new attempt took the turn over from a driver that died (or lost its lease)."""
+
+    type: Literal["turn.recovering"] = "turn.recovering"
+    attempt: PositiveInt
+    """This attempt's number (2 for the first takeover)."""
+    cause: Literal["lease-expired", "retried"]
+    """`lease-expired`: the previous driver stopped renewing (killed, stopped, cut off);
+    `retried`: a failed turn was retried."""
+    resumed_from: Literal["checkpoint", "start"]
+    """Where the attempt goes on from: the turn's last checkpoint, or its start (with
+    whatever the committed log already holds reused, never repeated)."""
+    checkpoint_id: str | None = None
+    last_seq: NonNegativeInt
+    """The last event the previous attempts committed."""
+
+
+class ToolInDoubtEvent(DurableEvent):
+    """A tool call an earlier attempt started has no committed result.
+
+    It may or may not have taken effect. Its reconcile hook (if any) decides; else it
+    runs again with the same idempotency key.
+    """
+
+    type: Literal["tool.in_doubt"] = "tool.in_doubt"
+    tool_call_id: ToolCallId
+    tool_name: str
+    idempotency_key: str
+    resolution: Literal["reconciled", "rerun"]
+    """`reconciled`: the tool's reconcile hook returned the result it already produced;
+    `rerun`: the call runs again."""
+
+
+class ToolTiming(BaseModel):
+    """How long one tool call took."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    tool: str
+    duration_ms: NonNegativeFloat
+
+
+class RunFinishedEvent(DurableEvent):
+    """The attempt's own account, committed just before `done` (the turn boundary)."""
+
+    type: Literal["run.finished"] = "run.finished"
+    status: TerminalStatus
+    attempt: PositiveInt
+    model: str
+    model_calls: NonNegativeInt
+    input_tokens: NonNegativeInt
+    output_tokens: NonNegativeInt
+    cached_tokens: NonNegativeInt = 0
+    cost_usd: NonNegativeFloat = 0.0
+    tool_timings: tuple[ToolTiming, ...] = ()
+    context_messages: NonNegativeInt = 0
+    """Messages in the turn's final model-facing transcript."""
+    stop_reason: str | None = None
+    error_code: ErrorCode | None = None
+    duration_ms: NonNegativeFloat
+    recoveries: NonNegativeInt = 0
+    """How many times the turn was taken over from a dead driver."""
+
+
 class ErrorEvent(DurableEvent):
     """The turn failed (or was interrupted) with a stable code."""
 
@@ -429,6 +496,9 @@ StreamEvent = Annotated[
     | UsageEvent
     | CheckpointCreatedEvent
     | HeartbeatEvent
+    | TurnRecoveringEvent
+    | ToolInDoubtEvent
+    | RunFinishedEvent
     | ErrorEvent
     | DoneEvent,
     Field(discriminator="type"),

@@ -26,7 +26,7 @@ from turnkit.events import (
 
 __all__ = ("CommittedCall", "CommittedGeneration", "Journal", "dedupe_key")
 
-_ONCE = frozenset({"turn.started", "usage", "checkpoint.created", "error", "done"})
+_ONCE = frozenset({"turn.started", "usage", "checkpoint.created", "run.finished", "error", "done"})
 
 
 def dedupe_key(event_type: str, fields: Mapping[str, Any]) -> str | None:
@@ -51,6 +51,10 @@ def dedupe_key(event_type: str, fields: Mapping[str, Any]) -> str | None:
             return f"pause:{fields['request_id']}"
         case "job.dispatched" | "job.completed":
             return f"{event_type}:{fields['job_id']}"
+        case "turn.recovering":
+            return f"turn.recovering:{fields['attempt']}"
+        case "tool.in_doubt":
+            return f"tool.in_doubt:{fields['tool_call_id']}"
         case _ if event_type in _ONCE:
             return event_type
         case _:

@@ -20,11 +20,14 @@ from tests.support.worker_agent import agent, read_log
 from turnkit import RuntimeConfig, SessionRuntime
 from turnkit.events import (
     MessageCompleteEvent,
+    RunFinishedEvent,
     StepEndEvent,
     StepStartEvent,
     StreamEvent,
     ToolCompletedEvent,
+    ToolInDoubtEvent,
     ToolStartedEvent,
+    TurnRecoveringEvent,
 )
 from turnkit.ids import TurnId
 
@@ -162,6 +165,14 @@ async def test_kill_while_a_tool_runs(db: DB, workers: Workers) -> None:
         assert tool_runs[0]["pid"] != tool_runs[1]["pid"]
         first_calls = [c for c in calls if c["event"] == "model" and not c["has_result"]]
         assert len(first_calls) == 1, "the committed tool call was not asked for again"
+        events = await _events(runtime, turn_id)
+        [recovering] = [e for e in events if isinstance(e, TurnRecoveringEvent)]
+        assert (recovering.attempt, recovering.cause) == (2, "lease-expired")
+        [doubt] = [e for e in events if isinstance(e, ToolInDoubtEvent)]
+        assert (doubt.tool_call_id, doubt.resolution) == ("call_fixed", "rerun")
+        assert doubt.idempotency_key == tool_runs[0]["key"]
+        [finished] = [e for e in events if isinstance(e, RunFinishedEvent)]
+        assert (finished.status, finished.attempt, finished.recoveries) == ("succeeded", 2, 1)
         assert record.summary is not None
         assert record.summary.status == "succeeded"
         assert record.summary.attempt == 2

@@ -27,6 +27,9 @@ from turnkit.events import (
     EphemeralEvent,
     ErrorEvent,
     HeartbeatEvent,
+    RunFinishedEvent,
+    ToolTiming,
+    TurnRecoveringEvent,
 )
 from turnkit.graph import (
     TurnGraph,
@@ -35,6 +38,7 @@ from turnkit.graph import (
     latest_checkpoint_id,
     stream_turn,
 )
+from turnkit.ids import StageId
 from turnkit.journal import Journal
 from turnkit.runtime._transcript import ended_transcript
 from turnkit.stages import StageContext
@@ -183,6 +187,8 @@ class TurnDriver:
         answer = None
         if resume and await has_pending_interrupt(self.graph, self.lease.turn_id):
             answer = await self.store.pending_answer(self.lease.turn_id)
+        if self.lease.took_over:
+            await self._announce_recovery(rec, resumed=resume)
         state: TurnState | None = None
         if not resume:
             state = {
@@ -215,6 +221,20 @@ class TurnDriver:
                 "(`RuntimeConfig.ceiling_s`)",
                 ceiling_s=self.config.ceiling_s,
             ) from exc
+
+    async def _announce_recovery(self, rec: Recorder, *, resumed: bool) -> None:
+        """Tell readers at once that a new attempt took the turn over, and from where."""
+        checkpoint = await latest_checkpoint_id(self.graph, self.lease.turn_id) if resumed else None
+        rec.durable(
+            TurnRecoveringEvent,
+            "runtime",
+            attempt=self.lease.attempt,
+            cause="lease-expired",
+            resumed_from="checkpoint" if resumed else "start",
+            checkpoint_id=checkpoint,
+            last_seq=self.lease.last_seq,
+        )
+        await rec.flush()
 
     async def _keep_lease(self, graph_task: asyncio.Task[object]) -> None:
         interval = self.config.lease_ttl_s / 3
@@ -265,15 +285,40 @@ class TurnDriver:
             attempt=self.lease.attempt,
         )
 
+    def _finished(self, rec: Recorder, summary: RunSummary, stage: StageId) -> None:
+        """Stage `run.finished`: the attempt's own account, just before `done`."""
+        rec.durable(
+            RunFinishedEvent,
+            stage,
+            status=summary.status,
+            attempt=summary.attempt,
+            model=summary.model,
+            model_calls=summary.model_calls,
+            input_tokens=summary.input_tokens,
+            output_tokens=summary.output_tokens,
+            cached_tokens=summary.cached_tokens,
+            cost_usd=summary.cost_usd,
+            tool_timings=tuple(
+                ToolTiming(tool=name, duration_ms=ms) for name, ms in summary.tool_timings
+            ),
+            context_messages=summary.context_messages,
+            stop_reason=summary.stop_reason,
+            error_code=summary.error_code,
+            duration_ms=summary.duration_ms,
+            recoveries=sum(1 for k in rec.journal.keys if k.startswith("turn.recovering:")),
+        )
+
     async def _settle(self, rec: Recorder) -> None:
         status: TerminalStatus = "succeeded"
         checkpoint_id = await latest_checkpoint_id(self.graph, self.lease.turn_id, just_ran=True)
         if checkpoint_id is not None:
             rec.durable(CheckpointCreatedEvent, "post-turn", checkpoint_id=checkpoint_id)
+        summary = self._summary(rec, status, None)
+        self._finished(rec, summary, "post-turn")
         rec.durable(DoneEvent, "post-turn", status=status)
         await rec.flush(
             status=status,
-            summary=self._summary(rec, status, None),
+            summary=summary,
             release=True,
             transcript=ended_transcript(rec, status, None, None),
         )
@@ -290,12 +335,14 @@ class TurnDriver:
         rec.durable(
             ErrorEvent, "runtime", code=exc.code, message=exc.message, details=_details(exc)
         )
+        summary = self._summary(rec, status, exc.code)
+        self._finished(rec, summary, "runtime")
         rec.durable(DoneEvent, "runtime", status=status, error_code=exc.code)
         with contextlib.suppress(StaleEpochError):
             await rec.flush(
                 status=status,
                 error_code=exc.code,
-                summary=self._summary(rec, status, exc.code),
+                summary=summary,
                 release=True,
                 transcript=ended_transcript(rec, status, exc.code, exc.message),
             )
@@ -316,11 +363,13 @@ class TurnDriver:
                 ),
             )
             rec.open_call = None
+        summary = self._summary(rec, "cancelled", None)
+        self._finished(rec, summary, "runtime")
         rec.durable(DoneEvent, "runtime", status="cancelled")
         with contextlib.suppress(StaleEpochError):
             await rec.flush(
                 status="cancelled",
-                summary=self._summary(rec, "cancelled", None),
+                summary=summary,
                 release=True,
                 transcript=ended_transcript(rec, "cancelled", None, None),
             )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import Mapping
 from typing import Literal, cast
@@ -22,6 +23,7 @@ from turnkit.events import (
     JobProgressEvent,
     ToolCompletedEvent,
     ToolFailedEvent,
+    ToolInDoubtEvent,
     ToolStartedEvent,
 )
 from turnkit.ids import ToolCallId, derive_id
@@ -41,6 +43,8 @@ from turnkit.stages._types import StageContext, TranscriptMessage
 from turnkit.tools import Tool, ToolArgumentsError, ToolContext
 
 __all__ = ("dispatch_tools", "idempotency_key")
+
+log = logging.getLogger("turnkit.tools")
 
 
 def idempotency_key(session_id: str, turn_id: str, tool_call_id: str) -> str:
@@ -77,7 +81,7 @@ async def dispatch_tools(
     was written ahead but has no result runs again with the same idempotency key.
     """
     rec = ctx.recorder
-    plans = _write_ahead(ctx, calls, truncated, generation_id, known_errors or {})
+    plans, in_doubt = _write_ahead(ctx, calls, truncated, generation_id, known_errors or {})
     await rec.flush()  # write ahead: every call is on record before any tool runs
     # Approvals and questions come first, in call order: nothing runs until all are settled.
     settled: dict[str, tuple[str | None, ErrorCode, JsonValue]] = {}
@@ -104,10 +108,10 @@ async def dispatch_tools(
         output: JsonValue = None
         if part.tool_call_id in settled:
             problem, code, output = settled[part.tool_call_id]
-        elif problem is None and part.name == READ_RESULT_TOOL:
-            problem, output = _read_result(ctx, args)
-        elif problem is None and tool is not None:
-            problem, code, output, answered_by = await _invoke(ctx, tool, part, args)
+        elif problem is None:
+            problem, code, output, answered_by = await _run_one(
+                ctx, part, tool, args, in_doubt=part.tool_call_id in in_doubt
+            )
         duration = (time.perf_counter() - started) * 1000
         rec.tool_timings.append((answered_by, duration))
         if problem is None:
@@ -137,6 +141,61 @@ async def dispatch_tools(
     if len(plans) == 1:
         return [await run(*plans[0])]
     return list(await asyncio.gather(*(run(*plan) for plan in plans)))
+
+
+async def _run_one(
+    ctx: StageContext,
+    part: ToolCallPart,
+    tool: Tool | None,
+    args: Mapping[str, JsonValue],
+    *,
+    in_doubt: bool,
+) -> tuple[str | None, ErrorCode, JsonValue, str]:
+    """Run a call that may run: the built-in reader, or the tool (reconciled if in doubt)."""
+    if part.name == READ_RESULT_TOOL or tool is None:
+        problem, output = _read_result(ctx, args)
+        return problem, "tool-arguments-invalid", output, part.name
+    if in_doubt:
+        applied, output = await _reconcile(ctx, tool, part, args)
+        if applied:
+            return None, "tool-failed", output, part.name
+    return await _invoke(ctx, tool, part, args)
+
+
+async def _reconcile(
+    ctx: StageContext, tool: Tool, part: ToolCallPart, args: Mapping[str, JsonValue]
+) -> tuple[bool, JsonValue]:
+    """A call an earlier attempt started and never finished: did it take effect?
+
+    The tool's reconcile hook answers (a tool without one runs again, with the same
+    idempotency key); the answer is committed as `tool.in_doubt` either way.
+    """
+    rec = ctx.recorder
+    key = idempotency_key(rec.session_id, rec.turn_id, part.tool_call_id)
+    hook = getattr(tool, "reconcile", None)
+    applied, output = False, None
+    if hook is not None:
+        tool_ctx = ToolContext(
+            session_id=rec.session_id,
+            turn_id=rec.turn_id,
+            tool_call_id=ToolCallId(part.tool_call_id),
+            idempotency_key=key,
+        )
+        try:
+            applied, output = await hook(args, tool_ctx)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a failing hook means "not known": run again
+            log.warning("reconcile of %s (%s) failed: %s", part.name, part.tool_call_id, exc)
+    rec.durable(
+        ToolInDoubtEvent,
+        "tool-loop",
+        tool_call_id=ToolCallId(part.tool_call_id),
+        tool_name=part.name,
+        idempotency_key=key,
+        resolution="reconciled" if applied else "rerun",
+    )
+    return applied, output
 
 
 def _remember(ctx: StageContext, result: ToolResultBlock) -> TranscriptMessage:
@@ -322,10 +381,15 @@ def _write_ahead(
     truncated: bool,
     generation_id: str,
     known: Mapping[str, str],
-) -> list[Plan]:
-    """Stage a `tool.started` per call (with why it will not run, if it will not)."""
+) -> tuple[list[Plan], set[str]]:
+    """Stage a `tool.started` per call (with why it will not run, if it will not).
+
+    Also returns the calls in doubt: started by an earlier attempt, with no result and no
+    pause of their own in the log (such a call may have run before that attempt died).
+    """
     rec = ctx.recorder
     plans: list[Plan] = []
+    in_doubt: set[str] = set()
     for part in calls:
         args, problem = _parse(part)
         code: ErrorCode = "tool-arguments-invalid"
@@ -359,5 +423,10 @@ def _write_ahead(
         )
         if started is not None:  # not already in the log from an earlier attempt
             rec.tool_calls += 1
+        elif (
+            part.tool_call_id not in rec.journal.results
+            and f"pause:{derive_id('req', rec.turn_id, part.tool_call_id)}" not in rec.journal.keys
+        ):
+            in_doubt.add(part.tool_call_id)
         plans.append((part, tool, args or {}, problem, code))
-    return plans
+    return plans, in_doubt

@@ -15,10 +15,11 @@ from turnkit.errors import DuplicateToolError
 from turnkit.models import ToolSpec
 from turnkit.pauses import CLARIFY_TOOL
 from turnkit.tools._context import ToolContext
-from turnkit.tools._function import FunctionTool, ToolArgumentsError, tool
+from turnkit.tools._function import NOT_APPLIED, FunctionTool, ToolArgumentsError, tool
 from turnkit.tools.cascade import ToolClass
 
 __all__ = (
+    "NOT_APPLIED",
     "FunctionTool",
     "clarify_spec",
     "Tool",

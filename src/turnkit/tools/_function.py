@@ -4,7 +4,7 @@ import asyncio
 import inspect
 import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, cast, get_args, get_type_hints, overload
+from typing import Any, Final, cast, get_args, get_type_hints, overload
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError, create_model
 from pydantic_core import to_jsonable_python
@@ -14,9 +14,21 @@ from turnkit.models import ToolSpec
 from turnkit.pauses import ApprovalPolicy
 from turnkit.tools._context import ToolContext
 
-__all__ = ("FunctionTool", "ToolArgumentsError", "tool")
+__all__ = ("NOT_APPLIED", "FunctionTool", "Reconcile", "ToolArgumentsError", "tool")
 
 ToolFunction = Callable[..., Any]
+
+
+class _NotApplied:
+    def __repr__(self) -> str:
+        return "NOT_APPLIED"
+
+
+NOT_APPLIED: Final = _NotApplied()
+"""What a reconcile hook returns when the call did not take effect (it runs again)."""
+
+Reconcile = Callable[[str, dict[str, JsonValue]], Awaitable[Any]]
+"""`async (idempotency_key, arguments) -> the call's result, or NOT_APPLIED`."""
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 
@@ -74,10 +86,12 @@ class FunctionTool:
         name: str | None = None,
         description: str | None = None,
         approval: ApprovalPolicy | None = None,
+        reconcile: Reconcile | None = None,
     ) -> None:
         self.fn = fn
         self.approval = approval
         """This tool's approval policy (None: the agent's)."""
+        self._reconcile = reconcile
         self._name = name or fn.__name__
         if not _NAME.fullmatch(self._name):
             raise ConfigurationError(
@@ -155,6 +169,22 @@ class FunctionTool:
             result = await asyncio.to_thread(self.fn, **kwargs)
         return cast(JsonValue, to_jsonable_python(result))
 
+    async def reconcile(
+        self, arguments: Mapping[str, JsonValue], ctx: ToolContext
+    ) -> tuple[bool, JsonValue]:
+        """Ask the tool's reconcile hook whether this call already took effect.
+
+        Returns `(True, result)` when it did (the call is not run again), `(False, None)`
+        when it did not or the tool has no hook (the call runs again, same idempotency
+        key).
+        """
+        if self._reconcile is None:
+            return False, None
+        found = await self._reconcile(ctx.idempotency_key, dict(arguments))
+        if found is NOT_APPLIED:
+            return False, None
+        return True, cast(JsonValue, to_jsonable_python(found))
+
     def __repr__(self) -> str:
         return f"FunctionTool({self._name!r})"
 
@@ -170,6 +200,7 @@ def tool(
     description: str | None = None,
     fallbacks: Sequence[FunctionTool] = (),
     approval: ApprovalPolicy | None = None,
+    reconcile: Reconcile | None = None,
 ) -> Callable[[ToolFunction], Any]: ...
 
 
@@ -181,6 +212,7 @@ def tool(
     description: str | None = None,
     fallbacks: Sequence[FunctionTool] = (),
     approval: ApprovalPolicy | None = None,
+    reconcile: Reconcile | None = None,
 ) -> Any:
     """Turn a typed function into a tool.
 
@@ -189,6 +221,9 @@ def tool(
     context. With `fallbacks`, the result is a `ToolClass`: when the function fails, the
     call pivots to the next fallback with the same arguments. `approval` (`"always"`,
     `"never"` or a function of name and arguments) overrides the agent's policy.
+    `reconcile` is asked, when a call's earlier attempt died after the call started but
+    before its result was committed, whether the call already took effect:
+    `async def reconcile(idempotency_key, arguments) -> result | NOT_APPLIED`.
 
     Example:
         ```python
@@ -200,7 +235,9 @@ def tool(
     """
 
     def wrap(func: ToolFunction) -> Any:
-        made = FunctionTool(func, name=name, description=description, approval=approval)
+        made = FunctionTool(
+            func, name=name, description=description, approval=approval, reconcile=reconcile
+        )
         if not fallbacks:
             return made
         from turnkit.tools.cascade import ToolClass
