@@ -10,10 +10,11 @@ import pytest
 from tests.helpers import new_input, step_event
 
 from turnkit.audit import AuditPayloads, AuditRow, CallIdentity, CallShape, PlanGenerationPayload
+from turnkit.blocks import TextBlock
 from turnkit.errors import RequestConflictError, StaleEpochError, StoreError
-from turnkit.events import DoneEvent, ErrorEvent, TurnStartedEvent
+from turnkit.events import DoneEvent, ErrorEvent, MessageCompleteEvent, TurnStartedEvent
 from turnkit.ids import SessionId, TurnId
-from turnkit.store import Store
+from turnkit.store import Store, Submission
 from turnkit.store.sql import SqlStore
 from turnkit.testing import FakeClock
 
@@ -108,6 +109,41 @@ async def test_stale_epoch_is_rejected(store: SqlStore, clock: FakeClock) -> Non
         await store.renew(old, ttl_s=10)
     assert await _events(store, sub.turn_id) == [1]  # nothing of the stale commit landed
     await store.commit(sub.turn_id, epoch=new.epoch, events=[step_event(sub, 2)])
+
+
+def _answer(sub: Submission, seq: int) -> MessageCompleteEvent:
+    return MessageCompleteEvent(
+        session_id=sub.session_id,
+        turn_id=sub.turn_id,
+        stage_id="tool-loop",
+        ts=datetime.now(UTC),
+        seq=seq,
+        block=TextBlock(block_id=f"b{seq}", text="progress"),
+    )
+
+
+async def test_attempts_that_made_progress_do_not_count(store: SqlStore, clock: FakeClock) -> None:
+    """Ten restarts of a long turn never end it; attempts that get nowhere do."""
+    sub = await store.submit(new_input())
+    seq = 1
+    for attempt in range(1, 11):
+        lease = await store.claim(f"w{attempt}", ttl_s=10, max_attempts=3)
+        assert lease is not None, f"attempt {attempt} was refused"
+        assert lease.attempt == attempt
+        seq += 1
+        await store.commit(sub.turn_id, epoch=lease.epoch, events=[_answer(sub, seq)])
+        clock.advance(11)  # the driver is killed after committing progress
+    assert await store.sweep(ceiling_s=3600, max_attempts=3) == []
+    stuck = await store.submit(new_input(session="s2"))
+    for attempt in range(1, 4):  # three attempts that commit nothing of substance
+        lease = await store.claim("w", ttl_s=10, max_attempts=3, turn_id=stuck.turn_id)
+        assert lease is not None
+        await store.commit(
+            stuck.turn_id, epoch=lease.epoch, events=[step_event(stuck, attempt + 1)]
+        )
+        clock.advance(11)
+    assert await store.claim("w", ttl_s=10, max_attempts=3, turn_id=stuck.turn_id) is None
+    assert await store.sweep(ceiling_s=3600, max_attempts=3) == [stuck.turn_id]
 
 
 async def test_a_live_lease_cannot_be_claimed(store: SqlStore, clock: FakeClock) -> None:

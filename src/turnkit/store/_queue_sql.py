@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, cast
 
-from sqlalchemy import Connection, and_, bindparam, exists, or_, select, update
+from sqlalchemy import Connection, and_, bindparam, case, exists, or_, select, update
 from sqlalchemy.orm import aliased
 
 from turnkit.errors import RequestConflictError, SessionNotFoundError, StaleEpochError
@@ -336,6 +336,32 @@ def requeue_guides(conn: Connection, turn_id: TurnId, consumed_through: int, now
     return len(unread)
 
 
+PROGRESS_TYPES: tuple[str, ...] = (
+    "message.complete",
+    "tool.completed",
+    "tool.failed",
+    "approval.requested",
+    "clarification.requested",
+    "compaction.completed",
+)
+"""Events that mean an attempt got somewhere (a model answered, a tool finished, it paused)."""
+
+
+def _spent_after_claim() -> Any:
+    """`spent_attempts` once the previous attempt is judged: one more if it made no progress.
+
+    An attempt that committed progress since its claim does not count against
+    `max_attempts`, so restarts during a long turn never end it; a pause is progress.
+    """
+    progressed = exists().where(
+        events.c.turn_id == turns.c.turn_id,
+        events.c.seq > turns.c.claim_seq,
+        events.c.type.in_(PROGRESS_TYPES),
+    )
+    fruitless = and_(turns.c.attempts > 0, ~progressed)
+    return turns.c.spent_attempts + case((fruitless, 1), else_=0)
+
+
 @functools.cache
 def _claim_query(*, by_turn: bool, by_session: bool, skip_locked: bool) -> Any:
     """The candidate query, built once per shape (values arrive as bind parameters)."""
@@ -346,10 +372,11 @@ def _claim_query(*, by_turn: bool, by_session: bool, skip_locked: bool) -> Any:
         turns.c.lease_owner,
         turns.c.attempts,
         turns.c.read_watermark,
+        _spent_after_claim().label("spent"),
     ).where(
         turns.c.status == "running",
         or_(turns.c.lease_owner.is_(None), turns.c.lease_expires_at < bindparam("c_now")),
-        turns.c.attempts < bindparam("c_max"),
+        _spent_after_claim() < bindparam("c_max"),
         ~exists().where(
             earlier.c.session_id == turns.c.session_id,
             earlier.c.input_seq < turns.c.input_seq,
@@ -381,6 +408,8 @@ def _claim_update(*, first: bool) -> Any:
             lease_epoch=bindparam("c_new_epoch"),
             lease_expires_at=bindparam("c_expires"),
             attempts=bindparam("c_attempts"),
+            spent_attempts=bindparam("c_spent"),
+            claim_seq=turns.c.last_seq,
             started_at=bindparam("c_now") if first else turns.c.started_at,
             # The attempt reads the turn's own input first: its watermark, on record at once.
             read_watermark=turns.c.input_seq,
@@ -423,6 +452,7 @@ def claim(
             "c_new_epoch": row.lease_epoch + 1,
             "c_expires": expires,
             "c_attempts": row.attempts + 1,
+            "c_spent": row.spent,
             "c_now": now,
         },
     ).first()
@@ -516,7 +546,7 @@ def sweepable(
             or_(
                 and_(turns.c.started_at.is_not(None), turns.c.started_at < deadline),
                 and_(
-                    turns.c.attempts >= max_attempts,
+                    _spent_after_claim() >= max_attempts,
                     or_(turns.c.lease_owner.is_(None), turns.c.lease_expires_at < now),
                 ),
             ),

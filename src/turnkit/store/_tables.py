@@ -12,10 +12,12 @@ from sqlalchemy import (
     Column,
     DateTime,
     Index,
+    Integer,
     LargeBinary,
     Text,
     UniqueConstraint,
     false,
+    text,
 )
 from sqlmodel import Field, SQLModel
 
@@ -73,6 +75,14 @@ class TurnRow(SQLModel, table=True):
     lease_owner: str | None = Field(default=None, max_length=128)
     lease_expires_at: datetime | None = Field(default=None, sa_column=_ts(nullable=True))
     attempts: int = 0
+    spent_attempts: int = Field(
+        default=0, sa_column=Column(Integer, nullable=False, server_default=text("0"))
+    )
+    """Attempts that ended without progress: what `max_attempts` bounds."""
+    claim_seq: int = Field(
+        default=0, sa_column=Column(Integer, nullable=False, server_default=text("0"))
+    )
+    """`last_seq` when the current attempt claimed the turn."""
     read_watermark: int = 0
     cancel_requested: bool = Field(
         default=False, sa_column=Column(Boolean, nullable=False, server_default=false())
