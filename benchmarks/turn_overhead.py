@@ -1,10 +1,9 @@
 """Framework overhead of one tool-using turn, against a plain-asyncio floor and peers.
 
 Every contender does the same work with a zero-latency fake model: a model call that asks
-for a tool, the tool, a model call that answers without tools, and (where the framework has
-one) the separate synthesize call — turnkit's structure makes that 3 model calls + 1 tool,
-and the floor and the bare LangGraph graph do exactly those 3 calls too. PydanticAI's loop
-ends on the first answer, so it does 2 calls + 1 tool (noted in the table).
+for a tool, the tool, and a model call that answers without tools — 2 model calls + 1 tool
+for turnkit (whose answer is that last call's text), the floor, the bare LangGraph graph
+and PydanticAI alike.
 
 Floors bound what durability can cost on LangGraph: the bare graph with LangGraph's
 `InMemorySaver` (its checkpoint machinery alone), and the "durable floor": the bare graph
@@ -123,7 +122,7 @@ async def _model_step(i: int, kind: str, emit: Any, commit: Any = None) -> None:
 async def floor_turn(i: int) -> int:
     events: list[Any] = []
     transcript: list[dict[str, str]] = [{"role": "user", "content": "2+3?"}]
-    for kind in ("tool", "text", "text"):
+    for kind in ("tool", "text"):
         await _model_step(i, kind, events.append)
         transcript.append({"role": "assistant", "content": kind})
     return len(events)
@@ -168,7 +167,7 @@ def _langgraph_graph(checkpointer: Any = None, commit: Any = None) -> Any:
         }
 
     async def synth(state: State) -> dict[str, Any]:
-        await call_model(state, "text")
+        # The loop's last call wrote the answer: finalize it, no call of its own.
         return {"transcript": [{"role": "assistant", "content": ANSWER}]}
 
     async def post(state: State) -> dict[str, Any]:
@@ -311,9 +310,7 @@ def pydantic_ai_turn() -> Turn | None:
 
 def _reply(request: ModelRequest) -> ModelStep:
     """The fake model's answer, from the request alone (so concurrent turns all do the same
-    work): ask for the tool, then narrate once its result is in, then answer."""
-    if request.purpose == "synthesize":
-        return ModelStep.text_reply(ANSWER)
+    work): ask for the tool, then answer once its result is in."""
     if any(m.role == "tool" for m in request.messages):
         return ModelStep.text_reply(ANSWER)
     return ModelStep.tool_call_reply(call("add", a=2, b=3))
