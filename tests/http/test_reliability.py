@@ -12,7 +12,7 @@ import httpx
 import pytest
 from fastapi import FastAPI, Header, HTTPException
 
-from turnkit import Agent, RuntimeConfig, SessionRuntime
+from turnkit import Agent, ProviderError, RuntimeConfig, SessionRuntime
 from turnkit.http import TURN_ID_HEADER, create_turnkit_router, install_problem_handlers
 from turnkit.ids import SESSION_ID_PATTERN
 from turnkit.testing import ModelStep, ScriptedModel
@@ -139,3 +139,40 @@ async def test_the_session_id_pattern_is_in_openapi_and_enforced(
     bad = await client.post(f"{API}/sessions/-bad/execute", json={"content": "hi"})
     assert bad.status_code == 422
     assert bad.json()["code"] == "invalid-session-id"
+
+
+async def test_a_failed_turn_is_retried_as_a_new_turn(tmp_path: Path) -> None:
+    model = ScriptedModel(
+        [
+            ModelStep.fail(ProviderError("bad request", status_code=400)),
+            ModelStep.text_reply("Second time lucky."),
+        ]
+    )
+    runtime = SessionRuntime(
+        agent=Agent(model=model),
+        config=RuntimeConfig(database_url=f"sqlite:///{tmp_path / 'retry.db'}"),
+    )
+    await runtime.open()
+    app = FastAPI()
+    app.include_router(create_turnkit_router(runtime))
+    install_problem_handlers(app)
+    try:
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://test"
+        ) as http:
+            failed = await http.post(f"{API}/sessions/s1/execute", json={"content": "try me"})
+            failed_id = failed.headers[TURN_ID_HEADER]
+            assert (await http.get(f"{API}/turns/{failed_id}")).json()["status"] == "failed"
+            retried = await http.post(f"{API}/turns/{failed_id}/retry")
+            assert retried.status_code == 200
+            new_id = retried.headers[TURN_ID_HEADER]
+            assert new_id != failed_id
+            assert '"status":"succeeded"' in retried.text
+            history = (await http.get(f"{API}/sessions/s1/history")).json()
+            assert [t["status"] for t in history] == ["failed", "succeeded"]
+            assert history[1]["answer"] == "Second time lucky."
+            again = await http.post(f"{API}/turns/{new_id}/retry")
+            assert again.status_code == 422  # only an ended, unsuccessful turn
+            assert again.json()["code"] == "invalid-input"
+    finally:
+        await runtime.close()

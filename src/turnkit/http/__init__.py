@@ -160,6 +160,22 @@ def create_turnkit_router(  # noqa: C901 - one closure per route keeps the route
         check_cursor(record, cursor)
         return stream(record.turn_id, cursor)
 
+    @router.post(
+        "/turns/{turn_id}/retry",
+        response_class=EventSourceResponse,
+        summary="Send a failed turn's message again, as a new turn (SSE)",
+    )
+    async def retry(
+        turn_id: str,
+        principal: Caller,
+        request_id: Annotated[
+            str | None, Header(alias="Idempotency-Key", min_length=1, max_length=128)
+        ] = None,
+    ) -> Response:
+        record = await visible_turn(turn_id, principal)
+        submission = await runtime.retry(record.turn_id, request_id=request_id)
+        return stream(submission.turn_id, 0)
+
     @router.get("/turns/{turn_id}", response_model=TurnStatusOut, summary="A turn's state")
     async def get_turn(turn_id: str, principal: Caller) -> TurnStatusOut:
         return TurnStatusOut.model_validate(await visible_turn(turn_id, principal))

@@ -12,6 +12,7 @@ from typing import Any, Self
 
 from turnkit.agent import Agent, Effort
 from turnkit.audit import AuditRow
+from turnkit.blocks import TextPart
 from turnkit.clock import Clock, SystemClock
 from turnkit.config import RuntimeConfig
 from turnkit.errors import (
@@ -350,6 +351,31 @@ class SessionRuntime:
         if submission.is_new and not submission.guided and self.config.run_in_process:
             self.host.detach(submission.turn_id, agent=agent)
         return submission
+
+    async def retry(self, turn_id: str, *, request_id: str | None = None) -> Submission:
+        """Send a failed (or timed-out, or cancelled) turn's message again, as a new turn.
+
+        It goes through the same commit path as any new message (`start`), so the new
+        turn is queued, claimed and streamed like one; the failed turn stays as it was.
+        A `request_id` makes the retry itself idempotent.
+
+        Raises:
+            TurnNotFoundError: no such turn.
+            InvalidInputError: the turn has not ended, or it succeeded.
+        """
+        record = await self.turn(turn_id)
+        if record.status not in ("failed", "timed_out", "cancelled"):
+            raise InvalidInputError(
+                f"turn {turn_id!r} is {record.status}: only a failed, timed-out or cancelled "
+                "turn can be retried",
+                status=record.status,
+            )
+        content: MessageContent = record.content
+        if record.attachments:
+            content = [TextPart(text=record.content), *record.attachments]
+        return await self.start(
+            record.session_id, content, request_id=request_id, principal=None
+        )
 
     async def cancel(self, turn_id: str) -> TurnStatus:
         """Press Stop: end the turn `cancelled` from wherever it is driven.
