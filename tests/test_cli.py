@@ -82,3 +82,33 @@ def test_a_missing_extra_is_one_clear_line(
     assert code == 2
     assert 'pip install "turnkit[redis]"' in err
     assert err.count("\n") == 1
+
+
+async def _abandoned_turn(url: str) -> str:
+    from turnkit import Agent, RuntimeConfig, SessionRuntime
+    from turnkit.testing import ModelStep, ScriptedModel
+
+    config = RuntimeConfig(database_url=url, lease_ttl_s=0.2)
+    runtime = SessionRuntime(
+        agent=Agent(model=ScriptedModel([ModelStep.hang("...")])), config=config
+    )
+    async with runtime:
+        submission = await runtime.submit("s1", "hi", claim=True)  # claimed, never driven
+    return submission.turn_id
+
+
+def test_turns_stuck_lists_a_turn_with_no_live_driver(tmp_path: Path) -> None:
+    import asyncio
+    import time
+
+    url = f"sqlite:///{tmp_path / 'stuck.db'}"
+    clean = io.StringIO()
+    assert main(["db", "upgrade", "--database-url", url], out=io.StringIO()) == 0
+    assert main(["turns", "--stuck", "--database-url", url], out=clean) == 0
+    assert "no stuck turns" in clean.getvalue()
+    turn_id = asyncio.run(_abandoned_turn(url))
+    time.sleep(0.3)  # its lease lapses
+    out = io.StringIO()
+    assert main(["turns", "--stuck", "--database-url", url], out=out) == 1
+    assert turn_id in out.getvalue()
+    assert "no live driver" in out.getvalue()

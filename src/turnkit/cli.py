@@ -162,6 +162,25 @@ async def _sweep(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+async def _turns(args: argparse.Namespace, out: TextIO) -> int:
+    async with SqlStore.from_url(args.database_url, schema=args.database_schema) as store:
+        stuck = await store.stuck(ceiling_s=args.ceiling)
+    if not stuck:
+        out.write("no stuck turns\n")
+        return 0
+    out.write(f"{len(stuck)} turn(s) to look at:\n")
+    for record, reason in stuck:
+        out.write(
+            f"  {record.turn_id}  session {record.session_id}  attempt {record.attempts}  "
+            f"seq {record.last_seq}  owner {record.lease_owner or '-'}  — {reason}\n"
+        )
+    out.write(
+        "a worker (or an app with recover_in_process) takes over turns with no live driver; "
+        "`turnkit sweep` ends those past the ceiling or out of attempts\n"
+    )
+    return 1
+
+
 async def _db_upgrade(args: argparse.Namespace, out: TextIO) -> int:
     store = SqlStore.from_url(args.database_url, schema=args.database_schema)
     try:
@@ -219,6 +238,16 @@ def _parser() -> argparse.ArgumentParser:
     sweep.add_argument("--ceiling", type=float, default=3600.0)
     sweep.add_argument("--max-attempts", type=int, default=3)
     _database_args(sweep)
+    turns = sub.add_parser("turns", help="list turns an operator should look at")
+    turns.add_argument(
+        "--stuck",
+        action="store_true",
+        required=True,
+        help="running turns with no live driver, past the ceiling, or with failed attempts "
+        "(exit status 1 when there are any)",
+    )
+    turns.add_argument("--ceiling", type=float, default=3600.0)
+    _database_args(turns)
     serve = sub.add_parser("serve", help="serve the HTTP routes (quickstart app)")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
@@ -252,6 +281,7 @@ _COMMANDS = {
     "worker": _worker,
     "sweep": _sweep,
     "db": _db_upgrade,
+    "turns": _turns,
     "serve": _serve,
 }
 

@@ -373,9 +373,7 @@ class SessionRuntime:
         content: MessageContent = record.content
         if record.attachments:
             content = [TextPart(text=record.content), *record.attachments]
-        return await self.start(
-            record.session_id, content, request_id=request_id, principal=None
-        )
+        return await self.start(record.session_id, content, request_id=request_id, principal=None)
 
     async def cancel(self, turn_id: str) -> TurnStatus:
         """Press Stop: end the turn `cancelled` from wherever it is driven.

@@ -14,17 +14,20 @@ import sqlite3
 import threading
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timedelta
 from typing import Any, Self, TypeVar, cast
 
 from pydantic import JsonValue
 from sqlalchemy import (
     Connection,
     Engine,
+    and_,
     bindparam,
     case,
     create_engine,
     event,
     func,
+    or_,
     select,
     text,
     update,
@@ -677,6 +680,31 @@ class SqlStore:
         rows = await self._hot_tx(_transcript_rows, session_id, before_input_seq, write=False)
         return {TurnId(t): TurnTranscript.model_validate_json(data) for t, data in rows}
 
+    async def stuck(self, *, ceiling_s: float) -> list[tuple[TurnRecord, str]]:
+        """Running turns an operator should look at, with why (`turnkit turns --stuck`).
+
+        No live driver (claimed before, lease lapsed), past the ceiling, or with attempts
+        that died before any progress.
+        """
+        now = self._clock.now()
+        rows = await self._tx(_stuck_rows, now - timedelta(seconds=ceiling_s), now, write=False)
+        found: list[tuple[TurnRecord, str]] = []
+        for row in rows:
+            record = _turn_record(row)
+            reasons = []
+            if record.started_at is not None and record.started_at < now - timedelta(
+                seconds=ceiling_s
+            ):
+                reasons.append("past the ceiling")
+            if record.attempts and (
+                record.lease_expires_at is None or record.lease_expires_at < now
+            ):
+                reasons.append("no live driver")
+            if row.spent_attempts:
+                reasons.append(f"{row.spent_attempts} attempt(s) died without progress")
+            found.append((record, "; ".join(reasons)))
+        return found
+
     async def answers(self, session_id: SessionId, *, before_input_seq: int) -> dict[TurnId, str]:
         """Answers of the session's turns before `before_input_seq`, in one query."""
         blobs = await self._hot_tx(_answer_blobs, session_id, before_input_seq, write=False)
@@ -814,6 +842,26 @@ _ANSWER_BLOBS = select(_events.c.data).where(
 def _answer_blobs(conn: Connection, session_id: SessionId, before: int) -> list[bytes]:
     rows = conn.execute(_ANSWER_BLOBS, {"a_session": session_id, "a_before": before}).all()
     return [bytes(r.data) for r in rows]
+
+
+def _stuck_rows(conn: Connection, deadline: datetime, now: datetime) -> list[Any]:
+    query = (
+        select(_turns)
+        .where(
+            _turns.c.status == "running",
+            or_(
+                and_(_turns.c.started_at.is_not(None), _turns.c.started_at < deadline),
+                and_(
+                    _turns.c.attempts > 0,
+                    or_(_turns.c.lease_owner.is_(None), _turns.c.lease_expires_at < now),
+                ),
+                _turns.c.spent_attempts > 0,
+            ),
+        )
+        .order_by(_turns.c.created_at)
+        .limit(1000)
+    )
+    return list(conn.execute(query).all())
 
 
 _TRANSCRIPTS = select(_turns.c.turn_id, _turns.c.transcript).where(
