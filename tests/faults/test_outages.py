@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import httpx
@@ -27,6 +28,8 @@ from tests.support.services import (
 from turnkit import Agent, RuntimeConfig, SessionRuntime, tool
 from turnkit.events import DurableEvent, MessageDeltaEvent, StreamEvent
 from turnkit.http import create_turnkit_router, install_problem_handlers
+from turnkit.ids import TurnId
+from turnkit.replay.memory import InMemoryReplayBuffer
 from turnkit.replay.redis import RedisReplayBuffer
 from turnkit.testing import ModelStep, ScriptedModel, call
 
@@ -184,3 +187,45 @@ async def test_a_buffer_down_at_start_up_is_reported_at_once(
     finally:
         await runtime.close()
         await buffer.close()
+
+
+class _LossyBuffer(InMemoryReplayBuffer):
+    """Drops the first published `tool.completed` (a lost notification)."""
+
+    dropped = 0
+
+    def publish_now(
+        self, turn_id: TurnId, entries: Sequence[tuple[int | None, bytes, bool]]
+    ) -> None:
+        kept = [e for e in entries if b'"tool.completed"' not in e[1] or self.dropped]
+        self.dropped += len(entries) - len(kept)
+        super().publish_now(turn_id, kept)
+
+
+async def test_a_lost_buffer_message_reaches_the_reader_within_a_second(tmp_path: Path) -> None:
+    @tool
+    async def quick(n: int) -> int:
+        """Answer, then leave the turn quiet for a while."""
+        return n
+
+    model = ScriptedModel([ModelStep.tool_call_reply(call("quick", n=1)), ModelStep.hang("")])
+    buffer = _LossyBuffer()
+    runtime = SessionRuntime(
+        agent=Agent(model=model, tools=[quick]),
+        config=RuntimeConfig(database_url=f"sqlite:///{tmp_path / 'l.db'}"),
+        replay=buffer,
+    )
+    await runtime.open()
+    try:
+        submission = await runtime.start("s1", "go")
+        started = time.monotonic()
+        async for event in runtime.reader(keepalive_s=30).events(submission.turn_id):
+            if event.type == "tool.completed":
+                break
+            assert time.monotonic() - started < 5
+        # The driver is hanging in its next model call: nothing else would wake the reader.
+        assert buffer.dropped == 1
+        assert time.monotonic() - started < 2.5
+        await runtime.cancel(submission.turn_id)
+    finally:
+        await runtime.close()

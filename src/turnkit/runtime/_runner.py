@@ -16,7 +16,7 @@ from turnkit.runtime._transcript import session_transcript
 from turnkit.runtime.driver import Sink, TurnDriver
 from turnkit.stages import StageContext
 from turnkit.stages._types import Route
-from turnkit.store import Lease, Store, TurnRecord
+from turnkit.store import Lease, Store, TurnRecord, readable_events
 from turnkit.telemetry import Recorder
 
 __all__ = ("TurnRunner", "pinned_config", "turn_history")
@@ -40,7 +40,7 @@ def pinned_config(agent: Agent, family: ModelFamily, effort: Effort) -> dict[str
 
 async def turn_history(store: Store, turn: TurnRecord) -> TurnHistory:
     """A turn's committed blocks."""
-    events = [e.decode() async for e in store.read_events(turn.turn_id)]
+    events = await readable_events(store.read_events(turn.turn_id))
     return TurnHistory(turn_id=turn.turn_id, status=turn.status, blocks=blocks_of(events))
 
 

@@ -45,7 +45,7 @@ from turnkit.stages import StageContext
 from turnkit.stages._message_list import result_text
 from turnkit.stages._types import Route, TranscriptMessage
 from turnkit.states import TerminalStatus, TurnStatus
-from turnkit.store import Lease, RunSummary, Store, TurnRecord
+from turnkit.store import Lease, RunSummary, Store, TurnRecord, readable_events
 from turnkit.telemetry import Recorder
 
 __all__ = ("TurnDriver",)
@@ -104,7 +104,7 @@ class TurnDriver:
         journal, audit_seq = Journal(), 0
         usage = None
         if self.lease.last_seq > 1:  # an earlier attempt got further than turn.started
-            events = [e.decode() async for e in self.store.read_events(self.lease.turn_id)]
+            events = await readable_events(self.store.read_events(self.lease.turn_id))
             journal = Journal.of(events)
             audit_seq = len(await self.store.read_audit(self.lease.turn_id))
             usage = await self.store.read_usage(self.lease.turn_id)

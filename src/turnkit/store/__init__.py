@@ -8,6 +8,7 @@ chat tables. Adapters: `SqlStore` (SQLite embedded default; PostgreSQL in produc
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
     from turnkit.store.sql import SqlStore
 
 __all__ = (
+    "readable_events",
     "ClaimRequest",
     "CommitResult",
     "Delivery",
@@ -47,6 +49,8 @@ __all__ = (
     "Watchdog",
 )
 
+
+log = logging.getLogger("turnkit.store")
 
 Delivery = Literal["queue", "guide"]
 
@@ -227,6 +231,28 @@ class StoredEvent:
     def decode(self) -> StreamEvent:
         """The typed event."""
         return decode_event(self.data)
+
+
+async def readable_events(stored: AsyncIterator[StoredEvent]) -> list[StreamEvent]:
+    """Decode committed events, skipping any this version cannot read (logged).
+
+    A payload written by a newer version (an event type this one does not know) or
+    damaged in storage must not fail a run or a history read: it is left out with a
+    warning on `turnkit.store`, and the events around it are kept.
+    """
+    events: list[StreamEvent] = []
+    async for item in stored:
+        try:
+            events.append(item.decode())
+        except ValueError as exc:
+            log.warning(
+                "skipped unreadable event seq %d (%s) of turn %s: %s",
+                item.seq,
+                item.type,
+                item.turn_id,
+                str(exc).splitlines()[0],
+            )
+    return events
 
 
 class TurnLedger(Protocol):
