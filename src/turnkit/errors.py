@@ -26,6 +26,7 @@ TurnkitError
  │   └─ InternalError                 an unexpected exception inside the turn
  ├─ StoreError
  │   ├─ StaleEpochError       fencing rejection; the driver stops at once
+ │   ├─ LeaseLostError        the turn ended under the lease; the driver stops at once
  │   └─ StoreUnavailableError the database cannot be reached (retry later)
  └─ ReplayCursorError         malformed / ahead-of-log cursor
 ```
@@ -47,6 +48,7 @@ __all__ = (
     "InternalError",
     "InvalidInputError",
     "InvalidSessionIdError",
+    "LeaseLostError",
     "NotFoundError",
     "OutputLimitExceededError",
     "PauseAnsweredError",
@@ -98,6 +100,7 @@ ErrorCode = Literal[
     "internal-error",
     "store-error",
     "stale-epoch",
+    "lease-lost",
     "store-unavailable",
     "replay-cursor-invalid",
 ]
@@ -286,6 +289,15 @@ class StaleEpochError(StoreError):
     """A commit carried a fencing token older than the turn's current lease."""
 
     code: ClassVar[ErrorCode] = "stale-epoch"
+
+
+class LeaseLostError(StoreError):
+    """The lease's turn ended (cancelled, timed out) under it.
+
+    Nobody else holds the turn, but there is nothing left to drive.
+    """
+
+    code: ClassVar[ErrorCode] = "lease-lost"
 
 
 class StoreUnavailableError(StoreError):

@@ -11,7 +11,7 @@ from tests.helpers import new_input, step_event
 
 from turnkit.audit import AuditPayloads, AuditRow, CallIdentity, CallShape, PlanGenerationPayload
 from turnkit.blocks import TextBlock
-from turnkit.errors import RequestConflictError, StaleEpochError, StoreError
+from turnkit.errors import LeaseLostError, RequestConflictError, StaleEpochError, StoreError
 from turnkit.events import DoneEvent, ErrorEvent, MessageCompleteEvent, TurnStartedEvent
 from turnkit.ids import SessionId, TurnId
 from turnkit.store import Store, Submission
@@ -144,6 +144,16 @@ async def test_attempts_that_made_progress_do_not_count(store: SqlStore, clock: 
         clock.advance(11)
     assert await store.claim("w", ttl_s=10, max_attempts=3, turn_id=stuck.turn_id) is None
     assert await store.sweep(ceiling_s=3600, max_attempts=3) == [stuck.turn_id]
+
+
+async def test_a_lease_whose_turn_ended_is_lost_not_stale(store: SqlStore) -> None:
+    sub = await store.submit(new_input())
+    lease = await store.claim("w1", ttl_s=30, max_attempts=3)
+    assert lease is not None
+    await store.commit(sub.turn_id, epoch=lease.epoch, status="cancelled", release=True)
+    with pytest.raises(LeaseLostError) as lost:
+        await store.renew(lease, ttl_s=30)
+    assert lost.value.code == "lease-lost"
 
 
 async def test_a_live_lease_cannot_be_claimed(store: SqlStore, clock: FakeClock) -> None:

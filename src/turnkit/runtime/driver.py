@@ -19,7 +19,13 @@ from turnkit.audit import CallShape
 from turnkit.clock import Clock
 from turnkit.config import RuntimeConfig
 from turnkit.context.prefix import PreviousRequest
-from turnkit.errors import DeadlineExceededError, InternalError, StaleEpochError, TurnError
+from turnkit.errors import (
+    DeadlineExceededError,
+    InternalError,
+    LeaseLostError,
+    StaleEpochError,
+    TurnError,
+)
 from turnkit.events import (
     CheckpointCreatedEvent,
     DoneEvent,
@@ -161,7 +167,7 @@ class TurnDriver:
             if self.lease_lost:
                 return  # someone else owns the turn now: write nothing, end quietly
             raise
-        except StaleEpochError:
+        except (StaleEpochError, LeaseLostError):
             self.lease_lost = True
         except TurnError as exc:
             if self.recorder is not None:
@@ -338,7 +344,7 @@ class TurnDriver:
         summary = self._summary(rec, status, exc.code)
         self._finished(rec, summary, "runtime")
         rec.durable(DoneEvent, "runtime", status=status, error_code=exc.code)
-        with contextlib.suppress(StaleEpochError):
+        with contextlib.suppress(StaleEpochError, LeaseLostError):
             await rec.flush(
                 status=status,
                 error_code=exc.code,
@@ -366,7 +372,7 @@ class TurnDriver:
         summary = self._summary(rec, "cancelled", None)
         self._finished(rec, summary, "runtime")
         rec.durable(DoneEvent, "runtime", status="cancelled")
-        with contextlib.suppress(StaleEpochError):
+        with contextlib.suppress(StaleEpochError, LeaseLostError):
             await rec.flush(
                 status="cancelled",
                 summary=summary,

@@ -16,7 +16,12 @@ from typing import Any, cast
 from sqlalchemy import Connection, and_, bindparam, case, exists, or_, select, update
 from sqlalchemy.orm import aliased
 
-from turnkit.errors import RequestConflictError, SessionNotFoundError, StaleEpochError
+from turnkit.errors import (
+    LeaseLostError,
+    RequestConflictError,
+    SessionNotFoundError,
+    StaleEpochError,
+)
 from turnkit.events import DoneEvent, ErrorEvent, TurnStartedEvent, encode_event
 from turnkit.ids import SessionId, TurnId, uuid7
 from turnkit.store import Delivery, Lease, NewInput, Submission
@@ -512,7 +517,7 @@ def renew(conn: Connection, lease: Lease, *, ttl_s: float, now: datetime) -> Lea
         {"r_turn": lease.turn_id, "r_epoch": lease.epoch, "r_owner": lease.owner, "r_exp": expires},
     ).scalar_one_or_none()
     if flag is None:
-        raise _stale(lease)
+        raise _lost_or_stale(conn, lease)
     return Lease(
         turn_id=lease.turn_id,
         session_id=lease.session_id,
@@ -525,6 +530,21 @@ def renew(conn: Connection, lease: Lease, *, ttl_s: float, now: datetime) -> Lea
         last_seq=lease.last_seq,
         started_at=lease.started_at,
         cancel_requested=bool(flag),
+    )
+
+
+def _lost_or_stale(conn: Connection, lease: Lease) -> StaleEpochError | LeaseLostError:
+    """Why a renewal failed: another epoch (stale), or the turn ended under this lease."""
+    row = conn.execute(
+        select(turns.c.lease_epoch, turns.c.status).where(turns.c.turn_id == lease.turn_id)
+    ).first()
+    if row is None or row.lease_epoch != lease.epoch:
+        return _stale(lease)
+    return LeaseLostError(
+        f"turn {lease.turn_id!r} is {row.status} now: the lease {lease.token} ended with it "
+        "(cancelled, timed out or settled elsewhere); this driver must stop",
+        turn_id=lease.turn_id,
+        status=row.status,
     )
 
 
