@@ -103,6 +103,10 @@ ErrorCode = Literal[
     "lease-lost",
     "store-unavailable",
     "replay-cursor-invalid",
+    "unauthenticated",
+    "forbidden",
+    "method-not-allowed",
+    "not-ready",
 ]
 """The one catalog of error codes. Codes never change meaning once published."""
 

@@ -27,7 +27,7 @@ from fastapi import FastAPI
 from turnkit.agent import load_agent
 from turnkit.config import RuntimeConfig
 from turnkit.demo import demo_agent
-from turnkit.http import create_turnkit_router, install_problem_handlers
+from turnkit.http import create_health_router, create_turnkit_router, install_problem_handlers
 from turnkit.replay import replay_from_url
 from turnkit.runtime import SessionRuntime
 
@@ -78,6 +78,7 @@ def create_app(runtime: SessionRuntime | None = None) -> FastAPI:
 
     application = FastAPI(title="turnkit", version="0.1.0", lifespan=lifespan)
     application.include_router(create_turnkit_router(rt))
+    application.include_router(create_health_router(rt))
     install_problem_handlers(application)
     application.state.runtime = rt
     return application

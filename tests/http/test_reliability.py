@@ -176,3 +176,38 @@ async def test_a_failed_turn_is_retried_as_a_new_turn(tmp_path: Path) -> None:
             assert again.json()["code"] == "invalid-input"
     finally:
         await runtime.close()
+
+
+async def test_health_and_readiness(tmp_path: Path) -> None:
+    from tests.support.services import free_port
+
+    from turnkit.http import create_health_router
+    from turnkit.replay.redis import RedisReplayBuffer
+
+    dead_buffer = RedisReplayBuffer.from_url(f"redis://127.0.0.1:{free_port()}/0")
+    for replay, ready in ((None, True), (dead_buffer, False)):
+        runtime = SessionRuntime(
+            agent=Agent(model=ScriptedModel([])),
+            config=RuntimeConfig(database_url=f"sqlite:///{tmp_path / 'h.db'}"),
+            replay=replay,
+        )
+        await runtime.open()
+        app = FastAPI()
+        app.include_router(create_health_router(runtime))
+        try:
+            async with httpx.AsyncClient(
+                transport=httpx.ASGITransport(app=app), base_url="http://test"
+            ) as http:
+                assert (await http.get("/healthz")).json() == {"status": "ok"}
+                readyz = await http.get("/readyz")
+        finally:
+            await runtime.close()
+        if ready:
+            assert readyz.status_code == 200
+            assert readyz.json()["status"] == "ready"
+        else:
+            assert readyz.status_code == 503
+            assert readyz.json()["code"] == "not-ready"
+            assert "replay: unavailable" in readyz.json()["detail"]
+            assert readyz.headers["Retry-After"] == "2"
+    await dead_buffer.close()

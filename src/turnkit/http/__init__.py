@@ -27,7 +27,12 @@ from turnkit.http.models import (
     TurnOut,
     TurnStatusOut,
 )
-from turnkit.http.problems import MEDIA_TYPE, Problem, install_problem_handlers
+from turnkit.http.problems import (
+    MEDIA_TYPE,
+    Problem,
+    install_problem_handlers,
+    problem_response,
+)
 from turnkit.http.sse import frames_to_sse
 from turnkit.ids import SESSION_ID_PATTERN, SessionId, TurnId, uuid7
 from turnkit.pauses import Answer, Approve, Deny, Resolution
@@ -36,7 +41,12 @@ from turnkit.runtime._runner import turn_history
 from turnkit.runtime.reader import check_cursor, parse_cursor
 from turnkit.store import SessionRecord, TurnRecord
 
-__all__ = ("TURN_ID_HEADER", "create_turnkit_router", "install_problem_handlers")
+__all__ = (
+    "TURN_ID_HEADER",
+    "create_health_router",
+    "create_turnkit_router",
+    "install_problem_handlers",
+)
 
 TURN_ID_HEADER = "X-Turn-Id"
 Principal = str | None
@@ -259,6 +269,43 @@ def create_turnkit_router(  # noqa: C901 - one closure per route keeps the route
         await visible_session(session_id, principal)
         await runtime.store.delete_session(SessionId(session_id))
         return Response(status_code=204)
+
+    return router
+
+
+def create_health_router(runtime: SessionRuntime) -> APIRouter:
+    """Health routes for load balancers and orchestrators.
+
+    `GET /healthz`: the process answers. `GET /readyz`: its Store and replay buffer answer
+    too (503 `not-ready` with `Retry-After` otherwise).
+    """
+    router = APIRouter(tags=["health"])
+
+    @router.get("/healthz", summary="The process is up")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @router.get("/readyz", summary="The Store and the replay buffer answer", response_model=None)
+    async def readyz() -> Response | dict[str, str]:
+        checks: dict[str, str] = {}
+        try:
+            await runtime.store.list_sessions(limit=1)
+            checks["store"] = "ok"
+        except Exception as exc:  # noqa: BLE001 - any failure means not ready
+            checks["store"] = f"unavailable: {type(exc).__name__}"
+        try:
+            await runtime.replay.ping()
+            checks["replay"] = "ok"
+        except Exception as exc:  # noqa: BLE001 - any failure means not ready
+            checks["replay"] = f"unavailable: {type(exc).__name__}"
+        if all(v == "ok" for v in checks.values()):
+            return {"status": "ready", **checks}
+        return problem_response(
+            503,
+            "not-ready",
+            "; ".join(f"{k}: {v}" for k, v in checks.items()),
+            headers={"Retry-After": "2"},
+        )
 
     return router
 
