@@ -225,7 +225,7 @@ def _parser() -> argparse.ArgumentParser:
         default=30.0,
         help="on SIGTERM, how long running turns may finish before they are left to others",
     )
-    worker.add_argument("--lease-ttl", type=float, default=30.0)
+    worker.add_argument("--lease-ttl", type=float, default=8.0)
     worker.add_argument("--ceiling", type=float, default=3600.0)
     worker.add_argument("--max-attempts", type=int, default=3)
     worker.add_argument(

@@ -60,7 +60,7 @@ class RuntimeConfig:
     ceiling_s: float = 3600.0
     credential_lifetime_s: float | None = None
     heartbeat_interval_s: float = 5.0
-    lease_ttl_s: float = 30.0
+    lease_ttl_s: float = 8.0
     max_attempts: int = 3
 
     def __post_init__(self) -> None:

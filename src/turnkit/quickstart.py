@@ -13,7 +13,7 @@ LLM). Environment variables switch to production parts:
 | `TURNKIT_RUN_IN_PROCESS` | `0` leaves turns to `turnkit worker` processes |
 | `TURNKIT_RECOVER_IN_PROCESS` | `0` turns off the app's own recovery loop (on by default) |
 | `TURNKIT_IDLE_WINDOW_S` | the readers' idle window (default 120) |
-| `TURNKIT_LEASE_TTL_S` | how long a driver's claim lasts unrenewed (default 30) |
+| `TURNKIT_LEASE_TTL_S` | how long a driver's claim lasts unrenewed (default 8) |
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def runtime_from_env(env: Mapping[str, str] | None = None) -> SessionRuntime:
         idle_window_s=idle,
         heartbeat_interval_s=min(5.0, idle / 3),
         ceiling_s=max(3600.0, idle),
-        lease_ttl_s=float(env.get("TURNKIT_LEASE_TTL_S", "30")),
+        lease_ttl_s=float(env.get("TURNKIT_LEASE_TTL_S", "8")),
     )
     replay = replay_from_url(env.get("TURNKIT_REDIS_URL"))
     agent = (

@@ -51,7 +51,7 @@ def read_log(path: Path) -> list[dict[str, object]]:
 @tool
 async def slow_tool(x: int, ctx: ToolContext) -> int:
     """Double a number, slowly when TK_TOOL_SLEEP says so."""
-    _log(event="tool", key=ctx.idempotency_key, call=ctx.tool_call_id)
+    _log(event="tool", key=ctx.idempotency_key, call=ctx.tool_call_id, turn=ctx.turn_id)
     await asyncio.sleep(float(os.environ.get("TK_TOOL_SLEEP", "0")))
     return x * 2
 
