@@ -104,3 +104,44 @@ async def test_killing_api_processes_at_random_points_loses_nothing(
     (tmp_path / "kill_storm.json").write_text(json.dumps(table))
     assert (lost, duplicated, stuck, applied_twice) == (0, 0, 0, 0), table
     assert p95 <= 10.0, f"a killed turn took {p95:.1f} s to stream again (p95)"
+
+
+async def test_a_rolling_restart_of_every_process_loses_no_turn(servers: Servers) -> None:
+    """Restart each API process in turn (SIGTERM: a deploy) while turns stream."""
+    env = {"TURNKIT_LEASE_TTL_S": "8", "TURNKIT_IDLE_WINDOW_S": "60", "TK_TOOL_SLEEP": "2"}
+    urls = [servers.start(**env), servers.start(**env)]
+    async with httpx.AsyncClient(timeout=60) as http:
+        started: list[tuple[str, int]] = []
+        for i, (url, _) in enumerate(urls):
+            seen = [
+                e
+                async for e in _events(
+                    http,
+                    "POST",
+                    f"{url}{API}/sessions/roll-{i}/execute",
+                    json={"content": "double 21"},
+                    until="tool.started",
+                )  # fmt: skip
+                if "seq" in e
+            ]
+            started.append((str(seen[0]["_turn"]), int(str(seen[-1]["seq"]))))
+        for index in range(len(urls)):  # one process at a time, as a deploy does
+            _, proc = urls[index]
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=60)
+            urls[index] = servers.start(**env)
+        reader_url = urls[0][0]
+        for turn_id, last in started:
+            rest = [
+                e
+                async for e in _events(
+                    http,
+                    "GET",
+                    f"{reader_url}{API}/turns/{turn_id}/stream",
+                    headers={"Last-Event-ID": str(last)},
+                    until="done",
+                )  # fmt: skip
+                if "seq" in e
+            ]
+            assert [int(str(e["seq"])) for e in rest] == list(range(last + 1, last + 1 + len(rest)))
+            assert rest[-1]["status"] == "succeeded", rest[-1]
