@@ -211,3 +211,46 @@ async def test_health_and_readiness(tmp_path: Path) -> None:
             assert "replay: unavailable" in readyz.json()["detail"]
             assert readyz.headers["Retry-After"] == "2"
     await dead_buffer.close()
+
+
+@pytest.mark.slow
+async def test_an_idle_stream_never_dispatches_an_empty_event(tmp_path: Path) -> None:
+    """Past sse-starlette's 15 s ping on a turn paused for approval: every event a client
+    (httpx-sse) dispatches is a JSON event; keep-alives never become events."""
+    from httpx_sse import aconnect_sse
+    from tests.support.server import serve
+
+    from turnkit import tool
+    from turnkit.testing import call
+
+    @tool(approval="always")
+    async def wire(amount: int) -> int:
+        """Move money."""
+        return amount
+
+    model = ScriptedModel([ModelStep.tool_call_reply(call("wire", amount=5))])
+    runtime = SessionRuntime(
+        agent=Agent(model=model, tools=[wire]),
+        config=RuntimeConfig(database_url=f"sqlite:///{tmp_path / 'idle.db'}"),
+    )
+    await runtime.open()
+    app = FastAPI()
+    app.include_router(create_turnkit_router(runtime))
+    dispatched: list[str] = []
+    try:
+        with serve(app) as url:
+            async with httpx.AsyncClient(timeout=30) as http:
+
+                async def listen() -> None:
+                    async with aconnect_sse(
+                        http, "POST", f"{url}{API}/sessions/s1/execute", json={"content": "pay"}
+                    ) as source:
+                        async for sse in source.aiter_sse():
+                            dispatched.append(sse.data)
+
+                with pytest.raises(TimeoutError):  # the turn waits for a person: no `done`
+                    await asyncio.wait_for(listen(), timeout=16.5)  # past the 15 s ping
+        types = [json.loads(data)["type"] for data in dispatched]  # empty data broke clients
+        assert "approval.requested" in types
+    finally:
+        await runtime.close()

@@ -49,6 +49,7 @@ __all__ = (
 )
 
 TURN_ID_HEADER = "X-Turn-Id"
+_NO_PING_S = 10**9
 Principal = str | None
 AuthDependency = Callable[..., Principal | Awaitable[Principal]]
 
@@ -76,7 +77,7 @@ def create_turnkit_router(  # noqa: C901 - one closure per route keeps the route
     auth: AuthDependency = _anonymous,
     prefix: str = "/api/harness",
     max_frame_bytes: int = 1_000_000,
-    keepalive_s: float = 15.0,
+    keepalive_s: float = 10.0,
 ) -> APIRouter:
     """Routes for `runtime` under `prefix`.
 
@@ -119,7 +120,11 @@ def create_turnkit_router(  # noqa: C901 - one closure per route keeps the route
             frames_to_sse(frames, max_frame_bytes=max_frame_bytes, turn_id=turn_id),
             status_code=status_code,
             headers={TURN_ID_HEADER: turn_id, "Cache-Control": "no-store"},
-            ping=None,
+            # The reader sends its own keep-alives as single comment lines. sse-starlette's
+            # ping (`None` means its 15 s default, not off) ends with a blank line, which
+            # clients dispatch as an event with empty data: keep it from ever firing.
+            ping=_NO_PING_S,
+            sep="\n",
         )
 
     @router.post(

@@ -20,7 +20,7 @@ def _comment(text: str) -> bytes:
     (A blank line ends an event; some clients, httpx-sse among them, then dispatch an event
     with empty data carrying the last id, which a JSON-parsing consumer chokes on.)
     """
-    return f": {text}\r\n".encode()
+    return f": {text}\n".encode()
 
 
 async def frames_to_sse(

@@ -428,7 +428,7 @@ class SessionRuntime:
             is_new=False,
         )
 
-    def reader(self, *, keepalive_s: float = 15.0) -> TurnReader:
+    def reader(self, *, keepalive_s: float = 10.0) -> TurnReader:
         """A reader for one connection: replay from a cursor, then follow live."""
         return TurnReader(
             store=self.store,

@@ -123,7 +123,7 @@ class TurnReader:
         buffer: ReplayBuffer,
         clock: Clock,
         idle_window_s: float,
-        keepalive_s: float = 15.0,
+        keepalive_s: float = 10.0,
     ) -> None:
         self.store = store
         self.buffer = buffer
