@@ -19,7 +19,12 @@ from turnkit import RuntimeConfig, SessionRuntime
 from turnkit.demo import demo_agent
 from turnkit.quickstart import create_app
 
-pytestmark = [pytest.mark.slow, pytest.mark.faults]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.faults,
+    # schemathesis's own strategies use `random`; newer Hypothesis releases warn about it.
+    pytest.mark.filterwarnings("ignore::hypothesis.errors.HypothesisDeprecationWarning"),
+]
 EXAMPLES = int(os.environ.get("TURNKIT_FUZZ_EXAMPLES", "12"))
 
 
