@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import argparse
+import importlib.metadata
 import io
+import logging
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.support import openai_server as fake_openai
+from tests.support.openai_server import FakeOpenAIServer, Reply
+from turnkit import cli
 from turnkit.cli import main
 
 
@@ -112,3 +119,141 @@ def test_turns_stuck_lists_a_turn_with_no_live_driver(tmp_path: Path) -> None:
     assert main(["turns", "--stuck", "--database-url", url], out=out) == 1
     assert turn_id in out.getvalue()
     assert "no live driver" in out.getvalue()
+
+
+def test_version_prints_the_installed_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["--version"])
+    assert exited.value.code == 0
+    assert capsys.readouterr().out == f"turnkit {importlib.metadata.version('turnkit')}\n"
+
+
+def _options(
+    parser: argparse.ArgumentParser, path: str = "turnkit"
+) -> Iterator[tuple[str, argparse.Action]]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for command in action._choices_actions:  # the help line of each subcommand
+                yield f"{path} {command.dest}", command
+            for name, child in action.choices.items():
+                yield from _options(child, f"{path} {name}")
+        elif not isinstance(action, argparse._HelpAction):
+            yield path, action
+
+
+def test_every_command_and_option_has_help() -> None:
+    found = list(_options(cli._parser()))
+    missing = [f"{path} {action.dest}" for path, action in found if not (action.help or "").strip()]
+    assert missing == []
+    paths = {path for path, _ in found}
+    assert {"turnkit worker", "turnkit db upgrade", "turnkit run"} <= paths  # walked them all
+
+
+@pytest.mark.parametrize(
+    ("cost", "shown"),
+    [
+        (0.0, "$0"),
+        (0.00004, "$0.00004"),
+        (0.0000412345, "$0.0000412"),
+        (0.0123, "$0.0123"),
+        (0.5, "$0.5"),
+        (1.234, "$1.23"),
+        (1234.5, "$1,234.50"),
+    ],
+)
+def test_costs_print_with_significant_digits(cost: float, shown: str) -> None:
+    assert cli._usd(cost) == shown
+
+
+def test_the_worker_command_shows_worker_lines_on_stderr(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    class OneLineWorker:
+        def __init__(self, runtime: object, **options: object) -> None:
+            pass
+
+        async def run(self, stop: object) -> None:
+            logging.getLogger("turnkit.worker").info("claimed turn t1 (session s1, attempt 1)")
+
+    monkeypatch.setattr(cli, "Worker", OneLineWorker)
+    url = f"sqlite:///{tmp_path / 'w.db'}"
+    assert main(["worker", "--database-url", url], out=io.StringIO()) == 0
+    err = capsys.readouterr().err
+    assert "INFO turnkit.worker: claimed turn t1 (session s1, attempt 1)" in err
+    assert logging.getLogger("turnkit").handlers == []  # the command cleans up after itself
+
+
+# ── models, endpoints and agents from the command line ─────────────────────────────
+
+openai_server = fake_openai.openai_server  # the fixture, visible to this module's tests
+
+
+def test_run_reaches_an_openai_compatible_server_with_settings(
+    openai_server: FakeOpenAIServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TK_CLI_TEST_KEY", "sk-cli")
+    openai_server.script("local-model", [Reply.text("Hello from the local server.")])
+    out = io.StringIO()
+    code = main(
+        [
+            "run", "hi", "--model", "openai/local-model", "--api-base", openai_server.base_url,
+            "--api-key-env", "TK_CLI_TEST_KEY", "--temperature", "0.3", "--seed", "5",
+            "--database-url", f"sqlite:///{tmp_path / 'cli.db'}",
+        ],
+        out=out,
+    )  # fmt: skip
+    assert code == 0, out.getvalue()
+    assert "Hello from the local server." in out.getvalue()
+    assert "OFFLINE DEMO" not in out.getvalue()
+    answered = [r for r in openai_server.requests if r.get("tools")]  # the reasoning call
+    assert answered
+    assert answered[-1]["temperature"] == 0.3
+    assert answered[-1]["seed"] == 5
+    assert openai_server.headers[-1]["authorization"] == "Bearer sk-cli"
+
+
+def test_run_with_a_missing_key_names_the_variable(
+    openai_server: FakeOpenAIServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("TK_CLI_UNSET_KEY", raising=False)
+    out = io.StringIO()
+    code = main(
+        [
+            "run", "hi", "--model", "openai/local-model", "--api-base", openai_server.base_url,
+            "--api-key-env", "TK_CLI_UNSET_KEY",
+            "--database-url", f"sqlite:///{tmp_path / 'cli.db'}",
+        ],
+        out=out,
+    )  # fmt: skip
+    assert code == 1
+    assert "TK_CLI_UNSET_KEY" in out.getvalue()
+    assert "model-credentials" in out.getvalue()
+    assert openai_server.requests == []
+
+
+def test_run_loads_an_agent_from_the_current_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "my_cli_agent.py").write_text(
+        "from turnkit import Agent\n"
+        "from turnkit.testing import ModelStep, ScriptedModel\n"
+        "agent = Agent(name='mine', model=ScriptedModel([ModelStep.text_reply('mine says hi')]),"
+        " skip_stages=frozenset({'anchor-plan'}))\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("sys.path", [p for p in __import__("sys").path if p not in ("", ".")])
+    out = io.StringIO()
+    code = main(["run", "hi", "--agent", "my_cli_agent:agent"], out=out)
+    assert code == 0, out.getvalue()
+    assert "mine says hi" in out.getvalue()
+
+
+def test_a_setting_out_of_range_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = f"sqlite:///{tmp_path / 'cli.db'}"
+    code = main(["run", "hi", "--temperature", "5", "--database-url", url], out=io.StringIO())
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.count("\n") == 1
+    assert "temperature" in err

@@ -41,6 +41,7 @@ def test_ephemeral_events_are_exactly_the_starred_ones() -> None:
     ephemeral = {_wire_type(c) for c in EVENT_CLASSES if issubclass(c, events.EphemeralEvent)}
     assert ephemeral == {
         "message.delta",
+        "message.snapshot",
         "thinking.delta",
         "tool.delta",
         "job.progress",
@@ -91,6 +92,9 @@ def test_event_schema_matches_the_snapshot() -> None:
 def test_public_api_is_pinned() -> None:
     assert sorted(turnkit.__all__) == [
         "Agent",
+        "AgentCatalog",
+        "AgentData",
+        "AgentNotFoundError",
         "Answer",
         "Approve",
         "CancelToken",
@@ -98,6 +102,7 @@ def test_public_api_is_pinned() -> None:
         "ContentTooLargeError",
         "DeadlineExceededError",
         "Deny",
+        "DepsScope",
         "DuplicateToolError",
         "DurableEvent",
         "Effort",
@@ -108,7 +113,12 @@ def test_public_api_is_pinned() -> None:
         "InternalError",
         "InvalidInputError",
         "InvalidSessionIdError",
+        "LiteLLMClient",
+        "ModelCredentialsError",
+        "ModelEndpoint",
         "ModelFamily",
+        "ModelSettings",
+        "ModelUnreachableError",
         "NotFoundError",
         "OutputLimitExceededError",
         "PauseAnsweredError",
@@ -123,6 +133,7 @@ def test_public_api_is_pinned() -> None:
         "StoreError",
         "StreamEvent",
         "TextPart",
+        "ToolAccessRequest",
         "ToolCallError",
         "ToolClass",
         "ToolContext",
@@ -145,3 +156,19 @@ def test_public_modules_declare_all() -> None:
         text = path.read_text()
         if "def " in text or "class " in text:
             assert re.search(r"^__all__ = \(", text, re.M), f"{path} has no __all__ tuple"
+
+
+@pytest.mark.parametrize("package", ["turnkit.models", "turnkit.tools"])
+def test_no_import_circles_inside(package: str) -> None:
+    import itertools
+
+    import grimp  # installed with import-linter, which enforces the same layers in CI
+
+    graph = grimp.build_graph("turnkit", cache_dir=None)
+    modules = sorted(m for m in graph.modules if m == package or m.startswith(package + "."))
+    circles = [
+        (a, b)
+        for a, b in itertools.combinations(modules, 2)
+        if graph.chain_exists(importer=a, imported=b) and graph.chain_exists(importer=b, imported=a)
+    ]
+    assert circles == []

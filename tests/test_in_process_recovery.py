@@ -6,8 +6,9 @@ import asyncio
 import time
 from pathlib import Path
 
-from turnkit import Agent, RuntimeConfig, SessionRuntime, ToolContext, tool
+from turnkit import Agent, Approve, RuntimeConfig, SessionRuntime, ToolContext, tool
 from turnkit.events import (
+    ApprovalRequestedEvent,
     ToolCompletedEvent,
     ToolInDoubtEvent,
     ToolStartedEvent,
@@ -153,3 +154,68 @@ async def test_a_call_in_doubt_is_reconciled_not_run_twice(tmp_path: Path) -> No
     [recovering] = [e for e in events if isinstance(e, TurnRecoveringEvent)]
     assert recovering.attempt == 2
     assert events[-1].type == "done"
+
+
+APPROVED: list[int] = []
+
+
+@tool(approval="always", reconcile=_already_sent)
+async def pay_approved(amount: int, ctx: ToolContext) -> dict[str, object]:
+    """Pay once a person approved it (the provider dedupes on the idempotency key)."""
+    SENT[ctx.idempotency_key] = True  # it takes effect ...
+    APPROVED.append(amount)
+    await asyncio.sleep(SLOW["seconds"])  # ... and the process dies before the result lands
+    return {"sent": amount, "key": ctx.idempotency_key}
+
+
+async def test_an_approved_call_killed_while_it_ran_is_in_doubt(tmp_path: Path) -> None:
+    """Approved, then the process died mid-call: the next attempt reconciles, not re-runs."""
+    db = tmp_path / "approved.db"
+    agent = Agent(
+        model=ScriptedModel(
+            [
+                ModelStep.tool_call_reply(call("pay_approved", amount=40)),
+                ModelStep.text_reply("Paid."),
+            ]
+        ),
+        tools=[pay_approved],
+    )
+
+    def runtime() -> SessionRuntime:
+        config = RuntimeConfig(
+            database_url=f"sqlite:///{db}", lease_ttl_s=1.0, recover_in_process=True
+        )
+        return SessionRuntime(agent=agent, config=config)
+
+    first = runtime()
+    await first.open()
+    events = [e async for e in first.execute_message("s1", "pay 40")]
+    asked = events[-1]
+    assert isinstance(asked, ApprovalRequestedEvent)
+    await first.resume(asked.turn_id, asked.request_id, Approve())
+    for _ in range(200):
+        if APPROVED:
+            break
+        await asyncio.sleep(0.02)
+    assert APPROVED == [40]
+    await first.close()  # dies after the approved payment took effect, before its result
+    SLOW["seconds"] = 0.0
+    second = runtime()
+    await second.open()
+    try:
+        deadline = time.monotonic() + 20
+        while (await second.turn(asked.turn_id)).status == "running":
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.05)
+        record = await second.turn(asked.turn_id)
+        events = [e async for e in second.events(asked.turn_id)]
+    finally:
+        await second.close()
+        SLOW["seconds"] = 60.0
+    assert record.status == "succeeded"
+    assert APPROVED == [40]  # the payment ran once
+    [doubt] = [e for e in events if isinstance(e, ToolInDoubtEvent)]
+    assert (doubt.tool_name, doubt.resolution) == ("pay_approved", "reconciled")
+    [completed] = [e for e in events if isinstance(e, ToolCompletedEvent)]
+    assert completed.result.output == {"sent": 40, "key": doubt.idempotency_key}
+    assert [e.type for e in events].count("approval.requested") == 1  # not asked again

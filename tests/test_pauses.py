@@ -272,7 +272,12 @@ async def test_a_pause_in_the_first_stage_is_on_disk_before_the_turn_says_so(
         ),
     )
     await first.open()
-    second = _runtime(db, ScriptedModel([ModelStep.text_reply("Sent.")], repeat_last=True))
+    # The same agent (so the same version), with the model the rest of the turn reads.
+    second = _runtime(
+        db,
+        ScriptedModel([ModelStep.text_reply("Sent.")], repeat_last=True),
+        skip_stages=frozenset({"anchor-plan"}),
+    )
     try:
         events = await collect_events(first.execute_message("s1", "email Ada"))
         asked = events[-1]

@@ -8,6 +8,7 @@ from turnkit.agent import Agent, Effort
 from turnkit.blocks import ImagePart, TextPart
 from turnkit.config import RuntimeConfig
 from turnkit.errors import (
+    AgentNotFoundError,
     ConfigurationError,
     ContentTooLargeError,
     DeadlineExceededError,
@@ -17,6 +18,8 @@ from turnkit.errors import (
     InternalError,
     InvalidInputError,
     InvalidSessionIdError,
+    ModelCredentialsError,
+    ModelUnreachableError,
     NotFoundError,
     OutputLimitExceededError,
     PauseAnsweredError,
@@ -35,13 +38,20 @@ from turnkit.errors import (
     UserAbortedError,
 )
 from turnkit.events import DurableEvent, EphemeralEvent, StreamEvent
+from turnkit.models import ModelSettings
 from turnkit.models.family import ModelFamily
+from turnkit.models.litellm import LiteLLMClient, ModelEndpoint
 from turnkit.pauses import Answer, Approve, Deny
 from turnkit.runtime import CancelToken, SessionRuntime, TurnHistory
+from turnkit.runtime.agents import AgentCatalog, AgentData, ToolAccessRequest
+from turnkit.runtime.deps import DepsScope
 from turnkit.tools import ToolClass, ToolContext, tool
 
 __all__ = (
     "Agent",
+    "AgentCatalog",
+    "AgentData",
+    "AgentNotFoundError",
     "Answer",
     "Approve",
     "CancelToken",
@@ -49,6 +59,7 @@ __all__ = (
     "ContentTooLargeError",
     "DeadlineExceededError",
     "Deny",
+    "DepsScope",
     "DuplicateToolError",
     "DurableEvent",
     "Effort",
@@ -59,7 +70,12 @@ __all__ = (
     "InternalError",
     "InvalidInputError",
     "InvalidSessionIdError",
+    "LiteLLMClient",
+    "ModelCredentialsError",
+    "ModelEndpoint",
     "ModelFamily",
+    "ModelSettings",
+    "ModelUnreachableError",
     "NotFoundError",
     "OutputLimitExceededError",
     "PauseAnsweredError",
@@ -74,6 +90,7 @@ __all__ = (
     "StoreError",
     "StreamEvent",
     "TextPart",
+    "ToolAccessRequest",
     "ToolCallError",
     "ToolClass",
     "ToolContext",

@@ -1,17 +1,20 @@
-"""`Agent`: the per-invocation configuration bundle (seed 002 "One host, many agents").
+"""`Agent`: the per-invocation configuration bundle.
 
-An agent is plain data. The runtime loads it on every `execute_message` call; creating,
-editing or dropping one deploys nothing.
+An agent is plain data. A runtime hosts many by name and rebuilds the one a turn was
+pinned to on every driver; creating, editing or dropping one deploys nothing.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
 from turnkit.errors import ConfigurationError
-from turnkit.models import ModelClient
+from turnkit.models import ModelClient, ModelSettings
 from turnkit.pauses import ApprovalPolicy
 from turnkit.plugins import Plugin, validate_plugins
 from turnkit.tools import Tool, ToolRegistry
@@ -22,12 +25,15 @@ __all__ = (
     "Effort",
     "SkippableStage",
     "Synthesis",
+    "Visibility",
     "load_agent",
+    "load_agents",
 )
 
 Effort = Literal["off", "low", "medium", "high"]
 SkippableStage = Literal["anchor-plan", "tool-loop"]
 Synthesis = Literal["terminal", "separate"]
+Visibility = Literal["private", "department", "organisation"]
 
 DEFAULT_SYNTHESIS_INSTRUCTIONS: Final = (
     "Write the final answer to the user's last message now, using what the conversation "
@@ -68,6 +74,17 @@ class Agent:
             (`@tool(approval=...)`) takes precedence.
         clarifications: Offer the model the built-in `ask_user` tool, which pauses the
             turn until the person answers its question.
+        planning: Plan by tier (none, a task list, or spec → plan → task list) and offer
+            the built-in `update_tasks`, `write_file`, `read_file` and `list_files` tools
+            (the task list and the session workspace).
+        settings: Sampling settings (temperature, top_p, max_tokens, seed, ...) of the
+            reasoning calls; a message may override them field by field.
+        skills: Skill references the agent may use (`builtin:<slug>` or the app's own).
+        knowledge: Knowledge base ids; never sent to the model, resolved by the app's
+            tools for each search.
+        memory: Whether the app's memory tools may keep facts across sessions.
+        visibility: Who may pick the agent: `private` (its owner), `department` or
+            `organisation`.
     """
 
     name: str = "assistant"
@@ -84,10 +101,22 @@ class Agent:
     plugins: Sequence[Plugin] = ()
     approval: ApprovalPolicy = "never"
     clarifications: bool = False
+    planning: bool = False
+    settings: ModelSettings = field(default_factory=ModelSettings)
+    skills: Sequence[str] = ()
+    knowledge: Sequence[str] = ()
+    memory: bool = False
+    visibility: Visibility = "organisation"
 
     def __post_init__(self) -> None:
         if not self.name.strip():
             raise ConfigurationError("an agent needs a non-empty `name`")
+        if self.visibility not in ("private", "department", "organisation"):
+            raise ConfigurationError(
+                f"visibility {self.visibility!r} is not 'private', 'department' or 'organisation'"
+            )
+        if not isinstance(self.settings, ModelSettings):
+            raise ConfigurationError("`settings` must be a turnkit.ModelSettings")
         if self.effort not in ("off", "low", "medium", "high"):
             raise ConfigurationError(
                 f"effort {self.effort!r} is not one of 'off', 'low', 'medium', 'high'"
@@ -113,23 +142,108 @@ class Agent:
                 f"whole), not {self.tool_result_preview_chars}"
             )
         object.__setattr__(self, "tools", tuple(self.tools))
+        object.__setattr__(self, "skills", tuple(self.skills))
+        object.__setattr__(self, "knowledge", tuple(self.knowledge))
         object.__setattr__(self, "plugins", validate_plugins(self.plugins))
         # Built once (duplicate tool names fail here, at construction); an Agent is frozen.
         object.__setattr__(self, "_registry", ToolRegistry(self.tools))
+        object.__setattr__(self, "_version", None)
 
     def registry(self) -> ToolRegistry:
         """The agent's tools by name."""
         registry: ToolRegistry = self._registry  # type: ignore[attr-defined]
         return registry
 
+    @property
+    def version(self) -> str:
+        """A content hash of the bundle: 16 hex digits, equal across processes.
+
+        It covers the instructions, models (by name and endpoint, never by key), settings,
+        tools (name, description, argument schema), skills, knowledge, flags and
+        visibility. A turn is pinned to it: every driver rebuilds exactly this bundle.
+        """
+        cached: str | None = self._version  # type: ignore[attr-defined]
+        if cached is None:
+            canonical = json.dumps(self.describe(), sort_keys=True, separators=(",", ":"))
+            cached = hashlib.sha256(canonical.encode()).hexdigest()[:16]
+            object.__setattr__(self, "_version", cached)
+        return cached
+
+    def describe(self) -> dict[str, object]:
+        """The bundle as plain JSON (what `version` hashes); functions by qualified name."""
+        return {
+            "name": self.name,
+            "instructions": self.instructions,
+            "model": describe_model(self.model),
+            "utility_model": describe_model(self.utility_model),
+            "synthesis_model": describe_model(self.synthesis_model),
+            "tools": [
+                {"name": s.name, "description": s.description, "parameters": s.parameters}
+                for s in self.registry().specs()
+            ],
+            "effort": self.effort,
+            "skip_stages": sorted(self.skip_stages),
+            "synthesis": self.synthesis,
+            "synthesis_instructions": self.synthesis_instructions,
+            "tool_result_preview_chars": self.tool_result_preview_chars,
+            "plugins": [type(p).name for p in self.plugins],
+            "approval": self.approval
+            if isinstance(self.approval, str)
+            else _qualname(self.approval),
+            "clarifications": self.clarifications,
+            "planning": self.planning,
+            "settings": self.settings.model_dump(exclude_none=True, mode="json"),
+            "skills": list(self.skills),
+            "knowledge": list(self.knowledge),
+            "memory": self.memory,
+            "visibility": self.visibility,
+        }
+
+    def with_overrides(
+        self, *, model: str | None = None, settings: ModelSettings | None = None
+    ) -> Agent:
+        """This agent with a message's model and settings (merged over its own) applied."""
+        changes: dict[str, object] = {}
+        if model is not None:
+            changes["model"] = model
+        if settings is not None:
+            changes["settings"] = self.settings.merged(settings)
+        return dataclasses.replace(self, **changes) if changes else self  # type: ignore[arg-type]
+
+
+def describe_model(model: object) -> object:
+    """A model string, client or family as plain JSON: names and endpoints, never keys."""
+    if model is None or isinstance(model, str):
+        return model
+    rungs = getattr(model, "rungs", None)
+    if rungs is not None:
+        return {"family": getattr(model, "name", None), "rungs": [describe_model(r) for r in rungs]}
+    out: dict[str, object] = {"client": type(model).__qualname__}
+    for attr in ("model", "api_base"):
+        value = getattr(model, attr, None)
+        if isinstance(value, str):
+            out[attr] = value
+    return out
+
+
+def _qualname(fn: object) -> str:
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+
 
 def load_agent(spec: str) -> Agent:
-    """Import an agent by `package.module:name` (an `Agent`, or a function returning one)."""
+    """Import an agent by `package.module:name` (an `Agent`, or a function returning one).
+
+    The current directory is importable, as with `uvicorn module:app`.
+    """
     import importlib
+    import os
+    import sys
 
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
         raise ConfigurationError(f"agent {spec!r} must look like `package.module:name`")
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
     try:
         target = getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as exc:
@@ -138,3 +252,14 @@ def load_agent(spec: str) -> Agent:
     if not isinstance(agent, Agent):
         raise ConfigurationError(f"{spec!r} is not a turnkit.Agent (or a function returning one)")
     return agent
+
+
+def load_agents(specs: str | Sequence[str]) -> tuple[Agent, ...]:
+    """Import agents by `module:name` (a comma-separated string, or a list); first = default."""
+    items = [
+        part for spec in ([specs] if isinstance(specs, str) else specs) for part in spec.split(",")
+    ]
+    agents = tuple(load_agent(item.strip()) for item in items if item.strip())
+    if not agents:
+        raise ConfigurationError("name at least one agent as `package.module:name`")
+    return agents

@@ -3,10 +3,11 @@
 Each row carries the identity tuple (`session_id`, `turn_id`, `stage_id`,
 `seq_within_turn`), the post-routing call shape, and one typed slot per payload kind
 (`planGeneration`, `cacheBreakpoint`, `fallbackStep`, `toolSelection`, `toolFallbackStep`,
-`synthesisQuality`, `providerCascade`, `compaction`, `thinkingSummary`). A tool-loop call
-that emits tool calls fills two slots (`cacheBreakpoint` and `toolSelection`); a failed
-rung fills `fallbackStep`. The one untyped slot is `plugin_payloads`, namespaced by
-plugin name.
+`synthesisQuality`, `providerCascade`, `compaction`, `thinkingSummary`, `unreadableEvent`,
+`interruptedBlock`).
+A tool-loop call that emits tool calls fills two slots (`cacheBreakpoint` and
+`toolSelection`); a failed rung fills `fallbackStep`. The one untyped slot is
+`plugin_payloads`, namespaced by plugin name.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from pydantic import (
 from turnkit.ids import SessionId, StageId, ToolCallId, TurnId
 
 __all__ = (
+    "InterruptedBlockPayload",
     "AuditPayloads",
     "AuditRow",
     "CacheBreakpointPayload",
@@ -43,6 +45,8 @@ __all__ = (
     "ToolCallRef",
     "ToolFallbackStepPayload",
     "ToolSelectionPayload",
+    "UnreadableEventPayload",
+    "UnreadableReason",
     "UsageDelta",
 )
 
@@ -51,6 +55,10 @@ _CONFIG = ConfigDict(
 )
 
 CallOutcome = Literal["ok", "error", "user-aborted", "cancelled"]
+
+UnreadableReason = Literal["unknown-type", "invalid-json", "invalid-fields"]
+"""Why a stored event could not be decoded: a type this version lacks (written by a newer
+one), bytes that are not JSON, or JSON whose fields do not fit the type."""
 
 
 class CallIdentity(BaseModel):
@@ -90,6 +98,8 @@ class PlanGenerationPayload(BaseModel):
     intent: str
     depth: Literal["none", "task_list", "spec_plan_tasks"]
     tasks: tuple[str, ...] = ()
+    skill: str | None = None
+    """The skill the message picked with `/slug` (its reference), if any."""
 
 
 class CacheBreakpointPayload(BaseModel):
@@ -213,6 +223,38 @@ class ProviderCascadePayload(BaseModel):
     """None when the family ran out."""
 
 
+class UnreadableEventPayload(BaseModel):
+    """A committed event of the turn that an attempt could not decode and left out.
+
+    The attempt goes on without it (its journal lacks that event). The stored bytes are
+    never copied here: only where the event sits, its stored type and why it failed.
+    """
+
+    model_config = _CONFIG
+    kind: Literal["unreadableEvent"] = "unreadableEvent"
+    seq: PositiveInt
+    """The event's position in the turn's log."""
+    event_type: str
+    """The type its row was stored under (what the writer meant it to be)."""
+    reason: UnreadableReason
+    size_bytes: NonNegativeInt
+    """How long the stored payload is."""
+
+
+class InterruptedBlockPayload(BaseModel):
+    """Stop cut a text block while it was being written; its text so far was kept.
+
+    The block is committed as `message.complete` with `interrupted: true`; the text
+    itself stays out of the audit.
+    """
+
+    model_config = _CONFIG
+    kind: Literal["interruptedBlock"] = "interruptedBlock"
+    block_id: str
+    chars: NonNegativeInt
+    """How much text the block had when the turn was stopped."""
+
+
 class AuditPayloads(BaseModel):
     """One typed slot per payload kind; a row fills the slots its call needs."""
 
@@ -230,6 +272,10 @@ class AuditPayloads(BaseModel):
     provider_cascade: ProviderCascadePayload | None = Field(default=None, alias="providerCascade")
     compaction: CompactionPayload | None = Field(default=None, alias="compaction")
     thinking_summary: ThinkingSummaryPayload | None = Field(default=None, alias="thinkingSummary")
+    unreadable_event: UnreadableEventPayload | None = Field(default=None, alias="unreadableEvent")
+    interrupted_block: InterruptedBlockPayload | None = Field(
+        default=None, alias="interruptedBlock"
+    )
 
     def kinds(self) -> tuple[str, ...]:
         """Wire names of the filled slots."""

@@ -102,6 +102,8 @@ class TextBlock(BaseModel):
     text: str
     is_answer: bool = False
     """True only for the one block the synthesize stage wrote."""
+    interrupted: bool = False
+    """Stop cut the block while it was being written: this is its text so far."""
 
 
 class ThinkingSummaryBlock(BaseModel):

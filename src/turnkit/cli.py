@@ -8,13 +8,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import importlib.metadata
+import logging
+import math
 import os
 import signal
 import sys
-from collections.abc import Sequence
-from typing import TextIO
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, TextIO
 
-from turnkit.agent import load_agent
+from pydantic import ValidationError
+
+from turnkit.agent import load_agent, load_agents
 from turnkit.config import RuntimeConfig
 from turnkit.demo import DEMO_MODEL_NAME, demo_agent
 from turnkit.errors import TurnkitError
@@ -34,10 +40,15 @@ from turnkit.events import (
     UsageEvent,
 )
 from turnkit.ids import uuid7
+from turnkit.models import ModelClient, ModelSettings
+from turnkit.models.litellm import ModelEndpoint
 from turnkit.replay import replay_from_url
 from turnkit.runtime import SessionRuntime
 from turnkit.runtime.worker import Worker
 from turnkit.store.sql import SqlStore
+
+if TYPE_CHECKING:
+    _Subparsers = argparse._SubParsersAction[argparse.ArgumentParser]
 
 __all__ = ("main",)
 
@@ -87,7 +98,7 @@ class _Printer:
             case UsageEvent():
                 self._line(
                     f"usage: {event.model_calls} model calls · {event.input_tokens} in / "
-                    f"{event.output_tokens} out tokens · ${event.cost_usd:.4f}"
+                    f"{event.output_tokens} out tokens · {_usd(event.cost_usd)}"
                 )
             case ErrorEvent(code=code, message=message):
                 self._line(f"✗ error [{code}]: {message}")
@@ -98,19 +109,42 @@ class _Printer:
         self.out.flush()
 
 
+def _usd(cost: float) -> str:
+    """A cost in dollars: cents from $1 up, three significant digits below, `$0` for none."""
+    if not cost > 0:
+        return "$0"
+    if cost >= 1:
+        return f"${cost:,.2f}"
+    decimals = 2 - math.floor(math.log10(cost))
+    return "$" + f"{cost:.{decimals}f}".rstrip("0").rstrip(".")
+
+
 async def _run(args: argparse.Namespace, out: TextIO) -> int:
     model = args.model or os.environ.get("TURNKIT_MODEL")
-    agent = demo_agent(model)
-    if model is None:
+    agent = load_agent(args.agent) if args.agent else demo_agent()
+    if model is None and not args.agent:
         out.write(
             f"model: {DEMO_MODEL_NAME} — the OFFLINE DEMO model: fixed rules, not an LLM "
             "(use --model provider/name for a real one)\n"
         )
-    config = _config(args)
+    served: dict[str, str | ModelClient | ModelEndpoint] = {}
+    if model is not None:
+        served[model] = ModelEndpoint(
+            model=model, api_base=args.api_base, api_key_env=args.api_key_env
+        )
+    settings = ModelSettings(
+        temperature=args.temperature, top_p=args.top_p, max_tokens=args.max_tokens, seed=args.seed
+    )
     printer = _Printer(out)
-    async with SessionRuntime(agent=agent, config=config) as runtime:
+    async with SessionRuntime(agent=agent, models=served, config=_config(args)) as runtime:
         status = "failed"
-        async for event in runtime.execute_message(args.session or f"cli-{uuid7()}", args.message):
+        events = runtime.execute_message(
+            args.session or f"cli-{uuid7()}",
+            args.message,
+            model=model,
+            settings=settings if settings != ModelSettings() else None,
+        )
+        async for event in events:
             printer.show(event)
             if isinstance(event, DoneEvent):
                 status = event.status
@@ -129,14 +163,37 @@ def _config(args: argparse.Namespace) -> RuntimeConfig:
     )
 
 
+@contextlib.contextmanager
+def _info_logs_to_stderr() -> Iterator[None]:
+    """Show turnkit's INFO lines (a worker's claims, recoveries, finished turns) on stderr."""
+    logger = logging.getLogger("turnkit")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+
 async def _worker(args: argparse.Namespace, out: TextIO) -> int:
-    agent = load_agent(args.agent) if args.agent else demo_agent(os.environ.get("TURNKIT_MODEL"))
+    with _info_logs_to_stderr():
+        return await _work(args, out)
+
+
+async def _work(args: argparse.Namespace, out: TextIO) -> int:
+    agents = (
+        load_agents(args.agent) if args.agent else (demo_agent(os.environ.get("TURNKIT_MODEL")),)
+    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     replay = replay_from_url(args.redis_url)
-    runtime = SessionRuntime(agent=agent, config=_config(args), replay=replay)
+    runtime = SessionRuntime(agents=agents, config=_config(args), replay=replay)
     try:
         worker = Worker(
             runtime,
@@ -202,42 +259,117 @@ def _database_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--database-schema",
         default=os.environ.get("TURNKIT_DATABASE_SCHEMA"),
-        help="PostgreSQL schema for turnkit's tables",
+        help="PostgreSQL schema for turnkit's tables (default: $TURNKIT_DATABASE_SCHEMA)",
     )
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="turnkit", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+def _ceiling_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--ceiling",
+        type=float,
+        default=3600.0,
+        help="seconds a turn may run in all before it is timed out (default: %(default)s)",
+    )
+
+
+def _max_attempts_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--max-attempts",
+        type=int,
+        default=3,
+        help="attempts a turn gets before the sweep times it out (default: %(default)s)",
+    )
+
+
+def _add_run(sub: _Subparsers) -> None:
     run = sub.add_parser("run", help="run one turn and stream it")
     run.add_argument("message", help="the user message")
-    run.add_argument("--model", help="a litellm model string (default: the offline demo model)")
+    run.add_argument(
+        "--agent",
+        help="`package.module:name` of your Agent (the current directory is importable; "
+        "default: the demo agent)",
+    )
+    run.add_argument(
+        "--model",
+        help="a litellm model string, e.g. openai/gpt-4o-mini (default: $TURNKIT_MODEL, "
+        "else the agent's model; the demo agent's is the offline demo model)",
+    )
+    run.add_argument(
+        "--api-base",
+        help="base URL of an OpenAI-compatible server or proxy for --model, "
+        "e.g. http://127.0.0.1:8000/v1",
+    )
+    run.add_argument(
+        "--api-key-env",
+        help="name of the environment variable holding the key for --model "
+        "(default: the provider's own, e.g. OPENAI_API_KEY)",
+    )
+    run.add_argument("--temperature", type=float, help="sampling temperature, 0 to 2")
+    run.add_argument("--top-p", type=float, help="nucleus sampling, above 0 up to 1")
+    run.add_argument("--max-tokens", type=int, help="output tokens per model call")
+    run.add_argument("--seed", type=int, help="sampling seed, for providers that take one")
     run.add_argument("--session", help="session id (default: a new one)")
     _database_args(run)
+
+
+def _add_worker(sub: _Subparsers) -> None:
     worker = sub.add_parser("worker", help="claim and drive queued turns")
-    worker.add_argument("--agent", help="`package.module:name` of an Agent (default: demo)")
-    worker.add_argument("--concurrency", type=int, default=4)
-    worker.add_argument("--poll-interval", type=float, default=0.2)
-    worker.add_argument("--sweep-interval", type=float, default=30.0)
+    worker.add_argument(
+        "--agent",
+        action="append",
+        help="`package.module:name` of an Agent to host; repeat it to host several (the "
+        "first is the default; the current directory is importable; default: the demo agent)",
+    )
+    worker.add_argument(
+        "--concurrency",
+        type=int,
+        default=4,
+        help="turns driven at once (default: %(default)s)",
+    )
+    worker.add_argument(
+        "--poll-interval",
+        type=float,
+        default=0.2,
+        help="seconds to wait when no turn is claimable (default: %(default)s)",
+    )
+    worker.add_argument(
+        "--sweep-interval",
+        type=float,
+        default=30.0,
+        help="seconds between orphan sweeps (default: %(default)s)",
+    )
     worker.add_argument(
         "--drain-timeout",
         type=float,
         default=30.0,
-        help="on SIGTERM, how long running turns may finish before they are left to others",
+        help="on SIGTERM, seconds running turns may take to finish before they are left to "
+        "another worker (default: %(default)s)",
     )
-    worker.add_argument("--lease-ttl", type=float, default=8.0)
-    worker.add_argument("--ceiling", type=float, default=3600.0)
-    worker.add_argument("--max-attempts", type=int, default=3)
+    worker.add_argument(
+        "--lease-ttl",
+        type=float,
+        default=8.0,
+        help="seconds a claim lasts unless renewed; another worker takes a turn over after "
+        "its lease lapses (default: %(default)s)",
+    )
+    _ceiling_arg(worker)
+    _max_attempts_arg(worker)
     worker.add_argument(
         "--redis-url",
         default=os.environ.get("TURNKIT_REDIS_URL"),
         help="publish to this Redis replay buffer so API processes stream live",
     )
     _database_args(worker)
+
+
+def _add_sweep(sub: _Subparsers) -> None:
     sweep = sub.add_parser("sweep", help="time out orphaned running turns once")
-    sweep.add_argument("--ceiling", type=float, default=3600.0)
-    sweep.add_argument("--max-attempts", type=int, default=3)
+    _ceiling_arg(sweep)
+    _max_attempts_arg(sweep)
     _database_args(sweep)
+
+
+def _add_turns(sub: _Subparsers) -> None:
     turns = sub.add_parser("turns", help="list turns an operator should look at")
     turns.add_argument(
         "--stuck",
@@ -246,16 +378,39 @@ def _parser() -> argparse.ArgumentParser:
         help="running turns with no live driver, past the ceiling, or with failed attempts "
         "(exit status 1 when there are any)",
     )
-    turns.add_argument("--ceiling", type=float, default=3600.0)
+    _ceiling_arg(turns)
     _database_args(turns)
+
+
+def _add_serve(sub: _Subparsers) -> None:
     serve = sub.add_parser("serve", help="serve the HTTP routes (quickstart app)")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s)")
+    serve.add_argument("--port", type=int, default=8000, help="port to bind (default: %(default)s)")
     _database_args(serve)
+
+
+def _add_db(sub: _Subparsers) -> None:
     db = sub.add_parser("db", help="database schema")
     db_sub = db.add_subparsers(dest="db_command", required=True)
     upgrade = db_sub.add_parser("upgrade", help="apply schema migrations")
     _database_args(upgrade)
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("turnkit")
+    except importlib.metadata.PackageNotFoundError:  # running from a source tree
+        return "unknown"
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="turnkit", description=__doc__)
+    parser.add_argument(
+        "--version", action="version", version=f"turnkit {_version()}", help="print the version"
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    for add in (_add_run, _add_worker, _add_sweep, _add_turns, _add_serve, _add_db):
+        add(sub)
     return parser
 
 
@@ -297,6 +452,10 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None) -> int
         return 2
     except ImportError as exc:  # an optional part is not installed: say which extra
         sys.stderr.write(f"turnkit: {exc}\n")
+        return 2
+    except ValidationError as exc:  # a setting out of range (--temperature 5)
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        sys.stderr.write(f"turnkit: invalid setting: {problems}\n")
         return 2
     except KeyboardInterrupt:
         return 130

@@ -43,12 +43,15 @@ __all__ = (
     "DeadlineExceededError",
     "DuplicateToolError",
     "EmptyContentError",
+    "AgentNotFoundError",
     "ErrorCode",
     "FamilyExhaustedError",
     "InternalError",
     "InvalidInputError",
     "InvalidSessionIdError",
     "LeaseLostError",
+    "ModelCredentialsError",
+    "ModelUnreachableError",
     "NotFoundError",
     "OutputLimitExceededError",
     "PauseAnsweredError",
@@ -83,11 +86,14 @@ ErrorCode = Literal[
     "not-found",
     "session-not-found",
     "turn-not-found",
+    "agent-not-found",
     "pause-not-found",
     "pause-already-answered",
     "request-id-reused",
     "tool-denied",
     "provider-error",
+    "model-credentials",
+    "model-unreachable",
     "family-exhausted",
     "agent_output_limit_exceeded",
     "tool-call-malformed",
@@ -223,6 +229,16 @@ class TurnError(TurnkitError):
     code: ClassVar[ErrorCode] = "internal-error"
 
 
+class AgentNotFoundError(NotFoundError, TurnError):
+    """No agent of that name (or, for a pinned turn, of that version) on this host.
+
+    At submit it refuses the message (nothing written); for a turn pinned to an agent
+    that has since gone, it ends the turn — never silently with another agent.
+    """
+
+    code: ClassVar[ErrorCode] = "agent-not-found"
+
+
 class ProviderError(TurnError):
     """One model call failed. `is_retriable` decides whether a family walks on."""
 
@@ -234,6 +250,38 @@ class ProviderError(TurnError):
         self, message: str, *, status_code: int | None = None, is_retriable: bool = False
     ) -> None:
         super().__init__(message, status_code=status_code, is_retriable=is_retriable)
+
+
+class ModelCredentialsError(ProviderError):
+    """The provider key is missing or refused: a configuration error, never retried.
+
+    `variable` names the environment variable to set (or the setting that supplied it).
+    """
+
+    code: ClassVar[ErrorCode] = "model-credentials"
+
+    def __init__(
+        self, message: str, *, model: str, variable: str, status_code: int | None = None
+    ) -> None:
+        TurnError.__init__(
+            self,
+            message,
+            model=model,
+            variable=variable,
+            status_code=status_code,
+            is_retriable=False,
+        )
+
+
+class ModelUnreachableError(ProviderError):
+    """Nothing answers at the model's address (connection refused); never retried."""
+
+    code: ClassVar[ErrorCode] = "model-unreachable"
+
+    def __init__(self, message: str, *, model: str, address: str) -> None:
+        TurnError.__init__(
+            self, message, model=model, address=address, status_code=None, is_retriable=False
+        )
 
 
 class FamilyExhaustedError(TurnError):

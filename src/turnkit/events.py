@@ -44,6 +44,8 @@ __all__ = (
     "DurableEvent",
     "RunFinishedEvent",
     "ToolInDoubtEvent",
+    "Task",
+    "TasksUpdatedEvent",
     "ToolTiming",
     "TurnRecoveringEvent",
     "Entity",
@@ -58,6 +60,7 @@ __all__ = (
     "MessageCitationsEvent",
     "MessageCompleteEvent",
     "MessageDeltaEvent",
+    "MessageSnapshotEvent",
     "MessageEntitiesEvent",
     "ProviderCascadeEvent",
     "StageName",
@@ -156,6 +159,17 @@ class MessageDeltaEvent(EphemeralEvent):
     """A piece of assistant text; the whole block arrives later in `message.complete`."""
 
     type: Literal["message.delta"] = "message.delta"
+    block_id: str
+    text: str
+
+
+class MessageSnapshotEvent(EphemeralEvent):
+    """The text so far of a block still being written, for a reader that joined mid-block.
+
+    Replaces whatever the reader shows for `block_id`; the block's next deltas follow.
+    """
+
+    type: Literal["message.snapshot"] = "message.snapshot"
     block_id: str
     text: str
 
@@ -421,6 +435,30 @@ class ToolInDoubtEvent(DurableEvent):
     `rerun`: the call runs again."""
 
 
+class Task(BaseModel):
+    """One entry of a turn's task list (kept by the built-in `update_tasks` tool)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+    id: str = Field(min_length=1, max_length=40)
+    title: str = Field(min_length=1, max_length=500)
+    status: Literal["pending", "in_progress", "done", "blocked"] = "pending"
+    inputs: tuple[str, ...] = ()
+    """What the task works from (files, sources, earlier tasks)."""
+    output: str | None = None
+    """What it produces."""
+    check: str | None = None
+    """How to tell it is done right."""
+
+
+class TasksUpdatedEvent(DurableEvent):
+    """The turn's task list, whole, as it stands now (the UI redraws it from this)."""
+
+    type: Literal["tasks.updated"] = "tasks.updated"
+    tasks: tuple[Task, ...]
+    tool_call_id: ToolCallId | None = None
+    """The `update_tasks` call that set it; None for the list anchor-plan started with."""
+
+
 class ToolTiming(BaseModel):
     """How long one tool call took."""
 
@@ -449,6 +487,9 @@ class RunFinishedEvent(DurableEvent):
     duration_ms: NonNegativeFloat
     recoveries: NonNegativeInt = 0
     """How many times the turn was taken over from a dead driver."""
+    skipped_events: NonNegativeInt = 0
+    """Committed events of the turn this attempt could not decode and went on without
+    (each has an `unreadableEvent` audit row)."""
 
 
 class ErrorEvent(DurableEvent):
@@ -475,6 +516,7 @@ StreamEvent = Annotated[
     | StepStartEvent
     | StepEndEvent
     | MessageDeltaEvent
+    | MessageSnapshotEvent
     | ThinkingDeltaEvent
     | ThinkingCompleteEvent
     | ToolStartedEvent
@@ -498,6 +540,7 @@ StreamEvent = Annotated[
     | HeartbeatEvent
     | TurnRecoveringEvent
     | ToolInDoubtEvent
+    | TasksUpdatedEvent
     | RunFinishedEvent
     | ErrorEvent
     | DoneEvent,

@@ -26,6 +26,14 @@ from turnkit.events import (
 
 __all__ = ("CommittedCall", "CommittedGeneration", "Journal", "dedupe_key")
 
+_BY_FIELD = {
+    "input.guided": "input_seq",
+    "job.dispatched": "job_id",
+    "job.completed": "job_id",
+    "turn.recovering": "attempt",
+    "tool.in_doubt": "tool_call_id",
+}
+"""Events that occur once per value of one field."""
 _ONCE = frozenset({"turn.started", "usage", "checkpoint.created", "run.finished", "error", "done"})
 
 
@@ -45,16 +53,12 @@ def dedupe_key(event_type: str, fields: Mapping[str, Any]) -> str | None:
             items = fields.get("citations") or fields.get("entities") or ()
             digest = hashlib.sha256(repr(tuple(items)).encode()).hexdigest()[:16]
             return f"{event_type}:{fields.get('block_id')}:{digest}"
-        case "input.guided":
-            return f"input.guided:{fields['input_seq']}"
         case "approval.requested" | "clarification.requested":
             return f"pause:{fields['request_id']}"
-        case "job.dispatched" | "job.completed":
-            return f"{event_type}:{fields['job_id']}"
-        case "turn.recovering":
-            return f"turn.recovering:{fields['attempt']}"
-        case "tool.in_doubt":
-            return f"tool.in_doubt:{fields['tool_call_id']}"
+        case _ if event_type in _BY_FIELD:
+            return f"{event_type}:{fields[_BY_FIELD[event_type]]}"
+        case "tasks.updated":
+            return f"tasks.updated:{fields.get('tool_call_id') or 'plan'}"
         case _ if event_type in _ONCE:
             return event_type
         case _:

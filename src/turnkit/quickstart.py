@@ -9,7 +9,7 @@ LLM). Environment variables switch to production parts:
 | `TURNKIT_DATABASE_SCHEMA` | PostgreSQL schema for turnkit's tables |
 | `TURNKIT_REDIS_URL` | `redis://…` for the Redis Streams replay buffer |
 | `TURNKIT_MODEL` | a litellm model string instead of the demo model |
-| `TURNKIT_AGENT` | `package.module:name` of your own `Agent` (instead of the demo agent) |
+| `TURNKIT_AGENT` | `module:name` of your `Agent`s, comma-separated (first = default) |
 | `TURNKIT_RUN_IN_PROCESS` | `0` leaves turns to `turnkit worker` processes |
 | `TURNKIT_RECOVER_IN_PROCESS` | `0` turns off the app's own recovery loop (on by default) |
 | `TURNKIT_IDLE_WINDOW_S` | the readers' idle window (default 120) |
@@ -24,7 +24,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from turnkit.agent import load_agent
+from turnkit.agent import load_agents
 from turnkit.config import RuntimeConfig
 from turnkit.demo import demo_agent
 from turnkit.http import create_health_router, create_turnkit_router, install_problem_handlers
@@ -50,12 +50,12 @@ def runtime_from_env(env: Mapping[str, str] | None = None) -> SessionRuntime:
         lease_ttl_s=float(env.get("TURNKIT_LEASE_TTL_S", "8")),
     )
     replay = replay_from_url(env.get("TURNKIT_REDIS_URL"))
-    agent = (
-        load_agent(env["TURNKIT_AGENT"])
+    agents = (
+        load_agents(env["TURNKIT_AGENT"])
         if env.get("TURNKIT_AGENT")
-        else demo_agent(env.get("TURNKIT_MODEL"))
+        else (demo_agent(env.get("TURNKIT_MODEL")),)
     )
-    return SessionRuntime(agent=agent, config=config, replay=replay)
+    return SessionRuntime(agents=agents, config=config, replay=replay)
 
 
 def _flag(env: Mapping[str, str], name: str, *, default: bool) -> bool:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from pydantic import JsonValue
@@ -44,6 +44,9 @@ class OpenCall:
     provider: str
     rung: int
     started: float
+    block_id: str = ""
+    text: list[str] = field(default_factory=list[str])
+    """The text streamed so far (what Stop keeps as an interrupted block)."""
 
 
 class Recorder:
@@ -85,6 +88,9 @@ class Recorder:
         self.context_messages = 0
         self.pending_pause: PauseRequest | None = None
         """Set while a stage waits on a person; the driver then settles the pause."""
+        self.answered_before = False
+        """An earlier attempt already resumed with the person's last answer, so a call they
+        approved may have run before that attempt died (set by the driver)."""
         self.input_seqs: tuple[int, ...] = ()
         """The inputs this turn's requests present (set by the driver)."""
         self.guide_watermark = 0

@@ -308,22 +308,6 @@ async def test_sweep_ends_runs_out_of_attempts(store: SqlStore, clock: FakeClock
     assert await store.sweep(ceiling_s=3600, max_attempts=2) == [sub.turn_id]
 
 
-async def test_record_read_is_fenced(store: SqlStore, clock: FakeClock) -> None:
-    sub = await store.submit(new_input())
-    lease = await store.claim("w1", ttl_s=10, max_attempts=3)
-    assert lease is not None
-    await store.record_read(lease, 1)
-    clock.advance(11)
-    taken = await store.claim("w2", ttl_s=10, max_attempts=3)
-    assert taken is not None
-    assert taken.previous_watermark == 1
-    with pytest.raises(StaleEpochError):
-        await store.record_read(lease, 1)
-    record = await store.get_turn(sub.turn_id)
-    assert record is not None
-    assert record.attempts == 2
-
-
 async def test_migrations_are_at_head(store: SqlStore) -> None:
     from turnkit.store.migrate import head_revision
 

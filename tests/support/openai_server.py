@@ -213,6 +213,7 @@ class FakeOpenAIServer:
         self._disconnected = threading.Condition(self._lock)
         self._scripts: dict[str, deque[Reply]] = {}
         self._requests: list[dict[str, object]] = []
+        self._headers: list[dict[str, str]] = []
         self._disconnects = 0
         self._port = 0
         self._server: uvicorn.Server | None = None
@@ -231,6 +232,12 @@ class FakeOpenAIServer:
         """Every request body received so far, in arrival order (a copy)."""
         with self._lock:
             return list(self._requests)
+
+    @property
+    def headers(self) -> list[dict[str, str]]:
+        """Every request's headers (lower-case names), in arrival order (a copy)."""
+        with self._lock:
+            return list(self._headers)
 
     @property
     def disconnects(self) -> int:
@@ -322,6 +329,7 @@ class FakeOpenAIServer:
         model = str(body.get("model", ""))
         with self._lock:
             self._requests.append(body)
+            self._headers.append({k.lower(): v for k, v in request.headers.items()})
             queue = self._scripts.get(model)
             reply = queue.popleft() if queue else None
             scripted = sorted(m for m, q in self._scripts.items() if q)

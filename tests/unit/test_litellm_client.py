@@ -7,18 +7,26 @@ import json
 import socket
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
+from dataclasses import replace
 
 import pytest
 from tests.support import openai_server as fake_openai
 from tests.support.openai_server import FakeOpenAIServer, Reply
 
 import turnkit.models
-from turnkit.errors import ConfigurationError, ProviderError, UnknownModelError
+from turnkit.errors import (
+    ConfigurationError,
+    ModelCredentialsError,
+    ModelUnreachableError,
+    ProviderError,
+    UnknownModelError,
+)
 from turnkit.models import (
     Finish,
     ModelChunk,
     ModelMessage,
     ModelRequest,
+    ModelSettings,
     RungFailed,
     RungStarted,
     TextDelta,
@@ -307,18 +315,22 @@ async def test_exhausted_script_answers_500_naming_the_model(
     assert "no scripted reply left for model 'fake-model'" in caught.value.message
 
 
-async def test_unreachable_server_is_retriable() -> None:
+async def test_a_refused_connection_names_the_address_and_is_not_retried() -> None:
     with socket.socket() as sock:  # a port that was free a moment ago: nothing listens
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    client = LiteLLMClient(
-        "openai/fake-model", api_base=f"http://127.0.0.1:{port}/v1", api_key="sk", timeout=5
-    )
+    address = f"http://127.0.0.1:{port}/v1"
+    client = LiteLLMClient("openai/fake-model", api_base=address, api_key="sk", timeout=5)
 
-    with pytest.raises(ProviderError) as caught:
+    started = time.perf_counter()
+    with pytest.raises(ModelUnreachableError) as caught:
         await collect(client.stream(HELLO))
 
-    assert caught.value.is_retriable is True
+    assert time.perf_counter() - started < 3  # no retries with backoff
+    assert caught.value.code == "model-unreachable"
+    assert caught.value.is_retriable is False
+    assert address in caught.value.message
+    assert caught.value.address == address
 
 
 async def test_stalled_stream_times_out_as_retriable(openai_server: FakeOpenAIServer) -> None:
@@ -506,3 +518,116 @@ def test_model_facts_for_known_and_unknown_models() -> None:
     assert model_facts("openai/definitely-not-a-real-model") == DEFAULT_FACTS
     assert (DEFAULT_FACTS.context_window, DEFAULT_FACTS.max_output_tokens) == (128_000, 4_096)
     assert DEFAULT_FACTS.supports_reasoning is False
+
+
+# ── model settings, endpoints and credentials ──────────────────────────────────────
+
+
+async def test_settings_reach_the_request_body(openai_server: FakeOpenAIServer) -> None:
+    openai_server.script("fake-model", [Reply.text("ok")])
+    settings = ModelSettings(temperature=0.2, top_p=0.9, max_tokens=321, seed=7, stop=("END",))
+
+    await collect(client_for(openai_server).stream(replace(HELLO, settings=settings)))
+
+    body = openai_server.requests[0]
+    assert body["temperature"] == 0.2
+    assert body["top_p"] == 0.9
+    assert body["max_tokens"] == 321
+    assert body["seed"] == 7
+    assert body["stop"] == ["END"]
+    assert "presence_penalty" not in body  # unset fields are not sent
+
+
+def test_settings_refuse_out_of_range_and_unknown_fields() -> None:
+    with pytest.raises(ValueError, match="temperature"):
+        ModelSettings(temperature=3.0)
+    with pytest.raises(ValueError, match="temprature"):
+        ModelSettings.model_validate({"temprature": 0.5})
+    merged = ModelSettings(temperature=0.1, seed=1).merged(ModelSettings(temperature=0.9))
+    assert (merged.temperature, merged.seed) == (0.9, 1)
+
+
+async def test_headers_and_a_key_from_a_named_variable_reach_the_server(
+    openai_server: FakeOpenAIServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TURNKIT_TEST_PROXY_KEY", "sk-from-env")
+    openai_server.script("fake-model", [Reply.text("ok")])
+    client = LiteLLMClient(
+        "openai/fake-model",
+        api_base=openai_server.base_url,
+        api_key_env="TURNKIT_TEST_PROXY_KEY",
+        headers={"X-Route": "team-a"},
+    )
+
+    await collect(client.stream(HELLO))
+
+    headers = openai_server.headers[0]
+    assert headers["authorization"] == "Bearer sk-from-env"
+    assert headers["x-route"] == "team-a"
+
+
+async def test_a_missing_key_fails_at_once_naming_the_variable(
+    openai_server: FakeOpenAIServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("TURNKIT_TEST_UNSET_KEY", raising=False)
+    named = LiteLLMClient(
+        "openai/fake-model", api_base=openai_server.base_url, api_key_env="TURNKIT_TEST_UNSET_KEY"
+    )
+    with pytest.raises(ModelCredentialsError, match="TURNKIT_TEST_UNSET_KEY") as caught:
+        await collect(named.stream(HELLO))
+    assert caught.value.code == "model-credentials"
+    assert caught.value.is_retriable is False
+
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    default = LiteLLMClient("openai/fake-model", api_base=openai_server.base_url)
+    with pytest.raises(ModelCredentialsError, match="OPENAI_API_KEY"):
+        await collect(default.stream(HELLO))
+    assert openai_server.requests == []  # found before any request left
+
+
+async def test_a_refused_key_is_a_credentials_error(openai_server: FakeOpenAIServer) -> None:
+    openai_server.script("fake-model", [Reply.error(401, "Incorrect API key provided")])
+
+    with pytest.raises(ModelCredentialsError, match="refused the API key") as caught:
+        await collect(client_for(openai_server).stream(HELLO))
+
+    assert caught.value.status_code == 401
+    assert len(openai_server.requests) == 1  # not retried
+
+
+async def test_credential_and_connection_errors_do_not_walk_a_family(
+    openai_server: FakeOpenAIServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another rung would not go differently: the family stops at the first one."""
+    monkeypatch.delenv("TURNKIT_TEST_UNSET_KEY", raising=False)
+    openai_server.script("second", [Reply.text("from the second rung")])
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    fallback = client_for(openai_server, "second")
+    keyless = LiteLLMClient(
+        "openai/first", api_base=openai_server.base_url, api_key_env="TURNKIT_TEST_UNSET_KEY"
+    )
+    refused = LiteLLMClient("openai/first", api_base=f"http://127.0.0.1:{port}/v1", api_key="k")
+
+    with pytest.raises(ModelCredentialsError):
+        await collect(ModelFamily("f", [keyless, fallback]).stream(HELLO))
+    with pytest.raises(ModelUnreachableError):
+        await collect(ModelFamily("f", [refused, fallback]).stream(HELLO))
+
+    assert openai_server.requests == []
+
+
+async def test_each_rung_reaches_its_own_api_base(openai_server: FakeOpenAIServer) -> None:
+    with FakeOpenAIServer() as other:
+        openai_server.script("primary", [Reply.error(503, "overloaded")])
+        other.script("backup", [Reply.text("from the backup server")])
+        family = ModelFamily(
+            "two-servers", [client_for(openai_server, "primary"), client_for(other, "backup")]
+        )
+
+        chunks = await collect(family.stream(HELLO))
+
+        assert text_of(chunks) == "from the backup server"
+        assert [r["model"] for r in openai_server.requests] == ["primary"]
+        assert [r["model"] for r in other.requests] == ["backup"]

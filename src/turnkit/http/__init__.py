@@ -1,4 +1,4 @@
-"""FastAPI routes for turnkit: execute with resumable SSE, resume, cancel, sessions, audit.
+"""FastAPI routes for turnkit: execute with resumable SSE, resume, cancel, sessions, files, audit.
 
 ```python
 app = FastAPI()
@@ -7,14 +7,18 @@ install_problem_handlers(app)
 ```
 """
 
-import dataclasses
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, cast
 
 from fastapi import APIRouter, Depends, Header, Path, Query, Response
 from sse_starlette import EventSourceResponse
 
-from turnkit.errors import InvalidInputError, SessionNotFoundError, TurnNotFoundError
+from turnkit.errors import (
+    InvalidInputError,
+    NotFoundError,
+    SessionNotFoundError,
+    TurnNotFoundError,
+)
 from turnkit.http.models import (
     AnswerBody,
     ApprovalBody,
@@ -26,6 +30,8 @@ from turnkit.http.models import (
     SessionOut,
     TurnOut,
     TurnStatusOut,
+    WorkspaceFileOut,
+    WorkspaceFilesOut,
 )
 from turnkit.http.problems import (
     MEDIA_TYPE,
@@ -37,7 +43,7 @@ from turnkit.http.sse import frames_to_sse
 from turnkit.ids import SESSION_ID_PATTERN, SessionId, TurnId, uuid7
 from turnkit.pauses import Answer, Approve, Deny, Resolution
 from turnkit.runtime import SessionRuntime
-from turnkit.runtime._runner import turn_history
+from turnkit.runtime._runner import NO_DEPS, turn_history
 from turnkit.runtime.reader import check_cursor, parse_cursor
 from turnkit.store import SessionRecord, TurnRecord
 
@@ -71,6 +77,10 @@ async def _anonymous() -> Principal:
     return None
 
 
+async def _no_deps() -> Any:
+    return NO_DEPS
+
+
 def create_turnkit_router(  # noqa: C901 - one closure per route keeps the routes readable
     runtime: SessionRuntime,
     *,
@@ -78,15 +88,21 @@ def create_turnkit_router(  # noqa: C901 - one closure per route keeps the route
     prefix: str = "/api/harness",
     max_frame_bytes: int = 1_000_000,
     keepalive_s: float = 10.0,
+    deps: Callable[..., Any] | None = None,
 ) -> APIRouter:
     """Routes for `runtime` under `prefix`.
 
     `auth` is a FastAPI dependency returning the caller's principal (any string) or None
     for anonymous use. Sessions belong to the principal that created them; a session or
     turn of another principal answers 404, exactly like one that does not exist.
+
+    `deps` is a FastAPI dependency returning the app's dependencies for the turn a
+    request starts or resumes (`ToolContext.deps`); where the turn is driven elsewhere
+    (a worker, after a restart) the runtime's own `deps` factory builds them.
     """
     router = APIRouter(prefix=prefix, tags=["turnkit"], responses=_PROBLEMS)
     Caller = Annotated[Principal, Depends(auth)]
+    RequestDeps = Annotated[Any, Depends(deps or _no_deps)]
 
     def owned(record: SessionRecord | None, session_id: str, principal: Principal) -> SessionRecord:
         if record is None or (record.principal is not None and record.principal != principal):
@@ -107,10 +123,14 @@ def create_turnkit_router(  # noqa: C901 - one closure per route keeps the route
         return record
 
     async def settle_pause(
-        turn_id: str, request_id: str, resolution: Resolution, principal: Principal
+        turn_id: str,
+        request_id: str,
+        resolution: Resolution,
+        principal: Principal,
+        request_deps: Any,
     ) -> ResumeOut:
         record = await visible_turn(turn_id, principal)
-        await runtime.resume(record.turn_id, request_id, resolution)
+        await runtime.resume(record.turn_id, request_id, resolution, deps=request_deps)
         status = (await runtime.turn(record.turn_id)).status
         return ResumeOut(turn_id=record.turn_id, request_id=request_id, status=status)
 
@@ -132,27 +152,36 @@ def create_turnkit_router(  # noqa: C901 - one closure per route keeps the route
         response_class=EventSourceResponse,
         summary="Send a message and stream its turn (SSE)",
     )
-    async def execute(session_id: SessionPath, body: ExecuteBody, principal: Caller) -> Response:
+    async def execute(
+        session_id: SessionPath,
+        body: ExecuteBody,
+        principal: Caller,
+        request_deps: RequestDeps,
+    ) -> Response:
         existing = await runtime.store.get_session(SessionId(session_id))
         if existing is not None:
             owned(existing, session_id, principal)
-        agent = runtime.agent
-        if body.model is not None and body.model != _model_name(agent.model):
-            if body.model not in runtime.config.allowed_models:
-                raise InvalidInputError(
-                    f"model {body.model!r} is not allowed here "
-                    f"(allowed: {list(runtime.config.allowed_models)})",
-                    model=body.model,
-                )
-            agent = dataclasses.replace(agent, model=body.model)
+        agent = await runtime.agents.get(body.agent) if body.agent else runtime.agent
+        model = body.model
+        if model is not None and model == _model_name(agent.model):
+            model = None  # the agent's own model: no override to pin
+        allowed = [*runtime.config.allowed_models, *runtime.models]
+        if model is not None and model not in allowed:
+            raise InvalidInputError(
+                f"model {model!r} is not allowed here (allowed: {allowed})",
+                model=model,
+            )
         submission = await runtime.start(
             session_id,
             body.content,
-            agent=agent,
+            agent=agent.name,
+            model=model,
+            settings=body.settings,
             request_id=body.request_id,
             delivery=cast(Any, body.delivery),
             effort=body.effort,
             principal=principal,
+            deps=request_deps,
         )
         if submission.guided:  # joined a running turn: stream it from here on
             live = await runtime.turn(submission.turn_id)
@@ -208,12 +237,16 @@ def create_turnkit_router(  # noqa: C901 - one closure per route keeps the route
         summary="Approve or deny a paused tool call",
     )
     async def approve(
-        turn_id: str, request_id: str, body: ApprovalBody, principal: Caller
+        turn_id: str,
+        request_id: str,
+        body: ApprovalBody,
+        principal: Caller,
+        request_deps: RequestDeps,
     ) -> ResumeOut:
         resolution: Resolution = (
             Approve(note=body.note) if body.decision == "approve" else Deny(note=body.note)
         )
-        return await settle_pause(turn_id, request_id, resolution, principal)
+        return await settle_pause(turn_id, request_id, resolution, principal, request_deps)
 
     @router.post(
         "/turns/{turn_id}/clarifications/{request_id}",
@@ -222,9 +255,15 @@ def create_turnkit_router(  # noqa: C901 - one closure per route keeps the route
         summary="Answer the model's question",
     )
     async def answer(
-        turn_id: str, request_id: str, body: AnswerBody, principal: Caller
+        turn_id: str,
+        request_id: str,
+        body: AnswerBody,
+        principal: Caller,
+        request_deps: RequestDeps,
     ) -> ResumeOut:
-        return await settle_pause(turn_id, request_id, Answer(text=body.answer), principal)
+        return await settle_pause(
+            turn_id, request_id, Answer(text=body.answer), principal, request_deps
+        )
 
     @router.get("/turns/{turn_id}/audit", response_model=AuditOut, summary="A turn's audit rows")
     async def audit(turn_id: str, principal: Caller) -> AuditOut:
@@ -259,6 +298,39 @@ def create_turnkit_router(  # noqa: C901 - one closure per route keeps the route
         await visible_session(session_id, principal)
         turns = await runtime.store.list_turns(SessionId(session_id))
         return [TurnOut.model_validate(await turn_history(runtime.store, t)) for t in turns]
+
+    @router.get(
+        "/sessions/{session_id}/files",
+        response_model=WorkspaceFilesOut,
+        summary="The session's workspace files (without content)",
+    )
+    async def list_files(session_id: SessionPath, principal: Caller) -> WorkspaceFilesOut:
+        await visible_session(session_id, principal)
+        found = await runtime.store.list_files(SessionId(session_id))
+        return WorkspaceFilesOut(files=[WorkspaceFileOut.model_validate(f) for f in found])
+
+    @router.get(
+        "/sessions/{session_id}/files/{path:path}",
+        response_class=Response,
+        summary="One workspace file's content",
+        responses={200: {"content": {"text/plain": {}}}},
+    )
+    async def read_file(session_id: SessionPath, path: str, principal: Caller) -> Response:
+        await visible_session(session_id, principal)
+        found = await runtime.store.read_file(SessionId(session_id), path)
+        if found is None:
+            raise NotFoundError(f"session {session_id!r} has no file {path!r}", path=path)
+        return Response(
+            found.content.encode(),
+            media_type=f"{found.media_type}; charset=utf-8",
+            headers={
+                "ETag": f'"{found.version}"',
+                "Cache-Control": "no-cache",
+                # Model-written content: never sniffed, never run as a page of this origin.
+                "X-Content-Type-Options": "nosniff",
+                "Content-Security-Policy": "sandbox; default-src 'none'",
+            },
+        )
 
     @router.patch("/sessions/{session_id}", response_model=SessionOut, summary="Rename")
     async def rename(session_id: SessionPath, body: SessionBody, principal: Caller) -> SessionOut:

@@ -10,6 +10,7 @@ from pydantic.alias_generators import to_camel
 from turnkit.agent import Effort
 from turnkit.audit import AuditRow
 from turnkit.blocks import Block, ContentPart
+from turnkit.models import ModelSettings
 from turnkit.states import TurnStatus
 
 __all__ = (
@@ -39,8 +40,21 @@ class ExecuteBody(_Camel):
         default=None, min_length=1, max_length=128, description="Idempotency key."
     )
     delivery: str = Field(default="queue", pattern="^(queue|guide)$")
-    model: str | None = Field(default=None, description="A model from `allowed_models`.")
+    agent: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=128,
+        description="A hosted agent's name (default: the runtime's default agent).",
+    )
+    model: str | None = Field(
+        default=None,
+        description="A model the runtime serves (`models=`) or allows (`allowed_models`).",
+    )
     effort: Effort | None = None
+    settings: ModelSettings | None = Field(
+        default=None,
+        description="Sampling settings for this message, merged over the agent's.",
+    )
 
 
 class SessionBody(_Camel):
@@ -104,6 +118,23 @@ class AnswerBody(_Camel):
     """Body of `POST /turns/{turn_id}/clarifications/{request_id}`."""
 
     answer: str = Field(min_length=1, max_length=20_000)
+
+
+class WorkspaceFileOut(_Camel):
+    """A session file without its content (fetch that from `GET .../files/{path}`)."""
+
+    path: str
+    media_type: str
+    size: int = Field(description="Bytes of the UTF-8 content.")
+    version: int = Field(description="1 on the first write; one more per change.")
+    updated_at: datetime
+    turn_id: str | None = Field(description="The turn that last changed the file.")
+
+
+class WorkspaceFilesOut(_Camel):
+    """A session's files, ordered by path."""
+
+    files: list[WorkspaceFileOut]
 
 
 class ResumeOut(_Camel):

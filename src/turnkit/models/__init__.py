@@ -10,6 +10,9 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
 from turnkit.blocks import ContentPart, ImagePart, TextPart
 
 __all__ = (
@@ -24,6 +27,7 @@ __all__ = (
     "ModelRequest",
     "ModelResponse",
     "ModelChunk",
+    "ModelSettings",
     "RungFailed",
     "RungStarted",
     "StopReason",
@@ -78,6 +82,40 @@ class ToolSpec:
     parameters: dict[str, object]
 
 
+class ModelSettings(BaseModel):
+    """Sampling settings for the agent's reasoning calls; unset fields are not sent.
+
+    Set them on the `Agent` (`settings=`) and override them per message; a message's
+    settings are merged over the agent's, field by field.
+    """
+
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", alias_generator=to_camel, populate_by_name=True
+    )
+
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    max_tokens: int | None = Field(default=None, ge=1)
+    """Output tokens per call (reasoning included); the provider's own cap when unset."""
+    seed: int | None = None
+    stop: tuple[str, ...] | None = Field(default=None, max_length=4)
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+
+    def merged(self, override: ModelSettings | None) -> ModelSettings:
+        """These settings with every field `override` sets replaced."""
+        if override is None:
+            return self
+        return self.model_copy(update=override.model_dump(exclude_none=True))
+
+    def sent(self) -> dict[str, object]:
+        """The fields that are set, as request parameters."""
+        out = self.model_dump(exclude_none=True)
+        if "stop" in out:
+            out["stop"] = list(out["stop"])
+        return out
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ModelRequest:
     """Everything one model call sends."""
@@ -90,6 +128,14 @@ class ModelRequest:
     tool_choice: Literal["auto", "none"] = "auto"
     """`none`: the tools are offered (so the prompt prefix stays the same) but not usable."""
     purpose: Literal["plan", "tool-loop", "synthesize", "utility"] = "tool-loop"
+    settings: ModelSettings | None = None
+    """Sampling settings (the agent's, merged with the message's); None sends none."""
+
+    def output_cap(self) -> int | None:
+        """Output tokens this call may use: `max_output_tokens`, else the settings' cap."""
+        if self.max_output_tokens is not None:
+            return self.max_output_tokens
+        return self.settings.max_tokens if self.settings is not None else None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Final, Literal
 
-from turnkit.models.litellm import _load_litellm
+from turnkit.models._loader import load_litellm
 
 __all__ = ("DEFAULT_FACTS", "ModelFacts", "model_facts", "thinking_budget")
 
@@ -53,7 +53,7 @@ def model_facts(model: str) -> ModelFacts:
     Returns:
         The model's facts; missing fields fall back to the defaults one by one.
     """
-    litellm = _load_litellm()
+    litellm = load_litellm()
     try:
         info = litellm.get_model_info(model)
     except Exception:  # noqa: BLE001 - litellm raises plain errors for unmapped models

@@ -15,10 +15,9 @@ from turnkit.models import (
     closing_stream,
     estimate_tokens,
 )
+from turnkit.models._status import RETRIABLE_STATUS
 
 __all__ = ("ModelFamily", "default_is_retriable", "resolve_family")
-
-RETRIABLE_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504, 529})
 
 
 def default_is_retriable(exc: Exception) -> bool:

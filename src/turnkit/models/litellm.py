@@ -1,7 +1,8 @@
 """`LiteLLMClient`: the `ModelClient` that reaches real providers through litellm.
 
-This is the only turnkit module that imports litellm, and it does so lazily (the import is
-slow), so `import turnkit` stays fast and works without a provider key. Vendor shapes stop
+This is the only turnkit module that calls providers through litellm, imported lazily (the
+import is slow; see `_loader`), so `import turnkit` stays fast and works without a provider
+key. Vendor shapes stop
 here: requests go out as OpenAI chat dicts, chunks come back as turnkit's neutral chunks,
 and every provider failure becomes a `ProviderError` with `is_retriable` set.
 """
@@ -15,12 +16,20 @@ import math
 import os
 from collections.abc import AsyncIterator, Mapping, Sequence
 from types import ModuleType
-from typing import Any
 from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from turnkit import models as _models
 from turnkit.blocks import ContentPart, ImagePart, TextPart
-from turnkit.errors import ConfigurationError, InvalidInputError, ProviderError, UnknownModelError
+from turnkit.errors import (
+    ConfigurationError,
+    InvalidInputError,
+    ModelCredentialsError,
+    ModelUnreachableError,
+    ProviderError,
+    UnknownModelError,
+)
 from turnkit.models import (
     Content,
     Finish,
@@ -35,28 +44,13 @@ from turnkit.models import (
     Usage,
     text_of,
 )
-from turnkit.models.family import RETRIABLE_STATUS
+from turnkit.models._loader import load_litellm as _load_litellm
+from turnkit.models._status import RETRIABLE_STATUS
 
-__all__ = ("LiteLLMClient", "resolve_model")
+__all__ = ("LiteLLMClient", "ModelEndpoint", "resolve_model")
 
 _MIN_THINKING_BUDGET = 1024
 """Providers with an explicit thinking budget (Anthropic, Gemini) reject smaller ones."""
-
-
-def _load_litellm() -> ModuleType:
-    """Import litellm on first use, offline and quiet.
-
-    `LITELLM_LOCAL_MODEL_COST_MAP` keeps litellm from fetching its price map over the
-    network at import time (a caller may still set it to something else beforehand).
-    Returned as a `ModuleType` so mypy does not type-check litellm itself.
-    """
-    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-    litellm = importlib.import_module("litellm")
-    # Global litellm setting, set here once: stop litellm from printing its "Provider List"
-    # and debugging banners to stdout on every failure. turnkit raises its own errors.
-    settings: Any = litellm  # a module attribute mypy cannot see on ModuleType
-    settings.suppress_debug_info = True
-    return litellm
 
 
 def _resolve(model: str, api_base: str | None = None) -> tuple[str, str]:
@@ -208,10 +202,19 @@ class LiteLLMClient:
         model: A litellm model string with a provider prefix, e.g. `"openai/gpt-4o"`.
         api_base: Base URL of the provider (e.g. a proxy or a local server).
         api_key: The provider key; litellm reads the provider's env variable when omitted.
+        api_key_env: The name of an environment variable holding the key, read at each
+            call (so a key kept out of code can rotate); takes effect when `api_key` is
+            None.
+        headers: Extra HTTP headers sent with every call (a proxy's routing or auth).
         timeout: Seconds litellm waits for the provider (connect and between chunks).
         extra_body: Extra JSON fields sent as they are in the request body.
         num_retries: Retries litellm makes on its own; keep 0 under a `ModelFamily`, which
             walks to the next rung instead.
+
+    A missing or refused key fails the call at once with `ModelCredentialsError` (code
+    `model-credentials`, naming the variable to set) and a refused connection with
+    `ModelUnreachableError` (`model-unreachable`, naming the address); neither is
+    retried or walks a family's rungs, because no other attempt would go differently.
 
     Raises:
         UnknownModelError: litellm cannot resolve `model` to a provider.
@@ -223,14 +226,21 @@ class LiteLLMClient:
         *,
         api_base: str | None = None,
         api_key: str | None = None,
+        api_key_env: str | None = None,
+        headers: Mapping[str, str] | None = None,
         timeout: float = 60.0,
         extra_body: Mapping[str, object] | None = None,
         num_retries: int = 0,
     ) -> None:
+        if api_key_env is not None and not api_key_env.strip():
+            raise ConfigurationError("`api_key_env` must name an environment variable")
         self._bare_model, self._provider = _resolve(model, api_base)
         self._model = model
         self._api_base = api_base
         self._api_key = api_key
+        self._api_key_env = api_key_env
+        self._headers = dict(headers) if headers else None
+        self._keys_checked = False
         self._timeout = timeout
         self._extra_body = dict(extra_body) if extra_body else None
         self._num_retries = num_retries
@@ -244,6 +254,11 @@ class LiteLLMClient:
     def provider(self) -> str:
         """The provider litellm resolved, e.g. `"openai"`."""
         return self._provider
+
+    @property
+    def api_base(self) -> str | None:
+        """The base URL calls go to (None: the provider's default)."""
+        return self._api_base
 
     def __repr__(self) -> str:
         return f"LiteLLMClient(model={self._model!r}, api_base={self._api_base!r})"
@@ -281,6 +296,7 @@ class LiteLLMClient:
         self._check_network()
         litellm = _load_litellm()
         kwargs = self._call_kwargs(litellm, request)
+        kwargs.update(self._credentials(litellm))
         try:
             response = await litellm.acompletion(**kwargs)
         except Exception as exc:
@@ -326,6 +342,41 @@ class LiteLLMClient:
             "turnkit.testing.ScriptedModel, or set ALLOW_NETWORK = True"
         )
 
+    def _credentials(self, litellm: ModuleType) -> dict[str, object]:
+        """The key to send, or a `ModelCredentialsError` naming the variable to set."""
+        if self._api_key is not None:
+            return {"api_key": self._api_key}
+        if self._api_key_env is not None:
+            value = os.environ.get(self._api_key_env, "").strip()
+            if not value:
+                raise ModelCredentialsError(
+                    f"model {self._model!r} needs an API key: set the environment variable "
+                    f"{self._api_key_env} (named by api_key_env)",
+                    model=self._model,
+                    variable=self._api_key_env,
+                )
+            return {"api_key": value}
+        if not self._keys_checked:
+            missing = _missing_keys(litellm, self._model, self._api_base)
+            if missing:
+                raise ModelCredentialsError(
+                    f"model {self._model!r} needs an API key: set the environment variable "
+                    f"{' or '.join(missing)} (or pass api_key / api_key_env)",
+                    model=self._model,
+                    variable=missing[0],
+                )
+            self._keys_checked = True
+        return {}
+
+    def _key_variable(self) -> str:
+        """The variable a refused key came from, as well as it can be told."""
+        if self._api_key is not None:
+            return "the api_key passed to LiteLLMClient"
+        if self._api_key_env is not None:
+            return self._api_key_env
+        # The key was set (it was refused), so litellm names no missing one: the usual name.
+        return f"{self._provider.upper()}_API_KEY"
+
     def _call_kwargs(self, litellm: ModuleType, request: ModelRequest) -> dict[str, object]:
         kwargs: dict[str, object] = {
             "model": self._model,
@@ -337,14 +388,16 @@ class LiteLLMClient:
         }
         if self._api_base is not None:
             kwargs["api_base"] = self._api_base
-        if self._api_key is not None:
-            kwargs["api_key"] = self._api_key
+        if self._headers:
+            kwargs["extra_headers"] = dict(self._headers)
+        if request.settings is not None:
+            kwargs.update(request.settings.sent())
         if request.tools:
             kwargs["tools"] = [_tool_dict(t) for t in request.tools]
             if request.tool_choice != "auto":
                 kwargs["tool_choice"] = request.tool_choice
-        if request.max_output_tokens is not None:
-            kwargs["max_tokens"] = request.max_output_tokens
+        if request.output_cap() is not None:
+            kwargs["max_tokens"] = request.output_cap()
         kwargs.update(self._reasoning_kwargs(litellm, request))
         if self._extra_body:
             kwargs["extra_body"] = dict(self._extra_body)
@@ -357,8 +410,9 @@ class LiteLLMClient:
         takes an explicit budget gets nothing when fewer than 1024 tokens remain.
         """
         budget = request.thinking_budget
-        if request.max_output_tokens is not None:
-            budget = min(budget, request.max_output_tokens - 1)
+        cap = request.output_cap()
+        if cap is not None:
+            budget = min(budget, cap - 1)
         if budget <= 0:
             return {}
         try:
@@ -445,6 +499,24 @@ class LiteLLMClient:
         status = status if isinstance(status, int) and not isinstance(status, bool) else None
         if isinstance(exc, openai.APITimeoutError | TimeoutError):
             status, retriable, advice = status or 408, True, "the provider timed out"
+        elif _refused(exc, httpx):
+            where = self._api_base or f"the {self._provider} default URL"
+            return ModelUnreachableError(
+                f"model {self._model!r}: the connection to {where} was refused; is the "
+                "server running there, and is api_base right?",
+                model=self._model,
+                address=where,
+            )
+        elif isinstance(exc, openai.AuthenticationError | openai.PermissionDeniedError) or (
+            status in (401, 403)
+        ):
+            return ModelCredentialsError(
+                f"model {self._model!r}: the provider refused the API key (HTTP "
+                f"{status or 401}); check {self._key_variable()}",
+                model=self._model,
+                variable=self._key_variable(),
+                status_code=status or 401,
+            )
         elif isinstance(exc, openai.APIConnectionError | httpx.TransportError | ConnectionError):
             retriable, advice = True, "the provider could not be reached"
         elif isinstance(exc, openai.RateLimitError):
@@ -470,8 +542,6 @@ class LiteLLMClient:
 def _advice(status: int | None, exc: Exception, litellm: ModuleType) -> str:
     if isinstance(exc, litellm.ContextWindowExceededError):
         return "the request exceeds the model's context window; shorten the conversation"
-    if status in (401, 403):
-        return "the provider refused the credentials; check api_key or the provider's env key"
     if status == 404:
         return "the provider does not know this model or endpoint; check the model and api_base"
     if status is not None and status >= 500:
@@ -479,6 +549,58 @@ def _advice(status: int | None, exc: Exception, litellm: ModuleType) -> str:
     if status is not None and status in RETRIABLE_STATUS:
         return "the provider is busy"
     return "the provider rejected the request; check the messages, tools and parameters"
+
+
+def _missing_keys(litellm: ModuleType, model: str, api_base: str | None) -> list[str]:
+    """Key variables the provider needs that are not set (none for a keyless server)."""
+    try:
+        report = litellm.validate_environment(model=model, api_base=api_base)
+    except Exception:  # noqa: BLE001 - when litellm cannot tell, let the call decide
+        return []
+    missing = report.get("missing_keys", ()) if isinstance(report, dict) else ()
+    return [k for k in missing if isinstance(k, str) and ("KEY" in k or "TOKEN" in k)]
+
+
+def _refused(exc: BaseException, httpx: ModuleType) -> bool:
+    """A connection refused (nothing listens there), anywhere in the cause chain."""
+    seen = 0
+    current: BaseException | None = exc
+    while current is not None and seen < 8:
+        if isinstance(current, ConnectionRefusedError):
+            return True
+        if isinstance(current, httpx.ConnectError) and "refused" in str(current).lower():
+            return True
+        if "connection refused" in str(current).lower():
+            return True
+        current = current.__cause__ or current.__context__
+        seen += 1
+    return False
+
+
+class ModelEndpoint(BaseModel):
+    """A model and where to reach it, as data (an agent bundle, a config file).
+
+    `client()` builds the `LiteLLMClient`. The key is never stored: `api_key_env` names
+    the environment variable that holds it.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    model: str = Field(min_length=1)
+    api_base: str | None = None
+    api_key_env: str | None = None
+    headers: dict[str, str] = Field(default_factory=dict)
+    timeout: float = Field(default=60.0, gt=0)
+
+    def client(self) -> LiteLLMClient:
+        """The client for this endpoint."""
+        return LiteLLMClient(
+            self.model,
+            api_base=self.api_base,
+            api_key_env=self.api_key_env,
+            headers=self.headers or None,
+            timeout=self.timeout,
+        )
 
 
 async def _close_stream(response: object) -> None:

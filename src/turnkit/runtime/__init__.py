@@ -7,8 +7,8 @@ import contextlib
 import logging
 import os
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, Self
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from typing import Any, Self, cast
 
 from turnkit.agent import Agent, Effort
 from turnkit.audit import AuditRow
@@ -24,21 +24,26 @@ from turnkit.errors import (
 from turnkit.events import DurableEvent, EphemeralEvent, StreamEvent
 from turnkit.graph import TurnGraph, compile_turn_graph, open_checkpointer
 from turnkit.ids import SessionId, TurnId, new_turn_id, uuid7
+from turnkit.models import ModelClient, ModelSettings
 from turnkit.models.family import ModelFamily, resolve_family
+from turnkit.models.litellm import ModelEndpoint
 from turnkit.pauses import Resolution
 from turnkit.replay import ReplayBuffer
 from turnkit.replay.memory import InMemoryReplayBuffer
 from turnkit.runtime._cancel import CancelToken
 from turnkit.runtime._history import TurnHistory
 from turnkit.runtime._host import TurnHost
-from turnkit.runtime._runner import TurnRunner, pinned_config, turn_history
+from turnkit.runtime._runner import NO_DEPS, TurnRunner, pinned_config, turn_history
 from turnkit.runtime._validate import (
     MessageContent,
     TurnRequest,
     check_session_id,
     validate_request,
 )
+from turnkit.runtime.agents import AgentCatalog, ToolAccess, allowed_tools
+from turnkit.runtime.deps import DepsFactory
 from turnkit.runtime.reader import TurnReader
+from turnkit.skills import Skill, SkillSource, skills_for
 from turnkit.states import TurnStatus
 from turnkit.store import (
     ClaimRequest,
@@ -51,6 +56,7 @@ from turnkit.store import (
 )
 from turnkit.store.migrate import head_revision
 from turnkit.store.sql import SqlStore
+from turnkit.tools import Tool
 
 __all__ = ("CancelToken", "MessageContent", "SessionRuntime", "TurnHistory", "TurnRequest")
 
@@ -67,18 +73,59 @@ class SessionRuntime:
         async for event in runtime.execute_message("s1", "hello"):
             print(event.type)
     ```
+
+    Args:
+        agent: The default agent (a message that names none gets it).
+        agents: More agents hosted by name, or an `AgentCatalog` (with a loader for
+            bundles kept in the app's database). Without `agent`, the first is the default.
+        tools: The host's tools, which agents kept as data name.
+        deps: Builds the app's dependencies for a turn's tools (`ToolContext.deps`) from
+            its scope, wherever the turn is driven; never stored.
+        tool_access: The caller's effective tool access; an agent's tools are narrowed to
+            it when a message is submitted.
+        models: Served models by name: a model string names one of these before litellm
+            resolves it, so an agent or a message override (`model="fast"`) reaches its
+            endpoint (`ModelEndpoint(model=..., api_base=..., api_key_env=...)`), client
+            or family.
+        skills: Your skill catalogue: a list of `Skill`s, or a function of the principal
+            returning the skills that caller may see. Merged with the builtin skills; a
+            message starting with `/slug` picks one.
+        config: Runtime settings; store, replay, clock: the parts to use (defaults:
+            from `config`).
     """
 
     def __init__(
         self,
+        agent: Agent | None = None,
         *,
-        agent: Agent,
+        agents: AgentCatalog | Sequence[Agent] = (),
+        tools: Sequence[Tool] = (),
+        deps: DepsFactory | None = None,
+        tool_access: ToolAccess | None = None,
+        models: Mapping[str, str | ModelClient | ModelEndpoint] | None = None,
+        skills: SkillSource | None = None,
         config: RuntimeConfig | None = None,
         store: Store | None = None,
         replay: ReplayBuffer | None = None,
         clock: Clock | None = None,
     ) -> None:
-        self.agent = agent
+        if isinstance(agents, AgentCatalog) and tools:
+            raise ConfigurationError("give the host's `tools` to the AgentCatalog, not both")
+        if not isinstance(agents, AgentCatalog):
+            agents = AgentCatalog(agents, tools=tools)
+        self.agents = agents
+        """The agents this runtime hosts, by name."""
+        default = agent or next(iter(self.agents.hosted()), None)
+        if default is None:
+            raise ConfigurationError("a runtime needs an `agent` (or `agents=[...]`)")
+        self._agent = default
+        self.agents.add(default)
+        self.deps = deps
+        self.tool_access = tool_access
+        self.models: dict[str, str | ModelClient | ModelEndpoint] = dict(models or {})
+        """Served models by name."""
+        self.skill_source = skills
+        """The app's skill catalogue (the builtin skills are always there too)."""
         self.config = config or RuntimeConfig()
         self.clock = clock or SystemClock()
         self._store = store
@@ -102,7 +149,18 @@ class SessionRuntime:
             reader=self.reader,
         )
         """Claims and drives turns in this process."""
-        self._family(agent.model)  # an unresolvable model string fails here, not mid-turn
+        for hosted in self.agents.hosted():
+            self._family(hosted.model)  # an unresolvable model string fails here, not mid-turn
+
+    @property
+    def agent(self) -> Agent:
+        """The default agent (a message that names none gets it)."""
+        return self._agent
+
+    @agent.setter
+    def agent(self, agent: Agent) -> None:
+        self.agents.add(agent)  # hosted from now on; turns pinned to the old one still find it
+        self._agent = agent
 
     @property
     def store(self) -> Store:
@@ -191,8 +249,14 @@ class SessionRuntime:
         key: object = spec if isinstance(spec, str) else ("client", id(spec))
         cached = self._families.get(key)
         if cached is None:
+            served = self.models.get(spec) if isinstance(spec, str) else None
+            if isinstance(served, ModelEndpoint):
+                served = served.client()
+            family = resolve_family(served if served is not None else spec)
+            if served is not None and not isinstance(served, ModelFamily):
+                family = ModelFamily(spec, family.rungs)  # named as the agent names it
             # The client itself is kept with its family, so its id cannot be reused.
-            cached = (spec, resolve_family(spec))
+            cached = (spec, family)
             self._families[key] = cached
         return cached[1]
 
@@ -201,7 +265,9 @@ class SessionRuntime:
         session_id: str,
         content: MessageContent,
         *,
-        agent: Agent | None = None,
+        agent: str | Agent | None = None,
+        model: str | None = None,
+        settings: ModelSettings | None = None,
         request_id: str | None = None,
         delivery: Delivery = "queue",
         effort: Effort | None = None,
@@ -209,6 +275,11 @@ class SessionRuntime:
         claim: bool = False,
     ) -> Submission:
         """Commit a user message and queue its turn (one transaction), without running it.
+
+        The turn is pinned to its agent (by name and version), the message's overrides
+        (`model`, `settings`, `effort`), the caller's tools and the `principal`: every
+        driver rebuilds exactly that. An `Agent` object that is not hosted yet is hosted
+        from now on (in this process); name one with `agents=` to drive it elsewhere.
 
         With `claim=True` the new turn is also claimed for this runtime in the same
         transaction (when its session lets it run now): `Submission.lease` is then set.
@@ -218,9 +289,10 @@ class SessionRuntime:
 
         Raises:
             InvalidInputError: bad session id, empty or oversized content, bad delivery.
-            UnknownModelError: the agent's model string does not resolve.
+            AgentNotFoundError: no hosted agent has that name.
+            UnknownModelError: the agent's (or the override's) model does not resolve.
         """
-        turn_agent = agent or self.agent
+        base = await self._message_agent(agent)
         request = validate_request(self.config, session_id, content, request_id, effort)
         if delivery not in ("queue", "guide"):
             raise InvalidInputError(
@@ -231,11 +303,20 @@ class SessionRuntime:
                 "pictures cannot join a running turn: send them with delivery='queue'",
                 delivery=delivery,
             )
+        turn_agent = base.with_overrides(model=model, settings=settings)
         family = self._family(turn_agent.model)
         if turn_agent.utility_model is not None:
             self._family(turn_agent.utility_model)
         await self.open()
         effort_used = request.effort or turn_agent.effort
+        overrides: dict[str, Any] = {}
+        if model is not None:
+            overrides["model"] = model
+        if settings is not None:
+            overrides["settings"] = settings.model_dump(exclude_none=True, mode="json")
+        tools = await allowed_tools(
+            self.tool_access, turn_agent, principal=principal, session_id=request.session_id
+        )
         return await self.store.submit(
             NewInput(
                 session_id=request.session_id,
@@ -247,7 +328,15 @@ class SessionRuntime:
                 agent=turn_agent.name,
                 model=family.name,
                 effort=effort_used,
-                pinned=pinned_config(turn_agent, family, effort_used),
+                pinned=pinned_config(
+                    turn_agent,
+                    family,
+                    effort_used,
+                    version=base.version,
+                    overrides=overrides,
+                    tools=tools,
+                    principal=principal,
+                ),
                 principal=principal,
                 create_session=self.config.auto_create_sessions,
                 claim_for=ClaimRequest(
@@ -259,6 +348,24 @@ class SessionRuntime:
                 else None,
             )
         )
+
+    async def _message_agent(self, agent: str | Agent | None) -> Agent:
+        """The agent a message names: hosted by name, or an object (hosted from now on)."""
+        if agent is None:
+            return self.agent
+        if isinstance(agent, str):
+            return await self.agents.get(agent)
+        if not isinstance(agent, Agent):
+            raise InvalidInputError(
+                f"agent must be a name or a turnkit.Agent, not {type(agent).__name__}"
+            )
+        self.agents.add(agent)
+        self._family(agent.model)
+        return agent
+
+    async def skills(self, principal: str | None = None) -> tuple[Skill, ...]:
+        """The skills `principal` may pick with `/slug`: yours they may see, then builtin."""
+        return await skills_for(self.skill_source, principal)
 
     async def create_session(
         self, session_id: str, *, principal: str | None = None, title: str | None = None
@@ -273,10 +380,14 @@ class SessionRuntime:
         session_id: str,
         content: MessageContent,
         *,
-        agent: Agent | None = None,
+        agent: str | Agent | None = None,
+        model: str | None = None,
+        settings: ModelSettings | None = None,
         request_id: str | None = None,
         delivery: Delivery = "queue",
         effort: Effort | None = None,
+        principal: str | None = None,
+        deps: Any = NO_DEPS,
         cancel: CancelToken | None = None,
     ) -> AsyncIterator[DurableEvent | EphemeralEvent]:
         """Run one turn in this process and stream its events.
@@ -289,6 +400,12 @@ class SessionRuntime:
         already used in the session replays that turn's committed events instead of
         running it again. A turn waits for the session's earlier turns to finish.
 
+        `agent` names a hosted agent (or is one), `model`, `settings` and `effort`
+        override the agent's for this message; `principal` is who sends it and `deps` the
+        app's dependencies its tools see (`ToolContext`). The turn is pinned to all of
+        it, so a resume, a worker or crash recovery runs the same agent (rebuilding `deps`
+        with the runtime's factory).
+
         Raises:
             InvalidInputError: bad session id, empty or oversized content (nothing written).
             UnknownModelError: the agent's model string does not resolve.
@@ -297,9 +414,12 @@ class SessionRuntime:
             session_id,
             content,
             agent=agent,
+            model=model,
+            settings=settings,
             request_id=request_id,
             delivery=delivery,
             effort=effort,
+            principal=principal,
             claim=True,
         )
         if submission.guided:
@@ -316,7 +436,12 @@ class SessionRuntime:
         if not submission.is_new:
             return
         drive = self.host.stream(
-            submission.turn_id, agent, cancel, lease=submission.lease, record=submission.record
+            submission.turn_id,
+            cancel,
+            lease=submission.lease,
+            record=submission.record,
+            agent=agent if isinstance(agent, Agent) else None,
+            deps=deps,
         )
         async with contextlib.aclosing(drive):  # closing this stream must reach the driver
             async for event in drive:
@@ -327,29 +452,39 @@ class SessionRuntime:
         session_id: str,
         content: MessageContent,
         *,
-        agent: Agent | None = None,
+        agent: str | Agent | None = None,
+        model: str | None = None,
+        settings: ModelSettings | None = None,
         request_id: str | None = None,
         delivery: Delivery = "queue",
         effort: Effort | None = None,
         principal: str | None = None,
+        deps: Any = NO_DEPS,
     ) -> Submission:
         """Commit a message and run its turn detached from the caller.
 
         The turn runs in a task of this runtime (when `RuntimeConfig.run_in_process`) or
         in a `turnkit worker`, and publishes to `self.replay`; read it with `reader()`.
-        Closing a reader does not stop it; `cancel(turn_id)` does.
+        Closing a reader does not stop it; `cancel(turn_id)` does. The arguments are
+        those of `execute_message`.
         """
         submission = await self.submit(
             session_id,
             content,
             agent=agent,
+            model=model,
+            settings=settings,
             request_id=request_id,
             delivery=delivery,
             effort=effort,
             principal=principal,
         )
         if submission.is_new and not submission.guided and self.config.run_in_process:
-            self.host.detach(submission.turn_id, agent=agent)
+            self.host.detach(
+                submission.turn_id,
+                agent=agent if isinstance(agent, Agent) else None,
+                deps=deps,
+            )
         return submission
 
     async def retry(self, turn_id: str, *, request_id: str | None = None) -> Submission:
@@ -373,7 +508,21 @@ class SessionRuntime:
         content: MessageContent = record.content
         if record.attachments:
             content = [TextPart(text=record.content), *record.attachments]
-        return await self.start(record.session_id, content, request_id=request_id, principal=None)
+        pinned = record.pinned
+        overrides = pinned.get("overrides")
+        overrides = overrides if isinstance(overrides, dict) else {}
+        model, settings = overrides.get("model"), overrides.get("settings")
+        principal, effort = pinned.get("principal"), pinned.get("effort")
+        return await self.start(
+            record.session_id,
+            content,
+            agent=record.agent,
+            model=model if isinstance(model, str) else None,
+            settings=ModelSettings.model_validate(settings) if settings else None,
+            effort=cast(Effort, effort) if effort in ("off", "low", "medium", "high") else None,
+            request_id=request_id,
+            principal=principal if isinstance(principal, str) else None,
+        )
 
     async def cancel(self, turn_id: str) -> TurnStatus:
         """Press Stop: end the turn `cancelled` from wherever it is driven.
@@ -393,14 +542,18 @@ class SessionRuntime:
                 await self.replay.publish(record.turn_id, [(done.seq, done.data, True)])
         return status
 
-    async def resume(self, turn_id: str, request_id: str, resolution: Resolution) -> Submission:
+    async def resume(
+        self, turn_id: str, request_id: str, resolution: Resolution, *, deps: Any = NO_DEPS
+    ) -> Submission:
         """Answer a paused turn's request and continue the *same* turn.
 
         `Approve()` lets the tool call run; `Deny(note=...)` turns it into a failed result
         the model reads; `Answer(text=...)` answers an `ask_user` question. The turn goes
         on from its checkpoint (nothing before the pause runs or is billed again), in this
         process when `RuntimeConfig.run_in_process`, else in a worker. Follow it with
-        `reader().follow(turn_id, after_seq=...)` or the HTTP resume stream.
+        `reader().follow(turn_id, after_seq=...)` or the HTTP resume stream. The turn runs
+        with the agent it was pinned to; `deps` (else the runtime's factory) are its tools'
+        dependencies.
 
         Raises:
             PauseNotFoundError: the turn has no such request.
@@ -418,7 +571,7 @@ class SessionRuntime:
             )
         await self.store.answer_pause(record.turn_id, request_id, resolution.model_dump())
         if self.config.run_in_process:
-            self.host.detach(record.turn_id)
+            self.host.detach(record.turn_id, deps=deps)
         return Submission(
             session_id=record.session_id,
             turn_id=record.turn_id,
@@ -445,12 +598,14 @@ class SessionRuntime:
                 "the runtime is not open: use `async with SessionRuntime(...)`"
             )
         return TurnRunner(
-            agent=self.agent,
+            agents=self.agents,
             store=self.store,
             graph=self._graph,
             config=self.config,
             clock=self.clock,
             family=self._family,
+            deps=self.deps,
+            skills=self.skill_source,
         )
 
     async def history(self, session_id: str) -> list[TurnHistory]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncGenerator, Callable
+from typing import Any
 
 from turnkit.agent import Agent
 from turnkit.clock import Clock
@@ -20,7 +21,7 @@ from turnkit.ids import SessionId, TurnId
 from turnkit.replay import ReplayBuffer
 from turnkit.runtime._cancel import CancelToken
 from turnkit.runtime._publish import BufferPublisher
-from turnkit.runtime._runner import TurnRunner
+from turnkit.runtime._runner import NO_DEPS, TurnRunner
 from turnkit.runtime.driver import TurnDriver
 from turnkit.runtime.reader import TurnReader
 from turnkit.store import Lease, Store, TurnRecord
@@ -51,6 +52,19 @@ class TurnHost:
         self._reader = reader
         self._detached: dict[TurnId, asyncio.Task[None]] = {}
         self._drivers: dict[TurnId, TurnDriver] = {}
+        self._deps: dict[TurnId, Any] = {}
+        """Deps a caller handed in for a turn, kept while it may resume here."""
+
+    def _deps_for(self, turn_id: TurnId, deps: Any) -> Any:
+        if deps is not NO_DEPS:
+            self._deps[turn_id] = deps
+            return deps
+        return self._deps.get(turn_id, NO_DEPS)
+
+    def _forget_deps(self, driver: TurnDriver) -> None:
+        """A turn that ended (not paused) will not resume: drop the deps it was given."""
+        if driver.ended:
+            self._deps.pop(driver.lease.turn_id, None)
 
     async def claim(self, turn_id: TurnId) -> Lease | None:
         """Claim our own turn, waiting (bounded by the ceiling) for earlier turns to end."""
@@ -76,11 +90,12 @@ class TurnHost:
     async def stream(
         self,
         turn_id: TurnId,
-        agent: Agent | None,
         cancel: CancelToken | None,
         *,
         lease: Lease | None = None,
         record: TurnRecord | None = None,
+        agent: Agent | None = None,
+        deps: Any = NO_DEPS,
     ) -> AsyncGenerator[DurableEvent | EphemeralEvent, None]:
         """Drive a turn here and stream it; closing the stream aborts the turn."""
         lease = lease or await self.claim(turn_id)
@@ -96,7 +111,9 @@ class TurnHost:
                 queue.put_nowait(event)
                 publisher(event)
 
-            driver = await self._runner().driver(lease, sink=sink, agent=agent, record=record)
+            driver = await self._runner().driver(
+                lease, sink=sink, agent=agent, record=record, deps=self._deps_for(turn_id, deps)
+            )
             task = asyncio.create_task(driver.run(), name=f"turnkit-turn-{turn_id}")
             watcher = (
                 asyncio.create_task(_cancel_when(cancel, task), name="turnkit-cancel-watch")
@@ -115,6 +132,7 @@ class TurnHost:
                     # Someone else owns the turn now (a takeover or the sweep): read its ending.
                     async for ended_by in self._reader().events(turn_id, after_seq=last_seq):
                         yield ended_by
+                self._forget_deps(driver)
                 if driver.requeued:
                     await self.pick_up(lease.session_id)
             finally:
@@ -126,28 +144,35 @@ class TurnHost:
                         await task
 
     def detach(
-        self, turn_id: TurnId, *, lease: Lease | None = None, agent: Agent | None = None
+        self,
+        turn_id: TurnId,
+        *,
+        lease: Lease | None = None,
+        agent: Agent | None = None,
+        deps: Any = NO_DEPS,
     ) -> None:
         """Drive a turn in a task of this runtime, publishing to the replay buffer."""
+        deps = self._deps_for(turn_id, deps)
         task = asyncio.create_task(
-            self._run_detached(turn_id, lease, agent), name=f"turnkit-detached-{turn_id}"
+            self._run_detached(turn_id, lease, agent, deps), name=f"turnkit-detached-{turn_id}"
         )
         self._detached[turn_id] = task
         task.add_done_callback(lambda _: self._detached.pop(turn_id, None))
 
     async def _run_detached(
-        self, turn_id: TurnId, lease: Lease | None, agent: Agent | None
+        self, turn_id: TurnId, lease: Lease | None, agent: Agent | None, deps: Any
     ) -> None:
         lease = lease or await self.claim(turn_id)
         if lease is None:
             return
         async with BufferPublisher(self.replay, turn_id) as publisher:
-            driver = await self._runner().driver(lease, sink=publisher, agent=agent)
+            driver = await self._runner().driver(lease, sink=publisher, agent=agent, deps=deps)
             self._drivers[turn_id] = driver
             try:
                 await driver.run()
             finally:
                 self._drivers.pop(turn_id, None)
+        self._forget_deps(driver)
         if driver.requeued:
             await self.pick_up(lease.session_id)
 

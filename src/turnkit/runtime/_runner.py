@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, cast
 
 from turnkit.agent import Agent, Effort
 from turnkit.clock import Clock
 from turnkit.config import RuntimeConfig
 from turnkit.errors import TurnNotFoundError
 from turnkit.graph import TurnGraph, pause_here
+from turnkit.models import ModelSettings
 from turnkit.models.family import ModelFamily, resolve_family
 from turnkit.runtime._history import TurnHistory, blocks_of
 from turnkit.runtime._transcript import session_transcript
-from turnkit.runtime.driver import Sink, TurnDriver
+from turnkit.runtime.agents import AgentCatalog
+from turnkit.runtime.deps import DepsFactory, DepsScope, build_deps
+from turnkit.runtime.driver import DriveSetup, Sink, TurnDriver
+from turnkit.skills import SkillSource, skills_for
 from turnkit.stages import StageContext
 from turnkit.stages._types import Route
 from turnkit.store import Lease, Store, TurnRecord, readable_events
@@ -22,17 +26,38 @@ from turnkit.telemetry import Recorder
 __all__ = ("TurnRunner", "pinned_config", "turn_history")
 
 
-def pinned_config(agent: Agent, family: ModelFamily, effort: Effort) -> dict[str, Any]:
-    """What a run is pinned to, recorded on the run row for audit (seed 001 ⑦)."""
+NO_DEPS: Any = object()
+"""`deps` not given for this drive: build them with the runtime's factory."""
+
+
+def pinned_config(
+    agent: Agent,
+    family: ModelFamily,
+    effort: Effort,
+    *,
+    version: str,
+    overrides: dict[str, Any],
+    tools: Sequence[str],
+    principal: str | None,
+) -> dict[str, Any]:
+    """What a turn is pinned to at submit: every driver rebuilds exactly this.
+
+    `agent` and `version` name the bundle, `overrides` the message's model and settings;
+    `tools` are the agent's tools the caller may use. The rest is kept for audit.
+    """
     return {
         "agent": agent.name,
+        "agent_version": version,
+        "overrides": overrides,
+        "principal": principal,
+        "settings": agent.settings.model_dump(exclude_none=True, mode="json"),
         "family": family.name,
         "rungs": [r.model for r in family.rungs],
         "utility_model": agent.utility_model
         if isinstance(agent.utility_model, str)
         else getattr(agent.utility_model, "model", None),
         "effort": effort,
-        "tools": list(agent.registry().names),
+        "tools": list(tools),
         "skip_stages": sorted(agent.skip_stages),
         "synthesis": agent.synthesis,
     }
@@ -50,14 +75,18 @@ class TurnRunner:
     def __init__(
         self,
         *,
-        agent: Agent,
+        agents: AgentCatalog,
         store: Store,
         graph: TurnGraph,
         config: RuntimeConfig,
         clock: Clock,
         family: Callable[[Any], ModelFamily] = resolve_family,
+        deps: DepsFactory | None = None,
+        skills: SkillSource | None = None,
     ) -> None:
-        self.agent = agent
+        self.agents = agents
+        self.deps_factory = deps
+        self.skills = skills
         self.store = store
         self.graph = graph
         self.config = config
@@ -71,12 +100,57 @@ class TurnRunner:
         sink: Sink,
         agent: Agent | None = None,
         record: TurnRecord | None = None,
+        deps: Any = NO_DEPS,
     ) -> TurnDriver:
-        """A driver for a claimed turn (`record`: the turn as claimed, if already read)."""
+        """A driver for a claimed turn (`record`: the turn as claimed, if already read).
+
+        `agent` is the bundle the caller already holds (used when it is the pinned
+        version); otherwise the driver looks the pinned agent up when it starts.
+        """
         record = record or await self.store.get_turn(lease.turn_id)
         if record is None:
             raise TurnNotFoundError(f"no turn {lease.turn_id!r}", turn_id=lease.turn_id)
-        agent = agent or self.agent
+        turn = record
+
+        async def setup() -> DriveSetup:
+            return await self._setup(turn, agent, deps)
+
+        return TurnDriver(
+            graph=self.graph,
+            store=self.store,
+            clock=self.clock,
+            config=self.config,
+            lease=lease,
+            record=record,
+            setup=setup,
+            sink=sink,
+        )
+
+    async def pinned_agent(self, record: TurnRecord, held: Agent | None = None) -> Agent:
+        """The agent `record` is pinned to, with the message's overrides applied.
+
+        Raises:
+            AgentNotFoundError: the pinned agent (at its version) is gone from this host.
+        """
+        pinned = record.pinned
+        name = str(pinned.get("agent") or record.agent)
+        version = pinned.get("agent_version")
+        version = version if isinstance(version, str) else None
+        if held is not None and held.name == name and version in (None, held.version):
+            base = held
+        else:
+            base = await self.agents.get(name, version)
+        overrides = pinned.get("overrides")
+        overrides = overrides if isinstance(overrides, dict) else {}
+        model = overrides.get("model")
+        settings = overrides.get("settings")
+        return base.with_overrides(
+            model=model if isinstance(model, str) else None,
+            settings=ModelSettings.model_validate(settings) if settings else None,
+        )
+
+    async def _setup(self, record: TurnRecord, held: Agent | None, deps: Any) -> DriveSetup:
+        agent = await self.pinned_agent(record, held)
         family = self.family(agent.model)
         utility = self.family(agent.utility_model) if agent.utility_model is not None else None
         synthesis = (
@@ -87,6 +161,25 @@ class TurnRunner:
         effort: Effort = record.pinned.get("effort", agent.effort)  # type: ignore[assignment]
         budget = _thinking_budget(effort, family)
         registry = agent.registry()
+        allowed = record.pinned.get("tools")
+        if isinstance(allowed, list):  # the caller's tool access, settled at submit
+            registry = registry.only(cast(list[str], allowed))
+        principal = record.pinned.get("principal")
+        principal = principal if isinstance(principal, str) else None
+        if deps is NO_DEPS:
+            deps = await build_deps(
+                self.deps_factory,
+                DepsScope(
+                    principal=principal,
+                    session_id=record.session_id,
+                    turn_id=record.turn_id,
+                    agent=agent.name,
+                ),
+            )
+
+        skills = await skills_for(self.skills, principal)
+        if agent.skills:  # the agent names the skills it may use
+            skills = tuple(s for s in skills if s.ref in agent.skills or s.slug in agent.skills)
 
         def ctx_factory(recorder: Recorder) -> StageContext:
             return StageContext(
@@ -97,22 +190,21 @@ class TurnRunner:
                 registry=registry,
                 thinking_budget=budget,
                 synthesis=synthesis,
+                principal=principal,
+                deps=deps,
+                skills=skills,
                 interrupt=pause_here,
             )
 
         transcript, previous = await session_transcript(self.store, agent, record)
-        return TurnDriver(
-            graph=self.graph,
-            store=self.store,
-            clock=self.clock,
-            config=self.config,
-            lease=lease,
-            record=record,
+        return DriveSetup(
             ctx_factory=ctx_factory,
             transcript=transcript,
             previous=previous,
-            entry=_entry(agent, registry_size=len(registry) + int(agent.clarifications)),
-            sink=sink,
+            entry=_entry(
+                agent,
+                registry_size=len(registry) + int(agent.clarifications) + int(agent.planning),
+            ),
         )
 
 

@@ -11,11 +11,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 
 from pydantic import JsonValue
 
-from turnkit.audit import CallShape
+from turnkit.audit import (
+    AuditPayloads,
+    AuditRow,
+    CallShape,
+    InterruptedBlockPayload,
+    UnreadableEventPayload,
+)
+from turnkit.blocks import TextBlock
 from turnkit.clock import Clock
 from turnkit.config import RuntimeConfig
 from turnkit.context.prefix import PreviousRequest
@@ -33,6 +41,7 @@ from turnkit.events import (
     EphemeralEvent,
     ErrorEvent,
     HeartbeatEvent,
+    MessageCompleteEvent,
     RunFinishedEvent,
     ToolTiming,
     TurnRecoveringEvent,
@@ -46,18 +55,28 @@ from turnkit.graph import (
 )
 from turnkit.ids import StageId
 from turnkit.journal import Journal
-from turnkit.runtime._transcript import ended_transcript
+from turnkit.runtime._transcript import ended_transcript, opening_message
 from turnkit.stages import StageContext
 from turnkit.stages._message_list import result_text
 from turnkit.stages._types import Route, TranscriptMessage
 from turnkit.states import TerminalStatus, TurnStatus
-from turnkit.store import Lease, RunSummary, Store, TurnRecord, readable_events
-from turnkit.telemetry import Recorder
+from turnkit.store import Lease, RunSummary, Store, TurnRecord, UnreadableEvent, decode_events
+from turnkit.telemetry import OpenCall, Recorder
 
-__all__ = ("TurnDriver",)
+__all__ = ("DriveSetup", "TurnDriver")
 
 Sink = Callable[[DurableEvent | EphemeralEvent | None], None]
 """Where the driver sends events; `None` marks the end of the turn."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DriveSetup:
+    """What a turn runs with, built once the driver holds the lease (it may fail)."""
+
+    ctx_factory: Callable[[Recorder], StageContext]
+    transcript: list[TranscriptMessage]
+    previous: PreviousRequest | None
+    entry: Route
 
 
 class TurnDriver:
@@ -72,10 +91,7 @@ class TurnDriver:
         config: RuntimeConfig,
         lease: Lease,
         record: TurnRecord,
-        ctx_factory: Callable[[Recorder], StageContext],
-        transcript: list[TranscriptMessage],
-        previous: PreviousRequest | None,
-        entry: Route,
+        setup: Callable[[], Awaitable[DriveSetup]],
         sink: Sink,
     ) -> None:
         self.graph = graph
@@ -84,13 +100,14 @@ class TurnDriver:
         self.config = config
         self.lease = lease
         self.record = record
-        self.ctx_factory = ctx_factory
-        self.transcript = transcript
-        self.previous = previous
-        self.entry = entry
+        self.setup = setup
         self.sink = sink
         self.lease_lost = False
+        self.ended = False
+        """The turn reached a terminal state here (not a pause, not a lost lease)."""
         self.recorder: Recorder | None = None
+        self.skipped: list[UnreadableEvent] = []
+        """Committed events of the turn this attempt could not decode (left out)."""
         self._started = time.perf_counter()
 
     @property
@@ -107,12 +124,12 @@ class TurnDriver:
             self.sink(event)
 
     async def _recorder(self) -> Recorder:
-        journal, audit_seq = Journal(), 0
+        journal, audit_rows = Journal(), list[AuditRow]()
         usage = None
         if self.lease.last_seq > 1:  # an earlier attempt got further than turn.started
-            events = await readable_events(self.store.read_events(self.lease.turn_id))
+            events, self.skipped = await decode_events(self.store.read_events(self.lease.turn_id))
             journal = Journal.of(events)
-            audit_seq = len(await self.store.read_audit(self.lease.turn_id))
+            audit_rows = await self.store.read_audit(self.lease.turn_id)
             usage = await self.store.read_usage(self.lease.turn_id)
         journal.keys.add("turn.started")
         recorder = Recorder(
@@ -123,33 +140,37 @@ class TurnDriver:
             clock=self.clock,
             publish=self._publish,
             last_seq=self.lease.last_seq,
-            last_audit_seq=audit_seq,
+            last_audit_seq=len(audit_rows),
             journal=journal,
             usage=usage,
         )
-        recorder.transcript = self.transcript
-        recorder.base_len = len(self.transcript) - 1  # the turn's own start at its message
-        recorder.last_request = self.previous
+        _audit_unreadable(recorder, self.skipped, audit_rows)
+        recorder.transcript = [opening_message(self.record)]  # until the setup has run
         recorder.request_text = self.record.content
         for call_id, (block, _) in journal.results.items():
             recorder.full_results[call_id] = result_text(block)
         if self.lease.last_seq > 1:
             recorder.newest_guide_seq = 2**62  # resumed: look for guides at the first request
+            # An answer resets the turn's attempts: a later attempt follows one that had it.
+            recorder.answered_before = self.lease.attempt > 1
             recorder.tool_calls = sum(1 for k in journal.keys if k.startswith("tool.started:"))
         return recorder
 
     async def run(self) -> None:
         """Run the turn to a terminal state. Cancelling this task aborts the turn."""
         try:
-            # The read watermark was recorded by the claim itself, before anything else.
             rec = self.recorder = await self._recorder()
             rec.input_seqs = (self.record.input_seq,)
+            setup = await self.setup()  # the pinned agent may be gone: that ends the turn
+            rec.transcript = setup.transcript
+            rec.base_len = len(setup.transcript) - 1  # the turn's own start at its message
+            rec.last_request = setup.previous
             graph_task = asyncio.current_task()
             assert graph_task is not None
             keeper = asyncio.create_task(self._keep_lease(graph_task), name="turnkit-lease")
             beat = asyncio.create_task(self._heartbeat(rec), name="turnkit-heartbeat")
             try:
-                await self._run_graph(rec)
+                await self._run_graph(rec, setup)
             finally:
                 keeper.cancel()
                 beat.cancel()
@@ -181,7 +202,7 @@ class TurnDriver:
         finally:
             self.sink(None)
 
-    async def _run_graph(self, rec: Recorder) -> None:
+    async def _run_graph(self, rec: Recorder, setup: DriveSetup) -> None:
         elapsed = (self.clock.now() - self.lease.started_at).total_seconds()
         remaining = self.config.ceiling_s - elapsed
         # Turn ids are unique, so a checkpoint means this turn ran before: resume it. A
@@ -198,11 +219,11 @@ class TurnDriver:
         state: TurnState | None = None
         if not resume:
             state = {
-                "transcript": self.transcript,
+                "transcript": setup.transcript,
                 "content": self.record.content,
-                "route": self.entry,
+                "route": setup.entry,
                 "iteration": 0,
-                "previous": self.previous,
+                "previous": setup.previous,
                 "answer": None,
             }
         try:
@@ -210,7 +231,7 @@ class TurnDriver:
                 async for chunk in stream_turn(
                     self.graph,
                     state,
-                    self.ctx_factory(rec),
+                    setup.ctx_factory(rec),
                     thread_id=self.lease.turn_id,
                     durability=self.config.checkpoint_durability,
                     resume=answer,
@@ -289,6 +310,7 @@ class TurnDriver:
             duration_ms=(time.perf_counter() - self._started) * 1000,
             model=self.record.model,
             attempt=self.lease.attempt,
+            skipped_events=len(self.skipped),
         )
 
     def _finished(self, rec: Recorder, summary: RunSummary, stage: StageId) -> None:
@@ -312,9 +334,11 @@ class TurnDriver:
             error_code=summary.error_code,
             duration_ms=summary.duration_ms,
             recoveries=sum(1 for k in rec.journal.keys if k.startswith("turn.recovering:")),
+            skipped_events=summary.skipped_events,
         )
 
     async def _settle(self, rec: Recorder) -> None:
+        self.ended = True
         status: TerminalStatus = "succeeded"
         checkpoint_id = await latest_checkpoint_id(self.graph, self.lease.turn_id, just_ran=True)
         if checkpoint_id is not None:
@@ -337,6 +361,7 @@ class TurnDriver:
         await rec.flush(status=status, pause=pause, release=True)
 
     async def _end_failed(self, rec: Recorder, exc: TurnError) -> None:
+        self.ended = True
         status: TerminalStatus = "timed_out" if isinstance(exc, DeadlineExceededError) else "failed"
         rec.durable(
             ErrorEvent, "runtime", code=exc.code, message=exc.message, details=_details(exc)
@@ -354,8 +379,10 @@ class TurnDriver:
             )
 
     async def _end_aborted(self, rec: Recorder) -> None:
+        self.ended = True
         call = rec.open_call
         if call is not None:
+            kept = _keep_interrupted(rec, call)
             rec.audit(
                 call.stage_id,
                 call=CallShape(
@@ -367,6 +394,7 @@ class TurnDriver:
                     outcome="user-aborted",
                     error_code="user-aborted",
                 ),
+                payloads=AuditPayloads(interruptedBlock=kept) if kept is not None else None,
             )
             rec.open_call = None
         summary = self._summary(rec, "cancelled", None)
@@ -379,6 +407,46 @@ class TurnDriver:
                 release=True,
                 transcript=ended_transcript(rec, "cancelled", None, None),
             )
+
+
+def _audit_unreadable(
+    rec: Recorder, skipped: Sequence[UnreadableEvent], audit_rows: Sequence[AuditRow]
+) -> None:
+    """Stage an `unreadableEvent` row per skipped event an earlier attempt did not audit."""
+    audited = {
+        row.payloads.unreadable_event.seq
+        for row in audit_rows
+        if row.payloads.unreadable_event is not None
+    }
+    for item in skipped:
+        if item.seq in audited:
+            continue
+        rec.audit(
+            "runtime",
+            call=None,
+            payloads=AuditPayloads(
+                unreadableEvent=UnreadableEventPayload(
+                    seq=item.seq,
+                    event_type=item.type,
+                    reason=item.reason,
+                    size_bytes=item.size_bytes,
+                )
+            ),
+        )
+
+
+def _keep_interrupted(rec: Recorder, call: OpenCall) -> InterruptedBlockPayload | None:
+    """Stage the text a stopped call had streamed as an interrupted block, if any.
+
+    It goes into history, and into the transcript the next turn's model reads.
+    """
+    text = "".join(call.text)
+    if not text.strip():
+        return None
+    block = TextBlock(block_id=call.block_id, text=text, interrupted=True)
+    rec.durable(MessageCompleteEvent, call.stage_id, block=block)
+    rec.transcript = [*rec.transcript, {"role": "assistant", "content": text}]
+    return InterruptedBlockPayload(block_id=call.block_id, chars=len(text))
 
 
 def _details(exc: TurnError) -> dict[str, JsonValue]:

@@ -26,6 +26,7 @@ nothing is lost or sent twice (only deltas published during the outage are misse
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import re
 from collections.abc import AsyncIterator
@@ -34,7 +35,12 @@ from typing import Final
 
 from turnkit.clock import Clock
 from turnkit.errors import ReplayCursorError, TurnNotFoundError
-from turnkit.events import StreamEvent, decode_event
+from turnkit.events import (
+    MessageSnapshotEvent,
+    StreamEvent,
+    decode_event,
+    encode_event,
+)
 from turnkit.ids import TurnId
 from turnkit.replay import START, BufferEntry, ReplayBuffer
 from turnkit.states import TERMINAL_STATES
@@ -188,9 +194,14 @@ class TurnReader:
                 yield frame  # `turn.started`: committed at submit, never in the buffer
             buffer.position = START
             return
-        await buffer.sync()  # the position is taken before reading the Store
+        synced = await buffer.sync()  # the position is taken before reading the Store
         async for frame in self._from_store(turn_id, progress):
             yield frame
+        if synced and not progress.done and record.status == "running":
+            # Joined mid-block: the text so far of each block still being written, up to
+            # the position live reading starts after (so nothing is sent twice or lost).
+            for snapshot in await _snapshots(buffer, self.clock):
+                yield snapshot
 
     async def _turn(self, turn_id: TurnId) -> TurnRecord:
         record = await self.store.get_turn(turn_id)
@@ -244,6 +255,57 @@ class TurnReader:
             if entry.is_terminal:
                 progress.done = True
                 return
+
+
+_SNAPSHOT_PAGES: Final = 40
+_COMPLETE: Final = b'"type":"message.complete"'
+
+
+async def _snapshots(buffer: _Buffer, clock: Clock) -> list[Frame]:
+    """Snapshots of the blocks being written as of the buffer's synced position.
+
+    A block is being written when the buffer has its deltas but no `message.complete` (bounded:
+    at most 40 pages of entries are read).
+    """
+    upto, after = buffer.position, START
+    parts: dict[str, list[str]] = {}
+    last: dict[str, dict[str, object]] = {}
+    finished: set[str] = set()
+    for _ in range(_SNAPSHOT_PAGES):
+        if after == upto:
+            break
+        try:
+            entries = await buffer.buffer.read(buffer.turn_id, after=after, wait_s=0)
+        except Exception:  # noqa: BLE001 - no snapshot without the buffer; live goes on
+            return []
+        if not entries:
+            break
+        for entry in entries:
+            if entry.seq is None:
+                event = json.loads(entry.data)
+                if event.get("type") == "message.delta":
+                    parts.setdefault(event["block_id"], []).append(event["text"])
+                    last[event["block_id"]] = event
+            elif _COMPLETE in entry.data:
+                finished.add(str(json.loads(entry.data)["block"]["block_id"]))
+            after = entry.position
+            if after == upto:
+                break
+    frames = []
+    for block_id, texts in parts.items():
+        if block_id in finished:
+            continue
+        delta = last[block_id]
+        snapshot = MessageSnapshotEvent(
+            session_id=delta["session_id"],
+            turn_id=delta["turn_id"],
+            stage_id=delta["stage_id"],
+            ts=clock.now(),
+            block_id=block_id,
+            text="".join(texts),
+        )
+        frames.append(Frame(None, encode_event(snapshot)))
+    return frames
 
 
 @dataclass(slots=True)

@@ -12,6 +12,7 @@ import contextlib
 import logging
 
 from turnkit.errors import StoreUnavailableError
+from turnkit.events import DoneEvent, DurableEvent, EphemeralEvent
 from turnkit.runtime import SessionRuntime
 from turnkit.runtime._publish import BufferPublisher
 from turnkit.runtime.driver import TurnDriver
@@ -20,6 +21,8 @@ from turnkit.store import Lease
 __all__ = ("Worker",)
 
 log = logging.getLogger("turnkit.worker")
+
+_LEFT = "left to another worker (shutting down)"
 
 
 class _Backoff:
@@ -38,6 +41,10 @@ class _Backoff:
         if self.delay:
             log.warning("the database is back; claiming again")
         self.delay = 0.0
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds * 1000:.0f} ms" if seconds < 1 else f"{seconds:.1f} s"
 
 
 async def _wait(stop: asyncio.Event, seconds: float) -> None:
@@ -75,6 +82,7 @@ class Worker:
         self.drain_timeout_s = drain_timeout_s
         self._tasks: set[asyncio.Task[None]] = set()
         self._drivers: dict[asyncio.Task[None], TurnDriver] = {}
+        self._stopping = False
 
     @property
     def running(self) -> int:
@@ -134,9 +142,20 @@ class Worker:
         return True
 
     def _start(self, lease: Lease) -> None:
-        log.info(
-            "claimed %s (attempt %d, took over: %s)", lease.turn_id, lease.attempt, lease.took_over
-        )
+        if lease.took_over:
+            log.info(
+                "recovering turn %s (session %s): attempt %d, its previous driver's lease expired",
+                lease.turn_id,
+                lease.session_id,
+                lease.attempt,
+            )
+        else:
+            log.info(
+                "claimed turn %s (session %s, attempt %d)",
+                lease.turn_id,
+                lease.session_id,
+                lease.attempt,
+            )
         task = asyncio.create_task(self._drive(lease), name=f"turnkit-turn-{lease.turn_id}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -144,15 +163,47 @@ class Worker:
     async def _drive(self, lease: Lease) -> None:
         task = asyncio.current_task()
         assert task is not None
+        started = self.runtime.clock.monotonic()
+        ended: list[str] = []
+        outcome = "ended"
         async with BufferPublisher(self.runtime.replay, lease.turn_id) as publisher:
+
+            def sink(event: DurableEvent | EphemeralEvent | None) -> None:
+                if isinstance(event, DoneEvent):
+                    ended.append(event.status)
+                publisher(event)
+
             try:
-                driver = await self.runtime.runner().driver(lease, sink=publisher)
+                driver = await self.runtime.runner().driver(lease, sink=sink)
                 self._drivers[task] = driver
                 await driver.run()
+                outcome = ended[-1] if ended else self._unfinished(driver)
+            except asyncio.CancelledError:
+                outcome = _LEFT
+                raise
             except Exception:
+                outcome = "crashed"
                 log.exception("driving %s failed", lease.turn_id)
             finally:
                 self._drivers.pop(task, None)
+                log.info(
+                    "finished turn %s (session %s): %s in %s",
+                    lease.turn_id,
+                    lease.session_id,
+                    outcome,
+                    _duration(self.runtime.clock.monotonic() - started),
+                )
+
+    def _unfinished(self, driver: TurnDriver) -> str:
+        """Why a driver returned without a `done` event."""
+        if self._stopping:
+            return _LEFT
+        if driver.lease_lost:
+            return "lease lost (another driver owns the turn now)"
+        pause = driver.recorder.pending_pause if driver.recorder is not None else None
+        if pause is not None:
+            return "awaiting_approval" if pause.kind == "approval" else "awaiting_input"
+        return "ended"
 
     async def sweep(self) -> list[str]:
         """End orphaned runs now; returns their turn ids."""
@@ -168,6 +219,7 @@ class Worker:
         if not self._tasks:
             return
         _, pending = await asyncio.wait(set(self._tasks), timeout=self.drain_timeout_s)
+        self._stopping = bool(pending)
         for task in pending:
             # Shutting down is not Stop: leave the turn to the next worker, write nothing.
             driver = self._drivers.get(task)

@@ -95,7 +95,9 @@ async def call_model(
     started = time.perf_counter()
     rung, model, provider = 0, family.model, family.provider
     last_tool_delta: dict[int, float] = {}
-    rec.open_call = OpenCall(stage_id, family.name, model, provider, rung, started)
+    rec.open_call = OpenCall(
+        stage_id, family.name, model, provider, rung, started, block_id, _shown(asm, stream_text)
+    )
 
     def call_shape(**outcome: Any) -> CallShape:
         """The call's shape on the rung that ran last, timed from its start."""
@@ -132,7 +134,14 @@ async def call_model(
                         block_id = derive_id("blk", rec.turn_id, block_key, len(attempts) - 1)
                         started = time.perf_counter()
                         rec.open_call = OpenCall(
-                            stage_id, family.name, model, provider, rung, started
+                            stage_id,
+                            family.name,
+                            model,
+                            provider,
+                            rung,
+                            started,
+                            block_id,
+                            _shown(asm, stream_text),
                         )
                     case RungFailed():
                         _audit_failed_rung(ctx, stage_id, family, chunk, attempts)
@@ -178,6 +187,11 @@ async def call_model(
         f"model {model!r} ended its stream without a finish; treat it as a provider failure",
         is_retriable=False,
     )
+
+
+def _shown(asm: _Assembler, streamed: bool) -> list[str]:
+    """The text the person has seen of this call (none when its text is not streamed)."""
+    return asm.text if streamed else []
 
 
 def _answer_check(

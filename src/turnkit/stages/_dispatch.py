@@ -39,6 +39,7 @@ from turnkit.pauses import (
     summarize_call,
 )
 from turnkit.stages._message_list import result_message, result_text
+from turnkit.stages._planning import is_planning_tool, run_planning_tool
 from turnkit.stages._types import StageContext, TranscriptMessage
 from turnkit.tools import Tool, ToolArgumentsError, ToolContext
 
@@ -151,7 +152,10 @@ async def _run_one(
     *,
     in_doubt: bool,
 ) -> tuple[str | None, ErrorCode, JsonValue, str]:
-    """Run a call that may run: the built-in reader, or the tool (reconciled if in doubt)."""
+    """Run a call that may run: a built-in, or the tool (reconciled if in doubt)."""
+    if tool is None and is_planning_tool(ctx, part.name):
+        problem, output = await run_planning_tool(ctx, part, args)
+        return problem, "tool-arguments-invalid", output, part.name
     if part.name == READ_RESULT_TOOL or tool is None:
         problem, output = _read_result(ctx, args)
         return problem, "tool-arguments-invalid", output, part.name
@@ -180,6 +184,8 @@ async def _reconcile(
             turn_id=rec.turn_id,
             tool_call_id=ToolCallId(part.tool_call_id),
             idempotency_key=key,
+            principal=ctx.principal,
+            deps=ctx.deps,
         )
         try:
             applied, output = await hook(args, tool_ctx)
@@ -272,6 +278,8 @@ async def _invoke(
         turn_id=rec.turn_id,
         tool_call_id=call_id,
         idempotency_key=idempotency_key(rec.session_id, rec.turn_id, part.tool_call_id),
+        principal=ctx.principal,
+        deps=ctx.deps,
         _progress=progress,
         _pivot=pivot,
     )
@@ -384,8 +392,10 @@ def _write_ahead(
 ) -> tuple[list[Plan], set[str]]:
     """Stage a `tool.started` per call (with why it will not run, if it will not).
 
-    Also returns the calls in doubt: started by an earlier attempt, with no result and no
-    pause of their own in the log (such a call may have run before that attempt died).
+    Also returns the calls in doubt: started by an earlier attempt, with no result, and
+    either no pause of their own in the log or a pause an earlier attempt already resumed
+    from (such a call may have run before that attempt died). A call still waiting for its
+    answer had not run; one a person approved may have.
     """
     rec = ctx.recorder
     plans: list[Plan] = []
@@ -406,6 +416,7 @@ def _write_ahead(
             and tool is None
             and not _is_clarify(ctx, part)
             and not _is_read_result(ctx, part)
+            and not is_planning_tool(ctx, part.name)
         ):
             code = "tool-not-found"
             problem = f"there is no tool named {part.name!r}; available: {list(ctx.registry.names)}"
@@ -423,9 +434,9 @@ def _write_ahead(
         )
         if started is not None:  # not already in the log from an earlier attempt
             rec.tool_calls += 1
-        elif (
-            part.tool_call_id not in rec.journal.results
-            and f"pause:{derive_id('req', rec.turn_id, part.tool_call_id)}" not in rec.journal.keys
+        elif part.tool_call_id not in rec.journal.results and (
+            rec.answered_before
+            or f"pause:{derive_id('req', rec.turn_id, part.tool_call_id)}" not in rec.journal.keys
         ):
             in_doubt.add(part.tool_call_id)
         plans.append((part, tool, args or {}, problem, code))

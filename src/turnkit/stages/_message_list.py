@@ -104,6 +104,7 @@ async def prepare_request(
         tool_choice="none" if purpose == "synthesize" else "auto",
         thinking_budget=ctx.thinking_budget,
         purpose=purpose,
+        settings=ctx.agent.settings,
     )
     view = RequestView.of(transcript, tools_digest(specs))
     report = check_prefix(

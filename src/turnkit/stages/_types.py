@@ -16,6 +16,7 @@ from turnkit.context.transcript import (
     to_transcript,
 )
 from turnkit.models.family import ModelFamily
+from turnkit.skills import Skill
 from turnkit.telemetry import Recorder
 from turnkit.tools import ToolRegistry
 
@@ -58,6 +59,12 @@ class StageContext:
     thinking_budget: int
     synthesis: ModelFamily | None = None
     """The family of a separate synthesis call; None: the loop's terminal text answers."""
+    principal: str | None = None
+    """Who sent the message; tools see it in `ToolContext.principal`."""
+    deps: object = None
+    """The app's dependencies for this turn; tools see them in `ToolContext.deps`."""
+    skills: tuple[Skill, ...] = ()
+    """The skills a message may pick with `/slug` (the app's the caller may see, builtin)."""
     interrupt: Callable[[JsonValue], JsonValue] = _no_pauses
     """Pause the turn here; returns the answer when the turn is resumed (LangGraph)."""
     scratch: dict[str, object] = field(default_factory=dict[str, object])

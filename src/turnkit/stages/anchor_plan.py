@@ -8,7 +8,9 @@ from typing import Literal, cast
 
 from turnkit.audit import AuditPayloads, PlanGenerationPayload
 from turnkit.models import ModelMessage, ModelRequest
+from turnkit.skills import picked_skill
 from turnkit.stages._calls import call_model
+from turnkit.stages._planning import plan_notes
 from turnkit.stages._types import StageContext, StageOutcome, TranscriptMessage
 
 __all__ = ("PLAN_PROMPT", "run_anchor_plan")
@@ -21,6 +23,10 @@ PLAN_PROMPT = (
     '"tasks": ["<step>", ...]}. depth is none when one or two lookups answer it, task_list '
     "for clear work of three to five steps, spec_plan_tasks for large or vague work."
 )
+
+
+def _note(text: str) -> TranscriptMessage:
+    return {"role": "system", "content": text}
 
 
 def _heuristic(content: str) -> PlanGenerationPayload:
@@ -53,12 +59,14 @@ async def run_anchor_plan(
 ) -> StageOutcome:
     """Plan with the utility model if the agent has one, else by a cheap heuristic.
 
-    A plan with tasks is appended to the transcript as a system note, so every later call
-    carries it (append-only: no earlier byte changes).
+    The tier's notes (the plan's tasks, or the spec → plan → tasks instructions for an
+    agent with `planning`, and the instructions of a skill the message picked with
+    `/slug`) are appended to the transcript as system notes, so every later call carries
+    them (append-only: no earlier byte changes).
     """
+    result = None
     if ctx.utility is None:
         plan = _heuristic(content)
-        ctx.recorder.audit("anchor-plan", call=None, payloads=AuditPayloads(planGeneration=plan))
     else:
         request = ModelRequest(
             messages=(
@@ -71,17 +79,18 @@ async def run_anchor_plan(
             ctx, "anchor-plan", ctx.utility, request, block_key="plan", stream_text=False
         )
         plan = _parse(result.response.text, content)
-        ctx.recorder.audit(
-            "anchor-plan",
-            call=result.shape,
-            payloads=AuditPayloads(planGeneration=plan, providerCascade=result.cascade),
-        )
-    if plan.tasks:
-        steps = "\n".join(f"{i}. {task}" for i, task in enumerate(plan.tasks, 1))
-        transcript = [
-            *transcript,
-            {"role": "system", "content": f"Plan for this request:\n{steps}"},
-        ]
-    no_tools = not len(ctx.registry) and not ctx.agent.clarifications
+    picked = picked_skill(content, ctx.skills)
+    if picked is not None:
+        plan = plan.model_copy(update={"skill": picked.ref})
+    notes = plan_notes(ctx, plan, picked)
+    ctx.recorder.audit(
+        "anchor-plan",
+        call=result.shape if result is not None else None,
+        payloads=AuditPayloads(
+            planGeneration=plan, providerCascade=result.cascade if result is not None else None
+        ),
+    )
+    transcript = [*transcript, *(_note(n) for n in notes)]
+    no_tools = not len(ctx.registry) and not ctx.agent.clarifications and not ctx.agent.planning
     skip_tools = "tool-loop" in ctx.agent.skip_stages or no_tools
     return StageOutcome(transcript=transcript, route="synthesize" if skip_tools else "tool-loop")

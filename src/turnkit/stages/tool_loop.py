@@ -21,6 +21,7 @@ from turnkit.models import ModelMessage, ModelResponse, ToolCallPart, ToolSpec, 
 from turnkit.stages._calls import call_model
 from turnkit.stages._dispatch import dispatch_tools
 from turnkit.stages._message_list import cache_breakpoint, prepare_request, repaired_calls
+from turnkit.stages._planning import planning_specs
 from turnkit.stages._thinking import ANSWER_UNDER_WAY_CHARS, thinking_of
 from turnkit.stages._types import (
     PendingAnswer,
@@ -42,6 +43,8 @@ def offered_tools(ctx: StageContext) -> tuple[ToolSpec, ...]:
     specs = ctx.registry.specs()
     if ctx.agent.clarifications:
         specs += (clarify_spec(),)
+    if ctx.agent.planning:
+        specs += planning_specs()
     if specs and ctx.agent.tool_result_preview_chars is not None:
         specs += (read_result_spec(),)
     return specs

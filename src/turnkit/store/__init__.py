@@ -14,19 +14,21 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict, JsonValue
+from pydantic import BaseModel, ConfigDict, JsonValue, ValidationError
 
-from turnkit.audit import AuditRow, UsageDelta
+from turnkit.audit import AuditRow, UnreadableReason, UsageDelta
 from turnkit.blocks import ImagePart
 from turnkit.events import DurableEvent, StreamEvent, TurnStartedEvent, decode_event
 from turnkit.ids import SessionId, TurnId
 from turnkit.pauses import PauseRequest
 from turnkit.states import TurnStatus
+from turnkit.store._workspace import WorkspaceFile, check_workspace_path
 
 if TYPE_CHECKING:
     from turnkit.store.sql import SqlStore
 
 __all__ = (
+    "decode_events",
     "readable_events",
     "ClaimRequest",
     "CommitResult",
@@ -46,7 +48,11 @@ __all__ = (
     "TurnLedger",
     "TurnRecord",
     "TurnTranscript",
+    "UnreadableEvent",
     "Watchdog",
+    "Workspace",
+    "WorkspaceFile",
+    "check_workspace_path",
 )
 
 
@@ -153,6 +159,8 @@ class RunSummary(BaseModel):
     duration_ms: float = 0.0
     model: str = ""
     attempt: int = 1
+    skipped_events: int = 0
+    """Committed events of the turn this attempt could not decode and went on without."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -173,7 +181,6 @@ class TurnRecord:
     lease_owner: str | None
     lease_expires_at: datetime | None
     attempts: int
-    read_watermark: int
     pinned: dict[str, JsonValue]
     summary: RunSummary | None
     started_at: datetime | None
@@ -196,8 +203,6 @@ class Lease:
     """1 for the first attempt; higher after a takeover."""
     took_over: bool
     """Whether this claim took over an expired one (the previous driver died)."""
-    previous_watermark: int
-    """The highest input seq the previous attempt had read (0 if none)."""
     last_seq: int
     started_at: datetime
     cancel_requested: bool = False
@@ -233,26 +238,67 @@ class StoredEvent:
         return decode_event(self.data)
 
 
-async def readable_events(stored: AsyncIterator[StoredEvent]) -> list[StreamEvent]:
-    """Decode committed events, skipping any this version cannot read (logged).
+@dataclass(frozen=True, slots=True, kw_only=True)
+class UnreadableEvent:
+    """A committed event this version could not decode: where it sits and why (no bytes)."""
+
+    turn_id: TurnId
+    seq: int
+    type: str
+    """The type its row was stored under."""
+    reason: UnreadableReason
+    size_bytes: int
+
+
+async def decode_events(
+    stored: AsyncIterator[StoredEvent],
+) -> tuple[list[StreamEvent], list[UnreadableEvent]]:
+    """Decode committed events; those this version cannot read are set aside (logged).
 
     A payload written by a newer version (an event type this one does not know) or
     damaged in storage must not fail a run or a history read: it is left out with a
-    warning on `turnkit.store`, and the events around it are kept.
+    warning on `turnkit.store`, the events around it are kept, and it is returned beside
+    them so a driver can count and audit it.
     """
     events: list[StreamEvent] = []
+    skipped: list[UnreadableEvent] = []
     async for item in stored:
         try:
             events.append(item.decode())
         except ValueError as exc:
+            reason = _unreadable_reason(exc)
             log.warning(
                 "skipped unreadable event seq %d (%s) of turn %s: %s",
                 item.seq,
                 item.type,
                 item.turn_id,
-                str(exc).splitlines()[0],
+                reason,
             )
+            skipped.append(
+                UnreadableEvent(
+                    turn_id=item.turn_id,
+                    seq=item.seq,
+                    type=item.type,
+                    reason=reason,
+                    size_bytes=len(item.data),
+                )
+            )
+    return events, skipped
+
+
+async def readable_events(stored: AsyncIterator[StoredEvent]) -> list[StreamEvent]:
+    """The committed events this version can read (see `decode_events`)."""
+    events, _ = await decode_events(stored)
     return events
+
+
+def _unreadable_reason(exc: ValueError) -> UnreadableReason:
+    errors = {e["type"] for e in exc.errors()} if isinstance(exc, ValidationError) else set()
+    if "json_invalid" in errors or not errors:
+        return "invalid-json"
+    if "union_tag_invalid" in errors:
+        return "unknown-type"
+    return "invalid-fields"
 
 
 class TurnLedger(Protocol):
@@ -347,10 +393,6 @@ class RunQueue(Protocol):
         """Extend the lease; `StaleEpochError` when it is no longer this driver's."""
         ...
 
-    async def record_read(self, lease: Lease, watermark: int) -> None:
-        """Persist the highest input seq this attempt has read (before anything else)."""
-        ...
-
     async def sweep(self, *, ceiling_s: float, max_attempts: int) -> list[TurnId]:
         """End orphaned `running` turns as `timed_out`; paused turns are never touched.
 
@@ -389,7 +431,7 @@ class SessionDirectory(Protocol):
         ...
 
     async def delete_session(self, session_id: SessionId) -> bool:
-        """Delete a session with its inputs, turns and events (audit rows stay)."""
+        """Delete a session with its inputs, turns, events and files (audit rows stay)."""
         ...
 
 
@@ -446,8 +488,51 @@ class PauseBook(Protocol):
         ...
 
 
+class Workspace(Protocol):
+    """Files kept per session (`spec.md`, `plan.md`): written by tools, fetched by front ends.
+
+    Paths follow `check_workspace_path`; content is UTF-8 text of at most 1,000,000
+    characters. A bad path or content raises `InvalidInputError` and writes nothing.
+    """
+
+    async def write_file(
+        self,
+        session_id: SessionId,
+        path: str,
+        content: str,
+        *,
+        media_type: str | None = None,
+        turn_id: TurnId | None = None,
+    ) -> WorkspaceFile:
+        """Create or replace a file in one transaction; return it as stored.
+
+        `media_type` defaults to what the extension suggests (`.md` `text/markdown`,
+        `.json` `application/json`, `.csv` `text/csv`, else `text/plain`). The version
+        starts at 1 and grows by one per change; writing the same content and media type
+        again changes nothing (not the version, time or turn), so a retried tool call is
+        harmless. Raises `SessionNotFoundError` when the session does not exist.
+        """
+        ...
+
+    async def read_file(self, session_id: SessionId, path: str) -> WorkspaceFile | None:
+        """One file, or None (also for an unknown session); a bad path raises."""
+        ...
+
+    async def list_files(self, session_id: SessionId) -> list[WorkspaceFile]:
+        """A session's files with their content, ordered by path (code point order)."""
+        ...
+
+
 class Store(
-    TurnLedger, RunQueue, SessionDirectory, Watchdog, Canceller, PauseBook, GuideFeed, Protocol
+    TurnLedger,
+    RunQueue,
+    SessionDirectory,
+    Watchdog,
+    Canceller,
+    PauseBook,
+    GuideFeed,
+    Workspace,
+    Protocol,
 ):
     """Durable turn storage (see `TurnLedger` and `RunQueue`). Safe for concurrent use."""
 

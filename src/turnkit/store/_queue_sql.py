@@ -1,4 +1,4 @@
-"""The run-queue side of `SqlStore`: submit, claim, renew, record_read, sweep.
+"""The run-queue side of `SqlStore`: submit, claim, renew, sweep.
 
 Each function runs inside one transaction on a sync `Connection` (see `SqlStore._tx`).
 Claims are optimistic: pick a candidate (PostgreSQL: `FOR UPDATE SKIP LOCKED`), then a
@@ -63,7 +63,6 @@ __all__ = (
     "cancel",
     "claim",
     "orphan",
-    "record_read",
     "renew",
     "submit",
     "sweep",
@@ -262,7 +261,6 @@ def _open_turn(
             "lease_owner": None,
             "lease_expires_at": None,
             "attempts": 0,
-            "read_watermark": 0,
             "cancel_requested": False,
             "pinned": json.dumps(new.pinned, sort_keys=True),
             "summary": None,
@@ -376,7 +374,6 @@ def _claim_query(*, by_turn: bool, by_session: bool, skip_locked: bool) -> Any:
         turns.c.lease_epoch,
         turns.c.lease_owner,
         turns.c.attempts,
-        turns.c.read_watermark,
         _spent_after_claim().label("spent"),
     ).where(
         turns.c.status == "running",
@@ -416,8 +413,6 @@ def _claim_update(*, first: bool) -> Any:
             spent_attempts=bindparam("c_spent"),
             claim_seq=turns.c.last_seq,
             started_at=bindparam("c_now") if first else turns.c.started_at,
-            # The attempt reads the turn's own input first: its watermark, on record at once.
-            read_watermark=turns.c.input_seq,
             updated_at=bindparam("c_now"),
         )
         .returning(turns.c.session_id, turns.c.last_seq, turns.c.started_at)
@@ -473,17 +468,8 @@ def claim(
         expires_at=expires,
         attempt=row.attempts + 1,
         took_over=row.lease_owner is not None,
-        previous_watermark=row.read_watermark,
         last_seq=won.last_seq,
         started_at=started,
-    )
-
-
-def _fenced(lease: Lease) -> Any:
-    return and_(
-        turns.c.turn_id == lease.turn_id,
-        turns.c.lease_epoch == lease.epoch,
-        turns.c.lease_owner == lease.owner,
     )
 
 
@@ -526,7 +512,6 @@ def renew(conn: Connection, lease: Lease, *, ttl_s: float, now: datetime) -> Lea
         expires_at=expires,
         attempt=lease.attempt,
         took_over=lease.took_over,
-        previous_watermark=lease.previous_watermark,
         last_seq=lease.last_seq,
         started_at=lease.started_at,
         cancel_requested=bool(flag),
@@ -546,13 +531,6 @@ def _lost_or_stale(conn: Connection, lease: Lease) -> StaleEpochError | LeaseLos
         turn_id=lease.turn_id,
         status=row.status,
     )
-
-
-def record_read(conn: Connection, lease: Lease, watermark: int) -> None:
-    """Persist the attempt's read watermark under the lease."""
-    result = conn.execute(update(turns).where(_fenced(lease)).values(read_watermark=watermark))
-    if result.rowcount != 1:
-        raise _stale(lease)
 
 
 def sweepable(

@@ -20,6 +20,7 @@ from turnkit.store._tables import (
     SessionRow,
     TurnRow,
     UsageRollupRow,
+    WorkspaceFileRow,
 )
 
 sessions: Table = SessionRow.__table__  # type: ignore[attr-defined]
@@ -29,6 +30,7 @@ events: Table = EventRow.__table__  # type: ignore[attr-defined]
 audit: Table = AuditRowTable.__table__  # type: ignore[attr-defined]
 usage: Table = UsageRollupRow.__table__  # type: ignore[attr-defined]
 pauses: Table = PauseRow.__table__  # type: ignore[attr-defined]
+workspace_files: Table = WorkspaceFileRow.__table__  # type: ignore[attr-defined]
 
 SOURCES: dict[TurnStatus, tuple[TurnStatus, ...]] = {
     target: tuple(s for s, targets in TRANSITIONS.items() if target in targets)
@@ -67,7 +69,6 @@ def turn_record(row: Any) -> TurnRecord:
         lease_owner=row.lease_owner,
         lease_expires_at=aware(row.lease_expires_at),
         attempts=row.attempts,
-        read_watermark=row.read_watermark,
         pinned=json.loads(row.pinned) if row.pinned else {},
         summary=RunSummary.model_validate_json(row.summary) if row.summary else None,
         started_at=aware(row.started_at),

@@ -10,7 +10,7 @@ from sqlalchemy import Connection, bindparam, delete, select, update
 from turnkit.errors import SessionNotFoundError
 from turnkit.ids import SessionId
 from turnkit.store import SessionRecord
-from turnkit.store._schema import aware, events, inputs, pauses, sessions, turns
+from turnkit.store._schema import aware, events, inputs, pauses, sessions, turns, workspace_files
 
 __all__ = ("create", "get", "list_", "remove", "rename")
 
@@ -91,10 +91,11 @@ def rename(conn: Connection, session_id: SessionId, title: str, now: datetime) -
 
 
 def remove(conn: Connection, session_id: SessionId) -> bool:
-    """Delete the session and its chat data; audit rows have their own retention."""
+    """Delete the session, its chat data and files; audit rows have their own retention."""
     turn_ids = select(turns.c.turn_id).where(turns.c.session_id == session_id)
     conn.execute(delete(events).where(events.c.turn_id.in_(turn_ids)))
     conn.execute(delete(pauses).where(pauses.c.session_id == session_id))
     conn.execute(delete(turns).where(turns.c.session_id == session_id))
     conn.execute(delete(inputs).where(inputs.c.session_id == session_id))
+    conn.execute(delete(workspace_files).where(workspace_files.c.session_id == session_id))
     return conn.execute(delete(sessions).where(sessions.c.session_id == session_id)).rowcount == 1

@@ -83,7 +83,6 @@ class TurnRow(SQLModel, table=True):
         default=0, sa_column=Column(Integer, nullable=False, server_default=text("0"))
     )
     """`last_seq` when the current attempt claimed the turn."""
-    read_watermark: int = 0
     cancel_requested: bool = Field(
         default=False, sa_column=Column(Boolean, nullable=False, server_default=false())
     )
@@ -143,3 +142,17 @@ class PauseRow(SQLModel, table=True):
     answer: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
     created_at: datetime = Field(sa_column=_ts())
     answered_at: datetime | None = Field(default=None, sa_column=_ts(nullable=True))
+
+
+class WorkspaceFileRow(SQLModel, table=True):
+    """A file in a session's workspace; `version` grows by one per change."""
+
+    __tablename__ = "tk_workspace_files"
+    session_id: str = Field(primary_key=True, max_length=128)
+    path: str = Field(primary_key=True, max_length=200)
+    content: str = Field(sa_column=Column(Text, nullable=False))
+    media_type: str = Field(max_length=127)
+    size: int
+    version: int
+    turn_id: str | None = Field(default=None, max_length=64)
+    updated_at: datetime = Field(sa_column=_ts())

@@ -55,10 +55,12 @@ from turnkit.store import (
     Submission,
     TurnRecord,
     TurnTranscript,
+    WorkspaceFile,
     _pauses_sql as pauses_sql,
     _queue_sql as queue,
     _sessions_sql as sessions_sql,
     _sqlite as sqlite_conn,
+    _workspace_sql as workspace_sql,
 )
 from turnkit.store._folds import WalFolds
 from turnkit.store._schema import (
@@ -69,6 +71,11 @@ from turnkit.store._schema import (
     turn_record as _turn_record,
     turns as _turns,
     usage as _usage,
+)
+from turnkit.store._workspace import (
+    check_workspace_content,
+    check_workspace_path,
+    workspace_media_type,
 )
 from turnkit.store.migrate import current_revision, upgrade
 
@@ -438,10 +445,6 @@ class SqlStore:
             lambda conn: queue.renew(conn, lease, ttl_s=ttl_s, now=self._clock.now())
         )
 
-    async def record_read(self, lease: Lease, watermark: int) -> None:
-        """Persist the attempt's read watermark."""
-        await self._hot_tx(queue.record_read, lease, watermark)
-
     async def sweep(self, *, ceiling_s: float, max_attempts: int) -> list[TurnId]:
         """Time out orphaned running turns; returns the ones this call ended."""
         now = self._clock.now()
@@ -638,8 +641,46 @@ class SqlStore:
         return await self._tx(sessions_sql.rename, session_id, title, self._clock.now())
 
     async def delete_session(self, session_id: SessionId) -> bool:
-        """Delete a session's chat data (audit rows stay); False if it did not exist."""
+        """Delete a session's chat data and files (audit rows stay); False if it did not exist."""
         return await self._tx(sessions_sql.remove, session_id)
+
+    # ── workspace files ─────────────────────────────────────────────────────────────
+
+    async def write_file(
+        self,
+        session_id: SessionId,
+        path: str,
+        content: str,
+        *,
+        media_type: str | None = None,
+        turn_id: TurnId | None = None,
+    ) -> WorkspaceFile:
+        """Create or replace a session file; the same content again changes nothing."""
+        checked = check_workspace_path(path)
+        size = check_workspace_content(content)
+        kind = workspace_media_type(checked, media_type)
+        return await self._tx(
+            lambda conn: workspace_sql.write(
+                conn,
+                self._insert,
+                session_id=session_id,
+                path=checked,
+                content=content,
+                media_type=kind,
+                size=size,
+                turn_id=turn_id,
+                now=self._clock.now(),
+            )
+        )
+
+    async def read_file(self, session_id: SessionId, path: str) -> WorkspaceFile | None:
+        """One session file, or None."""
+        checked = check_workspace_path(path)
+        return await self._tx(workspace_sql.read, session_id, checked, write=False)
+
+    async def list_files(self, session_id: SessionId) -> list[WorkspaceFile]:
+        """A session's files, ordered by path."""
+        return await self._tx(workspace_sql.list_, session_id, write=False)
 
     # ── reads ───────────────────────────────────────────────────────────────────────
 

@@ -6,16 +6,15 @@ before it runs, and a validation failure becomes a failed result the model can r
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from typing import Protocol, runtime_checkable
-
-from pydantic import JsonValue
+from collections.abc import Iterable
 
 from turnkit.errors import DuplicateToolError
 from turnkit.models import ToolSpec
 from turnkit.pauses import CLARIFY_TOOL
 from turnkit.tools._context import ToolContext
-from turnkit.tools._function import NOT_APPLIED, FunctionTool, ToolArgumentsError, tool
+from turnkit.tools._errors import ToolArgumentsError
+from turnkit.tools._function import NOT_APPLIED, FunctionTool, tool
+from turnkit.tools._protocol import Tool
 from turnkit.tools.cascade import ToolClass
 
 __all__ = (
@@ -29,29 +28,6 @@ __all__ = (
     "ToolRegistry",
     "tool",
 )
-
-
-@runtime_checkable
-class Tool(Protocol):
-    """Something the model can call.
-
-    `invoke` validates `arguments` (raising `ToolArgumentsError` when they do not fit),
-    runs, and returns a JSON value. Any other exception is a failed call the model reads;
-    cancellation propagates.
-    """
-
-    @property
-    def name(self) -> str:
-        """The name the model calls."""
-        ...
-
-    def spec(self) -> ToolSpec:
-        """Name, description and argument schema as offered to the model."""
-        ...
-
-    async def invoke(self, arguments: Mapping[str, JsonValue], ctx: ToolContext) -> JsonValue:
-        """Run the tool."""
-        ...
 
 
 class ToolRegistry:
@@ -80,6 +56,11 @@ class ToolRegistry:
     def specs(self) -> tuple[ToolSpec, ...]:
         """What the model is offered."""
         return tuple(t.spec() for t in self._tools.values())
+
+    def only(self, names: Iterable[str]) -> ToolRegistry:
+        """The tools whose names are in `names`, in registration order."""
+        allowed = set(names)
+        return ToolRegistry(t for n, t in self._tools.items() if n in allowed)
 
     def __len__(self) -> int:
         return len(self._tools)

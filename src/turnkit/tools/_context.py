@@ -2,10 +2,16 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any, Generic
+
+from typing_extensions import TypeVar
 
 from turnkit.ids import SessionId, ToolCallId, TurnId
 
-__all__ = ("ToolContext",)
+__all__ = ("DepsT", "ToolContext")
+
+DepsT = TypeVar("DepsT", default=Any)
+"""The type of the app's dependencies a tool receives (`ToolContext[MyDeps]`)."""
 
 
 async def _ignore_progress(progress: float | None, message: str | None) -> None:
@@ -17,7 +23,7 @@ async def _ignore_pivot(from_tool: str, to_tool: str | None, reason: str) -> Non
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class ToolContext:
+class ToolContext(Generic[DepsT]):
     """What a running tool knows about its call. Declare a `ToolContext` parameter to get it.
 
     Attributes:
@@ -26,12 +32,19 @@ class ToolContext:
         tool_call_id: The model's id for this call.
         idempotency_key: Stable across retries and recovery of the same call: a tool that
             honours it has its effect exactly once.
+        principal: Who sent the message (None: anonymous).
+        deps: The app's dependencies for this turn (a pool, a client, permissions), as
+            given with the message in this process, else built by the runtime's `deps`
+            factory: after a pause, a restart or on a worker they are built again, never
+            read back from the store. None when the app supplies none.
     """
 
     session_id: SessionId
     turn_id: TurnId
     tool_call_id: ToolCallId
     idempotency_key: str
+    principal: str | None = None
+    deps: DepsT = None  # type: ignore[assignment]
     _progress: Callable[[float | None, str | None], Awaitable[None]] = field(
         default=_ignore_progress, repr=False
     )

@@ -4,7 +4,7 @@ import asyncio
 import inspect
 import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, Final, cast, get_args, get_type_hints, overload
+from typing import Any, Final, cast, get_args, get_origin, get_type_hints, overload
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError, create_model
 from pydantic_core import to_jsonable_python
@@ -13,8 +13,10 @@ from turnkit.errors import ConfigurationError
 from turnkit.models import ToolSpec
 from turnkit.pauses import ApprovalPolicy
 from turnkit.tools._context import ToolContext
+from turnkit.tools._errors import ToolArgumentsError
+from turnkit.tools.cascade import ToolClass
 
-__all__ = ("NOT_APPLIED", "FunctionTool", "Reconcile", "ToolArgumentsError", "tool")
+__all__ = ("NOT_APPLIED", "FunctionTool", "Reconcile", "tool")
 
 ToolFunction = Callable[..., Any]
 
@@ -30,15 +32,6 @@ NOT_APPLIED: Final = _NotApplied()
 Reconcile = Callable[[str, dict[str, JsonValue]], Awaitable[Any]]
 """`async (idempotency_key, arguments) -> the call's result, or NOT_APPLIED`."""
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-
-
-class ToolArgumentsError(Exception):
-    """A tool call's arguments do not fit the tool's schema; the model reads `reason`."""
-
-    def __init__(self, tool_name: str, reason: str) -> None:
-        super().__init__(f"invalid arguments for tool {tool_name!r}: {reason}")
-        self.tool_name = tool_name
-        self.reason = reason
 
 
 def _describe(error: ValidationError) -> str:
@@ -73,7 +66,10 @@ def _param_docs(doc: str) -> dict[str, str]:
 
 
 def _is_context(annotation: object) -> bool:
-    return annotation is ToolContext or ToolContext in get_args(annotation)
+    """`ToolContext`, `ToolContext[Deps]`, or either inside `X | None`."""
+    if annotation is ToolContext or get_origin(annotation) is ToolContext:
+        return True
+    return any(_is_context(arg) for arg in get_args(annotation) if arg is not type(None))
 
 
 class FunctionTool:
@@ -240,8 +236,6 @@ def tool(
         )
         if not fallbacks:
             return made
-        from turnkit.tools.cascade import ToolClass
-
         return ToolClass(made.name, [made, *fallbacks])
 
     if fn is not None:

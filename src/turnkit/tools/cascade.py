@@ -11,10 +11,10 @@ from pydantic import JsonValue
 from turnkit.errors import ConfigurationError
 from turnkit.models import ToolSpec
 from turnkit.tools._context import ToolContext
-from turnkit.tools._function import ToolArgumentsError
+from turnkit.tools._errors import ToolArgumentsError
 
 if TYPE_CHECKING:
-    from turnkit.tools import Tool
+    from turnkit.tools._protocol import Tool
 
 __all__ = ("ToolClass",)
 

@@ -1,0 +1,71 @@
+"""`deploy/compose.yaml` runs what the systemd units run, with the same variables and checks."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tests.support.server import serve
+from turnkit import Agent, RuntimeConfig, SessionRuntime
+from turnkit.quickstart import create_app
+from turnkit.testing import ModelStep, ScriptedModel
+
+ROOT = Path(__file__).parent.parent
+DEPLOY = ROOT / "deploy"
+
+
+def _compose() -> dict[str, Any]:
+    return yaml.safe_load((DEPLOY / "compose.yaml").read_text())  # type: ignore[no-any-return]
+
+
+def _example_variables() -> set[str]:
+    text = (DEPLOY / "turnkit.env.example").read_text()
+    return set(re.findall(r"^(TURNKIT_\w+)=", text, re.M))
+
+
+def test_the_compose_file_runs_the_api_and_workers_on_postgres_and_redis() -> None:
+    services = _compose()["services"]
+    assert {"postgres", "redis", "migrate", "api", "worker"} <= set(services)
+    for name in ("migrate", "api", "worker"):
+        env = services[name]["environment"]
+        assert _example_variables() <= set(env), f"{name} lacks a variable of the example"
+        assert "@postgres:" in env["TURNKIT_DATABASE_URL"]
+        assert env["TURNKIT_REDIS_URL"].startswith("redis://redis:")
+    api, worker = services["api"], services["worker"]
+    assert api["environment"]["TURNKIT_RUN_IN_PROCESS"] == "0"  # as the systemd unit: workers drive
+    assert api["command"][:2] == ["turnkit", "serve"]
+    assert worker["command"][:2] == ["turnkit", "worker"]
+    assert (api["deploy"]["replicas"], worker["deploy"]["replicas"]) == (2, 2)
+    for name, service in services.items():  # every awaited health check exists
+        for dep, rule in (service.get("depends_on") or {}).items():
+            assert dep in services, (name, dep)
+            if rule["condition"] == "service_healthy":
+                assert "healthcheck" in services[dep], (name, dep)
+    build = api["build"]
+    assert (DEPLOY / build["context"] / build["dockerfile"]).resolve().is_file()
+
+
+def test_the_api_health_check_passes_when_ready_and_fails_when_down(tmp_path: Path) -> None:
+    [probe] = [p for p in _compose()["services"]["api"]["healthcheck"]["test"] if "urlopen" in p]
+    assert "/healthz" in probe
+    assert "/readyz" in probe
+    runtime = SessionRuntime(
+        agent=Agent(model=ScriptedModel([ModelStep.text_reply("hi")])),
+        config=RuntimeConfig(database_url=f"sqlite:///{tmp_path / 'h.db'}"),
+    )
+    with serve(create_app(runtime)) as url:
+        up = subprocess.run(
+            [sys.executable, "-c", probe.replace("http://127.0.0.1:8000", url)],
+            capture_output=True, timeout=30,
+        )  # fmt: skip
+    assert up.returncode == 0, up.stderr.decode()
+    down = subprocess.run(
+        [sys.executable, "-c", probe.replace("http://127.0.0.1:8000", url)],
+        capture_output=True, timeout=30,
+    )  # fmt: skip
+    assert down.returncode != 0  # the container would be marked unhealthy

@@ -1,0 +1,129 @@
+"""A reader that resumes while a block is being written gets its text so far, then live.
+
+Stop keeps the partial text as an interrupted block: in history, in the audit, and in
+what the next turn's model reads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REDIS_URL, require_service
+from turnkit import Agent, RuntimeConfig, SessionRuntime
+from turnkit.events import (
+    DurableEvent,
+    MessageCompleteEvent,
+    MessageDeltaEvent,
+    MessageSnapshotEvent,
+)
+from turnkit.models import Finish, ModelChunk, ModelRequest, TextDelta, Usage, text_of
+from turnkit.replay import ReplayBuffer
+from turnkit.replay.memory import InMemoryReplayBuffer
+
+WORDS = [f"word{i} " for i in range(40)]
+
+
+class SlowWriter:
+    """Writes 40 words, 20 ms apart; remembers what every request carried."""
+
+    model = "slow-writer"
+    provider = "test"
+
+    def __init__(self) -> None:
+        self.requests: list[ModelRequest] = []
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
+        self.requests.append(request)
+        for word in WORDS:
+            yield TextDelta(word)
+            await asyncio.sleep(0.02)
+        yield Finish("end_turn", Usage(input_tokens=5, output_tokens=40))
+
+
+@pytest.fixture(params=["memory", "redis"])
+async def replay(request: pytest.FixtureRequest) -> AsyncIterator[ReplayBuffer]:
+    if request.param == "memory":
+        yield InMemoryReplayBuffer()
+        return
+    require_service("Redis", "127.0.0.1", 6379)
+    from turnkit.replay.redis import RedisReplayBuffer
+
+    buffer = RedisReplayBuffer.from_url(REDIS_URL, prefix=f"tk-mid-{uuid.uuid4().hex[:8]}")
+    yield buffer
+    await buffer.close()
+
+
+def _runtime(tmp_path: Path, replay: ReplayBuffer, model: SlowWriter) -> SessionRuntime:
+    agent = Agent(model=model, skip_stages=frozenset({"anchor-plan"}))
+    config = RuntimeConfig(database_url=f"sqlite:///{tmp_path / 'mid.db'}")
+    return SessionRuntime(agent=agent, config=config, replay=replay)
+
+
+async def test_a_reader_resuming_mid_block_sees_the_whole_text_once(
+    tmp_path: Path, replay: ReplayBuffer
+) -> None:
+    async with _runtime(tmp_path, replay, SlowWriter()) as runtime:
+        submission = await runtime.start("s1", "write")
+        cursor, seen = 0, ""
+        async with asyncio.timeout(20):
+            async for event in runtime.reader().events(submission.turn_id):
+                if isinstance(event, DurableEvent):
+                    cursor = event.seq
+                if isinstance(event, MessageDeltaEvent):
+                    seen += event.text
+                    if len(seen) > 60:
+                        break  # the connection drops mid-answer
+        screen, snapshots = "", 0
+        async with asyncio.timeout(20):
+            async for event in runtime.reader().events(submission.turn_id, after_seq=cursor):
+                if isinstance(event, MessageSnapshotEvent):
+                    screen, snapshots = event.text, snapshots + 1  # replaces the block
+                elif isinstance(event, MessageDeltaEvent):
+                    screen += event.text
+                elif isinstance(event, MessageCompleteEvent):
+                    complete = event.block.text
+    assert snapshots == 1
+    assert screen == "".join(WORDS)  # whole, nothing twice
+    assert complete == screen
+
+
+async def test_stop_keeps_the_partial_text_as_an_interrupted_block(
+    tmp_path: Path, replay: ReplayBuffer
+) -> None:
+    model = SlowWriter()
+    async with _runtime(tmp_path, replay, model) as runtime:
+        submission = await runtime.start("s1", "write")
+        seen = ""
+        async with asyncio.timeout(20):
+            async for event in runtime.reader().events(submission.turn_id):
+                if isinstance(event, MessageDeltaEvent):
+                    seen += event.text
+                    if len(seen) > 60:
+                        await runtime.cancel(submission.turn_id)
+                        break
+        record = await runtime.turn(submission.turn_id)
+        events = [e async for e in runtime.events(submission.turn_id)]
+        [turn] = await runtime.history("s1")
+        rows = await runtime.audit(submission.turn_id)
+        await runtime.start("s1", "go on")
+        async with asyncio.timeout(20):
+            while len(model.requests) < 2:
+                await asyncio.sleep(0.02)
+
+    assert record.status == "cancelled"
+    [kept] = [e for e in events if isinstance(e, MessageCompleteEvent)]
+    assert kept.block.interrupted
+    assert not kept.block.is_answer
+    assert kept.block.text.startswith(seen)
+    assert turn.blocks[-1] == kept.block  # history shows it
+    interrupted = [r.payloads.interrupted_block for r in rows if r.payloads.interrupted_block]
+    assert interrupted[0].block_id == kept.block.block_id
+    assert interrupted[0].chars == len(kept.block.text)
+    following = model.requests[1].messages
+    assistant = [text_of(m.content) for m in following if m.role == "assistant"]
+    assert any(kept.block.text in text for text in assistant)  # the next turn reads it

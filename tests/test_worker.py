@@ -1,0 +1,48 @@
+"""`Worker` says what it does: one log line per claim, recovery and finished turn."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from turnkit import Agent, RuntimeConfig, SessionRuntime
+from turnkit.runtime.worker import Worker
+from turnkit.testing import ModelStep, ScriptedModel
+
+
+async def test_the_worker_logs_claims_recoveries_and_finished_turns(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="turnkit.worker")
+    model = ScriptedModel([ModelStep.text_reply("First."), ModelStep.text_reply("Second.")])
+    config = RuntimeConfig(database_url=f"sqlite:///{tmp_path / 'w.db'}", lease_ttl_s=0.3)
+    async with SessionRuntime(agent=Agent(model=model), config=config) as runtime:
+        orphan = await runtime.submit("s-orphan", "hi", claim=True)  # claimed, never driven
+        queued = await runtime.submit("s-queued", "hello")
+        await asyncio.sleep(0.4)  # the orphan's lease lapses
+        stop = asyncio.Event()
+        worker = Worker(runtime, concurrency=1, poll_interval_s=0.02, sweep_interval_s=3600)
+        running = asyncio.create_task(worker.run(stop))
+        deadline = time.monotonic() + 20
+        while caplog.text.count("finished turn") < 2:
+            assert time.monotonic() < deadline, caplog.text
+            await asyncio.sleep(0.02)
+        stop.set()
+        await running
+
+    lines = [r.getMessage() for r in caplog.records if r.name == "turnkit.worker"]
+    assert (
+        f"recovering turn {orphan.turn_id} (session s-orphan): attempt 2, "
+        "its previous driver's lease expired"
+    ) in lines
+    assert f"claimed turn {queued.turn_id} (session s-queued, attempt 1)" in lines
+    for turn_id, session in ((orphan.turn_id, "s-orphan"), (queued.turn_id, "s-queued")):
+        [done] = [line for line in lines if line.startswith(f"finished turn {turn_id} ")]
+        assert re.fullmatch(
+            rf"finished turn {turn_id} \(session {session}\): succeeded in (\d+ ms|\d+\.\d s)", done
+        )
