@@ -24,6 +24,14 @@ EXPECT = {
         "status: succeeded",
         "answer: Ada got her 40 EUR.",
     ],
+    "two_agents.py": [
+        "[general v",
+        "] Hello! Ask me anything.",
+        "tool -> {'customer': 'ada', 'open': [120, 80], 'total_eur': 200}",
+        "[billing v",
+        "] You have two open invoices, 200 EUR in total.",
+        "billing call settings: {'temperature': 0.1, 'seed': 7}",
+    ],
 }
 
 

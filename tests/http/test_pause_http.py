@@ -94,3 +94,29 @@ async def test_approve_over_http_after_a_restart(tmp_path: Path) -> None:
     assert len(KEYS) == 1
     assert len(before.calls) == 1
     assert len(after.calls) == 1
+
+
+async def test_pending_decisions_come_from_a_route_after_a_reload(tmp_path: Path) -> None:
+    """A page that reloads finds the card without replaying any stream."""
+    db = tmp_path / "pending.db"
+    asking = ScriptedModel([ModelStep.tool_call_reply(call("delete_file", path="/tmp/y"))])
+    with serve(_app(db, asking)) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+            first = await _read(
+                http, "POST", f"{API}/sessions/ops/execute", "approval.requested",
+                json={"content": "delete /tmp/y"},
+            )  # fmt: skip
+            asked = first[-1]
+            by_session = (await http.get(f"{API}/sessions/ops/pending")).json()
+            by_turn = (await http.get(f"{API}/turns/{asked['turn_id']}/pending")).json()
+            history = (await http.get(f"{API}/sessions/ops/history")).json()
+            none_yet = (await http.get(f"{API}/sessions/other/pending")).status_code
+    [card] = by_session["pending"]
+    assert card == by_turn["pending"][0]
+    assert card["kind"] == "approval"
+    assert card["requestId"] == asked["request_id"]
+    assert card["toolName"] == "delete_file"
+    assert card["arguments"] == {"path": "/tmp/y"}
+    assert card["summary"]
+    assert history[0]["pending"]["requestId"] == asked["request_id"]
+    assert none_yet == 404  # no such session

@@ -25,6 +25,8 @@ from turnkit.http.models import (
     AuditOut,
     CancelOut,
     ExecuteBody,
+    PendingListOut,
+    PendingOut,
     ResumeOut,
     SessionBody,
     SessionOut,
@@ -288,6 +290,26 @@ def create_turnkit_router(  # noqa: C901 - one closure per route keeps the route
             owned(existing, session_id, principal)
         record = await runtime.create_session(session_id, principal=principal, title=body.title)
         return SessionOut.model_validate(record)
+
+    @router.get(
+        "/sessions/{session_id}/pending",
+        response_model=PendingListOut,
+        summary="The approvals and questions the session's paused turns wait for",
+    )
+    async def session_pending(session_id: SessionPath, principal: Caller) -> PendingListOut:
+        await visible_session(session_id, principal)
+        found = await runtime.pending(session_id)
+        return PendingListOut(pending=[PendingOut.model_validate(p) for p in found])
+
+    @router.get(
+        "/turns/{turn_id}/pending",
+        response_model=PendingListOut,
+        summary="The approval or question a paused turn waits for",
+    )
+    async def turn_pending(turn_id: str, principal: Caller) -> PendingListOut:
+        record = await visible_turn(turn_id, principal)
+        found = (await turn_history(runtime.store, record)).pending
+        return PendingListOut(pending=[PendingOut.model_validate(found)] if found else [])
 
     @router.get(
         "/sessions/{session_id}/history",

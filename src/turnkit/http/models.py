@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, JsonValue
 from pydantic.alias_generators import to_camel
 
 from turnkit.agent import Effort
 from turnkit.audit import AuditRow
 from turnkit.blocks import Block, ContentPart
+from turnkit.events import Task
 from turnkit.models import ModelSettings
 from turnkit.states import TurnStatus
 
 __all__ = (
+    "PendingListOut",
+    "PendingOut",
     "CancelOut",
     "ExecuteBody",
     "SessionBody",
@@ -73,6 +77,27 @@ class SessionOut(_Camel):
     updated_at: datetime
 
 
+class PendingOut(_Camel):
+    """An approval or a question a paused turn waits for."""
+
+    turn_id: str
+    request_id: str
+    kind: Literal["approval", "clarification"]
+    seq: int
+    tool_call_id: str | None = None
+    tool_name: str | None = None
+    arguments: dict[str, JsonValue] | None = None
+    summary: str | None = None
+    question: str | None = None
+    choices: list[str] = Field(default_factory=list[str])
+
+
+class PendingListOut(_Camel):
+    """Body of the pending-decision routes."""
+
+    pending: list[PendingOut]
+
+
 class TurnOut(_Camel):
     """A turn with its committed blocks."""
 
@@ -80,6 +105,9 @@ class TurnOut(_Camel):
     status: TurnStatus
     blocks: list[Block] = Field(default_factory=list[Block])
     answer: str | None = None
+    pending: PendingOut | None = None
+    tasks: list[Task] = Field(default_factory=list[Task])
+    cost_usd: float = 0.0
 
 
 class TurnStatusOut(_Camel):

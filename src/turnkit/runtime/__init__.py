@@ -28,6 +28,7 @@ from turnkit.models import ModelClient, ModelSettings
 from turnkit.models.family import ModelFamily, resolve_family
 from turnkit.models.litellm import ModelEndpoint
 from turnkit.pauses import Resolution
+from turnkit.projection import PendingDecision
 from turnkit.replay import ReplayBuffer
 from turnkit.replay.memory import InMemoryReplayBuffer
 from turnkit.runtime._cancel import CancelToken
@@ -618,6 +619,19 @@ class SessionRuntime:
         if not turns:
             raise SessionNotFoundError(f"no session {session_id!r}", session_id=session_id)
         return [await turn_history(self.store, t) for t in turns]
+
+    async def pending(self, session_id: str) -> list[PendingDecision]:
+        """The approvals and questions a session's paused turns wait for, oldest first.
+
+        What a page shows after a reload, without replaying any stream.
+        """
+        out = []
+        for record in await self.store.list_turns(SessionId(session_id)):
+            if record.status in ("awaiting_approval", "awaiting_input"):
+                found = (await turn_history(self.store, record)).pending
+                if found is not None:
+                    out.append(found)
+        return out
 
     async def events(self, turn_id: str, *, after_seq: int = 0) -> AsyncIterator[StreamEvent]:
         """A turn's committed events after `after_seq`, in order."""

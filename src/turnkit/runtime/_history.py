@@ -2,29 +2,31 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from turnkit.blocks import Block, TextBlock, UserBlock
-from turnkit.events import (
-    MessageCompleteEvent,
-    StreamEvent,
-    ThinkingCompleteEvent,
-    ToolCompletedEvent,
-    ToolFailedEvent,
-    ToolStartedEvent,
-    TurnStartedEvent,
-)
+from turnkit.blocks import Block, TextBlock
+from turnkit.events import Task
 from turnkit.ids import TurnId
+from turnkit.projection import PendingDecision
 from turnkit.states import TurnStatus
 
-__all__ = ("TurnHistory", "blocks_of")
+__all__ = ("TurnHistory",)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TurnHistory:
-    """One committed turn: its status and its blocks in order."""
+    """One committed turn: its status, its blocks in order, and what it waits for.
+
+    Attributes:
+        pending: The approval or question a paused turn waits for.
+        tasks: The turn's newest task list.
+        cost_usd: The turn's cost once it has finished (0 before).
+    """
 
     turn_id: TurnId
     status: TurnStatus
     blocks: tuple[Block, ...]
+    pending: PendingDecision | None = None
+    tasks: tuple[Task, ...] = ()
+    cost_usd: float = 0.0
 
     @property
     def answer(self) -> str | None:
@@ -33,23 +35,3 @@ class TurnHistory:
             if isinstance(block, TextBlock) and block.is_answer:
                 return block.text
         return None
-
-
-def blocks_of(events: list[StreamEvent]) -> tuple[Block, ...]:
-    """The typed blocks a turn's committed events describe, in log order."""
-    blocks: list[Block] = []
-    for event in events:
-        match event:
-            case TurnStartedEvent(content=content, attachments=attachments):
-                blocks.append(UserBlock(text=content, attachments=attachments))
-            case ThinkingCompleteEvent(block=block):
-                blocks.append(block)
-            case MessageCompleteEvent(block=block):
-                blocks.append(block)
-            case ToolStartedEvent(block=block):
-                blocks.append(block)
-            case ToolCompletedEvent(result=result) | ToolFailedEvent(result=result):
-                blocks.append(result)
-            case _:
-                pass
-    return tuple(blocks)

@@ -12,7 +12,8 @@ from turnkit.errors import TurnNotFoundError
 from turnkit.graph import TurnGraph, pause_here
 from turnkit.models import ModelSettings
 from turnkit.models.family import ModelFamily, resolve_family
-from turnkit.runtime._history import TurnHistory, blocks_of
+from turnkit.projection import project
+from turnkit.runtime._history import TurnHistory
 from turnkit.runtime._transcript import session_transcript
 from turnkit.runtime.agents import AgentCatalog
 from turnkit.runtime.deps import DepsFactory, DepsScope, build_deps
@@ -66,7 +67,15 @@ def pinned_config(
 async def turn_history(store: Store, turn: TurnRecord) -> TurnHistory:
     """A turn's committed blocks."""
     events = await readable_events(store.read_events(turn.turn_id))
-    return TurnHistory(turn_id=turn.turn_id, status=turn.status, blocks=blocks_of(events))
+    view = project(turn.turn_id, events)
+    return TurnHistory(
+        turn_id=turn.turn_id,
+        status=turn.status,
+        blocks=view.blocks,
+        pending=view.pending if turn.status in ("awaiting_approval", "awaiting_input") else None,
+        tasks=view.tasks,
+        cost_usd=view.cost_usd,
+    )
 
 
 class TurnRunner:
