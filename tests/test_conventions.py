@@ -42,6 +42,7 @@ def test_ephemeral_events_are_exactly_the_starred_ones() -> None:
     assert ephemeral == {
         "message.delta",
         "message.snapshot",
+        "plugin.signal",
         "thinking.delta",
         "tool.delta",
         "job.progress",

@@ -24,6 +24,15 @@ EXPECT = {
         "status: succeeded",
         "answer: Ada got her 40 EUR.",
     ],
+    "plugin.py": [
+        "plugin event: plugin.house-rules.tool-used {'tool': 'stock_price'}",
+        "denied: denied by house-rules: only traders may place orders",
+        "guardrail: promise redact",
+        "audit: [{'house-rules': {'tool': 'stock_price', 'ok': True}}",
+        "answer: ACME trades at 12.50 USD, no gains [—]. I could not place the order.",
+        "cited: stock_price https://quotes.example/ACME",
+        "note sent: True",
+    ],
     "two_agents.py": [
         "[general v",
         "] Hello! Ask me anything.",

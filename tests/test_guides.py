@@ -4,19 +4,19 @@ if the turn never presents it, is answered by a turn of its own (never stranded)
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 from tests.conftest import RuntimeFactory
 from turnkit import Agent, tool
-from turnkit.blocks import TextBlock
+from turnkit.blocks import TextBlock, ToolResultBlock
 from turnkit.events import (
     InputGuidedEvent,
     MessageCompleteEvent,
     ToolStartedEvent,
     TurnStartedEvent,
 )
-from turnkit.ids import SessionId, TurnId
-from turnkit.plugins import Enrichment, Plugin
+from turnkit.ids import SessionId
+from turnkit.plugins import Enrichment, Plugin, PluginContext
 from turnkit.testing import ModelStep, ScriptedModel, call
 
 
@@ -77,7 +77,7 @@ class Gate(Plugin):
         self.release = asyncio.Event()
 
     async def enrich_message(
-        self, answer: TextBlock, *, session_id: SessionId, turn_id: TurnId
+        self, ctx: PluginContext, answer: TextBlock, sources: Sequence[ToolResultBlock]
     ) -> Enrichment | None:
         self.entered.set()
         await self.release.wait()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from tests.conftest import RuntimeFactory
 from turnkit import Agent, ModelFamily, ProviderError
 from turnkit.events import ErrorEvent, MessageDeltaEvent, encode_event
@@ -96,16 +98,15 @@ async def test_throttled_tool_deltas_lose_no_argument_text(
 
 
 async def test_enrichment_points_at_the_answer_block(runtime_factory: RuntimeFactory) -> None:
-    from turnkit.blocks import TextBlock
+    from turnkit.blocks import TextBlock, ToolResultBlock
     from turnkit.events import Citation, MessageCitationsEvent, MessageCompleteEvent
-    from turnkit.ids import SessionId, TurnId
-    from turnkit.plugins import Enrichment, Plugin
+    from turnkit.plugins import Enrichment, Plugin, PluginContext
 
     class Cite(Plugin):
         name = "cite"
 
         async def enrich_message(
-            self, answer: TextBlock, *, session_id: SessionId, turn_id: TurnId
+            self, ctx: PluginContext, answer: TextBlock, sources: Sequence[ToolResultBlock]
         ) -> Enrichment | None:
             return Enrichment(citations=(Citation(source="doc-1", quote=answer.text[:5]),))
 

@@ -46,6 +46,7 @@ __all__ = (
     "AgentNotFoundError",
     "ErrorCode",
     "FamilyExhaustedError",
+    "GuardrailBlockedError",
     "InternalError",
     "InvalidInputError",
     "InvalidSessionIdError",
@@ -56,6 +57,7 @@ __all__ = (
     "OutputLimitExceededError",
     "PauseAnsweredError",
     "PauseNotFoundError",
+    "PluginFailedError",
     "PrefixRewriteError",
     "ProviderError",
     "ReplayCursorError",
@@ -103,6 +105,8 @@ ErrorCode = Literal[
     "deadline-exceeded",
     "user-aborted",
     "prefix-rewritten",
+    "plugin-failed",
+    "guardrail-blocked",
     "internal-error",
     "store-error",
     "stale-epoch",
@@ -237,6 +241,18 @@ class AgentNotFoundError(NotFoundError, TurnError):
     """
 
     code: ClassVar[ErrorCode] = "agent-not-found"
+
+
+class PluginFailedError(TurnError):
+    """A plugin marked `required` raised in one of its hooks."""
+
+    code: ClassVar[ErrorCode] = "plugin-failed"
+
+
+class GuardrailBlockedError(TurnError):
+    """A guardrail blocked the user's message, a tool result or the answer."""
+
+    code: ClassVar[ErrorCode] = "guardrail-blocked"
 
 
 class ProviderError(TurnError):

@@ -52,6 +52,8 @@ __all__ = (
     "EphemeralEvent",
     "ErrorEvent",
     "GuardrailEvent",
+    "PluginEmittedEvent",
+    "PluginSignalEvent",
     "HeartbeatEvent",
     "InputGuidedEvent",
     "JobCompletedEvent",
@@ -359,6 +361,26 @@ class GuardrailEvent(DurableEvent):
     action: str
 
 
+class PluginEmittedEvent(DurableEvent):
+    """An event a plugin emitted: committed and replayed like any other."""
+
+    type: Literal["plugin.emitted"] = "plugin.emitted"
+    plugin: str
+    name: str
+    """Namespaced `plugin.<plugin>.<name>`."""
+    data: dict[str, JsonValue] = Field(default_factory=dict)
+
+
+class PluginSignalEvent(EphemeralEvent):
+    """An ephemeral event a plugin emitted (live readers only, never replayed)."""
+
+    type: Literal["plugin.signal"] = "plugin.signal"
+    plugin: str
+    name: str
+    """Namespaced `plugin.<plugin>.<name>`."""
+    data: dict[str, JsonValue] = Field(default_factory=dict)
+
+
 class CompactionStartedEvent(EphemeralEvent):
     """A summary of the history is being written."""
 
@@ -533,6 +555,8 @@ StreamEvent = Annotated[
     | ApprovalRequestedEvent
     | ClarificationRequestedEvent
     | GuardrailEvent
+    | PluginEmittedEvent
+    | PluginSignalEvent
     | CompactionStartedEvent
     | CompactionCompletedEvent
     | UsageEvent

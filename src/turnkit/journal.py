@@ -57,6 +57,8 @@ def dedupe_key(event_type: str, fields: Mapping[str, Any]) -> str | None:
             return f"pause:{fields['request_id']}"
         case _ if event_type in _BY_FIELD:
             return f"{event_type}:{fields[_BY_FIELD[event_type]]}"
+        case "guardrail":
+            return f"guardrail:{fields['checkpoint']}:{fields['subject']}:{fields['kind']}"
         case "tasks.updated":
             return f"tasks.updated:{fields.get('tool_call_id') or 'plan'}"
         case _ if event_type in _ONCE:

@@ -21,12 +21,16 @@ from pydantic import JsonValue
 from turnkit.blocks import Block, TextBlock, UserBlock
 from turnkit.events import (
     ApprovalRequestedEvent,
+    Citation,
     ClarificationRequestedEvent,
     DoneEvent,
     DurableEvent,
+    Entity,
     ErrorEvent,
     InputGuidedEvent,
+    MessageCitationsEvent,
     MessageCompleteEvent,
+    MessageEntitiesEvent,
     RunFinishedEvent,
     StreamEvent,
     Task,
@@ -77,6 +81,9 @@ class TurnView:
     blocks: tuple[Block, ...] = ()
     segments: tuple[WorkSegment, ...] = ()
     tasks: tuple[Task, ...] = ()
+    citations: tuple[Citation, ...] = ()
+    """What enrichment plugins cited for the turn's blocks (`message.citations`)."""
+    entities: tuple[Entity, ...] = ()
     pending: PendingDecision | None = None
     cost_usd: float = 0.0
     input_tokens: int = 0
@@ -138,6 +145,10 @@ def _apply(fold: _Fold, event: DurableEvent) -> None:  # noqa: C901 - one arm pe
             fold.add(result)
         case TasksUpdatedEvent(tasks=tasks):
             view = replace(view, tasks=tasks)
+        case MessageCitationsEvent(citations=citations):
+            view = replace(view, citations=(*view.citations, *citations))
+        case MessageEntitiesEvent(entities=entities):
+            view = replace(view, entities=(*view.entities, *entities))
         case ApprovalRequestedEvent():
             view = replace(
                 view,

@@ -9,13 +9,14 @@ send, DESIGN §5.1). Stages never touch the Store.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from pydantic import JsonValue
 
 from turnkit.audit import AuditPayloads, AuditRow, CallIdentity, CallShape, UsageDelta
+from turnkit.blocks import ToolResultBlock
 from turnkit.clock import Clock
 from turnkit.context.prefix import PreviousRequest
 from turnkit.context.transcript import TranscriptMessage
@@ -80,6 +81,11 @@ class Recorder:
         self.usage = usage or UsageDelta()
         self.journal = journal or Journal()
         self.open_call: OpenCall | None = None
+        self.results: dict[str, ToolResultBlock] = {}
+        """The turn's tool results seen by this attempt, by call id, in call order."""
+        self.on_commit: Callable[[Sequence[DurableEvent]], Awaitable[None]] | None = None
+        """Told about each batch of committed events, outside the commit lock (plugins'
+        `on_event`); what it stages goes out with the next commit."""
         self.last_activity = clock.monotonic()
         self.tool_calls = 0
         self.answer_block_id = "answer"
@@ -149,9 +155,10 @@ class Recorder:
             **fields,
         )
         async with self._lock:
-            await self._commit_staged(None, None)
+            committed = await self._commit_staged(None, None)
             self.last_activity = self.clock.monotonic()
             self.publish((event,))
+        await self._committed(committed)
         # Let publishers and readers run: a model that never suspends must still stream
         # live, not in one burst at its end (which a bounded buffer would trim).
         await self.clock.sleep(0)
@@ -210,7 +217,14 @@ class Recorder:
     ) -> None:
         """Commit everything staged (and a status move) in one transaction, then publish."""
         async with self._lock:
-            await self._commit_staged(status, error_code, summary, release, pause, transcript)
+            committed = await self._commit_staged(
+                status, error_code, summary, release, pause, transcript
+            )
+        await self._committed(committed)
+
+    async def _committed(self, events: Sequence[DurableEvent]) -> None:
+        if events and self.on_commit is not None:
+            await self.on_commit(events)
 
     async def _commit_staged(
         self,
@@ -220,9 +234,9 @@ class Recorder:
         release: bool = False,
         pause: PauseRequest | None = None,
         transcript: TurnTranscript | None = None,
-    ) -> None:
+    ) -> list[DurableEvent]:
         if not (self._events or self._audit or status or release):
-            return
+            return []
         events, audit = self._events, self._audit
         self._events, self._audit = [], []
         try:
@@ -250,3 +264,4 @@ class Recorder:
         self.last_activity = self.clock.monotonic()
         if events:
             self.publish(tuple(events))
+        return events

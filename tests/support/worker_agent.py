@@ -12,14 +12,13 @@ import hashlib
 import json
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 from turnkit import Agent, ToolContext, tool
-from turnkit.blocks import TextBlock
-from turnkit.ids import SessionId, TurnId
+from turnkit.blocks import TextBlock, ToolResultBlock
 from turnkit.models import Finish, ModelChunk, ModelRequest, TextDelta, ToolCallDelta, Usage
-from turnkit.plugins import Enrichment, Plugin
+from turnkit.plugins import Enrichment, Plugin, PluginContext
 
 
 def _log(**fields: object) -> None:
@@ -60,7 +59,7 @@ class SlowEnrichment(Plugin):
     name = "slow-enrichment"
 
     async def enrich_message(
-        self, answer: TextBlock, *, session_id: SessionId, turn_id: TurnId
+        self, ctx: PluginContext, answer: TextBlock, sources: Sequence[ToolResultBlock]
     ) -> Enrichment | None:
         _log(event="enrich", text=answer.text)
         await asyncio.sleep(float(os.environ.get("TK_ENRICH_SLEEP", "0")))

@@ -11,7 +11,7 @@ from pydantic.alias_generators import to_camel
 from turnkit.agent import Effort
 from turnkit.audit import AuditRow
 from turnkit.blocks import Block, ContentPart
-from turnkit.events import Task
+from turnkit.events import Citation, Entity, Task
 from turnkit.models import ModelSettings
 from turnkit.states import TurnStatus
 
@@ -107,6 +107,8 @@ class TurnOut(_Camel):
     answer: str | None = None
     pending: PendingOut | None = None
     tasks: list[Task] = Field(default_factory=list[Task])
+    citations: list[Citation] = Field(default_factory=list[Citation])
+    entities: list[Entity] = Field(default_factory=list[Entity])
     cost_usd: float = 0.0
 
 

@@ -1,27 +1,72 @@
-"""Plugins: typed hooks, validated when they register, run in an explicit order.
+"""Plugins: typed hooks at every stage, validated when they register, run in order.
 
-Subclass `Plugin` and override the hooks you need; every hook is a no-op by default.
-Today's hook is `enrich_message` (post-turn enrichment: citations and entities for the
-answer). A plugin that raises is recorded (audit row + log) and the turn goes on.
+Subclass `Plugin`, set `name`, and override the hooks you need (every hook is a no-op by
+default). A method that looks like a hook (`on_`, `before_`, `after_`, `check_`,
+`enrich_`) but is not one is refused at registration, so a typo never silently does
+nothing.
+
+| hook | when | may |
+|---|---|---|
+| `before_model_request` | before each reasoning call | append notes (never rewrite) |
+| `after_model_response` | after each reasoning call | observe |
+| `before_tool_call` | before a tool runs | deny it with a reason the model reads |
+| `after_tool_call` | after a tool ran | observe |
+| `on_event` | after each durable event is committed | observe |
+| `enrich_message` | post-turn, on the answer | add citations and entities |
+| `check_input`, `check_tool_result`, `check_answer` | guardrails | allow, redact or block |
+
+A hook that raises is logged and audited (`pluginPayloads`) and the turn goes on, unless
+the plugin sets `required = True`: then the turn ends `plugin-failed`. Every hook gets a
+`PluginContext` to write its own audit payload or emit `plugin.<name>.*` events.
 """
 
 from __future__ import annotations
 
 import inspect
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, Literal, Protocol
 
-from turnkit.blocks import TextBlock
+from pydantic import JsonValue
+
+from turnkit.blocks import TextBlock, ToolResultBlock
 from turnkit.errors import ConfigurationError
-from turnkit.events import Citation, Entity
+from turnkit.events import Citation, DurableEvent, Entity
 from turnkit.ids import SessionId, TurnId
 
-__all__ = ("HOOKS", "Enrichment", "Plugin", "PluginValidationError", "validate_plugins")
+__all__ = (
+    "ENTRY_POINT_GROUP",
+    "HOOKS",
+    "Enrichment",
+    "ModelCallView",
+    "Plugin",
+    "PluginContext",
+    "PluginValidationError",
+    "ToolCall",
+    "Verdict",
+    "discover_plugins",
+    "overrides",
+    "validate_plugins",
+)
 
-HOOKS = frozenset({"enrich_message"})
-_HOOKISH = re.compile(r"^(on|before|after|enrich)_")
+ENTRY_POINT_GROUP = "turnkit.plugins"
+"""The entry-point group installed plugins register under (name = plugin name)."""
+
+HOOKS = frozenset(
+    {
+        "before_model_request",
+        "after_model_response",
+        "before_tool_call",
+        "after_tool_call",
+        "on_event",
+        "enrich_message",
+        "check_input",
+        "check_tool_result",
+        "check_answer",
+    }
+)
+_HOOKISH = re.compile(r"^(on|before|after|enrich|check)_")
 
 
 class PluginValidationError(ConfigurationError):
@@ -36,16 +81,137 @@ class Enrichment:
     entities: tuple[Entity, ...] = ()
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ToolCall:
+    """A tool call as plugins see it."""
+
+    tool_call_id: str
+    name: str
+    arguments: Mapping[str, JsonValue]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelCallView:
+    """A reasoning call as plugins see it: the messages' text and the response."""
+
+    stage_id: str
+    messages: tuple[tuple[str, str], ...]
+    """(role, text) of each message sent, oldest first."""
+    response_text: str = ""
+    tool_calls: tuple[str, ...] = ()
+    """Names of the tools the response called."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Verdict:
+    """A guardrail's finding.
+
+    Attributes:
+        action: `allow` (recorded only), `redact` (the text is replaced by `replacement`)
+            or `block` (the turn ends `guardrail-blocked`).
+        kind: What was found, e.g. `email`, `card-number`, `prompt-injection`.
+        subject: Where, in a few words (never the text itself).
+        replacement: The redacted text, for `redact`.
+    """
+
+    action: Literal["allow", "redact", "block"]
+    kind: str
+    subject: str = ""
+    replacement: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.action == "redact" and self.replacement is None:
+            raise ValueError("a `redact` verdict needs the `replacement` text")
+
+
+class PluginContext(Protocol):
+    """What a hook may use: the turn it runs in, its own audit payload and events."""
+
+    @property
+    def session_id(self) -> SessionId:
+        """The session of the turn."""
+        ...
+
+    @property
+    def turn_id(self) -> TurnId:
+        """The turn the hook runs in."""
+        ...
+
+    @property
+    def agent(self) -> str:
+        """The agent's name."""
+        ...
+
+    @property
+    def principal(self) -> str | None:
+        """Who sent the message."""
+        ...
+
+    def audit(self, payload: JsonValue) -> None:
+        """Write `payload` into the audit under this plugin's name (`pluginPayloads`)."""
+        ...
+
+    async def emit(self, name: str, data: Mapping[str, JsonValue], *, durable: bool = True) -> None:
+        """Emit `plugin.<plugin name>.<name>` (durable: committed and replayed)."""
+        ...
+
+
 class Plugin:
-    """Base class for plugins. Set `name` (unique) and optionally `order` (lower runs first)."""
+    """Base class for plugins.
+
+    Set `name` (unique), `order` (lower runs first), and `required = True` to make a
+    failure of this plugin fail the turn.
+    """
 
     name: ClassVar[str] = ""
     order: ClassVar[int] = 0
+    required: ClassVar[bool] = False
+
+    async def before_model_request(
+        self, ctx: PluginContext, call: ModelCallView
+    ) -> Sequence[str] | None:
+        """Before a reasoning call: notes to append to the message list (kept for good)."""
+        return None
+
+    async def after_model_response(self, ctx: PluginContext, call: ModelCallView) -> None:
+        """After a reasoning call (the view carries the response)."""
+        return None
+
+    async def before_tool_call(self, ctx: PluginContext, call: ToolCall) -> str | None:
+        """Before a tool runs: a reason to deny it (the model reads it), or None to allow."""
+        return None
+
+    async def after_tool_call(
+        self, ctx: PluginContext, call: ToolCall, result: ToolResultBlock
+    ) -> None:
+        """After a tool ran (or failed)."""
+        return None
+
+    async def on_event(self, ctx: PluginContext, event: DurableEvent) -> None:
+        """After each durable event of the turn is committed."""
+        return None
 
     async def enrich_message(
-        self, answer: TextBlock, *, session_id: SessionId, turn_id: TurnId
+        self, ctx: PluginContext, answer: TextBlock, sources: Sequence[ToolResultBlock]
     ) -> Enrichment | None:
-        """Post-turn: add citations or entities to the answer (no model calls here)."""
+        """Post-turn: citations or entities for the answer.
+
+        `sources` are the turn's tool results, in call order.
+        """
+        return None
+
+    async def check_input(self, ctx: PluginContext, text: str) -> Verdict | None:
+        """Guardrail on the user's message, before the turn's first stage."""
+        return None
+
+    async def check_tool_result(
+        self, ctx: PluginContext, call: ToolCall, text: str
+    ) -> Verdict | None:
+        """Guardrail on a tool's result, before the model reads it."""
+        return None
+
+    async def check_answer(self, ctx: PluginContext, text: str) -> Verdict | None:
+        """Guardrail on assistant text: each chunk before it goes out, and the whole block."""
         return None
 
 
@@ -59,19 +225,54 @@ def validate_plugins(plugins: Iterable[Plugin]) -> tuple[Plugin, ...]:
             raise PluginValidationError(f"{plugin!r} is not a turnkit.plugins.Plugin")
         if not cls.name:
             raise PluginValidationError(f"plugin class {cls.__name__} needs a `name`")
+        if not re.fullmatch(r"[a-z0-9][a-z0-9_-]{0,63}", cls.name):
+            raise PluginValidationError(
+                f"plugin name {cls.name!r} must be lower-case letters, digits, '-' or '_'"
+            )
         if cls.name in seen:
             raise PluginValidationError(f"two plugins are named {cls.name!r}")
         seen.add(cls.name)
-        for attr, value in vars(cls).items():
-            if _HOOKISH.match(attr) and attr not in HOOKS and callable(value):
-                raise PluginValidationError(
-                    f"plugin {cls.name!r} defines {attr!r}, which is not a hook "
-                    f"(hooks: {sorted(HOOKS)}); a typo would silently never run"
-                )
-            if attr in HOOKS:
-                _check_signature(cls.name, attr, value)
+        for klass in cls.__mro__:
+            if klass in (Plugin, object):
+                continue
+            for attr, value in vars(klass).items():
+                if _HOOKISH.match(attr) and attr not in HOOKS and callable(value):
+                    raise PluginValidationError(
+                        f"plugin {cls.name!r} defines {attr!r}, which is not a hook "
+                        f"(hooks: {sorted(HOOKS)}); a typo would silently never run"
+                    )
+                if attr in HOOKS:
+                    _check_signature(cls.name, attr, value)
         checked.append(plugin)
     return tuple(sorted(checked, key=lambda p: type(p).order))  # stable: ties keep their order
+
+
+def overrides(plugin: Plugin, hook: str) -> bool:
+    """Whether `plugin` implements `hook` (so a runner can skip the no-op default)."""
+    return getattr(type(plugin), hook) is not getattr(Plugin, hook)
+
+
+def discover_plugins(names: Iterable[str]) -> tuple[Plugin, ...]:
+    """Plugins installed under the `turnkit.plugins` entry-point group, picked by name.
+
+    Nothing is loaded unless named (opt-in).
+
+    Raises:
+        PluginValidationError: a name no installed plugin has.
+    """
+    from importlib.metadata import entry_points
+
+    found = {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
+    out: list[Plugin] = []
+    for name in names:
+        if name not in found:
+            raise PluginValidationError(
+                f"no installed plugin is named {name!r} (installed: {sorted(found)})"
+            )
+        target = found[name].load()
+        plugin = target() if isinstance(target, type) else target
+        out.append(plugin)
+    return validate_plugins(out)
 
 
 def _check_signature(name: str, hook: str, value: object) -> None:

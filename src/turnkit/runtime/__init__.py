@@ -28,6 +28,7 @@ from turnkit.models import ModelClient, ModelSettings
 from turnkit.models.family import ModelFamily, resolve_family
 from turnkit.models.litellm import ModelEndpoint
 from turnkit.pauses import Resolution
+from turnkit.plugins import Plugin, discover_plugins, validate_plugins
 from turnkit.projection import PendingDecision
 from turnkit.replay import ReplayBuffer
 from turnkit.replay.memory import InMemoryReplayBuffer
@@ -91,6 +92,9 @@ class SessionRuntime:
         skills: Your skill catalogue: a list of `Skill`s, or a function of the principal
             returning the skills that caller may see. Merged with the builtin skills; a
             message starting with `/slug` picks one.
+        plugins: Plugins for every agent's turns (run after each agent's own): `Plugin`
+            objects, or names of installed plugins (the `turnkit.plugins` entry-point
+            group), loaded only when named.
         config: Runtime settings; store, replay, clock: the parts to use (defaults:
             from `config`).
     """
@@ -105,6 +109,7 @@ class SessionRuntime:
         tool_access: ToolAccess | None = None,
         models: Mapping[str, str | ModelClient | ModelEndpoint] | None = None,
         skills: SkillSource | None = None,
+        plugins: Sequence[Plugin | str] = (),
         config: RuntimeConfig | None = None,
         store: Store | None = None,
         replay: ReplayBuffer | None = None,
@@ -125,6 +130,11 @@ class SessionRuntime:
         self.tool_access = tool_access
         self.models: dict[str, str | ModelClient | ModelEndpoint] = dict(models or {})
         """Served models by name."""
+        self.plugins = validate_plugins(
+            [p for p in plugins if not isinstance(p, str)]
+            + list(discover_plugins([p for p in plugins if isinstance(p, str)]))
+        )
+        """Plugins run in every turn, after the agent's own."""
         self.skill_source = skills
         """The app's skill catalogue (the builtin skills are always there too)."""
         self.config = config or RuntimeConfig()
@@ -607,6 +617,7 @@ class SessionRuntime:
             family=self._family,
             deps=self.deps,
             skills=self.skill_source,
+            plugins=self.plugins,
         )
 
     async def history(self, session_id: str) -> list[TurnHistory]:

@@ -3,7 +3,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from turnkit.blocks import Block, TextBlock
-from turnkit.events import Task
+from turnkit.events import Citation, Entity, Task
 from turnkit.ids import TurnId
 from turnkit.projection import PendingDecision
 from turnkit.states import TurnStatus
@@ -18,6 +18,8 @@ class TurnHistory:
     Attributes:
         pending: The approval or question a paused turn waits for.
         tasks: The turn's newest task list.
+        citations: The sources enrichment plugins cited for the answer.
+        entities: The entities they found in it.
         cost_usd: The turn's cost once it has finished (0 before).
     """
 
@@ -26,6 +28,8 @@ class TurnHistory:
     blocks: tuple[Block, ...]
     pending: PendingDecision | None = None
     tasks: tuple[Task, ...] = ()
+    citations: tuple[Citation, ...] = ()
+    entities: tuple[Entity, ...] = ()
     cost_usd: float = 0.0
 
     @property

@@ -12,6 +12,7 @@ from turnkit.errors import TurnNotFoundError
 from turnkit.graph import TurnGraph, pause_here
 from turnkit.models import ModelSettings
 from turnkit.models.family import ModelFamily, resolve_family
+from turnkit.plugins import Plugin, validate_plugins
 from turnkit.projection import project
 from turnkit.runtime._history import TurnHistory
 from turnkit.runtime._transcript import session_transcript
@@ -74,6 +75,8 @@ async def turn_history(store: Store, turn: TurnRecord) -> TurnHistory:
         blocks=view.blocks,
         pending=view.pending if turn.status in ("awaiting_approval", "awaiting_input") else None,
         tasks=view.tasks,
+        citations=view.citations,
+        entities=view.entities,
         cost_usd=view.cost_usd,
     )
 
@@ -92,10 +95,12 @@ class TurnRunner:
         family: Callable[[Any], ModelFamily] = resolve_family,
         deps: DepsFactory | None = None,
         skills: SkillSource | None = None,
+        plugins: Sequence[Plugin] = (),
     ) -> None:
         self.agents = agents
         self.deps_factory = deps
         self.skills = skills
+        self.plugins = tuple(plugins)
         self.store = store
         self.graph = graph
         self.config = config
@@ -186,6 +191,7 @@ class TurnRunner:
                 ),
             )
 
+        plugins = validate_plugins((*agent.plugins, *self.plugins))
         skills = await skills_for(self.skills, principal)
         if agent.skills:  # the agent names the skills it may use
             skills = tuple(s for s in skills if s.ref in agent.skills or s.slug in agent.skills)
@@ -202,6 +208,7 @@ class TurnRunner:
                 principal=principal,
                 deps=deps,
                 skills=skills,
+                plugins=plugins,
                 interrupt=pause_here,
             )
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -58,6 +59,7 @@ from turnkit.journal import Journal
 from turnkit.runtime._transcript import ended_transcript, opening_message
 from turnkit.stages import StageContext
 from turnkit.stages._message_list import result_text
+from turnkit.stages._plugins import guard_input, on_events
 from turnkit.stages._types import Route, TranscriptMessage
 from turnkit.states import TerminalStatus, TurnStatus
 from turnkit.store import Lease, RunSummary, Store, TurnRecord, UnreadableEvent, decode_events
@@ -165,6 +167,9 @@ class TurnDriver:
             rec.transcript = setup.transcript
             rec.base_len = len(setup.transcript) - 1  # the turn's own start at its message
             rec.last_request = setup.previous
+            watcher = setup.ctx_factory(rec)
+            if watcher.plugins:
+                rec.on_commit = functools.partial(on_events, watcher)
             graph_task = asyncio.current_task()
             assert graph_task is not None
             keeper = asyncio.create_task(self._keep_lease(graph_task), name="turnkit-lease")
@@ -219,7 +224,7 @@ class TurnDriver:
         state: TurnState | None = None
         if not resume:
             state = {
-                "transcript": setup.transcript,
+                "transcript": await guard_input(setup.ctx_factory(rec), setup.transcript),
                 "content": self.record.content,
                 "route": setup.entry,
                 "iteration": 0,

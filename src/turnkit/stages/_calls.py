@@ -28,6 +28,7 @@ from turnkit.models import (
     closing_stream,
 )
 from turnkit.models.family import ModelFamily
+from turnkit.stages._plugins import guard
 from turnkit.stages._types import StageContext
 from turnkit.telemetry import OpenCall
 
@@ -49,6 +50,9 @@ class CallResult:
 class _Assembler:
     def __init__(self) -> None:
         self.text: list[str] = []
+        """The text as shown (after the answer guardrails)."""
+        self.raw: list[str] = []
+        """The text as the model wrote it."""
         self.thinking: list[str] = []
         self.calls: dict[int, list[str]] = {}
         self.ids: dict[int, str] = {}
@@ -117,9 +121,10 @@ async def call_model(
             async for chunk in stream:
                 match chunk:
                     case TextDelta(text=text) if text:
+                        text = await _shown_delta(ctx, stage_id, asm, text, stream_text)
                         asm.text.append(text)
                         on_answer = _answer_check(asm, on_answer, answer_after_chars)
-                        if stream_text:
+                        if stream_text and text:
                             await rec.ephemeral(
                                 MessageDeltaEvent, stage_id, block_id=block_id, text=text
                             )
@@ -147,7 +152,7 @@ async def call_model(
                         _audit_failed_rung(ctx, stage_id, family, chunk, attempts)
                     case Finish(stop_reason=stop, usage=usage):
                         response = ModelResponse(
-                            text="".join(asm.text),
+                            text=await _guarded(ctx, stage_id, asm, stream_text),
                             thinking="".join(asm.thinking),
                             tool_calls=asm.tool_calls(),
                             stop_reason=stop,
@@ -187,6 +192,30 @@ async def call_model(
         f"model {model!r} ended its stream without a finish; treat it as a provider failure",
         is_retriable=False,
     )
+
+
+async def _shown_delta(
+    ctx: StageContext, stage_id: StageId, asm: _Assembler, chunk: str, streamed: bool
+) -> str:
+    """What goes out of a chunk after the answer guardrails saw the text so far.
+
+    A redaction that reaches into text already shown holds the chunk back (the whole
+    block, redacted, still arrives in `message.complete`); a block stops the turn here.
+    """
+    asm.raw.append(chunk)
+    if not streamed or not ctx.plugins:
+        return chunk
+    checked = await guard(ctx, stage_id, "answer", "".join(asm.raw), subject="text")
+    shown = "".join(asm.text)
+    return checked[len(shown) :] if checked.startswith(shown) else ""
+
+
+async def _guarded(ctx: StageContext, stage_id: StageId, asm: _Assembler, streamed: bool) -> str:
+    """The block's whole text, after the answer guardrails when it was shown."""
+    text = "".join(asm.raw)
+    if not streamed or not ctx.plugins or not text:
+        return text
+    return await guard(ctx, stage_id, "answer", text, subject="text")
 
 
 def _shown(asm: _Assembler, streamed: bool) -> list[str]:

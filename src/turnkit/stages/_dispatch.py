@@ -38,8 +38,10 @@ from turnkit.pauses import (
     needs_approval,
     summarize_call,
 )
+from turnkit.plugins import ToolCall
 from turnkit.stages._message_list import result_message, result_text
 from turnkit.stages._planning import is_planning_tool, run_planning_tool
+from turnkit.stages._plugins import after_tool_call, before_tool_call, guard
 from turnkit.stages._types import StageContext, TranscriptMessage
 from turnkit.tools import Tool, ToolArgumentsError, ToolContext
 
@@ -113,6 +115,9 @@ async def dispatch_tools(
             problem, code, output, answered_by = await _run_one(
                 ctx, part, tool, args, in_doubt=part.tool_call_id in in_doubt
             )
+        view = ToolCall(tool_call_id=part.tool_call_id, name=part.name, arguments=dict(args))
+        if problem is None and tool is not None:
+            output = await _guard_output(ctx, view, output)
         duration = (time.perf_counter() - started) * 1000
         rec.tool_timings.append((answered_by, duration))
         if problem is None:
@@ -137,6 +142,7 @@ async def dispatch_tools(
                 duration_ms=duration,
                 code=code,
             )
+        await after_tool_call(ctx, view, result)
         return _remember(ctx, result)
 
     if len(plans) == 1:
@@ -163,7 +169,23 @@ async def _run_one(
         applied, output = await _reconcile(ctx, tool, part, args)
         if applied:
             return None, "tool-failed", output, part.name
+    denied = await before_tool_call(
+        ctx, ToolCall(tool_call_id=part.tool_call_id, name=part.name, arguments=dict(args))
+    )
+    if denied is not None:
+        return f"{denied}. Do not retry it as is", "tool-denied", None, part.name
     return await _invoke(ctx, tool, part, args)
+
+
+async def _guard_output(ctx: StageContext, call: ToolCall, output: JsonValue) -> JsonValue:
+    """The result after the tool-result guardrails (redacted text replaces the output)."""
+    if not ctx.plugins:
+        return output
+    text = output if isinstance(output, str) else json.dumps(output, default=str)
+    checked = await guard(
+        ctx, "tool-loop", "tool_result", text, subject=f"result of {call.name}", call=call
+    )
+    return output if checked == text else checked
 
 
 async def _reconcile(
@@ -207,6 +229,7 @@ async def _reconcile(
 def _remember(ctx: StageContext, result: ToolResultBlock) -> TranscriptMessage:
     """Keep the whole result for `read_tool_result`; the model gets the message."""
     ctx.recorder.full_results[result.tool_call_id] = result_text(result)
+    ctx.recorder.results[result.tool_call_id] = result
     return result_message(ctx, result)
 
 

@@ -47,6 +47,7 @@ from turnkit.models import ModelRequest, ModelResponse, ToolCallPart, ToolSpec, 
 from turnkit.models.family import ModelFamily
 from turnkit.stages._calls import call_model
 from turnkit.stages._guides import take_guides
+from turnkit.stages._plugins import before_model_request as plugin_notes
 from turnkit.stages._types import StageContext, TranscriptMessage, from_transcript
 
 __all__ = (
@@ -87,7 +88,8 @@ async def prepare_request(
     `closing` is appended last (a separate synthesis call's instruction).
     """
     guides = await take_guides(ctx, stage_id, transcript)
-    transcript = [*transcript, *guides, *closing]
+    notes = await plugin_notes(ctx, stage_id, [*transcript, *guides])
+    transcript = [*transcript, *guides, *notes, *closing]
     deliberate: Literal["compaction", "picture-release"] | None = None
     compacted = await _compact(ctx, stage_id, transcript, family=family, specs=specs)
     if compacted is not None:

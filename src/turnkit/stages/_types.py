@@ -16,6 +16,7 @@ from turnkit.context.transcript import (
     to_transcript,
 )
 from turnkit.models.family import ModelFamily
+from turnkit.plugins import Plugin
 from turnkit.skills import Skill
 from turnkit.telemetry import Recorder
 from turnkit.tools import ToolRegistry
@@ -63,6 +64,8 @@ class StageContext:
     """Who sent the message; tools see it in `ToolContext.principal`."""
     deps: object = None
     """The app's dependencies for this turn; tools see them in `ToolContext.deps`."""
+    plugins: tuple[Plugin, ...] = ()
+    """The agent's plugins and the runtime's, validated together, in run order."""
     skills: tuple[Skill, ...] = ()
     """The skills a message may pick with `/slug` (the app's the caller may see, builtin)."""
     interrupt: Callable[[JsonValue], JsonValue] = _no_pauses

@@ -6,6 +6,8 @@ import logging
 
 from turnkit.blocks import TextBlock
 from turnkit.events import MessageCitationsEvent, MessageEntitiesEvent, UsageEvent
+from turnkit.plugins import Enrichment
+from turnkit.stages._plugins import call_hook as plugin_hook
 from turnkit.stages._types import StageContext, StageOutcome, TranscriptMessage
 
 __all__ = ("run_post_turn",)
@@ -17,27 +19,19 @@ async def run_post_turn(ctx: StageContext, transcript: list[TranscriptMessage]) 
     """Run enrichment plugins on the answer, then record the turn's usage.
 
     The driver writes `checkpoint.created` and `done` after this stage's checkpoint lands.
-    A plugin that raises is recorded (audit row + log) and the turn goes on.
+    A plugin that raises is recorded (audit row + log) and the turn goes on, unless it
+    is `required`.
     """
     rec = ctx.recorder
     answer = next((m["content"] for m in reversed(transcript) if m["role"] == "assistant"), None)
-    if answer is not None and ctx.agent.plugins:
+    if answer is not None and ctx.plugins:
         block = TextBlock(block_id=rec.answer_block_id, text=answer, is_answer=True)
-        for plugin in ctx.agent.plugins:
-            name = type(plugin).name
-            try:
-                found = await plugin.enrich_message(
-                    block, session_id=rec.session_id, turn_id=rec.turn_id
-                )
-            except Exception as exc:  # noqa: BLE001 - a failing plugin must not fail the turn
-                log.warning("plugin %s failed in enrich_message: %s", name, exc)
-                rec.audit(
-                    "post-turn",
-                    call=None,
-                    plugin_payloads={name: {"hook": "enrich_message", "error": repr(exc)}},
-                )
-                continue
-            if found is None:
+        sources = {call_id: result for call_id, (result, _) in rec.journal.results.items()}
+        sources.update(rec.results)
+        for _, found in await plugin_hook(
+            ctx, "post-turn", "enrich_message", block, tuple(sources.values())
+        ):
+            if not isinstance(found, Enrichment):
                 continue
             if found.citations:
                 rec.durable(

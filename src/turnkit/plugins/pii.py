@@ -1,0 +1,106 @@
+"""`PiiRedaction`: a guardrail that masks emails, phone numbers and card numbers.
+
+It checks the user's message (optional), every tool result before the model reads it,
+and the assistant's text before each chunk goes out and once more as a whole. A finding
+is a `guardrail` event (checkpoint, kind, action; never the text) and the text goes on
+masked (`[email]`, `[phone]`, `[card]`), or, with `block=True`, the turn ends
+`guardrail-blocked`.
+
+Chunks are checked one by one as they stream, so a value split across two chunks can go
+out unmasked; the whole block is checked again, so the stored answer is always masked.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from typing import ClassVar
+
+from turnkit.plugins import Plugin, PluginContext, ToolCall, Verdict
+
+__all__ = ("PiiRedaction",)
+
+_EMAIL = re.compile(r"\b[\w.+-]+@[\w-]+(?:\.[\w-]+)+\b")
+_PHONE = re.compile(r"(?<![\w+])\+?\d[\d ()-]{7,}\d\b")
+_CARD = re.compile(r"\b(?:\d[ -]?){13,19}\b")
+KINDS = ("email", "card", "phone")
+
+
+def _luhn(digits: str) -> bool:
+    total = 0
+    for i, ch in enumerate(reversed(digits)):
+        n = int(ch)
+        if i % 2:
+            n = n * 2 - 9 if n > 4 else n * 2
+        total += n
+    return total % 10 == 0
+
+
+def _mask(text: str, kinds: Iterable[str]) -> tuple[str, list[str]]:
+    found: list[str] = []
+    for kind in kinds:
+        if kind == "email":
+            text, n = _EMAIL.subn("[email]", text)
+        elif kind == "card":
+            n = 0
+
+            def card(match: re.Match[str]) -> str:
+                nonlocal n
+                digits = re.sub(r"\D", "", match.group(0))
+                if 13 <= len(digits) <= 19 and _luhn(digits):
+                    n += 1
+                    return "[card]"
+                return match.group(0)
+
+            text = _CARD.sub(card, text)
+        else:
+            text, n = _PHONE.subn("[phone]", text)
+        if n:
+            found.append(kind)
+    return text, found
+
+
+class PiiRedaction(Plugin):
+    """Mask (or block) personal data in tool results and answers.
+
+    Args:
+        kinds: What to look for, of `email`, `card`, `phone`.
+        block: End the turn `guardrail-blocked` instead of masking.
+        check_input: Also check the user's own message (off by default: people may
+            share their own details with the agent).
+    """
+
+    name: ClassVar[str] = "pii-redaction"
+    order: ClassVar[int] = -100  # guardrails first
+
+    def __init__(
+        self, *, kinds: Iterable[str] = KINDS, block: bool = False, check_input: bool = False
+    ) -> None:
+        self.kinds = tuple(kinds)
+        unknown = set(self.kinds) - set(KINDS)
+        if unknown:
+            raise ValueError(f"unknown kinds {sorted(unknown)}; choose from {list(KINDS)}")
+        self.block = block
+        self.check_user_input = check_input
+
+    def _verdict(self, text: str, subject: str) -> Verdict | None:
+        masked, found = _mask(text, self.kinds)
+        if not found:
+            return None
+        if self.block:
+            return Verdict(action="block", kind="+".join(found), subject=subject)
+        return Verdict(action="redact", kind="+".join(found), subject=subject, replacement=masked)
+
+    async def check_input(self, ctx: PluginContext, text: str) -> Verdict | None:
+        """The user's message, when `check_input=True`."""
+        return self._verdict(text, "user message") if self.check_user_input else None
+
+    async def check_tool_result(
+        self, ctx: PluginContext, call: ToolCall, text: str
+    ) -> Verdict | None:
+        """A tool's result, before the model reads it."""
+        return self._verdict(text, f"result of {call.name}")
+
+    async def check_answer(self, ctx: PluginContext, text: str) -> Verdict | None:
+        """Assistant text: each chunk, then the whole block."""
+        return self._verdict(text, "assistant text")

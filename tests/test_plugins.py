@@ -1,0 +1,273 @@
+"""Plugins: every hook fires in order, bad plugins are refused, guardrails redact and block,
+failures are audited, shipped plugins cite, name entities and mask personal data."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import ClassVar
+
+import pytest
+
+from turnkit import Agent, RuntimeConfig, SessionRuntime, tool
+from turnkit.blocks import TextBlock, ToolResultBlock
+from turnkit.errors import ConfigurationError
+from turnkit.events import DurableEvent, GuardrailEvent, PluginEmittedEvent, StreamEvent
+from turnkit.plugins import (
+    Enrichment,
+    ModelCallView,
+    Plugin,
+    PluginContext,
+    PluginValidationError,
+    ToolCall,
+    Verdict,
+    discover_plugins,
+    validate_plugins,
+)
+from turnkit.plugins.citations import Citations
+from turnkit.plugins.entities import Entities
+from turnkit.plugins.pii import PiiRedaction
+from turnkit.testing import ModelStep, ScriptedModel, call, collect_events
+
+
+@tool
+async def lookup(company: str) -> dict[str, object]:
+    """Look a company up."""
+    return {"company": company, "price": "12.50", "url": "https://example.com/acme",
+            "contact": "ceo@acme.example"}  # fmt: skip
+
+
+def _runtime(tmp_path: Path, agent: Agent, **kw: object) -> SessionRuntime:
+    config = RuntimeConfig(database_url=f"sqlite:///{tmp_path / 'plugins.db'}")
+    return SessionRuntime(agent=agent, config=config, **kw)  # type: ignore[arg-type]
+
+
+def _model(answer: str = "ACME trades at 12.50 dollars today.") -> ScriptedModel:
+    return ScriptedModel(
+        [ModelStep.tool_call_reply(call("lookup", company="ACME")), ModelStep.text_reply(answer)]
+    )
+
+
+class Recorder(Plugin):
+    name: ClassVar[str] = "recorder"
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    async def check_input(self, ctx: PluginContext, text: str) -> Verdict | None:
+        self.calls.append("check_input")
+        return None
+
+    async def before_model_request(
+        self, ctx: PluginContext, call: ModelCallView
+    ) -> Sequence[str] | None:
+        self.calls.append(f"before_model_request:{call.stage_id}")
+        return ["Prices are in dollars."] if len(self.calls) == 2 else None
+
+    async def after_model_response(self, ctx: PluginContext, call: ModelCallView) -> None:
+        self.calls.append(f"after_model_response:{','.join(call.tool_calls)}")
+
+    async def before_tool_call(self, ctx: PluginContext, call: ToolCall) -> str | None:
+        self.calls.append(f"before_tool_call:{call.name}")
+        return None
+
+    async def check_tool_result(
+        self, ctx: PluginContext, call: ToolCall, text: str
+    ) -> Verdict | None:
+        self.calls.append("check_tool_result")
+        return None
+
+    async def after_tool_call(
+        self, ctx: PluginContext, call: ToolCall, result: ToolResultBlock
+    ) -> None:
+        self.calls.append(f"after_tool_call:{result.is_error}")
+        ctx.audit({"tool": call.name})
+        await ctx.emit("seen", {"tool": call.name})
+
+    async def check_answer(self, ctx: PluginContext, text: str) -> Verdict | None:
+        if "check_answer" not in self.calls:
+            self.calls.append("check_answer")
+        return None
+
+    async def on_event(self, ctx: PluginContext, event: DurableEvent) -> None:
+        if event.type == "done":
+            self.calls.append("on_event:done")
+
+    async def enrich_message(
+        self, ctx: PluginContext, answer: TextBlock, sources: Sequence[ToolResultBlock]
+    ) -> Enrichment | None:
+        self.calls.append(f"enrich_message:{len(sources)}")
+        return None
+
+
+async def test_every_hook_fires_in_order(tmp_path: Path) -> None:
+    plugin, model = Recorder(), _model()
+    async with _runtime(tmp_path, Agent(model=model, tools=[lookup]), plugins=[plugin]) as rt:
+        events = await collect_events(rt.execute_message("s1", "price of ACME?"))
+        rows = await rt.audit(events[0].turn_id)  # type: ignore[union-attr]
+    assert plugin.calls[:9] == [
+        "check_input",
+        "before_model_request:tool-loop",
+        "after_model_response:lookup",
+        "before_tool_call:lookup",
+        "check_tool_result",
+        "after_tool_call:False",
+        "before_model_request:tool-loop",
+        "check_answer",
+        "after_model_response:",
+    ]
+    assert plugin.calls[-2:] == ["enrich_message:1", "on_event:done"]
+    # the note was appended (not rewritten) and every later call carries it
+    assert "Prices are in dollars." in str(model.calls[1].messages)
+    assert [r.plugin_payloads for r in rows if r.plugin_payloads] == [
+        {"recorder": {"tool": "lookup"}}
+    ]
+    [emitted] = [e for e in events if isinstance(e, PluginEmittedEvent)]
+    assert (emitted.name, emitted.data) == ("plugin.recorder.seen", {"tool": "lookup"})
+
+
+class Denier(Plugin):
+    name: ClassVar[str] = "denier"
+
+    async def before_tool_call(self, ctx: PluginContext, call: ToolCall) -> str | None:
+        return "lookups are off today"
+
+
+class Broken(Plugin):
+    name: ClassVar[str] = "broken"
+
+    async def after_model_response(self, ctx: PluginContext, call: ModelCallView) -> None:
+        raise RuntimeError("boom")
+
+
+class BrokenRequired(Broken):
+    name: ClassVar[str] = "broken-required"
+    required: ClassVar[bool] = True
+
+
+async def test_a_denied_call_is_a_result_the_model_reads(tmp_path: Path) -> None:
+    agent = Agent(model=_model("No lookup, sorry."), tools=[lookup], plugins=[Denier()])
+    async with _runtime(tmp_path, agent) as rt:
+        events = await collect_events(rt.execute_message("s1", "price?"))
+    [failed] = [e for e in events if e.type == "tool.failed"]
+    assert failed.code == "tool-denied"  # type: ignore[union-attr]
+    assert "denied by denier: lookups are off today" in failed.result.error  # type: ignore[union-attr]
+    assert events[-1].status == "succeeded"  # type: ignore[union-attr]
+
+
+async def test_a_failing_plugin_is_audited_and_the_turn_goes_on(tmp_path: Path) -> None:
+    agent = Agent(model=_model(), tools=[lookup], plugins=[Broken()])
+    async with _runtime(tmp_path, agent) as rt:
+        events = await collect_events(rt.execute_message("s1", "price?"))
+        rows = await rt.audit(events[0].turn_id)  # type: ignore[union-attr]
+    assert events[-1].status == "succeeded"  # type: ignore[union-attr]
+    errors = [r.plugin_payloads["broken"] for r in rows if "broken" in r.plugin_payloads]
+    assert errors[0] == {"hook": "after_model_response", "error": "RuntimeError('boom')"}
+
+
+async def test_a_required_plugin_that_fails_fails_the_turn(tmp_path: Path) -> None:
+    agent = Agent(model=_model(), tools=[lookup], plugins=[BrokenRequired()])
+    async with _runtime(tmp_path, agent) as rt:
+        events = await collect_events(rt.execute_message("s1", "price?"))
+    assert events[-1].error_code == "plugin-failed"  # type: ignore[union-attr]
+
+
+def test_validation_refuses_bad_plugins() -> None:
+    class Typo(Plugin):
+        name: ClassVar[str] = "typo"
+
+        async def before_tool_cal(self, ctx: PluginContext, call: ToolCall) -> None:
+            return None
+
+    class Sync(Plugin):
+        name: ClassVar[str] = "sync"
+
+        def on_event(self, ctx: PluginContext, event: DurableEvent) -> None:  # type: ignore[override]
+            return None
+
+    class Nameless(Plugin):
+        pass
+
+    with pytest.raises(PluginValidationError, match="before_tool_cal"):
+        validate_plugins([Typo()])
+    with pytest.raises(PluginValidationError, match="async def"):
+        validate_plugins([Sync()])
+    with pytest.raises(PluginValidationError, match="needs a `name`"):
+        validate_plugins([Nameless()])
+    with pytest.raises(PluginValidationError, match="two plugins"):
+        validate_plugins([Denier(), Denier()])
+    with pytest.raises(ConfigurationError, match="no installed plugin is named 'nope'"):
+        discover_plugins(["nope"])
+
+
+def test_installed_plugins_are_found_by_name_only_when_named() -> None:
+    found = discover_plugins(["citations", "pii-redaction"])
+    assert [type(p).name for p in found] == ["pii-redaction", "citations"]  # by order
+    assert discover_plugins([]) == ()
+
+
+async def test_a_guardrail_redacts_a_tool_result(tmp_path: Path) -> None:
+    model = _model("Contact ACME at [email].")
+    agent = Agent(model=model, tools=[lookup])
+    async with _runtime(tmp_path, agent, plugins=["pii-redaction"]) as rt:
+        events = await collect_events(rt.execute_message("s1", "contact for ACME?"))
+    [finding] = [e for e in events if isinstance(e, GuardrailEvent)]
+    assert (finding.checkpoint, finding.kind, finding.action) == ("tool_result", "email", "redact")
+    assert "ceo@acme.example" not in str(model.calls[1].messages)  # the model never read it
+    assert "ceo@acme.example" not in finding.model_dump_json()  # never the text
+    [completed] = [e for e in events if e.type == "tool.completed"]
+    assert "[email]" in str(completed.result.output)  # type: ignore[union-attr]
+
+
+class NoSecrets(Plugin):
+    name: ClassVar[str] = "no-secrets"
+
+    async def check_answer(self, ctx: PluginContext, text: str) -> Verdict | None:
+        if "secret" in text:
+            return Verdict(action="block", kind="secret", subject="answer")
+        return None
+
+
+async def test_a_guardrail_blocks_the_answer_before_the_chunk_goes_out(tmp_path: Path) -> None:
+    model = ScriptedModel([ModelStep.text_reply("The secret code is 1234.", chunk_size=4)])
+    async with _runtime(tmp_path, Agent(model=model, plugins=[NoSecrets()])) as rt:
+        events: list[StreamEvent] = await collect_events(rt.execute_message("s1", "code?"))
+    shown = "".join(e.text for e in events if e.type == "message.delta")  # type: ignore[union-attr]
+    assert "secret" not in shown
+    assert events[-1].error_code == "guardrail-blocked"  # type: ignore[union-attr]
+    [finding] = [e for e in events if isinstance(e, GuardrailEvent)]
+    assert (finding.checkpoint, finding.action) == ("answer", "block")
+
+
+async def test_an_input_guardrail_blocks_before_any_model_call(tmp_path: Path) -> None:
+    model = ScriptedModel([])
+    agent = Agent(model=model, plugins=[PiiRedaction(block=True, check_input=True)])
+    async with _runtime(tmp_path, agent) as rt:
+        events = await collect_events(rt.execute_message("s1", "my card is 4111 1111 1111 1111"))
+    assert events[-1].error_code == "guardrail-blocked"  # type: ignore[union-attr]
+    assert model.calls == []
+
+
+async def test_citations_and_entities_are_kept_with_the_answer_in_history(
+    tmp_path: Path,
+) -> None:
+    agent = Agent(model=_model(), tools=[lookup], plugins=[Citations(), Entities()])
+    async with _runtime(tmp_path, agent) as rt:
+        await collect_events(rt.execute_message("s1", "price of ACME?"))
+        [turn] = await rt.history("s1")
+    [cited] = turn.citations
+    assert cited.title == "lookup"
+    assert cited.url == "https://example.com/acme"
+    assert cited.quote == "ACME trades at 12.50 dollars today."
+    assert cited.source.startswith("call_")
+    assert turn.entities == ()  # the answer names no email, link, amount or date
+
+
+def test_pii_masks_cards_only_when_the_checksum_holds() -> None:
+    from turnkit.plugins.pii import _mask
+
+    masked, found = _mask("card 4111 1111 1111 1111, order 1234 5678 9012 3456", ["card"])
+    assert masked == "card [card], order 1234 5678 9012 3456"
+    assert found == ["card"]
+    with pytest.raises(ValueError, match="unknown kinds"):
+        PiiRedaction(kinds=["ssn"])
