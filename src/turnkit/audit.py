@@ -29,6 +29,7 @@ from pydantic import (
 from turnkit.ids import SessionId, StageId, ToolCallId, TurnId
 
 __all__ = (
+    "ThreadNamingPayload",
     "InterruptedBlockPayload",
     "AuditPayloads",
     "AuditRow",
@@ -211,6 +212,16 @@ class ThinkingSummaryPayload(BaseModel):
     """How much raw reasoning it summarized (the reasoning itself is never stored)."""
 
 
+class ThreadNamingPayload(BaseModel):
+    """The utility model named the session (its own priced call; no agent's work)."""
+
+    model_config = _CONFIG
+    kind: Literal["threadNaming"] = "threadNaming"
+    title_chars: NonNegativeInt
+    applied: bool
+    """False when the session was renamed meanwhile (a person's name always wins)."""
+
+
 class ProviderCascadePayload(BaseModel):
     """The whole path a cascaded call took through its family."""
 
@@ -273,6 +284,7 @@ class AuditPayloads(BaseModel):
     compaction: CompactionPayload | None = Field(default=None, alias="compaction")
     thinking_summary: ThinkingSummaryPayload | None = Field(default=None, alias="thinkingSummary")
     unreadable_event: UnreadableEventPayload | None = Field(default=None, alias="unreadableEvent")
+    thread_naming: ThreadNamingPayload | None = Field(default=None, alias="threadNaming")
     interrupted_block: InterruptedBlockPayload | None = Field(
         default=None, alias="interruptedBlock"
     )

@@ -48,6 +48,7 @@ __all__ = (
     "TasksUpdatedEvent",
     "ToolTiming",
     "TurnRecoveringEvent",
+    "SessionRenamedEvent",
     "Entity",
     "EphemeralEvent",
     "ErrorEvent",
@@ -424,6 +425,16 @@ class HeartbeatEvent(EphemeralEvent):
     type: Literal["heartbeat"] = "heartbeat"
 
 
+class SessionRenamedEvent(DurableEvent):
+    """The turn named its session (a page refreshes its session list on it)."""
+
+    type: Literal["session.renamed"] = "session.renamed"
+    title: str
+    source: Literal["opening-message", "background-model"]
+    """`opening-message`: read off the first message at once; `background-model`: the
+    utility model's better name, which replaced it."""
+
+
 class TurnRecoveringEvent(DurableEvent):
     """A new attempt took the turn over from a driver that died (or lost its lease)."""
 
@@ -563,6 +574,7 @@ StreamEvent = Annotated[
     | CheckpointCreatedEvent
     | HeartbeatEvent
     | TurnRecoveringEvent
+    | SessionRenamedEvent
     | ToolInDoubtEvent
     | TasksUpdatedEvent
     | RunFinishedEvent

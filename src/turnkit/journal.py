@@ -59,6 +59,8 @@ def dedupe_key(event_type: str, fields: Mapping[str, Any]) -> str | None:
             return f"{event_type}:{fields[_BY_FIELD[event_type]]}"
         case "guardrail":
             return f"guardrail:{fields['checkpoint']}:{fields['subject']}:{fields['kind']}"
+        case "session.renamed":
+            return f"session.renamed:{fields['source']}"
         case "tasks.updated":
             return f"tasks.updated:{fields.get('tool_call_id') or 'plan'}"
         case _ if event_type in _ONCE:

@@ -46,6 +46,7 @@ from turnkit.runtime.agents import AgentCatalog, ToolAccess, allowed_tools
 from turnkit.runtime.deps import DepsFactory
 from turnkit.runtime.reader import TurnReader
 from turnkit.skills import Skill, SkillSource, skills_for
+from turnkit.stages._naming import opening_title
 from turnkit.states import TurnStatus
 from turnkit.store import (
     ClaimRequest,
@@ -328,7 +329,7 @@ class SessionRuntime:
         tools = await allowed_tools(
             self.tool_access, turn_agent, principal=principal, session_id=request.session_id
         )
-        return await self.store.submit(
+        submission = await self.store.submit(
             NewInput(
                 session_id=request.session_id,
                 turn_id=new_turn_id(),
@@ -359,6 +360,13 @@ class SessionRuntime:
                 else None,
             )
         )
+        if submission.is_new and submission.input_seq == 1:
+            # The first of two writes: a name read off the opening message, at once (only
+            # an unnamed session is named); the turn's utility model may improve it.
+            await self.store.name_session(
+                request.session_id, opening_title(request.content), current=None
+            )
+        return submission
 
     async def _message_agent(self, agent: str | Agent | None) -> Agent:
         """The agent a message names: hosted by name, or an object (hosted from now on)."""

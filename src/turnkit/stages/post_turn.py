@@ -7,6 +7,7 @@ import logging
 from turnkit.blocks import TextBlock
 from turnkit.events import MessageCitationsEvent, MessageEntitiesEvent, UsageEvent
 from turnkit.plugins import Enrichment
+from turnkit.stages._naming import name_thread
 from turnkit.stages._plugins import call_hook as plugin_hook
 from turnkit.stages._types import StageContext, StageOutcome, TranscriptMessage
 
@@ -47,6 +48,8 @@ async def run_post_turn(ctx: StageContext, transcript: list[TranscriptMessage]) 
                     block_id=block.block_id,
                     entities=found.entities,
                 )
+    if 1 in rec.input_seqs:  # the session's opening turn names it
+        await name_thread(ctx, rec.request_text)
     usage = rec.usage
     rec.durable(
         UsageEvent,

@@ -430,6 +430,16 @@ class SessionDirectory(Protocol):
         """Set a session's title."""
         ...
 
+    async def name_session(
+        self, session_id: SessionId, title: str, *, current: str | None = None
+    ) -> bool:
+        """Set the title only while it is still `current` (None: the session is unnamed).
+
+        Automatic naming uses it, so a person's rename is never overwritten. Returns
+        whether the title was set.
+        """
+        ...
+
     async def delete_session(self, session_id: SessionId) -> bool:
         """Delete a session with its inputs, turns, events and files (audit rows stay)."""
         ...

@@ -90,6 +90,19 @@ def rename(conn: Connection, session_id: SessionId, title: str, now: datetime) -
     return found
 
 
+def name_if(
+    conn: Connection, session_id: SessionId, title: str, current: str | None, now: datetime
+) -> bool:
+    """Set the title only while it is still `current` (None: unnamed); whether it did."""
+    still = sessions.c.title.is_(None) if current is None else sessions.c.title == current
+    done = conn.execute(
+        update(sessions)
+        .where(sessions.c.session_id == session_id, still)
+        .values(title=title, updated_at=now)
+    )
+    return bool(done.rowcount == 1)
+
+
 def remove(conn: Connection, session_id: SessionId) -> bool:
     """Delete the session, its chat data and files; audit rows have their own retention."""
     turn_ids = select(turns.c.turn_id).where(turns.c.session_id == session_id)

@@ -640,6 +640,12 @@ class SqlStore:
         """Set a session's title (`SessionNotFoundError` if there is none)."""
         return await self._tx(sessions_sql.rename, session_id, title, self._clock.now())
 
+    async def name_session(
+        self, session_id: SessionId, title: str, *, current: str | None = None
+    ) -> bool:
+        """Name a session only while its title is still `current` (see `SessionDirectory`)."""
+        return await self._tx(sessions_sql.name_if, session_id, title, current, self._clock.now())
+
     async def delete_session(self, session_id: SessionId) -> bool:
         """Delete a session's chat data and files (audit rows stay); False if it did not exist."""
         return await self._tx(sessions_sql.remove, session_id)

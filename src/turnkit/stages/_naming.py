@@ -1,0 +1,77 @@
+"""Thread naming in two writes: a name read off the opening message at once, then a
+better one from the utility model, applied only while the first still stands.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Final
+
+from turnkit.audit import AuditPayloads, ThreadNamingPayload
+from turnkit.events import SessionRenamedEvent
+from turnkit.models import ModelMessage, ModelRequest
+from turnkit.stages._calls import call_model
+from turnkit.stages._types import StageContext
+
+__all__ = ("NAMING_PROMPT", "name_thread", "opening_title")
+
+log = logging.getLogger("turnkit.naming")
+
+TITLE_CHARS: Final = 60
+NAMING_PROMPT: Final = (
+    "Name this conversation for a list of chats: at most six words, no quotes, no final "
+    "period, in the language of the message. Answer with the name only."
+)
+
+
+def opening_title(text: str) -> str:
+    """A name read off a message: its first line, at most 60 characters, cut at a word."""
+    line = next((part for part in text.splitlines() if part.strip()), text)
+    line = re.sub(r"\s+", " ", re.sub(r"^/[a-z0-9-]+\s*", "", line.strip())).strip()
+    line = line or text.strip() or "New chat"
+    if len(line) <= TITLE_CHARS:
+        return line
+    cut = line[:TITLE_CHARS].rsplit(" ", 1)[0].rstrip(",;:.-")
+    return (cut or line[:TITLE_CHARS]) + "…"
+
+
+async def name_thread(ctx: StageContext, opening: str) -> None:
+    """Ask the utility model for a better name; apply it only over the opening name.
+
+    A person's rename (even one typed mid-turn) always survives; a missing utility model
+    or a failed call leaves the first name standing. The call is audited as its own row
+    (`threadNaming`).
+    """
+    rec = ctx.recorder
+    if ctx.utility is None:
+        return
+    first = opening_title(opening)
+    session = await rec.store.get_session(rec.session_id)
+    if session is None or session.title != first:
+        return  # renamed (or named when created): nothing to improve
+    request = ModelRequest(
+        messages=(
+            ModelMessage(role="system", content=NAMING_PROMPT),
+            ModelMessage(role="user", content=opening[:2000]),
+        ),
+        purpose="utility",
+    )
+    try:
+        result = await call_model(
+            ctx, "post-turn", ctx.utility, request, block_key="title", stream_text=False
+        )
+    except Exception as exc:  # noqa: BLE001 - the first name stands; the call is audited
+        log.warning("naming session %s failed: %s", rec.session_id, exc)
+        return
+    title = result.response.text.strip().strip("\"'").strip()[: TITLE_CHARS * 2]
+    applied = bool(title) and await rec.store.name_session(rec.session_id, title, current=first)
+    rec.audit(
+        "post-turn",
+        call=result.shape,
+        payloads=AuditPayloads(
+            threadNaming=ThreadNamingPayload(title_chars=len(title), applied=applied)
+        ),
+    )
+    if applied:
+        rec.durable(SessionRenamedEvent, "post-turn", title=title, source="background-model")
