@@ -8,7 +8,8 @@ install_problem_handlers(app)
 """
 
 from collections.abc import Awaitable, Callable
-from typing import Annotated, Any, cast
+from datetime import datetime
+from typing import Annotated, Any, Literal, cast
 
 from fastapi import APIRouter, Depends, Header, Path, Query, Response
 from sse_starlette import EventSourceResponse
@@ -32,6 +33,8 @@ from turnkit.http.models import (
     SessionOut,
     TurnOut,
     TurnStatusOut,
+    UsageLineOut,
+    UsageOut,
     WorkspaceFileOut,
     WorkspaceFilesOut,
 )
@@ -290,6 +293,18 @@ def create_turnkit_router(  # noqa: C901 - one closure per route keeps the route
             owned(existing, session_id, principal)
         record = await runtime.create_session(session_id, principal=principal, title=body.title)
         return SessionOut.model_validate(record)
+
+    @router.get("/usage", response_model=UsageOut, summary="Your usage by session or day")
+    async def usage_report(
+        principal: Caller,
+        by: Annotated[Literal["session", "day"], Query(description="Group by.")] = "day",
+        since: Annotated[datetime | None, Query(description="From (inclusive).")] = None,
+        until: Annotated[datetime | None, Query(description="To (exclusive).")] = None,
+    ) -> UsageOut:
+        lines = await runtime.store.usage_report(
+            by=by, principal=principal, anonymous=principal is None, since=since, until=until
+        )
+        return UsageOut(by=by, lines=[UsageLineOut.model_validate(line) for line in lines])
 
     @router.get(
         "/sessions/{session_id}/pending",

@@ -16,6 +16,8 @@ from turnkit.models import ModelSettings
 from turnkit.states import TurnStatus
 
 __all__ = (
+    "UsageLineOut",
+    "UsageOut",
     "PendingListOut",
     "PendingOut",
     "CancelOut",
@@ -90,6 +92,25 @@ class PendingOut(_Camel):
     summary: str | None = None
     question: str | None = None
     choices: list[str] = Field(default_factory=list[str])
+
+
+class UsageLineOut(_Camel):
+    """Usage summed over one group."""
+
+    key: str
+    turns: int
+    model_calls: int
+    input_tokens: int
+    output_tokens: int
+    cached_tokens: int
+    cost_usd: float
+
+
+class UsageOut(_Camel):
+    """Body of `GET /usage`."""
+
+    by: Literal["session", "day"]
+    lines: list[UsageLineOut]
 
 
 class PendingListOut(_Camel):

@@ -1,5 +1,7 @@
-"""Thread naming in two writes: a name read off the opening message at once, then a
-better one from the utility model, applied only while the first still stands.
+"""Thread naming in two writes.
+
+A name read off the opening message lands at once; the utility model's better name
+replaces it only while the first still stands.
 """
 
 from __future__ import annotations

@@ -22,12 +22,14 @@ from turnkit.events import DurableEvent, StreamEvent, TurnStartedEvent, decode_e
 from turnkit.ids import SessionId, TurnId
 from turnkit.pauses import PauseRequest
 from turnkit.states import TurnStatus
+from turnkit.store._usage import UsageLine
 from turnkit.store._workspace import WorkspaceFile, check_workspace_path
 
 if TYPE_CHECKING:
     from turnkit.store.sql import SqlStore
 
 __all__ = (
+    "UsageLine",
     "decode_events",
     "readable_events",
     "ClaimRequest",
@@ -428,6 +430,24 @@ class SessionDirectory(Protocol):
 
     async def rename_session(self, session_id: SessionId, title: str) -> SessionRecord:
         """Set a session's title."""
+        ...
+
+    async def usage_report(
+        self,
+        *,
+        by: Literal["session", "principal", "day"],
+        principal: str | None = None,
+        anonymous: bool = False,
+        since: datetime | None = None,
+        until: datetime | None = None,
+    ) -> list[UsageLine]:
+        """Usage summed by session, principal or day (UTC).
+
+        Tokens in/out/cached, model calls, turns and USD over turns created in
+        [since, until); only `principal`'s when given, only unowned sessions' when
+        `anonymous`. Read from the same per-turn rollup
+        the audit transaction writes.
+        """
         ...
 
     async def name_session(

@@ -15,7 +15,7 @@ import threading
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
-from typing import Any, Self, TypeVar, cast
+from typing import Any, Literal, Self, TypeVar, cast
 
 from pydantic import JsonValue
 from sqlalchemy import (
@@ -60,6 +60,7 @@ from turnkit.store import (
     _queue_sql as queue,
     _sessions_sql as sessions_sql,
     _sqlite as sqlite_conn,
+    _usage_sql as usage_sql,
     _workspace_sql as workspace_sql,
 )
 from turnkit.store._folds import WalFolds
@@ -72,6 +73,7 @@ from turnkit.store._schema import (
     turns as _turns,
     usage as _usage,
 )
+from turnkit.store._usage import UsageLine
 from turnkit.store._workspace import (
     check_workspace_content,
     check_workspace_path,
@@ -715,6 +717,18 @@ class SqlStore:
         """A turn's audit rows in order."""
         blobs = await self._tx(_audit_blobs, turn_id, write=False)
         return [AuditRow.model_validate_json(b) for b in blobs]
+
+    async def usage_report(
+        self,
+        *,
+        by: Literal["session", "principal", "day"],
+        principal: str | None = None,
+        anonymous: bool = False,
+        since: datetime | None = None,
+        until: datetime | None = None,
+    ) -> list[UsageLine]:
+        """Tokens, calls and USD summed by session, principal or day (see the protocol)."""
+        return await self._tx(usage_sql.report, by, principal, anonymous, since, until, write=False)
 
     async def read_usage(self, turn_id: TurnId) -> UsageDelta:
         """The turn's usage rollup (zeros when it made no call)."""
