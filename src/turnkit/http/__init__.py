@@ -31,6 +31,7 @@ from turnkit.http.models import (
     ResumeOut,
     SessionBody,
     SessionOut,
+    SkillOut,
     TurnOut,
     TurnStatusOut,
     UsageLineOut,
@@ -293,6 +294,15 @@ def create_turnkit_router(  # noqa: C901 - one closure per route keeps the route
             owned(existing, session_id, principal)
         record = await runtime.create_session(session_id, principal=principal, title=body.title)
         return SessionOut.model_validate(record)
+
+    @router.get("/skills", response_model=list[SkillOut], summary="Skills you may pick")
+    async def skills(principal: Caller) -> list[SkillOut]:
+        return [
+            SkillOut(
+                ref=s.ref, slug=s.slug, name=s.name, description=s.description, builtin=s.builtin
+            )
+            for s in await runtime.skills(principal)
+        ]
 
     @router.get("/usage", response_model=UsageOut, summary="Your usage by session or day")
     async def usage_report(

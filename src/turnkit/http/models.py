@@ -16,6 +16,7 @@ from turnkit.models import ModelSettings
 from turnkit.states import TurnStatus
 
 __all__ = (
+    "SkillOut",
     "UsageLineOut",
     "UsageOut",
     "PendingListOut",
@@ -92,6 +93,16 @@ class PendingOut(_Camel):
     summary: str | None = None
     question: str | None = None
     choices: list[str] = Field(default_factory=list[str])
+
+
+class SkillOut(_Camel):
+    """A skill the caller may pick with `/slug`."""
+
+    ref: str
+    slug: str
+    name: str
+    description: str
+    builtin: bool
 
 
 class UsageLineOut(_Camel):

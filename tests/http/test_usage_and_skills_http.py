@@ -73,3 +73,12 @@ async def test_usage_is_grouped_and_only_the_callers(
     assert future.json()["lines"] == []
     bad = await http.get(f"{API}/usage?by=department", headers={"x-user": "alice"})
     assert bad.status_code == 422
+
+
+async def test_skills_route_lists_what_a_slash_menu_offers(
+    served: tuple[httpx.AsyncClient, SessionRuntime],
+) -> None:
+    http, _ = served
+    skills = (await http.get(f"{API}/skills", headers={"x-user": "alice"})).json()
+    assert [s["ref"] for s in skills] == ["builtin:brainstorming", "builtin:writing-plans"]
+    assert all(s["description"] and s["builtin"] for s in skills)
