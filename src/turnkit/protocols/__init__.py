@@ -1,0 +1,3 @@
+"""Adapters from turnkit events to UI streaming protocols."""
+
+__all__ = ()

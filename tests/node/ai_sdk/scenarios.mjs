@@ -1,0 +1,227 @@
+// The official AI SDK client against turnkit's AI SDK routes.
+// Run from tests/protocols/test_ai_sdk_node.py: node scenarios.mjs <scenario> <base url>
+// Each scenario talks to its own server (its own scripted model); exit code 0 = passed.
+import assert from 'node:assert/strict';
+import {
+  AbstractChat,
+  DefaultChatTransport,
+  lastAssistantMessageIsCompleteWithApprovalResponses,
+  readUIMessageStream,
+  validateUIMessages,
+} from 'ai';
+
+const [scenario, base] = process.argv.slice(2);
+const api = `${base}/api/chat`;
+const DEADLINE_MS = 20_000;
+
+function user(text, id = 'u1') {
+  return { id, role: 'user', parts: [{ type: 'text', text }] };
+}
+
+function withDeadline(promise, what) {
+  let timer;
+  const timeout = new Promise((_, reject) => {
+    timer = setTimeout(() => reject(new Error(`timed out: ${what}`)), DEADLINE_MS);
+  });
+  return Promise.race([promise, timeout]).finally(() => clearTimeout(timer));
+}
+
+// Reads a chunk stream with readUIMessageStream; records the chunks; returns the last message.
+async function read(stream, { message, until, onMessage } = {}) {
+  const [forMessages, forChunks] = stream.tee();
+  const chunks = [];
+  const recording = (async () => {
+    try {
+      for await (const chunk of forChunks) chunks.push(chunk);
+    } catch {
+      // a dropped connection ends the recording too
+    }
+  })();
+  const errors = [];
+  let last;
+  for await (const snapshot of readUIMessageStream({
+    message,
+    stream: forMessages,
+    onError: error => errors.push(error),
+  })) {
+    last = snapshot;
+    onMessage?.(snapshot);
+    if (until?.(snapshot)) return { message: last, chunks, errors, stopped: true };
+  }
+  await recording;
+  return { message: last, chunks, errors, stopped: false };
+}
+
+function send(transport, chatId, messages, extra = {}) {
+  return transport.sendMessages({
+    chatId,
+    messages,
+    trigger: 'submit-message',
+    messageId: undefined,
+    abortSignal: undefined,
+    ...extra,
+  });
+}
+
+const withoutData = message => message.parts.filter(p => !p.type.startsWith('data-'));
+
+async function toolTurn() {
+  const transport = new DefaultChatTransport({ api });
+  const stream = await send(transport, 'tools', [user('What is 2 + 3?')]);
+  const { message, chunks, errors } = await withDeadline(read(stream), 'tool turn');
+  assert.deepEqual(errors, []);
+  assert.match(message.id, /^turn_/);
+  assert.equal(message.role, 'assistant');
+  const parts = withoutData(message);
+  assert.deepEqual(
+    parts.map(p => p.type),
+    ['step-start', 'text', 'tool-add', 'step-start', 'text'],
+  );
+  assert.equal(parts[1].text, 'Adding.');
+  assert.equal(parts[1].state, 'done');
+  assert.equal(parts[2].state, 'output-available');
+  assert.deepEqual(parts[2].input, { a: 2, b: 3 });
+  assert.equal(parts[2].output, 5);
+  assert.equal(parts[4].text, 'The sum is 5.');
+  assert.equal(message.metadata.status, 'succeeded');
+  assert.equal(message.metadata.turnId, message.id);
+  assert.ok(message.metadata.usage.modelCalls >= 2);
+  const usage = message.parts.find(p => p.type === 'data-turnkit-usage');
+  assert.equal(usage.data.type, 'usage');
+  assert.equal(chunks.at(-1).type, 'finish');
+  assert.equal(chunks.at(-1).finishReason, 'stop');
+  await validateUIMessages({ messages: [user('What is 2 + 3?'), message] });
+  // Nothing left to resume once the turn is over.
+  assert.equal(await transport.reconnectToStream({ chatId: 'tools' }), null);
+}
+
+class MemoryChat extends AbstractChat {
+  constructor(init) {
+    const state = {
+      status: 'ready',
+      error: undefined,
+      messages: [],
+      pushMessage: m => state.messages.push(m),
+      popMessage: () => state.messages.pop(),
+      replaceMessage: (i, m) => {
+        state.messages[i] = m;
+      },
+      snapshot: thing => structuredClone(thing),
+    };
+    super({ ...init, state });
+  }
+  get messages() {
+    return this.state.messages;
+  }
+}
+
+async function waitFor(check, what) {
+  const deadline = Date.now() + DEADLINE_MS;
+  while (!check()) {
+    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
+    await new Promise(resolve => setTimeout(resolve, 20));
+  }
+}
+
+async function approval() {
+  const errors = [];
+  const chat = new MemoryChat({
+    id: 'ops',
+    transport: new DefaultChatTransport({ api }),
+    sendAutomaticallyWhen: lastAssistantMessageIsCompleteWithApprovalResponses,
+    onError: error => errors.push(error),
+  });
+  await withDeadline(chat.sendMessage({ text: 'delete /tmp/x' }), 'first request');
+  assert.deepEqual(errors, []);
+  assert.equal(chat.messages.length, 2);
+  const asked = chat.messages[1];
+  const tool = asked.parts.find(p => p.type === 'tool-delete_file');
+  assert.equal(tool.state, 'approval-requested');
+  assert.deepEqual(tool.input, { path: '/tmp/x' });
+  assert.equal(asked.metadata.status, 'awaiting_approval');
+
+  await chat.addToolApprovalResponse({ id: tool.approval.id, approved: true });
+  await waitFor(
+    () =>
+      chat.status === 'ready' &&
+      chat.messages[1].parts.some(p => p.type === 'text' && p.text === 'Deleted.'),
+    'the approved turn to finish',
+  );
+  assert.deepEqual(errors, []);
+  assert.equal(chat.messages.length, 2); // the same assistant message ...
+  const done = chat.messages[1];
+  assert.equal(done.id, asked.id); // ... is the same turn
+  const ran = done.parts.find(p => p.type === 'tool-delete_file');
+  assert.equal(ran.state, 'output-available');
+  assert.equal(ran.output, 'deleted /tmp/x');
+  assert.equal(done.metadata.status, 'succeeded');
+  await validateUIMessages({ messages: chat.messages });
+}
+
+async function reconnect() {
+  const transport = new DefaultChatTransport({ api });
+  const held = 'The answer is fo'; // what the gated model writes before it waits
+  const showsHeld = m => m.parts.some(p => p.type === 'text' && p.text === held);
+  const stream = await send(transport, 'resume', [user('What is the answer?')]);
+  const [firstPart, rest] = stream.tee();
+  // The uninterrupted reader: everything, start to end.
+  const uninterrupted = read(rest);
+  // Read the first response up to the held text (mid-text) ...
+  const early = await withDeadline(
+    read(firstPart, { until: showsHeld }),
+    'the held text',
+  );
+  assert.ok(early.stopped);
+
+  // ... then reconnect, read a little, and drop that connection (a page reload) ...
+  const dropped = new AbortController();
+  const second = await transport.reconnectToStream({ chatId: 'resume', abortSignal: dropped.signal });
+  assert.ok(second, 'a running turn has a stream to resume');
+  const partial = await withDeadline(
+    read(second, { until: showsHeld }),
+    'the rebuilt held text',
+  );
+  assert.ok(partial.stopped);
+  dropped.abort();
+
+  // ... and reconnect again; the model goes on only once that stream shows the held text.
+  const third = await transport.reconnectToStream({ chatId: 'resume' });
+  let rebuilt;
+  const shown = new Promise(resolve => {
+    rebuilt = resolve;
+  });
+  const resumed = read(third, { onMessage: m => showsHeld(m) && rebuilt() });
+  await withDeadline(shown, 'the held text, rebuilt again');
+  const released = await fetch(`${base}/test/release`, { method: 'POST' });
+  assert.equal(released.status, 200);
+  const [whole, again] = await withDeadline(Promise.all([uninterrupted, resumed]), 'the ends');
+  assert.deepEqual(whole.errors, []);
+  assert.deepEqual(again.errors, []);
+  assert.deepEqual(again.message, whole.message);
+  const answer = whole.message.parts.filter(p => p.type === 'text').at(-1);
+  assert.equal(answer.text, 'The answer is forty-two, after a careful look at every number.');
+
+  // Within the rebuilt stream, no part starts twice and the held text came in one delta.
+  const started = again.chunks.filter(c => c.type === 'text-start').map(c => c.id);
+  assert.equal(new Set(started).size, started.length);
+  const answerId = again.chunks.filter(c => c.type === 'text-end').at(-1).id;
+  const deltas = again.chunks.filter(c => c.type === 'text-delta' && c.id === answerId);
+  assert.equal(deltas[0].delta, held);
+  assert.equal(deltas.map(d => d.delta).join(''), answer.text);
+  assert.equal(again.chunks[0].type, 'start');
+  assert.equal(again.chunks[0].messageId, whole.message.id);
+}
+
+const scenarios = { 'tool-turn': toolTurn, approval, reconnect };
+const run = scenarios[scenario];
+if (!run) {
+  console.error(`unknown scenario ${scenario}; one of ${Object.keys(scenarios)}`);
+  process.exit(2);
+}
+try {
+  await run();
+  console.log(`ok ${scenario}`);
+} catch (error) {
+  console.error(error);
+  process.exit(1);
+}

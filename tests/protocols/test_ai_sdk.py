@@ -1,0 +1,583 @@
+"""The AI SDK UI message stream adapter in-process: mapping, approvals, resume, bad input.
+
+`build_app` and `GatedModel` are shared with `test_ai_sdk_node.py`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from fastapi import FastAPI, Header
+
+from tests.support.server import serve
+from turnkit import Agent, RuntimeConfig, SessionRuntime, tool
+from turnkit.events import (
+    DoneEvent,
+    MessageCitationsEvent,
+    MessageCompleteEvent,
+    MessageDeltaEvent,
+    MessageSnapshotEvent,
+    ProviderCascadeEvent,
+    StepEndEvent,
+    StepStartEvent,
+    ThinkingCompleteEvent,
+)
+from turnkit.http import install_problem_handlers
+from turnkit.models import ModelChunk, ModelRequest, TextDelta
+from turnkit.protocols.ai_sdk import UIMessageStreamTranslator, create_ai_sdk_router
+from turnkit.testing import ModelStep, ScriptedModel, call
+
+API = "/api/chat"
+HOLD_TEXT = "The answer is forty-two, after a careful look at every number."
+
+
+# ── shared helpers ──────────────────────────────────────────────────────────────────────
+
+
+@tool
+async def add(a: int, b: int) -> int:
+    """Add two numbers."""
+    return a + b
+
+
+@tool(approval="always")
+async def delete_file(path: str) -> str:
+    """Delete a file (needs approval)."""
+    return f"deleted {path}"
+
+
+@tool
+async def slow(x: int) -> int:
+    """Take a while."""
+    await asyncio.sleep(0.4)
+    return x
+
+
+@dataclass
+class GatedModel:
+    """ScriptedModel cannot hold a reply between two of its chunks until the test says so.
+
+    This one plays the scripted steps, and in the step number `gated_call` (0-based) stops
+    after `hold_after` text chunks until `gate` is set (by `POST /test/release`).
+    """
+
+    inner: ScriptedModel
+    gated_call: int
+    hold_after: int = 2
+    gate: asyncio.Event = field(default_factory=asyncio.Event)
+    _calls: int = 0
+
+    @property
+    def model(self) -> str:
+        return self.inner.model
+
+    @property
+    def provider(self) -> str:
+        return self.inner.provider
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
+        index, self._calls = self._calls, self._calls + 1
+        texts = 0
+        async for chunk in self.inner.stream(request):
+            if index == self.gated_call and isinstance(chunk, TextDelta):
+                if texts == self.hold_after:
+                    await asyncio.wait_for(self.gate.wait(), timeout=30)
+                texts += 1
+            yield chunk
+
+
+def build_app(
+    tmp_path: Path,
+    model: ScriptedModel | GatedModel,
+    *,
+    tools: Sequence[Any] = (add, delete_file),
+    keepalive_s: float = 10.0,
+) -> FastAPI:
+    """An app serving the AI SDK routes for one scripted agent (runtime opened by lifespan)."""
+    runtime = SessionRuntime(
+        agent=Agent(model=model, tools=list(tools)),
+        config=RuntimeConfig(database_url=f"sqlite:///{tmp_path / 'ai_sdk.db'}"),
+    )
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        async with runtime:
+            yield
+
+    app = FastAPI(lifespan=lifespan)
+    app.include_router(create_ai_sdk_router(runtime, keepalive_s=keepalive_s))
+    install_problem_handlers(app)
+    app.state.runtime = runtime
+
+    @app.post("/test/release")
+    async def release() -> dict[str, bool]:
+        if isinstance(model, GatedModel):
+            model.gate.set()
+        return {"released": True}
+
+    return app
+
+
+def user(text: str, message_id: str = "m1") -> dict[str, Any]:
+    return {"id": message_id, "role": "user", "parts": [{"type": "text", "text": text}]}
+
+
+def chunks_of(text: str) -> list[dict[str, Any]]:
+    """The JSON chunks of a UI message stream body (checks the framing on the way)."""
+    assert "\r" not in text
+    out: list[dict[str, Any]] = []
+    for block in text.split("\n\n"):
+        for line in block.splitlines():
+            assert line.startswith(("data: ", ":")), line
+            if line == "data: [DONE]":
+                out.append({"type": "[DONE]"})
+            elif line.startswith("data: "):
+                out.append(json.loads(line[6:]))
+    return out
+
+
+def types(chunks: Sequence[dict[str, Any]]) -> list[str]:
+    """Chunk types, runs of deltas of one block collapsed to one."""
+    out: list[str] = []
+    for chunk in chunks:
+        kind = chunk["type"]
+        if kind.endswith("-delta") and out and out[-1] == kind:
+            continue
+        out.append(kind)
+    return out
+
+
+def fold(chunks: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A tiny reader of the stream into message parts (the Node tests use the real one)."""
+    parts: list[dict[str, Any]] = []
+    open_text: dict[str, dict[str, Any]] = {}
+    tools: dict[str, dict[str, Any]] = {}
+    for chunk in chunks:
+        kind = chunk["type"]
+        if kind == "start-step":
+            parts.append({"type": "step-start"})
+        elif kind == "text-start":
+            assert chunk["id"] not in open_text, f"text {chunk['id']} started twice"
+            open_text[chunk["id"]] = {"type": "text", "text": ""}
+            parts.append(open_text[chunk["id"]])
+        elif kind == "text-delta":
+            open_text[chunk["id"]]["text"] += chunk["delta"]
+        elif kind == "text-end":
+            del open_text[chunk["id"]]
+        elif kind == "tool-input-start":
+            tools[chunk["toolCallId"]] = {"type": f"tool-{chunk['toolName']}", "state": "input"}
+            parts.append(tools[chunk["toolCallId"]])
+        elif kind == "tool-input-available":
+            tools[chunk["toolCallId"]].update(state="input-available", input=chunk["input"])
+        elif kind == "tool-approval-request":
+            tools[chunk["toolCallId"]].update(state="approval-requested", id=chunk["approvalId"])
+        elif kind == "tool-output-available":
+            tools[chunk["toolCallId"]].update(state="output-available", output=chunk["output"])
+        elif kind == "tool-output-denied":
+            tools[chunk["toolCallId"]].update(state="output-denied")
+    return parts
+
+
+@pytest.fixture
+async def app_client(tmp_path: Path) -> AsyncIterator[tuple[FastAPI, httpx.AsyncClient]]:
+    script = ScriptedModel([
+        ModelStep.tool_call_reply(call("add", a=2, b=3), text="Adding."),
+        ModelStep.text_reply("The sum is 5."),
+    ])  # fmt: skip
+    app = build_app(tmp_path, script)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+            yield app, http
+
+
+# ── mapping ─────────────────────────────────────────────────────────────────────────────
+
+
+async def test_a_tool_using_turn_maps_to_ui_message_chunks(
+    app_client: tuple[FastAPI, httpx.AsyncClient],
+) -> None:
+    _, http = app_client
+    body = {"id": "chat1", "messages": [user("2+3?")], "trigger": "submit-message"}
+    response = await http.post(API, json=body)
+    assert response.status_code == 200, response.text
+    assert response.headers["x-vercel-ai-ui-message-stream"] == "v1"
+    assert response.headers["content-type"].startswith("text/event-stream")
+    turn_id = response.headers["x-turn-id"]
+    chunks = chunks_of(response.text)
+    assert types(chunks) == [
+        "start",
+        "start-step",
+        "text-start", "text-delta",  # narration
+        "tool-input-start",  # from tool.delta, while the call is written
+        "text-end",
+        "tool-input-available",
+        "tool-output-available",
+        "finish-step",
+        "start-step",
+        "text-start", "text-delta",  # the answer streams in the loop ...
+        "text-end",  # ... and completes in synthesize
+        "finish-step",
+        "data-turnkit-usage",
+        "data-turnkit-checkpoint.created",
+        "data-turnkit-run.finished",
+        "finish",
+        "[DONE]",
+    ]  # fmt: skip
+    assert chunks[0] == {
+        "type": "start",
+        "messageId": turn_id,
+        "messageMetadata": {"turnId": turn_id, "sessionId": "chat1"},
+    }
+    assert fold(chunks) == [
+        {"type": "step-start"},
+        {"type": "text", "text": "Adding."},
+        {"type": "tool-add", "state": "output-available", "input": {"a": 2, "b": 3}, "output": 5},
+        {"type": "step-start"},
+        {"type": "text", "text": "The sum is 5."},
+    ]
+    finish = chunks[-2]
+    assert finish["finishReason"] == "stop"
+    assert finish["messageMetadata"]["status"] == "succeeded"
+    assert set(finish["messageMetadata"]["usage"]) == {
+        "modelCalls", "inputTokens", "outputTokens", "cachedTokens", "costUsd",
+    }  # fmt: skip
+    usage = next(c for c in chunks if c["type"] == "data-turnkit-usage")
+    assert usage["data"]["type"] == "usage"
+    assert usage["data"]["turn_id"] == turn_id
+
+    # The same user message id again is the same request: the turn replays, none starts.
+    again = await http.post(API, json=body)
+    assert again.headers["x-turn-id"] == turn_id
+    assert fold(chunks_of(again.text)) == fold(chunks)
+    # Nothing is running any more: no stream to resume.
+    assert (await http.get(f"{API}/chat1/stream")).status_code == 204
+
+
+def _event(kind: type[Any], **fields: Any) -> Any:
+    envelope = {"session_id": "s", "turn_id": "t", "stage_id": "tool-loop", "ts": datetime.now(UTC)}
+    return kind(**envelope, **fields)
+
+
+def test_translator_steps_reasoning_snapshots_and_sources() -> None:
+    tr = UIMessageStreamTranslator(message_id="t")
+    out = tr.start()
+    out += tr.translate(_event(StepStartEvent, seq=1, step="tool-loop", iteration=1))
+    out += tr.translate(_event(MessageDeltaEvent, block_id="a", text="Hel"))
+    # a rung failed mid-stream: its block never completes, the next rung writes a new one
+    cascade = _event(ProviderCascadeEvent, seq=2, family="f", from_rung=0, from_model="m1",
+                     to_rung=1, to_model="m2", reason="429")  # fmt: skip
+    out += tr.translate(cascade)
+    out += tr.translate(_event(MessageSnapshotEvent, block_id="b", text="Hello"))
+    out += tr.translate(_event(MessageSnapshotEvent, block_id="b", text="Hello, wor"))
+    out += tr.translate(_event(MessageDeltaEvent, block_id="b", text="ld"))
+    out += tr.translate(_event(StepEndEvent, seq=3, step="tool-loop", iteration=1, duration_ms=1))
+    out += tr.translate(_event(StepStartEvent, seq=4, step="synthesize"))
+    out += tr.translate(
+        _event(ThinkingCompleteEvent, seq=5, block={"block_id": "b", "summary": "Greeted."})
+    )
+    out += tr.translate(
+        _event(MessageCompleteEvent, seq=6, block={"block_id": "b", "text": "Hello, world!"})
+    )
+    out += tr.translate(_event(MessageDeltaEvent, block_id="b", text="late"))  # ignored
+    out += tr.translate(
+        _event(MessageCitationsEvent, seq=7, block_id="b",
+               citations=[{"source": "doc", "url": "https://example.org", "title": "Ex"},
+                          {"source": "memo"}])
+    )  # fmt: skip
+    out += tr.translate(_event(DoneEvent, seq=8, status="cancelled"))
+    out += tr.finish()
+    assert [(c["type"], c.get("id"), c.get("delta")) for c in out] == [
+        ("start", None, None),
+        ("start-step", None, None),
+        ("text-start", "a", None),
+        ("text-delta", "a", "Hel"),
+        ("text-end", "a", None),  # the failed rung's block ends where it stopped
+        ("data-turnkit-provider.cascade", None, None),
+        ("text-start", "b", None),
+        ("text-delta", "b", "Hello"),
+        ("text-delta", "b", ", wor"),  # only what the snapshot adds
+        ("text-delta", "b", "ld"),
+        ("reasoning-start", "b", None),  # the same call: no new step
+        ("reasoning-delta", "b", "Greeted."),
+        ("reasoning-end", "b", None),
+        ("text-delta", "b", "!"),  # the rest of the block, from message.complete
+        ("text-end", "b", None),
+        ("finish-step", None, None),  # the step ends once its text completes
+        ("source-url", None, None),
+        ("data-turnkit-message.citations", None, None),
+        ("abort", None, None),
+        ("finish", None, None),
+    ]
+    assert out[-1]["finishReason"] == "other"
+    source = next(c for c in out if c["type"] == "source-url")
+    assert source == {"type": "source-url", "sourceId": "b:0", "url": "https://example.org",
+                      "title": "Ex"}  # fmt: skip
+
+
+# ── approvals ───────────────────────────────────────────────────────────────────────────
+
+
+@pytest.mark.parametrize("approved", [True, False], ids=["approve", "deny"])
+async def test_an_approval_round_trip_continues_the_same_turn(
+    tmp_path: Path, approved: bool
+) -> None:
+    script = ScriptedModel([
+        ModelStep.tool_call_reply(call("delete_file", path="/tmp/x", tool_call_id="c1")),
+        ModelStep.text_reply("Deleted." if approved else "I left it."),
+    ])  # fmt: skip
+    app = build_app(tmp_path, script)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+            first_body = {"id": "ops", "messages": [user("delete /tmp/x")]}
+            first = await http.post(API, json=first_body)
+            chunks = chunks_of(first.text)
+            turn_id = first.headers["x-turn-id"]
+            asked = next(c for c in chunks if c["type"] == "tool-approval-request")
+            assert asked["toolCallId"] == "c1"
+            assert types(chunks)[-5:] == [
+                "tool-approval-request", "data-turnkit-approval.requested",
+                "finish-step", "finish", "[DONE]",
+            ]  # fmt: skip
+            assert chunks[-2]["finishReason"] == "tool-calls"
+            assert chunks[-2]["messageMetadata"]["status"] == "awaiting_approval"
+
+            # A new message while the turn waits: answer the approval first.
+            blocked = await http.post(API, json={"id": "ops", "messages": [user("hi", "m2")]})
+            assert blocked.status_code == 422
+            assert blocked.headers["content-type"] == "application/problem+json"
+            assert "answer it first" in blocked.json()["detail"]
+
+            # What `addToolApprovalResponse` leaves in the message, sent back as is.
+            part = {
+                "type": "tool-delete_file", "toolCallId": "c1", "state": "approval-responded",
+                "input": {"path": "/tmp/x"},
+                "approval": {"id": asked["approvalId"], "approved": approved, "reason": "ok"},
+            }  # fmt: skip
+            assistant = {
+                "id": turn_id,
+                "role": "assistant",
+                "parts": [{"type": "step-start"}, part],
+            }
+            body = {"id": "ops", "messages": [user("delete /tmp/x"), assistant],
+                    "trigger": "submit-message", "messageId": turn_id}  # fmt: skip
+            if not approved:  # a denial's note is at most 4,000 characters
+                long = {**part, "approval": {**part["approval"], "reason": "x" * 4001}}
+                too_long = {**assistant, "parts": [long]}
+                refused = await http.post(API, json={**body, "messages": [user("x"), too_long]})
+                assert refused.status_code == 422
+                assert refused.json()["code"] == "invalid-input"
+            second = await http.post(API, json=body)
+            assert second.status_code == 200, second.text
+            assert second.headers["x-turn-id"] == turn_id
+            more = chunks_of(second.text)
+            assert more[0]["messageId"] == turn_id
+            outcome = "tool-output-available" if approved else "tool-output-denied"
+            assert types(more)[:3] == ["start", outcome, "start-step"]
+            assert more[1]["toolCallId"] == "c1"
+            assert more[-2]["finishReason"] == "stop"
+            answer = "".join(c["delta"] for c in more if c["type"] == "text-delta")
+            assert answer == ("Deleted." if approved else "I left it.")
+
+            # The same answer again: the pause is gone.
+            twice = await http.post(API, json=body)
+            assert twice.status_code == 409
+            assert twice.json()["code"] == "pause-already-answered"
+    script.assert_complete()
+
+
+async def test_a_question_is_answered_with_the_ask_user_tool_output(tmp_path: Path) -> None:
+    script = ScriptedModel([
+        ModelStep.tool_call_reply(
+            call("ask_user", question="Which colour?", choices=["red", "blue"], tool_call_id="q1")
+        ),
+        ModelStep.text_reply("Blue it is."),
+    ])  # fmt: skip
+    runtime = SessionRuntime(
+        agent=Agent(model=script, clarifications=True),
+        config=RuntimeConfig(database_url=f"sqlite:///{tmp_path / 'ask.db'}"),
+    )
+    app = FastAPI()
+    app.include_router(create_ai_sdk_router(runtime))
+    install_problem_handlers(app)
+    async with runtime:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+            first = await http.post(API, json={"id": "ask", "messages": [user("paint it")]})
+            chunks = chunks_of(first.text)
+            turn_id = first.headers["x-turn-id"]
+            asked = next(c for c in chunks if c["type"] == "tool-input-available")
+            assert asked["toolName"] == "ask_user"
+            data = {c["type"]: c["data"] for c in chunks if c["type"].startswith("data-")}
+            assert data["data-turnkit-clarification.requested"]["question"] == "Which colour?"
+            assert chunks[-2]["messageMetadata"]["status"] == "awaiting_input"
+            assert chunks[-2]["finishReason"] == "tool-calls"
+
+            # What `addToolOutput` leaves in the message.
+            part = {"type": "tool-ask_user", "toolCallId": "q1", "state": "output-available",
+                    "input": asked["input"], "output": "blue"}  # fmt: skip
+            assistant = {"id": turn_id, "role": "assistant", "parts": [part]}
+            empty = {**assistant, "parts": [{**part, "output": ""}]}
+            refused = await http.post(API, json={"id": "ask", "messages": [user("x"), empty]})
+            assert refused.status_code == 422
+            body = {"id": "ask", "messages": [user("paint it"), assistant]}
+            second = await http.post(API, json=body)
+            assert second.status_code == 200, second.text
+            more = chunks_of(second.text)
+            assert more[1] == {
+                "type": "tool-output-available", "toolCallId": "q1", "output": {"answer": "blue"},
+            }  # fmt: skip
+            answer = "".join(c["delta"] for c in more if c["type"] == "text-delta")
+            assert answer == "Blue it is."
+    script.assert_complete()
+
+
+async def test_a_chat_of_another_principal_is_not_found(tmp_path: Path) -> None:
+    async def principal(x_user: str | None = Header(default=None)) -> str | None:
+        return x_user
+
+    runtime = SessionRuntime(
+        agent=Agent(model=ScriptedModel([ModelStep.text_reply("Hi.")])),
+        config=RuntimeConfig(database_url=f"sqlite:///{tmp_path / 'auth.db'}"),
+    )
+    app = FastAPI()
+    app.include_router(create_ai_sdk_router(runtime, auth=principal))
+    install_problem_handlers(app)
+    async with runtime:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+            body = {"id": "mine", "messages": [user("hello")]}
+            ok = await http.post(API, json=body, headers={"x-user": "alice"})
+            assert chunks_of(ok.text)[-2]["messageMetadata"]["status"] == "succeeded"
+            other = await http.post(API, json=body, headers={"x-user": "bob"})
+            assert other.status_code == 404
+            assert other.json()["code"] == "session-not-found"
+            gone = await http.get(f"{API}/mine/stream", headers={"x-user": "bob"})
+            assert gone.status_code == 204
+
+
+# ── resume ──────────────────────────────────────────────────────────────────────────────
+
+
+async def _read_until(
+    lines: AsyncIterator[str], seen: list[dict[str, Any]], stop: Any, timeout_s: float = 15
+) -> None:
+    deadline = time.monotonic() + timeout_s
+    async for line in lines:
+        assert time.monotonic() < deadline, f"timed out; seen {types(seen)}"
+        if line.startswith("data: "):
+            seen.append({"type": "[DONE]"} if line == "data: [DONE]" else json.loads(line[6:]))
+            if stop(seen):
+                return
+
+
+def test_resume_rebuilds_the_running_message_without_duplicates(tmp_path: Path) -> None:
+    script = ScriptedModel([
+        ModelStep.tool_call_reply(call("add", a=1, b=1, tool_call_id="c1"), text="Adding."),
+        ModelStep.text_reply(HOLD_TEXT),
+    ])  # fmt: skip
+    gated = GatedModel(script, gated_call=1, hold_after=2)
+    body = {"id": "r1", "messages": [user("1+1?")]}
+    held = HOLD_TEXT[:16]  # two chunks of eight characters
+
+    async def run(url: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+            live: list[dict[str, Any]] = []
+            rebuilt: list[dict[str, Any]] = []
+            async with http.stream("POST", API, json=body) as first:
+                lines = first.aiter_lines()
+
+                def held_text(seen: list[dict[str, Any]]) -> bool:
+                    text = "".join(c.get("delta", "") for c in seen if c["type"] == "text-delta")
+                    return text.endswith(held)
+
+                await _read_until(lines, live, held_text)
+                async with http.stream("GET", f"{API}/r1/stream") as again:
+                    assert again.status_code == 200
+                    assert again.headers["x-vercel-ai-ui-message-stream"] == "v1"
+                    more = again.aiter_lines()
+                    await _read_until(more, rebuilt, held_text)
+                    assert (await http.post("/test/release")).status_code == 200
+                    await _read_until(more, rebuilt, lambda s: s[-1]["type"] == "[DONE]")
+                await _read_until(lines, live, lambda s: s[-1]["type"] == "[DONE]")
+            return live, rebuilt
+
+    with serve(build_app(tmp_path, gated)) as url:
+        live, rebuilt = asyncio.run(run(url))
+    assert fold(rebuilt) == fold(live)
+    assert fold(live)[-1] == {"type": "text", "text": HOLD_TEXT}
+    assert rebuilt[0]["messageId"] == live[0]["messageId"]
+    answer_id = next(c["id"] for c in reversed(live) if c["type"] == "text-end")
+    deltas = [c["delta"] for c in rebuilt if c.get("id") == answer_id and "delta" in c]
+    assert deltas[0] == held  # the text so far in one piece, then live deltas
+    assert "".join(deltas) == HOLD_TEXT
+    assert types(rebuilt)[:8] == [
+        "start", "start-step", "text-start", "text-delta", "text-end",  # "Adding."
+        "tool-input-start", "tool-input-available", "tool-output-available",
+    ]  # fmt: skip
+    assert types(rebuilt)[-2:] == ["finish", "[DONE]"]
+
+
+# ── bad input and keep-alives ───────────────────────────────────────────────────────────
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "code"),
+    [
+        ({}, 422, "invalid-input"),
+        ({"id": "c", "messages": []}, 422, "invalid-input"),
+        ({"id": "c", "messages": [user("x")], "trigger": "resume"}, 422, "invalid-input"),
+        ({"id": "bad id!", "messages": [user("x")]}, 422, "invalid-session-id"),
+        ({"id": "c", "messages": [user("")]}, 422, "empty-content"),
+        (
+            {"id": "c", "messages": [{"id": "m", "role": "user", "parts": [
+                {"type": "file", "url": "data:application/pdf;base64,AA==",
+                 "mediaType": "application/pdf"}]}]},
+            422,
+            "invalid-input",
+        ),
+        (
+            {"id": "c", "messages": [user("x"), {"id": "a", "role": "assistant", "parts": []}]},
+            422,
+            "invalid-input",
+        ),
+    ],
+    ids=["empty", "no-messages", "trigger", "chat-id", "no-text", "pdf", "assistant-last"],
+)  # fmt: skip
+async def test_bad_input_answers_a_problem_body(
+    app_client: tuple[FastAPI, httpx.AsyncClient], body: dict[str, Any], status: int, code: str
+) -> None:
+    _, http = app_client
+    response = await http.post(API, json=body)
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"] == "application/problem+json"
+    assert response.json()["code"] == code
+    assert (await http.get(f"{API}/never-seen/stream")).status_code == 204
+
+
+async def test_idle_stream_sends_comment_keepalives(tmp_path: Path) -> None:
+    script = ScriptedModel(
+        [ModelStep.tool_call_reply(call("slow", x=1)), ModelStep.text_reply("1")]
+    )
+    app = build_app(tmp_path, script, tools=[slow], keepalive_s=0.05)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+            response = await http.post(API, json={"id": "ka", "messages": [user("go")]})
+    text = response.text
+    assert text.count(": keep-alive\n") >= 3  # the slow tool left room for several
+    assert "\n: keep-alive\n\n" not in text  # a comment never ends an event of its own
+    chunks = chunks_of(text)
+    assert chunks[-1] == {"type": "[DONE]"}
+    assert chunks[-2]["type"] == "finish"

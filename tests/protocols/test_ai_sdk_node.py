@@ -1,0 +1,68 @@
+"""The official AI SDK client (`ai` on npm) against a real server of the AI SDK routes.
+
+Node runs `tests/node/ai_sdk/scenarios.mjs` against uvicorn on 127.0.0.1. Nothing is
+installed at test time: run `npm ci --prefix tests/node/ai_sdk` first (CI does). Without
+`node` the tests skip, except under `CI=true`, where they fail.
+"""
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.protocols.test_ai_sdk import GatedModel, build_app
+from tests.support.server import serve
+from turnkit.testing import ModelStep, ScriptedModel, call
+
+ROOT = Path(__file__).parent.parent.parent
+PACKAGE = ROOT / "tests" / "node" / "ai_sdk"
+pytestmark = pytest.mark.slow
+
+
+def _node() -> str:
+    node = shutil.which("node")
+    if node is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("node is not installed: the AI SDK client tests need it under CI")
+        pytest.skip("node is not installed")
+    if not (PACKAGE / "node_modules" / "ai" / "package.json").exists():
+        pytest.fail("the AI SDK is not installed: run `npm ci --prefix tests/node/ai_sdk`")
+    return node
+
+
+def _scripts() -> dict[str, ScriptedModel | GatedModel]:
+    return {
+        "tool-turn": ScriptedModel([
+            ModelStep.tool_call_reply(call("add", a=2, b=3), text="Adding."),
+            ModelStep.text_reply("The sum is 5."),
+        ]),
+        "approval": ScriptedModel([
+            ModelStep.tool_call_reply(call("delete_file", path="/tmp/x")),
+            ModelStep.text_reply("Deleted."),
+        ]),
+        "reconnect": GatedModel(
+            ScriptedModel([
+                ModelStep.tool_call_reply(call("add", a=40, b=2), text="Adding."),
+                ModelStep.text_reply(
+                    "The answer is forty-two, after a careful look at every number."
+                ),
+            ]),
+            gated_call=1,
+            hold_after=2,
+        ),
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("scenario", ["tool-turn", "approval", "reconnect"])
+def test_the_ai_sdk_client_reads_turnkit_streams(scenario: str, tmp_path: Path) -> None:
+    node = _node()
+    model = _scripts()[scenario]
+    with serve(build_app(tmp_path, model)) as url:
+        done = subprocess.run(
+            [node, str(PACKAGE / "scenarios.mjs"), scenario, url],
+            cwd=PACKAGE, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+    assert done.returncode == 0, f"{scenario}:\n{done.stdout}\n{done.stderr}"
+    assert f"ok {scenario}" in done.stdout
