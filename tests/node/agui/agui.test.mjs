@@ -1,0 +1,198 @@
+// turnkit's AG-UI endpoint driven by the official client: @ag-ui/client's HttpAgent (with
+// its own event verifier) runs each scenario, and every event it receives is checked
+// against @ag-ui/core's schemas. Started by tests/protocols/test_agui_node.py, which serves
+// the app on AGUI_URL with the agents `tools`, `approval`, `reconnect` and `steady`.
+import assert from "node:assert/strict";
+import { randomUUID } from "node:crypto";
+import { test } from "node:test";
+
+import { HttpAgent } from "@ag-ui/client";
+import { EventSchema } from "@ag-ui/core/schemas";
+
+const BASE = process.env.AGUI_URL;
+const HOLD_TEXT = process.env.AGUI_HOLD_TEXT;
+assert.ok(BASE && HOLD_TEXT, "set AGUI_URL and AGUI_HOLD_TEXT");
+
+/** A fetch that notes, in order, the SSE `id` (or null) of each data frame it passes on. */
+function recordingFetch(seen) {
+  return async (url, init) => {
+    const response = await fetch(url, init);
+    if (!response.ok || !response.body) return response;
+    const decoder = new TextDecoder();
+    let buffer = "";
+    const body = response.body.pipeThrough(
+      new TransformStream({
+        transform(chunk, controller) {
+          buffer += decoder.decode(chunk, { stream: true });
+          assert.ok(!buffer.includes("\r"), "lines end with \\n only");
+          const frames = buffer.split("\n\n");
+          buffer = frames.pop();
+          for (const frame of frames) {
+            const lines = frame.split("\n").filter((line) => line && !line.startsWith(":"));
+            if (!lines.some((line) => line.startsWith("data: "))) {
+              assert.deepEqual(lines, [], `a frame without data: ${frame}`);
+              continue;
+            }
+            const id = lines.find((line) => line.startsWith("id: "));
+            seen.ids.push(id ? id.slice(4) : null);
+          }
+          controller.enqueue(chunk);
+        },
+      }),
+    );
+    return new Response(body, { status: response.status, headers: response.headers });
+  };
+}
+
+function newAgent(name, messages = []) {
+  const seen = { ids: [] }; // the current response's frame ids
+  const agent = new HttpAgent({
+    url: `${BASE}/api/agui/run`,
+    threadId: `thread-${randomUUID()}`,
+    initialMessages: messages,
+    fetch: recordingFetch(seen),
+  });
+  return { agent, seen, forwardedProps: { agent: name } };
+}
+
+function userMessage(content) {
+  return { id: `user-${randomUUID()}`, role: "user", content };
+}
+
+/** The client's own abort ends a run with this event; no frame carried it. */
+const isClientAbort = (event) => event.type === "RUN_ERROR" && event.code === "abort";
+
+/**
+ * Run once. Every event must fit the schema and carry an integer-millisecond timestamp
+ * (checked after the run: the client logs and swallows errors thrown by subscribers).
+ */
+async function run(agent, parameters, onEvent = () => {}) {
+  const events = [];
+  const problems = [];
+  let failure;
+  await agent.runAgent(parameters, {
+    onEvent({ event }) {
+      events.push(event);
+      if (isClientAbort(event)) return;
+      const checked = EventSchema.safeParse(event);
+      if (!checked.success) problems.push(`${event.type} does not fit: ${checked.error}`);
+      if (!Number.isInteger(event.timestamp)) problems.push(`${event.type} at ${event.timestamp}`);
+      onEvent(event);
+    },
+    onRunFailed({ error }) {
+      failure = error;
+    },
+  });
+  assert.deepEqual(problems, []);
+  return { events, failure };
+}
+
+function lastAssistantText(agent) {
+  const texts = agent.messages.filter((m) => m.role === "assistant" && m.content);
+  return texts.at(-1)?.content;
+}
+
+function assertUniqueIds(agent) {
+  const ids = agent.messages.map((m) => m.id);
+  assert.equal(new Set(ids).size, ids.length, `duplicate message ids: ${ids}`);
+}
+
+test("a tool-using turn", async () => {
+  const { agent, forwardedProps } = newAgent("tools", [userMessage("What is 2 + 3?")]);
+  const { events, failure } = await run(agent, { runId: `run-${randomUUID()}`, forwardedProps });
+  assert.equal(failure, undefined);
+  assert.equal(events[0].type, "RUN_STARTED");
+  const end = events.at(-1);
+  assert.equal(end.type, "RUN_FINISHED");
+  assert.equal(end.outcome.type, "success");
+  assert.ok(end.result.usage.modelCalls >= 2);
+  const steps = events.filter((e) => e.type === "STEP_STARTED").map((e) => e.stepName);
+  assert.deepEqual(steps, ["anchor-plan", "tool-loop", "tool-loop", "synthesize", "post-turn"]);
+
+  const [user, narration, result, answer] = agent.messages;
+  assert.equal(user.role, "user");
+  assert.equal(narration.role, "assistant");
+  assert.equal(narration.content, "Adding.");
+  assert.equal(narration.toolCalls.length, 1);
+  const [toolCall] = narration.toolCalls;
+  assert.equal(toolCall.function.name, "add");
+  assert.deepEqual(JSON.parse(toolCall.function.arguments), { a: 2, b: 3 });
+  assert.equal(result.role, "tool");
+  assert.equal(result.toolCallId, toolCall.id);
+  assert.equal(result.content, "5");
+  assert.equal(answer.role, "assistant");
+  assert.equal(answer.content, "The sum is 5.");
+  assert.equal(agent.messages.length, 4);
+  assertUniqueIds(agent);
+});
+
+test("an approval round trip: interrupt, then resume", async () => {
+  const { agent, forwardedProps } = newAgent("approval", [userMessage("Send Bob 5 EUR")]);
+  const first = await run(agent, { runId: `run-${randomUUID()}`, forwardedProps });
+  assert.equal(first.failure, undefined);
+  const paused = first.events.at(-1);
+  assert.equal(paused.type, "RUN_FINISHED");
+  assert.equal(paused.outcome.type, "interrupt");
+  assert.equal(agent.pendingInterrupts.length, 1);
+  const [interrupt] = agent.pendingInterrupts;
+  assert.equal(interrupt.reason, "tool_call");
+  assert.equal(interrupt.metadata.turnkit.kind, "approval");
+  assert.deepEqual(interrupt.metadata.turnkit.arguments, { amount: 5, to: "Bob" });
+  const call = agent.messages.flatMap((m) => m.toolCalls ?? []).find((c) => c.id === interrupt.toolCallId);
+  assert.equal(call.function.name, "transfer");
+  assert.ok(!agent.messages.some((m) => m.role === "tool"), "nothing ran before the approval");
+
+  const resume = [{ interruptId: interrupt.id, status: "resolved", payload: { approved: true } }];
+  const second = await run(agent, { runId: `run-${randomUUID()}`, forwardedProps, resume });
+  assert.equal(second.failure, undefined);
+  assert.equal(second.events[0].type, "RUN_STARTED");
+  // The step the pause left open is open again, so its STEP_FINISHED verifies.
+  assert.deepEqual([second.events[1].type, second.events[1].stepName], ["STEP_STARTED", "tool-loop"]);
+  assert.ok(second.events.some((e) => e.type === "STEP_FINISHED" && e.stepName === "tool-loop"));
+  assert.equal(second.events.at(-1).type, "RUN_FINISHED");
+  assert.equal(second.events.at(-1).outcome.type, "success");
+  assert.ok(!second.events.some((e) => e.type === "TOOL_CALL_START"), "no second proposal");
+  assert.equal(second.events[0].metadata.turnkit.turnId, paused.outcome.interrupts[0].metadata.turnkit.turnId);
+  assert.deepEqual(agent.pendingInterrupts, []);
+  const result = agent.messages.find((m) => m.role === "tool");
+  assert.equal(result.toolCallId, interrupt.toolCallId);
+  assert.equal(result.content, "sent 5 EUR to Bob");
+  assert.equal(lastAssistantText(agent), "Sent.");
+  assertUniqueIds(agent);
+});
+
+test("a reconnect mid-text ends with the text of an uninterrupted read", async () => {
+  const steady = newAgent("steady", [userMessage("Tell me")]);
+  const whole = await run(steady.agent, { runId: `run-${randomUUID()}`, forwardedProps: steady.forwardedProps });
+  assert.equal(whole.failure, undefined);
+  assert.equal(lastAssistantText(steady.agent), HOLD_TEXT);
+
+  // The `reconnect` agent's model holds after two pieces of text until /test/release.
+  const { agent, seen, forwardedProps } = newAgent("reconnect", [userMessage("Tell me")]);
+  const runId = `run-${randomUUID()}`;
+  let contents = 0;
+  const first = await run(agent, { runId, forwardedProps }, (event) => {
+    if (event.type === "TEXT_MESSAGE_CONTENT" && ++contents === 1) agent.abortRun();
+  });
+  const received = first.events.filter((event) => !isClientAbort(event));
+  const lastId = seen.ids.slice(0, received.length).filter((id) => id !== null).at(-1);
+  assert.ok(lastId, "a durable event arrived before the text");
+  const partial = agent.messages.find((m) => m.role === "assistant");
+  assert.ok(partial && HOLD_TEXT.startsWith(partial.content) && partial.content !== HOLD_TEXT);
+
+  agent.headers = { ...agent.headers, "Last-Event-ID": lastId };
+  seen.ids = [];
+  const second = await run(agent, { runId, forwardedProps }, (event) => {
+    if (event.type === "RUN_STARTED") fetch(`${BASE}/test/release`, { method: "POST" });
+  });
+  assert.equal(second.failure, undefined);
+  assert.equal(second.events[0].type, "RUN_STARTED");
+  assert.equal(second.events.at(-1).type, "RUN_FINISHED");
+  const starts = second.events.filter((e) => e.type === "TEXT_MESSAGE_START");
+  assert.deepEqual(starts.map((e) => e.messageId), [partial.id]);
+  assert.equal(lastAssistantText(agent), lastAssistantText(steady.agent));
+  assert.equal(agent.messages.filter((m) => m.role === "assistant").length, 1);
+  assertUniqueIds(agent);
+  const newIds = seen.ids.filter((id) => id !== null).map(Number);
+  assert.ok(newIds.length > 0 && newIds[0] === Number(lastId) + 1, `ids after ${lastId}: ${newIds}`);
+});

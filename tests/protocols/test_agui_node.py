@@ -1,0 +1,75 @@
+"""The official AG-UI client (`@ag-ui/client` on npm) against a real server of the AG-UI route.
+
+`node --test tests/node/agui/agui.test.mjs` drives uvicorn on 127.0.0.1 with HttpAgent: a
+tool-using turn, an approval round trip and a reconnect mid-text. Nothing is installed at
+test time: run `npm ci --prefix tests/node/agui` first (CI does). Without `node` the test
+skips, except under `CI=true`, where it fails.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.protocols.test_agui import HOLD_TEXT, GatedModel, add, build_app, transfer
+from tests.support.server import serve
+from turnkit import Agent
+from turnkit.testing import ModelStep, ScriptedModel, call
+
+ROOT = Path(__file__).parent.parent.parent
+PACKAGE = ROOT / "tests" / "node" / "agui"
+pytestmark = pytest.mark.slow
+
+
+def _node() -> str:
+    node = shutil.which("node")
+    if node is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("node is not installed: the AG-UI client test needs it under CI")
+        pytest.skip("node is not installed")
+    if not (PACKAGE / "node_modules" / "@ag-ui" / "client" / "package.json").exists():
+        pytest.fail("the AG-UI client is not installed: run `npm ci --prefix tests/node/agui`")
+    return node
+
+
+def _agents() -> list[Agent]:
+    return [
+        Agent(
+            name="tools",
+            model=ScriptedModel([
+                ModelStep.tool_call_reply(call("add", a=2, b=3), text="Adding."),
+                ModelStep.text_reply("The sum is 5."),
+            ]),
+            tools=[add],
+        ),
+        Agent(
+            name="approval",
+            model=ScriptedModel([
+                ModelStep.tool_call_reply(call("transfer", amount=5, to="Bob")),
+                ModelStep.text_reply("Sent."),
+            ]),
+            tools=[transfer],
+        ),
+        Agent(
+            name="reconnect",
+            model=GatedModel(ScriptedModel([ModelStep.text_reply(HOLD_TEXT, chunk_size=6)])),
+        ),
+        Agent(name="steady", model=ScriptedModel([ModelStep.text_reply(HOLD_TEXT, chunk_size=6)])),
+    ]  # fmt: skip
+
+
+def test_the_ag_ui_client_reads_turnkit_runs(tmp_path: Path) -> None:
+    node = _node()
+    with serve(build_app(tmp_path, _agents())) as url:
+        done = subprocess.run(
+            [node, "--test", "--test-reporter=spec", "agui.test.mjs"],
+            cwd=PACKAGE, capture_output=True, text=True, timeout=90,
+            env={**os.environ, "AGUI_URL": url, "AGUI_HOLD_TEXT": HOLD_TEXT},
+        )  # fmt: skip
+    assert done.returncode == 0, f"{done.stdout}\n{done.stderr}"
+    assert "pass 3" in done.stdout, done.stdout
+    assert "error" not in done.stderr.lower(), done.stderr  # e.g. "Subscriber error: ..."
