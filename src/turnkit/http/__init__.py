@@ -49,7 +49,8 @@ from turnkit.http.sse import frames_to_sse
 from turnkit.ids import SESSION_ID_PATTERN, SessionId, TurnId, uuid7
 from turnkit.pauses import Answer, Approve, Deny, Resolution
 from turnkit.runtime import SessionRuntime
-from turnkit.runtime._runner import NO_DEPS, turn_history
+from turnkit.runtime._runner import turn_history
+from turnkit.runtime.deps import NO_DEPS
 from turnkit.runtime.reader import check_cursor, parse_cursor
 from turnkit.store import SessionRecord, TurnRecord
 

@@ -46,6 +46,7 @@ __all__ = (
     "ToolCall",
     "Verdict",
     "discover_plugins",
+    "merge_plugins",
     "overrides",
     "validate_plugins",
 )
@@ -245,6 +246,16 @@ def validate_plugins(plugins: Iterable[Plugin]) -> tuple[Plugin, ...]:
                     _check_signature(cls.name, attr, value)
         checked.append(plugin)
     return tuple(sorted(checked, key=lambda p: type(p).order))  # stable: ties keep their order
+
+
+def merge_plugins(first: Iterable[Plugin], then: Iterable[Plugin]) -> tuple[Plugin, ...]:
+    """Two already validated lists as one, in run order (names must stay unique)."""
+    merged = (*first, *then)
+    names = [type(p).name for p in merged]
+    if len(set(names)) != len(names):
+        twice = sorted({n for n in names if names.count(n) > 1})
+        raise PluginValidationError(f"two plugins are named {twice[0]!r}")
+    return tuple(sorted(merged, key=lambda p: type(p).order))
 
 
 def overrides(plugin: Plugin, hook: str) -> bool:

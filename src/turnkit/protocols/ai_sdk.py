@@ -68,7 +68,7 @@ from turnkit.events import (
 from turnkit.ids import SessionId, TurnId, derive_id
 from turnkit.pauses import CLARIFY_TOOL, Answer, Approve, Deny, Resolution
 from turnkit.runtime import SessionRuntime
-from turnkit.runtime._runner import NO_DEPS
+from turnkit.runtime.deps import NO_DEPS
 from turnkit.runtime.reader import KEEPALIVE, Frame
 from turnkit.store import TurnRecord
 

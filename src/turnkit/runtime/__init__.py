@@ -8,7 +8,7 @@ import logging
 import os
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from typing import Any, Self, cast
+from typing import Any, Self
 
 from turnkit.agent import Agent, Effort
 from turnkit.audit import AuditRow
@@ -35,7 +35,7 @@ from turnkit.replay.memory import InMemoryReplayBuffer
 from turnkit.runtime._cancel import CancelToken
 from turnkit.runtime._history import TurnHistory
 from turnkit.runtime._host import TurnHost
-from turnkit.runtime._runner import NO_DEPS, TurnRunner, pinned_config, turn_history
+from turnkit.runtime._runner import Pinned, TurnRunner, pinned_config, turn_history
 from turnkit.runtime._validate import (
     MessageContent,
     TurnRequest,
@@ -43,7 +43,7 @@ from turnkit.runtime._validate import (
     validate_request,
 )
 from turnkit.runtime.agents import AgentCatalog, ToolAccess, allowed_tools
-from turnkit.runtime.deps import DepsFactory
+from turnkit.runtime.deps import NO_DEPS, DepsFactory
 from turnkit.runtime.reader import TurnReader
 from turnkit.skills import Skill, SkillSource, skills_for
 from turnkit.stages._naming import opening_title
@@ -527,20 +527,16 @@ class SessionRuntime:
         content: MessageContent = record.content
         if record.attachments:
             content = [TextPart(text=record.content), *record.attachments]
-        pinned = record.pinned
-        overrides = pinned.get("overrides")
-        overrides = overrides if isinstance(overrides, dict) else {}
-        model, settings = overrides.get("model"), overrides.get("settings")
-        principal, effort = pinned.get("principal"), pinned.get("effort")
+        pinned = Pinned.of(record)
         return await self.start(
             record.session_id,
             content,
-            agent=record.agent,
-            model=model if isinstance(model, str) else None,
-            settings=ModelSettings.model_validate(settings) if settings else None,
-            effort=cast(Effort, effort) if effort in ("off", "low", "medium", "high") else None,
+            agent=pinned.agent,
+            model=pinned.model,
+            settings=pinned.settings,
+            effort=pinned.effort,
             request_id=request_id,
-            principal=principal if isinstance(principal, str) else None,
+            principal=pinned.principal,
         )
 
     async def cancel(self, turn_id: str) -> TurnStatus:

@@ -21,7 +21,8 @@ from turnkit.ids import SessionId, TurnId
 from turnkit.replay import ReplayBuffer
 from turnkit.runtime._cancel import CancelToken
 from turnkit.runtime._publish import BufferPublisher
-from turnkit.runtime._runner import NO_DEPS, TurnRunner
+from turnkit.runtime._runner import TurnRunner
+from turnkit.runtime.deps import NO_DEPS
 from turnkit.runtime.driver import TurnDriver
 from turnkit.runtime.reader import TurnReader
 from turnkit.store import Lease, Store, TurnRecord

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, cast
 
 from turnkit.agent import Agent, Effort
@@ -12,12 +13,12 @@ from turnkit.errors import TurnNotFoundError
 from turnkit.graph import TurnGraph, pause_here
 from turnkit.models import ModelSettings
 from turnkit.models.family import ModelFamily, resolve_family
-from turnkit.plugins import Plugin, validate_plugins
+from turnkit.plugins import Plugin, merge_plugins
 from turnkit.projection import project
 from turnkit.runtime._history import TurnHistory
 from turnkit.runtime._transcript import session_transcript
 from turnkit.runtime.agents import AgentCatalog
-from turnkit.runtime.deps import DepsFactory, DepsScope, build_deps
+from turnkit.runtime.deps import NO_DEPS, DepsFactory, DepsScope, build_deps
 from turnkit.runtime.driver import DriveSetup, Sink, TurnDriver
 from turnkit.skills import SkillSource, skills_for
 from turnkit.stages import StageContext
@@ -28,8 +29,36 @@ from turnkit.telemetry import Recorder
 __all__ = ("TurnRunner", "pinned_config", "turn_history")
 
 
-NO_DEPS: Any = object()
-"""`deps` not given for this drive: build them with the runtime's factory."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Pinned:
+    """What a turn was pinned to at submit, read back from its record."""
+
+    agent: str
+    version: str | None
+    model: str | None
+    settings: ModelSettings | None
+    effort: Effort | None
+    principal: str | None
+    tools: tuple[str, ...] | None
+
+    @classmethod
+    def of(cls, record: TurnRecord) -> Pinned:
+        """The record's pinned configuration (older records: what they hold)."""
+        pinned = record.pinned
+        overrides = pinned.get("overrides")
+        overrides = overrides if isinstance(overrides, dict) else {}
+        model, settings = overrides.get("model"), overrides.get("settings")
+        version, effort = pinned.get("agent_version"), pinned.get("effort")
+        principal, tools = pinned.get("principal"), pinned.get("tools")
+        return cls(
+            agent=str(pinned.get("agent") or record.agent),
+            version=version if isinstance(version, str) else None,
+            model=model if isinstance(model, str) else None,
+            settings=ModelSettings.model_validate(settings) if settings else None,
+            effort=cast(Effort, effort) if effort in ("off", "low", "medium", "high") else None,
+            principal=principal if isinstance(principal, str) else None,
+            tools=tuple(str(t) for t in tools) if isinstance(tools, list) else None,
+        )
 
 
 def pinned_config(
@@ -146,22 +175,16 @@ class TurnRunner:
         Raises:
             AgentNotFoundError: the pinned agent (at its version) is gone from this host.
         """
-        pinned = record.pinned
-        name = str(pinned.get("agent") or record.agent)
-        version = pinned.get("agent_version")
-        version = version if isinstance(version, str) else None
-        if held is not None and held.name == name and version in (None, held.version):
+        pinned = Pinned.of(record)
+        if (
+            held is not None
+            and held.name == pinned.agent
+            and pinned.version in (None, held.version)
+        ):
             base = held
         else:
-            base = await self.agents.get(name, version)
-        overrides = pinned.get("overrides")
-        overrides = overrides if isinstance(overrides, dict) else {}
-        model = overrides.get("model")
-        settings = overrides.get("settings")
-        return base.with_overrides(
-            model=model if isinstance(model, str) else None,
-            settings=ModelSettings.model_validate(settings) if settings else None,
-        )
+            base = await self.agents.get(pinned.agent, pinned.version)
+        return base.with_overrides(model=pinned.model, settings=pinned.settings)
 
     async def _setup(self, record: TurnRecord, held: Agent | None, deps: Any) -> DriveSetup:
         agent = await self.pinned_agent(record, held)
@@ -172,14 +195,13 @@ class TurnRunner:
             if agent.synthesis == "separate"
             else None
         )
-        effort: Effort = record.pinned.get("effort", agent.effort)  # type: ignore[assignment]
+        pinned = Pinned.of(record)
+        effort: Effort = pinned.effort or agent.effort
         budget = _thinking_budget(effort, family)
         registry = agent.registry()
-        allowed = record.pinned.get("tools")
-        if isinstance(allowed, list):  # the caller's tool access, settled at submit
-            registry = registry.only(cast(list[str], allowed))
-        principal = record.pinned.get("principal")
-        principal = principal if isinstance(principal, str) else None
+        if pinned.tools is not None:  # the caller's tool access, settled at submit
+            registry = registry.only(pinned.tools)
+        principal = pinned.principal
         if deps is NO_DEPS:
             deps = await build_deps(
                 self.deps_factory,
@@ -191,7 +213,7 @@ class TurnRunner:
                 ),
             )
 
-        plugins = validate_plugins((*agent.plugins, *self.plugins))
+        plugins = merge_plugins(agent.plugins, self.plugins)
         skills = await skills_for(self.skills, principal)
         if agent.skills:  # the agent names the skills it may use
             skills = tuple(s for s in skills if s.ref in agent.skills or s.slug in agent.skills)

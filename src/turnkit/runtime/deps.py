@@ -15,7 +15,10 @@ from typing import Any
 
 from turnkit.ids import SessionId, TurnId
 
-__all__ = ("DepsFactory", "DepsScope", "build_deps")
+__all__ = ("NO_DEPS", "DepsFactory", "DepsScope", "build_deps")
+
+NO_DEPS: Any = object()
+"""`deps` not given for a drive: build them with the runtime's factory."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
