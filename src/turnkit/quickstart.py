@@ -1,8 +1,5 @@
 """The batteries-included app: `uvicorn turnkit.quickstart:app` or `turnkit serve`.
 
-It serves turnkit's routes under `/api/harness` and the chat page at `/` (static files
-from `turnkit/http/page`, no build step; see docs/page.md).
-
 Embedded defaults — SQLite (`turnkit.db`), in-memory replay, the offline demo model (not an
 LLM). Environment variables switch to production parts:
 
@@ -24,11 +21,8 @@ from __future__ import annotations
 import os
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
-from pathlib import Path
 
 from fastapi import FastAPI
-from fastapi.responses import FileResponse
-from fastapi.staticfiles import StaticFiles
 
 from turnkit.agent import load_agents
 from turnkit.config import RuntimeConfig
@@ -38,9 +32,6 @@ from turnkit.replay import replay_from_url
 from turnkit.runtime import SessionRuntime
 
 __all__ = ("app", "create_app", "runtime_from_env")
-
-_PAGE_DIR = Path(__file__).parent / "http" / "page"
-"""The chat page's static files (index.html, ES modules, one stylesheet)."""
 
 
 def runtime_from_env(env: Mapping[str, str] | None = None) -> SessionRuntime:
@@ -72,11 +63,8 @@ def _flag(env: Mapping[str, str], name: str, *, default: bool) -> bool:
     return default if value is None else value.lower() not in ("0", "false", "no", "")
 
 
-def create_app(runtime: SessionRuntime | None = None, *, keepalive_s: float = 10.0) -> FastAPI:
-    """A FastAPI app serving turnkit's routes under `/api/harness` and the chat page at `/`.
-
-    `keepalive_s` is how often an idle SSE stream sends a keep-alive comment.
-    """
+def create_app(runtime: SessionRuntime | None = None) -> FastAPI:
+    """A FastAPI app serving turnkit's routes under `/api/harness`."""
     rt = runtime or runtime_from_env()
 
     @asynccontextmanager
@@ -89,22 +77,11 @@ def create_app(runtime: SessionRuntime | None = None, *, keepalive_s: float = 10
             await rt.replay.close()
 
     application = FastAPI(title="turnkit", version="0.1.0", lifespan=lifespan)
-    application.include_router(create_turnkit_router(rt, keepalive_s=keepalive_s))
+    application.include_router(create_turnkit_router(rt))
     application.include_router(create_health_router(rt))
     install_problem_handlers(application)
-    _serve_page(application)
     application.state.runtime = rt
     return application
-
-
-def _serve_page(application: FastAPI) -> None:
-    """The chat page: `/` is its HTML, `/page/…` its modules and stylesheet."""
-
-    @application.get("/", include_in_schema=False)
-    async def page() -> FileResponse:
-        return FileResponse(_PAGE_DIR / "index.html", headers={"Cache-Control": "no-cache"})
-
-    application.mount("/page", StaticFiles(directory=_PAGE_DIR), name="page")
 
 
 app = create_app()
