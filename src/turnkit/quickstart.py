@@ -1,5 +1,8 @@
 """The batteries-included app: `uvicorn turnkit.quickstart:app` or `turnkit serve`.
 
+It serves the routes under `/api/harness` and the chat page at `/` (static ES modules in
+`turnkit/http/page`, no build step).
+
 Embedded defaults — SQLite (`turnkit.db`), in-memory replay, the offline demo model (not an
 LLM). Environment variables switch to production parts:
 
@@ -21,8 +24,12 @@ from __future__ import annotations
 import os
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 from fastapi import FastAPI
+from fastapi.responses import FileResponse, Response
+from fastapi.staticfiles import StaticFiles
+from starlette.types import Scope
 
 from turnkit.agent import load_agents
 from turnkit.config import RuntimeConfig
@@ -32,6 +39,8 @@ from turnkit.replay import replay_from_url
 from turnkit.runtime import SessionRuntime
 
 __all__ = ("app", "create_app", "runtime_from_env")
+
+_PAGE = Path(__file__).parent / "http" / "page"
 
 
 def runtime_from_env(env: Mapping[str, str] | None = None) -> SessionRuntime:
@@ -63,8 +72,20 @@ def _flag(env: Mapping[str, str], name: str, *, default: bool) -> bool:
     return default if value is None else value.lower() not in ("0", "false", "no", "")
 
 
-def create_app(runtime: SessionRuntime | None = None) -> FastAPI:
-    """A FastAPI app serving turnkit's routes under `/api/harness`."""
+class _PageFiles(StaticFiles):
+    """The page's static files, revalidated on every load so an upgrade never mixes versions."""
+
+    async def get_response(self, path: str, scope: Scope) -> Response:
+        response = await super().get_response(path, scope)
+        response.headers["Cache-Control"] = "no-cache"
+        return response
+
+
+def create_app(runtime: SessionRuntime | None = None, *, keepalive_s: float = 10.0) -> FastAPI:
+    """A FastAPI app serving turnkit's routes under `/api/harness` and the chat page at `/`.
+
+    `keepalive_s` is how often an idle stream sends a `: keep-alive` comment.
+    """
     rt = runtime or runtime_from_env()
 
     @asynccontextmanager
@@ -77,9 +98,15 @@ def create_app(runtime: SessionRuntime | None = None) -> FastAPI:
             await rt.replay.close()
 
     application = FastAPI(title="turnkit", version="0.1.0", lifespan=lifespan)
-    application.include_router(create_turnkit_router(rt))
+    application.include_router(create_turnkit_router(rt, keepalive_s=keepalive_s))
     application.include_router(create_health_router(rt))
     install_problem_handlers(application)
+
+    @application.get("/", include_in_schema=False)
+    async def chat_page() -> FileResponse:
+        return FileResponse(_PAGE / "index.html", headers={"Cache-Control": "no-cache"})
+
+    application.mount("/page", _PageFiles(directory=_PAGE), name="page")
     application.state.runtime = rt
     return application
 

@@ -1,0 +1,75 @@
+// The turnkit HTTP routes the chat page calls (see docs/http-api.md). Paths are relative
+// to the page, so the app may be served under a prefix.
+
+export const API = new URL("api/harness", document.baseURI).pathname;
+
+/** An error answered as a problem body: `status`, `code` and the server's `detail`. */
+export class ProblemError extends Error {
+  constructor(status, problem) {
+    super(problem?.detail || problem?.title || `HTTP ${status}`);
+    this.status = status;
+    this.code = problem?.code ?? null;
+  }
+}
+
+async function call(method, path, body) {
+  const init = { method, headers: { Accept: "application/json" }, cache: "no-store" };
+  if (body !== undefined) {
+    init.headers["Content-Type"] = "application/json";
+    init.body = JSON.stringify(body);
+  }
+  const res = await fetch(`${API}${path}`, init);
+  if (!res.ok) throw new ProblemError(res.status, await res.json().catch(() => null));
+  return res.status === 204 ? null : res.json();
+}
+
+const seg = encodeURIComponent;
+
+export const listSessions = () => call("GET", "/sessions?limit=100");
+export const createSession = () => call("POST", "/sessions", {});
+export const history = (id) => call("GET", `/sessions/${seg(id)}/history`);
+export const sessionPending = (id) => call("GET", `/sessions/${seg(id)}/pending`);
+export const turnPending = (turnId) => call("GET", `/turns/${seg(turnId)}/pending`);
+export const cancelTurn = (turnId) => call("POST", `/turns/${seg(turnId)}/cancel`, undefined);
+export const approve = (turnId, requestId, decision) =>
+  call("POST", `/turns/${seg(turnId)}/approvals/${seg(requestId)}`, { decision });
+export const clarify = (turnId, requestId, answer) =>
+  call("POST", `/turns/${seg(turnId)}/clarifications/${seg(requestId)}`, { answer });
+
+/**
+ * Send a message: the execute POST. Only its `X-Turn-Id` header is read; the body is
+ * dropped at once (closing it never stops the turn) and the page follows the turn with an
+ * EventSource from its first event. A connection that fails before the answer is retried
+ * with the same `requestId`, which names the first turn again instead of starting a
+ * second one.
+ */
+export async function execute(sessionId, body) {
+  let lastError = null;
+  for (let attempt = 0; attempt < 3; attempt += 1) {
+    const controller = new AbortController();
+    try {
+      const res = await fetch(`${API}/sessions/${seg(sessionId)}/execute`, {
+        method: "POST",
+        headers: { "Content-Type": "application/json", Accept: "text/event-stream" },
+        body: JSON.stringify(body),
+        cache: "no-store",
+        signal: controller.signal,
+      });
+      if (!res.ok) throw new ProblemError(res.status, await res.json().catch(() => null));
+      const turnId = res.headers.get("X-Turn-Id");
+      controller.abort();
+      return turnId;
+    } catch (err) {
+      if (err instanceof ProblemError) throw err;
+      lastError = err;
+      await new Promise((resolve) => setTimeout(resolve, 300 * (attempt + 1)));
+    }
+  }
+  throw lastError;
+}
+
+/** An idempotency key for one message. */
+export function requestId() {
+  const bytes = crypto.getRandomValues(new Uint8Array(16));
+  return `page-${Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join("")}`;
+}

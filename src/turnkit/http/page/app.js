@@ -1,0 +1,554 @@
+// The chat page: sessions, the message box, and each turn drawn from the projection.
+//
+// Every event goes through projection.js `apply`; what is drawn is read from the
+// projection only. One stream per turn at most, an EventSource (sse.js): a turn is
+// followed from its first event (`?after=0`) when it starts or the page loads, and the
+// browser resumes it with `Last-Event-ID` after a drop. A paused turn's stream stays open
+// (with keep-alives), so the turn's events after an approval arrive on it.
+
+import * as api from "./api.js";
+import {
+  TERMINAL,
+  apply,
+  emptyState,
+  isEnded,
+  isFadedNarration,
+  liveTurn,
+  withAnswered,
+  withConnection,
+  withPending,
+  withTurn,
+  withTurns,
+} from "./projection.js";
+import { followTurn } from "./sse.js";
+
+const $ = (selector) => document.querySelector(selector);
+const ui = {
+  sessions: [],
+  sessionId: null,
+  state: emptyState(null),
+  followers: new Map(), // turnId → AbortController of its one stream
+  busy: new Set(), // request ids being answered, "send", "stop"
+  notice: "",
+};
+
+// ── following turns ────────────────────────────────────────────────────────────────
+
+function update(change) {
+  ui.state = change(ui.state);
+  schedule();
+}
+
+function follow(turnId) {
+  if (ui.followers.has(turnId)) return Promise.resolve("followed"); // never two streams
+  const controller = new AbortController();
+  const sessionId = ui.sessionId;
+  const current = () => !controller.signal.aborted && ui.sessionId === sessionId;
+  ui.followers.set(turnId, controller);
+  return followTurn({
+    api: api.API,
+    turnId,
+    signal: controller.signal,
+    cursor: () => ui.state.turns[turnId]?.lastSeq ?? 0,
+    onEvent: (event) => {
+      if (!current()) return;
+      update((s) => apply(s, event));
+      if (event.type === "session.renamed") refreshSessions();
+    },
+    onConnection: (how) => current() && update((s) => withConnection(s, turnId, how)),
+  }).then((how) => {
+    if (ui.followers.get(turnId) === controller) ui.followers.delete(turnId);
+    if (how === "done" && ui.sessionId === sessionId) afterTurn(sessionId);
+    return how;
+  });
+}
+
+async function openSession(sessionId) {
+  for (const controller of ui.followers.values()) controller.abort();
+  ui.followers.clear();
+  ui.sessionId = sessionId;
+  ui.state = emptyState(sessionId);
+  ui.notice = "";
+  if (location.hash !== `#session=${sessionId}`) history.replaceState(null, "", `#session=${sessionId}`);
+  schedule();
+  let turns;
+  try {
+    turns = await api.history(sessionId);
+  } catch (err) {
+    return say(err.message);
+  }
+  if (ui.sessionId !== sessionId) return;
+  update((s) => withTurns(s, turns));
+  loadPending(sessionId);
+  // Live and paused turns keep their stream open; finished ones replay to their `done`,
+  // two at a time (a browser opens at most six connections to one server).
+  const finished = turns.filter((t) => TERMINAL.includes(t.status)).map((t) => t.turnId);
+  turns.filter((t) => !TERMINAL.includes(t.status)).forEach((t) => follow(t.turnId));
+  const next = async () => {
+    while (finished.length > 0 && ui.sessionId === sessionId) await follow(finished.shift());
+  };
+  await Promise.all([next(), next()]);
+}
+
+function loadPending(sessionId) {
+  api
+    .sessionPending(sessionId)
+    .then((body) => ui.sessionId === sessionId && update((s) => withPending(s, body.pending)))
+    .catch(() => {}); // the cards still come from the stream
+}
+
+async function afterTurn(sessionId) {
+  // Turns this page did not start (another tab, a guide message queued as its own turn).
+  try {
+    const turns = await api.history(sessionId);
+    if (ui.sessionId !== sessionId) return;
+    const fresh = turns.filter((t) => !ui.state.turns[t.turnId]);
+    update((s) => withTurns(s, turns));
+    fresh.forEach((t) => follow(t.turnId));
+  } catch {
+    // the page keeps what it has
+  }
+  refreshSessions();
+}
+
+async function refreshSessions() {
+  try {
+    ui.sessions = await api.listSessions();
+  } catch (err) {
+    say(err.message);
+  }
+  schedule();
+}
+
+// ── actions ───────────────────────────────────────────────────────────────────────
+
+async function send(text) {
+  ui.busy.add("send");
+  schedule();
+  try {
+    if (!ui.sessionId) {
+      const created = await api.createSession();
+      ui.sessions = [created, ...ui.sessions];
+      openSession(created.sessionId);
+    }
+    const sessionId = ui.sessionId;
+    // A message sent while a turn runs joins it (a guide message); otherwise it queues.
+    const live = liveTurn(ui.state);
+    const delivery = live && live.status === "running" ? "guide" : "queue";
+    const body = { content: text, requestId: api.requestId(), delivery };
+    const turnId = await api.execute(sessionId, body);
+    if (ui.sessionId !== sessionId || !turnId) return;
+    update((s) => withTurn(s, turnId));
+    follow(turnId);
+    refreshSessions(); // the session is named after its first message
+  } catch (err) {
+    say(err.message);
+  } finally {
+    ui.busy.delete("send");
+    schedule();
+  }
+}
+
+async function stop() {
+  const live = liveTurn(ui.state);
+  if (!live) return;
+  ui.busy.add("stop");
+  schedule();
+  try {
+    await api.cancelTurn(live.turnId);
+  } catch (err) {
+    say(err.message);
+  } finally {
+    ui.busy.delete("stop");
+    schedule();
+  }
+}
+
+async function decide(turnId, requestId, answer) {
+  const pending = ui.state.turns[turnId]?.pending;
+  if (!pending || ui.busy.has(requestId)) return;
+  ui.busy.add(requestId);
+  schedule();
+  try {
+    if (pending.kind === "approval") await api.approve(turnId, requestId, answer);
+    else await api.clarify(turnId, requestId, answer);
+  } catch (err) {
+    if (!(err instanceof api.ProblemError && err.status === 409)) {
+      ui.busy.delete(requestId);
+      return say(err.message); // the card stays: try again
+    }
+  }
+  ui.busy.delete(requestId);
+  update((s) => withAnswered(s, turnId, requestId));
+  follow(turnId); // the same turn goes on, on the stream that is still open (if it closed: again)
+}
+
+function say(text) {
+  ui.notice = text;
+  schedule();
+}
+
+// ── rendering: reads ui.state (the projection) only ──────────────────────────────
+
+let scheduled = false;
+function schedule() {
+  if (scheduled) return;
+  scheduled = true;
+  requestAnimationFrame(() => {
+    scheduled = false;
+    render();
+  });
+}
+
+function render() {
+  const scroller = $("#turns");
+  const atBottom = scroller.scrollHeight - scroller.scrollTop - scroller.clientHeight < 80;
+  renderSessions();
+  renderTurns(scroller);
+  renderComposer();
+  $("#notice").textContent = ui.notice;
+  if (atBottom) scroller.scrollTop = scroller.scrollHeight;
+}
+
+function renderSessions() {
+  const list = $("#sessions");
+  list.replaceChildren(
+    ...ui.sessions.map((session) => {
+      const button = el("button", { type: "button", "data-session-id": session.sessionId });
+      button.textContent = session.title || "Untitled chat";
+      if (session.sessionId === ui.sessionId) button.setAttribute("aria-current", "true");
+      const item = el("li");
+      item.append(button);
+      return item;
+    }),
+  );
+  const current = ui.sessions.find((s) => s.sessionId === ui.sessionId);
+  $("#session-title").textContent = current?.title || (ui.sessionId ? "Untitled chat" : "");
+}
+
+function renderComposer() {
+  const live = liveTurn(ui.state);
+  $("#stop").hidden = !live;
+  $("#stop").disabled = ui.busy.has("stop");
+  $("#send").disabled = ui.busy.has("send");
+  $("#message").placeholder = live ? "Add to the running turn…" : "Send a message…";
+}
+
+function renderTurns(container) {
+  const wanted = ui.state.order.map((id) => ui.state.turns[id]);
+  const seen = new Set();
+  let previous = null;
+  for (const turn of wanted) {
+    let node = container.querySelector(`:scope > [data-turn-id="${CSS.escape(turn.turnId)}"]`);
+    if (!node) node = newTurnElement(turn.turnId);
+    drawTurn(node, turn);
+    placeAfter(container, node, previous);
+    previous = node;
+    seen.add(node);
+  }
+  for (const child of [...container.children]) if (!seen.has(child)) child.remove();
+  $("#empty").hidden = wanted.length > 0;
+}
+
+function newTurnElement(turnId) {
+  const node = el("article", { class: "turn", "data-turn-id": turnId });
+  node.append(el("div", { class: "blocks" }), el("div", { class: "decision" }), el("footer", { class: "meta" }));
+  node.blockNodes = new Map();
+  return node;
+}
+
+function drawTurn(node, turn) {
+  node.dataset.status = turn.status;
+  node.classList.toggle("ended", isEnded(turn));
+  const blocks = node.querySelector(".blocks");
+  const keep = new Set();
+  let previous = null;
+  turn.blocks.forEach((block, index) => {
+    let child = node.blockNodes.get(block.key);
+    if (!child || child.dataset.kind !== block.kind) {
+      child = newBlockElement(block.kind);
+      node.blockNodes.set(block.key, child);
+    }
+    drawBlock(child, block, turn, index);
+    placeAfter(blocks, child, previous);
+    previous = child;
+    keep.add(block.key);
+  });
+  for (const [key, child] of node.blockNodes) {
+    if (!keep.has(key)) {
+      child.remove();
+      node.blockNodes.delete(key);
+    }
+  }
+  drawDecision(node.querySelector(".decision"), turn);
+  setText(node.querySelector(".meta"), metaOf(turn));
+}
+
+function newBlockElement(kind) {
+  const node = el(kind === "thinking" ? "details" : "div", { class: `block ${kind}`, "data-kind": kind });
+  if (kind === "thinking") node.append(el("summary", {}, "Thinking"));
+  if (kind === "tool") {
+    node.append(
+      el("span", { class: "icon", "aria-hidden": "true" }),
+      el("span", { class: "name" }),
+      el("span", { class: "args" }),
+      el("span", { class: "duration" }),
+      el("div", { class: "detail" }),
+      el("div", { class: "job" }, el("progress", { max: "1" }), el("span", { class: "job-message" })),
+    );
+    return node;
+  }
+  if (kind === "tasks") {
+    node.append(el("h3", {}, "Tasks"), el("ul"));
+    return node;
+  }
+  node.append(el("p", { class: "text" }));
+  if (kind === "text") node.append(el("span", { class: "badge" }, "interrupted"), el("ol", { class: "citations" }));
+  return node;
+}
+
+function drawBlock(node, block, turn, index) {
+  const text = node.querySelector(":scope > .text");
+  switch (block.kind) {
+    case "user":
+      setText(text, block.attachments ? `${block.text} (+${block.attachments} picture(s))` : block.text);
+      break;
+    case "text":
+      setText(text, block.text);
+      node.classList.toggle("answer", block.isAnswer);
+      node.classList.toggle("narration", !block.isAnswer);
+      node.classList.toggle("streaming", !block.complete);
+      node.classList.toggle("interrupted", block.interrupted);
+      node.classList.toggle("faded", isFadedNarration(turn, index));
+      drawCitations(node.querySelector(".citations"), block.citations);
+      break;
+    case "thinking":
+      setText(text, block.summary);
+      node.classList.toggle("faded", isFadedNarration(turn, index));
+      break;
+    case "tool":
+      drawTool(node, block);
+      break;
+    case "tasks":
+      drawTasks(node.querySelector("ul"), block.tasks);
+      break;
+    case "error":
+      setText(text, `${block.message} (${block.code})`);
+      break;
+    default:
+      setText(text, block.text);
+  }
+}
+
+const TOOL_ICONS = { preparing: "…", running: "", awaiting_approval: "?", succeeded: "✓", failed: "✗" };
+
+function drawTool(node, block) {
+  node.dataset.status = block.status;
+  setText(node.querySelector(".icon"), TOOL_ICONS[block.status] ?? "");
+  setText(node.querySelector(".name"), block.toolName ?? "tool");
+  setText(node.querySelector(".args"), argumentsOf(block));
+  setText(node.querySelector(".duration"), toolDuration(block));
+  const detail = block.status === "failed" ? block.error ?? block.code : block.argumentsError;
+  setText(node.querySelector(".detail"), [detail, block.inDoubt && `in doubt: ${block.inDoubt}`].filter(Boolean).join(" · "));
+  const job = node.querySelector(".job");
+  job.hidden = !block.job;
+  if (block.job) {
+    const bar = job.querySelector("progress");
+    if (block.job.progress === null) bar.removeAttribute("value");
+    else bar.value = block.job.progress;
+    const state = block.job.done ? (block.job.isError ? "job failed" : "job done") : "";
+    setText(job.querySelector(".job-message"), [block.job.message, state].filter(Boolean).join(" · "));
+  }
+}
+
+function drawTasks(list, tasks) {
+  list.replaceChildren(
+    ...tasks.map((task) => {
+      const item = el("li", { class: `task ${task.status}`, "data-status": task.status });
+      item.textContent = task.title;
+      return item;
+    }),
+  );
+}
+
+function drawCitations(list, citations) {
+  if (list.childElementCount === citations.length) return;
+  list.replaceChildren(
+    ...citations.map((c) => {
+      const item = el("li");
+      const label = c.title || c.source;
+      if (c.url && /^https?:\/\//i.test(c.url)) item.append(el("a", { href: c.url, rel: "noreferrer", target: "_blank" }, label));
+      else item.append(label);
+      if (c.quote) item.append(el("q", {}, c.quote));
+      return item;
+    }),
+  );
+}
+
+function drawDecision(box, turn) {
+  const pending = turn.pending;
+  const key = pending ? pending.requestId : "";
+  box.querySelectorAll("button").forEach((b) => (b.disabled = ui.busy.has(key)));
+  if (box.dataset.requestId === key) return; // keep what the person is typing
+  box.dataset.requestId = key;
+  box.replaceChildren();
+  if (!pending) return;
+  const card = el("div", { class: `card ${pending.kind}`, "data-request-id": pending.requestId });
+  if (pending.kind === "approval") {
+    card.append(
+      el("p", { class: "card-title" }, "Approve ", el("code", {}, pending.toolName ?? "this call"), "?"),
+      el("p", { class: "summary" }, pending.summary ?? ""),
+      el("pre", { class: "arguments" }, JSON.stringify(pending.arguments ?? {}, null, 2)),
+      el("div", { class: "actions" },
+        el("button", { type: "button", class: "primary", "data-decision": "approve" }, "Approve"),
+        el("button", { type: "button", "data-decision": "deny" }, "Deny")),
+    );
+  } else {
+    const choices = pending.choices.map((choice) => el("button", { type: "button", "data-choice": choice }, choice));
+    card.append(
+      el("p", { class: "card-title" }, pending.question ?? ""),
+      el("div", { class: "actions" }, ...choices),
+      el("form", { class: "answer" },
+        el("input", { name: "answer", placeholder: "Your answer", autocomplete: "off", "aria-label": "Your answer" }),
+        el("button", { type: "submit", class: "primary" }, "Answer")),
+    );
+  }
+  box.append(card);
+}
+
+const STATUS = {
+  running: "Working…",
+  awaiting_approval: "Waiting for your approval",
+  awaiting_input: "Waiting for your answer",
+  succeeded: "Done",
+  failed: "Failed",
+  timed_out: "Timed out",
+  cancelled: "Stopped",
+};
+
+function metaOf(turn) {
+  const parts = [STATUS[turn.status] ?? turn.status];
+  if (turn.errorCode && turn.status !== "cancelled") parts[0] += ` (${turn.errorCode})`;
+  if (turn.connection === "reconnecting" && !turn.done) parts.push("reconnecting…");
+  if (turn.connection === "lost" && !turn.done) parts.push("connection lost");
+  const cost = turn.cost;
+  if (cost) {
+    parts.push(`$${cost.costUsd.toFixed(4)}`);
+    parts.push(`${cost.inputTokens.toLocaleString()} in / ${cost.outputTokens.toLocaleString()} out tokens`);
+    if (cost.durationMs !== null) parts.push(duration(cost.durationMs));
+  }
+  return parts.join(" · ");
+}
+
+// ── small helpers ─────────────────────────────────────────────────────────────────
+
+function el(tag, attributes = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [name, value] of Object.entries(attributes)) node.setAttribute(name, value);
+  node.append(...children);
+  return node;
+}
+
+function setText(node, text) {
+  if (node.textContent !== text) node.textContent = text;
+}
+
+function placeAfter(parent, node, previous) {
+  const want = previous ? previous.nextSibling : parent.firstChild;
+  if (want !== node) parent.insertBefore(node, want);
+}
+
+/** A finished call's duration; a running call's time so far, ticking (see `tick`). */
+function toolDuration(block) {
+  if (block.durationMs !== null) return duration(block.durationMs);
+  if (block.status !== "running" || !block.startedAt) return "";
+  return duration(Math.max(0, Date.now() - Date.parse(block.startedAt)));
+}
+
+function tick() {
+  const running = Object.values(ui.state.turns).some((turn) =>
+    turn.blocks.some((b) => b.kind === "tool" && b.status === "running"),
+  );
+  if (running) schedule();
+}
+
+function argumentsOf(block) {
+  if (!block.arguments) return block.chars ? `${block.chars} characters…` : "";
+  const text = Object.entries(block.arguments)
+    .map(([name, value]) => `${name}=${JSON.stringify(value)}`)
+    .join(", ");
+  return text.length > 90 ? `${text.slice(0, 89)}…` : text;
+}
+
+function duration(ms) {
+  return ms < 1000 ? `${Math.round(ms)} ms` : `${(ms / 1000).toFixed(1)} s`;
+}
+
+
+function sessionFromHash() {
+  const match = /^#session=(.+)$/.exec(location.hash);
+  return match ? decodeURIComponent(match[1]) : null;
+}
+
+// ── wiring ────────────────────────────────────────────────────────────────────────
+
+function bind() {
+  const box = $("#message");
+  $("#composer").addEventListener("submit", (event) => {
+    event.preventDefault();
+    const text = box.value.trim();
+    if (!text || ui.busy.has("send")) return;
+    box.value = "";
+    send(text);
+  });
+  box.addEventListener("keydown", (event) => {
+    if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {
+      event.preventDefault();
+      $("#composer").requestSubmit();
+    }
+  });
+  $("#stop").addEventListener("click", stop);
+  $("#new-session").addEventListener("click", async () => {
+    try {
+      const created = await api.createSession();
+      ui.sessions = [created, ...ui.sessions];
+      await openSession(created.sessionId);
+    } catch (err) {
+      say(err.message);
+    }
+  });
+  $("#sessions").addEventListener("click", (event) => {
+    const button = event.target.closest("[data-session-id]");
+    if (button && button.dataset.sessionId !== ui.sessionId) openSession(button.dataset.sessionId);
+  });
+  const turns = $("#turns");
+  turns.addEventListener("click", (event) => {
+    const button = event.target.closest("[data-decision], [data-choice]");
+    if (!button) return;
+    const turnId = button.closest("[data-turn-id]").dataset.turnId;
+    const requestId = button.closest("[data-request-id]").dataset.requestId;
+    decide(turnId, requestId, button.dataset.decision ?? button.dataset.choice);
+  });
+  turns.addEventListener("submit", (event) => {
+    event.preventDefault();
+    const form = event.target;
+    const answer = form.elements.answer.value.trim();
+    if (!answer) return;
+    decide(form.closest("[data-turn-id]").dataset.turnId, form.closest("[data-request-id]").dataset.requestId, answer);
+  });
+  window.addEventListener("hashchange", () => {
+    const wanted = sessionFromHash();
+    if (wanted && wanted !== ui.sessionId) openSession(wanted);
+  });
+}
+
+async function start() {
+  bind();
+  setInterval(tick, 500);
+  await refreshSessions();
+  const wanted = sessionFromHash() ?? ui.sessions[0]?.sessionId ?? null;
+  if (wanted) await openSession(wanted);
+  else schedule();
+}
+
+start();

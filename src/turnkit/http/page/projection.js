@@ -1,0 +1,473 @@
+// The chat page's projection: turnkit stream events folded into what a person sees.
+//
+// Pure: `apply(state, event)` returns a new state and never changes the one it was given,
+// so the same events always give the same view. The rendering (app.js) reads nothing else.
+//
+// A session's state holds its turns in order. A turn holds its blocks in log order (the
+// person's messages, narration, tool rows, thinking summaries, the task list, the answer),
+// its work segments (the turn's own message, then one per `input.guided` message it
+// consumed), the decision it waits for, its newest task list, its cost and its status.
+// `run.finished` is the turn's boundary (its account is final: `settled`), `done` its end.
+//
+// Text and reconnects: a durable event whose `seq` is not past the turn's `lastSeq` was
+// already folded and is ignored; `message.delta` appends to its block, `message.snapshot`
+// replaces the block's text so far, `message.complete` sets the final text. Deltas of a
+// block that never completes (a failed rung, a dead attempt) are dropped.
+
+export const TERMINAL = Object.freeze(["succeeded", "failed", "timed_out", "cancelled"]);
+
+/** A session with no turns yet. */
+export function emptyState(sessionId) {
+  return { sessionId, order: [], turns: {} };
+}
+
+/** A turn before any of its events arrived. */
+export function emptyTurn(turnId, status = "running") {
+  return {
+    turnId,
+    status,
+    lastSeq: 0,
+    blocks: [],
+    segments: [],
+    tasks: [],
+    pending: null,
+    answered: [],
+    answerKey: null,
+    cost: null,
+    errorCode: null,
+    errorMessage: null,
+    stage: null,
+    settled: false,
+    done: false,
+    connection: null,
+  };
+}
+
+/** Fold one turnkit event (the JSON of an SSE `data:` line) into the session's state. */
+export function apply(state, event) {
+  const turnId = event && event.turn_id;
+  if (!turnId) return state;
+  const known = state.turns[turnId];
+  const turn = known ?? emptyTurn(turnId);
+  const durable = typeof event.seq === "number";
+  if (durable && event.seq <= turn.lastSeq) return state; // folded already (a replay)
+  let next = durable ? advance(turn, event) : turn;
+  next = fold(next, event);
+  if (next === turn && known) return state;
+  return putTurn(state, next);
+}
+
+/** Fold many events in order. */
+export function applyAll(state, events) {
+  return events.reduce(apply, state);
+}
+
+/**
+ * The session's turns as `GET /sessions/{id}/history` lists them (all of them, oldest
+ * first). Turns the page knows and the list does not (started after it was read) stay
+ * after them.
+ */
+export function withTurns(state, history) {
+  let next = state;
+  for (const item of history) next = withTurn(next, item.turnId, item.status);
+  const listed = history.map((item) => item.turnId);
+  const rest = next.order.filter((id) => !listed.includes(id));
+  return { ...next, order: [...listed, ...rest] };
+}
+
+/** A turn the page just started (or learned of): added after the others. */
+export function withTurn(state, turnId, status = "running") {
+  return state.turns[turnId] ? state : putTurn(state, emptyTurn(turnId, status));
+}
+
+/** Decisions from `GET …/pending`: the cards to show even before the stream replays. */
+export function withPending(state, items) {
+  let next = state;
+  for (const item of items) {
+    const turn = next.turns[item.turnId] ?? emptyTurn(item.turnId);
+    if (turn.done || turn.answered.includes(item.requestId)) continue;
+    if (turn.lastSeq > item.seq) continue; // the stream already went past it
+    const pending = {
+      kind: item.kind,
+      requestId: item.requestId,
+      seq: item.seq,
+      toolCallId: item.toolCallId ?? null,
+      toolName: item.toolName ?? null,
+      arguments: item.arguments ?? null,
+      summary: item.summary ?? null,
+      question: item.question ?? null,
+      choices: item.choices ?? [],
+    };
+    next = putTurn(next, { ...turn, pending, status: waitingStatus(pending.kind) });
+  }
+  return next;
+}
+
+/** The page answered `requestId`: hide the card at once (the stream confirms it). */
+export function withAnswered(state, turnId, requestId) {
+  const turn = state.turns[turnId];
+  if (!turn) return state;
+  const answered = turn.answered.includes(requestId)
+    ? turn.answered
+    : [...turn.answered, requestId];
+  const isOpen = turn.pending && turn.pending.requestId === requestId;
+  return putTurn(state, {
+    ...turn,
+    answered,
+    pending: isOpen ? null : turn.pending,
+    status: isOpen && !turn.done ? "running" : turn.status,
+  });
+}
+
+/** The page's connection to the turn's stream: `live`, `reconnecting` or `lost`. */
+export function withConnection(state, turnId, connection) {
+  const turn = state.turns[turnId];
+  if (!turn || turn.connection === connection) return state;
+  return putTurn(state, { ...turn, connection });
+}
+
+/** True once the turn has ended (its `run.finished` or `done` arrived). */
+export function isEnded(turn) {
+  return turn.settled || turn.done;
+}
+
+/** The newest turn that has not ended, if any: the one Stop and guide messages address. */
+export function liveTurn(state) {
+  for (let i = state.order.length - 1; i >= 0; i -= 1) {
+    const turn = state.turns[state.order[i]];
+    if (!isEnded(turn) && !TERMINAL.includes(turn.status)) return turn;
+  }
+  return null;
+}
+
+/** Narration and thinking above the answer shrink and fade once the answer exists. */
+export function isFadedNarration(turn, index) {
+  const block = turn.blocks[index];
+  if (!block || turn.answerKey === null) return false;
+  const isNarration = (block.kind === "text" && !block.isAnswer) || block.kind === "thinking";
+  if (!isNarration) return false;
+  const answerAt = turn.blocks.findIndex((b) => b.key === turn.answerKey);
+  return answerAt > index;
+}
+
+// ── folding ───────────────────────────────────────────────────────────────────────
+
+function advance(turn, event) {
+  let next = { ...turn, lastSeq: event.seq };
+  const isRequest = event.type === "approval.requested" || event.type === "clarification.requested";
+  if (next.pending && event.seq > next.pending.seq && !isRequest) {
+    next = { ...next, pending: null, status: next.done ? next.status : "running" }; // went on
+  }
+  return next;
+}
+
+const FOLDERS = {
+  "turn.started": (turn, e) =>
+    startSegment(turn, e.input_seq ?? 1, e.content, {
+      attachments: (e.attachments ?? []).length,
+      status: turn.done ? turn.status : "running",
+    }),
+  "input.guided": (turn, e) => startSegment(turn, e.input_seq, e.content, {}),
+  "step.start": (turn, e) => ({ ...turn, stage: e.step }),
+  "message.delta": (turn, e) => draftText(turn, e.block_id, (text) => text + e.text),
+  "message.snapshot": (turn, e) => draftText(turn, e.block_id, () => e.text),
+  "message.complete": completeText,
+  "message.citations": (turn, e) =>
+    updateBlock(turn, `text:${e.block_id}`, (b) => ({ ...b, citations: e.citations })),
+  "thinking.delta": (turn, e) =>
+    upsertThinking(turn, e.block_id, (b) => ({ ...b, summary: b.summary + e.text })),
+  "thinking.complete": (turn, e) =>
+    upsertThinking(turn, e.block.block_id, (b) => ({ ...b, summary: e.block.summary, complete: true })),
+  "tool.delta": (turn, e) =>
+    upsertTool(turn, e.tool_call_id, (b) => ({
+      ...b,
+      toolName: b.toolName ?? e.tool_name ?? null,
+      chars: e.chars,
+    })),
+  "tool.started": (turn, e) =>
+    upsertTool(turn, e.block.tool_call_id, (b) => ({
+      ...b,
+      toolName: e.block.tool_name,
+      arguments: e.block.arguments,
+      argumentsError: e.arguments_error ?? null,
+      startedAt: e.ts,
+      status: b.status === "preparing" ? "running" : b.status,
+    })),
+  "tool.completed": (turn, e) =>
+    upsertTool(turn, e.tool_call_id, (b) => ({
+      ...b,
+      toolName: b.toolName ?? e.result.tool_name,
+      answeredBy: e.tool_name,
+      status: "succeeded",
+      durationMs: e.duration_ms,
+      output: e.result.output ?? null,
+    })),
+  "tool.failed": (turn, e) =>
+    upsertTool(turn, e.tool_call_id, (b) => ({
+      ...b,
+      toolName: b.toolName ?? e.result.tool_name,
+      status: "failed",
+      durationMs: e.duration_ms,
+      error: e.result.error ?? null,
+      code: e.code,
+    })),
+  "tool.in_doubt": (turn, e) =>
+    upsertTool(turn, e.tool_call_id, (b) => ({ ...b, inDoubt: e.resolution })),
+  "job.dispatched": (turn, e) =>
+    upsertTool(turn, e.tool_call_id, (b) => ({
+      ...b,
+      job: { jobId: e.job_id, progress: null, message: null, done: false, isError: false },
+    })),
+  "job.progress": (turn, e) =>
+    upsertTool(turn, e.tool_call_id, (b) => ({
+      ...b,
+      job: {
+        ...(b.job ?? { jobId: e.job_id, done: false, isError: false }),
+        progress: e.progress ?? b.job?.progress ?? null,
+        message: e.message ?? b.job?.message ?? null,
+      },
+    })),
+  "job.completed": (turn, e) =>
+    upsertTool(turn, e.tool_call_id, (b) => ({
+      ...b,
+      job: {
+        ...(b.job ?? { jobId: e.job_id, message: null }),
+        progress: e.is_error ? b.job?.progress ?? null : 1,
+        done: true,
+        isError: Boolean(e.is_error),
+      },
+    })),
+  "approval.requested": (turn, e) =>
+    askFor(
+      updateBlock(turn, `tool:${e.tool_call_id}`, (b) => ({ ...b, status: "awaiting_approval" })),
+      {
+        kind: "approval",
+        requestId: e.request_id,
+        seq: e.seq,
+        toolCallId: e.tool_call_id,
+        toolName: e.tool_name,
+        arguments: e.arguments,
+        summary: e.summary,
+        question: null,
+        choices: [],
+      },
+    ),
+  "clarification.requested": (turn, e) =>
+    askFor(turn, {
+      kind: "clarification",
+      requestId: e.request_id,
+      seq: e.seq,
+      toolCallId: null,
+      toolName: null,
+      arguments: null,
+      summary: null,
+      question: e.question,
+      choices: e.choices ?? [],
+    }),
+  "tasks.updated": (turn, e) => {
+    const tasks = e.tasks;
+    const at = turn.blocks.findIndex((b) => b.key === "tasks");
+    if (at >= 0) return { ...turn, tasks, blocks: replaceAt(turn.blocks, at, { ...turn.blocks[at], tasks }) };
+    return addBlock({ ...turn, tasks }, { kind: "tasks", key: "tasks", tasks });
+  },
+  "provider.cascade": (turn, e) =>
+    addBlock(dropDrafts(turn), {
+      kind: "notice",
+      key: `notice:${e.seq}`,
+      text: e.to_model
+        ? `${e.from_model} failed (${e.reason}); went on with ${e.to_model}`
+        : `${e.from_model} failed (${e.reason}); no model left`,
+    }),
+  "turn.recovering": (turn, e) =>
+    addBlock(dropDrafts(turn), {
+      kind: "notice",
+      key: `notice:${e.seq}`,
+      text: `Recovered (attempt ${e.attempt})`,
+    }),
+  "compaction.completed": (turn, e) =>
+    addBlock(turn, {
+      kind: "notice",
+      key: `notice:${e.seq}`,
+      text: `Earlier messages summarized (${e.summarized_messages})`,
+    }),
+  error: (turn, e) =>
+    addBlock(
+      { ...turn, errorCode: e.code, errorMessage: e.message },
+      { kind: "error", key: `error:${e.seq}`, code: e.code, message: e.message },
+    ),
+  usage: (turn, e) => (turn.cost ? turn : { ...turn, cost: costOf(e) }),
+  "run.finished": (turn, e) => ({
+    ...turn,
+    settled: true,
+    status: e.status,
+    errorCode: e.error_code ?? turn.errorCode,
+    cost: { ...costOf(e), durationMs: e.duration_ms },
+  }),
+  done: (turn, e) => ({
+    ...dropDrafts(turn),
+    done: true,
+    status: e.status,
+    errorCode: e.error_code ?? turn.errorCode,
+    pending: null,
+  }),
+};
+
+function fold(turn, event) {
+  const folder = Object.hasOwn(FOLDERS, event.type) ? FOLDERS[event.type] : null;
+  return folder ? folder(turn, event) : turn; // heartbeat, checkpoint.created, … change nothing
+}
+
+function costOf(e) {
+  return {
+    costUsd: e.cost_usd ?? 0,
+    inputTokens: e.input_tokens ?? 0,
+    outputTokens: e.output_tokens ?? 0,
+    cachedTokens: e.cached_tokens ?? 0,
+    modelCalls: e.model_calls ?? 0,
+    durationMs: null,
+  };
+}
+
+function waitingStatus(kind) {
+  return kind === "approval" ? "awaiting_approval" : "awaiting_input";
+}
+
+function askFor(turn, pending) {
+  if (turn.answered.includes(pending.requestId) || turn.done) return turn;
+  return { ...turn, pending, status: waitingStatus(pending.kind) };
+}
+
+function startSegment(turn, inputSeq, content, extra) {
+  const { status, attachments } = extra;
+  const segments = [...turn.segments, { inputSeq, content }];
+  const next = { ...turn, segments, ...(status ? { status } : {}) };
+  return addBlock(next, {
+    kind: "user",
+    key: `user:${inputSeq}:${segments.length}`,
+    text: content,
+    attachments: attachments ?? 0,
+  });
+}
+
+function currentSegment(turn) {
+  return Math.max(0, turn.segments.length - 1);
+}
+
+function addBlock(turn, block) {
+  return { ...turn, blocks: [...turn.blocks, { segment: currentSegment(turn), ...block }] };
+}
+
+function replaceAt(blocks, index, block) {
+  const copy = blocks.slice();
+  copy[index] = block;
+  return copy;
+}
+
+function updateBlock(turn, key, change) {
+  const at = turn.blocks.findIndex((b) => b.key === key);
+  if (at < 0) return turn;
+  return { ...turn, blocks: replaceAt(turn.blocks, at, change(turn.blocks[at])) };
+}
+
+function newText(blockId) {
+  return {
+    kind: "text",
+    key: `text:${blockId}`,
+    blockId,
+    text: "",
+    isAnswer: false,
+    interrupted: false,
+    complete: false,
+    citations: [],
+  };
+}
+
+function draftText(turn, blockId, change) {
+  const key = `text:${blockId}`;
+  const at = turn.blocks.findIndex((b) => b.key === key);
+  if (at < 0) return addBlock(turn, { ...newText(blockId), text: change("") });
+  const block = turn.blocks[at];
+  if (block.complete) return turn; // the final text is set; a late delta changes nothing
+  return { ...turn, blocks: replaceAt(turn.blocks, at, { ...block, text: change(block.text) }) };
+}
+
+function completeText(turn, e) {
+  const b = e.block;
+  const key = `text:${b.block_id}`;
+  const done = {
+    text: b.text,
+    isAnswer: Boolean(b.is_answer),
+    interrupted: Boolean(b.interrupted),
+    complete: true,
+  };
+  const at = turn.blocks.findIndex((x) => x.key === key);
+  const next =
+    at < 0
+      ? addBlock(turn, { ...newText(b.block_id), ...done })
+      : { ...turn, blocks: replaceAt(turn.blocks, at, { ...turn.blocks[at], ...done }) };
+  return done.isAnswer ? { ...next, answerKey: key } : next;
+}
+
+function upsertThinking(turn, blockId, change) {
+  const key = `thinking:${blockId}`;
+  const at = turn.blocks.findIndex((b) => b.key === key);
+  if (at >= 0) return { ...turn, blocks: replaceAt(turn.blocks, at, change(turn.blocks[at])) };
+  const block = change({
+    kind: "thinking",
+    key,
+    blockId,
+    summary: "",
+    complete: false,
+    segment: currentSegment(turn),
+  });
+  // A summary belongs above the text of the same call, which may have streamed first.
+  const textAt = turn.blocks.findIndex((b) => b.key === `text:${blockId}`);
+  if (textAt < 0) return { ...turn, blocks: [...turn.blocks, block] };
+  const blocks = turn.blocks.slice();
+  blocks.splice(textAt, 0, block);
+  return { ...turn, blocks };
+}
+
+function upsertTool(turn, toolCallId, change) {
+  const key = `tool:${toolCallId}`;
+  const at = turn.blocks.findIndex((b) => b.key === key);
+  if (at >= 0) return { ...turn, blocks: replaceAt(turn.blocks, at, change(turn.blocks[at])) };
+  return addBlock(
+    turn,
+    change({
+      kind: "tool",
+      key,
+      toolCallId,
+      toolName: null,
+      arguments: null,
+      argumentsError: null,
+      status: "preparing",
+      startedAt: null,
+      chars: 0,
+      durationMs: null,
+      output: null,
+      error: null,
+      code: null,
+      answeredBy: null,
+      inDoubt: null,
+      job: null,
+    }),
+  );
+}
+
+/** Drop text that never completed: its call failed over, or its attempt died. */
+function dropDrafts(turn) {
+  const blocks = turn.blocks.filter(
+    (b) => !((b.kind === "text" || b.kind === "thinking") && !b.complete),
+  );
+  return blocks.length === turn.blocks.length ? turn : { ...turn, blocks };
+}
+
+function putTurn(state, turn) {
+  const isNew = !state.turns[turn.turnId];
+  return {
+    ...state,
+    turns: { ...state.turns, [turn.turnId]: turn },
+    order: isNew ? [...state.order, turn.turnId] : state.order,
+  };
+}

@@ -1,0 +1,307 @@
+"""The chat page in a real Chromium against the quickstart app, driven by scripted models."""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+import httpx
+import pytest
+from playwright.sync_api import Page, expect
+
+from tests.page.conftest import WAIT_MS
+from tests.page.harness import PacedModel, serve_page
+from turnkit import Agent, ToolContext, tool
+from turnkit.models import Usage
+from turnkit.plugins.citations import Citations
+from turnkit.testing import ModelStep, ScriptedModel, call
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).parent.parent.parent
+ANSWER = "The total is 42, which is six times seven, as the calculator said."
+
+
+def send(page: Page, text: str) -> None:
+    page.fill("#message", text)
+    page.press("#message", "Enter")
+
+
+def wait_until(predicate: Callable[[], object], what: str) -> None:
+    deadline = time.monotonic() + WAIT_MS / 1000
+    while not predicate():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def priced(step: ModelStep, cost: float) -> ModelStep:
+    return replace(step, usage=Usage(input_tokens=120, output_tokens=30, cost_usd=cost))
+
+
+@tool
+async def calculator(expression: str, ctx: ToolContext) -> str:
+    """Evaluate an arithmetic expression."""
+    import asyncio
+
+    await ctx.report_progress(0.5, "half way")
+    await asyncio.sleep(1.0)  # long enough to see the row running
+    return "42"
+
+
+# ── sending a message: narration, a tool row with its status and duration, the answer ──
+
+
+def test_a_message_shows_the_tool_row_and_the_answer(page: Page, tmp_path: Path) -> None:
+    model = ScriptedModel([
+        priced(ModelStep.tool_call_reply(call("calculator", expression="6*7"),
+                                         text="Let me work that out."), 0.0012),
+        priced(ModelStep.text_reply(ANSWER), 0.0009),
+        ModelStep.text_reply("56."),
+    ])  # fmt: skip
+    with serve_page(tmp_path, Agent(model=model, tools=[calculator])) as app:
+        page.goto(app.url)
+        expect(page.locator("#empty")).to_be_visible()
+        send(page, "What is 6 times 7?")
+
+        turn = page.locator("article.turn")
+        expect(turn.locator(".block.user .text")).to_have_text("What is 6 times 7?")
+        row = turn.locator(".block.tool")
+        expect(row).to_have_attribute("data-status", "running")  # live, while the tool runs
+        expect(row.locator(".name")).to_have_text("calculator")
+        expect(row.locator(".args")).to_have_text('expression="6*7"')
+        expect(row.locator(".job-message")).to_have_text("half way")
+        expect(row).to_have_attribute("data-status", "succeeded")
+        expect(row.locator(".duration")).to_have_text(re.compile(r"^\d+(\.\d)? (ms|s)$"))
+
+        answer = turn.locator(".block.text.answer .text")
+        expect(answer).to_have_text(ANSWER)
+        narration = turn.locator(".block.text.narration")
+        expect(narration.locator(".text")).to_have_text("Let me work that out.")
+        expect(narration).to_have_class(re.compile(r"\bfaded\b"))  # the answer exists
+        expect(turn).to_have_attribute("data-status", "succeeded")
+        expect(turn.locator(".meta")).to_contain_text("$0.0021")
+
+        kinds = turn.locator(".blocks > .block").evaluate_all(
+            "nodes => nodes.map(n => n.dataset.kind)"
+        )
+        assert kinds == ["user", "text", "tool", "text"]  # blocks in log order
+        expect(page.locator("#sessions button")).to_have_text(["What is 6 times 7?"])
+        expect(page.locator("#stop")).to_be_hidden()
+
+        shot = tmp_path / "page.png"
+        page.screenshot(path=str(shot))
+        assert shot.read_bytes().startswith(b"\x89PNG")
+        if os.environ.get("TURNKIT_WRITE_PAGE_SCREENSHOT") == "1":  # refresh docs/images
+            page.set_viewport_size({"width": 1000, "height": 420})
+            page.screenshot(path=str(ROOT / "docs" / "images" / "page.png"))
+            page.set_viewport_size({"width": 1100, "height": 760})
+
+        page.reload()  # a finished turn replays the same way
+        expect(page.locator(".block.text.answer .text")).to_have_text(ANSWER)
+        expect(page.locator(".block.tool")).to_have_attribute("data-status", "succeeded")
+
+        send(page, "And 7 times 8?")  # the next turn goes below, in the same session
+        expect(page.locator(".block.text.answer .text")).to_have_text([ANSWER, "56."])
+        expect(page.locator(".block.user .text")).to_have_text(
+            ["What is 6 times 7?", "And 7 times 8?"]
+        )
+        expect(page.locator("#sessions button")).to_have_count(1)
+    model.assert_complete()
+
+
+# ── tasks, job progress, a question with choices, citations ──────────────────────────────
+
+
+def test_tasks_a_question_with_choices_and_citations(page: Page, tmp_path: Path) -> None:
+    tasks = [
+        {"id": "t1", "title": "Work out the product", "status": "done"},
+        {"id": "t2", "title": "Ask for the unit", "status": "in_progress"},
+    ]
+    model = ScriptedModel([
+        ModelStep.tool_call_reply(call("update_tasks", tasks=tasks),
+                                  call("calculator", expression="6*7")),
+        ModelStep.tool_call_reply(call("ask_user", question="Which unit?",
+                                       choices=["EUR", "USD"])),
+        ModelStep.text_reply("The result is 42 EUR."),
+    ])  # fmt: skip
+    agent = Agent(
+        model=model,
+        tools=[calculator],
+        planning=True,
+        clarifications=True,
+        plugins=[Citations()],
+    )
+    with serve_page(tmp_path, agent) as app:
+        page.goto(app.url)
+        send(page, "Multiply 6 by 7")
+        items = page.locator(".block.tasks li")
+        expect(items).to_have_text(["Work out the product", "Ask for the unit"])
+        expect(items.nth(0)).to_have_attribute("data-status", "done")
+        expect(items.nth(1)).to_have_attribute("data-status", "in_progress")
+        job = page.locator(".block.tool", has_text="calculator").locator(".job")
+        expect(job.locator(".job-message")).to_have_text("half way · job done")
+        expect(job.locator("progress")).to_have_attribute("value", "1")
+
+        card = page.locator(".card.clarification")
+        expect(card.locator(".card-title")).to_have_text("Which unit?")
+        expect(card.locator("[data-choice]")).to_have_text(["EUR", "USD"])
+        expect(page.locator("article.turn")).to_have_attribute("data-status", "awaiting_input")
+        card.locator("[data-choice='EUR']").click()
+
+        expect(page.locator(".card")).to_have_count(0)
+        expect(page.locator(".block.text.answer .text")).to_have_text("The result is 42 EUR.")
+        citation = page.locator(".block.text.answer .citations li")
+        expect(citation).to_have_text(re.compile(r"^calculator"))
+        expect(citation.locator("q")).to_have_text("The result is 42 EUR.")
+        expect(page.locator("article.turn")).to_have_attribute("data-status", "succeeded")
+    model.assert_complete()
+
+
+# ── reload and reconnect mid-answer: the whole text, exactly once ──────────────────────
+
+
+def _held_answer(tmp_path: Path) -> tuple[PacedModel, Agent]:
+    model = PacedModel(
+        ScriptedModel([ModelStep.text_reply(ANSWER, chunk_size=6)]), delay_s=0.03, hold_after=3
+    )
+    return model, Agent(model=model)
+
+
+def test_reload_mid_answer_shows_the_whole_answer_once(page: Page, tmp_path: Path) -> None:
+    model, agent = _held_answer(tmp_path)
+    with serve_page(tmp_path, agent) as app:
+        page.goto(app.url)
+        send(page, "Explain 42")
+        text = page.locator(".block.text .text")
+        expect(text).to_have_text(ANSWER[:18])  # three pieces, then the model holds
+        page.reload()
+        expect(text).to_have_text(ANSWER[:18])  # replayed from the turn's start, once
+        model.release()
+        expect(page.locator(".block.text.answer .text")).to_have_text(ANSWER)
+        expect(page.locator("article.turn")).to_have_attribute("data-status", "succeeded")
+        assert page.inner_text("#turns").count(ANSWER) == 1
+        expect(page.locator(".block.text")).to_have_count(1)
+
+
+def test_a_dropped_stream_resumes_with_last_event_id(page: Page, tmp_path: Path) -> None:
+    model, agent = _held_answer(tmp_path)
+    with serve_page(tmp_path, agent) as app:
+        page.goto(app.url)
+        send(page, "Explain 42")
+        text = page.locator(".block.text .text")
+        expect(text).to_have_text(ANSWER[:18])
+        app.switch.drop()  # the connection drops while the answer is half written
+        wait_until(lambda: app.switch.resumed_with_cursor(), "the browser to reconnect")
+        model.release()
+        expect(page.locator(".block.text.answer .text")).to_have_text(ANSWER)
+        assert page.inner_text("#turns").count(ANSWER) == 1
+        expect(page.locator(".block.text")).to_have_count(1)
+        [cursor, *_] = app.switch.resumed_with_cursor()
+        assert int(cursor) > 1  # the browser's EventSource sent the last durable seq
+
+
+# ── approvals: the card comes from the pending route, and the same turn finishes ────────
+
+
+@tool(approval="always")
+async def wire(amount: int, to: str) -> str:
+    """Send money."""
+    return f"sent {amount} EUR to {to}"
+
+
+def test_an_approval_card_survives_a_reload_and_finishes_the_turn(
+    page: Page, tmp_path: Path
+) -> None:
+    model = ScriptedModel([
+        ModelStep.tool_call_reply(call("wire", amount=5, to="Bob")),
+        ModelStep.text_reply("Sent 5 EUR to Bob."),
+    ])  # fmt: skip
+    with serve_page(tmp_path, Agent(model=model, tools=[wire])) as app:
+        page.goto(app.url)
+        send(page, "Pay Bob 5 EUR")
+        card = page.locator(".card.approval")
+        expect(card.locator(".card-title")).to_have_text("Approve wire?")
+        expect(page.locator(".block.tool")).to_have_attribute("data-status", "awaiting_approval")
+
+        page.route("**/stream**", lambda route: route.abort())  # no stream at all
+        page.reload()
+        expect(card.locator(".card-title")).to_have_text("Approve wire?")  # from GET …/pending
+        expect(card.locator(".arguments")).to_contain_text('"to": "Bob"')
+        page.unroute("**/stream**")
+
+        card.locator("[data-decision='approve']").click()
+        expect(page.locator(".card")).to_have_count(0)
+        expect(page.locator(".block.tool")).to_have_attribute("data-status", "succeeded")
+        expect(page.locator(".block.text.answer .text")).to_have_text("Sent 5 EUR to Bob.")
+        expect(page.locator("article.turn")).to_have_attribute("data-status", "succeeded")
+    model.assert_complete()
+
+
+# ── Stop: the partial answer stays, marked interrupted ─────────────────────────────────
+
+
+def test_stop_keeps_the_partial_answer_as_interrupted(page: Page, tmp_path: Path) -> None:
+    partial = "Counting the stars one by one"
+    model = ScriptedModel([ModelStep.hang(partial)])
+    with serve_page(tmp_path, Agent(model=model)) as app:
+        page.goto(app.url)
+        send(page, "Count the stars")
+        expect(page.locator(".block.text .text")).to_have_text(partial)
+        stop = page.locator("#stop")
+        expect(stop).to_be_visible()
+        stop.click()
+        turn = page.locator("article.turn")
+        expect(turn).to_have_attribute("data-status", "cancelled")
+        block = page.locator(".block.text.interrupted")
+        expect(block.locator(".text")).to_have_text(partial)
+        expect(block.locator(".badge")).to_be_visible()
+        expect(turn.locator(".meta")).to_contain_text("Stopped")
+        expect(stop).to_be_hidden()
+        page.reload()
+        expect(page.locator(".block.text.interrupted .text")).to_have_text(partial)
+
+
+# ── an idle stream: keep-alives only, never an event or an error ───────────────────────
+
+_LISTEN = """(url) => {
+  window.idle = { messages: 0, errors: 0 };
+  window.idleSource = new EventSource(url);
+  window.idleSource.onmessage = () => { window.idle.messages += 1; };
+  window.idleSource.onerror = () => { window.idle.errors += 1; };
+}"""
+
+
+def test_an_idle_event_source_gets_no_events_and_no_errors(page: Page, tmp_path: Path) -> None:
+    model = ScriptedModel([ModelStep.tool_call_reply(call("wire", amount=5, to="Bob"))])
+    with serve_page(tmp_path, Agent(model=model, tools=[wire]), keepalive_s=1.0) as app:
+        page.goto(app.url)
+        send(page, "Pay Bob 5 EUR")
+        expect(page.locator(".card.approval")).to_be_visible()  # the turn waits for a person
+        turn_id = page.locator("article.turn").get_attribute("data-turn-id")
+        stream = f"/api/harness/turns/{turn_id}/stream"
+        page.evaluate(_LISTEN, f"{stream}?after=0")
+        page.wait_for_function("window.idle.messages > 0 && window.idleSource.readyState === 1")
+        page.wait_for_timeout(500)  # the replay up to `approval.requested` is in
+        replayed = page.evaluate("window.idle.messages")
+
+        raw = ""
+        with (
+            httpx.Client(base_url=app.url, timeout=10) as http,
+            http.stream("GET", stream, headers={"Last-Event-ID": "1"}) as response,
+        ):
+            deadline = time.monotonic() + 3.5  # past three keep-alive intervals
+            for chunk in response.iter_text():
+                raw += chunk
+                if time.monotonic() > deadline:
+                    break
+        assert raw.count(": keep-alive\n") >= 2
+
+        idle = page.evaluate("[window.idle, window.idleSource.readyState]")
+        assert idle == [{"messages": replayed, "errors": 0}, 1]
+        expect(page.locator("article.turn .meta")).not_to_contain_text("reconnecting")
+        page.evaluate("window.idleSource.close()")
