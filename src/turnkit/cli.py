@@ -281,6 +281,40 @@ def _max_attempts_arg(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _otel_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--otel-console",
+        action="store_true",
+        help="print OpenTelemetry spans to stderr (other exporters: the OTEL_* variables, "
+        "e.g. OTEL_EXPORTER_OTLP_ENDPOINT; needs opentelemetry-sdk)",
+    )
+    parser.add_argument(
+        "--otel-capture-content",
+        action="store_true",
+        help="put message contents and tool arguments/results on spans "
+        "(same as OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true)",
+    )
+
+
+@contextlib.contextmanager
+def _telemetry(args: argparse.Namespace) -> Iterator[None]:
+    """OpenTelemetry for the command's lifetime, as its flags and `OTEL_*` ask."""
+    if not hasattr(args, "otel_console"):  # a command that runs no turns
+        yield
+        return
+    from turnkit.otel import set_capture_content
+    from turnkit.otel.setup import configure
+
+    if args.otel_capture_content:
+        set_capture_content(True)
+    shutdown = configure(console=args.otel_console, err=sys.stderr)
+    try:
+        yield
+    finally:
+        if shutdown is not None:
+            shutdown()
+
+
 def _add_run(sub: _Subparsers) -> None:
     run = sub.add_parser("run", help="run one turn and stream it")
     run.add_argument("message", help="the user message")
@@ -310,6 +344,7 @@ def _add_run(sub: _Subparsers) -> None:
     run.add_argument("--seed", type=int, help="sampling seed, for providers that take one")
     run.add_argument("--session", help="session id (default: a new one)")
     _database_args(run)
+    _otel_args(run)
 
 
 def _add_worker(sub: _Subparsers) -> None:
@@ -360,6 +395,7 @@ def _add_worker(sub: _Subparsers) -> None:
         help="publish to this Redis replay buffer so API processes stream live",
     )
     _database_args(worker)
+    _otel_args(worker)
 
 
 def _add_sweep(sub: _Subparsers) -> None:
@@ -387,6 +423,7 @@ def _add_serve(sub: _Subparsers) -> None:
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s)")
     serve.add_argument("--port", type=int, default=8000, help="port to bind (default: %(default)s)")
     _database_args(serve)
+    _otel_args(serve)
 
 
 def _add_db(sub: _Subparsers) -> None:
@@ -446,7 +483,8 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None) -> int
     args = _parser().parse_args(argv)
     stream = out or sys.stdout
     try:
-        return asyncio.run(_COMMANDS[args.command](args, stream))
+        with _telemetry(args):
+            return asyncio.run(_COMMANDS[args.command](args, stream))
     except TurnkitError as exc:
         sys.stderr.write(f"turnkit: {exc}\n")
         return 2

@@ -348,6 +348,7 @@ class SessionRuntime:
                     overrides=overrides,
                     tools=tools,
                     principal=principal,
+                    traceparent=Pinned.new_traceparent(),
                 ),
                 principal=principal,
                 create_session=self.config.auto_create_sessions,

@@ -6,6 +6,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
+from turnkit import otel
 from turnkit.agent import Agent, Effort
 from turnkit.clock import Clock
 from turnkit.config import RuntimeConfig
@@ -40,6 +41,13 @@ class Pinned:
     effort: Effort | None
     principal: str | None
     tools: tuple[str, ...] | None
+    traceparent: str | None = None
+    """The W3C trace context every attempt of the turn joins (see `turnkit.otel`)."""
+
+    @staticmethod
+    def new_traceparent() -> str:
+        """The trace context to pin a turn submitted now to (the current span's, if any)."""
+        return otel.submit_traceparent()
 
     @classmethod
     def of(cls, record: TurnRecord) -> Pinned:
@@ -58,7 +66,12 @@ class Pinned:
             effort=cast(Effort, effort) if effort in ("off", "low", "medium", "high") else None,
             principal=principal if isinstance(principal, str) else None,
             tools=tuple(str(t) for t in tools) if isinstance(tools, list) else None,
+            traceparent=_text(pinned.get("traceparent")),
         )
+
+
+def _text(value: object) -> str | None:
+    return value if isinstance(value, str) else None
 
 
 def pinned_config(
@@ -70,11 +83,13 @@ def pinned_config(
     overrides: dict[str, Any],
     tools: Sequence[str],
     principal: str | None,
+    traceparent: str | None = None,
 ) -> dict[str, Any]:
     """What a turn is pinned to at submit: every driver rebuilds exactly this.
 
     `agent` and `version` name the bundle, `overrides` the message's model and settings;
-    `tools` are the agent's tools the caller may use. The rest is kept for audit.
+    `tools` are the agent's tools the caller may use; `traceparent` is the trace every
+    attempt joins. The rest is kept for audit.
     """
     return {
         "agent": agent.name,
@@ -91,6 +106,7 @@ def pinned_config(
         "tools": list(tools),
         "skip_stages": sorted(agent.skip_stages),
         "synthesis": agent.synthesis,
+        **({"traceparent": traceparent} if traceparent else {}),
     }
 
 
@@ -167,6 +183,7 @@ class TurnRunner:
             record=record,
             setup=setup,
             sink=sink,
+            traceparent=Pinned.of(record).traceparent,
         )
 
     async def pinned_agent(self, record: TurnRecord, held: Agent | None = None) -> Agent:

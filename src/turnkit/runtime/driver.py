@@ -56,6 +56,7 @@ from turnkit.graph import (
 )
 from turnkit.ids import StageId
 from turnkit.journal import Journal
+from turnkit.otel import TurnTrace, attempt
 from turnkit.runtime._transcript import ended_transcript, opening_message
 from turnkit.stages import StageContext
 from turnkit.stages._message_list import result_text
@@ -95,6 +96,7 @@ class TurnDriver:
         record: TurnRecord,
         setup: Callable[[], Awaitable[DriveSetup]],
         sink: Sink,
+        traceparent: str | None = None,
     ) -> None:
         self.graph = graph
         self.store = store
@@ -104,6 +106,8 @@ class TurnDriver:
         self.record = record
         self.setup = setup
         self.sink = sink
+        self.traceparent = traceparent
+        """The W3C trace context the turn was pinned to: this attempt's spans join it."""
         self.lease_lost = False
         self.ended = False
         """The turn reached a terminal state here (not a pause, not a lost lease)."""
@@ -160,8 +164,10 @@ class TurnDriver:
 
     async def run(self) -> None:
         """Run the turn to a terminal state. Cancelling this task aborts the turn."""
+        trace: TurnTrace = attempt(self.record, self.lease, self.traceparent)
         try:
             rec = self.recorder = await self._recorder()
+            trace.watch(rec)
             rec.input_seqs = (self.record.input_seq,)
             setup = await self.setup()  # the pinned agent may be gone: that ends the turn
             rec.transcript = setup.transcript
@@ -169,7 +175,7 @@ class TurnDriver:
             rec.last_request = setup.previous
             watcher = setup.ctx_factory(rec)
             if watcher.plugins:
-                rec.on_commit = functools.partial(on_events, watcher)
+                trace.watch(rec, functools.partial(on_events, watcher))
             graph_task = asyncio.current_task()
             assert graph_task is not None
             keeper = asyncio.create_task(self._keep_lease(graph_task), name="turnkit-lease")
@@ -205,6 +211,7 @@ class TurnDriver:
                     InternalError(f"unexpected {type(exc).__name__} inside the turn: {exc}"),
                 )
         finally:
+            trace.end(self.recorder, lease_lost=self.lease_lost)
             self.sink(None)
 
     async def _run_graph(self, rec: Recorder, setup: DriveSetup) -> None:

@@ -42,6 +42,7 @@ from turnkit.events import (
     encode_event,
 )
 from turnkit.ids import TurnId
+from turnkit.otel import record_replay_lag
 from turnkit.replay import START, BufferEntry, ReplayBuffer
 from turnkit.states import TERMINAL_STATES
 from turnkit.store import Store, TurnRecord
@@ -157,6 +158,7 @@ class TurnReader:
             entries = await buffer.read(min(CATCH_UP_S, self.keepalive_s, lapse), self.clock)
             if entries:
                 last_event = self.clock.monotonic()
+                record_replay_lag(entries[-1].data, self.clock.now())
                 async for frame in self._from_buffer(turn_id, entries, progress):
                     yield frame
                 continue

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from turnkit import otel
 from turnkit.audit import AuditPayloads, CallShape, FallbackStepPayload, ProviderCascadePayload
 from turnkit.errors import FamilyExhaustedError, ProviderError, TurnkitError
 from turnkit.events import (
@@ -102,6 +103,7 @@ async def call_model(
     rec.open_call = OpenCall(
         stage_id, family.name, model, provider, rung, started, block_id, _shown(asm, stream_text)
     )
+    chat = otel.chat(rec, stage_id, family.name, request)
 
     def call_shape(**outcome: Any) -> CallShape:
         """The call's shape on the rung that ran last, timed from its start."""
@@ -119,6 +121,7 @@ async def call_model(
     try:
         async with closing_stream(family.stream(request)) as stream:
             async for chunk in stream:
+                chat.saw(chunk)
                 match chunk:
                     case TextDelta(text=text) if text:
                         text = await _shown_delta(ctx, stage_id, asm, text, stream_text)
@@ -173,6 +176,7 @@ async def call_model(
                             else None
                         )
                         rec.open_call = None
+                        chat.answered(response)
                         return CallResult(
                             response=response, shape=shape, block_id=block_id, cascade=cascade
                         )
@@ -184,9 +188,12 @@ async def call_model(
     except Exception as exc:
         # One audit row per model call, however it ended (DESIGN §5.7).
         code = exc.code if isinstance(exc, TurnkitError) else "internal-error"
+        chat.failed(exc)
         rec.audit(stage_id, call=call_shape(outcome="error", error_code=code))
         rec.open_call = None
         raise
+    finally:
+        chat.close()
     rec.open_call = None
     raise ProviderError(
         f"model {model!r} ended its stream without a finish; treat it as a provider failure",

@@ -11,6 +11,7 @@ from typing import Literal, cast
 
 from pydantic import JsonValue
 
+from turnkit import otel
 from turnkit.audit import AuditPayloads, ToolFallbackStepPayload
 from turnkit.blocks import ToolResultBlock, ToolUseBlock
 from turnkit.context.results import READ_RESULT_TOOL
@@ -112,8 +113,8 @@ async def dispatch_tools(
         if part.tool_call_id in settled:
             problem, code, output = settled[part.tool_call_id]
         elif problem is None:
-            problem, code, output, answered_by = await _run_one(
-                ctx, part, tool, args, in_doubt=part.tool_call_id in in_doubt
+            problem, code, output, answered_by = await otel.traced_tool(
+                rec, part, _run_one(ctx, part, tool, args, in_doubt=part.tool_call_id in in_doubt)
             )
         view = ToolCall(tool_call_id=part.tool_call_id, name=part.name, arguments=dict(args))
         if problem is None and tool is not None:

@@ -1,0 +1,224 @@
+"""One trace per turn: the trace context pinned at submit, and each attempt's spans.
+
+Every attempt of a turn (the first run, a resume after a pause, a takeover after a crash)
+opens an `invoke_agent {agent}` span whose parent is the context stored when the message
+was submitted, so all attempts of a turn land in one trace, whichever process runs them.
+Stage spans open and close as the attempt's `step.start` / `step.end` events commit.
+"""
+
+from __future__ import annotations
+
+import random
+import weakref
+from collections.abc import Awaitable, Callable, Sequence
+from contextvars import Token
+from typing import Any
+
+from opentelemetry import context as otel_context, trace
+from opentelemetry.context import Context
+from opentelemetry.trace import Link, NonRecordingSpan, Span, SpanKind, Status, StatusCode
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from turnkit.events import (
+    DoneEvent,
+    DurableEvent,
+    StepEndEvent,
+    StepStartEvent,
+    TurnRecoveringEvent,
+)
+from turnkit.otel._state import Active, active
+from turnkit.store import Lease, TurnRecord
+from turnkit.telemetry import Recorder
+
+__all__ = ("TurnTrace", "attempt", "stage_span", "submit_traceparent")
+
+_PROPAGATOR = TraceContextTextMapPropagator()
+_TURNS: weakref.WeakKeyDictionary[Recorder, _LiveTurn] = weakref.WeakKeyDictionary()
+"""The live attempt trace of each watched Recorder (stages find their parent span here)."""
+
+OnCommit = Callable[[Sequence[DurableEvent]], Awaitable[None]]
+
+
+def submit_traceparent() -> str:
+    """The W3C `traceparent` a new turn is pinned to.
+
+    The current span's, if there is one (an HTTP request, the caller's own span). Else,
+    with tracing on, a `turnkit.submit` span marks the submission and roots the trace;
+    with it off, fresh random ids, so processes that do trace still share one trace.
+    """
+    current = trace.get_current_span().get_span_context()
+    if not current.is_valid:
+        found = active()
+        if found is None:
+            trace_id, span_id = random.getrandbits(128) or 1, random.getrandbits(64) or 1
+            return f"00-{trace_id:032x}-{span_id:016x}-01"
+        span = found.tracer.start_span("turnkit.submit", kind=SpanKind.INTERNAL)
+        span.end()
+        current = span.get_span_context()
+    carrier: dict[str, str] = {}
+    _PROPAGATOR.inject(carrier, context=trace.set_span_in_context(NonRecordingSpan(current)))
+    return carrier["traceparent"]
+
+
+class TurnTrace:
+    """An attempt's trace; this base is the no-op used when no provider is configured."""
+
+    def watch(self, recorder: Recorder, then: OnCommit | None = None) -> None:
+        """Observe what `recorder` commits, then hand it to `then` (plugins' `on_event`)."""
+        if then is not None:
+            recorder.on_commit = then
+
+    def end(self, recorder: Recorder | None, *, lease_lost: bool) -> None:
+        """The attempt is over: close its spans and count its outcome."""
+
+
+NO_TURN = TurnTrace()
+
+
+def attempt(record: TurnRecord, lease: Lease, traceparent: str | None) -> TurnTrace:
+    """Start the attempt's `invoke_agent` span (a no-op without a provider)."""
+    found = active()
+    if found is None:
+        return NO_TURN
+    return _LiveTurn(found, record, lease, traceparent)
+
+
+def stage_span(recorder: Recorder, stage: str) -> Span | None:
+    """The open span of `stage` in the attempt `recorder` belongs to (opened if needed)."""
+    turn = _TURNS.get(recorder)
+    return turn.stage(stage) if turn is not None else None
+
+
+class _LiveTurn(TurnTrace):
+    def __init__(
+        self, found: Active, record: TurnRecord, lease: Lease, traceparent: str | None
+    ) -> None:
+        self.found = found
+        self.turn_id = record.turn_id
+        self.agent = record.agent
+        parent = _PROPAGATOR.extract({"traceparent": traceparent}) if traceparent else None
+        current = trace.get_current_span().get_span_context()
+        stored = trace.get_current_span(parent).get_span_context() if parent else None
+        links = (
+            [Link(current, {"turnkit.link": "caused_by"})]
+            if current.is_valid and (stored is None or current.trace_id != stored.trace_id)
+            else None
+        )
+        self.span = found.tracer.start_span(
+            f"invoke_agent {record.agent}",
+            context=parent,
+            kind=SpanKind.INTERNAL,
+            attributes={
+                "gen_ai.operation.name": "invoke_agent",
+                "gen_ai.agent.name": record.agent,
+                "gen_ai.conversation.id": record.session_id,
+                "gen_ai.request.model": record.model,
+                "turnkit.turn_id": record.turn_id,
+                "turnkit.attempt": lease.attempt,
+            },
+            links=links,
+        )
+        version = record.pinned.get("agent_version")
+        if isinstance(version, str):
+            self.span.set_attribute("gen_ai.agent.version", version)
+        self.token: Token[Context] = otel_context.attach(trace.set_span_in_context(self.span))
+        self.open: tuple[str, Span] | None = None
+        self.first_seq: int | None = None
+        self.last_seq: int | None = None
+        self.done: DoneEvent | None = None
+        self.ended = False
+
+    def watch(self, recorder: Recorder, then: OnCommit | None = None) -> None:
+        _TURNS[recorder] = self
+
+        async def observe(events: Sequence[DurableEvent]) -> None:
+            self.saw(events)
+            if then is not None:
+                await then(events)
+
+        recorder.on_commit = observe
+
+    def saw(self, events: Sequence[DurableEvent]) -> None:
+        """Committed events: stage brackets, recoveries, the ending."""
+        if events:
+            if self.first_seq is None:
+                self.first_seq = events[0].seq
+            self.last_seq = events[-1].seq
+        for event in events:
+            if isinstance(event, StepStartEvent):
+                span = self.stage(event.step)
+                if event.iteration is not None:
+                    span.set_attribute("turnkit.iteration", event.iteration)
+            elif isinstance(event, StepEndEvent):
+                if self.open is not None and self.open[0] == event.step:
+                    self._close_stage(None)
+            elif isinstance(event, DoneEvent):
+                self.done = event
+            elif isinstance(event, TurnRecoveringEvent):
+                self.span.set_attribute("turnkit.recovered", True)
+                self.found.recoveries.add(1, {"gen_ai.agent.name": self.agent})
+
+    def stage(self, name: str) -> Span:
+        if self.ended:  # work the attempt left running (a background call): no new stage
+            return self.span
+        if self.open is not None:
+            if self.open[0] == name:
+                return self.open[1]
+            self._close_stage(None)
+        span = self.found.tracer.start_span(
+            f"stage {name}",
+            context=trace.set_span_in_context(self.span),
+            kind=SpanKind.INTERNAL,
+            attributes={"turnkit.stage": name, "turnkit.turn_id": self.turn_id},
+        )
+        self.open = (name, span)
+        return span
+
+    def _close_stage(self, error: str | None) -> None:
+        assert self.open is not None
+        span = self.open[1]
+        if error is not None:
+            span.set_attribute("error.type", error)
+            span.set_status(Status(StatusCode.ERROR))
+        span.end()
+        self.open = None
+
+    def end(self, recorder: Recorder | None, *, lease_lost: bool) -> None:
+        if self.ended:
+            return
+        self.ended = True
+        outcome, error = self._outcome(recorder, lease_lost)
+        if self.open is not None:
+            self._close_stage(error)
+        span = self.span
+        span.set_attribute("turnkit.outcome", outcome)
+        if self.first_seq is not None and self.last_seq is not None:
+            span.set_attribute("turnkit.seq.first", self.first_seq)
+            span.set_attribute("turnkit.seq.last", self.last_seq)
+        if recorder is not None:
+            usage = recorder.usage
+            span.set_attribute("gen_ai.usage.input_tokens", usage.input_tokens)
+            span.set_attribute("gen_ai.usage.output_tokens", usage.output_tokens)
+            span.set_attribute("gen_ai.usage.cache_read.input_tokens", usage.cached_tokens)
+            span.set_attribute("turnkit.cost_usd", usage.cost_usd)
+        attributes: dict[str, Any] = {"gen_ai.agent.name": self.agent, "turnkit.outcome": outcome}
+        if error is not None:
+            span.set_attribute("error.type", error)
+            span.set_status(Status(StatusCode.ERROR))
+            attributes["error.type"] = error
+        span.end()
+        self.found.turns.add(1, attributes)
+        otel_context.detach(self.token)
+
+    def _outcome(self, recorder: Recorder | None, lease_lost: bool) -> tuple[str, str | None]:
+        """What this attempt ended in, and the error type if it failed."""
+        if self.done is not None:
+            status = self.done.status
+            failed = status in ("failed", "timed_out")
+            return status, (self.done.error_code or status) if failed else None
+        if lease_lost:
+            return "lease_lost", None
+        pause = recorder.pending_pause if recorder is not None else None
+        if pause is not None:
+            return ("awaiting_approval" if pause.kind == "approval" else "awaiting_input"), None
+        return "ended", None

@@ -1,0 +1,122 @@
+"""`turnkit serve|worker|run` configure the OpenTelemetry SDK from flags and `OTEL_*`."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+from importlib.metadata import entry_points
+from pathlib import Path
+
+import pytest
+
+from turnkit.cli import _parser
+from turnkit.otel.setup import configure, wanted
+
+
+@pytest.fixture(autouse=True)
+def _no_otel_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in [n for n in os.environ if n.startswith("OTEL_")]:
+        monkeypatch.delenv(name)
+
+
+def test_nothing_is_configured_unless_asked() -> None:
+    err = io.StringIO()
+    assert configure(err=err, install=False) is None
+    assert err.getvalue() == ""
+    assert not wanted(
+        {"OTEL_TRACES_EXPORTER": "console", "OTEL_SDK_DISABLED": "true"}, console=True
+    )
+    assert wanted({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4317"}, console=False)
+
+
+def test_the_console_flag_prints_one_line() -> None:
+    err = io.StringIO()
+    shutdown = configure(console=True, err=err, install=False)
+    assert shutdown is not None
+    shutdown()
+    assert err.getvalue() == "turnkit: OpenTelemetry on (console spans; service.name=turnkit)\n"
+
+
+def test_exporters_come_from_the_sdk_registry_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    err = io.StringIO()
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "console")
+    monkeypatch.setenv("OTEL_SERVICE_NAME", "support-bot")
+    shutdown = configure(err=err, install=False)
+    assert shutdown is not None
+    shutdown()
+    assert err.getvalue() == (
+        "turnkit: OpenTelemetry on (console spans; service.name=support-bot)\n"
+    )
+
+
+@pytest.mark.skipif(
+    bool(entry_points(group="opentelemetry_traces_exporter", name="otlp")),
+    reason="the OTLP exporter is installed here",
+)
+def test_a_missing_otlp_exporter_is_one_clear_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    err = io.StringIO()
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4317")
+    assert configure(err=err, install=False) is None
+    [line] = err.getvalue().splitlines()
+    assert "no trace exporter 'otlp'" in line
+    assert "pip install opentelemetry-exporter-otlp" in line
+
+
+def test_a_missing_sdk_is_one_clear_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in [m for m in sys.modules if m.startswith("opentelemetry.sdk")]:
+        monkeypatch.setitem(sys.modules, name, None)
+    monkeypatch.setitem(sys.modules, "opentelemetry.sdk", None)
+    err = io.StringIO()
+    assert configure(console=True, err=err, install=False) is None
+    assert err.getvalue() == (
+        "turnkit: OpenTelemetry was asked for but opentelemetry-sdk is not installed "
+        '(pip install "turnkit[otel]"); running without telemetry\n'
+    )
+
+
+@pytest.mark.slow
+def test_turnkit_run_with_otel_console_prints_the_spans(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "TURNKIT_"))} | {
+        "OTEL_METRICS_EXPORTER": "none",
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+    }
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "turnkit.cli",
+            "run",
+            "What is (12 + 3) * 7?",
+            "--otel-console",
+            "--database-url",
+            f"sqlite:///{tmp_path / 't.db'}",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "105" in done.stdout
+    assert "turnkit: OpenTelemetry on (console spans; service.name=turnkit)" in done.stderr
+    assert "Traceback" not in done.stderr
+    # The console exporter writes each span as indented JSON ("{" … "}" at line starts).
+    names = [
+        json.loads("{" + chunk.split("\n{", 1)[-1].removeprefix("{") + "\n}")["name"]
+        for chunk in done.stderr.split("\n}\n")
+        if "\n{" in "\n" + chunk
+    ]
+    assert "turnkit.submit" in names
+    assert any(n.startswith("invoke_agent ") for n in names)
+    assert any(n.startswith("execute_tool ") for n in names)
+    assert "stage post-turn" in names
+
+
+@pytest.mark.parametrize("command", [["run", "hi"], ["worker"], ["serve"]])
+def test_the_commands_that_run_turns_take_the_otel_flags(command: list[str]) -> None:
+    args = _parser().parse_args([*command, "--otel-console", "--otel-capture-content"])
+    assert (args.otel_console, args.otel_capture_content) == (True, True)

@@ -1,0 +1,410 @@
+"""Spans and metrics of turns, on the GenAI semantic conventions (turnkit.otel)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.trace import SpanKind, StatusCode
+from tests.conftest import RuntimeFactory
+from tests.helpers import add
+from tests.otel.conftest import Telemetry
+
+from turnkit import Agent, Approve, ModelFamily, ProviderError, RuntimeConfig, SessionRuntime, tool
+from turnkit.events import ApprovalRequestedEvent, DoneEvent
+from turnkit.otel._state import active
+from turnkit.runtime.reader import KEEPALIVE
+from turnkit.testing import ModelStep, ScriptedModel, call, collect_events
+
+# The semantic-convention names turnkit emits, listed once.
+INVOKE_AGENT = {
+    "gen_ai.operation.name",
+    "gen_ai.agent.name",
+    "gen_ai.conversation.id",
+    "gen_ai.request.model",
+    "gen_ai.usage.input_tokens",
+    "gen_ai.usage.output_tokens",
+    "gen_ai.usage.cache_read.input_tokens",
+    "turnkit.turn_id",
+    "turnkit.attempt",
+    "turnkit.outcome",
+    "turnkit.cost_usd",
+    "turnkit.seq.first",
+    "turnkit.seq.last",
+}
+STAGE = {"turnkit.stage", "turnkit.turn_id"}
+CHAT = {
+    "gen_ai.operation.name",
+    "gen_ai.provider.name",
+    "gen_ai.request.model",
+    "gen_ai.response.model",
+    "gen_ai.response.finish_reasons",
+    "gen_ai.usage.input_tokens",
+    "gen_ai.usage.output_tokens",
+    "gen_ai.usage.cache_read.input_tokens",
+    "gen_ai.conversation.id",
+    "turnkit.turn_id",
+    "turnkit.stage",
+    "turnkit.family",
+    "turnkit.rung",
+    "turnkit.fallback_index",
+    "turnkit.cost_usd",
+}
+EXECUTE_TOOL = {
+    "gen_ai.operation.name",
+    "gen_ai.tool.name",
+    "gen_ai.tool.call.id",
+    "gen_ai.tool.type",
+    "gen_ai.conversation.id",
+    "turnkit.turn_id",
+}
+CONTENT = {
+    "gen_ai.input.messages",
+    "gen_ai.output.messages",
+    "gen_ai.tool.call.arguments",
+    "gen_ai.tool.call.result",
+}
+METRICS = {
+    "gen_ai.client.token.usage",
+    "gen_ai.client.operation.duration",
+    "gen_ai.client.operation.time_to_first_chunk",
+    "turnkit.turns",
+}
+
+
+def _parent(span: ReadableSpan) -> int | None:
+    return span.parent.span_id if span.parent is not None else None
+
+
+def _id(span: ReadableSpan) -> int:
+    assert span.context is not None
+    return span.context.span_id
+
+
+def _trace_id(span: ReadableSpan) -> int:
+    assert span.context is not None
+    return span.context.trace_id
+
+
+def _attrs(span: ReadableSpan) -> dict[str, object]:
+    return dict(span.attributes or {})
+
+
+async def test_a_tool_using_turn_is_one_span_tree(
+    runtime_factory: RuntimeFactory, otel: Telemetry
+) -> None:
+    model = ScriptedModel(
+        [ModelStep.tool_call_reply(call("add", a=2, b=3)), ModelStep.text_reply("Five.")],
+        name="m-small",
+    )
+    agent = Agent(model=model, tools=[add])
+    runtime = runtime_factory(agent)
+    events = await collect_events(runtime.execute_message("s1", "2+3?"))
+    assert isinstance(events[-1], DoneEvent)
+    turn_id = events[0].turn_id
+
+    [submit] = otel.named("turnkit.submit")
+    [invoke] = otel.named("invoke_agent ")
+    stages = otel.named("stage ")
+    chats = otel.named("chat ")
+    [tool_span] = otel.named("execute_tool ")
+    assert len(otel.spans()) == 1 + 1 + len(stages) + len(chats) + 1  # nothing else
+
+    # One trace, rooted at the submission.
+    assert {_trace_id(s) for s in otel.spans()} == {_trace_id(submit)}
+    assert submit.parent is None
+    assert _parent(invoke) == _id(submit)
+    assert invoke.name == f"invoke_agent {agent.name}"
+    assert invoke.kind is SpanKind.INTERNAL
+    assert set(_attrs(invoke)) >= INVOKE_AGENT
+    attrs = _attrs(invoke)
+    assert attrs["gen_ai.operation.name"] == "invoke_agent"
+    assert attrs["gen_ai.agent.name"] == agent.name
+    assert attrs["gen_ai.conversation.id"] == "s1"
+    assert attrs["turnkit.turn_id"] == turn_id
+    assert attrs["turnkit.attempt"] == 1
+    assert attrs["turnkit.outcome"] == "succeeded"
+    seqs = [e.seq for e in events if hasattr(e, "seq")]  # type: ignore[union-attr]
+    assert (attrs["turnkit.seq.first"], attrs["turnkit.seq.last"]) == (2, max(seqs))
+    assert invoke.status.status_code is StatusCode.UNSET
+
+    # The stages, in order, children of the attempt.
+    assert [s.name for s in stages] == [
+        "stage anchor-plan",
+        "stage tool-loop",
+        "stage tool-loop",
+        "stage synthesize",
+        "stage post-turn",
+    ]
+    assert all(_parent(s) == _id(invoke) and set(_attrs(s)) >= STAGE for s in stages)
+    assert [_attrs(s).get("turnkit.iteration") for s in stages[1:3]] == [1, 2]
+    loop_one, loop_two = stages[1], stages[2]
+
+    # Two model calls, one per tool-loop iteration, and the tool inside the first.
+    assert [c.name for c in chats] == ["chat m-small", "chat m-small"]
+    assert [_parent(c) for c in chats] == [_id(loop_one), _id(loop_two)]
+    for chat in chats:
+        assert chat.kind is SpanKind.CLIENT
+        assert set(_attrs(chat)) >= CHAT
+        assert _attrs(chat)["gen_ai.operation.name"] == "chat"
+        assert _attrs(chat)["gen_ai.provider.name"] == "scripted"
+        assert _attrs(chat)["gen_ai.conversation.id"] == "s1"
+        assert (_attrs(chat)["turnkit.rung"], _attrs(chat)["turnkit.fallback_index"]) == (0, 0)
+        assert "error.type" not in _attrs(chat)
+    assert [_attrs(c)["gen_ai.response.finish_reasons"] for c in chats] == [
+        ("tool_calls",),
+        ("stop",),
+    ]
+    assert _parent(tool_span) == _id(loop_one)
+    assert tool_span.name == "execute_tool add"
+    assert set(_attrs(tool_span)) >= EXECUTE_TOOL
+    assert _attrs(tool_span)["gen_ai.tool.name"] == "add"
+    assert _attrs(tool_span)["gen_ai.operation.name"] == "execute_tool"
+    # No contents unless asked for.
+    assert not CONTENT & {k for s in otel.spans() for k in _attrs(s)}
+
+    # The metrics.
+    usage = otel.points("gen_ai.client.token.usage")
+    assert {a["gen_ai.token.type"] for a, _ in usage} == {"input", "output"}
+    assert all(a["gen_ai.request.model"] == "m-small" for a, _ in usage)
+    [(duration_attrs, duration)] = otel.points("gen_ai.client.operation.duration")
+    assert duration.count == 2
+    assert "error.type" not in duration_attrs
+    [(_, first_chunk)] = otel.points("gen_ai.client.operation.time_to_first_chunk")
+    assert first_chunk.count == 2
+    [(turn_attrs, turns)] = otel.points("turnkit.turns")
+    assert (turn_attrs["turnkit.outcome"], turns.value) == ("succeeded", 1)
+
+
+async def test_a_cascade_step_is_two_chat_spans_and_a_counted_step(
+    runtime_factory: RuntimeFactory, otel: Telemetry
+) -> None:
+    first = ScriptedModel(
+        [ModelStep.fail(ProviderError("slow down", status_code=429))], name="m-large"
+    )
+    second = ScriptedModel([ModelStep.text_reply("Answer from rung two.")], name="m-small")
+    runtime = runtime_factory(Agent(model=ModelFamily("m", [first, second])))
+    events = await collect_events(runtime.execute_message("s1", "hello"))
+    assert isinstance(events[-1], DoneEvent)
+    assert events[-1].status == "succeeded"
+
+    failed, answered = otel.named("chat ")
+    assert (failed.name, answered.name) == ("chat m-large", "chat m-small")
+    assert _parent(failed) == _parent(answered)  # the same stage
+    assert _attrs(failed)["error.type"] == "provider-error"
+    assert failed.status.status_code is StatusCode.ERROR
+    assert [e.name for e in failed.events] == ["exception"]
+    assert (_attrs(failed)["turnkit.rung"], _attrs(failed)["turnkit.fallback_index"]) == (0, 0)
+    assert (_attrs(answered)["turnkit.rung"], _attrs(answered)["turnkit.fallback_index"]) == (1, 1)
+    assert _attrs(answered)["turnkit.family"] == "m"
+    assert "error.type" not in _attrs(answered)
+    [(step_attrs, steps)] = otel.points("turnkit.cascade.steps")
+    assert steps.value == 1
+    assert (step_attrs["turnkit.from_model"], step_attrs["turnkit.to_model"]) == (
+        "m-large",
+        "m-small",
+    )
+    durations = {
+        a.get("error.type"): p.count for a, p in otel.points("gen_ai.client.operation.duration")
+    }
+    assert durations == {"provider-error": 1, None: 1}
+
+
+async def test_a_failed_turn_carries_error_type(
+    runtime_factory: RuntimeFactory, otel: Telemetry
+) -> None:
+    model = ScriptedModel([ModelStep.fail(ProviderError("bad request", status_code=400))])
+    runtime = runtime_factory(Agent(model=model))
+    events = await collect_events(runtime.execute_message("s1", "hello"))
+    assert isinstance(events[-1], DoneEvent)
+    assert events[-1].status == "failed"
+
+    [chat] = otel.named("chat ")
+    [invoke] = otel.named("invoke_agent ")
+    assert _attrs(chat)["error.type"] == "provider-error"
+    assert _attrs(invoke)["error.type"] == "provider-error"
+    assert _attrs(invoke)["turnkit.outcome"] == "failed"
+    assert invoke.status.status_code is StatusCode.ERROR
+    [stage] = [s for s in otel.named("stage ") if s.status.status_code is StatusCode.ERROR]
+    assert _parent(chat) == _id(stage)
+    [(attrs, turns)] = otel.points("turnkit.turns")
+    assert (attrs["turnkit.outcome"], attrs["error.type"], turns.value) == (
+        "failed",
+        "provider-error",
+        1,
+    )
+
+
+@tool
+async def slow_add(a: int, b: int) -> int:
+    """Add two numbers, slowly."""
+    await asyncio.sleep(0.2)
+    return a + b
+
+
+async def test_a_live_reader_records_the_replay_buffers_lag(
+    runtime_factory: RuntimeFactory, otel: Telemetry
+) -> None:
+    model = ScriptedModel(
+        [ModelStep.tool_call_reply(call("slow_add", a=2, b=3)), ModelStep.text_reply("5.")]
+    )
+    runtime = runtime_factory(Agent(model=model, tools=[slow_add]))
+    submission = await runtime.start("s1", "add 2 and 3")
+    frames = []
+    async with asyncio.timeout(10):
+        async for frame in runtime.reader().follow(submission.turn_id):
+            if frame is not KEEPALIVE:
+                frames.append(frame)
+    assert b'"type":"done"' in frames[-1].data
+    # Events reached the reader through the buffer while the turn ran: their age was taken.
+    [(_, lag)] = otel.points("turnkit.replay.lag")
+    assert lag.count >= 1
+    assert 0 <= lag.max < 5
+
+
+@tool(approval="always")
+async def send_email(to: str) -> str:
+    """Send an email (needs a person's approval)."""
+    return f"sent to {to}"
+
+
+async def test_a_paused_turn_resumed_elsewhere_is_one_trace(
+    tmp_path: Path, otel: Telemetry
+) -> None:
+    config = RuntimeConfig(database_url=f"sqlite:///{tmp_path / 'pause.db'}")
+    before = ScriptedModel([ModelStep.tool_call_reply(call("send_email", to="ada@example.com"))])
+    first = SessionRuntime(agent=Agent(model=before, tools=[send_email]), config=config)
+    async with first:
+        events = await collect_events(first.execute_message("s1", "email Ada"))
+    asked = events[-1]
+    assert isinstance(asked, ApprovalRequestedEvent)
+
+    after = ScriptedModel([ModelStep.text_reply("Done: sent.")])
+    second = SessionRuntime(agent=Agent(model=after, tools=[send_email]), config=config)
+    tracer = otel.tracer_provider.get_tracer("tests")
+    async with second:
+        record = await second.turn(asked.turn_id)
+        pinned = record.pinned["traceparent"]
+        # The resume arrives in some other request's trace (an HTTP handler, say).
+        with tracer.start_as_current_span("resume request") as request:
+            await second.resume(asked.turn_id, asked.request_id, Approve())
+        async with asyncio.timeout(20):
+            while len(otel.named("invoke_agent ")) < 2:
+                await asyncio.sleep(0.01)
+
+    paused, resumed = otel.named("invoke_agent ")
+    [submit] = otel.named("turnkit.submit")
+    assert isinstance(pinned, str)
+    assert pinned.startswith(f"00-{_trace_id(submit):032x}-{_id(submit):016x}-")
+    assert _attrs(paused)["turnkit.outcome"] == "awaiting_approval"
+    assert _attrs(resumed)["turnkit.outcome"] == "succeeded"
+    assert _trace_id(paused) == _trace_id(resumed) == _trace_id(submit)
+    assert _parent(paused) == _parent(resumed) == _id(submit)
+    # The resumed attempt links to the request that resumed it.
+    [link] = resumed.links
+    assert link.context.span_id == request.get_span_context().span_id
+    # The tool that waited for approval ran in the resumed attempt, inside its trace.
+    [tool_span] = otel.named("execute_tool ")
+    assert _trace_id(tool_span) == _trace_id(submit)
+    stage_ids = {_id(s) for s in otel.named("stage ") if _parent(s) == _id(resumed)}
+    assert _parent(tool_span) in stage_ids
+    outcomes = sorted(a["turnkit.outcome"] for a, _ in otel.points("turnkit.turns"))
+    assert outcomes == ["awaiting_approval", "succeeded"]
+
+
+async def test_message_contents_only_when_asked_for(
+    runtime_factory: RuntimeFactory, otel: Telemetry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "true")
+    model = ScriptedModel(
+        [ModelStep.tool_call_reply(call("add", a=2, b=3)), ModelStep.text_reply("Five.")]
+    )
+    runtime = runtime_factory(Agent(model=model, tools=[add]))
+    await collect_events(runtime.execute_message("s1", "2+3?"))
+    first, last = otel.named("chat ")
+    sent = json.loads(str(_attrs(first)["gen_ai.input.messages"]))
+    assert {"type": "text", "content": "2+3?"} in sent[-1]["parts"]
+    answer = json.loads(str(_attrs(last)["gen_ai.output.messages"]))
+    assert answer == [{"role": "assistant", "parts": [{"type": "text", "content": "Five."}]}]
+    [tool_span] = otel.named("execute_tool ")
+    assert json.loads(str(_attrs(tool_span)["gen_ai.tool.call.arguments"])) == {"a": 2, "b": 3}
+    assert _attrs(tool_span)["gen_ai.tool.call.result"] == "5"
+
+
+async def test_no_provider_no_spans(
+    runtime_factory: RuntimeFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
+    assert active() is None
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a span was started with no provider configured")
+
+    monkeypatch.setattr(trace.ProxyTracer, "start_span", refuse)
+    monkeypatch.setattr(trace.NoOpTracer, "start_span", refuse)
+    model = ScriptedModel(
+        [ModelStep.tool_call_reply(call("add", a=2, b=3)), ModelStep.text_reply("Five.")]
+    )
+    runtime = runtime_factory(Agent(model=model, tools=[add]))
+    events = await collect_events(runtime.execute_message("s1", "2+3?"))
+    assert isinstance(events[-1], DoneEvent)
+    assert events[-1].status == "succeeded"
+    # The turn is still pinned to a trace, so processes that do trace share it.
+    record = await runtime.turn(events[0].turn_id)
+    traceparent = record.pinned["traceparent"]
+    assert isinstance(traceparent, str)
+    version, trace_id, span_id, flags = traceparent.split("-")
+    assert (version, len(trace_id), len(span_id), flags) == ("00", 32, 16, "01")
+
+
+SLOW = {"seconds": 60.0}
+
+
+@tool
+async def fetch(n: int) -> int:
+    """Fetch something slowly."""
+    await asyncio.sleep(SLOW["seconds"])
+    return n
+
+
+async def test_a_turn_recovered_after_a_crash_stays_one_trace(
+    tmp_path: Path, otel: Telemetry
+) -> None:
+    config = RuntimeConfig(
+        database_url=f"sqlite:///{tmp_path / 'app.db'}", lease_ttl_s=1.0, recover_in_process=True
+    )
+    before = ScriptedModel([ModelStep.tool_call_reply(call("fetch", n=7))])
+    first = SessionRuntime(agent=Agent(model=before, tools=[fetch]), config=config)
+    await first.open()
+    submission = await first.start("s1", "fetch 7")
+    async with asyncio.timeout(10):
+        while not otel.named("chat "):  # until the tool runs
+            await asyncio.sleep(0.02)
+    await first.close()  # the process goes away mid-tool: its lease lapses
+
+    SLOW["seconds"] = 0.0
+    after = ScriptedModel([ModelStep.text_reply("Got 7.")])
+    second = SessionRuntime(agent=Agent(model=after, tools=[fetch]), config=config)
+    try:
+        await second.open()  # takes the turn over once the lease has lapsed
+        async with asyncio.timeout(20):
+            while len(otel.named("invoke_agent ")) < 2:
+                await asyncio.sleep(0.05)
+    finally:
+        await second.close()
+        SLOW["seconds"] = 60.0
+
+    crashed, recovered = otel.named("invoke_agent ")
+    assert _trace_id(crashed) == _trace_id(recovered)
+    assert _parent(crashed) == _parent(recovered)
+    assert _attrs(crashed)["turnkit.outcome"] == "lease_lost"
+    assert _attrs(recovered)["turnkit.attempt"] == 2
+    assert _attrs(recovered)["turnkit.recovered"] is True
+    assert _attrs(recovered)["turnkit.outcome"] == "succeeded"
+    assert _attrs(recovered)["turnkit.turn_id"] == submission.turn_id
+    [(_, recoveries)] = otel.points("turnkit.recoveries")
+    assert recoveries.value == 1
