@@ -16,9 +16,9 @@ import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, TypedDict
+from typing import Final, Literal, TypedDict, cast
 
-from turnkit.context.transcript import TranscriptMessage, sent_bytes
+from turnkit.context.transcript import PRIVATE_KEYS, TranscriptMessage, sent_bytes
 from turnkit.errors import PrefixRewriteError
 from turnkit.models import ToolSpec
 
@@ -53,8 +53,60 @@ def tools_digest(tools: Sequence[ToolSpec]) -> str:
 
 
 def message_digest(message: TranscriptMessage) -> str:
-    """A digest of the bytes the model receives for `message`."""
-    return hashlib.sha256(sent_bytes(message)).hexdigest()[:32]
+    """A digest of the bytes the model receives for `message`.
+
+    Every request of a session digests every message it carries, so a long session's
+    digests are kept, keyed by the message's values (never by identity: a hook that
+    rewrote a message in place must still be caught).
+    """
+    key = _digest_key(message)
+    if key is None:
+        return hashlib.sha256(sent_bytes(message)).hexdigest()[:32]
+    found = _DIGESTS.get(key)
+    if found is None:
+        found = hashlib.sha256(sent_bytes(message)).hexdigest()[:32]
+        if len(_DIGESTS) >= _DIGEST_CACHE_SIZE:
+            _DIGESTS.clear()
+        _DIGESTS[key] = found
+    return found
+
+
+_DIGEST_CACHE_SIZE: Final = 16_384
+_DIGESTS: dict[tuple[object, ...], str] = {}
+_PLAIN_KEYS = frozenset({"role", "content", "tool_calls", "tool_call_id", *PRIVATE_KEYS})
+
+
+def _digest_key(message: TranscriptMessage) -> tuple[object, ...] | None:
+    """The values `sent_bytes` encodes, as a key (None: a shape the cache leaves alone)."""
+    content, role = message.get("content"), message.get("role")
+    if (
+        not isinstance(content, str)
+        or not isinstance(role, str)
+        or not _PLAIN_KEYS.issuperset(message)
+    ):
+        return None
+    call_id = message.get("tool_call_id", _ABSENT)
+    if call_id is not _ABSENT and not isinstance(call_id, str):
+        return None
+    calls: tuple[tuple[str, str, str], ...] | None = None
+    if "tool_calls" in message:
+        raw: object = message["tool_calls"]
+        if not isinstance(raw, list):
+            return None
+        found = []
+        for call in cast(list[object], raw):
+            if not isinstance(call, dict) or call.keys() != _CALL_KEYS:
+                return None
+            values = (call["id"], call["name"], call["arguments"])
+            if not all(isinstance(v, str) for v in values):
+                return None
+            found.append(values)
+        calls = tuple(found)
+    return (role, content, call_id, calls)
+
+
+_ABSENT: Final = object()
+_CALL_KEYS = frozenset({"id", "name", "arguments"})
 
 
 @dataclass(frozen=True, slots=True)
