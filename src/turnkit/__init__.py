@@ -6,9 +6,12 @@ The quickstart surface is re-exported here; everything else lives in its concept
 
 from turnkit.agent import Agent, Effort
 from turnkit.blocks import ImagePart, TextPart
+from turnkit.budgets import BudgetLimit
 from turnkit.config import RuntimeConfig
 from turnkit.errors import (
+    AdmissionRefusedError,
     AgentNotFoundError,
+    BudgetExceededError,
     ConfigurationError,
     ContentTooLargeError,
     DeadlineExceededError,
@@ -43,22 +46,29 @@ from turnkit.models.family import ModelFamily
 from turnkit.models.litellm import LiteLLMClient, ModelEndpoint
 from turnkit.pauses import Answer, Approve, Deny
 from turnkit.runtime import CancelToken, SessionRuntime, TurnHistory
+from turnkit.runtime.admission import AdmissionCheck
 from turnkit.runtime.agents import AgentCatalog, AgentData, ToolAccessRequest
 from turnkit.runtime.deps import DepsScope
+from turnkit.tenancy import Department, Organisation, Principal, Tenancy
 from turnkit.tools import ToolClass, ToolContext, tool
 
 __all__ = (
+    "AdmissionCheck",
+    "AdmissionRefusedError",
     "Agent",
     "AgentCatalog",
     "AgentData",
     "AgentNotFoundError",
     "Answer",
     "Approve",
+    "BudgetExceededError",
+    "BudgetLimit",
     "CancelToken",
     "ConfigurationError",
     "ContentTooLargeError",
     "DeadlineExceededError",
     "Deny",
+    "Department",
     "DepsScope",
     "DuplicateToolError",
     "DurableEvent",
@@ -77,10 +87,12 @@ __all__ = (
     "ModelSettings",
     "ModelUnreachableError",
     "NotFoundError",
+    "Organisation",
     "OutputLimitExceededError",
     "PauseAnsweredError",
     "PauseNotFoundError",
     "PrefixRewriteError",
+    "Principal",
     "ProviderError",
     "ReplayCursorError",
     "RuntimeConfig",
@@ -89,6 +101,7 @@ __all__ = (
     "StaleEpochError",
     "StoreError",
     "StreamEvent",
+    "Tenancy",
     "TextPart",
     "ToolAccessRequest",
     "ToolCallError",

@@ -85,6 +85,9 @@ class Agent:
         memory: Whether the app's memory tools may keep facts across sessions.
         visibility: Who may pick the agent: `private` (its owner), `department` or
             `organisation`.
+        owner: The principal id a `private` agent belongs to.
+        department: The department a `department` agent belongs to (None: the
+            organisation's default department).
     """
 
     name: str = "assistant"
@@ -107,6 +110,8 @@ class Agent:
     knowledge: Sequence[str] = ()
     memory: bool = False
     visibility: Visibility = "organisation"
+    owner: str | None = None
+    department: str | None = None
 
     def __post_init__(self) -> None:
         if not self.name.strip():
@@ -197,6 +202,8 @@ class Agent:
             "knowledge": list(self.knowledge),
             "memory": self.memory,
             "visibility": self.visibility,
+            "owner": self.owner,
+            "department": self.department,
         }
 
     def with_overrides(

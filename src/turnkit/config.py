@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from turnkit.errors import ConfigurationError
@@ -44,6 +44,13 @@ class RuntimeConfig:
             is silent.
         lease_ttl_s: How long a claim lasts without renewal; drivers renew at a third.
         max_attempts: How many attempts a turn gets before the sweep times it out.
+        budgets: `enforce` checks budget limits at turn start and before every model
+            call, and refuses a message no limit covers (budgets fail closed); `off`
+            (the default for single-user apps) spends without limits.
+        budget_reserve_tokens: What a model call reserves against token limits before
+            it starts, when its settings name no `max_tokens` (plus its prompt's size).
+        callback_secret: The shared secret of turn-scoped callback tokens (the same in
+            every process); None: callbacks are refused.
     """
 
     database_url: str = "sqlite:///turnkit.db"
@@ -62,8 +69,15 @@ class RuntimeConfig:
     heartbeat_interval_s: float = 5.0
     lease_ttl_s: float = 8.0
     max_attempts: int = 3
+    budgets: Literal["off", "enforce"] = "off"
+    budget_reserve_tokens: int = 4_096
+    callback_secret: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
+        if self.budgets not in ("off", "enforce"):
+            raise ConfigurationError(f"budgets {self.budgets!r} is not 'off' or 'enforce'")
+        if self.callback_secret is not None and len(self.callback_secret) < 16:
+            raise ConfigurationError("callback_secret must be at least 16 characters")
         if self.max_content_chars < 1:
             raise ConfigurationError("max_content_chars must be at least 1")
         if self.idle_window_s <= 0 or self.ceiling_s <= 0:

@@ -38,6 +38,15 @@ from typing import Any, ClassVar, Literal, get_args
 
 __all__ = (
     "DOCS_URL",
+    "AdmissionRefusedError",
+    "AgentNotAllowedError",
+    "AttachmentNotIndexedError",
+    "BudgetExceededError",
+    "BudgetPolicyMissingError",
+    "CallbackTokenError",
+    "DepartmentUnknownError",
+    "ModelNotAllowedError",
+    "TurnNotRunningError",
     "ConfigurationError",
     "ContentTooLargeError",
     "DeadlineExceededError",
@@ -117,6 +126,15 @@ ErrorCode = Literal[
     "forbidden",
     "method-not-allowed",
     "not-ready",
+    "admission-refused",
+    "department-unknown",
+    "agent-not-allowed",
+    "model-not-allowed",
+    "budget-policy-missing",
+    "budget-exceeded",
+    "attachment-not-indexed",
+    "callback-token-invalid",
+    "turn-not-running",
 ]
 """The one catalog of error codes. Codes never change meaning once published."""
 
@@ -213,6 +231,63 @@ class PauseNotFoundError(NotFoundError):
     """No such approval or clarification request on this turn."""
 
     code: ClassVar[ErrorCode] = "pause-not-found"
+
+
+class AdmissionRefusedError(TurnkitError):
+    """A check at turn start refused the message; nothing was written.
+
+    Apps raise it (or a subclass) from their own admission checks.
+    """
+
+    code: ClassVar[ErrorCode] = "admission-refused"
+
+
+class DepartmentUnknownError(AdmissionRefusedError):
+    """The caller's organisation or department is not configured."""
+
+    code: ClassVar[ErrorCode] = "department-unknown"
+
+
+class AgentNotAllowedError(AdmissionRefusedError):
+    """The organisation pins its default agent and the caller (not an admin) asked for another."""
+
+    code: ClassVar[ErrorCode] = "agent-not-allowed"
+
+
+class ModelNotAllowedError(AdmissionRefusedError):
+    """The model is not served here, is blocked for the department, or would widen the agent's."""
+
+    code: ClassVar[ErrorCode] = "model-not-allowed"
+
+
+class BudgetPolicyMissingError(AdmissionRefusedError):
+    """Budgets are enforced and no limit covers the caller: refused (budgets fail closed)."""
+
+    code: ClassVar[ErrorCode] = "budget-policy-missing"
+
+
+class BudgetExceededError(AdmissionRefusedError):
+    """A budget covering the caller has no room left this period."""
+
+    code: ClassVar[ErrorCode] = "budget-exceeded"
+
+
+class AttachmentNotIndexedError(AdmissionRefusedError):
+    """An attached document has no indexed copy (one still being read is fine)."""
+
+    code: ClassVar[ErrorCode] = "attachment-not-indexed"
+
+
+class CallbackTokenError(TurnkitError):
+    """A callback's token does not match its turn."""
+
+    code: ClassVar[ErrorCode] = "callback-token-invalid"
+
+
+class TurnNotRunningError(TurnkitError):
+    """A callback reached a turn that is not running (finished, paused or cancelled)."""
+
+    code: ClassVar[ErrorCode] = "turn-not-running"
 
 
 class PauseAnsweredError(TurnkitError):

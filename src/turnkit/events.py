@@ -35,6 +35,7 @@ from turnkit.states import TerminalStatus
 __all__ = (
     "STREAM_EVENT_ADAPTER",
     "ApprovalRequestedEvent",
+    "BudgetPausedEvent",
     "CheckpointCreatedEvent",
     "Citation",
     "ClarificationRequestedEvent",
@@ -352,6 +353,21 @@ class ClarificationRequestedEvent(DurableEvent):
     choices: tuple[str, ...] = ()
 
 
+class BudgetPausedEvent(DurableEvent):
+    """A model call would cross a budget limit: it did not start; the turn is `awaiting_budget`.
+
+    The turn resumes by itself when an administrator raises the limit or the period rolls
+    over; cancelling it works as for any pause.
+    """
+
+    type: Literal["budget.paused"] = "budget.paused"
+    request_id: str
+    scope: Literal["organisation", "department", "principal", "session"]
+    key: str
+    period: Literal["day", "month", "total"]
+    reason: str
+
+
 class GuardrailEvent(DurableEvent):
     """What one guardrail check found (never the checked text)."""
 
@@ -564,6 +580,7 @@ StreamEvent = Annotated[
     | MessageCitationsEvent
     | MessageEntitiesEvent
     | ApprovalRequestedEvent
+    | BudgetPausedEvent
     | ClarificationRequestedEvent
     | GuardrailEvent
     | PluginEmittedEvent

@@ -53,7 +53,7 @@ def dedupe_key(event_type: str, fields: Mapping[str, Any]) -> str | None:
             items = fields.get("citations") or fields.get("entities") or ()
             digest = hashlib.sha256(repr(tuple(items)).encode()).hexdigest()[:16]
             return f"{event_type}:{fields.get('block_id')}:{digest}"
-        case "approval.requested" | "clarification.requested":
+        case "approval.requested" | "clarification.requested" | "budget.paused":
             return f"pause:{fields['request_id']}"
         case _ if event_type in _BY_FIELD:
             return f"{event_type}:{fields[_BY_FIELD[event_type]]}"

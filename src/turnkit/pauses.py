@@ -70,7 +70,7 @@ class PauseRequest:
     """What a paused turn waits on (saved in the Store with the pause)."""
 
     request_id: str
-    kind: Literal["approval", "clarification"]
+    kind: Literal["approval", "clarification", "budget"]
     tool_call_id: str
     payload: dict[str, JsonValue]
 

@@ -13,6 +13,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from turnkit.errors import (
     DOCS_URL,
+    AdmissionRefusedError,
+    AttachmentNotIndexedError,
+    CallbackTokenError,
     ConfigurationError,
     InvalidInputError,
     NotFoundError,
@@ -22,6 +25,7 @@ from turnkit.errors import (
     StaleEpochError,
     StoreUnavailableError,
     TurnkitError,
+    TurnNotRunningError,
 )
 
 __all__ = ("Problem", "install_problem_handlers", "problem_response", "status_for")
@@ -56,8 +60,14 @@ def status_for(exc: TurnkitError) -> int:
             return 404
         case ReplayCursorError():
             return 416 if "last_seq" in exc.details else 400  # only `check_cursor` sets it
-        case InvalidInputError():
+        case InvalidInputError() | AttachmentNotIndexedError():
             return 422
+        case AdmissionRefusedError():
+            return 403
+        case CallbackTokenError():
+            return 401
+        case TurnNotRunningError():
+            return 409
         case StaleEpochError() | PauseAnsweredError() | RequestConflictError():
             return 409
         case StoreUnavailableError():

@@ -27,6 +27,7 @@ from turnkit.events import (
     TurnRecoveringEvent,
 )
 from turnkit.otel._state import Active, active
+from turnkit.states import awaiting
 from turnkit.store import Lease, TurnRecord
 from turnkit.telemetry import Recorder
 
@@ -220,5 +221,5 @@ class _LiveTurn(TurnTrace):
             return "lease_lost", None
         pause = recorder.pending_pause if recorder is not None else None
         if pause is not None:
-            return ("awaiting_approval" if pause.kind == "approval" else "awaiting_input"), None
+            return awaiting(pause.kind), None
         return "ended", None

@@ -40,6 +40,7 @@ from turnkit.errors import (
 )
 from turnkit.events import (
     ApprovalRequestedEvent,
+    BudgetPausedEvent,
     CheckpointCreatedEvent,
     ClarificationRequestedEvent,
     CompactionCompletedEvent,
@@ -765,8 +766,10 @@ class _Translator:
                 | CompactionCompletedEvent() | UsageEvent() | CheckpointCreatedEvent()
                 | HeartbeatEvent() | ToolInDoubtEvent() | TasksUpdatedEvent()
                 | RunFinishedEvent() | ErrorEvent() | PluginEmittedEvent() | PluginSignalEvent()
-                | SessionRenamedEvent()
+                | SessionRenamedEvent() | BudgetPausedEvent()
             ):  # fmt: skip
+                # A budget pause keeps the run open: the turn goes on by itself once the
+                # limit is raised (nothing for the client to answer).
                 return [self._custom(event, raw)]
             case _:
                 assert_never(event)

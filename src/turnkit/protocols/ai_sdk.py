@@ -26,6 +26,7 @@ from turnkit.blocks import ImagePart, TextPart
 from turnkit.errors import InvalidInputError, PauseAnsweredError, SessionNotFoundError, TurnkitError
 from turnkit.events import (
     ApprovalRequestedEvent,
+    BudgetPausedEvent,
     CheckpointCreatedEvent,
     ClarificationRequestedEvent,
     CompactionCompletedEvent,
@@ -276,6 +277,7 @@ class UIMessageStreamTranslator:
                 | ToolInDoubtEvent()
                 | PluginEmittedEvent()
                 | SessionRenamedEvent()
+                | BudgetPausedEvent()  # the stream stays open: the turn resumes by itself
             ):
                 return [self._data(event)]
             case _:

@@ -13,11 +13,14 @@ from typing import Any, Self
 from turnkit.agent import Agent, Effort
 from turnkit.audit import AuditRow
 from turnkit.blocks import TextPart
+from turnkit.budgets import BudgetLimit, BudgetPeriod, BudgetScope, BudgetSubject, BudgetUse
 from turnkit.clock import Clock, SystemClock
 from turnkit.config import RuntimeConfig
 from turnkit.errors import (
     ConfigurationError,
     InvalidInputError,
+    PauseAnsweredError,
+    PauseNotFoundError,
     SessionNotFoundError,
     TurnNotFoundError,
 )
@@ -42,6 +45,7 @@ from turnkit.runtime._validate import (
     check_session_id,
     validate_request,
 )
+from turnkit.runtime.admission import Admission, AdmissionCheck, DocumentResolver
 from turnkit.runtime.agents import AgentCatalog, ToolAccess, allowed_tools
 from turnkit.runtime.deps import NO_DEPS, DepsFactory
 from turnkit.runtime.reader import TurnReader
@@ -59,6 +63,13 @@ from turnkit.store import (
 )
 from turnkit.store.migrate import head_revision
 from turnkit.store.sql import SqlStore
+from turnkit.tenancy import (
+    DEFAULT_DEPARTMENT,
+    DEFAULT_ORGANISATION,
+    Organisation,
+    Principal,
+    Tenancy,
+)
 from turnkit.tools import Tool
 
 __all__ = ("CancelToken", "MessageContent", "SessionRuntime", "TurnHistory", "TurnRequest")
@@ -115,6 +126,9 @@ class SessionRuntime:
         store: Store | None = None,
         replay: ReplayBuffer | None = None,
         clock: Clock | None = None,
+        tenancy: Tenancy | Sequence[Organisation] | None = None,
+        admission: Sequence[AdmissionCheck] = (),
+        documents: DocumentResolver | None = None,
     ) -> None:
         if isinstance(agents, AgentCatalog) and tools:
             raise ConfigurationError("give the host's `tools` to the AgentCatalog, not both")
@@ -163,6 +177,20 @@ class SessionRuntime:
         """Claims and drives turns in this process."""
         for hosted in self.agents.hosted():
             self._family(hosted.model)  # an unresolvable model string fails here, not mid-turn
+        self.tenancy = tenancy if isinstance(tenancy, Tenancy) else Tenancy(tenancy or ())
+        """The organisations served, their departments and default-agent switches."""
+        self.admission = Admission(
+            tenancy=self.tenancy,
+            agents=self.agents,
+            lookup=self._message_agent,
+            served=lambda: {*self.config.allowed_models, *self.models},
+            family=self._family,
+            store=lambda: self.store,
+            config=self.config,
+            documents=documents,
+            checks=tuple(admission),
+        )
+        """The checks every message passes before anything is saved (see `submit`)."""
 
     @property
     def agent(self) -> Agent:
@@ -283,7 +311,8 @@ class SessionRuntime:
         request_id: str | None = None,
         delivery: Delivery = "queue",
         effort: Effort | None = None,
-        principal: str | None = None,
+        principal: Principal | str | None = None,
+        documents: Sequence[str] = (),
         claim: bool = False,
     ) -> Submission:
         """Commit a user message and queue its turn (one transaction), without running it.
@@ -299,12 +328,17 @@ class SessionRuntime:
         A worker (or `execute_message`) runs the turn. A `request_id` already used in the
         session returns the first submission and writes nothing.
 
+        Before anything is written the message passes the admission chain (department,
+        agent visibility, model, budget policy, attached `documents`, and the app's own
+        checks); the first that fails raises and nothing is saved. `principal` is a
+        `Principal` (organisation, department, roles) or a bare id.
+
         Raises:
             InvalidInputError: bad session id, empty or oversized content, bad delivery.
-            AgentNotFoundError: no hosted agent has that name.
+            AgentNotFoundError: no hosted agent has that name, or the caller may not see it.
             UnknownModelError: the agent's (or the override's) model does not resolve.
+            AdmissionRefusedError: a check refused the message (a subclass names which).
         """
-        base = await self._message_agent(agent)
         request = validate_request(self.config, session_id, content, request_id, effort)
         if delivery not in ("queue", "guide"):
             raise InvalidInputError(
@@ -315,11 +349,22 @@ class SessionRuntime:
                 "pictures cannot join a running turn: send them with delivery='queue'",
                 delivery=delivery,
             )
+        caller = Principal.of(principal)
+        await self.open()
+        admitted = await self.admission.admit(
+            session_id=request.session_id,
+            content=request.content,
+            principal=caller,
+            agent=agent,
+            model=model,
+            documents=documents,
+        )
+        base, model = admitted.agent, admitted.model
+        principal_id = caller.id if caller else None
         turn_agent = base.with_overrides(model=model, settings=settings)
         family = self._family(turn_agent.model)
         if turn_agent.utility_model is not None:
             self._family(turn_agent.utility_model)
-        await self.open()
         effort_used = request.effort or turn_agent.effort
         overrides: dict[str, Any] = {}
         if model is not None:
@@ -327,7 +372,7 @@ class SessionRuntime:
         if settings is not None:
             overrides["settings"] = settings.model_dump(exclude_none=True, mode="json")
         tools = await allowed_tools(
-            self.tool_access, turn_agent, principal=principal, session_id=request.session_id
+            self.tool_access, turn_agent, principal=principal_id, session_id=request.session_id
         )
         submission = await self.store.submit(
             NewInput(
@@ -347,10 +392,14 @@ class SessionRuntime:
                     version=base.version,
                     overrides=overrides,
                     tools=tools,
-                    principal=principal,
+                    principal=principal_id,
                     traceparent=Pinned.new_traceparent(),
-                ),
-                principal=principal,
+                )
+                | admitted.subject_fields
+                | ({"documents": list(admitted.documents)} if admitted.documents else {}),
+                principal=principal_id,
+                organisation=admitted.organisation.name,
+                department=admitted.department.name,
                 create_session=self.config.auto_create_sessions,
                 claim_for=ClaimRequest(
                     owner=self.owner,
@@ -383,6 +432,87 @@ class SessionRuntime:
         self._family(agent.model)
         return agent
 
+    async def set_budget_limit(self, limit: BudgetLimit) -> None:
+        """Create or replace a budget limit (from any process: limits live in the Store).
+
+        Turns paused `awaiting_budget` that the new limit leaves room for resume.
+        """
+        await self.open()
+        await self.store.set_budget_limit(limit)
+        await self.resume_budget_pauses()
+
+    async def delete_budget_limit(
+        self,
+        scope: BudgetScope,
+        *,
+        organisation: str = DEFAULT_ORGANISATION,
+        key: str = "",
+        period: BudgetPeriod = "month",
+    ) -> bool:
+        """Remove a budget limit; whether there was one."""
+        await self.open()
+        return await self.store.delete_budget_limit(scope, organisation, key, period)
+
+    async def resume_budget_pauses(self, organisation: str | None = None) -> list[str]:
+        """Resume the turns paused `awaiting_budget` whose next call now fits; their ids.
+
+        `set_budget_limit` calls it, and workers (and in-process recovery) call it on
+        their sweep, so a turn also resumes when its budget period rolls over. Each turn
+        checks its budget again before the call: one still short pauses again.
+        """
+        await self.open()
+        resumed: list[str] = []
+        for record, pause in await self.store.budget_pauses(organisation):
+            pinned = Pinned.of(record)
+            subject = BudgetSubject(
+                organisation=pinned.organisation,
+                department=pinned.department or DEFAULT_DEPARTMENT,
+                principal=pinned.principal,
+                session_id=record.session_id,
+            )
+            usd, tokens = pause.payload.get("usd"), pause.payload.get("tokens")
+            needs = (
+                float(usd) if isinstance(usd, int | float) else 0.0,
+                int(tokens) if isinstance(tokens, int) else 0,
+            )
+            if not all(use.fits(*needs) for use in await self.store.budget_uses(subject)):
+                continue
+            try:
+                await self.store.answer_pause(
+                    record.turn_id, pause.request_id, {"kind": "budget-cleared"}
+                )
+            except (PauseAnsweredError, PauseNotFoundError):
+                continue  # another process resumed (or someone cancelled) it first
+            if self.config.run_in_process:
+                self.host.detach(record.turn_id)
+            resumed.append(record.turn_id)
+        return resumed
+
+    async def budget_limits(self, organisation: str | None = None) -> list[BudgetLimit]:
+        """Every budget limit (of one organisation when given)."""
+        await self.open()
+        return await self.store.budget_limits(organisation)
+
+    async def budget_uses(
+        self, principal: Principal | str | None, session_id: str
+    ) -> list[BudgetUse]:
+        """Each limit a message of `principal` in `session_id` would spend against, as used."""
+        await self.open()
+        caller = Principal.of(principal)
+        organisation = self.tenancy.organisation(
+            caller.organisation if caller else DEFAULT_ORGANISATION
+        )
+        if organisation is None:
+            return []
+        department = organisation.department(caller.department if caller else None)
+        subject = BudgetSubject(
+            organisation=organisation.name,
+            department=department.name if department else organisation.default_department,
+            principal=caller.id if caller else None,
+            session_id=check_session_id(session_id),
+        )
+        return await self.store.budget_uses(subject)
+
     async def skills(self, principal: str | None = None) -> tuple[Skill, ...]:
         """The skills `principal` may pick with `/slug`: yours they may see, then builtin."""
         return await skills_for(self.skill_source, principal)
@@ -406,7 +536,8 @@ class SessionRuntime:
         request_id: str | None = None,
         delivery: Delivery = "queue",
         effort: Effort | None = None,
-        principal: str | None = None,
+        principal: Principal | str | None = None,
+        documents: Sequence[str] = (),
         deps: Any = NO_DEPS,
         cancel: CancelToken | None = None,
     ) -> AsyncIterator[DurableEvent | EphemeralEvent]:
@@ -429,6 +560,7 @@ class SessionRuntime:
         Raises:
             InvalidInputError: bad session id, empty or oversized content (nothing written).
             UnknownModelError: the agent's model string does not resolve.
+            AdmissionRefusedError: a turn-start check refused it (nothing written).
         """
         submission = await self.submit(
             session_id,
@@ -440,6 +572,7 @@ class SessionRuntime:
             delivery=delivery,
             effort=effort,
             principal=principal,
+            documents=documents,
             claim=True,
         )
         if submission.guided:
@@ -478,7 +611,8 @@ class SessionRuntime:
         request_id: str | None = None,
         delivery: Delivery = "queue",
         effort: Effort | None = None,
-        principal: str | None = None,
+        principal: Principal | str | None = None,
+        documents: Sequence[str] = (),
         deps: Any = NO_DEPS,
     ) -> Submission:
         """Commit a message and run its turn detached from the caller.
@@ -498,6 +632,7 @@ class SessionRuntime:
             delivery=delivery,
             effort=effort,
             principal=principal,
+            documents=documents,
         )
         if submission.is_new and not submission.guided and self.config.run_in_process:
             self.host.detach(
@@ -537,7 +672,8 @@ class SessionRuntime:
             settings=pinned.settings,
             effort=pinned.effort,
             request_id=request_id,
-            principal=pinned.principal,
+            principal=pinned.caller,
+            documents=pinned.documents,
         )
 
     async def cancel(self, turn_id: str) -> TurnStatus:
@@ -577,6 +713,12 @@ class SessionRuntime:
             InvalidInputError: an approval answered with text, or a question with a decision.
         """
         record = await self.turn(turn_id)
+        if record.status == "awaiting_budget":
+            raise InvalidInputError(
+                f"turn {turn_id!r} waits on a budget: it resumes by itself once a limit is "
+                "raised (set_budget_limit) or its period rolls over; cancel() ends it",
+                turn_id=turn_id,
+            )
         expected = {"awaiting_approval": ("approve", "deny"), "awaiting_input": ("answer",)}
         allowed = expected.get(record.status)
         if allowed is not None and resolution.kind not in allowed:

@@ -8,6 +8,7 @@ from typing import Any, cast
 
 from turnkit import otel
 from turnkit.agent import Agent, Effort
+from turnkit.budgets import BudgetSubject
 from turnkit.clock import Clock
 from turnkit.config import RuntimeConfig
 from turnkit.errors import TurnNotFoundError
@@ -23,9 +24,12 @@ from turnkit.runtime.deps import NO_DEPS, DepsFactory, DepsScope, build_deps
 from turnkit.runtime.driver import DriveSetup, Sink, TurnDriver
 from turnkit.skills import SkillSource, skills_for
 from turnkit.stages import StageContext
+from turnkit.stages._budget import BudgetGate
 from turnkit.stages._types import Route
+from turnkit.states import PAUSED_STATES
 from turnkit.store import Lease, Store, TurnRecord, readable_events
 from turnkit.telemetry import Recorder
+from turnkit.tenancy import DEFAULT_DEPARTMENT, DEFAULT_ORGANISATION, Principal
 
 __all__ = ("TurnRunner", "pinned_config", "turn_history")
 
@@ -41,6 +45,10 @@ class Pinned:
     effort: Effort | None
     principal: str | None
     tools: tuple[str, ...] | None
+    organisation: str = DEFAULT_ORGANISATION
+    department: str | None = None
+    roles: frozenset[str] = frozenset()
+    documents: tuple[str, ...] = ()
     traceparent: str | None = None
     """The W3C trace context every attempt of the turn joins (see `turnkit.otel`)."""
 
@@ -48,6 +56,18 @@ class Pinned:
     def new_traceparent() -> str:
         """The trace context to pin a turn submitted now to (the current span's, if any)."""
         return otel.submit_traceparent()
+
+    @property
+    def caller(self) -> Principal | None:
+        """Who sent the message, re-derived from the turn (None: anonymous)."""
+        if self.principal is None:
+            return None
+        return Principal(
+            id=self.principal,
+            organisation=self.organisation,
+            department=self.department,
+            roles=self.roles,
+        )
 
     @classmethod
     def of(cls, record: TurnRecord) -> Pinned:
@@ -66,12 +86,20 @@ class Pinned:
             effort=cast(Effort, effort) if effort in ("off", "low", "medium", "high") else None,
             principal=principal if isinstance(principal, str) else None,
             tools=tuple(str(t) for t in tools) if isinstance(tools, list) else None,
+            organisation=_text(pinned.get("organisation")) or DEFAULT_ORGANISATION,
+            department=_text(pinned.get("department")),
+            roles=frozenset(_texts(pinned.get("roles"))),
+            documents=_texts(pinned.get("documents")),
             traceparent=_text(pinned.get("traceparent")),
         )
 
 
 def _text(value: object) -> str | None:
     return value if isinstance(value, str) else None
+
+
+def _texts(value: object) -> tuple[str, ...]:
+    return tuple(str(v) for v in value) if isinstance(value, list) else ()
 
 
 def pinned_config(
@@ -118,7 +146,7 @@ async def turn_history(store: Store, turn: TurnRecord) -> TurnHistory:
         turn_id=turn.turn_id,
         status=turn.status,
         blocks=view.blocks,
-        pending=view.pending if turn.status in ("awaiting_approval", "awaiting_input") else None,
+        pending=view.pending if turn.status in PAUSED_STATES else None,
         tasks=view.tasks,
         citations=view.citations,
         entities=view.entities,
@@ -235,6 +263,22 @@ class TurnRunner:
         if agent.skills:  # the agent names the skills it may use
             skills = tuple(s for s in skills if s.ref in agent.skills or s.slug in agent.skills)
 
+        gate = (
+            BudgetGate(
+                book=self.store,
+                subject=BudgetSubject(
+                    organisation=pinned.organisation,
+                    department=pinned.department or DEFAULT_DEPARTMENT,
+                    principal=principal,
+                    session_id=record.session_id,
+                ),
+                reserve_tokens=self.config.budget_reserve_tokens,
+                ttl_s=self.config.ceiling_s,
+            )
+            if self.config.budgets == "enforce"
+            else None
+        )
+
         def ctx_factory(recorder: Recorder) -> StageContext:
             return StageContext(
                 recorder=recorder,
@@ -249,6 +293,7 @@ class TurnRunner:
                 skills=skills,
                 plugins=plugins,
                 interrupt=pause_here,
+                budget=gate,
             )
 
         transcript, previous = await session_transcript(self.store, agent, record)

@@ -59,6 +59,8 @@ class AgentData(BaseModel):
     knowledge: list[str] = Field(default_factory=list)
     memory: bool = False
     visibility: Visibility = "organisation"
+    owner: str | None = None
+    department: str | None = None
 
     def build(self, tools: Mapping[str, Tool]) -> Agent:
         """The `Agent` this data describes, with its tools taken from `tools` by name.
@@ -90,6 +92,8 @@ class AgentData(BaseModel):
             knowledge=self.knowledge,
             memory=self.memory,
             visibility=self.visibility,
+            owner=self.owner,
+            department=self.department,
         )
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -62,11 +63,13 @@ from turnkit.stages import StageContext
 from turnkit.stages._message_list import result_text
 from turnkit.stages._plugins import guard_input, on_events
 from turnkit.stages._types import Route, TranscriptMessage
-from turnkit.states import TerminalStatus, TurnStatus
+from turnkit.states import TerminalStatus, awaiting
 from turnkit.store import Lease, RunSummary, Store, TurnRecord, UnreadableEvent, decode_events
 from turnkit.telemetry import OpenCall, Recorder
 
 __all__ = ("DriveSetup", "TurnDriver")
+
+log = logging.getLogger("turnkit.runtime")
 
 Sink = Callable[[DurableEvent | EphemeralEvent | None], None]
 """Where the driver sends events; `None` marks the end of the turn."""
@@ -212,7 +215,20 @@ class TurnDriver:
                 )
         finally:
             trace.end(self.recorder, lease_lost=self.lease_lost)
+            await self._release_budget()
             self.sink(None)
+
+    async def _release_budget(self) -> None:
+        """The attempt is over: what its last call reserved is spent or free again.
+
+        A failure here only keeps the reservation until it expires (the turn's ceiling).
+        """
+        if self.config.budgets != "enforce" or self.lease_lost:
+            return
+        try:
+            await self.store.release_budget(self.lease.turn_id)
+        except Exception as exc:  # noqa: BLE001 - never mask how the turn ended
+            log.warning("releasing the budget of %s failed: %s", self.lease.turn_id, exc)
 
     async def _run_graph(self, rec: Recorder, setup: DriveSetup) -> None:
         elapsed = (self.clock.now() - self.lease.started_at).total_seconds()
@@ -369,8 +385,7 @@ class TurnDriver:
         """End this invocation only: save the request, wait for a person, hold nothing."""
         pause = rec.pending_pause
         assert pause is not None
-        status: TurnStatus = "awaiting_approval" if pause.kind == "approval" else "awaiting_input"
-        await rec.flush(status=status, pause=pause, release=True)
+        await rec.flush(status=awaiting(pause.kind), pause=pause, release=True)
 
     async def _end_failed(self, rec: Recorder, exc: TurnError) -> None:
         self.ended = True

@@ -16,6 +16,7 @@ from turnkit.events import DoneEvent, DurableEvent, EphemeralEvent
 from turnkit.runtime import SessionRuntime
 from turnkit.runtime._publish import BufferPublisher
 from turnkit.runtime.driver import TurnDriver
+from turnkit.states import awaiting
 from turnkit.store import Lease
 
 __all__ = ("Worker",)
@@ -202,17 +203,25 @@ class Worker:
             return "lease lost (another driver owns the turn now)"
         pause = driver.recorder.pending_pause if driver.recorder is not None else None
         if pause is not None:
-            return "awaiting_approval" if pause.kind == "approval" else "awaiting_input"
+            return awaiting(pause.kind)
         return "ended"
 
     async def sweep(self) -> list[str]:
-        """End orphaned runs now; returns their turn ids."""
+        """End orphaned runs now; returns their turn ids.
+
+        With budgets enforced it also resumes turns paused `awaiting_budget` that a new
+        budget period (or a limit raised elsewhere) leaves room for; this worker then
+        claims them like any queued turn.
+        """
         config = self.runtime.config
         ended = await self.runtime.store.sweep(
             ceiling_s=config.ceiling_s, max_attempts=config.max_attempts
         )
         for turn_id in ended:
             log.warning("swept %s: timed out with no live driver", turn_id)
+        if config.budgets == "enforce":
+            for resumed in await self.runtime.resume_budget_pauses():
+                log.info("resumed %s: its budget has room again", resumed)
         return list(ended)
 
     async def _drain(self) -> None:

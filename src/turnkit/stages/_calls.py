@@ -82,6 +82,7 @@ async def call_model(
     stream_text: bool = True,
     on_answer: Callable[[], None] | None = None,
     answer_after_chars: int = 0,
+    reserve: bool = True,
 ) -> CallResult:
     """Run one call on `family`, streaming deltas and auditing failed rungs.
 
@@ -90,10 +91,12 @@ async def call_model(
     Raw reasoning is kept inside the runtime (never streamed); `stream_text=False` keeps
     the text in too (anchor-plan's planning output is not prose for the user).
     `on_answer` is called once the call has written `answer_after_chars` characters of
-    text and no tool call (its answer is under way).
+    text and no tool call (its answer is under way). With budgets enforced the call
+    first reserves what it may cost, and pauses the turn when a limit has no room
+    (`reserve=False`: the caller checked already).
     """
     rec = ctx.recorder
-    await rec.flush()
+    await _ready(ctx, stage_id, request, block_key, reserve=reserve)
     attempts: list[str] = []
     asm = _Assembler()
     block_id = derive_id("blk", rec.turn_id, block_key, 0)
@@ -223,6 +226,15 @@ async def _guarded(ctx: StageContext, stage_id: StageId, asm: _Assembler, stream
     if not streamed or not ctx.plugins or not text:
         return text
     return await guard(ctx, stage_id, "answer", text, subject="text")
+
+
+async def _ready(
+    ctx: StageContext, stage_id: StageId, request: ModelRequest, key: str, *, reserve: bool
+) -> None:
+    """Commit what came before the call, then reserve its budget (it may pause here)."""
+    await ctx.recorder.flush()
+    if ctx.budget is not None and reserve:
+        await ctx.budget.reserve(ctx, stage_id, request, key=key)
 
 
 def _shown(asm: _Assembler, streamed: bool) -> list[str]:

@@ -41,9 +41,9 @@ def opening_title(text: str) -> str:
 async def name_thread(ctx: StageContext, opening: str) -> None:
     """Ask the utility model for a better name; apply it only over the opening name.
 
-    A person's rename (even one typed mid-turn) always survives; a missing utility model
-    or a failed call leaves the first name standing. The call is audited as its own row
-    (`threadNaming`).
+    A person's rename (even one typed mid-turn) always survives; a missing utility model,
+    a failed call or a budget with no room leaves the first name standing. The call is
+    audited as its own row (`threadNaming`).
     """
     rec = ctx.recorder
     if ctx.utility is None:
@@ -59,9 +59,17 @@ async def name_thread(ctx: StageContext, opening: str) -> None:
         ),
         purpose="utility",
     )
+    if ctx.budget is not None and not await ctx.budget.has_room(request):
+        return  # naming never pauses a turn: the first name stands
     try:
         result = await call_model(
-            ctx, "post-turn", ctx.utility, request, block_key="title", stream_text=False
+            ctx,
+            "post-turn",
+            ctx.utility,
+            request,
+            block_key="title",
+            stream_text=False,
+            reserve=False,
         )
     except Exception as exc:  # noqa: BLE001 - the first name stands; the call is audited
         log.warning("naming session %s failed: %s", rec.session_id, exc)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal, TypedDict
+from typing import Literal, Protocol, TypedDict
 
 from pydantic import JsonValue
 
@@ -15,6 +15,8 @@ from turnkit.context.transcript import (
     from_transcript,
     to_transcript,
 )
+from turnkit.ids import StageId
+from turnkit.models import ModelRequest
 from turnkit.models.family import ModelFamily
 from turnkit.plugins import Plugin
 from turnkit.skills import Skill
@@ -22,6 +24,7 @@ from turnkit.telemetry import Recorder
 from turnkit.tools import ToolRegistry
 
 __all__ = (
+    "BudgetCheck",
     "PendingAnswer",
     "PreviousRequest",
     "Route",
@@ -42,6 +45,20 @@ class PendingAnswer(TypedDict):
     block_id: str
     generation_id: str
     stop_reason: str
+
+
+class BudgetCheck(Protocol):
+    """Budgets inside a turn (`turnkit.stages._budget.BudgetGate`)."""
+
+    async def reserve(
+        self, ctx: StageContext, stage_id: StageId, request: ModelRequest, *, key: str
+    ) -> None:
+        """Reserve a model call, pausing the turn until a limit leaves room for it."""
+        ...
+
+    async def has_room(self, request: ModelRequest) -> bool:
+        """Whether a background call fits (it is skipped when not)."""
+        ...
 
 
 def _no_pauses(value: JsonValue) -> JsonValue:
@@ -70,6 +87,8 @@ class StageContext:
     """The skills a message may pick with `/slug` (the app's the caller may see, builtin)."""
     interrupt: Callable[[JsonValue], JsonValue] = _no_pauses
     """Pause the turn here; returns the answer when the turn is resumed (LangGraph)."""
+    budget: BudgetCheck | None = None
+    """Budgets enforced: every model call reserves first (None: budgets are off)."""
     scratch: dict[str, object] = field(default_factory=dict[str, object])
     """Per-attempt helpers shared across stages (the thinking summary in flight)."""
 

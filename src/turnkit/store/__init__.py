@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, JsonValue, ValidationError
 
 from turnkit.audit import AuditRow, UnreadableReason, UsageDelta
 from turnkit.blocks import ImagePart
+from turnkit.budgets import BudgetLimit, BudgetPeriod, BudgetScope, BudgetSubject, BudgetUse
 from turnkit.events import DurableEvent, StreamEvent, TurnStartedEvent, decode_event
 from turnkit.ids import SessionId, TurnId
 from turnkit.pauses import PauseRequest
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
     from turnkit.store.sql import SqlStore
 
 __all__ = (
+    "BudgetBook",
     "UsageLine",
     "decode_events",
     "readable_events",
@@ -78,6 +80,9 @@ class NewInput:
     pinned: dict[str, JsonValue]
     """The configuration the run is pinned to (model, effort, tools), kept for audit."""
     principal: str | None = None
+    organisation: str | None = None
+    department: str | None = None
+    """Who the turn spends for (budgets, usage by department)."""
     attachments: tuple[ImagePart, ...] = ()
     """Pictures attached to the message."""
     create_session: bool = True
@@ -435,13 +440,14 @@ class SessionDirectory(Protocol):
     async def usage_report(
         self,
         *,
-        by: Literal["session", "principal", "day"],
+        by: Literal["session", "principal", "department", "day"],
         principal: str | None = None,
         anonymous: bool = False,
         since: datetime | None = None,
         until: datetime | None = None,
+        organisation: str | None = None,
     ) -> list[UsageLine]:
-        """Usage summed by session, principal or day (UTC).
+        """Usage summed by session, principal, department or day (UTC).
 
         Tokens in/out/cached, model calls, turns and USD over turns created in
         [since, until); only `principal`'s when given, only unowned sessions' when
@@ -517,6 +523,12 @@ class PauseBook(Protocol):
         """The newest answer the turn has not consumed yet (what the resumed run needs)."""
         ...
 
+    async def budget_pauses(
+        self, organisation: str | None = None
+    ) -> list[tuple[TurnRecord, PauseRequest]]:
+        """Turns paused `awaiting_budget`, oldest first, with the request each waits on."""
+        ...
+
 
 class Workspace(Protocol):
     """Files kept per session (`spec.md`, `plan.md`): written by tools, fetched by front ends.
@@ -553,7 +565,40 @@ class Workspace(Protocol):
         ...
 
 
+class BudgetBook(Protocol):
+    """Budget limits, what they have spent, and reservations for model calls in flight."""
+
+    async def set_budget_limit(self, limit: BudgetLimit) -> None:
+        """Create or replace a limit."""
+        ...
+
+    async def delete_budget_limit(
+        self, scope: BudgetScope, organisation: str, key: str, period: BudgetPeriod
+    ) -> bool:
+        """Remove a limit; whether there was one."""
+        ...
+
+    async def budget_limits(self, organisation: str | None = None) -> list[BudgetLimit]:
+        """Every limit (of one organisation when given)."""
+        ...
+
+    async def budget_uses(self, subject: BudgetSubject) -> list[BudgetUse]:
+        """Each limit covering `subject`, with its period's spend and reservations."""
+        ...
+
+    async def reserve_budget(
+        self, subject: BudgetSubject, *, turn_id: TurnId, usd: float, tokens: int, ttl_s: float
+    ) -> tuple[str | None, list[BudgetUse]]:
+        """Check every covering limit and reserve, in one transaction (None: refused)."""
+        ...
+
+    async def release_budget(self, turn_id: TurnId) -> None:
+        """Drop the turn's reservation (its calls' usage is recorded, or it ended)."""
+        ...
+
+
 class Store(
+    BudgetBook,
     TurnLedger,
     RunQueue,
     SessionDirectory,

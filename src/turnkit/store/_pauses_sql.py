@@ -12,11 +12,11 @@ from sqlalchemy import Connection, select, update
 from turnkit.errors import PauseAnsweredError, PauseNotFoundError
 from turnkit.ids import TurnId
 from turnkit.pauses import PauseRequest
-from turnkit.store._schema import pauses, turns
+from turnkit.states import awaiting
+from turnkit.store import TurnRecord
+from turnkit.store._schema import pauses, turn_record, turns
 
-__all__ = ("answer", "open_pause", "pending_answer")
-
-_AWAITING = {"approval": "awaiting_approval", "clarification": "awaiting_input"}
+__all__ = ("answer", "budget_pauses", "open_pause", "pending_answer")
 
 
 def open_pause(
@@ -64,7 +64,7 @@ def answer(
         )
     moved = conn.execute(
         update(turns)
-        .where(turns.c.turn_id == turn_id, turns.c.status == _AWAITING[row.kind])
+        .where(turns.c.turn_id == turn_id, turns.c.status == awaiting(row.kind))
         .values(
             status="running",
             # A resumed run is a new run: fresh attempts and a fresh ceiling.
@@ -103,3 +103,32 @@ def pending_answer(conn: Connection, turn_id: TurnId) -> dict[str, JsonValue] | 
         .limit(1)
     ).first()
     return cast(dict[str, JsonValue], json.loads(row.answer)) if row is not None else None
+
+
+def budget_pauses(
+    conn: Connection, organisation: str | None
+) -> list[tuple[TurnRecord, PauseRequest]]:
+    """Turns paused `awaiting_budget` (of one organisation when given), with their requests."""
+    query = (
+        select(turns, pauses.c.request_id, pauses.c.payload.label("pause_payload"))
+        .join(pauses, pauses.c.turn_id == turns.c.turn_id)
+        .where(
+            turns.c.status == "awaiting_budget",
+            pauses.c.kind == "budget",
+            pauses.c.status == "open",
+        )
+        .order_by(turns.c.created_at)
+    )
+    if organisation is not None:
+        query = query.where(turns.c.organisation == organisation)
+    found = []
+    for row in conn.execute(query):
+        payload = json.loads(row.pause_payload)
+        request = PauseRequest(
+            request_id=row.request_id,
+            kind="budget",
+            tool_call_id=str(payload.pop("tool_call_id", "")),
+            payload=payload,
+        )
+        found.append((turn_record(row), request))
+    return found

@@ -256,6 +256,9 @@ def _open_turn(
             "request_id": request_id,
             "agent": new.agent,
             "model": new.model,
+            "organisation": new.organisation,
+            "department": new.department,
+            "principal": new.principal,
             "last_seq": 1,
             "lease_epoch": 0,
             "lease_owner": None,
@@ -309,10 +312,11 @@ def requeue_guides(conn: Connection, turn_id: TurnId, consumed_through: int, now
     if not unread:
         return 0
     ended = conn.execute(
-        select(turns.c.session_id, turns.c.agent, turns.c.model, turns.c.pinned).where(
-            turns.c.turn_id == turn_id
-        )
-    ).one()
+        select(
+            turns.c.session_id, turns.c.agent, turns.c.model, turns.c.pinned,
+            turns.c.organisation, turns.c.department, turns.c.principal,
+        ).where(turns.c.turn_id == turn_id)
+    ).one()  # fmt: skip
     pinned = json.loads(ended.pinned) if ended.pinned else {}
     template = NewInput(
         session_id=SessionId(ended.session_id),
@@ -324,6 +328,9 @@ def requeue_guides(conn: Connection, turn_id: TurnId, consumed_through: int, now
         model=ended.model,
         effort=pinned.get("effort", "off"),
         pinned=pinned,
+        organisation=ended.organisation,
+        department=ended.department,
+        principal=ended.principal,
     )
     for seq, content, request_id in unread:
         new_id = TurnId(f"turn_{uuid7()}")

@@ -14,6 +14,8 @@ from turnkit.states import TRANSITIONS, TurnStatus
 from turnkit.store import RunSummary, TurnRecord
 from turnkit.store._tables import (
     AuditRowTable,
+    BudgetLimitRow,
+    BudgetReservationRow,
     EventRow,
     InputRow,
     PauseRow,
@@ -31,6 +33,8 @@ audit: Table = AuditRowTable.__table__  # type: ignore[attr-defined]
 usage: Table = UsageRollupRow.__table__  # type: ignore[attr-defined]
 pauses: Table = PauseRow.__table__  # type: ignore[attr-defined]
 workspace_files: Table = WorkspaceFileRow.__table__  # type: ignore[attr-defined]
+budget_limits: Table = BudgetLimitRow.__table__  # type: ignore[attr-defined]
+reservations: Table = BudgetReservationRow.__table__  # type: ignore[attr-defined]
 
 SOURCES: dict[TurnStatus, tuple[TurnStatus, ...]] = {
     target: tuple(s for s, targets in TRANSITIONS.items() if target in targets)
@@ -38,7 +42,12 @@ SOURCES: dict[TurnStatus, tuple[TurnStatus, ...]] = {
 }
 """For each status, the statuses a turn may move to it from."""
 
-UNFINISHED: tuple[TurnStatus, ...] = ("running", "awaiting_approval", "awaiting_input")
+UNFINISHED: tuple[TurnStatus, ...] = (
+    "running",
+    "awaiting_approval",
+    "awaiting_input",
+    "awaiting_budget",
+)
 
 
 def aware(value: datetime | None) -> datetime | None:

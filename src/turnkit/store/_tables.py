@@ -92,6 +92,10 @@ class TurnRow(SQLModel, table=True):
     """Pictures attached to the opening message (JSON), if any."""
     transcript: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
     """What the turn added to the session's model-facing transcript (JSON), once it ended."""
+    organisation: str | None = Field(default=None, max_length=128)
+    department: str | None = Field(default=None, max_length=128)
+    principal: str | None = Field(default=None, max_length=256)
+    """Who the turn spends for (budgets, usage by department): fixed at submit."""
     started_at: datetime | None = Field(default=None, sa_column=_ts(nullable=True))
     created_at: datetime = Field(sa_column=_ts())
     updated_at: datetime = Field(sa_column=_ts())
@@ -156,3 +160,32 @@ class WorkspaceFileRow(SQLModel, table=True):
     version: int
     turn_id: str | None = Field(default=None, max_length=64)
     updated_at: datetime = Field(sa_column=_ts())
+
+
+class BudgetLimitRow(SQLModel, table=True):
+    """A spending limit of one scope member (organisation, department, principal, session)."""
+
+    __tablename__ = "tk_budget_limits"
+    scope: str = Field(primary_key=True, max_length=16)
+    organisation: str = Field(primary_key=True, max_length=128)
+    key: str = Field(primary_key=True, max_length=256)
+    period: str = Field(primary_key=True, max_length=8)
+    usd: float | None = None
+    tokens: int | None = None
+    updated_at: datetime = Field(sa_column=_ts())
+
+
+class BudgetReservationRow(SQLModel, table=True):
+    """What a model call in flight may still cost; released when its usage is recorded."""
+
+    __tablename__ = "tk_budget_reservations"
+    __table_args__ = (Index("ix_budget_reservation_org", "organisation", "expires_at"),)
+    reservation_id: str = Field(primary_key=True, max_length=64)
+    turn_id: str = Field(max_length=64, index=True)
+    organisation: str = Field(max_length=128)
+    department: str = Field(max_length=128)
+    principal: str | None = Field(default=None, max_length=256)
+    session_id: str = Field(max_length=128)
+    usd: float = 0.0
+    tokens: int = 0
+    expires_at: datetime = Field(sa_column=_ts())

@@ -9,10 +9,11 @@ from sqlalchemy import Connection, func, select
 
 from turnkit.store._schema import sessions, turns, usage
 from turnkit.store._usage import UsageLine
+from turnkit.tenancy import DEFAULT_DEPARTMENT, DEFAULT_ORGANISATION
 
 __all__ = ("report",)
 
-GroupBy = Literal["session", "principal", "day"]
+GroupBy = Literal["session", "principal", "department", "day"]
 
 
 def report(
@@ -22,11 +23,13 @@ def report(
     anonymous: bool,
     since: datetime | None,
     until: datetime | None,
+    organisation: str | None = None,
 ) -> list[UsageLine]:
-    """Sum the rollup of turns created in [since, until), for one principal if given."""
+    """Sum the rollup of turns created in [since, until), for one principal or organisation."""
     key = {
         "session": usage.c.session_id,
         "principal": func.coalesce(sessions.c.principal, ""),
+        "department": func.coalesce(turns.c.department, DEFAULT_DEPARTMENT),
         "day": func.date(turns.c.created_at),
     }[by]
     query = (
@@ -51,6 +54,10 @@ def report(
         query = query.where(sessions.c.principal == principal)
     elif anonymous:
         query = query.where(sessions.c.principal.is_(None))
+    if organisation is not None:
+        query = query.where(
+            func.coalesce(turns.c.organisation, DEFAULT_ORGANISATION) == organisation
+        )
     if since is not None:
         query = query.where(turns.c.created_at >= since)
     if until is not None:

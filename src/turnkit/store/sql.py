@@ -39,6 +39,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import StaticPool
 
 from turnkit.audit import AuditRow, UsageDelta
+from turnkit.budgets import BudgetLimit, BudgetPeriod, BudgetScope, BudgetSubject, BudgetUse
 from turnkit.clock import Clock, SystemClock
 from turnkit.errors import StaleEpochError, StoreError, StoreUnavailableError, TurnNotFoundError
 from turnkit.events import DurableEvent, MessageCompleteEvent, decode_event, encode_event
@@ -56,6 +57,7 @@ from turnkit.store import (
     TurnRecord,
     TurnTranscript,
     WorkspaceFile,
+    _budgets_sql as budgets_sql,
     _pauses_sql as pauses_sql,
     _queue_sql as queue,
     _sessions_sql as sessions_sql,
@@ -604,6 +606,12 @@ class SqlStore:
         """Record an answer and make the turn runnable again (one transaction)."""
         return await self._tx(pauses_sql.answer, turn_id, request_id, answer, self._clock.now())
 
+    async def budget_pauses(
+        self, organisation: str | None = None
+    ) -> list[tuple[TurnRecord, PauseRequest]]:
+        """Turns paused `awaiting_budget`, oldest first, with their requests."""
+        return await self._tx(pauses_sql.budget_pauses, organisation, write=False)
+
     async def pending_answer(self, turn_id: TurnId) -> dict[str, JsonValue] | None:
         """The newest answer not yet consumed by a resumed run."""
         return await self._tx(pauses_sql.pending_answer, turn_id, write=False)
@@ -721,14 +729,52 @@ class SqlStore:
     async def usage_report(
         self,
         *,
-        by: Literal["session", "principal", "day"],
+        by: Literal["session", "principal", "department", "day"],
         principal: str | None = None,
         anonymous: bool = False,
         since: datetime | None = None,
         until: datetime | None = None,
+        organisation: str | None = None,
     ) -> list[UsageLine]:
-        """Tokens, calls and USD summed by session, principal or day (see the protocol)."""
-        return await self._tx(usage_sql.report, by, principal, anonymous, since, until, write=False)
+        """Tokens, calls and USD summed by session, principal, department or day."""
+        return await self._tx(
+            usage_sql.report, by, principal, anonymous, since, until, organisation, write=False
+        )
+
+    # ── budgets ─────────────────────────────────────────────────────────────────────
+
+    async def set_budget_limit(self, limit: BudgetLimit) -> None:
+        """Create or replace a budget limit."""
+        await self._tx(budgets_sql.set_limit, self._insert, limit, self._clock.now())
+
+    async def delete_budget_limit(
+        self, scope: BudgetScope, organisation: str, key: str, period: BudgetPeriod
+    ) -> bool:
+        """Remove a budget limit; whether there was one."""
+        return await self._tx(budgets_sql.delete_limit, scope, organisation, key, period)
+
+    async def budget_limits(self, organisation: str | None = None) -> list[BudgetLimit]:
+        """Every budget limit (of one organisation when given)."""
+        return await self._tx(budgets_sql.limits, organisation, write=False)
+
+    async def budget_uses(self, subject: BudgetSubject) -> list[BudgetUse]:
+        """Each limit covering `subject` with what its period has spent and holds reserved."""
+        return await self._tx(budgets_sql.uses, subject, self._clock.now(), write=False)
+
+    async def reserve_budget(
+        self, subject: BudgetSubject, *, turn_id: TurnId, usd: float, tokens: int, ttl_s: float
+    ) -> tuple[str | None, list[BudgetUse]]:
+        """Check and reserve in one transaction; the reservation id, or None when refused."""
+        return await self._tx(
+            lambda conn: budgets_sql.reserve(
+                conn, subject, turn_id=turn_id, usd=usd, tokens=tokens, ttl_s=ttl_s,
+                now=self._clock.now(),
+            )
+        )  # fmt: skip
+
+    async def release_budget(self, turn_id: TurnId) -> None:
+        """Drop the turn's reservation (its calls' usage is recorded, or it ended)."""
+        await self._tx(budgets_sql.release, turn_id)
 
     async def read_usage(self, turn_id: TurnId) -> UsageDelta:
         """The turn's usage rollup (zeros when it made no call)."""

@@ -1,0 +1,113 @@
+"""Budgets inside a turn: a model call reserves what it may cost before it starts.
+
+A call whose reservation would cross a limit covering the turn does not start. The turn
+commits `budget.paused` and pauses `awaiting_budget` (durable, no task, no lease) and
+resumes the same turn when an administrator raises the limit or the period rolls over;
+the check runs again then, so a limit raised too little pauses it again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+from pydantic import JsonValue
+
+from turnkit.budgets import BudgetSubject, BudgetUse
+from turnkit.events import BudgetPausedEvent
+from turnkit.ids import StageId, derive_id
+from turnkit.models import ModelRequest
+from turnkit.pauses import PauseRequest
+from turnkit.stages._types import StageContext
+from turnkit.store import BudgetBook
+
+__all__ = ("BudgetGate", "estimate_tokens")
+
+_CHARS_PER_TOKEN: Final = 4
+_MESSAGE_OVERHEAD: Final = 8
+_MAX_PAUSES_PER_CALL: Final = 64
+"""A call re-checked after this many resumes that still cannot start fails the turn."""
+
+
+def estimate_tokens(request: ModelRequest, reserve_output: int) -> int:
+    """What a call may use: its prompt (about four characters a token) plus its output cap."""
+    prompt = sum(
+        len(str(m.content)) + sum(len(c.arguments) for c in m.tool_calls) + _MESSAGE_OVERHEAD
+        for m in request.messages
+    )
+    tools = sum(len(t.description) + len(str(t.parameters)) for t in request.tools)
+    return (prompt + tools) // _CHARS_PER_TOKEN + (request.output_cap() or reserve_output)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BudgetGate:
+    """Reserves each model call of one turn against the limits covering it."""
+
+    book: BudgetBook
+    subject: BudgetSubject
+    reserve_tokens: int
+    ttl_s: float
+
+    async def reserve(
+        self, ctx: StageContext, stage_id: StageId, request: ModelRequest, *, key: str
+    ) -> None:
+        """Reserve the call, pausing the turn until a limit leaves room for it.
+
+        Pausing raises out of the node (the LangGraph interrupt); on resume the node runs
+        again, and this check with it.
+        """
+        rec = ctx.recorder
+        tokens = estimate_tokens(request, self.reserve_tokens)
+        usd = tokens * _price_per_token(rec.usage.cost_usd, rec.usage)
+        for waited in range(_MAX_PAUSES_PER_CALL):
+            reservation, uses = await self.book.reserve_budget(
+                self.subject, turn_id=rec.turn_id, usd=usd, tokens=tokens, ttl_s=self.ttl_s
+            )
+            if reservation is not None:
+                return
+            blocking = next(u for u in uses if not u.fits(usd, tokens))
+            request_id = derive_id("bud", rec.turn_id, stage_id, key, waited)
+            _pause(ctx, stage_id, request_id, blocking, usd=usd, tokens=tokens)
+        raise RuntimeError(f"a model call found no budget after {_MAX_PAUSES_PER_CALL} resumes")
+
+    async def has_room(self, request: ModelRequest) -> bool:
+        """Whether a background call (naming, a summary) fits; it is skipped when not."""
+        return all(
+            use.fits(0.0, estimate_tokens(request, self.reserve_tokens))
+            for use in await self.book.budget_uses(self.subject)
+        )
+
+
+def _price_per_token(cost_usd: float, usage: object) -> float:
+    """What the turn's calls so far paid per token (0: nothing priced yet)."""
+    tokens = getattr(usage, "input_tokens", 0) + getattr(usage, "output_tokens", 0)
+    return cost_usd / tokens if tokens else 0.0
+
+
+def _pause(
+    ctx: StageContext,
+    stage_id: StageId,
+    request_id: str,
+    blocking: BudgetUse,
+    *,
+    usd: float,
+    tokens: int,
+) -> None:
+    rec = ctx.recorder
+    limit = blocking.limit
+    reason = f"{blocking.describe()}; the next model call needs about {tokens} tokens"
+    rec.durable(
+        BudgetPausedEvent,
+        stage_id,
+        request_id=request_id,
+        scope=limit.scope,
+        key=limit.key,
+        period=limit.period,
+        reason=reason,
+    )
+    payload: dict[str, JsonValue] = {"usd": usd, "tokens": tokens, "reason": reason}
+    rec.pending_pause = PauseRequest(
+        request_id=request_id, kind="budget", tool_call_id="", payload=payload
+    )
+    ctx.interrupt({"request_id": request_id, "kind": "budget"})
+    rec.pending_pause = None

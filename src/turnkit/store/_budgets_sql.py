@@ -1,0 +1,194 @@
+"""Budget limits, what each has spent this period, and reservations for calls in flight."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any, cast
+
+from sqlalchemy import ColumnElement, Connection, and_, delete, func, or_, select, text
+
+from turnkit.budgets import (
+    SCOPES,
+    BudgetLimit,
+    BudgetPeriod,
+    BudgetScope,
+    BudgetSubject,
+    BudgetUse,
+    period_start as window_start,
+)
+from turnkit.ids import uuid7
+from turnkit.store._schema import budget_limits, reservations, turns, usage
+from turnkit.tenancy import DEFAULT_DEPARTMENT, DEFAULT_ORGANISATION
+
+__all__ = ("delete_limit", "limits", "release", "reserve", "set_limit", "uses")
+
+
+def set_limit(conn: Connection, insert: Any, limit: BudgetLimit, now: datetime) -> None:
+    """Create or replace a limit."""
+    values = {
+        "scope": limit.scope,
+        "organisation": limit.organisation,
+        "key": limit.key,
+        "period": limit.period,
+        "usd": limit.usd,
+        "tokens": limit.tokens,
+        "updated_at": now,
+    }
+    conn.execute(
+        insert(budget_limits)
+        .values(**values)
+        .on_conflict_do_update(
+            index_elements=["scope", "organisation", "key", "period"],
+            set_={"usd": limit.usd, "tokens": limit.tokens, "updated_at": now},
+        )
+    )
+
+
+def delete_limit(
+    conn: Connection, scope: BudgetScope, organisation: str, key: str, period: BudgetPeriod
+) -> bool:
+    """Remove a limit; whether there was one."""
+    result = conn.execute(
+        delete(budget_limits).where(
+            budget_limits.c.scope == scope,
+            budget_limits.c.organisation == organisation,
+            budget_limits.c.key == (organisation if scope == "organisation" else key),
+            budget_limits.c.period == period,
+        )
+    )
+    return bool(result.rowcount)
+
+
+def limits(conn: Connection, organisation: str | None) -> list[BudgetLimit]:
+    """Every limit (of one organisation when given)."""
+    query = select(budget_limits).order_by(
+        budget_limits.c.organisation, budget_limits.c.scope, budget_limits.c.key
+    )
+    if organisation is not None:
+        query = query.where(budget_limits.c.organisation == organisation)
+    return [_limit(row) for row in conn.execute(query)]
+
+
+def uses(conn: Connection, subject: BudgetSubject, now: datetime) -> list[BudgetUse]:
+    """Each limit covering `subject`, with what its period has spent and holds reserved."""
+    return [_use(conn, limit, now) for limit in _covering(conn, subject)]
+
+
+def reserve(
+    conn: Connection,
+    subject: BudgetSubject,
+    *,
+    turn_id: str,
+    usd: float,
+    tokens: int,
+    ttl_s: float,
+    now: datetime,
+) -> tuple[str | None, list[BudgetUse]]:
+    """Reserve `usd` and `tokens` against every covering limit, or refuse.
+
+    The check and the reservation are one transaction, serialised per organisation (an
+    advisory lock on PostgreSQL; SQLite serialises writers), so turns running at once
+    cannot overspend together. Returns the reservation id (None: refused) and the uses.
+    """
+    if conn.dialect.name == "postgresql":
+        conn.execute(
+            text("SELECT pg_advisory_xact_lock(hashtext(:org))"),
+            {"org": f"turnkit-budget:{subject.organisation}"},
+        )
+    # The turn's previous call is in the rollup by now: its reservation goes.
+    conn.execute(delete(reservations).where(reservations.c.turn_id == turn_id))
+    found = uses(conn, subject, now)
+    if not all(use.fits(usd, tokens) for use in found):
+        return None, found
+    reservation_id = f"res_{uuid7()}"
+    conn.execute(
+        reservations.insert().values(
+            reservation_id=reservation_id,
+            turn_id=turn_id,
+            organisation=subject.organisation,
+            department=subject.department,
+            principal=subject.principal,
+            session_id=subject.session_id,
+            usd=usd,
+            tokens=tokens,
+            expires_at=now + timedelta(seconds=ttl_s),
+        )
+    )
+    return reservation_id, found
+
+
+def release(conn: Connection, turn_id: str) -> None:
+    """Drop a turn's reservation (its calls' usage is in the rollup now)."""
+    conn.execute(delete(reservations).where(reservations.c.turn_id == turn_id))
+
+
+def _covering(conn: Connection, subject: BudgetSubject) -> list[BudgetLimit]:
+    members = [
+        and_(budget_limits.c.scope == scope, budget_limits.c.key == key)
+        for scope in SCOPES
+        if (key := subject.key(scope)) is not None
+    ]
+    query = select(budget_limits).where(
+        budget_limits.c.organisation == subject.organisation, _any(members)
+    )
+    return [_limit(row) for row in conn.execute(query)]
+
+
+def _use(conn: Connection, limit: BudgetLimit, now: datetime) -> BudgetUse:
+    start = window_start(limit.period, now)
+    org = func.coalesce(turns.c.organisation, DEFAULT_ORGANISATION)
+    member = {
+        "organisation": org,
+        "department": func.coalesce(turns.c.department, DEFAULT_DEPARTMENT),
+        "principal": turns.c.principal,
+        "session": turns.c.session_id,
+    }[limit.scope]
+    spent_q = (
+        select(
+            func.coalesce(func.sum(usage.c.cost_usd), 0.0),
+            func.coalesce(func.sum(usage.c.input_tokens + usage.c.output_tokens), 0),
+        )
+        .select_from(usage.join(turns, turns.c.turn_id == usage.c.turn_id))
+        .where(org == limit.organisation, member == limit.key)
+    )
+    if start is not None:
+        spent_q = spent_q.where(turns.c.created_at >= start)
+    spent_usd, spent_tokens = conn.execute(spent_q).one()
+    held = {
+        "organisation": reservations.c.organisation,
+        "department": reservations.c.department,
+        "principal": reservations.c.principal,
+        "session": reservations.c.session_id,
+    }[limit.scope]
+    held_usd, held_tokens = conn.execute(
+        select(
+            func.coalesce(func.sum(reservations.c.usd), 0.0),
+            func.coalesce(func.sum(reservations.c.tokens), 0),
+        ).where(
+            reservations.c.organisation == limit.organisation,
+            held == limit.key,
+            reservations.c.expires_at > now,
+        )
+    ).one()
+    return BudgetUse(
+        limit=limit,
+        spent_usd=float(spent_usd),
+        spent_tokens=int(spent_tokens),
+        reserved_usd=float(held_usd),
+        reserved_tokens=int(held_tokens),
+    )
+
+
+def _any(clauses: list[ColumnElement[bool]]) -> ColumnElement[bool]:
+    return or_(*clauses)
+
+
+def _limit(row: Any) -> BudgetLimit:
+    return BudgetLimit(
+        scope=cast(BudgetScope, row.scope),
+        organisation=row.organisation,
+        key=row.key,
+        period=cast(BudgetPeriod, row.period),
+        usd=row.usd,
+        tokens=row.tokens,
+    )

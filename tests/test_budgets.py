@@ -1,0 +1,283 @@
+"""Budgets inside a turn: a call that would cross a limit does not start; the turn pauses.
+
+`awaiting_budget` is a pause like an approval (durable event, no task, no lease). The same
+turn resumes when an administrator raises the limit — here from another OS process — or
+when the period rolls over; cancel works as for any pause. Two processes reserving against
+one PostgreSQL limit at once cannot overspend it together.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import os
+import sys
+import textwrap
+import time
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import POSTGRES_URL, require_service
+from tests.helpers import add
+from turnkit import Agent, RuntimeConfig, SessionRuntime
+from turnkit.budgets import BudgetLimit, BudgetSubject
+from turnkit.clock import SystemClock
+from turnkit.errors import InvalidInputError
+from turnkit.events import (
+    BudgetPausedEvent,
+    DoneEvent,
+    MessageCompleteEvent,
+    StreamEvent,
+    ToolCompletedEvent,
+)
+from turnkit.models import Usage
+from turnkit.runtime.worker import Worker
+from turnkit.stages._naming import NAMING_PROMPT
+from turnkit.testing import ModelStep, ScriptedModel, call, collect_events
+
+ROOT = Path(__file__).resolve().parents[1]
+ANN = "ann"
+
+
+def _config(url: str, **overrides: object) -> RuntimeConfig:
+    return RuntimeConfig(
+        database_url=url,
+        budgets="enforce",
+        budget_reserve_tokens=50,
+        **overrides,  # type: ignore[arg-type]
+    )
+
+
+def _spending_model() -> ScriptedModel:
+    """A tool call that costs 700 tokens, then the answer."""
+    first = dataclasses.replace(
+        ModelStep.tool_call_reply(call("add", a=2, b=3)),
+        usage=Usage(input_tokens=600, output_tokens=100, cost_usd=0.007),
+    )
+    return ScriptedModel([first, ModelStep.text_reply("It is 5.")])
+
+
+def _limit(tokens: int, period: str = "month") -> BudgetLimit:
+    return BudgetLimit(scope="principal", key=ANN, tokens=tokens, period=period)  # type: ignore[arg-type]
+
+
+async def _paused_turn(runtime: SessionRuntime) -> list[StreamEvent]:
+    """Run a turn whose second call does not fit an 800-token limit."""
+    await runtime.set_budget_limit(_limit(800))
+    events = await collect_events(runtime.execute_message("s1", "add 2 and 3", principal=ANN))
+    assert isinstance(events[-1], BudgetPausedEvent), [e.type for e in events]
+    return events
+
+
+async def _drive_to_done(runtime: SessionRuntime, turn_id: str) -> list[StreamEvent]:
+    stop = asyncio.Event()
+    working = asyncio.create_task(Worker(runtime, poll_interval_s=0.02).run(stop))
+    try:
+        async with asyncio.timeout(20):
+            while (await runtime.turn(turn_id)).status == "running":
+                await asyncio.sleep(0.05)
+    finally:
+        stop.set()
+        await working
+    return [e async for e in runtime.events(turn_id)]
+
+
+async def test_a_call_that_would_cross_the_limit_pauses_and_resumes_in_another_process(
+    tmp_path: Path,
+) -> None:
+    url = f"sqlite:///{tmp_path / 'budget.db'}"
+    model = _spending_model()
+    async with SessionRuntime(
+        agent=Agent(model=model, tools=[add]), config=_config(url, run_in_process=False)
+    ) as runtime:
+        events = await _paused_turn(runtime)
+        paused = events[-1]
+        assert isinstance(paused, BudgetPausedEvent)
+        assert (paused.scope, paused.key, paused.period) == ("principal", ANN, "month")
+        assert "700 of 800 tokens" in paused.reason
+        # The tool call ran; the call after it never started.
+        assert [e.result.output for e in events if isinstance(e, ToolCompletedEvent)] == [5]
+        assert len(model.calls) == 1
+        record = await runtime.turn(paused.turn_id)
+        assert record.status == "awaiting_budget"
+        assert record.lease_owner is None  # a pause holds no process
+        with pytest.raises(InvalidInputError, match="resumes by itself"):
+            await runtime.resume(paused.turn_id, paused.request_id, None)  # type: ignore[arg-type]
+        assert await runtime.resume_budget_pauses() == []  # nothing changed: still short
+
+        # An administrator raises the limit from another process.
+        script = textwrap.dedent(
+            f"""
+            import asyncio
+            from turnkit import Agent, RuntimeConfig, SessionRuntime
+            from turnkit.budgets import BudgetLimit
+            from turnkit.testing import ScriptedModel
+
+            async def main():
+                config = RuntimeConfig(database_url={url!r}, budgets="enforce",
+                                       run_in_process=False)
+                agent = Agent(model=ScriptedModel([]))  # this process drives no turn
+                async with SessionRuntime(agent=agent, config=config) as admin:
+                    await admin.set_budget_limit(
+                        BudgetLimit(scope="principal", key={ANN!r}, tokens=100_000))
+
+            asyncio.run(main())
+            """
+        )
+        admin = await asyncio.create_subprocess_exec(sys.executable, "-c", script, cwd=ROOT)
+        assert await asyncio.wait_for(admin.wait(), timeout=60) == 0
+        assert (await runtime.turn(paused.turn_id)).status == "running"
+
+        rest = await _drive_to_done(runtime, paused.turn_id)
+    done = rest[-1]
+    assert isinstance(done, DoneEvent)
+    assert done.status == "succeeded"
+    answers = [e for e in rest if isinstance(e, MessageCompleteEvent) and e.block.is_answer]
+    assert [a.block.text for a in answers] == ["It is 5."]
+    assert [e.seq for e in rest] == list(range(1, len(rest) + 1))  # one turn, no gaps
+    assert sum(isinstance(e, BudgetPausedEvent) for e in rest) == 1
+    assert len(model.calls) == 2  # nothing before the pause ran again
+
+
+async def test_a_budget_pause_ends_with_cancel(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'budget.db'}"
+    async with SessionRuntime(
+        agent=Agent(model=_spending_model(), tools=[add]), config=_config(url)
+    ) as runtime:
+        paused = (await _paused_turn(runtime))[-1]
+        await runtime.cancel(paused.turn_id)
+        assert (await runtime.turn(paused.turn_id)).status == "cancelled"
+        assert await runtime.resume_budget_pauses() == []
+
+
+async def test_a_new_period_resumes_the_turn(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'budget.db'}"
+    agent = Agent(model=_spending_model(), tools=[add])
+    async with SessionRuntime(agent=agent, config=_config(url)) as runtime:
+        await runtime.set_budget_limit(_limit(800, period="day"))
+        events = await collect_events(runtime.execute_message("s1", "add 2 and 3", principal=ANN))
+        paused = events[-1]
+        assert isinstance(paused, BudgetPausedEvent)
+    # The next day, a worker's sweep sees the daily limit's new period and drives the turn.
+    async with SessionRuntime(
+        agent=agent, config=_config(url, run_in_process=False), clock=_Tomorrow()
+    ) as later:
+        stop = asyncio.Event()
+        worker = Worker(later, poll_interval_s=0.02, sweep_interval_s=0.05)
+        working = asyncio.create_task(worker.run(stop))
+        try:
+            async with asyncio.timeout(20):
+                while (await later.turn(paused.turn_id)).status == "awaiting_budget":
+                    await asyncio.sleep(0.05)
+                while (await later.turn(paused.turn_id)).status == "running":
+                    await asyncio.sleep(0.05)
+        finally:
+            stop.set()
+            await working
+        rest = [e async for e in later.events(paused.turn_id)]
+    assert isinstance(rest[-1], DoneEvent)
+    assert rest[-1].status == "succeeded"
+
+
+async def test_naming_skips_when_the_budget_has_no_room(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'budget.db'}"
+    answer = dataclasses.replace(
+        ModelStep.text_reply("Hello."), usage=Usage(input_tokens=900, output_tokens=50)
+    )
+    namer = ScriptedModel([ModelStep.text_reply("A better name")], repeat_last=True)
+    agent = Agent(model=ScriptedModel([answer]), utility_model=namer)
+    async with SessionRuntime(agent=agent, config=_config(url)) as runtime:
+        await runtime.set_budget_limit(_limit(1_000))
+        events = await collect_events(
+            runtime.execute_message("s1", "Plan my trip to Lisbon", principal=ANN)
+        )
+        assert isinstance(events[-1], DoneEvent)
+        assert events[-1].status == "succeeded"  # naming never pauses a turn
+        assert [c for c in namer.calls if c.messages[0].content == NAMING_PROMPT] == []
+        session = await runtime.store.get_session("s1")  # type: ignore[arg-type]
+        assert session is not None
+        assert session.title == "Plan my trip to Lisbon"  # the first name stands
+
+
+class _Tomorrow(SystemClock):
+    """The system clock, a day ahead."""
+
+    def now(self) -> datetime:
+        return super().now() + timedelta(days=1)
+
+
+_RACER = textwrap.dedent(
+    """
+    import asyncio, json, sys, time
+    from turnkit.budgets import BudgetSubject
+    from turnkit.store.sql import SqlStore
+
+    async def main(url, schema, start, keys):
+        async with SqlStore.from_url(url, schema=schema) as store:
+            while time.time() < start:
+                await asyncio.sleep(0.005)
+            won = []
+            for key in keys:
+                subject = BudgetSubject(organisation="default", department="general",
+                                        principal=key, session_id="s-" + key)
+                reservation, _ = await store.reserve_budget(
+                    subject, turn_id="t-" + key + "-" + sys.argv[5], usd=0.0, tokens=600,
+                    ttl_s=600)
+                if reservation is not None:
+                    won.append(key)
+            print(json.dumps(won))
+
+    asyncio.run(main(sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4].split(",")))
+    """
+)
+
+
+async def test_two_processes_racing_for_one_limit_cannot_overspend() -> None:
+    require_service("PostgreSQL", "127.0.0.1", 5432)
+    import asyncpg
+
+    from turnkit.store.sql import SqlStore
+
+    schema = f"tk_budget_{os.getpid()}_{int(time.time() * 1000) % 10**8}"
+    keys = [f"p{i}" for i in range(40)]
+    try:
+        async with SqlStore.from_url(POSTGRES_URL, schema=schema) as store:
+            for key in keys:  # room for one 600-token call each, not two
+                await store.set_budget_limit(_limit(1_000).model_copy(update={"key": key}))
+        start = time.time() + 2.0
+        racers = [
+            await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-c",
+                _RACER,
+                POSTGRES_URL,
+                schema,
+                str(start),
+                ",".join(keys),
+                n,
+                cwd=ROOT,
+                stdout=asyncio.subprocess.PIPE,
+            )
+            for n in ("a", "b")
+        ]
+        outputs = [await asyncio.wait_for(r.communicate(), timeout=120) for r in racers]
+        assert [r.returncode for r in racers] == [0, 0]
+        won = [json.loads(out) for out, _ in outputs]
+        both = set(won[0]) & set(won[1])
+        assert both == set(), f"both processes reserved past the limit for {sorted(both)}"
+        assert set(won[0]) | set(won[1]) == set(keys)  # and every key was spent once
+        async with SqlStore.from_url(POSTGRES_URL, schema=schema) as store:
+            subject = BudgetSubject(
+                organisation="default", department="general", principal="p0", session_id="x"
+            )
+            [use] = await store.budget_uses(subject)
+            assert use.reserved_tokens == 600
+    finally:
+        conn = await asyncpg.connect(POSTGRES_URL)
+        try:
+            await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        finally:
+            await conn.close()
