@@ -174,3 +174,34 @@ async def test_a_message_starting_with_a_slug_picks_the_skill(tmp_path: Path) ->
     plans = [r.payloads.plan_generation for r in rows if r.payloads.plan_generation]
     assert plans[0].skill == "haiku"
     assert other[-1].status == "succeeded"  # type: ignore[union-attr]
+
+
+async def test_agent_skills_limit_which_skills_a_slug_may_pick(tmp_path: Path) -> None:
+    model = ScriptedModel([ModelStep.text_reply("Done.")], repeat_last=True)
+    haiku = Skill(
+        slug="haiku", name="Haiku", description="Answer in a haiku.",
+        instructions="Answer in one haiku: 5, 7 and 5 syllables.",
+    )  # fmt: skip
+    limerick = Skill(
+        slug="limerick", name="Limerick", description="Answer in a limerick.",
+        instructions="Answer in one limerick: five lines, AABBA.",
+    )  # fmt: skip
+    # By slug for the app's skill, by reference for a builtin one.
+    agent = Agent(model=model, skills=["haiku", "builtin:brainstorming"])
+    messages = ["/haiku spring", "/limerick spring", "/brainstorming a report",
+                "/writing-plans a report"]  # fmt: skip
+    picked = []
+    async with _runtime(tmp_path, agent, skills=[haiku, limerick]) as runtime:
+        for index, message in enumerate(messages):
+            done = (await collect_events(runtime.execute_message(f"s{index}", message)))[-1]
+            assert isinstance(done, DoneEvent)
+            assert done.status == "succeeded"
+            rows = await runtime.audit(done.turn_id)
+            plans = [r.payloads.plan_generation for r in rows if r.payloads.plan_generation]
+            picked.append(plans[0].skill)
+    assert picked == ["haiku", None, "builtin:brainstorming", None]
+    notes = [_system_notes(request) for request in model.calls]
+    assert "5, 7 and 5 syllables" in notes[0]
+    assert "AABBA" not in notes[1]  # the app offers it, the agent does not name it
+    assert "Work out what the person actually needs" in notes[2]
+    assert "Turn the spec into a plan" not in notes[3]  # a builtin the agent does not name

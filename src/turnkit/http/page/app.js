@@ -433,7 +433,7 @@ function metaOf(turn) {
   if (turn.connection === "lost" && !turn.done) parts.push("connection lost");
   const cost = turn.cost;
   if (cost) {
-    parts.push(`$${cost.costUsd.toFixed(4)}`);
+    parts.push(usd(cost.costUsd));
     parts.push(`${cost.inputTokens.toLocaleString()} in / ${cost.outputTokens.toLocaleString()} out tokens`);
     if (cost.durationMs !== null) parts.push(duration(cost.durationMs));
   }
@@ -478,6 +478,17 @@ function argumentsOf(block) {
     .map(([name, value]) => `${name}=${JSON.stringify(value)}`)
     .join(", ");
   return text.length > 90 ? `${text.slice(0, 89)}…` : text;
+}
+
+// A cost in dollars, as the CLI prints it: cents from $1 up, three significant digits
+// below, `$0` for none.
+export function usd(cost) {
+  if (!(cost > 0)) return "$0";
+  if (cost >= 1) {
+    return "$" + cost.toLocaleString("en-US", { minimumFractionDigits: 2, maximumFractionDigits: 2 });
+  }
+  const decimals = Math.min(100, 2 - Math.floor(Math.log10(cost)));
+  return "$" + cost.toFixed(decimals).replace(/0+$/, "").replace(/\.$/, "");
 }
 
 function duration(ms) {

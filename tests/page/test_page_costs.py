@@ -1,0 +1,38 @@
+"""The chat page prints a turn's cost with the CLI's rule (`turnkit.cli._usd`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import Page, expect
+
+from tests.page.harness import serve_page
+from tests.page.test_chat_page import priced, send
+from turnkit import Agent, cli
+from turnkit.testing import ModelStep, ScriptedModel
+
+pytestmark = pytest.mark.slow
+
+COSTS = [0.0, 0.00004, 0.0000412345, 0.0021, 0.0123, 0.5, 0.9999, 1.0, 1.234, 1234.5, 1e-9]
+
+
+def test_the_page_prints_costs_as_the_cli_does(page: Page, tmp_path: Path) -> None:
+    model = ScriptedModel([priced(ModelStep.text_reply("Cheap."), 0.00004)])
+    with serve_page(tmp_path, Agent(model=model)) as app:
+        page.goto(app.url)
+        expect(page.locator("#empty")).to_be_visible()
+        shown = page.evaluate(
+            """async (costs) => {
+                const { usd } = await import(new URL("page/app.js", document.baseURI).href);
+                return costs.map(usd);
+            }""",
+            COSTS,
+        )
+        assert shown == [cli._usd(cost) for cost in COSTS]
+
+        send(page, "Something cheap?")  # a cheap turn shows its cost, not $0.0000
+        turn = page.locator("article.turn")
+        expect(turn).to_have_attribute("data-status", "succeeded")
+        expect(turn.locator(".meta")).to_contain_text("$0.00004 ·")
+    model.assert_complete()
