@@ -81,7 +81,7 @@ async def test_a_served_model_can_be_picked_per_message(
         ({"content": "hi", "agent": "nobody"}, 404, "agent-not-found"),
         ({"content": "hi", "settings": {"temperature": 9}}, 422, "invalid-input"),
         ({"content": "hi", "settings": {"temprature": 0.1}}, 422, "invalid-input"),
-        ({"content": "hi", "model": "not-served"}, 422, "invalid-input"),
+        ({"content": "hi", "model": "not-served"}, 403, "model-not-allowed"),
     ],
 )
 async def test_bad_agent_or_settings_answer_a_problem_and_write_nothing(

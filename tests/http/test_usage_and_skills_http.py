@@ -71,8 +71,14 @@ async def test_usage_is_grouped_and_only_the_callers(
         f"{API}/usage", params={"since": "2999-01-01T00:00:00Z"}, headers={"x-user": "alice"}
     )
     assert future.json()["lines"] == []
-    bad = await http.get(f"{API}/usage?by=department", headers={"x-user": "alice"})
+    bad = await http.get(f"{API}/usage?by=team", headers={"x-user": "alice"})
     assert bad.status_code == 422
+    # Her own usage by department: one line, the default department's.
+    mine = (await http.get(f"{API}/usage?by=department", headers={"x-user": "alice"})).json()
+    assert [(line["key"], line["turns"]) for line in mine["lines"]] == [("general", 3)]
+    # The organisation's usage is for admins only.
+    refused = await http.get(f"{API}/usage?scope=organisation", headers={"x-user": "alice"})
+    assert (refused.status_code, refused.json()["code"]) == (403, "admission-refused")
 
 
 async def test_skills_route_lists_what_a_slash_menu_offers(

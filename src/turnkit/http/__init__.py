@@ -15,11 +15,13 @@ from fastapi import APIRouter, Depends, Header, Path, Query, Response
 from sse_starlette import EventSourceResponse
 
 from turnkit.errors import (
+    ConfigurationError,
     InvalidInputError,
     NotFoundError,
     SessionNotFoundError,
     TurnNotFoundError,
 )
+from turnkit.http._admin import add_budget_routes, add_callback_routes, require_admin
 from turnkit.http.models import (
     AnswerBody,
     ApprovalBody,
@@ -34,6 +36,7 @@ from turnkit.http.models import (
     SkillOut,
     TurnOut,
     TurnStatusOut,
+    UsageGroup,
     UsageLineOut,
     UsageOut,
     WorkspaceFileOut,
@@ -53,6 +56,7 @@ from turnkit.runtime._runner import turn_history
 from turnkit.runtime.deps import NO_DEPS
 from turnkit.runtime.reader import check_cursor, parse_cursor
 from turnkit.store import SessionRecord, TurnRecord
+from turnkit.tenancy import Principal as TenantPrincipal
 
 __all__ = (
     "TURN_ID_HEADER",
@@ -64,7 +68,9 @@ __all__ = (
 TURN_ID_HEADER = "X-Turn-Id"
 _NO_PING_S = 10**9
 Principal = str | None
-AuthDependency = Callable[..., Principal | Awaitable[Principal]]
+"""A caller's id as the routes compare it (None: anonymous)."""
+AuthResult = TenantPrincipal | str | None
+AuthDependency = Callable[..., AuthResult | Awaitable[AuthResult]]
 
 _PROBLEMS: dict[int | str, dict[str, Any]] = {
     status: {"model": Problem, "content": {MEDIA_TYPE: {}}}
@@ -80,8 +86,25 @@ SessionPath = Annotated[
 ]
 
 
-async def _anonymous() -> Principal:
+async def _anonymous() -> AuthResult:
     return None
+
+
+def _caller_dependencies(
+    auth: AuthDependency,
+) -> tuple[Callable[..., Awaitable[TenantPrincipal | None]], Callable[..., Awaitable[Principal]]]:
+    """Dependencies for the whole principal and for its id, over one call of `auth`."""
+
+    async def who(found: Annotated[Any, Depends(auth)]) -> TenantPrincipal | None:
+        try:
+            return TenantPrincipal.of(found)
+        except TypeError as exc:
+            raise ConfigurationError(f"`auth` returned {found!r}: {exc}") from exc
+
+    async def principal_id(caller: Annotated[TenantPrincipal | None, Depends(who)]) -> Principal:
+        return caller.id if caller is not None else None
+
+    return who, principal_id
 
 
 async def _no_deps() -> Any:
@@ -99,16 +122,21 @@ def create_turnkit_router(  # noqa: C901 - one closure per route keeps the route
 ) -> APIRouter:
     """Routes for `runtime` under `prefix`.
 
-    `auth` is a FastAPI dependency returning the caller's principal (any string) or None
-    for anonymous use. Sessions belong to the principal that created them; a session or
-    turn of another principal answers 404, exactly like one that does not exist.
+    `auth` is a FastAPI dependency returning the caller: a `turnkit.Principal`
+    (organisation, department, roles), a bare principal id, or None for anonymous use.
+    Sessions belong to the principal that created them; a session or turn of another
+    principal answers 404, exactly like one that does not exist. Every message passes the
+    runtime's admission chain (a refusal is a 403 problem naming the check); the budget
+    routes need the `admin` role; callbacks authenticate with their turn's token instead.
 
     `deps` is a FastAPI dependency returning the app's dependencies for the turn a
     request starts or resumes (`ToolContext.deps`); where the turn is driven elsewhere
     (a worker, after a restart) the runtime's own `deps` factory builds them.
     """
     router = APIRouter(prefix=prefix, tags=["turnkit"], responses=_PROBLEMS)
-    Caller = Annotated[Principal, Depends(auth)]
+    who, principal_id = _caller_dependencies(auth)
+    Caller = Annotated[Principal, Depends(principal_id)]
+    Who = Annotated[TenantPrincipal | None, Depends(who)]
     RequestDeps = Annotated[Any, Depends(deps or _no_deps)]
 
     def owned(record: SessionRecord | None, session_id: str, principal: Principal) -> SessionRecord:
@@ -163,31 +191,24 @@ def create_turnkit_router(  # noqa: C901 - one closure per route keeps the route
         session_id: SessionPath,
         body: ExecuteBody,
         principal: Caller,
+        caller: Who,
         request_deps: RequestDeps,
     ) -> Response:
         existing = await runtime.store.get_session(SessionId(session_id))
         if existing is not None:
             owned(existing, session_id, principal)
-        agent = await runtime.agents.get(body.agent) if body.agent else runtime.agent
-        model = body.model
-        if model is not None and model == _model_name(agent.model):
-            model = None  # the agent's own model: no override to pin
-        allowed = [*runtime.config.allowed_models, *runtime.models]
-        if model is not None and model not in allowed:
-            raise InvalidInputError(
-                f"model {model!r} is not allowed here (allowed: {allowed})",
-                model=model,
-            )
+        # The admission chain (inside `start`) settles the agent, the model and the budget.
         submission = await runtime.start(
             session_id,
             body.content,
-            agent=agent.name,
-            model=model,
+            agent=body.agent,
+            model=body.model,
             settings=body.settings,
             request_id=body.request_id,
             delivery=cast(Any, body.delivery),
             effort=body.effort,
-            principal=principal,
+            principal=caller,
+            documents=body.documents,
             deps=request_deps,
         )
         if submission.guided:  # joined a running turn: stream it from here on
@@ -305,17 +326,38 @@ def create_turnkit_router(  # noqa: C901 - one closure per route keeps the route
             for s in await runtime.skills(principal)
         ]
 
-    @router.get("/usage", response_model=UsageOut, summary="Your usage by session or day")
+    @router.get("/usage", response_model=UsageOut, summary="Usage by session, principal, …")
     async def usage_report(
-        principal: Caller,
-        by: Annotated[Literal["session", "day"], Query(description="Group by.")] = "day",
+        caller: Who,
+        by: Annotated[UsageGroup, Query(description="Group by.")] = "day",
+        scope: Annotated[
+            Literal["self", "organisation"],
+            Query(description="Your own usage, or (admins) your organisation's."),
+        ] = "self",
         since: Annotated[datetime | None, Query(description="From (inclusive).")] = None,
         until: Annotated[datetime | None, Query(description="To (exclusive).")] = None,
     ) -> UsageOut:
-        lines = await runtime.store.usage_report(
-            by=by, principal=principal, anonymous=principal is None, since=since, until=until
+        if scope == "organisation":
+            admin = require_admin(caller)
+            lines = await runtime.store.usage_report(
+                by=by,
+                principal=None,
+                anonymous=False,
+                since=since,
+                until=until,
+                organisation=admin.organisation,
+            )
+        else:
+            pid = caller.id if caller is not None else None
+            lines = await runtime.store.usage_report(
+                by=by, principal=pid, anonymous=pid is None, since=since, until=until
+            )
+        return UsageOut(
+            by=by, scope=scope, lines=[UsageLineOut.model_validate(line) for line in lines]
         )
-        return UsageOut(by=by, lines=[UsageLineOut.model_validate(line) for line in lines])
+
+    add_budget_routes(router, runtime, who)
+    add_callback_routes(router, runtime)
 
     @router.get(
         "/sessions/{session_id}/pending",
@@ -433,7 +475,3 @@ def create_health_router(runtime: SessionRuntime) -> APIRouter:
         )
 
     return router
-
-
-def _model_name(model: object) -> str | None:
-    return model if isinstance(model, str) else getattr(model, "model", None)

@@ -16,6 +16,12 @@ from turnkit.models import ModelSettings
 from turnkit.states import TurnStatus
 
 __all__ = (
+    "BudgetLimitBody",
+    "BudgetListOut",
+    "BudgetOut",
+    "CallbackBody",
+    "CallbackOut",
+    "UsageGroup",
     "SkillOut",
     "UsageLineOut",
     "UsageOut",
@@ -61,6 +67,12 @@ class ExecuteBody(_Camel):
     settings: ModelSettings | None = Field(
         default=None,
         description="Sampling settings for this message, merged over the agent's.",
+    )
+    documents: list[str] = Field(
+        default_factory=list,
+        max_length=32,
+        description="Ids of attached documents; each must have an indexed copy (one still "
+        "being read is fine), by the app's document resolver.",
     )
 
 
@@ -117,11 +129,72 @@ class UsageLineOut(_Camel):
     cost_usd: float
 
 
+UsageGroup = Literal["session", "principal", "department", "day"]
+
+
 class UsageOut(_Camel):
     """Body of `GET /usage`."""
 
-    by: Literal["session", "day"]
+    by: UsageGroup
+    scope: Literal["self", "organisation"] = "self"
     lines: list[UsageLineOut]
+
+
+class BudgetLimitBody(_Camel):
+    """Body of `PUT /budgets`: a limit in the caller's organisation."""
+
+    scope: Literal["organisation", "department", "principal", "session"]
+    key: str = Field(
+        default="",
+        max_length=256,
+        description="The department, principal id or session id (empty for the organisation).",
+    )
+    period: Literal["day", "month", "total"] = "month"
+    usd: float | None = Field(default=None, ge=0)
+    tokens: int | None = Field(default=None, ge=0)
+
+
+class BudgetOut(_Camel):
+    """A limit and what its current period has spent and holds reserved."""
+
+    scope: str
+    organisation: str
+    key: str
+    period: str
+    usd: float | None
+    tokens: int | None
+    spent_usd: float
+    spent_tokens: int
+    reserved_usd: float
+    reserved_tokens: int
+
+
+class BudgetListOut(_Camel):
+    """Body of `GET /budgets`."""
+
+    budgets: list[BudgetOut]
+    resumed: list[str] = Field(
+        default_factory=list, description="Turns a raised limit let resume (after a PUT)."
+    )
+
+
+class CallbackBody(_Camel):
+    """Body of `POST /turns/{id}/callback`: a job's progress, from the process running it."""
+
+    job_id: str = Field(min_length=1, max_length=128)
+    tool_call_id: str = Field(min_length=1, max_length=128)
+    progress: float | None = Field(default=None, ge=0.0, le=1.0)
+    message: str | None = Field(default=None, max_length=2_000)
+
+
+class CallbackOut(_Camel):
+    """What a callback reached: its turn and who the turn acts for (from the turn)."""
+
+    turn_id: str
+    session_id: str
+    principal: str | None
+    organisation: str
+    department: str | None
 
 
 class PendingListOut(_Camel):

@@ -10,6 +10,8 @@ import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any, Self
 
+from pydantic import ValidationError
+
 from turnkit.agent import Agent, Effort
 from turnkit.audit import AuditRow
 from turnkit.blocks import TextPart
@@ -23,8 +25,15 @@ from turnkit.errors import (
     PauseNotFoundError,
     SessionNotFoundError,
     TurnNotFoundError,
+    TurnNotRunningError,
 )
-from turnkit.events import DurableEvent, EphemeralEvent, StreamEvent
+from turnkit.events import (
+    DurableEvent,
+    EphemeralEvent,
+    JobProgressEvent,
+    StreamEvent,
+    encode_event,
+)
 from turnkit.graph import TurnGraph, compile_turn_graph, open_checkpointer
 from turnkit.ids import SessionId, TurnId, new_turn_id, uuid7
 from turnkit.models import ModelClient, ModelSettings
@@ -47,6 +56,7 @@ from turnkit.runtime._validate import (
 )
 from turnkit.runtime.admission import Admission, AdmissionCheck, DocumentResolver
 from turnkit.runtime.agents import AgentCatalog, ToolAccess, allowed_tools
+from turnkit.runtime.callbacks import CallbackScope, callback_token, check_callback_token
 from turnkit.runtime.deps import NO_DEPS, DepsFactory
 from turnkit.runtime.reader import TurnReader
 from turnkit.skills import Skill, SkillSource, skills_for
@@ -432,14 +442,15 @@ class SessionRuntime:
         self._family(agent.model)
         return agent
 
-    async def set_budget_limit(self, limit: BudgetLimit) -> None:
+    async def set_budget_limit(self, limit: BudgetLimit) -> list[str]:
         """Create or replace a budget limit (from any process: limits live in the Store).
 
-        Turns paused `awaiting_budget` that the new limit leaves room for resume.
+        Turns paused `awaiting_budget` that the new limit leaves room for resume; returns
+        their ids.
         """
         await self.open()
         await self.store.set_budget_limit(limit)
-        await self.resume_budget_pauses()
+        return await self.resume_budget_pauses(limit.organisation)
 
     async def delete_budget_limit(
         self,
@@ -452,6 +463,73 @@ class SessionRuntime:
         """Remove a budget limit; whether there was one."""
         await self.open()
         return await self.store.delete_budget_limit(scope, organisation, key, period)
+
+    def callback_token(self, turn_id: str) -> str:
+        """The token work in another process reports back to `turn_id` with.
+
+        Tools get it as `ToolContext.callback_token`; any process with the same
+        `RuntimeConfig.callback_secret` accepts it.
+        """
+        if self.config.callback_secret is None:
+            raise ConfigurationError("callback tokens need RuntimeConfig(callback_secret=...)")
+        return callback_token(self.config.callback_secret, turn_id)
+
+    async def verify_callback(self, turn_id: str, token: str) -> CallbackScope:
+        """Check a callback's token and that its turn is running; who it acts for.
+
+        Raises:
+            CallbackTokenError: not this turn's token (or no `callback_secret` here).
+            TurnNotFoundError: no such turn.
+            TurnNotRunningError: the turn finished, failed, was cancelled or is paused.
+        """
+        check_callback_token(self.config.callback_secret, turn_id, token)
+        record = await self.turn(turn_id)
+        if record.status != "running":
+            raise TurnNotRunningError(
+                f"turn {turn_id!r} is {record.status}: callbacks reach only running turns",
+                turn_id=turn_id,
+                status=record.status,
+            )
+        pinned = Pinned.of(record)
+        return CallbackScope(
+            turn_id=record.turn_id,
+            session_id=record.session_id,
+            principal=pinned.caller,
+            organisation=pinned.organisation,
+            department=pinned.department,
+        )
+
+    async def report_job_progress(
+        self,
+        turn_id: str,
+        token: str,
+        *,
+        job_id: str,
+        tool_call_id: str,
+        progress: float | None = None,
+        message: str | None = None,
+    ) -> CallbackScope:
+        """A callback: publish a `job.progress` event to the turn's live readers.
+
+        The event is ephemeral (the turn's driver alone writes its durable log). Raises
+        as `verify_callback` does, and `InvalidInputError` for a progress outside 0–1.
+        """
+        scope = await self.verify_callback(turn_id, token)
+        try:
+            event = JobProgressEvent(
+                session_id=scope.session_id,
+                turn_id=scope.turn_id,
+                stage_id="tool-loop",
+                ts=self.clock.now(),
+                job_id=job_id,
+                tool_call_id=tool_call_id,
+                progress=progress,
+                message=message,
+            )
+        except ValidationError as exc:
+            raise InvalidInputError(f"a bad job progress report: {exc.errors()[0]['msg']}") from exc
+        await self.replay.publish(TurnId(scope.turn_id), [(None, encode_event(event), False)])
+        return scope
 
     async def resume_budget_pauses(self, organisation: str | None = None) -> list[str]:
         """Resume the turns paused `awaiting_budget` whose next call now fits; their ids.

@@ -20,6 +20,7 @@ from turnkit.projection import project
 from turnkit.runtime._history import TurnHistory
 from turnkit.runtime._transcript import session_transcript
 from turnkit.runtime.agents import AgentCatalog
+from turnkit.runtime.callbacks import callback_token
 from turnkit.runtime.deps import NO_DEPS, DepsFactory, DepsScope, build_deps
 from turnkit.runtime.driver import DriveSetup, Sink, TurnDriver
 from turnkit.skills import SkillSource, skills_for
@@ -294,6 +295,11 @@ class TurnRunner:
                 plugins=plugins,
                 interrupt=pause_here,
                 budget=gate,
+                callback_token=(
+                    callback_token(self.config.callback_secret, record.turn_id)
+                    if self.config.callback_secret
+                    else None
+                ),
             )
 
         transcript, previous = await session_transcript(self.store, agent, record)

@@ -209,6 +209,7 @@ async def _reconcile(
             idempotency_key=key,
             principal=ctx.principal,
             deps=ctx.deps,
+            callback_token=ctx.callback_token,
         )
         try:
             applied, output = await hook(args, tool_ctx)
@@ -304,6 +305,7 @@ async def _invoke(
         idempotency_key=idempotency_key(rec.session_id, rec.turn_id, part.tool_call_id),
         principal=ctx.principal,
         deps=ctx.deps,
+        callback_token=ctx.callback_token,
         _progress=progress,
         _pivot=pivot,
     )

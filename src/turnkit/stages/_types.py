@@ -87,6 +87,8 @@ class StageContext:
     """The skills a message may pick with `/slug` (the app's the caller may see, builtin)."""
     interrupt: Callable[[JsonValue], JsonValue] = _no_pauses
     """Pause the turn here; returns the answer when the turn is resumed (LangGraph)."""
+    callback_token: str | None = None
+    """The turn's callback token, for tools that hand work to another process."""
     budget: BudgetCheck | None = None
     """Budgets enforced: every model call reserves first (None: budgets are off)."""
     scratch: dict[str, object] = field(default_factory=dict[str, object])

@@ -582,6 +582,10 @@ class BudgetBook(Protocol):
         """Every limit (of one organisation when given)."""
         ...
 
+    async def budget_report(self, organisation: str | None = None) -> list[BudgetUse]:
+        """Every limit (of one organisation when given) with its current period's use."""
+        ...
+
     async def budget_uses(self, subject: BudgetSubject) -> list[BudgetUse]:
         """Each limit covering `subject`, with its period's spend and reservations."""
         ...

@@ -20,7 +20,7 @@ from turnkit.ids import uuid7
 from turnkit.store._schema import budget_limits, reservations, turns, usage
 from turnkit.tenancy import DEFAULT_DEPARTMENT, DEFAULT_ORGANISATION
 
-__all__ = ("delete_limit", "limits", "release", "reserve", "set_limit", "uses")
+__all__ = ("delete_limit", "limits", "release", "report", "reserve", "set_limit", "uses")
 
 
 def set_limit(conn: Connection, insert: Any, limit: BudgetLimit, now: datetime) -> None:
@@ -72,6 +72,11 @@ def limits(conn: Connection, organisation: str | None) -> list[BudgetLimit]:
 def uses(conn: Connection, subject: BudgetSubject, now: datetime) -> list[BudgetUse]:
     """Each limit covering `subject`, with what its period has spent and holds reserved."""
     return [_use(conn, limit, now) for limit in _covering(conn, subject)]
+
+
+def report(conn: Connection, organisation: str | None, now: datetime) -> list[BudgetUse]:
+    """Every limit (of one organisation when given) with its current period's use."""
+    return [_use(conn, limit, now) for limit in limits(conn, organisation)]
 
 
 def reserve(

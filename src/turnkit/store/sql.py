@@ -757,6 +757,10 @@ class SqlStore:
         """Every budget limit (of one organisation when given)."""
         return await self._tx(budgets_sql.limits, organisation, write=False)
 
+    async def budget_report(self, organisation: str | None = None) -> list[BudgetUse]:
+        """Every budget limit (of one organisation when given) with its period's use."""
+        return await self._tx(budgets_sql.report, organisation, self._clock.now(), write=False)
+
     async def budget_uses(self, subject: BudgetSubject) -> list[BudgetUse]:
         """Each limit covering `subject` with what its period has spent and holds reserved."""
         return await self._tx(budgets_sql.uses, subject, self._clock.now(), write=False)

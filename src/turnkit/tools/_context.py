@@ -37,6 +37,10 @@ class ToolContext(Generic[DepsT]):
             given with the message in this process, else built by the runtime's `deps`
             factory: after a pause, a restart or on a worker they are built again, never
             read back from the store. None when the app supplies none.
+        callback_token: A token naming only this turn, for work the tool hands to another
+            process (a job runner, a remote tool) to report back with
+            (`SessionRuntime.report_job_progress`, `POST /turns/{id}/callback`). None when
+            the runtime has no `callback_secret`.
     """
 
     session_id: SessionId
@@ -45,6 +49,7 @@ class ToolContext(Generic[DepsT]):
     idempotency_key: str
     principal: str | None = None
     deps: DepsT = None  # type: ignore[assignment]
+    callback_token: str | None = field(default=None, repr=False)
     _progress: Callable[[float | None, str | None], Awaitable[None]] = field(
         default=_ignore_progress, repr=False
     )
