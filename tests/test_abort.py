@@ -33,6 +33,12 @@ async def test_closing_the_generator_aborts_the_model_call(runtime_factory: Runt
     assert last.call is not None
     assert last.call.outcome == "user-aborted"
     assert last.identity.stage_id == "synthesize"
+    # Partial usage: the request's estimated size, and the text streamed before the cut
+    # ("Thinking about it", 17 characters: 5 tokens at four characters a token).
+    assert last.call.input_tokens > 0
+    assert last.call.output_tokens == 5
+    usage = await runtime.store.read_usage(turn_id)  # type: ignore[arg-type]
+    assert usage.output_tokens >= 5
     stored = [e async for e in runtime.events(turn_id)]
     assert isinstance(stored[-1], DoneEvent)
     assert stored[-1].status == "cancelled"

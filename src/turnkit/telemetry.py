@@ -48,6 +48,8 @@ class OpenCall:
     block_id: str = ""
     text: list[str] = field(default_factory=list[str])
     """The text streamed so far (what Stop keeps as an interrupted block)."""
+    prompt_tokens: int = 0
+    """An estimate of the request's size: an aborted call is billed this much input."""
 
 
 class Recorder:

@@ -60,6 +60,7 @@ from turnkit.journal import Journal
 from turnkit.otel import TurnTrace, attempt
 from turnkit.runtime._transcript import ended_transcript, opening_message
 from turnkit.stages import StageContext
+from turnkit.stages._budget import text_tokens
 from turnkit.stages._message_list import result_text
 from turnkit.stages._plugins import guard_input, on_events
 from turnkit.stages._types import Route, TranscriptMessage
@@ -418,6 +419,10 @@ class TurnDriver:
                     family=call.family,
                     rung=call.rung,
                     latency_ms=(time.perf_counter() - call.started) * 1000,
+                    # Partial: the provider reports no usage for a stream cut short, so the
+                    # request and the text streamed so far are estimated (budgets count them).
+                    input_tokens=call.prompt_tokens,
+                    output_tokens=text_tokens("".join(call.text)),
                     outcome="user-aborted",
                     error_code="user-aborted",
                 ),

@@ -21,7 +21,7 @@ from turnkit.pauses import PauseRequest
 from turnkit.stages._types import StageContext
 from turnkit.store import BudgetBook
 
-__all__ = ("BudgetGate", "estimate_tokens")
+__all__ = ("BudgetGate", "estimate_tokens", "prompt_tokens")
 
 _CHARS_PER_TOKEN: Final = 4
 _MESSAGE_OVERHEAD: Final = 8
@@ -29,14 +29,24 @@ _MAX_PAUSES_PER_CALL: Final = 64
 """A call re-checked after this many resumes that still cannot start fails the turn."""
 
 
-def estimate_tokens(request: ModelRequest, reserve_output: int) -> int:
-    """What a call may use: its prompt (about four characters a token) plus its output cap."""
+def prompt_tokens(request: ModelRequest) -> int:
+    """About how many tokens a request sends (four characters a token)."""
     prompt = sum(
         len(str(m.content)) + sum(len(c.arguments) for c in m.tool_calls) + _MESSAGE_OVERHEAD
         for m in request.messages
     )
     tools = sum(len(t.description) + len(str(t.parameters)) for t in request.tools)
-    return (prompt + tools) // _CHARS_PER_TOKEN + (request.output_cap() or reserve_output)
+    return (prompt + tools) // _CHARS_PER_TOKEN
+
+
+def text_tokens(text: str) -> int:
+    """About how many tokens `text` is (four characters a token, rounded up)."""
+    return -(-len(text) // _CHARS_PER_TOKEN)
+
+
+def estimate_tokens(request: ModelRequest, reserve_output: int) -> int:
+    """What a call may use: its prompt plus its output cap (else `reserve_output`)."""
+    return prompt_tokens(request) + (request.output_cap() or reserve_output)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -29,6 +29,7 @@ from turnkit.models import (
     closing_stream,
 )
 from turnkit.models.family import ModelFamily
+from turnkit.stages._budget import prompt_tokens
 from turnkit.stages._plugins import guard
 from turnkit.stages._types import StageContext
 from turnkit.telemetry import OpenCall
@@ -103,8 +104,17 @@ async def call_model(
     started = time.perf_counter()
     rung, model, provider = 0, family.model, family.provider
     last_tool_delta: dict[int, float] = {}
+    sent = prompt_tokens(request)  # what an aborted call is billed as input
     rec.open_call = OpenCall(
-        stage_id, family.name, model, provider, rung, started, block_id, _shown(asm, stream_text)
+        stage_id,
+        family.name,
+        model,
+        provider,
+        rung,
+        started,
+        block_id,
+        _shown(asm, stream_text),
+        prompt_tokens=sent,
     )
     chat = otel.chat(rec, stage_id, family.name, request)
 
@@ -153,6 +163,7 @@ async def call_model(
                             started,
                             block_id,
                             _shown(asm, stream_text),
+                            prompt_tokens=sent,
                         )
                     case RungFailed():
                         _audit_failed_rung(ctx, stage_id, family, chunk, attempts)
