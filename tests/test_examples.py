@@ -33,6 +33,18 @@ EXPECT = {
         "cited: stock_price https://quotes.example/ACME",
         "note sent: True",
     ],
+    "departments_budget.py": [
+        "refused: budget-policy-missing",
+        "refused: agent-not-found",
+        "refused: model-not-allowed",
+        "sessions written: 0",
+        "rob (succeeded): The assay looks stable.",
+        "paused: department sales (month)",
+        "status: awaiting_budget",
+        "resumed: True",
+        "ann (succeeded): North has 12 deals worth 340,000 EUR.",
+        "usage sales: 1 turn(s)",
+    ],
     "two_agents.py": [
         "[general v",
         "] Hello! Ask me anything.",

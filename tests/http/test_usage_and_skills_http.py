@@ -67,6 +67,11 @@ async def test_usage_is_grouped_and_only_the_callers(
     [today] = by_day["lines"]
     assert today["turns"] == 3  # bob's turn is not alice's
     assert len(today["key"]) == 10  # YYYY-MM-DD
+    # Per-turn totals in history, from the same rollup.
+    history = (await http.get(f"{API}/sessions/a1/history", headers={"x-user": "alice"})).json()
+    assert [(t["inputTokens"], t["outputTokens"]) for t in history] == [
+        (r.input_tokens, r.output_tokens) for r in rollups
+    ]
     future = await http.get(
         f"{API}/usage", params={"since": "2999-01-01T00:00:00Z"}, headers={"x-user": "alice"}
     )

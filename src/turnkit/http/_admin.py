@@ -1,6 +1,5 @@
 """Routes beside the chat ones: budget limits (admins) and callbacks (turn tokens)."""
 
-
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Literal
 

@@ -215,6 +215,8 @@ class TurnOut(_Camel):
     citations: list[Citation] = Field(default_factory=list[Citation])
     entities: list[Entity] = Field(default_factory=list[Entity])
     cost_usd: float = 0.0
+    input_tokens: int = 0
+    output_tokens: int = 0
 
 
 class TurnStatusOut(_Camel):

@@ -21,6 +21,8 @@ class TurnHistory:
         citations: The sources enrichment plugins cited for the answer.
         entities: The entities they found in it.
         cost_usd: The turn's cost once it has finished (0 before).
+        input_tokens: Tokens its model calls sent, once it has finished.
+        output_tokens: Tokens they wrote, once it has finished.
     """
 
     turn_id: TurnId
@@ -31,6 +33,8 @@ class TurnHistory:
     citations: tuple[Citation, ...] = ()
     entities: tuple[Entity, ...] = ()
     cost_usd: float = 0.0
+    input_tokens: int = 0
+    output_tokens: int = 0
 
     @property
     def answer(self) -> str | None:

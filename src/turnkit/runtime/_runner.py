@@ -152,6 +152,8 @@ async def turn_history(store: Store, turn: TurnRecord) -> TurnHistory:
         citations=view.citations,
         entities=view.entities,
         cost_usd=view.cost_usd,
+        input_tokens=view.input_tokens,
+        output_tokens=view.output_tokens,
     )
 
 
