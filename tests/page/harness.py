@@ -119,11 +119,16 @@ class PageApp:
 
 
 @contextmanager
-def serve_page(tmp_path: Path, agent: Agent, *, keepalive_s: float = 10.0) -> Iterator[PageApp]:
-    """Serve the quickstart app (page and routes) for `agent`; yields its base URL."""
+def serve_page(
+    tmp_path: Path, agent: Agent, *, keepalive_s: float = 10.0, **config: Any
+) -> Iterator[PageApp]:
+    """Serve the quickstart app (page and routes) for `agent`; yields its base URL.
+
+    `config` adds `RuntimeConfig` fields (the database is `page.db` in `tmp_path`).
+    """
     runtime = SessionRuntime(
         agent=agent,
-        config=RuntimeConfig(database_url=f"sqlite:///{tmp_path / 'page.db'}"),
+        config=RuntimeConfig(database_url=f"sqlite:///{tmp_path / 'page.db'}", **config),
     )
     switch = StreamSwitch(create_app(runtime, keepalive_s=keepalive_s))
     with serve(switch) as url:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -15,7 +18,7 @@ from playwright.sync_api import Page, expect
 
 from tests.page.conftest import WAIT_MS
 from tests.page.harness import PacedModel, serve_page
-from turnkit import Agent, ToolContext, tool
+from turnkit import Agent, BudgetLimit, RuntimeConfig, SessionRuntime, ToolContext, tool
 from turnkit.models import Usage
 from turnkit.plugins.citations import Citations
 from turnkit.testing import ModelStep, ScriptedModel, call
@@ -264,6 +267,59 @@ def test_stop_keeps_the_partial_answer_as_interrupted(page: Page, tmp_path: Path
         expect(stop).to_be_hidden()
         page.reload()
         expect(page.locator(".block.text.interrupted .text")).to_have_text(partial)
+
+
+# ── a budget pause: the page says so, and goes on when the limit is raised ──────────────
+
+
+@tool
+async def quote(symbol: str) -> str:
+    """A stock quote."""
+    return f"{symbol} 12.50"
+
+
+def test_a_budget_pause_shows_and_the_turn_goes_on_when_raised(page: Page, tmp_path: Path) -> None:
+    costly = replace(
+        ModelStep.tool_call_reply(call("quote", symbol="ACME")),
+        usage=Usage(input_tokens=900, output_tokens=100),
+    )
+    model = ScriptedModel([costly, ModelStep.text_reply("ACME trades at 12.50.")])
+    url = f"sqlite:///{tmp_path / 'page.db'}"
+    with serve_page(
+        tmp_path,
+        Agent(model=model, tools=[quote]),
+        budgets="enforce",
+        budget_reserve_tokens=100,
+        recover_in_process=True,
+    ) as app:
+        limit = BudgetLimit(scope="organisation", tokens=1_100)
+        _in_thread(_set_limit(url, limit))
+        page.goto(app.url)
+        send(page, "Quote ACME")
+        turn = page.locator("article.turn")
+        expect(turn).to_have_attribute("data-status", "awaiting_budget")
+        expect(turn.locator(".meta")).to_contain_text("Paused: out of budget")
+        expect(page.locator(".block.notice")).to_contain_text("1000 of 1100 tokens")
+        resumed = _in_thread(_set_limit(url, limit.model_copy(update={"tokens": 50_000})))
+        assert len(resumed) == 1
+        expect(page.locator(".block.text .text").last).to_have_text("ACME trades at 12.50.")
+        expect(turn).to_have_attribute("data-status", "succeeded")
+
+
+def _in_thread(work: Coroutine[Any, Any, list[str]]) -> list[str]:
+    """Run `work` on its own loop (Playwright's sync API holds this thread's)."""
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, work).result(timeout=60)
+
+
+async def _set_limit(url: str, limit: BudgetLimit) -> list[str]:
+    """An administrator in another runtime (driving nothing) sets a limit."""
+    admin = SessionRuntime(
+        agent=Agent(model=ScriptedModel([])),
+        config=RuntimeConfig(database_url=url, budgets="enforce", run_in_process=False),
+    )
+    async with admin:
+        return await admin.set_budget_limit(limit)
 
 
 # ── an idle stream: keep-alives only, never an event or an error ───────────────────────

@@ -420,6 +420,7 @@ const STATUS = {
   running: "Working…",
   awaiting_approval: "Waiting for your approval",
   awaiting_input: "Waiting for your answer",
+  awaiting_budget: "Paused: out of budget",
   succeeded: "Done",
   failed: "Failed",
   timed_out: "Timed out",

@@ -158,6 +158,9 @@ function advance(turn, event) {
   if (next.pending && event.seq > next.pending.seq && !isRequest) {
     next = { ...next, pending: null, status: next.done ? next.status : "running" }; // went on
   }
+  if (next.status === "awaiting_budget" && event.type !== "budget.paused") {
+    next = { ...next, status: "running" }; // a raised limit (or a new period) let it go on
+  }
   return next;
 }
 
@@ -284,6 +287,11 @@ const FOLDERS = {
       key: `notice:${e.seq}`,
       text: `Recovered (attempt ${e.attempt})`,
     }),
+  "budget.paused": (turn, e) =>
+    addBlock(
+      { ...dropDrafts(turn), status: turn.done ? turn.status : "awaiting_budget" },
+      { kind: "notice", key: `notice:${e.seq}`, text: `Paused: ${e.reason}` },
+    ),
   "compaction.completed": (turn, e) =>
     addBlock(turn, {
       kind: "notice",
