@@ -281,3 +281,49 @@ async def test_two_processes_racing_for_one_limit_cannot_overspend() -> None:
             await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
         finally:
             await conn.close()
+
+
+async def test_the_cli_sets_lists_and_deletes_limits_and_resumes_paused_turns(
+    tmp_path: Path,
+) -> None:
+    url = f"sqlite:///{tmp_path / 'budget.db'}"
+
+    async def turnkit(*argv: str) -> tuple[int, str, str]:
+        cli = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "turnkit.cli",
+            "budgets",
+            *argv,
+            "--database-url",
+            url,
+            cwd=ROOT,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        out, err = await asyncio.wait_for(cli.communicate(), timeout=60)
+        assert cli.returncode is not None
+        return cli.returncode, out.decode(), err.decode()
+
+    async with SessionRuntime(
+        agent=Agent(model=_spending_model(), tools=[add]), config=_config(url, run_in_process=False)
+    ) as runtime:
+        paused = (await _paused_turn(runtime))[-1]
+        code, out, _ = await turnkit("list")
+        assert code == 0
+        assert "the principal budget of 'ann' (month) has used 700 of 800 tokens" in out
+        code, _, err = await turnkit("set", "--scope", "principal", "--key", ANN)
+        assert code == 2
+        assert err.startswith("turnkit: invalid setting:")  # no amount: one line, no trace
+        code, out, _ = await turnkit(
+            "set", "--scope", "principal", "--key", ANN, "--tokens", "100000"
+        )
+        assert code == 0
+        assert f"resumed {paused.turn_id}" in out
+        assert (await runtime.turn(paused.turn_id)).status == "running"
+        rest = await _drive_to_done(runtime, paused.turn_id)
+        assert isinstance(rest[-1], DoneEvent)
+        code, out, _ = await turnkit("delete", "--scope", "principal", "--key", ANN)
+        assert (code, out) == (0, "deleted\n")
+        code, out, _ = await turnkit("list")
+        assert out == "no budget limits\n"

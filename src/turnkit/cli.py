@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, TextIO
 from pydantic import ValidationError
 
 from turnkit.agent import load_agent, load_agents
+from turnkit.budgets import BudgetLimit
 from turnkit.config import RuntimeConfig
 from turnkit.demo import DEMO_MODEL_NAME, demo_agent
 from turnkit.errors import TurnkitError
@@ -44,6 +45,7 @@ from turnkit.models import ModelClient, ModelSettings
 from turnkit.models.litellm import ModelEndpoint
 from turnkit.replay import replay_from_url
 from turnkit.runtime import SessionRuntime
+from turnkit.runtime.budget_pauses import resume_budget_pauses
 from turnkit.runtime.worker import Worker
 from turnkit.store.sql import SqlStore
 
@@ -238,6 +240,35 @@ async def _turns(args: argparse.Namespace, out: TextIO) -> int:
     return 1
 
 
+async def _budgets(args: argparse.Namespace, out: TextIO) -> int:
+    async with SqlStore.from_url(args.database_url, schema=args.database_schema) as store:
+        if args.budgets_command == "set":
+            limit = BudgetLimit(
+                scope=args.scope,
+                organisation=args.organisation,
+                key=args.key,
+                period=args.period,
+                usd=args.usd,
+                tokens=args.tokens,
+            )
+            await store.set_budget_limit(limit)
+            resumed = await resume_budget_pauses(store, limit.organisation)
+            out.write(f"set the {limit.scope} budget of {limit.key!r} ({limit.period})\n")
+            out.write("".join(f"  resumed {turn_id}\n" for turn_id in resumed))
+        elif args.budgets_command == "delete":
+            key = args.organisation if args.scope == "organisation" else args.key
+            found = await store.delete_budget_limit(args.scope, args.organisation, key, args.period)
+            out.write("deleted\n" if found else "no such limit\n")
+            return 0 if found else 1
+        uses = await store.budget_report(args.organisation)
+    if args.budgets_command == "list":
+        if not uses:
+            out.write("no budget limits\n")
+        for use in uses:
+            out.write(f"  {use.limit.organisation}  {use.describe()}\n")
+    return 0
+
+
 async def _db_upgrade(args: argparse.Namespace, out: TextIO) -> int:
     store = SqlStore.from_url(args.database_url, schema=args.database_schema)
     try:
@@ -418,6 +449,39 @@ def _add_turns(sub: _Subparsers) -> None:
     _database_args(turns)
 
 
+def _add_budgets(sub: _Subparsers) -> None:
+    budgets = sub.add_parser("budgets", help="budget limits: list, set, delete")
+    budgets_sub = budgets.add_subparsers(dest="budgets_command", required=True)
+    listing = budgets_sub.add_parser("list", help="every limit with what its period used")
+    listing.add_argument("--organisation", help="only this organisation's limits")
+    _database_args(listing)
+    for name, helptext in (
+        ("set", "create or replace a limit; resumes turns paused on a budget it now covers"),
+        ("delete", "remove a limit"),
+    ):
+        command = budgets_sub.add_parser(name, help=helptext)
+        command.add_argument(
+            "--scope",
+            required=True,
+            choices=("organisation", "department", "principal", "session"),
+            help="what the limit applies to",
+        )
+        command.add_argument(
+            "--organisation", default="default", help="the organisation (default: %(default)s)"
+        )
+        command.add_argument("--key", default="", help="the department, principal id or session id")
+        command.add_argument(
+            "--period",
+            default="month",
+            choices=("day", "month", "total"),
+            help="the period (default: %(default)s)",
+        )
+        if name == "set":
+            command.add_argument("--usd", type=float, help="the cap in USD")
+            command.add_argument("--tokens", type=int, help="the cap in tokens")
+        _database_args(command)
+
+
 def _add_serve(sub: _Subparsers) -> None:
     serve = sub.add_parser("serve", help="serve the HTTP routes (quickstart app)")
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s)")
@@ -446,7 +510,15 @@ def _parser() -> argparse.ArgumentParser:
         "--version", action="version", version=f"turnkit {_version()}", help="print the version"
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    for add in (_add_run, _add_worker, _add_sweep, _add_turns, _add_serve, _add_db):
+    for add in (
+        _add_run,
+        _add_worker,
+        _add_sweep,
+        _add_turns,
+        _add_budgets,
+        _add_serve,
+        _add_db,
+    ):
         add(sub)
     return parser
 
@@ -475,6 +547,7 @@ _COMMANDS = {
     "db": _db_upgrade,
     "turns": _turns,
     "serve": _serve,
+    "budgets": _budgets,
 }
 
 
