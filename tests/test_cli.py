@@ -91,17 +91,31 @@ def test_a_missing_extra_is_one_clear_line(
     assert err.count("\n") == 1
 
 
-async def _abandoned_turn(url: str) -> str:
+async def _abandoned_turn(url: str, *, lease_ttl_s: float = 0.2, claims: int = 1) -> str:
+    """A turn claimed `claims` times and never driven: no attempt commits any progress."""
+    import asyncio
+
     from turnkit import Agent, RuntimeConfig, SessionRuntime
     from turnkit.testing import ModelStep, ScriptedModel
 
-    config = RuntimeConfig(database_url=url, lease_ttl_s=0.2)
+    config = RuntimeConfig(database_url=url, lease_ttl_s=lease_ttl_s)
     runtime = SessionRuntime(
         agent=Agent(model=ScriptedModel([ModelStep.hang("...")])), config=config
     )
     async with runtime:
         submission = await runtime.submit("s1", "hi", claim=True)  # claimed, never driven
+        for _ in range(claims - 1):  # the lease lapses; another attempt claims it, dies too
+            await asyncio.sleep(lease_ttl_s + 0.1)
+            lease = await runtime.store.claim("other:1:x", ttl_s=30, max_attempts=5)
+            assert lease is not None
+            assert lease.turn_id == submission.turn_id
     return submission.turn_id
+
+
+def _stuck(url: str, *flags: str) -> tuple[int, str]:
+    out = io.StringIO()
+    code = main(["turns", "--stuck", "--database-url", url, *flags], out=out)
+    return code, out.getvalue()
 
 
 def test_turns_stuck_lists_a_turn_with_no_live_driver(tmp_path: Path) -> None:
@@ -109,16 +123,42 @@ def test_turns_stuck_lists_a_turn_with_no_live_driver(tmp_path: Path) -> None:
     import time
 
     url = f"sqlite:///{tmp_path / 'stuck.db'}"
-    clean = io.StringIO()
     assert main(["db", "upgrade", "--database-url", url], out=io.StringIO()) == 0
-    assert main(["turns", "--stuck", "--database-url", url], out=clean) == 0
-    assert "no stuck turns" in clean.getvalue()
+    assert _stuck(url) == (0, "no stuck turns\n")
     turn_id = asyncio.run(_abandoned_turn(url))
     time.sleep(0.3)  # its lease lapses
-    out = io.StringIO()
-    assert main(["turns", "--stuck", "--database-url", url], out=out) == 1
-    assert turn_id in out.getvalue()
-    assert "no live driver" in out.getvalue()
+    code, out = _stuck(url)
+    assert code == 1
+    assert turn_id in out
+    assert "no live driver" in out
+
+
+def test_turns_stuck_lists_a_turn_past_the_ceiling(tmp_path: Path) -> None:
+    import asyncio
+    import time
+
+    url = f"sqlite:///{tmp_path / 'ceiling.db'}"
+    turn_id = asyncio.run(_abandoned_turn(url, lease_ttl_s=60))  # its lease is still live
+    assert _stuck(url) == (0, "no stuck turns\n")  # well within the default ceiling
+    time.sleep(0.3)
+    code, out = _stuck(url, "--ceiling", "0.2")
+    assert code == 1
+    [line] = [line for line in out.splitlines() if turn_id in line]
+    assert line.endswith("— past the ceiling"), line  # its driver is not the problem
+    assert "attempt 1" in line
+
+
+def test_turns_stuck_lists_a_turn_whose_attempts_died_without_progress(tmp_path: Path) -> None:
+    import asyncio
+
+    url = f"sqlite:///{tmp_path / 'fruitless.db'}"
+    turn_id = asyncio.run(_abandoned_turn(url, claims=2))  # the second lease is live (30 s)
+    code, out = _stuck(url)
+    assert code == 1
+    [line] = [line for line in out.splitlines() if turn_id in line]
+    assert line.endswith("— 1 attempt(s) died without progress"), line
+    assert "attempt 2" in line
+    assert "owner other:1:x" in line
 
 
 def test_version_prints_the_installed_version(capsys: pytest.CaptureFixture[str]) -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import POSTGRES_URL, require_service
+from tests.faults._table import FaultTable
 
 pytestmark = [pytest.mark.slow, pytest.mark.faults, pytest.mark.postgres]
 ROOT = Path(__file__).parent.parent.parent
@@ -43,7 +44,9 @@ async def _drop(schema: str) -> None:
         await conn.close()
 
 
-def test_processes_starting_together_on_a_fresh_schema_all_come_up() -> None:
+def test_processes_starting_together_on_a_fresh_schema_all_come_up(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     require_service("PostgreSQL", "127.0.0.1", 5432)
     failures: list[str] = []
     for _ in range(ROUNDS):
@@ -64,4 +67,8 @@ def test_processes_starting_together_on_a_fresh_schema_all_come_up() -> None:
                     failures.append(err.decode()[-600:])
         finally:
             asyncio.run(_drop(schema))
+    table = FaultTable(
+        trials=ROUNDS * PROCESSES, extra={"rounds": ROUNDS, "failed starts": len(failures)}
+    )
+    table.show(f"first start ({PROCESSES} processes at once on a fresh schema)", capsys)
     assert not failures, f"{len(failures)} of {ROUNDS * PROCESSES} starts failed:\n{failures[0]}"

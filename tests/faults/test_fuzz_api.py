@@ -14,6 +14,7 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings, strategies as st
 
+from tests.faults._table import FaultTable
 from tests.support.server import serve
 from turnkit import RuntimeConfig, SessionRuntime
 from turnkit.demo import demo_agent
@@ -73,6 +74,6 @@ def test_no_generated_request_gets_a_server_error(
                     )
 
             check()
-    with capsys.disabled():
-        print(f"\nAPI fuzz: {calls} generated requests, {errors} server errors")
+    table = FaultTable(trials=calls, extra={"server errors": errors})
+    table.show("API fuzz (schemathesis over the OpenAPI document)", capsys)
     assert calls >= EXAMPLES

@@ -7,25 +7,32 @@ while its tool runs), follows the turn on process B from the last event A sent, 
 restarts A. It prints a table — trials, lost, duplicated, stuck, tool re-runs, effects
 applied twice, recovery time p50/p95 — and fails on any loss, duplicate or stuck turn.
 
+The rolling-restart test runs the documented layout (2 API processes with
+`TURNKIT_RUN_IN_PROCESS=0`, 2 workers) and restarts every process once while turns stream.
+
 Bounded: `TURNKIT_FAULT_TRIALS` (default 3) trials, each bounded in time.
 """
 
 from __future__ import annotations
 
-import json
+import asyncio
 import os
 import random
 import signal
 import statistics
 import time
-from collections import defaultdict
 from pathlib import Path
+from typing import ClassVar
 
 import httpx
 import pytest
 
+from tests.conftest import POSTGRES_URL, REDIS_URL
+from tests.faults._cluster import Turn, Workers, follow, follow_to_done, pid_of
+from tests.faults._table import FaultTable, percentile, seq_faults, tool_effects
 from tests.http.test_multiprocess import API, Servers, _events, servers
-from tests.support.worker_agent import read_log
+from turnkit.ids import TurnId
+from turnkit.store.sql import SqlStore
 
 pytestmark = [pytest.mark.slow, pytest.mark.faults]
 TRIALS = int(os.environ.get("TURNKIT_FAULT_TRIALS", "3"))
@@ -76,72 +83,153 @@ async def test_killing_api_processes_at_random_points_loses_nothing(
             elif stored["lastSeq"] != max(seqs):
                 lost += stored["lastSeq"] - max(seqs)
             url_a, proc_a = servers.start(TK_TOOL_SLEEP="60", **defaults)  # restart A
-    runs = [line for line in read_log(servers.log) if line["event"] == "tool"]
-    keys_per_call: dict[tuple[str, str], set[str]] = defaultdict(set)
-    for line in runs:  # a re-run under another key would apply its effect twice
-        keys_per_call[(str(line["turn"]), str(line["call"]))].add(str(line["key"]))
-    by_key: dict[str, int] = defaultdict(int)
-    for line in runs:
-        by_key[str(line["key"])] += 1
-    reruns = sum(n - 1 for n in by_key.values())
-    applied_twice = sum(1 for keys in keys_per_call.values() if len(keys) > 1)
-    p50 = statistics.median(recovery_s)
-    p95 = sorted(recovery_s)[max(0, round(0.95 * len(recovery_s)) - 1)]
-    table = {
-        "trials": TRIALS,
-        "lost": lost,
-        "duplicated": duplicated,
-        "stuck": stuck,
-        "tool re-runs": reruns,
-        "effects applied twice": applied_twice,
-        "recovery p50 s": round(p50, 2),
-        "recovery p95 s": round(p95, 2),
-    }
-    with capsys.disabled():
-        print("\nkill storm (API processes, PostgreSQL + Redis):")
-        for name, value in table.items():
-            print(f"  {name:24} {value}")
-    (tmp_path / "kill_storm.json").write_text(json.dumps(table))
-    assert (lost, duplicated, stuck, applied_twice) == (0, 0, 0, 0), table
+    reruns, applied_twice = tool_effects(servers.log)
+    table = FaultTable(
+        trials=TRIALS,
+        lost=lost,
+        duplicated=duplicated,
+        stuck=stuck,
+        tool_reruns=reruns,
+        applied_twice=applied_twice,
+        extra={
+            "recovery p50 s": round(statistics.median(recovery_s), 2),
+            "recovery p95 s": round(percentile(recovery_s, 0.95), 2),
+        },
+    )
+    table.show(
+        "kill storm (API processes, PostgreSQL + Redis)", capsys, save=tmp_path / "kill_storm.json"
+    )
+    p95 = percentile(recovery_s, 0.95)
+    assert table.failures == (0, 0, 0, 0), table
     assert p95 <= 10.0, f"a killed turn took {p95:.1f} s to stream again (p95)"
 
 
-async def test_a_rolling_restart_of_every_process_loses_no_turn(servers: Servers) -> None:
-    """Restart each API process in turn (SIGTERM: a deploy) while turns stream."""
-    env = {"TURNKIT_LEASE_TTL_S": "8", "TURNKIT_IDLE_WINDOW_S": "60", "TK_TOOL_SLEEP": "2"}
-    urls = [servers.start(**env), servers.start(**env)]
+class _Deploy:
+    """2 API processes (`TURNKIT_RUN_IN_PROCESS=0`) + 2 workers, and the turns streaming."""
+
+    API_ENV: ClassVar[dict[str, str]] = {
+        "TURNKIT_RUN_IN_PROCESS": "0",
+        "TURNKIT_IDLE_WINDOW_S": "60",
+    }
+    WORKER_ENV: ClassVar[dict[str, str]] = {"TK_TOOL_SLEEP": "3"}
+
+    def __init__(self, servers: Servers, http: httpx.AsyncClient) -> None:
+        self.servers = servers
+        self.http = http
+        self.apis = [servers.start(**self.API_ENV), servers.start(**self.API_ENV)]
+        self.workers = Workers(
+            database_url=POSTGRES_URL, schema=servers.schema, redis_url=REDIS_URL, log=servers.log
+        )
+        self.live = [self.workers.start(**self.WORKER_ENV) for _ in range(2)]
+        self.store = SqlStore.from_url(POSTGRES_URL, schema=servers.schema)
+        self.stopping: set[str] = set()
+        self.turns: list[Turn] = []
+        self.tasks: list[asyncio.Task[None]] = []
+        self.restarted = 0
+
+    def pick(self, cut: str | None) -> str:
+        """A live API process, another than the one that cut the stream."""
+        urls = [url for url, _ in self.apis if url not in self.stopping]
+        return next((url for url in urls if url != cut), urls[0])
+
+    async def stream(self, url: str) -> None:
+        """Start a turn on `url` and follow it to `done`; returns once its tool runs."""
+        turn = Turn(session=f"roll-{len(self.turns)}", request_id=f"roll-{len(self.turns)}")
+        self.turns.append(turn)
+        running = asyncio.Event()
+
+        async def run() -> None:
+            await follow(self.http, turn, url, seen=running, kill_at="tool.started")
+            await follow_to_done(self.http, turn, self.pick)
+
+        self.tasks.append(asyncio.create_task(run()))
+        async with asyncio.timeout(30):
+            await running.wait()
+
+    async def restart_api(self, index: int) -> None:
+        """SIGTERM with a stream open on this very process; a replacement takes its place."""
+        url, proc = self.apis[index]
+        await self.stream(url)
+        self.stopping.add(url)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+        self.apis[index] = self.servers.start(**self.API_ENV)
+        self.restarted += 1
+
+    async def restart_worker(self, index: int) -> None:
+        """SIGTERM while this very worker drives a turn (bounded tries to get it one)."""
+        proc = self.live[index]
+        for _ in range(4):
+            await self.stream(self.pick(None))
+            if await self._drives(proc.pid):
+                break
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+        self.live[index] = self.workers.start(**self.WORKER_ENV)
+        self.restarted += 1
+
+    async def _drives(self, pid: int) -> bool:
+        for turn in self.turns:
+            record = await self.store.get_turn(TurnId(str(turn.turn_id)))
+            if record and record.status == "running" and pid_of(record.lease_owner) == pid:
+                return True
+        return False
+
+    async def account(self) -> FaultTable:
+        """Wait for every turn's `done` (bounded), then count against the stored logs."""
+        async with asyncio.timeout(90):
+            await asyncio.gather(*self.tasks)
+        lost = duplicated = stuck = taken_over = 0
+        for turn in self.turns:
+            stored = (await self.http.get(f"{self.pick(None)}{API}/turns/{turn.turn_id}")).json()
+            gone, twice = seq_faults(turn.seqs, stored["lastSeq"])
+            lost, duplicated = lost + gone, duplicated + twice
+            stuck += stored["status"] != "succeeded"
+            taken_over += stored["attempts"] > 1 or "turn.recovering" in turn.types
+        reruns, applied_twice = tool_effects(self.servers.log)
+        return FaultTable(
+            trials=self.restarted,
+            lost=lost,
+            duplicated=duplicated,
+            stuck=stuck,
+            tool_reruns=reruns,
+            applied_twice=applied_twice,
+            extra={
+                "turns": len(self.turns),
+                "streams cut by a restart": sum(
+                    bool(set(t.cut_on) & self.stopping) for t in self.turns
+                ),
+                "turns taken over": taken_over,
+            },
+        )
+
+    async def close(self) -> None:
+        self.workers.stop()
+        await self.store.close()
+
+
+async def test_a_rolling_restart_of_every_process_loses_no_turn(
+    servers: Servers, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A deploy as documented: 2 API processes (`TURNKIT_RUN_IN_PROCESS=0`) and 2 workers.
+
+    Each process in turn gets SIGTERM and a replacement while turns stream: a stream open on
+    the stopping API process reconnects with `Last-Event-ID` to the other one; a stopping
+    worker leaves its turns after its drain timeout and another worker takes them over.
+    """
     async with httpx.AsyncClient(timeout=60) as http:
-        started: list[tuple[str, int]] = []
-        for i, (url, _) in enumerate(urls):
-            seen = [
-                e
-                async for e in _events(
-                    http,
-                    "POST",
-                    f"{url}{API}/sessions/roll-{i}/execute",
-                    json={"content": "double 21"},
-                    until="tool.started",
-                )  # fmt: skip
-                if "seq" in e
-            ]
-            started.append((str(seen[0]["_turn"]), int(str(seen[-1]["seq"]))))
-        for index in range(len(urls)):  # one process at a time, as a deploy does
-            _, proc = urls[index]
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(timeout=60)
-            urls[index] = servers.start(**env)
-        reader_url = urls[0][0]
-        for turn_id, last in started:
-            rest = [
-                e
-                async for e in _events(
-                    http,
-                    "GET",
-                    f"{reader_url}{API}/turns/{turn_id}/stream",
-                    headers={"Last-Event-ID": str(last)},
-                    until="done",
-                )  # fmt: skip
-                if "seq" in e
-            ]
-            assert [int(str(e["seq"])) for e in rest] == list(range(last + 1, last + 1 + len(rest)))
-            assert rest[-1]["status"] == "succeeded", rest[-1]
+        deploy = _Deploy(servers, http)
+        try:
+            await deploy.restart_api(0)
+            await deploy.restart_worker(0)
+            await deploy.restart_api(1)
+            await deploy.restart_worker(1)
+            table = await deploy.account()
+        finally:
+            await deploy.close()
+    table.show("rolling restart (2 API + 2 workers, PostgreSQL + Redis)", capsys)
+    assert table.failures == (0, 0, 0, 0), table
+    assert deploy.restarted == 4, "every process is restarted once"
+    for url in deploy.stopping:  # each API restart cut a stream that went on elsewhere
+        assert any(url in t.cut_on for t in deploy.turns), f"no stream was open on {url}"
+    assert table.extra["turns taken over"], "no turn was taken over by another worker"

@@ -19,6 +19,7 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
+from tests.faults._table import FaultTable, seq_faults, tool_effects
 from tests.support.services import (
     PrivatePostgres,
     PrivateRedis,
@@ -55,7 +56,10 @@ def _script() -> ScriptedModel:
 
 
 async def test_readers_ride_out_a_redis_outage(
-    private_redis: PrivateRedis, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    private_redis: PrivateRedis,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     buffer = RedisReplayBuffer.from_url(private_redis.url)
     runtime = SessionRuntime(
@@ -76,6 +80,15 @@ async def test_readers_ride_out_a_redis_outage(
 
         await asyncio.wait_for(read(), timeout=30)
         durable = [e for e in received if isinstance(e, DurableEvent)]
+        record = await runtime.turn(submission.turn_id)
+        lost, duplicated = seq_faults([e.seq for e in durable], record.last_seq)
+        FaultTable(
+            trials=1,
+            lost=lost,
+            duplicated=duplicated,
+            stuck=int(record.status != "succeeded"),
+            extra={"outage": "Redis killed while the tool ran"},
+        ).show("Redis outage (a live reader follows the Store)", capsys)
         assert [e.seq for e in durable] == list(range(1, len(durable) + 1))  # no gap, no dup
         assert durable[-1].type == "done"
         stored = [e async for e in runtime.events(submission.turn_id)]
@@ -116,7 +129,7 @@ async def _finished(runtime: SessionRuntime, turn_id: str, limit_s: float = 60) 
 
 
 async def test_a_worker_and_the_api_ride_out_a_postgres_outage(
-    private_postgres: PrivatePostgres, tmp_path: Path
+    private_postgres: PrivatePostgres, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from tests.support.worker_agent import agent
 
@@ -146,6 +159,7 @@ async def test_a_worker_and_the_api_ride_out_a_postgres_outage(
         second = await _submit_when_back(runtime, "pg-2")
         assert await _finished(runtime, second) == "succeeded"
         assert worker.poll() is None
+        await _pg_table(runtime, [first.turn_id, second], tmp_path / "calls.jsonl", capsys)
         err = (tmp_path / "calls.err").read_text()
         assert "the database is unavailable" in err
         assert "the database is back" in err
@@ -153,6 +167,31 @@ async def test_a_worker_and_the_api_ride_out_a_postgres_outage(
         worker.kill()
         worker.wait(timeout=10)
         await runtime.close()
+
+
+async def _pg_table(
+    runtime: SessionRuntime, turn_ids: list[str], log: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The fault table of the PostgreSQL outage, counted on the stored logs."""
+    lost = duplicated = stuck = 0
+    for turn_id in turn_ids:
+        record = await runtime.turn(turn_id)
+        seqs = [e.seq async for e in runtime.events(turn_id)]  # type: ignore[union-attr]
+        gone, twice = seq_faults(seqs, record.last_seq)
+        lost, duplicated = lost + gone, duplicated + twice
+        stuck += record.status != "succeeded"
+    reruns, applied_twice = tool_effects(log)
+    table = FaultTable(
+        trials=1,
+        lost=lost,
+        duplicated=duplicated,
+        stuck=stuck,
+        tool_reruns=reruns,
+        applied_twice=applied_twice,
+        extra={"turns": len(turn_ids), "outage": "PostgreSQL killed for 3 s"},
+    )
+    table.show("PostgreSQL outage (a worker and the API wait it out)", capsys)
+    assert table.failures == (0, 0, 0, 0), table
 
 
 async def _submit_when_back(runtime: SessionRuntime, session: str) -> str:
@@ -168,7 +207,7 @@ async def _submit_when_back(runtime: SessionRuntime, session: str) -> str:
 
 
 async def test_a_buffer_down_at_start_up_is_reported_at_once(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from tests.support.services import free_port
 
@@ -183,6 +222,18 @@ async def test_a_buffer_down_at_start_up_is_reported_at_once(
         assert "the replay buffer cannot be reached" in caplog.text
         submission = await runtime.start("s1", "hi")
         events = [e async for e in runtime.reader().events(submission.turn_id)]
+        record = await runtime.turn(submission.turn_id)
+        seqs = [e.seq for e in events if isinstance(e, DurableEvent)]
+        lost, duplicated = seq_faults(seqs, record.last_seq)
+        table = FaultTable(
+            trials=1,
+            lost=lost,
+            duplicated=duplicated,
+            stuck=int(record.status != "succeeded"),
+            extra={"outage": "no Redis at start-up"},
+        )
+        table.show("Redis down at start-up (readers follow the Store)", capsys)
+        assert table.failures == (0, 0, 0, 0), table
         assert events[-1].type == "done"  # readers follow the Store
     finally:
         await runtime.close()
@@ -202,7 +253,9 @@ class _LossyBuffer(InMemoryReplayBuffer):
         super().publish_now(turn_id, kept)
 
 
-async def test_a_lost_buffer_message_reaches_the_reader_within_a_second(tmp_path: Path) -> None:
+async def test_a_lost_buffer_message_reaches_the_reader_within_a_second(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     @tool
     async def quick(n: int) -> int:
         """Answer, then leave the turn quiet for a while."""
@@ -219,13 +272,26 @@ async def test_a_lost_buffer_message_reaches_the_reader_within_a_second(tmp_path
     try:
         submission = await runtime.start("s1", "go")
         started = time.monotonic()
+        seqs: list[int] = []
         async for event in runtime.reader(keepalive_s=30).events(submission.turn_id):
+            if isinstance(event, DurableEvent):
+                seqs.append(event.seq)
             if event.type == "tool.completed":
                 break
             assert time.monotonic() - started < 5
+        waited = time.monotonic() - started
+        lost, duplicated = seq_faults(seqs, max(seqs))
+        table = FaultTable(
+            trials=1,
+            lost=lost,
+            duplicated=duplicated,
+            extra={"messages dropped": buffer.dropped, "caught up after s": round(waited, 2)},
+        )
+        table.show("a lost buffer message (the reader catches up from the Store)", capsys)
         # The driver is hanging in its next model call: nothing else would wake the reader.
         assert buffer.dropped == 1
-        assert time.monotonic() - started < 2.5
+        assert table.failures == (0, 0, 0, 0), table
+        assert waited < 2.5
         await runtime.cancel(submission.turn_id)
     finally:
         await runtime.close()

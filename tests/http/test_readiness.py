@@ -1,29 +1,45 @@
-"""`/readyz` answers not-ready while the Store cannot be reached."""
+"""`/readyz`: not ready while the Store cannot be reached; ready but degraded while only the
+replay buffer is down (readers follow the Store, the source of truth)."""
 
 from __future__ import annotations
 
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
 import httpx
+import pytest
 from fastapi import FastAPI
 from tests.support.services import free_port
 
-from turnkit import Agent, SessionRuntime
+from turnkit import Agent, RuntimeConfig, SessionRuntime
 from turnkit.http import create_health_router
+from turnkit.replay.redis import RedisReplayBuffer
 from turnkit.store.sql import SqlStore
 from turnkit.testing import ScriptedModel
 
 
-async def test_readyz_is_not_ready_while_the_store_is_unreachable() -> None:
-    # Nothing listens on the port: every connection is refused at once.
-    store = SqlStore.from_url(f"postgresql://turnkit@127.0.0.1:{free_port()}/turnkit")
-    runtime = SessionRuntime(agent=Agent(model=ScriptedModel([])), store=store)
+async def _probe(runtime: SessionRuntime) -> httpx.Response:
     app = FastAPI()
     app.include_router(create_health_router(runtime))
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://test"
+    ) as http:
+        assert (await http.get("/healthz")).json() == {"status": "ok"}  # the process is up
+        return await http.get("/readyz")
+
+
+def _unreachable_store() -> SqlStore:
+    # Nothing listens on the port: every connection is refused at once.
+    return SqlStore.from_url(f"postgresql://turnkit@127.0.0.1:{free_port()}/turnkit")
+
+
+async def test_readyz_is_not_ready_while_the_store_is_unreachable() -> None:
+    store = _unreachable_store()
+    runtime = SessionRuntime(agent=Agent(model=ScriptedModel([])), store=store)
     try:
-        async with httpx.AsyncClient(
-            transport=httpx.ASGITransport(app=app), base_url="http://test"
-        ) as http:
-            assert (await http.get("/healthz")).json() == {"status": "ok"}  # the process is up
-            readyz = await http.get("/readyz")
+        readyz = await _probe(runtime)
     finally:
         await store.close()
     assert readyz.status_code == 503
@@ -34,3 +50,67 @@ async def test_readyz_is_not_ready_while_the_store_is_unreachable() -> None:
     assert body["status"] == 503
     assert "store: unavailable: StoreUnavailableError" in body["detail"]
     assert "replay: ok" in body["detail"]  # only the Store is down
+
+
+async def test_readyz_stays_ready_while_only_the_replay_buffer_is_down(tmp_path: Path) -> None:
+    """A Redis outage must not take every API process out of rotation."""
+    buffer = RedisReplayBuffer.from_url(f"redis://127.0.0.1:{free_port()}/0")  # refused
+    runtime = SessionRuntime(
+        agent=Agent(model=ScriptedModel([])),
+        config=RuntimeConfig(database_url=f"sqlite:///{tmp_path / 'r.db'}"),
+        replay=buffer,
+    )
+    await runtime.open()
+    try:
+        readyz = await _probe(runtime)
+    finally:
+        await runtime.close()
+        await buffer.close()
+    assert readyz.status_code == 200
+    assert readyz.json() == {
+        "status": "ready",
+        "store": "ok",
+        "replay": "degraded: ConnectionError; readers follow the Store",
+    }
+
+
+@pytest.fixture
+def silent_port() -> Iterator[int]:
+    """A loopback port that accepts connections and never answers (a hung Redis)."""
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(8)
+        yield int(server.getsockname()[1])
+
+
+async def test_a_hung_replay_buffer_does_not_hang_the_probe(
+    tmp_path: Path, silent_port: int
+) -> None:
+    buffer = RedisReplayBuffer.from_url(f"redis://127.0.0.1:{silent_port}/0")
+    store = SqlStore.from_url(f"sqlite:///{tmp_path / 'h.db'}")
+    await store.setup()
+    runtime = SessionRuntime(agent=Agent(model=ScriptedModel([])), store=store, replay=buffer)
+    started = time.monotonic()
+    try:
+        readyz = await _probe(runtime)
+    finally:
+        await store.close()
+        await buffer.close()
+    assert time.monotonic() - started < 5
+    assert readyz.status_code == 200
+    assert readyz.json()["replay"] == "degraded: TimeoutError; readers follow the Store"
+
+
+async def test_readyz_names_both_when_the_store_and_the_buffer_are_down() -> None:
+    store = _unreachable_store()
+    buffer = RedisReplayBuffer.from_url(f"redis://127.0.0.1:{free_port()}/0")
+    runtime = SessionRuntime(agent=Agent(model=ScriptedModel([])), store=store, replay=buffer)
+    try:
+        readyz = await _probe(runtime)
+    finally:
+        await store.close()
+        await buffer.close()
+    assert readyz.status_code == 503
+    detail = readyz.json()["detail"]
+    assert "store: unavailable: StoreUnavailableError" in detail
+    assert "replay: degraded: ConnectionError" in detail
