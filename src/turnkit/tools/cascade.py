@@ -60,5 +60,22 @@ class ToolClass:
         assert last is not None
         raise last
 
+    async def reconcile(
+        self, arguments: Mapping[str, JsonValue], ctx: ToolContext
+    ) -> tuple[bool, JsonValue]:
+        """Ask each member's reconcile hook, in order, whether the call already took effect.
+
+        Any member may have been the one that ran before the crash, so the first that says
+        it did answers; `(False, None)` when none did or none has a hook.
+        """
+        for member in self.tools:
+            hook = getattr(member, "reconcile", None)
+            if hook is None:
+                continue
+            applied, output = await hook(arguments, ctx)
+            if applied:
+                return True, output
+        return False, None
+
     def __repr__(self) -> str:
         return f"ToolClass({self._name!r}, {[t.name for t in self.tools]!r})"
