@@ -1,4 +1,8 @@
-"""LiteLLMClient against a real OpenAI-compatible HTTP server on 127.0.0.1."""
+"""LiteLLMClient against a real OpenAI-compatible HTTP server on 127.0.0.1.
+
+Every test runs on both transports: `auto` (an `openai/...` model streams over turnkit's
+own HTTP client) and `litellm` (through `litellm.acompletion`); they must not differ.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +10,9 @@ import asyncio
 import json
 import socket
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from dataclasses import replace
+from typing import Any
 
 import pytest
 from tests.support import openai_server as fake_openai
@@ -37,9 +42,24 @@ from turnkit.models import (
 )
 from turnkit.models.catalog import DEFAULT_FACTS, ModelFacts, model_facts, thinking_budget
 from turnkit.models.family import ModelFamily
-from turnkit.models.litellm import LiteLLMClient, resolve_model
+from turnkit.models.litellm import LiteLLMClient, Transport, resolve_model
 
 openai_server = fake_openai.openai_server  # the fixture, visible to this module's tests
+
+_transport: list[Transport] = ["auto"]  # the transport of the running test
+
+
+@pytest.fixture(autouse=True, params=["auto", "litellm"])
+def transport(request: pytest.FixtureRequest) -> Iterator[Transport]:
+    _transport[0] = request.param
+    yield request.param
+    _transport[0] = "auto"
+
+
+def new_client(model: str, **kwargs: Any) -> LiteLLMClient:
+    """A `LiteLLMClient` on the running test's transport."""
+    return LiteLLMClient(model, transport=_transport[0], **kwargs)
+
 
 HELLO = ModelRequest(messages=(ModelMessage(role="user", content="hi"),))
 WEATHER = ToolSpec(
@@ -56,7 +76,7 @@ def client_for(
     timeout: float = 10.0,
     extra_body: dict[str, object] | None = None,
 ) -> LiteLLMClient:
-    return LiteLLMClient(
+    return new_client(
         f"openai/{model}",
         api_base=server.base_url,
         api_key="sk-test",
@@ -320,7 +340,7 @@ async def test_a_refused_connection_names_the_address_and_is_not_retried() -> No
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     address = f"http://127.0.0.1:{port}/v1"
-    client = LiteLLMClient("openai/fake-model", api_base=address, api_key="sk", timeout=5)
+    client = new_client("openai/fake-model", api_base=address, api_key="sk", timeout=5)
 
     started = time.perf_counter()
     with pytest.raises(ModelUnreachableError) as caught:
@@ -441,7 +461,7 @@ def test_unresolvable_model_raises_unknown_model_error() -> None:
 
 def test_client_construction_fails_for_an_unresolvable_model() -> None:
     with pytest.raises(UnknownModelError):
-        LiteLLMClient("definitely-not-a-provider-model-xyz")
+        new_client("definitely-not-a-provider-model-xyz")
 
 
 def test_resolve_model_returns_the_provider() -> None:
@@ -454,7 +474,7 @@ async def test_network_guard_refuses_non_loopback_calls(
     monkeypatch: pytest.MonkeyPatch, api_base: str | None
 ) -> None:
     monkeypatch.setattr(turnkit.models, "ALLOW_NETWORK", False)
-    client = LiteLLMClient("openai/fake-model", api_base=api_base, api_key="sk-test")
+    client = new_client("openai/fake-model", api_base=api_base, api_key="sk-test")
 
     with pytest.raises(ConfigurationError) as caught:
         await collect(client.stream(HELLO))
@@ -552,7 +572,7 @@ async def test_headers_and_a_key_from_a_named_variable_reach_the_server(
 ) -> None:
     monkeypatch.setenv("TURNKIT_TEST_PROXY_KEY", "sk-from-env")
     openai_server.script("fake-model", [Reply.text("ok")])
-    client = LiteLLMClient(
+    client = new_client(
         "openai/fake-model",
         api_base=openai_server.base_url,
         api_key_env="TURNKIT_TEST_PROXY_KEY",
@@ -570,7 +590,7 @@ async def test_a_missing_key_fails_at_once_naming_the_variable(
     openai_server: FakeOpenAIServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("TURNKIT_TEST_UNSET_KEY", raising=False)
-    named = LiteLLMClient(
+    named = new_client(
         "openai/fake-model", api_base=openai_server.base_url, api_key_env="TURNKIT_TEST_UNSET_KEY"
     )
     with pytest.raises(ModelCredentialsError, match="TURNKIT_TEST_UNSET_KEY") as caught:
@@ -579,7 +599,7 @@ async def test_a_missing_key_fails_at_once_naming_the_variable(
     assert caught.value.is_retriable is False
 
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
-    default = LiteLLMClient("openai/fake-model", api_base=openai_server.base_url)
+    default = new_client("openai/fake-model", api_base=openai_server.base_url)
     with pytest.raises(ModelCredentialsError, match="OPENAI_API_KEY"):
         await collect(default.stream(HELLO))
     assert openai_server.requests == []  # found before any request left
@@ -605,10 +625,10 @@ async def test_credential_and_connection_errors_do_not_walk_a_family(
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     fallback = client_for(openai_server, "second")
-    keyless = LiteLLMClient(
+    keyless = new_client(
         "openai/first", api_base=openai_server.base_url, api_key_env="TURNKIT_TEST_UNSET_KEY"
     )
-    refused = LiteLLMClient("openai/first", api_base=f"http://127.0.0.1:{port}/v1", api_key="k")
+    refused = new_client("openai/first", api_base=f"http://127.0.0.1:{port}/v1", api_key="k")
 
     with pytest.raises(ModelCredentialsError):
         await collect(ModelFamily("f", [keyless, fallback]).stream(HELLO))

@@ -5,17 +5,22 @@ import is slow; see `_loader`), so `import turnkit` stays fast and works without
 key. Vendor shapes stop
 here: requests go out as OpenAI chat dicts, chunks come back as turnkit's neutral chunks,
 and every provider failure becomes a `ProviderError` with `is_retriable` set.
+
+Two transports carry a call. litellm resolves the model, maps the parameters and prices
+the call on both; for a model of the `openai` provider the stream itself goes over a lean
+httpx client (`_direct`, `_openai_stream`), which costs a fraction of litellm's work per
+chunk, and every other provider streams through `litellm.acompletion`.
 """
 
 from __future__ import annotations
 
 import base64
-import importlib
 import ipaddress
 import math
 import os
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from types import ModuleType
+from typing import Literal
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -26,8 +31,6 @@ from turnkit.errors import (
     ConfigurationError,
     InvalidInputError,
     ModelCredentialsError,
-    ModelUnreachableError,
-    ProviderError,
     UnknownModelError,
 )
 from turnkit.models import (
@@ -44,10 +47,15 @@ from turnkit.models import (
     Usage,
     text_of,
 )
+from turnkit.models._direct import prepare as _prepare_direct
+from turnkit.models._errors import CallSite, map_error
 from turnkit.models._loader import load_litellm as _load_litellm
-from turnkit.models._status import RETRIABLE_STATUS
+from turnkit.models._openai_stream import StreamState, stream_chat
 
-__all__ = ("LiteLLMClient", "ModelEndpoint", "resolve_model")
+__all__ = ("LiteLLMClient", "ModelEndpoint", "Transport", "resolve_model")
+
+Transport = Literal["auto", "litellm"]
+"""How calls travel: `auto` streams `openai` provider models directly, `litellm` never does."""
 
 _MIN_THINKING_BUDGET = 1024
 """Providers with an explicit thinking budget (Anthropic, Gemini) reject smaller ones."""
@@ -210,6 +218,13 @@ class LiteLLMClient:
         extra_body: Extra JSON fields sent as they are in the request body.
         num_retries: Retries litellm makes on its own; keep 0 under a `ModelFamily`, which
             walks to the next rung instead.
+        transport: `"auto"` (the default) streams the call over turnkit's own HTTP client
+            when litellm resolves the model to the `openai` provider (an `openai/...`
+            model string, with or without `api_base`, or a bare OpenAI model name) and
+            `num_retries` is 0; litellm still maps the parameters, builds the request
+            body and prices the call. Other providers, models litellm sends to the
+            Responses API, and calls while litellm callbacks are set go through
+            `litellm.acompletion`. `"litellm"` sends every call through litellm.
 
     A missing or refused key fails the call at once with `ModelCredentialsError` (code
     `model-credentials`, naming the variable to set) and a refused connection with
@@ -231,9 +246,12 @@ class LiteLLMClient:
         timeout: float = 60.0,
         extra_body: Mapping[str, object] | None = None,
         num_retries: int = 0,
+        transport: Transport = "auto",
     ) -> None:
         if api_key_env is not None and not api_key_env.strip():
             raise ConfigurationError("`api_key_env` must name an environment variable")
+        if transport not in ("auto", "litellm"):
+            raise ConfigurationError(f"`transport` must be 'auto' or 'litellm', not {transport!r}")
         self._bare_model, self._provider = _resolve(model, api_base)
         self._model = model
         self._api_base = api_base
@@ -244,6 +262,8 @@ class LiteLLMClient:
         self._timeout = timeout
         self._extra_body = dict(extra_body) if extra_body else None
         self._num_retries = num_retries
+        self._transport: Transport = transport
+        self._direct = transport == "auto" and self._provider == "openai" and num_retries == 0
 
     @property
     def model(self) -> str:
@@ -259,6 +279,11 @@ class LiteLLMClient:
     def api_base(self) -> str | None:
         """The base URL calls go to (None: the provider's default)."""
         return self._api_base
+
+    @property
+    def transport(self) -> Transport:
+        """How calls travel: `"auto"` or `"litellm"` (see the class docstring)."""
+        return self._transport
 
     def __repr__(self) -> str:
         return f"LiteLLMClient(model={self._model!r}, api_base={self._api_base!r})"
@@ -297,38 +322,43 @@ class LiteLLMClient:
         litellm = _load_litellm()
         kwargs = self._call_kwargs(litellm, request)
         kwargs.update(self._credentials(litellm))
+        state = StreamState()
+        direct = _prepare_direct(litellm, kwargs, model=self._bare_model) if self._direct else None
+        pieces = stream_chat(direct, state) if direct else self._via_litellm(litellm, kwargs, state)
         try:
-            response = await litellm.acompletion(**kwargs)
+            async for piece in pieces:
+                yield piece
         except Exception as exc:
-            mapped = self._map_error(litellm, exc)
-            if mapped is None:
-                raise
-            raise mapped from exc
-
-        finish_reason: str | None = None
-        saw_tool_call = False
-        usage: object = None
-        try:
-            async for chunk in response:
-                chunk_usage = getattr(chunk, "usage", None)
-                if chunk_usage is not None:
-                    usage = chunk_usage
-                choices = getattr(chunk, "choices", None) or ()
-                for choice in choices[:1]:
-                    reason = getattr(choice, "finish_reason", None)
-                    if reason:
-                        finish_reason = str(reason)
-                    for piece in self._delta_chunks(getattr(choice, "delta", None)):
-                        saw_tool_call = saw_tool_call or isinstance(piece, ToolCallDelta)
-                        yield piece
-        except Exception as exc:
-            mapped = self._map_error(litellm, exc)
+            mapped = map_error(exc, self._call_site(), litellm)
             if mapped is None:
                 raise
             raise mapped from exc
         finally:
+            await pieces.aclose()
+        finish = _stop_reason(state.finish_reason, state.saw_tool_call)
+        yield Finish(finish, self._usage(litellm, state.usage))
+
+    async def _via_litellm(
+        self, litellm: ModuleType, kwargs: dict[str, object], state: StreamState
+    ) -> AsyncGenerator[ModelChunk, None]:
+        response = await litellm.acompletion(**kwargs)
+        try:
+            async for chunk in response:
+                chunk_usage = getattr(chunk, "usage", None)
+                if chunk_usage is not None:
+                    state.usage = chunk_usage
+                choices = getattr(chunk, "choices", None) or ()
+                for choice in choices[:1]:
+                    reason = getattr(choice, "finish_reason", None)
+                    if reason:
+                        state.finish_reason = str(reason)
+                    for piece in self._delta_chunks(getattr(choice, "delta", None)):
+                        state.saw_tool_call = state.saw_tool_call or isinstance(
+                            piece, ToolCallDelta
+                        )
+                        yield piece
+        finally:
             await _close_stream(response)
-        yield Finish(_stop_reason(finish_reason, saw_tool_call), self._usage(litellm, usage))
 
     # ── request ─────────────────────────────────────────────────────────────────────
 
@@ -367,6 +397,14 @@ class LiteLLMClient:
                 )
             self._keys_checked = True
         return {}
+
+    def _call_site(self) -> CallSite:
+        return CallSite(
+            model=self._model,
+            provider=self._provider,
+            api_base=self._api_base,
+            key_variable=self._key_variable(),
+        )
 
     def _key_variable(self) -> str:
         """The variable a refused key came from, as well as it can be told."""
@@ -464,19 +502,21 @@ class LiteLLMClient:
     def _usage(self, litellm: ModuleType, usage: object) -> Usage:
         if usage is None:
             return Usage()
-        details = getattr(usage, "prompt_tokens_details", None)
-        input_tokens = _int(getattr(usage, "prompt_tokens", 0))
-        output_tokens = _int(getattr(usage, "completion_tokens", 0))
+        details = _field(usage, "prompt_tokens_details")
+        input_tokens = _int(_field(usage, "prompt_tokens"))
+        output_tokens = _int(_field(usage, "completion_tokens"))
         return Usage(
             input_tokens=input_tokens,
             output_tokens=output_tokens,
-            cached_tokens=_int(getattr(details, "cached_tokens", 0)),
+            cached_tokens=_int(_field(details, "cached_tokens")),
             cost_usd=self._cost(litellm, usage, input_tokens, output_tokens),
         )
 
     def _cost(self, litellm: ModuleType, usage: object, input_tokens: int, output: int) -> float:
         """Dollar cost from litellm's price map; 0.0 when the model has no known price."""
         try:
+            if isinstance(usage, Mapping):  # the direct transport's usage, as litellm's type
+                usage = litellm.Usage(**usage)
             prompt_cost, completion_cost = litellm.cost_per_token(
                 model=self._bare_model,
                 custom_llm_provider=self._provider,
@@ -489,66 +529,9 @@ class LiteLLMClient:
             return 0.0
         return cost if math.isfinite(cost) and cost > 0 else 0.0
 
-    # ── errors ──────────────────────────────────────────────────────────────────────
 
-    def _map_error(self, litellm: ModuleType, exc: Exception) -> ProviderError | None:
-        """A `ProviderError` for provider and transport failures; None for anything else."""
-        openai = importlib.import_module("openai")
-        httpx = importlib.import_module("httpx")
-        status = getattr(exc, "status_code", None)
-        status = status if isinstance(status, int) and not isinstance(status, bool) else None
-        if isinstance(exc, openai.APITimeoutError | TimeoutError):
-            status, retriable, advice = status or 408, True, "the provider timed out"
-        elif _refused(exc, httpx):
-            where = self._api_base or f"the {self._provider} default URL"
-            return ModelUnreachableError(
-                f"model {self._model!r}: the connection to {where} was refused; is the "
-                "server running there, and is api_base right?",
-                model=self._model,
-                address=where,
-            )
-        elif isinstance(exc, openai.AuthenticationError | openai.PermissionDeniedError) or (
-            status in (401, 403)
-        ):
-            return ModelCredentialsError(
-                f"model {self._model!r}: the provider refused the API key (HTTP "
-                f"{status or 401}); check {self._key_variable()}",
-                model=self._model,
-                variable=self._key_variable(),
-                status_code=status or 401,
-            )
-        elif isinstance(exc, openai.APIConnectionError | httpx.TransportError | ConnectionError):
-            retriable, advice = True, "the provider could not be reached"
-        elif isinstance(exc, openai.RateLimitError):
-            status, retriable, advice = status or 429, True, "the provider is rate limiting"
-        elif status is not None or isinstance(exc, openai.OpenAIError):
-            retriable = status is not None and (status in RETRIABLE_STATUS or status >= 500)
-            advice = _advice(status, exc, litellm)
-        else:
-            return None
-        if retriable:
-            advice += "; retry later or add a fallback rung to the ModelFamily"
-        detail = str(getattr(exc, "message", "") or exc).strip()
-        if len(detail) > 500:
-            detail = detail[:500] + "..."
-        return ProviderError(
-            f"model {self._model!r} (provider {self._provider!r}) failed"
-            f"{f' with HTTP {status}' if status else ''}: {advice}. Provider said: {detail}",
-            status_code=status,
-            is_retriable=retriable,
-        )
-
-
-def _advice(status: int | None, exc: Exception, litellm: ModuleType) -> str:
-    if isinstance(exc, litellm.ContextWindowExceededError):
-        return "the request exceeds the model's context window; shorten the conversation"
-    if status == 404:
-        return "the provider does not know this model or endpoint; check the model and api_base"
-    if status is not None and status >= 500:
-        return "the provider had a server error"
-    if status is not None and status in RETRIABLE_STATUS:
-        return "the provider is busy"
-    return "the provider rejected the request; check the messages, tools and parameters"
+def _field(value: object, name: str) -> object:
+    return value.get(name) if isinstance(value, Mapping) else getattr(value, name, None)
 
 
 def _missing_keys(litellm: ModuleType, model: str, api_base: str | None) -> list[str]:
@@ -559,22 +542,6 @@ def _missing_keys(litellm: ModuleType, model: str, api_base: str | None) -> list
         return []
     missing = report.get("missing_keys", ()) if isinstance(report, dict) else ()
     return [k for k in missing if isinstance(k, str) and ("KEY" in k or "TOKEN" in k)]
-
-
-def _refused(exc: BaseException, httpx: ModuleType) -> bool:
-    """A connection refused (nothing listens there), anywhere in the cause chain."""
-    seen = 0
-    current: BaseException | None = exc
-    while current is not None and seen < 8:
-        if isinstance(current, ConnectionRefusedError):
-            return True
-        if isinstance(current, httpx.ConnectError) and "refused" in str(current).lower():
-            return True
-        if "connection refused" in str(current).lower():
-            return True
-        current = current.__cause__ or current.__context__
-        seen += 1
-    return False
 
 
 class ModelEndpoint(BaseModel):
@@ -591,6 +558,8 @@ class ModelEndpoint(BaseModel):
     api_key_env: str | None = None
     headers: dict[str, str] = Field(default_factory=dict)
     timeout: float = Field(default=60.0, gt=0)
+    transport: Transport = "auto"
+    """`"litellm"` sends every call through litellm (see `LiteLLMClient`)."""
 
     def client(self) -> LiteLLMClient:
         """The client for this endpoint."""
@@ -600,6 +569,7 @@ class ModelEndpoint(BaseModel):
             api_key_env=self.api_key_env,
             headers=self.headers or None,
             timeout=self.timeout,
+            transport=self.transport,
         )
 
 

@@ -1,0 +1,295 @@
+"""The direct transport: one OpenAI-compatible chat-completions stream over pooled httpx.
+
+`LiteLLMClient` sends a call here when litellm resolves its model to the `openai` provider
+(the rule is in its docstring). litellm has already resolved the model and mapped the
+parameters into the request body, and it prices the call afterwards; this module only
+posts the body and turns the SSE `data:` lines into turnkit chunks, at a small fraction of
+litellm's cost per chunk. It never imports litellm.
+
+Connections are pooled per endpoint (scheme, host and port) and per event loop, since an
+`httpx.AsyncClient` belongs to the loop that opened its connections. A loop's clients are
+closed when the loop shuts down its async generators, as `asyncio.run` does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import weakref
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass, field
+
+import httpx
+
+from turnkit.models import ModelChunk, TextDelta, ThinkingDelta, ToolCallDelta
+
+__all__ = ("ChatCall", "ChatStreamError", "StreamState", "stream_chat")
+
+_LIMITS = httpx.Limits(max_connections=1000, max_keepalive_connections=100)
+"""The openai SDK's limits: a thousand concurrent streams to one endpoint do not queue."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ChatCall:
+    """One prepared call: where it goes and the exact bytes it sends."""
+
+    url: str
+    """`{api_base}/chat/completions`."""
+    endpoint: str
+    """The connection pool's key: scheme, host and port of `url`."""
+    headers: dict[str, str]
+    """Lower-case names."""
+    body: bytes
+    timeout: float
+    """Seconds for connecting and between reads."""
+
+
+@dataclass(slots=True)
+class StreamState:
+    """What the stream said besides its deltas, read once it has ended."""
+
+    finish_reason: str | None = None
+    saw_tool_call: bool = False
+    usage: dict[str, object] | None = None
+
+
+class ChatStreamError(Exception):
+    """The server answered an error status, or sent an error inside the stream."""
+
+    def __init__(self, message: str, *, status_code: int | None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status_code = status_code
+        self.code = code
+        """The error body's `code`, e.g. `context_length_exceeded`."""
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_rebuild_error, (self.message, self.status_code, self.code))
+
+
+def _rebuild_error(message: str, status_code: int | None, code: str | None) -> ChatStreamError:
+    return ChatStreamError(message, status_code=status_code, code=code)
+
+
+# ── the pool ─────────────────────────────────────────────────────────────────────────
+
+
+@dataclass(slots=True, eq=False)
+class _LoopPool:
+    clients: dict[str, httpx.AsyncClient] = field(default_factory=dict)
+    keeper: AsyncGenerator[None, None] | None = None
+
+
+_POOLS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopPool] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+async def _close_at_shutdown(pool: _LoopPool) -> AsyncGenerator[None, None]:
+    # Started once per loop and left suspended: the loop closes it in
+    # `shutdown_asyncgens()` (asyncio.run, asyncio.Runner), and the clients with it.
+    try:
+        yield
+    finally:
+        clients = list(pool.clients.values())
+        pool.clients.clear()
+        for client in clients:
+            await client.aclose()
+
+
+async def _client(endpoint: str) -> httpx.AsyncClient:
+    loop = asyncio.get_running_loop()
+    pool = _POOLS.get(loop)
+    if pool is None:
+        pool = _POOLS[loop] = _LoopPool()
+        pool.keeper = _close_at_shutdown(pool)
+        await pool.keeper.__anext__()  # runs to its first `yield`: it never suspends
+    client = pool.clients.get(endpoint)
+    if client is None or client.is_closed:
+        client = pool.clients[endpoint] = httpx.AsyncClient(limits=_LIMITS)
+    return client
+
+
+# ── the stream ───────────────────────────────────────────────────────────────────────
+
+
+async def stream_chat(call: ChatCall, state: StreamState) -> AsyncGenerator[ModelChunk, None]:
+    """Post `call` and yield its text, thinking and tool-call deltas in order.
+
+    `state` holds the finish reason and usage once the stream has ended. The HTTP
+    response is closed on the way out, also when the consumer stops early or is
+    cancelled, which aborts the request.
+
+    Raises:
+        ChatStreamError: An error status, or an error event inside the stream.
+        httpx.HTTPError: The transport failed (refused, timed out, cut off).
+    """
+    client = await _client(call.endpoint)
+    request = client.build_request(
+        "POST", call.url, content=call.body, headers=call.headers, timeout=call.timeout
+    )
+    response = await client.send(request, stream=True)
+    try:
+        if response.status_code >= 300:
+            await response.aread()
+            raise _status_error(response)
+        if response.headers.get("content-type", "").startswith("application/json"):
+            await response.aread()  # a server that ignores `stream`: one whole answer
+            for piece in _pieces(_as_chunk(json.loads(response.content)), state):
+                yield piece
+            return
+        events = _Events()
+        # After `[DONE]` the body is still read to its end (`feed` then returns nothing),
+        # so that the connection goes back to the pool instead of being closed.
+        async for raw in response.aiter_bytes():
+            for payload in events.feed(raw):
+                for piece in _pieces(json.loads(payload), state):
+                    yield piece
+        for payload in events.end():
+            for piece in _pieces(json.loads(payload), state):
+                yield piece
+    finally:
+        await response.aclose()
+
+
+class _Events:
+    """Server-sent events: each event's `data` lines, joined, up to `[DONE]`.
+
+    Other fields (`event:`, `id:`, `retry:`) and `:` comments (keep-alives) carry
+    nothing turnkit needs.
+    """
+
+    __slots__ = ("_data", "_rest", "done")
+
+    def __init__(self) -> None:
+        self._rest = b""
+        self._data: list[bytes] = []
+        self.done = False
+
+    def feed(self, raw: bytes) -> list[bytes]:
+        """The payloads of the events `raw` completes (none once `[DONE]` was seen)."""
+        if self.done:
+            return []
+        lines = (self._rest + raw).split(b"\n") if self._rest else raw.split(b"\n")
+        self._rest = lines.pop()
+        payloads: list[bytes] = []
+        for line in lines:
+            if line.endswith(b"\r"):
+                line = line[:-1]
+            if line.startswith(b"data:"):
+                self._data.append(line[6:] if line[5:6] == b" " else line[5:])
+            elif not line and self._data:  # a blank line ends an event
+                data, self._data = self._data, []
+                payload = data[0] if len(data) == 1 else b"\n".join(data)
+                if payload.startswith(b"[DONE]"):
+                    self.done = True
+                    break
+                payloads.append(payload)
+        return payloads
+
+    def end(self) -> list[bytes]:
+        """The last event, when the body ended without the blank line that closes it."""
+        return self.feed(b"\n\n") if self._rest or self._data else []
+
+
+def _pieces(event: object, state: StreamState) -> list[ModelChunk]:
+    """One `chat.completion.chunk` as turnkit chunks (its first choice only)."""
+    if not isinstance(event, dict):
+        return []
+    error = event.get("error")
+    if error:
+        raise _stream_error(error)
+    usage = event.get("usage")
+    if isinstance(usage, dict):
+        state.usage = usage
+    choices = event.get("choices")
+    if not choices or not isinstance(choices, list) or not isinstance(choices[0], dict):
+        return []
+    choice = choices[0]
+    reason = choice.get("finish_reason")
+    if reason:
+        if reason == "abort":
+            raise ChatStreamError("the upstream generation was aborted", status_code=500)
+        state.finish_reason = str(reason)
+    delta = choice.get("delta")
+    if not delta or not isinstance(delta, dict):
+        return []
+    out: list[ModelChunk] = []
+    reasoning = delta.get("reasoning_content") or delta.get("reasoning")
+    if reasoning and isinstance(reasoning, str):
+        out.append(ThinkingDelta(reasoning))
+    content = delta.get("content")
+    if content and isinstance(content, str):
+        out.append(TextDelta(content))
+    calls = delta.get("tool_calls")
+    if calls and isinstance(calls, list):
+        pieces = _tool_call_pieces(calls)
+        if pieces:
+            state.saw_tool_call = True
+            out += pieces
+    return out
+
+
+def _as_chunk(answer: object) -> object:
+    """A whole `chat.completion` as one chunk whose delta is its message."""
+    if not isinstance(answer, dict) or "error" in answer:
+        return answer
+    choices = answer.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        raise ChatStreamError(f"not a chat completion: {str(answer)[:300]}", status_code=200)
+    choice = choices[0]
+    delta = {**choice, "delta": choice.get("message")}
+    return {"choices": [delta], "usage": answer.get("usage")}
+
+
+def _tool_call_pieces(calls: list[object]) -> list[ModelChunk]:
+    out: list[ModelChunk] = []
+    for position, call in enumerate(calls):
+        if not isinstance(call, dict):
+            continue
+        index = call.get("index")
+        call_id = call.get("id")
+        function = call.get("function")
+        name = function.get("name") if isinstance(function, dict) else None
+        arguments = function.get("arguments") if isinstance(function, dict) else None
+        piece = ToolCallDelta(
+            index=index if isinstance(index, int) else position,
+            tool_call_id=call_id if isinstance(call_id, str) and call_id else None,
+            name=name if isinstance(name, str) and name else None,
+            arguments=arguments if isinstance(arguments, str) else "",
+        )
+        if piece.tool_call_id or piece.name or piece.arguments:
+            out.append(piece)
+    return out
+
+
+def _stream_error(error: object) -> ChatStreamError:
+    """An error event inside a 200 stream (vLLM, sglang, proxies).
+
+    Always status 500, whatever its `code` says, as litellm's path reports it: the
+    request was accepted, and the failure came while answering.
+    """
+    if not isinstance(error, dict):
+        return ChatStreamError(str(error), status_code=500)
+    message = error.get("message")
+    code = error.get("code")
+    return ChatStreamError(
+        message if isinstance(message, str) else json.dumps(error),
+        status_code=500,
+        code=code if isinstance(code, str) else None,
+    )
+
+
+def _status_error(response: httpx.Response) -> ChatStreamError:
+    try:
+        body: object = json.loads(response.content)
+    except ValueError:
+        body = None
+    error = body.get("error") if isinstance(body, dict) else None
+    message = error.get("message") if isinstance(error, dict) else None
+    code = error.get("code") if isinstance(error, dict) else None
+    if not isinstance(message, str) or not message:
+        message = response.text.strip()[:500] or response.reason_phrase
+    return ChatStreamError(
+        message, status_code=response.status_code, code=code if isinstance(code, str) else None
+    )
