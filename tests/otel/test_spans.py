@@ -239,6 +239,41 @@ async def test_a_failed_turn_carries_error_type(
     )
 
 
+async def test_a_thinking_summary_is_its_own_chat_span(
+    runtime_factory: RuntimeFactory, otel: Telemetry
+) -> None:
+    model = ScriptedModel(
+        [
+            ModelStep(text="", thinking="maybe add", tool_calls=(call("add", a=2, b=2),)),
+            ModelStep.text_reply("2 + 2 = 4. " * 20, thinking="done"),
+        ],
+        name="m-large",
+    )
+    utility = ScriptedModel(
+        [
+            ModelStep.text_reply('{"intent": "math", "depth": "none"}'),
+            ModelStep.text_reply("The assistant added the numbers with the tool."),
+            ModelStep.text_reply("Adding two and two"),
+        ],
+        name="m-background",
+    )
+    runtime = runtime_factory(Agent(model=model, utility_model=utility, tools=[add]))
+    events = await collect_events(runtime.execute_message("s1", "2+2?"))
+    assert isinstance(events[-1], DoneEvent)
+    utility.assert_complete()
+    background = otel.named("chat m-background")
+    # The plan (anchor-plan), the thread's name (post-turn) and the thinking summary, which
+    # is written while the loop runs: each its own chat span, none failed.
+    stages = sorted(str(_attrs(span)["turnkit.stage"]) for span in background)
+    assert stages[0] == "anchor-plan"
+    assert "post-turn" in stages
+    assert len(stages) == 3
+    assert set(stages) - {"anchor-plan", "post-turn"}, stages  # the summary's stage
+    for span in background:
+        assert _attrs(span)["gen_ai.usage.output_tokens"] > 0  # type: ignore[operator]
+        assert span.status.status_code is not StatusCode.ERROR
+
+
 @tool
 async def slow_add(a: int, b: int) -> int:
     """Add two numbers, slowly."""

@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass
 from typing import Final
 
+from turnkit import otel
 from turnkit.audit import AuditPayloads, CallOutcome, CallShape, ThinkingSummaryPayload
 from turnkit.blocks import ThinkingSummaryBlock
 from turnkit.errors import TurnkitError
@@ -27,6 +28,7 @@ from turnkit.models import (
     Finish,
     ModelMessage,
     ModelRequest,
+    ModelResponse,
     RungStarted,
     TextDelta,
     Usage,
@@ -135,18 +137,30 @@ class ThinkingSummary:
                 error_code=code,
             )
 
+        chat = otel.chat(rec, self._stage, self._utility.name, request)
         try:
             async with closing_stream(self._utility.stream(request)) as chunks:
                 async for chunk in chunks:
+                    chat.saw(chunk)
                     match chunk:
                         case RungStarted():
                             model, provider, rung = chunk.model, chunk.provider, chunk.rung
                             text.clear()
                         case TextDelta(text=piece):
                             text.append(piece)
-                        case Finish(usage=usage):
+                        case Finish(usage=usage, stop_reason=stop):
+                            summary = "".join(text).strip()
+                            chat.answered(
+                                ModelResponse(
+                                    text=summary,
+                                    thinking="",
+                                    tool_calls=(),
+                                    stop_reason=stop,
+                                    usage=usage,
+                                )
+                            )
                             return _Written(
-                                summary="".join(text).strip(),
+                                summary=summary,
                                 shape=shape("ok", usage),
                                 reasoning_chars=len(reasoning),
                             )
@@ -156,9 +170,12 @@ class ThinkingSummary:
             rec.audit(self._stage, call=shape("cancelled", Usage(), "cancelled"))
             raise
         except Exception as exc:  # noqa: BLE001 - a missing summary never fails the turn
+            chat.failed(exc)
             code = exc.code if isinstance(exc, TurnkitError) else "internal-error"
             log.warning("the thinking summary failed: %s", exc)
             rec.audit(self._stage, call=shape("error", Usage(), code))
+        finally:
+            chat.close()
         return None
 
     def _messages(self, reasoning: str) -> tuple[ModelMessage, ...]:
