@@ -157,9 +157,7 @@ async def test_the_model_check(tmp_path: Path) -> None:
 
 
 async def test_budgets_fail_closed_and_refuse_when_spent(tmp_path: Path) -> None:
-    config = RuntimeConfig(
-        database_url=f"sqlite:///{tmp_path / 'admission.db'}", budgets="enforce"
-    )
+    config = RuntimeConfig(database_url=f"sqlite:///{tmp_path / 'admission.db'}", budgets="enforce")
     async with _runtime(tmp_path, config=config) as runtime:
         with pytest.raises(BudgetPolicyMissingError):
             await runtime.submit("s1", "hi", principal=ALICE)

@@ -268,6 +268,39 @@ def _tool_runs(log: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
 
 
+async def test_a_pause_in_one_worker_process_is_approved_and_finished_by_another(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url, log = _url(tmp_path), tmp_path / "tools.log"
+    monkeypatch.setenv("TK_SPECIAL_APPROVAL", "always")
+    api = agents_host.runtime(url, run_in_process=False)
+    async with api:
+        submission = await api.start("s1", "who am I?", agent="special", principal="ada")
+        first = _spawn_worker(url, log, TK_SPECIAL_APPROVAL="always")
+        try:
+            async with asyncio.timeout(20):
+                while (await api.turn(submission.turn_id)).status != "awaiting_approval":
+                    await asyncio.sleep(0.05)
+        finally:
+            first.terminate()
+            _reap(first)
+        paused = [e async for e in api.events(submission.turn_id)][-1]
+        assert isinstance(paused, ApprovalRequestedEvent)
+        assert _tool_runs(log) == []  # nothing of the tool ran before the approval
+        await api.resume(submission.turn_id, paused.request_id, Approve())
+        second = _spawn_worker(url, log, TK_SPECIAL_APPROVAL="always")
+        try:
+            events = await _until_done(api, submission.turn_id, wait_s=30)
+        finally:
+            second.terminate()
+            _reap(second)
+
+    assert [r["pid"] for r in _tool_runs(log)] == [second.pid]
+    assert [r["principal"] for r in _tool_runs(log)] == ["ada"]
+    # The pinned special agent (its model and tool) answered, not the default one.
+    assert _answer(events) == "special-model: ada at tenant-of-ada"
+
+
 async def test_a_sigkilled_worker_is_recovered_with_the_pinned_agent_and_fresh_deps(
     tmp_path: Path,
 ) -> None:

@@ -110,9 +110,11 @@ def runtime(database_url: str, **kw: object) -> SessionRuntime:
         lease_ttl_s=float(os.environ.get("TK_LEASE_TTL_S", "2")),
         run_in_process=bool(kw.pop("run_in_process", True)),
     )
+    # TK_SPECIAL_APPROVAL=always hosts the variant that asks before each action (its
+    # version differs: every process driving its turns must host the same one).
     return SessionRuntime(
         agent=default(),
-        agents=[special()],
+        agents=[special(approval=os.environ.get("TK_SPECIAL_APPROVAL", "never"))],
         deps=build_deps,
         config=config,
         **kw,  # type: ignore[arg-type]
