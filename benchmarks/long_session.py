@@ -13,7 +13,10 @@ turns:
 - the turn's whole CPU, for reference;
 - the ratio last/first, with its spread over blocks of ten turns.
 
-Run:  .venv/bin/python benchmarks/long_session.py [--turns 500] [--window 50] [--json PATH]
+`--cold` holds no session transcript between turns, as when each turn of the session lands
+on another worker: every turn then reads its whole history from the Store.
+
+Run:  .venv/bin/python benchmarks/long_session.py [--turns 500] [--window 50] [--cold] [--json PATH]
 Prints a table and writes JSON (default benchmarks/results/long_session.json).
 """
 
@@ -41,6 +44,7 @@ from turnkit import RuntimeConfig, SessionRuntime
 from turnkit.demo import DemoModel, demo_agent
 from turnkit.events import DoneEvent
 from turnkit.models import ModelChunk, ModelRequest
+from turnkit.runtime._held import HeldTranscripts
 
 MESSAGES = ("What is (12 + 3) * 7?", "Thanks, that helps.", "How many words are in this line?")
 BLOCK = 10
@@ -83,8 +87,12 @@ def _timed_encoding(meter: _Meter, encode: Callable[..., Any]) -> Callable[..., 
     return timed
 
 
-async def run_session(turns: int) -> list[dict[str, float]]:
-    """Per turn: whole CPU ms, framework CPU ms, wall ms."""
+async def run_session(turns: int, *, cold: bool = False) -> list[dict[str, float]]:
+    """Per turn: whole CPU ms, framework CPU ms, wall ms.
+
+    `cold`: the runtime holds no session transcript between turns, so each turn reads
+    its whole history from the Store (as when every turn lands on another worker).
+    """
     meter = _Meter()
     encode = getattr(message_list, "from_transcript")  # noqa: B009 - patched for timing
     setattr(message_list, "from_transcript", _timed_encoding(meter, encode))  # noqa: B010
@@ -93,6 +101,8 @@ async def run_session(turns: int) -> list[dict[str, float]]:
     with tempfile.TemporaryDirectory() as tmp:
         config = RuntimeConfig(database_url=f"sqlite:///{tmp}/long.db")
         async with SessionRuntime(agent=agent, config=config) as runtime:
+            if cold:
+                runtime._held = HeldTranscripts(max_bytes=0)  # holds nothing
             for index in range(turns):
                 meter.outside = 0.0
                 wall, cpu = time.perf_counter(), time.process_time()
@@ -136,12 +146,15 @@ async def main() -> None:
     parser.add_argument("--turns", type=int, default=500)
     parser.add_argument("--window", type=int, default=50)
     parser.add_argument("--label", default="", help="a note stored with the results")
+    parser.add_argument(
+        "--cold", action="store_true", help="hold no transcript between turns (many workers)"
+    )
     default_json = Path(__file__).parent / "results" / "long_session.json"
     parser.add_argument("--json", default=str(default_json))
     args = parser.parse_args()
     if args.turns < 2 * args.window:
         raise SystemExit("--turns must be at least twice --window")
-    rows = await run_session(args.turns)
+    rows = await run_session(args.turns, cold=args.cold)
     head, tail = rows[: args.window], rows[-args.window :]
     results = {
         metric: _summary([r[metric] for r in head], [r[metric] for r in tail])
@@ -149,8 +162,8 @@ async def main() -> None:
     }
     w, n = args.window, args.turns
     print(
-        f"\none session of {n} turns, demo agent — {platform.python_version()} on "
-        f"{os.cpu_count()} cores\n"
+        f"\none session of {n} turns, demo agent{' (cold: no transcript held)' * args.cold}"
+        f" — {platform.python_version()} on {os.cpu_count()} cores\n"
     )
     print(
         f"{'per turn':34} {f'turns 1–{w}':>12} {f'turns {n - w + 1}–{n}':>14} "
@@ -171,6 +184,7 @@ async def main() -> None:
         "cores": os.cpu_count(),
         "ts": datetime.now(UTC).isoformat(),
         "label": args.label,
+        "cold": args.cold,
         "turns": n,
         "window": w,
         "results": results,

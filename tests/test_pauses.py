@@ -27,6 +27,8 @@ from turnkit.events import (
     ToolCompletedEvent,
     ToolFailedEvent,
 )
+from turnkit.replay import ReplaySettings
+from turnkit.replay.memory import InMemoryReplayBuffer
 from turnkit.runtime.reader import Frame
 from turnkit.testing import ModelStep, ScriptedModel, call, collect_events
 
@@ -104,6 +106,49 @@ async def test_approval_survives_a_restart_and_resumes_the_same_turn(tmp_path: P
     assert len(before.calls) == 1  # the steps before the pause were not re-run ...
     assert len(after.calls) == 1  # ... only what came after it
     after.assert_complete()
+
+
+async def test_a_paused_turn_holds_no_task_lease_or_buffered_event_past_the_grace(
+    tmp_path: Path,
+) -> None:
+    buffer = InMemoryReplayBuffer(ReplaySettings(terminal_grace_s=0.2))  # TTL: an hour
+    model = ScriptedModel(
+        [
+            ModelStep.tool_call_reply(call("send_email", to="ada@example.com")),
+            ModelStep.text_reply("Done: sent."),
+        ]
+    )
+    runtime = SessionRuntime(
+        agent=Agent(model=model, tools=[send_email]),
+        config=RuntimeConfig(database_url=f"sqlite:///{tmp_path / 'held.db'}"),
+        replay=buffer,
+    )
+    await runtime.open()
+    try:
+        events = await collect_events(runtime.execute_message("s1", "email Ada"))
+        asked = events[-1]
+        assert isinstance(asked, ApprovalRequestedEvent)
+        assert buffer.turns == 1  # kept for readers still following ...
+        await asyncio.sleep(0.4)
+        assert buffer.turns == 0  # ... for the grace period only
+        assert (await runtime.turn(asked.turn_id)).lease_owner is None
+        assert [t for t in asyncio.all_tasks() if asked.turn_id in t.get_name()] == []
+        assert {t.get_name() for t in asyncio.all_tasks()}.isdisjoint(
+            {"turnkit-lease", "turnkit-heartbeat"}
+        )
+        # A reader that followed the turn to its pause waits on the Store, and follows
+        # the resumed turn to its end.
+        follower = asyncio.create_task(_finish(runtime, asked.turn_id, after=asked.seq))
+        await asyncio.sleep(0.1)
+        await runtime.resume(asked.turn_id, asked.request_id, Approve())
+        rest = await follower
+    finally:
+        await runtime.close()
+    seqs = [e.seq for e in rest if hasattr(e, "seq")]  # type: ignore[union-attr]
+    assert seqs == list(range(asked.seq + 1, asked.seq + 1 + len(seqs)))
+    done = rest[-1]
+    assert isinstance(done, DoneEvent)
+    assert done.status == "succeeded"
 
 
 async def test_a_denial_is_a_result_the_model_reads(tmp_path: Path) -> None:

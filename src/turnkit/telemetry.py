@@ -23,6 +23,7 @@ from turnkit.context.transcript import TranscriptMessage
 from turnkit.events import DurableEvent, EphemeralEvent
 from turnkit.ids import SessionId, StageId, TurnId
 from turnkit.journal import Journal, dedupe_key
+from turnkit.models import ModelRequest
 from turnkit.pauses import PauseRequest
 from turnkit.states import TurnStatus
 from turnkit.store import RunSummary, Store, TurnTranscript
@@ -48,8 +49,9 @@ class OpenCall:
     block_id: str = ""
     text: list[str] = field(default_factory=list[str])
     """The text streamed so far (what Stop keeps as an interrupted block)."""
-    prompt_tokens: int = 0
-    """An estimate of the request's size: an aborted call is billed this much input."""
+    request: ModelRequest | None = None
+    """The request: an aborted call is billed its estimated size as input (estimated
+    only then, so a call in a long session costs no extra pass over its messages)."""
 
 
 class Recorder:
@@ -109,6 +111,9 @@ class Recorder:
         """Guide messages the ending commit re-queued as turns of their own."""
         self.transcript: list[TranscriptMessage] = []
         """The model-facing transcript as of the last finished stage (kept at the end)."""
+        self.history: list[TranscriptMessage] = []
+        """The transcript earlier turns left, which the turn's own messages follow (never
+        changed in place: graph checkpoints leave it out and rejoin it)."""
         self.base_len = 0
         """How many of `transcript`'s messages earlier turns had already stored."""
         self.history_replaced = False

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from datetime import UTC, datetime
 from pathlib import Path
@@ -9,7 +10,8 @@ from pathlib import Path
 import sqlalchemy as sa
 from alembic import command
 
-from turnkit.ids import TurnId
+from turnkit.ids import SessionId, TurnId
+from turnkit.store import TurnTranscript
 from turnkit.store.migrate import _config, upgrade
 from turnkit.store.sql import SqlStore
 
@@ -45,4 +47,61 @@ async def test_0005_drops_the_unused_read_watermark_and_keeps_the_turns(tmp_path
     with engine.begin() as conn:  # and back: the column returns, filled with 0
         command.downgrade(_config(conn), "0004")
         assert conn.execute(sa.text("SELECT read_watermark FROM tk_turns")).scalar_one() == 0
+    engine.dispose()
+
+
+_TURN_WITH_TRANSCRIPT = """
+INSERT INTO tk_turns (turn_id, session_id, input_seq, status, content, agent, model,
+    last_seq, lease_epoch, attempts, created_at, updated_at, transcript)
+VALUES (:turn, 's-old', :seq, 'succeeded', 'hi', 'a', 'm', 3, 1, 1, :now, :now, :transcript)
+"""
+
+
+def _transcript_turn(turn: str, seq: int, transcript: dict[str, object]) -> dict[str, object]:
+    return {
+        "turn": turn,
+        "seq": seq,
+        "now": datetime(2026, 5, 1, 0, 0, seq, tzinfo=UTC),
+        "transcript": json.dumps(transcript),
+    }
+
+
+async def test_0008_moves_transcripts_to_their_table_keeping_the_newest_digests(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "old.db"
+    engine = sa.create_engine(f"sqlite:///{path}")
+    first = {
+        "messages": [{"role": "user", "content": "hi", "input_seq": 1, "opens_turn": True}],
+        "replaces_history": False,
+        "last_request": {"messages": ["d1"], "tools_sha256": "t"},
+    }
+    second = {
+        "messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "sum"}],
+        "replaces_history": True,
+        "last_request": {"messages": ["d2"], "tools_sha256": "t"},
+    }
+    with engine.begin() as conn:
+        upgrade(conn, "0007")  # as the previous release left it: transcripts on the turns
+        conn.execute(sa.text(_TURN_WITH_TRANSCRIPT), _transcript_turn("t-1", 1, first))
+        conn.execute(sa.text(_TURN_WITH_TRANSCRIPT), _transcript_turn("t-2", 2, second))
+
+    async with SqlStore.from_url(f"sqlite:///{path}") as store:  # opening upgrades to head
+        assert "transcript" not in _columns(path)
+        kept = await store.kept_transcript(SessionId("s-old"), before_input_seq=3)
+        assert [t.turn_id for t in kept.turns] == ["t-2"]  # from the replacing turn on
+        assert kept.turns[0].transcript is not None
+        assert list(kept.turns[0].transcript.messages) == second["messages"]
+        assert kept.last_request == second["last_request"]
+        earlier = await store.kept_transcript(SessionId("s-old"), before_input_seq=2)
+        expected = TurnTranscript.model_validate({**first, "last_request": None})
+        assert [t.transcript for t in earlier.turns] == [expected]  # its digests: dropped
+
+    with engine.begin() as conn:  # and back: the column returns, filled again
+        command.downgrade(_config(conn), "0007")
+        rows = conn.execute(sa.text("SELECT turn_id, transcript FROM tk_turns ORDER BY 1")).all()
+    assert [(r[0], json.loads(r[1])) for r in rows] == [
+        ("t-1", {**first, "last_request": None}),
+        ("t-2", second),
+    ]
     engine.dispose()

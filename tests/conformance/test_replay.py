@@ -83,6 +83,30 @@ async def test_a_finished_turn_is_dropped_after_the_grace(buffer: ReplayBuffer) 
     assert await buffer.read(turn, after="0", wait_s=0) == []
 
 
+async def test_a_released_turn_is_dropped_after_the_grace(buffer: ReplayBuffer) -> None:
+    """A paused turn: no terminal entry, no driver publishing; the TTL (60 s) never runs."""
+    turn = _turn()
+    await buffer.publish(turn, [(1, b"a", False), (2, b"approval.requested", False)])
+    await buffer.release(turn)
+    assert [e.seq for e in await buffer.read(turn, after="0", wait_s=0)] == [1, 2]
+    await asyncio.sleep(0.6)
+    assert await buffer.read(turn, after="0", wait_s=0) == []
+
+
+async def test_a_turn_published_again_after_its_drop_goes_on_after_its_positions(
+    buffer: ReplayBuffer,
+) -> None:
+    """A reader that followed a turn until it paused waits at its old position; once the
+    resumed turn publishes, it reads every new entry."""
+    turn = _turn()
+    await buffer.publish(turn, [(n, b"x", False) for n in range(1, 6)])
+    position = await buffer.tail(turn)
+    await buffer.release(turn)
+    await asyncio.sleep(0.6)
+    await buffer.publish(turn, [(6, b"resumed", False), (7, b"done", True)])
+    assert [e.seq for e in await buffer.read(turn, after=position, wait_s=0)] == [6, 7]
+
+
 async def test_drop_forgets_a_turn(buffer: ReplayBuffer) -> None:
     turn = _turn()
     await buffer.publish(turn, [(1, b"a", False)])

@@ -14,7 +14,7 @@ from turnkit.blocks import TextBlock
 from turnkit.errors import LeaseLostError, RequestConflictError, StaleEpochError, StoreError
 from turnkit.events import DoneEvent, ErrorEvent, MessageCompleteEvent, TurnStartedEvent
 from turnkit.ids import SessionId, TurnId
-from turnkit.store import Store, Submission
+from turnkit.store import KeptTranscript, Store, Submission, TurnTranscript
 from turnkit.store.sql import SqlStore
 from turnkit.testing import FakeClock
 
@@ -334,3 +334,85 @@ async def test_reappending_an_audit_row_counts_its_usage_once(store: SqlStore) -
     usage = await store.read_usage(sub.turn_id)
     assert (usage.model_calls, usage.input_tokens) == (1, 7)
     assert len(await store.read_audit(sub.turn_id)) == 1
+
+
+# ── kept transcripts ──────────────────────────────────────────────────────────────────
+
+
+def _kept(text: str, *, replaces: bool = False, last: str | None = None) -> TurnTranscript:
+    return TurnTranscript(
+        messages=({"role": "user", "content": text}, {"role": "assistant", "content": "ok"}),
+        replaces_history=replaces,
+        last_request={"messages": [last], "tools_sha256": "t"} if last else None,
+    )
+
+
+async def _ended(store: SqlStore, transcript: TurnTranscript | None, session: str = "s1") -> TurnId:
+    sub = await store.submit(new_input(session=session))
+    lease = await store.claim("w1", ttl_s=10, max_attempts=3, turn_id=sub.turn_id)
+    assert lease is not None
+    if transcript is None:  # ended with no driver: Stop before it ran
+        await store.commit(sub.turn_id, epoch=lease.epoch, status="cancelled", release=True)
+    else:
+        await store.commit(
+            sub.turn_id, epoch=lease.epoch, status="succeeded", release=True, transcript=transcript
+        )
+    return sub.turn_id
+
+
+def _texts(kept: KeptTranscript) -> list[str]:
+    return [
+        str(t.transcript.messages[0]["content"]) if t.transcript else f"<{t.turn_id}>"
+        for t in kept.turns
+    ]
+
+
+async def test_a_turn_start_reads_only_the_turns_after_the_one_held(store: SqlStore) -> None:
+    one = await _ended(store, _kept("one", last="d1"))
+    two = await _ended(store, _kept("two", last="d2"))
+    three = await _ended(store, _kept("three"))  # made no request: keeps no digests
+    s1 = SessionId("s1")
+    whole = await store.kept_transcript(s1, before_input_seq=4)
+    assert (_texts(whole), whole.continues) == (["one", "two", "three"], False)
+    assert [t.turn_id for t in whole.turns] == [one, two, three]
+    assert whole.last_request == {"messages": ["d2"], "tools_sha256": "t"}
+    after_one = await store.kept_transcript(s1, before_input_seq=4, after=one)
+    assert (_texts(after_one), after_one.continues) == (["two", "three"], True)
+    assert after_one.last_request == {"messages": ["d2"], "tools_sha256": "t"}
+    after_two = await store.kept_transcript(s1, before_input_seq=4, after=two)
+    assert (_texts(after_two), after_two.continues) == (["three"], True)
+    assert after_two.last_request is None  # the newest kept one is the caller's already
+    # Only the newest digests are kept: turn one's went when turn two ended.
+    assert (await store.kept_transcript(s1, before_input_seq=2)).last_request is None
+
+
+async def test_history_replaced_since_the_held_turn_starts_over_there(store: SqlStore) -> None:
+    one = await _ended(store, _kept("one", last="d1"))
+    await _ended(store, _kept("two"))
+    await _ended(store, _kept("summary", replaces=True, last="d3"))
+    await _ended(store, _kept("four"))
+    kept = await store.kept_transcript(SessionId("s1"), before_input_seq=5, after=one)
+    assert (_texts(kept), kept.continues) == (["summary", "four"], False)
+    assert kept.turns[0].transcript is not None
+    assert kept.turns[0].transcript.replaces_history
+    assert kept.last_request == {"messages": ["d3"], "tools_sha256": "t"}
+
+
+async def test_a_turn_that_kept_no_transcript_comes_with_its_record(store: SqlStore) -> None:
+    await _ended(store, _kept("one"))
+    stopped = await _ended(store, None)
+    kept = await store.kept_transcript(SessionId("s1"), before_input_seq=3)
+    assert [t.turn_id for t in kept.turns][1] == stopped
+    [_, legacy] = kept.turns
+    assert (legacy.transcript, legacy.answer) == (None, None)
+    assert legacy.record is not None
+    assert (legacy.record.status, legacy.record.content) == ("cancelled", "hello")
+
+
+async def test_a_held_turn_of_a_deleted_session_is_not_continued(store: SqlStore) -> None:
+    old = await _ended(store, _kept("before the delete"))
+    assert await store.delete_session(SessionId("s1"))
+    await _ended(store, _kept("new one"))
+    await _ended(store, _kept("new two"))
+    kept = await store.kept_transcript(SessionId("s1"), before_input_seq=3, after=old)
+    assert (_texts(kept), kept.continues) == (["new one", "new two"], False)

@@ -6,8 +6,9 @@ import hashlib
 
 import pytest
 
+from turnkit.context._sealed import seal
 from turnkit.context.prefix import RequestView, check_prefix, message_digest
-from turnkit.context.transcript import TranscriptMessage, sent_bytes
+from turnkit.context.transcript import TranscriptMessage, from_transcript, sent_bytes
 from turnkit.errors import PrefixRewriteError
 
 
@@ -54,3 +55,34 @@ def test_a_message_rewritten_in_place_is_still_caught() -> None:
     assert after.messages[0] == _plain(message) != before.messages[0]
     with pytest.raises(PrefixRewriteError):  # the suite runs with `STRICT` set
         check_prefix(before, after)
+
+
+@pytest.mark.parametrize("message", MESSAGES, ids=lambda m: str(m["role"]))
+def test_a_sealed_message_keeps_the_same_digest_and_model_message(
+    message: TranscriptMessage,
+) -> None:
+    sealed = seal(message)
+    assert sealed == message
+    assert message_digest(sealed) == message_digest(sealed) == _plain(message)
+    assert from_transcript([sealed]) == from_transcript([sealed]) == from_transcript([message])
+    assert sent_bytes(sealed) == sent_bytes(message)
+
+
+def test_a_sealed_message_refuses_every_change_in_place() -> None:
+    """Earlier turns' history is sealed: a hook that tried to rewrite it fails at once."""
+    sealed = seal(MESSAGES[3])
+    calls = sealed["tool_calls"]
+    changes = [
+        lambda: sealed.__setitem__("content", "edited"),
+        lambda: sealed.update(content="edited"),
+        lambda: sealed.pop("content"),
+        lambda: calls.append({"id": "c2", "name": "add", "arguments": "{}"}),
+        lambda: calls.__setitem__(0, {"id": "c2", "name": "add", "arguments": "{}"}),
+        lambda: calls[0].__setitem__("arguments", '{"a": 2}'),
+    ]
+    for change in changes:
+        with pytest.raises(TypeError, match="never changes in place"):
+            change()
+    assert sealed == MESSAGES[3]
+    rewritten = {**sealed, "content": "edited"}  # a new message: checked by value
+    assert message_digest(rewritten) == _plain(rewritten) != message_digest(sealed)  # type: ignore[arg-type]

@@ -21,7 +21,7 @@ PICTURE_LIMIT: Final = 20
 
 def count_pictures(transcript: list[TranscriptMessage]) -> int:
     """Pictures a request made of `transcript` would carry."""
-    return sum(picture_parts(m) for m in transcript)
+    return sum(picture_parts(m) for m in transcript if not isinstance(m["content"], str))
 
 
 def release_pictures(transcript: list[TranscriptMessage]) -> tuple[list[TranscriptMessage], int]:

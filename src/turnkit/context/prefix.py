@@ -16,9 +16,10 @@ import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Final, Literal, TypedDict, cast
+from typing import Final, Literal, TypedDict
 
-from turnkit.context.transcript import PRIVATE_KEYS, TranscriptMessage, sent_bytes
+from turnkit.context._sealed import sealed
+from turnkit.context.transcript import MessageKey, TranscriptMessage, message_key, sent_bytes
 from turnkit.errors import PrefixRewriteError
 from turnkit.models import ToolSpec
 
@@ -56,10 +57,22 @@ def message_digest(message: TranscriptMessage) -> str:
     """A digest of the bytes the model receives for `message`.
 
     Every request of a session digests every message it carries, so a long session's
-    digests are kept, keyed by the message's values (never by identity: a hook that
-    rewrote a message in place must still be caught).
+    digests are kept: on a sealed message (earlier turns' history, which cannot change),
+    else keyed by the message's values (never by identity: a hook that rewrote a message
+    in place must still be caught).
     """
-    key = _digest_key(message)
+    kept = sealed(message)
+    if kept is not None:
+        try:
+            return kept.digest
+        except AttributeError:
+            kept.digest = _by_value(message)
+            return kept.digest
+    return _by_value(message)
+
+
+def _by_value(message: TranscriptMessage) -> str:
+    key = message_key(message)
     if key is None:
         return hashlib.sha256(sent_bytes(message)).hexdigest()[:32]
     found = _DIGESTS.get(key)
@@ -72,41 +85,7 @@ def message_digest(message: TranscriptMessage) -> str:
 
 
 _DIGEST_CACHE_SIZE: Final = 16_384
-_DIGESTS: dict[tuple[object, ...], str] = {}
-_PLAIN_KEYS = frozenset({"role", "content", "tool_calls", "tool_call_id", *PRIVATE_KEYS})
-
-
-def _digest_key(message: TranscriptMessage) -> tuple[object, ...] | None:
-    """The values `sent_bytes` encodes, as a key (None: a shape the cache leaves alone)."""
-    content, role = message.get("content"), message.get("role")
-    if (
-        not isinstance(content, str)
-        or not isinstance(role, str)
-        or not _PLAIN_KEYS.issuperset(message)
-    ):
-        return None
-    call_id = message.get("tool_call_id", _ABSENT)
-    if call_id is not _ABSENT and not isinstance(call_id, str):
-        return None
-    calls: tuple[tuple[str, str, str], ...] | None = None
-    if "tool_calls" in message:
-        raw: object = message["tool_calls"]
-        if not isinstance(raw, list):
-            return None
-        found = []
-        for call in cast(list[object], raw):
-            if not isinstance(call, dict) or call.keys() != _CALL_KEYS:
-                return None
-            values = (call["id"], call["name"], call["arguments"])
-            if not all(isinstance(v, str) for v in values):
-                return None
-            found.append(values)
-        calls = tuple(found)
-    return (role, content, call_id, calls)
-
-
-_ABSENT: Final = object()
-_CALL_KEYS = frozenset({"id", "name", "arguments"})
+_DIGESTS: dict[MessageKey, str] = {}
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,7 +98,7 @@ class RequestView:
     @classmethod
     def of(cls, messages: Sequence[TranscriptMessage], tools_sha256: str) -> RequestView:
         """The view of a request made of `messages` with tools hashed to `tools_sha256`."""
-        return cls(tuple(message_digest(m) for m in messages), tools_sha256)
+        return cls(tuple([message_digest(m) for m in messages]), tools_sha256)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -154,15 +133,10 @@ def check_prefix(
     Raises:
         PrefixRewriteError: An unexpected rewrite while `STRICT` is set.
     """
-    digest = hashlib.sha256()
-    shared = 0
-    if previous is not None:
-        for old, new in zip(previous.messages, current.messages, strict=False):
-            if old != new:
-                break
-            digest.update(old.encode())
-            shared += 1
-    report = PrefixReport(shared=shared, prefix_sha256=digest.hexdigest())
+    shared = 0 if previous is None else _shared(previous.messages, current.messages)
+    # One update over the joined digests hashes the same bytes as one update per digest.
+    joined = "".join(current.messages[:shared]).encode()
+    report = PrefixReport(shared=shared, prefix_sha256=hashlib.sha256(joined).hexdigest())
     if previous is None:
         return report
     region = _broken_region(previous, current, shared)
@@ -187,6 +161,18 @@ def check_prefix(
     return PrefixReport(
         shared=shared, prefix_sha256=report.prefix_sha256, broken=region, reason=reason
     )
+
+
+def _shared(old: tuple[str, ...], new: tuple[str, ...]) -> int:
+    """How many leading digests `old` and `new` share."""
+    if new[: len(old)] == old:  # the usual case: everything sent before is sent again
+        return min(len(old), len(new))
+    shared = 0
+    for a, b in zip(old, new, strict=False):
+        if a != b:
+            break
+        shared += 1
+    return shared
 
 
 def _broken_region(previous: RequestView, current: RequestView, shared: int) -> Region | None:

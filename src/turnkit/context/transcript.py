@@ -7,20 +7,23 @@ the same bytes (the provider's prompt cache matches on that prefix).
 from __future__ import annotations
 
 import json
-from typing import Literal, NotRequired, TypedDict
+from typing import Final, Literal, NotRequired, TypedDict, cast
 
 from pydantic import TypeAdapter
 
 from turnkit.blocks import ContentPart
+from turnkit.context._sealed import sealed, sealed_types
 from turnkit.models import Content, ModelMessage, ToolCallPart
 
 __all__ = (
     "PRIVATE_KEYS",
+    "MessageKey",
     "PartJson",
     "TranscriptMessage",
     "TranscriptToolCall",
     "content_json",
     "from_transcript",
+    "message_key",
     "picture_parts",
     "sent_bytes",
     "to_transcript",
@@ -87,19 +90,107 @@ def to_transcript(message: ModelMessage) -> TranscriptMessage:
 
 
 def from_transcript(messages: list[TranscriptMessage]) -> tuple[ModelMessage, ...]:
-    """Plain JSON back into `ModelMessage`s."""
-    return tuple(
-        ModelMessage(
-            role=m["role"],
-            content=_content(m["content"]),
-            tool_calls=tuple(
-                ToolCallPart(tool_call_id=c["id"], name=c["name"], arguments=c["arguments"])
-                for c in m.get("tool_calls", [])
-            ),
-            tool_call_id=m.get("tool_call_id"),
-        )
-        for m in messages
+    """Plain JSON back into `ModelMessage`s.
+
+    `ModelMessage`s are immutable, so one is kept per message value and shared by every
+    request that carries it: a long session's requests stop rebuilding (and the garbage
+    collector stops tracing) thousands of new objects per call.
+    """
+    return tuple([_model_message(m) for m in messages])
+
+
+def _model_message(message: TranscriptMessage) -> ModelMessage:
+    kept = sealed(message)
+    if kept is not None:
+        try:
+            return kept.model
+        except AttributeError:
+            kept.model = _by_value(message)
+            return kept.model
+    return _by_value(message)
+
+
+def _by_value(message: TranscriptMessage) -> ModelMessage:
+    key = message_key(message)
+    if key is None:
+        return _build(message)
+    found = _MODEL_MESSAGES.get(key)
+    if found is None:
+        found = _build(message)
+        if len(_MODEL_MESSAGES) >= _CACHE_SIZE:
+            _MODEL_MESSAGES.clear()
+        _MODEL_MESSAGES[key] = found
+    return found
+
+
+def _build(message: TranscriptMessage) -> ModelMessage:
+    return ModelMessage(
+        role=message["role"],
+        content=_content(message["content"]),
+        tool_calls=tuple(
+            ToolCallPart(tool_call_id=c["id"], name=c["name"], arguments=c["arguments"])
+            for c in message.get("tool_calls", [])
+        ),
+        tool_call_id=message.get("tool_call_id"),
     )
+
+
+MessageKey = tuple[str, str, object, tuple[tuple[str, str, str], ...] | None]
+"""What `message_key` returns: role, content, tool call id (or absent), tool calls."""
+
+_CACHE_SIZE: Final = 16_384
+_MODEL_MESSAGES: dict[MessageKey, ModelMessage] = {}
+
+
+def message_key(message: TranscriptMessage) -> MessageKey | None:
+    """The values `sent_bytes` encodes, as a key (None: a shape no cache keeps).
+
+    Two messages with equal keys are sent as the same bytes. Every request of a long
+    session looks up every message it carries (its digest, its `ModelMessage`), so this
+    is kept lean: exact types only (`type(x) is str`: a subclass may compare equal to another
+    value that encodes differently), and a count of the known keys instead of a key set.
+    """
+    content: object = message.get("content")
+    role: object = message.get("role")
+    if type(content) is not str or type(role) is not str:
+        return None
+    known = 2
+    call_id: object = message.get("tool_call_id", _ABSENT)
+    if call_id is not _ABSENT:
+        if type(call_id) is not str:
+            return None
+        known += 1
+    calls: tuple[tuple[str, str, str], ...] | None = None
+    raw: object = message.get("tool_calls", _ABSENT)
+    if raw is not _ABSENT:
+        calls = _calls_key(raw)
+        if calls is None:
+            return None
+        known += 1
+    known += ("input_seq" in message) + ("opens_turn" in message)  # never sent
+    if len(message) != known:  # a key `sent_bytes` would encode that the key leaves out
+        return None
+    return (role, content, call_id, calls)
+
+
+def _calls_key(raw: object) -> tuple[tuple[str, str, str], ...] | None:
+    if not isinstance(raw, list) or type(raw) not in _LISTS:  # exact types, as above
+        return None
+    found: list[tuple[str, str, str]] = []
+    for call in cast("list[object]", raw):
+        if not isinstance(call, dict) or type(call) not in _DICTS or len(call) != 3:
+            return None
+        values = cast("dict[str, object]", call)
+        id_, name, arguments = values.get("id"), values.get("name"), values.get("arguments")
+        if type(id_) is not str or type(name) is not str or type(arguments) is not str:
+            return None
+        found.append((id_, name, arguments))
+    return tuple(found)
+
+
+_ABSENT: Final = object()
+_LISTS: Final = frozenset({list, sealed_types[1]})
+_DICTS: Final = frozenset({dict, sealed_types[0]})
 
 
 def sent_bytes(message: TranscriptMessage) -> bytes:

@@ -30,8 +30,10 @@ from turnkit.stages import (
     run_tool_loop,
 )
 from turnkit.stages._types import PendingAnswer, Route, TranscriptMessage
+from turnkit.telemetry import Recorder
 
 __all__ = (
+    "TranscriptPart",
     "TurnGraph",
     "TurnState",
     "compile_turn_graph",
@@ -40,14 +42,22 @@ __all__ = (
     "open_checkpointer",
     "pause_here",
     "stream_turn",
+    "turn_part",
 )
 
 
 class TurnState(TypedDict):
-    """Graph state: plain JSON, so any checkpointer stores it without custom types."""
+    """Graph state: plain JSON, so any checkpointer stores it without custom types.
+
+    A checkpoint holds the turn's own messages, not the session's history before them
+    (every attempt reads that from the Store as it starts), so a checkpoint's size does
+    not grow with its session.
+    """
 
     transcript: list[TranscriptMessage]
-    """The model-facing transcript, whole (compaction may replace it)."""
+    """The model-facing transcript: the turn's own part, or the whole list (see `part`)."""
+    part: TranscriptPart
+    """What `transcript` holds (absent in older checkpoints: the whole list)."""
     content: str
     route: Route
     iteration: int
@@ -56,6 +66,11 @@ class TurnState(TypedDict):
     answer: PendingAnswer | None
     """The tool-loop's terminal text, once a call named no tool."""
 
+
+TranscriptPart = Literal["turn", "replaced"]
+"""`turn`: the turn's own messages, from its opening message on (the history before them
+is `Recorder.history`); `replaced`: the whole list, after compaction or picture release
+rewrote the history."""
 
 TurnGraph = CompiledStateGraph[TurnState, StageContext, TurnState, TurnState]
 
@@ -88,19 +103,39 @@ async def _bracket(
     return outcome
 
 
-def _bind(runtime: Runtime[StageContext], state: TurnState) -> StageContext:
+def _bind(
+    runtime: Runtime[StageContext], state: TurnState
+) -> tuple[StageContext, list[TranscriptMessage]]:
+    """The turn's context, bound to this node, and the whole transcript the node starts from."""
     ctx = runtime.context
-    ctx.recorder.publish = runtime.stream_writer
-    ctx.recorder.transcript = state["transcript"]  # what a failure now would keep
+    rec = ctx.recorder
+    rec.publish = runtime.stream_writer
+    part = state.get("part")
+    if part == "turn":
+        transcript = [*rec.history, *state["transcript"]]
+    else:
+        transcript = state["transcript"]
+        if part == "replaced":
+            rec.history_replaced = True  # an earlier attempt rewrote it: keep it whole
+    rec.transcript = transcript  # what a failure now would keep
     if state["previous"] is not None:
-        ctx.recorder.last_request = state["previous"]
-    return ctx
+        rec.last_request = state["previous"]
+    return ctx, transcript
+
+
+def turn_part(
+    rec: Recorder, transcript: list[TranscriptMessage]
+) -> tuple[list[TranscriptMessage], TranscriptPart]:
+    """What the state keeps of `transcript`: the turn's part, unless history was replaced."""
+    if rec.history_replaced:
+        return transcript, "replaced"
+    return transcript[rec.base_len :], "turn"
 
 
 def _update(ctx: StageContext, out: StageOutcome) -> dict[str, Any]:
     update: dict[str, Any] = {"route": out.route}
     if out.transcript is not None:
-        update["transcript"] = out.transcript
+        update["transcript"], update["part"] = turn_part(ctx.recorder, out.transcript)
         ctx.recorder.transcript = out.transcript
     if out.previous is not None:
         update["previous"] = out.previous
@@ -110,42 +145,42 @@ def _update(ctx: StageContext, out: StageOutcome) -> dict[str, Any]:
 
 
 async def _anchor_plan(state: TurnState, runtime: Runtime[StageContext]) -> dict[str, Any]:
-    ctx = _bind(runtime, state)
+    ctx, transcript = _bind(runtime, state)
     out = await _bracket(
         ctx,
         "anchor-plan",
         None,
-        lambda: run_anchor_plan(ctx, state["content"], state["transcript"]),
+        lambda: run_anchor_plan(ctx, state["content"], transcript),
     )
     return _update(ctx, out)
 
 
 async def _tool_loop(state: TurnState, runtime: Runtime[StageContext]) -> dict[str, Any]:
-    ctx = _bind(runtime, state)
+    ctx, transcript = _bind(runtime, state)
     iteration = state["iteration"] + 1
     out = await _bracket(
         ctx,
         "tool-loop",
         iteration,
-        lambda: run_tool_loop(ctx, state["transcript"], iteration, state["previous"]),
+        lambda: run_tool_loop(ctx, transcript, iteration, state["previous"]),
     )
     return {**_update(ctx, out), "iteration": iteration}
 
 
 async def _synthesize(state: TurnState, runtime: Runtime[StageContext]) -> dict[str, Any]:
-    ctx = _bind(runtime, state)
+    ctx, transcript = _bind(runtime, state)
     out = await _bracket(
         ctx,
         "synthesize",
         None,
-        lambda: run_synthesize(ctx, state["transcript"], state["previous"], state["answer"]),
+        lambda: run_synthesize(ctx, transcript, state["previous"], state["answer"]),
     )
     return _update(ctx, out)
 
 
 async def _post_turn(state: TurnState, runtime: Runtime[StageContext]) -> dict[str, Any]:
-    ctx = _bind(runtime, state)
-    out = await _bracket(ctx, "post-turn", None, lambda: run_post_turn(ctx, state["transcript"]))
+    ctx, transcript = _bind(runtime, state)
+    out = await _bracket(ctx, "post-turn", None, lambda: run_post_turn(ctx, transcript))
     return {"route": out.route}
 
 

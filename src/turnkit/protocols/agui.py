@@ -378,6 +378,9 @@ class _View:
     ) -> None:
         await self.inner.publish(turn_id, entries)
 
+    async def release(self, turn_id: TurnId) -> None:
+        await self.inner.release(turn_id)
+
     async def ping(self) -> None:
         await self.inner.ping()
 

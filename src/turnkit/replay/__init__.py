@@ -51,7 +51,8 @@ class ReplaySettings:
             gap from the Store).
         ttl_s: Expiry of a turn's entries, refreshed on every publish while it runs.
         terminal_grace_s: How long a finished turn's entries stay for readers that are
-            mid-follow, before the turn is dropped.
+            mid-follow, before the turn is dropped; a paused turn's entries (and those of
+            any turn no driver publishes for) stay this long too.
     """
 
     max_entries: int = 10_000
@@ -63,9 +64,10 @@ class ReplayBuffer(Protocol):
     """A bounded, expiring, per-turn log of published events.
 
     Contract: `publish` appends in the order given and refreshes the turn's expiry; a
-    terminal entry starts the grace period after which the turn is dropped. `read`
-    returns entries strictly after `after`, waiting up to `wait_s` for the first one.
-    Safe for concurrent use; one publisher per turn.
+    terminal entry, or `release`, starts the grace period after which the turn is
+    dropped. `read` returns entries strictly after `after`, waiting up to `wait_s` for
+    the first one; a turn dropped and published to again continues with positions after
+    its old ones. Safe for concurrent use; one publisher per turn.
     """
 
     async def publish(
@@ -82,6 +84,14 @@ class ReplayBuffer(Protocol):
         self, turn_id: TurnId, *, after: str, wait_s: float, limit: int = 500
     ) -> list[BufferEntry]:
         """Entries after `after` (at most `limit`), waiting up to `wait_s` for one."""
+        ...
+
+    async def release(self, turn_id: TurnId) -> None:
+        """No driver publishes for the turn now (it paused, or its attempt ended).
+
+        Its entries stay for the grace period only: readers of a paused turn read the
+        Store, and a resumed turn publishes anew.
+        """
         ...
 
     async def ping(self) -> None:

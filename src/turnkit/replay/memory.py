@@ -13,6 +13,9 @@ from turnkit.replay import START, BufferEntry, ReplaySettings
 
 __all__ = ("InMemoryReplayBuffer",)
 
+_LATE_S = 0.01
+"""A released turn's timer fires this much after its expiry (so the entries are due)."""
+
 
 @dataclass(slots=True)
 class _Turn:
@@ -27,22 +30,33 @@ class InMemoryReplayBuffer:
     """Per-turn bounded deques; live readers wait for the next publish.
 
     A driver in this process publishes synchronously (`publish_now`), with no task or
-    queue in between.
+    queue in between. A turn's positions are consecutive and start above any position
+    given before, so a turn dropped (paused past the grace period) and published to
+    again goes on after its old ones.
     """
 
     def __init__(self, settings: ReplaySettings | None = None) -> None:
         self.settings = settings or ReplaySettings()
         self._turns: dict[str, _Turn] = {}
         self._next_expiry = 0.0
+        self._highest = 0
+        """The highest position given to any turn: where a new turn's positions start."""
 
-    def _turn(self, turn_id: TurnId) -> _Turn:
+    @property
+    def turns(self) -> int:
+        """How many turns the buffer holds (entries, or a reader waiting on them)."""
+        return len(self._turns)
+
+    def _turn(self, turn_id: TurnId, *, ttl_s: float | None = None) -> _Turn:
         self._expire()
         turn = self._live(turn_id)
         if turn is None:
-            # A reader may get here first; a turn that never publishes still expires.
+            # A reader may get here first (it waits on the turn's wake event); a turn
+            # that never publishes still expires.
             turn = _Turn(
                 entries=deque(maxlen=self.settings.max_entries),
-                expires=time.monotonic() + self.settings.ttl_s,
+                expires=time.monotonic() + (ttl_s if ttl_s is not None else self.settings.ttl_s),
+                counter=self._highest,
             )
             self._turns[turn_id] = turn
         return turn
@@ -83,6 +97,7 @@ class InMemoryReplayBuffer:
             )
             if terminal:
                 ttl = self.settings.terminal_grace_s
+        self._highest = max(self._highest, turn.counter)
         turn.expires = time.monotonic() + ttl
         if turn.wake is not None:
             turn.wake.set()
@@ -96,8 +111,12 @@ class InMemoryReplayBuffer:
     async def read(
         self, turn_id: TurnId, *, after: str, wait_s: float, limit: int = 500
     ) -> list[BufferEntry]:
-        """Entries after `after`, waiting up to `wait_s` for the first."""
-        turn = self._turn(turn_id)
+        """Entries after `after`, waiting up to `wait_s` for the first.
+
+        A reader of a turn the buffer does not hold (paused, or not started) keeps it
+        for the grace period only.
+        """
+        turn = self._turn(turn_id, ttl_s=self.settings.terminal_grace_s)
         start = int(after)
 
         def ready() -> list[BufferEntry]:
@@ -121,6 +140,18 @@ class InMemoryReplayBuffer:
                 return []
             found = ready()
         return found
+
+    async def release(self, turn_id: TurnId) -> None:
+        """Keep the turn's entries for the grace period only (no driver publishes).
+
+        They are dropped then, even when nothing else uses the buffer (a timer, no task).
+        """
+        turn = self._turns.get(turn_id)
+        if turn is None:
+            return
+        grace = self.settings.terminal_grace_s
+        turn.expires = min(turn.expires, time.monotonic() + grace)
+        asyncio.get_running_loop().call_later(grace + _LATE_S, self._live, turn_id)
 
     async def ping(self) -> None:
         """Always reachable (it lives in this process)."""

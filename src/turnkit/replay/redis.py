@@ -1,7 +1,8 @@
 """`RedisReplayBuffer`: the replay buffer on Redis Streams (production, many processes).
 
 One stream per turn (`{prefix}:turn:{turn_id}`), trimmed with `MAXLEN ~`, its expiry
-refreshed on every publish and shortened to the grace period once a terminal event lands.
+refreshed on every publish and shortened to the grace period once a terminal event lands
+or the turn is released (paused).
 Redis entry ids are the buffer positions; they never leave turnkit.
 """
 
@@ -121,6 +122,10 @@ class RedisReplayBuffer:
                     )
                 )
         return entries
+
+    async def release(self, turn_id: TurnId) -> None:
+        """Shorten the stream's expiry to the grace period (no driver publishes now)."""
+        await self.client.pexpire(self._key(turn_id), int(self.settings.terminal_grace_s * 1000))
 
     async def ping(self) -> None:
         """Raise if Redis cannot be reached."""

@@ -45,6 +45,7 @@ from turnkit.projection import PendingDecision
 from turnkit.replay import ReplayBuffer
 from turnkit.replay.memory import InMemoryReplayBuffer
 from turnkit.runtime._cancel import CancelToken
+from turnkit.runtime._held import HeldTranscripts
 from turnkit.runtime._history import TurnHistory
 from turnkit.runtime._host import TurnHost
 from turnkit.runtime._runner import Pinned, TurnRunner, pinned_config, turn_history
@@ -169,6 +170,7 @@ class SessionRuntime:
         self.replay: ReplayBuffer = replay or InMemoryReplayBuffer()
         """Where detached and worker-driven turns publish for live readers."""
         self._graph: TurnGraph | None = None
+        self._held = HeldTranscripts()  # sessions' transcripts, kept across their turns
         self._opening: asyncio.Event | None = None
         self._close_checkpointer: Callable[[], Awaitable[None]] | None = None
         self._families: dict[object, tuple[object, ModelFamily]] = {}
@@ -843,6 +845,7 @@ class SessionRuntime:
             deps=self.deps,
             skills=self.skill_source,
             plugins=self.plugins,
+            held=self._held,
         )
 
     async def history(self, session_id: str) -> list[TurnHistory]:

@@ -69,9 +69,18 @@ class BufferPublisher:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        """Send the end marker (a no-op if the driver sent it) and wait for the rest."""
+        """Send the end marker (a no-op if the driver sent it), wait for the rest, release.
+
+        Whatever way the attempt ended (done, paused, lease lost), no driver here
+        publishes for the turn any more: the buffer keeps its entries for the grace
+        period only (a paused turn would otherwise hold them for the whole TTL).
+        """
         self(None)
         await self.wait()
+        try:
+            await self.buffer.release(self.turn_id)
+        except Exception:  # noqa: BLE001 - the entries then expire with their TTL
+            log.warning("releasing the buffered events of %s failed", self.turn_id)
 
     async def wait(self) -> None:
         """Return once everything up to the end marker is published."""

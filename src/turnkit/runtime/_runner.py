@@ -17,6 +17,7 @@ from turnkit.models import ModelSettings
 from turnkit.models.family import ModelFamily, resolve_family
 from turnkit.plugins import Plugin, merge_plugins
 from turnkit.projection import project
+from turnkit.runtime._held import HeldTranscripts
 from turnkit.runtime._history import TurnHistory
 from turnkit.runtime._transcript import session_transcript
 from turnkit.runtime.agents import AgentCatalog
@@ -172,8 +173,11 @@ class TurnRunner:
         deps: DepsFactory | None = None,
         skills: SkillSource | None = None,
         plugins: Sequence[Plugin] = (),
+        held: HeldTranscripts | None = None,
     ) -> None:
         self.agents = agents
+        self.held = held
+        """Sessions' transcripts held across turns (None: each turn reads its whole history)."""
         self.deps_factory = deps
         self.skills = skills
         self.plugins = tuple(plugins)
@@ -304,7 +308,7 @@ class TurnRunner:
                 ),
             )
 
-        transcript, previous = await session_transcript(self.store, agent, record)
+        transcript, previous = await session_transcript(self.store, agent, record, self.held)
         return DriveSetup(
             ctx_factory=ctx_factory,
             transcript=transcript,

@@ -14,11 +14,12 @@ from typing import cast
 from pydantic import JsonValue
 
 from turnkit.agent import Agent
+from turnkit.context._sealed import seal
 from turnkit.context.prefix import PreviousRequest
 from turnkit.context.transcript import PartJson, TranscriptMessage
-from turnkit.ids import TurnId
+from turnkit.runtime._held import Held, HeldTranscripts, size_of
 from turnkit.states import TerminalStatus
-from turnkit.store import Store, TurnRecord, TurnTranscript
+from turnkit.store import KeptTranscript, Store, TurnRecord, TurnTranscript
 from turnkit.telemetry import Recorder
 
 __all__ = ("ended_transcript", "opening_message", "session_transcript")
@@ -44,30 +45,64 @@ def opening_message(record: TurnRecord) -> TranscriptMessage:
 
 
 async def session_transcript(
-    store: Store, agent: Agent, record: TurnRecord
+    store: Store, agent: Agent, record: TurnRecord, held: HeldTranscripts | None = None
 ) -> tuple[list[TranscriptMessage], PreviousRequest | None]:
-    """The transcript `record`'s turn starts from, and the session's last request."""
-    messages: list[TranscriptMessage] = [{"role": "system", "content": agent.instructions}]
-    previous: PreviousRequest | None = None
-    if record.input_seq > 1:  # a session's first turn has no history to read
-        turns = [
-            t for t in await store.list_turns(record.session_id) if t.input_seq < record.input_seq
-        ]
-        kept = await store.transcripts(record.session_id, before_input_seq=record.input_seq)
-        answers: dict[TurnId, str] = {}
-        if any(t.turn_id not in kept for t in turns):
-            answers = await store.answers(record.session_id, before_input_seq=record.input_seq)
-        for turn in turns:
-            stored = kept.get(turn.turn_id)
-            if stored is None:
-                messages += _legacy(turn, answers.get(turn.turn_id))
-                continue
-            added = [cast(TranscriptMessage, m) for m in stored.messages]
-            messages = [messages[0], *added[1:]] if stored.replaces_history else messages + added
-            if stored.last_request is not None:
-                previous = cast(PreviousRequest, {**stored.last_request, "between_turns": True})
-    messages.append(opening_message(record))
-    return messages, previous
+    """The transcript `record`'s turn starts from, and the session's last request.
+
+    With `held`, the Store is asked only for the turns after the one held for the
+    session, and what the turn starts from is held in its place.
+    """
+    system: TranscriptMessage = {"role": "system", "content": agent.instructions}
+    if record.input_seq <= 1:  # a session's first turn has no history to read
+        return [system, opening_message(record)], None
+    session = record.session_id
+    have = held.get(session) if held is not None else None
+    if have is not None and have.input_seq >= record.input_seq:
+        have = None  # held from a later turn: not this one's history
+    kept = await store.kept_transcript(
+        session,
+        before_input_seq=record.input_seq,
+        after=have.through if have is not None else None,
+    )
+    start = have if kept.continues else None
+    messages, size = _history(start, kept)
+    last = kept.last_request or (start.last_request if start is not None else None)
+    if held is not None and kept.turns:
+        newest = kept.turns[-1]
+        held.hold(
+            session,
+            Held(
+                through=newest.turn_id,
+                input_seq=newest.input_seq,
+                messages=tuple(messages),
+                last_request=last,
+                size=size,
+            ),
+        )
+    previous = cast(PreviousRequest, {**last, "between_turns": True}) if last else None
+    return [system, *messages, opening_message(record)], previous
+
+
+def _history(start: Held | None, kept: KeptTranscript) -> tuple[list[TranscriptMessage], int]:
+    """The history after the system message (and its size): `start`'s, then `kept`'s.
+
+    Its messages are sealed: no hook changes them in place, so what the prefix check
+    and the request encoding derive from each is kept on it, across the session's turns.
+    """
+    messages = list(start.messages) if start is not None else []
+    size = start.size if start is not None else 0
+    for turn in kept.turns:
+        stored = turn.transcript
+        if stored is None:
+            assert turn.record is not None
+            added = [seal(m) for m in _legacy(turn.record, turn.answer)]
+        else:
+            added = [seal(cast(TranscriptMessage, m)) for m in stored.messages]
+            if stored.replaces_history:  # the whole list, its own system message first
+                messages, size, added = [], 0, added[1:]
+        messages += added
+        size += size_of(added)
+    return messages, size
 
 
 def _legacy(turn: TurnRecord, answer: str | None) -> list[TranscriptMessage]:

@@ -54,13 +54,14 @@ from turnkit.graph import (
     has_pending_interrupt,
     latest_checkpoint_id,
     stream_turn,
+    turn_part,
 )
 from turnkit.ids import StageId
 from turnkit.journal import Journal
 from turnkit.otel import TurnTrace, attempt
 from turnkit.runtime._transcript import ended_transcript, opening_message
 from turnkit.stages import StageContext
-from turnkit.stages._budget import text_tokens
+from turnkit.stages._budget import prompt_tokens, text_tokens
 from turnkit.stages._message_list import result_text
 from turnkit.stages._plugins import guard_input, on_events
 from turnkit.stages._types import Route, TranscriptMessage
@@ -175,7 +176,8 @@ class TurnDriver:
             rec.input_seqs = (self.record.input_seq,)
             setup = await self.setup()  # the pinned agent may be gone: that ends the turn
             rec.transcript = setup.transcript
-            rec.base_len = len(setup.transcript) - 1  # the turn's own start at its message
+            rec.history = setup.transcript[:-1]  # the turn's own start at its message
+            rec.base_len = len(rec.history)
             rec.last_request = setup.previous
             watcher = setup.ctx_factory(rec)
             if watcher.plugins:
@@ -247,8 +249,10 @@ class TurnDriver:
             await self._announce_recovery(rec, resumed=resume)
         state: TurnState | None = None
         if not resume:
+            own, part = turn_part(rec, await guard_input(setup.ctx_factory(rec), setup.transcript))
             state = {
-                "transcript": await guard_input(setup.ctx_factory(rec), setup.transcript),
+                "transcript": own,
+                "part": part,
                 "content": self.record.content,
                 "route": setup.entry,
                 "iteration": 0,
@@ -421,7 +425,7 @@ class TurnDriver:
                     latency_ms=(time.perf_counter() - call.started) * 1000,
                     # Partial: the provider reports no usage for a stream cut short, so the
                     # request and the text streamed so far are estimated (budgets count them).
-                    input_tokens=call.prompt_tokens,
+                    input_tokens=prompt_tokens(call.request) if call.request else 0,
                     output_tokens=text_tokens("".join(call.text)),
                     outcome="user-aborted",
                     error_code="user-aborted",

@@ -29,7 +29,6 @@ from turnkit.models import (
     closing_stream,
 )
 from turnkit.models.family import ModelFamily
-from turnkit.stages._budget import prompt_tokens
 from turnkit.stages._plugins import guard
 from turnkit.stages._types import StageContext
 from turnkit.telemetry import OpenCall
@@ -104,7 +103,6 @@ async def call_model(
     started = time.perf_counter()
     rung, model, provider = 0, family.model, family.provider
     last_tool_delta: dict[int, float] = {}
-    sent = prompt_tokens(request)  # what an aborted call is billed as input
     rec.open_call = OpenCall(
         stage_id,
         family.name,
@@ -114,7 +112,7 @@ async def call_model(
         started,
         block_id,
         _shown(asm, stream_text),
-        prompt_tokens=sent,
+        request=request,
     )
     chat = otel.chat(rec, stage_id, family.name, request)
 
@@ -163,7 +161,7 @@ async def call_model(
                             started,
                             block_id,
                             _shown(asm, stream_text),
-                            prompt_tokens=sent,
+                            request=request,
                         )
                     case RungFailed():
                         _audit_failed_rung(ctx, stage_id, family, chunk, attempts)

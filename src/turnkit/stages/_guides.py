@@ -19,9 +19,12 @@ async def take_guides(
     (a recovered attempt re-runs the step that first presented it).
     """
     rec = ctx.recorder
+    guides = await rec.take_guides()
+    if not guides:
+        return ()
     present = {m.get("input_seq") for m in transcript}
     added: list[TranscriptMessage] = []
-    for seq, content, request_id in await rec.take_guides():
+    for seq, content, request_id in guides:
         rec.durable(
             InputGuidedEvent, stage_id, content=content, input_seq=seq, request_id=request_id
         )

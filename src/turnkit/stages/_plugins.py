@@ -137,9 +137,12 @@ async def before_model_request(
     return notes
 
 
-async def after_model_response(ctx: StageContext, stage_id: StageId, view: ModelCallView) -> None:
-    """Tell plugins about a finished reasoning call."""
+async def after_model_response(
+    ctx: StageContext, stage_id: StageId, request: ModelRequest, response: ModelResponse
+) -> None:
+    """Tell plugins about a finished reasoning call (their view is built only for them)."""
     if ctx.plugins:
+        view = call_view(stage_id, request, response)
         await call_hook(ctx, stage_id, "after_model_response", view)
 
 

@@ -22,7 +22,7 @@ from turnkit.events import MessageCompleteEvent
 from turnkit.ids import derive_id
 from turnkit.stages._calls import call_model
 from turnkit.stages._message_list import cache_breakpoint, prepare_request
-from turnkit.stages._plugins import after_model_response, call_view
+from turnkit.stages._plugins import after_model_response
 from turnkit.stages._thinking import thinking_of
 from turnkit.stages._types import (
     PendingAnswer,
@@ -104,9 +104,7 @@ async def _call(
         on_answer=(lambda: thinking.start("synthesize")) if thinking is not None else None,
     )
     response = result.response
-    await after_model_response(
-        ctx, "synthesize", call_view("synthesize", prepared.request, response)
-    )
+    await after_model_response(ctx, "synthesize", prepared.request, response)
     ctx.recorder.reasoning.append(response.thinking)  # read only by the thinking summary
     shape = result.shape
     if response.stop_reason == "max_tokens":

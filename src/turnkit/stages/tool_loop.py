@@ -22,7 +22,7 @@ from turnkit.stages._calls import call_model
 from turnkit.stages._dispatch import dispatch_tools
 from turnkit.stages._message_list import cache_breakpoint, prepare_request, repaired_calls
 from turnkit.stages._planning import planning_specs
-from turnkit.stages._plugins import after_model_response, call_view
+from turnkit.stages._plugins import after_model_response
 from turnkit.stages._thinking import ANSWER_UNDER_WAY_CHARS, thinking_of
 from turnkit.stages._types import (
     PendingAnswer,
@@ -95,9 +95,7 @@ async def run_tool_loop(
             answer_after_chars=ANSWER_UNDER_WAY_CHARS,
         )
         response, block_id = result.response, result.block_id
-        await after_model_response(
-            ctx, "tool-loop", call_view("tool-loop", prepared.request, response)
-        )
+        await after_model_response(ctx, "tool-loop", prepared.request, response)
         rec.reasoning.append(response.thinking)  # read only by the thinking summary
         calls = repaired_calls(response)
         selected = tuple(

@@ -39,6 +39,8 @@ __all__ = (
     "Delivery",
     "Lease",
     "GuideFeed",
+    "KeptTranscript",
+    "KeptTurn",
     "NewInput",
     "PauseBook",
     "RunQueue",
@@ -145,7 +147,36 @@ class TurnTranscript(BaseModel):
     replaces_history: bool = False
     """Compaction or picture release rewrote history: `messages` is the whole list."""
     last_request: dict[str, JsonValue] | None = None
-    """Digests of the turn's last reasoning request (for the next turn's prefix check)."""
+    """Digests of the turn's last reasoning request (for the next turn's prefix check).
+
+    Stores keep it for the session's newest turn only."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KeptTurn:
+    """One earlier turn's part of its session's transcript, as the Store keeps it."""
+
+    turn_id: TurnId
+    input_seq: int
+    transcript: TurnTranscript | None
+    """What the turn stored as it ended (None: it stored nothing, see `record`)."""
+    record: TurnRecord | None = None
+    """The turn, when it stored no transcript: it ended without a driver (a sweep, or
+    Stop before it ran) or before transcripts were kept."""
+    answer: str | None = None
+    """Its answer text, when it stored no transcript and wrote one."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KeptTranscript:
+    """What a turn's starting transcript is built from (`TurnLedger.kept_transcript`)."""
+
+    turns: tuple[KeptTurn, ...]
+    continues: bool = False
+    """The turns follow the caller's `after` turn (False: they are the whole history)."""
+    last_request: dict[str, JsonValue] | None = None
+    """The newest last request among the turns (None: none kept one, or, when
+    `continues`, the newest is at or before `after`)."""
 
 
 class RunSummary(BaseModel):
@@ -356,14 +387,16 @@ class TurnLedger(Protocol):
         """The turn's usage rollup."""
         ...
 
-    async def answers(self, session_id: SessionId, *, before_input_seq: int) -> dict[TurnId, str]:
-        """The answer text of each of the session's earlier turns that wrote one (one read)."""
-        ...
+    async def kept_transcript(
+        self, session_id: SessionId, *, before_input_seq: int, after: TurnId | None = None
+    ) -> KeptTranscript:
+        """What the session's turns before `before_input_seq` keep of its transcript (one read).
 
-    async def transcripts(
-        self, session_id: SessionId, *, before_input_seq: int
-    ) -> dict[TurnId, TurnTranscript]:
-        """The stored transcripts of the session's earlier turns (turns that ended)."""
+        The turns come oldest first, from the newest one that replaced history on (or
+        from the first). When `after` names one of those turns and no later one replaced
+        history, only the turns after it come (`continues`): the caller holds the rest.
+        A turn that stored no transcript comes with its record and answer instead.
+        """
         ...
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from datetime import datetime
 from typing import Any, cast
@@ -29,18 +30,24 @@ def open_pause(
 ) -> None:
     """Save the request a turn now waits on (a retried pause changes nothing)."""
     conn.execute(
-        insert(pauses)
-        .values(
-            request_id=pause.request_id,
-            turn_id=turn_id,
-            session_id=session_id,
-            kind=pause.kind,
-            payload=json.dumps({"tool_call_id": pause.tool_call_id, **pause.payload}),
-            status="open",
-            created_at=now,
-        )
-        .on_conflict_do_nothing(index_elements=["request_id"])
+        _open_pause(insert),
+        {
+            "request_id": pause.request_id,
+            "turn_id": turn_id,
+            "session_id": session_id,
+            "kind": pause.kind,
+            "payload": json.dumps({"tool_call_id": pause.tool_call_id, **pause.payload}),
+            "status": "open",
+            "created_at": now,
+        },
     )
+
+
+@functools.cache
+def _open_pause(insert: Any) -> Any:
+    # Built once: with the values inline, each pause would compile a statement of its own
+    # and leave it, payload included, in the connection's statement cache.
+    return insert(pauses).on_conflict_do_nothing(index_elements=["request_id"])
 
 
 def answer(

@@ -268,7 +268,6 @@ def _open_turn(
             "pinned": json.dumps(new.pinned, sort_keys=True),
             "summary": None,
             "attachments": attachments_json(new.attachments),
-            "transcript": None,
             "started_at": None,
             "error_code": None,
             "created_at": now,

@@ -20,6 +20,7 @@ from turnkit.store._tables import (
     InputRow,
     PauseRow,
     SessionRow,
+    TranscriptRow,
     TurnRow,
     UsageRollupRow,
     WorkspaceFileRow,
@@ -35,6 +36,7 @@ pauses: Table = PauseRow.__table__  # type: ignore[attr-defined]
 workspace_files: Table = WorkspaceFileRow.__table__  # type: ignore[attr-defined]
 budget_limits: Table = BudgetLimitRow.__table__  # type: ignore[attr-defined]
 reservations: Table = BudgetReservationRow.__table__  # type: ignore[attr-defined]
+transcripts: Table = TranscriptRow.__table__  # type: ignore[attr-defined]
 
 SOURCES: dict[TurnStatus, tuple[TurnStatus, ...]] = {
     target: tuple(s for s, targets in TRANSITIONS.items() if target in targets)

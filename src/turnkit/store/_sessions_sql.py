@@ -10,7 +10,16 @@ from sqlalchemy import Connection, bindparam, delete, select, update
 from turnkit.errors import SessionNotFoundError
 from turnkit.ids import SessionId
 from turnkit.store import SessionRecord
-from turnkit.store._schema import aware, events, inputs, pauses, sessions, turns, workspace_files
+from turnkit.store._schema import (
+    aware,
+    events,
+    inputs,
+    pauses,
+    sessions,
+    transcripts,
+    turns,
+    workspace_files,
+)
 
 __all__ = ("create", "get", "list_", "remove", "rename")
 
@@ -94,13 +103,18 @@ def name_if(
     conn: Connection, session_id: SessionId, title: str, current: str | None, now: datetime
 ) -> bool:
     """Set the title only while it is still `current` (None: unnamed); whether it did."""
-    still = sessions.c.title.is_(None) if current is None else sessions.c.title == current
-    done = conn.execute(
-        update(sessions)
-        .where(sessions.c.session_id == session_id, still)
-        .values(title=title, updated_at=now)
-    )
+    params: dict[str, object] = {"n_session": session_id, "title": title, "updated_at": now}
+    if current is None:
+        done = conn.execute(_NAME_UNNAMED, params)
+    else:
+        done = conn.execute(_RENAME_FROM, {**params, "n_current": current})
     return bool(done.rowcount == 1)
+
+
+# Built once (bound parameters): a statement per call would be compiled every time.
+_NAMED = update(sessions).where(sessions.c.session_id == bindparam("n_session"))
+_NAME_UNNAMED = _NAMED.where(sessions.c.title.is_(None))
+_RENAME_FROM = _NAMED.where(sessions.c.title == bindparam("n_current"))
 
 
 def remove(conn: Connection, session_id: SessionId) -> bool:
@@ -108,6 +122,7 @@ def remove(conn: Connection, session_id: SessionId) -> bool:
     turn_ids = select(turns.c.turn_id).where(turns.c.session_id == session_id)
     conn.execute(delete(events).where(events.c.turn_id.in_(turn_ids)))
     conn.execute(delete(pauses).where(pauses.c.session_id == session_id))
+    conn.execute(delete(transcripts).where(transcripts.c.session_id == session_id))
     conn.execute(delete(turns).where(turns.c.session_id == session_id))
     conn.execute(delete(inputs).where(inputs.c.session_id == session_id))
     conn.execute(delete(workspace_files).where(workspace_files.c.session_id == session_id))

@@ -90,8 +90,6 @@ class TurnRow(SQLModel, table=True):
     summary: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
     attachments: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
     """Pictures attached to the opening message (JSON), if any."""
-    transcript: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
-    """What the turn added to the session's model-facing transcript (JSON), once it ended."""
     organisation: str | None = Field(default=None, max_length=128)
     department: str | None = Field(default=None, max_length=128)
     principal: str | None = Field(default=None, max_length=256)
@@ -99,6 +97,36 @@ class TurnRow(SQLModel, table=True):
     started_at: datetime | None = Field(default=None, sa_column=_ts(nullable=True))
     created_at: datetime = Field(sa_column=_ts())
     updated_at: datetime = Field(sa_column=_ts())
+
+
+class TranscriptRow(SQLModel, table=True):
+    """What an ended turn added to its session's model-facing transcript, kept as sent.
+
+    One row per turn, written in the transaction that ends it. `last_request` (the
+    digests of the turn's last reasoning request) is kept on the session's newest row
+    only: the next turn's prefix check is its one reader.
+    """
+
+    __tablename__ = "tk_transcripts"
+    __table_args__ = (
+        Index("ix_transcript_session_seq", "session_id", "input_seq"),
+        Index(
+            "ix_transcript_last_request",
+            "session_id",
+            sqlite_where=text("last_request IS NOT NULL"),
+            postgresql_where=text("last_request IS NOT NULL"),
+        ),
+    )
+    turn_id: str = Field(primary_key=True, max_length=64)
+    session_id: str = Field(max_length=128)
+    input_seq: int
+    replaces_history: bool = Field(
+        default=False, sa_column=Column(Boolean, nullable=False, server_default=false())
+    )
+    """Compaction or picture release rewrote history: `messages` is the whole list."""
+    messages: str = Field(sa_column=Column(Text, nullable=False))
+    """The messages as a JSON list (the turn's own, or the whole list)."""
+    last_request: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
 
 
 class EventRow(SQLModel, table=True):

@@ -42,12 +42,13 @@ from turnkit.audit import AuditRow, UsageDelta
 from turnkit.budgets import BudgetLimit, BudgetPeriod, BudgetScope, BudgetSubject, BudgetUse
 from turnkit.clock import Clock, SystemClock
 from turnkit.errors import StaleEpochError, StoreError, StoreUnavailableError, TurnNotFoundError
-from turnkit.events import DurableEvent, MessageCompleteEvent, decode_event, encode_event
+from turnkit.events import DurableEvent, encode_event
 from turnkit.ids import SessionId, TurnId
 from turnkit.pauses import PauseRequest
 from turnkit.states import TERMINAL_STATES, TurnStatus
 from turnkit.store import (
     CommitResult,
+    KeptTranscript,
     Lease,
     NewInput,
     RunSummary,
@@ -62,6 +63,7 @@ from turnkit.store import (
     _queue_sql as queue,
     _sessions_sql as sessions_sql,
     _sqlite as sqlite_conn,
+    _transcripts_sql as transcripts_sql,
     _usage_sql as usage_sql,
     _workspace_sql as workspace_sql,
 )
@@ -511,7 +513,7 @@ class SqlStore:
             (
                 summary.model_dump_json() if summary is not None else None,
                 release,
-                transcript.model_dump_json() if transcript is not None else None,
+                transcripts_sql.encoded(transcript) if transcript is not None else None,
             ),
             pause,
             guides_consumed_through,
@@ -527,7 +529,7 @@ class SqlStore:
         usage: tuple[str | None, dict[int, UsageDelta]],
         status: TurnStatus | None,
         error_code: str | None,
-        settle: tuple[str | None, bool, str | None] = (None, False, None),
+        settle: tuple[str | None, bool, dict[str, Any] | None] = (None, False, None),
         pause: PauseRequest | None = None,
         guides_consumed_through: int | None = None,
     ) -> CommitResult:
@@ -549,29 +551,20 @@ class SqlStore:
             _explain_refusal(conn, turn_id, epoch, status)
         newest_guide = int(moved[0] or 0) if moved is not None else 0
         requeued = 0
-        summary_json, release, transcript_json = settle
-        if summary_json is not None or release or transcript_json is not None:
+        summary_json, release, transcript = settle
+        if summary_json is not None or release:
             conn.execute(
-                _settle(
-                    summary=summary_json is not None,
-                    release=release,
-                    transcript=transcript_json is not None,
-                ),
-                {
-                    "k_turn": turn_id,
-                    "k_epoch": epoch,
-                    "k_summary": summary_json,
-                    "k_transcript": transcript_json,
-                },
+                _settle(summary=summary_json is not None, release=release),
+                {"k_turn": turn_id, "k_epoch": epoch, "k_summary": summary_json},
             )
+        if transcript is not None:
+            transcripts_sql.keep(conn, self._insert, turn_id, transcript)
         if guides_consumed_through is not None and status in TERMINAL_STATES:
             requeued = queue.requeue_guides(
                 conn, turn_id, guides_consumed_through, self._clock.now()
             )
         if pause is not None:
-            session_id = conn.execute(
-                select(_turns.c.session_id).where(_turns.c.turn_id == turn_id)
-            ).scalar_one()
+            session_id = conn.execute(_SESSION_OF, {"p_turn": turn_id}).scalar_one()
             pauses_sql.open_pause(conn, self._insert, turn_id, session_id, pause, self._clock.now())
         if event_rows:
             conn.execute(self._hot.insert_event, event_rows)
@@ -784,12 +777,13 @@ class SqlStore:
         """The turn's usage rollup (zeros when it made no call)."""
         return await self._tx(_read_usage, turn_id, write=False)
 
-    async def transcripts(
-        self, session_id: SessionId, *, before_input_seq: int
-    ) -> dict[TurnId, TurnTranscript]:
-        """Stored transcripts of the session's turns before `before_input_seq`, in one query."""
-        rows = await self._hot_tx(_transcript_rows, session_id, before_input_seq, write=False)
-        return {TurnId(t): TurnTranscript.model_validate_json(data) for t, data in rows}
+    async def kept_transcript(
+        self, session_id: SessionId, *, before_input_seq: int, after: TurnId | None = None
+    ) -> KeptTranscript:
+        """What the session's earlier turns keep of its transcript (see `TurnLedger`)."""
+        return await self._hot_tx(
+            transcripts_sql.kept, session_id, before_input_seq, after, write=False
+        )
 
     async def stuck(self, *, ceiling_s: float) -> list[tuple[TurnRecord, str]]:
         """Running turns an operator should look at, with why (`turnkit turns --stuck`).
@@ -814,16 +808,6 @@ class SqlStore:
             if row.spent_attempts:
                 reasons.append(f"{row.spent_attempts} attempt(s) died without progress")
             found.append((record, "; ".join(reasons)))
-        return found
-
-    async def answers(self, session_id: SessionId, *, before_input_seq: int) -> dict[TurnId, str]:
-        """Answers of the session's turns before `before_input_seq`, in one query."""
-        blobs = await self._hot_tx(_answer_blobs, session_id, before_input_seq, write=False)
-        found: dict[TurnId, str] = {}
-        for data in blobs:
-            event = decode_event(data)
-            if isinstance(event, MessageCompleteEvent) and event.block.is_answer:
-                found[event.turn_id] = event.block.text
         return found
 
 
@@ -857,13 +841,11 @@ def _first_line(exc: BaseException) -> str:
 
 
 @functools.cache
-def _settle(*, summary: bool, release: bool, transcript: bool = False) -> Any:
-    """Record the run summary and transcript and/or release the lease (fenced on the epoch)."""
+def _settle(*, summary: bool, release: bool) -> Any:
+    """Record the run summary and/or release the lease (fenced on the epoch)."""
     values: dict[str, Any] = {}
     if summary:
         values["summary"] = bindparam("k_summary")
-    if transcript:
-        values["transcript"] = bindparam("k_transcript")
     if release:
         values["lease_owner"] = None
         values["lease_expires_at"] = None
@@ -874,6 +856,9 @@ def _settle(*, summary: bool, release: bool, transcript: bool = False) -> Any:
         )
         .values(**values)
     )
+
+
+_SESSION_OF = select(_turns.c.session_id).where(_turns.c.turn_id == bindparam("p_turn"))
 
 
 def _explain_refusal(
@@ -939,22 +924,6 @@ def _audit_blobs(conn: Connection, turn_id: TurnId) -> list[bytes]:
     return [bytes(r.data) for r in rows]
 
 
-_ANSWER_BLOBS = select(_events.c.data).where(
-    _events.c.turn_id.in_(
-        select(_turns.c.turn_id).where(
-            _turns.c.session_id == bindparam("a_session"),
-            _turns.c.input_seq < bindparam("a_before"),
-        )
-    ),
-    _events.c.type == "message.complete",
-)
-
-
-def _answer_blobs(conn: Connection, session_id: SessionId, before: int) -> list[bytes]:
-    rows = conn.execute(_ANSWER_BLOBS, {"a_session": session_id, "a_before": before}).all()
-    return [bytes(r.data) for r in rows]
-
-
 def _stuck_rows(conn: Connection, deadline: datetime, now: datetime) -> list[Any]:
     query = (
         select(_turns)
@@ -973,18 +942,6 @@ def _stuck_rows(conn: Connection, deadline: datetime, now: datetime) -> list[Any
         .limit(1000)
     )
     return list(conn.execute(query).all())
-
-
-_TRANSCRIPTS = select(_turns.c.turn_id, _turns.c.transcript).where(
-    _turns.c.session_id == bindparam("x_session"),
-    _turns.c.input_seq < bindparam("x_before"),
-    _turns.c.transcript.is_not(None),
-)
-
-
-def _transcript_rows(conn: Connection, session_id: SessionId, before: int) -> list[tuple[str, str]]:
-    rows = conn.execute(_TRANSCRIPTS, {"x_session": session_id, "x_before": before}).all()
-    return [(r.turn_id, r.transcript) for r in rows]
 
 
 def _read_usage(conn: Connection, turn_id: TurnId) -> UsageDelta:

@@ -1,0 +1,100 @@
+"""`HeldTranscripts`: each recent session's transcript, held so its next turn reads only news.
+
+A turn's starting transcript is every earlier turn's kept part, in order. Read whole from
+the Store, that costs a long session more on every turn. So the runtime holds what the
+last turn it started was given, and the next turn asks the Store only for the turns after
+it (`Store.kept_transcript(after=...)`). The Store decides whether what is held still
+holds: a session deleted and begun again gets its whole kept history instead, and one
+whose history a later turn replaced (compaction) gets it from that turn on.
+
+Held messages are sealed (`turnkit.context._sealed`): they cannot change in place, so
+every turn's list shares them, and so does what is derived from each (its digest, its
+`ModelMessage`). The hold is bounded by an estimate of the bytes it keeps (pictures count
+by their encoded size), least recently used sessions going first.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Final
+
+from pydantic import JsonValue
+
+from turnkit.context.transcript import TranscriptMessage
+from turnkit.ids import SessionId, TurnId
+
+__all__ = ("DEFAULT_HELD_BYTES", "Held", "HeldTranscripts", "size_of")
+
+DEFAULT_HELD_BYTES: Final = 64 * 2**20
+"""About how much transcript one runtime holds across its sessions."""
+_MESSAGE_OVERHEAD: Final = 256
+"""About what a message costs beyond its text (the dict and its keys)."""
+
+
+def size_of(messages: Iterable[TranscriptMessage]) -> int:
+    """About how many bytes `messages` hold."""
+    size = 0
+    for message in messages:
+        content = message["content"]
+        if isinstance(content, str):
+            size += len(content)
+        else:
+            size += sum(len(value) for part in content for value in part.values())
+        for call in message.get("tool_calls", ()):
+            size += len(call["arguments"]) + len(call["name"])
+        size += _MESSAGE_OVERHEAD
+    return size
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Held:
+    """A session's transcript through one turn, without its system message."""
+
+    through: TurnId
+    """The newest turn the messages include."""
+    input_seq: int
+    messages: tuple[TranscriptMessage, ...]
+    last_request: dict[str, JsonValue] | None
+    """The newest last request the Store kept up to `through`."""
+    size: int
+    """About how many bytes `messages` hold (`size_of`)."""
+
+
+class HeldTranscripts:
+    """Recent sessions' transcripts, least recently used dropped past `max_bytes`."""
+
+    def __init__(self, *, max_bytes: int = DEFAULT_HELD_BYTES) -> None:
+        self.max_bytes = max_bytes
+        self._held: OrderedDict[SessionId, Held] = OrderedDict()
+        self._size = 0
+
+    @property
+    def size(self) -> int:
+        """About how many bytes are held."""
+        return self._size
+
+    def get(self, session_id: SessionId) -> Held | None:
+        """What is held for `session_id` (None: nothing)."""
+        held = self._held.get(session_id)
+        if held is not None:
+            self._held.move_to_end(session_id)
+        return held
+
+    def hold(self, session_id: SessionId, held: Held) -> None:
+        """Hold `held` for the session in place of what was held."""
+        self.forget(session_id)
+        if held.size > self.max_bytes:
+            return
+        self._held[session_id] = held
+        self._size += held.size
+        while self._size > self.max_bytes:
+            _, dropped = self._held.popitem(last=False)
+            self._size -= dropped.size
+
+    def forget(self, session_id: SessionId) -> None:
+        """Drop what is held for the session."""
+        dropped = self._held.pop(session_id, None)
+        if dropped is not None:
+            self._size -= dropped.size
