@@ -21,8 +21,6 @@ from turnkit.config import RuntimeConfig
 from turnkit.errors import (
     ConfigurationError,
     InvalidInputError,
-    PauseAnsweredError,
-    PauseNotFoundError,
     SessionNotFoundError,
     TurnNotFoundError,
     TurnNotRunningError,
@@ -57,6 +55,7 @@ from turnkit.runtime._validate import (
 )
 from turnkit.runtime.admission import Admission, AdmissionCheck, DocumentResolver
 from turnkit.runtime.agents import AgentCatalog, ToolAccess, allowed_tools
+from turnkit.runtime.budget_pauses import resume_budget_pauses
 from turnkit.runtime.callbacks import CallbackScope, callback_token, check_callback_token
 from turnkit.runtime.deps import NO_DEPS, DepsFactory
 from turnkit.runtime.reader import TurnReader
@@ -75,7 +74,6 @@ from turnkit.store import (
 from turnkit.store.migrate import head_revision
 from turnkit.store.sql import SqlStore
 from turnkit.tenancy import (
-    DEFAULT_DEPARTMENT,
     DEFAULT_ORGANISATION,
     Organisation,
     Principal,
@@ -541,31 +539,10 @@ class SessionRuntime:
         checks its budget again before the call: one still short pauses again.
         """
         await self.open()
-        resumed: list[str] = []
-        for record, pause in await self.store.budget_pauses(organisation):
-            pinned = Pinned.of(record)
-            subject = BudgetSubject(
-                organisation=pinned.organisation,
-                department=pinned.department or DEFAULT_DEPARTMENT,
-                principal=pinned.principal,
-                session_id=record.session_id,
-            )
-            usd, tokens = pause.payload.get("usd"), pause.payload.get("tokens")
-            needs = (
-                float(usd) if isinstance(usd, int | float) else 0.0,
-                int(tokens) if isinstance(tokens, int) else 0,
-            )
-            if not all(use.fits(*needs) for use in await self.store.budget_uses(subject)):
-                continue
-            try:
-                await self.store.answer_pause(
-                    record.turn_id, pause.request_id, {"kind": "budget-cleared"}
-                )
-            except (PauseAnsweredError, PauseNotFoundError):
-                continue  # another process resumed (or someone cancelled) it first
-            if self.config.run_in_process:
-                self.host.detach(record.turn_id)
-            resumed.append(record.turn_id)
+        resumed = await resume_budget_pauses(self.store, organisation)
+        if self.config.run_in_process:
+            for turn_id in resumed:
+                self.host.detach(TurnId(turn_id))
         return resumed
 
     async def budget_limits(self, organisation: str | None = None) -> list[BudgetLimit]:
