@@ -176,6 +176,7 @@ async def test_kill_while_a_tool_runs(db: DB, workers: Workers) -> None:
         assert record.summary is not None
         assert record.summary.status == "succeeded"
         assert record.summary.attempt == 2
+        assert record.summary.recoveries == 1  # on the turn row too, for an operator
     finally:
         await runtime.close()
 

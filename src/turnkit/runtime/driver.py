@@ -344,6 +344,7 @@ class TurnDriver:
             model=self.record.model,
             attempt=self.lease.attempt,
             skipped_events=len(self.skipped),
+            recoveries=sum(1 for k in rec.journal.keys if k.startswith("turn.recovering:")),
         )
 
     def _finished(self, rec: Recorder, summary: RunSummary, stage: StageId) -> None:
@@ -366,7 +367,7 @@ class TurnDriver:
             stop_reason=summary.stop_reason,
             error_code=summary.error_code,
             duration_ms=summary.duration_ms,
-            recoveries=sum(1 for k in rec.journal.keys if k.startswith("turn.recovering:")),
+            recoveries=summary.recoveries,
             skipped_events=summary.skipped_events,
         )
 

@@ -199,6 +199,8 @@ class RunSummary(BaseModel):
     attempt: int = 1
     skipped_events: int = 0
     """Committed events of the turn this attempt could not decode and went on without."""
+    recoveries: int = 0
+    """Takeovers of the turn after its driver died (`turn.recovering` events)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
