@@ -48,14 +48,19 @@ class InMemoryReplayBuffer:
         return len(self._turns)
 
     def _turn(self, turn_id: TurnId, *, ttl_s: float | None = None) -> _Turn:
-        self._expire()
-        turn = self._live(turn_id)
+        now = time.monotonic()
+        if now >= self._next_expiry:
+            self._expire()
+        turn = self._turns.get(turn_id)
+        if turn is not None and turn.expires < now:
+            del self._turns[turn_id]  # as `_live` does, with the clock read once
+            turn = None
         if turn is None:
             # A reader may get here first (it waits on the turn's wake event); a turn
             # that never publishes still expires.
             turn = _Turn(
                 entries=deque(maxlen=self.settings.max_entries),
-                expires=time.monotonic() + (ttl_s if ttl_s is not None else self.settings.ttl_s),
+                expires=now + (ttl_s if ttl_s is not None else self.settings.ttl_s),
                 counter=self._highest,
             )
             self._turns[turn_id] = turn
@@ -90,14 +95,15 @@ class InMemoryReplayBuffer:
         """`publish`, synchronously (a driver in this process needs no task for it)."""
         turn = self._turn(turn_id)
         ttl = self.settings.ttl_s
+        counter, append = turn.counter, turn.entries.append
         for seq, data, terminal in entries:
-            turn.counter += 1
-            turn.entries.append(
-                BufferEntry(position=str(turn.counter), seq=seq, data=data, is_terminal=terminal)
-            )
+            counter += 1
+            append(BufferEntry(position=str(counter), seq=seq, data=data, is_terminal=terminal))
             if terminal:
                 ttl = self.settings.terminal_grace_s
-        self._highest = max(self._highest, turn.counter)
+        turn.counter = counter
+        if counter > self._highest:
+            self._highest = counter
         turn.expires = time.monotonic() + ttl
         if turn.wake is not None:
             turn.wake.set()

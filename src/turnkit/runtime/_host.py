@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections import deque
 from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
@@ -104,12 +105,12 @@ class TurnHost:
             async for stored in self._store().read_events(turn_id, after_seq=1):
                 yield stored.decode()
             return
-        queue: asyncio.Queue[DurableEvent | EphemeralEvent | None] = asyncio.Queue()
+        queue = _Handoff()
         # The publisher lets other readers follow the turn too.
         async with BufferPublisher(self.replay, turn_id) as publisher:
 
             def sink(event: DurableEvent | EphemeralEvent | None) -> None:
-                queue.put_nowait(event)
+                queue.put(event)
                 publisher(event)
 
             driver = await self._runner().driver(
@@ -207,6 +208,37 @@ class TurnHost:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+class _Handoff:
+    """The events a turn's driver sent, waiting for the stream to yield them.
+
+    An `asyncio.Queue` without its per-item bookkeeping: one producer, one consumer,
+    unbounded.
+    """
+
+    __slots__ = ("_items", "_waiter")
+
+    def __init__(self) -> None:
+        self._items: deque[DurableEvent | EphemeralEvent | None] = deque()
+        self._waiter: asyncio.Future[None] | None = None
+
+    def put(self, item: DurableEvent | EphemeralEvent | None) -> None:
+        self._items.append(item)
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def get(self) -> DurableEvent | EphemeralEvent | None:
+        while not self._items:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        return self._items.popleft()
 
 
 async def _cancel_when(token: CancelToken, task: asyncio.Task[None]) -> None:

@@ -11,7 +11,6 @@ from turnkit import otel
 from turnkit.audit import AuditPayloads, CallShape, FallbackStepPayload, ProviderCascadePayload
 from turnkit.errors import FamilyExhaustedError, ProviderError, TurnkitError
 from turnkit.events import (
-    MessageDeltaEvent,
     ProviderCascadeEvent,
     ToolDeltaEvent,
 )
@@ -139,9 +138,7 @@ async def call_model(
                         asm.text.append(text)
                         on_answer = _answer_check(asm, on_answer, answer_after_chars)
                         if stream_text and text:
-                            await rec.ephemeral(
-                                MessageDeltaEvent, stage_id, block_id=block_id, text=text
-                            )
+                            await rec.delta(stage_id, block_id, text)
                     case ThinkingDelta(text=text) if text:
                         asm.thinking.append(text)  # raw chain-of-thought never leaves the runtime
                     case ToolCallDelta():
