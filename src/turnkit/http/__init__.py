@@ -338,21 +338,18 @@ def create_turnkit_router(  # noqa: C901 - one closure per route keeps the route
         since: Annotated[datetime | None, Query(description="From (inclusive).")] = None,
         until: Annotated[datetime | None, Query(description="To (exclusive).")] = None,
     ) -> UsageOut:
-        if scope == "organisation":
-            admin = require_admin(caller)
-            lines = await runtime.store.usage_report(
-                by=by,
-                principal=None,
-                anonymous=False,
-                since=since,
-                until=until,
-                organisation=admin.organisation,
-            )
+        if scope == "organisation":  # everyone's in the admin's organisation
+            organisation, pid = require_admin(caller).organisation, None
         else:
-            pid = caller.id if caller is not None else None
-            lines = await runtime.store.usage_report(
-                by=by, principal=pid, anonymous=pid is None, since=since, until=until
-            )
+            organisation, pid = None, caller.id if caller is not None else None
+        lines = await runtime.store.usage_report(
+            by=by,
+            principal=pid,
+            anonymous=scope == "self" and pid is None,
+            since=since,
+            until=until,
+            organisation=organisation,
+        )
         return UsageOut(
             by=by, scope=scope, lines=[UsageLineOut.model_validate(line) for line in lines]
         )

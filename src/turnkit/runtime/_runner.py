@@ -71,6 +71,15 @@ class Pinned:
             roles=self.roles,
         )
 
+    def budget_subject(self, session_id: str) -> BudgetSubject:
+        """Who the turn spends for (its department as pinned, else the default one)."""
+        return BudgetSubject(
+            organisation=self.organisation,
+            department=self.department or DEFAULT_DEPARTMENT,
+            principal=self.principal,
+            session_id=session_id,
+        )
+
     @classmethod
     def of(cls, record: TurnRecord) -> Pinned:
         """The record's pinned configuration (older records: what they hold)."""
@@ -273,12 +282,7 @@ class TurnRunner:
         gate = (
             BudgetGate(
                 book=self.store,
-                subject=BudgetSubject(
-                    organisation=pinned.organisation,
-                    department=pinned.department or DEFAULT_DEPARTMENT,
-                    principal=principal,
-                    session_id=record.session_id,
-                ),
+                subject=pinned.budget_subject(record.session_id),
                 reserve_tokens=self.config.budget_reserve_tokens,
                 ttl_s=self.config.ceiling_s,
             )

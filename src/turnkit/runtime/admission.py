@@ -171,9 +171,9 @@ class Admission:
             documents=tuple(documents),
         )
         for name in CHECKS:
-            request = await self._app_checks(request, before=name)
+            await self._app_checks(request, before=name)
             request = await self._builtin(name, request, agent)
-            request = await self._app_checks(request, after=name)
+            await self._app_checks(request, after=name)
         assert request.agent is not None
         assert request.department is not None
         return Admitted(
@@ -191,13 +191,12 @@ class Admission:
         *,
         before: CheckName | None = None,
         after: CheckName | None = None,
-    ) -> AdmissionRequest:
+    ) -> None:
         for check in self.checks:
             if (before is not None and check.before == before) or (
                 after is not None and check.after == after
             ):
                 await check.check(request)
-        return request
 
     async def _builtin(
         self, name: CheckName, request: AdmissionRequest, agent: str | Agent | None

@@ -8,11 +8,9 @@ again before the call.
 
 from __future__ import annotations
 
-from turnkit.budgets import BudgetSubject
 from turnkit.errors import PauseAnsweredError, PauseNotFoundError
 from turnkit.runtime._runner import Pinned
 from turnkit.store import Store
-from turnkit.tenancy import DEFAULT_DEPARTMENT
 
 __all__ = ("resume_budget_pauses",)
 
@@ -21,13 +19,7 @@ async def resume_budget_pauses(store: Store, organisation: str | None = None) ->
     """Answer every budget pause whose next call now fits; the ids of the turns resumed."""
     resumed: list[str] = []
     for record, pause in await store.budget_pauses(organisation):
-        pinned = Pinned.of(record)
-        subject = BudgetSubject(
-            organisation=pinned.organisation,
-            department=pinned.department or DEFAULT_DEPARTMENT,
-            principal=pinned.principal,
-            session_id=record.session_id,
-        )
+        subject = Pinned.of(record).budget_subject(record.session_id)
         usd, tokens = pause.payload.get("usd"), pause.payload.get("tokens")
         needs = (
             float(usd) if isinstance(usd, int | float) else 0.0,

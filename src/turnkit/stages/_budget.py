@@ -13,6 +13,7 @@ from typing import Final
 
 from pydantic import JsonValue
 
+from turnkit.audit import UsageDelta
 from turnkit.budgets import BudgetSubject, BudgetUse
 from turnkit.events import BudgetPausedEvent
 from turnkit.ids import StageId, derive_id
@@ -68,7 +69,7 @@ class BudgetGate:
         """
         rec = ctx.recorder
         tokens = estimate_tokens(request, self.reserve_tokens)
-        usd = tokens * _price_per_token(rec.usage.cost_usd, rec.usage)
+        usd = tokens * _price_per_token(rec.usage)
         for waited in range(_MAX_PAUSES_PER_CALL):
             reservation, uses = await self.book.reserve_budget(
                 self.subject, turn_id=rec.turn_id, usd=usd, tokens=tokens, ttl_s=self.ttl_s
@@ -88,10 +89,10 @@ class BudgetGate:
         )
 
 
-def _price_per_token(cost_usd: float, usage: object) -> float:
+def _price_per_token(usage: UsageDelta) -> float:
     """What the turn's calls so far paid per token (0: nothing priced yet)."""
-    tokens = getattr(usage, "input_tokens", 0) + getattr(usage, "output_tokens", 0)
-    return cost_usd / tokens if tokens else 0.0
+    tokens = usage.input_tokens + usage.output_tokens
+    return usage.cost_usd / tokens if tokens else 0.0
 
 
 def _pause(

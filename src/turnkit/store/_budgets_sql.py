@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any, cast
 
-from sqlalchemy import ColumnElement, Connection, and_, delete, func, or_, select, text
+from sqlalchemy import Connection, and_, delete, func, or_, select, text
 
 from turnkit.budgets import (
     SCOPES,
@@ -134,7 +134,7 @@ def _covering(conn: Connection, subject: BudgetSubject) -> list[BudgetLimit]:
         if (key := subject.key(scope)) is not None
     ]
     query = select(budget_limits).where(
-        budget_limits.c.organisation == subject.organisation, _any(members)
+        budget_limits.c.organisation == subject.organisation, or_(*members)
     )
     return [_limit(row) for row in conn.execute(query)]
 
@@ -182,10 +182,6 @@ def _use(conn: Connection, limit: BudgetLimit, now: datetime) -> BudgetUse:
         reserved_usd=float(held_usd),
         reserved_tokens=int(held_tokens),
     )
-
-
-def _any(clauses: list[ColumnElement[bool]]) -> ColumnElement[bool]:
-    return or_(*clauses)
 
 
 def _limit(row: Any) -> BudgetLimit:
