@@ -16,10 +16,9 @@ import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Final, Literal, TypedDict
+from typing import Literal, TypedDict
 
-from turnkit.context._sealed import sealed
-from turnkit.context.transcript import MessageKey, TranscriptMessage, message_key, sent_bytes
+from turnkit.context.transcript import DerivedCache, TranscriptMessage, sent_bytes
 from turnkit.errors import PrefixRewriteError
 from turnkit.models import ToolSpec
 
@@ -53,39 +52,16 @@ def tools_digest(tools: Sequence[ToolSpec]) -> str:
     return hashlib.sha256(raw).hexdigest()
 
 
-def message_digest(message: TranscriptMessage) -> str:
-    """A digest of the bytes the model receives for `message`.
-
-    Every request of a session digests every message it carries, so a long session's
-    digests are kept: on a sealed message (earlier turns' history, which cannot change),
-    else keyed by the message's values (never by identity: a hook that rewrote a message
-    in place must still be caught).
-    """
-    kept = sealed(message)
-    if kept is not None:
-        try:
-            return kept.digest
-        except AttributeError:
-            kept.digest = _by_value(message)
-            return kept.digest
-    return _by_value(message)
+def _digest(message: TranscriptMessage) -> str:
+    return hashlib.sha256(sent_bytes(message)).hexdigest()[:32]
 
 
-def _by_value(message: TranscriptMessage) -> str:
-    key = message_key(message)
-    if key is None:
-        return hashlib.sha256(sent_bytes(message)).hexdigest()[:32]
-    found = _DIGESTS.get(key)
-    if found is None:
-        found = hashlib.sha256(sent_bytes(message)).hexdigest()[:32]
-        if len(_DIGESTS) >= _DIGEST_CACHE_SIZE:
-            _DIGESTS.clear()
-        _DIGESTS[key] = found
-    return found
+message_digest: DerivedCache[str] = DerivedCache("digest", _digest)
+"""A digest of the bytes the model receives for a message.
 
-
-_DIGEST_CACHE_SIZE: Final = 16_384
-_DIGESTS: dict[MessageKey, str] = {}
+Every request of a session digests every message it carries, so a long session's digests
+are kept: on a sealed message, else by the message's values (see `DerivedCache`).
+"""
 
 
 @dataclass(frozen=True, slots=True)

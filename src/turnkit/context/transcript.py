@@ -7,7 +7,8 @@ the same bytes (the provider's prompt cache matches on that prefix).
 from __future__ import annotations
 
 import json
-from typing import Final, Literal, NotRequired, TypedDict, cast
+from collections.abc import Callable
+from typing import Final, Generic, Literal, NotRequired, TypedDict, TypeVar, cast
 
 from pydantic import TypeAdapter
 
@@ -16,6 +17,7 @@ from turnkit.context._sealed import sealed, sealed_types
 from turnkit.models import Content, ModelMessage, ToolCallPart
 
 __all__ = (
+    "DerivedCache",
     "PRIVATE_KEYS",
     "MessageKey",
     "PartJson",
@@ -28,6 +30,8 @@ __all__ = (
     "sent_bytes",
     "to_transcript",
 )
+
+_T = TypeVar("_T")
 
 PartJson = dict[str, str]
 """A content part as JSON: `{"kind": "text", "text": …}` or `{"kind": "image", …}`."""
@@ -99,28 +103,43 @@ def from_transcript(messages: list[TranscriptMessage]) -> tuple[ModelMessage, ..
     return tuple([_model_message(m) for m in messages])
 
 
-def _model_message(message: TranscriptMessage) -> ModelMessage:
-    kept = sealed(message)
-    if kept is not None:
+class DerivedCache(Generic[_T]):
+    """Something worked out from a message, kept so it is worked out once.
+
+    On a sealed message (earlier turns' history, which cannot change) it is kept on the
+    message itself (`attr`, one of `SealedMessage`'s slots); on any other message it is
+    kept by the message's values in a bounded dict (never by identity: a hook that
+    rewrote a message in place must still get a fresh one).
+    """
+
+    def __init__(self, attr: str, build: Callable[[TranscriptMessage], _T]) -> None:
+        self.attr = attr
+        self.build = build
+        self.by_value: dict[MessageKey, _T] = {}
+
+    def __call__(self, message: TranscriptMessage) -> _T:
+        """What `build` gives for `message`."""
+        kept = sealed(message)
+        if kept is None:
+            return self._by_value(message)
         try:
-            return kept.model
+            return cast(_T, getattr(kept, self.attr))
         except AttributeError:
-            kept.model = _by_value(message)
-            return kept.model
-    return _by_value(message)
+            found = self._by_value(message)
+            setattr(kept, self.attr, found)
+            return found
 
-
-def _by_value(message: TranscriptMessage) -> ModelMessage:
-    key = message_key(message)
-    if key is None:
-        return _build(message)
-    found = _MODEL_MESSAGES.get(key)
-    if found is None:
-        found = _build(message)
-        if len(_MODEL_MESSAGES) >= _CACHE_SIZE:
-            _MODEL_MESSAGES.clear()
-        _MODEL_MESSAGES[key] = found
-    return found
+    def _by_value(self, message: TranscriptMessage) -> _T:
+        key = message_key(message)
+        if key is None:
+            return self.build(message)
+        found = self.by_value.get(key)
+        if found is None:
+            found = self.build(message)
+            if len(self.by_value) >= _CACHE_SIZE:
+                self.by_value.clear()
+            self.by_value[key] = found
+        return found
 
 
 def _build(message: TranscriptMessage) -> ModelMessage:
@@ -135,11 +154,13 @@ def _build(message: TranscriptMessage) -> ModelMessage:
     )
 
 
+_model_message: DerivedCache[ModelMessage] = DerivedCache("model", _build)
+
+
 MessageKey = tuple[str, str, object, tuple[tuple[str, str, str], ...] | None]
 """What `message_key` returns: role, content, tool call id (or absent), tool calls."""
 
 _CACHE_SIZE: Final = 16_384
-_MODEL_MESSAGES: dict[MessageKey, ModelMessage] = {}
 
 
 def message_key(message: TranscriptMessage) -> MessageKey | None:

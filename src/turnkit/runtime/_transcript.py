@@ -17,6 +17,7 @@ from turnkit.agent import Agent
 from turnkit.context._sealed import seal
 from turnkit.context.prefix import PreviousRequest
 from turnkit.context.transcript import PartJson, TranscriptMessage
+from turnkit.graph import turn_part
 from turnkit.runtime._held import Held, HeldTranscripts, size_of
 from turnkit.states import TerminalStatus
 from turnkit.store import KeptTranscript, Store, TurnRecord, TurnTranscript
@@ -134,12 +135,12 @@ def ended_transcript(
             "messages": list(rec.last_request["messages"]),
             "tools_sha256": rec.last_request["tools_sha256"],
         }
-    if rec.history_replaced:
-        return TurnTranscript(
-            messages=tuple(_json(m) for m in messages), replaces_history=True, last_request=last
-        )
-    own = messages[rec.base_len :]
-    return TurnTranscript(messages=tuple(_json(m) for m in own), last_request=last)
+    own, part = turn_part(rec, messages)  # what checkpoints keep is what is stored
+    return TurnTranscript(
+        messages=tuple(_json(m) for m in own),
+        replaces_history=part == "replaced",
+        last_request=last,
+    )
 
 
 def _json(message: TranscriptMessage) -> dict[str, JsonValue]:
