@@ -256,16 +256,17 @@ async def _budgets(args: argparse.Namespace, out: TextIO) -> int:
             out.write(f"set the {limit.scope} budget of {limit.key!r} ({limit.period})\n")
             out.write("".join(f"  resumed {turn_id}\n" for turn_id in resumed))
         elif args.budgets_command == "delete":
-            key = args.organisation if args.scope == "organisation" else args.key
-            found = await store.delete_budget_limit(args.scope, args.organisation, key, args.period)
+            found = await store.delete_budget_limit(
+                args.scope, args.organisation, args.key, args.period
+            )
             out.write("deleted\n" if found else "no such limit\n")
             return 0 if found else 1
-        uses = await store.budget_report(args.organisation)
-    if args.budgets_command == "list":
-        if not uses:
-            out.write("no budget limits\n")
-        for use in uses:
-            out.write(f"  {use.limit.organisation}  {use.describe()}\n")
+        else:
+            uses = await store.budget_report(args.organisation)
+            if not uses:
+                out.write("no budget limits\n")
+            for use in uses:
+                out.write(f"  {use.limit.organisation}  {use.describe()}\n")
     return 0
 
 

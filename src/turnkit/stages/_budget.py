@@ -83,10 +83,8 @@ class BudgetGate:
 
     async def has_room(self, request: ModelRequest) -> bool:
         """Whether a background call (naming, a summary) fits; it is skipped when not."""
-        return all(
-            use.fits(0.0, estimate_tokens(request, self.reserve_tokens))
-            for use in await self.book.budget_uses(self.subject)
-        )
+        tokens = estimate_tokens(request, self.reserve_tokens)
+        return all(use.fits(0.0, tokens) for use in await self.book.budget_uses(self.subject))
 
 
 def _price_per_token(usage: UsageDelta) -> float:

@@ -101,7 +101,7 @@ def reserve(
             {"org": f"turnkit-budget:{subject.organisation}"},
         )
     # The turn's previous call is in the rollup by now: its reservation goes.
-    conn.execute(delete(reservations).where(reservations.c.turn_id == turn_id))
+    release(conn, turn_id)
     found = uses(conn, subject, now)
     if not all(use.fits(usd, tokens) for use in found):
         return None, found

@@ -92,13 +92,7 @@ def answer(
         .where(pauses.c.request_id == request_id, pauses.c.status == "open")
         .values(status="answered", answer=json.dumps(value), answered_at=now)
     )
-    payload = json.loads(row.payload)
-    return PauseRequest(
-        request_id=request_id,
-        kind=row.kind,
-        tool_call_id=str(payload.pop("tool_call_id", "")),
-        payload=payload,
-    )
+    return _request(request_id, row.kind, row.payload)
 
 
 def pending_answer(conn: Connection, turn_id: TurnId) -> dict[str, JsonValue] | None:
@@ -130,12 +124,16 @@ def budget_pauses(
         query = query.where(turns.c.organisation == organisation)
     found = []
     for row in conn.execute(query):
-        payload = json.loads(row.pause_payload)
-        request = PauseRequest(
-            request_id=row.request_id,
-            kind="budget",
-            tool_call_id=str(payload.pop("tool_call_id", "")),
-            payload=payload,
-        )
-        found.append((turn_record(row), request))
+        found.append((turn_record(row), _request(row.request_id, "budget", row.pause_payload)))
     return found
+
+
+def _request(request_id: str, kind: str, payload_json: str) -> PauseRequest:
+    """A saved request as `open_pause` wrote it (the tool call id kept in the payload)."""
+    payload = json.loads(payload_json)
+    return PauseRequest(
+        request_id=request_id,
+        kind=cast(Any, kind),
+        tool_call_id=str(payload.pop("tool_call_id", "")),
+        payload=payload,
+    )
