@@ -28,6 +28,7 @@ from turnkit.models import (
     ThinkingDelta,
     ToolCallDelta,
     ToolCallPart,
+    text_of,
 )
 from turnkit.otel._state import Active, active, capture_content
 from turnkit.otel._turn import stage_span
@@ -95,7 +96,6 @@ class _LiveChat(ChatTrace):
         self, found: Active, recorder: Recorder, stage: str, family: str, request: ModelRequest
     ) -> None:
         self.found = found
-        self.request = request
         parent = stage_span(recorder, stage)
         self.parent = trace.set_span_in_context(parent) if parent is not None else None
         self.base: dict[str, Any] = {
@@ -104,7 +104,10 @@ class _LiveChat(ChatTrace):
             "turnkit.turn_id": recorder.turn_id,
             "turnkit.stage": stage,
             "turnkit.family": family,
+            **_request_attributes(request),
         }
+        if capture_content():  # the request is the same on every rung: serialise it once
+            self.base["gen_ai.input.messages"] = _messages_json(request.messages)
         self.index = -1
         self.span: Span | None = None
         self.token: Token[Context] | None = None
@@ -145,10 +148,7 @@ class _LiveChat(ChatTrace):
             "gen_ai.request.model": chunk.model,
             "turnkit.rung": chunk.rung,
             "turnkit.fallback_index": self.index,
-            **_request_attributes(self.request),
         }
-        if capture_content():
-            attributes["gen_ai.input.messages"] = _messages_json(self.request.messages)
         self.span = self.found.tracer.start_span(
             f"chat {chunk.model}", context=self.parent, kind=SpanKind.CLIENT, attributes=attributes
         )
@@ -282,7 +282,7 @@ def _messages_json(messages: tuple[ModelMessage, ...]) -> str:
                 {
                     "type": "tool_call_response",
                     "id": message.tool_call_id,
-                    "response": _text(message),
+                    "response": text_of(message.content),
                 }
             )
         elif isinstance(message.content, str):
@@ -305,12 +305,6 @@ def _messages_json(messages: tuple[ModelMessage, ...]) -> str:
             )
         out.append({"role": message.role, "parts": parts})
     return json.dumps(out, default=str)
-
-
-def _text(message: ModelMessage) -> str:
-    if isinstance(message.content, str):
-        return message.content
-    return "".join(part.text for part in message.content if isinstance(part, TextPart))
 
 
 def _cancelling() -> bool:
