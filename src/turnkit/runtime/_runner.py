@@ -213,10 +213,10 @@ class TurnRunner:
         record = record or await self.store.get_turn(lease.turn_id)
         if record is None:
             raise TurnNotFoundError(f"no turn {lease.turn_id!r}", turn_id=lease.turn_id)
-        turn = record
+        turn, pinned = record, Pinned.of(record)  # read once per attempt
 
         async def setup() -> DriveSetup:
-            return await self._setup(turn, agent, deps)
+            return await self._setup(turn, pinned, agent, deps)
 
         return TurnDriver(
             graph=self.graph,
@@ -227,7 +227,7 @@ class TurnRunner:
             record=record,
             setup=setup,
             sink=sink,
-            traceparent=Pinned.of(record).traceparent,
+            traceparent=pinned.traceparent,
         )
 
     async def pinned_agent(self, record: TurnRecord, held: Agent | None = None) -> Agent:
@@ -236,7 +236,9 @@ class TurnRunner:
         Raises:
             AgentNotFoundError: the pinned agent (at its version) is gone from this host.
         """
-        pinned = Pinned.of(record)
+        return await self._agent_of(Pinned.of(record), held)
+
+    async def _agent_of(self, pinned: Pinned, held: Agent | None) -> Agent:
         if (
             held is not None
             and held.name == pinned.agent
@@ -247,8 +249,10 @@ class TurnRunner:
             base = await self.agents.get(pinned.agent, pinned.version)
         return base.with_overrides(model=pinned.model, settings=pinned.settings)
 
-    async def _setup(self, record: TurnRecord, held: Agent | None, deps: Any) -> DriveSetup:
-        agent = await self.pinned_agent(record, held)
+    async def _setup(
+        self, record: TurnRecord, pinned: Pinned, held: Agent | None, deps: Any
+    ) -> DriveSetup:
+        agent = await self._agent_of(pinned, held)
         family = self.family(agent.model)
         utility = self.family(agent.utility_model) if agent.utility_model is not None else None
         synthesis = (
@@ -256,7 +260,6 @@ class TurnRunner:
             if agent.synthesis == "separate"
             else None
         )
-        pinned = Pinned.of(record)
         effort: Effort = pinned.effort or agent.effort
         budget = _thinking_budget(effort, family)
         registry = agent.registry()
