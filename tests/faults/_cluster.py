@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -20,7 +19,7 @@ from pathlib import Path
 import httpx
 from httpx_sse import SSEError, aconnect_sse
 
-from tests.support.services import free_port
+from tests.support.services import free_port, kill_all, wait_ready
 
 __all__ = ("API", "TERMINAL", "Apis", "Turn", "Workers", "follow", "follow_to_done", "pid_of")
 
@@ -73,10 +72,7 @@ class Workers:
         return [p for p in self.procs if p.poll() is None]
 
     def stop(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGKILL)
-            proc.wait(timeout=10)
+        kill_all(self.procs)
 
 
 class Apis:
@@ -101,22 +97,11 @@ class Apis:
             proc = subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=err, stderr=err)
         self.procs.append(proc)
         url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
-                    return url, proc
-            except httpx.HTTPError:
-                pass
-            assert proc.poll() is None, f"the API process exited; see {self.log.parent}"
-            time.sleep(0.1)
-        raise AssertionError(f"the API process on {port} did not get ready: {self.log.parent}")
+        wait_ready(f"{url}/readyz", proc, self.log.parent)
+        return url, proc
 
     def stop(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGKILL)
-            proc.wait(timeout=10)
+        kill_all(self.procs)
 
 
 def pid_of(owner: str | None) -> int | None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,18 +21,13 @@ import httpx
 import pytest
 from httpx_sse import aconnect_sse
 from tests.conftest import POSTGRES_URL, REDIS_URL, require_service
+from tests.support.services import free_port, kill_all, wait_ready
 from tests.support.worker_agent import read_log
 
 ROOT = Path(__file__).parent.parent.parent
 API = "/api/harness"
 IDLE_WINDOW_S = 2.0
 pytestmark = pytest.mark.slow
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class Servers:
@@ -44,7 +38,7 @@ class Servers:
         self.procs: list[subprocess.Popen[bytes]] = []
 
     def start(self, **env: str) -> tuple[str, subprocess.Popen[bytes]]:
-        port = _free_port()
+        port = free_port()
         full_env = {
             **os.environ,
             "PYTHONPATH": str(ROOT),
@@ -64,20 +58,11 @@ class Servers:
             proc = subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=err, stderr=err)
         self.procs.append(proc)
         url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{url}{API}/sessions", timeout=1).status_code == 200:
-                    return url, proc
-            except httpx.HTTPError:
-                time.sleep(0.1)
-        raise AssertionError(f"server on {port} did not start: {self.log}")
+        wait_ready(f"{url}{API}/sessions", proc, self.log)
+        return url, proc
 
     def stop(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGKILL)
-            proc.wait(timeout=10)
+        kill_all(self.procs)
 
 
 @pytest.fixture

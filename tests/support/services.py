@@ -17,6 +17,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 __all__ = ("PrivatePostgres", "PrivateRedis", "free_port", "private_postgres", "private_redis")
@@ -28,6 +29,28 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def wait_ready(url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: float = 30) -> None:
+    """Wait until `url` answers 200 while `proc` (the server behind it) stays up."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url, timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        assert proc.poll() is None, f"the process behind {url} exited; see {log}"
+        time.sleep(0.1)
+    raise AssertionError(f"{url} did not get ready: see {log}")
+
+
+def kill_all(procs: list[subprocess.Popen[bytes]]) -> None:
+    """SIGKILL every process still running, and reap them all."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
 
 
 def _wait_for_port(port: int, timeout_s: float = _START_TIMEOUT_S) -> None:
