@@ -28,7 +28,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from datetime import UTC, datetime
 from pathlib import Path
@@ -49,28 +49,16 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 import turnkit.otel
 import turnkit.runtime.driver
-from turnkit import Agent, RuntimeConfig, SessionRuntime, tool
+
+# The same tool-using turn the turn-overhead benchmark measures (run as a script, this
+# folder is on the path).
+from turn_overhead import _reply, add
+from turnkit import Agent, RuntimeConfig, SessionRuntime
 from turnkit.events import DoneEvent
-from turnkit.models import ModelRequest
 from turnkit.otel import use_providers
 from turnkit.otel._chat import NO_CHAT
 from turnkit.otel._turn import NO_TURN
-from turnkit.testing import ModelStep, ScriptedModel, call
-
-ANSWER = "The sum of two and three is five."
-Turn = Callable[[int], Awaitable[int]]
-
-
-@tool
-async def add(a: int, b: int) -> int:
-    """Add two integers."""
-    return a + b
-
-
-def _reply(request: ModelRequest) -> ModelStep:
-    if any(m.role == "tool" for m in request.messages):
-        return ModelStep.text_reply(ANSWER)
-    return ModelStep.tool_call_reply(call("add", a=2, b=3))
+from turnkit.testing import ModelStep, ScriptedModel
 
 
 class _Drop(SpanExporter):
