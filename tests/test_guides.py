@@ -95,6 +95,11 @@ async def test_a_guide_the_turn_never_presented_gets_its_own_turn(
     await asyncio.wait_for(gate.entered.wait(), 10)  # the answer is written; post-turn runs
     late = await runtime.submit("s1", "one more thing", delivery="guide")
     assert late.guided
+    # The answer exists, but the turn has not ended: the guide is still queued on it.
+    [queued] = await runtime.queue("s1")
+    assert (queued.content, queued.delivery, queued.turn_id) == (
+        "one more thing", "guide", late.turn_id,
+    )  # fmt: skip
     gate.release.set()
     await asyncio.wait_for(consumer, 10)
 
@@ -111,3 +116,4 @@ async def test_a_guide_the_turn_never_presented_gets_its_own_turn(
     assert (started.content, started.input_seq) == ("one more thing", 2)
     assert (started.delivery, started.requested_delivery) == ("queue", "guide")
     assert [t.answer for t in await runtime.history("s1")] == ["First answer.", "Second."]
+    assert await runtime.queue("s1") == []

@@ -20,7 +20,7 @@ from turnkit.events import (
     TurnStartedEvent,
 )
 from turnkit.ids import ToolCallId, TurnId
-from turnkit.projection import project
+from turnkit.projection import QueuedInput, project, project_session
 
 TURN = TurnId("turn_1")
 
@@ -93,3 +93,63 @@ def test_the_turn_going_on_clears_the_card_and_run_finished_settles_it() -> None
     assert [s.content for s in view.segments] == ["delete x", "also y"]
     assert view.segments[1].blocks[-1] == TextBlock(block_id="b2", text="Done.", is_answer=True)
     assert view.last_seq == 10
+
+
+def _turn(turn_id: str, *events: Any) -> tuple[TurnId, list[Any]]:
+    return TurnId(turn_id), [e.model_copy(update={"turn_id": turn_id}) for e in events]
+
+
+def _started(seq_in_session: int, content: str, request_id: str | None = None) -> Any:
+    return TurnStartedEvent(
+        **_stamp(1), content=content, agent="a", model="m", effort="off",
+        input_seq=seq_in_session, request_id=request_id,
+    )  # fmt: skip
+
+
+ANSWERED = MessageCompleteEvent(
+    **_stamp(2), block=TextBlock(block_id="b9", text="Here.", is_answer=True)
+)
+FINISHED = RunFinishedEvent(
+    **_stamp(3), status="succeeded", attempt=1, model="m", model_calls=1,
+    input_tokens=1, output_tokens=1, duration_ms=1.0,
+)  # fmt: skip
+
+
+def test_the_queue_drains_at_run_finished_not_when_the_answer_arrives() -> None:
+    waiting = _turn("t2", _started(2, "and then this", request_id="r2"))
+    answered = project_session([_turn("t1", _started(1, "first"), ANSWERED), waiting])
+    assert [t.turn_id for t in answered.turns] == ["t1"]
+    [queued] = answered.queue
+    assert (queued.turn_id, queued.content, queued.delivery) == ("t2", "and then this", "queue")
+    assert (queued.input_seq, queued.request_id) == (2, "r2")
+    assert answered.live is not None
+    assert answered.live.turn_id == "t1"
+
+    settled = project_session([_turn("t1", _started(1, "first"), ANSWERED, FINISHED), waiting])
+    assert settled.queue == ()
+    assert [t.turn_id for t in settled.turns] == ["t1", "t2"]
+    assert settled.live is not None
+    assert settled.live.turn_id == "t2"
+
+
+def test_guides_queue_until_the_live_turn_takes_them() -> None:
+    guides = [
+        QueuedInput(turn_id=TurnId("t1"), input_seq=2, content="also B", delivery="guide"),
+        QueuedInput(turn_id=TurnId("t1"), input_seq=3, content="and C", delivery="guide"),
+    ]
+    took_b = InputGuidedEvent(**_stamp(2), content="also B", input_seq=2)
+    view = project_session([_turn("t1", _started(1, "check A"), took_b)], guides)
+    assert [(q.content, q.delivery) for q in view.queue] == [("and C", "guide")]
+    assert [s.input_seq for s in view.turns[0].segments] == [1, 2]
+
+    # The turn ended without taking C: C is no longer the turn's (it gets a turn of its own).
+    ended = _turn("t1", _started(1, "check A"), took_b, FINISHED.model_copy(update={"seq": 3}))
+    assert project_session([ended], guides).queue == ()
+
+
+def test_the_session_view_lists_what_its_turns_wait_for() -> None:
+    paused = _turn("t1", *LOG)
+    behind = _turn("t2", _started(2, "later"))
+    view = project_session([paused, behind])
+    assert [p.request_id for p in view.pending] == ["req_1"]
+    assert [q.turn_id for q in view.queue] == ["t2"]  # a paused turn holds the queue too

@@ -8,11 +8,16 @@ A turn's view holds its blocks in log order, its work segments (the turn's own m
 then one per guide message it consumed), the newest task list, the decision it waits
 for (an approval or a question), its cost, and its status. `run.finished` is the turn's
 boundary: only then is it settled, and only then does the session's queue move on.
+
+A session's view (`project_session`) folds its turns in order and holds its queue: the
+messages no turn has answered yet, that is turns waiting behind an open one and guide
+messages the live turn has not taken. The queue drains only at a `run.finished` (or a
+`done`), never when an answer arrives.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
@@ -42,9 +47,18 @@ from turnkit.events import (
     TurnStartedEvent,
 )
 from turnkit.ids import TurnId
-from turnkit.states import TurnStatus
+from turnkit.states import TERMINAL_STATES, TurnStatus
 
-__all__ = ("PendingDecision", "TurnView", "WorkSegment", "project")
+__all__ = (
+    "PendingDecision",
+    "QueuedInput",
+    "SessionView",
+    "TurnView",
+    "WorkSegment",
+    "decision_of",
+    "project",
+    "project_session",
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -78,6 +92,8 @@ class TurnView:
 
     turn_id: TurnId
     status: TurnStatus = "running"
+    request_id: str | None = None
+    """The idempotency key the turn's message was sent with."""
     blocks: tuple[Block, ...] = ()
     segments: tuple[WorkSegment, ...] = ()
     tasks: tuple[Task, ...] = ()
@@ -85,6 +101,9 @@ class TurnView:
     """What enrichment plugins cited for the turn's blocks (`message.citations`)."""
     entities: tuple[Entity, ...] = ()
     pending: PendingDecision | None = None
+    """The decision the turn waits for now."""
+    decisions: tuple[PendingDecision, ...] = ()
+    """Every approval and question the turn asked, oldest first (answered or not)."""
     cost_usd: float = 0.0
     input_tokens: int = 0
     output_tokens: int = 0
@@ -101,6 +120,46 @@ class TurnView:
             if isinstance(block, TextBlock) and block.is_answer:
                 return block.text
         return None
+
+    @property
+    def is_open(self) -> bool:
+        """Neither settled nor ended: later turns of the session wait behind it."""
+        return not self.settled and self.status not in TERMINAL_STATES
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class QueuedInput:
+    """A message the session holds that no turn has answered yet.
+
+    `delivery="queue"`: the message starts `turn_id` once every earlier turn is over.
+    `delivery="guide"`: it joins the running `turn_id` before its next model request;
+    one the turn never took comes back as a turn of its own after the turn's end.
+    """
+
+    turn_id: TurnId
+    input_seq: int
+    content: str
+    delivery: Literal["queue", "guide"]
+    request_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SessionView:
+    """A session as a person sees it: its turns in order and its queue."""
+
+    turns: tuple[TurnView, ...] = ()
+    """Turns that started (or ended), oldest first; turns still queued are in `queue`."""
+    queue: tuple[QueuedInput, ...] = ()
+
+    @property
+    def pending(self) -> tuple[PendingDecision, ...]:
+        """The approvals and questions the session's turns wait for, oldest first."""
+        return tuple(t.pending for t in self.turns if t.pending is not None)
+
+    @property
+    def live(self) -> TurnView | None:
+        """The turn that has not ended yet, if any: the one Stop and guides address."""
+        return next((t for t in self.turns if t.is_open), None)
 
 
 @dataclass(slots=True)
@@ -125,6 +184,52 @@ def project(turn_id: TurnId, events: Iterable[StreamEvent]) -> TurnView:
     return replace(fold.view, blocks=tuple(fold.blocks), segments=tuple(fold.segments))
 
 
+def project_session(
+    turns: Iterable[tuple[TurnId, Iterable[StreamEvent]]],
+    guides: Iterable[QueuedInput] = (),
+) -> SessionView:
+    """Fold a session's turns (oldest first, each with its committed events) into its view.
+
+    `guides` are the guide messages committed to the session's turns (consumed or not);
+    the ones a turn has not taken yet, and that turn is still open, are queued.
+    """
+    by_turn: dict[TurnId, list[QueuedInput]] = {}
+    for guide in guides:
+        by_turn.setdefault(guide.turn_id, []).append(guide)
+    started: list[TurnView] = []
+    queue: list[QueuedInput] = []
+    blocked = False  # an earlier turn is open: later ones wait (the queue drains at its end)
+    for turn_id, events in turns:
+        view = project(turn_id, events)
+        if blocked and view.is_open:
+            queue.extend(_as_queued(view))
+            continue
+        started.append(view)
+        if view.is_open:
+            blocked = True
+            taken = {s.input_seq for s in view.segments}
+            queue.extend(g for g in by_turn.get(turn_id, ()) if g.input_seq not in taken)
+    return SessionView(turns=tuple(started), queue=tuple(sorted(queue, key=_sent_order)))
+
+
+def _sent_order(item: QueuedInput) -> int:
+    return item.input_seq
+
+
+def _as_queued(view: TurnView) -> Sequence[QueuedInput]:
+    """A turn waiting behind an open one: its message (once its `turn.started` is read)."""
+    return [
+        QueuedInput(
+            turn_id=view.turn_id,
+            input_seq=first.input_seq,
+            content=first.content,
+            delivery="queue",
+            request_id=view.request_id,
+        )
+        for first in view.segments[:1]
+    ]
+
+
 def _apply(fold: _Fold, event: DurableEvent) -> None:  # noqa: C901 - one arm per event
     view = fold.view
     if view.pending is not None and event.seq > view.pending.seq:
@@ -132,7 +237,8 @@ def _apply(fold: _Fold, event: DurableEvent) -> None:  # noqa: C901 - one arm pe
     view = replace(view, last_seq=event.seq)
     match event:
         case TurnStartedEvent(content=content, attachments=attachments):
-            fold.segments.append(WorkSegment(input_seq=1, content=content))
+            view = replace(view, request_id=event.request_id)
+            fold.segments.append(WorkSegment(input_seq=event.input_seq or 1, content=content))
             fold.add(UserBlock(text=content, attachments=attachments))
         case InputGuidedEvent(content=content, input_seq=input_seq):
             fold.segments.append(WorkSegment(input_seq=input_seq, content=content))
@@ -149,34 +255,8 @@ def _apply(fold: _Fold, event: DurableEvent) -> None:  # noqa: C901 - one arm pe
             view = replace(view, citations=(*view.citations, *citations))
         case MessageEntitiesEvent(entities=entities):
             view = replace(view, entities=(*view.entities, *entities))
-        case ApprovalRequestedEvent():
-            view = replace(
-                view,
-                status="awaiting_approval",
-                pending=PendingDecision(
-                    turn_id=view.turn_id,
-                    request_id=event.request_id,
-                    kind="approval",
-                    seq=event.seq,
-                    tool_call_id=event.tool_call_id,
-                    tool_name=event.tool_name,
-                    arguments=event.arguments,
-                    summary=event.summary,
-                ),
-            )
-        case ClarificationRequestedEvent():
-            view = replace(
-                view,
-                status="awaiting_input",
-                pending=PendingDecision(
-                    turn_id=view.turn_id,
-                    request_id=event.request_id,
-                    kind="clarification",
-                    seq=event.seq,
-                    question=event.question,
-                    choices=event.choices,
-                ),
-            )
+        case ApprovalRequestedEvent() | ClarificationRequestedEvent():
+            view = _asks(view, decision_of(event))
         case ErrorEvent(code=code, message=message):
             view = replace(view, error_code=code, error_message=message)
         case RunFinishedEvent():
@@ -192,3 +272,31 @@ def _apply(fold: _Fold, event: DurableEvent) -> None:  # noqa: C901 - one arm pe
         case _:
             pass
     fold.view = view
+
+
+def decision_of(event: ApprovalRequestedEvent | ClarificationRequestedEvent) -> PendingDecision:
+    """The decision a pause event asks for, as the projection holds it."""
+    if isinstance(event, ApprovalRequestedEvent):
+        return PendingDecision(
+            turn_id=event.turn_id,
+            request_id=event.request_id,
+            kind="approval",
+            seq=event.seq,
+            tool_call_id=event.tool_call_id,
+            tool_name=event.tool_name,
+            arguments=event.arguments,
+            summary=event.summary,
+        )
+    return PendingDecision(
+        turn_id=event.turn_id,
+        request_id=event.request_id,
+        kind="clarification",
+        seq=event.seq,
+        question=event.question,
+        choices=event.choices,
+    )
+
+
+def _asks(view: TurnView, decision: PendingDecision) -> TurnView:
+    status: TurnStatus = "awaiting_approval" if decision.kind == "approval" else "awaiting_input"
+    return replace(view, status=status, pending=decision, decisions=(*view.decisions, decision))

@@ -107,6 +107,12 @@ async def test_pending_decisions_come_from_a_route_after_a_reload(tmp_path: Path
                 json={"content": "delete /tmp/y"},
             )  # fmt: skip
             asked = first[-1]
+            # A message sent now waits behind the paused turn: it is queued, not started.
+            async with http.stream(
+                "POST", f"{API}/sessions/ops/execute", json={"content": "then tidy up"}
+            ) as sent:
+                later = sent.headers["x-turn-id"]
+            queue = (await http.get(f"{API}/sessions/ops/queue")).json()
             by_session = (await http.get(f"{API}/sessions/ops/pending")).json()
             by_turn = (await http.get(f"{API}/turns/{asked['turn_id']}/pending")).json()
             history = (await http.get(f"{API}/sessions/ops/history")).json()
@@ -119,4 +125,8 @@ async def test_pending_decisions_come_from_a_route_after_a_reload(tmp_path: Path
     assert card["arguments"] == {"path": "/tmp/y"}
     assert card["summary"]
     assert history[0]["pending"]["requestId"] == asked["request_id"]
+    assert [t["turnId"] for t in history][1] == later  # listed as `running`: it waits
+    [queued] = queue["queue"]
+    assert (queued["turnId"], queued["content"]) == (later, "then tidy up")
+    assert (queued["delivery"], queued["inputSeq"]) == ("queue", 2)
     assert none_yet == 404  # no such session

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import threading
 import time
 from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
@@ -242,6 +243,66 @@ def test_an_approval_card_survives_a_reload_and_finishes_the_turn(
         expect(page.locator(".block.tool")).to_have_attribute("data-status", "succeeded")
         expect(page.locator(".block.text.answer .text")).to_have_text("Sent 5 EUR to Bob.")
         expect(page.locator("article.turn")).to_have_attribute("data-status", "succeeded")
+    model.assert_complete()
+
+
+# ── the queue: guide messages and turns that wait, drained only when a turn ends ───────
+
+
+def test_messages_wait_in_the_queue_until_a_turn_ends(page: Page, tmp_path: Path) -> None:
+    hold = threading.Event()
+
+    @tool
+    async def lookup(topic: str) -> str:
+        """Look a topic up."""
+        for _ in range(1500):  # until the test lets it finish (30 s at most)
+            if hold.is_set():
+                break
+            await asyncio.sleep(0.02)
+        return f"{topic}: fine"
+
+    model = ScriptedModel([
+        ModelStep.tool_call_reply(call("lookup", topic="A")),
+        ModelStep.text_reply("A and B are fine."),
+        ModelStep.tool_call_reply(call("wire", amount=5, to="Bob")),
+        ModelStep.text_reply("Sent 5 EUR to Bob."),
+        ModelStep.text_reply("You are welcome."),
+    ])  # fmt: skip
+    with serve_page(tmp_path, Agent(model=model, tools=[lookup, wire])) as app:
+        page.goto(app.url)
+        queue = page.locator("#queue li")
+        send(page, "Check A")
+        expect(page.locator(".block.tool")).to_have_attribute("data-status", "running")
+        send(page, "Also check B")  # joins the running turn: queued on it until it is taken
+        expect(queue).to_have_count(1)
+        expect(queue).to_have_attribute("data-delivery", "guide")
+        expect(queue.locator(".text")).to_have_text("Also check B")
+        hold.set()
+        expect(page.locator(".block.text.answer .text")).to_have_text("A and B are fine.")
+        expect(queue).to_have_count(0)
+        expect(page.locator("article.turn .block.user .text")).to_have_text(
+            ["Check A", "Also check B"]  # taken by the same turn, as its second segment
+        )
+
+        send(page, "Pay Bob 5 EUR")
+        card = page.locator(".card.approval")
+        expect(card.locator(".card-title")).to_have_text("Approve wire?")
+        send(page, "Thanks")  # the turn is paused: this one waits behind it
+        expect(queue).to_have_count(1)
+        expect(queue).to_have_attribute("data-delivery", "queue")
+        expect(queue.locator(".text")).to_have_text("Thanks")
+        expect(page.locator("article.turn")).to_have_count(2)
+        page.reload()  # the queue comes back from the turns' own logs
+        expect(queue.locator(".text")).to_have_text("Thanks")
+        expect(page.locator("article.turn")).to_have_count(2)
+
+        card.locator("[data-decision='approve']").click()
+        answers = page.locator(".block.text.answer .text")
+        expect(answers).to_have_text(
+            ["A and B are fine.", "Sent 5 EUR to Bob.", "You are welcome."]
+        )
+        expect(queue).to_have_count(0)
+        expect(page.locator("article.turn")).to_have_count(3)
     model.assert_complete()
 
 

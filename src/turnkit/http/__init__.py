@@ -31,6 +31,8 @@ from turnkit.http.models import (
     ExecuteBody,
     PendingListOut,
     PendingOut,
+    QueuedInputOut,
+    QueueOut,
     ResumeOut,
     SessionBody,
     SessionOut,
@@ -53,7 +55,7 @@ from turnkit.http.sse import frames_to_sse
 from turnkit.ids import SESSION_ID_PATTERN, SessionId, TurnId, uuid7
 from turnkit.pauses import Answer, Approve, Deny, Resolution
 from turnkit.runtime import SessionRuntime
-from turnkit.runtime._runner import turn_history
+from turnkit.runtime._history import turn_history
 from turnkit.runtime.deps import NO_DEPS
 from turnkit.runtime.reader import check_cursor, parse_cursor
 from turnkit.store import SessionRecord, TurnRecord
@@ -366,6 +368,16 @@ def create_turnkit_router(  # noqa: C901 - one closure per route keeps the route
         await visible_session(session_id, principal)
         found = await runtime.pending(session_id)
         return PendingListOut(pending=[PendingOut.model_validate(p) for p in found])
+
+    @router.get(
+        "/sessions/{session_id}/queue",
+        response_model=QueueOut,
+        summary="Messages the session holds that no turn has answered yet",
+    )
+    async def session_queue(session_id: SessionPath, principal: Caller) -> QueueOut:
+        await visible_session(session_id, principal)
+        found = await runtime.queue(session_id)
+        return QueueOut(queue=[QueuedInputOut.model_validate(q) for q in found])
 
     @router.get(
         "/turns/{turn_id}/pending",

@@ -197,6 +197,23 @@ class CallbackOut(_Camel):
     department: str | None
 
 
+class QueuedInputOut(_Camel):
+    """A message the session holds that no turn has answered yet."""
+
+    turn_id: str
+    """The turn it will start (`queue`) or join (`guide`)."""
+    input_seq: int
+    content: str
+    delivery: Literal["queue", "guide"]
+    request_id: str | None = None
+
+
+class QueueOut(_Camel):
+    """Body of the session-queue route, in the order the messages were sent."""
+
+    queue: list[QueuedInputOut]
+
+
 class PendingListOut(_Camel):
     """Body of the pending-decision routes."""
 

@@ -82,6 +82,7 @@ from turnkit.events import (
 )
 from turnkit.ids import SessionId, TurnId
 from turnkit.pauses import CLARIFY_TOOL, Answer, Approve, Deny, Resolution
+from turnkit.projection import PendingDecision, decision_of, project
 from turnkit.replay import BufferEntry, ReplayBuffer
 from turnkit.runtime import SessionRuntime
 from turnkit.runtime.reader import KEEPALIVE, Frame, TurnReader, check_cursor, parse_cursor
@@ -310,8 +311,11 @@ async def _opening(
                 log.warning("skipped unreadable event %s of turn %s", stored.seq, turn_id)
     translator.restore(past)
     record = await runtime.turn(turn_id)
+    pending = project(turn_id, past).pending  # what the client's view of the log waits for
     paused = restate and record.status in _AWAITING and record.last_seq == after
-    return translator.opening(last=past[-1] if past else None, is_paused=paused)
+    return translator.opening(
+        last=past[-1] if past else None, waits_for=pending if paused else None
+    )
 
 
 async def _stream(
@@ -427,13 +431,11 @@ def _part(part: JsonValue) -> TextPart | ImagePart:
     )
 
 
-def _resolution(
-    request: ApprovalRequestedEvent | ClarificationRequestedEvent, entry: ResumeEntry
-) -> Resolution:
+def _resolution(request: PendingDecision, entry: ResumeEntry) -> Resolution:
     """The turnkit answer a resume entry gives."""
     payload = entry.payload if isinstance(entry.payload, dict) else {}
     try:
-        if isinstance(request, ApprovalRequestedEvent):
+        if request.kind == "approval":
             if entry.status == "cancelled":
                 return Deny(note="The person cancelled instead of approving.")
             approved, note = payload.get("approved"), payload.get("note")
@@ -476,17 +478,13 @@ async def _refuse_when_paused(runtime: SessionRuntime, thread_id: str, run_id: s
 
 async def _find_request(
     runtime: SessionRuntime, thread_id: str, request_id: str
-) -> tuple[TurnRecord, ApprovalRequestedEvent | ClarificationRequestedEvent]:
-    """The turn of the thread that asked `request_id`: paused turns first, newest first."""
-    turns = list(reversed(await runtime.store.list_turns(SessionId(thread_id))))
-    turns.sort(key=lambda t: t.status not in _AWAITING)
-    for record in turns:
-        async for stored in runtime.store.read_events(record.turn_id, after_seq=0):
-            if stored.type in ("approval.requested", "clarification.requested"):
-                event = stored.decode()
-                assert isinstance(event, ApprovalRequestedEvent | ClarificationRequestedEvent)
-                if event.request_id == request_id:
-                    return record, event
+) -> tuple[TurnRecord, PendingDecision]:
+    """The turn of the thread that asked `request_id` (answered or not), newest first."""
+    view = await runtime.view(thread_id, ended=True)
+    for turn in reversed(view.turns):
+        for decision in turn.decisions:
+            if decision.request_id == request_id:
+                return await runtime.turn(turn.turn_id), decision
     raise PauseNotFoundError(
         f"thread {thread_id!r} has no interrupt {request_id!r}", request_id=request_id
     )
@@ -603,8 +601,10 @@ class _Translator:
 
     # ── the run's edges ──
 
-    def opening(self, *, last: StreamEvent | None, is_paused: bool) -> list[_AgUi]:
-        """RUN_STARTED, the steps still open, and the run's end again if it is over."""
+    def opening(
+        self, *, last: StreamEvent | None, waits_for: PendingDecision | None
+    ) -> list[_AgUi]:
+        """RUN_STARTED, the steps still open, and the run's end (or its pause) again."""
         now = self.now()
         out = [
             self._ev(
@@ -614,8 +614,8 @@ class _Translator:
         ]
         if isinstance(last, DoneEvent):
             out += self._ending(last, now)
-        elif is_paused and isinstance(last, ApprovalRequestedEvent | ClarificationRequestedEvent):
-            out += self._interrupt(last, now)
+        elif waits_for is not None:
+            out += self._interrupt(waits_for, now)
         return out
 
     def abandon(self) -> list[_AgUi]:
@@ -677,13 +677,11 @@ class _Translator:
                 assert_never(done.status)
         return out
 
-    def _interrupt(
-        self, request: ApprovalRequestedEvent | ClarificationRequestedEvent, ts: datetime
-    ) -> list[_AgUi]:
+    def _interrupt(self, request: PendingDecision, ts: datetime) -> list[_AgUi]:
         self.finished = True
         turnkit: _AgUi = {"turnId": self.turn_id}
         interrupt: _AgUi = {"id": request.request_id}
-        if isinstance(request, ApprovalRequestedEvent):
+        if request.kind == "approval":
             interrupt |= {
                 "reason": "tool_call",
                 "message": request.summary,
@@ -758,7 +756,7 @@ class _Translator:
                     block.held = True
                 return [self._custom(event, raw)]
             case ApprovalRequestedEvent() | ClarificationRequestedEvent():
-                return [self._custom(event, raw), *self._interrupt(event, event.ts)]
+                return [self._custom(event, raw), *self._interrupt(decision_of(event), event.ts)]
             case DoneEvent():
                 return self._ending(event, event.ts)
             case (

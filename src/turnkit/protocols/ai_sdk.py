@@ -68,6 +68,7 @@ from turnkit.events import (
 )
 from turnkit.ids import SessionId, TurnId, derive_id
 from turnkit.pauses import CLARIFY_TOOL, Answer, Approve, Deny, Resolution
+from turnkit.projection import PendingDecision
 from turnkit.runtime import SessionRuntime
 from turnkit.runtime.deps import NO_DEPS
 from turnkit.runtime.reader import KEEPALIVE, Frame
@@ -476,11 +477,11 @@ def _content(message: UIMessage) -> str | list[TextPart | ImagePart]:
 
 
 def _pending_answer(
-    record: TurnRecord, pause: StreamEvent, message: UIMessage
+    record: TurnRecord, pause: PendingDecision, message: UIMessage
 ) -> tuple[str, Resolution]:
     """The answer the assistant message carries to the turn's open pause."""
     tools = [p for p in message.parts if str(p.get("type", "")).startswith(("tool-", "dynamic-"))]
-    if isinstance(pause, ApprovalRequestedEvent):
+    if pause.kind == "approval":
         for part in tools:
             approval = part.get("approval")
             if part.get("state") != "approval-responded" or not isinstance(approval, dict):
@@ -496,25 +497,23 @@ def _pending_answer(
             "addToolApprovalResponse before sending",
             request_id=pause.request_id,
         )
-    if isinstance(pause, ClarificationRequestedEvent):
-        for part in tools:
-            call_id = part.get("toolCallId")
-            if part.get("state") != "output-available" or not isinstance(call_id, str):
-                continue
-            if derive_id("req", record.turn_id, call_id) != pause.request_id:
-                continue
-            output = part.get("output")
-            if isinstance(output, dict) and isinstance(output.get("answer"), str):
-                output = output["answer"]
-            return pause.request_id, Answer(
-                text=output if isinstance(output, str) else json.dumps(output)
-            )
-        raise InvalidInputError(
-            f"the turn waits for an answer to its question: send it with addToolOutput for "
-            f"the `{CLARIFY_TOOL}` call",
-            request_id=pause.request_id,
+    for part in tools:
+        call_id = part.get("toolCallId")
+        if part.get("state") != "output-available" or not isinstance(call_id, str):
+            continue
+        if derive_id("req", record.turn_id, call_id) != pause.request_id:
+            continue
+        output = part.get("output")
+        if isinstance(output, dict) and isinstance(output.get("answer"), str):
+            output = output["answer"]
+        return pause.request_id, Answer(
+            text=output if isinstance(output, str) else json.dumps(output)
         )
-    raise PauseAnsweredError(f"turn {record.turn_id!r} is not waiting for an answer")
+    raise InvalidInputError(
+        f"the turn waits for an answer to its question: send it with addToolOutput for "
+        f"the `{CLARIFY_TOOL}` call",
+        request_id=pause.request_id,
+    )
 
 
 def create_ai_sdk_router(  # noqa: C901 - one closure per route keeps the routes readable
@@ -543,12 +542,6 @@ def create_ai_sdk_router(  # noqa: C901 - one closure per route keeps the routes
             return None
         return await runtime.store.list_turns(SessionId(session_id))
 
-    async def last_pause(record: TurnRecord) -> StreamEvent | None:
-        """The pause a paused turn waits on: the last event it committed."""
-        async for event in runtime.events(record.turn_id, after_seq=record.last_seq - 1):
-            return event
-        return None
-
     async def answer(
         turns: list[TurnRecord], message: UIMessage, message_id: str | None, request_deps: Any
     ) -> tuple[TurnId, int]:
@@ -564,7 +557,7 @@ def create_ai_sdk_router(  # noqa: C901 - one closure per route keeps the routes
                 f"turn {record.turn_id!r} is {record.status}, not waiting for an answer",
                 turn_id=record.turn_id,
             )
-        pause = await last_pause(record)
+        pause = (await runtime.turn_view(record.turn_id)).pending
         if pause is None:
             raise PauseAnsweredError(f"turn {record.turn_id!r} is not waiting for an answer")
         try:

@@ -39,14 +39,14 @@ from turnkit.models.family import ModelFamily, resolve_family
 from turnkit.models.litellm import ModelEndpoint
 from turnkit.pauses import Resolution
 from turnkit.plugins import Plugin, discover_plugins, validate_plugins
-from turnkit.projection import PendingDecision
+from turnkit.projection import PendingDecision, QueuedInput, SessionView, TurnView, project
 from turnkit.replay import ReplayBuffer
 from turnkit.replay.memory import InMemoryReplayBuffer
 from turnkit.runtime._cancel import CancelToken
 from turnkit.runtime._held import HeldTranscripts
-from turnkit.runtime._history import TurnHistory
+from turnkit.runtime._history import TurnHistory, session_view, turn_history
 from turnkit.runtime._host import TurnHost
-from turnkit.runtime._runner import Pinned, TurnRunner, pinned_config, turn_history
+from turnkit.runtime._runner import Pinned, TurnRunner, pinned_config
 from turnkit.runtime._validate import (
     MessageContent,
     TurnRequest,
@@ -61,7 +61,7 @@ from turnkit.runtime.deps import NO_DEPS, DepsFactory
 from turnkit.runtime.reader import TurnReader
 from turnkit.skills import Skill, SkillSource, skills_for
 from turnkit.stages._naming import opening_title
-from turnkit.states import TurnStatus
+from turnkit.states import TERMINAL_STATES, TurnStatus
 from turnkit.store import (
     ClaimRequest,
     Delivery,
@@ -70,6 +70,7 @@ from turnkit.store import (
     Store,
     Submission,
     TurnRecord,
+    readable_events,
 )
 from turnkit.store.migrate import head_revision
 from turnkit.store.sql import SqlStore
@@ -836,18 +837,43 @@ class SessionRuntime:
             raise SessionNotFoundError(f"no session {session_id!r}", session_id=session_id)
         return [await turn_history(self.store, t) for t in turns]
 
+    async def view(self, session_id: str, *, ended: bool = False) -> SessionView:
+        """The session's projection: its turns in order, its queue, what it waits for.
+
+        `ended=False` (the default) leaves out turns that have ended: they change neither
+        the queue nor the pending decisions, and a long session has many of them.
+        """
+        records = await self.store.list_turns(SessionId(session_id))
+        if not ended:
+            records = [r for r in records if r.status not in TERMINAL_STATES]
+        return await session_view(self.store, records)
+
+    async def turn_view(self, turn_id: str) -> TurnView:
+        """A turn's projection: its committed events folded into what a person sees.
+
+        Raises:
+            TurnNotFoundError: there is no such turn.
+        """
+        record = await self.turn(turn_id)
+        return project(
+            record.turn_id, await readable_events(self.store.read_events(record.turn_id))
+        )
+
     async def pending(self, session_id: str) -> list[PendingDecision]:
         """The approvals and questions a session's paused turns wait for, oldest first.
 
         What a page shows after a reload, without replaying any stream.
         """
-        out = []
-        for record in await self.store.list_turns(SessionId(session_id)):
-            if record.status in ("awaiting_approval", "awaiting_input"):
-                found = (await turn_history(self.store, record)).pending
-                if found is not None:
-                    out.append(found)
-        return out
+        return list((await self.view(session_id)).pending)
+
+    async def queue(self, session_id: str) -> list[QueuedInput]:
+        """Messages the session holds that no turn has answered yet, in the order sent.
+
+        Turns waiting behind an open one (`delivery="queue"`) and the guide messages the
+        running turn has not taken yet (`delivery="guide"`). The queue drains only when a
+        turn ends (its `run.finished`), never when an answer arrives.
+        """
+        return list((await self.view(session_id)).queue)
 
     async def events(self, turn_id: str, *, after_seq: int = 0) -> AsyncIterator[StreamEvent]:
         """A turn's committed events after `after_seq`, in order."""

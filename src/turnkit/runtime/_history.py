@@ -1,14 +1,22 @@
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from turnkit.blocks import Block, TextBlock
 from turnkit.events import Citation, Entity, Task
 from turnkit.ids import TurnId
-from turnkit.projection import PendingDecision
-from turnkit.states import TurnStatus
+from turnkit.projection import (
+    PendingDecision,
+    QueuedInput,
+    SessionView,
+    project,
+    project_session,
+)
+from turnkit.states import PAUSED_STATES, TERMINAL_STATES, TurnStatus
+from turnkit.store import Store, TurnRecord, readable_events
 
-__all__ = ("TurnHistory",)
+__all__ = ("TurnHistory", "session_view", "turn_history")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -43,3 +51,42 @@ class TurnHistory:
             if isinstance(block, TextBlock) and block.is_answer:
                 return block.text
         return None
+
+
+async def turn_history(store: Store, turn: TurnRecord) -> TurnHistory:
+    """A turn's committed blocks."""
+    events = await readable_events(store.read_events(turn.turn_id))
+    view = project(turn.turn_id, events)
+    return TurnHistory(
+        turn_id=turn.turn_id,
+        status=turn.status,
+        blocks=view.blocks,
+        pending=view.pending if turn.status in PAUSED_STATES else None,
+        tasks=view.tasks,
+        citations=view.citations,
+        entities=view.entities,
+        cost_usd=view.cost_usd,
+        input_tokens=view.input_tokens,
+        output_tokens=view.output_tokens,
+    )
+
+
+async def session_view(store: Store, records: Sequence[TurnRecord]) -> SessionView:
+    """The projection of a session's turns (oldest first) and the guides open turns hold."""
+    turns = []
+    guides: list[QueuedInput] = []
+    for record in records:
+        turns.append((record.turn_id, await readable_events(store.read_events(record.turn_id))))
+        if record.status not in TERMINAL_STATES:
+            held = await store.guided_inputs(record.turn_id, after_input_seq=0)
+            guides += [
+                QueuedInput(
+                    turn_id=record.turn_id,
+                    input_seq=seq,
+                    content=content,
+                    delivery="guide",
+                    request_id=request_id,
+                )
+                for seq, content, request_id in held
+            ]
+    return project_session(turns, guides)

@@ -16,9 +16,7 @@ from turnkit.graph import TurnGraph, pause_here
 from turnkit.models import ModelSettings
 from turnkit.models.family import ModelFamily, resolve_family
 from turnkit.plugins import Plugin, merge_plugins
-from turnkit.projection import project
 from turnkit.runtime._held import HeldTranscripts
-from turnkit.runtime._history import TurnHistory
 from turnkit.runtime._transcript import session_transcript
 from turnkit.runtime.agents import AgentCatalog
 from turnkit.runtime.callbacks import callback_token
@@ -28,12 +26,11 @@ from turnkit.skills import SkillSource, skills_for
 from turnkit.stages import StageContext
 from turnkit.stages._budget import BudgetGate
 from turnkit.stages._types import Route
-from turnkit.states import PAUSED_STATES
-from turnkit.store import Lease, Store, TurnRecord, readable_events
+from turnkit.store import Lease, Store, TurnRecord
 from turnkit.telemetry import Recorder
 from turnkit.tenancy import DEFAULT_DEPARTMENT, DEFAULT_ORGANISATION, Principal
 
-__all__ = ("TurnRunner", "pinned_config", "turn_history")
+__all__ = ("TurnRunner", "pinned_config")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -147,24 +144,6 @@ def pinned_config(
         "synthesis": agent.synthesis,
         **({"traceparent": traceparent} if traceparent else {}),
     }
-
-
-async def turn_history(store: Store, turn: TurnRecord) -> TurnHistory:
-    """A turn's committed blocks."""
-    events = await readable_events(store.read_events(turn.turn_id))
-    view = project(turn.turn_id, events)
-    return TurnHistory(
-        turn_id=turn.turn_id,
-        status=turn.status,
-        blocks=view.blocks,
-        pending=view.pending if turn.status in PAUSED_STATES else None,
-        tasks=view.tasks,
-        citations=view.citations,
-        entities=view.entities,
-        cost_usd=view.cost_usd,
-        input_tokens=view.input_tokens,
-        output_tokens=view.output_tokens,
-    )
 
 
 class TurnRunner:

@@ -29,6 +29,7 @@ export const listSessions = () => call("GET", "/sessions?limit=100");
 export const createSession = () => call("POST", "/sessions", {});
 export const history = (id) => call("GET", `/sessions/${seg(id)}/history`);
 export const sessionPending = (id) => call("GET", `/sessions/${seg(id)}/pending`);
+export const sessionQueue = (id) => call("GET", `/sessions/${seg(id)}/queue`);
 export const turnPending = (turnId) => call("GET", `/turns/${seg(turnId)}/pending`);
 export const cancelTurn = (turnId) => call("POST", `/turns/${seg(turnId)}/cancel`, undefined);
 export const approve = (turnId, requestId, decision) =>

@@ -13,10 +13,14 @@ import {
   emptyState,
   isEnded,
   isFadedNarration,
+  isQueued,
   liveTurn,
+  queued,
   withAnswered,
   withConnection,
+  withGuide,
   withPending,
+  withQueue,
   withTurn,
   withTurns,
 } from "./projection.js";
@@ -80,6 +84,7 @@ async function openSession(sessionId) {
   if (ui.sessionId !== sessionId) return;
   update((s) => withTurns(s, turns));
   loadPending(sessionId);
+  loadQueue(sessionId);
   // Live and paused turns keep their stream open; finished ones replay to their `done`,
   // two at a time (a browser opens at most six connections to one server).
   const finished = turns.filter((t) => TERMINAL.includes(t.status)).map((t) => t.turnId);
@@ -95,6 +100,13 @@ function loadPending(sessionId) {
     .sessionPending(sessionId)
     .then((body) => ui.sessionId === sessionId && update((s) => withPending(s, body.pending)))
     .catch(() => {}); // the cards still come from the stream
+}
+
+function loadQueue(sessionId) {
+  api
+    .sessionQueue(sessionId)
+    .then((body) => ui.sessionId === sessionId && update((s) => withQueue(s, body.queue)))
+    .catch(() => {}); // guide messages still show once the turn takes them
 }
 
 async function afterTurn(sessionId) {
@@ -139,6 +151,10 @@ async function send(text) {
     const turnId = await api.execute(sessionId, body);
     if (ui.sessionId !== sessionId || !turnId) return;
     update((s) => withTurn(s, turnId));
+    if (delivery === "guide") {
+      const guide = { requestId: body.requestId, inputSeq: null, content: text };
+      update((s) => withGuide(s, turnId, guide));
+    }
     follow(turnId);
     refreshSessions(); // the session is named after its first message
   } catch (err) {
@@ -205,6 +221,7 @@ function render() {
   const atBottom = scroller.scrollHeight - scroller.scrollTop - scroller.clientHeight < 80;
   renderSessions();
   renderTurns(scroller);
+  renderQueue();
   renderComposer();
   $("#notice").textContent = ui.notice;
   if (atBottom) scroller.scrollTop = scroller.scrollHeight;
@@ -234,8 +251,23 @@ function renderComposer() {
   $("#message").placeholder = live ? "Add to the running turn…" : "Send a message…";
 }
 
+function renderQueue() {
+  const items = queued(ui.state);
+  const list = $("#queue");
+  list.hidden = items.length === 0;
+  list.replaceChildren(
+    ...items.map((item) => {
+      const li = el("li", { class: "queued", "data-delivery": item.delivery, "data-turn-id": item.turnId });
+      const label = item.delivery === "guide" ? "joins the running turn" : "queued";
+      li.append(el("span", { class: "queued-label" }, label), el("span", { class: "text" }, item.content));
+      return li;
+    }),
+  );
+}
+
 function renderTurns(container) {
-  const wanted = ui.state.order.map((id) => ui.state.turns[id]);
+  // A turn waiting behind an open one shows in the queue until that one ends.
+  const wanted = ui.state.order.filter((id) => !isQueued(ui.state, id)).map((id) => ui.state.turns[id]);
   const seen = new Set();
   let previous = null;
   for (const turn of wanted) {

@@ -9,6 +9,11 @@
 // consumed), the decision it waits for, its newest task list, its cost and its status.
 // `run.finished` is the turn's boundary (its account is final: `settled`), `done` its end.
 //
+// The queue (`queued`): messages the session holds that no turn answers yet. A turn waits
+// while an earlier turn is open; a guide message waits on the live turn until its
+// `input.guided` arrives. The queue drains only at a `run.finished` (or `done`), never
+// when an answer arrives; a guide the turn never took comes back as a turn of its own.
+//
 // Text and reconnects: a durable event whose `seq` is not past the turn's `lastSeq` was
 // already folded and is ignored; `message.delta` appends to its block, `message.snapshot`
 // replaces the block's text so far, `message.complete` sets the final text. Deltas of a
@@ -32,6 +37,8 @@ export function emptyTurn(turnId, status = "running") {
     tasks: [],
     pending: null,
     answered: [],
+    guides: [], // guide messages sent to this turn that it has not taken yet
+    taken: [], // request ids of the guide messages it took (`input.guided`)
     answerKey: null,
     cost: null,
     errorCode: null,
@@ -73,6 +80,51 @@ export function withTurns(state, history) {
   const listed = history.map((item) => item.turnId);
   const rest = next.order.filter((id) => !listed.includes(id));
   return { ...next, order: [...listed, ...rest] };
+}
+
+/** A guide message the page sent to the live turn: queued on it until it is taken. */
+export function withGuide(state, turnId, guide) {
+  const turn = state.turns[turnId];
+  if (!turn || isEnded(turn) || turn.taken.includes(guide.requestId)) return state;
+  if (turn.guides.some((g) => g.requestId === guide.requestId)) return state;
+  return putTurn(state, { ...turn, guides: [...turn.guides, guide] });
+}
+
+/** The queue from `GET …/queue`: the guide messages live turns have not taken yet. */
+export function withQueue(state, items) {
+  let next = state;
+  for (const item of items) {
+    if (item.delivery !== "guide") continue; // waiting turns are the session's own turns
+    const guide = { requestId: item.requestId, inputSeq: item.inputSeq, content: item.content };
+    next = withGuide(withTurn(next, item.turnId), item.turnId, guide);
+  }
+  return next;
+}
+
+/**
+ * The messages no turn has answered yet, in order: the live turn's guide messages, then
+ * the turns that wait behind it (each `{turnId, content, delivery, requestId}`).
+ */
+export function queued(state) {
+  const out = [];
+  let blocked = false; // an earlier turn is open: later ones wait
+  for (const id of state.order) {
+    const turn = state.turns[id];
+    if (!isOpen(turn)) continue;
+    if (blocked) {
+      const first = turn.segments[0];
+      out.push({ turnId: id, content: first ? first.content : "", delivery: "queue", requestId: null });
+      continue;
+    }
+    blocked = true;
+    for (const g of turn.guides) out.push({ turnId: id, content: g.content, delivery: "guide", requestId: g.requestId });
+  }
+  return out;
+}
+
+/** True while the turn waits behind an earlier open one (it shows in the queue). */
+export function isQueued(state, turnId) {
+  return queued(state).some((item) => item.turnId === turnId && item.delivery === "queue");
 }
 
 /** A turn the page just started (or learned of): added after the others. */
@@ -131,12 +183,14 @@ export function isEnded(turn) {
   return turn.settled || turn.done;
 }
 
+/** Neither ended nor listed as over: later turns wait behind it. */
+export function isOpen(turn) {
+  return !isEnded(turn) && !TERMINAL.includes(turn.status);
+}
+
 /** The newest turn that has not ended, if any: the one Stop and guide messages address. */
 export function liveTurn(state) {
-  for (let i = state.order.length - 1; i >= 0; i -= 1) {
-    const turn = state.turns[state.order[i]];
-    if (!isEnded(turn) && !TERMINAL.includes(turn.status)) return turn;
-  }
+  for (const id of state.order) if (isOpen(state.turns[id])) return state.turns[id];
   return null;
 }
 
@@ -170,7 +224,17 @@ const FOLDERS = {
       attachments: (e.attachments ?? []).length,
       status: turn.done ? turn.status : "running",
     }),
-  "input.guided": (turn, e) => startSegment(turn, e.input_seq, e.content, {}),
+  "input.guided": (turn, e) =>
+    startSegment(
+      {
+        ...turn,
+        guides: turn.guides.filter((g) => g.requestId !== e.request_id || !e.request_id),
+        taken: e.request_id ? [...turn.taken, e.request_id] : turn.taken,
+      },
+      e.input_seq,
+      e.content,
+      {},
+    ),
   "step.start": (turn, e) => ({ ...turn, stage: e.step }),
   "message.delta": (turn, e) => draftText(turn, e.block_id, (text) => text + e.text),
   "message.snapshot": (turn, e) => draftText(turn, e.block_id, () => e.text),
@@ -306,6 +370,7 @@ const FOLDERS = {
   usage: (turn, e) => (turn.cost ? turn : { ...turn, cost: costOf(e) }),
   "run.finished": (turn, e) => ({
     ...turn,
+    guides: [], // the boundary: a guide it never took comes back as a turn of its own
     settled: true,
     status: e.status,
     errorCode: e.error_code ?? turn.errorCode,
@@ -313,6 +378,7 @@ const FOLDERS = {
   }),
   done: (turn, e) => ({
     ...dropDrafts(turn),
+    guides: [],
     done: true,
     status: e.status,
     errorCode: e.error_code ?? turn.errorCode,
