@@ -21,7 +21,7 @@ from tests.helpers import LoopTicker, new_input, step_event
 from turnkit.errors import StoreError
 from turnkit.events import ErrorEvent
 from turnkit.graph import open_checkpointer
-from turnkit.store import sql as sql_module
+from turnkit.store import _engine as sql_module
 from turnkit.store._schema import turns
 from turnkit.store.sql import SqlStore
 from turnkit.testing import FakeClock

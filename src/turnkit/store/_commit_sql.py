@@ -1,0 +1,194 @@
+"""The commit path: events, audit rows, usage, a status move and settling, in one transaction.
+
+Every write a driver makes goes through `commit`, fenced on the lease epoch: if the turn's
+epoch moved on (or the status move is not allowed), nothing is written and it says why.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from sqlalchemy import Connection, bindparam, case, func, select, update
+
+from turnkit.audit import UsageDelta
+from turnkit.clock import Clock
+from turnkit.errors import StaleEpochError, StoreError, TurnNotFoundError
+from turnkit.ids import TurnId
+from turnkit.pauses import PauseRequest
+from turnkit.states import TERMINAL_STATES, TurnStatus
+from turnkit.store import (
+    CommitResult,
+    _pauses_sql as pauses_sql,
+    _transcripts_sql as transcripts_sql,
+)
+from turnkit.store._schema import (
+    SOURCES as _SOURCES,
+    audit as _audit,
+    events as _events,
+    inputs as _inputs,
+    turns as _turns,
+    usage as _usage,
+)
+from turnkit.store._submit_sql import requeue_guides
+
+__all__ = ("HotStatements", "commit")
+
+
+class HotStatements:
+    """The statements of the append path, built once (SQLAlchemy then only looks them up)."""
+
+    def __init__(self, insert: Any) -> None:
+        last_seq = case(
+            (_turns.c.last_seq < bindparam("k_top"), bindparam("k_top")),
+            else_=_turns.c.last_seq,
+        )
+        fenced = (
+            _turns.c.turn_id == bindparam("k_turn"),
+            _turns.c.lease_epoch == bindparam("k_epoch"),
+        )
+        # Every commit also reports the newest guide message for the turn, so the driver
+        # only asks for guides when one arrived (no extra query per model request).
+        newest_guide = (
+            select(func.max(_inputs.c.seq))
+            .where(_inputs.c.turn_id == bindparam("k_turn"), _inputs.c.delivery == "guide")
+            .scalar_subquery()
+        )
+        self.touch_turn = (
+            update(_turns)
+            .where(*fenced)
+            .values(updated_at=bindparam("k_now"), last_seq=last_seq)
+            .returning(newest_guide)
+        )
+        self.move_turn = {
+            target: update(_turns)
+            .where(*fenced, _turns.c.status.in_(sources))
+            .values(
+                updated_at=bindparam("k_now"),
+                last_seq=last_seq,
+                status=bindparam("k_status"),
+                error_code=bindparam("k_error"),
+            )
+            .returning(newest_guide)
+            for target, sources in _SOURCES.items()
+        }
+        self.insert_event = insert(_events).on_conflict_do_nothing()
+        self.insert_audit = (
+            insert(_audit).on_conflict_do_nothing().returning(_audit.c.seq_within_turn)
+        )
+        usage = insert(_usage)
+        self.add_usage = usage.on_conflict_do_update(
+            index_elements=["turn_id"],
+            set_={
+                name: getattr(_usage.c, name) + getattr(usage.excluded, name)
+                for name in UsageDelta.model_fields
+            },
+        )
+
+
+def commit(
+    conn: Connection,
+    hot: HotStatements,
+    insert: Any,
+    clock: Clock,
+    turn_id: TurnId,
+    epoch: int,
+    event_rows: list[dict[str, Any]],
+    audit_rows: list[dict[str, Any]],
+    usage: tuple[str | None, dict[int, UsageDelta]],
+    status: TurnStatus | None,
+    error_code: str | None,
+    settle: tuple[str | None, bool, dict[str, Any] | None] = (None, False, None),
+    pause: PauseRequest | None = None,
+    guides_consumed_through: int | None = None,
+) -> CommitResult:
+    """Apply one `SqlStore.commit` (rows already encoded); `clock` stamps it."""
+    top = max((r["seq"] for r in event_rows), default=0)
+    params: dict[str, Any] = {
+        "k_turn": turn_id,
+        "k_epoch": epoch,
+        "k_now": clock.now(),
+        "k_top": top,
+    }
+    if status is None:
+        statement = hot.touch_turn
+    else:
+        statement = hot.move_turn[status]
+        params["k_status"] = status
+        params["k_error"] = error_code
+    moved = conn.execute(statement, params).first()
+    if moved is None:
+        _explain_refusal(conn, turn_id, epoch, status)
+    newest_guide = int(moved[0] or 0) if moved is not None else 0
+    requeued = 0
+    summary_json, release, transcript = settle
+    if summary_json is not None or release:
+        conn.execute(
+            _settle(summary=summary_json is not None, release=release),
+            {"k_turn": turn_id, "k_epoch": epoch, "k_summary": summary_json},
+        )
+    if transcript is not None:
+        transcripts_sql.keep(conn, insert, turn_id, transcript)
+    if guides_consumed_through is not None and status in TERMINAL_STATES:
+        requeued = requeue_guides(conn, turn_id, guides_consumed_through, clock.now())
+    if pause is not None:
+        session_id = conn.execute(_SESSION_OF, {"p_turn": turn_id}).scalar_one()
+        pauses_sql.open_pause(conn, insert, turn_id, session_id, pause, clock.now())
+    if event_rows:
+        conn.execute(hot.insert_event, event_rows)
+    if audit_rows:
+        # Only rows this commit inserted count: re-appending a row repeats no usage.
+        inserted = conn.execute(hot.insert_audit, audit_rows).scalars()
+        session_id, per_row = usage
+        delta = sum((per_row[seq] for seq in inserted), UsageDelta())
+        if delta.model_calls or delta.cost_usd:
+            conn.execute(
+                hot.add_usage,
+                {"turn_id": turn_id, "session_id": session_id, **delta.model_dump()},
+            )
+    return CommitResult(newest_guide_seq=newest_guide, requeued=requeued)
+
+
+@functools.cache
+def _settle(*, summary: bool, release: bool) -> Any:
+    """Record the run summary and/or release the lease (fenced on the epoch)."""
+    values: dict[str, Any] = {}
+    if summary:
+        values["summary"] = bindparam("k_summary")
+    if release:
+        values["lease_owner"] = None
+        values["lease_expires_at"] = None
+    return (
+        update(_turns)
+        .where(
+            _turns.c.turn_id == bindparam("k_turn"), _turns.c.lease_epoch == bindparam("k_epoch")
+        )
+        .values(**values)
+    )
+
+
+_SESSION_OF = select(_turns.c.session_id).where(_turns.c.turn_id == bindparam("p_turn"))
+
+
+def _explain_refusal(
+    conn: Connection, turn_id: TurnId, epoch: int, status: TurnStatus | None
+) -> None:
+    row = conn.execute(
+        select(_turns.c.status, _turns.c.lease_epoch).where(_turns.c.turn_id == turn_id)
+    ).first()
+    if row is None:
+        raise TurnNotFoundError(f"no turn {turn_id!r}", turn_id=turn_id)
+    if row.lease_epoch != epoch:
+        raise StaleEpochError(
+            f"turn {turn_id!r} is leased at epoch {row.lease_epoch}, not {epoch}: "
+            "another driver owns it now; this driver must stop",
+            turn_id=turn_id,
+            epoch=epoch,
+            current_epoch=row.lease_epoch,
+        )
+    raise StoreError(
+        f"turn {turn_id!r} cannot move from {row.status!r} to {status!r}",
+        turn_id=turn_id,
+        current=row.status,
+        target=status,
+    )

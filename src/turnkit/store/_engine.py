@@ -1,0 +1,322 @@
+"""Where `SqlStore` runs its transactions: URLs, engines, connections, errors.
+
+`SqlEngine` is the plumbing `SqlStore` inherits: PostgreSQL on the async engine (asyncpg);
+SQLite on plain `sqlite3` connections — in place on the event loop when a transaction need
+not wait, else on one dedicated thread — with SQLAlchemy's engine only for migrations. It
+also tells a database out of reach (`StoreUnavailableError`) from a bad statement.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sqlite3
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Self, TypeVar
+
+from sqlalchemy import Connection, Engine, create_engine, event, text
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.pool import StaticPool
+
+from turnkit.clock import Clock, SystemClock
+from turnkit.errors import StoreError, StoreUnavailableError
+from turnkit.store import _sqlite as sqlite_conn
+from turnkit.store._commit_sql import HotStatements
+from turnkit.store._folds import WalFolds
+from turnkit.store.migrate import current_revision, upgrade
+
+__all__ = ("SqlEngine", "normalize_url")
+
+T = TypeVar("T")
+_THREAD_WAIT_MS = 30_000
+"""How long the store's thread waits for SQLite's write lock before giving up."""
+_CHECKPOINT_EVERY = 256
+"""Commits on the loop's connection between two WAL folds on the store's thread."""
+
+
+def normalize_url(url: str) -> str:
+    """The SQLAlchemy URL: SQLite as given (plain `sqlite3`), `postgresql://` → asyncpg."""
+    if url.startswith("sqlite:///") or url == "sqlite://":
+        return url
+    for prefix in ("postgresql://", "postgres://"):
+        if url.startswith(prefix):
+            return "postgresql+asyncpg://" + url[len(prefix) :]
+    return url
+
+
+class SqlEngine:
+    """The engines, connections and transactions under a `SqlStore` (see the module doc)."""
+
+    def __init__(self, url: str, *, clock: Clock | None = None, schema: str | None = None) -> None:
+        self.url = normalize_url(url)
+        self.schema = schema
+        self._clock = clock or SystemClock()
+        self._thread: ThreadPoolExecutor | None = None
+        self._migrator: Engine | None = None
+        self._path: str | None = None
+        self._on_thread: sqlite_conn.SqliteConnection | None = None
+        self._on_loop: sqlite_conn.SqliteConnection | None = None
+        self._loop_thread = 0
+        self._closed = False
+        self._conn_lock = threading.Lock()
+        self._folds: WalFolds | None = None
+        """WAL folds on the store's thread for the loop's connection (file databases)."""
+        self._async_engine: AsyncEngine | None = None
+        if self.url.startswith("sqlite"):
+            sa_url = make_url(self.url).set(drivername="sqlite")  # whatever driver was named
+            path = sa_url.database or ":memory:"
+            self._path = path
+            self._insert: Any = sqlite.insert
+            # SQLAlchemy's engine only runs migrations; statements go through `_sqlite`.
+            if path == ":memory:":
+                # One connection holds the database, so everything runs on it, in place.
+                shared = sqlite_conn.connect(path, busy_timeout_ms=0, autocheckpoint=True)
+                self._on_loop = self._on_thread = shared
+                self._migrator = create_engine(
+                    "sqlite://", creator=lambda: shared.raw, poolclass=StaticPool
+                )
+            else:
+                self._migrator = create_engine(
+                    sa_url,
+                    connect_args={"timeout": 30, "check_same_thread": False},
+                )
+                _tune_sqlite(self._migrator)
+                self._thread = ThreadPoolExecutor(1, thread_name_prefix="turnkit-sqlite")
+                self._folds = WalFolds(self._thread, self._fold_wal, every=_CHECKPOINT_EVERY)
+        elif self.url.startswith("postgresql"):
+            connect_args: dict[str, Any] = {}
+            if schema is not None:
+                connect_args["server_settings"] = {"search_path": schema}
+            self._async_engine = create_async_engine(
+                self.url,
+                pool_size=10,
+                max_overflow=10,
+                pool_pre_ping=True,
+                connect_args=connect_args,
+            )
+            self._insert = postgresql.insert
+        else:
+            raise StoreError(f"SqlStore supports SQLite and PostgreSQL, not {url!r}")
+        self._hot = HotStatements(self._insert)
+
+    @property
+    def dialect(self) -> str:
+        """`sqlite` or `postgresql`."""
+        return "sqlite" if self._path is not None else "postgresql"
+
+    async def _tx(self, fn: Callable[..., T], *args: Any, write: bool = True) -> T:
+        """Run `fn(conn, *args)` in one transaction (SQLite: on the store's thread)."""
+        if self._closed:
+            raise StoreError("the store is closed", url=self.url)
+        if self._path == ":memory:":
+            assert self._on_loop is not None
+            with self._conn_lock, self._on_loop.transaction(write=write) as conn:  # one connection
+                return fn(conn, *args)
+        if self._thread is not None:
+
+            def run() -> T:
+                try:
+                    with self._thread_conn().transaction(write=write) as conn:
+                        return fn(conn, *args)
+                except sqlite_conn.BusyError as exc:
+                    raise StoreError(
+                        f"the SQLite database {self._path!r} stayed locked by another "
+                        f"connection for {_THREAD_WAIT_MS / 1000:g} s; nothing was written",
+                        path=self._path,
+                    ) from exc
+
+            return await asyncio.get_running_loop().run_in_executor(self._thread, run)
+        assert self._async_engine is not None
+        try:
+            async with self._async_engine.begin() as aconn:
+                return await aconn.run_sync(fn, *args)
+        except (DBAPIError, OSError) as exc:
+            if _is_unreachable(exc):
+                raise self._unavailable(exc) from exc
+            raise
+
+    def _thread_conn(self) -> sqlite_conn.SqliteConnection:
+        """The store thread's connection (waits up to `_THREAD_WAIT_MS` for the write lock)."""
+        if self._on_thread is None:
+            assert self._path is not None
+            self._on_thread = sqlite_conn.connect(
+                self._path, busy_timeout_ms=_THREAD_WAIT_MS, autocheckpoint=True
+            )
+        return self._on_thread
+
+    async def _hot_tx(self, fn: Callable[..., T], *args: Any, write: bool = True) -> T:
+        """`_tx` for the per-turn path: on SQLite, run on the event loop if it need not wait.
+
+        A short SQLite transaction costs tens of microseconds, less than the hop to a
+        thread, so it runs in place — with a zero busy timeout, so the loop never waits
+        for a lock: if another connection holds it, the transaction goes to the store's
+        thread and waits there. Nothing was written by the attempt (BEGIN IMMEDIATE takes
+        the lock before any statement runs). The connection belongs to the first thread
+        that uses it; a store shared with another thread's loop sends that loop's
+        transactions to the store's thread.
+        """
+        if self._thread is None or self._closed:
+            return await self._tx(fn, *args, write=write)
+        if self._on_loop is None:
+            with self._conn_lock:
+                if self._on_loop is None:
+                    assert self._path is not None
+                    self._loop_thread = threading.get_ident()
+                    self._on_loop = sqlite_conn.connect(
+                        self._path, busy_timeout_ms=0, autocheckpoint=False
+                    )
+        folds = self._folds
+        assert folds is not None
+        if write and folds.must_wait():
+            return await self._tx(fn, *args, write=write)  # behind the fold, on the thread
+        if self._loop_thread != threading.get_ident():
+            return await self._tx(fn, *args, write=write)  # another thread's loop
+        try:
+            with self._on_loop.transaction(write=write) as conn:
+                result = fn(conn, *args)
+        except sqlite_conn.BusyError:
+            return await self._tx(fn, *args, write=write)
+        if write:
+            folds.committed()
+        return result
+
+    def _fold_wal(self, second_pass: bool) -> None:
+        """Checkpoint the WAL on the store's thread (scheduled by `WalFolds`)."""
+        self._thread_conn().raw.execute("PRAGMA wal_checkpoint(PASSIVE)").close()
+
+    async def setup(self) -> None:
+        """Bring the schema up to date (Alembic migrations; safe to run concurrently)."""
+
+        def migrate(conn: Connection) -> None:
+            if conn.dialect.name == "postgresql":
+                # One migrator at a time across processes; released at commit.
+                conn.execute(text("SELECT pg_advisory_xact_lock(7413620511)"))
+                if self.schema is not None:
+                    conn.execute(text(f'CREATE SCHEMA IF NOT EXISTS "{self.schema}"'))
+            upgrade(conn)
+
+        await self._migrate(migrate)
+
+    async def schema_revision(self) -> str | None:
+        """The schema revision the database is at (None before the first upgrade)."""
+        return await self._migrate(current_revision)
+
+    async def _migrate(self, fn: Callable[[Connection], T]) -> T:
+        """Run `fn` on a SQLAlchemy connection (Alembic needs one) in one transaction."""
+        if self._migrator is not None:
+            engine = self._migrator
+
+            def run() -> T:
+                with engine.begin() as conn:
+                    return fn(conn)
+
+            try:
+                if self._thread is None:  # in memory: the one connection is used in place
+                    return run()
+                return await asyncio.get_running_loop().run_in_executor(self._thread, run)
+            except DBAPIError as exc:
+                reason = _first_line(exc.orig or exc)
+                raise StoreError(
+                    f"cannot use the SQLite database {self._path!r}: {reason} "
+                    "(does its folder exist, and may this process write there?)",
+                    path=self._path,
+                ) from exc
+        assert self._async_engine is not None
+        try:
+            async with self._async_engine.begin() as aconn:
+                return await aconn.run_sync(fn)
+        except (DBAPIError, OSError) as exc:
+            if _is_unreachable(exc):
+                raise self._unavailable(exc) from exc
+            raise
+
+    def _unavailable(self, exc: DBAPIError | OSError) -> StoreUnavailableError:
+        """What a database out of reach raises (nothing was written)."""
+        return StoreUnavailableError(
+            f"the database cannot be reached ({type(exc).__name__}: {_first_line(exc)}); "
+            "nothing was written, retry shortly",
+            url=make_url(self.url).render_as_string(hide_password=True),
+        )
+
+    async def __aenter__(self) -> Self:
+        await self.setup()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Dispose the engine and stop the SQLite thread (idempotent).
+
+        Work already handed to the store's thread finishes first; calls after this raise
+        `StoreError`.
+        """
+        self._closed = True
+        if self._migrator is not None:
+            engine, self._migrator = self._migrator, None
+            on_loop, self._on_loop = self._on_loop, None
+            if self._thread is None:  # in memory: one connection, closed with the engine
+                self._on_thread = None
+                engine.dispose()
+                if on_loop is not None:
+                    on_loop.close()
+                return
+            if self._folds is not None:
+                await self._folds.wait()
+
+            def dispose() -> None:
+                # Runs after everything queued before it, so it closes whatever they opened.
+                on_thread, self._on_thread = self._on_thread, None
+                if on_thread is not None:
+                    with contextlib.suppress(sqlite3.Error):
+                        on_thread.raw.execute("PRAGMA wal_checkpoint(PASSIVE)")
+                    on_thread.close()
+                engine.dispose()
+
+            if on_loop is not None:
+                on_loop.close()
+            await asyncio.get_running_loop().run_in_executor(self._thread, dispose)
+            self._thread.shutdown(wait=True)
+        if self._async_engine is not None:
+            engine_a, self._async_engine = self._async_engine, None
+            await engine_a.dispose()
+
+
+def _is_unreachable(exc: BaseException) -> bool:
+    """A failure to reach the database (refused, reset, shutting down), not a bad statement."""
+    if isinstance(exc, OSError):
+        return True
+    if isinstance(exc, DBAPIError) and exc.connection_invalidated:
+        return True
+    if isinstance(exc, OperationalError | InterfaceError):
+        return True
+    orig = getattr(exc, "orig", None)
+    name = type(orig).__name__ if orig is not None else ""
+    return isinstance(orig, OSError) or name in _UNREACHABLE_DRIVER_ERRORS
+
+
+_UNREACHABLE_DRIVER_ERRORS = frozenset(
+    {
+        "CannotConnectNowError",
+        "ConnectionDoesNotExistError",
+        "ConnectionFailureError",
+        "AdminShutdownError",
+        "CrashShutdownError",
+        "InterfaceError",
+    }
+)
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [""])[0][:200]
+
+
+def _tune_sqlite(engine: Engine) -> None:
+    @event.listens_for(engine, "connect")
+    def _pragmas(dbapi_conn: Any, _record: Any) -> None:
+        sqlite_conn.tune(dbapi_conn, busy_timeout_ms=_THREAD_WAIT_MS)

@@ -1,0 +1,308 @@
+"""How an input becomes work: a queued turn of its own, or a guide for the live one.
+
+`submit` commits the input, its queued turn and `turn.started` together (and may claim it
+at once); `requeue_guides` gives guides an ended turn never read queued turns of their own.
+Each function runs inside one transaction on a sync `Connection` (see `SqlStore._tx`).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from datetime import datetime
+from typing import Any, cast
+
+from sqlalchemy import Connection, bindparam, select, update
+
+from turnkit.errors import RequestConflictError, SessionNotFoundError
+from turnkit.events import TurnStartedEvent, encode_event
+from turnkit.ids import SessionId, TurnId, uuid7
+from turnkit.store import Delivery, NewInput, Submission
+from turnkit.store._lease_sql import claim
+from turnkit.store._schema import attachments_json, events, inputs, sessions, turn_record, turns
+from turnkit.store._turns_sql import TURN_BY_ID
+
+_INSERT_INPUT = inputs.insert()
+_INSERT_TURN = turns.insert()
+_INSERT_EVENT = events.insert()
+_BY_REQUEST = select(
+    inputs.c.seq, inputs.c.turn_id, inputs.c.delivery, inputs.c.requested_delivery, inputs.c.content
+).where(
+    inputs.c.session_id == bindparam("q_session"), inputs.c.request_id == bindparam("q_request")
+)
+_GUIDED = (
+    select(inputs.c.seq, inputs.c.content, inputs.c.request_id)
+    .where(
+        inputs.c.turn_id == bindparam("g_turn"),
+        inputs.c.delivery == "guide",
+        inputs.c.seq > bindparam("g_after"),
+    )
+    .order_by(inputs.c.seq)
+)
+
+__all__ = ("guided_inputs", "requeue_guides", "submit")
+
+
+def submit(conn: Connection, insert: Any, new: NewInput, now: datetime) -> Submission:
+    """Commit the input, its queued turn and the turn's first event, or return the first try."""
+    if new.request_id is not None:
+        found = conn.execute(
+            _BY_REQUEST, {"q_session": new.session_id, "q_request": new.request_id}
+        ).first()
+        if found is not None:
+            if found.content != new.content:
+                raise RequestConflictError(
+                    f"request_id {new.request_id!r} was already used in session "
+                    f"{new.session_id!r} for a different message; use a new request_id for "
+                    "a new message (a retry must send the same content)",
+                    request_id=new.request_id,
+                    session_id=new.session_id,
+                )
+            return Submission(
+                session_id=new.session_id,
+                turn_id=TurnId(found.turn_id),
+                input_seq=found.seq,
+                delivery=cast(Delivery, found.delivery),
+                requested_delivery=cast(Delivery, found.requested_delivery),
+                is_new=False,
+                guided=found.delivery == "guide",
+            )
+    if not new.create_session:
+        exists_ = conn.execute(
+            select(sessions.c.session_id).where(sessions.c.session_id == new.session_id)
+        ).first()
+        if exists_ is None:
+            raise SessionNotFoundError(
+                f"no session {new.session_id!r}: create it first", session_id=new.session_id
+            )
+    conn.execute(
+        _ensure_session(insert),
+        {"s_id": new.session_id, "s_principal": new.principal, "s_now": now},
+    )
+    seq = conn.execute(_next_input_seq(), {"s_id": new.session_id, "s_now": now}).scalar_one()
+    if new.delivery == "guide":
+        live = _live_turn(conn, new.session_id, now)
+        if live is not None:
+            conn.execute(
+                inputs.insert().values(
+                    session_id=new.session_id,
+                    seq=seq,
+                    request_id=new.request_id,
+                    content=new.content,
+                    requested_delivery="guide",
+                    delivery="guide",
+                    turn_id=live,
+                    created_at=now,
+                )
+            )
+            return Submission(
+                session_id=new.session_id,
+                turn_id=TurnId(live),
+                input_seq=seq,
+                delivery="guide",
+                requested_delivery="guide",
+                is_new=True,
+                guided=True,
+            )
+    # No live attempt to guide: the message opens its own turn, and the log says so.
+    _, started = _open_turn(conn, new, seq, now, requested=new.delivery)
+    lease, record = None, None
+    if new.claim_for is not None:
+        lease = claim(
+            conn,
+            owner=new.claim_for.owner,
+            ttl_s=new.claim_for.ttl_s,
+            max_attempts=new.claim_for.max_attempts,
+            turn_id=new.turn_id,
+            now=now,
+            skip_locked=False,
+        )
+        if lease is not None:
+            row = conn.execute(TURN_BY_ID, {"t_id": new.turn_id}).one()
+            record = turn_record(row)
+    return Submission(
+        session_id=new.session_id,
+        turn_id=new.turn_id,
+        input_seq=seq,
+        delivery="queue",
+        requested_delivery=new.delivery,
+        is_new=True,
+        lease=lease,
+        record=record,
+        started=started,
+    )
+
+
+@functools.cache
+def _ensure_session(insert: Any) -> Any:
+    return (
+        insert(sessions)
+        .values(
+            session_id=bindparam("s_id"),
+            principal=bindparam("s_principal"),
+            last_input_seq=0,
+            created_at=bindparam("s_now"),
+            updated_at=bindparam("s_now"),
+        )
+        .on_conflict_do_nothing(index_elements=["session_id"])
+    )
+
+
+@functools.cache
+def _next_input_seq() -> Any:
+    return (
+        update(sessions)
+        .where(sessions.c.session_id == bindparam("s_id"))
+        .values(last_input_seq=sessions.c.last_input_seq + 1, updated_at=bindparam("s_now"))
+        .returning(sessions.c.last_input_seq)
+    )
+
+
+def _live_turn(conn: Connection, session_id: str, now: datetime) -> str | None:
+    """The session's turn a driver holds right now (its row locked on PostgreSQL)."""
+    query = (
+        select(turns.c.turn_id)
+        .where(
+            turns.c.session_id == session_id,
+            turns.c.status == "running",
+            turns.c.lease_owner.is_not(None),
+            turns.c.lease_expires_at > now,
+        )
+        .order_by(turns.c.input_seq)
+        .limit(1)
+    )
+    if conn.dialect.name == "postgresql":
+        # Serialise with the driver's settle, which re-queues unread guides (seed 001 ⑦).
+        query = query.with_for_update(of=turns)
+    return conn.execute(query).scalar_one_or_none()
+
+
+def _open_turn(
+    conn: Connection,
+    new: NewInput,
+    seq: int,
+    now: datetime,
+    *,
+    requested: Delivery,
+    turn_id: TurnId | None = None,
+    content: str | None = None,
+    request_id: str | None = None,
+    input_exists: bool = False,
+) -> tuple[TurnId, TurnStartedEvent]:
+    """Insert a queued turn for input `seq` (and the input row), with its `turn.started`."""
+    turn_id = turn_id or new.turn_id
+    content = new.content if content is None else content
+    request_id = new.request_id if request_id is None else request_id
+    delivery: Delivery = "queue"
+    if not input_exists:
+        conn.execute(
+            _INSERT_INPUT,
+            {
+                "session_id": new.session_id,
+                "seq": seq,
+                "request_id": request_id,
+                "content": content,
+                "requested_delivery": requested,
+                "delivery": delivery,
+                "turn_id": turn_id,
+                "created_at": now,
+            },
+        )
+    conn.execute(
+        _INSERT_TURN,
+        {
+            "turn_id": turn_id,
+            "session_id": new.session_id,
+            "input_seq": seq,
+            "status": "running",
+            "content": content,
+            "request_id": request_id,
+            "agent": new.agent,
+            "model": new.model,
+            "organisation": new.organisation,
+            "department": new.department,
+            "principal": new.principal,
+            "last_seq": 1,
+            "lease_epoch": 0,
+            "lease_owner": None,
+            "lease_expires_at": None,
+            "attempts": 0,
+            "cancel_requested": False,
+            "pinned": json.dumps(new.pinned, sort_keys=True),
+            "summary": None,
+            "attachments": attachments_json(new.attachments),
+            "started_at": None,
+            "error_code": None,
+            "created_at": now,
+            "updated_at": now,
+        },
+    )
+    started = TurnStartedEvent(
+        session_id=new.session_id,
+        turn_id=turn_id,
+        stage_id="runtime",
+        ts=now,
+        seq=1,
+        content=content,
+        request_id=request_id,
+        agent=new.agent,
+        model=new.model,
+        effort=new.effort,
+        input_seq=seq,
+        delivery=delivery,
+        requested_delivery=requested,
+        attachments=new.attachments,
+    )
+    conn.execute(
+        _INSERT_EVENT,
+        {"turn_id": turn_id, "seq": 1, "type": started.type, "data": encode_event(started)},
+    )
+    return turn_id, started
+
+
+def guided_inputs(
+    conn: Connection, turn_id: TurnId, after_input_seq: int
+) -> list[tuple[int, str, str | None]]:
+    """Guide messages attached to a turn, after an input seq."""
+    rows = conn.execute(_GUIDED, {"g_turn": turn_id, "g_after": after_input_seq}).all()
+    return [(r.seq, r.content, r.request_id) for r in rows]
+
+
+def requeue_guides(conn: Connection, turn_id: TurnId, consumed_through: int, now: datetime) -> int:
+    """Give every guide message the ended turn never presented a queued turn of its own."""
+    unread = guided_inputs(conn, turn_id, consumed_through)
+    if not unread:
+        return 0
+    ended = conn.execute(
+        select(
+            turns.c.session_id, turns.c.agent, turns.c.model, turns.c.pinned,
+            turns.c.organisation, turns.c.department, turns.c.principal,
+        ).where(turns.c.turn_id == turn_id)
+    ).one()  # fmt: skip
+    pinned = json.loads(ended.pinned) if ended.pinned else {}
+    template = NewInput(
+        session_id=SessionId(ended.session_id),
+        turn_id=turn_id,
+        content="",
+        request_id=None,
+        delivery="queue",
+        agent=ended.agent,
+        model=ended.model,
+        effort=pinned.get("effort", "off"),
+        pinned=pinned,
+        organisation=ended.organisation,
+        department=ended.department,
+        principal=ended.principal,
+    )
+    for seq, content, request_id in unread:
+        new_id = TurnId(f"turn_{uuid7()}")
+        _open_turn(
+            conn, template, seq, now, requested="guide", turn_id=new_id, content=content,
+            request_id=request_id, input_exists=True,
+        )  # fmt: skip
+        conn.execute(
+            update(inputs)
+            .where(inputs.c.session_id == ended.session_id, inputs.c.seq == seq)
+            .values(turn_id=new_id, delivery="queue")
+        )
+    return len(unread)

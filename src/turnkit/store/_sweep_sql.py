@@ -1,0 +1,99 @@
+"""The sweep: end running turns no driver will finish (past the ceiling, out of attempts).
+
+Each function runs inside one transaction on a sync `Connection` (see `SqlStore._tx`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Connection, and_, or_, select, update
+
+from turnkit.events import DoneEvent, ErrorEvent, encode_event
+from turnkit.ids import TurnId
+from turnkit.store._lease_sql import spent_after_claim
+from turnkit.store._schema import events, turns
+
+__all__ = ("Orphan", "orphan", "sweep", "sweepable")
+
+
+@dataclass(frozen=True, slots=True)
+class Orphan:
+    """A running turn the sweep may end, as it was when found."""
+
+    turn_id: str
+    session_id: str
+    lease_epoch: int
+    last_seq: int
+
+
+def sweepable(
+    conn: Connection, *, now: datetime, ceiling_s: float, max_attempts: int
+) -> list[Orphan]:
+    """Running turns nobody can finish: past the ceiling, or out of attempts and unleased."""
+    deadline = now - timedelta(seconds=ceiling_s)
+    rows = conn.execute(
+        select(turns.c.turn_id, turns.c.session_id, turns.c.lease_epoch, turns.c.last_seq).where(
+            turns.c.status == "running",
+            or_(
+                and_(turns.c.started_at.is_not(None), turns.c.started_at < deadline),
+                and_(
+                    spent_after_claim() >= max_attempts,
+                    or_(turns.c.lease_owner.is_(None), turns.c.lease_expires_at < now),
+                ),
+            ),
+        )
+    ).all()
+    return [Orphan(r.turn_id, r.session_id, r.lease_epoch, r.last_seq) for r in rows]
+
+
+def orphan(conn: Connection, turn_id: TurnId) -> Orphan | None:
+    """The turn as the sweep needs it, if it is running."""
+    r = conn.execute(
+        select(turns.c.turn_id, turns.c.session_id, turns.c.lease_epoch, turns.c.last_seq).where(
+            turns.c.turn_id == turn_id, turns.c.status == "running"
+        )
+    ).first()
+    return Orphan(r.turn_id, r.session_id, r.lease_epoch, r.last_seq) if r is not None else None
+
+
+def sweep(conn: Connection, row: Orphan, now: datetime, reason: str) -> bool:
+    """Time one orphaned turn out: bump its epoch, append `error` + `done`. False if it moved."""
+    seq = row.last_seq + 1
+    won = conn.execute(
+        update(turns)
+        .where(
+            turns.c.turn_id == row.turn_id,
+            turns.c.lease_epoch == row.lease_epoch,
+            turns.c.last_seq == row.last_seq,
+            turns.c.status == "running",
+        )
+        .values(
+            status="timed_out",
+            error_code="deadline-exceeded",
+            lease_epoch=row.lease_epoch + 1,
+            lease_owner=None,
+            last_seq=seq + 1,
+            updated_at=now,
+        )
+    )
+    if won.rowcount != 1:
+        return False
+    common: dict[str, Any] = {
+        "session_id": row.session_id,
+        "turn_id": row.turn_id,
+        "stage_id": "runtime",
+        "ts": now,
+    }
+    error = ErrorEvent(seq=seq, code="deadline-exceeded", message=reason, **common)
+    done = DoneEvent(seq=seq + 1, status="timed_out", error_code="deadline-exceeded", **common)
+    conn.execute(
+        events.insert(),
+        [
+            {"turn_id": row.turn_id, "seq": e.seq, "type": e.type, "data": encode_event(e)}
+            for e in (error, done)
+        ],
+    )
+    return True
