@@ -285,17 +285,18 @@ _SETUP_LOCK = 7413620512
 async def _open_postgres_checkpointer(
     database_url: str, schema: str | None
 ) -> tuple[BaseCheckpointSaver[Any], Callable[[], Awaitable[None]]]:
-    """LangGraph's PostgreSQL saver on a small connection pool.
+    """LangGraph's PostgreSQL saver on a small connection pool (see `PooledPostgresSaver`).
 
     A pool, not one connection: a connection broken by a database restart is replaced,
     so checkpoints work again once the database is back. Setup (LangGraph's own
     migrations) runs under an advisory lock, so processes starting together on a fresh
     schema do not race on it.
     """
-    from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
     from psycopg import AsyncConnection, OperationalError
     from psycopg.rows import dict_row
     from psycopg_pool import AsyncConnectionPool, PoolTimeout
+
+    from turnkit.graph._postgres_saver import PooledPostgresSaver, drop_if_closed
 
     dsn = database_url.replace("postgresql+asyncpg://", "postgresql://")
     options = f"-c search_path={schema}" if schema else None
@@ -307,12 +308,12 @@ async def _open_postgres_checkpointer(
         min_size=1,
         max_size=4,
         kwargs=kwargs,
-        check=AsyncConnectionPool.check_connection,
+        check=drop_if_closed,
         open=False,
     )
     try:
         await pool.open(wait=True, timeout=10)
-        saver = AsyncPostgresSaver(pool)
+        saver = PooledPostgresSaver(pool)
         lock_kwargs: dict[str, Any] = {"autocommit": True}
         if options:
             lock_kwargs["options"] = options
@@ -330,7 +331,14 @@ async def _open_postgres_checkpointer(
     except BaseException:
         await pool.close()
         raise
-    return saver, pool.close
+
+    async def close() -> None:
+        try:
+            await saver.aclose()
+        finally:
+            await pool.close()
+
+    return saver, close
 
 
 async def _take_setup_lock(conn: Any) -> None:

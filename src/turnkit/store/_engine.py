@@ -19,7 +19,7 @@ from typing import Any, Self, TypeVar
 from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+from sqlalchemy.exc import DBAPIError, DisconnectionError, InterfaceError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import StaticPool
 
@@ -96,9 +96,12 @@ class SqlEngine:
                 self.url,
                 pool_size=10,
                 max_overflow=10,
-                pool_pre_ping=True,
                 connect_args=connect_args,
+                # Every use is `begin()`, which ends its own transaction: no ROLLBACK on
+                # return. A closed connection is caught at checkout (`_drop_if_closed`).
+                pool_reset_on_return=None,
             )
+            event.listen(self._async_engine.sync_engine.pool, "checkout", _drop_if_closed)
             self._insert = postgresql.insert
         else:
             raise StoreError(f"SqlStore supports SQLite and PostgreSQL, not {url!r}")
@@ -320,3 +323,13 @@ def _tune_sqlite(engine: Engine) -> None:
     @event.listens_for(engine, "connect")
     def _pragmas(dbapi_conn: Any, _record: Any) -> None:
         sqlite_conn.tune(dbapi_conn, busy_timeout_ms=_THREAD_WAIT_MS)
+
+
+def _drop_if_closed(dbapi_conn: Any, _record: Any, _proxy: Any) -> None:
+    """Hand out no connection the server has closed (a restart): the pool takes another.
+
+    asyncpg knows a closed connection without a round trip, so this costs nothing, where
+    SQLAlchemy's `pool_pre_ping` sends a BEGIN and a ROLLBACK before every transaction.
+    """
+    if dbapi_conn.driver_connection.is_closed():
+        raise DisconnectionError("the server closed the connection")

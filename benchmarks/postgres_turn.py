@@ -1,0 +1,190 @@
+"""One durable turn on PostgreSQL against the same turn on SQLite, interleaved.
+
+The turn is `turn_overhead.py`'s tool-using turn (a zero-latency fake model: a call that
+asks for a tool, the tool, a call that answers, the synthesize call; `anchor-plan`
+skipped), run with `execute_message` on one runtime per contender. PostgreSQL runs twice:
+with turnkit's checkpointer (`PooledPostgresSaver`) and with LangGraph's own
+`AsyncPostgresSaver` on the same pool, as turnkit used before. Each PostgreSQL contender
+gets a fresh schema, dropped afterwards. Besides time and CPU it counts what each
+PostgreSQL turn costs the server: transactions committed and rolled back
+(`pg_stat_database`, so other clients of the same database add noise: use a quiet one).
+
+Run:  .venv/bin/python benchmarks/postgres_turn.py [--turns 300] [--rounds 10] [--json PATH]
+Prints a table and writes JSON (default benchmarks/results/postgres_turn.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import os
+import platform
+import statistics
+import tempfile
+import time
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+import asyncpg
+from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
+
+import turnkit.graph._postgres_saver as saver_module
+
+# The same tool-using turn the turn-overhead benchmark measures (run as a script, this
+# folder is on the path).
+from turn_overhead import ANSWER, _reply, add
+from turnkit import Agent, RuntimeConfig, SessionRuntime
+from turnkit.events import DoneEvent, MessageCompleteEvent
+from turnkit.testing import ModelStep, ScriptedModel
+
+POSTGRES = os.environ.get("TURNKIT_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
+
+
+class _UpstreamSaver(AsyncPostgresSaver):
+    """LangGraph's saver, as turnkit used it before (nothing held, so nothing to close)."""
+
+    async def aclose(self) -> None:
+        return None
+
+
+async def _runtime(
+    url: str, schema: str | None, *, upstream_saver: bool = False
+) -> tuple[SessionRuntime, ScriptedModel]:
+    model = ScriptedModel([ModelStep.respond(_reply)], repeat_last=True)
+    agent = Agent(model=model, tools=[add], skip_stages=frozenset({"anchor-plan"}))
+    config = RuntimeConfig(database_url=url, database_schema=schema)
+    runtime = SessionRuntime(agent=agent, config=config)
+    ours = saver_module.PooledPostgresSaver
+    if upstream_saver:  # LangGraph's saver, as turnkit used it before
+        saver_module.PooledPostgresSaver = _UpstreamSaver  # type: ignore[misc,assignment]
+    try:
+        await runtime.open()
+    finally:
+        saver_module.PooledPostgresSaver = ours  # type: ignore[misc]
+    return runtime, model
+
+
+async def _turn(runtime: SessionRuntime, model: ScriptedModel, session: str) -> None:
+    answer = None
+    async for event in runtime.execute_message(session, "What is 2 + 3?"):
+        if isinstance(event, MessageCompleteEvent) and event.block.is_answer:
+            answer = event.block.text
+        if isinstance(event, DoneEvent) and event.status != "succeeded":
+            raise RuntimeError(f"benchmark turn ended {event.status}: {event.error_code}")
+    if answer != ANSWER:
+        raise RuntimeError(f"benchmark turn answered {answer!r}")
+    model.calls.clear()
+
+
+async def _server_counts(conn: Any) -> tuple[int, int]:
+    row = await conn.fetchrow(
+        "SELECT xact_commit, xact_rollback FROM pg_stat_database WHERE datname = current_database()"
+    )
+    return int(row["xact_commit"]), int(row["xact_rollback"])
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--turns", type=int, default=300)
+    parser.add_argument("--warmup", type=int, default=30)
+    parser.add_argument("--rounds", type=int, default=10)
+    default_json = Path(__file__).parent / "results" / "postgres_turn.json"
+    parser.add_argument("--json", default=str(default_json))
+    args = parser.parse_args()
+
+    schemas = [f"tk_bench_{uuid.uuid4().hex[:8]}" for _ in range(2)]
+    admin = await asyncpg.connect(POSTGRES)
+    tmp = Path(tempfile.mkdtemp())
+    contenders = {
+        "SQLite": await _runtime(f"sqlite:///{tmp / 'bench.db'}", None),
+        "PostgreSQL": await _runtime(POSTGRES, schemas[0]),
+        "PostgreSQL, LangGraph's saver": await _runtime(POSTGRES, schemas[1], upstream_saver=True),
+    }
+    wall: dict[str, list[float]] = {name: [] for name in contenders}
+    cpu = dict.fromkeys(contenders, 0.0)
+    server = {name: {"commits": 0, "rollbacks": 0} for name in contenders if name != "SQLite"}
+    try:
+        for n, (rt, model) in enumerate(contenders.values()):
+            for i in range(args.warmup):
+                await _turn(rt, model, f"warm-{n}-{i}")
+        per_round = max(1, args.turns // args.rounds)
+        counter = 0
+        names = list(contenders)
+        for r in range(args.rounds):
+            for name in names[r % len(names) :] + names[: r % len(names)]:
+                rt, model = contenders[name]
+                gc.collect()
+                before = await _server_counts(admin) if name in server else (0, 0)
+                cpu0 = time.process_time()
+                for _ in range(per_round):
+                    counter += 1
+                    t0 = time.perf_counter()
+                    await _turn(rt, model, f"s-{counter}")
+                    wall[name].append((time.perf_counter() - t0) * 1000)
+                cpu[name] += time.process_time() - cpu0
+                if name in server:
+                    await asyncio.sleep(0.6)  # the server publishes its counters every 0.5 s
+                    after = await _server_counts(admin)
+                    server[name]["commits"] += after[0] - before[0] - 1  # the count's own
+                    server[name]["rollbacks"] += after[1] - before[1]
+    finally:
+        for rt, _ in contenders.values():
+            await rt.close()
+        for schema in schemas:
+            await admin.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        await admin.close()
+
+    rows = []
+    for name, times in wall.items():
+        rows.append(
+            {
+                "name": name,
+                "turns": len(times),
+                "median_ms": statistics.median(times),
+                "p90_ms": sorted(times)[int(len(times) * 0.9) - 1],
+                "cpu_ms_per_turn": cpu[name] * 1000 / len(times),
+            }
+        )
+    base = rows[0]
+    print(
+        f"{'contender':<30} {'median ms':>10} {'p90 ms':>8} {'CPU ms':>8} {'× SQLite':>9} "
+        f"{'× CPU':>7} {'commits':>8} {'rollbacks':>9}"
+    )
+    for row in rows:
+        row["x_sqlite_median"] = row["median_ms"] / base["median_ms"]
+        row["x_sqlite_cpu"] = row["cpu_ms_per_turn"] / base["cpu_ms_per_turn"]
+        counts = server.get(row["name"])
+        if counts is not None:
+            row["server_commits_per_turn"] = counts["commits"] / row["turns"]
+            row["server_rollbacks_per_turn"] = counts["rollbacks"] / row["turns"]
+        commits = f"{row['server_commits_per_turn']:.1f}" if counts else "-"
+        rollbacks = f"{row['server_rollbacks_per_turn']:.1f}" if counts else "-"
+        print(
+            f"{row['name']:<30} {row['median_ms']:>10.2f} {row['p90_ms']:>8.2f} "
+            f"{row['cpu_ms_per_turn']:>8.2f} {row['x_sqlite_median']:>9.2f} "
+            f"{row['x_sqlite_cpu']:>7.2f} {commits:>8} {rollbacks:>9}"
+        )
+    _write(Path(args.json), {
+        "when": datetime.now(UTC).isoformat(),
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "turns": args.turns,
+        "rounds": args.rounds,
+        "results": rows,
+    })  # fmt: skip
+
+
+def _write(out: Path, payload: dict[str, Any]) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(payload, indent=2))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
