@@ -80,6 +80,18 @@ async def test_guide_with_no_live_attempt_is_committed_as_queue(store: SqlStore)
     assert (started.delivery, started.requested_delivery) == ("queue", "guide")
 
 
+async def test_every_commit_reports_the_newest_guide_message(store: SqlStore) -> None:
+    sub = await store.submit(new_input())
+    lease = await store.claim("w1", ttl_s=30, max_attempts=3)
+    assert lease is not None
+    first = await store.commit(sub.turn_id, epoch=lease.epoch, events=[step_event(sub, 2)])
+    assert first.newest_guide_seq == 0
+    guided = await store.submit(new_input(content="also this", delivery="guide"))
+    assert (guided.turn_id, guided.delivery) == (sub.turn_id, "guide")
+    later = await store.commit(sub.turn_id, epoch=lease.epoch, events=[step_event(sub, 3)])
+    assert later.newest_guide_seq == guided.input_seq == 2
+
+
 async def test_reappending_an_event_changes_nothing(store: SqlStore) -> None:
     sub = await store.submit(new_input())
     lease = await store.claim("w1", ttl_s=30, max_attempts=3)

@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import sqlite3
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Self, TypeVar
 
@@ -143,6 +143,25 @@ class SqlEngine:
                 raise self._unavailable(exc) from exc
             raise
 
+    async def _pg_driver(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+        """Run `fn(asyncpg_connection, *args)` on a pooled connection, outside SQLAlchemy.
+
+        For statements that are a transaction on their own (see `_append_pg`): no BEGIN,
+        no COMMIT, asyncpg's prepared-statement cache. A database out of reach raises
+        `StoreUnavailableError`.
+        """
+        if self._closed:
+            raise StoreError("the store is closed", url=self.url)
+        assert self._async_engine is not None
+        try:
+            async with self._async_engine.connect() as aconn:
+                raw = await aconn.get_raw_connection()
+                return await fn(raw.driver_connection, *args)
+        except Exception as exc:  # SQLAlchemy's, or the driver's own errors unwrapped
+            if _is_unreachable(exc) or type(exc).__name__ in _UNREACHABLE_DRIVER_ERRORS:
+                raise self._unavailable(exc) from exc
+            raise
+
     def _thread_conn(self) -> sqlite_conn.SqliteConnection:
         """The store thread's connection (waits up to `_THREAD_WAIT_MS` for the write lock)."""
         if self._on_thread is None:
@@ -238,7 +257,7 @@ class SqlEngine:
                 raise self._unavailable(exc) from exc
             raise
 
-    def _unavailable(self, exc: DBAPIError | OSError) -> StoreUnavailableError:
+    def _unavailable(self, exc: BaseException) -> StoreUnavailableError:
         """What a database out of reach raises (nothing was written)."""
         return StoreUnavailableError(
             f"the database cannot be reached ({type(exc).__name__}: {_first_line(exc)}); "

@@ -37,6 +37,7 @@ from turnkit.store import (
     TurnRecord,
     TurnTranscript,
     WorkspaceFile,
+    _append_pg as append_pg,
     _budgets_sql as budgets_sql,
     _cancel_sql as cancel_sql,
     _commit_sql as commit_sql,
@@ -175,6 +176,20 @@ class SqlStore(SqlEngine):
         ]
         usage = {row.identity.seq_within_turn: UsageDelta.of(row.call) for row in audit}
         session_id = audit[0].identity.session_id if audit else None
+        moves = (status, summary, pause, transcript, guides_consumed_through)
+        if self._async_engine is not None and not release and moves == (None,) * len(moves):
+            appended = await self._pg_driver(
+                append_pg.append,
+                turn_id,
+                epoch,
+                self._clock.now(),
+                event_rows,
+                audit_rows,
+                (session_id, usage),
+            )
+            if appended is not None:
+                return appended
+            # The fence refused and nothing was written: the transaction below says why.
         return await self._hot_tx(
             commit_sql.commit,
             self._hot,
