@@ -3,10 +3,10 @@
 The turn is `turn_overhead.py`'s tool-using turn (a zero-latency fake model: a call that
 asks for a tool, the tool, a call that answers, the synthesize call; `anchor-plan`
 skipped), run with `execute_message` on one runtime per contender. PostgreSQL runs twice:
-with turnkit's checkpointer (`PooledPostgresSaver`) and with LangGraph's own
-`AsyncPostgresSaver` on the same pool, as turnkit used before. Each PostgreSQL contender
-gets a fresh schema, dropped afterwards. Besides time and CPU it counts what each
-PostgreSQL turn costs the server: transactions committed and rolled back
+with turnkit's checkpointer (`AsyncPgSaver`, on asyncpg like the store) and with
+LangGraph's own `AsyncPostgresSaver` on a psycopg pool, as turnkit used before. Each
+PostgreSQL contender gets a fresh schema, dropped afterwards. Besides time and CPU it
+counts what each PostgreSQL turn costs the server: transactions committed and rolled back
 (`pg_stat_database`, so other clients of the same database add noise: use a quiet one).
 
 Run:  .venv/bin/python benchmarks/postgres_turn.py [--turns 300] [--rounds 10] [--json PATH]
@@ -34,7 +34,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 import asyncpg
 from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 
-import turnkit.graph._postgres_saver as saver_module
+import turnkit.runtime as runtime_module
 
 # The same tool-using turn the turn-overhead benchmark measures (run as a script, this
 # folder is on the path).
@@ -46,27 +46,41 @@ from turnkit.testing import ModelStep, ScriptedModel
 POSTGRES = os.environ.get("TURNKIT_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
 
 
-class _UpstreamSaver(AsyncPostgresSaver):
-    """LangGraph's saver, as turnkit used it before (nothing held, so nothing to close)."""
+async def _langgraph_saver(database_url: str, *, schema: str | None = None) -> Any:
+    """LangGraph's own `AsyncPostgresSaver` on a psycopg pool, as turnkit used it before."""
+    from psycopg.rows import dict_row
+    from psycopg_pool import AsyncConnectionPool
 
-    async def aclose(self) -> None:
-        return None
+    kwargs = {"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row,
+              "options": f"-c search_path={schema}"}  # fmt: skip
+    pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
+        "postgresql://" + database_url.split("://", 1)[1],
+        min_size=1,
+        max_size=10,
+        kwargs=kwargs,
+        check=AsyncConnectionPool.check_connection,
+        open=False,
+    )
+    await pool.open(wait=True, timeout=10)
+    saver = AsyncPostgresSaver(pool)
+    await saver.setup()
+    return saver, pool.close
 
 
 async def _runtime(
-    url: str, schema: str | None, *, upstream_saver: bool = False
+    url: str, schema: str | None, *, langgraph_saver: bool = False
 ) -> tuple[SessionRuntime, ScriptedModel]:
     model = ScriptedModel([ModelStep.respond(_reply)], repeat_last=True)
     agent = Agent(model=model, tools=[add], skip_stages=frozenset({"anchor-plan"}))
     config = RuntimeConfig(database_url=url, database_schema=schema)
     runtime = SessionRuntime(agent=agent, config=config)
-    ours = saver_module.PooledPostgresSaver
-    if upstream_saver:  # LangGraph's saver, as turnkit used it before
-        saver_module.PooledPostgresSaver = _UpstreamSaver  # type: ignore[misc,assignment]
+    ours = runtime_module.open_checkpointer
+    if langgraph_saver:
+        runtime_module.open_checkpointer = _langgraph_saver  # type: ignore[assignment]
     try:
         await runtime.open()
     finally:
-        saver_module.PooledPostgresSaver = ours  # type: ignore[misc]
+        runtime_module.open_checkpointer = ours
     return runtime, model
 
 
@@ -104,7 +118,7 @@ async def main() -> None:
     contenders = {
         "SQLite": await _runtime(f"sqlite:///{tmp / 'bench.db'}", None),
         "PostgreSQL": await _runtime(POSTGRES, schemas[0]),
-        "PostgreSQL, LangGraph's saver": await _runtime(POSTGRES, schemas[1], upstream_saver=True),
+        "PostgreSQL, LangGraph's saver": await _runtime(POSTGRES, schemas[1], langgraph_saver=True),
     }
     wall: dict[str, list[float]] = {name: [] for name in contenders}
     cpu = dict.fromkeys(contenders, 0.0)

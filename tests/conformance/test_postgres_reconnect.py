@@ -60,8 +60,8 @@ async def test_the_checkpointer_replaces_a_connection_the_server_closed(schema: 
     try:
         config: Any = {"configurable": {"thread_id": "t1", "checkpoint_ns": ""}}
         assert await saver.aget_tuple(config) is None
-        async with saver._pool.connection() as conn:
-            pid = conn.info.backend_pid
+        async with saver.pool.acquire() as conn:
+            pid = conn.get_server_pid()
         await _kill({pid})
         assert await saver.aget_tuple(config) is None  # not an error: a new connection
     finally:

@@ -14,8 +14,8 @@ from typing import Any
 
 import asyncpg
 import pytest
-
 from tests.conftest import POSTGRES_URL, require_service
+
 from turnkit.graph import open_checkpointer
 
 THREAD = "turn-1"
@@ -83,9 +83,7 @@ async def test_the_input_checkpoint_lands_with_the_next_one(saver: Any, schema: 
     assert history[0].parent_config["configurable"]["checkpoint_id"] == _checkpoint(0)["id"]
 
 
-async def test_task_writes_a_newer_checkpoint_holds_are_not_stored(
-    saver: Any, schema: str
-) -> None:
+async def test_task_writes_a_newer_checkpoint_holds_are_not_stored(saver: Any, schema: str) -> None:
     await saver.aput(_config(), _checkpoint(1), {"source": "loop", "step": 0}, {})
     await saver.aput_writes(_config(parent=1), [("content", "next")], "task-a")
     await saver.aput(_config(parent=1), _checkpoint(2), {"source": "loop", "step": 1}, {})
@@ -96,9 +94,7 @@ async def test_task_writes_a_newer_checkpoint_holds_are_not_stored(
     assert found.pending_writes == []
 
 
-async def test_langgraphs_own_writes_go_at_once_with_what_is_held(
-    saver: Any, schema: str
-) -> None:
+async def test_langgraphs_own_writes_go_at_once_with_what_is_held(saver: Any, schema: str) -> None:
     await saver.aput(_config(), _checkpoint(1), {"source": "loop", "step": 0}, {})
     await saver.aput_writes(_config(parent=1), [("content", "done")], "task-a")
     # a sibling task fails: LangGraph's error write goes at once, the held write with it
@@ -144,9 +140,7 @@ async def test_a_held_write_that_cannot_be_stored_is_dropped_not_retried_forever
     assert "dropped a held task write of thread turn-1" in caplog.text
 
 
-async def test_a_thread_waiting_on_a_lock_holds_up_no_other_thread(
-    saver: Any, schema: str
-) -> None:
+async def test_a_thread_waiting_on_a_lock_holds_up_no_other_thread(saver: Any, schema: str) -> None:
     await saver.aput(_config(), _checkpoint(1), {"source": "loop", "step": 0}, {})
     other = _config(thread="turn-2")
     await saver.aput(other, _checkpoint(5), {"source": "loop", "step": 0}, {})

@@ -285,45 +285,46 @@ _SETUP_LOCK = 7413620512
 async def _open_postgres_checkpointer(
     database_url: str, schema: str | None
 ) -> tuple[BaseCheckpointSaver[Any], Callable[[], Awaitable[None]]]:
-    """LangGraph's PostgreSQL saver on a small connection pool (see `PooledPostgresSaver`).
+    """LangGraph's PostgreSQL checkpoints on an asyncpg pool (see `AsyncPgSaver`).
 
     A pool, not one connection: a connection broken by a database restart is replaced,
     so checkpoints work again once the database is back. Setup (LangGraph's own
     migrations) runs under an advisory lock, so processes starting together on a fresh
     schema do not race on it.
     """
-    from psycopg import AsyncConnection, OperationalError
-    from psycopg.rows import dict_row
-    from psycopg_pool import AsyncConnectionPool, PoolTimeout
+    import asyncpg
 
-    from turnkit.graph._postgres_saver import PooledPostgresSaver, drop_if_closed
+    from turnkit.graph._postgres_saver import AsyncPgSaver, prepare_connection
 
-    dsn = database_url.replace("postgresql+asyncpg://", "postgresql://")
-    options = f"-c search_path={schema}" if schema else None
-    kwargs: dict[str, Any] = {"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row}
-    if options:
-        kwargs["options"] = options
-    pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
-        dsn,
-        min_size=1,
-        max_size=4,
-        kwargs=kwargs,
-        check=drop_if_closed,
-        open=False,
-    )
+    dsn = "postgresql://" + database_url.split("://", 1)[1]
+    settings = {"search_path": schema} if schema else None
+    unreachable = (OSError, TimeoutError, asyncpg.PostgresConnectionError,
+                   asyncpg.CannotConnectNowError)  # fmt: skip
     try:
-        await pool.open(wait=True, timeout=10)
-        saver = PooledPostgresSaver(pool)
-        lock_kwargs: dict[str, Any] = {"autocommit": True}
-        if options:
-            lock_kwargs["options"] = options
-        async with await AsyncConnection.connect(dsn, **lock_kwargs) as lock:
+        pool = await asyncpg.create_pool(
+            dsn,
+            min_size=1,
+            max_size=10,
+            server_settings=settings,
+            init=prepare_connection,
+            timeout=10,
+        )
+    except unreachable as exc:
+        raise StoreUnavailableError(
+            f"the database for checkpoints cannot be reached ({exc}); retry shortly"
+        ) from exc
+    saver = AsyncPgSaver(pool)
+    try:
+        lock = await asyncpg.connect(dsn, server_settings=settings, timeout=10)
+        try:
             await _take_setup_lock(lock)
             try:
                 await saver.setup()
             finally:
-                await lock.execute("SELECT pg_advisory_unlock(%s)", (_SETUP_LOCK,))
-    except (OperationalError, PoolTimeout) as exc:
+                await lock.execute("SELECT pg_advisory_unlock($1)", _SETUP_LOCK)
+        finally:
+            await lock.close()
+    except unreachable as exc:
         await pool.close()
         raise StoreUnavailableError(
             f"the database for checkpoints cannot be reached ({exc}); retry shortly"
@@ -349,9 +350,7 @@ async def _take_setup_lock(conn: Any) -> None:
     would wait for each other. Each try here is a statement that returns at once.
     """
     for _ in range(_SETUP_LOCK_TRIES):
-        cursor = await conn.execute("SELECT pg_try_advisory_lock(%s)", (_SETUP_LOCK,))
-        row = await cursor.fetchone()
-        if row is not None and row[0]:
+        if await conn.fetchval("SELECT pg_try_advisory_lock($1)", _SETUP_LOCK):
             return
         await SystemClock().sleep(_SETUP_LOCK_POLL_S)
     raise StoreUnavailableError(

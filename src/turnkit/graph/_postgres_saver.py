@@ -1,34 +1,32 @@
-"""LangGraph's PostgreSQL checkpointer: fewer transactions, one round trip each, no global lock.
+"""LangGraph's PostgreSQL checkpoints, on asyncpg: the store's driver, one round trip a write.
 
-`AsyncPostgresSaver` runs every call under one lock for the whole saver (it was written for
-a single connection), writes each statement of a checkpoint as a transaction of its own
-(its connections are in autocommit mode), and stores every task's writes although the next
-checkpoint holds their result. On a pool, none of that is needed:
+`AsyncPgSaver` keeps LangGraph's own tables, SQL semantics and serialization
+(`BasePostgresSaver`: a database written by LangGraph's `AsyncPostgresSaver` reads the
+same), but runs them on an asyncpg pool, as the Store does, instead of psycopg:
 
-- calls run concurrently, each on a pooled connection of its own;
-- values are serialized in place: a checkpoint of a turn is small, and a thread hop per
-  write cost more than the serializing;
-- a checkpoint, with what is held for it, is one transaction sent as one pipeline (one
-  round trip to the server);
-- the same two writes the SQLite saver holds are held here (see `aput` and `aput_writes`):
-  a run's input checkpoint, folded into the next checkpoint's transaction, and a task's
-  plain writes, dropped when the next checkpoint of the thread supersedes them.
+- a checkpoint (its blobs and its row) is one statement, so one round trip and atomic on
+  its own; task writes are one statement too;
+- calls run concurrently, each on a pooled connection (no saver-wide lock), and values are
+  serialized in place (a turn's checkpoint is small: a thread hop cost more);
+- the writes the SQLite saver holds are held here too: a run's input checkpoint goes with
+  the next checkpoint, and a task's plain writes are dropped when the next checkpoint of
+  the thread supersedes them (see `aput` and `aput_writes`).
 
 Held writes belong to their thread: a read of the thread, or any write of it, stores them
-first, so the saver never answers from less than it was given.
+first, so the saver never answers from less than it was given. A connection the server
+closed is replaced by the pool when it is next acquired.
 """
 
 from __future__ import annotations
 
-import contextvars
+import json
 import logging
-import select
+from collections import defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
-import psycopg
+import asyncpg
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
     WRITES_IDX_MAP,
@@ -36,81 +34,98 @@ from langgraph.checkpoint.base import (
     Checkpoint,
     CheckpointMetadata,
     CheckpointTuple,
+    get_checkpoint_id,
     get_serializable_checkpoint_metadata,
 )
-from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
+from langgraph.checkpoint.postgres.base import BasePostgresSaver
 from langgraph.checkpoint.serde.types import _DeltaSnapshot
-from psycopg import AsyncCursor
-from psycopg.rows import DictRow, dict_row
-from psycopg.types.json import Jsonb
-from psycopg_pool import AsyncConnectionPool
 
-__all__ = ("PooledPostgresSaver", "drop_if_closed")
+__all__ = ("AsyncPgSaver", "prepare_connection")
 
 log = logging.getLogger(__name__)
 
-_BATCH: contextvars.ContextVar[AsyncCursor[DictRow] | None] = contextvars.ContextVar(
-    "turnkit_checkpoint_batch", default=None
+_PUT_CHECKPOINT = """
+WITH blobs AS (
+    INSERT INTO checkpoint_blobs (thread_id, checkpoint_ns, channel, version, type, blob)
+    SELECT $1, $2, b.channel, b.version, b.type, b.blob
+    FROM unnest($7::text[], $8::text[], $9::text[], $10::bytea[]) AS b(channel, version, type, blob)
+    ON CONFLICT (thread_id, checkpoint_ns, channel, version) DO NOTHING
 )
-"""The cursor of the transaction the current task is writing in, if any."""
+INSERT INTO checkpoints (thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id,
+                         checkpoint, metadata)
+VALUES ($1, $2, $3, $4, $5, $6)
+ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id)
+DO UPDATE SET checkpoint = EXCLUDED.checkpoint, metadata = EXCLUDED.metadata
+"""
+_PUT_WRITES = """
+INSERT INTO checkpoint_writes (thread_id, checkpoint_ns, checkpoint_id, task_id, task_path,
+                               idx, channel, type, blob)
+SELECT $1, $2, $3, $4, $5, w.idx, w.channel, w.type, w.blob
+FROM unnest($6::int[], $7::text[], $8::text[], $9::bytea[]) AS w(idx, channel, type, blob)
+ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id, task_id, idx) DO {}
+"""
+_UPSERT_WRITES = _PUT_WRITES.format(
+    "UPDATE SET channel = EXCLUDED.channel, type = EXCLUDED.type, blob = EXCLUDED.blob"
+)
+_INSERT_WRITES = _PUT_WRITES.format("NOTHING")
+_PENDING_SENDS = BasePostgresSaver.SELECT_PENDING_SENDS_SQL.replace("%s", "$1", 1).replace(
+    "any(%s)", "any($2)"
+)
+
+
+async def prepare_connection(conn: asyncpg.Connection) -> None:
+    """Pool `init`: JSON columns in and out as Python values (as psycopg's `Jsonb`)."""
+    await conn.set_type_codec("jsonb", encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
 
 
 @dataclass(frozen=True, slots=True)
 class _Held:
-    """A write held for the thread's next transaction."""
+    """A write held for the thread's next write."""
 
     checkpoint_id: str | None
     """The checkpoint the write belongs to (task writes) or follows (a checkpoint)."""
     is_checkpoint: bool
-    write: Callable[[], Awaitable[Any]]
+    write: Callable[[asyncpg.Connection], Awaitable[Any]]
 
 
-class PooledPostgresSaver(AsyncPostgresSaver):
-    """`AsyncPostgresSaver` on a connection pool, holding what the next checkpoint makes moot."""
+class AsyncPgSaver(BasePostgresSaver):
+    """LangGraph's PostgreSQL checkpointer on an asyncpg pool (see the module docstring)."""
 
-    def __init__(self, pool: AsyncConnectionPool[Any]) -> None:
-        super().__init__(pool)
-        self._pool = pool
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        super().__init__()
+        self.pool = pool
         self._held: dict[str, list[_Held]] = {}
 
-    @asynccontextmanager
-    async def _cursor(self, *, pipeline: bool = False) -> AsyncIterator[AsyncCursor[DictRow]]:
-        """A cursor: the current batch's, or one on a pooled connection (no saver lock)."""
-        batch = _BATCH.get()
-        if batch is not None:
-            yield batch
-            return
-        async with self._pool.connection() as conn:
-            if pipeline:
-                async with (
-                    conn.pipeline(),
-                    conn.transaction(),
-                    conn.cursor(binary=True, row_factory=dict_row) as cur,
-                ):
-                    yield cur
-            else:
-                async with conn.cursor(binary=True, row_factory=dict_row) as cur:
-                    yield cur
+    async def setup(self) -> None:
+        """Create LangGraph's checkpoint tables (its own migrations, in its order)."""
+        async with self.pool.acquire() as conn:
+            await conn.execute(self.MIGRATIONS[0])
+            done = await conn.fetchval("SELECT max(v) FROM checkpoint_migrations")
+            start = -1 if done is None else int(done)
+            for version in range(start + 1, len(self.MIGRATIONS)):
+                await conn.execute(self.MIGRATIONS[version])  # CONCURRENTLY: no transaction
+                await conn.execute("INSERT INTO checkpoint_migrations (v) VALUES ($1)", version)
 
-    async def _in_batch(self, thread_id: str, write: Callable[[], Awaitable[Any]]) -> Any:
-        """Run `write` after the thread's held writes, in one transaction, one round trip."""
+    # ── writes ──
+
+    async def _write(
+        self, thread_id: str, write: Callable[[asyncpg.Connection], Awaitable[Any]]
+    ) -> Any:
+        """Run what the thread holds, then `write`, on one pooled connection."""
         held = self._held.pop(thread_id, [])
         try:
-            async with self._cursor(pipeline=True) as cur:
-                token = _BATCH.set(cur)
-                try:
-                    for item in held:
-                        await _write_held(thread_id, item)
-                    return await write()
-                finally:
-                    _BATCH.reset(token)
+            async with self.pool.acquire() as conn:
+                for item in held:
+                    await _write_held(conn, thread_id, item)
+                held = []
+                return await write(conn)
         except BaseException:
-            self._held.setdefault(thread_id, [])[:0] = held  # nothing was stored: hold again
+            self._held.setdefault(thread_id, [])[:0] = held  # not stored: hold them again
             raise
 
     async def _flush(self, thread_id: str) -> None:
         if self._held.get(thread_id):
-            await self._in_batch(thread_id, _nothing)
+            await self._write(thread_id, _nothing)
 
     async def aput(
         self,
@@ -119,31 +134,71 @@ class PooledPostgresSaver(AsyncPostgresSaver):
         metadata: CheckpointMetadata,
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
-        """Store a checkpoint, in one transaction with what its thread holds.
+        """Store a checkpoint (after what its thread holds).
 
         The thread's task writes held for this checkpoint's parent are dropped: this
         checkpoint holds their result, and turnkit only ever runs a thread from its newest
-        checkpoint. A run's input checkpoint (`source: input`) is held for the next
-        transaction, which comes right after it (the START task's checkpoint).
+        checkpoint. A run's input checkpoint (`source: input`) is held for the next write,
+        which comes right after it (the START task's checkpoint).
         """
-        thread_id = str(config["configurable"]["thread_id"])
-        parent = config["configurable"].get("checkpoint_id")
+        configurable = config["configurable"]
+        thread_id = str(configurable["thread_id"])
+        checkpoint_ns = str(configurable.get("checkpoint_ns", ""))
+        parent = configurable.get("checkpoint_id")
         mine = self._held.get(thread_id, [])
         mine[:] = [h for h in mine if h.is_checkpoint or h.checkpoint_id != parent]
+        saved: RunnableConfig = {
+            "configurable": {
+                "thread_id": thread_id,
+                "checkpoint_ns": checkpoint_ns,
+                "checkpoint_id": checkpoint["id"],
+            }
+        }
+        args = self._checkpoint_args(config, checkpoint, metadata, new_versions)
 
-        async def put() -> RunnableConfig:
-            return await self._put_checkpoint(config, checkpoint, metadata, new_versions)
+        async def put(conn: asyncpg.Connection) -> RunnableConfig:
+            await conn.execute(_PUT_CHECKPOINT, *args)
+            return saved
 
         if metadata.get("source") == "input":
             self._held.setdefault(thread_id, []).append(_Held(parent, True, put))
-            return {
-                "configurable": {
-                    "thread_id": thread_id,
-                    "checkpoint_ns": config["configurable"].get("checkpoint_ns", ""),
-                    "checkpoint_id": checkpoint["id"],
-                }
-            }
-        return await self._in_batch(thread_id, put)  # type: ignore[no-any-return]
+            return saved
+        return await self._write(thread_id, put)  # type: ignore[no-any-return]
+
+    def _checkpoint_args(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> tuple[Any, ...]:
+        """`_PUT_CHECKPOINT`'s arguments: values inline, others as blobs (as LangGraph does)."""
+        configurable = config["configurable"]
+        thread_id = str(configurable["thread_id"])
+        checkpoint_ns = str(configurable.get("checkpoint_ns", ""))
+        copy = checkpoint.copy()
+        copy["channel_values"] = values = dict(checkpoint["channel_values"])
+        blobs: dict[str, Any] = {}
+        for key, value in checkpoint["channel_values"].items():
+            if isinstance(value, _DeltaSnapshot):
+                blobs[key] = value
+                values[key] = True
+            elif value is not None and not isinstance(value, str | int | float | bool):
+                blobs[key] = values.pop(key)
+        versions = {k: v for k, v in new_versions.items() if k in blobs}
+        rows = self._dump_blobs(thread_id, checkpoint_ns, blobs, versions)
+        return (
+            thread_id,
+            checkpoint_ns,
+            checkpoint["id"],
+            configurable.get("checkpoint_id"),
+            copy,
+            get_serializable_checkpoint_metadata(config, metadata),
+            [r[2] for r in rows],
+            [r[3] for r in rows],
+            [r[4] for r in rows],
+            [r[5] for r in rows],
+        )
 
     async def aput_writes(
         self,
@@ -160,91 +215,68 @@ class PooledPostgresSaver(AsyncPostgresSaver):
         write lost to a crash only means the task runs again, and turnkit's journal makes
         a re-run repeat nothing.
         """
-        thread_id = str(config["configurable"]["thread_id"])
+        configurable = config["configurable"]
+        thread_id = str(configurable["thread_id"])
         kept = list(writes)
 
-        async def put() -> None:
-            await self._put_writes(config, kept, task_id, task_path)
+        async def put(conn: asyncpg.Connection) -> None:
+            rows = self._dump_writes(
+                thread_id,
+                configurable["checkpoint_ns"],
+                configurable["checkpoint_id"],
+                task_id,
+                task_path,
+                kept,
+            )
+            special = all(channel in WRITES_IDX_MAP for channel, _ in kept)
+            await conn.execute(
+                _UPSERT_WRITES if special else _INSERT_WRITES,
+                *rows[0][:5],
+                [r[5] for r in rows],
+                [r[6] for r in rows],
+                [r[7] for r in rows],
+                [r[8] for r in rows],
+            )
 
+        if not kept:
+            return
         if all(not channel.startswith("__") for channel, _ in kept):
-            checkpoint_id = config["configurable"].get("checkpoint_id")
+            checkpoint_id = configurable.get("checkpoint_id")
             self._held.setdefault(thread_id, []).append(_Held(checkpoint_id, False, put))
             return
-        await self._in_batch(thread_id, put)
+        await self._write(thread_id, put)
 
-    async def _put_checkpoint(
-        self,
-        config: RunnableConfig,
-        checkpoint: Checkpoint,
-        metadata: CheckpointMetadata,
-        new_versions: ChannelVersions,
-    ) -> RunnableConfig:
-        """`AsyncPostgresSaver.aput`'s statements, serialized in place (no thread hop)."""
-        configurable = config["configurable"]
-        thread_id = configurable["thread_id"]
-        checkpoint_ns = configurable.get("checkpoint_ns", "")
-        copy = checkpoint.copy()
-        copy["channel_values"] = values = dict(checkpoint["channel_values"])
-        blobs: dict[str, Any] = {}
-        for key, value in checkpoint["channel_values"].items():
-            if isinstance(value, _DeltaSnapshot):
-                blobs[key] = value
-                values[key] = True
-            elif value is not None and not isinstance(value, str | int | float | bool):
-                blobs[key] = values.pop(key)
-        async with self._cursor(pipeline=True) as cur:
-            if versions := {k: v for k, v in new_versions.items() if k in blobs}:
-                await cur.executemany(
-                    self.UPSERT_CHECKPOINT_BLOBS_SQL,
-                    self._dump_blobs(thread_id, checkpoint_ns, blobs, versions),
-                )
-            await cur.execute(
-                self.UPSERT_CHECKPOINTS_SQL,
-                (
-                    thread_id,
-                    checkpoint_ns,
-                    checkpoint["id"],
-                    configurable.get("checkpoint_id"),
-                    Jsonb(copy),
-                    Jsonb(get_serializable_checkpoint_metadata(config, metadata)),
-                ),
-            )
-        return {
-            "configurable": {
-                "thread_id": thread_id,
-                "checkpoint_ns": checkpoint_ns,
-                "checkpoint_id": checkpoint["id"],
-            }
-        }
+    async def adelete_thread(self, thread_id: str) -> None:
+        """Delete a thread's checkpoints and writes (and forget what it holds)."""
+        self._held.pop(str(thread_id), None)
+        async with self.pool.acquire() as conn, conn.transaction():
+            for table in ("checkpoints", "checkpoint_blobs", "checkpoint_writes"):
+                await conn.execute(f"DELETE FROM {table} WHERE thread_id = $1", str(thread_id))
 
-    async def _put_writes(
-        self,
-        config: RunnableConfig,
-        writes: Sequence[tuple[str, Any]],
-        task_id: str,
-        task_path: str,
-    ) -> None:
-        """`AsyncPostgresSaver.aput_writes`' statement, serialized in place (no thread hop)."""
-        configurable = config["configurable"]
-        special = all(channel in WRITES_IDX_MAP for channel, _ in writes)
-        params = self._dump_writes(
-            configurable["thread_id"],
-            configurable["checkpoint_ns"],
-            configurable["checkpoint_id"],
-            task_id,
-            task_path,
-            writes,
-        )
-        async with self._cursor(pipeline=True) as cur:
-            await cur.executemany(
-                self.UPSERT_CHECKPOINT_WRITES_SQL if special else self.INSERT_CHECKPOINT_WRITES_SQL,
-                params,
-            )
+    async def aclose(self) -> None:
+        """Store what every thread holds."""
+        for thread_id in list(self._held):
+            await self._flush(thread_id)
+
+    # ── reads ──
 
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
-        """The checkpoint `config` names (the newest by default), after what is held."""
-        await self._flush(str(config["configurable"]["thread_id"]))
-        return await super().aget_tuple(config)
+        """The checkpoint `config` names (the thread's newest by default), after what is held."""
+        thread_id = str(config["configurable"]["thread_id"])
+        await self._flush(thread_id)
+        checkpoint_ns = config["configurable"].get("checkpoint_ns", "")
+        if checkpoint_id := get_checkpoint_id(config):
+            where = "WHERE thread_id = $1 AND checkpoint_ns = $2 AND checkpoint_id = $3"
+            args: tuple[Any, ...] = (thread_id, checkpoint_ns, checkpoint_id)
+        else:
+            where = (
+                "WHERE thread_id = $1 AND checkpoint_ns = $2 ORDER BY checkpoint_id DESC LIMIT 1"
+            )
+            args = (thread_id, checkpoint_ns)
+        async with self.pool.acquire() as conn:
+            rows = [dict(r) for r in await conn.fetch(self.SELECT_SQL + where, *args)]
+            await self._migrate_old_sends(conn, rows)
+        return self._tuple(rows[0]) if rows else None
 
     async def alist(
         self,
@@ -258,46 +290,95 @@ class PooledPostgresSaver(AsyncPostgresSaver):
         threads = [str(config["configurable"]["thread_id"])] if config else list(self._held)
         for thread_id in threads:
             await self._flush(thread_id)
-        async for item in super().alist(config, filter=filter, before=before, limit=limit):
-            yield item
+        where, params = self._search_where(config, filter, before)
+        args = [getattr(p, "obj", p) for p in params]  # psycopg's Jsonb → the value
+        query = self.SELECT_SQL + _numbered(where) + " ORDER BY checkpoint_id DESC"
+        if limit is not None:
+            args.append(int(limit))
+            query += f" LIMIT ${len(args)}"
+        async with self.pool.acquire() as conn:
+            rows = [dict(r) for r in await conn.fetch(query, *args)]
+            await self._migrate_old_sends(conn, rows)
+        for row in rows:
+            yield self._tuple(row)
 
-    async def adelete_thread(self, thread_id: str) -> None:
-        """Delete a thread's checkpoints and writes (and forget what it holds)."""
-        self._held.pop(str(thread_id), None)
-        await super().adelete_thread(thread_id)
+    async def _migrate_old_sends(
+        self, conn: asyncpg.Connection, rows: list[dict[str, Any]]
+    ) -> None:
+        """Checkpoints older than format 4 kept pending sends apart: fold them in (LangGraph)."""
+        old = [r for r in rows if r["checkpoint"]["v"] < 4 and r["parent_checkpoint_id"]]
+        if not old:
+            return
+        by_parent: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for row in old:
+            by_parent[row["parent_checkpoint_id"]].append(row)
+        parents = list(by_parent)
+        for sends in await conn.fetch(_PENDING_SENDS, rows[0]["thread_id"], parents):
+            for row in by_parent[sends["checkpoint_id"]]:
+                if row["channel_values"] is None:
+                    row["channel_values"] = []
+                self._migrate_pending_sends(
+                    sends["sends"], row["checkpoint"], row["channel_values"]
+                )
 
-    async def aclose(self) -> None:
-        """Store what every thread holds."""
-        for thread_id in list(self._held):
-            await self._flush(thread_id)
+    def _tuple(self, row: dict[str, Any]) -> CheckpointTuple:
+        """A row of `SELECT_SQL` as LangGraph's `CheckpointTuple` (serialized in place)."""
+        thread_id, checkpoint_ns = row["thread_id"], row["checkpoint_ns"]
+        checkpoint = row["checkpoint"]
+        parent = row["parent_checkpoint_id"]
+        return CheckpointTuple(
+            {
+                "configurable": {
+                    "thread_id": thread_id,
+                    "checkpoint_ns": checkpoint_ns,
+                    "checkpoint_id": row["checkpoint_id"],
+                }
+            },
+            cast(
+                Checkpoint,
+                {
+                    **checkpoint,
+                    "channel_values": {
+                        **(checkpoint.get("channel_values") or {}),
+                        **self._load_blobs(row["channel_values"]),
+                    },
+                },
+            ),
+            row["metadata"],
+            {
+                "configurable": {
+                    "thread_id": thread_id,
+                    "checkpoint_ns": checkpoint_ns,
+                    "checkpoint_id": parent,
+                }
+            }
+            if parent
+            else None,
+            self._load_writes(row["pending_writes"]),
+        )
 
 
-async def drop_if_closed(conn: psycopg.AsyncConnection[Any]) -> None:
-    """The pool's check: hand out no connection the server has closed (a restart).
-
-    An idle connection has nothing to read unless the server closed it, so a zero-timeout
-    poll of its socket tells, without the round trip `check_connection` makes per checkout.
-    """
-    if conn.closed or select.select([conn.pgconn.socket], [], [], 0)[0]:
-        await conn.close()  # so the pool discards it instead of taking it back
-        raise psycopg.OperationalError("the server closed the connection")
+def _numbered(where: str) -> str:
+    """Turn psycopg's `%s` placeholders into asyncpg's `$1`, `$2`, and so on."""
+    parts = where.split("%s")
+    return "".join(f"{part}${i}" for i, part in enumerate(parts[:-1], start=1)) + parts[-1]
 
 
-async def _nothing() -> None:
+async def _nothing(_conn: asyncpg.Connection) -> None:
     return None
 
 
-async def _write_held(thread_id: str, held: _Held) -> None:
-    """Write a held item in the current transaction; one that cannot be stored is dropped.
+async def _write_held(conn: asyncpg.Connection, thread_id: str, held: _Held) -> None:
+    """Write a held item; one that cannot be stored is dropped.
 
     A value the serializer refuses fails before any SQL is sent. Raising would hold it
     again and fail every later write of its thread, so it is logged and dropped instead:
-    losing it only means its task runs again after a crash. Database errors still fail the
-    whole transaction (and the held items stay held).
+    losing it only means its task runs again after a crash. Database errors still fail
+    the write (and what is not yet stored stays held).
     """
     try:
-        await held.write()
-    except psycopg.Error:
+        await held.write(conn)
+    except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError):
         raise
     except Exception:
         log.exception(
