@@ -60,17 +60,22 @@ class HotStatements:
             .values(updated_at=bindparam("k_now"), last_seq=last_seq)
             .returning(newest_guide)
         )
+        # A status move also says whose turn it is (for the transcript it may keep) and
+        # may settle the turn in the same statement (see `_settled`).
         self.move_turn = {
-            target: update(_turns)
+            (target, summary, release): update(_turns)
             .where(*fenced, _turns.c.status.in_(sources))
             .values(
                 updated_at=bindparam("k_now"),
                 last_seq=last_seq,
                 status=bindparam("k_status"),
                 error_code=bindparam("k_error"),
+                **_settled(summary=summary, release=release),
             )
-            .returning(newest_guide)
+            .returning(newest_guide, _turns.c.session_id, _turns.c.input_seq)
             for target, sources in _SOURCES.items()
+            for summary in (False, True)
+            for release in (False, True)
         }
         self.insert_event = insert(_events).on_conflict_do_nothing()
         self.insert_audit = (
@@ -110,26 +115,28 @@ def commit(
         "k_now": clock.now(),
         "k_top": top,
     }
+    summary_json, release, transcript = settle
     if status is None:
         statement = hot.touch_turn
-    else:
-        statement = hot.move_turn[status]
-        params["k_status"] = status
-        params["k_error"] = error_code
+    else:  # the move settles the turn too
+        statement = hot.move_turn[status, summary_json is not None, release]
+        params |= {"k_status": status, "k_error": error_code, "k_summary": summary_json}
     moved = conn.execute(statement, params).first()
     if moved is None:
         _explain_refusal(conn, turn_id, epoch, status)
     newest_guide = int(moved[0] or 0) if moved is not None else 0
     requeued = 0
-    summary_json, release, transcript = settle
-    if summary_json is not None or release:
+    if status is None and (summary_json is not None or release):
         conn.execute(
             _settle(summary=summary_json is not None, release=release),
             {"k_turn": turn_id, "k_epoch": epoch, "k_summary": summary_json},
         )
     if transcript is not None:
-        transcripts_sql.keep(conn, insert, turn_id, transcript)
-    if guides_consumed_through is not None and status in TERMINAL_STATES:
+        owner = (moved[1], moved[2]) if moved is not None and status is not None else None
+        transcripts_sql.keep(conn, insert, turn_id, transcript, owner=owner)
+    unread_guides = guides_consumed_through is not None and newest_guide > guides_consumed_through
+    if unread_guides and status in TERMINAL_STATES:
+        assert guides_consumed_through is not None
         requeued = requeue_guides(conn, turn_id, guides_consumed_through, clock.now())
     if pause is not None:
         session_id = conn.execute(_SESSION_OF, {"p_turn": turn_id}).scalar_one()
@@ -149,21 +156,26 @@ def commit(
     return CommitResult(newest_guide_seq=newest_guide, requeued=requeued)
 
 
-@functools.cache
-def _settle(*, summary: bool, release: bool) -> Any:
-    """Record the run summary and/or release the lease (fenced on the epoch)."""
+def _settled(*, summary: bool, release: bool) -> dict[str, Any]:
+    """The columns settling a turn sets: the run summary, and/or the lease released."""
     values: dict[str, Any] = {}
     if summary:
         values["summary"] = bindparam("k_summary")
     if release:
         values["lease_owner"] = None
         values["lease_expires_at"] = None
+    return values
+
+
+@functools.cache
+def _settle(*, summary: bool, release: bool) -> Any:
+    """Record the run summary and/or release the lease (fenced on the epoch)."""
     return (
         update(_turns)
         .where(
             _turns.c.turn_id == bindparam("k_turn"), _turns.c.lease_epoch == bindparam("k_epoch")
         )
-        .values(**values)
+        .values(**_settled(summary=summary, release=release))
     )
 
 

@@ -32,25 +32,31 @@ def encoded(transcript: TurnTranscript) -> dict[str, Any]:
     }
 
 
-def keep(conn: Connection, insert: Any, turn_id: TurnId, values: dict[str, Any]) -> None:
+def keep(
+    conn: Connection,
+    insert: Any,
+    turn_id: TurnId,
+    values: dict[str, Any],
+    *,
+    owner: tuple[str, int] | None = None,
+) -> None:
     """Store what `turn_id` added to its session's transcript (in its ending transaction).
 
-    `values` come from `encoded`. A turn with a last request takes over the session's
-    one kept last request.
+    `values` come from `encoded`; `owner` is the turn's (session id, input seq) when the
+    caller read it already. A turn with a last request takes over the session's one kept
+    last request.
     """
-    found = conn.execute(_OWNER, {"o_turn": turn_id}).first()
-    if found is None:
-        return
+    if owner is None:
+        found = conn.execute(_OWNER, {"o_turn": turn_id}).first()
+        if found is None:
+            return
+        owner = (found.session_id, found.input_seq)
+    session_id, input_seq = owner
     if values["last_request"] is not None:
-        conn.execute(_DROP_LAST_REQUEST, {"d_session": found.session_id})
+        conn.execute(_DROP_LAST_REQUEST, {"d_session": session_id})
     conn.execute(
         _insert_row(insert),
-        {
-            "turn_id": turn_id,
-            "session_id": found.session_id,
-            "input_seq": found.input_seq,
-            **values,
-        },
+        {"turn_id": turn_id, "session_id": session_id, "input_seq": input_seq, **values},
     )
 
 
