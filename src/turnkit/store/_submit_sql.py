@@ -75,11 +75,10 @@ def submit(conn: Connection, insert: Any, new: NewInput, now: datetime) -> Submi
             raise SessionNotFoundError(
                 f"no session {new.session_id!r}: create it first", session_id=new.session_id
             )
-    conn.execute(
-        _ensure_session(insert),
+    seq = conn.execute(
+        _next_input_seq(insert),
         {"s_id": new.session_id, "s_principal": new.principal, "s_now": now},
-    )
-    seq = conn.execute(_next_input_seq(), {"s_id": new.session_id, "s_now": now}).scalar_one()
+    ).scalar_one()
     if new.delivery == "guide":
         live = _live_turn(conn, new.session_id, now)
         if live is not None:
@@ -134,28 +133,22 @@ def submit(conn: Connection, insert: Any, new: NewInput, now: datetime) -> Submi
 
 
 @functools.cache
-def _ensure_session(insert: Any) -> Any:
-    return (
-        insert(sessions)
-        .values(
-            session_id=bindparam("s_id"),
-            principal=bindparam("s_principal"),
-            last_input_seq=0,
-            created_at=bindparam("s_now"),
-            updated_at=bindparam("s_now"),
-        )
-        .on_conflict_do_nothing(index_elements=["session_id"])
+def _next_input_seq(insert: Any) -> Any:
+    """The session's next input seq, creating the session with its first message."""
+    new = insert(sessions).values(
+        session_id=bindparam("s_id"),
+        principal=bindparam("s_principal"),
+        last_input_seq=1,
+        created_at=bindparam("s_now"),
+        updated_at=bindparam("s_now"),
     )
-
-
-@functools.cache
-def _next_input_seq() -> Any:
-    return (
-        update(sessions)
-        .where(sessions.c.session_id == bindparam("s_id"))
-        .values(last_input_seq=sessions.c.last_input_seq + 1, updated_at=bindparam("s_now"))
-        .returning(sessions.c.last_input_seq)
-    )
+    return new.on_conflict_do_update(
+        index_elements=["session_id"],
+        set_={
+            "last_input_seq": sessions.c.last_input_seq + 1,
+            "updated_at": new.excluded.updated_at,
+        },
+    ).returning(sessions.c.last_input_seq)
 
 
 def _live_turn(conn: Connection, session_id: str, now: datetime) -> str | None:
