@@ -28,6 +28,7 @@ from turnkit.errors import StoreError, StoreUnavailableError
 from turnkit.store import _sqlite as sqlite_conn
 from turnkit.store._commit_sql import HotStatements
 from turnkit.store._folds import WalFolds
+from turnkit.store._group_commit import GroupCommit
 from turnkit.store.migrate import current_revision, upgrade
 
 __all__ = ("SqlEngine", "normalize_url")
@@ -67,6 +68,8 @@ class SqlEngine:
         self._folds: WalFolds | None = None
         """WAL folds on the store's thread for the loop's connection (file databases)."""
         self._async_engine: AsyncEngine | None = None
+        self._group: GroupCommit | None = None
+        """Write transactions on the store's thread, committed together (file databases)."""
         if self.url.startswith("sqlite"):
             sa_url = make_url(self.url).set(drivername="sqlite")  # whatever driver was named
             path = sa_url.database or ":memory:"
@@ -88,6 +91,7 @@ class SqlEngine:
                 _tune_sqlite(self._migrator)
                 self._thread = ThreadPoolExecutor(1, thread_name_prefix="turnkit-sqlite")
                 self._folds = WalFolds(self._thread, self._fold_wal, every=_CHECKPOINT_EVERY)
+                self._group = GroupCommit(self._thread, self._thread_conn, self._busy_too_long)
         elif self.url.startswith("postgresql"):
             connect_args: dict[str, Any] = {}
             if schema is not None:
@@ -121,17 +125,16 @@ class SqlEngine:
             with self._conn_lock, self._on_loop.transaction(write=write) as conn:  # one connection
                 return fn(conn, *args)
         if self._thread is not None:
+            if write:  # with the other turns' writes queued meanwhile, in one transaction
+                assert self._group is not None
+                return await self._group.run(fn, *args)
 
             def run() -> T:
                 try:
                     with self._thread_conn().transaction(write=write) as conn:
                         return fn(conn, *args)
                 except sqlite_conn.BusyError as exc:
-                    raise StoreError(
-                        f"the SQLite database {self._path!r} stayed locked by another "
-                        f"connection for {_THREAD_WAIT_MS / 1000:g} s; nothing was written",
-                        path=self._path,
-                    ) from exc
+                    raise self._busy_too_long(exc) from exc
 
             return await asyncio.get_running_loop().run_in_executor(self._thread, run)
         assert self._async_engine is not None
@@ -161,6 +164,18 @@ class SqlEngine:
             if _is_unreachable(exc) or type(exc).__name__ in _UNREACHABLE_DRIVER_ERRORS:
                 raise self._unavailable(exc) from exc
             raise
+
+    def _busy_too_long(self, exc: BaseException) -> BaseException:
+        """What a transaction on the store's thread raises when it failed (as it is)."""
+        if not isinstance(exc, sqlite_conn.BusyError):
+            return exc
+        error = StoreError(
+            f"the SQLite database {self._path!r} stayed locked by another connection for "
+            f"{_THREAD_WAIT_MS / 1000:g} s; nothing was written",
+            path=self._path,
+        )
+        error.__cause__ = exc
+        return error
 
     def _thread_conn(self) -> sqlite_conn.SqliteConnection:
         """The store thread's connection (waits up to `_THREAD_WAIT_MS` for the write lock)."""

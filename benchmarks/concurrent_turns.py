@@ -1,0 +1,279 @@
+"""A thousand turns at once in one process, against bare LangGraph on the same fake model.
+
+Every contender runs the turn-overhead benchmark's tool-using turn (two model calls and a
+tool), but its model waits `--latency` seconds (default 0.2) before each call's chunks, as
+a provider would. `--turns` turns (each its own session) start together; the contender
+reads every event of every turn. Reported per contender:
+
+- turns/s: turns over the wall time from the first start to the last `done`;
+- turn p50 / p99: each turn's own wall time (two model calls are 0.4 s of it);
+- CPU ms per turn under load, and the same turn run one at a time (`--sequential` turns)
+  in the same process: the ratio is what concurrency costs per turn;
+- event lag p99: when the reader got an event minus the event's own `ts` (its creation);
+- peak RSS, and its growth over the process after warming up.
+
+Each contender runs in a fresh interpreter (its own memory), in an order that rotates
+over `--rounds`; ratios are against bare LangGraph in the same round, reported as the
+median and min–max over rounds. turnkit runs twice: as it is, and with one transaction per
+commit (group commit off), to show what committing many turns' writes together buys.
+
+Run:  .venv/bin/python benchmarks/concurrent_turns.py [--turns 1000] [--latency 0.2]
+      [--rounds 3] [--sequential 30] [--json PATH]
+Prints a table and writes JSON (default benchmarks/results/concurrent_turns.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+# The turn-overhead benchmark's turn (run as a script, this folder is on the path).
+import turn_overhead
+from turn_overhead import _langgraph_graph, _reply, add
+from turnkit import Agent, RuntimeConfig, SessionRuntime
+from turnkit.events import DoneEvent
+from turnkit.models import ModelChunk, ModelRequest
+from turnkit.testing import ModelStep, ScriptedModel
+
+CONTENDERS = ("bare LangGraph", "turnkit, SQLite", "turnkit, SQLite, no group commit")
+RunOne = Callable[[int, list[float]], Awaitable[None]]
+_GROUPS: list[Any] = []
+"""The store's group committer of a turnkit contender (for its batch sizes)."""
+
+
+class _SlowModel:
+    """ScriptedModel's chunks, after `latency` seconds (as a provider's first byte)."""
+
+    def __init__(self, latency: float) -> None:
+        self.inner = ScriptedModel([ModelStep.respond(_reply)], repeat_last=True)
+        self.latency = latency
+
+    @property
+    def model(self) -> str:
+        return self.inner.model
+
+    @property
+    def provider(self) -> str:
+        return self.inner.provider
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
+        await asyncio.sleep(self.latency)
+        async for chunk in self.inner.stream(request):
+            yield chunk
+        self.inner.calls.clear()  # the call log would grow with every turn
+
+
+def _lag(event: Any, lags: list[float]) -> None:
+    ts = getattr(event, "ts", None)
+    if isinstance(ts, datetime):
+        lags.append((datetime.now(UTC) - ts).total_seconds() * 1000)
+
+
+async def _langgraph(latency: float, _tmp: Path) -> tuple[RunOne, Callable[[], Awaitable[None]]]:
+    graph = _langgraph_graph()
+    original = turn_overhead._fake_stream
+
+    async def slow_stream(kind: str) -> AsyncIterator[tuple[str, Any]]:
+        await asyncio.sleep(latency)
+        async for chunk in original(kind):
+            yield chunk
+
+    turn_overhead._fake_stream = slow_stream  # type: ignore[assignment]
+
+    async def run(i: int, lags: list[float]) -> None:
+        config = {"configurable": {"thread_id": f"t{i}"}}
+        state = {"transcript": [{"role": "user", "content": "2+3?"}], "route": "", "turn": i}
+        async for event in graph.astream(state, config, stream_mode="custom"):
+            _lag(event, lags)
+
+    async def close() -> None:
+        turn_overhead._fake_stream = original  # type: ignore[assignment]
+
+    return run, close
+
+
+async def _turnkit(latency: float, tmp: Path) -> tuple[RunOne, Callable[[], Awaitable[None]]]:
+    agent = Agent(model=_SlowModel(latency), tools=[add], skip_stages=frozenset({"anchor-plan"}))
+    runtime = SessionRuntime(
+        agent=agent, config=RuntimeConfig(database_url=f"sqlite:///{tmp / 'tk.db'}")
+    )
+    await runtime.open()
+    _GROUPS.append(getattr(runtime.store, "_group", None))
+
+    async def run(i: int, lags: list[float]) -> None:
+        async for event in runtime.execute_message(f"s-{i}", "What is 2 + 3?"):
+            _lag(event, lags)
+            if isinstance(event, DoneEvent) and event.status != "succeeded":
+                raise RuntimeError(f"benchmark turn ended {event.status}: {event.error_code}")
+
+    return run, runtime.close
+
+
+async def _turnkit_alone(latency: float, tmp: Path) -> tuple[RunOne, Callable[[], Awaitable[None]]]:
+    """turnkit with one transaction per commit, as before group commit."""
+    import turnkit.store._group_commit as group_commit
+
+    group_commit.MAX_BATCH = 1
+    return await _turnkit(latency, tmp)
+
+
+BUILDERS = {
+    "bare LangGraph": _langgraph,
+    "turnkit, SQLite": _turnkit,
+    "turnkit, SQLite, no group commit": _turnkit_alone,
+}
+
+
+async def one(name: str, turns: int, latency: float, sequential: int) -> dict[str, Any]:
+    """Measure one contender in this process."""
+    tmp = Path(tempfile.mkdtemp())
+    run, close = await BUILDERS[name](latency, tmp)
+    try:
+        for i in range(5):  # warm up
+            await run(10_000_000 + i, [])
+        gc.collect()
+        rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        cpu0 = time.process_time()
+        for i in range(sequential):
+            await run(20_000_000 + i, [])
+        sequential_cpu = (time.process_time() - cpu0) * 1000 / max(1, sequential)
+
+        lags: list[float] = []
+        durations: list[float] = []
+
+        async def timed(i: int) -> None:
+            t0 = time.perf_counter()
+            await run(i, lags)
+            durations.append((time.perf_counter() - t0) * 1000)
+
+        gc.collect()
+        group = _GROUPS[0] if _GROUPS else None
+        before = (group.committed, group.batches) if group is not None else (0, 0)
+        cpu0, wall0 = time.process_time(), time.perf_counter()
+        await asyncio.gather(*(timed(i) for i in range(turns)))
+        wall = time.perf_counter() - wall0
+        loaded_cpu = (time.process_time() - cpu0) * 1000 / turns
+        if group is not None:  # writes that went to the store's thread, per transaction there
+            committed, batches = group.committed - before[0], group.batches - before[1]
+            per_transaction = committed / batches if batches else 0.0
+        else:
+            per_transaction = None
+    finally:
+        await close()
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    durations.sort()
+    lags.sort()
+    return {
+        "name": name,
+        "turns": turns,
+        "turns_per_s": turns / wall,
+        "turn_p50_ms": statistics.median(durations),
+        "turn_p99_ms": durations[int(len(durations) * 0.99) - 1],
+        "cpu_ms_per_turn_loaded": loaded_cpu,
+        "cpu_ms_per_turn_sequential": sequential_cpu,
+        "cpu_loaded_over_sequential": loaded_cpu / sequential_cpu,
+        "event_lag_p50_ms": statistics.median(lags),
+        "event_lag_p99_ms": lags[int(len(lags) * 0.99) - 1],
+        "peak_rss_mib": peak / 1024,
+        "rss_growth_mib": (peak - rss_before) / 1024,
+        "thread_writes_per_transaction": per_transaction,
+    }
+
+
+def _spread(values: list[float]) -> str:
+    return f"{statistics.median(values):.2f} ({min(values):.2f}–{max(values):.2f})"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--turns", type=int, default=1000)
+    parser.add_argument("--latency", type=float, default=0.2)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--sequential", type=int, default=30)
+    parser.add_argument("--one", choices=CONTENDERS, help=argparse.SUPPRESS)
+    default_json = Path(__file__).parent / "results" / "concurrent_turns.json"
+    parser.add_argument("--json", default=str(default_json))
+    args = parser.parse_args()
+    if args.one:
+        result = asyncio.run(one(args.one, args.turns, args.latency, args.sequential))
+        print(json.dumps(result))
+        return
+
+    rounds: list[dict[str, dict[str, Any]]] = []
+    for r in range(args.rounds):
+        order = CONTENDERS[r % len(CONTENDERS) :] + CONTENDERS[: r % len(CONTENDERS)]
+        got: dict[str, dict[str, Any]] = {}
+        for name in order:
+            out = subprocess.run(
+                [sys.executable, __file__, "--one", name, "--turns", str(args.turns),
+                 "--latency", str(args.latency), "--sequential", str(args.sequential)],
+                check=True, capture_output=True, text=True, timeout=1800,
+            )  # fmt: skip
+            got[name] = json.loads(out.stdout.strip().splitlines()[-1])
+        rounds.append(got)
+        print(f"round {r + 1}: " + ", ".join(
+            f"{n} {got[n]['turns_per_s']:.0f} turns/s" for n in CONTENDERS
+        ))  # fmt: skip
+
+    metrics = ("turns_per_s", "turn_p50_ms", "turn_p99_ms", "cpu_ms_per_turn_loaded",
+               "cpu_ms_per_turn_sequential", "cpu_loaded_over_sequential", "event_lag_p50_ms",
+               "event_lag_p99_ms", "peak_rss_mib", "rss_growth_mib")  # fmt: skip
+    summary: dict[str, dict[str, Any]] = {}
+    for name in CONTENDERS:
+        summary[name] = {m: statistics.median(r[name][m] for r in rounds) for m in metrics}
+        summary[name]["throughput_vs_langgraph"] = [
+            r[name]["turns_per_s"] / r["bare LangGraph"]["turns_per_s"] for r in rounds
+        ]
+    print(f"\n{args.turns} turns at once, {args.latency:g} s per model call, "
+          f"median over {args.rounds} rounds")  # fmt: skip
+    header = ("contender", "turns/s", "× LangGraph", "p50 ms", "p99 ms", "CPU ms loaded",
+              "CPU ms alone", "loaded/alone", "lag p99 ms", "peak MiB")  # fmt: skip
+    print(" | ".join(header))
+    for name in CONTENDERS:
+        batched = [r[name]["thread_writes_per_transaction"] for r in rounds]
+        if all(b is not None for b in batched):
+            summary[name]["thread_writes_per_transaction"] = statistics.median(batched)
+    for name in CONTENDERS:
+        s = summary[name]
+        print(" | ".join([
+            name, f"{s['turns_per_s']:.0f}", _spread(s["throughput_vs_langgraph"]),
+            f"{s['turn_p50_ms']:.0f}", f"{s['turn_p99_ms']:.0f}",
+            f"{s['cpu_ms_per_turn_loaded']:.2f}", f"{s['cpu_ms_per_turn_sequential']:.2f}",
+            f"{s['cpu_loaded_over_sequential']:.2f}", f"{s['event_lag_p99_ms']:.0f}",
+            f"{s['peak_rss_mib']:.0f}",
+        ]))  # fmt: skip
+    _write(Path(args.json), {
+        "when": datetime.now(UTC).isoformat(),
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "turns": args.turns,
+        "latency_s": args.latency,
+        "rounds": rounds,
+        "summary": summary,
+    })  # fmt: skip
+
+
+def _write(out: Path, payload: dict[str, Any]) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(payload, indent=2))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
