@@ -7,15 +7,17 @@ import asyncio
 from collections.abc import AsyncIterator, Sequence
 
 from tests.conftest import RuntimeFactory
-from turnkit import Agent, tool
+from turnkit import Agent, RuntimeConfig, tool
 from turnkit.blocks import TextBlock, ToolResultBlock
 from turnkit.events import (
+    ApprovalRequestedEvent,
     InputGuidedEvent,
     MessageCompleteEvent,
     ToolStartedEvent,
     TurnStartedEvent,
 )
 from turnkit.ids import SessionId
+from turnkit.pauses import Approve
 from turnkit.plugins import Enrichment, Plugin, PluginContext
 from turnkit.testing import ModelStep, ScriptedModel, call
 
@@ -117,3 +119,27 @@ async def test_a_guide_the_turn_never_presented_gets_its_own_turn(
     assert (started.delivery, started.requested_delivery) == ("queue", "guide")
     assert [t.answer for t in await runtime.history("s1")] == ["First answer.", "Second."]
     assert await runtime.queue("s1") == []
+
+
+@tool(approval="always")
+async def wire(amount: int) -> str:
+    """Send money (needs approval)."""
+    return f"sent {amount}"
+
+
+async def test_an_answered_pause_leaves_the_pending_list_before_the_turn_goes_on(
+    runtime_factory: RuntimeFactory, database_url: str
+) -> None:
+    model = ScriptedModel([ModelStep.tool_call_reply(call("wire", amount=5))])
+    asking = runtime_factory(Agent(model=model, tools=[wire]))
+    events = [e async for e in asking.execute_message("s1", "pay 5")]
+    asked = next(e for e in events if isinstance(e, ApprovalRequestedEvent))
+    # A runtime that does not run turns itself: the answer is stored, nobody goes on yet.
+    config = RuntimeConfig(database_url=database_url, run_in_process=False)
+    answering = runtime_factory(Agent(model=model, tools=[wire]), config=config)
+    await answering.open()
+    assert [p.request_id for p in await answering.pending("s1")] == [asked.request_id]
+    await answering.resume(asked.turn_id, asked.request_id, Approve())
+    assert await answering.pending("s1") == []
+    [turn] = (await answering.view("s1")).turns
+    assert (turn.pending, turn.status) == (None, "running")

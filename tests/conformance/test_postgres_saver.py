@@ -167,3 +167,23 @@ async def test_a_thread_waiting_on_a_lock_holds_up_no_other_thread(saver: Any, s
         await asyncio.wait_for(stuck, 5)
     finally:
         await blocker.close()
+
+
+async def test_a_held_checkpoint_the_database_refuses_is_dropped_not_retried_forever(
+    saver: Any, schema: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.ERROR)
+    refused = _checkpoint(0) | {"channel_values": {"content": "nul \u0000 in jsonb"}}
+    await saver.aput(_config(), refused, {"source": "input", "step": -1}, {})
+    await saver.aput(_config(parent=0), _checkpoint(1), {"source": "loop", "step": 0}, {})
+    await saver.aput(_config(parent=1), _checkpoint(2), {"source": "loop", "step": 1}, {})
+    assert await _stored(schema) == (2, 0)  # the thread went on without the refused one
+    assert "dropped a held checkpoint of thread turn-1" in caplog.text
+
+
+async def test_two_writes_to_one_special_channel_in_a_call_keep_the_last(saver: Any) -> None:
+    await saver.aput(_config(), _checkpoint(1), {"source": "loop", "step": 0}, {})
+    await saver.aput_writes(_config(parent=1), [("__error__", "one"), ("__error__", "two")], "t")
+    found = await saver.aget_tuple({"configurable": {"thread_id": THREAD}})
+    assert found is not None
+    assert found.pending_writes == [("t", "__error__", "two")]

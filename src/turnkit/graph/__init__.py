@@ -7,6 +7,7 @@ synthesize: it runs once per turn, by structure.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Literal, TypedDict, cast
@@ -299,7 +300,7 @@ async def _open_postgres_checkpointer(
     dsn = "postgresql://" + database_url.split("://", 1)[1]
     settings = {"search_path": schema} if schema else None
     unreachable = (OSError, TimeoutError, asyncpg.PostgresConnectionError,
-                   asyncpg.CannotConnectNowError)  # fmt: skip
+                   asyncpg.CannotConnectNowError, asyncpg.InterfaceError)  # fmt: skip
     try:
         pool = await asyncpg.create_pool(
             dsn,
@@ -337,7 +338,10 @@ async def _open_postgres_checkpointer(
         try:
             await saver.aclose()
         finally:
-            await pool.close()
+            try:
+                await asyncio.wait_for(pool.close(), _CLOSE_WAIT_S)
+            except TimeoutError:  # a connection still busy (a cancelled turn's query)
+                pool.terminate()
 
     return saver, close
 
@@ -358,6 +362,8 @@ async def _take_setup_lock(conn: Any) -> None:
     )
 
 
+_CLOSE_WAIT_S = 5.0
+"""How long closing waits for checkpoint connections still in use before cutting them."""
 _SETUP_LOCK_POLL_S = 0.05
 _SETUP_LOCK_TRIES = 1200  # one minute
 

@@ -10,7 +10,9 @@ same), but runs them on an asyncpg pool, as the Store does, instead of psycopg:
   serialized in place (a turn's checkpoint is small: a thread hop cost more);
 - the writes the SQLite saver holds are held here too: a run's input checkpoint goes with
   the next checkpoint, and a task's plain writes are dropped when the next checkpoint of
-  the thread supersedes them (see `aput` and `aput_writes`).
+  the thread supersedes them (see `aput` and `aput_writes`). LangGraph reads those writes
+  only to run a thread again from that checkpoint, which turnkit never does, or to rebuild
+  a `DeltaChannel`, which `TurnState` does not have.
 
 Held writes belong to their thread: a read of the thread, or any write of it, stores them
 first, so the saver never answers from less than it was given. A connection the server
@@ -43,6 +45,9 @@ from langgraph.checkpoint.serde.types import _DeltaSnapshot
 __all__ = ("AsyncPgSaver", "prepare_connection")
 
 log = logging.getLogger(__name__)
+_LOST_CONNECTION = (OSError, asyncpg.PostgresConnectionError, asyncpg.CannotConnectNowError,
+                    asyncpg.exceptions.ConnectionDoesNotExistError)  # fmt: skip
+"""Failures of the connection, not of the write."""
 
 _PUT_CHECKPOINT = """
 WITH blobs AS (
@@ -229,6 +234,8 @@ class AsyncPgSaver(BasePostgresSaver):
                 kept,
             )
             special = all(channel in WRITES_IDX_MAP for channel, _ in kept)
+            if special:  # one row per index: the last write to a channel wins, as upstream
+                rows = list({row[5]: row for row in rows}.values())
             await conn.execute(
                 _UPSERT_WRITES if special else _INSERT_WRITES,
                 *rows[0][:5],
@@ -287,6 +294,9 @@ class AsyncPgSaver(BasePostgresSaver):
         limit: int | None = None,
     ) -> AsyncIterator[CheckpointTuple]:
         """Checkpoints, newest first, after what is held (for every thread if none)."""
+        if config is not None:
+            configurable = config["configurable"]
+            config = {"configurable": {**configurable, "thread_id": str(configurable["thread_id"])}}
         threads = [str(config["configurable"]["thread_id"])] if config else list(self._held)
         for thread_id in threads:
             await self._flush(thread_id)
@@ -371,15 +381,15 @@ async def _nothing(_conn: asyncpg.Connection) -> None:
 async def _write_held(conn: asyncpg.Connection, thread_id: str, held: _Held) -> None:
     """Write a held item; one that cannot be stored is dropped.
 
-    A value the serializer refuses fails before any SQL is sent. Raising would hold it
-    again and fail every later write of its thread, so it is logged and dropped instead:
-    losing it only means its task runs again after a crash. Database errors still fail
-    the write (and what is not yet stored stays held).
+    A value the serializer (or the database) refuses would be refused again: raising would
+    hold it again and fail every later write of its thread, so it is logged and dropped
+    instead; losing it only means its task runs again after a crash. A lost connection
+    fails the write, and what is not yet stored stays held.
     """
     try:
         await held.write(conn)
-    except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError):
-        raise
+    except _LOST_CONNECTION:
+        raise  # nothing is wrong with the write: it stays held and goes with the next
     except Exception:
         log.exception(
             "dropped a held %s of thread %s: it cannot be stored",

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from turnkit.blocks import Block, TextBlock
 from turnkit.events import Citation, Entity, Task
@@ -89,4 +89,20 @@ async def session_view(store: Store, records: Sequence[TurnRecord]) -> SessionVi
                 )
                 for seq, content, request_id in held
             ]
-    return project_session(turns, guides)
+    view = project_session(turns, guides)
+    # An answered pause waits for nothing, though the log shows nothing after it yet.
+    status = {r.turn_id: r.status for r in records}
+    answered = {
+        t.turn_id
+        for t in view.turns
+        if t.pending is not None and status.get(t.turn_id) not in PAUSED_STATES
+    }
+    if not answered:
+        return view
+    return replace(
+        view,
+        turns=tuple(
+            replace(t, pending=None, status=status[t.turn_id]) if t.turn_id in answered else t
+            for t in view.turns
+        ),
+    )

@@ -134,9 +134,9 @@ def commit(
     if transcript is not None:
         owner = (moved[1], moved[2]) if moved is not None and status is not None else None
         transcripts_sql.keep(conn, insert, turn_id, transcript, owner=owner)
-    unread_guides = guides_consumed_through is not None and newest_guide > guides_consumed_through
-    if unread_guides and status in TERMINAL_STATES:
-        assert guides_consumed_through is not None
+    if guides_consumed_through is not None and status in TERMINAL_STATES:
+        # Looked up again, not taken from `newest_guide`: on PostgreSQL a guide committed
+        # while this statement waited for the turn's row is not in its snapshot.
         requeued = requeue_guides(conn, turn_id, guides_consumed_through, clock.now())
     if pause is not None:
         session_id = conn.execute(_SESSION_OF, {"p_turn": turn_id}).scalar_one()

@@ -15,6 +15,7 @@ adds no latency at low load and fewer transactions at high load.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -22,6 +23,7 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from turnkit.errors import StoreError
 from turnkit.store._sqlite import SqliteConnection
 
 __all__ = ("MAX_BATCH", "GroupCommit")
@@ -76,25 +78,40 @@ class GroupCommit:
         return await future
 
     def _drain(self) -> None:
-        """On the thread: commit batches until the queue is empty."""
-        while True:
-            with self._lock:
-                if not self._queue:
-                    self._draining = False
-                    return
-                batch = [self._queue.popleft() for _ in range(min(len(self._queue), MAX_BATCH))]
+        """On the thread: commit one batch, then give the thread back.
+
+        Reads and WAL folds queued on the same thread run between two batches; the next
+        batch is queued behind them if writes are still waiting.
+        """
+        with self._lock:
+            batch = [self._queue.popleft() for _ in range(min(len(self._queue), MAX_BATCH))]
+        outcomes: list[Any] = []
+        try:
             outcomes = self._commit(batch)
+        finally:
+            if len(outcomes) != len(batch):  # `_commit` itself raised: not a database error
+                outcomes = [_Failed(RuntimeError("the store's write thread failed"))] * len(batch)
             self.batches += 1
             self.committed += len(batch)
-            by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Item, Any]]] = {}
-            for item, outcome in zip(batch, outcomes, strict=True):
-                by_loop.setdefault(item.loop, []).append((item, outcome))
-            for loop, settled in by_loop.items():
-                if not loop.is_closed():
-                    loop.call_soon_threadsafe(_settle, settled)
+            _hand_back(batch, outcomes)
+            with self._lock:
+                more = self._draining = bool(self._queue)
+            if more:
+                self._again()
+
+    def _again(self) -> None:
+        """Queue the next batch behind what else waits for the thread."""
+        try:
+            self._executor.submit(self._drain)
+        except RuntimeError:  # the thread is shut down: the store is closing
+            with self._lock:
+                rest = list(self._queue)
+                self._queue.clear()
+                self._draining = False
+            _hand_back(rest, [_Failed(StoreError("the store is closed"))] * len(rest))
 
     def _commit(self, batch: Sequence[_Item]) -> list[Any]:
-        """One transaction for the batch; each item's result or exception."""
+        """One transaction for the batch; each item's result or `_Failed`."""
         try:
             conn = self._connection()
             with conn.transaction(write=True):
@@ -102,15 +119,27 @@ class GroupCommit:
                     item = batch[0]
                     return [item.fn(conn, *item.args)]
                 return [_in_savepoint(conn, item) for item in batch]
-        except Exception as exc:  # noqa: BLE001 - the whole transaction failed: every caller hears it
-            return [_Failed(self._failed(exc))] * len(batch)
+        except Exception as exc:  # noqa: BLE001 - the whole transaction failed: all hear it
+            return [_Failed(self._failed(exc)) for _ in batch]
+
+
+def _hand_back(batch: Sequence[_Item], outcomes: Sequence[Any]) -> None:
+    """Send each caller its outcome on its own loop."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Item, Any]]] = {}
+    for item, outcome in zip(batch, outcomes, strict=True):
+        by_loop.setdefault(item.loop, []).append((item, outcome))
+    for loop, settled in by_loop.items():
+        with contextlib.suppress(RuntimeError):  # that loop closed meanwhile
+            loop.call_soon_threadsafe(_settle, settled)
 
 
 def _in_savepoint(conn: SqliteConnection, item: _Item) -> Any:
     conn.raw.execute("SAVEPOINT turnkit_group")
     try:
         result = item.fn(conn, *item.args)
-    except Exception as exc:  # noqa: BLE001 - handed to its caller
+    except Exception as exc:
+        if not conn.raw.in_transaction:  # SQLite rolled back everything (disk full, I/O)
+            raise
         conn.raw.execute("ROLLBACK TO turnkit_group")
         conn.raw.execute("RELEASE turnkit_group")
         return _Failed(exc)

@@ -151,7 +151,8 @@ async function send(text) {
     const turnId = await api.execute(sessionId, body);
     if (ui.sessionId !== sessionId || !turnId) return;
     update((s) => withTurn(s, turnId));
-    if (delivery === "guide") {
+    if (delivery === "guide" && turnId === live.turnId) {
+      // It joined the running turn (otherwise the server gave it a turn of its own).
       const guide = { requestId: body.requestId, inputSeq: null, content: text };
       update((s) => withGuide(s, turnId, guide));
     }

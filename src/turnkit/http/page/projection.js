@@ -38,7 +38,7 @@ export function emptyTurn(turnId, status = "running") {
     pending: null,
     answered: [],
     guides: [], // guide messages sent to this turn that it has not taken yet
-    taken: [], // request ids of the guide messages it took (`input.guided`)
+    taken: [], // the guide messages it took (`input.guided`): {requestId, inputSeq}
     answerKey: null,
     cost: null,
     errorCode: null,
@@ -85,8 +85,10 @@ export function withTurns(state, history) {
 /** A guide message the page sent to the live turn: queued on it until it is taken. */
 export function withGuide(state, turnId, guide) {
   const turn = state.turns[turnId];
-  if (!turn || isEnded(turn) || turn.taken.includes(guide.requestId)) return state;
-  if (turn.guides.some((g) => g.requestId === guide.requestId)) return state;
+  if (!turn || isEnded(turn)) return state;
+  if (turn.taken.some((t) => sameGuide(t, guide)) || turn.guides.some((g) => sameGuide(g, guide))) {
+    return state;
+  }
   return putTurn(state, { ...turn, guides: [...turn.guides, guide] });
 }
 
@@ -95,7 +97,7 @@ export function withQueue(state, items) {
   let next = state;
   for (const item of items) {
     if (item.delivery !== "guide") continue; // waiting turns are the session's own turns
-    const guide = { requestId: item.requestId, inputSeq: item.inputSeq, content: item.content };
+    const guide = { requestId: item.requestId ?? null, inputSeq: item.inputSeq, content: item.content };
     next = withGuide(withTurn(next, item.turnId), item.turnId, guide);
   }
   return next;
@@ -224,17 +226,15 @@ const FOLDERS = {
       attachments: (e.attachments ?? []).length,
       status: turn.done ? turn.status : "running",
     }),
-  "input.guided": (turn, e) =>
-    startSegment(
-      {
-        ...turn,
-        guides: turn.guides.filter((g) => g.requestId !== e.request_id || !e.request_id),
-        taken: e.request_id ? [...turn.taken, e.request_id] : turn.taken,
-      },
+  "input.guided": (turn, e) => {
+    const took = { requestId: e.request_id ?? null, inputSeq: e.input_seq };
+    return startSegment(
+      { ...turn, guides: turn.guides.filter((g) => !sameGuide(g, took)), taken: [...turn.taken, took] },
       e.input_seq,
       e.content,
       {},
-    ),
+    );
+  },
   "step.start": (turn, e) => ({ ...turn, stage: e.step }),
   "message.delta": (turn, e) => draftText(turn, e.block_id, (text) => text + e.text),
   "message.snapshot": (turn, e) => draftText(turn, e.block_id, () => e.text),
@@ -409,6 +409,12 @@ function waitingStatus(kind) {
 function askFor(turn, pending) {
   if (turn.answered.includes(pending.requestId) || turn.done) return turn;
   return { ...turn, pending, status: waitingStatus(pending.kind) };
+}
+
+/** The same guide message: by its input seq when both know it, else by its request id. */
+function sameGuide(a, b) {
+  if (a.inputSeq != null && b.inputSeq != null) return a.inputSeq === b.inputSeq;
+  return a.requestId != null && a.requestId === b.requestId;
 }
 
 function startSegment(turn, inputSeq, content, extra) {
