@@ -45,7 +45,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 # The turn-overhead benchmark's turn (run as a script, this folder is on the path).
 import turn_overhead
-from turn_overhead import _langgraph_graph, _reply, add
+from turn_overhead import _langgraph_graph, _reply, add, write_json
 from turnkit import Agent, RuntimeConfig, SessionRuntime
 from turnkit.events import DoneEvent
 from turnkit.models import ModelChunk, ModelRequest
@@ -258,7 +258,7 @@ def main() -> None:
             f"{s['cpu_loaded_over_sequential']:.2f}", f"{s['event_lag_p99_ms']:.0f}",
             f"{s['peak_rss_mib']:.0f}",
         ]))  # fmt: skip
-    _write(Path(args.json), {
+    write_json(Path(args.json), {
         "when": datetime.now(UTC).isoformat(),
         "python": platform.python_version(),
         "cpus": os.cpu_count(),
@@ -267,12 +267,6 @@ def main() -> None:
         "rounds": rounds,
         "summary": summary,
     })  # fmt: skip
-
-
-def _write(out: Path, payload: dict[str, Any]) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(payload, indent=2))
-    print(f"wrote {out}")
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
-import json
 import os
 import platform
 import statistics
@@ -38,7 +37,7 @@ import turnkit.runtime as runtime_module
 
 # The same tool-using turn the turn-overhead benchmark measures (run as a script, this
 # folder is on the path).
-from turn_overhead import ANSWER, _reply, add
+from turn_overhead import ANSWER, _reply, add, write_json
 from turnkit import Agent, RuntimeConfig, SessionRuntime
 from turnkit.events import DoneEvent, MessageCompleteEvent
 from turnkit.testing import ModelStep, ScriptedModel
@@ -184,7 +183,7 @@ async def main() -> None:
             f"{row['cpu_ms_per_turn']:>8.2f} {row['x_sqlite_median']:>9.2f} "
             f"{row['x_sqlite_cpu']:>7.2f} {commits:>8} {rollbacks:>9}"
         )
-    _write(Path(args.json), {
+    write_json(Path(args.json), {
         "when": datetime.now(UTC).isoformat(),
         "python": platform.python_version(),
         "cpus": os.cpu_count(),
@@ -192,12 +191,6 @@ async def main() -> None:
         "rounds": args.rounds,
         "results": rows,
     })  # fmt: skip
-
-
-def _write(out: Path, payload: dict[str, Any]) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(payload, indent=2))
-    print(f"wrote {out}")
 
 
 if __name__ == "__main__":

@@ -527,5 +527,12 @@ def _write(out: Path, results: list[dict[str, Any]], loaded: list[dict[str, Any]
     out.write_text(json.dumps(payload, indent=2))
 
 
+def write_json(out: Path, payload: dict[str, Any]) -> None:
+    """Write a benchmark's results (the scripts that reuse this turn write theirs here too)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(payload, indent=2))
+    print(f"wrote {out}")
+
+
 if __name__ == "__main__":
     asyncio.run(main())

@@ -19,28 +19,9 @@ from typing import Any
 
 import pytest
 from tests.helpers import LoopTicker
+from tests.support.checkpoints import THREAD, checkpoint, config
 
 from turnkit.graph import open_checkpointer
-
-THREAD = "turn-1"
-
-
-def _checkpoint(n: int) -> Any:
-    return {
-        "v": 4,
-        "id": f"1f0a0000-0000-6000-8000-{n:012d}",
-        "ts": "2026-05-01T12:00:00+00:00",
-        "channel_values": {"content": f"state {n}"},
-        "channel_versions": {"content": n + 1},
-        "versions_seen": {},
-    }
-
-
-def _config(parent: int | None = None) -> Any:
-    conf: dict[str, Any] = {"thread_id": THREAD, "checkpoint_ns": ""}
-    if parent is not None:
-        conf["checkpoint_id"] = _checkpoint(parent)["id"]
-    return {"configurable": conf}
 
 
 def _stored(path: Path) -> tuple[int, int]:
@@ -65,23 +46,23 @@ async def saver(tmp_path: Path) -> AsyncIterator[Any]:
 
 async def test_the_input_checkpoint_lands_with_the_next_one(saver: Any, tmp_path: Path) -> None:
     db = tmp_path / "tk.checkpoints.db"
-    await saver.aput(_config(), _checkpoint(0), {"source": "input", "step": -1}, {})
+    await saver.aput(config(), checkpoint(0), {"source": "input", "step": -1}, {})
     assert _stored(db) == (0, 0)  # held: nothing has run from it yet
-    await saver.aput(_config(parent=0), _checkpoint(1), {"source": "loop", "step": 0}, {})
+    await saver.aput(config(parent=0), checkpoint(1), {"source": "loop", "step": 0}, {})
     assert _stored(db) == (2, 0)
     history = [t async for t in saver.alist({"configurable": {"thread_id": THREAD}})]
-    assert [t.checkpoint["id"] for t in history] == [_checkpoint(1)["id"], _checkpoint(0)["id"]]
+    assert [t.checkpoint["id"] for t in history] == [checkpoint(1)["id"], checkpoint(0)["id"]]
     assert history[0].parent_config is not None
-    assert history[0].parent_config["configurable"]["checkpoint_id"] == _checkpoint(0)["id"]
+    assert history[0].parent_config["configurable"]["checkpoint_id"] == checkpoint(0)["id"]
 
 
 async def test_task_writes_a_newer_checkpoint_holds_are_not_stored(
     saver: Any, tmp_path: Path
 ) -> None:
     db = tmp_path / "tk.checkpoints.db"
-    await saver.aput(_config(), _checkpoint(1), {"source": "loop", "step": 0}, {})
-    await saver.aput_writes(_config(parent=1), [("content", "next")], "task-a")
-    await saver.aput(_config(parent=1), _checkpoint(2), {"source": "loop", "step": 1}, {})
+    await saver.aput(config(), checkpoint(1), {"source": "loop", "step": 0}, {})
+    await saver.aput_writes(config(parent=1), [("content", "next")], "task-a")
+    await saver.aput(config(parent=1), checkpoint(2), {"source": "loop", "step": 1}, {})
     assert _stored(db) == (2, 0)
     found = await saver.aget_tuple({"configurable": {"thread_id": THREAD}})
     assert found is not None
@@ -91,10 +72,10 @@ async def test_task_writes_a_newer_checkpoint_holds_are_not_stored(
 
 async def test_pending_writes_of_the_newest_checkpoint_are_kept(saver: Any, tmp_path: Path) -> None:
     db = tmp_path / "tk.checkpoints.db"
-    await saver.aput(_config(), _checkpoint(1), {"source": "loop", "step": 0}, {})
-    await saver.aput_writes(_config(parent=1), [("content", "done")], "task-a")
+    await saver.aput(config(), checkpoint(1), {"source": "loop", "step": 0}, {})
+    await saver.aput_writes(config(parent=1), [("content", "done")], "task-a")
     # a sibling task fails: LangGraph's error write goes at once, the held write with it
-    await saver.aput_writes(_config(parent=1), [("__error__", "boom")], "task-b")
+    await saver.aput_writes(config(parent=1), [("__error__", "boom")], "task-b")
     assert _stored(db) == (1, 2)
     found = await saver.aget_tuple({"configurable": {"thread_id": THREAD}})
     assert found is not None
@@ -105,8 +86,8 @@ async def test_pending_writes_of_the_newest_checkpoint_are_kept(saver: Any, tmp_
 
 
 async def test_a_read_sees_writes_still_held(saver: Any) -> None:
-    await saver.aput(_config(), _checkpoint(1), {"source": "loop", "step": 0}, {})
-    await saver.aput_writes(_config(parent=1), [("content", "pending")], "task-a")
+    await saver.aput(config(), checkpoint(1), {"source": "loop", "step": 0}, {})
+    await saver.aput_writes(config(parent=1), [("content", "pending")], "task-a")
     found = await saver.aget_tuple({"configurable": {"thread_id": THREAD}})
     assert found is not None
     assert found.pending_writes == [("task-a", "content", "pending")]
@@ -119,13 +100,13 @@ class _NotStorable:
 async def test_a_held_write_that_cannot_be_stored_blocks_no_other_turn(
     saver: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
-    await saver.aput(_config(), _checkpoint(1), {"source": "loop", "step": 0}, {})
-    await saver.aput_writes(_config(parent=1), [("content", _NotStorable())], "task-a")
+    await saver.aput(config(), checkpoint(1), {"source": "loop", "step": 0}, {})
+    await saver.aput_writes(config(parent=1), [("content", _NotStorable())], "task-a")
     other: Any = {"configurable": {"thread_id": "turn-2", "checkpoint_ns": ""}}
-    await saver.aput(other, _checkpoint(5), {"source": "loop", "step": 0}, {})
+    await saver.aput(other, checkpoint(5), {"source": "loop", "step": 0}, {})
     found = await saver.aget_tuple({"configurable": {"thread_id": "turn-2"}})
     assert found is not None
-    assert found.checkpoint["id"] == _checkpoint(5)["id"]
+    assert found.checkpoint["id"] == checkpoint(5)["id"]
     assert "dropped a held task write of thread turn-1" in caplog.text
 
 
@@ -135,7 +116,7 @@ async def test_a_read_waiting_on_the_thread_leaves_the_loop_no_lock_wait(tmp_pat
     process's lock. The write waits on the thread instead, and the loop keeps running."""
     saver, close = await open_checkpointer(f"sqlite:///{tmp_path / 'tk.db'}")
     try:
-        await saver.aput(_config(), _checkpoint(1), {"source": "loop", "step": 0}, {})
+        await saver.aput(config(), checkpoint(1), {"source": "loop", "step": 0}, {})
         plain_get_tuple = saver.get_tuple
 
         def slow_on_the_thread(config: Any) -> Any:
@@ -163,7 +144,7 @@ async def test_a_read_waiting_on_the_thread_leaves_the_loop_no_lock_wait(tmp_pat
         releaser.start()
         async with LoopTicker() as ticker:
             started = time.perf_counter()
-            await saver.aput(_config(parent=1), _checkpoint(2), {"source": "loop", "step": 1}, {})
+            await saver.aput(config(parent=1), checkpoint(2), {"source": "loop", "step": 1}, {})
             elapsed = time.perf_counter() - started
         await read
         releaser.join()
@@ -181,7 +162,7 @@ async def test_an_in_memory_url_keeps_checkpoints_in_memory(
     monkeypatch.chdir(tmp_path)
     saver, close = await open_checkpointer(url)
     try:
-        await saver.aput(_config(), _checkpoint(1), {"source": "loop", "step": 0}, {})
+        await saver.aput(config(), checkpoint(1), {"source": "loop", "step": 0}, {})
         assert await saver.aget_tuple({"configurable": {"thread_id": THREAD}}) is not None
     finally:
         await close()

@@ -15,28 +15,9 @@ from typing import Any
 import asyncpg
 import pytest
 from tests.conftest import POSTGRES_URL, require_service
+from tests.support.checkpoints import THREAD, checkpoint, config
 
 from turnkit.graph import open_checkpointer
-
-THREAD = "turn-1"
-
-
-def _checkpoint(n: int) -> Any:
-    return {
-        "v": 4,
-        "id": f"1f0a0000-0000-6000-8000-{n:012d}",
-        "ts": "2026-05-01T12:00:00+00:00",
-        "channel_values": {"content": f"state {n}"},
-        "channel_versions": {"content": n + 1},
-        "versions_seen": {},
-    }
-
-
-def _config(parent: int | None = None, thread: str = THREAD) -> Any:
-    conf: dict[str, Any] = {"thread_id": thread, "checkpoint_ns": ""}
-    if parent is not None:
-        conf["checkpoint_id"] = _checkpoint(parent)["id"]
-    return {"configurable": conf}
 
 
 @pytest.fixture
@@ -73,20 +54,20 @@ async def _stored(schema: str) -> tuple[int, int]:
 
 
 async def test_the_input_checkpoint_lands_with_the_next_one(saver: Any, schema: str) -> None:
-    await saver.aput(_config(), _checkpoint(0), {"source": "input", "step": -1}, {})
+    await saver.aput(config(), checkpoint(0), {"source": "input", "step": -1}, {})
     assert await _stored(schema) == (0, 0)  # held: nothing has run from it yet
-    await saver.aput(_config(parent=0), _checkpoint(1), {"source": "loop", "step": 0}, {})
+    await saver.aput(config(parent=0), checkpoint(1), {"source": "loop", "step": 0}, {})
     assert await _stored(schema) == (2, 0)
     history = [t async for t in saver.alist({"configurable": {"thread_id": THREAD}})]
-    assert [t.checkpoint["id"] for t in history] == [_checkpoint(1)["id"], _checkpoint(0)["id"]]
+    assert [t.checkpoint["id"] for t in history] == [checkpoint(1)["id"], checkpoint(0)["id"]]
     assert history[0].parent_config is not None
-    assert history[0].parent_config["configurable"]["checkpoint_id"] == _checkpoint(0)["id"]
+    assert history[0].parent_config["configurable"]["checkpoint_id"] == checkpoint(0)["id"]
 
 
 async def test_task_writes_a_newer_checkpoint_holds_are_not_stored(saver: Any, schema: str) -> None:
-    await saver.aput(_config(), _checkpoint(1), {"source": "loop", "step": 0}, {})
-    await saver.aput_writes(_config(parent=1), [("content", "next")], "task-a")
-    await saver.aput(_config(parent=1), _checkpoint(2), {"source": "loop", "step": 1}, {})
+    await saver.aput(config(), checkpoint(1), {"source": "loop", "step": 0}, {})
+    await saver.aput_writes(config(parent=1), [("content", "next")], "task-a")
+    await saver.aput(config(parent=1), checkpoint(2), {"source": "loop", "step": 1}, {})
     assert await _stored(schema) == (2, 0)
     found = await saver.aget_tuple({"configurable": {"thread_id": THREAD}})
     assert found is not None
@@ -95,10 +76,10 @@ async def test_task_writes_a_newer_checkpoint_holds_are_not_stored(saver: Any, s
 
 
 async def test_langgraphs_own_writes_go_at_once_with_what_is_held(saver: Any, schema: str) -> None:
-    await saver.aput(_config(), _checkpoint(1), {"source": "loop", "step": 0}, {})
-    await saver.aput_writes(_config(parent=1), [("content", "done")], "task-a")
+    await saver.aput(config(), checkpoint(1), {"source": "loop", "step": 0}, {})
+    await saver.aput_writes(config(parent=1), [("content", "done")], "task-a")
     # a sibling task fails: LangGraph's error write goes at once, the held write with it
-    await saver.aput_writes(_config(parent=1), [("__error__", "boom")], "task-b")
+    await saver.aput_writes(config(parent=1), [("__error__", "boom")], "task-b")
     assert await _stored(schema) == (1, 2)
     found = await saver.aget_tuple({"configurable": {"thread_id": THREAD}})
     assert found is not None
@@ -109,8 +90,8 @@ async def test_langgraphs_own_writes_go_at_once_with_what_is_held(saver: Any, sc
 
 
 async def test_a_read_sees_writes_still_held(saver: Any) -> None:
-    await saver.aput(_config(), _checkpoint(1), {"source": "loop", "step": 0}, {})
-    await saver.aput_writes(_config(parent=1), [("content", "pending")], "task-a")
+    await saver.aput(config(), checkpoint(1), {"source": "loop", "step": 0}, {})
+    await saver.aput_writes(config(parent=1), [("content", "pending")], "task-a")
     found = await saver.aget_tuple({"configurable": {"thread_id": THREAD}})
     assert found is not None
     assert found.pending_writes == [("task-a", "content", "pending")]
@@ -118,7 +99,7 @@ async def test_a_read_sees_writes_still_held(saver: Any) -> None:
 
 async def test_closing_stores_what_is_held(schema: str) -> None:
     opened, close = await open_checkpointer(POSTGRES_URL, schema=schema)
-    await opened.aput(_config(), _checkpoint(0), {"source": "input", "step": -1}, {})
+    await opened.aput(config(), checkpoint(0), {"source": "input", "step": -1}, {})
     assert await _stored(schema) == (0, 0)
     await close()
     assert await _stored(schema) == (1, 0)
@@ -132,18 +113,18 @@ async def test_a_held_write_that_cannot_be_stored_is_dropped_not_retried_forever
     saver: Any, schema: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.ERROR)
-    await saver.aput(_config(), _checkpoint(1), {"source": "loop", "step": 0}, {})
-    await saver.aput_writes(_config(parent=1), [("content", _NotStorable())], "task-a")
-    await saver.aput_writes(_config(parent=1), [("__error__", "boom")], "task-b")
-    await saver.aput(_config(parent=1), _checkpoint(2), {"source": "loop", "step": 1}, {})
+    await saver.aput(config(), checkpoint(1), {"source": "loop", "step": 0}, {})
+    await saver.aput_writes(config(parent=1), [("content", _NotStorable())], "task-a")
+    await saver.aput_writes(config(parent=1), [("__error__", "boom")], "task-b")
+    await saver.aput(config(parent=1), checkpoint(2), {"source": "loop", "step": 1}, {})
     assert await _stored(schema) == (2, 1)  # the thread went on; only the error write is kept
     assert "dropped a held task write of thread turn-1" in caplog.text
 
 
 async def test_a_thread_waiting_on_a_lock_holds_up_no_other_thread(saver: Any, schema: str) -> None:
-    await saver.aput(_config(), _checkpoint(1), {"source": "loop", "step": 0}, {})
-    other = _config(thread="turn-2")
-    await saver.aput(other, _checkpoint(5), {"source": "loop", "step": 0}, {})
+    await saver.aput(config(), checkpoint(1), {"source": "loop", "step": 0}, {})
+    other = config(thread="turn-2")
+    await saver.aput(other, checkpoint(5), {"source": "loop", "step": 0}, {})
     blocker = await asyncpg.connect(POSTGRES_URL)
     try:
         tx = blocker.transaction()
@@ -152,17 +133,17 @@ async def test_a_thread_waiting_on_a_lock_holds_up_no_other_thread(saver: Any, s
             f'SELECT 1 FROM "{schema}".checkpoints WHERE thread_id = $1 FOR UPDATE', THREAD
         )
         stuck = asyncio.create_task(
-            saver.aput(_config(parent=1), _checkpoint(1), {"source": "loop", "step": 0}, {})
+            saver.aput(config(parent=1), checkpoint(1), {"source": "loop", "step": 0}, {})
         )
         await asyncio.sleep(0.2)
         assert not stuck.done()
         async with asyncio.timeout(5):  # the other thread is served meanwhile
             found = await saver.aget_tuple({"configurable": {"thread_id": "turn-2"}})
             await saver.aput(
-                _config(parent=5, thread="turn-2"), _checkpoint(6), {"source": "loop"}, {}
+                config(parent=5, thread="turn-2"), checkpoint(6), {"source": "loop"}, {}
             )
         assert found is not None
-        assert found.checkpoint["id"] == _checkpoint(5)["id"]
+        assert found.checkpoint["id"] == checkpoint(5)["id"]
         await tx.rollback()
         await asyncio.wait_for(stuck, 5)
     finally:
@@ -173,17 +154,17 @@ async def test_a_held_checkpoint_the_database_refuses_is_dropped_not_retried_for
     saver: Any, schema: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.ERROR)
-    refused = _checkpoint(0) | {"channel_values": {"content": "nul \u0000 in jsonb"}}
-    await saver.aput(_config(), refused, {"source": "input", "step": -1}, {})
-    await saver.aput(_config(parent=0), _checkpoint(1), {"source": "loop", "step": 0}, {})
-    await saver.aput(_config(parent=1), _checkpoint(2), {"source": "loop", "step": 1}, {})
+    refused = checkpoint(0) | {"channel_values": {"content": "nul \u0000 in jsonb"}}
+    await saver.aput(config(), refused, {"source": "input", "step": -1}, {})
+    await saver.aput(config(parent=0), checkpoint(1), {"source": "loop", "step": 0}, {})
+    await saver.aput(config(parent=1), checkpoint(2), {"source": "loop", "step": 1}, {})
     assert await _stored(schema) == (2, 0)  # the thread went on without the refused one
     assert "dropped a held checkpoint of thread turn-1" in caplog.text
 
 
 async def test_two_writes_to_one_special_channel_in_a_call_keep_the_last(saver: Any) -> None:
-    await saver.aput(_config(), _checkpoint(1), {"source": "loop", "step": 0}, {})
-    await saver.aput_writes(_config(parent=1), [("__error__", "one"), ("__error__", "two")], "t")
+    await saver.aput(config(), checkpoint(1), {"source": "loop", "step": 0}, {})
+    await saver.aput_writes(config(parent=1), [("__error__", "one"), ("__error__", "two")], "t")
     found = await saver.aget_tuple({"configurable": {"thread_id": THREAD}})
     assert found is not None
     assert found.pending_writes == [("t", "__error__", "two")]

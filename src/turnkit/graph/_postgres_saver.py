@@ -22,7 +22,6 @@ closed is replaced by the pool when it is next acquired.
 from __future__ import annotations
 
 import json
-import logging
 from collections import defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -42,9 +41,10 @@ from langgraph.checkpoint.base import (
 from langgraph.checkpoint.postgres.base import BasePostgresSaver
 from langgraph.checkpoint.serde.types import _DeltaSnapshot
 
+from turnkit.graph._held import log_dropped, supersedable
+
 __all__ = ("AsyncPgSaver", "prepare_connection")
 
-log = logging.getLogger(__name__)
 _LOST_CONNECTION = (OSError, asyncpg.PostgresConnectionError, asyncpg.CannotConnectNowError,
                     asyncpg.exceptions.ConnectionDoesNotExistError)  # fmt: skip
 """Failures of the connection, not of the write."""
@@ -73,9 +73,15 @@ _UPSERT_WRITES = _PUT_WRITES.format(
     "UPDATE SET channel = EXCLUDED.channel, type = EXCLUDED.type, blob = EXCLUDED.blob"
 )
 _INSERT_WRITES = _PUT_WRITES.format("NOTHING")
-_PENDING_SENDS = BasePostgresSaver.SELECT_PENDING_SENDS_SQL.replace("%s", "$1", 1).replace(
-    "any(%s)", "any($2)"
-)
+
+
+def _numbered(sql: str) -> str:
+    """Turn psycopg's `%s` placeholders into asyncpg's `$1`, `$2`, and so on."""
+    parts = sql.split("%s")
+    return "".join(f"{part}${i}" for i, part in enumerate(parts[:-1], start=1)) + parts[-1]
+
+
+_PENDING_SENDS = _numbered(BasePostgresSaver.SELECT_PENDING_SENDS_SQL)
 
 
 async def prepare_connection(conn: asyncpg.Connection) -> None:
@@ -146,20 +152,17 @@ class AsyncPgSaver(BasePostgresSaver):
         checkpoint. A run's input checkpoint (`source: input`) is held for the next write,
         which comes right after it (the START task's checkpoint).
         """
-        configurable = config["configurable"]
-        thread_id = str(configurable["thread_id"])
-        checkpoint_ns = str(configurable.get("checkpoint_ns", ""))
-        parent = configurable.get("checkpoint_id")
+        args = self._checkpoint_args(config, checkpoint, metadata, new_versions)
+        thread_id, checkpoint_ns, checkpoint_id, parent = args[:4]
         mine = self._held.get(thread_id, [])
         mine[:] = [h for h in mine if h.is_checkpoint or h.checkpoint_id != parent]
         saved: RunnableConfig = {
             "configurable": {
                 "thread_id": thread_id,
                 "checkpoint_ns": checkpoint_ns,
-                "checkpoint_id": checkpoint["id"],
+                "checkpoint_id": checkpoint_id,
             }
         }
-        args = self._checkpoint_args(config, checkpoint, metadata, new_versions)
 
         async def put(conn: asyncpg.Connection) -> RunnableConfig:
             await conn.execute(_PUT_CHECKPOINT, *args)
@@ -177,7 +180,10 @@ class AsyncPgSaver(BasePostgresSaver):
         metadata: CheckpointMetadata,
         new_versions: ChannelVersions,
     ) -> tuple[Any, ...]:
-        """`_PUT_CHECKPOINT`'s arguments: values inline, others as blobs (as LangGraph does)."""
+        """`_PUT_CHECKPOINT`'s arguments: values inline, others as blobs (as LangGraph does).
+
+        The first four: thread id, namespace, checkpoint id, parent checkpoint id.
+        """
         configurable = config["configurable"]
         thread_id = str(configurable["thread_id"])
         checkpoint_ns = str(configurable.get("checkpoint_ns", ""))
@@ -212,13 +218,9 @@ class AsyncPgSaver(BasePostgresSaver):
         task_id: str,
         task_path: str = "",
     ) -> None:
-        """Store a task's writes: plain ones are held; LangGraph's own go now.
+        """Store a task's writes: plain ones are held, LangGraph's own go now.
 
-        A write on a LangGraph-internal channel (an interrupt, a resume value, an error)
-        must be durable before the run stops, so it is written at once, after what the
-        thread holds. A plain write waits for the next checkpoint, which supersedes it: a
-        write lost to a crash only means the task runs again, and turnkit's journal makes
-        a re-run repeat nothing.
+        Held writes wait for the next checkpoint; see `turnkit.graph._held`.
         """
         configurable = config["configurable"]
         thread_id = str(configurable["thread_id"])
@@ -247,7 +249,7 @@ class AsyncPgSaver(BasePostgresSaver):
 
         if not kept:
             return
-        if all(not channel.startswith("__") for channel, _ in kept):
+        if supersedable(kept):
             checkpoint_id = configurable.get("checkpoint_id")
             self._held.setdefault(thread_id, []).append(_Held(checkpoint_id, False, put))
             return
@@ -368,31 +370,18 @@ class AsyncPgSaver(BasePostgresSaver):
         )
 
 
-def _numbered(where: str) -> str:
-    """Turn psycopg's `%s` placeholders into asyncpg's `$1`, `$2`, and so on."""
-    parts = where.split("%s")
-    return "".join(f"{part}${i}" for i, part in enumerate(parts[:-1], start=1)) + parts[-1]
-
-
 async def _nothing(_conn: asyncpg.Connection) -> None:
     return None
 
 
 async def _write_held(conn: asyncpg.Connection, thread_id: str, held: _Held) -> None:
-    """Write a held item; one that cannot be stored is dropped.
+    """Write a held item; one the serializer or the database refuses is dropped.
 
-    A value the serializer (or the database) refuses would be refused again: raising would
-    hold it again and fail every later write of its thread, so it is logged and dropped
-    instead; losing it only means its task runs again after a crash. A lost connection
-    fails the write, and what is not yet stored stays held.
+    See `turnkit.graph._held`. A lost connection fails the write, and it stays held.
     """
     try:
         await held.write(conn)
     except _LOST_CONNECTION:
         raise  # nothing is wrong with the write: it stays held and goes with the next
-    except Exception:
-        log.exception(
-            "dropped a held %s of thread %s: it cannot be stored",
-            "checkpoint" if held.is_checkpoint else "task write",
-            thread_id,
-        )
+    except Exception:  # noqa: BLE001 - logged with its traceback by log_dropped
+        log_dropped(thread_id, is_checkpoint=held.is_checkpoint)

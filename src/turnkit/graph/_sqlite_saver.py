@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import sqlite3
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
@@ -33,13 +32,13 @@ from langgraph.checkpoint.base import (
 )
 from langgraph.checkpoint.sqlite import SqliteSaver
 
+from turnkit.graph._held import log_dropped, supersedable
 from turnkit.store._folds import WalFolds
 from turnkit.store._sqlite import is_busy, tune
 
 __all__ = ("ThreadedSqliteSaver",)
 
 T = TypeVar("T")
-log = logging.getLogger(__name__)
 _WAIT_MS = 30_000
 """How long the saver's thread waits for the write lock."""
 _FOLD_EVERY = 256
@@ -62,12 +61,8 @@ def _write_held(saver: SqliteSaver, held: _Deferred) -> None:
         held.write(saver)
     except sqlite3.Error:
         raise
-    except Exception:
-        log.exception(
-            "dropped a held %s of thread %s: it cannot be stored",
-            "checkpoint" if held.is_checkpoint else "task write",
-            held.thread_id,
-        )
+    except Exception:  # noqa: BLE001 - logged with its traceback by log_dropped
+        log_dropped(held.thread_id, is_checkpoint=held.is_checkpoint)
 
 
 class _Deferred:
@@ -340,7 +335,7 @@ class ThreadedSqliteSaver(SqliteSaver):
         crash only means the task runs again, and turnkit's journal makes a re-run repeat
         nothing.
         """
-        if all(not channel.startswith("__") for channel, _ in writes):
+        if supersedable(writes):
             held = _Deferred.task_writes(config, list(writes), task_id, task_path)
             with self._deferred_lock:
                 self._deferred.append(held)

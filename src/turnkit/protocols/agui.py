@@ -479,12 +479,16 @@ async def _refuse_when_paused(runtime: SessionRuntime, thread_id: str, run_id: s
 async def _find_request(
     runtime: SessionRuntime, thread_id: str, request_id: str
 ) -> tuple[TurnRecord, PendingDecision]:
-    """The turn of the thread that asked `request_id` (answered or not), newest first."""
-    view = await runtime.view(thread_id, ended=True)
-    for turn in reversed(view.turns):
-        for decision in turn.decisions:
-            if decision.request_id == request_id:
-                return await runtime.turn(turn.turn_id), decision
+    """The turn of the thread that asked `request_id` (answered or not), newest first.
+
+    Turns that have not ended are read first: a resume almost always names one of them.
+    """
+    for ended in (False, True):
+        view = await runtime.view(thread_id, ended=ended)
+        for turn in reversed(view.turns):
+            for decision in turn.decisions:
+                if decision.request_id == request_id:
+                    return await runtime.turn(turn.turn_id), decision
     raise PauseNotFoundError(
         f"thread {thread_id!r} has no interrupt {request_id!r}", request_id=request_id
     )

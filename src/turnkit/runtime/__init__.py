@@ -39,12 +39,12 @@ from turnkit.models.family import ModelFamily, resolve_family
 from turnkit.models.litellm import ModelEndpoint
 from turnkit.pauses import Resolution
 from turnkit.plugins import Plugin, discover_plugins, validate_plugins
-from turnkit.projection import PendingDecision, QueuedInput, SessionView, TurnView, project
+from turnkit.projection import PendingDecision, QueuedInput, SessionView, TurnView
 from turnkit.replay import ReplayBuffer
 from turnkit.replay.memory import InMemoryReplayBuffer
 from turnkit.runtime._cancel import CancelToken
 from turnkit.runtime._held import HeldTranscripts
-from turnkit.runtime._history import TurnHistory, session_view, turn_history
+from turnkit.runtime._history import TurnHistory, session_view, turn_history, turn_view
 from turnkit.runtime._host import TurnHost
 from turnkit.runtime._runner import Pinned, TurnRunner, pinned_config
 from turnkit.runtime._validate import (
@@ -70,7 +70,6 @@ from turnkit.store import (
     Store,
     Submission,
     TurnRecord,
-    readable_events,
 )
 from turnkit.store.migrate import head_revision
 from turnkit.store.sql import SqlStore
@@ -854,10 +853,7 @@ class SessionRuntime:
         Raises:
             TurnNotFoundError: there is no such turn.
         """
-        record = await self.turn(turn_id)
-        return project(
-            record.turn_id, await readable_events(self.store.read_events(record.turn_id))
-        )
+        return await turn_view(self.store, await self.turn(turn_id))
 
     async def pending(self, session_id: str) -> list[PendingDecision]:
         """The approvals and questions a session's paused turns wait for, oldest first.

@@ -10,13 +10,14 @@ from turnkit.projection import (
     PendingDecision,
     QueuedInput,
     SessionView,
+    TurnView,
     project,
     project_session,
 )
 from turnkit.states import PAUSED_STATES, TERMINAL_STATES, TurnStatus
 from turnkit.store import Store, TurnRecord, readable_events
 
-__all__ = ("TurnHistory", "session_view", "turn_history")
+__all__ = ("TurnHistory", "session_view", "turn_history", "turn_view")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -53,15 +54,20 @@ class TurnHistory:
         return None
 
 
+async def turn_view(store: Store, record: TurnRecord) -> TurnView:
+    """A turn's projection, as its stored status has it (see `_as_stored`)."""
+    view = project(record.turn_id, await readable_events(store.read_events(record.turn_id)))
+    return _as_stored(view, record.status)
+
+
 async def turn_history(store: Store, turn: TurnRecord) -> TurnHistory:
     """A turn's committed blocks."""
-    events = await readable_events(store.read_events(turn.turn_id))
-    view = project(turn.turn_id, events)
+    view = await turn_view(store, turn)
     return TurnHistory(
         turn_id=turn.turn_id,
         status=turn.status,
         blocks=view.blocks,
-        pending=view.pending if turn.status in PAUSED_STATES else None,
+        pending=view.pending,
         tasks=view.tasks,
         citations=view.citations,
         entities=view.entities,
@@ -90,19 +96,12 @@ async def session_view(store: Store, records: Sequence[TurnRecord]) -> SessionVi
                 for seq, content, request_id in held
             ]
     view = project_session(turns, guides)
-    # An answered pause waits for nothing, though the log shows nothing after it yet.
     status = {r.turn_id: r.status for r in records}
-    answered = {
-        t.turn_id
-        for t in view.turns
-        if t.pending is not None and status.get(t.turn_id) not in PAUSED_STATES
-    }
-    if not answered:
+    return replace(view, turns=tuple(_as_stored(t, status[t.turn_id]) for t in view.turns))
+
+
+def _as_stored(view: TurnView, status: TurnStatus) -> TurnView:
+    """An answered pause waits for nothing, though the log shows nothing after it yet."""
+    if view.pending is None or status in PAUSED_STATES:
         return view
-    return replace(
-        view,
-        turns=tuple(
-            replace(t, pending=None, status=status[t.turn_id]) if t.turn_id in answered else t
-            for t in view.turns
-        ),
-    )
+    return replace(view, pending=None, status=status)

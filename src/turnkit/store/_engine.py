@@ -161,7 +161,7 @@ class SqlEngine:
                 raw = await aconn.get_raw_connection()
                 return await fn(raw.driver_connection, *args)
         except Exception as exc:  # SQLAlchemy's, or the driver's own errors unwrapped
-            if _is_unreachable(exc) or type(exc).__name__ in _UNREACHABLE_DRIVER_ERRORS:
+            if _is_unreachable(exc):
                 raise self._unavailable(exc) from exc
             raise
 
@@ -332,9 +332,8 @@ def _is_unreachable(exc: BaseException) -> bool:
         return True
     if isinstance(exc, OperationalError | InterfaceError):
         return True
-    orig = getattr(exc, "orig", None)
-    name = type(orig).__name__ if orig is not None else ""
-    return isinstance(orig, OSError) or name in _UNREACHABLE_DRIVER_ERRORS
+    driver = getattr(exc, "orig", None) or exc  # the driver's own error, wrapped or not
+    return isinstance(driver, OSError) or type(driver).__name__ in _UNREACHABLE_DRIVER_ERRORS
 
 
 _UNREACHABLE_DRIVER_ERRORS = frozenset(

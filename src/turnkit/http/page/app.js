@@ -13,7 +13,6 @@ import {
   emptyState,
   isEnded,
   isFadedNarration,
-  isQueued,
   liveTurn,
   queued,
   withAnswered,
@@ -220,9 +219,10 @@ function schedule() {
 function render() {
   const scroller = $("#turns");
   const atBottom = scroller.scrollHeight - scroller.scrollTop - scroller.clientHeight < 80;
+  const items = queued(ui.state);
   renderSessions();
-  renderTurns(scroller);
-  renderQueue();
+  renderTurns(scroller, items);
+  renderQueue(items);
   renderComposer();
   $("#notice").textContent = ui.notice;
   if (atBottom) scroller.scrollTop = scroller.scrollHeight;
@@ -252,8 +252,7 @@ function renderComposer() {
   $("#message").placeholder = live ? "Add to the running turn…" : "Send a message…";
 }
 
-function renderQueue() {
-  const items = queued(ui.state);
+function renderQueue(items) {
   const list = $("#queue");
   list.hidden = items.length === 0;
   list.replaceChildren(
@@ -266,9 +265,10 @@ function renderQueue() {
   );
 }
 
-function renderTurns(container) {
+function renderTurns(container, items) {
   // A turn waiting behind an open one shows in the queue until that one ends.
-  const wanted = ui.state.order.filter((id) => !isQueued(ui.state, id)).map((id) => ui.state.turns[id]);
+  const waiting = new Set(items.filter((item) => item.delivery === "queue").map((item) => item.turnId));
+  const wanted = ui.state.order.filter((id) => !waiting.has(id)).map((id) => ui.state.turns[id]);
   const seen = new Set();
   let previous = null;
   for (const turn of wanted) {

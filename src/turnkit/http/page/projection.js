@@ -124,11 +124,6 @@ export function queued(state) {
   return out;
 }
 
-/** True while the turn waits behind an earlier open one (it shows in the queue). */
-export function isQueued(state, turnId) {
-  return queued(state).some((item) => item.turnId === turnId && item.delivery === "queue");
-}
-
 /** A turn the page just started (or learned of): added after the others. */
 export function withTurn(state, turnId, status = "running") {
   return state.turns[turnId] ? state : putTurn(state, emptyTurn(turnId, status));

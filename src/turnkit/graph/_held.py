@@ -1,0 +1,32 @@
+"""What both checkpoint savers hold back, and how they give up on a held write.
+
+A task's plain writes are held until the thread's next checkpoint, which supersedes them;
+a write on a LangGraph-internal channel (`__interrupt__`, `__resume__`, `__error__`, …)
+must be durable before the run stops, so it is never held. A held write that cannot be
+stored would fail every later write of its thread if it were held again, so it is logged
+and dropped: losing it only means its task runs again after a crash.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+__all__ = ("log_dropped", "supersedable")
+
+log = logging.getLogger("turnkit.graph")
+
+
+def supersedable(writes: Iterable[tuple[str, Any]]) -> bool:
+    """True when the thread's next checkpoint holds the result of all these writes."""
+    return all(not channel.startswith("__") for channel, _ in writes)
+
+
+def log_dropped(thread_id: str, *, is_checkpoint: bool) -> None:
+    """Log (with the current exception) a held write given up on."""
+    log.exception(
+        "dropped a held %s of thread %s: it cannot be stored",
+        "checkpoint" if is_checkpoint else "task write",
+        thread_id,
+    )
