@@ -64,6 +64,30 @@ async def test_the_input_checkpoint_lands_with_the_next_one(saver: Any, schema: 
     assert history[0].parent_config["configurable"]["checkpoint_id"] == checkpoint(0)["id"]
 
 
+async def test_a_connection_goes_back_to_the_pool_without_a_round_trip(
+    schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sent: list[str] = []
+    opened_connection = asyncpg.Connection.__init__
+
+    def logged(self: asyncpg.Connection, *args: Any, **kwargs: Any) -> None:
+        opened_connection(self, *args, **kwargs)
+        self.add_query_logger(lambda record: sent.append(record.query))
+
+    monkeypatch.setattr(asyncpg.Connection, "__init__", logged)
+    saver, close = await open_checkpointer(POSTGRES_URL, schema=schema)
+    try:
+        await saver.aput(config(), checkpoint(0), {"source": "input", "step": -1}, {})
+        sent.clear()
+        await saver.aput(config(parent=0), checkpoint(1), {"source": "loop", "step": 0}, {})
+        await saver.aput(config(parent=1), checkpoint(2), {"source": "loop", "step": 1}, {})
+    finally:
+        await close()
+    assert await _stored(schema) == (3, 0)
+    # asyncpg's default sends RESET ALL (and more) each time a connection goes back
+    assert [q for q in sent if "RESET ALL" in q or "pg_advisory_unlock_all" in q] == []
+
+
 async def test_task_writes_a_newer_checkpoint_holds_are_not_stored(saver: Any, schema: str) -> None:
     await saver.aput(config(), checkpoint(1), {"source": "loop", "step": 0}, {})
     await saver.aput_writes(config(parent=1), [("content", "next")], "task-a")

@@ -295,7 +295,7 @@ async def _open_postgres_checkpointer(
     """
     import asyncpg
 
-    from turnkit.graph._postgres_saver import AsyncPgSaver, prepare_connection
+    from turnkit.graph._postgres_saver import AsyncPgSaver, keep_session, prepare_connection
 
     dsn = "postgresql://" + database_url.split("://", 1)[1]
     settings = {"search_path": schema} if schema else None
@@ -308,6 +308,7 @@ async def _open_postgres_checkpointer(
             max_size=10,
             server_settings=settings,
             init=prepare_connection,
+            reset=keep_session,
             timeout=10,
         )
     except unreachable as exc:
