@@ -14,11 +14,14 @@ reads every event of every turn. Reported per contender:
 
 Each contender runs in a fresh interpreter (its own memory), in an order that rotates
 over `--rounds`; ratios are against bare LangGraph in the same round, reported as the
-median and min–max over rounds. turnkit runs twice: as it is, and with one transaction per
+median and min–max over rounds. `--gc tuned` runs every contender as `turnkit serve` and
+`turnkit worker` run (start-up objects frozen, thresholds `GC_THRESHOLDS`); the default
+keeps Python's collector. Either way the time spent collecting under load is reported.
+turnkit runs twice: as it is, and with one transaction per
 commit (group commit off), to show what committing many turns' writes together buys.
 
 Run:  .venv/bin/python benchmarks/concurrent_turns.py [--turns 1000] [--latency 0.2]
-      [--rounds 3] [--sequential 30] [--json PATH]
+      [--rounds 3] [--sequential 30] [--gc python|tuned] [--json PATH]
 Prints a table and writes JSON (default benchmarks/results/concurrent_turns.json).
 """
 
@@ -47,6 +50,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 import turn_overhead
 from turn_overhead import _langgraph_graph, _reply, add, write_json
 from turnkit import Agent, RuntimeConfig, SessionRuntime
+from turnkit.cli import GC_THRESHOLDS
 from turnkit.events import DoneEvent
 from turnkit.models import ModelChunk, ModelRequest
 from turnkit.testing import ModelStep, ScriptedModel
@@ -140,14 +144,35 @@ BUILDERS = {
 }
 
 
-async def one(name: str, turns: int, latency: float, sequential: int) -> dict[str, Any]:
+class _GcClock:
+    """Wall time spent in the collector (it holds the GIL, so it is CPU this process spent)."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self._start = 0.0
+        gc.callbacks.append(self._tick)
+
+    def _tick(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._start = time.perf_counter()
+        else:
+            self.seconds += time.perf_counter() - self._start
+
+
+async def one(
+    name: str, turns: int, latency: float, sequential: int, gc_mode: str
+) -> dict[str, Any]:
     """Measure one contender in this process."""
     tmp = Path(tempfile.mkdtemp())
     run, close = await BUILDERS[name](latency, tmp)
+    clock = _GcClock()
     try:
         for i in range(5):  # warm up
             await run(10_000_000 + i, [])
         gc.collect()
+        if gc_mode == "tuned":
+            gc.freeze()
+            gc.set_threshold(*GC_THRESHOLDS)
         rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         cpu0 = time.process_time()
         for i in range(sequential):
@@ -165,10 +190,11 @@ async def one(name: str, turns: int, latency: float, sequential: int) -> dict[st
         gc.collect()
         group = _GROUPS[0] if _GROUPS else None
         before = (group.committed, group.batches) if group is not None else (0, 0)
-        cpu0, wall0 = time.process_time(), time.perf_counter()
+        cpu0, wall0, gc0 = time.process_time(), time.perf_counter(), clock.seconds
         await asyncio.gather(*(timed(i) for i in range(turns)))
         wall = time.perf_counter() - wall0
         loaded_cpu = (time.process_time() - cpu0) * 1000 / turns
+        gc_ms = (clock.seconds - gc0) * 1000 / turns
         if group is not None:  # writes that went to the store's thread, per transaction there
             committed, batches = group.committed - before[0], group.batches - before[1]
             per_transaction = committed / batches if batches else 0.0
@@ -188,6 +214,7 @@ async def one(name: str, turns: int, latency: float, sequential: int) -> dict[st
         "cpu_ms_per_turn_loaded": loaded_cpu,
         "cpu_ms_per_turn_sequential": sequential_cpu,
         "cpu_loaded_over_sequential": loaded_cpu / sequential_cpu,
+        "gc_ms_per_turn_loaded": gc_ms,
         "event_lag_p50_ms": statistics.median(lags),
         "event_lag_p99_ms": lags[int(len(lags) * 0.99) - 1],
         "peak_rss_mib": peak / 1024,
@@ -206,12 +233,13 @@ def main() -> None:
     parser.add_argument("--latency", type=float, default=0.2)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--sequential", type=int, default=30)
+    parser.add_argument("--gc", choices=("python", "tuned"), default="python")
     parser.add_argument("--one", choices=CONTENDERS, help=argparse.SUPPRESS)
     default_json = Path(__file__).parent / "results" / "concurrent_turns.json"
     parser.add_argument("--json", default=str(default_json))
     args = parser.parse_args()
     if args.one:
-        result = asyncio.run(one(args.one, args.turns, args.latency, args.sequential))
+        result = asyncio.run(one(args.one, args.turns, args.latency, args.sequential, args.gc))
         print(json.dumps(result))
         return
 
@@ -222,7 +250,8 @@ def main() -> None:
         for name in order:
             out = subprocess.run(
                 [sys.executable, __file__, "--one", name, "--turns", str(args.turns),
-                 "--latency", str(args.latency), "--sequential", str(args.sequential)],
+                 "--latency", str(args.latency), "--sequential", str(args.sequential),
+                 "--gc", args.gc],
                 check=True, capture_output=True, text=True, timeout=1800,
             )  # fmt: skip
             got[name] = json.loads(out.stdout.strip().splitlines()[-1])
@@ -232,7 +261,8 @@ def main() -> None:
         ))  # fmt: skip
 
     metrics = ("turns_per_s", "turn_p50_ms", "turn_p99_ms", "cpu_ms_per_turn_loaded",
-               "cpu_ms_per_turn_sequential", "cpu_loaded_over_sequential", "event_lag_p50_ms",
+               "cpu_ms_per_turn_sequential", "cpu_loaded_over_sequential", "gc_ms_per_turn_loaded",
+               "event_lag_p50_ms",
                "event_lag_p99_ms", "peak_rss_mib", "rss_growth_mib")  # fmt: skip
     summary: dict[str, dict[str, Any]] = {}
     for name in CONTENDERS:
@@ -241,9 +271,10 @@ def main() -> None:
             r[name]["turns_per_s"] / r["bare LangGraph"]["turns_per_s"] for r in rounds
         ]
     print(f"\n{args.turns} turns at once, {args.latency:g} s per model call, "
-          f"median over {args.rounds} rounds")  # fmt: skip
+          f"median over {args.rounds} rounds, {args.gc} GC")  # fmt: skip
     header = ("contender", "turns/s", "× LangGraph", "p50 ms", "p99 ms", "CPU ms loaded",
-              "CPU ms alone", "loaded/alone", "lag p99 ms", "peak MiB")  # fmt: skip
+              "CPU ms alone", "loaded/alone", "GC ms", "lag p50 ms", "lag p99 ms",
+              "peak MiB")  # fmt: skip
     print(" | ".join(header))
     for name in CONTENDERS:
         batched = [r[name]["thread_writes_per_transaction"] for r in rounds]
@@ -255,7 +286,8 @@ def main() -> None:
             name, f"{s['turns_per_s']:.0f}", _spread(s["throughput_vs_langgraph"]),
             f"{s['turn_p50_ms']:.0f}", f"{s['turn_p99_ms']:.0f}",
             f"{s['cpu_ms_per_turn_loaded']:.2f}", f"{s['cpu_ms_per_turn_sequential']:.2f}",
-            f"{s['cpu_loaded_over_sequential']:.2f}", f"{s['event_lag_p99_ms']:.0f}",
+            f"{s['cpu_loaded_over_sequential']:.2f}", f"{s['gc_ms_per_turn_loaded']:.2f}",
+            f"{s['event_lag_p50_ms']:.0f}", f"{s['event_lag_p99_ms']:.0f}",
             f"{s['peak_rss_mib']:.0f}",
         ]))  # fmt: skip
     write_json(Path(args.json), {
@@ -264,6 +296,7 @@ def main() -> None:
         "cpus": os.cpu_count(),
         "turns": args.turns,
         "latency_s": args.latency,
+        "gc": args.gc,
         "rounds": rounds,
         "summary": summary,
     })  # fmt: skip

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib.metadata
 import io
 import logging
@@ -221,6 +222,67 @@ def test_the_worker_command_shows_worker_lines_on_stderr(
     err = capsys.readouterr().err
     assert "INFO turnkit.worker: claimed turn t1 (session s1, attempt 1)" in err
     assert logging.getLogger("turnkit").handlers == []  # the command cleans up after itself
+
+
+@pytest.fixture
+def gc_restored() -> Iterator[None]:
+    thresholds = gc.get_threshold()
+    yield
+    gc.unfreeze()
+    gc.set_threshold(*thresholds)
+
+
+def _gc_seen_by_worker(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> tuple[int, tuple[int, int, int], int]:
+    seen: list[tuple[tuple[int, int, int], int]] = []
+
+    class GcWorker:
+        def __init__(self, runtime: object, **options: object) -> None:
+            pass
+
+        async def run(self, stop: object) -> None:
+            seen.append((gc.get_threshold(), gc.get_freeze_count()))
+
+    monkeypatch.setattr(cli, "Worker", GcWorker)
+    code = main(["worker", "--database-url", f"sqlite:///{tmp_path / 'gc.db'}"], out=io.StringIO())
+    threshold, frozen = seen[0] if seen else ((0, 0, 0), 0)
+    return code, threshold, frozen
+
+
+@pytest.mark.usefixtures("gc_restored")
+def test_the_worker_freezes_start_up_objects_and_collects_less_often(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("TURNKIT_GC", raising=False)
+    gc.unfreeze()
+    gc.set_threshold(700, 10, 10)
+    code, threshold, frozen = _gc_seen_by_worker(tmp_path, monkeypatch)
+    assert code == 0
+    assert threshold == cli.GC_THRESHOLDS
+    assert frozen > 10_000  # the imported modules' objects are no longer scanned
+
+
+@pytest.mark.usefixtures("gc_restored")
+def test_turnkit_gc_python_keeps_pythons_collector_as_it_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TURNKIT_GC", "python")
+    gc.unfreeze()
+    gc.set_threshold(700, 10, 10)
+    code, threshold, frozen = _gc_seen_by_worker(tmp_path, monkeypatch)
+    assert (code, threshold, frozen) == (0, (700, 10, 10), 0)
+
+
+def test_a_bad_turnkit_gc_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TURNKIT_GC", "fast")
+    code = main(["serve", "--port", "1"], out=io.StringIO())
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.startswith("turnkit: TURNKIT_GC must be 'tuned' or 'python', not 'fast'")
+    assert err.count("\n") == 1
 
 
 # ── models, endpoints and agents from the command line ─────────────────────────────

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import importlib.metadata
 import logging
 import math
@@ -24,7 +25,7 @@ from turnkit.agent import load_agent, load_agents
 from turnkit.budgets import BudgetLimit
 from turnkit.config import RuntimeConfig
 from turnkit.demo import DEMO_MODEL_NAME, demo_agent
-from turnkit.errors import TurnkitError
+from turnkit.errors import ConfigurationError, TurnkitError
 from turnkit.events import (
     DoneEvent,
     DurableEvent,
@@ -181,6 +182,27 @@ def _info_logs_to_stderr() -> Iterator[None]:
         logger.setLevel(level)
 
 
+GC_THRESHOLDS = (10_000, 20, 20)
+"""Collection thresholds `turnkit serve` and `turnkit worker` run with (Python's: 700, 10, 10)."""
+
+
+def _tune_gc() -> None:
+    """Freeze what start-up allocated and collect less often, unless `TURNKIT_GC=python`.
+
+    A loaded server holds many live objects, and Python's default thresholds run a full
+    collection over all of them every few hundred thousand allocations: with 200 turns in
+    flight that was about a third of the process's CPU. Frozen start-up objects are never
+    scanned again.
+    """
+    mode = os.environ.get("TURNKIT_GC", "tuned").strip().lower()
+    if mode not in ("tuned", "python"):
+        raise ConfigurationError(f"TURNKIT_GC must be 'tuned' or 'python', not {mode!r}")
+    if mode == "tuned":
+        gc.collect()
+        gc.freeze()
+        gc.set_threshold(*GC_THRESHOLDS)
+
+
 async def _worker(args: argparse.Namespace, out: TextIO) -> int:
     with _info_logs_to_stderr():
         return await _work(args, out)
@@ -190,6 +212,7 @@ async def _work(args: argparse.Namespace, out: TextIO) -> int:
     agents = (
         load_agents(args.agent) if args.agent else (demo_agent(os.environ.get("TURNKIT_MODEL")),)
     )
+    _tune_gc()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -535,6 +558,8 @@ async def _serve(args: argparse.Namespace, out: TextIO) -> int:
     config = uvicorn.Config(
         "turnkit.quickstart:app", host=args.host, port=args.port, log_level="info"
     )
+    config.load()  # import the app now, so what it allocates is frozen with the rest
+    _tune_gc()
     out.write(f"turnkit serving on http://{args.host}:{args.port}/api/harness\n")
     out.flush()
     await uvicorn.Server(config).serve()
