@@ -96,3 +96,18 @@ async def test_a_session_created_with_a_title_keeps_it(tmp_path: Path) -> None:
         session = await runtime.store.get_session(SessionId("s1"))
     assert session is not None
     assert session.title == "Quarterly review"
+
+
+async def test_a_session_created_unnamed_takes_its_first_messages_name_and_keeps_it(
+    db: tuple[str, str | None],
+) -> None:
+    agent = Agent(model=ScriptedModel([ModelStep.text_reply("Hi.")], repeat_last=True))
+    config = RuntimeConfig(database_url=db[0], database_schema=db[1])
+    async with SessionRuntime(agent=agent, config=config) as runtime:
+        await runtime.create_session("s1")
+        await collect_events(runtime.execute_message("s1", "plan the offsite"))
+        first = await runtime.store.get_session(SessionId("s1"))
+        await collect_events(runtime.execute_message("s1", "and the budget"))
+        second = await runtime.store.get_session(SessionId("s1"))
+    assert first is not None and second is not None
+    assert (first.title, second.title) == ("plan the offsite", "plan the offsite")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from tests.helpers import new_input, step_event
@@ -14,7 +14,7 @@ from turnkit.blocks import TextBlock
 from turnkit.errors import LeaseLostError, RequestConflictError, StaleEpochError, StoreError
 from turnkit.events import DoneEvent, ErrorEvent, MessageCompleteEvent, TurnStartedEvent
 from turnkit.ids import SessionId, TurnId
-from turnkit.store import KeptTranscript, Store, Submission, TurnTranscript
+from turnkit.store import ClaimRequest, KeptTranscript, Store, Submission, TurnTranscript
 from turnkit.store.sql import SqlStore
 from turnkit.testing import FakeClock
 
@@ -208,6 +208,32 @@ async def test_a_session_runs_its_turns_in_order(store: SqlStore) -> None:
     nxt = await store.claim("w2", ttl_s=30, max_attempts=3)
     assert nxt is not None
     assert nxt.turn_id == second.turn_id
+
+
+async def test_a_message_claims_its_turn_at_once_only_when_its_session_is_free(
+    store: SqlStore, clock: FakeClock
+) -> None:
+    claim = ClaimRequest(owner="api-1", ttl_s=30, max_attempts=3)
+    first = await store.submit(new_input(claim_for=claim))
+    second = await store.submit(new_input(content="next", claim_for=claim))
+    assert first.lease is not None and first.record is not None
+    assert (first.lease.owner, first.lease.epoch, first.lease.attempt) == ("api-1", 1, 1)
+    assert first.lease.expires_at == clock.now() + timedelta(seconds=30)
+    assert not first.lease.took_over
+    assert (first.record.lease_owner, first.record.attempts) == ("api-1", 1)
+    assert first.record.started_at == clock.now()
+    assert (second.lease, second.record) == (None, None)  # waits for the first turn
+    queued = await store.get_turn(second.turn_id)
+    assert queued is not None
+    assert (queued.lease_owner, queued.attempts, queued.started_at) == (None, 0, None)
+    # the lease taken with the message is a real one: it renews, commits and releases
+    lease = await store.renew(first.lease, ttl_s=30)
+    await store.commit(first.turn_id, epoch=lease.epoch, status="succeeded", release=True)
+    nxt = await store.claim("w1", ttl_s=30, max_attempts=3)
+    assert nxt is not None
+    assert (nxt.turn_id, nxt.epoch, nxt.attempt) == (second.turn_id, 1, 1)
+    third = await store.submit(new_input(session="s2", claim_for=claim))
+    assert third.lease is not None  # another session is free
 
 
 async def test_terminal_states_never_change(store: SqlStore) -> None:

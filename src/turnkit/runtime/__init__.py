@@ -411,6 +411,9 @@ class SessionRuntime:
                 organisation=admitted.organisation.name,
                 department=admitted.department.name,
                 create_session=self.config.auto_create_sessions,
+                # The first of two names: read off the opening message (only an unnamed
+                # session takes it); the turn's utility model may improve it.
+                title=opening_title(request.content),
                 claim_for=ClaimRequest(
                     owner=self.owner,
                     ttl_s=self.config.lease_ttl_s,
@@ -420,12 +423,6 @@ class SessionRuntime:
                 else None,
             )
         )
-        if submission.is_new and submission.input_seq == 1:
-            # The first of two writes: a name read off the opening message, at once (only
-            # an unnamed session is named); the turn's utility model may improve it.
-            await self.store.name_session(
-                request.session_id, opening_title(request.content), current=None
-            )
         return submission
 
     async def _message_agent(self, agent: str | Agent | None) -> Agent:

@@ -91,6 +91,8 @@ class NewInput:
     """Create the session if it does not exist (otherwise: `SessionNotFoundError`)."""
     claim_for: ClaimRequest | None = None
     """Claim the new turn in the same transaction, when its session lets it run now."""
+    title: str | None = None
+    """The name an unnamed session takes with its first message, in the same transaction."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

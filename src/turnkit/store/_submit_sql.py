@@ -9,18 +9,24 @@ from __future__ import annotations
 
 import functools
 import json
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, cast
 
-from sqlalchemy import Connection, bindparam, select, update
+from sqlalchemy import Connection, and_, bindparam, case, exists, null, select, update
 
 from turnkit.errors import RequestConflictError, SessionNotFoundError
 from turnkit.events import TurnStartedEvent, encode_event
 from turnkit.ids import SessionId, TurnId, uuid7
-from turnkit.store import Delivery, NewInput, Submission
-from turnkit.store._lease_sql import claim
-from turnkit.store._schema import attachments_json, events, inputs, sessions, turn_record, turns
-from turnkit.store._turns_sql import TURN_BY_ID
+from turnkit.store import ClaimRequest, Delivery, Lease, NewInput, Submission, TurnRecord
+from turnkit.store._schema import (
+    UNFINISHED,
+    attachments_json,
+    events,
+    inputs,
+    sessions,
+    turn_record,
+    turns,
+)
 
 _INSERT_INPUT = inputs.insert()
 _INSERT_TURN = turns.insert()
@@ -77,7 +83,7 @@ def submit(conn: Connection, insert: Any, new: NewInput, now: datetime) -> Submi
             )
     seq = conn.execute(
         _next_input_seq(insert),
-        {"s_id": new.session_id, "s_principal": new.principal, "s_now": now},
+        {"s_id": new.session_id, "s_principal": new.principal, "s_now": now, "s_title": new.title},
     ).scalar_one()
     if new.delivery == "guide":
         live = _live_turn(conn, new.session_id, now)
@@ -104,21 +110,12 @@ def submit(conn: Connection, insert: Any, new: NewInput, now: datetime) -> Submi
                 guided=True,
             )
     # No live attempt to guide: the message opens its own turn, and the log says so.
-    _, started = _open_turn(conn, new, seq, now, requested=new.delivery)
+    claim = new.claim_for if new.claim_for and new.claim_for.max_attempts > 0 else None
+    _, started, row = _open_turn(conn, new, seq, now, requested=new.delivery, claim=claim)
     lease, record = None, None
-    if new.claim_for is not None:
-        lease = claim(
-            conn,
-            owner=new.claim_for.owner,
-            ttl_s=new.claim_for.ttl_s,
-            max_attempts=new.claim_for.max_attempts,
-            turn_id=new.turn_id,
-            now=now,
-            skip_locked=False,
-        )
-        if lease is not None:
-            row = conn.execute(TURN_BY_ID, {"t_id": new.turn_id}).one()
-            record = turn_record(row)
+    if row is not None and row.lease_owner is not None:
+        record = turn_record(row)
+        lease = _first_lease(record)
     return Submission(
         session_id=new.session_id,
         turn_id=new.turn_id,
@@ -134,18 +131,24 @@ def submit(conn: Connection, insert: Any, new: NewInput, now: datetime) -> Submi
 
 @functools.cache
 def _next_input_seq(insert: Any) -> Any:
-    """The session's next input seq, creating the session with its first message."""
+    """The session's next input seq, creating the session with its first message.
+
+    The first message also names a session nobody has named yet (`NewInput.title`).
+    """
     new = insert(sessions).values(
         session_id=bindparam("s_id"),
         principal=bindparam("s_principal"),
+        title=bindparam("s_title"),
         last_input_seq=1,
         created_at=bindparam("s_now"),
         updated_at=bindparam("s_now"),
     )
+    unnamed_and_first = and_(sessions.c.last_input_seq == 0, sessions.c.title.is_(None))
     return new.on_conflict_do_update(
         index_elements=["session_id"],
         set_={
             "last_input_seq": sessions.c.last_input_seq + 1,
+            "title": case((unnamed_and_first, new.excluded.title), else_=sessions.c.title),
             "updated_at": new.excluded.updated_at,
         },
     ).returning(sessions.c.last_input_seq)
@@ -181,8 +184,13 @@ def _open_turn(
     content: str | None = None,
     request_id: str | None = None,
     input_exists: bool = False,
-) -> tuple[TurnId, TurnStartedEvent]:
-    """Insert a queued turn for input `seq` (and the input row), with its `turn.started`."""
+    claim: ClaimRequest | None = None,
+) -> tuple[TurnId, TurnStartedEvent, Any]:
+    """Insert a queued turn for input `seq` (and the input row), with its `turn.started`.
+
+    With `claim`, the turn is inserted already claimed unless an earlier turn of its
+    session is unfinished (the rule every claim follows), and its row comes back.
+    """
     turn_id = turn_id or new.turn_id
     content = new.content if content is None else content
     request_id = new.request_id if request_id is None else request_id
@@ -201,35 +209,12 @@ def _open_turn(
                 "created_at": now,
             },
         )
-    conn.execute(
-        _INSERT_TURN,
-        {
-            "turn_id": turn_id,
-            "session_id": new.session_id,
-            "input_seq": seq,
-            "status": "running",
-            "content": content,
-            "request_id": request_id,
-            "agent": new.agent,
-            "model": new.model,
-            "organisation": new.organisation,
-            "department": new.department,
-            "principal": new.principal,
-            "last_seq": 1,
-            "lease_epoch": 0,
-            "lease_owner": None,
-            "lease_expires_at": None,
-            "attempts": 0,
-            "cancel_requested": False,
-            "pinned": json.dumps(new.pinned, sort_keys=True),
-            "summary": None,
-            "attachments": attachments_json(new.attachments),
-            "started_at": None,
-            "error_code": None,
-            "created_at": now,
-            "updated_at": now,
-        },
-    )
+    values = _turn_values(new, turn_id, seq, content, request_id, now)
+    row = None
+    if claim is None:
+        conn.execute(_INSERT_TURN, values)
+    else:
+        row = conn.execute(_insert_claimed(), _claimed(values, claim, now)).one()
     started = TurnStartedEvent(
         session_id=new.session_id,
         turn_id=turn_id,
@@ -250,7 +235,103 @@ def _open_turn(
         _INSERT_EVENT,
         {"turn_id": turn_id, "seq": 1, "type": started.type, "data": encode_event(started)},
     )
-    return turn_id, started
+    return turn_id, started, row
+
+
+def _turn_values(
+    new: NewInput, turn_id: TurnId, seq: int, content: str, request_id: str | None, now: datetime
+) -> dict[str, Any]:
+    """A queued turn's row, nobody holding it yet."""
+    return {
+        "turn_id": turn_id,
+        "session_id": new.session_id,
+        "input_seq": seq,
+        "status": "running",
+        "content": content,
+        "request_id": request_id,
+        "agent": new.agent,
+        "model": new.model,
+        "organisation": new.organisation,
+        "department": new.department,
+        "principal": new.principal,
+        "last_seq": 1,
+        "lease_epoch": 0,
+        "lease_owner": None,
+        "lease_expires_at": None,
+        "attempts": 0,
+        "cancel_requested": False,
+        "pinned": json.dumps(new.pinned, sort_keys=True),
+        "summary": None,
+        "attachments": attachments_json(new.attachments),
+        "started_at": None,
+        "error_code": None,
+        "created_at": now,
+        "updated_at": now,
+    }
+
+
+def _claimed(values: dict[str, Any], claim: ClaimRequest, now: datetime) -> dict[str, Any]:
+    """`_insert_claimed`'s parameters: the row without what the statement decides."""
+    kept = {name: value for name, value in values.items() if name not in _CLAIMED_COLUMNS}
+    return kept | {
+        "c_owner": claim.owner,
+        "c_expires": now + timedelta(seconds=claim.ttl_s),
+        "c_now": now,
+        "c_session": values["session_id"],
+        "c_input_seq": values["input_seq"],
+    }
+
+
+_CLAIMED_COLUMNS = (
+    "lease_owner", "lease_epoch", "lease_expires_at", "attempts", "claim_seq", "started_at",
+)  # fmt: skip
+
+
+@functools.cache
+def _insert_claimed() -> Any:
+    """Insert a turn with its first lease taken, unless its session has an earlier turn."""
+    blocked = exists().where(
+        turns.c.session_id == bindparam("c_session"),
+        turns.c.input_seq < bindparam("c_input_seq"),
+        turns.c.status.in_(UNFINISHED),
+    )
+
+    def unless_blocked(claimed: Any, queued: Any) -> Any:
+        return case((blocked, queued), else_=claimed)
+
+    c = turns.c
+    return (
+        turns.insert()
+        .values(
+            lease_owner=unless_blocked(bindparam("c_owner", type_=c.lease_owner.type), null()),
+            lease_epoch=unless_blocked(1, 0),
+            lease_expires_at=unless_blocked(
+                bindparam("c_expires", type_=c.lease_expires_at.type), null()
+            ),
+            attempts=unless_blocked(1, 0),
+            claim_seq=unless_blocked(1, 0),
+            started_at=unless_blocked(bindparam("c_now", type_=c.started_at.type), null()),
+        )
+        .returning(*turns.c)
+    )
+
+
+def _first_lease(record: TurnRecord) -> Lease:
+    """The lease a turn inserted already claimed holds (see `_insert_claimed`)."""
+    assert record.lease_owner is not None
+    assert record.lease_expires_at is not None
+    assert record.started_at is not None
+    return Lease(
+        turn_id=record.turn_id,
+        session_id=record.session_id,
+        owner=record.lease_owner,
+        epoch=record.lease_epoch,
+        expires_at=record.lease_expires_at,
+        attempt=record.attempts,
+        took_over=False,
+        last_seq=record.last_seq,
+        started_at=record.started_at,
+    )
 
 
 def guided_inputs(
