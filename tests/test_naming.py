@@ -109,5 +109,6 @@ async def test_a_session_created_unnamed_takes_its_first_messages_name_and_keeps
         first = await runtime.store.get_session(SessionId("s1"))
         await collect_events(runtime.execute_message("s1", "and the budget"))
         second = await runtime.store.get_session(SessionId("s1"))
-    assert first is not None and second is not None
+    assert first is not None
+    assert second is not None
     assert (first.title, second.title) == ("plan the offsite", "plan the offsite")

@@ -216,7 +216,8 @@ async def test_a_message_claims_its_turn_at_once_only_when_its_session_is_free(
     claim = ClaimRequest(owner="api-1", ttl_s=30, max_attempts=3)
     first = await store.submit(new_input(claim_for=claim))
     second = await store.submit(new_input(content="next", claim_for=claim))
-    assert first.lease is not None and first.record is not None
+    assert first.lease is not None
+    assert first.record is not None
     assert (first.lease.owner, first.lease.epoch, first.lease.attempt) == ("api-1", 1, 1)
     assert first.lease.expires_at == clock.now() + timedelta(seconds=30)
     assert not first.lease.took_over

@@ -214,7 +214,9 @@ def _open_turn(
     if claim is None:
         conn.execute(_INSERT_TURN, values)
     else:
-        row = conn.execute(_insert_claimed(), _claimed(values, claim, now)).one()
+        params = _claimed(values, claim, now)
+        plain = tuple(name for name in params if not name.startswith("c_"))
+        row = conn.execute(_insert_claimed(plain), params).one()
     started = TurnStartedEvent(
         session_id=new.session_id,
         turn_id=turn_id,
@@ -288,30 +290,37 @@ _CLAIMED_COLUMNS = (
 
 
 @functools.cache
-def _insert_claimed() -> Any:
-    """Insert a turn with its first lease taken, unless its session has an earlier turn."""
+def _insert_claimed(plain: tuple[str, ...]) -> Any:
+    """Insert a turn with its first lease taken, unless its session has an earlier turn.
+
+    `INSERT … SELECT` from one `EXISTS`, so the session's earlier turns are looked at once;
+    `plain` names the columns that arrive as they are (the rest the statement decides).
+    """
+    c = turns.c
     blocked = exists().where(
-        turns.c.session_id == bindparam("c_session"),
-        turns.c.input_seq < bindparam("c_input_seq"),
-        turns.c.status.in_(UNFINISHED),
+        c.session_id == bindparam("c_session"),
+        c.input_seq < bindparam("c_input_seq"),
+        c.status.in_(UNFINISHED),
     )
+    claim = select(blocked.label("blocked")).subquery("claim")
 
     def unless_blocked(claimed: Any, queued: Any) -> Any:
-        return case((blocked, queued), else_=claimed)
+        return case((claim.c.blocked, queued), else_=claimed)
 
-    c = turns.c
+    decided = {
+        "lease_owner": unless_blocked(bindparam("c_owner", type_=c.lease_owner.type), null()),
+        "lease_epoch": unless_blocked(1, 0),
+        "lease_expires_at": unless_blocked(
+            bindparam("c_expires", type_=c.lease_expires_at.type), null()
+        ),
+        "attempts": unless_blocked(1, 0),
+        "claim_seq": unless_blocked(1, 0),
+        "started_at": unless_blocked(bindparam("c_now", type_=c.started_at.type), null()),
+    }
+    row = [bindparam(name, type_=c[name].type) for name in plain] + list(decided.values())
     return (
         turns.insert()
-        .values(
-            lease_owner=unless_blocked(bindparam("c_owner", type_=c.lease_owner.type), null()),
-            lease_epoch=unless_blocked(1, 0),
-            lease_expires_at=unless_blocked(
-                bindparam("c_expires", type_=c.lease_expires_at.type), null()
-            ),
-            attempts=unless_blocked(1, 0),
-            claim_seq=unless_blocked(1, 0),
-            started_at=unless_blocked(bindparam("c_now", type_=c.started_at.type), null()),
-        )
+        .from_select([*plain, *decided], select(*row).select_from(claim))
         .returning(*turns.c)
     )
 
