@@ -224,8 +224,9 @@ def test_the_worker_command_shows_worker_lines_on_stderr(
     assert logging.getLogger("turnkit").handlers == []  # the command cleans up after itself
 
 
-@pytest.fixture
+@pytest.fixture(autouse=True)
 def gc_restored() -> Iterator[None]:
+    """`turnkit worker` and `serve` tune this process's collector: undo it after each test."""
     thresholds = gc.get_threshold()
     yield
     gc.unfreeze()
@@ -250,7 +251,6 @@ def _gc_seen_by_worker(
     return code, threshold, frozen
 
 
-@pytest.mark.usefixtures("gc_restored")
 def test_the_worker_freezes_start_up_objects_and_collects_less_often(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -263,7 +263,6 @@ def test_the_worker_freezes_start_up_objects_and_collects_less_often(
     assert frozen > 10_000  # the imported modules' objects are no longer scanned
 
 
-@pytest.mark.usefixtures("gc_restored")
 def test_turnkit_gc_python_keeps_pythons_collector_as_it_is(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -186,17 +186,22 @@ GC_THRESHOLDS = (10_000, 20, 20)
 """Collection thresholds `turnkit serve` and `turnkit worker` run with (Python's: 700, 10, 10)."""
 
 
-def _tune_gc() -> None:
-    """Freeze what start-up allocated and collect less often, unless `TURNKIT_GC=python`.
-
-    A loaded server holds many live objects, and Python's default thresholds run a full
-    collection over all of them every few hundred thousand allocations: with 200 turns in
-    flight that was about a third of the process's CPU. Frozen start-up objects are never
-    scanned again.
-    """
-    mode = os.environ.get("TURNKIT_GC", "tuned").strip().lower()
+def _gc_mode() -> str:
+    """`TURNKIT_GC`: `tuned` (the default, also when empty) or `python`."""
+    mode = os.environ.get("TURNKIT_GC", "").strip().lower() or "tuned"
     if mode not in ("tuned", "python"):
         raise ConfigurationError(f"TURNKIT_GC must be 'tuned' or 'python', not {mode!r}")
+    return mode
+
+
+def _tune_gc(mode: str) -> None:
+    """Freeze what start-up allocated and collect less often, unless `mode` is `python`.
+
+    A loaded server holds many live objects, and Python's default thresholds run a full
+    collection over all of them every few hundred thousand allocations: with 1,000 turns in
+    flight that was about two fifths of the process's CPU. Frozen start-up objects are
+    never scanned again.
+    """
     if mode == "tuned":
         gc.collect()
         gc.freeze()
@@ -212,7 +217,7 @@ async def _work(args: argparse.Namespace, out: TextIO) -> int:
     agents = (
         load_agents(args.agent) if args.agent else (demo_agent(os.environ.get("TURNKIT_MODEL")),)
     )
-    _tune_gc()
+    _tune_gc(_gc_mode())
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -550,6 +555,8 @@ def _parser() -> argparse.ArgumentParser:
 async def _serve(args: argparse.Namespace, out: TextIO) -> int:
     import uvicorn
 
+    gc_mode = _gc_mode()  # a bad value stops before anything is imported or opened
+
     os.environ["TURNKIT_DATABASE_URL"] = (
         args.database_url
     )  # the flag wins (its default is $TURNKIT_DATABASE_URL)
@@ -559,7 +566,7 @@ async def _serve(args: argparse.Namespace, out: TextIO) -> int:
         "turnkit.quickstart:app", host=args.host, port=args.port, log_level="info"
     )
     config.load()  # import the app now, so what it allocates is frozen with the rest
-    _tune_gc()
+    _tune_gc(gc_mode)
     out.write(f"turnkit serving on http://{args.host}:{args.port}/api/harness\n")
     out.flush()
     await uvicorn.Server(config).serve()
