@@ -1,9 +1,9 @@
 """One durable turn on PostgreSQL against the same turn on SQLite, interleaved.
 
 The turn is `turn_overhead.py`'s tool-using turn (a zero-latency fake model: a call that
-asks for a tool, the tool, a call that answers, the synthesize call; `anchor-plan`
-skipped), run with `execute_message` on one runtime per contender. PostgreSQL runs twice:
-with turnkit's checkpointer (`AsyncPgSaver`, on asyncpg like the store) and with
+asks for a tool, the tool, a call that answers; `anchor-plan` skipped), run with
+`execute_message` on one runtime per contender. PostgreSQL runs twice: with turnkit's
+checkpointer (`AsyncPgSaver`, on asyncpg like the store) and with
 LangGraph's own `AsyncPostgresSaver` on a psycopg pool, as turnkit used before. Each
 PostgreSQL contender gets a fresh schema, dropped afterwards. Besides time and CPU it
 counts what each PostgreSQL turn costs the server: transactions committed and rolled back

@@ -1,8 +1,8 @@
 """Turns per second through one `turnkit serve` process with many SSE clients at once.
 
 One `turnkit serve` on the embedded defaults (SQLite in a temporary directory, the
-in-memory replay buffer, the offline demo agent: a tool call, then the answer, zero model
-latency) takes `--clients` concurrent clients, each posting `--turns-per-client` messages
+in-memory replay buffer, the offline demo agent: a plan call, a tool call and the answer,
+zero model latency) takes `--clients` concurrent clients, each posting `--turns-per-client` messages
 to `POST /api/harness/sessions/{id}/execute` one after the other and reading each SSE
 stream to its end. The floor is a plain FastAPI + sse-starlette endpoint in its own process
 on the same uvicorn, parsing the same request body and streaming the very frames a turnkit
@@ -12,7 +12,10 @@ Python's own collector (`TURNKIT_GC=python`). For reference, the same turn's CPU
 `execute_message` in a process of its own, one turn at a time, is printed too.
 
 The load generator is a lean raw-socket HTTP/1.1 client in this process (one connection
-per turn, `Connection: close`), the same for both servers. Per contender and round:
+per turn, `Connection: close`), the same for both servers; it shares the machine's cores
+with the server, so the faster the server the more CPU the client takes from it (which
+holds the floor back more than turnkit). Both servers log each request as `turnkit serve`
+does (uvicorn's access log at `info`). Per contender and round:
 turns/s, turn latency p50/p99, the server process's CPU per turn (from /proc) and its peak
 RSS. The contenders alternate within each round, first one then the other, in an order
 that rotates; ratios are taken round by round (median, min–max).
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import platform
@@ -86,8 +90,7 @@ def floor_server(port: int, frames_path: str) -> None:
     async def ready() -> dict[str, str]:
         return {"status": "ok"}
 
-    uvicorn.run(app, host=HOST, port=port, log_level="warning", access_log=False,
-                backlog=4096)  # fmt: skip
+    uvicorn.run(app, host=HOST, port=port, log_level="info")  # as `turnkit serve` runs
 
 
 def parse_frames(body: bytes) -> list[dict[str, str | None]]:
@@ -114,13 +117,17 @@ def parse_frames(body: bytes) -> list[dict[str, str | None]]:
 
 def in_process(database: str, turns: int) -> None:
     """CPU per turn of the demo turn through `execute_message`, one at a time, no HTTP."""
+    from turnkit.cli import GC_THRESHOLDS
     from turnkit.quickstart import runtime_from_env
 
     async def main() -> float:
         runtime = runtime_from_env({"TURNKIT_DATABASE_URL": f"sqlite:///{database}"})
         async with runtime:
             for i in range(turns + 20):
-                if i == 20:  # after warming up
+                if i == 20:  # after warming up, with the collector `turnkit serve` uses
+                    gc.collect()
+                    gc.freeze()
+                    gc.set_threshold(*GC_THRESHOLDS)
                     cpu = time.process_time()
                 async for event in runtime.execute_message(f"in-process-{i}", "What is 6 * 7?"):
                     if event.type == "done" and event.status != "succeeded":

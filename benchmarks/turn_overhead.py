@@ -3,7 +3,9 @@
 Every contender does the same work with a zero-latency fake model: a model call that asks
 for a tool, the tool, and a model call that answers without tools — 2 model calls + 1 tool
 for turnkit (whose answer is that last call's text), the floor, the bare LangGraph graph
-and PydanticAI alike.
+and the peers alike: PydanticAI, the OpenAI Agents SDK and LangChain's `create_agent`, each
+on a fake model of its own kind (installed by the `benchmarks` extra; a missing one is
+left out).
 
 Floors bound what durability can cost on LangGraph: the bare graph with LangGraph's
 `InMemorySaver` (its checkpoint machinery alone), and the "durable floor": the bare graph
@@ -56,6 +58,8 @@ from turnkit.models import ModelRequest
 from turnkit.testing import ModelStep, ScriptedModel, call
 
 Turn = Callable[[int], Awaitable[int]]
+_SEQUENTIAL_ONLY = ("exit", "pydantic", "openai", "langchain", "floor:", "InMemory")
+"""Contenders measured one turn at a time only (not in the throughput run)."""
 ANSWER = "The sum of two and three is five."
 
 
@@ -305,6 +309,116 @@ def pydantic_ai_turn() -> Turn | None:
     return run
 
 
+# ── the OpenAI Agents SDK ─────────────────────────────────────────────────────────────
+
+
+def openai_agents_turn() -> Turn | None:
+    """`Runner.run_streamed` on the SDK's own scripted model: tool call, then the answer."""
+    try:
+        from agents import Agent as OAgent, Runner, function_tool, set_tracing_disabled
+        from agents.testing import (
+            ModelCall,
+            ModelStep as OStep,
+            ScriptedModel as OModel,
+            assistant_message,
+            function_call,
+        )
+    except ImportError:
+        return None
+    set_tracing_disabled(True)  # its default exports traces to OpenAI: loopback only here
+
+    def reply(call: ModelCall) -> Any:
+        answered = any(
+            isinstance(item, dict) and item.get("type") == "function_call_output"
+            for item in call.input
+        )
+        if answered:
+            return [assistant_message(ANSWER)]
+        return [function_call("add", {"a": 2, "b": 3}, call_id="c1")]
+
+    @function_tool(name_override="add")
+    async def add_tool(a: int, b: int) -> int:
+        """Add two integers."""
+        return a + b
+
+    model = OModel()
+    agent = OAgent(name="bench", model=model, tools=[add_tool])
+
+    async def run(i: int) -> int:
+        model.extend([OStep.respond(reply), OStep.respond(reply)])
+        result = Runner.run_streamed(agent, "2+3?")
+        n = 0
+        async for _event in result.stream_events():
+            n += 1
+        if result.final_output != ANSWER:
+            raise RuntimeError(f"openai-agents turn answered {result.final_output!r}")
+        model._calls.clear()  # its call log would grow with every turn
+        return n
+
+    return run
+
+
+# ── LangChain create_agent ─────────────────────────────────────────────────────────
+
+
+def create_agent_turn() -> Turn | None:
+    """LangChain's `create_agent` (a LangGraph graph, no checkpointer), streamed."""
+    try:
+        from langchain.agents import create_agent
+        from langchain_core.language_models import BaseChatModel
+        from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage, ToolMessage
+        from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
+        from langchain_core.tools import tool as lc_tool
+    except ImportError:
+        return None
+
+    class FakeChat(BaseChatModel):
+        """The same fake model: ask for `add`, then stream the answer in 8-character chunks."""
+
+        @property
+        def _llm_type(self) -> str:
+            return "turnkit-benchmark-fake"
+
+        def bind_tools(self, tools: Any, **kwargs: Any) -> Any:
+            return self
+
+        def _generate(self, messages: list[BaseMessage], *args: Any, **kw: Any) -> ChatResult:
+            if isinstance(messages[-1], ToolMessage):
+                message = AIMessage(content=ANSWER)
+            else:
+                tool_call = {"name": "add", "args": {"a": 2, "b": 3}, "id": "c1"}
+                message = AIMessage(content="", tool_calls=[tool_call])
+            return ChatResult(generations=[ChatGeneration(message=message)])
+
+        async def _astream(  # type: ignore[override]
+            self, messages: list[BaseMessage], *args: Any, **kw: Any
+        ) -> AsyncIterator[ChatGenerationChunk]:
+            if isinstance(messages[-1], ToolMessage):
+                for start in range(0, len(ANSWER), 8):
+                    chunk = AIMessageChunk(content=ANSWER[start : start + 8])
+                    yield ChatGenerationChunk(message=chunk)
+                return
+            call_chunk = {"name": "add", "args": '{"a": 2, "b": 3}', "id": "c1", "index": 0}
+            chunk = AIMessageChunk(content="", tool_call_chunks=[call_chunk])  # type: ignore[list-item]
+            yield ChatGenerationChunk(message=chunk)
+
+    @lc_tool("add")
+    async def lc_add(a: int, b: int) -> int:
+        """Add two integers."""
+        return a + b
+
+    graph = create_agent(FakeChat(), tools=[lc_add])
+
+    async def run(i: int) -> int:
+        n = 0
+        request = {"messages": [{"role": "user", "content": "2+3?"}]}
+        async for _chunk in graph.astream(request, stream_mode="messages"):
+            n += 1
+        return n
+
+    return run
+
+
 # ── turnkit ──────────────────────────────────────────────────────────────────────────
 
 
@@ -459,9 +573,12 @@ async def main() -> None:
                     durable_floor(tmp, "sync", checkpoints_in_memory=True),
                 ),
             ]
-            pyd = pydantic_ai_turn()
-            if pyd is not None:
-                contenders.append(("pydantic-ai run_stream_events (2 calls)", pyd))
+            peers = (
+                ("pydantic-ai run_stream_events (2 calls)", pydantic_ai_turn()),
+                ("openai-agents run_streamed (2 calls)", openai_agents_turn()),
+                ("langchain create_agent, no checkpointer (2 calls)", create_agent_turn()),
+            )
+            contenders += [(name, peer) for name, peer in peers if peer is not None]
             runtimes: list[SessionRuntime] = []
             try:
                 for durability in ("sync", "exit"):
@@ -470,11 +587,7 @@ async def main() -> None:
                     contenders.append((f"turnkit durable ({durability} checkpoints)", run))
                 results = await measure(contenders, args.turns, args.warmup, args.rounds)
                 loaded = await throughput(
-                    [
-                        c
-                        for c in contenders
-                        if not any(k in c[0] for k in ("exit", "pydantic", "floor:", "InMemory"))
-                    ],
+                    [c for c in contenders if not any(k in c[0] for k in _SEQUENTIAL_ONLY)],
                     args.turns,
                     args.concurrency,
                     start=30_000_000,
