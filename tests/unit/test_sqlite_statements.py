@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import re
+import sqlite3
 import threading
 from pathlib import Path
 
@@ -12,7 +14,9 @@ from tests.helpers import new_input
 
 from turnkit.errors import StoreError
 from turnkit.store import _sqlite
+from turnkit.store._lease_sql import _claim_query
 from turnkit.store._schema import usage
+from turnkit.store._submit_sql import _insert_claimed
 from turnkit.store._tables import metadata
 from turnkit.store.sql import SqlStore
 
@@ -68,3 +72,28 @@ async def test_an_in_memory_store_can_be_shared_by_loops_on_several_threads() ->
         assert len(await store.list_sessions(limit=1000)) == 180
     finally:
         await store.close()
+
+
+async def test_a_claim_probes_a_sessions_open_turns_without_scanning_its_history(
+    tmp_path: Path,
+) -> None:
+    """Whether an earlier turn still runs is an index search, whatever the session's length."""
+    store = SqlStore.from_url(f"sqlite:///{tmp_path / 'tk.db'}")
+    await store.setup()
+    await store.close()
+    plain = ("turn_id", "session_id", "input_seq", "status", "last_seq", "created_at")
+    statements = {
+        "message claimed at once": _insert_claimed(plain),
+        "worker claim": _claim_query(by_turn=False, by_session=False, skip_locked=False),
+    }
+    conn = sqlite3.connect(tmp_path / "tk.db")
+    try:
+        for name, statement in statements.items():
+            compiled = _sqlite._Compiled(statement, None)
+            params = dict.fromkeys(re.findall(r":(\w+)", compiled.sql)) | compiled.fixed
+            plan = [row[3] for row in conn.execute(f"EXPLAIN QUERY PLAN {compiled.sql}", params)]
+            earlier = [step for step in plan if "ix_turn_session_open" in step]
+            assert earlier, f"{name}: {plan}"
+            assert all("input_seq<?" in step for step in earlier), f"{name}: {plan}"
+    finally:
+        conn.close()

@@ -60,6 +60,8 @@ class TurnRow(SQLModel, table=True):
     __table_args__ = (
         Index("ix_turn_session_created", "session_id", "created_at"),
         Index("ix_turn_claimable", "status", "lease_expires_at"),
+        # "does an earlier turn of this session still run?" (every claim asks it)
+        Index("ix_turn_session_open", "session_id", "status", "input_seq"),
     )
     turn_id: str = Field(primary_key=True, max_length=64)
     session_id: str = Field(max_length=128)
