@@ -153,3 +153,34 @@ async def test_a_reader_waits_for_a_queued_turn_instead_of_timing_it_out(
     last = received[-1]
     assert isinstance(last, Frame)
     assert decode_event(last.data).type == "done"
+
+
+async def test_start_claims_its_turn_with_the_message_when_the_session_is_free(
+    runtime_factory: RuntimeFactory,
+) -> None:
+    release = asyncio.Event()
+
+    @tool
+    async def wait_here(x: int) -> int:
+        """Hold the first turn until the test lets it go."""
+        await release.wait()
+        return x
+
+    model = ScriptedModel(
+        [
+            ModelStep.tool_call_reply(call("wait_here", x=1)),
+            ModelStep.text_reply("first"),
+            ModelStep.text_reply("second"),
+        ]
+    )
+    runtime = runtime_factory(Agent(model=model, tools=[wait_here]))
+    first = await runtime.start("s1", "one")
+    second = await runtime.start("s1", "two")
+    assert first.lease is not None  # claimed in the message's own transaction
+    assert (first.lease.epoch, first.lease.attempt) == (1, 1)
+    assert second.lease is None  # its session is busy: it waits, then runs
+    release.set()
+    events = [e async for e in runtime.reader().events(second.turn_id)]
+    assert events[-1].type == "done"
+    assert [t.answer for t in await runtime.history("s1")] == ["first", "second"]
+    assert [(await runtime.turn(t)).attempts for t in (first.turn_id, second.turn_id)] == [1, 1]

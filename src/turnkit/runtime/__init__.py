@@ -671,8 +671,9 @@ class SessionRuntime:
     ) -> Submission:
         """Commit a message and run its turn detached from the caller.
 
-        The turn runs in a task of this runtime (when `RuntimeConfig.run_in_process`) or
-        in a `turnkit worker`, and publishes to `self.replay`; read it with `reader()`.
+        The turn runs in a task of this runtime (when `RuntimeConfig.run_in_process`, which
+        also claims it in the message's transaction: `Submission.lease`) or in a
+        `turnkit worker`, and publishes to `self.replay`; read it with `reader()`.
         Closing a reader does not stop it; `cancel(turn_id)` does. The arguments are
         those of `execute_message`.
         """
@@ -687,10 +688,12 @@ class SessionRuntime:
             effort=effort,
             principal=principal,
             documents=documents,
+            claim=self.config.run_in_process,  # in the same transaction, when it can run now
         )
         if submission.is_new and not submission.guided and self.config.run_in_process:
             self.host.detach(
                 submission.turn_id,
+                lease=submission.lease,  # None: it waits for its session's earlier turns
                 agent=agent if isinstance(agent, Agent) else None,
                 deps=deps,
             )
