@@ -231,7 +231,10 @@ class TurnReader:
         self, turn_id: TurnId, progress: _Progress, *, limit: int | None = None
     ) -> AsyncIterator[Frame]:
         sent = 0
-        async for stored in self.store.read_events(turn_id, after_seq=progress.sent):
+        page = limit if limit is not None else 500
+        async for stored in self.store.read_events(
+            turn_id, after_seq=progress.sent, page_size=page
+        ):
             progress.sent = stored.seq
             progress.done = stored.type in _TERMINAL_TYPES
             yield Frame(stored.seq, stored.data)

@@ -64,6 +64,9 @@ __all__ = ("SqlStore", "normalize_url")
 
 log = logging.getLogger(__name__)
 
+IN_PLACE_PAGE = 16
+"""Event pages of at most this many rows are read in place (see `SqlStore.read_events`)."""
+
 
 class SqlStore(SqlEngine):
     """The Store on SQLAlchemy Core: SQLite (embedded default) or PostgreSQL (asyncpg).
@@ -327,10 +330,15 @@ class SqlStore(SqlEngine):
     async def read_events(
         self, turn_id: TurnId, *, after_seq: int = 0, page_size: int = 500
     ) -> AsyncIterator[StoredEvent]:
-        """Committed events after `after_seq`, in order, read in pages of `page_size`."""
+        """Committed events after `after_seq`, in order, read in pages of `page_size`.
+
+        A small page (at most `IN_PLACE_PAGE` rows, such as a stream's first event) is read
+        in place on SQLite, like a turn's own writes; larger ones on the store's thread.
+        """
         cursor = after_seq
+        read = self._hot_tx if page_size <= IN_PLACE_PAGE else self._tx
         while True:
-            rows = await self._tx(turns_sql.event_page, turn_id, cursor, page_size, write=False)
+            rows = await read(turns_sql.event_page, turn_id, cursor, page_size, write=False)
             for seq, type_, data in rows:
                 yield StoredEvent(turn_id=turn_id, seq=seq, type=type_, data=data)
             if len(rows) < page_size:
