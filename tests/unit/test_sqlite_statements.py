@@ -97,3 +97,29 @@ async def test_a_claim_probes_a_sessions_open_turns_without_scanning_its_history
             assert all("input_seq<?" in step for step in earlier), f"{name}: {plan}"
     finally:
         conn.close()
+
+
+async def test_a_streams_first_event_is_read_without_waiting_for_the_stores_thread(
+    tmp_path: Path,
+) -> None:
+    """A small event page is read in place: a busy store thread does not hold it up."""
+    store = SqlStore.from_url(f"sqlite:///{tmp_path / 'tk.db'}")
+    await store.setup()
+    try:
+        submission = await store.submit(new_input())
+        busy = threading.Event()
+
+        def occupy(conn: object) -> None:
+            busy.wait(10)  # the store's thread is stuck until the test lets it go
+
+        blocker = asyncio.create_task(store._tx(occupy, write=False))
+        await asyncio.sleep(0.05)
+        first = [e async for e in store.read_events(submission.turn_id, page_size=1)]
+        still_blocked = not blocker.done()
+        busy.set()
+        await blocker
+    finally:
+        busy.set()
+        await store.close()
+    assert [e.type for e in first] == ["turn.started"]
+    assert still_blocked  # read while the thread was busy: it never went there
