@@ -214,9 +214,7 @@ def _open_turn(
     if claim is None:
         conn.execute(_INSERT_TURN, values)
     else:
-        params = _claimed(values, claim, now)
-        plain = tuple(name for name in params if not name.startswith("c_"))
-        row = conn.execute(_insert_claimed(plain), params).one()
+        row = conn.execute(_insert_claimed(tuple(values)), _claimed(values, claim, now)).one()
     started = TurnStartedEvent(
         session_id=new.session_id,
         turn_id=turn_id,
@@ -243,7 +241,7 @@ def _open_turn(
 def _turn_values(
     new: NewInput, turn_id: TurnId, seq: int, content: str, request_id: str | None, now: datetime
 ) -> dict[str, Any]:
-    """A queued turn's row, nobody holding it yet."""
+    """A queued turn's row; the lease columns keep their defaults (nobody holds it yet)."""
     return {
         "turn_id": turn_id,
         "session_id": new.session_id,
@@ -257,15 +255,10 @@ def _turn_values(
         "department": new.department,
         "principal": new.principal,
         "last_seq": 1,
-        "lease_epoch": 0,
-        "lease_owner": None,
-        "lease_expires_at": None,
-        "attempts": 0,
         "cancel_requested": False,
         "pinned": json.dumps(new.pinned, sort_keys=True),
         "summary": None,
         "attachments": attachments_json(new.attachments),
-        "started_at": None,
         "error_code": None,
         "created_at": now,
         "updated_at": now,
@@ -273,20 +266,14 @@ def _turn_values(
 
 
 def _claimed(values: dict[str, Any], claim: ClaimRequest, now: datetime) -> dict[str, Any]:
-    """`_insert_claimed`'s parameters: the row without what the statement decides."""
-    kept = {name: value for name, value in values.items() if name not in _CLAIMED_COLUMNS}
-    return kept | {
+    """`_insert_claimed`'s parameters: the row, and what its lease columns are decided from."""
+    return values | {
         "c_owner": claim.owner,
         "c_expires": now + timedelta(seconds=claim.ttl_s),
         "c_now": now,
         "c_session": values["session_id"],
         "c_input_seq": values["input_seq"],
     }
-
-
-_CLAIMED_COLUMNS = (
-    "lease_owner", "lease_epoch", "lease_expires_at", "attempts", "claim_seq", "started_at",
-)  # fmt: skip
 
 
 @functools.cache
