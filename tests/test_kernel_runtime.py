@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
@@ -84,11 +85,8 @@ async def test_turns_of_one_session_run_in_order(runtime_factory: RuntimeFactory
     assert ("assistant", "first") in [(m.role, m.content) for m in model.calls[1].messages]
 
 
-async def test_a_first_reader_of_a_live_turn_gets_what_it_streamed_before_attaching(
-    runtime_factory: RuntimeFactory,
-) -> None:
-    """The first connection of a fast turn must not lose the deltas it was too late for."""
-    release = asyncio.Event()
+def _held_until(release: asyncio.Event) -> Any:
+    """A `wait_here(x)` tool that holds its turn until `release` is set."""
 
     @tool
     async def wait_here(x: int) -> int:
@@ -96,6 +94,15 @@ async def test_a_first_reader_of_a_live_turn_gets_what_it_streamed_before_attach
         await release.wait()
         return x
 
+    return wait_here
+
+
+async def test_a_first_reader_of_a_live_turn_gets_what_it_streamed_before_attaching(
+    runtime_factory: RuntimeFactory,
+) -> None:
+    """The first connection of a fast turn must not lose the deltas it was too late for."""
+    release = asyncio.Event()
+    wait_here = _held_until(release)
     model = ScriptedModel(
         [
             ModelStep.tool_call_reply(call("wait_here", x=1), text="Let me compute."),
@@ -159,13 +166,7 @@ async def test_start_claims_its_turn_with_the_message_when_the_session_is_free(
     runtime_factory: RuntimeFactory,
 ) -> None:
     release = asyncio.Event()
-
-    @tool
-    async def wait_here(x: int) -> int:
-        """Hold the first turn until the test lets it go."""
-        await release.wait()
-        return x
-
+    wait_here = _held_until(release)
     model = ScriptedModel(
         [
             ModelStep.tool_call_reply(call("wait_here", x=1)),
