@@ -201,7 +201,7 @@ async def test_a_raising_tool_is_a_failed_result(runtime_factory: RuntimeFactory
 async def test_a_tool_writing_to_langgraphs_stream_does_not_disturb_the_turn(
     runtime_factory: RuntimeFactory,
 ) -> None:
-    """Only turnkit's own event batches travel on LangGraph's custom stream."""
+    """What a tool writes to LangGraph's stream writer is dropped; the turn streams as usual."""
     from langgraph.config import get_stream_writer
 
     @tool

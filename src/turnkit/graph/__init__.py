@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, Literal, TypedDict, cast
 
 from langgraph.checkpoint.base import BaseCheckpointSaver
@@ -42,7 +42,7 @@ __all__ = (
     "has_pending_interrupt",
     "open_checkpointer",
     "pause_here",
-    "stream_turn",
+    "run_turn",
     "turn_part",
 )
 
@@ -110,7 +110,6 @@ def _bind(
     """The turn's context, bound to this node, and the whole transcript the node starts from."""
     ctx = runtime.context
     rec = ctx.recorder
-    rec.publish = runtime.stream_writer
     part = state.get("part")
     if part == "turn":
         transcript = [*rec.history, *state["transcript"]]
@@ -216,7 +215,7 @@ async def has_pending_interrupt(graph: TurnGraph, thread_id: str) -> bool:
     return bool(snapshot.interrupts)
 
 
-async def stream_turn(
+async def run_turn(
     graph: TurnGraph,
     state: TurnState | None,
     ctx: StageContext,
@@ -224,17 +223,18 @@ async def stream_turn(
     thread_id: str,
     durability: Literal["sync", "async", "exit"],
     resume: Any = None,
-) -> AsyncIterator[object]:
+) -> None:
     """Run (state given) or resume (None: from the last checkpoint) one turn's graph.
 
-    Yields what the stages wrote to LangGraph's stream writer.
+    The stages' Recorder sends the turn's events itself; what a tool writes to
+    LangGraph's stream writer is dropped.
     """
     config: Any = {"configurable": {"thread_id": thread_id}}
     graph_input: Any = Command(resume=resume) if resume is not None else state
-    async for chunk in graph.astream(
+    async for _ in graph.astream(
         graph_input, config, context=ctx, stream_mode="custom", durability=durability
     ):
-        yield chunk
+        pass
 
 
 async def latest_checkpoint_id(

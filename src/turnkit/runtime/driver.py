@@ -53,7 +53,7 @@ from turnkit.graph import (
     TurnState,
     has_pending_interrupt,
     latest_checkpoint_id,
-    stream_turn,
+    run_turn,
     turn_part,
 )
 from turnkit.ids import StageId
@@ -194,7 +194,6 @@ class TurnDriver:
                 for task in rec.background:  # a summary the turn no longer waits for
                     task.cancel()
                 await asyncio.gather(keeper, beat, *rec.background, return_exceptions=True)
-                rec.publish = self._publish
             if rec.pending_pause is not None:
                 await self._pause(rec)
             else:
@@ -261,20 +260,14 @@ class TurnDriver:
             }
         try:
             async with asyncio.timeout(max(remaining, 0.001)):
-                async for chunk in stream_turn(
+                await run_turn(
                     self.graph,
                     state,
                     setup.ctx_factory(rec),
                     thread_id=self.lease.turn_id,
                     durability=self.config.checkpoint_durability,
                     resume=answer,
-                ):
-                    # The Recorder writes batches (one per commit) to LangGraph's stream;
-                    # anything else a tool writes there is not ours to forward.
-                    if isinstance(chunk, tuple):
-                        for event in chunk:
-                            if isinstance(event, DurableEvent | EphemeralEvent):
-                                self.sink(event)
+                )
         except TimeoutError as exc:
             raise DeadlineExceededError(
                 f"the turn ran past its ceiling of {self.config.ceiling_s:g} s "
