@@ -17,7 +17,9 @@ temp SQLite database, and an httpx + httpx-sse client measures:
    per chunk (as a client reading a socket does) and "burst" never suspends (like
    `ScriptedModel`: the driver emits every delta before the publisher runs once);
 4. the floor: a plain FastAPI + sse-starlette endpoint on the same kind of server yielding
-   the same number of pre-built events of the same size (no turnkit).
+   the same number of pre-built events of the same size (no turnkit); for the rates it
+   runs twice, never suspending (against the burst model) and suspending once per event
+   (`asyncio.sleep(0)`, against the streaming model).
 
 By default uvicorn runs as a task in the client's event loop (`--server task`): server and
 client work then add up on one thread, nothing else. `--server thread` runs it in a thread
@@ -84,8 +86,18 @@ _DIRECTIVE = re.compile(r"^bench chunks=(\d+) delay_ms=([0-9.]+)( burst)?$")
 FIRST, DONE = "first event after POST", "turn done after POST"
 RESUME_DONE, RESUME_LIVE = "resume finished turn → 1st event", "resume live turn → 1st event"
 RATE_FLOOR = "events/s, one stream"
+RATE_FLOOR_SUSPENDING = "events/s, suspending per event"
 RATE_STREAM, RATE_BURST = "events/s, streaming model", "events/s, burst model"
-METRICS = (FIRST, DONE, RESUME_DONE, RESUME_LIVE, RATE_FLOOR, RATE_STREAM, RATE_BURST)
+METRICS = (
+    FIRST,
+    DONE,
+    RESUME_DONE,
+    RESUME_LIVE,
+    RATE_FLOOR,
+    RATE_FLOOR_SUSPENDING,
+    RATE_STREAM,
+    RATE_BURST,
+)
 
 
 # ── the model ────────────────────────────────────────────────────────────────────────
@@ -200,6 +212,7 @@ class FloorBody(BaseModel):
 
     content: str
     n: int
+    suspend: bool = False
 
 
 def floor_app(payload: str, max_events: int) -> FastAPI:
@@ -211,6 +224,8 @@ def floor_app(payload: str, max_events: int) -> FastAPI:
     async def execute(body: FloorBody) -> EventSourceResponse:
         async def frames() -> AsyncIterator[ServerSentEvent]:
             for event in prebuilt[: body.n]:
+                if body.suspend:  # as the streaming model does once per chunk
+                    await asyncio.sleep(0)
                 yield event
 
         return EventSourceResponse(
@@ -549,7 +564,8 @@ async def bench_turnkit(
                 budget_s * 0.15,
                 findings,
             )
-            rows.append(row | {"floor_metric": RATE_FLOOR})
+            floor = RATE_FLOOR if burst else RATE_FLOOR_SUSPENDING
+            rows.append(row | {"floor_metric": floor})
     return {
         "buffer": name,
         "rows": rows,
@@ -594,17 +610,20 @@ async def bench_floor(
         rows = [
             latency(FIRST, first, events=instant_events, requested=args.turns),
             latency(DONE, whole, events=instant_events, requested=args.turns),
-            await throughput(
-                RATE_FLOOR,
-                client,
-                lambda _: "/floor/execute",
-                lambda: {"content": "hi", "n": bulk},
-                bulk,
-                args.reps,
-                budget_s * 0.5,
-                None,
-            ),
         ]
+        for metric, suspend in ((RATE_FLOOR, False), (RATE_FLOOR_SUSPENDING, True)):
+            rows.append(
+                await throughput(
+                    metric,
+                    client,
+                    lambda _: "/floor/execute",
+                    lambda suspend=suspend: {"content": "hi", "n": bulk, "suspend": suspend},
+                    bulk,
+                    args.reps,
+                    budget_s * 0.25,
+                    None,
+                )
+            )
     return {
         "buffer": "floor",
         "rows": rows,
@@ -677,7 +696,8 @@ def report(results: list[dict[str, Any]], args: argparse.Namespace) -> None:
     print(
         "\n× floor: p50 / floor p50, or floor rate / rate (higher = slower). The floor is "
         "sse-starlette alone: no Store, no buffer, no resume. Streaming model: suspends "
-        "once per chunk; burst model: never suspends, so the turn is published in one batch."
+        "once per chunk, against the floor suspending once per event; burst model: never "
+        "suspends, against the floor that never suspends."
     )
     delivery = ", ".join(
         f"{r['buffer']} p50 {row['first_event_age']['p50_ms']:.2f} / p99 "
@@ -718,7 +738,7 @@ async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--turns", type=int, default=200, help="samples per latency metric")
     parser.add_argument("--events", type=int, default=5000, help="chunks of the bulk turn")
-    parser.add_argument("--reps", type=int, default=3, help="bulk streams per buffer")
+    parser.add_argument("--reps", type=int, default=5, help="bulk streams per buffer")
     parser.add_argument("--server", choices=("task", "thread"), default="task")
     parser.add_argument("--no-redis", action="store_true", help="skip the Redis buffer")
     parser.add_argument(

@@ -173,7 +173,7 @@ def create_turnkit_router(  # noqa: C901 - one closure per route keeps the route
         return ResumeOut(turn_id=record.turn_id, request_id=request_id, status=status)
 
     def stream(turn_id: TurnId, after: int, status_code: int = 200) -> EventSourceResponse:
-        frames = runtime.reader(keepalive_s=keepalive_s).follow(turn_id, after_seq=after)
+        frames = runtime.reader(keepalive_s=keepalive_s).follow_batches(turn_id, after_seq=after)
         return EventSourceResponse(
             frames_to_sse(frames, max_frame_bytes=max_frame_bytes, turn_id=turn_id),
             status_code=status_code,

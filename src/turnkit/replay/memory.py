@@ -141,7 +141,8 @@ class InMemoryReplayBuffer:
             if turn.wake is None:
                 turn.wake = asyncio.Event()
             try:
-                await asyncio.wait_for(turn.wake.wait(), left)
+                async with asyncio.timeout(left):
+                    await turn.wake.wait()
             except TimeoutError:
                 return []
             found = ready()
