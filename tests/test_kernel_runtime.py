@@ -132,6 +132,45 @@ async def test_a_first_reader_of_a_live_turn_gets_what_it_streamed_before_attach
     assert types[-1] == "done"
 
 
+async def test_a_reader_given_its_submission_sends_turn_started_without_reading_it_back(
+    runtime_factory: RuntimeFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What `start` answered carries the committed first event: the stream sends it at once."""
+    release = asyncio.Event()
+    model = ScriptedModel(
+        [
+            ModelStep.tool_call_reply(call("wait_here", x=1), text="Let me compute."),
+            ModelStep.text_reply("Done."),
+            ModelStep.text_reply("1"),
+        ]
+    )
+    runtime = runtime_factory(Agent(model=model, tools=[_held_until(release)]))
+    submission = await runtime.start("s1", "go")
+    store = runtime.store
+
+    async def unreadable(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the reader read the turn back")
+
+    monkeypatch.setattr(store, "get_turn", unreadable)
+    monkeypatch.setattr(store, "read_events", unreadable)
+    batches = runtime.reader().follow_batches(submission.turn_id, submission=submission)
+    first = await anext(batches)
+    monkeypatch.undo()
+    assert isinstance(first, list)
+    assert [decode_event(f.data) for f in first] == [submission.started]
+    release.set()
+    frames = [*first]
+    async for batch in batches:
+        if isinstance(batch, list):
+            frames += batch
+    events = [decode_event(f.data) for f in frames]
+    deltas = "".join(e.text for e in events if e.type == "message.delta")
+    assert deltas.startswith("Let me compute.")  # streamed before the reader attached
+    seqs = [e.seq for e in events if isinstance(e, DurableEvent)]
+    assert seqs == list(range(1, len(seqs) + 1))
+    assert events[-1].type == "done"
+
+
 async def test_a_reader_waits_for_a_queued_turn_instead_of_timing_it_out(
     runtime_factory: RuntimeFactory, database_url: str
 ) -> None:

@@ -66,6 +66,27 @@ async def test_a_reader_waits_for_the_next_entry(buffer: ReplayBuffer) -> None:
     assert await buffer.read(turn, after=entries[0].position, wait_s=0.05) == []
 
 
+async def test_a_woken_memory_reader_takes_what_a_busy_publisher_adds_in_one_read() -> None:
+    """A publisher adding an entry per loop iteration: the reader gets them together."""
+    buffer, turn = InMemoryReplayBuffer(), _turn()
+
+    async def stream(n: int) -> None:
+        for i in range(n):
+            buffer.publish_now(turn, [(None, b"%d" % i, False)])
+            await asyncio.sleep(0)
+
+    task = asyncio.create_task(stream(6))
+    entries = await buffer.read(turn, after="0", wait_s=5)
+    await task
+    assert [e.data for e in entries] == [b"0", b"1", b"2", b"3", b"4", b"5"]
+    # A lone entry is not held back: it comes as soon as its publisher pauses.
+    position = entries[-1].position
+    task = asyncio.create_task(stream(1))
+    lone = await buffer.read(turn, after=position, wait_s=5)
+    await task
+    assert [e.data for e in lone] == [b"0"]
+
+
 async def test_the_buffer_is_bounded(buffer: ReplayBuffer) -> None:
     turn = _turn()
     await buffer.publish(turn, [(n, str(n).encode(), False) for n in range(1, 201)])

@@ -38,6 +38,7 @@ from turnkit.errors import ReplayCursorError, TurnNotFoundError
 from turnkit.events import (
     MessageSnapshotEvent,
     StreamEvent,
+    TurnStartedEvent,
     decode_event,
     encode_event,
 )
@@ -45,7 +46,7 @@ from turnkit.ids import TurnId
 from turnkit.otel import record_replay_lag
 from turnkit.replay import START, BufferEntry, ReplayBuffer
 from turnkit.states import TERMINAL_STATES
-from turnkit.store import Store, TurnRecord
+from turnkit.store import Store, Submission, TurnRecord
 
 __all__ = ("KEEPALIVE", "Frame", "TurnReader", "check_cursor", "parse_cursor")
 
@@ -95,6 +96,18 @@ def _until_lapse(record: TurnRecord, clock: Clock) -> float:
     if record.lease_owner is None or expires is None:
         return float("inf")
     return max(0.05, (expires - clock.now()).total_seconds())
+
+
+def _just_started(
+    submission: Submission | None, turn_id: TurnId, after_seq: int
+) -> tuple[TurnRecord, TurnStartedEvent] | None:
+    """The turn as just committed and claimed, and its `turn.started`, if known."""
+    if submission is None or after_seq != 0 or submission.turn_id != turn_id:
+        return None
+    record, started = submission.record, submission.started
+    if record is None or started is None or submission.guided:
+        return None
+    return record, started
 
 
 def check_cursor(record: TurnRecord, after_seq: int) -> None:
@@ -150,20 +163,29 @@ class TurnReader:
                 yield batch
 
     async def follow_batches(
-        self, turn_id: TurnId, *, after_seq: int = 0
+        self, turn_id: TurnId, *, after_seq: int = 0, submission: Submission | None = None
     ) -> AsyncIterator[list[Frame] | _KeepAlive]:
         """`follow`, a batch at a time: the frames ready together, in order (never empty).
 
         A stream can send a batch in one write: the client cannot tell it from frames
         sent one by one, and a fast turn costs one write per batch instead of per event.
+        `submission`: what `start` answered for this turn, so a first connection sends
+        its committed `turn.started` at once instead of reading the turn back.
         """
-        record = await self._check(turn_id, after_seq)
-        progress = _Progress(sent=after_seq)
-        if record.status in TERMINAL_STATES and after_seq >= record.last_seq:
-            return  # the client has everything, its terminal event included
         buffer = _Buffer(self.buffer, turn_id)
-        async for batch in _batches(self._replay(record, buffer, progress)):
-            yield batch
+        new = _just_started(submission, turn_id, after_seq)
+        if new is not None:
+            record, started = new
+            progress = _Progress(sent=started.seq)
+            yield [Frame(started.seq, encode_event(started))]
+            buffer.position = START  # the live events it streamed since, as `_replay` does
+        else:
+            record = await self._check(turn_id, after_seq)
+            progress = _Progress(sent=after_seq)
+            if record.status in TERMINAL_STATES and after_seq >= record.last_seq:
+                return  # the client has everything, its terminal event included
+            async for batch in _batches(self._replay(record, buffer, progress)):
+                yield batch
         last_event = last_keepalive = self.clock.monotonic()
         while not progress.done:
             idle_left = self.idle_window_s - (self.clock.monotonic() - last_event)
