@@ -5,7 +5,9 @@ app (`create_app`) is served by a real uvicorn server on a free 127.0.0.1 port w
 temp SQLite database, and an httpx + httpx-sse client measures:
 
 1. first event after POST `/execute` (instant model, anchor-plan skipped, no tools), and
-   the whole turn (POST sent → `done` received);
+   the whole turn (POST sent → `done` received), each turn followed by a request to the
+   floor (4.) sending as many events: the ratio is taken against these interleaved floor
+   samples. Every client reads each stream to its end, so the connection is kept;
 2. resume of a finished turn (`Last-Event-ID` = a seq in the middle → first replayed event)
    and of a live turn (model streams 200 chunks 5 ms apart; the client drops the stream
    after a few events, pauses a random 0-5 ms so that reconnects land at random phases of
@@ -37,9 +39,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import gc
 import json
 import math
+import multiprocessing
 import os
 import platform
 import random
@@ -142,18 +146,9 @@ def bench_message(chunks: int, delay_ms: float = 0.0, *, burst: bool = False) ->
 # ── serving ──────────────────────────────────────────────────────────────────────────
 
 
-class Served:
-    """`app` on a uvicorn server bound to a free 127.0.0.1 port; yields the base URL."""
-
-    def __init__(self, app: Any, mode: str) -> None:
-        self.mode = mode
-        # proto=IPPROTO_TCP matters: asyncio sets TCP_NODELAY only on sockets that say they
-        # are TCP; without it Nagle + delayed ACK add ~40 ms to keep-alive responses.
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind((HOST, 0))
-        self.port = self.sock.getsockname()[1]
-        config = uvicorn.Config(
+def _uvicorn(app: Any) -> uvicorn.Server:
+    return uvicorn.Server(
+        uvicorn.Config(
             app,
             loop="asyncio",
             http="h11",
@@ -163,16 +158,65 @@ class Served:
             access_log=False,
             timeout_graceful_shutdown=5,
         )
-        self.server = uvicorn.Server(config)
+    )
+
+
+def _serve_in_child(make_app: Callable[[], Any], sock: socket.socket) -> None:
+    """A `--server process` child: build the app here and serve it on the parent's socket."""
+    _uvicorn(make_app()).run(sockets=[sock])
+
+
+class Served:
+    """The app `make_app` builds, on a uvicorn server bound to a free 127.0.0.1 port.
+
+    Yields the base URL. `mode`: "task" (in this event loop), "thread" (a thread with its
+    own loop) or "process" (a child process: `make_app` must then be picklable).
+    """
+
+    def __init__(self, make_app: Callable[[], Any], mode: str) -> None:
+        self.mode = mode
+        # proto=IPPROTO_TCP matters: asyncio sets TCP_NODELAY only on sockets that say they
+        # are TCP; without it Nagle + delayed ACK add ~40 ms to keep-alive responses.
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind((HOST, 0))
+        self.port = self.sock.getsockname()[1]
+        self.make_app = make_app
+        self.server = _uvicorn(make_app()) if mode != "process" else None
         self._thread: threading.Thread | None = None
         self._task: asyncio.Task[None] | None = None
+        self._process: multiprocessing.process.BaseProcess | None = None
 
     def _alive(self) -> bool:
+        if self._process is not None:
+            return self._process.is_alive()
         if self._thread is not None:
             return self._thread.is_alive()
         return self._task is not None and not self._task.done()
 
+    async def _answers(self) -> bool:
+        try:
+            _, writer = await asyncio.open_connection(HOST, self.port)
+        except OSError:
+            return False
+        writer.close()
+        return True
+
     async def __aenter__(self) -> str:
+        if self.mode == "process":
+            context = multiprocessing.get_context("spawn")
+            self._process = context.Process(
+                target=_serve_in_child, args=(self.make_app, self.sock), daemon=True
+            )
+            self._process.start()
+            deadline = time.monotonic() + 60
+            while not await self._answers():
+                if not self._alive() or time.monotonic() > deadline:
+                    await self._stop()
+                    raise RuntimeError("the uvicorn process did not start (see its log above)")
+                await asyncio.sleep(0.05)
+            return f"http://{HOST}:{self.port}"
+        assert self.server is not None
         serve = self.server.serve(sockets=[self.sock])
         if self.mode == "thread":
             self._thread = threading.Thread(
@@ -182,7 +226,7 @@ class Served:
         else:
             self._task = asyncio.create_task(serve, name="uvicorn")
         deadline = time.monotonic() + 30
-        while not self.server.started:
+        while not self.server.started:  # task or thread
             if not self._alive() or time.monotonic() > deadline:
                 await self._stop()
                 raise RuntimeError("uvicorn did not start (see its log above)")
@@ -193,6 +237,15 @@ class Served:
         await self._stop()
 
     async def _stop(self) -> None:
+        if self._process is not None:
+            self._process.terminate()  # SIGTERM: uvicorn shuts down gracefully
+            await asyncio.to_thread(self._process.join, 20)
+            if self._process.is_alive():
+                self._process.kill()
+                print("  note: the uvicorn process did not stop within 20 s; killed")
+            self.sock.close()
+            return
+        assert self.server is not None
         self.server.should_exit = True
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join, 20)
@@ -278,7 +331,7 @@ async def read_stream(
     stop_after: int | None = None,
     max_events: int = 100_000,
 ) -> Read:
-    """Read one SSE stream until `done` (or `stop_after` events, then drop the connection)."""
+    """Read one SSE stream to its end (or `stop_after` events, then drop the connection)."""
     read = Read(t_sent=time.perf_counter())
     async with (
         asyncio.timeout(STREAM_TIMEOUT_S),
@@ -307,11 +360,15 @@ async def read_stream(
                 read.answer = event["block"]["text"]
             elif kind == "done":
                 read.done = True
-            if read.done or read.events >= max_events:
+                read.t_end = time.perf_counter()
+            # After `done` the server ends the body: read on to its end, as a browser does
+            # and as the floor's client does, so the connection is kept for the next request.
+            if read.events >= max_events:
                 break
             if stop_after is not None and read.events >= stop_after:
                 break
-        read.t_end = time.perf_counter()
+        if read.t_end is None:
+            read.t_end = time.perf_counter()
     return read
 
 
@@ -359,16 +416,30 @@ class Findings:
 
 
 async def first_events(
-    client: httpx.AsyncClient, n: int, budget_s: float, tag: str, findings: Findings
+    client: httpx.AsyncClient,
+    floor: httpx.AsyncClient,
+    n: int,
+    budget_s: float,
+    tag: str,
+    findings: Findings,
 ) -> tuple[list[dict[str, Any]], list[tuple[str, int]]]:
-    """Phase 1: instant-model turns, one at a time, each in a new session."""
+    """Phase 1: instant-model turns, one at a time, each in a new session.
+
+    Each turn is followed by a request to the floor that sends as many events, so both
+    are measured interleaved, under the same conditions.
+    """
+    events = 0
     for i in range(WARMUP):
-        await read_stream(
+        warm = await read_stream(
             client, "POST", f"{API}/sessions/w{tag}-{i}/execute", body={"content": "hi"}
         )
+        events = warm.events
+        await read_stream(floor, "POST", "/floor/execute", body={"content": "hi", "n": events})
     gc.collect()
     first: list[float] = []
     whole: list[float] = []
+    floor_first: list[float] = []
+    floor_whole: list[float] = []
     shape: list[tuple[int, int]] = []  # (events, durable events) per turn
     finished: list[tuple[str, int]] = []
     deadline = time.monotonic() + budget_s
@@ -381,6 +452,11 @@ async def first_events(
         first.append(read.first_ms)
         whole.append(read.total_s * 1000)
         shape.append((read.events, len(read.seqs)))
+        base = await read_stream(
+            floor, "POST", "/floor/execute", body={"content": "hi", "n": events}
+        )
+        floor_first.append(base.first_ms)
+        floor_whole.append(base.total_s * 1000)
         if (problem := check_seqs(read, 0)) is not None:
             findings.add("execute stream", problem)
         if "".join(read.deltas) != ANSWER:
@@ -396,8 +472,15 @@ async def first_events(
                 requested=n,
                 events_per_turn=statistics.median_low([e for e, _ in shape] or [0]),
                 durable_per_turn=statistics.median_low([d for _, d in shape] or [0]),
+                floor_p50_ms=statistics.median(floor_first) if floor_first else None,
             ),
-            latency(DONE, whole, model="instant", requested=n),
+            latency(
+                DONE,
+                whole,
+                model="instant",
+                requested=n,
+                floor_p50_ms=statistics.median(floor_whole) if floor_whole else None,
+            ),
         ],
         finished,
     )
@@ -531,25 +614,40 @@ async def throughput(
     }
 
 
+def turnkit_app(database: Path, redis_prefix: str | None) -> Any:
+    """The quickstart app on the bench model, with Redis's buffer if a prefix is given."""
+    replay: ReplayBuffer = InMemoryReplayBuffer()
+    if redis_prefix is not None:
+        from turnkit.replay.redis import RedisReplayBuffer
+
+        replay = RedisReplayBuffer.from_url(REDIS_URL, prefix=redis_prefix)
+    agent = Agent(model=BenchModel(), skip_stages=frozenset({"anchor-plan"}))
+    config = RuntimeConfig(database_url=f"sqlite:///{database}")
+    return create_app(SessionRuntime(agent=agent, config=config, replay=replay))
+
+
 async def bench_turnkit(
     name: str,
-    replay: ReplayBuffer,
+    redis_prefix: str | None,
     args: argparse.Namespace,
     tmp: Path,
     budget_s: float,
 ) -> dict[str, Any]:
-    agent = Agent(model=BenchModel(), skip_stages=frozenset({"anchor-plan"}))
-    config = RuntimeConfig(database_url=f"sqlite:///{tmp / f'{name}.db'}")
-    runtime = SessionRuntime(agent=agent, config=config, replay=replay)
+    make_app = functools.partial(turnkit_app, tmp / f"{name}.db", redis_prefix)
+    make_floor = functools.partial(floor_app, floor_payload(), FIRST_FLOOR_EVENTS)
     findings = Findings()
     tag = uuid.uuid4().hex[:8]
     rows: list[dict[str, Any]] = []
     started = time.monotonic()
     async with (
-        Served(create_app(runtime), args.server) as base,
+        Served(make_app, args.server) as base,
+        Served(make_floor, args.server) as floor_base,
         httpx.AsyncClient(base_url=base, timeout=STREAM_TIMEOUT_S) as client,
+        httpx.AsyncClient(base_url=floor_base, timeout=STREAM_TIMEOUT_S) as floor,
     ):
-        first, finished = await first_events(client, args.turns, budget_s * 0.3, tag, findings)
+        first, finished = await first_events(
+            client, floor, args.turns, budget_s * 0.3, tag, findings
+        )
         rows += first
         rows.append(await resume_finished(client, finished, args.turns, budget_s * 0.1, findings))
         rows.append(await resume_live(client, args.turns, budget_s * 0.25, tag, findings))
@@ -575,9 +673,12 @@ async def bench_turnkit(
     }
 
 
-async def bench_floor(
-    args: argparse.Namespace, instant_events: int, durable_events: int, budget_s: float
-) -> dict[str, Any]:
+FIRST_FLOOR_EVENTS = 1000
+"""Enough for an instant turn's events (the floor beside phase 1 sends as many)."""
+
+
+def floor_payload() -> str:
+    """The floor's event: a `message.delta` of the bulk turns' size."""
     sample = MessageDeltaEvent(
         session_id="s-floor-000000",
         turn_id=f"turn_{uuid.uuid4()}",
@@ -586,12 +687,18 @@ async def bench_floor(
         block_id=f"blk_{uuid.uuid4()}",
         text=CHUNK,
     )
-    payload = encode_event(sample).decode()
+    return encode_event(sample).decode()
+
+
+async def bench_floor(
+    args: argparse.Namespace, instant_events: int, durable_events: int, budget_s: float
+) -> dict[str, Any]:
+    payload = floor_payload()
     bulk = args.events + durable_events  # a bulk turn also sends turn.started … done
-    app = floor_app(payload, max(bulk, instant_events))
+    make_app = functools.partial(floor_app, payload, max(bulk, instant_events))
     started = time.monotonic()
     async with (
-        Served(app, args.server) as base,
+        Served(make_app, args.server) as base,
         httpx.AsyncClient(base_url=base, timeout=STREAM_TIMEOUT_S) as client,
     ):
         body = {"content": "hi", "n": instant_events}
@@ -694,7 +801,8 @@ def report(results: list[dict[str, Any]], args: argparse.Namespace) -> None:
             ratio = _x_floor(row, base)
             print(f"{metric:36} {result['buffer']:7} {row['n']:5} {p50} {p99} {rate} {ratio:>8}")
     print(
-        "\n× floor: p50 / floor p50, or floor rate / rate (higher = slower). The floor is "
+        "\n× floor: p50 / floor p50 (first event and whole turn: against floor requests "
+        "interleaved with the turns), or floor rate / rate (higher = slower). The floor is "
         "sse-starlette alone: no Store, no buffer, no resume. Streaming model: suspends "
         "once per chunk, against the floor suspending once per event; burst model: never "
         "suspends, against the floor that never suspends."
@@ -722,7 +830,9 @@ def _x_floor(row: dict[str, Any], base: dict[str, Any] | None) -> str:
     """p50 / floor p50, or floor rate / rate: how many times slower than the floor."""
     if base is None:
         return ""
-    if row.get("p50_ms") and base.get("p50_ms"):
+    if row.get("p50_ms") and row.get("floor_p50_ms"):  # measured interleaved with it
+        row["x_floor"] = row["p50_ms"] / row["floor_p50_ms"]
+    elif row.get("p50_ms") and base.get("p50_ms"):
         row["x_floor"] = row["p50_ms"] / base["p50_ms"]
     elif row.get("rate_eps") and base.get("rate_eps"):
         row["x_floor"] = base["rate_eps"] / row["rate_eps"]
@@ -739,7 +849,7 @@ async def main() -> None:
     parser.add_argument("--turns", type=int, default=200, help="samples per latency metric")
     parser.add_argument("--events", type=int, default=5000, help="chunks of the bulk turn")
     parser.add_argument("--reps", type=int, default=5, help="bulk streams per buffer")
-    parser.add_argument("--server", choices=("task", "thread"), default="task")
+    parser.add_argument("--server", choices=("task", "thread", "process"), default="task")
     parser.add_argument("--no-redis", action="store_true", help="skip the Redis buffer")
     parser.add_argument(
         "--budget", type=float, default=150.0, help="seconds for all phases (caps sample counts)"
@@ -750,13 +860,11 @@ async def main() -> None:
     if args.turns < 1 or args.events < 1 or args.reps < 1:
         parser.error("--turns, --events and --reps must be at least 1")
 
-    buffers: list[tuple[str, Callable[[], ReplayBuffer]]] = [("memory", InMemoryReplayBuffer)]
+    buffers: list[tuple[str, str | None]] = [("memory", None)]  # (name, Redis key prefix)
     prefix = f"turnkit-bench-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     redis_note = "skipped (--no-redis)" if args.no_redis else redis_available()
     if redis_note is None:
-        from turnkit.replay.redis import RedisReplayBuffer
-
-        buffers.append(("redis", lambda: RedisReplayBuffer.from_url(REDIS_URL, prefix=prefix)))
+        buffers.append(("redis", prefix))
         redis_note = f"{REDIS_URL}, prefix {prefix}"
     else:
         print(f"note: Redis buffer skipped — {redis_note}")
@@ -766,9 +874,9 @@ async def main() -> None:
     with tempfile.TemporaryDirectory(prefix="turnkit-sse-") as tmpdir:
         tmp = Path(tmpdir)
         try:
-            for name, make in buffers:
+            for name, redis_prefix in buffers:
                 print(f"running {name} buffer …", flush=True)
-                results.append(await bench_turnkit(name, make(), args, tmp, share))
+                results.append(await bench_turnkit(name, redis_prefix, args, tmp, share))
         finally:
             if any(name == "redis" for name, _ in buffers):
                 left = redis_cleanup(prefix)
