@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime
+from typing import cast
 
 import pytest
 from tests.conftest import REDIS_URL, require_service
@@ -15,7 +17,7 @@ from turnkit.events import DoneEvent, MessageDeltaEvent, encode_event
 from turnkit.ids import TurnId
 from turnkit.replay import ReplayBuffer, ReplaySettings
 from turnkit.replay.memory import InMemoryReplayBuffer
-from turnkit.runtime._publish import BufferPublisher
+from turnkit.runtime._publish import BufferPublisher, Entry
 
 
 @pytest.fixture(params=["memory", "redis"])
@@ -176,3 +178,35 @@ async def test_events_published_in_process_read_back_as_their_wire_bytes() -> No
     assert [(e.seq, e.data, e.is_terminal) for e in rest] == [(2, encode_event(done), True)]
     await asyncio.sleep(0.3)
     assert await buffer.tail(turn) == "0"  # dropped after the terminal grace
+
+
+async def test_a_publisher_sends_a_streaming_drivers_events_in_few_batches(
+    buffer: ReplayBuffer,
+) -> None:
+    """Events sent one per loop iteration (a streaming model) share a round trip, in order."""
+    batches: list[int] = []
+
+    class Counting:
+        """The buffer under test, without `publish_now`: the publisher's task batches."""
+
+        async def publish(self, turn_id: TurnId, entries: Sequence[Entry]) -> None:
+            batches.append(len(entries))
+            await buffer.publish(turn_id, entries)
+
+        async def release(self, turn_id: TurnId) -> None:
+            await buffer.release(turn_id)
+
+    turn, now = _turn(), datetime.now(UTC)
+    async with BufferPublisher(cast(ReplayBuffer, Counting()), turn) as publish:
+        for i in range(40):
+            publish(
+                MessageDeltaEvent(
+                    session_id="s1", turn_id=turn, stage_id="synthesize", ts=now,
+                    block_id="b", text=str(i),
+                )
+            )  # fmt: skip
+            await asyncio.sleep(0)
+    entries = await buffer.read(turn, after="0", wait_s=0)
+    assert [json.loads(e.data)["text"] for e in entries] == [str(i) for i in range(40)]
+    assert sum(batches) == 40
+    assert len(batches) <= 10
