@@ -10,6 +10,7 @@ import asyncio
 import logging
 import uuid
 from collections.abc import AsyncIterator
+from types import SimpleNamespace
 from typing import Any
 
 import asyncpg
@@ -17,7 +18,7 @@ import pytest
 from tests.conftest import POSTGRES_URL, require_service
 from tests.support.checkpoints import THREAD, checkpoint, config
 
-from turnkit.graph import open_checkpointer
+from turnkit.graph import latest_checkpoint_id, open_checkpointer
 
 
 @pytest.fixture
@@ -86,6 +87,33 @@ async def test_a_connection_goes_back_to_the_pool_without_a_round_trip(
     assert await _stored(schema) == (3, 0)
     # asyncpg's default sends RESET ALL (and more) each time a connection goes back
     assert [q for q in sent if "RESET ALL" in q or "pg_advisory_unlock_all" in q] == []
+
+
+async def test_a_driver_that_just_ran_a_thread_names_its_newest_checkpoint_without_a_query(
+    schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sent: list[str] = []
+    opened_connection = asyncpg.Connection.__init__
+
+    def logged(self: asyncpg.Connection, *args: Any, **kwargs: Any) -> None:
+        opened_connection(self, *args, **kwargs)
+        self.add_query_logger(lambda record: sent.append(record.query))
+
+    monkeypatch.setattr(asyncpg.Connection, "__init__", logged)
+    saver, close = await open_checkpointer(POSTGRES_URL, schema=schema)
+    graph: Any = SimpleNamespace(checkpointer=saver)
+    try:
+        await saver.aput(config(), checkpoint(0), {"source": "input", "step": -1}, {})
+        await saver.aput(config(parent=0), checkpoint(1), {"source": "loop", "step": 0}, {})
+        sent.clear()
+        newest = checkpoint(1)["id"]
+        assert await latest_checkpoint_id(graph, THREAD, just_ran=True) == newest
+        assert sent == []
+        # Taken once: asked again, the saver reads it back.
+        assert await latest_checkpoint_id(graph, THREAD, just_ran=True) == newest
+        assert any("select" in q.lower() for q in sent)
+    finally:
+        await close()
 
 
 async def test_task_writes_a_newer_checkpoint_holds_are_not_stored(saver: Any, schema: str) -> None:

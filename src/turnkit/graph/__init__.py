@@ -248,12 +248,8 @@ async def latest_checkpoint_id(
     if not isinstance(saver, BaseCheckpointSaver):
         return None
     if just_ran:
-        from turnkit.graph._sqlite_saver import ThreadedSqliteSaver
-
-        if (
-            isinstance(saver, ThreadedSqliteSaver)
-            and (written := saver.take_written(thread_id)) is not None
-        ):
+        take_written: Callable[[str], str | None] | None = getattr(saver, "take_written", None)
+        if take_written is not None and (written := take_written(thread_id)) is not None:
             return written
     found = await saver.aget_tuple(cast(Any, {"configurable": {"thread_id": thread_id}}))
     return None if found is None else str(found.checkpoint["id"])

@@ -13,7 +13,7 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
-__all__ = ("log_dropped", "supersedable")
+__all__ = ("WrittenIds", "log_dropped", "supersedable")
 
 log = logging.getLogger("turnkit.graph")
 
@@ -30,3 +30,26 @@ def log_dropped(thread_id: str, *, is_checkpoint: bool) -> None:
         "checkpoint" if is_checkpoint else "task write",
         thread_id,
     )
+
+
+class WrittenIds:
+    """Thread id → id of the checkpoint a saver stored (or holds) last for it.
+
+    A driver that just ran a thread takes the id from here instead of reading the
+    thread's newest checkpoint back. Bounded: threads that never settle are forgotten,
+    oldest first (their driver then reads the id back).
+    """
+
+    def __init__(self, bound: int = 4096) -> None:
+        self._ids: dict[str, str] = {}
+        self._bound = bound
+
+    def note(self, thread_id: str, checkpoint_id: str) -> None:
+        self._ids.pop(thread_id, None)  # newest last, so the oldest go first
+        self._ids[thread_id] = checkpoint_id
+        while len(self._ids) > self._bound:
+            self._ids.pop(next(iter(self._ids)))
+
+    def take(self, thread_id: str) -> str | None:
+        """The id noted for `thread_id` (forgotten once taken)."""
+        return self._ids.pop(thread_id, None)

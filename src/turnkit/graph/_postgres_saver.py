@@ -41,7 +41,7 @@ from langgraph.checkpoint.base import (
 from langgraph.checkpoint.postgres.base import BasePostgresSaver
 from langgraph.checkpoint.serde.types import _DeltaSnapshot
 
-from turnkit.graph._held import log_dropped, supersedable
+from turnkit.graph._held import WrittenIds, log_dropped, supersedable
 
 __all__ = ("AsyncPgSaver", "keep_session", "prepare_connection")
 
@@ -116,6 +116,7 @@ class AsyncPgSaver(BasePostgresSaver):
         super().__init__()
         self.pool = pool
         self._held: dict[str, list[_Held]] = {}
+        self._written = WrittenIds()
 
     async def setup(self) -> None:
         """Create LangGraph's checkpoint tables (its own migrations, in its order)."""
@@ -180,8 +181,14 @@ class AsyncPgSaver(BasePostgresSaver):
 
         if metadata.get("source") == "input":
             self._held.setdefault(thread_id, []).append(_Held(parent, True, put))
-            return saved
-        return await self._write(thread_id, put)  # type: ignore[no-any-return]
+        else:
+            await self._write(thread_id, put)
+        self._written.note(thread_id, checkpoint_id)
+        return saved
+
+    def take_written(self, thread_id: str) -> str | None:
+        """The checkpoint id this saver last stored for `thread_id` (forgotten once taken)."""
+        return self._written.take(thread_id)
 
     def _checkpoint_args(
         self,

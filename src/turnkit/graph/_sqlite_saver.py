@@ -32,7 +32,7 @@ from langgraph.checkpoint.base import (
 )
 from langgraph.checkpoint.sqlite import SqliteSaver
 
-from turnkit.graph._held import log_dropped, supersedable
+from turnkit.graph._held import WrittenIds, log_dropped, supersedable
 from turnkit.store._folds import WalFolds
 from turnkit.store._sqlite import is_busy, tune
 
@@ -121,8 +121,7 @@ class ThreadedSqliteSaver(SqliteSaver):
             if path != ":memory:"
             else None
         )
-        self._written: dict[str, str] = {}
-        """thread id → id of the checkpoint this saver wrote last for it."""
+        self._written = WrittenIds()
         self._deferred: list[_Deferred] = []
         """Writes held for the next transaction (input checkpoints, plain task writes)."""
         self._deferred_lock = threading.Lock()  # the loop appends while a thread may take
@@ -310,14 +309,12 @@ class ThreadedSqliteSaver(SqliteSaver):
             }
         else:
             saved = await self._write(lambda: self.put(config, checkpoint, metadata, new_versions))
-        self._written[thread_id] = str(checkpoint["id"])
-        while len(self._written) > 4096:  # threads that never settled: forget the oldest
-            self._written.pop(next(iter(self._written)))
+        self._written.note(thread_id, str(checkpoint["id"]))
         return saved
 
     def take_written(self, thread_id: str) -> str | None:
         """The checkpoint id this saver last wrote for `thread_id` (forgotten once taken)."""
-        return self._written.pop(thread_id, None)
+        return self._written.take(thread_id)
 
     async def aput_writes(
         self,
