@@ -10,13 +10,12 @@ from dataclasses import dataclass
 
 from turnkit.ids import TurnId
 from turnkit.replay import START, BufferEntry, ReplaySettings
+from turnkit.replay._gather import gather
 
 __all__ = ("InMemoryReplayBuffer",)
 
 _LATE_S = 0.01
 """A released turn's timer fires this much after its expiry (so the entries are due)."""
-_GATHER_ROUNDS = 8
-"""A woken reader lets a busy publisher run at most this many loop iterations first."""
 
 
 @dataclass(slots=True)
@@ -147,13 +146,8 @@ class InMemoryReplayBuffer:
                     await turn.wake.wait()
             except TimeoutError:
                 return []
-            # Woken by a new entry: while its publisher keeps adding more, let it run a
-            # little (a few loop iterations), so the reader sends them in one batch.
-            for _ in range(_GATHER_ROUNDS):
-                count = turn.counter
-                await asyncio.sleep(0)  # noqa: TID251 - one loop iteration, not a timed wait
-                if turn.counter == count:
-                    break
+            # Woken by a new entry: let a publisher still streaming add more to the batch.
+            await gather(lambda: turn.counter)
             found = ready()
         return found
 

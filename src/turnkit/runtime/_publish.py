@@ -10,13 +10,11 @@ from collections.abc import Callable, Sequence
 from turnkit.events import DoneEvent, DurableEvent, EphemeralEvent, encode_event
 from turnkit.ids import TurnId
 from turnkit.replay import ReplayBuffer
+from turnkit.replay._gather import gather
 
 __all__ = ("BufferPublisher",)
 
 log = logging.getLogger("turnkit.replay")
-
-_GATHER_ROUNDS = 8
-"""The publisher lets a busy driver run at most this many loop iterations per batch."""
 
 
 class BufferPublisher:
@@ -57,13 +55,8 @@ class BufferPublisher:
         finished = False
         while not finished:
             batch = [await self._queue.get()]
-            # While the driver keeps sending (one event per loop iteration, as a streaming
-            # model does), let it run a few iterations: one round trip carries them all.
-            for _ in range(_GATHER_ROUNDS):
-                waiting = self._queue.qsize()
-                await asyncio.sleep(0)  # noqa: TID251 - one loop iteration, not a timed wait
-                if self._queue.qsize() == waiting:
-                    break
+            # A driver still streaming adds more: one round trip carries them all.
+            await gather(self._queue.qsize)
             while not self._queue.empty():
                 batch.append(self._queue.get_nowait())
             finished = None in batch
