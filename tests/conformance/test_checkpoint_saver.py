@@ -167,3 +167,19 @@ async def test_an_in_memory_url_keeps_checkpoints_in_memory(
     finally:
         await close()
     assert os.listdir(tmp_path) == []  # no file in the working directory
+
+
+async def test_a_new_threads_opening_read_reads_nothing(
+    saver: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def refused(*args: object) -> None:
+        raise AssertionError("read the database")
+
+    saver.expect_new(THREAD)
+    monkeypatch.setattr(saver, "get_tuple", refused)
+    assert await saver.aget_tuple(config()) is None
+    monkeypatch.undo()
+    await saver.aput(config(), checkpoint(0), {"source": "loop", "step": 0}, {})
+    found = await saver.aget_tuple(config())  # taken once: later reads read
+    assert found is not None
+    assert found.checkpoint["id"] == checkpoint(0)["id"]

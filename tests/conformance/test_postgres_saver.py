@@ -16,9 +16,13 @@ from typing import Any
 import asyncpg
 import pytest
 from tests.conftest import POSTGRES_URL, require_service
+from tests.helpers import add
 from tests.support.checkpoints import THREAD, checkpoint, config
 
+from turnkit import Agent, RuntimeConfig, SessionRuntime
+from turnkit.events import CheckpointCreatedEvent, DoneEvent
 from turnkit.graph import latest_checkpoint_id, open_checkpointer
+from turnkit.testing import ModelStep, ScriptedModel, call, collect_events
 
 
 @pytest.fixture
@@ -114,6 +118,50 @@ async def test_a_driver_that_just_ran_a_thread_names_its_newest_checkpoint_witho
         assert any("select" in q.lower() for q in sent)
     finally:
         await close()
+
+
+async def test_a_new_threads_opening_read_asks_no_database(
+    saver: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def refused(*args: object) -> None:
+        raise AssertionError("asked the database")
+
+    saver.expect_new(THREAD)
+    monkeypatch.setattr(type(saver.pool), "acquire", refused)
+    assert await saver.aget_tuple(config()) is None
+    monkeypatch.undo()
+    await saver.aput(config(), checkpoint(0), {"source": "loop", "step": 0}, {})
+    found = await saver.aget_tuple(config())  # taken once: later reads ask
+    assert found is not None
+    assert found.checkpoint["id"] == checkpoint(0)["id"]
+
+
+async def test_a_tool_using_turn_reads_no_checkpoint_back(
+    schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its opening read (a new thread) and its settle (the id just stored) ask nothing."""
+    sent: list[str] = []
+    opened_connection = asyncpg.Connection.__init__
+
+    def logged(self: asyncpg.Connection, *args: Any, **kwargs: Any) -> None:
+        opened_connection(self, *args, **kwargs)
+        self.add_query_logger(lambda record: sent.append(record.query))
+
+    monkeypatch.setattr(asyncpg.Connection, "__init__", logged)
+    model = ScriptedModel(
+        [ModelStep.tool_call_reply(call("add", a=2, b=3)), ModelStep.text_reply("5")]
+    )
+    config = RuntimeConfig(database_url=POSTGRES_URL, database_schema=schema)
+    async with SessionRuntime(
+        agent=Agent(model=model, tools=[add], skip_stages=frozenset({"anchor-plan"})),
+        config=config,
+    ) as runtime:
+        events = await collect_events(runtime.execute_message("s1", "add 2 and 3"))
+    assert isinstance(events[-1], DoneEvent)
+    assert events[-1].status == "succeeded"
+    assert any(isinstance(e, CheckpointCreatedEvent) for e in events)
+    reads = [q for q in sent if "from checkpoints" in q.lower()]
+    assert reads == []
 
 
 async def test_task_writes_a_newer_checkpoint_holds_are_not_stored(saver: Any, schema: str) -> None:

@@ -38,6 +38,7 @@ __all__ = (
     "TurnGraph",
     "TurnState",
     "compile_turn_graph",
+    "expect_new_thread",
     "latest_checkpoint_id",
     "has_pending_interrupt",
     "open_checkpointer",
@@ -235,6 +236,16 @@ async def run_turn(
         graph_input, config, context=ctx, stream_mode="custom", durability=durability
     ):
         pass
+
+
+def expect_new_thread(graph: TurnGraph, thread_id: str) -> None:
+    """Tell the checkpointer `thread_id` has no checkpoint yet (a turn's first attempt).
+
+    The run's opening read of the thread's newest checkpoint then asks no database.
+    """
+    expect: Callable[[str], None] | None = getattr(graph.checkpointer, "expect_new", None)
+    if expect is not None:
+        expect(thread_id)
 
 
 async def latest_checkpoint_id(

@@ -13,7 +13,7 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
-__all__ = ("WrittenIds", "log_dropped", "supersedable")
+__all__ = ("NewThreads", "WrittenIds", "log_dropped", "supersedable")
 
 log = logging.getLogger("turnkit.graph")
 
@@ -53,3 +53,28 @@ class WrittenIds:
     def take(self, thread_id: str) -> str | None:
         """The id noted for `thread_id` (forgotten once taken)."""
         return self._ids.pop(thread_id, None)
+
+
+class NewThreads:
+    """Threads about to run for the first time: their newest checkpoint is known to be none.
+
+    LangGraph reads a thread's newest checkpoint when a run starts; for a thread a
+    driver knows is new, the saver answers that read without asking its database.
+    Bounded like `WrittenIds`.
+    """
+
+    def __init__(self, bound: int = 4096) -> None:
+        self._ids: dict[str, None] = {}
+        self._bound = bound
+
+    def add(self, thread_id: str) -> None:
+        self._ids[thread_id] = None
+        while len(self._ids) > self._bound:
+            self._ids.pop(next(iter(self._ids)))
+
+    def take(self, thread_id: str) -> bool:
+        """Whether `thread_id` was added (forgotten once taken)."""
+        if thread_id in self._ids:
+            del self._ids[thread_id]
+            return True
+        return False

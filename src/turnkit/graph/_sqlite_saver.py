@@ -29,10 +29,11 @@ from langgraph.checkpoint.base import (
     Checkpoint,
     CheckpointMetadata,
     CheckpointTuple,
+    get_checkpoint_id,
 )
 from langgraph.checkpoint.sqlite import SqliteSaver
 
-from turnkit.graph._held import WrittenIds, log_dropped, supersedable
+from turnkit.graph._held import NewThreads, WrittenIds, log_dropped, supersedable
 from turnkit.store._folds import WalFolds
 from turnkit.store._sqlite import is_busy, tune
 
@@ -122,6 +123,7 @@ class ThreadedSqliteSaver(SqliteSaver):
             else None
         )
         self._written = WrittenIds()
+        self._new = NewThreads()
         self._deferred: list[_Deferred] = []
         """Writes held for the next transaction (input checkpoints, plain task writes)."""
         self._deferred_lock = threading.Lock()  # the loop appends while a thread may take
@@ -252,8 +254,15 @@ class ThreadedSqliteSaver(SqliteSaver):
 
             return await self._run(wait_and_read)
 
+    def expect_new(self, thread_id: str) -> None:
+        """`thread_id` has no checkpoint: its first read of the newest reads nothing."""
+        self._new.add(thread_id)
+
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         """`get_tuple`, after any deferred writes."""
+        thread_id = str(config["configurable"]["thread_id"])
+        if not get_checkpoint_id(config) and self._new.take(thread_id):
+            return None  # read before anything of the thread can have been written
         return await self._read(lambda: self.get_tuple(config))
 
     async def alist(

@@ -51,6 +51,7 @@ from turnkit.events import (
 from turnkit.graph import (
     TurnGraph,
     TurnState,
+    expect_new_thread,
     has_pending_interrupt,
     latest_checkpoint_id,
     run_turn,
@@ -246,6 +247,8 @@ class TurnDriver:
             answer = await self.store.pending_answer(self.lease.turn_id)
         if self.lease.took_over:
             await self._announce_recovery(rec, resumed=resume)
+        if fresh:
+            expect_new_thread(self.graph, self.lease.turn_id)
         state: TurnState | None = None
         if not resume:
             own, part = turn_part(rec, await guard_input(setup.ctx_factory(rec), setup.transcript))
