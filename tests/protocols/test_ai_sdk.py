@@ -264,6 +264,30 @@ async def test_a_tool_using_turn_maps_to_ui_message_chunks(
     assert (await http.get(f"{API}/chat1/stream")).status_code == 204
 
 
+async def test_a_fast_turn_streams_in_far_fewer_writes_than_chunks(tmp_path: Path) -> None:
+    """The chunks of events ready together go out in one write, all of them, in order."""
+    text = "abcdefghij" * 30
+    app = build_app(tmp_path, ScriptedModel([ModelStep.text_reply(text, chunk_size=1)]))
+    writes: list[bytes] = []
+
+    async def recording(scope: Any, receive: Any, send: Any) -> None:
+        async def sending(message: Any) -> None:
+            if message["type"] == "http.response.body" and message.get("body"):
+                writes.append(message["body"])
+            await send(message)
+
+        await app(scope, receive, sending)
+
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=recording)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+            response = await http.post(API, json={"id": "fast", "messages": [user("go")]})
+    chunks = chunks_of(response.text)
+    assert fold(chunks)[-1] == {"type": "text", "text": text}
+    assert chunks[-2]["type"] == "finish"
+    assert len(writes) < len(chunks) / 4
+
+
 def _event(kind: type[Any], **fields: Any) -> Any:
     envelope = {"session_id": "s", "turn_id": "t", "stage_id": "tool-loop", "ts": datetime.now(UTC)}
     return kind(**envelope, **fields)

@@ -71,7 +71,7 @@ from turnkit.pauses import CLARIFY_TOOL, Answer, Approve, Deny, Resolution
 from turnkit.projection import PendingDecision
 from turnkit.runtime import SessionRuntime
 from turnkit.runtime.deps import NO_DEPS
-from turnkit.runtime.reader import KEEPALIVE, Frame
+from turnkit.runtime.reader import KEEPALIVE
 from turnkit.store import TurnRecord
 
 __all__ = (
@@ -569,25 +569,47 @@ def create_ai_sdk_router(  # noqa: C901 - one closure per route keeps the routes
 
     async def events(
         turn_id: TurnId, after_seq: int, *, rebuild: bool
-    ) -> AsyncGenerator[StreamEvent | None, None]:
-        """The turn's events after the cursor (None: a keep-alive).
+    ) -> AsyncGenerator[list[StreamEvent] | None, None]:
+        """The turn's events after the cursor, a batch at a time (None: a keep-alive).
 
         `rebuild` first reads what the Store holds from the start, then follows after it:
         the reader sends the text so far of blocks still being written, then live.
         """
         if rebuild:
             async for event in runtime.events(turn_id):
-                yield event
+                yield [event]
                 if isinstance(event, DurableEvent):
                     after_seq = event.seq
         reader = runtime.reader(keepalive_s=keepalive_s)
-        frames = cast(AsyncGenerator[object, None], reader.follow(turn_id, after_seq=after_seq))
-        async with contextlib.aclosing(frames):  # a closed stream stops reading at once
-            async for frame in frames:
-                if frame is KEEPALIVE:
+        batches = cast(
+            AsyncGenerator[object, None], reader.follow_batches(turn_id, after_seq=after_seq)
+        )
+        async with contextlib.aclosing(batches):  # a closed stream stops reading at once
+            async for batch in batches:
+                if batch is KEEPALIVE:
                     yield None
-                elif isinstance(frame, Frame):
-                    yield decode_event(frame.data)
+                elif isinstance(batch, list):
+                    yield [decode_event(frame.data) for frame in batch]
+
+    async def rendered(
+        translator: UIMessageStreamTranslator,
+        record: TurnRecord,
+        events: list[StreamEvent],
+        lines: list[bytes],
+    ) -> bool:
+        """Add the lines of `events` to `lines`; True once the stream is over."""
+        for event in events:
+            if isinstance(event, HeartbeatEvent):
+                lines.append(_KEEPALIVE_LINE)
+                continue
+            lines.extend(_line(chunk) for chunk in translator.translate(event))
+            if isinstance(event, DoneEvent):
+                return True
+            if isinstance(event, ApprovalRequestedEvent | ClarificationRequestedEvent):
+                now = await runtime.turn(record.turn_id)
+                if now.status in _PAUSED and now.last_seq <= event.seq:
+                    return True  # paused here: the answer comes with the next POST
+        return False
 
     async def render(
         record: TurnRecord, after_seq: int, *, rebuild: bool = False
@@ -598,23 +620,23 @@ def create_ai_sdk_router(  # noqa: C901 - one closure per route keeps the routes
         for chunk in translator.start():
             yield _line(chunk)
         source = events(record.turn_id, after_seq, rebuild=rebuild)
+        lines: list[bytes] = []  # a batch's lines, sent in one write
         try:
             async with contextlib.aclosing(source):
-                async for event in source:
-                    if event is None or isinstance(event, HeartbeatEvent):
+                async for batch in source:
+                    if batch is None:
                         yield _KEEPALIVE_LINE
                         continue
-                    for chunk in translator.translate(event):
-                        yield _line(chunk)
-                    if isinstance(event, DoneEvent):
+                    over = await rendered(translator, record, batch, lines)
+                    if lines:
+                        yield b"".join(lines)
+                        lines.clear()
+                    if over:
                         break
-                    if isinstance(event, ApprovalRequestedEvent | ClarificationRequestedEvent):
-                        now = await runtime.turn(record.turn_id)
-                        if now.status in _PAUSED and now.last_seq <= event.seq:
-                            break  # paused here: the answer comes with the next POST
         except TurnkitError as exc:
             log.warning("AI SDK stream of turn %s failed: %s", record.turn_id, exc)
-            yield _line({"type": "error", "errorText": f"{exc} ({exc.code})"})
+            lines.append(_line({"type": "error", "errorText": f"{exc} ({exc.code})"}))
+            yield b"".join(lines)
         for chunk in translator.finish():
             yield _line(chunk)
         yield _DONE_LINE
