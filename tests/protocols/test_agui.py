@@ -268,6 +268,36 @@ async def test_a_tool_using_turn_maps_to_ag_ui_events(app_for: Any) -> None:
     assert custom.id == str(custom.event["value"]["seq"])
 
 
+async def test_a_fast_turn_streams_in_far_fewer_writes_than_events(tmp_path: Path) -> None:
+    """The frames of turnkit events ready together go out in one write, all, in order."""
+    text = "abcdefghij" * 30
+    agent = Agent(model=ScriptedModel([ModelStep.text_reply(text, chunk_size=1)]))
+    app = build_app(tmp_path, [agent])
+    runtime: SessionRuntime = app.state.runtime
+    writes: list[bytes] = []
+
+    async def recording(scope: Any, receive: Any, send: Any) -> None:
+        async def sending(message: Any) -> None:
+            if message["type"] == "http.response.body" and message.get("body"):
+                writes.append(message["body"])
+            await send(message)
+
+        await app(scope, receive, sending)
+
+    await runtime.open()
+    try:
+        transport = httpx.ASGITransport(app=recording)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+            response = await _post(http, run_input("fast", "r1", "go"))
+    finally:
+        await runtime.close()
+    frames = parse(response.text)
+    check_run(frames)
+    content = [f.event["delta"] for f in frames if f.event["type"] == "TEXT_MESSAGE_CONTENT"]
+    assert "".join(content) == text
+    assert len(writes) < len(frames) / 4
+
+
 async def test_posting_the_same_run_again_starts_no_second_turn(app_for: Any) -> None:
     model = ScriptedModel([ModelStep.text_reply("Once.")])
     async with app_for(Agent(model=model)) as http:

@@ -261,9 +261,12 @@ def create_agui_router(
             idle_window_s=runtime.config.idle_window_s,
             keepalive_s=keepalive_s,
         )
-        frames = cast(AsyncGenerator[object, None], reader.follow(record.turn_id, after_seq=after))
+        batches = cast(
+            AsyncGenerator[object, None],
+            reader.follow_batches(record.turn_id, after_seq=after),
+        )
         return EventSourceResponse(
-            _stream(translator, opening, frames, view),
+            _stream(translator, opening, batches, view),
             headers={"X-Turn-Id": record.turn_id, "Cache-Control": "no-store"},
             # Keep-alives are single comment lines from the reader; sse-starlette's ping
             # (`None` means its 15 s default) ends with a blank line: never let it fire.
@@ -321,26 +324,37 @@ async def _opening(
 async def _stream(
     translator: _Translator,
     opening: list[_AgUi],
-    frames: AsyncGenerator[object, None],
+    batches: AsyncGenerator[object, None],
     view: _View,
 ) -> AsyncIterator[ServerSentEvent | bytes]:
-    async with contextlib.aclosing(frames):  # closing the reader leaves the turn running
+    async with contextlib.aclosing(batches):  # closing the reader leaves the turn running
         for out in opening:
             yield _frame(out, None)
         while not translator.finished:  # a pause ends the run (the reader would wait)
-            item = await anext(frames, None)
+            item = await anext(batches, None)
             if item is None:
                 break
             if item is KEEPALIVE:
                 yield b": keep-alive\n"  # a comment line: no client dispatches an event
                 continue
-            assert isinstance(item, Frame)
-            translator.notice(view.views, view.seq)
-            outs = translator.feed(item.data)
-            for index, out in enumerate(outs):
-                yield _frame(out, item.seq if index == len(outs) - 1 else None)
+            assert isinstance(item, list)
+            if written := _translated(translator, item, view):
+                yield written  # the frames ready together, in one write
         for out in translator.abandon():
             yield _frame(out, None)
+
+
+def _translated(translator: _Translator, frames: list[Frame], view: _View) -> bytes:
+    """The AG-UI frames of a batch of turnkit frames (up to the end of the run)."""
+    written: list[bytes] = []
+    for item in frames:
+        translator.notice(view.views, view.seq)
+        outs = translator.feed(item.data)
+        for index, out in enumerate(outs):
+            written.append(_frame(out, item.seq if index == len(outs) - 1 else None).encode())
+        if translator.finished:
+            break
+    return b"".join(written)
 
 
 def _frame(event: _AgUi, seq: int | None) -> ServerSentEvent:
