@@ -6,6 +6,8 @@ import asyncio
 import contextlib
 from datetime import UTC, datetime
 
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
 from turnkit import tool
 from turnkit.events import DurableEvent, EphemeralEvent, StepStartEvent
 from turnkit.ids import SessionId, new_turn_id
@@ -80,3 +82,19 @@ class LoopTicker:
         self._task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._task
+
+
+class WriteRecorder:
+    """An ASGI app wrapped to keep every response body write it sends, in order."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+        self.writes: list[bytes] = []
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def sending(message: Message) -> None:
+            if message["type"] == "http.response.body" and message.get("body"):
+                self.writes.append(message["body"])
+            await send(message)
+
+        await self.app(scope, receive, sending)

@@ -47,6 +47,20 @@ async def saver(schema: str) -> AsyncIterator[Any]:
         await close()
 
 
+@pytest.fixture
+def sent(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every query a connection opened from now on sends, in order."""
+    queries: list[str] = []
+    opened_connection = asyncpg.Connection.__init__
+
+    def logged(self: asyncpg.Connection, *args: Any, **kwargs: Any) -> None:
+        opened_connection(self, *args, **kwargs)
+        self.add_query_logger(lambda record: queries.append(record.query))
+
+    monkeypatch.setattr(asyncpg.Connection, "__init__", logged)
+    return queries
+
+
 async def _stored(schema: str) -> tuple[int, int]:
     """(checkpoints, writes) in the schema, read through a connection of its own."""
     conn = await asyncpg.connect(POSTGRES_URL)
@@ -70,16 +84,8 @@ async def test_the_input_checkpoint_lands_with_the_next_one(saver: Any, schema: 
 
 
 async def test_a_connection_goes_back_to_the_pool_without_a_round_trip(
-    schema: str, monkeypatch: pytest.MonkeyPatch
+    schema: str, sent: list[str]
 ) -> None:
-    sent: list[str] = []
-    opened_connection = asyncpg.Connection.__init__
-
-    def logged(self: asyncpg.Connection, *args: Any, **kwargs: Any) -> None:
-        opened_connection(self, *args, **kwargs)
-        self.add_query_logger(lambda record: sent.append(record.query))
-
-    monkeypatch.setattr(asyncpg.Connection, "__init__", logged)
     saver, close = await open_checkpointer(POSTGRES_URL, schema=schema)
     try:
         await saver.aput(config(), checkpoint(0), {"source": "input", "step": -1}, {})
@@ -94,16 +100,8 @@ async def test_a_connection_goes_back_to_the_pool_without_a_round_trip(
 
 
 async def test_a_driver_that_just_ran_a_thread_names_its_newest_checkpoint_without_a_query(
-    schema: str, monkeypatch: pytest.MonkeyPatch
+    schema: str, sent: list[str]
 ) -> None:
-    sent: list[str] = []
-    opened_connection = asyncpg.Connection.__init__
-
-    def logged(self: asyncpg.Connection, *args: Any, **kwargs: Any) -> None:
-        opened_connection(self, *args, **kwargs)
-        self.add_query_logger(lambda record: sent.append(record.query))
-
-    monkeypatch.setattr(asyncpg.Connection, "__init__", logged)
     saver, close = await open_checkpointer(POSTGRES_URL, schema=schema)
     graph: Any = SimpleNamespace(checkpointer=saver)
     try:
@@ -136,18 +134,8 @@ async def test_a_new_threads_opening_read_asks_no_database(
     assert found.checkpoint["id"] == checkpoint(0)["id"]
 
 
-async def test_a_tool_using_turn_reads_no_checkpoint_back(
-    schema: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_a_tool_using_turn_reads_no_checkpoint_back(schema: str, sent: list[str]) -> None:
     """Its opening read (a new thread) and its settle (the id just stored) ask nothing."""
-    sent: list[str] = []
-    opened_connection = asyncpg.Connection.__init__
-
-    def logged(self: asyncpg.Connection, *args: Any, **kwargs: Any) -> None:
-        opened_connection(self, *args, **kwargs)
-        self.add_query_logger(lambda record: sent.append(record.query))
-
-    monkeypatch.setattr(asyncpg.Connection, "__init__", logged)
     model = ScriptedModel(
         [ModelStep.tool_call_reply(call("add", a=2, b=3)), ModelStep.text_reply("5")]
     )

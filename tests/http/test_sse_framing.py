@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 from fastapi import FastAPI
 from httpx_sse._decoders import SSEDecoder
-from starlette.types import Message, Receive, Scope, Send
+from tests.helpers import WriteRecorder
 
 from turnkit import Agent, RuntimeConfig, SessionRuntime
 from turnkit.http import create_turnkit_router
@@ -80,16 +80,7 @@ async def test_a_fast_turn_streams_in_far_fewer_writes_than_events(tmp_path: Pat
     await runtime.open()
     app = FastAPI()
     app.include_router(create_turnkit_router(runtime))
-    writes: list[bytes] = []
-
-    async def recording(scope: Scope, receive: Receive, send: Send) -> None:
-        async def sending(message: Message) -> None:
-            if message["type"] == "http.response.body" and message.get("body"):
-                writes.append(message["body"])
-            await send(message)
-
-        await app(scope, receive, sending)
-
+    recording = WriteRecorder(app)
     async with httpx.AsyncClient(
         transport=httpx.ASGITransport(app=recording), base_url="http://test"
     ) as http:
@@ -102,4 +93,4 @@ async def test_a_fast_turn_streams_in_far_fewer_writes_than_events(tmp_path: Pat
     seqs = [e["seq"] for e in events if "seq" in e]
     assert seqs == list(range(1, len(seqs) + 1))
     assert events[-1]["type"] == "done"
-    assert len(writes) < len(events) / 4
+    assert len(recording.writes) < len(events) / 4

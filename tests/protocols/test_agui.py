@@ -18,6 +18,7 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
+from tests.helpers import WriteRecorder
 from tests.support.server import serve
 from turnkit import Agent, RuntimeConfig, SessionRuntime, tool
 from turnkit.http import create_turnkit_router, install_problem_handlers
@@ -274,16 +275,7 @@ async def test_a_fast_turn_streams_in_far_fewer_writes_than_events(tmp_path: Pat
     agent = Agent(model=ScriptedModel([ModelStep.text_reply(text, chunk_size=1)]))
     app = build_app(tmp_path, [agent])
     runtime: SessionRuntime = app.state.runtime
-    writes: list[bytes] = []
-
-    async def recording(scope: Any, receive: Any, send: Any) -> None:
-        async def sending(message: Any) -> None:
-            if message["type"] == "http.response.body" and message.get("body"):
-                writes.append(message["body"])
-            await send(message)
-
-        await app(scope, receive, sending)
-
+    recording = WriteRecorder(app)
     await runtime.open()
     try:
         transport = httpx.ASGITransport(app=recording)
@@ -295,7 +287,7 @@ async def test_a_fast_turn_streams_in_far_fewer_writes_than_events(tmp_path: Pat
     check_run(frames)
     content = [f.event["delta"] for f in frames if f.event["type"] == "TEXT_MESSAGE_CONTENT"]
     assert "".join(content) == text
-    assert len(writes) < len(frames) / 4
+    assert len(recording.writes) < len(frames) / 4
 
 
 async def test_posting_the_same_run_again_starts_no_second_turn(app_for: Any) -> None:

@@ -19,6 +19,7 @@ import httpx
 import pytest
 from fastapi import FastAPI, Header
 
+from tests.helpers import WriteRecorder
 from tests.support.server import serve
 from turnkit import Agent, RuntimeConfig, SessionRuntime, tool
 from turnkit.events import (
@@ -268,16 +269,7 @@ async def test_a_fast_turn_streams_in_far_fewer_writes_than_chunks(tmp_path: Pat
     """The chunks of events ready together go out in one write, all of them, in order."""
     text = "abcdefghij" * 30
     app = build_app(tmp_path, ScriptedModel([ModelStep.text_reply(text, chunk_size=1)]))
-    writes: list[bytes] = []
-
-    async def recording(scope: Any, receive: Any, send: Any) -> None:
-        async def sending(message: Any) -> None:
-            if message["type"] == "http.response.body" and message.get("body"):
-                writes.append(message["body"])
-            await send(message)
-
-        await app(scope, receive, sending)
-
+    recording = WriteRecorder(app)
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=recording)
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
@@ -285,7 +277,7 @@ async def test_a_fast_turn_streams_in_far_fewer_writes_than_chunks(tmp_path: Pat
     chunks = chunks_of(response.text)
     assert fold(chunks)[-1] == {"type": "text", "text": text}
     assert chunks[-2]["type"] == "finish"
-    assert len(writes) < len(chunks) / 4
+    assert len(recording.writes) < len(chunks) / 4
 
 
 def _event(kind: type[Any], **fields: Any) -> Any:
