@@ -13,7 +13,7 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
-__all__ = ("NewThreads", "WrittenIds", "log_dropped", "supersedable")
+__all__ = ("ThreadNotes", "log_dropped", "supersedable")
 
 log = logging.getLogger("turnkit.graph")
 
@@ -32,49 +32,24 @@ def log_dropped(thread_id: str, *, is_checkpoint: bool) -> None:
     )
 
 
-class WrittenIds:
-    """Thread id → id of the checkpoint a saver stored (or holds) last for it.
+class ThreadNotes:
+    """A bounded note per thread id, taken once: the oldest notes go first.
 
-    A driver that just ran a thread takes the id from here instead of reading the
-    thread's newest checkpoint back. Bounded: threads that never settle are forgotten,
-    oldest first (their driver then reads the id back).
+    The savers keep two: the id of the checkpoint each thread stored (or holds) last, so
+    a driver that just ran a thread need not read it back; and the threads a driver is
+    about to run for the first time, whose newest checkpoint is known to be none.
     """
 
     def __init__(self, bound: int = 4096) -> None:
-        self._ids: dict[str, str] = {}
+        self._notes: dict[str, str] = {}
         self._bound = bound
 
-    def note(self, thread_id: str, checkpoint_id: str) -> None:
-        self._ids.pop(thread_id, None)  # newest last, so the oldest go first
-        self._ids[thread_id] = checkpoint_id
-        while len(self._ids) > self._bound:
-            self._ids.pop(next(iter(self._ids)))
+    def note(self, thread_id: str, value: str = "") -> None:
+        self._notes.pop(thread_id, None)  # newest last, so the oldest go first
+        self._notes[thread_id] = value
+        while len(self._notes) > self._bound:
+            self._notes.pop(next(iter(self._notes)))
 
     def take(self, thread_id: str) -> str | None:
-        """The id noted for `thread_id` (forgotten once taken)."""
-        return self._ids.pop(thread_id, None)
-
-
-class NewThreads:
-    """Threads about to run for the first time: their newest checkpoint is known to be none.
-
-    LangGraph reads a thread's newest checkpoint when a run starts; for a thread a
-    driver knows is new, the saver answers that read without asking its database.
-    Bounded like `WrittenIds`.
-    """
-
-    def __init__(self, bound: int = 4096) -> None:
-        self._ids: dict[str, None] = {}
-        self._bound = bound
-
-    def add(self, thread_id: str) -> None:
-        self._ids[thread_id] = None
-        while len(self._ids) > self._bound:
-            self._ids.pop(next(iter(self._ids)))
-
-    def take(self, thread_id: str) -> bool:
-        """Whether `thread_id` was added (forgotten once taken)."""
-        if thread_id in self._ids:
-            del self._ids[thread_id]
-            return True
-        return False
+        """The note for `thread_id`, if any (forgotten once taken)."""
+        return self._notes.pop(thread_id, None)

@@ -41,7 +41,7 @@ from langgraph.checkpoint.base import (
 from langgraph.checkpoint.postgres.base import BasePostgresSaver
 from langgraph.checkpoint.serde.types import _DeltaSnapshot
 
-from turnkit.graph._held import NewThreads, WrittenIds, log_dropped, supersedable
+from turnkit.graph._held import ThreadNotes, log_dropped, supersedable
 
 __all__ = ("AsyncPgSaver", "keep_session", "prepare_connection")
 
@@ -116,8 +116,8 @@ class AsyncPgSaver(BasePostgresSaver):
         super().__init__()
         self.pool = pool
         self._held: dict[str, list[_Held]] = {}
-        self._written = WrittenIds()
-        self._new = NewThreads()
+        self._written = ThreadNotes()
+        self._new = ThreadNotes()
 
     async def setup(self) -> None:
         """Create LangGraph's checkpoint tables (its own migrations, in its order)."""
@@ -289,13 +289,13 @@ class AsyncPgSaver(BasePostgresSaver):
 
     def expect_new(self, thread_id: str) -> None:
         """`thread_id` has no checkpoint: its first read of the newest asks no database."""
-        self._new.add(thread_id)
+        self._new.note(thread_id)
 
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         """The checkpoint `config` names (the thread's newest by default), after what is held."""
         thread_id = str(config["configurable"]["thread_id"])
         fresh = not get_checkpoint_id(config) and not self._held.get(thread_id)
-        if fresh and self._new.take(thread_id):
+        if fresh and self._new.take(thread_id) is not None:
             return None  # read before anything of the thread can have been written
         await self._flush(thread_id)
         checkpoint_ns = config["configurable"].get("checkpoint_ns", "")

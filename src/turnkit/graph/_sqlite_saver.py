@@ -33,7 +33,7 @@ from langgraph.checkpoint.base import (
 )
 from langgraph.checkpoint.sqlite import SqliteSaver
 
-from turnkit.graph._held import NewThreads, WrittenIds, log_dropped, supersedable
+from turnkit.graph._held import ThreadNotes, log_dropped, supersedable
 from turnkit.store._folds import WalFolds
 from turnkit.store._sqlite import is_busy, tune
 
@@ -122,8 +122,8 @@ class ThreadedSqliteSaver(SqliteSaver):
             if path != ":memory:"
             else None
         )
-        self._written = WrittenIds()
-        self._new = NewThreads()
+        self._written = ThreadNotes()
+        self._new = ThreadNotes()
         self._deferred: list[_Deferred] = []
         """Writes held for the next transaction (input checkpoints, plain task writes)."""
         self._deferred_lock = threading.Lock()  # the loop appends while a thread may take
@@ -256,12 +256,12 @@ class ThreadedSqliteSaver(SqliteSaver):
 
     def expect_new(self, thread_id: str) -> None:
         """`thread_id` has no checkpoint: its first read of the newest reads nothing."""
-        self._new.add(thread_id)
+        self._new.note(thread_id)
 
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         """`get_tuple`, after any deferred writes."""
         thread_id = str(config["configurable"]["thread_id"])
-        if not get_checkpoint_id(config) and self._new.take(thread_id):
+        if not get_checkpoint_id(config) and self._new.take(thread_id) is not None:
             return None  # read before anything of the thread can have been written
         return await self._read(lambda: self.get_tuple(config))
 

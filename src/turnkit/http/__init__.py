@@ -173,10 +173,10 @@ def create_turnkit_router(  # noqa: C901 - one closure per route keeps the route
         return ResumeOut(turn_id=record.turn_id, request_id=request_id, status=status)
 
     def stream(
-        turn_id: TurnId, after: int, status_code: int = 200, *, started: Submission | None = None
+        turn_id: TurnId, after: int, status_code: int = 200, *, submission: Submission | None = None
     ) -> EventSourceResponse:
         frames = runtime.reader(keepalive_s=keepalive_s).follow_batches(
-            turn_id, after_seq=after, submission=started
+            turn_id, after_seq=after, submission=submission
         )
         return EventSourceResponse(
             frames_to_sse(frames, max_frame_bytes=max_frame_bytes, turn_id=turn_id),
@@ -221,7 +221,7 @@ def create_turnkit_router(  # noqa: C901 - one closure per route keeps the route
         if submission.guided:  # joined a running turn: stream it from here on
             live = await runtime.turn(submission.turn_id)
             return stream(live.turn_id, live.last_seq)
-        return stream(submission.turn_id, 0, started=submission)
+        return stream(submission.turn_id, 0, submission=submission)
 
     @router.get(
         "/turns/{turn_id}/stream",
@@ -253,7 +253,7 @@ def create_turnkit_router(  # noqa: C901 - one closure per route keeps the route
     ) -> Response:
         record = await visible_turn(turn_id, principal)
         submission = await runtime.retry(record.turn_id, request_id=request_id)
-        return stream(submission.turn_id, 0, started=submission)
+        return stream(submission.turn_id, 0, submission=submission)
 
     @router.get("/turns/{turn_id}", response_model=TurnStatusOut, summary="A turn's state")
     async def get_turn(turn_id: str, principal: Caller) -> TurnStatusOut:

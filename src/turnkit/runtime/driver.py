@@ -247,8 +247,6 @@ class TurnDriver:
             answer = await self.store.pending_answer(self.lease.turn_id)
         if self.lease.took_over:
             await self._announce_recovery(rec, resumed=resume)
-        if fresh:
-            expect_new_thread(self.graph, self.lease.turn_id)
         state: TurnState | None = None
         if not resume:
             own, part = turn_part(rec, await guard_input(setup.ctx_factory(rec), setup.transcript))
@@ -261,6 +259,8 @@ class TurnDriver:
                 "previous": setup.previous,
                 "answer": None,
             }
+        if fresh:  # LangGraph's opening read of the newest checkpoint need ask nothing
+            expect_new_thread(self.graph, self.lease.turn_id)
         try:
             async with asyncio.timeout(max(remaining, 0.001)):
                 await run_turn(
