@@ -82,6 +82,22 @@ def require_service(name: str, host: str, port: int) -> None:
     pytest.skip(f"{message}; start it to run this test")
 
 
+@pytest.fixture
+def sent(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every query an asyncpg connection opened from now on sends, in order."""
+    import asyncpg
+
+    queries: list[str] = []
+    opened_connection = asyncpg.Connection.__init__
+
+    def logged(self: asyncpg.Connection, *args: Any, **kwargs: Any) -> None:
+        opened_connection(self, *args, **kwargs)
+        self.add_query_logger(lambda record: queries.append(record.query))
+
+    monkeypatch.setattr(asyncpg.Connection, "__init__", logged)
+    return queries
+
+
 @pytest.fixture(params=["sqlite", "postgres"])
 async def db(
     request: pytest.FixtureRequest, tmp_path: Path

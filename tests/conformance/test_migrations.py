@@ -105,3 +105,35 @@ async def test_0008_moves_transcripts_to_their_table_keeping_the_newest_digests(
         ("t-2", second),
     ]
     engine.dispose()
+
+
+_RUNNING_TURN = """
+INSERT INTO tk_turns (turn_id, session_id, input_seq, status, content, agent, model,
+    last_seq, lease_epoch, attempts, created_at, updated_at)
+VALUES ('t-old', 's-old', 1, 'running', 'hi', 'a', 'm', 1, 1, 1, :now, :now)
+"""
+_GUIDE = """
+INSERT INTO tk_inputs (session_id, seq, content, requested_delivery, delivery, turn_id,
+    created_at)
+VALUES ('s-old', :seq, 'also', 'guide', 'guide', 't-old', :now)
+"""
+
+
+async def test_0010_notes_each_turn_newest_guide_on_its_row(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    engine = sa.create_engine(f"sqlite:///{path}")
+    now = datetime(2026, 5, 1, tzinfo=UTC)
+    with engine.begin() as conn:
+        upgrade(conn, "0009")  # a running turn that two guide messages joined
+        conn.execute(sa.text(_RUNNING_TURN), {"now": now})
+        for seq in (2, 3):
+            conn.execute(sa.text(_GUIDE), {"seq": seq, "now": now})
+
+    async with SqlStore.from_url(f"sqlite:///{path}") as store:  # opening upgrades to head
+        result = await store.commit(TurnId("t-old"), epoch=1)
+        assert result.newest_guide_seq == 3
+        assert await store.guided_inputs(TurnId("t-old"), after_input_seq=1) == [
+            (2, "also", None),
+            (3, "also", None),
+        ]
+    engine.dispose()

@@ -47,20 +47,6 @@ async def saver(schema: str) -> AsyncIterator[Any]:
         await close()
 
 
-@pytest.fixture
-def sent(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Every query a connection opened from now on sends, in order."""
-    queries: list[str] = []
-    opened_connection = asyncpg.Connection.__init__
-
-    def logged(self: asyncpg.Connection, *args: Any, **kwargs: Any) -> None:
-        opened_connection(self, *args, **kwargs)
-        self.add_query_logger(lambda record: queries.append(record.query))
-
-    monkeypatch.setattr(asyncpg.Connection, "__init__", logged)
-    return queries
-
-
 async def _stored(schema: str) -> tuple[int, int]:
     """(checkpoints, writes) in the schema, read through a connection of its own."""
     conn = await asyncpg.connect(POSTGRES_URL)

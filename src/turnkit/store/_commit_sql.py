@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from sqlalchemy import Connection, bindparam, case, func, select, update
+from sqlalchemy import Connection, bindparam, case, select, update
 
 from turnkit.audit import UsageDelta
 from turnkit.clock import Clock
@@ -26,7 +26,6 @@ from turnkit.store._schema import (
     SOURCES as _SOURCES,
     audit as _audit,
     events as _events,
-    inputs as _inputs,
     turns as _turns,
     usage as _usage,
 )
@@ -49,11 +48,7 @@ class HotStatements:
         )
         # Every commit also reports the newest guide message for the turn, so the driver
         # only asks for guides when one arrived (no extra query per model request).
-        newest_guide = (
-            select(func.max(_inputs.c.seq))
-            .where(_inputs.c.turn_id == bindparam("k_turn"), _inputs.c.delivery == "guide")
-            .scalar_subquery()
-        )
+        newest_guide = _turns.c.newest_guide_seq
         self.touch_turn = (
             update(_turns)
             .where(*fenced)

@@ -149,7 +149,7 @@ class SqlEngine:
     async def _pg_driver(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
         """Run `fn(asyncpg_connection, *args)` on a pooled connection, outside SQLAlchemy.
 
-        For statements that are a transaction on their own (see `_append_pg`): no BEGIN,
+        For statements that are a transaction on their own (see `_commit_pg`): no BEGIN,
         no COMMIT, asyncpg's prepared-statement cache. A database out of reach raises
         `StoreUnavailableError`.
         """

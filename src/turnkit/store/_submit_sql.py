@@ -36,6 +36,11 @@ _BY_REQUEST = select(
 ).where(
     inputs.c.session_id == bindparam("q_session"), inputs.c.request_id == bindparam("q_request")
 )
+_NOTE_GUIDE = (
+    update(turns)
+    .where(turns.c.turn_id == bindparam("n_turn"))
+    .values(newest_guide_seq=bindparam("n_seq"))
+)
 _GUIDED = (
     select(inputs.c.seq, inputs.c.content, inputs.c.request_id)
     .where(
@@ -46,7 +51,7 @@ _GUIDED = (
     .order_by(inputs.c.seq)
 )
 
-__all__ = ("guided_inputs", "requeue_guides", "submit")
+__all__ = ("first_lease", "guided_inputs", "requeue_guides", "submit")
 
 
 def submit(conn: Connection, insert: Any, new: NewInput, now: datetime) -> Submission:
@@ -100,6 +105,8 @@ def submit(conn: Connection, insert: Any, new: NewInput, now: datetime) -> Submi
                     created_at=now,
                 )
             )
+            # On the row too: an ending that waited for this row sees the guide (0010).
+            conn.execute(_NOTE_GUIDE, {"n_turn": live, "n_seq": seq})
             return Submission(
                 session_id=new.session_id,
                 turn_id=TurnId(live),
@@ -115,7 +122,7 @@ def submit(conn: Connection, insert: Any, new: NewInput, now: datetime) -> Submi
     lease, record = None, None
     if row is not None and row.lease_owner is not None:
         record = turn_record(row)
-        lease = _first_lease(record)
+        lease = first_lease(record)
     return Submission(
         session_id=new.session_id,
         turn_id=new.turn_id,
@@ -312,7 +319,7 @@ def _insert_claimed(plain: tuple[str, ...]) -> Any:
     )
 
 
-def _first_lease(record: TurnRecord) -> Lease:
+def first_lease(record: TurnRecord) -> Lease:
     """The lease a turn inserted already claimed holds (see `_insert_claimed`)."""
     assert record.lease_owner is not None
     assert record.lease_expires_at is not None

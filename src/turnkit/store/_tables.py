@@ -85,6 +85,10 @@ class TurnRow(SQLModel, table=True):
         default=0, sa_column=Column(Integer, nullable=False, server_default=text("0"))
     )
     """`last_seq` when the current attempt claimed the turn."""
+    newest_guide_seq: int = Field(
+        default=0, sa_column=Column(Integer, nullable=False, server_default=text("0"))
+    )
+    """The input seq of the newest guide message attached to the turn (0: none)."""
     cancel_requested: bool = Field(
         default=False, sa_column=Column(Boolean, nullable=False, server_default=false())
     )

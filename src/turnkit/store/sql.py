@@ -24,7 +24,7 @@ from turnkit.errors import TurnNotFoundError
 from turnkit.events import DurableEvent, encode_event
 from turnkit.ids import SessionId, TurnId
 from turnkit.pauses import PauseRequest
-from turnkit.states import TurnStatus
+from turnkit.states import TERMINAL_STATES, TurnStatus
 from turnkit.store import (
     CommitResult,
     KeptTranscript,
@@ -37,13 +37,14 @@ from turnkit.store import (
     TurnRecord,
     TurnTranscript,
     WorkspaceFile,
-    _append_pg as append_pg,
     _budgets_sql as budgets_sql,
     _cancel_sql as cancel_sql,
+    _commit_pg as commit_pg,
     _commit_sql as commit_sql,
     _lease_sql as lease_sql,
     _pauses_sql as pauses_sql,
     _sessions_sql as sessions_sql,
+    _submit_pg as submit_pg,
     _submit_sql as submit_sql,
     _sweep_sql as sweep_sql,
     _transcripts_sql as transcripts_sql,
@@ -52,7 +53,7 @@ from turnkit.store import (
     _workspace_sql as workspace_sql,
 )
 from turnkit.store._engine import SqlEngine, normalize_url
-from turnkit.store._schema import turn_record as _turn_record
+from turnkit.store._schema import SOURCES, turn_record as _turn_record
 from turnkit.store._usage import UsageLine
 from turnkit.store._workspace import (
     check_workspace_content,
@@ -63,6 +64,8 @@ from turnkit.store._workspace import (
 __all__ = ("SqlStore", "normalize_url")
 
 log = logging.getLogger(__name__)
+_UNIQUE_VIOLATION = "23505"
+"""PostgreSQL's SQLSTATE for a duplicate key."""
 
 IN_PLACE_PAGE = 16
 """Event pages of at most this many rows are read in place (see `SqlStore.read_events`)."""
@@ -92,6 +95,15 @@ class SqlStore(SqlEngine):
 
     async def submit(self, new: NewInput) -> Submission:
         """Commit a user message, its queued turn and `turn.started` in one transaction."""
+        if self._async_engine is not None and submit_pg.can_submit(new):
+            try:
+                done = await self._pg_driver(submit_pg.submit, new, self._clock.now())
+            except Exception as exc:
+                if getattr(exc, "sqlstate", None) != _UNIQUE_VIOLATION:
+                    raise
+                done = None  # a concurrent retry of the same request: the first answers
+            if done is not None:
+                return done
         try:
             return await self._hot_tx(submit_sql.submit, self._insert, new, self._clock.now())
         except IntegrityError:
@@ -179,20 +191,39 @@ class SqlStore(SqlEngine):
         ]
         usage = {row.identity.seq_within_turn: UsageDelta.of(row.call) for row in audit}
         session_id = audit[0].identity.session_id if audit else None
-        moves = (status, summary, pause, transcript, guides_consumed_through)
-        if self._async_engine is not None and not release and moves == (None,) * len(moves):
-            appended = await self._pg_driver(
-                append_pg.append,
-                turn_id,
-                epoch,
-                self._clock.now(),
-                event_rows,
-                audit_rows,
-                (session_id, usage),
-            )
-            if appended is not None:
-                return appended
-            # The fence refused and nothing was written: the transaction below says why.
+        summary_json = summary.model_dump_json() if summary is not None else None
+        kept = transcripts_sql.encoded(transcript) if transcript is not None else None
+        if self._async_engine is not None and pause is None:
+            moves = (status, summary, transcript, guides_consumed_through)
+            one_statement = None
+            if not release and moves == (None,) * len(moves):
+                one_statement = self._pg_driver(
+                    commit_pg.append,
+                    turn_id,
+                    epoch,
+                    self._clock.now(),
+                    event_rows,
+                    audit_rows,
+                    (session_id, usage),
+                )
+            elif release and status in TERMINAL_STATES:
+                one_statement = self._pg_driver(
+                    commit_pg.end,
+                    turn_id,
+                    epoch,
+                    self._clock.now(),
+                    event_rows,
+                    audit_rows,
+                    (session_id, usage),
+                    (status, error_code, SOURCES[status]),
+                    summary_json,
+                    kept,
+                    guides_consumed_through,
+                )
+            if one_statement is not None and (done := await one_statement) is not None:
+                return done
+            # Nothing was written: the fence refused, and the transaction below says why
+            # (or re-queues the guides the turn never presented).
         return await self._hot_tx(
             commit_sql.commit,
             self._hot,
@@ -205,11 +236,7 @@ class SqlStore(SqlEngine):
             (session_id, usage),
             status,
             error_code,
-            (
-                summary.model_dump_json() if summary is not None else None,
-                release,
-                transcripts_sql.encoded(transcript) if transcript is not None else None,
-            ),
+            (summary_json, release, kept),
             pause,
             guides_consumed_through,
         )

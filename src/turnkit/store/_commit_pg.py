@@ -1,0 +1,181 @@
+"""PostgreSQL's hot commits as single statements: appends, and a turn's ending.
+
+Most of a turn's commits only append: events, audit rows and the usage they add, fenced on
+the lease epoch. Through SQLAlchemy that is BEGIN, four statements and COMMIT, each a round
+trip to the server; and a turn's ending adds the status move, the lease released, the run
+summary and the transcript the turn keeps. Here each is one statement (data-modifying
+CTEs), sent on the driver's own connection as a prepared statement: one round trip, atomic
+as any single statement.
+
+If the fence refuses, nothing is written and the caller runs the full transaction, which
+says why (a stale epoch, a refused move) or does what the statement leaves out. An ending
+also refuses while a guide message the turn never presented waits on its row: re-queueing
+guides is the full transaction's work. A guide writes its seq on the turn's row, so an
+ending that waited for that row re-checks it against the new version; a subquery of the
+same statement would read the snapshot from before the wait, and miss the guide.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from turnkit.audit import UsageDelta
+from turnkit.ids import TurnId
+from turnkit.store import CommitResult
+
+__all__ = ("APPEND", "END", "append", "end")
+
+_ROWS = """
+new_events AS (
+    INSERT INTO tk_events (turn_id, seq, type, data)
+    SELECT $1, e.seq, e.type, e.data
+    FROM unnest($5::int[], $6::varchar[], $7::bytea[]) AS e(seq, type, data)
+    WHERE EXISTS (SELECT FROM fence)
+    ON CONFLICT DO NOTHING
+), new_audit AS (
+    INSERT INTO tk_audit (turn_id, seq_within_turn, session_id, stage_id, data)
+    SELECT $1, a.seq, a.session_id, a.stage_id, a.data
+    FROM unnest($8::int[], $9::varchar[], $10::varchar[], $11::bytea[])
+        AS a(seq, session_id, stage_id, data)
+    WHERE EXISTS (SELECT FROM fence)
+    ON CONFLICT DO NOTHING
+    RETURNING seq_within_turn
+), added AS (
+    -- Only rows this statement inserted count: re-appending a row repeats no usage.
+    INSERT INTO tk_usage (turn_id, session_id, model_calls, input_tokens, output_tokens,
+                          cached_tokens, cost_usd)
+    SELECT $1, $12, sum(u.model_calls), sum(u.input_tokens), sum(u.output_tokens),
+           sum(u.cached_tokens), sum(u.cost_usd)
+    FROM unnest($13::int[], $14::int[], $15::int[], $16::int[], $17::int[], $18::float8[])
+        AS u(seq, model_calls, input_tokens, output_tokens, cached_tokens, cost_usd)
+    JOIN new_audit n ON n.seq_within_turn = u.seq
+    HAVING sum(u.model_calls) > 0 OR sum(u.cost_usd) > 0
+    ON CONFLICT (turn_id) DO UPDATE SET
+        model_calls = tk_usage.model_calls + excluded.model_calls,
+        input_tokens = tk_usage.input_tokens + excluded.input_tokens,
+        output_tokens = tk_usage.output_tokens + excluded.output_tokens,
+        cached_tokens = tk_usage.cached_tokens + excluded.cached_tokens,
+        cost_usd = tk_usage.cost_usd + excluded.cost_usd
+)
+SELECT newest_guide_seq FROM fence
+"""
+"""Events, audit rows and usage, written only if `fence` (the turn's row) was updated."""
+
+_LAST_SEQ = "CASE WHEN tk_turns.last_seq < $4 THEN $4 ELSE tk_turns.last_seq END"
+
+APPEND = f"""
+WITH fence AS (
+    UPDATE tk_turns SET updated_at = $3, last_seq = {_LAST_SEQ}
+    WHERE turn_id = $1 AND lease_epoch = $2
+    RETURNING newest_guide_seq
+), {_ROWS}"""
+
+END = f"""
+WITH fence AS (
+    UPDATE tk_turns
+    SET updated_at = $3, last_seq = {_LAST_SEQ}, status = $19, error_code = $20,
+        summary = COALESCE($21, tk_turns.summary), lease_owner = NULL, lease_expires_at = NULL
+    WHERE turn_id = $1 AND lease_epoch = $2 AND status = ANY($22::varchar[])
+        AND ($23::int IS NULL OR newest_guide_seq <= $23)
+    RETURNING session_id, input_seq, newest_guide_seq
+), dropped AS (
+    -- The session keeps one last request: the newest turn's (the row below is not seen).
+    UPDATE tk_transcripts SET last_request = NULL
+    WHERE $27::text IS NOT NULL AND last_request IS NOT NULL
+        AND session_id = (SELECT session_id FROM fence)
+), kept AS (
+    INSERT INTO tk_transcripts (turn_id, session_id, input_seq, replaces_history, messages,
+                                last_request)
+    SELECT $1, f.session_id, f.input_seq, $25, $26, $27 FROM fence f WHERE $24
+    ON CONFLICT DO NOTHING
+), {_ROWS}"""
+
+
+def _rows_args(
+    event_rows: list[dict[str, Any]],
+    audit_rows: list[dict[str, Any]],
+    usage: tuple[str | None, dict[int, UsageDelta]],
+) -> list[Any]:
+    """`_ROWS`' parameters from $4 on: the top seq, the events, audit rows and usage."""
+    session_id, per_row = usage
+    counted = [
+        (seq, delta) for seq, delta in per_row.items() if delta.model_calls or delta.cost_usd
+    ]
+    return [
+        max((r["seq"] for r in event_rows), default=0),
+        [r["seq"] for r in event_rows],
+        [r["type"] for r in event_rows],
+        [r["data"] for r in event_rows],
+        [r["seq_within_turn"] for r in audit_rows],
+        [r["session_id"] for r in audit_rows],
+        [r["stage_id"] for r in audit_rows],
+        [r["data"] for r in audit_rows],
+        session_id,
+        [seq for seq, _ in counted],
+        [d.model_calls for _, d in counted],
+        [d.input_tokens for _, d in counted],
+        [d.output_tokens for _, d in counted],
+        [d.cached_tokens for _, d in counted],
+        [d.cost_usd for _, d in counted],
+    ]
+
+
+def _result(rows: Sequence[Any]) -> CommitResult | None:
+    if not rows:
+        return None
+    return CommitResult(newest_guide_seq=int(rows[0]["newest_guide_seq"] or 0), requeued=0)
+
+
+async def append(
+    conn: Any,
+    turn_id: TurnId,
+    epoch: int,
+    now: datetime,
+    event_rows: list[dict[str, Any]],
+    audit_rows: list[dict[str, Any]],
+    usage: tuple[str | None, dict[int, UsageDelta]],
+) -> CommitResult | None:
+    """Run `APPEND` on an asyncpg connection; None if the fence refused (nothing written)."""
+    args = _rows_args(event_rows, audit_rows, usage)
+    return _result(await conn.fetch(APPEND, turn_id, epoch, now, *args))
+
+
+async def end(
+    conn: Any,
+    turn_id: TurnId,
+    epoch: int,
+    now: datetime,
+    event_rows: list[dict[str, Any]],
+    audit_rows: list[dict[str, Any]],
+    usage: tuple[str | None, dict[int, UsageDelta]],
+    move: tuple[str, str | None, Sequence[str]],
+    summary: str | None,
+    transcript: dict[str, Any] | None,
+    guides_consumed_through: int | None,
+) -> CommitResult | None:
+    """Run `END`: move the turn to a terminal status, release it, settle and append.
+
+    `move` is (status, error code, the statuses it may move from); `transcript` comes
+    from `_transcripts_sql.encoded`. None if the fence refused (nothing written).
+    """
+    status, error_code, sources = move
+    kept = transcript or {"replaces_history": False, "messages": "[]", "last_request": None}
+    rows = await conn.fetch(
+        END,
+        turn_id,
+        epoch,
+        now,
+        *_rows_args(event_rows, audit_rows, usage),
+        status,
+        error_code,
+        summary,
+        list(sources),
+        guides_consumed_through,
+        transcript is not None,
+        kept["replaces_history"],
+        kept["messages"],
+        kept["last_request"],
+    )
+    return _result(rows)

@@ -1,0 +1,164 @@
+"""PostgreSQL's submit as one statement: the message, its turn and `turn.started`.
+
+Through SQLAlchemy a new message is BEGIN, four statements and COMMIT: six round trips
+before the turn can start. Here the common case — a message that opens a turn of its own
+in a session that may be new — is one statement (data-modifying CTEs) on the driver's
+connection, prepared once. Everything else (a request id seen before, a guide, a session
+that must already exist) returns nothing here and goes through the full transaction.
+
+Every part of a statement reads one snapshot, taken when it starts. Whether the new turn
+may be claimed at once ("no earlier turn of the session is unfinished") is read from that
+snapshot; a message committed to the same session meanwhile is not in it, but it did move
+the session's input seq, which the upsert returns as it is now. If the seq moved by more
+than this message, the turn is inserted queued, not claimed: the next claim takes it.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta
+from types import SimpleNamespace
+from typing import Any
+
+from turnkit.events import TurnStartedEvent, encode_event
+from turnkit.store import ClaimRequest, NewInput, Submission
+from turnkit.store._schema import UNFINISHED, attachments_json, turn_record
+from turnkit.store._submit_sql import first_lease
+
+__all__ = ("SUBMIT", "can_submit", "submit")
+
+_SEQ_MARK = 9_007_199_254_740_881
+"""A stand-in input seq: the encoded `turn.started` is cut around it, the server fills it."""
+
+SUBMIT = f"""
+WITH found AS (
+    SELECT FROM tk_inputs
+    WHERE $3::varchar IS NOT NULL AND session_id = $1 AND request_id = $3
+), seen AS (
+    SELECT last_input_seq FROM tk_sessions WHERE session_id = $1
+), session AS (
+    INSERT INTO tk_sessions (session_id, principal, title, last_input_seq, created_at,
+                             updated_at)
+    SELECT $1, $9, $12, 1, $13, $13 WHERE NOT EXISTS (SELECT FROM found)
+    ON CONFLICT (session_id) DO UPDATE SET
+        last_input_seq = tk_sessions.last_input_seq + 1,
+        title = CASE WHEN tk_sessions.last_input_seq = 0 AND tk_sessions.title IS NULL
+                     THEN excluded.title ELSE tk_sessions.title END,
+        updated_at = excluded.updated_at
+    RETURNING last_input_seq AS seq
+), decided AS (
+    SELECT s.seq, (
+        $14::varchar IS NULL
+        OR s.seq - 1 <> COALESCE((SELECT last_input_seq FROM seen), 0)
+        OR EXISTS (
+            SELECT FROM tk_turns t
+            WHERE t.session_id = $1 AND t.input_seq < s.seq
+                AND t.status IN ({", ".join(f"'{s}'" for s in UNFINISHED)})
+        )
+    ) AS queued
+    FROM session s
+), new_input AS (
+    INSERT INTO tk_inputs (session_id, seq, request_id, content, requested_delivery,
+                           delivery, turn_id, created_at)
+    SELECT $1, d.seq, $3, $4, 'queue', 'queue', $2, $13 FROM decided d
+), started AS (
+    INSERT INTO tk_events (turn_id, seq, type, data)
+    SELECT $2, 1, 'turn.started', $16::bytea || convert_to(d.seq::text, 'UTF8') || $17::bytea
+    FROM decided d
+)
+INSERT INTO tk_turns (turn_id, session_id, input_seq, status, content, request_id, agent,
+                      model, organisation, department, principal, last_seq,
+                      cancel_requested, pinned, summary, attachments, error_code,
+                      created_at, updated_at, lease_owner, lease_epoch, lease_expires_at,
+                      attempts, claim_seq, started_at)
+SELECT $2, $1, d.seq, 'running', $4, $3, $5, $6, $7, $8, $9, 1, false, $10, NULL, $11, NULL,
+       $13, $13,
+       CASE WHEN d.queued THEN NULL ELSE $14 END,
+       CASE WHEN d.queued THEN 0 ELSE 1 END,
+       CASE WHEN d.queued THEN NULL ELSE $15::timestamptz END,
+       CASE WHEN d.queued THEN 0 ELSE 1 END,
+       CASE WHEN d.queued THEN 0 ELSE 1 END,
+       CASE WHEN d.queued THEN NULL ELSE $13 END
+FROM decided d
+RETURNING *
+"""
+
+
+def _started(new: NewInput, now: datetime, input_seq: int) -> TurnStartedEvent:
+    return TurnStartedEvent(
+        session_id=new.session_id,
+        turn_id=new.turn_id,
+        stage_id="runtime",
+        ts=now,
+        seq=1,
+        content=new.content,
+        request_id=new.request_id,
+        agent=new.agent,
+        model=new.model,
+        effort=new.effort,
+        input_seq=input_seq,
+        delivery="queue",
+        requested_delivery="queue",
+        attachments=new.attachments,
+    )
+
+
+def _started_around_seq(new: NewInput, now: datetime) -> tuple[bytes, bytes]:
+    """The encoded `turn.started`, cut where its input seq goes."""
+    head, mark, tail = encode_event(_started(new, now, _SEQ_MARK)).partition(
+        b'"input_seq":%d' % _SEQ_MARK
+    )
+    if not mark or mark in tail:
+        raise AssertionError("turn.started must hold its input seq exactly once")
+    return head + b'"input_seq":', tail
+
+
+def can_submit(new: NewInput) -> bool:
+    """Whether `submit` handles `new` (otherwise: the full transaction)."""
+    return new.delivery == "queue" and new.create_session
+
+
+async def submit(conn: Any, new: NewInput, now: datetime) -> Submission | None:
+    """Run `SUBMIT` on an asyncpg connection; None if nothing was written.
+
+    Nothing is written when the session already has the message's request id: the full
+    transaction answers with the first submission.
+    """
+    claim: ClaimRequest | None = new.claim_for
+    if claim is not None and claim.max_attempts <= 0:
+        claim = None
+    head, tail = _started_around_seq(new, now)
+    row = await conn.fetchrow(
+        SUBMIT,
+        new.session_id,
+        new.turn_id,
+        new.request_id,
+        new.content,
+        new.agent,
+        new.model,
+        new.organisation,
+        new.department,
+        new.principal,
+        json.dumps(new.pinned, sort_keys=True),
+        attachments_json(new.attachments),
+        new.title,
+        now,
+        claim.owner if claim is not None else None,
+        now + timedelta(seconds=claim.ttl_s) if claim is not None else None,
+        head,
+        tail,
+    )
+    if row is None:
+        return None
+    record = turn_record(SimpleNamespace(**dict(row.items())))
+    return Submission(
+        session_id=new.session_id,
+        turn_id=new.turn_id,
+        input_seq=record.input_seq,
+        delivery="queue",
+        requested_delivery="queue",
+        is_new=True,
+        lease=first_lease(record) if record.lease_owner is not None else None,
+        record=record if record.lease_owner is not None else None,
+        started=_started(new, now, record.input_seq),
+    )
