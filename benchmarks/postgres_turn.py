@@ -4,7 +4,9 @@ The turn is `turn_overhead.py`'s tool-using turn (a zero-latency fake model: a c
 asks for a tool, the tool, a call that answers; `anchor-plan` skipped), run with
 `execute_message` on one runtime per contender. PostgreSQL runs twice: with turnkit's
 checkpointer (`AsyncPgSaver`, on asyncpg like the store) and with
-LangGraph's own `AsyncPostgresSaver` on a psycopg pool, as turnkit used before. Each
+LangGraph's own `AsyncPostgresSaver` on a psycopg pool, as turnkit used before; a third
+PostgreSQL runtime writes its checkpoint only when the run ends (`exit`), which shows
+what the turn costs without a checkpoint per step. Each
 PostgreSQL contender gets a fresh schema, dropped afterwards. Besides time and CPU it
 counts what each PostgreSQL turn costs the server: transactions committed and rolled back
 (`pg_stat_database`, so other clients of the same database add noise: use a quiet one).
@@ -67,11 +69,15 @@ async def _langgraph_saver(database_url: str, *, schema: str | None = None) -> A
 
 
 async def _runtime(
-    url: str, schema: str | None, *, langgraph_saver: bool = False
+    url: str, schema: str | None, *, langgraph_saver: bool = False, at_exit: bool = False
 ) -> tuple[SessionRuntime, ScriptedModel]:
     model = ScriptedModel([ModelStep.respond(_reply)], repeat_last=True)
     agent = Agent(model=model, tools=[add], skip_stages=frozenset({"anchor-plan"}))
-    config = RuntimeConfig(database_url=url, database_schema=schema)
+    config = RuntimeConfig(
+        database_url=url,
+        database_schema=schema,
+        checkpoint_durability="exit" if at_exit else "sync",
+    )
     runtime = SessionRuntime(agent=agent, config=config)
     ours = runtime_module.open_checkpointer
     if langgraph_saver:
@@ -111,13 +117,14 @@ async def main() -> None:
     parser.add_argument("--json", default=str(default_json))
     args = parser.parse_args()
 
-    schemas = [f"tk_bench_{uuid.uuid4().hex[:8]}" for _ in range(2)]
+    schemas = [f"tk_bench_{uuid.uuid4().hex[:8]}" for _ in range(3)]
     admin = await asyncpg.connect(POSTGRES)
     tmp = Path(tempfile.mkdtemp())
     contenders = {
         "SQLite": await _runtime(f"sqlite:///{tmp / 'bench.db'}", None),
         "PostgreSQL": await _runtime(POSTGRES, schemas[0]),
         "PostgreSQL, LangGraph's saver": await _runtime(POSTGRES, schemas[1], langgraph_saver=True),
+        "PostgreSQL, checkpoints at exit": await _runtime(POSTGRES, schemas[2], at_exit=True),
     }
     wall: dict[str, list[float]] = {name: [] for name in contenders}
     cpu = dict.fromkeys(contenders, 0.0)
@@ -166,7 +173,7 @@ async def main() -> None:
         )
     base = rows[0]
     print(
-        f"{'contender':<30} {'median ms':>10} {'p90 ms':>8} {'CPU ms':>8} {'× SQLite':>9} "
+        f"{'contender':<32} {'median ms':>10} {'p90 ms':>8} {'CPU ms':>8} {'× SQLite':>9} "
         f"{'× CPU':>7} {'commits':>8} {'rollbacks':>9}"
     )
     for row in rows:
@@ -179,7 +186,7 @@ async def main() -> None:
         commits = f"{row['server_commits_per_turn']:.1f}" if counts else "-"
         rollbacks = f"{row['server_rollbacks_per_turn']:.1f}" if counts else "-"
         print(
-            f"{row['name']:<30} {row['median_ms']:>10.2f} {row['p90_ms']:>8.2f} "
+            f"{row['name']:<32} {row['median_ms']:>10.2f} {row['p90_ms']:>8.2f} "
             f"{row['cpu_ms_per_turn']:>8.2f} {row['x_sqlite_median']:>9.2f} "
             f"{row['x_sqlite_cpu']:>7.2f} {commits:>8} {rollbacks:>9}"
         )
