@@ -358,3 +358,40 @@ def test_a_setting_out_of_range_is_one_line(
     assert code == 2
     assert err.count("\n") == 1
     assert "temperature" in err
+
+
+def _checkpoints(db: Path) -> int:
+    import sqlite3
+
+    with sqlite3.connect(db.with_suffix(".checkpoints.db")) as conn:
+        return int(conn.execute("SELECT count(*) FROM checkpoints").fetchone()[0])
+
+
+def test_checkpoint_durability_decides_how_many_checkpoints_a_turn_writes(
+    tmp_path: Path,
+) -> None:
+    written = {}
+    for durability in ("sync", "exit"):
+        db = tmp_path / f"{durability}.db"
+        args = ["run", "What is 2 + 3?", "--database-url", f"sqlite:///{db}"]
+        out = io.StringIO()
+        assert main([*args, "--checkpoint-durability", durability], out=out) == 0
+        assert "✓ succeeded" in out.getvalue()
+        written[durability] = _checkpoints(db)
+    assert written["exit"] == 1 < written["sync"]
+
+
+def test_a_bad_checkpoint_durability_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = f"sqlite:///{tmp_path / 'cli.db'}"
+    with pytest.raises(SystemExit) as stopped:  # argparse's own usage error
+        main(["run", "hi", "--checkpoint-durability", "never", "--database-url", url])
+    assert stopped.value.code == 2
+    assert "--checkpoint-durability: invalid choice: 'never'" in capsys.readouterr().err
+
+    from turnkit.errors import ConfigurationError
+    from turnkit.quickstart import runtime_from_env
+
+    with pytest.raises(ConfigurationError, match="checkpoint_durability 'never' is not one of"):
+        runtime_from_env({"TURNKIT_CHECKPOINT_DURABILITY": "never"})

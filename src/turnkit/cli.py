@@ -23,7 +23,7 @@ from pydantic import ValidationError
 
 from turnkit.agent import load_agent, load_agents
 from turnkit.budgets import BudgetLimit
-from turnkit.config import RuntimeConfig
+from turnkit.config import DURABILITIES, RuntimeConfig
 from turnkit.demo import DEMO_MODEL_NAME, demo_agent
 from turnkit.errors import ConfigurationError, TurnkitError
 from turnkit.events import (
@@ -163,6 +163,7 @@ def _config(args: argparse.Namespace) -> RuntimeConfig:
         idle_window_s=min(120.0, getattr(args, "ceiling", 3600.0)),
         heartbeat_interval_s=min(5.0, getattr(args, "ceiling", 3600.0) / 2),
         max_attempts=getattr(args, "max_attempts", 3),
+        checkpoint_durability=getattr(args, "checkpoint_durability", "sync"),
     )
 
 
@@ -323,6 +324,17 @@ def _database_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _durability_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--checkpoint-durability",
+        choices=DURABILITIES,
+        default=os.environ.get("TURNKIT_CHECKPOINT_DURABILITY") or "sync",
+        help="when LangGraph checkpoints are written: sync (before the next step), async "
+        "(while it runs) or exit (when the run stops); recovery repeats nothing either way "
+        "(default: $TURNKIT_CHECKPOINT_DURABILITY or sync)",
+    )
+
+
 def _ceiling_arg(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--ceiling",
@@ -404,6 +416,7 @@ def _add_run(sub: _Subparsers) -> None:
     run.add_argument("--seed", type=int, help="sampling seed, for providers that take one")
     run.add_argument("--session", help="session id (default: a new one)")
     _database_args(run)
+    _durability_arg(run)
     _otel_args(run)
 
 
@@ -455,6 +468,7 @@ def _add_worker(sub: _Subparsers) -> None:
         help="publish to this Redis replay buffer so API processes stream live",
     )
     _database_args(worker)
+    _durability_arg(worker)
     _otel_args(worker)
 
 
@@ -516,6 +530,7 @@ def _add_serve(sub: _Subparsers) -> None:
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s)")
     serve.add_argument("--port", type=int, default=8000, help="port to bind (default: %(default)s)")
     _database_args(serve)
+    _durability_arg(serve)
     _otel_args(serve)
 
 
@@ -562,6 +577,7 @@ async def _serve(args: argparse.Namespace, out: TextIO) -> int:
     )  # the flag wins (its default is $TURNKIT_DATABASE_URL)
     if args.database_schema:
         os.environ["TURNKIT_DATABASE_SCHEMA"] = args.database_schema
+    os.environ["TURNKIT_CHECKPOINT_DURABILITY"] = args.checkpoint_durability
     config = uvicorn.Config(
         "turnkit.quickstart:app", host=args.host, port=args.port, log_level="info"
     )

@@ -7,7 +7,11 @@ from typing import Literal
 
 from turnkit.errors import ConfigurationError
 
-__all__ = ("RuntimeConfig",)
+__all__ = ("DURABILITIES", "Durability", "RuntimeConfig")
+
+Durability = Literal["sync", "async", "exit"]
+"""When LangGraph checkpoints are written (`RuntimeConfig.checkpoint_durability`)."""
+DURABILITIES: tuple[Durability, ...] = ("sync", "async", "exit")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -62,7 +66,7 @@ class RuntimeConfig:
     recover_in_process: bool = False
     recovery_concurrency: int = 4
     allowed_models: tuple[str, ...] = ()
-    checkpoint_durability: Literal["sync", "async", "exit"] = "sync"
+    checkpoint_durability: Durability = "sync"
     idle_window_s: float = 120.0
     ceiling_s: float = 3600.0
     credential_lifetime_s: float | None = None
@@ -74,6 +78,11 @@ class RuntimeConfig:
     callback_secret: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
+        if self.checkpoint_durability not in DURABILITIES:
+            raise ConfigurationError(
+                f"checkpoint_durability {self.checkpoint_durability!r} is not one of "
+                f"{', '.join(DURABILITIES)}"
+            )
         if self.budgets not in ("off", "enforce"):
             raise ConfigurationError(f"budgets {self.budgets!r} is not 'off' or 'enforce'")
         if self.callback_secret is not None and len(self.callback_secret) < 16:

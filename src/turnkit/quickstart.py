@@ -25,6 +25,7 @@ import os
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import cast
 
 from fastapi import FastAPI
 from fastapi.responses import FileResponse, Response
@@ -32,7 +33,7 @@ from fastapi.staticfiles import StaticFiles
 from starlette.types import Scope
 
 from turnkit.agent import load_agents
-from turnkit.config import RuntimeConfig
+from turnkit.config import Durability, RuntimeConfig
 from turnkit.demo import demo_agent
 from turnkit.http import create_health_router, create_turnkit_router, install_problem_handlers
 from turnkit.replay import replay_from_url
@@ -57,6 +58,9 @@ def runtime_from_env(env: Mapping[str, str] | None = None) -> SessionRuntime:
         heartbeat_interval_s=min(5.0, idle / 3),
         ceiling_s=max(3600.0, idle),
         lease_ttl_s=float(env.get("TURNKIT_LEASE_TTL_S", "8")),
+        checkpoint_durability=cast(
+            Durability, env.get("TURNKIT_CHECKPOINT_DURABILITY") or "sync"
+        ),  # RuntimeConfig refuses any other value
     )
     replay = replay_from_url(env.get("TURNKIT_REDIS_URL"))
     agents = (

@@ -92,7 +92,8 @@ async def test_a_message_an_append_and_an_ending_are_one_statement_each(
     before = len(sent)
     sub = await store.submit(new_input(claim_for=_CLAIM))
     assert len(sent) == before + 1
-    assert sub.lease is not None and sub.started is not None
+    assert sub.lease is not None
+    assert sub.started is not None
     assert (sub.input_seq, sub.started.input_seq, sub.lease.epoch) == (2, 2, 1)
     [started] = [e.decode() async for e in store.read_events(sub.turn_id)]
     assert started == sub.started
@@ -107,7 +108,8 @@ async def test_a_message_an_append_and_an_ending_are_one_statement_each(
     record = await store.get_turn(sub.turn_id)
     assert record is not None
     assert (record.status, record.lease_owner, record.last_seq) == ("succeeded", None, 3)
-    assert record.summary is not None and record.summary.model_calls == 1
+    assert record.summary is not None
+    assert record.summary.model_calls == 1
     assert [e.seq async for e in store.read_events(sub.turn_id)] == [1, 2, 3]
     kept = await store.kept_transcript(sub.session_id, before_input_seq=sub.input_seq + 1)
     turn = kept.turns[-1]

@@ -1,7 +1,9 @@
 """DESIGN §5.4: a real `turnkit worker` is SIGKILLed mid-turn; another one finishes the turn.
 
 The committed log afterwards has no duplicate or missing seq, each tool_call_id has one
-result, the answer is written once, and the tool saw the same idempotency key twice.
+result, the answer is written once, and the tool saw the same idempotency key twice. The
+workers run with a checkpoint per step (`sync`) and with one only when the run stops
+(`exit`), where the next attempt starts over and replays the committed log.
 """
 
 from __future__ import annotations
@@ -39,9 +41,10 @@ DB = tuple[str, str | None]
 class Workers:
     """Start and kill real `turnkit worker` processes; all are killed at the end."""
 
-    def __init__(self, db: DB, log: Path) -> None:
+    def __init__(self, db: DB, log: Path, durability: str) -> None:
         self.db = db
         self.log = log
+        self.durability = durability
         self.procs: list[subprocess.Popen[bytes]] = []
 
     def start(self, **env: str) -> subprocess.Popen[bytes]:
@@ -54,6 +57,7 @@ class Workers:
             "--poll-interval", "0.05",
             "--sweep-interval", "3600",
             "--drain-timeout", "0.5",
+            "--checkpoint-durability", self.durability,
         ]  # fmt: skip
         if schema:
             cmd += ["--database-schema", schema]
@@ -72,9 +76,9 @@ class Workers:
             proc.wait(timeout=10)
 
 
-@pytest.fixture
-def workers(db: DB, tmp_path: Path) -> Iterator[Workers]:
-    pool = Workers(db, tmp_path / "calls.jsonl")
+@pytest.fixture(params=["sync", "exit"])
+def workers(db: DB, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Workers]:
+    pool = Workers(db, tmp_path / "calls.jsonl", request.param)
     try:
         yield pool
     finally:
@@ -168,6 +172,9 @@ async def test_kill_while_a_tool_runs(db: DB, workers: Workers) -> None:
         events = await _events(runtime, turn_id)
         [recovering] = [e for e in events if isinstance(e, TurnRecoveringEvent)]
         assert (recovering.attempt, recovering.cause) == (2, "lease-expired")
+        # With checkpoints only at the end, the next attempt starts over from the log.
+        started_from = "checkpoint" if workers.durability == "sync" else "start"
+        assert recovering.resumed_from == started_from
         [doubt] = [e for e in events if isinstance(e, ToolInDoubtEvent)]
         assert (doubt.tool_call_id, doubt.resolution) == ("call_fixed", "rerun")
         assert doubt.idempotency_key == tool_runs[0]["key"]
