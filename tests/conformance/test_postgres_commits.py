@@ -131,9 +131,10 @@ async def test_an_ending_keeps_the_session_one_last_request(store: SqlStore) -> 
     assert [r["turn_id"] for r in held] == [second.turn_id]
 
 
-async def test_a_stale_ending_writes_nothing_and_says_why(store: SqlStore) -> None:
+async def test_a_stale_ending_writes_nothing_and_says_why(store: SqlStore, sent: list[str]) -> None:
     sub, lease = await _running(store)
     await store.commit(sub.turn_id, epoch=lease.epoch, events=[step_event(sub, 2)])
+    before = len(sent)
     with pytest.raises(StaleEpochError):
         await store.commit(
             sub.turn_id,
@@ -144,27 +145,36 @@ async def test_a_stale_ending_writes_nothing_and_says_why(store: SqlStore) -> No
             guides_consumed_through=1,
             transcript=_TRANSCRIPT,
         )
+    assert any("tk_transcripts" in q for q in sent[before:])  # the one statement refused
     record = await store.get_turn(sub.turn_id)
     assert record is not None
     assert (record.status, record.lease_owner) == ("running", "w1")
     assert [e.seq async for e in store.read_events(sub.turn_id)] == [1, 2]
 
 
-async def _waiting_for_locks(watcher: asyncpg.Connection, count: int) -> None:
-    """Until `count` sessions wait for a lock (at most 5 s).
+async def _waiting_for_locks(watcher: asyncpg.Connection, holder: int, count: int) -> None:
+    """Until `count` sessions wait, directly or in a queue, for what `holder` locked (5 s).
 
     `watcher` must be outside a transaction: inside one, the activity view stays as it
     was first read.
     """
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:
-        waiting = await watcher.fetchval(
-            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-        )
+        waiting = await watcher.fetchval(_WAITERS, holder)
         if waiting >= count:
             return
         await asyncio.sleep(0.01)
     raise AssertionError(f"fewer than {count} sessions waited for a lock within 5 s")
+
+
+_WAITERS = """
+WITH RECURSIVE waiter(pid) AS (
+    SELECT pid FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))
+    UNION
+    SELECT a.pid FROM pg_stat_activity a JOIN waiter w ON w.pid = ANY(pg_blocking_pids(a.pid))
+)
+SELECT count(*) FROM waiter
+"""
 
 
 async def test_a_guide_that_lands_while_the_ending_waits_gets_a_turn_of_its_own(
@@ -180,9 +190,9 @@ async def test_a_guide_that_lands_while_the_ending_waits_gets_a_turn_of_its_own(
         # The guide queues for the turn's row first, the ending behind it: the ending's
         # statement starts before the guide is committed, and runs right after it.
         guide = asyncio.create_task(store.submit(new_input(content="also", delivery="guide")))
-        await _waiting_for_locks(watcher, 1)
+        await _waiting_for_locks(watcher, holder.get_server_pid(), 1)
         ending = asyncio.create_task(_end(store, sub, lease, 2))
-        await _waiting_for_locks(watcher, 2)
+        await _waiting_for_locks(watcher, holder.get_server_pid(), 2)
         await locked.rollback()
         guided = await asyncio.wait_for(guide, 10)
         requeued = await asyncio.wait_for(ending, 10)
@@ -208,9 +218,9 @@ async def test_two_messages_racing_into_one_session_never_both_run(
         await holder.execute("SELECT FROM tk_sessions WHERE session_id = 's1' FOR UPDATE")
         # Both statements start (and read their snapshot) before either is committed.
         first = asyncio.create_task(store.submit(new_input(content="a", claim_for=_CLAIM)))
-        await _waiting_for_locks(watcher, 1)
+        await _waiting_for_locks(watcher, holder.get_server_pid(), 1)
         second = asyncio.create_task(store.submit(new_input(content="b", claim_for=_CLAIM)))
-        await _waiting_for_locks(watcher, 2)
+        await _waiting_for_locks(watcher, holder.get_server_pid(), 2)
         await locked.rollback()
         subs = [await asyncio.wait_for(first, 10), await asyncio.wait_for(second, 10)]
     finally:
@@ -222,3 +232,56 @@ async def test_two_messages_racing_into_one_session_never_both_run(
     assert [s.input_seq for s in claimed] == [1]  # the later one waits its turn
     turns = await store.list_turns(SessionId("s1"))
     assert [(t.input_seq, t.lease_owner) for t in turns] == [(1, "w1"), (2, None)]
+
+
+async def test_a_guide_an_older_version_attached_is_still_requeued(
+    store: SqlStore, schema: str
+) -> None:
+    sub, lease = await _running(store)
+    conn = await asyncpg.connect(POSTGRES_URL, server_settings={"search_path": schema})
+    try:  # what a guide looked like before turns noted their newest guide on their row
+        await conn.execute(
+            "INSERT INTO tk_inputs (session_id, seq, content, requested_delivery, delivery, "
+            "turn_id, created_at) VALUES ('s1', 2, 'also', 'guide', 'guide', $1, now())",
+            sub.turn_id,
+        )
+        await conn.execute("UPDATE tk_sessions SET last_input_seq = 2 WHERE session_id = 's1'")
+    finally:
+        await conn.close()
+    assert await _end(store, sub, lease, 2) == 1
+    turns = await store.list_turns(SessionId("s1"))
+    assert [(t.content, t.status) for t in turns] == [("hello", "succeeded"), ("also", "running")]
+
+
+async def test_a_request_retried_while_its_first_try_commits_is_one_turn(
+    store: SqlStore, schema: str
+) -> None:
+    await store.create_session(SessionId("s1"))
+    holder = await asyncpg.connect(POSTGRES_URL, server_settings={"search_path": schema})
+    watcher = await asyncpg.connect(POSTGRES_URL)
+    try:
+        locked = holder.transaction()
+        await locked.start()
+        await holder.execute("SELECT FROM tk_sessions WHERE session_id = 's1' FOR UPDATE")
+        tries = [
+            asyncio.create_task(store.submit(new_input(request_id="r1", claim_for=_CLAIM)))
+            for _ in range(2)
+        ]
+        await _waiting_for_locks(watcher, holder.get_server_pid(), 2)
+        await locked.rollback()
+        first, again = [await asyncio.wait_for(t, 10) for t in tries]
+    finally:
+        await holder.close()
+        await watcher.close()
+
+    assert sorted([first.is_new, again.is_new]) == [False, True]
+    assert (
+        (first.turn_id, first.input_seq)
+        == (again.turn_id, again.input_seq)
+        == (
+            first.turn_id,
+            1,
+        )
+    )
+    [turn] = await store.list_turns(SessionId("s1"))
+    assert turn.turn_id == first.turn_id

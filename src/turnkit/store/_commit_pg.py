@@ -10,9 +10,11 @@ as any single statement.
 If the fence refuses, nothing is written and the caller runs the full transaction, which
 says why (a stale epoch, a refused move) or does what the statement leaves out. An ending
 also refuses while a guide message the turn never presented waits on its row: re-queueing
-guides is the full transaction's work. A guide writes its seq on the turn's row, so an
-ending that waited for that row re-checks it against the new version; a subquery of the
-same statement would read the snapshot from before the wait, and miss the guide.
+guides is the full transaction's work. The statement looks for such guides twice: in the
+turn's inputs, as its snapshot has them, and on the turn's row, where every guide writes
+its seq. A guide committed while the ending waited for that row is not in the snapshot,
+but the ending re-checks the row's new version (and a guide an older turnkit committed,
+which writes no seq on the row, is in the snapshot).
 """
 
 from __future__ import annotations
@@ -78,7 +80,9 @@ WITH fence AS (
     SET updated_at = $3, last_seq = {_LAST_SEQ}, status = $19, error_code = $20,
         summary = COALESCE($21, tk_turns.summary), lease_owner = NULL, lease_expires_at = NULL
     WHERE turn_id = $1 AND lease_epoch = $2 AND status = ANY($22::varchar[])
-        AND ($23::int IS NULL OR newest_guide_seq <= $23)
+        AND ($23::int IS NULL OR newest_guide_seq <= $23 AND NOT EXISTS (
+            SELECT FROM tk_inputs i WHERE i.turn_id = $1 AND i.delivery = 'guide' AND i.seq > $23
+        ))
     RETURNING session_id, input_seq, newest_guide_seq
 ), dropped AS (
     -- The session keeps one last request: the newest turn's (the row below is not seen).

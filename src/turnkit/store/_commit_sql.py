@@ -130,8 +130,8 @@ def commit(
         owner = (moved[1], moved[2]) if moved is not None and status is not None else None
         transcripts_sql.keep(conn, insert, turn_id, transcript, owner=owner)
     if guides_consumed_through is not None and status in TERMINAL_STATES:
-        # Looked up again, not taken from `newest_guide`: on PostgreSQL a guide committed
-        # while this statement waited for the turn's row is not in its snapshot.
+        # The guides themselves, in a statement of their own: on PostgreSQL it reads a
+        # snapshot taken after the move above, which saw any guide that waited for the row.
         requeued = requeue_guides(conn, turn_id, guides_consumed_through, clock.now())
     if pause is not None:
         session_id = conn.execute(_SESSION_OF, {"p_turn": turn_id}).scalar_one()

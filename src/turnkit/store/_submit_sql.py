@@ -39,7 +39,12 @@ _BY_REQUEST = select(
 _NOTE_GUIDE = (
     update(turns)
     .where(turns.c.turn_id == bindparam("n_turn"))
-    .values(newest_guide_seq=bindparam("n_seq"))
+    .values(
+        newest_guide_seq=case(
+            (turns.c.newest_guide_seq < bindparam("n_seq"), bindparam("n_seq")),
+            else_=turns.c.newest_guide_seq,
+        )
+    )
 )
 _GUIDED = (
     select(inputs.c.seq, inputs.c.content, inputs.c.request_id)

@@ -25,9 +25,11 @@ def upgrade() -> None:
         batch.add_column(
             sa.Column("newest_guide_seq", sa.Integer(), nullable=False, server_default="0")
         )
+    # Only turns a guide joined: the default covers the rest, and their rows stay untouched.
     op.execute(
-        "UPDATE tk_turns SET newest_guide_seq = COALESCE((SELECT max(i.seq) FROM tk_inputs i "
-        "WHERE i.turn_id = tk_turns.turn_id AND i.delivery = 'guide'), 0)"
+        "UPDATE tk_turns SET newest_guide_seq = (SELECT max(i.seq) FROM tk_inputs i "
+        "WHERE i.turn_id = tk_turns.turn_id AND i.delivery = 'guide') "
+        "WHERE turn_id IN (SELECT turn_id FROM tk_inputs WHERE delivery = 'guide')"
     )
 
 
