@@ -4,9 +4,10 @@ The turn is `turn_overhead.py`'s tool-using turn (a zero-latency fake model: a c
 asks for a tool, the tool, a call that answers; `anchor-plan` skipped), run with
 `execute_message` on one runtime per contender. PostgreSQL runs twice: with turnkit's
 checkpointer (`AsyncPgSaver`, on asyncpg like the store) and with
-LangGraph's own `AsyncPostgresSaver` on a psycopg pool, as turnkit used before; a third
-PostgreSQL runtime writes its checkpoint only when the run ends (`exit`), which shows
-what the turn costs without a checkpoint per step. Each
+LangGraph's own `AsyncPostgresSaver` on a psycopg pool, as turnkit used before. Two more
+PostgreSQL runtimes change when checkpoints are written: while the next step runs
+(`async`), and only when the run ends (`exit`), which shows what the turn costs without a
+checkpoint per step. Each
 PostgreSQL contender gets a fresh schema, dropped afterwards. Besides time and CPU it
 counts what each PostgreSQL turn costs the server: transactions committed and rolled back
 (`pg_stat_database`, so other clients of the same database add noise: use a quiet one).
@@ -41,6 +42,7 @@ import turnkit.runtime as runtime_module
 # folder is on the path).
 from turn_overhead import ANSWER, _reply, add, write_json
 from turnkit import Agent, RuntimeConfig, SessionRuntime
+from turnkit.config import Durability
 from turnkit.events import DoneEvent, MessageCompleteEvent
 from turnkit.testing import ModelStep, ScriptedModel
 
@@ -69,14 +71,18 @@ async def _langgraph_saver(database_url: str, *, schema: str | None = None) -> A
 
 
 async def _runtime(
-    url: str, schema: str | None, *, langgraph_saver: bool = False, at_exit: bool = False
+    url: str,
+    schema: str | None,
+    *,
+    langgraph_saver: bool = False,
+    durability: Durability = "sync",
 ) -> tuple[SessionRuntime, ScriptedModel]:
     model = ScriptedModel([ModelStep.respond(_reply)], repeat_last=True)
     agent = Agent(model=model, tools=[add], skip_stages=frozenset({"anchor-plan"}))
     config = RuntimeConfig(
         database_url=url,
         database_schema=schema,
-        checkpoint_durability="exit" if at_exit else "sync",
+        checkpoint_durability=durability,
     )
     runtime = SessionRuntime(agent=agent, config=config)
     ours = runtime_module.open_checkpointer
@@ -117,14 +123,15 @@ async def main() -> None:
     parser.add_argument("--json", default=str(default_json))
     args = parser.parse_args()
 
-    schemas = [f"tk_bench_{uuid.uuid4().hex[:8]}" for _ in range(3)]
+    schemas = [f"tk_bench_{uuid.uuid4().hex[:8]}" for _ in range(4)]
     admin = await asyncpg.connect(POSTGRES)
     tmp = Path(tempfile.mkdtemp())
     contenders = {
         "SQLite": await _runtime(f"sqlite:///{tmp / 'bench.db'}", None),
         "PostgreSQL": await _runtime(POSTGRES, schemas[0]),
         "PostgreSQL, LangGraph's saver": await _runtime(POSTGRES, schemas[1], langgraph_saver=True),
-        "PostgreSQL, checkpoints at exit": await _runtime(POSTGRES, schemas[2], at_exit=True),
+        "PostgreSQL, async checkpoints": await _runtime(POSTGRES, schemas[2], durability="async"),
+        "PostgreSQL, checkpoints at exit": await _runtime(POSTGRES, schemas[3], durability="exit"),
     }
     wall: dict[str, list[float]] = {name: [] for name in contenders}
     cpu = dict.fromkeys(contenders, 0.0)

@@ -300,7 +300,7 @@ async def test_stop_reaches_a_turn_driven_by_another_process(tmp_path: Path) -> 
         await other.close()
 
 
-@pytest.mark.parametrize("durability", ["sync", "exit"])
+@pytest.mark.parametrize("durability", ["sync", "async", "exit"])
 async def test_a_pause_in_the_first_stage_is_on_disk_before_the_turn_says_so(
     tmp_path: Path, durability: str
 ) -> None:

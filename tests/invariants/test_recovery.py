@@ -2,8 +2,9 @@
 
 The committed log afterwards has no duplicate or missing seq, each tool_call_id has one
 result, the answer is written once, and the tool saw the same idempotency key twice. The
-workers run with a checkpoint per step (`sync`) and with one only when the run stops
-(`exit`), where the next attempt starts over and replays the committed log.
+workers run with a checkpoint per step written before the next step (`sync`) or while it
+runs (`async`), and with one only when the run stops (`exit`), where the next attempt
+starts over and replays the committed log.
 """
 
 from __future__ import annotations
@@ -76,7 +77,7 @@ class Workers:
             proc.wait(timeout=10)
 
 
-@pytest.fixture(params=["sync", "exit"])
+@pytest.fixture(params=["sync", "async", "exit"])
 def workers(db: DB, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Workers]:
     pool = Workers(db, tmp_path / "calls.jsonl", request.param)
     try:
@@ -173,7 +174,7 @@ async def test_kill_while_a_tool_runs(db: DB, workers: Workers) -> None:
         [recovering] = [e for e in events if isinstance(e, TurnRecoveringEvent)]
         assert (recovering.attempt, recovering.cause) == (2, "lease-expired")
         # With checkpoints only at the end, the next attempt starts over from the log.
-        started_from = "checkpoint" if workers.durability == "sync" else "start"
+        started_from = "start" if workers.durability == "exit" else "checkpoint"
         assert recovering.resumed_from == started_from
         [doubt] = [e for e in events if isinstance(e, ToolInDoubtEvent)]
         assert (doubt.tool_call_id, doubt.resolution) == ("call_fixed", "rerun")
