@@ -2,12 +2,13 @@
 
 The turn is `turn_overhead.py`'s tool-using turn (a zero-latency fake model: a call that
 asks for a tool, the tool, a call that answers; `anchor-plan` skipped), run with
-`execute_message` on one runtime per contender. PostgreSQL runs twice: with turnkit's
-checkpointer (`AsyncPgSaver`, on asyncpg like the store) and with
-LangGraph's own `AsyncPostgresSaver` on a psycopg pool, as turnkit used before. Two more
-PostgreSQL runtimes change when checkpoints are written: while the next step runs
-(`async`), and only when the run ends (`exit`), which shows what the turn costs without a
-checkpoint per step. Each
+`execute_message` on one runtime per contender, with turnkit's checkpointer
+(`AsyncPgSaver` on PostgreSQL, on asyncpg like the store). Each runtime writes
+checkpoints as its database's default has it (`sync` on SQLite, `async` on PostgreSQL:
+while the next step runs) unless its name says otherwise: PostgreSQL also runs with
+`sync` checkpoints (before the next step), with LangGraph's own `AsyncPostgresSaver` on a
+psycopg pool (`sync`, as turnkit used before), and with one checkpoint when the run ends
+(`exit`), which shows what the turn costs without a checkpoint per step. Each
 PostgreSQL contender gets a fresh schema, dropped afterwards. Besides time and CPU it
 counts what each PostgreSQL turn costs the server: transactions committed and rolled back
 (`pg_stat_database`, so other clients of the same database add noise: use a quiet one).
@@ -75,7 +76,7 @@ async def _runtime(
     schema: str | None,
     *,
     langgraph_saver: bool = False,
-    durability: Durability = "sync",
+    durability: Durability | None = None,
 ) -> tuple[SessionRuntime, ScriptedModel]:
     model = ScriptedModel([ModelStep.respond(_reply)], repeat_last=True)
     agent = Agent(model=model, tools=[add], skip_stages=frozenset({"anchor-plan"}))
@@ -127,15 +128,19 @@ async def main() -> None:
     admin = await asyncpg.connect(POSTGRES)
     tmp = Path(tempfile.mkdtemp())
     contenders = {
-        "SQLite": await _runtime(f"sqlite:///{tmp / 'bench.db'}", None),
-        "PostgreSQL": await _runtime(POSTGRES, schemas[0]),
-        "PostgreSQL, LangGraph's saver": await _runtime(POSTGRES, schemas[1], langgraph_saver=True),
-        "PostgreSQL, async checkpoints": await _runtime(POSTGRES, schemas[2], durability="async"),
+        "SQLite (sync checkpoints)": await _runtime(f"sqlite:///{tmp / 'bench.db'}", None),
+        "PostgreSQL (async checkpoints)": await _runtime(POSTGRES, schemas[0]),
+        "PostgreSQL, sync checkpoints": await _runtime(POSTGRES, schemas[1], durability="sync"),
+        "PostgreSQL, LangGraph's saver": await _runtime(
+            POSTGRES, schemas[2], langgraph_saver=True, durability="sync"
+        ),
         "PostgreSQL, checkpoints at exit": await _runtime(POSTGRES, schemas[3], durability="exit"),
     }
     wall: dict[str, list[float]] = {name: [] for name in contenders}
     cpu = dict.fromkeys(contenders, 0.0)
-    server = {name: {"commits": 0, "rollbacks": 0} for name in contenders if name != "SQLite"}
+    server = {
+        name: {"commits": 0, "rollbacks": 0} for name in contenders if not name.startswith("SQLite")
+    }
     try:
         for n, (rt, model) in enumerate(contenders.values()):
             for i in range(args.warmup):

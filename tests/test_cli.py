@@ -395,3 +395,14 @@ def test_a_bad_checkpoint_durability_is_refused(
 
     with pytest.raises(ConfigurationError, match="checkpoint_durability 'never' is not one of"):
         runtime_from_env({"TURNKIT_CHECKPOINT_DURABILITY": "never"})
+
+
+def test_the_default_checkpoint_durability_follows_the_database() -> None:
+    from turnkit import RuntimeConfig
+
+    pg = "postgresql://postgres@127.0.0.1:5432/test"
+    assert RuntimeConfig(database_url=pg).durability == "async"  # a checkpoint: a round trip
+    assert RuntimeConfig(database_url="sqlite:///t.db").durability == "sync"  # in place
+    assert RuntimeConfig(database_url=pg, checkpoint_durability="sync").durability == "sync"
+    args = cli._parser().parse_args(["worker", "--database-url", pg])
+    assert cli._config(args).durability == "async"

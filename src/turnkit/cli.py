@@ -163,7 +163,7 @@ def _config(args: argparse.Namespace) -> RuntimeConfig:
         idle_window_s=min(120.0, getattr(args, "ceiling", 3600.0)),
         heartbeat_interval_s=min(5.0, getattr(args, "ceiling", 3600.0) / 2),
         max_attempts=getattr(args, "max_attempts", 3),
-        checkpoint_durability=getattr(args, "checkpoint_durability", "sync"),
+        checkpoint_durability=getattr(args, "checkpoint_durability", None),
     )
 
 
@@ -328,10 +328,10 @@ def _durability_arg(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--checkpoint-durability",
         choices=DURABILITIES,
-        default=os.environ.get("TURNKIT_CHECKPOINT_DURABILITY") or "sync",
+        default=os.environ.get("TURNKIT_CHECKPOINT_DURABILITY") or None,
         help="when LangGraph checkpoints are written: sync (before the next step), async "
         "(while it runs) or exit (when the run stops); recovery repeats nothing either way "
-        "(default: $TURNKIT_CHECKPOINT_DURABILITY or sync)",
+        "(default: $TURNKIT_CHECKPOINT_DURABILITY, else async on PostgreSQL, sync on SQLite)",
     )
 
 
@@ -577,7 +577,8 @@ async def _serve(args: argparse.Namespace, out: TextIO) -> int:
     )  # the flag wins (its default is $TURNKIT_DATABASE_URL)
     if args.database_schema:
         os.environ["TURNKIT_DATABASE_SCHEMA"] = args.database_schema
-    os.environ["TURNKIT_CHECKPOINT_DURABILITY"] = args.checkpoint_durability
+    if args.checkpoint_durability:
+        os.environ["TURNKIT_CHECKPOINT_DURABILITY"] = args.checkpoint_durability
     config = uvicorn.Config(
         "turnkit.quickstart:app", host=args.host, port=args.port, log_level="info"
     )

@@ -39,7 +39,10 @@ class RuntimeConfig:
             it is refused with `SessionNotFoundError` (create sessions explicitly).
         checkpoint_durability: When LangGraph checkpoints are written: `sync` (before the
             next super-step starts), `async` (while it runs) or `exit` (when the graph
-            stops). Events are always committed before they are sent, whatever this is.
+            stops); None (the default) picks `async` on PostgreSQL, where a checkpoint is a
+            round trip, and `sync` on SQLite (see `durability`). Events are always
+            committed before they are sent, and recovery repeats no committed work,
+            whatever this is.
         idle_window_s: A run may go this long without producing a chunk.
         ceiling_s: A run may take this long in all.
         credential_lifetime_s: Lifetime of the model credential a run is given, if
@@ -66,7 +69,7 @@ class RuntimeConfig:
     recover_in_process: bool = False
     recovery_concurrency: int = 4
     allowed_models: tuple[str, ...] = ()
-    checkpoint_durability: Durability = "sync"
+    checkpoint_durability: Durability | None = None
     idle_window_s: float = 120.0
     ceiling_s: float = 3600.0
     credential_lifetime_s: float | None = None
@@ -77,8 +80,15 @@ class RuntimeConfig:
     budget_reserve_tokens: int = 4_096
     callback_secret: str | None = field(default=None, repr=False)
 
+    @property
+    def durability(self) -> Durability:
+        """`checkpoint_durability`, or when it is None the default for the database."""
+        if self.checkpoint_durability is not None:
+            return self.checkpoint_durability
+        return "async" if self.database_url.startswith(("postgresql", "postgres")) else "sync"
+
     def __post_init__(self) -> None:
-        if self.checkpoint_durability not in DURABILITIES:
+        if self.checkpoint_durability not in (None, *DURABILITIES):
             raise ConfigurationError(
                 f"checkpoint_durability {self.checkpoint_durability!r} is not one of "
                 f"{', '.join(DURABILITIES)}"

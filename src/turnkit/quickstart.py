@@ -59,7 +59,7 @@ def runtime_from_env(env: Mapping[str, str] | None = None) -> SessionRuntime:
         ceiling_s=max(3600.0, idle),
         lease_ttl_s=float(env.get("TURNKIT_LEASE_TTL_S", "8")),
         checkpoint_durability=cast(
-            Durability, env.get("TURNKIT_CHECKPOINT_DURABILITY") or "sync"
+            Durability | None, env.get("TURNKIT_CHECKPOINT_DURABILITY") or None
         ),  # RuntimeConfig refuses any other value
     )
     replay = replay_from_url(env.get("TURNKIT_REDIS_URL"))

@@ -268,7 +268,7 @@ class TurnDriver:
                     state,
                     setup.ctx_factory(rec),
                     thread_id=self.lease.turn_id,
-                    durability=self.config.checkpoint_durability,
+                    durability=self.config.durability,
                     resume=answer,
                 )
         except TimeoutError as exc:
