@@ -83,6 +83,21 @@ def require_service(name: str, host: str, port: int) -> None:
 
 
 @pytest.fixture
+async def pg_schema() -> AsyncIterator[str]:
+    """A fresh PostgreSQL schema name (the code under test creates it), dropped after."""
+    require_service("PostgreSQL", "127.0.0.1", 5432)
+    import asyncpg
+
+    name = f"tk_test_{uuid.uuid4().hex[:12]}"
+    yield name
+    conn = await asyncpg.connect(POSTGRES_URL)
+    try:
+        await conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
+    finally:
+        await conn.close()
+
+
+@pytest.fixture
 def sent(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Every query an asyncpg connection opened from now on sends, in order."""
     import asyncpg

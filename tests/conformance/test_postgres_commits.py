@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from collections.abc import AsyncIterator
 
 import asyncpg
 import pytest
-from tests.conftest import POSTGRES_URL, require_service
+from tests.conftest import POSTGRES_URL
 from tests.helpers import new_input, step_event
 
 from turnkit.errors import StaleEpochError
@@ -33,20 +32,8 @@ _TRANSCRIPT = TurnTranscript(
 
 
 @pytest.fixture
-async def schema() -> AsyncIterator[str]:
-    require_service("PostgreSQL", "127.0.0.1", 5432)
-    name = f"tk_commits_{uuid.uuid4().hex[:12]}"
-    yield name
-    conn = await asyncpg.connect(POSTGRES_URL)
-    try:
-        await conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
-    finally:
-        await conn.close()
-
-
-@pytest.fixture
-async def store(schema: str, sent: list[str]) -> AsyncIterator[SqlStore]:
-    async with SqlStore.from_url(POSTGRES_URL, schema=schema) as opened:
+async def store(pg_schema: str, sent: list[str]) -> AsyncIterator[SqlStore]:
+    async with SqlStore.from_url(POSTGRES_URL, schema=pg_schema) as opened:
         yield opened
 
 
@@ -152,19 +139,38 @@ async def test_a_stale_ending_writes_nothing_and_says_why(store: SqlStore, sent:
     assert [e.seq async for e in store.read_events(sub.turn_id)] == [1, 2]
 
 
-async def _waiting_for_locks(watcher: asyncpg.Connection, holder: int, count: int) -> None:
-    """Until `count` sessions wait, directly or in a queue, for what `holder` locked (5 s).
+class _RowLock:
+    """Rows a connection of its own holds locked until `release`, and who waits for them."""
 
-    `watcher` must be outside a transaction: inside one, the activity view stays as it
-    was first read.
-    """
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        waiting = await watcher.fetchval(_WAITERS, holder)
-        if waiting >= count:
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"fewer than {count} sessions waited for a lock within 5 s")
+    def __init__(self, schema: str, query: str, *args: object) -> None:
+        self._schema, self._query, self._args = schema, query, args
+
+    async def __aenter__(self) -> _RowLock:
+        settings = {"search_path": self._schema}
+        self._holder = await asyncpg.connect(POSTGRES_URL, server_settings=settings)
+        # Outside a transaction: inside one, the activity view stays as it was first read.
+        self._watcher = await asyncpg.connect(POSTGRES_URL)
+        self._locked = self._holder.transaction()
+        await self._locked.start()
+        await self._holder.execute(self._query, *self._args)
+        return self
+
+    async def waiting(self, count: int) -> None:
+        """Until `count` sessions wait, directly or in a queue, for the rows (at most 5 s)."""
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            waiting = await self._watcher.fetchval(_WAITERS, self._holder.get_server_pid())
+            if waiting >= count:
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError(f"fewer than {count} sessions waited for a lock within 5 s")
+
+    async def release(self) -> None:
+        await self._locked.rollback()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._holder.close()
+        await self._watcher.close()
 
 
 _WAITERS = """
@@ -175,30 +181,24 @@ WITH RECURSIVE waiter(pid) AS (
 )
 SELECT count(*) FROM waiter
 """
+_SESSION_ROW = "SELECT FROM tk_sessions WHERE session_id = 's1' FOR UPDATE"
 
 
 async def test_a_guide_that_lands_while_the_ending_waits_gets_a_turn_of_its_own(
-    store: SqlStore, schema: str
+    store: SqlStore, pg_schema: str
 ) -> None:
     sub, lease = await _running(store)
-    holder = await asyncpg.connect(POSTGRES_URL, server_settings={"search_path": schema})
-    watcher = await asyncpg.connect(POSTGRES_URL)
-    try:
-        locked = holder.transaction()
-        await locked.start()
-        await holder.execute("SELECT FROM tk_turns WHERE turn_id = $1 FOR UPDATE", sub.turn_id)
+    turn_row = "SELECT FROM tk_turns WHERE turn_id = $1 FOR UPDATE"
+    async with _RowLock(pg_schema, turn_row, sub.turn_id) as lock:
         # The guide queues for the turn's row first, the ending behind it: the ending's
         # statement starts before the guide is committed, and runs right after it.
         guide = asyncio.create_task(store.submit(new_input(content="also", delivery="guide")))
-        await _waiting_for_locks(watcher, holder.get_server_pid(), 1)
+        await lock.waiting(1)
         ending = asyncio.create_task(_end(store, sub, lease, 2))
-        await _waiting_for_locks(watcher, holder.get_server_pid(), 2)
-        await locked.rollback()
+        await lock.waiting(2)
+        await lock.release()
         guided = await asyncio.wait_for(guide, 10)
         requeued = await asyncio.wait_for(ending, 10)
-    finally:
-        await holder.close()
-        await watcher.close()
 
     assert (guided.turn_id, guided.delivery) == (sub.turn_id, "guide")
     assert requeued == 1
@@ -207,25 +207,17 @@ async def test_a_guide_that_lands_while_the_ending_waits_gets_a_turn_of_its_own(
 
 
 async def test_two_messages_racing_into_one_session_never_both_run(
-    store: SqlStore, schema: str
+    store: SqlStore, pg_schema: str
 ) -> None:
     await store.create_session(SessionId("s1"))
-    holder = await asyncpg.connect(POSTGRES_URL, server_settings={"search_path": schema})
-    watcher = await asyncpg.connect(POSTGRES_URL)
-    try:
-        locked = holder.transaction()
-        await locked.start()
-        await holder.execute("SELECT FROM tk_sessions WHERE session_id = 's1' FOR UPDATE")
+    async with _RowLock(pg_schema, _SESSION_ROW) as lock:
         # Both statements start (and read their snapshot) before either is committed.
         first = asyncio.create_task(store.submit(new_input(content="a", claim_for=_CLAIM)))
-        await _waiting_for_locks(watcher, holder.get_server_pid(), 1)
+        await lock.waiting(1)
         second = asyncio.create_task(store.submit(new_input(content="b", claim_for=_CLAIM)))
-        await _waiting_for_locks(watcher, holder.get_server_pid(), 2)
-        await locked.rollback()
+        await lock.waiting(2)
+        await lock.release()
         subs = [await asyncio.wait_for(first, 10), await asyncio.wait_for(second, 10)]
-    finally:
-        await holder.close()
-        await watcher.close()
 
     assert sorted(s.input_seq for s in subs) == [1, 2]
     claimed = [s for s in subs if s.lease is not None]
@@ -235,10 +227,10 @@ async def test_two_messages_racing_into_one_session_never_both_run(
 
 
 async def test_a_guide_an_older_version_attached_is_still_requeued(
-    store: SqlStore, schema: str
+    store: SqlStore, pg_schema: str
 ) -> None:
     sub, lease = await _running(store)
-    conn = await asyncpg.connect(POSTGRES_URL, server_settings={"search_path": schema})
+    conn = await asyncpg.connect(POSTGRES_URL, server_settings={"search_path": pg_schema})
     try:  # what a guide looked like before turns noted their newest guide on their row
         await conn.execute(
             "INSERT INTO tk_inputs (session_id, seq, content, requested_delivery, delivery, "
@@ -254,25 +246,17 @@ async def test_a_guide_an_older_version_attached_is_still_requeued(
 
 
 async def test_a_request_retried_while_its_first_try_commits_is_one_turn(
-    store: SqlStore, schema: str
+    store: SqlStore, pg_schema: str
 ) -> None:
     await store.create_session(SessionId("s1"))
-    holder = await asyncpg.connect(POSTGRES_URL, server_settings={"search_path": schema})
-    watcher = await asyncpg.connect(POSTGRES_URL)
-    try:
-        locked = holder.transaction()
-        await locked.start()
-        await holder.execute("SELECT FROM tk_sessions WHERE session_id = 's1' FOR UPDATE")
+    async with _RowLock(pg_schema, _SESSION_ROW) as lock:
         tries = [
             asyncio.create_task(store.submit(new_input(request_id="r1", claim_for=_CLAIM)))
             for _ in range(2)
         ]
-        await _waiting_for_locks(watcher, holder.get_server_pid(), 2)
-        await locked.rollback()
+        await lock.waiting(2)
+        await lock.release()
         first, again = [await asyncio.wait_for(t, 10) for t in tries]
-    finally:
-        await holder.close()
-        await watcher.close()
 
     assert sorted([first.is_new, again.is_new]) == [False, True]
     assert (

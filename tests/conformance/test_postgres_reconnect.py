@@ -4,29 +4,14 @@ out: the next call after it gets a fresh one, and no check costs a round trip pe
 from __future__ import annotations
 
 import asyncio
-import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 import asyncpg
-import pytest
-from tests.conftest import POSTGRES_URL, require_service
+from tests.conftest import POSTGRES_URL
 
 from turnkit.graph import open_checkpointer
 from turnkit.ids import SessionId
 from turnkit.store.sql import SqlStore
-
-
-@pytest.fixture
-async def schema() -> AsyncIterator[str]:
-    require_service("PostgreSQL", "127.0.0.1", 5432)
-    name = f"tk_reconn_{uuid.uuid4().hex[:12]}"
-    yield name
-    conn = await asyncpg.connect(POSTGRES_URL)
-    try:
-        await conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
-    finally:
-        await conn.close()
 
 
 async def _kill(pids: set[int]) -> None:
@@ -39,8 +24,8 @@ async def _kill(pids: set[int]) -> None:
     await asyncio.sleep(0.3)  # the server's goodbye reaches the idle sockets
 
 
-async def test_the_store_replaces_a_connection_the_server_closed(schema: str) -> None:
-    store = SqlStore(POSTGRES_URL, schema=schema)
+async def test_the_store_replaces_a_connection_the_server_closed(pg_schema: str) -> None:
+    store = SqlStore(POSTGRES_URL, schema=pg_schema)
     await store.setup()
     try:
         async with store._async_engine.connect() as conn:  # type: ignore[union-attr]
@@ -52,11 +37,11 @@ async def test_the_store_replaces_a_connection_the_server_closed(schema: str) ->
         await store.close()
 
 
-async def test_the_checkpointer_replaces_a_connection_the_server_closed(schema: str) -> None:
+async def test_the_checkpointer_replaces_a_connection_the_server_closed(pg_schema: str) -> None:
     admin = await asyncpg.connect(POSTGRES_URL)
-    await admin.execute(f'CREATE SCHEMA "{schema}"')
+    await admin.execute(f'CREATE SCHEMA "{pg_schema}"')
     await admin.close()
-    saver, close = await open_checkpointer(POSTGRES_URL, schema=schema)
+    saver, close = await open_checkpointer(POSTGRES_URL, schema=pg_schema)
     try:
         config: Any = {"configurable": {"thread_id": "t1", "checkpoint_ns": ""}}
         assert await saver.aget_tuple(config) is None

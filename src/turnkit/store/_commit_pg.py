@@ -142,8 +142,8 @@ async def append(
     usage: tuple[str | None, dict[int, UsageDelta]],
 ) -> CommitResult | None:
     """Run `APPEND` on an asyncpg connection; None if the fence refused (nothing written)."""
-    args = _rows_args(event_rows, audit_rows, usage)
-    return _result(await conn.fetch(APPEND, turn_id, epoch, now, *args))
+    rows = _rows_args(event_rows, audit_rows, usage)
+    return _result(await conn.fetch(APPEND, turn_id, epoch, now, *rows))
 
 
 async def end(

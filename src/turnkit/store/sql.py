@@ -195,32 +195,16 @@ class SqlStore(SqlEngine):
         kept = transcripts_sql.encoded(transcript) if transcript is not None else None
         if self._async_engine is not None and pause is None:
             moves = (status, summary, transcript, guides_consumed_through)
-            one_statement = None
+            rows = (turn_id, epoch, self._clock.now(), event_rows, audit_rows, (session_id, usage))
+            done = None
             if not release and moves == (None,) * len(moves):
-                one_statement = self._pg_driver(
-                    commit_pg.append,
-                    turn_id,
-                    epoch,
-                    self._clock.now(),
-                    event_rows,
-                    audit_rows,
-                    (session_id, usage),
-                )
+                done = await self._pg_driver(commit_pg.append, *rows)
             elif release and status in TERMINAL_STATES:
-                one_statement = self._pg_driver(
-                    commit_pg.end,
-                    turn_id,
-                    epoch,
-                    self._clock.now(),
-                    event_rows,
-                    audit_rows,
-                    (session_id, usage),
-                    (status, error_code, SOURCES[status]),
-                    summary_json,
-                    kept,
-                    guides_consumed_through,
+                ending = (status, error_code, SOURCES[status])
+                done = await self._pg_driver(
+                    commit_pg.end, *rows, ending, summary_json, kept, guides_consumed_through
                 )
-            if one_statement is not None and (done := await one_statement) is not None:
+            if done is not None:
                 return done
             # Nothing was written: the fence refused, and the transaction below says why
             # (or re-queues the guides the turn never presented).
