@@ -332,8 +332,16 @@ def _is_unreachable(exc: BaseException) -> bool:
         return True
     if isinstance(exc, OperationalError | InterfaceError):
         return True
-    driver = getattr(exc, "orig", None) or exc  # the driver's own error, wrapped or not
-    return isinstance(driver, OSError) or type(driver).__name__ in _UNREACHABLE_DRIVER_ERRORS
+    # The driver's own error, wrapped or not: SQLAlchemy's `orig` may itself be its asyncpg
+    # adapter's error, whose cause is the driver's (a server shutting down, say).
+    driver: BaseException | None = getattr(exc, "orig", None) or exc
+    for _ in range(4):
+        if driver is None:
+            return False
+        if isinstance(driver, OSError) or type(driver).__name__ in _UNREACHABLE_DRIVER_ERRORS:
+            return True
+        driver = driver.__cause__
+    return False
 
 
 _UNREACHABLE_DRIVER_ERRORS = frozenset(

@@ -1,0 +1,36 @@
+"""A database that cannot be reached is told apart from a bad statement, however wrapped."""
+
+from __future__ import annotations
+
+import asyncpg
+import pytest
+from sqlalchemy.dialects.postgresql.asyncpg import AsyncAdapt_asyncpg_dbapi
+from sqlalchemy.exc import DBAPIError, ProgrammingError
+
+from turnkit.store._engine import _is_unreachable
+
+
+def _as_sqlalchemy_raises(driver: Exception) -> DBAPIError:
+    """The error a SQLAlchemy connect raises for `driver`: wrapped in its adapter's error."""
+    adapted = AsyncAdapt_asyncpg_dbapi.Error(str(driver))
+    adapted.__cause__ = driver
+    return DBAPIError("connect", None, adapted)
+
+
+@pytest.mark.parametrize(
+    "driver",
+    [
+        asyncpg.exceptions.CannotConnectNowError("the database system is shutting down"),
+        asyncpg.exceptions.AdminShutdownError("terminating connection"),
+        ConnectionRefusedError(111, "Connect call failed"),
+    ],
+)
+def test_a_server_going_away_is_unreachable(driver: Exception) -> None:
+    assert _is_unreachable(_as_sqlalchemy_raises(driver))
+    assert _is_unreachable(driver)  # as asyncpg raises it, outside SQLAlchemy
+
+
+def test_a_bad_statement_is_not() -> None:
+    bad = asyncpg.exceptions.UndefinedTableError('relation "nope" does not exist')
+    assert not _is_unreachable(_as_sqlalchemy_raises(bad))
+    assert not _is_unreachable(ProgrammingError("SELECT * FROM nope", None, Exception("nope")))
