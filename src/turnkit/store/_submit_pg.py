@@ -21,9 +21,9 @@ from types import SimpleNamespace
 from typing import Any
 
 from turnkit.events import TurnStartedEvent, encode_event
-from turnkit.store import ClaimRequest, NewInput, Submission
-from turnkit.store._schema import UNFINISHED, attachments_json, turn_record
-from turnkit.store._submit_sql import first_lease
+from turnkit.store import NewInput, Submission
+from turnkit.store._schema import UNFINISHED, attachments_json
+from turnkit.store._submit_sql import claim_of, opened, started_event
 
 __all__ = ("SUBMIT", "can_submit", "submit")
 
@@ -84,30 +84,9 @@ RETURNING *
 """
 
 
-def _started(new: NewInput, now: datetime, input_seq: int) -> TurnStartedEvent:
-    return TurnStartedEvent(
-        session_id=new.session_id,
-        turn_id=new.turn_id,
-        stage_id="runtime",
-        ts=now,
-        seq=1,
-        content=new.content,
-        request_id=new.request_id,
-        agent=new.agent,
-        model=new.model,
-        effort=new.effort,
-        input_seq=input_seq,
-        delivery="queue",
-        requested_delivery="queue",
-        attachments=new.attachments,
-    )
-
-
-def _started_around_seq(new: NewInput, now: datetime) -> tuple[bytes, bytes]:
-    """The encoded `turn.started`, cut where its input seq goes."""
-    head, mark, tail = encode_event(_started(new, now, _SEQ_MARK)).partition(
-        b'"input_seq":%d' % _SEQ_MARK
-    )
+def _around_seq(started: TurnStartedEvent) -> tuple[bytes, bytes]:
+    """`started` encoded, cut where its input seq (the stand-in) goes."""
+    head, mark, tail = encode_event(started).partition(b'"input_seq":%d' % _SEQ_MARK)
     if not mark or mark in tail:
         raise AssertionError("turn.started must hold its input seq exactly once")
     return head + b'"input_seq":', tail
@@ -124,10 +103,9 @@ async def submit(conn: Any, new: NewInput, now: datetime) -> Submission | None:
     Nothing is written when the session already has the message's request id: the full
     transaction answers with the first submission.
     """
-    claim: ClaimRequest | None = new.claim_for
-    if claim is not None and claim.max_attempts <= 0:
-        claim = None
-    head, tail = _started_around_seq(new, now)
+    claim = claim_of(new)
+    started = started_event(new, _SEQ_MARK, now)
+    head, tail = _around_seq(started)
     row = await conn.fetchrow(
         SUBMIT,
         new.session_id,
@@ -150,15 +128,6 @@ async def submit(conn: Any, new: NewInput, now: datetime) -> Submission | None:
     )
     if row is None:
         return None
-    record = turn_record(SimpleNamespace(**dict(row.items())))
-    return Submission(
-        session_id=new.session_id,
-        turn_id=new.turn_id,
-        input_seq=record.input_seq,
-        delivery="queue",
-        requested_delivery="queue",
-        is_new=True,
-        lease=first_lease(record) if record.lease_owner is not None else None,
-        record=record if record.lease_owner is not None else None,
-        started=_started(new, now, record.input_seq),
-    )
+    turn = SimpleNamespace(**dict(row.items()))
+    seq = turn.input_seq
+    return opened(new, seq, started.model_copy(update={"input_seq": seq}), turn)

@@ -56,7 +56,14 @@ _GUIDED = (
     .order_by(inputs.c.seq)
 )
 
-__all__ = ("first_lease", "guided_inputs", "requeue_guides", "submit")
+__all__ = (
+    "claim_of",
+    "guided_inputs",
+    "opened",
+    "requeue_guides",
+    "started_event",
+    "submit",
+)
 
 
 def submit(conn: Connection, insert: Any, new: NewInput, now: datetime) -> Submission:
@@ -122,12 +129,21 @@ def submit(conn: Connection, insert: Any, new: NewInput, now: datetime) -> Submi
                 guided=True,
             )
     # No live attempt to guide: the message opens its own turn, and the log says so.
-    claim = new.claim_for if new.claim_for and new.claim_for.max_attempts > 0 else None
-    _, started, row = _open_turn(conn, new, seq, now, requested=new.delivery, claim=claim)
+    _, started, row = _open_turn(conn, new, seq, now, requested=new.delivery, claim=claim_of(new))
+    return opened(new, seq, started, row)
+
+
+def claim_of(new: NewInput) -> ClaimRequest | None:
+    """The claim the message's turn is inserted with (none when it has no attempts)."""
+    return new.claim_for if new.claim_for and new.claim_for.max_attempts > 0 else None
+
+
+def opened(new: NewInput, seq: int, started: TurnStartedEvent, row: Any) -> Submission:
+    """The submission of message `seq`, which opened its turn; `row` is the turn, if claimed."""
     lease, record = None, None
     if row is not None and row.lease_owner is not None:
         record = turn_record(row)
-        lease = first_lease(record)
+        lease = _first_lease(record)
     return Submission(
         session_id=new.session_id,
         turn_id=new.turn_id,
@@ -138,6 +154,35 @@ def submit(conn: Connection, insert: Any, new: NewInput, now: datetime) -> Submi
         lease=lease,
         record=record,
         started=started,
+    )
+
+
+def started_event(
+    new: NewInput,
+    seq: int,
+    now: datetime,
+    *,
+    turn_id: TurnId | None = None,
+    content: str | None = None,
+    request_id: str | None = None,
+    requested: Delivery | None = None,
+) -> TurnStartedEvent:
+    """The `turn.started` of the turn input `seq` opens (by default: `new`'s own)."""
+    return TurnStartedEvent(
+        session_id=new.session_id,
+        turn_id=turn_id or new.turn_id,
+        stage_id="runtime",
+        ts=now,
+        seq=1,
+        content=new.content if content is None else content,
+        request_id=new.request_id if request_id is None else request_id,
+        agent=new.agent,
+        model=new.model,
+        effort=new.effort,
+        input_seq=seq,
+        delivery="queue",
+        requested_delivery=requested or new.delivery,
+        attachments=new.attachments,
     )
 
 
@@ -227,22 +272,10 @@ def _open_turn(
         conn.execute(_INSERT_TURN, values)
     else:
         row = conn.execute(_insert_claimed(tuple(values)), _claimed(values, claim, now)).one()
-    started = TurnStartedEvent(
-        session_id=new.session_id,
-        turn_id=turn_id,
-        stage_id="runtime",
-        ts=now,
-        seq=1,
-        content=content,
-        request_id=request_id,
-        agent=new.agent,
-        model=new.model,
-        effort=new.effort,
-        input_seq=seq,
-        delivery=delivery,
-        requested_delivery=requested,
-        attachments=new.attachments,
-    )
+    started = started_event(
+        new, seq, now, turn_id=turn_id, content=content, request_id=request_id,
+        requested=requested,
+    )  # fmt: skip
     conn.execute(
         _INSERT_EVENT,
         {"turn_id": turn_id, "seq": 1, "type": started.type, "data": encode_event(started)},
@@ -324,7 +357,7 @@ def _insert_claimed(plain: tuple[str, ...]) -> Any:
     )
 
 
-def first_lease(record: TurnRecord) -> Lease:
+def _first_lease(record: TurnRecord) -> Lease:
     """The lease a turn inserted already claimed holds (see `_insert_claimed`)."""
     assert record.lease_owner is not None
     assert record.lease_expires_at is not None
