@@ -194,3 +194,22 @@ async def test_a_lock_held_too_long_is_a_clear_error_and_writes_nothing(
         assert [e.seq async for e in store.read_events(sub.turn_id)] == [1]
         await store.commit(sub.turn_id, epoch=lease.epoch, events=[step_event(sub, 2)])
         assert [e.seq async for e in store.read_events(sub.turn_id)] == [1, 2]
+
+
+async def test_closing_the_checkpointer_waits_for_a_write_running_in_place(tmp_path: Path) -> None:
+    """A turn still writing a checkpoint on the loop while the runtime closes: the
+    connection is closed after that write, never under it (which crashed the process)."""
+    saver, close = await open_checkpointer(f"sqlite:///{tmp_path / 'c.db'}")
+    conn: sqlite3.Connection = saver.conn  # type: ignore[attr-defined]
+    lock = saver.lock  # type: ignore[attr-defined]
+    lock.acquire()  # as `_in_batch` holds it for a write in place
+    try:
+        closing = asyncio.create_task(close())
+        await asyncio.sleep(0.2)
+        assert not closing.done()
+        assert conn.execute("SELECT 1").fetchone() == (1,)  # still open under the write
+    finally:
+        lock.release()
+    await asyncio.wait_for(closing, 10)
+    with pytest.raises(sqlite3.ProgrammingError):
+        conn.execute("SELECT 1")

@@ -214,7 +214,8 @@ class ThreadedSqliteSaver(SqliteSaver):
         finally:
 
             def close() -> None:
-                self.conn.close()
+                with self.lock:  # never under a write running in place on the loop
+                    self.conn.close()
                 if self._fold_conn is not None:
                     self._fold_conn.close()
 
