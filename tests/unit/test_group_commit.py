@@ -13,7 +13,7 @@ import pytest
 
 from turnkit.errors import StoreError
 from turnkit.store import _sqlite as sqlite_conn
-from turnkit.store._group_commit import MAX_BATCH, GroupCommit
+from turnkit.store._group_commit import BEHIND_SHARE, MAX_BATCH, GroupCommit
 
 
 @pytest.fixture
@@ -91,3 +91,33 @@ async def test_a_lone_write_runs_at_once_without_waiting_for_company(db: Path) -
         thread.shutdown(wait=True)
     assert (group.batches, group.committed) == (2, 2)
     assert _stored(db) == {1, 2}
+
+
+async def test_new_work_waits_behind_work_in_progress_but_keeps_a_share_of_each_batch(
+    db: Path,
+) -> None:
+    group, thread = _group(db)
+    order: list[int] = []
+
+    def record(conn: sqlite_conn.SqliteConnection, key: int) -> int:
+        if key == -1:
+            time.sleep(0.1)  # the thread is busy while the others queue
+        order.append(key)
+        return _insert(conn, key)
+
+    try:
+        blocker = asyncio.create_task(group.run(record, -1))
+        await asyncio.sleep(0.02)
+        new = [group.run(record, 1000 + k, behind=True) for k in range(40)]
+        running = [group.run(record, k) for k in range(40)]
+        await asyncio.gather(blocker, *new, *running)
+    finally:
+        thread.shutdown(wait=True)
+    share = BEHIND_SHARE
+    ahead = MAX_BATCH - share
+    assert order[1:] == [
+        *range(ahead), *range(1000, 1000 + share),  # a batch: mostly work in progress
+        *range(ahead, 40), *range(1000 + share, 1000 + 2 * share),
+        *range(1000 + 2 * share, 1040),  # then the rest of the new work
+    ]  # fmt: skip
+    assert _stored(db) == {-1, *range(40), *range(1000, 1040)}

@@ -116,8 +116,13 @@ class SqlEngine:
         """`sqlite` or `postgresql`."""
         return "sqlite" if self._path is not None else "postgresql"
 
-    async def _tx(self, fn: Callable[..., T], *args: Any, write: bool = True) -> T:
-        """Run `fn(conn, *args)` in one transaction (SQLite: on the store's thread)."""
+    async def _tx(
+        self, fn: Callable[..., T], *args: Any, write: bool = True, behind: bool = False
+    ) -> T:
+        """Run `fn(conn, *args)` in one transaction (SQLite: on the store's thread).
+
+        `behind`: new work, committed after the writes of work in progress queued with it.
+        """
         if self._closed:
             raise StoreError("the store is closed", url=self.url)
         if self._path == ":memory:":
@@ -127,7 +132,7 @@ class SqlEngine:
         if self._thread is not None:
             if write:  # with the other turns' writes queued meanwhile, in one transaction
                 assert self._group is not None
-                return await self._group.run(fn, *args)
+                return await self._group.run(fn, *args, behind=behind)
 
             def run() -> T:
                 try:
@@ -186,7 +191,9 @@ class SqlEngine:
             )
         return self._on_thread
 
-    async def _hot_tx(self, fn: Callable[..., T], *args: Any, write: bool = True) -> T:
+    async def _hot_tx(
+        self, fn: Callable[..., T], *args: Any, write: bool = True, behind: bool = False
+    ) -> T:
         """`_tx` for the per-turn path: on SQLite, run on the event loop if it need not wait.
 
         A short SQLite transaction costs tens of microseconds, less than the hop to a
@@ -198,7 +205,7 @@ class SqlEngine:
         transactions to the store's thread.
         """
         if self._thread is None or self._closed:
-            return await self._tx(fn, *args, write=write)
+            return await self._tx(fn, *args, write=write, behind=behind)
         if self._on_loop is None:
             with self._conn_lock:
                 if self._on_loop is None:
@@ -210,14 +217,16 @@ class SqlEngine:
         folds = self._folds
         assert folds is not None
         if write and folds.must_wait():
-            return await self._tx(fn, *args, write=write)  # behind the fold, on the thread
+            return await self._tx(
+                fn, *args, write=write, behind=behind
+            )  # behind the fold, on the thread
         if self._loop_thread != threading.get_ident():
-            return await self._tx(fn, *args, write=write)  # another thread's loop
+            return await self._tx(fn, *args, write=write, behind=behind)  # another thread's loop
         try:
             with self._on_loop.transaction(write=write) as conn:
                 result = fn(conn, *args)
         except sqlite_conn.BusyError:
-            return await self._tx(fn, *args, write=write)
+            return await self._tx(fn, *args, write=write, behind=behind)
         if write:
             folds.committed()
         return result

@@ -10,6 +10,11 @@ still durable before it is sent.
 Nothing waits to fill a batch: a transaction that finds the thread idle runs at once, on
 its own, and a batch holds only what queued while the previous one ran. So group commit
 adds no latency at low load and fewer transactions at high load.
+
+Work in progress goes first: transactions queued with `behind=True` (new messages) get
+only a quarter of a batch while others wait, so a burst of new messages does not delay
+the events of turns already running, and is not starved by them either. Each caller
+awaits its own transactions one at a time, so no caller's writes are reordered.
 """
 
 from __future__ import annotations
@@ -31,6 +36,8 @@ __all__ = ("MAX_BATCH", "GroupCommit")
 T = TypeVar("T")
 MAX_BATCH = 32
 """The most write transactions committed together."""
+BEHIND_SHARE = MAX_BATCH // 4
+"""Places in every batch kept for transactions queued `behind`, while any wait."""
 
 
 @dataclass(slots=True)
@@ -59,6 +66,7 @@ class GroupCommit:
         self._connection = connection
         self._failed = failed
         self._queue: deque[_Item] = deque()
+        self._behind: deque[_Item] = deque()
         self._lock = threading.Lock()
         self._draining = False
         self.batches = 0
@@ -66,12 +74,16 @@ class GroupCommit:
         self.committed = 0
         """Write transactions of callers run so far."""
 
-    async def run(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run `fn(conn, *args)` in a write transaction; returns once it is committed."""
+    async def run(self, fn: Callable[..., T], *args: Any, behind: bool = False) -> T:
+        """Run `fn(conn, *args)` in a write transaction; returns once it is committed.
+
+        `behind`: new work, which yields most of each batch to work in progress.
+        """
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
         with self._lock:
-            self._queue.append(_Item(fn, args, future, loop))
+            item = _Item(fn, args, future, loop)
+            (self._behind if behind else self._queue).append(item)
             start, self._draining = not self._draining, True
         if start:
             loop.run_in_executor(self._executor, self._drain)
@@ -84,7 +96,11 @@ class GroupCommit:
         batch is queued behind them if writes are still waiting.
         """
         with self._lock:
-            batch = [self._queue.popleft() for _ in range(min(len(self._queue), MAX_BATCH))]
+            kept_back = min(len(self._behind), BEHIND_SHARE)  # new work is never starved
+            ahead = min(len(self._queue), MAX_BATCH - kept_back)
+            batch = [self._queue.popleft() for _ in range(ahead)]
+            room = min(len(self._behind), MAX_BATCH - len(batch))
+            batch += [self._behind.popleft() for _ in range(room)]
         outcomes: list[Any] = []
         try:
             outcomes = self._commit(batch)
@@ -95,7 +111,7 @@ class GroupCommit:
             self.committed += len(batch)
             _hand_back(batch, outcomes)
             with self._lock:
-                more = self._draining = bool(self._queue)
+                more = self._draining = bool(self._queue or self._behind)
             if more:
                 self._again()
 
@@ -105,8 +121,9 @@ class GroupCommit:
             self._executor.submit(self._drain)
         except RuntimeError:  # the thread is shut down: the store is closing
             with self._lock:
-                rest = list(self._queue)
+                rest = [*self._queue, *self._behind]
                 self._queue.clear()
+                self._behind.clear()
                 self._draining = False
             _hand_back(rest, [_Failed(StoreError("the store is closed"))] * len(rest))
 

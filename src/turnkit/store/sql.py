@@ -104,8 +104,9 @@ class SqlStore(SqlEngine):
                 done = None  # a concurrent retry of the same request: the first answers
             if done is not None:
                 return done
-        try:
-            return await self._hot_tx(submit_sql.submit, self._insert, new, self._clock.now())
+        now = self._clock.now()
+        try:  # a new message waits behind the writes of running turns (group commit)
+            return await self._hot_tx(submit_sql.submit, self._insert, new, now, behind=True)
         except IntegrityError:
             # A concurrent submit with the same request_id won the race: it answers.
             if new.request_id is None:
