@@ -397,6 +397,21 @@ def test_a_bad_checkpoint_durability_is_refused(
         runtime_from_env({"TURNKIT_CHECKPOINT_DURABILITY": "never"})
 
 
+def test_the_running_turn_limit_comes_from_the_environment() -> None:
+    from turnkit.errors import ConfigurationError
+    from turnkit.quickstart import runtime_from_env
+
+    assert runtime_from_env({}).config.max_running_turns is None
+    bounded = runtime_from_env({"TURNKIT_MAX_RUNNING_TURNS": "200"})
+    assert bounded.config.max_running_turns == 200
+    assert bounded.host.slots.ceiling == 200
+    assert runtime_from_env({"TURNKIT_MAX_RUNNING_TURNS": "off"}).config.max_running_turns is None
+    with pytest.raises(ConfigurationError, match="TURNKIT_MAX_RUNNING_TURNS='lots' is not a"):
+        runtime_from_env({"TURNKIT_MAX_RUNNING_TURNS": "lots"})
+    with pytest.raises(ConfigurationError, match="max_running_turns must be at least 1"):
+        runtime_from_env({"TURNKIT_MAX_RUNNING_TURNS": "0"})
+
+
 def test_the_default_checkpoint_durability_follows_the_database() -> None:
     from turnkit import RuntimeConfig
 

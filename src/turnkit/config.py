@@ -35,6 +35,9 @@ class RuntimeConfig:
             single-process app (on in the quickstart app); with separate `turnkit worker`
             processes it may stay off.
         recovery_concurrency: How many turns that recovery loop drives at once.
+        max_running_turns: The most turns this process drives at once (`execute_message`,
+            `start`, resumes); more wait queued in the Store, in arrival order, and start
+            as running ones end. None (the default): no bound.
         auto_create_sessions: A message to an unknown session creates it; when False,
             it is refused with `SessionNotFoundError` (create sessions explicitly).
         checkpoint_durability: When LangGraph checkpoints are written: `sync` (before the
@@ -68,6 +71,7 @@ class RuntimeConfig:
     run_in_process: bool = True
     recover_in_process: bool = False
     recovery_concurrency: int = 4
+    max_running_turns: int | None = None
     allowed_models: tuple[str, ...] = ()
     checkpoint_durability: Durability | None = None
     idle_window_s: float = 120.0
@@ -97,6 +101,8 @@ class RuntimeConfig:
             raise ConfigurationError(f"budgets {self.budgets!r} is not 'off' or 'enforce'")
         if self.callback_secret is not None and len(self.callback_secret) < 16:
             raise ConfigurationError("callback_secret must be at least 16 characters")
+        if self.max_running_turns is not None and self.max_running_turns < 1:
+            raise ConfigurationError("max_running_turns must be at least 1 (or None)")
         if self.max_content_chars < 1:
             raise ConfigurationError("max_content_chars must be at least 1")
         if self.idle_window_s <= 0 or self.ceiling_s <= 0:

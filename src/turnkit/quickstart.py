@@ -35,6 +35,7 @@ from starlette.types import Scope
 from turnkit.agent import load_agents
 from turnkit.config import Durability, RuntimeConfig
 from turnkit.demo import demo_agent
+from turnkit.errors import ConfigurationError
 from turnkit.http import create_health_router, create_turnkit_router, install_problem_handlers
 from turnkit.replay import replay_from_url
 from turnkit.runtime import SessionRuntime
@@ -61,6 +62,7 @@ def runtime_from_env(env: Mapping[str, str] | None = None) -> SessionRuntime:
         checkpoint_durability=cast(
             Durability | None, env.get("TURNKIT_CHECKPOINT_DURABILITY") or None
         ),  # RuntimeConfig refuses any other value
+        max_running_turns=_count(env, "TURNKIT_MAX_RUNNING_TURNS"),
     )
     replay = replay_from_url(env.get("TURNKIT_REDIS_URL"))
     agents = (
@@ -69,6 +71,17 @@ def runtime_from_env(env: Mapping[str, str] | None = None) -> SessionRuntime:
         else (demo_agent(env.get("TURNKIT_MODEL")),)
     )
     return SessionRuntime(agents=agents, config=config, replay=replay)
+
+
+def _count(env: Mapping[str, str], name: str) -> int | None:
+    """A whole number from the environment; unset, empty or `off`: None."""
+    value = env.get(name)
+    if value is None or value.strip().lower() in ("", "off", "none"):
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise ConfigurationError(f"{name}={value!r} is not a whole number (or 'off')") from None
 
 
 def _flag(env: Mapping[str, str], name: str, *, default: bool) -> bool:

@@ -7,7 +7,7 @@ import contextlib
 import logging
 import os
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any, Self
 
 from pydantic import ValidationError
@@ -47,6 +47,7 @@ from turnkit.runtime._held import HeldTranscripts
 from turnkit.runtime._history import TurnHistory, session_view, turn_history, turn_view
 from turnkit.runtime._host import TurnHost
 from turnkit.runtime._runner import Pinned, TurnRunner, pinned_config
+from turnkit.runtime._slots import Slot
 from turnkit.runtime._validate import (
     MessageContent,
     TurnRequest,
@@ -616,19 +617,46 @@ class SessionRuntime:
             UnknownModelError: the agent's model string does not resolve.
             AdmissionRefusedError: a turn-start check refused it (nothing written).
         """
-        submission = await self.submit(
-            session_id,
-            content,
-            agent=agent,
-            model=model,
-            settings=settings,
-            request_id=request_id,
-            delivery=delivery,
-            effort=effort,
-            principal=principal,
-            documents=documents,
-            claim=True,
-        )
+        slot = self.host.take_slot()  # none free: the turn waits queued for one
+        try:
+            submission = await self.submit(
+                session_id,
+                content,
+                agent=agent,
+                model=model,
+                settings=settings,
+                request_id=request_id,
+                delivery=delivery,
+                effort=effort,
+                principal=principal,
+                documents=documents,
+                claim=slot is not None,
+            )
+        except BaseException:
+            if slot is not None:
+                slot.release()
+            raise
+        if submission.lease is None and slot is not None:
+            slot.release()  # not claimed (a guide, a replay, an earlier turn unfinished)
+            slot = None
+        follow = self._follow(submission, cancel, slot, agent, deps)
+        try:
+            async with contextlib.aclosing(follow):  # closing this stream must reach the driver
+                async for event in follow:
+                    yield event
+        finally:
+            if slot is not None:
+                slot.release()
+
+    async def _follow(
+        self,
+        submission: Submission,
+        cancel: CancelToken | None,
+        slot: Slot | None,
+        agent: str | Agent | None,
+        deps: Any,
+    ) -> AsyncGenerator[DurableEvent | EphemeralEvent, None]:
+        """`execute_message` once its message is committed: the turn's events."""
         if submission.guided:
             # The message joined a running turn: follow that turn from here on.
             live = await self.turn(submission.turn_id)
@@ -646,6 +674,7 @@ class SessionRuntime:
             submission.turn_id,
             cancel,
             lease=submission.lease,
+            slot=slot,
             record=submission.record,
             agent=agent if isinstance(agent, Agent) else None,
             deps=deps,
@@ -677,23 +706,33 @@ class SessionRuntime:
         Closing a reader does not stop it; `cancel(turn_id)` does. The arguments are
         those of `execute_message`.
         """
-        submission = await self.submit(
-            session_id,
-            content,
-            agent=agent,
-            model=model,
-            settings=settings,
-            request_id=request_id,
-            delivery=delivery,
-            effort=effort,
-            principal=principal,
-            documents=documents,
-            claim=self.config.run_in_process,  # in the same transaction, when it can run now
-        )
+        slot = self.host.take_slot() if self.config.run_in_process else None
+        try:
+            submission = await self.submit(
+                session_id,
+                content,
+                agent=agent,
+                model=model,
+                settings=settings,
+                request_id=request_id,
+                delivery=delivery,
+                effort=effort,
+                principal=principal,
+                documents=documents,
+                claim=slot is not None,  # in the same transaction, when it can run now
+            )
+        except BaseException:
+            if slot is not None:
+                slot.release()
+            raise
+        if submission.lease is None and slot is not None:
+            slot.release()
+            slot = None
         if submission.is_new and not submission.guided and self.config.run_in_process:
             self.host.detach(
                 submission.turn_id,
-                lease=submission.lease,  # None: it waits for its session's earlier turns
+                lease=submission.lease,  # None: it waits for a slot, or earlier turns
+                slot=slot,
                 agent=agent if isinstance(agent, Agent) else None,
                 deps=deps,
             )

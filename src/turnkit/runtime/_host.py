@@ -2,8 +2,9 @@
 
 It streams a turn to an in-process caller (`execute_message`), or runs it detached in a
 task (`start`, `resume`, re-queued guides), always publishing to the replay buffer so other
-readers can follow. Closing the runtime abandons detached turns (their leases expire);
-only `stop` cancels one.
+readers can follow. Every turn it drives holds one of the process's `slots` (see
+`TurnSlots`) until its driver returns. Closing the runtime abandons detached turns (their
+leases expire); only `stop` cancels one.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from turnkit.replay import ReplayBuffer
 from turnkit.runtime._cancel import CancelToken
 from turnkit.runtime._publish import BufferPublisher
 from turnkit.runtime._runner import TurnRunner
+from turnkit.runtime._slots import Slot, TurnSlots
 from turnkit.runtime.deps import NO_DEPS
 from turnkit.runtime.driver import TurnDriver
 from turnkit.runtime.reader import TurnReader
@@ -56,6 +58,7 @@ class TurnHost:
         self._drivers: dict[TurnId, TurnDriver] = {}
         self._deps: dict[TurnId, Any] = {}
         """Deps a caller handed in for a turn, kept while it may resume here."""
+        self.slots = TurnSlots(config.max_running_turns)
 
     def _deps_for(self, turn_id: TurnId, deps: Any) -> Any:
         if deps is not NO_DEPS:
@@ -68,19 +71,29 @@ class TurnHost:
         if driver.ended:
             self._deps.pop(driver.lease.turn_id, None)
 
-    async def claim(self, turn_id: TurnId) -> Lease | None:
-        """Claim our own turn, waiting (bounded by the ceiling) for earlier turns to end."""
+    async def claim(self, turn_id: TurnId) -> tuple[Lease, Slot] | None:
+        """Claim our own turn and a slot to run it in.
+
+        Waits (bounded by the ceiling) for earlier turns of its session to end, holding
+        no slot meanwhile, and for a slot. None: it ended, or another driver has it.
+        """
         store = self._store()
         delay, waited = 0.01, 0.0
         while waited < self.config.ceiling_s:
-            lease = await store.claim(
-                self.owner,
-                ttl_s=self.config.lease_ttl_s,
-                max_attempts=self.config.max_attempts,
-                turn_id=turn_id,
-            )
+            slot = await self.slots.take()
+            try:
+                lease = await store.claim(
+                    self.owner,
+                    ttl_s=self.config.lease_ttl_s,
+                    max_attempts=self.config.max_attempts,
+                    turn_id=turn_id,
+                )
+            except BaseException:
+                slot.release()
+                raise
             if lease is not None:
-                return lease
+                return lease, slot
+            slot.release()
             record = await store.get_turn(turn_id)
             if record is None or record.status != "running" or record.lease_owner is not None:
                 return None  # ended, or another driver has it
@@ -89,22 +102,64 @@ class TurnHost:
             delay = min(delay * 2, 1.0)
         return None
 
+    def take_slot(self) -> Slot | None:
+        """A slot to claim a new message's turn with at once, if one is free now."""
+        return self.slots.try_take()
+
     async def stream(
         self,
         turn_id: TurnId,
         cancel: CancelToken | None,
         *,
         lease: Lease | None = None,
+        slot: Slot | None = None,
         record: TurnRecord | None = None,
         agent: Agent | None = None,
         deps: Any = NO_DEPS,
     ) -> AsyncGenerator[DurableEvent | EphemeralEvent, None]:
-        """Drive a turn here and stream it; closing the stream aborts the turn."""
-        lease = lease or await self.claim(turn_id)
-        if lease is None:
-            async for stored in self._store().read_events(turn_id, after_seq=1):
-                yield stored.decode()
-            return
+        """Drive a turn here and stream it; closing the stream aborts the turn.
+
+        `lease` and `slot`: the turn was claimed with its message (the slot is released
+        when the stream ends); otherwise it is claimed here.
+        """
+        try:
+            if lease is None:
+                claimed = await self._claim_or_cancel(turn_id)
+                if claimed is None:  # it ended, or another driver has it: follow that one
+                    async for other in self._reader().events(turn_id, after_seq=1):
+                        yield other
+                    return
+                lease, slot = claimed
+            drive = self._drive(turn_id, cancel, lease, record, agent, deps)
+            async with contextlib.aclosing(drive):  # closing this stream aborts the turn
+                async for event in drive:
+                    yield event
+        finally:
+            if slot is not None:
+                slot.release()
+
+    async def _claim_or_cancel(self, turn_id: TurnId) -> tuple[Lease, Slot] | None:
+        """`claim`, for a caller that streams the turn.
+
+        A caller that leaves while its turn waits aborts the turn, as it would a running
+        one; otherwise the turn would stay queued, and its session's later turns with it.
+        """
+        try:
+            return await self.claim(turn_id)
+        except asyncio.CancelledError:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self._store().cancel(turn_id))
+            raise
+
+    async def _drive(
+        self,
+        turn_id: TurnId,
+        cancel: CancelToken | None,
+        lease: Lease,
+        record: TurnRecord | None,
+        agent: Agent | None,
+        deps: Any,
+    ) -> AsyncGenerator[DurableEvent | EphemeralEvent, None]:
         queue = _Handoff()
         # The publisher lets other readers follow the turn too.
         async with BufferPublisher(self.replay, turn_id) as publisher:
@@ -150,30 +205,46 @@ class TurnHost:
         turn_id: TurnId,
         *,
         lease: Lease | None = None,
+        slot: Slot | None = None,
         agent: Agent | None = None,
         deps: Any = NO_DEPS,
     ) -> None:
-        """Drive a turn in a task of this runtime, publishing to the replay buffer."""
+        """Drive a turn in a task of this runtime, publishing to the replay buffer.
+
+        `lease` and `slot` as for `stream`.
+        """
         deps = self._deps_for(turn_id, deps)
         task = asyncio.create_task(
-            self._run_detached(turn_id, lease, agent, deps), name=f"turnkit-detached-{turn_id}"
+            self._run_detached(turn_id, lease, slot, agent, deps),
+            name=f"turnkit-detached-{turn_id}",
         )
         self._detached[turn_id] = task
         task.add_done_callback(lambda _: self._detached.pop(turn_id, None))
 
     async def _run_detached(
-        self, turn_id: TurnId, lease: Lease | None, agent: Agent | None, deps: Any
+        self,
+        turn_id: TurnId,
+        lease: Lease | None,
+        slot: Slot | None,
+        agent: Agent | None,
+        deps: Any,
     ) -> None:
-        lease = lease or await self.claim(turn_id)
-        if lease is None:
-            return
-        async with BufferPublisher(self.replay, turn_id) as publisher:
-            driver = await self._runner().driver(lease, sink=publisher, agent=agent, deps=deps)
-            self._drivers[turn_id] = driver
-            try:
-                await driver.run()
-            finally:
-                self._drivers.pop(turn_id, None)
+        try:
+            if lease is None:
+                claimed = await self.claim(turn_id)
+                if claimed is None:
+                    return
+                lease, slot = claimed
+            async with BufferPublisher(self.replay, turn_id) as publisher:
+                driver = await self._runner().driver(lease, sink=publisher, agent=agent, deps=deps)
+                self._drivers[turn_id] = driver
+                try:
+                    await driver.run()
+                finally:
+                    self._drivers.pop(turn_id, None)
+        finally:
+            if slot is not None:
+                slot.release()
         self._forget_deps(driver)
         if driver.requeued:
             await self.pick_up(lease.session_id)
@@ -189,7 +260,7 @@ class TurnHost:
             session_id=session_id,
         )
         if lease is not None:
-            self.detach(lease.turn_id, lease=lease)
+            self.detach(lease.turn_id, lease=lease, slot=self.slots.hold())
 
     async def stop(self, turn_id: TurnId) -> bool:
         """Cancel a turn detached here (Stop); False if it is not driven here."""

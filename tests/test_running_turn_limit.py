@@ -1,0 +1,191 @@
+"""A process drives at most so many turns at once; the rest wait queued, in order, and all end."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import defaultdict
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from turnkit import Agent, RuntimeConfig, SessionRuntime
+from turnkit.events import DoneEvent
+from turnkit.models import ModelChunk, ModelRequest
+from turnkit.runtime.worker import Worker
+from turnkit.testing import ModelStep, ScriptedModel
+
+
+class _GatedModel:
+    """Answers once `gate` is set, or call n once `gates[n]` is; counts calls in flight."""
+
+    def __init__(self, *, per_call: bool = False) -> None:
+        self.inner = ScriptedModel([ModelStep.text_reply("Done.")], repeat_last=True)
+        self.gate = asyncio.Event()
+        self.gates: dict[int, asyncio.Event] = defaultdict(asyncio.Event)
+        self.per_call = per_call
+        self.calls = 0
+        self.active = 0
+        self.most = 0
+
+    @property
+    def model(self) -> str:
+        return self.inner.model
+
+    @property
+    def provider(self) -> str:
+        return self.inner.provider
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
+        self.active += 1
+        self.calls += 1
+        self.most = max(self.most, self.active)
+        try:
+            await (self.gates[self.calls] if self.per_call else self.gate).wait()
+            async for chunk in self.inner.stream(request):
+                yield chunk
+        finally:
+            self.active -= 1
+
+
+async def _until(check: Any, what: str) -> None:
+    deadline = time.monotonic() + 10
+    while not await check():
+        assert time.monotonic() < deadline, what
+        await asyncio.sleep(0.01)
+
+
+async def test_turns_beyond_the_limit_wait_queued_without_a_lease_then_run(
+    tmp_path: Path,
+) -> None:
+    model = _GatedModel()
+    config = RuntimeConfig(database_url=f"sqlite:///{tmp_path / 't.db'}", max_running_turns=2)
+    async with SessionRuntime(agent=Agent(model=model), config=config) as runtime:
+        firsts: dict[int, str] = {}
+        ends: dict[int, str] = {}
+
+        async def run(i: int) -> None:
+            async for event in runtime.execute_message(f"s-{i}", "hi"):
+                if event.type == "turn.started":
+                    firsts[i] = event.turn_id
+                if isinstance(event, DoneEvent):
+                    ends[i] = event.status
+
+        tasks = [asyncio.create_task(run(i)) for i in range(5)]
+
+        async def all_started() -> bool:
+            return len(firsts) == 5 and model.active == 2
+
+        await _until(all_started, "every caller hears turn.started; two turns reach the model")
+        records = [await runtime.turn(firsts[i]) for i in range(5)]
+        leased = [r for r in records if r.lease_owner is not None]
+        waiting = [r for r in records if r.lease_owner is None]
+        assert len(leased) == 2
+        assert len(waiting) == 3
+        assert all(r.status == "running" and r.attempts == 0 for r in waiting)
+        assert runtime.host.slots.waiting == 3
+        model.gate.set()
+        await asyncio.wait_for(asyncio.gather(*tasks), 20)
+    assert ends == dict.fromkeys(range(5), "succeeded")
+    assert model.most == 2
+
+
+async def test_detached_turns_share_the_limit(tmp_path: Path) -> None:
+    model = _GatedModel()
+    config = RuntimeConfig(database_url=f"sqlite:///{tmp_path / 't.db'}", max_running_turns=1)
+    async with SessionRuntime(agent=Agent(model=model), config=config) as runtime:
+        submissions = [await runtime.start(f"s-{i}", "hi") for i in range(3)]
+        assert [s.lease is not None for s in submissions] == [True, False, False]
+
+        async def one_in_flight() -> bool:
+            return model.active == 1
+
+        await _until(one_in_flight, "the first turn reaches the model")
+        model.gate.set()
+
+        async def all_ended() -> bool:
+            return all([(await runtime.turn(s.turn_id)).status == "succeeded" for s in submissions])
+
+        await _until(all_ended, "every detached turn ends")
+    assert model.most == 1
+
+
+async def test_a_waiting_turn_taken_by_a_worker_is_still_streamed_to_its_caller(
+    tmp_path: Path,
+) -> None:
+    model = _GatedModel(per_call=True)
+    agent = Agent(model=model)
+    url = f"sqlite:///{tmp_path / 't.db'}"
+    config = RuntimeConfig(database_url=url, max_running_turns=1)
+    async with SessionRuntime(agent=agent, config=config) as runtime:
+        other = SessionRuntime(agent=agent, config=RuntimeConfig(database_url=url),
+                               replay=runtime.replay)  # fmt: skip
+        busy = asyncio.create_task(_drain(runtime.execute_message("s-busy", "hi")))
+        await _until(lambda: _calls(model, 1), "the first turn holds the only slot")
+        waiting = asyncio.create_task(_drain(runtime.execute_message("s-wait", "hello")))
+        await _until(lambda: _waiting(runtime, 1), "the second turn waits for a slot")
+        stop = asyncio.Event()
+        worker = Worker(other, concurrency=1, poll_interval_s=0.02, sweep_interval_s=3600)
+        running = asyncio.create_task(worker.run(stop))
+        try:
+            await _until(lambda: _calls(model, 2), "the worker drives the waiting turn")
+            model.gates[1].set()
+            await busy
+            # The caller got the slot, found the turn taken, and gave the slot back.
+            await _until(lambda: _waiting(runtime, 0), "the caller stops waiting")
+            assert runtime.host.slots.running == 0
+            model.gates[2].set()
+            events = await asyncio.wait_for(waiting, 20)
+        finally:
+            stop.set()
+            await running
+            await other.close()
+    assert [e.type for e in events][0] == "turn.started"
+    [answer] = [e for e in events if e.type == "message.complete"]
+    assert answer.block.text == "Done."
+    assert isinstance(events[-1], DoneEvent)
+    assert events[-1].status == "succeeded"
+    seqs = [e.seq for e in events if hasattr(e, "seq")]
+    assert seqs == sorted(set(seqs))
+    assert seqs[0] == 1
+    assert model.calls == 2  # the waiting turn's call was made once, by the worker
+
+
+async def _drain(stream: AsyncIterator[Any]) -> list[Any]:
+    return [event async for event in stream]
+
+
+async def _waiting(runtime: SessionRuntime, count: int) -> bool:
+    return runtime.host.slots.waiting == count
+
+
+async def _calls(model: _GatedModel, count: int) -> bool:
+    return model.calls == count
+
+
+async def test_a_caller_that_leaves_while_its_turn_waits_cancels_it(tmp_path: Path) -> None:
+    model = _GatedModel()
+    config = RuntimeConfig(database_url=f"sqlite:///{tmp_path / 't.db'}", max_running_turns=1)
+    async with SessionRuntime(agent=Agent(model=model), config=config) as runtime:
+        busy = asyncio.create_task(_drain(runtime.execute_message("s-busy", "hi")))
+        await _until(lambda: _calls(model, 1), "the first turn holds the only slot")
+        started: list[str] = []
+
+        async def leave_early() -> None:
+            async for event in runtime.execute_message("s-wait", "hello"):
+                started.append(event.turn_id)
+
+        waiting = asyncio.create_task(leave_early())
+        await _until(lambda: _waiting(runtime, 1), "the second turn waits for a slot")
+        waiting.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await waiting
+        assert (await runtime.turn(started[0])).status == "cancelled"
+        model.gate.set()
+        await busy
+        # The session is not blocked by the turn that never ran.
+        again = await asyncio.wait_for(_drain(runtime.execute_message("s-wait", "again")), 20)
+    assert isinstance(again[-1], DoneEvent)
+    assert again[-1].status == "succeeded"
+    assert model.calls == 2
