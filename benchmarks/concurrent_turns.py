@@ -9,7 +9,9 @@ reads every event of every turn. Reported per contender:
 - turn p50 / p99: each turn's own wall time (two model calls are 0.4 s of it);
 - CPU ms per turn under load, and the same turn run one at a time (`--sequential` turns)
   in the same process: the ratio is what concurrency costs per turn;
-- event lag p99: when the reader got an event minus the event's own `ts` (its creation);
+- event lag p99: when the reader got an event minus the event's own `ts` (its creation),
+  over every event and over all but `turn.started` (whose lag is its message's commit, and
+  all the messages arrive in one burst);
 - peak RSS, and its growth over the process after warming up.
 
 Each contender runs in a fresh interpreter (its own memory), in an order that rotates
@@ -17,8 +19,12 @@ over `--rounds`; ratios are against bare LangGraph in the same round, reported a
 median and min–max over rounds. `--gc tuned` runs every contender as `turnkit serve` and
 `turnkit worker` run (start-up objects frozen, thresholds `GC_THRESHOLDS`); the default
 keeps Python's collector. Either way the time spent collecting under load is reported.
-turnkit runs twice: as it is, and with one transaction per
-commit (group commit off), to show what committing many turns' writes together buys.
+turnkit runs three times: as it is (every turn driven at once); with
+`max_running_turns=64` (the rest wait queued), to show what bounding the running turns
+buys and costs; and with one transaction per commit (group commit off), to show what
+committing many turns' writes together buys. The durable floor (the turn-overhead
+benchmark's: events committed before they are sent, LangGraph's `SqliteSaver` in place,
+nothing else) bounds what any durable runtime on LangGraph can reach.
 
 Run:  .venv/bin/python benchmarks/concurrent_turns.py [--turns 1000] [--latency 0.2]
       [--rounds 3] [--sequential 30] [--gc python|tuned] [--json PATH]
@@ -39,6 +45,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -55,7 +62,16 @@ from turnkit.events import DoneEvent
 from turnkit.models import ModelChunk, ModelRequest
 from turnkit.testing import ModelStep, ScriptedModel
 
-CONTENDERS = ("bare LangGraph", "turnkit, SQLite", "turnkit, SQLite, no group commit")
+CONTENDERS = (
+    "bare LangGraph",
+    "durable floor",
+    "turnkit, SQLite",
+    "turnkit, SQLite, at most 64 running",
+    "turnkit, SQLite, no group commit",
+)
+BOUND = 64
+"""`max_running_turns` of the bounded contender: about what one core keeps busy when a
+turn costs ~10 ms of CPU and waits 0.4 s on its model (Little's law: 100/s × 0.5 s)."""
 RunOne = Callable[[int, list[float]], Awaitable[None]]
 _GROUPS: list[Any] = []
 """The store's group committer of a turnkit contender (for its batch sizes)."""
@@ -83,14 +99,33 @@ class _SlowModel:
         self.inner.calls.clear()  # the call log would grow with every turn
 
 
+_STARTED: list[float] = []
+"""Lags of `turn.started` events (each message's commit, all sent in one burst)."""
+
+
 def _lag(event: Any, lags: list[float]) -> None:
     ts = getattr(event, "ts", None)
     if isinstance(ts, datetime):
-        lags.append((datetime.now(UTC) - ts).total_seconds() * 1000)
+        lag = (datetime.now(UTC) - ts).total_seconds() * 1000
+        lags.append(lag)
+        if getattr(event, "type", None) == "turn.started":
+            _STARTED.append(lag)
 
 
-async def _langgraph(latency: float, _tmp: Path) -> tuple[RunOne, Callable[[], Awaitable[None]]]:
-    graph = _langgraph_graph()
+async def _langgraph(latency: float, tmp: Path) -> tuple[RunOne, Callable[[], Awaitable[None]]]:
+    return await _on_langgraph(latency, _langgraph_graph(), {})
+
+
+async def _durable_floor(latency: float, tmp: Path) -> tuple[RunOne, Callable[[], Awaitable[None]]]:
+    """The turn-overhead benchmark's durable floor: event commits and LangGraph's SqliteSaver."""
+    saver = turn_overhead._in_place_sqlite_saver(tmp / "floor.checkpoints.db")
+    graph = _langgraph_graph(saver, commit=turn_overhead._raw_event_log(tmp / "floor.db"))
+    return await _on_langgraph(latency, graph, {"durability": "sync"})
+
+
+async def _on_langgraph(
+    latency: float, graph: Any, options: dict[str, Any]
+) -> tuple[RunOne, Callable[[], Awaitable[None]]]:
     original = turn_overhead._fake_stream
 
     async def slow_stream(kind: str) -> AsyncIterator[tuple[str, Any]]:
@@ -103,7 +138,7 @@ async def _langgraph(latency: float, _tmp: Path) -> tuple[RunOne, Callable[[], A
     async def run(i: int, lags: list[float]) -> None:
         config = {"configurable": {"thread_id": f"t{i}"}}
         state = {"transcript": [{"role": "user", "content": "2+3?"}], "route": "", "turn": i}
-        async for event in graph.astream(state, config, stream_mode="custom"):
+        async for event in graph.astream(state, config, stream_mode="custom", **options):
             _lag(event, lags)
 
     async def close() -> None:
@@ -112,10 +147,12 @@ async def _langgraph(latency: float, _tmp: Path) -> tuple[RunOne, Callable[[], A
     return run, close
 
 
-async def _turnkit(latency: float, tmp: Path) -> tuple[RunOne, Callable[[], Awaitable[None]]]:
+async def _turnkit(
+    latency: float, tmp: Path, **config: Any
+) -> tuple[RunOne, Callable[[], Awaitable[None]]]:
     agent = Agent(model=_SlowModel(latency), tools=[add], skip_stages=frozenset({"anchor-plan"}))
     runtime = SessionRuntime(
-        agent=agent, config=RuntimeConfig(database_url=f"sqlite:///{tmp / 'tk.db'}")
+        agent=agent, config=RuntimeConfig(database_url=f"sqlite:///{tmp / 'tk.db'}", **config)
     )
     await runtime.open()
     _GROUPS.append(getattr(runtime.store, "_group", None))
@@ -134,12 +171,22 @@ async def _turnkit_alone(latency: float, tmp: Path) -> tuple[RunOne, Callable[[]
     import turnkit.store._group_commit as group_commit
 
     group_commit.MAX_BATCH = 1
+    group_commit.BEHIND_SHARE = 0  # running turns' writes first, one transaction each
     return await _turnkit(latency, tmp)
+
+
+async def _turnkit_bounded(
+    latency: float, tmp: Path
+) -> tuple[RunOne, Callable[[], Awaitable[None]]]:
+    """turnkit driving at most `BOUND` turns at once; the rest wait queued."""
+    return await _turnkit(latency, tmp, max_running_turns=BOUND)
 
 
 BUILDERS = {
     "bare LangGraph": _langgraph,
+    "durable floor": _durable_floor,
     "turnkit, SQLite": _turnkit,
+    "turnkit, SQLite, at most 64 running": _turnkit_bounded,
     "turnkit, SQLite, no group commit": _turnkit_alone,
 }
 
@@ -181,6 +228,7 @@ async def one(
 
         lags: list[float] = []
         durations: list[float] = []
+        _STARTED.clear()
 
         async def timed(i: int) -> None:
             t0 = time.perf_counter()
@@ -205,6 +253,8 @@ async def one(
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     durations.sort()
     lags.sort()
+    started = sorted(_STARTED)
+    rest = sorted(set_difference(lags, started))
     return {
         "name": name,
         "turns": turns,
@@ -217,10 +267,24 @@ async def one(
         "gc_ms_per_turn_loaded": gc_ms,
         "event_lag_p50_ms": statistics.median(lags),
         "event_lag_p99_ms": lags[int(len(lags) * 0.99) - 1],
+        "started_lag_p99_ms": started[int(len(started) * 0.99) - 1] if started else None,
+        "rest_lag_p99_ms": rest[int(len(rest) * 0.99) - 1],
         "peak_rss_mib": peak / 1024,
         "rss_growth_mib": (peak - rss_before) / 1024,
         "thread_writes_per_transaction": per_transaction,
     }
+
+
+def set_difference(values: list[float], removed: list[float]) -> list[float]:
+    """`values` without one occurrence of each of `removed` (a multiset difference)."""
+    left = Counter(removed)
+    kept = []
+    for value in values:
+        if left[value]:
+            left[value] -= 1
+        else:
+            kept.append(value)
+    return kept
 
 
 def _spread(values: list[float]) -> str:
@@ -262,8 +326,8 @@ def main() -> None:
 
     metrics = ("turns_per_s", "turn_p50_ms", "turn_p99_ms", "cpu_ms_per_turn_loaded",
                "cpu_ms_per_turn_sequential", "cpu_loaded_over_sequential", "gc_ms_per_turn_loaded",
-               "event_lag_p50_ms",
-               "event_lag_p99_ms", "peak_rss_mib", "rss_growth_mib")  # fmt: skip
+               "event_lag_p50_ms", "event_lag_p99_ms", "rest_lag_p99_ms",
+               "peak_rss_mib", "rss_growth_mib")  # fmt: skip
     summary: dict[str, dict[str, Any]] = {}
     for name in CONTENDERS:
         summary[name] = {m: statistics.median(r[name][m] for r in rounds) for m in metrics}
@@ -274,7 +338,7 @@ def main() -> None:
           f"median over {args.rounds} rounds, {args.gc} GC")  # fmt: skip
     header = ("contender", "turns/s", "× LangGraph", "p50 ms", "p99 ms", "CPU ms loaded",
               "CPU ms alone", "loaded/alone", "GC ms", "lag p50 ms", "lag p99 ms",
-              "peak MiB")  # fmt: skip
+              "lag p99 ms after turn.started", "peak MiB")  # fmt: skip
     print(" | ".join(header))
     for name in CONTENDERS:
         batched = [r[name]["thread_writes_per_transaction"] for r in rounds]
@@ -288,7 +352,7 @@ def main() -> None:
             f"{s['cpu_ms_per_turn_loaded']:.2f}", f"{s['cpu_ms_per_turn_sequential']:.2f}",
             f"{s['cpu_loaded_over_sequential']:.2f}", f"{s['gc_ms_per_turn_loaded']:.2f}",
             f"{s['event_lag_p50_ms']:.0f}", f"{s['event_lag_p99_ms']:.0f}",
-            f"{s['peak_rss_mib']:.0f}",
+            f"{s['rest_lag_p99_ms']:.0f}", f"{s['peak_rss_mib']:.0f}",
         ]))  # fmt: skip
     write_json(Path(args.json), {
         "when": datetime.now(UTC).isoformat(),

@@ -7,8 +7,9 @@ to `POST /api/harness/sessions/{id}/execute` one after the other and reading eac
 stream to its end. The floor is a plain FastAPI + sse-starlette endpoint in its own process
 on the same uvicorn, parsing the same request body and streaming the very frames a turnkit
 turn sent (captured from a warm-up turn), so both send the same bytes. turnkit serves
-twice: as `turnkit serve` runs (start-up objects frozen, fewer collections) and with
-Python's own collector (`TURNKIT_GC=python`). For reference, the same turn's CPU through
+three times: as `turnkit serve` runs (start-up objects frozen, fewer collections), with
+at most 64 turns running at once (`TURNKIT_MAX_RUNNING_TURNS=64`), and with Python's own
+collector (`TURNKIT_GC=python`). For reference, the same turn's CPU through
 `execute_message` in a process of its own, one turn at a time, is printed too.
 
 The load generator is a lean raw-socket HTTP/1.1 client in this process (one connection
@@ -49,7 +50,17 @@ HOST = "127.0.0.1"
 API = "/api/harness"
 BODY = json.dumps({"content": "What is 6 * 7?"}).encode()
 DONE = b'"type":"done"'
-CONTENDERS = ("sse-starlette floor", "turnkit serve", "turnkit serve, Python's GC")
+CONTENDERS = (
+    "sse-starlette floor",
+    "turnkit serve",
+    "turnkit serve, at most 64 running",
+    "turnkit serve, Python's GC",
+)
+TURNKIT_SERVERS = (  # name, TURNKIT_GC, TURNKIT_MAX_RUNNING_TURNS
+    ("turnkit serve", "tuned", None),
+    ("turnkit serve, at most 64 running", "tuned", "64"),
+    ("turnkit serve, Python's GC", "python", None),
+)
 
 
 def _port() -> int:
@@ -236,23 +247,27 @@ async def load(port: int, prefix: str, clients: int, per_client: int, tag: str) 
 # ── the run ───────────────────────────────────────────────────────────────────────────
 
 
-def start_turnkit(tmp: Path, name: str, gc_mode: str) -> tuple[Server, int]:
+def start_turnkit(tmp: Path, name: str, gc_mode: str, bound: str | None) -> tuple[Server, int]:
     env = {**os.environ, "TURNKIT_RUN_IN_PROCESS": "1", "TURNKIT_GC": gc_mode}
-    for var in ("TURNKIT_MODEL", "TURNKIT_REDIS_URL", "TURNKIT_DATABASE_URL"):
+    for var in ("TURNKIT_MODEL", "TURNKIT_REDIS_URL", "TURNKIT_DATABASE_URL",
+                "TURNKIT_MAX_RUNNING_TURNS"):  # fmt: skip
         env.pop(var, None)
+    if bound is not None:
+        env["TURNKIT_MAX_RUNNING_TURNS"] = bound
+    tag = f"{gc_mode}-{bound or 'unbounded'}"
     port = _port()
     server = Server(name, [sys.executable, "-m", "turnkit.cli", "serve", "--port", str(port),
-                    "--database-url", f"sqlite:///{tmp / (gc_mode + '.db')}"],
-                    env, tmp / f"turnkit-{gc_mode}.log")  # fmt: skip
+                    "--database-url", f"sqlite:///{tmp / (tag + '.db')}"],
+                    env, tmp / f"turnkit-{tag}.log")  # fmt: skip
     server.wait_ready(f"http://{HOST}:{port}")
     return server, port
 
 
 def start_servers(tmp: Path) -> tuple[dict[str, tuple[Server, int, str]], int]:
-    """The floor and `turnkit serve` (tuned and Python's GC); also the frames per turn."""
+    """The floor and each of `TURNKIT_SERVERS`; also the frames per turn."""
     servers = {}
-    for name, mode in (("turnkit serve", "tuned"), ("turnkit serve, Python's GC", "python")):
-        server, port = start_turnkit(tmp, name, mode)
+    for name, mode, bound in TURNKIT_SERVERS:
+        server, port = start_turnkit(tmp, name, mode, bound)
         servers[name] = (server, port, API)
     _, raw = asyncio.run(post_turn(servers["turnkit serve"][1], f"{API}/sessions/warmup/execute"))
     frames = parse_frames(dechunk(raw))
