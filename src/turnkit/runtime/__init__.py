@@ -617,28 +617,19 @@ class SessionRuntime:
             UnknownModelError: the agent's model string does not resolve.
             AdmissionRefusedError: a turn-start check refused it (nothing written).
         """
-        slot = self.host.take_slot()  # none free: the turn waits queued for one
-        try:
-            submission = await self.submit(
-                session_id,
-                content,
-                agent=agent,
-                model=model,
-                settings=settings,
-                request_id=request_id,
-                delivery=delivery,
-                effort=effort,
-                principal=principal,
-                documents=documents,
-                claim=slot is not None,
-            )
-        except BaseException:
-            if slot is not None:
-                slot.release()
-            raise
-        if submission.lease is None and slot is not None:
-            slot.release()  # not claimed (a guide, a replay, an earlier turn unfinished)
-            slot = None
+        submission, slot = await self._submit_claiming(
+            True,
+            session_id,
+            content,
+            agent=agent,
+            model=model,
+            settings=settings,
+            request_id=request_id,
+            delivery=delivery,
+            effort=effort,
+            principal=principal,
+            documents=documents,
+        )
         follow = self._follow(submission, cancel, slot, agent, deps)
         try:
             async with contextlib.aclosing(follow):  # closing this stream must reach the driver
@@ -647,6 +638,25 @@ class SessionRuntime:
         finally:
             if slot is not None:
                 slot.release()
+
+    async def _submit_claiming(
+        self, claim: bool, session_id: str, content: MessageContent, **options: Any
+    ) -> tuple[Submission, Slot | None]:
+        """`submit`, claiming the turn in the same transaction if `claim` and a slot is free.
+
+        The slot comes back with the claimed turn; None: the turn waits queued.
+        """
+        slot = self.host.take_slot() if claim else None
+        try:
+            submission = await self.submit(session_id, content, claim=slot is not None, **options)
+        except BaseException:
+            if slot is not None:
+                slot.release()
+            raise
+        if submission.lease is None and slot is not None:
+            slot.release()  # not claimed (a guide, a replay, an earlier turn unfinished)
+            slot = None
+        return submission, slot
 
     async def _follow(
         self,
@@ -706,28 +716,19 @@ class SessionRuntime:
         Closing a reader does not stop it; `cancel(turn_id)` does. The arguments are
         those of `execute_message`.
         """
-        slot = self.host.take_slot() if self.config.run_in_process else None
-        try:
-            submission = await self.submit(
-                session_id,
-                content,
-                agent=agent,
-                model=model,
-                settings=settings,
-                request_id=request_id,
-                delivery=delivery,
-                effort=effort,
-                principal=principal,
-                documents=documents,
-                claim=slot is not None,  # in the same transaction, when it can run now
-            )
-        except BaseException:
-            if slot is not None:
-                slot.release()
-            raise
-        if submission.lease is None and slot is not None:
-            slot.release()
-            slot = None
+        submission, slot = await self._submit_claiming(
+            self.config.run_in_process,
+            session_id,
+            content,
+            agent=agent,
+            model=model,
+            settings=settings,
+            request_id=request_id,
+            delivery=delivery,
+            effort=effort,
+            principal=principal,
+            documents=documents,
+        )
         if submission.is_new and not submission.guided and self.config.run_in_process:
             self.host.detach(
                 submission.turn_id,
