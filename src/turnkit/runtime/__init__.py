@@ -635,7 +635,7 @@ class SessionRuntime:
             async with contextlib.aclosing(follow):  # closing this stream must reach the driver
                 async for event in follow:
                     yield event
-        finally:
+        finally:  # the stream releases it too; this covers a caller gone before it began
             if slot is not None:
                 slot.release()
 
@@ -646,7 +646,7 @@ class SessionRuntime:
 
         The slot comes back with the claimed turn; None: the turn waits queued.
         """
-        slot = self.host.take_slot() if claim else None
+        slot = self.host.slots.try_take() if claim else None
         try:
             submission = await self.submit(session_id, content, claim=slot is not None, **options)
         except BaseException:

@@ -102,10 +102,6 @@ class TurnHost:
             delay = min(delay * 2, 1.0)
         return None
 
-    def take_slot(self) -> Slot | None:
-        """A slot to claim a new message's turn with at once, if one is free now."""
-        return self.slots.try_take()
-
     async def stream(
         self,
         turn_id: TurnId,

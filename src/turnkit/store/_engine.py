@@ -217,9 +217,8 @@ class SqlEngine:
         folds = self._folds
         assert folds is not None
         if write and folds.must_wait():
-            return await self._tx(
-                fn, *args, write=write, behind=behind
-            )  # behind the fold, on the thread
+            # behind the fold, on the thread
+            return await self._tx(fn, *args, write=write, behind=behind)
         if self._loop_thread != threading.get_ident():
             return await self._tx(fn, *args, write=write, behind=behind)  # another thread's loop
         try:
