@@ -269,3 +269,28 @@ async def test_a_request_retried_while_its_first_try_commits_is_one_turn(
     )
     [turn] = await store.list_turns(SessionId("s1"))
     assert turn.turn_id == first.turn_id
+
+
+async def test_closing_the_store_closes_every_connection_it_opened(
+    pg_schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    opened: list[asyncpg.Connection] = []
+    init = asyncpg.Connection.__init__
+
+    def tracked(self: asyncpg.Connection, *args: object, **kwargs: object) -> None:
+        init(self, *args, **kwargs)
+        opened.append(self)
+
+    monkeypatch.setattr(asyncpg.Connection, "__init__", tracked)
+    store = SqlStore.from_url(POSTGRES_URL, schema=pg_schema)
+    await store.setup()
+    # Hot statements from many turns at once: several connections of the driver's pool.
+    runs = [await store.submit(new_input(f"s{i}", claim_for=_CLAIM)) for i in range(4)]
+    leases = [sub.lease for sub in runs]
+    assert None not in leases
+    await asyncio.gather(
+        *(_end(store, sub, lease, 2) for sub, lease in zip(runs, leases, strict=True) if lease)
+    )
+    assert opened
+    await store.close()
+    assert [c for c in opened if not c.is_closed()] == []

@@ -1,6 +1,7 @@
 """Where `SqlStore` runs its transactions: URLs, engines, connections, errors.
 
-`SqlEngine` is the plumbing `SqlStore` inherits: PostgreSQL on the async engine (asyncpg);
+`SqlEngine` is the plumbing `SqlStore` inherits: PostgreSQL on the async engine (asyncpg),
+with a turn's hot statements on an asyncpg pool of their own;
 SQLite on plain `sqlite3` connections — in place on the event loop when a transaction need
 not wait, else on one dedicated thread — with SQLAlchemy's engine only for migrations. It
 also tells a database out of reach (`StoreUnavailableError`) from a bad statement.
@@ -14,7 +15,7 @@ import sqlite3
 import threading
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Self, TypeVar
+from typing import TYPE_CHECKING, Any, Self, TypeVar
 
 from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy.dialects import postgresql, sqlite
@@ -31,6 +32,9 @@ from turnkit.store._folds import WalFolds
 from turnkit.store._group_commit import GroupCommit
 from turnkit.store.migrate import current_revision, upgrade
 
+if TYPE_CHECKING:
+    import asyncpg
+
 __all__ = ("SqlEngine", "normalize_url")
 
 T = TypeVar("T")
@@ -38,6 +42,11 @@ _THREAD_WAIT_MS = 30_000
 """How long the store's thread waits for SQLite's write lock before giving up."""
 _CHECKPOINT_EVERY = 256
 """Commits on the loop's connection between two WAL folds on the store's thread."""
+_DRIVER_POOL_SIZE = 10
+"""Connections for PostgreSQL's hot statements (beside SQLAlchemy's pool for the rest)."""
+_CONNECT_TIMEOUT_S = 10.0
+_CLOSE_WAIT_S = 5.0
+"""How long closing waits for hot statements still running before cutting them."""
 
 
 def normalize_url(url: str) -> str:
@@ -68,6 +77,9 @@ class SqlEngine:
         self._folds: WalFolds | None = None
         """WAL folds on the store's thread for the loop's connection (file databases)."""
         self._async_engine: AsyncEngine | None = None
+        self._driver_pool: asyncpg.Pool | None = None
+        """PostgreSQL's hot statements, on asyncpg outside SQLAlchemy (`_pg_driver`)."""
+        self._driver_pool_lock = asyncio.Lock()
         self._group: GroupCommit | None = None
         """Write transactions on the store's thread, committed together (file databases)."""
         if self.url.startswith("sqlite"):
@@ -160,15 +172,37 @@ class SqlEngine:
         """
         if self._closed:
             raise StoreError("the store is closed", url=self.url)
-        assert self._async_engine is not None
         try:
-            async with self._async_engine.connect() as aconn:
-                raw = await aconn.get_raw_connection()
-                return await fn(raw.driver_connection, *args)
-        except Exception as exc:  # SQLAlchemy's, or the driver's own errors unwrapped
+            pool = self._driver_pool or await self._open_driver_pool()
+            async with pool.acquire() as conn:
+                return await fn(conn, *args)
+        except Exception as exc:  # the driver's own errors
             if _is_unreachable(exc):
                 raise self._unavailable(exc) from exc
             raise
+
+    async def _open_driver_pool(self) -> asyncpg.Pool:
+        """The asyncpg pool for `_pg_driver`, opened on first use (no connection yet).
+
+        A pool of its own rather than SQLAlchemy's: checking a connection out of
+        SQLAlchemy's async pool costs greenlet switches and its bookkeeping on every
+        statement. A connection the server closed is replaced when next acquired.
+        """
+        import asyncpg  # the `postgres` extra
+
+        async with self._driver_pool_lock:
+            if self._driver_pool is None:
+                url = make_url(self.url).set(drivername="postgresql")
+                settings = {"search_path": self.schema} if self.schema is not None else None
+                self._driver_pool = await asyncpg.create_pool(
+                    url.render_as_string(hide_password=False),
+                    min_size=0,
+                    max_size=_DRIVER_POOL_SIZE,
+                    server_settings=settings,
+                    reset=_keep_session,
+                    timeout=_CONNECT_TIMEOUT_S,
+                )
+            return self._driver_pool
 
     def _busy_too_long(self, exc: BaseException) -> BaseException:
         """What a transaction on the store's thread raises when it failed (as it is)."""
@@ -327,6 +361,12 @@ class SqlEngine:
                 on_loop.close()
             await asyncio.get_running_loop().run_in_executor(self._thread, dispose)
             self._thread.shutdown(wait=True)
+        if self._driver_pool is not None:
+            pool, self._driver_pool = self._driver_pool, None
+            try:
+                await asyncio.wait_for(pool.close(), _CLOSE_WAIT_S)
+            except TimeoutError:  # a statement still running (a cancelled turn's)
+                pool.terminate()
         if self._async_engine is not None:
             engine_a, self._async_engine = self._async_engine, None
             await engine_a.dispose()
@@ -372,6 +412,14 @@ def _tune_sqlite(engine: Engine) -> None:
     @event.listens_for(engine, "connect")
     def _pragmas(dbapi_conn: Any, _record: Any) -> None:
         sqlite_conn.tune(dbapi_conn, busy_timeout_ms=_THREAD_WAIT_MS)
+
+
+async def _keep_session(conn: Any) -> None:
+    """Pool `reset`: nothing to undo, so no round trip when a connection goes back.
+
+    asyncpg's default sends `RESET ALL` and more on every release; the hot statements set
+    no session state (the pool still rolls back a transaction left open).
+    """
 
 
 def _drop_if_closed(dbapi_conn: Any, _record: Any, _proxy: Any) -> None:
