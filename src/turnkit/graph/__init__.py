@@ -133,6 +133,17 @@ def turn_part(
     return transcript[rec.base_len :], "turn"
 
 
+_Onward = Literal["tool-loop", "synthesize"]
+"""Where anchor-plan and the tool-loop hand over: the node's `Command` says which, so no
+edge function runs (LangGraph traces each such call as a run of its own)."""
+
+
+def _onward(route: Route) -> _Onward:
+    if route not in ("tool-loop", "synthesize"):
+        raise ValueError(f"a stage before synthesize cannot hand over to {route!r}")
+    return route
+
+
 def _update(ctx: StageContext, out: StageOutcome) -> dict[str, Any]:
     update: dict[str, Any] = {"route": out.route}
     if out.transcript is not None:
@@ -145,7 +156,7 @@ def _update(ctx: StageContext, out: StageOutcome) -> dict[str, Any]:
     return update
 
 
-async def _anchor_plan(state: TurnState, runtime: Runtime[StageContext]) -> dict[str, Any]:
+async def _anchor_plan(state: TurnState, runtime: Runtime[StageContext]) -> Command[_Onward]:
     ctx, transcript = _bind(runtime, state)
     out = await _bracket(
         ctx,
@@ -153,10 +164,10 @@ async def _anchor_plan(state: TurnState, runtime: Runtime[StageContext]) -> dict
         None,
         lambda: run_anchor_plan(ctx, state["content"], transcript),
     )
-    return _update(ctx, out)
+    return Command(update=_update(ctx, out), goto=_onward(out.route))
 
 
-async def _tool_loop(state: TurnState, runtime: Runtime[StageContext]) -> dict[str, Any]:
+async def _tool_loop(state: TurnState, runtime: Runtime[StageContext]) -> Command[_Onward]:
     ctx, transcript = _bind(runtime, state)
     iteration = state["iteration"] + 1
     out = await _bracket(
@@ -165,7 +176,8 @@ async def _tool_loop(state: TurnState, runtime: Runtime[StageContext]) -> dict[s
         iteration,
         lambda: run_tool_loop(ctx, transcript, iteration, state["previous"]),
     )
-    return {**_update(ctx, out), "iteration": iteration}
+    update = {**_update(ctx, out), "iteration": iteration}
+    return Command(update=update, goto=_onward(out.route))
 
 
 async def _synthesize(state: TurnState, runtime: Runtime[StageContext]) -> dict[str, Any]:
@@ -198,8 +210,6 @@ def compile_turn_graph(checkpointer: BaseCheckpointSaver[Any] | None) -> TurnGra
     builder.add_node("synthesize", _synthesize)
     builder.add_node("post-turn", _post_turn)
     builder.add_conditional_edges(START, _route, ["anchor-plan", "tool-loop", "synthesize"])
-    builder.add_conditional_edges("anchor-plan", _route, ["tool-loop", "synthesize"])
-    builder.add_conditional_edges("tool-loop", _route, ["tool-loop", "synthesize"])
     builder.add_edge("synthesize", "post-turn")
     builder.add_edge("post-turn", END)
     return builder.compile(checkpointer=checkpointer, name="turnkit-turn")
