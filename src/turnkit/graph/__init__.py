@@ -12,6 +12,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal, TypedDict, cast
 
+from langchain_core.runnables import Runnable
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
@@ -197,9 +198,20 @@ async def _post_turn(state: TurnState, runtime: Runtime[StageContext]) -> dict[s
     return {"route": out.route}
 
 
-async def _route(state: TurnState) -> Route:
-    # async on purpose: LangGraph runs a sync edge function in a thread-pool executor.
-    return state["route"]
+class _Entry(Runnable[TurnState, Route]):
+    """START's edge: the stage the driver put in the state (`route`).
+
+    A runnable of its own, not a function: LangGraph traces an edge function as a run of
+    its own (a callback manager and two tasks per turn), which this skips.
+    """
+
+    name = "entry"
+
+    def invoke(self, input: TurnState, config: Any = None, **kwargs: Any) -> Route:
+        return input["route"]
+
+    async def ainvoke(self, input: TurnState, config: Any = None, **kwargs: Any) -> Route:
+        return input["route"]
 
 
 def compile_turn_graph(checkpointer: BaseCheckpointSaver[Any] | None) -> TurnGraph:
@@ -209,7 +221,7 @@ def compile_turn_graph(checkpointer: BaseCheckpointSaver[Any] | None) -> TurnGra
     builder.add_node("tool-loop", _tool_loop)
     builder.add_node("synthesize", _synthesize)
     builder.add_node("post-turn", _post_turn)
-    builder.add_conditional_edges(START, _route, ["anchor-plan", "tool-loop", "synthesize"])
+    builder.add_conditional_edges(START, _Entry(), ["anchor-plan", "tool-loop", "synthesize"])
     builder.add_edge("synthesize", "post-turn")
     builder.add_edge("post-turn", END)
     return builder.compile(checkpointer=checkpointer, name="turnkit-turn")
