@@ -7,7 +7,6 @@ synthesize: it runs once per turn, by structure.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal, TypedDict, cast
@@ -324,7 +323,8 @@ async def _open_postgres_checkpointer(
     """
     import asyncpg
 
-    from turnkit.graph._postgres_saver import AsyncPgSaver, keep_session, prepare_connection
+    from turnkit.graph._postgres_saver import AsyncPgSaver, prepare_connection
+    from turnkit.store._asyncpg_pool import close_pool, keep_session
 
     dsn = "postgresql://" + database_url.split("://", 1)[1]
     settings = {"search_path": schema} if schema else None
@@ -368,10 +368,7 @@ async def _open_postgres_checkpointer(
         try:
             await saver.aclose()
         finally:
-            try:
-                await asyncio.wait_for(pool.close(), _CLOSE_WAIT_S)
-            except TimeoutError:  # a connection still busy (a cancelled turn's query)
-                pool.terminate()
+            await close_pool(pool)
 
     return saver, close
 
@@ -392,8 +389,6 @@ async def _take_setup_lock(conn: Any) -> None:
     )
 
 
-_CLOSE_WAIT_S = 5.0
-"""How long closing waits for checkpoint connections still in use before cutting them."""
 _SETUP_LOCK_POLL_S = 0.05
 _SETUP_LOCK_TRIES = 1200  # one minute
 

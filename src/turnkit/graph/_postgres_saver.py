@@ -43,7 +43,7 @@ from langgraph.checkpoint.serde.types import _DeltaSnapshot
 
 from turnkit.graph._held import ThreadNotes, log_dropped, supersedable
 
-__all__ = ("AsyncPgSaver", "keep_session", "prepare_connection")
+__all__ = ("AsyncPgSaver", "prepare_connection")
 
 _LOST_CONNECTION = (OSError, asyncpg.PostgresConnectionError, asyncpg.CannotConnectNowError,
                     asyncpg.exceptions.ConnectionDoesNotExistError)  # fmt: skip
@@ -82,16 +82,6 @@ def _numbered(sql: str) -> str:
 
 
 _PENDING_SENDS = _numbered(BasePostgresSaver.SELECT_PENDING_SENDS_SQL)
-
-
-async def keep_session(conn: asyncpg.Connection) -> None:
-    """Pool `reset`: nothing to undo, so no round trip when a connection goes back.
-
-    asyncpg's default sends `RESET ALL`, `UNLISTEN *` and an advisory-unlock to the server
-    every time a connection is released: one extra round trip per checkpoint. The saver
-    never sets session state, listens or takes advisory locks on pooled connections, and
-    the pool still rolls back a transaction left open before this runs.
-    """
 
 
 async def prepare_connection(conn: asyncpg.Connection) -> None:

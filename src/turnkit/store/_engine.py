@@ -27,6 +27,7 @@ from sqlalchemy.pool import StaticPool
 from turnkit.clock import Clock, SystemClock
 from turnkit.errors import StoreError, StoreUnavailableError
 from turnkit.store import _sqlite as sqlite_conn
+from turnkit.store._asyncpg_pool import close_pool, keep_session
 from turnkit.store._commit_sql import HotStatements
 from turnkit.store._folds import WalFolds
 from turnkit.store._group_commit import GroupCommit
@@ -45,8 +46,6 @@ _CHECKPOINT_EVERY = 256
 _DRIVER_POOL_SIZE = 10
 """Connections for PostgreSQL's hot statements (beside SQLAlchemy's pool for the rest)."""
 _CONNECT_TIMEOUT_S = 10.0
-_CLOSE_WAIT_S = 5.0
-"""How long closing waits for hot statements still running before cutting them."""
 
 
 def normalize_url(url: str) -> str:
@@ -199,7 +198,7 @@ class SqlEngine:
                     min_size=0,
                     max_size=_DRIVER_POOL_SIZE,
                     server_settings=settings,
-                    reset=_keep_session,
+                    reset=keep_session,
                     timeout=_CONNECT_TIMEOUT_S,
                 )
             return self._driver_pool
@@ -363,10 +362,7 @@ class SqlEngine:
             self._thread.shutdown(wait=True)
         if self._driver_pool is not None:
             pool, self._driver_pool = self._driver_pool, None
-            try:
-                await asyncio.wait_for(pool.close(), _CLOSE_WAIT_S)
-            except TimeoutError:  # a statement still running (a cancelled turn's)
-                pool.terminate()
+            await close_pool(pool)
         if self._async_engine is not None:
             engine_a, self._async_engine = self._async_engine, None
             await engine_a.dispose()
@@ -412,14 +408,6 @@ def _tune_sqlite(engine: Engine) -> None:
     @event.listens_for(engine, "connect")
     def _pragmas(dbapi_conn: Any, _record: Any) -> None:
         sqlite_conn.tune(dbapi_conn, busy_timeout_ms=_THREAD_WAIT_MS)
-
-
-async def _keep_session(conn: Any) -> None:
-    """Pool `reset`: nothing to undo, so no round trip when a connection goes back.
-
-    asyncpg's default sends `RESET ALL` and more on every release; the hot statements set
-    no session state (the pool still rolls back a transaction left open).
-    """
 
 
 def _drop_if_closed(dbapi_conn: Any, _record: Any, _proxy: Any) -> None:
