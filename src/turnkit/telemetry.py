@@ -26,7 +26,7 @@ from turnkit.journal import Journal, dedupe_key
 from turnkit.models import ModelRequest
 from turnkit.pauses import PauseRequest
 from turnkit.states import TurnStatus
-from turnkit.store import RunSummary, Store, TurnTranscript
+from turnkit.store import Rider, RunSummary, Store, TurnTranscript
 
 __all__ = ("OpenCall", "Recorder")
 
@@ -74,6 +74,11 @@ def _like(template: MessageDeltaEvent, **fields: Any) -> MessageDeltaEvent:
 
 
 _set = object.__setattr__
+
+
+HeldCheckpoints = Callable[[], tuple[Rider, Callable[[], None]] | None]
+"""Checkpoints waiting for the turn's next commit, as a rider, with what to call once one
+carried them (None: none wait)."""
 
 
 class Recorder:
@@ -153,6 +158,11 @@ class Recorder:
         self._deltas_since_yield = 0
         self._delta_template: MessageDeltaEvent | None = None
         """The turn's first `message.delta` (validated); later ones are built like it."""
+        self.checkpoints_carry = False
+        """Each stage's checkpoint commits the events staged before it (`commit_carrying`),
+        so a stage ends without a commit of its own (set by the driver)."""
+        self.held_checkpoints: HeldCheckpoints | None = None
+        """Checkpoints waiting for a commit to carry them (set with `checkpoints_carry`)."""
 
     def durable(self, cls: type[D], stage_id: StageId, **fields: Any) -> D | None:
         """Build a durable event with the next `seq` and stage it for the next flush.
@@ -187,7 +197,7 @@ class Recorder:
             **fields,
         )
         async with self._lock:
-            committed = await self._commit_staged(None, None)
+            committed, _ = await self._commit_staged(None, None)
             self.last_activity = self.clock.monotonic()
             self.publish((event,))
         await self._committed(committed)
@@ -281,10 +291,25 @@ class Recorder:
     ) -> None:
         """Commit everything staged (and a status move) in one transaction, then publish."""
         async with self._lock:
-            committed = await self._commit_staged(
+            committed, _ = await self._commit_staged(
                 status, error_code, summary, release, pause, transcript
             )
         await self._committed(committed)
+
+    async def commit_carrying(self, rider: Rider | None) -> bool:
+        """Commit what is staged, with `rider` in the same statement where the store can.
+
+        A checkpoint's writer calls this (see `checkpoints_carry`): the super-step's
+        events are then durable with its checkpoint, never after it. True if the rider
+        was written; False if it is still the caller's to write (nothing was staged, no
+        rider was given, or the store could not carry it).
+        """
+        async with self._lock:
+            if not (self._events or self._audit):
+                return False
+            committed, carried = await self._commit_staged(None, None, rider=rider)
+        await self._committed(committed)
+        return carried
 
     async def _committed(self, events: Sequence[DurableEvent]) -> None:
         if events and self.on_commit is not None:
@@ -298,11 +323,16 @@ class Recorder:
         release: bool = False,
         pause: PauseRequest | None = None,
         transcript: TurnTranscript | None = None,
-    ) -> list[DurableEvent]:
+        rider: Rider | None = None,
+    ) -> tuple[list[DurableEvent], bool]:
         if not (self._events or self._audit or status or release):
-            return []
+            return [], False
         events, audit = self._events, self._audit
         self._events, self._audit = [], []
+        waiting = None
+        if rider is None and self.held_checkpoints is not None:
+            waiting = self.held_checkpoints()
+            rider = waiting[0] if waiting is not None else None
         try:
             result = await self.store.commit(
                 self.turn_id,
@@ -316,6 +346,7 @@ class Recorder:
                 pause=pause,
                 guides_consumed_through=self.consumed_input_seq if release else None,
                 transcript=transcript,
+                rider=rider,
             )
         except BaseException:
             # Nothing was committed: keep it staged so a later flush (or the error path)
@@ -323,9 +354,11 @@ class Recorder:
             self._events[:0] = events
             self._audit[:0] = audit
             raise
+        if waiting is not None and result.carried:
+            waiting[1]()
         self.newest_guide_seq = max(self.newest_guide_seq, result.newest_guide_seq)
         self.requeued += result.requeued
         self.last_activity = self.clock.monotonic()
         if events:
             self.publish(tuple(events))
-        return events
+        return events, result.carried

@@ -16,7 +16,7 @@ from typing import Any
 import asyncpg
 import pytest
 from tests.conftest import POSTGRES_URL, require_service
-from tests.helpers import add
+from tests.helpers import add, new_input, step_event
 from tests.support.checkpoints import THREAD, checkpoint, config
 
 from turnkit import Agent, RuntimeConfig, SessionRuntime
@@ -242,3 +242,160 @@ async def test_two_writes_to_one_special_channel_in_a_call_keep_the_last(saver: 
     found = await saver.aget_tuple({"configurable": {"thread_id": THREAD}})
     assert found is not None
     assert found.pending_writes == [("t", "__error__", "two")]
+
+
+async def _carried_turn(
+    store: Any, saver: Any, *, stale: bool, staged: int = 1
+) -> tuple[Any, list[Any], list[bool], Any]:
+    """A turn on `store` whose commits carry `saver`'s checkpoints of thread THREAD.
+
+    Returns the submission, the events its next commit takes (`staged` of them to begin
+    with; the test can add more), what each call of the carrier carried, and what stops
+    the carrying. `stale`: the
+    commit presents an epoch the turn no longer has (another attempt's).
+    """
+    from turnkit.store import Rider
+
+    sub = await store.submit(new_input())
+    lease = await store.claim("w1", ttl_s=30, max_attempts=3)
+    assert lease is not None
+    events = [step_event(sub, 2 + i) for i in range(staged)]
+    carried: list[bool] = []
+
+    async def carrier(rider: Rider | None) -> bool:
+        if not events:
+            carried.append(False)
+            return False
+        result = await store.commit(
+            sub.turn_id, epoch=lease.epoch + (1 if stale else 0), events=events, rider=rider
+        )
+        events.clear()
+        carried.append(result.carried)
+        return bool(result.carried)
+
+    return sub, events, carried, saver.carry(THREAD, carrier)
+
+
+def _with_blob(n: int) -> tuple[Any, dict[str, Any]]:
+    """Checkpoint `n` with a channel stored as a blob, and its new versions."""
+    kept = checkpoint(n)
+    kept["channel_values"] = {**kept["channel_values"], "transcript": [{"role": "user"}]}
+    kept["channel_versions"] = {**kept["channel_versions"], "transcript": str(n + 1)}
+    return kept, {"transcript": str(n + 1)}
+
+
+async def test_a_checkpoint_rides_in_the_statement_of_its_steps_events(
+    saver: Any, schema: str, sent: list[str]
+) -> None:
+    from turnkit.store.sql import SqlStore
+
+    async with SqlStore.from_url(POSTGRES_URL, schema=schema) as store:
+        sub, events, carried, _ = await _carried_turn(store, saver, stale=False)
+        first, versions = _with_blob(1)  # asyncpg asks the server for types on first use
+        await saver.aput(config(), first, {"source": "loop", "step": 0}, versions)
+        events.append(step_event(sub, 3))
+        kept, versions = _with_blob(2)
+        before = len(sent)
+        await saver.aput(config(parent=1), kept, {"source": "loop", "step": 1}, versions)
+        [statement] = sent[before:]  # one round trip for both
+        assert "tk_events" in statement
+        assert "INSERT INTO checkpoints" in statement
+        assert carried == [True, True]
+        assert [e.seq async for e in store.read_events(sub.turn_id)] == [1, 2, 3]
+    found = await saver.aget_tuple(config())
+    assert found is not None
+    assert found.checkpoint["id"] == kept["id"]
+    assert found.checkpoint["channel_values"]["transcript"] == [{"role": "user"}]
+    assert found.metadata["step"] == 1
+    assert found.parent_config is not None
+    assert found.parent_config["configurable"]["checkpoint_id"] == first["id"]
+
+
+async def test_a_stale_attempt_stores_neither_its_events_nor_its_checkpoint(
+    saver: Any, schema: str
+) -> None:
+    from turnkit.errors import StaleEpochError
+    from turnkit.store.sql import SqlStore
+
+    async with SqlStore.from_url(POSTGRES_URL, schema=schema) as store:
+        sub, *_ = await _carried_turn(store, saver, stale=True)
+        kept, versions = _with_blob(1)
+        with pytest.raises(StaleEpochError):
+            await saver.aput(config(), kept, {"source": "loop", "step": 0}, versions)
+        assert [e.seq async for e in store.read_events(sub.turn_id)] == [1]
+    assert await _stored(schema) == (0, 0)
+    conn = await asyncpg.connect(POSTGRES_URL)
+    try:
+        blobs = await conn.fetchval(f'SELECT count(*) FROM "{schema}".checkpoint_blobs')
+    finally:
+        await conn.close()
+    assert blobs == 0
+
+
+async def test_the_runs_input_and_start_checkpoints_ride_with_the_first_stages_events(
+    saver: Any, schema: str, sent: list[str]
+) -> None:
+    """Before any stage ends there is nothing to carry them: they wait, then go as one."""
+    from turnkit.store.sql import SqlStore
+
+    async with SqlStore.from_url(POSTGRES_URL, schema=schema) as store:
+        sub, events, carried, _ = await _carried_turn(store, saver, stale=False, staged=0)
+        before = len(sent)
+        await saver.aput(config(), checkpoint(0), {"source": "input", "step": -1}, {})
+        await saver.aput(config(parent=0), checkpoint(1), {"source": "loop", "step": 0}, {})
+        assert sent[before:] == []  # held: no stage has run
+        events.append(step_event(sub, 2))
+        await saver.aput(config(parent=1), checkpoint(2), {"source": "loop", "step": 1}, {})
+        assert carried == [False, True]
+        assert await _stored(schema) == (3, 0)
+        assert [e.seq async for e in store.read_events(sub.turn_id)] == [1, 2]
+    found = await saver.aget_tuple(config(parent=1))
+    assert found is not None
+    assert found.parent_config is not None
+    assert found.parent_config["configurable"]["checkpoint_id"] == checkpoint(0)["id"]
+
+
+async def test_a_run_that_stops_before_its_first_stage_ends_leaves_nothing_held(
+    saver: Any, schema: str
+) -> None:
+    from turnkit.store.sql import SqlStore
+
+    async with SqlStore.from_url(POSTGRES_URL, schema=schema) as store:
+        *_, stop = await _carried_turn(store, saver, stale=False, staged=0)
+        await saver.aput(config(), checkpoint(0), {"source": "input", "step": -1}, {})
+        await saver.aput(config(parent=0), checkpoint(1), {"source": "loop", "step": 0}, {})
+        stop()
+    await saver.aclose()  # stores what threads hold: this one holds nothing
+    assert await _stored(schema) == (0, 0)
+
+
+async def test_each_stage_of_a_turn_commits_its_events_with_its_checkpoint(
+    schema: str, sent: list[str]
+) -> None:
+    model = ScriptedModel(
+        [ModelStep.tool_call_reply(call("add", a=2, b=3)), ModelStep.text_reply("5")]
+    )
+    config_ = RuntimeConfig(
+        database_url=POSTGRES_URL, database_schema=schema, checkpoint_durability="sync"
+    )
+    async with SessionRuntime(
+        agent=Agent(model=model, tools=[add], skip_stages=frozenset({"anchor-plan"})),
+        config=config_,
+    ) as runtime:
+        events = await collect_events(runtime.execute_message("s1", "add 2 and 3"))
+    assert isinstance(events[-1], DoneEvent)
+    assert events[-1].status == "succeeded"
+    durable = [e.seq for e in events if getattr(e, "seq", None) is not None]
+    assert durable == list(range(1, len(durable) + 1))
+    checkpoints = [q for q in sent if "INSERT INTO checkpoints" in q]
+    # The run's input and START checkpoints ride on the first stage's first commit (its
+    # step.start, before the model call); then tool-loop twice, synthesize and post-turn:
+    # each stage's end carries its checkpoint.
+    assert len(checkpoints) == 5
+    assert all("tk_events" in q for q in checkpoints)
+    conn = await asyncpg.connect(POSTGRES_URL)
+    try:
+        stored = await conn.fetchval(f'SELECT count(*) FROM "{schema}".checkpoints')
+    finally:
+        await conn.close()
+    assert stored == 6

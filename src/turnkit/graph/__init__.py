@@ -7,6 +7,7 @@ synthesize: it runs once per turn, by structure.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal, TypedDict, cast
@@ -37,6 +38,7 @@ __all__ = (
     "TranscriptPart",
     "TurnGraph",
     "TurnState",
+    "carry_events",
     "compile_turn_graph",
     "expect_new_thread",
     "latest_checkpoint_id",
@@ -101,7 +103,8 @@ async def _bracket(
     if following in ("tool-loop", "synthesize", "post-turn"):
         next_iteration = (iteration or 0) + 1 if following == "tool-loop" else None
         rec.durable(StepStartEvent, following, step=following, iteration=next_iteration)
-    await rec.flush()  # events of a super-step are durable before its checkpoint
+    if not rec.checkpoints_carry:  # else the step's checkpoint commits them with itself
+        await rec.flush()  # events of a super-step are durable before its checkpoint
     return outcome
 
 
@@ -257,6 +260,30 @@ async def run_turn(
         graph_input, config, context=ctx, stream_mode="custom", durability=durability
     ):
         pass
+
+
+def carry_events(graph: TurnGraph, thread_id: str, rec: Recorder) -> Callable[[], None] | None:
+    """Have the thread's checkpoints commit `rec`'s staged events with them.
+
+    If the checkpointer can (PostgreSQL), returns what ends it, and each stage ends
+    without a commit of its own (`rec.checkpoints_carry`): its events are stored in its
+    checkpoint's statement, and a checkpoint that found nothing staged rides on the
+    turn's next commit. Only for checkpoints after every super-step (not `exit`).
+    """
+    saver = graph.checkpointer
+    carry: Callable[..., Callable[[], None]] | None = getattr(saver, "carry", None)
+    if carry is None:
+        return None
+    stop_carrying = carry(thread_id, rec.commit_carrying)
+    rec.checkpoints_carry = True
+    rec.held_checkpoints = functools.partial(saver.held_rider, thread_id)  # type: ignore[union-attr]
+
+    def stop() -> None:
+        rec.checkpoints_carry = False
+        rec.held_checkpoints = None
+        stop_carrying()
+
+    return stop
 
 
 def expect_new_thread(graph: TurnGraph, thread_id: str) -> None:

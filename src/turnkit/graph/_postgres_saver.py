@@ -17,6 +17,11 @@ same), but runs them on an asyncpg pool, as the Store does, instead of psycopg:
 Held writes belong to their thread: a read of the thread, or any write of it, stores them
 first, so the saver never answers from less than it was given. A connection the server
 closed is replaced by the pool when it is next acquired.
+
+A thread can have a *carrier* (`carry`): the turn's own commit, which takes the events
+the super-step staged and writes the checkpoint in the same statement (a `Rider` fenced
+by the turn's lease). A super-step's events and its checkpoint are then one round trip,
+and one is never stored without the other.
 """
 
 from __future__ import annotations
@@ -42,8 +47,12 @@ from langgraph.checkpoint.postgres.base import BasePostgresSaver
 from langgraph.checkpoint.serde.types import _DeltaSnapshot
 
 from turnkit.graph._held import ThreadNotes, log_dropped, supersedable
+from turnkit.store import Rider
 
-__all__ = ("AsyncPgSaver", "prepare_connection")
+__all__ = ("AsyncPgSaver", "Carrier", "prepare_connection")
+
+Carrier = Callable[[Rider | None], Awaitable[bool]]
+"""Commits what a thread's turn staged, with the rider if given; True if it carried it."""
 
 _LOST_CONNECTION = (OSError, asyncpg.PostgresConnectionError, asyncpg.CannotConnectNowError,
                     asyncpg.exceptions.ConnectionDoesNotExistError)  # fmt: skip
@@ -69,6 +78,27 @@ SELECT $1, $2, $3, $4, $5, w.idx, w.channel, w.type, w.blob
 FROM unnest($6::int[], $7::text[], $8::text[], $9::bytea[]) AS w(idx, channel, type, blob)
 ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id, task_id, idx) DO {}
 """
+_CARRIED_CHECKPOINTS = """
+checkpoint_blobs_put AS (
+    INSERT INTO checkpoint_blobs (thread_id, checkpoint_ns, channel, version, type, blob)
+    SELECT {0}::text, {1}::text, b.channel, b.version, b.type, b.blob
+    FROM unnest({6}::text[], {7}::text[], {8}::text[], {9}::bytea[])
+        AS b(channel, version, type, blob)
+    WHERE EXISTS (SELECT FROM fence)
+    ON CONFLICT (thread_id, checkpoint_ns, channel, version) DO NOTHING
+), checkpoint_put AS (
+    INSERT INTO checkpoints (thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id,
+                             checkpoint, metadata)
+    SELECT {0}::text, {1}::text, c.id, c.parent, c.checkpoint::jsonb, c.metadata::jsonb
+    FROM unnest({2}::text[], {3}::text[], {4}::text[], {5}::text[])
+        AS c(id, parent, checkpoint, metadata)
+    WHERE EXISTS (SELECT FROM fence)
+    ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id)
+    DO UPDATE SET checkpoint = EXCLUDED.checkpoint, metadata = EXCLUDED.metadata
+)
+"""
+"""`_PUT_CHECKPOINT` for one or more checkpoints of a thread, as a `Rider`: written only if
+the carrying commit's fence holds."""
 _UPSERT_WRITES = _PUT_WRITES.format(
     "UPDATE SET channel = EXCLUDED.channel, type = EXCLUDED.type, blob = EXCLUDED.blob"
 )
@@ -97,6 +127,8 @@ class _Held:
     """The checkpoint the write belongs to (task writes) or follows (a checkpoint)."""
     is_checkpoint: bool
     write: Callable[[asyncpg.Connection], Awaitable[Any]]
+    args: tuple[Any, ...] = ()
+    """A checkpoint's `_PUT_CHECKPOINT` arguments (to ride on a commit with the next)."""
 
 
 class AsyncPgSaver(BasePostgresSaver):
@@ -108,6 +140,42 @@ class AsyncPgSaver(BasePostgresSaver):
         self._held: dict[str, list[_Held]] = {}
         self._written = ThreadNotes()
         self._new = ThreadNotes()
+        self._carriers: dict[str, Carrier] = {}
+
+    def carry(self, thread_id: str, carrier: Carrier) -> Callable[[], None]:
+        """Let `carrier` write each checkpoint of the thread with its staged events.
+
+        Every checkpoint of the thread then goes through the carrier first, so the events
+        staged before it are stored with it or ahead of it. Returns what ends it (if
+        another carrier has not replaced this one since).
+        """
+        self._carriers[thread_id] = carrier
+
+        def stop() -> None:
+            if self._carriers.get(thread_id) == carrier:
+                del self._carriers[thread_id]
+                # What no commit carried: the run stopped before its first stage committed
+                # anything (it failed, or lost its lease), so a next attempt starts over.
+                self._held.pop(thread_id, None)
+
+        return stop
+
+    def held_rider(self, thread_id: str) -> tuple[Rider, Callable[[], None]] | None:
+        """The checkpoints the thread holds, as a rider for the turn's next commit.
+
+        With what to call once a commit carried them (they are then no longer held);
+        None if the thread holds no checkpoint. A checkpoint written both ways is written
+        twice, to the same effect.
+        """
+        checkpoints = [h for h in self._held.get(thread_id, ()) if h.is_checkpoint]
+        if not checkpoints:
+            return None
+
+        def carried() -> None:
+            mine = self._held.get(thread_id, [])
+            mine[:] = [h for h in mine if not any(h is c for c in checkpoints)]
+
+        return _rider([h.args for h in checkpoints]), carried
 
     async def setup(self) -> None:
         """Create LangGraph's checkpoint tables (its own migrations, in its order)."""
@@ -152,7 +220,8 @@ class AsyncPgSaver(BasePostgresSaver):
         The thread's task writes held for this checkpoint's parent are dropped: this
         checkpoint holds their result, and turnkit only ever runs a thread from its newest
         checkpoint. A run's input checkpoint (`source: input`) is held for the next write,
-        which comes right after it (the START task's checkpoint).
+        which comes right after it (the START task's checkpoint). With a carrier (see
+        `carry`), see `_carry`.
         """
         args = self._checkpoint_args(config, checkpoint, metadata, new_versions)
         thread_id, checkpoint_ns, checkpoint_id, parent = args[:4]
@@ -170,12 +239,33 @@ class AsyncPgSaver(BasePostgresSaver):
             await conn.execute(_PUT_CHECKPOINT, *args)
             return saved
 
+        carrier = self._carriers.get(thread_id)
         if metadata.get("source") == "input":
-            self._held.setdefault(thread_id, []).append(_Held(parent, True, put))
-        else:
+            self._held.setdefault(thread_id, []).append(_Held(parent, True, put, args))
+        elif carrier is None:
             await self._write(thread_id, put)
+        else:
+            await self._carry(thread_id, carrier, _Held(parent, True, put, args))
         self._written.note(thread_id, checkpoint_id)
         return saved
+
+    async def _carry(self, thread_id: str, carrier: Carrier, checkpoint: _Held) -> None:
+        """Store `checkpoint` on the commit of the thread's staged events (see `carry`).
+
+        The checkpoints the thread holds ride along with it, in the same statement. With
+        nothing staged to carry it, the checkpoint right after the run's input is held
+        too (the START task's: no stage has run yet), for the turn's next commit to carry
+        (`held_rider`); any other is written on its own, after the events a later step's
+        commit already took.
+        """
+        mine = self._held.setdefault(thread_id, [])
+        held = [h for h in mine if h.is_checkpoint]
+        if await carrier(_rider([*(h.args for h in held), checkpoint.args])):
+            mine[:] = [h for h in mine if not any(h is c for c in held)]
+        elif len(held) == 1:  # the run's input
+            mine.append(checkpoint)
+        else:
+            await self._write(thread_id, checkpoint.write)
 
     def take_written(self, thread_id: str) -> str | None:
         """The checkpoint id this saver last stored for `thread_id` (forgotten once taken)."""
@@ -383,6 +473,18 @@ class AsyncPgSaver(BasePostgresSaver):
             else None,
             self._load_writes(row["pending_writes"]),
         )
+
+
+def _rider(checkpoints: list[tuple[Any, ...]]) -> Rider:
+    """Checkpoints of one thread (their `_PUT_CHECKPOINT` arguments) as one rider.
+
+    JSON goes as text: the store's connections decode no JSON.
+    """
+    thread_id, checkpoint_ns = checkpoints[0][:2]
+    columns = [[c[i] for c in checkpoints] for i in (2, 3)]
+    json_columns = [[json.dumps(c[i]) for c in checkpoints] for i in (4, 5)]
+    blobs = [[b for c in checkpoints for b in c[i]] for i in (6, 7, 8, 9)]
+    return Rider(_CARRIED_CHECKPOINTS, (thread_id, checkpoint_ns, *columns, *json_columns, *blobs))
 
 
 async def _nothing(_conn: asyncpg.Connection) -> None:

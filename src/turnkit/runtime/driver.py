@@ -51,6 +51,7 @@ from turnkit.events import (
 from turnkit.graph import (
     TurnGraph,
     TurnState,
+    carry_events,
     expect_new_thread,
     has_pending_interrupt,
     latest_checkpoint_id,
@@ -261,6 +262,10 @@ class TurnDriver:
             }
         if fresh:  # LangGraph's opening read of the newest checkpoint need ask nothing
             expect_new_thread(self.graph, self.lease.turn_id)
+        durability = self.config.durability
+        stop_carrying = (
+            carry_events(self.graph, self.lease.turn_id, rec) if durability != "exit" else None
+        )
         try:
             async with asyncio.timeout(max(remaining, 0.001)):
                 await run_turn(
@@ -268,7 +273,7 @@ class TurnDriver:
                     state,
                     setup.ctx_factory(rec),
                     thread_id=self.lease.turn_id,
-                    durability=self.config.durability,
+                    durability=durability,
                     resume=answer,
                 )
         except TimeoutError as exc:
@@ -277,6 +282,9 @@ class TurnDriver:
                 "(`RuntimeConfig.ceiling_s`)",
                 ceiling_s=self.config.ceiling_s,
             ) from exc
+        finally:
+            if stop_carrying is not None:
+                stop_carrying()
 
     async def _announce_recovery(self, rec: Recorder, *, resumed: bool) -> None:
         """Tell readers at once that a new attempt took the turn over, and from where."""

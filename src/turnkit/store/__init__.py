@@ -37,6 +37,7 @@ __all__ = (
     "ClaimRequest",
     "CommitResult",
     "Delivery",
+    "Rider",
     "Lease",
     "GuideFeed",
     "KeptTranscript",
@@ -264,6 +265,24 @@ class CommitResult:
     """The newest guide message attached to the turn (0: none)."""
     requeued: int = 0
     """Guide messages re-queued as turns of their own by this (terminal) commit."""
+    carried: bool = False
+    """The commit's `rider` was written in the same statement (see `Rider`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Rider:
+    """More writes for a commit to carry in its own statement, under its lease fence.
+
+    PostgreSQL only (elsewhere a rider is never carried): `ctes` are data-modifying
+    common table expressions (`name AS (...), ...`) appended to the commit's statement,
+    each writing only `WHERE EXISTS (SELECT FROM fence)`, so a stale lease writes
+    neither the commit nor its rider. Their parameters are written `{0}`, `{1}`, ... and
+    take `args` in that order. A checkpoint rides with its super-step's events this way:
+    one round trip, and never one without the other.
+    """
+
+    ctes: str
+    args: tuple[Any, ...]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -360,6 +379,7 @@ class TurnLedger(Protocol):
         pause: PauseRequest | None = None,
         guides_consumed_through: int | None = None,
         transcript: TurnTranscript | None = None,
+        rider: Rider | None = None,
     ) -> CommitResult:
         """Append events, audit rows (+ usage rollup) and a status move, atomically.
 
@@ -373,7 +393,8 @@ class TurnLedger(Protocol):
 
         Rejects a stale `epoch` with `StaleEpochError` and an illegal status move with
         `StoreError`; an already-stored `(turn_id, seq)` is kept as is (no error).
-        `release` drops the lease (a settled or paused turn holds none).
+        `release` drops the lease (a settled or paused turn holds none). A `rider` goes
+        in the same statement where the store can (`CommitResult.carried` says).
         """
         ...
 

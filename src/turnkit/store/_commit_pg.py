@@ -21,11 +21,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
+from functools import lru_cache
 from typing import Any
 
 from turnkit.audit import UsageDelta
 from turnkit.ids import TurnId
-from turnkit.store import CommitResult
+from turnkit.store import CommitResult, Rider
 
 __all__ = ("APPEND", "END", "append", "end")
 
@@ -61,18 +62,29 @@ new_events AS (
         cached_tokens = tk_usage.cached_tokens + excluded.cached_tokens,
         cost_usd = tk_usage.cost_usd + excluded.cost_usd
 )
-SELECT newest_guide_seq FROM fence
+{rider}SELECT newest_guide_seq FROM fence
 """
 """Events, audit rows and usage, written only if `fence` (the turn's row) was updated."""
 
 _LAST_SEQ = "CASE WHEN tk_turns.last_seq < $4 THEN $4 ELSE tk_turns.last_seq END"
 
-APPEND = f"""
+_APPEND = f"""
 WITH fence AS (
     UPDATE tk_turns SET updated_at = $3, last_seq = {_LAST_SEQ}
     WHERE turn_id = $1 AND lease_epoch = $2
     RETURNING newest_guide_seq
 ), {_ROWS}"""
+APPEND = _APPEND.replace("{rider}", "")
+_APPEND_ARGS = 18
+"""`APPEND`'s parameters: a rider's are numbered after them."""
+
+
+@lru_cache(maxsize=8)
+def _carrying(ctes: str, count: int) -> str:
+    """`APPEND` with a rider's CTEs, their `{n}` parameters numbered after `APPEND`'s."""
+    numbered = ctes.format(*(f"${_APPEND_ARGS + 1 + i}" for i in range(count)))
+    return _APPEND.replace("{rider}", f", {numbered.strip()}\n")
+
 
 END = f"""
 WITH fence AS (
@@ -94,7 +106,7 @@ WITH fence AS (
                                 last_request)
     SELECT $1, f.session_id, f.input_seq, $25, $26, $27 FROM fence f WHERE $24
     ON CONFLICT DO NOTHING
-), {_ROWS}"""
+), {_ROWS}""".replace("{rider}", "")
 
 
 def _rows_args(
@@ -126,10 +138,10 @@ def _rows_args(
     ]
 
 
-def _result(rows: Sequence[Any]) -> CommitResult | None:
+def _result(rows: Sequence[Any], *, carried: bool = False) -> CommitResult | None:
     if not rows:
         return None
-    return CommitResult(newest_guide_seq=int(rows[0]["newest_guide_seq"] or 0), requeued=0)
+    return CommitResult(newest_guide_seq=int(rows[0]["newest_guide_seq"] or 0), carried=carried)
 
 
 async def append(
@@ -140,10 +152,19 @@ async def append(
     event_rows: list[dict[str, Any]],
     audit_rows: list[dict[str, Any]],
     usage: tuple[str | None, dict[int, UsageDelta]],
+    rider: Rider | None = None,
 ) -> CommitResult | None:
-    """Run `APPEND` on an asyncpg connection; None if the fence refused (nothing written)."""
+    """Run `APPEND` (with `rider`'s writes) on an asyncpg connection.
+
+    None if the fence refused: then nothing is written, the rider neither.
+    """
     rows = _rows_args(event_rows, audit_rows, usage)
-    return _result(await conn.fetch(APPEND, turn_id, epoch, now, *rows))
+    if rider is None:
+        return _result(await conn.fetch(APPEND, turn_id, epoch, now, *rows))
+    statement = _carrying(rider.ctes, len(rider.args))
+    return _result(
+        await conn.fetch(statement, turn_id, epoch, now, *rows, *rider.args), carried=True
+    )
 
 
 async def end(

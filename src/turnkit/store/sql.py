@@ -30,6 +30,7 @@ from turnkit.store import (
     KeptTranscript,
     Lease,
     NewInput,
+    Rider,
     RunSummary,
     SessionRecord,
     StoredEvent,
@@ -174,8 +175,13 @@ class SqlStore(SqlEngine):
         pause: PauseRequest | None = None,
         guides_consumed_through: int | None = None,
         transcript: TurnTranscript | None = None,
+        rider: Rider | None = None,
     ) -> CommitResult:
-        """Append events, audit rows (+ usage rollup) and a status move in one transaction."""
+        """Append events, audit rows (+ usage rollup) and a status move in one transaction.
+
+        A `rider` goes in the statement of a plain append on PostgreSQL; anything else
+        leaves it (`carried` is False) for the caller to write.
+        """
         event_rows = [
             {"turn_id": turn_id, "seq": e.seq, "type": e.type, "data": encode_event(e)}  # type: ignore[attr-defined]
             for e in events
@@ -199,7 +205,7 @@ class SqlStore(SqlEngine):
             rows = (turn_id, epoch, self._clock.now(), event_rows, audit_rows, (session_id, usage))
             done = None
             if not release and moves == (None,) * len(moves):
-                done = await self._pg_driver(commit_pg.append, *rows)
+                done = await self._pg_driver(commit_pg.append, *rows, rider)
             elif release and status in TERMINAL_STATES:
                 ending = (status, error_code, SOURCES[status])
                 done = await self._pg_driver(
