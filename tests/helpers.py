@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Sequence
 from datetime import UTC, datetime
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from turnkit import tool
+from turnkit.blocks import TextBlock, ToolResultBlock
 from turnkit.events import DurableEvent, EphemeralEvent, StepStartEvent
 from turnkit.ids import SessionId, new_turn_id
+from turnkit.plugins import Enrichment, Plugin, PluginContext
 from turnkit.store import NewInput, Submission
 
 
@@ -98,3 +101,20 @@ class WriteRecorder:
             await send(message)
 
         await self.app(scope, receive, sending)
+
+
+class PostTurnGate(Plugin):
+    """Holds a turn in post-turn (its enrichment hook), after the answer is written."""
+
+    name = "gate"
+
+    def __init__(self) -> None:
+        self.entered = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def enrich_message(
+        self, ctx: PluginContext, answer: TextBlock, sources: Sequence[ToolResultBlock]
+    ) -> Enrichment | None:
+        self.entered.set()
+        await self.release.wait()
+        return None

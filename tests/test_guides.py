@@ -4,11 +4,11 @@ if the turn never presents it, is answered by a turn of its own (never stranded)
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 
 from tests.conftest import RuntimeFactory
+from tests.helpers import PostTurnGate
 from turnkit import Agent, RuntimeConfig, tool
-from turnkit.blocks import TextBlock, ToolResultBlock
 from turnkit.events import (
     ApprovalRequestedEvent,
     InputGuidedEvent,
@@ -18,7 +18,6 @@ from turnkit.events import (
 )
 from turnkit.ids import SessionId
 from turnkit.pauses import Approve
-from turnkit.plugins import Enrichment, Plugin, PluginContext
 from turnkit.testing import ModelStep, ScriptedModel, call
 
 
@@ -71,25 +70,10 @@ async def test_a_guide_joins_the_running_turn_before_the_next_request(
     assert len(await runtime.store.list_turns(SessionId("s1"))) == 1
 
 
-class Gate(Plugin):
-    name = "gate"
-
-    def __init__(self) -> None:
-        self.entered = asyncio.Event()
-        self.release = asyncio.Event()
-
-    async def enrich_message(
-        self, ctx: PluginContext, answer: TextBlock, sources: Sequence[ToolResultBlock]
-    ) -> Enrichment | None:
-        self.entered.set()
-        await self.release.wait()
-        return None
-
-
 async def test_a_guide_the_turn_never_presented_gets_its_own_turn(
     runtime_factory: RuntimeFactory,
 ) -> None:
-    gate = Gate()
+    gate = PostTurnGate()
     model = ScriptedModel([ModelStep.text_reply("First answer."), ModelStep.text_reply("Second.")])
     runtime = runtime_factory(Agent(model=model, plugins=[gate]))
     events: list[object] = []

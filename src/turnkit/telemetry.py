@@ -163,6 +163,9 @@ class Recorder:
         so a stage ends without a commit of its own (set by the driver)."""
         self.held_checkpoints: HeldCheckpoints | None = None
         """Checkpoints waiting for a commit to carry them (set with `checkpoints_carry`)."""
+        self.last_stage_ended = False
+        """The turn's last stage has ended: its checkpoint waits for the turn's ending,
+        which commits the stage's closing events too."""
 
     def durable(self, cls: type[D], stage_id: StageId, **fields: Any) -> D | None:
         """Build a durable event with the next `seq` and stage it for the next flush.
@@ -296,14 +299,17 @@ class Recorder:
             )
         await self._committed(committed)
 
-    async def commit_carrying(self, rider: Rider | None) -> bool:
+    async def commit_carrying(self, rider: Rider | None) -> bool | None:
         """Commit what is staged, with `rider` in the same statement where the store can.
 
         A checkpoint's writer calls this (see `checkpoints_carry`): the super-step's
         events are then durable with its checkpoint, never after it. True if the rider
         was written; False if it is still the caller's to write (nothing was staged, no
-        rider was given, or the store could not carry it).
+        rider was given, or the store could not carry it); None, committing nothing,
+        after the last stage: the turn's ending is to commit both (`held_checkpoints`).
         """
+        if self.last_stage_ended:
+            return None
         async with self._lock:
             if not (self._events or self._audit):
                 return False

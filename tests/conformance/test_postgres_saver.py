@@ -16,7 +16,7 @@ from typing import Any
 import asyncpg
 import pytest
 from tests.conftest import POSTGRES_URL, require_service
-from tests.helpers import add, new_input, step_event
+from tests.helpers import PostTurnGate, add, new_input, step_event
 from tests.support.checkpoints import THREAD, checkpoint, config
 
 from turnkit import Agent, RuntimeConfig, SessionRuntime
@@ -120,19 +120,27 @@ async def test_a_new_threads_opening_read_asks_no_database(
     assert found.checkpoint["id"] == checkpoint(0)["id"]
 
 
-async def test_a_tool_using_turn_reads_no_checkpoint_back(schema: str, sent: list[str]) -> None:
-    """Its opening read (a new thread) and its settle (the id just stored) ask nothing."""
+async def _tool_using_turn(schema: str, durability: Any = None) -> list[Any]:
+    """One turn (a call asking for `add`, the tool, the answer) on PostgreSQL; its events."""
     model = ScriptedModel(
         [ModelStep.tool_call_reply(call("add", a=2, b=3)), ModelStep.text_reply("5")]
     )
-    config = RuntimeConfig(database_url=POSTGRES_URL, database_schema=schema)
+    config_ = RuntimeConfig(
+        database_url=POSTGRES_URL, database_schema=schema, checkpoint_durability=durability
+    )
     async with SessionRuntime(
         agent=Agent(model=model, tools=[add], skip_stages=frozenset({"anchor-plan"})),
-        config=config,
+        config=config_,
     ) as runtime:
         events = await collect_events(runtime.execute_message("s1", "add 2 and 3"))
     assert isinstance(events[-1], DoneEvent)
     assert events[-1].status == "succeeded"
+    return events
+
+
+async def test_a_tool_using_turn_reads_no_checkpoint_back(schema: str, sent: list[str]) -> None:
+    """Its opening read (a new thread) and its settle (the id just stored) ask nothing."""
+    events = await _tool_using_turn(schema)
     assert any(isinstance(e, CheckpointCreatedEvent) for e in events)
     reads = [q for q in sent if "from checkpoints" in q.lower()]
     assert reads == []
@@ -324,12 +332,7 @@ async def test_a_stale_attempt_stores_neither_its_events_nor_its_checkpoint(
             await saver.aput(config(), kept, {"source": "loop", "step": 0}, versions)
         assert [e.seq async for e in store.read_events(sub.turn_id)] == [1]
     assert await _stored(schema) == (0, 0)
-    conn = await asyncpg.connect(POSTGRES_URL)
-    try:
-        blobs = await conn.fetchval(f'SELECT count(*) FROM "{schema}".checkpoint_blobs')
-    finally:
-        await conn.close()
-    assert blobs == 0
+    assert await _fetchval(f'SELECT count(*) FROM "{schema}".checkpoint_blobs') == 0
 
 
 async def test_the_runs_input_and_start_checkpoints_ride_with_the_first_stages_events(
@@ -364,38 +367,69 @@ async def test_a_run_that_stops_before_its_first_stage_ends_leaves_nothing_held(
         *_, stop = await _carried_turn(store, saver, stale=False, staged=0)
         await saver.aput(config(), checkpoint(0), {"source": "input", "step": -1}, {})
         await saver.aput(config(parent=0), checkpoint(1), {"source": "loop", "step": 0}, {})
-        stop()
+        await stop(False)  # the run failed or lost its lease
     await saver.aclose()  # stores what threads hold: this one holds nothing
     assert await _stored(schema) == (0, 0)
 
 
+@pytest.mark.parametrize("durability", ["sync", "async"])
 async def test_each_stage_of_a_turn_commits_its_events_with_its_checkpoint(
-    schema: str, sent: list[str]
+    schema: str, sent: list[str], durability: Any
 ) -> None:
-    model = ScriptedModel(
-        [ModelStep.tool_call_reply(call("add", a=2, b=3)), ModelStep.text_reply("5")]
-    )
-    config_ = RuntimeConfig(
-        database_url=POSTGRES_URL, database_schema=schema, checkpoint_durability="sync"
-    )
-    async with SessionRuntime(
-        agent=Agent(model=model, tools=[add], skip_stages=frozenset({"anchor-plan"})),
-        config=config_,
-    ) as runtime:
-        events = await collect_events(runtime.execute_message("s1", "add 2 and 3"))
-    assert isinstance(events[-1], DoneEvent)
-    assert events[-1].status == "succeeded"
+    events = await _tool_using_turn(schema, durability)
     durable = [e.seq for e in events if getattr(e, "seq", None) is not None]
     assert durable == list(range(1, len(durable) + 1))
     checkpoints = [q for q in sent if "INSERT INTO checkpoints" in q]
-    # The run's input and START checkpoints ride on the first stage's first commit (its
-    # step.start, before the model call); then tool-loop twice, synthesize and post-turn:
-    # each stage's end carries its checkpoint.
-    assert len(checkpoints) == 5
-    assert all("tk_events" in q for q in checkpoints)
+    assert "tk_transcripts" in checkpoints[-1]  # the last goes with the ending
+    if durability == "sync":
+        # The run's input and START checkpoints ride on the first stage's first commit
+        # (its step.start, before the model call); the ends of tool-loop (twice) and
+        # synthesize carry theirs; post-turn's closing events and the last checkpoint go
+        # with the ending. (With `async`, the next stage's commit may take a stage's
+        # events before its checkpoint is written, which then goes on its own.)
+        assert len(checkpoints) == 5
+        assert all("tk_events" in q for q in checkpoints)
+    [created] = [e for e in events if isinstance(e, CheckpointCreatedEvent)]
+    assert created.checkpoint_id == await _newest_checkpoint(schema, events[-1].turn_id)
+    assert (await _stored(schema))[0] == 6
+
+
+async def _newest_checkpoint(schema: str, thread_id: str) -> str | None:
+    query = f'SELECT max(checkpoint_id) FROM "{schema}".checkpoints WHERE thread_id = $1'
+    newest = await _fetchval(query, thread_id)
+    return None if newest is None else str(newest)
+
+
+async def _fetchval(query: str, *args: Any) -> Any:
+    """One value, read through a connection of its own."""
     conn = await asyncpg.connect(POSTGRES_URL)
     try:
-        stored = await conn.fetchval(f'SELECT count(*) FROM "{schema}".checkpoints')
+        return await conn.fetchval(query, *args)
     finally:
         await conn.close()
-    assert stored == 6
+
+
+async def test_an_ending_that_re_queues_a_guide_still_stores_the_last_checkpoint(
+    schema: str,
+) -> None:
+    """The ending's one statement refuses (a guide is waiting), so it carries nothing."""
+    gate = PostTurnGate()
+    model = ScriptedModel([ModelStep.text_reply("First."), ModelStep.text_reply("Second.")])
+    config_ = RuntimeConfig(database_url=POSTGRES_URL, database_schema=schema)
+    async with SessionRuntime(agent=Agent(model=model, plugins=[gate]), config=config_) as rt:
+        first = asyncio.create_task(collect_events(rt.execute_message("s1", "first")))
+        await asyncio.wait_for(gate.entered.wait(), 10)
+        late = await rt.submit("s1", "one more thing", delivery="guide")
+        assert late.guided
+        gate.release.set()
+        events = await asyncio.wait_for(first, 10)
+        assert isinstance(events[-1], DoneEvent)
+        assert events[-1].status == "succeeded"
+        [created] = [e for e in events if isinstance(e, CheckpointCreatedEvent)]
+        async with asyncio.timeout(5):  # stored right after the ending, not in it
+            while await _newest_checkpoint(schema, events[-1].turn_id) != created.checkpoint_id:
+                await asyncio.sleep(0.02)
+        async with asyncio.timeout(10):  # the guide got a turn of its own
+            while len(await rt.history("s1")) < 2:
+                await asyncio.sleep(0.02)
+        assert [t.answer for t in await rt.history("s1")] == ["First.", "Second."]

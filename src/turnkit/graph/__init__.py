@@ -103,6 +103,7 @@ async def _bracket(
     if following in ("tool-loop", "synthesize", "post-turn"):
         next_iteration = (iteration or 0) + 1 if following == "tool-loop" else None
         rec.durable(StepStartEvent, following, step=following, iteration=next_iteration)
+    rec.last_stage_ended = following == "end"
     if not rec.checkpoints_carry:  # else the step's checkpoint commits them with itself
         await rec.flush()  # events of a super-step are durable before its checkpoint
     return outcome
@@ -262,26 +263,30 @@ async def run_turn(
         pass
 
 
-def carry_events(graph: TurnGraph, thread_id: str, rec: Recorder) -> Callable[[], None] | None:
+def carry_events(
+    graph: TurnGraph, thread_id: str, rec: Recorder
+) -> Callable[[bool], Awaitable[None]] | None:
     """Have the thread's checkpoints commit `rec`'s staged events with them.
 
-    If the checkpointer can (PostgreSQL), returns what ends it, and each stage ends
+    If the checkpointer can (PostgreSQL), returns what ends it (after the turn's ending:
+    `keep` stores what no commit carried, else it is dropped), and each stage ends
     without a commit of its own (`rec.checkpoints_carry`): its events are stored in its
-    checkpoint's statement, and a checkpoint that found nothing staged rides on the
-    turn's next commit. Only for checkpoints after every super-step (not `exit`).
+    checkpoint's statement; a checkpoint that found nothing staged, and the last one,
+    ride on the turn's next commit (the last on its ending). Only for checkpoints after
+    every super-step (not `exit`).
     """
     saver = graph.checkpointer
-    carry: Callable[..., Callable[[], None]] | None = getattr(saver, "carry", None)
+    carry: Callable[..., Callable[[bool], Awaitable[None]]] | None = getattr(saver, "carry", None)
     if carry is None:
         return None
     stop_carrying = carry(thread_id, rec.commit_carrying)
     rec.checkpoints_carry = True
     rec.held_checkpoints = functools.partial(saver.held_rider, thread_id)  # type: ignore[union-attr]
 
-    def stop() -> None:
+    async def stop(keep: bool) -> None:
         rec.checkpoints_carry = False
         rec.held_checkpoints = None
-        stop_carrying()
+        await stop_carrying(keep)
 
     return stop
 

@@ -51,8 +51,10 @@ from turnkit.store import Rider
 
 __all__ = ("AsyncPgSaver", "Carrier", "prepare_connection")
 
-Carrier = Callable[[Rider | None], Awaitable[bool]]
-"""Commits what a thread's turn staged, with the rider if given; True if it carried it."""
+Carrier = Callable[[Rider | None], Awaitable[bool | None]]
+"""Commits what a thread's turn staged, with the rider if given: True if it carried it,
+False if the saver must write it, None if the turn's next commit is to carry it (the
+turn's ending, right after its last stage)."""
 
 _LOST_CONNECTION = (OSError, asyncpg.PostgresConnectionError, asyncpg.CannotConnectNowError,
                     asyncpg.exceptions.ConnectionDoesNotExistError)  # fmt: skip
@@ -142,20 +144,25 @@ class AsyncPgSaver(BasePostgresSaver):
         self._new = ThreadNotes()
         self._carriers: dict[str, Carrier] = {}
 
-    def carry(self, thread_id: str, carrier: Carrier) -> Callable[[], None]:
+    def carry(self, thread_id: str, carrier: Carrier) -> Callable[[bool], Awaitable[None]]:
         """Let `carrier` write each checkpoint of the thread with its staged events.
 
         Every checkpoint of the thread then goes through the carrier first, so the events
         staged before it are stored with it or ahead of it. Returns what ends it (if
-        another carrier has not replaced this one since).
+        another carrier has not replaced this one since): with `keep`, it stores what no
+        commit carried (an ending that had to re-queue guide messages carries nothing);
+        without, it drops it (the turn failed or lost its lease: a next attempt starts
+        from the checkpoints stored, as after a crash).
         """
         self._carriers[thread_id] = carrier
 
-        def stop() -> None:
-            if self._carriers.get(thread_id) == carrier:
-                del self._carriers[thread_id]
-                # What no commit carried: the run stopped before its first stage committed
-                # anything (it failed, or lost its lease), so a next attempt starts over.
+        async def stop(keep: bool) -> None:
+            if self._carriers.get(thread_id) != carrier:
+                return
+            del self._carriers[thread_id]
+            if keep:
+                await self._flush(thread_id)
+            else:
                 self._held.pop(thread_id, None)
 
         return stop
@@ -252,17 +259,18 @@ class AsyncPgSaver(BasePostgresSaver):
     async def _carry(self, thread_id: str, carrier: Carrier, checkpoint: _Held) -> None:
         """Store `checkpoint` on the commit of the thread's staged events (see `carry`).
 
-        The checkpoints the thread holds ride along with it, in the same statement. With
-        nothing staged to carry it, the checkpoint right after the run's input is held
-        too (the START task's: no stage has run yet), for the turn's next commit to carry
-        (`held_rider`); any other is written on its own, after the events a later step's
-        commit already took.
+        The checkpoints the thread holds ride along with it, in the same statement. Held
+        for the turn's next commit to carry (`held_rider`): the checkpoint the carrier
+        asks to hold (the last, for the turn's ending), and, with nothing staged, the
+        one right after the run's input (the START task's: no stage has run yet). Any
+        other is written on its own, after the events a later step's commit already took.
         """
         mine = self._held.setdefault(thread_id, [])
         held = [h for h in mine if h.is_checkpoint]
-        if await carrier(_rider([*(h.args for h in held), checkpoint.args])):
+        carried = await carrier(_rider([*(h.args for h in held), checkpoint.args]))
+        if carried:
             mine[:] = [h for h in mine if not any(h is c for c in held)]
-        elif len(held) == 1:  # the run's input
+        elif carried is None or len(held) == 1:  # len 1: the run's input
             mine.append(checkpoint)
         else:
             await self._write(thread_id, checkpoint.write)

@@ -122,6 +122,8 @@ class TurnDriver:
         self.skipped: list[UnreadableEvent] = []
         """Committed events of the turn this attempt could not decode (left out)."""
         self._started = time.perf_counter()
+        self._stop_carrying: Callable[[bool], Awaitable[None]] | None = None
+        """Ends the turn's commits carrying its checkpoints (PostgreSQL; see `carry_events`)."""
 
     @property
     def requeued(self) -> int:
@@ -200,6 +202,7 @@ class TurnDriver:
                 await self._pause(rec)
             else:
                 await self._settle(rec)
+            await self._end_carrying(keep=True)
         except asyncio.CancelledError:
             if not self.lease_lost and self.recorder is not None:
                 await self._end_aborted(self.recorder)
@@ -218,6 +221,7 @@ class TurnDriver:
                     InternalError(f"unexpected {type(exc).__name__} inside the turn: {exc}"),
                 )
         finally:
+            await self._end_carrying(keep=False)  # if the turn did not end as it should
             trace.end(self.recorder, lease_lost=self.lease_lost)
             await self._release_budget()
             self.sink(None)
@@ -263,9 +267,8 @@ class TurnDriver:
         if fresh:  # LangGraph's opening read of the newest checkpoint need ask nothing
             expect_new_thread(self.graph, self.lease.turn_id)
         durability = self.config.durability
-        stop_carrying = (
-            carry_events(self.graph, self.lease.turn_id, rec) if durability != "exit" else None
-        )
+        if durability != "exit":
+            self._stop_carrying = carry_events(self.graph, self.lease.turn_id, rec)
         try:
             async with asyncio.timeout(max(remaining, 0.001)):
                 await run_turn(
@@ -282,9 +285,16 @@ class TurnDriver:
                 "(`RuntimeConfig.ceiling_s`)",
                 ceiling_s=self.config.ceiling_s,
             ) from exc
-        finally:
-            if stop_carrying is not None:
-                stop_carrying()
+
+    async def _end_carrying(self, *, keep: bool) -> None:
+        """The turn's commits stop carrying its checkpoints (see `carry_events`)."""
+        stop, self._stop_carrying = self._stop_carrying, None
+        if stop is None:
+            return
+        try:
+            await stop(keep)
+        except Exception as exc:  # noqa: BLE001 - the turn has ended; its ending stands
+            log.warning("storing the last checkpoint of %s failed: %s", self.lease.turn_id, exc)
 
     async def _announce_recovery(self, rec: Recorder, *, resumed: bool) -> None:
         """Tell readers at once that a new attempt took the turn over, and from where."""

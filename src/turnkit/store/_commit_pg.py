@@ -75,18 +75,9 @@ WITH fence AS (
     RETURNING newest_guide_seq
 ), {_ROWS}"""
 APPEND = _APPEND.replace("{rider}", "")
-_APPEND_ARGS = 18
-"""`APPEND`'s parameters: a rider's are numbered after them."""
 
 
-@lru_cache(maxsize=8)
-def _carrying(ctes: str, count: int) -> str:
-    """`APPEND` with a rider's CTEs, their `{n}` parameters numbered after `APPEND`'s."""
-    numbered = ctes.format(*(f"${_APPEND_ARGS + 1 + i}" for i in range(count)))
-    return _APPEND.replace("{rider}", f", {numbered.strip()}\n")
-
-
-END = f"""
+_END = f"""
 WITH fence AS (
     UPDATE tk_turns
     SET updated_at = $3, last_seq = {_LAST_SEQ}, status = $19, error_code = $20,
@@ -106,7 +97,20 @@ WITH fence AS (
                                 last_request)
     SELECT $1, f.session_id, f.input_seq, $25, $26, $27 FROM fence f WHERE $24
     ON CONFLICT DO NOTHING
-), {_ROWS}""".replace("{rider}", "")
+), {_ROWS}"""
+END = _END.replace("{rider}", "")
+
+
+@lru_cache(maxsize=8)
+def _carrying(statement: str, ctes: str, count: int) -> str:
+    """`APPEND` or `END` with a rider's CTEs, numbered after the statement's parameters."""
+    first = _OWN_ARGS[statement] + 1
+    numbered = ctes.format(*(f"${first + i}" for i in range(count)))
+    return statement.replace("{rider}", f", {numbered.strip()}\n")
+
+
+_OWN_ARGS = {_APPEND: 18, _END: 27}
+"""How many parameters each statement has of its own: a rider's are numbered after them."""
 
 
 def _rows_args(
@@ -161,7 +165,7 @@ async def append(
     rows = _rows_args(event_rows, audit_rows, usage)
     if rider is None:
         return _result(await conn.fetch(APPEND, turn_id, epoch, now, *rows))
-    statement = _carrying(rider.ctes, len(rider.args))
+    statement = _carrying(_APPEND, rider.ctes, len(rider.args))
     return _result(
         await conn.fetch(statement, turn_id, epoch, now, *rows, *rider.args), carried=True
     )
@@ -179,16 +183,19 @@ async def end(
     summary: str | None,
     transcript: dict[str, Any] | None,
     guides_consumed_through: int | None,
+    rider: Rider | None = None,
 ) -> CommitResult | None:
     """Run `END`: move the turn to a terminal status, release it, settle and append.
 
     `move` is (status, error code, the statuses it may move from); `transcript` comes
-    from `_transcripts_sql.encoded`. None if the fence refused (nothing written).
+    from `_transcripts_sql.encoded`; `rider`'s writes go in the same statement. None if
+    the fence refused (nothing written, the rider neither).
     """
     status, error_code, sources = move
     kept = transcript or {"replaces_history": False, "messages": "[]", "last_request": None}
+    statement = END if rider is None else _carrying(_END, rider.ctes, len(rider.args))
     rows = await conn.fetch(
-        END,
+        statement,
         turn_id,
         epoch,
         now,
@@ -202,5 +209,6 @@ async def end(
         kept["replaces_history"],
         kept["messages"],
         kept["last_request"],
+        *(rider.args if rider is not None else ()),
     )
-    return _result(rows)
+    return _result(rows, carried=rider is not None)

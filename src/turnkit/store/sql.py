@@ -179,8 +179,8 @@ class SqlStore(SqlEngine):
     ) -> CommitResult:
         """Append events, audit rows (+ usage rollup) and a status move in one transaction.
 
-        A `rider` goes in the statement of a plain append on PostgreSQL; anything else
-        leaves it (`carried` is False) for the caller to write.
+        A `rider` goes in the statement of a plain append or a turn's ending on
+        PostgreSQL; anything else leaves it (`carried` is False) for the caller to write.
         """
         event_rows = [
             {"turn_id": turn_id, "seq": e.seq, "type": e.type, "data": encode_event(e)}  # type: ignore[attr-defined]
@@ -209,7 +209,13 @@ class SqlStore(SqlEngine):
             elif release and status in TERMINAL_STATES:
                 ending = (status, error_code, SOURCES[status])
                 done = await self._pg_driver(
-                    commit_pg.end, *rows, ending, summary_json, kept, guides_consumed_through
+                    commit_pg.end,
+                    *rows,
+                    ending,
+                    summary_json,
+                    kept,
+                    guides_consumed_through,
+                    rider,
                 )
             if done is not None:
                 return done
