@@ -158,14 +158,17 @@ class Recorder:
         self._deltas_since_yield = 0
         self._delta_template: MessageDeltaEvent | None = None
         """The turn's first `message.delta` (validated); later ones are built like it."""
-        self.checkpoints_carry = False
-        """Each stage's checkpoint commits the events staged before it (`commit_carrying`),
-        so a stage ends without a commit of its own (set by the driver)."""
         self.held_checkpoints: HeldCheckpoints | None = None
-        """Checkpoints waiting for a commit to carry them (set with `checkpoints_carry`)."""
+        """Checkpoints waiting for a commit to carry them; set while the turn's checkpoints
+        ride on its commits (`checkpoints_carry`)."""
         self.last_stage_ended = False
         """The turn's last stage has ended: its checkpoint waits for the turn's ending,
         which commits the stage's closing events too."""
+
+    @property
+    def checkpoints_carry(self) -> bool:
+        """Stages end without a commit: their checkpoints commit their events (PostgreSQL)."""
+        return self.held_checkpoints is not None
 
     def durable(self, cls: type[D], stage_id: StageId, **fields: Any) -> D | None:
         """Build a durable event with the next `seq` and stage it for the next flush.
@@ -299,13 +302,13 @@ class Recorder:
             )
         await self._committed(committed)
 
-    async def commit_carrying(self, rider: Rider | None) -> bool | None:
+    async def commit_carrying(self, rider: Rider) -> bool | None:
         """Commit what is staged, with `rider` in the same statement where the store can.
 
         A checkpoint's writer calls this (see `checkpoints_carry`): the super-step's
         events are then durable with its checkpoint, never after it. True if the rider
-        was written; False if it is still the caller's to write (nothing was staged, no
-        rider was given, or the store could not carry it); None, committing nothing,
+        was written; False if it is still the caller's to write (nothing was staged, or
+        the store could not carry it); None, committing nothing,
         after the last stage: the turn's ending is to commit both (`held_checkpoints`).
         """
         if self.last_stage_ended:

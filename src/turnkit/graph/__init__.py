@@ -280,11 +280,9 @@ def carry_events(
     if carry is None:
         return None
     stop_carrying = carry(thread_id, rec.commit_carrying)
-    rec.checkpoints_carry = True
     rec.held_checkpoints = functools.partial(saver.held_rider, thread_id)  # type: ignore[union-attr]
 
     async def stop(keep: bool) -> None:
-        rec.checkpoints_carry = False
         rec.held_checkpoints = None
         await stop_carrying(keep)
 

@@ -51,8 +51,8 @@ from turnkit.store import Rider
 
 __all__ = ("AsyncPgSaver", "Carrier", "prepare_connection")
 
-Carrier = Callable[[Rider | None], Awaitable[bool | None]]
-"""Commits what a thread's turn staged, with the rider if given: True if it carried it,
+Carrier = Callable[[Rider], Awaitable[bool | None]]
+"""Commits what a thread's turn staged, with the rider: True if it carried it,
 False if the saver must write it, None if the turn's next commit is to carry it (the
 turn's ending, right after its last stage)."""
 
@@ -178,11 +178,12 @@ class AsyncPgSaver(BasePostgresSaver):
         if not checkpoints:
             return None
 
-        def carried() -> None:
-            mine = self._held.get(thread_id, [])
-            mine[:] = [h for h in mine if not any(h is c for c in checkpoints)]
+        return _rider([h.args for h in checkpoints]), lambda: self._forget(thread_id, checkpoints)
 
-        return _rider([h.args for h in checkpoints]), carried
+    def _forget(self, thread_id: str, items: list[_Held]) -> None:
+        """No longer hold `items` for the thread (a commit stored them)."""
+        mine = self._held.get(thread_id, [])
+        mine[:] = [h for h in mine if not any(h is c for c in items)]
 
     async def setup(self) -> None:
         """Create LangGraph's checkpoint tables (its own migrations, in its order)."""
@@ -269,7 +270,7 @@ class AsyncPgSaver(BasePostgresSaver):
         held = [h for h in mine if h.is_checkpoint]
         carried = await carrier(_rider([*(h.args for h in held), checkpoint.args]))
         if carried:
-            mine[:] = [h for h in mine if not any(h is c for c in held)]
+            self._forget(thread_id, held)
         elif carried is None or len(held) == 1:  # len 1: the run's input
             mine.append(checkpoint)
         else:
