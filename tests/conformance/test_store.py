@@ -455,3 +455,39 @@ async def test_a_held_turn_of_a_deleted_session_is_not_continued(store: SqlStore
     await _ended(store, _kept("new two"))
     kept = await store.kept_transcript(SessionId("s1"), before_input_seq=3, after=old)
     assert (_texts(kept), kept.continues) == (["new one", "new two"], False)
+
+
+async def test_progress_asked_together_answers_each_turn_as_its_record_does(
+    store: SqlStore,
+) -> None:
+    """Seventy readers asking at once (more than one statement's worth) get their own turn."""
+    subs = [await store.submit(new_input(session=f"p{i}")) for i in range(70)]
+    lease = await store.claim("w1", ttl_s=30, max_attempts=3)
+    assert lease is not None
+    await store.commit(lease.turn_id, epoch=lease.epoch, events=[step_event(subs[0], 2)])
+    unknown = TurnId("no-such-turn")
+    asked = [*(s.turn_id for s in subs), unknown, subs[5].turn_id]
+    answers = await asyncio.gather(*(store.turn_progress(t) for t in asked))
+    assert answers[-2] is None
+    for turn_id, progress in zip(asked, answers, strict=True):
+        if turn_id == unknown:
+            continue
+        record = await store.get_turn(turn_id)
+        assert record is not None
+        assert progress is not None
+        assert (progress.turn_id, progress.status, progress.last_seq, progress.attempts) == (
+            record.turn_id,
+            record.status,
+            record.last_seq,
+            record.attempts,
+        )
+        assert (progress.lease_owner, progress.lease_expires_at) == (
+            record.lease_owner,
+            record.lease_expires_at,
+        )
+    claimed = answers[[s.turn_id for s in subs].index(lease.turn_id)]
+    assert claimed is not None
+    assert claimed.lease_owner == "w1"
+    assert claimed.last_seq == 2
+    assert claimed.lease_expires_at is not None
+    assert claimed.lease_expires_at.tzinfo is not None

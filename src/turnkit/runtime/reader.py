@@ -46,7 +46,7 @@ from turnkit.ids import TurnId
 from turnkit.otel import record_replay_lag
 from turnkit.replay import START, BufferEntry, ReplayBuffer
 from turnkit.states import TERMINAL_STATES
-from turnkit.store import Store, Submission, TurnRecord
+from turnkit.store import Store, Submission, TurnProgress, TurnRecord
 
 __all__ = ("KEEPALIVE", "Frame", "TurnReader", "check_cursor", "parse_cursor")
 
@@ -76,13 +76,13 @@ KEEPALIVE: Final = _KeepAlive()
 """Yielded while the reader waits; send a comment so proxies keep the stream open."""
 
 
-def _leased(record: TurnRecord, clock: Clock) -> bool:
+def _leased(record: TurnProgress, clock: Clock) -> bool:
     """A live lease means a driver renewed it within its ttl: the driver is alive."""
     expires = record.lease_expires_at
     return record.lease_owner is not None and expires is not None and expires > clock.now()
 
 
-def _abandoned(record: TurnRecord, clock: Clock) -> bool:
+def _abandoned(record: TurnProgress, clock: Clock) -> bool:
     """Running, claimed by a driver at least once, and no lease alive: its driver is gone.
 
     A turn no driver has claimed yet is waiting in the queue for a worker, not dead.
@@ -90,7 +90,7 @@ def _abandoned(record: TurnRecord, clock: Clock) -> bool:
     return record.status == "running" and record.attempts > 0 and not _leased(record, clock)
 
 
-def _until_lapse(record: TurnRecord, clock: Clock) -> float:
+def _until_lapse(record: TurnProgress, clock: Clock) -> float:
     """Seconds until the turn's lease expires (at least 50 ms), or infinity if unleased."""
     expires = record.lease_expires_at
     if record.lease_owner is None or expires is None:
@@ -175,16 +175,18 @@ class TurnReader:
         buffer = _Buffer(self.buffer, turn_id)
         new = _just_started(submission, turn_id, after_seq)
         if new is not None:
-            record, started = new
+            opened, started = new
+            record = TurnProgress.of(opened)
             progress = _Progress(sent=started.seq)
             yield [Frame(started.seq, encode_event(started))]
             buffer.position = START  # the live events it streamed since, as `_replay` does
         else:
-            record = await self._check(turn_id, after_seq)
+            full = await self._check(turn_id, after_seq)
+            record = TurnProgress.of(full)
             progress = _Progress(sent=after_seq)
             if record.status in TERMINAL_STATES and after_seq >= record.last_seq:
                 return  # the client has everything, its terminal event included
-            async for batch in _batches(self._replay(record, buffer, progress)):
+            async for batch in _batches(self._replay(full, buffer, progress)):
                 yield batch
         last_event = last_keepalive = self.clock.monotonic()
         while not progress.done:
@@ -199,7 +201,7 @@ class TurnReader:
                 if batch := [f async for f in self._from_buffer(turn_id, entries, progress)]:
                     yield batch
                 continue
-            record = await self._turn(turn_id)
+            record = await self._progress(turn_id)
             if record.last_seq > progress.sent:
                 # Committed but not in the buffer (the sweep ended it, the buffer was
                 # trimmed, lost a message or is down): the Store has it, a sign of life.
@@ -242,8 +244,8 @@ class TurnReader:
             for snapshot in await _snapshots(buffer, self.clock):
                 yield snapshot
 
-    async def _turn(self, turn_id: TurnId) -> TurnRecord:
-        record = await self.store.get_turn(turn_id)
+    async def _progress(self, turn_id: TurnId) -> TurnProgress:
+        record = await self.store.turn_progress(turn_id)
         if record is None:  # deleted with its session while being read
             raise TurnNotFoundError(f"no turn {turn_id!r}", turn_id=turn_id)
         return record

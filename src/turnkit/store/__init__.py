@@ -53,6 +53,7 @@ __all__ = (
     "StoredEvent",
     "Submission",
     "TurnLedger",
+    "TurnProgress",
     "TurnRecord",
     "TurnTranscript",
     "UnreadableEvent",
@@ -231,6 +232,30 @@ class TurnRecord:
     updated_at: datetime
     attachments: tuple[ImagePart, ...] = ()
     """Pictures attached to the opening message."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TurnProgress:
+    """Where a turn stands: the part of its record a reader follows (cheap to read)."""
+
+    turn_id: TurnId
+    status: TurnStatus
+    last_seq: int
+    attempts: int
+    lease_owner: str | None
+    lease_expires_at: datetime | None
+
+    @classmethod
+    def of(cls, record: TurnRecord) -> TurnProgress:
+        """The progress part of a full record."""
+        return cls(
+            turn_id=record.turn_id,
+            status=record.status,
+            last_seq=record.last_seq,
+            attempts=record.attempts,
+            lease_owner=record.lease_owner,
+            lease_expires_at=record.lease_expires_at,
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -675,6 +700,14 @@ class Store(
 
     async def get_turn(self, turn_id: TurnId) -> TurnRecord | None:
         """One turn, or None."""
+        ...
+
+    async def turn_progress(self, turn_id: TurnId) -> TurnProgress | None:
+        """Where one turn stands, or None: `get_turn`'s status, seq and lease, cheaper.
+
+        Many readers follow their turns at once; calls made together may be answered by
+        one statement.
+        """
         ...
 
     async def list_turns(self, session_id: SessionId) -> list[TurnRecord]:

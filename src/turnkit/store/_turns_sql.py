@@ -5,16 +5,19 @@ Each function runs inside one (read) transaction on a sync `Connection` (see `Sq
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import Connection, and_, bindparam, or_, select
 
 from turnkit.audit import UsageDelta
 from turnkit.ids import SessionId, TurnId
-from turnkit.store import TurnRecord
+from turnkit.states import TurnStatus
+from turnkit.store import TurnProgress, TurnRecord
 from turnkit.store._schema import (
     audit as _audit,
+    aware as _aware,
     events as _events,
     turn_record as _turn_record,
     turns as _turns,
@@ -27,6 +30,9 @@ __all__ = (
     "event_page",
     "get_turn",
     "list_turns",
+    "PROGRESS_SLOTS",
+    "progress_of",
+    "progress_pg",
     "read_usage",
     "stuck_rows",
 )
@@ -52,6 +58,61 @@ def event_page(
 def get_turn(conn: Connection, turn_id: TurnId) -> TurnRecord | None:
     row = conn.execute(TURN_BY_ID, {"t_id": turn_id}).first()
     return _turn_record(row) if row is not None else None
+
+
+PROGRESS_SLOTS = 32
+"""Turns one progress statement reads (fewer are padded by repeating one)."""
+_PROGRESS_KEYS = tuple(f"p{i}" for i in range(PROGRESS_SLOTS))
+_PROGRESS = select(
+    _turns.c.turn_id,
+    _turns.c.status,
+    _turns.c.last_seq,
+    _turns.c.attempts,
+    _turns.c.lease_owner,
+    _turns.c.lease_expires_at,
+).where(_turns.c.turn_id.in_([bindparam(key) for key in _PROGRESS_KEYS]))
+
+
+def progress_of(conn: Connection, turn_ids: Sequence[TurnId]) -> dict[TurnId, TurnProgress]:
+    """Where each turn stands (unknown ones are left out), `PROGRESS_SLOTS` a statement."""
+    found: dict[TurnId, TurnProgress] = {}
+    for start in range(0, len(turn_ids), PROGRESS_SLOTS):
+        chunk = turn_ids[start : start + PROGRESS_SLOTS]
+        params = {key: chunk[min(i, len(chunk) - 1)] for i, key in enumerate(_PROGRESS_KEYS)}
+        for row in conn.execute(_PROGRESS, params):
+            progress = _progress(*row)
+            found[progress.turn_id] = progress
+    return found
+
+
+_PROGRESS_PG = """
+SELECT turn_id, status, last_seq, attempts, lease_owner, lease_expires_at
+FROM tk_turns WHERE turn_id = ANY($1::varchar[])
+"""
+
+
+async def progress_pg(conn: Any, turn_ids: Sequence[TurnId]) -> dict[TurnId, TurnProgress]:
+    """`progress_of` on PostgreSQL as one prepared statement on an asyncpg connection."""
+    rows = await conn.fetch(_PROGRESS_PG, list(turn_ids))
+    return {progress.turn_id: progress for progress in (_progress(*row) for row in rows)}
+
+
+def _progress(
+    turn_id: str,
+    status: str,
+    last_seq: int,
+    attempts: int,
+    owner: str | None,
+    expires: datetime | None,
+) -> TurnProgress:
+    return TurnProgress(
+        turn_id=TurnId(turn_id),
+        status=cast(TurnStatus, status),
+        last_seq=last_seq,
+        attempts=attempts,
+        lease_owner=owner,
+        lease_expires_at=_aware(expires),
+    )
 
 
 _TURNS_OF_SESSION = (

@@ -35,6 +35,7 @@ from turnkit.store import (
     SessionRecord,
     StoredEvent,
     Submission,
+    TurnProgress,
     TurnRecord,
     TurnTranscript,
     WorkspaceFile,
@@ -54,6 +55,7 @@ from turnkit.store import (
     _workspace_sql as workspace_sql,
 )
 from turnkit.store._engine import SqlEngine, normalize_url
+from turnkit.store._read_batch import ReadBatch
 from turnkit.store._schema import SOURCES, turn_record as _turn_record
 from turnkit.store._usage import UsageLine
 from turnkit.store._workspace import (
@@ -70,6 +72,8 @@ _UNIQUE_VIOLATION = "23505"
 
 IN_PLACE_PAGE = 16
 """Event pages of at most this many rows are read in place (see `SqlStore.read_events`)."""
+_PROGRESS_BATCH = 256
+"""Turns whose progress one read transaction answers (see `SqlStore.turn_progress`)."""
 
 
 class SqlStore(SqlEngine):
@@ -81,6 +85,10 @@ class SqlStore(SqlEngine):
     `SqlStore.from_url(url)` owns its engine and disposes it on `close()`. Use as an async
     context manager, or call `setup()` (creates missing tables) and `close()` yourself.
     """
+
+    def __init__(self, url: str, *, clock: Clock | None = None, schema: str | None = None) -> None:
+        super().__init__(url, clock=clock, schema=schema)
+        self._progress = ReadBatch(self._read_progress, most=_PROGRESS_BATCH)
 
     @classmethod
     def from_url(
@@ -372,6 +380,15 @@ class SqlStore(SqlEngine):
     async def get_turn(self, turn_id: TurnId) -> TurnRecord | None:
         """One turn, or None."""
         return await self._hot_tx(turns_sql.get_turn, turn_id, write=False)
+
+    async def turn_progress(self, turn_id: TurnId) -> TurnProgress | None:
+        """Where one turn stands; calls made in the same loop iteration share a read."""
+        return await self._progress.get(turn_id)
+
+    async def _read_progress(self, turn_ids: Sequence[TurnId]) -> dict[TurnId, TurnProgress]:
+        if self._async_engine is not None:
+            return await self._pg_driver(turns_sql.progress_pg, turn_ids)
+        return await self._hot_tx(turns_sql.progress_of, turn_ids, write=False)
 
     async def list_turns(self, session_id: SessionId) -> list[TurnRecord]:
         """A session's turns, oldest first."""

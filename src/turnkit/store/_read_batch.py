@@ -1,0 +1,84 @@
+"""`ReadBatch`: single-key reads made together, answered by one batched read (private).
+
+A thousand readers following their turns each ask the Store where their turn stands about
+once a second. Under load many of those asks fall in the same turn of the event loop;
+answered one by one, each is a transaction of its own. `ReadBatch` collects the keys asked
+for while no read is running, reads them with one call on the next loop iteration, and
+wakes each asker with its answer. At low load a batch holds one key and costs what the
+single read did.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Generic, TypeVar
+
+__all__ = ("ReadBatch",)
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+class ReadBatch(Generic[K, V]):
+    """Coalesces `get(key)` calls into `read_many(keys)` calls of at most `most` keys."""
+
+    def __init__(
+        self, read_many: Callable[[Sequence[K]], Awaitable[dict[K, V]]], *, most: int
+    ) -> None:
+        self._read_many = read_many
+        self._most = most
+        self._waiting: dict[K, list[asyncio.Future[V | None]]] = {}
+        self._drain: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def get(self, key: K) -> V | None:
+        """The value read for `key` (None when there is none), read with others asked now."""
+        loop = asyncio.get_running_loop()
+        if self._drain is None:
+            self._loop = loop
+        elif loop is not self._loop:  # a store shared with another loop: read alone
+            return (await self._read_many([key])).get(key)
+        future: asyncio.Future[V | None] = loop.create_future()
+        self._waiting.setdefault(key, []).append(future)
+        if self._drain is None:
+            self._drain = loop.create_task(self._run())
+        return await future
+
+    async def _run(self) -> None:
+        try:
+            while self._waiting:
+                keys = list(self._waiting)[: self._most]
+                futures = {key: self._waiting.pop(key) for key in keys}
+                try:
+                    found = await self._read_many(keys)
+                except BaseException as exc:
+                    for waiting in futures.values():
+                        _settle(waiting, exc=exc)
+                    if not isinstance(exc, Exception):
+                        raise
+                    continue
+                for key, waiting in futures.items():
+                    _settle(waiting, value=found.get(key))
+        finally:
+            self._drain = None
+            for waiting in self._waiting.values():  # cancelled with keys still queued
+                _settle(waiting, exc=asyncio.CancelledError())
+            self._waiting.clear()
+
+
+def _settle(
+    futures: list[asyncio.Future[V | None]],
+    *,
+    value: V | None = None,
+    exc: BaseException | None = None,
+) -> None:
+    for future in futures:
+        if future.done():  # its asker stopped waiting (a client went away)
+            continue
+        if isinstance(exc, asyncio.CancelledError):
+            future.cancel()
+        elif exc is not None:
+            future.set_exception(exc)
+        else:
+            future.set_result(value)
