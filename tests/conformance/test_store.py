@@ -491,3 +491,21 @@ async def test_progress_asked_together_answers_each_turn_as_its_record_does(
     assert claimed.last_seq == 2
     assert claimed.lease_expires_at is not None
     assert claimed.lease_expires_at.tzinfo is not None
+
+
+async def test_a_renewal_extends_the_lease_and_reports_stop_pressed(
+    store: SqlStore, clock: FakeClock
+) -> None:
+    sub = await store.submit(new_input())
+    lease = await store.claim("w1", ttl_s=10, max_attempts=3)
+    assert lease is not None
+    clock.advance(5)
+    renewed = await store.renew(lease, ttl_s=10)
+    assert renewed.expires_at == clock.now() + timedelta(seconds=10)
+    assert (renewed.epoch, renewed.owner, renewed.cancel_requested) == (lease.epoch, "w1", False)
+    record = await store.get_turn(sub.turn_id)
+    assert record is not None
+    assert record.lease_expires_at == renewed.expires_at
+    assert await store.cancel(sub.turn_id) == "running"  # a live driver ends it
+    after_stop = await store.renew(renewed, ttl_s=10)
+    assert after_stop.cancel_requested

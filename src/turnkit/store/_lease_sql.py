@@ -19,7 +19,15 @@ from turnkit.ids import SessionId, TurnId
 from turnkit.store import Lease
 from turnkit.store._schema import UNFINISHED, aware, events, turns
 
-__all__ = ("PROGRESS_TYPES", "claim", "renew", "spent_after_claim")
+__all__ = (
+    "PROGRESS_TYPES",
+    "claim",
+    "lost_or_stale",
+    "renew",
+    "renew_pg",
+    "renewed",
+    "spent_after_claim",
+)
 
 
 PROGRESS_TYPES: tuple[str, ...] = (
@@ -186,7 +194,29 @@ def renew(conn: Connection, lease: Lease, *, ttl_s: float, now: datetime) -> Lea
         {"r_turn": lease.turn_id, "r_epoch": lease.epoch, "r_owner": lease.owner, "r_exp": expires},
     ).scalar_one_or_none()
     if flag is None:
-        raise _lost_or_stale(conn, lease)
+        raise lost_or_stale(conn, lease)
+    return renewed(lease, expires, cancel_requested=bool(flag))
+
+
+_RENEW_PG = f"""
+UPDATE tk_turns SET lease_expires_at = $4
+WHERE turn_id = $1 AND lease_epoch = $2 AND lease_owner = $3
+    AND status IN ({", ".join(f"'{s}'" for s in UNFINISHED)})
+RETURNING cancel_requested
+"""
+
+
+async def renew_pg(conn: Any, lease: Lease, expires: datetime) -> bool | None:
+    """`renew`'s update as one statement on an asyncpg connection.
+
+    Returns whether Stop was pressed, or None when the lease is gone (the caller asks why).
+    """
+    flag = await conn.fetchval(_RENEW_PG, lease.turn_id, lease.epoch, lease.owner, expires)
+    return None if flag is None else bool(flag)
+
+
+def renewed(lease: Lease, expires: datetime, *, cancel_requested: bool) -> Lease:
+    """`lease`, extended to `expires`."""
     return Lease(
         turn_id=lease.turn_id,
         session_id=lease.session_id,
@@ -197,11 +227,11 @@ def renew(conn: Connection, lease: Lease, *, ttl_s: float, now: datetime) -> Lea
         took_over=lease.took_over,
         last_seq=lease.last_seq,
         started_at=lease.started_at,
-        cancel_requested=bool(flag),
+        cancel_requested=cancel_requested,
     )
 
 
-def _lost_or_stale(conn: Connection, lease: Lease) -> StaleEpochError | LeaseLostError:
+def lost_or_stale(conn: Connection, lease: Lease) -> StaleEpochError | LeaseLostError:
     """Why a renewal failed: another epoch (stale), or the turn ended under this lease."""
     row = conn.execute(
         select(turns.c.lease_epoch, turns.c.status).where(turns.c.turn_id == lease.turn_id)

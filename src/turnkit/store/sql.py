@@ -147,6 +147,12 @@ class SqlStore(SqlEngine):
 
     async def renew(self, lease: Lease, *, ttl_s: float) -> Lease:
         """Extend the lease or raise `StaleEpochError`."""
+        if self._async_engine is not None:  # one statement, no transaction around it
+            expires = self._clock.now() + timedelta(seconds=ttl_s)
+            flag = await self._pg_driver(lease_sql.renew_pg, lease, expires)
+            if flag is None:
+                raise await self._tx(lease_sql.lost_or_stale, lease, write=False)
+            return lease_sql.renewed(lease, expires, cancel_requested=flag)
         return await self._hot_tx(
             lambda conn: lease_sql.renew(conn, lease, ttl_s=ttl_s, now=self._clock.now())
         )
