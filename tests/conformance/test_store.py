@@ -509,3 +509,35 @@ async def test_a_renewal_extends_the_lease_and_reports_stop_pressed(
     assert await store.cancel(sub.turn_id) == "running"  # a live driver ends it
     after_stop = await store.renew(renewed, ttl_s=10)
     assert after_stop.cancel_requested
+
+
+async def test_renewals_asked_together_extend_each_lease_and_refuse_a_stale_one(
+    store: SqlStore, clock: FakeClock
+) -> None:
+    """Renewals due at once share a transaction; one stale lease fails alone."""
+    for i in range(3):
+        await store.submit(new_input(session=f"r{i}"))
+    leases = [
+        await store.claim(f"w{i}", ttl_s=ttl, max_attempts=3) for i, ttl in enumerate((30, 30, 5))
+    ]
+    assert all(lease is not None for lease in leases)
+    first, second, third = (lease for lease in leases if lease is not None)
+    clock.advance(6)  # the third's lease lapses and another driver takes its turn over
+    taken = await store.claim("w9", ttl_s=10, max_attempts=3, turn_id=third.turn_id)
+    assert taken is not None
+    results = await asyncio.gather(
+        store.renew(first, ttl_s=10),
+        store.renew(second, ttl_s=20),
+        store.renew(third, ttl_s=10),
+        return_exceptions=True,
+    )
+    assert isinstance(results[2], StaleEpochError)
+    renewed = [r for r in results[:2] if not isinstance(r, BaseException)]
+    assert [r.expires_at for r in renewed] == [
+        clock.now() + timedelta(seconds=10),
+        clock.now() + timedelta(seconds=20),
+    ]
+    for lease in renewed:
+        record = await store.get_turn(lease.turn_id)
+        assert record is not None
+        assert (record.lease_owner, record.lease_expires_at) == (lease.owner, lease.expires_at)

@@ -1,9 +1,11 @@
 """`TurnDriver`: drives one turn under a lease and writes exactly one ending.
 
 Write before send holds throughout (the Recorder commits before it publishes). The lease
-is renewed at ttl/3; the moment renewal fails the driver stops writing and cancels the
-turn's work. An attempt that takes over a dead one resumes from the last LangGraph
-checkpoint and repeats nothing the log already holds (see `turnkit.journal`).
+is renewed at least every ttl/3, on a grid the process's drivers share (so the Store
+extends the leases due together in one transaction); the moment renewal fails the driver
+stops writing and cancels the turn's work. An attempt that takes over a dead one resumes
+from the last LangGraph checkpoint and repeats nothing the log already holds (see
+`turnkit.journal`).
 """
 
 from __future__ import annotations
@@ -313,7 +315,9 @@ class TurnDriver:
     async def _keep_lease(self, graph_task: asyncio.Task[object]) -> None:
         interval = self.config.lease_ttl_s / 3
         while True:
-            await self.clock.sleep(interval)
+            # On a grid all of the process's drivers share: their renewals come due
+            # together and the Store extends them in one transaction.
+            await self.clock.sleep(interval - self.clock.monotonic() % interval)
             try:
                 self.lease = await self.store.renew(self.lease, ttl_s=self.config.lease_ttl_s)
             except Exception:  # noqa: BLE001 - any failure to renew means we may not own it

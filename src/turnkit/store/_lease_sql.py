@@ -8,6 +8,7 @@ conditional UPDATE that only one contender can win; the epoch moves on with ever
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -23,8 +24,9 @@ __all__ = (
     "PROGRESS_TYPES",
     "claim",
     "lost_or_stale",
-    "renew",
-    "renew_pg",
+    "Renewal",
+    "renew_many",
+    "renew_many_pg",
     "renewed",
     "spent_after_claim",
 )
@@ -186,33 +188,71 @@ _RENEW = (
 )
 
 
-def renew(conn: Connection, lease: Lease, *, ttl_s: float, now: datetime) -> Lease:
-    """Extend the lease or raise `StaleEpochError`."""
-    expires = now + timedelta(seconds=ttl_s)
-    flag = conn.execute(
-        _RENEW,
-        {"r_turn": lease.turn_id, "r_epoch": lease.epoch, "r_owner": lease.owner, "r_exp": expires},
-    ).scalar_one_or_none()
-    if flag is None:
-        raise lost_or_stale(conn, lease)
-    return renewed(lease, expires, cancel_requested=bool(flag))
+Renewal = tuple[Lease, float]
+"""A lease to renew and its ttl in seconds."""
+
+
+def renew_many(
+    conn: Connection, asked: Sequence[Renewal], now: datetime
+) -> dict[Renewal, Lease | StaleEpochError | LeaseLostError]:
+    """Extend each lease; a lease that is gone gets the error saying why (not raised)."""
+    done: dict[Renewal, Lease | StaleEpochError | LeaseLostError] = {}
+    for lease, ttl_s in asked:
+        expires = now + timedelta(seconds=ttl_s)
+        flag = conn.execute(
+            _RENEW,
+            {
+                "r_turn": lease.turn_id,
+                "r_epoch": lease.epoch,
+                "r_owner": lease.owner,
+                "r_exp": expires,
+            },
+        ).scalar_one_or_none()
+        done[(lease, ttl_s)] = (
+            lost_or_stale(conn, lease)
+            if flag is None
+            else renewed(lease, expires, cancel_requested=bool(flag))
+        )
+    return done
 
 
 _RENEW_PG = f"""
-UPDATE tk_turns SET lease_expires_at = $4
-WHERE turn_id = $1 AND lease_epoch = $2 AND lease_owner = $3
-    AND status IN ({", ".join(f"'{s}'" for s in UNFINISHED)})
-RETURNING cancel_requested
+UPDATE tk_turns AS t SET lease_expires_at = r.expires
+FROM unnest($1::varchar[], $2::integer[], $3::varchar[], $4::timestamptz[])
+    AS r(turn_id, epoch, owner, expires)
+WHERE t.turn_id = r.turn_id AND t.lease_epoch = r.epoch AND t.lease_owner = r.owner
+    AND t.status IN ({", ".join(f"'{s}'" for s in UNFINISHED)})
+RETURNING t.turn_id, t.lease_epoch, t.lease_owner, t.cancel_requested
 """
 
 
-async def renew_pg(conn: Any, lease: Lease, expires: datetime) -> bool | None:
-    """`renew`'s update as one statement on an asyncpg connection.
+async def renew_many_pg(
+    conn: Any, asked: Sequence[Renewal], now: datetime
+) -> dict[Renewal, Lease | None]:
+    """`renew_many`'s updates as one statement on an asyncpg connection.
 
-    Returns whether Stop was pressed, or None when the lease is gone (the caller asks why).
+    A lease that is gone maps to None (the caller asks why). Rows are updated in turn id
+    order, so two batches never wait on each other's rows in a cycle.
     """
-    flag = await conn.fetchval(_RENEW_PG, lease.turn_id, lease.epoch, lease.owner, expires)
-    return None if flag is None else bool(flag)
+    ordered = sorted(asked, key=lambda item: item[0].turn_id)
+    expiry = [now + timedelta(seconds=ttl_s) for _, ttl_s in ordered]
+    rows = await conn.fetch(
+        _RENEW_PG,
+        [lease.turn_id for lease, _ in ordered],
+        [lease.epoch for lease, _ in ordered],
+        [lease.owner for lease, _ in ordered],
+        expiry,
+    )
+    flags = {
+        (r["turn_id"], r["lease_epoch"], r["lease_owner"]): r["cancel_requested"] for r in rows
+    }
+    done: dict[Renewal, Lease | None] = {}
+    for (lease, ttl_s), expires in zip(ordered, expiry, strict=True):
+        flag = flags.get((lease.turn_id, lease.epoch, lease.owner))
+        done[(lease, ttl_s)] = (
+            None if flag is None else renewed(lease, expires, cancel_requested=bool(flag))
+        )
+    return done
 
 
 def renewed(lease: Lease, expires: datetime, *, cancel_requested: bool) -> Lease:

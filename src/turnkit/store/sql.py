@@ -20,7 +20,7 @@ from sqlalchemy.exc import IntegrityError
 from turnkit.audit import AuditRow, UsageDelta
 from turnkit.budgets import BudgetLimit, BudgetPeriod, BudgetScope, BudgetSubject, BudgetUse
 from turnkit.clock import Clock
-from turnkit.errors import TurnNotFoundError
+from turnkit.errors import LeaseLostError, StaleEpochError, TurnNotFoundError
 from turnkit.events import DurableEvent, encode_event
 from turnkit.ids import SessionId, TurnId
 from turnkit.pauses import PauseRequest
@@ -54,8 +54,8 @@ from turnkit.store import (
     _usage_sql as usage_sql,
     _workspace_sql as workspace_sql,
 )
+from turnkit.store._coalesce import Coalescer
 from turnkit.store._engine import SqlEngine, normalize_url
-from turnkit.store._read_batch import ReadBatch
 from turnkit.store._schema import SOURCES, turn_record as _turn_record
 from turnkit.store._usage import UsageLine
 from turnkit.store._workspace import (
@@ -74,6 +74,8 @@ IN_PLACE_PAGE = 16
 """Event pages of at most this many rows are read in place (see `SqlStore.read_events`)."""
 _PROGRESS_BATCH = 256
 """Turns whose progress one read transaction answers (see `SqlStore.turn_progress`)."""
+_RENEW_BATCH = 256
+"""Leases one renewal transaction extends (see `SqlStore.renew`)."""
 
 
 class SqlStore(SqlEngine):
@@ -88,7 +90,8 @@ class SqlStore(SqlEngine):
 
     def __init__(self, url: str, *, clock: Clock | None = None, schema: str | None = None) -> None:
         super().__init__(url, clock=clock, schema=schema)
-        self._progress = ReadBatch(self._read_progress, most=_PROGRESS_BATCH)
+        self._progress = Coalescer(self._read_progress, most=_PROGRESS_BATCH)
+        self._renewals = Coalescer(self._renew_many, most=_RENEW_BATCH)
 
     @classmethod
     def from_url(
@@ -146,16 +149,28 @@ class SqlStore(SqlEngine):
         )
 
     async def renew(self, lease: Lease, *, ttl_s: float) -> Lease:
-        """Extend the lease or raise `StaleEpochError`."""
-        if self._async_engine is not None:  # one statement, no transaction around it
-            expires = self._clock.now() + timedelta(seconds=ttl_s)
-            flag = await self._pg_driver(lease_sql.renew_pg, lease, expires)
-            if flag is None:
-                raise await self._tx(lease_sql.lost_or_stale, lease, write=False)
-            return lease_sql.renewed(lease, expires, cancel_requested=flag)
-        return await self._hot_tx(
-            lambda conn: lease_sql.renew(conn, lease, ttl_s=ttl_s, now=self._clock.now())
-        )
+        """Extend the lease or raise `StaleEpochError`; renewals asked together share one."""
+        outcome = await self._renewals.get((lease, ttl_s))
+        if isinstance(outcome, Exception):
+            raise outcome
+        assert outcome is not None  # every asked renewal gets an outcome
+        return outcome
+
+    async def _renew_many(
+        self, asked: Sequence[lease_sql.Renewal]
+    ) -> dict[lease_sql.Renewal, Lease | StaleEpochError | LeaseLostError]:
+        now = self._clock.now()
+        if self._async_engine is None:
+            return await self._hot_tx(lease_sql.renew_many, asked, now)
+        # PostgreSQL: one statement, no transaction around it
+        renewed = await self._pg_driver(lease_sql.renew_many_pg, asked, now)
+        done: dict[lease_sql.Renewal, Lease | StaleEpochError | LeaseLostError] = {}
+        for key, lease in renewed.items():
+            if lease is None:  # gone: say why, as SQLite does in its transaction
+                done[key] = await self._tx(lease_sql.lost_or_stale, key[0], write=False)
+            else:
+                done[key] = lease
+        return done
 
     async def sweep(self, *, ceiling_s: float, max_attempts: int) -> list[TurnId]:
         """Time out orphaned running turns; returns the ones this call ended."""

@@ -1,4 +1,4 @@
-"""`ReadBatch`: reads asked for together are answered by one batched read."""
+"""`Coalescer`: reads asked for together are answered by one batched read."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from turnkit.store._read_batch import ReadBatch
+from turnkit.store._coalesce import Coalescer
 
 
 class Source:
@@ -30,7 +30,7 @@ class Source:
 
 async def test_reads_asked_together_share_one_call_and_each_gets_its_own_value() -> None:
     source = Source()
-    batch = ReadBatch(source.read_many, most=100)
+    batch = Coalescer(source.read_many, most=100)
     got = await asyncio.gather(*(batch.get(k) for k in (1, 2, 3, 2, 10)))
     assert got == ["v1", "v2", "v3", "v2", None]
     assert source.calls == [[1, 2, 3, 10]]  # a key asked twice is read once
@@ -38,7 +38,7 @@ async def test_reads_asked_together_share_one_call_and_each_gets_its_own_value()
 
 async def test_more_keys_than_one_call_takes_are_read_in_several() -> None:
     source = Source()
-    batch = ReadBatch(source.read_many, most=3)
+    batch = Coalescer(source.read_many, most=3)
     got = await asyncio.gather(*(batch.get(k) for k in range(1, 8)))
     assert got == [f"v{k}" for k in range(1, 8)]
     assert source.calls == [[1, 2, 3], [4, 5, 6], [7]]
@@ -47,7 +47,7 @@ async def test_more_keys_than_one_call_takes_are_read_in_several() -> None:
 async def test_keys_asked_while_a_read_runs_go_in_the_next_one() -> None:
     source = Source()
     source.gate = asyncio.Event()
-    batch = ReadBatch(source.read_many, most=100)
+    batch = Coalescer(source.read_many, most=100)
     first = asyncio.ensure_future(batch.get(1))
     for _ in range(3):
         await asyncio.sleep(0)
@@ -62,7 +62,7 @@ async def test_keys_asked_while_a_read_runs_go_in_the_next_one() -> None:
 async def test_a_failed_read_raises_to_everyone_in_it_and_the_next_read_works() -> None:
     source = Source()
     source.fail = RuntimeError("database gone")
-    batch = ReadBatch(source.read_many, most=100)
+    batch = Coalescer(source.read_many, most=100)
     results = await asyncio.gather(batch.get(1), batch.get(2), return_exceptions=True)
     assert [str(r) for r in results] == ["database gone", "database gone"]
     source.fail = None
@@ -72,7 +72,7 @@ async def test_a_failed_read_raises_to_everyone_in_it_and_the_next_read_works() 
 async def test_an_asker_that_stops_waiting_leaves_the_others_their_answers() -> None:
     source = Source()
     source.gate = asyncio.Event()
-    batch = ReadBatch(source.read_many, most=100)
+    batch = Coalescer(source.read_many, most=100)
     gone = asyncio.ensure_future(batch.get(1))
     kept = asyncio.ensure_future(batch.get(2))
     for _ in range(3):
@@ -86,7 +86,7 @@ async def test_an_asker_that_stops_waiting_leaves_the_others_their_answers() -> 
 
 def test_a_batch_used_from_another_event_loop_reads_alone() -> None:
     source = Source()
-    batch = ReadBatch(source.read_many, most=100)
+    batch = Coalescer(source.read_many, most=100)
 
     async def in_main() -> tuple[str | None, str | None]:
         gate = source.gate = asyncio.Event()

@@ -1,11 +1,11 @@
-"""`ReadBatch`: single-key reads made together, answered by one batched read (private).
+"""`Coalescer`: single-key calls made together, answered by one batched call (private).
 
 A thousand readers following their turns each ask the Store where their turn stands about
-once a second. Under load many of those asks fall in the same turn of the event loop;
-answered one by one, each is a transaction of its own. `ReadBatch` collects the keys asked
-for while no read is running, reads them with one call on the next loop iteration, and
-wakes each asker with its answer. At low load a batch holds one key and costs what the
-single read did.
+once a second, and a thousand drivers renew their leases every few seconds. Many of those
+calls fall in the same turn of the event loop; answered one by one, each is a transaction
+of its own. `Coalescer` collects the keys asked for while no call is running, answers them
+with one call on the next loop iteration, and wakes each asker with its answer. At low
+load a batch holds one key and costs what the single call did.
 """
 
 from __future__ import annotations
@@ -14,31 +14,31 @@ import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Generic, TypeVar
 
-__all__ = ("ReadBatch",)
+__all__ = ("Coalescer",)
 
 K = TypeVar("K")
 V = TypeVar("V")
 
 
-class ReadBatch(Generic[K, V]):
-    """Coalesces `get(key)` calls into `read_many(keys)` calls of at most `most` keys."""
+class Coalescer(Generic[K, V]):
+    """Coalesces `get(key)` calls into `call_many(keys)` calls of at most `most` keys."""
 
     def __init__(
-        self, read_many: Callable[[Sequence[K]], Awaitable[dict[K, V]]], *, most: int
+        self, call_many: Callable[[Sequence[K]], Awaitable[dict[K, V]]], *, most: int
     ) -> None:
-        self._read_many = read_many
+        self._call_many = call_many
         self._most = most
         self._waiting: dict[K, list[asyncio.Future[V | None]]] = {}
         self._drain: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
     async def get(self, key: K) -> V | None:
-        """The value read for `key` (None when there is none), read with others asked now."""
+        """The answer for `key` (None when there is none), found with the others asked now."""
         loop = asyncio.get_running_loop()
         if self._drain is None:
             self._loop = loop
-        elif loop is not self._loop:  # a store shared with another loop: read alone
-            return (await self._read_many([key])).get(key)
+        elif loop is not self._loop:  # a store shared with another loop: call alone
+            return (await self._call_many([key])).get(key)
         future: asyncio.Future[V | None] = loop.create_future()
         self._waiting.setdefault(key, []).append(future)
         if self._drain is None:
@@ -51,7 +51,7 @@ class ReadBatch(Generic[K, V]):
                 keys = list(self._waiting)[: self._most]
                 futures = {key: self._waiting.pop(key) for key in keys}
                 try:
-                    found = await self._read_many(keys)
+                    found = await self._call_many(keys)
                 except BaseException as exc:
                     for waiting in futures.values():
                         _settle(waiting, exc=exc)
