@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -73,7 +74,22 @@ from turnkit.states import TerminalStatus, awaiting
 from turnkit.store import Lease, RunSummary, Store, TurnRecord, UnreadableEvent, decode_events
 from turnkit.telemetry import OpenCall, Recorder
 
-__all__ = ("DriveSetup", "TurnDriver")
+__all__ = ("DriveSetup", "TurnDriver", "renewal_due")
+
+_RENEWAL_TICKS = 4
+"""Ticks of the shared renewal grid per renewal interval (a third of the lease's ttl)."""
+
+
+def renewal_due(last: float, interval: float) -> float:
+    """When to renew a lease last renewed at `last` (monotonic seconds).
+
+    A tick of a grid every driver of the process shares, the first at least
+    `interval - tick` on: renewals are less than `interval` apart (and not much less), and
+    those that come due together are extended in one Store transaction.
+    """
+    tick = interval / _RENEWAL_TICKS
+    return math.ceil((last + interval - tick) / tick) * tick
+
 
 log = logging.getLogger("turnkit.runtime")
 
@@ -314,10 +330,11 @@ class TurnDriver:
 
     async def _keep_lease(self, graph_task: asyncio.Task[object]) -> None:
         interval = self.config.lease_ttl_s / 3
+        last = self.clock.monotonic()
         while True:
-            # On a grid all of the process's drivers share: their renewals come due
-            # together and the Store extends them in one transaction.
-            await self.clock.sleep(interval - self.clock.monotonic() % interval)
+            due = renewal_due(last, interval)
+            await self.clock.sleep(max(0.0, due - self.clock.monotonic()))
+            last = self.clock.monotonic()
             try:
                 self.lease = await self.store.renew(self.lease, ttl_s=self.config.lease_ttl_s)
             except Exception:  # noqa: BLE001 - any failure to renew means we may not own it
