@@ -92,8 +92,12 @@ class _SlowModel:
     def provider(self) -> str:
         return self.inner.provider
 
-    async def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
+    async def first_byte(self) -> None:
+        """Wait as a provider does before its first chunk."""
         await asyncio.sleep(self.latency)
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
+        await self.first_byte()
         async for chunk in self.inner.stream(request):
             yield chunk
         self.inner.calls.clear()  # the call log would grow with every turn

@@ -38,20 +38,19 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
-from turn_overhead import _reply, add, write_json
+from concurrent_turns import _SlowModel
+from turn_overhead import add, write_json
 from turnkit import Agent, RuntimeConfig, SessionRuntime
 from turnkit.ids import TurnId
-from turnkit.models import ModelChunk, ModelRequest
 from turnkit.runtime.reader import Frame
 from turnkit.store import TurnProgress
 from turnkit.store._coalesce import Coalescer
-from turnkit.testing import ModelStep, ScriptedModel
 
 ROOT = Path(__file__).parent.parent
 POSTGRES = os.environ.get("TURNKIT_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
@@ -59,26 +58,15 @@ SHARED_BATCH = 256
 """Asks one shared read answers (as `SqlStore` does)."""
 
 
-class _GatedModel:
-    """ScriptedModel's chunks, once the benchmark opens the gate (a provider thinking)."""
+class _GatedModel(_SlowModel):
+    """The demo turn's model, answering once the benchmark opens the gate (thinking)."""
 
     def __init__(self, gate: asyncio.Event) -> None:
-        self.inner = ScriptedModel([ModelStep.respond(_reply)], repeat_last=True)
+        super().__init__(0.0)
         self.gate = gate
 
-    @property
-    def model(self) -> str:
-        return self.inner.model
-
-    @property
-    def provider(self) -> str:
-        return self.inner.provider
-
-    async def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
+    async def first_byte(self) -> None:
         await asyncio.wait_for(self.gate.wait(), 600)
-        async for chunk in self.inner.stream(request):
-            yield chunk
-        self.inner.calls.clear()
 
 
 def _cpu_s() -> float:
