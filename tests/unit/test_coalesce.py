@@ -106,3 +106,48 @@ def test_a_batch_used_from_another_event_loop_reads_alone() -> None:
         return await held, box[0]
 
     assert asyncio.run(in_main()) == ("v1", "v7")
+
+
+async def test_a_call_cancelled_before_it_ran_leaves_the_next_asks_answered() -> None:
+    """As when its loop closes: the call's task is cancelled before its first step."""
+    source = Source()
+    batch = Coalescer(source.read_many, most=100)
+    first = asyncio.ensure_future(batch.get(1))
+    await asyncio.sleep(0)  # asked: the call's task is scheduled, not yet run
+    calls = [t for t in asyncio.all_tasks() if "Coalescer._run" in repr(t.get_coro())]
+    assert len(calls) == 1
+    calls[0].cancel()
+    await asyncio.sleep(0)
+    assert await asyncio.wait_for(batch.get(2), 5) == "v2"
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    assert source.calls == [[2]]
+
+
+def test_loops_of_several_threads_asking_at_once_all_get_their_answers() -> None:
+    source = Source()
+    batch = Coalescer(source.read_many, most=16)
+    answers: dict[int, list[str | None]] = {}
+
+    def keys_of(offset: int) -> list[int]:
+        return [offset + k for k in range(1, 1000)]
+
+    async def ask(offset: int) -> list[str | None]:
+        got: list[str | None] = []
+        keys = keys_of(offset)
+        for start in range(0, len(keys), 50):
+            chunk = keys[start : start + 50]
+            got += await asyncio.wait_for(asyncio.gather(*(batch.get(k) for k in chunk)), 10)
+        return got
+
+    def run(offset: int) -> None:
+        answers[offset] = asyncio.run(ask(offset))
+
+    threads = [threading.Thread(target=run, args=(i * 10_000,)) for i in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert sorted(answers) == [0, 10_000, 20_000]
+    for offset, got in answers.items():
+        assert got == [f"v{k}" if k % 10 else None for k in keys_of(offset)]

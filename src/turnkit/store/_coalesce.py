@@ -11,6 +11,7 @@ load a batch holds one key and costs what the single call did.
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Generic, TypeVar
 
@@ -31,27 +32,44 @@ class Coalescer(Generic[K, V]):
         self._waiting: dict[K, list[asyncio.Future[V | None]]] = {}
         self._drain: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._lock = threading.Lock()
+        """Guards the three above: a store may be shared with another thread's loop."""
 
     async def get(self, key: K) -> V | None:
         """The answer for `key` (None when there is none), found with the others asked now."""
-        loop = asyncio.get_running_loop()
-        if self._drain is None:
-            self._loop = loop
-        elif loop is not self._loop:  # a store shared with another loop: call alone
+        future = self._enqueue(key, asyncio.get_running_loop())
+        if future is None:  # another loop's batch is running: call alone
             return (await self._call_many([key])).get(key)
-        future: asyncio.Future[V | None] = loop.create_future()
-        self._waiting.setdefault(key, []).append(future)
-        if self._drain is None:
-            self._drain = loop.create_task(self._run())
         return await future
+
+    def _enqueue(self, key: K, loop: asyncio.AbstractEventLoop) -> asyncio.Future[V | None] | None:
+        with self._lock:
+            if self._drain is not None and self._drain.done():
+                # Cancelled before it ran (as its loop closed): its askers cannot be answered.
+                left, self._drain, self._waiting = self._waiting, None, {}
+                if self._loop is loop:  # safe to settle only from their own loop
+                    for waiting in left.values():
+                        _settle(waiting, exc=asyncio.CancelledError())
+            if self._drain is None:
+                self._loop = loop
+            elif loop is not self._loop:
+                return None
+            future: asyncio.Future[V | None] = loop.create_future()
+            self._waiting.setdefault(key, []).append(future)
+            if self._drain is None:
+                self._drain = loop.create_task(self._run())
+            return future
+
+    def _next_batch(self) -> dict[K, list[asyncio.Future[V | None]]]:
+        with self._lock:
+            keys = list(self._waiting)[: self._most]
+            return {key: self._waiting.pop(key) for key in keys}
 
     async def _run(self) -> None:
         try:
-            while self._waiting:
-                keys = list(self._waiting)[: self._most]
-                futures = {key: self._waiting.pop(key) for key in keys}
+            while futures := self._next_batch():
                 try:
-                    found = await self._call_many(keys)
+                    found = await self._call_many(list(futures))
                 except BaseException as exc:
                     for waiting in futures.values():
                         _settle(waiting, exc=exc)
@@ -61,10 +79,11 @@ class Coalescer(Generic[K, V]):
                 for key, waiting in futures.items():
                     _settle(waiting, value=found.get(key))
         finally:
-            self._drain = None
-            for waiting in self._waiting.values():  # cancelled with keys still queued
+            with self._lock:
+                self._drain, left = None, self._waiting
+                self._waiting = {}
+            for waiting in left.values():  # cancelled with keys still queued
                 _settle(waiting, exc=asyncio.CancelledError())
-            self._waiting.clear()
 
 
 def _settle(

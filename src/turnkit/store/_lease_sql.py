@@ -8,7 +8,7 @@ conditional UPDATE that only one contender can win; the epoch moves on with ever
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -24,7 +24,9 @@ __all__ = (
     "PROGRESS_TYPES",
     "claim",
     "lost_or_stale",
+    "Refusal",
     "Renewal",
+    "refusal",
     "renew_many",
     "renew_many_pg",
     "renewed",
@@ -190,13 +192,19 @@ _RENEW = (
 
 Renewal = tuple[Lease, float]
 """A lease to renew and its ttl in seconds."""
+Refusal = StaleEpochError | LeaseLostError
+"""Why a lease could not be renewed."""
 
 
 def renew_many(
-    conn: Connection, asked: Sequence[Renewal], now: datetime
-) -> dict[Renewal, Lease | StaleEpochError | LeaseLostError]:
-    """Extend each lease; a lease that is gone gets the error saying why (not raised)."""
-    done: dict[Renewal, Lease | StaleEpochError | LeaseLostError] = {}
+    conn: Connection, asked: Sequence[Renewal], clock: Callable[[], datetime]
+) -> dict[Renewal, Lease | Refusal]:
+    """Extend each lease; a lease that is gone gets the error saying why (not raised).
+
+    The expiry counts from `clock()` read inside the transaction, not from when asked.
+    """
+    now = clock()
+    done: dict[Renewal, Lease | Refusal] = {}
     for lease, ttl_s in asked:
         expires = now + timedelta(seconds=ttl_s)
         flag = conn.execute(
@@ -224,35 +232,48 @@ WHERE t.turn_id = r.turn_id AND t.lease_epoch = r.epoch AND t.lease_owner = r.ow
     AND t.status IN ({", ".join(f"'{s}'" for s in UNFINISHED)})
 RETURNING t.turn_id, t.lease_epoch, t.lease_owner, t.cancel_requested
 """
+_WHY_PG = "SELECT turn_id, lease_epoch, status FROM tk_turns WHERE turn_id = ANY($1::varchar[])"
 
 
 async def renew_many_pg(
-    conn: Any, asked: Sequence[Renewal], now: datetime
-) -> dict[Renewal, Lease | None]:
-    """`renew_many`'s updates as one statement on an asyncpg connection.
+    conn: Any, asked: Sequence[Renewal], clock: Callable[[], datetime]
+) -> dict[Renewal, Lease | Refusal]:
+    """`renew_many` on an asyncpg connection, as one statement.
 
-    A lease that is gone maps to None (the caller asks why). Rows are updated in turn id
-    order, so two batches never wait on each other's rows in a cycle.
+    A second one reads, only when some lease is gone, why it could not be renewed. The
+    same lease asked twice (with two ttls) is extended once, to the later expiry.
     """
-    ordered = sorted(asked, key=lambda item: item[0].turn_id)
-    expiry = [now + timedelta(seconds=ttl_s) for _, ttl_s in ordered]
+    now = clock()
+    expiry: dict[tuple[str, int, str], datetime] = {}
+    for lease, ttl_s in asked:
+        key = (lease.turn_id, lease.epoch, lease.owner)
+        expiry[key] = max(expiry.get(key, now), now + timedelta(seconds=ttl_s))
+    keys = list(expiry)
     rows = await conn.fetch(
         _RENEW_PG,
-        [lease.turn_id for lease, _ in ordered],
-        [lease.epoch for lease, _ in ordered],
-        [lease.owner for lease, _ in ordered],
-        expiry,
+        [turn_id for turn_id, _, _ in keys],
+        [epoch for _, epoch, _ in keys],
+        [owner for _, _, owner in keys],
+        [expiry[key] for key in keys],
     )
-    flags = {
-        (r["turn_id"], r["lease_epoch"], r["lease_owner"]): r["cancel_requested"] for r in rows
-    }
-    done: dict[Renewal, Lease | None] = {}
-    for (lease, ttl_s), expires in zip(ordered, expiry, strict=True):
-        flag = flags.get((lease.turn_id, lease.epoch, lease.owner))
-        done[(lease, ttl_s)] = (
-            None if flag is None else renewed(lease, expires, cancel_requested=bool(flag))
-        )
+    flags = {(r["turn_id"], r["lease_epoch"], r["lease_owner"]): r[3] for r in rows}
+    gone = [lease.turn_id for lease, _ in asked if _key(lease) not in flags]
+    now_held = {r["turn_id"]: r for r in await conn.fetch(_WHY_PG, gone)} if gone else {}
+    done: dict[Renewal, Lease | Refusal] = {}
+    for lease, ttl_s in asked:
+        flag = flags.get(_key(lease))
+        if flag is None:
+            row = now_held.get(lease.turn_id)
+            done[(lease, ttl_s)] = refusal(
+                lease, None if row is None else (row["lease_epoch"], row["status"])
+            )
+        else:
+            done[(lease, ttl_s)] = renewed(lease, expiry[_key(lease)], cancel_requested=bool(flag))
     return done
+
+
+def _key(lease: Lease) -> tuple[str, int, str]:
+    return (lease.turn_id, lease.epoch, lease.owner)
 
 
 def renewed(lease: Lease, expires: datetime, *, cancel_requested: bool) -> Lease:
@@ -271,16 +292,21 @@ def renewed(lease: Lease, expires: datetime, *, cancel_requested: bool) -> Lease
     )
 
 
-def lost_or_stale(conn: Connection, lease: Lease) -> StaleEpochError | LeaseLostError:
+def lost_or_stale(conn: Connection, lease: Lease) -> Refusal:
     """Why a renewal failed: another epoch (stale), or the turn ended under this lease."""
     row = conn.execute(
         select(turns.c.lease_epoch, turns.c.status).where(turns.c.turn_id == lease.turn_id)
     ).first()
-    if row is None or row.lease_epoch != lease.epoch:
+    return refusal(lease, None if row is None else (row.lease_epoch, row.status))
+
+
+def refusal(lease: Lease, now_held: tuple[int, str] | None) -> Refusal:
+    """The error for a lease that could not be renewed, from the turn's epoch and status."""
+    if now_held is None or now_held[0] != lease.epoch:
         return _stale(lease)
     return LeaseLostError(
-        f"turn {lease.turn_id!r} is {row.status} now: the lease {lease.token} ended with it "
+        f"turn {lease.turn_id!r} is {now_held[1]} now: the lease {lease.token} ended with it "
         "(cancelled, timed out or settled elsewhere); this driver must stop",
         turn_id=lease.turn_id,
-        status=row.status,
+        status=now_held[1],
     )

@@ -30,7 +30,6 @@ __all__ = (
     "event_page",
     "get_turn",
     "list_turns",
-    "PROGRESS_SLOTS",
     "progress_of",
     "progress_pg",
     "read_usage",
@@ -60,9 +59,9 @@ def get_turn(conn: Connection, turn_id: TurnId) -> TurnRecord | None:
     return _turn_record(row) if row is not None else None
 
 
-PROGRESS_SLOTS = 32
+_PROGRESS_SLOTS = 32
 """Turns one progress statement reads (fewer are padded by repeating one)."""
-_PROGRESS_KEYS = tuple(f"p{i}" for i in range(PROGRESS_SLOTS))
+_PROGRESS_KEYS = tuple(f"p{i}" for i in range(_PROGRESS_SLOTS))
 _PROGRESS = select(
     _turns.c.turn_id,
     _turns.c.status,
@@ -74,10 +73,10 @@ _PROGRESS = select(
 
 
 def progress_of(conn: Connection, turn_ids: Sequence[TurnId]) -> dict[TurnId, TurnProgress]:
-    """Where each turn stands (unknown ones are left out), `PROGRESS_SLOTS` a statement."""
+    """Where each turn stands (unknown ones are left out), `_PROGRESS_SLOTS` a statement."""
     found: dict[TurnId, TurnProgress] = {}
-    for start in range(0, len(turn_ids), PROGRESS_SLOTS):
-        chunk = turn_ids[start : start + PROGRESS_SLOTS]
+    for start in range(0, len(turn_ids), _PROGRESS_SLOTS):
+        chunk = turn_ids[start : start + _PROGRESS_SLOTS]
         params = {key: chunk[min(i, len(chunk) - 1)] for i, key in enumerate(_PROGRESS_KEYS)}
         for row in conn.execute(_PROGRESS, params):
             progress = _progress(*row)

@@ -20,7 +20,7 @@ from sqlalchemy.exc import IntegrityError
 from turnkit.audit import AuditRow, UsageDelta
 from turnkit.budgets import BudgetLimit, BudgetPeriod, BudgetScope, BudgetSubject, BudgetUse
 from turnkit.clock import Clock
-from turnkit.errors import LeaseLostError, StaleEpochError, TurnNotFoundError
+from turnkit.errors import TurnNotFoundError
 from turnkit.events import DurableEvent, encode_event
 from turnkit.ids import SessionId, TurnId
 from turnkit.pauses import PauseRequest
@@ -158,19 +158,10 @@ class SqlStore(SqlEngine):
 
     async def _renew_many(
         self, asked: Sequence[lease_sql.Renewal]
-    ) -> dict[lease_sql.Renewal, Lease | StaleEpochError | LeaseLostError]:
-        now = self._clock.now()
+    ) -> dict[lease_sql.Renewal, Lease | lease_sql.Refusal]:
         if self._async_engine is None:
-            return await self._hot_tx(lease_sql.renew_many, asked, now)
-        # PostgreSQL: one statement, no transaction around it
-        renewed = await self._pg_driver(lease_sql.renew_many_pg, asked, now)
-        done: dict[lease_sql.Renewal, Lease | StaleEpochError | LeaseLostError] = {}
-        for key, lease in renewed.items():
-            if lease is None:  # gone: say why, as SQLite does in its transaction
-                done[key] = await self._tx(lease_sql.lost_or_stale, key[0], write=False)
-            else:
-                done[key] = lease
-        return done
+            return await self._hot_tx(lease_sql.renew_many, asked, self._clock.now)
+        return await self._pg_driver(lease_sql.renew_many_pg, asked, self._clock.now)
 
     async def sweep(self, *, ceiling_s: float, max_attempts: int) -> list[TurnId]:
         """Time out orphaned running turns; returns the ones this call ended."""
