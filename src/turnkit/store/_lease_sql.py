@@ -23,13 +23,10 @@ from turnkit.store._schema import UNFINISHED, aware, events, turns
 __all__ = (
     "PROGRESS_TYPES",
     "claim",
-    "lost_or_stale",
     "Refusal",
     "Renewal",
-    "refusal",
     "renew_many",
     "renew_many_pg",
-    "renewed",
     "spent_after_claim",
 )
 
@@ -246,7 +243,7 @@ async def renew_many_pg(
     now = clock()
     expiry: dict[tuple[str, int, str], datetime] = {}
     for lease, ttl_s in asked:
-        key = (lease.turn_id, lease.epoch, lease.owner)
+        key = _key(lease)
         expiry[key] = max(expiry.get(key, now), now + timedelta(seconds=ttl_s))
     keys = list(expiry)
     rows = await conn.fetch(
