@@ -110,7 +110,7 @@ def _just_started(
     return record, started
 
 
-def check_cursor(record: TurnRecord, after_seq: int) -> None:
+def check_cursor(record: TurnRecord | TurnProgress, after_seq: int) -> None:
     """Refuse a cursor ahead of anything the turn has written (never guessed forward)."""
     if after_seq > record.last_seq:
         raise ReplayCursorError(
@@ -181,12 +181,11 @@ class TurnReader:
             yield [Frame(started.seq, encode_event(started))]
             buffer.position = START  # the live events it streamed since, as `_replay` does
         else:
-            full = await self._check(turn_id, after_seq)
-            record = TurnProgress.of(full)
+            record = await self._check(turn_id, after_seq)
             progress = _Progress(sent=after_seq)
             if record.status in TERMINAL_STATES and after_seq >= record.last_seq:
                 return  # the client has everything, its terminal event included
-            async for batch in _batches(self._replay(full, buffer, progress)):
+            async for batch in _batches(self._replay(record, buffer, progress)):
                 yield batch
         last_event = last_keepalive = self.clock.monotonic()
         while not progress.done:
@@ -223,7 +222,7 @@ class TurnReader:
                 yield decode_event(frame.data)
 
     async def _replay(
-        self, record: TurnRecord, buffer: _Buffer, progress: _Progress
+        self, record: TurnProgress, buffer: _Buffer, progress: _Progress
     ) -> AsyncIterator[Frame]:
         """What the Store holds after the cursor, and where the buffer takes over."""
         turn_id = record.turn_id
@@ -246,7 +245,7 @@ class TurnReader:
 
     async def _progress(self, turn_id: TurnId) -> TurnProgress:
         record = await self.store.turn_progress(turn_id)
-        if record is None:  # deleted with its session while being read
+        if record is None:  # unknown, or deleted with its session while being read
             raise TurnNotFoundError(f"no turn {turn_id!r}", turn_id=turn_id)
         return record
 
@@ -259,10 +258,8 @@ class TurnReader:
             ),
         )
 
-    async def _check(self, turn_id: TurnId, after_seq: int) -> TurnRecord:
-        record = await self.store.get_turn(turn_id)
-        if record is None:
-            raise TurnNotFoundError(f"no turn {turn_id!r}", turn_id=turn_id)
+    async def _check(self, turn_id: TurnId, after_seq: int) -> TurnProgress:
+        record = await self._progress(turn_id)
         check_cursor(record, after_seq)
         return record
 
