@@ -178,6 +178,32 @@ async def test_a_live_lease_cannot_be_claimed(store: SqlStore, clock: FakeClock)
     assert await store.claim("w2", ttl_s=10, max_attempts=3) is None
 
 
+async def test_a_claim_for_one_session_takes_its_turn_and_keeps_its_first_start(
+    store: SqlStore, clock: FakeClock
+) -> None:
+    """A session's claim passes over older turns of other sessions; a takeover keeps when
+    the turn first started."""
+    await store.submit(new_input(session="s-other"))
+    mine = await store.submit(new_input(session="s-mine"))
+    first = await store.claim("w1", ttl_s=10, max_attempts=3, session_id=SessionId("s-mine"))
+    assert first is not None
+    assert (first.turn_id, first.epoch, first.took_over) == (mine.turn_id, 1, False)
+    assert first.started_at == clock.now()
+    assert await store.claim("w2", ttl_s=10, max_attempts=3, session_id=SessionId("s-mine")) is None
+    clock.advance(11)  # w1 stopped renewing
+    again = await store.claim(
+        "w2", ttl_s=10, max_attempts=3, turn_id=mine.turn_id, session_id=SessionId("s-mine")
+    )
+    assert again is not None
+    assert (again.epoch, again.attempt, again.took_over) == (2, 2, True)
+    assert again.started_at == first.started_at
+    assert again.expires_at == clock.now() + timedelta(seconds=10)
+    record = await store.get_turn(mine.turn_id)
+    assert record is not None
+    assert (record.lease_owner, record.lease_epoch, record.attempts) == ("w2", 2, 2)
+    assert record.started_at == first.started_at
+
+
 async def test_two_workers_racing_for_one_run_exactly_one_wins(
     db: DB, store: SqlStore, clock: FakeClock
 ) -> None:

@@ -23,6 +23,7 @@ from turnkit.store._schema import UNFINISHED, aware, events, turns
 __all__ = (
     "PROGRESS_TYPES",
     "claim",
+    "claim_pg",
     "Refusal",
     "Renewal",
     "renew_many",
@@ -161,6 +162,86 @@ def claim(
         attempt=row.attempts + 1,
         took_over=row.lease_owner is not None,
         last_seq=won.last_seq,
+        started_at=started,
+    )
+
+
+@functools.cache
+def _claim_pg_sql(*, by_turn: bool, by_session: bool) -> str:
+    """`claim` as one statement for asyncpg: the candidate locked and taken at once.
+
+    The same rules as `_claim_query` and `_claim_update`: `$1` now, `$2` max_attempts,
+    `$3` owner, `$4` the expiry, then `$5` the turn or session asked for, if any.
+    """
+    progress = ", ".join(f"'{t}'" for t in PROGRESS_TYPES)
+    unfinished = ", ".join(f"'{s}'" for s in UNFINISHED)
+    only = ""
+    if by_turn:
+        only += " AND t.turn_id = $5"
+    if by_session:
+        only += f" AND t.session_id = ${5 + by_turn}"
+    return f"""
+WITH candidate AS (
+    SELECT t.turn_id, t.lease_epoch, t.lease_owner, t.attempts, judged.spent
+    FROM tk_turns t
+    CROSS JOIN LATERAL (
+        SELECT t.spent_attempts + CASE WHEN t.attempts > 0 AND NOT EXISTS (
+            SELECT FROM tk_events e
+            WHERE e.turn_id = t.turn_id AND e.seq > t.claim_seq AND e.type IN ({progress})
+        ) THEN 1 ELSE 0 END AS spent
+    ) judged
+    WHERE t.status = 'running'
+        AND (t.lease_owner IS NULL OR t.lease_expires_at < $1)
+        AND judged.spent < $2
+        AND NOT EXISTS (
+            SELECT FROM tk_turns earlier
+            WHERE earlier.session_id = t.session_id AND earlier.input_seq < t.input_seq
+                AND earlier.status IN ({unfinished})
+        ){only}
+    ORDER BY t.created_at, t.input_seq
+    LIMIT 1
+    FOR UPDATE OF t SKIP LOCKED
+)
+UPDATE tk_turns AS u SET
+    lease_owner = $3, lease_epoch = c.lease_epoch + 1, lease_expires_at = $4,
+    attempts = c.attempts + 1, spent_attempts = c.spent, claim_seq = u.last_seq,
+    started_at = CASE WHEN c.attempts = 0 THEN $1 ELSE u.started_at END, updated_at = $1
+FROM candidate c
+WHERE u.turn_id = c.turn_id
+RETURNING u.turn_id, u.session_id, u.last_seq, u.started_at, c.lease_epoch, c.attempts,
+    c.lease_owner
+"""
+
+
+async def claim_pg(
+    conn: Any,
+    *,
+    owner: str,
+    ttl_s: float,
+    max_attempts: int,
+    turn_id: TurnId | None,
+    session_id: SessionId | None,
+    clock: Callable[[], datetime],
+) -> Lease | None:
+    """`claim` on an asyncpg connection, as one statement (no BEGIN, no COMMIT)."""
+    sql = _claim_pg_sql(by_turn=turn_id is not None, by_session=session_id is not None)
+    now = clock()  # read once the connection is ours: a wait for it shortens no lease
+    expires = now + timedelta(seconds=ttl_s)
+    only = [x for x in (turn_id, session_id) if x is not None]
+    row = await conn.fetchrow(sql, now, max_attempts, owner, expires, *only)
+    if row is None:
+        return None
+    started = aware(row["started_at"])
+    assert started is not None  # set by this claim, if not by an earlier one
+    return Lease(
+        turn_id=TurnId(row["turn_id"]),
+        session_id=SessionId(row["session_id"]),
+        owner=owner,
+        epoch=row["lease_epoch"] + 1,
+        expires_at=expires,
+        attempt=row["attempts"] + 1,
+        took_over=row["lease_owner"] is not None,
+        last_seq=row["last_seq"],
         started_at=started,
     )
 

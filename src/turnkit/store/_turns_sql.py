@@ -29,6 +29,7 @@ __all__ = (
     "audit_blobs",
     "event_page",
     "get_turn",
+    "get_turn_pg",
     "list_turns",
     "progress_of",
     "progress_pg",
@@ -57,6 +58,24 @@ def event_page(
 def get_turn(conn: Connection, turn_id: TurnId) -> TurnRecord | None:
     row = conn.execute(TURN_BY_ID, {"t_id": turn_id}).first()
     return _turn_record(row) if row is not None else None
+
+
+class _Fields:
+    """An asyncpg record read by attribute, as `turn_record` reads rows."""
+
+    __slots__ = ("_record",)
+
+    def __init__(self, record: Any) -> None:
+        self._record = record
+
+    def __getattr__(self, name: str) -> Any:
+        return self._record[name]
+
+
+async def get_turn_pg(conn: Any, turn_id: TurnId) -> TurnRecord | None:
+    """`get_turn` on PostgreSQL as one prepared statement on an asyncpg connection."""
+    row = await conn.fetchrow("SELECT * FROM tk_turns WHERE turn_id = $1", turn_id)
+    return _turn_record(_Fields(row)) if row is not None else None
 
 
 _PROGRESS_SLOTS = 32

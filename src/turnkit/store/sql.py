@@ -8,6 +8,7 @@ statements live in a `_*_sql.py` module by concern (submit, lease, sweep, commit
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import AsyncIterator, Sequence
 from datetime import datetime, timedelta
@@ -135,6 +136,18 @@ class SqlStore(SqlEngine):
         session_id: SessionId | None = None,
     ) -> Lease | None:
         """Claim the next runnable turn (or `turn_id`, or one of `session_id`) for `owner`."""
+        if self._async_engine is not None:
+            return await self._pg_driver(
+                functools.partial(
+                    lease_sql.claim_pg,
+                    owner=owner,
+                    ttl_s=ttl_s,
+                    max_attempts=max_attempts,
+                    turn_id=turn_id,
+                    session_id=session_id,
+                    clock=self._clock.now,
+                )
+            )
         return await self._hot_tx(
             lambda conn: lease_sql.claim(
                 conn,
@@ -391,6 +404,8 @@ class SqlStore(SqlEngine):
 
     async def get_turn(self, turn_id: TurnId) -> TurnRecord | None:
         """One turn, or None."""
+        if self._async_engine is not None:
+            return await self._pg_driver(turns_sql.get_turn_pg, turn_id)
         return await self._hot_tx(turns_sql.get_turn, turn_id, write=False)
 
     async def turn_progress(self, turn_id: TurnId) -> TurnProgress | None:
