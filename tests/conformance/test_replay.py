@@ -12,12 +12,15 @@ from typing import cast
 
 import pytest
 from tests.conftest import REDIS_URL, require_service
+from tests.support.services import PrivateRedis, private_redis
 
 from turnkit.events import DoneEvent, MessageDeltaEvent, encode_event
 from turnkit.ids import TurnId
 from turnkit.replay import ReplayBuffer, ReplaySettings
 from turnkit.replay.memory import InMemoryReplayBuffer
 from turnkit.runtime._publish import BufferPublisher, Entry
+
+__all__ = ("private_redis",)  # a fixture, re-exported for pytest
 
 
 @pytest.fixture(params=["memory", "redis"])
@@ -210,3 +213,69 @@ async def test_a_publisher_sends_a_streaming_drivers_events_in_few_batches(
     assert [json.loads(e.data)["text"] for e in entries] == [str(i) for i in range(40)]
     assert sum(batches) == 40
     assert len(batches) <= 10
+
+
+async def test_a_cancelled_redis_wait_leaves_no_reply_for_the_next_call() -> None:
+    """A reader closed while its XREAD blocks must not leave that reply on a pooled
+    connection, where the next call would take it for its own."""
+    require_service("Redis", "127.0.0.1", 6379)
+    import redis.asyncio as aioredis
+
+    from turnkit.replay.redis import RedisReplayBuffer
+
+    client = aioredis.Redis.from_url(REDIS_URL, max_connections=1)  # one connection, reused
+    buffer = RedisReplayBuffer(client, prefix=f"tk-test-{uuid.uuid4().hex[:8]}")
+    waiting, other = _turn(), _turn()
+    try:
+        reader = asyncio.create_task(buffer.read(waiting, after="0", wait_s=5))
+        await asyncio.sleep(0.1)  # blocking in XREAD now
+        reader.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await reader
+        await buffer.publish(waiting, [(1, b"late", False)])  # would wake the old XREAD
+        await buffer.publish(other, [(1, b"mine", False)])
+        assert [e.data for e in await buffer.read(other, after="0", wait_s=0)] == [b"mine"]
+        assert [e.data for e in await buffer.read(waiting, after="0", wait_s=0)] == [b"late"]
+    finally:
+        await client.aclose()
+
+
+async def test_a_redis_restart_costs_no_publish(private_redis: PrivateRedis) -> None:
+    """Pooled connections die with the server; the next call goes through on a new one."""
+    from turnkit.replay.redis import RedisReplayBuffer
+
+    buffer = RedisReplayBuffer.from_url(private_redis.url)
+    turn = _turn()
+    try:
+        await buffer.publish(turn, [(1, b"before", False)])
+        assert [e.data for e in await buffer.read(turn, after="0", wait_s=0)] == [b"before"]
+        private_redis.kill()
+        private_redis.start()  # empty again: nothing is saved
+        await buffer.publish(turn, [(2, b"after", False)])
+        assert [e.seq for e in await buffer.read(turn, after="0", wait_s=0)] == [2]
+    finally:
+        await buffer.close()
+
+
+async def test_a_refused_redis_command_leaves_no_reply_for_the_next_call() -> None:
+    """A command Redis refuses raises, and the replies after it in the same round trip are
+    not left for the next call on that connection."""
+    require_service("Redis", "127.0.0.1", 6379)
+    import redis.asyncio as aioredis
+    from redis.exceptions import ResponseError
+
+    from turnkit.replay.redis import RedisReplayBuffer
+
+    client = aioredis.Redis.from_url(REDIS_URL, max_connections=1)  # one connection, reused
+    prefix = f"tk-test-{uuid.uuid4().hex[:8]}"
+    buffer = RedisReplayBuffer(client, prefix=prefix)
+    clash, other = _turn(), _turn()
+    try:
+        await client.set(f"{prefix}:turn:{clash}", b"not a stream")
+        with pytest.raises(ResponseError, match="WRONGTYPE"):
+            await buffer.publish(clash, [(1, b"a", False), (2, b"b", False)])
+        await buffer.publish(other, [(1, b"mine", False)])
+        assert [e.data for e in await buffer.read(other, after="0", wait_s=0)] == [b"mine"]
+    finally:
+        await client.delete(f"{prefix}:turn:{clash}", f"{prefix}:turn:{other}")
+        await client.aclose()

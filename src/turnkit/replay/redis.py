@@ -72,20 +72,20 @@ class RedisReplayBuffer:
         """XADD the entries in one round trip and refresh the stream's expiry."""
         if not entries:
             return
-        key = self._key(turn_id)
+        key = self._key(turn_id).encode()
         ttl = self.settings.ttl_s
-        pipe = self.client.pipeline(transaction=False)
+        maxlen = str(self.settings.max_entries).encode()
+        commands = []
         for seq, data, terminal in entries:
-            fields: dict[Any, Any] = {
-                b"s": b"" if seq is None else str(seq).encode(),
-                b"d": data,
-                b"t": b"1" if terminal else b"0",
-            }
-            pipe.xadd(key, fields, maxlen=self.settings.max_entries, approximate=True)
+            s = b"" if seq is None else str(seq).encode()
+            t = b"1" if terminal else b"0"
+            commands.append(
+                _command(b"XADD", key, b"MAXLEN", b"~", maxlen, b"*", b"s", s, b"d", data, b"t", t)
+            )
             if terminal:
                 ttl = self.settings.terminal_grace_s
-        pipe.pexpire(key, int(ttl * 1000))
-        await pipe.execute()
+        commands.append(_command(b"PEXPIRE", key, str(int(ttl * 1000)).encode()))
+        await self._round_trip(b"".join(commands), len(commands))
 
     async def tail(self, turn_id: TurnId) -> str:
         """The newest entry id, or "0"."""
@@ -100,18 +100,24 @@ class RedisReplayBuffer:
         A long wait is split into blocks of at most `_MAX_BLOCK_S`: a single XREAD that
         blocks longer than the client's socket timeout (redis-py: 5 s) fails instead.
         """
-        key: dict[Any, Any] = {self._key(turn_id): after}
+        key = self._key(turn_id).encode()
         deadline = time.monotonic() + wait_s
+        reply: Any = None
         for _ in range(int(wait_s / _MAX_BLOCK_S) + 2):  # bounded; usually one round
             remaining = deadline - time.monotonic()
             block = max(1, int(min(remaining, _MAX_BLOCK_S) * 1000)) if remaining > 0 else None
-            # redis-py types replies as loose unions; with decode_responses=False: bytes.
-            reply: Any = await self.client.xread(key, count=limit, block=block)
+            head = [b"XREAD", b"COUNT", str(limit).encode()]
+            if block is not None:
+                head += [b"BLOCK", str(block).encode()]
+            [reply] = await self._round_trip(_command(*head, b"STREAMS", key, after.encode()), 1)
             if reply or block is None or remaining <= _MAX_BLOCK_S:
                 break
+        # RESP2 replies [[key, items]], RESP3 ones {key: items}; None when nothing came.
+        streams = reply.values() if isinstance(reply, dict) else (s[1] for s in reply or ())
         entries: list[BufferEntry] = []
-        for _stream, items in reply or []:
-            for entry_id, fields in items:
+        for items in streams:
+            for entry_id, flat in items:
+                fields = dict(zip(flat[::2], flat[1::2], strict=True))
                 raw_seq = fields.get(b"s", b"")
                 entries.append(
                     BufferEntry(
@@ -122,6 +128,31 @@ class RedisReplayBuffer:
                     )
                 )
         return entries
+
+    async def _round_trip(self, packed: bytes, replies: int) -> list[Any]:
+        """Send `packed` (RESP commands) on one pooled connection and read their replies.
+
+        The per-call work of redis-py's command and pipeline objects cost more than the
+        round trip itself. A connection that fails is dropped, as is one whose replies were
+        not all read; a call that failed on its connection is tried once more on a fresh
+        one (a pooled connection dies with a Redis restart), as redis-py's commands retry.
+        """
+        pool = self.client.connection_pool
+        for attempt in (1, 2):
+            conn = await pool.get_connection()  # type: ignore[no-untyped-call]
+            try:
+                await conn.send_packed_command(packed, check_health=False)
+                return [await conn.read_response() for _ in range(replies)]
+            except (aioredis.ConnectionError, aioredis.TimeoutError, OSError):
+                await conn.disconnect()
+                if attempt == 2:
+                    raise
+            except BaseException:
+                await conn.disconnect()  # unread replies would answer the next caller
+                raise
+            finally:
+                await pool.release(conn)
+        raise AssertionError("unreachable")  # pragma: no cover
 
     async def release(self, turn_id: TurnId) -> None:
         """Shorten the stream's expiry to the grace period (no driver publishes now)."""
@@ -140,6 +171,14 @@ class RedisReplayBuffer:
         if self._owns:
             self._owns = False
             await self.client.aclose()
+
+
+def _command(*parts: bytes) -> bytes:
+    """One command in RESP, the protocol's array of bulk strings."""
+    out = [b"*%d\r\n" % len(parts)]
+    for part in parts:
+        out.append(b"$%d\r\n%s\r\n" % (len(part), part))
+    return b"".join(out)
 
 
 def _id(value: bytes | str) -> str:
