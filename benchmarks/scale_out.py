@@ -1,13 +1,22 @@
 """Turns per second as processes are added: N `turnkit serve` + M `turnkit worker` on loopback.
 
-Every process shares one PostgreSQL (a fresh schema) and one Redis. The API processes only
-commit and stream (`TURNKIT_RUN_IN_PROCESS=0`); the workers drive the turns with the offline
-demo agent (a tool call, then the answer; zero model latency). A load of `--turns` turns
-(`--concurrency` in flight), each `POST /sessions/{id}/execute` streamed to its `done`, is
-spread over the API processes. Reported per layout: turns/s, p50/p99 turn latency, and
-turns/s per process relative to the 1 + 1 layout.
+Every process shares one PostgreSQL (a fresh schema per run) and one Redis. The API
+processes only commit and stream (`TURNKIT_RUN_IN_PROCESS=0`); the workers drive the
+turns, each at most `--worker-concurrency` at once, with the offline demo agent (a plan
+call, a tool call, then the answer). Its model waits `latency` seconds before each call,
+as a provider would; `--latencies` lists the values run (default 0, so a turn is all CPU,
+and 0.5). A load of `--turns` turns (`--in-flight` at once, more than the workers can
+drive together), each `POST /sessions/{id}/execute` streamed to its `done`, is spread
+over the API processes.
 
-Run:  .venv/bin/python benchmarks/scale_out.py [--turns 200] [--concurrency 20] [--json PATH]
+Each layout and latency runs once per round, in an order that rotates over `--rounds`.
+Reported per layout and latency: turns/s, p50/p99 turn latency, the machine's CPU per
+turn (all of it, from /proc/stat: the turnkit processes, PostgreSQL, Redis and the load
+generator) and the API and worker processes' own, and turns/s relative to 1 API + 1 worker at
+the same latency in the same round (median, min–max over rounds).
+
+Run:  .venv/bin/python benchmarks/scale_out.py [--turns 200] [--in-flight 64]
+      [--layouts 1+1,1+2,1+3,2+2] [--latencies 0,0.5] [--rounds 2] [--json PATH]
 Needs PostgreSQL on 127.0.0.1:5432 (database `test`) and Redis on 127.0.0.1:6379.
 """
 
@@ -15,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 import platform
@@ -24,14 +34,47 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import httpx
+
+from turnkit import Agent
+from turnkit.demo import DemoModel, demo_agent
+from turnkit.models import ModelChunk, ModelRequest
 
 ROOT = Path(__file__).parent.parent
 POSTGRES = os.environ.get("TURNKIT_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
 REDIS = os.environ.get("TURNKIT_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 API = "/api/harness"
+LATENCY_VAR = "TURNKIT_BENCH_MODEL_LATENCY_S"
+TICK_MS = 1000 / os.sysconf("SC_CLK_TCK")
+
+
+class _SlowDemoModel(DemoModel):
+    """The demo model, waiting `latency` seconds before each call's first chunk."""
+
+    def __init__(self, latency: float) -> None:
+        self.latency = latency
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
+        if self.latency:
+            await asyncio.sleep(self.latency)
+        async for chunk in super().stream(request):
+            yield chunk
+
+
+def bench_agent() -> Agent:
+    """The agent every process of a layout hosts (`scale_out:AGENT`): the demo agent, slowed."""
+    latency = float(os.environ.get(LATENCY_VAR, "0"))
+    return dataclasses.replace(demo_agent(), model=_SlowDemoModel(latency))
+
+
+def __getattr__(name: str) -> Any:  # `scale_out:AGENT`, built only in the processes that load it
+    if name == "AGENT":
+        return bench_agent()
+    raise AttributeError(name)
 
 
 def _port() -> int:
@@ -46,14 +89,18 @@ def _start(cmd: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[b
 
 
 def _layout(
-    apis: int, workers: int, schema: str, logs: Path
+    apis: int, workers: int, latency: float, per_worker: int, schema: str, logs: Path
 ) -> tuple[list[str], list[subprocess.Popen[bytes]]]:
     env = {
         **os.environ,
         "TURNKIT_REDIS_URL": REDIS,
         "TURNKIT_RUN_IN_PROCESS": "0",
         "TURNKIT_DATABASE_SCHEMA": schema,
-    }
+        "TURNKIT_AGENT": "scale_out:AGENT",
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "benchmarks"),
+                                                    os.environ.get("PYTHONPATH")])),
+        LATENCY_VAR: str(latency),
+    }  # fmt: skip
     env.pop("TURNKIT_MODEL", None)
     procs, urls = [], []
     for i in range(apis):
@@ -63,9 +110,10 @@ def _layout(
         procs.append(_start(cmd, env, logs / f"api{i}.log"))
         urls.append(f"http://127.0.0.1:{port}")
     for i in range(workers):
-        cmd = [sys.executable, "-m", "turnkit.cli", "worker", "--concurrency", "16",
-               "--poll-interval", "0.02", "--database-url", POSTGRES, "--database-schema",
-               schema, "--redis-url", REDIS]  # fmt: skip
+        cmd = [sys.executable, "-m", "turnkit.cli", "worker", "--agent", "scale_out:AGENT",
+               "--concurrency", str(per_worker), "--poll-interval", "0.02",
+               "--database-url", POSTGRES, "--database-schema", schema,
+               "--redis-url", REDIS]  # fmt: skip
         procs.append(_start(cmd, env, logs / f"worker{i}.log"))
     deadline = time.monotonic() + 60
     for url in urls:
@@ -81,8 +129,27 @@ def _layout(
     return urls, procs
 
 
-async def _load(urls: list[str], turns: int, concurrency: int) -> tuple[float, list[float]]:
-    gate = asyncio.Semaphore(concurrency)
+def _machine_busy_ticks() -> int:
+    """CPU ticks the whole machine spent busy (not idle, not waiting on I/O) since boot."""
+    with open("/proc/stat") as stat:
+        fields = [int(x) for x in stat.readline().split()[1:]]
+    return sum(fields) - fields[3] - fields[4]
+
+
+def _process_ticks(procs: list[subprocess.Popen[bytes]]) -> int:
+    """User + system CPU ticks of `procs` so far."""
+    total = 0
+    for proc in procs:
+        with open(f"/proc/{proc.pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])
+    return total
+
+
+async def _load(
+    urls: list[str], turns: int, in_flight: int, procs: list[subprocess.Popen[bytes]]
+) -> dict[str, Any]:
+    gate = asyncio.Semaphore(in_flight)
     latencies: list[float] = []
 
     async def one(i: int, http: httpx.AsyncClient) -> None:
@@ -96,56 +163,116 @@ async def _load(urls: list[str], turns: int, concurrency: int) -> tuple[float, l
                 raise SystemExit(f"turn {i} did not succeed:\n{text[-400:]}")
             latencies.append((time.perf_counter() - started) * 1000)
 
-    async with httpx.AsyncClient(timeout=120) as http:
-        await one(-1, http)  # warm up every path once
+    limits = httpx.Limits(max_connections=in_flight + 8)
+    async with httpx.AsyncClient(timeout=120, limits=limits) as http:
+        for warm in range(len(urls) * 4):  # every path once, on every API process
+            await one(-1 - warm, http)
         latencies.clear()
+        apis, workers = procs[: len(urls)], procs[len(urls) :]
+        machine0 = _machine_busy_ticks()
+        api0, worker0 = _process_ticks(apis), _process_ticks(workers)
         began = time.perf_counter()
         await asyncio.gather(*(one(i, http) for i in range(turns)))
         elapsed = time.perf_counter() - began
-    return turns / elapsed, latencies
+        machine = _machine_busy_ticks() - machine0
+        api, worker = _process_ticks(apis) - api0, _process_ticks(workers) - worker0
+    latencies.sort()
+    return {
+        "turns_per_s": turns / elapsed,
+        "p50_ms": statistics.median(latencies),
+        "p99_ms": latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))],
+        "machine_cpu_ms_per_turn": machine * TICK_MS / turns,
+        "api_cpu_ms_per_turn": api * TICK_MS / turns,
+        "worker_cpu_ms_per_turn": worker * TICK_MS / turns,
+    }
+
+
+def run_layout(
+    apis: int, workers: int, latency: float, args: argparse.Namespace, logs: Path
+) -> dict[str, Any]:
+    """One layout at one latency, on a schema of its own, its processes stopped after."""
+    schema = f"tk_scale_{uuid.uuid4().hex[:8]}"
+    urls, procs = _layout(apis, workers, latency, args.worker_concurrency, schema, logs)
+    try:
+        result = asyncio.run(_load(urls, args.turns, args.in_flight, procs))
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        subprocess.run(["psql", POSTGRES, "-q", "-c", f'DROP SCHEMA "{schema}" CASCADE'],
+                       capture_output=True, check=False, timeout=60)  # fmt: skip
+    return {"api_processes": apis, "workers": workers, "latency_s": latency, **result}
+
+
+def _spread(values: list[float]) -> str:
+    return f"{statistics.median(values):.2f} ({min(values):.2f}–{max(values):.2f})"
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--turns", type=int, default=200)
-    parser.add_argument("--concurrency", type=int, default=20)
+    parser.add_argument("--in-flight", type=int, default=64)
+    parser.add_argument("--worker-concurrency", type=int, default=16)
+    parser.add_argument("--layouts", default="1+1,1+2,1+3,2+2")
+    parser.add_argument("--latencies", default="0,0.5")
+    parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--json", default=str(ROOT / "benchmarks/results/scale_out.json"))
     args = parser.parse_args()
+    layouts = [tuple(int(n) for n in item.split("+")) for item in args.layouts.split(",")]
+    if (1, 1) not in layouts:
+        raise SystemExit("--layouts must include 1+1 (the ratios are against it)")
+    runs = [(a, w, float(lat)) for lat in args.latencies.split(",") for a, w in layouts]
     logs = ROOT / "benchmarks/results/scale_out_logs"
     logs.mkdir(parents=True, exist_ok=True)
-    rows = []
-    for apis, workers in ((1, 1), (2, 2)):
-        schema = f"tk_scale_{uuid.uuid4().hex[:8]}"
-        urls, procs = _layout(apis, workers, schema, logs)
-        try:
-            rate, lat = asyncio.run(_load(urls, args.turns, args.concurrency))
-        finally:
-            for proc in procs:
-                proc.terminate()
-            for proc in procs:
-                try:
-                    proc.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-            subprocess.run(["psql", POSTGRES, "-q", "-c", f'DROP SCHEMA "{schema}" CASCADE'],
-                           capture_output=True, check=False, timeout=60)  # fmt: skip
-        lat.sort()
-        rows.append({
-            "api_processes": apis, "workers": workers, "turns_per_s": round(rate, 1),
-            "p50_ms": round(statistics.median(lat), 1),
-            "p99_ms": round(lat[min(len(lat) - 1, int(0.99 * len(lat)))], 1),
+
+    rows: list[dict[str, Any]] = []
+    for r in range(args.rounds):
+        shift = r % len(runs)
+        for apis, workers, latency in runs[shift:] + runs[:shift]:
+            row = run_layout(apis, workers, latency, args, logs)
+            rows.append({**row, "round": r + 1})
+            print(f"round {r + 1}: {apis} API + {workers} worker(s), model latency "
+                  f"{latency:g} s: {row['turns_per_s']:.1f} turns/s", flush=True)  # fmt: skip
+
+    summary = []
+    for apis, workers, latency in runs:
+        mine = [x for x in rows if (x["api_processes"], x["workers"], x["latency_s"])
+                == (apis, workers, latency)]  # fmt: skip
+        ratios = []
+        for x in mine:
+            base = next(b for b in rows if (b["api_processes"], b["workers"], b["latency_s"],
+                                            b["round"]) == (1, 1, latency, x["round"]))  # fmt: skip
+            ratios.append(x["turns_per_s"] / base["turns_per_s"])
+        summary.append({
+            "api_processes": apis, "workers": workers, "latency_s": latency,
+            **{key: statistics.median(x[key] for x in mine)
+               for key in ("turns_per_s", "p50_ms", "p99_ms", "machine_cpu_ms_per_turn",
+                           "api_cpu_ms_per_turn", "worker_cpu_ms_per_turn")},
+            "vs_1_1": statistics.median(ratios), "vs_1_1_min": min(ratios),
+            "vs_1_1_max": max(ratios), "vs_1_1_text": _spread(ratios),
         })  # fmt: skip
-    base = rows[0]["turns_per_s"] / 2
+
     print(f"\nscale-out — Python {platform.python_version()} on {os.cpu_count()} cores, "
-          f"{args.turns} turns, {args.concurrency} in flight\n")  # fmt: skip
-    print(f"{'layout':22}{'turns/s':>10}{'p50 ms':>10}{'p99 ms':>10}{'per process vs 1+1':>22}")
-    for row in rows:
-        per = row["turns_per_s"] / (row["api_processes"] + row["workers"]) / base
-        row["per_process_vs_1_1"] = round(per, 2)
-        layout = f"{row['api_processes']} API + {row['workers']} worker(s)"
-        print(f"{layout:22}{row['turns_per_s']:>10}{row['p50_ms']:>10}{row['p99_ms']:>10}"
-              f"{row['per_process_vs_1_1']:>22}")  # fmt: skip
-    Path(args.json).write_text(json.dumps({"rows": rows, "cores": os.cpu_count()}, indent=2))
+          f"{args.turns} turns, {args.in_flight} in flight, at most "
+          f"{args.worker_concurrency} per worker, {args.rounds} rounds (medians)\n")  # fmt: skip
+    print(
+        "| model latency | layout | turns/s | × 1 + 1 | p50 / p99 ms | machine CPU ms per turn "
+        "| API / worker processes' CPU ms per turn |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for s in summary:
+        print(f"| {s['latency_s']:g} s | {s['api_processes']} API + {s['workers']} worker"
+              f"{'s' if s['workers'] > 1 else ''} | {s['turns_per_s']:.1f} | {s['vs_1_1_text']} "
+              f"| {s['p50_ms']:,.0f} / {s['p99_ms']:,.0f} | {s['machine_cpu_ms_per_turn']:.1f} "
+              f"| {s['api_cpu_ms_per_turn']:.1f} / {s['worker_cpu_ms_per_turn']:.1f} |"
+              )  # fmt: skip
+    Path(args.json).write_text(json.dumps(
+        {"summary": summary, "rows": rows, "cores": os.cpu_count(), "args": vars(args)}, indent=2
+    ))  # fmt: skip
     print(f"\nwrote {args.json}")
 
 
