@@ -46,3 +46,25 @@ async def test_the_worker_logs_claims_recoveries_and_finished_turns(
         assert re.fullmatch(
             rf"finished turn {turn_id} \(session {session}\): succeeded in (\d+ ms|\d+\.\d s)", done
         )
+
+
+async def test_a_full_worker_claims_the_next_turn_as_soon_as_one_ends(tmp_path: Path) -> None:
+    """Driving all it may, a worker waits for a turn to end, not for its next poll."""
+    model = ScriptedModel([ModelStep.text_reply("First."), ModelStep.text_reply("Second.")])
+    config = RuntimeConfig(database_url=f"sqlite:///{tmp_path / 'w.db'}")
+    async with SessionRuntime(agent=Agent(model=model), config=config) as runtime:
+        first = await runtime.submit("s-1", "one")
+        second = await runtime.submit("s-2", "two")
+        stop = asyncio.Event()
+        worker = Worker(runtime, concurrency=1, poll_interval_s=60, sweep_interval_s=3600)
+        running = asyncio.create_task(worker.run(stop))
+        try:
+            deadline = time.monotonic() + 20  # well under the 60 s poll
+            for turn in (first, second):
+                while (await runtime.turn(turn.turn_id)).status == "running":
+                    assert time.monotonic() < deadline, "the second turn waited for a poll"
+                    await asyncio.sleep(0.02)
+                assert (await runtime.turn(turn.turn_id)).status == "succeeded"
+        finally:
+            stop.set()
+            await running

@@ -53,13 +53,24 @@ async def _wait(stop: asyncio.Event, seconds: float) -> None:
         await asyncio.wait_for(stop.wait(), seconds)
 
 
+async def _wait_either(stop: asyncio.Event, room: asyncio.Event, seconds: float) -> None:
+    """Until `stop` or `room` is set, at most `seconds`."""
+    waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(room.wait())]
+    try:
+        await asyncio.wait(waits, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiting in waits:
+            waiting.cancel()
+
+
 class Worker:
     """Claim-and-drive loop over one `SessionRuntime`'s Store.
 
     Args:
         runtime: Supplies the Store, the compiled graph, the agent and the config.
         concurrency: At most this many turns run at once.
-        poll_interval_s: How long to wait when nothing is claimable.
+        poll_interval_s: How long to wait when nothing is claimable. A worker driving
+            `concurrency` turns does not poll: it claims again as soon as one ends.
         sweep_interval_s: How often to run the orphan sweep.
         drain_timeout_s: On stop, how long running turns may take before they are
             cancelled (their leases then expire and another worker resumes them).
@@ -84,6 +95,8 @@ class Worker:
         self._tasks: set[asyncio.Task[None]] = set()
         self._drivers: dict[asyncio.Task[None], TurnDriver] = {}
         self._stopping = False
+        self._room = asyncio.Event()
+        """Set when a turn this worker drives ends (room for another claim)."""
 
     @property
     def running(self) -> int:
@@ -114,7 +127,13 @@ class Worker:
                     await _wait(stop, backoff.next(exc))
                     continue
                 backoff.reset()
-                if not claimed:
+                if claimed:
+                    continue
+                if len(self._tasks) >= self.concurrency:  # full: wait for a turn to end
+                    self._room.clear()
+                    until_sweep = max(0.0, next_sweep - clock.monotonic())
+                    await _wait_either(stop, self._room, until_sweep)
+                else:
                     await _wait(stop, self.poll_interval_s)
         finally:
             await self._drain()
@@ -159,7 +178,11 @@ class Worker:
             )
         task = asyncio.create_task(self._drive(lease), name=f"turnkit-turn-{lease.turn_id}")
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._ended)
+
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        self._room.set()
 
     async def _drive(self, lease: Lease) -> None:
         task = asyncio.current_task()
