@@ -2,7 +2,8 @@
 
 Every process shares one PostgreSQL (a fresh schema per run) and one Redis. The API
 processes only commit and stream (`TURNKIT_RUN_IN_PROCESS=0`); the workers drive the
-turns, each at most `--worker-concurrency` at once, with the offline demo agent (a plan
+turns, each at most `--worker-concurrency` at once (otherwise at `turnkit worker`'s
+defaults), with the offline demo agent (a plan
 call, a tool call, then the answer). Its model waits `latency` seconds before each call,
 as a provider would; `--latencies` lists the values run (default 0, so a turn is all CPU,
 and 0.5). A load of `--turns` turns (`--in-flight` at once, more than the workers can
@@ -111,7 +112,7 @@ def _layout(
         urls.append(f"http://127.0.0.1:{port}")
     for i in range(workers):
         cmd = [sys.executable, "-m", "turnkit.cli", "worker", "--agent", "scale_out:AGENT",
-               "--concurrency", str(per_worker), "--poll-interval", "0.02",
+               "--concurrency", str(per_worker),
                "--database-url", POSTGRES, "--database-schema", schema,
                "--redis-url", REDIS]  # fmt: skip
         procs.append(_start(cmd, env, logs / f"worker{i}.log"))

@@ -279,3 +279,30 @@ async def test_a_refused_redis_command_leaves_no_reply_for_the_next_call() -> No
     finally:
         await client.delete(f"{prefix}:turn:{clash}", f"{prefix}:turn:{other}")
         await client.aclose()
+
+
+async def test_a_redis_client_speaking_resp3_reads_the_same_entries() -> None:
+    """Redis answers a RESP3 client's XREAD with a map, a RESP2 one's with an array."""
+    require_service("Redis", "127.0.0.1", 6379)
+    import redis.asyncio as aioredis
+
+    from turnkit.replay.redis import RedisReplayBuffer
+
+    client = aioredis.Redis.from_url(REDIS_URL, protocol=3)
+    buffer = RedisReplayBuffer(client, prefix=f"tk-test-{uuid.uuid4().hex[:8]}")
+    turn = _turn()
+    try:
+        await buffer.publish(turn, [(1, b"a", False), (None, b"delta", False), (2, b"b", True)])
+        entries = await buffer.read(turn, after="0", wait_s=0)
+        assert [(e.seq, e.data, e.is_terminal) for e in entries] == [
+            (1, b"a", False),
+            (None, b"delta", False),
+            (2, b"b", True),
+        ]
+        assert [e.data for e in await buffer.read(turn, after=entries[0].position, wait_s=1)] == [
+            b"delta",
+            b"b",
+        ]
+    finally:
+        await buffer.drop(turn)
+        await client.aclose()

@@ -207,7 +207,7 @@ UPDATE tk_turns AS u SET
     attempts = c.attempts + 1, spent_attempts = c.spent, claim_seq = u.last_seq,
     started_at = CASE WHEN c.attempts = 0 THEN $1 ELSE u.started_at END, updated_at = $1
 FROM candidate c
-WHERE u.turn_id = c.turn_id
+WHERE u.turn_id = c.turn_id AND u.lease_epoch = c.lease_epoch AND u.status = 'running'
 RETURNING u.turn_id, u.session_id, u.last_seq, u.started_at, c.lease_epoch, c.attempts,
     c.lease_owner
 """
