@@ -84,7 +84,7 @@ async def test_a_claim_probes_a_sessions_open_turns_without_scanning_its_history
     plain = ("turn_id", "session_id", "input_seq", "status", "last_seq", "created_at")
     statements = {
         "message claimed at once": _insert_claimed(plain),
-        "worker claim": _claim_query(by_turn=False, by_session=False, skip_locked=False),
+        "worker claim": _claim_query(by_turn=False, by_session=False),
     }
     conn = sqlite3.connect(tmp_path / "tk.db")
     try:

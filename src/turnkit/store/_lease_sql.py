@@ -1,8 +1,10 @@
 """Leases on turns: claim the next runnable turn, renew a lease, tell stale from lost.
 
-Each function runs inside one transaction on a sync `Connection` (see `SqlStore._tx`).
-Claims are optimistic: pick a candidate (PostgreSQL: `FOR UPDATE SKIP LOCKED`), then a
-conditional UPDATE that only one contender can win; the epoch moves on with every claim.
+Each function runs inside one transaction on a sync `Connection` (see `SqlStore._tx`),
+except the `*_pg` ones: single statements on an asyncpg connection. A claim picks a
+candidate, then takes it with a conditional UPDATE that only one contender can win (on
+PostgreSQL, in one statement that locks the candidate with `FOR UPDATE SKIP LOCKED`); the
+epoch moves on with every claim.
 """
 
 from __future__ import annotations
@@ -59,7 +61,7 @@ def spent_after_claim() -> Any:
 
 
 @functools.cache
-def _claim_query(*, by_turn: bool, by_session: bool, skip_locked: bool) -> Any:
+def _claim_query(*, by_turn: bool, by_session: bool) -> Any:
     """The candidate query, built once per shape (values arrive as bind parameters)."""
     earlier = aliased(turns)
     query = select(
@@ -82,10 +84,7 @@ def _claim_query(*, by_turn: bool, by_session: bool, skip_locked: bool) -> Any:
         query = query.where(turns.c.turn_id == bindparam("c_turn"))
     if by_session:
         query = query.where(turns.c.session_id == bindparam("c_session"))
-    query = query.order_by(turns.c.created_at, turns.c.input_seq).limit(1)
-    if skip_locked:
-        query = query.with_for_update(skip_locked=True, of=turns)
-    return query
+    return query.order_by(turns.c.created_at, turns.c.input_seq).limit(1)
 
 
 @functools.cache
@@ -120,13 +119,10 @@ def claim(
     max_attempts: int,
     turn_id: TurnId | None,
     now: datetime,
-    skip_locked: bool,
     session_id: SessionId | None = None,
 ) -> Lease | None:
-    """Claim one runnable turn for `owner`, or None."""
-    query = _claim_query(
-        by_turn=turn_id is not None, by_session=session_id is not None, skip_locked=skip_locked
-    )
+    """Claim one runnable turn for `owner`, or None (SQLite: the write lock is held)."""
+    query = _claim_query(by_turn=turn_id is not None, by_session=session_id is not None)
     params: dict[str, Any] = {"c_now": now, "c_max": max_attempts}
     if turn_id is not None:
         params["c_turn"] = turn_id

@@ -156,7 +156,6 @@ class SqlStore(SqlEngine):
                 max_attempts=max_attempts,
                 turn_id=turn_id,
                 now=self._clock.now(),
-                skip_locked=self.dialect == "postgresql",
                 session_id=session_id,
             )
         )
