@@ -133,26 +133,26 @@ class RedisReplayBuffer:
         """Send `packed` (RESP commands) on one pooled connection and read their replies.
 
         The per-call work of redis-py's command and pipeline objects cost more than the
-        round trip itself. A connection that fails is dropped, as is one whose replies were
-        not all read; a call that failed on its connection is tried once more on a fresh
-        one (a pooled connection dies with a Redis restart), as redis-py's commands retry.
+        round trip itself. A call that failed on its connection is tried once more on a
+        fresh one (a pooled connection dies with a Redis restart), as redis-py's commands
+        retry.
         """
+        try:
+            return await self._send(packed, replies)
+        except (aioredis.ConnectionError, aioredis.TimeoutError, OSError):
+            return await self._send(packed, replies)
+
+    async def _send(self, packed: bytes, replies: int) -> list[Any]:
         pool = self.client.connection_pool
-        for attempt in (1, 2):
-            conn = await pool.get_connection()  # type: ignore[no-untyped-call]
-            try:
-                await conn.send_packed_command(packed, check_health=False)
-                return [await conn.read_response() for _ in range(replies)]
-            except (aioredis.ConnectionError, aioredis.TimeoutError, OSError):
-                await conn.disconnect()
-                if attempt == 2:
-                    raise
-            except BaseException:
-                await conn.disconnect()  # unread replies would answer the next caller
-                raise
-            finally:
-                await pool.release(conn)
-        raise AssertionError("unreachable")  # pragma: no cover
+        conn = await pool.get_connection()  # type: ignore[no-untyped-call]
+        try:
+            await conn.send_packed_command(packed, check_health=False)
+            return [await conn.read_response() for _ in range(replies)]
+        except BaseException:
+            await conn.disconnect()  # broken, or unread replies would answer the next caller
+            raise
+        finally:
+            await pool.release(conn)
 
     async def release(self, turn_id: TurnId) -> None:
         """Shorten the stream's expiry to the grace period (no driver publishes now)."""

@@ -8,7 +8,6 @@ concurrency bound. The worker also sweeps orphaned runs on a timer.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 
 from turnkit.errors import StoreUnavailableError
@@ -48,14 +47,9 @@ def _duration(seconds: float) -> str:
     return f"{seconds * 1000:.0f} ms" if seconds < 1 else f"{seconds:.1f} s"
 
 
-async def _wait(stop: asyncio.Event, seconds: float) -> None:
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(stop.wait(), seconds)
-
-
-async def _wait_either(stop: asyncio.Event, room: asyncio.Event, seconds: float) -> None:
-    """Until `stop` or `room` is set, at most `seconds`."""
-    waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(room.wait())]
+async def _wait(seconds: float, *events: asyncio.Event) -> None:
+    """Until one of `events` is set, at most `seconds`."""
+    waits = [asyncio.ensure_future(event.wait()) for event in events]
     try:
         await asyncio.wait(waits, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
     finally:
@@ -124,7 +118,7 @@ class Worker:
                         next_sweep = clock.monotonic() + self.sweep_interval_s
                     claimed = await self._claim_one()
                 except StoreUnavailableError as exc:
-                    await _wait(stop, backoff.next(exc))
+                    await _wait(backoff.next(exc), stop)
                     continue
                 backoff.reset()
                 if claimed:
@@ -132,9 +126,9 @@ class Worker:
                 if len(self._tasks) >= self.concurrency:  # full: wait for a turn to end
                     self._room.clear()
                     until_sweep = max(0.0, next_sweep - clock.monotonic())
-                    await _wait_either(stop, self._room, until_sweep)
+                    await _wait(until_sweep, stop, self._room)
                 else:
-                    await _wait(stop, self.poll_interval_s)
+                    await _wait(self.poll_interval_s, stop)
         finally:
             await self._drain()
 
@@ -145,7 +139,7 @@ class Worker:
                 await self.runtime.open()
                 return True
             except (StoreUnavailableError, OSError) as exc:
-                await _wait(stop, backoff.next(exc))
+                await _wait(backoff.next(exc), stop)
         return False
 
     async def _claim_one(self) -> bool:

@@ -20,7 +20,7 @@ from sqlalchemy.orm import aliased
 from turnkit.errors import LeaseLostError, StaleEpochError
 from turnkit.ids import SessionId, TurnId
 from turnkit.store import Lease
-from turnkit.store._schema import UNFINISHED, aware, events, turns
+from turnkit.store._schema import UNFINISHED, Fields, aware, events, turns
 
 __all__ = (
     "PROGRESS_TYPES",
@@ -118,10 +118,11 @@ def claim(
     ttl_s: float,
     max_attempts: int,
     turn_id: TurnId | None,
-    now: datetime,
-    session_id: SessionId | None = None,
+    session_id: SessionId | None,
+    clock: Callable[[], datetime],
 ) -> Lease | None:
     """Claim one runnable turn for `owner`, or None (SQLite: the write lock is held)."""
+    now = clock()
     query = _claim_query(by_turn=turn_id is not None, by_session=session_id is not None)
     params: dict[str, Any] = {"c_now": now, "c_max": max_attempts}
     if turn_id is not None:
@@ -147,16 +148,21 @@ def claim(
     ).first()
     if won is None:
         return None  # another claimant moved the epoch first
+    return _taken(row, won, owner, expires)
+
+
+def _taken(candidate: Any, won: Any, owner: str, expires: datetime) -> Lease:
+    """The lease a claim took: `candidate` as it was read, `won` as the update left it."""
     started = aware(won.started_at)
-    assert started is not None
+    assert started is not None  # set by this claim, if not by an earlier one
     return Lease(
-        turn_id=TurnId(row.turn_id),
+        turn_id=TurnId(candidate.turn_id),
         session_id=SessionId(won.session_id),
         owner=owner,
-        epoch=row.lease_epoch + 1,
+        epoch=candidate.lease_epoch + 1,
         expires_at=expires,
-        attempt=row.attempts + 1,
-        took_over=row.lease_owner is not None,
+        attempt=candidate.attempts + 1,
+        took_over=candidate.lease_owner is not None,
         last_seq=won.last_seq,
         started_at=started,
     )
@@ -225,21 +231,7 @@ async def claim_pg(
     expires = now + timedelta(seconds=ttl_s)
     only = [x for x in (turn_id, session_id) if x is not None]
     row = await conn.fetchrow(sql, now, max_attempts, owner, expires, *only)
-    if row is None:
-        return None
-    started = aware(row["started_at"])
-    assert started is not None  # set by this claim, if not by an earlier one
-    return Lease(
-        turn_id=TurnId(row["turn_id"]),
-        session_id=SessionId(row["session_id"]),
-        owner=owner,
-        epoch=row["lease_epoch"] + 1,
-        expires_at=expires,
-        attempt=row["attempts"] + 1,
-        took_over=row["lease_owner"] is not None,
-        last_seq=row["last_seq"],
-        started_at=started,
-    )
+    return None if row is None else _taken(Fields(row), Fields(row), owner, expires)
 
 
 def _stale(lease: Lease) -> StaleEpochError:

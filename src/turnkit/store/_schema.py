@@ -59,6 +59,18 @@ def aware(value: datetime | None) -> datetime | None:
     return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
 
+class Fields:
+    """An asyncpg record read by attribute, as SQLAlchemy rows are (`row.turn_id`)."""
+
+    __slots__ = ("_record",)
+
+    def __init__(self, record: Any) -> None:
+        self._record = record
+
+    def __getattr__(self, name: str) -> Any:
+        return self._record[name]
+
+
 def turn_record(row: Any) -> TurnRecord:
     """Map a `tk_turns` row (or anything with its attributes) to a `TurnRecord`."""
     created = aware(row.created_at)

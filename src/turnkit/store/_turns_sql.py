@@ -16,6 +16,7 @@ from turnkit.ids import SessionId, TurnId
 from turnkit.states import TurnStatus
 from turnkit.store import TurnProgress, TurnRecord
 from turnkit.store._schema import (
+    Fields,
     audit as _audit,
     aware as _aware,
     events as _events,
@@ -60,22 +61,10 @@ def get_turn(conn: Connection, turn_id: TurnId) -> TurnRecord | None:
     return _turn_record(row) if row is not None else None
 
 
-class _Fields:
-    """An asyncpg record read by attribute, as `turn_record` reads rows."""
-
-    __slots__ = ("_record",)
-
-    def __init__(self, record: Any) -> None:
-        self._record = record
-
-    def __getattr__(self, name: str) -> Any:
-        return self._record[name]
-
-
 async def get_turn_pg(conn: Any, turn_id: TurnId) -> TurnRecord | None:
     """`get_turn` on PostgreSQL as one prepared statement on an asyncpg connection."""
     row = await conn.fetchrow("SELECT * FROM tk_turns WHERE turn_id = $1", turn_id)
-    return _turn_record(_Fields(row)) if row is not None else None
+    return _turn_record(Fields(row)) if row is not None else None
 
 
 _PROGRESS_SLOTS = 32

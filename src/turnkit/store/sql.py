@@ -12,7 +12,7 @@ import functools
 import logging
 from collections.abc import AsyncIterator, Sequence
 from datetime import datetime, timedelta
-from typing import Literal, cast
+from typing import Any, Literal, cast
 
 from pydantic import JsonValue
 from sqlalchemy import Connection
@@ -136,29 +136,17 @@ class SqlStore(SqlEngine):
         session_id: SessionId | None = None,
     ) -> Lease | None:
         """Claim the next runnable turn (or `turn_id`, or one of `session_id`) for `owner`."""
-        if self._async_engine is not None:
-            return await self._pg_driver(
-                functools.partial(
-                    lease_sql.claim_pg,
-                    owner=owner,
-                    ttl_s=ttl_s,
-                    max_attempts=max_attempts,
-                    turn_id=turn_id,
-                    session_id=session_id,
-                    clock=self._clock.now,
-                )
-            )
-        return await self._hot_tx(
-            lambda conn: lease_sql.claim(
-                conn,
-                owner=owner,
-                ttl_s=ttl_s,
-                max_attempts=max_attempts,
-                turn_id=turn_id,
-                now=self._clock.now(),
-                session_id=session_id,
-            )
-        )
+        asked: dict[str, Any] = {
+            "owner": owner,
+            "ttl_s": ttl_s,
+            "max_attempts": max_attempts,
+            "turn_id": turn_id,
+            "session_id": session_id,
+            "clock": self._clock.now,
+        }
+        if self._async_engine is None:
+            return await self._hot_tx(functools.partial(lease_sql.claim, **asked))
+        return await self._pg_driver(functools.partial(lease_sql.claim_pg, **asked))
 
     async def renew(self, lease: Lease, *, ttl_s: float) -> Lease:
         """Extend the lease or raise `StaleEpochError`; renewals asked together share one."""
