@@ -89,8 +89,14 @@ def _start(cmd: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[b
         return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=out)
 
 
-def _layout(
-    apis: int, workers: int, latency: float, per_worker: int, schema: str, logs: Path
+def start_layout(
+    apis: int,
+    workers: int,
+    latency: float,
+    per_worker: int,
+    schema: str,
+    logs: Path,
+    worker_args: tuple[str, ...] = (),
 ) -> tuple[list[str], list[subprocess.Popen[bytes]]]:
     env = {
         **os.environ,
@@ -114,7 +120,7 @@ def _layout(
         cmd = [sys.executable, "-m", "turnkit.cli", "worker", "--agent", "scale_out:AGENT",
                "--concurrency", str(per_worker),
                "--database-url", POSTGRES, "--database-schema", schema,
-               "--redis-url", REDIS]  # fmt: skip
+               "--redis-url", REDIS, *worker_args]  # fmt: skip
         procs.append(_start(cmd, env, logs / f"worker{i}.log"))
     deadline = time.monotonic() + 60
     for url in urls:
@@ -193,20 +199,25 @@ def run_layout(
 ) -> dict[str, Any]:
     """One layout at one latency, on a schema of its own, its processes stopped after."""
     schema = f"tk_scale_{uuid.uuid4().hex[:8]}"
-    urls, procs = _layout(apis, workers, latency, args.worker_concurrency, schema, logs)
+    urls, procs = start_layout(apis, workers, latency, args.worker_concurrency, schema, logs)
     try:
         result = asyncio.run(_load(urls, args.turns, args.in_flight, procs))
     finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-        subprocess.run(["psql", POSTGRES, "-q", "-c", f'DROP SCHEMA "{schema}" CASCADE'],
-                       capture_output=True, check=False, timeout=60)  # fmt: skip
+        stop_layout(procs, schema)
     return {"api_processes": apis, "workers": workers, "latency_s": latency, **result}
+
+
+def stop_layout(procs: list[subprocess.Popen[bytes]], schema: str) -> None:
+    """SIGTERM every process of a layout, wait for them, drop its schema."""
+    for proc in procs:
+        proc.terminate()
+    for proc in procs:
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    subprocess.run(["psql", POSTGRES, "-q", "-c", f'DROP SCHEMA "{schema}" CASCADE'],
+                   capture_output=True, check=False, timeout=60)  # fmt: skip
 
 
 def _spread(values: list[float]) -> str:

@@ -224,6 +224,25 @@ def test_the_worker_command_shows_worker_lines_on_stderr(
     assert logging.getLogger("turnkit").handlers == []  # the command cleans up after itself
 
 
+def test_the_worker_listens_unless_told_only_to_poll(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: list[object] = []
+
+    class Recorded:
+        def __init__(self, runtime: object, **options: object) -> None:
+            seen.append(options["listen"])
+
+        async def run(self, stop: object) -> None:
+            pass
+
+    monkeypatch.setattr(cli, "Worker", Recorded)
+    url = f"sqlite:///{tmp_path / 'w.db'}"
+    assert main(["worker", "--database-url", url], out=io.StringIO()) == 0
+    assert main(["worker", "--no-listen", "--database-url", url], out=io.StringIO()) == 0
+    assert seen == [True, False]
+
+
 @pytest.fixture(autouse=True)
 def gc_restored() -> Iterator[None]:
     """`turnkit worker` and `serve` tune this process's collector: undo it after each test."""

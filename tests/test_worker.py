@@ -1,4 +1,4 @@
-"""`Worker` says what it does: one log line per claim, recovery and finished turn."""
+"""`Worker` finds work promptly and says what it does (claims, recoveries, finished turns)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import POSTGRES_URL
 from turnkit import Agent, RuntimeConfig, SessionRuntime
 from turnkit.runtime.worker import Worker
 from turnkit.testing import ModelStep, ScriptedModel
@@ -68,3 +69,46 @@ async def test_a_full_worker_claims_the_next_turn_as_soon_as_one_ends(tmp_path: 
         finally:
             stop.set()
             await running
+
+
+async def _drive_one_submitted_elsewhere(
+    pg_schema: str, *, listen: bool, poll_interval_s: float
+) -> str:
+    """A worker on PostgreSQL and a message another process queues: the turn's status."""
+    model = ScriptedModel([ModelStep.text_reply("Done.")])
+    config = RuntimeConfig(database_url=POSTGRES_URL, database_schema=pg_schema)
+    async with (
+        SessionRuntime(agent=Agent(model=model), config=config) as worker_side,
+        SessionRuntime(agent=Agent(model=model), config=config) as api_side,
+    ):
+        stop = asyncio.Event()
+        worker = Worker(
+            worker_side, poll_interval_s=poll_interval_s, sweep_interval_s=3600, listen=listen
+        )
+        running = asyncio.create_task(worker.run(stop))
+        try:
+            await asyncio.sleep(0.3)  # the worker found nothing and waits
+            began = time.monotonic()
+            sub = await api_side.submit("s-1", "hi")  # queued, not claimed
+            while (await api_side.turn(sub.turn_id)).status == "running":
+                assert time.monotonic() - began < 20, "the worker waited for its poll"
+                await asyncio.sleep(0.01)
+            return (await api_side.turn(sub.turn_id)).status
+        finally:
+            stop.set()
+            await running
+
+
+async def test_a_waiting_worker_on_postgres_claims_a_new_message_at_once(
+    pg_schema: str, sent: list[str]
+) -> None:
+    """It hears the message's commit (LISTEN) instead of waiting out its 60 s poll."""
+    status = await _drive_one_submitted_elsewhere(pg_schema, listen=True, poll_interval_s=60)
+    assert status == "succeeded"
+    assert 'LISTEN "turnkit_work"' in sent
+
+
+async def test_a_worker_told_not_to_listen_only_polls(pg_schema: str, sent: list[str]) -> None:
+    status = await _drive_one_submitted_elsewhere(pg_schema, listen=False, poll_interval_s=0.05)
+    assert status == "succeeded"
+    assert not [query for query in sent if query.startswith("LISTEN")]

@@ -232,6 +232,7 @@ async def _work(args: argparse.Namespace, out: TextIO) -> int:
             poll_interval_s=args.poll_interval,
             sweep_interval_s=args.sweep_interval,
             drain_timeout_s=args.drain_timeout,
+            listen=args.listen,
         )
         out.write(f"turnkit worker {runtime.owner} on {args.database_url}\n")
         out.flush()
@@ -439,6 +440,13 @@ def _add_worker(sub: _Subparsers) -> None:
         type=float,
         default=0.2,
         help="seconds to wait when no turn is claimable (default: %(default)s)",
+    )
+    worker.add_argument(
+        "--no-listen",
+        dest="listen",
+        action="store_false",
+        help="only poll: do not LISTEN for new turns on PostgreSQL (for a pooler that "
+        "cannot relay notifications, such as PgBouncer in transaction mode)",
     )
     worker.add_argument(
         "--sweep-interval",

@@ -65,6 +65,10 @@ class Worker:
         concurrency: At most this many turns run at once.
         poll_interval_s: How long to wait when nothing is claimable. A worker driving
             `concurrency` turns does not poll: it claims again as soon as one ends.
+        listen: Also wake when the Store announces a claimable turn (PostgreSQL:
+            `LISTEN`), so a new message is claimed at once rather than at the next
+            poll. Turn it off behind a pooler that cannot relay notifications
+            (PgBouncer in transaction mode); the worker then only polls.
         sweep_interval_s: How often to run the orphan sweep.
         drain_timeout_s: On stop, how long running turns may take before they are
             cancelled (their leases then expire and another worker resumes them).
@@ -78,6 +82,7 @@ class Worker:
         poll_interval_s: float = 0.2,
         sweep_interval_s: float = 30.0,
         drain_timeout_s: float = 30.0,
+        listen: bool = True,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
@@ -86,6 +91,7 @@ class Worker:
         self.poll_interval_s = poll_interval_s
         self.sweep_interval_s = sweep_interval_s
         self.drain_timeout_s = drain_timeout_s
+        self.listen = listen
         self._tasks: set[asyncio.Task[None]] = set()
         self._drivers: dict[asyncio.Task[None], TurnDriver] = {}
         self._stopping = False
@@ -116,6 +122,9 @@ class Worker:
                     if clock.monotonic() >= next_sweep:
                         await self.sweep()
                         next_sweep = clock.monotonic() + self.sweep_interval_s
+                    work = await runtime.store.work_signal() if self.listen else None
+                    if work is not None:
+                        work.clear()  # before the claim: what is announced after it wakes us
                     claimed = await self._claim_one()
                 except StoreUnavailableError as exc:
                     await _wait(backoff.next(exc), stop)
@@ -127,8 +136,8 @@ class Worker:
                     self._room.clear()
                     until_sweep = max(0.0, next_sweep - clock.monotonic())
                     await _wait(until_sweep, stop, self._room)
-                else:
-                    await _wait(self.poll_interval_s, stop)
+                else:  # until a turn is announced, or the next poll (a lease lapses unheard)
+                    await _wait(self.poll_interval_s, stop, *([work] if work else []))
         finally:
             await self._drain()
 

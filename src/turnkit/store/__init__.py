@@ -8,6 +8,7 @@ chat tables. Adapters: `SqlStore` (SQLite embedded default; PostgreSQL in produc
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
@@ -476,6 +477,15 @@ class RunQueue(Protocol):
 
         A turn is runnable when it is `running`, unleased or its lease expired, has
         attempts left, and no earlier turn of its session is unfinished.
+        """
+        ...
+
+    async def work_signal(self) -> asyncio.Event | None:
+        """An event set when a turn may have become claimable, or None if none is heard.
+
+        A claimer clears it, claims, and waits on it (with a timeout: a lapsed lease is
+        not announced) instead of only polling. Each call re-establishes what sets it if
+        that was lost, which also sets it.
         """
         ...
 

@@ -31,6 +31,7 @@ from turnkit.store._asyncpg_pool import close_pool, keep_session
 from turnkit.store._commit_sql import HotStatements
 from turnkit.store._folds import WalFolds
 from turnkit.store._group_commit import GroupCommit
+from turnkit.store._listen_pg import WorkListener
 from turnkit.store.migrate import current_revision, upgrade
 
 if TYPE_CHECKING:
@@ -79,6 +80,8 @@ class SqlEngine:
         self._driver_pool: asyncpg.Pool | None = None
         """PostgreSQL's hot statements, on asyncpg outside SQLAlchemy (`_pg_driver`)."""
         self._driver_pool_lock = asyncio.Lock()
+        self._listener: WorkListener | None = None
+        """PostgreSQL: the connection that hears when a turn becomes claimable."""
         self._group: GroupCommit | None = None
         """Write transactions on the store's thread, committed together (file databases)."""
         if self.url.startswith("sqlite"):
@@ -180,6 +183,28 @@ class SqlEngine:
                 raise self._unavailable(exc) from exc
             raise
 
+    async def work_signal(self) -> asyncio.Event | None:
+        """An event set when a turn may have become claimable; None where none is heard.
+
+        PostgreSQL notifies every listening process when a turn is queued unclaimed, put
+        back unclaimed (a pause answered) or unblocked by the end of an earlier turn of
+        its session; clear the event before you claim. A lease that lapses is not
+        announced. Each call listens again if the connection was lost (which also sets the
+        event); while it cannot connect, the answer is None. SQLite: always None.
+        """
+        if self._async_engine is None or self._closed:
+            return None
+        if self._listener is None:
+            dsn, settings = self._asyncpg_dsn()
+            self._listener = WorkListener(dsn, settings, self._clock.monotonic)
+        return await self._listener.event()
+
+    def _asyncpg_dsn(self) -> tuple[str, dict[str, str] | None]:
+        """The URL and server settings for a plain asyncpg connection to this database."""
+        url = make_url(self.url).set(drivername="postgresql")
+        settings = {"search_path": self.schema} if self.schema is not None else None
+        return url.render_as_string(hide_password=False), settings
+
     async def _open_driver_pool(self) -> asyncpg.Pool:
         """The asyncpg pool for `_pg_driver`, opened on first use (no connection yet).
 
@@ -191,10 +216,9 @@ class SqlEngine:
 
         async with self._driver_pool_lock:
             if self._driver_pool is None:
-                url = make_url(self.url).set(drivername="postgresql")
-                settings = {"search_path": self.schema} if self.schema is not None else None
+                dsn, settings = self._asyncpg_dsn()
                 self._driver_pool = await asyncpg.create_pool(
-                    url.render_as_string(hide_password=False),
+                    dsn,
                     min_size=0,
                     max_size=_DRIVER_POOL_SIZE,
                     server_settings=settings,
@@ -360,6 +384,9 @@ class SqlEngine:
                 on_loop.close()
             await asyncio.get_running_loop().run_in_executor(self._thread, dispose)
             self._thread.shutdown(wait=True)
+        if self._listener is not None:
+            listener, self._listener = self._listener, None
+            await listener.close()
         if self._driver_pool is not None:
             pool, self._driver_pool = self._driver_pool, None
             await close_pool(pool)
