@@ -12,6 +12,7 @@ from tests.helpers import add
 from turnkit import Agent, InvalidInputError, RuntimeConfig, SessionNotFoundError, tool
 from turnkit.events import DurableEvent, MessageCompleteEvent, TurnStartedEvent, decode_event
 from turnkit.runtime.reader import KEEPALIVE, Frame
+from turnkit.runtime.worker import Worker
 from turnkit.testing import ModelStep, ScriptedModel, call, collect_events
 
 
@@ -166,6 +167,44 @@ async def test_a_reader_given_its_submission_sends_turn_started_without_reading_
     events = [decode_event(f.data) for f in frames]
     deltas = "".join(e.text for e in events if e.type == "message.delta")
     assert deltas.startswith("Let me compute.")  # streamed before the reader attached
+    seqs = [e.seq for e in events if isinstance(e, DurableEvent)]
+    assert seqs == list(range(1, len(seqs) + 1))
+    assert events[-1].type == "done"
+
+
+async def test_a_message_queued_for_a_worker_streams_without_reading_its_turn_back(
+    runtime_factory: RuntimeFactory, database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An API process that only commits sends `turn.started` at once, then the worker's events."""
+    config = RuntimeConfig(database_url=database_url, run_in_process=False)
+    model = ScriptedModel([ModelStep.text_reply("Done by the worker.")])
+    runtime = runtime_factory(Agent(model=model), config=config)
+    submission = await runtime.start("s1", "for a worker")
+    assert submission.lease is None  # queued: a worker drives it
+    store = runtime.store
+
+    async def unreadable(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the reader read the turn back")
+
+    for name in ("get_turn", "turn_progress", "read_events"):
+        monkeypatch.setattr(store, name, unreadable)
+    batches = runtime.reader().follow_batches(submission.turn_id, submission=submission)
+    first = await anext(batches)
+    monkeypatch.undo()
+    assert isinstance(first, list)
+    assert [decode_event(f.data) for f in first] == [submission.started]
+    stop = asyncio.Event()
+    worker = asyncio.create_task(Worker(runtime, poll_interval_s=0.02).run(stop))
+    try:
+        frames = [*first]
+        async for batch in batches:
+            if isinstance(batch, list):
+                frames += batch
+    finally:
+        stop.set()
+        await worker
+    events = [decode_event(f.data) for f in frames]
+    assert "".join(e.text for e in events if e.type == "message.delta") == "Done by the worker."
     seqs = [e.seq for e in events if isinstance(e, DurableEvent)]
     assert seqs == list(range(1, len(seqs) + 1))
     assert events[-1].type == "done"

@@ -100,14 +100,28 @@ def _until_lapse(record: TurnProgress, clock: Clock) -> float:
 
 def _just_started(
     submission: Submission | None, turn_id: TurnId, after_seq: int
-) -> tuple[TurnRecord, TurnStartedEvent] | None:
-    """The turn as just committed and claimed, and its `turn.started`, if known."""
+) -> tuple[TurnProgress, TurnStartedEvent] | None:
+    """Where a turn just opened by `submission` stands, and its `turn.started`, if known.
+
+    Claimed with its message: as committed. Queued for another driver (a worker): running,
+    unleased, with `turn.started` its only event.
+    """
     if submission is None or after_seq != 0 or submission.turn_id != turn_id:
         return None
-    record, started = submission.record, submission.started
-    if record is None or started is None or submission.guided:
+    started = submission.started
+    if started is None or submission.guided or not submission.is_new:
         return None
-    return record, started
+    if submission.record is not None:
+        return TurnProgress.of(submission.record), started
+    queued = TurnProgress(
+        turn_id=turn_id,
+        status="running",
+        last_seq=started.seq,
+        attempts=0,
+        lease_owner=None,
+        lease_expires_at=None,
+    )
+    return queued, started
 
 
 def check_cursor(record: TurnRecord | TurnProgress, after_seq: int) -> None:
@@ -175,8 +189,7 @@ class TurnReader:
         buffer = _Buffer(self.buffer, turn_id)
         new = _just_started(submission, turn_id, after_seq)
         if new is not None:
-            opened, started = new
-            record = TurnProgress.of(opened)
+            record, started = new
             progress = _Progress(sent=started.seq)
             yield [Frame(started.seq, encode_event(started))]
             buffer.position = START  # the live events it streamed since, as `_replay` does

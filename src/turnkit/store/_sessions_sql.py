@@ -11,6 +11,7 @@ from turnkit.errors import SessionNotFoundError
 from turnkit.ids import SessionId
 from turnkit.store import SessionRecord
 from turnkit.store._schema import (
+    Fields,
     aware,
     events,
     inputs,
@@ -21,7 +22,7 @@ from turnkit.store._schema import (
     workspace_files,
 )
 
-__all__ = ("create", "get", "list_", "remove", "rename")
+__all__ = ("create", "get", "get_pg", "list_", "remove", "rename")
 
 
 def _record(row: Any) -> SessionRecord:
@@ -45,6 +46,12 @@ def get(conn: Connection, session_id: SessionId) -> SessionRecord | None:
     """One session."""
     row = conn.execute(_SESSION, {"s_id": session_id}).first()
     return _record(row) if row is not None else None
+
+
+async def get_pg(conn: Any, session_id: SessionId) -> SessionRecord | None:
+    """`get` on PostgreSQL as one prepared statement on an asyncpg connection."""
+    row = await conn.fetchrow("SELECT * FROM tk_sessions WHERE session_id = $1", session_id)
+    return _record(Fields(row)) if row is not None else None
 
 
 def create(

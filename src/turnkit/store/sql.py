@@ -309,6 +309,8 @@ class SqlStore(SqlEngine):
 
     async def get_session(self, session_id: SessionId) -> SessionRecord | None:
         """One session, or None."""
+        if self._async_engine is not None:
+            return await self._pg_driver(sessions_sql.get_pg, session_id)
         return await self._hot_tx(sessions_sql.get, session_id, write=False)
 
     async def list_sessions(
