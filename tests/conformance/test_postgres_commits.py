@@ -294,3 +294,20 @@ async def test_closing_the_store_closes_every_connection_it_opened(
     assert opened
     await store.close()
     assert [c for c in opened if not c.is_closed()] == []
+
+
+async def test_a_turn_start_reads_its_kept_transcript_in_one_statement(
+    store: SqlStore, sent: list[str]
+) -> None:
+    first, lease = await _running(store)
+    await _end(store, first, lease, 2)
+    second, lease = await _running(store)
+    await _end(store, second, lease, 2)
+    before = len(sent)
+    kept = await store.kept_transcript(SessionId("s1"), before_input_seq=3, after=first.turn_id)
+    assert len(sent) == before + 1
+    assert kept.continues
+    assert [t.turn_id for t in kept.turns] == [second.turn_id]
+    assert kept.turns[0].transcript is not None
+    assert kept.turns[0].transcript.messages == _TRANSCRIPT.messages
+    assert kept.last_request == {"digest": "d1"}

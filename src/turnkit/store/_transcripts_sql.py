@@ -19,7 +19,7 @@ from turnkit.ids import SessionId, TurnId
 from turnkit.store import KeptTranscript, KeptTurn, TurnTranscript
 from turnkit.store._schema import events, transcripts, turn_record, turns
 
-__all__ = ("encoded", "keep", "kept")
+__all__ = ("encoded", "keep", "kept", "kept_pg")
 
 
 def encoded(transcript: TurnTranscript) -> dict[str, Any]:
@@ -111,6 +111,67 @@ def kept(
     return KeptTranscript(
         turns=tuple(found),
         continues=continues,
+        last_request=cast(dict[str, JsonValue], json.loads(last)) if last else None,
+    )
+
+
+KEPT_PG = """
+WITH anchor AS (
+    SELECT input_seq FROM tk_turns WHERE turn_id = $3 AND session_id = $1 AND input_seq < $2
+), replaced AS (
+    SELECT max(x.input_seq) AS seq FROM tk_transcripts x
+    WHERE x.session_id = $1 AND x.replaces_history AND x.input_seq < $2
+      AND x.input_seq > COALESCE((SELECT input_seq FROM anchor), 0)
+), span AS (
+    SELECT COALESCE(replaced.seq - 1, (SELECT input_seq FROM anchor), 0) AS floor,
+           replaced.seq IS NULL AND EXISTS (SELECT 1 FROM anchor) AS continues
+    FROM replaced
+)
+SELECT 0 AS part, NULL::text AS turn_id, NULL::int AS input_seq, span.continues AS flag,
+    (SELECT x.last_request FROM tk_transcripts x
+     WHERE x.session_id = $1 AND x.last_request IS NOT NULL AND x.input_seq < $2
+       AND x.input_seq > CASE WHEN span.continues THEN span.floor ELSE 0 END
+     ORDER BY x.input_seq DESC LIMIT 1) AS body,
+    EXISTS (SELECT 1 FROM tk_turns t
+            WHERE t.session_id = $1 AND t.input_seq > span.floor AND t.input_seq < $2
+              AND NOT EXISTS (SELECT 1 FROM tk_transcripts x WHERE x.turn_id = t.turn_id)
+    ) AS missing
+FROM span
+UNION ALL
+SELECT 1, x.turn_id, x.input_seq, x.replaces_history, x.messages, false
+FROM tk_transcripts x, span
+WHERE x.session_id = $1 AND x.input_seq > span.floor AND x.input_seq < $2
+ORDER BY part, input_seq
+"""
+"""`kept` as one statement: a summary row (whether it continues, the last request, whether
+a turn in range stored no transcript), then the kept rows in order."""
+
+
+async def kept_pg(
+    conn: Any, session_id: SessionId, before: int, after: TurnId | None
+) -> KeptTranscript | None:
+    """`kept` on PostgreSQL in one round trip, or None if a turn in range kept nothing.
+
+    Such a turn's record and answer are read by `kept`.
+    """
+    summary, *rows = await conn.fetch(KEPT_PG, session_id, before, after)
+    if summary["missing"]:
+        return None
+    last = summary["body"]
+    return KeptTranscript(
+        turns=tuple(
+            KeptTurn(
+                turn_id=TurnId(row["turn_id"]),
+                input_seq=row["input_seq"],
+                transcript=TurnTranscript.model_construct(
+                    messages=tuple(json.loads(row["body"])),
+                    replaces_history=bool(row["flag"]),
+                    last_request=None,
+                ),
+            )
+            for row in rows
+        ),
+        continues=bool(summary["flag"]),
         last_request=cast(dict[str, JsonValue], json.loads(last)) if last else None,
     )
 

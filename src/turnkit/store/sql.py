@@ -477,6 +477,12 @@ class SqlStore(SqlEngine):
         self, session_id: SessionId, *, before_input_seq: int, after: TurnId | None = None
     ) -> KeptTranscript:
         """What the session's earlier turns keep of its transcript (see `TurnLedger`)."""
+        if self._async_engine is not None:
+            found = await self._pg_driver(
+                transcripts_sql.kept_pg, session_id, before_input_seq, after
+            )
+            if found is not None:
+                return found
         return await self._hot_tx(
             transcripts_sql.kept, session_id, before_input_seq, after, write=False
         )
