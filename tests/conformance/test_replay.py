@@ -71,6 +71,22 @@ async def test_a_reader_waits_for_the_next_entry(buffer: ReplayBuffer) -> None:
     assert await buffer.read(turn, after=entries[0].position, wait_s=0.05) == []
 
 
+async def test_a_waiting_reader_gets_a_published_batch_in_one_read(buffer: ReplayBuffer) -> None:
+    """One wake-up per batch: a reader does not get its first entry alone, then the rest."""
+    turn = _turn()
+    position = await buffer.tail(turn)
+    batch: list[Entry] = [(1, b"a", False), (None, b"delta", False), (2, b"b", False)]
+
+    async def later() -> None:
+        await asyncio.sleep(0.05)
+        await buffer.publish(turn, batch)
+
+    task = asyncio.create_task(later())
+    entries = await buffer.read(turn, after=position, wait_s=5)
+    await task
+    assert [(e.seq, e.data) for e in entries] == [(seq, data) for seq, data, _ in batch]
+
+
 async def test_a_woken_memory_reader_takes_what_a_busy_publisher_adds_in_one_read() -> None:
     """A publisher adding an entry per loop iteration: the reader gets them together."""
     buffer, turn = InMemoryReplayBuffer(), _turn()

@@ -69,7 +69,12 @@ class RedisReplayBuffer:
     async def publish(
         self, turn_id: TurnId, entries: Sequence[tuple[int | None, bytes, bool]]
     ) -> None:
-        """XADD the entries in one round trip and refresh the stream's expiry."""
+        """XADD the entries in one round trip and refresh the stream's expiry.
+
+        Several entries go in one MULTI/EXEC: a reader blocked on the stream wakes once
+        with all of them, where pipelined XADDs wake it after the first (one more XREAD
+        round trip, and one more write to its client, per batch).
+        """
         if not entries:
             return
         key = self._key(turn_id).encode()
@@ -85,7 +90,13 @@ class RedisReplayBuffer:
             if terminal:
                 ttl = self.settings.terminal_grace_s
         commands.append(_command(b"PEXPIRE", key, str(int(ttl * 1000)).encode()))
-        await self._round_trip(b"".join(commands), len(commands))
+        if len(entries) == 1:
+            await self._round_trip(b"".join(commands), len(commands))
+            return
+        replies = await self._round_trip(b"".join((_MULTI, *commands, _EXEC)), len(commands) + 2)
+        for reply in replies[-1] or ():  # EXEC's results; None: the transaction was aborted
+            if isinstance(reply, Exception):
+                raise reply
 
     async def tail(self, turn_id: TurnId) -> str:
         """The newest entry id, or "0"."""
@@ -179,6 +190,10 @@ def _command(*parts: bytes) -> bytes:
     for part in parts:
         out.append(b"$%d\r\n%s\r\n" % (len(part), part))
     return b"".join(out)
+
+
+_MULTI = _command(b"MULTI")
+_EXEC = _command(b"EXEC")
 
 
 def _id(value: bytes | str) -> str:
