@@ -231,6 +231,43 @@ async def test_a_publisher_sends_a_streaming_drivers_events_in_few_batches(
     assert len(batches) <= 10
 
 
+async def test_a_publisher_releases_a_turn_only_when_its_end_did_not_set_the_grace(
+    buffer: ReplayBuffer,
+) -> None:
+    """The batch with `done` sets the grace period itself; a paused attempt releases."""
+    released: list[TurnId] = []
+
+    class Counting:
+        async def publish(self, turn_id: TurnId, entries: Sequence[Entry]) -> None:
+            await buffer.publish(turn_id, entries)
+
+        async def release(self, turn_id: TurnId) -> None:
+            released.append(turn_id)
+            await buffer.release(turn_id)
+
+    now = datetime.now(UTC)
+    done_turn, paused_turn = _turn(), _turn()
+    for turn in (done_turn, paused_turn):
+        async with BufferPublisher(cast(ReplayBuffer, Counting()), turn) as publish:
+            publish(
+                MessageDeltaEvent(
+                    session_id="s1", turn_id=turn, stage_id="synthesize", ts=now,
+                    block_id="b", text="hi",
+                )
+            )  # fmt: skip
+            if turn == done_turn:
+                publish(
+                    DoneEvent(
+                        session_id="s1", turn_id=turn, stage_id="post-turn", ts=now, seq=2,
+                        status="succeeded",
+                    )
+                )  # fmt: skip
+    assert released == [paused_turn]
+    await asyncio.sleep(0.45)  # both are dropped after the grace (0.3 s)
+    assert await buffer.tail(done_turn) == "0"
+    assert await buffer.tail(paused_turn) == "0"
+
+
 async def test_a_cancelled_redis_wait_leaves_no_reply_for_the_next_call() -> None:
     """A reader closed while its XREAD blocks must not leave that reply on a pooled
     connection, where the next call would take it for its own."""

@@ -167,7 +167,8 @@ class RedisReplayBuffer:
 
     async def release(self, turn_id: TurnId) -> None:
         """Shorten the stream's expiry to the grace period (no driver publishes now)."""
-        await self.client.pexpire(self._key(turn_id), int(self.settings.terminal_grace_s * 1000))
+        grace_ms = str(int(self.settings.terminal_grace_s * 1000)).encode()
+        await self._round_trip(_command(b"PEXPIRE", self._key(turn_id).encode(), grace_ms), 1)
 
     async def ping(self) -> None:
         """Raise if Redis cannot be reached."""

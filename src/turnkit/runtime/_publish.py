@@ -38,6 +38,8 @@ class BufferPublisher:
             if self._now is None
             else None
         )
+        self._graced = False
+        """A batch with the terminal entry went out: it set the grace period already."""
 
     def __call__(self, event: DurableEvent | EphemeralEvent | None) -> None:
         if self._now is not None:
@@ -67,6 +69,8 @@ class BufferPublisher:
                 await self.buffer.publish(self.turn_id, entries)
             except Exception:
                 log.exception("publishing %d events of %s failed", len(entries), self.turn_id)
+            else:
+                self._graced = self._graced or any(terminal for *_, terminal in entries)
 
     async def __aenter__(self) -> BufferPublisher:
         return self
@@ -76,10 +80,14 @@ class BufferPublisher:
 
         Whatever way the attempt ended (done, paused, lease lost), no driver here
         publishes for the turn any more: the buffer keeps its entries for the grace
-        period only (a paused turn would otherwise hold them for the whole TTL).
+        period only (a paused turn would otherwise hold them for the whole TTL). A batch
+        that carried the terminal entry to a remote buffer set that already, in its own
+        round trip.
         """
         self(None)
         await self.wait()
+        if self._graced:
+            return
         try:
             await self.buffer.release(self.turn_id)
         except Exception:  # noqa: BLE001 - the entries then expire with their TTL
