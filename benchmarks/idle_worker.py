@@ -20,19 +20,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import platform
 import random
 import statistics
 import time
 import uuid
-from pathlib import Path
 from typing import Any
 
 import httpx
 
-from scale_out import API, ROOT, start_layout, stop_layout
+from scale_out import API, ROOT, start_layout, stop_layout, write_json
 
 CONTENDERS: dict[str, tuple[str, ...]] = {
     "workers listen (default)": (),
@@ -136,10 +134,7 @@ def main() -> None:
     print(f"\nlisten / poll, p50 per round: first event {ratio['median']:.2f} "
           f"({ratio['min']:.2f}–{ratio['max']:.2f}), done {done['median']:.2f} "
           f"({done['min']:.2f}–{done['max']:.2f})")  # fmt: skip
-    Path(args.json).write_text(json.dumps(
-        {"summary": summary, "rows": rows, "cores": os.cpu_count(), "args": vars(args)}, indent=2
-    ))  # fmt: skip
-    print(f"\nwrote {args.json}")
+    write_json(args, summary, rows)
 
 
 if __name__ == "__main__":

@@ -220,6 +220,14 @@ def stop_layout(procs: list[subprocess.Popen[bytes]], schema: str) -> None:
                    capture_output=True, check=False, timeout=60)  # fmt: skip
 
 
+def write_json(args: argparse.Namespace, summary: list[Any], rows: list[Any]) -> None:
+    """Write a run's summary and rows to `--json`, and say where."""
+    Path(args.json).write_text(json.dumps(
+        {"summary": summary, "rows": rows, "cores": os.cpu_count(), "args": vars(args)}, indent=2
+    ))  # fmt: skip
+    print(f"\nwrote {args.json}")
+
+
 def _spread(values: list[float]) -> str:
     return f"{statistics.median(values):.2f} ({min(values):.2f}–{max(values):.2f})"
 
@@ -282,10 +290,7 @@ def main() -> None:
               f"| {s['p50_ms']:,.0f} / {s['p99_ms']:,.0f} | {s['machine_cpu_ms_per_turn']:.1f} "
               f"| {s['api_cpu_ms_per_turn']:.1f} / {s['worker_cpu_ms_per_turn']:.1f} |"
               )  # fmt: skip
-    Path(args.json).write_text(json.dumps(
-        {"summary": summary, "rows": rows, "cores": os.cpu_count(), "args": vars(args)}, indent=2
-    ))  # fmt: skip
-    print(f"\nwrote {args.json}")
+    write_json(args, summary, rows)
 
 
 if __name__ == "__main__":
