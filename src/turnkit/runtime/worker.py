@@ -137,7 +137,7 @@ class Worker:
                     until_sweep = max(0.0, next_sweep - clock.monotonic())
                     await _wait(until_sweep, stop, self._room)
                 else:  # until a turn is announced, or the next poll (a lease lapses unheard)
-                    await _wait(self.poll_interval_s, stop, *([work] if work else []))
+                    await _wait(self.poll_interval_s, stop, *([work] if work is not None else []))
         finally:
             await self._drain()
 

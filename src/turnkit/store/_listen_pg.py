@@ -89,8 +89,9 @@ class WorkListener:
         if payload == self._schema:
             self._signal.set()
 
-    def _lost(self, _conn: Any) -> None:
-        self._conn = None
+    def _lost(self, conn: Any) -> None:
+        if conn is self._conn:  # not a connection already replaced
+            self._conn = None
         self._signal.set()
 
     async def close(self) -> None:
