@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -306,6 +307,34 @@ async def test_a_redis_restart_costs_no_publish(private_redis: PrivateRedis) -> 
         private_redis.start()  # empty again: nothing is saved
         await buffer.publish(turn, [(2, b"after", False)])
         assert [e.seq for e in await buffer.read(turn, after="0", wait_s=0)] == [2]
+    finally:
+        await buffer.close()
+
+
+async def test_a_publish_that_timed_out_is_not_sent_twice(private_redis: PrivateRedis) -> None:
+    """A reply that is late may still come: Redis ran the batch, so sending it again would
+    put every entry (deltas, which readers cannot tell apart) in the stream twice."""
+    import redis.asyncio as aioredis
+
+    from turnkit.replay.redis import RedisReplayBuffer
+
+    client = aioredis.Redis.from_url(private_redis.url, socket_timeout=0.2)
+    buffer = RedisReplayBuffer(client, owns_client=True)
+    turn = _turn()
+    assert private_redis.proc is not None
+    try:
+        await buffer.publish(turn, [(None, b"warm", False)])
+        proc = private_redis.proc
+        proc.send_signal(signal.SIGSTOP)  # a server that stalls (a fork, a swap) for 0.3 s
+        asyncio.get_running_loop().call_later(0.3, proc.send_signal, signal.SIGCONT)
+        try:
+            with pytest.raises(aioredis.TimeoutError):
+                await buffer.publish(turn, [(None, b"delta", False), (1, b"a", False)])
+        finally:
+            await asyncio.sleep(0.4)  # the stalled server wakes and runs what it was sent
+            proc.send_signal(signal.SIGCONT)
+        entries = await buffer.read(turn, after="0", wait_s=0)
+        assert [e.data for e in entries] == [b"warm", b"delta", b"a"]
     finally:
         await buffer.close()
 

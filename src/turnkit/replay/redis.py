@@ -91,9 +91,11 @@ class RedisReplayBuffer:
                 ttl = self.settings.terminal_grace_s
         commands.append(_command(b"PEXPIRE", key, str(int(ttl * 1000)).encode()))
         if len(entries) == 1:
-            await self._round_trip(b"".join(commands), len(commands))
+            await self._round_trip(b"".join(commands), len(commands), once=True)
             return
-        replies = await self._round_trip(b"".join((_MULTI, *commands, _EXEC)), len(commands) + 2)
+        replies = await self._round_trip(
+            b"".join((_MULTI, *commands, _EXEC)), len(commands) + 2, once=True
+        )
         for reply in replies[-1] or ():  # EXEC's results; None: the transaction was aborted
             if isinstance(reply, Exception):
                 raise reply
@@ -140,17 +142,21 @@ class RedisReplayBuffer:
                 )
         return entries
 
-    async def _round_trip(self, packed: bytes, replies: int) -> list[Any]:
+    async def _round_trip(self, packed: bytes, replies: int, *, once: bool = False) -> list[Any]:
         """Send `packed` (RESP commands) on one pooled connection and read their replies.
 
         The per-call work of redis-py's command and pipeline objects cost more than the
         round trip itself. A call that failed on its connection is tried once more on a
         fresh one (a pooled connection dies with a Redis restart), as redis-py's commands
-        retry.
+        retry. `once`: not after a timeout, which Redis may yet answer having run the
+        commands (a publish sent again would add its entries twice).
         """
+        retried: tuple[type[Exception], ...] = (aioredis.ConnectionError, OSError)
+        if not once:
+            retried += (aioredis.TimeoutError,)
         try:
             return await self._send(packed, replies)
-        except (aioredis.ConnectionError, aioredis.TimeoutError, OSError):
+        except retried:
             return await self._send(packed, replies)
 
     async def _send(self, packed: bytes, replies: int) -> list[Any]:
