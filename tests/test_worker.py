@@ -100,12 +100,15 @@ async def _drive_one_submitted_elsewhere(
 
 
 async def test_a_waiting_worker_on_postgres_claims_a_new_message_at_once(
-    pg_schema: str, sent: list[str]
+    pg_schema: str, sent: list[str], caplog: pytest.LogCaptureFixture
 ) -> None:
     """It hears the message's commit (LISTEN) instead of waiting out its 60 s poll."""
+    caplog.set_level(logging.INFO, logger="turnkit.worker")
     status = await _drive_one_submitted_elsewhere(pg_schema, listen=True, poll_interval_s=60)
     assert status == "succeeded"
     assert 'LISTEN "turnkit_work"' in sent
+    said = [r.getMessage() for r in caplog.records if r.name == "turnkit.worker"]
+    assert said.count("listening for new turns (LISTEN turnkit_work)") == 1
 
 
 async def test_a_worker_told_not_to_listen_only_polls(pg_schema: str, sent: list[str]) -> None:

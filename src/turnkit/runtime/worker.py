@@ -116,6 +116,7 @@ class Worker:
         next_sweep = clock.monotonic()
         log.info("worker %s started (concurrency %d)", runtime.owner, self.concurrency)
         backoff = _Backoff()
+        listening = False
         try:
             while not stop.is_set():
                 try:
@@ -124,6 +125,9 @@ class Worker:
                         next_sweep = clock.monotonic() + self.sweep_interval_s
                     work = await runtime.store.work_signal() if self.listen else None
                     if work is not None:
+                        if not listening:
+                            log.info("listening for new turns (LISTEN turnkit_work)")
+                            listening = True
                         work.clear()  # before the claim: what is announced after it wakes us
                     claimed = await self._claim_one()
                 except StoreUnavailableError as exc:
