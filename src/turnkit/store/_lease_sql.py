@@ -231,7 +231,10 @@ async def claim_pg(
     expires = now + timedelta(seconds=ttl_s)
     only = [x for x in (turn_id, session_id) if x is not None]
     row = await conn.fetchrow(sql, now, max_attempts, owner, expires, *only)
-    return None if row is None else _taken(Fields(row), Fields(row), owner, expires)
+    if row is None:
+        return None
+    taken = Fields(row)  # the candidate's columns and the updated row's, in one record
+    return _taken(taken, taken, owner, expires)
 
 
 def _stale(lease: Lease) -> StaleEpochError:

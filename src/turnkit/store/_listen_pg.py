@@ -40,7 +40,7 @@ class WorkListener:
         self._conn: Any = None
         self._schema: str | None = None
         self._retry_at = 0.0
-        self._failing = False
+        """After a failed connect: when to try again (0: the last connect worked)."""
         self._lock = asyncio.Lock()
 
     async def event(self) -> asyncio.Event | None:
@@ -69,20 +69,19 @@ class WorkListener:
             # refused, timed out, too many clients, closed at once: poll meanwhile
             if conn is not None:
                 conn.terminate()
-            self._retry_at = self._monotonic() + RETRY_S
-            if not self._failing:
+            if not self._retry_at:
                 log.warning(
                     "cannot listen for new turns (%s: %s); polling until it can",
                     type(exc).__name__,
                     exc,
                 )
-            self._failing = True
+            self._retry_at = self._monotonic() + RETRY_S
             return
         conn.add_termination_listener(self._lost)
         self._conn = conn
-        if self._failing:
+        if self._retry_at:
             log.info("listening for new turns again")
-        self._failing = False
+        self._retry_at = 0.0
         self._signal.set()  # what was queued while nobody listened: look once
 
     def _notified(self, _conn: Any, _pid: int, _channel: str, payload: str) -> None:

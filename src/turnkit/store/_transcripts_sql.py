@@ -92,15 +92,7 @@ def kept(
         floor, continues = base - 1, False
     params = {"k_session": session_id, "k_floor": floor, "k_before": before}
     found: list[KeptTurn] = [
-        KeptTurn(
-            turn_id=TurnId(row.turn_id),
-            input_seq=row.input_seq,
-            transcript=TurnTranscript.model_construct(
-                messages=tuple(json.loads(row.messages)),
-                replaces_history=bool(row.replaces_history),
-                last_request=None,
-            ),
-        )
+        _kept_turn(row.turn_id, row.input_seq, row.replaces_history, row.messages)
         for row in conn.execute(_KEPT_ROWS, params)
     ]
     found += _without_transcript(conn, params)
@@ -108,11 +100,24 @@ def kept(
     last = conn.execute(
         _LAST_REQUEST, {**params, "k_floor": floor if continues else 0}
     ).scalar_one_or_none()
-    return KeptTranscript(
-        turns=tuple(found),
-        continues=continues,
-        last_request=cast(dict[str, JsonValue], json.loads(last)) if last else None,
+    return KeptTranscript(turns=tuple(found), continues=continues, last_request=_decoded(last))
+
+
+def _kept_turn(turn_id: str, input_seq: int, replaces_history: bool, messages: str) -> KeptTurn:
+    """A kept row as the turn's part of the transcript (its messages are JSON text)."""
+    return KeptTurn(
+        turn_id=TurnId(turn_id),
+        input_seq=input_seq,
+        transcript=TurnTranscript.model_construct(
+            messages=tuple(json.loads(messages)),
+            replaces_history=bool(replaces_history),
+            last_request=None,
+        ),
     )
+
+
+def _decoded(last_request: str | None) -> dict[str, JsonValue] | None:
+    return cast(dict[str, JsonValue], json.loads(last_request)) if last_request else None
 
 
 KEPT_PG = """
@@ -157,22 +162,12 @@ async def kept_pg(
     summary, *rows = await conn.fetch(KEPT_PG, session_id, before, after)
     if summary["missing"]:
         return None
-    last = summary["body"]
     return KeptTranscript(
         turns=tuple(
-            KeptTurn(
-                turn_id=TurnId(row["turn_id"]),
-                input_seq=row["input_seq"],
-                transcript=TurnTranscript.model_construct(
-                    messages=tuple(json.loads(row["body"])),
-                    replaces_history=bool(row["flag"]),
-                    last_request=None,
-                ),
-            )
-            for row in rows
+            _kept_turn(row["turn_id"], row["input_seq"], row["flag"], row["body"]) for row in rows
         ),
         continues=bool(summary["flag"]),
-        last_request=cast(dict[str, JsonValue], json.loads(last)) if last else None,
+        last_request=_decoded(summary["body"]),
     )
 
 
