@@ -109,6 +109,11 @@ class Recorder:
         self._events: list[DurableEvent] = []
         self._audit: list[AuditRow] = []
         self._lock = asyncio.Lock()
+        self._ahead: asyncio.Task[None] | None = None
+        """A commit `flush_ahead` started that nothing has waited for yet."""
+        self._after_ahead: list[EphemeralEvent] | None = None
+        """Ephemeral events waiting for that commit, sent right after its events; None
+        when no commit is ahead (what a failed commit held back is dropped)."""
         self.usage = usage or UsageDelta()
         self.journal = journal or Journal()
         self.open_call: OpenCall | None = None
@@ -194,7 +199,11 @@ class Recorder:
         return event
 
     async def ephemeral(self, cls: type[E], stage_id: StageId, **fields: Any) -> E:
-        """Publish an ephemeral event, after committing whatever durable events came first."""
+        """Publish an ephemeral event, after committing whatever durable events came first.
+
+        While a commit started by `flush_ahead` travels (and nothing was staged since), the
+        event waits for it instead of its caller.
+        """
         event = cls(
             session_id=self.session_id,
             turn_id=self.turn_id,
@@ -202,11 +211,15 @@ class Recorder:
             ts=self.clock.now(),
             **fields,
         )
-        async with self._lock:
-            committed, _ = await self._commit_staged(None, None)
-            self.last_activity = self.clock.monotonic()
-            self.publish((event,))
-        await self._committed(committed)
+        if self._after_ahead is not None and not (self._events or self._audit):
+            self._after_ahead.append(event)  # the commit ahead sends it; no need to wait
+        else:
+            await self.join_ahead()
+            async with self._lock:
+                committed, _ = await self._commit_staged(None, None)
+                self.last_activity = self.clock.monotonic()
+                self.publish((event,))
+            await self._committed(committed)
         # Let publishers and readers run: a model that never suspends must still stream
         # live, not in one burst at its end (which a bounded buffer would trim).
         await self.clock.sleep(0)
@@ -219,7 +232,7 @@ class Recorder:
         the event is built without validation (its fields are ours) and sent at once; and
         a model that never suspends lets readers run once per many pieces, not each one.
         """
-        if self._events or self._audit or self._lock.locked():
+        if self._events or self._audit or self._lock.locked() or self._ahead is not None:
             await self.ephemeral(MessageDeltaEvent, stage_id, block_id=block_id, text=text)
             return
         template = self._delta_template
@@ -296,11 +309,57 @@ class Recorder:
         transcript: TurnTranscript | None = None,
     ) -> None:
         """Commit everything staged (and a status move) in one transaction, then publish."""
+        await self.join_ahead()
+        await self._flush(status, error_code, summary, release, pause, transcript)
+
+    async def _flush(
+        self,
+        status: TurnStatus | None = None,
+        error_code: str | None = None,
+        summary: RunSummary | None = None,
+        release: bool = False,
+        pause: PauseRequest | None = None,
+        transcript: TurnTranscript | None = None,
+    ) -> None:
         async with self._lock:
             committed, _ = await self._commit_staged(
                 status, error_code, summary, release, pause, transcript
             )
         await self._committed(committed)
+
+    async def flush_ahead(self) -> None:
+        """Start committing what is staged, and return without waiting for the commit.
+
+        Before a model call: the call starts while the commit travels, and on a store
+        whose commit is a round trip (PostgreSQL) that trip no longer adds to the turn.
+        The events still go out only once committed, and what the call streams meanwhile
+        (ephemeral events, text deltas) right after them; what the commit held back is
+        dropped if it fails. A flush or a checkpoint first waits for the commit, and
+        raises its error (`join_ahead`).
+        """
+        await self.join_ahead()
+        if self._events or self._audit:
+            staged = self._events, self._audit
+            self._events, self._audit = [], []
+            self._after_ahead = []
+            self._ahead = asyncio.create_task(self._commit_ahead(staged), name="turnkit-commit")
+
+    async def _commit_ahead(self, staged: tuple[list[DurableEvent], list[AuditRow]]) -> None:
+        try:
+            async with self._lock:
+                committed, _ = await self._commit_staged(None, None, staged=staged)
+                held, self._after_ahead = self._after_ahead, None
+                if held:
+                    self.publish(held)
+        finally:
+            self._after_ahead = None
+        await self._committed(committed)
+
+    async def join_ahead(self) -> None:
+        """Wait for the commit `flush_ahead` started; raise its error if it failed."""
+        task, self._ahead = self._ahead, None
+        if task is not None:
+            await task
 
     async def commit_carrying(self, rider: Rider) -> bool | None:
         """Commit what is staged, with `rider` in the same statement where the store can.
@@ -313,6 +372,7 @@ class Recorder:
         """
         if self.last_stage_ended:
             return None
+        await self.join_ahead()
         async with self._lock:
             if not (self._events or self._audit):
                 return False
@@ -333,11 +393,14 @@ class Recorder:
         pause: PauseRequest | None = None,
         transcript: TurnTranscript | None = None,
         rider: Rider | None = None,
+        staged: tuple[list[DurableEvent], list[AuditRow]] | None = None,
     ) -> tuple[list[DurableEvent], bool]:
-        if not (self._events or self._audit or status or release):
+        if staged is None:
+            staged = self._events, self._audit
+            self._events, self._audit = [], []
+        events, audit = staged
+        if not (events or audit or status or release):
             return [], False
-        events, audit = self._events, self._audit
-        self._events, self._audit = [], []
         waiting = None
         if rider is None and self.held_checkpoints is not None:
             waiting = self.held_checkpoints()

@@ -2,11 +2,23 @@
 
 from __future__ import annotations
 
+import asyncio
+from typing import Any
+
+import pytest
 from tests.conftest import RuntimeFactory
 from tests.helpers import add
 
-from turnkit import Agent
-from turnkit.events import DurableEvent
+from turnkit import Agent, RuntimeConfig, SessionRuntime
+from turnkit.errors import StoreError
+from turnkit.events import (
+    DoneEvent,
+    DurableEvent,
+    ErrorEvent,
+    MessageDeltaEvent,
+    StepStartEvent,
+    StreamEvent,
+)
 from turnkit.ids import TurnId
 from turnkit.testing import ModelStep, ScriptedModel, call
 
@@ -42,3 +54,86 @@ async def test_store_holds_exactly_what_was_yielded(runtime_factory: RuntimeFact
     assert stored == yielded
     record = await runtime.turn(yielded[0].turn_id)
     assert record.last_seq == len(yielded)
+
+
+async def test_a_model_call_starts_while_the_events_before_it_commit(
+    db: tuple[str, str | None], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The call does not wait for that commit; what it streams does, and goes out after it."""
+    model = ScriptedModel([ModelStep.text_reply("Hello there, friend.")])
+    agent = Agent(model=model, skip_stages=frozenset({"anchor-plan", "tool-loop"}))
+    runtime = SessionRuntime(
+        agent=agent, config=RuntimeConfig(database_url=db[0], database_schema=db[1])
+    )
+    await runtime.open()
+    held, release = asyncio.Event(), asyncio.Event()
+    commit = runtime.store.commit
+
+    async def slow_commit(turn_id: TurnId, **kwargs: Any) -> Any:
+        if any(isinstance(e, StepStartEvent) for e in kwargs["events"]) and not held.is_set():
+            held.set()
+            await asyncio.wait_for(release.wait(), 10)
+        return await commit(turn_id, **kwargs)
+
+    monkeypatch.setattr(runtime.store, "commit", slow_commit)
+    seen: list[StreamEvent] = []
+
+    async def read() -> None:
+        async for event in runtime.execute_message("s1", "hi"):
+            seen.append(event)
+
+    reader = asyncio.create_task(read())
+    try:
+        await asyncio.wait_for(held.wait(), 10)
+        for _ in range(200):  # the call starts while the step's commit is held
+            if model.calls:
+                break
+            await asyncio.sleep(0.01)
+        assert model.calls, "the model call waited for the commit of the events before it"
+        await asyncio.sleep(0.05)
+        assert not any(isinstance(e, StepStartEvent | MessageDeltaEvent) for e in seen)
+        release.set()
+        await asyncio.wait_for(reader, 10)
+        stored = [e async for e in runtime.store.read_events(TurnId(seen[0].turn_id))]
+    finally:
+        release.set()
+        reader.cancel()
+        await runtime.close()
+    assert [e.seq for e in stored] == list(range(1, len(stored) + 1))
+    kinds = [e.type for e in seen if isinstance(e, StepStartEvent | MessageDeltaEvent)]
+    assert kinds[0] == "step.start"
+    assert "message.delta" in kinds
+    assert "".join(e.text for e in seen if isinstance(e, MessageDeltaEvent)) == (
+        "Hello there, friend."
+    )
+
+
+async def test_nothing_a_call_streamed_goes_out_when_the_commit_before_it_fails(
+    runtime_factory: RuntimeFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = ScriptedModel([ModelStep.text_reply("Hello there, friend.")])
+    runtime = runtime_factory(
+        Agent(model=model, skip_stages=frozenset({"anchor-plan", "tool-loop"}))
+    )
+    await runtime.open()
+    commit = runtime.store.commit
+    failed: list[bool] = []
+
+    async def failing_commit(turn_id: TurnId, **kwargs: Any) -> Any:
+        if any(isinstance(e, StepStartEvent) for e in kwargs["events"]) and not failed:
+            failed.append(True)
+            await asyncio.sleep(0.05)  # the call streams meanwhile
+            raise StoreError("the database went away")
+        return await commit(turn_id, **kwargs)
+
+    monkeypatch.setattr(runtime.store, "commit", failing_commit)
+    seen = [e async for e in runtime.execute_message("s1", "hi")]
+    assert model.calls
+    assert failed
+    assert not any(isinstance(e, MessageDeltaEvent) for e in seen)
+    done = seen[-1]
+    assert isinstance(done, DoneEvent)
+    assert done.status == "failed"
+    assert "StoreError" in next(e.message for e in seen if isinstance(e, ErrorEvent))
+    durable = [e for e in seen if isinstance(e, DurableEvent)]
+    assert [e.seq for e in durable] == list(range(1, len(durable) + 1))

@@ -239,10 +239,21 @@ class TurnDriver:
                     InternalError(f"unexpected {type(exc).__name__} inside the turn: {exc}"),
                 )
         finally:
+            await self._join_commit_ahead()
             await self._end_carrying(keep=False)  # if the turn did not end as it should
             trace.end(self.recorder, lease_lost=self.lease_lost)
             await self._release_budget()
             self.sink(None)
+
+    async def _join_commit_ahead(self) -> None:
+        """Wait for a commit before a model call that no ending waited for.
+
+        Only an attempt that lost its lease ends without a flush; the commit's error is
+        then the lease's, already handled.
+        """
+        if self.recorder is not None:
+            with contextlib.suppress(Exception):
+                await self.recorder.join_ahead()
 
     async def _release_budget(self) -> None:
         """The attempt is over: what its last call reserved is spent or free again.

@@ -237,8 +237,11 @@ async def _guarded(ctx: StageContext, stage_id: StageId, asm: _Assembler, stream
 async def _ready(
     ctx: StageContext, stage_id: StageId, request: ModelRequest, key: str, *, reserve: bool
 ) -> None:
-    """Commit what came before the call, then reserve its budget (it may pause here)."""
-    await ctx.recorder.flush()
+    """Commit what came before the call, then reserve its budget (it may pause here).
+
+    The call does not wait for that commit: what it streams does (write before send).
+    """
+    await ctx.recorder.flush_ahead()
     if ctx.budget is not None and reserve:
         await ctx.budget.reserve(ctx, stage_id, request, key=key)
 
