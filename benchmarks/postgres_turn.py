@@ -11,7 +11,9 @@ psycopg pool (`sync`, as turnkit used before), and with one checkpoint when the 
 (`exit`), which shows what the turn costs without a checkpoint per step. Each
 PostgreSQL contender gets a fresh schema, dropped afterwards. Besides time and CPU it
 counts what each PostgreSQL turn costs the server: transactions committed and rolled back
-(`pg_stat_database`, so other clients of the same database add noise: use a quiet one).
+(`pg_stat_database`, so other clients of the same database add noise: use a quiet one),
+and how long after a turn begins its first model call starts (`call at`, p50): with a
+real provider the whole turn waits that long before the model can answer.
 
 Run:  .venv/bin/python benchmarks/postgres_turn.py [--turns 300] [--rounds 10] [--json PATH]
 Prints a table and writes JSON (default benchmarks/results/postgres_turn.json).
@@ -28,6 +30,8 @@ import statistics
 import tempfile
 import time
 import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -45,9 +49,21 @@ from turn_overhead import ANSWER, _reply, add, write_json
 from turnkit import Agent, RuntimeConfig, SessionRuntime
 from turnkit.config import Durability
 from turnkit.events import DoneEvent, MessageCompleteEvent
+from turnkit.models import ModelChunk, ModelRequest
 from turnkit.testing import ModelStep, ScriptedModel
 
 POSTGRES = os.environ.get("TURNKIT_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
+
+
+@dataclass(slots=True)
+class _TimedModel(ScriptedModel):
+    """Notes when each call starts: how long a turn kept its first call waiting."""
+
+    started: list[float] = field(default_factory=list[float])
+
+    def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
+        self.started.append(time.perf_counter())
+        return ScriptedModel.stream(self, request)
 
 
 async def _langgraph_saver(database_url: str, *, schema: str | None = None) -> Any:
@@ -77,8 +93,8 @@ async def _runtime(
     *,
     langgraph_saver: bool = False,
     durability: Durability | None = None,
-) -> tuple[SessionRuntime, ScriptedModel]:
-    model = ScriptedModel([ModelStep.respond(_reply)], repeat_last=True)
+) -> tuple[SessionRuntime, _TimedModel]:
+    model = _TimedModel([ModelStep.respond(_reply)], repeat_last=True)
     agent = Agent(model=model, tools=[add], skip_stages=frozenset({"anchor-plan"}))
     config = RuntimeConfig(
         database_url=url,
@@ -96,8 +112,11 @@ async def _runtime(
     return runtime, model
 
 
-async def _turn(runtime: SessionRuntime, model: ScriptedModel, session: str) -> None:
+async def _turn(runtime: SessionRuntime, model: _TimedModel, session: str) -> float:
+    """Run one turn; return how long after it began its first model call started (ms)."""
     answer = None
+    model.started.clear()
+    began = time.perf_counter()
     async for event in runtime.execute_message(session, "What is 2 + 3?"):
         if isinstance(event, MessageCompleteEvent) and event.block.is_answer:
             answer = event.block.text
@@ -106,6 +125,7 @@ async def _turn(runtime: SessionRuntime, model: ScriptedModel, session: str) -> 
     if answer != ANSWER:
         raise RuntimeError(f"benchmark turn answered {answer!r}")
     model.calls.clear()
+    return (model.started[0] - began) * 1000
 
 
 async def _server_counts(conn: Any) -> tuple[int, int]:
@@ -137,6 +157,7 @@ async def main() -> None:
         "PostgreSQL, checkpoints at exit": await _runtime(POSTGRES, schemas[3], durability="exit"),
     }
     wall: dict[str, list[float]] = {name: [] for name in contenders}
+    first_call: dict[str, list[float]] = {name: [] for name in contenders}
     cpu = dict.fromkeys(contenders, 0.0)
     server = {
         name: {"commits": 0, "rollbacks": 0} for name in contenders if not name.startswith("SQLite")
@@ -157,7 +178,7 @@ async def main() -> None:
                 for _ in range(per_round):
                     counter += 1
                     t0 = time.perf_counter()
-                    await _turn(rt, model, f"s-{counter}")
+                    first_call[name].append(await _turn(rt, model, f"s-{counter}"))
                     wall[name].append((time.perf_counter() - t0) * 1000)
                 cpu[name] += time.process_time() - cpu0
                 if name in server:
@@ -181,12 +202,13 @@ async def main() -> None:
                 "median_ms": statistics.median(times),
                 "p90_ms": sorted(times)[int(len(times) * 0.9) - 1],
                 "cpu_ms_per_turn": cpu[name] * 1000 / len(times),
+                "first_call_p50_ms": statistics.median(first_call[name]),
             }
         )
     base = rows[0]
     print(
         f"{'contender':<32} {'median ms':>10} {'p90 ms':>8} {'CPU ms':>8} {'× SQLite':>9} "
-        f"{'× CPU':>7} {'commits':>8} {'rollbacks':>9}"
+        f"{'× CPU':>7} {'call at':>8} {'commits':>8} {'rollbacks':>9}"
     )
     for row in rows:
         row["x_sqlite_median"] = row["median_ms"] / base["median_ms"]
@@ -200,7 +222,8 @@ async def main() -> None:
         print(
             f"{row['name']:<32} {row['median_ms']:>10.2f} {row['p90_ms']:>8.2f} "
             f"{row['cpu_ms_per_turn']:>8.2f} {row['x_sqlite_median']:>9.2f} "
-            f"{row['x_sqlite_cpu']:>7.2f} {commits:>8} {rollbacks:>9}"
+            f"{row['x_sqlite_cpu']:>7.2f} {row['first_call_p50_ms']:>8.2f} "
+            f"{commits:>8} {rollbacks:>9}"
         )
     write_json(Path(args.json), {
         "when": datetime.now(UTC).isoformat(),
