@@ -12,7 +12,9 @@ import pytest
 
 from tests.conftest import POSTGRES_URL
 from turnkit import Agent, RuntimeConfig, SessionRuntime
+from turnkit.ids import TurnId
 from turnkit.runtime.worker import Worker
+from turnkit.store import TurnRecord
 from turnkit.testing import ModelStep, ScriptedModel
 
 
@@ -115,3 +117,47 @@ async def test_a_worker_told_not_to_listen_only_polls(pg_schema: str, sent: list
     status = await _drive_one_submitted_elsewhere(pg_schema, listen=False, poll_interval_s=0.05)
     assert status == "succeeded"
     assert not [query for query in sent if query.startswith("LISTEN")]
+
+
+async def test_a_worker_on_postgres_starts_a_turn_from_what_its_claim_read(
+    pg_schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The claim returns the turn's row: the driver does not read the turn again."""
+    model = ScriptedModel([ModelStep.text_reply("Done.")])
+    config = RuntimeConfig(database_url=POSTGRES_URL, database_schema=pg_schema)
+    async with (
+        SessionRuntime(agent=Agent(model=model), config=config) as worker_side,
+        SessionRuntime(agent=Agent(model=model), config=config) as api_side,
+    ):
+        probe = await api_side.submit("s-probe", "hi")  # queued, not claimed
+        lease = await worker_side.store.claim(
+            "probe", ttl_s=60, max_attempts=3, turn_id=probe.turn_id
+        )
+        assert lease is not None
+        assert lease.record is not None
+        assert lease.record == await api_side.store.get_turn(probe.turn_id)
+        assert lease.record.lease_epoch == lease.epoch
+
+        first = await api_side.submit("s-1", "hi")
+
+        reads: list[str] = []
+        get_turn = worker_side.store.get_turn
+
+        async def counted(turn_id: TurnId) -> TurnRecord | None:
+            reads.append(turn_id)
+            return await get_turn(turn_id)
+
+        monkeypatch.setattr(worker_side.store, "get_turn", counted)
+        stop = asyncio.Event()
+        worker = Worker(worker_side, poll_interval_s=0.05, sweep_interval_s=3600)
+        running = asyncio.create_task(worker.run(stop))
+        try:
+            deadline = time.monotonic() + 20
+            while (await api_side.turn(first.turn_id)).status == "running":
+                assert time.monotonic() < deadline, "the worker did not drive the turn"
+                await asyncio.sleep(0.02)
+        finally:
+            stop.set()
+            await running
+        assert (await api_side.turn(first.turn_id)).status == "succeeded"
+        assert reads == []

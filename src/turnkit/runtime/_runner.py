@@ -184,12 +184,12 @@ class TurnRunner:
         record: TurnRecord | None = None,
         deps: Any = NO_DEPS,
     ) -> TurnDriver:
-        """A driver for a claimed turn (`record`: the turn as claimed, if already read).
+        """A driver for a claimed turn, from `record` or the lease's if either read it.
 
         `agent` is the bundle the caller already holds (used when it is the pinned
         version); otherwise the driver looks the pinned agent up when it starts.
         """
-        record = record or await self.store.get_turn(lease.turn_id)
+        record = record or lease.record or await self.store.get_turn(lease.turn_id)
         if record is None:
             raise TurnNotFoundError(f"no turn {lease.turn_id!r}", turn_id=lease.turn_id)
         turn, pinned = record, Pinned.of(record)  # read once per attempt

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -276,6 +276,9 @@ class Lease:
     started_at: datetime
     cancel_requested: bool = False
     """Someone pressed Stop: the driver ends the turn `cancelled` at its next renewal."""
+    record: TurnRecord | None = field(default=None, compare=False, repr=False)
+    """The turn as the claim left it, where the claim read it anyway (PostgreSQL), so
+    its driver starts without reading it again; None: read it with `get_turn`."""
 
     @property
     def token(self) -> str:

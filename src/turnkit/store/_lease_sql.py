@@ -9,6 +9,7 @@ epoch moves on with every claim.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
@@ -20,7 +21,7 @@ from sqlalchemy.orm import aliased
 from turnkit.errors import LeaseLostError, StaleEpochError
 from turnkit.ids import SessionId, TurnId
 from turnkit.store import Lease
-from turnkit.store._schema import UNFINISHED, Fields, aware, events, turns
+from turnkit.store._schema import UNFINISHED, Fields, aware, events, turn_record, turns
 
 __all__ = (
     "PROGRESS_TYPES",
@@ -210,8 +211,8 @@ UPDATE tk_turns AS u SET
     started_at = CASE WHEN c.attempts = 0 THEN $1 ELSE u.started_at END, updated_at = $1
 FROM candidate c
 WHERE u.turn_id = c.turn_id AND u.lease_epoch = c.lease_epoch AND u.status = 'running'
-RETURNING u.turn_id, u.session_id, u.last_seq, u.started_at, c.lease_epoch, c.attempts,
-    c.lease_owner
+RETURNING u.*, c.lease_epoch AS was_epoch, c.attempts AS was_attempts,
+    c.lease_owner AS was_owner
 """
 
 
@@ -233,8 +234,20 @@ async def claim_pg(
     row = await conn.fetchrow(sql, now, max_attempts, owner, expires, *only)
     if row is None:
         return None
-    taken = Fields(row)  # the candidate's columns and the updated row's, in one record
-    return _taken(taken, taken, owner, expires)
+    # The updated row, whole (the driver's record), and the candidate's columns as it was.
+    won = Fields(row)
+    was = _Was(row["turn_id"], row["was_epoch"], row["was_attempts"], row["was_owner"])
+    return dataclasses.replace(_taken(was, won, owner, expires), record=turn_record(won))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Was:
+    """The claimed turn's row as the claim found it (what `_taken` reads of a candidate)."""
+
+    turn_id: str
+    lease_epoch: int
+    attempts: int
+    lease_owner: str | None
 
 
 def _stale(lease: Lease) -> StaleEpochError:
