@@ -110,8 +110,8 @@ class Recorder:
         self._audit: list[AuditRow] = []
         self._lock = asyncio.Lock()
         self._ahead: asyncio.Task[None] | None = None
-        """A commit `flush_ahead` started that nothing has waited for yet."""
-        self._after_ahead: list[EphemeralEvent] | None = None
+        """The commit `flush_ahead` started, until a wait finds it done."""
+        self._held: list[EphemeralEvent] | None = None
         """Ephemeral events waiting for that commit, sent right after its events; None
         when no commit is ahead (what a failed commit held back is dropped)."""
         self.usage = usage or UsageDelta()
@@ -211,8 +211,8 @@ class Recorder:
             ts=self.clock.now(),
             **fields,
         )
-        if self._after_ahead is not None and not (self._events or self._audit):
-            self._after_ahead.append(event)  # the commit ahead sends it; no need to wait
+        if self._held is not None and not (self._events or self._audit):
+            self._held.append(event)  # the commit ahead sends it; no need to wait
         else:
             await self.join_ahead()
             async with self._lock:
@@ -232,7 +232,7 @@ class Recorder:
         the event is built without validation (its fields are ours) and sent at once; and
         a model that never suspends lets readers run once per many pieces, not each one.
         """
-        if self._events or self._audit or self._lock.locked() or self._ahead is not None:
+        if self._events or self._audit or self._lock.locked() or self._ahead or self._held:
             await self.ephemeral(MessageDeltaEvent, stage_id, block_id=block_id, text=text)
             return
         template = self._delta_template
@@ -341,25 +341,39 @@ class Recorder:
         if self._events or self._audit:
             staged = self._events, self._audit
             self._events, self._audit = [], []
-            self._after_ahead = []
-            self._ahead = asyncio.create_task(self._commit_ahead(staged), name="turnkit-commit")
+            held: list[EphemeralEvent] = []
+            self._held = held
+            self._ahead = asyncio.create_task(
+                self._commit_ahead(staged, held), name="turnkit-commit"
+            )
 
-    async def _commit_ahead(self, staged: tuple[list[DurableEvent], list[AuditRow]]) -> None:
+    async def _commit_ahead(
+        self, staged: tuple[list[DurableEvent], list[AuditRow]], held: list[EphemeralEvent]
+    ) -> None:
         try:
             async with self._lock:
                 committed, _ = await self._commit_staged(None, None, staged=staged)
-                held, self._after_ahead = self._after_ahead, None
+                self._held = None
                 if held:
                     self.publish(held)
         finally:
-            self._after_ahead = None
+            self._held = None  # a failed commit's held events are never sent
         await self._committed(committed)
 
     async def join_ahead(self) -> None:
-        """Wait for the commit `flush_ahead` started; raise its error if it failed."""
-        task, self._ahead = self._ahead, None
-        if task is not None:
-            await task
+        """Wait for the commit `flush_ahead` started; raise its error if it failed.
+
+        The commit is shielded: a waiter cancelled meanwhile does not cut it off (the
+        server may have committed it), and every waiter sees how it ended.
+        """
+        task = self._ahead
+        if task is None or task is asyncio.current_task():
+            return  # none, or asked from the commit's own `on_commit` (a plugin's event)
+        try:
+            await asyncio.shield(task)
+        finally:
+            if self._ahead is task and task.done():
+                self._ahead = None
 
     async def commit_carrying(self, rider: Rider) -> bool | None:
         """Commit what is staged, with `rider` in the same statement where the store can.

@@ -246,10 +246,11 @@ class TurnDriver:
             self.sink(None)
 
     async def _join_commit_ahead(self) -> None:
-        """Wait for a commit before a model call that no ending waited for.
+        """Wait for the commit started before a model call, whatever it raises.
 
-        Only an attempt that lost its lease ends without a flush; the commit's error is
-        then the lease's, already handled.
+        An ending calls this first: a commit that failed left its events staged, and the
+        ending's own commit writes them (or says why it cannot). In `run`'s `finally` it
+        covers an attempt that lost its lease, which ends without a flush.
         """
         if self.recorder is not None:
             with contextlib.suppress(Exception):
@@ -441,6 +442,7 @@ class TurnDriver:
 
     async def _end_failed(self, rec: Recorder, exc: TurnError) -> None:
         self.ended = True
+        await self._join_commit_ahead()  # its events, if it failed, commit with the ending
         status: TerminalStatus = "timed_out" if isinstance(exc, DeadlineExceededError) else "failed"
         rec.durable(
             ErrorEvent, "runtime", code=exc.code, message=exc.message, details=_details(exc)
@@ -459,6 +461,7 @@ class TurnDriver:
 
     async def _end_aborted(self, rec: Recorder) -> None:
         self.ended = True
+        await self._join_commit_ahead()
         call = rec.open_call
         if call is not None:
             kept = _keep_interrupted(rec, call)
