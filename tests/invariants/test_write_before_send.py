@@ -108,10 +108,11 @@ async def test_a_model_call_starts_while_the_events_before_it_commit(
     )
 
 
-async def test_nothing_a_call_streamed_goes_out_when_the_commit_before_it_fails(
-    runtime_factory: RuntimeFactory, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    model = ScriptedModel([ModelStep.text_reply("Hello there, friend.")])
+async def _first_step_commit_fails(
+    runtime_factory: RuntimeFactory, monkeypatch: pytest.MonkeyPatch, step: ModelStep
+) -> tuple[ScriptedModel, list[StreamEvent]]:
+    """A turn whose `step.start` commit fails 50 ms in, while its model call runs."""
+    model = ScriptedModel([step])
     runtime = runtime_factory(
         Agent(model=model, skip_stages=frozenset({"anchor-plan", "tool-loop"}))
     )
@@ -122,49 +123,36 @@ async def test_nothing_a_call_streamed_goes_out_when_the_commit_before_it_fails(
     async def failing_commit(turn_id: TurnId, **kwargs: Any) -> Any:
         if any(isinstance(e, StepStartEvent) for e in kwargs["events"]) and not failed:
             failed.append(True)
-            await asyncio.sleep(0.05)  # the call streams meanwhile
+            await asyncio.sleep(0.05)  # the call runs meanwhile
             raise StoreError("the database went away")
         return await commit(turn_id, **kwargs)
 
     monkeypatch.setattr(runtime.store, "commit", failing_commit)
     seen = [e async for e in runtime.execute_message("s1", "hi")]
-    assert model.calls
     assert failed
-    assert not any(isinstance(e, MessageDeltaEvent) for e in seen)
     done = seen[-1]
     assert isinstance(done, DoneEvent)
     assert done.status == "failed"
-    assert "StoreError" in next(e.message for e in seen if isinstance(e, ErrorEvent))
+    assert (await runtime.turn(done.turn_id)).status == "failed"
     durable = [e for e in seen if isinstance(e, DurableEvent)]
     assert [e.seq for e in durable] == list(range(1, len(durable) + 1))
+    return model, seen
+
+
+async def test_nothing_a_call_streamed_goes_out_when_the_commit_before_it_fails(
+    runtime_factory: RuntimeFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reply = ModelStep.text_reply("Hello there, friend.")
+    model, seen = await _first_step_commit_fails(runtime_factory, monkeypatch, reply)
+    assert model.calls
+    assert not any(isinstance(e, MessageDeltaEvent) for e in seen)
+    assert "StoreError" in next(e.message for e in seen if isinstance(e, ErrorEvent))
 
 
 async def test_a_turn_still_ends_when_both_the_commit_before_a_call_and_the_call_fail(
     runtime_factory: RuntimeFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The ending commits what the failed commit left staged: the turn does not hang."""
-    model = ScriptedModel([ModelStep.fail(ProviderError("down", is_retriable=False))])
-    runtime = runtime_factory(
-        Agent(model=model, skip_stages=frozenset({"anchor-plan", "tool-loop"}))
-    )
-    await runtime.open()
-    commit = runtime.store.commit
-    failed: list[bool] = []
-
-    async def failing_commit(turn_id: TurnId, **kwargs: Any) -> Any:
-        if any(isinstance(e, StepStartEvent) for e in kwargs["events"]) and not failed:
-            failed.append(True)
-            await asyncio.sleep(0.05)  # the call fails meanwhile
-            raise StoreError("the database went away")
-        return await commit(turn_id, **kwargs)
-
-    monkeypatch.setattr(runtime.store, "commit", failing_commit)
-    seen = [e async for e in runtime.execute_message("s1", "hi")]
-    assert failed
-    done = seen[-1]
-    assert isinstance(done, DoneEvent)
-    assert done.status == "failed"
-    record = await runtime.turn(done.turn_id)
-    assert record.status == "failed"
-    durable = [e for e in seen if isinstance(e, DurableEvent)]
-    assert [e.seq for e in durable] == list(range(1, len(durable) + 1))
+    failing = ModelStep.fail(ProviderError("down", is_retriable=False))
+    model, _ = await _first_step_commit_fails(runtime_factory, monkeypatch, failing)
+    assert model.calls
