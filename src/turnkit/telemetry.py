@@ -310,17 +310,6 @@ class Recorder:
     ) -> None:
         """Commit everything staged (and a status move) in one transaction, then publish."""
         await self.join_ahead()
-        await self._flush(status, error_code, summary, release, pause, transcript)
-
-    async def _flush(
-        self,
-        status: TurnStatus | None = None,
-        error_code: str | None = None,
-        summary: RunSummary | None = None,
-        release: bool = False,
-        pause: PauseRequest | None = None,
-        transcript: TurnTranscript | None = None,
-    ) -> None:
         async with self._lock:
             committed, _ = await self._commit_staged(
                 status, error_code, summary, release, pause, transcript
