@@ -232,7 +232,7 @@ class Recorder:
         the event is built without validation (its fields are ours) and sent at once; and
         a model that never suspends lets readers run once per many pieces, not each one.
         """
-        if self._events or self._audit or self._lock.locked() or self._ahead or self._held:
+        if self._events or self._audit or self._lock.locked() or self._ahead is not None:
             await self.ephemeral(MessageDeltaEvent, stage_id, block_id=block_id, text=text)
             return
         template = self._delta_template
@@ -342,7 +342,6 @@ class Recorder:
         try:
             async with self._lock:
                 committed, _ = await self._commit_staged(None, None, staged=staged)
-                self._held = None
                 if held:
                     self.publish(held)
         finally:

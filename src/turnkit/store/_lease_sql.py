@@ -20,7 +20,7 @@ from sqlalchemy.orm import aliased
 
 from turnkit.errors import LeaseLostError, StaleEpochError
 from turnkit.ids import SessionId, TurnId
-from turnkit.store import Lease
+from turnkit.store import Lease, TurnRecord
 from turnkit.store._schema import UNFINISHED, Fields, aware, events, turn_record, turns
 
 __all__ = (
@@ -152,7 +152,9 @@ def claim(
     return _taken(row, won, owner, expires)
 
 
-def _taken(candidate: Any, won: Any, owner: str, expires: datetime) -> Lease:
+def _taken(
+    candidate: Any, won: Any, owner: str, expires: datetime, record: TurnRecord | None = None
+) -> Lease:
     """The lease a claim took: `candidate` as it was read, `won` as the update left it."""
     started = aware(won.started_at)
     assert started is not None  # set by this claim, if not by an earlier one
@@ -166,6 +168,7 @@ def _taken(candidate: Any, won: Any, owner: str, expires: datetime) -> Lease:
         took_over=candidate.lease_owner is not None,
         last_seq=won.last_seq,
         started_at=started,
+        record=record,
     )
 
 
@@ -237,7 +240,7 @@ async def claim_pg(
     # The updated row, whole (the driver's record), and the candidate's columns as it was.
     won = Fields(row)
     was = _Was(row["turn_id"], row["was_epoch"], row["was_attempts"], row["was_owner"])
-    return dataclasses.replace(_taken(was, won, owner, expires), record=turn_record(won))
+    return _taken(was, won, owner, expires, record=turn_record(won))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
