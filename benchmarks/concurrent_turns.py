@@ -14,6 +14,12 @@ reads every event of every turn. Reported per contender:
   all the messages arrive in one burst);
 - peak RSS, and its growth over the process after warming up.
 
+Then, once per round in a fresh interpreter, *admission alone*: the same number of
+messages submitted at once to a turnkit runtime that runs none of their turns (each
+message, its queued turn and its `turn.started` committed, nothing else in the process).
+It reports the CPU each message costs and when each is committed after they all arrived:
+a lower bound on `turn.started`'s lag in the burst above, whatever the turns then cost.
+
 Each contender runs in a fresh interpreter (its own memory), in an order that rotates
 over `--rounds`; ratios are against bare LangGraph in the same round, reported as the
 median and min–max over rounds. `--gc tuned` runs every contender as `turnkit serve` and
@@ -279,6 +285,49 @@ async def one(
     }
 
 
+async def admission(messages: int, gc_mode: str) -> dict[str, Any]:
+    """Admit `messages` messages at once (no turn run); when each is committed."""
+    tmp = Path(tempfile.mkdtemp())
+    agent = Agent(model=_SlowModel(0.0), tools=[add], skip_stages=frozenset({"anchor-plan"}))
+    runtime = SessionRuntime(
+        agent=agent, config=RuntimeConfig(database_url=f"sqlite:///{tmp / 'tk.db'}")
+    )
+    await runtime.open()
+    try:
+        for i in range(20):  # warm up
+            await runtime.submit(f"w-{i}", "What is 2 + 3?")
+        gc.collect()
+        if gc_mode == "tuned":
+            gc.freeze()
+            gc.set_threshold(*GC_THRESHOLDS)
+        cpu0 = time.process_time()
+        for i in range(messages):
+            await runtime.submit(f"alone-{i}", "What is 2 + 3?")
+        alone = (time.process_time() - cpu0) * 1000 / messages
+
+        committed: list[float] = []
+
+        async def submit(i: int) -> None:
+            await runtime.submit(f"burst-{i}", "What is 2 + 3?")
+            committed.append(time.perf_counter())
+
+        gc.collect()
+        cpu0, wall0 = time.process_time(), time.perf_counter()
+        await asyncio.gather(*(submit(i) for i in range(messages)))
+        at_once = (time.process_time() - cpu0) * 1000 / messages
+    finally:
+        await runtime.close()
+    after = sorted((t - wall0) * 1000 for t in committed)
+    return {
+        "messages": messages,
+        "cpu_ms_per_message_alone": alone,
+        "cpu_ms_per_message_at_once": at_once,
+        "committed_p50_ms": statistics.median(after),
+        "committed_p99_ms": after[int(len(after) * 0.99) - 1],
+        "committed_last_ms": after[-1],
+    }
+
+
 def set_difference(values: list[float], removed: list[float]) -> list[float]:
     """`values` without one occurrence of each of `removed` (a multiset difference)."""
     left = Counter(removed)
@@ -303,6 +352,7 @@ def main() -> None:
     parser.add_argument("--sequential", type=int, default=30)
     parser.add_argument("--gc", choices=("python", "tuned"), default="python")
     parser.add_argument("--one", choices=CONTENDERS, help=argparse.SUPPRESS)
+    parser.add_argument("--admission", action="store_true", help=argparse.SUPPRESS)
     default_json = Path(__file__).parent / "results" / "concurrent_turns.json"
     parser.add_argument("--json", default=str(default_json))
     args = parser.parse_args()
@@ -310,8 +360,12 @@ def main() -> None:
         result = asyncio.run(one(args.one, args.turns, args.latency, args.sequential, args.gc))
         print(json.dumps(result))
         return
+    if args.admission:
+        print(json.dumps(asyncio.run(admission(args.turns, args.gc))))
+        return
 
     rounds: list[dict[str, dict[str, Any]]] = []
+    admitted: list[dict[str, Any]] = []
     for r in range(args.rounds):
         order = CONTENDERS[r % len(CONTENDERS) :] + CONTENDERS[: r % len(CONTENDERS)]
         got: dict[str, dict[str, Any]] = {}
@@ -324,6 +378,11 @@ def main() -> None:
             )  # fmt: skip
             got[name] = json.loads(out.stdout.strip().splitlines()[-1])
         rounds.append(got)
+        out = subprocess.run(
+            [sys.executable, __file__, "--admission", "--turns", str(args.turns), "--gc", args.gc],
+            check=True, capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+        admitted.append(json.loads(out.stdout.strip().splitlines()[-1]))
         print(f"round {r + 1}: " + ", ".join(
             f"{n} {got[n]['turns_per_s']:.0f} turns/s" for n in CONTENDERS
         ))  # fmt: skip
@@ -358,6 +417,14 @@ def main() -> None:
             f"{s['event_lag_p50_ms']:.0f}", f"{s['event_lag_p99_ms']:.0f}",
             f"{s['rest_lag_p99_ms']:.0f}", f"{s['peak_rss_mib']:.0f}",
         ]))  # fmt: skip
+    admission_summary = {
+        key: [a[key] for a in admitted]
+        for key in ("cpu_ms_per_message_alone", "cpu_ms_per_message_at_once",
+                    "committed_p50_ms", "committed_p99_ms", "committed_last_ms")
+    }  # fmt: skip
+    print(f"\nadmission alone: {args.turns} messages at once, no turn run (median, min–max)")
+    print("CPU ms per message, alone | at once | committed after arrival p50 ms | p99 ms | last ms")
+    print(" | ".join(_spread(v) for v in admission_summary.values()))
     write_json(Path(args.json), {
         "when": datetime.now(UTC).isoformat(),
         "python": platform.python_version(),
@@ -367,6 +434,7 @@ def main() -> None:
         "gc": args.gc,
         "rounds": rounds,
         "summary": summary,
+        "admission": {"rounds": admitted, "summary": admission_summary},
     })  # fmt: skip
 
 
