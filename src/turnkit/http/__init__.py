@@ -57,7 +57,7 @@ from turnkit.pauses import Answer, Approve, Deny, Resolution
 from turnkit.runtime import SessionRuntime
 from turnkit.runtime._history import turn_history
 from turnkit.runtime.deps import NO_DEPS
-from turnkit.runtime.reader import check_cursor, parse_cursor
+from turnkit.runtime.reader import check_cursor, parse_cursor, set_once_sent
 from turnkit.store import SessionRecord, Submission, TurnRecord
 from turnkit.tenancy import Principal as TenantPrincipal
 
@@ -173,13 +173,19 @@ def create_turnkit_router(  # noqa: C901 - one closure per route keeps the route
         return ResumeOut(turn_id=record.turn_id, request_id=request_id, status=status)
 
     def stream(
-        turn_id: TurnId, after: int, status_code: int = 200, *, submission: Submission | None = None
+        turn_id: TurnId,
+        after: int,
+        status_code: int = 200,
+        *,
+        submission: Submission | None = None,
+        sent: asyncio.Event | None = None,
     ) -> EventSourceResponse:
         frames = runtime.reader(keepalive_s=keepalive_s).follow_batches(
             turn_id, after_seq=after, submission=submission
         )
+        body = frames_to_sse(frames, max_frame_bytes=max_frame_bytes, turn_id=turn_id)
         return EventSourceResponse(
-            frames_to_sse(frames, max_frame_bytes=max_frame_bytes, turn_id=turn_id),
+            body if sent is None else set_once_sent(body, sent),
             status_code=status_code,
             headers={TURN_ID_HEADER: turn_id, "Cache-Control": "no-store"},
             # The reader sends its own keep-alives as single comment lines. sse-starlette's
@@ -205,6 +211,8 @@ def create_turnkit_router(  # noqa: C901 - one closure per route keeps the route
         if existing is not None:
             owned(existing, session_id, principal)
         # The admission chain (inside `start`) settles the agent, the model and the budget.
+        # The turn's first step waits until its `turn.started` is written (`hold_until`).
+        sent = asyncio.Event()
         submission = await runtime.start(
             session_id,
             body.content,
@@ -217,11 +225,12 @@ def create_turnkit_router(  # noqa: C901 - one closure per route keeps the route
             principal=caller,
             documents=body.documents,
             deps=request_deps,
+            hold_until=sent,
         )
         if submission.guided:  # joined a running turn: stream it from here on
             live = await runtime.turn(submission.turn_id)
             return stream(live.turn_id, live.last_seq)
-        return stream(submission.turn_id, 0, submission=submission)
+        return stream(submission.turn_id, 0, submission=submission, sent=sent)
 
     @router.get(
         "/turns/{turn_id}/stream",

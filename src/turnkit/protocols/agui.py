@@ -16,6 +16,7 @@ The mapping is documented in docs/protocols/agui.md.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
@@ -85,7 +86,14 @@ from turnkit.pauses import CLARIFY_TOOL, Answer, Approve, Deny, Resolution
 from turnkit.projection import PendingDecision, decision_of, project
 from turnkit.replay import BufferEntry, ReplayBuffer
 from turnkit.runtime import SessionRuntime
-from turnkit.runtime.reader import KEEPALIVE, Frame, TurnReader, check_cursor, parse_cursor
+from turnkit.runtime.reader import (
+    KEEPALIVE,
+    Frame,
+    TurnReader,
+    check_cursor,
+    parse_cursor,
+    set_once_sent,
+)
 from turnkit.states import TurnStatus
 from turnkit.store import Store, TurnRecord
 
@@ -203,9 +211,17 @@ def create_agui_router(
     caller, request_deps_of = Depends(auth), Depends(deps or _no_deps)
 
     async def turn_of(
-        body: RunAgentInput, cursor: int | None, principal: Principal, request_deps: Any
+        body: RunAgentInput,
+        cursor: int | None,
+        principal: Principal,
+        request_deps: Any,
+        sent: asyncio.Event,
     ) -> tuple[TurnRecord, int]:
-        """The run's turn and the cursor to stream after; starts or resumes it if asked."""
+        """The run's turn and the cursor to stream after; starts or resumes it if asked.
+
+        A turn it starts takes its first step once `sent` is set (the stream's opening
+        written).
+        """
         extra: dict[str, Any] = {} if deps is None else {"deps": request_deps}
         known = await runtime.store.get_session(SessionId(body.thread_id))
         if known is not None and known.principal not in (None, principal):
@@ -227,6 +243,7 @@ def create_agui_router(
             effort=body.forwarded_props.effort,
             request_id=body.run_id,
             principal=principal,
+            hold_until=sent,
             **extra,
         )
         return await runtime.turn(submission.turn_id), 0
@@ -243,7 +260,8 @@ def create_agui_router(
         request_deps: Any = request_deps_of,
     ) -> Response:
         cursor = None if last_event_id is None else parse_cursor(last_event_id)
-        record, after = await turn_of(body, cursor, principal, request_deps)
+        sent = asyncio.Event()
+        record, after = await turn_of(body, cursor, principal, request_deps, sent)
         check_cursor(record, after)
         translator = _Translator(
             thread_id=body.thread_id,
@@ -266,7 +284,7 @@ def create_agui_router(
             reader.follow_batches(record.turn_id, after_seq=after),
         )
         return EventSourceResponse(
-            _stream(translator, opening, batches, view),
+            set_once_sent(_stream(translator, opening, batches, view), sent),
             headers={"X-Turn-Id": record.turn_id, "Cache-Control": "no-store"},
             # Keep-alives are single comment lines from the reader; sse-starlette's ping
             # (`None` means its 15 s default) ends with a blank line: never let it fire.

@@ -12,6 +12,7 @@ routes feed it from `SessionRuntime.reader()`, answer tool approvals through the
 approval parts, and rebuild a running turn's message for `resumeStream`.
 """
 
+import asyncio
 import contextlib
 import json
 import logging
@@ -71,7 +72,7 @@ from turnkit.pauses import CLARIFY_TOOL, Answer, Approve, Deny, Resolution
 from turnkit.projection import PendingDecision
 from turnkit.runtime import SessionRuntime
 from turnkit.runtime.deps import NO_DEPS
-from turnkit.runtime.reader import KEEPALIVE
+from turnkit.runtime.reader import KEEPALIVE, set_once_sent
 from turnkit.store import TurnRecord
 
 __all__ = (
@@ -676,14 +677,17 @@ def create_ai_sdk_router(  # noqa: C901 - one closure per route keeps the routes
         except ValidationError as exc:
             raise InvalidInputError(f"a picture does not fit: {exc.errors()[0]['msg']}") from exc
         fresh = body.trigger == "submit-message" and body.message_id is None
+        sent = asyncio.Event()  # the turn's first step waits for the stream's opening
         submission = await runtime.start(
             body.id,
             content,
             request_id=last.id if fresh and 0 < len(last.id) <= 128 else None,
             principal=principal,
             deps=request_deps,
+            hold_until=sent,
         )
-        return respond(render(await runtime.turn(submission.turn_id), 0), submission.turn_id)
+        opening = render(await runtime.turn(submission.turn_id), 0)
+        return respond(set_once_sent(opening, sent), submission.turn_id)
 
     @router.get(
         "/{chat_id}/stream",

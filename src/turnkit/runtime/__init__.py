@@ -707,6 +707,7 @@ class SessionRuntime:
         principal: Principal | str | None = None,
         documents: Sequence[str] = (),
         deps: Any = NO_DEPS,
+        hold_until: asyncio.Event | None = None,
     ) -> Submission:
         """Commit a message and run its turn detached from the caller.
 
@@ -714,7 +715,10 @@ class SessionRuntime:
         also claims it in the message's transaction: `Submission.lease`) or in a
         `turnkit worker`, and publishes to `self.replay`; read it with `reader()`.
         Closing a reader does not stop it; `cancel(turn_id)` does. The arguments are
-        those of `execute_message`.
+        those of `execute_message`, and `hold_until`: a turn driven here takes its first
+        step once this event is set (or a second has passed). A caller that streams the
+        turn sets it once `turn.started` is written, so that event goes out before the
+        turn's first steps take the event loop (the execute route does).
         """
         submission, slot = await self._submit_claiming(
             self.config.run_in_process,
@@ -736,6 +740,7 @@ class SessionRuntime:
                 slot=slot,
                 agent=agent if isinstance(agent, Agent) else None,
                 deps=deps,
+                hold_until=hold_until,
             )
         return submission
 

@@ -204,14 +204,15 @@ class TurnHost:
         slot: Slot | None = None,
         agent: Agent | None = None,
         deps: Any = NO_DEPS,
+        hold_until: asyncio.Event | None = None,
     ) -> None:
         """Drive a turn in a task of this runtime, publishing to the replay buffer.
 
-        `lease` and `slot` as for `stream`.
+        `lease` and `slot` as for `stream`; `hold_until` as for `TurnDriver.run`.
         """
         deps = self._deps_for(turn_id, deps)
         task = asyncio.create_task(
-            self._run_detached(turn_id, lease, slot, agent, deps),
+            self._run_detached(turn_id, lease, slot, agent, deps, hold_until),
             name=f"turnkit-detached-{turn_id}",
         )
         self._detached[turn_id] = task
@@ -224,6 +225,7 @@ class TurnHost:
         slot: Slot | None,
         agent: Agent | None,
         deps: Any,
+        hold_until: asyncio.Event | None = None,
     ) -> None:
         try:
             if lease is None:
@@ -235,7 +237,7 @@ class TurnHost:
                 driver = await self._runner().driver(lease, sink=publisher, agent=agent, deps=deps)
                 self._drivers[turn_id] = driver
                 try:
-                    await driver.run()
+                    await driver.run(hold_until=hold_until)
                 finally:
                     self._drivers.pop(turn_id, None)
         finally:

@@ -76,6 +76,8 @@ from turnkit.telemetry import OpenCall, Recorder
 
 __all__ = ("DriveSetup", "TurnDriver", "renewal_due")
 
+HOLD_MAX_S = 1.0
+"""The longest a driver waits for its `hold_until` before it runs the turn anyway."""
 _RENEWAL_TICKS = 4
 """Ticks of the shared renewal grid per renewal interval (a third of the lease's ttl)."""
 
@@ -189,12 +191,18 @@ class TurnDriver:
             recorder.tool_calls = sum(1 for k in journal.keys if k.startswith("tool.started:"))
         return recorder
 
-    async def run(self) -> None:
-        """Run the turn to a terminal state. Cancelling this task aborts the turn."""
+    async def run(self, *, hold_until: asyncio.Event | None = None) -> None:
+        """Run the turn to a terminal state. Cancelling this task aborts the turn.
+
+        `hold_until`: wait for it (at most `HOLD_MAX_S`, and a third of the lease's TTL)
+        before the turn's first step, so a caller streaming the turn sends `turn.started`
+        first. Cancelling meanwhile still ends the turn `cancelled`.
+        """
         trace: TurnTrace = attempt(self.record, self.lease, self.traceparent)
         try:
             rec = self.recorder = await self._recorder()
             trace.watch(rec)
+            await self._hold(hold_until)
             rec.input_seqs = (self.record.input_seq,)
             setup = await self.setup()  # the pinned agent may be gone: that ends the turn
             rec.transcript = setup.transcript
@@ -339,6 +347,14 @@ class TurnDriver:
             last_seq=self.lease.last_seq,
         )
         await rec.flush()
+
+    async def _hold(self, gate: asyncio.Event | None) -> None:
+        """Wait for `gate` (if any), no longer than the lease can go unrenewed safely."""
+        if gate is None:
+            return
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(min(HOLD_MAX_S, self.config.lease_ttl_s / 3)):
+                await gate.wait()
 
     async def _keep_lease(self, graph_task: asyncio.Task[object]) -> None:
         interval = self.config.lease_ttl_s / 3

@@ -31,7 +31,7 @@ import logging
 import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, TypeVar
 
 from turnkit.clock import Clock
 from turnkit.errors import ReplayCursorError, TurnNotFoundError
@@ -48,7 +48,7 @@ from turnkit.replay import START, BufferEntry, ReplayBuffer
 from turnkit.states import TERMINAL_STATES
 from turnkit.store import Store, Submission, TurnProgress, TurnRecord
 
-__all__ = ("KEEPALIVE", "Frame", "TurnReader", "check_cursor", "parse_cursor")
+__all__ = ("KEEPALIVE", "Frame", "TurnReader", "check_cursor", "parse_cursor", "set_once_sent")
 
 _TERMINAL_TYPES: Final = frozenset({"done"})
 _CURSOR: Final = re.compile(r"(?:0|[1-9][0-9]{0,17})", re.ASCII)
@@ -57,6 +57,7 @@ CATCH_UP_S: Final = 1.0
 _BACKOFF_MAX_S: Final = 1.0
 
 log = logging.getLogger("turnkit.replay")
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -436,3 +437,18 @@ class _Buffer:
                 exc,
             )
             self.is_down, self.backoff = True, 0.05
+
+
+async def set_once_sent(chunks: AsyncIterator[T], sent: asyncio.Event) -> AsyncIterator[T]:
+    """`chunks`, setting `sent` once the first was written (its writer asked for the next).
+
+    A route that streams a turn it just started passes `sent` to `start(hold_until=…)`:
+    the turn takes its first step once the stream's opening is on the wire, not before.
+    A stream that ends or fails sets it too.
+    """
+    try:
+        async for chunk in chunks:
+            yield chunk
+            sent.set()
+    finally:
+        sent.set()
