@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,8 @@ from turnkit.ids import TurnId
 from turnkit.models import ModelRequest
 from turnkit.protocols.agui import create_agui_router
 from turnkit.protocols.ai_sdk import create_ai_sdk_router
+from turnkit.runtime._runner import TurnRunner
+from turnkit.runtime.reader import set_once_sent
 from turnkit.testing import ModelStep, ScriptedModel
 
 
@@ -61,7 +64,6 @@ async def test_a_held_turn_runs_anyway_once_the_hold_has_lasted_its_longest(
 async def test_the_hold_is_shorter_than_a_third_of_the_lease(
     runtime_factory: RuntimeFactory, database_url: str
 ) -> None:
-    """The lease is not renewed during the hold, so the hold never outlasts a renewal."""
     model = ScriptedModel([ModelStep.text_reply("Hello.")])
     config = RuntimeConfig(database_url=database_url, lease_ttl_s=0.3)
     runtime = runtime_factory(Agent(model=model), config=config)
@@ -71,7 +73,34 @@ async def test_the_hold_is_shorter_than_a_third_of_the_lease(
     events = await _events(runtime, submission.turn_id)
     assert events[-1].type == "done"
     assert loop.time() - began < driver_module.HOLD_MAX_S  # 0.1 s, not a whole second
-    assert (await runtime.turn(submission.turn_id)).attempts == 1  # never lost its lease
+
+
+async def test_the_lease_is_renewed_through_the_hold_and_a_slow_setup(
+    runtime_factory: RuntimeFactory, database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Held for a third of its TTL, then set up for a whole TTL: the lease never lapses."""
+    setup = TurnRunner._setup
+
+    async def slow_setup(self: TurnRunner, *args: Any) -> Any:
+        await asyncio.sleep(0.6)  # the app's deps factory, say
+        return await setup(self, *args)
+
+    monkeypatch.setattr(TurnRunner, "_setup", slow_setup)
+    model = ScriptedModel([ModelStep.text_reply("Hello.")])
+    config = RuntimeConfig(database_url=database_url, lease_ttl_s=0.6)
+    runtime = runtime_factory(Agent(model=model), config=config)
+    submission = await runtime.start("s1", "hi", hold_until=asyncio.Event())
+    lapsed: list[float] = []
+    for _ in range(200):  # every 20 ms until the turn ends (a lapse would last 0.4 s)
+        record = await runtime.turn(submission.turn_id)
+        if record.status != "running":
+            break
+        expires = record.lease_expires_at
+        if expires is not None and expires < runtime.clock.now():
+            lapsed.append((runtime.clock.now() - expires).total_seconds())
+        await asyncio.sleep(0.02)
+    assert record.status == "succeeded"
+    assert lapsed == []
 
 
 async def test_stop_during_the_hold_ends_the_turn_cancelled(
@@ -118,6 +147,26 @@ ROUTES = {
         '"type":"finish"',
     ),
 }
+
+
+async def test_closing_a_stream_that_sets_its_event_closes_the_stream_under_it() -> None:
+    closed = asyncio.Event()
+
+    async def chunks() -> AsyncIterator[bytes]:
+        try:
+            for i in range(10):
+                yield b"%d" % i
+        finally:
+            closed.set()
+
+    sent = asyncio.Event()
+    outer = set_once_sent(chunks(), sent)
+    assert await anext(outer) == b"0"
+    assert not sent.is_set()  # the first chunk was handed out, not yet written
+    assert await anext(outer) == b"1"
+    assert sent.is_set()
+    await outer.aclose()  # as sse-starlette does when a write fails
+    assert closed.is_set()
 
 
 @pytest.mark.parametrize("route", sorted(ROUTES))

@@ -196,27 +196,20 @@ class TurnDriver:
 
         `hold_until`: wait for it (at most `HOLD_MAX_S`, and a third of the lease's TTL)
         before the turn's first step, so a caller streaming the turn sends `turn.started`
-        first. Cancelling meanwhile still ends the turn `cancelled`.
+        first. The lease is renewed meanwhile, and cancelling still ends the turn
+        `cancelled`.
         """
         trace: TurnTrace = attempt(self.record, self.lease, self.traceparent)
         try:
             rec = self.recorder = await self._recorder()
             trace.watch(rec)
-            await self._hold(hold_until)
-            rec.input_seqs = (self.record.input_seq,)
-            setup = await self.setup()  # the pinned agent may be gone: that ends the turn
-            rec.transcript = setup.transcript
-            rec.history = setup.transcript[:-1]  # the turn's own start at its message
-            rec.base_len = len(rec.history)
-            rec.last_request = setup.previous
-            watcher = setup.ctx_factory(rec)
-            if watcher.plugins:
-                trace.watch(rec, functools.partial(on_events, watcher))
             graph_task = asyncio.current_task()
             assert graph_task is not None
+            # Renewed from here on, through the hold and the setup (the app's deps factory).
             keeper = asyncio.create_task(self._keep_lease(graph_task), name="turnkit-lease")
             beat = asyncio.create_task(self._heartbeat(rec), name="turnkit-heartbeat")
             try:
+                setup = await self._prepare(rec, trace, hold_until)
                 await self._run_graph(rec, setup)
             finally:
                 keeper.cancel()
@@ -348,8 +341,24 @@ class TurnDriver:
         )
         await rec.flush()
 
+    async def _prepare(
+        self, rec: Recorder, trace: TurnTrace, hold_until: asyncio.Event | None
+    ) -> DriveSetup:
+        """Wait for `hold_until`, then set the turn up (a pinned agent gone ends the turn)."""
+        await self._hold(hold_until)
+        rec.input_seqs = (self.record.input_seq,)
+        setup = await self.setup()
+        rec.transcript = setup.transcript
+        rec.history = setup.transcript[:-1]  # the turn's own start at its message
+        rec.base_len = len(rec.history)
+        rec.last_request = setup.previous
+        watcher = setup.ctx_factory(rec)
+        if watcher.plugins:
+            trace.watch(rec, functools.partial(on_events, watcher))
+        return setup
+
     async def _hold(self, gate: asyncio.Event | None) -> None:
-        """Wait for `gate` (if any), no longer than the lease can go unrenewed safely."""
+        """Wait for `gate` (if any): a second at most, less with a short lease."""
         if gate is None:
             return
         with contextlib.suppress(TimeoutError):

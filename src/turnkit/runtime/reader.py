@@ -444,7 +444,8 @@ async def set_once_sent(chunks: AsyncIterator[T], sent: asyncio.Event) -> AsyncI
 
     A route that streams a turn it just started passes `sent` to `start(hold_until=…)`:
     the turn takes its first step once the stream's opening is on the wire, not before.
-    A stream that ends or fails sets it too.
+    A stream that ends, fails or is closed sets it too, and closing this closes `chunks`.
+    (A response never started leaves it unset: the turn then waits out the hold's bound.)
     """
     try:
         async for chunk in chunks:
@@ -452,3 +453,6 @@ async def set_once_sent(chunks: AsyncIterator[T], sent: asyncio.Event) -> AsyncI
             sent.set()
     finally:
         sent.set()
+        close = getattr(chunks, "aclose", None)
+        if close is not None:  # the stream under it stops reading at once
+            await close()
