@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
+import pytest
+
 from tests.conftest import RuntimeFactory
 from tests.helpers import PostTurnGate
 from turnkit import Agent, RuntimeConfig, tool
@@ -127,3 +129,53 @@ async def test_an_answered_pause_leaves_the_pending_list_before_the_turn_goes_on
     assert await answering.pending("s1") == []
     [turn] = (await answering.view("s1")).turns
     assert (turn.pending, turn.status) == (None, "running")
+
+
+@pytest.mark.parametrize("ending", ["stop", "abort"])
+async def test_a_guide_left_by_a_stopped_turn_gets_its_own_turn(
+    runtime_factory: RuntimeFactory, ending: str
+) -> None:
+    """Stop (a detached turn) or closing `execute_message` (an attached one) ends the turn
+    before it presented the guide: the guide still gets answered, in this process."""
+    release = asyncio.Event()
+
+    @tool
+    async def slow_lookup(q: str) -> str:
+        """Look something up, slowly."""
+        await release.wait()
+        return f"found {q}"
+
+    model = ScriptedModel(
+        [ModelStep.tool_call_reply(call("slow_lookup", q="A")), ModelStep.text_reply("B is fine.")]
+    )
+    runtime = runtime_factory(Agent(model=model, tools=[slow_lookup]))
+    guide = ("s1", "also check B")
+    if ending == "stop":
+        first = await runtime.start("s1", "check A")
+        async with asyncio.timeout(10):
+            while not [e async for e in runtime.events(first.turn_id) if e.type == "tool.started"]:
+                await asyncio.sleep(0.01)
+        assert (await runtime.submit(*guide, delivery="guide")).guided
+        assert await runtime.cancel(first.turn_id) == "cancelled"
+    else:
+        stream = runtime.execute_message("s1", "check A")
+        async with asyncio.timeout(10):
+            async for event in stream:
+                if isinstance(event, ToolStartedEvent):
+                    break
+        assert (await runtime.submit(*guide, delivery="guide")).guided
+        await stream.aclose()
+
+    async def answered() -> bool:
+        turns = await runtime.store.list_turns(SessionId("s1"))
+        return len(turns) == 2 and turns[1].status == "succeeded"
+
+    async with asyncio.timeout(10):
+        while not await answered():
+            await asyncio.sleep(0.02)
+    turns = await runtime.store.list_turns(SessionId("s1"))
+    assert turns[0].status == "cancelled"
+    started = [e async for e in runtime.events(turns[1].turn_id)][0]
+    assert isinstance(started, TurnStartedEvent)
+    assert started.content == "also check B"
+    assert [t.answer for t in await runtime.history("s1")][-1] == "B is fine."

@@ -185,9 +185,6 @@ class TurnHost:
                     # Someone else owns the turn now (a takeover or the sweep): read its ending.
                     async for ended_by in self._reader().events(turn_id, after_seq=last_seq):
                         yield ended_by
-                self._forget_deps(driver)
-                if driver.requeued:
-                    await self.pick_up(lease.session_id)
             finally:
                 if watcher is not None:
                     watcher.cancel()
@@ -195,6 +192,7 @@ class TurnHost:
                     task.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
                         await task
+                await self._after(driver)  # also when the caller closed the stream (abort)
 
     def detach(
         self,
@@ -227,6 +225,7 @@ class TurnHost:
         deps: Any,
         hold_until: asyncio.Event | None = None,
     ) -> None:
+        driver: TurnDriver | None = None
         try:
             if lease is None:
                 claimed = await self.claim(turn_id)
@@ -243,9 +242,18 @@ class TurnHost:
         finally:
             if slot is not None:
                 slot.release()
+            if driver is not None:
+                await self._after(driver)  # also after Stop, which cancels this task
+
+    async def _after(self, driver: TurnDriver) -> None:
+        """After a turn's driver, however it ended (a Stop or an abort included).
+
+        Drops the turn's deps if it ended, and runs the guide messages its ending re-queued
+        as turns of their own.
+        """
         self._forget_deps(driver)
         if driver.requeued:
-            await self.pick_up(lease.session_id)
+            await self.pick_up(driver.lease.session_id)
 
     async def pick_up(self, session_id: SessionId) -> None:
         """Run a turn this session queued meanwhile (e.g. a re-queued guide message)."""
