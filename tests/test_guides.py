@@ -34,17 +34,21 @@ async def _wait_for(check: object, limit_s: float = 10) -> None:
             await asyncio.sleep(0.01)
 
 
-async def test_a_guide_joins_the_running_turn_before_the_next_request(
-    runtime_factory: RuntimeFactory,
-) -> None:
-    release = asyncio.Event()
-
+def _slow_lookup(release: asyncio.Event) -> object:
     @tool
     async def slow_lookup(q: str) -> str:
         """Look something up, slowly."""
         await release.wait()
         return f"found {q}"
 
+    return slow_lookup
+
+
+async def test_a_guide_joins_the_running_turn_before_the_next_request(
+    runtime_factory: RuntimeFactory,
+) -> None:
+    release = asyncio.Event()
+    slow_lookup = _slow_lookup(release)
     model = ScriptedModel(
         [
             ModelStep.tool_call_reply(call("slow_lookup", q="A")),
@@ -138,13 +142,7 @@ async def test_a_guide_left_by_a_stopped_turn_gets_its_own_turn(
     """Stop (a detached turn) or closing `execute_message` (an attached one) ends the turn
     before it presented the guide: the guide still gets answered, in this process."""
     release = asyncio.Event()
-
-    @tool
-    async def slow_lookup(q: str) -> str:
-        """Look something up, slowly."""
-        await release.wait()
-        return f"found {q}"
-
+    slow_lookup = _slow_lookup(release)
     model = ScriptedModel(
         [ModelStep.tool_call_reply(call("slow_lookup", q="A")), ModelStep.text_reply("B is fine.")]
     )
