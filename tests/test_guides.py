@@ -10,7 +10,7 @@ import pytest
 
 from tests.conftest import RuntimeFactory
 from tests.helpers import PostTurnGate
-from turnkit import Agent, RuntimeConfig, tool
+from turnkit import Agent, RuntimeConfig, SessionRuntime, tool
 from turnkit.events import (
     ApprovalRequestedEvent,
     InputGuidedEvent,
@@ -20,6 +20,7 @@ from turnkit.events import (
 )
 from turnkit.ids import SessionId
 from turnkit.pauses import Approve
+from turnkit.store import TurnRecord
 from turnkit.testing import ModelStep, ScriptedModel, call
 
 
@@ -42,6 +43,16 @@ def _slow_lookup(release: asyncio.Event) -> object:
         return f"found {q}"
 
     return slow_lookup
+
+
+async def _answered_by_a_second_turn(runtime: SessionRuntime) -> list[TurnRecord]:
+    """Session s1's turns, once its second turn has succeeded (at most 10 s)."""
+    async with asyncio.timeout(10):
+        while True:
+            turns = await runtime.store.list_turns(SessionId("s1"))
+            if len(turns) == 2 and turns[1].status == "succeeded":
+                return turns
+            await asyncio.sleep(0.02)
 
 
 async def test_a_guide_joins_the_running_turn_before_the_next_request(
@@ -95,14 +106,7 @@ async def test_a_guide_the_turn_never_presented_gets_its_own_turn(
     gate.release.set()
     await asyncio.wait_for(consumer, 10)
 
-    async def answered() -> bool:
-        turns = await runtime.store.list_turns(SessionId("s1"))
-        return len(turns) == 2 and turns[1].status == "succeeded"
-
-    async with asyncio.timeout(10):
-        while not await answered():
-            await asyncio.sleep(0.02)
-    turns = await runtime.store.list_turns(SessionId("s1"))
+    turns = await _answered_by_a_second_turn(runtime)
     started = [e async for e in runtime.events(turns[1].turn_id)][0]
     assert isinstance(started, TurnStartedEvent)
     assert (started.content, started.input_seq) == ("one more thing", 2)
@@ -164,14 +168,7 @@ async def test_a_guide_left_by_a_stopped_turn_gets_its_own_turn(
         assert (await runtime.submit(*guide, delivery="guide")).guided
         await stream.aclose()
 
-    async def answered() -> bool:
-        turns = await runtime.store.list_turns(SessionId("s1"))
-        return len(turns) == 2 and turns[1].status == "succeeded"
-
-    async with asyncio.timeout(10):
-        while not await answered():
-            await asyncio.sleep(0.02)
-    turns = await runtime.store.list_turns(SessionId("s1"))
+    turns = await _answered_by_a_second_turn(runtime)
     assert turns[0].status == "cancelled"
     started = [e async for e in runtime.events(turns[1].turn_id)][0]
     assert isinstance(started, TurnStartedEvent)
