@@ -443,3 +443,27 @@ async def test_a_turn_recovered_after_a_crash_stays_one_trace(
     assert _attrs(recovered)["turnkit.turn_id"] == submission.turn_id
     [(_, recoveries)] = otel.points("turnkit.recoveries")
     assert recoveries.value == 1
+
+
+async def test_the_attempt_span_says_how_long_the_turn_was_held(
+    runtime_factory: RuntimeFactory, otel: Telemetry
+) -> None:
+    """A turn held for its stream's opening (`start(hold_until=…)`) marks the wait."""
+    runtime = runtime_factory(Agent(model=ScriptedModel([ModelStep.text_reply("Hi.")] * 2)))
+    opening = asyncio.Event()
+    held = await runtime.start("s1", "hello", hold_until=opening)
+    await asyncio.sleep(0.05)
+    opening.set()
+    plain = await runtime.start("s2", "hello")
+    for turn_id in (held.turn_id, plain.turn_id):
+        async with asyncio.timeout(10):
+            assert [e async for e in runtime.reader().events(turn_id)][-1].type == "done"
+    async with asyncio.timeout(5):  # the attempt's span ends just after its `done`
+        while len(spans := _by_turn(otel.named("invoke_agent "))) < 2:
+            await asyncio.sleep(0.01)
+    assert 40 <= float(spans[held.turn_id]["turnkit.held_ms"]) < 1000  # type: ignore[arg-type]
+    assert "turnkit.held_ms" not in spans[plain.turn_id]
+
+
+def _by_turn(spans: list[ReadableSpan]) -> dict[object, dict[str, object]]:
+    return {_attrs(span)["turnkit.turn_id"]: _attrs(span) for span in spans}

@@ -69,6 +69,9 @@ class TurnTrace:
         if then is not None:
             recorder.on_commit = then
 
+    def held(self, seconds: float) -> None:
+        """The attempt waited `seconds` for its stream's opening before its first step."""
+
     def end(self, recorder: Recorder | None, *, lease_lost: bool) -> None:
         """The attempt is over: close its spans and count its outcome."""
 
@@ -158,6 +161,9 @@ class _LiveTurn(TurnTrace):
             elif isinstance(event, TurnRecoveringEvent):
                 self.span.set_attribute("turnkit.recovered", True)
                 self.found.recoveries.add(1, {"gen_ai.agent.name": self.agent})
+
+    def held(self, seconds: float) -> None:
+        self.span.set_attribute("turnkit.held_ms", round(seconds * 1000, 3))
 
     def stage(self, name: str) -> Span:
         if self.ended:  # work the attempt left running (a background call): no new stage

@@ -345,7 +345,10 @@ class TurnDriver:
         self, rec: Recorder, trace: TurnTrace, hold_until: asyncio.Event | None
     ) -> DriveSetup:
         """Wait for `hold_until`, then set the turn up (a pinned agent gone ends the turn)."""
-        await self._hold(hold_until)
+        if hold_until is not None:
+            began = self.clock.monotonic()
+            await self._hold(hold_until)
+            trace.held(self.clock.monotonic() - began)
         rec.input_seqs = (self.record.input_seq,)
         setup = await self.setup()
         rec.transcript = setup.transcript
@@ -357,10 +360,8 @@ class TurnDriver:
             trace.watch(rec, functools.partial(on_events, watcher))
         return setup
 
-    async def _hold(self, gate: asyncio.Event | None) -> None:
-        """Wait for `gate` (if any): a second at most, less with a short lease."""
-        if gate is None:
-            return
+    async def _hold(self, gate: asyncio.Event) -> None:
+        """Wait for `gate`: a second at most, less with a short lease."""
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(min(HOLD_MAX_S, self.config.lease_ttl_s / 3)):
                 await gate.wait()
