@@ -157,14 +157,28 @@ async def _on_langgraph(
     return run, close
 
 
-async def _turnkit(
-    latency: float, tmp: Path, **config: Any
-) -> tuple[RunOne, Callable[[], Awaitable[None]]]:
+async def _runtime(latency: float, tmp: Path, **config: Any) -> SessionRuntime:
+    """An open turnkit runtime on SQLite in `tmp`, driving the benchmark's agent."""
     agent = Agent(model=_SlowModel(latency), tools=[add], skip_stages=frozenset({"anchor-plan"}))
     runtime = SessionRuntime(
         agent=agent, config=RuntimeConfig(database_url=f"sqlite:///{tmp / 'tk.db'}", **config)
     )
     await runtime.open()
+    return runtime
+
+
+def _tune_gc(gc_mode: str) -> None:
+    """Collect, then (`tuned`) collect as `turnkit serve` and `turnkit worker` do."""
+    gc.collect()
+    if gc_mode == "tuned":
+        gc.freeze()
+        gc.set_threshold(*GC_THRESHOLDS)
+
+
+async def _turnkit(
+    latency: float, tmp: Path, **config: Any
+) -> tuple[RunOne, Callable[[], Awaitable[None]]]:
+    runtime = await _runtime(latency, tmp, **config)
     _GROUPS.append(getattr(runtime.store, "_group", None))
 
     async def run(i: int, lags: list[float]) -> None:
@@ -226,10 +240,7 @@ async def one(
     try:
         for i in range(5):  # warm up
             await run(10_000_000 + i, [])
-        gc.collect()
-        if gc_mode == "tuned":
-            gc.freeze()
-            gc.set_threshold(*GC_THRESHOLDS)
+        _tune_gc(gc_mode)
         rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         cpu0 = time.process_time()
         for i in range(sequential):
@@ -287,19 +298,11 @@ async def one(
 
 async def admission(messages: int, gc_mode: str) -> dict[str, Any]:
     """Admit `messages` messages at once (no turn run); when each is committed."""
-    tmp = Path(tempfile.mkdtemp())
-    agent = Agent(model=_SlowModel(0.0), tools=[add], skip_stages=frozenset({"anchor-plan"}))
-    runtime = SessionRuntime(
-        agent=agent, config=RuntimeConfig(database_url=f"sqlite:///{tmp / 'tk.db'}")
-    )
-    await runtime.open()
+    runtime = await _runtime(0.0, Path(tempfile.mkdtemp()))
     try:
         for i in range(20):  # warm up
             await runtime.submit(f"w-{i}", "What is 2 + 3?")
-        gc.collect()
-        if gc_mode == "tuned":
-            gc.freeze()
-            gc.set_threshold(*GC_THRESHOLDS)
+        _tune_gc(gc_mode)
         cpu0 = time.process_time()
         for i in range(messages):
             await runtime.submit(f"alone-{i}", "What is 2 + 3?")

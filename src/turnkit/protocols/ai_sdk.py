@@ -686,8 +686,8 @@ def create_ai_sdk_router(  # noqa: C901 - one closure per route keeps the routes
             deps=request_deps,
             hold_until=sent,
         )
-        opening = render(await runtime.turn(submission.turn_id), 0)
-        return respond(set_once_sent(opening, sent), submission.turn_id)
+        reply = render(await runtime.turn(submission.turn_id), 0)
+        return respond(set_once_sent(reply, sent), submission.turn_id)
 
     @router.get(
         "/{chat_id}/stream",
