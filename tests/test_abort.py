@@ -45,6 +45,28 @@ async def test_closing_the_generator_aborts_the_model_call(runtime_factory: Runt
     assert [e.seq for e in stored] == list(range(1, len(stored) + 1))
 
 
+async def test_closing_the_stream_at_turn_started_cancels_the_turn(
+    runtime_factory: RuntimeFactory,
+) -> None:
+    """Its driver had not begun: the turn still ends, and the session goes on at once."""
+    model = ScriptedModel([ModelStep.text_reply("Hello.")], repeat_last=True)
+    runtime = runtime_factory(Agent(model=model))
+    stream = runtime.execute_message("s1", "hi")
+    first = await anext(stream)
+    await stream.aclose()
+    record = await runtime.turn(first.turn_id)
+    assert (record.status, record.lease_owner) == ("cancelled", None)
+    stored = [e async for e in runtime.events(first.turn_id)]
+    assert [e.seq for e in stored] == [1, 2]
+    assert isinstance(stored[-1], DoneEvent)
+    assert stored[-1].status == "cancelled"
+    assert model.calls == []
+    async with asyncio.timeout(10):
+        again = [e async for e in runtime.execute_message("s1", "again")]
+    assert isinstance(again[-1], DoneEvent)
+    assert again[-1].status == "succeeded"
+
+
 async def test_cancel_token_ends_the_stream_with_cancelled(runtime_factory: RuntimeFactory) -> None:
     model = ScriptedModel([ModelStep.hang("Working")])
     runtime = runtime_factory(Agent(model=model))

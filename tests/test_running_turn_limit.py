@@ -189,3 +189,62 @@ async def test_a_caller_that_leaves_while_its_turn_waits_cancels_it(tmp_path: Pa
     assert isinstance(again[-1], DoneEvent)
     assert again[-1].status == "succeeded"
     assert model.calls == 2
+
+
+async def test_a_caller_that_leaves_at_turn_started_while_its_turn_waits_cancels_it(
+    tmp_path: Path,
+) -> None:
+    model = _GatedModel()
+    config = RuntimeConfig(database_url=f"sqlite:///{tmp_path / 't.db'}", max_running_turns=1)
+    async with SessionRuntime(agent=Agent(model=model), config=config) as runtime:
+        busy = asyncio.create_task(_drain(runtime.execute_message("s-busy", "hi")))
+        await _until(lambda: _calls(model, 1), "the first turn holds the only slot")
+        stream = runtime.execute_message("s-wait", "hello")
+        first = await anext(stream)  # `turn.started`, committed with the message
+        await stream.aclose()
+        assert (await runtime.turn(first.turn_id)).status == "cancelled"
+        model.gate.set()
+        await busy
+        again = await asyncio.wait_for(_drain(runtime.execute_message("s-wait", "again")), 20)
+    assert again[-1].status == "succeeded"
+    assert model.calls == 2
+
+
+async def test_a_stop_right_after_start_ends_the_turn_and_frees_its_slot(tmp_path: Path) -> None:
+    model = _GatedModel()
+    model.gate.set()
+    config = RuntimeConfig(database_url=f"sqlite:///{tmp_path / 't.db'}", max_running_turns=1)
+    async with SessionRuntime(agent=Agent(model=model), config=config) as runtime:
+        stopped = await runtime.start("s-a", "hi")
+        assert stopped.lease is not None  # claimed with its message, not yet driven
+        assert await runtime.cancel(stopped.turn_id) == "cancelled"
+        record = await runtime.turn(stopped.turn_id)
+        assert (record.status, record.lease_owner) == ("cancelled", None)
+        done = [e async for e in runtime.events(stopped.turn_id)][-1]
+        assert isinstance(done, DoneEvent)
+        assert done.status == "cancelled"
+        # The only slot is free again, and the session is not held up.
+        nxt = await asyncio.wait_for(_drain(runtime.execute_message("s-b", "hi")), 20)
+        same = await asyncio.wait_for(_drain(runtime.execute_message("s-a", "again")), 20)
+    assert [nxt[-1].status, same[-1].status] == ["succeeded", "succeeded"]
+    assert model.calls == 2  # the stopped turn never called the model
+
+
+async def test_a_stop_while_a_detached_turn_waits_for_a_slot_ends_it(tmp_path: Path) -> None:
+    model = _GatedModel()
+    config = RuntimeConfig(database_url=f"sqlite:///{tmp_path / 't.db'}", max_running_turns=1)
+    async with SessionRuntime(agent=Agent(model=model), config=config) as runtime:
+        busy = await runtime.start("s-busy", "hi")
+        await _until(lambda: _calls(model, 1), "the first turn holds the only slot")
+        waiting = await runtime.start("s-wait", "hello")
+        assert waiting.lease is None
+        await _until(lambda: _waiting(runtime, 1), "the second turn waits for a slot")
+        assert await runtime.cancel(waiting.turn_id) == "cancelled"
+        assert runtime.host.slots.waiting == 0
+        model.gate.set()
+        async with asyncio.timeout(20):
+            ended = [e async for e in runtime.reader().events(busy.turn_id)][-1]
+        again = await asyncio.wait_for(_drain(runtime.execute_message("s-wait", "again")), 20)
+    assert isinstance(ended, DoneEvent)
+    assert [ended.status, again[-1].status] == ["succeeded", "succeeded"]
+    assert model.calls == 2

@@ -537,6 +537,26 @@ async def test_a_renewal_extends_the_lease_and_reports_stop_pressed(
     assert after_stop.cancel_requested
 
 
+async def test_a_stop_by_the_lease_holder_ends_the_turn_despite_its_live_lease(
+    store: SqlStore,
+) -> None:
+    """The holder's drivers have stopped: its own lease must not keep the turn running."""
+    sub = await store.submit(new_input())
+    lease = await store.claim("w1", ttl_s=30, max_attempts=3)
+    assert lease is not None
+    assert await store.cancel(sub.turn_id, stopped_owner="w2") == "running"  # not the holder
+    assert await store.cancel(sub.turn_id, stopped_owner="w1") == "cancelled"
+    record = await store.get_turn(sub.turn_id)
+    assert record is not None
+    assert (record.status, record.lease_owner) == ("cancelled", None)
+    stored = [e.decode() async for e in store.read_events(sub.turn_id)]
+    assert [e.seq for e in stored] == [1, 2]
+    assert isinstance(stored[-1], DoneEvent)
+    assert stored[-1].status == "cancelled"
+    with pytest.raises(StaleEpochError):  # the stopped driver can write nothing more
+        await store.renew(lease, ttl_s=30)
+
+
 async def test_renewals_asked_together_extend_each_lease_and_refuse_a_stale_one(
     store: SqlStore, clock: FakeClock
 ) -> None:

@@ -673,25 +673,36 @@ class SessionRuntime:
             async for joined in self.reader().events(live.turn_id, after_seq=live.last_seq):
                 yield joined
             return
-        if submission.started is not None:
-            yield submission.started  # committed with the input: no need to read it back
-        else:
-            async for stored in self.store.read_events(submission.turn_id):
-                yield stored.decode()
-        if not submission.is_new:
-            return
-        drive = self.host.stream(
-            submission.turn_id,
-            cancel,
-            lease=submission.lease,
-            slot=slot,
-            record=submission.record,
-            agent=agent if isinstance(agent, Agent) else None,
-            deps=deps,
-        )
-        async with contextlib.aclosing(drive):  # closing this stream must reach the driver
-            async for event in drive:
-                yield event
+        driving = False
+        try:
+            if submission.started is not None:
+                yield submission.started  # committed with the input: no need to read it back
+            else:
+                async for stored in self.store.read_events(submission.turn_id):
+                    yield stored.decode()
+            if not submission.is_new:
+                return
+            drive = self.host.stream(
+                submission.turn_id,
+                cancel,
+                lease=submission.lease,
+                slot=slot,
+                record=submission.record,
+                agent=agent if isinstance(agent, Agent) else None,
+                deps=deps,
+            )
+            driving = True
+            async with contextlib.aclosing(drive):  # closing this stream must reach the driver
+                async for event in drive:
+                    yield event
+        finally:
+            if not driving and submission.is_new:
+                # The caller left before the turn's driver began: abort it all the same.
+                claimed = submission.lease is not None
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(
+                        self.host.end_cancelled(submission.turn_id, stopped=claimed)
+                    )
 
     async def start(
         self,
@@ -786,15 +797,10 @@ class SessionRuntime:
         driven by another process is flagged and stops at that driver's next renewal.
         Returns the turn's status after the call.
         """
-        if await self.host.stop(TurnId(turn_id)):
+        stopped = await self.host.stop(TurnId(turn_id))
+        if stopped == "ended":
             return (await self.turn(turn_id)).status
-        status = await self.store.cancel(TurnId(turn_id))
-        if status == "cancelled":
-            # Live readers wait on the buffer: hand them the `done` the Store just wrote.
-            record = await self.turn(turn_id)
-            async for done in self.store.read_events(record.turn_id, after_seq=record.last_seq - 1):
-                await self.replay.publish(record.turn_id, [(done.seq, done.data, True)])
-        return status
+        return await self.host.end_cancelled(TurnId(turn_id), stopped=stopped == "unended")
 
     async def resume(
         self, turn_id: str, request_id: str, resolution: Resolution, *, deps: Any = NO_DEPS

@@ -13,7 +13,8 @@ import asyncio
 import contextlib
 from collections import deque
 from collections.abc import AsyncGenerator, Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 from turnkit.agent import Agent
 from turnkit.clock import Clock
@@ -28,9 +29,24 @@ from turnkit.runtime._slots import Slot, TurnSlots
 from turnkit.runtime.deps import NO_DEPS
 from turnkit.runtime.driver import TurnDriver
 from turnkit.runtime.reader import TurnReader
+from turnkit.states import TurnStatus
 from turnkit.store import Lease, Store, TurnRecord
 
-__all__ = ("TurnHost",)
+__all__ = ("StopOutcome", "TurnHost")
+
+StopOutcome = Literal["not_here", "ended", "unended"]
+"""What `TurnHost.stop` found: no turn of that id detached here; its driver wrote the
+ending; or it stopped before its driver could (the caller ends it in the Store)."""
+
+
+@dataclass(slots=True, eq=False)
+class _Detached:
+    """A turn driven in a task of this host: what the task holds, for `stop` to settle."""
+
+    lease: Lease | None
+    slot: Slot | None
+    task: asyncio.Task[None] | None = None
+    driver: TurnDriver | None = None
 
 
 class TurnHost:
@@ -54,8 +70,7 @@ class TurnHost:
         self.clock = clock
         self._runner = runner
         self._reader = reader
-        self._detached: dict[TurnId, asyncio.Task[None]] = {}
-        self._drivers: dict[TurnId, TurnDriver] = {}
+        self._detached: dict[TurnId, _Detached] = {}
         self._deps: dict[TurnId, Any] = {}
         """Deps a caller handed in for a turn, kept while it may resume here."""
         self.slots = TurnSlots(config.max_running_turns)
@@ -144,8 +159,23 @@ class TurnHost:
             return await self.claim(turn_id)
         except asyncio.CancelledError:
             with contextlib.suppress(Exception):
-                await asyncio.shield(self._store().cancel(turn_id))
+                await asyncio.shield(self.end_cancelled(turn_id, stopped=False))
             raise
+
+    async def end_cancelled(self, turn_id: TurnId, *, stopped: bool) -> TurnStatus:
+        """End the turn `cancelled` in the Store (or flag its live driver), as `Store.cancel`.
+
+        `stopped`: this host's drivers of the turn have stopped, so its lease on the turn
+        no longer counts. Live readers wait on the buffer: they are handed the `done`.
+        """
+        store = self._store()
+        status = await store.cancel(turn_id, stopped_owner=self.owner if stopped else None)
+        if status == "cancelled":
+            record = await store.get_turn(turn_id)
+            after = record.last_seq - 1 if record is not None else 0
+            async for done in store.read_events(turn_id, after_seq=after):
+                await self.replay.publish(turn_id, [(done.seq, done.data, True)])
+        return status
 
     async def _drive(
         self,
@@ -192,6 +222,9 @@ class TurnHost:
                     task.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
                         await task
+                    if not driver.ended and not driver.lease_lost:  # cancelled before its start
+                        with contextlib.suppress(Exception):
+                            await asyncio.shield(self.end_cancelled(turn_id, stopped=True))
                 await self._after(driver)  # also when the caller closed the stream (abort)
 
     def detach(
@@ -209,41 +242,42 @@ class TurnHost:
         `lease` and `slot` as for `stream`; `hold_until` as for `TurnDriver.run`.
         """
         deps = self._deps_for(turn_id, deps)
-        task = asyncio.create_task(
-            self._run_detached(turn_id, lease, slot, agent, deps, hold_until),
+        entry = _Detached(lease, slot)
+        task = entry.task = asyncio.create_task(
+            self._run_detached(turn_id, entry, agent, deps, hold_until),
             name=f"turnkit-detached-{turn_id}",
         )
-        self._detached[turn_id] = task
-        task.add_done_callback(lambda _: self._detached.pop(turn_id, None))
+        self._detached[turn_id] = entry
+        task.add_done_callback(lambda _: self._forget_detached(turn_id, entry))
+
+    def _forget_detached(self, turn_id: TurnId, entry: _Detached) -> None:
+        if self._detached.get(turn_id) is entry:
+            del self._detached[turn_id]
 
     async def _run_detached(
         self,
         turn_id: TurnId,
-        lease: Lease | None,
-        slot: Slot | None,
+        entry: _Detached,
         agent: Agent | None,
         deps: Any,
         hold_until: asyncio.Event | None = None,
     ) -> None:
-        driver: TurnDriver | None = None
         try:
-            if lease is None:
+            if entry.lease is None:
                 claimed = await self.claim(turn_id)
                 if claimed is None:
                     return
-                lease, slot = claimed
+                entry.lease, entry.slot = claimed
             async with BufferPublisher(self.replay, turn_id) as publisher:
-                driver = await self._runner().driver(lease, sink=publisher, agent=agent, deps=deps)
-                self._drivers[turn_id] = driver
-                try:
-                    await driver.run(hold_until=hold_until)
-                finally:
-                    self._drivers.pop(turn_id, None)
+                entry.driver = await self._runner().driver(
+                    entry.lease, sink=publisher, agent=agent, deps=deps
+                )
+                await entry.driver.run(hold_until=hold_until)
         finally:
-            if slot is not None:
-                slot.release()
-            if driver is not None:
-                await self._after(driver)  # also after Stop, which cancels this task
+            if entry.slot is not None:
+                entry.slot.release()
+            if entry.driver is not None:
+                await self._after(entry.driver)  # also after Stop, which cancels this task
 
     async def _after(self, driver: TurnDriver) -> None:
         """After a turn's driver, however it ended (a Stop or an abort included).
@@ -268,20 +302,33 @@ class TurnHost:
         if lease is not None:
             self.detach(lease.turn_id, lease=lease, slot=self.slots.hold())
 
-    async def stop(self, turn_id: TurnId) -> bool:
-        """Cancel a turn detached here (Stop); False if it is not driven here."""
-        task = self._detached.get(turn_id)
-        if task is None:
-            return False
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        return True
+    async def stop(self, turn_id: TurnId) -> StopOutcome:
+        """Cancel a turn detached here (Stop) and wait for its task to end.
+
+        `unended`: the task stopped before its driver could write the ending (it was still
+        waiting to be claimed, had not taken its first step, or lost its lease); the caller
+        ends the turn in the Store, where this host's lease on it no longer counts.
+        """
+        entry = self._detached.get(turn_id)
+        if entry is None or entry.task is None:
+            return "not_here"
+        entry.task.cancel()
+        await asyncio.gather(entry.task, return_exceptions=True)
+        if entry.slot is not None:
+            entry.slot.release()  # a task cancelled before its first step never ran its own
+        driver = entry.driver
+        if driver is not None and driver.ended:
+            return "ended"
+        self._deps.pop(turn_id, None)
+        return "unended"
 
     async def close(self) -> None:
         """Abandon detached turns (their leases expire; a worker or reader ends them)."""
-        tasks = list(self._detached.values())
-        for driver in self._drivers.values():
-            driver.abandon()  # closing the runtime is not Stop: the driver writes nothing
+        entries = list(self._detached.values())
+        for entry in entries:
+            if entry.driver is not None:
+                entry.driver.abandon()  # closing the runtime is not Stop: it writes nothing
+        tasks = [entry.task for entry in entries if entry.task is not None]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

@@ -65,6 +65,8 @@ class TurnSlots:
         except asyncio.CancelledError:
             if waiter.done() and not waiter.cancelled():  # granted as we were cancelled
                 self._give()
+            elif waiter in self._waiters:
+                self._waiters.remove(waiter)  # no longer counted as waiting
             raise
         return Slot(self)
 

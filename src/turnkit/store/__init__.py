@@ -581,13 +581,15 @@ class Watchdog(Protocol):
 class Canceller(Protocol):
     """Stop, from any process."""
 
-    async def cancel(self, turn_id: TurnId) -> TurnStatus:
+    async def cancel(self, turn_id: TurnId, *, stopped_owner: str | None = None) -> TurnStatus:
         """End a turn as `cancelled`, or ask its live driver to.
 
         A paused, queued or orphaned turn is ended here (a `done` event with status
         `cancelled`, its epoch moved on) and `cancelled` is returned. A turn with a live
         lease gets `cancel_requested` and `running` is returned: its driver stops at its
         next renewal. A finished turn is left as it is and its status returned.
+        `stopped_owner`: that owner's drivers of the turn have stopped, so a lease it holds
+        counts as lapsed.
         """
         ...
 

@@ -16,8 +16,13 @@ from turnkit.store._schema import UNFINISHED, aware, events, turns
 __all__ = ("cancel",)
 
 
-def cancel(conn: Connection, turn_id: TurnId, now: datetime) -> str | None:
-    """Cancel here if no live driver holds the turn, else flag it. None: no such turn."""
+def cancel(
+    conn: Connection, turn_id: TurnId, now: datetime, stopped_owner: str | None = None
+) -> str | None:
+    """Cancel here if no live driver holds the turn, else flag it. None: no such turn.
+
+    `stopped_owner`: a lease that owner holds counts as lapsed (its drivers have stopped).
+    """
     row = conn.execute(
         select(
             turns.c.session_id,
@@ -33,8 +38,13 @@ def cancel(conn: Connection, turn_id: TurnId, now: datetime) -> str | None:
     if row.status not in UNFINISHED:
         return str(row.status)
     expires = aware(row.lease_expires_at)
-    live = row.status == "running" and row.lease_owner is not None and expires is not None
-    if live and expires is not None and expires > now:
+    live = (
+        row.status == "running"
+        and row.lease_owner not in (None, stopped_owner)
+        and expires is not None
+        and expires > now
+    )
+    if live:
         conn.execute(update(turns).where(turns.c.turn_id == turn_id).values(cancel_requested=True))
         return "running"
     seq = row.last_seq + 1
@@ -56,7 +66,7 @@ def cancel(conn: Connection, turn_id: TurnId, now: datetime) -> str | None:
         )
     )
     if won.rowcount != 1:
-        return cancel(conn, turn_id, now)  # it moved under us: look again
+        return cancel(conn, turn_id, now, stopped_owner)  # it moved under us: look again
     done = DoneEvent(
         session_id=row.session_id,
         turn_id=turn_id,

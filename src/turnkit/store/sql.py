@@ -258,9 +258,9 @@ class SqlStore(SqlEngine):
             guides_consumed_through,
         )
 
-    async def cancel(self, turn_id: TurnId) -> TurnStatus:
+    async def cancel(self, turn_id: TurnId, *, stopped_owner: str | None = None) -> TurnStatus:
         """Cancel a turn here, or flag it for its live driver (see `Canceller`)."""
-        status = await self._tx(cancel_sql.cancel, turn_id, self._clock.now())
+        status = await self._tx(cancel_sql.cancel, turn_id, self._clock.now(), stopped_owner)
         if status is None:
             raise TurnNotFoundError(f"no turn {turn_id!r}", turn_id=turn_id)
         return cast(TurnStatus, status)
