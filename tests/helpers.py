@@ -4,17 +4,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Sequence
+import time
+from collections import defaultdict
+from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime
+from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from turnkit import tool
+from turnkit import SessionRuntime, tool
 from turnkit.blocks import TextBlock, ToolResultBlock
 from turnkit.events import DurableEvent, EphemeralEvent, StepStartEvent
 from turnkit.ids import SessionId, new_turn_id
+from turnkit.models import ModelChunk, ModelRequest
 from turnkit.plugins import Enrichment, Plugin, PluginContext
 from turnkit.store import NewInput, Submission
+from turnkit.testing import ModelStep, ScriptedModel
 
 
 @tool
@@ -118,3 +123,58 @@ class PostTurnGate(Plugin):
         self.entered.set()
         await self.release.wait()
         return None
+
+
+class GatedModel:
+    """Answers once `gate` is set, or call n once `gates[n]` is; counts calls in flight."""
+
+    def __init__(self, *, per_call: bool = False) -> None:
+        self.inner = ScriptedModel([ModelStep.text_reply("Done.")], repeat_last=True)
+        self.gate = asyncio.Event()
+        self.gates: dict[int, asyncio.Event] = defaultdict(asyncio.Event)
+        self.per_call = per_call
+        self.calls = 0
+        self.active = 0
+        self.most = 0
+
+    @property
+    def model(self) -> str:
+        return self.inner.model
+
+    @property
+    def provider(self) -> str:
+        return self.inner.provider
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
+        self.active += 1
+        self.calls += 1
+        self.most = max(self.most, self.active)
+        try:
+            await (self.gates[self.calls] if self.per_call else self.gate).wait()
+            async for chunk in self.inner.stream(request):
+                yield chunk
+        finally:
+            self.active -= 1
+
+
+async def until(check: Any, what: str) -> None:
+    """Wait (10 s at most) until the async `check()` is true."""
+    deadline = time.monotonic() + 10
+    while not await check():
+        assert time.monotonic() < deadline, what
+        await asyncio.sleep(0.01)
+
+
+async def drain(stream: AsyncIterator[Any]) -> list[Any]:
+    """Every event of a stream."""
+    return [event async for event in stream]
+
+
+async def waiting_for_slot(runtime: SessionRuntime, count: int) -> bool:
+    """Whether `count` turns wait for a running-turn slot."""
+    return runtime.host.slots.waiting == count
+
+
+async def calls_made(model: GatedModel, count: int) -> bool:
+    """Whether the model has been called `count` times."""
+    return model.calls == count

@@ -4,62 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
-from collections import defaultdict
-from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
+from tests.helpers import GatedModel, calls_made, drain, until, waiting_for_slot
 from turnkit import Agent, RuntimeConfig, SessionRuntime
 from turnkit.events import DoneEvent
-from turnkit.models import ModelChunk, ModelRequest
 from turnkit.runtime.worker import Worker
-from turnkit.testing import ModelStep, ScriptedModel
-
-
-class _GatedModel:
-    """Answers once `gate` is set, or call n once `gates[n]` is; counts calls in flight."""
-
-    def __init__(self, *, per_call: bool = False) -> None:
-        self.inner = ScriptedModel([ModelStep.text_reply("Done.")], repeat_last=True)
-        self.gate = asyncio.Event()
-        self.gates: dict[int, asyncio.Event] = defaultdict(asyncio.Event)
-        self.per_call = per_call
-        self.calls = 0
-        self.active = 0
-        self.most = 0
-
-    @property
-    def model(self) -> str:
-        return self.inner.model
-
-    @property
-    def provider(self) -> str:
-        return self.inner.provider
-
-    async def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
-        self.active += 1
-        self.calls += 1
-        self.most = max(self.most, self.active)
-        try:
-            await (self.gates[self.calls] if self.per_call else self.gate).wait()
-            async for chunk in self.inner.stream(request):
-                yield chunk
-        finally:
-            self.active -= 1
-
-
-async def _until(check: Any, what: str) -> None:
-    deadline = time.monotonic() + 10
-    while not await check():
-        assert time.monotonic() < deadline, what
-        await asyncio.sleep(0.01)
 
 
 async def test_turns_beyond_the_limit_wait_queued_without_a_lease_then_run(
     tmp_path: Path,
 ) -> None:
-    model = _GatedModel()
+    model = GatedModel()
     config = RuntimeConfig(database_url=f"sqlite:///{tmp_path / 't.db'}", max_running_turns=2)
     async with SessionRuntime(agent=Agent(model=model), config=config) as runtime:
         firsts: dict[int, str] = {}
@@ -77,7 +33,7 @@ async def test_turns_beyond_the_limit_wait_queued_without_a_lease_then_run(
         async def all_started() -> bool:
             return len(firsts) == 5 and model.active == 2
 
-        await _until(all_started, "every caller hears turn.started; two turns reach the model")
+        await until(all_started, "every caller hears turn.started; two turns reach the model")
         records = [await runtime.turn(firsts[i]) for i in range(5)]
         leased = [r for r in records if r.lease_owner is not None]
         waiting = [r for r in records if r.lease_owner is None]
@@ -92,7 +48,7 @@ async def test_turns_beyond_the_limit_wait_queued_without_a_lease_then_run(
 
 
 async def test_detached_turns_share_the_limit(tmp_path: Path) -> None:
-    model = _GatedModel()
+    model = GatedModel()
     config = RuntimeConfig(database_url=f"sqlite:///{tmp_path / 't.db'}", max_running_turns=1)
     async with SessionRuntime(agent=Agent(model=model), config=config) as runtime:
         submissions = [await runtime.start(f"s-{i}", "hi") for i in range(3)]
@@ -101,39 +57,39 @@ async def test_detached_turns_share_the_limit(tmp_path: Path) -> None:
         async def one_in_flight() -> bool:
             return model.active == 1
 
-        await _until(one_in_flight, "the first turn reaches the model")
+        await until(one_in_flight, "the first turn reaches the model")
         model.gate.set()
 
         async def all_ended() -> bool:
             return all([(await runtime.turn(s.turn_id)).status == "succeeded" for s in submissions])
 
-        await _until(all_ended, "every detached turn ends")
+        await until(all_ended, "every detached turn ends")
     assert model.most == 1
 
 
 async def test_a_waiting_turn_taken_by_a_worker_is_still_streamed_to_its_caller(
     tmp_path: Path,
 ) -> None:
-    model = _GatedModel(per_call=True)
+    model = GatedModel(per_call=True)
     agent = Agent(model=model)
     url = f"sqlite:///{tmp_path / 't.db'}"
     config = RuntimeConfig(database_url=url, max_running_turns=1)
     async with SessionRuntime(agent=agent, config=config) as runtime:
         other = SessionRuntime(agent=agent, config=RuntimeConfig(database_url=url),
                                replay=runtime.replay)  # fmt: skip
-        busy = asyncio.create_task(_drain(runtime.execute_message("s-busy", "hi")))
-        await _until(lambda: _calls(model, 1), "the first turn holds the only slot")
-        waiting = asyncio.create_task(_drain(runtime.execute_message("s-wait", "hello")))
-        await _until(lambda: _waiting(runtime, 1), "the second turn waits for a slot")
+        busy = asyncio.create_task(drain(runtime.execute_message("s-busy", "hi")))
+        await until(lambda: calls_made(model, 1), "the first turn holds the only slot")
+        waiting = asyncio.create_task(drain(runtime.execute_message("s-wait", "hello")))
+        await until(lambda: waiting_for_slot(runtime, 1), "the second turn waits for a slot")
         stop = asyncio.Event()
         worker = Worker(other, concurrency=1, poll_interval_s=0.02, sweep_interval_s=3600)
         running = asyncio.create_task(worker.run(stop))
         try:
-            await _until(lambda: _calls(model, 2), "the worker drives the waiting turn")
+            await until(lambda: calls_made(model, 2), "the worker drives the waiting turn")
             model.gates[1].set()
             await busy
             # The caller got the slot, found the turn taken, and gave the slot back.
-            await _until(lambda: _waiting(runtime, 0), "the caller stops waiting")
+            await until(lambda: waiting_for_slot(runtime, 0), "the caller stops waiting")
             assert runtime.host.slots.running == 0
             model.gates[2].set()
             events = await asyncio.wait_for(waiting, 20)
@@ -152,24 +108,12 @@ async def test_a_waiting_turn_taken_by_a_worker_is_still_streamed_to_its_caller(
     assert model.calls == 2  # the waiting turn's call was made once, by the worker
 
 
-async def _drain(stream: AsyncIterator[Any]) -> list[Any]:
-    return [event async for event in stream]
-
-
-async def _waiting(runtime: SessionRuntime, count: int) -> bool:
-    return runtime.host.slots.waiting == count
-
-
-async def _calls(model: _GatedModel, count: int) -> bool:
-    return model.calls == count
-
-
 async def test_a_caller_that_leaves_while_its_turn_waits_cancels_it(tmp_path: Path) -> None:
-    model = _GatedModel()
+    model = GatedModel()
     config = RuntimeConfig(database_url=f"sqlite:///{tmp_path / 't.db'}", max_running_turns=1)
     async with SessionRuntime(agent=Agent(model=model), config=config) as runtime:
-        busy = asyncio.create_task(_drain(runtime.execute_message("s-busy", "hi")))
-        await _until(lambda: _calls(model, 1), "the first turn holds the only slot")
+        busy = asyncio.create_task(drain(runtime.execute_message("s-busy", "hi")))
+        await until(lambda: calls_made(model, 1), "the first turn holds the only slot")
         started: list[str] = []
 
         async def leave_early() -> None:
@@ -177,7 +121,7 @@ async def test_a_caller_that_leaves_while_its_turn_waits_cancels_it(tmp_path: Pa
                 started.append(event.turn_id)
 
         waiting = asyncio.create_task(leave_early())
-        await _until(lambda: _waiting(runtime, 1), "the second turn waits for a slot")
+        await until(lambda: waiting_for_slot(runtime, 1), "the second turn waits for a slot")
         waiting.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await waiting
@@ -185,7 +129,7 @@ async def test_a_caller_that_leaves_while_its_turn_waits_cancels_it(tmp_path: Pa
         model.gate.set()
         await busy
         # The session is not blocked by the turn that never ran.
-        again = await asyncio.wait_for(_drain(runtime.execute_message("s-wait", "again")), 20)
+        again = await asyncio.wait_for(drain(runtime.execute_message("s-wait", "again")), 20)
     assert isinstance(again[-1], DoneEvent)
     assert again[-1].status == "succeeded"
     assert model.calls == 2
@@ -194,24 +138,24 @@ async def test_a_caller_that_leaves_while_its_turn_waits_cancels_it(tmp_path: Pa
 async def test_a_caller_that_leaves_at_turn_started_while_its_turn_waits_cancels_it(
     tmp_path: Path,
 ) -> None:
-    model = _GatedModel()
+    model = GatedModel()
     config = RuntimeConfig(database_url=f"sqlite:///{tmp_path / 't.db'}", max_running_turns=1)
     async with SessionRuntime(agent=Agent(model=model), config=config) as runtime:
-        busy = asyncio.create_task(_drain(runtime.execute_message("s-busy", "hi")))
-        await _until(lambda: _calls(model, 1), "the first turn holds the only slot")
+        busy = asyncio.create_task(drain(runtime.execute_message("s-busy", "hi")))
+        await until(lambda: calls_made(model, 1), "the first turn holds the only slot")
         stream = runtime.execute_message("s-wait", "hello")
         first = await anext(stream)  # `turn.started`, committed with the message
         await stream.aclose()
         assert (await runtime.turn(first.turn_id)).status == "cancelled"
         model.gate.set()
         await busy
-        again = await asyncio.wait_for(_drain(runtime.execute_message("s-wait", "again")), 20)
+        again = await asyncio.wait_for(drain(runtime.execute_message("s-wait", "again")), 20)
     assert again[-1].status == "succeeded"
     assert model.calls == 2
 
 
 async def test_a_stop_right_after_start_ends_the_turn_and_frees_its_slot(tmp_path: Path) -> None:
-    model = _GatedModel()
+    model = GatedModel()
     model.gate.set()
     config = RuntimeConfig(database_url=f"sqlite:///{tmp_path / 't.db'}", max_running_turns=1)
     async with SessionRuntime(agent=Agent(model=model), config=config) as runtime:
@@ -224,27 +168,27 @@ async def test_a_stop_right_after_start_ends_the_turn_and_frees_its_slot(tmp_pat
         assert isinstance(done, DoneEvent)
         assert done.status == "cancelled"
         # The only slot is free again, and the session is not held up.
-        nxt = await asyncio.wait_for(_drain(runtime.execute_message("s-b", "hi")), 20)
-        same = await asyncio.wait_for(_drain(runtime.execute_message("s-a", "again")), 20)
+        nxt = await asyncio.wait_for(drain(runtime.execute_message("s-b", "hi")), 20)
+        same = await asyncio.wait_for(drain(runtime.execute_message("s-a", "again")), 20)
     assert [nxt[-1].status, same[-1].status] == ["succeeded", "succeeded"]
     assert model.calls == 2  # the stopped turn never called the model
 
 
 async def test_a_stop_while_a_detached_turn_waits_for_a_slot_ends_it(tmp_path: Path) -> None:
-    model = _GatedModel()
+    model = GatedModel()
     config = RuntimeConfig(database_url=f"sqlite:///{tmp_path / 't.db'}", max_running_turns=1)
     async with SessionRuntime(agent=Agent(model=model), config=config) as runtime:
         busy = await runtime.start("s-busy", "hi")
-        await _until(lambda: _calls(model, 1), "the first turn holds the only slot")
+        await until(lambda: calls_made(model, 1), "the first turn holds the only slot")
         waiting = await runtime.start("s-wait", "hello")
         assert waiting.lease is None
-        await _until(lambda: _waiting(runtime, 1), "the second turn waits for a slot")
+        await until(lambda: waiting_for_slot(runtime, 1), "the second turn waits for a slot")
         assert await runtime.cancel(waiting.turn_id) == "cancelled"
         assert runtime.host.slots.waiting == 0
         model.gate.set()
         async with asyncio.timeout(20):
             ended = [e async for e in runtime.reader().events(busy.turn_id)][-1]
-        again = await asyncio.wait_for(_drain(runtime.execute_message("s-wait", "again")), 20)
+        again = await asyncio.wait_for(drain(runtime.execute_message("s-wait", "again")), 20)
     assert isinstance(ended, DoneEvent)
     assert [ended.status, again[-1].status] == ["succeeded", "succeeded"]
     assert model.calls == 2

@@ -8,7 +8,7 @@ import logging
 import os
 import socket
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 from pydantic import ValidationError
 
@@ -81,6 +81,9 @@ from turnkit.tenancy import (
     Tenancy,
 )
 from turnkit.tools import Tool
+
+if TYPE_CHECKING:
+    from turnkit.runtime.worker import Worker
 
 __all__ = ("CancelToken", "MessageContent", "SessionRuntime", "TurnHistory", "TurnRequest")
 
@@ -173,7 +176,7 @@ class SessionRuntime:
         self._opening: asyncio.Event | None = None
         self._close_checkpointer: Callable[[], Awaitable[None]] | None = None
         self._families: dict[object, tuple[object, ModelFamily]] = {}
-        self._recovery: tuple[asyncio.Event, asyncio.Task[None]] | None = None
+        self._recovery: tuple[asyncio.Event, asyncio.Task[None], Worker] | None = None
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid7()[-12:]}"
         """This runtime's lease owner name."""
         self.host = TurnHost(
@@ -273,8 +276,11 @@ class SessionRuntime:
         from turnkit.runtime.worker import Worker
 
         stop = asyncio.Event()
-        worker = Worker(self, concurrency=self.config.recovery_concurrency)
-        self._recovery = (stop, asyncio.create_task(worker.run(stop), name="turnkit-recovery"))
+        worker = Worker(
+            self, concurrency=self.config.recovery_concurrency, owner=f"{self.owner}/recovery"
+        )
+        task = asyncio.create_task(worker.run(stop), name="turnkit-recovery")
+        self._recovery = (stop, task, worker)
 
     async def close(self) -> None:
         """Close what the runtime opened.
@@ -283,7 +289,7 @@ class SessionRuntime:
         a worker resumes them (or a reader records them timed out).
         """
         if self._recovery is not None:
-            stop, task = self._recovery
+            stop, task, _ = self._recovery
             self._recovery = None
             stop.set()
             await asyncio.gather(task, return_exceptions=True)
@@ -797,10 +803,9 @@ class SessionRuntime:
         driven by another process is flagged and stops at that driver's next renewal.
         Returns the turn's status after the call.
         """
-        stopped = await self.host.stop(TurnId(turn_id))
-        if stopped == "ended":
-            return (await self.turn(turn_id)).status
-        return await self.host.end_cancelled(TurnId(turn_id), stopped=stopped == "unended")
+        if self._recovery is not None:  # a turn this process took over: stop it at once
+            await self._recovery[2].stop(TurnId(turn_id))
+        return await self.host.cancel(TurnId(turn_id))
 
     async def resume(
         self, turn_id: str, request_id: str, resolution: Resolution, *, deps: Any = NO_DEPS

@@ -12,9 +12,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import deque
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, TypeVar
 
 from turnkit.agent import Agent
 from turnkit.clock import Clock
@@ -29,24 +29,24 @@ from turnkit.runtime._slots import Slot, TurnSlots
 from turnkit.runtime.deps import NO_DEPS
 from turnkit.runtime.driver import TurnDriver
 from turnkit.runtime.reader import TurnReader
-from turnkit.states import TurnStatus
+from turnkit.states import TERMINAL_STATES, TurnStatus
 from turnkit.store import Lease, Store, TurnRecord
 
-__all__ = ("StopOutcome", "TurnHost")
+__all__ = ("TurnHost",)
 
-StopOutcome = Literal["not_here", "ended", "unended"]
-"""What `TurnHost.stop` found: no turn of that id detached here; its driver wrote the
-ending; or it stopped before its driver could (the caller ends it in the Store)."""
+T = TypeVar("T")
 
 
 @dataclass(slots=True, eq=False)
 class _Detached:
-    """A turn driven in a task of this host: what the task holds, for `stop` to settle."""
+    """A turn driven in a task of this host: what the task holds, for a Stop to settle."""
 
     lease: Lease | None
     slot: Slot | None
     task: asyncio.Task[None] | None = None
     driver: TurnDriver | None = None
+    ran: bool = False
+    """The driver's run returned: its ending (or pause) stands, only its aftermath is left."""
 
 
 class TurnHost:
@@ -71,6 +71,7 @@ class TurnHost:
         self._runner = runner
         self._reader = reader
         self._detached: dict[TurnId, _Detached] = {}
+        self._shielded: set[asyncio.Task[Any]] = set()
         self._deps: dict[TurnId, Any] = {}
         """Deps a caller handed in for a turn, kept while it may resume here."""
         self.slots = TurnSlots(config.max_running_turns)
@@ -158,8 +159,9 @@ class TurnHost:
         try:
             return await self.claim(turn_id)
         except asyncio.CancelledError:
+            # A claim that committed as we were cancelled holds our lease: it counts as lapsed.
             with contextlib.suppress(Exception):
-                await asyncio.shield(self.end_cancelled(turn_id, stopped=False))
+                await asyncio.shield(self.end_cancelled(turn_id, stopped=True))
             raise
 
     async def end_cancelled(self, turn_id: TurnId, *, stopped: bool) -> TurnStatus:
@@ -194,9 +196,14 @@ class TurnHost:
                 queue.put(event)
                 publisher(event)
 
-            driver = await self._runner().driver(
-                lease, sink=sink, agent=agent, record=record, deps=self._deps_for(turn_id, deps)
-            )
+            try:
+                driver = await self._runner().driver(
+                    lease, sink=sink, agent=agent, record=record, deps=self._deps_for(turn_id, deps)
+                )
+            except asyncio.CancelledError:  # the caller left before the turn began
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(self.end_cancelled(turn_id, stopped=True))
+                raise
             task = asyncio.create_task(driver.run(), name=f"turnkit-turn-{turn_id}")
             watcher = (
                 asyncio.create_task(_cancel_when(cancel, task), name="turnkit-cancel-watch")
@@ -222,7 +229,7 @@ class TurnHost:
                     task.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
                         await task
-                    if not driver.ended and not driver.lease_lost:  # cancelled before its start
+                    if driver.recorder is None and not driver.lease_lost:  # before it began
                         with contextlib.suppress(Exception):
                             await asyncio.shield(self.end_cancelled(turn_id, stopped=True))
                 await self._after(driver)  # also when the caller closed the stream (abort)
@@ -273,6 +280,7 @@ class TurnHost:
                     entry.lease, sink=publisher, agent=agent, deps=deps
                 )
                 await entry.driver.run(hold_until=hold_until)
+                entry.ran = True
         finally:
             if entry.slot is not None:
                 entry.slot.release()
@@ -286,8 +294,15 @@ class TurnHost:
         as turns of their own.
         """
         self._forget_deps(driver)
-        if driver.requeued:
-            await self.pick_up(driver.lease.session_id)
+        if driver.requeued:  # claimed and detached together, even if this task is cancelled
+            await self._shield(self.pick_up(driver.lease.session_id))
+
+    async def _shield(self, work: Coroutine[Any, Any, T]) -> T:
+        """Run `work` to its end even if the caller is cancelled meanwhile."""
+        task = asyncio.create_task(work)
+        self._shielded.add(task)
+        task.add_done_callback(self._shielded.discard)
+        return await asyncio.shield(task)
 
     async def pick_up(self, session_id: SessionId) -> None:
         """Run a turn this session queued meanwhile (e.g. a re-queued guide message)."""
@@ -302,25 +317,39 @@ class TurnHost:
         if lease is not None:
             self.detach(lease.turn_id, lease=lease, slot=self.slots.hold())
 
-    async def stop(self, turn_id: TurnId) -> StopOutcome:
-        """Cancel a turn detached here (Stop) and wait for its task to end.
+    async def cancel(self, turn_id: TurnId) -> TurnStatus:
+        """Stop (see `SessionRuntime.cancel`); it runs to its end even if its caller leaves.
 
-        `unended`: the task stopped before its driver could write the ending (it was still
-        waiting to be claimed, had not taken its first step, or lost its lease); the caller
-        ends the turn in the Store, where this host's lease on it no longer counts.
+        A turn detached here is cancelled and its task awaited. What its driver wrote
+        stands if it ended the turn; otherwise (it was waiting to be claimed, had not begun,
+        had paused, or lost its lease) the turn is ended in the Store, where this host's own
+        lease on it no longer counts.
         """
+        return await self._shield(self._cancel(turn_id))
+
+    async def _cancel(self, turn_id: TurnId) -> TurnStatus:
+        here = await self._stop(turn_id)
+        if here:
+            record = await self._store().get_turn(turn_id)
+            if record is not None and record.status in TERMINAL_STATES:
+                self._deps.pop(turn_id, None)
+                return record.status  # its driver wrote the ending
+        status = await self.end_cancelled(turn_id, stopped=here)
+        if status in TERMINAL_STATES:
+            self._deps.pop(turn_id, None)
+        return status
+
+    async def _stop(self, turn_id: TurnId) -> bool:
+        """Cancel a turn detached here and wait for its task; False if none is."""
         entry = self._detached.get(turn_id)
         if entry is None or entry.task is None:
-            return "not_here"
-        entry.task.cancel()
+            return False
+        if not entry.ran:  # after the run, only its aftermath is left: let it finish
+            entry.task.cancel()
         await asyncio.gather(entry.task, return_exceptions=True)
         if entry.slot is not None:
             entry.slot.release()  # a task cancelled before its first step never ran its own
-        driver = entry.driver
-        if driver is not None and driver.ended:
-            return "ended"
-        self._deps.pop(turn_id, None)
-        return "unended"
+        return True
 
     async def close(self) -> None:
         """Abandon detached turns (their leases expire; a worker or reader ends them)."""
@@ -329,6 +358,7 @@ class TurnHost:
             if entry.driver is not None:
                 entry.driver.abandon()  # closing the runtime is not Stop: it writes nothing
         tasks = [entry.task for entry in entries if entry.task is not None]
+        tasks += self._shielded
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

@@ -12,6 +12,7 @@ import logging
 
 from turnkit.errors import StoreUnavailableError
 from turnkit.events import DoneEvent, DurableEvent, EphemeralEvent
+from turnkit.ids import TurnId
 from turnkit.runtime import SessionRuntime
 from turnkit.runtime._publish import BufferPublisher
 from turnkit.runtime.driver import TurnDriver
@@ -72,6 +73,9 @@ class Worker:
         sweep_interval_s: How often to run the orphan sweep.
         drain_timeout_s: On stop, how long running turns may take before they are
             cancelled (their leases then expire and another worker resumes them).
+        owner: The lease owner name it claims under (default: the runtime's). A loop
+            beside an app that drives turns itself takes a name of its own, so a Stop
+            of the app's turn never mistakes this loop's lease for the app's.
     """
 
     def __init__(
@@ -83,10 +87,12 @@ class Worker:
         sweep_interval_s: float = 30.0,
         drain_timeout_s: float = 30.0,
         listen: bool = True,
+        owner: str | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
         self.runtime = runtime
+        self.owner = owner or runtime.owner
         self.concurrency = concurrency
         self.poll_interval_s = poll_interval_s
         self.sweep_interval_s = sweep_interval_s
@@ -94,6 +100,8 @@ class Worker:
         self.listen = listen
         self._tasks: set[asyncio.Task[None]] = set()
         self._drivers: dict[asyncio.Task[None], TurnDriver] = {}
+        self._stopped: set[asyncio.Task[None]] = set()
+        """Tasks cancelled by `stop` (Stop pressed), not by shutting down."""
         self._stopping = False
         self._room = asyncio.Event()
         """Set when a turn this worker drives ends (room for another claim)."""
@@ -114,7 +122,7 @@ class Worker:
             return
         clock = runtime.clock
         next_sweep = clock.monotonic()
-        log.info("worker %s started (concurrency %d)", runtime.owner, self.concurrency)
+        log.info("worker %s started (concurrency %d)", self.owner, self.concurrency)
         backoff = _Backoff()
         listening = False
         try:
@@ -161,7 +169,7 @@ class Worker:
             return False
         runtime, config = self.runtime, self.runtime.config
         lease = await runtime.store.claim(
-            runtime.owner, ttl_s=config.lease_ttl_s, max_attempts=config.max_attempts
+            self.owner, ttl_s=config.lease_ttl_s, max_attempts=config.max_attempts
         )
         if lease is None:
             return False
@@ -187,6 +195,16 @@ class Worker:
         self._tasks.add(task)
         task.add_done_callback(self._ended)
 
+    async def stop(self, turn_id: TurnId) -> bool:
+        """Stop a turn this worker drives: it ends `cancelled`. False if it drives none."""
+        for task, driver in list(self._drivers.items()):
+            if driver.lease.turn_id == turn_id:
+                self._stopped.add(task)
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+                return True
+        return False
+
     def _ended(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
         self._room.set()
@@ -210,13 +228,14 @@ class Worker:
                 await driver.run()
                 outcome = ended[-1] if ended else self._unfinished(driver)
             except asyncio.CancelledError:
-                outcome = _LEFT
+                outcome = "cancelled" if task in self._stopped else _LEFT
                 raise
             except Exception:
                 outcome = "crashed"
                 log.exception("driving %s failed", lease.turn_id)
             finally:
                 self._drivers.pop(task, None)
+                self._stopped.discard(task)
                 log.info(
                     "finished turn %s (session %s): %s in %s",
                     lease.turn_id,

@@ -1,0 +1,207 @@
+"""Stop and abort at the edges of a turn's life: while it is claimed, at a pause, as it ends.
+
+Whatever the moment, a Stop ends the turn `cancelled` (or leaves the ending its driver
+wrote), no lease is left that nobody renews, and no slot stays taken.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from pathlib import Path
+from typing import Any
+
+from tests.helpers import GatedModel, PostTurnGate, calls_made, drain, until, waiting_for_slot
+from turnkit import Agent, RuntimeConfig, SessionRuntime, ToolContext, tool
+from turnkit.budgets import BudgetLimit
+from turnkit.events import ApprovalRequestedEvent, DoneEvent
+from turnkit.ids import SessionId
+from turnkit.testing import ModelStep, ScriptedModel, call
+
+
+def _config(tmp_path: Path, **kwargs: Any) -> RuntimeConfig:
+    return RuntimeConfig(database_url=f"sqlite:///{tmp_path / 't.db'}", **kwargs)
+
+
+@tool(approval="always")
+async def send_email(to: str, ctx: ToolContext) -> str:
+    """Send an email (needs a person's approval)."""
+    return f"sent to {to}"
+
+
+async def test_a_stop_whose_caller_is_cancelled_still_ends_the_turn(tmp_path: Path) -> None:
+    """An HTTP handler cancelled mid-Stop, or an app bounding Stop with a timeout."""
+    model = GatedModel()
+    model.gate.set()
+    async with SessionRuntime(
+        agent=Agent(model=model), config=_config(tmp_path, max_running_turns=1)
+    ) as runtime:
+        submission = await runtime.start("s1", "hi")
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(0):
+                await runtime.cancel(submission.turn_id)
+
+        async def cancelled() -> bool:
+            return (await runtime.turn(submission.turn_id)).status == "cancelled"
+
+        await until(cancelled, "the Stop runs to its end")
+        assert runtime.host.slots.running == 0
+
+
+async def test_a_stop_of_a_turn_the_recovery_loop_drives_stops_it_at_once(
+    tmp_path: Path,
+) -> None:
+    model = GatedModel()
+    config = _config(tmp_path, max_running_turns=1, recover_in_process=True)
+    async with SessionRuntime(agent=Agent(model=model), config=config) as runtime:
+        busy = await runtime.start("s-busy", "hi")
+        await until(lambda: calls_made(model, 1), "the first turn holds the only slot")
+        waiting = await runtime.start("s-wait", "hello")
+        assert waiting.lease is None
+        # The recovery loop takes no slot: it claims the waiting turn and drives it.
+        await until(lambda: calls_made(model, 2), "the recovery loop drives the waiting turn")
+        assert await runtime.cancel(waiting.turn_id) == "cancelled"
+        assert model.active == 1  # its model call was aborted, not left to run
+        events = [e async for e in runtime.events(waiting.turn_id)]
+        assert [e.type for e in events][-2:] == ["run.finished", "done"]
+        model.gate.set()
+        async with asyncio.timeout(20):
+            ended = (await drain(runtime.reader().events(busy.turn_id)))[-1]
+    assert isinstance(ended, DoneEvent)
+    assert ended.status == "succeeded"
+
+
+async def test_a_caller_cancelled_as_its_waiting_turn_is_claimed_ends_it(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    model = GatedModel()
+    async with SessionRuntime(
+        agent=Agent(model=model), config=_config(tmp_path, max_running_turns=1)
+    ) as runtime:
+        busy = asyncio.create_task(drain(runtime.execute_message("s-busy", "hi")))
+        await until(lambda: calls_made(model, 1), "the first turn holds the only slot")
+        claimed = asyncio.Event()
+        real_claim = runtime.store.claim
+
+        async def claim(*args: Any, **kwargs: Any) -> Any:
+            lease = await real_claim(*args, **kwargs)
+            if lease is not None and kwargs.get("turn_id") is not None:
+                claimed.set()
+                await asyncio.sleep(0.2)  # the claim committed; its caller is cancelled here
+            return lease
+
+        monkeypatch.setattr(runtime.store, "claim", claim)
+        started: list[str] = []
+
+        async def follow() -> None:
+            async for event in runtime.execute_message("s-wait", "hello"):
+                started.append(event.turn_id)
+
+        waiter = asyncio.create_task(follow())
+        await until(lambda: waiting_for_slot(runtime, 1), "the second turn waits for a slot")
+        model.gate.set()
+        await busy
+        await asyncio.wait_for(claimed.wait(), 10)
+        waiter.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await waiter
+        record = await runtime.turn(started[0])
+    assert (record.status, record.lease_owner) == ("cancelled", None)
+
+
+async def test_a_caller_cancelled_while_its_claimed_turn_gets_a_driver_ends_it(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    model = GatedModel()
+    async with SessionRuntime(
+        agent=Agent(model=model), config=_config(tmp_path, max_running_turns=1)
+    ) as runtime:
+        busy = asyncio.create_task(drain(runtime.execute_message("s-busy", "hi")))
+        await until(lambda: calls_made(model, 1), "the first turn holds the only slot")
+        store = runtime.store
+        real_claim, real_get = store.claim, store.get_turn
+        claimed, reading = asyncio.Event(), asyncio.Event()
+
+        async def claim(*args: Any, **kwargs: Any) -> Any:
+            lease = await real_claim(*args, **kwargs)
+            if lease is not None and kwargs.get("turn_id") is not None:
+                claimed.set()
+            return lease
+
+        async def get_turn(turn_id: Any) -> Any:
+            if claimed.is_set() and not reading.is_set():
+                reading.set()  # the driver being built reads the claimed turn's record
+                await asyncio.sleep(0.2)
+            return await real_get(turn_id)
+
+        monkeypatch.setattr(store, "claim", claim)
+        monkeypatch.setattr(store, "get_turn", get_turn)
+        started: list[str] = []
+
+        async def follow() -> None:
+            async for event in runtime.execute_message("s-wait", "hello"):
+                started.append(event.turn_id)
+
+        waiter = asyncio.create_task(follow())
+        await until(lambda: waiting_for_slot(runtime, 1), "the second turn waits for a slot")
+        model.gate.set()
+        await busy
+        await asyncio.wait_for(reading.wait(), 10)
+        waiter.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await waiter
+        record = await real_get(started[0])
+        assert record is not None
+        assert (record.status, record.lease_owner) == ("cancelled", None)
+        assert runtime.host.slots.running == 0
+
+
+async def test_closing_the_stream_at_a_pause_keeps_the_turn_paused(tmp_path: Path) -> None:
+    """With budgets enforced the driver still awaits the Store after its pause is written."""
+    model = ScriptedModel([ModelStep.tool_call_reply(call("send_email", to="ada@example.com"))])
+    agent = Agent(model=model, tools=[send_email])
+    config = _config(tmp_path, budgets="enforce", budget_reserve_tokens=50)
+    async with SessionRuntime(agent=agent, config=config) as runtime:
+        await runtime.set_budget_limit(BudgetLimit(scope="principal", key="ann", tokens=100_000))
+        turn_id = None
+        stream = runtime.execute_message("s1", "email Ada", principal="ann")
+        async for event in stream:
+            turn_id = event.turn_id
+            if isinstance(event, ApprovalRequestedEvent):
+                break  # a UI shows the approval and stops listening
+        await stream.aclose()
+        assert turn_id is not None
+        assert (await runtime.turn(turn_id)).status == "awaiting_approval"
+
+
+async def test_a_stop_as_the_turn_ends_still_runs_its_requeued_guide(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    gate = PostTurnGate()
+    model = ScriptedModel([ModelStep.text_reply("First."), ModelStep.text_reply("Second.")])
+    async with SessionRuntime(
+        agent=Agent(model=model, plugins=[gate]), config=_config(tmp_path)
+    ) as runtime:
+        picking = asyncio.Event()
+        real_claim = runtime.store.claim
+
+        async def claim(*args: Any, **kwargs: Any) -> Any:
+            lease = await real_claim(*args, **kwargs)  # committed, whatever happens next
+            if kwargs.get("session_id") is not None:
+                picking.set()
+                await asyncio.sleep(0.2)
+            return lease
+
+        monkeypatch.setattr(runtime.store, "claim", claim)
+        first = await runtime.start("s1", "first")
+        await asyncio.wait_for(gate.entered.wait(), 10)
+        assert (await runtime.submit("s1", "one more thing", delivery="guide")).guided
+        gate.release.set()
+        await asyncio.wait_for(picking.wait(), 10)  # the turn ended; its guide is claimed
+        assert await runtime.cancel(first.turn_id) == "succeeded"
+
+        async def both_ended() -> bool:
+            turns = await runtime.store.list_turns(SessionId("s1"))
+            return [t.status for t in turns] == ["succeeded", "succeeded"]
+
+        await until(both_ended, "the re-queued guide runs as its own turn")
