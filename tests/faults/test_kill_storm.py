@@ -159,7 +159,7 @@ class _Deploy:
     async def restart_worker(self, index: int) -> None:
         """SIGTERM while this very worker drives a turn (bounded tries to get it one)."""
         proc = self.live[index]
-        for _ in range(8):  # either worker may claim a new turn: try until this one has one
+        for _ in range(16):  # either worker may claim a new turn: try until this one has one
             await self.stream(self.pick(None))
             if await self._drives(proc.pid):
                 break
