@@ -12,12 +12,15 @@ from turnkit import (
     ContentTooLargeError,
     DuplicateToolError,
     EmptyContentError,
+    InvalidInputError,
     InvalidSessionIdError,
     RuntimeConfig,
     SessionNotFoundError,
     UnknownModelError,
     tool,
 )
+from turnkit.blocks import ImagePart, TextPart
+from turnkit.runtime import MessageContent
 from turnkit.testing import ModelStep, ScriptedModel, collect_events
 
 
@@ -36,6 +39,32 @@ async def test_empty_content(runtime_factory: RuntimeFactory, content: str) -> N
     with pytest.raises(EmptyContentError, match="empty"):
         await collect_events(runtime.execute_message("s1", content))
     assert model.calls == []
+    await _nothing_written(runtime_factory, "s1")
+
+
+@pytest.mark.parametrize(
+    ("content", "request_id"),
+    [("a\x00b", None), ([TextPart(text="ok"), TextPart(text="\x00")], None), ("ok", "r\x00")],
+)
+async def test_a_nul_character_no_database_can_store_is_refused(
+    runtime_factory: RuntimeFactory, content: MessageContent, request_id: str | None
+) -> None:
+    model = ScriptedModel([ModelStep.text_reply("never")])
+    runtime = runtime_factory(Agent(model=model))
+    with pytest.raises(InvalidInputError, match="U\\+0000"):
+        await collect_events(runtime.execute_message("s1", content, request_id=request_id))
+    with pytest.raises(InvalidInputError, match="title"):
+        await runtime.create_session("s1", title="a\x00")
+    assert model.calls == []
+    await _nothing_written(runtime_factory, "s1")
+
+
+async def test_a_picture_by_url_must_come_by_http_or_a_data_url(
+    runtime_factory: RuntimeFactory,
+) -> None:
+    runtime = runtime_factory(Agent(model=ScriptedModel([])))
+    with pytest.raises(InvalidInputError, match="'javascript'"):
+        await collect_events(runtime.execute_message("s1", [ImagePart(url="javascript:alert(1)")]))
     await _nothing_written(runtime_factory, "s1")
 
 

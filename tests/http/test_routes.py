@@ -102,7 +102,11 @@ async def test_resume_after_a_cursor_returns_only_the_rest(client: httpx.AsyncCl
     [
         ("post", "/sessions/s1/execute", {"content": b"{not json"}, 422, "invalid-input"),
         ("post", "/sessions/s1/execute", {"json": {}}, 422, "invalid-input"),
-        ("post", "/sessions/s1/execute", {"json": {"content": ""}}, 422, "invalid-input"),
+        ("post", "/sessions/s1/execute", {"json": {"content": ""}}, 422, "empty-content"),
+        ("post", "/sessions/s1/execute", {"json": {"content": []}}, 422, "empty-content"),
+        ("post", "/sessions/s1/execute",
+         {"json": {"content": [{"kind": "image", "url": "javascript:alert(1)"}]}}, 422,
+         "invalid-input"),
         ("post", "/sessions/s1/execute", {"json": {"content": "x", "delivery": "loud"}}, 422,
          "invalid-input"),
         ("post", "/sessions/bad%20id/execute", {"json": {"content": "x"}}, 422,
@@ -132,6 +136,43 @@ async def test_bad_requests_answer_problem_bodies(
     assert body["code"] == code
     assert body["type"].endswith(f"#{code}")
     assert body["detail"]
+
+
+NUL_REQUESTS = [
+    ("POST", "/sessions/n1/execute", {"content": "hi\u0000there"}),
+    ("POST", "/sessions/n1/execute", {"content": [{"kind": "text", "text": "a\u0000"}]}),
+    ("POST", "/sessions/n1/execute", {"content": "hi", "requestId": "a\u0000b"}),
+    ("POST", "/sessions", {"sessionId": "n1", "title": "x\u0000y"}),
+]
+
+
+async def test_text_with_a_nul_character_is_refused_on_both_stores(
+    db: tuple[str, str | None],
+) -> None:
+    """PostgreSQL cannot store U+0000: a clear 422 on either store, never a 500."""
+    url, schema = db
+    config = RuntimeConfig(database_url=url, database_schema=schema)
+    model = ScriptedModel([ModelStep.text_reply("never")])
+    async with SessionRuntime(agent=Agent(model=model), config=config) as runtime:
+        app = FastAPI()
+        app.include_router(create_turnkit_router(runtime, auth=_principal))
+        install_problem_handlers(app)
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+            headers = {"x-user": "alice"}
+            for method, path, body in NUL_REQUESTS:
+                response = await http.request(method, API + path, json=body, headers=headers)
+                assert response.status_code == 422, (path, body, response.text)
+                assert response.json()["code"] == "invalid-input"
+                assert "U+0000" in response.json()["detail"]
+            listed = await http.get(f"{API}/sessions", headers=headers)
+            assert listed.json() == []
+            await http.post(f"{API}/sessions", json={"sessionId": "n2"}, headers=headers)
+            renamed = await http.patch(
+                f"{API}/sessions/n2", json={"title": "a\u0000"}, headers=headers
+            )
+            assert renamed.status_code == 422, renamed.text
+    assert model.calls == []
 
 
 async def test_bad_requests_write_nothing(client: httpx.AsyncClient) -> None:

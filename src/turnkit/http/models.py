@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator
 from pydantic.alias_generators import to_camel
 
 from turnkit.agent import Effort
@@ -45,7 +45,6 @@ class ExecuteBody(_Camel):
     """Body of `POST /sessions/{id}/execute`."""
 
     content: str | list[ContentPart] = Field(
-        min_length=1,
         description="The user's message: text, or parts (`text`, and `image` by `url` or "
         "base64 `data` with a `media_type`).",
     )
@@ -81,6 +80,13 @@ class SessionBody(_Camel):
 
     session_id: str | None = Field(default=None, min_length=1, max_length=128)
     title: str | None = Field(default=None, max_length=500)
+
+    @field_validator("title")
+    @classmethod
+    def _storable(cls, title: str | None) -> str | None:
+        if title is not None and "\x00" in title:
+            raise ValueError("the title contains the NUL character (U+0000): remove it")
+        return title
 
 
 class SessionOut(_Camel):

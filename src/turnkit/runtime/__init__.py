@@ -52,6 +52,7 @@ from turnkit.runtime._validate import (
     MessageContent,
     TurnRequest,
     check_session_id,
+    check_text,
     validate_request,
 )
 from turnkit.runtime.admission import Admission, AdmissionCheck, DocumentResolver
@@ -583,6 +584,8 @@ class SessionRuntime:
     ) -> SessionRecord:
         """Create a session (a no-op if it exists); returns it."""
         sid = check_session_id(session_id)
+        if title is not None:
+            check_text(title, "the title")
         await self.open()
         return await self.store.create_session(sid, principal=principal, title=title)
 

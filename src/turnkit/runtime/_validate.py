@@ -21,6 +21,7 @@ __all__ = (
     "MessageContent",
     "TurnRequest",
     "check_session_id",
+    "check_text",
     "split_content",
     "validate_request",
 )
@@ -75,6 +76,16 @@ def check_session_id(session_id: str) -> SessionId:
     return SessionId(session_id)
 
 
+def check_text(value: str, what: str) -> str:
+    """The text, or `InvalidInputError` if it holds a NUL character (no database stores one)."""
+    if "\x00" in value:
+        raise InvalidInputError(
+            f"{what} contains the NUL character (U+0000), which cannot be stored: remove it",
+            field=what,
+        )
+    return value
+
+
 def validate_request(
     config: RuntimeConfig,
     session_id: str,
@@ -112,6 +123,12 @@ def validate_request(
             f"request_id must be 1-128 characters, got {len(request_id)}",
             request_id=request_id,
         )
+    check_text(content, "the message")
+    if request_id is not None:
+        check_text(request_id, "request_id")
+    for picture in attachments:
+        if picture.url is not None:
+            _check_picture_url(check_text(picture.url, "a picture's url"))
     return TurnRequest(
         session_id=sid,
         content=content,
@@ -119,3 +136,12 @@ def validate_request(
         request_id=request_id,
         effort=effort,
     )
+
+
+def _check_picture_url(url: str) -> None:
+    """A picture comes by `http(s)` or as a `data:` URL; anything else is refused."""
+    if not url.lower().startswith(("http://", "https://", "data:")):
+        scheme = url.split(":", 1)[0] if ":" in url else url[:16]
+        raise InvalidInputError(
+            f"a picture's url must be http(s) or a data: URL, not {scheme!r}", url=url[:200]
+        )
