@@ -7,6 +7,7 @@ import gc
 import importlib.metadata
 import io
 import logging
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -300,6 +301,18 @@ def test_a_bad_turnkit_gc_is_one_line(
     err = capsys.readouterr().err
     assert code == 2
     assert err.startswith("turnkit: TURNKIT_GC must be 'tuned' or 'python', not 'fast'")
+    assert err.count("\n") == 1
+
+
+def test_serve_without_the_server_extra_names_the_extra(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "uvicorn", None)  # as if it were not installed
+    code = main(["serve", "--port", "1"], out=io.StringIO())
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "pip install 'turnkit[fastapi]'" in err
+    assert "uvicorn is missing" in err
     assert err.count("\n") == 1
 
 

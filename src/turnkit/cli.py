@@ -576,7 +576,13 @@ def _parser() -> argparse.ArgumentParser:
 
 
 async def _serve(args: argparse.Namespace, out: TextIO) -> int:
-    import uvicorn
+    try:
+        import uvicorn
+    except ImportError as exc:
+        raise ImportError(
+            f"turnkit serve needs the server extra ({exc.name} is missing): "
+            "pip install 'turnkit[fastapi]'"
+        ) from exc
 
     gc_mode = _gc_mode()  # a bad value stops before anything is imported or opened
 
@@ -592,7 +598,8 @@ async def _serve(args: argparse.Namespace, out: TextIO) -> int:
     )
     config.load()  # import the app now, so what it allocates is frozen with the rest
     _tune_gc(gc_mode)
-    out.write(f"turnkit serving on http://{args.host}:{args.port}/api/harness\n")
+    base = f"http://{args.host}:{args.port}"
+    out.write(f"turnkit serving on {base} (chat page {base}/, API {base}/api/harness)\n")
     out.flush()
     await uvicorn.Server(config).serve()
     return 0

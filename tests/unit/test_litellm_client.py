@@ -600,9 +600,13 @@ async def test_a_missing_key_fails_at_once_naming_the_variable(
 
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     default = new_client("openai/fake-model", api_base=openai_server.base_url)
-    with pytest.raises(ModelCredentialsError, match="OPENAI_API_KEY"):
+    with pytest.raises(ModelCredentialsError, match="OPENAI_API_KEY") as caught:
         await collect(default.stream(HELLO))
+    assert "needs no key takes any text" in str(caught.value)  # a local server's way out
     assert openai_server.requests == []  # found before any request left
+    keyless = new_client("openai/fake-model", api_base=openai_server.base_url, api_key="none")
+    openai_server.script("fake-model", [Reply.text("Hi.")])
+    assert await collect(keyless.stream(HELLO))
 
 
 async def test_a_refused_key_is_a_credentials_error(openai_server: FakeOpenAIServer) -> None:

@@ -389,9 +389,14 @@ class LiteLLMClient:
         if not self._keys_checked:
             missing = _missing_keys(litellm, self._model, self._api_base)
             if missing:
+                keyless = (
+                    "; a server at api_base that needs no key takes any text as one"
+                    if self._api_base
+                    else ""
+                )
                 raise ModelCredentialsError(
                     f"model {self._model!r} needs an API key: set the environment variable "
-                    f"{' or '.join(missing)} (or pass api_key / api_key_env)",
+                    f"{' or '.join(missing)} (or pass api_key / api_key_env){keyless}",
                     model=self._model,
                     variable=missing[0],
                 )
