@@ -139,7 +139,8 @@ async def test_a_caller_cancelled_while_its_claimed_turn_gets_a_driver_ends_it(
         started: list[str] = []
 
         async def follow() -> None:
-            async for event in runtime.execute_message("s-wait", "hello"):
+            deps = {"db": object()}  # kept while the turn may resume here, not after
+            async for event in runtime.execute_message("s-wait", "hello", deps=deps):
                 started.append(event.turn_id)
 
         waiter = asyncio.create_task(follow())
@@ -154,6 +155,7 @@ async def test_a_caller_cancelled_while_its_claimed_turn_gets_a_driver_ends_it(
         assert record is not None
         assert (record.status, record.lease_owner) == ("cancelled", None)
         assert runtime.host.slots.running == 0
+        assert started[0] not in runtime.host._deps
 
 
 async def test_closing_the_stream_at_a_pause_keeps_the_turn_paused(tmp_path: Path) -> None:

@@ -172,6 +172,8 @@ class TurnHost:
         """
         store = self._store()
         status = await store.cancel(turn_id, stopped_owner=self.owner if stopped else None)
+        if status in TERMINAL_STATES:
+            self._deps.pop(turn_id, None)  # it will not resume
         if status == "cancelled":
             record = await store.get_turn(turn_id)
             after = record.last_seq - 1 if record is not None else 0
@@ -334,10 +336,7 @@ class TurnHost:
             if record is not None and record.status in TERMINAL_STATES:
                 self._deps.pop(turn_id, None)
                 return record.status  # its driver wrote the ending
-        status = await self.end_cancelled(turn_id, stopped=here)
-        if status in TERMINAL_STATES:
-            self._deps.pop(turn_id, None)
-        return status
+        return await self.end_cancelled(turn_id, stopped=here)
 
     async def _stop(self, turn_id: TurnId) -> bool:
         """Cancel a turn detached here and wait for its task; False if none is."""
