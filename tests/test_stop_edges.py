@@ -71,6 +71,31 @@ async def test_a_stop_of_a_turn_the_recovery_loop_drives_stops_it_at_once(
     assert ended.status == "succeeded"
 
 
+async def _follow_then_leave(
+    runtime: SessionRuntime,
+    model: GatedModel,
+    busy: asyncio.Task[Any],
+    moment: asyncio.Event,
+    **options: Any,
+) -> str:
+    """Follow a turn that waits for the only slot (`busy` holds it); leave at `moment`."""
+    started: list[str] = []
+
+    async def follow() -> None:
+        async for event in runtime.execute_message("s-wait", "hello", **options):
+            started.append(event.turn_id)
+
+    waiter = asyncio.create_task(follow())
+    await until(lambda: waiting_for_slot(runtime, 1), "the second turn waits for a slot")
+    model.gate.set()
+    await busy
+    await asyncio.wait_for(moment.wait(), 10)
+    waiter.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await waiter
+    return started[0]
+
+
 async def test_a_caller_cancelled_as_its_waiting_turn_is_claimed_ends_it(
     tmp_path: Path, monkeypatch: Any
 ) -> None:
@@ -91,21 +116,8 @@ async def test_a_caller_cancelled_as_its_waiting_turn_is_claimed_ends_it(
             return lease
 
         monkeypatch.setattr(runtime.store, "claim", claim)
-        started: list[str] = []
-
-        async def follow() -> None:
-            async for event in runtime.execute_message("s-wait", "hello"):
-                started.append(event.turn_id)
-
-        waiter = asyncio.create_task(follow())
-        await until(lambda: waiting_for_slot(runtime, 1), "the second turn waits for a slot")
-        model.gate.set()
-        await busy
-        await asyncio.wait_for(claimed.wait(), 10)
-        waiter.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await waiter
-        record = await runtime.turn(started[0])
+        turn_id = await _follow_then_leave(runtime, model, busy, claimed)
+        record = await runtime.turn(turn_id)
     assert (record.status, record.lease_owner) == ("cancelled", None)
 
 
@@ -136,26 +148,13 @@ async def test_a_caller_cancelled_while_its_claimed_turn_gets_a_driver_ends_it(
 
         monkeypatch.setattr(store, "claim", claim)
         monkeypatch.setattr(store, "get_turn", get_turn)
-        started: list[str] = []
-
-        async def follow() -> None:
-            deps = {"db": object()}  # kept while the turn may resume here, not after
-            async for event in runtime.execute_message("s-wait", "hello", deps=deps):
-                started.append(event.turn_id)
-
-        waiter = asyncio.create_task(follow())
-        await until(lambda: waiting_for_slot(runtime, 1), "the second turn waits for a slot")
-        model.gate.set()
-        await busy
-        await asyncio.wait_for(reading.wait(), 10)
-        waiter.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await waiter
-        record = await real_get(started[0])
+        # Deps are kept while the turn may resume here, and not after it ended.
+        turn_id = await _follow_then_leave(runtime, model, busy, reading, deps={"db": object()})
+        record = await real_get(turn_id)
         assert record is not None
         assert (record.status, record.lease_owner) == ("cancelled", None)
         assert runtime.host.slots.running == 0
-        assert started[0] not in runtime.host._deps
+        assert turn_id not in runtime.host._deps
 
 
 async def test_closing_the_stream_at_a_pause_keeps_the_turn_paused(tmp_path: Path) -> None:
