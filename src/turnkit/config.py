@@ -46,7 +46,10 @@ class RuntimeConfig:
             round trip, and `sync` on SQLite (see `durability`). Events are always
             committed before they are sent, and recovery repeats no committed work,
             whatever this is.
-        idle_window_s: A run may go this long without producing a chunk.
+        idle_window_s: A run may go this long without producing a chunk (a model
+            chunk, a tool event, a tool's progress report; heartbeats do not count); the
+            driver then ends it `timed_out`. Readers also time out a `running` turn
+            whose driver went silent (heartbeats included) and lost its lease.
         ceiling_s: A run may take this long in all.
         credential_lifetime_s: Lifetime of the model credential a run is given, if
             known; it must exceed `ceiling_s`.

@@ -1,46 +1,151 @@
-"""DESIGN §5.5: the ceiling ends a run as `timed_out`; heartbeats fill a silent model call."""
+"""DESIGN §5.5: the ceiling and the idle window end a run as `timed_out`; heartbeats fill
+a silent model call without counting as output."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 
 import pytest
 from tests.conftest import RuntimeFactory
 
-from turnkit import Agent, ConfigurationError, RuntimeConfig
-from turnkit.events import DoneEvent, ErrorEvent, HeartbeatEvent
-from turnkit.testing import ModelStep, ScriptedModel, collect_events
+from turnkit import Agent, ConfigurationError, RuntimeConfig, ToolContext, tool
+from turnkit.events import DoneEvent, ErrorEvent, HeartbeatEvent, StreamEvent
+from turnkit.models import ModelChunk, ModelRequest
+from turnkit.testing import ModelStep, ScriptedModel, call, collect_events
 
 
-async def test_the_ceiling_times_the_turn_out(
-    runtime_factory: RuntimeFactory, database_url: str
-) -> None:
-    model = ScriptedModel([ModelStep.hang("")])
-    config = RuntimeConfig(
-        database_url=database_url, ceiling_s=2.0, idle_window_s=1.5, heartbeat_interval_s=0.1
+def _deadlines(database_url: str, *, ceiling_s: float, idle_window_s: float) -> RuntimeConfig:
+    return RuntimeConfig(
+        database_url=database_url,
+        ceiling_s=ceiling_s,
+        idle_window_s=idle_window_s,
+        heartbeat_interval_s=0.05,
     )
-    runtime = runtime_factory(Agent(model=model), config=config)
-    async with asyncio.timeout(20):
-        events = await collect_events(runtime.execute_message("s1", "never ends"))
+
+
+def _timed_out(events: list[StreamEvent]) -> ErrorEvent:
+    """The turn ended `timed_out` with one `deadline-exceeded` error; that error."""
     errors = [e for e in events if isinstance(e, ErrorEvent)]
     assert [e.code for e in errors] == ["deadline-exceeded"]
     done = events[-1]
     assert isinstance(done, DoneEvent)
     assert (done.status, done.error_code) == ("timed_out", "deadline-exceeded")
-    assert model.aborted == 1
-    record = await runtime.turn(done.turn_id)
+    return errors[0]
+
+
+@tool
+async def busy(ticks: int, ctx: ToolContext) -> str:
+    """Work for a while, reporting progress every 0.1 s (for ever when ticks is 0)."""
+    tick = 0
+    while ticks == 0 or tick < ticks:
+        tick += 1
+        await ctx.report_progress(message=f"tick {tick}")
+        await asyncio.sleep(0.1)
+    return f"{ticks} ticks"
+
+
+@tool
+async def silent(seconds: float) -> str:
+    """Work for a while without a word."""
+    await asyncio.sleep(seconds)
+    return "finally"
+
+
+class _SlowModel:
+    """The scripted model with `gap` seconds before each of its chunks."""
+
+    def __init__(self, steps: list[ModelStep], gap: float) -> None:
+        self.inner = ScriptedModel(steps)
+        self.gap = gap
+
+    @property
+    def model(self) -> str:
+        return self.inner.model
+
+    @property
+    def provider(self) -> str:
+        return self.inner.provider
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
+        async for chunk in self.inner.stream(request):
+            await asyncio.sleep(self.gap)
+            yield chunk
+
+
+async def test_the_ceiling_times_the_turn_out(
+    runtime_factory: RuntimeFactory, database_url: str
+) -> None:
+    """A turn that never goes quiet still ends at its ceiling."""
+    model = ScriptedModel([ModelStep.tool_call_reply(call("busy", ticks=0))])
+    config = _deadlines(database_url, ceiling_s=1.5, idle_window_s=0.5)
+    runtime = runtime_factory(Agent(model=model, tools=[busy]), config=config)
+    async with asyncio.timeout(20):
+        events = await collect_events(runtime.execute_message("s1", "never ends"))
+    assert "ceiling_s" in _timed_out(events).message
+    assert sum(e.type == "job.progress" for e in events) > 5  # it was never quiet
+    record = await runtime.turn(events[-1].turn_id)
     assert record.status == "timed_out"
     assert record.summary is not None
     assert record.summary.status == "timed_out"
+
+
+async def test_a_model_call_that_goes_quiet_ends_at_the_idle_window(
+    runtime_factory: RuntimeFactory, database_url: str
+) -> None:
+    model = ScriptedModel([ModelStep.hang("Let me think")])
+    config = _deadlines(database_url, ceiling_s=60, idle_window_s=0.5)
+    runtime = runtime_factory(Agent(model=model), config=config)
+    async with asyncio.timeout(20):  # a third of the ceiling: the idle window ended it
+        events = await collect_events(runtime.execute_message("s1", "think hard"))
+    error = _timed_out(events)
+    assert "produced nothing for 0.5 s" in error.message
+    assert "idle_window_s" in error.message
+    assert model.aborted == 1
+    assert any(isinstance(e, HeartbeatEvent) for e in events)  # heartbeats are not output
+    assert (await runtime.turn(events[-1].turn_id)).status == "timed_out"
+
+
+async def test_a_silent_tool_ends_at_the_idle_window(
+    runtime_factory: RuntimeFactory, database_url: str
+) -> None:
+    model = ScriptedModel([ModelStep.tool_call_reply(call("silent", seconds=30))])
+    config = _deadlines(database_url, ceiling_s=60, idle_window_s=0.5)
+    runtime = runtime_factory(Agent(model=model, tools=[silent]), config=config)
+    async with asyncio.timeout(20):
+        events = await collect_events(runtime.execute_message("s1", "wait"))
+    assert "idle_window_s" in _timed_out(events).message
+    assert [e.type for e in events if e.type.startswith("tool.")] == ["tool.delta", "tool.started"]
+
+
+async def test_a_turn_that_keeps_producing_outlives_its_idle_window(
+    runtime_factory: RuntimeFactory, database_url: str
+) -> None:
+    """The window restarts on every chunk: slow is fine, quiet is not."""
+    model = _SlowModel(
+        [
+            ModelStep.tool_call_reply(call("busy", ticks=8)),
+            ModelStep.text_reply("All eight ticks are done.", chunk_size=3),
+        ],
+        gap=0.1,
+    )
+    config = _deadlines(database_url, ceiling_s=60, idle_window_s=0.4)
+    runtime = runtime_factory(Agent(model=model, tools=[busy]), config=config)
+    async with asyncio.timeout(20):
+        events = await collect_events(runtime.execute_message("s1", "tick"))
+    done = events[-1]
+    assert isinstance(done, DoneEvent)
+    assert done.status == "succeeded"
+    assert "".join(e.text for e in events if e.type == "message.delta") == (
+        "All eight ticks are done."
+    )
 
 
 async def test_heartbeats_flow_while_the_model_is_silent(
     runtime_factory: RuntimeFactory, database_url: str
 ) -> None:
     model = ScriptedModel([ModelStep.hang("")])
-    config = RuntimeConfig(
-        database_url=database_url, ceiling_s=2.0, idle_window_s=1.5, heartbeat_interval_s=0.05
-    )
+    config = _deadlines(database_url, ceiling_s=2.0, idle_window_s=1.5)
     runtime = runtime_factory(Agent(model=model), config=config)
     async with asyncio.timeout(20):
         events = await collect_events(runtime.execute_message("s1", "think hard"))

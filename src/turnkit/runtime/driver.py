@@ -144,6 +144,10 @@ class TurnDriver:
         self._started = time.perf_counter()
         self._stop_carrying: Callable[[bool], Awaitable[None]] | None = None
         """Ends the turn's commits carrying its checkpoints (PostgreSQL; see `carry_events`)."""
+        self._deadline: asyncio.Timeout | None = None
+        """The running graph's deadline (the ceiling); the heartbeat brings it forward."""
+        self._went_quiet = False
+        """The turn produced nothing for the idle window: its deadline was brought forward."""
 
     @property
     def requeued(self) -> int:
@@ -300,8 +304,11 @@ class TurnDriver:
         durability = self.config.durability
         if durability != "exit":
             self._stop_carrying = carry_events(self.graph, self.lease.turn_id, rec)
+        rec.last_activity = self.clock.monotonic()  # the idle window starts with the run
+        deadline = asyncio.timeout(max(remaining, 0.001))
         try:
-            async with asyncio.timeout(max(remaining, 0.001)):
+            async with deadline:
+                self._deadline = deadline
                 await run_turn(
                     self.graph,
                     state,
@@ -311,11 +318,21 @@ class TurnDriver:
                     resume=answer,
                 )
         except TimeoutError as exc:
+            if not deadline.expired():
+                raise  # raised inside the turn, not by its deadline
+            if self._went_quiet:
+                raise DeadlineExceededError(
+                    f"the turn produced nothing for {self.config.idle_window_s:g} s "
+                    "(`RuntimeConfig.idle_window_s`)",
+                    idle_window_s=self.config.idle_window_s,
+                ) from exc
             raise DeadlineExceededError(
                 f"the turn ran past its ceiling of {self.config.ceiling_s:g} s "
                 "(`RuntimeConfig.ceiling_s`)",
                 ceiling_s=self.config.ceiling_s,
             ) from exc
+        finally:
+            self._deadline = None
 
     async def _end_carrying(self, *, keep: bool) -> None:
         """The turn's commits stop carrying its checkpoints (see `carry_events`)."""
@@ -384,13 +401,24 @@ class TurnDriver:
                 return
 
     async def _heartbeat(self, rec: Recorder) -> None:
+        """Send heartbeats while the turn is quiet; end its run past the idle window.
+
+        The window counts what the turn produces (`rec.last_activity`), not heartbeats.
+        """
         interval = self.config.heartbeat_interval_s
+        last_beat = -math.inf
         while True:
             await self.clock.sleep(interval)
-            if self.clock.monotonic() - rec.last_activity >= interval:
+            now = self.clock.monotonic()
+            deadline = self._deadline
+            if deadline is not None and now - rec.last_activity >= self.config.idle_window_s:
+                self._went_quiet = True
+                deadline.reschedule(asyncio.get_running_loop().time())
+                return
+            if now - max(rec.last_activity, last_beat) >= interval:
                 # Straight to the sink: a heartbeat carries nothing that must be ordered
                 # after staged events, and LangGraph's writer only works inside a node.
-                rec.last_activity = self.clock.monotonic()
+                last_beat = now
                 self.sink(
                     HeartbeatEvent(
                         session_id=rec.session_id,
