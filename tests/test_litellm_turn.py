@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 from tests.conftest import RuntimeFactory
 from tests.helpers import add
 from tests.support.openai_server import FakeOpenAIServer, Reply
-from turnkit import Agent, ModelFamily
+from turnkit import Agent, ModelFamily, RuntimeConfig
 from turnkit.events import (
     DoneEvent,
     MessageDeltaEvent,
@@ -104,3 +105,22 @@ async def test_a_stream_whose_frame_never_ends_fails_the_turn(
     assert done.status == "failed"
     assert done.error_code == "family-exhausted"
     assert any(isinstance(e, ProviderCascadeEvent) and e.status_code == 408 for e in events)
+
+
+async def test_a_stalled_stream_ends_at_the_idle_window_and_hangs_up(
+    runtime_factory: RuntimeFactory, openai_server: FakeOpenAIServer, database_url: str
+) -> None:
+    """A provider that goes quiet mid-stream, under the client's own timeout: the turn
+    ends `timed_out` at the idle window and the connection to the provider is closed."""
+    openai_server.script("stalls", [Reply.text("Hello there, this never", stall=True)])
+    config = RuntimeConfig(
+        database_url=database_url, idle_window_s=0.5, heartbeat_interval_s=0.05, ceiling_s=60
+    )
+    runtime = runtime_factory(Agent(model=_client(openai_server, "stalls")), config=config)
+    async with asyncio.timeout(20):
+        events = await collect_events(runtime.execute_message("s1", "hi"))
+    done = events[-1]
+    assert isinstance(done, DoneEvent)
+    assert (done.status, done.error_code) == ("timed_out", "deadline-exceeded")
+    assert any(isinstance(e, MessageDeltaEvent) for e in events)  # it did start streaming
+    assert openai_server.wait_for_disconnects(1)
