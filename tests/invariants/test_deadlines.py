@@ -141,6 +141,23 @@ async def test_a_turn_that_keeps_producing_outlives_its_idle_window(
     )
 
 
+async def test_a_model_that_only_reasons_outlives_its_idle_window(
+    runtime_factory: RuntimeFactory, database_url: str
+) -> None:
+    """Reasoning never reaches the stream, yet every piece of it is a chunk."""
+    model = _SlowModel(
+        [ModelStep.text_reply("Four.", thinking="two plus two makes four", chunk_size=2)],
+        gap=0.1,
+    )
+    config = _deadlines(database_url, ceiling_s=60, idle_window_s=0.4)
+    runtime = runtime_factory(Agent(model=model), config=config)
+    async with asyncio.timeout(20):
+        events = await collect_events(runtime.execute_message("s1", "2 + 2?"))
+    done = events[-1]
+    assert isinstance(done, DoneEvent)
+    assert done.status == "succeeded"
+
+
 async def test_heartbeats_flow_while_the_model_is_silent(
     runtime_factory: RuntimeFactory, database_url: str
 ) -> None:

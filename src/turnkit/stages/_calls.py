@@ -132,6 +132,7 @@ async def call_model(
         async with closing_stream(family.stream(request)) as stream:
             async for chunk in stream:
                 chat.saw(chunk)
+                rec.last_activity = rec.clock.monotonic()  # any chunk restarts the idle window
                 match chunk:
                     case TextDelta(text=text) if text:
                         text = await _shown_delta(ctx, stage_id, asm, text, stream_text)
