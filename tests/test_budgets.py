@@ -15,7 +15,7 @@ import os
 import sys
 import textwrap
 import time
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -33,6 +33,7 @@ from turnkit.events import (
     StreamEvent,
     ToolCompletedEvent,
 )
+from turnkit.ids import SessionId
 from turnkit.models import Usage
 from turnkit.runtime.worker import Worker
 from turnkit.stages._naming import NAMING_PROMPT
@@ -327,3 +328,33 @@ async def test_the_cli_sets_lists_and_deletes_limits_and_resumes_paused_turns(
         assert (code, out) == (0, "deleted\n")
         code, out, _ = await turnkit("list")
         assert out == "no budget limits\n"
+
+
+async def test_deleting_a_session_keeps_its_spend_on_budgets_and_reports(
+    db: tuple[str, str | None],
+) -> None:
+    """Audit and usage outlive chat data: deleting a chat does not reset a budget."""
+    url, schema = db
+    config = _config(url, database_schema=schema)
+    async with SessionRuntime(
+        agent=Agent(model=_spending_model(), tools=[add]), config=config
+    ) as runtime:
+        await runtime.set_budget_limit(_limit(1_000))
+        events = await collect_events(runtime.execute_message("s1", "add 2 and 3", principal=ANN))
+        assert isinstance(events[-1], DoneEvent)
+        assert events[-1].status == "succeeded"
+        [before] = await runtime.budget_uses(ANN, "s2")
+        report_before = await runtime.store.usage_report(by="principal", principal=ANN)
+        assert before.spent_tokens > 700
+        assert await runtime.store.delete_session(SessionId("s1"))
+
+        [after] = await runtime.budget_uses(ANN, "s2")
+        assert after.spent_tokens == before.spent_tokens
+        assert after.spent_usd == pytest.approx(before.spent_usd)
+        assert await runtime.store.usage_report(by="principal", principal=ANN) == report_before
+        days = await runtime.store.usage_report(by="day", since=datetime.now(UTC) - timedelta(1))
+        assert sum(line.input_tokens + line.output_tokens for line in days) == after.spent_tokens
+
+        # A new chat gets no fresh budget: its first call no longer fits.
+        events = await collect_events(runtime.execute_message("s2", "add 2 and 3", principal=ANN))
+        assert isinstance(events[-1], BudgetPausedEvent), [e.type for e in events]

@@ -139,25 +139,30 @@ def _covering(conn: Connection, subject: BudgetSubject) -> list[BudgetLimit]:
     return [_limit(row) for row in conn.execute(query)]
 
 
+_attributed = or_(turns.c.turn_id.is_not(None), usage.c.created_at.is_not(None))
+"""A usage row whose turn, or whose own copy of it, says who spent (see `_usage_sql`)."""
+
+
 def _use(conn: Connection, limit: BudgetLimit, now: datetime) -> BudgetUse:
     start = window_start(limit.period, now)
-    org = func.coalesce(turns.c.organisation, DEFAULT_ORGANISATION)
+    org = func.coalesce(turns.c.organisation, usage.c.organisation, DEFAULT_ORGANISATION)
     member = {
         "organisation": org,
-        "department": func.coalesce(turns.c.department, DEFAULT_DEPARTMENT),
-        "principal": turns.c.principal,
-        "session": turns.c.session_id,
+        "department": func.coalesce(turns.c.department, usage.c.department, DEFAULT_DEPARTMENT),
+        "principal": func.coalesce(turns.c.principal, usage.c.principal),
+        "session": usage.c.session_id,
     }[limit.scope]
     spent_q = (
         select(
             func.coalesce(func.sum(usage.c.cost_usd), 0.0),
             func.coalesce(func.sum(usage.c.input_tokens + usage.c.output_tokens), 0),
         )
-        .select_from(usage.join(turns, turns.c.turn_id == usage.c.turn_id))
-        .where(org == limit.organisation, member == limit.key)
+        # A deleted session's turns are gone; its usage rows say who spent (see `remove`).
+        .select_from(usage.outerjoin(turns, turns.c.turn_id == usage.c.turn_id))
+        .where(org == limit.organisation, member == limit.key, _attributed)
     )
     if start is not None:
-        spent_q = spent_q.where(turns.c.created_at >= start)
+        spent_q = spent_q.where(func.coalesce(turns.c.created_at, usage.c.created_at) >= start)
     spent_usd, spent_tokens = conn.execute(spent_q).one()
     held = {
         "organisation": reservations.c.organisation,

@@ -19,6 +19,7 @@ from turnkit.store._schema import (
     sessions,
     transcripts,
     turns,
+    usage,
     workspace_files,
 )
 
@@ -124,9 +125,27 @@ _NAME_UNNAMED = _NAMED.where(sessions.c.title.is_(None))
 _RENAME_FROM = _NAMED.where(sessions.c.title == bindparam("n_current"))
 
 
+def _of_turn(column: Any) -> Any:
+    return select(column).where(turns.c.turn_id == usage.c.turn_id).scalar_subquery()
+
+
+_KEEP_ATTRIBUTION = (
+    update(usage)
+    .where(usage.c.session_id == bindparam("k_session"))
+    .values(
+        {
+            name: _of_turn(getattr(turns.c, name))
+            for name in ("organisation", "department", "principal", "created_at")
+        }
+    )
+)
+"""A session's usage rows take over who spent and when from its turns, before those go."""
+
+
 def remove(conn: Connection, session_id: SessionId) -> bool:
     """Delete the session, its chat data and files; audit rows have their own retention."""
     turn_ids = select(turns.c.turn_id).where(turns.c.session_id == session_id)
+    conn.execute(_KEEP_ATTRIBUTION, {"k_session": session_id})
     conn.execute(delete(events).where(events.c.turn_id.in_(turn_ids)))
     conn.execute(delete(pauses).where(pauses.c.session_id == session_id))
     conn.execute(delete(transcripts).where(transcripts.c.session_id == session_id))

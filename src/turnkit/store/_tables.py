@@ -165,6 +165,12 @@ class UsageRollupRow(SQLModel, table=True):
     output_tokens: int = 0
     cached_tokens: int = 0
     cost_usd: float = 0.0
+    organisation: str | None = Field(default=None, max_length=128)
+    department: str | None = Field(default=None, max_length=128)
+    principal: str | None = Field(default=None, max_length=256)
+    created_at: datetime | None = Field(default=None, sa_column=_ts(nullable=True))
+    """Who the turn spent for, and when: copied from its row as its session is deleted
+    (until then the turn's row says it), so budgets and usage reports keep the spend."""
 
 
 class PauseRow(SQLModel, table=True):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import date, datetime
 from typing import Literal
 
-from sqlalchemy import Connection, func, select
+from sqlalchemy import Connection, func, or_, select
 
 from turnkit.store._schema import sessions, turns, usage
 from turnkit.store._usage import UsageLine
@@ -26,11 +26,14 @@ def report(
     organisation: str | None = None,
 ) -> list[UsageLine]:
     """Sum the rollup of turns created in [since, until), for one principal or organisation."""
+    # A deleted session's turns are gone; its usage rows say who spent (see `remove`).
+    owner = func.coalesce(sessions.c.principal, usage.c.principal)
+    created_at = func.coalesce(turns.c.created_at, usage.c.created_at)
     key = {
         "session": usage.c.session_id,
-        "principal": func.coalesce(sessions.c.principal, ""),
-        "department": func.coalesce(turns.c.department, DEFAULT_DEPARTMENT),
-        "day": func.date(turns.c.created_at),
+        "principal": func.coalesce(owner, ""),
+        "department": func.coalesce(turns.c.department, usage.c.department, DEFAULT_DEPARTMENT),
+        "day": func.date(created_at),
     }[by]
     query = (
         select(
@@ -43,25 +46,26 @@ def report(
             func.sum(usage.c.cost_usd),
         )
         .select_from(
-            usage.join(turns, turns.c.turn_id == usage.c.turn_id).join(
+            usage.outerjoin(turns, turns.c.turn_id == usage.c.turn_id).outerjoin(
                 sessions, sessions.c.session_id == usage.c.session_id
             )
         )
+        # Rollups of sessions deleted before usage rows kept who spent say nothing: left out.
+        .where(or_(turns.c.turn_id.is_not(None), usage.c.created_at.is_not(None)))
         .group_by(key)
         .order_by(key)
     )
     if principal is not None:
-        query = query.where(sessions.c.principal == principal)
+        query = query.where(owner == principal)
     elif anonymous:
-        query = query.where(sessions.c.principal.is_(None))
+        query = query.where(owner.is_(None))
     if organisation is not None:
-        query = query.where(
-            func.coalesce(turns.c.organisation, DEFAULT_ORGANISATION) == organisation
-        )
+        org = func.coalesce(turns.c.organisation, usage.c.organisation, DEFAULT_ORGANISATION)
+        query = query.where(org == organisation)
     if since is not None:
-        query = query.where(turns.c.created_at >= since)
+        query = query.where(created_at >= since)
     if until is not None:
-        query = query.where(turns.c.created_at < until)
+        query = query.where(created_at < until)
     return [
         UsageLine(
             key=row[0].isoformat() if isinstance(row[0], date) else str(row[0]),
