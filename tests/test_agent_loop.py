@@ -3,6 +3,7 @@ processes, compaction, picture release, long results, argument repair, thinking 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from pathlib import Path
@@ -30,10 +31,11 @@ from turnkit.events import (
     CompactionCompletedEvent,
     CompactionStartedEvent,
     DoneEvent,
+    RunFinishedEvent,
     ThinkingCompleteEvent,
     ToolCompletedEvent,
 )
-from turnkit.models import ModelRequest
+from turnkit.models import ModelRequest, Usage
 from turnkit.testing import ModelStep, ScriptedModel, call, collect_events, raw_call
 
 PNG = b"\x89PNG\r\n\x1a\n" + b"\x00" * 24
@@ -366,3 +368,37 @@ async def test_a_thinking_summary_with_a_utility_model_and_none_without(
     assert not [e for e in events if isinstance(e, ThinkingCompleteEvent)]
     assert isinstance(events[-1], DoneEvent)
     assert events[-1].status == "succeeded"
+
+
+async def test_the_context_size_is_the_latest_own_model_call(
+    runtime_factory: RuntimeFactory,
+) -> None:
+    """`run.finished` reports the context's size in tokens: the input plus output of the
+    turn's latest call on its own model; the utility model's calls (plan, thinking summary,
+    naming) carry none."""
+    model = ScriptedModel(
+        [
+            dataclasses.replace(
+                ModelStep.tool_call_reply(call("add", a=2, b=3)),
+                usage=Usage(input_tokens=100, output_tokens=20),
+            ),
+            dataclasses.replace(
+                ModelStep.text_reply("It is 5.", thinking="two and three make five"),
+                usage=Usage(input_tokens=300, output_tokens=40),
+            ),
+        ]
+    )
+    background = dataclasses.replace(
+        ModelStep.text_reply("It considered the request."),
+        usage=Usage(input_tokens=5_000, output_tokens=900),
+    )
+    utility = ScriptedModel([background], repeat_last=True)
+    runtime = runtime_factory(Agent(model=model, utility_model=utility, tools=[add]))
+    events = await collect_events(runtime.execute_message("s1", "What is 2 + 3?"))
+    assert len(utility.calls) >= 2  # it planned and summarized the thinking, at least
+    [finished] = [e for e in events if isinstance(e, RunFinishedEvent)]
+    assert finished.status == "succeeded"
+    assert finished.context_tokens == 340
+    record = await runtime.turn(events[0].turn_id)
+    assert record.summary is not None
+    assert record.summary.context_tokens == 340

@@ -531,6 +531,9 @@ class RunFinishedEvent(DurableEvent):
     tool_timings: tuple[ToolTiming, ...] = ()
     context_messages: NonNegativeInt = 0
     """Messages in the turn's final model-facing transcript."""
+    context_tokens: NonNegativeInt = 0
+    """The context's size: input plus output tokens of the turn's latest call on its own
+    model (summary, naming and compaction calls do not count)."""
     stop_reason: str | None = None
     error_code: ErrorCode | None = None
     duration_ms: NonNegativeFloat

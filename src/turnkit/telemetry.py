@@ -128,6 +128,9 @@ class Recorder:
         """The block id of the turn's answer (set by synthesize), for enrichment events."""
         self.tool_timings: list[tuple[str, float]] = []
         self.context_messages = 0
+        self.context_tokens = 0
+        """Input plus output tokens of the turn's latest call on its own model (tool-loop or
+        synthesize): the size of its context. Summary, naming and compaction calls leave it."""
         self.pending_pause: PauseRequest | None = None
         """Set while a stage waits on a person; the driver then settles the pause."""
         self.answered_before = False

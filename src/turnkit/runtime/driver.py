@@ -95,6 +95,22 @@ def renewal_due(last: float, interval: float) -> float:
 
 log = logging.getLogger("turnkit.runtime")
 
+
+def _context_tokens(rows: Sequence[AuditRow]) -> int:
+    """The context size an earlier attempt's latest call on the turn's own model left."""
+    for row in reversed(rows):
+        payloads = row.payloads
+        if (
+            row.call is not None
+            and row.call.outcome == "ok"
+            and row.identity.stage_id in ("tool-loop", "synthesize")
+            and payloads.compaction is None
+            and payloads.thinking_summary is None
+        ):
+            return row.call.input_tokens + row.call.output_tokens
+    return 0
+
+
 Sink = Callable[[DurableEvent | EphemeralEvent | None], None]
 """Where the driver sends events; `None` marks the end of the turn."""
 
@@ -184,6 +200,7 @@ class TurnDriver:
             usage=usage,
         )
         _audit_unreadable(recorder, self.skipped, audit_rows)
+        recorder.context_tokens = _context_tokens(audit_rows)
         recorder.transcript = [opening_message(self.record)]  # until the setup has run
         recorder.request_text = self.record.content
         for call_id, (block, _) in journal.results.items():
@@ -439,6 +456,7 @@ class TurnDriver:
             cost_usd=usage.cost_usd,
             tool_timings=tuple(rec.tool_timings),
             context_messages=rec.context_messages,
+            context_tokens=rec.context_tokens,
             stop_reason={"succeeded": "end_turn", "cancelled": "aborted"}.get(status, "error"),
             error_code=code,
             duration_ms=(time.perf_counter() - self._started) * 1000,
@@ -465,6 +483,7 @@ class TurnDriver:
                 ToolTiming(tool=name, duration_ms=ms) for name, ms in summary.tool_timings
             ),
             context_messages=summary.context_messages,
+            context_tokens=summary.context_tokens,
             stop_reason=summary.stop_reason,
             error_code=summary.error_code,
             duration_ms=summary.duration_ms,

@@ -25,16 +25,24 @@ from turnkit.models import (
     ThinkingDelta,
     ToolCallDelta,
     ToolCallPart,
+    Usage,
     closing_stream,
 )
 from turnkit.models.family import ModelFamily
 from turnkit.stages._plugins import guard
 from turnkit.stages._types import StageContext
-from turnkit.telemetry import OpenCall
+from turnkit.telemetry import OpenCall, Recorder
 
 __all__ = ("CallResult", "call_model")
 
 _TOOL_DELTA_INTERVAL_S = 0.5
+_CONTEXT_PURPOSES = frozenset({"tool-loop", "synthesize"})
+"""Calls on the turn's own model, whose input plus output is the context's size."""
+
+
+def _note_context(rec: Recorder, request: ModelRequest, usage: Usage) -> None:
+    if request.purpose in _CONTEXT_PURPOSES:
+        rec.context_tokens = usage.input_tokens + usage.output_tokens
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -186,6 +194,7 @@ async def call_model(
                             else None
                         )
                         rec.open_call = None
+                        _note_context(rec, request, usage)
                         chat.answered(response)
                         return CallResult(
                             response=response, shape=shape, block_id=block_id, cascade=cascade

@@ -197,6 +197,8 @@ class RunSummary(BaseModel):
     tool_timings: tuple[tuple[str, float], ...] = ()
     """(tool name, duration in ms) per tool call, in order."""
     context_messages: int = 0
+    context_tokens: int = 0
+    """Input plus output tokens of the turn's latest call on its own model."""
     stop_reason: str | None = None
     error_code: str | None = None
     duration_ms: float = 0.0
