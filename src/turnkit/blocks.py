@@ -1,4 +1,4 @@
-"""Typed turn blocks: what a turn leaves behind, in order (seed 002 "A message is typed blocks")."""
+"""Typed turn blocks: what a turn leaves behind, in order."""
 
 from __future__ import annotations
 

@@ -382,13 +382,13 @@ class FamilyExhaustedError(TurnError):
 
 
 class OutputLimitExceededError(TurnError):
-    """The provider's output limit was hit in the answer (seed 002, Finishing)."""
+    """The provider's output limit cut the answer, or a response that named no tool."""
 
     code: ClassVar[ErrorCode] = "agent_output_limit_exceeded"
 
 
 class ToolCallError(TurnError):
-    """A truncated or malformed tool call that names no tool: fatal (seed 002)."""
+    """A truncated or malformed tool call that names no tool: fatal to the turn."""
 
     code: ClassVar[ErrorCode] = "tool-call-malformed"
 

@@ -1,4 +1,4 @@
-"""Turn states and the legal moves between them (DESIGN §4, seed 000 "Turn states")."""
+"""Turn states and the legal moves between them."""
 
 from __future__ import annotations
 

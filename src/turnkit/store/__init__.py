@@ -185,7 +185,7 @@ class KeptTranscript:
 
 
 class RunSummary(BaseModel):
-    """The attempt's own account, written when the run settles (seed 001 `run.finished`)."""
+    """The attempt's own account, written when the run settles (as `run.finished`)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     status: TurnStatus

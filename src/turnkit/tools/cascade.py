@@ -1,4 +1,4 @@
-"""`ToolClass`: in-class tool fallbacks (seed 003 tool cascade); itself a tool."""
+"""`ToolClass`: in-class tool fallbacks (a tool cascade); itself a tool."""
 
 from __future__ import annotations
 
