@@ -34,7 +34,7 @@ from turnkit.events import (
     ToolCompletedEvent,
 )
 from turnkit.ids import SessionId
-from turnkit.models import Usage
+from turnkit.models import ModelRequest, Usage
 from turnkit.runtime.worker import Worker
 from turnkit.stages._naming import NAMING_PROMPT
 from turnkit.testing import ModelStep, ScriptedModel, call, collect_events
@@ -336,9 +336,13 @@ async def test_deleting_a_session_keeps_its_spend_on_budgets_and_reports(
     """Audit and usage outlive chat data: deleting a chat does not reset a budget."""
     url, schema = db
     config = _config(url, database_schema=schema)
-    async with SessionRuntime(
-        agent=Agent(model=_spending_model(), tools=[add]), config=config
-    ) as runtime:
+    first, answer = _spending_model().steps
+
+    def reply(request: ModelRequest) -> ModelStep:  # every turn spends alike
+        return answer if any(m.role == "tool" for m in request.messages) else first
+
+    model = ScriptedModel([ModelStep.respond(reply)], repeat_last=True)
+    async with SessionRuntime(agent=Agent(model=model, tools=[add]), config=config) as runtime:
         await runtime.set_budget_limit(_limit(1_000))
         events = await collect_events(runtime.execute_message("s1", "add 2 and 3", principal=ANN))
         assert isinstance(events[-1], DoneEvent)
@@ -358,3 +362,17 @@ async def test_deleting_a_session_keeps_its_spend_on_budgets_and_reports(
         # A new chat gets no fresh budget: its first call no longer fits.
         events = await collect_events(runtime.execute_message("s2", "add 2 and 3", principal=ANN))
         assert isinstance(events[-1], BudgetPausedEvent), [e.type for e in events]
+
+        # Someone else reuses the deleted session's id, then deletes that session too.
+        await runtime.set_budget_limit(_limit(1_000).model_copy(update={"key": "bob"}))
+        events = await collect_events(runtime.execute_message("s1", "add 2 and 3", principal="bob"))
+        assert isinstance(events[-1], DoneEvent)
+        assert events[-1].status == "succeeded"
+        [bobs] = await runtime.budget_uses("bob", "s3")
+        assert await runtime.store.delete_session(SessionId("s1"))
+        [ann_now] = await runtime.budget_uses(ANN, "s3")
+        assert ann_now.spent_tokens == before.spent_tokens  # the first chat's spend stays hers
+        assert await runtime.store.usage_report(by="principal", principal=ANN) == report_before
+        [bob_line] = await runtime.store.usage_report(by="principal", principal="bob")
+        assert bob_line.input_tokens + bob_line.output_tokens == bobs.spent_tokens
+        assert (await runtime.budget_uses("bob", "s3"))[0].spent_tokens == bobs.spent_tokens

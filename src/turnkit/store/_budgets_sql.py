@@ -150,7 +150,7 @@ def _use(conn: Connection, limit: BudgetLimit, now: datetime) -> BudgetUse:
         "organisation": org,
         "department": func.coalesce(turns.c.department, usage.c.department, DEFAULT_DEPARTMENT),
         "principal": func.coalesce(turns.c.principal, usage.c.principal),
-        "session": usage.c.session_id,
+        "session": turns.c.session_id,  # a session deleted is gone: its id may be reused
     }[limit.scope]
     spent_q = (
         select(

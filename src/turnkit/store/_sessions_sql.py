@@ -131,7 +131,11 @@ def _of_turn(column: Any) -> Any:
 
 _KEEP_ATTRIBUTION = (
     update(usage)
-    .where(usage.c.session_id == bindparam("k_session"))
+    .where(  # rows whose turns go now: those of an earlier session by this id keep theirs
+        usage.c.turn_id.in_(
+            select(turns.c.turn_id).where(turns.c.session_id == bindparam("k_session"))
+        )
+    )
     .values(
         {
             name: _of_turn(getattr(turns.c, name))

@@ -46,8 +46,9 @@ def report(
             func.sum(usage.c.cost_usd),
         )
         .select_from(
+            # Through the turn: a deleted session's id may name a new session now.
             usage.outerjoin(turns, turns.c.turn_id == usage.c.turn_id).outerjoin(
-                sessions, sessions.c.session_id == usage.c.session_id
+                sessions, sessions.c.session_id == turns.c.session_id
             )
         )
         # Rollups of sessions deleted before usage rows kept who spent say nothing: left out.
