@@ -55,8 +55,8 @@ async def silent(seconds: float) -> str:
 class _SlowModel:
     """The scripted model with `gap` seconds before each of its chunks."""
 
-    def __init__(self, steps: list[ModelStep], gap: float) -> None:
-        self.inner = ScriptedModel(steps)
+    def __init__(self, steps: list[ModelStep], gap: float, *, repeat_last: bool = False) -> None:
+        self.inner = ScriptedModel(steps, repeat_last=repeat_last)
         self.gap = gap
 
     @property
@@ -156,6 +156,28 @@ async def test_a_model_that_only_reasons_outlives_its_idle_window(
     done = events[-1]
     assert isinstance(done, DoneEvent)
     assert done.status == "succeeded"
+
+
+async def test_a_slow_thinking_summary_outlives_the_idle_window(
+    runtime_factory: RuntimeFactory, database_url: str
+) -> None:
+    """The utility model's summary streams beside the answer, and its chunks count too."""
+
+    def background(request: ModelRequest) -> ModelStep:
+        if request.purpose == "plan":
+            return ModelStep.text_reply('{"intent": "math", "depth": "none"}')
+        return ModelStep.text_reply("It weighed the sum and chose to answer directly.")
+
+    utility = _SlowModel([ModelStep.respond(background)], gap=0.1, repeat_last=True)
+    model = ScriptedModel([ModelStep.text_reply("Four.", thinking="two and two")])
+    config = _deadlines(database_url, ceiling_s=60, idle_window_s=0.4)
+    runtime = runtime_factory(Agent(model=model, utility_model=utility), config=config)
+    async with asyncio.timeout(20):
+        events = await collect_events(runtime.execute_message("s1", "2 + 2?"))
+    done = events[-1]
+    assert isinstance(done, DoneEvent)
+    assert done.status == "succeeded"
+    assert any(e.type == "thinking.complete" for e in events)
 
 
 async def test_heartbeats_flow_while_the_model_is_silent(

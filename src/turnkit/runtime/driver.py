@@ -429,8 +429,9 @@ class TurnDriver:
             now = self.clock.monotonic()
             deadline = self._deadline
             if deadline is not None and now - rec.last_activity >= self.config.idle_window_s:
-                self._went_quiet = True
-                deadline.reschedule(asyncio.get_running_loop().time())
+                if not deadline.expired():  # else the ceiling already ended the run
+                    deadline.reschedule(asyncio.get_running_loop().time())
+                    self._went_quiet = True
                 return
             if now - max(rec.last_activity, last_beat) >= interval:
                 # Straight to the sink: a heartbeat carries nothing that must be ordered
