@@ -125,7 +125,21 @@ class PostTurnGate(Plugin):
         return None
 
 
-class GatedModel:
+class WrappedModel:
+    """A test model around `inner`: it answers to `inner`'s model and provider names."""
+
+    inner: ScriptedModel
+
+    @property
+    def model(self) -> str:
+        return self.inner.model
+
+    @property
+    def provider(self) -> str:
+        return self.inner.provider
+
+
+class GatedModel(WrappedModel):
     """Answers once `gate` is set, or call n once `gates[n]` is; counts calls in flight."""
 
     def __init__(self, *, per_call: bool = False) -> None:
@@ -136,14 +150,6 @@ class GatedModel:
         self.calls = 0
         self.active = 0
         self.most = 0
-
-    @property
-    def model(self) -> str:
-        return self.inner.model
-
-    @property
-    def provider(self) -> str:
-        return self.inner.provider
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
         self.active += 1

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 from tests.conftest import RuntimeFactory
+from tests.helpers import WrappedModel
 
 from turnkit import Agent, ConfigurationError, RuntimeConfig, ToolContext, tool
 from turnkit.events import DoneEvent, ErrorEvent, HeartbeatEvent, StreamEvent
@@ -52,20 +53,12 @@ async def silent(seconds: float) -> str:
     return "finally"
 
 
-class _SlowModel:
+class _SlowModel(WrappedModel):
     """The scripted model with `gap` seconds before each of its chunks."""
 
     def __init__(self, steps: list[ModelStep], gap: float, *, repeat_last: bool = False) -> None:
         self.inner = ScriptedModel(steps, repeat_last=repeat_last)
         self.gap = gap
-
-    @property
-    def model(self) -> str:
-        return self.inner.model
-
-    @property
-    def provider(self) -> str:
-        return self.inner.provider
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
         async for chunk in self.inner.stream(request):

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tests.helpers import WrappedModel
 from tests.support.server import serve
 from turnkit import Agent, RuntimeConfig, SessionRuntime
 from turnkit.models import ModelChunk, ModelRequest, TextDelta
@@ -25,7 +26,7 @@ Message = MutableMapping[str, Any]
 
 
 @dataclass
-class PacedModel:
+class PacedModel(WrappedModel):
     """Plays a ScriptedModel, pacing and holding the text of one call.
 
     ScriptedModel streams its pieces at once; a page test needs text that is still being
@@ -40,14 +41,6 @@ class PacedModel:
     hold_after: int | None = None
     gate: threading.Event = field(default_factory=threading.Event)
     _calls: int = 0
-
-    @property
-    def model(self) -> str:
-        return self.inner.model
-
-    @property
-    def provider(self) -> str:
-        return self.inner.provider
 
     def release(self) -> None:
         self.gate.set()

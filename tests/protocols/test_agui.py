@@ -18,7 +18,7 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from tests.helpers import WriteRecorder
+from tests.helpers import WrappedModel, WriteRecorder
 from tests.support.server import serve
 from turnkit import Agent, RuntimeConfig, SessionRuntime, tool
 from turnkit.http import create_turnkit_router, install_problem_handlers
@@ -46,7 +46,7 @@ async def transfer(amount: int, to: str) -> str:
 
 
 @dataclass
-class GatedModel:
+class GatedModel(WrappedModel):
     """Plays a ScriptedModel, holding call `gated_call` after `hold_after` text chunks.
 
     The hold lasts until `POST /test/release` (at most 30 s), so a test can reconnect while
@@ -58,14 +58,6 @@ class GatedModel:
     hold_after: int = 2
     gate: asyncio.Event = field(default_factory=asyncio.Event)
     _calls: int = 0
-
-    @property
-    def model(self) -> str:
-        return self.inner.model
-
-    @property
-    def provider(self) -> str:
-        return self.inner.provider
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
         index, self._calls = self._calls, self._calls + 1

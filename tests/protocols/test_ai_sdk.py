@@ -19,7 +19,7 @@ import httpx
 import pytest
 from fastapi import FastAPI, Header
 
-from tests.helpers import WriteRecorder
+from tests.helpers import WrappedModel, WriteRecorder
 from tests.support.server import serve
 from turnkit import Agent, RuntimeConfig, SessionRuntime, tool
 from turnkit.events import (
@@ -65,7 +65,7 @@ async def slow(x: int) -> int:
 
 
 @dataclass
-class GatedModel:
+class GatedModel(WrappedModel):
     """ScriptedModel cannot hold a reply between two of its chunks until the test says so.
 
     This one plays the scripted steps, and in the step number `gated_call` (0-based) stops
@@ -77,14 +77,6 @@ class GatedModel:
     hold_after: int = 2
     gate: asyncio.Event = field(default_factory=asyncio.Event)
     _calls: int = 0
-
-    @property
-    def model(self) -> str:
-        return self.inner.model
-
-    @property
-    def provider(self) -> str:
-        return self.inner.provider
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
         index, self._calls = self._calls, self._calls + 1
