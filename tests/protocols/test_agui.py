@@ -76,6 +76,7 @@ def build_app(
     *,
     keepalive_s: float = 10.0,
     clarifications: bool = False,
+    max_frame_bytes: int = 1_000_000,
 ) -> FastAPI:
     """The AG-UI routes (and turnkit's, for cancel) over agents hosted by name.
 
@@ -90,7 +91,9 @@ def build_app(
     gates = [a.model.gate for a in agents if isinstance(a.model, GatedModel)]
 
     app = FastAPI(lifespan=_lifespan(runtime))
-    app.include_router(create_agui_router(runtime, keepalive_s=keepalive_s))
+    app.include_router(
+        create_agui_router(runtime, keepalive_s=keepalive_s, max_frame_bytes=max_frame_bytes)
+    )
     app.include_router(create_turnkit_router(runtime))
     install_problem_handlers(app)
     app.state.runtime = runtime
@@ -280,6 +283,34 @@ async def test_a_fast_turn_streams_in_far_fewer_writes_than_events(tmp_path: Pat
     content = [f.event["delta"] for f in frames if f.event["type"] == "TEXT_MESSAGE_CONTENT"]
     assert "".join(content) == text
     assert len(recording.writes) < len(frames) / 4
+
+
+@tool
+async def report(pages: int) -> str:
+    """Write a long report."""
+    return "lorem ipsum " * (pages * 1_000)
+
+
+async def test_an_oversized_frame_is_replaced_and_the_run_goes_on(app_for: Any) -> None:
+    model = ScriptedModel([
+        ModelStep.tool_call_reply(call("report", pages=2)),
+        ModelStep.text_reply("The report is written."),
+    ])  # fmt: skip
+    async with app_for(Agent(model=model, tools=[report]), max_frame_bytes=5_000) as http:
+        response = await _post(http, run_input("t-big", "r1", "Write the report"))
+    assert response.status_code == 200, response.text
+    assert max(len(block) for block in response.text.split("\n\n")) < 5_000
+    frames = parse(response.text)
+    check_run(frames)
+    assert frames[-1].event["type"] == "RUN_FINISHED"
+    dropped = [f for f in frames if types([f]) == ["CUSTOM:turnkit.frame_dropped"]]
+    assert "TOOL_CALL_RESULT" in [f.event["value"]["type"] for f in dropped]
+    assert all(f.event["value"]["bytes"] > 5_000 for f in dropped)
+    result_at = types(frames).index("TOOL_CALL_END") + 1  # where the result would be
+    assert frames[result_at].event["name"] == "turnkit.frame_dropped"
+    assert frames[result_at].id is not None  # the stand-in keeps the frame's id
+    text = "".join(f.event["delta"] for f in frames if f.event["type"] == "TEXT_MESSAGE_CONTENT")
+    assert text == "The report is written."
 
 
 async def test_posting_the_same_run_again_starts_no_second_turn(app_for: Any) -> None:

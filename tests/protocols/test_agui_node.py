@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.protocols.test_agui import HOLD_TEXT, GatedModel, add, build_app, transfer
+from tests.protocols.test_agui import HOLD_TEXT, GatedModel, add, build_app, report, transfer
 from tests.support.server import serve
 from turnkit import Agent
 from turnkit.testing import ModelStep, ScriptedModel, call
@@ -59,17 +59,25 @@ def _agents() -> list[Agent]:
             model=GatedModel(ScriptedModel([ModelStep.text_reply(HOLD_TEXT, chunk_size=6)])),
         ),
         Agent(name="steady", model=ScriptedModel([ModelStep.text_reply(HOLD_TEXT, chunk_size=6)])),
+        Agent(
+            name="oversized",
+            model=ScriptedModel([
+                ModelStep.tool_call_reply(call("report", pages=5)),  # 60,000 characters
+                ModelStep.text_reply("The report is written."),
+            ]),
+            tools=[report],
+        ),
     ]  # fmt: skip
 
 
 def test_the_ag_ui_client_reads_turnkit_runs(tmp_path: Path) -> None:
     node = _node()
-    with serve(build_app(tmp_path, _agents())) as url:
+    with serve(build_app(tmp_path, _agents(), max_frame_bytes=50_000)) as url:
         done = subprocess.run(
             [node, "--test", "--test-reporter=spec", "agui.test.mjs"],
             cwd=PACKAGE, capture_output=True, text=True, timeout=90,
             env={**os.environ, "AGUI_URL": url, "AGUI_HOLD_TEXT": HOLD_TEXT},
         )  # fmt: skip
     assert done.returncode == 0, f"{done.stdout}\n{done.stderr}"
-    assert "pass 3" in done.stdout, done.stdout
+    assert "pass 4" in done.stdout, done.stdout
     assert "error" not in done.stderr.lower(), done.stderr  # e.g. "Subscriber error: ..."

@@ -95,6 +95,7 @@ def build_app(
     *,
     tools: Sequence[Any] = (add, delete_file),
     keepalive_s: float = 10.0,
+    max_frame_bytes: int = 1_000_000,
 ) -> FastAPI:
     """An app serving the AI SDK routes for one scripted agent (runtime opened by lifespan)."""
     runtime = SessionRuntime(
@@ -108,7 +109,9 @@ def build_app(
             yield
 
     app = FastAPI(lifespan=lifespan)
-    app.include_router(create_ai_sdk_router(runtime, keepalive_s=keepalive_s))
+    app.include_router(
+        create_ai_sdk_router(runtime, keepalive_s=keepalive_s, max_frame_bytes=max_frame_bytes)
+    )
     install_problem_handlers(app)
     app.state.runtime = runtime
 
@@ -192,6 +195,35 @@ async def app_client(tmp_path: Path) -> AsyncIterator[tuple[FastAPI, httpx.Async
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
             yield app, http
+
+
+@tool
+async def report(pages: int) -> str:
+    """Write a long report."""
+    return "lorem ipsum " * (pages * 1_000)
+
+
+async def test_an_oversized_chunk_is_replaced_and_the_stream_goes_on(tmp_path: Path) -> None:
+    script = ScriptedModel([
+        ModelStep.tool_call_reply(call("report", pages=2)),
+        ModelStep.text_reply("The report is written."),
+    ])  # fmt: skip
+    app = build_app(tmp_path, script, tools=[report], max_frame_bytes=5_000)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+            body = {"id": "big", "messages": [user("Write the report")]}
+            response = await http.post(API, json=body)
+    assert response.status_code == 200, response.text
+    assert max(len(line) for line in response.text.split("\n")) < 5_000
+    chunks = chunks_of(response.text)
+    dropped = [c for c in chunks if c["type"] == "data-turnkit-frame-dropped"]
+    assert [c["data"]["type"] for c in dropped] == ["tool-output-available"]
+    assert dropped[0]["transient"] is True
+    assert dropped[0]["data"]["bytes"] > 5_000
+    assert types(chunks)[-2:] == ["finish", "[DONE]"]
+    [answer] = [p for p in fold(chunks) if p["type"] == "text"]
+    assert answer["text"] == "The report is written."
 
 
 # ── mapping ─────────────────────────────────────────────────────────────────────────────

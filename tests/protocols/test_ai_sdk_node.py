@@ -9,10 +9,11 @@ import os
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tests.protocols.test_ai_sdk import GatedModel, build_app
+from tests.protocols.test_ai_sdk import GatedModel, build_app, report
 from tests.support.server import serve
 from turnkit.testing import ModelStep, ScriptedModel, call
 
@@ -52,14 +53,19 @@ def _scripts() -> dict[str, ScriptedModel | GatedModel]:
             gated_call=1,
             hold_after=2,
         ),
+        "oversized": ScriptedModel([
+            ModelStep.tool_call_reply(call("report", pages=5)),  # a 60,000-character result
+            ModelStep.text_reply("The report is written."),
+        ]),
     }  # fmt: skip
 
 
-@pytest.mark.parametrize("scenario", ["tool-turn", "approval", "reconnect"])
+@pytest.mark.parametrize("scenario", ["tool-turn", "approval", "reconnect", "oversized"])
 def test_the_ai_sdk_client_reads_turnkit_streams(scenario: str, tmp_path: Path) -> None:
     node = _node()
     model = _scripts()[scenario]
-    with serve(build_app(tmp_path, model)) as url:
+    big: dict[str, Any] = {"tools": [report], "max_frame_bytes": 50_000}
+    with serve(build_app(tmp_path, model, **(big if scenario == "oversized" else {}))) as url:
         done = subprocess.run(
             [node, str(PACKAGE / "scenarios.mjs"), scenario, url],
             cwd=PACKAGE, capture_output=True, text=True, timeout=60,

@@ -33,6 +33,7 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from turnkit.blocks import ImagePart, TextPart
 from turnkit.errors import (
+    ConfigurationError,
     InvalidInputError,
     PauseAnsweredError,
     PauseNotFoundError,
@@ -197,14 +198,19 @@ def create_agui_router(
     prefix: str = "/api/agui",
     keepalive_s: float = 10.0,
     deps: Callable[..., Any] | None = None,
+    max_frame_bytes: int = 1_000_000,
 ) -> APIRouter:
     """`POST {prefix}/run`: an AG-UI agent endpoint for `runtime`.
 
     `auth` is a FastAPI dependency returning the caller's principal (or None); a thread
     owned by another principal answers 404. `deps` builds the app's dependencies for the
     turn a request starts or resumes (`ToolContext.deps`). Idle streams get a `: keep-alive`
-    comment line every `keepalive_s`.
+    comment line every `keepalive_s`. An event whose frame would pass `max_frame_bytes` is
+    sent as a `CUSTOM` event `turnkit.frame_dropped` instead (its `type`, size and, with
+    the frame's id, the turnkit event's `seq`), and the run carries on.
     """
+    if max_frame_bytes < 1:
+        raise ConfigurationError("max_frame_bytes must be at least 1")
     router = APIRouter(prefix=prefix, tags=["ag-ui"], responses=_PROBLEMS)
     # Plain defaults, not `Annotated` aliases: the annotations are strings (postponed), and
     # FastAPI resolves them in this module's globals, where the closure's names are not.
@@ -283,8 +289,9 @@ def create_agui_router(
             AsyncGenerator[object, None],
             reader.follow_batches(record.turn_id, after_seq=after),
         )
+        bound = _Bound(max_frame_bytes, record.turn_id)
         return EventSourceResponse(
-            set_once_sent(_stream(translator, opening, batches, view), sent),
+            set_once_sent(_stream(translator, opening, batches, view, bound), sent),
             headers={"X-Turn-Id": record.turn_id, "Cache-Control": "no-store"},
             # Keep-alives are single comment lines from the reader; sse-starlette's ping
             # (`None` means its 15 s default) ends with a blank line: never let it fire.
@@ -344,10 +351,11 @@ async def _stream(
     opening: list[_AgUi],
     batches: AsyncGenerator[object, None],
     view: _View,
+    bound: _Bound,
 ) -> AsyncIterator[ServerSentEvent | bytes]:
     async with contextlib.aclosing(batches):  # closing the reader leaves the turn running
         for out in opening:
-            yield _frame(out, None)
+            yield bound.frame(out, None)
         while not translator.finished:  # a pause ends the run (the reader would wait)
             item = await anext(batches, None)
             if item is None:
@@ -356,20 +364,20 @@ async def _stream(
                 yield b": keep-alive\n"  # a comment line: no client dispatches an event
                 continue
             assert isinstance(item, list)
-            if written := _translated(translator, item, view):
+            if written := _translated(translator, item, view, bound):
                 yield written  # the frames ready together, in one write
         for out in translator.abandon():
-            yield _frame(out, None)
+            yield bound.frame(out, None)
 
 
-def _translated(translator: _Translator, frames: list[Frame], view: _View) -> bytes:
+def _translated(translator: _Translator, frames: list[Frame], view: _View, bound: _Bound) -> bytes:
     """The AG-UI frames of a batch of turnkit frames (up to the end of the run)."""
     written: list[bytes] = []
     for item in frames:
         translator.notice(view.views, view.seq)
         outs = translator.feed(item.data)
         for index, out in enumerate(outs):
-            written.append(_frame(out, item.seq if index == len(outs) - 1 else None).encode())
+            written.append(bound.frame(out, item.seq if index == len(outs) - 1 else None).encode())
         if translator.finished:
             break
     return b"".join(written)
@@ -380,6 +388,36 @@ def _frame(event: _AgUi, seq: int | None) -> ServerSentEvent:
     data = json.dumps(event, ensure_ascii=False, separators=(",", ":"))
     # Lines end with "\n": the response's `sep` reaches only the frames it builds itself.
     return ServerSentEvent(data=data, id=None if seq is None else str(seq), sep="\n")
+
+
+@dataclass(frozen=True, slots=True)
+class _Bound:
+    """How far one frame may grow; a larger one goes out as `turnkit.frame_dropped`."""
+
+    max_bytes: int
+    turn_id: str
+
+    def frame(self, event: _AgUi, seq: int | None) -> ServerSentEvent:
+        sent = _frame(event, seq)
+        size = len(str(sent.data).encode())
+        if size <= self.max_bytes:
+            return sent
+        # Losing one frame costs less than losing a turn that has run for minutes; the
+        # stand-in keeps the frame's id, so a resume goes on after it.
+        log.warning(
+            "dropped an oversized AG-UI frame of turn %s (%s, %d bytes > %d)",
+            self.turn_id, event.get("type"), size, self.max_bytes,
+        )  # fmt: skip
+        dropped: _AgUi = {"type": event.get("type"), "bytes": size}
+        if seq is not None:
+            dropped["seq"] = seq  # the turnkit event it stood for
+        stand_in: _AgUi = {
+            "type": "CUSTOM",
+            "timestamp": event.get("timestamp"),
+            "name": "turnkit.frame_dropped",
+            "value": dropped,
+        }
+        return _frame(stand_in, seq)
 
 
 class _View:

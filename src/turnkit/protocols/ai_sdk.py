@@ -24,7 +24,13 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError
 from sse_starlette import EventSourceResponse
 
 from turnkit.blocks import ImagePart, TextPart
-from turnkit.errors import InvalidInputError, PauseAnsweredError, SessionNotFoundError, TurnkitError
+from turnkit.errors import (
+    ConfigurationError,
+    InvalidInputError,
+    PauseAnsweredError,
+    SessionNotFoundError,
+    TurnkitError,
+)
 from turnkit.events import (
     ApprovalRequestedEvent,
     BudgetPausedEvent,
@@ -454,6 +460,25 @@ def _line(chunk: Chunk) -> bytes:
     )
 
 
+def _bounded(chunk: Chunk, max_bytes: int, turn_id: str) -> bytes:
+    """`chunk`'s line, or a transient stand-in when it would pass `max_bytes`."""
+    line = _line(chunk)
+    if len(line) <= max_bytes:
+        return line
+    # Losing one chunk costs less than losing a turn that has run for minutes.
+    log.warning(
+        "dropped an oversized AI SDK chunk of turn %s (%s, %d bytes > %d)",
+        turn_id, chunk.get("type"), len(line), max_bytes,
+    )  # fmt: skip
+    return _line(
+        {
+            "type": "data-turnkit-frame-dropped",
+            "data": {"type": chunk.get("type"), "bytes": len(line)},
+            "transient": True,
+        }
+    )
+
+
 def _content(message: UIMessage) -> str | list[TextPart | ImagePart]:
     """The turn's content: the message's text parts, and its pictures (`file` parts)."""
     texts: list[str] = []
@@ -524,14 +549,19 @@ def create_ai_sdk_router(  # noqa: C901 - one closure per route keeps the routes
     prefix: str = "/api/chat",
     keepalive_s: float = 10.0,
     deps: Callable[..., Any] | None = None,
+    max_frame_bytes: int = 1_000_000,
 ) -> APIRouter:
     """The AI SDK chat routes for `runtime`: `POST {prefix}`, `GET {prefix}/{chat_id}/stream`.
 
     `auth` is a FastAPI dependency returning the caller's principal (or None); a chat of
     another principal answers like one that does not exist. `deps` builds the app's
     dependencies for the turns a request starts or resumes (`ToolContext.deps`).
-    Install `turnkit.http.install_problem_handlers` on the app for problem bodies.
+    Install `turnkit.http.install_problem_handlers` on the app for problem bodies. A chunk
+    whose line would pass `max_frame_bytes` is sent as a transient
+    `data-turnkit-frame-dropped` part instead (its `type` and size), and the stream carries on.
     """
+    if max_frame_bytes < 1:
+        raise ConfigurationError("max_frame_bytes must be at least 1")
     router = APIRouter(prefix=prefix, tags=["ai-sdk"])
     Caller = Annotated[Principal, Depends(auth)]
     RequestDeps = Annotated[Any, Depends(deps or _no_deps)]
@@ -603,7 +633,10 @@ def create_ai_sdk_router(  # noqa: C901 - one closure per route keeps the routes
             if isinstance(event, HeartbeatEvent):
                 lines.append(_KEEPALIVE_LINE)
                 continue
-            lines.extend(_line(chunk) for chunk in translator.translate(event))
+            lines.extend(
+                _bounded(chunk, max_frame_bytes, record.turn_id)
+                for chunk in translator.translate(event)
+            )
             if isinstance(event, DoneEvent):
                 return True
             if isinstance(event, ApprovalRequestedEvent | ClarificationRequestedEvent):
