@@ -207,7 +207,9 @@ def create_agui_router(
     turn a request starts or resumes (`ToolContext.deps`). Idle streams get a `: keep-alive`
     comment line every `keepalive_s`. An event whose frame would pass `max_frame_bytes` is
     sent as a `CUSTOM` event `turnkit.frame_dropped` instead (its `type`, size and, with
-    the frame's id, the turnkit event's `seq`), and the run carries on.
+    the frame's id, the turnkit event's `seq`); a tool result keeps its event with a
+    placeholder for its content; events that open or close a run, step, message or tool
+    call go out whatever their size. The run carries on.
     """
     if max_frame_bytes < 1:
         raise ConfigurationError("max_frame_bytes must be at least 1")
@@ -390,6 +392,15 @@ def _frame(event: _AgUi, seq: int | None) -> ServerSentEvent:
     return ServerSentEvent(data=data, id=None if seq is None else str(seq), sep="\n")
 
 
+_STRUCTURAL: Final = frozenset(
+    {
+        "RUN_STARTED", "RUN_FINISHED", "RUN_ERROR", "STEP_STARTED", "STEP_FINISHED",
+        "TEXT_MESSAGE_START", "TEXT_MESSAGE_END", "TOOL_CALL_START", "TOOL_CALL_END",
+    }
+)  # fmt: skip
+"""Events a client's state machine needs: sent whatever their size."""
+
+
 @dataclass(frozen=True, slots=True)
 class _Bound:
     """How far one frame may grow; a larger one goes out as `turnkit.frame_dropped`."""
@@ -400,7 +411,8 @@ class _Bound:
     def frame(self, event: _AgUi, seq: int | None) -> ServerSentEvent:
         sent = _frame(event, seq)
         size = len(str(sent.data).encode())
-        if size <= self.max_bytes:
+        kind = event.get("type")
+        if size <= self.max_bytes or kind in _STRUCTURAL:
             return sent
         # Losing one frame costs less than losing a turn that has run for minutes; the
         # stand-in keeps the frame's id, so a resume goes on after it.
@@ -408,7 +420,11 @@ class _Bound:
             "dropped an oversized AG-UI frame of turn %s (%s, %d bytes > %d)",
             self.turn_id, event.get("type"), size, self.max_bytes,
         )  # fmt: skip
-        dropped: _AgUi = {"type": event.get("type"), "bytes": size}
+        if kind == "TOOL_CALL_RESULT":  # the call keeps its result message, not the content
+            too_large = f"[a result of {size} bytes, too large to stream]"
+            metadata: _AgUi = {"turnkit": {"droppedBytes": size}}
+            return _frame({**event, "content": too_large, "metadata": metadata}, seq)
+        dropped: _AgUi = {"type": kind, "bytes": size}
         if seq is not None:
             dropped["seq"] = seq  # the turnkit event it stood for
         stand_in: _AgUi = {

@@ -460,20 +460,36 @@ def _line(chunk: Chunk) -> bytes:
     )
 
 
+_STRUCTURAL: Final = frozenset(
+    {
+        "start", "finish", "start-step", "finish-step", "text-start", "text-end",
+        "reasoning-start", "reasoning-end", "tool-input-start", "tool-input-available",
+        "tool-approval-request", "error",
+    }
+)  # fmt: skip
+"""Chunks a client's state machine needs: sent whatever their size."""
+
+
 def _bounded(chunk: Chunk, max_bytes: int, turn_id: str) -> bytes:
     """`chunk`'s line, or a transient stand-in when it would pass `max_bytes`."""
     line = _line(chunk)
-    if len(line) <= max_bytes:
+    kind = chunk.get("type")
+    if len(line) <= max_bytes or kind in _STRUCTURAL:
         return line
     # Losing one chunk costs less than losing a turn that has run for minutes.
     log.warning(
         "dropped an oversized AI SDK chunk of turn %s (%s, %d bytes > %d)",
         turn_id, chunk.get("type"), len(line), max_bytes,
     )  # fmt: skip
+    if kind == "tool-output-available":  # the tool part ends, saying why it has no output
+        too_large = f"the result ({len(line)} bytes) was too large to stream"
+        return _line(
+            {"type": "tool-output-error", "toolCallId": chunk["toolCallId"], "errorText": too_large}
+        )
     return _line(
         {
             "type": "data-turnkit-frame-dropped",
-            "data": {"type": chunk.get("type"), "bytes": len(line)},
+            "data": {"type": kind, "bytes": len(line)},
             "transient": True,
         }
     )
@@ -558,7 +574,9 @@ def create_ai_sdk_router(  # noqa: C901 - one closure per route keeps the routes
     dependencies for the turns a request starts or resumes (`ToolContext.deps`).
     Install `turnkit.http.install_problem_handlers` on the app for problem bodies. A chunk
     whose line would pass `max_frame_bytes` is sent as a transient
-    `data-turnkit-frame-dropped` part instead (its `type` and size), and the stream carries on.
+    `data-turnkit-frame-dropped` part instead (its `type` and size); a tool's output as a
+    `tool-output-error` saying so; chunks that open or close a message, step, text or tool
+    input go out whatever their size. The stream carries on.
     """
     if max_frame_bytes < 1:
         raise ConfigurationError("max_frame_bytes must be at least 1")

@@ -95,19 +95,17 @@ async function toolTurn() {
   assert.equal(await transport.reconnectToStream({ chatId: 'tools' }), null);
 }
 
-// A tool result larger than the server's frame bound: a transient stand-in, and on.
+// A tool result larger than the server's frame bound: the part ends saying so, and on.
 async function oversized() {
   const transport = new DefaultChatTransport({ api });
   const stream = await send(transport, 'big', [user('Write the report')]);
   const { message, chunks, errors } = await withDeadline(read(stream), 'oversized');
   assert.deepEqual(errors, []);
-  const dropped = chunks.filter(c => c.type === 'data-turnkit-frame-dropped');
-  assert.deepEqual(dropped.map(c => c.data.type), ['tool-output-available']);
-  assert.ok(dropped[0].data.bytes > 50_000);
-  assert.ok(!message.parts.some(p => p.type === 'data-turnkit-frame-dropped')); // transient
+  assert.ok(!chunks.some(c => c.type === 'data-turnkit-frame-dropped'));
   const parts = withoutData(message);
   assert.deepEqual(parts.map(p => p.type), ['step-start', 'tool-report', 'step-start', 'text']);
-  assert.equal(parts[1].state, 'input-available');
+  assert.equal(parts[1].state, 'output-error'); // the part ends, saying why
+  assert.match(parts[1].errorText, /too large to stream/);
   assert.equal(parts[3].text, 'The report is written.');
   assert.equal(message.metadata.status, 'succeeded');
   await validateUIMessages({ messages: [user('Write the report'), message] });
