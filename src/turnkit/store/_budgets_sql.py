@@ -18,7 +18,14 @@ from turnkit.budgets import (
 )
 from turnkit.ids import uuid7
 from turnkit.store._schema import budget_limits, reservations, turns, usage
-from turnkit.tenancy import DEFAULT_DEPARTMENT, DEFAULT_ORGANISATION
+from turnkit.store._usage_sql import (
+    attributed,
+    spent_at,
+    spent_by,
+    spent_in,
+    spent_organisation,
+    with_turns,
+)
 
 __all__ = ("delete_limit", "limits", "release", "report", "reserve", "set_limit", "uses")
 
@@ -139,17 +146,12 @@ def _covering(conn: Connection, subject: BudgetSubject) -> list[BudgetLimit]:
     return [_limit(row) for row in conn.execute(query)]
 
 
-_attributed = or_(turns.c.turn_id.is_not(None), usage.c.created_at.is_not(None))
-"""A usage row whose turn, or whose own copy of it, says who spent (see `_usage_sql`)."""
-
-
 def _use(conn: Connection, limit: BudgetLimit, now: datetime) -> BudgetUse:
     start = window_start(limit.period, now)
-    org = func.coalesce(turns.c.organisation, usage.c.organisation, DEFAULT_ORGANISATION)
     member = {
-        "organisation": org,
-        "department": func.coalesce(turns.c.department, usage.c.department, DEFAULT_DEPARTMENT),
-        "principal": func.coalesce(turns.c.principal, usage.c.principal),
+        "organisation": spent_organisation,
+        "department": spent_in,
+        "principal": spent_by,
         "session": turns.c.session_id,  # a session deleted is gone: its id may be reused
     }[limit.scope]
     spent_q = (
@@ -157,12 +159,11 @@ def _use(conn: Connection, limit: BudgetLimit, now: datetime) -> BudgetUse:
             func.coalesce(func.sum(usage.c.cost_usd), 0.0),
             func.coalesce(func.sum(usage.c.input_tokens + usage.c.output_tokens), 0),
         )
-        # A deleted session's turns are gone; its usage rows say who spent (see `remove`).
-        .select_from(usage.outerjoin(turns, turns.c.turn_id == usage.c.turn_id))
-        .where(org == limit.organisation, member == limit.key, _attributed)
+        .select_from(with_turns)
+        .where(spent_organisation == limit.organisation, member == limit.key, attributed)
     )
     if start is not None:
-        spent_q = spent_q.where(func.coalesce(turns.c.created_at, usage.c.created_at) >= start)
+        spent_q = spent_q.where(spent_at >= start)
     spent_usd, spent_tokens = conn.execute(spent_q).one()
     held = {
         "organisation": reservations.c.organisation,

@@ -5,13 +5,31 @@ from __future__ import annotations
 from datetime import date, datetime
 from typing import Literal
 
-from sqlalchemy import Connection, func, or_, select
+from sqlalchemy import ColumnElement, Connection, func, or_, select
 
 from turnkit.store._schema import sessions, turns, usage
 from turnkit.store._usage import UsageLine
 from turnkit.tenancy import DEFAULT_DEPARTMENT, DEFAULT_ORGANISATION
 
-__all__ = ("report",)
+__all__ = (
+    "attributed",
+    "spent_at",
+    "spent_by",
+    "spent_in",
+    "spent_organisation",
+    "report",
+    "with_turns",
+)
+
+# Who spent a rollup row and when: its turn's row, or, once a session is deleted with its
+# turns, the copy its usage rows kept (see `_sessions_sql.remove`).
+with_turns = usage.outerjoin(turns, turns.c.turn_id == usage.c.turn_id)
+spent_organisation = func.coalesce(turns.c.organisation, usage.c.organisation, DEFAULT_ORGANISATION)
+spent_in = func.coalesce(turns.c.department, usage.c.department, DEFAULT_DEPARTMENT)
+spent_by = func.coalesce(turns.c.principal, usage.c.principal)
+spent_at: ColumnElement[datetime] = func.coalesce(turns.c.created_at, usage.c.created_at)
+attributed = or_(turns.c.turn_id.is_not(None), usage.c.created_at.is_not(None))
+"""Rollups of sessions deleted before usage rows kept who spent say nothing: left out."""
 
 GroupBy = Literal["session", "principal", "department", "day"]
 
@@ -26,14 +44,12 @@ def report(
     organisation: str | None = None,
 ) -> list[UsageLine]:
     """Sum the rollup of turns created in [since, until), for one principal or organisation."""
-    # A deleted session's turns are gone; its usage rows say who spent (see `remove`).
     owner = func.coalesce(sessions.c.principal, usage.c.principal)
-    created_at = func.coalesce(turns.c.created_at, usage.c.created_at)
     key = {
         "session": usage.c.session_id,
         "principal": func.coalesce(owner, ""),
-        "department": func.coalesce(turns.c.department, usage.c.department, DEFAULT_DEPARTMENT),
-        "day": func.date(created_at),
+        "department": spent_in,
+        "day": func.date(spent_at),
     }[by]
     query = (
         select(
@@ -47,12 +63,9 @@ def report(
         )
         .select_from(
             # Through the turn: a deleted session's id may name a new session now.
-            usage.outerjoin(turns, turns.c.turn_id == usage.c.turn_id).outerjoin(
-                sessions, sessions.c.session_id == turns.c.session_id
-            )
+            with_turns.outerjoin(sessions, sessions.c.session_id == turns.c.session_id)
         )
-        # Rollups of sessions deleted before usage rows kept who spent say nothing: left out.
-        .where(or_(turns.c.turn_id.is_not(None), usage.c.created_at.is_not(None)))
+        .where(attributed)
         .group_by(key)
         .order_by(key)
     )
@@ -61,12 +74,11 @@ def report(
     elif anonymous:
         query = query.where(owner.is_(None))
     if organisation is not None:
-        org = func.coalesce(turns.c.organisation, usage.c.organisation, DEFAULT_ORGANISATION)
-        query = query.where(org == organisation)
+        query = query.where(spent_organisation == organisation)
     if since is not None:
-        query = query.where(created_at >= since)
+        query = query.where(spent_at >= since)
     if until is not None:
-        query = query.where(created_at < until)
+        query = query.where(spent_at < until)
     return [
         UsageLine(
             key=row[0].isoformat() if isinstance(row[0], date) else str(row[0]),
