@@ -14,17 +14,28 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass
 from typing import Final
 
-from turnkit.audit import AuditPayloads, CallShape, ThinkingSummaryPayload
+from turnkit import otel
+from turnkit.audit import AuditPayloads, CallOutcome, CallShape, ThinkingSummaryPayload
 from turnkit.blocks import ThinkingSummaryBlock
+from turnkit.errors import TurnkitError
 from turnkit.events import ThinkingCompleteEvent
 from turnkit.ids import StageId, derive_id
-from turnkit.models import ModelMessage, ModelRequest
+from turnkit.models import (
+    Finish,
+    ModelMessage,
+    ModelRequest,
+    ModelResponse,
+    RungStarted,
+    TextDelta,
+    Usage,
+    closing_stream,
+)
 from turnkit.models.family import ModelFamily
 from turnkit.stages._types import StageContext
-from turnkit.stages._utility import utility_text
 
 __all__ = ("ANSWER_UNDER_WAY_CHARS", "SUMMARY_PROMPT", "ThinkingSummary", "thinking_of")
 
@@ -107,13 +118,66 @@ class ThinkingSummary:
         rec = self._ctx.recorder
         reasoning = "\n".join(r for r in rec.reasoning if r)
         request = ModelRequest(messages=self._messages(reasoning), purpose="utility")
-        found = await utility_text(
-            self._ctx, self._stage, self._utility, request, "the thinking summary"
-        )
-        if found is None:
-            return None
-        summary, shape = found
-        return _Written(summary=summary, shape=shape, reasoning_chars=len(reasoning))
+        started = time.perf_counter()
+        model, provider, rung = self._utility.model, self._utility.provider, 0
+        text: list[str] = []
+
+        def shape(outcome: CallOutcome, usage: Usage, code: str | None = None) -> CallShape:
+            return CallShape(
+                provider=provider,
+                model=model,
+                family=self._utility.name,
+                rung=rung,
+                latency_ms=(time.perf_counter() - started) * 1000,
+                input_tokens=usage.input_tokens,
+                output_tokens=usage.output_tokens,
+                cached_tokens=usage.cached_tokens,
+                cost_usd=usage.cost_usd,
+                outcome=outcome,
+                error_code=code,
+            )
+
+        chat = otel.chat(rec, self._stage, self._utility.name, request)
+        try:
+            async with closing_stream(self._utility.stream(request)) as chunks:
+                async for chunk in chunks:
+                    chat.saw(chunk)
+                    rec.last_activity = rec.clock.monotonic()  # restarts the idle window
+                    match chunk:
+                        case RungStarted():
+                            model, provider, rung = chunk.model, chunk.provider, chunk.rung
+                            text.clear()
+                        case TextDelta(text=piece):
+                            text.append(piece)
+                        case Finish(usage=usage, stop_reason=stop):
+                            summary = "".join(text).strip()
+                            chat.answered(
+                                ModelResponse(
+                                    text=summary,
+                                    thinking="",
+                                    tool_calls=(),
+                                    stop_reason=stop,
+                                    usage=usage,
+                                )
+                            )
+                            return _Written(
+                                summary=summary,
+                                shape=shape("ok", usage),
+                                reasoning_chars=len(reasoning),
+                            )
+                        case _:
+                            pass
+        except asyncio.CancelledError:
+            rec.audit(self._stage, call=shape("cancelled", Usage(), "cancelled"))
+            raise
+        except Exception as exc:  # noqa: BLE001 - a missing summary never fails the turn
+            chat.failed(exc)
+            code = exc.code if isinstance(exc, TurnkitError) else "internal-error"
+            log.warning("the thinking summary failed: %s", exc)
+            rec.audit(self._stage, call=shape("error", Usage(), code))
+        finally:
+            chat.close()
+        return None
 
     def _messages(self, reasoning: str) -> tuple[ModelMessage, ...]:
         rec = self._ctx.recorder
