@@ -23,6 +23,12 @@ from turnkit.testing import ModelStep, ScriptedModel
 
 
 @tool
+async def report(pages: int) -> str:
+    """Write a long report (12,000 characters a page)."""
+    return "lorem ipsum " * (pages * 1_000)
+
+
+@tool
 async def add(a: int, b: int) -> int:
     """Add two integers.
 

@@ -18,7 +18,7 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from tests.helpers import WrappedModel, WriteRecorder
+from tests.helpers import WrappedModel, WriteRecorder, report
 from tests.support.server import serve
 from turnkit import Agent, RuntimeConfig, SessionRuntime, tool
 from turnkit.http import create_turnkit_router, install_problem_handlers
@@ -283,12 +283,6 @@ async def test_a_fast_turn_streams_in_far_fewer_writes_than_events(tmp_path: Pat
     content = [f.event["delta"] for f in frames if f.event["type"] == "TEXT_MESSAGE_CONTENT"]
     assert "".join(content) == text
     assert len(recording.writes) < len(frames) / 4
-
-
-@tool
-async def report(pages: int) -> str:
-    """Write a long report."""
-    return "lorem ipsum " * (pages * 1_000)
 
 
 async def test_an_oversized_frame_is_replaced_and_the_run_goes_on(app_for: Any) -> None:

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.protocols.test_agui import HOLD_TEXT, GatedModel, add, build_app, report, transfer
+from tests.helpers import report
+from tests.protocols.test_agui import HOLD_TEXT, GatedModel, add, build_app, transfer
 from tests.support.server import serve
 from turnkit import Agent
 from turnkit.testing import ModelStep, ScriptedModel, call

@@ -19,7 +19,7 @@ import httpx
 import pytest
 from fastapi import FastAPI, Header
 
-from tests.helpers import WrappedModel, WriteRecorder
+from tests.helpers import WrappedModel, WriteRecorder, report
 from tests.support.server import serve
 from turnkit import Agent, RuntimeConfig, SessionRuntime, tool
 from turnkit.events import (
@@ -195,12 +195,6 @@ async def app_client(tmp_path: Path) -> AsyncIterator[tuple[FastAPI, httpx.Async
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
             yield app, http
-
-
-@tool
-async def report(pages: int) -> str:
-    """Write a long report."""
-    return "lorem ipsum " * (pages * 1_000)
 
 
 async def test_an_oversized_chunk_is_replaced_and_the_stream_goes_on(tmp_path: Path) -> None:

@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from tests.protocols.test_ai_sdk import GatedModel, build_app, report
+from tests.helpers import report
+from tests.protocols.test_ai_sdk import GatedModel, build_app
 from tests.support.server import serve
 from turnkit.testing import ModelStep, ScriptedModel, call
 
