@@ -197,6 +197,7 @@ async def test_naming_skips_when_the_budget_has_no_room(tmp_path: Path) -> None:
         )
         assert isinstance(events[-1], DoneEvent)
         assert events[-1].status == "succeeded"  # naming never pauses a turn
+        await runtime.wait_background()
         assert [c for c in namer.calls if c.messages[0].content == NAMING_PROMPT] == []
         session = await runtime.store.get_session("s1")  # type: ignore[arg-type]
         assert session is not None

@@ -1,18 +1,27 @@
 """Thread naming in two writes: the opening message's name at once, then the utility
-model's, never over a person's rename."""
+model's once the opening turn has settled, never over a person's rename."""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import AsyncIterator
 from pathlib import Path
 
+from tests.helpers import WrappedModel, until
 from turnkit import Agent, RuntimeConfig, SessionRuntime, tool
-from turnkit.events import SessionRenamedEvent
+from turnkit.errors import ProviderError
+from turnkit.events import DoneEvent
 from turnkit.ids import SessionId
-from turnkit.models import ModelRequest
-from turnkit.stages._naming import opening_title
+from turnkit.models import ModelChunk, ModelRequest
+from turnkit.stages._naming import NAMING_PROMPT, opening_title
 from turnkit.testing import ModelStep, ScriptedModel, call, collect_events
 
 QUESTION = "What were the three biggest causes of the 2008 financial crisis, in plain words?"
+
+
+def _names(request: ModelRequest) -> bool:
+    """The request is the naming call."""
+    return request.messages[0].content == NAMING_PROMPT
 
 
 def _utility(title: str) -> ScriptedModel:
@@ -20,6 +29,25 @@ def _utility(title: str) -> ScriptedModel:
         return ModelStep.text_reply(title if request.purpose == "utility" else "{}")
 
     return ScriptedModel([ModelStep.respond(answer)], name="utility", repeat_last=True)
+
+
+class _GatedNamer(WrappedModel):
+    """A utility model that plans at once and names only once `gate` is set."""
+
+    def __init__(self, title: str) -> None:
+        self.inner = _utility(title)
+        self.gate = asyncio.Event()
+        self.naming = 0
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
+        if _names(request):
+            self.naming += 1
+            try:
+                await self.gate.wait()
+            finally:
+                self.naming -= 1
+        async for chunk in self.inner.stream(request):
+            yield chunk
 
 
 def _runtime(tmp_path: Path, agent: Agent) -> SessionRuntime:
@@ -36,34 +64,103 @@ def test_the_opening_name_is_the_first_line_cut_at_a_word() -> None:
     assert QUESTION.startswith(long[:-1])
 
 
-async def test_the_utility_model_replaces_the_opening_name(tmp_path: Path) -> None:
+async def test_the_utility_model_replaces_the_opening_name(db: tuple[str, str | None]) -> None:
     model = ScriptedModel([ModelStep.text_reply("Housing, leverage, and trust.")])
     agent = Agent(model=model, utility_model=_utility("Causes of the 2008 crisis"))
-    async with _runtime(tmp_path, agent) as runtime:
+    config = RuntimeConfig(database_url=db[0], database_schema=db[1])
+    async with SessionRuntime(agent=agent, config=config) as runtime:
         events = await collect_events(runtime.execute_message("s1", QUESTION))
+        await runtime.wait_background()
         session = await runtime.store.get_session(SessionId("s1"))
         rows = await runtime.audit(events[0].turn_id)  # type: ignore[union-attr]
+        usage = await runtime.store.read_usage(events[0].turn_id)  # type: ignore[union-attr]
         await collect_events(runtime.execute_message("s1", "And in 2011?"))
+        await runtime.wait_background()
         again = await runtime.store.get_session(SessionId("s1"))
     assert session is not None
     assert session.title == "Causes of the 2008 crisis"
-    [renamed] = [e for e in events if isinstance(e, SessionRenamedEvent)]
-    assert (renamed.title, renamed.source) == ("Causes of the 2008 crisis", "background-model")
     naming = [r for r in rows if r.payloads.thread_naming is not None]
-    assert naming[0].call is not None  # its own priced row
+    assert [r.identity.stage_id for r in naming] == ["post-turn"]
+    assert naming[0].call is not None  # its own priced row, on the opening turn
     assert naming[0].payloads.thread_naming.applied  # type: ignore[union-attr]
+    assert usage.model_calls == sum(1 for r in rows if r.call is not None)  # the name's too
+    [done] = [e for e in events if isinstance(e, DoneEvent)]
+    assert done is events[-1]  # the turn's log ends with its ending
     assert again is not None
     assert again.title == "Causes of the 2008 crisis"  # only the opening turn names
+
+
+async def test_the_opening_turn_settles_before_the_name_arrives(tmp_path: Path) -> None:
+    namer = _GatedNamer("Causes of the crisis")
+    agent = Agent(model=ScriptedModel([ModelStep.text_reply("Hi.")]), utility_model=namer)
+    async with _runtime(tmp_path, agent) as runtime:
+        async with asyncio.timeout(10):  # before, the turn waited for the naming call
+            events = await collect_events(runtime.execute_message("s1", QUESTION))
+        await until(lambda: _true(namer.naming == 1), "the naming call starts")
+        before = await runtime.store.get_session(SessionId("s1"))
+        turn = await runtime.turn(events[0].turn_id)  # type: ignore[union-attr]
+        namer.gate.set()
+        await runtime.wait_background()
+        after = await runtime.store.get_session(SessionId("s1"))
+        rows = await runtime.audit(events[0].turn_id)  # type: ignore[union-attr]
+    assert isinstance(events[-1], DoneEvent)
+    assert events[-1].status == "succeeded"
+    assert turn.status == "succeeded"
+    assert before is not None
+    assert before.title == opening_title(QUESTION)
+    assert after is not None
+    assert after.title == "Causes of the crisis"
+    assert [r.payloads.thread_naming.applied for r in rows if r.payloads.thread_naming] == [True]
+
+
+async def test_closing_the_runtime_cancels_a_pending_name(tmp_path: Path) -> None:
+    namer = _GatedNamer("Never given")  # its gate stays shut
+    agent = Agent(model=ScriptedModel([ModelStep.text_reply("Hi.")]), utility_model=namer)
+    async with _runtime(tmp_path, agent) as runtime:
+        await collect_events(runtime.execute_message("s1", QUESTION))
+        await until(lambda: _true(namer.naming == 1), "the naming call starts")
+    assert namer.naming == 0  # cancelled with the runtime
+    async with _runtime(tmp_path, agent) as runtime:
+        session = await runtime.store.get_session(SessionId("s1"))
+    assert session is not None
+    assert session.title == opening_title(QUESTION)  # the first name stands
+
+
+async def test_a_failed_naming_call_leaves_its_row_and_the_first_name(tmp_path: Path) -> None:
+    def answer(request: ModelRequest) -> ModelStep:
+        if _names(request):
+            return ModelStep.fail(ProviderError("gateway refused", is_retriable=False))
+        return ModelStep.text_reply("{}")
+
+    failing = ScriptedModel([ModelStep.respond(answer)], name="utility", repeat_last=True)
+    agent = Agent(model=ScriptedModel([ModelStep.text_reply("Hi.")]), utility_model=failing)
+    async with _runtime(tmp_path, agent) as runtime:
+        events = await collect_events(runtime.execute_message("s1", QUESTION))
+        await runtime.wait_background()
+        session = await runtime.store.get_session(SessionId("s1"))
+        rows = await runtime.audit(events[0].turn_id)  # type: ignore[union-attr]
+        stored = [e async for e in runtime.events(events[0].turn_id)]  # type: ignore[union-attr]
+    assert session is not None
+    assert session.title == opening_title(QUESTION)
+    failed = [r for r in rows if r.call is not None and r.call.outcome == "error"]
+    assert [(r.identity.stage_id, r.call.family) for r in failed] == [  # type: ignore[union-attr]
+        ("post-turn", "utility")
+    ]
+    assert stored[-1].type == "done"  # nothing was appended after the ending
+
+
+async def _true(value: bool) -> bool:
+    return value
 
 
 async def test_without_a_utility_model_the_first_name_stands(tmp_path: Path) -> None:
     agent = Agent(model=ScriptedModel([ModelStep.text_reply("Hello.")]))
     async with _runtime(tmp_path, agent) as runtime:
-        events = await collect_events(runtime.execute_message("s1", "hello there"))
+        await collect_events(runtime.execute_message("s1", "hello there"))
+        await runtime.wait_background()
         session = await runtime.store.get_session(SessionId("s1"))
     assert session is not None
     assert session.title == "hello there"
-    assert not any(isinstance(e, SessionRenamedEvent) for e in events)
 
 
 async def test_a_rename_typed_mid_turn_survives(tmp_path: Path) -> None:
@@ -81,11 +178,14 @@ async def test_a_rename_typed_mid_turn_survives(tmp_path: Path) -> None:
     agent = Agent(model=model, tools=[rename_now], utility_model=_utility("Model's name"))
     async with _runtime(tmp_path, agent) as runtime:
         holder.append(runtime)
-        events = await collect_events(runtime.execute_message("s1", QUESTION))
+        await collect_events(runtime.execute_message("s1", QUESTION))
+        await runtime.wait_background()
         session = await runtime.store.get_session(SessionId("s1"))
+        calls = agent.utility_model.calls  # type: ignore[union-attr]
+        utility_calls = sum(1 for c in calls if _names(c))
     assert session is not None
     assert session.title == "My own name"
-    assert not any(isinstance(e, SessionRenamedEvent) for e in events)
+    assert utility_calls == 0  # renamed: nothing to improve, no call made
 
 
 async def test_a_session_created_with_a_title_keeps_it(tmp_path: Path) -> None:
@@ -93,6 +193,7 @@ async def test_a_session_created_with_a_title_keeps_it(tmp_path: Path) -> None:
     async with _runtime(tmp_path, agent) as runtime:
         await runtime.create_session("s1", title="Quarterly review")
         await collect_events(runtime.execute_message("s1", QUESTION))
+        await runtime.wait_background()
         session = await runtime.store.get_session(SessionId("s1"))
     assert session is not None
     assert session.title == "Quarterly review"

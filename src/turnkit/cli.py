@@ -151,6 +151,7 @@ async def _run(args: argparse.Namespace, out: TextIO) -> int:
             printer.show(event)
             if isinstance(event, DoneEvent):
                 status = event.status
+        await runtime.wait_background()  # a new session's name, asked after its first turn
     return 0 if status == "succeeded" else 1
 
 

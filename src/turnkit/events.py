@@ -442,7 +442,11 @@ class HeartbeatEvent(EphemeralEvent):
 
 
 class SessionRenamedEvent(DurableEvent):
-    """The turn named its session (a page refreshes its session list on it)."""
+    """Written by earlier versions when a turn named its session; still read from their logs.
+
+    A session's name now arrives after its opening turn has ended (refresh the session
+    list), so no turn writes this event any more.
+    """
 
     type: Literal["session.renamed"] = "session.renamed"
     title: str

@@ -161,6 +161,12 @@ class Recorder:
         """The text of the message that opened the turn."""
         self.background: set[asyncio.Task[Any]] = set()
         """Work running beside the turn (the thinking summary); cancelled when it ends."""
+        self.aftermath: list[Callable[[], Awaitable[None]]] = []
+        """Work for after the turn succeeded (the session's naming call): the driver
+        leaves it running once `done` is committed."""
+        self.log_closed = False
+        """The turn's ending is committed: no durable event is staged any more (work
+        after the ending leaves audit rows only)."""
         self.full_results: dict[str, str] = {}
         """Whole tool results of this turn by tool call id (read by `read_tool_result`)."""
         self._deltas_since_yield = 0
@@ -182,8 +188,11 @@ class Recorder:
         """Build a durable event with the next `seq` and stage it for the next flush.
 
         Returns None (and stages nothing) when the committed log already holds this
-        event, as it does when a recovered attempt repeats a step.
+        event, as it does when a recovered attempt repeats a step, or when the turn's
+        log is closed (its ending is committed).
         """
+        if self.log_closed:
+            return None
         key = dedupe_key(cls.model_fields["type"].default, fields)
         if key is not None:
             if key in self.journal.keys:

@@ -260,10 +260,11 @@ async def test_a_thinking_summary_is_its_own_chat_span(
     runtime = runtime_factory(Agent(model=model, utility_model=utility, tools=[add]))
     events = await collect_events(runtime.execute_message("s1", "2+2?"))
     assert isinstance(events[-1], DoneEvent)
+    await runtime.wait_background()  # the thread's name, asked once the turn has settled
     utility.assert_complete()
     background = otel.named("chat m-background")
-    # The plan (anchor-plan), the thread's name (post-turn) and the thinking summary, which
-    # is written while the loop runs: each its own chat span, none failed.
+    # The plan (anchor-plan), the thinking summary, which is written while the loop runs,
+    # and the thread's name (post-turn): each its own chat span, none failed.
     stages = sorted(str(_attrs(span)["turnkit.stage"]) for span in background)
     assert stages[0] == "anchor-plan"
     assert "post-turn" in stages

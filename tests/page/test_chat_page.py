@@ -7,7 +7,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
@@ -17,11 +17,13 @@ import httpx
 import pytest
 from playwright.sync_api import Page, expect
 
+from tests.helpers import WrappedModel
 from tests.page.conftest import WAIT_MS
 from tests.page.harness import PacedModel, serve_page
 from turnkit import Agent, BudgetLimit, RuntimeConfig, SessionRuntime, ToolContext, tool
-from turnkit.models import Usage
+from turnkit.models import ModelChunk, ModelRequest, Usage
 from turnkit.plugins.citations import Citations
+from turnkit.stages._naming import NAMING_PROMPT
 from turnkit.testing import ModelStep, ScriptedModel, call
 
 pytestmark = pytest.mark.slow
@@ -116,6 +118,45 @@ def test_a_message_shows_the_tool_row_and_the_answer(page: Page, tmp_path: Path)
         )
         expect(page.locator("#sessions button")).to_have_count(1)
     model.assert_complete()
+
+
+# ── the session's better name, which arrives after its opening turn ──────────────────
+
+
+class _SlowNamer(WrappedModel):
+    """A utility model that plans at once and takes `delay_s` to name the session."""
+
+    def __init__(self, title: str, delay_s: float) -> None:
+        self.delay_s = delay_s
+
+        def answer(request: ModelRequest) -> ModelStep:
+            return ModelStep.text_reply(title if _names(request) else "{}")
+
+        self.inner = ScriptedModel([ModelStep.respond(answer)], repeat_last=True)
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
+        if _names(request):
+            await asyncio.sleep(self.delay_s)
+        async for chunk in self.inner.stream(request):
+            yield chunk
+
+
+def _names(request: ModelRequest) -> bool:
+    return request.messages[0].content == NAMING_PROMPT
+
+
+def test_the_list_shows_the_better_name_after_the_turn(page: Page, tmp_path: Path) -> None:
+    model = ScriptedModel([ModelStep.text_reply("Fifty-six.")])
+    agent = Agent(model=model, utility_model=_SlowNamer("Multiplication facts", 2.0))
+    with serve_page(tmp_path, agent) as app:
+        page.goto(app.url)
+        send(page, "What is 7 times 8?")
+        expect(page.locator(".block.text.answer .text")).to_have_text("Fifty-six.")
+        expect(page.locator("article.turn")).to_have_attribute("data-status", "succeeded")
+        # The turn ended before the name came: the list shows the first one meanwhile.
+        expect(page.locator("#sessions button")).to_have_text(["What is 7 times 8?"])
+        expect(page.locator("#sessions button")).to_have_text(["Multiplication facts"])
+        expect(page.locator("#session-title")).to_have_text("Multiplication facts")
 
 
 # ── tasks, job progress, a question with choices, citations ──────────────────────────────

@@ -42,6 +42,7 @@ from turnkit.plugins import Plugin, discover_plugins, validate_plugins
 from turnkit.projection import PendingDecision, QueuedInput, SessionView, TurnView
 from turnkit.replay import ReplayBuffer
 from turnkit.replay.memory import InMemoryReplayBuffer
+from turnkit.runtime._aftermath import Aftermath
 from turnkit.runtime._cancel import CancelToken
 from turnkit.runtime._held import HeldTranscripts
 from turnkit.runtime._history import TurnHistory, session_view, turn_history, turn_view
@@ -174,6 +175,7 @@ class SessionRuntime:
         """Where detached and worker-driven turns publish for live readers."""
         self._graph: TurnGraph | None = None
         self._held = HeldTranscripts()  # sessions' transcripts, kept across their turns
+        self._aftermath = Aftermath()  # work turns left running after their ending
         self._opening: asyncio.Event | None = None
         self._close_checkpointer: Callable[[], Awaitable[None]] | None = None
         self._families: dict[object, tuple[object, ModelFamily]] = {}
@@ -283,11 +285,21 @@ class SessionRuntime:
         task = asyncio.create_task(worker.run(stop), name="turnkit-recovery")
         self._recovery = (stop, task, worker)
 
+    async def wait_background(self) -> None:
+        """Wait for the work turns left running after their ending.
+
+        A session's opening turn settles before the agent's utility model names the
+        session; this returns once every such call has finished (each is bounded by
+        `idle_window_s`). Useful in scripts and tests; `close` cancels what is left.
+        """
+        await self._aftermath.wait()
+
     async def close(self) -> None:
         """Close what the runtime opened.
 
         Detached turns still running are abandoned, not cancelled: their leases expire and
-        a worker resumes them (or a reader records them timed out).
+        a worker resumes them (or a reader records them timed out). A naming call still
+        running after its turn is cancelled (the session keeps its first name).
         """
         if self._recovery is not None:
             stop, task, _ = self._recovery
@@ -295,6 +307,7 @@ class SessionRuntime:
             stop.set()
             await asyncio.gather(task, return_exceptions=True)
         await self.host.close()
+        await self._aftermath.close()
         if self._close_checkpointer is not None:
             await self._close_checkpointer()
             self._close_checkpointer = None
@@ -882,6 +895,7 @@ class SessionRuntime:
             skills=self.skill_source,
             plugins=self.plugins,
             held=self._held,
+            aftermath=self._aftermath,
         )
 
     async def history(self, session_id: str) -> list[TurnHistory]:

@@ -16,6 +16,7 @@ from turnkit.graph import TurnGraph, pause_here
 from turnkit.models import ModelSettings
 from turnkit.models.family import ModelFamily, resolve_family
 from turnkit.plugins import Plugin, merge_plugins
+from turnkit.runtime._aftermath import Aftermath
 from turnkit.runtime._held import HeldTranscripts
 from turnkit.runtime._transcript import session_transcript
 from turnkit.runtime.agents import AgentCatalog
@@ -162,8 +163,11 @@ class TurnRunner:
         skills: SkillSource | None = None,
         plugins: Sequence[Plugin] = (),
         held: HeldTranscripts | None = None,
+        aftermath: Aftermath | None = None,
     ) -> None:
         self.agents = agents
+        self.aftermath = aftermath
+        """Where drivers leave work for after a turn's ending (None: it is dropped)."""
         self.held = held
         """Sessions' transcripts held across turns (None: each turn reads its whole history)."""
         self.deps_factory = deps
@@ -207,6 +211,7 @@ class TurnRunner:
             setup=setup,
             sink=sink,
             traceparent=pinned.traceparent,
+            aftermath=self.aftermath,
         )
 
     async def pinned_agent(self, record: TurnRecord, held: Agent | None = None) -> Agent:

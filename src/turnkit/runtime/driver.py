@@ -64,6 +64,7 @@ from turnkit.graph import (
 from turnkit.ids import StageId
 from turnkit.journal import Journal
 from turnkit.otel import TurnTrace, attempt
+from turnkit.runtime._aftermath import Aftermath
 from turnkit.runtime._transcript import ended_transcript, opening_message
 from turnkit.stages import StageContext
 from turnkit.stages._budget import prompt_tokens, text_tokens
@@ -140,6 +141,7 @@ class TurnDriver:
         setup: Callable[[], Awaitable[DriveSetup]],
         sink: Sink,
         traceparent: str | None = None,
+        aftermath: Aftermath | None = None,
     ) -> None:
         self.graph = graph
         self.store = store
@@ -151,6 +153,9 @@ class TurnDriver:
         self.sink = sink
         self.traceparent = traceparent
         """The W3C trace context the turn was pinned to: this attempt's spans join it."""
+        self.aftermath = aftermath
+        """Where work for after a succeeded turn's ending runs (None: it is dropped)."""
+        self._succeeded = False
         self.lease_lost = False
         self.ended = False
         """The turn reached a terminal state here (not a pause, not a lost lease)."""
@@ -266,6 +271,23 @@ class TurnDriver:
             trace.end(self.recorder, lease_lost=self.lease_lost)
             await self._release_budget()
             self.sink(None)
+        self._leave_aftermath()
+
+    def _leave_aftermath(self) -> None:
+        """After a succeeded turn's stream has ended: start what it left for later."""
+        rec = self.recorder
+        if rec is None or not self._succeeded or not rec.aftermath:
+            return
+        rec.log_closed = True
+        work, rec.aftermath = rec.aftermath, []
+        if self.aftermath is None:
+            return
+        for index, item in enumerate(work):
+            self.aftermath.leave(
+                item,
+                name=f"turnkit-after-{self.lease.turn_id}-{index}",
+                within_s=self.config.idle_window_s,
+            )
 
     async def _join_commit_ahead(self) -> None:
         """Wait for the commit started before a model call, whatever it raises.
@@ -507,6 +529,7 @@ class TurnDriver:
             release=True,
             transcript=ended_transcript(rec, status, None, None),
         )
+        self._succeeded = True
 
     async def _pause(self, rec: Recorder) -> None:
         """End this invocation only: save the request, wait for a person, hold nothing."""

@@ -1,7 +1,8 @@
 """Thread naming in two writes.
 
-A name read off the opening message lands at once; the utility model's better name
-replaces it only while the first still stands.
+A name read off the opening message lands at once; the utility model's better name,
+asked for once the opening turn has settled, replaces it only while the first still
+stands.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ import re
 from typing import Final
 
 from turnkit.audit import AuditPayloads, ThreadNamingPayload
-from turnkit.events import SessionRenamedEvent
 from turnkit.models import ModelMessage, ModelRequest
 from turnkit.stages._calls import call_model
 from turnkit.stages._types import StageContext
@@ -41,9 +41,11 @@ def opening_title(text: str) -> str:
 async def name_thread(ctx: StageContext, opening: str) -> None:
     """Ask the utility model for a better name; apply it only over the opening name.
 
-    A person's rename (even one typed mid-turn) always survives; a missing utility model,
-    a failed call or a budget with no room leaves the first name standing. The call is
-    audited as its own row (`threadNaming`).
+    Runs after the session's opening turn has settled (the driver leaves it running): the
+    turn never waits for it, and its log gets no event from it. The call is audited as
+    the turn's own row (`threadNaming`, stage `post-turn`) and counts in the turn's usage
+    and budgets. A person's rename (even one typed mid-turn) always survives; a missing
+    utility model, a failed call or a budget with no room leaves the first name standing.
     """
     rec = ctx.recorder
     if ctx.utility is None:
@@ -73,8 +75,11 @@ async def name_thread(ctx: StageContext, opening: str) -> None:
         )
     except Exception as exc:  # noqa: BLE001 - the first name stands; the call is audited
         log.warning("naming session %s failed: %s", rec.session_id, exc)
+        await _audited(ctx)
         return
     title = result.response.text.strip().strip("\"'").strip()[: TITLE_CHARS * 2]
+    # The rename goes first: the row then says truly whether it was applied. A process
+    # that dies between the two keeps the name and loses the row of this one small call.
     applied = bool(title) and await rec.store.name_session(rec.session_id, title, current=first)
     rec.audit(
         "post-turn",
@@ -83,5 +88,12 @@ async def name_thread(ctx: StageContext, opening: str) -> None:
             threadNaming=ThreadNamingPayload(title_chars=len(title), applied=applied)
         ),
     )
-    if applied:
-        rec.durable(SessionRenamedEvent, "post-turn", title=title, source="background-model")
+    await _audited(ctx)
+
+
+async def _audited(ctx: StageContext) -> None:
+    """Commit the naming call's audit rows (and usage) to the settled turn."""
+    try:
+        await ctx.recorder.flush()
+    except Exception as exc:  # noqa: BLE001 - e.g. the session was deleted meanwhile
+        log.warning("auditing the naming call of %s failed: %s", ctx.recorder.turn_id, exc)

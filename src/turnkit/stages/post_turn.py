@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 
 from turnkit.blocks import TextBlock
@@ -19,9 +20,9 @@ log = logging.getLogger("turnkit.plugins")
 async def run_post_turn(ctx: StageContext, transcript: list[TranscriptMessage]) -> StageOutcome:
     """Run enrichment plugins on the answer, then record the turn's usage.
 
-    The driver writes `checkpoint.created` and `done` after this stage's checkpoint lands.
-    A plugin that raises is recorded (audit row + log) and the turn goes on, unless it
-    is `required`.
+    The driver writes `checkpoint.created` and `done` after this stage's checkpoint lands,
+    then leaves the session's naming call running (its opening turn only). A plugin that
+    raises is recorded (audit row + log) and the turn goes on, unless it is `required`.
     """
     rec = ctx.recorder
     answer = next((m["content"] for m in reversed(transcript) if m["role"] == "assistant"), None)
@@ -48,8 +49,9 @@ async def run_post_turn(ctx: StageContext, transcript: list[TranscriptMessage]) 
                     block_id=block.block_id,
                     entities=found.entities,
                 )
-    if 1 in rec.input_seqs:  # the session's opening turn names it
-        await name_thread(ctx, rec.request_text)
+    if 1 in rec.input_seqs and ctx.utility is not None:
+        # The session's opening turn names it, once the turn has settled (never waited for).
+        rec.aftermath.append(functools.partial(name_thread, ctx, rec.request_text))
     usage = rec.usage
     rec.durable(
         UsageEvent,

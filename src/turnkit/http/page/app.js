@@ -56,7 +56,6 @@ function follow(turnId) {
     onEvent: (event) => {
       if (!current()) return;
       update((s) => apply(s, event));
-      if (event.type === "session.renamed") refreshSessions();
     },
     onConnection: (how) => current() && update((s) => withConnection(s, turnId, how)),
   }).then((how) => {
@@ -116,10 +115,27 @@ async function afterTurn(sessionId) {
     const fresh = turns.filter((t) => !ui.state.turns[t.turnId]);
     update((s) => withTurns(s, turns));
     fresh.forEach((t) => follow(t.turnId));
+    if (turns.length === 1) watchNaming(sessionId);
   } catch {
     // the page keeps what it has
   }
   refreshSessions();
+}
+
+const NAMING_LOOKS = 6;
+const NAMING_EVERY_MS = 1500;
+
+function watchNaming(sessionId) {
+  // An agent with a utility model names the session just after its opening turn has
+  // settled: look at the list again a few times, until the title changes.
+  const title = () => ui.sessions.find((s) => s.sessionId === sessionId)?.title;
+  const first = title(); // the name read off the opening message
+  let looks = 0;
+  const look = async () => {
+    await refreshSessions();
+    if (title() === first && ++looks < NAMING_LOOKS) setTimeout(look, NAMING_EVERY_MS);
+  };
+  setTimeout(look, NAMING_EVERY_MS);
 }
 
 async function refreshSessions() {
