@@ -4,13 +4,14 @@ a silent model call without counting as output."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator
 
 import pytest
 from tests.conftest import RuntimeFactory
 from tests.helpers import WrappedModel
 
-from turnkit import Agent, ConfigurationError, RuntimeConfig, ToolContext, tool
+from turnkit import Agent, ConfigurationError, RuntimeConfig, SessionRuntime, ToolContext, tool
 from turnkit.events import DoneEvent, ErrorEvent, HeartbeatEvent, StreamEvent
 from turnkit.models import ModelChunk, ModelRequest
 from turnkit.testing import ModelStep, ScriptedModel, call, collect_events
@@ -192,3 +193,54 @@ def test_a_credential_that_dies_before_the_ceiling_is_refused() -> None:
     with pytest.raises(ConfigurationError, match="must exceed the ceiling"):
         RuntimeConfig(ceiling_s=900, credential_lifetime_s=600)
     RuntimeConfig(ceiling_s=900, credential_lifetime_s=3600)  # fine
+
+
+async def test_progress_reported_from_another_process_keeps_the_turn_alive(
+    db: tuple[str, str | None],
+) -> None:
+    """A tool waiting on work elsewhere outlives the window while that work reports."""
+    handed: asyncio.Queue[tuple[str, str, str]] = asyncio.Queue()
+    finished = asyncio.Event()
+
+    @tool
+    async def hand_off(ctx: ToolContext) -> str:
+        """Hand the work to another process and wait for it, without a word."""
+        await handed.put((ctx.turn_id, ctx.tool_call_id, ctx.callback_token or ""))
+        await finished.wait()
+        return "done elsewhere"
+
+    model = ScriptedModel(
+        [ModelStep.tool_call_reply(call("hand_off")), ModelStep.text_reply("It is done.")]
+    )
+    config = dataclasses.replace(
+        _deadlines(db[0], ceiling_s=60, idle_window_s=0.5),
+        database_schema=db[1],
+        callback_secret="a-long-shared-secret",
+    )
+    # The other process: a runtime of its own on the same database, driving nothing.
+    async with (
+        SessionRuntime(agent=Agent(model=model, tools=[hand_off]), config=config) as runtime,
+        SessionRuntime(agent=Agent(model=ScriptedModel([])), config=config) as elsewhere,
+    ):
+
+        async def work_elsewhere() -> int:
+            turn_id, call_id, token = await handed.get()
+            reports = 0
+            for tick in range(15):  # 1.5 s, three idle windows
+                await elsewhere.report_job_progress(
+                    turn_id, token, job_id="job-1", tool_call_id=call_id, progress=tick / 15
+                )
+                reports += 1
+                await asyncio.sleep(0.1)
+            finished.set()
+            return reports
+
+        working = asyncio.create_task(work_elsewhere())
+        async with asyncio.timeout(20):
+            events = await collect_events(runtime.execute_message("s1", "hand it off"))
+            reports = await working
+    done = events[-1]
+    assert isinstance(done, DoneEvent)
+    assert (done.status, done.error_code) == ("succeeded", None)
+    assert reports == 15
+    assert "".join(e.text for e in events if e.type == "message.delta") == "It is done."

@@ -529,8 +529,9 @@ class SessionRuntime:
     ) -> CallbackScope:
         """A callback: publish a `job.progress` event to the turn's live readers.
 
-        The event is ephemeral (the turn's driver alone writes its durable log). Raises
-        as `verify_callback` does, and `InvalidInputError` for a progress outside 0–1.
+        The event is ephemeral (the turn's driver alone writes its durable log). The report
+        restarts the turn's idle window, wherever its driver runs. Raises as
+        `verify_callback` does, and `InvalidInputError` for a progress outside 0–1.
         """
         scope = await self.verify_callback(turn_id, token)
         try:
@@ -546,6 +547,7 @@ class SessionRuntime:
             )
         except ValidationError as exc:
             raise InvalidInputError(f"a bad job progress report: {exc.errors()[0]['msg']}") from exc
+        await self.store.note_activity(TurnId(scope.turn_id))  # the driver's idle window reads it
         await self.replay.publish(TurnId(scope.turn_id), [(None, encode_event(event), False)])
         return scope
 

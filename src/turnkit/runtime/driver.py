@@ -439,10 +439,28 @@ class TurnDriver:
                 graph_task.cancel()  # Stop pressed elsewhere: end as cancelled
                 return
 
+    async def _heard_elsewhere(self) -> float | None:
+        """Seconds since the turn's row was stamped, when that is within the idle window.
+
+        A callback's progress report, from any process, stamps the row
+        (`Store.note_activity`), as the driver's own commits do. Read only when the window
+        has lapsed; a failed read counts as silence.
+        """
+        try:
+            record = await self.store.get_turn(self.lease.turn_id)
+        except Exception as exc:  # noqa: BLE001 - the window then ends the run as it would
+            log.warning("reading turn %s for its idle window failed: %s", self.lease.turn_id, exc)
+            return None
+        if record is None:
+            return None
+        ago = max((self.clock.now() - record.updated_at).total_seconds(), 0.0)
+        return ago if ago < self.config.idle_window_s else None
+
     async def _heartbeat(self, rec: Recorder) -> None:
         """Send heartbeats while the turn is quiet; end its run past the idle window.
 
-        The window counts what the turn produces (`rec.last_activity`), not heartbeats.
+        The window counts what the turn produces (`rec.last_activity`), not heartbeats,
+        and progress reported for it from outside the driver (`_heard_elsewhere`).
         """
         interval = self.config.heartbeat_interval_s
         last_beat = -math.inf
@@ -451,6 +469,10 @@ class TurnDriver:
             now = self.clock.monotonic()
             deadline = self._deadline
             if deadline is not None and now - rec.last_activity >= self.config.idle_window_s:
+                heard = await self._heard_elsewhere()
+                if heard is not None:
+                    rec.last_activity = max(rec.last_activity, now - heard)
+                    continue
                 if not deadline.expired():  # else the ceiling already ended the run
                     deadline.reschedule(asyncio.get_running_loop().time())
                     self._went_quiet = True

@@ -570,7 +570,16 @@ class SessionDirectory(Protocol):
 
 
 class Watchdog(Protocol):
-    """What a reader records when the driver of a running turn is gone."""
+    """What a reader records when the driver of a running turn is gone; signs of life."""
+
+    async def note_activity(self, turn_id: TurnId) -> bool:
+        """Stamp a running turn's `updated_at`: work outside its driver reported progress.
+
+        The turn's driver reads the stamp before it ends the turn for its idle window, so
+        a callback's progress report from another process keeps the turn alive. False
+        when the turn is not running.
+        """
+        ...
 
     async def time_out(self, turn_id: TurnId, *, reason: str) -> bool:
         """End a `running` turn as `timed_out` (error + done events, epoch moved on).

@@ -1,6 +1,7 @@
 """Reads of turns and what they committed: records, event pages, audit rows, usage, stuck turns.
 
-Each function runs inside one (read) transaction on a sync `Connection` (see `SqlStore._tx`).
+Each function runs inside one (read) transaction on a sync `Connection` (see `SqlStore._tx`),
+but `note_activity`: the stamp progress reported from outside a turn's driver leaves.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, cast
 
-from sqlalchemy import Connection, and_, bindparam, or_, select
+from sqlalchemy import Connection, and_, bindparam, or_, select, update
 
 from turnkit.audit import UsageDelta
 from turnkit.ids import SessionId, TurnId
@@ -32,6 +33,7 @@ __all__ = (
     "get_turn",
     "get_turn_pg",
     "list_turns",
+    "note_activity",
     "progress_of",
     "progress_pg",
     "read_usage",
@@ -54,6 +56,18 @@ def event_page(
 ) -> list[tuple[int, str, bytes]]:
     rows = conn.execute(_EVENT_PAGE, {"e_turn": turn_id, "e_after": after, "e_limit": limit}).all()
     return [(r.seq, r.type, bytes(r.data)) for r in rows]
+
+
+_NOTE_ACTIVITY = (
+    update(_turns)
+    .where(_turns.c.turn_id == bindparam("a_turn"), _turns.c.status == "running")
+    .values(updated_at=bindparam("a_now"))
+)
+
+
+def note_activity(conn: Connection, turn_id: TurnId, now: datetime) -> bool:
+    """Stamp a running turn's `updated_at`; whether it is running."""
+    return bool(conn.execute(_NOTE_ACTIVITY, {"a_turn": turn_id, "a_now": now}).rowcount == 1)
 
 
 def get_turn(conn: Connection, turn_id: TurnId) -> TurnRecord | None:
