@@ -175,6 +175,20 @@ async def test_text_with_a_nul_character_is_refused_on_both_stores(
     assert model.calls == []
 
 
+async def test_creating_a_session_again_answers_200_and_changes_nothing(
+    client: httpx.AsyncClient,
+) -> None:
+    headers = {"x-user": "alice"}
+    body = {"sessionId": "n1", "title": "Plans"}
+    created = await client.post(f"{API}/sessions", json=body, headers=headers)
+    again = await client.post(f"{API}/sessions", json={**body, "title": "Other"}, headers=headers)
+    assert (created.status_code, again.status_code) == (201, 200)
+    assert again.json()["title"] == "Plans"
+    assert again.json()["createdAt"] == created.json()["createdAt"]
+    bob = await client.post(f"{API}/sessions", json=body, headers={"x-user": "bob"})
+    assert bob.status_code == 404
+
+
 async def test_bad_requests_write_nothing(client: httpx.AsyncClient) -> None:
     await client.post(f"{API}/sessions/s9/execute", json={"content": ""}, headers={"x-user": "a"})
     listed = await client.get(f"{API}/sessions", headers={"x-user": "a"})

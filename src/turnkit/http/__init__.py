@@ -324,12 +324,21 @@ def create_turnkit_router(  # noqa: C901 - one closure per route keeps the route
         )
         return [SessionOut.model_validate(r) for r in records]
 
-    @router.post("/sessions", response_model=SessionOut, status_code=201, summary="New session")
-    async def create_session(body: SessionBody, principal: Caller) -> SessionOut:
+    @router.post(
+        "/sessions",
+        response_model=SessionOut,
+        status_code=201,
+        summary="New session",
+        responses={200: {"model": SessionOut, "description": "It existed: left as it was"}},
+    )
+    async def create_session(
+        body: SessionBody, principal: Caller, response: Response
+    ) -> SessionOut:
         session_id = body.session_id or f"s_{uuid7()}"
         existing = await runtime.store.get_session(SessionId(session_id))
         if existing is not None:
             owned(existing, session_id, principal)
+            response.status_code = 200  # creating it again changes nothing
         record = await runtime.create_session(session_id, principal=principal, title=body.title)
         return SessionOut.model_validate(record)
 
