@@ -6,13 +6,15 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import ClassVar
 
 from tests.helpers import WrappedModel, until
 from turnkit import Agent, RuntimeConfig, SessionRuntime, tool
 from turnkit.errors import ProviderError
-from turnkit.events import DoneEvent
+from turnkit.events import DoneEvent, DurableEvent
 from turnkit.ids import SessionId
 from turnkit.models import ModelChunk, ModelRequest
+from turnkit.plugins import Plugin, PluginContext
 from turnkit.stages._naming import NAMING_PROMPT, opening_title
 from turnkit.testing import ModelStep, ScriptedModel, call, collect_events
 
@@ -147,6 +149,34 @@ async def test_a_failed_naming_call_leaves_its_row_and_the_first_name(tmp_path: 
         ("post-turn", "utility")
     ]
     assert stored[-1].type == "done"  # nothing was appended after the ending
+
+
+class _EchoOnDone(Plugin):
+    """A plugin that emits an event when it sees the turn's `done`."""
+
+    name: ClassVar[str] = "echo"
+
+    async def on_event(self, ctx: PluginContext, event: DurableEvent) -> None:
+        if event.type == "done":
+            await ctx.emit("seen", {"type": event.type})
+
+
+async def test_nothing_lands_after_done_while_the_name_is_asked(tmp_path: Path) -> None:
+    agent = Agent(
+        model=ScriptedModel([ModelStep.text_reply("Hi.")]),
+        utility_model=_utility("Greetings"),
+        plugins=[_EchoOnDone()],
+    )
+    async with _runtime(tmp_path, agent) as runtime:
+        events = await collect_events(runtime.execute_message("s1", QUESTION))
+        await runtime.wait_background()
+        turn_id = events[0].turn_id  # type: ignore[union-attr]
+        stored = [e async for e in runtime.events(turn_id)]
+        session = await runtime.store.get_session(SessionId("s1"))
+    assert session is not None
+    assert session.title == "Greetings"  # the naming call committed its row after done
+    assert stored[-1].type == "done"
+    assert [e.seq for e in stored] == list(range(1, len(stored) + 1))
 
 
 async def _true(value: bool) -> bool:

@@ -238,6 +238,10 @@ async def _work(args: argparse.Namespace, out: TextIO) -> int:
         out.write(f"turnkit worker {runtime.owner} on {args.database_url}\n")
         out.flush()
         await worker.run(stop)  # opens the runtime, waiting out a database not yet up
+        # A session named after its opening turn ended here: give the call the same grace.
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(args.drain_timeout):
+                await runtime.wait_background()
     finally:
         await runtime.close()
         await replay.close()

@@ -25,7 +25,7 @@ from turnkit.ids import SessionId, StageId, TurnId
 from turnkit.journal import Journal, dedupe_key
 from turnkit.models import ModelRequest
 from turnkit.pauses import PauseRequest
-from turnkit.states import TurnStatus
+from turnkit.states import TERMINAL_STATES, TurnStatus
 from turnkit.store import Rider, RunSummary, Store, TurnTranscript
 
 __all__ = ("OpenCall", "Recorder")
@@ -166,7 +166,7 @@ class Recorder:
         leaves it running once `done` is committed."""
         self.log_closed = False
         """The turn's ending is committed: no durable event is staged any more (work
-        after the ending leaves audit rows only)."""
+        after the ending, the naming call, leaves audit rows only)."""
         self.full_results: dict[str, str] = {}
         """Whole tool results of this turn by tool call id (read by `read_tool_result`)."""
         self._deltas_since_yield = 0
@@ -440,6 +440,8 @@ class Recorder:
             self._events[:0] = events
             self._audit[:0] = audit
             raise
+        if status in TERMINAL_STATES:
+            self.log_closed = True  # `done` is in: whatever a hook raises now stays out
         if waiting is not None and result.carried:
             waiting[1]()
         self.newest_guide_seq = max(self.newest_guide_seq, result.newest_guide_seq)

@@ -123,11 +123,11 @@ def test_a_message_shows_the_tool_row_and_the_answer(page: Page, tmp_path: Path)
 # ── the session's better name, which arrives after its opening turn ──────────────────
 
 
-class _SlowNamer(WrappedModel):
-    """A utility model that plans at once and takes `delay_s` to name the session."""
+class _HeldNamer(WrappedModel):
+    """A utility model that plans at once and names the session once `gate` is set."""
 
-    def __init__(self, title: str, delay_s: float) -> None:
-        self.delay_s = delay_s
+    def __init__(self, title: str) -> None:
+        self.gate = threading.Event()
 
         def answer(request: ModelRequest) -> ModelStep:
             return ModelStep.text_reply(title if _names(request) else "{}")
@@ -136,7 +136,10 @@ class _SlowNamer(WrappedModel):
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
         if _names(request):
-            await asyncio.sleep(self.delay_s)
+            for _ in range(1500):  # the gate is a thread's: poll it, 30 s at most
+                if self.gate.is_set():
+                    break
+                await asyncio.sleep(0.02)
         async for chunk in self.inner.stream(request):
             yield chunk
 
@@ -147,7 +150,8 @@ def _names(request: ModelRequest) -> bool:
 
 def test_the_list_shows_the_better_name_after_the_turn(page: Page, tmp_path: Path) -> None:
     model = ScriptedModel([ModelStep.text_reply("Fifty-six.")])
-    agent = Agent(model=model, utility_model=_SlowNamer("Multiplication facts", 2.0))
+    namer = _HeldNamer("Multiplication facts")
+    agent = Agent(model=model, utility_model=namer)
     with serve_page(tmp_path, agent) as app:
         page.goto(app.url)
         send(page, "What is 7 times 8?")
@@ -155,6 +159,7 @@ def test_the_list_shows_the_better_name_after_the_turn(page: Page, tmp_path: Pat
         expect(page.locator("article.turn")).to_have_attribute("data-status", "succeeded")
         # The turn ended before the name came: the list shows the first one meanwhile.
         expect(page.locator("#sessions button")).to_have_text(["What is 7 times 8?"])
+        namer.gate.set()
         expect(page.locator("#sessions button")).to_have_text(["Multiplication facts"])
         expect(page.locator("#session-title")).to_have_text("Multiplication facts")
 

@@ -547,7 +547,10 @@ class SessionRuntime:
             )
         except ValidationError as exc:
             raise InvalidInputError(f"a bad job progress report: {exc.errors()[0]['msg']}") from exc
-        await self.store.note_activity(TurnId(scope.turn_id))  # the driver's idle window reads it
+        try:  # the driver's idle window reads the stamp; the report goes out regardless
+            await self.store.note_activity(TurnId(scope.turn_id))
+        except Exception as exc:  # noqa: BLE001 - a missed stamp only shortens the window
+            log.warning("stamping progress on turn %s failed: %s", scope.turn_id, exc)
         await self.replay.publish(TurnId(scope.turn_id), [(None, encode_event(event), False)])
         return scope
 

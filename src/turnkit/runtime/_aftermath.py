@@ -25,12 +25,19 @@ class Aftermath:
 
     def __init__(self) -> None:
         self._tasks: set[asyncio.Task[None]] = set()
+        self._closed = False
 
     def __len__(self) -> int:
         return len(self._tasks)
 
     def leave(self, work: Work, *, name: str, within_s: float) -> None:
-        """Run `work` in a task of its own, for at most `within_s`; nobody waits for it."""
+        """Run `work` in a task of its own, for at most `within_s`; nobody waits for it.
+
+        Once the runtime has closed, the work is dropped (its store is gone).
+        """
+        if self._closed:
+            log.info("work left after a turn's ending was dropped: the runtime has closed")
+            return
         task = asyncio.create_task(self._run(work, within_s), name=name)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -51,7 +58,8 @@ class Aftermath:
             await asyncio.gather(*self._tasks, return_exceptions=True)
 
     async def close(self) -> None:
-        """Cancel what is still running and wait for it to stop."""
+        """Cancel what is still running and wait for it to stop; take no more."""
+        self._closed = True
         tasks = list(self._tasks)
         for task in tasks:
             task.cancel()

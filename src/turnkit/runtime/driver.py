@@ -444,17 +444,20 @@ class TurnDriver:
 
         A callback's progress report, from any process, stamps the row
         (`Store.note_activity`), as the driver's own commits do. Read only when the window
-        has lapsed; a failed read counts as silence.
+        has lapsed. A read that fails or takes longer than a heartbeat interval counts as
+        silence, and so does a stamp from the future (a clock that runs ahead, or a test
+        clock behind the store's).
         """
         try:
-            record = await self.store.get_turn(self.lease.turn_id)
+            async with asyncio.timeout(self.config.heartbeat_interval_s):
+                record = await self.store.get_turn(self.lease.turn_id)
         except Exception as exc:  # noqa: BLE001 - the window then ends the run as it would
-            log.warning("reading turn %s for its idle window failed: %s", self.lease.turn_id, exc)
+            log.warning("reading turn %s for its idle window failed: %r", self.lease.turn_id, exc)
             return None
         if record is None:
             return None
-        ago = max((self.clock.now() - record.updated_at).total_seconds(), 0.0)
-        return ago if ago < self.config.idle_window_s else None
+        ago = (self.clock.now() - record.updated_at).total_seconds()
+        return ago if 0.0 <= ago < self.config.idle_window_s else None
 
     async def _heartbeat(self, rec: Recorder) -> None:
         """Send heartbeats while the turn is quiet; end its run past the idle window.

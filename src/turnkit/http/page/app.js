@@ -115,7 +115,6 @@ async function afterTurn(sessionId) {
     const fresh = turns.filter((t) => !ui.state.turns[t.turnId]);
     update((s) => withTurns(s, turns));
     fresh.forEach((t) => follow(t.turnId));
-    if (turns.length === 1) watchNaming(sessionId);
   } catch {
     // the page keeps what it has
   }
@@ -127,7 +126,7 @@ const NAMING_EVERY_MS = 1500;
 
 function watchNaming(sessionId) {
   // An agent with a utility model names the session just after its opening turn has
-  // settled: look at the list again a few times, until the title changes.
+  // succeeded: look at the list again a few times, until the title changes.
   const title = () => ui.sessions.find((s) => s.sessionId === sessionId)?.title;
   const first = title(); // the name read off the opening message
   let looks = 0;
@@ -159,6 +158,7 @@ async function send(text) {
       openSession(created.sessionId);
     }
     const sessionId = ui.sessionId;
+    const opening = Object.keys(ui.state.turns).length === 0; // the session's first message
     // A message sent while a turn runs joins it (a guide message); otherwise it queues.
     const live = liveTurn(ui.state);
     const delivery = live && live.status === "running" ? "guide" : "queue";
@@ -171,7 +171,10 @@ async function send(text) {
       const guide = { requestId: body.requestId, inputSeq: null, content: text };
       update((s) => withGuide(s, turnId, guide));
     }
-    follow(turnId);
+    follow(turnId).then((how) => {
+      const ended = ui.sessionId === sessionId ? ui.state.turns[turnId]?.status : null;
+      if (opening && how === "done" && ended === "succeeded") watchNaming(sessionId);
+    });
     refreshSessions(); // the session is named after its first message
   } catch (err) {
     say(err.message);
