@@ -189,6 +189,32 @@ async def test_creating_a_session_again_answers_200_and_changes_nothing(
     assert bob.status_code == 404
 
 
+async def test_a_session_another_principal_created_meanwhile_stays_hidden(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runtime = SessionRuntime(
+        agent=Agent(model=ScriptedModel([])),
+        config=RuntimeConfig(database_url=f"sqlite:///{tmp_path / 'race.db'}"),
+    )
+    async with runtime:
+        await runtime.create_session("n1", principal="bob", title="Bob's plans")
+
+        async def not_yet(session_id: str) -> None:  # as if bob's write came just after
+            return None
+
+        monkeypatch.setattr(runtime.store, "get_session", not_yet)
+        app = FastAPI()
+        app.include_router(create_turnkit_router(runtime, auth=_principal))
+        install_problem_handlers(app)
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+            alice = await http.post(
+                f"{API}/sessions", json={"sessionId": "n1"}, headers={"x-user": "alice"}
+            )
+    assert alice.status_code == 404, alice.text
+    assert "Bob" not in alice.text
+
+
 async def test_bad_requests_write_nothing(client: httpx.AsyncClient) -> None:
     await client.post(f"{API}/sessions/s9/execute", json={"content": ""}, headers={"x-user": "a"})
     listed = await client.get(f"{API}/sessions", headers={"x-user": "a"})

@@ -340,7 +340,8 @@ def create_turnkit_router(  # noqa: C901 - one closure per route keeps the route
             owned(existing, session_id, principal)
             response.status_code = 200  # creating it again changes nothing
         record = await runtime.create_session(session_id, principal=principal, title=body.title)
-        return SessionOut.model_validate(record)
+        # Someone may have created it between the read and the write: it must be ours too.
+        return SessionOut.model_validate(owned(record, session_id, principal))
 
     @router.get("/skills", response_model=list[SkillOut], summary="Skills you may pick")
     async def skills(principal: Caller) -> list[SkillOut]:
