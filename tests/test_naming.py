@@ -4,18 +4,23 @@ model's once the opening turn has settled, never over a person's rename."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import ClassVar
 
+import pytest
+
 from tests.helpers import WrappedModel, until
 from turnkit import Agent, RuntimeConfig, SessionRuntime, tool
-from turnkit.errors import ProviderError
+from turnkit.errors import LeaseLostError, ProviderError
 from turnkit.events import DoneEvent, DurableEvent
-from turnkit.ids import SessionId
+from turnkit.ids import SessionId, TurnId
 from turnkit.models import ModelChunk, ModelRequest
 from turnkit.plugins import Plugin, PluginContext
+from turnkit.runtime.driver import TurnDriver
 from turnkit.stages._naming import NAMING_PROMPT, opening_title
+from turnkit.telemetry import Recorder
 from turnkit.testing import ModelStep, ScriptedModel, call, collect_events
 
 QUESTION = "What were the three biggest causes of the 2008 financial crisis, in plain words?"
@@ -177,6 +182,48 @@ async def test_nothing_lands_after_done_while_the_name_is_asked(tmp_path: Path) 
     assert session.title == "Greetings"  # the naming call committed its row after done
     assert stored[-1].type == "done"
     assert [e.seq for e in stored] == list(range(1, len(stored) + 1))
+
+
+async def test_an_attempt_that_only_writes_the_ending_still_names_the_session(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first driver dies after post-turn, before the ending; the takeover names it."""
+    settle = TurnDriver._settle
+    died: list[TurnId] = []
+
+    async def die_once(self: TurnDriver, rec: Recorder) -> None:
+        if not died:
+            died.append(rec.turn_id)
+            raise LeaseLostError("as if the process died before writing the ending")
+        await settle(self, rec)
+
+    monkeypatch.setattr(TurnDriver, "_settle", die_once)
+    db = tmp_path / "naming.db"
+    config = RuntimeConfig(database_url=f"sqlite:///{db}", lease_ttl_s=1.0)
+    model = ScriptedModel([ModelStep.text_reply("Hi.")])
+    agent = Agent(model=model, utility_model=_utility("Causes of the crisis"))
+    async with SessionRuntime(agent=agent, config=config) as first:
+        submission = await first.start("s1", QUESTION)
+        await until(lambda: _true(bool(died)), "the first driver reaches the ending")
+    assert (await _status(db, submission.turn_id)) == "running"
+    later = dataclasses.replace(config, recover_in_process=True)
+    async with SessionRuntime(agent=agent, config=later) as second:
+        async with asyncio.timeout(20):
+            while (await second.turn(submission.turn_id)).status == "running":
+                await asyncio.sleep(0.05)
+        await second.wait_background()
+        session = await second.store.get_session(SessionId("s1"))
+        record = await second.turn(submission.turn_id)
+    assert record.status == "succeeded"
+    assert record.attempts == 2
+    assert session is not None
+    assert session.title == "Causes of the crisis"
+
+
+async def _status(db: Path, turn_id: str) -> str:
+    config = RuntimeConfig(database_url=f"sqlite:///{db}")
+    async with SessionRuntime(agent=Agent(model=ScriptedModel([])), config=config) as probe:
+        return (await probe.turn(turn_id)).status
 
 
 async def _true(value: bool) -> bool:

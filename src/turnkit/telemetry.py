@@ -161,9 +161,6 @@ class Recorder:
         """The text of the message that opened the turn."""
         self.background: set[asyncio.Task[Any]] = set()
         """Work running beside the turn (the thinking summary); cancelled when it ends."""
-        self.aftermath: list[Callable[[], Awaitable[None]]] = []
-        """Work for after the turn succeeded (the session's naming call): the driver
-        leaves it running once `done` is committed."""
         self.log_closed = False
         """The turn's ending is committed: no durable event is staged any more (work
         after the ending, the naming call, leaves audit rows only)."""

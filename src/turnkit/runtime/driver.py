@@ -69,6 +69,7 @@ from turnkit.runtime._transcript import ended_transcript, opening_message
 from turnkit.stages import StageContext
 from turnkit.stages._budget import prompt_tokens, text_tokens
 from turnkit.stages._message_list import result_text
+from turnkit.stages._naming import name_thread
 from turnkit.stages._plugins import guard_input, on_events
 from turnkit.stages._types import Route, TranscriptMessage
 from turnkit.states import TerminalStatus, awaiting
@@ -156,6 +157,8 @@ class TurnDriver:
         self.aftermath = aftermath
         """Where work for after a succeeded turn's ending runs (None: it is dropped)."""
         self._succeeded = False
+        self._ctx: StageContext | None = None
+        """The attempt's stage context, for the work after its ending."""
         self.lease_lost = False
         self.ended = False
         """The turn reached a terminal state here (not a pause, not a lost lease)."""
@@ -274,20 +277,21 @@ class TurnDriver:
         self._leave_aftermath()
 
     def _leave_aftermath(self) -> None:
-        """After a succeeded turn's stream has ended: start what it left for later."""
-        rec = self.recorder
-        if rec is None or not self._succeeded or not rec.aftermath:
+        """After a succeeded turn's stream has ended: a session's opening turn names it.
+
+        Whichever attempt ended the turn asks, so a takeover that only wrote the ending
+        still does; the turn never waits for the call.
+        """
+        rec, ctx = self.recorder, self._ctx
+        if rec is None or ctx is None or not self._succeeded or self.aftermath is None:
             return
-        rec.log_closed = True
-        work, rec.aftermath = rec.aftermath, []
-        if self.aftermath is None:
+        if self.record.input_seq != 1 or ctx.utility is None:
             return
-        for index, item in enumerate(work):
-            self.aftermath.leave(
-                item,
-                name=f"turnkit-after-{self.lease.turn_id}-{index}",
-                within_s=self.config.idle_window_s,
-            )
+        self.aftermath.leave(
+            functools.partial(name_thread, ctx, rec.request_text),
+            name=f"turnkit-naming-{self.lease.turn_id}",
+            within_s=self.config.idle_window_s,
+        )
 
     async def _join_commit_ahead(self) -> None:
         """Wait for the commit started before a model call, whatever it raises.
@@ -411,7 +415,7 @@ class TurnDriver:
         rec.history = setup.transcript[:-1]  # the turn's own start at its message
         rec.base_len = len(rec.history)
         rec.last_request = setup.previous
-        watcher = setup.ctx_factory(rec)
+        watcher = self._ctx = setup.ctx_factory(rec)
         if watcher.plugins:
             trace.watch(rec, functools.partial(on_events, watcher))
         return setup

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import functools
 import logging
 
 from turnkit.blocks import TextBlock
 from turnkit.events import MessageCitationsEvent, MessageEntitiesEvent, UsageEvent
 from turnkit.plugins import Enrichment
-from turnkit.stages._naming import name_thread
 from turnkit.stages._plugins import call_hook as plugin_hook
 from turnkit.stages._types import StageContext, StageOutcome, TranscriptMessage
 
@@ -20,8 +18,8 @@ log = logging.getLogger("turnkit.plugins")
 async def run_post_turn(ctx: StageContext, transcript: list[TranscriptMessage]) -> StageOutcome:
     """Run enrichment plugins on the answer, then record the turn's usage.
 
-    The driver writes `checkpoint.created` and `done` after this stage's checkpoint lands,
-    then leaves the session's naming call running (its opening turn only). A plugin that
+    The driver writes `checkpoint.created` and `done` after this stage's checkpoint lands
+    (and then, in a session's opening turn, asks for the session's name). A plugin that
     raises is recorded (audit row + log) and the turn goes on, unless it is `required`.
     """
     rec = ctx.recorder
@@ -49,9 +47,6 @@ async def run_post_turn(ctx: StageContext, transcript: list[TranscriptMessage]) 
                     block_id=block.block_id,
                     entities=found.entities,
                 )
-    if 1 in rec.input_seqs and ctx.utility is not None:
-        # The session's opening turn names it, once the turn has settled (never waited for).
-        rec.aftermath.append(functools.partial(name_thread, ctx, rec.request_text))
     usage = rec.usage
     rec.durable(
         UsageEvent,
