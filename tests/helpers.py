@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import time
 from collections import defaultdict
 from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from turnkit import SessionRuntime, tool
+from turnkit import Agent, RuntimeConfig, SessionRuntime, tool
 from turnkit.blocks import TextBlock, ToolResultBlock
 from turnkit.events import DurableEvent, EphemeralEvent, StepStartEvent
 from turnkit.ids import SessionId, new_turn_id
@@ -170,11 +172,22 @@ class GatedModel(WrappedModel):
 
 
 async def until(check: Any, what: str) -> None:
-    """Wait (10 s at most) until the async `check()` is true."""
+    """Wait (10 s at most) until `check()` (sync or async) is true."""
     deadline = time.monotonic() + 10
-    while not await check():
+    while not await _value(check()):
         assert time.monotonic() < deadline, what
         await asyncio.sleep(0.01)
+
+
+async def _value(result: Any) -> Any:
+    return await result if inspect.isawaitable(result) else result
+
+
+async def turn_status(db: Path, turn_id: str) -> str:
+    """A turn's status, read by a runtime of its own on the SQLite file `db`."""
+    config = RuntimeConfig(database_url=f"sqlite:///{db}")
+    async with SessionRuntime(agent=Agent(model=ScriptedModel([])), config=config) as probe:
+        return (await probe.turn(turn_id)).status
 
 
 async def drain(stream: AsyncIterator[Any]) -> list[Any]:

@@ -6,6 +6,7 @@ import asyncio
 import time
 from pathlib import Path
 
+from tests.helpers import turn_status
 from turnkit import Agent, Approve, RuntimeConfig, SessionRuntime, ToolContext, tool
 from turnkit.events import (
     ApprovalRequestedEvent,
@@ -49,7 +50,7 @@ async def test_a_restarted_app_finishes_the_turn_it_was_driving(tmp_path: Path) 
         await asyncio.sleep(0.02)
     assert started
     await first.close()  # the process goes away mid-tool (its lease lapses, nothing ends)
-    assert (await _status(db, submission.turn_id)) == "running"
+    assert (await turn_status(db, submission.turn_id)) == "running"
 
     SLOW["seconds"] = 0.0
     after = ScriptedModel([ModelStep.text_reply("Got 7.")])
@@ -86,15 +87,6 @@ async def test_without_the_switch_the_turn_waits_for_a_worker(tmp_path: Path) ->
         assert (await second.turn(submission.turn_id)).status == "running"
     finally:
         await second.close()
-
-
-async def _status(db: Path, turn_id: str) -> str:
-    probe = SessionRuntime(
-        agent=Agent(model=ScriptedModel([])),
-        config=RuntimeConfig(database_url=f"sqlite:///{db}"),
-    )
-    async with probe:
-        return (await probe.turn(turn_id)).status
 
 
 RAN: list[int] = []

@@ -11,7 +11,7 @@ from typing import ClassVar
 
 import pytest
 
-from tests.helpers import WrappedModel, until
+from tests.helpers import WrappedModel, turn_status, until
 from turnkit import Agent, RuntimeConfig, SessionRuntime, tool
 from turnkit.errors import LeaseLostError, ProviderError
 from turnkit.events import DoneEvent, DurableEvent
@@ -103,7 +103,7 @@ async def test_the_opening_turn_settles_before_the_name_arrives(tmp_path: Path) 
     async with _runtime(tmp_path, agent) as runtime:
         async with asyncio.timeout(10):  # before, the turn waited for the naming call
             events = await collect_events(runtime.execute_message("s1", QUESTION))
-        await until(lambda: _true(namer.naming == 1), "the naming call starts")
+        await until(lambda: namer.naming == 1, "the naming call starts")
         before = await runtime.store.get_session(SessionId("s1"))
         turn = await runtime.turn(events[0].turn_id)  # type: ignore[union-attr]
         namer.gate.set()
@@ -125,7 +125,7 @@ async def test_closing_the_runtime_cancels_a_pending_name(tmp_path: Path) -> Non
     agent = Agent(model=ScriptedModel([ModelStep.text_reply("Hi.")]), utility_model=namer)
     async with _runtime(tmp_path, agent) as runtime:
         await collect_events(runtime.execute_message("s1", QUESTION))
-        await until(lambda: _true(namer.naming == 1), "the naming call starts")
+        await until(lambda: namer.naming == 1, "the naming call starts")
     assert namer.naming == 0  # cancelled with the runtime
     async with _runtime(tmp_path, agent) as runtime:
         session = await runtime.store.get_session(SessionId("s1"))
@@ -204,8 +204,8 @@ async def test_an_attempt_that_only_writes_the_ending_still_names_the_session(
     agent = Agent(model=model, utility_model=_utility("Causes of the crisis"))
     async with SessionRuntime(agent=agent, config=config) as first:
         submission = await first.start("s1", QUESTION)
-        await until(lambda: _true(bool(died)), "the first driver reaches the ending")
-    assert (await _status(db, submission.turn_id)) == "running"
+        await until(lambda: bool(died), "the first driver reaches the ending")
+    assert (await turn_status(db, submission.turn_id)) == "running"
     later = dataclasses.replace(config, recover_in_process=True)
     async with SessionRuntime(agent=agent, config=later) as second:
         async with asyncio.timeout(20):
@@ -218,16 +218,6 @@ async def test_an_attempt_that_only_writes_the_ending_still_names_the_session(
     assert record.attempts == 2
     assert session is not None
     assert session.title == "Causes of the crisis"
-
-
-async def _status(db: Path, turn_id: str) -> str:
-    config = RuntimeConfig(database_url=f"sqlite:///{db}")
-    async with SessionRuntime(agent=Agent(model=ScriptedModel([])), config=config) as probe:
-        return (await probe.turn(turn_id)).status
-
-
-async def _true(value: bool) -> bool:
-    return value
 
 
 async def test_without_a_utility_model_the_first_name_stands(tmp_path: Path) -> None:

@@ -418,7 +418,7 @@ class _Bound:
         # stand-in keeps the frame's id, so a resume goes on after it.
         log.warning(
             "dropped an oversized AG-UI frame of turn %s (%s, %d bytes > %d)",
-            self.turn_id, event.get("type"), size, self.max_bytes,
+            self.turn_id, kind, size, self.max_bytes,
         )  # fmt: skip
         if kind == "TOOL_CALL_RESULT":  # the call keeps its result message, not the content
             too_large = f"[a result of {size} bytes, too large to stream]"

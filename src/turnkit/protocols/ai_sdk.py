@@ -479,7 +479,7 @@ def _bounded(chunk: Chunk, max_bytes: int, turn_id: str) -> bytes:
     # Losing one chunk costs less than losing a turn that has run for minutes.
     log.warning(
         "dropped an oversized AI SDK chunk of turn %s (%s, %d bytes > %d)",
-        turn_id, chunk.get("type"), len(line), max_bytes,
+        turn_id, kind, len(line), max_bytes,
     )  # fmt: skip
     if kind == "tool-output-available":  # the tool part ends, saying why it has no output
         too_large = f"the result ({len(line)} bytes) was too large to stream"

@@ -27,9 +27,6 @@ class Aftermath:
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
 
-    def __len__(self) -> int:
-        return len(self._tasks)
-
     def leave(self, work: Work, *, name: str, within_s: float) -> None:
         """Run `work` in a task of its own, for at most `within_s`; nobody waits for it.
 

@@ -572,12 +572,12 @@ class SessionDirectory(Protocol):
 class Watchdog(Protocol):
     """What a reader records when the driver of a running turn is gone; signs of life."""
 
-    async def note_activity(self, turn_id: TurnId) -> bool:
+    async def note_activity(self, turn_id: TurnId) -> None:
         """Stamp a running turn's `updated_at`: work outside its driver reported progress.
 
         The turn's driver reads the stamp before it ends the turn for its idle window, so
-        a callback's progress report from another process keeps the turn alive. False
-        when the turn is not running.
+        a callback's progress report from another process keeps the turn alive. A turn
+        that is not running is left as it is.
         """
         ...
 

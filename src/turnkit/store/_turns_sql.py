@@ -65,9 +65,9 @@ _NOTE_ACTIVITY = (
 )
 
 
-def note_activity(conn: Connection, turn_id: TurnId, now: datetime) -> bool:
-    """Stamp a running turn's `updated_at`; whether it is running."""
-    return bool(conn.execute(_NOTE_ACTIVITY, {"a_turn": turn_id, "a_now": now}).rowcount == 1)
+def note_activity(conn: Connection, turn_id: TurnId, now: datetime) -> None:
+    """Stamp a running turn's `updated_at` (a turn that is not running is left alone)."""
+    conn.execute(_NOTE_ACTIVITY, {"a_turn": turn_id, "a_now": now})
 
 
 def get_turn(conn: Connection, turn_id: TurnId) -> TurnRecord | None:

@@ -287,9 +287,9 @@ class SqlStore(SqlEngine):
         """The newest answer not yet consumed by a resumed run."""
         return await self._tx(pauses_sql.pending_answer, turn_id, write=False)
 
-    async def note_activity(self, turn_id: TurnId) -> bool:
+    async def note_activity(self, turn_id: TurnId) -> None:
         """Stamp a running turn's `updated_at` (see `Watchdog.note_activity`)."""
-        return await self._tx(turns_sql.note_activity, turn_id, self._clock.now())
+        await self._tx(turns_sql.note_activity, turn_id, self._clock.now())
 
     async def time_out(self, turn_id: TurnId, *, reason: str) -> bool:
         """End one running turn as `timed_out` (a reader found its driver gone)."""
