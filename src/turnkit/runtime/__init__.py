@@ -7,48 +7,37 @@ import contextlib
 import logging
 import os
 import socket
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Self
 
-from pydantic import ValidationError
-
 from turnkit.agent import Agent, Effort
-from turnkit.audit import AuditRow
 from turnkit.blocks import TextPart
-from turnkit.budgets import BudgetLimit, BudgetPeriod, BudgetScope, BudgetSubject, BudgetUse
+from turnkit.budgets import BudgetLimit, BudgetPeriod, BudgetScope, BudgetUse
 from turnkit.clock import Clock, SystemClock
 from turnkit.config import RuntimeConfig
-from turnkit.errors import (
-    ConfigurationError,
-    InvalidInputError,
-    SessionNotFoundError,
-    TurnNotFoundError,
-    TurnNotRunningError,
-)
-from turnkit.events import (
-    DurableEvent,
-    EphemeralEvent,
-    JobProgressEvent,
-    StreamEvent,
-    encode_event,
-)
+from turnkit.errors import ConfigurationError, InvalidInputError
+from turnkit.events import DurableEvent, EphemeralEvent
 from turnkit.graph import TurnGraph, compile_turn_graph, open_checkpointer
-from turnkit.ids import SessionId, TurnId, new_turn_id, uuid7
+from turnkit.ids import TurnId, uuid7
 from turnkit.models import ModelClient, ModelSettings
-from turnkit.models.family import ModelFamily, resolve_family
 from turnkit.models.litellm import ModelEndpoint
 from turnkit.pauses import Resolution
 from turnkit.plugins import Plugin, discover_plugins, validate_plugins
-from turnkit.projection import PendingDecision, QueuedInput, SessionView, TurnView
 from turnkit.replay import ReplayBuffer
 from turnkit.replay.memory import InMemoryReplayBuffer
 from turnkit.runtime._aftermath import Aftermath
+from turnkit.runtime._callback_reports import callback_scope, publish_job_progress
 from turnkit.runtime._cancel import CancelToken
+from turnkit.runtime._families import ModelFamilies
+from turnkit.runtime._follow import follow_submission
 from turnkit.runtime._held import HeldTranscripts
-from turnkit.runtime._history import TurnHistory, session_view, turn_history, turn_view
+from turnkit.runtime._history import TurnHistory
 from turnkit.runtime._host import TurnHost
-from turnkit.runtime._runner import Pinned, TurnRunner, pinned_config
+from turnkit.runtime._opening import open_store
+from turnkit.runtime._reads import RuntimeReads
+from turnkit.runtime._runner import Pinned, TurnRunner
 from turnkit.runtime._slots import Slot
+from turnkit.runtime._submit import new_input
 from turnkit.runtime._validate import (
     MessageContent,
     TurnRequest,
@@ -59,29 +48,13 @@ from turnkit.runtime._validate import (
 from turnkit.runtime.admission import Admission, AdmissionCheck, DocumentResolver
 from turnkit.runtime.agents import AgentCatalog, ToolAccess, allowed_tools
 from turnkit.runtime.budget_pauses import resume_budget_pauses
-from turnkit.runtime.callbacks import CallbackScope, callback_token, check_callback_token
+from turnkit.runtime.callbacks import CallbackScope, callback_token
 from turnkit.runtime.deps import NO_DEPS, DepsFactory
 from turnkit.runtime.reader import TurnReader
 from turnkit.skills import Skill, SkillSource, skills_for
-from turnkit.stages._naming import opening_title
-from turnkit.states import TERMINAL_STATES, TurnStatus
-from turnkit.store import (
-    ClaimRequest,
-    Delivery,
-    NewInput,
-    SessionRecord,
-    Store,
-    Submission,
-    TurnRecord,
-)
-from turnkit.store.migrate import head_revision
-from turnkit.store.sql import SqlStore
-from turnkit.tenancy import (
-    DEFAULT_ORGANISATION,
-    Organisation,
-    Principal,
-    Tenancy,
-)
+from turnkit.states import TurnStatus
+from turnkit.store import Delivery, SessionRecord, Store, Submission
+from turnkit.tenancy import DEFAULT_ORGANISATION, Organisation, Principal, Tenancy
 from turnkit.tools import Tool
 
 if TYPE_CHECKING:
@@ -92,7 +65,7 @@ __all__ = ("CancelToken", "MessageContent", "SessionRuntime", "TurnHistory", "Tu
 log = logging.getLogger("turnkit.runtime")
 
 
-class SessionRuntime:
+class SessionRuntime(RuntimeReads):
     """Runs turns durably for one app: one compiled graph, one Store, one checkpointer.
 
     Use as an async context manager (it opens the database and compiles the graph):
@@ -160,6 +133,7 @@ class SessionRuntime:
         self.tool_access = tool_access
         self.models: dict[str, str | ModelClient | ModelEndpoint] = dict(models or {})
         """Served models by name."""
+        self._families = ModelFamilies(lambda: self.models)  # each resolved once
         self.plugins = validate_plugins(
             [p for p in plugins if not isinstance(p, str)]
             + list(discover_plugins([p for p in plugins if isinstance(p, str)]))
@@ -178,7 +152,6 @@ class SessionRuntime:
         self._aftermath = Aftermath()  # work turns left running after their ending
         self._opening: asyncio.Event | None = None
         self._close_checkpointer: Callable[[], Awaitable[None]] | None = None
-        self._families: dict[object, tuple[object, ModelFamily]] = {}
         self._recovery: tuple[asyncio.Event, asyncio.Task[None], Worker] | None = None
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid7()[-12:]}"
         """This runtime's lease owner name."""
@@ -193,7 +166,7 @@ class SessionRuntime:
         )
         """Claims and drives turns in this process."""
         for hosted in self.agents.hosted():
-            self._family(hosted.model)  # an unresolvable model string fails here, not mid-turn
+            self._families(hosted.model)  # an unresolvable model string fails here, not mid-turn
         self.tenancy = tenancy if isinstance(tenancy, Tenancy) else Tenancy(tenancy or ())
         """The organisations served, their departments and default-agent switches."""
         self.admission = Admission(
@@ -201,7 +174,7 @@ class SessionRuntime:
             agents=self.agents,
             lookup=self._message_agent,
             served=lambda: {*self.config.allowed_models, *self.models},
-            family=self._family,
+            family=self._families,
             store=lambda: self.store,
             config=self.config,
             documents=documents,
@@ -218,15 +191,6 @@ class SessionRuntime:
     def agent(self, agent: Agent) -> None:
         self.agents.add(agent)  # hosted from now on; turns pinned to the old one still find it
         self._agent = agent
-
-    @property
-    def store(self) -> Store:
-        """The Store turns are written to."""
-        if self._store is None:
-            raise ConfigurationError(
-                "the runtime is not open: use `async with SessionRuntime(...)`"
-            )
-        return self._store
 
     async def __aenter__(self) -> Self:
         await self.open()
@@ -252,15 +216,7 @@ class SessionRuntime:
 
     async def _open_parts(self) -> None:
         if self._store is None:
-            store = SqlStore.from_url(
-                self.config.database_url, clock=self.clock, schema=self.config.database_schema
-            )
-            try:
-                await _prepare(store, migrate=self.config.auto_migrate)
-            except BaseException:
-                await store.close()  # a database not up yet: leave nothing open behind
-                raise
-            self._store = store
+            self._store = await open_store(self.config, self.clock)
         saver, self._close_checkpointer = await open_checkpointer(
             self.config.database_url, schema=self.config.database_schema
         )
@@ -315,21 +271,6 @@ class SessionRuntime:
             await self._store.close()
             self._store = None
         self._graph = None
-
-    def _family(self, spec: str | Any) -> ModelFamily:
-        key: object = spec if isinstance(spec, str) else ("client", id(spec))
-        cached = self._families.get(key)
-        if cached is None:
-            served = self.models.get(spec) if isinstance(spec, str) else None
-            if isinstance(served, ModelEndpoint):
-                served = served.client()
-            family = resolve_family(served if served is not None else spec)
-            if served is not None and not isinstance(served, ModelFamily):
-                family = ModelFamily(spec, family.rungs)  # named as the agent names it
-            # The client itself is kept with its family, so its id cannot be reused.
-            cached = (spec, family)
-            self._families[key] = cached
-        return cached[1]
 
     async def submit(
         self,
@@ -390,61 +331,29 @@ class SessionRuntime:
             model=model,
             documents=documents,
         )
-        base, model = admitted.agent, admitted.model
-        principal_id = caller.id if caller else None
-        turn_agent = base.with_overrides(model=model, settings=settings)
-        family = self._family(turn_agent.model)
+        turn_agent = admitted.agent.with_overrides(model=admitted.model, settings=settings)
+        family = self._families(turn_agent.model)
         if turn_agent.utility_model is not None:
-            self._family(turn_agent.utility_model)
-        effort_used = request.effort or turn_agent.effort
-        overrides: dict[str, Any] = {}
-        if model is not None:
-            overrides["model"] = model
-        if settings is not None:
-            overrides["settings"] = settings.model_dump(exclude_none=True, mode="json")
+            self._families(turn_agent.utility_model)
         tools = await allowed_tools(
-            self.tool_access, turn_agent, principal=principal_id, session_id=request.session_id
+            self.tool_access,
+            turn_agent,
+            principal=caller.id if caller else None,
+            session_id=request.session_id,
         )
-        submission = await self.store.submit(
-            NewInput(
-                session_id=request.session_id,
-                turn_id=new_turn_id(),
-                content=request.content,
-                attachments=request.attachments,
-                request_id=request.request_id,
+        return await self.store.submit(
+            new_input(
+                request,
+                admitted,
+                turn_agent=turn_agent,
+                family=family,
+                settings=settings,
+                tools=tools,
                 delivery=delivery,
-                agent=turn_agent.name,
-                model=family.name,
-                effort=effort_used,
-                pinned=pinned_config(
-                    turn_agent,
-                    family,
-                    effort_used,
-                    version=base.version,
-                    overrides=overrides,
-                    tools=tools,
-                    principal=principal_id,
-                    traceparent=Pinned.new_traceparent(),
-                )
-                | admitted.subject_fields
-                | ({"documents": list(admitted.documents)} if admitted.documents else {}),
-                principal=principal_id,
-                organisation=admitted.organisation.name,
-                department=admitted.department.name,
-                create_session=self.config.auto_create_sessions,
-                # The first of two names: read off the opening message (only an unnamed
-                # session takes it); the turn's utility model may improve it.
-                title=opening_title(request.content),
-                claim_for=ClaimRequest(
-                    owner=self.owner,
-                    ttl_s=self.config.lease_ttl_s,
-                    max_attempts=self.config.max_attempts,
-                )
-                if claim
-                else None,
+                config=self.config,
+                claim_for=self.owner if claim else None,
             )
         )
-        return submission
 
     async def _message_agent(self, agent: str | Agent | None) -> Agent:
         """The agent a message names: hosted by name, or an object (hosted from now on)."""
@@ -457,7 +366,7 @@ class SessionRuntime:
                 f"agent must be a name or a turnkit.Agent, not {type(agent).__name__}"
             )
         self.agents.add(agent)
-        self._family(agent.model)
+        self._families(agent.model)
         return agent
 
     async def set_budget_limit(self, limit: BudgetLimit) -> list[str]:
@@ -500,22 +409,7 @@ class SessionRuntime:
             TurnNotFoundError: no such turn.
             TurnNotRunningError: the turn finished, failed, was cancelled or is paused.
         """
-        check_callback_token(self.config.callback_secret, turn_id, token)
-        record = await self.turn(turn_id)
-        if record.status != "running":
-            raise TurnNotRunningError(
-                f"turn {turn_id!r} is {record.status}: callbacks reach only running turns",
-                turn_id=turn_id,
-                status=record.status,
-            )
-        pinned = Pinned.of(record)
-        return CallbackScope(
-            turn_id=record.turn_id,
-            session_id=record.session_id,
-            principal=pinned.caller,
-            organisation=pinned.organisation,
-            department=pinned.department,
-        )
+        return await callback_scope(self.store, self.config.callback_secret, turn_id, token)
 
     async def report_job_progress(
         self,
@@ -534,24 +428,16 @@ class SessionRuntime:
         `verify_callback` does, and `InvalidInputError` for a progress outside 0–1.
         """
         scope = await self.verify_callback(turn_id, token)
-        try:
-            event = JobProgressEvent(
-                session_id=scope.session_id,
-                turn_id=scope.turn_id,
-                stage_id="tool-loop",
-                ts=self.clock.now(),
-                job_id=job_id,
-                tool_call_id=tool_call_id,
-                progress=progress,
-                message=message,
-            )
-        except ValidationError as exc:
-            raise InvalidInputError(f"a bad job progress report: {exc.errors()[0]['msg']}") from exc
-        try:  # the driver's idle window reads the stamp; the report goes out regardless
-            await self.store.note_activity(TurnId(scope.turn_id))
-        except Exception as exc:  # noqa: BLE001 - a missed stamp only shortens the window
-            log.warning("stamping progress on turn %s failed: %s", scope.turn_id, exc)
-        await self.replay.publish(TurnId(scope.turn_id), [(None, encode_event(event), False)])
+        await publish_job_progress(
+            self.store,
+            self.replay,
+            scope,
+            ts=self.clock.now(),
+            job_id=job_id,
+            tool_call_id=tool_call_id,
+            progress=progress,
+            message=message,
+        )
         return scope
 
     async def resume_budget_pauses(self, organisation: str | None = None) -> list[str]:
@@ -579,19 +465,7 @@ class SessionRuntime:
         """Each limit a message of `principal` in `session_id` would spend against, as used."""
         await self.open()
         caller = Principal.of(principal)
-        organisation = self.tenancy.organisation(
-            caller.organisation if caller else DEFAULT_ORGANISATION
-        )
-        if organisation is None:
-            return []
-        department = organisation.department(caller.department if caller else None)
-        subject = BudgetSubject(
-            organisation=organisation.name,
-            department=department.name if department else organisation.default_department,
-            principal=caller.id if caller else None,
-            session_id=check_session_id(session_id),
-        )
-        return await self.store.budget_uses(subject)
+        return await self.admission.budget_uses(caller, check_session_id(session_id))
 
     async def skills(self, principal: str | None = None) -> tuple[Skill, ...]:
         """The skills `principal` may pick with `/slug`: yours they may see, then builtin."""
@@ -657,7 +531,16 @@ class SessionRuntime:
             principal=principal,
             documents=documents,
         )
-        follow = self._follow(submission, cancel, slot, agent, deps)
+        follow = follow_submission(
+            submission,
+            host=self.host,
+            store=self.store,
+            reader=self.reader,
+            cancel=cancel,
+            slot=slot,
+            agent=agent if isinstance(agent, Agent) else None,
+            deps=deps,
+        )
         try:
             async with contextlib.aclosing(follow):  # closing this stream must reach the driver
                 async for event in follow:
@@ -684,52 +567,6 @@ class SessionRuntime:
             slot.release()  # not claimed (a guide, a replay, an earlier turn unfinished)
             slot = None
         return submission, slot
-
-    async def _follow(
-        self,
-        submission: Submission,
-        cancel: CancelToken | None,
-        slot: Slot | None,
-        agent: str | Agent | None,
-        deps: Any,
-    ) -> AsyncGenerator[DurableEvent | EphemeralEvent, None]:
-        """`execute_message` once its message is committed: the turn's events."""
-        if submission.guided:
-            # The message joined a running turn: follow that turn from here on.
-            live = await self.turn(submission.turn_id)
-            async for joined in self.reader().events(live.turn_id, after_seq=live.last_seq):
-                yield joined
-            return
-        driving = False
-        try:
-            if submission.started is not None:
-                yield submission.started  # committed with the input: no need to read it back
-            else:
-                async for stored in self.store.read_events(submission.turn_id):
-                    yield stored.decode()
-            if not submission.is_new:
-                return
-            drive = self.host.stream(
-                submission.turn_id,
-                cancel,
-                lease=submission.lease,
-                slot=slot,
-                record=submission.record,
-                agent=agent if isinstance(agent, Agent) else None,
-                deps=deps,
-            )
-            driving = True
-            async with contextlib.aclosing(drive):  # closing this stream must reach the driver
-                async for event in drive:
-                    yield event
-        finally:
-            if not driving and submission.is_new:
-                # The caller left before the turn's driver began: abort it all the same.
-                claimed = submission.lease is not None
-                with contextlib.suppress(Exception):
-                    await asyncio.shield(
-                        self.host.end_cancelled(submission.turn_id, stopped=claimed)
-                    )
 
     async def start(
         self,
@@ -895,86 +732,10 @@ class SessionRuntime:
             graph=self._graph,
             config=self.config,
             clock=self.clock,
-            family=self._family,
+            family=self._families,
             deps=self.deps,
             skills=self.skill_source,
             plugins=self.plugins,
             held=self._held,
             aftermath=self._aftermath,
-        )
-
-    async def history(self, session_id: str) -> list[TurnHistory]:
-        """A session's turns, oldest first, each with its committed blocks.
-
-        Raises:
-            SessionNotFoundError: the session has no turns.
-        """
-        turns = await self.store.list_turns(SessionId(session_id))
-        if not turns:
-            raise SessionNotFoundError(f"no session {session_id!r}", session_id=session_id)
-        return [await turn_history(self.store, t) for t in turns]
-
-    async def view(self, session_id: str, *, ended: bool = False) -> SessionView:
-        """The session's projection: its turns in order, its queue, what it waits for.
-
-        `ended=False` (the default) leaves out turns that have ended: they change neither
-        the queue nor the pending decisions, and a long session has many of them.
-        """
-        records = await self.store.list_turns(SessionId(session_id))
-        if not ended:
-            records = [r for r in records if r.status not in TERMINAL_STATES]
-        return await session_view(self.store, records)
-
-    async def turn_view(self, turn_id: str) -> TurnView:
-        """A turn's projection: its committed events folded into what a person sees.
-
-        Raises:
-            TurnNotFoundError: there is no such turn.
-        """
-        return await turn_view(self.store, await self.turn(turn_id))
-
-    async def pending(self, session_id: str) -> list[PendingDecision]:
-        """The approvals and questions a session's paused turns wait for, oldest first.
-
-        What a page shows after a reload, without replaying any stream.
-        """
-        return list((await self.view(session_id)).pending)
-
-    async def queue(self, session_id: str) -> list[QueuedInput]:
-        """Messages the session holds that no turn has answered yet, in the order sent.
-
-        Turns waiting behind an open one (`delivery="queue"`) and the guide messages the
-        running turn has not taken yet (`delivery="guide"`). The queue drains only when a
-        turn ends (its `run.finished`), never when an answer arrives.
-        """
-        return list((await self.view(session_id)).queue)
-
-    async def events(self, turn_id: str, *, after_seq: int = 0) -> AsyncIterator[StreamEvent]:
-        """A turn's committed events after `after_seq`, in order."""
-        await self.turn(turn_id)  # TurnNotFoundError if there is none
-        async for stored in self.store.read_events(TurnId(turn_id), after_seq=after_seq):
-            yield stored.decode()
-
-    async def audit(self, turn_id: str) -> list[AuditRow]:
-        """A turn's audit rows, in order."""
-        await self.turn(turn_id)  # TurnNotFoundError if there is none
-        return await self.store.read_audit(TurnId(turn_id))
-
-    async def turn(self, turn_id: str) -> TurnRecord:
-        """A turn's record (status, last seq, …)."""
-        record = await self.store.get_turn(TurnId(turn_id))
-        if record is None:
-            raise TurnNotFoundError(f"no turn {turn_id!r}", turn_id=turn_id)
-        return record
-
-
-async def _prepare(store: SqlStore, *, migrate: bool) -> None:
-    if migrate:
-        await store.setup()
-        return
-    current = await store.schema_revision()
-    if current != head_revision():
-        raise ConfigurationError(
-            f"the database schema is at {current!r}, this turnkit needs {head_revision()!r}: "
-            "run `turnkit db upgrade` (or set `RuntimeConfig.auto_migrate=True`)"
         )

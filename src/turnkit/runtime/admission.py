@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from turnkit.agent import Agent
-from turnkit.budgets import BudgetSubject
+from turnkit.budgets import BudgetSubject, BudgetUse
 from turnkit.config import RuntimeConfig
 from turnkit.errors import (
     AgentNotAllowedError,
@@ -29,7 +29,7 @@ from turnkit.errors import (
 from turnkit.models.family import ModelFamily
 from turnkit.runtime.agents import AgentCatalog
 from turnkit.store import Store
-from turnkit.tenancy import Department, Organisation, Principal, Tenancy
+from turnkit.tenancy import DEFAULT_ORGANISATION, Department, Organisation, Principal, Tenancy
 
 __all__ = (
     "CHECKS",
@@ -155,7 +155,9 @@ class Admission:
         documents: Sequence[str] = (),
     ) -> Admitted:
         """Run every check in order; the first failure raises (nothing is written)."""
-        organisation = self.tenancy.organisation(principal.organisation if principal else "default")
+        organisation = self.tenancy.organisation(
+            principal.organisation if principal else DEFAULT_ORGANISATION
+        )
         if organisation is None:
             assert principal is not None
             raise DepartmentUnknownError(
@@ -184,6 +186,26 @@ class Admission:
             department=request.department,
             documents=request.documents,
         )
+
+    async def budget_uses(self, principal: Principal | None, session_id: str) -> list[BudgetUse]:
+        """Each limit a message of `principal` in `session_id` would spend against, as used.
+
+        Empty for an organisation not served here: no limit applies to a message that
+        cannot be admitted.
+        """
+        organisation = self.tenancy.organisation(
+            principal.organisation if principal else DEFAULT_ORGANISATION
+        )
+        if organisation is None:
+            return []
+        department = organisation.department(principal.department if principal else None)
+        subject = BudgetSubject(
+            organisation=organisation.name,
+            department=department.name if department else organisation.default_department,
+            principal=principal.id if principal else None,
+            session_id=session_id,
+        )
+        return await self.store().budget_uses(subject)
 
     async def _app_checks(
         self,

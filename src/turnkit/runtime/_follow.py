@@ -1,0 +1,72 @@
+"""What `execute_message` streams once its message is committed: the turn's events."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncGenerator, Callable
+from typing import Any
+
+from turnkit.agent import Agent
+from turnkit.errors import TurnNotFoundError
+from turnkit.events import DurableEvent, EphemeralEvent
+from turnkit.runtime._cancel import CancelToken
+from turnkit.runtime._host import TurnHost
+from turnkit.runtime._slots import Slot
+from turnkit.runtime.reader import TurnReader
+from turnkit.store import Store, Submission
+
+__all__ = ("follow_submission",)
+
+
+async def follow_submission(
+    submission: Submission,
+    *,
+    host: TurnHost,
+    store: Store,
+    reader: Callable[[], TurnReader],
+    cancel: CancelToken | None,
+    slot: Slot | None,
+    agent: Agent | None,
+    deps: Any,
+) -> AsyncGenerator[DurableEvent | EphemeralEvent, None]:
+    """Drive a new turn here and stream it; replay a repeated one; follow a guided one.
+
+    A caller that leaves before the driver begins still ends a new turn `cancelled`.
+    """
+    if submission.guided:
+        # The message joined a running turn: follow that turn from here on.
+        live = await store.get_turn(submission.turn_id)
+        if live is None:
+            raise TurnNotFoundError(f"no turn {submission.turn_id!r}", turn_id=submission.turn_id)
+        async for joined in reader().events(live.turn_id, after_seq=live.last_seq):
+            yield joined
+        return
+    driving = False
+    try:
+        if submission.started is not None:
+            yield submission.started  # committed with the input: no need to read it back
+        else:
+            async for stored in store.read_events(submission.turn_id):
+                yield stored.decode()
+        if not submission.is_new:
+            return
+        drive = host.stream(
+            submission.turn_id,
+            cancel,
+            lease=submission.lease,
+            slot=slot,
+            record=submission.record,
+            agent=agent,
+            deps=deps,
+        )
+        driving = True
+        async with contextlib.aclosing(drive):  # closing this stream must reach the driver
+            async for event in drive:
+                yield event
+    finally:
+        if not driving and submission.is_new:
+            # The caller left before the turn's driver began: abort it all the same.
+            claimed = submission.lease is not None
+            with contextlib.suppress(Exception):
+                await asyncio.shield(host.end_cancelled(submission.turn_id, stopped=claimed))

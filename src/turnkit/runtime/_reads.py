@@ -1,0 +1,95 @@
+"""A runtime's read side: a session's history and projections, a turn's events and audit."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from turnkit.audit import AuditRow
+from turnkit.errors import ConfigurationError, SessionNotFoundError, TurnNotFoundError
+from turnkit.events import StreamEvent
+from turnkit.ids import SessionId, TurnId
+from turnkit.projection import PendingDecision, QueuedInput, SessionView, TurnView
+from turnkit.runtime._history import TurnHistory, session_view, turn_history, turn_view
+from turnkit.states import TERMINAL_STATES
+from turnkit.store import Store, TurnRecord
+
+__all__ = ("RuntimeReads",)
+
+
+class RuntimeReads:
+    """What `SessionRuntime` reads back from its Store (any process's turns)."""
+
+    _store: Store | None = None
+
+    @property
+    def store(self) -> Store:
+        """The Store turns are written to."""
+        if self._store is None:
+            raise ConfigurationError(
+                "the runtime is not open: use `async with SessionRuntime(...)`"
+            )
+        return self._store
+
+    async def history(self, session_id: str) -> list[TurnHistory]:
+        """A session's turns, oldest first, each with its committed blocks.
+
+        Raises:
+            SessionNotFoundError: the session has no turns.
+        """
+        turns = await self.store.list_turns(SessionId(session_id))
+        if not turns:
+            raise SessionNotFoundError(f"no session {session_id!r}", session_id=session_id)
+        return [await turn_history(self.store, t) for t in turns]
+
+    async def view(self, session_id: str, *, ended: bool = False) -> SessionView:
+        """The session's projection: its turns in order, its queue, what it waits for.
+
+        `ended=False` (the default) leaves out turns that have ended: they change neither
+        the queue nor the pending decisions, and a long session has many of them.
+        """
+        records = await self.store.list_turns(SessionId(session_id))
+        if not ended:
+            records = [r for r in records if r.status not in TERMINAL_STATES]
+        return await session_view(self.store, records)
+
+    async def turn_view(self, turn_id: str) -> TurnView:
+        """A turn's projection: its committed events folded into what a person sees.
+
+        Raises:
+            TurnNotFoundError: there is no such turn.
+        """
+        return await turn_view(self.store, await self.turn(turn_id))
+
+    async def pending(self, session_id: str) -> list[PendingDecision]:
+        """The approvals and questions a session's paused turns wait for, oldest first.
+
+        What a page shows after a reload, without replaying any stream.
+        """
+        return list((await self.view(session_id)).pending)
+
+    async def queue(self, session_id: str) -> list[QueuedInput]:
+        """Messages the session holds that no turn has answered yet, in the order sent.
+
+        Turns waiting behind an open one (`delivery="queue"`) and the guide messages the
+        running turn has not taken yet (`delivery="guide"`). The queue drains only when a
+        turn ends (its `run.finished`), never when an answer arrives.
+        """
+        return list((await self.view(session_id)).queue)
+
+    async def events(self, turn_id: str, *, after_seq: int = 0) -> AsyncIterator[StreamEvent]:
+        """A turn's committed events after `after_seq`, in order."""
+        await self.turn(turn_id)  # TurnNotFoundError if there is none
+        async for stored in self.store.read_events(TurnId(turn_id), after_seq=after_seq):
+            yield stored.decode()
+
+    async def audit(self, turn_id: str) -> list[AuditRow]:
+        """A turn's audit rows, in order."""
+        await self.turn(turn_id)  # TurnNotFoundError if there is none
+        return await self.store.read_audit(TurnId(turn_id))
+
+    async def turn(self, turn_id: str) -> TurnRecord:
+        """A turn's record (status, last seq, …)."""
+        record = await self.store.get_turn(TurnId(turn_id))
+        if record is None:
+            raise TurnNotFoundError(f"no turn {turn_id!r}", turn_id=turn_id)
+        return record
