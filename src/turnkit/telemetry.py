@@ -28,7 +28,7 @@ from turnkit.pauses import PauseRequest
 from turnkit.states import TERMINAL_STATES, TurnStatus
 from turnkit.store import Rider, RunSummary, Store, TurnTranscript
 
-__all__ = ("OpenCall", "Recorder")
+__all__ = ("OpenCall", "Publish", "Recorder")
 
 D = TypeVar("D", bound=DurableEvent)
 E = TypeVar("E", bound=EphemeralEvent)

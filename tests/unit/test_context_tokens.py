@@ -14,7 +14,7 @@ from turnkit.audit import (
     ThinkingSummaryPayload,
 )
 from turnkit.ids import SessionId, StageId, TurnId
-from turnkit.runtime.driver import _context_tokens
+from turnkit.runtime._attempt_log import context_tokens
 
 
 def _row(
@@ -70,7 +70,7 @@ def test_the_latest_answered_own_model_call_is_the_context() -> None:
         _row(6, "synthesize", (80, 30), payloads=thinking),
         _row(7, "post-turn", (60, 8)),
     ]
-    assert _context_tokens(rows) == 340
-    assert _context_tokens(rows[:3]) == 120
-    assert _context_tokens(rows[:1]) == 0
-    assert _context_tokens([]) == 0
+    assert context_tokens(rows) == 340
+    assert context_tokens(rows[:3]) == 120
+    assert context_tokens(rows[:1]) == 0
+    assert context_tokens([]) == 0

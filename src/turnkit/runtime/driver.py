@@ -19,16 +19,6 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
-from pydantic import JsonValue
-
-from turnkit.audit import (
-    AuditPayloads,
-    AuditRow,
-    CallShape,
-    InterruptedBlockPayload,
-    UnreadableEventPayload,
-)
-from turnkit.blocks import TextBlock
 from turnkit.clock import Clock
 from turnkit.config import RuntimeConfig
 from turnkit.context.prefix import PreviousRequest
@@ -40,15 +30,9 @@ from turnkit.errors import (
     TurnError,
 )
 from turnkit.events import (
-    CheckpointCreatedEvent,
-    DoneEvent,
     DurableEvent,
     EphemeralEvent,
-    ErrorEvent,
     HeartbeatEvent,
-    MessageCompleteEvent,
-    RunFinishedEvent,
-    ToolTiming,
     TurnRecoveringEvent,
 )
 from turnkit.graph import (
@@ -61,20 +45,17 @@ from turnkit.graph import (
     run_turn,
     turn_part,
 )
-from turnkit.ids import StageId
-from turnkit.journal import Journal
 from turnkit.otel import TurnTrace, attempt
 from turnkit.runtime._aftermath import Aftermath
-from turnkit.runtime._transcript import ended_transcript, opening_message
+from turnkit.runtime._attempt_log import open_recorder
+from turnkit.runtime._endings import Attempt, end_aborted, end_failed, end_succeeded
 from turnkit.stages import StageContext
-from turnkit.stages._budget import prompt_tokens, text_tokens
-from turnkit.stages._message_list import result_text
 from turnkit.stages._naming import name_thread
 from turnkit.stages._plugins import guard_input, on_events
 from turnkit.stages._types import Route, TranscriptMessage
-from turnkit.states import TerminalStatus, awaiting
-from turnkit.store import Lease, RunSummary, Store, TurnRecord, UnreadableEvent, decode_events
-from turnkit.telemetry import OpenCall, Recorder
+from turnkit.states import awaiting
+from turnkit.store import Lease, Store, TurnRecord, UnreadableEvent
+from turnkit.telemetry import Recorder
 
 __all__ = ("DriveSetup", "TurnDriver", "renewal_due")
 
@@ -96,21 +77,6 @@ def renewal_due(last: float, interval: float) -> float:
 
 
 log = logging.getLogger("turnkit.runtime")
-
-
-def _context_tokens(rows: Sequence[AuditRow]) -> int:
-    """The context size an earlier attempt's latest call on the turn's own model left."""
-    for row in reversed(rows):
-        payloads = row.payloads
-        if (
-            row.call is not None
-            and row.call.outcome == "ok"
-            and row.identity.stage_id in ("tool-loop", "synthesize")
-            and payloads.compaction is None
-            and payloads.thinking_summary is None
-        ):
-            return row.call.input_tokens + row.call.output_tokens
-    return 0
 
 
 Sink = Callable[[DurableEvent | EphemeralEvent | None], None]
@@ -186,40 +152,6 @@ class TurnDriver:
         for event in events:
             self.sink(event)
 
-    async def _recorder(self) -> Recorder:
-        journal, audit_rows = Journal(), list[AuditRow]()
-        usage = None
-        if self.lease.last_seq > 1:  # an earlier attempt got further than turn.started
-            events, self.skipped = await decode_events(self.store.read_events(self.lease.turn_id))
-            journal = Journal.of(events)
-            audit_rows = await self.store.read_audit(self.lease.turn_id)
-            usage = await self.store.read_usage(self.lease.turn_id)
-        journal.keys.add("turn.started")
-        recorder = Recorder(
-            store=self.store,
-            session_id=self.lease.session_id,
-            turn_id=self.lease.turn_id,
-            epoch=self.lease.epoch,
-            clock=self.clock,
-            publish=self._publish,
-            last_seq=self.lease.last_seq,
-            last_audit_seq=len(audit_rows),
-            journal=journal,
-            usage=usage,
-        )
-        _audit_unreadable(recorder, self.skipped, audit_rows)
-        recorder.context_tokens = _context_tokens(audit_rows)
-        recorder.transcript = [opening_message(self.record)]  # until the setup has run
-        recorder.request_text = self.record.content
-        for call_id, (block, _) in journal.results.items():
-            recorder.full_results[call_id] = result_text(block)
-        if self.lease.last_seq > 1:
-            recorder.newest_guide_seq = 2**62  # resumed: look for guides at the first request
-            # An answer resets the turn's attempts: a later attempt follows one that had it.
-            recorder.answered_before = self.lease.attempt > 1
-            recorder.tool_calls = sum(1 for k in journal.keys if k.startswith("tool.started:"))
-        return recorder
-
     async def run(self, *, hold_until: asyncio.Event | None = None) -> None:
         """Run the turn to a terminal state. Cancelling this task aborts the turn.
 
@@ -230,7 +162,14 @@ class TurnDriver:
         """
         trace: TurnTrace = attempt(self.record, self.lease, self.traceparent)
         try:
-            rec = self.recorder = await self._recorder()
+            rec, self.skipped = await open_recorder(
+                store=self.store,
+                lease=self.lease,
+                record=self.record,
+                clock=self.clock,
+                publish=self._publish,
+            )
+            self.recorder = rec
             trace.watch(rec)
             graph_task = asyncio.current_task()
             assert graph_task is not None
@@ -497,67 +436,18 @@ class TurnDriver:
                     )
                 )
 
-    def _summary(self, rec: Recorder, status: TerminalStatus, code: str | None) -> RunSummary:
-        usage = rec.usage
-        return RunSummary(
-            status=status,
-            model_calls=usage.model_calls,
-            input_tokens=usage.input_tokens,
-            output_tokens=usage.output_tokens,
-            cached_tokens=usage.cached_tokens,
-            cost_usd=usage.cost_usd,
-            tool_timings=tuple(rec.tool_timings),
-            context_messages=rec.context_messages,
-            context_tokens=rec.context_tokens,
-            stop_reason={"succeeded": "end_turn", "cancelled": "aborted"}.get(status, "error"),
-            error_code=code,
-            duration_ms=(time.perf_counter() - self._started) * 1000,
+    def _attempt(self) -> Attempt:
+        return Attempt(
+            number=self.lease.attempt,
             model=self.record.model,
-            attempt=self.lease.attempt,
+            started=self._started,
             skipped_events=len(self.skipped),
-            recoveries=sum(1 for k in rec.journal.keys if k.startswith("turn.recovering:")),
-        )
-
-    def _finished(self, rec: Recorder, summary: RunSummary, stage: StageId) -> None:
-        """Stage `run.finished`: the attempt's own account, just before `done`."""
-        rec.durable(
-            RunFinishedEvent,
-            stage,
-            status=summary.status,
-            attempt=summary.attempt,
-            model=summary.model,
-            model_calls=summary.model_calls,
-            input_tokens=summary.input_tokens,
-            output_tokens=summary.output_tokens,
-            cached_tokens=summary.cached_tokens,
-            cost_usd=summary.cost_usd,
-            tool_timings=tuple(
-                ToolTiming(tool=name, duration_ms=ms) for name, ms in summary.tool_timings
-            ),
-            context_messages=summary.context_messages,
-            context_tokens=summary.context_tokens,
-            stop_reason=summary.stop_reason,
-            error_code=summary.error_code,
-            duration_ms=summary.duration_ms,
-            recoveries=summary.recoveries,
-            skipped_events=summary.skipped_events,
         )
 
     async def _settle(self, rec: Recorder) -> None:
         self.ended = True
-        status: TerminalStatus = "succeeded"
         checkpoint_id = await latest_checkpoint_id(self.graph, self.lease.turn_id, just_ran=True)
-        if checkpoint_id is not None:
-            rec.durable(CheckpointCreatedEvent, "post-turn", checkpoint_id=checkpoint_id)
-        summary = self._summary(rec, status, None)
-        self._finished(rec, summary, "post-turn")
-        rec.durable(DoneEvent, "post-turn", status=status)
-        await rec.flush(
-            status=status,
-            summary=summary,
-            release=True,
-            transcript=ended_transcript(rec, status, None, None),
-        )
+        await end_succeeded(rec, self._attempt(), checkpoint_id)
         self._succeeded = True
 
     async def _pause(self, rec: Recorder) -> None:
@@ -569,104 +459,9 @@ class TurnDriver:
     async def _end_failed(self, rec: Recorder, exc: TurnError) -> None:
         self.ended = True
         await self._join_commit_ahead()  # its events, if it failed, commit with the ending
-        status: TerminalStatus = "timed_out" if isinstance(exc, DeadlineExceededError) else "failed"
-        rec.durable(
-            ErrorEvent, "runtime", code=exc.code, message=exc.message, details=_details(exc)
-        )
-        summary = self._summary(rec, status, exc.code)
-        self._finished(rec, summary, "runtime")
-        rec.durable(DoneEvent, "runtime", status=status, error_code=exc.code)
-        with contextlib.suppress(StaleEpochError, LeaseLostError):
-            await rec.flush(
-                status=status,
-                error_code=exc.code,
-                summary=summary,
-                release=True,
-                transcript=ended_transcript(rec, status, exc.code, exc.message),
-            )
+        await end_failed(rec, self._attempt(), exc)
 
     async def _end_aborted(self, rec: Recorder) -> None:
         self.ended = True
         await self._join_commit_ahead()
-        call = rec.open_call
-        if call is not None:
-            kept = _keep_interrupted(rec, call)
-            rec.audit(
-                call.stage_id,
-                call=CallShape(
-                    provider=call.provider,
-                    model=call.model,
-                    family=call.family,
-                    rung=call.rung,
-                    latency_ms=(time.perf_counter() - call.started) * 1000,
-                    # Partial: the provider reports no usage for a stream cut short, so the
-                    # request and the text streamed so far are estimated (budgets count them).
-                    input_tokens=prompt_tokens(call.request) if call.request else 0,
-                    output_tokens=text_tokens("".join(call.text)),
-                    outcome="user-aborted",
-                    error_code="user-aborted",
-                ),
-                payloads=AuditPayloads(interruptedBlock=kept) if kept is not None else None,
-            )
-            rec.open_call = None
-        summary = self._summary(rec, "cancelled", None)
-        self._finished(rec, summary, "runtime")
-        rec.durable(DoneEvent, "runtime", status="cancelled")
-        with contextlib.suppress(StaleEpochError, LeaseLostError):
-            await rec.flush(
-                status="cancelled",
-                summary=summary,
-                release=True,
-                transcript=ended_transcript(rec, "cancelled", None, None),
-            )
-
-
-def _audit_unreadable(
-    rec: Recorder, skipped: Sequence[UnreadableEvent], audit_rows: Sequence[AuditRow]
-) -> None:
-    """Stage an `unreadableEvent` row per skipped event an earlier attempt did not audit."""
-    audited = {
-        row.payloads.unreadable_event.seq
-        for row in audit_rows
-        if row.payloads.unreadable_event is not None
-    }
-    for item in skipped:
-        if item.seq in audited:
-            continue
-        rec.audit(
-            "runtime",
-            call=None,
-            payloads=AuditPayloads(
-                unreadableEvent=UnreadableEventPayload(
-                    seq=item.seq,
-                    event_type=item.type,
-                    reason=item.reason,
-                    size_bytes=item.size_bytes,
-                )
-            ),
-        )
-
-
-def _keep_interrupted(rec: Recorder, call: OpenCall) -> InterruptedBlockPayload | None:
-    """Stage the text a stopped call had streamed as an interrupted block, if any.
-
-    It goes into history, and into the transcript the next turn's model reads.
-    """
-    text = "".join(call.text)
-    if not text.strip():
-        return None
-    block = TextBlock(block_id=call.block_id, text=text, interrupted=True)
-    rec.durable(MessageCompleteEvent, call.stage_id, block=block)
-    rec.transcript = [*rec.transcript, {"role": "assistant", "content": text}]
-    return InterruptedBlockPayload(block_id=call.block_id, chars=len(text))
-
-
-def _details(exc: TurnError) -> dict[str, JsonValue]:
-    """The error's typed attributes, as far as they are plain JSON."""
-    out: dict[str, JsonValue] = {}
-    for key, value in exc.details.items():
-        if isinstance(value, tuple | list):
-            value = [v for v in value if isinstance(v, str | int | float | bool)]
-        if value is None or isinstance(value, str | int | float | bool | list):
-            out[key] = value
-    return out
+        await end_aborted(rec, self._attempt())

@@ -1,0 +1,194 @@
+"""The three endings an attempt can write: succeeded, failed (or timed out), cancelled.
+
+Each stages the attempt's own account (`run.finished`) and `done`, then commits them with
+the turn's terminal state, its summary and its transcript, releasing the lease.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass
+
+from pydantic import JsonValue
+
+from turnkit.audit import AuditPayloads, CallShape, InterruptedBlockPayload
+from turnkit.blocks import TextBlock
+from turnkit.errors import DeadlineExceededError, LeaseLostError, StaleEpochError, TurnError
+from turnkit.events import (
+    CheckpointCreatedEvent,
+    DoneEvent,
+    ErrorEvent,
+    MessageCompleteEvent,
+    RunFinishedEvent,
+    ToolTiming,
+)
+from turnkit.ids import StageId
+from turnkit.runtime._transcript import ended_transcript
+from turnkit.stages._budget import prompt_tokens, text_tokens
+from turnkit.states import TerminalStatus
+from turnkit.store import RunSummary
+from turnkit.telemetry import OpenCall, Recorder
+
+__all__ = ("Attempt", "end_aborted", "end_failed", "end_succeeded")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Attempt:
+    """What an ending reports of the attempt writing it."""
+
+    number: int
+    model: str
+    started: float
+    """`time.perf_counter()` when the attempt began."""
+    skipped_events: int
+    """Committed events of the turn it could not decode."""
+
+
+async def end_succeeded(rec: Recorder, attempt: Attempt, checkpoint_id: str | None) -> None:
+    """Commit a succeeded ending, naming the turn's last checkpoint when there is one."""
+    status: TerminalStatus = "succeeded"
+    if checkpoint_id is not None:
+        rec.durable(CheckpointCreatedEvent, "post-turn", checkpoint_id=checkpoint_id)
+    summary = _summary(rec, attempt, status, None)
+    _finished(rec, summary, "post-turn")
+    rec.durable(DoneEvent, "post-turn", status=status)
+    await rec.flush(
+        status=status,
+        summary=summary,
+        release=True,
+        transcript=ended_transcript(rec, status, None, None),
+    )
+
+
+async def end_failed(rec: Recorder, attempt: Attempt, exc: TurnError) -> None:
+    """Commit a failed ending (`timed_out` for a deadline), with its `error` event.
+
+    A lease lost meanwhile leaves the ending to the attempt that holds it now.
+    """
+    status: TerminalStatus = "timed_out" if isinstance(exc, DeadlineExceededError) else "failed"
+    rec.durable(ErrorEvent, "runtime", code=exc.code, message=exc.message, details=_details(exc))
+    summary = _summary(rec, attempt, status, exc.code)
+    _finished(rec, summary, "runtime")
+    rec.durable(DoneEvent, "runtime", status=status, error_code=exc.code)
+    with contextlib.suppress(StaleEpochError, LeaseLostError):
+        await rec.flush(
+            status=status,
+            error_code=exc.code,
+            summary=summary,
+            release=True,
+            transcript=ended_transcript(rec, status, exc.code, exc.message),
+        )
+
+
+async def end_aborted(rec: Recorder, attempt: Attempt) -> None:
+    """Commit a cancelled ending; a call cut short is audited `user-aborted`.
+
+    The text that call had streamed is kept as an interrupted block.
+    """
+    call = rec.open_call
+    if call is not None:
+        kept = _keep_interrupted(rec, call)
+        rec.audit(
+            call.stage_id,
+            call=CallShape(
+                provider=call.provider,
+                model=call.model,
+                family=call.family,
+                rung=call.rung,
+                latency_ms=(time.perf_counter() - call.started) * 1000,
+                # Partial: the provider reports no usage for a stream cut short, so the
+                # request and the text streamed so far are estimated (budgets count them).
+                input_tokens=prompt_tokens(call.request) if call.request else 0,
+                output_tokens=text_tokens("".join(call.text)),
+                outcome="user-aborted",
+                error_code="user-aborted",
+            ),
+            payloads=AuditPayloads(interruptedBlock=kept) if kept is not None else None,
+        )
+        rec.open_call = None
+    summary = _summary(rec, attempt, "cancelled", None)
+    _finished(rec, summary, "runtime")
+    rec.durable(DoneEvent, "runtime", status="cancelled")
+    with contextlib.suppress(StaleEpochError, LeaseLostError):
+        await rec.flush(
+            status="cancelled",
+            summary=summary,
+            release=True,
+            transcript=ended_transcript(rec, "cancelled", None, None),
+        )
+
+
+def _summary(
+    rec: Recorder, attempt: Attempt, status: TerminalStatus, code: str | None
+) -> RunSummary:
+    usage = rec.usage
+    return RunSummary(
+        status=status,
+        model_calls=usage.model_calls,
+        input_tokens=usage.input_tokens,
+        output_tokens=usage.output_tokens,
+        cached_tokens=usage.cached_tokens,
+        cost_usd=usage.cost_usd,
+        tool_timings=tuple(rec.tool_timings),
+        context_messages=rec.context_messages,
+        context_tokens=rec.context_tokens,
+        stop_reason={"succeeded": "end_turn", "cancelled": "aborted"}.get(status, "error"),
+        error_code=code,
+        duration_ms=(time.perf_counter() - attempt.started) * 1000,
+        model=attempt.model,
+        attempt=attempt.number,
+        skipped_events=attempt.skipped_events,
+        recoveries=sum(1 for k in rec.journal.keys if k.startswith("turn.recovering:")),
+    )
+
+
+def _finished(rec: Recorder, summary: RunSummary, stage: StageId) -> None:
+    """Stage `run.finished`: the attempt's own account, just before `done`."""
+    rec.durable(
+        RunFinishedEvent,
+        stage,
+        status=summary.status,
+        attempt=summary.attempt,
+        model=summary.model,
+        model_calls=summary.model_calls,
+        input_tokens=summary.input_tokens,
+        output_tokens=summary.output_tokens,
+        cached_tokens=summary.cached_tokens,
+        cost_usd=summary.cost_usd,
+        tool_timings=tuple(
+            ToolTiming(tool=name, duration_ms=ms) for name, ms in summary.tool_timings
+        ),
+        context_messages=summary.context_messages,
+        context_tokens=summary.context_tokens,
+        stop_reason=summary.stop_reason,
+        error_code=summary.error_code,
+        duration_ms=summary.duration_ms,
+        recoveries=summary.recoveries,
+        skipped_events=summary.skipped_events,
+    )
+
+
+def _keep_interrupted(rec: Recorder, call: OpenCall) -> InterruptedBlockPayload | None:
+    """Stage the text a stopped call had streamed as an interrupted block, if any.
+
+    It goes into history, and into the transcript the next turn's model reads.
+    """
+    text = "".join(call.text)
+    if not text.strip():
+        return None
+    block = TextBlock(block_id=call.block_id, text=text, interrupted=True)
+    rec.durable(MessageCompleteEvent, call.stage_id, block=block)
+    rec.transcript = [*rec.transcript, {"role": "assistant", "content": text}]
+    return InterruptedBlockPayload(block_id=call.block_id, chars=len(text))
+
+
+def _details(exc: TurnError) -> dict[str, JsonValue]:
+    """The error's typed attributes, as far as they are plain JSON."""
+    out: dict[str, JsonValue] = {}
+    for key, value in exc.details.items():
+        if isinstance(value, tuple | list):
+            value = [v for v in value if isinstance(v, str | int | float | bool)]
+        if value is None or isinstance(value, str | int | float | bool | list):
+            out[key] = value
+    return out
