@@ -1,0 +1,458 @@
+"""Turnkit events → AG-UI events: the `Translator` of one run (one HTTP response).
+
+It sends only what the client does not hold already (`ClientView`, from the run's
+`messages`), holds back a text block whose start it may have missed, and ends the run with
+its outcome: success with usage, cancelled, an error, or an interrupt for a pause.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Final, assert_never, cast
+
+from pydantic import JsonValue
+
+from turnkit.events import (
+    ApprovalRequestedEvent,
+    BudgetPausedEvent,
+    CheckpointCreatedEvent,
+    ClarificationRequestedEvent,
+    CompactionCompletedEvent,
+    CompactionStartedEvent,
+    DoneEvent,
+    DurableEvent,
+    ErrorEvent,
+    GuardrailEvent,
+    HeartbeatEvent,
+    InputGuidedEvent,
+    JobCompletedEvent,
+    JobDispatchedEvent,
+    JobProgressEvent,
+    MessageCitationsEvent,
+    MessageCompleteEvent,
+    MessageDeltaEvent,
+    MessageEntitiesEvent,
+    MessageSnapshotEvent,
+    PluginEmittedEvent,
+    PluginSignalEvent,
+    ProviderCascadeEvent,
+    RunFinishedEvent,
+    SessionRenamedEvent,
+    StepEndEvent,
+    StepStartEvent,
+    StreamEvent,
+    TasksUpdatedEvent,
+    ThinkingCompleteEvent,
+    ThinkingDeltaEvent,
+    ToolCompletedEvent,
+    ToolDeltaEvent,
+    ToolFailedEvent,
+    ToolInDoubtEvent,
+    ToolStartedEvent,
+    TurnRecoveringEvent,
+    TurnStartedEvent,
+    UsageEvent,
+    decode_event,
+)
+from turnkit.ids import TurnId
+from turnkit.pauses import CLARIFY_TOOL
+from turnkit.projection import PendingDecision, decision_of
+from turnkit.protocols._agui_wire import InputMessage
+
+__all__ = ("AgUi", "ClientView", "Translator", "client_view")
+
+log = logging.getLogger("turnkit.protocols")
+
+AgUi = dict[str, JsonValue]
+_APPROVAL_SCHEMA: Final[AgUi] = {
+    "type": "object",
+    "properties": {"approved": {"type": "boolean"}, "note": {"type": "string"}},
+    "required": ["approved"],
+}
+
+
+def _ms(ts: datetime) -> int:
+    """Integer milliseconds since the epoch (AG-UI timestamps)."""
+    return (ts - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(milliseconds=1)
+
+
+def _ev(kind: str, ts: datetime, **fields: JsonValue) -> AgUi:
+    return {"type": kind, "timestamp": _ms(ts), **fields}
+
+
+@dataclass(slots=True, kw_only=True)
+class ClientView:
+    """What the client says it holds already (its `messages`): only the rest is sent."""
+
+    texts: dict[str, str]
+    arguments: dict[str, str]
+    results: set[str]
+
+
+def client_view(messages: Sequence[InputMessage]) -> ClientView:
+    view = ClientView(texts={}, arguments={}, results=set())
+    for message in messages:
+        if message.role == "assistant":
+            if isinstance(message.content, str) and message.message_id:
+                view.texts[message.message_id] = message.content
+            for call in message.tool_calls:
+                view.arguments[call.tool_call_id] = call.function.arguments
+        elif message.role == "tool" and message.tool_call_id:
+            view.results.add(message.tool_call_id)
+    return view
+
+
+@dataclass(slots=True)
+class _Block:
+    """A text block of this stream: the text the client holds, whether START was sent."""
+
+    sent: str = ""
+    opened: bool = False
+    held: bool = False
+    """Its deltas are not forwarded: the rest goes out with its `message.complete`."""
+
+
+class Translator:
+    """Turns one turn's events into the AG-UI events of one run (one HTTP response)."""
+
+    def __init__(
+        self,
+        *,
+        thread_id: str,
+        run_id: str,
+        turn_id: TurnId,
+        client: ClientView,
+        now: Callable[[], datetime],
+    ) -> None:
+        self.run: AgUi = {"threadId": thread_id, "runId": run_id}
+        self.turn_id = turn_id
+        self.client = client
+        self.now = now
+        self.steps: list[str] = []
+        self.blocks: dict[str, _Block] = {}
+        self.parents: dict[str, str] = {}  # generation id → text block of the same call
+        self.ask_user: str | None = None
+        self.error: ErrorEvent | None = None
+        self.usage: UsageEvent | None = None
+        self.model: str | None = None
+        self.views = 0
+        self.trusted_after: int | None = None  # set: only blocks begun after it are whole
+        self.finished = False
+
+    # ── state ──
+
+    def restore(self, past: Sequence[StreamEvent]) -> None:
+        """Take the state the log holds up to the cursor (events the client has)."""
+        for event in past:
+            self._remember(event)
+            if isinstance(event, StepStartEvent):
+                self.steps.append(event.step)
+            elif isinstance(event, StepEndEvent) and event.step in self.steps:
+                self.steps.remove(event.step)
+
+    def notice(self, views: int, seq: int) -> None:
+        """A later view of the buffer (after an outage): deltas before it were lost."""
+        if views != self.views:
+            self.views = views
+            if views > 1:
+                self.trusted_after = seq
+                for block in self.blocks.values():
+                    block.held = True
+
+    def _remember(self, event: StreamEvent) -> None:
+        match event:
+            case MessageCompleteEvent(generation_id=str() as generation):
+                self.parents[generation] = event.block.block_id
+            case ToolStartedEvent() if event.block.tool_name == CLARIFY_TOOL:
+                self.ask_user = event.block.tool_call_id
+            case ErrorEvent():
+                self.error = event
+            case UsageEvent():
+                self.usage = event
+            case RunFinishedEvent():
+                self.model = event.model
+            case _:
+                pass
+
+    # ── the run's edges ──
+
+    def opening(self, *, last: StreamEvent | None, waits_for: PendingDecision | None) -> list[AgUi]:
+        """RUN_STARTED, the steps still open, and the run's end (or its pause) again."""
+        now = self.now()
+        out = [
+            _ev("RUN_STARTED", now, **self.run, metadata={"turnkit": {"turnId": self.turn_id}}),
+            *(_ev("STEP_STARTED", now, stepName=step) for step in self.steps),
+        ]
+        if isinstance(last, DoneEvent):
+            out += self._ending(last, now)
+        elif waits_for is not None:
+            out += self._interrupt(waits_for, now)
+        return out
+
+    def abandon(self) -> list[AgUi]:
+        """The reader stopped before the run's end (the turn was deleted): end it."""
+        if self.finished:
+            return []
+        self.finished, now = True, self.now()
+        message = "the turn's event stream ended before the turn did"
+        return [
+            *self._close(now),
+            _ev("RUN_ERROR", now, message=message, code="internal-error"),
+        ]
+
+    def _end_blocks(self, ts: datetime) -> list[AgUi]:
+        """End the open messages of blocks that will not complete; forget held ones."""
+        out = [_ev("TEXT_MESSAGE_END", ts, messageId=block_id)
+               for block_id, block in self.blocks.items() if block.opened]  # fmt: skip
+        self.blocks.clear()
+        return out
+
+    def _close(self, ts: datetime) -> list[AgUi]:
+        out = self._end_blocks(ts)
+        out += [_ev("STEP_FINISHED", ts, stepName=step) for step in reversed(self.steps)]
+        self.steps.clear()
+        return out
+
+    def _ending(self, done: DoneEvent, ts: datetime) -> list[AgUi]:
+        self.finished = True
+        out = self._close(ts)
+        out.append(
+            _run_end(
+                done,
+                ts,
+                run=self.run,
+                turn_id=self.turn_id,
+                usage=self.usage,
+                model=self.model,
+                error=self.error,
+            )
+        )
+        return out
+
+    def _interrupt(self, request: PendingDecision, ts: datetime) -> list[AgUi]:
+        self.finished = True
+        end = _run_interrupted(
+            request, ts, run=self.run, turn_id=self.turn_id, ask_user=self.ask_user
+        )
+        return [*self._close(ts), end]
+
+    # ── events ──
+
+    def feed(self, data: bytes) -> list[AgUi]:
+        """The AG-UI events for one turnkit event's wire JSON (none if it is unreadable)."""
+        try:
+            event = decode_event(data)
+        except ValueError:
+            log.warning("skipped an unreadable event of turn %s", self.turn_id)
+            return []
+        self._remember(event)
+        out = self._map(event, cast(AgUi, json.loads(data)))
+        if isinstance(event, DurableEvent) and (self.trusted_after or 0) < event.seq:
+            self.trusted_after = None  # committed after the view: later blocks are whole
+        return out
+
+    def _map(self, event: StreamEvent, raw: AgUi) -> list[AgUi]:  # noqa: C901 - a case per kind
+        match event:
+            case StepStartEvent():
+                self.steps.append(event.step)
+                return [_ev("STEP_STARTED", event.ts, stepName=event.step)]
+            case StepEndEvent():
+                if event.step not in self.steps:
+                    return []
+                self.steps.remove(event.step)
+                return [_ev("STEP_FINISHED", event.ts, stepName=event.step)]
+            case MessageDeltaEvent() | MessageSnapshotEvent():
+                return self._text(event)
+            case MessageCompleteEvent():
+                return self._complete(event)
+            case ToolStartedEvent():
+                return self._tool_call(event)
+            case ToolCompletedEvent() | ToolFailedEvent():
+                return self._tool_result(event)
+            case ProviderCascadeEvent():  # the failed rung's block never completes: end it
+                return [*self._end_blocks(event.ts), self._custom(event, raw)]
+            case TurnRecoveringEvent():  # a new attempt may write the open block again
+                for block in self.blocks.values():
+                    block.held = True
+                return [self._custom(event, raw)]
+            case ApprovalRequestedEvent() | ClarificationRequestedEvent():
+                return [self._custom(event, raw), *self._interrupt(decision_of(event), event.ts)]
+            case DoneEvent():
+                return self._ending(event, event.ts)
+            case (
+                TurnStartedEvent() | InputGuidedEvent() | ThinkingDeltaEvent()
+                | ThinkingCompleteEvent() | ToolDeltaEvent() | JobDispatchedEvent()
+                | JobProgressEvent() | JobCompletedEvent() | MessageCitationsEvent()
+                | MessageEntitiesEvent() | GuardrailEvent() | CompactionStartedEvent()
+                | CompactionCompletedEvent() | UsageEvent() | CheckpointCreatedEvent()
+                | HeartbeatEvent() | ToolInDoubtEvent() | TasksUpdatedEvent()
+                | RunFinishedEvent() | ErrorEvent() | PluginEmittedEvent() | PluginSignalEvent()
+                | SessionRenamedEvent() | BudgetPausedEvent()
+            ):  # fmt: skip
+                # A budget pause keeps the run open: the turn goes on by itself once the
+                # limit is raised (nothing for the client to answer).
+                return [self._custom(event, raw)]
+            case _:
+                assert_never(event)
+
+    def _text(self, event: MessageDeltaEvent | MessageSnapshotEvent) -> list[AgUi]:
+        """A delta appends; a snapshot (a reader joining mid-block) says what is there."""
+        block_id = event.block_id
+        block = self.blocks.get(block_id)
+        if block is None:
+            block = self.blocks[block_id] = _Block(sent=self.client.texts.get(block_id, ""))
+            # A delta with no snapshot before it may follow deltas this stream never saw.
+            unsure = block_id in self.client.texts or self.trusted_after is not None
+            block.held = isinstance(event, MessageDeltaEvent) and unsure
+        whole = event.text if isinstance(event, MessageSnapshotEvent) else block.sent + event.text
+        if block.held or not whole.startswith(block.sent):
+            block.held = True  # the rest goes out with `message.complete`
+            return []
+        out = []
+        if not block.opened:
+            block.opened = True
+            out.append(_ev("TEXT_MESSAGE_START", event.ts, messageId=block_id, role="assistant"))
+        if rest := whole[len(block.sent) :]:
+            out.append(_ev("TEXT_MESSAGE_CONTENT", event.ts, messageId=block_id, delta=rest))
+        block.sent = whole
+        return out
+
+    def _complete(self, event: MessageCompleteEvent) -> list[AgUi]:
+        text, block_id = event.block.text, event.block.block_id
+        block = self.blocks.pop(block_id, None) or _Block(sent=self.client.texts.get(block_id, ""))
+        out = []
+        if not block.opened:
+            out.append(_ev("TEXT_MESSAGE_START", event.ts, messageId=block_id, role="assistant"))
+        if not text.startswith(block.sent):
+            log.warning("the client holds text of block %s that the block does not start with",
+                        block_id)  # fmt: skip
+        elif rest := text[len(block.sent) :]:
+            out.append(_ev("TEXT_MESSAGE_CONTENT", event.ts, messageId=block_id, delta=rest))
+        out.append(_ev("TEXT_MESSAGE_END", event.ts, messageId=block_id))
+        return out
+
+    def _tool_call(self, event: ToolStartedEvent) -> list[AgUi]:
+        call, ts = event.block, event.ts
+        start: AgUi = {"toolCallId": call.tool_call_id, "toolCallName": call.tool_name}
+        if event.generation_id in self.parents:
+            start["parentMessageId"] = self.parents[event.generation_id]
+        arguments = json.dumps(call.arguments, ensure_ascii=False, separators=(",", ":"))
+        held = self.client.arguments.get(call.tool_call_id, "")
+        out = [_ev("TOOL_CALL_START", ts, **start)]
+        if arguments.startswith(held) and (rest := arguments[len(held) :]):
+            out.append(_ev("TOOL_CALL_ARGS", ts, toolCallId=call.tool_call_id, delta=rest))
+        out.append(_ev("TOOL_CALL_END", ts, toolCallId=call.tool_call_id))
+        return out
+
+    def _tool_result(self, event: ToolCompletedEvent | ToolFailedEvent) -> list[AgUi]:
+        if event.tool_call_id in self.client.results:
+            return []  # the client has it already
+        result = event.result
+        fields: AgUi = {
+            "messageId": f"result_{event.tool_call_id}",
+            "toolCallId": event.tool_call_id,
+            "role": "tool",
+        }
+        if isinstance(event, ToolFailedEvent) or result.is_error:
+            fields["content"] = result.error or "the tool failed"
+            code = event.code if isinstance(event, ToolFailedEvent) else "tool-error"
+            fields["metadata"] = {"turnkit": {"isError": True, "code": code}}
+        elif isinstance(result.output, str):
+            fields["content"] = result.output
+        else:
+            fields["content"] = json.dumps(result.output, ensure_ascii=False)
+        return [_ev("TOOL_CALL_RESULT", event.ts, **fields)]
+
+    def _custom(self, event: StreamEvent, raw: AgUi) -> AgUi:
+        return _ev("CUSTOM", event.ts, name=f"turnkit.{event.type}", value=raw)
+
+
+# ── the run's end ─────────────────────────────────────────────────────────────────────
+
+
+def _run_end(
+    done: DoneEvent,
+    ts: datetime,
+    *,
+    run: AgUi,
+    turn_id: TurnId,
+    usage: UsageEvent | None,
+    model: str | None,
+    error: ErrorEvent | None,
+) -> AgUi:
+    """RUN_FINISHED (with the turn's usage) or RUN_ERROR, for a turn that is done."""
+    match done.status:
+        case "succeeded":
+            result: AgUi = {"turnId": turn_id}
+            extra: AgUi = {}
+            if (u := usage) is not None:
+                result["usage"] = {
+                    "modelCalls": u.model_calls,
+                    "inputTokens": u.input_tokens,
+                    "outputTokens": u.output_tokens,
+                    "cachedTokens": u.cached_tokens,
+                    "costUsd": u.cost_usd,
+                }
+                tokens: AgUi = {
+                    "inputTokens": u.input_tokens,
+                    "outputTokens": u.output_tokens,
+                    "totalTokens": u.input_tokens + u.output_tokens,
+                    "cachedInputTokens": u.cached_tokens,
+                }
+                extra["usage"] = [tokens | ({"model": model} if model else {})]
+            outcome: AgUi = {"type": "success"}
+            return _ev("RUN_FINISHED", ts, **run, outcome=outcome, result=result, **extra)
+        case "cancelled":
+            return _ev("RUN_FINISHED", ts, **run, outcome={"type": "cancelled"})
+        case "failed" | "timed_out":
+            message = error.message if error else f"the turn {done.status}"
+            code = error.code if error else (done.error_code or done.status)
+            return _ev("RUN_ERROR", ts, message=message, code=code)
+        case _:
+            assert_never(done.status)
+
+
+def _run_interrupted(
+    request: PendingDecision, ts: datetime, *, run: AgUi, turn_id: TurnId, ask_user: str | None
+) -> AgUi:
+    """RUN_FINISHED with an interrupt outcome: the pause's question, and how to answer it."""
+    turnkit: AgUi = {"turnId": turn_id}
+    interrupt: AgUi = {"id": request.request_id}
+    if request.kind == "approval":
+        interrupt |= {
+            "reason": "tool_call",
+            "message": request.summary,
+            "toolCallId": request.tool_call_id,
+            "responseSchema": _APPROVAL_SCHEMA,
+        }
+        turnkit |= {
+            "kind": "approval",
+            "toolCallId": request.tool_call_id,
+            "toolName": request.tool_name,
+            "arguments": request.arguments,
+            "summary": request.summary,
+        }
+    else:
+        answer: AgUi = {"type": "string"}
+        if request.choices:
+            answer["examples"] = list(request.choices)
+        schema: AgUi = {"type": "object", "properties": {"answer": answer}}
+        interrupt |= {
+            "reason": "input_required",
+            "message": request.question,
+            "responseSchema": schema | {"required": ["answer"]},
+        }
+        turnkit |= {
+            "kind": "clarification",
+            "question": request.question,
+            "choices": list(request.choices),
+        }
+        if ask_user is not None:
+            interrupt["toolCallId"] = turnkit["toolCallId"] = ask_user
+    interrupt["metadata"] = {"turnkit": turnkit}
+    outcome: AgUi = {"type": "interrupt", "interrupts": [interrupt]}
+    return _ev("RUN_FINISHED", ts, **run, outcome=outcome)
