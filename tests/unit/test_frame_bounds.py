@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 
-from turnkit.protocols.agui import _Bound
+from turnkit.protocols._agui_stream import Bound
 from turnkit.protocols.ai_sdk import _bounded
 
 
 def test_ag_ui_stands_in_for_a_large_event_and_keeps_its_id() -> None:
-    bound = _Bound(200, "turn_1")
+    bound = Bound(200, "turn_1")
     big = {"type": "CUSTOM", "timestamp": 1, "name": "turnkit.plugin.x", "value": "y" * 500}
     sent = bound.frame(big, 7)
     event = json.loads(str(sent.data))
@@ -23,7 +23,7 @@ def test_ag_ui_stands_in_for_a_large_event_and_keeps_its_id() -> None:
 
 
 def test_ag_ui_sends_a_run_s_structure_whatever_its_size() -> None:
-    bound = _Bound(200, "turn_1")
+    bound = Bound(200, "turn_1")
     finished = {"type": "RUN_FINISHED", "timestamp": 1, "threadId": "t" * 500, "runId": "r"}
     assert json.loads(str(bound.frame(finished, 9).data)) == finished
 

@@ -1,6 +1,6 @@
 """The body of an AG-UI response: turnkit frames in, AG-UI SSE frames out, each within a bound.
 
-`stream` writes the run's opening, then the AG-UI events of each batch the reader hands
+`stream_run` writes the run's opening, then the AG-UI events of each batch the reader hands
 over (a batch's frames in one write), a comment line for each keep-alive, and stops at the
 run's end. `Bound` keeps a frame within the size limit; `BufferView` is the runtime's
 replay buffer as the reader sees it, counting its views so the translator knows when
@@ -25,12 +25,12 @@ from turnkit.replay import BufferEntry, ReplayBuffer
 from turnkit.runtime.reader import KEEPALIVE, Frame
 from turnkit.store import Store
 
-__all__ = ("Bound", "BufferView", "stream")
+__all__ = ("Bound", "BufferView", "stream_run")
 
 log = logging.getLogger("turnkit.protocols")
 
 
-async def stream(
+async def stream_run(
     translator: Translator,
     opening: list[AgUi],
     batches: AsyncGenerator[object, None],

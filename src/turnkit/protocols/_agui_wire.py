@@ -2,7 +2,7 @@
 
 The models are camelCase on the wire and accept unknown fields, as AG-UI allows; only what
 the adapter reads is checked. `user_content` is the turn's content (the last user message)
-and `resolution` the turnkit answer a `resume` entry gives.
+and `resolution_of` the turnkit answer a `resume` entry gives.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ __all__ = (
     "InputToolCall",
     "ResumeEntry",
     "RunAgentInput",
-    "resolution",
+    "resolution_of",
     "user_content",
 )
 
@@ -128,7 +128,7 @@ def _part(part: JsonValue) -> TextPart | ImagePart:
     )
 
 
-def resolution(request: PendingDecision, entry: ResumeEntry) -> Resolution:
+def resolution_of(request: PendingDecision, entry: ResumeEntry) -> Resolution:
     """The turnkit answer a resume entry gives."""
     payload = entry.payload if isinstance(entry.payload, dict) else {}
     try:

@@ -38,24 +38,16 @@ from turnkit.errors import (
 from turnkit.events import StreamEvent
 from turnkit.ids import SessionId, TurnId
 from turnkit.projection import PendingDecision, project
-from turnkit.protocols._agui_stream import (
-    Bound as _Bound,
-    BufferView as _BufferView,
-    stream as _stream,
-)
-from turnkit.protocols._agui_translate import (
-    AgUi as _AgUi,
-    Translator as _Translator,
-    client_view as _client_view,
-)
+from turnkit.protocols._agui_stream import Bound, BufferView, stream_run
+from turnkit.protocols._agui_translate import AgUi, Translator, client_view
 from turnkit.protocols._agui_wire import (
     ForwardedProps,
     InputMessage,
     InputToolCall,
     ResumeEntry,
     RunAgentInput,
-    resolution as _resolution,
-    user_content as _user_content,
+    resolution_of,
+    user_content,
 )
 from turnkit.runtime import SessionRuntime
 from turnkit.runtime.reader import TurnReader, check_cursor, parse_cursor, set_once_sent
@@ -144,7 +136,7 @@ def create_agui_router(
             return await _resume(runtime, body, cursor, extra)
         if cursor is not None:  # a reconnect: its turn exists already, nothing is written
             return await _turn_of_run(runtime, body.thread_id, body.run_id), cursor
-        content = _user_content(body.messages)
+        content = user_content(body.messages)
         await _refuse_when_paused(runtime, body.thread_id, body.run_id)
         submission = await runtime.start(
             body.thread_id,
@@ -173,15 +165,15 @@ def create_agui_router(
         sent = asyncio.Event()
         record, after = await turn_of(body, cursor, principal, request_deps, sent)
         check_cursor(record, after)
-        translator = _Translator(
+        translator = Translator(
             thread_id=body.thread_id,
             run_id=body.run_id,
             turn_id=record.turn_id,
-            client=_client_view(body.messages),
+            client=client_view(body.messages),
             now=runtime.clock.now,
         )
         opening = await _opening(runtime, translator, record.turn_id, after, body.resume is None)
-        view = _BufferView(runtime.replay, runtime.store)
+        view = BufferView(runtime.replay, runtime.store)
         reader = TurnReader(
             store=runtime.store,
             buffer=view,
@@ -193,9 +185,9 @@ def create_agui_router(
             AsyncGenerator[object, None],
             reader.follow_batches(record.turn_id, after_seq=after),
         )
-        bound = _Bound(max_frame_bytes, record.turn_id)
+        bound = Bound(max_frame_bytes, record.turn_id)
         return EventSourceResponse(
-            set_once_sent(_stream(translator, opening, batches, view, bound), sent),
+            set_once_sent(stream_run(translator, opening, batches, view, bound), sent),
             headers={"X-Turn-Id": record.turn_id, "Cache-Control": "no-store"},
             # Keep-alives are single comment lines from the reader; sse-starlette's ping
             # (`None` means its 15 s default) ends with a blank line: never let it fire.
@@ -217,7 +209,7 @@ async def _resume(
             f"not {len(entries)}"
         )
     record, request = await _find_request(runtime, body.thread_id, entries[0].interrupt_id)
-    resolution = _resolution(request, entries[0])
+    resolution = resolution_of(request, entries[0])
     after = request.seq if cursor is None else cursor
     check_cursor(record, after)
     try:
@@ -229,8 +221,8 @@ async def _resume(
 
 
 async def _opening(
-    runtime: SessionRuntime, translator: _Translator, turn_id: TurnId, after: int, restate: bool
-) -> list[_AgUi]:
+    runtime: SessionRuntime, translator: Translator, turn_id: TurnId, after: int, restate: bool
+) -> list[AgUi]:
     """RUN_STARTED and the state the log holds up to the cursor (open steps, a pause)."""
     past: list[StreamEvent] = []
     if after > 0:
