@@ -27,10 +27,15 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import cast
 
-from fastapi import FastAPI
-from fastapi.responses import FileResponse, Response
-from fastapi.staticfiles import StaticFiles
-from starlette.types import Scope
+try:
+    from fastapi import FastAPI
+    from fastapi.responses import FileResponse, Response
+    from fastapi.staticfiles import StaticFiles
+    from starlette.types import Scope
+except ImportError as exc:  # pragma: no cover - depends on the install
+    raise ImportError(
+        'the quickstart app needs the "fastapi" extra: pip install "turnkit[fastapi]"'
+    ) from exc
 
 from turnkit.agent import load_agents
 from turnkit.config import Durability, RuntimeConfig

@@ -24,8 +24,13 @@ import logging
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Annotated, Any, Final, cast
 
-from fastapi import APIRouter, Depends, Header, Response
-from sse_starlette import EventSourceResponse
+try:
+    from fastapi import APIRouter, Depends, Header, Response
+    from sse_starlette import EventSourceResponse
+except ImportError as exc:  # pragma: no cover - depends on the install
+    raise ImportError(
+        'the AG-UI route needs the "fastapi" extra: pip install "turnkit[fastapi]"'
+    ) from exc
 
 from turnkit.errors import (
     ConfigurationError,

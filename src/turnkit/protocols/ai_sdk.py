@@ -19,9 +19,15 @@ import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
 from typing import Annotated, Any, Final, Literal, assert_never, cast
 
-from fastapi import APIRouter, Depends, Path, Response
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError
-from sse_starlette import EventSourceResponse
+
+try:
+    from fastapi import APIRouter, Depends, Path, Response
+    from sse_starlette import EventSourceResponse
+except ImportError as exc:  # pragma: no cover - depends on the install
+    raise ImportError(
+        'the AI SDK route needs the "fastapi" extra: pip install "turnkit[fastapi]"'
+    ) from exc
 
 from turnkit.blocks import ImagePart, TextPart
 from turnkit.errors import (
