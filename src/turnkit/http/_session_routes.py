@@ -1,0 +1,246 @@
+"""The routes of a caller's sessions: list, create, read, rename, delete; skills and usage."""
+
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Depends, Query, Response
+
+from turnkit.errors import InvalidInputError, NotFoundError
+from turnkit.http._access import Principal, SessionPath, owned, visible_session
+from turnkit.http._admin import require_admin
+from turnkit.http.models import (
+    PendingListOut,
+    PendingOut,
+    QueuedInputOut,
+    QueueOut,
+    SessionBody,
+    SessionOut,
+    SkillOut,
+    TurnOut,
+    UsageGroup,
+    UsageLineOut,
+    UsageOut,
+    WorkspaceFileOut,
+    WorkspaceFilesOut,
+)
+from turnkit.ids import SessionId, uuid7
+from turnkit.runtime import SessionRuntime
+from turnkit.runtime._history import turn_history
+from turnkit.store import WorkspaceFile
+from turnkit.tenancy import Principal as TenantPrincipal
+
+__all__ = ("add_session_routes",)
+
+
+def add_session_routes(
+    router: APIRouter,
+    runtime: SessionRuntime,
+    *,
+    who: Callable[..., Awaitable[TenantPrincipal | None]],
+    principal_id: Callable[..., Awaitable[Principal]],
+) -> None:
+    """`GET`/`POST /sessions`, `/skills`, `/usage` and the `/sessions/{session_id}` routes.
+
+    Per session: the approvals and questions it waits for, its queue, its history, its
+    workspace files, `PATCH` (rename) and `DELETE`.
+    """
+    _add_listing_routes(router, runtime, principal_id=principal_id)
+    _add_account_routes(router, runtime, who=who, principal_id=principal_id)
+    _add_read_routes(router, runtime, principal_id=principal_id)
+    _add_file_routes(router, runtime, principal_id=principal_id)
+    _add_edit_routes(router, runtime, principal_id=principal_id)
+
+
+def _add_listing_routes(
+    router: APIRouter,
+    runtime: SessionRuntime,
+    *,
+    principal_id: Callable[..., Awaitable[Principal]],
+) -> None:
+    Caller = Annotated[Principal, Depends(principal_id)]
+
+    @router.get("/sessions", response_model=list[SessionOut], summary="Your sessions")
+    async def list_sessions(
+        principal: Caller, limit: Annotated[int, Query(ge=1, le=500)] = 100
+    ) -> list[SessionOut]:
+        # An anonymous caller sees only sessions nobody owns, never another principal's.
+        records = await runtime.store.list_sessions(
+            principal=principal, anonymous=principal is None, limit=limit
+        )
+        return [SessionOut.model_validate(r) for r in records]
+
+    @router.post(
+        "/sessions",
+        response_model=SessionOut,
+        status_code=201,
+        summary="New session",
+        responses={200: {"model": SessionOut, "description": "It existed: left as it was"}},
+    )
+    async def create_session(
+        body: SessionBody, principal: Caller, response: Response
+    ) -> SessionOut:
+        session_id = body.session_id or f"s_{uuid7()}"
+        existing = await runtime.store.get_session(SessionId(session_id))
+        if existing is not None:
+            owned(existing, session_id, principal)
+            response.status_code = 200  # creating it again changes nothing
+        record = await runtime.create_session(session_id, principal=principal, title=body.title)
+        # Someone may have created it between the read and the write: it must be ours too.
+        return SessionOut.model_validate(owned(record, session_id, principal))
+
+
+def _add_account_routes(
+    router: APIRouter,
+    runtime: SessionRuntime,
+    *,
+    who: Callable[..., Awaitable[TenantPrincipal | None]],
+    principal_id: Callable[..., Awaitable[Principal]],
+) -> None:
+    Caller = Annotated[Principal, Depends(principal_id)]
+    Who = Annotated[TenantPrincipal | None, Depends(who)]
+
+    @router.get("/skills", response_model=list[SkillOut], summary="Skills you may pick")
+    async def skills(principal: Caller) -> list[SkillOut]:
+        return [
+            SkillOut(
+                ref=s.ref, slug=s.slug, name=s.name, description=s.description, builtin=s.builtin
+            )
+            for s in await runtime.skills(principal)
+        ]
+
+    @router.get("/usage", response_model=UsageOut, summary="Usage by session, principal, …")
+    async def usage_report(
+        caller: Who,
+        by: Annotated[UsageGroup, Query(description="Group by.")] = "day",
+        scope: Annotated[
+            Literal["self", "organisation"],
+            Query(description="Your own usage, or (admins) your organisation's."),
+        ] = "self",
+        since: Annotated[datetime | None, Query(description="From (inclusive).")] = None,
+        until: Annotated[datetime | None, Query(description="To (exclusive).")] = None,
+    ) -> UsageOut:
+        if scope == "organisation":  # everyone's in the admin's organisation
+            organisation, pid = require_admin(caller).organisation, None
+        else:
+            organisation, pid = None, caller.id if caller is not None else None
+        lines = await runtime.store.usage_report(
+            by=by,
+            principal=pid,
+            anonymous=scope == "self" and pid is None,
+            since=since,
+            until=until,
+            organisation=organisation,
+        )
+        return UsageOut(
+            by=by, scope=scope, lines=[UsageLineOut.model_validate(line) for line in lines]
+        )
+
+
+def _add_read_routes(
+    router: APIRouter,
+    runtime: SessionRuntime,
+    *,
+    principal_id: Callable[..., Awaitable[Principal]],
+) -> None:
+    Caller = Annotated[Principal, Depends(principal_id)]
+
+    @router.get(
+        "/sessions/{session_id}/pending",
+        response_model=PendingListOut,
+        summary="The approvals and questions the session's paused turns wait for",
+    )
+    async def session_pending(session_id: SessionPath, principal: Caller) -> PendingListOut:
+        await visible_session(runtime, session_id, principal)
+        found = await runtime.pending(session_id)
+        return PendingListOut(pending=[PendingOut.model_validate(p) for p in found])
+
+    @router.get(
+        "/sessions/{session_id}/queue",
+        response_model=QueueOut,
+        summary="Messages the session holds that no turn has answered yet",
+    )
+    async def session_queue(session_id: SessionPath, principal: Caller) -> QueueOut:
+        await visible_session(runtime, session_id, principal)
+        found = await runtime.queue(session_id)
+        return QueueOut(queue=[QueuedInputOut.model_validate(q) for q in found])
+
+    @router.get(
+        "/sessions/{session_id}/history",
+        response_model=list[TurnOut],
+        summary="Committed blocks per turn",
+    )
+    async def history(session_id: SessionPath, principal: Caller) -> list[TurnOut]:
+        await visible_session(runtime, session_id, principal)
+        turns = await runtime.store.list_turns(SessionId(session_id))
+        return [TurnOut.model_validate(await turn_history(runtime.store, t)) for t in turns]
+
+
+def _file_response(found: WorkspaceFile) -> Response:
+    return Response(
+        found.content.encode(),
+        media_type=f"{found.media_type}; charset=utf-8",
+        headers={
+            "ETag": f'"{found.version}"',
+            "Cache-Control": "no-cache",
+            # Model-written content: never sniffed, never run as a page of this origin.
+            "X-Content-Type-Options": "nosniff",
+            "Content-Security-Policy": "sandbox; default-src 'none'",
+        },
+    )
+
+
+def _add_file_routes(
+    router: APIRouter,
+    runtime: SessionRuntime,
+    *,
+    principal_id: Callable[..., Awaitable[Principal]],
+) -> None:
+    Caller = Annotated[Principal, Depends(principal_id)]
+
+    @router.get(
+        "/sessions/{session_id}/files",
+        response_model=WorkspaceFilesOut,
+        summary="The session's workspace files (without content)",
+    )
+    async def list_files(session_id: SessionPath, principal: Caller) -> WorkspaceFilesOut:
+        await visible_session(runtime, session_id, principal)
+        found = await runtime.store.list_files(SessionId(session_id))
+        return WorkspaceFilesOut(files=[WorkspaceFileOut.model_validate(f) for f in found])
+
+    @router.get(
+        "/sessions/{session_id}/files/{path:path}",
+        response_class=Response,
+        summary="One workspace file's content",
+        responses={200: {"content": {"text/plain": {}}}},
+    )
+    async def read_file(session_id: SessionPath, path: str, principal: Caller) -> Response:
+        await visible_session(runtime, session_id, principal)
+        found = await runtime.store.read_file(SessionId(session_id), path)
+        if found is None:
+            raise NotFoundError(f"session {session_id!r} has no file {path!r}", path=path)
+        return _file_response(found)
+
+
+def _add_edit_routes(
+    router: APIRouter,
+    runtime: SessionRuntime,
+    *,
+    principal_id: Callable[..., Awaitable[Principal]],
+) -> None:
+    Caller = Annotated[Principal, Depends(principal_id)]
+
+    @router.patch("/sessions/{session_id}", response_model=SessionOut, summary="Rename")
+    async def rename(session_id: SessionPath, body: SessionBody, principal: Caller) -> SessionOut:
+        await visible_session(runtime, session_id, principal)
+        if body.title is None:
+            raise InvalidInputError("send a `title` to rename the session")
+        return SessionOut.model_validate(
+            await runtime.store.rename_session(SessionId(session_id), body.title)
+        )
+
+    @router.delete("/sessions/{session_id}", status_code=204, summary="Delete a session")
+    async def delete(session_id: SessionPath, principal: Caller) -> Response:
+        await visible_session(runtime, session_id, principal)
+        await runtime.store.delete_session(SessionId(session_id))
+        return Response(status_code=204)
