@@ -30,7 +30,7 @@ def test_the_core_imports_without_the_web_extra() -> None:
 
 @pytest.mark.parametrize(
     "module",
-    ["turnkit.protocols.agui", "turnkit.protocols.ai_sdk", "turnkit.quickstart"],
+    ["turnkit.http", "turnkit.protocols.agui", "turnkit.protocols.ai_sdk", "turnkit.quickstart"],
 )
 def test_a_web_adapter_names_its_extra(module: str) -> None:
     done = _import_without(_WEB, f"import {module}")

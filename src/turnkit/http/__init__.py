@@ -11,7 +11,12 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Response
+try:
+    from fastapi import APIRouter, Depends, Response
+except ImportError as exc:  # pragma: no cover - depends on the install
+    raise ImportError(
+        'the HTTP routes need the "fastapi" extra: pip install "turnkit[fastapi]"'
+    ) from exc
 
 from turnkit.errors import ConfigurationError
 from turnkit.http._access import Principal
