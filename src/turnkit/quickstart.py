@@ -33,8 +33,9 @@ try:
     from fastapi.staticfiles import StaticFiles
     from starlette.types import Scope
 except ImportError as exc:  # pragma: no cover - depends on the install
-    raise ImportError(
-        'the quickstart app needs the "fastapi" extra: pip install "turnkit[fastapi]"'
+    raise ModuleNotFoundError(
+        'the quickstart app needs the "fastapi" extra: pip install "turnkit[fastapi]"',
+        name=exc.name,
     ) from exc
 
 from turnkit.agent import load_agents

@@ -13,6 +13,7 @@ import pytest
 from fastapi import FastAPI, Header
 
 from turnkit import Agent, Department, Organisation, Principal, RuntimeConfig, SessionRuntime
+from turnkit.errors import CallbackTokenError
 from turnkit.http import create_turnkit_router, install_problem_handlers
 from turnkit.http._admin import CALLBACK_TOKEN_HEADER
 from turnkit.testing import ModelStep, ScriptedModel, call
@@ -217,3 +218,15 @@ async def test_a_callback_reaches_only_its_running_turn(tmp_path: Path) -> None:
 
         finished = await http.post(url, json=body, headers={CALLBACK_TOKEN_HEADER: token})
         assert (finished.status_code, finished.json()["code"]) == (409, "turn-not-running")
+
+
+async def test_a_forged_callback_is_refused_before_anything_is_read(tmp_path: Path) -> None:
+    runtime = SessionRuntime(
+        agent=Agent(model=ScriptedModel([])),
+        config=RuntimeConfig(
+            database_url=f"sqlite:///{tmp_path / 'closed.db'}",
+            callback_secret="s3cret-shared-by-every-process",
+        ),
+    )  # never opened: a token check must not need the database
+    with pytest.raises(CallbackTokenError):
+        await runtime.verify_callback("turn_1", "tkcb_forged")

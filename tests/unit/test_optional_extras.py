@@ -36,7 +36,14 @@ def test_a_web_adapter_names_its_extra(module: str) -> None:
     done = _import_without(_WEB, f"import {module}")
     assert done.returncode != 0
     last = done.stderr.strip().splitlines()[-1]
-    assert last.startswith("ImportError: "), last
+    assert last.startswith("ModuleNotFoundError: "), last
+    assert 'pip install "turnkit[fastapi]"' in last
+
+
+def test_the_routes_name_the_extra_when_only_sse_starlette_is_missing() -> None:
+    done = _import_without(("sse_starlette",), "import turnkit.http")
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("ModuleNotFoundError: "), last
     assert 'pip install "turnkit[fastapi]"' in last
 
 

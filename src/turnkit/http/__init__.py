@@ -14,8 +14,9 @@ from typing import Annotated, Any
 try:
     from fastapi import APIRouter, Depends, Response
 except ImportError as exc:  # pragma: no cover - depends on the install
-    raise ImportError(
-        'the HTTP routes need the "fastapi" extra: pip install "turnkit[fastapi]"'
+    raise ModuleNotFoundError(
+        'the HTTP routes need the "fastapi" extra: pip install "turnkit[fastapi]"',
+        name=exc.name,
     ) from exc
 
 from turnkit.errors import ConfigurationError

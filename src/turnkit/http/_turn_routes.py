@@ -6,7 +6,14 @@ from dataclasses import dataclass
 from typing import Annotated, Any, cast
 
 from fastapi import APIRouter, Depends, Header, Query, Response
-from sse_starlette import EventSourceResponse
+
+try:
+    from sse_starlette import EventSourceResponse
+except ImportError as exc:  # pragma: no cover - depends on the install
+    raise ModuleNotFoundError(
+        'the HTTP routes need the "fastapi" extra: pip install "turnkit[fastapi]"',
+        name=exc.name,
+    ) from exc
 
 from turnkit.http._access import Principal, SessionPath, owned, visible_turn
 from turnkit.http.models import (

@@ -28,8 +28,9 @@ try:
     from fastapi import APIRouter, Depends, Header, Response
     from sse_starlette import EventSourceResponse
 except ImportError as exc:  # pragma: no cover - depends on the install
-    raise ImportError(
-        'the AG-UI route needs the "fastapi" extra: pip install "turnkit[fastapi]"'
+    raise ModuleNotFoundError(
+        'the AG-UI route needs the "fastapi" extra: pip install "turnkit[fastapi]"',
+        name=exc.name,
     ) from exc
 
 from turnkit.errors import (

@@ -18,8 +18,9 @@ from turnkit.replay import START, BufferEntry, ReplaySettings
 try:
     import redis.asyncio as aioredis
 except ImportError as exc:  # pragma: no cover - depends on the install
-    raise ImportError(
-        'RedisReplayBuffer needs the "redis" extra: pip install "turnkit[redis]"'
+    raise ModuleNotFoundError(
+        'RedisReplayBuffer needs the "redis" extra: pip install "turnkit[redis]"',
+        name=exc.name,
     ) from exc
 
 __all__ = ("RedisReplayBuffer",)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from datetime import datetime
 
 from pydantic import ValidationError
@@ -21,9 +22,11 @@ log = logging.getLogger("turnkit.runtime")
 
 
 async def callback_scope(
-    store: Store, secret: str | None, turn_id: str, token: str
+    store: Callable[[], Store], secret: str | None, turn_id: str, token: str
 ) -> CallbackScope:
     """Check a callback's token and that its turn is running; who it acts for.
+
+    The token is checked before anything is read (`store` is asked for only then).
 
     Raises:
         CallbackTokenError: not this turn's token (or no secret).
@@ -31,7 +34,7 @@ async def callback_scope(
         TurnNotRunningError: the turn finished, failed, was cancelled or is paused.
     """
     check_callback_token(secret, turn_id, token)
-    record = await store.get_turn(TurnId(turn_id))
+    record = await store().get_turn(TurnId(turn_id))
     if record is None:
         raise TurnNotFoundError(f"no turn {turn_id!r}", turn_id=turn_id)
     if record.status != "running":
