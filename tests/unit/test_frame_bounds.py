@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from turnkit.protocols._agui_stream import Bound
-from turnkit.protocols.ai_sdk import _bounded
+from turnkit.protocols._ai_sdk_stream import bounded
 
 
 def test_ag_ui_stands_in_for_a_large_event_and_keeps_its_id() -> None:
@@ -30,9 +30,9 @@ def test_ag_ui_sends_a_run_s_structure_whatever_its_size() -> None:
 
 def test_ai_sdk_stands_in_for_a_large_chunk_but_not_for_structure() -> None:
     delta = {"type": "text-delta", "id": "b1", "delta": "y" * 500}
-    stand_in = json.loads(_bounded(delta, 200, "turn_1").removeprefix(b"data: "))
+    stand_in = json.loads(bounded(delta, 200, "turn_1").removeprefix(b"data: "))
     assert stand_in["type"] == "data-turnkit-frame-dropped"
     assert stand_in["transient"] is True
     assert stand_in["data"]["type"] == "text-delta"
     start = {"type": "tool-input-available", "toolCallId": "c1", "input": {"text": "y" * 500}}
-    assert json.loads(_bounded(start, 200, "turn_1").removeprefix(b"data: ")) == start
+    assert json.loads(bounded(start, 200, "turn_1").removeprefix(b"data: ")) == start

@@ -1,0 +1,369 @@
+"""Turnkit events → AI SDK UI message stream chunks: the translator of one assistant message.
+
+A message is one turn. `UIMessageStreamTranslator` opens it with `start`, turns each event
+into its chunks (text and reasoning parts inside steps, tool parts, sources, and a
+`data-turnkit-*` part for the rest) and closes it with `finish`, whose metadata carries the
+turn's status, error code and usage.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Final, Literal, assert_never
+
+from pydantic import JsonValue
+
+from turnkit.events import (
+    ApprovalRequestedEvent,
+    BudgetPausedEvent,
+    CheckpointCreatedEvent,
+    ClarificationRequestedEvent,
+    CompactionCompletedEvent,
+    CompactionStartedEvent,
+    DoneEvent,
+    ErrorEvent,
+    GuardrailEvent,
+    HeartbeatEvent,
+    InputGuidedEvent,
+    JobCompletedEvent,
+    JobDispatchedEvent,
+    JobProgressEvent,
+    MessageCitationsEvent,
+    MessageCompleteEvent,
+    MessageDeltaEvent,
+    MessageEntitiesEvent,
+    MessageSnapshotEvent,
+    PluginEmittedEvent,
+    PluginSignalEvent,
+    ProviderCascadeEvent,
+    RunFinishedEvent,
+    SessionRenamedEvent,
+    StepEndEvent,
+    StepStartEvent,
+    StreamEvent,
+    TasksUpdatedEvent,
+    ThinkingCompleteEvent,
+    ThinkingDeltaEvent,
+    ToolCompletedEvent,
+    ToolDeltaEvent,
+    ToolFailedEvent,
+    ToolInDoubtEvent,
+    ToolStartedEvent,
+    TurnRecoveringEvent,
+    TurnStartedEvent,
+    UsageEvent,
+)
+
+__all__ = ("Chunk", "UIMessageStreamTranslator")
+
+Chunk = dict[str, JsonValue]
+"""One UI message stream chunk, as the SDK's `uiMessageChunkSchema` reads it."""
+_FINISH_REASONS: Final[Mapping[str, str]] = {
+    "succeeded": "stop",
+    "failed": "error",
+    "timed_out": "error",
+    "cancelled": "other",
+    "awaiting_approval": "tool-calls",
+    "awaiting_input": "tool-calls",
+}
+
+
+def _event_json(event: StreamEvent) -> JsonValue:
+    dumped: JsonValue = event.model_dump(mode="json")
+    return dumped
+
+
+class UIMessageStreamTranslator:
+    """turnkit events → UI message stream chunks, for one assistant message (one turn).
+
+    Feed a turn's events in log order to `translate`; `start()` opens the message and
+    `finish()` closes it (open blocks, the open step, then `finish`). A step
+    (`start-step`/`finish-step`) is one model call: it opens with the call's first
+    content and closes at the stage's `step.end`, or, when a text block of that call is
+    still open there (the loop's answer completes in `synthesize`), once it completes.
+    """
+
+    def __init__(self, *, message_id: str, metadata: Mapping[str, JsonValue] | None = None):
+        self.message_id = message_id
+        self.metadata: dict[str, JsonValue] = {"turnId": message_id, **(metadata or {})}
+        self.status: str | None = None
+        """The turn's terminal status (`done`), or the pause it stopped at."""
+        self.error_code: str | None = None
+        self._step: Literal["closed", "open", "closing"] = "closed"
+        self._texts: dict[str, str] = {}
+        self._stages: dict[str, str] = {}
+        self._reasoning: dict[str, str] = {}
+        self._ended: set[str] = set()
+        self._ended_reasoning: set[str] = set()
+        self._tools: set[str] = set()
+        self._usage: dict[str, JsonValue] | None = None
+
+    def start(self) -> list[Chunk]:
+        """The `start` chunk: the message id (the turn id) and its metadata."""
+        return [{"type": "start", "messageId": self.message_id, "messageMetadata": self.metadata}]
+
+    def finish(self) -> list[Chunk]:
+        """Close what is open and end the message with `finish` (usage in its metadata)."""
+        out = self._close_step()
+        if self.status == "cancelled":
+            out.append({"type": "abort", "reason": "cancelled"})
+        metadata: dict[str, JsonValue] = {"turnId": self.message_id}
+        if self.status is not None:
+            metadata["status"] = self.status
+        if self.error_code is not None:
+            metadata["errorCode"] = self.error_code
+        if self._usage is not None:
+            metadata["usage"] = self._usage
+        chunk: Chunk = {"type": "finish", "messageMetadata": metadata}
+        reason = _FINISH_REASONS.get(self.status or "")
+        if reason is not None:
+            chunk["finishReason"] = reason
+        return [*out, chunk]
+
+    def translate(self, event: StreamEvent) -> list[Chunk]:  # noqa: C901 - one case per event type
+        """The chunks for one event (often none)."""
+        match event:
+            case TurnStartedEvent() | StepStartEvent() | HeartbeatEvent():
+                return []  # `start` stands for the turn; steps open with their content
+            case StepEndEvent():
+                return self._end_step()
+            case MessageDeltaEvent():
+                self._stages.setdefault(event.block_id, event.stage_id)
+                return self._text(event.block_id, event.text)
+            case MessageSnapshotEvent():
+                self._stages.setdefault(event.block_id, event.stage_id)
+                return self._text_snapshot(event.block_id, event.text)
+            case MessageCompleteEvent():
+                return self._text_end(event.block.block_id, event.block.text)
+            case ThinkingDeltaEvent():
+                return self._reason(event.block_id, event.text)
+            case ThinkingCompleteEvent():
+                return self._reason_end(event.block.block_id, event.block.summary)
+            case ToolDeltaEvent():
+                if event.tool_name is None:
+                    return []
+                return self._tool_input_start(event.tool_call_id, event.tool_name)
+            case ToolStartedEvent():
+                return self._tool_started(event)
+            case ToolCompletedEvent() | ToolFailedEvent():
+                return [self._tool_output(event)]
+            case ApprovalRequestedEvent() | ClarificationRequestedEvent():
+                return self._paused(event)
+            case MessageCitationsEvent():
+                return [*self._sources(event), self._data(event)]
+            case UsageEvent() | RunFinishedEvent():
+                return self._counted(event)
+            case ProviderCascadeEvent():
+                return [*self._abandon(event.stage_id), self._data(event)]
+            case ErrorEvent():
+                self.error_code = event.code
+                return [{"type": "error", "errorText": f"{event.message} ({event.code})"}]
+            case DoneEvent():
+                self.status, self.error_code = event.status, event.error_code or self.error_code
+                return []  # `finish` carries it
+            case TasksUpdatedEvent():
+                return [self._data(event, part_id="tasks")]  # the newest list replaces the last
+            case JobProgressEvent():
+                return [self._data(event, part_id=event.job_id, transient=True)]
+            case CompactionStartedEvent() | PluginSignalEvent():
+                return [self._data(event, transient=True)]
+            case (
+                InputGuidedEvent() | MessageEntitiesEvent() | JobDispatchedEvent()
+                | JobCompletedEvent() | GuardrailEvent() | CompactionCompletedEvent()
+                | CheckpointCreatedEvent() | TurnRecoveringEvent() | ToolInDoubtEvent()
+                | PluginEmittedEvent() | SessionRenamedEvent()
+                | BudgetPausedEvent()  # the stream stays open: the turn resumes by itself
+            ):  # fmt: skip
+                return [self._data(event)]
+            case _:
+                assert_never(event)
+
+    # steps ─────────────────────────────────────────────────────────────────────────────
+
+    def _open_step(self, block_id: str | None = None) -> list[Chunk]:
+        """Open a step for new content (a block of an open call stays in its step)."""
+        if block_id is not None and (block_id in self._texts or block_id in self._reasoning):
+            return []
+        if self._step == "open":
+            return []
+        out = self._close_step()
+        self._step = "open"
+        return [*out, {"type": "start-step"}]
+
+    def _close_step(self) -> list[Chunk]:
+        out: list[Chunk] = [{"type": "text-end", "id": b} for b in self._texts]
+        out += [{"type": "reasoning-end", "id": b} for b in self._reasoning]
+        self._ended.update(self._texts)
+        self._ended_reasoning.update(self._reasoning)
+        self._texts.clear()
+        self._reasoning.clear()
+        if self._step != "closed":
+            out.append({"type": "finish-step"})
+            self._step = "closed"
+        return out
+
+    def _end_step(self) -> list[Chunk]:
+        if self._step != "open":
+            return []
+        if self._texts or self._reasoning:
+            self._step = "closing"  # the call's text completes in the next stage
+            return []
+        return self._close_step()
+
+    def _abandon(self, stage_id: str) -> list[Chunk]:
+        """End the text blocks of a call that failed over: the next rung writes new ones."""
+        out: list[Chunk] = []
+        for block_id in [b for b in self._texts if self._stages.get(b) == stage_id]:
+            del self._texts[block_id]
+            self._ended.add(block_id)
+            out.append({"type": "text-end", "id": block_id})
+        return [*out, *self._block_ended()]
+
+    def _block_ended(self) -> list[Chunk]:
+        if self._step == "closing" and not self._texts and not self._reasoning:
+            return self._close_step()
+        return []
+
+    # text and reasoning ────────────────────────────────────────────────────────────────
+
+    def _text(self, block_id: str, text: str) -> list[Chunk]:
+        if block_id in self._ended or not text:
+            return []
+        out: list[Chunk] = []
+        if block_id not in self._texts:
+            out += self._open_step(block_id)
+            out.append({"type": "text-start", "id": block_id})
+            self._texts[block_id] = ""
+        self._texts[block_id] += text
+        out.append({"type": "text-delta", "id": block_id, "delta": text})
+        return out
+
+    def _text_snapshot(self, block_id: str, text: str) -> list[Chunk]:
+        so_far = self._texts.get(block_id, "")
+        if not text.startswith(so_far):
+            return []  # a part cannot be rewritten: keep what the client has
+        return self._text(block_id, text[len(so_far) :])
+
+    def _text_end(self, block_id: str, text: str) -> list[Chunk]:
+        if block_id in self._ended:
+            return []
+        so_far = self._texts.get(block_id, "")
+        out = self._text(block_id, text[len(so_far) :] if text.startswith(so_far) else "")
+        if block_id not in self._texts:
+            self._ended.add(block_id)  # empty: nothing to show
+            return out
+        del self._texts[block_id]
+        self._ended.add(block_id)
+        return [*out, {"type": "text-end", "id": block_id}, *self._block_ended()]
+
+    def _reason(self, block_id: str, text: str) -> list[Chunk]:
+        if block_id in self._ended_reasoning or not text:
+            return []
+        out: list[Chunk] = []
+        if block_id not in self._reasoning:
+            out += self._open_step(block_id)
+            out.append({"type": "reasoning-start", "id": block_id})
+            self._reasoning[block_id] = ""
+        self._reasoning[block_id] += text
+        out.append({"type": "reasoning-delta", "id": block_id, "delta": text})
+        return out
+
+    def _reason_end(self, block_id: str, text: str) -> list[Chunk]:
+        if block_id in self._ended_reasoning:
+            return []
+        so_far = self._reasoning.get(block_id, "")
+        out = self._reason(block_id, text[len(so_far) :] if text.startswith(so_far) else "")
+        self._ended_reasoning.add(block_id)
+        if self._reasoning.pop(block_id, None) is None:
+            return out
+        return [*out, {"type": "reasoning-end", "id": block_id}, *self._block_ended()]
+
+    # tools ─────────────────────────────────────────────────────────────────────────────
+
+    def _tool_input_start(self, tool_call_id: str, tool_name: str) -> list[Chunk]:
+        if tool_call_id in self._tools:
+            return []
+        self._tools.add(tool_call_id)
+        start: Chunk = {
+            "type": "tool-input-start",
+            "toolCallId": tool_call_id,
+            "toolName": tool_name,
+        }
+        return [*self._open_step(), start]
+
+    def _tool_started(self, event: ToolStartedEvent) -> list[Chunk]:
+        block = event.block
+        out = self._tool_input_start(block.tool_call_id, block.tool_name)
+        chunk: Chunk = {
+            "type": "tool-input-available",
+            "toolCallId": block.tool_call_id,
+            "toolName": block.tool_name,
+            "input": dict(block.arguments),
+        }
+        if event.arguments_error is not None:
+            chunk = {**chunk, "type": "tool-input-error", "errorText": event.arguments_error}
+        return [*out, chunk]
+
+    def _tool_output(self, event: ToolCompletedEvent | ToolFailedEvent) -> Chunk:
+        """The end of a tool part: its output, its denial, or its error."""
+        if isinstance(event, ToolCompletedEvent):
+            return {
+                "type": "tool-output-available",
+                "toolCallId": event.tool_call_id,
+                "output": event.result.output,
+            }
+        if event.code == "tool-denied":
+            return {"type": "tool-output-denied", "toolCallId": event.tool_call_id}
+        error = event.result.error or event.code
+        return {"type": "tool-output-error", "toolCallId": event.tool_call_id, "errorText": error}
+
+    # pauses, usage, sources, data ──────────────────────────────────────────────────────
+
+    def _paused(self, event: ApprovalRequestedEvent | ClarificationRequestedEvent) -> list[Chunk]:
+        """A pause: an approval is the SDK's own request part; a question is data."""
+        if isinstance(event, ClarificationRequestedEvent):
+            self.status = "awaiting_input"
+            return [self._data(event)]
+        self.status = "awaiting_approval"
+        request: Chunk = {
+            "type": "tool-approval-request",
+            "approvalId": event.request_id,
+            "toolCallId": event.tool_call_id,
+        }
+        return [request, self._data(event)]
+
+    def _counted(self, event: UsageEvent | RunFinishedEvent) -> list[Chunk]:
+        """The turn's totals so far: kept for `finish`, and sent as data."""
+        self._usage = {
+            "modelCalls": event.model_calls,
+            "inputTokens": event.input_tokens,
+            "outputTokens": event.output_tokens,
+            "cachedTokens": event.cached_tokens,
+            "costUsd": event.cost_usd,
+        }
+        return [self._data(event)]
+
+    def _sources(self, event: MessageCitationsEvent) -> list[Chunk]:
+        out: list[Chunk] = []
+        for index, citation in enumerate(event.citations):
+            if citation.url is None:
+                continue
+            source: Chunk = {
+                "type": "source-url",
+                "sourceId": f"{event.block_id}:{index}",
+                "url": citation.url,
+            }
+            if citation.title is not None:
+                source["title"] = citation.title
+            out.append(source)
+        return out
+
+    def _data(
+        self, event: StreamEvent, *, part_id: str | None = None, transient: bool = False
+    ) -> Chunk:
+        chunk: Chunk = {"type": f"data-turnkit-{event.type}", "data": _event_json(event)}
+        if part_id is not None:
+            chunk["id"] = part_id
+        if transient:
+            chunk["transient"] = True
+        return chunk
