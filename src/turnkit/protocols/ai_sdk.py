@@ -25,8 +25,9 @@ try:
     from fastapi import APIRouter, Depends, Path, Response
     from sse_starlette import EventSourceResponse
 except ImportError as exc:  # pragma: no cover - depends on the install
-    raise ImportError(
-        'the AI SDK route needs the "fastapi" extra: pip install "turnkit[fastapi]"'
+    raise ModuleNotFoundError(
+        'the AI SDK route needs the "fastapi" extra: pip install "turnkit[fastapi]"',
+        name=exc.name,
     ) from exc
 
 from turnkit.errors import (
