@@ -105,35 +105,10 @@ async def call_model(
     rec = ctx.recorder
     await _ready(ctx, stage_id, request, block_key, reserve=reserve)
     attempts: list[str] = []
-    asm = _Assembler()
-    block_id = derive_id("blk", rec.turn_id, block_key, 0)
-    started = time.perf_counter()
-    rung, model, provider = 0, family.model, family.provider
+    on = _Rung(family.model, family.provider, 0, derive_id("blk", rec.turn_id, block_key, 0))
     last_tool_delta: dict[int, float] = {}
-    rec.open_call = OpenCall(
-        stage_id,
-        family.name,
-        model,
-        provider,
-        rung,
-        started,
-        block_id,
-        _shown(asm, stream_text),
-        request=request,
-    )
+    rec.open_call = on.open_call(stage_id, family.name, stream_text, request)
     chat = otel.chat(rec, stage_id, family.name, request)
-
-    def call_shape(**outcome: Any) -> CallShape:
-        """The call's shape on the rung that ran last, timed from its start."""
-        return CallShape(
-            provider=provider,
-            model=model,
-            family=family.name,
-            rung=rung,
-            latency_ms=(time.perf_counter() - started) * 1000,
-            **outcome,
-        )
-
     # Closed explicitly: the call returns at `Finish`, and a stream left to the garbage
     # collector keeps its provider connection open until then.
     try:
@@ -143,62 +118,31 @@ async def call_model(
                 rec.last_activity = rec.clock.monotonic()  # any chunk restarts the idle window
                 match chunk:
                     case TextDelta(text=text) if text:
+                        asm = on.asm
                         text = await _shown_delta(ctx, stage_id, asm, text, stream_text)
                         asm.text.append(text)
                         on_answer = _answer_check(asm, on_answer, answer_after_chars)
                         if stream_text and text:
-                            await rec.delta(stage_id, block_id, text)
+                            await rec.delta(stage_id, on.block_id, text)
                     case ThinkingDelta(text=text) if text:
-                        asm.thinking.append(text)  # raw chain-of-thought never leaves the runtime
+                        on.asm.thinking.append(text)  # raw chain-of-thought stays inside
                     case ToolCallDelta():
-                        await _tool_delta(ctx, stage_id, asm, chunk, last_tool_delta)
+                        await _tool_delta(ctx, stage_id, on.asm, chunk, last_tool_delta)
                     case RungStarted():
-                        rung, model, provider = chunk.rung, chunk.model, chunk.provider
-                        attempts.append(model)
-                        asm = _Assembler()
+                        attempts.append(chunk.model)
                         block_id = derive_id("blk", rec.turn_id, block_key, len(attempts) - 1)
-                        started = time.perf_counter()
-                        rec.open_call = OpenCall(
-                            stage_id,
-                            family.name,
-                            model,
-                            provider,
-                            rung,
-                            started,
-                            block_id,
-                            _shown(asm, stream_text),
-                            request=request,
-                        )
+                        on = _Rung(chunk.model, chunk.provider, chunk.rung, block_id)
+                        rec.open_call = on.open_call(stage_id, family.name, stream_text, request)
                     case RungFailed():
                         _audit_failed_rung(ctx, stage_id, family, chunk, attempts)
-                    case Finish(stop_reason=stop, usage=usage):
-                        response = ModelResponse(
-                            text=await _guarded(ctx, stage_id, asm, stream_text),
-                            thinking="".join(asm.thinking),
-                            tool_calls=asm.tool_calls(),
-                            stop_reason=stop,
-                            usage=usage,
-                        )
-                        shape = call_shape(
-                            input_tokens=usage.input_tokens,
-                            output_tokens=usage.output_tokens,
-                            cached_tokens=usage.cached_tokens,
-                            cost_usd=usage.cost_usd,
-                            outcome="ok",
-                        )
-                        cascade = (
-                            ProviderCascadePayload(
-                                family=family.name, attempts=tuple(attempts), answered_rung=rung
-                            )
-                            if len(attempts) > 1
-                            else None
+                    case Finish():
+                        result = await _finished(
+                            ctx, stage_id, family, on, chunk, attempts, stream_text
                         )
                         rec.open_call = None
-                        _note_context(rec, request, usage)
-                        chat.answered(response)
-                        return CallResult(
-                            response=response, shape=shape, block_id=block_id, cascade=cascade
-                        )
+                        _note_context(rec, request, chunk.usage)
+                        chat.answered(result.response)
+                        return result
                     case _:
                         pass
     except FamilyExhaustedError:
@@ -208,16 +152,91 @@ async def call_model(
         # One audit row per model call, however it ended (DESIGN §5.7).
         code = exc.code if isinstance(exc, TurnkitError) else "internal-error"
         chat.failed(exc)
-        rec.audit(stage_id, call=call_shape(outcome="error", error_code=code))
+        rec.audit(stage_id, call=on.shape(family.name, outcome="error", error_code=code))
         rec.open_call = None
         raise
     finally:
         chat.close()
     rec.open_call = None
     raise ProviderError(
-        f"model {model!r} ended its stream without a finish; treat it as a provider failure",
+        f"model {on.model!r} ended its stream without a finish; treat it as a provider failure",
         is_retriable=False,
     )
+
+
+class _Rung:
+    """The rung a call is on: what it has streamed so far, under which block, since when."""
+
+    __slots__ = ("asm", "block_id", "model", "provider", "rung", "started")
+
+    def __init__(self, model: str, provider: str, rung: int, block_id: str) -> None:
+        self.model, self.provider, self.rung, self.block_id = model, provider, rung, block_id
+        self.asm = _Assembler()
+        self.started = time.perf_counter()
+
+    def open_call(
+        self, stage_id: StageId, family: str, stream_text: bool, request: ModelRequest
+    ) -> OpenCall:
+        """What an abort would audit of the call on this rung."""
+        return OpenCall(
+            stage_id,
+            family,
+            self.model,
+            self.provider,
+            self.rung,
+            self.started,
+            self.block_id,
+            _shown(self.asm, stream_text),
+            request=request,
+        )
+
+    def shape(self, family: str, **outcome: Any) -> CallShape:
+        """The call's shape on this rung, timed from the rung's start."""
+        return CallShape(
+            provider=self.provider,
+            model=self.model,
+            family=family,
+            rung=self.rung,
+            latency_ms=(time.perf_counter() - self.started) * 1000,
+            **outcome,
+        )
+
+
+async def _finished(
+    ctx: StageContext,
+    stage_id: StageId,
+    family: ModelFamily,
+    on: _Rung,
+    finish: Finish,
+    attempts: list[str],
+    stream_text: bool,
+) -> CallResult:
+    """The response a rung's stream assembled, past the answer guardrails, and its shape.
+
+    `attempts`: the models the family's cascade tried, when it tried more than one.
+    """
+    asm, usage = on.asm, finish.usage
+    response = ModelResponse(
+        text=await _guarded(ctx, stage_id, asm, stream_text),
+        thinking="".join(asm.thinking),
+        tool_calls=asm.tool_calls(),
+        stop_reason=finish.stop_reason,
+        usage=usage,
+    )
+    shape = on.shape(
+        family.name,
+        input_tokens=usage.input_tokens,
+        output_tokens=usage.output_tokens,
+        cached_tokens=usage.cached_tokens,
+        cost_usd=usage.cost_usd,
+        outcome="ok",
+    )
+    cascade = (
+        ProviderCascadePayload(family=family.name, attempts=tuple(attempts), answered_rung=on.rung)
+        if len(attempts) > 1
+        else None
+    )
+    return CallResult(response=response, shape=shape, block_id=on.block_id, cascade=cascade)
 
 
 async def _shown_delta(

@@ -8,6 +8,7 @@ separate synthesis call configured, that text is narration instead.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
 from turnkit.audit import AuditPayloads, ToolCallRef, ToolSelectionPayload
 from turnkit.blocks import TextBlock
@@ -18,12 +19,17 @@ from turnkit.events import MessageCompleteEvent
 from turnkit.ids import ToolCallId, derive_id
 from turnkit.journal import CommittedGeneration
 from turnkit.models import ModelMessage, ModelResponse, ToolCallPart, ToolSpec, Usage
-from turnkit.stages._calls import call_model
+from turnkit.stages._calls import CallResult, call_model
 from turnkit.stages._dispatch import dispatch_tools
-from turnkit.stages._message_list import cache_breakpoint, prepare_request, repaired_calls
+from turnkit.stages._message_list import (
+    Prepared,
+    cache_breakpoint,
+    prepare_request,
+    repaired_calls,
+)
 from turnkit.stages._planning import planning_specs
 from turnkit.stages._plugins import after_model_response
-from turnkit.stages._thinking import ANSWER_UNDER_WAY_CHARS, thinking_of
+from turnkit.stages._thinking import ANSWER_UNDER_WAY_CHARS, ThinkingSummary, thinking_of
 from turnkit.stages._types import (
     PendingAnswer,
     StageContext,
@@ -64,7 +70,6 @@ async def run_tool_loop(
     goes on; one cut with no call named is fatal (seed 002 "Finishing").
     """
     rec = ctx.recorder
-    specs = offered_tools(ctx)
     generation = derive_id("gen", rec.turn_id, "tool-loop", iteration)
     committed = rec.journal.generation(generation)
     thinking = thinking_of(ctx) if ctx.synthesis is None else None
@@ -75,68 +80,14 @@ async def run_tool_loop(
         block_id = committed.block_id or derive_id("blk", rec.turn_id, f"loop-{iteration}", 0)
         calls = response.tool_calls
     else:
-        prepared = await prepare_request(
-            ctx,
-            "tool-loop",
-            transcript,
-            previous,
-            family=ctx.family,
-            specs=specs,
-            purpose="tool-loop",
-        )
-        transcript, previous = prepared.transcript, prepared.previous
-        result = await call_model(
-            ctx,
-            "tool-loop",
-            ctx.family,
-            prepared.request,
-            block_key=f"loop-{iteration}",
-            on_answer=(lambda: thinking.start("tool-loop")) if thinking is not None else None,
-            answer_after_chars=ANSWER_UNDER_WAY_CHARS,
-        )
-        response, block_id = result.response, result.block_id
-        await after_model_response(ctx, "tool-loop", prepared.request, response)
-        rec.reasoning.append(response.thinking)  # read only by the thinking summary
+        called = await _call(ctx, transcript, previous, iteration, thinking)
+        response, block_id = called.result.response, called.result.block_id
+        transcript, previous = called.prepared.transcript, called.prepared.previous
         calls = repaired_calls(response)
-        selected = tuple(
-            ToolCallRef(tool_call_id=ToolCallId(c.tool_call_id), tool_name=c.name) for c in calls
-        )
-        rec.audit(
-            "tool-loop",
-            call=result.shape,
-            payloads=AuditPayloads(
-                cacheBreakpoint=cache_breakpoint(prepared, response, iteration),
-                toolSelection=ToolSelectionPayload(
-                    offered=tuple(s.name for s in specs), selected=selected
-                )
-                if selected
-                else None,
-                providerCascade=result.cascade,
-            ),
-        )
+        _audit_call(ctx, called, calls, iteration)
     truncated = response.stop_reason == "max_tokens"
     if not calls:
-        if truncated:
-            raise OutputLimitExceededError(
-                "the output limit was reached before the model finished, and no tool call "
-                "was named: the cut text cannot stand as the answer",
-                stop_reason=response.stop_reason,
-            )
-        closing = to_transcript(ModelMessage(role="assistant", content=response.text))
-        if ctx.synthesis is not None:
-            _narration(ctx, response.text, block_id, generation)
-            return StageOutcome(
-                transcript=[*transcript, closing], route="synthesize", previous=previous
-            )
-        answer: PendingAnswer = {
-            "text": response.text,
-            "block_id": block_id,
-            "generation_id": generation,
-            "stop_reason": response.stop_reason,
-        }
-        return StageOutcome(
-            transcript=[*transcript, closing], route="synthesize", previous=previous, answer=answer
-        )
+        return _answered(ctx, response, transcript, previous, block_id, generation)
     if thinking is not None:
         await thinking.discard()  # it was not the answer after all
     _narration(ctx, response.text, block_id, generation)
@@ -157,6 +108,101 @@ async def run_tool_loop(
     )
     return StageOutcome(
         transcript=[*transcript, assistant, *results], route="tool-loop", previous=previous
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Called:
+    """An iteration's fresh call: the request as prepared, and how the call went."""
+
+    prepared: Prepared
+    result: CallResult
+    offered: tuple[ToolSpec, ...]
+
+
+async def _call(
+    ctx: StageContext,
+    transcript: list[TranscriptMessage],
+    previous: PreviousRequest | None,
+    iteration: int,
+    thinking: ThinkingSummary | None,
+) -> _Called:
+    """Ask the model, tools offered, for the iteration's step."""
+    specs = offered_tools(ctx)
+    prepared = await prepare_request(
+        ctx,
+        "tool-loop",
+        transcript,
+        previous,
+        family=ctx.family,
+        specs=specs,
+        purpose="tool-loop",
+    )
+    result = await call_model(
+        ctx,
+        "tool-loop",
+        ctx.family,
+        prepared.request,
+        block_key=f"loop-{iteration}",
+        on_answer=(lambda: thinking.start("tool-loop")) if thinking is not None else None,
+        answer_after_chars=ANSWER_UNDER_WAY_CHARS,
+    )
+    await after_model_response(ctx, "tool-loop", prepared.request, result.response)
+    ctx.recorder.reasoning.append(result.response.thinking)  # read only by the summary
+    return _Called(prepared, result, specs)
+
+
+def _audit_call(
+    ctx: StageContext, called: _Called, calls: tuple[ToolCallPart, ...], iteration: int
+) -> None:
+    """The call's audit row: its shape, the cache breakpoint, the tools it picked."""
+    selected = tuple(
+        ToolCallRef(tool_call_id=ToolCallId(c.tool_call_id), tool_name=c.name) for c in calls
+    )
+    ctx.recorder.audit(
+        "tool-loop",
+        call=called.result.shape,
+        payloads=AuditPayloads(
+            cacheBreakpoint=cache_breakpoint(called.prepared, called.result.response, iteration),
+            toolSelection=ToolSelectionPayload(
+                offered=tuple(s.name for s in called.offered), selected=selected
+            )
+            if selected
+            else None,
+            providerCascade=called.result.cascade,
+        ),
+    )
+
+
+def _answered(
+    ctx: StageContext,
+    response: ModelResponse,
+    transcript: list[TranscriptMessage],
+    previous: PreviousRequest | None,
+    block_id: str,
+    generation: str,
+) -> StageOutcome:
+    """A call that named no tool: its text is the answer (or narration before synthesis)."""
+    if response.stop_reason == "max_tokens":
+        raise OutputLimitExceededError(
+            "the output limit was reached before the model finished, and no tool call "
+            "was named: the cut text cannot stand as the answer",
+            stop_reason=response.stop_reason,
+        )
+    closing = to_transcript(ModelMessage(role="assistant", content=response.text))
+    if ctx.synthesis is not None:
+        _narration(ctx, response.text, block_id, generation)
+        return StageOutcome(
+            transcript=[*transcript, closing], route="synthesize", previous=previous
+        )
+    answer: PendingAnswer = {
+        "text": response.text,
+        "block_id": block_id,
+        "generation_id": generation,
+        "stop_reason": response.stop_reason,
+    }
+    return StageOutcome(
+        transcript=[*transcript, closing], route="synthesize", previous=previous, answer=answer
     )
 
 
