@@ -118,44 +118,6 @@ def create_agui_router(
     # FastAPI resolves them in this module's globals, where the closure's names are not.
     caller, request_deps_of = Depends(auth), Depends(deps or _no_deps)
 
-    async def turn_of(
-        body: RunAgentInput,
-        cursor: int | None,
-        principal: Principal,
-        request_deps: Any,
-        sent: asyncio.Event,
-    ) -> tuple[TurnRecord, int]:
-        """The run's turn and the cursor to stream after; starts or resumes it if asked.
-
-        A turn it starts takes its first step once `sent` is set (the stream's opening
-        written).
-        """
-        extra: dict[str, Any] = {} if deps is None else {"deps": request_deps}
-        known = await runtime.store.get_session(SessionId(body.thread_id))
-        if known is not None and known.principal not in (None, principal):
-            raise SessionNotFoundError(f"no thread {body.thread_id!r}", session_id=body.thread_id)
-        if body.resume is not None:
-            if known is None:
-                raise SessionNotFoundError(
-                    f"no thread {body.thread_id!r}", session_id=body.thread_id
-                )
-            return await _resume(runtime, body, cursor, extra)
-        if cursor is not None:  # a reconnect: its turn exists already, nothing is written
-            return await _turn_of_run(runtime, body.thread_id, body.run_id), cursor
-        content = user_content(body.messages)
-        await _refuse_when_paused(runtime, body.thread_id, body.run_id)
-        submission = await runtime.start(
-            body.thread_id,
-            content,
-            agent=body.forwarded_props.agent,
-            effort=body.forwarded_props.effort,
-            request_id=body.run_id,
-            principal=principal,
-            hold_until=sent,
-            **extra,
-        )
-        return await runtime.turn(submission.turn_id), 0
-
     @router.post(
         "/run",
         response_class=EventSourceResponse,
@@ -169,39 +131,93 @@ def create_agui_router(
     ) -> Response:
         cursor = None if last_event_id is None else parse_cursor(last_event_id)
         sent = asyncio.Event()
-        record, after = await turn_of(body, cursor, principal, request_deps, sent)
+        extra: dict[str, Any] = {} if deps is None else {"deps": request_deps}
+        record, after = await _turn_of(runtime, body, cursor, principal, extra, sent)
         check_cursor(record, after)
-        translator = Translator(
-            thread_id=body.thread_id,
-            run_id=body.run_id,
-            turn_id=record.turn_id,
-            client=client_view(body.messages),
-            now=runtime.clock.now,
-        )
-        opening = await _opening(runtime, translator, record.turn_id, after, body.resume is None)
-        view = BufferView(runtime.replay, runtime.store)
-        reader = TurnReader(
-            store=runtime.store,
-            buffer=view,
-            clock=runtime.clock,
-            idle_window_s=runtime.config.idle_window_s,
-            keepalive_s=keepalive_s,
-        )
-        batches = cast(
-            AsyncGenerator[object, None],
-            reader.follow_batches(record.turn_id, after_seq=after),
-        )
-        bound = Bound(max_frame_bytes, record.turn_id)
-        return EventSourceResponse(
-            set_once_sent(stream_run(translator, opening, batches, view, bound), sent),
-            headers={"X-Turn-Id": record.turn_id, "Cache-Control": "no-store"},
-            # Keep-alives are single comment lines from the reader; sse-starlette's ping
-            # (`None` means its 15 s default) ends with a blank line: never let it fire.
-            ping=_NO_PING_S,
-            sep="\n",  # @ag-ui/client splits frames on "\n\n" only (see `_agui_stream._frame`)
+        return await _respond(
+            runtime, body, record, after, sent, keepalive_s=keepalive_s, max_bytes=max_frame_bytes
         )
 
     return router
+
+
+async def _turn_of(
+    runtime: SessionRuntime,
+    body: RunAgentInput,
+    cursor: int | None,
+    principal: Principal,
+    extra: dict[str, Any],
+    sent: asyncio.Event,
+) -> tuple[TurnRecord, int]:
+    """The run's turn and the cursor to stream after; starts or resumes it if asked.
+
+    A turn it starts takes its first step once `sent` is set (the stream's opening
+    written). `extra` carries the request's `deps`, when the app gives them.
+    """
+    known = await runtime.store.get_session(SessionId(body.thread_id))
+    if known is not None and known.principal not in (None, principal):
+        raise SessionNotFoundError(f"no thread {body.thread_id!r}", session_id=body.thread_id)
+    if body.resume is not None:
+        if known is None:
+            raise SessionNotFoundError(f"no thread {body.thread_id!r}", session_id=body.thread_id)
+        return await _resume(runtime, body, cursor, extra)
+    if cursor is not None:  # a reconnect: its turn exists already, nothing is written
+        return await _turn_of_run(runtime, body.thread_id, body.run_id), cursor
+    content = user_content(body.messages)
+    await _refuse_when_paused(runtime, body.thread_id, body.run_id)
+    submission = await runtime.start(
+        body.thread_id,
+        content,
+        agent=body.forwarded_props.agent,
+        effort=body.forwarded_props.effort,
+        request_id=body.run_id,
+        principal=principal,
+        hold_until=sent,
+        **extra,
+    )
+    return await runtime.turn(submission.turn_id), 0
+
+
+async def _respond(
+    runtime: SessionRuntime,
+    body: RunAgentInput,
+    record: TurnRecord,
+    after: int,
+    sent: asyncio.Event,
+    *,
+    keepalive_s: float,
+    max_bytes: int,
+) -> EventSourceResponse:
+    """The run's SSE response: its opening, then the turn's events after `after`."""
+    translator = Translator(
+        thread_id=body.thread_id,
+        run_id=body.run_id,
+        turn_id=record.turn_id,
+        client=client_view(body.messages),
+        now=runtime.clock.now,
+    )
+    opening = await _opening(runtime, translator, record.turn_id, after, body.resume is None)
+    view = BufferView(runtime.replay, runtime.store)
+    reader = TurnReader(
+        store=runtime.store,
+        buffer=view,
+        clock=runtime.clock,
+        idle_window_s=runtime.config.idle_window_s,
+        keepalive_s=keepalive_s,
+    )
+    batches = cast(
+        AsyncGenerator[object, None],
+        reader.follow_batches(record.turn_id, after_seq=after),
+    )
+    bound = Bound(max_bytes, record.turn_id)
+    return EventSourceResponse(
+        set_once_sent(stream_run(translator, opening, batches, view, bound), sent),
+        headers={"X-Turn-Id": record.turn_id, "Cache-Control": "no-store"},
+        # Keep-alives are single comment lines from the reader; sse-starlette's ping
+        # (`None` means its 15 s default) ends with a blank line: never let it fire.
+        ping=_NO_PING_S,
+        sep="\n",  # @ag-ui/client splits frames on "\n\n" only (see `_agui_stream._frame`)
+    )
 
 
 async def _resume(
