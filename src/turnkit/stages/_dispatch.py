@@ -121,34 +121,49 @@ async def dispatch_tools(
             output = await _guard_output(ctx, view, output)
         duration = (time.perf_counter() - started) * 1000
         rec.tool_timings.append((answered_by, duration))
-        if problem is None:
-            result = ToolResultBlock(tool_call_id=call_id, tool_name=part.name, output=output)
-            rec.durable(
-                ToolCompletedEvent,
-                "tool-loop",
-                tool_call_id=call_id,
-                result=result,
-                duration_ms=duration,
-                tool_name=answered_by,
-            )
-        else:
-            result = ToolResultBlock(
-                tool_call_id=call_id, tool_name=part.name, is_error=True, error=problem
-            )
-            rec.durable(
-                ToolFailedEvent,
-                "tool-loop",
-                tool_call_id=call_id,
-                result=result,
-                duration_ms=duration,
-                code=code,
-            )
+        result = _record_result(ctx, part, answered_by, output, problem, code, duration)
         await after_tool_call(ctx, view, result)
         return _remember(ctx, result)
 
     if len(plans) == 1:
         return [await run(*plans[0])]
     return list(await asyncio.gather(*(run(*plan) for plan in plans)))
+
+
+def _record_result(
+    ctx: StageContext,
+    part: ToolCallPart,
+    answered_by: str,
+    output: JsonValue,
+    problem: str | None,
+    code: ErrorCode,
+    duration_ms: float,
+) -> ToolResultBlock:
+    """Stage the call's `tool.completed` (or `tool.failed`, with `problem`); its result."""
+    call_id = ToolCallId(part.tool_call_id)
+    if problem is None:
+        result = ToolResultBlock(tool_call_id=call_id, tool_name=part.name, output=output)
+        ctx.recorder.durable(
+            ToolCompletedEvent,
+            "tool-loop",
+            tool_call_id=call_id,
+            result=result,
+            duration_ms=duration_ms,
+            tool_name=answered_by,
+        )
+        return result
+    result = ToolResultBlock(
+        tool_call_id=call_id, tool_name=part.name, is_error=True, error=problem
+    )
+    ctx.recorder.durable(
+        ToolFailedEvent,
+        "tool-loop",
+        tool_call_id=call_id,
+        result=result,
+        duration_ms=duration_ms,
+        code=code,
+    )
+    return result
 
 
 async def _run_one(
