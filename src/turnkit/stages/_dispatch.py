@@ -269,60 +269,19 @@ def _read_result(ctx: StageContext, args: Mapping[str, JsonValue]) -> tuple[str 
 async def _invoke(
     ctx: StageContext, tool: Tool, part: ToolCallPart, args: Mapping[str, JsonValue]
 ) -> tuple[str | None, ErrorCode, JsonValue, str]:
+    """Run the tool; a failure is a result the model reads (a problem and its code)."""
     rec = ctx.recorder
-    call_id = ToolCallId(part.tool_call_id)
-    job_id = derive_id("job", rec.turn_id, part.tool_call_id)
-    dispatched = False
-
-    async def progress(fraction: float | None, message: str | None) -> None:
-        nonlocal dispatched
-        if not dispatched:
-            dispatched = True
-            rec.durable(
-                JobDispatchedEvent,
-                "tool-loop",
-                job_id=job_id,
-                tool_call_id=call_id,
-                tool_name=part.name,
-            )
-        await rec.ephemeral(
-            JobProgressEvent,
-            "tool-loop",
-            job_id=job_id,
-            tool_call_id=call_id,
-            progress=fraction,
-            message=message,
-        )
-
-    answered_by = part.name
-
-    async def pivot(from_tool: str, to_tool: str | None, reason: str) -> None:
-        nonlocal answered_by
-        answered_by = to_tool or from_tool
-        rec.audit(
-            "tool-loop",
-            call=None,
-            payloads=AuditPayloads(
-                toolFallbackStep=ToolFallbackStepPayload(
-                    tool_call_id=call_id,
-                    tool_class=tool.name,
-                    from_tool=from_tool,
-                    to_tool=to_tool,
-                    reason=reason,
-                )
-            ),
-        )
-
+    reports = _Reports(ctx, tool, part)
     tool_ctx = ToolContext(
         session_id=rec.session_id,
         turn_id=rec.turn_id,
-        tool_call_id=call_id,
+        tool_call_id=reports.call_id,
         idempotency_key=idempotency_key(rec.session_id, rec.turn_id, part.tool_call_id),
         principal=ctx.principal,
         deps=ctx.deps,
         callback_token=ctx.callback_token,
-        _progress=progress,
-        _pivot=pivot,
+        _progress=reports.progress,
+        _pivot=reports.pivot,
     )
     problem: str | None = None
     code: ErrorCode = "tool-failed"
@@ -335,15 +294,71 @@ async def _invoke(
         raise
     except Exception as exc:  # noqa: BLE001 - a failing tool is a result the model reads
         problem = f"the tool raised {type(exc).__name__}: {exc}"
-    if dispatched:
-        rec.durable(
-            JobCompletedEvent,
+    reports.ended(failed=problem is not None)
+    return problem, code, output, reports.answered_by
+
+
+class _Reports:
+    """What a running tool reports: its job's progress, and a tool class's fallback steps."""
+
+    def __init__(self, ctx: StageContext, tool: Tool, part: ToolCallPart) -> None:
+        self._rec = ctx.recorder
+        self._tool_class = tool.name
+        self._tool_name = part.name
+        self.call_id = ToolCallId(part.tool_call_id)
+        self._job_id = derive_id("job", self._rec.turn_id, part.tool_call_id)
+        self._dispatched = False
+        self.answered_by = part.name
+        """The tool that answered (a fallback step moves it)."""
+
+    async def progress(self, fraction: float | None, message: str | None) -> None:
+        """`job.progress` to live readers; the first report stages `job.dispatched`."""
+        rec = self._rec
+        if not self._dispatched:
+            self._dispatched = True
+            rec.durable(
+                JobDispatchedEvent,
+                "tool-loop",
+                job_id=self._job_id,
+                tool_call_id=self.call_id,
+                tool_name=self._tool_name,
+            )
+        await rec.ephemeral(
+            JobProgressEvent,
             "tool-loop",
-            job_id=job_id,
-            tool_call_id=call_id,
-            is_error=problem is not None,
+            job_id=self._job_id,
+            tool_call_id=self.call_id,
+            progress=fraction,
+            message=message,
         )
-    return problem, code, output, answered_by
+
+    async def pivot(self, from_tool: str, to_tool: str | None, reason: str) -> None:
+        """A fallback step of the tool class: audited, and the answering tool moves."""
+        self.answered_by = to_tool or from_tool
+        self._rec.audit(
+            "tool-loop",
+            call=None,
+            payloads=AuditPayloads(
+                toolFallbackStep=ToolFallbackStepPayload(
+                    tool_call_id=self.call_id,
+                    tool_class=self._tool_class,
+                    from_tool=from_tool,
+                    to_tool=to_tool,
+                    reason=reason,
+                )
+            ),
+        )
+
+    def ended(self, *, failed: bool) -> None:
+        """Stage `job.completed` for a job that reported progress."""
+        if self._dispatched:
+            self._rec.durable(
+                JobCompletedEvent,
+                "tool-loop",
+                job_id=self._job_id,
+                tool_call_id=self.call_id,
+                is_error=failed,
+            )
 
 
 def _is_clarify(ctx: StageContext, part: ToolCallPart) -> bool:
