@@ -23,7 +23,7 @@ from turnkit.runtime.agents import AgentCatalog
 from turnkit.runtime.callbacks import callback_token
 from turnkit.runtime.deps import NO_DEPS, DepsFactory, DepsScope, build_deps
 from turnkit.runtime.driver import DriveSetup, Sink, TurnDriver
-from turnkit.skills import SkillSource, skills_for
+from turnkit.skills import Skill, SkillSource, skills_for
 from turnkit.stages import StageContext
 from turnkit.stages._budget import BudgetGate
 from turnkit.stages._types import Route
@@ -251,31 +251,16 @@ class TurnRunner:
             registry = registry.only(pinned.tools)
         principal = pinned.principal
         if deps is NO_DEPS:
-            deps = await build_deps(
-                self.deps_factory,
-                DepsScope(
-                    principal=principal,
-                    session_id=record.session_id,
-                    turn_id=record.turn_id,
-                    agent=agent.name,
-                ),
+            scope = DepsScope(
+                principal=principal,
+                session_id=record.session_id,
+                turn_id=record.turn_id,
+                agent=agent.name,
             )
-
+            deps = await build_deps(self.deps_factory, scope)
         plugins = merge_plugins(agent.plugins, self.plugins)
-        skills = await skills_for(self.skills, principal)
-        if agent.skills:  # the agent names the skills it may use
-            skills = tuple(s for s in skills if s.ref in agent.skills or s.slug in agent.skills)
-
-        gate = (
-            BudgetGate(
-                book=self.store,
-                subject=pinned.budget_subject(record.session_id),
-                reserve_tokens=self.config.budget_reserve_tokens,
-                ttl_s=self.config.ceiling_s,
-            )
-            if self.config.budgets == "enforce"
-            else None
-        )
+        skills = await self._skills(agent, principal)
+        gate = self._budget_gate(pinned, record)
 
         def ctx_factory(recorder: Recorder) -> StageContext:
             return StageContext(
@@ -308,6 +293,24 @@ class TurnRunner:
                 agent,
                 registry_size=len(registry) + int(agent.clarifications) + int(agent.planning),
             ),
+        )
+
+    async def _skills(self, agent: Agent, principal: str | None) -> tuple[Skill, ...]:
+        """The skills the turn may use: the caller's, narrowed to those the agent names."""
+        skills = await skills_for(self.skills, principal)
+        if agent.skills:
+            skills = tuple(s for s in skills if s.ref in agent.skills or s.slug in agent.skills)
+        return skills
+
+    def _budget_gate(self, pinned: Pinned, record: TurnRecord) -> BudgetGate | None:
+        """What checks each model call against the budgets (None: budgets are off)."""
+        if self.config.budgets != "enforce":
+            return None
+        return BudgetGate(
+            book=self.store,
+            subject=pinned.budget_subject(record.session_id),
+            reserve_tokens=self.config.budget_reserve_tokens,
+            ttl_s=self.config.ceiling_s,
         )
 
 
