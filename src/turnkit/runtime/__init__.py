@@ -409,7 +409,7 @@ class SessionRuntime(RuntimeReads):
             TurnNotFoundError: no such turn.
             TurnNotRunningError: the turn finished, failed, was cancelled or is paused.
         """
-        return await callback_scope(lambda: self.store, self.config.callback_secret, turn_id, token)
+        return await callback_scope(self.turn, self.config.callback_secret, turn_id, token)
 
     async def report_job_progress(
         self,
@@ -535,6 +535,7 @@ class SessionRuntime(RuntimeReads):
             submission,
             host=self.host,
             store=self.store,
+            turn=self.turn,
             reader=self.reader,
             cancel=cancel,
             slot=slot,

@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import datetime
 
 from pydantic import ValidationError
 
-from turnkit.errors import InvalidInputError, TurnNotFoundError, TurnNotRunningError
+from turnkit.errors import InvalidInputError, TurnNotRunningError
 from turnkit.events import JobProgressEvent, encode_event
 from turnkit.ids import TurnId
 from turnkit.replay import ReplayBuffer
 from turnkit.runtime._runner import Pinned
 from turnkit.runtime.callbacks import CallbackScope, check_callback_token
-from turnkit.store import Store
+from turnkit.store import Store, TurnRecord
 
 __all__ = ("callback_scope", "publish_job_progress")
 
@@ -22,11 +22,11 @@ log = logging.getLogger("turnkit.runtime")
 
 
 async def callback_scope(
-    store: Callable[[], Store], secret: str | None, turn_id: str, token: str
+    turn: Callable[[str], Awaitable[TurnRecord]], secret: str | None, turn_id: str, token: str
 ) -> CallbackScope:
     """Check a callback's token and that its turn is running; who it acts for.
 
-    The token is checked before anything is read (`store` is asked for only then).
+    The token is checked before anything is read (`turn` looks the turn up only then).
 
     Raises:
         CallbackTokenError: not this turn's token (or no secret).
@@ -34,9 +34,7 @@ async def callback_scope(
         TurnNotRunningError: the turn finished, failed, was cancelled or is paused.
     """
     check_callback_token(secret, turn_id, token)
-    record = await store().get_turn(TurnId(turn_id))
-    if record is None:
-        raise TurnNotFoundError(f"no turn {turn_id!r}", turn_id=turn_id)
+    record = await turn(turn_id)
     if record.status != "running":
         raise TurnNotRunningError(
             f"turn {turn_id!r} is {record.status}: callbacks reach only running turns",

@@ -4,17 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any
 
 from turnkit.agent import Agent
-from turnkit.errors import TurnNotFoundError
 from turnkit.events import DurableEvent, EphemeralEvent
 from turnkit.runtime._cancel import CancelToken
 from turnkit.runtime._host import TurnHost
 from turnkit.runtime._slots import Slot
 from turnkit.runtime.reader import TurnReader
-from turnkit.store import Store, Submission
+from turnkit.store import Store, Submission, TurnRecord
 
 __all__ = ("follow_submission",)
 
@@ -24,6 +23,7 @@ async def follow_submission(
     *,
     host: TurnHost,
     store: Store,
+    turn: Callable[[str], Awaitable[TurnRecord]],
     reader: Callable[[], TurnReader],
     cancel: CancelToken | None,
     slot: Slot | None,
@@ -36,9 +36,7 @@ async def follow_submission(
     """
     if submission.guided:
         # The message joined a running turn: follow that turn from here on.
-        live = await store.get_turn(submission.turn_id)
-        if live is None:
-            raise TurnNotFoundError(f"no turn {submission.turn_id!r}", turn_id=submission.turn_id)
+        live = await turn(submission.turn_id)
         async for joined in reader().events(live.turn_id, after_seq=live.last_seq):
             yield joined
         return
