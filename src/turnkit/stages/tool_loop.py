@@ -117,7 +117,6 @@ class _Called:
 
     prepared: Prepared
     result: CallResult
-    offered: tuple[ToolSpec, ...]
 
 
 async def _call(
@@ -128,14 +127,13 @@ async def _call(
     thinking: ThinkingSummary | None,
 ) -> _Called:
     """Ask the model, tools offered, for the iteration's step."""
-    specs = offered_tools(ctx)
     prepared = await prepare_request(
         ctx,
         "tool-loop",
         transcript,
         previous,
         family=ctx.family,
-        specs=specs,
+        specs=offered_tools(ctx),
         purpose="tool-loop",
     )
     result = await call_model(
@@ -149,7 +147,7 @@ async def _call(
     )
     await after_model_response(ctx, "tool-loop", prepared.request, result.response)
     ctx.recorder.reasoning.append(result.response.thinking)  # read only by the summary
-    return _Called(prepared, result, specs)
+    return _Called(prepared, result)
 
 
 def _audit_call(
@@ -165,7 +163,7 @@ def _audit_call(
         payloads=AuditPayloads(
             cacheBreakpoint=cache_breakpoint(called.prepared, called.result.response, iteration),
             toolSelection=ToolSelectionPayload(
-                offered=tuple(s.name for s in called.offered), selected=selected
+                offered=tuple(s.name for s in called.prepared.request.tools), selected=selected
             )
             if selected
             else None,
