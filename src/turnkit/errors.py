@@ -82,6 +82,7 @@ __all__ = (
     "UnknownModelError",
     "UserAbortedError",
     "error_codes",
+    "missing_extra",
 )
 
 DOCS_URL = "docs/errors.md"
@@ -142,6 +143,14 @@ ErrorCode = Literal[
 def error_codes() -> tuple[str, ...]:
     """All codes of the catalog, in catalog order."""
     return get_args(ErrorCode)
+
+
+def missing_extra(feature: str, extra: str, cause: ImportError) -> ModuleNotFoundError:
+    """What an adapter raises when the optional extra it needs is not installed."""
+    return ModuleNotFoundError(
+        f'{feature} cannot run without the "{extra}" extra: pip install "turnkit[{extra}]"',
+        name=cause.name,
+    )
 
 
 class TurnkitError(Exception):

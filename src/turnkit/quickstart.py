@@ -27,21 +27,19 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import cast
 
+from turnkit.errors import ConfigurationError, missing_extra
+
 try:
     from fastapi import FastAPI
     from fastapi.responses import FileResponse, Response
     from fastapi.staticfiles import StaticFiles
     from starlette.types import Scope
 except ImportError as exc:  # pragma: no cover - depends on the install
-    raise ModuleNotFoundError(
-        'the quickstart app needs the "fastapi" extra: pip install "turnkit[fastapi]"',
-        name=exc.name,
-    ) from exc
+    raise missing_extra("The quickstart app", "fastapi", exc) from exc
 
 from turnkit.agent import load_agents
 from turnkit.config import Durability, RuntimeConfig
 from turnkit.demo import demo_agent
-from turnkit.errors import ConfigurationError
 from turnkit.http import create_health_router, create_turnkit_router, install_problem_handlers
 from turnkit.replay import replay_from_url
 from turnkit.runtime import SessionRuntime

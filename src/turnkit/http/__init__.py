@@ -11,15 +11,13 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
+from turnkit.errors import ConfigurationError, missing_extra
+
 try:
     from fastapi import APIRouter, Depends, Response
 except ImportError as exc:  # pragma: no cover - depends on the install
-    raise ModuleNotFoundError(
-        'the HTTP routes need the "fastapi" extra: pip install "turnkit[fastapi]"',
-        name=exc.name,
-    ) from exc
+    raise missing_extra("The HTTP routes", "fastapi", exc) from exc
 
-from turnkit.errors import ConfigurationError
 from turnkit.http._access import Principal
 from turnkit.http._admin import add_budget_routes, add_callback_routes
 from turnkit.http._session_routes import add_session_routes

@@ -7,13 +7,12 @@ from typing import Annotated, Any, cast
 
 from fastapi import APIRouter, Depends, Header, Query, Response
 
+from turnkit.errors import missing_extra
+
 try:
     from sse_starlette import EventSourceResponse
 except ImportError as exc:  # pragma: no cover - depends on the install
-    raise ModuleNotFoundError(
-        'the HTTP routes need the "fastapi" extra: pip install "turnkit[fastapi]"',
-        name=exc.name,
-    ) from exc
+    raise missing_extra("The HTTP routes", "fastapi", exc) from exc
 
 from turnkit.http._access import Principal, SessionPath, owned, visible_turn
 from turnkit.http.models import (

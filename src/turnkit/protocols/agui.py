@@ -24,15 +24,6 @@ import logging
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Annotated, Any, Final, cast
 
-try:
-    from fastapi import APIRouter, Depends, Header, Response
-    from sse_starlette import EventSourceResponse
-except ImportError as exc:  # pragma: no cover - depends on the install
-    raise ModuleNotFoundError(
-        'the AG-UI route needs the "fastapi" extra: pip install "turnkit[fastapi]"',
-        name=exc.name,
-    ) from exc
-
 from turnkit.errors import (
     ConfigurationError,
     InvalidInputError,
@@ -40,7 +31,15 @@ from turnkit.errors import (
     PauseNotFoundError,
     SessionNotFoundError,
     TurnNotFoundError,
+    missing_extra,
 )
+
+try:
+    from fastapi import APIRouter, Depends, Header, Response
+    from sse_starlette import EventSourceResponse
+except ImportError as exc:  # pragma: no cover - depends on the install
+    raise missing_extra("The AG-UI route", "fastapi", exc) from exc
+
 from turnkit.events import StreamEvent
 from turnkit.ids import SessionId, TurnId
 from turnkit.projection import PendingDecision, project

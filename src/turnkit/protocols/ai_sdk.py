@@ -21,21 +21,20 @@ from typing import Annotated, Any, Final
 
 from pydantic import ValidationError
 
-try:
-    from fastapi import APIRouter, Depends, Path, Response
-    from sse_starlette import EventSourceResponse
-except ImportError as exc:  # pragma: no cover - depends on the install
-    raise ModuleNotFoundError(
-        'the AI SDK route needs the "fastapi" extra: pip install "turnkit[fastapi]"',
-        name=exc.name,
-    ) from exc
-
 from turnkit.errors import (
     ConfigurationError,
     InvalidInputError,
     PauseAnsweredError,
     SessionNotFoundError,
+    missing_extra,
 )
+
+try:
+    from fastapi import APIRouter, Depends, Path, Response
+    from sse_starlette import EventSourceResponse
+except ImportError as exc:  # pragma: no cover - depends on the install
+    raise missing_extra("The AI SDK route", "fastapi", exc) from exc
+
 from turnkit.ids import SessionId, TurnId
 from turnkit.protocols._ai_sdk_stream import PAUSED, Replies
 from turnkit.protocols._ai_sdk_translate import UIMessageStreamTranslator

@@ -12,16 +12,14 @@ import time
 from collections.abc import Sequence
 from typing import Any, Self
 
+from turnkit.errors import missing_extra
 from turnkit.ids import TurnId
 from turnkit.replay import START, BufferEntry, ReplaySettings
 
 try:
     import redis.asyncio as aioredis
 except ImportError as exc:  # pragma: no cover - depends on the install
-    raise ModuleNotFoundError(
-        'RedisReplayBuffer needs the "redis" extra: pip install "turnkit[redis]"',
-        name=exc.name,
-    ) from exc
+    raise missing_extra("RedisReplayBuffer", "redis", exc) from exc
 
 __all__ = ("RedisReplayBuffer",)
 
