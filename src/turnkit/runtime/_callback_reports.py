@@ -1,86 +1,97 @@
-"""What a callback from another process does: check its turn, then report to its readers."""
+"""Callbacks from work in another process: its token, its turn's scope, its progress."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
-from datetime import datetime
 
 from pydantic import ValidationError
 
-from turnkit.errors import InvalidInputError, TurnNotRunningError
+from turnkit.errors import ConfigurationError, InvalidInputError, TurnNotRunningError
 from turnkit.events import JobProgressEvent, encode_event
 from turnkit.ids import TurnId
-from turnkit.replay import ReplayBuffer
+from turnkit.runtime._reads import RuntimeReads
 from turnkit.runtime._runner import Pinned
-from turnkit.runtime.callbacks import CallbackScope, check_callback_token
-from turnkit.store import Store, TurnRecord
+from turnkit.runtime.callbacks import CallbackScope, callback_token, check_callback_token
 
-__all__ = ("callback_scope", "publish_job_progress")
+__all__ = ("RuntimeCallbacks",)
 
 log = logging.getLogger("turnkit.runtime")
 
 
-async def callback_scope(
-    turn: Callable[[str], Awaitable[TurnRecord]], secret: str | None, turn_id: str, token: str
-) -> CallbackScope:
-    """Check a callback's token and that its turn is running; who it acts for.
+class RuntimeCallbacks(RuntimeReads):
+    """`SessionRuntime`'s callback methods (any process with the same secret accepts them)."""
 
-    The token is checked before anything is read (`turn` looks the turn up only then).
+    def callback_token(self, turn_id: str) -> str:
+        """The token work in another process reports back to `turn_id` with.
 
-    Raises:
-        CallbackTokenError: not this turn's token (or no secret).
-        TurnNotFoundError: no such turn.
-        TurnNotRunningError: the turn finished, failed, was cancelled or is paused.
-    """
-    check_callback_token(secret, turn_id, token)
-    record = await turn(turn_id)
-    if record.status != "running":
-        raise TurnNotRunningError(
-            f"turn {turn_id!r} is {record.status}: callbacks reach only running turns",
-            turn_id=turn_id,
-            status=record.status,
+        Tools get it as `ToolContext.callback_token`; any process with the same
+        `RuntimeConfig.callback_secret` accepts it.
+        """
+        if self.config.callback_secret is None:
+            raise ConfigurationError("callback tokens need RuntimeConfig(callback_secret=...)")
+        return callback_token(self.config.callback_secret, turn_id)
+
+    async def verify_callback(self, turn_id: str, token: str) -> CallbackScope:
+        """Check a callback's token and that its turn is running; who it acts for.
+
+        The token is checked before anything is read.
+
+        Raises:
+            CallbackTokenError: not this turn's token (or no `callback_secret` here).
+            TurnNotFoundError: no such turn.
+            TurnNotRunningError: the turn finished, failed, was cancelled or is paused.
+        """
+        check_callback_token(self.config.callback_secret, turn_id, token)
+        record = await self.turn(turn_id)
+        if record.status != "running":
+            raise TurnNotRunningError(
+                f"turn {turn_id!r} is {record.status}: callbacks reach only running turns",
+                turn_id=turn_id,
+                status=record.status,
+            )
+        pinned = Pinned.of(record)
+        return CallbackScope(
+            turn_id=record.turn_id,
+            session_id=record.session_id,
+            principal=pinned.caller,
+            organisation=pinned.organisation,
+            department=pinned.department,
         )
-    pinned = Pinned.of(record)
-    return CallbackScope(
-        turn_id=record.turn_id,
-        session_id=record.session_id,
-        principal=pinned.caller,
-        organisation=pinned.organisation,
-        department=pinned.department,
-    )
 
+    async def report_job_progress(
+        self,
+        turn_id: str,
+        token: str,
+        *,
+        job_id: str,
+        tool_call_id: str,
+        progress: float | None = None,
+        message: str | None = None,
+    ) -> CallbackScope:
+        """A callback: publish a `job.progress` event to the turn's live readers.
 
-async def publish_job_progress(
-    store: Store,
-    replay: ReplayBuffer,
-    scope: CallbackScope,
-    *,
-    ts: datetime,
-    job_id: str,
-    tool_call_id: str,
-    progress: float | None,
-    message: str | None,
-) -> None:
-    """Publish a `job.progress` event to the turn's live readers; restart its idle window.
-
-    Raises `InvalidInputError` for a progress outside 0–1 (nothing is published).
-    """
-    try:
-        event = JobProgressEvent(
-            session_id=scope.session_id,
-            turn_id=scope.turn_id,
-            stage_id="tool-loop",
-            ts=ts,
-            job_id=job_id,
-            tool_call_id=tool_call_id,
-            progress=progress,
-            message=message,
-        )
-    except ValidationError as exc:
-        raise InvalidInputError(f"a bad job progress report: {exc.errors()[0]['msg']}") from exc
-    try:  # the driver's idle window reads the stamp; the report goes out regardless
-        await store.note_activity(TurnId(scope.turn_id))
-    except Exception as exc:  # noqa: BLE001 - a missed stamp only shortens the window
-        log.warning("stamping progress on turn %s failed: %s", scope.turn_id, exc)
-    await replay.publish(TurnId(scope.turn_id), [(None, encode_event(event), False)])
+        The event is ephemeral (the turn's driver alone writes its durable log). The report
+        restarts the turn's idle window, wherever its driver runs. Raises as
+        `verify_callback` does, and `InvalidInputError` for a progress outside 0–1
+        (nothing is published).
+        """
+        scope = await self.verify_callback(turn_id, token)
+        try:
+            event = JobProgressEvent(
+                session_id=scope.session_id,
+                turn_id=scope.turn_id,
+                stage_id="tool-loop",
+                ts=self.clock.now(),
+                job_id=job_id,
+                tool_call_id=tool_call_id,
+                progress=progress,
+                message=message,
+            )
+        except ValidationError as exc:
+            raise InvalidInputError(f"a bad job progress report: {exc.errors()[0]['msg']}") from exc
+        try:  # the driver's idle window reads the stamp; the report goes out regardless
+            await self.store.note_activity(TurnId(scope.turn_id))
+        except Exception as exc:  # noqa: BLE001 - a missed stamp only shortens the window
+            log.warning("stamping progress on turn %s failed: %s", scope.turn_id, exc)
+        await self.replay.publish(TurnId(scope.turn_id), [(None, encode_event(event), False)])
+        return scope

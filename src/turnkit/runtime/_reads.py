@@ -5,30 +5,20 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 from turnkit.audit import AuditRow
-from turnkit.errors import ConfigurationError, SessionNotFoundError, TurnNotFoundError
+from turnkit.errors import SessionNotFoundError, TurnNotFoundError
 from turnkit.events import StreamEvent
 from turnkit.ids import SessionId, TurnId
 from turnkit.projection import PendingDecision, QueuedInput, SessionView, TurnView
+from turnkit.runtime._core import RuntimeCore
 from turnkit.runtime._history import TurnHistory, session_view, turn_history, turn_view
 from turnkit.states import TERMINAL_STATES
-from turnkit.store import Store, TurnRecord
+from turnkit.store import TurnRecord
 
 __all__ = ("RuntimeReads",)
 
 
-class RuntimeReads:
+class RuntimeReads(RuntimeCore):
     """What `SessionRuntime` reads back from its Store (any process's turns)."""
-
-    _store: Store | None = None
-
-    @property
-    def store(self) -> Store:
-        """The Store turns are written to."""
-        if self._store is None:
-            raise ConfigurationError(
-                "the runtime is not open: use `async with SessionRuntime(...)`"
-            )
-        return self._store
 
     async def history(self, session_id: str) -> list[TurnHistory]:
         """A session's turns, oldest first, each with its committed blocks.

@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Awaitable, Callable
+
+from turnkit.store import Submission
 
 __all__ = ("Slot", "TurnSlots")
 
@@ -47,6 +50,26 @@ class TurnSlots:
         if self._waiters or (self.ceiling is not None and self.running >= self.ceiling):
             return None
         return self.hold()
+
+    async def submit_claiming(
+        self, submit: Callable[..., Awaitable[Submission]], *, claim: bool = True
+    ) -> tuple[Submission, Slot | None]:
+        """`submit(claim=...)`: the turn claimed in its message's transaction if a slot is free.
+
+        Without `claim` it is never claimed. The slot comes back with the claimed turn;
+        None: the turn waits queued.
+        """
+        slot = self.try_take() if claim else None
+        try:
+            submission = await submit(claim=slot is not None)
+        except BaseException:
+            if slot is not None:
+                slot.release()
+            raise
+        if submission.lease is None and slot is not None:
+            slot.release()  # not claimed (a guide, a replay, an earlier turn unfinished)
+            slot = None
+        return submission, slot
 
     def hold(self) -> Slot:
         """A slot for a turn already claimed elsewhere: counted, never refused."""

@@ -1,0 +1,76 @@
+"""Stopping a turn and answering a paused one, from wherever the turn is driven."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from turnkit.errors import InvalidInputError
+from turnkit.ids import TurnId
+from turnkit.pauses import Resolution
+from turnkit.runtime._reads import RuntimeReads
+from turnkit.runtime.deps import NO_DEPS
+from turnkit.states import TurnStatus
+from turnkit.store import Submission
+
+__all__ = ("RuntimeControl",)
+
+
+class RuntimeControl(RuntimeReads):
+    """`SessionRuntime`'s Stop and resume."""
+
+    async def cancel(self, turn_id: str) -> TurnStatus:
+        """Press Stop: end the turn `cancelled` from wherever it is driven.
+
+        A turn driven in this process is cancelled at once (its model call aborted,
+        `user-aborted` audited); a paused or queued turn is ended in the Store; a turn
+        driven by another process is flagged and stops at that driver's next renewal.
+        Returns the turn's status after the call.
+        """
+        if self._recovery is not None:  # a turn this process took over: stop it at once
+            await self._recovery[2].stop(TurnId(turn_id))
+        return await self.host.cancel(TurnId(turn_id))
+
+    async def resume(
+        self, turn_id: str, request_id: str, resolution: Resolution, *, deps: Any = NO_DEPS
+    ) -> Submission:
+        """Answer a paused turn's request and continue the *same* turn.
+
+        `Approve()` lets the tool call run; `Deny(note=...)` turns it into a failed result
+        the model reads; `Answer(text=...)` answers an `ask_user` question. The turn goes
+        on from its checkpoint (nothing before the pause runs or is billed again), in this
+        process when `RuntimeConfig.run_in_process`, else in a worker. Follow it with
+        `reader().follow(turn_id, after_seq=...)` or the HTTP resume stream. The turn runs
+        with the agent it was pinned to; `deps` (else the runtime's factory) are its tools'
+        dependencies.
+
+        Raises:
+            PauseNotFoundError: the turn has no such request.
+            PauseAnsweredError: the request was answered (or the turn ended) already.
+            InvalidInputError: an approval answered with text, or a question with a decision.
+        """
+        record = await self.turn(turn_id)
+        if record.status == "awaiting_budget":
+            raise InvalidInputError(
+                f"turn {turn_id!r} waits on a budget: it resumes by itself once a limit is "
+                "raised (set_budget_limit) or its period rolls over; cancel() ends it",
+                turn_id=turn_id,
+            )
+        expected = {"awaiting_approval": ("approve", "deny"), "awaiting_input": ("answer",)}
+        allowed = expected.get(record.status)
+        if allowed is not None and resolution.kind not in allowed:
+            raise InvalidInputError(
+                f"turn {turn_id!r} is {record.status}: answer it with {' or '.join(allowed)}, "
+                f"not {resolution.kind}",
+                kind=resolution.kind,
+            )
+        await self.store.answer_pause(record.turn_id, request_id, resolution.model_dump())
+        if self.config.run_in_process:
+            self.host.detach(record.turn_id, deps=deps)
+        return Submission(
+            session_id=record.session_id,
+            turn_id=record.turn_id,
+            input_seq=record.input_seq,
+            delivery="queue",
+            requested_delivery="queue",
+            is_new=False,
+        )

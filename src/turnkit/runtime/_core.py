@@ -1,0 +1,279 @@
+"""What a `SessionRuntime` holds and how it opens and closes: its agents, Store, graph, host."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Self, cast
+
+from turnkit.agent import Agent
+from turnkit.clock import Clock, SystemClock
+from turnkit.config import RuntimeConfig
+from turnkit.errors import ConfigurationError, InvalidInputError
+from turnkit.graph import TurnGraph, compile_turn_graph, open_checkpointer
+from turnkit.ids import uuid7
+from turnkit.models import ModelClient
+from turnkit.models.litellm import ModelEndpoint
+from turnkit.plugins import Plugin, discover_plugins, validate_plugins
+from turnkit.replay import ReplayBuffer
+from turnkit.replay.memory import InMemoryReplayBuffer
+from turnkit.runtime._aftermath import Aftermath
+from turnkit.runtime._families import ModelFamilies
+from turnkit.runtime._held import HeldTranscripts
+from turnkit.runtime._host import TurnHost
+from turnkit.runtime._opening import open_store
+from turnkit.runtime._runner import TurnRunner
+from turnkit.runtime.admission import Admission, AdmissionCheck, DocumentResolver
+from turnkit.runtime.agents import AgentCatalog, ToolAccess
+from turnkit.runtime.deps import DepsFactory
+from turnkit.runtime.reader import TurnReader
+from turnkit.skills import SkillSource
+from turnkit.store import Store
+from turnkit.tenancy import Organisation, Tenancy
+from turnkit.tools import Tool
+
+if TYPE_CHECKING:
+    from turnkit.runtime import SessionRuntime
+    from turnkit.runtime.worker import Worker
+
+__all__ = ("RuntimeCore",)
+
+log = logging.getLogger("turnkit.runtime")
+
+
+class RuntimeCore:
+    """The parts of a `SessionRuntime` and their lifecycle: opening and closing them.
+
+    Its arguments are documented on `SessionRuntime`.
+    """
+
+    def __init__(
+        self,
+        agent: Agent | None = None,
+        *,
+        agents: AgentCatalog | Sequence[Agent] = (),
+        tools: Sequence[Tool] = (),
+        deps: DepsFactory | None = None,
+        tool_access: ToolAccess | None = None,
+        models: Mapping[str, str | ModelClient | ModelEndpoint] | None = None,
+        skills: SkillSource | None = None,
+        plugins: Sequence[Plugin | str] = (),
+        config: RuntimeConfig | None = None,
+        store: Store | None = None,
+        replay: ReplayBuffer | None = None,
+        clock: Clock | None = None,
+        tenancy: Tenancy | Sequence[Organisation] | None = None,
+        admission: Sequence[AdmissionCheck] = (),
+        documents: DocumentResolver | None = None,
+    ) -> None:
+        if isinstance(agents, AgentCatalog) and tools:
+            raise ConfigurationError("give the host's `tools` to the AgentCatalog, not both")
+        if not isinstance(agents, AgentCatalog):
+            agents = AgentCatalog(agents, tools=tools)
+        self.agents = agents
+        """The agents this runtime hosts, by name."""
+        default = agent or next(iter(self.agents.hosted()), None)
+        if default is None:
+            raise ConfigurationError("a runtime needs an `agent` (or `agents=[...]`)")
+        self._agent = default
+        self.agents.add(default)
+        self.deps = deps
+        self.tool_access = tool_access
+        self.models: dict[str, str | ModelClient | ModelEndpoint] = dict(models or {})
+        """Served models by name."""
+        self._families = ModelFamilies(lambda: self.models)  # each resolved once
+        self.plugins = validate_plugins(
+            [p for p in plugins if not isinstance(p, str)]
+            + list(discover_plugins([p for p in plugins if isinstance(p, str)]))
+        )
+        """Plugins run in every turn, after the agent's own."""
+        self.skill_source = skills
+        """The app's skill catalogue (the builtin skills are always there too)."""
+        self.config = config or RuntimeConfig()
+        self.clock = clock or SystemClock()
+        self._store = store
+        self._owns_store = store is None
+        self.replay: ReplayBuffer = replay or InMemoryReplayBuffer()
+        """Where detached and worker-driven turns publish for live readers."""
+        self._graph: TurnGraph | None = None
+        self._held = HeldTranscripts()  # sessions' transcripts, kept across their turns
+        self._aftermath = Aftermath()  # work turns left running after their ending
+        self._opening: asyncio.Event | None = None
+        self._close_checkpointer: Callable[[], Awaitable[None]] | None = None
+        self._recovery: tuple[asyncio.Event, asyncio.Task[None], Worker] | None = None
+        self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid7()[-12:]}"
+        """This runtime's lease owner name."""
+        self.host = TurnHost(
+            owner=self.owner,
+            store=lambda: self.store,
+            replay=self.replay,
+            config=self.config,
+            clock=self.clock,
+            runner=self.runner,
+            reader=self.reader,
+        )
+        """Claims and drives turns in this process."""
+        for hosted in self.agents.hosted():
+            self._families(hosted.model)  # an unresolvable model string fails here, not mid-turn
+        self.tenancy = tenancy if isinstance(tenancy, Tenancy) else Tenancy(tenancy or ())
+        """The organisations served, their departments and default-agent switches."""
+        self.admission = Admission(
+            tenancy=self.tenancy,
+            agents=self.agents,
+            lookup=self._message_agent,
+            served=lambda: {*self.config.allowed_models, *self.models},
+            family=self._families,
+            store=lambda: self.store,
+            config=self.config,
+            documents=documents,
+            checks=tuple(admission),
+        )
+        """The checks every message passes before anything is saved (see `submit`)."""
+
+    @property
+    def agent(self) -> Agent:
+        """The default agent (a message that names none gets it)."""
+        return self._agent
+
+    @agent.setter
+    def agent(self, agent: Agent) -> None:
+        self.agents.add(agent)  # hosted from now on; turns pinned to the old one still find it
+        self._agent = agent
+
+    async def __aenter__(self) -> Self:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def open(self) -> None:
+        """Open the Store and checkpointer and compile the graph (idempotent)."""
+        while self._opening is not None:  # another caller is opening it: wait for that
+            await self._opening.wait()
+        if self._graph is not None:
+            return
+        self._opening = asyncio.Event()
+        try:
+            await self._open_parts()
+        finally:
+            opening, self._opening = self._opening, None
+            opening.set()  # waiters find it open, or (it failed) try themselves
+        if self.config.recover_in_process:
+            self._start_recovery()
+
+    async def _open_parts(self) -> None:
+        if self._store is None:
+            self._store = await open_store(self.config, self.clock)
+        saver, self._close_checkpointer = await open_checkpointer(
+            self.config.database_url, schema=self.config.database_schema
+        )
+        self._graph = compile_turn_graph(saver)
+        try:
+            await self.replay.ping()
+        except Exception as exc:  # noqa: BLE001 - the buffer is a fast path, never required
+            log.warning(
+                "the replay buffer cannot be reached (%s): turns still run and readers "
+                "follow the Store until it answers",
+                exc,
+            )
+
+    def _start_recovery(self) -> None:
+        """Run a worker loop beside the app: turns whose driver died are taken over."""
+        from turnkit.runtime.worker import Worker
+
+        stop = asyncio.Event()
+        worker = Worker(
+            cast("SessionRuntime", self),  # the only runtime built on this core
+            concurrency=self.config.recovery_concurrency,
+            owner=f"{self.owner}/recovery",
+        )
+        task = asyncio.create_task(worker.run(stop), name="turnkit-recovery")
+        self._recovery = (stop, task, worker)
+
+    async def wait_background(self) -> None:
+        """Wait for the work turns left running after their ending.
+
+        A session's opening turn settles before the agent's utility model names the
+        session; this returns once every such call has finished (each is bounded by
+        `idle_window_s`). Useful in scripts and tests; `close` cancels what is left.
+        """
+        await self._aftermath.wait()
+
+    async def close(self) -> None:
+        """Close what the runtime opened.
+
+        Detached turns still running are abandoned, not cancelled: their leases expire and
+        a worker resumes them (or a reader records them timed out). A naming call still
+        running after its turn is cancelled (the session keeps its first name).
+        """
+        if self._recovery is not None:
+            stop, task, _ = self._recovery
+            self._recovery = None
+            stop.set()
+            await asyncio.gather(task, return_exceptions=True)
+        await self.host.close()
+        await self._aftermath.close()
+        if self._close_checkpointer is not None:
+            await self._close_checkpointer()
+            self._close_checkpointer = None
+        if self._owns_store and self._store is not None:
+            await self._store.close()
+            self._store = None
+        self._graph = None
+
+    @property
+    def store(self) -> Store:
+        """The Store turns are written to."""
+        if self._store is None:
+            raise ConfigurationError(
+                "the runtime is not open: use `async with SessionRuntime(...)`"
+            )
+        return self._store
+
+    async def _message_agent(self, agent: str | Agent | None) -> Agent:
+        """The agent a message names: hosted by name, or an object (hosted from now on)."""
+        if agent is None:
+            return self.agent
+        if isinstance(agent, str):
+            return await self.agents.get(agent)
+        if not isinstance(agent, Agent):
+            raise InvalidInputError(
+                f"agent must be a name or a turnkit.Agent, not {type(agent).__name__}"
+            )
+        self.agents.add(agent)
+        self._families(agent.model)
+        return agent
+
+    def reader(self, *, keepalive_s: float = 10.0) -> TurnReader:
+        """A reader for one connection: replay from a cursor, then follow live."""
+        return TurnReader(
+            store=self.store,
+            buffer=self.replay,
+            clock=self.clock,
+            idle_window_s=self.config.idle_window_s,
+            keepalive_s=keepalive_s,
+        )
+
+    def runner(self) -> TurnRunner:
+        """What turns a claimed lease into a driver (used by `Worker`)."""
+        if self._graph is None:
+            raise ConfigurationError(
+                "the runtime is not open: use `async with SessionRuntime(...)`"
+            )
+        return TurnRunner(
+            agents=self.agents,
+            store=self.store,
+            graph=self._graph,
+            config=self.config,
+            clock=self.clock,
+            family=self._families,
+            deps=self.deps,
+            skills=self.skill_source,
+            plugins=self.plugins,
+            held=self._held,
+            aftermath=self._aftermath,
+        )
