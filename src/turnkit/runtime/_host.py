@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 from collections import deque
 from collections.abc import AsyncGenerator, Callable, Coroutine
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from turnkit.agent import Agent
@@ -23,6 +22,7 @@ from turnkit.events import DurableEvent, EphemeralEvent
 from turnkit.ids import SessionId, TurnId
 from turnkit.replay import ReplayBuffer
 from turnkit.runtime._cancel import CancelToken
+from turnkit.runtime._detached import Detached, DetachedTurns
 from turnkit.runtime._publish import BufferPublisher
 from turnkit.runtime._runner import TurnRunner
 from turnkit.runtime._slots import Slot, TurnSlots
@@ -35,18 +35,6 @@ from turnkit.store import Lease, Store, TurnRecord
 __all__ = ("TurnHost",)
 
 T = TypeVar("T")
-
-
-@dataclass(slots=True, eq=False)
-class _Detached:
-    """A turn driven in a task of this host: what the task holds, for a Stop to settle."""
-
-    lease: Lease | None
-    slot: Slot | None
-    task: asyncio.Task[None] | None = None
-    driver: TurnDriver | None = None
-    ran: bool = False
-    """The driver's run returned: its ending (or pause) stands, only its aftermath is left."""
 
 
 class TurnHost:
@@ -70,22 +58,10 @@ class TurnHost:
         self.clock = clock
         self._runner = runner
         self._reader = reader
-        self._detached: dict[TurnId, _Detached] = {}
+        self._detached = DetachedTurns()
         self._shielded: set[asyncio.Task[Any]] = set()
-        self._deps: dict[TurnId, Any] = {}
-        """Deps a caller handed in for a turn, kept while it may resume here."""
+        self._deps = _HandedDeps()
         self.slots = TurnSlots(config.max_running_turns)
-
-    def _deps_for(self, turn_id: TurnId, deps: Any) -> Any:
-        if deps is not NO_DEPS:
-            self._deps[turn_id] = deps
-            return deps
-        return self._deps.get(turn_id, NO_DEPS)
-
-    def _forget_deps(self, driver: TurnDriver) -> None:
-        """A turn that ended (not paused) will not resume: drop the deps it was given."""
-        if driver.ended:
-            self._deps.pop(driver.lease.turn_id, None)
 
     async def claim(self, turn_id: TurnId) -> tuple[Lease, Slot] | None:
         """Claim our own turn and a slot to run it in.
@@ -173,7 +149,7 @@ class TurnHost:
         store = self._store()
         status = await store.cancel(turn_id, stopped_owner=self.owner if stopped else None)
         if status in TERMINAL_STATES:
-            self._deps.pop(turn_id, None)  # it will not resume
+            self._deps.drop(turn_id)  # it will not resume
         if status == "cancelled":
             record = await store.get_turn(turn_id)
             after = record.last_seq - 1 if record is not None else 0
@@ -200,7 +176,11 @@ class TurnHost:
 
             try:
                 driver = await self._runner().driver(
-                    lease, sink=sink, agent=agent, record=record, deps=self._deps_for(turn_id, deps)
+                    lease,
+                    sink=sink,
+                    agent=agent,
+                    record=record,
+                    deps=self._deps.keep(turn_id, deps),
                 )
             except asyncio.CancelledError:  # the caller left before the turn began
                 with contextlib.suppress(Exception):
@@ -250,23 +230,16 @@ class TurnHost:
 
         `lease` and `slot` as for `stream`; `hold_until` as for `TurnDriver.run`.
         """
-        deps = self._deps_for(turn_id, deps)
-        entry = _Detached(lease, slot)
-        task = entry.task = asyncio.create_task(
-            self._run_detached(turn_id, entry, agent, deps, hold_until),
-            name=f"turnkit-detached-{turn_id}",
+        deps = self._deps.keep(turn_id, deps)
+        entry = Detached(lease, slot)
+        self._detached.start(
+            turn_id, entry, self._run_detached(turn_id, entry, agent, deps, hold_until)
         )
-        self._detached[turn_id] = entry
-        task.add_done_callback(lambda _: self._forget_detached(turn_id, entry))
-
-    def _forget_detached(self, turn_id: TurnId, entry: _Detached) -> None:
-        if self._detached.get(turn_id) is entry:
-            del self._detached[turn_id]
 
     async def _run_detached(
         self,
         turn_id: TurnId,
-        entry: _Detached,
+        entry: Detached,
         agent: Agent | None,
         deps: Any,
         hold_until: asyncio.Event | None = None,
@@ -295,7 +268,8 @@ class TurnHost:
         Drops the turn's deps if it ended, and runs the guide messages its ending re-queued
         as turns of their own.
         """
-        self._forget_deps(driver)
+        if driver.ended:  # not paused: it will not resume
+            self._deps.drop(driver.lease.turn_id)
         if driver.requeued:  # claimed and detached together, even if this task is cancelled
             await self._shield(self.pick_up(driver.lease.session_id))
 
@@ -330,37 +304,43 @@ class TurnHost:
         return await self._shield(self._cancel(turn_id))
 
     async def _cancel(self, turn_id: TurnId) -> TurnStatus:
-        here = await self._stop(turn_id)
+        here = await self._detached.stop(turn_id)
         if here:
             record = await self._store().get_turn(turn_id)
             if record is not None and record.status in TERMINAL_STATES:
-                self._deps.pop(turn_id, None)
+                self._deps.drop(turn_id)
                 return record.status  # its driver wrote the ending
         return await self.end_cancelled(turn_id, stopped=here)
 
-    async def _stop(self, turn_id: TurnId) -> bool:
-        """Cancel a turn detached here and wait for its task; False if none is."""
-        entry = self._detached.get(turn_id)
-        if entry is None or entry.task is None:
-            return False
-        if not entry.ran:  # after the run, only its aftermath is left: let it finish
-            entry.task.cancel()
-        await asyncio.gather(entry.task, return_exceptions=True)
-        if entry.slot is not None:
-            entry.slot.release()  # a task cancelled before its first step never ran its own
-        return True
-
     async def close(self) -> None:
         """Abandon detached turns (their leases expire; a worker or reader ends them)."""
-        entries = list(self._detached.values())
-        for entry in entries:
-            if entry.driver is not None:
-                entry.driver.abandon()  # closing the runtime is not Stop: it writes nothing
-        tasks = [entry.task for entry in entries if entry.task is not None]
-        tasks += self._shielded
+        tasks = [*self._detached.abandon(), *self._shielded]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+class _HandedDeps:
+    """Deps a caller handed in for a turn, kept while the turn may resume in this process."""
+
+    __slots__ = ("_by_turn",)
+
+    def __init__(self) -> None:
+        self._by_turn: dict[TurnId, Any] = {}
+
+    def keep(self, turn_id: TurnId, deps: Any) -> Any:
+        """`deps` if given (kept for the turn from now on), else what was kept for it."""
+        if deps is not NO_DEPS:
+            self._by_turn[turn_id] = deps
+            return deps
+        return self._by_turn.get(turn_id, NO_DEPS)
+
+    def drop(self, turn_id: TurnId) -> None:
+        """The turn ended: it will not resume."""
+        self._by_turn.pop(turn_id, None)
+
+    def __contains__(self, turn_id: object) -> bool:
+        return turn_id in self._by_turn
 
 
 class _Handoff:

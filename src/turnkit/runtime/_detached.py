@@ -1,0 +1,70 @@
+"""The turns a `TurnHost` drives in tasks of their own: what each task holds, Stop, close."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine
+from dataclasses import dataclass
+from typing import Any
+
+from turnkit.ids import TurnId
+from turnkit.runtime._slots import Slot
+from turnkit.runtime.driver import TurnDriver
+from turnkit.store import Lease
+
+__all__ = ("Detached", "DetachedTurns")
+
+
+@dataclass(slots=True, eq=False)
+class Detached:
+    """A turn driven in a task of the host: what the task holds, for a Stop to settle."""
+
+    lease: Lease | None
+    slot: Slot | None
+    task: asyncio.Task[None] | None = None
+    driver: TurnDriver | None = None
+    ran: bool = False
+    """The driver's run returned: its ending (or pause) stands, only its aftermath is left."""
+
+
+class DetachedTurns:
+    """The host's detached turns by id, each forgotten when its task ends."""
+
+    __slots__ = ("_entries",)
+
+    def __init__(self) -> None:
+        self._entries: dict[TurnId, Detached] = {}
+
+    def start(self, turn_id: TurnId, entry: Detached, drive: Coroutine[Any, Any, None]) -> None:
+        """Run `drive` (what drives `entry`'s turn) in a task of its own."""
+        task = entry.task = asyncio.create_task(drive, name=f"turnkit-detached-{turn_id}")
+        self._entries[turn_id] = entry
+        task.add_done_callback(lambda _: self._forget(turn_id, entry))
+
+    def _forget(self, turn_id: TurnId, entry: Detached) -> None:
+        if self._entries.get(turn_id) is entry:
+            del self._entries[turn_id]
+
+    async def stop(self, turn_id: TurnId) -> bool:
+        """Cancel a turn detached here and wait for its task; False if none is."""
+        entry = self._entries.get(turn_id)
+        if entry is None or entry.task is None:
+            return False
+        if not entry.ran:  # after the run, only its aftermath is left: let it finish
+            entry.task.cancel()
+        await asyncio.gather(entry.task, return_exceptions=True)
+        if entry.slot is not None:
+            entry.slot.release()  # a task cancelled before its first step never ran its own
+        return True
+
+    def abandon(self) -> list[asyncio.Task[None]]:
+        """Tell every detached driver to write nothing more; their tasks, to cancel.
+
+        Closing the runtime is not Stop: their leases expire, and a worker or a reader
+        ends the turns.
+        """
+        entries = list(self._entries.values())
+        for entry in entries:
+            if entry.driver is not None:
+                entry.driver.abandon()
+        return [entry.task for entry in entries if entry.task is not None]
