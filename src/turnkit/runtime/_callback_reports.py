@@ -71,7 +71,8 @@ class RuntimeCallbacks(RuntimeReads):
         """A callback: publish a `job.progress` event to the turn's live readers.
 
         The event is ephemeral (the turn's driver alone writes its durable log). The report
-        restarts the turn's idle window, wherever its driver runs. Raises as
+        restarts the turn's idle window, wherever its driver runs (it stamps the turn's
+        row, at most once in a tenth of the window). Raises as
         `verify_callback` does, and `InvalidInputError` for a progress outside 0–1
         (nothing is published).
         """
@@ -89,9 +90,12 @@ class RuntimeCallbacks(RuntimeReads):
             )
         except ValidationError as exc:
             raise InvalidInputError(f"a bad job progress report: {exc.errors()[0]['msg']}") from exc
-        try:  # the driver's idle window reads the stamp; the report goes out regardless
-            await self.store.note_activity(TurnId(scope.turn_id))
-        except Exception as exc:  # noqa: BLE001 - a missed stamp only shortens the window
-            log.warning("stamping progress on turn %s failed: %s", scope.turn_id, exc)
-        await self.replay.publish(TurnId(scope.turn_id), [(None, encode_event(event), False)])
+        turn = TurnId(scope.turn_id)
+        if self._progress_stamps.due(turn):  # the driver's idle window reads the stamp
+            try:
+                await self.store.note_activity(turn)
+                self._progress_stamps.stamped(turn)
+            except Exception as exc:  # noqa: BLE001 - a missed stamp only shortens the window
+                log.warning("stamping progress on turn %s failed: %s", turn, exc)
+        await self.replay.publish(turn, [(None, encode_event(event), False)])  # regardless
         return scope
