@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import base64
 import ipaddress
-import math
 import os
 from collections.abc import AsyncIterator, Mapping, Sequence
 from types import ModuleType
@@ -35,17 +34,15 @@ from turnkit.errors import (
 )
 from turnkit.models import (
     Content,
-    Finish,
     ModelChunk,
     ModelMessage,
     ModelRequest,
-    StopReason,
     ToolSpec,
-    Usage,
     text_of,
 )
 from turnkit.models._direct import prepare as _prepare_direct
 from turnkit.models._errors import CallSite, map_error
+from turnkit.models._litellm_finish import finish
 from turnkit.models._litellm_stream import stream_litellm
 from turnkit.models._loader import load_litellm as _load_litellm
 from turnkit.models._openai_stream import StreamState, stream_chat
@@ -188,19 +185,6 @@ def _effort_for(budget: int) -> str:
     return "high"
 
 
-def _int(value: object) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
-
-
-def _stop_reason(finish_reason: str | None, saw_tool_call: bool) -> StopReason:
-    """Map an OpenAI finish reason; a call that streamed tool calls ends in `tool_use`."""
-    if finish_reason == "length":
-        return "max_tokens"
-    if finish_reason in ("tool_calls", "function_call") or saw_tool_call:
-        return "tool_use"
-    return "end_turn"
-
-
 class LiteLLMClient:
     """A `ModelClient` for any provider litellm knows, streaming OpenAI-style chat.
 
@@ -333,8 +317,7 @@ class LiteLLMClient:
             raise mapped from exc
         finally:
             await pieces.aclose()
-        finish = _stop_reason(state.finish_reason, state.saw_tool_call)
-        yield Finish(finish, self._usage(litellm, state.usage))
+        yield finish(litellm, state, model=self._bare_model, provider=self._provider)
 
     # ── request ─────────────────────────────────────────────────────────────────────
 
@@ -450,42 +433,6 @@ class LiteLLMClient:
         if "reasoning_effort" in supported_params:
             return {"reasoning_effort": _effort_for(budget)}
         return {}
-
-    # ── response ────────────────────────────────────────────────────────────────────
-
-    def _usage(self, litellm: ModuleType, usage: object) -> Usage:
-        if usage is None:
-            return Usage()
-        details = _field(usage, "prompt_tokens_details")
-        input_tokens = _int(_field(usage, "prompt_tokens"))
-        output_tokens = _int(_field(usage, "completion_tokens"))
-        return Usage(
-            input_tokens=input_tokens,
-            output_tokens=output_tokens,
-            cached_tokens=_int(_field(details, "cached_tokens")),
-            cost_usd=self._cost(litellm, usage, input_tokens, output_tokens),
-        )
-
-    def _cost(self, litellm: ModuleType, usage: object, input_tokens: int, output: int) -> float:
-        """Dollar cost from litellm's price map; 0.0 when the model has no known price."""
-        try:
-            if isinstance(usage, Mapping):  # the direct transport's usage, as litellm's type
-                usage = litellm.Usage(**usage)
-            prompt_cost, completion_cost = litellm.cost_per_token(
-                model=self._bare_model,
-                custom_llm_provider=self._provider,
-                prompt_tokens=input_tokens,
-                completion_tokens=output,
-                usage_object=usage,
-            )
-            cost = float(prompt_cost) + float(completion_cost)
-        except Exception:  # noqa: BLE001 - an unknown price must never fail the call
-            return 0.0
-        return cost if math.isfinite(cost) and cost > 0 else 0.0
-
-
-def _field(value: object, name: str) -> object:
-    return value.get(name) if isinstance(value, Mapping) else getattr(value, name, None)
 
 
 def _missing_keys(litellm: ModuleType, model: str, api_base: str | None) -> list[str]:
