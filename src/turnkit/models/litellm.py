@@ -1,24 +1,23 @@
 """`LiteLLMClient`: the `ModelClient` that reaches real providers through litellm.
 
-This is the only turnkit module that calls providers through litellm, imported lazily (the
-import is slow; see `_loader`), so `import turnkit` stays fast and works without a provider
-key. Vendor shapes stop
-here: requests go out as OpenAI chat dicts, chunks come back as turnkit's neutral chunks,
-and every provider failure becomes a `ProviderError` with `is_retriable` set.
+This is the only turnkit module that calls providers through litellm (its private helpers
+get litellm from it as an argument), imported lazily (the import is slow; see `_loader`),
+so `import turnkit` stays fast and works without a provider key. Vendor shapes stop here:
+requests go out as OpenAI chat dicts, chunks come back as turnkit's neutral chunks, and
+every provider failure becomes a `ProviderError` with `is_retriable` set.
 
 Two transports carry a call. litellm resolves the model, maps the parameters and prices
 the call on both; for a model of the `openai` provider the stream itself goes over a lean
 httpx client (`_direct`, `_openai_stream`), which costs a fraction of litellm's work per
-chunk, and every other provider streams through `litellm.acompletion`.
+chunk, and every other provider streams through `litellm.acompletion` (`_litellm_stream`).
 """
 
 from __future__ import annotations
 
 import base64
 import ipaddress
-import math
 import os
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from types import ModuleType
 from typing import Literal
 from urllib.parse import urlsplit
@@ -35,20 +34,16 @@ from turnkit.errors import (
 )
 from turnkit.models import (
     Content,
-    Finish,
     ModelChunk,
     ModelMessage,
     ModelRequest,
-    StopReason,
-    TextDelta,
-    ThinkingDelta,
-    ToolCallDelta,
     ToolSpec,
-    Usage,
     text_of,
 )
 from turnkit.models._direct import prepare as _prepare_direct
 from turnkit.models._errors import CallSite, map_error
+from turnkit.models._litellm_finish import finish
+from turnkit.models._litellm_stream import stream_litellm
 from turnkit.models._loader import load_litellm as _load_litellm
 from turnkit.models._openai_stream import StreamState, stream_chat
 
@@ -190,19 +185,6 @@ def _effort_for(budget: int) -> str:
     return "high"
 
 
-def _int(value: object) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
-
-
-def _stop_reason(finish_reason: str | None, saw_tool_call: bool) -> StopReason:
-    """Map an OpenAI finish reason; a call that streamed tool calls ends in `tool_use`."""
-    if finish_reason == "length":
-        return "max_tokens"
-    if finish_reason in ("tool_calls", "function_call") or saw_tool_call:
-        return "tool_use"
-    return "end_turn"
-
-
 class LiteLLMClient:
     """A `ModelClient` for any provider litellm knows, streaming OpenAI-style chat.
 
@@ -324,7 +306,7 @@ class LiteLLMClient:
         kwargs.update(self._credentials(litellm))
         state = StreamState()
         direct = _prepare_direct(litellm, kwargs, model=self._bare_model) if self._direct else None
-        pieces = stream_chat(direct, state) if direct else self._via_litellm(litellm, kwargs, state)
+        pieces = stream_chat(direct, state) if direct else stream_litellm(litellm, kwargs, state)
         try:
             async for piece in pieces:
                 yield piece
@@ -335,30 +317,7 @@ class LiteLLMClient:
             raise mapped from exc
         finally:
             await pieces.aclose()
-        finish = _stop_reason(state.finish_reason, state.saw_tool_call)
-        yield Finish(finish, self._usage(litellm, state.usage))
-
-    async def _via_litellm(
-        self, litellm: ModuleType, kwargs: dict[str, object], state: StreamState
-    ) -> AsyncGenerator[ModelChunk, None]:
-        response = await litellm.acompletion(**kwargs)
-        try:
-            async for chunk in response:
-                chunk_usage = getattr(chunk, "usage", None)
-                if chunk_usage is not None:
-                    state.usage = chunk_usage
-                choices = getattr(chunk, "choices", None) or ()
-                for choice in choices[:1]:
-                    reason = getattr(choice, "finish_reason", None)
-                    if reason:
-                        state.finish_reason = str(reason)
-                    for piece in self._delta_chunks(getattr(choice, "delta", None)):
-                        state.saw_tool_call = state.saw_tool_call or isinstance(
-                            piece, ToolCallDelta
-                        )
-                        yield piece
-        finally:
-            await _close_stream(response)
+        yield finish(litellm, state, model=self._bare_model, provider=self._provider)
 
     # ── request ─────────────────────────────────────────────────────────────────────
 
@@ -475,69 +434,6 @@ class LiteLLMClient:
             return {"reasoning_effort": _effort_for(budget)}
         return {}
 
-    # ── response ────────────────────────────────────────────────────────────────────
-
-    @staticmethod
-    def _delta_chunks(delta: object) -> list[ModelChunk]:
-        if delta is None:
-            return []
-        out: list[ModelChunk] = []
-        reasoning = getattr(delta, "reasoning_content", None)
-        if isinstance(reasoning, str) and reasoning:
-            out.append(ThinkingDelta(reasoning))
-        content = getattr(delta, "content", None)
-        if isinstance(content, str) and content:
-            out.append(TextDelta(content))
-        for position, call in enumerate(getattr(delta, "tool_calls", None) or ()):
-            index = getattr(call, "index", None)
-            call_id = getattr(call, "id", None)
-            function = getattr(call, "function", None)
-            name = getattr(function, "name", None)
-            arguments = getattr(function, "arguments", None)
-            piece = ToolCallDelta(
-                index=index if isinstance(index, int) else position,
-                tool_call_id=call_id if isinstance(call_id, str) and call_id else None,
-                name=name if isinstance(name, str) and name else None,
-                arguments=arguments if isinstance(arguments, str) else "",
-            )
-            if piece.tool_call_id or piece.name or piece.arguments:
-                out.append(piece)
-        return out
-
-    def _usage(self, litellm: ModuleType, usage: object) -> Usage:
-        if usage is None:
-            return Usage()
-        details = _field(usage, "prompt_tokens_details")
-        input_tokens = _int(_field(usage, "prompt_tokens"))
-        output_tokens = _int(_field(usage, "completion_tokens"))
-        return Usage(
-            input_tokens=input_tokens,
-            output_tokens=output_tokens,
-            cached_tokens=_int(_field(details, "cached_tokens")),
-            cost_usd=self._cost(litellm, usage, input_tokens, output_tokens),
-        )
-
-    def _cost(self, litellm: ModuleType, usage: object, input_tokens: int, output: int) -> float:
-        """Dollar cost from litellm's price map; 0.0 when the model has no known price."""
-        try:
-            if isinstance(usage, Mapping):  # the direct transport's usage, as litellm's type
-                usage = litellm.Usage(**usage)
-            prompt_cost, completion_cost = litellm.cost_per_token(
-                model=self._bare_model,
-                custom_llm_provider=self._provider,
-                prompt_tokens=input_tokens,
-                completion_tokens=output,
-                usage_object=usage,
-            )
-            cost = float(prompt_cost) + float(completion_cost)
-        except Exception:  # noqa: BLE001 - an unknown price must never fail the call
-            return 0.0
-        return cost if math.isfinite(cost) and cost > 0 else 0.0
-
-
-def _field(value: object, name: str) -> object:
-    return value.get(name) if isinstance(value, Mapping) else getattr(value, name, None)
-
 
 def _missing_keys(litellm: ModuleType, model: str, api_base: str | None) -> list[str]:
     """Key variables the provider needs that are not set (none for a keyless server)."""
@@ -576,16 +472,3 @@ class ModelEndpoint(BaseModel):
             timeout=self.timeout,
             transport=self.transport,
         )
-
-
-async def _close_stream(response: object) -> None:
-    """Close litellm's stream so its HTTP connection is released (also on cancellation)."""
-    aclose = getattr(response, "aclose", None)
-    close = getattr(response, "close", None)
-    try:
-        if callable(aclose):
-            await aclose()
-        elif callable(close):
-            close()
-    except Exception:  # noqa: BLE001 - best-effort cleanup must not hide the real outcome
-        pass

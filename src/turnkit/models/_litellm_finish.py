@@ -1,0 +1,79 @@
+"""How a call ends, the same for both of `LiteLLMClient`'s transports: its `Finish` chunk.
+
+The stop reason comes from the OpenAI finish reason the stream ended with, and the usage
+from its usage chunk (litellm's object on litellm's path, a plain dict on the direct one),
+priced by litellm's price map. litellm arrives as an argument, as in `_errors`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from types import ModuleType
+
+from turnkit.models import Finish, StopReason, Usage
+from turnkit.models._openai_stream import StreamState
+
+__all__ = ("call_cost", "field_of", "finish", "stop_reason", "tokens", "usage_of")
+
+
+def finish(litellm: ModuleType, state: StreamState, *, model: str, provider: str) -> Finish:
+    """The `Finish` for a stream that has ended; `model` is the bare model litellm resolved."""
+    reason = stop_reason(state.finish_reason, state.saw_tool_call)
+    return Finish(reason, usage_of(litellm, state.usage, model=model, provider=provider))
+
+
+def stop_reason(finish_reason: str | None, saw_tool_call: bool) -> StopReason:
+    """Map an OpenAI finish reason; a call that streamed tool calls ends in `tool_use`."""
+    if finish_reason == "length":
+        return "max_tokens"
+    if finish_reason in ("tool_calls", "function_call") or saw_tool_call:
+        return "tool_use"
+    return "end_turn"
+
+
+def usage_of(litellm: ModuleType, usage: object, *, model: str, provider: str) -> Usage:
+    """Tokens and dollar cost from a usage chunk (`Usage()` when the stream sent none)."""
+    if usage is None:
+        return Usage()
+    details = field_of(usage, "prompt_tokens_details")
+    input_tokens = tokens(field_of(usage, "prompt_tokens"))
+    output_tokens = tokens(field_of(usage, "completion_tokens"))
+    return Usage(
+        input_tokens=input_tokens,
+        output_tokens=output_tokens,
+        cached_tokens=tokens(field_of(details, "cached_tokens")),
+        cost_usd=call_cost(
+            litellm, usage, input_tokens, output_tokens, model=model, provider=provider
+        ),
+    )
+
+
+def call_cost(
+    litellm: ModuleType, usage: object, input_tokens: int, output: int, *, model: str, provider: str
+) -> float:
+    """Dollar cost from litellm's price map; 0.0 when the model has no known price."""
+    try:
+        if isinstance(usage, Mapping):  # the direct transport's usage, as litellm's type
+            usage = litellm.Usage(**usage)
+        prompt_cost, completion_cost = litellm.cost_per_token(
+            model=model,
+            custom_llm_provider=provider,
+            prompt_tokens=input_tokens,
+            completion_tokens=output,
+            usage_object=usage,
+        )
+        cost = float(prompt_cost) + float(completion_cost)
+    except Exception:  # noqa: BLE001 - an unknown price must never fail the call
+        return 0.0
+    return cost if math.isfinite(cost) and cost > 0 else 0.0
+
+
+def field_of(value: object, name: str) -> object:
+    """`value[name]` of a dict, `value.name` of an object (None when missing)."""
+    return value.get(name) if isinstance(value, Mapping) else getattr(value, name, None)
+
+
+def tokens(value: object) -> int:
+    """A token count as sent, 0 when it is missing or not an integer."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0

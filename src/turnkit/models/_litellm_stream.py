@@ -1,0 +1,83 @@
+"""The litellm transport: `litellm.acompletion`'s stream read into turnkit chunks.
+
+`LiteLLMClient` sends a call here when the direct transport (`_direct`, `_openai_stream`)
+does not take it. Like `stream_chat`, `stream_litellm` yields the deltas and leaves the
+finish reason, whether a tool call streamed, and the usage in a `StreamState`, so the
+client ends both transports the same way. litellm arrives as an argument, as in `_errors`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator
+from types import ModuleType
+
+from turnkit.models import ModelChunk, TextDelta, ThinkingDelta, ToolCallDelta
+from turnkit.models._openai_stream import StreamState
+
+__all__ = ("close_stream", "delta_chunks", "stream_litellm")
+
+
+async def stream_litellm(
+    litellm: ModuleType, kwargs: dict[str, object], state: StreamState
+) -> AsyncGenerator[ModelChunk, None]:
+    """Call `litellm.acompletion(**kwargs)` and yield its deltas; `state` holds the rest.
+
+    litellm's stream is closed on the way out, also when the consumer stops early.
+    """
+    response = await litellm.acompletion(**kwargs)
+    try:
+        async for chunk in response:
+            chunk_usage = getattr(chunk, "usage", None)
+            if chunk_usage is not None:
+                state.usage = chunk_usage
+            choices = getattr(chunk, "choices", None) or ()
+            for choice in choices[:1]:
+                reason = getattr(choice, "finish_reason", None)
+                if reason:
+                    state.finish_reason = str(reason)
+                for piece in delta_chunks(getattr(choice, "delta", None)):
+                    state.saw_tool_call = state.saw_tool_call or isinstance(piece, ToolCallDelta)
+                    yield piece
+    finally:
+        await close_stream(response)
+
+
+def delta_chunks(delta: object) -> list[ModelChunk]:
+    """One litellm delta as turnkit chunks: thinking, then text, then tool-call pieces."""
+    if delta is None:
+        return []
+    out: list[ModelChunk] = []
+    reasoning = getattr(delta, "reasoning_content", None)
+    if isinstance(reasoning, str) and reasoning:
+        out.append(ThinkingDelta(reasoning))
+    content = getattr(delta, "content", None)
+    if isinstance(content, str) and content:
+        out.append(TextDelta(content))
+    for position, call in enumerate(getattr(delta, "tool_calls", None) or ()):
+        index = getattr(call, "index", None)
+        call_id = getattr(call, "id", None)
+        function = getattr(call, "function", None)
+        name = getattr(function, "name", None)
+        arguments = getattr(function, "arguments", None)
+        piece = ToolCallDelta(
+            index=index if isinstance(index, int) else position,
+            tool_call_id=call_id if isinstance(call_id, str) and call_id else None,
+            name=name if isinstance(name, str) and name else None,
+            arguments=arguments if isinstance(arguments, str) else "",
+        )
+        if piece.tool_call_id or piece.name or piece.arguments:
+            out.append(piece)
+    return out
+
+
+async def close_stream(response: object) -> None:
+    """Close litellm's stream so its HTTP connection is released (also on cancellation)."""
+    aclose = getattr(response, "aclose", None)
+    close = getattr(response, "close", None)
+    try:
+        if callable(aclose):
+            await aclose()
+        elif callable(close):
+            close()
+    except Exception:  # noqa: BLE001 - best-effort cleanup must not hide the real outcome
+        pass
