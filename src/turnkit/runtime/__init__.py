@@ -71,7 +71,8 @@ class SessionRuntime(RuntimeControl, RuntimeCallbacks, RuntimeBudgets):
             from `config`).
         tenancy: The organisations served (their departments and default agents).
         admission: Your own checks, run after the built-in ones on every message.
-        documents: Resolves the documents a message attaches by id.
+        documents: Says whether each document a message attaches (by id) is indexed, still
+            being read, or missing; without it, a message cannot attach documents.
 
     Beside running turns (`execute_message`, `start`, `submit`, `retry`) it reads them
     back (`history`, `view`, `events`, `audit`), stops and resumes them (`cancel`,
