@@ -121,7 +121,7 @@ class TurnDriver:
     @property
     def requeued(self) -> int:
         """Guide messages this turn's ending re-queued as turns of their own."""
-        return self.recorder.requeued if self.recorder is not None else 0
+        return self.recorder.notes.requeued if self.recorder is not None else 0
 
     def abandon(self) -> None:
         """Give the turn up without ending it (shutdown): the next cancel writes nothing."""
@@ -160,10 +160,10 @@ class TurnDriver:
             finally:
                 keeper.cancel()
                 beat.cancel()
-                for task in rec.background:  # a summary the turn no longer waits for
+                for task in rec.notes.background:  # a summary the turn no longer waits for
                     task.cancel()
-                await asyncio.gather(keeper, beat, *rec.background, return_exceptions=True)
-            if rec.pending_pause is not None:
+                await asyncio.gather(keeper, beat, *rec.notes.background, return_exceptions=True)
+            if rec.notes.pending_pause is not None:
                 await self._pause(rec)
             else:
                 await self._settle(rec)
@@ -205,7 +205,7 @@ class TurnDriver:
         if self.record.input_seq != 1 or ctx.utility is None:
             return
         self.aftermath.leave(
-            functools.partial(name_thread, ctx, rec.request_text),
+            functools.partial(name_thread, ctx, rec.notes.request_text),
             name=f"turnkit-naming-{self.lease.turn_id}",
             within_s=self.config.idle_window_s,
         )
@@ -316,12 +316,12 @@ class TurnDriver:
             began = self.clock.monotonic()
             await self._hold(hold_until)
             trace.held(self.clock.monotonic() - began)
-        rec.input_seqs = (self.record.input_seq,)
+        rec.notes.input_seqs = (self.record.input_seq,)
         setup = await self.setup()
-        rec.transcript = setup.transcript
-        rec.history = setup.transcript[:-1]  # the turn's own start at its message
-        rec.base_len = len(rec.history)
-        rec.last_request = setup.previous
+        rec.notes.transcript = setup.transcript
+        rec.notes.history = setup.transcript[:-1]  # the turn's own start at its message
+        rec.notes.base_len = len(rec.notes.history)
+        rec.notes.last_request = setup.previous
         watcher = self._ctx = setup.ctx_factory(rec)
         if watcher.plugins:
             trace.watch(rec, functools.partial(on_events, watcher))
@@ -349,7 +349,7 @@ class TurnDriver:
 
     async def _pause(self, rec: Recorder) -> None:
         """End this invocation only: save the request, wait for a person, hold nothing."""
-        pause = rec.pending_pause
+        pause = rec.notes.pending_pause
         assert pause is not None
         await rec.flush(status=awaiting(pause.kind), pause=pause, release=True)
 
