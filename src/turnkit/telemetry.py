@@ -15,11 +15,9 @@ from typing import Any, TypeVar
 
 from pydantic import JsonValue
 
+from turnkit._recorder_notes import TurnNotes
 from turnkit.audit import AuditPayloads, AuditRow, CallIdentity, CallShape, UsageDelta
-from turnkit.blocks import ToolResultBlock
 from turnkit.clock import Clock
-from turnkit.context.prefix import PreviousRequest
-from turnkit.context.transcript import TranscriptMessage
 from turnkit.events import DurableEvent, EphemeralEvent, MessageDeltaEvent
 from turnkit.ids import SessionId, StageId, TurnId
 from turnkit.journal import Journal, dedupe_key
@@ -116,56 +114,16 @@ class Recorder:
         when no commit is ahead (what a failed commit held back is dropped)."""
         self.usage = usage or UsageDelta()
         self.journal = journal or Journal()
+        self.notes = TurnNotes()
+        """What the driver and the stages keep about the turn (never read per event)."""
         self.open_call: OpenCall | None = None
-        self.results: dict[str, ToolResultBlock] = {}
-        """The turn's tool results seen by this attempt, by call id, in call order."""
         self.on_commit: Callable[[Sequence[DurableEvent]], Awaitable[None]] | None = None
         """Told about each batch of committed events, outside the commit lock (plugins'
         `on_event`); what it stages goes out with the next commit."""
         self.last_activity = clock.monotonic()
-        self.tool_calls = 0
-        self.answer_block_id = "answer"
-        """The block id of the turn's answer (set by synthesize), for enrichment events."""
-        self.tool_timings: list[tuple[str, float]] = []
-        self.context_messages = 0
-        self.context_tokens = 0
-        """Input plus output tokens of the turn's latest call on its own model (tool-loop or
-        synthesize): the size of its context. Summary, naming and compaction calls leave it."""
-        self.pending_pause: PauseRequest | None = None
-        """Set while a stage waits on a person; the driver then settles the pause."""
-        self.answered_before = False
-        """An earlier attempt already resumed with the person's last answer, so a call they
-        approved may have run before that attempt died (set by the driver)."""
-        self.input_seqs: tuple[int, ...] = ()
-        """The inputs this turn's requests present (set by the driver)."""
-        self.guide_watermark = 0
-        """Guide messages up to this input seq were presented to the model."""
-        self.newest_guide_seq = 0
-        """The newest guide the Store reported at the last commit."""
-        self.requeued = 0
-        """Guide messages the ending commit re-queued as turns of their own."""
-        self.transcript: list[TranscriptMessage] = []
-        """The model-facing transcript as of the last finished stage (kept at the end)."""
-        self.history: list[TranscriptMessage] = []
-        """The transcript earlier turns left, which the turn's own messages follow (never
-        changed in place: graph checkpoints leave it out and rejoin it)."""
-        self.base_len = 0
-        """How many of `transcript`'s messages earlier turns had already stored."""
-        self.history_replaced = False
-        """Compaction or picture release rewrote history this turn (stored whole)."""
-        self.last_request: PreviousRequest | None = None
-        """The turn's last reasoning request (the next turn's first is checked against it)."""
-        self.reasoning: list[str] = []
-        """Raw reasoning of this attempt's calls: only the thinking summary reads it."""
-        self.request_text = ""
-        """The text of the message that opened the turn."""
-        self.background: set[asyncio.Task[Any]] = set()
-        """Work running beside the turn (the thinking summary); cancelled when it ends."""
         self.log_closed = False
         """The turn's ending is committed: no durable event is staged any more (work
         after the ending, the naming call, leaves audit rows only)."""
-        self.full_results: dict[str, str] = {}
-        """Whole tool results of this turn by tool call id (read by `read_tool_result`)."""
         self._deltas_since_yield = 0
         self._delta_template: MessageDeltaEvent | None = None
         """The turn's first `message.delta` (validated); later ones are built like it."""
@@ -266,20 +224,16 @@ class Recorder:
             self._deltas_since_yield = 0
             await self.clock.sleep(0)
 
-    @property
-    def consumed_input_seq(self) -> int:
-        """The highest input seq this turn has presented to the model."""
-        return max(self.guide_watermark, *self.input_seqs, 0)
-
     async def take_guides(self) -> list[tuple[int, str, str | None]]:
         """Guide messages that arrived since the last request (marked as presented)."""
-        watermark = self.consumed_input_seq
-        if self.newest_guide_seq <= watermark:
+        notes = self.notes
+        watermark = notes.consumed_input_seq
+        if notes.newest_guide_seq <= watermark:
             return []  # the last commit saw none newer: no query
         found = await self.store.guided_inputs(self.turn_id, after_input_seq=watermark)
         if found:
-            self.guide_watermark = found[-1][0]
-            self.input_seqs = (*self.input_seqs, *(seq for seq, _, _ in found))
+            notes.guide_watermark = found[-1][0]
+            notes.input_seqs = (*notes.input_seqs, *(seq for seq, _, _ in found))
         return found
 
     def audit(
@@ -427,7 +381,7 @@ class Recorder:
                 summary=summary,
                 release=release,
                 pause=pause,
-                guides_consumed_through=self.consumed_input_seq if release else None,
+                guides_consumed_through=self.notes.consumed_input_seq if release else None,
                 transcript=transcript,
                 rider=rider,
             )
@@ -441,8 +395,9 @@ class Recorder:
             self.log_closed = True  # `done` is in: whatever a hook raises now stays out
         if waiting is not None and result.carried:
             waiting[1]()
-        self.newest_guide_seq = max(self.newest_guide_seq, result.newest_guide_seq)
-        self.requeued += result.requeued
+        notes = self.notes
+        notes.newest_guide_seq = max(notes.newest_guide_seq, result.newest_guide_seq)
+        notes.requeued += result.requeued
         self.last_activity = self.clock.monotonic()
         if events:
             self.publish(tuple(events))

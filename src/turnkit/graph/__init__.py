@@ -73,7 +73,7 @@ class TurnState(TypedDict):
 
 TranscriptPart = Literal["turn", "replaced"]
 """`turn`: the turn's own messages, from its opening message on (the history before them
-is `Recorder.history`); `replaced`: the whole list, after compaction or picture release
+is `Recorder.notes.history`); `replaced`: the whole list, after compaction or picture release
 rewrote the history."""
 
 TurnGraph = CompiledStateGraph[TurnState, StageContext, TurnState, TurnState]
@@ -117,14 +117,14 @@ def _bind(
     rec = ctx.recorder
     part = state.get("part")
     if part == "turn":
-        transcript = [*rec.history, *state["transcript"]]
+        transcript = [*rec.notes.history, *state["transcript"]]
     else:
         transcript = state["transcript"]
         if part == "replaced":
-            rec.history_replaced = True  # an earlier attempt rewrote it: keep it whole
-    rec.transcript = transcript  # what a failure now would keep
+            rec.notes.history_replaced = True  # an earlier attempt rewrote it: keep it whole
+    rec.notes.transcript = transcript  # what a failure now would keep
     if state["previous"] is not None:
-        rec.last_request = state["previous"]
+        rec.notes.last_request = state["previous"]
     return ctx, transcript
 
 
@@ -132,9 +132,9 @@ def turn_part(
     rec: Recorder, transcript: list[TranscriptMessage]
 ) -> tuple[list[TranscriptMessage], TranscriptPart]:
     """What the state keeps of `transcript`: the turn's part, unless history was replaced."""
-    if rec.history_replaced:
+    if rec.notes.history_replaced:
         return transcript, "replaced"
-    return transcript[rec.base_len :], "turn"
+    return transcript[rec.notes.base_len :], "turn"
 
 
 _Onward = Literal["tool-loop", "synthesize"]
@@ -152,7 +152,7 @@ def _update(ctx: StageContext, out: StageOutcome) -> dict[str, Any]:
     update: dict[str, Any] = {"route": out.route}
     if out.transcript is not None:
         update["transcript"], update["part"] = turn_part(ctx.recorder, out.transcript)
-        ctx.recorder.transcript = out.transcript
+        ctx.recorder.notes.transcript = out.transcript
     if out.previous is not None:
         update["previous"] = out.previous
     if out.answer is not None:

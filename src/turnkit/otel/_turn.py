@@ -225,7 +225,7 @@ class _LiveTurn(TurnTrace):
             return status, (self.done.error_code or status) if failed else None
         if lease_lost:
             return "lease_lost", None
-        pause = recorder.pending_pause if recorder is not None else None
+        pause = recorder.notes.pending_pause if recorder is not None else None
         if pause is not None:
             return awaiting(pause.kind), None
         return "ended", None

@@ -45,16 +45,16 @@ async def open_recorder(
         usage=usage,
     )
     _audit_unreadable(recorder, skipped, audit_rows)
-    recorder.context_tokens = context_tokens(audit_rows)
-    recorder.transcript = [opening_message(record)]  # until the setup has run
-    recorder.request_text = record.content
+    recorder.notes.context_tokens = context_tokens(audit_rows)
+    recorder.notes.transcript = [opening_message(record)]  # until the setup has run
+    recorder.notes.request_text = record.content
     for call_id, (block, _) in journal.results.items():
-        recorder.full_results[call_id] = result_text(block)
+        recorder.notes.full_results[call_id] = result_text(block)
     if lease.last_seq > 1:
-        recorder.newest_guide_seq = 2**62  # resumed: look for guides at the first request
+        recorder.notes.newest_guide_seq = 2**62  # resumed: look for guides at the first request
         # An answer resets the turn's attempts: a later attempt follows one that had it.
-        recorder.answered_before = lease.attempt > 1
-        recorder.tool_calls = sum(1 for k in journal.keys if k.startswith("tool.started:"))
+        recorder.notes.answered_before = lease.attempt > 1
+        recorder.notes.tool_calls = sum(1 for k in journal.keys if k.startswith("tool.started:"))
     return recorder, skipped
 
 

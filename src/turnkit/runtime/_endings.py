@@ -130,9 +130,9 @@ def _summary(
         output_tokens=usage.output_tokens,
         cached_tokens=usage.cached_tokens,
         cost_usd=usage.cost_usd,
-        tool_timings=tuple(rec.tool_timings),
-        context_messages=rec.context_messages,
-        context_tokens=rec.context_tokens,
+        tool_timings=tuple(rec.notes.tool_timings),
+        context_messages=rec.notes.context_messages,
+        context_tokens=rec.notes.context_tokens,
         stop_reason={"succeeded": "end_turn", "cancelled": "aborted"}.get(status, "error"),
         error_code=code,
         duration_ms=(time.perf_counter() - attempt.started) * 1000,
@@ -179,7 +179,7 @@ def _keep_interrupted(rec: Recorder, call: OpenCall) -> InterruptedBlockPayload 
         return None
     block = TextBlock(block_id=call.block_id, text=text, interrupted=True)
     rec.durable(MessageCompleteEvent, call.stage_id, block=block)
-    rec.transcript = [*rec.transcript, {"role": "assistant", "content": text}]
+    rec.notes.transcript = [*rec.notes.transcript, {"role": "assistant", "content": text}]
     return InterruptedBlockPayload(block_id=call.block_id, chars=len(text))
 
 

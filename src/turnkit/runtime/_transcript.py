@@ -125,15 +125,15 @@ def ended_transcript(
     tool call left without a result, and says why it ended, so the next turn's model
     knows (and the next request still starts with this turn's last one).
     """
-    messages = list(rec.transcript)
+    messages = list(rec.notes.transcript)
     if status != "succeeded":
         messages += _unanswered_calls(messages)
         messages.append({"role": "assistant", "content": _ending_note(status, code, message)})
     last: dict[str, JsonValue] | None = None
-    if rec.last_request is not None:
+    if rec.notes.last_request is not None:
         last = {
-            "messages": list(rec.last_request["messages"]),
-            "tools_sha256": rec.last_request["tools_sha256"],
+            "messages": list(rec.notes.last_request["messages"]),
+            "tools_sha256": rec.notes.last_request["tools_sha256"],
         }
     own, part = turn_part(rec, messages)  # what checkpoints keep is what is stored
     return TurnTranscript(

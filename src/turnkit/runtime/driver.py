@@ -1,11 +1,10 @@
 """`TurnDriver`: drives one turn under a lease and writes exactly one ending.
 
-Write before send holds throughout (the Recorder commits before it publishes). The lease
-is renewed at least every ttl/3, on a grid the process's drivers share (so the Store
-extends the leases due together in one transaction); the moment renewal fails the driver
-stops writing and cancels the turn's work. An attempt that takes over a dead one resumes
-from the last LangGraph checkpoint and repeats nothing the log already holds (see
-`turnkit.journal`).
+Write before send holds throughout (the Recorder commits before it publishes). Its
+`LeaseKeeper` renews the lease at least every ttl/3 and watches the idle window; the moment
+renewal fails the driver stops writing and the turn's work is cancelled. An attempt that
+takes over a dead one resumes from the last LangGraph checkpoint and repeats nothing the
+log already holds (see `turnkit.journal`).
 """
 
 from __future__ import annotations
@@ -14,7 +13,6 @@ import asyncio
 import contextlib
 import functools
 import logging
-import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -22,19 +20,8 @@ from dataclasses import dataclass
 from turnkit.clock import Clock
 from turnkit.config import RuntimeConfig
 from turnkit.context.prefix import PreviousRequest
-from turnkit.errors import (
-    DeadlineExceededError,
-    InternalError,
-    LeaseLostError,
-    StaleEpochError,
-    TurnError,
-)
-from turnkit.events import (
-    DurableEvent,
-    EphemeralEvent,
-    HeartbeatEvent,
-    TurnRecoveringEvent,
-)
+from turnkit.errors import InternalError, LeaseLostError, StaleEpochError, TurnError
+from turnkit.events import DurableEvent, EphemeralEvent, TurnRecoveringEvent
 from turnkit.graph import (
     TurnGraph,
     TurnState,
@@ -49,6 +36,7 @@ from turnkit.otel import TurnTrace, attempt
 from turnkit.runtime._aftermath import Aftermath
 from turnkit.runtime._attempt_log import open_recorder
 from turnkit.runtime._endings import Attempt, end_aborted, end_failed, end_succeeded
+from turnkit.runtime._lease_keeper import LeaseKeeper, renewal_due
 from turnkit.stages import StageContext
 from turnkit.stages._naming import name_thread
 from turnkit.stages._plugins import guard_input, on_events
@@ -61,20 +49,6 @@ __all__ = ("DriveSetup", "TurnDriver", "renewal_due")
 
 HOLD_MAX_S = 1.0
 """The longest a driver waits for its `hold_until` before it runs the turn anyway."""
-_RENEWAL_TICKS = 4
-"""Ticks of the shared renewal grid per renewal interval (a third of the lease's ttl)."""
-
-
-def renewal_due(last: float, interval: float) -> float:
-    """When to renew a lease last renewed at `last` (monotonic seconds).
-
-    A tick of a grid every driver of the process shares, the first at least
-    `interval - tick` on: renewals are less than `interval` apart (and not much less), and
-    those that come due together are extended in one Store transaction.
-    """
-    tick = interval / _RENEWAL_TICKS
-    return math.ceil((last + interval - tick) / tick) * tick
-
 
 log = logging.getLogger("turnkit.runtime")
 
@@ -114,7 +88,7 @@ class TurnDriver:
         self.store = store
         self.clock = clock
         self.config = config
-        self.lease = lease
+        self._keeper = LeaseKeeper(store=store, clock=clock, config=config, lease=lease)
         self.record = record
         self.setup = setup
         self.sink = sink
@@ -125,7 +99,6 @@ class TurnDriver:
         self._succeeded = False
         self._ctx: StageContext | None = None
         """The attempt's stage context, for the work after its ending."""
-        self.lease_lost = False
         self.ended = False
         """The turn reached a terminal state here (not a pause, not a lost lease)."""
         self.recorder: Recorder | None = None
@@ -134,19 +107,25 @@ class TurnDriver:
         self._started = time.perf_counter()
         self._stop_carrying: Callable[[bool], Awaitable[None]] | None = None
         """Ends the turn's commits carrying its checkpoints (PostgreSQL; see `carry_events`)."""
-        self._deadline: asyncio.Timeout | None = None
-        """The running graph's deadline (the ceiling); the heartbeat brings it forward."""
-        self._went_quiet = False
-        """The turn produced nothing for the idle window: its deadline was brought forward."""
+
+    @property
+    def lease(self) -> Lease:
+        """The turn's lease, as last renewed."""
+        return self._keeper.lease
+
+    @property
+    def lease_lost(self) -> bool:
+        """The turn may no longer be ours (renewal failed, or it was given up)."""
+        return self._keeper.lost
 
     @property
     def requeued(self) -> int:
         """Guide messages this turn's ending re-queued as turns of their own."""
-        return self.recorder.requeued if self.recorder is not None else 0
+        return self.recorder.notes.requeued if self.recorder is not None else 0
 
     def abandon(self) -> None:
         """Give the turn up without ending it (shutdown): the next cancel writes nothing."""
-        self.lease_lost = True
+        self._keeper.lost = True
 
     def _publish(self, events: Sequence[DurableEvent | EphemeralEvent]) -> None:
         for event in events:
@@ -174,18 +153,17 @@ class TurnDriver:
             graph_task = asyncio.current_task()
             assert graph_task is not None
             # Renewed from here on, through the hold and the setup (the app's deps factory).
-            keeper = asyncio.create_task(self._keep_lease(graph_task), name="turnkit-lease")
-            beat = asyncio.create_task(self._heartbeat(rec), name="turnkit-heartbeat")
+            keeper, beat = self._keeper.start(graph_task, rec, self.sink)
             try:
                 setup = await self._prepare(rec, trace, hold_until)
                 await self._run_graph(rec, setup)
             finally:
                 keeper.cancel()
                 beat.cancel()
-                for task in rec.background:  # a summary the turn no longer waits for
+                for task in rec.notes.background:  # a summary the turn no longer waits for
                     task.cancel()
-                await asyncio.gather(keeper, beat, *rec.background, return_exceptions=True)
-            if rec.pending_pause is not None:
+                await asyncio.gather(keeper, beat, *rec.notes.background, return_exceptions=True)
+            if rec.notes.pending_pause is not None:
                 await self._pause(rec)
             else:
                 await self._settle(rec)
@@ -197,7 +175,7 @@ class TurnDriver:
                 return  # someone else owns the turn now: write nothing, end quietly
             raise
         except (StaleEpochError, LeaseLostError):
-            self.lease_lost = True
+            self._keeper.lost = True
         except TurnError as exc:
             if self.recorder is not None:
                 await self._end_failed(self.recorder, exc)
@@ -227,7 +205,7 @@ class TurnDriver:
         if self.record.input_seq != 1 or ctx.utility is None:
             return
         self.aftermath.leave(
-            functools.partial(name_thread, ctx, rec.request_text),
+            functools.partial(name_thread, ctx, rec.notes.request_text),
             name=f"turnkit-naming-{self.lease.turn_id}",
             within_s=self.config.idle_window_s,
         )
@@ -290,7 +268,7 @@ class TurnDriver:
         deadline = asyncio.timeout(max(remaining, 0.001))
         try:
             async with deadline:
-                self._deadline = deadline
+                self._keeper.deadline = deadline
                 await run_turn(
                     self.graph,
                     state,
@@ -302,19 +280,9 @@ class TurnDriver:
         except TimeoutError as exc:
             if not deadline.expired():
                 raise  # raised inside the turn, not by its deadline
-            if self._went_quiet:
-                raise DeadlineExceededError(
-                    f"the turn produced nothing for {self.config.idle_window_s:g} s "
-                    "(`RuntimeConfig.idle_window_s`)",
-                    idle_window_s=self.config.idle_window_s,
-                ) from exc
-            raise DeadlineExceededError(
-                f"the turn ran past its ceiling of {self.config.ceiling_s:g} s "
-                "(`RuntimeConfig.ceiling_s`)",
-                ceiling_s=self.config.ceiling_s,
-            ) from exc
+            raise self._keeper.overdue() from exc  # the idle window, or else the ceiling
         finally:
-            self._deadline = None
+            self._keeper.deadline = None
 
     async def _end_carrying(self, *, keep: bool) -> None:
         """The turn's commits stop carrying its checkpoints (see `carry_events`)."""
@@ -348,12 +316,12 @@ class TurnDriver:
             began = self.clock.monotonic()
             await self._hold(hold_until)
             trace.held(self.clock.monotonic() - began)
-        rec.input_seqs = (self.record.input_seq,)
+        rec.notes.input_seqs = (self.record.input_seq,)
         setup = await self.setup()
-        rec.transcript = setup.transcript
-        rec.history = setup.transcript[:-1]  # the turn's own start at its message
-        rec.base_len = len(rec.history)
-        rec.last_request = setup.previous
+        rec.notes.transcript = setup.transcript
+        rec.notes.history = setup.transcript[:-1]  # the turn's own start at its message
+        rec.notes.base_len = len(rec.notes.history)
+        rec.notes.last_request = setup.previous
         watcher = self._ctx = setup.ctx_factory(rec)
         if watcher.plugins:
             trace.watch(rec, functools.partial(on_events, watcher))
@@ -364,77 +332,6 @@ class TurnDriver:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(min(HOLD_MAX_S, self.config.lease_ttl_s / 3)):
                 await gate.wait()
-
-    async def _keep_lease(self, graph_task: asyncio.Task[object]) -> None:
-        interval = self.config.lease_ttl_s / 3
-        last = self.clock.monotonic()
-        while True:
-            due = renewal_due(last, interval)
-            await self.clock.sleep(max(0.0, due - self.clock.monotonic()))
-            last = self.clock.monotonic()
-            try:
-                self.lease = await self.store.renew(self.lease, ttl_s=self.config.lease_ttl_s)
-            except Exception:  # noqa: BLE001 - any failure to renew means we may not own it
-                self.lease_lost = True
-                graph_task.cancel()
-                return
-            if self.lease.cancel_requested:
-                graph_task.cancel()  # Stop pressed elsewhere: end as cancelled
-                return
-
-    async def _heard_elsewhere(self) -> float | None:
-        """Seconds since the turn's row was stamped, when that is within the idle window.
-
-        A callback's progress report, from any process, stamps the row
-        (`Store.note_activity`), as the driver's own commits do. Read only when the window
-        has lapsed. A read that fails or takes longer than a heartbeat interval counts as
-        silence, and so does a stamp from the future (a clock that runs ahead, or a test
-        clock behind the store's).
-        """
-        try:
-            async with asyncio.timeout(self.config.heartbeat_interval_s):
-                record = await self.store.get_turn(self.lease.turn_id)
-        except Exception as exc:  # noqa: BLE001 - the window then ends the run as it would
-            log.warning("reading turn %s for its idle window failed: %r", self.lease.turn_id, exc)
-            return None
-        if record is None:
-            return None
-        ago = (self.clock.now() - record.updated_at).total_seconds()
-        return ago if 0.0 <= ago < self.config.idle_window_s else None
-
-    async def _heartbeat(self, rec: Recorder) -> None:
-        """Send heartbeats while the turn is quiet; end its run past the idle window.
-
-        The window counts what the turn produces (`rec.last_activity`), not heartbeats,
-        and progress reported for it from outside the driver (`_heard_elsewhere`).
-        """
-        interval = self.config.heartbeat_interval_s
-        last_beat = -math.inf
-        while True:
-            await self.clock.sleep(interval)
-            now = self.clock.monotonic()
-            deadline = self._deadline
-            if deadline is not None and now - rec.last_activity >= self.config.idle_window_s:
-                heard = await self._heard_elsewhere()
-                if heard is not None:
-                    rec.last_activity = max(rec.last_activity, now - heard)
-                    continue
-                if not deadline.expired():  # else the ceiling already ended the run
-                    deadline.reschedule(asyncio.get_running_loop().time())
-                    self._went_quiet = True
-                return
-            if now - max(rec.last_activity, last_beat) >= interval:
-                # Straight to the sink: a heartbeat carries nothing that must be ordered
-                # after staged events, and LangGraph's writer only works inside a node.
-                last_beat = now
-                self.sink(
-                    HeartbeatEvent(
-                        session_id=rec.session_id,
-                        turn_id=rec.turn_id,
-                        stage_id="runtime",
-                        ts=self.clock.now(),
-                    )
-                )
 
     def _attempt(self) -> Attempt:
         return Attempt(
@@ -452,7 +349,7 @@ class TurnDriver:
 
     async def _pause(self, rec: Recorder) -> None:
         """End this invocation only: save the request, wait for a person, hold nothing."""
-        pause = rec.pending_pause
+        pause = rec.notes.pending_pause
         assert pause is not None
         await rec.flush(status=awaiting(pause.kind), pause=pause, release=True)
 

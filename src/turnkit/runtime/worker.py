@@ -250,7 +250,7 @@ class Worker:
             return _LEFT
         if driver.lease_lost:
             return "lease lost (another driver owns the turn now)"
-        pause = driver.recorder.pending_pause if driver.recorder is not None else None
+        pause = driver.recorder.notes.pending_pause if driver.recorder is not None else None
         if pause is not None:
             return awaiting(pause.kind)
         return "ended"

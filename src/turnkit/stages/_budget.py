@@ -115,8 +115,8 @@ def _pause(
         reason=reason,
     )
     payload: dict[str, JsonValue] = {"usd": usd, "tokens": tokens, "reason": reason}
-    rec.pending_pause = PauseRequest(
+    rec.notes.pending_pause = PauseRequest(
         request_id=request_id, kind="budget", tool_call_id="", payload=payload
     )
     ctx.interrupt({"request_id": request_id, "kind": "budget"})
-    rec.pending_pause = None
+    rec.notes.pending_pause = None

@@ -42,7 +42,7 @@ _CONTEXT_PURPOSES = frozenset({"tool-loop", "synthesize"})
 
 def _note_context(rec: Recorder, request: ModelRequest, usage: Usage) -> None:
     if request.purpose in _CONTEXT_PURPOSES:
-        rec.context_tokens = usage.input_tokens + usage.output_tokens
+        rec.notes.context_tokens = usage.input_tokens + usage.output_tokens
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

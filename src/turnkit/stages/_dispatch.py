@@ -120,7 +120,7 @@ async def dispatch_tools(
         if problem is None and tool is not None:
             output = await _guard_output(ctx, view, output)
         duration = (time.perf_counter() - started) * 1000
-        rec.tool_timings.append((answered_by, duration))
+        rec.notes.tool_timings.append((answered_by, duration))
         result = _record_result(ctx, part, answered_by, output, problem, code, duration)
         await after_tool_call(ctx, view, result)
         return _remember(ctx, result)
@@ -245,17 +245,17 @@ async def _reconcile(
 
 def _remember(ctx: StageContext, result: ToolResultBlock) -> TranscriptMessage:
     """Keep the whole result for `read_tool_result`; the model gets the message."""
-    ctx.recorder.full_results[result.tool_call_id] = result_text(result)
-    ctx.recorder.results[result.tool_call_id] = result
+    ctx.recorder.notes.full_results[result.tool_call_id] = result_text(result)
+    ctx.recorder.notes.results[result.tool_call_id] = result
     return result_message(ctx, result)
 
 
 def _read_result(ctx: StageContext, args: Mapping[str, JsonValue]) -> tuple[str | None, JsonValue]:
     """The built-in `read_tool_result`: a window of a whole result of this turn."""
     call_id = str(args.get("tool_call_id") or "")
-    full = ctx.recorder.full_results.get(call_id)
+    full = ctx.recorder.notes.full_results.get(call_id)
     if full is None:
-        known = list(ctx.recorder.full_results)
+        known = list(ctx.recorder.notes.full_results)
         return f"no result of this turn has tool_call_id {call_id!r}; known: {known}", None
     offset = args.get("offset") or 0
     limit = args.get("limit") or ctx.agent.tool_result_preview_chars or len(full)
@@ -428,11 +428,11 @@ def _wait(
     payload: dict[str, JsonValue],
 ) -> Resolution:
     rec = ctx.recorder
-    rec.pending_pause = PauseRequest(
+    rec.notes.pending_pause = PauseRequest(
         request_id=request_id, kind=kind, tool_call_id=part.tool_call_id, payload=payload
     )
     answer = ctx.interrupt({"request_id": request_id, "kind": kind})
-    rec.pending_pause = None
+    rec.notes.pending_pause = None
     return RESOLUTION_ADAPTER.validate_python(answer)
 
 
@@ -489,9 +489,9 @@ def _write_ahead(
             arguments_error=problem,
         )
         if started is not None:  # not already in the log from an earlier attempt
-            rec.tool_calls += 1
+            rec.notes.tool_calls += 1
         elif part.tool_call_id not in rec.journal.results and (
-            rec.answered_before
+            rec.notes.answered_before
             or f"pause:{derive_id('req', rec.turn_id, part.tool_call_id)}" not in rec.journal.keys
         ):
             in_doubt.add(part.tool_call_id)

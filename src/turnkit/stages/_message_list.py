@@ -99,7 +99,7 @@ async def prepare_request(
         if released:
             deliberate = deliberate or "picture-release"
     if deliberate is not None:
-        ctx.recorder.history_replaced = True
+        ctx.recorder.notes.history_replaced = True
     request = ModelRequest(
         messages=from_transcript(transcript),
         tools=specs,
@@ -115,7 +115,7 @@ async def prepare_request(
         deliberate=deliberate,
         between_turns=previous is not None and previous["between_turns"],
     )
-    ctx.recorder.last_request = stored(view)
+    ctx.recorder.notes.last_request = stored(view)
     return Prepared(transcript=transcript, request=request, report=report, previous=stored(view))
 
 

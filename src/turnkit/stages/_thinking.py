@@ -75,8 +75,8 @@ class ThinkingSummary:
             return
         self._stage = stage_id
         self._task = asyncio.create_task(self._write(), name="turnkit-thinking-summary")
-        rec.background.add(self._task)  # the driver cancels it if the turn ends first
-        self._task.add_done_callback(rec.background.discard)
+        rec.notes.background.add(self._task)  # the driver cancels it if the turn ends first
+        self._task.add_done_callback(rec.notes.background.discard)
 
     async def discard(self) -> None:
         """The call went on to use a tool: drop the summary in flight."""
@@ -116,7 +116,7 @@ class ThinkingSummary:
 
     async def _write(self) -> _Written | None:
         rec = self._ctx.recorder
-        reasoning = "\n".join(r for r in rec.reasoning if r)
+        reasoning = "\n".join(r for r in rec.notes.reasoning if r)
         request = ModelRequest(messages=self._messages(reasoning), purpose="utility")
         started = time.perf_counter()
         model, provider, rung = self._utility.model, self._utility.provider, 0
@@ -181,13 +181,13 @@ class ThinkingSummary:
 
     def _messages(self, reasoning: str) -> tuple[ModelMessage, ...]:
         rec = self._ctx.recorder
-        tools = ", ".join(name for name, _ in rec.tool_timings) or "none"
+        tools = ", ".join(name for name, _ in rec.notes.tool_timings) or "none"
         notes = reasoning or "(the model shared no reasoning notes)"
         return (
             ModelMessage(role="system", content=SUMMARY_PROMPT),
             ModelMessage(
                 role="user",
-                content=f"Request: {rec.request_text}\nTools used: {tools}\nNotes:\n{notes}",
+                content=f"Request: {rec.notes.request_text}\nTools used: {tools}\nNotes:\n{notes}",
             ),
         )
 

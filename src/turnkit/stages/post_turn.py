@@ -25,9 +25,9 @@ async def run_post_turn(ctx: StageContext, transcript: list[TranscriptMessage]) 
     rec = ctx.recorder
     answer = next((m["content"] for m in reversed(transcript) if m["role"] == "assistant"), None)
     if answer is not None and ctx.plugins:
-        block = TextBlock(block_id=rec.answer_block_id, text=answer, is_answer=True)
+        block = TextBlock(block_id=rec.notes.answer_block_id, text=answer, is_answer=True)
         sources = {call_id: result for call_id, (result, _) in rec.journal.results.items()}
-        sources.update(rec.results)
+        sources.update(rec.notes.results)
         for _, found in await plugin_hook(
             ctx, "post-turn", "enrich_message", block, tuple(sources.values())
         ):

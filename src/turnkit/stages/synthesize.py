@@ -59,20 +59,20 @@ async def run_synthesize(
                 await thinking.commit("synthesize")
             quality = _quality(ctx, answer, "tool-loop")
             _commit(ctx, answer, call=None, payloads=AuditPayloads(synthesisQuality=quality))
-        rec.answer_block_id = answer["block_id"]
-        rec.context_messages = len(transcript)
+        rec.notes.answer_block_id = answer["block_id"]
+        rec.notes.context_messages = len(transcript)
         return StageOutcome(route="post-turn")
     generation = derive_id("gen", rec.turn_id, "synthesize")
     committed = rec.journal.generation(generation)
     if committed is not None:
         # The answer is already in the log (a previous attempt died after writing it):
         # never write, bill or stream it twice.
-        rec.answer_block_id = committed.block_id
+        rec.notes.answer_block_id = committed.block_id
         text = committed.text
     else:
         text, transcript, previous = await _call(ctx, transcript, previous, generation)
     transcript = [*transcript, {"role": "assistant", "content": text}]
-    rec.context_messages = len(transcript)
+    rec.notes.context_messages = len(transcript)
     return StageOutcome(transcript=transcript, route="post-turn", previous=previous)
 
 
@@ -105,7 +105,7 @@ async def _call(
     )
     response = result.response
     await after_model_response(ctx, "synthesize", prepared.request, response)
-    ctx.recorder.reasoning.append(response.thinking)  # read only by the thinking summary
+    ctx.recorder.notes.reasoning.append(response.thinking)  # read only by the thinking summary
     shape = result.shape
     if response.stop_reason == "max_tokens":
         shape = shape.model_copy(
@@ -143,7 +143,7 @@ def _quality(
         answer_chars=len(text),
         answer_sha256=hashlib.sha256(text.encode()).hexdigest(),
         stop_reason=answer["stop_reason"],
-        tool_calls_in_turn=ctx.recorder.tool_calls,
+        tool_calls_in_turn=ctx.recorder.notes.tool_calls,
         source=source,
         generation_id=answer["generation_id"],
     )
@@ -155,11 +155,11 @@ def _commit(
     """The answer's audit row and `message.complete`, staged together (one transaction)."""
     rec = ctx.recorder
     rec.audit("synthesize", call=call, payloads=payloads)
-    rec.answer_block_id = answer["block_id"]
+    rec.notes.answer_block_id = answer["block_id"]
     rec.durable(
         MessageCompleteEvent,
         "synthesize",
         block=TextBlock(block_id=answer["block_id"], text=answer["text"], is_answer=True),
         generation_id=answer["generation_id"],
-        input_seqs=rec.input_seqs,
+        input_seqs=rec.notes.input_seqs,
     )

@@ -146,7 +146,7 @@ async def _call(
         answer_after_chars=ANSWER_UNDER_WAY_CHARS,
     )
     await after_model_response(ctx, "tool-loop", prepared.request, result.response)
-    ctx.recorder.reasoning.append(result.response.thinking)  # read only by the summary
+    ctx.recorder.notes.reasoning.append(result.response.thinking)  # read only by the summary
     return _Called(prepared, result)
 
 
@@ -212,7 +212,7 @@ def _narration(ctx: StageContext, text: str, block_id: str, generation: str) -> 
             "tool-loop",
             block=TextBlock(block_id=block_id, text=text),
             generation_id=generation,
-            input_seqs=ctx.recorder.input_seqs,
+            input_seqs=ctx.recorder.notes.input_seqs,
         )
 
 

@@ -1,0 +1,72 @@
+"""`TurnNotes`: what the driver and the stages keep about a turn while it runs.
+
+The turn's `Recorder` carries them (`rec.notes`) but never reads them per event: the
+transcript and its history, the tool results seen, the pause waited on, the guide messages
+presented, and the counts the turn's ending summarizes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+from turnkit.blocks import ToolResultBlock
+from turnkit.context.prefix import PreviousRequest
+from turnkit.context.transcript import TranscriptMessage
+from turnkit.pauses import PauseRequest
+
+__all__ = ("TurnNotes",)
+
+
+@dataclass(slots=True, eq=False, kw_only=True)
+class TurnNotes:
+    """One attempt's notes about its turn, beside the events it records."""
+
+    transcript: list[TranscriptMessage] = field(default_factory=list[TranscriptMessage])
+    """The model-facing transcript as of the last finished stage (kept at the end)."""
+    history: list[TranscriptMessage] = field(default_factory=list[TranscriptMessage])
+    """The transcript earlier turns left, which the turn's own messages follow (never
+    changed in place: graph checkpoints leave it out and rejoin it)."""
+    base_len: int = 0
+    """How many of `transcript`'s messages earlier turns had already stored."""
+    history_replaced: bool = False
+    """Compaction or picture release rewrote history this turn (stored whole)."""
+    last_request: PreviousRequest | None = None
+    """The turn's last reasoning request (the next turn's first is checked against it)."""
+    request_text: str = ""
+    """The text of the message that opened the turn."""
+    reasoning: list[str] = field(default_factory=list[str])
+    """Raw reasoning of this attempt's calls: only the thinking summary reads it."""
+    results: dict[str, ToolResultBlock] = field(default_factory=dict[str, ToolResultBlock])
+    """The turn's tool results seen by this attempt, by call id, in call order."""
+    full_results: dict[str, str] = field(default_factory=dict[str, str])
+    """Whole tool results of this turn by tool call id (read by `read_tool_result`)."""
+    tool_calls: int = 0
+    tool_timings: list[tuple[str, float]] = field(default_factory=list[tuple[str, float]])
+    context_messages: int = 0
+    context_tokens: int = 0
+    """Input plus output tokens of the turn's latest call on its own model (tool-loop or
+    synthesize): the size of its context. Summary, naming and compaction calls leave it."""
+    answer_block_id: str = "answer"
+    """The block id of the turn's answer (set by synthesize), for enrichment events."""
+    pending_pause: PauseRequest | None = None
+    """Set while a stage waits on a person; the driver then settles the pause."""
+    answered_before: bool = False
+    """An earlier attempt already resumed with the person's last answer, so a call they
+    approved may have run before that attempt died (set by the driver)."""
+    background: set[asyncio.Task[Any]] = field(default_factory=set[asyncio.Task[Any]])
+    """Work running beside the turn (the thinking summary); cancelled when it ends."""
+    input_seqs: tuple[int, ...] = ()
+    """The inputs this turn's requests present (set by the driver)."""
+    guide_watermark: int = 0
+    """Guide messages up to this input seq were presented to the model."""
+    newest_guide_seq: int = 0
+    """The newest guide the Store reported at the last commit."""
+    requeued: int = 0
+    """Guide messages the ending commit re-queued as turns of their own."""
+
+    @property
+    def consumed_input_seq(self) -> int:
+        """The highest input seq this turn has presented to the model."""
+        return max(self.guide_watermark, *self.input_seqs, 0)

@@ -1,0 +1,154 @@
+"""`LeaseKeeper`: keeps a driven turn's lease and watches its idle window.
+
+The lease is renewed at least every ttl/3, on a grid the process's drivers share (so the
+Store extends the leases due together in one transaction); the moment renewal fails the
+turn's work is cancelled and the keeper says the lease is lost. Meanwhile heartbeats go out
+while the turn is quiet, and a turn silent for the idle window has its run's deadline
+brought forward.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from collections.abc import Callable
+
+from turnkit.clock import Clock
+from turnkit.config import RuntimeConfig
+from turnkit.errors import DeadlineExceededError
+from turnkit.events import EphemeralEvent, HeartbeatEvent
+from turnkit.store import Lease, Store
+from turnkit.telemetry import Recorder
+
+__all__ = ("RENEWAL_TICKS", "LeaseKeeper", "renewal_due")
+
+RENEWAL_TICKS = 4
+"""Ticks of the shared renewal grid per renewal interval (a third of the lease's ttl)."""
+
+log = logging.getLogger("turnkit.runtime")
+
+
+def renewal_due(last: float, interval: float) -> float:
+    """When to renew a lease last renewed at `last` (monotonic seconds).
+
+    A tick of a grid every driver of the process shares, the first at least
+    `interval - tick` on: renewals are less than `interval` apart (and not much less), and
+    those that come due together are extended in one Store transaction.
+    """
+    tick = interval / RENEWAL_TICKS
+    return math.ceil((last + interval - tick) / tick) * tick
+
+
+class LeaseKeeper:
+    """Renews one turn's lease and sends its heartbeats, for as long as the turn runs."""
+
+    def __init__(self, *, store: Store, clock: Clock, config: RuntimeConfig, lease: Lease) -> None:
+        self.store = store
+        self.clock = clock
+        self.config = config
+        self.lease = lease
+        """The lease as last renewed."""
+        self.lost = False
+        """The turn may no longer be ours: write nothing more for it."""
+        self.deadline: asyncio.Timeout | None = None
+        """The running graph's deadline (the ceiling); the heartbeat brings it forward."""
+        self.went_quiet = False
+        """The turn produced nothing for the idle window: its deadline was brought forward."""
+
+    def start(
+        self,
+        graph_task: asyncio.Task[object],
+        rec: Recorder,
+        send: Callable[[EphemeralEvent], None],
+    ) -> tuple[asyncio.Task[None], asyncio.Task[None]]:
+        """Start renewing the lease and sending heartbeats (to `send`); cancel both to stop."""
+        keeper = asyncio.create_task(self.keep(graph_task), name="turnkit-lease")
+        beat = asyncio.create_task(self.heartbeat(rec, send), name="turnkit-heartbeat")
+        return keeper, beat
+
+    def overdue(self) -> DeadlineExceededError:
+        """Why the run's deadline expired: the idle window, or else the ceiling."""
+        if self.went_quiet:
+            return DeadlineExceededError(
+                f"the turn produced nothing for {self.config.idle_window_s:g} s "
+                "(`RuntimeConfig.idle_window_s`)",
+                idle_window_s=self.config.idle_window_s,
+            )
+        return DeadlineExceededError(
+            f"the turn ran past its ceiling of {self.config.ceiling_s:g} s "
+            "(`RuntimeConfig.ceiling_s`)",
+            ceiling_s=self.config.ceiling_s,
+        )
+
+    async def keep(self, graph_task: asyncio.Task[object]) -> None:
+        """Renew the lease on the shared grid; cancel `graph_task` once it is lost or Stopped."""
+        interval = self.config.lease_ttl_s / 3
+        last = self.clock.monotonic()
+        while True:
+            due = renewal_due(last, interval)
+            await self.clock.sleep(max(0.0, due - self.clock.monotonic()))
+            last = self.clock.monotonic()
+            try:
+                self.lease = await self.store.renew(self.lease, ttl_s=self.config.lease_ttl_s)
+            except Exception:  # noqa: BLE001 - any failure to renew means we may not own it
+                self.lost = True
+                graph_task.cancel()
+                return
+            if self.lease.cancel_requested:
+                graph_task.cancel()  # Stop pressed elsewhere: end as cancelled
+                return
+
+    async def heard_elsewhere(self) -> float | None:
+        """Seconds since the turn's row was stamped, when that is within the idle window.
+
+        A callback's progress report, from any process, stamps the row
+        (`Store.note_activity`), as the driver's own commits do. Read only when the window
+        has lapsed. A read that fails or takes longer than a heartbeat interval counts as
+        silence, and so does a stamp from the future (a clock that runs ahead, or a test
+        clock behind the store's).
+        """
+        try:
+            async with asyncio.timeout(self.config.heartbeat_interval_s):
+                record = await self.store.get_turn(self.lease.turn_id)
+        except Exception as exc:  # noqa: BLE001 - the window then ends the run as it would
+            log.warning("reading turn %s for its idle window failed: %r", self.lease.turn_id, exc)
+            return None
+        if record is None:
+            return None
+        ago = (self.clock.now() - record.updated_at).total_seconds()
+        return ago if 0.0 <= ago < self.config.idle_window_s else None
+
+    async def heartbeat(self, rec: Recorder, send: Callable[[EphemeralEvent], None]) -> None:
+        """Send heartbeats while the turn is quiet; end its run past the idle window.
+
+        The window counts what the turn produces (`rec.last_activity`), not heartbeats,
+        and progress reported for it from outside the driver (`heard_elsewhere`).
+        """
+        interval = self.config.heartbeat_interval_s
+        last_beat = -math.inf
+        while True:
+            await self.clock.sleep(interval)
+            now = self.clock.monotonic()
+            deadline = self.deadline
+            if deadline is not None and now - rec.last_activity >= self.config.idle_window_s:
+                heard = await self.heard_elsewhere()
+                if heard is not None:
+                    rec.last_activity = max(rec.last_activity, now - heard)
+                    continue
+                if not deadline.expired():  # else the ceiling already ended the run
+                    deadline.reschedule(asyncio.get_running_loop().time())
+                    self.went_quiet = True
+                return
+            if now - max(rec.last_activity, last_beat) >= interval:
+                # Straight to the sink: a heartbeat carries nothing that must be ordered
+                # after staged events, and LangGraph's writer only works inside a node.
+                last_beat = now
+                send(
+                    HeartbeatEvent(
+                        session_id=rec.session_id,
+                        turn_id=rec.turn_id,
+                        stage_id="runtime",
+                        ts=self.clock.now(),
+                    )
+                )
