@@ -5,6 +5,7 @@ from __future__ import annotations
 from turnkit.events import InputGuidedEvent
 from turnkit.ids import StageId
 from turnkit.stages._types import StageContext, TranscriptMessage
+from turnkit.telemetry import Recorder
 
 __all__ = ("take_guides",)
 
@@ -19,7 +20,7 @@ async def take_guides(
     (a recovered attempt re-runs the step that first presented it).
     """
     rec = ctx.recorder
-    guides = await rec.take_guides()
+    guides = await _arrived(rec)
     if not guides:
         return ()
     present = {m.get("input_seq") for m in transcript}
@@ -31,3 +32,16 @@ async def take_guides(
         if seq not in present:
             added.append({"role": "user", "content": content, "input_seq": seq})
     return tuple(added)
+
+
+async def _arrived(rec: Recorder) -> list[tuple[int, str, str | None]]:
+    """Guide messages that arrived since the last request (marked as presented)."""
+    notes = rec.notes
+    watermark = notes.consumed_input_seq
+    if notes.newest_guide_seq <= watermark:
+        return []  # the last commit saw none newer: no query
+    found = await rec.store.guided_inputs(rec.turn_id, after_input_seq=watermark)
+    if found:
+        notes.guide_watermark = found[-1][0]
+        notes.input_seqs = (*notes.input_seqs, *(seq for seq, _, _ in found))
+    return found

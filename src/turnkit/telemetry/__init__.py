@@ -15,7 +15,6 @@ from typing import Any, TypeVar
 
 from pydantic import JsonValue
 
-from turnkit._recorder_notes import TurnNotes
 from turnkit.audit import AuditPayloads, AuditRow, CallIdentity, CallShape, UsageDelta
 from turnkit.clock import Clock
 from turnkit.events import DurableEvent, EphemeralEvent, MessageDeltaEvent
@@ -25,6 +24,8 @@ from turnkit.models import ModelRequest
 from turnkit.pauses import PauseRequest
 from turnkit.states import TERMINAL_STATES, TurnStatus
 from turnkit.store import Rider, RunSummary, Store, TurnTranscript
+from turnkit.telemetry._delta import DeltaBuilder
+from turnkit.telemetry._notes import TurnNotes
 
 __all__ = ("OpenCall", "Publish", "Recorder")
 
@@ -53,25 +54,6 @@ class OpenCall:
     request: ModelRequest | None = None
     """The request: an aborted call is billed its estimated size as input (estimated
     only then, so a call in a long session costs no extra pass over its messages)."""
-
-
-def _like(template: MessageDeltaEvent, **fields: Any) -> MessageDeltaEvent:
-    """A copy of a validated `message.delta` with some of its fields replaced.
-
-    What pydantic's `model_construct` does, without its per-field work (a few µs per
-    event): every field is set already, and the new values are of the same types.
-    """
-    event = MessageDeltaEvent.__new__(MessageDeltaEvent)
-    values = template.__dict__.copy()
-    values.update(fields)
-    _set(event, "__dict__", values)
-    _set(event, "__pydantic_fields_set__", set(template.__pydantic_fields_set__))
-    _set(event, "__pydantic_extra__", None)
-    _set(event, "__pydantic_private__", None)
-    return event
-
-
-_set = object.__setattr__
 
 
 HeldCheckpoints = Callable[[], tuple[Rider, Callable[[], None]] | None]
@@ -125,8 +107,7 @@ class Recorder:
         """The turn's ending is committed: no durable event is staged any more (work
         after the ending, the naming call, leaves audit rows only)."""
         self._deltas_since_yield = 0
-        self._delta_template: MessageDeltaEvent | None = None
-        """The turn's first `message.delta` (validated); later ones are built like it."""
+        self._new_delta = DeltaBuilder(session_id, turn_id)
         self.held_checkpoints: HeldCheckpoints | None = None
         """Checkpoints waiting for a commit to carry them; set while the turn's checkpoints
         ride on its commits (`checkpoints_carry`)."""
@@ -202,39 +183,13 @@ class Recorder:
         if self._events or self._audit or self._lock.locked() or self._ahead is not None:
             await self.ephemeral(MessageDeltaEvent, stage_id, block_id=block_id, text=text)
             return
-        template = self._delta_template
-        if template is None:
-            event = MessageDeltaEvent(
-                session_id=self.session_id,
-                turn_id=self.turn_id,
-                stage_id=stage_id,
-                ts=self.clock.now(),
-                block_id=block_id,
-                text=text,
-            )
-            self._delta_template = event
-        else:
-            event = _like(
-                template, stage_id=stage_id, ts=self.clock.now(), block_id=block_id, text=text
-            )
+        event = self._new_delta(stage_id, self.clock.now(), block_id, text)
         self.last_activity = self.clock.monotonic()
         self.publish((event,))
         self._deltas_since_yield += 1
         if self._deltas_since_yield >= _YIELD_EVERY:
             self._deltas_since_yield = 0
             await self.clock.sleep(0)
-
-    async def take_guides(self) -> list[tuple[int, str, str | None]]:
-        """Guide messages that arrived since the last request (marked as presented)."""
-        notes = self.notes
-        watermark = notes.consumed_input_seq
-        if notes.newest_guide_seq <= watermark:
-            return []  # the last commit saw none newer: no query
-        found = await self.store.guided_inputs(self.turn_id, after_input_seq=watermark)
-        if found:
-            notes.guide_watermark = found[-1][0]
-            notes.input_seqs = (*notes.input_seqs, *(seq for seq, _, _ in found))
-        return found
 
     def audit(
         self,
