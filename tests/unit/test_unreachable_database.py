@@ -7,7 +7,7 @@ import pytest
 from sqlalchemy.dialects.postgresql.asyncpg import AsyncAdapt_asyncpg_dbapi
 from sqlalchemy.exc import DBAPIError, ProgrammingError
 
-from turnkit.store._engine import _is_unreachable
+from turnkit.store._engine_pg import is_unreachable
 
 
 def _as_sqlalchemy_raises(driver: Exception) -> DBAPIError:
@@ -25,12 +25,12 @@ def _as_sqlalchemy_raises(driver: Exception) -> DBAPIError:
         ConnectionRefusedError(111, "Connect call failed"),
     ],
 )
-def test_a_server_going_away_is_unreachable(driver: Exception) -> None:
-    assert _is_unreachable(_as_sqlalchemy_raises(driver))
-    assert _is_unreachable(driver)  # as asyncpg raises it, outside SQLAlchemy
+def test_a_server_going_awayis_unreachable(driver: Exception) -> None:
+    assert is_unreachable(_as_sqlalchemy_raises(driver))
+    assert is_unreachable(driver)  # as asyncpg raises it, outside SQLAlchemy
 
 
 def test_a_bad_statement_is_not() -> None:
     bad = asyncpg.exceptions.UndefinedTableError('relation "nope" does not exist')
-    assert not _is_unreachable(_as_sqlalchemy_raises(bad))
-    assert not _is_unreachable(ProgrammingError("SELECT * FROM nope", None, Exception("nope")))
+    assert not is_unreachable(_as_sqlalchemy_raises(bad))
+    assert not is_unreachable(ProgrammingError("SELECT * FROM nope", None, Exception("nope")))

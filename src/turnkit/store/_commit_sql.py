@@ -7,13 +7,15 @@ epoch moved on (or the status move is not allowed), nothing is written and it sa
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import Connection, bindparam, case, select, update
 
-from turnkit.audit import UsageDelta
+from turnkit.audit import AuditRow, UsageDelta
 from turnkit.clock import Clock
 from turnkit.errors import StaleEpochError, StoreError, TurnNotFoundError
+from turnkit.events import DurableEvent, encode_event
 from turnkit.ids import TurnId
 from turnkit.pauses import PauseRequest
 from turnkit.states import TERMINAL_STATES, TurnStatus
@@ -31,7 +33,7 @@ from turnkit.store._schema import (
 )
 from turnkit.store._submit_sql import requeue_guides
 
-__all__ = ("HotStatements", "commit")
+__all__ = ("HotStatements", "commit", "commit_rows")
 
 
 class HotStatements:
@@ -84,6 +86,32 @@ class HotStatements:
                 for name in UsageDelta.model_fields
             },
         )
+
+
+def commit_rows(
+    turn_id: TurnId, events: Sequence[DurableEvent], audit: Sequence[AuditRow]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], tuple[str | None, dict[int, UsageDelta]]]:
+    """A commit's event rows, audit rows and (session id, usage per audit row), encoded.
+
+    What both `commit` and `_commit_pg`'s statements take.
+    """
+    event_rows = [
+        {"turn_id": turn_id, "seq": e.seq, "type": e.type, "data": encode_event(e)}  # type: ignore[attr-defined]
+        for e in events
+    ]
+    audit_rows = [
+        {
+            "turn_id": turn_id,
+            "seq_within_turn": row.identity.seq_within_turn,
+            "session_id": row.identity.session_id,
+            "stage_id": row.identity.stage_id,
+            "data": row.model_dump_json(by_alias=True).encode(),
+        }
+        for row in audit
+    ]
+    usage = {row.identity.seq_within_turn: UsageDelta.of(row.call) for row in audit}
+    session_id = audit[0].identity.session_id if audit else None
+    return event_rows, audit_rows, (session_id, usage)
 
 
 def commit(

@@ -1,10 +1,10 @@
 """Where `SqlStore` runs its transactions: URLs, engines, connections, errors.
 
 `SqlEngine` is the plumbing `SqlStore` inherits: PostgreSQL on the async engine (asyncpg),
-with a turn's hot statements on an asyncpg pool of their own;
-SQLite on plain `sqlite3` connections — in place on the event loop when a transaction need
-not wait, else on one dedicated thread — with SQLAlchemy's engine only for migrations. It
-also tells a database out of reach (`StoreUnavailableError`) from a bad statement.
+with a turn's hot statements on an asyncpg pool of their own (`PgConnections`, its base in
+`_engine_pg`, which also tells a database out of reach from a bad statement); SQLite on
+plain `sqlite3` connections — in place on the event loop when a transaction need not wait,
+else on one dedicated thread — with SQLAlchemy's engine only for migrations.
 """
 
 from __future__ import annotations
@@ -13,29 +13,24 @@ import asyncio
 import contextlib
 import sqlite3
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, Self, TypeVar
+from typing import Any, Self, TypeVar
 
 from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import DBAPIError, DisconnectionError, InterfaceError, OperationalError
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import StaticPool
 
 from turnkit.clock import Clock, SystemClock
-from turnkit.errors import StoreError, StoreUnavailableError
+from turnkit.errors import StoreError
 from turnkit.store import _sqlite as sqlite_conn
-from turnkit.store._asyncpg_pool import close_pool, keep_session
 from turnkit.store._commit_sql import HotStatements
+from turnkit.store._engine_pg import PgConnections, first_line, is_unreachable
 from turnkit.store._folds import WalFolds
 from turnkit.store._group_commit import GroupCommit
-from turnkit.store._listen_pg import WorkListener
 from turnkit.store.migrate import current_revision, upgrade
-
-if TYPE_CHECKING:
-    import asyncpg
 
 __all__ = ("SqlEngine", "normalize_url")
 
@@ -44,9 +39,6 @@ _THREAD_WAIT_MS = 30_000
 """How long the store's thread waits for SQLite's write lock before giving up."""
 _CHECKPOINT_EVERY = 256
 """Commits on the loop's connection between two WAL folds on the store's thread."""
-_DRIVER_POOL_SIZE = 10
-"""Connections for PostgreSQL's hot statements (beside SQLAlchemy's pool for the rest)."""
-_CONNECT_TIMEOUT_S = 10.0
 
 
 def normalize_url(url: str) -> str:
@@ -59,10 +51,11 @@ def normalize_url(url: str) -> str:
     return url
 
 
-class SqlEngine:
+class SqlEngine(PgConnections):
     """The engines, connections and transactions under a `SqlStore` (see the module doc)."""
 
     def __init__(self, url: str, *, clock: Clock | None = None, schema: str | None = None) -> None:
+        super().__init__()
         self.url = normalize_url(url)
         self.schema = schema
         self._clock = clock or SystemClock()
@@ -76,12 +69,6 @@ class SqlEngine:
         self._conn_lock = threading.Lock()
         self._folds: WalFolds | None = None
         """WAL folds on the store's thread for the loop's connection (file databases)."""
-        self._async_engine: AsyncEngine | None = None
-        self._driver_pool: asyncpg.Pool | None = None
-        """PostgreSQL's hot statements, on asyncpg outside SQLAlchemy (`_pg_driver`)."""
-        self._driver_pool_lock = asyncio.Lock()
-        self._listener: WorkListener | None = None
-        """PostgreSQL: the connection that hears when a turn becomes claimable."""
         self._group: GroupCommit | None = None
         """Write transactions on the store's thread, committed together (file databases)."""
         if self.url.startswith("sqlite"):
@@ -107,19 +94,7 @@ class SqlEngine:
                 self._folds = WalFolds(self._thread, self._fold_wal, every=_CHECKPOINT_EVERY)
                 self._group = GroupCommit(self._thread, self._thread_conn, self._busy_too_long)
         elif self.url.startswith("postgresql"):
-            connect_args: dict[str, Any] = {}
-            if schema is not None:
-                connect_args["server_settings"] = {"search_path": schema}
-            self._async_engine = create_async_engine(
-                self.url,
-                pool_size=10,
-                max_overflow=10,
-                connect_args=connect_args,
-                # Every use is `begin()`, which ends its own transaction: no ROLLBACK on
-                # return. A closed connection is caught at checkout (`_drop_if_closed`).
-                pool_reset_on_return=None,
-            )
-            event.listen(self._async_engine.sync_engine.pool, "checkout", _drop_if_closed)
+            self._open_async_engine()
             self._insert = postgresql.insert
         else:
             raise StoreError(f"SqlStore supports SQLite and PostgreSQL, not {url!r}")
@@ -161,71 +136,9 @@ class SqlEngine:
             async with self._async_engine.begin() as aconn:
                 return await aconn.run_sync(fn, *args)
         except (DBAPIError, OSError) as exc:
-            if _is_unreachable(exc):
+            if is_unreachable(exc):
                 raise self._unavailable(exc) from exc
             raise
-
-    async def _pg_driver(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
-        """Run `fn(asyncpg_connection, *args)` on a pooled connection, outside SQLAlchemy.
-
-        For statements that are a transaction on their own (see `_commit_pg`): no BEGIN,
-        no COMMIT, asyncpg's prepared-statement cache. A database out of reach raises
-        `StoreUnavailableError`.
-        """
-        if self._closed:
-            raise StoreError("the store is closed", url=self.url)
-        try:
-            pool = self._driver_pool or await self._open_driver_pool()
-            async with pool.acquire() as conn:
-                return await fn(conn, *args)
-        except Exception as exc:  # the driver's own errors
-            if _is_unreachable(exc):
-                raise self._unavailable(exc) from exc
-            raise
-
-    async def work_signal(self) -> asyncio.Event | None:
-        """An event set when a turn may have become claimable; None where none is heard.
-
-        PostgreSQL notifies every listening process when a turn is queued unclaimed, put
-        back unclaimed (a pause answered) or unblocked by the end of an earlier turn of
-        its session; clear the event before you claim. A lease that lapses is not
-        announced. Each call listens again if the connection was lost (which also sets the
-        event); while it cannot connect, the answer is None. SQLite: always None.
-        """
-        if self._async_engine is None or self._closed:
-            return None
-        if self._listener is None:
-            dsn, settings = self._asyncpg_dsn()
-            self._listener = WorkListener(dsn, settings, self._clock.monotonic)
-        return await self._listener.event()
-
-    def _asyncpg_dsn(self) -> tuple[str, dict[str, str] | None]:
-        """The URL and server settings for a plain asyncpg connection to this database."""
-        url = make_url(self.url).set(drivername="postgresql")
-        settings = {"search_path": self.schema} if self.schema is not None else None
-        return url.render_as_string(hide_password=False), settings
-
-    async def _open_driver_pool(self) -> asyncpg.Pool:
-        """The asyncpg pool for `_pg_driver`, opened on first use (no connection yet).
-
-        A pool of its own rather than SQLAlchemy's: checking a connection out of
-        SQLAlchemy's async pool costs greenlet switches and its bookkeeping on every
-        statement. A connection the server closed is replaced when next acquired.
-        """
-        import asyncpg  # the `postgres` extra
-
-        async with self._driver_pool_lock:
-            if self._driver_pool is None:
-                dsn, settings = self._asyncpg_dsn()
-                self._driver_pool = await asyncpg.create_pool(
-                    dsn,
-                    min_size=0,
-                    max_size=_DRIVER_POOL_SIZE,
-                    server_settings=settings,
-                    reset=keep_session,
-                    timeout=_CONNECT_TIMEOUT_S,
-                )
-            return self._driver_pool
 
     def _busy_too_long(self, exc: BaseException) -> BaseException:
         """What a transaction on the store's thread raises when it failed (as it is)."""
@@ -322,7 +235,7 @@ class SqlEngine:
                     return run()
                 return await asyncio.get_running_loop().run_in_executor(self._thread, run)
             except DBAPIError as exc:
-                reason = _first_line(exc.orig or exc)
+                reason = first_line(exc.orig or exc)
                 raise StoreError(
                     f"cannot use the SQLite database {self._path!r}: {reason} "
                     "(does its folder exist, and may this process write there?)",
@@ -333,17 +246,9 @@ class SqlEngine:
             async with self._async_engine.begin() as aconn:
                 return await aconn.run_sync(fn)
         except (DBAPIError, OSError) as exc:
-            if _is_unreachable(exc):
+            if is_unreachable(exc):
                 raise self._unavailable(exc) from exc
             raise
-
-    def _unavailable(self, exc: BaseException) -> StoreUnavailableError:
-        """What a database out of reach raises (nothing was written)."""
-        return StoreUnavailableError(
-            f"the database cannot be reached ({type(exc).__name__}: {_first_line(exc)}); "
-            "nothing was written, retry shortly",
-            url=make_url(self.url).render_as_string(hide_password=True),
-        )
 
     async def __aenter__(self) -> Self:
         await self.setup()
@@ -384,64 +289,10 @@ class SqlEngine:
                 on_loop.close()
             await asyncio.get_running_loop().run_in_executor(self._thread, dispose)
             self._thread.shutdown(wait=True)
-        if self._listener is not None:
-            listener, self._listener = self._listener, None
-            await listener.close()
-        if self._driver_pool is not None:
-            pool, self._driver_pool = self._driver_pool, None
-            await close_pool(pool)
-        if self._async_engine is not None:
-            engine_a, self._async_engine = self._async_engine, None
-            await engine_a.dispose()
-
-
-def _is_unreachable(exc: BaseException) -> bool:
-    """A failure to reach the database (refused, reset, shutting down), not a bad statement."""
-    if isinstance(exc, OSError):
-        return True
-    if isinstance(exc, DBAPIError) and exc.connection_invalidated:
-        return True
-    if isinstance(exc, OperationalError | InterfaceError):
-        return True
-    # The driver's own error, wrapped or not: SQLAlchemy's `orig` may itself be its asyncpg
-    # adapter's error, whose cause is the driver's (a server shutting down, say).
-    driver: BaseException | None = getattr(exc, "orig", None) or exc
-    for _ in range(4):
-        if driver is None:
-            return False
-        if isinstance(driver, OSError) or type(driver).__name__ in _UNREACHABLE_DRIVER_ERRORS:
-            return True
-        driver = driver.__cause__
-    return False
-
-
-_UNREACHABLE_DRIVER_ERRORS = frozenset(
-    {
-        "CannotConnectNowError",
-        "ConnectionDoesNotExistError",
-        "ConnectionFailureError",
-        "AdminShutdownError",
-        "CrashShutdownError",
-        "InterfaceError",
-    }
-)
-
-
-def _first_line(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [""])[0][:200]
+        await self._close_pg()
 
 
 def _tune_sqlite(engine: Engine) -> None:
     @event.listens_for(engine, "connect")
     def _pragmas(dbapi_conn: Any, _record: Any) -> None:
         sqlite_conn.tune(dbapi_conn, busy_timeout_ms=_THREAD_WAIT_MS)
-
-
-def _drop_if_closed(dbapi_conn: Any, _record: Any, _proxy: Any) -> None:
-    """Hand out no connection the server has closed (a restart): the pool takes another.
-
-    asyncpg knows a closed connection without a round trip, so this costs nothing, where
-    SQLAlchemy's `pool_pre_ping` sends a BEGIN and a ROLLBACK before every transaction.
-    """
-    if dbapi_conn.driver_connection.is_closed():
-        raise DisconnectionError("the server closed the connection")

@@ -1,0 +1,204 @@
+"""`PgConnections`: PostgreSQL's connections under a `SqlStore`, and what a lost one raises.
+
+A base of `SqlEngine`: SQLAlchemy's async engine (asyncpg) for most transactions, an
+asyncpg pool of its own for a turn's hot statements (`_pg_driver`), and the connection that
+hears when a turn becomes claimable (`work_signal`). It also tells a database out of reach
+(`StoreUnavailableError`) from a bad statement, on either database.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from sqlalchemy import event
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError, DisconnectionError, InterfaceError, OperationalError
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from turnkit.clock import Clock
+from turnkit.errors import StoreError, StoreUnavailableError
+from turnkit.store._asyncpg_pool import close_pool, keep_session
+from turnkit.store._listen_pg import WorkListener
+
+if TYPE_CHECKING:
+    import asyncpg
+
+__all__ = (
+    "CONNECT_TIMEOUT_S",
+    "DRIVER_POOL_SIZE",
+    "UNREACHABLE_DRIVER_ERRORS",
+    "PgConnections",
+    "drop_if_closed",
+    "first_line",
+    "is_unreachable",
+)
+
+T = TypeVar("T")
+DRIVER_POOL_SIZE = 10
+"""Connections for PostgreSQL's hot statements (beside SQLAlchemy's pool for the rest)."""
+CONNECT_TIMEOUT_S = 10.0
+
+
+class PgConnections:
+    """The PostgreSQL connections under a `SqlEngine` (see the module doc); None on SQLite."""
+
+    url: str
+    schema: str | None
+    _clock: Clock
+    _closed: bool
+
+    def __init__(self) -> None:
+        self._async_engine: AsyncEngine | None = None
+        self._driver_pool: asyncpg.Pool | None = None
+        """PostgreSQL's hot statements, on asyncpg outside SQLAlchemy (`_pg_driver`)."""
+        self._driver_pool_lock = asyncio.Lock()
+        self._listener: WorkListener | None = None
+        """PostgreSQL: the connection that hears when a turn becomes claimable."""
+
+    def _open_async_engine(self) -> None:
+        """SQLAlchemy's async engine for `url`, its tables in `schema` when one is given."""
+        connect_args: dict[str, Any] = {}
+        if self.schema is not None:
+            connect_args["server_settings"] = {"search_path": self.schema}
+        self._async_engine = create_async_engine(
+            self.url,
+            pool_size=10,
+            max_overflow=10,
+            connect_args=connect_args,
+            # Every use is `begin()`, which ends its own transaction: no ROLLBACK on
+            # return. A closed connection is caught at checkout (`drop_if_closed`).
+            pool_reset_on_return=None,
+        )
+        event.listen(self._async_engine.sync_engine.pool, "checkout", drop_if_closed)
+
+    async def _pg_driver(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+        """Run `fn(asyncpg_connection, *args)` on a pooled connection, outside SQLAlchemy.
+
+        For statements that are a transaction on their own (see `_commit_pg`): no BEGIN,
+        no COMMIT, asyncpg's prepared-statement cache. A database out of reach raises
+        `StoreUnavailableError`.
+        """
+        if self._closed:
+            raise StoreError("the store is closed", url=self.url)
+        try:
+            pool = self._driver_pool or await self._open_driver_pool()
+            async with pool.acquire() as conn:
+                return await fn(conn, *args)
+        except Exception as exc:  # the driver's own errors
+            if is_unreachable(exc):
+                raise self._unavailable(exc) from exc
+            raise
+
+    async def work_signal(self) -> asyncio.Event | None:
+        """An event set when a turn may have become claimable; None where none is heard.
+
+        PostgreSQL notifies every listening process when a turn is queued unclaimed, put
+        back unclaimed (a pause answered) or unblocked by the end of an earlier turn of
+        its session; clear the event before you claim. A lease that lapses is not
+        announced. Each call listens again if the connection was lost (which also sets the
+        event); while it cannot connect, the answer is None. SQLite: always None.
+        """
+        if self._async_engine is None or self._closed:
+            return None
+        if self._listener is None:
+            dsn, settings = self._asyncpg_dsn()
+            self._listener = WorkListener(dsn, settings, self._clock.monotonic)
+        return await self._listener.event()
+
+    def _asyncpg_dsn(self) -> tuple[str, dict[str, str] | None]:
+        """The URL and server settings for a plain asyncpg connection to this database."""
+        url = make_url(self.url).set(drivername="postgresql")
+        settings = {"search_path": self.schema} if self.schema is not None else None
+        return url.render_as_string(hide_password=False), settings
+
+    async def _open_driver_pool(self) -> asyncpg.Pool:
+        """The asyncpg pool for `_pg_driver`, opened on first use (no connection yet).
+
+        A pool of its own rather than SQLAlchemy's: checking a connection out of
+        SQLAlchemy's async pool costs greenlet switches and its bookkeeping on every
+        statement. A connection the server closed is replaced when next acquired.
+        """
+        import asyncpg  # the `postgres` extra
+
+        async with self._driver_pool_lock:
+            if self._driver_pool is None:
+                dsn, settings = self._asyncpg_dsn()
+                self._driver_pool = await asyncpg.create_pool(
+                    dsn,
+                    min_size=0,
+                    max_size=DRIVER_POOL_SIZE,
+                    server_settings=settings,
+                    reset=keep_session,
+                    timeout=CONNECT_TIMEOUT_S,
+                )
+            return self._driver_pool
+
+    def _unavailable(self, exc: BaseException) -> StoreUnavailableError:
+        """What a database out of reach raises (nothing was written)."""
+        return StoreUnavailableError(
+            f"the database cannot be reached ({type(exc).__name__}: {first_line(exc)}); "
+            "nothing was written, retry shortly",
+            url=make_url(self.url).render_as_string(hide_password=True),
+        )
+
+    async def _close_pg(self) -> None:
+        """Close the listener, the driver's pool and the async engine (those opened)."""
+        if self._listener is not None:
+            listener, self._listener = self._listener, None
+            await listener.close()
+        if self._driver_pool is not None:
+            pool, self._driver_pool = self._driver_pool, None
+            await close_pool(pool)
+        if self._async_engine is not None:
+            engine_a, self._async_engine = self._async_engine, None
+            await engine_a.dispose()
+
+
+def is_unreachable(exc: BaseException) -> bool:
+    """A failure to reach the database (refused, reset, shutting down), not a bad statement."""
+    if isinstance(exc, OSError):
+        return True
+    if isinstance(exc, DBAPIError) and exc.connection_invalidated:
+        return True
+    if isinstance(exc, OperationalError | InterfaceError):
+        return True
+    # The driver's own error, wrapped or not: SQLAlchemy's `orig` may itself be its asyncpg
+    # adapter's error, whose cause is the driver's (a server shutting down, say).
+    driver: BaseException | None = getattr(exc, "orig", None) or exc
+    for _ in range(4):
+        if driver is None:
+            return False
+        if isinstance(driver, OSError) or type(driver).__name__ in UNREACHABLE_DRIVER_ERRORS:
+            return True
+        driver = driver.__cause__
+    return False
+
+
+UNREACHABLE_DRIVER_ERRORS = frozenset(
+    {
+        "CannotConnectNowError",
+        "ConnectionDoesNotExistError",
+        "ConnectionFailureError",
+        "AdminShutdownError",
+        "CrashShutdownError",
+        "InterfaceError",
+    }
+)
+"""The names of asyncpg's errors that mean the server is out of reach."""
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an error's message, at most 200 characters."""
+    return (str(exc).strip().splitlines() or [""])[0][:200]
+
+
+def drop_if_closed(dbapi_conn: Any, _record: Any, _proxy: Any) -> None:
+    """Hand out no connection the server has closed (a restart): the pool takes another.
+
+    asyncpg knows a closed connection without a round trip, so this costs nothing, where
+    SQLAlchemy's `pool_pre_ping` sends a BEGIN and a ROLLBACK before every transaction.
+    """
+    if dbapi_conn.driver_connection.is_closed():
+        raise DisconnectionError("the server closed the connection")

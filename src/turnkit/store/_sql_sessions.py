@@ -1,0 +1,119 @@
+"""`SqlSessions`: `SqlStore`'s sessions, their usage report and their workspace files.
+
+A base of `SqlStore`: the `SessionDirectory` and `Workspace` methods, on the statements of
+`_sessions_sql`, `_usage_sql` and `_workspace_sql`.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from turnkit.ids import SessionId, TurnId
+from turnkit.store import (
+    SessionRecord,
+    WorkspaceFile,
+    _sessions_sql as sessions_sql,
+    _usage_sql as usage_sql,
+    _workspace_sql as workspace_sql,
+)
+from turnkit.store._engine import SqlEngine
+from turnkit.store._usage import UsageLine
+from turnkit.store._workspace import (
+    check_workspace_content,
+    check_workspace_path,
+    workspace_media_type,
+)
+
+__all__ = ("SqlSessions",)
+
+
+class SqlSessions(SqlEngine):
+    """Create, find, list, name and delete sessions; report usage; keep a session's files."""
+
+    async def create_session(
+        self, session_id: SessionId, *, principal: str | None = None, title: str | None = None
+    ) -> SessionRecord:
+        """Create a session if it does not exist; return it."""
+        return await self._tx(
+            sessions_sql.create, self._insert, session_id, principal, title, self._clock.now()
+        )
+
+    async def get_session(self, session_id: SessionId) -> SessionRecord | None:
+        """One session, or None."""
+        if self._async_engine is not None:
+            return await self._pg_driver(sessions_sql.get_pg, session_id)
+        return await self._hot_tx(sessions_sql.get, session_id, write=False)
+
+    async def list_sessions(
+        self, *, principal: str | None = None, anonymous: bool = False, limit: int = 100
+    ) -> list[SessionRecord]:
+        """Sessions, most recently active first (see `SessionDirectory.list_sessions`)."""
+        return await self._tx(sessions_sql.list_, principal, anonymous, limit, write=False)
+
+    async def rename_session(self, session_id: SessionId, title: str) -> SessionRecord:
+        """Set a session's title (`SessionNotFoundError` if there is none)."""
+        return await self._tx(sessions_sql.rename, session_id, title, self._clock.now())
+
+    async def name_session(
+        self, session_id: SessionId, title: str, *, current: str | None = None
+    ) -> bool:
+        """Name a session only while its title is still `current` (see `SessionDirectory`)."""
+        return await self._tx(sessions_sql.name_if, session_id, title, current, self._clock.now())
+
+    async def delete_session(self, session_id: SessionId) -> bool:
+        """Delete a session's chat data and files (audit rows stay); False if it did not exist."""
+        return await self._tx(sessions_sql.remove, session_id)
+
+    async def usage_report(
+        self,
+        *,
+        by: Literal["session", "principal", "department", "day"],
+        principal: str | None = None,
+        anonymous: bool = False,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        organisation: str | None = None,
+    ) -> list[UsageLine]:
+        """Tokens, calls and USD summed by session, principal, department or day."""
+        return await self._tx(
+            usage_sql.report, by, principal, anonymous, since, until, organisation, write=False
+        )
+
+    # ── workspace files ─────────────────────────────────────────────────────────────
+
+    async def write_file(
+        self,
+        session_id: SessionId,
+        path: str,
+        content: str,
+        *,
+        media_type: str | None = None,
+        turn_id: TurnId | None = None,
+    ) -> WorkspaceFile:
+        """Create or replace a session file; the same content again changes nothing."""
+        checked = check_workspace_path(path)
+        size = check_workspace_content(content)
+        kind = workspace_media_type(checked, media_type)
+        return await self._tx(
+            lambda conn: workspace_sql.write(
+                conn,
+                self._insert,
+                session_id=session_id,
+                path=checked,
+                content=content,
+                media_type=kind,
+                size=size,
+                turn_id=turn_id,
+                now=self._clock.now(),
+            )
+        )
+
+    async def read_file(self, session_id: SessionId, path: str) -> WorkspaceFile | None:
+        """One session file, or None."""
+        checked = check_workspace_path(path)
+        return await self._tx(workspace_sql.read, session_id, checked, write=False)
+
+    async def list_files(self, session_id: SessionId) -> list[WorkspaceFile]:
+        """A session's files, ordered by path."""
+        return await self._tx(workspace_sql.list_, session_id, write=False)
