@@ -25,7 +25,6 @@ from turnkit.store.migrate import _config, upgrade
 from turnkit.store.sql import SqlStore
 
 _CLAIM = ClaimRequest(owner="w1", ttl_s=30, max_attempts=3)
-_MARK = "-- end of the writes --"
 
 
 @pytest.fixture
@@ -39,22 +38,27 @@ async def stores(pg_schema: str) -> AsyncIterator[tuple[SqlStore, SqlStore]]:
 
 
 class _Heard:
-    """Every `turnkit_work` notification, in commit order, up to a marker sent last."""
+    """Every `turnkit_work` notification for one schema, in commit order, up to a marker.
 
-    def __init__(self, conn: asyncpg.Connection) -> None:
+    Other schemas' notifications are left out: other test runs may share the server.
+    """
+
+    def __init__(self, conn: asyncpg.Connection, schema: str) -> None:
         self.conn = conn
+        self.schema = schema
+        self.mark = f"-- end of the writes to {schema} --"
         self.payloads: list[str] = []
         self.marked = asyncio.Event()
 
     def __call__(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
-        if payload == _MARK:
+        if payload == self.mark:
             self.marked.set()
-        else:
+        elif payload == self.schema:
             self.payloads.append(payload)
 
     async def until_marked(self) -> list[str]:
         """What was heard before the marker (committed after every write before it)."""
-        await self.conn.execute(f"SELECT pg_notify('turnkit_work', '{_MARK}')")
+        await self.conn.execute("SELECT pg_notify('turnkit_work', $1)", self.mark)
         await asyncio.wait_for(self.marked.wait(), 10)
         heard, self.payloads = self.payloads, []
         self.marked.clear()
@@ -62,9 +66,9 @@ class _Heard:
 
 
 @pytest.fixture
-async def heard() -> AsyncIterator[_Heard]:
+async def heard(pg_schema: str) -> AsyncIterator[_Heard]:
     conn = await asyncpg.connect(POSTGRES_URL)
-    listening = _Heard(conn)
+    listening = _Heard(conn, pg_schema)
     await conn.add_listener("turnkit_work", listening)
     try:
         yield listening
