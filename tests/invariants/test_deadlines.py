@@ -196,36 +196,49 @@ def test_a_credential_that_dies_before_the_ceiling_is_refused() -> None:
     RuntimeConfig(ceiling_s=900, credential_lifetime_s=3600)  # fine
 
 
+class _HandOff:
+    """Work handed to another process: the tool that waits for it without a word.
+
+    With the agent that calls the tool once and then answers, and the config both
+    processes' runtimes share.
+    """
+
+    def __init__(self, db: tuple[str, str | None], *, idle_window_s: float) -> None:
+        self.handed: asyncio.Queue[tuple[str, str, str]] = asyncio.Queue()
+        """What the other process gets: the turn, the tool call and the callback token."""
+        self.finished = asyncio.Event()
+        self.config = dataclasses.replace(
+            _deadlines(db[0], ceiling_s=60, idle_window_s=idle_window_s),
+            database_schema=db[1],
+            callback_secret="a-long-shared-secret",
+        )
+
+        @tool
+        async def hand_off(ctx: ToolContext) -> str:
+            """Hand the work to another process and wait for it."""
+            await self.handed.put((ctx.turn_id, ctx.tool_call_id, ctx.callback_token or ""))
+            await self.finished.wait()
+            return "done elsewhere"
+
+        model = ScriptedModel(
+            [ModelStep.tool_call_reply(call("hand_off")), ModelStep.text_reply("It is done.")]
+        )
+        self.agent = Agent(model=model, tools=[hand_off])
+
+
 async def test_progress_reported_from_another_process_keeps_the_turn_alive(
     db: tuple[str, str | None],
 ) -> None:
     """A tool waiting on work elsewhere outlives the window while that work reports."""
-    handed: asyncio.Queue[tuple[str, str, str]] = asyncio.Queue()
-    finished = asyncio.Event()
-
-    @tool
-    async def hand_off(ctx: ToolContext) -> str:
-        """Hand the work to another process and wait for it, without a word."""
-        await handed.put((ctx.turn_id, ctx.tool_call_id, ctx.callback_token or ""))
-        await finished.wait()
-        return "done elsewhere"
-
-    model = ScriptedModel(
-        [ModelStep.tool_call_reply(call("hand_off")), ModelStep.text_reply("It is done.")]
-    )
-    config = dataclasses.replace(
-        _deadlines(db[0], ceiling_s=60, idle_window_s=0.5),
-        database_schema=db[1],
-        callback_secret="a-long-shared-secret",
-    )
+    work = _HandOff(db, idle_window_s=0.5)
     # The other process: a runtime of its own on the same database, driving nothing.
     async with (
-        SessionRuntime(agent=Agent(model=model, tools=[hand_off]), config=config) as runtime,
-        SessionRuntime(agent=Agent(model=ScriptedModel([])), config=config) as elsewhere,
+        SessionRuntime(agent=work.agent, config=work.config) as runtime,
+        SessionRuntime(agent=Agent(model=ScriptedModel([])), config=work.config) as elsewhere,
     ):
 
         async def work_elsewhere() -> int:
-            turn_id, call_id, token = await handed.get()
+            turn_id, call_id, token = await work.handed.get()
             reports = 0
             for tick in range(15):  # 1.5 s, three idle windows
                 await elsewhere.report_job_progress(
@@ -233,7 +246,7 @@ async def test_progress_reported_from_another_process_keeps_the_turn_alive(
                 )
                 reports += 1
                 await asyncio.sleep(0.1)
-            finished.set()
+            work.finished.set()
             return reports
 
         working = asyncio.create_task(work_elsewhere())
@@ -251,29 +264,12 @@ async def test_a_chatty_reporter_stamps_its_turn_once_in_a_tenth_of_the_window(
     db: tuple[str, str | None],
 ) -> None:
     """Reports many times a second write the turn's row once per tenth of its idle window."""
-    handed: asyncio.Queue[tuple[str, str, str]] = asyncio.Queue()
-    finished = asyncio.Event()
-
-    @tool
-    async def hand_off(ctx: ToolContext) -> str:
-        """Hand the work to another process and wait for it."""
-        await handed.put((ctx.turn_id, ctx.tool_call_id, ctx.callback_token or ""))
-        await finished.wait()
-        return "done elsewhere"
-
-    model = ScriptedModel(
-        [ModelStep.tool_call_reply(call("hand_off")), ModelStep.text_reply("It is done.")]
-    )
-    config = dataclasses.replace(
-        _deadlines(db[0], ceiling_s=60, idle_window_s=5),
-        database_schema=db[1],
-        callback_secret="a-long-shared-secret",
-    )
+    work = _HandOff(db, idle_window_s=5)
     clock = FakeClock()  # the reporting process's: a tenth of the window passes on our word
     async with (
-        SessionRuntime(agent=Agent(model=model, tools=[hand_off]), config=config) as runtime,
+        SessionRuntime(agent=work.agent, config=work.config) as runtime,
         SessionRuntime(
-            agent=Agent(model=ScriptedModel([])), config=config, clock=clock
+            agent=Agent(model=ScriptedModel([])), config=work.config, clock=clock
         ) as elsewhere,
     ):
         stamps = 0
@@ -287,7 +283,7 @@ async def test_a_chatty_reporter_stamps_its_turn_once_in_a_tenth_of_the_window(
         elsewhere.store.note_activity = counted  # type: ignore[method-assign]
 
         async def work_elsewhere() -> list[int]:
-            turn_id, call_id, token = await handed.get()
+            turn_id, call_id, token = await work.handed.get()
             after_each_burst = []
             for _ in range(3):
                 for tick in range(10):  # ten reports at once
@@ -296,7 +292,7 @@ async def test_a_chatty_reporter_stamps_its_turn_once_in_a_tenth_of_the_window(
                     )
                 after_each_burst.append(stamps)
                 clock.advance(0.5)  # a tenth of the window
-            finished.set()
+            work.finished.set()
             return after_each_burst
 
         working = asyncio.create_task(work_elsewhere())
