@@ -12,7 +12,7 @@ from collections.abc import AsyncGenerator
 from types import ModuleType
 
 from turnkit.models import ModelChunk, TextDelta, ThinkingDelta, ToolCallDelta
-from turnkit.models._openai_stream import StreamState
+from turnkit.models._openai_stream import StreamState, tool_call_piece
 
 __all__ = ("close_stream", "delta_chunks", "stream_litellm")
 
@@ -59,13 +59,8 @@ def delta_chunks(delta: object) -> list[ModelChunk]:
         function = getattr(call, "function", None)
         name = getattr(function, "name", None)
         arguments = getattr(function, "arguments", None)
-        piece = ToolCallDelta(
-            index=index if isinstance(index, int) else position,
-            tool_call_id=call_id if isinstance(call_id, str) and call_id else None,
-            name=name if isinstance(name, str) and name else None,
-            arguments=arguments if isinstance(arguments, str) else "",
-        )
-        if piece.tool_call_id or piece.name or piece.arguments:
+        piece = tool_call_piece(index, position, call_id, name, arguments)
+        if piece is not None:
             out.append(piece)
     return out
 

@@ -23,7 +23,7 @@ import httpx
 
 from turnkit.models import ModelChunk, TextDelta, ThinkingDelta, ToolCallDelta
 
-__all__ = ("ChatCall", "ChatStreamError", "StreamState", "stream_chat")
+__all__ = ("ChatCall", "ChatStreamError", "StreamState", "stream_chat", "tool_call_piece")
 
 _LIMITS = httpx.Limits(max_connections=1000, max_keepalive_connections=100)
 """The openai SDK's limits: a thousand concurrent streams to one endpoint do not queue."""
@@ -252,15 +252,26 @@ def _tool_call_pieces(calls: list[object]) -> list[ModelChunk]:
         function = call.get("function")
         name = function.get("name") if isinstance(function, dict) else None
         arguments = function.get("arguments") if isinstance(function, dict) else None
-        piece = ToolCallDelta(
-            index=index if isinstance(index, int) else position,
-            tool_call_id=call_id if isinstance(call_id, str) and call_id else None,
-            name=name if isinstance(name, str) and name else None,
-            arguments=arguments if isinstance(arguments, str) else "",
-        )
-        if piece.tool_call_id or piece.name or piece.arguments:
+        piece = tool_call_piece(index, position, call_id, name, arguments)
+        if piece is not None:
             out.append(piece)
     return out
+
+
+def tool_call_piece(
+    index: object, position: int, call_id: object, name: object, arguments: object
+) -> ToolCallDelta | None:
+    """A streamed tool call's piece from its fields as sent (None when it carries nothing).
+
+    `position`: the call's place in its delta, the index when none was sent.
+    """
+    piece = ToolCallDelta(
+        index=index if isinstance(index, int) else position,
+        tool_call_id=call_id if isinstance(call_id, str) and call_id else None,
+        name=name if isinstance(name, str) and name else None,
+        arguments=arguments if isinstance(arguments, str) else "",
+    )
+    return piece if piece.tool_call_id or piece.name or piece.arguments else None
 
 
 def _stream_error(error: object) -> ChatStreamError:
