@@ -25,7 +25,7 @@ def _as_sqlalchemy_raises(driver: Exception) -> DBAPIError:
         ConnectionRefusedError(111, "Connect call failed"),
     ],
 )
-def test_a_server_going_awayis_unreachable(driver: Exception) -> None:
+def test_a_server_going_away_is_unreachable(driver: Exception) -> None:
     assert is_unreachable(_as_sqlalchemy_raises(driver))
     assert is_unreachable(driver)  # as asyncpg raises it, outside SQLAlchemy
 

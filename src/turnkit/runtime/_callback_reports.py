@@ -72,7 +72,7 @@ class RuntimeCallbacks(RuntimeReads):
 
         The event is ephemeral (the turn's driver alone writes its durable log). The report
         restarts the turn's idle window, wherever its driver runs (it stamps the turn's
-        row, at most once in a tenth of the window). Raises as
+        row). Raises as
         `verify_callback` does, and `InvalidInputError` for a progress outside 0–1
         (nothing is published).
         """
@@ -91,11 +91,9 @@ class RuntimeCallbacks(RuntimeReads):
         except ValidationError as exc:
             raise InvalidInputError(f"a bad job progress report: {exc.errors()[0]['msg']}") from exc
         turn = TurnId(scope.turn_id)
-        if self._progress_stamps.due(turn):  # the driver's idle window reads the stamp
-            try:
-                await self.store.note_activity(turn)
-                self._progress_stamps.stamped(turn)
-            except Exception as exc:  # noqa: BLE001 - a missed stamp only shortens the window
-                log.warning("stamping progress on turn %s failed: %s", turn, exc)
-        await self.replay.publish(turn, [(None, encode_event(event), False)])  # regardless
+        try:  # the driver's idle window reads the stamp; the report goes out regardless
+            await self.store.note_activity(turn)
+        except Exception as exc:  # noqa: BLE001 - a missed stamp only shortens the window
+            log.warning("stamping progress on turn %s failed: %s", turn, exc)
+        await self.replay.publish(turn, [(None, encode_event(event), False)])
         return scope

@@ -26,7 +26,6 @@ from turnkit.runtime._held import HeldTranscripts
 from turnkit.runtime._host import TurnHost
 from turnkit.runtime._opening import open_store
 from turnkit.runtime._runner import TurnRunner
-from turnkit.runtime._stamps import ProgressStamps
 from turnkit.runtime.admission import Admission, AdmissionCheck, DocumentResolver
 from turnkit.runtime.agents import AgentCatalog, ToolAccess
 from turnkit.runtime.deps import DepsFactory
@@ -102,7 +101,6 @@ class RuntimeCore:
         self._graph: TurnGraph | None = None
         self._held = HeldTranscripts()  # sessions' transcripts, kept across their turns
         self._aftermath = Aftermath()  # work turns left running after their ending
-        self._progress_stamps = ProgressStamps(self.clock, self.config.idle_window_s)
         self._opening: asyncio.Event | None = None
         self._close_checkpointer: Callable[[], Awaitable[None]] | None = None
         self._recovery: tuple[asyncio.Event, asyncio.Task[None], Worker] | None = None
