@@ -269,6 +269,16 @@ async def test_sessions_history_rename_delete_and_audit(client: httpx.AsyncClien
     assert gone.status_code == 404
 
 
+async def test_a_session_without_a_message_has_an_empty_history(
+    client: httpx.AsyncClient,
+) -> None:
+    alice = {"x-user": "alice"}
+    created = await client.post(f"{API}/sessions", json={"sessionId": "fresh"}, headers=alice)
+    assert created.status_code == 201
+    history = await client.get(f"{API}/sessions/fresh/history", headers=alice)
+    assert (history.status_code, history.json()) == (200, [])
+
+
 async def test_the_openapi_document_validates(client: httpx.AsyncClient) -> None:
     from openapi_spec_validator import validate
 

@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Query, Response
 
-from turnkit.errors import InvalidInputError, NotFoundError
+from turnkit.errors import InvalidInputError, NotFoundError, SessionNotFoundError
 from turnkit.http._access import Principal, SessionPath, owned, visible_session
 from turnkit.http._admin import require_admin
 from turnkit.http.models import (
@@ -26,7 +26,6 @@ from turnkit.http.models import (
 )
 from turnkit.ids import SessionId, uuid7
 from turnkit.runtime import SessionRuntime
-from turnkit.runtime._history import turn_history
 from turnkit.store import WorkspaceFile
 from turnkit.tenancy import Principal as TenantPrincipal
 
@@ -172,8 +171,11 @@ def _add_read_routes(
     )
     async def history(session_id: SessionPath, principal: Caller) -> list[TurnOut]:
         await visible_session(runtime, session_id, principal)
-        turns = await runtime.store.list_turns(SessionId(session_id))
-        return [TurnOut.model_validate(await turn_history(runtime.store, t)) for t in turns]
+        try:
+            turns = await runtime.history(session_id)
+        except SessionNotFoundError:  # created, no message yet
+            return []
+        return [TurnOut.model_validate(turn) for turn in turns]
 
 
 def _file_response(found: WorkspaceFile) -> Response:
