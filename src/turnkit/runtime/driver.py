@@ -43,7 +43,7 @@ from turnkit.stages._plugins import guard_input, on_events
 from turnkit.stages._types import Route, TranscriptMessage
 from turnkit.states import awaiting
 from turnkit.store import Lease, Store, TurnRecord, UnreadableEvent
-from turnkit.telemetry import Recorder
+from turnkit.telemetry import Publish, Recorder
 
 __all__ = ("DriveSetup", "TurnDriver", "renewal_due")
 
@@ -127,10 +127,6 @@ class TurnDriver:
         """Give the turn up without ending it (shutdown): the next cancel writes nothing."""
         self._keeper.lost = True
 
-    def _publish(self, events: Sequence[DurableEvent | EphemeralEvent]) -> None:
-        for event in events:
-            self.sink(event)
-
     async def run(self, *, hold_until: asyncio.Event | None = None) -> None:
         """Run the turn to a terminal state. Cancelling this task aborts the turn.
 
@@ -146,7 +142,7 @@ class TurnDriver:
                 lease=self.lease,
                 record=self.record,
                 clock=self.clock,
-                publish=self._publish,
+                publish=_each_to(self.sink),
             )
             self.recorder = rec
             trace.watch(rec)
@@ -362,3 +358,17 @@ class TurnDriver:
         self.ended = True
         await self._join_commit_ahead()
         await end_aborted(rec, self._attempt())
+
+
+def _each_to(sink: Sink) -> Publish:
+    """A Recorder's `publish`: each event to `sink`.
+
+    It holds the sink, not the driver: a bound method of the driver would tie the driver
+    and its Recorder in a reference cycle, left for the garbage collector after every turn.
+    """
+
+    def publish(events: Sequence[DurableEvent | EphemeralEvent]) -> None:
+        for event in events:
+            sink(event)
+
+    return publish
