@@ -229,9 +229,7 @@ class RuntimeCore:
     def store(self) -> Store:
         """The Store turns are written to."""
         if self._store is None:
-            raise ConfigurationError(
-                "the runtime is not open: use `async with SessionRuntime(...)`"
-            )
+            raise _not_open()
         return self._store
 
     async def _message_agent(self, agent: str | Agent | None) -> Agent:
@@ -261,9 +259,7 @@ class RuntimeCore:
     def runner(self) -> TurnRunner:
         """What turns a claimed lease into a driver (used by `Worker`)."""
         if self._graph is None:
-            raise ConfigurationError(
-                "the runtime is not open: use `async with SessionRuntime(...)`"
-            )
+            raise _not_open()
         return TurnRunner(
             agents=self.agents,
             store=self.store,
@@ -277,3 +273,7 @@ class RuntimeCore:
             held=self._held,
             aftermath=self._aftermath,
         )
+
+
+def _not_open() -> ConfigurationError:
+    return ConfigurationError("the runtime is not open: use `async with SessionRuntime(...)`")
