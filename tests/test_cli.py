@@ -453,3 +453,38 @@ def test_the_default_checkpoint_durability_follows_the_database() -> None:
     assert RuntimeConfig(database_url=pg, checkpoint_durability="sync").durability == "sync"
     args = cli._parser().parse_args(["worker", "--database-url", pg])
     assert cli._config(args).durability == "async"
+
+
+def test_a_worker_takes_its_lease_and_idle_window_from_the_shared_environment(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """API processes and workers read one environment file: they must agree on both."""
+    from turnkit.quickstart import runtime_from_env
+
+    env = {"TURNKIT_LEASE_TTL_S": "20", "TURNKIT_IDLE_WINDOW_S": "300"}
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    worker = cli._config(cli._parser().parse_args(["worker"]))
+    api = runtime_from_env(env).config
+    assert (worker.lease_ttl_s, worker.idle_window_s) == (api.lease_ttl_s, api.idle_window_s)
+    assert (worker.lease_ttl_s, worker.idle_window_s) == (20.0, 300.0)
+    flags = cli._config(
+        cli._parser().parse_args(["worker", "--lease-ttl", "5", "--idle-window", "9"])
+    )
+    assert (flags.lease_ttl_s, flags.idle_window_s, flags.heartbeat_interval_s) == (5.0, 9.0, 3.0)
+
+    monkeypatch.setenv("TURNKIT_LEASE_TTL_S", "soon")
+    with pytest.raises(SystemExit) as stopped:  # argparse's one-line usage error
+        cli._parser().parse_args(["worker"])
+    assert stopped.value.code == 2
+    assert "--lease-ttl: invalid float value: 'soon'" in capsys.readouterr().err
+
+
+def test_a_number_the_environment_gets_wrong_is_refused_by_name() -> None:
+    from turnkit.errors import ConfigurationError
+    from turnkit.quickstart import runtime_from_env
+
+    for name in ("TURNKIT_IDLE_WINDOW_S", "TURNKIT_LEASE_TTL_S"):
+        with pytest.raises(ConfigurationError, match=f"{name}='2m' is not a number of seconds"):
+            runtime_from_env({name: "2m"})
+    assert runtime_from_env({"TURNKIT_IDLE_WINDOW_S": ""}).config.idle_window_s == 120.0

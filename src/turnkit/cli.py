@@ -156,13 +156,15 @@ async def _run(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _config(args: argparse.Namespace) -> RuntimeConfig:
+    ceiling: float = getattr(args, "ceiling", 3600.0)
+    idle = min(getattr(args, "idle_window", 120.0), ceiling)
     return RuntimeConfig(
         database_url=args.database_url,
         database_schema=args.database_schema,
         lease_ttl_s=getattr(args, "lease_ttl", 30.0),
-        ceiling_s=getattr(args, "ceiling", 3600.0),
-        idle_window_s=min(120.0, getattr(args, "ceiling", 3600.0)),
-        heartbeat_interval_s=min(5.0, getattr(args, "ceiling", 3600.0) / 2),
+        ceiling_s=ceiling,
+        idle_window_s=idle,
+        heartbeat_interval_s=min(5.0, idle / 3),
         max_attempts=getattr(args, "max_attempts", 3),
         checkpoint_durability=getattr(args, "checkpoint_durability", None),
     )
@@ -469,9 +471,16 @@ def _add_worker(sub: _Subparsers) -> None:
     worker.add_argument(
         "--lease-ttl",
         type=float,
-        default=8.0,
+        default=os.environ.get("TURNKIT_LEASE_TTL_S") or 8.0,
         help="seconds a claim lasts unless renewed; another worker takes a turn over after "
-        "its lease lapses (default: %(default)s)",
+        "its lease lapses (default: $TURNKIT_LEASE_TTL_S, else 8)",
+    )
+    worker.add_argument(
+        "--idle-window",
+        type=float,
+        default=os.environ.get("TURNKIT_IDLE_WINDOW_S") or 120.0,
+        help="seconds a turn may go without producing anything before it ends timed_out; "
+        "keep it the same as the API processes' (default: $TURNKIT_IDLE_WINDOW_S, else 120)",
     )
     _ceiling_arg(worker)
     _max_attempts_arg(worker)
