@@ -15,7 +15,7 @@ nothing.
 | `enrich_message` | post-turn, on the answer | add citations and entities |
 | `check_input`, `check_tool_result`, `check_answer` | guardrails | allow, redact or block |
 
-A hook that raises is logged and audited (`pluginPayloads`) and the turn goes on, unless
+A hook that raises is logged and audited (`plugin_payloads`) and the turn goes on, unless
 the plugin sets `required = True`: then the turn ends `plugin-failed`. Every hook gets a
 `PluginContext` to write its own audit payload or emit `plugin.<name>.*` events.
 """
@@ -149,7 +149,7 @@ class PluginContext(Protocol):
         ...
 
     def audit(self, payload: JsonValue) -> None:
-        """Write `payload` into the audit under this plugin's name (`pluginPayloads`)."""
+        """Write `payload` into the audit under this plugin's name (`plugin_payloads`)."""
         ...
 
     async def emit(self, name: str, data: Mapping[str, JsonValue], *, durable: bool = True) -> None:
