@@ -7,12 +7,15 @@ import gc
 import importlib.metadata
 import io
 import logging
+import os
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.conftest import require_service
 from tests.support import openai_server as fake_openai
 from tests.support.openai_server import FakeOpenAIServer, Reply
 from turnkit import cli
@@ -75,6 +78,57 @@ def test_a_bad_database_url_is_one_clear_line(
     assert err.startswith("turnkit: ")
 
 
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        ("postgresql://nobody:S3cret@127.0.0.1:5432/test", 'role "nobody" does not exist'),
+        ("postgresql://postgres@127.0.0.1:5432/no_such_db", 'database "no_such_db" does not'),
+    ],
+)
+def test_a_database_that_refuses_the_login_is_one_clear_line(
+    url: str, says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    require_service("PostgreSQL", "127.0.0.1", 5432)
+    for command in (["run", "hi"], ["db", "upgrade"]):
+        code = main([*command, "--database-url", url], out=io.StringIO())
+        err = capsys.readouterr().err
+        assert code == 2, command
+        assert err.startswith("turnkit: cannot use the PostgreSQL database postgresql://")
+        assert says in err
+        assert err.count("\n") == 1  # one line, no traceback
+        assert "S3cret" not in err
+
+
+def test_a_schema_name_that_would_need_quoting_is_refused(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    url = "postgresql://postgres@127.0.0.1:5432/test"
+    for schema in ('bad"name', "Mixed", "1st", "x" * 64):
+        code = main(["db", "upgrade", "--database-url", url, "--database-schema", schema])
+        err = capsys.readouterr().err
+        assert code == 2, schema
+        assert f"database schema {schema!r} is not a plain PostgreSQL name" in err
+        assert err.count("\n") == 1
+
+
+def test_serve_reports_a_database_it_cannot_use_in_one_line(tmp_path: Path) -> None:
+    env = {**os.environ, "TURNKIT_GC": "python"}
+    env.pop("TURNKIT_DATABASE_URL", None)
+    for flags, says in (
+        (["--database-url", "nonsense"], "turnkit: SqlStore supports SQLite and PostgreSQL"),
+        (["--database-url", "postgresql://postgres@127.0.0.1:1/x"], "cannot be reached"),
+        (["--port", "99999"], "argument --port: '99999' is not a port number (0-65535)"),
+    ):
+        done = subprocess.run(
+            [sys.executable, "-m", "turnkit.cli", "serve", "--port", "1", *flags],
+            capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path,
+        )  # fmt: skip
+        assert done.returncode == 2, done.stderr
+        assert says in done.stderr
+        assert "Traceback" not in done.stderr
+        assert "serving on" not in done.stdout  # it never served
+
+
 def test_a_missing_extra_is_one_clear_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -91,6 +145,13 @@ def test_a_missing_extra_is_one_clear_line(
     assert code == 2
     assert 'pip install "turnkit[redis]"' in err
     assert err.count("\n") == 1
+
+    monkeypatch.setitem(sys.modules, "asyncpg", None)
+    code = main(["db", "upgrade", "--database-url", "postgresql://postgres@127.0.0.1:1/x"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.startswith('turnkit: A PostgreSQL database cannot run without the "postgres"')
+    assert 'pip install "turnkit[postgres]"' in err
 
 
 async def _abandoned_turn(url: str, *, lease_ttl_s: float = 0.2, claims: int = 1) -> str:
@@ -224,6 +285,11 @@ def test_the_worker_command_shows_worker_lines_on_stderr(
     assert "INFO turnkit.worker: claimed turn t1 (session s1, attempt 1)" in err
     assert logging.getLogger("turnkit").handlers == []  # the command cleans up after itself
 
+    out = io.StringIO()  # its first line names the database, never its password
+    secret = "postgresql://app:S3cret@127.0.0.1:1/x"
+    assert main(["worker", "--database-url", secret], out=out) == 0
+    assert out.getvalue().endswith(" on postgresql://app:***@127.0.0.1:1/x\n")
+
 
 def test_the_worker_listens_unless_told_only_to_poll(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -337,12 +403,24 @@ def test_run_reaches_an_openai_compatible_server_with_settings(
     )  # fmt: skip
     assert code == 0, out.getvalue()
     assert "Hello from the local server." in out.getvalue()
+    assert "usage: 1 model call · " in out.getvalue()
     assert "OFFLINE DEMO" not in out.getvalue()
     answered = [r for r in openai_server.requests if r.get("tools")]  # the reasoning call
     assert answered
     assert answered[-1]["temperature"] == 0.3
     assert answered[-1]["seed"] == 5
     assert openai_server.headers[-1]["authorization"] == "Bearer sk-cli"
+
+
+def test_an_api_base_without_a_model_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("TURNKIT_MODEL", raising=False)
+    url = f"sqlite:///{tmp_path / 'cli.db'}"
+    argv = ["run", "hi", "--api-base", "http://127.0.0.1:1/v1", "--database-url", url]
+    assert main(argv, out=io.StringIO()) == 2  # not the demo model, silently
+    err = capsys.readouterr().err
+    assert err.startswith("turnkit: --api-base is for --model (or $TURNKIT_MODEL): name the model")
 
 
 def test_run_with_a_missing_key_names_the_variable(
@@ -390,6 +468,11 @@ def test_a_setting_out_of_range_is_one_line(
     assert code == 2
     assert err.count("\n") == 1
     assert "temperature" in err
+
+    budget = ["budgets", "set", "--scope", "department", "--usd", "1", "--database-url", url]
+    assert main(budget, out=io.StringIO()) == 2
+    err = capsys.readouterr().err  # the model's own check: no empty field, no pydantic prefix
+    assert err == "turnkit: invalid setting: a department limit needs a `key` (which department)\n"
 
 
 def _checkpoints(db: Path) -> int:

@@ -48,7 +48,7 @@ from turnkit.replay import replay_from_url
 from turnkit.runtime import SessionRuntime
 from turnkit.runtime.budget_pauses import resume_budget_pauses
 from turnkit.runtime.worker import Worker
-from turnkit.store.sql import SqlStore
+from turnkit.store.sql import SqlStore, shown_url
 
 if TYPE_CHECKING:
     _Subparsers = argparse._SubParsersAction[argparse.ArgumentParser]
@@ -100,7 +100,8 @@ class _Printer:
                 self._line(f"  ↷ {event.from_model} failed ({event.reason}); trying {nxt}")
             case UsageEvent():
                 self._line(
-                    f"usage: {event.model_calls} model calls · {event.input_tokens} in / "
+                    f"usage: {event.model_calls} model call{'' if event.model_calls == 1 else 's'}"
+                    f" · {event.input_tokens} in / "
                     f"{event.output_tokens} out tokens · {_usd(event.cost_usd)}"
                 )
             case ErrorEvent(code=code, message=message):
@@ -124,6 +125,9 @@ def _usd(cost: float) -> str:
 
 async def _run(args: argparse.Namespace, out: TextIO) -> int:
     model = args.model or os.environ.get("TURNKIT_MODEL")
+    if model is None and (args.api_base or args.api_key_env):
+        flag = "--api-base" if args.api_base else "--api-key-env"
+        raise ConfigurationError(f"{flag} is for --model (or $TURNKIT_MODEL): name the model")
     agent = load_agent(args.agent) if args.agent else demo_agent()
     if model is None and not args.agent:
         out.write(
@@ -237,7 +241,7 @@ async def _work(args: argparse.Namespace, out: TextIO) -> int:
             drain_timeout_s=args.drain_timeout,
             listen=args.listen,
         )
-        out.write(f"turnkit worker {runtime.owner} on {args.database_url}\n")
+        out.write(f"turnkit worker {runtime.owner} on {shown_url(args.database_url)}\n")
         out.flush()
         await worker.run(stop)  # opens the runtime, waiting out a database not yet up
         # A session named after its opening turn ended here: give the call the same grace.
@@ -550,10 +554,19 @@ def _add_budgets(sub: _Subparsers) -> None:
 def _add_serve(sub: _Subparsers) -> None:
     serve = sub.add_parser("serve", help="serve the HTTP routes (quickstart app)")
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s)")
-    serve.add_argument("--port", type=int, default=8000, help="port to bind (default: %(default)s)")
+    serve.add_argument(
+        "--port", type=_port, default=8000, help="port to bind (default: %(default)s)"
+    )
     _database_args(serve)
     _durability_arg(serve)
     _otel_args(serve)
+
+
+def _port(value: str) -> int:
+    """A TCP port number, for argparse."""
+    if not value.isdigit() or int(value) > 65535:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a port number (0-65535)")
+    return int(value)
 
 
 def _add_db(sub: _Subparsers) -> None:
@@ -610,6 +623,13 @@ async def _serve(args: argparse.Namespace, out: TextIO) -> int:
     config = uvicorn.Config(
         "turnkit.quickstart:app", host=args.host, port=args.port, log_level="info"
     )
+    # Reach the database before serving: one it cannot use is one line and exit 2, not a
+    # failed lifespan's traceback after "serving on".
+    store = SqlStore.from_url(args.database_url, schema=args.database_schema)
+    try:
+        await store.schema_revision()
+    finally:
+        await store.close()
     config.load()  # import the app now, so what it allocates is frozen with the rest
     _tune_gc(gc_mode)
     base = f"http://{args.host}:{args.port}"
@@ -630,6 +650,16 @@ _COMMANDS = {
 }
 
 
+def _problems(exc: ValidationError) -> str:
+    """A validation error's findings on one line: `field: what is wrong` each."""
+    found = []
+    for error in exc.errors():
+        msg = error["msg"].removeprefix("Value error, ")
+        field = ".".join(map(str, error["loc"]))
+        found.append(f"{field}: {msg}" if field else msg)
+    return "; ".join(found)
+
+
 def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None) -> int:
     """Entry point of the `turnkit` command."""
     args = _parser().parse_args(argv)
@@ -644,8 +674,7 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None) -> int
         sys.stderr.write(f"turnkit: {exc}\n")
         return 2
     except ValidationError as exc:  # a setting out of range (--temperature 5)
-        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
-        sys.stderr.write(f"turnkit: invalid setting: {problems}\n")
+        sys.stderr.write(f"turnkit: invalid setting: {_problems(exc)}\n")
         return 2
     except KeyboardInterrupt:
         return 130

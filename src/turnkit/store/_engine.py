@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import sqlite3
 import threading
 from collections.abc import Callable
@@ -24,7 +25,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import StaticPool
 
 from turnkit.clock import Clock, SystemClock
-from turnkit.errors import StoreError
+from turnkit.errors import ConfigurationError, StoreError
 from turnkit.store import _sqlite as sqlite_conn
 from turnkit.store._commit_sql import HotStatements
 from turnkit.store._engine_pg import PgConnections, first_line, is_unreachable
@@ -39,6 +40,8 @@ _THREAD_WAIT_MS = 30_000
 """How long the store's thread waits for SQLite's write lock before giving up."""
 _CHECKPOINT_EVERY = 256
 """Commits on the loop's connection between two WAL folds on the store's thread."""
+_SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+"""A PostgreSQL schema name that needs no quoting anywhere (`search_path` included)."""
 
 
 def normalize_url(url: str) -> str:
@@ -57,6 +60,12 @@ class SqlEngine(PgConnections):
     def __init__(self, url: str, *, clock: Clock | None = None, schema: str | None = None) -> None:
         super().__init__()
         self.url = normalize_url(url)
+        if schema is not None and not _SCHEMA_NAME.fullmatch(schema):
+            raise ConfigurationError(
+                f"database schema {schema!r} is not a plain PostgreSQL name: 1-63 lowercase "
+                "letters, digits and underscores, not starting with a digit",
+                schema=schema,
+            )
         self.schema = schema
         self._clock = clock or SystemClock()
         self._thread: ThreadPoolExecutor | None = None
@@ -113,7 +122,7 @@ class SqlEngine(PgConnections):
         `behind`: new work, committed after the writes of work in progress queued with it.
         """
         if self._closed:
-            raise StoreError("the store is closed", url=self.url)
+            raise StoreError("the store is closed", url=self._shown_url())
         if self._path == ":memory:":
             assert self._on_loop is not None
             with self._conn_lock, self._on_loop.transaction(write=write) as conn:  # one connection
@@ -248,6 +257,12 @@ class SqlEngine(PgConnections):
         except (DBAPIError, OSError) as exc:
             if is_unreachable(exc):
                 raise self._unavailable(exc) from exc
+            if isinstance(exc, DBAPIError):  # a login, database or permission refused
+                raise StoreError(
+                    f"cannot use the PostgreSQL database {self._shown_url()}: "
+                    f"{first_line(exc.orig or exc)}",
+                    url=self._shown_url(),
+                ) from exc
             raise
 
     async def __aenter__(self) -> Self:

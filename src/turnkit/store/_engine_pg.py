@@ -14,11 +14,17 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from sqlalchemy import event
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import DBAPIError, DisconnectionError, InterfaceError, OperationalError
+from sqlalchemy.exc import (
+    ArgumentError,
+    DBAPIError,
+    DisconnectionError,
+    InterfaceError,
+    OperationalError,
+)
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from turnkit.clock import Clock
-from turnkit.errors import StoreError, StoreUnavailableError
+from turnkit.errors import StoreError, StoreUnavailableError, missing_extra
 from turnkit.store._asyncpg_pool import close_pool, keep_session
 from turnkit.store._listen_pg import WorkListener
 
@@ -32,6 +38,7 @@ __all__ = (
     "PgConnections",
     "drop_if_closed",
     "first_line",
+    "shown_url",
     "is_unreachable",
 )
 
@@ -59,6 +66,10 @@ class PgConnections:
 
     def _open_async_engine(self) -> None:
         """SQLAlchemy's async engine for `url`, its tables in `schema` when one is given."""
+        try:
+            import asyncpg  # noqa: F401 - the `postgres` extra
+        except ImportError as exc:
+            raise missing_extra("A PostgreSQL database", "postgres", exc) from exc
         connect_args: dict[str, Any] = {}
         if self.schema is not None:
             connect_args["server_settings"] = {"search_path": self.schema}
@@ -81,7 +92,7 @@ class PgConnections:
         `StoreUnavailableError`.
         """
         if self._closed:
-            raise StoreError("the store is closed", url=self.url)
+            raise StoreError("the store is closed", url=self._shown_url())
         try:
             pool = self._driver_pool or await self._open_driver_pool()
             async with pool.acquire() as conn:
@@ -140,8 +151,11 @@ class PgConnections:
         return StoreUnavailableError(
             f"the database cannot be reached ({type(exc).__name__}: {first_line(exc)}); "
             "nothing was written, retry shortly",
-            url=make_url(self.url).render_as_string(hide_password=True),
+            url=self._shown_url(),
         )
+
+    def _shown_url(self) -> str:
+        return shown_url(self.url)
 
     async def _close_pg(self) -> None:
         """Close the listener, the driver's pool and the async engine (those opened)."""
@@ -154,6 +168,17 @@ class PgConnections:
         if self._async_engine is not None:
             engine_a, self._async_engine = self._async_engine, None
             await engine_a.dispose()
+
+
+def shown_url(url: str) -> str:
+    """A database URL as logs and errors may show it: no password, no driver name."""
+    try:
+        parsed = make_url(url)
+    except ArgumentError:  # not a URL at all: nothing in it to hide
+        return url
+    if parsed.drivername.startswith("postgresql"):
+        parsed = parsed.set(drivername="postgresql")
+    return parsed.render_as_string(hide_password=True)
 
 
 def is_unreachable(exc: BaseException) -> bool:
