@@ -138,6 +138,34 @@ async def test_bad_requests_answer_problem_bodies(
     assert body["detail"]
 
 
+async def test_a_session_can_be_created_without_a_body(client: httpx.AsyncClient) -> None:
+    response = await client.post(API + "/sessions", headers={"x-user": "alice"})
+    assert response.status_code == 201, response.text
+    assert response.json()["sessionId"].startswith("s_")
+
+
+@pytest.mark.parametrize(
+    ("body", "detail"),
+    [
+        ('{"content": 42}', "body.content: Input should be a valid string, or Input should be a "
+         "valid list"),
+        ("not json", "the body is not JSON: Expecting value"),
+        ('{"content": "hi", "extra": 1}', "body.extra: Extra inputs are not permitted"),
+    ],
+)  # fmt: skip
+async def test_a_bad_body_is_described_in_the_fields_a_client_wrote(
+    client: httpx.AsyncClient, body: str, detail: str
+) -> None:
+    """Not pydantic's internals (`list[tagged-union[...]]`, `body.0: JSON decode error`)."""
+    headers = {"x-user": "alice", "content-type": "application/json"}
+    response = await client.post(API + "/sessions/s1/execute", content=body, headers=headers)
+    assert response.status_code == 422
+    problem = response.json()
+    assert (problem["code"], problem["detail"]) == ("invalid-input", detail)
+    for error in problem.get("errors", []):
+        assert not any("[" in str(part) or part == "str" for part in error["loc"]), error
+
+
 NUL_REQUESTS = [
     ("POST", "/sessions/n1/execute", {"content": "hi\u0000there"}),
     ("POST", "/sessions/n1/execute", {"content": [{"kind": "text", "text": "a\u0000"}]}),

@@ -77,8 +77,9 @@ def _add_listing_routes(
         responses={200: {"model": SessionOut, "description": "It existed: left as it was"}},
     )
     async def create_session(
-        body: SessionBody, principal: Caller, response: Response
+        principal: Caller, response: Response, body: SessionBody | None = None
     ) -> SessionOut:
+        body = body or SessionBody()  # both fields are optional: so is the body
         session_id = body.session_id or f"s_{uuid7()}"
         existing = await runtime.store.get_session(SessionId(session_id))
         if existing is not None:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import re
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -100,6 +101,25 @@ def problem_response(
     )
 
 
+_UNION_BRANCH = re.compile(r"(str|int|float|bool|list|dict|none)|.*[\[(].*")
+"""A `loc` segment naming which member of a union pydantic tried (`str`, `list[...]`)."""
+
+
+def _where(loc: Sequence[int | str]) -> list[int | str]:
+    """An error's location as a client wrote the field: without union branches."""
+    return [part for part in loc if not (isinstance(part, str) and _UNION_BRANCH.fullmatch(part))]
+
+
+def _detail(errors: list[dict[str, Any]]) -> str:
+    """One line: each field once, with what each accepted form expected (`a, or b`)."""
+    by_field: dict[str, list[str]] = {}
+    for error in errors:
+        said = by_field.setdefault(".".join(map(str, error["loc"])), [])
+        if error["msg"] not in said:
+            said.append(error["msg"])
+    return "; ".join(f"{field}: {', or '.join(said)}" for field, said in by_field.items())
+
+
 def install_problem_handlers(app: FastAPI) -> None:
     """Answer every turnkit error, validation error and HTTP error with a problem body."""
 
@@ -111,16 +131,18 @@ def install_problem_handlers(app: FastAPI) -> None:
 
     async def validation_error(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)
-        errors = [
-            {"loc": list(e.get("loc", ())), "msg": str(e.get("msg", ""))} for e in exc.errors()
-        ]
-        detail = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in errors)
+        found = exc.errors()
+        not_json = [e for e in found if e.get("type") == "json_invalid"]
+        if not_json:
+            reason = (not_json[0].get("ctx") or {}).get("error") or not_json[0].get("msg")
+            return problem_response(422, "invalid-input", f"the body is not JSON: {reason}")
+        errors = [{"loc": _where(e.get("loc", ())), "msg": str(e.get("msg", ""))} for e in found]
         code = (
             "invalid-session-id"
             if any(e["loc"] == ["path", "session_id"] for e in errors)
             else "invalid-input"
         )
-        return problem_response(422, code, detail or "invalid request", errors=errors)
+        return problem_response(422, code, _detail(errors) or "invalid request", errors=errors)
 
     async def http_error(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
