@@ -96,8 +96,8 @@ class _Printer:
             case ToolFailedEvent(result=result, code=code):
                 self._line(f"    ✗ {code}: {result.error}")
             case ProviderCascadeEvent():
-                nxt = event.to_model or "nothing left"
-                self._line(f"  ↷ {event.from_model} failed ({event.reason}); trying {nxt}")
+                nxt = f"trying {event.to_model}" if event.to_model else "no other model to try"
+                self._line(f"  ↷ {event.from_model} failed ({event.reason}); {nxt}")
             case UsageEvent():
                 self._line(
                     f"usage: {event.model_calls} model call{'' if event.model_calls == 1 else 's'}"

@@ -64,6 +64,18 @@ async def test_every_rung_failing_ends_family_exhausted(runtime_factory: Runtime
     assert [(c.from_model, c.to_model) for c in cascades] == [("a", "b"), ("b", None)]
     record = await runtime.turn(events[0].turn_id)
     assert (record.status, record.error_code) == ("failed", "family-exhausted")
+    assert errors[0].message.startswith("every rung of model family 'fam' failed (a: overloaded")
+
+
+async def test_a_lone_model_that_fails_says_why_in_its_own_words(
+    runtime_factory: RuntimeFactory,
+) -> None:
+    """A plain model string is a family of one: no talk of rungs and families it never had."""
+    lone = ScriptedModel([ModelStep.fail(ProviderError("overloaded", status_code=529))], name="m")
+    runtime = runtime_factory(Agent(model=lone, skip_stages=frozenset({"anchor-plan"})))
+    events = await collect_events(runtime.execute_message("s1", "hello"))
+    [error] = [e for e in events if isinstance(e, ErrorEvent)]
+    assert (error.code, error.message) == ("family-exhausted", "overloaded")
 
 
 async def test_non_retriable_error_does_not_walk(runtime_factory: RuntimeFactory) -> None:

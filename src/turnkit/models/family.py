@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 
-from turnkit.errors import ConfigurationError, FamilyExhaustedError, ProviderError
+from turnkit.errors import ConfigurationError, FamilyExhaustedError, ProviderError, TurnkitError
 from turnkit.models import (
     ModelChunk,
     ModelClient,
@@ -95,6 +95,7 @@ class ModelFamily:
     async def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
         """Stream the call on the first rung that answers."""
         errors: list[str] = []
+        last: Exception | None = None
         for index, rung in enumerate(self.rungs):
             yield RungStarted(rung=index, model=rung.model, provider=rung.provider)
             started = time.perf_counter()
@@ -107,6 +108,7 @@ class ModelFamily:
                 if not self.is_retriable(exc):
                     raise
                 errors.append(f"{rung.model}: {exc}")
+                last = exc
                 nxt = index + 1 if index + 1 < len(self.rungs) else None
                 yield RungFailed(
                     rung=index,
@@ -117,11 +119,13 @@ class ModelFamily:
                     next_rung=nxt,
                     next_model=self.rungs[nxt].model if nxt is not None else None,
                 )
+        if len(self.rungs) == 1:  # a plain model string: its own failure says it all
+            said = last.message if isinstance(last, TurnkitError) else errors[0]
+        else:
+            said = f"every rung of model family {self.name!r} failed ({'; '.join(errors)}); "
+            said += "pick another family: turnkit never widens a cascade on its own"
         raise FamilyExhaustedError(
-            f"every rung of model family {self.name!r} failed ({'; '.join(errors)}); "
-            "pick another family: turnkit never widens a cascade on its own",
-            family=self.name,
-            attempts=tuple(r.model for r in self.rungs),
+            said, family=self.name, attempts=tuple(r.model for r in self.rungs)
         )
 
 
