@@ -11,6 +11,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 stamp=.venv/.turnkit-dev-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  echo "installing turnkit with its dev extras into .venv (a minute the first time)..."
   .venv/bin/pip install --quiet --upgrade pip
   .venv/bin/pip install --quiet -e ".[dev]"
   touch "$stamp"

@@ -129,6 +129,51 @@ def test_serve_reports_a_database_it_cannot_use_in_one_line(tmp_path: Path) -> N
         assert "serving on" not in done.stdout  # it never served
 
 
+def test_serve_hosts_the_agents_its_flags_name(tmp_path: Path) -> None:
+    import socket
+    import time
+    import urllib.request
+
+    (tmp_path / "my_agents.py").write_text(
+        "from turnkit import Agent\n"
+        "from turnkit.testing import ModelStep, ScriptedModel\n"
+        "helper = Agent(name='helper', model=ScriptedModel([ModelStep.text_reply("
+        "'Hello from my agent.')], repeat_last=True), skip_stages=frozenset({'anchor-plan'}))\n"
+    )
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {**os.environ, "TURNKIT_GC": "python"}
+    for name in ("TURNKIT_DATABASE_URL", "TURNKIT_AGENT", "TURNKIT_MODEL"):
+        env.pop(name, None)
+    db = f"sqlite:///{tmp_path / 's.db'}"
+    argv = [sys.executable, "-m", "turnkit.cli", "serve", "--port", str(port),
+            "--agent", "my_agents:helper", "--database-url", db]  # fmt: skip
+    log = (tmp_path / "serve.log").open("w")
+    server = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=log, stderr=log)
+    try:
+        url = f"http://127.0.0.1:{port}/api/harness/sessions/s1/execute"
+        deadline = time.monotonic() + 60
+        while True:
+            assert server.poll() is None, (tmp_path / "serve.log").read_text()
+            try:
+                request = urllib.request.Request(
+                    url, data=b'{"content": "hi"}', headers={"content-type": "application/json"}
+                )
+                with urllib.request.urlopen(request, timeout=30) as response:
+                    body = response.read().decode()
+                break
+            except OSError:  # not listening yet
+                assert time.monotonic() < deadline, "turnkit serve did not start"
+                time.sleep(0.2)
+        assert "Hello from my agent." in body
+        assert '"agent":"helper"' in body
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+        log.close()
+
+
 def test_a_missing_extra_is_one_clear_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -179,6 +224,18 @@ def _stuck(url: str, *flags: str) -> tuple[int, str]:
     out = io.StringIO()
     code = main(["turns", "--stuck", "--database-url", url, *flags], out=out)
     return code, out.getvalue()
+
+
+def test_commands_that_read_a_database_refuse_one_that_is_not_there(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    typo = tmp_path / "turnkti.db"
+    url = f"sqlite:///{typo}"
+    for command in (["turns", "--stuck"], ["sweep"], ["budgets", "list"]):
+        assert main([*command, "--database-url", url], out=io.StringIO()) == 2, command
+        err = capsys.readouterr().err
+        assert err.startswith(f"turnkit: there is no database at {str(typo)!r} (a typo?")
+        assert not typo.exists()  # not created empty, to answer "no stuck turns"
 
 
 def test_turns_stuck_lists_a_turn_with_no_live_driver(tmp_path: Path) -> None:

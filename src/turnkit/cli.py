@@ -17,6 +17,7 @@ import os
 import signal
 import sys
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 from pydantic import ValidationError
@@ -25,7 +26,7 @@ from turnkit.agent import load_agent, load_agents
 from turnkit.budgets import BudgetLimit
 from turnkit.config import DURABILITIES, RuntimeConfig
 from turnkit.demo import DEMO_MODEL_NAME, demo_agent
-from turnkit.errors import ConfigurationError, TurnkitError
+from turnkit.errors import ConfigurationError, StoreError, TurnkitError
 from turnkit.events import (
     DoneEvent,
     DurableEvent,
@@ -254,7 +255,21 @@ async def _work(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+def _existing_database(url: str) -> None:
+    """Commands that only read or tidy a database refuse a SQLite file that is not there.
+
+    Opening one creates it: a mistyped path would answer from an empty new database.
+    """
+    path = url.removeprefix("sqlite:///") if url.startswith("sqlite:///") else ""
+    if path and not Path(path).exists():
+        raise StoreError(
+            f"there is no database at {path!r} (a typo? `turnkit db upgrade` creates one)",
+            path=path,
+        )
+
+
 async def _sweep(args: argparse.Namespace, out: TextIO) -> int:
+    _existing_database(args.database_url)
     config = _config(args)
     async with SqlStore.from_url(config.database_url, schema=config.database_schema) as store:
         ended = await store.sweep(ceiling_s=config.ceiling_s, max_attempts=config.max_attempts)
@@ -263,6 +278,7 @@ async def _sweep(args: argparse.Namespace, out: TextIO) -> int:
 
 
 async def _turns(args: argparse.Namespace, out: TextIO) -> int:
+    _existing_database(args.database_url)
     async with SqlStore.from_url(args.database_url, schema=args.database_schema) as store:
         stuck = await store.stuck(ceiling_s=args.ceiling)
     if not stuck:
@@ -282,6 +298,8 @@ async def _turns(args: argparse.Namespace, out: TextIO) -> int:
 
 
 async def _budgets(args: argparse.Namespace, out: TextIO) -> int:
+    if args.budgets_command != "set":  # a limit may be set before the first start
+        _existing_database(args.database_url)
     async with SqlStore.from_url(args.database_url, schema=args.database_schema) as store:
         if args.budgets_command == "set":
             limit = BudgetLimit(
@@ -557,6 +575,12 @@ def _add_serve(sub: _Subparsers) -> None:
     serve.add_argument(
         "--port", type=_port, default=8000, help="port to bind (default: %(default)s)"
     )
+    serve.add_argument(
+        "--agent",
+        action="append",
+        help="`package.module:name` of an Agent to host; repeat it to host several (the "
+        "first is the default; default: $TURNKIT_AGENT, else the demo agent)",
+    )
     _database_args(serve)
     _durability_arg(serve)
     _otel_args(serve)
@@ -620,6 +644,8 @@ async def _serve(args: argparse.Namespace, out: TextIO) -> int:
         os.environ["TURNKIT_DATABASE_SCHEMA"] = args.database_schema
     if args.checkpoint_durability:
         os.environ["TURNKIT_CHECKPOINT_DURABILITY"] = args.checkpoint_durability
+    if args.agent:
+        os.environ["TURNKIT_AGENT"] = ",".join(args.agent)
     config = uvicorn.Config(
         "turnkit.quickstart:app", host=args.host, port=args.port, log_level="info"
     )

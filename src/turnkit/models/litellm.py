@@ -65,7 +65,8 @@ def _resolve(model: str, api_base: str | None = None) -> tuple[str, str]:
         raise UnknownModelError(
             f"cannot resolve model {model!r} to a provider: give it a provider prefix, e.g. "
             f"'openai/{model}' or 'anthropic/<model>' (see litellm's provider list); "
-            "to run without a provider key or network, use turnkit.testing.ScriptedModel",
+            "to run without a provider key or network: turnkit.testing.ScriptedModel in code, "
+            "or the demo model (no --model) on the command line",
             model=model,
         ) from exc
     return str(bare), str(provider)
