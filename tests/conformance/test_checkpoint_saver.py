@@ -183,3 +183,50 @@ async def test_a_new_threads_opening_read_reads_nothing(
     found = await saver.aget_tuple(config())  # taken once: later reads read
     assert found is not None
     assert found.checkpoint["id"] == checkpoint(0)["id"]
+
+
+async def test_checkpoints_that_wait_for_the_lock_share_a_transaction(tmp_path: Path) -> None:
+    """Under load the loop finds the lock taken and hands checkpoints to the saver's thread:
+    those that queue meanwhile are committed together, and one that fails fails alone."""
+    saver, close = await open_checkpointer(f"sqlite:///{tmp_path / 'tk.db'}")
+    try:
+        put = saver.put
+
+        def put_refusing_one(conf: Any, *args: Any) -> Any:
+            if conf["configurable"]["thread_id"] == "bad":
+                raise ValueError("this one cannot be stored")
+            return put(conf, *args)
+
+        saver.put = put_refusing_one
+        taken, release = threading.Event(), threading.Event()
+
+        def hold_lock() -> None:  # as a batch on the thread would: the loop must not wait
+            with saver.lock:
+                taken.set()
+                release.wait(5)
+
+        holder = threading.Thread(target=hold_lock)
+        holder.start()
+        assert taken.wait(5)
+        threads = [f"t{i}" for i in range(20)] + ["bad"]
+        writes = [
+            asyncio.create_task(
+                saver.aput(config(thread=t), checkpoint(1), {"source": "loop", "step": 1}, {})
+            )
+            for t in threads
+        ]
+        await asyncio.sleep(0.1)
+        assert not any(w.done() for w in writes)  # all waiting for the lock, off the loop
+        release.set()
+        outcomes = await asyncio.wait_for(asyncio.gather(*writes, return_exceptions=True), 10)
+        holder.join(5)
+        assert [type(o).__name__ for o in outcomes] == ["dict"] * 20 + ["ValueError"]
+        assert saver.batches.written == 21
+        assert saver.batches.batches <= 3  # not one transaction each
+        for t in threads[:-1]:
+            found = await saver.aget_tuple({"configurable": {"thread_id": t}})
+            assert found is not None, t
+        assert await saver.aget_tuple({"configurable": {"thread_id": "bad"}}) is None
+        assert _stored(tmp_path / "tk.checkpoints.db")[0] == 20
+    finally:
+        await close()

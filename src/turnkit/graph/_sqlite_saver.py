@@ -9,7 +9,8 @@ saver's lock. Reads run the same way.
 
 Two writes LangGraph asks for are folded into the next checkpoint instead of being a
 transaction of their own (see `aput` and `aput_writes`): the run's input checkpoint, and a
-task's plain writes, which the next checkpoint supersedes.
+task's plain writes, which the next checkpoint supersedes. Writes that go to the thread
+while it is busy share its next transaction (`ThreadBatches`).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from langgraph.checkpoint.base import (
 from langgraph.checkpoint.sqlite import SqliteSaver
 
 from turnkit.graph._held import ThreadNotes, log_dropped, supersedable
+from turnkit.graph._thread_batches import Outcome, ThreadBatches
 from turnkit.store._folds import WalFolds
 from turnkit.store._sqlite import is_busy, tune
 
@@ -127,6 +129,8 @@ class ThreadedSqliteSaver(SqliteSaver):
         self._deferred: list[_Deferred] = []
         """Writes held for the next transaction (input checkpoints, plain task writes)."""
         self._deferred_lock = threading.Lock()  # the loop appends while a thread may take
+        self.batches = ThreadBatches(self._thread, self._write_batch)
+        """Writes that must wait for the lock, committed on the thread in batches."""
 
     @contextmanager
     def cursor(self, transaction: bool = True) -> Iterator[sqlite3.Cursor]:
@@ -184,10 +188,27 @@ class ThreadedSqliteSaver(SqliteSaver):
                 raise _Busy  # behind the fold, on the thread
             result = self._in_batch(fn, wait=False)
         except _Busy:
-            result = await self._run(lambda: self._in_batch(fn, wait=True))
+            result = await self.batches.run(fn)
         if self._folds is not None:
             self._folds.committed()
         return result
+
+    def _write_batch(self, fns: list[Callable[[], Any]]) -> list[Outcome]:
+        """Thread: `fns` in one transaction, each in a savepoint (one that fails fails alone)."""
+        outcomes: list[Outcome] = []
+
+        def run_all() -> None:
+            for fn in fns:
+                self.conn.execute("SAVEPOINT tk_write")
+                try:
+                    outcomes.append((True, fn()))
+                except Exception as exc:  # noqa: BLE001 - handed to its own caller
+                    self.conn.execute("ROLLBACK TO tk_write")
+                    outcomes.append((False, exc))
+                self.conn.execute("RELEASE tk_write")
+
+        self._in_batch(run_all, wait=True)
+        return outcomes
 
     def _fold_wal(self, second_pass: bool) -> None:
         """Checkpoint the WAL on the thread, on a connection of its own (see `WalFolds`).
