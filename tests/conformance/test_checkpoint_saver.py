@@ -221,8 +221,8 @@ async def test_checkpoints_that_wait_for_the_lock_share_a_transaction(tmp_path: 
         outcomes = await asyncio.wait_for(asyncio.gather(*writes, return_exceptions=True), 10)
         holder.join(5)
         assert [type(o).__name__ for o in outcomes] == ["dict"] * 20 + ["ValueError"]
-        assert saver.batches.written == 21
-        assert saver.batches.batches <= 3  # not one transaction each
+        assert saver.group.committed == 21
+        assert saver.group.batches <= 3  # not one transaction each
         for t in threads[:-1]:
             found = await saver.aget_tuple({"configurable": {"thread_id": t}})
             assert found is not None, t

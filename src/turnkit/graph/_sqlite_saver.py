@@ -10,7 +10,8 @@ saver's lock. Reads run the same way.
 Two writes LangGraph asks for are folded into the next checkpoint instead of being a
 transaction of their own (see `aput` and `aput_writes`): the run's input checkpoint, and a
 task's plain writes, which the next checkpoint supersedes. Writes that go to the thread
-while it is busy share its next transaction (`ThreadBatches`).
+share its transactions with those queued meanwhile: the Store's `GroupCommit`, running the
+saver's own transaction (its lock, then what is deferred).
 """
 
 from __future__ import annotations
@@ -35,9 +36,9 @@ from langgraph.checkpoint.base import (
 from langgraph.checkpoint.sqlite import SqliteSaver
 
 from turnkit.graph._held import ThreadNotes, log_dropped, supersedable
-from turnkit.graph._thread_batches import Outcome, ThreadBatches
 from turnkit.store._folds import WalFolds
-from turnkit.store._sqlite import is_busy, tune
+from turnkit.store._group_commit import GroupCommit
+from turnkit.store._sqlite import SqliteConnection, is_busy, tune
 
 __all__ = ("ThreadedSqliteSaver",)
 
@@ -129,7 +130,8 @@ class ThreadedSqliteSaver(SqliteSaver):
         self._deferred: list[_Deferred] = []
         """Writes held for the next transaction (input checkpoints, plain task writes)."""
         self._deferred_lock = threading.Lock()  # the loop appends while a thread may take
-        self.batches = ThreadBatches(self._thread, self._write_batch)
+        batch_conn = _SaverConnection(self)
+        self.group = GroupCommit(self._thread, lambda: batch_conn, _as_raised)
         """Writes that must wait for the lock, committed on the thread in batches."""
 
     @contextmanager
@@ -147,6 +149,12 @@ class ThreadedSqliteSaver(SqliteSaver):
 
     def _in_batch(self, fn: Callable[[], T], *, wait: bool) -> T:
         """Run `fn` (deferred writes first) in one write transaction; `_Busy` if it must wait."""
+        with self.batch_transaction(wait=wait):
+            return fn()
+
+    @contextmanager
+    def batch_transaction(self, *, wait: bool) -> Iterator[None]:
+        """One write transaction, deferred writes first; `_Busy` if it must wait."""
         if not self.lock.acquire(blocking=wait):
             raise _Busy
         try:
@@ -167,7 +175,7 @@ class ThreadedSqliteSaver(SqliteSaver):
             try:
                 for held in deferred:
                     _write_held(self, held)
-                result = fn()
+                yield
                 self.conn.execute("COMMIT")
             except BaseException:
                 if self.conn.in_transaction:  # SQLite may have rolled back already
@@ -178,7 +186,6 @@ class ThreadedSqliteSaver(SqliteSaver):
                 raise
             finally:
                 self._batch = False
-            return result
         finally:
             self.lock.release()
 
@@ -188,27 +195,10 @@ class ThreadedSqliteSaver(SqliteSaver):
                 raise _Busy  # behind the fold, on the thread
             result = self._in_batch(fn, wait=False)
         except _Busy:
-            result = await self.batches.run(fn)
+            result = await self.group.run(lambda _: fn())
         if self._folds is not None:
             self._folds.committed()
         return result
-
-    def _write_batch(self, fns: list[Callable[[], Any]]) -> list[Outcome]:
-        """Thread: `fns` in one transaction, each in a savepoint (one that fails fails alone)."""
-        outcomes: list[Outcome] = []
-
-        def run_all() -> None:
-            for fn in fns:
-                self.conn.execute("SAVEPOINT tk_write")
-                try:
-                    outcomes.append((True, fn()))
-                except Exception as exc:  # noqa: BLE001 - handed to its own caller
-                    self.conn.execute("ROLLBACK TO tk_write")
-                    outcomes.append((False, exc))
-                self.conn.execute("RELEASE tk_write")
-
-        self._in_batch(run_all, wait=True)
-        return outcomes
 
     def _fold_wal(self, second_pass: bool) -> None:
         """Checkpoint the WAL on the thread, on a connection of its own (see `WalFolds`).
@@ -374,3 +364,21 @@ class ThreadedSqliteSaver(SqliteSaver):
     async def adelete_thread(self, thread_id: str) -> None:
         """`delete_thread` on the saver's thread."""
         await self._run(lambda: self._in_batch(lambda: self.delete_thread(thread_id), wait=True))
+
+
+class _SaverConnection(SqliteConnection):
+    """The saver's connection as `GroupCommit` uses it: its transactions are the saver's."""
+
+    def __init__(self, saver: ThreadedSqliteSaver) -> None:
+        super().__init__(saver.conn)
+        self._saver = saver
+
+    @contextmanager
+    def transaction(self, *, write: bool = True) -> Iterator[SqliteConnection]:
+        with self._saver.batch_transaction(wait=True):
+            yield self
+
+
+def _as_raised(exc: BaseException) -> BaseException:
+    """What every caller of a batch whose transaction failed raises: that error."""
+    return exc
