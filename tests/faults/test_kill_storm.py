@@ -161,19 +161,19 @@ class _Deploy:
         proc = self.live[index]
         for _ in range(16):  # either worker may claim a new turn: try until this one has one
             await self.stream(self.pick(None))
-            if await self._drives(proc.pid):
+            if await self._drives(proc.pid, self.turns[-1]):
                 break
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)
         self.live[index] = self.workers.start(**self.WORKER_ENV)
         self.restarted += 1
 
-    async def _drives(self, pid: int) -> bool:
-        for turn in self.turns:
-            record = await self.store.get_turn(TurnId(str(turn.turn_id)))
-            if record and record.status == "running" and pid_of(record.lease_owner) == pid:
-                return True
-        return False
+    async def _drives(self, pid: int, turn: Turn) -> bool:
+        """Whether `pid` drives `turn`, the newest: its tool has just started and sleeps for
+        longer than the drain timeout, so a SIGTERM now leaves it to another worker (an older
+        turn's tool may end during the drain, and nothing would be taken over)."""
+        record = await self.store.get_turn(TurnId(str(turn.turn_id)))
+        return bool(record and record.status == "running" and pid_of(record.lease_owner) == pid)
 
     async def account(self) -> FaultTable:
         """Wait for every turn's `done` (bounded), then count against the stored logs."""
