@@ -17,6 +17,7 @@ from turnkit import (
     RuntimeConfig,
     SessionRuntime,
     ToolContext,
+    TurnNotFoundError,
     tool,
 )
 from turnkit.events import (
@@ -177,6 +178,27 @@ async def test_a_denial_is_a_result_the_model_reads(tmp_path: Path) -> None:
     assert tool_message.role == "tool"
     assert "denied" in tool_message.content
     assert rest[-1].type == "done"
+
+
+async def test_a_paused_turn_s_view_shows_its_card_by_id_or_by_record(tmp_path: Path) -> None:
+    model = ScriptedModel([ModelStep.tool_call_reply(call("send_email", to="ada@example.com"))])
+    runtime = _runtime(tmp_path / "view.db", model)
+    await runtime.open()
+    try:
+        events = await collect_events(runtime.execute_message("s1", "email Ada"))
+        asked = events[-1]
+        assert isinstance(asked, ApprovalRequestedEvent)
+        by_id = await runtime.turn_view(asked.turn_id)
+        by_record = await runtime.turn_view(await runtime.turn(asked.turn_id))
+        with pytest.raises(TurnNotFoundError):
+            await runtime.turn_view("turn_missing")
+    finally:
+        await runtime.close()
+    assert by_id == by_record
+    assert by_id.status == "awaiting_approval"
+    assert by_id.pending is not None
+    assert by_id.pending.request_id == asked.request_id
+    assert by_id.pending.tool_name == "send_email"
 
 
 async def test_a_clarification_with_choices_pauses_then_answers(tmp_path: Path) -> None:

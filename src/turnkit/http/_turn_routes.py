@@ -30,7 +30,6 @@ from turnkit.http.sse import frames_to_sse
 from turnkit.ids import SessionId, TurnId
 from turnkit.pauses import Answer, Approve, Deny, Resolution
 from turnkit.runtime import SessionRuntime
-from turnkit.runtime._history import turn_view
 from turnkit.runtime.reader import check_cursor, parse_cursor, set_once_sent
 from turnkit.store import Submission
 from turnkit.tenancy import Principal as TenantPrincipal
@@ -281,5 +280,5 @@ def _add_record_routes(
     )
     async def turn_pending(turn_id: str, principal: Caller) -> PendingListOut:
         record = await visible_turn(runtime, turn_id, principal)
-        found = (await turn_view(runtime.store, record)).pending  # the record just read
+        found = (await runtime.turn_view(record)).pending
         return PendingListOut(pending=[PendingOut.model_validate(found)] if found else [])

@@ -211,7 +211,7 @@ async def _answer(
             f"turn {record.turn_id!r} is {record.status}, not waiting for an answer",
             turn_id=record.turn_id,
         )
-    pause = (await runtime.turn_view(record.turn_id)).pending
+    pause = (await runtime.turn_view(record)).pending
     if pause is None:
         raise PauseAnsweredError(f"turn {record.turn_id!r} is not waiting for an answer")
     try:

@@ -42,13 +42,17 @@ class RuntimeReads(RuntimeCore):
             records = [r for r in records if r.status not in TERMINAL_STATES]
         return await session_view(self.store, records)
 
-    async def turn_view(self, turn_id: str) -> TurnView:
+    async def turn_view(self, turn: str | TurnRecord) -> TurnView:
         """A turn's projection: its committed events folded into what a person sees.
+
+        `turn` is a turn id, or a record the caller has just read (`runtime.turn(...)`),
+        which is then not read again.
 
         Raises:
             TurnNotFoundError: there is no such turn.
         """
-        return await turn_view(self.store, await self.turn(turn_id))
+        record = turn if isinstance(turn, TurnRecord) else await self.turn(turn)
+        return await turn_view(self.store, record)
 
     async def pending(self, session_id: str) -> list[PendingDecision]:
         """The approvals and questions a session's paused turns wait for, oldest first.
