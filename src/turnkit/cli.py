@@ -676,12 +676,19 @@ _COMMANDS = {
 }
 
 
-def _problems(exc: ValidationError) -> str:
-    """A validation error's findings on one line: `field: what is wrong` each."""
+def _problems(exc: ValidationError, args: argparse.Namespace) -> str:
+    """A validation error's findings on one line: `field: what is wrong` each.
+
+    A field the command took from a flag is named as that flag (`--max-tokens`).
+    """
+    flags = {dest: "--" + dest.replace("_", "-") for dest in vars(args)}
     found = []
     for error in exc.errors():
         msg = error["msg"].removeprefix("Value error, ")
+        for dest, flag in flags.items():
+            msg = msg.replace(f"`{dest}`", flag)
         field = ".".join(map(str, error["loc"]))
+        field = flags.get(field, field)
         found.append(f"{field}: {msg}" if field else msg)
     return "; ".join(found)
 
@@ -700,7 +707,7 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None) -> int
         sys.stderr.write(f"turnkit: {exc}\n")
         return 2
     except ValidationError as exc:  # a setting out of range (--temperature 5)
-        sys.stderr.write(f"turnkit: invalid setting: {_problems(exc)}\n")
+        sys.stderr.write(f"turnkit: invalid setting: {_problems(exc, args)}\n")
         return 2
     except KeyboardInterrupt:
         return 130
