@@ -3,7 +3,8 @@
 Shows: subclassing `turnkit.plugins.Plugin`, `before_model_request` appending a note,
 `before_tool_call` denying a call with a reason the model reads, `after_tool_call` writing
 a namespaced audit payload and emitting `plugin.house-rules.tool-used`, `check_answer`
-redacting a word before a chunk goes out, and `Citations` linking the answer to the
+redacting a word before a chunk goes out (and `answer_hold` holding back the part of it
+that has streamed so far), and `Citations` linking the answer to the
 tool result it came from.
 
 Run:  .venv/bin/python examples/plugin.py   (offline, scripted models)
@@ -69,6 +70,11 @@ class HouseRules(Plugin):
             )
         return None
 
+    def answer_hold(self, text: str) -> int:
+        """Hold back a word that may still grow into `guaranteed` ("guara")."""
+        word = text[len(text.rstrip("abcdefghijklmnopqrstuvwxyz")) :]
+        return len(word) if "guaranteed".startswith(word) else 0
+
 
 async def main() -> None:
     model = ScriptedModel(
@@ -91,6 +97,8 @@ async def main() -> None:
         events = await collect_events(
             runtime.execute_message("s1", "Price of ACME? Buy 5.", principal="viewer")
         )
+        streamed = "".join(e.text for e in events if e.type == "message.delta")  # type: ignore[attr-defined]
+        print("streamed:", streamed)  # "[—]" from the first chunk that shows it
         for event in events:
             if event.type == "tool.failed":
                 print("denied:", event.result.error)  # type: ignore[attr-defined]

@@ -25,6 +25,7 @@ EXPECT = {
         "answer: Ada got her 40 EUR.",
     ],
     "plugin.py": [
+        "streamed: ACME trades at 12.50 USD, no gains [—]. I could not place the order.",
         "plugin event: plugin.house-rules.tool-used {'tool': 'stock_price'}",
         "denied: denied by house-rules: only traders may place orders",
         "guardrail: promise redact",

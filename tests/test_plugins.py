@@ -239,6 +239,38 @@ async def test_a_guardrail_blocks_the_answer_before_the_chunk_goes_out(tmp_path:
     assert (finding.checkpoint, finding.action) == ("answer", "block")
 
 
+@pytest.mark.parametrize("chunk_size", [1, 3, 7])
+async def test_no_part_of_a_redacted_value_is_ever_streamed(
+    tmp_path: Path, chunk_size: int
+) -> None:
+    answer = (
+        "Mail me at jane.doe@example.com or call +47 912 34 567 today, card 4111 1111 1111 1111."
+    )
+    model = ScriptedModel([ModelStep.text_reply(answer, chunk_size=chunk_size)])
+    async with _runtime(tmp_path, Agent(model=model, plugins=[PiiRedaction()])) as rt:
+        events: list[StreamEvent] = await collect_events(rt.execute_message("s1", "contact?"))
+    deltas = [e.text for e in events if e.type == "message.delta"]  # type: ignore[union-attr]
+    shown = "".join(deltas)
+    [complete] = [e for e in events if e.type == "message.complete"]
+    masked = "Mail me at [email] or call [phone] today, card [card]."
+    assert complete.block.text == masked  # type: ignore[union-attr]
+    assert masked.startswith(shown)  # every chunk shown is the masked answer's, in order
+    assert len(deltas) > 3  # it still streams: the held words go out as they settle
+    for part in ("jane", "example", "912", "567", "4111", "1111"):
+        assert part not in shown
+
+
+def test_a_plugin_s_answer_hold_must_be_a_plain_function() -> None:
+    class AsyncHold(Plugin):
+        name: ClassVar[str] = "async-hold"
+
+        async def answer_hold(self, text: str) -> int:  # type: ignore[override]
+            return 0
+
+    with pytest.raises(PluginValidationError, match="answer_hold must be a plain"):
+        validate_plugins([AsyncHold()])
+
+
 async def test_an_input_guardrail_blocks_before_any_model_call(tmp_path: Path) -> None:
     model = ScriptedModel([])
     agent = Agent(model=model, plugins=[PiiRedaction(block=True, check_input=True)])

@@ -15,6 +15,9 @@ nothing.
 | `enrich_message` | post-turn, on the answer | add citations and entities |
 | `check_input`, `check_tool_result`, `check_answer` | guardrails | allow, redact or block |
 
+`answer_hold` (a plain method, not a hook) tells the runtime how much of the streamed
+answer's end to hold back while it may still become something `check_answer` changes.
+
 A hook that raises is logged and audited (`plugin_payloads`) and the turn goes on, unless
 the plugin sets `required = True`: then the turn ends `plugin-failed`. Every hook gets a
 `PluginContext` to write its own audit payload or emit `plugin.<name>.*` events.
@@ -215,6 +218,17 @@ class Plugin:
         """Guardrail on assistant text: each chunk before it goes out, and the whole block."""
         return None
 
+    def answer_hold(self, text: str) -> int:
+        """How many characters at the end of the answer so far may still become a finding.
+
+        `check_answer` sees the text as it streams; a value only part of which has arrived
+        (`jane.doe@exam`) matches nothing yet. The runtime holds back this many trailing
+        characters of `text` until more text settles them or the block ends, and runs the
+        guardrails on the rest, so no part of what `check_answer` redacts or blocks is
+        ever shown. The default, 0, holds nothing. A plain function: it runs per chunk.
+        """
+        return 0
+
 
 def validate_plugins(plugins: Iterable[Plugin]) -> tuple[Plugin, ...]:
     """Check plugins when they register; return them in run order (order, then as given)."""
@@ -244,6 +258,11 @@ def validate_plugins(plugins: Iterable[Plugin]) -> tuple[Plugin, ...]:
                     )
                 if attr in HOOKS:
                     _check_signature(cls.name, attr, value)
+                if attr == "answer_hold" and inspect.iscoroutinefunction(value):
+                    raise PluginValidationError(
+                        f"plugin {cls.name!r}: answer_hold must be a plain `def` (it runs "
+                        "for every streamed chunk)"
+                    )
         checked.append(plugin)
     return tuple(sorted(checked, key=lambda p: type(p).order))  # stable: ties keep their order
 

@@ -6,8 +6,9 @@ is a `guardrail` event (checkpoint, kind, action; never the text) and the text g
 masked (`[email]`, `[phone]`, `[card]`), or, with `block=True`, the turn ends
 `guardrail-blocked`.
 
-Chunks are checked one by one as they stream, so a value split across two chunks can go
-out unmasked; the whole block is checked again, so the stored answer is always masked.
+The answer is checked as it streams: the text so far before each chunk goes out, its
+trailing word or run of digits held back while it may still grow into a value (so no part
+of one is shown before it is masked), and the whole block once more.
 """
 
 from __future__ import annotations
@@ -23,6 +24,11 @@ __all__ = ("PiiRedaction",)
 _EMAIL = re.compile(r"\b[\w.+-]+@[\w-]+(?:\.[\w-]+)+\b")
 _PHONE = re.compile(r"(?<![\w+])\+?\d[\d ()-]{7,}\d\b")
 _CARD = re.compile(r"\b(?:\d[ -]?){13,19}\b")
+_OPEN_WORD = re.compile(r"[\w.+@-]+$")
+"""A word still streaming: it may yet become an email address."""
+_OPEN_NUMBER = re.compile(r"\+?\d[\d ()-]*\S*$")
+"""Digits still streaming, spaces and dashes between them (a phone or card number), and
+the word just after them (a full stop does not end the number before the next digit)."""
 KINDS = ("email", "card", "phone")
 
 
@@ -104,3 +110,13 @@ class PiiRedaction(Plugin):
     async def check_answer(self, ctx: PluginContext, text: str) -> Verdict | None:
         """Assistant text: each chunk, then the whole block."""
         return self._verdict(text, "assistant text")
+
+    def answer_hold(self, text: str) -> int:
+        """The trailing word (a possible email) or run of digits (a possible number)."""
+        patterns = []
+        if "email" in self.kinds:
+            patterns.append(_OPEN_WORD)
+        if "phone" in self.kinds or "card" in self.kinds:
+            patterns.append(_OPEN_NUMBER)
+        found = (p.search(text) for p in patterns)
+        return max((len(m.group(0)) for m in found if m), default=0)

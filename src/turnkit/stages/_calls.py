@@ -29,7 +29,7 @@ from turnkit.models import (
     closing_stream,
 )
 from turnkit.models.family import ModelFamily
-from turnkit.stages._plugins import guard
+from turnkit.stages._plugins import answer_hold, guard
 from turnkit.stages._types import StageContext
 from turnkit.telemetry import OpenCall, Recorder
 
@@ -244,13 +244,18 @@ async def _shown_delta(
 ) -> str:
     """What goes out of a chunk after the answer guardrails saw the text so far.
 
-    A redaction that reaches into text already shown holds the chunk back (the whole
-    block, redacted, still arrives in `message.complete`); a block stops the turn here.
+    The end the plugins' `answer_hold` names waits for more text. A redaction that
+    reaches into text already shown holds the chunk back (the whole block, redacted,
+    still arrives in `message.complete`); a block stops the turn here.
     """
     asm.raw.append(chunk)
     if not streamed or not ctx.plugins:
         return chunk
-    checked = await guard(ctx, stage_id, "answer", "".join(asm.raw), subject="text")
+    raw = "".join(asm.raw)
+    settled = raw[: len(raw) - min(answer_hold(ctx, raw), len(raw))]
+    if not settled:
+        return ""
+    checked = await guard(ctx, stage_id, "answer", settled, subject="text")
     shown = "".join(asm.text)
     return checked[len(shown) :] if checked.startswith(shown) else ""
 

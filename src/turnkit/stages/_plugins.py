@@ -107,6 +107,31 @@ async def call_hook(
     return out
 
 
+def answer_hold(ctx: StageContext, text: str) -> int:
+    """How much of the end of the answer so far the plugins hold back (see `Plugin`).
+
+    A plugin whose `answer_hold` raises holds the whole text (logged; nothing of it is
+    shown before the block ends), or fails the turn when it is `required`.
+    """
+    hold = 0
+    for plugin in ctx.plugins:
+        if not overrides(plugin, "answer_hold"):
+            continue
+        try:
+            hold = max(hold, int(plugin.answer_hold(text)))
+        except Exception as exc:
+            name = type(plugin).name
+            log.warning("plugin %s failed in answer_hold: %s", name, exc)
+            if type(plugin).required:
+                raise PluginFailedError(
+                    f"plugin {name!r} failed in answer_hold and is required: {exc}",
+                    plugin=name,
+                    hook="answer_hold",
+                ) from exc
+            return len(text)
+    return hold
+
+
 def call_view(
     stage_id: StageId, request: ModelRequest, response: ModelResponse | None = None
 ) -> ModelCallView:
