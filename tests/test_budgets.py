@@ -22,7 +22,7 @@ import pytest
 
 from tests.conftest import POSTGRES_URL, require_service
 from tests.helpers import add
-from turnkit import Agent, RuntimeConfig, SessionRuntime
+from turnkit import Agent, Approve, RuntimeConfig, SessionRuntime, tool
 from turnkit.budgets import BudgetLimit, BudgetSubject
 from turnkit.clock import SystemClock
 from turnkit.errors import InvalidInputError
@@ -141,6 +141,50 @@ async def test_a_call_that_would_cross_the_limit_pauses_and_resumes_in_another_p
     assert [e.seq for e in rest] == list(range(1, len(rest) + 1))  # one turn, no gaps
     assert sum(isinstance(e, BudgetPausedEvent) for e in rest) == 1
     assert len(model.calls) == 2  # nothing before the pause ran again
+
+
+async def test_a_turn_back_from_a_budget_pause_can_still_ask_for_an_approval(
+    tmp_path: Path,
+) -> None:
+    @tool(approval="always")
+    async def send(to: str) -> str:
+        """Send the sum (a person approves)."""
+        return f"sent to {to}"
+
+    first = dataclasses.replace(
+        ModelStep.tool_call_reply(call("add", a=2, b=3)),
+        usage=Usage(input_tokens=600, output_tokens=100, cost_usd=0.007),
+    )
+    model = ScriptedModel(
+        [first, ModelStep.tool_call_reply(call("send", to="ann")), ModelStep.text_reply("Sent.")]
+    )
+    url = f"sqlite:///{tmp_path / 'budget.db'}"
+    async with SessionRuntime(
+        agent=Agent(model=model, tools=[add, send]), config=_config(url)
+    ) as runtime:
+        paused = (await _paused_turn(runtime))[-1]
+        assert await runtime.set_budget_limit(_limit(100_000)) == [paused.turn_id]
+        async with asyncio.timeout(20):
+            while (await runtime.turn(paused.turn_id)).status == "running":
+                await asyncio.sleep(0.02)
+        record = await runtime.turn(paused.turn_id)
+        assert record.status == "awaiting_approval"  # it asks: the budget's answer is not it
+        [asked] = await runtime.pending("s1")
+        assert asked.tool_name == "send"
+        await runtime.resume(paused.turn_id, asked.request_id, Approve())
+        async with asyncio.timeout(20):
+            while (await runtime.turn(paused.turn_id)).status == "running":
+                await asyncio.sleep(0.02)
+        events = [e async for e in runtime.events(paused.turn_id)]
+    done = events[-1]
+    assert isinstance(done, DoneEvent)
+    assert done.status == "succeeded", [e.type for e in events]
+    assert [e.result.output for e in events if isinstance(e, ToolCompletedEvent)] == [
+        5,
+        "sent to ann",
+    ]
+    assert [e.seq for e in events] == list(range(1, len(events) + 1))
+    assert len(model.calls) == 3
 
 
 async def test_a_budget_pause_ends_with_cancel(tmp_path: Path) -> None:

@@ -22,7 +22,7 @@ from turnkit.pauses import PauseRequest
 from turnkit.stages._types import StageContext
 from turnkit.store import BudgetBook
 
-__all__ = ("BudgetGate", "estimate_tokens", "prompt_tokens")
+__all__ = ("BudgetGate", "estimate_tokens", "prompt_tokens", "take_budget_answers")
 
 _CHARS_PER_TOKEN: Final = 4
 _MESSAGE_OVERHEAD: Final = 8
@@ -65,12 +65,12 @@ class BudgetGate:
         """Reserve the call, pausing the turn until a limit leaves room for it.
 
         Pausing raises out of the node (the LangGraph interrupt); on resume the node runs
-        again, and this check with it.
+        again, and this check with it (see `take_budget_answers`).
         """
         rec = ctx.recorder
         tokens = estimate_tokens(request, self.reserve_tokens)
         usd = tokens * _price_per_token(rec.usage)
-        for waited in range(_MAX_PAUSES_PER_CALL):
+        for waited in range(take_budget_answers(ctx, stage_id, key), _MAX_PAUSES_PER_CALL):
             reservation, uses = await self.book.reserve_budget(
                 self.subject, turn_id=rec.turn_id, usd=usd, tokens=tokens, ttl_s=self.ttl_s
             )
@@ -114,7 +114,31 @@ def _pause(
         period=limit.period,
         reason=reason,
     )
-    payload: dict[str, JsonValue] = {"usd": usd, "tokens": tokens, "reason": reason}
+    _wait(ctx, request_id, {"usd": usd, "tokens": tokens, "reason": reason})
+
+
+def take_budget_answers(ctx: StageContext, stage_id: StageId, key: str) -> int:
+    """Take the answers to the budget pauses the call `key` made before; how many it made.
+
+    LangGraph hands a node's resume values to its interrupts in the order they are called.
+    A call that paused for its budget in an earlier attempt (its `budget.paused` is in the
+    log, and the turn runs again only once that pause is answered) must take the answer
+    again when its node runs again, even if the budget now has room or the call's response
+    is in the log and is not asked for again: else an approval or question later in the
+    node would get it.
+    """
+    rec = ctx.recorder
+    for waited in range(_MAX_PAUSES_PER_CALL):
+        request_id = derive_id("bud", rec.turn_id, stage_id, key, waited)
+        if f"pause:{request_id}" not in rec.journal.keys:
+            return waited
+        reason = "the turn waits for its budget"  # only if it was never answered: not seen
+        _wait(ctx, request_id, {"usd": 0.0, "tokens": 0, "reason": reason})
+    return _MAX_PAUSES_PER_CALL
+
+
+def _wait(ctx: StageContext, request_id: str, payload: dict[str, JsonValue]) -> None:
+    rec = ctx.recorder
     rec.notes.pending_pause = PauseRequest(
         request_id=request_id, kind="budget", tool_call_id="", payload=payload
     )

@@ -19,6 +19,7 @@ from turnkit.events import MessageCompleteEvent
 from turnkit.ids import ToolCallId, derive_id
 from turnkit.journal import CommittedGeneration
 from turnkit.models import ModelMessage, ModelResponse, ToolCallPart, ToolSpec, Usage
+from turnkit.stages._budget import take_budget_answers
 from turnkit.stages._calls import CallResult, call_model
 from turnkit.stages._dispatch import dispatch_tools
 from turnkit.stages._message_list import (
@@ -76,6 +77,7 @@ async def run_tool_loop(
     if committed is not None:
         # A previous attempt already called the model for this iteration and committed
         # what it said: reuse it rather than pay for (and diverge on) a second call.
+        take_budget_answers(ctx, "tool-loop", f"loop-{iteration}")  # in the node's order
         response = committed_response(committed)
         block_id = committed.block_id or derive_id("blk", rec.turn_id, f"loop-{iteration}", 0)
         calls = response.tool_calls
