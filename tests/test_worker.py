@@ -74,6 +74,40 @@ async def test_a_full_worker_claims_the_next_turn_as_soon_as_one_ends(tmp_path: 
             await running
 
 
+async def test_a_claim_that_fails_unexpectedly_is_logged_and_the_worker_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A driver error no outage check knows (asyncpg's state errors during a restart)."""
+    model = ScriptedModel([ModelStep.text_reply("Done.")])
+    config = RuntimeConfig(database_url=f"sqlite:///{tmp_path / 'w.db'}")
+    async with SessionRuntime(agent=Agent(model=model), config=config) as runtime:
+        claim = runtime.store.claim
+        failures = [RuntimeError("cannot switch to state 12; another operation is in progress")]
+
+        async def flaky(*args: object, **kwargs: object) -> object:
+            if failures:
+                raise failures.pop()
+            return await claim(*args, **kwargs)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(runtime.store, "claim", flaky)
+        sub = await runtime.submit("s-1", "hi")
+        stop = asyncio.Event()
+        worker = Worker(runtime, poll_interval_s=0.05, sweep_interval_s=3600)
+        with caplog.at_level(logging.WARNING, logger="turnkit"):
+            running = asyncio.create_task(worker.run(stop))
+            try:
+                async with asyncio.timeout(20):
+                    while (await runtime.turn(sub.turn_id)).status == "running":
+                        await asyncio.sleep(0.02)
+            finally:
+                stop.set()
+                await running
+        assert (await runtime.turn(sub.turn_id)).status == "succeeded"
+    assert failures == []
+    assert "claiming failed; retrying with backoff" in caplog.text
+    assert "the database is" not in caplog.text  # not reported as an outage
+
+
 async def _drive_one_submitted_elsewhere(
     pg_schema: str,
     *,

@@ -31,17 +31,23 @@ class _Backoff:
 
     def __init__(self) -> None:
         self.delay = 0.0
+        self.away = False
 
     def next(self, exc: Exception) -> float:
-        if self.delay == 0.0:
+        if not self.away:
             log.warning("the database is unavailable (%s); retrying with backoff", exc)
+            self.away = True
+        return self.later()
+
+    def later(self) -> float:
+        """The next wait, for a failure that is not an outage (logged by the caller)."""
         self.delay = min(max(self.delay * 2, 0.2), 5.0)
         return self.delay
 
     def reset(self) -> None:
-        if self.delay:
+        if self.away:
             log.warning("the database is back; claiming again")
-        self.delay = 0.0
+        self.delay, self.away = 0.0, False
 
 
 def _duration(seconds: float) -> str:
@@ -140,6 +146,10 @@ class Worker:
                     claimed = await self._claim_one()
                 except StoreUnavailableError as exc:
                     await _wait(backoff.next(exc), stop)
+                    continue
+                except Exception:  # not an outage the driver recognised: log it, go on
+                    log.exception("claiming failed; retrying with backoff")
+                    await _wait(backoff.later(), stop)
                     continue
                 backoff.reset()
                 if claimed:

@@ -209,6 +209,9 @@ UNREACHABLE_DRIVER_ERRORS = frozenset(
         "AdminShutdownError",
         "CrashShutdownError",
         "InterfaceError",
+        # A connection left mid-operation when the server went away ("cannot switch to
+        # state 12; another operation is in progress"): seen during a restart.
+        "InternalClientError",
     }
 )
 """The names of asyncpg's errors that mean the server is out of reach."""
