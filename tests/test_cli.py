@@ -129,6 +129,26 @@ def test_serve_reports_a_database_it_cannot_use_in_one_line(tmp_path: Path) -> N
         assert "serving on" not in done.stdout  # it never served
 
 
+def test_serve_on_a_port_in_use_says_so_in_one_line(tmp_path: Path) -> None:
+    import socket
+
+    env = {**os.environ, "TURNKIT_GC": "python"}
+    env.pop("TURNKIT_DATABASE_URL", None)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        done = subprocess.run(
+            [sys.executable, "-m", "turnkit.cli", "serve", "--port", port,
+             "--database-url", f"sqlite:///{tmp_path / 'tk.db'}"],
+            capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path,
+        )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith(f"turnkit: cannot listen on 127.0.0.1:{port}: Address already")
+    assert done.stderr.count("\n") == 1
+    assert "serving on" not in done.stdout
+
+
 def test_serve_hosts_the_agents_its_flags_name(tmp_path: Path) -> None:
     import socket
     import time
@@ -618,7 +638,59 @@ def test_a_worker_takes_its_lease_and_idle_window_from_the_shared_environment(
     with pytest.raises(SystemExit) as stopped:  # argparse's one-line usage error
         cli._parser().parse_args(["worker"])
     assert stopped.value.code == 2
-    assert "--lease-ttl: invalid float value: 'soon'" in capsys.readouterr().err
+    assert "--lease-ttl: 'soon' is not a number of seconds" in capsys.readouterr().err
+
+    monkeypatch.setenv("TURNKIT_LEASE_TTL_S", "20")
+    monkeypatch.setenv("TURNKIT_IDLE_WINDOW_S", "7200")  # longer than the hour's ceiling
+    worker = cli._config(cli._parser().parse_args(["worker"]))
+    api = runtime_from_env({"TURNKIT_IDLE_WINDOW_S": "7200"}).config
+    assert (worker.idle_window_s, worker.ceiling_s) == (api.idle_window_s, api.ceiling_s)
+    assert worker.ceiling_s == 7200.0
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "says"),
+    [
+        ("--concurrency", "0", "'0' is not a whole number of 1 or more"),
+        ("--concurrency", "-3", "'-3' is not a whole number of 1 or more"),
+        ("--poll-interval", "0", "'0': it must be more than 0 seconds"),
+        ("--drain-timeout", "-1", "'-1' is not a number of seconds (0 or more)"),
+        ("--sweep-interval", "nan", "'nan' is not a number of seconds (0 or more)"),
+        ("--ceiling", "0", "'0': it must be more than 0 seconds"),
+    ],
+)
+def test_a_worker_flag_out_of_range_is_refused_before_it_starts(
+    flag: str, value: str, says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as stopped:
+        cli._parser().parse_args(["worker", flag, value])
+    assert stopped.value.code == 2
+    assert f"argument {flag}: {says}" in capsys.readouterr().err
+
+
+def test_an_empty_agent_flag_hosts_the_demo_agent() -> None:
+    """Compose passes `--agent "${TURNKIT_AGENT:-}"`: unset, the worker runs the demo agent."""
+    [agent] = cli._hosted_agents(cli._parser().parse_args(["worker", "--agent", ""]))
+    assert agent.name == "demo"
+    [named] = cli._hosted_agents(
+        cli._parser().parse_args(
+            ["worker", "--agent", "", "--agent", "tests.support.worker_agent:agent"]
+        )
+    )
+    assert named.name == "worker-test"
+
+
+def test_a_yes_no_setting_or_a_redis_url_the_environment_gets_wrong_is_refused() -> None:
+    from turnkit.errors import ConfigurationError
+    from turnkit.quickstart import runtime_from_env
+
+    assert runtime_from_env({"TURNKIT_RUN_IN_PROCESS": "off"}).config.run_in_process is False
+    assert runtime_from_env({"TURNKIT_RUN_IN_PROCESS": "On"}).config.run_in_process is True
+    with pytest.raises(ConfigurationError, match="TURNKIT_RUN_IN_PROCESS='of' is not yes or no"):
+        runtime_from_env({"TURNKIT_RUN_IN_PROCESS": "of"})  # a typo never turns it on
+    with pytest.raises(ConfigurationError, match="the Redis URL 'http://app:\\*\\*\\*@x'") as bad:
+        runtime_from_env({"TURNKIT_REDIS_URL": "http://app:secret@x"})
+    assert "secret" not in str(bad.value)
 
 
 def test_a_number_the_environment_gets_wrong_is_refused_by_name() -> None:

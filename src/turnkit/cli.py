@@ -15,6 +15,7 @@ import logging
 import math
 import os
 import signal
+import socket
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -22,7 +23,7 @@ from typing import TYPE_CHECKING, TextIO
 
 from pydantic import ValidationError
 
-from turnkit.agent import load_agent, load_agents
+from turnkit.agent import Agent, load_agent, load_agents
 from turnkit.budgets import BudgetLimit
 from turnkit.config import DURABILITIES, RuntimeConfig
 from turnkit.demo import DEMO_MODEL_NAME, demo_agent
@@ -161,8 +162,11 @@ async def _run(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _config(args: argparse.Namespace) -> RuntimeConfig:
-    ceiling: float = getattr(args, "ceiling", 3600.0)
-    idle = min(getattr(args, "idle_window", 120.0), ceiling)
+    idle: float = getattr(args, "idle_window", 120.0)
+    ceiling: float | None = getattr(args, "ceiling", None)
+    if ceiling is None:  # as the API processes have it: an hour, or the idle window if longer
+        ceiling = max(3600.0, idle)
+    idle = min(idle, ceiling)
     return RuntimeConfig(
         database_url=args.database_url,
         database_schema=args.database_schema,
@@ -222,10 +226,19 @@ async def _worker(args: argparse.Namespace, out: TextIO) -> int:
         return await _work(args, out)
 
 
+def _named_agents(args: argparse.Namespace) -> list[str]:
+    """The `--agent` values given; an empty one (compose's unset `${TURNKIT_AGENT:-}`) is none."""
+    return [name for name in args.agent or () if name.strip()]
+
+
+def _hosted_agents(args: argparse.Namespace) -> tuple[Agent, ...]:
+    """The agents a worker hosts: those named, else the demo agent."""
+    named = _named_agents(args)
+    return load_agents(named) if named else (demo_agent(os.environ.get("TURNKIT_MODEL")),)
+
+
 async def _work(args: argparse.Namespace, out: TextIO) -> int:
-    agents = (
-        load_agents(args.agent) if args.agent else (demo_agent(os.environ.get("TURNKIT_MODEL")),)
-    )
+    agents = _hosted_agents(args)
     _tune_gc(_gc_mode())
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -280,7 +293,7 @@ async def _sweep(args: argparse.Namespace, out: TextIO) -> int:
 async def _turns(args: argparse.Namespace, out: TextIO) -> int:
     _existing_database(args.database_url)
     async with SqlStore.from_url(args.database_url, schema=args.database_schema) as store:
-        stuck = await store.stuck(ceiling_s=args.ceiling)
+        stuck = await store.stuck(ceiling_s=args.ceiling or 3600.0)
     if not stuck:
         out.write("no stuck turns\n")
         return 0
@@ -368,9 +381,10 @@ def _durability_arg(parser: argparse.ArgumentParser) -> None:
 def _ceiling_arg(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--ceiling",
-        type=float,
-        default=3600.0,
-        help="seconds a turn may run in all before it is timed out (default: %(default)s)",
+        type=_positive_seconds,
+        default=None,
+        help="seconds a turn may run in all before it is timed out (default: 3600, or the "
+        "idle window if that is longer)",
     )
 
 
@@ -460,13 +474,13 @@ def _add_worker(sub: _Subparsers) -> None:
     )
     worker.add_argument(
         "--concurrency",
-        type=int,
+        type=_at_least_one,
         default=4,
         help="turns driven at once (default: %(default)s)",
     )
     worker.add_argument(
         "--poll-interval",
-        type=float,
+        type=_positive_seconds,
         default=0.2,
         help="seconds to wait when no turn is claimable (default: %(default)s)",
     )
@@ -479,27 +493,27 @@ def _add_worker(sub: _Subparsers) -> None:
     )
     worker.add_argument(
         "--sweep-interval",
-        type=float,
+        type=_positive_seconds,
         default=30.0,
         help="seconds between orphan sweeps (default: %(default)s)",
     )
     worker.add_argument(
         "--drain-timeout",
-        type=float,
+        type=_seconds,
         default=30.0,
         help="on SIGTERM, seconds running turns may take to finish before they are left to "
         "another worker (default: %(default)s)",
     )
     worker.add_argument(
         "--lease-ttl",
-        type=float,
+        type=_positive_seconds,
         default=os.environ.get("TURNKIT_LEASE_TTL_S") or 8.0,
         help="seconds a claim lasts unless renewed; another worker takes a turn over after "
         "its lease lapses (default: $TURNKIT_LEASE_TTL_S, else 8)",
     )
     worker.add_argument(
         "--idle-window",
-        type=float,
+        type=_positive_seconds,
         default=os.environ.get("TURNKIT_IDLE_WINDOW_S") or 120.0,
         help="seconds a turn may go without producing anything before it ends timed_out; "
         "keep it the same as the API processes' (default: $TURNKIT_IDLE_WINDOW_S, else 120)",
@@ -586,6 +600,32 @@ def _add_serve(sub: _Subparsers) -> None:
     _otel_args(serve)
 
 
+def _seconds(value: str) -> float:
+    """A number of seconds, 0 or more, for argparse."""
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds") from None
+    if not seconds >= 0 or seconds == float("inf"):
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds (0 or more)")
+    return seconds
+
+
+def _positive_seconds(value: str) -> float:
+    """A number of seconds above 0, for argparse."""
+    seconds = _seconds(value)
+    if seconds == 0:
+        raise argparse.ArgumentTypeError(f"{value!r}: it must be more than 0 seconds")
+    return seconds
+
+
+def _at_least_one(value: str) -> int:
+    """A whole number of 1 or more, for argparse."""
+    if not value.strip().isdigit() or int(value) < 1:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number of 1 or more")
+    return int(value)
+
+
 def _port(value: str) -> int:
     """A TCP port number, for argparse."""
     if not value.isdigit() or int(value) > 65535:
@@ -644,8 +684,8 @@ async def _serve(args: argparse.Namespace, out: TextIO) -> int:
         os.environ["TURNKIT_DATABASE_SCHEMA"] = args.database_schema
     if args.checkpoint_durability:
         os.environ["TURNKIT_CHECKPOINT_DURABILITY"] = args.checkpoint_durability
-    if args.agent:
-        os.environ["TURNKIT_AGENT"] = ",".join(args.agent)
+    if named := _named_agents(args):
+        os.environ["TURNKIT_AGENT"] = ",".join(named)
     config = uvicorn.Config(
         "turnkit.quickstart:app", host=args.host, port=args.port, log_level="info"
     )
@@ -656,13 +696,35 @@ async def _serve(args: argparse.Namespace, out: TextIO) -> int:
         await store.schema_revision()
     finally:
         await store.close()
+    sock = _listening_socket(args.host, args.port)  # a port in use is one line, exit 2
     config.load()  # import the app now, so what it allocates is frozen with the rest
     _tune_gc(gc_mode)
-    base = f"http://{args.host}:{args.port}"
+    base = f"http://{args.host}:{sock.getsockname()[1]}"
     out.write(f"turnkit serving on {base} (chat page {base}/, API {base}/api/harness)\n")
     out.flush()
-    await uvicorn.Server(config).serve()
+    try:
+        await uvicorn.Server(config).serve(sockets=[sock])
+    finally:
+        sock.close()
     return 0
+
+
+def _listening_socket(host: str, port: int) -> socket.socket:
+    """A socket bound to `host:port` for uvicorn to listen on.
+
+    Raises:
+        ConfigurationError: the address cannot be bound (in use, not this host's, no right).
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        reason = exc.strerror or str(exc)
+        raise ConfigurationError(f"cannot listen on {host}:{port}: {reason}") from None
+    return sock
 
 
 _COMMANDS = {

@@ -99,9 +99,20 @@ def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
         raise ConfigurationError(f"{name}={value!r} is not a number of seconds") from None
 
 
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off", ""})
+
+
 def _flag(env: Mapping[str, str], name: str, *, default: bool) -> bool:
+    """A yes/no setting: 1, true, yes, on or 0, false, no, off (or empty); else refused."""
     value = env.get(name)
-    return default if value is None else value.lower() not in ("0", "false", "no", "")
+    if value is None:
+        return default
+    if value.strip().lower() in _TRUE:
+        return True
+    if value.strip().lower() in _FALSE:
+        return False
+    raise ConfigurationError(f"{name}={value!r} is not yes or no (1/0, true/false, on/off)")
 
 
 class _PageFiles(StaticFiles):

@@ -8,11 +8,12 @@ Redis entry ids are the buffer positions; they never leave turnkit.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Sequence
 from typing import Any, Self
 
-from turnkit.errors import missing_extra
+from turnkit.errors import ConfigurationError, missing_extra
 from turnkit.ids import TurnId
 from turnkit.replay import START, BufferEntry, ReplaySettings
 
@@ -52,8 +53,16 @@ class RedisReplayBuffer:
     def from_url(
         cls, url: str, *, settings: ReplaySettings | None = None, prefix: str = "turnkit"
     ) -> RedisReplayBuffer:
-        """A buffer with its own client for `url` (`redis://127.0.0.1:6379/0`)."""
-        client = aioredis.Redis.from_url(url, decode_responses=False)
+        """A buffer with its own client for `url` (`redis://127.0.0.1:6379/0`).
+
+        Raises:
+            ConfigurationError: `url` is not a Redis URL.
+        """
+        try:
+            client = aioredis.Redis.from_url(url, decode_responses=False)
+        except ValueError as exc:  # a scheme redis-py does not know, a bad port or db
+            shown = re.sub(r"(://[^/@]*?:)[^/@]*@", r"\1***@", url)  # no password in logs
+            raise ConfigurationError(f"the Redis URL {shown!r} cannot be used: {exc}") from None
         return cls(client, settings=settings, prefix=prefix, owns_client=True)
 
     async def __aenter__(self) -> Self:
