@@ -13,6 +13,7 @@ from turnkit import Agent, RuntimeConfig, SessionRuntime, tool
 from turnkit.blocks import TextBlock, ToolResultBlock
 from turnkit.errors import ConfigurationError
 from turnkit.events import DurableEvent, GuardrailEvent, PluginEmittedEvent, StreamEvent
+from turnkit.ids import SessionId
 from turnkit.plugins import (
     Enrichment,
     ModelCallView,
@@ -198,6 +199,22 @@ def test_validation_refuses_bad_plugins() -> None:
         validate_plugins([Denier(), Denier()])
     with pytest.raises(ConfigurationError, match="no installed plugin is named 'nope'"):
         discover_plugins(["nope"])
+
+
+async def test_a_plugin_on_both_the_agent_and_the_runtime_is_refused_when_hosted(
+    tmp_path: Path,
+) -> None:
+    def agent(name: str) -> Agent:
+        return Agent(name=name, model=_model(), tools=[lookup], plugins=[Citations()])
+
+    with pytest.raises(PluginValidationError, match="'citations' is registered on the agent"):
+        _runtime(tmp_path, agent("a"), plugins=["citations"])
+    async with _runtime(tmp_path, Agent(model=_model()), plugins=["citations"]) as rt:
+        with pytest.raises(PluginValidationError, match="on the agent 'b' and on the runtime"):
+            await collect_events(rt.execute_message("s1", "hi", agent=agent("b")))
+        with pytest.raises(PluginValidationError, match="on the agent 'c'"):
+            rt.agent = agent("c")
+        assert await rt.store.list_turns(SessionId("s1")) == []  # nothing was written
 
 
 def test_installed_plugins_are_found_by_name_only_when_named() -> None:

@@ -17,7 +17,7 @@ from turnkit.graph import TurnGraph, compile_turn_graph, open_checkpointer
 from turnkit.ids import uuid7
 from turnkit.models import ModelClient
 from turnkit.models.litellm import ModelEndpoint
-from turnkit.plugins import Plugin, discover_plugins, validate_plugins
+from turnkit.plugins import Plugin, PluginValidationError, discover_plugins, validate_plugins
 from turnkit.replay import ReplayBuffer
 from turnkit.replay.memory import InMemoryReplayBuffer
 from turnkit.runtime._aftermath import Aftermath
@@ -90,6 +90,8 @@ class RuntimeCore:
             + list(discover_plugins([p for p in plugins if isinstance(p, str)]))
         )
         """Plugins run in every turn, after the agent's own."""
+        for hosted in self.agents.hosted():
+            self._check_plugins(hosted)
         self.skill_source = skills
         """The app's skill catalogue (the builtin skills are always there too)."""
         self.config = config or RuntimeConfig()
@@ -140,8 +142,24 @@ class RuntimeCore:
 
     @agent.setter
     def agent(self, agent: Agent) -> None:
+        self._check_plugins(agent)
         self.agents.add(agent)  # hosted from now on; turns pinned to the old one still find it
         self._agent = agent
+
+    def _check_plugins(self, agent: Agent) -> None:
+        """Refuse, as it is hosted, an agent that has a plugin the runtime has too.
+
+        Raises:
+            PluginValidationError: a plugin of the agent has the name of a runtime's plugin
+                (its turns would fail: each plugin runs once, by its unique name).
+        """
+        mine = {type(p).name for p in agent.plugins}
+        both = sorted(mine & {type(p).name for p in self.plugins})
+        if both:
+            raise PluginValidationError(
+                f"the plugin {both[0]!r} is registered on the agent {agent.name!r} and on the "
+                "runtime: register it once (on the agent for its turns, on the runtime for all)"
+            )
 
     async def __aenter__(self) -> Self:
         await self.open()
@@ -242,6 +260,7 @@ class RuntimeCore:
             raise InvalidInputError(
                 f"agent must be a name or a turnkit.Agent, not {type(agent).__name__}"
             )
+        self._check_plugins(agent)
         self.agents.add(agent)
         self._families(agent.model)
         return agent
