@@ -24,6 +24,7 @@ from tests.support.server import serve
 from turnkit import Agent, RuntimeConfig, SessionRuntime, tool
 from turnkit.events import (
     DoneEvent,
+    ErrorEvent,
     MessageCitationsEvent,
     MessageCompleteEvent,
     MessageDeltaEvent,
@@ -32,6 +33,9 @@ from turnkit.events import (
     StepEndEvent,
     StepStartEvent,
     ThinkingCompleteEvent,
+    ToolFailedEvent,
+    ToolStartedEvent,
+    UsageEvent,
 )
 from turnkit.http import install_problem_handlers
 from turnkit.models import ModelChunk, ModelRequest, TextDelta
@@ -356,6 +360,30 @@ def test_translator_steps_reasoning_snapshots_and_sources() -> None:
     source = next(c for c in out if c["type"] == "source-url")
     assert source == {"type": "source-url", "sourceId": "b:0", "url": "https://example.org",
                       "title": "Ex"}  # fmt: skip
+
+
+def test_a_plugin_s_denial_is_an_error_part_and_a_failure_sends_its_ending_first() -> None:
+    """The SDK's denied part needs an approval; and it stops reading at `error`."""
+    tr = UIMessageStreamTranslator(message_id="t", asked=["asked"])
+    out = tr.start()
+    for call_id in ("plugin", "asked"):
+        block = {"tool_call_id": call_id, "tool_name": "add", "arguments": {}}
+        out += tr.translate(_event(ToolStartedEvent, seq=1, block=block, idempotency_key=call_id))
+        result = {"tool_call_id": call_id, "tool_name": "add", "is_error": True,
+                  "error": f"denied by {call_id}: no"}  # fmt: skip
+        out += tr.translate(_event(ToolFailedEvent, seq=2, tool_call_id=call_id, result=result,
+                                   duration_ms=0, code="tool-denied"))  # fmt: skip
+    out += tr.translate(_event(UsageEvent, seq=3, model_calls=1, input_tokens=5, output_tokens=2))
+    out += tr.translate(_event(ErrorEvent, seq=4, code="family-exhausted", message="all failed"))
+    ends = [c for c in out if c["type"] in ("tool-output-error", "tool-output-denied")]
+    assert ends == [
+        {"type": "tool-output-error", "toolCallId": "plugin", "errorText": "denied by plugin: no"},
+        {"type": "tool-output-denied", "toolCallId": "asked"},
+    ]
+    assert [c["type"] for c in out[-2:]] == ["message-metadata", "error"]
+    ending = out[-2]["messageMetadata"]
+    assert (ending["status"], ending["errorCode"]) == ("failed", "family-exhausted")
+    assert ending["usage"]["inputTokens"] == 5
 
 
 # ── approvals ───────────────────────────────────────────────────────────────────────────

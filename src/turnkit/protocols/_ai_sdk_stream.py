@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable
 from dataclasses import dataclass
 from typing import Final, cast
 
@@ -51,11 +51,19 @@ class Replies:
     max_frame_bytes: int
 
     async def render(
-        self, record: TurnRecord, after_seq: int, *, rebuild: bool = False
+        self,
+        record: TurnRecord,
+        after_seq: int,
+        *,
+        rebuild: bool = False,
+        asked: Iterable[str] = (),
     ) -> AsyncIterator[bytes]:
-        """The message of `record`'s turn: its events after `after_seq`, up to its end."""
+        """The message of `record`'s turn: its events after `after_seq`, up to its end.
+
+        `asked`: tool calls an earlier stream of the message asked the person to approve.
+        """
         translator = UIMessageStreamTranslator(
-            message_id=record.turn_id, metadata={"sessionId": record.session_id}
+            message_id=record.turn_id, metadata={"sessionId": record.session_id}, asked=asked
         )
         for chunk in translator.start():
             yield line(chunk)

@@ -8,7 +8,7 @@ turn's status, error code and usage.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Final, Literal, assert_never
 
 from pydantic import JsonValue
@@ -83,7 +83,14 @@ class UIMessageStreamTranslator:
     still open there (the loop's answer completes in `synthesize`), once it completes.
     """
 
-    def __init__(self, *, message_id: str, metadata: Mapping[str, JsonValue] | None = None):
+    def __init__(
+        self,
+        *,
+        message_id: str,
+        metadata: Mapping[str, JsonValue] | None = None,
+        asked: Iterable[str] = (),
+    ):
+        """`asked`: tool calls whose approval an earlier stream of the message requested."""
         self.message_id = message_id
         self.metadata: dict[str, JsonValue] = {"turnId": message_id, **(metadata or {})}
         self.status: str | None = None
@@ -96,6 +103,8 @@ class UIMessageStreamTranslator:
         self._ended: set[str] = set()
         self._ended_reasoning: set[str] = set()
         self._tools: set[str] = set()
+        self._asked: set[str] = set(asked)
+        """Tool calls with an approval request: only their denial is `tool-output-denied`."""
         self._usage: dict[str, JsonValue] | None = None
 
     def start(self) -> list[Chunk]:
@@ -107,6 +116,14 @@ class UIMessageStreamTranslator:
         out = self._close_step()
         if self.status == "cancelled":
             out.append({"type": "abort", "reason": "cancelled"})
+        chunk: Chunk = {"type": "finish", "messageMetadata": self._ending()}
+        reason = _FINISH_REASONS.get(self.status or "")
+        if reason is not None:
+            chunk["finishReason"] = reason
+        return [*out, chunk]
+
+    def _ending(self) -> dict[str, JsonValue]:
+        """The metadata the message ends with: status, error code and usage so far."""
         metadata: dict[str, JsonValue] = {"turnId": self.message_id}
         if self.status is not None:
             metadata["status"] = self.status
@@ -114,11 +131,7 @@ class UIMessageStreamTranslator:
             metadata["errorCode"] = self.error_code
         if self._usage is not None:
             metadata["usage"] = self._usage
-        chunk: Chunk = {"type": "finish", "messageMetadata": metadata}
-        reason = _FINISH_REASONS.get(self.status or "")
-        if reason is not None:
-            chunk["finishReason"] = reason
-        return [*out, chunk]
+        return metadata
 
     def translate(self, event: StreamEvent) -> list[Chunk]:  # noqa: C901 - one case per event type
         """The chunks for one event (often none)."""
@@ -157,7 +170,10 @@ class UIMessageStreamTranslator:
                 return [*self._abandon(event.stage_id), self._data(event)]
             case ErrorEvent():
                 self.error_code = event.code
-                return [{"type": "error", "errorText": f"{event.message} ({event.code})"}]
+                self.status = "timed_out" if event.code == "deadline-exceeded" else "failed"
+                # The SDK stops reading at `error`: what `finish` would carry goes first.
+                ending: Chunk = {"type": "message-metadata", "messageMetadata": self._ending()}
+                return [ending, {"type": "error", "errorText": f"{event.message} ({event.code})"}]
             case DoneEvent():
                 self.status, self.error_code = event.status, event.error_code or self.error_code
                 return []  # `finish` carries it
@@ -312,8 +328,9 @@ class UIMessageStreamTranslator:
                 "toolCallId": event.tool_call_id,
                 "output": event.result.output,
             }
-        if event.code == "tool-denied":
+        if event.code == "tool-denied" and event.tool_call_id in self._asked:
             return {"type": "tool-output-denied", "toolCallId": event.tool_call_id}
+        # Any other denial (a plugin's) had no approval, which the SDK's denied part needs.
         error = event.result.error or event.code
         return {"type": "tool-output-error", "toolCallId": event.tool_call_id, "errorText": error}
 
@@ -325,6 +342,7 @@ class UIMessageStreamTranslator:
             self.status = "awaiting_input"
             return [self._data(event)]
         self.status = "awaiting_approval"
+        self._asked.add(event.tool_call_id)
         request: Chunk = {
             "type": "tool-approval-request",
             "approvalId": event.request_id,

@@ -133,8 +133,9 @@ async def _chat(
     turns = turns or []
     last = body.messages[-1]
     if last.role == "assistant":
-        turn_id, after = await _answer(runtime, turns, last, body.message_id, request_deps)
-        return _respond(replies.render(await runtime.turn(turn_id), after), turn_id)
+        turn_id, after, asked = await _answer(runtime, turns, last, body.message_id, request_deps)
+        reply = replies.render(await runtime.turn(turn_id), after, asked=asked)
+        return _respond(reply, turn_id)
     if last.role != "user":
         raise InvalidInputError("the last message must be the user's (or answer a pause)")
     if turns and turns[-1].status in PAUSED:
@@ -198,8 +199,11 @@ async def _answer(
     message: UIMessage,
     message_id: str | None,
     request_deps: Any,
-) -> tuple[TurnId, int]:
-    """Resume the paused turn the assistant message stands for; (turn, cursor)."""
+) -> tuple[TurnId, int, tuple[str, ...]]:
+    """Resume the paused turn the assistant message stands for.
+
+    Returns the turn, the cursor to stream from, and the tool call whose approval was asked.
+    """
     ids = {message.id, message_id}
     record = next((t for t in reversed(turns) if t.turn_id in ids), None)
     if record is None and turns:
@@ -219,4 +223,5 @@ async def _answer(
     except ValidationError as exc:  # an empty answer, a reason past 4,000 characters
         raise InvalidInputError(f"the answer does not fit: {exc.errors()[0]['msg']}") from exc
     await runtime.resume(record.turn_id, request_id, resolution, deps=request_deps)
-    return record.turn_id, record.last_seq
+    asked = (pause.tool_call_id,) if pause.kind == "approval" and pause.tool_call_id else ()
+    return record.turn_id, record.last_seq, asked
