@@ -44,6 +44,12 @@ def _scripts() -> dict[str, ScriptedModel | GatedModel]:
             ModelStep.tool_call_reply(call("delete_file", path="/tmp/x")),
             ModelStep.text_reply("Deleted."),
         ]),
+        "two-approvals": ScriptedModel([
+            ModelStep.tool_call_reply(
+                call("delete_file", path="/tmp/x"), call("delete_file", path="/tmp/y")
+            ),
+            ModelStep.text_reply("Deleted both."),
+        ]),
         "reconnect": GatedModel(
             ScriptedModel([
                 ModelStep.tool_call_reply(call("add", a=40, b=2), text="Adding."),
@@ -61,7 +67,9 @@ def _scripts() -> dict[str, ScriptedModel | GatedModel]:
     }  # fmt: skip
 
 
-@pytest.mark.parametrize("scenario", ["tool-turn", "approval", "reconnect", "oversized"])
+@pytest.mark.parametrize(
+    "scenario", ["tool-turn", "approval", "two-approvals", "reconnect", "oversized"]
+)
 def test_the_ai_sdk_client_reads_turnkit_streams(scenario: str, tmp_path: Path) -> None:
     node = _node()
     model = _scripts()[scenario]

@@ -174,6 +174,54 @@ async function approval() {
   await validateUIMessages({ messages: chat.messages });
 }
 
+// The predicate docs/protocols/ai-sdk.md gives: send once every approval asked is answered.
+// (The SDK's own waits for every tool part of the step, but turnkit asks one at a time.)
+function answeredEveryApprovalAsked({ messages }) {
+  const last = messages.at(-1);
+  if (last?.role !== 'assistant') return false;
+  return (
+    last.parts.some(p => p.state === 'approval-responded') &&
+    !last.parts.some(p => p.state === 'approval-requested')
+  );
+}
+
+async function twoApprovals() {
+  const errors = [];
+  const chat = new MemoryChat({
+    id: 'ops2',
+    transport: new DefaultChatTransport({ api }),
+    sendAutomaticallyWhen: answeredEveryApprovalAsked,
+    onError: error => errors.push(error),
+  });
+  await withDeadline(chat.sendMessage({ text: 'delete /tmp/x and /tmp/y' }), 'first request');
+  for (const path of ['/tmp/x', '/tmp/y']) {
+    await waitFor(
+      () =>
+        chat.status === 'ready' &&
+        chat.messages[1].parts.some(p => p.state === 'approval-requested'),
+      `the approval for ${path}`,
+    );
+    const asked = chat.messages[1].parts.find(p => p.state === 'approval-requested');
+    assert.deepEqual(asked.input, { path }); // one at a time, in call order
+    await chat.addToolApprovalResponse({ id: asked.approval.id, approved: true });
+  }
+  await waitFor(
+    () =>
+      chat.status === 'ready' &&
+      chat.messages[1].parts.some(p => p.type === 'text' && p.text === 'Deleted both.'),
+    'the answer',
+  );
+  assert.deepEqual(errors, []);
+  assert.equal(chat.messages.length, 2); // one assistant message: the same turn throughout
+  const ran = chat.messages[1].parts.filter(p => p.type === 'tool-delete_file');
+  assert.deepEqual(ran.map(p => [p.state, p.output]), [
+    ['output-available', 'deleted /tmp/x'],
+    ['output-available', 'deleted /tmp/y'],
+  ]);
+  assert.equal(chat.messages[1].metadata.status, 'succeeded');
+  await validateUIMessages({ messages: chat.messages });
+}
+
 async function reconnect() {
   const transport = new DefaultChatTransport({ api });
   const held = 'The answer is fo'; // what the gated model writes before it waits
@@ -228,7 +276,7 @@ async function reconnect() {
   assert.equal(again.chunks[0].messageId, whole.message.id);
 }
 
-const scenarios = { 'tool-turn': toolTurn, approval, reconnect, oversized };
+const scenarios = { 'tool-turn': toolTurn, approval, 'two-approvals': twoApprovals, reconnect, oversized };
 const run = scenarios[scenario];
 if (!run) {
   console.error(`unknown scenario ${scenario}; one of ${Object.keys(scenarios)}`);
