@@ -474,7 +474,13 @@ async def test_a_reconnect_after_the_end_states_the_end_again(app_for: Any) -> N
         (run_input("t1", "r1", forwardedProps={"agent": "nobody"}), {}, 404, "agent-not-found"),
         (run_input("t1", "r1"), {"Last-Event-ID": "01"}, 400, "replay-cursor-invalid"),
         (run_input("t1", "nope"), {"Last-Event-ID": "1"}, 404, "turn-not-found"),
-        (run_input("t1", "r1", None, resume=[]), {}, 404, "session-not-found"),
+        (run_input("t1", "r1", None, resume=[]), {}, 422, "invalid-input"),  # no resume: a run
+        (
+            run_input("t1", "r1", None, resume=[{"interruptId": "x", "status": "resolved"}]),
+            {},
+            404,
+            "session-not-found",
+        ),
     ],
 )
 async def test_bad_input_answers_a_problem_body(
@@ -499,6 +505,13 @@ async def test_resume_problems_answer_before_anything_is_written(app_for: Any) -
         )
         two = unknown + unknown
         many = await _post(http, run_input("t1", "r3", None, resume=two))
+        empty = await _post(http, run_input("t1", "r4", "again", resume=[]))  # AG-UI: no resume
+        image = {"type": "image", "source": {"type": "file", "value": "f_1"}}
+        file = await _post(http, run_input("t1", "r5", [image]))
+    assert empty.status_code == 200
+    assert parse(empty.text)[-1].event["type"] == "RUN_FINISHED"
+    assert (file.status_code, file.json()["code"]) == (422, "invalid-input")
+    assert "source must be of type 'url' or 'data', not 'file'" in file.json()["detail"]
     assert (missing.status_code, missing.json()["code"]) == (404, "pause-not-found")
     assert (ahead.status_code, ahead.json()["code"]) == (416, "replay-cursor-invalid")
     assert (many.status_code, many.json()["code"]) == (422, "invalid-input")

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError, field_validator
 from pydantic.alias_generators import to_camel
 
 from turnkit.blocks import ImagePart, TextPart
@@ -90,6 +90,14 @@ class RunAgentInput(BaseModel):
     context: tuple[JsonValue, ...] = ()
     forwarded_props: ForwardedProps = Field(default_factory=ForwardedProps)
     resume: tuple[ResumeEntry, ...] | None = None
+    """The interrupts answered; an empty list is no resume, as AG-UI reads it."""
+
+    @field_validator("resume")
+    @classmethod
+    def _empty_is_none(
+        cls, value: tuple[ResumeEntry, ...] | None
+    ) -> tuple[ResumeEntry, ...] | None:
+        return value or None
 
 
 # ── the turnkit values of an input ────────────────────────────────────────────────────
@@ -123,6 +131,11 @@ def _part(part: JsonValue) -> TextPart | ImagePart:
                 )
     except ValidationError as exc:
         raise InvalidInputError(f"an image part does not fit: {exc.errors()[0]['msg']}") from exc
+    if fields.get("type") == "image":
+        kind = source.get("type") if isinstance(source, dict) else None
+        raise InvalidInputError(
+            f"an image part's source must be of type 'url' or 'data', not {kind!r}"
+        )
     raise InvalidInputError(
         f"content parts of type {fields.get('type')!r} are not supported (text and image are)"
     )
