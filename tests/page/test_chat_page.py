@@ -292,6 +292,22 @@ def test_an_approval_card_survives_a_reload_and_finishes_the_turn(
     model.assert_complete()
 
 
+def test_a_call_left_waiting_by_stop_is_no_longer_shown_waiting(page: Page, tmp_path: Path) -> None:
+    model = ScriptedModel([ModelStep.tool_call_reply(call("wire", amount=5, to="Bob"))])
+    with serve_page(tmp_path, Agent(model=model, tools=[wire])) as app:
+        page.goto(app.url)
+        send(page, "Pay Bob 5 EUR")
+        tool_row = page.locator(".block.tool")
+        expect(tool_row).to_have_attribute("data-status", "awaiting_approval")
+        page.locator("#stop").click()
+        expect(page.locator("article.turn")).to_have_attribute("data-status", "cancelled")
+        expect(page.locator(".card")).to_have_count(0)
+        expect(tool_row).to_have_attribute("data-status", "not_finished")
+        expect(tool_row.locator(".icon")).to_have_text("–")
+        page.reload()
+        expect(page.locator(".block.tool")).to_have_attribute("data-status", "not_finished")
+
+
 # ── the queue: guide messages and turns that wait, drained only when a turn ends ───────
 
 

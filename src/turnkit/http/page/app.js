@@ -392,7 +392,14 @@ function drawBlock(node, block, turn, index) {
   }
 }
 
-const TOOL_ICONS = { preparing: "…", running: "", awaiting_approval: "?", succeeded: "✓", failed: "✗" };
+const TOOL_ICONS = {
+  preparing: "…",
+  running: "",
+  awaiting_approval: "?",
+  succeeded: "✓",
+  failed: "✗",
+  not_finished: "–", // the turn ended (stopped, failed) before the call was decided or done
+};
 
 function drawTool(node, block) {
   node.dataset.status = block.status;

@@ -372,7 +372,7 @@ const FOLDERS = {
     cost: { ...costOf(e), durationMs: e.duration_ms },
   }),
   done: (turn, e) => ({
-    ...dropDrafts(turn),
+    ...settleTools(dropDrafts(turn)),
     guides: [],
     done: true,
     status: e.status,
@@ -531,6 +531,16 @@ function upsertTool(turn, toolCallId, change) {
 }
 
 /** Drop text that never completed: its call failed over, or its attempt died. */
+/** Tool rows the turn ended before they finished (stopped while waiting or running). */
+function settleTools(turn) {
+  const open = new Set(["preparing", "running", "awaiting_approval"]);
+  if (!turn.blocks.some((b) => b.kind === "tool" && open.has(b.status))) return turn;
+  const blocks = turn.blocks.map((b) =>
+    b.kind === "tool" && open.has(b.status) ? { ...b, status: "not_finished" } : b,
+  );
+  return { ...turn, blocks };
+}
+
 function dropDrafts(turn) {
   const blocks = turn.blocks.filter(
     (b) => !((b.kind === "text" || b.kind === "thinking") && !b.complete),
