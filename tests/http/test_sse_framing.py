@@ -94,3 +94,23 @@ async def test_a_fast_turn_streams_in_far_fewer_writes_than_events(tmp_path: Pat
     assert seqs == list(range(1, len(seqs) + 1))
     assert events[-1]["type"] == "done"
     assert len(recording.writes) < len(events) / 4
+
+
+async def test_a_database_outage_ends_the_stream_cleanly_with_a_retry() -> None:
+    """The reader lost the Store mid-stream: no cut connection, a reconnect after it."""
+    from turnkit.errors import StoreUnavailableError
+
+    async def source() -> AsyncIterator[object]:
+        yield [Frame(seq=7, data=b'{"seq":7}')]
+        raise StoreUnavailableError("the database cannot be reached: refused")
+
+    chunks = [c async for c in frames_to_sse(source(), max_frame_bytes=1_000, turn_id="t")]
+    raw = b"".join(chunks)
+    assert _decode(raw) == [("7", '{"seq":7}')]  # the outage dispatches no event of its own
+    assert raw.endswith(
+        b": the database is unavailable: reconnect with Last-Event-ID\nretry: 2000\n"
+    )
+    decoder = SSEDecoder()
+    for line in raw.decode().splitlines():
+        decoder.decode(line)
+    assert decoder._retry == 2000  # the client waits 2 s before it reconnects

@@ -7,6 +7,7 @@ import re
 from collections.abc import AsyncIterator
 from typing import Final
 
+from turnkit.errors import StoreUnavailableError
 from turnkit.runtime.reader import KEEPALIVE, Frame
 
 __all__ = ("frames_to_sse",)
@@ -38,10 +39,31 @@ def _event(frame: Frame) -> bytes:
     return b"id: %d\ndata: %s\n\n" % (frame.seq, data)
 
 
+_OUTAGE_RETRY_MS: Final = 2000
+"""How soon a client reconnects after its stream ended for a database outage."""
+
+
 async def frames_to_sse(
     batches: AsyncIterator[object], *, max_frame_bytes: int, turn_id: str
 ) -> AsyncIterator[bytes]:
-    """SSE bytes for a reader's frame batches, one write per batch (keep-alives: comments)."""
+    """SSE bytes for a reader's frame batches, one write per batch (keep-alives: comments).
+
+    A database outage that stops the reader ends the stream cleanly: a comment saying so
+    and a `retry` field, so the client reconnects with `Last-Event-ID` once the database
+    is back (the turn goes on meanwhile) instead of seeing its connection cut.
+    """
+    try:
+        async for chunk in _sse(batches, max_frame_bytes=max_frame_bytes, turn_id=turn_id):
+            yield chunk
+    except StoreUnavailableError as exc:
+        log.warning("the stream of turn %s ended: %s", turn_id, exc.message)
+        yield _comment("the database is unavailable: reconnect with Last-Event-ID")
+        yield b"retry: %d\n" % _OUTAGE_RETRY_MS  # a field, no event: nothing is dispatched
+
+
+async def _sse(
+    batches: AsyncIterator[object], *, max_frame_bytes: int, turn_id: str
+) -> AsyncIterator[bytes]:
     async for batch in batches:
         if batch is KEEPALIVE:
             yield _comment("keep-alive")
