@@ -667,6 +667,11 @@ def _parser() -> argparse.ArgumentParser:
 
 
 async def _serve(args: argparse.Namespace, out: TextIO) -> int:
+    with _info_logs_to_stderr():  # turnkit's own lines beside uvicorn's (recoveries, outages)
+        return await _serving(args, out)
+
+
+async def _serving(args: argparse.Namespace, out: TextIO) -> int:
     try:
         import uvicorn
     except ImportError as exc:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import signal
 import time
 import uuid
@@ -388,3 +389,41 @@ async def test_a_redis_client_speaking_resp3_reads_the_same_entries() -> None:
     finally:
         await buffer.drop(turn)
         await client.aclose()
+
+
+async def test_an_outage_of_the_buffer_is_one_warning_and_its_end_another(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Every publish of every turn fails while Redis is away: the log says so twice, once
+    when it starts and once when it ends, not once per publish with a traceback each."""
+    down = [True]
+
+    class Flaky:
+        async def publish(self, turn_id: TurnId, entries: Sequence[Entry]) -> None:
+            if down[0]:
+                raise ConnectionError("Error 111 connecting to 127.0.0.1:6390. Connection refused.")
+
+        async def release(self, turn_id: TurnId) -> None:
+            return None
+
+    flaky, now = cast(ReplayBuffer, Flaky()), datetime.now(UTC)
+
+    async def one_turn() -> None:
+        turn = _turn()
+        async with BufferPublisher(flaky, turn) as publish:
+            publish(MessageDeltaEvent(session_id="s1", turn_id=turn, stage_id="synthesize",
+                                      ts=now, block_id="b", text="x"))  # fmt: skip
+
+    with caplog.at_level(logging.DEBUG, logger="turnkit.replay"):
+        for _ in range(5):
+            await one_turn()
+        down[0] = False
+        await one_turn()
+        await one_turn()
+    warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert [r.getMessage().split(" (")[0].split(";")[0] for r in warnings] == [
+        "replay buffer unavailable for publishing",
+        "replay buffer is back",
+    ]
+    assert "ConnectionError: Error 111" in warnings[0].getMessage()
+    assert all(r.exc_info is None for r in warnings)  # no traceback per publish

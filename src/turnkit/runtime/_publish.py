@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import weakref
 from collections.abc import Callable, Sequence
 
 from turnkit.events import DoneEvent, DurableEvent, EphemeralEvent, encode_event
@@ -67,9 +68,10 @@ class BufferPublisher:
                 continue
             try:
                 await self.buffer.publish(self.turn_id, entries)
-            except Exception:
-                log.exception("publishing %d events of %s failed", len(entries), self.turn_id)
+            except Exception as exc:  # noqa: BLE001 - never fatal: readers follow the Store
+                _outages.failed(self.buffer, exc)
             else:
+                _outages.worked(self.buffer)
                 self._graced = self._graced or any(terminal for *_, terminal in entries)
 
     async def __aenter__(self) -> BufferPublisher:
@@ -98,6 +100,37 @@ class BufferPublisher:
         if self._task is not None:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+
+
+class _Outages:
+    """One warning when publishing to a buffer starts failing, one when it works again.
+
+    During a Redis outage every publish of every turn fails; a line (and a traceback)
+    each would bury the log. The failures in between are logged at DEBUG.
+    """
+
+    def __init__(self) -> None:
+        self._down: weakref.WeakSet[ReplayBuffer] = weakref.WeakSet()
+
+    def failed(self, buffer: ReplayBuffer, exc: Exception) -> None:
+        if buffer in self._down:
+            log.debug("publishing still fails: %r", exc)
+            return
+        self._down.add(buffer)
+        log.warning(
+            "replay buffer unavailable for publishing (%s: %s); turns go on and readers "
+            "follow the Store until it is back",
+            type(exc).__name__,
+            exc,
+        )
+
+    def worked(self, buffer: ReplayBuffer) -> None:
+        if buffer in self._down:
+            self._down.discard(buffer)
+            log.warning("replay buffer is back; publishing again")
+
+
+_outages = _Outages()
 
 
 Entry = tuple[int | None, bytes, bool]
