@@ -439,6 +439,14 @@ async def test_an_approval_round_trip_continues_the_same_turn(
                 refused = await http.post(API, json={**body, "messages": [user("x"), too_long]})
                 assert refused.status_code == 422
                 assert refused.json()["code"] == "invalid-input"
+            # A reloaded page asks for the chat's stream: the paused message, request and all.
+            reloaded = await http.get(f"{API}/ops/stream")
+            assert reloaded.status_code == 200
+            again = chunks_of(reloaded.text)
+            assert again[0]["messageId"] == turn_id
+            [request] = [c for c in again if c["type"] == "tool-approval-request"]
+            assert request["approvalId"] == asked["approvalId"]
+            assert again[-2]["messageMetadata"]["status"] == "awaiting_approval"
             second = await http.post(API, json=body)
             assert second.status_code == 200, second.text
             assert second.headers["x-turn-id"] == turn_id

@@ -44,6 +44,10 @@ def _scripts() -> dict[str, ScriptedModel | GatedModel]:
             ModelStep.tool_call_reply(call("delete_file", path="/tmp/x")),
             ModelStep.text_reply("Deleted."),
         ]),
+        "reload-paused": ScriptedModel([
+            ModelStep.tool_call_reply(call("delete_file", path="/tmp/x")),
+            ModelStep.text_reply("Deleted."),
+        ]),
         "two-approvals": ScriptedModel([
             ModelStep.tool_call_reply(
                 call("delete_file", path="/tmp/x"), call("delete_file", path="/tmp/y")
@@ -68,7 +72,8 @@ def _scripts() -> dict[str, ScriptedModel | GatedModel]:
 
 
 @pytest.mark.parametrize(
-    "scenario", ["tool-turn", "approval", "two-approvals", "reconnect", "oversized"]
+    "scenario",
+    ["tool-turn", "approval", "two-approvals", "reload-paused", "reconnect", "oversized"],
 )
 def test_the_ai_sdk_client_reads_turnkit_streams(scenario: str, tmp_path: Path) -> None:
     node = _node()

@@ -163,9 +163,13 @@ async def _chat(
 
 
 async def _resume_reply(replies: Replies, chat_id: str, principal: Principal) -> Response:
-    """`GET {prefix}/{chat_id}/stream`: the running turn's message so far, then live."""
+    """`GET {prefix}/{chat_id}/stream`: the running turn's message so far, then live.
+
+    A paused turn's message comes whole, up to its pause: a reloaded page gets its
+    approval request back.
+    """
     turns = await _visible(replies.runtime, chat_id, principal)
-    if not turns or turns[-1].status != "running":
+    if not turns or (turns[-1].status != "running" and turns[-1].status not in PAUSED):
         return Response(status_code=204)
     record = turns[-1]
     return _respond(replies.render(record, 0, rebuild=True), record.turn_id)

@@ -222,6 +222,39 @@ async function twoApprovals() {
   await validateUIMessages({ messages: chat.messages });
 }
 
+async function reloadPaused() {
+  // The page that asked is gone; a new one (resume: true) gets the approval back.
+  const first = new MemoryChat({ id: 'ops3', transport: new DefaultChatTransport({ api }) });
+  await withDeadline(first.sendMessage({ text: 'delete /tmp/x' }), 'first request');
+  const turnId = first.messages[1].id;
+  const errors = [];
+  const reloaded = new MemoryChat({
+    id: 'ops3',
+    transport: new DefaultChatTransport({ api }),
+    sendAutomaticallyWhen: answeredEveryApprovalAsked,
+    onError: error => errors.push(error),
+  });
+  await withDeadline(reloaded.resumeStream(), 'the resumed stream');
+  assert.deepEqual(errors, []);
+  assert.equal(reloaded.messages.length, 1);
+  const message = reloaded.messages[0];
+  assert.equal(message.id, turnId);
+  assert.equal(message.metadata.status, 'awaiting_approval');
+  const asked = message.parts.find(p => p.state === 'approval-requested');
+  assert.deepEqual(asked.input, { path: '/tmp/x' });
+  await reloaded.addToolApprovalResponse({ id: asked.approval.id, approved: true });
+  await waitFor(
+    () =>
+      reloaded.status === 'ready' &&
+      reloaded.messages[0].parts.some(p => p.type === 'text' && p.text === 'Deleted.'),
+    'the approved turn to finish',
+  );
+  assert.deepEqual(errors, []);
+  assert.equal(reloaded.messages[0].metadata.status, 'succeeded');
+  const ran = reloaded.messages[0].parts.filter(p => p.type === 'tool-delete_file');
+  assert.deepEqual(ran.map(p => p.state), ['output-available']); // one part, not two
+}
+
 async function reconnect() {
   const transport = new DefaultChatTransport({ api });
   const held = 'The answer is fo'; // what the gated model writes before it waits
@@ -276,7 +309,7 @@ async function reconnect() {
   assert.equal(again.chunks[0].messageId, whole.message.id);
 }
 
-const scenarios = { 'tool-turn': toolTurn, approval, 'two-approvals': twoApprovals, reconnect, oversized };
+const scenarios = { 'tool-turn': toolTurn, approval, 'two-approvals': twoApprovals, 'reload-paused': reloadPaused, reconnect, oversized };
 const run = scenarios[scenario];
 if (!run) {
   console.error(`unknown scenario ${scenario}; one of ${Object.keys(scenarios)}`);
