@@ -350,6 +350,12 @@ async def test_a_paused_turn_resumed_elsewhere_is_one_trace(
     assert _parent(tool_span) in stage_ids
     outcomes = sorted(a["turnkit.outcome"] for a, _ in otel.points("turnkit.turns"))
     assert outcomes == ["awaiting_approval", "succeeded"]
+    # The stage that paused runs again in the resumed attempt: the same iteration, though
+    # its `step.start` is not committed twice.
+    again = [s for s in otel.named("stage tool-loop") if _parent(s) == _id(resumed)]
+    assert [_attrs(s).get("turnkit.iteration") for s in again] == [1, 2]
+    # A run after a pause is the same recovery attempt.
+    assert _attrs(paused)["turnkit.attempt"] == _attrs(resumed)["turnkit.attempt"] == 1
 
 
 async def test_message_contents_only_when_asked_for(

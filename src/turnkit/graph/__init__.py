@@ -19,6 +19,7 @@ from langgraph.graph.state import CompiledStateGraph
 from langgraph.runtime import Runtime
 from langgraph.types import Command, interrupt
 
+from turnkit import otel
 from turnkit.clock import SystemClock
 from turnkit.context.prefix import PreviousRequest
 from turnkit.errors import StoreUnavailableError
@@ -88,6 +89,7 @@ async def _bracket(
     rec = ctx.recorder
     started = time.perf_counter()
     rec.durable(StepStartEvent, step, step=step, iteration=iteration)
+    otel.stage_started(rec, step, iteration)  # also when a resumed stage commits no step.start
     outcome = await body()
     rec.durable(
         StepEndEvent,

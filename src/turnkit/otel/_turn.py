@@ -31,7 +31,7 @@ from turnkit.states import awaiting
 from turnkit.store import Lease, TurnRecord
 from turnkit.telemetry import Recorder
 
-__all__ = ("TurnTrace", "attempt", "stage_span", "submit_traceparent")
+__all__ = ("TurnTrace", "attempt", "stage_span", "stage_started", "submit_traceparent")
 
 _PROPAGATOR = TraceContextTextMapPropagator()
 _TURNS: weakref.WeakKeyDictionary[Recorder, _LiveTurn] = weakref.WeakKeyDictionary()
@@ -85,6 +85,19 @@ def attempt(record: TurnRecord, lease: Lease, traceparent: str | None) -> TurnTr
     if found is None:
         return NO_TURN
     return _LiveTurn(found, record, lease, traceparent)
+
+
+def stage_started(recorder: Recorder, stage: str, iteration: int | None) -> None:
+    """A stage began in the attempt `recorder` belongs to: its span, with its iteration.
+
+    Called by the graph as the stage runs, not only when its `step.start` commits: a stage
+    that runs again after a pause commits no second `step.start`.
+    """
+    turn = _TURNS.get(recorder)
+    if turn is not None:
+        span = turn.stage(stage)
+        if iteration is not None:
+            span.set_attribute("turnkit.iteration", iteration)
 
 
 def stage_span(recorder: Recorder, stage: str) -> Span | None:
