@@ -21,3 +21,54 @@ def test_drivers_whose_renewals_fall_in_one_tick_renew_at_the_same_instant() -> 
     dues = {renewal_due(last, interval) for last in (9.8, 10.0, 10.2, 10.5)}
     assert dues == {12.75}
     assert renewal_due(10.51, interval) == 13.5  # the next tick
+
+
+async def test_a_renewal_the_database_misses_is_tried_again_while_the_lease_runs() -> None:
+    """A blip during a long tool call costs no attempt; an outage past the lease does."""
+    import asyncio
+    from dataclasses import replace
+    from datetime import UTC, datetime, timedelta
+    from typing import Any, cast
+
+    from turnkit.clock import SystemClock
+    from turnkit.config import RuntimeConfig
+    from turnkit.errors import StoreUnavailableError
+    from turnkit.ids import SessionId, TurnId
+    from turnkit.runtime._lease_keeper import LeaseKeeper
+    from turnkit.store import Lease, Store
+
+    config = RuntimeConfig(lease_ttl_s=0.3, idle_window_s=10, heartbeat_interval_s=1)
+    lease = Lease(
+        turn_id=TurnId("turn_1"), session_id=SessionId("s1"), owner="me", epoch=1, attempt=1,
+        expires_at=datetime.now(UTC) + timedelta(seconds=0.3), took_over=False, last_seq=1,
+        started_at=datetime.now(UTC),
+    )  # fmt: skip
+
+    async def kept(failures: list[Exception], seconds: float) -> tuple[bool, bool, int, str]:
+        renewals = 0
+
+        class Renewing:
+            async def renew(self, held: Lease, *, ttl_s: float) -> Lease:
+                nonlocal renewals
+                renewals += 1
+                if failures:
+                    raise failures.pop(0)
+                return replace(held, expires_at=datetime.now(UTC) + timedelta(seconds=ttl_s))
+
+        store = cast(Store, Renewing())
+        keeper = LeaseKeeper(store=store, clock=SystemClock(), config=config, lease=lease)
+        work: asyncio.Task[Any] = asyncio.create_task(asyncio.sleep(seconds))
+        keeping = asyncio.create_task(keeper.keep(cast(Any, work)))
+        await asyncio.wait([work], timeout=seconds + 1)
+        keeping.cancel()
+        return keeper.lost, work.cancelled(), renewals, keeper.why_lost
+
+    blip = StoreUnavailableError("the database cannot be reached")
+    lost, cancelled, tries, _ = await kept([blip], 0.6)
+    assert (lost, cancelled) == (False, False)  # tried again at the next tick: kept
+    assert tries >= 2
+    lost, cancelled, _, why = await kept([blip] * 10, 0.6)  # down longer than the lease runs
+    assert (lost, cancelled) == (True, True)
+    assert why == "the database was out of reach until the lease ran out"  # for the log
+    lost, cancelled, tries, _ = await kept([RuntimeError("epoch moved on")], 0.6)
+    assert (lost, cancelled, tries) == (True, True, 1)  # not an outage: given up at once

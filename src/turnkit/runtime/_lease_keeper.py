@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 from turnkit.clock import Clock
 from turnkit.config import RuntimeConfig
-from turnkit.errors import DeadlineExceededError
+from turnkit.errors import DeadlineExceededError, StoreUnavailableError
 from turnkit.events import EphemeralEvent, HeartbeatEvent
 from turnkit.store import Lease, Store
 from turnkit.telemetry import Recorder
@@ -51,6 +51,8 @@ class LeaseKeeper:
         """The lease as last renewed."""
         self.lost = False
         """The turn may no longer be ours: write nothing more for it."""
+        self.why_lost = "another driver owns the turn now"
+        """What `lost` came from, for the log."""
         self.deadline: asyncio.Timeout | None = None
         """The running graph's deadline (the ceiling); the heartbeat brings it forward."""
         self.went_quiet = False
@@ -82,19 +84,34 @@ class LeaseKeeper:
         )
 
     async def keep(self, graph_task: asyncio.Task[object]) -> None:
-        """Renew the lease on the shared grid; cancel `graph_task` once it is lost or Stopped."""
-        interval = self.config.lease_ttl_s / 3
-        last = self.clock.monotonic()
+        """Renew the lease on the shared grid; cancel `graph_task` once it is lost or Stopped.
+
+        A renewal the database is briefly out of reach for is tried again at the next tick
+        while the lease it last renewed still runs (nobody can take the turn before that):
+        a blip during a long tool call does not cost the turn an attempt.
+        """
+        ttl = self.config.lease_ttl_s
+        interval = ttl / 3
+        last = renewed = self.clock.monotonic()
         while True:
             due = renewal_due(last, interval)
             await self.clock.sleep(max(0.0, due - self.clock.monotonic()))
             last = self.clock.monotonic()
             try:
-                self.lease = await self.store.renew(self.lease, ttl_s=self.config.lease_ttl_s)
-            except Exception:  # noqa: BLE001 - any failure to renew means we may not own it
+                self.lease = await self.store.renew(self.lease, ttl_s=ttl)
+            except StoreUnavailableError:
+                if renewal_due(last, interval) - renewed < ttl - interval / 2:  # in time
+                    continue  # the next tick tries again, well before the lease runs out
+                self.why_lost = "the database was out of reach until the lease ran out"
                 self.lost = True
                 graph_task.cancel()
                 return
+            except Exception as exc:  # noqa: BLE001 - any other failure: we may not own it
+                self.why_lost = f"its renewal failed: {exc}"
+                self.lost = True
+                graph_task.cancel()
+                return
+            renewed = last
             if self.lease.cancel_requested:
                 graph_task.cancel()  # Stop pressed elsewhere: end as cancelled
                 return

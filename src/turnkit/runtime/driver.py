@@ -119,6 +119,11 @@ class TurnDriver:
         return self._keeper.lost
 
     @property
+    def why_lease_lost(self) -> str:
+        """What `lease_lost` came from, in a few words (for the log)."""
+        return self._keeper.why_lost
+
+    @property
     def requeued(self) -> int:
         """Guide messages this turn's ending re-queued as turns of their own."""
         return self.recorder.notes.requeued if self.recorder is not None else 0

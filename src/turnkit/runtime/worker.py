@@ -259,7 +259,7 @@ class Worker:
         if self._stopping:
             return _LEFT
         if driver.lease_lost:
-            return "lease lost (another driver owns the turn now)"
+            return f"lease lost ({driver.why_lease_lost})"
         pause = driver.recorder.notes.pending_pause if driver.recorder is not None else None
         if pause is not None:
             return awaiting(pause.kind)
