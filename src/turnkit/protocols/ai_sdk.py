@@ -227,5 +227,10 @@ async def _answer(
     except ValidationError as exc:  # an empty answer, a reason past 4,000 characters
         raise InvalidInputError(f"the answer does not fit: {exc.errors()[0]['msg']}") from exc
     await runtime.resume(record.turn_id, request_id, resolution, deps=request_deps)
-    asked = (pause.tool_call_id,) if pause.kind == "approval" and pause.tool_call_id else ()
+    # Calls whose approval was asked in this or an earlier stream: their parts carry it.
+    asked = tuple(
+        str(part["toolCallId"])
+        for part in message.parts
+        if isinstance(part.get("approval"), dict) and isinstance(part.get("toolCallId"), str)
+    )
     return record.turn_id, record.last_seq, asked

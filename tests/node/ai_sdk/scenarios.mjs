@@ -203,7 +203,8 @@ async function twoApprovals() {
     );
     const asked = chat.messages[1].parts.find(p => p.state === 'approval-requested');
     assert.deepEqual(asked.input, { path }); // one at a time, in call order
-    await chat.addToolApprovalResponse({ id: asked.approval.id, approved: true });
+    const approved = path === '/tmp/y'; // deny the first: its denial comes streams later
+    await chat.addToolApprovalResponse({ id: asked.approval.id, approved, reason: 'not x' });
   }
   await waitFor(
     () =>
@@ -215,7 +216,7 @@ async function twoApprovals() {
   assert.equal(chat.messages.length, 2); // one assistant message: the same turn throughout
   const ran = chat.messages[1].parts.filter(p => p.type === 'tool-delete_file');
   assert.deepEqual(ran.map(p => [p.state, p.output]), [
-    ['output-available', 'deleted /tmp/x'],
+    ['output-denied', undefined], // the person's denial, though asked two streams earlier
     ['output-available', 'deleted /tmp/y'],
   ]);
   assert.equal(chat.messages[1].metadata.status, 'succeeded');

@@ -530,7 +530,6 @@ function upsertTool(turn, toolCallId, change) {
   );
 }
 
-/** Drop text that never completed: its call failed over, or its attempt died. */
 /** Tool rows the turn ended before they finished (stopped while waiting or running). */
 function settleTools(turn) {
   const open = new Set(["preparing", "running", "awaiting_approval"]);
@@ -541,6 +540,7 @@ function settleTools(turn) {
   return { ...turn, blocks };
 }
 
+/** Drop text that never completed: its call failed over, or its attempt died. */
 function dropDrafts(turn) {
   const blocks = turn.blocks.filter(
     (b) => !((b.kind === "text" || b.kind === "thinking") && !b.complete),
