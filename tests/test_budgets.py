@@ -143,14 +143,24 @@ async def test_a_call_that_would_cross_the_limit_pauses_and_resumes_in_another_p
     assert len(model.calls) == 2  # nothing before the pause ran again
 
 
-async def test_a_turn_back_from_a_budget_pause_can_still_ask_for_an_approval(
-    tmp_path: Path,
-) -> None:
-    @tool(approval="always")
-    async def send(to: str) -> str:
-        """Send the sum (a person approves)."""
-        return f"sent to {to}"
+@tool(approval="always")
+async def send(to: str) -> str:
+    """Send the sum (a person approves)."""
+    return f"sent to {to}"
 
+
+async def _until_not_running(runtime: SessionRuntime, turn_id: str) -> str:
+    async with asyncio.timeout(20):
+        while (status := (await runtime.turn(turn_id)).status) == "running":
+            await asyncio.sleep(0.02)
+    return status
+
+
+@pytest.mark.parametrize("rerun", ["budgets enforced", "budgets turned off"])
+async def test_a_turn_back_from_a_budget_pause_can_still_ask_for_an_approval(
+    tmp_path: Path, rerun: str
+) -> None:
+    """The budget pause's answer is its own, not the approval's that follows in the node."""
     first = dataclasses.replace(
         ModelStep.tool_call_reply(call("add", a=2, b=3)),
         usage=Usage(input_tokens=600, output_tokens=100, cost_usd=0.007),
@@ -158,23 +168,24 @@ async def test_a_turn_back_from_a_budget_pause_can_still_ask_for_an_approval(
     model = ScriptedModel(
         [first, ModelStep.tool_call_reply(call("send", to="ann")), ModelStep.text_reply("Sent.")]
     )
+    agent = Agent(model=model, tools=[add, send])
     url = f"sqlite:///{tmp_path / 'budget.db'}"
-    async with SessionRuntime(
-        agent=Agent(model=model, tools=[add, send]), config=_config(url)
-    ) as runtime:
-        paused = (await _paused_turn(runtime))[-1]
-        assert await runtime.set_budget_limit(_limit(100_000)) == [paused.turn_id]
-        async with asyncio.timeout(20):
-            while (await runtime.turn(paused.turn_id)).status == "running":
-                await asyncio.sleep(0.02)
-        record = await runtime.turn(paused.turn_id)
-        assert record.status == "awaiting_approval"  # it asks: the budget's answer is not it
+    async with SessionRuntime(agent=agent, config=_config(url, run_in_process=False)) as first:
+        paused = (await _paused_turn(first))[-1]
+        assert await first.set_budget_limit(_limit(100_000)) == [paused.turn_id]  # not driven
+    # Another process drives it on: budgets still enforced, or turned off meanwhile.
+    config = (
+        _config(url, recover_in_process=True)
+        if rerun == "budgets enforced"
+        else RuntimeConfig(database_url=url, recover_in_process=True)
+    )
+    async with SessionRuntime(agent=agent, config=config) as runtime:
+        status = await _until_not_running(runtime, paused.turn_id)
+        assert status == "awaiting_approval"  # it asks: the budget's answer is not its own
         [asked] = await runtime.pending("s1")
         assert asked.tool_name == "send"
         await runtime.resume(paused.turn_id, asked.request_id, Approve())
-        async with asyncio.timeout(20):
-            while (await runtime.turn(paused.turn_id)).status == "running":
-                await asyncio.sleep(0.02)
+        await _until_not_running(runtime, paused.turn_id)
         events = [e async for e in runtime.events(paused.turn_id)]
     done = events[-1]
     assert isinstance(done, DoneEvent)

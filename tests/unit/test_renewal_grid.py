@@ -23,6 +23,14 @@ def test_drivers_whose_renewals_fall_in_one_tick_renew_at_the_same_instant() -> 
     assert renewal_due(10.51, interval) == 13.5  # the next tick
 
 
+class HangThenFail(Exception):
+    """A renewal that hangs `seconds`, then raises `error`."""
+
+    def __init__(self, seconds: float, error: Exception) -> None:
+        super().__init__(f"hangs {seconds} s")
+        self.seconds, self.error = seconds, error
+
+
 async def test_a_renewal_the_database_misses_is_tried_again_while_the_lease_runs() -> None:
     """A blip during a long tool call costs no attempt; an outage past the lease does."""
     import asyncio
@@ -52,7 +60,11 @@ async def test_a_renewal_the_database_misses_is_tried_again_while_the_lease_runs
                 nonlocal renewals
                 renewals += 1
                 if failures:
-                    raise failures.pop(0)
+                    failure = failures.pop(0)
+                    if isinstance(failure, HangThenFail):
+                        await asyncio.sleep(failure.seconds)  # a connection that hangs
+                        raise failure.error
+                    raise failure
                 return replace(held, expires_at=datetime.now(UTC) + timedelta(seconds=ttl_s))
 
         store = cast(Store, Renewing())
@@ -70,5 +82,8 @@ async def test_a_renewal_the_database_misses_is_tried_again_while_the_lease_runs
     lost, cancelled, _, why = await kept([blip] * 10, 0.6)  # down longer than the lease runs
     assert (lost, cancelled) == (True, True)
     assert why == "the database was out of reach until the lease ran out"  # for the log
+    hung = HangThenFail(0.4, blip)  # fails only after the lease (0.3 s) ran out
+    lost, cancelled, tries, _ = await kept([hung], 0.8)
+    assert (lost, cancelled, tries) == (True, True, 1)  # no retry past the lease's end
     lost, cancelled, tries, _ = await kept([RuntimeError("epoch moved on")], 0.6)
     assert (lost, cancelled, tries) == (True, True, 1)  # not an outage: given up at once

@@ -1,8 +1,9 @@
 """`LeaseKeeper`: keeps a driven turn's lease and watches its idle window.
 
 The lease is renewed at least every ttl/3, on a grid the process's drivers share (so the
-Store extends the leases due together in one transaction); the moment renewal fails the
-turn's work is cancelled and the keeper says the lease is lost. Meanwhile heartbeats go out
+Store extends the leases due together in one transaction); once renewal fails (a database
+out of reach is tried again at the next tick while the lease still runs) the turn's work is
+cancelled and the keeper says the lease is lost. Meanwhile heartbeats go out
 while the turn is quiet, and a turn silent for the idle window has its run's deadline
 brought forward.
 """
@@ -100,8 +101,10 @@ class LeaseKeeper:
             try:
                 self.lease = await self.store.renew(self.lease, ttl_s=ttl)
             except StoreUnavailableError:
-                if renewal_due(last, interval) - renewed < ttl - interval / 2:  # in time
-                    continue  # the next tick tries again, well before the lease runs out
+                # Judged when the failure came back (a hung connection may take longer than
+                # the lease): the next tick must come well before the lease runs out.
+                if renewal_due(self.clock.monotonic(), interval) - renewed < ttl - interval / 2:
+                    continue
                 self.why_lost = "the database was out of reach until the lease ran out"
                 self.lost = True
                 graph_task.cancel()

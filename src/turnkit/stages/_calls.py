@@ -29,6 +29,7 @@ from turnkit.models import (
     closing_stream,
 )
 from turnkit.models.family import ModelFamily
+from turnkit.stages._budget import take_budget_answers
 from turnkit.stages._plugins import answer_hold, guard
 from turnkit.stages._types import StageContext
 from turnkit.telemetry import OpenCall, Recorder
@@ -276,8 +277,12 @@ async def _ready(
     The call does not wait for that commit: what it streams does (write before send).
     """
     await ctx.recorder.flush_ahead()
-    if ctx.budget is not None and reserve:
+    if not reserve:
+        return
+    if ctx.budget is not None:
         await ctx.budget.reserve(ctx, stage_id, request, key=key)
+    else:  # budgets off now, but a pause for them may be answered: its answer is this call's
+        take_budget_answers(ctx, stage_id, key)
 
 
 def _shown(asm: _Assembler, streamed: bool) -> list[str]:
