@@ -646,6 +646,9 @@ def test_a_worker_takes_its_lease_and_idle_window_from_the_shared_environment(
     api = runtime_from_env({"TURNKIT_IDLE_WINDOW_S": "7200"}).config
     assert (worker.idle_window_s, worker.ceiling_s) == (api.idle_window_s, api.ceiling_s)
     assert worker.ceiling_s == 7200.0
+    sweep = cli._config(cli._parser().parse_args(["sweep"]))  # an operator's sweep agrees
+    assert (sweep.idle_window_s, sweep.ceiling_s) == (7200.0, 7200.0)
+    assert cli._ceiling(cli._parser().parse_args(["turns", "--stuck"]), 7200.0) == 7200.0
 
 
 @pytest.mark.parametrize(

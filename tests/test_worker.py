@@ -108,6 +108,34 @@ async def test_a_claim_that_fails_unexpectedly_is_logged_and_the_worker_goes_on(
     assert "the database is" not in caplog.text  # not reported as an outage
 
 
+async def test_a_sweep_that_keeps_failing_does_not_stop_claims(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    model = ScriptedModel([ModelStep.text_reply("Done.")])
+    config = RuntimeConfig(database_url=f"sqlite:///{tmp_path / 'w.db'}")
+    async with SessionRuntime(agent=Agent(model=model), config=config) as runtime:
+        worker = Worker(runtime, poll_interval_s=0.05, sweep_interval_s=0.05)
+
+        async def broken() -> list[str]:
+            raise RuntimeError("a sweep statement the database refuses")
+
+        monkeypatch.setattr(worker, "sweep", broken)
+        sub = await runtime.submit("s-1", "hi")
+        stop = asyncio.Event()
+        with caplog.at_level(logging.WARNING, logger="turnkit"):
+            running = asyncio.create_task(worker.run(stop))
+            try:
+                async with asyncio.timeout(20):
+                    while (await runtime.turn(sub.turn_id)).status == "running":
+                        await asyncio.sleep(0.02)
+            finally:
+                stop.set()
+                await running
+        assert (await runtime.turn(sub.turn_id)).status == "succeeded"
+    assert "the sweep failed" in caplog.text
+    assert "claiming failed" not in caplog.text
+
+
 async def _drive_one_submitted_elsewhere(
     pg_schema: str,
     *,

@@ -161,11 +161,29 @@ async def _run(args: argparse.Namespace, out: TextIO) -> int:
     return 0 if status == "succeeded" else 1
 
 
-def _config(args: argparse.Namespace) -> RuntimeConfig:
-    idle: float = getattr(args, "idle_window", 120.0)
+def _env_idle_window() -> float:
+    """`TURNKIT_IDLE_WINDOW_S`, as the API processes read it (120 s when unset or empty)."""
+    value = os.environ.get("TURNKIT_IDLE_WINDOW_S") or "120"
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise ConfigurationError(
+            f"TURNKIT_IDLE_WINDOW_S={value!r} is not a number of seconds"
+        ) from None
+    if not 0 < seconds < math.inf:
+        raise ConfigurationError(f"TURNKIT_IDLE_WINDOW_S={value!r} must be more than 0 seconds")
+    return seconds
+
+
+def _ceiling(args: argparse.Namespace, idle: float) -> float:
+    """`--ceiling`, else as the API processes have it: an hour, or the idle window if longer."""
     ceiling: float | None = getattr(args, "ceiling", None)
-    if ceiling is None:  # as the API processes have it: an hour, or the idle window if longer
-        ceiling = max(3600.0, idle)
+    return ceiling if ceiling is not None else max(3600.0, idle)
+
+
+def _config(args: argparse.Namespace) -> RuntimeConfig:
+    idle: float = getattr(args, "idle_window", None) or _env_idle_window()
+    ceiling = _ceiling(args, idle)
     idle = min(idle, ceiling)
     return RuntimeConfig(
         database_url=args.database_url,
@@ -293,7 +311,7 @@ async def _sweep(args: argparse.Namespace, out: TextIO) -> int:
 async def _turns(args: argparse.Namespace, out: TextIO) -> int:
     _existing_database(args.database_url)
     async with SqlStore.from_url(args.database_url, schema=args.database_schema) as store:
-        stuck = await store.stuck(ceiling_s=args.ceiling or 3600.0)
+        stuck = await store.stuck(ceiling_s=_ceiling(args, _env_idle_window()))
     if not stuck:
         out.write("no stuck turns\n")
         return 0

@@ -135,7 +135,7 @@ class Worker:
             while not stop.is_set():
                 try:
                     if clock.monotonic() >= next_sweep:
-                        await self.sweep()
+                        await self._sweep_logged()
                         next_sweep = clock.monotonic() + self.sweep_interval_s
                     work = await runtime.store.work_signal() if self.listen else None
                     if work is not None:
@@ -147,8 +147,11 @@ class Worker:
                 except StoreUnavailableError as exc:
                     await _wait(backoff.next(exc), stop)
                     continue
-                except Exception:  # not an outage the driver recognised: log it, go on
-                    log.exception("claiming failed; retrying with backoff")
+                except Exception as exc:  # not an outage the driver recognised: log it, go on
+                    if backoff.delay == 0.0:  # the first of a run: with its traceback
+                        log.exception("claiming failed; retrying with backoff")
+                    else:
+                        log.warning("claiming still fails: %r", exc)
                     await _wait(backoff.later(), stop)
                     continue
                 backoff.reset()
@@ -162,6 +165,18 @@ class Worker:
                     await _wait(self.poll_interval_s, stop, *([work] if work is not None else []))
         finally:
             await self._drain()
+
+    async def _sweep_logged(self) -> None:
+        """The periodic sweep; a failure other than an outage is logged, not fatal to claiming.
+
+        The next sweep interval tries again.
+        """
+        try:
+            await self.sweep()
+        except StoreUnavailableError:
+            raise
+        except Exception:
+            log.exception("the sweep failed; trying again after the sweep interval")
 
     async def _until_open(self, stop: asyncio.Event) -> bool:
         backoff = _Backoff()
