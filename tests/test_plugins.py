@@ -3,6 +3,7 @@ failures are audited, shipped plugins cite, name entities and mask personal data
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import ClassVar
@@ -275,6 +276,31 @@ async def test_no_part_of_a_redacted_value_is_ever_streamed(
     assert len(deltas) > 3  # it still streams: the held words go out as they settle
     for part in ("jane", "example", "912", "567", "4111", "1111"):
         assert part not in shown
+
+
+async def test_a_plugin_whose_answer_hold_fails_holds_the_rest_of_the_block(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    class BrokenHold(Plugin):
+        name: ClassVar[str] = "broken-hold"
+
+        def answer_hold(self, text: str) -> int:
+            if "secret" in text:
+                raise ValueError("no idea")
+            return 0
+
+    answer = "Plain words first, then the secret part and more words after it."
+    model = ScriptedModel([ModelStep.text_reply(answer, chunk_size=5)])
+    with caplog.at_level(logging.WARNING, logger="turnkit"):
+        async with _runtime(tmp_path, Agent(model=model, plugins=[BrokenHold()])) as rt:
+            events: list[StreamEvent] = await collect_events(rt.execute_message("s1", "go"))
+    shown = "".join(e.text for e in events if e.type == "message.delta")  # type: ignore[union-attr]
+    assert shown.startswith("Plain words")  # it streamed until the hold failed
+    assert answer.startswith(shown)
+    assert "secret" not in shown
+    [complete] = [e for e in events if e.type == "message.complete"]
+    assert complete.block.text == answer  # type: ignore[union-attr]  # the rest, at the end
+    assert caplog.text.count("failed in answer_hold") == 1  # once, not once per chunk
 
 
 def test_a_plugin_s_answer_hold_must_be_a_plain_function() -> None:

@@ -720,12 +720,13 @@ async def _serving(args: argparse.Namespace, out: TextIO) -> int:
     finally:
         await store.close()
     sock = _listening_socket(args.host, args.port)  # a port in use is one line, exit 2
-    config.load()  # import the app now, so what it allocates is frozen with the rest
-    _tune_gc(gc_mode)
-    base = f"http://{args.host}:{sock.getsockname()[1]}"
-    out.write(f"turnkit serving on {base} (chat page {base}/, API {base}/api/harness)\n")
-    out.flush()
     try:
+        config.load()  # import the app now, so what it allocates is frozen with the rest
+        _tune_gc(gc_mode)
+        host = f"[{args.host}]" if ":" in args.host else args.host  # an IPv6 address
+        base = f"http://{host}:{sock.getsockname()[1]}"
+        out.write(f"turnkit serving on {base} (chat page {base}/, API {base}/api/harness)\n")
+        out.flush()
         await uvicorn.Server(config).serve(sockets=[sock])
     finally:
         sock.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import signal
@@ -398,6 +399,7 @@ async def test_an_outage_of_the_buffer_is_one_warning_and_its_end_another(
     when it starts and once when it ends, not once per publish with a traceback each."""
     down = [True]
 
+    @dataclasses.dataclass  # a user's own buffer: unhashable, no weak references needed
     class Flaky:
         async def publish(self, turn_id: TurnId, entries: Sequence[Entry]) -> None:
             if down[0]:

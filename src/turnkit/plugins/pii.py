@@ -24,9 +24,9 @@ __all__ = ("PiiRedaction",)
 _EMAIL = re.compile(r"\b[\w.+-]+@[\w-]+(?:\.[\w-]+)+\b")
 _PHONE = re.compile(r"(?<![\w+])\+?\d[\d ()-]{7,}\d\b")
 _CARD = re.compile(r"\b(?:\d[ -]?){13,19}\b")
-_OPEN_WORD = re.compile(r"[\w.+@-]+$")
+_OPEN_WORD = re.compile(r"(?<![\w.+@-])[\w.+@-]+$")  # the lookbehind: one try per start
 """A word still streaming: it may yet become an email address."""
-_OPEN_NUMBER = re.compile(r"\+?\d[\d ()-]*\S*$")
+_OPEN_NUMBER = re.compile(r"(?<![\d+])\+?\d[\d ()-]*\S*$")
 """Digits still streaming, spaces and dashes between them (a phone or card number), and
 the word just after them (a full stop does not end the number before the next digit)."""
 KINDS = ("email", "card", "phone")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import weakref
 from collections.abc import Callable, Sequence
 
 from turnkit.events import DoneEvent, DurableEvent, EphemeralEvent, encode_event
@@ -110,13 +109,14 @@ class _Outages:
     """
 
     def __init__(self) -> None:
-        self._down: weakref.WeakSet[ReplayBuffer] = weakref.WeakSet()
+        self._down: set[int] = set()
+        """`id()` of the buffers failing now (any buffer: no hashing or weak references)."""
 
     def failed(self, buffer: ReplayBuffer, exc: Exception) -> None:
-        if buffer in self._down:
+        if id(buffer) in self._down:
             log.debug("publishing still fails: %r", exc)
             return
-        self._down.add(buffer)
+        self._down.add(id(buffer))
         log.warning(
             "replay buffer unavailable for publishing (%s: %s); turns go on and readers "
             "follow the Store until it is back",
@@ -125,8 +125,8 @@ class _Outages:
         )
 
     def worked(self, buffer: ReplayBuffer) -> None:
-        if buffer in self._down:
-            self._down.discard(buffer)
+        if self._down and id(buffer) in self._down:
+            self._down.discard(id(buffer))
             log.warning("replay buffer is back; publishing again")
 
 

@@ -62,6 +62,8 @@ class _Assembler:
         """The text as shown (after the answer guardrails)."""
         self.raw: list[str] = []
         """The text as the model wrote it."""
+        self.held = False
+        """A plugin's `answer_hold` failed: the rest of the block waits for its end."""
         self.thinking: list[str] = []
         self.calls: dict[int, list[str]] = {}
         self.ids: dict[int, str] = {}
@@ -252,8 +254,14 @@ async def _shown_delta(
     asm.raw.append(chunk)
     if not streamed or not ctx.plugins:
         return chunk
+    if asm.held:
+        return ""
     raw = "".join(asm.raw)
-    settled = raw[: len(raw) - min(answer_hold(ctx, raw), len(raw))]
+    hold = answer_hold(ctx, raw)
+    if hold is None:
+        asm.held = True
+        return ""
+    settled = raw[: len(raw) - min(hold, len(raw))]
     if not settled:
         return ""
     checked = await guard(ctx, stage_id, "answer", settled, subject="text")

@@ -107,11 +107,11 @@ async def call_hook(
     return out
 
 
-def answer_hold(ctx: StageContext, text: str) -> int:
+def answer_hold(ctx: StageContext, text: str) -> int | None:
     """How much of the end of the answer so far the plugins hold back (see `Plugin`).
 
-    A plugin whose `answer_hold` raises holds the whole text (logged; nothing of it is
-    shown before the block ends), or fails the turn when it is `required`.
+    None: a plugin's `answer_hold` raised (logged), and the rest of the block is held until
+    it ends; a `required` plugin fails the turn instead.
     """
     hold = 0
     for plugin in ctx.plugins:
@@ -128,7 +128,7 @@ def answer_hold(ctx: StageContext, text: str) -> int:
                     plugin=name,
                     hook="answer_hold",
                 ) from exc
-            return len(text)
+            return None
     return hold
 
 
