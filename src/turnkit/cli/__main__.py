@@ -1,0 +1,5 @@
+"""`python -m turnkit.cli`."""
+
+from turnkit.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,315 @@
+"""The `turnkit` command's arguments: one parser, a sub-parser per command, value checks."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import os
+from typing import TYPE_CHECKING
+
+from turnkit.config import DURABILITIES
+
+if TYPE_CHECKING:
+    _Subparsers = argparse._SubParsersAction[argparse.ArgumentParser]
+
+__all__ = ("DESCRIPTION", "parser")
+
+DESCRIPTION = """`turnkit` command line.
+
+`turnkit run "message"` streams one turn; `turnkit worker` drives queued turns;
+`turnkit sweep` times out orphaned runs; `turnkit db upgrade` applies migrations.
+"""
+
+
+def _database_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--database-url",
+        default=os.environ.get("TURNKIT_DATABASE_URL", "sqlite:///turnkit.db"),
+        help="where turns are stored (default: $TURNKIT_DATABASE_URL or sqlite:///turnkit.db)",
+    )
+    parser.add_argument(
+        "--database-schema",
+        default=os.environ.get("TURNKIT_DATABASE_SCHEMA"),
+        help="PostgreSQL schema for turnkit's tables (default: $TURNKIT_DATABASE_SCHEMA)",
+    )
+
+
+def _durability_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--checkpoint-durability",
+        choices=DURABILITIES,
+        default=os.environ.get("TURNKIT_CHECKPOINT_DURABILITY") or None,
+        help="when LangGraph checkpoints are written: sync (before the next step), async "
+        "(while it runs) or exit (when the run stops); recovery repeats nothing either way "
+        "(default: $TURNKIT_CHECKPOINT_DURABILITY, else async on PostgreSQL, sync on SQLite)",
+    )
+
+
+def _ceiling_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--ceiling",
+        type=_positive_seconds,
+        default=None,
+        help="seconds a turn may run in all before it is timed out (default: 3600, or the "
+        "idle window if that is longer)",
+    )
+
+
+def _max_attempts_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--max-attempts",
+        type=int,
+        default=3,
+        help="attempts a turn gets before the sweep times it out (default: %(default)s)",
+    )
+
+
+def _otel_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--otel-console",
+        action="store_true",
+        help="print OpenTelemetry spans to stderr (other exporters: the OTEL_* variables, "
+        "e.g. OTEL_EXPORTER_OTLP_ENDPOINT; needs opentelemetry-sdk)",
+    )
+    parser.add_argument(
+        "--otel-capture-content",
+        action="store_true",
+        help="put message contents and tool arguments/results on spans "
+        "(same as OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true)",
+    )
+
+
+def _add_run(sub: _Subparsers) -> None:
+    run = sub.add_parser("run", help="run one turn and stream it")
+    run.add_argument("message", help="the user message")
+    run.add_argument(
+        "--agent",
+        help="`package.module:name` of your Agent (the current directory is importable; "
+        "default: the demo agent)",
+    )
+    run.add_argument(
+        "--model",
+        help="a litellm model string, e.g. openai/gpt-4o-mini (default: $TURNKIT_MODEL, "
+        "else the agent's model; the demo agent's is the offline demo model)",
+    )
+    run.add_argument(
+        "--api-base",
+        help="base URL of an OpenAI-compatible server or proxy for --model, "
+        "e.g. http://127.0.0.1:8000/v1",
+    )
+    run.add_argument(
+        "--api-key-env",
+        help="name of the environment variable holding the key for --model "
+        "(default: the provider's own, e.g. OPENAI_API_KEY)",
+    )
+    run.add_argument("--temperature", type=float, help="sampling temperature, 0 to 2")
+    run.add_argument("--top-p", type=float, help="nucleus sampling, above 0 up to 1")
+    run.add_argument("--max-tokens", type=int, help="output tokens per model call")
+    run.add_argument("--seed", type=int, help="sampling seed, for providers that take one")
+    run.add_argument("--session", help="session id (default: a new one)")
+    _database_args(run)
+    _durability_arg(run)
+    _otel_args(run)
+
+
+def _add_worker(sub: _Subparsers) -> None:
+    worker = sub.add_parser("worker", help="claim and drive queued turns")
+    worker.add_argument(
+        "--agent",
+        action="append",
+        help="`package.module:name` of an Agent to host; repeat it to host several (the "
+        "first is the default; the current directory is importable; default: the demo agent)",
+    )
+    worker.add_argument(
+        "--concurrency",
+        type=_at_least_one,
+        default=4,
+        help="turns driven at once (default: %(default)s)",
+    )
+    worker.add_argument(
+        "--poll-interval",
+        type=_positive_seconds,
+        default=0.2,
+        help="seconds to wait when no turn is claimable (default: %(default)s)",
+    )
+    worker.add_argument(
+        "--no-listen",
+        dest="listen",
+        action="store_false",
+        help="only poll: do not LISTEN for new turns on PostgreSQL (for a pooler that "
+        "cannot relay notifications, such as PgBouncer in transaction mode)",
+    )
+    worker.add_argument(
+        "--sweep-interval",
+        type=_positive_seconds,
+        default=30.0,
+        help="seconds between orphan sweeps (default: %(default)s)",
+    )
+    worker.add_argument(
+        "--drain-timeout",
+        type=_seconds,
+        default=30.0,
+        help="on SIGTERM, seconds running turns may take to finish before they are left to "
+        "another worker (default: %(default)s)",
+    )
+    worker.add_argument(
+        "--lease-ttl",
+        type=_positive_seconds,
+        default=os.environ.get("TURNKIT_LEASE_TTL_S") or 8.0,
+        help="seconds a claim lasts unless renewed; another worker takes a turn over after "
+        "its lease lapses (default: $TURNKIT_LEASE_TTL_S, else 8)",
+    )
+    worker.add_argument(
+        "--idle-window",
+        type=_positive_seconds,
+        default=os.environ.get("TURNKIT_IDLE_WINDOW_S") or 120.0,
+        help="seconds a turn may go without producing anything before it ends timed_out; "
+        "keep it the same as the API processes' (default: $TURNKIT_IDLE_WINDOW_S, else 120)",
+    )
+    _ceiling_arg(worker)
+    _max_attempts_arg(worker)
+    worker.add_argument(
+        "--redis-url",
+        default=os.environ.get("TURNKIT_REDIS_URL"),
+        help="publish to this Redis replay buffer so API processes stream live",
+    )
+    _database_args(worker)
+    _durability_arg(worker)
+    _otel_args(worker)
+
+
+def _add_sweep(sub: _Subparsers) -> None:
+    sweep = sub.add_parser("sweep", help="time out orphaned running turns once")
+    _ceiling_arg(sweep)
+    _max_attempts_arg(sweep)
+    _database_args(sweep)
+
+
+def _add_turns(sub: _Subparsers) -> None:
+    turns = sub.add_parser("turns", help="list turns an operator should look at")
+    turns.add_argument(
+        "--stuck",
+        action="store_true",
+        required=True,
+        help="running turns with no live driver, past the ceiling, or with failed attempts "
+        "(exit status 1 when there are any)",
+    )
+    _ceiling_arg(turns)
+    _database_args(turns)
+
+
+def _add_budgets(sub: _Subparsers) -> None:
+    budgets = sub.add_parser("budgets", help="budget limits: list, set, delete")
+    budgets_sub = budgets.add_subparsers(dest="budgets_command", required=True)
+    listing = budgets_sub.add_parser("list", help="every limit with what its period used")
+    listing.add_argument("--organisation", help="only this organisation's limits")
+    _database_args(listing)
+    for name, helptext in (
+        ("set", "create or replace a limit; resumes turns paused on a budget it now covers"),
+        ("delete", "remove a limit"),
+    ):
+        command = budgets_sub.add_parser(name, help=helptext)
+        command.add_argument(
+            "--scope",
+            required=True,
+            choices=("organisation", "department", "principal", "session"),
+            help="what the limit applies to",
+        )
+        command.add_argument(
+            "--organisation", default="default", help="the organisation (default: %(default)s)"
+        )
+        command.add_argument("--key", default="", help="the department, principal id or session id")
+        command.add_argument(
+            "--period",
+            default="month",
+            choices=("day", "month", "total"),
+            help="the period (default: %(default)s)",
+        )
+        if name == "set":
+            command.add_argument("--usd", type=float, help="the cap in USD")
+            command.add_argument("--tokens", type=int, help="the cap in tokens")
+        _database_args(command)
+
+
+def _add_serve(sub: _Subparsers) -> None:
+    serve = sub.add_parser("serve", help="serve the HTTP routes (quickstart app)")
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s)")
+    serve.add_argument(
+        "--port", type=_port, default=8000, help="port to bind (default: %(default)s)"
+    )
+    serve.add_argument(
+        "--agent",
+        action="append",
+        help="`package.module:name` of an Agent to host; repeat it to host several (the "
+        "first is the default; default: $TURNKIT_AGENT, else the demo agent)",
+    )
+    _database_args(serve)
+    _durability_arg(serve)
+    _otel_args(serve)
+
+
+def _seconds(value: str) -> float:
+    """A number of seconds, 0 or more, for argparse."""
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds") from None
+    if not seconds >= 0 or seconds == float("inf"):
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds (0 or more)")
+    return seconds
+
+
+def _positive_seconds(value: str) -> float:
+    """A number of seconds above 0, for argparse."""
+    seconds = _seconds(value)
+    if seconds == 0:
+        raise argparse.ArgumentTypeError(f"{value!r}: it must be more than 0 seconds")
+    return seconds
+
+
+def _at_least_one(value: str) -> int:
+    """A whole number of 1 or more, for argparse."""
+    if not value.strip().isdigit() or int(value) < 1:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number of 1 or more")
+    return int(value)
+
+
+def _port(value: str) -> int:
+    """A TCP port number, for argparse."""
+    if not value.isdigit() or int(value) > 65535:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a port number (0-65535)")
+    return int(value)
+
+
+def _add_db(sub: _Subparsers) -> None:
+    db = sub.add_parser("db", help="database schema")
+    db_sub = db.add_subparsers(dest="db_command", required=True)
+    upgrade = db_sub.add_parser("upgrade", help="apply schema migrations")
+    _database_args(upgrade)
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("turnkit")
+    except importlib.metadata.PackageNotFoundError:  # running from a source tree
+        return "unknown"
+
+
+def parser() -> argparse.ArgumentParser:
+    """The `turnkit` command's parser."""
+    parser = argparse.ArgumentParser(prog="turnkit", description=DESCRIPTION)
+    parser.add_argument(
+        "--version", action="version", version=f"turnkit {_version()}", help="print the version"
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    for add in (
+        _add_run,
+        _add_worker,
+        _add_sweep,
+        _add_turns,
+        _add_budgets,
+        _add_serve,
+        _add_db,
+    ):
+        add(sub)
+    return parser
