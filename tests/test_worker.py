@@ -74,6 +74,20 @@ async def test_a_full_worker_claims_the_next_turn_as_soon_as_one_ends(tmp_path: 
             await running
 
 
+async def _status_once_driven(runtime: SessionRuntime, worker: Worker, turn_id: str) -> str:
+    """Run `worker` until the turn is no longer running (bounded); the turn's status."""
+    stop = asyncio.Event()
+    running = asyncio.create_task(worker.run(stop))
+    try:
+        async with asyncio.timeout(20):
+            while (status := (await runtime.turn(turn_id)).status) == "running":
+                await asyncio.sleep(0.02)
+    finally:
+        stop.set()
+        await running
+    return status
+
+
 async def test_a_claim_that_fails_unexpectedly_is_logged_and_the_worker_goes_on(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -91,18 +105,9 @@ async def test_a_claim_that_fails_unexpectedly_is_logged_and_the_worker_goes_on(
 
         monkeypatch.setattr(runtime.store, "claim", flaky)
         sub = await runtime.submit("s-1", "hi")
-        stop = asyncio.Event()
         worker = Worker(runtime, poll_interval_s=0.05, sweep_interval_s=3600)
         with caplog.at_level(logging.WARNING, logger="turnkit"):
-            running = asyncio.create_task(worker.run(stop))
-            try:
-                async with asyncio.timeout(20):
-                    while (await runtime.turn(sub.turn_id)).status == "running":
-                        await asyncio.sleep(0.02)
-            finally:
-                stop.set()
-                await running
-        assert (await runtime.turn(sub.turn_id)).status == "succeeded"
+            assert await _status_once_driven(runtime, worker, sub.turn_id) == "succeeded"
     assert failures == []
     assert "claiming failed; retrying with backoff" in caplog.text
     assert "the database is" not in caplog.text  # not reported as an outage
@@ -121,17 +126,8 @@ async def test_a_sweep_that_keeps_failing_does_not_stop_claims(
 
         monkeypatch.setattr(worker, "sweep", broken)
         sub = await runtime.submit("s-1", "hi")
-        stop = asyncio.Event()
         with caplog.at_level(logging.WARNING, logger="turnkit"):
-            running = asyncio.create_task(worker.run(stop))
-            try:
-                async with asyncio.timeout(20):
-                    while (await runtime.turn(sub.turn_id)).status == "running":
-                        await asyncio.sleep(0.02)
-            finally:
-                stop.set()
-                await running
-        assert (await runtime.turn(sub.turn_id)).status == "succeeded"
+            assert await _status_once_driven(runtime, worker, sub.turn_id) == "succeeded"
     assert "the sweep failed" in caplog.text
     assert "claiming failed" not in caplog.text
 
