@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
 from turnkit.errors import ConfigurationError
 
-__all__ = ("DURABILITIES", "Durability", "RuntimeConfig")
+__all__ = ("DURABILITIES", "Durability", "RuntimeConfig", "env_seconds")
 
 Durability = Literal["sync", "async", "exit"]
 """When LangGraph checkpoints are written (`RuntimeConfig.checkpoint_durability`)."""
@@ -126,3 +127,18 @@ class RuntimeConfig:
                 f"ceiling ({self.ceiling_s} s): a run that outlives its key fails model calls "
                 "halfway through; lower `ceiling_s` or issue longer-lived keys"
             )
+
+
+def env_seconds(env: Mapping[str, str], name: str, default: float) -> float:
+    """A number of seconds from environment variable `name`; unset or empty: `default`.
+
+    Raises:
+        ConfigurationError: the value is not a number.
+    """
+    value = env.get(name, "").strip()
+    if not value:
+        return default
+    try:
+        return float(value)
+    except ValueError:
+        raise ConfigurationError(f"{name}={value!r} is not a number of seconds") from None

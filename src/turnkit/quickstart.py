@@ -38,7 +38,7 @@ except ImportError as exc:  # pragma: no cover - depends on the install
     raise missing_extra("The quickstart app", "fastapi", exc) from exc
 
 from turnkit.agent import load_agents
-from turnkit.config import Durability, RuntimeConfig
+from turnkit.config import Durability, RuntimeConfig, env_seconds
 from turnkit.demo import demo_agent
 from turnkit.http import create_health_router, create_turnkit_router, install_problem_handlers
 from turnkit.replay import replay_from_url
@@ -52,7 +52,7 @@ _PAGE = Path(__file__).parent / "http" / "page"
 def runtime_from_env(env: Mapping[str, str] | None = None) -> SessionRuntime:
     """A runtime configured from `TURNKIT_*` environment variables."""
     env = os.environ if env is None else env
-    idle = _seconds(env, "TURNKIT_IDLE_WINDOW_S", 120.0)
+    idle = env_seconds(env, "TURNKIT_IDLE_WINDOW_S", 120.0)
     in_process = _flag(env, "TURNKIT_RUN_IN_PROCESS", default=True)
     config = RuntimeConfig(
         database_url=env.get("TURNKIT_DATABASE_URL", "sqlite:///turnkit.db"),
@@ -62,7 +62,7 @@ def runtime_from_env(env: Mapping[str, str] | None = None) -> SessionRuntime:
         idle_window_s=idle,
         heartbeat_interval_s=min(5.0, idle / 3),
         ceiling_s=max(3600.0, idle),
-        lease_ttl_s=_seconds(env, "TURNKIT_LEASE_TTL_S", 8.0),
+        lease_ttl_s=env_seconds(env, "TURNKIT_LEASE_TTL_S", 8.0),
         checkpoint_durability=cast(
             Durability | None, env.get("TURNKIT_CHECKPOINT_DURABILITY") or None
         ),  # RuntimeConfig refuses any other value
@@ -86,17 +86,6 @@ def _count(env: Mapping[str, str], name: str) -> int | None:
         return int(value)
     except ValueError:
         raise ConfigurationError(f"{name}={value!r} is not a whole number (or 'off')") from None
-
-
-def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
-    """A number of seconds from the environment; unset or empty: `default`."""
-    value = env.get(name, "").strip()
-    if not value:
-        return default
-    try:
-        return float(value)
-    except ValueError:
-        raise ConfigurationError(f"{name}={value!r} is not a number of seconds") from None
 
 
 _TRUE = frozenset({"1", "true", "yes", "on"})

@@ -21,7 +21,7 @@ from pydantic import ValidationError
 from turnkit.agent import Agent, load_agent, load_agents
 from turnkit.budgets import BudgetLimit
 from turnkit.cli._args import parser as _parser
-from turnkit.config import RuntimeConfig
+from turnkit.config import RuntimeConfig, env_seconds
 from turnkit.demo import DEMO_MODEL_NAME, demo_agent
 from turnkit.errors import ConfigurationError, StoreError, TurnkitError
 from turnkit.events import (
@@ -156,16 +156,7 @@ async def _run(args: argparse.Namespace, out: TextIO) -> int:
 
 def _env_idle_window() -> float:
     """`TURNKIT_IDLE_WINDOW_S`, as the API processes read it (120 s when unset or empty)."""
-    value = os.environ.get("TURNKIT_IDLE_WINDOW_S") or "120"
-    try:
-        seconds = float(value)
-    except ValueError:
-        raise ConfigurationError(
-            f"TURNKIT_IDLE_WINDOW_S={value!r} is not a number of seconds"
-        ) from None
-    if not 0 < seconds < math.inf:
-        raise ConfigurationError(f"TURNKIT_IDLE_WINDOW_S={value!r} must be more than 0 seconds")
-    return seconds
+    return env_seconds(os.environ, "TURNKIT_IDLE_WINDOW_S", 120.0)
 
 
 def _ceiling(args: argparse.Namespace, idle: float) -> float:
