@@ -60,17 +60,24 @@ class BudgetGate:
     ttl_s: float
 
     async def reserve(
-        self, ctx: StageContext, stage_id: StageId, request: ModelRequest, *, key: str
+        self,
+        ctx: StageContext,
+        stage_id: StageId,
+        request: ModelRequest,
+        *,
+        key: str,
+        answered: int,
     ) -> None:
         """Reserve the call, pausing the turn until a limit leaves room for it.
 
         Pausing raises out of the node (the LangGraph interrupt); on resume the node runs
-        again, and this check with it (see `take_budget_answers`).
+        again, and this check with it. `answered`: the pauses the call made in earlier
+        attempts, whose answers the caller took (`take_budget_answers`).
         """
         rec = ctx.recorder
         tokens = estimate_tokens(request, self.reserve_tokens)
         usd = tokens * _price_per_token(rec.usage)
-        for waited in range(take_budget_answers(ctx, stage_id, key), _MAX_PAUSES_PER_CALL):
+        for waited in range(answered, _MAX_PAUSES_PER_CALL):
             reservation, uses = await self.book.reserve_budget(
                 self.subject, turn_id=rec.turn_id, usd=usd, tokens=tokens, ttl_s=self.ttl_s
             )

@@ -287,10 +287,9 @@ async def _ready(
     await ctx.recorder.flush_ahead()
     if not reserve:
         return
+    answered = take_budget_answers(ctx, stage_id, key)  # also when budgets are off by now
     if ctx.budget is not None:
-        await ctx.budget.reserve(ctx, stage_id, request, key=key)
-    else:  # budgets off now, but a pause for them may be answered: its answer is this call's
-        take_budget_answers(ctx, stage_id, key)
+        await ctx.budget.reserve(ctx, stage_id, request, key=key, answered=answered)
 
 
 def _shown(asm: _Assembler, streamed: bool) -> list[str]:

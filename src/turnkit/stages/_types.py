@@ -51,9 +51,18 @@ class BudgetCheck(Protocol):
     """Budgets inside a turn (`turnkit.stages._budget.BudgetGate`)."""
 
     async def reserve(
-        self, ctx: StageContext, stage_id: StageId, request: ModelRequest, *, key: str
+        self,
+        ctx: StageContext,
+        stage_id: StageId,
+        request: ModelRequest,
+        *,
+        key: str,
+        answered: int,
     ) -> None:
-        """Reserve a model call, pausing the turn until a limit leaves room for it."""
+        """Reserve a model call, pausing the turn until a limit leaves room for it.
+
+        `answered`: budget pauses the call made in earlier attempts, answered already.
+        """
         ...
 
     async def has_room(self, request: ModelRequest) -> bool:
