@@ -23,7 +23,6 @@ from turnkit.events import (
     DoneEvent,
     DurableEvent,
     StepEndEvent,
-    StepStartEvent,
     TurnRecoveringEvent,
 )
 from turnkit.otel._state import Active, active
@@ -161,12 +160,8 @@ class _LiveTurn(TurnTrace):
             if self.first_seq is None:
                 self.first_seq = events[0].seq
             self.last_seq = events[-1].seq
-        for event in events:
-            if isinstance(event, StepStartEvent):
-                span = self.stage(event.step)
-                if event.iteration is not None:
-                    span.set_attribute("turnkit.iteration", event.iteration)
-            elif isinstance(event, StepEndEvent):
+        for event in events:  # a stage's span opens as the stage starts (`stage_started`)
+            if isinstance(event, StepEndEvent):
                 if self.open is not None and self.open[0] == event.step:
                     self._close_stage(None)
             elif isinstance(event, DoneEvent):
