@@ -13,7 +13,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import httpx
 import pytest
@@ -39,6 +39,7 @@ from turnkit.events import (
 )
 from turnkit.http import install_problem_handlers
 from turnkit.models import ModelChunk, ModelRequest, TextDelta
+from turnkit.plugins import Plugin, PluginContext, ToolCall
 from turnkit.protocols.ai_sdk import UIMessageStreamTranslator, create_ai_sdk_router
 from turnkit.testing import ModelStep, ScriptedModel, call
 
@@ -100,10 +101,11 @@ def build_app(
     tools: Sequence[Any] = (add, delete_file),
     keepalive_s: float = 10.0,
     max_frame_bytes: int = 1_000_000,
+    plugins: Sequence[Plugin] = (),
 ) -> FastAPI:
     """An app serving the AI SDK routes for one scripted agent (runtime opened by lifespan)."""
     runtime = SessionRuntime(
-        agent=Agent(model=model, tools=list(tools)),
+        agent=Agent(model=model, tools=list(tools), plugins=list(plugins)),
         config=RuntimeConfig(database_url=f"sqlite:///{tmp_path / 'ai_sdk.db'}"),
     )
 
@@ -126,6 +128,15 @@ def build_app(
         return {"released": True}
 
     return app
+
+
+class NoDeletes(Plugin):
+    """Denies every file deletion, also one a person approved (it runs after approvals)."""
+
+    name: ClassVar[str] = "no-deletes"
+
+    async def before_tool_call(self, ctx: PluginContext, call: ToolCall) -> str | None:
+        return "deletions are frozen today" if call.name == "delete_file" else None
 
 
 def user(text: str, message_id: str = "m1") -> dict[str, Any]:
@@ -463,6 +474,39 @@ async def test_an_approval_round_trip_continues_the_same_turn(
             twice = await http.post(API, json=body)
             assert twice.status_code == 409
             assert twice.json()["code"] == "pause-already-answered"
+    script.assert_complete()
+
+
+async def test_an_approved_call_a_plugin_then_denies_is_an_error_part(tmp_path: Path) -> None:
+    """The SDK's denied part needs a denied approval: this one was granted."""
+    script = ScriptedModel([
+        ModelStep.tool_call_reply(call("delete_file", path="/tmp/x", tool_call_id="c1")),
+        ModelStep.text_reply("It is frozen."),
+    ])  # fmt: skip
+    app = build_app(tmp_path, script, plugins=[NoDeletes()])
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+            first = await http.post(API, json={"id": "ops", "messages": [user("delete /tmp/x")]})
+            turn_id = first.headers["x-turn-id"]
+            asked = next(c for c in chunks_of(first.text) if c["type"] == "tool-approval-request")
+            part = {
+                "type": "tool-delete_file", "toolCallId": "c1", "state": "approval-responded",
+                "input": {"path": "/tmp/x"},
+                "approval": {"id": asked["approvalId"], "approved": True},
+            }  # fmt: skip
+            assistant = {"id": turn_id, "role": "assistant", "parts": [part]}
+            body = {"id": "ops", "messages": [user("delete /tmp/x"), assistant],
+                    "trigger": "submit-message", "messageId": turn_id}  # fmt: skip
+            second = await http.post(API, json=body)
+            assert second.status_code == 200, second.text
+            more = chunks_of(second.text)
+    assert more[1] == {
+        "type": "tool-output-error",
+        "toolCallId": "c1",
+        "errorText": "denied by no-deletes: deletions are frozen today. Do not retry it as is",
+    }
+    assert more[-2]["messageMetadata"]["status"] == "succeeded"
     script.assert_complete()
 
 

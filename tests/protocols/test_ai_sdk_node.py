@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from tests.helpers import report
-from tests.protocols.test_ai_sdk import GatedModel, build_app
+from tests.protocols.test_ai_sdk import GatedModel, NoDeletes, build_app
 from tests.support.server import serve
 from turnkit.testing import ModelStep, ScriptedModel, call
 
@@ -48,6 +48,10 @@ def _scripts() -> dict[str, ScriptedModel | GatedModel]:
             ModelStep.tool_call_reply(call("delete_file", path="/tmp/x")),
             ModelStep.text_reply("Deleted."),
         ]),
+        "approved-then-denied": ScriptedModel([
+            ModelStep.tool_call_reply(call("delete_file", path="/tmp/x")),
+            ModelStep.text_reply("It is frozen."),
+        ]),
         "two-approvals": ScriptedModel([
             ModelStep.tool_call_reply(
                 call("delete_file", path="/tmp/x"), call("delete_file", path="/tmp/y")
@@ -73,13 +77,24 @@ def _scripts() -> dict[str, ScriptedModel | GatedModel]:
 
 @pytest.mark.parametrize(
     "scenario",
-    ["tool-turn", "approval", "two-approvals", "reload-paused", "reconnect", "oversized"],
+    [
+        "tool-turn",
+        "approval",
+        "two-approvals",
+        "approved-then-denied",
+        "reload-paused",
+        "reconnect",
+        "oversized",
+    ],
 )
 def test_the_ai_sdk_client_reads_turnkit_streams(scenario: str, tmp_path: Path) -> None:
     node = _node()
     model = _scripts()[scenario]
-    big: dict[str, Any] = {"tools": [report], "max_frame_bytes": 50_000}
-    with serve(build_app(tmp_path, model, **(big if scenario == "oversized" else {}))) as url:
+    options: dict[str, Any] = {
+        "oversized": {"tools": [report], "max_frame_bytes": 50_000},
+        "approved-then-denied": {"plugins": [NoDeletes()]},
+    }.get(scenario, {})
+    with serve(build_app(tmp_path, model, **options)) as url:
         done = subprocess.run(
             [node, str(PACKAGE / "scenarios.mjs"), scenario, url],
             cwd=PACKAGE, capture_output=True, text=True, timeout=60,

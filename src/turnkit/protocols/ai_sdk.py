@@ -206,7 +206,8 @@ async def _answer(
 ) -> tuple[TurnId, int, tuple[str, ...]]:
     """Resume the paused turn the assistant message stands for.
 
-    Returns the turn, the cursor to stream from, and the tool call whose approval was asked.
+    Returns the turn, the cursor to stream from, and the tool calls whose approval was asked
+    and not granted.
     """
     ids = {message.id, message_id}
     record = next((t for t in reversed(turns) if t.turn_id in ids), None)
@@ -227,10 +228,14 @@ async def _answer(
     except ValidationError as exc:  # an empty answer, a reason past 4,000 characters
         raise InvalidInputError(f"the answer does not fit: {exc.errors()[0]['msg']}") from exc
     await runtime.resume(record.turn_id, request_id, resolution, deps=request_deps)
-    # Calls whose approval was asked in this or an earlier stream: their parts carry it.
+    # Calls whose approval was asked in this or an earlier stream and not granted: their
+    # parts carry it. A granted call a plugin then denies is an error part (the SDK's
+    # denied part needs a denied approval).
     asked = tuple(
         str(part["toolCallId"])
         for part in message.parts
-        if isinstance(part.get("approval"), dict) and isinstance(part.get("toolCallId"), str)
+        if isinstance(approval := part.get("approval"), dict)
+        and approval.get("approved") is not True
+        and isinstance(part.get("toolCallId"), str)
     )
     return record.turn_id, record.last_seq, asked

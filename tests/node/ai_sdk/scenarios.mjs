@@ -223,6 +223,32 @@ async function twoApprovals() {
   await validateUIMessages({ messages: chat.messages });
 }
 
+async function approvedThenDenied() {
+  // The person approves; a plugin then denies the call: an error part, its reason kept.
+  const errors = [];
+  const chat = new MemoryChat({
+    id: 'ops4',
+    transport: new DefaultChatTransport({ api }),
+    sendAutomaticallyWhen: answeredEveryApprovalAsked,
+    onError: error => errors.push(error),
+  });
+  await withDeadline(chat.sendMessage({ text: 'delete /tmp/x' }), 'first request');
+  const asked = chat.messages[1].parts.find(p => p.state === 'approval-requested');
+  await chat.addToolApprovalResponse({ id: asked.approval.id, approved: true });
+  await waitFor(
+    () =>
+      chat.status === 'ready' &&
+      chat.messages[1].parts.some(p => p.type === 'text' && p.text === 'It is frozen.'),
+    'the answer',
+  );
+  assert.deepEqual(errors, []);
+  const [denied] = chat.messages[1].parts.filter(p => p.type === 'tool-delete_file');
+  assert.equal(denied.state, 'output-error');
+  assert.match(denied.errorText, /deletions are frozen today/);
+  assert.equal(denied.approval.approved, true);
+  await validateUIMessages({ messages: chat.messages });
+}
+
 async function reloadPaused() {
   // The page that asked is gone; a new one (resume: true) gets the approval back.
   const first = new MemoryChat({ id: 'ops3', transport: new DefaultChatTransport({ api }) });
@@ -310,7 +336,7 @@ async function reconnect() {
   assert.equal(again.chunks[0].messageId, whole.message.id);
 }
 
-const scenarios = { 'tool-turn': toolTurn, approval, 'two-approvals': twoApprovals, 'reload-paused': reloadPaused, reconnect, oversized };
+const scenarios = { 'tool-turn': toolTurn, approval, 'two-approvals': twoApprovals, 'reload-paused': reloadPaused, 'approved-then-denied': approvedThenDenied, reconnect, oversized };
 const run = scenarios[scenario];
 if (!run) {
   console.error(`unknown scenario ${scenario}; one of ${Object.keys(scenarios)}`);
