@@ -14,16 +14,21 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REDIS_URL, require_service
-from turnkit import Agent, RuntimeConfig, SessionRuntime
+from turnkit import Agent, ModelFamily, ProviderError, RuntimeConfig, SessionRuntime
+from turnkit.clock import SystemClock
 from turnkit.events import (
     DurableEvent,
     MessageCompleteEvent,
     MessageDeltaEvent,
     MessageSnapshotEvent,
+    ProviderCascadeEvent,
+    TurnRecoveringEvent,
+    encode_event,
 )
 from turnkit.models import Finish, ModelChunk, ModelRequest, TextDelta, Usage, text_of
 from turnkit.replay import ReplayBuffer
 from turnkit.replay.memory import InMemoryReplayBuffer
+from turnkit.runtime.reader import _Buffer, _snapshots
 
 WORDS = [f"word{i} " for i in range(40)]
 
@@ -127,3 +132,64 @@ async def test_stop_keeps_the_partial_text_as_an_interrupted_block(
     following = model.requests[1].messages
     assistant = [text_of(m.content) for m in following if m.role == "assistant"]
     assert any(kept.block.text in text for text in assistant)  # the next turn reads it
+
+
+class BreaksMidBlock:
+    """Writes a little, then fails with a retriable 502: the family walks on."""
+
+    model = "breaks"
+    provider = "test"
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
+        yield TextDelta("VOIDED by the cascade ")
+        raise ProviderError("bad gateway", status_code=502)
+
+
+async def test_a_reader_resuming_after_a_cascade_gets_no_snapshot_of_the_void_block(
+    tmp_path: Path, replay: ReplayBuffer
+) -> None:
+    agent = Agent(
+        model=ModelFamily("writers", [BreaksMidBlock(), SlowWriter()]),
+        skip_stages=frozenset({"anchor-plan"}),
+    )
+    config = RuntimeConfig(database_url=f"sqlite:///{tmp_path / 'cascade.db'}")
+    async with SessionRuntime(agent=agent, config=config, replay=replay) as runtime:
+        submission = await runtime.start("s1", "write")
+        cursor, seen = 0, ""
+        async with asyncio.timeout(20):
+            async for event in runtime.reader().events(submission.turn_id):
+                if isinstance(event, ProviderCascadeEvent):
+                    cursor = event.seq
+                elif isinstance(event, MessageDeltaEvent) and cursor:
+                    seen += event.text
+                    if len(seen) > 30:
+                        break  # the connection drops mid-answer, after the cascade
+        screen: dict[str, str] = {}
+        async with asyncio.timeout(20):
+            async for event in runtime.reader().events(submission.turn_id, after_seq=cursor):
+                if isinstance(event, MessageSnapshotEvent):
+                    screen[event.block_id] = event.text  # replaces the block
+                elif isinstance(event, MessageDeltaEvent):
+                    screen[event.block_id] = screen.get(event.block_id, "") + event.text
+    assert list(screen.values()) == ["".join(WORDS)]  # nothing of the failed rung's block
+
+
+async def test_a_block_a_recovering_attempt_writes_again_is_snapshotted_from_its_restart() -> None:
+    buffer, clock = InMemoryReplayBuffer(), SystemClock()
+    ids = {"session_id": "s1", "turn_id": "t1", "ts": clock.now()}
+
+    def delta(text: str, stage: str = "tool-loop") -> tuple[None, bytes, bool]:
+        event = MessageDeltaEvent(**ids, stage_id=stage, block_id=f"blk-{stage}", text=text)
+        return (None, encode_event(event), False)
+
+    recovering = TurnRecoveringEvent(
+        **ids, seq=4, stage_id="runtime", attempt=2, cause="lease-expired",
+        resumed_from="checkpoint", last_seq=3,
+    )  # fmt: skip
+    taken_over = (4, encode_event(recovering), False)
+    await buffer.publish("t1", [delta("Hel"), delta("lo, wor"), taken_over])
+    await buffer.publish("t1", [delta("Hel"), delta("lo")])  # the new attempt, from the start
+    reader_buffer = _Buffer(buffer, "t1")
+    await reader_buffer.sync()
+    [snapshot] = await _snapshots(reader_buffer, clock)
+    assert b'"text":"Hello"' in snapshot.data  # not "Hello, worHello"

@@ -33,8 +33,10 @@ from turnkit.events import (
     StepEndEvent,
     StepStartEvent,
     ThinkingCompleteEvent,
+    ThinkingDeltaEvent,
     ToolFailedEvent,
     ToolStartedEvent,
+    TurnRecoveringEvent,
     UsageEvent,
 )
 from turnkit.http import install_problem_handlers
@@ -371,6 +373,38 @@ def test_translator_steps_reasoning_snapshots_and_sources() -> None:
     source = next(c for c in out if c["type"] == "source-url")
     assert source == {"type": "source-url", "sourceId": "b:0", "url": "https://example.org",
                       "title": "Ex"}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("again", "shown"),
+    [
+        (["Hel", "lo, wor", "ld!"], "Hello, world!"),  # the same text: only what is new
+        (["Goodbye", " now"], "Hello, wor"),  # other text: the client keeps what it has
+    ],
+    ids=["same", "different"],
+)
+def test_a_block_a_recovering_attempt_writes_again_is_not_shown_twice(
+    again: list[str], shown: str
+) -> None:
+    tr = UIMessageStreamTranslator(message_id="t")
+    out = tr.start()
+    for text in ("Hel", "lo, wor"):
+        out += tr.translate(_event(ThinkingDeltaEvent, block_id="a", text=text))
+        out += tr.translate(_event(MessageDeltaEvent, block_id="a", text=text))
+    out += tr.translate(_event(TurnRecoveringEvent, seq=3, attempt=2, cause="lease-expired",
+                               resumed_from="checkpoint", last_seq=2))  # fmt: skip
+    for text in again:
+        out += tr.translate(_event(ThinkingDeltaEvent, block_id="a", text=text))
+        out += tr.translate(_event(MessageDeltaEvent, block_id="a", text=text))
+    whole = "".join(again)
+    out += tr.translate(
+        _event(ThinkingCompleteEvent, seq=4, block={"block_id": "a", "summary": whole})
+    )
+    out += tr.translate(_event(MessageCompleteEvent, seq=5, block={"block_id": "a", "text": whole}))
+    for kind in ("text", "reasoning"):
+        deltas = "".join(c["delta"] for c in out if c["type"] == f"{kind}-delta")
+        assert deltas == shown, kind
+        assert [c["type"] for c in out].count(f"{kind}-end") == 1
 
 
 def test_a_plugin_s_denial_is_an_error_part_and_a_failure_sends_its_ending_first() -> None:

@@ -103,6 +103,9 @@ class UIMessageStreamTranslator:
         self._ended: set[str] = set()
         self._ended_reasoning: set[str] = set()
         self._tools: set[str] = set()
+        self._again: dict[tuple[str, str], str] = {}
+        """Open blocks a recovering attempt writes again ("text"/"reasoning", block id): its
+        text so far; sent on only past what the client already has."""
         self._asked: set[str] = set(asked)
         """Tool calls with an approval request: only their denial is `tool-output-denied`."""
         self._usage: dict[str, JsonValue] | None = None
@@ -168,6 +171,10 @@ class UIMessageStreamTranslator:
                 return self._counted(event)
             case ProviderCascadeEvent():
                 return [*self._abandon(event.stage_id), self._data(event)]
+            case TurnRecoveringEvent():  # the new attempt writes its open blocks again
+                self._again = {("text", b): "" for b in self._texts}
+                self._again.update({("reasoning", b): "" for b in self._reasoning})
+                return [self._data(event)]
             case ErrorEvent():
                 self.error_code = event.code
                 self.status = "timed_out" if event.code == "deadline-exceeded" else "failed"
@@ -186,7 +193,7 @@ class UIMessageStreamTranslator:
             case (
                 InputGuidedEvent() | MessageEntitiesEvent() | JobDispatchedEvent()
                 | JobCompletedEvent() | GuardrailEvent() | CompactionCompletedEvent()
-                | CheckpointCreatedEvent() | TurnRecoveringEvent() | ToolInDoubtEvent()
+                | CheckpointCreatedEvent() | ToolInDoubtEvent()
                 | PluginEmittedEvent() | SessionRenamedEvent()
                 | BudgetPausedEvent()  # the stream stays open: the turn resumes by itself
             ):  # fmt: skip
@@ -231,6 +238,7 @@ class UIMessageStreamTranslator:
         out: list[Chunk] = []
         for block_id in [b for b in self._texts if self._stages.get(b) == stage_id]:
             del self._texts[block_id]
+            self._again.pop(("text", block_id), None)
             self._ended.add(block_id)
             out.append({"type": "text-end", "id": block_id})
         return [*out, *self._block_ended()]
@@ -242,7 +250,23 @@ class UIMessageStreamTranslator:
 
     # text and reasoning ────────────────────────────────────────────────────────────────
 
+    def _written_again(self, kind: str, block_id: str, text: str) -> str:
+        """The part of a delta the client lacks, for a block a recovering attempt rewrites.
+
+        Nothing while the new attempt catches up with what was sent, or when it writes
+        something else (the block's `complete` keeps what the client has then).
+        """
+        so_far = (self._texts if kind == "text" else self._reasoning).get(block_id, "")
+        again = self._again[kind, block_id] + text
+        if len(again) <= len(so_far) or not again.startswith(so_far):
+            self._again[kind, block_id] = again
+            return ""
+        del self._again[kind, block_id]
+        return again[len(so_far) :]
+
     def _text(self, block_id: str, text: str) -> list[Chunk]:
+        if ("text", block_id) in self._again:
+            text = self._written_again("text", block_id, text)
         if block_id in self._ended or not text:
             return []
         out: list[Chunk] = []
@@ -261,6 +285,7 @@ class UIMessageStreamTranslator:
         return self._text(block_id, text[len(so_far) :])
 
     def _text_end(self, block_id: str, text: str) -> list[Chunk]:
+        self._again.pop(("text", block_id), None)
         if block_id in self._ended:
             return []
         so_far = self._texts.get(block_id, "")
@@ -273,6 +298,8 @@ class UIMessageStreamTranslator:
         return [*out, {"type": "text-end", "id": block_id}, *self._block_ended()]
 
     def _reason(self, block_id: str, text: str) -> list[Chunk]:
+        if ("reasoning", block_id) in self._again:
+            text = self._written_again("reasoning", block_id, text)
         if block_id in self._ended_reasoning or not text:
             return []
         out: list[Chunk] = []
@@ -285,6 +312,7 @@ class UIMessageStreamTranslator:
         return out
 
     def _reason_end(self, block_id: str, text: str) -> list[Chunk]:
+        self._again.pop(("reasoning", block_id), None)
         if block_id in self._ended_reasoning:
             return []
         so_far = self._reasoning.get(block_id, "")

@@ -31,7 +31,8 @@ import logging
 import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Final, TypeVar
+from datetime import datetime
+from typing import Any, Final, TypeVar
 
 from turnkit.clock import Clock
 from turnkit.errors import ReplayCursorError, TurnNotFoundError
@@ -330,18 +331,17 @@ async def _batches(frames: AsyncIterator[Frame]) -> AsyncIterator[list[Frame]]:
 
 _SNAPSHOT_PAGES: Final = 40
 _COMPLETE: Final = b'"type":"message.complete"'
+_CASCADE: Final = b'"type":"provider.cascade"'
+_RECOVERING: Final = b'"type":"turn.recovering"'
 
 
 async def _snapshots(buffer: _Buffer, clock: Clock) -> list[Frame]:
     """Snapshots of the blocks being written as of the buffer's synced position.
 
-    A block is being written when the buffer has its deltas but no `message.complete` (bounded:
-    at most 40 pages of entries are read).
+    Bounded: at most 40 pages of entries are read.
     """
     upto, after = buffer.position, START
-    parts: dict[str, list[str]] = {}
-    last: dict[str, dict[str, object]] = {}
-    finished: set[str] = set()
+    drafts = _Drafts()
     for _ in range(_SNAPSHOT_PAGES):
         if after == upto:
             break
@@ -352,31 +352,53 @@ async def _snapshots(buffer: _Buffer, clock: Clock) -> list[Frame]:
         if not entries:
             break
         for entry in entries:
-            if entry.seq is None:
-                event = json.loads(entry.data)
-                if event.get("type") == "message.delta":
-                    parts.setdefault(event["block_id"], []).append(event["text"])
-                    last[event["block_id"]] = event
-            elif _COMPLETE in entry.data:
-                finished.add(str(json.loads(entry.data)["block"]["block_id"]))
+            drafts.add(entry)
             after = entry.position
             if after == upto:
                 break
-    frames = []
-    for block_id, texts in parts.items():
-        if block_id in finished:
-            continue
-        delta = last[block_id]
-        snapshot = MessageSnapshotEvent(
-            session_id=delta["session_id"],
-            turn_id=delta["turn_id"],
-            stage_id=delta["stage_id"],
-            ts=clock.now(),
-            block_id=block_id,
-            text="".join(texts),
-        )
-        frames.append(Frame(None, encode_event(snapshot)))
-    return frames
+    return [Frame(None, encode_event(snapshot)) for snapshot in drafts.snapshots(clock.now())]
+
+
+class _Drafts:
+    """The blocks being written, folded from buffer entries.
+
+    A block is being written when the buffer has its deltas but no `message.complete`, and
+    no `provider.cascade` of its stage (the failed rung's block is void) or
+    `turn.recovering` (the new attempt writes the block again) came after them.
+    """
+
+    def __init__(self) -> None:
+        self.parts: dict[str, list[str]] = {}
+        self.last: dict[str, dict[str, Any]] = {}
+        self.finished: set[str] = set()
+
+    def add(self, entry: BufferEntry) -> None:
+        if entry.seq is None:
+            event = json.loads(entry.data)
+            if event.get("type") == "message.delta":
+                self.parts.setdefault(event["block_id"], []).append(event["text"])
+                self.last[event["block_id"]] = event
+        elif _COMPLETE in entry.data:
+            self.finished.add(str(json.loads(entry.data)["block"]["block_id"]))
+        elif _CASCADE in entry.data or _RECOVERING in entry.data:
+            stage = json.loads(entry.data)["stage_id"] if _CASCADE in entry.data else None
+            for block_id in [b for b, d in self.last.items() if stage in (None, d["stage_id"])]:
+                del self.parts[block_id], self.last[block_id]  # void: written again, or never
+
+    def snapshots(self, now: datetime) -> list[MessageSnapshotEvent]:
+        """Each unfinished block's text so far."""
+        return [
+            MessageSnapshotEvent(
+                session_id=self.last[block_id]["session_id"],
+                turn_id=self.last[block_id]["turn_id"],
+                stage_id=self.last[block_id]["stage_id"],
+                ts=now,
+                block_id=block_id,
+                text="".join(texts),
+            )
+            for block_id, texts in self.parts.items()
+            if block_id not in self.finished
+        ]
 
 
 @dataclass(slots=True)
