@@ -59,12 +59,45 @@ async def test_a_nul_character_no_database_can_store_is_refused(
     await _nothing_written(runtime_factory, "s1")
 
 
+@pytest.mark.parametrize(
+    "content",
+    [
+        "caf\udce9",  # bytes decoded with surrogateescape
+        [TextPart(text="ok"), TextPart(text="\ud800")],
+        [ImagePart(url="https://example.org/\ud800.png")],
+    ],
+)
+async def test_a_lone_surrogate_no_database_can_store_is_refused(
+    runtime_factory: RuntimeFactory, content: MessageContent
+) -> None:
+    model = ScriptedModel([ModelStep.text_reply("never")])
+    runtime = runtime_factory(Agent(model=model))
+    with pytest.raises(InvalidInputError, match="lone surrogate \\(U\\+D"):
+        await collect_events(runtime.execute_message("s1", content))
+    with pytest.raises(InvalidInputError, match="lone surrogate"):
+        await runtime.create_session("s1", title="a\udcff")
+    assert model.calls == []
+    await _nothing_written(runtime_factory, "s1")
+
+
+async def test_a_message_that_is_neither_text_nor_parts_is_refused(
+    runtime_factory: RuntimeFactory,
+) -> None:
+    runtime = runtime_factory(Agent(model=ScriptedModel([])))
+    with pytest.raises(InvalidInputError, match="not int"):
+        await collect_events(runtime.execute_message("s1", 42))  # type: ignore[arg-type]
+    await _nothing_written(runtime_factory, "s1")
+
+
 async def test_a_picture_by_url_must_come_by_http_or_a_data_url(
     runtime_factory: RuntimeFactory,
 ) -> None:
     runtime = runtime_factory(Agent(model=ScriptedModel([])))
     with pytest.raises(InvalidInputError, match="'javascript'"):
         await collect_events(runtime.execute_message("s1", [ImagePart(url="javascript:alert(1)")]))
+    page = ImagePart(url="data:text/html,<script>alert(1)</script>")
+    with pytest.raises(InvalidInputError, match="image type .*'text/html'"):
+        await collect_events(runtime.execute_message("s1", [page]))
     await _nothing_written(runtime_factory, "s1")
 
 

@@ -193,6 +193,16 @@ async def test_text_with_a_nul_character_is_refused_on_both_stores(
                 assert response.status_code == 422, (path, body, response.text)
                 assert response.json()["code"] == "invalid-input"
                 assert "U+0000" in response.json()["detail"]
+            for raw in (
+                rb'{"content": "hi \ud800"}',  # a lone surrogate, JSON-escaped
+                rb'{"content": [{"kind": "image", "url": "https://x.org/\udcff"}]}',
+            ):
+                response = await http.post(
+                    f"{API}/sessions/n1/execute", content=raw,
+                    headers={**headers, "content-type": "application/json"},
+                )  # fmt: skip
+                assert response.status_code == 422, (raw, response.text)
+                assert "lone surrogate" in response.json()["detail"]
             listed = await http.get(f"{API}/sessions", headers=headers)
             assert listed.json() == []
             await http.post(f"{API}/sessions", json={"sessionId": "n2"}, headers=headers)

@@ -198,6 +198,59 @@ async def test_a_raising_tool_is_a_failed_result(runtime_factory: RuntimeFactory
     assert "disk full" in (failed.result.error or "")
 
 
+async def test_a_result_with_a_surrogate_or_a_nan_is_stored_as_the_model_reads_it(
+    runtime_factory: RuntimeFactory,
+) -> None:
+    """A file name decoded with surrogateescape could not be written: the turn stuck."""
+    name = b"report-\xff.txt".decode("utf-8", "surrogateescape")
+
+    @tool
+    def listing() -> dict[str, object]:
+        """List the folder."""
+        return {"files": [name], "ratio": float("nan")}
+
+    @tool
+    def broken() -> int:
+        """Fails with a surrogate in its message."""
+        raise OSError(f"cannot open {name}")
+
+    model = ScriptedModel(
+        [
+            ModelStep.tool_call_reply(call("listing"), call("broken")),
+            ModelStep.text_reply("Done."),
+        ]
+    )
+    runtime = runtime_factory(Agent(model=model, tools=[listing, broken]))
+    events = await collect_events(runtime.execute_message("s1", "list"))
+    assert isinstance(events[-1], DoneEvent)
+    assert events[-1].status == "succeeded"
+    [completed] = [e for e in events if isinstance(e, ToolCompletedEvent)]
+    assert completed.result.output == {"files": ["report-\ufffd.txt"], "ratio": None}
+    [failed] = [e for e in events if isinstance(e, ToolFailedEvent)]
+    assert "cannot open report-\ufffd.txt" in (failed.result.error or "")
+    read = [m.content for m in model.calls[1].messages if m.role == "tool"]
+    assert '{"files":["report-\ufffd.txt"],"ratio":null}' in read
+
+
+@pytest.mark.parametrize(
+    ("value", "kind"), [(b"\xff\xfe", "bytes"), (object(), "object")], ids=["bytes", "object"]
+)
+async def test_a_result_that_cannot_be_json_says_so(
+    runtime_factory: RuntimeFactory, value: object, kind: str
+) -> None:
+    @tool
+    def odd() -> object:
+        """Returns something odd."""
+        return value
+
+    model = ScriptedModel([ModelStep.tool_call_reply(call("odd")), ModelStep.text_reply("ok")])
+    runtime = runtime_factory(Agent(model=model, tools=[odd]))
+    events = await collect_events(runtime.execute_message("s1", "go"))
+    [failed] = [e for e in events if isinstance(e, ToolFailedEvent)]
+    assert failed.code == "tool-failed"
+    assert (failed.result.error or "").startswith(f"the tool returned {kind}, which cannot be sent")
+
+
 async def test_a_tool_writing_to_langgraphs_stream_does_not_disturb_the_turn(
     runtime_factory: RuntimeFactory,
 ) -> None:

@@ -51,6 +51,10 @@ def split_content(content: MessageContent) -> tuple[str, tuple[ImagePart, ...]]:
     """A message's text (its text parts, one paragraph each) and its pictures."""
     if isinstance(content, str):
         return content, ()
+    if not isinstance(content, Sequence):
+        raise InvalidInputError(
+            f"a message is text or a sequence of parts, not {type(content).__name__}"
+        )
     texts: list[str] = []
     pictures: list[ImagePart] = []
     for part in content:
@@ -77,12 +81,25 @@ def check_session_id(session_id: str) -> SessionId:
 
 
 def check_text(value: str, what: str) -> str:
-    """The text, or `InvalidInputError` if it holds a NUL character (no database stores one)."""
+    """The text, or `InvalidInputError` if no database can store it.
+
+    Refused: the NUL character, and a lone surrogate (U+D800-U+DFFF, as a file name decoded
+    with `surrogateescape` carries), which is not text UTF-8 can encode.
+    """
     if "\x00" in value:
         raise InvalidInputError(
             f"{what} contains the NUL character (U+0000), which cannot be stored: remove it",
             field=what,
         )
+    if not value.isascii():
+        try:
+            value.encode()
+        except UnicodeEncodeError as exc:
+            raise InvalidInputError(
+                f"{what} contains a lone surrogate (U+{ord(value[exc.start]):04X} at "
+                f"character {exc.start}), which is not valid Unicode text: remove it",
+                field=what,
+            ) from None
     return value
 
 
@@ -139,8 +156,15 @@ def validate_request(
 
 
 def _check_picture_url(url: str) -> None:
-    """A picture comes by `http(s)` or as a `data:` URL; anything else is refused."""
-    if not url.lower().startswith(("http://", "https://", "data:")):
+    """A picture comes by `http(s)` or as a `data:image/...` URL; anything else is refused."""
+    lowered = url.lower()
+    if lowered.startswith("data:") and not lowered.startswith("data:image/"):
+        kind = url[5:].split(";", 1)[0].split(",", 1)[0][:40] or "no media type"
+        raise InvalidInputError(
+            f"a picture's data: URL must carry an image type (data:image/...), not {kind!r}",
+            url=url[:200],
+        )
+    if not lowered.startswith(("http://", "https://", "data:")):
         scheme = url.split(":", 1)[0] if ":" in url else url[:16]
         raise InvalidInputError(
             f"a picture's url must be http(s) or a data: URL, not {scheme!r}", url=url[:200]

@@ -45,6 +45,8 @@ from turnkit.stages._planning import is_planning_tool, run_planning_tool
 from turnkit.stages._plugins import after_tool_call, before_tool_call, guard
 from turnkit.stages._types import StageContext, TranscriptMessage
 from turnkit.tools import Tool, ToolArgumentsError, ToolContext
+from turnkit.tools._errors import ToolResultError
+from turnkit.tools._storable import storable
 
 __all__ = ("dispatch_tools", "idempotency_key")
 
@@ -142,6 +144,7 @@ def _record_result(
     """Stage the call's `tool.completed` (or `tool.failed`, with `problem`); its result."""
     call_id = ToolCallId(part.tool_call_id)
     if problem is None:
+        output = storable(output)
         result = ToolResultBlock(tool_call_id=call_id, tool_name=part.name, output=output)
         ctx.recorder.durable(
             ToolCompletedEvent,
@@ -153,7 +156,7 @@ def _record_result(
         )
         return result
     result = ToolResultBlock(
-        tool_call_id=call_id, tool_name=part.name, is_error=True, error=problem
+        tool_call_id=call_id, tool_name=part.name, is_error=True, error=str(storable(problem))
     )
     ctx.recorder.durable(
         ToolFailedEvent,
@@ -290,6 +293,8 @@ async def _invoke(
         output = await tool.invoke(args, tool_ctx)
     except ToolArgumentsError as exc:
         problem, code = f"{exc.reason}. Fix the arguments and call again", "tool-arguments-invalid"
+    except ToolResultError as exc:
+        problem = str(exc)
     except asyncio.CancelledError:
         raise
     except Exception as exc:  # noqa: BLE001 - a failing tool is a result the model reads

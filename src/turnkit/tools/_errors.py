@@ -6,7 +6,7 @@ import `_function`, which builds a `ToolClass` for `@tool(fallbacks=...)`.
 
 from __future__ import annotations
 
-__all__ = ("ToolArgumentsError",)
+__all__ = ("ToolArgumentsError", "ToolResultError")
 
 
 class ToolArgumentsError(Exception):
@@ -16,3 +16,7 @@ class ToolArgumentsError(Exception):
         super().__init__(f"invalid arguments for tool {tool_name!r}: {reason}")
         self.tool_name = tool_name
         self.reason = reason
+
+
+class ToolResultError(Exception):
+    """A tool returned a value that cannot be sent as JSON; the model reads the message."""

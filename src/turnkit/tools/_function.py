@@ -7,13 +7,13 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Final, cast, get_args, get_origin, get_type_hints, overload
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError, create_model
-from pydantic_core import to_jsonable_python
+from pydantic_core import PydanticSerializationError, to_jsonable_python
 
 from turnkit.errors import ConfigurationError
 from turnkit.models import ToolSpec
 from turnkit.pauses import ApprovalPolicy
 from turnkit.tools._context import ToolContext
-from turnkit.tools._errors import ToolArgumentsError
+from turnkit.tools._errors import ToolArgumentsError, ToolResultError
 from turnkit.tools.cascade import ToolClass
 
 __all__ = ("NOT_APPLIED", "FunctionTool", "Reconcile", "tool")
@@ -163,7 +163,13 @@ class FunctionTool:
         else:
             # Sync tools may block (files, HTTP); keep the event loop free.
             result = await asyncio.to_thread(self.fn, **kwargs)
-        return cast(JsonValue, to_jsonable_python(result))
+        try:
+            return cast(JsonValue, to_jsonable_python(result))
+        except (PydanticSerializationError, ValueError) as exc:  # bytes that are not UTF-8
+            raise ToolResultError(
+                f"the tool returned {type(result).__name__}, which cannot be sent as JSON "
+                f"({exc}): return text, numbers, lists, dicts or pydantic models"
+            ) from exc
 
     async def reconcile(
         self, arguments: Mapping[str, JsonValue], ctx: ToolContext
