@@ -14,6 +14,8 @@ from turnkit import (
     EmptyContentError,
     InvalidInputError,
     InvalidSessionIdError,
+    ModelCredentialsError,
+    ModelUnreachableError,
     RuntimeConfig,
     SessionNotFoundError,
     UnknownModelError,
@@ -154,6 +156,12 @@ async def test_per_message_agent_with_unknown_model_writes_nothing(
         ({"idle_window_s": 10, "ceiling_s": 5}, "cannot exceed"),
         ({"ceiling_s": 600, "credential_lifetime_s": 600}, "must exceed the ceiling"),
         ({"max_content_chars": 0}, "at least 1"),
+        ({"recovery_concurrency": 0}, "recovery_concurrency must be at least 1"),
+        ({"budget_reserve_tokens": -5}, "cannot be negative"),
+        ({"lease_ttl_s": float("inf")}, "lease_ttl_s must be a positive number"),
+        ({"lease_ttl_s": 1e300}, "at most a year"),
+        ({"idle_window_s": float("nan")}, "idle_window_s must be a positive number"),
+        ({"max_attempts": 0}, "^max_attempts must be at least 1"),
     ],
 )
 def test_bad_configuration(kwargs: dict[str, float], message: str) -> None:
@@ -174,3 +182,9 @@ def test_errors_pickle_and_carry_codes() -> None:
     assert type(again) is InvalidSessionIdError
     assert again.details == {"session_id": "a b"}
     assert "invalid-session-id" in str(again)
+    for error in (
+        ModelCredentialsError("no key", model="openai/x", variable="OPENAI_API_KEY"),
+        ModelUnreachableError("refused", model="openai/x", address="http://127.0.0.1:9"),
+    ):
+        back = pickle.loads(pickle.dumps(error))
+        assert (type(back), back.details, str(back)) == (type(error), error.details, str(error))

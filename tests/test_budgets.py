@@ -372,6 +372,10 @@ async def test_the_cli_sets_lists_and_deletes_limits_and_resumes_paused_turns(
         code, _, err = await turnkit("set", "--scope", "principal", "--key", ANN)
         assert code == 2
         assert err.startswith("turnkit: invalid setting:")  # no amount: one line, no trace
+        for amount in (["--usd", "inf"], ["--tokens", "9" * 23]):
+            code, _, err = await turnkit("set", "--scope", "principal", "--key", ANN, *amount)
+            assert (code, err.count("\n")) == (2, 1), err
+            assert err.startswith("turnkit: invalid setting:")
         code, out, _ = await turnkit(
             "set", "--scope", "principal", "--key", ANN, "--tokens", "100000"
         )

@@ -32,6 +32,10 @@ BudgetPeriod = Literal["day", "month", "total"]
 SCOPES: tuple[BudgetScope, ...] = ("organisation", "department", "principal", "session")
 
 
+_MAX_TOKENS = 2**62
+"""The largest token limit (a 64-bit column holds it and what is spent against it)."""
+
+
 class BudgetLimit(BaseModel):
     """A limit on what one scope may spend per period (UTC days or months, or in total).
 
@@ -45,8 +49,8 @@ class BudgetLimit(BaseModel):
     organisation: str = DEFAULT_ORGANISATION
     key: str = ""
     period: BudgetPeriod = "month"
-    usd: float | None = Field(default=None, ge=0)
-    tokens: int | None = Field(default=None, ge=0)
+    usd: float | None = Field(default=None, ge=0, le=1e12, allow_inf_nan=False)
+    tokens: int | None = Field(default=None, ge=0, le=_MAX_TOKENS)
 
     @model_validator(mode="after")
     def _names_a_limit(self) -> BudgetLimit:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Final, Literal
 
 from turnkit.errors import ConfigurationError
 
@@ -107,26 +108,44 @@ class RuntimeConfig:
             raise ConfigurationError("callback_secret must be at least 16 characters")
         if self.max_running_turns is not None and self.max_running_turns < 1:
             raise ConfigurationError("max_running_turns must be at least 1 (or None)")
-        if self.max_content_chars < 1:
-            raise ConfigurationError("max_content_chars must be at least 1")
-        if self.idle_window_s <= 0 or self.ceiling_s <= 0:
-            raise ConfigurationError("idle_window_s and ceiling_s must be positive")
+        self._check_numbers()
         if self.idle_window_s > self.ceiling_s:
             raise ConfigurationError(
                 f"idle_window_s ({self.idle_window_s}) cannot exceed ceiling_s ({self.ceiling_s})"
             )
-        if not 0 < self.heartbeat_interval_s < self.idle_window_s:
+        if self.heartbeat_interval_s >= self.idle_window_s:
             raise ConfigurationError(
-                "heartbeat_interval_s must be positive and below the idle window"
+                f"heartbeat_interval_s ({self.heartbeat_interval_s}) must be below the idle "
+                f"window ({self.idle_window_s})"
             )
-        if self.lease_ttl_s <= 0 or self.max_attempts < 1:
-            raise ConfigurationError("lease_ttl_s must be positive and max_attempts at least 1")
         if self.credential_lifetime_s is not None and self.credential_lifetime_s <= self.ceiling_s:
             raise ConfigurationError(
                 f"the credential lifetime ({self.credential_lifetime_s} s) must exceed the "
                 f"ceiling ({self.ceiling_s} s): a run that outlives its key fails model calls "
                 "halfway through; lower `ceiling_s` or issue longer-lived keys"
             )
+
+    def _check_numbers(self) -> None:
+        for name in ("max_content_chars", "recovery_concurrency", "max_attempts"):
+            if getattr(self, name) < 1:
+                raise ConfigurationError(f"{name} must be at least 1")
+        if self.budget_reserve_tokens < 0:
+            raise ConfigurationError("budget_reserve_tokens cannot be negative")
+        for name in ("idle_window_s", "ceiling_s", "heartbeat_interval_s", "lease_ttl_s"):
+            _check_seconds(name, getattr(self, name))
+        if self.credential_lifetime_s is not None:
+            _check_seconds("credential_lifetime_s", self.credential_lifetime_s)
+
+
+MAX_SECONDS: Final = 366 * 24 * 3600.0
+"""The longest duration a setting takes (a year): past it, deadlines overflow dates."""
+
+
+def _check_seconds(name: str, value: float) -> None:
+    if not (isinstance(value, int | float) and 0 < value <= MAX_SECONDS):
+        raise ConfigurationError(
+            f"{name} must be a positive number of seconds, at most a year; got {value!r}"
+        )
 
 
 def env_seconds(env: Mapping[str, str], name: str, default: float) -> float:
@@ -139,6 +158,9 @@ def env_seconds(env: Mapping[str, str], name: str, default: float) -> float:
     if not value:
         return default
     try:
-        return float(value)
+        seconds = float(value)
     except ValueError:
-        raise ConfigurationError(f"{name}={value!r} is not a number of seconds") from None
+        seconds = math.nan
+    if not math.isfinite(seconds):
+        raise ConfigurationError(f"{name}={value!r} is not a number of seconds")
+    return seconds

@@ -173,7 +173,11 @@ class TurnkitError(Exception):
 
 
 def _rebuild(cls: type[TurnkitError], message: str, details: dict[str, Any]) -> TurnkitError:
-    return cls(message, **details)
+    # Not `cls(message, **details)`: a subclass's own `__init__` may take other arguments
+    # than the details it keeps (ModelCredentialsError keeps `is_retriable`).
+    error = cls.__new__(cls)
+    TurnkitError.__init__(error, message, **details)
+    return error
 
 
 class ConfigurationError(TurnkitError):
