@@ -27,7 +27,11 @@ async def _probe(runtime: SessionRuntime) -> httpx.Response:
         transport=httpx.ASGITransport(app=app), base_url="http://test"
     ) as http:
         assert (await http.get("/healthz")).json() == {"status": "ok"}  # the process is up
-        return await http.get("/readyz")
+        ready = await http.get("/readyz")
+        for probe, status in (("/healthz", 200), ("/readyz", ready.status_code)):
+            head = await http.head(probe)  # load balancers probe with HEAD too
+            assert (head.status_code, head.content) == (status, b""), probe
+        return ready
 
 
 def _unreachable_store() -> SqlStore:

@@ -117,6 +117,13 @@ async def test_auth_and_method_errors_carry_their_own_codes_and_headers(
     assert wrong.status_code == 405
     assert wrong.json()["code"] == "method-not-allowed"
     assert "POST" in wrong.headers["Allow"]
+    # A path several routes share: Allow names every method they take.
+    for path, methods in (("/sessions", {"GET", "POST"}),
+                          ("/sessions/s1", {"DELETE", "PATCH"})):  # fmt: skip
+        options = await client.options(API + path, headers={"x-user": "alice"})
+        assert options.status_code == 405
+        assert set(options.headers["Allow"].split(", ")) == methods, path
+        assert options.headers["content-type"] == "application/problem+json"
 
 
 async def test_a_body_that_is_not_utf8_is_a_422(client: httpx.AsyncClient) -> None:

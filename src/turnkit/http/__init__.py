@@ -124,12 +124,13 @@ def create_health_router(runtime: SessionRuntime) -> APIRouter:
     router = APIRouter(tags=["health"])
     ping_timeout_s = 2.0  # a buffer that hangs (not refuses) must not hang the probe
 
-    @router.get("/healthz", summary="The process is up")
+    @router.api_route("/healthz", methods=["GET", "HEAD"], summary="The process is up")
     async def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
-    @router.get(
+    @router.api_route(
         "/readyz",
+        methods=["GET", "HEAD"],
         summary="The Store answers (the replay buffer may be degraded)",
         response_model=None,
     )

@@ -11,6 +11,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from turnkit.errors import (
     DOCS_URL,
@@ -120,6 +121,9 @@ def _detail(errors: list[dict[str, Any]]) -> str:
     return "; ".join(f"{field}: {', or '.join(said)}" for field, said in by_field.items())
 
 
+_METHODS = ("DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT")
+
+
 def install_problem_handlers(app: FastAPI) -> None:
     """Answer every turnkit error, validation error and HTTP error with a problem body."""
 
@@ -144,14 +148,30 @@ def install_problem_handlers(app: FastAPI) -> None:
         )
         return problem_response(422, code, _detail(errors) or "invalid request", errors=errors)
 
-    async def http_error(_: Request, exc: Exception) -> JSONResponse:
+    async def http_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
         status = exc.status_code
+        if status == 405:  # Starlette's Allow names the first matching route's methods only
+            methods = _allowed(request)
+            detail = f"{request.method} is not allowed here; use {methods}"
+            return problem_response(405, "method-not-allowed", detail, headers={"Allow": methods})
         code = _HTTP_CODES.get(status, "invalid-input" if status < 500 else "internal-error")
         if status == 400 and "parsing the body" in str(exc.detail):
             # A body that is not UTF-8 JSON is invalid input like any other (422).
             return problem_response(422, "invalid-input", f"the body is not JSON: {exc.detail}")
         return problem_response(status, code, str(exc.detail), headers=exc.headers)
+
+    def _allowed(request: Request) -> str:
+        """Every method some route at the request's path takes (each route is asked)."""
+        routes = request.app.router.routes
+        return ", ".join(
+            method
+            for method in _METHODS
+            if any(
+                route.matches({**request.scope, "method": method})[0] == Match.FULL
+                for route in routes
+            )
+        )
 
     app.add_exception_handler(TurnkitError, turnkit_error)
     app.add_exception_handler(RequestValidationError, validation_error)
