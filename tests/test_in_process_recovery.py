@@ -148,6 +148,54 @@ async def test_a_call_in_doubt_is_reconciled_not_run_twice(tmp_path: Path) -> No
     assert events[-1].type == "done"
 
 
+SEEN_WHILE_RERUN: list[str] = []
+RUNTIME: dict[str, SessionRuntime] = {}
+
+
+@tool
+async def export(rows: int, ctx: ToolContext) -> int:
+    """Export rows (no reconcile hook: a call in doubt runs again)."""
+    if "second" in RUNTIME:  # the re-run: what has the turn committed by now?
+        events = RUNTIME["second"].events(ctx.turn_id)
+        SEEN_WHILE_RERUN.extend([e.type async for e in events])
+        return rows
+    RAN.append(rows)
+    await asyncio.sleep(60)  # the process dies mid-call
+    return rows
+
+
+async def test_a_call_run_again_is_in_doubt_on_record_before_it_runs(tmp_path: Path) -> None:
+    """Readers learn at once that the call runs again, not only once it has finished."""
+    db = tmp_path / "export.db"
+
+    def runtime(model: ScriptedModel) -> SessionRuntime:
+        config = RuntimeConfig(
+            database_url=f"sqlite:///{db}", lease_ttl_s=1.0, recover_in_process=True
+        )
+        return SessionRuntime(agent=Agent(model=model, tools=[export]), config=config)
+
+    RAN.clear()
+    first = runtime(ScriptedModel([ModelStep.tool_call_reply(call("export", rows=7))]))
+    await first.open()
+    submission = await first.start("s1", "export")
+    for _ in range(200):
+        if RAN:
+            break
+        await asyncio.sleep(0.02)
+    await first.close()
+    RUNTIME["second"] = second = runtime(ScriptedModel([ModelStep.text_reply("Exported.")]))
+    await second.open()
+    try:
+        deadline = time.monotonic() + 20
+        while (await second.turn(submission.turn_id)).status == "running":
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.05)
+    finally:
+        await second.close()
+        RUNTIME.clear()
+    assert SEEN_WHILE_RERUN[-2:] == ["turn.recovering", "tool.in_doubt"]
+
+
 APPROVED: list[int] = []
 
 

@@ -243,6 +243,7 @@ async def _reconcile(
         idempotency_key=key,
         resolution="reconciled" if applied else "rerun",
     )
+    await rec.flush()  # on record before the call runs again: readers see why it restarted
     return applied, output
 
 
