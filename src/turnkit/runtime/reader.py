@@ -52,7 +52,9 @@ from turnkit.store import Store, Submission, TurnProgress, TurnRecord
 __all__ = ("KEEPALIVE", "Frame", "TurnReader", "check_cursor", "parse_cursor", "set_once_sent")
 
 _TERMINAL_TYPES: Final = frozenset({"done"})
-_CURSOR: Final = re.compile(r"(?:0|[1-9][0-9]{0,17})", re.ASCII)
+_CURSOR: Final = re.compile(r"(?:0|[1-9][0-9]{0,39})", re.ASCII)
+_FARTHEST: Final = 2**62
+"""A longer cursor is ahead of every turn all the same: it is read as this one."""
 CATCH_UP_S: Final = 1.0
 """A live reader asks the Store at least this often while the buffer is quiet."""
 _BACKOFF_MAX_S: Final = 1.0
@@ -141,12 +143,12 @@ def parse_cursor(raw: str | None) -> int:
     """A `Last-Event-ID` / `?after=` value as a seq (0 when absent)."""
     if raw is None or raw == "":
         return 0
-    if _CURSOR.fullmatch(raw) is None:  # ASCII digits, no leading zeros, at most 18
+    if _CURSOR.fullmatch(raw) is None:  # ASCII digits, no leading zeros, at most 40
         raise ReplayCursorError(
             f"cursor {raw!r} is not an event id: send the `id` of the last event you received",
             cursor=raw,
         )
-    return int(raw)
+    return min(int(raw), _FARTHEST)
 
 
 class TurnReader:
