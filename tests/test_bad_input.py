@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from tests.conftest import RuntimeFactory
@@ -15,9 +17,11 @@ from turnkit import (
     InvalidInputError,
     InvalidSessionIdError,
     ModelCredentialsError,
+    ModelFamily,
     ModelUnreachableError,
     RuntimeConfig,
     SessionNotFoundError,
+    SessionRuntime,
     UnknownModelError,
     tool,
 )
@@ -188,3 +192,29 @@ def test_errors_pickle_and_carry_codes() -> None:
     ):
         back = pickle.loads(pickle.dumps(error))
         assert (type(back), back.details, str(back)) == (type(error), error.details, str(error))
+
+
+def _plain(a: int) -> int:
+    return a
+
+
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        (lambda: Agent(model=ScriptedModel([]), tools=[_plain]), "'_plain', not a tool: decorate"),
+        (lambda: Agent(model=ScriptedModel([]), tools=add), "list of tools .*not FunctionTool"),
+        (lambda: Agent(model=123), "`model` is a model string .*not int"),
+        (lambda: ModelFamily("f", ["openai/a"]), "rung 0 .*LiteLLMClient\\('openai/a'\\)"),
+        (lambda: SessionRuntime(agent="openai/x"), "`agent` is a turnkit.Agent, not str"),
+        (
+            lambda: SessionRuntime(agent=Agent(model=ScriptedModel([])), config={"a": 1}),
+            "`config` is a turnkit.RuntimeConfig, not dict",
+        ),
+    ],
+    ids=["plain-function", "one-tool", "model-int", "family-strings", "agent-str", "config-dict"],
+)
+def test_a_wrong_type_at_construction_is_a_configuration_error(
+    build: Callable[[], object], message: str
+) -> None:
+    with pytest.raises(ConfigurationError, match=message):
+        build()

@@ -146,6 +146,11 @@ class Agent:
                 "`tool_result_preview_chars` must be at least 200 (or None to send results "
                 f"whole), not {self.tool_result_preview_chars}"
             )
+        _check_model("model", self.model)
+        for name in ("utility_model", "synthesis_model"):
+            if getattr(self, name) is not None:
+                _check_model(name, getattr(self, name))
+        _check_tools(self.tools)
         object.__setattr__(self, "tools", tuple(self.tools))
         object.__setattr__(self, "skills", tuple(self.skills))
         object.__setattr__(self, "knowledge", tuple(self.knowledge))
@@ -270,3 +275,28 @@ def load_agents(specs: str | Sequence[str]) -> tuple[Agent, ...]:
     if not agents:
         raise ConfigurationError("name at least one agent as `package.module:name`")
     return agents
+
+
+def _check_model(field_name: str, model: object) -> None:
+    """A model string or a ModelClient (anything with `stream`)."""
+    if isinstance(model, str) or callable(getattr(model, "stream", None)):
+        return
+    raise ConfigurationError(
+        f"`{field_name}` is a model string ('openai/gpt-4o-mini') or a ModelClient, not "
+        f"{type(model).__name__}"
+    )
+
+
+def _check_tools(tools: object) -> None:
+    """A sequence of tools, each made with `@tool` (or a `Tool` of the app's own)."""
+    if isinstance(tools, Tool) or not isinstance(tools, Sequence) or isinstance(tools, str):
+        raise ConfigurationError(
+            f"`tools` is a list of tools (tools=[add]), not {type(tools).__name__}"
+        )
+    for at, item in enumerate(tools):
+        if not isinstance(item, Tool):
+            hint = ": decorate it with @tool" if callable(item) else ""
+            raise ConfigurationError(
+                f"tools[{at}] is {getattr(item, '__name__', type(item).__name__)!r}, not a "
+                f"tool{hint}"
+            )

@@ -45,6 +45,13 @@ class ModelFamily:
     ) -> None:
         if not rungs:
             raise ConfigurationError(f"model family {name!r} needs at least one rung")
+        for at, rung in enumerate(rungs):
+            if not callable(getattr(rung, "stream", None)):
+                hint = f": LiteLLMClient({rung!r})" if isinstance(rung, str) else ""
+                raise ConfigurationError(
+                    f"rung {at} of model family {name!r} is {type(rung).__name__}, not a "
+                    f"ModelClient{hint}"
+                )
         self.name = name
         self.rungs: tuple[ModelClient, ...] = tuple(rungs)
         self.is_retriable = is_retriable

@@ -69,6 +69,12 @@ class RuntimeCore:
         admission: Sequence[AdmissionCheck] = (),
         documents: DocumentResolver | None = None,
     ) -> None:
+        if agent is not None and not isinstance(agent, Agent):
+            raise ConfigurationError(f"`agent` is a turnkit.Agent, not {type(agent).__name__}")
+        if config is not None and not isinstance(config, RuntimeConfig):
+            raise ConfigurationError(
+                f"`config` is a turnkit.RuntimeConfig, not {type(config).__name__}"
+            )
         if isinstance(agents, AgentCatalog) and tools:
             raise ConfigurationError("give the host's `tools` to the AgentCatalog, not both")
         if not isinstance(agents, AgentCatalog):
