@@ -328,6 +328,8 @@ async def test_the_openapi_document_validates(client: httpx.AsyncClient) -> None
     paths = spec["paths"]
     assert f"{API}/sessions/{{session_id}}/execute" in paths
     assert f"{API}/turns/{{turn_id}}/stream" in paths
+    execute = paths[f"{API}/sessions/{{session_id}}/execute"]["post"]["responses"]
+    assert {"401", "403", "422"} <= set(execute)  # auth and admission refuse with these
 
 
 async def test_an_oversized_frame_is_dropped_and_the_stream_carries_on(tmp_path: Path) -> None:

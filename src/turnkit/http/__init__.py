@@ -44,7 +44,7 @@ AuthDependency = Callable[..., AuthResult | Awaitable[AuthResult]]
 
 _PROBLEMS: dict[int | str, dict[str, Any]] = {
     status: {"model": Problem, "content": {MEDIA_TYPE: {}}}
-    for status in (400, 404, 409, 416, 422, 503)
+    for status in (400, 401, 403, 404, 409, 416, 422, 503)  # 401/403: `auth`, admission
 }
 
 
