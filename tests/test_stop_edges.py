@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.helpers import GatedModel, PostTurnGate, calls_made, drain, until, waiting_for_slot
-from turnkit import Agent, RuntimeConfig, SessionRuntime, ToolContext, tool
+from turnkit import Agent, RuntimeConfig, SessionRuntime, ToolContext, TurnNotFoundError, tool
 from turnkit.budgets import BudgetLimit
 from turnkit.events import ApprovalRequestedEvent, DoneEvent
 from turnkit.ids import SessionId
@@ -206,3 +209,31 @@ async def test_a_stop_as_the_turn_ends_still_runs_its_requeued_guide(
             return [t.status for t in turns] == ["succeeded", "succeeded"]
 
         await until(both_ended, "the re-queued guide runs as its own turn")
+
+
+async def test_a_turn_whose_session_is_deleted_while_it_runs_ends_quietly(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The driver's next write finds no turn: one line, not an unretrieved task exception."""
+    started = asyncio.Event()
+
+    @tool
+    async def slow() -> str:
+        """Takes a while."""
+        started.set()
+        await asyncio.sleep(0.3)
+        return "done"
+
+    model = ScriptedModel([ModelStep.tool_call_reply(call("slow")), ModelStep.text_reply("x")])
+    config = RuntimeConfig(database_url=f"sqlite:///{tmp_path / 'gone.db'}")
+    caplog.set_level(logging.INFO, logger="turnkit.runtime")
+    async with SessionRuntime(agent=Agent(model=model, tools=[slow]), config=config) as runtime:
+        submission = await runtime.start("s1", "go")
+        await asyncio.wait_for(started.wait(), 10)
+        await runtime.store.delete_session(SessionId("s1"))
+        async with asyncio.timeout(10):
+            while not any("deleted while it ran" in r.message for r in caplog.records):
+                await asyncio.sleep(0.05)
+        with pytest.raises(TurnNotFoundError):
+            await runtime.turn(submission.turn_id)
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]

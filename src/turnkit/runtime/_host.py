@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections import deque
 from collections.abc import AsyncGenerator, Callable, Coroutine
 from typing import Any, TypeVar
@@ -18,6 +19,7 @@ from typing import Any, TypeVar
 from turnkit.agent import Agent
 from turnkit.clock import Clock
 from turnkit.config import RuntimeConfig
+from turnkit.errors import TurnNotFoundError
 from turnkit.events import DurableEvent, EphemeralEvent
 from turnkit.ids import SessionId, TurnId
 from turnkit.replay import ReplayBuffer
@@ -33,6 +35,8 @@ from turnkit.states import TERMINAL_STATES, TurnStatus
 from turnkit.store import Lease, Store, TurnRecord
 
 __all__ = ("TurnHost",)
+
+log = logging.getLogger("turnkit.runtime")
 
 T = TypeVar("T")
 
@@ -256,6 +260,8 @@ class TurnHost:
                 )
                 await entry.driver.run(hold_until=hold_until)
                 entry.ran = True
+        except TurnNotFoundError:  # its session was deleted meanwhile: nothing left to write
+            log.info("turn %s ended with its session, deleted while it ran", turn_id)
         finally:
             if entry.slot is not None:
                 entry.slot.release()
