@@ -671,6 +671,18 @@ def test_a_worker_flag_out_of_range_is_refused_before_it_starts(
     assert f"argument {flag}: {says}" in capsys.readouterr().err
 
 
+def test_an_idle_window_past_the_ceiling_is_refused_not_lowered(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["worker", "--idle-window", "10", "--ceiling", "5", "--database-url", "sqlite://"]
+    assert cli.main(argv) == 2
+    assert capsys.readouterr().err.startswith(
+        "turnkit: --idle-window (10 s) cannot exceed --ceiling (5 s)"
+    )
+    lowered = cli._config(cli._parser().parse_args(["worker", "--ceiling", "60"]))
+    assert (lowered.idle_window_s, lowered.ceiling_s) == (60.0, 60.0)  # the default bows
+
+
 def test_an_empty_agent_flag_hosts_the_demo_agent() -> None:
     """Compose passes `--agent "${TURNKIT_AGENT:-}"`: unset, the worker runs the demo agent."""
     [agent] = cli._hosted_agents(cli._parser().parse_args(["worker", "--agent", ""]))

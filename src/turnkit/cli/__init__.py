@@ -166,9 +166,13 @@ def _ceiling(args: argparse.Namespace, idle: float) -> float:
 
 
 def _config(args: argparse.Namespace) -> RuntimeConfig:
-    idle: float = getattr(args, "idle_window", None) or _env_idle_window()
+    given: float | None = getattr(args, "idle_window", None)
+    idle = given or _env_idle_window()
     ceiling = _ceiling(args, idle)
-    idle = min(idle, ceiling)
+    if given is not None and given > ceiling:
+        raise ConfigurationError(f"--idle-window ({given:g} s) cannot exceed --ceiling "
+                                 f"({ceiling:g} s)")  # fmt: skip
+    idle = min(idle, ceiling)  # a lower --ceiling bounds the environment's idle window
     return RuntimeConfig(
         database_url=args.database_url,
         database_schema=args.database_schema,

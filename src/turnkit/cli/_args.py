@@ -161,8 +161,7 @@ def _add_worker(sub: _Subparsers) -> None:
     )
     worker.add_argument(
         "--idle-window",
-        type=_positive_seconds,
-        default=os.environ.get("TURNKIT_IDLE_WINDOW_S") or 120.0,
+        type=_positive_seconds,  # unset: $TURNKIT_IDLE_WINDOW_S, read where it is used
         help="seconds a turn may go without producing anything before it ends timed_out; "
         "keep it the same as the API processes' (default: $TURNKIT_IDLE_WINDOW_S, else 120)",
     )
