@@ -671,6 +671,14 @@ def test_a_worker_flag_out_of_range_is_refused_before_it_starts(
     assert f"argument {flag}: {says}" in capsys.readouterr().err
 
 
+def test_an_empty_session_is_refused_not_replaced(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = f"sqlite:///{tmp_path / 'empty.db'}"
+    assert main(["run", "hi", "--session", "", "--database-url", url], out=io.StringIO()) == 2
+    assert capsys.readouterr().err.startswith("turnkit: session id '' has an unknown format")
+
+
 def test_an_idle_window_past_the_ceiling_is_refused_not_lowered(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

@@ -141,7 +141,7 @@ async def _run(args: argparse.Namespace, out: TextIO) -> int:
     async with SessionRuntime(agent=agent, models=served, config=_config(args)) as runtime:
         status = "failed"
         events = runtime.execute_message(
-            args.session or f"cli-{uuid7()}",
+            f"cli-{uuid7()}" if args.session is None else args.session,
             args.message,
             model=model,
             settings=settings if settings != ModelSettings() else None,
