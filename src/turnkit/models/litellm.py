@@ -369,6 +369,7 @@ class LiteLLMClient:
             provider=self._provider,
             api_base=self._api_base,
             key_variable=self._key_variable(),
+            timeout=self._timeout,
         )
 
     def _key_variable(self) -> str:
