@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from turnkit.errors import ProviderError
+from turnkit.errors import ConfigurationError, ProviderError
 from turnkit.models import (
     Finish,
     ModelChunk,
@@ -24,7 +24,7 @@ from turnkit.models import (
     TextDelta,
 )
 from turnkit.models.family import ModelFamily
-from turnkit.models.litellm import LiteLLMClient, Transport
+from turnkit.models.litellm import LiteLLMClient, ModelEndpoint, Transport
 
 HELLO = ModelRequest(messages=(ModelMessage(role="user", content="hi"),))
 STREAM = "text/event-stream"
@@ -198,3 +198,15 @@ async def test_a_client_timeout_names_its_seconds_not_a_status(
     assert "timed out after 0.5 s" in error.message
     assert "HTTP 408" not in error.message
     assert not error.message.rstrip().endswith("Provider said:")
+
+
+# ── configuration ─────────────────────────────────────────────────────────────────────
+
+
+@pytest.mark.parametrize("timeout", [0, -1, "5", True, float("nan")])
+def test_a_timeout_that_is_not_positive_seconds_is_refused(timeout: object) -> None:
+    with pytest.raises(ConfigurationError, match="timeout"):
+        LiteLLMClient("openai/gpt-4o", timeout=timeout)  # type: ignore[arg-type]
+
+    assert LiteLLMClient("openai/gpt-4o", timeout=1).model == "openai/gpt-4o"
+    assert ModelEndpoint(model="openai/gpt-4o", timeout=2.5).client().model == "openai/gpt-4o"

@@ -72,6 +72,10 @@ def _resolve(model: str, api_base: str | None = None) -> tuple[str, str]:
     return str(bare), str(provider)
 
 
+def _positive_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and value > 0
+
+
 def resolve_model(model: str) -> str:
     """Return the provider name litellm resolves `model` to.
 
@@ -197,7 +201,8 @@ class LiteLLMClient:
             call (so a key kept out of code can rotate); takes effect when `api_key` is
             None.
         headers: Extra HTTP headers sent with every call (a proxy's routing or auth).
-        timeout: Seconds litellm waits for the provider (connect and between chunks).
+        timeout: Seconds to wait for the provider (connect and between chunks); a number
+            above 0.
         extra_body: Extra JSON fields sent as they are in the request body.
         num_retries: Retries litellm makes on its own; keep 0 under a `ModelFamily`, which
             walks to the next rung instead.
@@ -235,6 +240,10 @@ class LiteLLMClient:
             raise ConfigurationError("`api_key_env` must name an environment variable")
         if transport not in ("auto", "litellm"):
             raise ConfigurationError(f"`transport` must be 'auto' or 'litellm', not {transport!r}")
+        if not _positive_number(timeout):
+            raise ConfigurationError(
+                f"`timeout` must be a number of seconds above 0, not {timeout!r}"
+            )
         self._bare_model, self._provider = _resolve(model, api_base)
         self._model = model
         self._api_base = api_base
