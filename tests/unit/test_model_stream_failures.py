@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from turnkit.errors import ConfigurationError, ProviderError
+from turnkit.errors import ConfigurationError, ProviderError, UnknownModelError
 from turnkit.models import (
     Finish,
     ModelChunk,
@@ -210,3 +210,13 @@ def test_a_timeout_that_is_not_positive_seconds_is_refused(timeout: object) -> N
 
     assert LiteLLMClient("openai/gpt-4o", timeout=1).model == "openai/gpt-4o"
     assert ModelEndpoint(model="openai/gpt-4o", timeout=2.5).client().model == "openai/gpt-4o"
+
+
+def test_an_unknown_provider_prefix_is_named_with_the_openai_compatible_way() -> None:
+    with pytest.raises(UnknownModelError) as caught:
+        LiteLLMClient("nosuchprov/mymodel")
+
+    message = caught.value.message
+    assert "'nosuchprov'" in message
+    assert "'openai/mymodel' with api_base" in message
+    assert "openai/nosuchprov" not in message

@@ -63,13 +63,24 @@ def _resolve(model: str, api_base: str | None = None) -> tuple[str, str]:
         bare, provider, _, _ = litellm.get_llm_provider(model=model, api_base=api_base)
     except Exception as exc:
         raise UnknownModelError(
-            f"cannot resolve model {model!r} to a provider: give it a provider prefix, e.g. "
-            f"'openai/{model}' or 'anthropic/<model>' (see litellm's provider list); "
-            "to run without a provider key or network: turnkit.testing.ScriptedModel in code, "
-            "or the demo model (no --model) on the command line",
+            f"cannot resolve model {model!r} to a provider: {_prefix_advice(litellm, model)} (see "
+            "litellm's provider list); to run without a provider key or network: "
+            "turnkit.testing.ScriptedModel in code, or the demo model (no --model) on the "
+            "command line",
             model=model,
         ) from exc
     return str(bare), str(provider)
+
+
+def _prefix_advice(litellm: ModuleType, model: str) -> str:
+    """How to name the provider: an unknown prefix is named, with the OpenAI-compatible way."""
+    prefix, _, rest = model.partition("/")
+    if not rest or prefix in getattr(litellm, "provider_list", ()):
+        return f"give it a provider prefix, e.g. 'openai/{model}' or 'anthropic/<model>'"
+    return (
+        f"litellm knows no provider {prefix!r}; for an OpenAI-compatible server use "
+        f"'openai/{rest}' with api_base, or another provider's prefix, e.g. 'anthropic/<model>'"
+    )
 
 
 def _positive_number(value: object) -> bool:
