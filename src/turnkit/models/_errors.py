@@ -28,6 +28,8 @@ class CallSite:
     provider: str
     api_base: str | None
     key_variable: str
+    timeout: float
+    """Seconds the client waits for the provider (connect and between reads)."""
 
 
 def map_error(exc: Exception, site: CallSite, litellm: ModuleType) -> ProviderError | None:
@@ -36,10 +38,13 @@ def map_error(exc: Exception, site: CallSite, litellm: ModuleType) -> ProviderEr
     httpx = importlib.import_module("httpx")
     status = getattr(exc, "status_code", None)
     status = status if isinstance(status, int) and not isinstance(status, bool) else None
-    if isinstance(exc, openai.APITimeoutError | httpx.TimeoutException | TimeoutError) or (
-        isinstance(exc, ChatStreamError) and status in (408, 504)  # litellm: `Timeout`
-    ):
-        status, retriable, advice = status or 408, True, "the provider timed out"
+    sent = not _synthetic(exc, litellm)  # whether the provider sent `status` itself
+    detail = str(getattr(exc, "message", "") or exc).strip()
+    if isinstance(exc, openai.APITimeoutError | httpx.TimeoutException | TimeoutError):
+        status, sent, retriable = status or 408, False, True
+        advice = f"it timed out after {site.timeout:g} s waiting for the provider"
+    elif isinstance(exc, ChatStreamError) and status in (408, 504):  # litellm: `Timeout`
+        retriable, advice = True, "the provider timed out"
     elif _refused(exc, httpx):
         where = site.api_base or f"the {site.provider} default URL"
         return ModelUnreachableError(
@@ -58,6 +63,10 @@ def map_error(exc: Exception, site: CallSite, litellm: ModuleType) -> ProviderEr
             variable=site.key_variable,
             status_code=status or 401,
         )
+    elif isinstance(exc, ChatStreamError) and exc.origin == "stream":
+        retriable, advice, detail = True, exc.message, ""
+    elif isinstance(exc, httpx.TransportError) and not isinstance(exc, httpx.ConnectError):
+        retriable, advice = True, "the connection was cut before the answer was complete"
     elif isinstance(exc, openai.APIConnectionError | httpx.TransportError | ConnectionError):
         retriable, advice = True, "the provider could not be reached"
     elif isinstance(exc, openai.RateLimitError) or status == 429:
@@ -67,17 +76,41 @@ def map_error(exc: Exception, site: CallSite, litellm: ModuleType) -> ProviderEr
         advice = _advice(status, exc, litellm)
     else:
         return None
+    return _provider_error(site, status, sent, retriable, advice, detail)
+
+
+def _provider_error(
+    site: CallSite, status: int | None, sent: bool, retriable: bool, advice: str, detail: str
+) -> ProviderError:
+    """The message names the HTTP status only when the provider sent it."""
     if retriable:
         advice += "; retry later or add a fallback rung to the ModelFamily"
-    detail = str(getattr(exc, "message", "") or exc).strip()
     if len(detail) > 500:
         detail = detail[:500] + "..."
     return ProviderError(
         f"model {site.model!r} (provider {site.provider!r}) failed"
-        f"{f' with HTTP {status}' if status else ''}: {advice}. Provider said: {detail}",
+        f"{f' with HTTP {status}' if status and sent else ''}: {advice}."
+        f"{f' Provider said: {detail}' if detail else ''}",
         status_code=status,
         is_retriable=retriable,
     )
+
+
+def _synthetic(exc: Exception, litellm: ModuleType) -> bool:
+    """Whether `exc`'s status was made up on this side (the provider sent no such status)."""
+    if isinstance(exc, ChatStreamError):
+        return exc.origin != "status"
+    connection = getattr(litellm, "APIConnectionError", None)
+    return isinstance(exc, _mid_stream(litellm)) or (
+        isinstance(connection, type) and isinstance(exc, connection)
+    )
+
+
+def _mid_stream(litellm: ModuleType) -> tuple[type, ...]:
+    """The error litellm raises for a stream that failed after it began (a made-up status)."""
+    exceptions = getattr(litellm, "exceptions", None)
+    kind = getattr(exceptions, "MidStreamFallbackError", None)
+    return (kind,) if isinstance(kind, type) else ()
 
 
 def _advice(status: int | None, exc: Exception, litellm: ModuleType) -> str:
@@ -86,6 +119,8 @@ def _advice(status: int | None, exc: Exception, litellm: ModuleType) -> str:
         or getattr(exc, "code", None) in _CONTEXT_WINDOW_CODES
     ):
         return "the request exceeds the model's context window; shorten the conversation"
+    if isinstance(exc, _mid_stream(litellm)):
+        return "the stream broke off before the answer was complete"
     if status == 404:
         return "the provider does not know this model or endpoint; check the model and api_base"
     if status is not None and status >= 500:

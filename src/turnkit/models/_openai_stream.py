@@ -18,6 +18,7 @@ import json
 import weakref
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
+from typing import Literal
 
 import httpx
 
@@ -53,22 +54,57 @@ class StreamState:
     usage: dict[str, object] | None = None
 
 
-class ChatStreamError(Exception):
-    """The server answered an error status, or sent an error inside the stream."""
+Origin = Literal["status", "event", "stream"]
+"""Where a `ChatStreamError` came from: an error status the server sent, an error the
+server sent inside a 200 response, or a 200 response turnkit could not read as a whole
+chat-completion stream (cut off, not JSON, not a stream at all)."""
 
-    def __init__(self, message: str, *, status_code: int | None, code: str | None = None) -> None:
+_EXCERPT = 120
+"""Characters of an unreadable body quoted in the error."""
+
+
+class ChatStreamError(Exception):
+    """The server answered an error status, sent an error inside the stream, or broke it.
+
+    `status_code` is the status sent when `origin` is `status`; otherwise it is 500, as
+    litellm's path reports these, though the server sent no such status.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status_code: int | None,
+        code: str | None = None,
+        origin: Origin = "status",
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.status_code = status_code
         self.code = code
         """The error body's `code`, e.g. `context_length_exceeded`."""
+        self.origin: Origin = origin
 
     def __reduce__(self) -> tuple[object, ...]:
-        return (_rebuild_error, (self.message, self.status_code, self.code))
+        return (_rebuild_error, (self.message, self.status_code, self.code, self.origin))
 
 
-def _rebuild_error(message: str, status_code: int | None, code: str | None) -> ChatStreamError:
-    return ChatStreamError(message, status_code=status_code, code=code)
+def _rebuild_error(
+    message: str, status_code: int | None, code: str | None, origin: Origin
+) -> ChatStreamError:
+    return ChatStreamError(message, status_code=status_code, code=code, origin=origin)
+
+
+def _broken_stream(message: str) -> ChatStreamError:
+    """A 200 response that is not a whole chat-completion stream: retriable, as a 500."""
+    return ChatStreamError(message, status_code=500, origin="stream")
+
+
+def _excerpt(raw: bytes | str) -> str:
+    """The start of an unreadable body, quoted, for an error message."""
+    text = raw.decode(errors="replace") if isinstance(raw, bytes) else raw
+    text = " ".join(text.split())
+    return repr(text[:_EXCERPT] + ("..." if len(text) > _EXCERPT else ""))
 
 
 # ── the pool ─────────────────────────────────────────────────────────────────────────
@@ -120,8 +156,13 @@ async def stream_chat(call: ChatCall, state: StreamState) -> AsyncGenerator[Mode
     response is closed on the way out, also when the consumer stops early or is
     cancelled, which aborts the request.
 
+    A 200 response is complete once it sent `[DONE]` or a finish reason; one that ends
+    with neither was cut off, and one that is not an event stream or a JSON answer is
+    not a chat completion at all: both raise `ChatStreamError` (origin `stream`).
+
     Raises:
-        ChatStreamError: An error status, or an error event inside the stream.
+        ChatStreamError: An error status, an error event inside the stream, or a stream
+            that is cut off, not JSON, or not a chat-completion stream.
         httpx.HTTPError: The transport failed (refused, timed out, cut off).
     """
     client = await _client(call.endpoint)
@@ -133,23 +174,49 @@ async def stream_chat(call: ChatCall, state: StreamState) -> AsyncGenerator[Mode
         if response.status_code >= 300:
             await response.aread()
             raise _status_error(response)
-        if response.headers.get("content-type", "").startswith("application/json"):
+        content_type = response.headers.get("content-type", "")
+        if content_type.startswith("application/json"):
             await response.aread()  # a server that ignores `stream`: one whole answer
-            for piece in _pieces(_as_chunk(json.loads(response.content)), state):
+            for piece in _pieces(_as_chunk(_parsed(response.content)), state):
                 yield piece
             return
         events = _Events()
         # After `[DONE]` the body is still read to its end (`feed` then returns nothing),
         # so that the connection goes back to the pool instead of being closed.
         async for raw in response.aiter_bytes():
+            events.note_start(raw)
             for payload in events.feed(raw):
-                for piece in _pieces(json.loads(payload), state):
+                for piece in _pieces(_parsed(payload), state):
                     yield piece
         for payload in events.end():
-            for piece in _pieces(json.loads(payload), state):
+            for piece in _pieces(_parsed(payload), state):
                 yield piece
+        if not events.done and state.finish_reason is None:
+            raise _unfinished(events, content_type)
     finally:
         await response.aclose()
+
+
+def _parsed(payload: bytes) -> object:
+    try:
+        return json.loads(payload)
+    except ValueError:
+        raise _broken_stream(
+            f"the provider sent a stream event that is not JSON: {_excerpt(payload)}"
+        ) from None
+
+
+def _unfinished(events: _Events, content_type: str) -> ChatStreamError:
+    """A 200 body that ended with neither `[DONE]` nor a finish reason."""
+    if events.seen:
+        return _broken_stream(
+            "the stream ended without a finish_reason or [DONE]: the answer was cut off"
+        )
+    return _broken_stream(
+        f"the response is not a chat-completion stream (content-type "
+        f"{content_type or 'none'!r}, body {_excerpt(events.start)}): check that api_base "
+        "is the address of an OpenAI-compatible server"
+    )
 
 
 class _Events:
@@ -159,12 +226,21 @@ class _Events:
     nothing turnkit needs.
     """
 
-    __slots__ = ("_data", "_rest", "done")
+    __slots__ = ("_data", "_rest", "done", "seen", "start")
 
     def __init__(self) -> None:
         self._rest = b""
         self._data: list[bytes] = []
         self.done = False
+        self.seen = False
+        """Whether any `data` line arrived."""
+        self.start = b""
+        """The body's first bytes, quoted when it turns out not to be a stream."""
+
+    def note_start(self, raw: bytes) -> None:
+        """Keep the body's first bytes (cheap: a no-op once enough are kept)."""
+        if len(self.start) < _EXCERPT:
+            self.start += raw[:_EXCERPT]
 
     def feed(self, raw: bytes) -> list[bytes]:
         """The payloads of the events `raw` completes (none once `[DONE]` was seen)."""
@@ -177,6 +253,7 @@ class _Events:
             if line.endswith(b"\r"):
                 line = line[:-1]
             if line.startswith(b"data:"):
+                self.seen = True
                 self._data.append(line[6:] if line[5:6] == b" " else line[5:])
             elif not line and self._data:  # a blank line ends an event
                 data, self._data = self._data, []
@@ -209,7 +286,9 @@ def _pieces(event: object, state: StreamState) -> list[ModelChunk]:
     reason = choice.get("finish_reason")
     if reason:
         if reason == "abort":
-            raise ChatStreamError("the upstream generation was aborted", status_code=500)
+            raise ChatStreamError(
+                "the upstream generation was aborted", status_code=500, origin="event"
+            )
         state.finish_reason = str(reason)
     delta = choice.get("delta")
     if not delta or not isinstance(delta, dict):
@@ -281,13 +360,14 @@ def _stream_error(error: object) -> ChatStreamError:
     request was accepted, and the failure came while answering.
     """
     if not isinstance(error, dict):
-        return ChatStreamError(str(error), status_code=500)
+        return ChatStreamError(str(error), status_code=500, origin="event")
     message = error.get("message")
     code = error.get("code")
     return ChatStreamError(
         message if isinstance(message, str) else json.dumps(error),
         status_code=500,
         code=code if isinstance(code, str) else None,
+        origin="event",
     )
 
 

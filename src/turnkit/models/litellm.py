@@ -63,13 +63,28 @@ def _resolve(model: str, api_base: str | None = None) -> tuple[str, str]:
         bare, provider, _, _ = litellm.get_llm_provider(model=model, api_base=api_base)
     except Exception as exc:
         raise UnknownModelError(
-            f"cannot resolve model {model!r} to a provider: give it a provider prefix, e.g. "
-            f"'openai/{model}' or 'anthropic/<model>' (see litellm's provider list); "
-            "to run without a provider key or network: turnkit.testing.ScriptedModel in code, "
-            "or the demo model (no --model) on the command line",
+            f"cannot resolve model {model!r} to a provider: {_prefix_advice(litellm, model)} (see "
+            "litellm's provider list); to run without a provider key or network: "
+            "turnkit.testing.ScriptedModel in code, or the demo model (no --model) on the "
+            "command line",
             model=model,
         ) from exc
     return str(bare), str(provider)
+
+
+def _prefix_advice(litellm: ModuleType, model: str) -> str:
+    """How to name the provider: an unknown prefix is named, with the OpenAI-compatible way."""
+    prefix, _, rest = model.partition("/")
+    if not rest or prefix in getattr(litellm, "provider_list", ()):
+        return f"give it a provider prefix, e.g. 'openai/{model}' or 'anthropic/<model>'"
+    return (
+        f"litellm knows no provider {prefix!r}; for an OpenAI-compatible server use "
+        f"'openai/{rest}' with api_base, or another provider's prefix, e.g. 'anthropic/<model>'"
+    )
+
+
+def _positive_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and value > 0
 
 
 def resolve_model(model: str) -> str:
@@ -197,7 +212,8 @@ class LiteLLMClient:
             call (so a key kept out of code can rotate); takes effect when `api_key` is
             None.
         headers: Extra HTTP headers sent with every call (a proxy's routing or auth).
-        timeout: Seconds litellm waits for the provider (connect and between chunks).
+        timeout: Seconds to wait for the provider (connect and between chunks); a number
+            above 0.
         extra_body: Extra JSON fields sent as they are in the request body.
         num_retries: Retries litellm makes on its own; keep 0 under a `ModelFamily`, which
             walks to the next rung instead.
@@ -235,6 +251,10 @@ class LiteLLMClient:
             raise ConfigurationError("`api_key_env` must name an environment variable")
         if transport not in ("auto", "litellm"):
             raise ConfigurationError(f"`transport` must be 'auto' or 'litellm', not {transport!r}")
+        if not _positive_number(timeout):
+            raise ConfigurationError(
+                f"`timeout` must be a number of seconds above 0, not {timeout!r}"
+            )
         self._bare_model, self._provider = _resolve(model, api_base)
         self._model = model
         self._api_base = api_base
@@ -369,6 +389,7 @@ class LiteLLMClient:
             provider=self._provider,
             api_base=self._api_base,
             key_variable=self._key_variable(),
+            timeout=self._timeout,
         )
 
     def _key_variable(self) -> str:
