@@ -10,13 +10,15 @@ from tests.helpers import turn_status
 from turnkit import Agent, Approve, RuntimeConfig, SessionRuntime, ToolContext, tool
 from turnkit.events import (
     ApprovalRequestedEvent,
+    StreamEvent,
     ToolCompletedEvent,
     ToolInDoubtEvent,
     ToolStartedEvent,
     TurnRecoveringEvent,
 )
+from turnkit.ids import TurnId
 from turnkit.testing import ModelStep, ScriptedModel, call
-from turnkit.tools import NOT_APPLIED
+from turnkit.tools import NOT_APPLIED, Tool
 
 SLOW = {"seconds": 60.0}
 
@@ -109,34 +111,49 @@ async def pay(amount: int, ctx: ToolContext) -> dict[str, object]:
     return {"sent": amount, "key": ctx.idempotency_key}
 
 
-async def test_a_call_in_doubt_is_reconciled_not_run_twice(tmp_path: Path) -> None:
-    db = tmp_path / "pay.db"
+def _recovering(db: Path, tool: Tool, model: ScriptedModel) -> SessionRuntime:
+    """A runtime that takes over turns whose driver is gone (a 1 s lease)."""
+    config = RuntimeConfig(database_url=f"sqlite:///{db}", lease_ttl_s=1.0, recover_in_process=True)
+    return SessionRuntime(agent=Agent(model=model, tools=[tool]), config=config)
 
-    def runtime(model: ScriptedModel) -> SessionRuntime:
-        config = RuntimeConfig(
-            database_url=f"sqlite:///{db}", lease_ttl_s=1.0, recover_in_process=True
-        )
-        return SessionRuntime(agent=Agent(model=model, tools=[pay]), config=config)
 
-    first = runtime(ScriptedModel([ModelStep.tool_call_reply(call("pay", amount=40))]))
+async def _dies_mid_call(first: SessionRuntime, message: str) -> TurnId:
+    """Start a turn whose tool appends to RAN, and close the runtime once the tool runs."""
     await first.open()
-    submission = await first.start("s1", "pay 40")
+    submission = await first.start("s1", message)
     for _ in range(200):
         if RAN:
             break
         await asyncio.sleep(0.02)
-    await first.close()  # dies after the payment took effect, before its result was saved
-    SLOW["seconds"] = 0.0
-    second = runtime(ScriptedModel([ModelStep.text_reply("Paid.")]))
+    await first.close()  # dies after the call took effect, before its result was saved
+    return submission.turn_id
+
+
+async def _taken_over(second: SessionRuntime, turn_id: TurnId) -> list[StreamEvent]:
+    """Open `second`, wait for it to end the turn; the turn's events."""
     await second.open()
     try:
         deadline = time.monotonic() + 20
-        while (await second.turn(submission.turn_id)).status == "running":
+        while (await second.turn(turn_id)).status == "running":
             assert time.monotonic() < deadline
             await asyncio.sleep(0.05)
-        events = [e async for e in second.events(submission.turn_id)]
+        return [e async for e in second.events(turn_id)]
     finally:
         await second.close()
+
+
+async def test_a_call_in_doubt_is_reconciled_not_run_twice(tmp_path: Path) -> None:
+    first = _recovering(
+        tmp_path / "pay.db", pay, ScriptedModel([ModelStep.tool_call_reply(call("pay", amount=40))])
+    )
+    turn_id = await _dies_mid_call(first, "pay 40")
+    SLOW["seconds"] = 0.0
+    try:
+        second = _recovering(
+            tmp_path / "pay.db", pay, ScriptedModel([ModelStep.text_reply("Paid.")])
+        )
+        events = await _taken_over(second, turn_id)
+    finally:
         SLOW["seconds"] = 60.0
     assert RAN == [40]  # the payment ran once
     [doubt] = [e for e in events if isinstance(e, ToolInDoubtEvent)]
@@ -167,31 +184,16 @@ async def export(rows: int, ctx: ToolContext) -> int:
 async def test_a_call_run_again_is_in_doubt_on_record_before_it_runs(tmp_path: Path) -> None:
     """Readers learn at once that the call runs again, not only once it has finished."""
     db = tmp_path / "export.db"
-
-    def runtime(model: ScriptedModel) -> SessionRuntime:
-        config = RuntimeConfig(
-            database_url=f"sqlite:///{db}", lease_ttl_s=1.0, recover_in_process=True
-        )
-        return SessionRuntime(agent=Agent(model=model, tools=[export]), config=config)
-
     RAN.clear()
-    first = runtime(ScriptedModel([ModelStep.tool_call_reply(call("export", rows=7))]))
-    await first.open()
-    submission = await first.start("s1", "export")
-    for _ in range(200):
-        if RAN:
-            break
-        await asyncio.sleep(0.02)
-    await first.close()
-    RUNTIME["second"] = second = runtime(ScriptedModel([ModelStep.text_reply("Exported.")]))
-    await second.open()
+    first = _recovering(
+        db, export, ScriptedModel([ModelStep.tool_call_reply(call("export", rows=7))])
+    )
+    turn_id = await _dies_mid_call(first, "export")
+    second = _recovering(db, export, ScriptedModel([ModelStep.text_reply("Exported.")]))
+    RUNTIME["second"] = second
     try:
-        deadline = time.monotonic() + 20
-        while (await second.turn(submission.turn_id)).status == "running":
-            assert time.monotonic() < deadline
-            await asyncio.sleep(0.05)
+        await _taken_over(second, turn_id)
     finally:
-        await second.close()
         RUNTIME.clear()
     assert SEEN_WHILE_RERUN[-2:] == ["turn.recovering", "tool.in_doubt"]
 
