@@ -72,7 +72,7 @@ async def test_resuming_a_finished_turn_at_its_last_event_ends_at_once(
     assert json.loads(frame.removeprefix("data:").strip())["type"] == "done"
 
 
-@pytest.mark.parametrize("cursor", ["²", "٣", "0005", "-1", "1e3", " 3", "9" * 19])
+@pytest.mark.parametrize("cursor", ["²", "٣", "0005", "-1", "1e3", " 3", "9" * 41])
 async def test_odd_cursors_are_a_400_problem(client: httpx.AsyncClient, cursor: str) -> None:
     turn_id = await _finished_turn(client)
     url = f"{API}/turns/{turn_id}/stream"

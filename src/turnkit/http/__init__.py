@@ -124,13 +124,12 @@ def create_health_router(runtime: SessionRuntime) -> APIRouter:
     router = APIRouter(tags=["health"])
     ping_timeout_s = 2.0  # a buffer that hangs (not refuses) must not hang the probe
 
-    @router.api_route("/healthz", methods=["GET", "HEAD"], summary="The process is up")
+    @router.get("/healthz", summary="The process is up")
     async def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
-    @router.api_route(
+    @router.get(
         "/readyz",
-        methods=["GET", "HEAD"],
         summary="The Store answers (the replay buffer may be degraded)",
         response_model=None,
     )
@@ -156,4 +155,8 @@ def create_health_router(runtime: SessionRuntime) -> APIRouter:
             headers={"Retry-After": "2"},
         )
 
+    for path, probe in (("/healthz", healthz), ("/readyz", readyz)):  # load balancers' HEAD
+        router.add_api_route(
+            path, probe, methods=["HEAD"], include_in_schema=False, response_model=None
+        )
     return router

@@ -61,7 +61,7 @@ def status_for(exc: TurnkitError) -> int:
         case NotFoundError():
             return 404
         case ReplayCursorError():
-            return 416 if "last_seq" in exc.details else 400  # only `check_cursor` sets it
+            return 416 if "last_seq" in exc.details else 400  # set for a cursor ahead
         case InvalidInputError() | AttachmentNotIndexedError():
             return 422
         case AdmissionRefusedError():

@@ -53,8 +53,8 @@ __all__ = ("KEEPALIVE", "Frame", "TurnReader", "check_cursor", "parse_cursor", "
 
 _TERMINAL_TYPES: Final = frozenset({"done"})
 _CURSOR: Final = re.compile(r"(?:0|[1-9][0-9]{0,39})", re.ASCII)
-_FARTHEST: Final = 2**62
-"""A longer cursor is ahead of every turn all the same: it is read as this one."""
+_DIGITS: Final = 18
+"""A cursor with more digits is ahead of anything a turn can have written (64-bit seqs)."""
 CATCH_UP_S: Final = 1.0
 """A live reader asks the Store at least this often while the buffer is quiet."""
 _BACKOFF_MAX_S: Final = 1.0
@@ -148,7 +148,14 @@ def parse_cursor(raw: str | None) -> int:
             f"cursor {raw!r} is not an event id: send the `id` of the last event you received",
             cursor=raw,
         )
-    return min(int(raw), _FARTHEST)
+    if len(raw) > _DIGITS:
+        raise ReplayCursorError(
+            f"cursor {raw} is ahead of anything a turn can have written; a cursor is never "
+            "guessed forward",
+            cursor=raw,
+            last_seq=None,
+        )
+    return int(raw)
 
 
 class TurnReader:
