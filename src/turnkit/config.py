@@ -137,12 +137,12 @@ class RuntimeConfig:
             _check_seconds("credential_lifetime_s", self.credential_lifetime_s)
 
 
-MAX_SECONDS: Final = 366 * 24 * 3600.0
+_MAX_SECONDS: Final = 366 * 24 * 3600.0
 """The longest duration a setting takes (a year): past it, deadlines overflow dates."""
 
 
 def _check_seconds(name: str, value: float) -> None:
-    if not (isinstance(value, int | float) and 0 < value <= MAX_SECONDS):
+    if not (isinstance(value, int | float) and 0 < value <= _MAX_SECONDS):
         raise ConfigurationError(
             f"{name} must be a positive number of seconds, at most a year; got {value!r}"
         )
