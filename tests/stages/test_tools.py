@@ -109,6 +109,10 @@ async def test_unknown_tool_and_malformed_json_are_failed_results(
     events = await collect_events(runtime.execute_message("s1", "hm"))
     codes = sorted(e.code for e in events if isinstance(e, ToolFailedEvent))
     assert codes == ["tool-arguments-invalid", "tool-not-found"]
+    (missing,) = (e for e in events if isinstance(e, ToolFailedEvent) and e.code == "tool-not-found")
+    # It lists every tool the model was offered, the built-in one included.
+    assert missing.result.error is not None
+    assert missing.result.error.endswith("available: ['add', 'read_tool_result']")
     assert isinstance(events[-1], DoneEvent)
     assert events[-1].status == "succeeded"
 
@@ -138,6 +142,20 @@ async def test_output_limit_with_no_call_named_is_fatal(runtime_factory: Runtime
     events = await collect_events(runtime.execute_message("s1", "explain"))
     assert [e.code for e in events if isinstance(e, ErrorEvent)] == ["agent_output_limit_exceeded"]
     assert (await runtime.history("s1"))[0].answer is None
+    # The call the turn failed on is audited as that failure, not as fine.
+    [row] = [r.call for r in await runtime.audit(events[0].turn_id) if r.call is not None]
+    assert (row.outcome, row.error_code) == ("error", "agent_output_limit_exceeded")
+
+
+async def test_a_call_without_a_tool_name_is_audited_as_the_failure(
+    runtime_factory: RuntimeFactory,
+) -> None:
+    model = ScriptedModel([ModelStep.tool_call_reply(raw_call("", "{}"))])
+    runtime = runtime_factory(Agent(model=model, tools=[add]))
+    events = await collect_events(runtime.execute_message("s1", "add"))
+    assert [e.code for e in events if isinstance(e, ErrorEvent)] == ["tool-call-malformed"]
+    [row] = [r.call for r in await runtime.audit(events[0].turn_id) if r.call is not None]
+    assert (row.outcome, row.error_code) == ("error", "tool-call-malformed")
 
 
 async def test_context_carries_ids_and_progress_becomes_job_events(

@@ -41,6 +41,7 @@ from turnkit.pauses import (
 )
 from turnkit.plugins import ToolCall
 from turnkit.stages._message_list import result_message, result_text
+from turnkit.stages._offered import offered_tools
 from turnkit.stages._planning import is_planning_tool, run_planning_tool
 from turnkit.stages._plugins import after_tool_call, before_tool_call, guard
 from turnkit.stages._types import StageContext, TranscriptMessage
@@ -481,7 +482,8 @@ def _write_ahead(
             and not is_planning_tool(ctx, part.name)
         ):
             code = "tool-not-found"
-            problem = f"there is no tool named {part.name!r}; available: {list(ctx.registry.names)}"
+            offered = [spec.name for spec in offered_tools(ctx)]
+            problem = f"there is no tool named {part.name!r}; available: {offered}"
         started = rec.durable(
             ToolStartedEvent,
             "tool-loop",

@@ -30,7 +30,7 @@ from turnkit.stages._types import (
     StageOutcome,
     TranscriptMessage,
 )
-from turnkit.stages.tool_loop import offered_tools
+from turnkit.stages._offered import offered_tools
 
 __all__ = ("run_synthesize", "synthesis_request")
 

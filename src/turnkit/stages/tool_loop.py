@@ -13,8 +13,7 @@ from dataclasses import dataclass
 from turnkit.audit import AuditPayloads, ToolCallRef, ToolSelectionPayload
 from turnkit.blocks import TextBlock
 from turnkit.context.prefix import PreviousRequest
-from turnkit.context.results import read_result_spec
-from turnkit.errors import OutputLimitExceededError, ToolCallError
+from turnkit.errors import ErrorCode, OutputLimitExceededError, ToolCallError
 from turnkit.events import MessageCompleteEvent
 from turnkit.ids import ToolCallId, derive_id
 from turnkit.journal import CommittedGeneration
@@ -28,7 +27,7 @@ from turnkit.stages._message_list import (
     prepare_request,
     repaired_calls,
 )
-from turnkit.stages._planning import planning_specs
+from turnkit.stages._offered import offered_tools
 from turnkit.stages._plugins import after_model_response
 from turnkit.stages._thinking import ANSWER_UNDER_WAY_CHARS, ThinkingSummary, thinking_of
 from turnkit.stages._types import (
@@ -38,24 +37,8 @@ from turnkit.stages._types import (
     TranscriptMessage,
     to_transcript,
 )
-from turnkit.tools import clarify_spec
 
-__all__ = ("offered_tools", "run_tool_loop")
-
-
-def offered_tools(ctx: StageContext) -> tuple[ToolSpec, ...]:
-    """What every reasoning call of the agent offers.
-
-    The same on every call: the tools are part of the prompt prefix the cache matches.
-    """
-    specs = ctx.registry.specs()
-    if ctx.agent.clarifications:
-        specs += (clarify_spec(),)
-    if ctx.agent.planning:
-        specs += planning_specs()
-    if specs and ctx.agent.tool_result_preview_chars is not None:
-        specs += (read_result_spec(),)
-    return specs
+__all__ = ("run_tool_loop",)
 
 
 async def run_tool_loop(
@@ -86,7 +69,7 @@ async def run_tool_loop(
         response, block_id = called.result.response, called.result.block_id
         transcript, previous = called.prepared.transcript, called.prepared.previous
         calls = repaired_calls(response)
-        _audit_call(ctx, called, calls, iteration)
+        _audit_call(ctx, called, calls, iteration, _fatal(response, calls))
     truncated = response.stop_reason == "max_tokens"
     if not calls:
         return _answered(ctx, response, transcript, previous, block_id, generation)
@@ -152,16 +135,33 @@ async def _call(
     return _Called(prepared, result)
 
 
+def _fatal(response: ModelResponse, calls: tuple[ToolCallPart, ...]) -> ErrorCode | None:
+    """The error a response ends the turn with, before anything of it is used."""
+    if not calls:
+        return OutputLimitExceededError.code if response.stop_reason == "max_tokens" else None
+    return ToolCallError.code if any(not c.name for c in calls) else None
+
+
 def _audit_call(
-    ctx: StageContext, called: _Called, calls: tuple[ToolCallPart, ...], iteration: int
+    ctx: StageContext,
+    called: _Called,
+    calls: tuple[ToolCallPart, ...],
+    iteration: int,
+    fatal: ErrorCode | None,
 ) -> None:
-    """The call's audit row: its shape, the cache breakpoint, the tools it picked."""
+    """The call's audit row: its shape, the cache breakpoint, the tools it picked.
+
+    A response the turn fails on (`fatal`) is audited as an error with its code.
+    """
     selected = tuple(
         ToolCallRef(tool_call_id=ToolCallId(c.tool_call_id), tool_name=c.name) for c in calls
     )
+    shape = called.result.shape
+    if fatal is not None:
+        shape = shape.model_copy(update={"outcome": "error", "error_code": fatal})
     ctx.recorder.audit(
         "tool-loop",
-        call=called.result.shape,
+        call=shape,
         payloads=AuditPayloads(
             cacheBreakpoint=cache_breakpoint(called.prepared, called.result.response, iteration),
             toolSelection=ToolSelectionPayload(
