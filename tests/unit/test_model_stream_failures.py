@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 from turnkit.errors import ConfigurationError, ProviderError, UnknownModelError
 from turnkit.models import (
@@ -203,11 +204,13 @@ async def test_a_client_timeout_names_its_seconds_not_a_status(
 # ── configuration ─────────────────────────────────────────────────────────────────────
 
 
-@pytest.mark.parametrize("timeout", [0, -1, "5", True, float("nan")])
+@pytest.mark.parametrize("timeout", [0, -1, "5", True, float("nan"), float("inf")])
 def test_a_timeout_that_is_not_positive_seconds_is_refused(timeout: object) -> None:
     with pytest.raises(ConfigurationError, match="timeout"):
         LiteLLMClient("openai/gpt-4o", timeout=timeout)  # type: ignore[arg-type]
 
+    with pytest.raises(ValidationError, match="timeout"):
+        ModelEndpoint(model="openai/gpt-4o", timeout=float("inf"))
     assert LiteLLMClient("openai/gpt-4o", timeout=1).model == "openai/gpt-4o"
     assert ModelEndpoint(model="openai/gpt-4o", timeout=2.5).client().model == "openai/gpt-4o"
 

@@ -84,7 +84,12 @@ def _prefix_advice(litellm: ModuleType, model: str) -> str:
 
 
 def _positive_number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and value > 0
+    """A finite number of seconds above 0 (an unbounded wait is never what was meant)."""
+    return (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and 0 < value < float("inf")
+    )
 
 
 def resolve_model(model: str) -> str:
@@ -253,7 +258,7 @@ class LiteLLMClient:
             raise ConfigurationError(f"`transport` must be 'auto' or 'litellm', not {transport!r}")
         if not _positive_number(timeout):
             raise ConfigurationError(
-                f"`timeout` must be a number of seconds above 0, not {timeout!r}"
+                f"`timeout` must be a finite number of seconds above 0, not {timeout!r}"
             )
         self._bare_model, self._provider = _resolve(model, api_base)
         self._model = model
@@ -480,7 +485,7 @@ class ModelEndpoint(BaseModel):
     api_base: str | None = None
     api_key_env: str | None = None
     headers: dict[str, str] = Field(default_factory=dict)
-    timeout: float = Field(default=60.0, gt=0)
+    timeout: float = Field(default=60.0, gt=0, allow_inf_nan=False)
     transport: Transport = "auto"
     """`"litellm"` sends every call through litellm (see `LiteLLMClient`)."""
 
