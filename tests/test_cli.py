@@ -308,6 +308,22 @@ def test_version_prints_the_installed_version(capsys: pytest.CaptureFixture[str]
     assert capsys.readouterr().out == f"turnkit {importlib.metadata.version('turnkit')}\n"
 
 
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        ([], "turnkit: error: choose a command (turnkit -h says what each does)"),
+        (["--bogus"], "turnkit: error: unrecognized arguments: --bogus"),
+    ],
+)
+def test_no_command_or_an_unknown_option_says_which(
+    argv: list[str], says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as stopped:
+        main(argv)
+    assert stopped.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == says
+
+
 def _options(
     parser: argparse.ArgumentParser, path: str = "turnkit"
 ) -> Iterator[tuple[str, argparse.Action]]:

@@ -476,7 +476,10 @@ def _problems(exc: ValidationError, args: argparse.Namespace) -> str:
 
 def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None) -> int:
     """Entry point of the `turnkit` command."""
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.error("choose a command (turnkit -h says what each does)")
     stream = out or sys.stdout
     try:
         with _telemetry(args):

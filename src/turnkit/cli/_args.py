@@ -300,7 +300,9 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--version", action="version", version=f"turnkit {_version()}", help="print the version"
     )
-    sub = parser.add_subparsers(dest="command", required=True)
+    # Not `required=True`: argparse would then answer `turnkit --bogus` with "the following
+    # arguments are required: command" instead of naming the unknown option (main checks).
+    sub = parser.add_subparsers(dest="command")
     for add in (
         _add_run,
         _add_worker,
