@@ -301,6 +301,14 @@ async def test_sessions_history_rename_delete_and_audit(client: httpx.AsyncClien
     assert [b["kind"] for b in history[0]["blocks"]] == ["user", "text"]
     renamed = await client.patch(f"{API}/sessions/s1", json={"title": "Greetings"}, headers=alice)
     assert renamed.json()["title"] == "Greetings"
+    untitled = await client.patch(f"{API}/sessions/s1", json={}, headers=alice)
+    assert (untitled.status_code, untitled.json()["detail"]) == (422, "body.title: Field required")
+    # The constraints the routes check are in the OpenAPI document, where clients read them.
+    schemas = (await client.get("/openapi.json")).json()["components"]["schemas"]
+    assert schemas["RenameBody"]["required"] == ["title"]
+    assert schemas["SessionBody"]["properties"]["sessionId"]["anyOf"][0]["pattern"]
+    bad_id = await client.post(f"{API}/sessions", json={"sessionId": "a b"}, headers=alice)
+    assert bad_id.status_code == 422, bad_id.text
     audit = (await client.get(f"{API}/turns/{turn_id}/audit", headers=alice)).json()
     assert [r["payloads"] for r in audit["rows"]][-1]["synthesisQuality"]["answer_chars"] == 21
     turn = (await client.get(f"{API}/turns/{turn_id}", headers=alice)).json()

@@ -78,6 +78,12 @@ async def test_usage_is_grouped_and_only_the_callers(
     assert future.json()["lines"] == []
     bad = await http.get(f"{API}/usage?by=team", headers={"x-user": "alice"})
     assert bad.status_code == 422
+    # A bare number is not read as seconds since 1970 (`since=2026` was 00:33:46 that day).
+    year = await http.get(f"{API}/usage?since=2026", headers={"x-user": "alice"})
+    assert year.status_code == 422
+    assert "'2026' is a number, not a date" in year.json()["detail"]
+    day = await http.get(f"{API}/usage?until=2999-01-01", headers={"x-user": "alice"})
+    assert [line["turns"] for line in day.json()["lines"]] == [3]
     # Her own usage by department: one line, the default department's.
     mine = (await http.get(f"{API}/usage?by=department", headers={"x-user": "alice"})).json()
     assert [(line["key"], line["turns"]) for line in mine["lines"]] == [("general", 3)]

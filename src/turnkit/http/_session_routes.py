@@ -1,12 +1,14 @@
 """The routes of a caller's sessions: list, create, read, rename, delete; skills and usage."""
 
+import re
 from collections.abc import Awaitable, Callable
 from datetime import datetime
-from typing import Annotated, Literal
+from typing import Annotated, Final, Literal
 
-from fastapi import APIRouter, Depends, Query, Response
+from fastapi import APIRouter, Depends, Path, Query, Response
+from pydantic import BeforeValidator
 
-from turnkit.errors import InvalidInputError, NotFoundError, SessionNotFoundError
+from turnkit.errors import NotFoundError, SessionNotFoundError
 from turnkit.http._access import Principal, SessionPath, owned, visible_session
 from turnkit.http._admin import require_admin
 from turnkit.http.models import (
@@ -14,6 +16,7 @@ from turnkit.http.models import (
     PendingOut,
     QueuedInputOut,
     QueueOut,
+    RenameBody,
     SessionBody,
     SessionOut,
     SkillOut,
@@ -30,6 +33,35 @@ from turnkit.store import WorkspaceFile
 from turnkit.tenancy import Principal as TenantPrincipal
 
 __all__ = ("add_session_routes",)
+
+
+_NUMBER: Final = re.compile(r"[-+]?\d+(\.\d*)?")
+
+
+def _not_a_number(value: object) -> object:
+    """Refuse a bare number, which pydantic would read as seconds since 1970."""
+    if isinstance(value, str) and _NUMBER.fullmatch(value.strip()):
+        raise ValueError(
+            f"{value!r} is a number, not a date: give one in ISO 8601, such as 2026-12-01 "
+            "or 2026-12-01T09:00:00Z"
+        )
+    return value
+
+
+When = Annotated[datetime | None, BeforeValidator(_not_a_number)]
+"""A `since`/`until` bound: an ISO 8601 date or date-time."""
+
+FilePath = Annotated[
+    str,
+    Path(
+        description=(
+            "Relative, 1-200 characters: segments of ASCII letters, digits, `.`, `_` and `-` "
+            "joined by `/`; no segment empty, `.` or `..`."
+        ),
+        # Documented, not enforced here: the store's check says what is wrong with a path.
+        json_schema_extra={"pattern": r"^[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*$", "maxLength": 200},
+    ),
+]
 
 
 def add_session_routes(
@@ -117,8 +149,8 @@ def _add_account_routes(
             Literal["self", "organisation"],
             Query(description="Your own usage, or (admins) your organisation's."),
         ] = "self",
-        since: Annotated[datetime | None, Query(description="From (inclusive).")] = None,
-        until: Annotated[datetime | None, Query(description="To (exclusive).")] = None,
+        since: Annotated[When, Query(description="From (inclusive), ISO 8601.")] = None,
+        until: Annotated[When, Query(description="To (exclusive), ISO 8601.")] = None,
     ) -> UsageOut:
         if scope == "organisation":  # everyone's in the admin's organisation
             organisation, pid = require_admin(caller).organisation, None
@@ -217,7 +249,7 @@ def _add_file_routes(
         summary="One workspace file's content",
         responses={200: {"content": {"text/plain": {}}}},
     )
-    async def read_file(session_id: SessionPath, path: str, principal: Caller) -> Response:
+    async def read_file(session_id: SessionPath, path: FilePath, principal: Caller) -> Response:
         await visible_session(runtime, session_id, principal)
         found = await runtime.store.read_file(SessionId(session_id), path)
         if found is None:
@@ -234,10 +266,8 @@ def _add_edit_routes(
     Caller = Annotated[Principal, Depends(principal_id)]
 
     @router.patch("/sessions/{session_id}", response_model=SessionOut, summary="Rename")
-    async def rename(session_id: SessionPath, body: SessionBody, principal: Caller) -> SessionOut:
+    async def rename(session_id: SessionPath, body: RenameBody, principal: Caller) -> SessionOut:
         await visible_session(runtime, session_id, principal)
-        if body.title is None:
-            raise InvalidInputError("send a `title` to rename the session")
         return SessionOut.model_validate(
             await runtime.store.rename_session(SessionId(session_id), body.title)
         )

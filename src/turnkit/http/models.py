@@ -12,6 +12,7 @@ from turnkit.agent import Effort
 from turnkit.audit import AuditRow
 from turnkit.blocks import Block, ContentPart
 from turnkit.events import Citation, Entity, Task
+from turnkit.ids import SESSION_ID_PATTERN
 from turnkit.models import ModelSettings
 from turnkit.states import TurnStatus
 
@@ -29,6 +30,7 @@ __all__ = (
     "PendingOut",
     "CancelOut",
     "ExecuteBody",
+    "RenameBody",
     "SessionBody",
     "SessionOut",
     "TurnOut",
@@ -75,18 +77,32 @@ class ExecuteBody(_Camel):
     )
 
 
-class SessionBody(_Camel):
-    """Body of `POST /sessions` and `PATCH /sessions/{id}`."""
+def _no_nul(title: str | None) -> str | None:
+    if title is not None and "\x00" in title:
+        raise ValueError("the title contains the NUL character (U+0000): remove it")
+    return title
 
-    session_id: str | None = Field(default=None, min_length=1, max_length=128)
+
+class SessionBody(_Camel):
+    """Body of `POST /sessions`."""
+
+    session_id: str | None = Field(
+        default=None,
+        max_length=128,
+        pattern=SESSION_ID_PATTERN.pattern,
+        description="1-128 letters, digits or `_ . : -`, starting with a letter or digit.",
+    )
     title: str | None = Field(default=None, max_length=500)
 
-    @field_validator("title")
-    @classmethod
-    def _storable(cls, title: str | None) -> str | None:
-        if title is not None and "\x00" in title:
-            raise ValueError("the title contains the NUL character (U+0000): remove it")
-        return title
+    _storable = field_validator("title")(_no_nul)
+
+
+class RenameBody(_Camel):
+    """Body of `PATCH /sessions/{id}`."""
+
+    title: str = Field(max_length=500)
+
+    _storable = field_validator("title")(_no_nul)
 
 
 class SessionOut(_Camel):
