@@ -349,11 +349,20 @@ class ProviderError(TurnError):
     code: ClassVar[ErrorCode] = "provider-error"
     status_code: int | None
     is_retriable: bool
+    brief: str | None = None
+    """What went wrong without the model's name or advice, for a summary of several rungs
+    (`HTTP 503: the provider had a server error`); None to use `message`."""
 
     def __init__(
-        self, message: str, *, status_code: int | None = None, is_retriable: bool = False
+        self,
+        message: str,
+        *,
+        status_code: int | None = None,
+        is_retriable: bool = False,
+        brief: str | None = None,
     ) -> None:
         super().__init__(message, status_code=status_code, is_retriable=is_retriable)
+        self.brief = brief
 
 
 class ModelCredentialsError(ProviderError):

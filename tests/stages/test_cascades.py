@@ -64,7 +64,10 @@ async def test_every_rung_failing_ends_family_exhausted(runtime_factory: Runtime
     assert [(c.from_model, c.to_model) for c in cascades] == [("a", "b"), ("b", None)]
     record = await runtime.turn(events[0].turn_id)
     assert (record.status, record.error_code) == ("failed", "family-exhausted")
-    assert errors[0].message.startswith("every rung of model family 'fam' failed (a: overloaded")
+    assert errors[0].message == (
+        "every rung of model family 'fam' failed (a: overloaded; b: boom). Retry later, or "
+        "pick another family: turnkit never widens a cascade on its own"
+    )
 
 
 async def test_a_lone_model_that_fails_says_why_in_its_own_words(

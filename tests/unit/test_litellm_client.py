@@ -21,6 +21,7 @@ from tests.support.openai_server import FakeOpenAIServer, Reply
 import turnkit.models
 from turnkit.errors import (
     ConfigurationError,
+    FamilyExhaustedError,
     ModelCredentialsError,
     ModelUnreachableError,
     ProviderError,
@@ -640,6 +641,36 @@ async def test_credential_and_connection_errors_do_not_walk_a_family(
         await collect(ModelFamily("f", [refused, fallback]).stream(HELLO))
 
     assert openai_server.requests == []
+
+
+async def test_a_family_that_runs_out_names_each_failure_once(
+    openai_server: FakeOpenAIServer,
+) -> None:
+    for model in ("one", "two"):
+        openai_server.script(model, [Reply.error(503, "overloaded, try later")])
+    openai_server.script("three", [Reply.error(400, "bad tools")])
+    rungs = [client_for(openai_server, m) for m in ("one", "two", "three")]
+
+    with pytest.raises(FamilyExhaustedError) as exhausted:
+        await collect(ModelFamily("f", rungs[:2]).stream(HELLO))
+
+    # One line per way of failing, after the rungs that failed that way, no advice repeated.
+    message = exhausted.value.message
+    assert message.startswith(
+        "every rung of model family 'f' failed (openai/one, openai/two: HTTP 503: the "
+        "provider had a server error. Provider said: "
+    ), message
+    assert "overloaded, try later" in message
+    assert message.count("HTTP 503") == 1
+    assert message.count("retry later") == 0
+    assert message.endswith(
+        "Retry later, or pick another family: turnkit never widens a cascade on its own"
+    )
+    # A failure that is not retriable is the rung's own: it does not walk the family.
+    with pytest.raises(ProviderError) as refused:
+        await collect(ModelFamily("g", [rungs[2], rungs[0]]).stream(HELLO))
+    assert refused.value.brief is not None
+    assert refused.value.brief.startswith("HTTP 400: the provider rejected the request")
 
 
 async def test_each_rung_reaches_its_own_api_base(openai_server: FakeOpenAIServer) -> None:

@@ -83,16 +83,17 @@ def _provider_error(
     site: CallSite, status: int | None, sent: bool, retriable: bool, advice: str, detail: str
 ) -> ProviderError:
     """The message names the HTTP status only when the provider sent it."""
-    if retriable:
-        advice += "; retry later or add a fallback rung to the ModelFamily"
     if len(detail) > 500:
         detail = detail[:500] + "..."
+    said = f" Provider said: {detail}" if detail else ""
+    shown = f"HTTP {status}: " if status and sent else ""
+    retry = "; retry later or add a fallback rung to the ModelFamily" if retriable else ""
     return ProviderError(
         f"model {site.model!r} (provider {site.provider!r}) failed"
-        f"{f' with HTTP {status}' if status and sent else ''}: {advice}."
-        f"{f' Provider said: {detail}' if detail else ''}",
+        f"{f' with HTTP {status}' if shown else ''}: {advice}{retry}.{said}",
         status_code=status,
         is_retriable=retriable,
+        brief=f"{shown}{advice}.{said}",
     )
 
 

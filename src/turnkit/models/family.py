@@ -101,7 +101,7 @@ class ModelFamily:
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
         """Stream the call on the first rung that answers."""
-        errors: list[str] = []
+        errors: list[tuple[str, str]] = []
         last: Exception | None = None
         for index, rung in enumerate(self.rungs):
             yield RungStarted(rung=index, model=rung.model, provider=rung.provider)
@@ -114,7 +114,7 @@ class ModelFamily:
             except Exception as exc:
                 if not self.is_retriable(exc):
                     raise
-                errors.append(f"{rung.model}: {exc}")
+                errors.append((rung.model, _brief(exc)))
                 last = exc
                 nxt = index + 1 if index + 1 < len(self.rungs) else None
                 yield RungFailed(
@@ -127,13 +127,29 @@ class ModelFamily:
                     next_model=self.rungs[nxt].model if nxt is not None else None,
                 )
         if len(self.rungs) == 1:  # a plain model string: its own failure says it all
-            said = last.message if isinstance(last, TurnkitError) else errors[0]
+            said = last.message if isinstance(last, TurnkitError) else errors[0][1]
         else:
-            said = f"every rung of model family {self.name!r} failed ({'; '.join(errors)}); "
-            said += "pick another family: turnkit never widens a cascade on its own"
+            said = f"every rung of model family {self.name!r} failed ({_summary(errors)}). "
+            said += "Retry later, or pick another family: turnkit never widens a cascade on its own"
         raise FamilyExhaustedError(
             said, family=self.name, attempts=tuple(r.model for r in self.rungs)
         )
+
+
+def _brief(exc: Exception) -> str:
+    """A rung's failure in a few words, without its model's name or advice to retry."""
+    brief = getattr(exc, "brief", None)
+    if isinstance(brief, str) and brief:
+        return brief
+    return exc.message if isinstance(exc, TurnkitError) else f"{type(exc).__name__}: {exc}"
+
+
+def _summary(errors: list[tuple[str, str]]) -> str:
+    """Each failure once, after the models that failed that way (in the family's order)."""
+    models: dict[str, list[str]] = {}
+    for model, brief in errors:
+        models.setdefault(brief, []).append(model)
+    return "; ".join(f"{', '.join(names)}: {brief.rstrip('.')}" for brief, names in models.items())
 
 
 def resolve_family(spec: str | ModelClient) -> ModelFamily:
