@@ -109,7 +109,7 @@ async def test_unknown_tool_and_malformed_json_are_failed_results(
     events = await collect_events(runtime.execute_message("s1", "hm"))
     codes = sorted(e.code for e in events if isinstance(e, ToolFailedEvent))
     assert codes == ["tool-arguments-invalid", "tool-not-found"]
-    (missing,) = (e for e in events if isinstance(e, ToolFailedEvent) and e.code == "tool-not-found")
+    [missing] = [e for e in events if isinstance(e, ToolFailedEvent) and e.code == "tool-not-found"]
     # It lists every tool the model was offered, the built-in one included.
     assert missing.result.error is not None
     assert missing.result.error.endswith("available: ['add', 'read_tool_result']")

@@ -86,9 +86,7 @@ def _prefix_advice(litellm: ModuleType, model: str) -> str:
 def _positive_number(value: object) -> bool:
     """A finite number of seconds above 0 (an unbounded wait is never what was meant)."""
     return (
-        isinstance(value, int | float)
-        and not isinstance(value, bool)
-        and 0 < value < float("inf")
+        isinstance(value, int | float) and not isinstance(value, bool) and 0 < value < float("inf")
     )
 
 

@@ -22,6 +22,7 @@ from turnkit.events import MessageCompleteEvent
 from turnkit.ids import derive_id
 from turnkit.stages._calls import call_model
 from turnkit.stages._message_list import cache_breakpoint, prepare_request
+from turnkit.stages._offered import offered_tools
 from turnkit.stages._plugins import after_model_response
 from turnkit.stages._thinking import thinking_of
 from turnkit.stages._types import (
@@ -30,7 +31,6 @@ from turnkit.stages._types import (
     StageOutcome,
     TranscriptMessage,
 )
-from turnkit.stages._offered import offered_tools
 
 __all__ = ("run_synthesize", "synthesis_request")
 

@@ -17,7 +17,7 @@ from turnkit.errors import ErrorCode, OutputLimitExceededError, ToolCallError
 from turnkit.events import MessageCompleteEvent
 from turnkit.ids import ToolCallId, derive_id
 from turnkit.journal import CommittedGeneration
-from turnkit.models import ModelMessage, ModelResponse, ToolCallPart, ToolSpec, Usage
+from turnkit.models import ModelMessage, ModelResponse, ToolCallPart, Usage
 from turnkit.stages._budget import take_budget_answers
 from turnkit.stages._calls import CallResult, call_model
 from turnkit.stages._dispatch import dispatch_tools
