@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
 from pydantic import JsonValue
 
 from turnkit import ToolClass, ToolContext, tool
 from turnkit.ids import SessionId, ToolCallId, TurnId
-from turnkit.tools import NOT_APPLIED
+from turnkit.tools import NOT_APPLIED, ToolArgumentsError
 
 APPLIED: dict[str, JsonValue] = {}
 
@@ -42,3 +43,19 @@ async def test_a_member_that_took_effect_answers_for_the_class() -> None:
     assert await orders.reconcile({"order": "42"}, _ctx("idem_done")) == (True, "placed 42")
     assert await orders.reconcile({"order": "43"}, _ctx("idem_new")) == (False, None)
     assert await ToolClass("x", [primary]).reconcile({}, _ctx("idem_done")) == (False, None)
+
+
+@tool
+async def other_schema(item_id: int) -> str:
+    """Place an order by item number."""
+    return f"placed #{item_id}"
+
+
+async def test_a_fallback_that_refuses_the_arguments_leaves_the_real_failure_standing() -> None:
+    orders = ToolClass("place_order", [primary, other_schema])
+    # The first member ran and failed; the fallback's schema differs: "down" is what happened.
+    with pytest.raises(RuntimeError, match="down"):
+        await orders.invoke({"order": "42"}, _ctx("idem_a"))
+    # Arguments the first member refuses are the model's to fix, and no member runs.
+    with pytest.raises(ToolArgumentsError, match="order"):
+        await ToolClass("place_order", [backup, other_schema]).invoke({}, _ctx("idem_b"))

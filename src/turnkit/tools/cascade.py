@@ -24,8 +24,10 @@ class ToolClass:
 
     The model sees one tool (named `name`, with the first member's schema). When a member
     raises, the call pivots to the next member with the same arguments, and each pivot is
-    recorded (`toolFallbackStep` audit row). Invalid arguments are not retried: the
-    arguments, not the tool, are at fault. When every member fails, the last error stands.
+    recorded (`toolFallbackStep` audit row). Arguments the first member refuses are not
+    retried: the arguments, not the tool, are at fault. A later member that refuses them
+    (its schema differs) is passed over like a failed one. When every member fails, the
+    last member's failure stands, or the last one that ran if later members refused.
     """
 
     def __init__(self, name: str, tools: Sequence[Tool]) -> None:
@@ -49,13 +51,18 @@ class ToolClass:
         """Run members in order until one answers."""
         last: Exception | None = None
         for index, member in enumerate(self.tools):
+            nxt = self.tools[index + 1].name if index + 1 < len(self.tools) else None
             try:
                 return await member.invoke(arguments, ctx)
-            except (asyncio.CancelledError, ToolArgumentsError):
+            except asyncio.CancelledError:
                 raise
+            except ToolArgumentsError as exc:
+                if last is None:  # the model's arguments do not fit the tool it was shown
+                    raise
+                # A fallback with a schema of its own: the failure that brought us here stands.
+                await ctx.report_pivot(member.name, nxt, f"it refused the arguments: {exc}")
             except Exception as exc:  # noqa: BLE001 - a failed member is the cascade's trigger
                 last = exc
-                nxt = self.tools[index + 1].name if index + 1 < len(self.tools) else None
                 await ctx.report_pivot(member.name, nxt, f"{type(exc).__name__}: {exc}")
         assert last is not None
         raise last
