@@ -349,6 +349,8 @@ class ProviderError(TurnError):
     code: ClassVar[ErrorCode] = "provider-error"
     status_code: int | None
     is_retriable: bool
+    retry_after_s: float | None = None
+    """Seconds the provider asked to wait before the next call (its `Retry-After`)."""
     brief: str | None = None
     """What went wrong without the model's name or advice, for a summary of several rungs
     (`HTTP 503: the provider had a server error`); None to use `message`."""
@@ -359,9 +361,11 @@ class ProviderError(TurnError):
         *,
         status_code: int | None = None,
         is_retriable: bool = False,
+        retry_after_s: float | None = None,
         brief: str | None = None,
     ) -> None:
-        super().__init__(message, status_code=status_code, is_retriable=is_retriable)
+        wait = {} if retry_after_s is None else {"retry_after_s": retry_after_s}
+        super().__init__(message, status_code=status_code, is_retriable=is_retriable, **wait)
         self.brief = brief
 
 

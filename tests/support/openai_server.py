@@ -84,6 +84,7 @@ class Reply:
     completion_tokens: int = 7
     cached_tokens: int = 0
     stall: bool = False
+    retry_after: str | None = None
 
     @classmethod
     def text(
@@ -147,9 +148,16 @@ class Reply:
         )
 
     @classmethod
-    def error(cls, status: int, message: str | None = None) -> Reply:
-        """An HTTP error with an OpenAI-shaped JSON error body."""
-        return cls(kind="error", status=status, message=message or f"scripted error {status}")
+    def error(
+        cls, status: int, message: str | None = None, *, retry_after: str | None = None
+    ) -> Reply:
+        """An HTTP error with an OpenAI-shaped JSON error body (and `Retry-After`, if given)."""
+        return cls(
+            kind="error",
+            status=status,
+            message=message or f"scripted error {status}",
+            retry_after=retry_after,
+        )
 
 
 @dataclass(slots=True)
@@ -340,7 +348,7 @@ class FakeOpenAIServer:
                 f"(models with replies left: {scripted}); script it with server.script()",
             )
         if reply.kind == "error":
-            return _error_response(reply.status, reply.message)
+            return _error_response(reply.status, reply.message, reply.retry_after)
         completion = _Completion(model=model)
         if not body.get("stream"):
             return JSONResponse(self._whole(completion, reply))
@@ -423,11 +431,12 @@ class FakeOpenAIServer:
             raise
 
 
-def _error_response(status: int, message: str) -> JSONResponse:
+def _error_response(status: int, message: str, retry_after: str | None = None) -> JSONResponse:
     error_type = _ERROR_TYPES.get(status, "server_error" if status >= 500 else "api_error")
     return JSONResponse(
         {"error": {"message": message, "type": error_type, "param": None, "code": None}},
         status_code=status,
+        headers={} if retry_after is None else {"Retry-After": retry_after},
     )
 
 

@@ -7,11 +7,13 @@ own HTTP client) and `litellm` (through `litellm.acompletion`); they must not di
 from __future__ import annotations
 
 import asyncio
+import email.utils
 import json
 import socket
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from dataclasses import replace
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -671,6 +673,31 @@ async def test_a_family_that_runs_out_names_each_failure_once(
         await collect(ModelFamily("g", [rungs[2], rungs[0]]).stream(HELLO))
     assert refused.value.brief is not None
     assert refused.value.brief.startswith("HTTP 400: the provider rejected the request")
+
+
+async def test_a_providers_retry_after_is_kept_and_reported(
+    openai_server: FakeOpenAIServer,
+) -> None:
+    in_a_minute = email.utils.format_datetime(datetime.now(UTC) + timedelta(seconds=60), True)
+    openai_server.script("one", [Reply.error(429, "slow down", retry_after="20")])
+    openai_server.script("two", [Reply.error(503, "overloaded", retry_after=in_a_minute)])
+    openai_server.script("three", [Reply.error(503, "overloaded")])
+    rungs = [client_for(openai_server, m) for m in ("one", "two", "three")]
+
+    with pytest.raises(FamilyExhaustedError) as lone:
+        await collect(ModelFamily("f", rungs[:1]).stream(HELLO))
+    assert lone.value.details["retry_after_s"] == 20.0
+    assert "the provider is rate limiting (it asked to wait 20 s)" in lone.value.message
+
+    with pytest.raises(FamilyExhaustedError) as both:
+        await collect(ModelFamily("f", rungs[1:2]).stream(HELLO))
+    assert 55 <= both.value.details["retry_after_s"] <= 60  # an HTTP date: from now
+
+    # A rung that said nothing about waiting: no wait is known for the family.
+    openai_server.script("one", [Reply.error(429, "slow down", retry_after="20")])
+    with pytest.raises(FamilyExhaustedError) as mixed:
+        await collect(ModelFamily("f", [rungs[0], rungs[2]]).stream(HELLO))
+    assert "retry_after_s" not in mixed.value.details
 
 
 async def test_each_rung_reaches_its_own_api_base(openai_server: FakeOpenAIServer) -> None:

@@ -24,6 +24,8 @@ from turnkit.models import (
     RungFailed,
     TextDelta,
 )
+from turnkit.models._errors import retry_after
+from turnkit.models._openai_stream import ChatStreamError
 from turnkit.models.family import ModelFamily
 from turnkit.models.litellm import LiteLLMClient, ModelEndpoint, Transport
 
@@ -223,3 +225,21 @@ def test_an_unknown_provider_prefix_is_named_with_the_openai_compatible_way() ->
     assert "'nosuchprov'" in message
     assert "'openai/mymodel' with api_base" in message
     assert "openai/nosuchprov" not in message
+
+
+@pytest.mark.parametrize(
+    ("header", "wait"),
+    [
+        ("20", 20.0),
+        ("0.5", 0.5),
+        ("-3", 0.0),  # already past: no wait
+        ("1e9", 86_400.0),  # more than a day is reported as a day
+        ("soon", None),
+        ("nan", None),
+        ("", None),
+        ("Wed, 21 Oct 2015 07:28:00 GMT", 0.0),  # a date in the past
+    ],
+)
+def test_retry_after_is_read_as_seconds_or_a_date(header: str, wait: float | None) -> None:
+    error = ChatStreamError("busy", status_code=429, retry_after=header)
+    assert retry_after(error) == wait

@@ -7,15 +7,23 @@ refused key reads the same whichever transport carried the call.
 
 from __future__ import annotations
 
+import email.utils
 import importlib
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from types import ModuleType
+from typing import Final
 
 from turnkit.errors import ModelCredentialsError, ModelUnreachableError, ProviderError
 from turnkit.models._openai_stream import ChatStreamError
 from turnkit.models._status import RETRIABLE_STATUS
 
-__all__ = ("CallSite", "map_error")
+__all__ = ("CallSite", "map_error", "retry_after")
+
+_MAX_WAIT_S: Final = 86_400.0
+"""A longer wait than a day is not a wait a caller should plan around: a day is reported."""
 
 _CONTEXT_WINDOW_CODES = frozenset({"context_length_exceeded", "string_above_max_length"})
 
@@ -76,13 +84,22 @@ def map_error(exc: Exception, site: CallSite, litellm: ModuleType) -> ProviderEr
         advice = _advice(status, exc, litellm)
     else:
         return None
-    return _provider_error(site, status, sent, retriable, advice, detail)
+    wait = retry_after(exc) if sent else None
+    return _provider_error(site, status, sent, retriable, advice, detail, wait)
 
 
 def _provider_error(
-    site: CallSite, status: int | None, sent: bool, retriable: bool, advice: str, detail: str
+    site: CallSite,
+    status: int | None,
+    sent: bool,
+    retriable: bool,
+    advice: str,
+    detail: str,
+    wait: float | None,
 ) -> ProviderError:
     """The message names the HTTP status only when the provider sent it."""
+    if wait is not None:
+        advice += f" (it asked to wait {wait:g} s)"
     if len(detail) > 500:
         detail = detail[:500] + "..."
     said = f" Provider said: {detail}" if detail else ""
@@ -93,8 +110,36 @@ def _provider_error(
         f"{f' with HTTP {status}' if shown else ''}: {advice}{retry}.{said}",
         status_code=status,
         is_retriable=retriable,
+        retry_after_s=wait,
         brief=f"{shown}{advice}.{said}",
     )
+
+
+def retry_after(exc: Exception) -> float | None:
+    """The seconds a failed response's `Retry-After` asks to wait (a number or an HTTP date).
+
+    The direct transport keeps the header on its error; litellm's and the openai SDK's
+    errors carry the response. None when there is none or it is not a valid wait.
+    """
+    raw = getattr(exc, "retry_after", None)
+    if raw is None:
+        headers = getattr(getattr(exc, "response", None), "headers", None)
+        raw = headers.get("retry-after") if isinstance(headers, Mapping) else None
+    if not isinstance(raw, str) or not raw.strip():
+        return None
+    try:
+        wait = float(raw)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(raw)
+        except (TypeError, ValueError):
+            return None
+        if when.tzinfo is None:
+            return None
+        wait = (when - datetime.now(UTC)).total_seconds()
+    if not math.isfinite(wait):
+        return None
+    return round(min(max(wait, 0.0), _MAX_WAIT_S), 3)
 
 
 def _synthetic(exc: Exception, litellm: ModuleType) -> bool:

@@ -77,6 +77,7 @@ class ChatStreamError(Exception):
         status_code: int | None,
         code: str | None = None,
         origin: Origin = "status",
+        retry_after: str | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
@@ -84,15 +85,26 @@ class ChatStreamError(Exception):
         self.code = code
         """The error body's `code`, e.g. `context_length_exceeded`."""
         self.origin: Origin = origin
+        self.retry_after = retry_after
+        """The response's `Retry-After` header, as sent."""
 
     def __reduce__(self) -> tuple[object, ...]:
-        return (_rebuild_error, (self.message, self.status_code, self.code, self.origin))
+        return (
+            _rebuild_error,
+            (self.message, self.status_code, self.code, self.origin, self.retry_after),
+        )
 
 
 def _rebuild_error(
-    message: str, status_code: int | None, code: str | None, origin: Origin
+    message: str,
+    status_code: int | None,
+    code: str | None,
+    origin: Origin,
+    retry_after: str | None = None,
 ) -> ChatStreamError:
-    return ChatStreamError(message, status_code=status_code, code=code, origin=origin)
+    return ChatStreamError(
+        message, status_code=status_code, code=code, origin=origin, retry_after=retry_after
+    )
 
 
 def _broken_stream(message: str) -> ChatStreamError:
@@ -382,5 +394,8 @@ def _status_error(response: httpx.Response) -> ChatStreamError:
     if not isinstance(message, str) or not message:
         message = response.text.strip()[:500] or response.reason_phrase
     return ChatStreamError(
-        message, status_code=response.status_code, code=code if isinstance(code, str) else None
+        message,
+        status_code=response.status_code,
+        code=code if isinstance(code, str) else None,
+        retry_after=response.headers.get("retry-after"),
     )

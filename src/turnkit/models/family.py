@@ -101,8 +101,7 @@ class ModelFamily:
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
         """Stream the call on the first rung that answers."""
-        errors: list[tuple[str, str]] = []
-        last: Exception | None = None
+        failures: list[tuple[str, Exception]] = []  # (rung's model, its failure)
         for index, rung in enumerate(self.rungs):
             yield RungStarted(rung=index, model=rung.model, provider=rung.provider)
             started = time.perf_counter()
@@ -114,8 +113,7 @@ class ModelFamily:
             except Exception as exc:
                 if not self.is_retriable(exc):
                     raise
-                errors.append((rung.model, _brief(exc)))
-                last = exc
+                failures.append((rung.model, exc))
                 nxt = index + 1 if index + 1 < len(self.rungs) else None
                 yield RungFailed(
                     rung=index,
@@ -127,28 +125,42 @@ class ModelFamily:
                     next_model=self.rungs[nxt].model if nxt is not None else None,
                 )
         if len(self.rungs) == 1:  # a plain model string: its own failure says it all
-            said = last.message if isinstance(last, TurnkitError) else errors[0][1]
+            said = _brief(failures[0][1], whole=True)
         else:
-            said = f"every rung of model family {self.name!r} failed ({_summary(errors)}). "
+            said = f"every rung of model family {self.name!r} failed ({_summary(failures)}). "
             said += "Retry later, or pick another family: turnkit never widens a cascade on its own"
+        wait = _shortest_wait(failures)
         raise FamilyExhaustedError(
-            said, family=self.name, attempts=tuple(r.model for r in self.rungs)
+            said,
+            family=self.name,
+            attempts=tuple(r.model for r in self.rungs),
+            **({} if wait is None else {"retry_after_s": wait}),
         )
 
 
-def _brief(exc: Exception) -> str:
-    """A rung's failure in a few words, without its model's name or advice to retry."""
+def _shortest_wait(failures: list[tuple[str, Exception]]) -> float | None:
+    """When every rung asked to wait (`Retry-After`), the first is back after the shortest."""
+    waits = [getattr(exc, "retry_after_s", None) for _, exc in failures]
+    known = [w for w in waits if isinstance(w, float)]
+    return min(known) if len(known) == len(waits) else None
+
+
+def _brief(exc: Exception, *, whole: bool = False) -> str:
+    """A rung's failure in a few words, without its model's name or advice to retry.
+
+    `whole`: its full message instead (a family of one has nothing to summarize).
+    """
     brief = getattr(exc, "brief", None)
-    if isinstance(brief, str) and brief:
+    if isinstance(brief, str) and brief and not whole:
         return brief
     return exc.message if isinstance(exc, TurnkitError) else f"{type(exc).__name__}: {exc}"
 
 
-def _summary(errors: list[tuple[str, str]]) -> str:
+def _summary(failures: list[tuple[str, Exception]]) -> str:
     """Each failure once, after the models that failed that way (in the family's order)."""
     models: dict[str, list[str]] = {}
-    for model, brief in errors:
-        models.setdefault(brief, []).append(model)
+    for model, exc in failures:
+        models.setdefault(_brief(exc), []).append(model)
     return "; ".join(f"{', '.join(names)}: {brief.rstrip('.')}" for brief, names in models.items())
 
 
