@@ -11,6 +11,7 @@ from pydantic import (
     Field,
     JsonValue,
     TypeAdapter,
+    WithJsonSchema,
     field_serializer,
     field_validator,
     model_validator,
@@ -48,7 +49,9 @@ class ImagePart(BaseModel):
     model_config = _CONFIG
     kind: Literal["image"] = "image"
     url: str | None = None
-    data: bytes | None = None
+    data: (
+        Annotated[bytes, WithJsonSchema({"type": "string", "contentEncoding": "base64"})] | None
+    ) = None
     """The picture's bytes (base64 in JSON)."""
     media_type: str = "image/png"
     """The picture's MIME type, e.g. `image/png` or `image/jpeg`."""

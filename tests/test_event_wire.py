@@ -1,0 +1,58 @@
+"""The published event schema describes what goes on the wire, event by event."""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+
+from jsonschema import Draft202012Validator
+
+from tests.conftest import RuntimeFactory
+from turnkit import Agent, ToolContext, tool
+from turnkit.blocks import ImagePart, TextPart
+from turnkit.events import encode_event
+from turnkit.testing import ModelStep, ScriptedModel, call, collect_events
+
+SCHEMA = Path(__file__).parent.parent / "docs" / "reference" / "events.schema.json"
+PIXEL = base64.b64decode(
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=="
+)
+
+
+@tool
+async def measure(n: int, ctx: ToolContext) -> dict[str, float]:
+    """Measure something slowly."""
+    await ctx.report_progress(0.5, "half way")
+    return {"n": n, "ratio": 1.5}
+
+
+async def test_every_event_of_a_turn_fits_the_published_schema(
+    runtime_factory: RuntimeFactory,
+) -> None:
+    model = ScriptedModel(
+        [
+            ModelStep.tool_call_reply(call("measure", n=2), call("nope"), text="Measuring."),
+            ModelStep.text_reply("It is **2**.", thinking="the tool said 2"),
+        ]
+    )
+    agent = Agent(model=model, tools=[measure], skip_stages=frozenset({"anchor-plan"}))
+    runtime = runtime_factory(agent)
+    message = [TextPart(text="What is in the picture?"), ImagePart(data=PIXEL)]
+    events = await collect_events(runtime.execute_message("s1", message))
+
+    schema = json.loads(SCHEMA.read_text())
+    validator = Draft202012Validator(schema)
+    wire = [json.loads(encode_event(e)) for e in events]
+    for item in wire:
+        problems = [p.message for p in validator.iter_errors(item)]
+        assert problems == [], (item["type"], problems)
+    kinds = {item["type"] for item in wire}
+    assert {"turn.started", "tool.started", "tool.failed", "job.progress", "done"} <= kinds
+    assert {"message.delta", "message.complete"} <= kinds
+    # The picture travels as base64, as the schema says (`contentEncoding`), not as bytes.
+    [started] = [item for item in wire if item["type"] == "turn.started"]
+    [picture] = started["attachments"]
+    assert base64.b64decode(picture["data"]) == PIXEL
+    data = schema["$defs"]["ImagePart"]["properties"]["data"]["anyOf"][0]
+    assert data == {"type": "string", "contentEncoding": "base64"}
