@@ -376,6 +376,8 @@ class GuardrailEvent(DurableEvent):
     kind: str
     subject: str
     action: str
+    tool_call_id: ToolCallId | None = None
+    """The call whose result was checked (`tool_result` checkpoint only)."""
 
 
 class PluginEmittedEvent(DurableEvent):

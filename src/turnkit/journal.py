@@ -58,7 +58,8 @@ def dedupe_key(event_type: str, fields: Mapping[str, Any]) -> str | None:
         case _ if event_type in _BY_FIELD:
             return f"{event_type}:{fields[_BY_FIELD[event_type]]}"
         case "guardrail":
-            return f"guardrail:{fields['checkpoint']}:{fields['subject']}:{fields['kind']}"
+            where = f"{fields['checkpoint']}:{fields.get('tool_call_id')}:{fields['subject']}"
+            return f"guardrail:{where}:{fields['kind']}:{fields['action']}"
         case "session.renamed":
             return f"session.renamed:{fields['source']}"
         case "tasks.updated":

@@ -256,13 +256,8 @@ def validate_plugins(plugins: Iterable[Plugin]) -> tuple[Plugin, ...]:
                         f"plugin {cls.name!r} defines {attr!r}, which is not a hook "
                         f"(hooks: {sorted(HOOKS)}); a typo would silently never run"
                     )
-                if attr in HOOKS:
+                if attr in HOOKS or attr == "answer_hold":
                     _check_signature(cls.name, attr, value)
-                if attr == "answer_hold" and inspect.iscoroutinefunction(value):
-                    raise PluginValidationError(
-                        f"plugin {cls.name!r}: answer_hold must be a plain `def` (it runs "
-                        "for every streamed chunk)"
-                    )
         checked.append(plugin)
     return tuple(sorted(checked, key=lambda p: type(p).order))  # stable: ties keep their order
 
@@ -306,11 +301,31 @@ def discover_plugins(names: Iterable[str]) -> tuple[Plugin, ...]:
 
 
 def _check_signature(name: str, hook: str, value: object) -> None:
+    """A hook is `async def` (`answer_hold` a plain `def`) taking what it is passed.
+
+    Hooks are called positionally: parameter names are the plugin's own, their number and
+    kind are not.
+    """
     expected = inspect.signature(getattr(Plugin, hook))
-    if not inspect.iscoroutinefunction(value):
+    if hook == "answer_hold":
+        if inspect.iscoroutinefunction(value):
+            raise PluginValidationError(
+                f"plugin {name!r}: answer_hold must be a plain `def` (it runs for every "
+                "streamed chunk)"
+            )
+    elif not inspect.iscoroutinefunction(value):
         raise PluginValidationError(f"plugin {name!r}: {hook} must be `async def`")
-    got = inspect.signature(value)
-    if list(got.parameters) != list(expected.parameters):
+    if not callable(value) or not _takes(inspect.signature(value), len(expected.parameters)):
         raise PluginValidationError(
-            f"plugin {name!r}: {hook}{got} does not match the hook {hook}{expected}"
+            f"plugin {name!r}: {hook}{inspect.signature(value)} does not match the hook "  # type: ignore[arg-type]
+            f"{hook}{expected}"
         )
+
+
+def _takes(signature: inspect.Signature, count: int) -> bool:
+    """Whether a function of `signature` can be called with `count` positional arguments."""
+    try:
+        signature.bind(*range(count))
+    except TypeError:
+        return False
+    return True

@@ -21,14 +21,25 @@ from turnkit.plugins import Plugin, PluginContext, ToolCall, Verdict
 
 __all__ = ("PiiRedaction",)
 
-_EMAIL = re.compile(r"\b[\w.+-]+@[\w-]+(?:\.[\w-]+)+\b")
-_PHONE = re.compile(r"(?<![\w+])\+?\d[\d ()-]{7,}\d\b")
-_CARD = re.compile(r"\b(?:\d[ -]?){13,19}\b")
-_OPEN_WORD = re.compile(r"(?<![\w.+@-])[\w.+@-]+$")  # the lookbehind: one try per start
+# Each pattern tries once per run of the characters it is made of (the lookbehinds), so a
+# long run that is no finding (`a.a.a.a…`, a hex dump) costs its length, not its square.
+_EMAIL = re.compile(r"(?<![\w.+-])[\w.+-]+@[\w-]+(?:\.[\w-]+)+\b")
+_PHONE = re.compile(
+    # not inside a word or a longer number (one or two separators back); not an ISO date
+    r"(?<![\w+(])(?<!\d[ ()-])(?<!\d[ ()-]{2})(?!\d{4}-\d\d-\d\d\b)"
+    r"(?:\+|\(\s?)?\d(?:[ ()-]{0,2}\d){8,14}(?![ ()-]{0,2}\d)"
+)
+"""9 to 15 digits (as many as an international number has), at most two spaces, dashes
+or brackets between each, optionally after `+` or `(`."""
+_CARD = re.compile(r"(?<![\w-])\d(?:[ -]?\d){12,18}(?![ -]?\d)")
+"""13 to 19 digits, one space or dash at most between each (masked only if the Luhn
+checksum holds)."""
+_OPEN_WORD = re.compile(r"(?<![\w.+@-])[\w.+@-]+$")
 """A word still streaming: it may yet become an email address."""
-_OPEN_NUMBER = re.compile(r"(?<![\d+])\+?\d[\d ()-]*\S*$")
-"""Digits still streaming, spaces and dashes between them (a phone or card number), and
-the word just after them (a full stop does not end the number before the next digit)."""
+_OPEN_NUMBER = re.compile(r"(?<![\d+(])\(?(?:\+?\d[\d ()-]*\S*)?$")
+"""Digits still streaming, spaces, dashes and brackets between them (a phone or card
+number), a `(` that may open one, and the word just after them (a full stop does not end
+the number before the next digit)."""
 KINDS = ("email", "card", "phone")
 
 

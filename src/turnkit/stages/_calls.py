@@ -220,7 +220,7 @@ async def _finished(
     """
     asm, usage = on.asm, finish.usage
     response = ModelResponse(
-        text=await _guarded(ctx, stage_id, asm, stream_text),
+        text=await _guarded(ctx, stage_id, on, stream_text),
         thinking="".join(asm.thinking),
         tool_calls=asm.tool_calls(),
         stop_reason=finish.stop_reason,
@@ -257,7 +257,7 @@ async def _shown_delta(
     if asm.held:
         return ""
     raw = "".join(asm.raw)
-    hold = answer_hold(ctx, raw)
+    hold = answer_hold(ctx, stage_id, raw)
     if hold is None:
         asm.held = True
         return ""
@@ -269,12 +269,24 @@ async def _shown_delta(
     return checked[len(shown) :] if checked.startswith(shown) else ""
 
 
-async def _guarded(ctx: StageContext, stage_id: StageId, asm: _Assembler, streamed: bool) -> str:
-    """The block's whole text, after the answer guardrails when it was shown."""
+async def _guarded(ctx: StageContext, stage_id: StageId, on: _Rung, streamed: bool) -> str:
+    """The block's whole text, after the answer guardrails when it was shown.
+
+    What the guardrails held back while the block streamed (`answer_hold`) goes out now,
+    as the block's last delta, so its deltas add up to its text; unless a redaction
+    reached into text already shown, which only `message.complete` can correct.
+    """
+    asm = on.asm
     text = "".join(asm.raw)
     if not streamed or not ctx.plugins or not text:
         return text
-    return await guard(ctx, stage_id, "answer", text, subject="text")
+    checked = await guard(ctx, stage_id, "answer", text, subject="text")
+    shown = "".join(asm.text)
+    if len(checked) > len(shown) and checked.startswith(shown):
+        rest = checked[len(shown) :]
+        asm.text.append(rest)
+        await ctx.recorder.delta(stage_id, on.block_id, rest)
+    return checked
 
 
 async def _ready(

@@ -198,14 +198,27 @@ async def _run_one(
 
 
 async def _guard_output(ctx: StageContext, call: ToolCall, output: JsonValue) -> JsonValue:
-    """The result after the tool-result guardrails (redacted text replaces the output)."""
+    """The result after the tool-result guardrails.
+
+    A structured result is checked as its JSON text; a redaction that leaves that text
+    JSON of the same shape keeps the result structured (`{"email": "[email]"}`), one that
+    does not replaces it with the redacted text.
+    """
     if not ctx.plugins:
         return output
-    text = output if isinstance(output, str) else json.dumps(output, default=str)
+    text = output if isinstance(output, str) else json.dumps(output, ensure_ascii=False)
     checked = await guard(
         ctx, "tool-loop", "tool_result", text, subject=f"result of {call.name}", call=call
     )
-    return output if checked == text else checked
+    if checked == text:
+        return output
+    if isinstance(output, str):
+        return checked
+    try:
+        redacted: JsonValue = json.loads(checked)
+    except ValueError:
+        return checked
+    return redacted if type(redacted) is type(output) else checked
 
 
 async def _reconcile(

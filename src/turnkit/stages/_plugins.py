@@ -18,9 +18,9 @@ from pydantic import JsonValue
 from turnkit.blocks import ToolResultBlock
 from turnkit.errors import GuardrailBlockedError, PluginFailedError
 from turnkit.events import DurableEvent, GuardrailEvent, PluginEmittedEvent, PluginSignalEvent
-from turnkit.ids import SessionId, StageId, TurnId
+from turnkit.ids import SessionId, StageId, ToolCallId, TurnId
 from turnkit.models import ModelRequest, ModelResponse, text_of
-from turnkit.plugins import ModelCallView, Plugin, ToolCall, Verdict, overrides
+from turnkit.plugins import Enrichment, ModelCallView, Plugin, ToolCall, Verdict, overrides
 from turnkit.stages._types import StageContext, TranscriptMessage
 
 __all__ = (
@@ -72,7 +72,14 @@ class _Context:
     async def emit(self, name: str, data: Mapping[str, JsonValue], *, durable: bool = True) -> None:
         plugin = type(self.plugin).name
         fields = {"plugin": plugin, "name": f"plugin.{plugin}.{name}", "data": dict(data)}
-        if durable:
+        if durable and self.stage.recorder.log_closed:
+            log.warning(
+                "plugin %s emitted %r after turn %s's ending was committed: not sent",
+                plugin,
+                name,
+                self.turn_id,
+            )
+        elif durable:
             self.stage.recorder.durable(PluginEmittedEvent, self.stage_id, **fields)
         else:
             await self.stage.recorder.ephemeral(PluginSignalEvent, self.stage_id, **fields)
@@ -84,50 +91,92 @@ async def call_hook(
     """Run `hook` on every plugin that has it, in order: (plugin, result) of those that ran."""
     out: list[tuple[Plugin, Any]] = []
     for plugin in ctx.plugins:
-        if not overrides(plugin, hook):
-            continue
-        name = type(plugin).name
-        try:
-            result = await getattr(plugin, hook)(_Context(ctx, plugin, stage_id), *args)
-        except (GuardrailBlockedError, PluginFailedError):
-            raise
-        except Exception as exc:
-            log.warning("plugin %s failed in %s: %s", name, hook, exc)
-            ctx.recorder.audit(
-                stage_id, call=None, plugin_payloads={name: {"hook": hook, "error": repr(exc)}}
-            )
-            if type(plugin).required:
-                raise PluginFailedError(
-                    f"plugin {name!r} failed in {hook} and is required: {exc}",
-                    plugin=name,
-                    hook=hook,
-                ) from exc
-            continue
-        out.append((plugin, result))
+        if overrides(plugin, hook):
+            ran, result = await _call_one(ctx, stage_id, plugin, hook, *args)
+            if ran:
+                out.append((plugin, result))
     return out
 
 
-def answer_hold(ctx: StageContext, text: str) -> int | None:
+async def _call_one(
+    ctx: StageContext, stage_id: StageId, plugin: Plugin, hook: str, *args: Any
+) -> tuple[bool, Any]:
+    """One plugin's hook: (True, its result), or (False, None) when it failed (recorded).
+
+    A result of the wrong type is a failure too: a hook that returns `"no"` where a
+    `Verdict` belongs would otherwise silently do nothing.
+    """
+    try:
+        result = await getattr(plugin, hook)(_Context(ctx, plugin, stage_id), *args)
+        wrong = _wrong_return(hook, result)
+        if wrong is not None:
+            raise TypeError(wrong)
+    except (GuardrailBlockedError, PluginFailedError):
+        raise
+    except Exception as exc:  # noqa: BLE001 - recorded; a required plugin fails the turn
+        _failed(ctx, stage_id, plugin, hook, exc)
+        return False, None
+    return True, result
+
+
+def _failed(
+    ctx: StageContext, stage_id: StageId, plugin: Plugin, hook: str, exc: Exception
+) -> None:
+    """Log and audit a hook's failure; a `required` plugin's fails the turn."""
+    name = type(plugin).name
+    log.warning("plugin %s failed in %s: %s", name, hook, exc)
+    ctx.recorder.audit(
+        stage_id, call=None, plugin_payloads={name: {"hook": hook, "error": repr(exc)}}
+    )
+    if type(plugin).required:
+        raise PluginFailedError(
+            f"plugin {name!r} failed in {hook} and is required: {exc}", plugin=name, hook=hook
+        ) from exc
+
+
+_RETURNS: Mapping[str, tuple[tuple[type, ...], str]] = {
+    "before_model_request": ((list, tuple), "a list of notes (strings)"),
+    "before_tool_call": ((str,), "a reason (a string) to deny the call"),
+    "enrich_message": ((Enrichment,), "an Enrichment"),
+    "check_input": ((Verdict,), "a Verdict"),
+    "check_tool_result": ((Verdict,), "a Verdict"),
+    "check_answer": ((Verdict,), "a Verdict"),
+}
+"""What a hook may return besides None (the other hooks' results are not read)."""
+
+
+def _wrong_return(hook: str, result: object) -> str | None:
+    expected = _RETURNS.get(hook)
+    if expected is None or result is None:
+        return None
+    kinds, what = expected
+    fits = isinstance(result, kinds)
+    if fits and hook == "before_model_request":
+        fits = all(isinstance(note, str) for note in result)  # type: ignore[attr-defined]
+    if fits:
+        return None
+    return f"{hook} returned {type(result).__name__} {result!r:.80}; return {what} or None"
+
+
+def answer_hold(ctx: StageContext, stage_id: StageId, text: str) -> int | None:
     """How much of the end of the answer so far the plugins hold back (see `Plugin`).
 
-    None: a plugin's `answer_hold` raised (logged), and the rest of the block is held until
-    it ends; a `required` plugin fails the turn instead.
+    None: a plugin's `answer_hold` failed (logged and audited), and the rest of the block
+    is held until it ends; a `required` plugin fails the turn instead.
     """
     hold = 0
     for plugin in ctx.plugins:
         if not overrides(plugin, "answer_hold"):
             continue
         try:
-            hold = max(hold, int(plugin.answer_hold(text)))
-        except Exception as exc:
-            name = type(plugin).name
-            log.warning("plugin %s failed in answer_hold: %s", name, exc)
-            if type(plugin).required:
-                raise PluginFailedError(
-                    f"plugin {name!r} failed in answer_hold and is required: {exc}",
-                    plugin=name,
-                    hook="answer_hold",
-                ) from exc
+            found = plugin.answer_hold(text)
+            if not isinstance(found, int) or isinstance(found, bool):
+                raise TypeError(
+                    f"answer_hold returned {type(found).__name__}; return a number of characters"
+                )
+            hold = max(hold, found)
+        except Exception as exc:  # noqa: BLE001 - recorded; the rest of the block is held
+            _failed(ctx, stage_id, plugin, "answer_hold", exc)
             return None
     return hold
 
@@ -157,7 +206,7 @@ async def before_model_request(
     notes: list[TranscriptMessage] = []
     for _, found in await call_hook(ctx, stage_id, "before_model_request", view):
         for note in found or ():
-            if isinstance(note, str) and note.strip():
+            if note.strip():
                 notes.append({"role": "system", "content": note})
     return notes
 
@@ -176,7 +225,7 @@ async def before_tool_call(ctx: StageContext, call: ToolCall) -> str | None:
     if not ctx.plugins:
         return None
     for plugin, reason in await call_hook(ctx, "tool-loop", "before_tool_call", call):
-        if isinstance(reason, str) and reason.strip():
+        if reason is not None and reason.strip():
             return f"denied by {type(plugin).name}: {reason}"
     return None
 
@@ -206,9 +255,13 @@ async def guard(
     hook = {"input": "check_input", "tool_result": "check_tool_result", "answer": "check_answer"}[
         checkpoint
     ]
-    args: Sequence[object] = (call, text) if checkpoint == "tool_result" else (text,)
-    for plugin, verdict in await call_hook(ctx, stage_id, hook, *args):
-        if not isinstance(verdict, Verdict):
+    for plugin in ctx.plugins:
+        if not overrides(plugin, hook):
+            continue
+        # Each guardrail checks what the ones before it let through (their redactions too).
+        args: Sequence[object] = (call, text) if checkpoint == "tool_result" else (text,)
+        ran, verdict = await _call_one(ctx, stage_id, plugin, hook, *args)
+        if not ran or verdict is None:
             continue
         ctx.recorder.durable(
             GuardrailEvent,
@@ -217,6 +270,7 @@ async def guard(
             kind=verdict.kind,
             subject=verdict.subject or subject,
             action=verdict.action,
+            tool_call_id=ToolCallId(call.tool_call_id) if call is not None else None,
         )
         if verdict.action == "block":
             await ctx.recorder.flush()

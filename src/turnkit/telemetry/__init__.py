@@ -9,6 +9,7 @@ send, DESIGN §5.1). Stages never touch the Store.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -17,6 +18,7 @@ from pydantic import JsonValue
 
 from turnkit.audit import AuditPayloads, AuditRow, CallIdentity, CallShape, UsageDelta
 from turnkit.clock import Clock
+from turnkit.errors import PluginFailedError
 from turnkit.events import DurableEvent, EphemeralEvent, MessageDeltaEvent
 from turnkit.ids import SessionId, StageId, TurnId
 from turnkit.journal import Journal, dedupe_key
@@ -28,6 +30,8 @@ from turnkit.telemetry._delta import DeltaBuilder
 from turnkit.telemetry._notes import TurnNotes
 
 __all__ = ("OpenCall", "Publish", "Recorder")
+
+log = logging.getLogger("turnkit.runtime")
 
 D = TypeVar("D", bound=DurableEvent)
 E = TypeVar("E", bound=EphemeralEvent)
@@ -301,8 +305,26 @@ class Recorder:
         return carried
 
     async def _committed(self, events: Sequence[DurableEvent]) -> None:
-        if events and self.on_commit is not None:
+        """Hand committed events to `on_commit` (plugins' `on_event`).
+
+        After the commit that carried the turn's ending, what a hook stages has no next
+        commit to ride on: its audit rows get one of their own, and a required plugin's
+        failure is logged, since the ending it would change is already committed.
+        """
+        if not events or self.on_commit is None:
+            return
+        ended = self.log_closed
+        try:
             await self.on_commit(events)
+        except PluginFailedError as exc:
+            if not ended:
+                raise
+            log.warning("turn %s: %s (after its ending was committed)", self.turn_id, exc)
+        if ended and self._audit:
+            try:
+                await self.flush()
+            except Exception as exc:  # noqa: BLE001 - e.g. the session was deleted meanwhile
+                log.warning("turn %s: plugin audit rows after its ending: %s", self.turn_id, exc)
 
     async def _commit_staged(
         self,
