@@ -215,6 +215,9 @@ async def test_a_plugin_on_both_the_agent_and_the_runtime_is_refused_when_hosted
             await collect_events(rt.execute_message("s1", "hi", agent=agent("b")))
         with pytest.raises(PluginValidationError, match="on the agent 'c'"):
             rt.agent = agent("c")
+        rt.agents.add(agent("d"))  # hosted behind the runtime's back: refused when named
+        with pytest.raises(PluginValidationError, match="on the agent 'd'"):
+            await collect_events(rt.execute_message("s1", "hi", agent="d"))
         assert await rt.store.list_turns(SessionId("s1")) == []  # nothing was written
 
 

@@ -261,7 +261,9 @@ class RuntimeCore:
         if agent is None:
             return self.agent
         if isinstance(agent, str):
-            return await self.agents.get(agent)
+            found = await self.agents.get(agent)
+            self._check_plugins(found)  # added with `agents.add`, or by the loader, since
+            return found
         if not isinstance(agent, Agent):
             raise InvalidInputError(
                 f"agent must be a name or a turnkit.Agent, not {type(agent).__name__}"
