@@ -78,11 +78,15 @@ def test_a_missing_sdk_is_one_clear_line(monkeypatch: pytest.MonkeyPatch) -> Non
 
 
 @pytest.mark.slow
-def test_turnkit_run_with_otel_console_prints_the_spans(tmp_path: Path) -> None:
+@pytest.mark.parametrize("how", ["flag", "environment"])
+def test_turnkit_run_with_otel_console_prints_the_spans(tmp_path: Path, how: str) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "TURNKIT_"))} | {
         "OTEL_METRICS_EXPORTER": "none",
         "LITELLM_LOCAL_MODEL_COST_MAP": "True",
     }
+    flags = ["--otel-console"]
+    if how == "environment":  # the SDK's own console exporter, asked for by name
+        env, flags = env | {"OTEL_TRACES_EXPORTER": "console"}, []
     done = subprocess.run(
         [
             sys.executable,
@@ -90,7 +94,7 @@ def test_turnkit_run_with_otel_console_prints_the_spans(tmp_path: Path) -> None:
             "turnkit.cli",
             "run",
             "What is (12 + 3) * 7?",
-            "--otel-console",
+            *flags,
             "--database-url",
             f"sqlite:///{tmp_path / 't.db'}",
         ],
@@ -102,6 +106,7 @@ def test_turnkit_run_with_otel_console_prints_the_spans(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert "105" in done.stdout
+    assert '"trace_id"' not in done.stdout  # spans go to stderr, not over the turn
     assert "turnkit: OpenTelemetry on (console spans; service.name=turnkit)" in done.stderr
     assert "Traceback" not in done.stderr
     # The console exporter writes each span as indented JSON ("{" … "}" at line starts).

@@ -16,6 +16,7 @@ from tests.otel.conftest import Telemetry
 
 from turnkit import Agent, Approve, ModelFamily, ProviderError, RuntimeConfig, SessionRuntime, tool
 from turnkit.events import ApprovalRequestedEvent, DoneEvent
+from turnkit.otel import set_capture_content
 from turnkit.otel._state import active
 from turnkit.runtime.reader import KEEPALIVE
 from turnkit.testing import ModelStep, ScriptedModel, call, collect_events
@@ -474,3 +475,51 @@ async def test_the_attempt_span_says_how_long_the_turn_was_held(
 
 def _by_turn(spans: list[ReadableSpan]) -> dict[object, dict[str, object]]:
     return {_attrs(span)["turnkit.turn_id"]: _attrs(span) for span in spans}
+
+
+@tool
+async def lookup_owner(ticket: str) -> dict[str, str]:
+    """Who owns a ticket."""
+    if ticket == "bad":
+        raise ValueError(f"cannot handle {ticket}-SECRETARG")
+    return {"ticket": ticket, "owner": "jane.doe@example.com"}
+
+
+async def test_without_content_capture_no_span_quotes_a_tool_or_a_provider(
+    runtime_factory: RuntimeFactory, otel: Telemetry
+) -> None:
+    model = ScriptedModel(
+        [
+            ModelStep.tool_call_reply(call("lookup_owner", ticket="bad")),
+            ModelStep.fail(
+                ProviderError("your prompt 'SECRETPROMPT' is too long", status_code=400)
+            ),
+        ]
+    )
+    runtime = runtime_factory(Agent(model=model, tools=[lookup_owner]))
+    await collect_events(runtime.execute_message("s1", "owner of bad?"))
+    [tool_span] = otel.named("execute_tool ")
+    assert tool_span.status.description == "tool-failed"
+    failed = [s for s in otel.named("chat ") if s.status.status_code is StatusCode.ERROR]
+    assert [s.status.description for s in failed] == ["provider-error"]
+    exported = str([(s.status.description, s.events, s.attributes) for s in otel.spans()])
+    assert "SECRET" not in exported
+    assert [dict(e.attributes or {}) for e in failed[0].events] == [
+        {"exception.type": "provider-error"}
+    ]
+
+
+async def test_a_captured_tool_result_is_the_one_past_the_guardrails(
+    runtime_factory: RuntimeFactory, otel: Telemetry
+) -> None:
+    from turnkit.plugins.pii import PiiRedaction
+
+    set_capture_content(True)
+    model = ScriptedModel(
+        [ModelStep.tool_call_reply(call("lookup_owner", ticket="T1")), ModelStep.text_reply("ok")]
+    )
+    runtime = runtime_factory(Agent(model=model, tools=[lookup_owner], plugins=[PiiRedaction()]))
+    await collect_events(runtime.execute_message("s1", "owner of T1?"))
+    [tool_span] = otel.named("execute_tool ")
+    result = json.loads(str(_attrs(tool_span)["gen_ai.tool.call.result"]))
+    assert result == {"ticket": "T1", "owner": "[email]"}

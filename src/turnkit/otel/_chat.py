@@ -200,9 +200,11 @@ class _LiveChat(ChatTrace):
         metric = self.metric
         if error is not None:
             span.set_attribute("error.type", error)
-            span.set_status(Status(StatusCode.ERROR, str(exc) if exc is not None else error))
+            # A provider's message may quote the request: only with content capture on.
+            said = str(exc) if exc is not None and capture_content() else error
+            span.set_status(Status(StatusCode.ERROR, said))
             if exc is not None:
-                span.record_exception(exc)
+                _record(span, exc)
             metric = {**metric, "error.type": error}
         self.found.duration.record(time.perf_counter() - self.started, metric)
         span.end()
@@ -249,10 +251,19 @@ async def _traced_tool(
             span.set_attribute("turnkit.tool.answered_by", answered_by)
         if problem is not None:
             span.set_attribute("error.type", code)
-            span.set_status(Status(StatusCode.ERROR, problem))
+            # The tool's own words may quote its arguments: only with content capture on.
+            span.set_status(Status(StatusCode.ERROR, problem if capture else code))
         elif capture:
             span.set_attribute("gen_ai.tool.call.result", json.dumps(output, default=str))
     return outcome
+
+
+def _record(span: Span, exc: BaseException) -> None:
+    """The `exception` event: whole with content capture on, else its type only."""
+    if capture_content():
+        span.record_exception(exc)
+    else:
+        span.add_event("exception", {"exception.type": error_type(exc)})
 
 
 def _request_attributes(request: ModelRequest) -> dict[str, Any]:

@@ -102,7 +102,7 @@ def configure(
         if cls is None:
             missing.append(f"trace exporter {name!r}")
             continue
-        tracer_provider.add_span_processor(BatchSpanProcessor(cls()))
+        tracer_provider.add_span_processor(BatchSpanProcessor(_build(cls, name, err)))
         done.append(f"{name} spans")
     readers: list[MetricReader] = []
     for name in _names(env, "OTEL_METRICS_EXPORTER"):
@@ -110,7 +110,7 @@ def configure(
         if cls is None:
             missing.append(f"metric exporter {name!r}")
             continue
-        readers.append(PeriodicExportingMetricReader(cls()))
+        readers.append(PeriodicExportingMetricReader(_build(cls, name, err)))
         done.append(f"{name} metrics")
     meter_provider = MeterProvider(resource=resource, metric_readers=readers)
     _say_missing(missing, err)
@@ -127,6 +127,11 @@ def configure(
         meter_provider.shutdown()
 
     return shutdown
+
+
+def _build(cls: Any, name: str, err: TextIO) -> Any:
+    """An exporter; the SDK's console ones write to `err`, not over the turn on stdout."""
+    return cls(out=err) if name == "console" else cls()
 
 
 def _say_missing(missing: list[str], err: TextIO) -> None:

@@ -113,15 +113,16 @@ async def dispatch_tools(
             return _remember(ctx, block)
         answered_by = part.name
         output: JsonValue = None
+        view = ToolCall(tool_call_id=part.tool_call_id, name=part.name, arguments=dict(args))
         if part.tool_call_id in settled:
             problem, code, output = settled[part.tool_call_id]
+            if problem is None and tool is not None:
+                output = await _guard_output(ctx, view, output)
         elif problem is None:
+            doubt = part.tool_call_id in in_doubt
             problem, code, output, answered_by = await otel.traced_tool(
-                rec, part, _run_one(ctx, part, tool, args, in_doubt=part.tool_call_id in in_doubt)
+                rec, part, _run_guarded(ctx, part, tool, args, view, in_doubt=doubt)
             )
-        view = ToolCall(tool_call_id=part.tool_call_id, name=part.name, arguments=dict(args))
-        if problem is None and tool is not None:
-            output = await _guard_output(ctx, view, output)
         duration = (time.perf_counter() - started) * 1000
         rec.notes.tool_timings.append((answered_by, duration))
         result = _record_result(ctx, part, answered_by, output, problem, code, duration)
@@ -168,6 +169,22 @@ def _record_result(
         code=code,
     )
     return result
+
+
+async def _run_guarded(
+    ctx: StageContext,
+    part: ToolCallPart,
+    tool: Tool | None,
+    args: Mapping[str, JsonValue],
+    view: ToolCall,
+    *,
+    in_doubt: bool,
+) -> tuple[str | None, ErrorCode, JsonValue, str]:
+    """Run a call, then its result through the tool-result guardrails (one trace span)."""
+    problem, code, output, answered_by = await _run_one(ctx, part, tool, args, in_doubt=in_doubt)
+    if problem is None and tool is not None:
+        output = await _guard_output(ctx, view, output)
+    return problem, code, output, answered_by
 
 
 async def _run_one(
