@@ -233,3 +233,29 @@ def test_pii_masks_values_not_things_that_look_a_little_like_them(text: str, mas
     from turnkit.plugins.pii import KINDS, _mask
 
     assert _mask(text, KINDS)[0] == masked
+
+
+def test_pii_checks_of_a_growing_answer_mask_as_a_whole_check_would() -> None:
+    """Streaming checks reuse the settled part of the text: never with another result."""
+    import random
+
+    from turnkit.plugins.pii import _OPEN_NUMBER, _OPEN_WORD, KINDS, _mask, _Streaming
+
+    def held(text: str) -> int:  # the whole text searched, as a reference
+        found = (p.search(text) for p in (_OPEN_WORD, _OPEN_NUMBER))
+        return max((len(m.group(0)) for m in found if m), default=0)
+
+    plugin = PiiRedaction()
+
+    pieces = ["word", "the", "(555) 123-4567", "+47 912 34 567", "4111 1111 1111 1111",
+              "jane.doe@example.com", "2026-12-01", "1 000 000", "12", "-", "(", ")", ".",
+              "1234 5678 9012 3456", "a.b.c", "x" * 70, "9" * 40, "y" * 300]  # fmt: skip
+    rng = random.Random(7)
+    for round_ in range(60):
+        text = "".join(rng.choice(pieces) + rng.choice([" ", "  ", "", ", ", "\n"])
+                       for _ in range(rng.randint(5, 60)))  # fmt: skip
+        streaming = _Streaming()
+        step = rng.randint(1, 9)
+        for end in [*range(step, len(text), step), len(text)]:
+            assert streaming.mask(f"t{round_}", text[:end], KINDS) == _mask(text[:end], KINDS)
+            assert plugin.answer_hold(text[:end]) == held(text[:end])
