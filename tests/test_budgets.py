@@ -209,6 +209,22 @@ async def test_a_budget_pause_ends_with_cancel(tmp_path: Path) -> None:
         assert await runtime.resume_budget_pauses() == []
 
 
+async def test_raising_the_limit_resumes_the_turn_on_either_store(
+    db: tuple[str, str | None],
+) -> None:
+    url, schema = db
+    config = _config(url, database_schema=schema) if schema else _config(url)
+    async with SessionRuntime(
+        agent=Agent(model=_spending_model(), tools=[add]), config=config
+    ) as rt:
+        paused = (await _paused_turn(rt))[-1]
+        [(_, request)] = await rt.store.budget_pauses()
+        assert request.request_id == paused.request_id  # type: ignore[union-attr]
+        resumed = await rt.set_budget_limit(_limit(100_000))
+        assert resumed == [paused.turn_id]
+        assert await _until_not_running(rt, paused.turn_id) == "succeeded"
+
+
 async def test_a_new_period_resumes_the_turn(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'budget.db'}"
     agent = Agent(model=_spending_model(), tools=[add])

@@ -111,7 +111,11 @@ def budget_pauses(
 ) -> list[tuple[TurnRecord, PauseRequest]]:
     """Turns paused `awaiting_budget` (of one organisation when given), with their requests."""
     query = (
-        select(turns, pauses.c.request_id, pauses.c.payload.label("pause_payload"))
+        select(
+            turns,
+            pauses.c.request_id.label("pause_request_id"),  # the turn has a request_id too
+            pauses.c.payload.label("pause_payload"),
+        )
         .join(pauses, pauses.c.turn_id == turns.c.turn_id)
         .where(
             turns.c.status == "awaiting_budget",
@@ -124,7 +128,9 @@ def budget_pauses(
         query = query.where(turns.c.organisation == organisation)
     found = []
     for row in conn.execute(query):
-        found.append((turn_record(row), _request(row.request_id, "budget", row.pause_payload)))
+        found.append(
+            (turn_record(row), _request(row.pause_request_id, "budget", row.pause_payload))
+        )
     return found
 
 
