@@ -621,6 +621,24 @@ def test_the_running_turn_limit_comes_from_the_environment() -> None:
         runtime_from_env({"TURNKIT_MAX_RUNNING_TURNS": "0"})
 
 
+def test_budgets_are_enforced_when_the_flag_or_the_environment_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from turnkit.errors import ConfigurationError
+    from turnkit.quickstart import runtime_from_env
+
+    assert runtime_from_env({}).config.budgets == "off"
+    assert runtime_from_env({"TURNKIT_BUDGETS": "enforce"}).config.budgets == "enforce"
+    with pytest.raises(ConfigurationError, match="budgets 'bogus' is not"):
+        runtime_from_env({"TURNKIT_BUDGETS": "bogus"})
+    flags = cli._config(cli._parser().parse_args(["worker", "--budgets", "enforce"]))
+    assert flags.budgets == "enforce"
+    url = f"sqlite:///{tmp_path / 'cli.db'}"
+    # Budgets fail closed: with no limit set, a message is refused before it is written.
+    assert main(["run", "hi", "--budgets", "enforce", "--database-url", url]) == 2
+    assert "budget-policy-missing" in capsys.readouterr().err
+
+
 def test_the_default_checkpoint_durability_follows_the_database() -> None:
     from turnkit import RuntimeConfig
 

@@ -25,7 +25,7 @@ import os
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import cast
+from typing import Literal, cast
 
 from turnkit.errors import ConfigurationError, missing_extra
 
@@ -67,7 +67,8 @@ def runtime_from_env(env: Mapping[str, str] | None = None) -> SessionRuntime:
             Durability | None, env.get("TURNKIT_CHECKPOINT_DURABILITY") or None
         ),  # RuntimeConfig refuses any other value
         max_running_turns=_count(env, "TURNKIT_MAX_RUNNING_TURNS"),
-    )
+        budgets=cast(Literal["off", "enforce"], env.get("TURNKIT_BUDGETS") or "off"),
+    )  # RuntimeConfig refuses a `budgets` other than those two
     replay = replay_from_url(env.get("TURNKIT_REDIS_URL"))
     agents = (
         load_agents(env["TURNKIT_AGENT"])

@@ -182,6 +182,7 @@ def _config(args: argparse.Namespace) -> RuntimeConfig:
         heartbeat_interval_s=min(5.0, idle / 3),
         max_attempts=getattr(args, "max_attempts", 3),
         checkpoint_durability=getattr(args, "checkpoint_durability", None),
+        budgets=getattr(args, "budgets", None) or "off",
     )
 
 
@@ -402,6 +403,8 @@ async def _serving(args: argparse.Namespace, out: TextIO) -> int:
         os.environ["TURNKIT_DATABASE_SCHEMA"] = args.database_schema
     if args.checkpoint_durability:
         os.environ["TURNKIT_CHECKPOINT_DURABILITY"] = args.checkpoint_durability
+    if args.budgets:
+        os.environ["TURNKIT_BUDGETS"] = args.budgets
     if named := _named_agents(args):
         os.environ["TURNKIT_AGENT"] = ",".join(named)
     config = uvicorn.Config(

@@ -45,6 +45,17 @@ def _durability_arg(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _budgets_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--budgets",
+        choices=("off", "enforce"),
+        default=os.environ.get("TURNKIT_BUDGETS") or None,
+        help="enforce: check budget limits at turn start and before each model call, pause "
+        "a turn a limit has no room for, and refuse a message no limit covers "
+        "(default: $TURNKIT_BUDGETS, else off)",
+    )
+
+
 def _ceiling_arg(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--ceiling",
@@ -109,6 +120,7 @@ def _add_run(sub: _Subparsers) -> None:
     run.add_argument("--session", help="session id (default: a new one)")
     _database_args(run)
     _durability_arg(run)
+    _budgets_arg(run)
     _otel_args(run)
 
 
@@ -174,6 +186,7 @@ def _add_worker(sub: _Subparsers) -> None:
     )
     _database_args(worker)
     _durability_arg(worker)
+    _budgets_arg(worker)
     _otel_args(worker)
 
 
@@ -244,6 +257,7 @@ def _add_serve(sub: _Subparsers) -> None:
     )
     _database_args(serve)
     _durability_arg(serve)
+    _budgets_arg(serve)
     _otel_args(serve)
 
 
