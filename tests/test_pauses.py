@@ -180,6 +180,44 @@ async def test_a_denial_is_a_result_the_model_reads(tmp_path: Path) -> None:
     assert rest[-1].type == "done"
 
 
+@tool
+async def note_down(text: str) -> str:
+    """Note something down (no approval needed)."""
+    return f"noted {text}"
+
+
+@pytest.mark.parametrize("decision", [Approve(), Deny(note="no")])
+async def test_a_call_beside_an_approval_is_not_in_doubt_when_the_batch_resumes(
+    tmp_path: Path, decision: Approve | Deny
+) -> None:
+    """Nothing of a batch runs before its approvals: its other calls never ran, no doubt."""
+    model = ScriptedModel(
+        [
+            ModelStep.tool_call_reply(
+                call("send_email", to="ada@example.com"), call("note_down", text="sent")
+            ),
+            ModelStep.text_reply("Done."),
+        ]
+    )
+    agent = Agent(model=model, tools=[send_email, note_down])
+    runtime = SessionRuntime(
+        agent=agent, config=RuntimeConfig(database_url=f"sqlite:///{tmp_path / 'b.db'}")
+    )
+    await runtime.open()
+    try:
+        events = await collect_events(runtime.execute_message("s1", "email Ada, note it"))
+        asked = events[-1]
+        assert isinstance(asked, ApprovalRequestedEvent)
+        await runtime.resume(asked.turn_id, asked.request_id, decision)
+        rest = await _finish(runtime, asked.turn_id, after=asked.seq)
+    finally:
+        await runtime.close()
+    assert [e.type for e in rest if e.type == "tool.in_doubt"] == []
+    [noted] = [e for e in rest if isinstance(e, ToolCompletedEvent)][-1:]
+    assert noted.result.output == "noted sent"
+    assert rest[-1].type == "done"
+
+
 async def test_a_paused_turn_s_view_shows_its_card_by_id_or_by_record(tmp_path: Path) -> None:
     model = ScriptedModel([ModelStep.tool_call_reply(call("send_email", to="ada@example.com"))])
     runtime = _runtime(tmp_path / "view.db", model)

@@ -473,6 +473,11 @@ def _wait(
     return RESOLUTION_ADAPTER.validate_python(answer)
 
 
+def _pause_key(turn_id: str, tool_call_id: str) -> str:
+    """The journal key of the pause a call asked for (see `dedupe_key`)."""
+    return f"pause:{derive_id('req', turn_id, tool_call_id)}"
+
+
 Plan = tuple[ToolCallPart, Tool | None, dict[str, JsonValue], str | None, ErrorCode]
 
 
@@ -485,14 +490,18 @@ def _write_ahead(
 ) -> tuple[list[Plan], set[str]]:
     """Stage a `tool.started` per call (with why it will not run, if it will not).
 
-    Also returns the calls in doubt: started by an earlier attempt, with no result, and
-    either no pause of their own in the log or a pause an earlier attempt already resumed
-    from (such a call may have run before that attempt died). A call still waiting for its
-    answer had not run; one a person approved may have.
+    Also returns the calls in doubt: started by an earlier attempt, with no result, in a
+    batch that either paused for no one or whose pause an earlier attempt already resumed
+    from (such a call may have run before that attempt died). No call of a batch still
+    waiting for an answer had run; once a resumed attempt dies, any may have.
     """
     rec = ctx.recorder
     plans: list[Plan] = []
     in_doubt: set[str] = set()
+    # Nothing of a batch runs before all its pauses are settled: a batch that paused, and
+    # was not yet resumed by an attempt that died, has no call that may have run.
+    paused = any(_pause_key(rec.turn_id, c.tool_call_id) in rec.journal.keys for c in calls)
+    doubtful = rec.notes.answered_before or not paused
     for part in calls:
         args, problem = _parse(part)
         code: ErrorCode = "tool-arguments-invalid"
@@ -528,10 +537,7 @@ def _write_ahead(
         )
         if started is not None:  # not already in the log from an earlier attempt
             rec.notes.tool_calls += 1
-        elif part.tool_call_id not in rec.journal.results and (
-            rec.notes.answered_before
-            or f"pause:{derive_id('req', rec.turn_id, part.tool_call_id)}" not in rec.journal.keys
-        ):
+        elif part.tool_call_id not in rec.journal.results and doubtful:
             in_doubt.add(part.tool_call_id)
         plans.append((part, tool, args or {}, problem, code))
     return plans, in_doubt
