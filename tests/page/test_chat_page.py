@@ -368,6 +368,49 @@ def test_messages_wait_in_the_queue_until_a_turn_ends(page: Page, tmp_path: Path
     model.assert_complete()
 
 
+def test_many_messages_behind_a_paused_turn_leave_the_page_free_to_approve(
+    page: Page, tmp_path: Path
+) -> None:
+    """A stream per waiting turn would take all six of a browser's connections."""
+    waiting = [f"And then {n}" for n in range(7)]
+    model = ScriptedModel([
+        ModelStep.tool_call_reply(call("wire", amount=5, to="Bob")),
+        ModelStep.text_reply("Sent 5 EUR to Bob."),
+        *(ModelStep.text_reply(f"Noted {n}.") for n in range(7)),
+    ])  # fmt: skip
+    with serve_page(tmp_path, Agent(model=model, tools=[wire])) as app:
+        page.goto(app.url)
+        send(page, "Pay Bob 5 EUR")
+        card = page.locator(".card.approval")
+        expect(card.locator(".card-title")).to_have_text("Approve wire?")
+        for text in waiting:
+            send(page, text)
+            expect(page.locator("#queue li .text").last).to_have_text(text)
+        page.reload()  # every waiting turn comes back from history, none is followed
+        expect(page.locator("#queue li .text")).to_have_text(waiting)
+        card.locator("[data-decision='approve']").click()
+        answers = page.locator(".block.text.answer .text")
+        expect(answers).to_have_text(["Sent 5 EUR to Bob.", *(f"Noted {n}." for n in range(7))])
+        expect(page.locator("#queue li")).to_have_count(0)
+    model.assert_complete()
+
+
+def test_a_message_that_could_not_be_sent_stays_in_the_box(page: Page, tmp_path: Path) -> None:
+    model = ScriptedModel([ModelStep.text_reply("Got it.")])
+    with serve_page(tmp_path, Agent(model=model)) as app:
+        page.goto(app.url)
+        page.context.set_offline(True)
+        send(page, "Hello while offline")
+        expect(page.locator("#notice")).not_to_have_text("")
+        expect(page.locator("#message")).to_have_value("Hello while offline")
+        page.context.set_offline(False)
+        page.press("#message", "Enter")
+        expect(page.locator(".block.text.answer .text")).to_have_text("Got it.")
+        expect(page.locator("#message")).to_have_value("")
+        expect(page.locator("#notice")).to_have_text("")  # the failure's notice is gone
+    model.assert_complete()
+
+
 # ── Stop: the partial answer stays, marked interrupted ─────────────────────────────────
 
 

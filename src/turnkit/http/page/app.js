@@ -4,7 +4,10 @@
 // projection only. One stream per turn at most, an EventSource (sse.js): a turn is
 // followed from its first event (`?after=0`) when it starts or the page loads, and the
 // browser resumes it with `Last-Event-ID` after a drop. A paused turn's stream stays open
-// (with keep-alives), so the turn's events after an approval arrive on it.
+// (with keep-alives), so the turn's events after an approval arrive on it. Of a session's
+// open turns only the live one (the first) is followed: the others wait behind it and are
+// drawn from history until it ends. A browser opens at most six connections to a server
+// over HTTP/1.1: a stream per waiting turn would leave none for Approve.
 
 import * as api from "./api.js";
 import {
@@ -18,6 +21,7 @@ import {
   withAnswered,
   withConnection,
   withGuide,
+  withOpening,
   withPending,
   withQueue,
   withTurn,
@@ -65,6 +69,13 @@ function follow(turnId) {
   });
 }
 
+/** Follow the session's live turn (the first open one), if any: its stream, else null. */
+function followLive(sessionId) {
+  if (ui.sessionId !== sessionId) return null;
+  const live = liveTurn(ui.state);
+  return live ? follow(live.turnId) : null;
+}
+
 async function openSession(sessionId) {
   for (const controller of ui.followers.values()) controller.abort();
   ui.followers.clear();
@@ -86,7 +97,7 @@ async function openSession(sessionId) {
   // Live and paused turns keep their stream open; finished ones replay to their `done`,
   // two at a time (a browser opens at most six connections to one server).
   const finished = turns.filter((t) => TERMINAL.includes(t.status)).map((t) => t.turnId);
-  turns.filter((t) => !TERMINAL.includes(t.status)).forEach((t) => follow(t.turnId));
+  followLive(sessionId);
   const next = async () => {
     while (finished.length > 0 && ui.sessionId === sessionId) await follow(finished.shift());
   };
@@ -112,9 +123,10 @@ async function afterTurn(sessionId) {
   try {
     const turns = await api.history(sessionId);
     if (ui.sessionId !== sessionId) return;
-    const fresh = turns.filter((t) => !ui.state.turns[t.turnId]);
+    const fresh = turns.filter((t) => !ui.state.turns[t.turnId] && TERMINAL.includes(t.status));
     update((s) => withTurns(s, turns));
-    fresh.forEach((t) => follow(t.turnId));
+    fresh.forEach((t) => follow(t.turnId)); // ended elsewhere: replayed to their `done`
+    followLive(sessionId); // the turn that waited behind the one that ended, if any
   } catch {
     // the page keeps what it has
   }
@@ -164,20 +176,24 @@ async function send(text) {
     const delivery = live && live.status === "running" ? "guide" : "queue";
     const body = { content: text, requestId: api.requestId(), delivery };
     const turnId = await api.execute(sessionId, body);
-    if (ui.sessionId !== sessionId || !turnId) return;
-    update((s) => withTurn(s, turnId));
+    if (ui.sessionId !== sessionId || !turnId) return true;
+    update((s) => withOpening(withTurn(s, turnId), turnId, text));
     if (delivery === "guide" && turnId === live.turnId) {
       // It joined the running turn (otherwise the server gave it a turn of its own).
       const guide = { requestId: body.requestId, inputSeq: null, content: text };
       update((s) => withGuide(s, turnId, guide));
     }
-    follow(turnId).then((how) => {
+    ui.notice = "";
+    // Its stream opens now if it is the live turn, else once the turns before it end.
+    followLive(sessionId)?.then((how) => {
       const ended = ui.sessionId === sessionId ? ui.state.turns[turnId]?.status : null;
       if (opening && how === "done" && ended === "succeeded") watchNaming(sessionId);
     });
     refreshSessions(); // the session is named after its first message
+    return true;
   } catch (err) {
     say(err.message);
+    return false;
   } finally {
     ui.busy.delete("send");
     schedule();
@@ -214,6 +230,7 @@ async function decide(turnId, requestId, answer) {
     }
   }
   ui.busy.delete(requestId);
+  ui.notice = "";
   update((s) => withAnswered(s, turnId, requestId));
   follow(turnId); // the same turn goes on, on the stream that is still open (if it closed: again)
 }
@@ -558,7 +575,11 @@ function duration(ms) {
 
 function sessionFromHash() {
   const match = /^#session=(.+)$/.exec(location.hash);
-  return match ? decodeURIComponent(match[1]) : null;
+  try {
+    return match ? decodeURIComponent(match[1]) : null;
+  } catch {
+    return null; // a malformed link: open the newest session instead
+  }
 }
 
 // ── wiring ────────────────────────────────────────────────────────────────────────
@@ -570,7 +591,9 @@ function bind() {
     const text = box.value.trim();
     if (!text || ui.busy.has("send")) return;
     box.value = "";
-    send(text);
+    send(text).then((sent) => {
+      if (!sent && !box.value) box.value = text; // not sent: the text is not lost
+    });
   });
   box.addEventListener("keydown", (event) => {
     if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {

@@ -47,6 +47,7 @@ export function emptyTurn(turnId, status = "running") {
     settled: false,
     done: false,
     connection: null,
+    opening: "", // its message as history lists it: shown while it waits, unfollowed
   };
 }
 
@@ -76,7 +77,11 @@ export function applyAll(state, events) {
  */
 export function withTurns(state, history) {
   let next = state;
-  for (const item of history) next = withTurn(next, item.turnId, item.status);
+  for (const item of history) {
+    next = withTurn(next, item.turnId, item.status);
+    const opening = (item.blocks ?? []).find((b) => b.kind === "user")?.text ?? "";
+    if (opening) next = withOpening(next, item.turnId, opening);
+  }
   const listed = history.map((item) => item.turnId);
   const rest = next.order.filter((id) => !listed.includes(id));
   return { ...next, order: [...listed, ...rest] };
@@ -115,13 +120,20 @@ export function queued(state) {
     if (!isOpen(turn)) continue;
     if (blocked) {
       const first = turn.segments[0];
-      out.push({ turnId: id, content: first ? first.content : "", delivery: "queue", requestId: null });
+      const content = first ? first.content : turn.opening;
+      out.push({ turnId: id, content, delivery: "queue", requestId: null });
       continue;
     }
     blocked = true;
     for (const g of turn.guides) out.push({ turnId: id, content: g.content, delivery: "guide", requestId: g.requestId });
   }
   return out;
+}
+
+/** The message a turn opened with, as sent: shown while the turn waits, unfollowed. */
+export function withOpening(state, turnId, text) {
+  const turn = state.turns[turnId];
+  return turn && !turn.opening ? putTurn(state, { ...turn, opening: text }) : state;
 }
 
 /** A turn the page just started (or learned of): added after the others. */
