@@ -11,7 +11,7 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -30,6 +30,7 @@ from turnkit.events import (
     MessageDeltaEvent,
     MessageSnapshotEvent,
     ProviderCascadeEvent,
+    RunFinishedEvent,
     StepEndEvent,
     StepStartEvent,
     ThinkingCompleteEvent,
@@ -40,9 +41,15 @@ from turnkit.events import (
     UsageEvent,
 )
 from turnkit.http import install_problem_handlers
+from turnkit.ids import SessionId
 from turnkit.models import ModelChunk, ModelRequest, TextDelta
 from turnkit.plugins import Plugin, PluginContext, ToolCall
-from turnkit.protocols.ai_sdk import UIMessageStreamTranslator, create_ai_sdk_router
+from turnkit.protocols.ai_sdk import (
+    ENDED_REPLAY_S,
+    UIMessageStreamTranslator,
+    _resumable,
+    create_ai_sdk_router,
+)
 from turnkit.testing import ModelStep, ScriptedModel, call
 
 API = "/api/chat"
@@ -242,7 +249,8 @@ async def test_an_oversized_chunk_is_replaced_and_the_stream_goes_on(tmp_path: P
 async def test_a_tool_using_turn_maps_to_ui_message_chunks(
     app_client: tuple[FastAPI, httpx.AsyncClient],
 ) -> None:
-    _, http = app_client
+    app, http = app_client
+    runtime: SessionRuntime = app.state.runtime
     body = {"id": "chat1", "messages": [user("2+3?")], "trigger": "submit-message"}
     response = await http.post(API, json=body)
     assert response.status_code == 200, response.text
@@ -295,8 +303,14 @@ async def test_a_tool_using_turn_maps_to_ui_message_chunks(
     again = await http.post(API, json=body)
     assert again.headers["x-turn-id"] == turn_id
     assert fold(chunks_of(again.text)) == fold(chunks)
-    # Nothing is running any more: no stream to resume.
-    assert (await http.get(f"{API}/chat1/stream")).status_code == 204
+    # Just ended: a client resuming now (it answered a pause elsewhere, say) gets it whole.
+    resumed = await http.get(f"{API}/chat1/stream")
+    assert resumed.headers["x-turn-id"] == turn_id
+    assert fold(chunks_of(resumed.text)) == fold(chunks)
+    # Later, nothing is being written: no stream to resume.
+    turns = await runtime.store.list_turns(SessionId("chat1"))
+    later = turns[-1].updated_at + timedelta(seconds=ENDED_REPLAY_S + 1)
+    assert _resumable(turns, later) is None
 
 
 async def test_a_fast_turn_streams_in_far_fewer_writes_than_chunks(tmp_path: Path) -> None:
@@ -425,10 +439,28 @@ def test_a_plugin_s_denial_is_an_error_part_and_a_failure_sends_its_ending_first
         {"type": "tool-output-error", "toolCallId": "plugin", "errorText": "denied by plugin: no"},
         {"type": "tool-output-denied", "toolCallId": "asked"},
     ]
-    assert [c["type"] for c in out[-2:]] == ["message-metadata", "error"]
+    assert out[-1]["type"] != "error"  # the totals come next, with `run.finished`
+    totals = {"model_calls": 2, "input_tokens": 9, "output_tokens": 3}
+    out += tr.translate(_event(RunFinishedEvent, seq=5, status="failed", attempt=1, model="m",
+                               duration_ms=1.0, **totals))  # fmt: skip
+    assert [c["type"] for c in out[-3:]] == [
+        "data-turnkit-run.finished",
+        "message-metadata",
+        "error",
+    ]
     ending = out[-2]["messageMetadata"]
     assert (ending["status"], ending["errorCode"]) == ("failed", "family-exhausted")
-    assert ending["usage"]["inputTokens"] == 5
+    assert ending["usage"]["inputTokens"] == 9  # the turn's totals, as `finish` would say
+    assert tr.translate(_event(DoneEvent, seq=6, status="failed")) == []  # sent once
+
+    # An ending with no `run.finished` (a sweep's): the error goes out with `done`.
+    swept = UIMessageStreamTranslator(message_id="s")
+    assert (
+        swept.translate(_event(ErrorEvent, seq=2, code="deadline-exceeded", message="late")) == []
+    )
+    late = swept.translate(_event(DoneEvent, seq=3, status="timed_out"))
+    assert [c["type"] for c in late] == ["message-metadata", "error"]
+    assert late[0]["messageMetadata"]["status"] == "timed_out"
 
 
 # ── approvals ───────────────────────────────────────────────────────────────────────────
@@ -633,6 +665,7 @@ def test_resume_rebuilds_the_running_message_without_duplicates(tmp_path: Path) 
     script = ScriptedModel([
         ModelStep.tool_call_reply(call("add", a=1, b=1, tool_call_id="c1"), text="Adding."),
         ModelStep.text_reply(HOLD_TEXT),
+        ModelStep.text_reply("And 4."),
     ])  # fmt: skip
     gated = GatedModel(script, gated_call=1, hold_after=2)
     body = {"id": "r1", "messages": [user("1+1?")]}
@@ -650,8 +683,15 @@ def test_resume_rebuilds_the_running_message_without_duplicates(tmp_path: Path) 
                     return text.endswith(held)
 
                 await _read_until(lines, live, held_text)
+                # Another tab's message waits behind the reply being written: resuming
+                # still gets the reply being written, not the one waiting.
+                second = {"id": "r1", "messages": [user("1+1?"), user("and 2+2?", "m2")]}
+                async with http.stream("POST", API, json=second) as waiting:
+                    assert waiting.status_code == 200, await waiting.aread()
+                    assert waiting.headers["x-turn-id"] != live[0]["messageId"]
                 async with http.stream("GET", f"{API}/r1/stream") as again:
                     assert again.status_code == 200
+                    assert again.headers["x-turn-id"] == live[0]["messageId"]
                     assert again.headers["x-vercel-ai-ui-message-stream"] == "v1"
                     more = again.aiter_lines()
                     await _read_until(more, rebuilt, held_text)

@@ -109,6 +109,8 @@ class UIMessageStreamTranslator:
         self._asked: set[str] = set(asked)
         """Tool calls with an approval request: only their denial is `tool-output-denied`."""
         self._usage: dict[str, JsonValue] | None = None
+        self._error: str | None = None
+        """The failure's `error` text, until the turn's totals arrive to go before it."""
 
     def start(self) -> list[Chunk]:
         """The `start` chunk: the message id (the turn id) and its metadata."""
@@ -116,7 +118,7 @@ class UIMessageStreamTranslator:
 
     def finish(self) -> list[Chunk]:
         """Close what is open and end the message with `finish` (usage in its metadata)."""
-        out = self._close_step()
+        out = [*self._failure(), *self._close_step()]
         if self.status == "cancelled":
             out.append({"type": "abort", "reason": "cancelled"})
         chunk: Chunk = {"type": "finish", "messageMetadata": self._ending()}
@@ -167,8 +169,10 @@ class UIMessageStreamTranslator:
                 return self._paused(event)
             case MessageCitationsEvent():
                 return [*self._sources(event), self._data(event)]
-            case UsageEvent() | RunFinishedEvent():
+            case UsageEvent():
                 return self._counted(event)
+            case RunFinishedEvent():  # after a failure's `error`: its usage goes with it
+                return [*self._counted(event), *self._failure()]
             case ProviderCascadeEvent():
                 return [*self._abandon(event.stage_id), self._data(event)]
             case TurnRecoveringEvent():  # the new attempt writes its open blocks again
@@ -178,12 +182,12 @@ class UIMessageStreamTranslator:
             case ErrorEvent():
                 self.error_code = event.code
                 self.status = "timed_out" if event.code == "deadline-exceeded" else "failed"
-                # The SDK stops reading at `error`: what `finish` would carry goes first.
-                ending: Chunk = {"type": "message-metadata", "messageMetadata": self._ending()}
-                return [ending, {"type": "error", "errorText": f"{event.message} ({event.code})"}]
+                self._error = f"{event.message} ({event.code})"
+                return []  # sent with the turn's totals, which `run.finished` brings next
             case DoneEvent():
+                failure = self._failure()  # an ending with no `run.finished` (a sweep's)
                 self.status, self.error_code = event.status, event.error_code or self.error_code
-                return []  # `finish` carries it
+                return failure  # `finish` carries the rest
             case TasksUpdatedEvent():
                 return [self._data(event, part_id="tasks")]  # the newest list replaces the last
             case JobProgressEvent():
@@ -377,6 +381,17 @@ class UIMessageStreamTranslator:
             "toolCallId": event.tool_call_id,
         }
         return [request, self._data(event)]
+
+    def _failure(self) -> list[Chunk]:
+        """The failure's `error`, once, after the metadata `finish` would carry.
+
+        The SDK stops reading at `error`: status, error code and usage so far go first.
+        """
+        if self._error is None:
+            return []
+        text, self._error = self._error, None
+        ending: Chunk = {"type": "message-metadata", "messageMetadata": self._ending()}
+        return [ending, {"type": "error", "errorText": text}]
 
     def _counted(self, event: UsageEvent | RunFinishedEvent) -> list[Chunk]:
         """The turn's totals so far: kept for `finish`, and sent as data."""

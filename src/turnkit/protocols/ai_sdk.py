@@ -17,6 +17,7 @@ response's body (reading, lines, size bound) in `_ai_sdk_stream`.
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from datetime import datetime, timedelta
 from typing import Annotated, Any, Final
 
 from pydantic import ValidationError
@@ -42,6 +43,7 @@ from turnkit.protocols._ai_sdk_wire import ChatRequest, UIMessage, pending_answe
 from turnkit.runtime import SessionRuntime
 from turnkit.runtime.deps import NO_DEPS
 from turnkit.runtime.reader import set_once_sent
+from turnkit.states import TERMINAL_STATES
 from turnkit.store import TurnRecord
 
 __all__ = (
@@ -163,16 +165,36 @@ async def _chat(
 
 
 async def _resume_reply(replies: Replies, chat_id: str, principal: Principal) -> Response:
-    """`GET {prefix}/{chat_id}/stream`: the running turn's message so far, then live.
+    """`GET {prefix}/{chat_id}/stream`: the live turn's message so far, then live.
 
     A paused turn's message comes whole, up to its pause: a reloaded page gets its
-    approval request back.
+    approval request back. A turn that ended moments ago comes whole too: a client that
+    asks just after it ended (having answered its approval elsewhere) still gets its end.
     """
     turns = await _visible(replies.runtime, chat_id, principal)
-    if not turns or (turns[-1].status != "running" and turns[-1].status not in PAUSED):
+    record = _resumable(turns or [], replies.runtime.clock.now())
+    if record is None:
         return Response(status_code=204)
-    record = turns[-1]
     return _respond(replies.render(record, 0, rebuild=True), record.turn_id)
+
+
+ENDED_REPLAY_S: Final = 30.0
+"""How long after its turn ended a reply is still sent whole to a client that resumes."""
+
+
+def _resumable(turns: list[TurnRecord], now: datetime) -> TurnRecord | None:
+    """The turn whose message a resuming client gets, if any.
+
+    The first turn not yet ended is the one being written (those after it wait their
+    turn); with none, the latest, if it ended within `ENDED_REPLAY_S`.
+    """
+    for record in turns:
+        if record.status in TERMINAL_STATES:
+            continue
+        return record if record.status == "running" or record.status in PAUSED else None
+    if turns and now - turns[-1].updated_at <= timedelta(seconds=ENDED_REPLAY_S):
+        return turns[-1]
+    return None
 
 
 def _respond(body: AsyncIterator[bytes], turn_id: str) -> EventSourceResponse:

@@ -91,8 +91,12 @@ async function toolTurn() {
   assert.equal(chunks.at(-1).type, 'finish');
   assert.equal(chunks.at(-1).finishReason, 'stop');
   await validateUIMessages({ messages: [user('What is 2 + 3?'), message] });
-  // Nothing left to resume once the turn is over.
-  assert.equal(await transport.reconnectToStream({ chatId: 'tools' }), null);
+  // Just over: a client resuming now (it answered a pause elsewhere) gets the message whole.
+  const again = await transport.reconnectToStream({ chatId: 'tools' });
+  assert.ok(again, 'a turn that just ended is sent whole');
+  const replayed = await withDeadline(read(again), 'the replayed turn');
+  assert.equal(replayed.message.id, message.id);
+  assert.deepEqual(withoutData(replayed.message), withoutData(message));
 }
 
 // A tool result larger than the server's frame bound: the part ends saying so, and on.
