@@ -381,7 +381,7 @@ def test_the_worker_command_shows_worker_lines_on_stderr(
     out = io.StringIO()  # its first line names the database, never its password
     secret = "postgresql://app:S3cret@127.0.0.1:1/x"
     assert main(["worker", "--database-url", secret], out=out) == 0
-    assert out.getvalue().endswith(" on postgresql://app:***@127.0.0.1:1/x\n")
+    assert out.getvalue().endswith(" on postgresql://app:***@127.0.0.1:1/x, hosting demo\n")
 
 
 def test_the_worker_listens_unless_told_only_to_poll(
@@ -725,10 +725,15 @@ def test_an_idle_window_past_the_ceiling_is_refused_not_lowered(
     assert (lowered.idle_window_s, lowered.ceiling_s) == (60.0, 60.0)  # the default bows
 
 
-def test_an_empty_agent_flag_hosts_the_demo_agent() -> None:
+def test_an_empty_agent_flag_hosts_the_demo_agent(monkeypatch: pytest.MonkeyPatch) -> None:
     """Compose passes `--agent "${TURNKIT_AGENT:-}"`: unset, the worker runs the demo agent."""
+    monkeypatch.delenv("TURNKIT_AGENT", raising=False)
     [agent] = cli._hosted_agents(cli._parser().parse_args(["worker", "--agent", ""]))
     assert agent.name == "demo"
+    # With no --agent, the worker hosts what the API processes host: $TURNKIT_AGENT.
+    monkeypatch.setenv("TURNKIT_AGENT", "tests.support.worker_agent:agent")
+    [shared] = cli._hosted_agents(cli._parser().parse_args(["worker"]))
+    assert shared.name == "worker-test"
     [named] = cli._hosted_agents(
         cli._parser().parse_args(
             ["worker", "--agent", "", "--agent", "tests.support.worker_agent:agent"]

@@ -69,3 +69,24 @@ def test_the_api_health_check_passes_when_ready_and_fails_when_down(tmp_path: Pa
         capture_output=True, timeout=30,
     )  # fmt: skip
     assert down.returncode != 0  # the container would be marked unhealthy
+
+
+def test_the_quickstart_app_serves_the_protocol_endpoints(tmp_path: Path) -> None:
+    import httpx
+
+    runtime = SessionRuntime(
+        agent=Agent(model=ScriptedModel([ModelStep.text_reply("hi"), ModelStep.text_reply("yo")])),
+        config=RuntimeConfig(database_url=f"sqlite:///{tmp_path / 'p.db'}"),
+    )
+    hello = {"id": "u1", "role": "user", "parts": [{"type": "text", "text": "Hi"}]}
+    agui = {
+        "threadId": "t1", "runId": "r1", "state": {}, "tools": [], "context": [],
+        "forwardedProps": {}, "messages": [{"id": "m1", "role": "user", "content": "Hi"}],
+    }  # fmt: skip
+    with serve(create_app(runtime)) as url, httpx.Client(base_url=url, timeout=30) as http:
+        chat = http.post("/api/chat", json={"id": "c1", "messages": [hello]})
+        assert chat.headers["x-vercel-ai-ui-message-stream"] == "v1"
+        assert chat.text.rstrip().endswith("data: [DONE]")
+        run = http.post("/api/agui/run", json=agui, headers={"Accept": "text/event-stream"})
+        assert run.status_code == 200, run.text
+        assert '"type":"RUN_FINISHED"' in run.text.replace(" ", "")

@@ -41,6 +41,8 @@ from turnkit.agent import load_agents
 from turnkit.config import Durability, RuntimeConfig, env_seconds
 from turnkit.demo import demo_agent
 from turnkit.http import create_health_router, create_turnkit_router, install_problem_handlers
+from turnkit.protocols.agui import create_agui_router
+from turnkit.protocols.ai_sdk import create_ai_sdk_router
 from turnkit.replay import replay_from_url
 from turnkit.runtime import SessionRuntime
 
@@ -115,9 +117,11 @@ class _PageFiles(StaticFiles):
 
 
 def create_app(runtime: SessionRuntime | None = None, *, keepalive_s: float = 10.0) -> FastAPI:
-    """A FastAPI app serving turnkit's routes under `/api/harness` and the chat page at `/`.
+    """A FastAPI app with turnkit's routes, the chat page and the protocol adapters.
 
-    `keepalive_s` is how often an idle stream sends a `: keep-alive` comment.
+    turnkit's routes are under `/api/harness`, the page at `/`, the AI SDK's chat routes
+    at `/api/chat` and AG-UI's endpoint at `/api/agui/run`. `keepalive_s` is how often an
+    idle stream sends a `: keep-alive` comment.
     """
     rt = runtime or runtime_from_env()
 
@@ -133,6 +137,8 @@ def create_app(runtime: SessionRuntime | None = None, *, keepalive_s: float = 10
     application = FastAPI(title="turnkit", version="0.1.0", lifespan=lifespan)
     application.include_router(create_turnkit_router(rt, keepalive_s=keepalive_s))
     application.include_router(create_health_router(rt))
+    application.include_router(create_ai_sdk_router(rt, keepalive_s=keepalive_s))
+    application.include_router(create_agui_router(rt, keepalive_s=keepalive_s))
     install_problem_handlers(application)
 
     @application.get("/", include_in_schema=False)

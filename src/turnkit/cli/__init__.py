@@ -239,8 +239,13 @@ def _named_agents(args: argparse.Namespace) -> list[str]:
 
 
 def _hosted_agents(args: argparse.Namespace) -> tuple[Agent, ...]:
-    """The agents a worker hosts: those named, else the demo agent."""
-    named = _named_agents(args)
+    """The agents a worker hosts: those named, else `$TURNKIT_AGENT`'s, else the demo agent.
+
+    `$TURNKIT_AGENT` as `turnkit serve` reads it: names separated by commas.
+    """
+    named = _named_agents(args) or [
+        name for name in os.environ.get("TURNKIT_AGENT", "").split(",") if name.strip()
+    ]
     return load_agents(named) if named else (demo_agent(os.environ.get("TURNKIT_MODEL")),)
 
 
@@ -262,7 +267,11 @@ async def _work(args: argparse.Namespace, out: TextIO) -> int:
             drain_timeout_s=args.drain_timeout,
             listen=args.listen,
         )
-        out.write(f"turnkit worker {runtime.owner} on {shown_url(args.database_url)}\n")
+        hosted = ", ".join(agent.name for agent in agents)
+        out.write(
+            f"turnkit worker {runtime.owner} on {shown_url(args.database_url)}, "
+            f"hosting {hosted}\n"
+        )
         out.flush()
         await worker.run(stop)  # opens the runtime, waiting out a database not yet up
         # A session named after its opening turn ended here: give the call the same grace.

@@ -130,7 +130,8 @@ def _add_worker(sub: _Subparsers) -> None:
         "--agent",
         action="append",
         help="`package.module:name` of an Agent to host; repeat it to host several (the "
-        "first is the default; the current directory is importable; default: the demo agent)",
+        "first is the default; the current directory is importable; default: $TURNKIT_AGENT, "
+        "else the demo agent)",
     )
     worker.add_argument(
         "--concurrency",
