@@ -269,8 +269,7 @@ async def _work(args: argparse.Namespace, out: TextIO) -> int:
         )
         hosted = ", ".join(agent.name for agent in agents)
         out.write(
-            f"turnkit worker {runtime.owner} on {shown_url(args.database_url)}, "
-            f"hosting {hosted}\n"
+            f"turnkit worker {runtime.owner} on {shown_url(args.database_url)}, hosting {hosted}\n"
         )
         out.flush()
         await worker.run(stop)  # opens the runtime, waiting out a database not yet up
