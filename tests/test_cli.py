@@ -10,12 +10,13 @@ import logging
 import os
 import subprocess
 import sys
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import require_service
+from tests.conftest import POSTGRES_URL, require_service
 from tests.support import openai_server as fake_openai
 from tests.support.openai_server import FakeOpenAIServer, Reply
 from turnkit import cli
@@ -256,6 +257,32 @@ def test_commands_that_read_a_database_refuse_one_that_is_not_there(
         err = capsys.readouterr().err
         assert err.startswith(f"turnkit: there is no database at {str(typo)!r} (a typo?")
         assert not typo.exists()  # not created empty, to answer "no stuck turns"
+
+
+def test_commands_that_read_postgres_refuse_a_schema_turnkit_never_set_up(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import asyncio
+
+    import asyncpg
+
+    require_service("PostgreSQL", "127.0.0.1", 5432)
+    typo = f"tk_typo_{uuid.uuid4().hex[:8]}"
+    for command in (["turns", "--stuck"], ["sweep"], ["budgets", "list"]):
+        flags = ["--database-url", POSTGRES_URL, "--database-schema", typo]
+        assert main([*command, *flags], out=io.StringIO()) == 2, command
+        err = capsys.readouterr().err
+        assert f"has no turnkit tables in schema {typo!r} (a typo?" in err
+
+    async def schemas() -> int:
+        conn = await asyncpg.connect(POSTGRES_URL)
+        try:
+            query = "SELECT count(*) FROM information_schema.schemata WHERE schema_name = $1"
+            return int(await conn.fetchval(query, typo))
+        finally:
+            await conn.close()
+
+    assert asyncio.run(schemas()) == 0  # not created, to answer "no stuck turns"
 
 
 def test_turns_stuck_lists_a_turn_with_no_live_driver(tmp_path: Path) -> None:

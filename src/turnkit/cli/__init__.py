@@ -283,21 +283,36 @@ async def _work(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
-def _existing_database(url: str) -> None:
-    """Commands that only read or tidy a database refuse a SQLite file that is not there.
+async def _existing_database(url: str, schema: str | None) -> None:
+    """Commands that only read or tidy a database refuse one turnkit never set up.
 
-    Opening one creates it: a mistyped path would answer from an empty new database.
+    Opening a store creates what is missing: a mistyped SQLite path or PostgreSQL schema
+    would answer from an empty new database.
     """
-    path = url.removeprefix("sqlite:///") if url.startswith("sqlite:///") else ""
-    if path and not Path(path).exists():
+    if url.startswith("sqlite:///"):
+        path = url.removeprefix("sqlite:///")
+        if path and not Path(path).exists():
+            raise StoreError(
+                f"there is no database at {path!r} (a typo? `turnkit db upgrade` creates one)",
+                path=path,
+            )
+        return
+    probe = SqlStore.from_url(url, schema=schema)
+    try:
+        revision = await probe.schema_revision()
+    finally:
+        await probe.close()
+    if revision is None:
+        where = f"schema {schema!r}" if schema else "its default schema"
         raise StoreError(
-            f"there is no database at {path!r} (a typo? `turnkit db upgrade` creates one)",
-            path=path,
+            f"{shown_url(url)} has no turnkit tables in {where} (a typo? `turnkit db "
+            "upgrade` creates them)",
+            url=shown_url(url),
         )
 
 
 async def _sweep(args: argparse.Namespace, out: TextIO) -> int:
-    _existing_database(args.database_url)
+    await _existing_database(args.database_url, args.database_schema)
     config = _config(args)
     async with SqlStore.from_url(config.database_url, schema=config.database_schema) as store:
         ended = await store.sweep(ceiling_s=config.ceiling_s, max_attempts=config.max_attempts)
@@ -306,7 +321,7 @@ async def _sweep(args: argparse.Namespace, out: TextIO) -> int:
 
 
 async def _turns(args: argparse.Namespace, out: TextIO) -> int:
-    _existing_database(args.database_url)
+    await _existing_database(args.database_url, args.database_schema)
     async with SqlStore.from_url(args.database_url, schema=args.database_schema) as store:
         stuck = await store.stuck(ceiling_s=_ceiling(args, _env_idle_window()))
     if not stuck:
@@ -327,7 +342,7 @@ async def _turns(args: argparse.Namespace, out: TextIO) -> int:
 
 async def _budgets(args: argparse.Namespace, out: TextIO) -> int:
     if args.budgets_command != "set":  # a limit may be set before the first start
-        _existing_database(args.database_url)
+        await _existing_database(args.database_url, args.database_schema)
     async with SqlStore.from_url(args.database_url, schema=args.database_schema) as store:
         if args.budgets_command == "set":
             limit = BudgetLimit(
