@@ -241,6 +241,35 @@ async def _abandoned_turn(url: str, *, lease_ttl_s: float = 0.2, claims: int = 1
     return submission.turn_id
 
 
+def test_turns_stuck_lists_a_turn_no_process_claimed(tmp_path: Path) -> None:
+    """No worker runs: the session's next turn waits for ever, and says so; not the one
+    waiting behind it, which waits its turn."""
+    import asyncio
+    import time
+
+    from turnkit import Agent, RuntimeConfig, SessionRuntime
+    from turnkit.testing import ModelStep, ScriptedModel
+
+    url = f"sqlite:///{tmp_path / 'unclaimed.db'}"
+
+    async def submit() -> list[str]:
+        config = RuntimeConfig(database_url=url, run_in_process=False)
+        agent = Agent(model=ScriptedModel([ModelStep.text_reply("never")]))
+        async with SessionRuntime(agent=agent, config=config) as runtime:
+            first = await runtime.submit("s1", "hi")
+            second = await runtime.submit("s1", "and then")
+        return [first.turn_id, second.turn_id]
+
+    first, second = asyncio.run(submit())
+    assert _stuck(url) == (0, "no stuck turns\n")  # just sent: a worker may claim it yet
+    time.sleep(0.3)
+    code, out = _stuck(url, "--unclaimed-after", "0.2")
+    assert code == 1
+    assert f"{first}  session s1  attempt 0" in out
+    assert "no process claimed it in 0 s" in out
+    assert second not in out
+
+
 def _stuck(url: str, *flags: str) -> tuple[int, str]:
     out = io.StringIO()
     code = main(["turns", "--stuck", "--database-url", url, *flags], out=out)

@@ -323,7 +323,9 @@ async def _sweep(args: argparse.Namespace, out: TextIO) -> int:
 async def _turns(args: argparse.Namespace, out: TextIO) -> int:
     await _existing_database(args.database_url, args.database_schema)
     async with SqlStore.from_url(args.database_url, schema=args.database_schema) as store:
-        stuck = await store.stuck(ceiling_s=_ceiling(args, _env_idle_window()))
+        stuck = await store.stuck(
+            ceiling_s=_ceiling(args, _env_idle_window()), unclaimed_s=args.unclaimed_after
+        )
     if not stuck:
         out.write("no stuck turns\n")
         return 0
@@ -334,8 +336,9 @@ async def _turns(args: argparse.Namespace, out: TextIO) -> int:
             f"seq {record.last_seq}  owner {record.lease_owner or '-'}  — {reason}\n"
         )
     out.write(
-        "a worker (or an app with recover_in_process) takes over turns with no live driver; "
-        "`turnkit sweep` ends those past the ceiling or out of attempts\n"
+        "a worker (or an app with recover_in_process) takes over turns with no live driver "
+        "and claims waiting ones (is one running, hosting their agent?); `turnkit sweep` "
+        "ends those past the ceiling or out of attempts\n"
     )
     return 1
 

@@ -204,8 +204,16 @@ def _add_turns(sub: _Subparsers) -> None:
         "--stuck",
         action="store_true",
         required=True,
-        help="running turns with no live driver, past the ceiling, or with failed attempts "
-        "(exit status 1 when there are any)",
+        help="running turns with no live driver, past the ceiling, with failed attempts, or "
+        "that no process claimed (exit status 1 when there are any)",
+    )
+    turns.add_argument(
+        "--unclaimed-after",
+        type=_positive_seconds,
+        default=60.0,
+        metavar="SECONDS",
+        help="list a turn no process claimed after this long, when no turn of its session "
+        "is before it: no worker runs, or none hosts its agent (default: 60)",
     )
     _ceiling_arg(turns)
     _database_args(turns)

@@ -146,15 +146,22 @@ class SqlQueue(SqlEngine):
 
         return await self._tx(run)
 
-    async def stuck(self, *, ceiling_s: float) -> list[tuple[TurnRecord, str]]:
+    async def stuck(
+        self, *, ceiling_s: float, unclaimed_s: float = 60.0
+    ) -> list[tuple[TurnRecord, str]]:
         """Running turns an operator should look at, with why (`turnkit turns --stuck`).
 
-        No live driver (claimed before, lease lapsed), past the ceiling, or with attempts
-        that died before any progress.
+        No live driver (claimed before, lease lapsed), past the ceiling, with attempts
+        that died before any progress, or next in its session and claimed by no process
+        for `unclaimed_s` (no worker is running, or none hosts its agent).
         """
         now = self._clock.now()
         rows = await self._tx(
-            turns_sql.stuck_rows, now - timedelta(seconds=ceiling_s), now, write=False
+            turns_sql.stuck_rows,
+            now - timedelta(seconds=ceiling_s),
+            now,
+            now - timedelta(seconds=unclaimed_s),
+            write=False,
         )
         found: list[tuple[TurnRecord, str]] = []
         for row in rows:
@@ -170,5 +177,8 @@ class SqlQueue(SqlEngine):
                 reasons.append("no live driver")
             if row.spent_attempts:
                 reasons.append(f"{row.spent_attempts} attempt(s) died without progress")
+            if not record.attempts and not reasons:
+                waited = (now - record.created_at).total_seconds()
+                reasons.append(f"no process claimed it in {waited:.0f} s")
             found.append((record, "; ".join(reasons)))
         return found

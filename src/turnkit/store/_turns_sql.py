@@ -14,7 +14,7 @@ from sqlalchemy import Connection, and_, bindparam, or_, select, update
 
 from turnkit.audit import UsageDelta
 from turnkit.ids import SessionId, TurnId
-from turnkit.states import TurnStatus
+from turnkit.states import TERMINAL_STATES, TurnStatus
 from turnkit.store import TurnProgress, TurnRecord
 from turnkit.store._schema import (
     Fields,
@@ -155,7 +155,21 @@ def audit_blobs(conn: Connection, turn_id: TurnId) -> list[bytes]:
     return [bytes(r.data) for r in rows]
 
 
-def stuck_rows(conn: Connection, deadline: datetime, now: datetime) -> list[Any]:
+def stuck_rows(
+    conn: Connection, deadline: datetime, now: datetime, unclaimed_since: datetime
+) -> list[Any]:
+    """Running turns past the ceiling, with no live driver, with attempts that died, or
+    next in their session and left unclaimed since `unclaimed_since` (no worker runs)."""
+    before = _turns.alias("before")
+    waits_behind = (
+        select(before.c.turn_id)
+        .where(
+            before.c.session_id == _turns.c.session_id,
+            before.c.created_at < _turns.c.created_at,
+            before.c.status.not_in(TERMINAL_STATES),
+        )
+        .exists()
+    )
     query = (
         select(_turns)
         .where(
@@ -167,6 +181,11 @@ def stuck_rows(conn: Connection, deadline: datetime, now: datetime) -> list[Any]
                     or_(_turns.c.lease_owner.is_(None), _turns.c.lease_expires_at < now),
                 ),
                 _turns.c.spent_attempts > 0,
+                and_(
+                    _turns.c.attempts == 0,
+                    _turns.c.created_at < unclaimed_since,
+                    ~waits_behind,
+                ),
             ),
         )
         .order_by(_turns.c.created_at)
