@@ -16,6 +16,7 @@ from turnkit.events import (
     ToolStartedEvent,
     TurnRecoveringEvent,
 )
+from turnkit.errors import StoreUnavailableError
 from turnkit.ids import TurnId
 from turnkit.testing import ModelStep, ScriptedModel, call
 from turnkit.tools import NOT_APPLIED, Tool
@@ -261,3 +262,31 @@ async def test_an_approved_call_killed_while_it_ran_is_in_doubt(tmp_path: Path) 
     [completed] = [e for e in events if isinstance(e, ToolCompletedEvent)]
     assert completed.result.output == {"sent": 40, "key": doubt.idempotency_key}
     assert [e.type for e in events].count("approval.requested") == 1  # not asked again
+
+
+async def test_a_turn_whose_database_drops_mid_turn_is_recovered_not_failed(
+    tmp_path: Path,
+) -> None:
+    """An attempt that cannot reach the database stops writing; a later one finishes."""
+    model = ScriptedModel(
+        [
+            ModelStep.fail(StoreUnavailableError("the database is unavailable: test")),
+            ModelStep.text_reply("Back again."),
+        ]
+    )
+    runtime = _runtime(tmp_path / "drop.db", model, recover=True)
+    await runtime.open()
+    try:
+        submission = await runtime.start("s1", "hello")
+        deadline = time.monotonic() + 20
+        while (await runtime.turn(submission.turn_id)).status == "running":
+            assert time.monotonic() < deadline, "the turn was never taken over"
+            await asyncio.sleep(0.05)
+        record = await runtime.turn(submission.turn_id)
+        events = [e async for e in runtime.events(submission.turn_id)]
+    finally:
+        await runtime.close()
+    assert (record.status, record.attempts) == ("succeeded", 2)
+    assert [e.type for e in events if e.type in ("error", "turn.recovering")] == [
+        "turn.recovering"
+    ]

@@ -20,7 +20,13 @@ from dataclasses import dataclass
 from turnkit.clock import Clock
 from turnkit.config import RuntimeConfig
 from turnkit.context.prefix import PreviousRequest
-from turnkit.errors import InternalError, LeaseLostError, StaleEpochError, TurnError
+from turnkit.errors import (
+    InternalError,
+    LeaseLostError,
+    StaleEpochError,
+    StoreUnavailableError,
+    TurnError,
+)
 from turnkit.events import DurableEvent, EphemeralEvent, TurnRecoveringEvent
 from turnkit.graph import (
     TurnGraph,
@@ -176,6 +182,11 @@ class TurnDriver:
                 return  # someone else owns the turn now: write nothing, end quietly
             raise
         except (StaleEpochError, LeaseLostError):
+            self._keeper.lost = True
+        except StoreUnavailableError as exc:
+            # Nothing more of this attempt can be written: it stops, its lease lapses, and
+            # an attempt that finds the database takes the turn over (repeating nothing).
+            self._keeper.why_lost = f"the database became unavailable ({exc.message})"
             self._keeper.lost = True
         except TurnError as exc:
             if self.recorder is not None:

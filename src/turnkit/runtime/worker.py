@@ -78,7 +78,8 @@ class Worker:
             (PgBouncer in transaction mode); the worker then only polls.
         sweep_interval_s: How often to run the orphan sweep.
         drain_timeout_s: On stop, how long running turns may take before they are
-            cancelled (their leases then expire and another worker resumes them).
+            abandoned: their tasks stop without ending the turns, whose leases then
+            expire and another worker resumes them.
         owner: The lease owner name it claims under (default: the runtime's). A loop
             beside an app that drives turns itself takes a name of its own, so a Stop
             of the app's turn never mistakes this loop's lease for the app's.
