@@ -8,6 +8,7 @@ from pathlib import Path
 
 from tests.helpers import turn_status
 from turnkit import Agent, Approve, RuntimeConfig, SessionRuntime, ToolContext, tool
+from turnkit.errors import StoreUnavailableError
 from turnkit.events import (
     ApprovalRequestedEvent,
     StreamEvent,
@@ -16,7 +17,6 @@ from turnkit.events import (
     ToolStartedEvent,
     TurnRecoveringEvent,
 )
-from turnkit.errors import StoreUnavailableError
 from turnkit.ids import TurnId
 from turnkit.testing import ModelStep, ScriptedModel, call
 from turnkit.tools import NOT_APPLIED, Tool
@@ -287,6 +287,4 @@ async def test_a_turn_whose_database_drops_mid_turn_is_recovered_not_failed(
     finally:
         await runtime.close()
     assert (record.status, record.attempts) == ("succeeded", 2)
-    assert [e.type for e in events if e.type in ("error", "turn.recovering")] == [
-        "turn.recovering"
-    ]
+    assert [e.type for e in events if e.type in ("error", "turn.recovering")] == ["turn.recovering"]

@@ -291,7 +291,7 @@ async def _existing_database(url: str, schema: str | None) -> None:
     """
     if url.startswith("sqlite:///"):
         path = url.removeprefix("sqlite:///")
-        if path and not Path(path).exists():
+        if path and not Path(path).exists():  # noqa: ASYNC240 - one stat, before any I/O
             raise StoreError(
                 f"there is no database at {path!r} (a typo? `turnkit db upgrade` creates one)",
                 path=path,

@@ -158,8 +158,11 @@ def audit_blobs(conn: Connection, turn_id: TurnId) -> list[bytes]:
 def stuck_rows(
     conn: Connection, deadline: datetime, now: datetime, unclaimed_since: datetime
 ) -> list[Any]:
-    """Running turns past the ceiling, with no live driver, with attempts that died, or
-    next in their session and left unclaimed since `unclaimed_since` (no worker runs)."""
+    """Running turns an operator should look at (see `stuck`).
+
+    Past the ceiling, with no live driver, with attempts that died, or next in their
+    session and left unclaimed since `unclaimed_since` (no worker runs).
+    """
     before = _turns.alias("before")
     waits_behind = (
         select(before.c.turn_id)
