@@ -303,6 +303,9 @@ async def test_sessions_history_rename_delete_and_audit(client: httpx.AsyncClien
     assert renamed.json()["title"] == "Greetings"
     untitled = await client.patch(f"{API}/sessions/s1", json={}, headers=alice)
     assert (untitled.status_code, untitled.json()["detail"]) == (422, "body.title: Field required")
+    for blank in ("", "   "):
+        cleared = await client.patch(f"{API}/sessions/s1", json={"title": blank}, headers=alice)
+        assert cleared.status_code == 422, blank
     # The constraints the routes check are in the OpenAPI document, where clients read them.
     schemas = (await client.get("/openapi.json")).json()["components"]["schemas"]
     assert schemas["RenameBody"]["required"] == ["title"]

@@ -165,6 +165,14 @@ def _ceiling(args: argparse.Namespace, idle: float) -> float:
     return ceiling if ceiling is not None else max(3600.0, idle)
 
 
+def _lease_ttl(args: argparse.Namespace) -> float:
+    """A worker's `--lease-ttl`, else `$TURNKIT_LEASE_TTL_S` (8 s); `turnkit run`'s 30 s."""
+    if not hasattr(args, "lease_ttl"):
+        return 30.0
+    given: float | None = args.lease_ttl
+    return given if given is not None else env_seconds(os.environ, "TURNKIT_LEASE_TTL_S", 8.0)
+
+
 def _config(args: argparse.Namespace) -> RuntimeConfig:
     given: float | None = getattr(args, "idle_window", None)
     idle = given or _env_idle_window()
@@ -176,7 +184,7 @@ def _config(args: argparse.Namespace) -> RuntimeConfig:
     return RuntimeConfig(
         database_url=args.database_url,
         database_schema=args.database_schema,
-        lease_ttl_s=getattr(args, "lease_ttl", 30.0),
+        lease_ttl_s=_lease_ttl(args),
         ceiling_s=ceiling,
         idle_window_s=idle,
         heartbeat_interval_s=min(5.0, idle / 3),

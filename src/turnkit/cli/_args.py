@@ -167,8 +167,7 @@ def _add_worker(sub: _Subparsers) -> None:
     )
     worker.add_argument(
         "--lease-ttl",
-        type=_positive_seconds,
-        default=os.environ.get("TURNKIT_LEASE_TTL_S") or 8.0,
+        type=_positive_seconds,  # unset: $TURNKIT_LEASE_TTL_S, read where it is used
         help="seconds a claim lasts unless renewed; another worker takes a turn over after "
         "its lease lapses (default: $TURNKIT_LEASE_TTL_S, else 8)",
     )
@@ -203,9 +202,9 @@ def _add_turns(sub: _Subparsers) -> None:
     turns.add_argument(
         "--stuck",
         action="store_true",
-        required=True,
         help="running turns with no live driver, past the ceiling, with failed attempts, or "
-        "that no process claimed (exit status 1 when there are any)",
+        "that no process claimed (exit status 1 when there are any); what `turnkit turns` "
+        "lists",
     )
     turns.add_argument(
         "--unclaimed-after",
@@ -283,9 +282,12 @@ def _seconds(value: str) -> float:
 
 def _positive_seconds(value: str) -> float:
     """A number of seconds above 0, for argparse."""
-    seconds = _seconds(value)
+    try:
+        seconds = _seconds(value)
+    except argparse.ArgumentTypeError:
+        seconds = 0.0
     if seconds == 0:
-        raise argparse.ArgumentTypeError(f"{value!r}: it must be more than 0 seconds")
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds above 0")
     return seconds
 
 

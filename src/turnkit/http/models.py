@@ -100,7 +100,7 @@ class SessionBody(_Camel):
 class RenameBody(_Camel):
     """Body of `PATCH /sessions/{id}`."""
 
-    title: str = Field(max_length=500)
+    title: str = Field(min_length=1, max_length=500, pattern=r"\S")
 
     _storable = field_validator("title")(_no_nul)
 
