@@ -284,11 +284,16 @@ def test_an_approval_card_survives_a_reload_and_finishes_the_turn(
         expect(card.locator(".arguments")).to_contain_text('"to": "Bob"')
         page.unroute("**/stream**")
 
+        expect(card).to_have_attribute("aria-label", "Approval needed")
+        expect(page.locator("#announce")).to_have_text("Approve wire?")  # said, not per token
         card.locator("[data-decision='approve']").click()
         expect(page.locator(".card")).to_have_count(0)
+        expect(page.locator("#message")).to_be_focused()  # not lost with the clicked button
         expect(page.locator(".block.tool")).to_have_attribute("data-status", "succeeded")
+        expect(page.locator(".block.tool .status")).to_have_text("succeeded:")  # not just ✓
         expect(page.locator(".block.text.answer .text")).to_have_text("Sent 5 EUR to Bob.")
         expect(page.locator("article.turn")).to_have_attribute("data-status", "succeeded")
+        expect(page.locator("#announce")).to_have_text("The answer is complete.")
     model.assert_complete()
 
 
@@ -408,6 +413,27 @@ def test_a_message_that_could_not_be_sent_stays_in_the_box(page: Page, tmp_path:
         expect(page.locator(".block.text.answer .text")).to_have_text("Got it.")
         expect(page.locator("#message")).to_have_value("")
         expect(page.locator("#notice")).to_have_text("")  # the failure's notice is gone
+    model.assert_complete()
+
+
+def test_back_returns_to_the_session_the_person_left(page: Page, tmp_path: Path) -> None:
+    model = ScriptedModel([ModelStep.text_reply("First."), ModelStep.text_reply("Second.")])
+    with serve_page(tmp_path, Agent(model=model)) as app:
+        page.goto(app.url)
+        send(page, "one")
+        expect(page.locator(".block.text.answer .text")).to_have_text("First.")
+        first = page.evaluate("location.hash")
+        page.click("#new-session")
+        wait_until(lambda: page.evaluate("location.hash") != first, "the new session")
+        expect(page.locator("article.turn")).to_have_count(0)
+        send(page, "two")
+        expect(page.locator(".block.text.answer .text")).to_have_text("Second.")
+        assert page.evaluate("location.hash") != first
+        page.go_back()
+        expect(page.locator(".block.text.answer .text")).to_have_text("First.")
+        assert page.evaluate("location.hash") == first
+        page.goto(f"{app.url}#session=%E0%A4%A")  # a malformed link opens a session anyway
+        expect(page.locator(".block.text.answer .text")).to_have_count(1)
     model.assert_complete()
 
 

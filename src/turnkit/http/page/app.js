@@ -46,7 +46,7 @@ function update(change) {
   schedule();
 }
 
-function follow(turnId) {
+function follow(turnId, { replay = false } = {}) {
   if (ui.followers.has(turnId)) return Promise.resolve("followed"); // never two streams
   const controller = new AbortController();
   const sessionId = ui.sessionId;
@@ -64,9 +64,36 @@ function follow(turnId) {
     onConnection: (how) => current() && update((s) => withConnection(s, turnId, how)),
   }).then((how) => {
     if (ui.followers.get(turnId) === controller) ui.followers.delete(turnId);
-    if (how === "done" && ui.sessionId === sessionId) afterTurn(sessionId);
+    if (how === "done" && ui.sessionId === sessionId) {
+      if (!replay) announce(endingOf(ui.state.turns[turnId]));
+      afterTurn(sessionId);
+    }
     return how;
   });
+}
+
+const ENDINGS = {
+  succeeded: "The answer is complete.",
+  failed: "The turn failed.",
+  timed_out: "The turn timed out.",
+  cancelled: "The turn was stopped.",
+};
+
+function endingOf(turn) {
+  const said = ENDINGS[turn?.status] ?? "The turn ended.";
+  return turn?.errorMessage ? `${said} ${turn.errorMessage}` : said;
+}
+
+/** Say something to a screen reader (the page's one live region), not per token. */
+function announce(text) {
+  const region = $("#announce");
+  region.textContent = "";
+  requestAnimationFrame(() => (region.textContent = text));
+}
+
+/** Focus that a click took away (its button was removed) goes back to the message box. */
+function refocus() {
+  if (!document.activeElement || document.activeElement === document.body) $("#message").focus();
 }
 
 /** Follow the session's live turn (the first open one), if any: its stream, else null. */
@@ -76,13 +103,17 @@ function followLive(sessionId) {
   return live ? follow(live.turnId) : null;
 }
 
-async function openSession(sessionId) {
+async function openSession(sessionId, { push = false } = {}) {
   for (const controller of ui.followers.values()) controller.abort();
   ui.followers.clear();
   ui.sessionId = sessionId;
   ui.state = emptyState(sessionId);
   ui.notice = "";
-  if (location.hash !== `#session=${sessionId}`) history.replaceState(null, "", `#session=${sessionId}`);
+  if (location.hash !== `#session=${sessionId}`) {
+    // A session the person picked is a step Back returns from; the first one is not.
+    if (push) history.pushState(null, "", `#session=${sessionId}`);
+    else history.replaceState(null, "", `#session=${sessionId}`);
+  }
   schedule();
   let turns;
   try {
@@ -99,7 +130,7 @@ async function openSession(sessionId) {
   const finished = turns.filter((t) => TERMINAL.includes(t.status)).map((t) => t.turnId);
   followLive(sessionId);
   const next = async () => {
-    while (finished.length > 0 && ui.sessionId === sessionId) await follow(finished.shift());
+    while (finished.length > 0 && ui.sessionId === sessionId) await follow(finished.shift(), { replay: true });
   };
   await Promise.all([next(), next()]);
 }
@@ -125,7 +156,7 @@ async function afterTurn(sessionId) {
     if (ui.sessionId !== sessionId) return;
     const fresh = turns.filter((t) => !ui.state.turns[t.turnId] && TERMINAL.includes(t.status));
     update((s) => withTurns(s, turns));
-    fresh.forEach((t) => follow(t.turnId)); // ended elsewhere: replayed to their `done`
+    fresh.forEach((t) => follow(t.turnId, { replay: true })); // ended elsewhere: replayed
     followLive(sessionId); // the turn that waited behind the one that ended, if any
   } catch {
     // the page keeps what it has
@@ -212,6 +243,7 @@ async function stop() {
   } finally {
     ui.busy.delete("stop");
     schedule();
+    requestAnimationFrame(refocus);
   }
 }
 
@@ -232,6 +264,7 @@ async function decide(turnId, requestId, answer) {
   ui.busy.delete(requestId);
   ui.notice = "";
   update((s) => withAnswered(s, turnId, requestId));
+  requestAnimationFrame(refocus);
   follow(turnId); // the same turn goes on, on the stream that is still open (if it closed: again)
 }
 
@@ -359,6 +392,7 @@ function newBlockElement(kind) {
   if (kind === "tool") {
     node.append(
       el("span", { class: "icon", "aria-hidden": "true" }),
+      el("span", { class: "status visually-hidden" }),
       el("span", { class: "name" }),
       el("span", { class: "args" }),
       el("span", { class: "duration" }),
@@ -418,9 +452,19 @@ const TOOL_ICONS = {
   not_finished: "–", // the turn ended (stopped, failed) before the call was decided or done
 };
 
+const TOOL_STATES = {
+  preparing: "being prepared:",
+  running: "running:",
+  awaiting_approval: "waiting for approval:",
+  succeeded: "succeeded:",
+  failed: "failed:",
+  not_finished: "not finished:",
+};
+
 function drawTool(node, block) {
   node.dataset.status = block.status;
   setText(node.querySelector(".icon"), TOOL_ICONS[block.status] ?? "");
+  setText(node.querySelector(".status"), TOOL_STATES[block.status] ?? block.status);
   setText(node.querySelector(".name"), block.toolName ?? "tool");
   setText(node.querySelector(".args"), argumentsOf(block));
   setText(node.querySelector(".duration"), toolDuration(block));
@@ -469,7 +513,8 @@ function drawDecision(box, turn) {
   box.dataset.requestId = key;
   box.replaceChildren();
   if (!pending) return;
-  const card = el("div", { class: `card ${pending.kind}`, "data-request-id": pending.requestId });
+  const label = pending.kind === "approval" ? "Approval needed" : "Question";
+  const card = el("div", { class: `card ${pending.kind}`, role: "group", "aria-label": label, "data-request-id": pending.requestId });
   if (pending.kind === "approval") {
     card.append(
       el("p", { class: "card-title" }, "Approve ", el("code", {}, pending.toolName ?? "this call"), "?"),
@@ -490,6 +535,9 @@ function drawDecision(box, turn) {
     );
   }
   box.append(card);
+  announce(pending.kind === "approval" ? `Approve ${pending.toolName ?? "this call"}?` : pending.question ?? label);
+  const focused = document.activeElement;
+  if (!focused || focused === document.body) card.querySelector("button, input")?.focus();
 }
 
 const STATUS = {
@@ -606,14 +654,14 @@ function bind() {
     try {
       const created = await api.createSession();
       ui.sessions = [created, ...ui.sessions];
-      await openSession(created.sessionId);
+      await openSession(created.sessionId, { push: true });
     } catch (err) {
       say(err.message);
     }
   });
   $("#sessions").addEventListener("click", (event) => {
     const button = event.target.closest("[data-session-id]");
-    if (button && button.dataset.sessionId !== ui.sessionId) openSession(button.dataset.sessionId);
+    if (button && button.dataset.sessionId !== ui.sessionId) openSession(button.dataset.sessionId, { push: true });
   });
   const turns = $("#turns");
   turns.addEventListener("click", (event) => {
