@@ -259,3 +259,22 @@ def test_pii_checks_of_a_growing_answer_mask_as_a_whole_check_would() -> None:
         for end in [*range(step, len(text), step), len(text)]:
             assert streaming.mask(f"t{round_}", text[:end], KINDS) == _mask(text[:end], KINDS)
             assert plugin.answer_hold(text[:end]) == held(text[:end])
+
+
+async def test_citations_match_words_of_any_script(tmp_path: Path) -> None:
+    @tool
+    async def pogoda(gorod: str) -> dict[str, str]:
+        """Погода в городе."""
+        return {"svodka": "Над Москвой сегодня светит яркое солнце."}
+
+    model = ScriptedModel(
+        [
+            ModelStep.tool_call_reply(call("pogoda", gorod="Москва")),
+            ModelStep.text_reply("Над Москвой сегодня светит яркое солнце."),
+        ]
+    )
+    agent = Agent(model=model, tools=[pogoda], plugins=[Citations()])
+    async with _runtime(tmp_path, agent) as rt:
+        await collect_events(rt.execute_message("s1", "Погода в Москве?"))
+        [turn] = await rt.history("s1")
+    assert [c.title for c in turn.citations] == ["pogoda"]

@@ -21,9 +21,10 @@ from turnkit.plugins import Enrichment, Plugin, PluginContext
 
 __all__ = ("Citations",)
 
-_SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n+")
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+|(?<=[。！？])\s*|\n+")
 _NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
-_WORD = re.compile(r"[A-Za-z][A-Za-z'-]{3,}")
+_WORD = re.compile(r"[^\W\d_](?:[^\W_]|['-]){3,}")
+"""A word of four letters or more, in any script (`Zürich`, `Москва`)."""
 _COMMON = frozenset(
     [
         "this",
