@@ -26,29 +26,19 @@ __all__ = ("PiiRedaction",)
 # Each pattern tries once per run of the characters it is made of (the lookbehinds), so a
 # long run that is no finding (`a.a.a.a…`, a hex dump) costs its length, not its square.
 _EMAIL = re.compile(r"(?<![\w.+-])[\w.+-]+@[\w-]+(?:\.[\w-]+)+\b")
-_PHONE = re.compile(
-    # not inside a word or a longer number (one or two separators back); not an ISO date
-    r"(?<![\w+(])(?<!\d[ ()-])(?<!\d[ ()-]{2})(?!\d{4}-\d\d-\d\d\b)"
-    r"(?:\+|\(\s?)?\d(?:[ ()-]{0,2}\d){8,14}(?![ ()-]{0,2}\d)"
-)
-"""9 to 15 digits (as many as an international number has), at most two spaces, dashes
-or brackets between each, optionally after `+` or `(`."""
-_CARD = re.compile(r"(?<![\w-])\d(?:[ -]?\d){12,18}(?![ -]?\d)")
-"""13 to 19 digits, one space or dash at most between each (masked only if the Luhn
-checksum holds)."""
-_OPEN_WORD = re.compile(r"(?<![\w.+@-])[\w.+@-]+\Z")
-"""A word still streaming: it may yet become an email address."""
-_OPEN_NUMBER = re.compile(r"(?<![\d+(])\(?(?:\+?\d[\d ()-]*\S*)?\Z")
-"""Digits still streaming, spaces, dashes and brackets between them (a phone or card
-number), a `(` that may open one, and the word just after them (a full stop does not end
-the number before the next digit)."""
+_NUMBER = re.compile(r"(?<![\w./-])(?:\( ?)?\+?\(?\d(?:[ ()-]{0,3}\d)*")
+"""A run of digits with at most three spaces, dashes or brackets between each, after an
+optional `+` or `(`: a phone or card number, several side by side (a table's columns), or
+a number that is neither."""
+_DATE = re.compile(r"(\d{4}-\d\d-\d\d)(?!\d)")
+"""An ISO date inside a run: never a phone number, nor part of one."""
 KINDS = ("email", "card", "phone")
 
 
 def _luhn(digits: str) -> bool:
     total = 0
     for i, ch in enumerate(reversed(digits)):
-        n = int(ch)
+        n = int(ch)  # a decimal digit of any script
         if i % 2:
             n = n * 2 - 9 if n > 4 else n * 2
         total += n
@@ -56,34 +46,74 @@ def _luhn(digits: str) -> bool:
 
 
 def _mask(text: str, kinds: Iterable[str]) -> tuple[str, list[str]]:
-    found: list[str] = []
-    for kind in kinds:
-        if kind == "email":
-            text, n = _EMAIL.subn("[email]", text)
-        elif kind == "card":
-            n = 0
-
-            def card(match: re.Match[str]) -> str:
-                nonlocal n
-                digits = re.sub(r"\D", "", match.group(0))
-                if 13 <= len(digits) <= 19 and _luhn(digits):
-                    n += 1
-                    return "[card]"
-                return match.group(0)
-
-            text = _CARD.sub(card, text)
-        else:
-            text, n = _PHONE.subn("[phone]", text)
+    wanted = tuple(kinds)
+    found: set[str] = set()
+    if "email" in wanted:
+        text, n = _EMAIL.subn("[email]", text)
         if n:
-            found.append(kind)
-    return text, found
+            found.add("email")
+    if "card" in wanted or "phone" in wanted:
+
+        def number(match: re.Match[str]) -> str:
+            return "".join(
+                _masked_number(part, wanted, found) if index % 2 == 0 else part
+                for index, part in enumerate(_DATE.split(match.group(0)))
+            )
+
+        text = _NUMBER.sub(number, text)
+    return text, [kind for kind in wanted if kind in found]
+
+
+def _masked_number(run: str, kinds: tuple[str, ...], found: set[str]) -> str:
+    """A run of digits as masked: fail closed, the whole run or nothing.
+
+    A run holding a card (13 to 19 digits of whole groups that pass the Luhn checksum)
+    is a card; any other run of 9 digits or more is a phone number (or several, or a
+    longer number: all of it goes).
+    """
+    groups = re.findall(r"\d+", run)
+    if "card" in kinds and _holds_card(groups):
+        found.add("card")
+        return _keep_edges(run, "[card]")
+    if "phone" in kinds and sum(map(len, groups)) >= 9:
+        found.add("phone")
+        return _keep_edges(run, "[phone]")
+    return run
+
+
+def _holds_card(groups: list[str]) -> bool:
+    """Whether consecutive digit groups make 13 to 19 digits passing the Luhn checksum.
+
+    Only groups of four digits or more: a card is written `4111 1111 …`, `3782 822463
+    10005` or in one piece.
+    """
+    for first in range(len(groups)):
+        digits = ""
+        for group in groups[first:]:
+            digits += group
+            if len(group) < 4 or len(digits) > 19:
+                break
+            if len(digits) >= 13 and _luhn(digits):
+                return True
+    return False
+
+
+def _keep_edges(run: str, mask: str) -> str:
+    """`mask` in place of the number, the white space around it kept.
+
+    A run split around a date leaves some at its pieces' ends.
+    """
+    stripped = run.strip()
+    start = run.index(stripped) if stripped else 0
+    return run[:start] + mask + run[start + len(stripped) :]
 
 
 _SETTLED_BEFORE = 64
 """Characters from the end of text already checked that may still join a finding: more
 than the longest phone or card number with its separators."""
-_BREAK = re.compile(r"[^\d()+\s-]\s")
-"""A space after a character no number or address goes on through: a finding ends there."""
+_BREAK = re.compile(r"[^\w.+@()\s-]|(?<=[^\d()+\s-])\s")
+"""A character no finding is made of (`,` `;` `/` `。`), or white space after a character
+no number goes on through: no finding reaches across either."""
 
 
 @dataclass(slots=True)
@@ -142,34 +172,38 @@ def _settled_end(text: str, start: int) -> int:
     No finding reaches across a break, so what precedes it masks the same whatever follows.
     """
     window = text[start : max(start, len(text) - _SETTLED_BEFORE)]
-    ends = [found.end() for found in _BREAK.finditer(window)]
-    return start + ends[-1] - 1 if ends else start
+    starts = [found.start() for found in _BREAK.finditer(window)]
+    return start + starts[-1] if starts else start
 
 
-def _held(text: str, *, word: bool, number: bool) -> int:
-    """How many trailing characters `_OPEN_WORD` and `_OPEN_NUMBER` match.
+def _held(text: str, *, numbers: bool) -> int:
+    """How many trailing characters may still become (part of) a finding.
 
-    Searched from where such a match can begin, not from the start of the text: a word is
-    inside the last run without white space, a number in the run of digits, spaces,
-    brackets, dashes and `+` before it.
+    The last word (letters, digits and `_ . + @ ( ) -`: an address or a number in the
+    making) and, with `numbers`, the run of digits, spaces, brackets and dashes before it
+    when that run has a digit (or a `(` or `+` that may open one); again, while a word
+    and a number run join. Counted back from the end: a check per chunk costs the length
+    of the text's last word and number, not of the text.
     """
-    j = len(text)
-    while j > 0 and not text[j - 1].isspace():
-        j -= 1
-    held = 0
-    if word:
-        found = _OPEN_WORD.search(text, j)
-        held = len(found.group(0)) if found is not None else 0
-    if number:
-        i = j
-        while i > 0 and text[i - 1] in _NUMBERISH:
-            i -= 1
-        found = _OPEN_NUMBER.search(text, i)
-        held = max(held, len(found.group(0)) if found is not None else 0)
-    return held
+    cut = len(text)
+    while True:  # a word and a number may join (`a@b.com.０９０`): until neither grows
+        before = cut
+        while cut > 0 and (text[cut - 1].isalnum() or text[cut - 1] in _WORDISH):
+            cut -= 1
+        if numbers:
+            i = cut
+            while i > 0 and (text[i - 1].isdecimal() or text[i - 1] in " ()+-"):
+                i -= 1
+            run = text[i:cut]
+            if any(ch.isdecimal() for ch in run):
+                cut = i
+            elif "(" in run or "+" in run:
+                cut = i + min(run.index(ch) for ch in "(+" if ch in run)
+        if cut == before:
+            return len(text) - cut
 
 
-_NUMBERISH = frozenset("0123456789 ()-+")
+_WORDISH = frozenset("_.+@()-")
 
 
 class PiiRedaction(Plugin):
@@ -223,5 +257,4 @@ class PiiRedaction(Plugin):
 
     def answer_hold(self, text: str) -> int:
         """The trailing word (a possible email) or run of digits (a possible number)."""
-        numbers = "phone" in self.kinds or "card" in self.kinds
-        return _held(text, word="email" in self.kinds, number=numbers)
+        return _held(text, numbers="phone" in self.kinds or "card" in self.kinds)
