@@ -15,6 +15,7 @@ from turnkit.events import (
     JobProgressEvent,
     ToolCompletedEvent,
     ToolFailedEvent,
+    ToolStartedEvent,
 )
 from turnkit.testing import ModelStep, ScriptedModel, call, collect_events, raw_call
 
@@ -293,3 +294,26 @@ async def test_a_tool_writing_to_langgraphs_stream_does_not_disturb_the_turn(
     assert isinstance(events[-1], DoneEvent)
     assert events[-1].status == "succeeded"
     assert all(hasattr(e, "type") for e in events)
+
+
+async def test_a_call_id_used_before_in_the_turn_gets_a_new_one(
+    runtime_factory: RuntimeFactory,
+) -> None:
+    """Some servers number calls per response: `call_0` every round is two calls."""
+    model = ScriptedModel(
+        [
+            ModelStep.tool_call_reply(call("add", a=1, b=1, tool_call_id="call_0")),
+            ModelStep.tool_call_reply(call("add", a=5, b=5, tool_call_id="call_0")),
+            ModelStep.text_reply("2 and 10"),
+        ]
+    )
+    runtime = runtime_factory(Agent(model=model, tools=[add]))
+    events = await collect_events(runtime.execute_message("s1", "two sums"))
+    started = [e for e in events if isinstance(e, ToolStartedEvent)]
+    ids = [e.block.tool_call_id for e in started]
+    assert ids == ["call_0", "call_0_r2_1"]  # renamed after the loop round it came in
+    assert len({e.idempotency_key for e in started}) == 2  # two actions, two keys
+    assert [e.result.output for e in events if isinstance(e, ToolCompletedEvent)] == [2, 10]
+    assert [e for e in events if e.type == "tool.in_doubt"] == []
+    # The model reads each result under the id it now has.
+    assert [m.tool_call_id for m in model.calls[2].messages if m.role == "tool"] == ids

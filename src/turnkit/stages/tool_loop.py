@@ -68,7 +68,7 @@ async def run_tool_loop(
         called = await _call(ctx, transcript, previous, iteration, thinking)
         response, block_id = called.result.response, called.result.block_id
         transcript, previous = called.prepared.transcript, called.prepared.previous
-        calls = repaired_calls(response)
+        calls = _unique_ids(repaired_calls(response), transcript, iteration)
         _audit_call(ctx, called, calls, iteration, _fatal(response, calls))
     truncated = response.stop_reason == "max_tokens"
     if not calls:
@@ -133,6 +133,27 @@ async def _call(
     await after_model_response(ctx, "tool-loop", prepared.request, result.response)
     ctx.recorder.notes.reasoning.append(result.response.thinking)  # read only by the summary
     return _Called(prepared, result)
+
+
+def _unique_ids(
+    calls: tuple[ToolCallPart, ...], transcript: list[TranscriptMessage], iteration: int
+) -> tuple[ToolCallPart, ...]:
+    """The calls, each with an id no earlier call of the conversation (or of this one) has.
+
+    An id names one call in the log, the transcript and the idempotency key; some servers
+    number calls per response (`call_0`, `call_1`, … every time).
+    """
+    used = {str(c.get("id")) for m in transcript for c in m.get("tool_calls", ())}
+    out: list[ToolCallPart] = []
+    for call in calls:
+        new_id, n = call.tool_call_id, 1
+        while not new_id or new_id in used:  # letters, digits, `_`: every provider's ids
+            new_id, n = f"{call.tool_call_id or 'call'}_r{iteration}_{n}", n + 1
+        used.add(new_id)
+        if new_id != call.tool_call_id:
+            call = ToolCallPart(tool_call_id=new_id, name=call.name, arguments=call.arguments)
+        out.append(call)
+    return tuple(out)
 
 
 def _fatal(response: ModelResponse, calls: tuple[ToolCallPart, ...]) -> ErrorCode | None:
