@@ -10,6 +10,7 @@ from typing import ClassVar
 import pytest
 
 from turnkit import Agent, RuntimeConfig, SessionRuntime, tool
+from turnkit.errors import GuardrailBlockedError
 from turnkit.events import DurableEvent, GuardrailEvent, StreamEvent
 from turnkit.plugins import (
     ModelCallView,
@@ -266,3 +267,21 @@ def test_pii_checks_of_a_growing_answer_mask_as_a_whole_check_would() -> None:
             assert streaming.mask(f"t{round_}", text[:end], KINDS) == _mask(text[:end], KINDS)
             shown = text[: end - plugin.answer_hold(text[:end])]
             assert final.startswith(_mask(shown, KINDS)[0]), (text, end)
+
+
+class BlocksTooLate(Plugin):
+    name: ClassVar[str] = "blocks-too-late"
+
+    async def on_event(self, ctx: PluginContext, event: DurableEvent) -> None:
+        if event.type == "done":
+            raise GuardrailBlockedError("too late", plugin="x", checkpoint="answer", kind="k")
+
+
+async def test_a_block_raised_after_the_ending_leaves_the_turn_as_it_ended(
+    tmp_path: Path,
+) -> None:
+    model = ScriptedModel([ModelStep.text_reply("Hello.")])
+    async with _runtime(tmp_path, Agent(model=model, plugins=[BlocksTooLate()])) as rt:
+        events = await collect_events(rt.execute_message("s1", "hi"))
+        record = await rt.turn(events[0].turn_id)  # type: ignore[union-attr]
+    assert (events[-1].type, record.status) == ("done", "succeeded")

@@ -245,8 +245,17 @@ async def _traced_tool(
         kind=SpanKind.INTERNAL,
         attributes=attributes,
     )
-    with trace.use_span(span, end_on_exit=True, record_exception=True):
-        problem, code, output, answered_by = outcome = await run
+    # What escapes (a guardrail's block, a required plugin's failure) is recorded by type
+    # only, unless contents are captured: its message may quote the tool's arguments.
+    with trace.use_span(span, end_on_exit=True, record_exception=False,
+                        set_status_on_exception=False):  # fmt: skip
+        try:
+            problem, code, output, answered_by = outcome = await run
+        except Exception as exc:
+            span.set_attribute("error.type", error_type(exc))
+            span.set_status(Status(StatusCode.ERROR, str(exc) if capture else error_type(exc)))
+            _record(span, exc)
+            raise
         if answered_by != call.name:
             span.set_attribute("turnkit.tool.answered_by", answered_by)
         if problem is not None:

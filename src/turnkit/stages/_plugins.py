@@ -9,6 +9,7 @@ replaces the text, `block` ends the turn `guardrail-blocked`.
 from __future__ import annotations
 
 import logging
+import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -169,12 +170,13 @@ def answer_hold(ctx: StageContext, stage_id: StageId, text: str) -> int | None:
         if not overrides(plugin, "answer_hold"):
             continue
         try:
-            found = plugin.answer_hold(text)
-            if not isinstance(found, int) or isinstance(found, bool):
+            found: object = plugin.answer_hold(text)
+            if isinstance(found, bool) or not isinstance(found, numbers.Integral):
                 raise TypeError(
-                    f"answer_hold returned {type(found).__name__}; return a number of characters"
+                    f"answer_hold returned {type(found).__name__}; return a whole number of "
+                    "characters"
                 )
-            hold = max(hold, found)
+            hold = max(hold, int(found))
         except Exception as exc:  # noqa: BLE001 - recorded; the rest of the block is held
             _failed(ctx, stage_id, plugin, "answer_hold", exc)
             return None

@@ -18,7 +18,6 @@ from pydantic import JsonValue
 
 from turnkit.audit import AuditPayloads, AuditRow, CallIdentity, CallShape, UsageDelta
 from turnkit.clock import Clock
-from turnkit.errors import PluginFailedError
 from turnkit.events import DurableEvent, EphemeralEvent, MessageDeltaEvent
 from turnkit.ids import SessionId, StageId, TurnId
 from turnkit.journal import Journal, dedupe_key
@@ -308,15 +307,16 @@ class Recorder:
         """Hand committed events to `on_commit` (plugins' `on_event`).
 
         After the commit that carried the turn's ending, what a hook stages has no next
-        commit to ride on: its audit rows get one of their own, and a required plugin's
-        failure is logged, since the ending it would change is already committed.
+        commit to ride on: its audit rows get one of their own, and what a hook raises
+        (a required plugin's failure, say) is logged, since the ending it would change is
+        already committed.
         """
         if not events or self.on_commit is None:
             return
         ended = self.log_closed
         try:
             await self.on_commit(events)
-        except PluginFailedError as exc:
+        except Exception as exc:  # a plugin's failure, a guardrail's block, a store error
             if not ended:
                 raise
             log.warning("turn %s: %s (after its ending was committed)", self.turn_id, exc)
