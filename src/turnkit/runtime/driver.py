@@ -184,19 +184,16 @@ class TurnDriver:
         except (StaleEpochError, LeaseLostError):
             self._keeper.lost = True
         except StoreUnavailableError as exc:
-            # Nothing more of this attempt can be written: it stops, its lease lapses, and
-            # an attempt that finds the database takes the turn over (repeating nothing).
-            self._keeper.why_lost = f"the database became unavailable ({exc.message})"
-            self._keeper.lost = True
+            self._left_to_recovery(exc)
         except TurnError as exc:
             if self.recorder is not None:
-                await self._end_failed(self.recorder, exc)
+                await self._ending_or_recovery(self._end_failed(self.recorder, exc))
         except Exception as exc:  # noqa: BLE001 - any bug still ends the turn with a clear state
             if self.recorder is not None:
-                await self._end_failed(
-                    self.recorder,
-                    InternalError(f"unexpected {type(exc).__name__} inside the turn: {exc}"),
+                unexpected = InternalError(
+                    f"unexpected {type(exc).__name__} inside the turn: {exc}"
                 )
+                await self._ending_or_recovery(self._end_failed(self.recorder, unexpected))
         finally:
             await self._join_commit_ahead()
             await self._end_carrying(keep=False)  # if the turn did not end as it should
@@ -204,6 +201,23 @@ class TurnDriver:
             await self._release_budget()
             self.sink(None)
         self._leave_aftermath()
+
+    def _left_to_recovery(self, exc: StoreUnavailableError) -> None:
+        """Nothing more of this attempt can be written: it stops, and leaves the turn.
+
+        Its lease lapses, and an attempt that finds the database takes the turn over,
+        repeating nothing.
+        """
+        self.ended = False  # an ending that met the outage is not one: keep the turn's deps
+        self._keeper.why_lost = f"the database became unavailable ({exc.message})"
+        self._keeper.lost = True
+
+    async def _ending_or_recovery(self, ending: Awaitable[None]) -> None:
+        """Commit a failed ending; if the database is gone meanwhile, leave it to recovery."""
+        try:
+            await ending
+        except StoreUnavailableError as exc:
+            self._left_to_recovery(exc)
 
     def _leave_aftermath(self) -> None:
         """After a succeeded turn's stream has ended: a session's opening turn names it.
