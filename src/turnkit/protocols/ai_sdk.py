@@ -188,10 +188,10 @@ def _resumable(turns: list[TurnRecord], now: datetime) -> TurnRecord | None:
     The first turn not yet ended is the one being written (those after it wait their
     turn); with none, the latest, if it ended within `ENDED_REPLAY_S`.
     """
-    for record in turns:
-        if record.status in TERMINAL_STATES:
-            continue
-        return record if record.status == "running" or record.status in PAUSED else None
+    unfinished = [t for t in turns if t.status not in TERMINAL_STATES]
+    if unfinished:
+        live = min(unfinished, key=lambda t: t.input_seq)  # the order turns are claimed in
+        return live if live.status == "running" or live.status in PAUSED else None
     if turns and now - turns[-1].updated_at <= timedelta(seconds=ENDED_REPLAY_S):
         return turns[-1]
     return None

@@ -178,7 +178,7 @@ class SqlQueue(SqlEngine):
             if row.spent_attempts:
                 reasons.append(f"{row.spent_attempts} attempt(s) died without progress")
             if not record.attempts and not reasons:
-                waited = (now - record.created_at).total_seconds()
+                waited = (now - record.updated_at).total_seconds()
                 reasons.append(f"no process claimed it in {waited:.0f} s")
             found.append((record, "; ".join(reasons)))
         return found

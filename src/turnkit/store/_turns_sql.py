@@ -168,7 +168,7 @@ def stuck_rows(
         select(before.c.turn_id)
         .where(
             before.c.session_id == _turns.c.session_id,
-            before.c.created_at < _turns.c.created_at,
+            before.c.input_seq < _turns.c.input_seq,  # the order turns are claimed in
             before.c.status.not_in(TERMINAL_STATES),
         )
         .exists()
@@ -186,7 +186,7 @@ def stuck_rows(
                 _turns.c.spent_attempts > 0,
                 and_(
                     _turns.c.attempts == 0,
-                    _turns.c.created_at < unclaimed_since,
+                    _turns.c.updated_at < unclaimed_since,  # queued, or resumed, since
                     ~waits_behind,
                 ),
             ),
