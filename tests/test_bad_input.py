@@ -133,6 +133,32 @@ def test_agent_with_two_tools_of_one_name() -> None:
         Agent(model=ScriptedModel([]), tools=[add, twin])
 
 
+@pytest.mark.parametrize(
+    ("name", "flags"),
+    [
+        ("read_tool_result", {}),
+        ("ask_user", {"clarifications": True}),
+        ("write_file", {"planning": True}),
+    ],
+)
+def test_a_tool_named_like_a_built_in_the_agent_is_offered_is_refused(
+    name: str, flags: dict[str, bool]
+) -> None:
+    mine = tool(name=name)(lambda text: text)  # type: ignore[arg-type]
+    with pytest.raises(DuplicateToolError, match=f"the tool '{name}' has the name of a built-in"):
+        Agent(model=ScriptedModel([]), tools=[mine], **flags)  # type: ignore[arg-type]
+    # Without the feature that offers the built-in, the name is the app's to use.
+    if flags:
+        assert Agent(model=ScriptedModel([]), tools=[mine]).registry().names == (name,)
+
+
+def test_a_misspelt_approval_policy_is_refused_where_it_is_given() -> None:
+    with pytest.raises(ConfigurationError, match="approval policy 'Always' of the tool 'f'"):
+        tool(name="f", approval="Always")(lambda x: x)  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="approval policy 'alway' of the agent"):
+        Agent(model=ScriptedModel([]), approval="alway")  # type: ignore[arg-type]
+
+
 def test_model_string_litellm_cannot_resolve(database_url: str) -> None:
     from turnkit import SessionRuntime
 

@@ -13,14 +13,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
-from turnkit.errors import ConfigurationError
+from turnkit.context.results import READ_RESULT_TOOL
+from turnkit.errors import ConfigurationError, DuplicateToolError
 from turnkit.models import ModelClient, ModelSettings
-from turnkit.pauses import ApprovalPolicy
+from turnkit.pauses import CLARIFY_TOOL, ApprovalPolicy, check_approval_policy
 from turnkit.plugins import Plugin, validate_plugins
 from turnkit.tools import Tool, ToolRegistry
 
 __all__ = (
     "DEFAULT_SYNTHESIS_INSTRUCTIONS",
+    "PLANNING_TOOL_NAMES",
     "Agent",
     "Effort",
     "SkippableStage",
@@ -29,6 +31,9 @@ __all__ = (
     "load_agent",
     "load_agents",
 )
+
+PLANNING_TOOL_NAMES: Final = ("update_tasks", "write_file", "read_file", "list_files")
+"""The built-in tools an agent with `planning=True` is offered."""
 
 Effort = Literal["off", "low", "medium", "high"]
 SkippableStage = Literal["anchor-plan", "tool-loop"]
@@ -151,6 +156,8 @@ class Agent:
             if getattr(self, name) is not None:
                 _check_model(name, getattr(self, name))
         _check_tools(self.tools)
+        check_approval_policy(self.approval, f"the agent {self.name!r}")
+        self._check_builtin_names()
         object.__setattr__(self, "tools", tuple(self.tools))
         object.__setattr__(self, "skills", tuple(self.skills))
         object.__setattr__(self, "knowledge", tuple(self.knowledge))
@@ -158,6 +165,23 @@ class Agent:
         # Built once (duplicate tool names fail here, at construction); an Agent is frozen.
         object.__setattr__(self, "_registry", ToolRegistry(self.tools))
         object.__setattr__(self, "_version", None)
+
+    def _check_builtin_names(self) -> None:
+        """No tool of the agent's may have the name of a built-in tool it is offered."""
+        builtins: dict[str, str] = {}
+        if self.clarifications:
+            builtins[CLARIFY_TOOL] = "clarifications=True"
+        if self.planning:
+            builtins.update(dict.fromkeys(PLANNING_TOOL_NAMES, "planning=True"))
+        if self.tools and self.tool_result_preview_chars is not None:
+            builtins[READ_RESULT_TOOL] = "tool_result_preview_chars"
+        for item in self.tools:
+            if item.name in builtins:
+                raise DuplicateToolError(
+                    f"the tool {item.name!r} has the name of a built-in tool this agent is "
+                    f"offered ({builtins[item.name]}): rename it",
+                    tool=item.name,
+                )
 
     def registry(self) -> ToolRegistry:
         """The agent's tools by name."""

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue, TypeAdapter
 from turnkit.errors import ConfigurationError
 
 __all__ = (
+    "check_approval_policy",
     "CLARIFY_TOOL",
     "RESOLUTION_ADAPTER",
     "Answer",
@@ -73,6 +74,21 @@ class PauseRequest:
     kind: Literal["approval", "clarification", "budget"]
     tool_call_id: str
     payload: dict[str, JsonValue]
+
+
+def check_approval_policy(policy: object, where: str) -> None:
+    """Refuse, where it is given, a policy that is not `never`, `always` or a function.
+
+    Raises:
+        ConfigurationError: `"Always"`, `"alway"`, `True`: refused at construction, not
+            at the first call that asks.
+    """
+    if policy in ("never", "always") or (callable(policy) and not isinstance(policy, str)):
+        return
+    raise ConfigurationError(
+        f"the approval policy {policy!r} of {where} is not 'never', 'always' or a function "
+        "(tool_name, arguments) -> bool"
+    )
 
 
 def needs_approval(

@@ -13,6 +13,7 @@ from typing import Final
 
 from pydantic import JsonValue, TypeAdapter, ValidationError
 
+from turnkit.agent import PLANNING_TOOL_NAMES
 from turnkit.audit import PlanGenerationPayload
 from turnkit.errors import InvalidInputError
 from turnkit.events import Task, TasksUpdatedEvent
@@ -29,11 +30,8 @@ __all__ = (
     "run_planning_tool",
 )
 
-UPDATE_TASKS: Final = "update_tasks"
-WRITE_FILE: Final = "write_file"
-READ_FILE: Final = "read_file"
-LIST_FILES: Final = "list_files"
-PLANNING_TOOLS: Final = (UPDATE_TASKS, WRITE_FILE, READ_FILE, LIST_FILES)
+PLANNING_TOOLS: Final = PLANNING_TOOL_NAMES
+UPDATE_TASKS, WRITE_FILE, READ_FILE, LIST_FILES = PLANNING_TOOLS
 
 _TASKS = TypeAdapter(tuple[Task, ...])
 _PATH = {"type": "string", "description": "A relative path such as `spec.md` or `notes/a.md`."}

@@ -11,7 +11,7 @@ from pydantic_core import PydanticSerializationError, to_jsonable_python
 
 from turnkit.errors import ConfigurationError
 from turnkit.models import ToolSpec
-from turnkit.pauses import ApprovalPolicy
+from turnkit.pauses import ApprovalPolicy, check_approval_policy
 from turnkit.tools._context import ToolContext
 from turnkit.tools._errors import ToolArgumentsError, ToolResultError
 from turnkit.tools.cascade import ToolClass
@@ -85,6 +85,8 @@ class FunctionTool:
         reconcile: Reconcile | None = None,
     ) -> None:
         self.fn = fn
+        if approval is not None:
+            check_approval_policy(approval, f"the tool {name or fn.__name__!r}")
         self.approval = approval
         """This tool's approval policy (None: the agent's)."""
         self._reconcile = reconcile
