@@ -152,6 +152,13 @@ def test_a_tool_named_like_a_built_in_the_agent_is_offered_is_refused(
         assert Agent(model=ScriptedModel([]), tools=[mine]).registry().names == (name,)
 
 
+async def test_an_unknown_effort_is_invalid_input(runtime_factory: RuntimeFactory) -> None:
+    runtime = runtime_factory(Agent(model=ScriptedModel([])))
+    with pytest.raises(InvalidInputError, match="effort 'extreme' is not one of"):
+        await collect_events(runtime.execute_message("s1", "x", effort="extreme"))  # type: ignore[arg-type]
+    await _nothing_written(runtime_factory, "s1")
+
+
 def test_a_misspelt_approval_policy_is_refused_where_it_is_given() -> None:
     with pytest.raises(ConfigurationError, match="approval policy 'Always' of the tool 'f'"):
         tool(name="f", approval="Always")(lambda x: x)  # type: ignore[arg-type]

@@ -98,7 +98,9 @@ class SessionBody(_Camel):
 
 
 class RenameBody(_Camel):
-    """Body of `PATCH /sessions/{id}`."""
+    """Body of `PATCH /sessions/{id}` (a `sessionId` beside the title is ignored)."""
+
+    model_config = ConfigDict(extra="ignore")
 
     title: str = Field(min_length=1, max_length=500, pattern=r"\S")
 

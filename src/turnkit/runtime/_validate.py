@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import get_args
 
 from turnkit.agent import Effort
 from turnkit.blocks import ContentPart, ImagePart, TextPart
@@ -112,6 +113,10 @@ def validate_request(
 ) -> TurnRequest:
     """Check a message before anything is written."""
     sid = check_session_id(session_id)
+    if effort is not None and effort not in get_args(Effort):
+        raise InvalidInputError(
+            f"effort {effort!r} is not one of {list(get_args(Effort))}", effort=str(effort)
+        )
     content, attachments = split_content(message)
     if not content.strip() and not attachments:
         raise EmptyContentError("the message is empty: send some text", session_id=session_id)

@@ -157,10 +157,10 @@ async function afterTurn(sessionId) {
     const fresh = turns.filter((t) => !ui.state.turns[t.turnId] && TERMINAL.includes(t.status));
     update((s) => withTurns(s, turns));
     fresh.forEach((t) => follow(t.turnId, { replay: true })); // ended elsewhere: replayed
-    followLive(sessionId); // the turn that waited behind the one that ended, if any
   } catch {
     // the page keeps what it has
   }
+  followLive(sessionId); // the turn that waited behind the one that ended, if any
   refreshSessions();
 }
 
