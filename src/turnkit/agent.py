@@ -21,6 +21,7 @@ from turnkit.plugins import Plugin, validate_plugins
 from turnkit.tools import Tool, ToolRegistry
 
 __all__ = (
+    "DEFAULT_MAX_TOOL_ROUNDS",
     "DEFAULT_SYNTHESIS_INSTRUCTIONS",
     "PLANNING_TOOL_NAMES",
     "Agent",
@@ -31,6 +32,9 @@ __all__ = (
     "load_agent",
     "load_agents",
 )
+
+DEFAULT_MAX_TOOL_ROUNDS: Final = 50
+"""`Agent.max_tool_rounds` unless set: a model that calls tools for ever stops there."""
 
 PLANNING_TOOL_NAMES: Final = ("update_tasks", "write_file", "read_file", "list_files")
 """The built-in tools an agent with `planning=True` is offered."""
@@ -73,6 +77,9 @@ class Agent:
         tool_result_preview_chars: A longer tool result is sent to the model as a
             preview of this many characters plus a note; the model reads on with the
             built-in `read_tool_result` tool. None sends results whole.
+        max_tool_rounds: The most tool-loop rounds (reasoning calls that may use tools) a
+            turn makes; the model then writes its answer from what it has, with no tool
+            offered. None: no bound but the turn's ceiling.
         plugins: Post-turn enrichment and other hooks, validated here and run by `order`.
         approval: When a tool call waits for a person: `never`, `always` ("Ask before each
             action") or a function of (tool name, arguments). A tool's own `approval`
@@ -106,6 +113,7 @@ class Agent:
     synthesis_model: str | ModelClient | None = None
     synthesis_instructions: str = DEFAULT_SYNTHESIS_INSTRUCTIONS
     tool_result_preview_chars: int | None = 16_000
+    max_tool_rounds: int | None = DEFAULT_MAX_TOOL_ROUNDS
     plugins: Sequence[Plugin] = ()
     approval: ApprovalPolicy = "never"
     clarifications: bool = False
@@ -145,6 +153,15 @@ class Agent:
             raise ConfigurationError(
                 "`synthesis_model` writes a separate synthesis call: set "
                 "`synthesis='separate'` too (the default answers with the loop's own text)"
+            )
+        if self.max_tool_rounds is not None and (
+            isinstance(self.max_tool_rounds, bool)
+            or not isinstance(self.max_tool_rounds, int)
+            or self.max_tool_rounds < 1
+        ):
+            raise ConfigurationError(
+                f"`max_tool_rounds` must be a whole number of 1 or more (or None), not "
+                f"{self.max_tool_rounds!r}"
             )
         if self.tool_result_preview_chars is not None and self.tool_result_preview_chars < 200:
             raise ConfigurationError(
@@ -220,6 +237,12 @@ class Agent:
             "synthesis": self.synthesis,
             "synthesis_instructions": self.synthesis_instructions,
             "tool_result_preview_chars": self.tool_result_preview_chars,
+            # Only when set: agents that keep the default keep the version they had.
+            **(
+                {"max_tool_rounds": self.max_tool_rounds}
+                if self.max_tool_rounds != DEFAULT_MAX_TOOL_ROUNDS
+                else {}
+            ),
             "plugins": [type(p).name for p in self.plugins],
             "approval": self.approval
             if isinstance(self.approval, str)

@@ -317,3 +317,22 @@ async def test_a_call_id_used_before_in_the_turn_gets_a_new_one(
     assert [e for e in events if e.type == "tool.in_doubt"] == []
     # The model reads each result under the id it now has.
     assert [m.tool_call_id for m in model.calls[2].messages if m.role == "tool"] == ids
+
+
+async def test_a_model_that_keeps_calling_tools_answers_after_the_most_rounds(
+    runtime_factory: RuntimeFactory,
+) -> None:
+    model = ScriptedModel(
+        [
+            *(ModelStep.tool_call_reply(call("add", a=n, b=n)) for n in range(3)),
+            ModelStep.text_reply("0, 2 and 4."),
+        ]
+    )
+    runtime = runtime_factory(Agent(model=model, tools=[add], max_tool_rounds=3))
+    events = await collect_events(runtime.execute_message("s1", "add forever"))
+    assert [e.result.output for e in events if isinstance(e, ToolCompletedEvent)] == [0, 2, 4]
+    assert (await runtime.history("s1"))[0].answer == "0, 2 and 4."
+    assert model.calls[-1].tool_choice == "none"  # the last call could only answer
+    assert len(model.calls) == 4
+    with pytest.raises(ConfigurationError, match="max_tool_rounds"):
+        Agent(model=model, max_tool_rounds=0)

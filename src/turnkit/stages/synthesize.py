@@ -90,7 +90,8 @@ async def _call(
         transcript,
         previous,
         family=family,
-        specs=offered_tools(ctx) if ctx.synthesis is not None else (),
+        # The tools the loop offered stay in the prompt (its cached prefix), not to be used.
+        specs=offered_tools(ctx) if _loop_offered_tools(ctx) else (),
         purpose="synthesize",
         closing=synthesis_request(ctx, transcript),
     )
@@ -133,6 +134,15 @@ async def _call(
         await thinking.commit("synthesize")
     _commit(ctx, pending, call=shape, payloads=payloads)
     return response.text, prepared.transcript, prepared.previous
+
+
+def _loop_offered_tools(ctx: StageContext) -> bool:
+    """Whether this turn's requests offered the agent's tools before this call.
+
+    A separate synthesis call follows the loop's calls; a terminal one follows them only
+    when the loop ran out of rounds (`Agent.max_tool_rounds`), else the loop answered.
+    """
+    return ctx.synthesis is not None or "tool-loop" not in ctx.agent.skip_stages
 
 
 def _quality(

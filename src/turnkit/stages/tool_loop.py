@@ -8,6 +8,7 @@ separate synthesis call configured, that text is narration instead.
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
 
 from turnkit.audit import AuditPayloads, ToolCallRef, ToolSelectionPayload
@@ -40,6 +41,8 @@ from turnkit.stages._types import (
 
 __all__ = ("run_tool_loop",)
 
+log = logging.getLogger("turnkit.runtime")
+
 
 async def run_tool_loop(
     ctx: StageContext,
@@ -54,6 +57,11 @@ async def run_tool_loop(
     goes on; one cut with no call named is fatal (seed 002 "Finishing").
     """
     rec = ctx.recorder
+    rounds = ctx.agent.max_tool_rounds
+    if rounds is not None and iteration > rounds:
+        # Enough rounds: the answer is written from what the turn has, with no tool offered.
+        log.info("turn %s: %d tool rounds, the most its agent allows", rec.turn_id, rounds)
+        return StageOutcome(transcript=transcript, route="synthesize", previous=previous)
     generation = derive_id("gen", rec.turn_id, "tool-loop", iteration)
     committed = rec.journal.generation(generation)
     thinking = thinking_of(ctx) if ctx.synthesis is None else None
