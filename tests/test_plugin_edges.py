@@ -285,3 +285,32 @@ async def test_a_block_raised_after_the_ending_leaves_the_turn_as_it_ended(
         events = await collect_events(rt.execute_message("s1", "hi"))
         record = await rt.turn(events[0].turn_id)  # type: ignore[union-attr]
     assert (events[-1].type, record.status) == ("done", "succeeded")
+
+
+async def test_a_structured_tool_result_is_masked_string_by_string(tmp_path: Path) -> None:
+    @tool
+    async def contacts(team: str) -> dict[str, object]:
+        """A team's contacts."""
+        return {
+            "note": "Call:\n5551234567",
+            "a@x.example": 1,
+            "b@y.example": 2,
+            "cards": ["card\t4111 1111 1111 1111"],
+        }
+
+    model = ScriptedModel(
+        [ModelStep.tool_call_reply(call("contacts", team="ops")), ModelStep.text_reply("Done.")]
+    )
+    agent = Agent(model=model, tools=[contacts], plugins=[PiiRedaction()])
+    async with _runtime(tmp_path, agent) as rt:
+        events = await collect_events(rt.execute_message("s1", "contacts?"))
+    [done] = [e for e in events if e.type == "tool.completed"]
+    assert done.result.output == {  # type: ignore[union-attr]
+        "note": "Call:\n[phone]",  # a line break before it hides nothing
+        "[email]": 1,
+        "[email]'": 2,  # two keys masked alike both stay
+        "cards": ["card\t[card]"],
+    }
+    sent = str([m.content for m in model.calls[1].messages])
+    for secret in ("5551234567", "4111", "@x.example"):
+        assert secret not in sent

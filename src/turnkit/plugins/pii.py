@@ -13,6 +13,7 @@ of one is shown before it is masked), and the whole block once more.
 
 from __future__ import annotations
 
+import json
 import re
 from collections import OrderedDict
 from collections.abc import Iterable
@@ -206,6 +207,25 @@ def _held(text: str, *, numbers: bool) -> int:
 _WORDISH = frozenset("_.+@()-")
 
 
+def _mask_json(value: object, kinds: tuple[str, ...], found: list[str]) -> object:
+    """`value` with every string masked, keys too (two keys masked alike both stay)."""
+    if isinstance(value, str):
+        masked, kinds_found = _mask(value, kinds)
+        found.extend(k for k in kinds_found if k not in found)
+        return masked
+    if isinstance(value, list):
+        return [_mask_json(item, kinds, found) for item in value]
+    if isinstance(value, dict):
+        out: dict[str, object] = {}
+        for key, item in value.items():
+            name = str(_mask_json(key, kinds, found))
+            while name in out:  # `{"a@x.com": 1, "b@y.com": 2}`: keep both
+                name += "'"
+            out[name] = _mask_json(item, kinds, found)
+        return out
+    return value
+
+
 class PiiRedaction(Plugin):
     """Mask (or block) personal data in tool results and answers.
 
@@ -248,8 +268,27 @@ class PiiRedaction(Plugin):
     async def check_tool_result(
         self, ctx: PluginContext, call: ToolCall, text: str
     ) -> Verdict | None:
-        """A tool's result, before the model reads it."""
-        return self._verdict(text, f"result of {call.name}")
+        """A tool's result, before the model reads it.
+
+        A structured result (JSON text) is masked string by string, keys included, so an
+        escaped line break before a number hides nothing and the result stays JSON.
+        """
+        subject = f"result of {call.name}"
+        try:
+            value = json.loads(text)
+        except ValueError:
+            return self._verdict(text, subject)
+        if not isinstance(value, dict | list):
+            return self._verdict(text, subject)
+        found: list[str] = []
+        masked = _mask_json(value, self.kinds, found)
+        if not found:
+            return None
+        kind = "+".join(k for k in self.kinds if k in found)
+        if self.block:
+            return Verdict(action="block", kind=kind, subject=subject)
+        replacement = json.dumps(masked, ensure_ascii=False)
+        return Verdict(action="redact", kind=kind, subject=subject, replacement=replacement)
 
     async def check_answer(self, ctx: PluginContext, text: str) -> Verdict | None:
         """Assistant text: each chunk, then the whole block."""
