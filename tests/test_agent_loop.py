@@ -202,7 +202,7 @@ async def test_compaction_without_a_utility_model_keeps_the_newest_turns(
     assert isinstance(events[-1], DoneEvent)
     assert events[-1].status == "succeeded"
     contents = [str(m.content) for m in model.calls[-1].messages]
-    assert "earlier message(s) were left out" in contents[1]
+    assert f"[{done.summarized_messages} earlier message(s) were left out" in contents[1]
     assert contents[-1].endswith("And now?")
     assert "First." not in contents
     rows = await runtime.audit(events[0].turn_id)

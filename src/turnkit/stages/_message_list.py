@@ -193,7 +193,10 @@ async def _compact(
     rec.durable(
         CompactionCompletedEvent,
         stage_id,
-        summarized_messages=len(split.middle),
+        # keep-newest leaves the newest of the middle in place, behind one note
+        summarized_messages=len(split.middle)
+        if strategy == "summary"
+        else len(transcript) - len(compacted) + 1,
         tokens_before=before,
         tokens_after=after,
         strategy=strategy,
