@@ -165,6 +165,9 @@ async def test_a_bundle_removed_between_pause_and_approve_ends_the_turn(tmp_path
         paused = events[-1]
         assert isinstance(paused, ApprovalRequestedEvent)
         expected = AgentData.model_validate(bundles["reviewer"]).build(catalog.tools).version
+        # The host's tools as a list, as AgentCatalog takes them, build the same agent.
+        listed = AgentData.model_validate(bundles["reviewer"]).build(list(catalog.tools.values()))
+        assert listed.version == expected
         assert (await runtime.turn(paused.turn_id)).pinned["agent_version"] == expected
 
         del bundles["reviewer"]  # the app deleted the agent while the turn waited

@@ -62,12 +62,16 @@ class AgentData(BaseModel):
     owner: str | None = None
     department: str | None = None
 
-    def build(self, tools: Mapping[str, Tool]) -> Agent:
+    def build(self, tools: Mapping[str, Tool] | Sequence[Tool]) -> Agent:
         """The `Agent` this data describes, with its tools taken from `tools` by name.
+
+        `tools`: the host's tools, by name or as a list (as `AgentCatalog` takes them).
 
         Raises:
             ConfigurationError: a named tool the host does not have.
         """
+        if not isinstance(tools, Mapping):
+            tools = {item.name: item for item in tools}
         unknown = [t for t in self.tools if t not in tools]
         if unknown:
             raise ConfigurationError(
