@@ -146,12 +146,17 @@ async def _call(
 def _unique_ids(
     calls: tuple[ToolCallPart, ...], transcript: list[TranscriptMessage], iteration: int
 ) -> tuple[ToolCallPart, ...]:
-    """The calls, each with an id no earlier call of the conversation (or of this one) has.
+    """The calls, each with an id no earlier call of the turn (or of this one) has.
 
     An id names one call in the log, the transcript and the idempotency key; some servers
-    number calls per response (`call_0`, `call_1`, … every time).
+    number calls per response (`call_0`, `call_1`, … every time). Only the turn's own
+    messages are read: a turn's cost does not grow with its session.
     """
-    used = {str(c.get("id")) for m in transcript for c in m.get("tool_calls", ())}
+    used: set[str] = set()
+    for message in reversed(transcript):  # this turn's messages: ids name calls per turn
+        used.update(str(c.get("id")) for c in message.get("tool_calls", ()))
+        if message.get("opens_turn"):
+            break
     out: list[ToolCallPart] = []
     for call in calls:
         new_id, n = call.tool_call_id, 1
