@@ -497,6 +497,19 @@ async def test_network_guard_allows_loopback(
     assert text_of(chunks) == "local"
 
 
+async def test_network_guard_reads_the_base_url_of_the_environment(
+    monkeypatch: pytest.MonkeyPatch, openai_server: FakeOpenAIServer
+) -> None:
+    """With no api_base, both transports send to $OPENAI_BASE_URL: so does the guard look."""
+    monkeypatch.setattr(turnkit.models, "ALLOW_NETWORK", False)
+    monkeypatch.setenv("OPENAI_BASE_URL", openai_server.base_url)
+    openai_server.script("fake-model", [Reply.text("local via env")])
+
+    chunks = await collect(new_client("openai/fake-model", api_key="sk-test").stream(HELLO))
+
+    assert text_of(chunks) == "local via env"
+
+
 # ── catalog ───────────────────────────────────────────────────────────────────────────
 
 REASONING = ModelFacts(context_window=200_000, max_output_tokens=100_000, supports_reasoning=True)

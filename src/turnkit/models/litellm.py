@@ -346,9 +346,12 @@ class LiteLLMClient:
     # ── request ─────────────────────────────────────────────────────────────────────
 
     def _check_network(self) -> None:
-        if _models.ALLOW_NETWORK or _is_loopback(self._api_base):
+        base = self._api_base
+        if base is None and self._provider == "openai":  # as both transports read it
+            base = os.environ.get("OPENAI_BASE_URL") or os.environ.get("OPENAI_API_BASE")
+        if _models.ALLOW_NETWORK or _is_loopback(base):
             return
-        where = f"api_base {self._api_base!r}" if self._api_base else "the provider's default URL"
+        where = f"api_base {base!r}" if base else "the provider's default URL"
         raise ConfigurationError(
             f"model {self._model!r} would call {where}, but turnkit.models.ALLOW_NETWORK is "
             "False: point api_base at a loopback server (127.0.0.1, localhost, ::1), use "
