@@ -147,24 +147,22 @@ class _Streaming:
         last = self._blocks.pop(key, None)
         if last is None or not text.startswith(last.text):
             last = _Checked(text="", settled=0, masked="", found=[])
-        rest, found = _mask(text[last.settled :], kinds)
-        masked = last.masked + rest
-        found = [kind for kind in kinds if kind in last.found or kind in found]
+        # Masked in two pieces split at a break: the same as masking them together.
         settled = _settled_end(text, last.settled)
-        if settled > last.settled:
-            head, head_found = _mask(text[last.settled : settled], kinds)
-            last = _Checked(
-                text=text,
-                settled=settled,
-                masked=last.masked + head,
-                found=[kind for kind in kinds if kind in last.found or kind in head_found],
-            )
-        else:
-            last = _Checked(text=text, settled=last.settled, masked=last.masked, found=last.found)
-        self._blocks[key] = last
+        head, head_found = _mask(text[last.settled : settled], kinds)
+        rest, rest_found = _mask(text[settled:], kinds)
+        checked = _Checked(
+            text, settled, last.masked + head, _ordered(kinds, last.found, head_found)
+        )
+        self._blocks[key] = checked
         while len(self._blocks) > self._limit:
             self._blocks.popitem(last=False)
-        return masked, found
+        return checked.masked + rest, _ordered(kinds, checked.found, rest_found)
+
+
+def _ordered(kinds: tuple[str, ...], *found: list[str]) -> list[str]:
+    """The kinds found in any of `found`, in `kinds`' order (as `_mask` lists them)."""
+    return [kind for kind in kinds if any(kind in each for each in found)]
 
 
 def _settled_end(text: str, start: int) -> int:
