@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from turnkit.audit import AuditPayloads, ToolCallRef, ToolSelectionPayload
 from turnkit.blocks import TextBlock
 from turnkit.context.prefix import PreviousRequest
-from turnkit.errors import ErrorCode, OutputLimitExceededError, ToolCallError
+from turnkit.errors import OutputLimitExceededError, ToolCallError, TurnError
 from turnkit.events import MessageCompleteEvent
 from turnkit.ids import ToolCallId, derive_id
 from turnkit.journal import CommittedGeneration
@@ -72,23 +72,24 @@ async def run_tool_loop(
         response = committed_response(committed)
         block_id = committed.block_id or derive_id("blk", rec.turn_id, f"loop-{iteration}", 0)
         calls = response.tool_calls
+        fatal = _fatal(response, calls)
     else:
         called = await _call(ctx, transcript, previous, iteration, thinking)
         response, block_id = called.result.response, called.result.block_id
         transcript, previous = called.prepared.transcript, called.prepared.previous
         calls = _unique_ids(repaired_calls(response), transcript, iteration)
-        _audit_call(ctx, called, calls, iteration, _fatal(response, calls))
+        fatal = _fatal(response, calls)
+        _audit_call(ctx, called, calls, iteration, fatal)
     truncated = response.stop_reason == "max_tokens"
     if not calls:
+        if fatal is not None:
+            raise fatal
         return _answered(ctx, response, transcript, previous, block_id, generation)
     if thinking is not None:
         await thinking.discard()  # it was not the answer after all
     _narration(ctx, response.text, block_id, generation)
-    if any(not c.name for c in calls):
-        raise ToolCallError(
-            "the model wrote a tool call without a tool name; the response cannot be trusted",
-            stop_reason=response.stop_reason,
-        )
+    if fatal is not None:
+        raise fatal
     assistant = to_transcript(
         ModelMessage(role="assistant", content=response.text, tool_calls=calls)
     )
@@ -169,11 +170,20 @@ def _unique_ids(
     return tuple(out)
 
 
-def _fatal(response: ModelResponse, calls: tuple[ToolCallPart, ...]) -> ErrorCode | None:
-    """The error a response ends the turn with, before anything of it is used."""
-    if not calls:
-        return OutputLimitExceededError.code if response.stop_reason == "max_tokens" else None
-    return ToolCallError.code if any(not c.name for c in calls) else None
+def _fatal(response: ModelResponse, calls: tuple[ToolCallPart, ...]) -> TurnError | None:
+    """The error a response ends the turn with (audited as such), if it does."""
+    if not calls and response.stop_reason == "max_tokens":
+        return OutputLimitExceededError(
+            "the output limit was reached before the model finished, and no tool call "
+            "was named: the cut text cannot stand as the answer",
+            stop_reason=response.stop_reason,
+        )
+    if any(not c.name for c in calls):
+        return ToolCallError(
+            "the model wrote a tool call without a tool name; the response cannot be trusted",
+            stop_reason=response.stop_reason,
+        )
+    return None
 
 
 def _audit_call(
@@ -181,7 +191,7 @@ def _audit_call(
     called: _Called,
     calls: tuple[ToolCallPart, ...],
     iteration: int,
-    fatal: ErrorCode | None,
+    fatal: TurnError | None,
 ) -> None:
     """The call's audit row: its shape, the cache breakpoint, the tools it picked.
 
@@ -192,7 +202,7 @@ def _audit_call(
     )
     shape = called.result.shape
     if fatal is not None:
-        shape = shape.model_copy(update={"outcome": "error", "error_code": fatal})
+        shape = shape.model_copy(update={"outcome": "error", "error_code": fatal.code})
     ctx.recorder.audit(
         "tool-loop",
         call=shape,
@@ -217,12 +227,6 @@ def _answered(
     generation: str,
 ) -> StageOutcome:
     """A call that named no tool: its text is the answer (or narration before synthesis)."""
-    if response.stop_reason == "max_tokens":
-        raise OutputLimitExceededError(
-            "the output limit was reached before the model finished, and no tool call "
-            "was named: the cut text cannot stand as the answer",
-            stop_reason=response.stop_reason,
-        )
     closing = to_transcript(ModelMessage(role="assistant", content=response.text))
     if ctx.synthesis is not None:
         _narration(ctx, response.text, block_id, generation)
