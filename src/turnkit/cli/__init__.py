@@ -251,9 +251,7 @@ def _hosted_agents(args: argparse.Namespace) -> tuple[Agent, ...]:
 
     `$TURNKIT_AGENT` as `turnkit serve` reads it: names separated by commas.
     """
-    named = _named_agents(args) or [
-        name for name in os.environ.get("TURNKIT_AGENT", "").split(",") if name.strip()
-    ]
+    named = _named_agents(args) or os.environ.get("TURNKIT_AGENT", "").strip(" ,")
     return load_agents(named) if named else (demo_agent(os.environ.get("TURNKIT_MODEL")),)
 
 
