@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 import pytest
-from playwright.sync_api import Page, expect
+from playwright.sync_api import Locator, Page, expect
 
 from tests.helpers import WrappedModel
 from tests.page.conftest import WAIT_MS
@@ -264,18 +264,28 @@ async def wire(amount: int, to: str) -> str:
     return f"sent {amount} EUR to {to}"
 
 
+PAY_BOB = (
+    ModelStep.tool_call_reply(call("wire", amount=5, to="Bob")),
+    ModelStep.text_reply("Sent 5 EUR to Bob."),
+)
+"""A turn that asks to approve a `wire`, then answers."""
+
+
+def pay_bob(page: Page) -> Locator:
+    """Send the message `PAY_BOB` answers; its approval card, once it shows."""
+    send(page, "Pay Bob 5 EUR")
+    card = page.locator(".card.approval")
+    expect(card.locator(".card-title")).to_have_text("Approve wire?")
+    return card
+
+
 def test_an_approval_card_survives_a_reload_and_finishes_the_turn(
     page: Page, tmp_path: Path
 ) -> None:
-    model = ScriptedModel([
-        ModelStep.tool_call_reply(call("wire", amount=5, to="Bob")),
-        ModelStep.text_reply("Sent 5 EUR to Bob."),
-    ])  # fmt: skip
+    model = ScriptedModel(PAY_BOB)
     with serve_page(tmp_path, Agent(model=model, tools=[wire])) as app:
         page.goto(app.url)
-        send(page, "Pay Bob 5 EUR")
-        card = page.locator(".card.approval")
-        expect(card.locator(".card-title")).to_have_text("Approve wire?")
+        card = pay_bob(page)
         expect(page.locator(".block.tool")).to_have_attribute("data-status", "awaiting_approval")
 
         page.route("**/stream**", lambda route: route.abort())  # no stream at all
@@ -378,16 +388,10 @@ def test_many_messages_behind_a_paused_turn_leave_the_page_free_to_approve(
 ) -> None:
     """A stream per waiting turn would take all six of a browser's connections."""
     waiting = [f"And then {n}" for n in range(7)]
-    model = ScriptedModel([
-        ModelStep.tool_call_reply(call("wire", amount=5, to="Bob")),
-        ModelStep.text_reply("Sent 5 EUR to Bob."),
-        *(ModelStep.text_reply(f"Noted {n}.") for n in range(7)),
-    ])  # fmt: skip
+    model = ScriptedModel([*PAY_BOB, *(ModelStep.text_reply(f"Noted {n}.") for n in range(7))])
     with serve_page(tmp_path, Agent(model=model, tools=[wire])) as app:
         page.goto(app.url)
-        send(page, "Pay Bob 5 EUR")
-        card = page.locator(".card.approval")
-        expect(card.locator(".card-title")).to_have_text("Approve wire?")
+        card = pay_bob(page)
         for text in waiting:
             send(page, text)
             expect(page.locator("#queue li .text").last).to_have_text(text)
