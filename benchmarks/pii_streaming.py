@@ -50,7 +50,7 @@ async def one_turn(text: str, pii: bool, db: Path) -> float:
         agent=agent, config=RuntimeConfig(database_url=f"sqlite:///{db}")
     ) as rt:
         started = time.perf_counter()
-        events = await collect_events(rt.execute_message("s1", "write"))
+        events = await collect_events(rt.execute_message("s1", "write"), limit=len(text))
         took = time.perf_counter() - started
     shown = "".join(e.text for e in events if e.type == "message.delta")  # type: ignore[union-attr]
     if pii:

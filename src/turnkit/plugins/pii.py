@@ -115,6 +115,8 @@ than the longest phone or card number with its separators."""
 _BREAK = re.compile(r"[^\w.+@()\s-]|(?<=[^\d()+\s-])\s")
 """A character no finding is made of (`,` `;` `/` `。`), or white space after a character
 no number goes on through: no finding reaches across either."""
+_LAST_BREAK = re.compile(rf"(?s:.*)({_BREAK.pattern})")
+"""The last `_BREAK` in a text: found from the end, not by listing every one."""
 
 
 @dataclass(slots=True)
@@ -145,7 +147,7 @@ class _Streaming:
         Only when `text` goes on from that text; otherwise it is masked whole.
         """
         last = self._blocks.pop(key, None)
-        if last is None or not text.startswith(last.text):
+        if last is None or not _agrees(text, last):
             last = _Checked(text="", settled=0, masked="", found=[])
         # Masked in two pieces split at a break: the same as masking them together.
         settled = _settled_end(text, last.settled)
@@ -171,8 +173,19 @@ def _settled_end(text: str, start: int) -> int:
     No finding reaches across a break, so what precedes it masks the same whatever follows.
     """
     window = text[start : max(start, len(text) - _SETTLED_BEFORE)]
-    starts = [found.start() for found in _BREAK.finditer(window)]
-    return start + starts[-1] if starts else start
+    found = _LAST_BREAK.match(window)
+    return start + found.start(1) if found else start
+
+
+def _agrees(text: str, last: _Checked) -> bool:
+    """Whether `text` holds `last`'s settled part unchanged.
+
+    It goes on from `last.text`, or is shorter (the runtime held back more of the end
+    this time) but not shorter than that part.
+    """
+    if len(text) >= len(last.text):
+        return text.startswith(last.text)
+    return len(text) >= last.settled and last.text.startswith(text)
 
 
 def _held(text: str, *, numbers: bool) -> int:

@@ -62,6 +62,11 @@ class _Assembler:
         """The text as shown (after the answer guardrails)."""
         self.raw: list[str] = []
         """The text as the model wrote it."""
+        self.raw_text = ""
+        """With answer guardrails: the text as the model wrote it, as one string."""
+        self.shown_text = ""
+        """With answer guardrails: `text` as one string (they read both on every chunk:
+        one string each grows by a copy, where joining thousands of pieces costs far more)."""
         self.held = False
         """A plugin's `answer_hold` failed: the rest of the block waits for its end."""
         self.thinking: list[str] = []
@@ -254,19 +259,23 @@ async def _shown_delta(
     asm.raw.append(chunk)
     if not streamed or not ctx.plugins:
         return chunk
+    asm.raw_text += chunk
     if asm.held:
         return ""
-    raw = "".join(asm.raw)
+    raw = asm.raw_text
     hold = answer_hold(ctx, stage_id, raw)
     if hold is None:
         asm.held = True
         return ""
-    settled = raw[: len(raw) - min(hold, len(raw))]
+    settled = raw[: len(raw) - min(hold, len(raw))] if hold else raw
     if not settled:
         return ""
     checked = await guard(ctx, stage_id, "answer", settled, subject="text")
-    shown = "".join(asm.text)
-    return checked[len(shown) :] if checked.startswith(shown) else ""
+    shown = asm.shown_text
+    if not checked.startswith(shown):
+        return ""
+    asm.shown_text = checked
+    return checked[len(shown) :]
 
 
 async def _guarded(ctx: StageContext, stage_id: StageId, on: _Rung, streamed: bool) -> str:
@@ -277,14 +286,17 @@ async def _guarded(ctx: StageContext, stage_id: StageId, on: _Rung, streamed: bo
     reached into text already shown, which only `message.complete` can correct.
     """
     asm = on.asm
-    text = "".join(asm.raw)
-    if not streamed or not ctx.plugins or not text:
+    if not streamed or not ctx.plugins:
+        return "".join(asm.raw)
+    text = asm.raw_text
+    if not text:
         return text
     checked = await guard(ctx, stage_id, "answer", text, subject="text")
-    shown = "".join(asm.text)
+    shown = asm.shown_text
     if len(checked) > len(shown) and checked.startswith(shown):
         rest = checked[len(shown) :]
         asm.text.append(rest)
+        asm.shown_text = checked
         await ctx.recorder.delta(stage_id, on.block_id, rest)
     return checked
 
