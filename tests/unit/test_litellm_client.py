@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import email.utils
 import json
+import logging
 import socket
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator
@@ -42,6 +43,7 @@ from turnkit.models import (
     ToolCallDelta,
     ToolCallPart,
     ToolSpec,
+    _litellm_finish,
 )
 from turnkit.models.catalog import DEFAULT_FACTS, ModelFacts, model_facts, thinking_budget
 from turnkit.models.family import ModelFamily
@@ -175,6 +177,25 @@ async def test_finish_reports_usage_from_the_final_chunk(openai_server: FakeOpen
     assert (usage.input_tokens, usage.output_tokens, usage.cached_tokens) == (120, 30, 100)
     assert usage.cost_usd == 0.0, "a model without a known price costs 0.0, never an error"
     assert openai_server.requests[0]["stream_options"] == {"include_usage": True}
+
+
+async def test_a_model_without_a_price_is_reported_once(
+    openai_server: FakeOpenAIServer,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(_litellm_finish, "_UNPRICED", set())  # once per process: this one
+    openai_server.script("unpriced-model", [Reply.text("a"), Reply.text("b")])
+    client = client_for(openai_server, "unpriced-model")
+
+    with caplog.at_level(logging.WARNING, logger="turnkit.models"):
+        for _ in range(2):
+            assert only_finish(await collect(client.stream(HELLO))).usage.cost_usd == 0.0
+
+    said = [r.getMessage() for r in caplog.records if "no price" in r.getMessage()]
+    assert len(said) == 1, said
+    assert "unpriced-model" in said[0]
+    assert "USD budget limits never stop it" in said[0]
 
 
 async def test_known_model_gets_a_cost(openai_server: FakeOpenAIServer) -> None:

@@ -7,6 +7,7 @@ priced by litellm's price map. litellm arrives as an argument, as in `_errors`.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Mapping
 from types import ModuleType
@@ -15,6 +16,11 @@ from turnkit.models import Finish, StopReason, Usage
 from turnkit.models._openai_stream import StreamState
 
 __all__ = ("call_cost", "field_of", "finish", "stop_reason", "tokens", "usage_of")
+
+log = logging.getLogger("turnkit.models")
+
+_UNPRICED: set[tuple[str, str]] = set()
+"""Models already reported as missing from litellm's price map (once per process)."""
 
 
 def finish(litellm: ModuleType, state: StreamState, *, model: str, provider: str) -> Finish:
@@ -52,7 +58,11 @@ def usage_of(litellm: ModuleType, usage: object, *, model: str, provider: str) -
 def call_cost(
     litellm: ModuleType, usage: object, input_tokens: int, output: int, *, model: str, provider: str
 ) -> float:
-    """Dollar cost from litellm's price map; 0.0 when the model has no known price."""
+    """Dollar cost from litellm's price map; 0.0 when the model has no known price.
+
+    A model missing from the map is logged once per process: its calls count $0 against
+    USD budget limits, which therefore never stop it.
+    """
     try:
         if isinstance(usage, Mapping):  # the direct transport's usage, as litellm's type
             usage = litellm.Usage(**usage)
@@ -64,7 +74,17 @@ def call_cost(
             usage_object=usage,
         )
         cost = float(prompt_cost) + float(completion_cost)
-    except Exception:  # noqa: BLE001 - an unknown price must never fail the call
+    except Exception as exc:  # noqa: BLE001 - an unknown price must never fail the call
+        if (provider, model) not in _UNPRICED:
+            _UNPRICED.add((provider, model))
+            log.warning(
+                "model %s/%s has no price in litellm's price map (%s): its calls cost $0, "
+                "and USD budget limits never stop it; give it a price with "
+                "litellm.register_model (see the budgets guide)",
+                provider,
+                model,
+                type(exc).__name__,
+            )
         return 0.0
     return cost if math.isfinite(cost) and cost > 0 else 0.0
 
