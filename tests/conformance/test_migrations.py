@@ -137,3 +137,43 @@ async def test_0010_notes_each_turn_newest_guide_on_its_row(tmp_path: Path) -> N
             (3, "also", None),
         ]
     engine.dispose()
+
+
+async def test_0013_gives_each_owned_session_its_first_turn_organisation(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    engine = sa.create_engine(f"sqlite:///{path}")
+    now = datetime(2026, 5, 1, tzinfo=UTC)
+    with engine.begin() as conn:
+        upgrade(conn, "0012")  # alice of acme's session, a turnless one, and nobody's
+        for sid, principal in (("s-acme", "alice"), ("s-new", "alice"), ("s-open", None)):
+            conn.execute(
+                sa.text(
+                    "INSERT INTO tk_sessions (session_id, principal, last_input_seq,"
+                    " created_at, updated_at) VALUES (:s, :p, 1, :now, :now)"
+                ),
+                {"s": sid, "p": principal, "now": now},
+            )
+        for sid, org in (("s-acme", "acme"), ("s-open", "acme")):
+            conn.execute(
+                sa.text(
+                    "INSERT INTO tk_turns (turn_id, session_id, input_seq, status, content,"
+                    " agent, model, organisation, principal, last_seq, lease_epoch, attempts,"
+                    " created_at, updated_at)"
+                    " VALUES (:t, :s, 1, 'succeeded', 'hi', 'a', 'm', :o, 'alice', 3, 1, 1,"
+                    " :now, :now)"
+                ),
+                {"t": f"t-{sid}", "s": sid, "o": org, "now": now},
+            )
+
+    async with SqlStore.from_url(f"sqlite:///{path}") as store:  # opening upgrades to head
+        found = {sid: await store.get_session(SessionId(sid)) for sid in ("s-acme", "s-new")}
+        opened = await store.get_session(SessionId("s-open"))
+    assert found["s-acme"] is not None
+    assert found["s-acme"].organisation == "acme"
+    assert found["s-acme"].visible_to("alice", "acme")
+    assert not found["s-acme"].visible_to("alice", "globex")
+    assert found["s-new"] is not None
+    assert found["s-new"].organisation is None  # no turn to tell: matched by the id alone
+    assert opened is not None
+    assert opened.organisation is None  # nobody owns it
+    engine.dispose()

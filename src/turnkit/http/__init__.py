@@ -64,7 +64,7 @@ def _caller_dependencies(
             raise ConfigurationError(f"`auth` returned {found!r}: {exc}") from exc
 
     async def principal_id(caller: Annotated[TenantPrincipal | None, Depends(who)]) -> Principal:
-        return caller.id if caller is not None else None
+        return caller
 
     return who, principal_id
 

@@ -1,6 +1,7 @@
 """Who sees what over HTTP: a session and its turns belong to the principal that created it.
 
 A session or turn of another principal answers 404, exactly like one that does not exist.
+A principal is its id within its organisation: one id in two organisations is two callers.
 """
 
 from typing import Annotated
@@ -11,11 +12,12 @@ from turnkit.errors import SessionNotFoundError, TurnNotFoundError
 from turnkit.ids import SESSION_ID_PATTERN, SessionId, TurnId
 from turnkit.runtime import SessionRuntime
 from turnkit.store import SessionRecord, TurnRecord
+from turnkit.tenancy import Principal as TenantPrincipal
 
 __all__ = ("Principal", "SessionPath", "owned", "visible_session", "visible_turn")
 
-Principal = str | None
-"""A caller's id as the routes compare it (None: anonymous)."""
+Principal = TenantPrincipal | None
+"""A caller as the routes compare it (None: anonymous)."""
 
 SessionPath = Annotated[
     str,
@@ -29,7 +31,8 @@ SessionPath = Annotated[
 
 def owned(record: SessionRecord | None, session_id: str, principal: Principal) -> SessionRecord:
     """`record`, when `principal` may see it (else `SessionNotFoundError`)."""
-    if record is None or (record.principal is not None and record.principal != principal):
+    pid, organisation = (principal.id, principal.organisation) if principal else (None, None)
+    if record is None or not record.visible_to(pid, organisation):
         raise SessionNotFoundError(f"no session {session_id!r}", session_id=session_id)
     return record
 

@@ -97,7 +97,10 @@ def _add_listing_routes(
     ) -> list[SessionOut]:
         # An anonymous caller sees only sessions nobody owns, never another principal's.
         records = await runtime.store.list_sessions(
-            principal=principal, anonymous=principal is None, limit=limit
+            principal=principal.id if principal else None,
+            organisation=principal.organisation if principal else None,
+            anonymous=principal is None,
+            limit=limit,
         )
         return [SessionOut.model_validate(r) for r in records]
 
@@ -138,7 +141,7 @@ def _add_account_routes(
             SkillOut(
                 ref=s.ref, slug=s.slug, name=s.name, description=s.description, builtin=s.builtin
             )
-            for s in await runtime.skills(principal)
+            for s in await runtime.skills(principal.id if principal else None)
         ]
 
     @router.get("/usage", response_model=UsageOut, summary="Usage by session, principal, …")
@@ -154,8 +157,10 @@ def _add_account_routes(
     ) -> UsageOut:
         if scope == "organisation":  # everyone's in the admin's organisation
             organisation, pid = require_admin(caller).organisation, None
+        elif caller is not None:  # the caller's own: its id within its organisation
+            organisation, pid = caller.organisation, caller.id
         else:
-            organisation, pid = None, caller.id if caller is not None else None
+            organisation, pid = None, None
         lines = await runtime.store.usage_report(
             by=by,
             principal=pid,

@@ -58,6 +58,7 @@ from turnkit.runtime import SessionRuntime
 from turnkit.runtime.reader import TurnReader, check_cursor, parse_cursor, set_once_sent
 from turnkit.states import TurnStatus
 from turnkit.store import TurnRecord
+from turnkit.tenancy import DEFAULT_ORGANISATION
 
 __all__ = (
     "ForwardedProps",
@@ -154,7 +155,7 @@ async def _turn_of(
     written). `extra` carries the request's `deps`, when the app gives them.
     """
     known = await runtime.store.get_session(SessionId(body.thread_id))
-    if known is not None and known.principal not in (None, principal):
+    if known is not None and not known.visible_to(principal, DEFAULT_ORGANISATION):
         raise SessionNotFoundError(f"no thread {body.thread_id!r}", session_id=body.thread_id)
     if body.resume is not None:
         if known is None:

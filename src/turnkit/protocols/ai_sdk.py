@@ -45,6 +45,7 @@ from turnkit.runtime.deps import NO_DEPS
 from turnkit.runtime.reader import set_once_sent
 from turnkit.states import TERMINAL_STATES
 from turnkit.store import TurnRecord
+from turnkit.tenancy import DEFAULT_ORGANISATION
 
 __all__ = (
     "STREAM_HEADERS",
@@ -214,7 +215,7 @@ async def _visible(
 ) -> list[TurnRecord] | None:
     """The chat's turns, oldest first; None when it is not the caller's (or absent)."""
     record = await runtime.store.get_session(SessionId(session_id))
-    if record is None or (record.principal is not None and record.principal != principal):
+    if record is None or not record.visible_to(principal, DEFAULT_ORGANISATION):
         return None
     return await runtime.store.list_turns(SessionId(session_id))
 

@@ -168,14 +168,27 @@ class SessionRuntime(RuntimeControl, RuntimeCallbacks, RuntimeBudgets):
         return await skills_for(self.skill_source, principal)
 
     async def create_session(
-        self, session_id: str, *, principal: str | None = None, title: str | None = None
+        self,
+        session_id: str,
+        *,
+        principal: Principal | str | None = None,
+        title: str | None = None,
     ) -> SessionRecord:
-        """Create a session (a no-op if it exists); returns it."""
+        """Create a session owned by `principal` (a no-op if it exists); returns it.
+
+        A bare id is a principal of the default organisation; None: nobody owns it.
+        """
         sid = check_session_id(session_id)
         if title is not None:
             check_text(title, "the title")
+        owner = Principal.of(principal)
         await self.open()
-        return await self.store.create_session(sid, principal=principal, title=title)
+        return await self.store.create_session(
+            sid,
+            principal=owner.id if owner is not None else None,
+            organisation=owner.organisation if owner is not None else None,
+            title=title,
+        )
 
     async def execute_message(
         self,

@@ -117,6 +117,18 @@ class SessionRecord:
     last_input_seq: int
     created_at: datetime
     updated_at: datetime
+    organisation: str | None = None
+    """The owner's organisation (None: no owner, or a session from before it was kept)."""
+
+    def visible_to(self, principal: str | None, organisation: str | None) -> bool:
+        """Whether the caller `principal` of `organisation` may see the session.
+
+        A session nobody owns is everyone's; an owned one is its principal's, in its
+        organisation (two callers with one id in two organisations are two callers).
+        """
+        if self.principal is None:
+            return True
+        return self.principal == principal and self.organisation in (None, organisation)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -512,9 +524,14 @@ class SessionDirectory(Protocol):
     """Sessions: create, look up, list, rename, delete."""
 
     async def create_session(
-        self, session_id: SessionId, *, principal: str | None = None, title: str | None = None
+        self,
+        session_id: SessionId,
+        *,
+        principal: str | None = None,
+        organisation: str | None = None,
+        title: str | None = None,
     ) -> SessionRecord:
-        """Create a session (idempotent for the same principal)."""
+        """Create a session owned by `principal` of `organisation` (idempotent)."""
         ...
 
     async def get_session(self, session_id: SessionId) -> SessionRecord | None:
@@ -522,12 +539,17 @@ class SessionDirectory(Protocol):
         ...
 
     async def list_sessions(
-        self, *, principal: str | None = None, anonymous: bool = False, limit: int = 100
+        self,
+        *,
+        principal: str | None = None,
+        organisation: str | None = None,
+        anonymous: bool = False,
+        limit: int = 100,
     ) -> list[SessionRecord]:
         """Sessions, newest first.
 
-        Only the principal's when `principal` is given; only those with no principal when
-        `anonymous`; else every session.
+        Only the principal's when `principal` is given (with `organisation`: only those it
+        owns there); only those with no principal when `anonymous`; else every session.
         """
         ...
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, bindparam, delete, select, update
+from sqlalchemy import Connection, bindparam, delete, or_, select, update
 
 from turnkit.errors import SessionNotFoundError
 from turnkit.ids import SessionId
@@ -33,6 +33,7 @@ def _record(row: Any) -> SessionRecord:
     return SessionRecord(
         session_id=SessionId(row.session_id),
         principal=row.principal,
+        organisation=row.organisation,
         title=row.title,
         last_input_seq=row.last_input_seq,
         created_at=created,
@@ -59,16 +60,17 @@ def create(
     conn: Connection,
     insert: Any,
     session_id: SessionId,
-    principal: str | None,
+    owner: tuple[str | None, str | None],
     title: str | None,
     now: datetime,
 ) -> SessionRecord:
-    """Insert if missing; return the session."""
+    """Insert if missing; return the session. `owner`: its principal and organisation."""
     conn.execute(
         insert(sessions)
         .values(
             session_id=session_id,
-            principal=principal,
+            principal=owner[0],
+            organisation=owner[1],
             title=title,
             last_input_seq=0,
             created_at=now,
@@ -82,12 +84,17 @@ def create(
 
 
 def list_(
-    conn: Connection, principal: str | None, anonymous: bool, limit: int
+    conn: Connection, owner: tuple[str | None, str | None], anonymous: bool, limit: int
 ) -> list[SessionRecord]:
-    """Newest first."""
+    """Newest first; `owner`'s (a principal and, when given, its organisation) only."""
+    principal, organisation = owner
     query = select(sessions).order_by(sessions.c.updated_at.desc()).limit(limit)
     if principal is not None:
         query = query.where(sessions.c.principal == principal)
+        if organisation is not None:
+            query = query.where(
+                or_(sessions.c.organisation.is_(None), sessions.c.organisation == organisation)
+            )
     elif anonymous:
         query = query.where(sessions.c.principal.is_(None))
     return [_record(r) for r in conn.execute(query).all()]

@@ -32,11 +32,17 @@ class SqlSessions(SqlEngine):
     """Create, find, list, name and delete sessions; report usage; keep a session's files."""
 
     async def create_session(
-        self, session_id: SessionId, *, principal: str | None = None, title: str | None = None
+        self,
+        session_id: SessionId,
+        *,
+        principal: str | None = None,
+        organisation: str | None = None,
+        title: str | None = None,
     ) -> SessionRecord:
         """Create a session if it does not exist; return it."""
+        owner = (principal, organisation if principal is not None else None)
         return await self._tx(
-            sessions_sql.create, self._insert, session_id, principal, title, self._clock.now()
+            sessions_sql.create, self._insert, session_id, owner, title, self._clock.now()
         )
 
     async def get_session(self, session_id: SessionId) -> SessionRecord | None:
@@ -46,10 +52,16 @@ class SqlSessions(SqlEngine):
         return await self._hot_tx(sessions_sql.get, session_id, write=False)
 
     async def list_sessions(
-        self, *, principal: str | None = None, anonymous: bool = False, limit: int = 100
+        self,
+        *,
+        principal: str | None = None,
+        organisation: str | None = None,
+        anonymous: bool = False,
+        limit: int = 100,
     ) -> list[SessionRecord]:
         """Sessions, most recently active first (see `SessionDirectory.list_sessions`)."""
-        return await self._tx(sessions_sql.list_, principal, anonymous, limit, write=False)
+        owner = (principal, organisation)
+        return await self._tx(sessions_sql.list_, owner, anonymous, limit, write=False)
 
     async def rename_session(self, session_id: SessionId, title: str) -> SessionRecord:
         """Set a session's title (`SessionNotFoundError` if there is none)."""

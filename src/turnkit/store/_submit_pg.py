@@ -25,7 +25,14 @@ from turnkit.store import NewInput, Submission
 from turnkit.store._schema import UNFINISHED, attachments_json
 from turnkit.store._submit_sql import claim_of, opened, started_event
 
-__all__ = ("SUBMIT", "can_submit", "submit")
+OWNER_MAY_POST = """(excluded.principal IS NULL OR tk_sessions.principal IS NULL
+        OR (tk_sessions.principal = excluded.principal
+            AND (tk_sessions.organisation IS NULL
+                 OR tk_sessions.organisation = excluded.organisation)))"""
+"""A message with a principal goes only into a session that principal owns or nobody does
+(another's session: nothing is written here, and the full transaction refuses it)."""
+
+__all__ = ("OWNER_MAY_POST", "SUBMIT", "can_submit", "submit")
 
 _SEQ_MARK = 9_007_199_254_740_881
 """A stand-in input seq: the encoded `turn.started` is cut around it, the server fills it."""
@@ -37,14 +44,16 @@ WITH found AS (
 ), seen AS (
     SELECT last_input_seq FROM tk_sessions WHERE session_id = $1
 ), session AS (
-    INSERT INTO tk_sessions (session_id, principal, title, last_input_seq, created_at,
-                             updated_at)
-    SELECT $1, $9, $12, 1, $13, $13 WHERE NOT EXISTS (SELECT FROM found)
+    INSERT INTO tk_sessions (session_id, principal, organisation, title, last_input_seq,
+                             created_at, updated_at)
+    SELECT $1, $9, CASE WHEN $9::varchar IS NULL THEN NULL ELSE $7 END, $12, 1, $13, $13
+    WHERE NOT EXISTS (SELECT FROM found)
     ON CONFLICT (session_id) DO UPDATE SET
         last_input_seq = tk_sessions.last_input_seq + 1,
         title = CASE WHEN tk_sessions.last_input_seq = 0 AND tk_sessions.title IS NULL
                      THEN excluded.title ELSE tk_sessions.title END,
         updated_at = excluded.updated_at
+    WHERE {OWNER_MAY_POST}
     RETURNING last_input_seq AS seq
 ), decided AS (
     SELECT s.seq, (

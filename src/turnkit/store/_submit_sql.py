@@ -12,7 +12,7 @@ import json
 from datetime import datetime, timedelta
 from typing import Any, cast
 
-from sqlalchemy import Connection, and_, bindparam, case, exists, null, select, update
+from sqlalchemy import Connection, and_, bindparam, case, exists, null, or_, select, update
 
 from turnkit.errors import RequestConflictError, SessionNotFoundError
 from turnkit.events import TurnStartedEvent, encode_event
@@ -100,8 +100,16 @@ def submit(conn: Connection, insert: Any, new: NewInput, now: datetime) -> Submi
             )
     seq = conn.execute(
         _next_input_seq(insert),
-        {"s_id": new.session_id, "s_principal": new.principal, "s_now": now, "s_title": new.title},
-    ).scalar_one()
+        {
+            "s_id": new.session_id,
+            "s_principal": new.principal,
+            "s_organisation": new.organisation if new.principal is not None else None,
+            "s_now": now,
+            "s_title": new.title,
+        },
+    ).scalar_one_or_none()
+    if seq is None:  # another principal's session: as if there were none
+        raise SessionNotFoundError(f"no session {new.session_id!r}", session_id=new.session_id)
     if new.delivery == "guide":
         live = _live_turn(conn, new.session_id, now)
         if live is not None:
@@ -195,6 +203,7 @@ def _next_input_seq(insert: Any) -> Any:
     new = insert(sessions).values(
         session_id=bindparam("s_id"),
         principal=bindparam("s_principal"),
+        organisation=bindparam("s_organisation"),
         title=bindparam("s_title"),
         last_input_seq=1,
         created_at=bindparam("s_now"),
@@ -208,7 +217,27 @@ def _next_input_seq(insert: Any) -> Any:
             "title": case((unnamed_and_first, new.excluded.title), else_=sessions.c.title),
             "updated_at": new.excluded.updated_at,
         },
+        where=owner_may_post(new.excluded),
     ).returning(sessions.c.last_input_seq)
+
+
+def owner_may_post(sent: Any) -> Any:
+    """Whether a message from `sent.principal` may go into the session (see `_submit_pg`).
+
+    Into one it owns (in its organisation) or nobody owns; a message with no principal
+    (the app's own code) into any.
+    """
+    return or_(
+        sent.principal.is_(None),
+        sessions.c.principal.is_(None),
+        and_(
+            sessions.c.principal == sent.principal,
+            or_(
+                sessions.c.organisation.is_(None),
+                sessions.c.organisation == sent.organisation,
+            ),
+        ),
+    )
 
 
 def _live_turn(conn: Connection, session_id: str, now: datetime) -> str | None:

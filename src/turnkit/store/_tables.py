@@ -33,6 +33,8 @@ class SessionRow(SQLModel, table=True):
     session_id: str = Field(primary_key=True, max_length=128)
     title: str | None = None
     principal: str | None = Field(default=None, index=True, max_length=256)
+    organisation: str | None = Field(default=None, max_length=128)
+    """The owner's organisation (None: no owner, or a session older than this column)."""
     last_input_seq: int = 0
     created_at: datetime = Field(sa_column=_ts())
     updated_at: datetime = Field(sa_column=_ts())

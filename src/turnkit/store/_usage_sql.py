@@ -43,8 +43,13 @@ def report(
     until: datetime | None,
     organisation: str | None = None,
 ) -> list[UsageLine]:
-    """Sum the rollup of turns created in [since, until), for one principal or organisation."""
-    owner = func.coalesce(sessions.c.principal, usage.c.principal)
+    """Sum the rollup of turns created in [since, until), for one principal or organisation.
+
+    A turn counts for the principal it ran for, as in budgets (a turn with none: for its
+    session's owner); with `principal` and `organisation` both given, only that
+    organisation's principal of that id.
+    """
+    owner = func.coalesce(spent_by, sessions.c.principal)
     key = {
         "session": usage.c.session_id,
         "principal": func.coalesce(owner, ""),

@@ -1,0 +1,143 @@
+"""Two organisations on one runtime: a principal is its id *within* its organisation.
+
+Callers with the same id in two organisations are two callers: neither sees, lists, posts
+into or streams the other's sessions; and two first messages racing for a new session id
+never put one organisation's message into the other's session.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+from fastapi import FastAPI, Header
+
+from turnkit import Agent, Organisation, Principal, RuntimeConfig, SessionRuntime
+from turnkit.errors import SessionNotFoundError
+from turnkit.http import create_turnkit_router, install_problem_handlers
+from turnkit.testing import ModelStep, ScriptedModel
+
+API = "/api/harness"
+
+
+async def _caller(
+    x_user: str = Header(), x_org: str = Header()
+) -> Principal:  # e.g. a bearer token mapped to its user
+    return Principal(id=x_user, organisation=x_org)
+
+
+def _as(user: str, org: str) -> dict[str, str]:
+    return {"x-user": user, "x-org": org}
+
+
+@pytest.fixture
+async def served(
+    db: tuple[str, str | None],
+) -> AsyncIterator[tuple[httpx.AsyncClient, SessionRuntime]]:
+    url, schema = db
+    model = ScriptedModel([ModelStep.text_reply("ok.")], repeat_last=True)
+    runtime = SessionRuntime(
+        agent=Agent(model=model, skip_stages=frozenset({"anchor-plan"})),
+        tenancy=[Organisation(name="acme"), Organisation(name="globex")],
+        config=RuntimeConfig(database_url=url, database_schema=schema),
+    )
+    await runtime.open()
+    app = FastAPI()
+    app.include_router(create_turnkit_router(runtime, auth=_caller))
+    install_problem_handlers(app)
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+        yield http, runtime
+    await runtime.close()
+
+
+async def _say(http: httpx.AsyncClient, sid: str, text: str, who: dict[str, str]) -> int:
+    """POST a message and read its stream to the end; the response's status."""
+    async with http.stream(
+        "POST", f"{API}/sessions/{sid}/execute", json={"content": text}, headers=who, timeout=30
+    ) as response:
+        await response.aread()
+        return response.status_code
+
+
+async def test_one_id_in_two_organisations_is_two_callers(
+    served: tuple[httpx.AsyncClient, SessionRuntime],
+) -> None:
+    http, runtime = served
+    acme, globex = _as("alice", "acme"), _as("alice", "globex")
+    assert await _say(http, "acme-plan", "our secret plan", acme) == 200
+    [turn] = (await http.get(f"{API}/sessions/acme-plan/history", headers=acme)).json()
+
+    assert (await http.get(f"{API}/sessions", headers=globex)).json() == []
+    for path in (
+        "/sessions/acme-plan/history",
+        "/sessions/acme-plan/pending",
+        "/sessions/acme-plan/files",
+        f"/turns/{turn['turnId']}",
+        f"/turns/{turn['turnId']}/audit",
+    ):
+        answer = await http.get(f"{API}{path}", headers=globex)
+        assert answer.status_code == 404, (path, answer.text)
+        assert "secret" not in answer.text
+    assert await _say(http, "acme-plan", "let me in", globex) == 404
+    renamed = await http.patch(f"{API}/sessions/acme-plan", json={"title": "mine"}, headers=globex)
+    assert renamed.status_code == 404
+    assert (await http.delete(f"{API}/sessions/acme-plan", headers=globex)).status_code == 404
+
+    # The owner still has exactly what was hers.
+    turns = await runtime.store.list_turns("acme-plan")  # type: ignore[arg-type]
+    assert [t.content for t in turns] == ["our secret plan"]
+    [mine] = (await http.get(f"{API}/sessions", headers=acme)).json()
+    assert mine["sessionId"] == "acme-plan"
+
+
+async def test_first_messages_racing_for_a_new_session_never_share_it(
+    served: tuple[httpx.AsyncClient, SessionRuntime],
+) -> None:
+    http, runtime = served
+    acme, globex = _as("alice", "acme"), _as("gina", "globex")
+    for round_ in range(8):
+        sid = f"race-{round_}"
+        statuses = await asyncio.gather(
+            _say(http, sid, "acme's words", acme), _say(http, sid, "globex's words", globex)
+        )
+        assert sorted(statuses) == [200, 404], statuses
+        winner = acme if statuses[0] == 200 else globex
+        turns = await runtime.store.list_turns(sid)  # type: ignore[arg-type]
+        assert [t.content for t in turns] == [
+            "acme's words" if winner is acme else "globex's words"
+        ]
+        listed = (await http.get(f"{API}/sessions", headers=winner)).json()
+        assert sid in [s["sessionId"] for s in listed]
+
+
+async def test_the_sdk_refuses_a_principal_another_principals_session(
+    served: tuple[httpx.AsyncClient, SessionRuntime],
+) -> None:
+    _, runtime = served
+    await runtime.create_session("s1", principal=Principal(id="alice", organisation="acme"))
+    intruder = Principal(id="alice", organisation="globex")
+    with pytest.raises(SessionNotFoundError):
+        await runtime.start("s1", "hi", principal=intruder)
+    assert await runtime.store.list_turns("s1") == []  # type: ignore[arg-type]
+    # The app's own code (no principal) may still post into any session.
+    submission = await runtime.start("s1", "from the app")
+    assert submission.is_new
+
+
+async def test_each_callers_usage_is_its_own(
+    served: tuple[httpx.AsyncClient, SessionRuntime],
+) -> None:
+    http, _ = served
+    acme, globex = _as("alice", "acme"), _as("alice", "globex")
+    for n in range(3):
+        assert await _say(http, f"a{n}", "hi", acme) == 200
+    assert await _say(http, "g0", "hi", globex) == 200
+
+    def turns(report: httpx.Response) -> int:
+        return sum(line["turns"] for line in report.json()["lines"])
+
+    assert turns(await http.get(f"{API}/usage?by=principal", headers=acme)) == 3
+    assert turns(await http.get(f"{API}/usage?by=principal", headers=globex)) == 1
