@@ -36,6 +36,7 @@ from turnkit.events import (
     ToolCompletedEvent,
 )
 from turnkit.models import ModelRequest, Usage
+from turnkit.stages._thinking import SUMMARY_PROMPT
 from turnkit.testing import ModelStep, ScriptedModel, call, collect_events, raw_call
 
 PNG = b"\x89PNG\r\n\x1a\n" + b"\x00" * 24
@@ -368,6 +369,42 @@ async def test_a_thinking_summary_with_a_utility_model_and_none_without(
     assert not [e for e in events if isinstance(e, ThinkingCompleteEvent)]
     assert isinstance(events[-1], DoneEvent)
     assert events[-1].status == "succeeded"
+
+
+async def test_the_summary_reads_the_answering_calls_reasoning_and_none_is_invented(
+    runtime_factory: RuntimeFactory,
+) -> None:
+    """The answering call's own reasoning reaches the summary (it starts mid-answer); a
+    turn whose model shared no reasoning gets no summary and pays no utility call."""
+    model = ScriptedModel(
+        [
+            ModelStep.text_reply("Four. " * 40, thinking="two and two make four"),
+            ModelStep.text_reply("Five. " * 40),
+        ]
+    )
+    utility = ScriptedModel(
+        [ModelStep.text_reply("It added the numbers.")], name="background", repeat_last=True
+    )
+    agent = Agent(model=model, utility_model=utility, skip_stages=frozenset({"anchor-plan"}))
+    runtime = runtime_factory(agent)
+
+    def summaries() -> list[str]:
+        return [
+            str(c.messages[-1].content)
+            for c in utility.calls
+            if c.messages[0].content == SUMMARY_PROMPT
+        ]
+
+    first = await collect_events(runtime.execute_message("s1", "2+2?"))
+    [summary_request] = summaries()
+    assert "two and two make four" in summary_request
+    assert [e for e in first if isinstance(e, ThinkingCompleteEvent)]
+
+    second = await collect_events(runtime.execute_message("s1", "2+3?"))
+    assert len(summaries()) == 1, "no reasoning: no summary call"
+    assert not [e for e in second if isinstance(e, ThinkingCompleteEvent)]
+    assert isinstance(second[-1], DoneEvent)
+    assert second[-1].status == "succeeded"
 
 
 async def test_the_context_size_is_the_latest_own_model_call(

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import asyncpg
 import pytest
+import sqlalchemy as sa
 from alembic import command
 from tests.conftest import POSTGRES_URL
 from tests.helpers import new_input, step_event
@@ -161,9 +162,18 @@ async def test_downgrading_0011_removes_the_announcements(
     stores: tuple[SqlStore, SqlStore], heard: _Heard
 ) -> None:
     writer, _ = stores
-    await writer._migrate(lambda conn: command.downgrade(_config(conn), "0010"))
+
+    def without_0011(conn: sa.Connection) -> None:
+        command.downgrade(_config(conn), "0010")
+        # This code writes a session's organisation (0013): only 0011's trigger goes.
+        conn.execute(sa.text("ALTER TABLE tk_sessions ADD COLUMN organisation varchar(128)"))
+
+    await writer._migrate(without_0011)
     await writer.submit(new_input(session="s1"))
     assert await heard.until_marked() == []
+    await writer._migrate(
+        lambda conn: conn.execute(sa.text("ALTER TABLE tk_sessions DROP COLUMN organisation"))
+    )
     await writer._migrate(lambda conn: upgrade(conn))
     await writer.submit(new_input(session="s2"))
     assert await heard.until_marked() == [writer.schema]

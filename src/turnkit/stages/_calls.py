@@ -95,7 +95,7 @@ async def call_model(
     *,
     block_key: str,
     stream_text: bool = True,
-    on_answer: Callable[[], None] | None = None,
+    on_answer: Callable[[str], None] | None = None,
     answer_after_chars: int = 0,
     reserve: bool = True,
 ) -> CallResult:
@@ -106,9 +106,9 @@ async def call_model(
     Raw reasoning is kept inside the runtime (never streamed); `stream_text=False` keeps
     the text in too (anchor-plan's planning output is not prose for the user).
     `on_answer` is called once the call has written `answer_after_chars` characters of
-    text and no tool call (its answer is under way). With budgets enforced the call
-    first reserves what it may cost, and pauses the turn when a limit has no room
-    (`reserve=False`: the caller checked already).
+    text and no tool call (its answer is under way), with the reasoning it streamed.
+    With budgets enforced the call first reserves what it may cost, and pauses the turn
+    when a limit has no room (`reserve=False`: the caller checked already).
     """
     rec = ctx.recorder
     await _ready(ctx, stage_id, request, block_key, reserve=reserve)
@@ -322,13 +322,16 @@ def _shown(asm: _Assembler, streamed: bool) -> list[str]:
 
 
 def _answer_check(
-    asm: _Assembler, on_answer: Callable[[], None] | None, after_chars: int
-) -> Callable[[], None] | None:
-    """Call `on_answer` once enough text and no tool call arrived; what is left to call."""
+    asm: _Assembler, on_answer: Callable[[str], None] | None, after_chars: int
+) -> Callable[[str], None] | None:
+    """Call `on_answer` once enough text and no tool call arrived; what is left to call.
+
+    It gets the reasoning the call has streamed so far.
+    """
     if on_answer is None or sum(map(len, asm.text)) < after_chars:
         return on_answer
     if not asm.calls:
-        on_answer()
+        on_answer("".join(asm.thinking))
     return None
 
 

@@ -6,8 +6,8 @@ arriving: the summary starts once the answer is clearly under way (a call that h
 written a paragraph of text and no tool call, or the separate synthesis call) and is
 committed, as `thinking.complete`, just before the answer's `message.complete`. If the
 call turns out to use a tool after all, the summary in flight is cancelled (its partial
-call is audited) and starts again with the next answer. No utility model: no summary,
-no error.
+call is audited) and starts again with the next answer. No utility model, or no
+reasoning from the model: no summary, no error.
 """
 
 from __future__ import annotations
@@ -68,13 +68,21 @@ class ThinkingSummary:
         self._task: asyncio.Task[_Written | None] | None = None
         self._stage: StageId = "tool-loop"
 
-    def start(self, stage_id: StageId) -> None:
-        """Begin writing the summary (no-op if it is under way or already committed)."""
+    def start(self, stage_id: StageId, answering: str = "") -> None:
+        """Begin writing the summary (no-op if it is under way or already committed).
+
+        `answering`: the reasoning the answering call has streamed so far (the turn's
+        notes hold each call's once it has ended). No reasoning at all: no summary, since
+        a summary of nothing would be invented.
+        """
         rec = self._ctx.recorder
         if self._task is not None or rec.journal.generation(_generation(self._ctx)) is not None:
             return
+        reasoning = "\n".join(r for r in (*rec.notes.reasoning, answering) if r)
+        if not reasoning:
+            return
         self._stage = stage_id
-        self._task = asyncio.create_task(self._write(), name="turnkit-thinking-summary")
+        self._task = asyncio.create_task(self._write(reasoning), name="turnkit-thinking-summary")
         rec.notes.background.add(self._task)  # the driver cancels it if the turn ends first
         self._task.add_done_callback(rec.notes.background.discard)
 
@@ -114,9 +122,8 @@ class ThinkingSummary:
             generation_id=generation,
         )
 
-    async def _write(self) -> _Written | None:
+    async def _write(self, reasoning: str) -> _Written | None:
         rec = self._ctx.recorder
-        reasoning = "\n".join(r for r in rec.notes.reasoning if r)
         request = ModelRequest(messages=self._messages(reasoning), purpose="utility")
         started = time.perf_counter()
         model, provider, rung = self._utility.model, self._utility.provider, 0
@@ -182,12 +189,13 @@ class ThinkingSummary:
     def _messages(self, reasoning: str) -> tuple[ModelMessage, ...]:
         rec = self._ctx.recorder
         tools = ", ".join(name for name, _ in rec.notes.tool_timings) or "none"
-        notes = reasoning or "(the model shared no reasoning notes)"
         return (
             ModelMessage(role="system", content=SUMMARY_PROMPT),
             ModelMessage(
                 role="user",
-                content=f"Request: {rec.notes.request_text}\nTools used: {tools}\nNotes:\n{notes}",
+                content=(
+                    f"Request: {rec.notes.request_text}\nTools used: {tools}\nNotes:\n{reasoning}"
+                ),
             ),
         )
 

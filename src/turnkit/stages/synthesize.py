@@ -102,7 +102,7 @@ async def _call(
         prepared.request,
         block_key="answer",
         # the summary is written while the answer arrives
-        on_answer=(lambda: thinking.start("synthesize")) if thinking is not None else None,
+        on_answer=(lambda seen: thinking.start("synthesize", seen)) if thinking else None,
     )
     response = result.response
     await after_model_response(ctx, "synthesize", prepared.request, response)

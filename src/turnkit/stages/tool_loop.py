@@ -136,7 +136,7 @@ async def _call(
         ctx.family,
         prepared.request,
         block_key=f"loop-{iteration}",
-        on_answer=(lambda: thinking.start("tool-loop")) if thinking is not None else None,
+        on_answer=(lambda seen: thinking.start("tool-loop", seen)) if thinking else None,
         answer_after_chars=ANSWER_UNDER_WAY_CHARS,
     )
     await after_model_response(ctx, "tool-loop", prepared.request, result.response)
