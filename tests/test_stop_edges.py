@@ -15,10 +15,19 @@ from typing import Any
 import pytest
 
 from tests.helpers import GatedModel, PostTurnGate, calls_made, drain, until, waiting_for_slot
-from turnkit import Agent, RuntimeConfig, SessionRuntime, ToolContext, TurnNotFoundError, tool
+from turnkit import (
+    Agent,
+    Approve,
+    RuntimeConfig,
+    SessionRuntime,
+    ToolContext,
+    TurnNotFoundError,
+    tool,
+)
 from turnkit.budgets import BudgetLimit
 from turnkit.events import ApprovalRequestedEvent, DoneEvent
-from turnkit.ids import SessionId
+from turnkit.ids import SessionId, TurnId
+from turnkit.runtime._detached import DetachedTurns
 from turnkit.testing import ModelStep, ScriptedModel, call
 
 
@@ -237,3 +246,101 @@ async def test_a_turn_whose_session_is_deleted_while_it_runs_ends_quietly(
         with pytest.raises(TurnNotFoundError):
             await runtime.turn(submission.turn_id)
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+RAN: list[str] = []
+WORKING = asyncio.Event()
+FINISH = asyncio.Event()
+
+
+@tool
+async def slow_lookup(ctx: ToolContext) -> str:
+    """Look something up (slowly)."""
+    WORKING.set()
+    await asyncio.wait_for(FINISH.wait(), timeout=10)
+    return "found"
+
+
+@tool(approval="always")
+async def wire_money(to: str, ctx: ToolContext) -> str:
+    """Wire money (needs a person's approval)."""
+    RAN.append(to)
+    await asyncio.sleep(0.2)
+    return f"wired to {to}"
+
+
+def _looks_up_then_wires() -> ScriptedModel:
+    return ScriptedModel(
+        [
+            ModelStep.tool_call_reply(call("slow_lookup")),
+            ModelStep.tool_call_reply(call("wire_money", to="bob")),
+            ModelStep.text_reply("Done."),
+        ]
+    )
+
+
+async def test_a_stop_from_another_process_is_not_lost_at_the_next_pause(
+    tmp_path: Path,
+) -> None:
+    """Stop pressed in another process while a tool runs: the turn's driver hears of it at
+    its next renewal; a pause that comes first ends the turn `cancelled` instead, so the
+    Stop does not wait for someone to approve, then cut the approved work."""
+    RAN.clear()
+    WORKING.clear()
+    FINISH.clear()
+    config = _config(tmp_path, lease_ttl_s=60)  # no renewal happens during the test
+    agent = Agent(model=_looks_up_then_wires(), tools=[slow_lookup, wire_money])
+    async with (
+        SessionRuntime(agent=agent, config=config) as driving,
+        SessionRuntime(agent=Agent(model=ScriptedModel([])), config=config) as elsewhere,
+    ):
+        submission = await driving.start("s1", "pay bob")
+        await asyncio.wait_for(WORKING.wait(), timeout=10)
+        assert await elsewhere.cancel(submission.turn_id) == "running"  # its driver stops
+        FINISH.set()
+
+        async def ended() -> bool:
+            return (await driving.turn(submission.turn_id)).status == "cancelled"
+
+        await until(ended, "the turn ends cancelled instead of pausing")
+        events = [e async for e in driving.events(submission.turn_id)]
+    assert events[-1].type == "done"
+    assert RAN == []
+
+
+async def test_a_stop_racing_an_approval_in_one_process_stops_the_approved_work(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The approval's driver takes the turn between Stop's look for a driver here and its
+    write: Stop still ends the turn `cancelled` at once, not `running` with the tool going."""
+    RAN.clear()
+    model = ScriptedModel(
+        [ModelStep.tool_call_reply(call("wire_money", to="bob")), ModelStep.text_reply("Done.")]
+    )
+    async with SessionRuntime(
+        agent=Agent(model=model, tools=[wire_money]), config=_config(tmp_path)
+    ) as runtime:
+        events = await drain(runtime.execute_message("s1", "pay bob"))
+        [asked] = [e for e in events if isinstance(e, ApprovalRequestedEvent)]
+        looked = DetachedTurns.stop
+        stops = 0
+
+        async def approved_meanwhile(self: DetachedTurns, turn_id: TurnId) -> bool:
+            nonlocal stops
+            stops += 1
+            found = await looked(self, turn_id)  # the first time: nothing drives it here yet
+            if stops == 1:
+                await runtime.resume(asked.turn_id, asked.request_id, Approve())
+
+                async def claimed() -> bool:
+                    return (await runtime.turn(asked.turn_id)).lease_owner is not None
+
+                await until(claimed, "the approval's driver takes the turn")
+            return found
+
+        monkeypatch.setattr(DetachedTurns, "stop", approved_meanwhile)
+        assert await runtime.cancel(asked.turn_id) == "cancelled"
+        record = await runtime.turn(asked.turn_id)
+        events = [e async for e in runtime.events(asked.turn_id)]
+    assert record.status == "cancelled"
+    assert not [e for e in events if e.type == "tool.completed"]

@@ -45,6 +45,10 @@ class DetachedTurns:
         if self._entries.get(turn_id) is entry:
             del self._entries[turn_id]
 
+    def holds(self, turn_id: TurnId) -> bool:
+        """Whether a task here drives (or is about to drive) `turn_id`."""
+        return turn_id in self._entries
+
     async def stop(self, turn_id: TurnId) -> bool:
         """Cancel a turn detached here and wait for its task; False if none is."""
         entry = self._entries.get(turn_id)

@@ -309,14 +309,19 @@ class TurnHost:
         """
         return await self._shield(self._cancel(turn_id))
 
-    async def _cancel(self, turn_id: TurnId) -> TurnStatus:
+    async def _cancel(self, turn_id: TurnId, *, again: bool = True) -> TurnStatus:
         here = await self._detached.stop(turn_id)
         if here:
             record = await self._store().get_turn(turn_id)
             if record is not None and record.status in TERMINAL_STATES:
                 self._deps.drop(turn_id)
                 return record.status  # its driver wrote the ending
-        return await self.end_cancelled(turn_id, stopped=here)
+        status = await self.end_cancelled(turn_id, stopped=here)
+        if status == "running" and again and self._detached.holds(turn_id):
+            # A driver here took the turn meanwhile (an approval raced the Stop): the flag
+            # would only reach it at its next renewal, after its tools began. Stop it now.
+            return await self._cancel(turn_id, again=False)
+        return status
 
     async def close(self) -> None:
         """Abandon detached turns (their leases expire; a worker or reader ends them)."""

@@ -374,9 +374,18 @@ class TurnDriver:
         self._succeeded = True
 
     async def _pause(self, rec: Recorder) -> None:
-        """End this invocation only: save the request, wait for a person, hold nothing."""
+        """End this invocation only: save the request, wait for a person, hold nothing.
+
+        Unless Stop was pressed in another process since the last renewal: the turn ends
+        `cancelled` instead (a paused turn renews nothing, so the Stop would otherwise
+        wait for someone to answer the pause, and then cut the work they approved).
+        """
         pause = rec.notes.pending_pause
         assert pause is not None
+        self._keeper.lease = await self.store.renew(self.lease, ttl_s=self.config.lease_ttl_s)
+        if self.lease.cancel_requested:
+            await self._end_aborted(rec)
+            return
         await rec.flush(status=awaiting(pause.kind), pause=pause, release=True)
 
     async def _end_failed(self, rec: Recorder, exc: TurnError) -> None:
