@@ -187,6 +187,30 @@ async def test_compaction_summarizes_at_85_percent_and_the_turn_answers(
     assert _starts_with(more.calls[0], request)
 
 
+class _TokenPerCharacter(ScriptedModel):
+    """Counts as a tokenizer counts Chinese or Japanese: about a token a character."""
+
+    def count_tokens(self, request: ModelRequest) -> int:
+        return sum(len(str(m.content)) for m in request.messages)
+
+
+async def test_compaction_counts_exactly_text_of_a_token_a_character(
+    runtime_factory: RuntimeFactory,
+) -> None:
+    """A rough four-characters-a-token look must not skip the exact count of such text."""
+    long = "東京の天気は晴れです。" * 30  # 330 characters: 330 tokens, "83" by the estimate
+    model = _TokenPerCharacter(
+        [ModelStep.text_reply("はい。")], repeat_last=True, context_window=900
+    )
+    runtime = runtime_factory(Agent(model=model, skip_stages=frozenset({"anchor-plan"})))
+    compacted = []
+    for _ in range(3):
+        events = await collect_events(runtime.execute_message("s1", long))
+        compacted += [e for e in events if isinstance(e, CompactionCompletedEvent)]
+    assert compacted, "the third turn's request (1,000+ tokens) had to be compacted"
+    assert all(model.count_tokens(c) <= 900 for c in model.calls)
+
+
 async def test_compaction_without_a_utility_model_keeps_the_newest_turns(
     runtime_factory: RuntimeFactory,
 ) -> None:

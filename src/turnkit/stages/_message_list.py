@@ -152,7 +152,9 @@ async def _compact(
         return family.count_tokens(ModelRequest(messages=from_transcript(messages), tools=specs))
 
     probe = ModelRequest(messages=from_transcript(transcript), tools=specs)
-    if estimate_tokens(probe) < window / 2:  # far from the line: skip the exact count
+    # Far from the line even at a token per character (Chinese, Japanese): skip the exact
+    # count. The estimate assumes four characters a token, which such text is not.
+    if estimate_tokens(probe) * 4 < window * 0.4:
         return None
     before = family.count_tokens(probe)
     split = split_for_summary(transcript)
