@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Callable
 
 import pytest
+from pydantic import ValidationError
 
 from tests.conftest import RuntimeFactory
 from tests.helpers import add
@@ -105,6 +107,21 @@ async def test_a_picture_by_url_must_come_by_http_or_a_data_url(
     with pytest.raises(InvalidInputError, match="image type .*'text/html'"):
         await collect_events(runtime.execute_message("s1", [page]))
     await _nothing_written(runtime_factory, "s1")
+
+
+async def test_a_picture_over_the_limit_is_refused_however_it_is_sent(
+    runtime_factory: RuntimeFactory,
+) -> None:
+    runtime = runtime_factory(Agent(model=ScriptedModel([])))
+    too_big = b"\x89PNG" + bytes(20 * 1024 * 1024)
+    as_url = "data:image/png;base64," + base64.b64encode(too_big).decode()
+    for picture in (ImagePart(data=too_big), ImagePart(url=as_url)):
+        with pytest.raises(ContentTooLargeError, match="limit is 20971520"):
+            await collect_events(runtime.execute_message("s1", [picture]))
+    await _nothing_written(runtime_factory, "s1")
+    with pytest.raises(ValidationError, match="`data` is empty"):
+        ImagePart(data=b"")
+    assert ImagePart(data=b"\x89PNG", media_type="IMAGE/PNG").media_type == "image/png"
 
 
 @pytest.mark.parametrize("session_id", ["", "has space", "x" * 129, "../etc", "-leading"])

@@ -68,6 +68,12 @@ class ImagePart(BaseModel):
                 raise ValueError("`data` text must be base64") from exc
         return value
 
+    @field_validator("media_type", mode="before")
+    @classmethod
+    def _lower_case(cls, value: object) -> object:
+        """MIME types ignore case: `IMAGE/PNG` is `image/png`."""
+        return value.lower() if isinstance(value, str) else value
+
     @field_serializer("data", when_used="json")
     def _to_base64(self, value: bytes | None) -> str | None:
         return None if value is None else base64.b64encode(value).decode()
@@ -76,6 +82,8 @@ class ImagePart(BaseModel):
     def _one_source(self) -> ImagePart:
         if (self.url is None) == (self.data is None):
             raise ValueError("an image needs exactly one of `url` or `data`")
+        if self.data is not None and not self.data:
+            raise ValueError("an image's `data` is empty")
         if not self.media_type.startswith("image/"):
             raise ValueError(f"media_type {self.media_type!r} is not an image type")
         return self

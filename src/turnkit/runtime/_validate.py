@@ -42,10 +42,21 @@ class TurnRequest:
 MAX_PICTURES = 20
 """Pictures one message may carry (a picture the person attached is never released)."""
 MAX_PICTURE_BYTES = 20 * 1024 * 1024
-"""The largest picture one message may carry inline (`ImagePart.data`)."""
+"""The largest picture one message may carry inline (`ImagePart.data` or a `data:` URL)."""
 
 MessageContent = str | Sequence[ContentPart]
 """What a person sends: text, or parts (text and pictures)."""
+
+
+def inline_bytes(picture: ImagePart) -> int:
+    """The bytes a picture carries inline: its `data`, or a `data:` URL's (0 for a link)."""
+    if picture.data is not None:
+        return len(picture.data)
+    url = picture.url or ""
+    if url[:5].lower() != "data:":
+        return 0
+    head, _, payload = url.partition(",")
+    return len(payload) * 3 // 4 if head.lower().endswith(";base64") else len(payload)
 
 
 def split_content(content: MessageContent) -> tuple[str, tuple[ImagePart, ...]]:
@@ -127,10 +138,11 @@ def validate_request(
             pictures=len(attachments),
         )
     for picture in attachments:
-        if picture.data is not None and len(picture.data) > MAX_PICTURE_BYTES:
+        size = inline_bytes(picture)
+        if size > MAX_PICTURE_BYTES:
             raise ContentTooLargeError(
-                f"a picture has {len(picture.data)} bytes; the limit is {MAX_PICTURE_BYTES}",
-                chars=len(picture.data),
+                f"a picture has {size} bytes; the limit is {MAX_PICTURE_BYTES}",
+                chars=size,
                 limit=MAX_PICTURE_BYTES,
             )
     if len(content) > config.max_content_chars:
