@@ -5,13 +5,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-from collections.abc import AsyncIterator, Sequence
-from typing import Any
+from collections.abc import AsyncGenerator, Sequence
+from typing import Any, cast
 
 from turnkit.agent import Agent, Effort
 from turnkit.blocks import TextPart
 from turnkit.errors import InvalidInputError
-from turnkit.events import DurableEvent, EphemeralEvent
+from turnkit.events import StreamEvent
 from turnkit.models import ModelSettings
 from turnkit.runtime._budget_api import RuntimeBudgets
 from turnkit.runtime._callback_reports import RuntimeCallbacks
@@ -205,7 +205,7 @@ class SessionRuntime(RuntimeControl, RuntimeCallbacks, RuntimeBudgets):
         documents: Sequence[str] = (),
         deps: Any = NO_DEPS,
         cancel: CancelToken | None = None,
-    ) -> AsyncIterator[DurableEvent | EphemeralEvent]:
+    ) -> AsyncGenerator[StreamEvent, None]:
         """Run one turn in this process and stream its events.
 
         `content` is text, or parts: `TextPart`s and `ImagePart`s (pictures by URL or
@@ -256,7 +256,7 @@ class SessionRuntime(RuntimeControl, RuntimeCallbacks, RuntimeBudgets):
         try:
             async with contextlib.aclosing(follow):  # closing this stream must reach the driver
                 async for event in follow:
-                    yield event
+                    yield cast("StreamEvent", event)  # each is one of the union's events
         finally:  # the stream releases it too; this covers a caller gone before it began
             if slot is not None:
                 slot.release()

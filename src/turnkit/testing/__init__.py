@@ -7,8 +7,8 @@ touches the network.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import TypeVar
 
-from turnkit.events import DurableEvent, EphemeralEvent
 from turnkit.testing._clock import FakeClock
 from turnkit.testing._scripted import ModelStep, ScriptedModel, UnexpectedModelCall, call, raw_call
 
@@ -23,11 +23,12 @@ __all__ = (
 )
 
 
-async def collect_events(
-    stream: AsyncIterator[DurableEvent | EphemeralEvent], *, limit: int = 10_000
-) -> list[DurableEvent | EphemeralEvent]:
+E = TypeVar("E")
+
+
+async def collect_events(stream: AsyncIterator[E], *, limit: int = 10_000) -> list[E]:
     """Drain an event stream into a list (at most `limit` events, then fail)."""
-    events: list[DurableEvent | EphemeralEvent] = []
+    events: list[E] = []
     async for event in stream:
         events.append(event)
         if len(events) > limit:

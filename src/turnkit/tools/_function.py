@@ -202,10 +202,20 @@ def tool(
     *,
     name: str | None = None,
     description: str | None = None,
-    fallbacks: Sequence[FunctionTool] = (),
     approval: ApprovalPolicy | None = None,
     reconcile: Reconcile | None = None,
-) -> Callable[[ToolFunction], Any]: ...
+) -> Callable[[ToolFunction], FunctionTool]: ...
+
+
+@overload
+def tool(
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    fallbacks: Sequence[FunctionTool],
+    approval: ApprovalPolicy | None = None,
+    reconcile: Reconcile | None = None,
+) -> Callable[[ToolFunction], FunctionTool | ToolClass]: ...
 
 
 def tool(

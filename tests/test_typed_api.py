@@ -1,0 +1,67 @@
+"""The public API as a user's `mypy --strict` sees it: the documented idioms check clean.
+
+The event stream is the union of event classes (narrowed by `type`), and closable; `@tool`
+with options is a `FunctionTool`, as bare `@tool` is. A check that cannot fail would prove
+nothing, so the same run must reject a field read on an event not narrowed yet.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+USER_MODULE = '''
+import asyncio
+
+from turnkit import Agent, SessionRuntime, tool
+from turnkit.testing import ModelStep, ScriptedModel, collect_events
+from turnkit.tools import FunctionTool
+
+
+@tool(approval="always", name="pay")
+async def pay(to: str) -> str:
+    """Pay someone."""
+    return to
+
+
+async def main() -> None:
+    agent = Agent(model=ScriptedModel([ModelStep.text_reply("Hi.")]), tools=[pay])
+    async with SessionRuntime(agent=agent) as runtime:
+        stream = runtime.execute_message("s1", "hi")
+        async for event in stream:
+            if event.type == "message.delta":
+                print(event.text)
+            elif event.type == "tool.completed":
+                print(event.result.output)
+        await stream.aclose()
+        events = await collect_events(runtime.execute_message("s1", "again"))
+        last = events[-1]
+        if last.type == "done":
+            print(last.status)
+        print(last.status)  # not narrowed: most events have no status
+
+
+tool_: FunctionTool = pay
+asyncio.run(main())
+'''
+
+
+def test_a_users_module_type_checks_where_it_should_and_only_there(tmp_path: Path) -> None:
+    module = tmp_path / "user_app.py"
+    module.write_text(USER_MODULE)
+    done = subprocess.run(
+        [sys.executable, "-m", "mypy", "--strict", "--cache-dir", str(tmp_path / "cache"),
+         str(module)],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    errors = [line for line in done.stdout.splitlines() if ": error:" in line]
+    last_line = (
+        USER_MODULE.splitlines().index(
+            "        print(last.status)  # not narrowed: most events have no status"
+        )
+        + 1
+    )
+    assert len(errors) >= 1, done.stdout
+    assert all(f"user_app.py:{last_line}:" in line for line in errors), done.stdout
+    assert any('has no attribute "status"' in line for line in errors), done.stdout
