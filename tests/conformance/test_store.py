@@ -587,3 +587,12 @@ async def test_renewals_asked_together_extend_each_lease_and_refuse_a_stale_one(
         record = await store.get_turn(lease.turn_id)
         assert record is not None
         assert (record.lease_owner, record.lease_expires_at) == (lease.owner, lease.expires_at)
+
+
+async def test_a_token_limit_past_32_bits_is_kept(store: SqlStore) -> None:
+    """An organisation's monthly cap may pass 2,147,483,647 tokens (it failed to store)."""
+    from turnkit.budgets import BudgetLimit
+
+    big = BudgetLimit(scope="organisation", organisation="acme", tokens=5_000_000_000)
+    await store.set_budget_limit(big)
+    assert await store.budget_limits("acme") == [big]

@@ -141,3 +141,23 @@ async def test_each_callers_usage_is_its_own(
 
     assert turns(await http.get(f"{API}/usage?by=principal", headers=acme)) == 3
     assert turns(await http.get(f"{API}/usage?by=principal", headers=globex)) == 1
+
+
+async def test_ids_and_keys_with_a_nul_character_are_refused_not_a_server_error(
+    served: tuple[httpx.AsyncClient, SessionRuntime],
+) -> None:
+    http, runtime = served
+    alice = _as("alice", "acme")
+    assert await _say(http, "s-nul", "hi", alice) == 200
+    [turn] = await runtime.store.list_turns("s-nul")  # type: ignore[arg-type]
+    for method, path in (
+        ("GET", "/turns/turn_x%00"),
+        ("GET", "/turns/turn_x%00/audit"),
+        ("POST", "/turns/turn_x%00/cancel"),
+        ("POST", f"/turns/{turn.turn_id}/approvals/req%00x"),
+        ("POST", f"/turns/{turn.turn_id}/clarifications/req%00x"),
+    ):
+        body = {"decision": "approve", "answer": "x"}
+        answer = await http.request(method, f"{API}{path}", headers=alice, json=body)
+        assert answer.status_code in (404, 422), (path, answer.status_code, answer.text)
+        assert answer.headers["content-type"].startswith("application/problem+json")

@@ -28,7 +28,7 @@ from turnkit.clock import Clock, SystemClock
 from turnkit.errors import ConfigurationError, StoreError
 from turnkit.store import _sqlite as sqlite_conn
 from turnkit.store._commit_sql import HotStatements
-from turnkit.store._engine_pg import PgConnections, first_line, is_unreachable
+from turnkit.store._engine_pg import PgConnections, first_line, is_unreachable, unstorable_text
 from turnkit.store._folds import WalFolds
 from turnkit.store._group_commit import GroupCommit
 from turnkit.store.migrate import current_revision, upgrade
@@ -147,6 +147,9 @@ class SqlEngine(PgConnections):
         except (DBAPIError, OSError) as exc:
             if is_unreachable(exc):
                 raise self._unavailable(exc) from exc
+            refused = unstorable_text(exc)
+            if refused is not None:
+                raise refused from exc
             raise
 
     def _busy_too_long(self, exc: BaseException) -> BaseException:

@@ -24,7 +24,7 @@ from sqlalchemy.exc import (
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from turnkit.clock import Clock
-from turnkit.errors import StoreError, StoreUnavailableError, missing_extra
+from turnkit.errors import InvalidInputError, StoreError, StoreUnavailableError, missing_extra
 from turnkit.store._asyncpg_pool import close_pool, keep_session
 from turnkit.store._listen_pg import WorkListener
 
@@ -100,6 +100,9 @@ class PgConnections:
         except Exception as exc:  # the driver's own errors
             if is_unreachable(exc):
                 raise self._unavailable(exc) from exc
+            refused = unstorable_text(exc)
+            if refused is not None:
+                raise refused from exc
             raise
 
     async def work_signal(self) -> asyncio.Event | None:
@@ -199,6 +202,29 @@ def is_unreachable(exc: BaseException) -> bool:
             return True
         driver = driver.__cause__
     return False
+
+
+_UNSTORABLE_TEXT = frozenset({"22021", "22P05"})
+"""SQLSTATEs of text PostgreSQL cannot store (a NUL character, or no such character)."""
+
+
+def unstorable_text(exc: BaseException) -> InvalidInputError | None:
+    """What to raise for a statement refused over text it cannot store (else None).
+
+    A NUL character in an id or a key reaches PostgreSQL only from a request nobody
+    checked: a bad request, not a store failure.
+    """
+    driver: BaseException | None = exc
+    for _ in range(4):
+        if driver is None:
+            return None
+        if getattr(driver, "sqlstate", None) in _UNSTORABLE_TEXT:
+            return InvalidInputError(
+                "a text holds a character PostgreSQL cannot store (such as NUL, U+0000); "
+                "nothing was written"
+            )
+        driver = getattr(driver, "orig", None) or driver.__cause__
+    return None
 
 
 UNREACHABLE_DRIVER_ERRORS = frozenset(

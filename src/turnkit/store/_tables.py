@@ -8,6 +8,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from sqlalchemy import (
+    BigInteger,
     Boolean,
     Column,
     DateTime,
@@ -213,7 +214,7 @@ class BudgetLimitRow(SQLModel, table=True):
     key: str = Field(primary_key=True, max_length=256)
     period: str = Field(primary_key=True, max_length=8)
     usd: float | None = None
-    tokens: int | None = None
+    tokens: int | None = Field(default=None, sa_type=BigInteger)
     updated_at: datetime = Field(sa_column=_ts())
 
 
@@ -229,5 +230,5 @@ class BudgetReservationRow(SQLModel, table=True):
     principal: str | None = Field(default=None, max_length=256)
     session_id: str = Field(max_length=128)
     usd: float = 0.0
-    tokens: int = 0
+    tokens: int = Field(default=0, sa_type=BigInteger)
     expires_at: datetime = Field(sa_column=_ts())
