@@ -194,6 +194,8 @@ async def test_a_callback_reaches_only_its_running_turn(tmp_path: Path) -> None:
         forged = token[:-1] + ("1" if token.endswith("0") else "0")  # one character off
         wrong = await http.post(url, json=body, headers={CALLBACK_TOKEN_HEADER: forged})
         assert (wrong.status_code, wrong.json()["code"]) == (401, "callback-token-invalid")
+        missing = await http.post(url, json=body)  # no token header at all
+        assert (missing.status_code, missing.json()["code"]) == (401, "callback-token-invalid")
         other = await http.post(
             f"{API}/turns/turn_other/callback",
             json=body,

@@ -225,6 +225,9 @@ async def test_creating_a_session_again_answers_200_and_changes_nothing(
     assert again.json()["createdAt"] == created.json()["createdAt"]
     bob = await client.post(f"{API}/sessions", json=body, headers={"x-user": "bob"})
     assert bob.status_code == 404
+    for blank in ("", "   "):  # a title PATCH would refuse: refused here too
+        refused = await client.post(f"{API}/sessions", json={"title": blank}, headers=headers)
+        assert (refused.status_code, refused.json()["code"]) == (422, "invalid-input")
 
 
 async def test_a_session_another_principal_created_meanwhile_stays_hidden(

@@ -94,7 +94,7 @@ def add_callback_routes(router: APIRouter, runtime: SessionRuntime) -> None:
     async def callback(
         turn_id: str,
         body: CallbackBody,
-        token: Annotated[str, Header(alias=CALLBACK_TOKEN_HEADER, max_length=256)],
+        token: Annotated[str, Header(alias=CALLBACK_TOKEN_HEADER, max_length=256)] = "",
     ) -> CallbackOut:
         scope = await runtime.report_job_progress(
             turn_id,

@@ -92,7 +92,13 @@ class SessionBody(_Camel):
         pattern=SESSION_ID_PATTERN.pattern,
         description="1-128 letters, digits or `_ . : -`, starting with a letter or digit.",
     )
-    title: str | None = Field(default=None, max_length=500)
+    title: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=500,
+        pattern=r"\S",
+        description="1-500 characters, not only white space (leave it out: named later).",
+    )
 
     _storable = field_validator("title")(_no_nul)
 
