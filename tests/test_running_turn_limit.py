@@ -6,17 +6,26 @@ import asyncio
 import contextlib
 from pathlib import Path
 
+import pytest
+
 from tests.helpers import GatedModel, calls_made, drain, until, waiting_for_slot
 from turnkit import Agent, RuntimeConfig, SessionRuntime
 from turnkit.events import DoneEvent
 from turnkit.runtime.worker import Worker
 
 
+@pytest.mark.parametrize("recover_in_process", [False, True])
 async def test_turns_beyond_the_limit_wait_queued_without_a_lease_then_run(
-    tmp_path: Path,
+    tmp_path: Path, recover_in_process: bool
 ) -> None:
+    """Also beside the in-process recovery loop (as `turnkit serve` runs): it takes no
+    turn that waits for a slot."""
     model = GatedModel()
-    config = RuntimeConfig(database_url=f"sqlite:///{tmp_path / 't.db'}", max_running_turns=2)
+    config = RuntimeConfig(
+        database_url=f"sqlite:///{tmp_path / 't.db'}",
+        max_running_turns=2,
+        recover_in_process=recover_in_process,
+    )
     async with SessionRuntime(agent=Agent(model=model), config=config) as runtime:
         firsts: dict[int, str] = {}
         ends: dict[int, str] = {}

@@ -64,13 +64,17 @@ async def test_a_stop_of_a_turn_the_recovery_loop_drives_stops_it_at_once(
     tmp_path: Path,
 ) -> None:
     model = GatedModel()
-    config = _config(tmp_path, max_running_turns=1, recover_in_process=True)
-    async with SessionRuntime(agent=Agent(model=model), config=config) as runtime:
+    config = _config(tmp_path, recover_in_process=True)
+    elsewhere = _config(tmp_path, run_in_process=False)  # an API process with no driver
+    async with (
+        SessionRuntime(agent=Agent(model=model), config=config) as runtime,
+        SessionRuntime(agent=Agent(model=model), config=elsewhere) as api,
+    ):
         busy = await runtime.start("s-busy", "hi")
-        await until(lambda: calls_made(model, 1), "the first turn holds the only slot")
-        waiting = await runtime.start("s-wait", "hello")
+        await until(lambda: calls_made(model, 1), "the first turn reaches the model")
+        waiting = await api.start("s-wait", "hello")
         assert waiting.lease is None
-        # The recovery loop takes no slot: it claims the waiting turn and drives it.
+        # Nobody drives it where it was sent: the recovery loop claims and drives it.
         await until(lambda: calls_made(model, 2), "the recovery loop drives the waiting turn")
         assert await runtime.cancel(waiting.turn_id) == "cancelled"
         assert model.active == 1  # its model call was aborted, not left to run

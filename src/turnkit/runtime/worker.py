@@ -15,6 +15,7 @@ from turnkit.events import DoneEvent, DurableEvent, EphemeralEvent
 from turnkit.ids import TurnId
 from turnkit.runtime import SessionRuntime
 from turnkit.runtime._publish import BufferPublisher
+from turnkit.runtime._slots import Slot
 from turnkit.runtime.driver import TurnDriver
 from turnkit.states import awaiting
 from turnkit.store import Lease
@@ -190,19 +191,32 @@ class Worker:
         return False
 
     async def _claim_one(self) -> bool:
-        """Claim and start one runnable turn, if there is room and one; whether it did."""
+        """Claim and start one runnable turn, if there is room and one; whether it did.
+
+        Room means one of this worker's `concurrency` and a free slot of its process
+        (`RuntimeConfig.max_running_turns`, which the app's own turns share when the
+        loop runs beside them: it takes no slot a turn waits for).
+        """
         if len(self._tasks) >= self.concurrency:
             return False
-        runtime, config = self.runtime, self.runtime.config
-        lease = await runtime.store.claim(
-            self.owner, ttl_s=config.lease_ttl_s, max_attempts=config.max_attempts
-        )
-        if lease is None:
+        slot = self.runtime.host.slots.try_take()
+        if slot is None:
             return False
-        self._start(lease)
+        runtime, config = self.runtime, self.runtime.config
+        try:
+            lease = await runtime.store.claim(
+                self.owner, ttl_s=config.lease_ttl_s, max_attempts=config.max_attempts
+            )
+        except BaseException:
+            slot.release()
+            raise
+        if lease is None:
+            slot.release()
+            return False
+        self._start(lease, slot)
         return True
 
-    def _start(self, lease: Lease) -> None:
+    def _start(self, lease: Lease, slot: Slot) -> None:
         if lease.took_over:
             log.info(
                 "recovering turn %s (session %s): attempt %d, its previous driver's lease expired",
@@ -219,6 +233,7 @@ class Worker:
             )
         task = asyncio.create_task(self._drive(lease), name=f"turnkit-turn-{lease.turn_id}")
         self._tasks.add(task)
+        task.add_done_callback(lambda done: slot.release())
         task.add_done_callback(self._ended)
 
     async def stop(self, turn_id: TurnId) -> bool:
