@@ -348,3 +348,31 @@ async def test_a_stop_racing_an_approval_in_one_process_stops_the_approved_work(
         events = [e async for e in runtime.events(asked.turn_id)]
     assert record.status == "cancelled"
     assert not [e for e in events if e.type == "tool.completed"]
+
+
+async def test_a_stop_that_ends_an_orphaned_turn_gives_its_unread_guide_a_turn(
+    tmp_path: Path,
+) -> None:
+    """Its driver is gone (its process closed, the lease lapsed): Stop ends the turn in the
+    Store, which must give the guide message it never presented a turn of its own, and
+    close the requests nobody will answer."""
+    model = GatedModel()
+    config = _config(tmp_path, lease_ttl_s=0.5)
+    first = SessionRuntime(agent=Agent(model=model), config=config)
+    submission = await first.start("s1", "compare A and B")
+    await until(lambda: calls_made(model, 1), "the turn reaches the model")
+    guided = await first.submit("s1", "also check C", delivery="guide")
+    assert guided.guided
+    await first.close()  # abandoned: no driver writes its ending
+
+    async with SessionRuntime(agent=Agent(model=ScriptedModel([])), config=config) as other:
+
+        async def lapsed() -> bool:
+            record = await other.turn(submission.turn_id)
+            return record.lease_expires_at is None or record.lease_expires_at < other.clock.now()
+
+        await until(lapsed, "the lease lapses")
+        assert await other.cancel(submission.turn_id) == "cancelled"
+        turns = await other.store.list_turns(SessionId("s1"))
+    assert [t.content for t in turns] == ["compare A and B", "also check C"]
+    assert turns[1].status == "running"  # queued for whoever claims next

@@ -1,5 +1,8 @@
 """Cancelling a turn: end it here when no live driver holds it, else flag it for the driver.
 
+A turn ended here closes its open pause requests and gives the guide messages it never
+presented turns of their own, as a driver's ending does.
+
 Runs inside one transaction on a sync `Connection` (see `SqlStore._tx`).
 """
 
@@ -9,9 +12,11 @@ from datetime import datetime
 
 from sqlalchemy import Connection, select, update
 
-from turnkit.events import DoneEvent, encode_event
+from turnkit.events import DoneEvent, InputGuidedEvent, decode_event, encode_event
 from turnkit.ids import TurnId
+from turnkit.store._pauses_sql import close_open_pauses
 from turnkit.store._schema import UNFINISHED, aware, events, turns
+from turnkit.store._submit_sql import requeue_guides
 
 __all__ = ("cancel",)
 
@@ -31,6 +36,7 @@ def cancel(
             turns.c.lease_expires_at,
             turns.c.lease_epoch,
             turns.c.last_seq,
+            turns.c.input_seq,
         ).where(turns.c.turn_id == turn_id)
     ).first()
     if row is None:
@@ -78,4 +84,21 @@ def cancel(
     conn.execute(
         events.insert().values(turn_id=turn_id, seq=seq, type=done.type, data=encode_event(done))
     )
+    close_open_pauses(conn, turn_id)
+    requeue_guides(conn, turn_id, _presented_through(conn, turn_id, row.input_seq), now)
     return "cancelled"
+
+
+def _presented_through(conn: Connection, turn_id: TurnId, input_seq: int) -> int:
+    """The newest input seq the turn presented: its own, or its last `input.guided`'s.
+
+    Guides after it were never read by the model: they get turns of their own.
+    """
+    newest = input_seq
+    for (data,) in conn.execute(
+        select(events.c.data).where(events.c.turn_id == turn_id, events.c.type == "input.guided")
+    ):
+        event = decode_event(data)
+        if isinstance(event, InputGuidedEvent):
+            newest = max(newest, event.input_seq)
+    return newest

@@ -17,7 +17,7 @@ from turnkit.states import awaiting
 from turnkit.store import TurnRecord
 from turnkit.store._schema import pauses, turn_record, turns
 
-__all__ = ("answer", "budget_pauses", "open_pause", "pending_answer")
+__all__ = ("answer", "budget_pauses", "close_open_pauses", "open_pause", "pending_answer")
 
 
 def open_pause(
@@ -93,6 +93,15 @@ def answer(
         .values(status="answered", answer=json.dumps(value), answered_at=now)
     )
     return _request(request_id, row.kind, row.payload)
+
+
+def close_open_pauses(conn: Connection, turn_id: TurnId) -> None:
+    """Close the turn's unanswered requests: it ended without their answers."""
+    conn.execute(
+        update(pauses)
+        .where(pauses.c.turn_id == turn_id, pauses.c.status == "open")
+        .values(status="closed")
+    )
 
 
 def pending_answer(conn: Connection, turn_id: TurnId) -> dict[str, JsonValue] | None:
