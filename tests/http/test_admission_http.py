@@ -135,6 +135,8 @@ async def test_budget_routes_are_for_admins_and_show_what_was_spent(
     assert (await http.get(f"{API}/budgets", headers=_who("ann"))).status_code == 403
     bad = await http.put(f"{API}/budgets", json={"scope": "principal"}, headers=ADMIN)
     assert (bad.status_code, bad.json()["code"]) == (422, "invalid-input")  # no amount
+    said = "a bad budget limit: a budget limit needs `usd`, `tokens` or both"
+    assert bad.json()["detail"] == said  # without pydantic's links
     for amount in (b'"usd": 1e999', b'"tokens": 100000000000000000000000000'):  # inf; too big
         huge = await http.put(
             f"{API}/budgets", content=b'{"scope": "principal", "key": "ann", ' + amount + b"}",

@@ -4,6 +4,7 @@ from collections.abc import Awaitable, Callable
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Header, Response
+from pydantic import ValidationError
 
 from turnkit.budgets import BudgetLimit, BudgetUse
 from turnkit.errors import AdmissionRefusedError, InvalidInputError
@@ -66,8 +67,11 @@ def add_budget_routes(
         organisation = require_admin(caller).organisation
         try:
             limit = BudgetLimit(organisation=organisation, **body.model_dump())
-        except ValueError as exc:
-            raise InvalidInputError(f"a bad budget limit: {exc}") from exc
+        except ValidationError as exc:  # its findings, without pydantic's links
+            found = "; ".join(
+                e["msg"].removeprefix("Value error, ") for e in exc.errors(include_url=False)
+            )
+            raise InvalidInputError(f"a bad budget limit: {found}") from exc
         return await listing(organisation, await runtime.set_budget_limit(limit))
 
     @router.delete("/budgets/{scope}/{period}", status_code=204, summary="Remove a limit")
