@@ -72,6 +72,20 @@ async def test_a_reused_request_id_with_other_content_is_refused(store: SqlStore
     assert turn.turn_id == first.turn_id
 
 
+async def test_a_reused_request_id_with_other_pictures_is_refused(store: SqlStore) -> None:
+    """The same text with another picture is another message, not a retry."""
+    from turnkit.blocks import ImagePart
+
+    cat, dog = ImagePart(data=b"\x89PNG cat"), ImagePart(data=b"\x89PNG dog")
+    first = await store.submit(new_input(request_id="req-1", attachments=(cat,)))
+    again = await store.submit(new_input(request_id="req-1", attachments=(cat,)))
+    assert again.turn_id == first.turn_id  # a retry: the same turn
+    for other in ((dog,), ()):
+        with pytest.raises(RequestConflictError):
+            await store.submit(new_input(request_id="req-1", attachments=other))
+    assert len(await store.list_turns(SessionId("s1"))) == 1
+
+
 async def test_guide_with_no_live_attempt_is_committed_as_queue(store: SqlStore) -> None:
     sub = await store.submit(new_input(delivery="guide"))
     assert (sub.delivery, sub.requested_delivery) == ("queue", "guide")

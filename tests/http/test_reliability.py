@@ -167,13 +167,18 @@ async def test_a_failed_turn_is_retried_as_a_new_turn(tmp_path: Path) -> None:
         async with httpx.AsyncClient(
             transport=httpx.ASGITransport(app=app), base_url="http://test"
         ) as http:
-            failed = await http.post(f"{API}/sessions/s1/execute", json={"content": "try me"})
+            body = {"content": "try me", "requestId": "msg-1"}
+            failed = await http.post(f"{API}/sessions/s1/execute", json=body)
             failed_id = failed.headers[TURN_ID_HEADER]
             assert (await http.get(f"{API}/turns/{failed_id}")).json()["status"] == "failed"
-            retried = await http.post(f"{API}/turns/{failed_id}/retry")
+            # A client may key its retry with the message's own id: a new key here.
+            key = {"Idempotency-Key": "msg-1"}
+            retried = await http.post(f"{API}/turns/{failed_id}/retry", headers=key)
             assert retried.status_code == 200
             new_id = retried.headers[TURN_ID_HEADER]
             assert new_id != failed_id
+            replayed = await http.post(f"{API}/turns/{failed_id}/retry", headers=key)
+            assert replayed.headers[TURN_ID_HEADER] == new_id  # the retry itself is idempotent
             assert '"status":"succeeded"' in retried.text
             history = (await http.get(f"{API}/sessions/s1/history")).json()
             assert [t["status"] for t in history] == ["failed", "succeeded"]

@@ -12,6 +12,7 @@ from turnkit.agent import Agent, Effort
 from turnkit.blocks import TextPart
 from turnkit.errors import InvalidInputError
 from turnkit.events import StreamEvent
+from turnkit.ids import derive_id
 from turnkit.models import ModelSettings
 from turnkit.runtime._budget_api import RuntimeBudgets
 from turnkit.runtime._callback_reports import RuntimeCallbacks
@@ -320,7 +321,8 @@ class SessionRuntime(RuntimeControl, RuntimeCallbacks, RuntimeBudgets):
 
         It goes through the same commit path as any new message (`start`), so the new
         turn is queued, claimed and streamed like one; the failed turn stays as it was.
-        A `request_id` makes the retry itself idempotent.
+        A `request_id` makes the retry itself idempotent (it names this retry of this
+        turn: the original message's own `request_id` is a new key here, not a replay).
 
         Raises:
             TurnNotFoundError: no such turn.
@@ -344,7 +346,7 @@ class SessionRuntime(RuntimeControl, RuntimeCallbacks, RuntimeBudgets):
             model=pinned.model,
             settings=pinned.settings,
             effort=pinned.effort,
-            request_id=request_id,
+            request_id=derive_id("retry", turn_id, request_id) if request_id else None,
             principal=pinned.caller,
             documents=pinned.documents,
         )

@@ -31,10 +31,25 @@ from turnkit.store._schema import (
 _INSERT_INPUT = inputs.insert()
 _INSERT_TURN = turns.insert()
 _INSERT_EVENT = events.insert()
-_BY_REQUEST = select(
-    inputs.c.seq, inputs.c.turn_id, inputs.c.delivery, inputs.c.requested_delivery, inputs.c.content
-).where(
-    inputs.c.session_id == bindparam("q_session"), inputs.c.request_id == bindparam("q_request")
+_BY_REQUEST = (
+    select(
+        inputs.c.seq,
+        inputs.c.turn_id,
+        inputs.c.delivery,
+        inputs.c.requested_delivery,
+        inputs.c.content,
+        turns.c.turn_id.label("opened"),
+        turns.c.attachments,
+    )
+    .select_from(
+        inputs.outerjoin(  # the turn the message opened (a guide joins another's: none)
+            turns, and_(turns.c.turn_id == inputs.c.turn_id, turns.c.input_seq == inputs.c.seq)
+        )
+    )
+    .where(
+        inputs.c.session_id == bindparam("q_session"),
+        inputs.c.request_id == bindparam("q_request"),
+    )
 )
 _NOTE_GUIDE = (
     update(turns)
@@ -73,7 +88,10 @@ def submit(conn: Connection, insert: Any, new: NewInput, now: datetime) -> Submi
             _BY_REQUEST, {"q_session": new.session_id, "q_request": new.request_id}
         ).first()
         if found is not None:
-            if found.content != new.content:
+            pictures = found.opened is not None and found.attachments != attachments_json(
+                new.attachments
+            )
+            if found.content != new.content or pictures:
                 raise RequestConflictError(
                     f"request_id {new.request_id!r} was already used in session "
                     f"{new.session_id!r} for a different message; use a new request_id for "
