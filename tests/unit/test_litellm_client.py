@@ -577,6 +577,29 @@ def test_model_facts_for_known_and_unknown_models() -> None:
     assert DEFAULT_FACTS.supports_reasoning is False
 
 
+def test_a_local_models_context_window_is_given_or_said_to_be_assumed(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from turnkit.models import litellm as client_module
+    from turnkit.models.litellm import ModelEndpoint
+
+    monkeypatch.setattr(client_module, "_UNKNOWN_WINDOWS", set())
+    local = "openai/my-local-llama"
+    given = LiteLLMClient(local, api_base="http://127.0.0.1:9/v1", context_window=8_192)
+    assert given.context_window == 8_192
+    endpoint = ModelEndpoint(model=local, api_base="http://127.0.0.1:9/v1", context_window=4_096)
+    assert endpoint.client().context_window == 4_096
+    with caplog.at_level(logging.WARNING, logger="turnkit.models"):
+        assumed = LiteLLMClient(local, api_base="http://127.0.0.1:9/v1")
+        assert assumed.context_window == assumed.context_window == 128_000
+    said = [r.getMessage() for r in caplog.records if "not in litellm's catalog" in r.getMessage()]
+    assert len(said) == 1  # once per model
+    assert "context_window" in said[0]
+    for bad in (0, -5, 1.5, True):
+        with pytest.raises(ConfigurationError, match="context_window"):
+            LiteLLMClient(local, context_window=bad)  # type: ignore[arg-type]
+
+
 # ── model settings, endpoints and credentials ──────────────────────────────────────
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import ipaddress
+import logging
 import os
 from collections.abc import AsyncIterator, Mapping, Sequence
 from types import ModuleType
@@ -48,6 +49,11 @@ from turnkit.models._loader import load_litellm as _load_litellm
 from turnkit.models._openai_stream import StreamState, stream_chat
 
 __all__ = ("LiteLLMClient", "ModelEndpoint", "Transport", "resolve_model")
+
+log = logging.getLogger("turnkit.models")
+
+_UNKNOWN_WINDOWS: set[str] = set()
+"""Models already reported as missing from litellm's catalog (once per process)."""
 
 Transport = Literal["auto", "litellm"]
 """How calls travel: `auto` streams `openai` provider models directly, `litellm` never does."""
@@ -220,6 +226,9 @@ class LiteLLMClient:
         extra_body: Extra JSON fields sent as they are in the request body.
         num_retries: Retries litellm makes on its own; keep 0 under a `ModelFamily`, which
             walks to the next rung instead.
+        context_window: Input tokens the model accepts, for a model litellm's catalog
+            does not know (a local server's) or to compact sooner; default: the
+            catalog's, else 128,000.
         transport: `"auto"` (the default) streams the call over turnkit's own HTTP client
             when litellm resolves the model to the `openai` provider (an `openai/...`
             model string, with or without `api_base`, or a bare OpenAI model name) and
@@ -249,7 +258,17 @@ class LiteLLMClient:
         extra_body: Mapping[str, object] | None = None,
         num_retries: int = 0,
         transport: Transport = "auto",
+        context_window: int | None = None,
     ) -> None:
+        if context_window is not None and (
+            isinstance(context_window, bool)
+            or not isinstance(context_window, int)
+            or context_window < 1
+        ):
+            raise ConfigurationError(
+                f"`context_window` must be a whole number of tokens above 0, not "
+                f"{context_window!r}"
+            )
         if api_key_env is not None and not api_key_env.strip():
             raise ConfigurationError("`api_key_env` must name an environment variable")
         if transport not in ("auto", "litellm"):
@@ -270,6 +289,7 @@ class LiteLLMClient:
         self._num_retries = num_retries
         self._transport: Transport = transport
         self._direct = transport == "auto" and self._provider == "openai" and num_retries == 0
+        self._context_window = context_window
 
     @property
     def model(self) -> str:
@@ -296,10 +316,26 @@ class LiteLLMClient:
 
     @property
     def context_window(self) -> int:
-        """Input tokens the model accepts, from litellm's model catalog."""
-        from turnkit.models.catalog import model_facts
+        """Input tokens the model accepts: as given, else from litellm's model catalog.
 
-        return model_facts(self._model).context_window
+        A model the catalog does not know (a local server's, say) counts as 128,000
+        tokens, said once in a warning: give it `context_window` so compaction keeps its
+        requests inside what it really takes.
+        """
+        if self._context_window is not None:
+            return self._context_window
+        from turnkit.models.catalog import DEFAULT_FACTS, model_facts
+
+        facts = model_facts(self._model)
+        if facts is DEFAULT_FACTS and self._model not in _UNKNOWN_WINDOWS:
+            _UNKNOWN_WINDOWS.add(self._model)
+            log.warning(
+                "model %s is not in litellm's catalog: its context window counts as %d "
+                "tokens; pass LiteLLMClient(..., context_window=...) if it takes fewer",
+                self._model,
+                facts.context_window,
+            )
+        return facts.context_window
 
     def count_tokens(self, request: ModelRequest) -> int:
         """Input tokens of `request` by litellm's `token_counter` for this model."""
@@ -489,6 +525,8 @@ class ModelEndpoint(BaseModel):
     timeout: float = Field(default=60.0, gt=0, allow_inf_nan=False)
     transport: Transport = "auto"
     """`"litellm"` sends every call through litellm (see `LiteLLMClient`)."""
+    context_window: int | None = Field(default=None, gt=0)
+    """Input tokens the model accepts, when litellm's catalog does not know it."""
 
     def client(self) -> LiteLLMClient:
         """The client for this endpoint."""
@@ -499,4 +537,5 @@ class ModelEndpoint(BaseModel):
             headers=self.headers or None,
             timeout=self.timeout,
             transport=self.transport,
+            context_window=self.context_window,
         )
