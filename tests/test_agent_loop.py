@@ -35,7 +35,7 @@ from turnkit.events import (
     ThinkingCompleteEvent,
     ToolCompletedEvent,
 )
-from turnkit.models import ModelRequest, Usage
+from turnkit.models import ModelRequest, Usage, estimate_tokens
 from turnkit.stages._thinking import SUMMARY_PROMPT
 from turnkit.testing import ModelStep, ScriptedModel, call, collect_events, raw_call
 
@@ -235,6 +235,47 @@ async def test_compaction_without_a_utility_model_keeps_the_newest_turns(
     assert row.call is None  # no model wrote it
     assert row.payloads.compaction is not None
     assert row.payloads.compaction.strategy == "keep-newest"
+
+
+@tool
+async def fetch_page(n: int) -> str:
+    """A long page of a document."""
+    return f"page {n}: " + "text " * 60
+
+
+@pytest.mark.parametrize("with_utility", [False, True])
+async def test_a_long_turn_that_is_not_the_first_compacts_its_own_rounds(
+    runtime_factory: RuntimeFactory, with_utility: bool
+) -> None:
+    """Twelve tool rounds in a session's second turn: the earlier turn is no bulk worth
+    cutting, so the turn's own work goes, and every request stays inside the window."""
+    rounds = [ModelStep.tool_call_reply(call("fetch_page", n=n)) for n in range(12)]
+    model = ScriptedModel(
+        [ModelStep.text_reply("Hello."), *rounds, ModelStep.text_reply("Read them all.")],
+        context_window=900,
+    )
+    utility = (
+        ScriptedModel([ModelStep.text_reply("Pages were read.")], repeat_last=True)
+        if with_utility
+        else None
+    )
+    agent = Agent(
+        model=model,
+        utility_model=utility,
+        tools=[fetch_page],
+        skip_stages=frozenset({"anchor-plan"}),
+    )
+    runtime = runtime_factory(agent)
+    await collect_events(runtime.execute_message("s1", "hi"))
+    events = await collect_events(runtime.execute_message("s1", "read the twelve pages"))
+    compactions = [e for e in events if isinstance(e, CompactionCompletedEvent)]
+    assert compactions
+    assert all(c.tokens_after < 0.85 * 900 < c.tokens_before for c in compactions)
+    assert all(estimate_tokens(c) <= 900 for c in model.calls)
+    assert isinstance(events[-1], DoneEvent)
+    assert events[-1].status == "succeeded"
+    last = [str(m.content) for m in model.calls[-1].messages]
+    assert "read the twelve pages" in last  # the turn's opening message stays
 
 
 @tool

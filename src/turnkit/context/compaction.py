@@ -2,8 +2,9 @@
 
 Pure functions; the tool-loop stage makes the summary call. With a utility model the
 summarized messages are replaced by one summary message. Without one, the oldest turns
-are dropped until the request fits (a note says so). Either way the list then grows by
-appending again.
+are dropped until the request fits (a note says so). When the current turn is itself the
+bulk (a long run of tool rounds), its own work since its opening message is what goes.
+Either way the list then grows by appending again.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ __all__ = (
     "keep_newest",
     "needs_compaction",
     "split_for_summary",
+    "split_within_turn",
     "summary_request",
     "with_summary",
 )
@@ -68,6 +70,18 @@ def split_for_summary(transcript: list[TranscriptMessage]) -> Split:
     system = transcript[:1]
     if opening > 1:
         return Split(head=system, middle=transcript[1:opening], tail=transcript[opening:])
+    return Split(head=transcript[: opening + 1], middle=transcript[opening + 1 :], tail=[])
+
+
+def split_within_turn(transcript: list[TranscriptMessage]) -> Split:
+    """Where to cut when the current turn itself is the bulk: after its opening message.
+
+    What came before stays as it is (earlier turns, or their summary); the turn's own
+    work since its opening message is summarized (or its oldest rounds dropped).
+    """
+    opening = max(
+        (i for i, m in enumerate(transcript) if m.get("opens_turn")), default=len(transcript)
+    )
     return Split(head=transcript[: opening + 1], middle=transcript[opening + 1 :], tail=[])
 
 

@@ -26,6 +26,7 @@ from turnkit.context.compaction import (
     keep_newest,
     needs_compaction,
     split_for_summary,
+    split_within_turn,
     summary_request,
     with_summary,
 )
@@ -157,8 +158,12 @@ async def _compact(
     if estimate_tokens(probe) * 4 < window * 0.4:
         return None
     before = family.count_tokens(probe)
+    if not needs_compaction(before, window):
+        return None
     split = split_for_summary(transcript)
-    if not needs_compaction(before, window) or not split.middle:
+    if split.tail and needs_compaction(tokens([*split.head, *split.tail]), window):
+        split = split_within_turn(transcript)  # without earlier turns it would not fit
+    if not split.middle:
         return None
     rec = ctx.recorder
     await rec.ephemeral(CompactionStartedEvent, stage_id)
