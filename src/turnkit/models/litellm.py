@@ -266,8 +266,7 @@ class LiteLLMClient:
             or context_window < 1
         ):
             raise ConfigurationError(
-                f"`context_window` must be a whole number of tokens above 0, not "
-                f"{context_window!r}"
+                f"`context_window` must be a whole number of tokens above 0, not {context_window!r}"
             )
         if api_key_env is not None and not api_key_env.strip():
             raise ConfigurationError("`api_key_env` must name an environment variable")
