@@ -328,6 +328,49 @@ async def test_pictures_past_twenty_are_released_but_never_the_users(
     assert turn.blocks[0].attachments == (attached,)
 
 
+@tool
+async def scan_batch(batch: int) -> list[ImagePart]:
+    """Eight pictures of one batch."""
+    return [ImagePart(data=PNG + bytes([batch, i]), media_type="image/png") for i in range(8)]
+
+
+def _pictures_in(request: ModelRequest) -> int:
+    return sum(
+        isinstance(p, ImagePart)
+        for m in request.messages
+        if not isinstance(m.content, str)
+        for p in m.content
+    )
+
+
+async def test_only_pictures_the_model_has_seen_are_released(
+    runtime_factory: RuntimeFactory,
+) -> None:
+    """A round of three calls returns 24 pictures at once: none is released unseen (the
+    model would be told to look again at what it never saw). An earlier turn's attached
+    pictures are seen ones, and go before the new message's own."""
+    batch = ModelStep.tool_call_reply(
+        call("scan_batch", batch=1), call("scan_batch", batch=2), call("scan_batch", batch=3)
+    )
+    model = ScriptedModel(
+        [ModelStep.text_reply("Noted."), batch, ModelStep.text_reply("Read all 24.")]
+    )
+    runtime = runtime_factory(
+        Agent(model=model, tools=[scan_batch], skip_stages=frozenset({"anchor-plan"}))
+    )
+    earlier = [ImagePart(url=f"https://example.com/old-{i}.png") for i in range(6)]
+    await collect_events(runtime.execute_message("s1", [TextPart(text="Old scans."), *earlier]))
+    now = [ImagePart(url=f"https://example.com/new-{i}.png") for i in range(2)]
+    events = await collect_events(runtime.execute_message("s1", [TextPart(text="Scan."), *now]))
+    assert isinstance(events[-1], DoneEvent)
+    assert events[-1].status == "succeeded"
+    after_batch = model.calls[-1]  # 6 old + 2 new + 24 unread: the 6 old ones go
+    assert _pictures_in(after_batch) == 2 + 24
+    texts = [str(m.content) for m in after_batch.messages]
+    assert any("6 picture(s) the person attached earlier were released" in t for t in texts)
+    assert not any("reviewed earlier were released" in t for t in texts)
+
+
 async def test_too_many_attached_pictures_are_refused(runtime_factory: RuntimeFactory) -> None:
     model = ScriptedModel([])
     runtime = runtime_factory(Agent(model=model))

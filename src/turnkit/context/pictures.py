@@ -1,10 +1,11 @@
 """Picture release: the one other deliberate exception to the prefix rule.
 
 A picture stays in the list for the rest of a turn, and providers refuse large pictures
-once a call carries more than twenty. So when a call would carry more than twenty, the
-pictures in every tool result except the newest are replaced by a note; a picture the
-person attached is never released. That call pays for the cache again; the list then
-grows by appending until it crosses twenty again.
+once a call carries more than twenty. So when a call would carry more than twenty, every
+picture the model has seen already (in tool results it has read, attached to earlier
+turns' messages) is replaced by a note; the newest round's results and the current
+message's own pictures stay. That call pays for the cache again; the list then grows by
+appending until it crosses twenty again.
 """
 
 from __future__ import annotations
@@ -25,20 +26,34 @@ def count_pictures(transcript: list[TranscriptMessage]) -> int:
 
 
 def release_pictures(transcript: list[TranscriptMessage]) -> tuple[list[TranscriptMessage], int]:
-    """Replace pictures in every tool result but the newest; returns (list, released)."""
-    holders = [i for i, m in enumerate(transcript) if m["role"] == "tool" and picture_parts(m)]
+    """Replace the pictures the model has already seen; returns (list, released).
+
+    Seen: a tool result before the newest assistant message (the newest round's results
+    are still unread, however many), and a picture attached to an earlier turn's message.
+    The current message's own pictures are never released.
+    """
+    last_call = max((i for i, m in enumerate(transcript) if m["role"] == "assistant"), default=-1)
+    opening = max(
+        (i for i, m in enumerate(transcript) if m.get("opens_turn")), default=len(transcript)
+    )
     released = 0
     out = list(transcript)
-    for index in holders[:-1]:
-        message = out[index]
+    for index, message in enumerate(transcript[:last_call]):
+        count = picture_parts(message)
+        if not count:
+            continue
+        if message["role"] == "tool":
+            said = (
+                f"[{count} picture(s) reviewed earlier were released to save context; "
+                "call the tool again to inspect them]"
+            )
+        elif message["role"] == "user" and index < opening:
+            said = f"[{count} picture(s) the person attached earlier were released to save context]"
+        else:
+            continue
         content = message["content"]
         assert not isinstance(content, str)  # it has pictures, so it has parts
-        count = picture_parts(message)
-        note: PartJson = {
-            "kind": "text",
-            "text": f"[{count} picture(s) reviewed earlier were released to save context; "
-            "call the tool again to inspect them]",
-        }
+        note: PartJson = {"kind": "text", "text": said}
         parts = [p for p in content if p.get("kind") != "image"]
         out[index] = {**message, "content": [*parts, note]}
         released += count

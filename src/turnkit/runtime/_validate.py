@@ -40,7 +40,7 @@ class TurnRequest:
 
 
 MAX_PICTURES = 20
-"""Pictures one message may carry (a picture the person attached is never released)."""
+"""Pictures one message may carry (the current message's own are never released)."""
 MAX_PICTURE_BYTES = 20 * 1024 * 1024
 """The largest picture one message may carry inline (`ImagePart.data` or a `data:` URL)."""
 
