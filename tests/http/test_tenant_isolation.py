@@ -14,10 +14,20 @@ import httpx
 import pytest
 from fastapi import FastAPI, Header
 
-from turnkit import Agent, Organisation, Principal, RuntimeConfig, SessionRuntime
+from turnkit import (
+    Agent,
+    Department,
+    Organisation,
+    Principal,
+    RuntimeConfig,
+    SessionRuntime,
+    ToolContext,
+    tool,
+)
 from turnkit.errors import SessionNotFoundError
 from turnkit.http import create_turnkit_router, install_problem_handlers
-from turnkit.testing import ModelStep, ScriptedModel
+from turnkit.runtime.deps import DepsScope
+from turnkit.testing import ModelStep, ScriptedModel, call, collect_events
 
 API = "/api/harness"
 
@@ -161,3 +171,41 @@ async def test_ids_and_keys_with_a_nul_character_are_refused_not_a_server_error(
         answer = await http.request(method, f"{API}{path}", headers=alice, json=body)
         assert answer.status_code in (404, 422), (path, answer.status_code, answer.text)
         assert answer.headers["content-type"].startswith("application/problem+json")
+
+
+SEEN: list[tuple[object, ...]] = []
+
+
+@tool
+async def whoami(ctx: ToolContext) -> str:
+    """Say who is asking."""
+    caller = ctx.caller
+    assert caller is not None
+    SEEN.append((ctx.principal, caller.id, caller.organisation, caller.department))
+    return caller.organisation
+
+
+async def test_tools_and_deps_see_the_whole_caller(db: tuple[str, str | None]) -> None:
+    """Ids are unique only within an organisation: a tool (and the deps factory) must be
+    able to tell which tenant it acts for."""
+    SEEN.clear()
+    scopes: list[DepsScope] = []
+
+    def deps(scope: DepsScope) -> str:
+        scopes.append(scope)
+        return "deps"
+
+    url, schema = db
+    model = ScriptedModel(
+        [ModelStep.tool_call_reply(call("whoami")), ModelStep.text_reply("Done.")]
+    )
+    async with SessionRuntime(
+        agent=Agent(model=model, tools=[whoami], skip_stages=frozenset({"anchor-plan"})),
+        tenancy=[Organisation(name="globex", departments=(Department(name="ops"),))],
+        config=RuntimeConfig(database_url=url, database_schema=schema),
+        deps=deps,
+    ) as runtime:
+        gina = Principal(id="alice", organisation="globex", department="ops")
+        await collect_events(runtime.execute_message("s1", "who?", principal=gina))
+    assert SEEN == [("alice", "alice", "globex", "ops")]
+    assert [s.caller for s in scopes] == [gina]

@@ -256,6 +256,7 @@ class TurnRunner:
                 session_id=record.session_id,
                 turn_id=record.turn_id,
                 agent=agent.name,
+                caller=pinned.caller,
             )
             deps = await build_deps(self.deps_factory, scope)
         plugins = merge_plugins(agent.plugins, self.plugins)
@@ -272,6 +273,7 @@ class TurnRunner:
                 thinking_budget=budget,
                 synthesis=synthesis,
                 principal=principal,
+                caller=pinned.caller,
                 deps=deps,
                 skills=skills,
                 plugins=plugins,

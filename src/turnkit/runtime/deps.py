@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from turnkit.ids import SessionId, TurnId
+from turnkit.tenancy import Principal
 
 __all__ = ("NO_DEPS", "DepsFactory", "DepsScope", "build_deps")
 
@@ -29,6 +30,8 @@ class DepsScope:
     session_id: SessionId
     turn_id: TurnId
     agent: str
+    caller: Principal | None = None
+    """Who sent the message, whole (organisation, department, roles); None: anonymous."""
 
 
 DepsFactory = Callable[[DepsScope], Any | Awaitable[Any]]

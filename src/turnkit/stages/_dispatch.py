@@ -257,6 +257,7 @@ async def _reconcile(
             tool_call_id=ToolCallId(part.tool_call_id),
             idempotency_key=key,
             principal=ctx.principal,
+            caller=ctx.caller,
             deps=ctx.deps,
             callback_token=ctx.callback_token,
         )
@@ -313,6 +314,7 @@ async def _invoke(
         tool_call_id=reports.call_id,
         idempotency_key=idempotency_key(rec.session_id, rec.turn_id, part.tool_call_id),
         principal=ctx.principal,
+        caller=ctx.caller,
         deps=ctx.deps,
         callback_token=ctx.callback_token,
         _progress=reports.progress,

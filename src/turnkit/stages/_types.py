@@ -21,6 +21,7 @@ from turnkit.models.family import ModelFamily
 from turnkit.plugins import Plugin
 from turnkit.skills import Skill
 from turnkit.telemetry import Recorder
+from turnkit.tenancy import Principal
 from turnkit.tools import ToolRegistry
 
 __all__ = (
@@ -88,6 +89,8 @@ class StageContext:
     """The family of a separate synthesis call; None: the loop's terminal text answers."""
     principal: str | None = None
     """Who sent the message; tools see it in `ToolContext.principal`."""
+    caller: Principal | None = None
+    """The same, whole (organisation, department, roles): `ToolContext.caller`."""
     deps: object = None
     """The app's dependencies for this turn; tools see them in `ToolContext.deps`."""
     plugins: tuple[Plugin, ...] = ()

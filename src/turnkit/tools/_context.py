@@ -7,6 +7,7 @@ from typing import Any, Generic
 from typing_extensions import TypeVar
 
 from turnkit.ids import SessionId, ToolCallId, TurnId
+from turnkit.tenancy import Principal
 
 __all__ = ("DepsT", "ToolContext")
 
@@ -32,7 +33,10 @@ class ToolContext(Generic[DepsT]):
         tool_call_id: The model's id for this call.
         idempotency_key: Stable across retries and recovery of the same call: a tool that
             honours it has its effect exactly once.
-        principal: Who sent the message (None: anonymous).
+        principal: Who sent the message: its id (None: anonymous).
+        caller: Who sent the message, whole: id, organisation, department and roles, as
+            pinned with the turn (None: anonymous). Ids are unique only within an
+            organisation: a multi-tenant tool tells tenants apart by `caller`.
         deps: The app's dependencies for this turn (a pool, a client, permissions), as
             given with the message in this process, else built by the runtime's `deps`
             factory: after a pause, a restart or on a worker they are built again, never
@@ -48,6 +52,7 @@ class ToolContext(Generic[DepsT]):
     tool_call_id: ToolCallId
     idempotency_key: str
     principal: str | None = None
+    caller: Principal | None = None
     deps: DepsT = None  # type: ignore[assignment]
     callback_token: str | None = field(default=None, repr=False)
     _progress: Callable[[float | None, str | None], Awaitable[None]] = field(
