@@ -26,6 +26,7 @@ from turnkit import (
     tool,
 )
 from turnkit.blocks import ThinkingSummaryBlock, UserBlock
+from turnkit.context.compaction import SUMMARY_PROMPT as COMPACTION_PROMPT
 from turnkit.context.prefix import RequestView, check_prefix
 from turnkit.events import (
     CompactionCompletedEvent,
@@ -209,6 +210,26 @@ async def test_compaction_counts_exactly_text_of_a_token_a_character(
         compacted += [e for e in events if isinstance(e, CompactionCompletedEvent)]
     assert compacted, "the third turn's request (1,000+ tokens) had to be compacted"
     assert all(model.count_tokens(c) <= 900 for c in model.calls)
+
+
+async def test_a_summary_too_long_for_the_utility_model_keeps_the_newest_turns(
+    runtime_factory: RuntimeFactory,
+) -> None:
+    """The summary request would not fit the utility model's own window: the turn keeps
+    its newest turns instead of sending it a request it must refuse."""
+    long = "word " * 300
+    model = ScriptedModel(
+        [ModelStep.text_reply(long), ModelStep.text_reply("Short answer.")], context_window=900
+    )
+    small = ScriptedModel([ModelStep.respond(_background)], repeat_last=True, context_window=200)
+    runtime = runtime_factory(Agent(model=model, utility_model=small, tools=[add]))
+    await collect_events(runtime.execute_message("s1", long))
+    events = await collect_events(runtime.execute_message("s1", "Now be brief."))
+    [done] = [e for e in events if isinstance(e, CompactionCompletedEvent)]
+    assert (done.strategy, done.model) == ("keep-newest", None)
+    assert not [c for c in small.calls if c.messages[0].content == COMPACTION_PROMPT]
+    assert isinstance(events[-1], DoneEvent)
+    assert events[-1].status == "succeeded"
 
 
 async def test_compaction_without_a_utility_model_keeps_the_newest_turns(

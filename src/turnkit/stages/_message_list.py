@@ -167,7 +167,7 @@ async def _compact(
         return None
     rec = ctx.recorder
     await rec.ephemeral(CompactionStartedEvent, stage_id)
-    if ctx.utility is not None:
+    if ctx.utility is not None and _fits_utility(ctx.utility, split.middle):
         result = await call_model(
             ctx,
             stage_id,
@@ -210,6 +210,15 @@ async def _compact(
         model=model,
     )
     return compacted
+
+
+def _fits_utility(utility: ModelFamily, middle: list[TranscriptMessage]) -> bool:
+    """Whether the summary request fits the utility model's own window (else: keep-newest)."""
+    window = utility.context_window()
+    if window is None:
+        return True
+    request = ModelRequest(messages=summary_request(middle), purpose="utility")
+    return not needs_compaction(utility.count_tokens(request), window)
 
 
 def repaired_calls(response: ModelResponse) -> tuple[ToolCallPart, ...]:
