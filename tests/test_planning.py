@@ -129,6 +129,21 @@ async def test_clear_work_gets_a_task_list_the_ui_can_draw_at_once(tmp_path: Pat
     assert "update_tasks" in _system_notes(model.calls[0])
 
 
+async def test_without_a_utility_model_a_long_request_asks_for_a_task_list(
+    tmp_path: Path,
+) -> None:
+    """The word-count heuristic's task-list tier writes no tasks itself: it asks the model
+    to set them (it did nothing at all)."""
+    model = ScriptedModel([ModelStep.text_reply("On it.")], repeat_last=True)
+    agent = Agent(model=model, planning=True)
+    long = "Please compare these three laptops on price, weight and battery life " * 6
+    async with _runtime(tmp_path, agent) as runtime:
+        await collect_events(runtime.execute_message("s1", long))
+        await collect_events(runtime.execute_message("s2", "Hi there"))
+    assert "first set its task list with `update_tasks`" in _system_notes(model.calls[0])
+    assert "update_tasks" not in _system_notes(model.calls[1])  # a short message: no tier
+
+
 async def test_a_bad_task_list_is_a_failed_result_the_model_reads(tmp_path: Path) -> None:
     model = ScriptedModel(
         [

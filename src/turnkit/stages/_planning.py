@@ -168,7 +168,13 @@ def plan_notes(ctx: StageContext, plan: PlanGenerationPayload, picked: Skill | N
             f"Step 1 — {skills[BRAINSTORMING].name}:\n{skills[BRAINSTORMING].instructions}\n\n"
             f"Step 2 — {skills[WRITING_PLANS].name}:\n{skills[WRITING_PLANS].instructions}"
         )
-    elif plan.depth == "task_list" and plan.tasks:
+    elif plan.depth == "task_list" and not plan.tasks:  # the heuristic's: none written
+        notes.append(
+            "This request takes several steps: first set its task list with `update_tasks` "
+            "(ids t1, t2, ...), then keep it current: mark a task in_progress when you start "
+            "it and done when it is finished."
+        )
+    elif plan.depth == "task_list":
         tasks = tuple(Task(id=f"t{i}", title=title) for i, title in enumerate(plan.tasks, 1))
         ctx.recorder.durable(TasksUpdatedEvent, "anchor-plan", tasks=tasks, tool_call_id=None)
         notes.append(
