@@ -365,7 +365,8 @@ async def test_a_stop_that_ends_an_orphaned_turn_gives_its_unread_guide_a_turn(
     assert guided.guided
     await first.close()  # abandoned: no driver writes its ending
 
-    async with SessionRuntime(agent=Agent(model=ScriptedModel([])), config=config) as other:
+    model.gate.set()  # the same agent answers from now on
+    async with SessionRuntime(agent=Agent(model=model), config=config) as other:
 
         async def lapsed() -> bool:
             record = await other.turn(submission.turn_id)
@@ -373,6 +374,54 @@ async def test_a_stop_that_ends_an_orphaned_turn_gives_its_unread_guide_a_turn(
 
         await until(lapsed, "the lease lapses")
         assert await other.cancel(submission.turn_id) == "cancelled"
+        later = await other.start("s1", "and then D")
+
+        async def all_answered() -> bool:
+            turns = await other.store.list_turns(SessionId("s1"))
+            return len(turns) == 3 and all(t.status != "running" for t in turns)
+
+        await until(all_answered, "the guide's turn runs, then the next message's")
         turns = await other.store.list_turns(SessionId("s1"))
-    assert [t.content for t in turns] == ["compare A and B", "also check C"]
-    assert turns[1].status == "running"  # queued for whoever claims next
+    assert [(t.content, t.status) for t in turns] == [
+        ("compare A and B", "cancelled"),
+        ("also check C", "succeeded"),
+        ("and then D", "succeeded"),
+    ]
+    assert turns[2].turn_id == later.turn_id
+
+
+async def test_a_stop_landing_as_the_turn_pauses_ends_it_when_someone_answers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Stop from another process in the instant between the driver's last look and its
+    pause: the turn pauses with the Stop noted; whoever answers resumes a turn that ends
+    `cancelled` before it runs anything, never one whose approved tool is cut mid-run."""
+    RAN.clear()
+    WORKING.clear()
+    FINISH.set()
+    config = _config(tmp_path, lease_ttl_s=60)
+    agent = Agent(model=_looks_up_then_wires(), tools=[slow_lookup, wire_money])
+    async with (
+        SessionRuntime(agent=agent, config=config) as driving,
+        SessionRuntime(agent=Agent(model=ScriptedModel([])), config=config) as elsewhere,
+    ):
+        renew = driving.store.renew
+        stops: list[str] = []
+
+        async def renew_then_stop(lease: Any, **kwargs: Any) -> Any:
+            renewed = await renew(lease, **kwargs)
+            if not stops:  # the renewal before the pause: Stop lands right after it
+                stops.append(await elsewhere.cancel(lease.turn_id))
+            return renewed
+
+        monkeypatch.setattr(driving.store, "renew", renew_then_stop)
+        events = await drain(driving.execute_message("s1", "pay bob"))
+        [asked] = [e for e in events if isinstance(e, ApprovalRequestedEvent)]
+        assert stops == ["running"]
+        await driving.resume(asked.turn_id, asked.request_id, Approve())
+
+        async def ended() -> bool:
+            return (await driving.turn(asked.turn_id)).status == "cancelled"
+
+        await until(ended, "the resumed turn ends cancelled")
+    assert RAN == []

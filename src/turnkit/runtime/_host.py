@@ -159,6 +159,8 @@ class TurnHost:
             after = record.last_seq - 1 if record is not None else 0
             async for done in store.read_events(turn_id, after_seq=after):
                 await self.replay.publish(turn_id, [(done.seq, done.data, True)])
+            if record is not None:  # guides it never presented wait as turns of their own
+                await self.pick_up(record.session_id)
         return status
 
     async def _drive(

@@ -91,6 +91,9 @@ class LeaseKeeper:
         while the lease it last renewed still runs (nobody can take the turn before that):
         a blip during a long tool call does not cost the turn an attempt.
         """
+        if self.lease.cancel_requested:  # Stop came while no driver held it: do nothing
+            graph_task.cancel()
+            return
         ttl = self.config.lease_ttl_s
         interval = ttl / 3
         last = renewed = self.clock.monotonic()

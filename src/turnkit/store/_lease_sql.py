@@ -108,7 +108,9 @@ def _claim_update(*, first: bool) -> Any:
             started_at=bindparam("c_now") if first else turns.c.started_at,
             updated_at=bindparam("c_now"),
         )
-        .returning(turns.c.session_id, turns.c.last_seq, turns.c.started_at)
+        .returning(
+            turns.c.session_id, turns.c.last_seq, turns.c.started_at, turns.c.cancel_requested
+        )
     )
 
 
@@ -168,6 +170,7 @@ def _taken(
         took_over=candidate.lease_owner is not None,
         last_seq=won.last_seq,
         started_at=started,
+        cancel_requested=bool(won.cancel_requested),
         record=record,
     )
 
