@@ -134,10 +134,22 @@ class ScriptedModel:
         return "scripted"
 
     def assert_complete(self) -> None:
-        """Fail unless every scripted step was played."""
+        """Fail unless every scripted step was played and no call came after them.
+
+        A call past the script raises `UnexpectedModelCall` inside the turn, where the
+        runtime may only log it (a thinking summary or a session name that failed): this
+        says so in the test.
+        """
         if self._cursor < len(self.steps):
             raise AssertionError(
                 f"{len(self.steps) - self._cursor} scripted step(s) were never played"
+            )
+        past = len(self.calls) - len(self.steps)
+        if past > 0 and not self.repeat_last:
+            raise AssertionError(
+                f"ScriptedModel {self.name!r} was called {len(self.calls)} times; its script "
+                f"has {len(self.steps)} step(s). The call(s) past it: "
+                + ", ".join(repr(c.purpose) for c in self.calls[len(self.steps) :])
             )
 
     def _next_step(self, request: ModelRequest) -> ModelStep:
