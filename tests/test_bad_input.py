@@ -29,6 +29,7 @@ from turnkit import (
 )
 from turnkit.blocks import ImagePart, TextPart
 from turnkit.runtime import MessageContent
+from turnkit.runtime._validate import inline_bytes
 from turnkit.testing import ModelStep, ScriptedModel, collect_events
 
 
@@ -119,8 +120,14 @@ async def test_a_picture_over_the_limit_is_refused_however_it_is_sent(
         with pytest.raises(ContentTooLargeError, match="limit is 20971520"):
             await collect_events(runtime.execute_message("s1", [picture]))
     await _nothing_written(runtime_factory, "s1")
+    with pytest.raises(InvalidInputError, match="holds no bytes"):
+        await collect_events(
+            runtime.execute_message("s1", [ImagePart(url="data:image/png;base64,")])
+        )
     with pytest.raises(ValidationError, match="`data` is empty"):
         ImagePart(data=b"")
+    at_limit = "data:image/png;base64," + base64.b64encode(bytes(20 * 1024 * 1024)).decode()
+    assert inline_bytes(ImagePart(url=at_limit)) == 20 * 1024 * 1024  # the limit is allowed
     assert ImagePart(data=b"\x89PNG", media_type="IMAGE/PNG").media_type == "image/png"
 
 

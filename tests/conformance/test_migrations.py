@@ -9,6 +9,7 @@ from pathlib import Path
 
 import sqlalchemy as sa
 from alembic import command
+from tests.helpers import new_input
 
 from turnkit.ids import SessionId, TurnId
 from turnkit.store import TurnTranscript
@@ -168,6 +169,11 @@ async def test_0013_gives_each_owned_session_its_first_turn_organisation(tmp_pat
     async with SqlStore.from_url(f"sqlite:///{path}") as store:  # opening upgrades to head
         found = {sid: await store.get_session(SessionId(sid)) for sid in ("s-acme", "s-new")}
         opened = await store.get_session(SessionId("s-open"))
+        # Its owner's next message gives a turnless one the owner's organisation.
+        await store.submit(new_input(session="s-new", principal="alice", organisation="acme"))
+        claimed = await store.get_session(SessionId("s-new"))
+    assert claimed is not None
+    assert claimed.organisation == "acme"
     assert found["s-acme"] is not None
     assert found["s-acme"].organisation == "acme"
     assert found["s-acme"].visible_to("alice", "acme")

@@ -133,8 +133,11 @@ async def test_the_sdk_refuses_a_principal_another_principals_session(
         await runtime.start("s1", "hi", principal=intruder)
     assert await runtime.store.list_turns("s1") == []  # type: ignore[arg-type]
     # The app's own code (no principal) may still post into any session.
-    submission = await runtime.start("s1", "from the app")
+    submission = await runtime.start("s1", "from the app", request_id="r1")
     assert submission.is_new
+    # Another principal retrying that request id learns nothing: not even the turn's id.
+    with pytest.raises(SessionNotFoundError):
+        await runtime.start("s1", "from the app", request_id="r1", principal=intruder)
 
 
 async def test_each_callers_usage_is_its_own(

@@ -56,7 +56,10 @@ def inline_bytes(picture: ImagePart) -> int:
     if url[:5].lower() != "data:":
         return 0
     head, _, payload = url.partition(",")
-    return len(payload) * 3 // 4 if head.lower().endswith(";base64") else len(payload)
+    if not head.lower().endswith(";base64"):
+        return len(payload)
+    padding = len(payload) - len(payload.rstrip("="))
+    return len(payload) * 3 // 4 - padding
 
 
 def split_content(content: MessageContent) -> tuple[str, tuple[ImagePart, ...]]:
@@ -181,6 +184,8 @@ def _check_picture_url(url: str) -> None:
             f"a picture's data: URL must carry an image type (data:image/...), not {kind!r}",
             url=url[:200],
         )
+    if lowered.startswith("data:") and not url.partition(",")[2]:
+        raise InvalidInputError("a picture's data: URL holds no bytes", url=url[:200])
     if not lowered.startswith(("http://", "https://", "data:")):
         scheme = url.split(":", 1)[0] if ":" in url else url[:16]
         raise InvalidInputError(

@@ -98,7 +98,10 @@ def _presented_through(conn: Connection, turn_id: TurnId, input_seq: int) -> int
     for (data,) in conn.execute(
         select(events.c.data).where(events.c.turn_id == turn_id, events.c.type == "input.guided")
     ):
-        event = decode_event(data)
+        try:
+            event = decode_event(data)
+        except ValueError:  # unreadable (damaged, or a newer turnkit's): skipped, as readers do
+            continue
         if isinstance(event, InputGuidedEvent):
             newest = max(newest, event.input_seq)
     return newest

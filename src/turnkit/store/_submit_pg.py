@@ -52,6 +52,9 @@ WITH found AS (
         last_input_seq = tk_sessions.last_input_seq + 1,
         title = CASE WHEN tk_sessions.last_input_seq = 0 AND tk_sessions.title IS NULL
                      THEN excluded.title ELSE tk_sessions.title END,
+        organisation = CASE WHEN tk_sessions.principal IS NOT NULL
+                            THEN COALESCE(tk_sessions.organisation, excluded.organisation)
+                            ELSE tk_sessions.organisation END,
         updated_at = excluded.updated_at
     WHERE {OWNER_MAY_POST}
     RETURNING last_input_seq AS seq

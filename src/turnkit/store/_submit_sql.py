@@ -12,12 +12,31 @@ import json
 from datetime import datetime, timedelta
 from typing import Any, cast
 
-from sqlalchemy import Connection, and_, bindparam, case, exists, null, or_, select, update
+from sqlalchemy import (
+    Connection,
+    and_,
+    bindparam,
+    case,
+    exists,
+    func,
+    null,
+    or_,
+    select,
+    update,
+)
 
 from turnkit.errors import RequestConflictError, SessionNotFoundError
 from turnkit.events import TurnStartedEvent, encode_event
 from turnkit.ids import SessionId, TurnId, uuid7
-from turnkit.store import ClaimRequest, Delivery, Lease, NewInput, Submission, TurnRecord
+from turnkit.store import (
+    ClaimRequest,
+    Delivery,
+    Lease,
+    NewInput,
+    Submission,
+    TurnRecord,
+    _sessions_sql as sessions_sql,
+)
 from turnkit.store._schema import (
     UNFINISHED,
     attachments_json,
@@ -87,6 +106,8 @@ def submit(conn: Connection, insert: Any, new: NewInput, now: datetime) -> Submi
         found = conn.execute(
             _BY_REQUEST, {"q_session": new.session_id, "q_request": new.request_id}
         ).first()
+        if found is not None and not _owner_may_post(conn, new):
+            raise SessionNotFoundError(f"no session {new.session_id!r}", session_id=new.session_id)
         if found is not None:
             pictures = found.opened is not None and found.attachments != attachments_json(
                 new.attachments
@@ -233,10 +254,26 @@ def _next_input_seq(insert: Any) -> Any:
         set_={
             "last_input_seq": sessions.c.last_input_seq + 1,
             "title": case((unnamed_and_first, new.excluded.title), else_=sessions.c.title),
+            # An owned session older than the column takes its owner's on its next message.
+            "organisation": case(
+                (
+                    sessions.c.principal.is_not(None),
+                    func.coalesce(sessions.c.organisation, new.excluded.organisation),
+                ),
+                else_=sessions.c.organisation,
+            ),
             "updated_at": new.excluded.updated_at,
         },
         where=owner_may_post(new.excluded),
     ).returning(sessions.c.last_input_seq)
+
+
+def _owner_may_post(conn: Connection, new: NewInput) -> bool:
+    """Whether `new`'s principal may post into its session (no principal: the app may)."""
+    found = sessions_sql.get(conn, new.session_id)
+    return (
+        new.principal is None or found is None or found.visible_to(new.principal, new.organisation)
+    )
 
 
 def owner_may_post(sent: Any) -> Any:

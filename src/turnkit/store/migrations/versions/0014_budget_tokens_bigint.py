@@ -28,6 +28,9 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    # A limit past 32 bits cannot go back: it becomes the largest the old column holds.
+    for table in ("tk_budget_limits", "tk_budget_reservations"):
+        op.execute(f"UPDATE {table} SET tokens = 2147483647 WHERE tokens > 2147483647")
     with op.batch_alter_table("tk_budget_reservations") as batch:
         batch.alter_column(
             "tokens", type_=sa.Integer(), existing_type=sa.BigInteger(), existing_nullable=False
