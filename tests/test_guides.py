@@ -87,6 +87,41 @@ async def test_a_guide_joins_the_running_turn_before_the_next_request(
     assert len(await runtime.store.list_turns(SessionId("s1"))) == 1
 
 
+@pytest.mark.parametrize("durability", ["async", "exit"])
+async def test_a_guide_joins_before_the_next_request_whatever_the_checkpoints(
+    db: tuple[str, str | None], durability: str
+) -> None:
+    """With checkpoints written beside the work (`async`, PostgreSQL's default) no commit
+    reports the guide before the next request is built: the process that took the
+    guide tells its driver."""
+    url, schema = db
+    release = asyncio.Event()
+    model = ScriptedModel(
+        [
+            ModelStep.tool_call_reply(call("slow_lookup", q="A")),
+            ModelStep.text_reply("Checked A, and B as you asked."),
+        ]
+    )
+    config = RuntimeConfig(
+        database_url=url,
+        database_schema=schema,
+        checkpoint_durability=durability,  # type: ignore[arg-type]
+    )
+    async with SessionRuntime(
+        agent=Agent(model=model, tools=[_slow_lookup(release)]), config=config
+    ) as runtime:
+        events: list[object] = []
+        consumer = asyncio.create_task(_drain(runtime.execute_message("s1", "check A"), events))
+        await _wait_for(lambda: any(isinstance(e, ToolStartedEvent) for e in events))
+        assert (await runtime.submit("s1", "also check B", delivery="guide")).guided
+        release.set()
+        await asyncio.wait_for(consumer, 10)
+        assert len(await runtime.store.list_turns(SessionId("s1"))) == 1
+    [joined] = [e for e in events if isinstance(e, InputGuidedEvent)]
+    assert joined.content == "also check B"
+    assert model.calls[1].messages[-1].content == "also check B"
+
+
 async def test_a_guide_the_turn_never_presented_gets_its_own_turn(
     runtime_factory: RuntimeFactory,
 ) -> None:

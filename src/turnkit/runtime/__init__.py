@@ -150,7 +150,7 @@ class SessionRuntime(RuntimeControl, RuntimeCallbacks, RuntimeBudgets):
             principal=caller.id if caller else None,
             session_id=request.session_id,
         )
-        return await self.store.submit(
+        submission = await self.store.submit(
             new_input(
                 request,
                 admitted,
@@ -163,6 +163,9 @@ class SessionRuntime(RuntimeControl, RuntimeCallbacks, RuntimeBudgets):
                 claim_for=self.owner if claim else None,
             )
         )
+        if submission.guided:
+            self.runner().heard_guide(submission.turn_id, submission.input_seq)
+        return submission
 
     async def skills(self, principal: str | None = None) -> tuple[Skill, ...]:
         """The skills `principal` may pick with `/slug`: yours they may see, then builtin."""

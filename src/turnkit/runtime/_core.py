@@ -6,6 +6,7 @@ import asyncio
 import logging
 import os
 import socket
+import weakref
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Self, cast
 
@@ -25,7 +26,7 @@ from turnkit.runtime._families import ModelFamilies
 from turnkit.runtime._held import HeldTranscripts
 from turnkit.runtime._host import TurnHost
 from turnkit.runtime._opening import open_store
-from turnkit.runtime._runner import TurnRunner
+from turnkit.runtime._runner import Driving, TurnRunner
 from turnkit.runtime.admission import Admission, AdmissionCheck, DocumentResolver
 from turnkit.runtime.agents import AgentCatalog, ToolAccess
 from turnkit.runtime.deps import DepsFactory
@@ -107,6 +108,8 @@ class RuntimeCore:
         self.replay: ReplayBuffer = replay or InMemoryReplayBuffer()
         """Where detached and worker-driven turns publish for live readers."""
         self._graph: TurnGraph | None = None
+        self._driving: Driving = weakref.WeakValueDictionary()
+        """This process's turn drivers by turn, for the runners to share."""
         self._held = HeldTranscripts()  # sessions' transcripts, kept across their turns
         self._aftermath = Aftermath()  # work turns left running after their ending
         self._opening: asyncio.Event | None = None
@@ -299,6 +302,7 @@ class RuntimeCore:
             plugins=self.plugins,
             held=self._held,
             aftermath=self._aftermath,
+            driving=self._driving,
         )
 
 

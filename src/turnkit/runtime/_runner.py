@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
@@ -13,6 +14,7 @@ from turnkit.clock import Clock
 from turnkit.config import RuntimeConfig
 from turnkit.errors import TurnNotFoundError
 from turnkit.graph import TurnGraph, pause_here
+from turnkit.ids import TurnId
 from turnkit.models import ModelSettings
 from turnkit.models.family import ModelFamily, resolve_family
 from turnkit.plugins import Plugin, merge_plugins
@@ -31,7 +33,10 @@ from turnkit.store import Lease, Store, TurnRecord
 from turnkit.telemetry import Recorder
 from turnkit.tenancy import DEFAULT_DEPARTMENT, DEFAULT_ORGANISATION, Principal
 
-__all__ = ("TurnRunner", "pinned_config")
+__all__ = ("Driving", "TurnRunner", "pinned_config")
+
+Driving = weakref.WeakValueDictionary[TurnId, TurnDriver]
+"""A process's turn drivers by turn id (a driver is forgotten once nothing holds it)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -164,6 +169,7 @@ class TurnRunner:
         plugins: Sequence[Plugin] = (),
         held: HeldTranscripts | None = None,
         aftermath: Aftermath | None = None,
+        driving: Driving | None = None,
     ) -> None:
         self.agents = agents
         self.aftermath = aftermath
@@ -178,6 +184,19 @@ class TurnRunner:
         self.config = config
         self.clock = clock
         self.family = family
+        self._driving: Driving = driving if driving is not None else weakref.WeakValueDictionary()
+        """The process's drivers by turn (each forgotten once nothing holds it)."""
+
+    def heard_guide(self, turn_id: TurnId, input_seq: int) -> None:
+        """A guide message joined `turn_id`: tell its driver here, if it runs here.
+
+        Its next model request presents it without waiting for a commit to report it
+        (a commit that travels beside the model call, as with `async` checkpoints on
+        PostgreSQL, reports it only after the request was built).
+        """
+        driver = self._driving.get(turn_id)
+        if driver is not None:
+            driver.heard_guide(input_seq)
 
     async def driver(
         self,
@@ -201,7 +220,7 @@ class TurnRunner:
         async def setup() -> DriveSetup:
             return await self._setup(turn, pinned, agent, deps)
 
-        return TurnDriver(
+        driver = self._driving[lease.turn_id] = TurnDriver(
             graph=self.graph,
             store=self.store,
             clock=self.clock,
@@ -213,6 +232,7 @@ class TurnRunner:
             traceparent=pinned.traceparent,
             aftermath=self.aftermath,
         )
+        return driver
 
     async def pinned_agent(self, record: TurnRecord, held: Agent | None = None) -> Agent:
         """The agent `record` is pinned to, with the message's overrides applied.

@@ -134,6 +134,12 @@ class TurnDriver:
         """Guide messages this turn's ending re-queued as turns of their own."""
         return self.recorder.notes.requeued if self.recorder is not None else 0
 
+    def heard_guide(self, input_seq: int) -> None:
+        """A guide message joined the turn: its next model request looks for it."""
+        if self.recorder is not None:
+            notes = self.recorder.notes
+            notes.newest_guide_seq = max(notes.newest_guide_seq, input_seq)
+
     def abandon(self) -> None:
         """Give the turn up without ending it (shutdown): the next cancel writes nothing."""
         self._keeper.lost = True
