@@ -20,19 +20,32 @@ from datetime import datetime, timedelta
 from types import SimpleNamespace
 from typing import Any
 
+from sqlalchemy import ColumnElement
+from sqlalchemy.dialects import postgresql
+
 from turnkit.events import TurnStartedEvent, encode_event
 from turnkit.store import NewInput, Submission
-from turnkit.store._schema import UNFINISHED, attachments_json
-from turnkit.store._submit_sql import claim_of, opened, started_event
+from turnkit.store._schema import UNFINISHED, attachments_json, sessions
+from turnkit.store._submit_sql import (
+    claim_of,
+    opened,
+    owner_may_post,
+    owner_organisation,
+    started_event,
+)
 
-OWNER_MAY_POST = """(excluded.principal IS NULL OR tk_sessions.principal IS NULL
-        OR (tk_sessions.principal = excluded.principal
-            AND (tk_sessions.organisation IS NULL
-                 OR tk_sessions.organisation = excluded.organisation)))"""
+__all__ = ("SUBMIT", "can_submit", "submit")
+
+
+def _pg(expression: ColumnElement[object]) -> str:
+    """The full transaction's SQLAlchemy expression as this statement's SQL (one rule)."""
+    return str(expression.compile(dialect=postgresql.dialect()))  # type: ignore[no-untyped-call]
+
+
+_SENT = postgresql.insert(sessions).excluded
+_OWNER_MAY_POST = _pg(owner_may_post(_SENT))
 """A message with a principal goes only into a session that principal owns or nobody does
 (another's session: nothing is written here, and the full transaction refuses it)."""
-
-__all__ = ("OWNER_MAY_POST", "SUBMIT", "can_submit", "submit")
 
 _SEQ_MARK = 9_007_199_254_740_881
 """A stand-in input seq: the encoded `turn.started` is cut around it, the server fills it."""
@@ -52,11 +65,9 @@ WITH found AS (
         last_input_seq = tk_sessions.last_input_seq + 1,
         title = CASE WHEN tk_sessions.last_input_seq = 0 AND tk_sessions.title IS NULL
                      THEN excluded.title ELSE tk_sessions.title END,
-        organisation = CASE WHEN tk_sessions.principal IS NOT NULL
-                            THEN COALESCE(tk_sessions.organisation, excluded.organisation)
-                            ELSE tk_sessions.organisation END,
+        organisation = {_pg(owner_organisation(_SENT))},
         updated_at = excluded.updated_at
-    WHERE {OWNER_MAY_POST}
+    WHERE {_OWNER_MAY_POST}
     RETURNING last_input_seq AS seq
 ), decided AS (
     SELECT s.seq, (

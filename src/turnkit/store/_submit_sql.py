@@ -254,14 +254,7 @@ def _next_input_seq(insert: Any) -> Any:
         set_={
             "last_input_seq": sessions.c.last_input_seq + 1,
             "title": case((unnamed_and_first, new.excluded.title), else_=sessions.c.title),
-            # An owned session older than the column takes its owner's on its next message.
-            "organisation": case(
-                (
-                    sessions.c.principal.is_not(None),
-                    func.coalesce(sessions.c.organisation, new.excluded.organisation),
-                ),
-                else_=sessions.c.organisation,
-            ),
+            "organisation": owner_organisation(new.excluded),
             "updated_at": new.excluded.updated_at,
         },
         where=owner_may_post(new.excluded),
@@ -273,6 +266,20 @@ def _owner_may_post(conn: Connection, new: NewInput) -> bool:
     found = sessions_sql.get(conn, new.session_id)
     return (
         new.principal is None or found is None or found.visible_to(new.principal, new.organisation)
+    )
+
+
+def owner_organisation(sent: Any) -> Any:
+    """The session's organisation after a message from `sent.principal` (see `_submit_pg`).
+
+    An owned session older than the column takes its owner's on the owner's next message.
+    """
+    return case(
+        (
+            sessions.c.principal.is_not(None),
+            func.coalesce(sessions.c.organisation, sent.organisation),
+        ),
+        else_=sessions.c.organisation,
     )
 
 
