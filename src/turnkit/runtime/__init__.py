@@ -164,7 +164,7 @@ class SessionRuntime(RuntimeControl, RuntimeCallbacks, RuntimeBudgets):
             )
         )
         if submission.guided:
-            self.runner().heard_guide(submission.turn_id, submission.input_seq)
+            self._heard_guide(submission.turn_id, submission.input_seq)
         return submission
 
     async def skills(self, principal: str | None = None) -> tuple[Skill, ...]:

@@ -15,7 +15,7 @@ from turnkit.clock import Clock, SystemClock
 from turnkit.config import RuntimeConfig
 from turnkit.errors import ConfigurationError, InvalidInputError
 from turnkit.graph import TurnGraph, compile_turn_graph, open_checkpointer
-from turnkit.ids import uuid7
+from turnkit.ids import TurnId, uuid7
 from turnkit.models import ModelClient
 from turnkit.models.litellm import ModelEndpoint
 from turnkit.plugins import Plugin, PluginValidationError, discover_plugins, validate_plugins
@@ -285,6 +285,17 @@ class RuntimeCore:
             idle_window_s=self.config.idle_window_s,
             keepalive_s=keepalive_s,
         )
+
+    def _heard_guide(self, turn_id: TurnId, input_seq: int) -> None:
+        """A guide message joined `turn_id`: tell its driver, if it runs in this process.
+
+        Its next model request presents it without waiting for a commit to report it (a
+        commit that travels beside the model call, as with `async` checkpoints on
+        PostgreSQL, reports it only after the request was built).
+        """
+        driver = self._driving.get(turn_id)
+        if driver is not None:
+            driver.heard_guide(input_seq)
 
     def runner(self) -> TurnRunner:
         """What turns a claimed lease into a driver (used by `Worker`)."""

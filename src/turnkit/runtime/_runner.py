@@ -187,17 +187,6 @@ class TurnRunner:
         self._driving: Driving = driving if driving is not None else weakref.WeakValueDictionary()
         """The process's drivers by turn (each forgotten once nothing holds it)."""
 
-    def heard_guide(self, turn_id: TurnId, input_seq: int) -> None:
-        """A guide message joined `turn_id`: tell its driver here, if it runs here.
-
-        Its next model request presents it without waiting for a commit to report it
-        (a commit that travels beside the model call, as with `async` checkpoints on
-        PostgreSQL, reports it only after the request was built).
-        """
-        driver = self._driving.get(turn_id)
-        if driver is not None:
-            driver.heard_guide(input_seq)
-
     async def driver(
         self,
         lease: Lease,
