@@ -61,7 +61,7 @@ class _Assembler:
         self.text: list[str] = []
         """The text as shown (after the answer guardrails)."""
         self.raw: list[str] = []
-        """The text as the model wrote it."""
+        """The text as the model wrote it (without answer guardrails)."""
         self.raw_text = ""
         """With answer guardrails: the text as the model wrote it, as one string."""
         self.shown_text = ""
@@ -256,8 +256,8 @@ async def _shown_delta(
     reaches into text already shown holds the chunk back (the whole block, redacted,
     still arrives in `message.complete`); a block stops the turn here.
     """
-    asm.raw.append(chunk)
     if not streamed or not ctx.plugins:
+        asm.raw.append(chunk)
         return chunk
     asm.raw_text += chunk
     if asm.held:
