@@ -266,6 +266,10 @@ class PiiRedaction(Plugin):
             masked, found = _mask(text, self.kinds)
         else:
             masked, found = self._streaming.mask(block, text, self.kinds)
+        return self._decided(masked, found, subject)
+
+    def _decided(self, masked: str, found: list[str], subject: str) -> Verdict | None:
+        """Block or redact what was `found` (kinds, in `self.kinds`' order); None if nothing."""
         if not found:
             return None
         if self.block:
@@ -293,13 +297,10 @@ class PiiRedaction(Plugin):
             return self._verdict(text, subject)
         found: list[str] = []
         masked = _mask_json(value, self.kinds, found)
-        if not found:
+        if not found:  # nothing to write back
             return None
-        kind = "+".join(k for k in self.kinds if k in found)
-        if self.block:
-            return Verdict(action="block", kind=kind, subject=subject)
         replacement = json.dumps(masked, ensure_ascii=False)
-        return Verdict(action="redact", kind=kind, subject=subject, replacement=replacement)
+        return self._decided(replacement, [k for k in self.kinds if k in found], subject)
 
     async def check_answer(self, ctx: PluginContext, text: str) -> Verdict | None:
         """Assistant text: each chunk, then the whole block."""
