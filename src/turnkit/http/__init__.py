@@ -52,10 +52,8 @@ async def _anonymous() -> AuthResult:
     return None
 
 
-def _caller_dependencies(
-    auth: AuthDependency,
-) -> tuple[Callable[..., Awaitable[TenantPrincipal | None]], Callable[..., Awaitable[Principal]]]:
-    """Dependencies for the whole principal and for its id, over one call of `auth`."""
+def _caller_dependency(auth: AuthDependency) -> Callable[..., Awaitable[Principal]]:
+    """The dependency for the caller: `auth`'s answer as a principal (None: anonymous)."""
 
     async def who(found: Annotated[Any, Depends(auth)]) -> TenantPrincipal | None:
         try:
@@ -63,10 +61,7 @@ def _caller_dependencies(
         except TypeError as exc:
             raise ConfigurationError(f"`auth` returned {found!r}: {exc}") from exc
 
-    async def principal_id(caller: Annotated[TenantPrincipal | None, Depends(who)]) -> Principal:
-        return caller
-
-    return who, principal_id
+    return who
 
 
 async def _no_deps() -> Any:
@@ -96,18 +91,17 @@ def create_turnkit_router(
     (a worker, after a restart) the runtime's own `deps` factory builds them.
     """
     router = APIRouter(prefix=prefix, tags=["turnkit"], responses=_PROBLEMS)
-    who, principal_id = _caller_dependencies(auth)
+    who = _caller_dependency(auth)
     # No two routes answer the same method and path: this order only orders the OpenAPI paths.
     add_turn_routes(
         router,
         runtime,
         who=who,
-        principal_id=principal_id,
         deps=deps or _no_deps,
         keepalive_s=keepalive_s,
         max_frame_bytes=max_frame_bytes,
     )
-    add_session_routes(router, runtime, who=who, principal_id=principal_id)
+    add_session_routes(router, runtime, who=who)
     add_budget_routes(router, runtime, who)
     add_callback_routes(router, runtime)
     return router

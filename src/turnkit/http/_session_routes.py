@@ -30,7 +30,6 @@ from turnkit.http.models import (
 from turnkit.ids import SessionId, uuid7
 from turnkit.runtime import SessionRuntime
 from turnkit.store import WorkspaceFile
-from turnkit.tenancy import Principal as TenantPrincipal
 
 __all__ = ("add_session_routes",)
 
@@ -68,28 +67,27 @@ def add_session_routes(
     router: APIRouter,
     runtime: SessionRuntime,
     *,
-    who: Callable[..., Awaitable[TenantPrincipal | None]],
-    principal_id: Callable[..., Awaitable[Principal]],
+    who: Callable[..., Awaitable[Principal]],
 ) -> None:
     """`GET`/`POST /sessions`, `/skills`, `/usage` and the `/sessions/{session_id}` routes.
 
     Per session: the approvals and questions it waits for, its queue, its history, its
     workspace files, `PATCH` (rename) and `DELETE`.
     """
-    _add_listing_routes(router, runtime, principal_id=principal_id)
-    _add_account_routes(router, runtime, who=who, principal_id=principal_id)
-    _add_read_routes(router, runtime, principal_id=principal_id)
-    _add_file_routes(router, runtime, principal_id=principal_id)
-    _add_edit_routes(router, runtime, principal_id=principal_id)
+    _add_listing_routes(router, runtime, who=who)
+    _add_account_routes(router, runtime, who=who)
+    _add_read_routes(router, runtime, who=who)
+    _add_file_routes(router, runtime, who=who)
+    _add_edit_routes(router, runtime, who=who)
 
 
 def _add_listing_routes(
     router: APIRouter,
     runtime: SessionRuntime,
     *,
-    principal_id: Callable[..., Awaitable[Principal]],
+    who: Callable[..., Awaitable[Principal]],
 ) -> None:
-    Caller = Annotated[Principal, Depends(principal_id)]
+    Caller = Annotated[Principal, Depends(who)]
 
     @router.get("/sessions", response_model=list[SessionOut], summary="Your sessions")
     async def list_sessions(
@@ -129,11 +127,9 @@ def _add_account_routes(
     router: APIRouter,
     runtime: SessionRuntime,
     *,
-    who: Callable[..., Awaitable[TenantPrincipal | None]],
-    principal_id: Callable[..., Awaitable[Principal]],
+    who: Callable[..., Awaitable[Principal]],
 ) -> None:
-    Caller = Annotated[Principal, Depends(principal_id)]
-    Who = Annotated[TenantPrincipal | None, Depends(who)]
+    Caller = Annotated[Principal, Depends(who)]
 
     @router.get("/skills", response_model=list[SkillOut], summary="Skills you may pick")
     async def skills(principal: Caller) -> list[SkillOut]:
@@ -146,7 +142,7 @@ def _add_account_routes(
 
     @router.get("/usage", response_model=UsageOut, summary="Usage by session, principal, …")
     async def usage_report(
-        caller: Who,
+        caller: Caller,
         by: Annotated[UsageGroup, Query(description="Group by.")] = "day",
         scope: Annotated[
             Literal["self", "organisation"],
@@ -178,9 +174,9 @@ def _add_read_routes(
     router: APIRouter,
     runtime: SessionRuntime,
     *,
-    principal_id: Callable[..., Awaitable[Principal]],
+    who: Callable[..., Awaitable[Principal]],
 ) -> None:
-    Caller = Annotated[Principal, Depends(principal_id)]
+    Caller = Annotated[Principal, Depends(who)]
 
     @router.get(
         "/sessions/{session_id}/pending",
@@ -234,9 +230,9 @@ def _add_file_routes(
     router: APIRouter,
     runtime: SessionRuntime,
     *,
-    principal_id: Callable[..., Awaitable[Principal]],
+    who: Callable[..., Awaitable[Principal]],
 ) -> None:
-    Caller = Annotated[Principal, Depends(principal_id)]
+    Caller = Annotated[Principal, Depends(who)]
 
     @router.get(
         "/sessions/{session_id}/files",
@@ -266,9 +262,9 @@ def _add_edit_routes(
     router: APIRouter,
     runtime: SessionRuntime,
     *,
-    principal_id: Callable[..., Awaitable[Principal]],
+    who: Callable[..., Awaitable[Principal]],
 ) -> None:
-    Caller = Annotated[Principal, Depends(principal_id)]
+    Caller = Annotated[Principal, Depends(who)]
 
     @router.patch("/sessions/{session_id}", response_model=SessionOut, summary="Rename")
     async def rename(session_id: SessionPath, body: RenameBody, principal: Caller) -> SessionOut:

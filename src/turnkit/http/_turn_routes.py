@@ -32,7 +32,6 @@ from turnkit.pauses import Answer, Approve, Deny, Resolution
 from turnkit.runtime import SessionRuntime
 from turnkit.runtime.reader import check_cursor, parse_cursor, set_once_sent
 from turnkit.store import Submission
-from turnkit.tenancy import Principal as TenantPrincipal
 
 __all__ = ("TURN_ID_HEADER", "add_turn_routes")
 
@@ -76,8 +75,7 @@ def add_turn_routes(
     router: APIRouter,
     runtime: SessionRuntime,
     *,
-    who: Callable[..., Awaitable[TenantPrincipal | None]],
-    principal_id: Callable[..., Awaitable[Principal]],
+    who: Callable[..., Awaitable[Principal]],
     deps: Callable[..., Any],
     keepalive_s: float,
     max_frame_bytes: int,
@@ -89,10 +87,10 @@ def add_turn_routes(
     rows and the approval or question it waits for.
     """
     stream = _Streams(runtime=runtime, keepalive_s=keepalive_s, max_frame_bytes=max_frame_bytes)
-    _add_execute_route(router, runtime, stream, who=who, principal_id=principal_id, deps=deps)
-    _add_resume_routes(router, runtime, stream, principal_id=principal_id)
-    _add_control_routes(router, runtime, principal_id=principal_id, deps=deps)
-    _add_record_routes(router, runtime, principal_id=principal_id)
+    _add_execute_route(router, runtime, stream, who=who, deps=deps)
+    _add_resume_routes(router, runtime, stream, who=who)
+    _add_control_routes(router, runtime, who=who, deps=deps)
+    _add_record_routes(router, runtime, who=who)
 
 
 def _add_execute_route(
@@ -100,12 +98,10 @@ def _add_execute_route(
     runtime: SessionRuntime,
     stream: _Streams,
     *,
-    who: Callable[..., Awaitable[TenantPrincipal | None]],
-    principal_id: Callable[..., Awaitable[Principal]],
+    who: Callable[..., Awaitable[Principal]],
     deps: Callable[..., Any],
 ) -> None:
-    Caller = Annotated[Principal, Depends(principal_id)]
-    Who = Annotated[TenantPrincipal | None, Depends(who)]
+    Caller = Annotated[Principal, Depends(who)]
     RequestDeps = Annotated[Any, Depends(deps)]
 
     @router.post(
@@ -116,13 +112,12 @@ def _add_execute_route(
     async def execute(
         session_id: SessionPath,
         body: ExecuteBody,
-        principal: Caller,
-        caller: Who,
+        caller: Caller,
         request_deps: RequestDeps,
     ) -> Response:
         existing = await runtime.store.get_session(SessionId(session_id))
         if existing is not None:
-            owned(existing, session_id, principal)
+            owned(existing, session_id, caller)
         # The admission chain (inside `start`) settles the agent, the model and the budget.
         # The turn's first step waits until its `turn.started` is written (`hold_until`).
         sent = asyncio.Event()
@@ -151,9 +146,9 @@ def _add_resume_routes(
     runtime: SessionRuntime,
     stream: _Streams,
     *,
-    principal_id: Callable[..., Awaitable[Principal]],
+    who: Callable[..., Awaitable[Principal]],
 ) -> None:
-    Caller = Annotated[Principal, Depends(principal_id)]
+    Caller = Annotated[Principal, Depends(who)]
 
     @router.get(
         "/turns/{turn_id}/stream",
@@ -206,10 +201,10 @@ def _add_control_routes(
     router: APIRouter,
     runtime: SessionRuntime,
     *,
-    principal_id: Callable[..., Awaitable[Principal]],
+    who: Callable[..., Awaitable[Principal]],
     deps: Callable[..., Any],
 ) -> None:
-    Caller = Annotated[Principal, Depends(principal_id)]
+    Caller = Annotated[Principal, Depends(who)]
     RequestDeps = Annotated[Any, Depends(deps)]
 
     @router.get("/turns/{turn_id}", response_model=TurnStatusOut, summary="A turn's state")
@@ -264,9 +259,9 @@ def _add_record_routes(
     router: APIRouter,
     runtime: SessionRuntime,
     *,
-    principal_id: Callable[..., Awaitable[Principal]],
+    who: Callable[..., Awaitable[Principal]],
 ) -> None:
-    Caller = Annotated[Principal, Depends(principal_id)]
+    Caller = Annotated[Principal, Depends(who)]
 
     @router.get("/turns/{turn_id}/audit", response_model=AuditOut, summary="A turn's audit rows")
     async def audit(turn_id: str, principal: Caller) -> AuditOut:
