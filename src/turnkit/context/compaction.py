@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
-from turnkit.context.transcript import TranscriptMessage, from_transcript
+from turnkit.context.transcript import TranscriptMessage, current_opening, from_transcript
 from turnkit.models import ModelMessage, text_of
 
 __all__ = (
@@ -64,13 +64,10 @@ def split_for_summary(transcript: list[TranscriptMessage]) -> Split:
     since (every tool call already has its result when a call is about to be made, so no
     call is cut from its result).
     """
-    opening = max(
-        (i for i, m in enumerate(transcript) if m.get("opens_turn")), default=len(transcript)
-    )
-    system = transcript[:1]
+    opening = current_opening(transcript)
     if opening > 1:
-        return Split(head=system, middle=transcript[1:opening], tail=transcript[opening:])
-    return Split(head=transcript[: opening + 1], middle=transcript[opening + 1 :], tail=[])
+        return Split(head=transcript[:1], middle=transcript[1:opening], tail=transcript[opening:])
+    return split_within_turn(transcript)
 
 
 def split_within_turn(transcript: list[TranscriptMessage]) -> Split:
@@ -79,9 +76,7 @@ def split_within_turn(transcript: list[TranscriptMessage]) -> Split:
     What came before stays as it is (earlier turns, or their summary); the turn's own
     work since its opening message is summarized (or its oldest rounds dropped).
     """
-    opening = max(
-        (i for i, m in enumerate(transcript) if m.get("opens_turn")), default=len(transcript)
-    )
+    opening = current_opening(transcript)
     return Split(head=transcript[: opening + 1], middle=transcript[opening + 1 :], tail=[])
 
 

@@ -12,7 +12,12 @@ from __future__ import annotations
 
 from typing import Final
 
-from turnkit.context.transcript import PartJson, TranscriptMessage, picture_parts
+from turnkit.context.transcript import (
+    PartJson,
+    TranscriptMessage,
+    current_opening,
+    picture_parts,
+)
 
 __all__ = ("PICTURE_LIMIT", "count_pictures", "release_pictures")
 
@@ -33,9 +38,7 @@ def release_pictures(transcript: list[TranscriptMessage]) -> tuple[list[Transcri
     The current message's own pictures are never released.
     """
     last_call = max((i for i, m in enumerate(transcript) if m["role"] == "assistant"), default=-1)
-    opening = max(
-        (i for i, m in enumerate(transcript) if m.get("opens_turn")), default=len(transcript)
-    )
+    opening = current_opening(transcript)
     released = 0
     out = list(transcript)
     for index, message in enumerate(transcript[:last_call]):

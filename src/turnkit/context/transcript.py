@@ -24,6 +24,7 @@ __all__ = (
     "TranscriptMessage",
     "TranscriptToolCall",
     "content_json",
+    "current_opening",
     "from_transcript",
     "message_key",
     "picture_parts",
@@ -218,6 +219,13 @@ def sent_bytes(message: TranscriptMessage) -> bytes:
     """The bytes of a message as the model receives it (turnkit's own keys left out)."""
     public = {k: v for k, v in message.items() if k not in PRIVATE_KEYS}
     return json.dumps(public, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def current_opening(transcript: list[TranscriptMessage]) -> int:
+    """The index of the current turn's opening message (the list's length if none)."""
+    return max(
+        (i for i, m in enumerate(transcript) if m.get("opens_turn")), default=len(transcript)
+    )
 
 
 def picture_parts(message: TranscriptMessage) -> int:
