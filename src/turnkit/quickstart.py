@@ -17,6 +17,7 @@ LLM). Environment variables switch to production parts:
 | `TURNKIT_RECOVER_IN_PROCESS` | `0` turns off the app's own recovery loop (on by default) |
 | `TURNKIT_IDLE_WINDOW_S` | the readers' idle window (default 120) |
 | `TURNKIT_LEASE_TTL_S` | how long a driver's claim lasts unrenewed (default 8) |
+| `TURNKIT_MAX_BODY_BYTES` | the largest request body accepted (default 64 MiB; `off`: none) |
 """
 
 from __future__ import annotations
@@ -41,12 +42,13 @@ from turnkit.agent import load_agents
 from turnkit.config import Durability, RuntimeConfig, env_seconds
 from turnkit.demo import demo_agent
 from turnkit.http import create_health_router, create_turnkit_router, install_problem_handlers
+from turnkit.http.body_limit import DEFAULT_MAX_BODY_BYTES, RequestBodyLimit
 from turnkit.protocols.agui import create_agui_router
 from turnkit.protocols.ai_sdk import create_ai_sdk_router
 from turnkit.replay import replay_from_url
 from turnkit.runtime import SessionRuntime
 
-__all__ = ("app", "create_app", "runtime_from_env")
+__all__ = ("app", "create_app", "max_body_bytes_from_env", "runtime_from_env")
 
 _PAGE = Path(__file__).parent / "http" / "page"
 
@@ -91,6 +93,18 @@ def _count(env: Mapping[str, str], name: str) -> int | None:
         raise ConfigurationError(f"{name}={value!r} is not a whole number (or 'off')") from None
 
 
+def max_body_bytes_from_env(env: Mapping[str, str] | None = None) -> int | None:
+    """`TURNKIT_MAX_BODY_BYTES`: unset or empty, 64 MiB; `off`, no bound; else bytes (≥ 1)."""
+    env = os.environ if env is None else env
+    value = env.get("TURNKIT_MAX_BODY_BYTES", "").strip()
+    if not value:
+        return DEFAULT_MAX_BODY_BYTES
+    bound = _count(env, "TURNKIT_MAX_BODY_BYTES")
+    if bound is not None and bound < 1:
+        raise ConfigurationError(f"TURNKIT_MAX_BODY_BYTES={value!r} is not at least 1 (or 'off')")
+    return bound
+
+
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off", ""})
 
@@ -116,12 +130,18 @@ class _PageFiles(StaticFiles):
         return response
 
 
-def create_app(runtime: SessionRuntime | None = None, *, keepalive_s: float = 10.0) -> FastAPI:
+def create_app(
+    runtime: SessionRuntime | None = None,
+    *,
+    keepalive_s: float = 10.0,
+    max_body_bytes: int | None = DEFAULT_MAX_BODY_BYTES,
+) -> FastAPI:
     """A FastAPI app with turnkit's routes, the chat page and the protocol adapters.
 
     turnkit's routes are under `/api/harness`, the page at `/`, the AI SDK's chat routes
     at `/api/chat` and AG-UI's endpoint at `/api/agui/run`. `keepalive_s` is how often an
-    idle stream sends a `: keep-alive` comment.
+    idle stream sends a `: keep-alive` comment. A request body over `max_body_bytes` is refused
+    with 413 `content-too-large` while it arrives (None: no bound).
     """
     rt = runtime or runtime_from_env()
 
@@ -140,6 +160,8 @@ def create_app(runtime: SessionRuntime | None = None, *, keepalive_s: float = 10
     application.include_router(create_ai_sdk_router(rt, keepalive_s=keepalive_s))
     application.include_router(create_agui_router(rt, keepalive_s=keepalive_s))
     install_problem_handlers(application)
+    if max_body_bytes is not None:
+        application.add_middleware(RequestBodyLimit, max_bytes=max_body_bytes)
 
     @application.get("/", include_in_schema=False)
     async def chat_page() -> FileResponse:
@@ -150,4 +172,4 @@ def create_app(runtime: SessionRuntime | None = None, *, keepalive_s: float = 10
     return application
 
 
-app = create_app()
+app = create_app(max_body_bytes=max_body_bytes_from_env())
