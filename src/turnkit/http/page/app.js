@@ -27,6 +27,7 @@ import {
   withTurn,
   withTurns,
 } from "./projection.js";
+import { renderMarkdown } from "./markdown.js";
 import { followTurn } from "./sse.js";
 
 const $ = (selector) => document.querySelector(selector);
@@ -405,7 +406,7 @@ function newBlockElement(kind) {
     node.append(el("h3", {}, "Tasks"), el("ul"));
     return node;
   }
-  node.append(el("p", { class: "text" }));
+  node.append(el(kind === "text" ? "div" : "p", { class: "text" }));
   if (kind === "text") node.append(el("span", { class: "badge" }, "interrupted"), el("ol", { class: "citations" }));
   return node;
 }
@@ -417,7 +418,7 @@ function drawBlock(node, block, turn, index) {
       setText(text, block.attachments ? `${block.text} (+${block.attachments} picture(s))` : block.text);
       break;
     case "text":
-      setText(text, block.text);
+      setMarkdown(text, block.text);
       node.classList.toggle("answer", block.isAnswer);
       node.classList.toggle("narration", !block.isAnswer);
       node.classList.toggle("streaming", !block.complete);
@@ -576,6 +577,14 @@ function el(tag, attributes = {}, ...children) {
 
 function setText(node, text) {
   if (node.textContent !== text) node.textContent = text;
+}
+
+// The model's text, drawn as Markdown again only when it changed (each streamed delta).
+const drawnMarkdown = new WeakMap();
+function setMarkdown(node, text) {
+  if (drawnMarkdown.get(node) === text) return;
+  node.replaceChildren(renderMarkdown(text));
+  drawnMarkdown.set(node, text);
 }
 
 function placeAfter(parent, node, previous) {
