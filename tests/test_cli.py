@@ -21,6 +21,7 @@ from tests.support import openai_server as fake_openai
 from tests.support.openai_server import FakeOpenAIServer, Reply
 from turnkit import cli
 from turnkit.cli import main
+from turnkit.cli._inspect import usd
 
 
 def test_run_streams_a_turn_on_the_offline_demo_model(tmp_path: Path) -> None:
@@ -281,7 +282,14 @@ def test_commands_that_read_a_database_refuse_one_that_is_not_there(
 ) -> None:
     typo = tmp_path / "turnkti.db"
     url = f"sqlite:///{typo}"
-    for command in (["turns", "--stuck"], ["sweep"], ["budgets", "list"]):
+    for command in (
+        ["turns", "--stuck"],
+        ["turns", "--session", "s1"],
+        ["sessions"],
+        ["events", "turn_x"],
+        ["sweep"],
+        ["budgets", "list"],
+    ):
         assert main([*command, "--database-url", url], out=io.StringIO()) == 2, command
         err = capsys.readouterr().err
         assert err.startswith(f"turnkit: there is no database at {str(typo)!r} (a typo?")
@@ -414,7 +422,7 @@ def test_every_command_and_option_has_help() -> None:
     ],
 )
 def test_costs_print_with_significant_digits(cost: float, shown: str) -> None:
-    assert cli._usd(cost) == shown
+    assert usd(cost) == shown
 
 
 def test_the_worker_command_shows_worker_lines_on_stderr(

@@ -1,4 +1,4 @@
-"""The chat page prints a turn's cost with the CLI's rule (`turnkit.cli._usd`)."""
+"""The chat page prints a turn's cost with the CLI's rule (`turnkit.cli._inspect.usd`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from playwright.sync_api import Page, expect
 
 from tests.page.harness import serve_page
 from tests.page.test_chat_page import priced, send
-from turnkit import Agent, cli
+from turnkit import Agent
+from turnkit.cli._inspect import usd
 from turnkit.testing import ModelStep, ScriptedModel
 
 pytestmark = pytest.mark.slow
@@ -29,7 +30,7 @@ def test_the_page_prints_costs_as_the_cli_does(page: Page, tmp_path: Path) -> No
             }""",
             COSTS,
         )
-        assert shown == [cli._usd(cost) for cost in COSTS]
+        assert shown == [usd(cost) for cost in COSTS]
 
         send(page, "Something cheap?")  # a cheap turn shows its cost, not $0.0000
         turn = page.locator("article.turn")

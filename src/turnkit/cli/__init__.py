@@ -7,13 +7,11 @@ import asyncio
 import contextlib
 import gc
 import logging
-import math
 import os
 import signal
 import socket
 import sys
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 from typing import TextIO
 
 from pydantic import ValidationError
@@ -21,25 +19,19 @@ from pydantic import ValidationError
 from turnkit.agent import Agent, load_agent, load_agents
 from turnkit.budgets import BudgetLimit
 from turnkit.cli._args import parser as _parser
+from turnkit.cli._inspect import (
+    Printer,
+    existing_database,
+    list_sessions,
+    session_turns,
+    show_events,
+    stuck_turns,
+)
 from turnkit.config import RuntimeConfig, env_seconds
 from turnkit.demo import DEMO_MODEL_NAME, demo_agent
-from turnkit.errors import ConfigurationError, StoreError, TurnkitError
-from turnkit.events import (
-    DoneEvent,
-    DurableEvent,
-    EphemeralEvent,
-    ErrorEvent,
-    MessageCompleteEvent,
-    MessageDeltaEvent,
-    ProviderCascadeEvent,
-    StepStartEvent,
-    ToolCompletedEvent,
-    ToolFailedEvent,
-    ToolStartedEvent,
-    TurnStartedEvent,
-    UsageEvent,
-)
-from turnkit.ids import uuid7
+from turnkit.errors import ConfigurationError, TurnkitError
+from turnkit.events import DoneEvent
+from turnkit.ids import SessionId, TurnId, uuid7
 from turnkit.models import ModelClient, ModelSettings
 from turnkit.models.litellm import ModelEndpoint
 from turnkit.replay import replay_from_url
@@ -49,73 +41,6 @@ from turnkit.runtime.worker import Worker
 from turnkit.store.sql import SqlStore, shown_url
 
 __all__ = ("main",)
-
-
-class _Printer:
-    """Renders events readably: stages, tool rows, the streamed answer, usage."""
-
-    def __init__(self, out: TextIO) -> None:
-        self.out = out
-        self.streaming: str | None = None
-
-    def _line(self, text: str) -> None:
-        if self.streaming is not None:
-            self.out.write("\n")
-            self.streaming = None
-        self.out.write(text + "\n")
-
-    def show(self, event: DurableEvent | EphemeralEvent) -> None:  # noqa: C901 - one arm per event
-        match event:
-            case TurnStartedEvent():
-                self._line(
-                    f"turn {event.turn_id} · session {event.session_id} · model {event.model}"
-                )
-            case StepStartEvent(step=step, iteration=iteration):
-                self._line(f"▸ {step}" + (f" #{iteration}" if iteration else ""))
-            case MessageDeltaEvent(stage_id=stage, text=text):
-                if self.streaming != stage:
-                    # Streamed as written: text that goes on to a tool call is narration,
-                    # text of a call that names no tool is the answer.
-                    self._line("") if self.streaming is not None else None
-                    self.streaming = stage
-                self.out.write(text)
-            case MessageCompleteEvent():
-                if self.streaming is not None:
-                    self.out.write("\n")
-                    self.streaming = None
-            case ToolStartedEvent(block=block):
-                args = ", ".join(f"{k}={v!r}" for k, v in block.arguments.items())
-                self._line(f"  ⚙ {block.tool_name}({args})")
-            case ToolCompletedEvent(result=result, duration_ms=ms):
-                self._line(f"    → {result.output!r}  ({ms:.1f} ms)")
-            case ToolFailedEvent(result=result, code=code):
-                self._line(f"    ✗ {code}: {result.error}")
-            case ProviderCascadeEvent():
-                nxt = f"trying {event.to_model}" if event.to_model else "no other model to try"
-                self._line(f"  ↷ {event.from_model} failed ({event.reason}); {nxt}")
-            case UsageEvent():
-                self._line(
-                    f"usage: {event.model_calls} model call{'' if event.model_calls == 1 else 's'}"
-                    f" · {event.input_tokens} in / "
-                    f"{event.output_tokens} out tokens · {_usd(event.cost_usd)}"
-                )
-            case ErrorEvent(code=code, message=message):
-                self._line(f"✗ error [{code}]: {message}")
-            case DoneEvent(status=status):
-                self._line(("✓ " if status == "succeeded" else "■ ") + status)
-            case _:
-                pass
-        self.out.flush()
-
-
-def _usd(cost: float) -> str:
-    """A cost in dollars: cents from $1 up, three significant digits below, `$0` for none."""
-    if not cost > 0:
-        return "$0"
-    if cost >= 1:
-        return f"${cost:,.2f}"
-    decimals = 2 - math.floor(math.log10(cost))
-    return "$" + f"{cost:.{decimals}f}".rstrip("0").rstrip(".")
 
 
 async def _run(args: argparse.Namespace, out: TextIO) -> int:
@@ -137,7 +62,7 @@ async def _run(args: argparse.Namespace, out: TextIO) -> int:
     settings = ModelSettings(
         temperature=args.temperature, top_p=args.top_p, max_tokens=args.max_tokens, seed=args.seed
     )
-    printer = _Printer(out)
+    printer = Printer(out)
     async with SessionRuntime(agent=agent, models=served, config=_config(args)) as runtime:
         status = "failed"
         events = runtime.execute_message(
@@ -289,36 +214,8 @@ async def _work(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
-async def _existing_database(url: str, schema: str | None) -> None:
-    """Commands that only read or tidy a database refuse one turnkit never set up.
-
-    Opening a store creates what is missing: a mistyped SQLite path or PostgreSQL schema
-    would answer from an empty new database.
-    """
-    if url.startswith("sqlite:///"):
-        path = url.removeprefix("sqlite:///")
-        if path and not Path(path).exists():  # noqa: ASYNC240 - one stat, before any I/O
-            raise StoreError(
-                f"there is no database at {path!r} (a typo? `turnkit db upgrade` creates one)",
-                path=path,
-            )
-        return
-    probe = SqlStore.from_url(url, schema=schema)
-    try:
-        revision = await probe.schema_revision()
-    finally:
-        await probe.close()
-    if revision is None:
-        where = f"schema {schema!r}" if schema else "its default schema"
-        raise StoreError(
-            f"{shown_url(url)} has no turnkit tables in {where} (a typo? `turnkit db "
-            "upgrade` creates them)",
-            url=shown_url(url),
-        )
-
-
 async def _sweep(args: argparse.Namespace, out: TextIO) -> int:
-    await _existing_database(args.database_url, args.database_schema)
+    await existing_database(args.database_url, args.database_schema)
     config = _config(args)
     async with SqlStore.from_url(config.database_url, schema=config.database_schema) as store:
         ended = await store.sweep(ceiling_s=config.ceiling_s, max_attempts=config.max_attempts)
@@ -327,31 +224,35 @@ async def _sweep(args: argparse.Namespace, out: TextIO) -> int:
 
 
 async def _turns(args: argparse.Namespace, out: TextIO) -> int:
-    await _existing_database(args.database_url, args.database_schema)
+    await existing_database(args.database_url, args.database_schema)
     async with SqlStore.from_url(args.database_url, schema=args.database_schema) as store:
-        stuck = await store.stuck(
-            ceiling_s=_ceiling(args, _env_idle_window()), unclaimed_s=args.unclaimed_after
+        if args.session is not None:
+            return await session_turns(store, out, SessionId(args.session))
+        ceiling = _ceiling(args, _env_idle_window())
+        return await stuck_turns(store, out, ceiling_s=ceiling, unclaimed_s=args.unclaimed_after)
+
+
+async def _sessions(args: argparse.Namespace, out: TextIO) -> int:
+    await existing_database(args.database_url, args.database_schema)
+    async with SqlStore.from_url(args.database_url, schema=args.database_schema) as store:
+        return await list_sessions(
+            store,
+            out,
+            principal=args.principal,
+            organisation=args.organisation,
+            limit=args.limit,
         )
-    if not stuck:
-        out.write("no stuck turns\n")
-        return 0
-    out.write(f"{len(stuck)} turn(s) to look at:\n")
-    for record, reason in stuck:
-        out.write(
-            f"  {record.turn_id}  session {record.session_id}  attempt {record.attempts}  "
-            f"seq {record.last_seq}  owner {record.lease_owner or '-'}  — {reason}\n"
-        )
-    out.write(
-        "a worker (or an app with recover_in_process) takes over turns with no live driver "
-        "and claims waiting ones (is one running, hosting their agent?); `turnkit sweep` "
-        "ends those past the ceiling or out of attempts\n"
-    )
-    return 1
+
+
+async def _events(args: argparse.Namespace, out: TextIO) -> int:
+    await existing_database(args.database_url, args.database_schema)
+    async with SqlStore.from_url(args.database_url, schema=args.database_schema) as store:
+        return await show_events(store, out, TurnId(args.turn_id), as_json=args.json)
 
 
 async def _budgets(args: argparse.Namespace, out: TextIO) -> int:
     if args.budgets_command != "set":  # a limit may be set before the first start
-        await _existing_database(args.database_url, args.database_schema)
+        await existing_database(args.database_url, args.database_schema)
     async with SqlStore.from_url(args.database_url, schema=args.database_schema) as store:
         if args.budgets_command == "set":
             limit = BudgetLimit(
@@ -487,6 +388,8 @@ _COMMANDS = {
     "sweep": _sweep,
     "db": _db_upgrade,
     "turns": _turns,
+    "sessions": _sessions,
+    "events": _events,
     "serve": _serve,
     "budgets": _budgets,
 }

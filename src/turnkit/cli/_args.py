@@ -198,13 +198,21 @@ def _add_sweep(sub: _Subparsers) -> None:
 
 
 def _add_turns(sub: _Subparsers) -> None:
-    turns = sub.add_parser("turns", help="list turns an operator should look at")
-    turns.add_argument(
+    turns = sub.add_parser(
+        "turns", help="list turns an operator should look at, or one session's turns"
+    )
+    which = turns.add_mutually_exclusive_group()
+    which.add_argument(
         "--stuck",
         action="store_true",
         help="running turns with no live driver, past the ceiling, with failed attempts, or "
         "that no process claimed (exit status 1 when there are any); what `turnkit turns` "
         "lists",
+    )
+    which.add_argument(
+        "--session",
+        metavar="ID",
+        help="instead: this session's turns, oldest first, with each one's status and cost",
     )
     turns.add_argument(
         "--unclaimed-after",
@@ -216,6 +224,34 @@ def _add_turns(sub: _Subparsers) -> None:
     )
     _ceiling_arg(turns)
     _database_args(turns)
+
+
+def _add_sessions(sub: _Subparsers) -> None:
+    sessions = sub.add_parser("sessions", help="list sessions, most recently active first")
+    sessions.add_argument("--principal", metavar="ID", help="only this principal's sessions")
+    sessions.add_argument(
+        "--organisation",
+        metavar="ORG",
+        help="only sessions owned in this organisation (with --principal: that principal's there)",
+    )
+    sessions.add_argument(
+        "--limit",
+        type=_at_least_one,
+        default=50,
+        help="at most this many (default: %(default)s)",
+    )
+    _database_args(sessions)
+
+
+def _add_events(sub: _Subparsers) -> None:
+    events = sub.add_parser("events", help="print one turn's committed events")
+    events.add_argument("turn_id", metavar="TURN_ID", help="the turn (X-Turn-Id over HTTP)")
+    events.add_argument(
+        "--json",
+        action="store_true",
+        help="each event as the JSON a client receives, one per line",
+    )
+    _database_args(events)
 
 
 def _add_budgets(sub: _Subparsers) -> None:
@@ -333,6 +369,8 @@ def parser() -> argparse.ArgumentParser:
         _add_worker,
         _add_sweep,
         _add_turns,
+        _add_sessions,
+        _add_events,
         _add_budgets,
         _add_serve,
         _add_db,

@@ -549,7 +549,8 @@ class SessionDirectory(Protocol):
         """Sessions, newest first.
 
         Only the principal's when `principal` is given (with `organisation`: only those it
-        owns there); only those with no principal when `anonymous`; else every session.
+        owns there); only those with no principal when `anonymous`; only those owned in
+        `organisation` when it is given alone; else every session.
         """
         ...
 

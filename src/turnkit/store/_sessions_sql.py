@@ -86,7 +86,10 @@ def create(
 def list_(
     conn: Connection, owner: tuple[str | None, str | None], anonymous: bool, limit: int
 ) -> list[SessionRecord]:
-    """Newest first; `owner`'s (a principal and, when given, its organisation) only."""
+    """Newest first; `owner`'s (a principal and, when given, its organisation) only.
+
+    An organisation with no principal: the sessions owned in that organisation.
+    """
     principal, organisation = owner
     query = select(sessions).order_by(sessions.c.updated_at.desc()).limit(limit)
     if principal is not None:
@@ -97,6 +100,8 @@ def list_(
             )
     elif anonymous:
         query = query.where(sessions.c.principal.is_(None))
+    elif organisation is not None:
+        query = query.where(sessions.c.organisation == organisation)
     return [_record(r) for r in conn.execute(query).all()]
 
 

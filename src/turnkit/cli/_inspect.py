@@ -1,0 +1,250 @@
+"""The commands that read a database: sessions, a session's turns, stuck turns, a turn's log.
+
+And how events print (`turnkit run` shows its turn's events the same way).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import TextIO
+
+from turnkit.errors import SessionNotFoundError, StoreError, TurnNotFoundError
+from turnkit.events import (
+    DoneEvent,
+    DurableEvent,
+    EphemeralEvent,
+    ErrorEvent,
+    MessageCompleteEvent,
+    MessageDeltaEvent,
+    ProviderCascadeEvent,
+    StepStartEvent,
+    ToolCompletedEvent,
+    ToolFailedEvent,
+    ToolStartedEvent,
+    TurnStartedEvent,
+    UsageEvent,
+)
+from turnkit.ids import SessionId, TurnId
+from turnkit.store import TurnRecord, decode_events
+from turnkit.store.sql import SqlStore, shown_url
+
+__all__ = (
+    "Printer",
+    "existing_database",
+    "list_sessions",
+    "session_turns",
+    "show_events",
+    "stuck_turns",
+    "usd",
+)
+
+
+class Printer:
+    """Renders events readably: stages, tool rows, the streamed answer, usage."""
+
+    def __init__(self, out: TextIO, *, from_log: bool = False) -> None:
+        self.out = out
+        self.from_log = from_log
+        self.streaming: str | None = None
+
+    def _line(self, text: str) -> None:
+        if self.streaming is not None:
+            self.out.write("\n")
+            self.streaming = None
+        self.out.write(text + "\n")
+
+    def show(self, event: DurableEvent | EphemeralEvent) -> None:  # noqa: C901 - one arm per event
+        match event:
+            case TurnStartedEvent():
+                self._line(
+                    f"turn {event.turn_id} · session {event.session_id} · model {event.model}"
+                )
+            case StepStartEvent(step=step, iteration=iteration):
+                self._line(f"▸ {step}" + (f" #{iteration}" if iteration else ""))
+            case MessageDeltaEvent(stage_id=stage, text=text):
+                if self.streaming != stage:
+                    # Streamed as written: text that goes on to a tool call is narration,
+                    # text of a call that names no tool is the answer.
+                    self._line("") if self.streaming is not None else None
+                    self.streaming = stage
+                self.out.write(text)
+            case MessageCompleteEvent(block=block):
+                if self.streaming is not None:
+                    self.out.write("\n")
+                    self.streaming = None
+                elif self.from_log:  # no deltas in a stored log: the whole text
+                    self._line(block.text)
+            case ToolStartedEvent(block=block):
+                args = ", ".join(f"{k}={v!r}" for k, v in block.arguments.items())
+                self._line(f"  ⚙ {block.tool_name}({args})")
+            case ToolCompletedEvent(result=result, duration_ms=ms):
+                self._line(f"    → {result.output!r}  ({ms:.1f} ms)")
+            case ToolFailedEvent(result=result, code=code):
+                self._line(f"    ✗ {code}: {result.error}")
+            case ProviderCascadeEvent():
+                nxt = f"trying {event.to_model}" if event.to_model else "no other model to try"
+                self._line(f"  ↷ {event.from_model} failed ({event.reason}); {nxt}")
+            case UsageEvent():
+                self._line(
+                    f"usage: {event.model_calls} model call{'' if event.model_calls == 1 else 's'}"
+                    f" · {event.input_tokens} in / "
+                    f"{event.output_tokens} out tokens · {usd(event.cost_usd)}"
+                )
+            case ErrorEvent(code=code, message=message):
+                self._line(f"✗ error [{code}]: {message}")
+            case DoneEvent(status=status):
+                self._line(("✓ " if status == "succeeded" else "■ ") + status)
+            case _:
+                pass
+        self.out.flush()
+
+
+def usd(cost: float) -> str:
+    """A cost in dollars: cents from $1 up, three significant digits below, `$0` for none."""
+    if not cost > 0:
+        return "$0"
+    if cost >= 1:
+        return f"${cost:,.2f}"
+    decimals = 2 - math.floor(math.log10(cost))
+    return "$" + f"{cost:.{decimals}f}".rstrip("0").rstrip(".")
+
+
+async def existing_database(url: str, schema: str | None) -> None:
+    """Commands that only read or tidy a database refuse one turnkit never set up.
+
+    Opening a store creates what is missing: a mistyped SQLite path or PostgreSQL schema
+    would answer from an empty new database.
+    """
+    if url.startswith("sqlite:///"):
+        path = url.removeprefix("sqlite:///")
+        if path and not Path(path).exists():  # noqa: ASYNC240 - one stat, before any I/O
+            raise StoreError(
+                f"there is no database at {path!r} (a typo? `turnkit db upgrade` creates one)",
+                path=path,
+            )
+        return
+    probe = SqlStore.from_url(url, schema=schema)
+    try:
+        revision = await probe.schema_revision()
+    finally:
+        await probe.close()
+    if revision is None:
+        where = f"schema {schema!r}" if schema else "its default schema"
+        raise StoreError(
+            f"{shown_url(url)} has no turnkit tables in {where} (a typo? `turnkit db "
+            "upgrade` creates them)",
+            url=shown_url(url),
+        )
+
+
+async def stuck_turns(store: SqlStore, out: TextIO, *, ceiling_s: float, unclaimed_s: float) -> int:
+    """`turnkit turns [--stuck]`: running turns to look at; 1 when there are any."""
+    stuck = await store.stuck(ceiling_s=ceiling_s, unclaimed_s=unclaimed_s)
+    if not stuck:
+        out.write("no stuck turns\n")
+        return 0
+    out.write(f"{len(stuck)} turn(s) to look at:\n")
+    for record, reason in stuck:
+        out.write(
+            f"  {record.turn_id}  session {record.session_id}  attempt {record.attempts}  "
+            f"seq {record.last_seq}  owner {record.lease_owner or '-'}  — {reason}\n"
+        )
+    out.write(
+        "a worker (or an app with recover_in_process) takes over turns with no live driver "
+        "and claims waiting ones (is one running, hosting their agent?); `turnkit sweep` "
+        "ends those past the ceiling or out of attempts\n"
+    )
+    return 1
+
+
+async def list_sessions(
+    store: SqlStore,
+    out: TextIO,
+    *,
+    principal: str | None,
+    organisation: str | None,
+    limit: int,
+) -> int:
+    """`turnkit sessions`: sessions, most recently active first."""
+    found = await store.list_sessions(principal=principal, organisation=organisation, limit=limit)
+    if not found:
+        out.write("no sessions\n")
+        return 0
+    out.write(f"{len(found)} session(s), most recently active first:\n")
+    for session in found:
+        owner = session.principal or "nobody"
+        if session.principal and session.organisation:
+            owner += f" of {session.organisation}"
+        out.write(
+            f"  {session.session_id}  {json.dumps(session.title or '')}  owner {owner}  "
+            f"{session.last_input_seq} message(s)  active {_when(session.updated_at)}\n"
+        )
+    return 0
+
+
+async def session_turns(store: SqlStore, out: TextIO, session_id: SessionId) -> int:
+    """`turnkit turns --session ID`: the session's turns, oldest first, with their cost."""
+    session = await store.get_session(session_id)
+    if session is None:
+        raise SessionNotFoundError(f"no session {session_id!r}", session_id=session_id)
+    turns = await store.list_turns(session_id)
+    out.write(f"session {session_id} {json.dumps(session.title or '')}: {len(turns)} turn(s)\n")
+    for turn in turns:
+        out.write(f"  {turn.turn_id}  {_status(turn)}  {_excerpt(turn.content)}\n")
+        out.write(f"    {_account(turn)}\n")
+    return 0
+
+
+async def show_events(store: SqlStore, out: TextIO, turn_id: TurnId, *, as_json: bool) -> int:
+    """`turnkit events TURN_ID`: the turn's committed log, readable or as JSON lines."""
+    if await store.get_turn(turn_id) is None:
+        raise TurnNotFoundError(f"no turn {turn_id!r}", turn_id=turn_id)
+    if as_json:
+        async for stored in store.read_events(turn_id):
+            out.write(stored.data.decode() + "\n")
+        return 0
+    events, unreadable = await decode_events(store.read_events(turn_id))
+    printer = Printer(out, from_log=True)
+    for event in events:
+        printer.show(event)
+    for skipped in unreadable:
+        out.write(f"(seq {skipped.seq}, {skipped.type}: unreadable, {skipped.reason})\n")
+    return 0
+
+
+def _status(turn: TurnRecord) -> str:
+    if turn.error_code and turn.status != "cancelled":
+        return f"{turn.status} ({turn.error_code})"
+    return turn.status
+
+
+def _excerpt(text: str, width: int = 60) -> str:
+    line = " ".join(text.split())
+    return json.dumps(line if len(line) <= width else line[: width - 1] + "…")
+
+
+def _account(turn: TurnRecord) -> str:
+    """What the turn cost and when, from its summary once it settled."""
+    parts = [f"agent {turn.agent}", f"created {_when(turn.created_at)}"]
+    summary = turn.summary
+    if summary is not None:
+        calls = summary.model_calls
+        parts += [
+            f"{calls} model call{'' if calls == 1 else 's'}",
+            f"{summary.input_tokens} in / {summary.output_tokens} out tokens",
+            usd(summary.cost_usd),
+            _duration(summary.duration_ms),
+        ]
+    elif turn.status == "running":
+        parts.append(f"attempt {turn.attempts}, owner {turn.lease_owner or '-'}")
+    return " · ".join(parts)
+
+
+def _duration(ms: float) -> str:
+    return f"{round(ms)} ms" if ms < 1000 else f"{ms / 1000:.1f} s"
+
+
+def _when(moment: object) -> str:
+    return str(moment)[:19]

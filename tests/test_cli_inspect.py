@@ -1,0 +1,132 @@
+"""`turnkit sessions`, `turnkit turns --session` and `turnkit events`: what an operator reads."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+
+import pytest
+
+from turnkit import Agent, Organisation, RuntimeConfig, SessionRuntime, tool
+from turnkit.cli import main
+from turnkit.errors import ProviderError
+from turnkit.tenancy import Principal
+from turnkit.testing import ModelStep, ScriptedModel, call
+
+ANSWER = "Paris is the capital of France."
+
+
+@tool
+async def lookup(country: str) -> str:
+    """The capital of a country."""
+    return "Paris"
+
+
+async def _seed(url: str, schema: str | None) -> dict[str, str]:
+    """Three sessions: ann of acme (two turns, one failed), ann of globex, nobody's."""
+    model = ScriptedModel(
+        [
+            ModelStep.tool_call_reply(call("lookup", country="France")),
+            ModelStep.text_reply(ANSWER),
+            ModelStep.fail(ProviderError("refused", status_code=400)),
+            ModelStep.text_reply("Berlin."),
+            ModelStep.text_reply("Rome."),
+        ]
+    )
+    config = RuntimeConfig(database_url=url, database_schema=schema, max_attempts=1)
+    turns: dict[str, str] = {}
+    agent = Agent(model=model, tools=[lookup], skip_stages=frozenset({"anchor-plan"}))
+    tenancy = [Organisation(name="acme"), Organisation(name="globex")]
+    async with SessionRuntime(agent=agent, config=config, tenancy=tenancy) as rt:
+        acme, globex = (
+            Principal(id="ann", organisation="acme"),
+            Principal(id="ann", organisation="globex"),
+        )
+        for key, session, text, who in (
+            ("capital", "acme-1", "Capital of France?", acme),
+            ("broken", "acme-1", "And of Germany?", acme),
+            ("globex", "globex-1", "Capital of Germany?", globex),
+            ("open", "open-1", "Capital of Italy?", None),
+        ):
+            submission = await rt.start(session, text, principal=who)
+            async for _ in rt.reader().follow(submission.turn_id):
+                pass
+            turns[key] = submission.turn_id
+    return turns
+
+
+def _run(*argv: str, url: str, schema: str | None) -> tuple[int, str]:
+    out = io.StringIO()
+    flags = ["--database-url", url, *(["--database-schema", schema] if schema else [])]
+    return main([*argv, *flags], out=out), out.getvalue()
+
+
+def test_an_operator_finds_a_session_its_turns_and_a_turns_log(
+    db: tuple[str, str | None], capsys: pytest.CaptureFixture[str]
+) -> None:
+    url, schema = db
+    turns = asyncio.run(_seed(url, schema))
+
+    code, out = _run("sessions", url=url, schema=schema)
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0] == "3 session(s), most recently active first:"
+    assert [line.split()[0] for line in lines[1:]] == ["open-1", "globex-1", "acme-1"]
+    assert "owner ann of acme" in lines[3]
+    assert "2 message(s)" in lines[3]
+    assert "owner nobody" in lines[1]
+
+    code, out = _run("sessions", "--organisation", "acme", url=url, schema=schema)
+    assert [line.split()[0] for line in out.splitlines()[1:]] == ["acme-1"]
+    code, out = _run(
+        "sessions", "--principal", "ann", "--organisation", "globex", url=url, schema=schema
+    )
+    assert [line.split()[0] for line in out.splitlines()[1:]] == ["globex-1"]
+    code, out = _run("sessions", "--principal", "bob", url=url, schema=schema)
+    assert (code, out) == (0, "no sessions\n")
+    code, out = _run("sessions", "--limit", "1", url=url, schema=schema)
+    assert len(out.splitlines()) == 2
+
+    code, out = _run("turns", "--session", "acme-1", url=url, schema=schema)
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0] == 'session acme-1 "Capital of France?": 2 turn(s)'
+    assert lines[1].split() == [turns["capital"], "succeeded", '"Capital', "of", 'France?"']
+    assert "2 model calls" in lines[2]
+    assert "agent assistant" in lines[2]
+    assert lines[3].startswith(f"  {turns['broken']}  failed (")
+    assert "1 model call " in lines[4]
+
+    code, out = _run("events", turns["capital"], url=url, schema=schema)
+    assert code == 0
+    assert out.splitlines()[0].startswith(f"turn {turns['capital']} · session acme-1")
+    assert "  ⚙ lookup(country='France')" in out
+    assert ANSWER in out  # the answer's text, from its message.complete
+    assert out.rstrip().endswith("✓ succeeded")
+    code, out = _run("events", turns["broken"], url=url, schema=schema)
+    assert "✗ error [" in out
+    assert out.rstrip().endswith("■ failed")
+
+    code, out = _run("events", turns["capital"], "--json", url=url, schema=schema)
+    events = [json.loads(line) for line in out.splitlines()]
+    assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
+    assert events[0]["type"] == "turn.started"
+    assert events[-1]["type"] == "done"
+
+
+def test_an_unknown_session_or_turn_is_one_line(
+    db: tuple[str, str | None], capsys: pytest.CaptureFixture[str]
+) -> None:
+    url, schema = db
+    asyncio.run(_seed(url, schema))
+    capsys.readouterr()
+    assert _run("turns", "--session", "nope", url=url, schema=schema)[0] == 2
+    assert capsys.readouterr().err == (
+        "turnkit: no session 'nope' [session-not-found; see docs/errors.md#session-not-found]\n"
+    )
+    assert _run("events", "turn_nope", url=url, schema=schema)[0] == 2
+    assert capsys.readouterr().err.startswith("turnkit: no turn 'turn_nope' [turn-not-found;")
+    with pytest.raises(SystemExit):
+        main(["turns", "--stuck", "--session", "acme-1"])
+    assert "not allowed with argument" in capsys.readouterr().err
