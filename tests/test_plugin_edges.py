@@ -10,6 +10,7 @@ from typing import ClassVar
 import pytest
 
 from turnkit import Agent, RuntimeConfig, SessionRuntime, tool
+from turnkit.blocks import ToolResultBlock
 from turnkit.errors import GuardrailBlockedError
 from turnkit.events import DurableEvent, GuardrailEvent, StreamEvent
 from turnkit.plugins import (
@@ -316,3 +317,62 @@ async def test_a_structured_tool_result_is_masked_string_by_string(tmp_path: Pat
     sent = str([m.content for m in model.calls[1].messages])
     for secret in ("5551234567", "4111", "@x.example"):
         assert secret not in sent
+
+
+class Careless(Plugin):
+    """A plugin that is not required, making the mistakes plugins make."""
+
+    name: ClassVar[str] = "careless"
+
+    async def after_tool_call(
+        self, ctx: PluginContext, call: ToolCall, result: ToolResultBlock
+    ) -> None:
+        await ctx.emit("seen", {"tags": {1, 2}})  # type: ignore[dict-item]  # a set: not JSON
+
+    async def check_tool_result(
+        self, ctx: PluginContext, call: ToolCall, text: str
+    ) -> Verdict | None:
+        return Verdict(action="allow", kind=None)  # type: ignore[arg-type]
+
+    async def check_answer(self, ctx: PluginContext, text: str) -> Verdict | None:
+        return Verdict(action="deny", kind="x")  # type: ignore[arg-type]
+
+    async def after_model_response(self, ctx: PluginContext, view: ModelCallView) -> None:
+        raise GuardrailBlockedError("not mine to raise", plugin="x", checkpoint="answer", kind="y")
+
+
+async def test_a_plugin_that_is_not_required_cannot_break_the_log_or_end_the_turn(
+    tmp_path: Path,
+) -> None:
+    model = ScriptedModel(
+        [ModelStep.tool_call_reply(call("ticket", ref="x")), ModelStep.text_reply("All done.")]
+    )
+    agent = Agent(model=model, tools=[ticket], plugins=[Careless()])
+    async with _runtime(tmp_path, agent) as rt:
+        events = await collect_events(rt.execute_message("s1", "hi"))
+        turn_id = events[0].turn_id  # type: ignore[union-attr]
+        stored = [e.seq async for e in rt.store.read_events(turn_id)]
+        rows = await rt.audit(turn_id)
+    assert events[-1].status == "succeeded"  # type: ignore[union-attr]
+    # Every durable event has its seq, none skipped, as stored and as streamed.
+    assert stored == list(range(1, len(stored) + 1))
+    streamed = [e.seq for e in events if isinstance(e, DurableEvent)]
+    assert streamed == stored
+    assert not [e for e in events if isinstance(e, GuardrailEvent)]  # no verdict was valid
+    failures = [r.plugin_payloads["careless"] for r in rows if r.plugin_payloads]
+    hooks = {f["hook"] for f in failures}  # type: ignore[index]
+    assert hooks == {"after_model_response", "after_tool_call", "check_answer", "check_tool_result"}
+    errors = " ".join(str(f["error"]) for f in failures)  # type: ignore[index]
+    assert "allow, redact or block, not 'deny'" in errors
+    assert "`kind` is a string, not None" in errors
+
+
+def test_a_verdict_checks_its_fields_when_it_is_made() -> None:
+    with pytest.raises(ValueError, match="not 'deny'"):
+        Verdict(action="deny", kind="x")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="`kind` is a string"):
+        Verdict(action="allow", kind=None)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="needs the `replacement`"):
+        Verdict(action="redact", kind="email")
+    with pytest.raises(TypeError, match="`replacement` is a string"):
+        Verdict(action="allow", kind="email", replacement=3)  # type: ignore[arg-type]

@@ -124,8 +124,15 @@ class Verdict:
     replacement: str | None = None
 
     def __post_init__(self) -> None:
-        if self.action == "redact" and self.replacement is None:
+        if self.action not in ("allow", "redact", "block"):
+            raise ValueError(f"a verdict's action is allow, redact or block, not {self.action!r}")
+        for field in ("kind", "subject"):
+            if not isinstance(getattr(self, field), str):
+                raise TypeError(f"a verdict's `{field}` is a string, not {getattr(self, field)!r}")
+        if self.action == "redact" and not isinstance(self.replacement, str):
             raise ValueError("a `redact` verdict needs the `replacement` text")
+        if self.replacement is not None and not isinstance(self.replacement, str):
+            raise TypeError(f"a verdict's `replacement` is a string, not {self.replacement!r}")
 
 
 class PluginContext(Protocol):

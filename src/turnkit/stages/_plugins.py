@@ -105,15 +105,15 @@ async def _call_one(
     """One plugin's hook: (True, its result), or (False, None) when it failed (recorded).
 
     A result of the wrong type is a failure too: a hook that returns `"no"` where a
-    `Verdict` belongs would otherwise silently do nothing.
+    `Verdict` belongs would otherwise silently do nothing. Whatever a hook raises is its
+    plugin's failure, turnkit's own errors included: a plugin that is not `required`
+    cannot end the turn by raising one.
     """
     try:
         result = await getattr(plugin, hook)(_Context(ctx, plugin, stage_id), *args)
         wrong = _wrong_return(hook, result)
         if wrong is not None:
             raise TypeError(wrong)
-    except (GuardrailBlockedError, PluginFailedError):
-        raise
     except Exception as exc:  # noqa: BLE001 - recorded; a required plugin fails the turn
         _failed(ctx, stage_id, plugin, hook, exc)
         return False, None

@@ -133,19 +133,19 @@ class Recorder:
         if self.log_closed:
             return None
         key = dedupe_key(cls.model_fields["type"].default, fields)
-        if key is not None:
-            if key in self.journal.keys:
-                return None
-            self.journal.keys.add(key)
-        self._seq += 1
-        event = cls(
+        if key is not None and key in self.journal.keys:
+            return None
+        event = cls(  # built before it takes its seq: fields that fail leave no gap
             session_id=self.session_id,
             turn_id=self.turn_id,
             stage_id=stage_id,
             ts=self.clock.now(),
-            seq=self._seq,
+            seq=self._seq + 1,
             **fields,
         )
+        self._seq += 1
+        if key is not None:
+            self.journal.keys.add(key)
         self._events.append(event)
         return event
 
