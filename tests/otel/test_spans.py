@@ -523,3 +523,52 @@ async def test_a_captured_tool_result_is_the_one_past_the_guardrails(
     [tool_span] = otel.named("execute_tool ")
     result = json.loads(str(_attrs(tool_span)["gen_ai.tool.call.result"]))
     assert result == {"ticket": "T1", "owner": "[email]"}
+
+
+async def test_each_tool_loop_iteration_is_its_own_stage_span_on_either_store(
+    db: tuple[str, str | None], otel: Telemetry
+) -> None:
+    """On PostgreSQL a stage's `step.end` commits with the next checkpoint, while the next
+    stage already runs: a stage's span still ends with its own work."""
+    url, schema = db
+    config = RuntimeConfig(database_url=url, database_schema=schema)
+    model = ScriptedModel(
+        [
+            ModelStep.tool_call_reply(call("add", a=2, b=3)),
+            ModelStep.tool_call_reply(call("send_email", to="ada@example.com")),
+            ModelStep.text_reply("Sent."),
+        ]
+    )
+    agent = Agent(model=model, tools=[add, send_email], skip_stages=frozenset({"anchor-plan"}))
+    async with SessionRuntime(agent=agent, config=config) as rt:
+        events = await collect_events(rt.execute_message("s1", "add, then email Ada"))
+        asked = events[-1]
+        assert isinstance(asked, ApprovalRequestedEvent)
+        await rt.resume(asked.turn_id, asked.request_id, Approve())
+        async for _ in rt.reader().follow(asked.turn_id):
+            pass
+    paused, resumed = otel.named("invoke_agent ")
+
+    def loops(attempt: ReadableSpan) -> list[ReadableSpan]:
+        return [s for s in otel.named("stage tool-loop") if _parent(s) == _id(attempt)]
+
+    assert [_attrs(s).get("turnkit.iteration") for s in loops(paused)] == [1, 2]
+    assert [_attrs(s).get("turnkit.iteration") for s in loops(resumed)] == [2, 3]
+    add_span, email_span = otel.named("execute_tool ")
+    assert _parent(add_span) == _id(loops(paused)[0])
+    assert _parent(email_span) == _id(loops(resumed)[0])  # the approved call, resumed
+    chats = otel.named("chat ")
+    assert [_parent(c) for c in chats] == [
+        _id(loops(paused)[0]),
+        _id(loops(paused)[1]),
+        _id(loops(resumed)[1]),
+    ]
+    for span in otel.named("stage "):  # each ended, and before the next of its attempt began
+        assert span.end_time is not None
+    for attempt in (paused, resumed):
+        spans = sorted(
+            (s for s in otel.named("stage ") if _parent(s) == _id(attempt)),
+            key=lambda s: s.start_time or 0,
+        )
+        for before, after in zip(spans, spans[1:], strict=False):
+            assert (before.end_time or 0) <= (after.start_time or 0), (before.name, after.name)

@@ -91,6 +91,7 @@ async def _bracket(
     rec.durable(StepStartEvent, step, step=step, iteration=iteration)
     otel.stage_started(rec, step, iteration)  # also when a resumed stage commits no step.start
     outcome = await body()
+    otel.stage_ended(rec, step)
     rec.durable(
         StepEndEvent,
         step,

@@ -15,7 +15,13 @@ from __future__ import annotations
 from turnkit.otel._chat import ChatTrace, chat, traced_tool
 from turnkit.otel._replay import record_replay_lag
 from turnkit.otel._state import capture_content, set_capture_content, use_providers
-from turnkit.otel._turn import TurnTrace, attempt, stage_started, submit_traceparent
+from turnkit.otel._turn import (
+    TurnTrace,
+    attempt,
+    stage_ended,
+    stage_started,
+    submit_traceparent,
+)
 
 __all__ = (
     "ChatTrace",
@@ -25,6 +31,7 @@ __all__ = (
     "chat",
     "record_replay_lag",
     "set_capture_content",
+    "stage_ended",
     "stage_started",
     "submit_traceparent",
     "traced_tool",

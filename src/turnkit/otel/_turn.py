@@ -22,7 +22,6 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from turnkit.events import (
     DoneEvent,
     DurableEvent,
-    StepEndEvent,
     TurnRecoveringEvent,
 )
 from turnkit.otel._state import Active, active
@@ -94,9 +93,20 @@ def stage_started(recorder: Recorder, stage: str, iteration: int | None) -> None
     """
     turn = _TURNS.get(recorder)
     if turn is not None:
-        span = turn.stage(stage)
+        span = turn.stage(stage, fresh=True)
         if iteration is not None:
             span.set_attribute("turnkit.iteration", iteration)
+
+
+def stage_ended(recorder: Recorder, stage: str) -> None:
+    """A stage's work is done: its span ends now, not when its `step.end` commits.
+
+    Where a stage's events ride on the next checkpoint (PostgreSQL), the commit comes while
+    the next stage already runs.
+    """
+    turn = _TURNS.get(recorder)
+    if turn is not None:
+        turn.end_stage(stage)
 
 
 def stage_span(recorder: Recorder, stage: str) -> Span | None:
@@ -160,11 +170,8 @@ class _LiveTurn(TurnTrace):
             if self.first_seq is None:
                 self.first_seq = events[0].seq
             self.last_seq = events[-1].seq
-        for event in events:  # a stage's span opens as the stage starts (`stage_started`)
-            if isinstance(event, StepEndEvent):
-                if self.open is not None and self.open[0] == event.step:
-                    self._close_stage(None)
-            elif isinstance(event, DoneEvent):
+        for event in events:  # stage spans open and end with the stages' work, not here
+            if isinstance(event, DoneEvent):
                 self.done = event
             elif isinstance(event, TurnRecoveringEvent):
                 self.span.set_attribute("turnkit.recovered", True)
@@ -173,11 +180,12 @@ class _LiveTurn(TurnTrace):
     def held(self, seconds: float) -> None:
         self.span.set_attribute("turnkit.held_ms", round(seconds * 1000, 3))
 
-    def stage(self, name: str) -> Span:
+    def stage(self, name: str, *, fresh: bool = False) -> Span:
+        """The open span of stage `name`; a new one when `fresh` (the stage starts again)."""
         if self.ended:  # work the attempt left running (a background call): no new stage
             return self.span
         if self.open is not None:
-            if self.open[0] == name:
+            if self.open[0] == name and not fresh:
                 return self.open[1]
             self._close_stage(None)
         span = self.found.tracer.start_span(
@@ -188,6 +196,11 @@ class _LiveTurn(TurnTrace):
         )
         self.open = (name, span)
         return span
+
+    def end_stage(self, name: str) -> None:
+        """End the open span of stage `name`, if it is the one open."""
+        if self.open is not None and self.open[0] == name:
+            self._close_stage(None)
 
     def _close_stage(self, error: str | None) -> None:
         assert self.open is not None
