@@ -348,5 +348,45 @@ def test_pii_masks_cards_only_when_the_checksum_holds() -> None:
     masked, found = _mask("card 4111 1111 1111 1111, order 1234 5678 9012 3456", ["card"])
     assert masked == "card [card], order 1234 5678 9012 3456"
     assert found == ["card"]
-    with pytest.raises(ValueError, match="unknown kinds"):
+    with pytest.raises(ConfigurationError, match="unknown kinds"):
         PiiRedaction(kinds=["ssn"])
+
+
+class _Named(Plugin):
+    name: ClassVar[str] = "named"
+
+
+def test_plugin_settings_of_the_wrong_shape_are_configuration_errors(tmp_path: Path) -> None:
+    with pytest.raises(ConfigurationError, match=r"a list of kinds, such as \['email'\]"):
+        PiiRedaction(kinds="email")  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="`block` is True or False, not 'no'"):
+        PiiRedaction(block="no")  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="at least 1, not 0"):
+        Citations(min_shared_words=0)
+    with pytest.raises(ConfigurationError, match="a whole number, not '2'"):
+        Citations(min_shared_words="2")  # type: ignore[arg-type]
+
+    class Unordered(Plugin):
+        name: ClassVar[str] = "unordered"
+        order: ClassVar[int] = "first"  # type: ignore[assignment]
+
+    with pytest.raises(PluginValidationError, match="`order` is a whole number"):
+        validate_plugins([Unordered()])
+
+    class NamedLate(Plugin):
+        def __init__(self) -> None:
+            self.name = "late"  # type: ignore[misc]
+
+    with pytest.raises(PluginValidationError, match="on the class, not set in `__init__`"):
+        validate_plugins([NamedLate()])
+    with pytest.raises(PluginValidationError, match="plugins are a list"):
+        validate_plugins(_Named())  # type: ignore[arg-type]
+    with pytest.raises(PluginValidationError, match="'named' is a name: pass a plugin"):
+        Agent(model=ScriptedModel([]), plugins=["named"])  # type: ignore[list-item]
+    config = RuntimeConfig(database_url=f"sqlite:///{tmp_path / 'p.db'}")
+    with pytest.raises(
+        PluginValidationError, match=r"`plugins` is a list, such as \['citations'\]"
+    ):
+        SessionRuntime(agent=Agent(model=ScriptedModel([])), plugins="citations", config=config)  # type: ignore[arg-type]
+    with pytest.raises(PluginValidationError, match="plugin names are a list"):
+        discover_plugins("citations")  # type: ignore[arg-type]

@@ -239,34 +239,57 @@ class Plugin:
 
 def validate_plugins(plugins: Iterable[Plugin]) -> tuple[Plugin, ...]:
     """Check plugins when they register; return them in run order (order, then as given)."""
+    if isinstance(plugins, str | Plugin):  # one plugin (or one name): not a list of them
+        raise PluginValidationError(f"plugins are a list, such as [{plugins!r}]")
     seen: set[str] = set()
     checked: list[Plugin] = []
     for plugin in plugins:
-        cls = type(plugin)
-        if not isinstance(plugin, Plugin):
-            raise PluginValidationError(f"{plugin!r} is not a turnkit.plugins.Plugin")
-        if not cls.name:
-            raise PluginValidationError(f"plugin class {cls.__name__} needs a `name`")
-        if not re.fullmatch(r"[a-z0-9][a-z0-9_-]{0,63}", cls.name):
-            raise PluginValidationError(
-                f"plugin name {cls.name!r} must be lower-case letters, digits, '-' or '_'"
-            )
-        if cls.name in seen:
-            raise PluginValidationError(f"two plugins are named {cls.name!r}")
-        seen.add(cls.name)
-        for klass in cls.__mro__:
-            if klass in (Plugin, object):
-                continue
-            for attr, value in vars(klass).items():
-                if _HOOKISH.match(attr) and attr not in HOOKS and callable(value):
-                    raise PluginValidationError(
-                        f"plugin {cls.name!r} defines {attr!r}, which is not a hook "
-                        f"(hooks: {sorted(HOOKS)}); a typo would silently never run"
-                    )
-                if attr in HOOKS or attr == "answer_hold":
-                    _check_signature(cls.name, attr, value)
+        name = _checked_name(plugin)
+        if name in seen:
+            raise PluginValidationError(f"two plugins are named {name!r}")
+        seen.add(name)
+        _check_hooks(type(plugin))
         checked.append(plugin)
     return tuple(sorted(checked, key=lambda p: type(p).order))  # stable: ties keep their order
+
+
+def _checked_name(plugin: object) -> str:
+    """A plugin's name, once it is known to be a plugin with a valid name and order."""
+    if isinstance(plugin, str):
+        raise PluginValidationError(
+            f"{plugin!r} is a name: pass a plugin instance, or name installed plugins "
+            "with `SessionRuntime(plugins=[...])` or `discover_plugins([...])`"
+        )
+    if not isinstance(plugin, Plugin):
+        raise PluginValidationError(f"{plugin!r} is not a turnkit.plugins.Plugin")
+    cls = type(plugin)
+    if not cls.name:
+        hint = " (on the class, not set in `__init__`)" if vars(plugin).get("name") else ""
+        raise PluginValidationError(f"plugin class {cls.__name__} needs a `name`{hint}")
+    if not re.fullmatch(r"[a-z0-9][a-z0-9_-]{0,63}", cls.name):
+        raise PluginValidationError(
+            f"plugin name {cls.name!r} must be lower-case letters, digits, '-' or '_'"
+        )
+    if not isinstance(cls.order, int) or isinstance(cls.order, bool):
+        raise PluginValidationError(
+            f"plugin {cls.name!r}: `order` is a whole number (lower runs first), not {cls.order!r}"
+        )
+    return cls.name
+
+
+def _check_hooks(cls: type[Plugin]) -> None:
+    """Every hook-like method is a hook, and every hook takes what it is passed."""
+    for klass in cls.__mro__:
+        if klass in (Plugin, object):
+            continue
+        for attr, value in vars(klass).items():
+            if _HOOKISH.match(attr) and attr not in HOOKS and callable(value):
+                raise PluginValidationError(
+                    f"plugin {cls.name!r} defines {attr!r}, which is not a hook "
+                    f"(hooks: {sorted(HOOKS)}); a typo would silently never run"
+                )
+            if attr in HOOKS or attr == "answer_hold":
+                _check_signature(cls.name, attr, value)
 
 
 def merge_plugins(first: Iterable[Plugin], then: Iterable[Plugin]) -> tuple[Plugin, ...]:
@@ -294,6 +317,8 @@ def discover_plugins(names: Iterable[str]) -> tuple[Plugin, ...]:
     """
     from importlib.metadata import entry_points
 
+    if isinstance(names, str):  # one name would be taken letter by letter
+        raise PluginValidationError(f"plugin names are a list, such as [{names!r}]")
     found = {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
     out: list[Plugin] = []
     for name in names:

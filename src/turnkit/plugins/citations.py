@@ -16,6 +16,7 @@ from typing import ClassVar
 from pydantic import JsonValue
 
 from turnkit.blocks import TextBlock, ToolResultBlock
+from turnkit.errors import ConfigurationError
 from turnkit.events import Citation
 from turnkit.plugins import Enrichment, Plugin, PluginContext
 
@@ -72,6 +73,12 @@ class Citations(Plugin):
     order: ClassVar[int] = 100
 
     def __init__(self, *, min_shared_words: int = 2) -> None:
+        if isinstance(min_shared_words, bool) or not isinstance(min_shared_words, int):
+            raise ConfigurationError(
+                f"`min_shared_words` is a whole number, not {min_shared_words!r}"
+            )
+        if min_shared_words < 1:
+            raise ConfigurationError(f"`min_shared_words` is at least 1, not {min_shared_words}")
         self.min_shared_words = min_shared_words
 
     async def enrich_message(

@@ -20,6 +20,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import ClassVar
 
+from turnkit.errors import ConfigurationError
 from turnkit.plugins import Plugin, PluginContext, ToolCall, Verdict
 
 __all__ = ("PiiRedaction",)
@@ -253,10 +254,15 @@ class PiiRedaction(Plugin):
     def __init__(
         self, *, kinds: Iterable[str] = KINDS, block: bool = False, check_input: bool = False
     ) -> None:
+        if isinstance(kinds, str):  # one kind: a string would be taken letter by letter
+            raise ConfigurationError(f"`kinds` is a list of kinds, such as [{kinds!r}]")
         self.kinds = tuple(kinds)
         unknown = set(self.kinds) - set(KINDS)
         if unknown:
-            raise ValueError(f"unknown kinds {sorted(unknown)}; choose from {list(KINDS)}")
+            raise ConfigurationError(f"unknown kinds {sorted(unknown)}; choose from {list(KINDS)}")
+        for name, value in (("block", block), ("check_input", check_input)):
+            if not isinstance(value, bool):
+                raise ConfigurationError(f"`{name}` is True or False, not {value!r}")
         self.block = block
         self.check_user_input = check_input
         self._streaming = _Streaming()

@@ -92,6 +92,8 @@ class RuntimeCore:
         self.models: dict[str, str | ModelClient | ModelEndpoint] = dict(models or {})
         """Served models by name."""
         self._families = ModelFamilies(lambda: self.models)  # each resolved once
+        if isinstance(plugins, str | Plugin):  # one plugin, or one name: not a list
+            raise PluginValidationError(f"`plugins` is a list, such as [{plugins!r}]")
         self.plugins = validate_plugins(
             [p for p in plugins if not isinstance(p, str)]
             + list(discover_plugins([p for p in plugins if isinstance(p, str)]))
