@@ -63,7 +63,10 @@ from turnkit.pauses import CLARIFY_TOOL
 from turnkit.projection import PendingDecision, decision_of
 from turnkit.protocols._agui_wire import InputMessage
 
-__all__ = ("AgUi", "ClientView", "Translator", "client_view")
+__all__ = ("SHUTDOWN", "AgUi", "ClientView", "Translator", "client_view")
+
+SHUTDOWN: Final = "server-shutting-down"
+"""The code of the `RUN_ERROR` a stream ends with when its server shuts down mid-run."""
 
 log = logging.getLogger("turnkit.protocols")
 
@@ -193,16 +196,16 @@ class Translator:
             out += self._interrupt(waits_for, now)
         return out
 
-    def abandon(self) -> list[AgUi]:
-        """The reader stopped before the run's end (the turn was deleted): end it."""
+    def abandon(
+        self,
+        message: str = "the turn's event stream ended before the turn did",
+        code: str = "internal-error",
+    ) -> list[AgUi]:
+        """The stream stops before the run's end (the turn was deleted, the server stops)."""
         if self.finished:
             return []
         self.finished, now = True, self.now()
-        message = "the turn's event stream ended before the turn did"
-        return [
-            *self._close(now),
-            _ev("RUN_ERROR", now, message=message, code="internal-error"),
-        ]
+        return [*self._close(now), _ev("RUN_ERROR", now, message=message, code=code)]
 
     def _end_blocks(self, ts: datetime) -> list[AgUi]:
         """End the open messages of blocks that will not complete; forget held ones."""

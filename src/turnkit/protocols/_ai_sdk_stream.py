@@ -32,13 +32,13 @@ from turnkit.runtime import SessionRuntime
 from turnkit.runtime.reader import KEEPALIVE
 from turnkit.store import TurnRecord
 
-__all__ = ("PAUSED", "Replies", "bounded", "line")
+__all__ = ("DONE_LINE", "PAUSED", "Replies", "bounded", "line")
 
 log = logging.getLogger("turnkit.protocols")
 
 PAUSED: Final = frozenset({"awaiting_approval", "awaiting_input"})
 """The statuses of a turn that waits for an answer."""
-_DONE_LINE: Final = b"data: [DONE]\n\n"
+DONE_LINE: Final = b"data: [DONE]\n\n"
 _KEEPALIVE_LINE: Final = b": keep-alive\n"
 
 
@@ -87,7 +87,7 @@ class Replies:
             yield b"".join(lines)
         for chunk in translator.finish():
             yield line(chunk)
-        yield _DONE_LINE
+        yield DONE_LINE
 
     async def _events(
         self, turn_id: TurnId, after_seq: int, *, rebuild: bool

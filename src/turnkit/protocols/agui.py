@@ -35,8 +35,9 @@ from turnkit.errors import (
 )
 
 try:
+    import anyio
     from fastapi import APIRouter, Depends, Header, Response
-    from sse_starlette import EventSourceResponse
+    from sse_starlette import EventSourceResponse, ServerSentEvent
 except ImportError as exc:  # pragma: no cover - depends on the install
     raise missing_extra("The AG-UI route", "fastapi", exc) from exc
 
@@ -44,7 +45,7 @@ from turnkit.events import StreamEvent
 from turnkit.ids import SessionId, TurnId
 from turnkit.projection import PendingDecision, project
 from turnkit.protocols._agui_stream import Bound, BufferView, stream_run
-from turnkit.protocols._agui_translate import AgUi, Translator, client_view
+from turnkit.protocols._agui_translate import SHUTDOWN, AgUi, Translator, client_view
 from turnkit.protocols._agui_wire import (
     ForwardedProps,
     InputMessage,
@@ -56,9 +57,12 @@ from turnkit.protocols._agui_wire import (
 )
 from turnkit.runtime import SessionRuntime
 from turnkit.runtime.reader import TurnReader, check_cursor, parse_cursor, set_once_sent
+from turnkit.runtime.stream_shutdown import SHUTDOWN_GRACE_S, until_shutdown
 from turnkit.states import TurnStatus
 from turnkit.store import TurnRecord
 from turnkit.tenancy import DEFAULT_ORGANISATION
+
+_SHUTTING_DOWN: Final = "the server is shutting down; the run goes on: reconnect with Last-Event-ID"
 
 __all__ = (
     "ForwardedProps",
@@ -210,8 +214,16 @@ async def _respond(
         reader.follow_batches(record.turn_id, after_seq=after),
     )
     bound = Bound(max_bytes, record.turn_id)
+    shutdown = anyio.Event()
+
+    def farewell() -> list[ServerSentEvent]:
+        return [bound.frame(out, None) for out in translator.abandon(_SHUTTING_DOWN, SHUTDOWN)]
+
+    stream = stream_run(translator, opening, batches, view, bound)
     return EventSourceResponse(
-        set_once_sent(stream_run(translator, opening, batches, view, bound), sent),
+        set_once_sent(until_shutdown(stream, shutdown, farewell), sent),
+        shutdown_event=shutdown,
+        shutdown_grace_period=SHUTDOWN_GRACE_S,
         headers={"X-Turn-Id": record.turn_id, "Cache-Control": "no-store"},
         # Keep-alives are single comment lines from the reader; sse-starlette's ping
         # (`None` means its 15 s default) ends with a blank line: never let it fire.

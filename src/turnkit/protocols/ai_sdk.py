@@ -31,18 +31,20 @@ from turnkit.errors import (
 )
 
 try:
+    import anyio
     from fastapi import APIRouter, Depends, Path, Response
     from sse_starlette import EventSourceResponse
 except ImportError as exc:  # pragma: no cover - depends on the install
     raise missing_extra("The AI SDK route", "fastapi", exc) from exc
 
 from turnkit.ids import SessionId, TurnId
-from turnkit.protocols._ai_sdk_stream import PAUSED, Replies
+from turnkit.protocols._ai_sdk_stream import DONE_LINE, PAUSED, Replies, line
 from turnkit.protocols._ai_sdk_translate import UIMessageStreamTranslator
 from turnkit.protocols._ai_sdk_wire import ChatRequest, UIMessage, pending_answer, user_content
 from turnkit.runtime import SessionRuntime
 from turnkit.runtime.deps import NO_DEPS
 from turnkit.runtime.reader import set_once_sent
+from turnkit.runtime.stream_shutdown import SHUTDOWN_GRACE_S, until_shutdown
 from turnkit.states import TERMINAL_STATES
 from turnkit.store import TurnRecord
 from turnkit.tenancy import DEFAULT_ORGANISATION
@@ -65,6 +67,17 @@ STREAM_HEADERS: Final[Mapping[str, str]] = {
 }
 TURN_ID_HEADER: Final = "X-Turn-Id"
 _NO_PING_S: Final = 10**9
+_FAREWELL: Final = (
+    line(
+        {
+            "type": "error",
+            "errorText": "the server is shutting down; the turn goes on: resume the stream "
+            "(resumeStream) to read the rest (server-shutting-down)",
+        }
+    )
+    + DONE_LINE,
+)
+"""A stream's last write when its server shuts down mid-turn."""
 
 
 # ── the routes ─────────────────────────────────────────────────────────────────────────
@@ -199,8 +212,11 @@ def _resumable(turns: list[TurnRecord], now: datetime) -> TurnRecord | None:
 
 
 def _respond(body: AsyncIterator[bytes], turn_id: str) -> EventSourceResponse:
+    shutdown = anyio.Event()
     return EventSourceResponse(
-        body,
+        until_shutdown(body, shutdown, lambda: _FAREWELL),
+        shutdown_event=shutdown,
+        shutdown_grace_period=SHUTDOWN_GRACE_S,
         headers={**STREAM_HEADERS, TURN_ID_HEADER: turn_id},
         ping=_NO_PING_S,  # keep-alives are our own comment lines (see turnkit.http)
         sep="\n",

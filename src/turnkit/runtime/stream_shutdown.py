@@ -1,0 +1,72 @@
+"""Streams that say goodbye when the server shuts down, so their clients know to resume.
+
+A browser's `EventSource` reconnects by itself when its stream ends; the AI SDK's and
+AG-UI's clients take a stream that simply ends for a finished answer. When the server
+begins to shut down (SIGTERM, a rolling restart) their streams therefore end with a last
+frame saying so (an `error` part, a `RUN_ERROR`) instead of a silent close; the turn runs
+on elsewhere, and the client resumes it as its protocol page says.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable
+from typing import Final, Protocol, TypeVar
+
+__all__ = ("SHUTDOWN_GRACE_S", "ShutdownEvent", "until_shutdown")
+
+T = TypeVar("T")
+
+SHUTDOWN_GRACE_S: Final = 1.0
+"""How long sse-starlette lets a stream send its last frame once shutdown began."""
+_SHUTDOWN: Final = "turnkit: the server is shutting down"
+
+
+class ShutdownEvent(Protocol):
+    """What `until_shutdown` needs of the server's event (an `anyio.Event`)."""
+
+    def is_set(self) -> bool: ...  # noqa: D102
+
+    async def wait(self) -> object: ...  # noqa: D102
+
+
+async def until_shutdown(
+    body: AsyncIterator[T], shutdown: ShutdownEvent, farewell: Callable[[], Iterable[T]]
+) -> AsyncIterator[T]:
+    """`body`'s items until `shutdown` is set, then `farewell()`'s and the end.
+
+    `shutdown` is the event sse-starlette sets when the server begins to shut down. A
+    stream waiting for its turn's next event is woken at once (its wait is cancelled, the
+    reader closed); one busy sending ends after that send. Nothing is spent per item.
+    """
+    task = asyncio.current_task()
+    assert task is not None
+    waiting = False
+
+    async def watch() -> None:
+        await shutdown.wait()
+        if waiting:
+            task.cancel(_SHUTDOWN)
+
+    watcher = asyncio.create_task(watch())
+    try:
+        while not shutdown.is_set():
+            waiting = True
+            try:
+                item = await anext(body)
+            except StopAsyncIteration:
+                return
+            except asyncio.CancelledError as exc:
+                if exc.args != (_SHUTDOWN,) or not shutdown.is_set():
+                    raise
+                task.uncancel()
+                break
+            finally:
+                waiting = False
+            yield item
+        for item in farewell():
+            yield item
+    finally:
+        watcher.cancel()
+        if isinstance(body, AsyncGenerator):
+            await body.aclose()
