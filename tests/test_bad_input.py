@@ -124,6 +124,10 @@ async def test_a_picture_over_the_limit_is_refused_however_it_is_sent(
         await collect_events(
             runtime.execute_message("s1", [ImagePart(url="data:image/png;base64,")])
         )
+    for broken in ("data:image/png;base64,!!!", "data:image/png;base64,aGVsbG8"):
+        with pytest.raises(InvalidInputError, match="says base64 but its data is not base64"):
+            await collect_events(runtime.execute_message("s1", [ImagePart(url=broken)]))
+    await _nothing_written(runtime_factory, "s1")
     with pytest.raises(ValidationError, match="`data` is empty"):
         ImagePart(data=b"")
     at_limit = "data:image/png;base64," + base64.b64encode(bytes(20 * 1024 * 1024)).decode()

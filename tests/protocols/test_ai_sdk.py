@@ -735,12 +735,22 @@ def test_resume_rebuilds_the_running_message_without_duplicates(tmp_path: Path) 
             "invalid-input",
         ),
         (
+            {"id": "c", "messages": [{"id": "m", "role": "user", "parts": [
+                {"type": "file", "url": "data:image/png;base64,!!!",
+                 "mediaType": "image/png"}]}]},
+            422,
+            "invalid-input",
+        ),
+        (
             {"id": "c", "messages": [user("x"), {"id": "a", "role": "assistant", "parts": []}]},
             422,
             "invalid-input",
         ),
     ],
-    ids=["empty", "no-messages", "trigger", "chat-id", "no-text", "pdf", "assistant-last"],
+    ids=[
+        "empty", "no-messages", "trigger", "chat-id", "no-text", "pdf", "not-base64",
+        "assistant-last",
+    ],
 )  # fmt: skip
 async def test_bad_input_answers_a_problem_body(
     app_client: tuple[FastAPI, httpx.AsyncClient], body: dict[str, Any], status: int, code: str

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import binascii
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import get_args
@@ -184,8 +185,16 @@ def _check_picture_url(url: str) -> None:
             f"a picture's data: URL must carry an image type (data:image/...), not {kind!r}",
             url=url[:200],
         )
-    if lowered.startswith("data:") and not url.partition(",")[2]:
+    head, _, payload = url.partition(",")
+    if lowered.startswith("data:") and not payload:
         raise InvalidInputError("a picture's data: URL holds no bytes", url=url[:200])
+    if lowered.startswith("data:") and head.lower().endswith(";base64"):
+        try:
+            binascii.a2b_base64(payload, strict_mode=True)
+        except (binascii.Error, ValueError):
+            raise InvalidInputError(
+                "a picture's data: URL says base64 but its data is not base64", url=url[:200]
+            ) from None
     if not lowered.startswith(("http://", "https://", "data:")):
         scheme = url.split(":", 1)[0] if ":" in url else url[:16]
         raise InvalidInputError(
