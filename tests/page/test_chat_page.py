@@ -287,6 +287,9 @@ def test_an_approval_card_survives_a_reload_and_finishes_the_turn(
         page.goto(app.url)
         card = pay_bob(page)
         expect(page.locator(".block.tool")).to_have_attribute("data-status", "awaiting_approval")
+        # A paused turn takes no message in: one sent now queues after it, as the box says.
+        placeholder = "Queue a message for after this turn…"
+        expect(page.locator("#message")).to_have_attribute("placeholder", placeholder)
 
         page.route("**/stream**", lambda route: route.abort())  # no stream at all
         page.reload()
@@ -410,7 +413,9 @@ def test_a_message_that_could_not_be_sent_stays_in_the_box(page: Page, tmp_path:
         page.goto(app.url)
         page.context.set_offline(True)
         send(page, "Hello while offline")
-        expect(page.locator("#notice")).not_to_have_text("")
+        expect(page.locator("#notice")).to_have_text(
+            "The server could not be reached; check your connection and send again."
+        )
         expect(page.locator("#message")).to_have_value("Hello while offline")
         page.context.set_offline(False)
         page.press("#message", "Enter")
@@ -418,6 +423,14 @@ def test_a_message_that_could_not_be_sent_stays_in_the_box(page: Page, tmp_path:
         expect(page.locator("#message")).to_have_value("")
         expect(page.locator("#notice")).to_have_text("")  # the failure's notice is gone
     model.assert_complete()
+
+
+def test_a_link_to_no_session_says_so_in_words(page: Page, tmp_path: Path) -> None:
+    with serve_page(tmp_path, Agent(model=ScriptedModel([]))) as app:
+        for bad in ("bad%20id%20%3Cx%3E", "never-seen"):
+            page.goto(f"{app.url}#session={bad}")
+            expect(page.locator("#notice")).to_contain_text("There is no chat")
+            expect(page.locator("#notice")).not_to_contain_text("pattern")
 
 
 def test_back_returns_to_the_session_the_person_left(page: Page, tmp_path: Path) -> None:

@@ -120,7 +120,8 @@ async function openSession(sessionId, { push = false } = {}) {
   try {
     turns = await api.history(sessionId);
   } catch (err) {
-    return say(err.message);
+    const missing = err instanceof api.ProblemError && (err.status === 404 || err.status === 422);
+    return say(missing ? `There is no chat "${sessionId}" here; start a new one or pick one.` : reason(err));
   }
   if (ui.sessionId !== sessionId) return;
   update((s) => withTurns(s, turns));
@@ -185,7 +186,7 @@ async function refreshSessions() {
   try {
     ui.sessions = await api.listSessions();
   } catch (err) {
-    say(err.message);
+    say(reason(err));
   }
   schedule();
 }
@@ -224,7 +225,7 @@ async function send(text) {
     refreshSessions(); // the session is named after its first message
     return true;
   } catch (err) {
-    say(err.message);
+    say(reason(err));
     return false;
   } finally {
     ui.busy.delete("send");
@@ -240,7 +241,7 @@ async function stop() {
   try {
     await api.cancelTurn(live.turnId);
   } catch (err) {
-    say(err.message);
+    say(reason(err));
   } finally {
     ui.busy.delete("stop");
     schedule();
@@ -259,7 +260,7 @@ async function decide(turnId, requestId, answer) {
   } catch (err) {
     if (!(err instanceof api.ProblemError && err.status === 409)) {
       ui.busy.delete(requestId);
-      return say(err.message); // the card stays: try again
+      return say(reason(err)); // the card stays: try again
     }
   }
   ui.busy.delete(requestId);
@@ -272,6 +273,12 @@ async function decide(turnId, requestId, answer) {
 function say(text) {
   ui.notice = text;
   schedule();
+}
+
+/** What went wrong, for a person: the server's own words, or that it could not be reached. */
+function reason(err) {
+  if (err instanceof api.ProblemError) return err.message;
+  return "The server could not be reached; check your connection and send again.";
 }
 
 // ── rendering: reads ui.state (the projection) only ──────────────────────────────
@@ -319,7 +326,9 @@ function renderComposer() {
   $("#stop").hidden = !live;
   $("#stop").disabled = ui.busy.has("stop");
   $("#send").disabled = ui.busy.has("send");
-  $("#message").placeholder = live ? "Add to the running turn…" : "Send a message…";
+  // Only a running turn takes a message in; one waiting for an answer queues it.
+  $("#message").placeholder =
+    live?.status === "running" ? "Add to the running turn…" : live ? "Queue a message for after this turn…" : "Send a message…";
 }
 
 function renderQueue(items) {
@@ -665,7 +674,7 @@ function bind() {
       ui.sessions = [created, ...ui.sessions];
       await openSession(created.sessionId, { push: true });
     } catch (err) {
-      say(err.message);
+      say(reason(err));
     }
   });
   $("#sessions").addEventListener("click", (event) => {
