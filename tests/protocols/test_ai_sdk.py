@@ -761,6 +761,9 @@ async def test_bad_input_answers_a_problem_body(
     assert response.headers["content-type"] == "application/problem+json"
     assert response.json()["code"] == code
     assert (await http.get(f"{API}/never-seen/stream")).status_code == 204
+    bad_id = await http.get(f"{API}/a%20b/stream")
+    assert bad_id.status_code == 422
+    assert bad_id.json()["code"] == "invalid-session-id"
 
 
 async def test_idle_stream_sends_comment_keepalives(tmp_path: Path) -> None:

@@ -37,7 +37,7 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the install
     raise missing_extra("The AI SDK route", "fastapi", exc) from exc
 
-from turnkit.ids import SessionId, TurnId
+from turnkit.ids import SESSION_ID_PATTERN, SessionId, TurnId
 from turnkit.protocols._ai_sdk_stream import DONE_LINE, PAUSED, Replies, line
 from turnkit.protocols._ai_sdk_translate import UIMessageStreamTranslator
 from turnkit.protocols._ai_sdk_wire import ChatRequest, UIMessage, pending_answer, user_content
@@ -132,7 +132,10 @@ def create_ai_sdk_router(
         summary="Resume the chat's running reply: the message so far, then live (AI SDK)",
         responses={204: {"description": "No reply is being written."}},
     )
-    async def resume(chat_id: Annotated[str, Path(max_length=128)], principal: Caller) -> Response:
+    async def resume(
+        chat_id: Annotated[str, Path(max_length=128, pattern=SESSION_ID_PATTERN.pattern)],
+        principal: Caller,
+    ) -> Response:
         return await _resume_reply(replies, chat_id, principal)
 
     return router
