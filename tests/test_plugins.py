@@ -327,6 +327,27 @@ async def test_an_input_guardrail_blocks_before_any_model_call(tmp_path: Path) -
     assert model.calls == []
 
 
+async def test_an_answer_blocked_mid_stream_still_counts_what_it_cost(tmp_path: Path) -> None:
+    answer = "Sure. " + "Here is the long story. " * 40 + "Write to jane.doe@example.com."
+    model = ScriptedModel([ModelStep.text_reply(answer, chunk_size=12)])
+    agent = Agent(model=model, plugins=[PiiRedaction(block=True)])
+    async with _runtime(tmp_path, agent) as rt:
+        events = await collect_events(rt.execute_message("s1", "tell me a story " * 50))
+        turn_id = events[0].turn_id  # type: ignore[union-attr]
+        rows = await rt.audit(turn_id)
+        record = await rt.turn(turn_id)
+    assert events[-1].error_code == "guardrail-blocked"  # type: ignore[union-attr]
+    [call_row] = [r for r in rows if r.call is not None]
+    assert call_row.call is not None
+    assert call_row.call.error_code == "guardrail-blocked"
+    # The provider read the request and wrote the story: both count, estimated.
+    assert call_row.call.input_tokens > 150
+    assert call_row.call.output_tokens > 200
+    assert record.summary is not None
+    assert record.summary.input_tokens == call_row.call.input_tokens
+    assert record.summary.output_tokens == call_row.call.output_tokens
+
+
 async def test_citations_and_entities_are_kept_with_the_answer_in_history(
     tmp_path: Path,
 ) -> None:

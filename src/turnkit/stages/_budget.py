@@ -22,7 +22,7 @@ from turnkit.pauses import PauseRequest
 from turnkit.stages._types import StageContext
 from turnkit.store import BudgetBook
 
-__all__ = ("BudgetGate", "estimate_tokens", "prompt_tokens", "take_budget_answers")
+__all__ = ("BudgetGate", "estimate_tokens", "prompt_tokens", "take_budget_answers", "text_tokens")
 
 _CHARS_PER_TOKEN: Final = 4
 _MESSAGE_OVERHEAD: Final = 8

@@ -29,7 +29,7 @@ from turnkit.models import (
     closing_stream,
 )
 from turnkit.models.family import ModelFamily
-from turnkit.stages._budget import take_budget_answers
+from turnkit.stages._budget import prompt_tokens, take_budget_answers, text_tokens
 from turnkit.stages._plugins import answer_hold, guard
 from turnkit.stages._types import StageContext
 from turnkit.telemetry import OpenCall, Recorder
@@ -160,7 +160,9 @@ async def call_model(
         # One audit row per model call, however it ended (DESIGN §5.7).
         code = exc.code if isinstance(exc, TurnkitError) else "internal-error"
         chat.failed(exc)
-        rec.audit(stage_id, call=on.shape(family.name, outcome="error", error_code=code))
+        spent = {} if isinstance(exc, ProviderError) else on.spent(request)
+        shape = on.shape(family.name, outcome="error", error_code=code, **spent)
+        rec.audit(stage_id, call=shape)
         rec.open_call = None
         raise
     finally:
@@ -197,6 +199,15 @@ class _Rung:
             _shown(self.asm, stream_text),
             request=request,
         )
+
+    def spent(self, request: ModelRequest) -> dict[str, int]:
+        """What a call the turn itself cut short (a guardrail's block) cost, estimated.
+
+        The provider reports no usage for a stream stopped before its end, yet it read the
+        request and wrote what streamed: budgets count the estimate, as for a Stop.
+        """
+        written = self.asm.raw_text or "".join(self.asm.raw) or "".join(self.asm.text)
+        return {"input_tokens": prompt_tokens(request), "output_tokens": text_tokens(written)}
 
     def shape(self, family: str, **outcome: Any) -> CallShape:
         """The call's shape on this rung, timed from the rung's start."""
