@@ -3,6 +3,7 @@ failures are audited, shipped plugins cite, name entities and mask personal data
 
 from __future__ import annotations
 
+import io
 import logging
 from collections.abc import Sequence
 from pathlib import Path
@@ -411,3 +412,45 @@ def test_plugin_settings_of_the_wrong_shape_are_configuration_errors(tmp_path: P
         SessionRuntime(agent=Agent(model=ScriptedModel([])), plugins="citations", config=config)  # type: ignore[arg-type]
     with pytest.raises(PluginValidationError, match="plugin names are a list"):
         discover_plugins("citations")  # type: ignore[arg-type]
+
+
+def test_installed_plugins_come_from_the_environment_for_every_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from turnkit import cli
+    from turnkit.quickstart import runtime_from_env
+
+    url = f"sqlite:///{tmp_path / 'env.db'}"
+    runtime = runtime_from_env(
+        {"TURNKIT_PLUGINS": " citations, pii-redaction ", "TURNKIT_DATABASE_URL": url}
+    )
+    assert sorted(type(p).name for p in runtime.plugins) == ["citations", "pii-redaction"]
+    assert runtime_from_env({"TURNKIT_DATABASE_URL": url}).plugins == ()
+    with pytest.raises(PluginValidationError, match="no installed plugin is named 'pii'"):
+        runtime_from_env({"TURNKIT_PLUGINS": "pii", "TURNKIT_DATABASE_URL": url})
+    # `turnkit run` (and the worker) read it too: the demo model's answer quotes the
+    # question, and pii-redaction masks the address in it.
+    monkeypatch.setenv("TURNKIT_PLUGINS", "pii-redaction")
+    out = io.StringIO()
+    assert (
+        cli.main(
+            ["run", "Count the words in write to ann@example.com", "--database-url", url], out=out
+        )
+        == 0
+    )
+    assert "ann@example.com" not in out.getvalue().split("▸ synthesize")[-1]
+    assert "[email]" in out.getvalue()
+    monkeypatch.setenv("TURNKIT_PLUGINS", "nope")
+    assert cli.main(["worker", "--database-url", url], out=io.StringIO()) == 2
+    assert "no installed plugin is named 'nope'" in capsys.readouterr().err
+
+
+def test_an_entry_point_must_carry_its_plugins_own_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.metadata
+
+    alias = importlib.metadata.EntryPoint(
+        name="cite", value="turnkit.plugins.citations:Citations", group="turnkit.plugins"
+    )
+    monkeypatch.setattr(importlib.metadata, "entry_points", lambda group: [alias])
+    with pytest.raises(PluginValidationError, match="'cite' loads a plugin named 'citations'"):
+        discover_plugins(["cite"])

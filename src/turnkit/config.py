@@ -9,7 +9,7 @@ from typing import Final, Literal
 
 from turnkit.errors import ConfigurationError
 
-__all__ = ("DURABILITIES", "Durability", "RuntimeConfig", "env_seconds")
+__all__ = ("DURABILITIES", "Durability", "RuntimeConfig", "env_plugins", "env_seconds")
 
 Durability = Literal["sync", "async", "exit"]
 """When LangGraph checkpoints are written (`RuntimeConfig.checkpoint_durability`)."""
@@ -164,3 +164,11 @@ def env_seconds(env: Mapping[str, str], name: str, default: float) -> float:
     if not math.isfinite(seconds):
         raise ConfigurationError(f"{name}={value!r} is not a number of seconds")
     return seconds
+
+
+def env_plugins(env: Mapping[str, str]) -> list[str]:
+    """`TURNKIT_PLUGINS`: names of installed plugins, comma-separated (unset: none).
+
+    Every process that drives turns (API processes and workers) must name the same ones.
+    """
+    return [name.strip() for name in env.get("TURNKIT_PLUGINS", "").split(",") if name.strip()]

@@ -17,6 +17,7 @@ LLM). Environment variables switch to production parts:
 | `TURNKIT_RECOVER_IN_PROCESS` | `0` turns off the app's own recovery loop (on by default) |
 | `TURNKIT_IDLE_WINDOW_S` | the readers' idle window (default 120) |
 | `TURNKIT_LEASE_TTL_S` | how long a driver's claim lasts unrenewed (default 8) |
+| `TURNKIT_PLUGINS` | installed plugins to run in every turn, by name, comma-separated |
 | `TURNKIT_MAX_BODY_BYTES` | the largest request body accepted (default 64 MiB; `off`: none) |
 """
 
@@ -39,7 +40,7 @@ except ImportError as exc:  # pragma: no cover - depends on the install
     raise missing_extra("The quickstart app", "fastapi", exc) from exc
 
 from turnkit.agent import load_agents
-from turnkit.config import Durability, RuntimeConfig, env_seconds
+from turnkit.config import Durability, RuntimeConfig, env_plugins, env_seconds
 from turnkit.demo import demo_agent
 from turnkit.http import create_health_router, create_turnkit_router, install_problem_handlers
 from turnkit.http.body_limit import DEFAULT_MAX_BODY_BYTES, RequestBodyLimit
@@ -79,7 +80,7 @@ def runtime_from_env(env: Mapping[str, str] | None = None) -> SessionRuntime:
         if env.get("TURNKIT_AGENT")
         else (demo_agent(env.get("TURNKIT_MODEL")),)
     )
-    return SessionRuntime(agents=agents, config=config, replay=replay)
+    return SessionRuntime(agents=agents, config=config, replay=replay, plugins=env_plugins(env))
 
 
 def _count(env: Mapping[str, str], name: str) -> int | None:

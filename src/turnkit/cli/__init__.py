@@ -27,7 +27,7 @@ from turnkit.cli._inspect import (
     show_events,
     stuck_turns,
 )
-from turnkit.config import RuntimeConfig, env_seconds
+from turnkit.config import RuntimeConfig, env_plugins, env_seconds
 from turnkit.demo import DEMO_MODEL_NAME, demo_agent
 from turnkit.errors import ConfigurationError, TurnkitError
 from turnkit.events import DoneEvent
@@ -63,7 +63,10 @@ async def _run(args: argparse.Namespace, out: TextIO) -> int:
         temperature=args.temperature, top_p=args.top_p, max_tokens=args.max_tokens, seed=args.seed
     )
     printer = Printer(out)
-    async with SessionRuntime(agent=agent, models=served, config=_config(args)) as runtime:
+    plugins = env_plugins(os.environ)
+    async with SessionRuntime(
+        agent=agent, models=served, config=_config(args), plugins=plugins
+    ) as runtime:
         status = "failed"
         events = runtime.execute_message(
             f"cli-{uuid7()}" if args.session is None else args.session,
@@ -188,7 +191,8 @@ async def _work(args: argparse.Namespace, out: TextIO) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     replay = replay_from_url(args.redis_url)
-    runtime = SessionRuntime(agents=agents, config=_config(args), replay=replay)
+    plugins = env_plugins(os.environ)
+    runtime = SessionRuntime(agents=agents, config=_config(args), replay=replay, plugins=plugins)
     try:
         worker = Worker(
             runtime,

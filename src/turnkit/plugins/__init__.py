@@ -328,6 +328,12 @@ def discover_plugins(names: Iterable[str]) -> tuple[Plugin, ...]:
             )
         target = found[name].load()
         plugin = target() if isinstance(target, type) else target
+        loaded = getattr(type(plugin), "name", None)
+        if isinstance(plugin, Plugin) and loaded and loaded != name:
+            raise PluginValidationError(
+                f"the entry point {name!r} loads a plugin named {loaded!r}: register it "
+                f"under its own name"
+            )
         out.append(plugin)
     return validate_plugins(out)
 
