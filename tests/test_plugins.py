@@ -454,3 +454,30 @@ def test_an_entry_point_must_carry_its_plugins_own_name(monkeypatch: pytest.Monk
     monkeypatch.setattr(importlib.metadata, "entry_points", lambda group: [alias])
     with pytest.raises(PluginValidationError, match="'cite' loads a plugin named 'citations'"):
         discover_plugins(["cite"])
+
+
+def test_a_plugins_settings_count_in_the_agents_version() -> None:
+    model = ScriptedModel([], name="m")
+
+    def version(*plugins: Plugin) -> str:
+        return Agent(model=model, plugins=list(plugins)).version
+
+    default = version(PiiRedaction(), Citations())
+    assert version(PiiRedaction(kinds=("email", "card", "phone")), Citations()) == default
+    changed = {
+        version(PiiRedaction(block=True), Citations()),
+        version(PiiRedaction(kinds=("email",)), Citations()),
+        version(PiiRedaction(check_input=True), Citations()),
+        version(PiiRedaction(), Citations(min_shared_words=3)),
+    }
+    assert default not in changed
+    assert len(changed) == 4  # each setting makes a version of its own
+
+    class Unserialisable(Plugin):
+        name: ClassVar[str] = "unserialisable"
+
+        def settings(self) -> dict[str, object]:  # type: ignore[override]
+            return {"when": object()}
+
+    with pytest.raises(PluginValidationError, match="`settings\\(\\)` returns what is not JSON"):
+        validate_plugins([Unserialisable()])

@@ -13,6 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
+from pydantic import JsonValue
+
 from turnkit.context.results import READ_RESULT_TOOL
 from turnkit.errors import ConfigurationError, DuplicateToolError
 from turnkit.models import ModelClient, ModelSettings
@@ -243,7 +245,7 @@ class Agent:
                 if self.max_tool_rounds != DEFAULT_MAX_TOOL_ROUNDS
                 else {}
             ),
-            "plugins": [type(p).name for p in self.plugins],
+            "plugins": [_plugin_version(p) for p in self.plugins],
             "approval": self.approval
             if isinstance(self.approval, str)
             else _qualname(self.approval),
@@ -347,3 +349,12 @@ def _check_tools(tools: object) -> None:
                 f"tools[{at}] is {getattr(item, '__name__', type(item).__name__)!r}, not a "
                 f"tool{hint}"
             )
+
+
+def _plugin_version(plugin: Plugin) -> JsonValue:
+    """A plugin as the agent's version sees it: its name, and its settings when it has any.
+
+    A plugin on its defaults keeps the version agents had before settings counted.
+    """
+    settings = dict(plugin.settings())
+    return {"name": type(plugin).name, "settings": settings} if settings else type(plugin).name

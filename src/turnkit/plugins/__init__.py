@@ -26,6 +26,7 @@ the plugin sets `required = True`: then the turn ends `plugin-failed`. Every hoo
 from __future__ import annotations
 
 import inspect
+import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -178,6 +179,14 @@ class Plugin:
     order: ClassVar[int] = 0
     required: ClassVar[bool] = False
 
+    def settings(self) -> Mapping[str, JsonValue]:
+        """What this instance was configured with, where it differs from the defaults.
+
+        It is part of the version of an agent the plugin is registered on, so a turn
+        paused under one configuration does not resume under another. Default: nothing.
+        """
+        return {}
+
     async def before_model_request(
         self, ctx: PluginContext, call: ModelCallView
     ) -> Sequence[str] | None:
@@ -274,6 +283,12 @@ def _checked_name(plugin: object) -> str:
         raise PluginValidationError(
             f"plugin {cls.name!r}: `order` is a whole number (lower runs first), not {cls.order!r}"
         )
+    try:
+        json.dumps(dict(plugin.settings()))
+    except (TypeError, ValueError) as exc:
+        raise PluginValidationError(
+            f"plugin {cls.name!r}: `settings()` returns what is not JSON ({exc})"
+        ) from exc
     return cls.name
 
 

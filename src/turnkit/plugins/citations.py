@@ -81,6 +81,10 @@ class Citations(Plugin):
             raise ConfigurationError(f"`min_shared_words` is at least 1, not {min_shared_words}")
         self.min_shared_words = min_shared_words
 
+    def settings(self) -> dict[str, JsonValue]:
+        """`min_shared_words` when it is not the default 2 (it counts in the agent's version)."""
+        return {} if self.min_shared_words == 2 else {"min_shared_words": self.min_shared_words}
+
     async def enrich_message(
         self, ctx: PluginContext, answer: TextBlock, sources: Sequence[ToolResultBlock]
     ) -> Enrichment | None:

@@ -20,6 +20,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import ClassVar
 
+from pydantic import JsonValue
+
 from turnkit.errors import ConfigurationError
 from turnkit.plugins import Plugin, PluginContext, ToolCall, Verdict
 
@@ -266,6 +268,17 @@ class PiiRedaction(Plugin):
         self.block = block
         self.check_user_input = check_input
         self._streaming = _Streaming()
+
+    def settings(self) -> dict[str, JsonValue]:
+        """The settings that differ from the defaults (they count in the agent's version)."""
+        changed: dict[str, JsonValue] = {}
+        if self.kinds != KINDS:
+            changed["kinds"] = list(self.kinds)
+        if self.block:
+            changed["block"] = True
+        if self.check_user_input:
+            changed["check_input"] = True
+        return changed
 
     def _verdict(self, text: str, subject: str, *, block: str | None = None) -> Verdict | None:
         if block is None:
