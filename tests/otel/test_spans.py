@@ -572,3 +572,31 @@ async def test_each_tool_loop_iteration_is_its_own_stage_span_on_either_store(
         )
         for before, after in zip(spans, spans[1:], strict=False):
             assert (before.end_time or 0) <= (after.start_time or 0), (before.name, after.name)
+
+
+async def test_a_resume_answered_in_a_request_links_the_attempt_another_task_runs(
+    tmp_path: Path, otel: Telemetry
+) -> None:
+    """The approval route answers; the process's recovery loop, not the request, drives."""
+    url = f"sqlite:///{tmp_path / 'link.db'}"
+    before = ScriptedModel([ModelStep.tool_call_reply(call("send_email", to="ada@example.com"))])
+    async with SessionRuntime(
+        agent=Agent(model=before, tools=[send_email]), config=RuntimeConfig(database_url=url)
+    ) as first:
+        events = await collect_events(first.execute_message("s1", "email Ada"))
+    asked = events[-1]
+    assert isinstance(asked, ApprovalRequestedEvent)
+
+    after = ScriptedModel([ModelStep.text_reply("Done: sent.")])
+    config = RuntimeConfig(database_url=url, run_in_process=False, recover_in_process=True)
+    tracer = otel.tracer_provider.get_tracer("tests")
+    async with SessionRuntime(agent=Agent(model=after, tools=[send_email]), config=config) as rt:
+        with tracer.start_as_current_span("POST /approvals") as request:
+            await rt.resume(asked.turn_id, asked.request_id, Approve())
+        async with asyncio.timeout(20):
+            while len(otel.named("invoke_agent ")) < 2:
+                await asyncio.sleep(0.01)
+    _, resumed = otel.named("invoke_agent ")
+    [link] = resumed.links
+    assert link.context.span_id == request.get_span_context().span_id
+    assert _attrs(resumed)["turnkit.outcome"] == "succeeded"

@@ -18,6 +18,7 @@ from turnkit.otel._state import capture_content, set_capture_content, use_provid
 from turnkit.otel._turn import (
     TurnTrace,
     attempt,
+    note_resume,
     stage_ended,
     stage_started,
     submit_traceparent,
@@ -31,6 +32,7 @@ __all__ = (
     "chat",
     "record_replay_lag",
     "set_capture_content",
+    "note_resume",
     "stage_ended",
     "stage_started",
     "submit_traceparent",

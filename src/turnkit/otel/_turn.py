@@ -10,13 +10,22 @@ from __future__ import annotations
 
 import random
 import weakref
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from contextvars import Token
 from typing import Any
 
 from opentelemetry import context as otel_context, trace
 from opentelemetry.context import Context
-from opentelemetry.trace import Link, NonRecordingSpan, Span, SpanKind, Status, StatusCode
+from opentelemetry.trace import (
+    Link,
+    NonRecordingSpan,
+    Span,
+    SpanContext,
+    SpanKind,
+    Status,
+    StatusCode,
+)
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from turnkit.events import (
@@ -77,6 +86,26 @@ class TurnTrace:
 NO_TURN = TurnTrace()
 
 
+_CAUSES: OrderedDict[str, SpanContext] = OrderedDict()
+"""Per turn, the span that answered its pause in this process (the newest 1,000)."""
+
+
+def note_resume(turn_id: str) -> None:
+    """A pause of `turn_id` was answered here: link the attempt that follows to this span.
+
+    Whichever task of this process runs that attempt (the request's own, the recovery
+    loop's), it links to the current span of the code that answered.
+    """
+    if active() is None:
+        return
+    current = trace.get_current_span().get_span_context()
+    if current.is_valid:
+        _CAUSES[turn_id] = current
+        _CAUSES.move_to_end(turn_id)
+        while len(_CAUSES) > 1000:
+            _CAUSES.popitem(last=False)
+
+
 def attempt(record: TurnRecord, lease: Lease, traceparent: str | None) -> TurnTrace:
     """Start the attempt's `invoke_agent` span (a no-op without a provider)."""
     found = active()
@@ -123,7 +152,7 @@ class _LiveTurn(TurnTrace):
         self.turn_id = record.turn_id
         self.agent = record.agent
         parent = _PROPAGATOR.extract({"traceparent": traceparent}) if traceparent else None
-        current = trace.get_current_span().get_span_context()
+        current = _CAUSES.pop(record.turn_id, None) or trace.get_current_span().get_span_context()
         stored = trace.get_current_span(parent).get_span_context() if parent else None
         links = (
             [Link(current, {"turnkit.link": "caused_by"})]

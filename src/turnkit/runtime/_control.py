@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from turnkit import otel
 from turnkit.errors import InvalidInputError
 from turnkit.ids import TurnId
 from turnkit.pauses import Resolution
@@ -63,6 +64,7 @@ class RuntimeControl(RuntimeReads):
                 f"not {resolution.kind}",
                 kind=resolution.kind,
             )
+        otel.note_resume(record.turn_id)  # before a recovery loop can take the turn
         await self.store.answer_pause(record.turn_id, request_id, resolution.model_dump())
         if self.config.run_in_process:
             self.host.detach(record.turn_id, deps=deps)
