@@ -71,6 +71,45 @@ def test_the_api_health_check_passes_when_ready_and_fails_when_down(tmp_path: Pa
     assert down.returncode != 0  # the container would be marked unhealthy
 
 
+def test_the_api_health_check_passes_while_redis_hangs(tmp_path: Path) -> None:
+    """A Redis outage marks the replay degraded; it must not fail every API container."""
+    import socket
+
+    from turnkit.replay.redis import RedisReplayBuffer
+
+    [probe] = [p for p in _compose()["services"]["api"]["healthcheck"]["test"] if "urlopen" in p]
+    with socket.socket() as hung:  # accepts connections and never answers
+        hung.bind(("127.0.0.1", 0))
+        hung.listen(8)
+        runtime = SessionRuntime(
+            agent=Agent(model=ScriptedModel([])),
+            config=RuntimeConfig(database_url=f"sqlite:///{tmp_path / 'r.db'}"),
+            replay=RedisReplayBuffer.from_url(f"redis://127.0.0.1:{hung.getsockname()[1]}/0"),
+        )
+        with serve(create_app(runtime)) as url:
+            up = subprocess.run(
+                [sys.executable, "-c", probe.replace("http://127.0.0.1:8000", url)],
+                capture_output=True, timeout=30,
+            )  # fmt: skip
+    assert up.returncode == 0, up.stderr.decode()
+
+
+def test_the_containers_pass_every_setting_the_processes_read() -> None:
+    from turnkit.quickstart import runtime_from_env
+
+    env = _compose()["services"]["api"]["environment"]
+    read = {
+        "TURNKIT_MODEL", "TURNKIT_PLUGINS", "TURNKIT_BUDGETS", "TURNKIT_MAX_RUNNING_TURNS",
+        "TURNKIT_MAX_BODY_BYTES", "TURNKIT_AGENT", "TURNKIT_LEASE_TTL_S", "TURNKIT_IDLE_WINDOW_S",
+    }  # fmt: skip
+    assert read <= set(env)
+    # Compose passes an unset variable as empty: every one then means its default.
+    empty = dict.fromkeys(read, "") | {"TURNKIT_DATABASE_URL": "sqlite:///:memory:"}
+    runtime = runtime_from_env(empty)
+    assert runtime.agent.name == "demo"
+    assert type(runtime.agent.model).__name__ == "DemoModel"
+
+
 def test_the_quickstart_app_serves_the_protocol_endpoints(tmp_path: Path) -> None:
     import httpx
 

@@ -78,7 +78,7 @@ def runtime_from_env(env: Mapping[str, str] | None = None) -> SessionRuntime:
     agents = (
         load_agents(env["TURNKIT_AGENT"])
         if env.get("TURNKIT_AGENT")
-        else (demo_agent(env.get("TURNKIT_MODEL")),)
+        else (demo_agent(env.get("TURNKIT_MODEL") or None),)
     )
     return SessionRuntime(agents=agents, config=config, replay=replay, plugins=env_plugins(env))
 

@@ -3,6 +3,8 @@ replay buffer is down (readers follow the Store, the source of truth)."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import socket
 import time
 from collections.abc import Iterator
@@ -118,3 +120,21 @@ async def test_readyz_names_both_when_the_store_and_the_buffer_are_down() -> Non
     detail = readyz.json()["detail"]
     assert "store: unavailable: StoreUnavailableError" in detail
     assert "replay: degraded: ConnectionError" in detail
+
+
+async def test_a_hung_database_makes_the_process_not_ready_instead_of_hanging_the_probe(
+    silent_port: int,
+) -> None:
+    """A database that accepts connections and never answers (a frozen server)."""
+    store = SqlStore.from_url(f"postgresql://turnkit@127.0.0.1:{silent_port}/turnkit")
+    runtime = SessionRuntime(agent=Agent(model=ScriptedModel([])), store=store)
+    try:
+        async with asyncio.timeout(15):  # the probe answers; it does not wait on the database
+            readyz = await _probe(runtime)
+    finally:
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(5):
+                await store.close()
+    assert readyz.status_code == 503
+    assert readyz.json()["code"] == "not-ready"
+    assert "store: unavailable: no answer within 1.5 s" in readyz.json()["detail"]

@@ -44,7 +44,7 @@ __all__ = ("main",)
 
 
 async def _run(args: argparse.Namespace, out: TextIO) -> int:
-    model = args.model or os.environ.get("TURNKIT_MODEL")
+    model = args.model or os.environ.get("TURNKIT_MODEL") or None
     if model is None and (args.api_base or args.api_key_env):
         flag = "--api-base" if args.api_base else "--api-key-env"
         raise ConfigurationError(f"{flag} is for --model (or $TURNKIT_MODEL): name the model")
@@ -180,7 +180,7 @@ def _hosted_agents(args: argparse.Namespace) -> tuple[Agent, ...]:
     `$TURNKIT_AGENT` as `turnkit serve` reads it: names separated by commas.
     """
     named = _named_agents(args) or os.environ.get("TURNKIT_AGENT", "").strip(" ,")
-    return load_agents(named) if named else (demo_agent(os.environ.get("TURNKIT_MODEL")),)
+    return load_agents(named) if named else (demo_agent(os.environ.get("TURNKIT_MODEL") or None),)
 
 
 async def _work(args: argparse.Namespace, out: TextIO) -> int:

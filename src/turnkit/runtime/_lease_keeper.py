@@ -102,7 +102,14 @@ class LeaseKeeper:
             await self.clock.sleep(max(0.0, due - self.clock.monotonic()))
             last = self.clock.monotonic()
             try:
-                self.lease = await self.store.renew(self.lease, ttl_s=ttl)
+                self.lease = await self._renewed(renewed + ttl - last)
+            except TimeoutError:
+                # A database that hangs rather than refuses: the lease may have run out
+                # while the renewal waited, and another driver may hold the turn now.
+                self.why_lost = "the database did not answer before the lease ran out"
+                self.lost = True
+                graph_task.cancel()
+                return
             except StoreUnavailableError:
                 # Judged when the failure came back (a hung connection may take longer than
                 # the lease): the next tick must come well before the lease runs out.
@@ -121,6 +128,22 @@ class LeaseKeeper:
             if self.lease.cancel_requested:
                 graph_task.cancel()  # Stop pressed elsewhere: end as cancelled
                 return
+
+    async def _renewed(self, left: float) -> Lease:
+        """The lease renewed, or TimeoutError once `left` seconds (what it has left) pass."""
+        renewal = asyncio.ensure_future(self.store.renew(self.lease, ttl_s=self.config.lease_ttl_s))
+        expiry = asyncio.ensure_future(self.clock.sleep(max(0.0, left)))
+        try:
+            await asyncio.wait((renewal, expiry), return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:
+            renewal.cancel()
+            raise
+        finally:
+            expiry.cancel()
+        if not renewal.done():
+            renewal.cancel()
+            raise TimeoutError(f"no renewal within the lease's last {left:.1f} s")
+        return renewal.result()
 
     async def heard_elsewhere(self) -> float | None:
         """Seconds since the turn's row was stamped, when that is within the idle window.
