@@ -391,7 +391,10 @@ class ModelCredentialsError(ProviderError):
 
 
 class ModelUnreachableError(ProviderError):
-    """Nothing answers at the model's address (connection refused); never retried."""
+    """Nothing answers at the model's address (connection refused): not retried on its rung.
+
+    A family walks on past it to the next rung (with the default predicate).
+    """
 
     code: ClassVar[ErrorCode] = "model-unreachable"
 

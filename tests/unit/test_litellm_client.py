@@ -679,10 +679,11 @@ async def test_a_refused_key_is_a_credentials_error(openai_server: FakeOpenAISer
     assert len(openai_server.requests) == 1  # not retried
 
 
-async def test_credential_and_connection_errors_do_not_walk_a_family(
+async def test_a_refused_connection_walks_to_the_fallback_and_bad_credentials_do_not(
     openai_server: FakeOpenAIServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Another rung would not go differently: the family stops at the first one."""
+    """A provider restarting refuses connections: what a fallback is for. A refused key
+    would be refused again, and a family of one refused rung says where it tried."""
     monkeypatch.delenv("TURNKIT_TEST_UNSET_KEY", raising=False)
     openai_server.script("second", [Reply.text("from the second rung")])
     with socket.socket() as sock:
@@ -696,10 +697,19 @@ async def test_credential_and_connection_errors_do_not_walk_a_family(
 
     with pytest.raises(ModelCredentialsError):
         await collect(ModelFamily("f", [keyless, fallback]).stream(HELLO))
-    with pytest.raises(ModelUnreachableError):
-        await collect(ModelFamily("f", [refused, fallback]).stream(HELLO))
-
     assert openai_server.requests == []
+
+    chunks = await collect(ModelFamily("f", [refused, fallback]).stream(HELLO))
+    [failed] = [c for c in chunks if isinstance(c, RungFailed)]
+    assert isinstance(failed.error, ModelUnreachableError)
+    assert failed.next_model == "openai/second"
+    assert "".join(c.text for c in chunks if isinstance(c, TextDelta)) == "from the second rung"
+
+    with pytest.raises(ModelUnreachableError):  # the last rung: raised as it is
+        await collect(ModelFamily("f", [refused]).stream(HELLO))
+    strict = ModelFamily("f", [refused, fallback], is_retriable=lambda exc: False)
+    with pytest.raises(ModelUnreachableError):  # a predicate of your own decides alone
+        await collect(strict.stream(HELLO))
 
 
 async def test_a_family_that_runs_out_names_each_failure_once(

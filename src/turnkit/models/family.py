@@ -5,7 +5,13 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 
-from turnkit.errors import ConfigurationError, FamilyExhaustedError, ProviderError, TurnkitError
+from turnkit.errors import (
+    ConfigurationError,
+    FamilyExhaustedError,
+    ModelUnreachableError,
+    ProviderError,
+    TurnkitError,
+)
 from turnkit.models import (
     ModelChunk,
     ModelClient,
@@ -99,6 +105,18 @@ class ModelFamily:
                 return counted
         return estimate_tokens(request)
 
+    def _falls_back(self, exc: Exception, next_rung: int | None) -> bool:
+        """A refused connection walks on when a rung follows, under the default predicate.
+
+        Nothing listening is how a provider's restart looks, which a fallback is for; with
+        no rung after it, the refusal is raised as it is (most often a wrong `api_base`).
+        """
+        return (
+            next_rung is not None
+            and self.is_retriable is default_is_retriable
+            and isinstance(exc, ModelUnreachableError)
+        )
+
     async def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
         """Stream the call on the first rung that answers."""
         failures: list[tuple[str, Exception]] = []  # (rung's model, its failure)
@@ -111,10 +129,10 @@ class ModelFamily:
                         yield chunk
                 return
             except Exception as exc:
-                if not self.is_retriable(exc):
+                nxt = index + 1 if index + 1 < len(self.rungs) else None
+                if not (self.is_retriable(exc) or self._falls_back(exc, nxt)):
                     raise
                 failures.append((rung.model, exc))
-                nxt = index + 1 if index + 1 < len(self.rungs) else None
                 yield RungFailed(
                     rung=index,
                     model=rung.model,

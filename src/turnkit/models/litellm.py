@@ -240,7 +240,8 @@ class LiteLLMClient:
     A missing or refused key fails the call at once with `ModelCredentialsError` (code
     `model-credentials`, naming the variable to set) and a refused connection with
     `ModelUnreachableError` (`model-unreachable`, naming the address); neither is
-    retried or walks a family's rungs, because no other attempt would go differently.
+    retried. A family walks on past a refused connection (a provider restarting), never
+    past a refused key (another attempt would be refused the same way).
 
     Raises:
         UnknownModelError: litellm cannot resolve `model` to a provider.
