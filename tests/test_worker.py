@@ -52,6 +52,49 @@ async def test_the_worker_logs_claims_recoveries_and_finished_turns(
         )
 
 
+async def test_the_worker_logs_why_a_turn_failed_and_each_fallback(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A provider outage shows on a worker's stderr, not only in the turns' logs."""
+    from turnkit import ModelFamily, ProviderError
+
+    caplog.set_level(logging.INFO, logger="turnkit.worker")
+    down = ProviderError("busy", status_code=503)
+    family = ModelFamily(
+        "chat",
+        [
+            ScriptedModel([ModelStep.fail(down), ModelStep.fail(down)], name="primary"),
+            ScriptedModel(
+                [ModelStep.text_reply("From the fallback."), ModelStep.fail(down)], name="backup"
+            ),
+        ],
+    )
+    agent = Agent(model=family, skip_stages=frozenset({"anchor-plan"}))
+    config = RuntimeConfig(database_url=f"sqlite:///{tmp_path / 'w.db'}", run_in_process=False)
+    async with SessionRuntime(agent=agent, config=config) as runtime:
+        saved = await runtime.submit("s-1", "one")
+        lost = await runtime.submit("s-2", "two")
+        stop = asyncio.Event()
+        worker = Worker(runtime, concurrency=1, poll_interval_s=0.02, sweep_interval_s=3600)
+        running = asyncio.create_task(worker.run(stop))
+        deadline = time.monotonic() + 20
+        while caplog.text.count("finished turn") < 2:
+            assert time.monotonic() < deadline, caplog.text
+            await asyncio.sleep(0.02)
+        stop.set()
+        await running
+    lines = [r.getMessage() for r in caplog.records if r.name == "turnkit.worker"]
+    assert (
+        f"turn {saved.turn_id}: model primary failed (ProviderError: busy); trying backup" in lines
+    )
+    assert (
+        f"turn {lost.turn_id}: model backup failed (ProviderError: busy); no model left to try"
+        in lines
+    )
+    [done] = [line for line in lines if line.startswith(f"finished turn {lost.turn_id} ")]
+    assert "failed (family-exhausted) in" in done
+
+
 async def test_a_full_worker_claims_the_next_turn_as_soon_as_one_ends(tmp_path: Path) -> None:
     """Driving all it may, a worker waits for a turn to end, not for its next poll."""
     model = ScriptedModel([ModelStep.text_reply("First."), ModelStep.text_reply("Second.")])

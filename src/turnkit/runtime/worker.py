@@ -11,7 +11,7 @@ import asyncio
 import logging
 
 from turnkit.errors import StoreUnavailableError
-from turnkit.events import DoneEvent, DurableEvent, EphemeralEvent
+from turnkit.events import DoneEvent, DurableEvent, EphemeralEvent, ProviderCascadeEvent
 from turnkit.ids import TurnId
 from turnkit.runtime import SessionRuntime
 from turnkit.runtime._publish import BufferPublisher
@@ -260,7 +260,16 @@ class Worker:
 
             def sink(event: DurableEvent | EphemeralEvent | None) -> None:
                 if isinstance(event, DoneEvent):
-                    ended.append(event.status)
+                    code = event.error_code if event.status != "succeeded" else None
+                    ended.append(f"{event.status} ({code})" if code else event.status)
+                elif isinstance(event, ProviderCascadeEvent):  # a provider outage, visible
+                    log.warning(
+                        "turn %s: model %s failed (%s); %s",
+                        lease.turn_id,
+                        event.from_model,
+                        event.reason,
+                        f"trying {event.to_model}" if event.to_model else "no model left to try",
+                    )
                 publisher(event)
 
             try:
