@@ -623,14 +623,17 @@ def test_a_setting_out_of_range_is_one_line(
     code = main(["run", "hi", "--temperature", "5", "--database-url", url], out=io.StringIO())
     err = capsys.readouterr().err
     assert code == 2
+    suffix = " [configuration-invalid; see docs/errors.md#configuration-invalid]\n"
     assert err == (
-        "turnkit: invalid setting: --temperature: Input should be less than or equal to 2\n"
+        "turnkit: invalid setting: --temperature: Input should be less than or equal to 2" + suffix
     )
 
     budget = ["budgets", "set", "--scope", "department", "--usd", "1", "--database-url", url]
     assert main(budget, out=io.StringIO()) == 2
     err = capsys.readouterr().err  # the model's own check: no empty field, no pydantic prefix
-    assert err == "turnkit: invalid setting: a department limit needs a --key (which department)\n"
+    assert err == (
+        "turnkit: invalid setting: a department limit needs a --key (which department)" + suffix
+    )
 
 
 def _checkpoints(db: Path) -> int:
@@ -828,3 +831,6 @@ def test_a_number_the_environment_gets_wrong_is_refused_by_name() -> None:
         with pytest.raises(ConfigurationError, match=f"{name}='2m' is not a number of seconds"):
             runtime_from_env({name: "2m"})
     assert runtime_from_env({"TURNKIT_IDLE_WINDOW_S": ""}).config.idle_window_s == 120.0
+    for name in ("TURNKIT_IDLE_WINDOW_S", "TURNKIT_LEASE_TTL_S"):  # every turn would end
+        with pytest.raises(ConfigurationError, match=f"{name}='0.001' is below 1 s"):
+            runtime_from_env({name: "0.001"})

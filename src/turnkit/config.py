@@ -148,11 +148,13 @@ def _check_seconds(name: str, value: float) -> None:
         )
 
 
-def env_seconds(env: Mapping[str, str], name: str, default: float) -> float:
+def env_seconds(
+    env: Mapping[str, str], name: str, default: float, *, minimum: float = 0.0
+) -> float:
     """A number of seconds from environment variable `name`; unset or empty: `default`.
 
     Raises:
-        ConfigurationError: the value is not a number.
+        ConfigurationError: the value is not a number, or is below `minimum`.
     """
     value = env.get(name, "").strip()
     if not value:
@@ -163,6 +165,11 @@ def env_seconds(env: Mapping[str, str], name: str, default: float) -> float:
         seconds = math.nan
     if not math.isfinite(seconds):
         raise ConfigurationError(f"{name}={value!r} is not a number of seconds")
+    if seconds < minimum:
+        raise ConfigurationError(
+            f"{name}={value!r} is below {minimum:g} s: every turn would end (or renew) "
+            "before anything happened"
+        )
     return seconds
 
 

@@ -84,7 +84,7 @@ async def _run(args: argparse.Namespace, out: TextIO) -> int:
 
 def _env_idle_window() -> float:
     """`TURNKIT_IDLE_WINDOW_S`, as the API processes read it (120 s when unset or empty)."""
-    return env_seconds(os.environ, "TURNKIT_IDLE_WINDOW_S", 120.0)
+    return env_seconds(os.environ, "TURNKIT_IDLE_WINDOW_S", 120.0, minimum=1.0)
 
 
 def _ceiling(args: argparse.Namespace, idle: float) -> float:
@@ -98,7 +98,11 @@ def _lease_ttl(args: argparse.Namespace) -> float:
     if not hasattr(args, "lease_ttl"):
         return 30.0
     given: float | None = args.lease_ttl
-    return given if given is not None else env_seconds(os.environ, "TURNKIT_LEASE_TTL_S", 8.0)
+    return (
+        given
+        if given is not None
+        else env_seconds(os.environ, "TURNKIT_LEASE_TTL_S", 8.0, minimum=1.0)
+    )
 
 
 def _config(args: argparse.Namespace) -> RuntimeConfig:
@@ -433,7 +437,10 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None) -> int
         sys.stderr.write(f"turnkit: {exc}\n")
         return 2
     except ValidationError as exc:  # a setting out of range (--temperature 5)
-        sys.stderr.write(f"turnkit: invalid setting: {_problems(exc, args)}\n")
+        sys.stderr.write(
+            f"turnkit: invalid setting: {_problems(exc, args)} "
+            "[configuration-invalid; see docs/errors.md#configuration-invalid]\n"
+        )
         return 2
     except KeyboardInterrupt:
         return 130
