@@ -40,6 +40,7 @@ async def test_the_worker_logs_claims_recoveries_and_finished_turns(
         await running
 
     lines = [r.getMessage() for r in caplog.records if r.name == "turnkit.worker"]
+    assert lines[-1] == f"worker {worker.owner} stopped"
     assert (
         f"recovering turn {orphan.turn_id} (session s-orphan): attempt 2, "
         "its previous driver's lease expired"

@@ -167,6 +167,7 @@ class Worker:
                     await _wait(self.poll_interval_s, stop, *([work] if work is not None else []))
         finally:
             await self._drain()
+            log.info("worker %s stopped", self.owner)
 
     async def _sweep_logged(self) -> None:
         """The periodic sweep; a failure other than an outage is logged, not fatal to claiming.
@@ -326,6 +327,11 @@ class Worker:
     async def _drain(self) -> None:
         if not self._tasks:
             return
+        log.info(
+            "stopping: waiting up to %g s for %d running turn(s) to finish",
+            self.drain_timeout_s,
+            len(self._tasks),
+        )
         _, pending = await asyncio.wait(set(self._tasks), timeout=self.drain_timeout_s)
         self._stopping = bool(pending)
         for task in pending:
