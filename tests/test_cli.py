@@ -434,13 +434,25 @@ def test_the_worker_command_shows_worker_lines_on_stderr(
 
         async def run(self, stop: object) -> None:
             logging.getLogger("turnkit.worker").info("claimed turn t1 (session s1, attempt 1)")
+            try:
+                raise ConnectionRefusedError("the server is down")
+            except ConnectionRefusedError:  # as asyncpg's pool warns while reconnecting
+                logging.getLogger("asyncpg.pool").warning(
+                    "Failed to restore the pool connection floor; retrying", exc_info=True
+                )
 
     monkeypatch.setattr(cli, "Worker", OneLineWorker)
     url = f"sqlite:///{tmp_path / 'w.db'}"
     assert main(["worker", "--database-url", url], out=io.StringIO()) == 0
     err = capsys.readouterr().err
     assert "INFO turnkit.worker: claimed turn t1 (session s1, attempt 1)" in err
+    assert (
+        "WARNING asyncpg.pool: Failed to restore the pool connection floor; retrying: "
+        "ConnectionRefusedError('the server is down')\n"
+    ) in err
+    assert "Traceback" not in err
     assert logging.getLogger("turnkit").handlers == []  # the command cleans up after itself
+    assert logging.getLogger("asyncpg").handlers == []
 
     out = io.StringIO()  # its first line names the database, never its password
     secret = "postgresql://app:S3cret@127.0.0.1:1/x"

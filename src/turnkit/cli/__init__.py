@@ -126,20 +126,43 @@ def _config(args: argparse.Namespace) -> RuntimeConfig:
     )
 
 
+class _OneLine(logging.Filter):
+    """A driver's warning in one line: its exception's repr instead of a traceback.
+
+    asyncpg's pool warns with a traceback each time it fails to reconnect during an outage;
+    turnkit's own lines already say the database is out of reach.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and record.exc_info[1] is not None:
+            record.msg = f"{record.getMessage()}: {record.exc_info[1]!r}"
+            record.args = None
+            record.exc_info = None
+        return True
+
+
 @contextlib.contextmanager
 def _info_logs_to_stderr() -> Iterator[None]:
-    """Show turnkit's INFO lines (a worker's claims, recoveries, finished turns) on stderr."""
-    logger = logging.getLogger("turnkit")
+    """Show turnkit's INFO lines (a worker's claims, recoveries, finished turns) on stderr.
+
+    The database driver's warnings go there too, formatted the same, one line each.
+    """
+    turnkit, driver = logging.getLogger("turnkit"), logging.getLogger("asyncpg")
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    level = logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
+    quiet = logging.StreamHandler(sys.stderr)
+    quiet.setFormatter(handler.formatter)
+    quiet.addFilter(_OneLine())
+    level = turnkit.level
+    turnkit.addHandler(handler)
+    turnkit.setLevel(logging.INFO)
+    driver.addHandler(quiet)
     try:
         yield
     finally:
-        logger.removeHandler(handler)
-        logger.setLevel(level)
+        turnkit.removeHandler(handler)
+        turnkit.setLevel(level)
+        driver.removeHandler(quiet)
 
 
 GC_THRESHOLDS = (10_000, 20, 20)
