@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import POSTGRES_URL, require_service
+from tests.conftest import POSTGRES_URL, RuntimeFactory, require_service
 from tests.helpers import add
 from turnkit import Agent, Approve, RuntimeConfig, SessionRuntime, tool
 from turnkit.budgets import BudgetLimit, BudgetSubject
@@ -452,3 +452,23 @@ async def test_deleting_a_session_keeps_its_spend_on_budgets_and_reports(
         [bob_line] = await runtime.store.usage_report(by="principal", principal="bob")
         assert bob_line.input_tokens + bob_line.output_tokens == bobs.spent_tokens
         assert (await runtime.budget_uses("bob", "s3"))[0].spent_tokens == bobs.spent_tokens
+
+
+async def test_a_limit_for_a_department_that_does_not_exist_is_refused(
+    runtime_factory: RuntimeFactory,
+) -> None:
+    from turnkit import Department, Organisation
+    from turnkit.errors import InvalidInputError
+
+    runtime = runtime_factory(
+        Agent(model=ScriptedModel([])),
+        tenancy=[Organisation(name="acme", departments=(Department(name="sales"),))],
+    )
+    typo = BudgetLimit(scope="department", organisation="acme", key="sals", tokens=5)
+    with pytest.raises(InvalidInputError, match="no department 'sals' .*sales"):
+        await runtime.set_budget_limit(typo)
+    assert await runtime.budget_limits("acme") == []  # nothing written
+    assert await runtime.set_budget_limit(typo.model_copy(update={"key": "sales"})) == []
+    assert [limit.key for limit in await runtime.budget_limits("acme")] == ["sales"]
+    # An organisation this process does not serve may still be set up (another may serve it).
+    await runtime.set_budget_limit(typo.model_copy(update={"organisation": "globex"}))

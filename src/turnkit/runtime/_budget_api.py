@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from turnkit.budgets import BudgetLimit, BudgetPeriod, BudgetScope, BudgetUse
+from turnkit.errors import InvalidInputError
 from turnkit.ids import TurnId
 from turnkit.runtime._core import RuntimeCore
 from turnkit.runtime._validate import check_session_id
@@ -20,7 +21,19 @@ class RuntimeBudgets(RuntimeCore):
 
         Turns paused `awaiting_budget` that the new limit leaves room for resume; returns
         their ids.
+
+        Raises:
+            InvalidInputError: a department limit names a department the organisation
+                (one this runtime serves) does not have.
         """
+        served = self.tenancy.organisation(limit.organisation)
+        if limit.scope == "department" and served and not served.department(limit.key):
+            names = ", ".join(d.name for d in served.departments)
+            raise InvalidInputError(
+                f"organisation {limit.organisation!r} has no department {limit.key!r} "
+                f"(its departments: {names})",
+                department=limit.key,
+            )
         await self.open()
         await self.store.set_budget_limit(limit)
         return await self.resume_budget_pauses(limit.organisation)
