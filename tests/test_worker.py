@@ -19,6 +19,22 @@ from turnkit.store import TurnRecord
 from turnkit.testing import ModelStep, ScriptedModel
 
 
+async def _until_finished(
+    runtime: SessionRuntime, caplog: pytest.LogCaptureFixture, *, turns: int
+) -> Worker:
+    """Run a worker until it logged `turns` finished turns (bounded: 20 s), then stop it."""
+    stop = asyncio.Event()
+    worker = Worker(runtime, concurrency=1, poll_interval_s=0.02, sweep_interval_s=3600)
+    running = asyncio.create_task(worker.run(stop))
+    deadline = time.monotonic() + 20
+    while caplog.text.count("finished turn") < turns:
+        assert time.monotonic() < deadline, caplog.text
+        await asyncio.sleep(0.02)
+    stop.set()
+    await running
+    return worker
+
+
 async def test_the_worker_logs_claims_recoveries_and_finished_turns(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -29,15 +45,7 @@ async def test_the_worker_logs_claims_recoveries_and_finished_turns(
         orphan = await runtime.submit("s-orphan", "hi", claim=True)  # claimed, never driven
         queued = await runtime.submit("s-queued", "hello")
         await asyncio.sleep(0.4)  # the orphan's lease lapses
-        stop = asyncio.Event()
-        worker = Worker(runtime, concurrency=1, poll_interval_s=0.02, sweep_interval_s=3600)
-        running = asyncio.create_task(worker.run(stop))
-        deadline = time.monotonic() + 20
-        while caplog.text.count("finished turn") < 2:
-            assert time.monotonic() < deadline, caplog.text
-            await asyncio.sleep(0.02)
-        stop.set()
-        await running
+        worker = await _until_finished(runtime, caplog, turns=2)
 
     lines = [r.getMessage() for r in caplog.records if r.name == "turnkit.worker"]
     assert lines[-1] == f"worker {worker.owner} stopped"
@@ -75,15 +83,7 @@ async def test_the_worker_logs_why_a_turn_failed_and_each_fallback(
     async with SessionRuntime(agent=agent, config=config) as runtime:
         saved = await runtime.submit("s-1", "one")
         lost = await runtime.submit("s-2", "two")
-        stop = asyncio.Event()
-        worker = Worker(runtime, concurrency=1, poll_interval_s=0.02, sweep_interval_s=3600)
-        running = asyncio.create_task(worker.run(stop))
-        deadline = time.monotonic() + 20
-        while caplog.text.count("finished turn") < 2:
-            assert time.monotonic() < deadline, caplog.text
-            await asyncio.sleep(0.02)
-        stop.set()
-        await running
+        await _until_finished(runtime, caplog, turns=2)
     lines = [r.getMessage() for r in caplog.records if r.name == "turnkit.worker"]
     assert (
         f"turn {saved.turn_id}: model primary failed (ProviderError: busy); trying backup" in lines
