@@ -425,6 +425,23 @@ def test_a_message_that_could_not_be_sent_stays_in_the_box(page: Page, tmp_path:
     model.assert_complete()
 
 
+def test_a_refused_first_message_leaves_no_empty_chat(page: Page, tmp_path: Path) -> None:
+    model = ScriptedModel([ModelStep.text_reply("Short.")])
+    with serve_page(tmp_path, Agent(model=model), max_content_chars=20) as app:
+        page.goto(app.url)
+        send(page, "a message far longer than twenty characters")
+        expect(page.locator("#notice")).to_contain_text("20")
+        expect(page.locator("#message")).to_have_value(
+            "a message far longer than twenty characters"
+        )
+        expect(page.locator("#sessions button")).to_have_count(0)
+        assert "#session=" not in page.url
+        page.fill("#message", "Hi")
+        page.press("#message", "Enter")
+        expect(page.locator(".block.text.answer .text")).to_have_text("Short.")
+        expect(page.locator("#sessions button")).to_have_count(1)
+
+
 def test_a_link_to_no_session_says_so_in_words(page: Page, tmp_path: Path) -> None:
     with serve_page(tmp_path, Agent(model=ScriptedModel([]))) as app:
         for bad in ("bad%20id%20%3Cx%3E", "never-seen"):

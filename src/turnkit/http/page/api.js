@@ -27,6 +27,7 @@ const seg = encodeURIComponent;
 
 export const listSessions = () => call("GET", "/sessions?limit=100");
 export const createSession = () => call("POST", "/sessions", {});
+export const deleteSession = (id) => call("DELETE", `/sessions/${seg(id)}`);
 export const history = (id) => call("GET", `/sessions/${seg(id)}/history`);
 export const sessionPending = (id) => call("GET", `/sessions/${seg(id)}/pending`);
 export const sessionQueue = (id) => call("GET", `/sessions/${seg(id)}/queue`);

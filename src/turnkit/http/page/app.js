@@ -196,9 +196,10 @@ async function refreshSessions() {
 async function send(text) {
   ui.busy.add("send");
   schedule();
+  let created = null;
   try {
     if (!ui.sessionId) {
-      const created = await api.createSession();
+      created = await api.createSession();
       ui.sessions = [created, ...ui.sessions];
       openSession(created.sessionId);
     }
@@ -225,12 +226,24 @@ async function send(text) {
     refreshSessions(); // the session is named after its first message
     return true;
   } catch (err) {
+    // A first message the server refused leaves no empty chat behind.
+    if (created && err instanceof api.ProblemError && err.status < 500) await forget(created.sessionId);
     say(reason(err));
     return false;
   } finally {
     ui.busy.delete("send");
     schedule();
   }
+}
+
+/** Delete a session this page just made and show no session, as before it was made. */
+async function forget(sessionId) {
+  await api.deleteSession(sessionId).catch(() => {}); // at worst an empty chat stays listed
+  ui.sessions = ui.sessions.filter((session) => session.sessionId !== sessionId);
+  if (ui.sessionId !== sessionId) return;
+  ui.sessionId = null;
+  ui.state = emptyState(null);
+  history.replaceState(null, "", location.pathname + location.search);
 }
 
 async function stop() {
