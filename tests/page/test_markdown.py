@@ -102,3 +102,32 @@ def test_text_still_streaming_is_drawn_as_it_stands(page: Page, tmp_path: Path) 
         expect(answer.locator("pre > code")).to_have_text("const a = 1;\nconst b = 2;")
         expect(answer.locator("p strong")).to_have_text("all")
         assert page.inner_text("#turns").count("const a = 1;") == 1
+
+
+HOSTILE = "\n\n".join(
+    [
+        "# a" + " " * 4000 + "b",  # a heading pattern that backtracks would take seconds
+        ">" * 5000 + " deep quote",  # recursion past the stack
+        "\n".join("  " * depth + "- level" for depth in range(300)),  # nesting past any use
+        "[" * 30000,  # link openers with no end
+        "| a |" + " " * 20000 + "\n|---|",  # a divider row to scan
+        "**" * 5000 + "tail",  # emphasis openers with no end
+    ]
+)
+
+
+def test_hostile_markdown_neither_freezes_nor_breaks_the_page(page: Page, tmp_path: Path) -> None:
+    """A model's text (or a prompt injected into it) is drawn at once, whatever it holds."""
+    model = ScriptedModel(
+        [ModelStep.text_reply(HOSTILE, chunk_size=4000), ModelStep.text_reply("Still here.")]
+    )
+    with serve_page(tmp_path, Agent(model=model)) as app:
+        page.goto(app.url)
+        send(page, "Break the page")
+        expect(page.locator("article.turn")).to_have_attribute("data-status", "succeeded")
+        answer = page.locator(".block.text.answer .text")
+        expect(answer.locator("h1")).to_have_text("a" + " " * 4000 + "b", use_inner_text=False)
+        assert "deep quote" in (answer.text_content() or "")
+        assert (answer.text_content() or "").count("level") == 300
+        send(page, "Still there?")  # the page keeps drawing
+        expect(page.locator(".block.text.answer .text").last).to_have_text("Still here.")

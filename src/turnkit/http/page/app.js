@@ -605,7 +605,11 @@ function setText(node, text) {
 const drawnMarkdown = new WeakMap();
 function setMarkdown(node, text) {
   if (drawnMarkdown.get(node) === text) return;
-  node.replaceChildren(renderMarkdown(text));
+  try {
+    node.replaceChildren(renderMarkdown(text));
+  } catch {
+    node.textContent = text; // text the renderer cannot draw still shows, as written
+  }
   drawnMarkdown.set(node, text);
 }
 

@@ -3,23 +3,32 @@
 // answer uses: paragraphs, headings, lists, quotes, fenced code, tables, rules, and inline
 // code, bold, italic, strike-through and links (http, https and mailto only).
 // Text still streaming renders as it stands: an open code fence runs to the end.
+//
+// It runs on every frame an answer streams, on text a model wrote: every pattern is linear
+// in its line (no nested quantifiers), inline patterns are searched once per paragraph,
+// and nesting deeper than MAX_DEPTH is drawn as text.
 
-const FENCE = /^ {0,3}(`{3,}|~{3,})\s*([\w+#.-]*)/;
-const HEADING = /^ {0,3}(#{1,6})\s+(.*?)\s*#*\s*$/;
-const RULE = /^ {0,3}([-*_])(\s*\1){2,}\s*$/;
-const QUOTE = /^ {0,3}>\s?/;
-const ITEM = /^(\s*)([-*+]|\d{1,9}[.)])\s+(.*)$/;
-const TABLE_DIVIDER = /^\s*\|?\s*:?-+:?\s*(\|\s*:?-+:?\s*)*\|?\s*$/;
+const FENCE = /^ {0,3}(`{3,}|~{3,})[ \t]*([\w+#.-]*)/;
+const HEADING = /^ {0,3}(#{1,6})(?:[ \t]+(.*))?$/;
+const QUOTE = /^ {0,3}>[ \t]?/;
+const ITEM = /^([ \t]*)([-*+]|\d{1,9}[.)])[ \t]+(.*)$/;
+const DIVIDER_CELL = /^:?-+:?$/;
 const SAFE_LINK = /^(https?:\/\/|mailto:)/i;
+const MAX_DEPTH = 16;
+const MAX_LINE = 10_000; // longer lines are not looked at as block syntax (a paragraph)
 
 /** The text as a fragment of DOM nodes. */
 export function renderMarkdown(text) {
   const fragment = document.createDocumentFragment();
-  appendBlocks(fragment, text.replace(/\r\n?/g, "\n").split("\n"));
+  appendBlocks(fragment, text.replace(/\r\n?/g, "\n").split("\n"), 0);
   return fragment;
 }
 
-function appendBlocks(parent, lines) {
+function appendBlocks(parent, lines, depth) {
+  if (depth > MAX_DEPTH) {
+    parent.append(element("p", lines.join("\n"))); // as written: nothing deeper is parsed
+    return;
+  }
   let i = 0;
   while (i < lines.length) {
     const line = lines[i];
@@ -27,76 +36,92 @@ function appendBlocks(parent, lines) {
       i += 1;
       continue;
     }
-    const fence = FENCE.exec(line);
-    if (fence) {
-      const close = new RegExp(`^ {0,3}${fence[1][0]}{${fence[1].length},}\\s*$`);
+    const block = line.length <= MAX_LINE ? kind(line) : null;
+    if (block === "fence") {
+      const fence = FENCE.exec(line);
+      const close = new RegExp(`^ {0,3}${fence[1][0]}{${fence[1].length},}[ \\t]*$`);
       let end = i + 1;
       while (end < lines.length && !close.test(lines[end])) end += 1;
       const code = element("code", lines.slice(i + 1, end).join("\n"));
       if (fence[2]) code.className = `language-${fence[2]}`;
       parent.append(element("pre", code));
       i = end + 1;
-      continue;
-    }
-    const heading = HEADING.exec(line);
-    if (heading) {
-      parent.append(inline(`h${heading[1].length}`, heading[2]));
+    } else if (block === "heading") {
+      const [, marks, rest = ""] = HEADING.exec(line);
+      parent.append(inline(`h${marks.length}`, headingText(rest), depth));
       i += 1;
-      continue;
-    }
-    if (RULE.test(line)) {
+    } else if (block === "rule") {
       parent.append(document.createElement("hr"));
       i += 1;
-      continue;
-    }
-    if (QUOTE.test(line)) {
+    } else if (block === "quote") {
       const quoted = [];
       while (i < lines.length && QUOTE.test(lines[i])) quoted.push(lines[i++].replace(QUOTE, ""));
       const quote = document.createElement("blockquote");
-      appendBlocks(quote, quoted);
+      appendBlocks(quote, quoted, depth + 1);
       parent.append(quote);
-      continue;
+    } else if (block === "item") {
+      i = appendList(parent, lines, i, depth);
+    } else if (line.includes("|") && isDivider(lines[i + 1] ?? "")) {
+      i = appendTable(parent, lines, i, depth);
+    } else {
+      const paragraph = [];
+      do paragraph.push(lines[i++].trim());
+      while (i < lines.length && lines[i].trim() && !startsBlock(lines[i]));
+      parent.append(inline("p", paragraph.join("\n"), depth));
     }
-    if (ITEM.test(line)) {
-      i = appendList(parent, lines, i);
-      continue;
-    }
-    if (line.includes("|") && lines[i + 1]?.includes("|") && TABLE_DIVIDER.test(lines[i + 1])) {
-      i = appendTable(parent, lines, i);
-      continue;
-    }
-    const paragraph = [];
-    while (i < lines.length && lines[i].trim() && !startsBlock(lines, i)) paragraph.push(lines[i++].trim());
-    parent.append(inline("p", paragraph.join("\n")));
   }
 }
 
-function startsBlock(lines, i) {
-  const line = lines[i];
-  return FENCE.test(line) || HEADING.test(line) || RULE.test(line) || QUOTE.test(line) || ITEM.test(line);
+/** Which block a line opens: fence, heading, rule, quote, item, or null (text). */
+function kind(line) {
+  if (FENCE.test(line)) return "fence";
+  if (HEADING.test(line)) return "heading";
+  if (isRule(line)) return "rule";
+  if (QUOTE.test(line)) return "quote";
+  if (ITEM.test(line)) return "item";
+  return null;
+}
+
+function startsBlock(line) {
+  return line.length <= MAX_LINE && kind(line) !== null;
+}
+
+/** `---`, `***` or `___` (three or more, spaces between allowed), indented at most 3. */
+function isRule(line) {
+  if (leading(line) > 3) return false;
+  const marks = line.replace(/[ \t]/g, "");
+  return marks.length >= 3 && /^[-*_]$/.test(marks[0]) && marks === marks[0].repeat(marks.length);
+}
+
+/** A heading's text without its closing `#`s. */
+function headingText(rest) {
+  const text = rest.trimEnd();
+  let end = text.length;
+  while (end > 0 && text[end - 1] === "#") end -= 1;
+  return end === 0 || text[end - 1] === " " || text[end - 1] === "\t" ? text.slice(0, end).trimEnd() : text;
 }
 
 /** The list starting at line `i` (an item's deeper lines are its own blocks); the next line. */
-function appendList(parent, lines, i) {
+function appendList(parent, lines, i, depth) {
   const first = ITEM.exec(lines[i]);
   const indent = first[1].length;
   const ordered = /\d/.test(first[2]);
   const list = document.createElement(ordered ? "ol" : "ul");
   if (ordered && parseInt(first[2], 10) !== 1) list.start = parseInt(first[2], 10);
   while (i < lines.length) {
-    const item = ITEM.exec(lines[i]);
+    const item = lines[i].length <= MAX_LINE ? ITEM.exec(lines[i]) : null;
     if (!item || item[1].length !== indent || /\d/.test(item[2]) !== ordered) break;
     const own = [item[3]];
     i += 1;
     while (i < lines.length) {
       const line = lines[i];
       const deeper = line.trim() ? leading(line) > indent : leading(lines[i + 1] ?? "") > indent;
-      if (!deeper && (!line.trim() || startsBlock(lines, i))) break;
+      if (!deeper && (!line.trim() || startsBlock(line))) break;
       own.push(deeper ? line : line.trim()); // a line not indented continues the item's text
       i += 1;
     }
     const li = document.createElement("li");
-    appendBlocks(li, dedent(own));
+    appendBlocks(li, dedent(own), depth + 1);
     list.append(li);
     const sibling = ITEM.exec(lines[i + 1] ?? "");
     if (!lines[i]?.trim() && sibling && sibling[1].length === indent) i += 1; // a loose list
@@ -111,23 +136,29 @@ function leading(line) {
 
 /** An item's lines with the indentation its nested lines share taken off. */
 function dedent(own) {
-  const indents = own.slice(1).filter((line) => line.trim() && leading(line)).map(leading);
-  const cut = indents.length ? Math.min(...indents) : 0;
+  let cut = Infinity;
+  for (const line of own.slice(1)) if (line.trim() && leading(line)) cut = Math.min(cut, leading(line));
+  if (cut === Infinity) return own;
   return own.map((line) => line.slice(Math.min(leading(line), cut)));
 }
 
-function appendTable(parent, lines, i) {
+/** A table's divider row: `|---|:--:|`, cells of dashes with optional colons. */
+function isDivider(line) {
+  return line.length <= MAX_LINE && line.includes("|") && cells(line).every((cell) => DIVIDER_CELL.test(cell));
+}
+
+function appendTable(parent, lines, i, depth) {
   const aligns = cells(lines[i + 1]).map((cell) =>
     cell.endsWith(":") ? (cell.startsWith(":") ? "center" : "right") : cell.startsWith(":") ? "left" : "",
   );
   const table = document.createElement("table");
   const head = table.createTHead().insertRow();
-  cells(lines[i]).forEach((cell, k) => head.append(aligned(inline("th", cell), aligns[k])));
+  cells(lines[i]).forEach((cell, k) => head.append(aligned(inline("th", cell, depth), aligns[k])));
   const body = table.createTBody();
   i += 2;
   while (i < lines.length && lines[i].includes("|") && lines[i].trim()) {
     const row = body.insertRow();
-    cells(lines[i]).forEach((cell, k) => row.append(aligned(inline("td", cell), aligns[k])));
+    cells(lines[i]).forEach((cell, k) => row.append(aligned(inline("td", cell, depth), aligns[k])));
     i += 1;
   }
   const scroller = element("div", table);
@@ -136,13 +167,20 @@ function appendTable(parent, lines, i) {
   return i;
 }
 
+/** A table row's cells (`\|` is a pipe inside a cell). */
 function cells(line) {
-  return line
-    .trim()
-    .replace(/^\|/, "")
-    .replace(/(?<!\\)\|$/, "")
-    .split(/(?<!\\)\|/)
-    .map((cell) => cell.trim().replace(/\\\|/g, "|"));
+  const found = [""];
+  const text = line.trim();
+  for (let k = 0; k < text.length; k += 1) {
+    if (text[k] === "\\" && text[k + 1] === "|") {
+      found[found.length - 1] += "|";
+      k += 1;
+    } else if (text[k] === "|") found.push("");
+    else found[found.length - 1] += text[k];
+  }
+  if (text.startsWith("|")) found.shift();
+  if (text.endsWith("|") && !text.endsWith("\\|")) found.pop();
+  return found.map((cell) => cell.trim());
 }
 
 function aligned(cell, align) {
@@ -153,45 +191,56 @@ function aligned(cell, align) {
 // ── inline ────────────────────────────────────────────────────────────────────────
 
 const INLINE = [
-  [/`([^`]+)`/, (m) => element("code", m[1])],
-  [/\*\*(?=\S)([\s\S]*?\S)\*\*/, (m) => inline("strong", m[1])],
-  [/__(?=\S)([\s\S]*?\S)__(?!\w)/, (m) => inline("strong", m[1])],
-  [/~~(?=\S)([\s\S]*?\S)~~/, (m) => inline("del", m[1])],
-  [/\*(?=[^\s*])([\s\S]*?[^\s*])\*/, (m) => inline("em", m[1])],
-  [/(?<!\w)_(?=[^\s_])([\s\S]*?[^\s_])_(?!\w)/, (m) => inline("em", m[1])],
-  [/\[([^\]]+)\]\(\s*<?([^\s)>]+)>?(?:\s+"[^"]*")?\s*\)/, link],
-  [/<((?:https?:\/\/|mailto:)[^\s>]+)>/, (m) => link([m[0], m[1], m[1]])],
-  [/\\([\\`*_{}[\]()#+\-.!|~>])/, (m) => document.createTextNode(m[1])],
+  [/`([^`\n]+)`/g, (m) => element("code", m[1])],
+  [/\*\*(?=\S)([\s\S]*?\S)\*\*/g, (m, depth) => inline("strong", m[1], depth + 1)],
+  [/__(?=\S)([\s\S]*?\S)__(?!\w)/g, (m, depth) => inline("strong", m[1], depth + 1)],
+  [/~~(?=\S)([\s\S]*?\S)~~/g, (m, depth) => inline("del", m[1], depth + 1)],
+  [/\*(?=[^\s*])([\s\S]*?[^\s*])\*/g, (m, depth) => inline("em", m[1], depth + 1)],
+  [/(?<!\w)_(?=[^\s_])([\s\S]*?[^\s_])_(?!\w)/g, (m, depth) => inline("em", m[1], depth + 1)],
+  [/\[([^\]\n]{1,500})\]\([ \t]*<?([^\s)>]{1,2000})>?(?:[ \t]+"[^"\n]{0,500}")?[ \t]*\)/g, link],
+  [/<((?:https?:\/\/|mailto:)[^\s>]{1,2000})>/g, (m, depth) => link([m[0], m[1], m[1]], depth)],
+  [/\\([\\`*_{}[\]()#+\-.!|~>])/g, (m) => document.createTextNode(m[1])],
 ];
 
 /** An element of `tag` holding `text` with its inline markup. */
-function inline(tag, text) {
+function inline(tag, text, depth) {
   const node = document.createElement(tag);
-  appendInline(node, text);
+  if (depth > MAX_DEPTH) node.append(text);
+  else appendInline(node, text, depth);
   return node;
 }
 
-function appendInline(parent, text) {
-  while (text) {
-    let best = null;
-    for (const [pattern, build] of INLINE) {
-      const match = pattern.exec(text);
-      if (match && (!best || match.index < best.match.index)) best = { match, build };
+/**
+ * `text` with its inline markup, left to right. Each pattern is searched again only once
+ * the text passed its last match (its next match cannot come earlier), so a paragraph costs
+ * one search per pattern and match, not one per pattern per match.
+ */
+function appendInline(parent, text, depth) {
+  const next = INLINE.map(() => undefined); // each pattern's next match: a match, or null
+  let at = 0;
+  while (at < text.length) {
+    let best = -1;
+    for (let k = 0; k < INLINE.length; k += 1) {
+      if (next[k] === undefined || (next[k] !== null && next[k].index < at)) {
+        const pattern = INLINE[k][0];
+        pattern.lastIndex = at;
+        next[k] = pattern.exec(text);
+      }
+      if (next[k] && (best < 0 || next[k].index < next[best].index)) best = k;
     }
-    if (!best) {
-      parent.append(text);
-      return;
-    }
-    if (best.match.index) parent.append(text.slice(0, best.match.index));
-    parent.append(best.build(best.match));
-    text = text.slice(best.match.index + best.match[0].length);
+    if (best < 0) break;
+    const match = next[best];
+    if (match.index > at) parent.append(text.slice(at, match.index));
+    parent.append(INLINE[best][1](match, depth));
+    at = match.index + match[0].length;
   }
+  if (at < text.length) parent.append(text.slice(at));
 }
 
-function link(match) {
+function link(match, depth) {
   const [source, label, href] = match;
   if (!SAFE_LINK.test(href)) return document.createTextNode(source);
-  const anchor = inline("a", label);
+  const anchor = inline("a", label, depth + 1);
   anchor.href = href;
   anchor.target = "_blank";
   anchor.rel = "noopener noreferrer nofollow";
