@@ -55,20 +55,25 @@ class RequestBodyLimit:
             await self._refuse(scope, receive, send)
             return
         received = 0
-        started = False
+        started = over = False
 
         async def counted() -> Message:
-            nonlocal received
+            nonlocal received, over
             message = await receive()
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > self.max_bytes:
+                    over = True
                     raise BodyTooLargeError(self.max_bytes)
             return message
 
         async def watched(message: Message) -> None:
             nonlocal started
-            started = started or message["type"] == "http.response.start"
+            if message["type"] == "http.response.start":
+                started = True
+                if over:  # answered by the app's own handler: the rest is never read
+                    headers = [h for h in message.get("headers", []) if h[0] != b"connection"]
+                    message = {**message, "headers": [*headers, (b"connection", b"close")]}
             await send(message)
 
         try:
