@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import json
 import signal
+import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -72,18 +72,34 @@ def test_an_ai_sdk_stream_ends_with_an_error_part_when_its_server_stops(
 
 def test_an_agui_stream_ends_with_run_error_when_its_server_stops(
     servers: Servers,  # noqa: F811 - the fixture
-    tmp_path: Path,
 ) -> None:
-    url_a, proc_a = servers.start(TK_TOOL_SLEEP="60")
-    servers.start()
+    url_a, proc_a = servers.start(TK_TOOL_SLEEP="3")
+    url_b, _ = servers.start()
     body = {
         "threadId": "thread-stop",
         "runId": "run-1",
         "messages": [{"id": "u1", "role": "user", "content": "x=4"}],
     }
-    lines, _ = _after_sigterm(url_a, proc_a, "/api/agui/run", body, '"TOOL_CALL_END"')
+    lines, turn_id = _after_sigterm(url_a, proc_a, "/api/agui/run", body, '"TOOL_CALL_END"')
     events = [json.loads(x) for x in lines]
     assert events[-1]["type"] == "RUN_ERROR"
     assert events[-1]["code"] == "server-shutting-down"
     assert "Last-Event-ID" in events[-1]["message"]
     assert not any(e["type"] == "RUN_FINISHED" for e in events)
+    # The run went on in the other server, where the client picks it up again.
+    deadline = time.monotonic() + 30
+    while (
+        httpx.get(f"{url_b}/api/harness/turns/{turn_id}", timeout=TIMEOUT).json()["status"]
+        == "running"
+    ):
+        assert time.monotonic() < deadline, "the turn never finished on the other server"
+        time.sleep(0.1)
+    again = httpx.post(
+        f"{url_b}/api/agui/run", json=body, headers={"Last-Event-ID": "0"}, timeout=TIMEOUT
+    )
+    replayed = [
+        json.loads(x.removeprefix("data: "))
+        for x in again.text.splitlines()
+        if x.startswith("data: ")
+    ]
+    assert replayed[-1]["type"] == "RUN_FINISHED"

@@ -216,7 +216,7 @@ async def _respond(
     bound = Bound(max_bytes, record.turn_id)
     shutdown = anyio.Event()
 
-    def farewell() -> list[ServerSentEvent]:
+    def farewell(_: object) -> list[ServerSentEvent]:  # nothing once the run ended
         return [bound.frame(out, None) for out in translator.abandon(_SHUTTING_DOWN, SHUTDOWN)]
 
     stream = stream_run(translator, opening, batches, view, bound)

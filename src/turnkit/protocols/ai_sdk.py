@@ -80,6 +80,19 @@ _FAREWELL: Final = (
 """A stream's last write when its server shuts down mid-turn."""
 
 
+def _farewell(last: bytes | None) -> tuple[bytes, ...]:
+    """What a stream sends when its server shuts down, after `last` went out.
+
+    Nothing once its `[DONE]` went out, only that once its `finish` did; else the error
+    that tells the client to resume.
+    """
+    if last is not None and last.endswith(DONE_LINE):
+        return ()
+    if last is not None and b'"type":"finish"' in last:
+        return (DONE_LINE,)
+    return _FAREWELL
+
+
 # ── the routes ─────────────────────────────────────────────────────────────────────────
 
 
@@ -216,8 +229,9 @@ def _resumable(turns: list[TurnRecord], now: datetime) -> TurnRecord | None:
 
 def _respond(body: AsyncIterator[bytes], turn_id: str) -> EventSourceResponse:
     shutdown = anyio.Event()
+    ending: AsyncIterator[bytes] = until_shutdown(body, shutdown, _farewell)
     return EventSourceResponse(
-        until_shutdown(body, shutdown, lambda: _FAREWELL),
+        ending,
         shutdown_event=shutdown,
         shutdown_grace_period=SHUTDOWN_GRACE_S,
         headers={**STREAM_HEADERS, TURN_ID_HEADER: turn_id},

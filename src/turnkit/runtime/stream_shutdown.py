@@ -31,24 +31,30 @@ class ShutdownEvent(Protocol):
 
 
 async def until_shutdown(
-    body: AsyncIterator[T], shutdown: ShutdownEvent, farewell: Callable[[], Iterable[T]]
+    body: AsyncIterator[T],
+    shutdown: ShutdownEvent,
+    farewell: Callable[[T | None], Iterable[T]],
 ) -> AsyncIterator[T]:
-    """`body`'s items until `shutdown` is set, then `farewell()`'s and the end.
+    """`body`'s items until `shutdown` is set, then `farewell(last item sent)`'s and the end.
 
     `shutdown` is the event sse-starlette sets when the server begins to shut down. A
     stream waiting for its turn's next event is woken at once (its wait is cancelled, the
-    reader closed); one busy sending ends after that send. Nothing is spent per item.
+    reader closed); one busy sending ends after that send. `farewell` gets the last item
+    sent, so a stream whose end already went out adds nothing. Nothing is spent per item.
     """
     task = asyncio.current_task()
     assert task is not None
-    waiting = False
+    waiting = cancelled_here = False
 
     async def watch() -> None:
+        nonlocal cancelled_here
         await shutdown.wait()
         if waiting:
+            cancelled_here = True
             task.cancel(_SHUTDOWN)
 
     watcher = asyncio.create_task(watch())
+    last: T | None = None
     try:
         while not shutdown.is_set():
             waiting = True
@@ -56,17 +62,21 @@ async def until_shutdown(
                 item = await anext(body)
             except StopAsyncIteration:
                 return
-            except asyncio.CancelledError as exc:
-                if exc.args != (_SHUTDOWN,) or not shutdown.is_set():
+            except asyncio.CancelledError:
+                if not cancelled_here or task.cancelling() > 1:  # someone else's too
                     raise
                 task.uncancel()
+                cancelled_here = False
                 break
             finally:
                 waiting = False
             yield item
-        for item in farewell():
+            last = item
+        for item in farewell(last):
             yield item
     finally:
         watcher.cancel()
+        if cancelled_here:  # the body swallowed our cancellation: take it back
+            task.uncancel()
         if isinstance(body, AsyncGenerator):
             await body.aclose()
