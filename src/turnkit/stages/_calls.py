@@ -9,7 +9,14 @@ from typing import Any
 
 from turnkit import otel
 from turnkit.audit import AuditPayloads, CallShape, FallbackStepPayload, ProviderCascadePayload
-from turnkit.errors import FamilyExhaustedError, ProviderError, TurnkitError
+from turnkit.errors import (
+    FamilyExhaustedError,
+    GuardrailBlockedError,
+    OutputLimitExceededError,
+    PluginFailedError,
+    ProviderError,
+    TurnkitError,
+)
 from turnkit.events import (
     ProviderCascadeEvent,
     ToolDeltaEvent,
@@ -160,7 +167,7 @@ async def call_model(
         # One audit row per model call, however it ended (DESIGN §5.7).
         code = exc.code if isinstance(exc, TurnkitError) else "internal-error"
         chat.failed(exc)
-        spent = {} if isinstance(exc, ProviderError) else on.spent(request)
+        spent = on.spent(request) if isinstance(exc, _CUT_BY_THE_TURN) else {}
         shape = on.shape(family.name, outcome="error", error_code=code, **spent)
         rec.audit(stage_id, call=shape)
         rec.open_call = None
@@ -172,6 +179,10 @@ async def call_model(
         f"model {on.model!r} ended its stream without a finish; treat it as a provider failure",
         is_retriable=False,
     )
+
+
+_CUT_BY_THE_TURN = (GuardrailBlockedError, OutputLimitExceededError, PluginFailedError)
+"""What the turn itself raises to stop a call mid-stream: the provider still billed it."""
 
 
 class _Rung:
@@ -201,7 +212,7 @@ class _Rung:
         )
 
     def spent(self, request: ModelRequest) -> dict[str, int]:
-        """What a call the turn itself cut short (a guardrail's block) cost, estimated.
+        """What a call the turn itself cut short (a guardrail's block, say) cost, estimated.
 
         The provider reports no usage for a stream stopped before its end, yet it read the
         request and wrote what streamed: budgets count the estimate, as for a Stop.
