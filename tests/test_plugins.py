@@ -463,7 +463,10 @@ def test_a_plugins_settings_count_in_the_agents_version() -> None:
         return Agent(model=model, plugins=list(plugins)).version
 
     default = version(PiiRedaction(), Citations())
-    assert version(PiiRedaction(kinds=("email", "card", "phone")), Citations()) == default
+    assert version(PiiRedaction(kinds=("phone", "email", "card")), Citations()) == default
+    assert version(PiiRedaction(kinds=("card", "email")), Citations()) == version(
+        PiiRedaction(kinds=("email", "card", "email")), Citations()
+    )
     changed = {
         version(PiiRedaction(block=True), Citations()),
         version(PiiRedaction(kinds=("email",)), Citations()),

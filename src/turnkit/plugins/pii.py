@@ -272,8 +272,8 @@ class PiiRedaction(Plugin):
     def settings(self) -> dict[str, JsonValue]:
         """The settings that differ from the defaults (they count in the agent's version)."""
         changed: dict[str, JsonValue] = {}
-        if self.kinds != KINDS:
-            changed["kinds"] = list(self.kinds)
+        if set(self.kinds) != set(KINDS):
+            changed["kinds"] = sorted(set(self.kinds))  # the same kinds in any order: one version
         if self.block:
             changed["block"] = True
         if self.check_user_input:
