@@ -38,7 +38,16 @@ from turnkit.states import awaiting
 from turnkit.store import Lease, TurnRecord
 from turnkit.telemetry import Recorder
 
-__all__ = ("TurnTrace", "attempt", "stage_span", "stage_started", "submit_traceparent")
+__all__ = (
+    "TurnTrace",
+    "attempt",
+    "note_resume",
+    "resume_cause",
+    "stage_ended",
+    "stage_span",
+    "stage_started",
+    "submit_traceparent",
+)
 
 _PROPAGATOR = TraceContextTextMapPropagator()
 _TURNS: weakref.WeakKeyDictionary[Recorder, _LiveTurn] = weakref.WeakKeyDictionary()
@@ -90,20 +99,27 @@ _CAUSES: OrderedDict[str, SpanContext] = OrderedDict()
 """Per turn, the span that answered its pause in this process (the newest 1,000)."""
 
 
-def note_resume(turn_id: str) -> None:
-    """A pause of `turn_id` was answered here: link the attempt that follows to this span.
-
-    Whichever task of this process runs that attempt (the request's own, the recovery
-    loop's), it links to the current span of the code that answered.
-    """
+def resume_cause() -> SpanContext | None:
+    """The span of the code answering a pause (None without tracing or a current span)."""
     if active() is None:
-        return
+        return None
     current = trace.get_current_span().get_span_context()
-    if current.is_valid:
-        _CAUSES[turn_id] = current
-        _CAUSES.move_to_end(turn_id)
-        while len(_CAUSES) > 1000:
-            _CAUSES.popitem(last=False)
+    return current if current.is_valid else None
+
+
+def note_resume(turn_id: str, cause: SpanContext | None) -> None:
+    """A pause of `turn_id` was answered here, in `cause`: link the attempt that follows.
+
+    Called once the answer is stored (a second answer refused leaves the first's link).
+    Whichever task of this process drives that attempt (the request's own, the recovery
+    loop's) links to `cause`; an entry no attempt here takes is dropped after 1,000 more.
+    """
+    if cause is None:
+        return
+    _CAUSES[turn_id] = cause
+    _CAUSES.move_to_end(turn_id)
+    while len(_CAUSES) > 1000:
+        _CAUSES.popitem(last=False)
 
 
 def attempt(record: TurnRecord, lease: Lease, traceparent: str | None) -> TurnTrace:

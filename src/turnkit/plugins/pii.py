@@ -273,7 +273,7 @@ class PiiRedaction(Plugin):
         """The settings that differ from the defaults (they count in the agent's version)."""
         changed: dict[str, JsonValue] = {}
         if set(self.kinds) != set(KINDS):
-            changed["kinds"] = sorted(set(self.kinds))  # the same kinds in any order: one version
+            changed["kinds"] = [*sorted(set(self.kinds))]  # any order: one version
         if self.block:
             changed["block"] = True
         if self.check_user_input:

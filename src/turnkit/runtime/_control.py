@@ -64,8 +64,9 @@ class RuntimeControl(RuntimeReads):
                 f"not {resolution.kind}",
                 kind=resolution.kind,
             )
-        otel.note_resume(record.turn_id)  # before a recovery loop can take the turn
+        cause = otel.resume_cause()  # taken now; kept once the answer is in
         await self.store.answer_pause(record.turn_id, request_id, resolution.model_dump())
+        otel.note_resume(record.turn_id, cause)
         if self.config.run_in_process:
             self.host.detach(record.turn_id, deps=deps)
         return Submission(
