@@ -443,7 +443,15 @@ def test_the_worker_command_shows_worker_lines_on_stderr(
 
     monkeypatch.setattr(cli, "Worker", OneLineWorker)
     url = f"sqlite:///{tmp_path / 'w.db'}"
-    assert main(["worker", "--database-url", url], out=io.StringIO()) == 0
+    seen: list[logging.LogRecord] = []
+    yours = logging.Handler()  # the app's own handler, beside the command's
+    yours.emit = seen.append  # type: ignore[method-assign]
+    logging.getLogger("asyncpg").addHandler(yours)
+    try:
+        assert main(["worker", "--database-url", url], out=io.StringIO()) == 0
+    finally:
+        logging.getLogger("asyncpg").removeHandler(yours)
+    assert seen[0].exc_info is not None  # the one-line form is the command's own
     err = capsys.readouterr().err
     assert "INFO turnkit.worker: claimed turn t1 (session s1, attempt 1)" in err
     assert (
@@ -452,7 +460,7 @@ def test_the_worker_command_shows_worker_lines_on_stderr(
     ) in err
     assert "Traceback" not in err
     assert logging.getLogger("turnkit").handlers == []  # the command cleans up after itself
-    assert logging.getLogger("asyncpg").handlers == []
+    assert logging.getLogger("asyncpg").handlers == []  # (ours removed above)
 
     out = io.StringIO()  # its first line names the database, never its password
     secret = "postgresql://app:S3cret@127.0.0.1:1/x"

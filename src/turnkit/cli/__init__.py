@@ -126,19 +126,19 @@ def _config(args: argparse.Namespace) -> RuntimeConfig:
     )
 
 
-class _OneLine(logging.Filter):
-    """A driver's warning in one line: its exception's repr instead of a traceback.
+class _OneLine(logging.Formatter):
+    """A record in one line: its exception's repr instead of a traceback.
 
     asyncpg's pool warns with a traceback each time it fails to reconnect during an outage;
-    turnkit's own lines already say the database is out of reach.
+    turnkit's own lines already say the database is out of reach. The record itself is
+    left as it is, for any other handler.
     """
 
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.exc_info and record.exc_info[1] is not None:
-            record.msg = f"{record.getMessage()}: {record.exc_info[1]!r}"
-            record.args = None
-            record.exc_info = None
-        return True
+    def format(self, record: logging.LogRecord) -> str:
+        error = record.exc_info[1] if record.exc_info else None
+        bare = logging.makeLogRecord({**record.__dict__, "exc_info": None, "exc_text": None})
+        text = super().format(bare)
+        return f"{text}: {error!r}" if error is not None else text
 
 
 @contextlib.contextmanager
@@ -151,8 +151,7 @@ def _info_logs_to_stderr() -> Iterator[None]:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     quiet = logging.StreamHandler(sys.stderr)
-    quiet.setFormatter(handler.formatter)
-    quiet.addFilter(_OneLine())
+    quiet.setFormatter(_OneLine("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     level = turnkit.level
     turnkit.addHandler(handler)
     turnkit.setLevel(logging.INFO)
