@@ -782,6 +782,9 @@ def test_a_worker_takes_its_lease_and_idle_window_from_the_shared_environment(
         ("--drain-timeout", "-1", "'-1' is not a number of seconds (0 or more)"),
         ("--sweep-interval", "nan", "'nan' is not a number of seconds above 0"),
         ("--ceiling", "0", "'0' is not a number of seconds above 0"),
+        ("--lease-ttl", "0.2", "'0.2' is below 1 s: every turn would end at once"),
+        ("--idle-window", "0.5", "'0.5' is below 1 s: every turn would end at once"),
+        ("--idle-window", "0", "'0' is not a number of seconds above 0"),
     ],
 )
 def test_a_worker_flag_out_of_range_is_refused_before_it_starts(

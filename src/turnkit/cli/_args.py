@@ -167,13 +167,13 @@ def _add_worker(sub: _Subparsers) -> None:
     )
     worker.add_argument(
         "--lease-ttl",
-        type=_positive_seconds,  # unset: $TURNKIT_LEASE_TTL_S, read where it is used
+        type=_a_second_or_more,  # unset: $TURNKIT_LEASE_TTL_S, read where it is used
         help="seconds a claim lasts unless renewed; another worker takes a turn over after "
         "its lease lapses (default: $TURNKIT_LEASE_TTL_S, else 8)",
     )
     worker.add_argument(
         "--idle-window",
-        type=_positive_seconds,  # unset: $TURNKIT_IDLE_WINDOW_S, read where it is used
+        type=_a_second_or_more,  # unset: $TURNKIT_IDLE_WINDOW_S, read where it is used
         help="seconds a turn may go without producing anything before it ends timed_out; "
         "keep it the same as the API processes' (default: $TURNKIT_IDLE_WINDOW_S, else 120)",
     )
@@ -324,6 +324,14 @@ def _positive_seconds(value: str) -> float:
         seconds = 0.0
     if seconds == 0:
         raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds above 0")
+    return seconds
+
+
+def _a_second_or_more(value: str) -> float:
+    """A number of seconds of 1 or more (a lease or idle window: less ends every turn)."""
+    seconds = _positive_seconds(value)
+    if seconds < 1:
+        raise argparse.ArgumentTypeError(f"{value!r} is below 1 s: every turn would end at once")
     return seconds
 
 
