@@ -143,7 +143,7 @@ def install_problem_handlers(app: FastAPI) -> None:
         errors = [{"loc": _where(e.get("loc", ())), "msg": str(e.get("msg", ""))} for e in found]
         code = (
             "invalid-session-id"
-            if any(e["loc"] in (["path", "session_id"], ["path", "chat_id"]) for e in errors)
+            if any(e["loc"] == ["path", "session_id"] for e in errors)
             else "invalid-input"
         )
         return problem_response(422, code, _detail(errors) or "invalid request", errors=errors)

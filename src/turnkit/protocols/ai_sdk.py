@@ -140,16 +140,16 @@ def create_ai_sdk_router(
         return await _chat(replies, body, principal, request_deps)
 
     @router.get(
-        "/{chat_id}/stream",
+        "/{session_id}/stream",  # the chat's id: a session id (the same checks, problems)
         response_class=EventSourceResponse,
         summary="Resume the chat's running reply: the message so far, then live (AI SDK)",
         responses={204: {"description": "No reply is being written."}},
     )
     async def resume(
-        chat_id: Annotated[str, Path(max_length=128, pattern=SESSION_ID_PATTERN.pattern)],
+        session_id: Annotated[str, Path(max_length=128, pattern=SESSION_ID_PATTERN.pattern)],
         principal: Caller,
     ) -> Response:
-        return await _resume_reply(replies, chat_id, principal)
+        return await _resume_reply(replies, session_id, principal)
 
     return router
 
