@@ -85,6 +85,11 @@ async def test_a_renewal_the_database_misses_is_tried_again_while_the_lease_runs
     hung = HangThenFail(0.4, blip)  # fails only after the lease (0.3 s) ran out
     lost, cancelled, tries, _ = await kept([hung], 0.8)
     assert (lost, cancelled, tries) == (True, True, 1)  # no retry past the lease's end
+    # Fails before the lease's end, but so late that the next try would come after it.
+    late = HangThenFail(0.15, blip)
+    lost, cancelled, tries, why = await kept([late], 0.8)
+    assert (lost, cancelled, tries) == (True, True, 1)
+    assert why == "the database was out of reach until the lease ran out"
     # A database that hangs and never answers: the driver stops once the lease runs out,
     # not when the connection gives up (another driver may hold the turn by then).
     forever = HangThenFail(30, blip)
