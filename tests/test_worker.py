@@ -259,3 +259,45 @@ async def test_a_worker_on_postgres_starts_a_turn_from_what_its_claim_read(
     )
     assert status == "succeeded"
     assert reads == []
+
+
+async def test_a_stopping_worker_hands_the_turns_it_leaves_over_at_once(tmp_path: Path) -> None:
+    """Left at its drain timeout, a turn is claimable now, not once its lease lapses."""
+    from turnkit import tool
+    from turnkit.testing import call
+
+    first_run = asyncio.Event()
+
+    @tool
+    async def slow_once(x: int) -> int:
+        """Take long the first time only."""
+        if not first_run.is_set():
+            first_run.set()
+            await asyncio.sleep(60)
+        return x
+
+    model = ScriptedModel(
+        [ModelStep.tool_call_reply(call("slow_once", x=1)), ModelStep.text_reply("Done.")],
+        repeat_last=True,
+    )
+    agent = Agent(model=model, tools=[slow_once], skip_stages=frozenset({"anchor-plan"}))
+    config = RuntimeConfig(
+        database_url=f"sqlite:///{tmp_path / 'w.db'}", run_in_process=False, lease_ttl_s=60
+    )
+    async with SessionRuntime(agent=agent, config=config) as runtime:
+        turn = await runtime.submit("s-1", "go")
+        stop = asyncio.Event()
+        leaving = Worker(runtime, concurrency=1, poll_interval_s=0.02, drain_timeout_s=0.1)
+        running = asyncio.create_task(leaving.run(stop))
+        async with asyncio.timeout(20):
+            await first_run.wait()  # the tool runs: the turn is mid-flight
+        stop.set()
+        await running
+        record = await runtime.turn(turn.turn_id)
+        assert record.status == "running"
+        assert record.lease_expires_at is not None
+        assert record.lease_expires_at <= runtime.clock.now()  # free now, not in 60 s
+        assert (
+            await _status_once_driven(runtime, Worker(runtime, poll_interval_s=0.02), turn.turn_id)
+            == "succeeded"
+        )

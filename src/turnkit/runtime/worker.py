@@ -334,10 +334,17 @@ class Worker:
         )
         _, pending = await asyncio.wait(set(self._tasks), timeout=self.drain_timeout_s)
         self._stopping = bool(pending)
+        left = []
         for task in pending:
             # Shutting down is not Stop: leave the turn to the next worker, write nothing.
             driver = self._drivers.get(task)
             if driver is not None:
                 driver.abandon()
+                left.append(driver.lease)
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
+        for lease in left:  # ended now: another worker takes each over at once, not after its ttl
+            try:
+                await self.runtime.store.renew(lease, ttl_s=0)
+            except Exception as exc:  # noqa: BLE001 - taken over already, or unreachable: it lapses
+                log.debug("could not hand %s over at once: %r", lease.turn_id, exc)
