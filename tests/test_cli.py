@@ -649,7 +649,10 @@ def test_a_setting_out_of_range_is_one_line(
     )
 
     budget = ["budgets", "set", "--scope", "department", "--usd", "1", "--database-url", url]
-    assert main(budget, out=io.StringIO()) == 2
+    said = io.StringIO()
+    assert main(budget, out=said) == 2
+    fresh = f"no turnkit database at {url} yet: creating it\n"  # a typo'd path shows at once
+    assert said.getvalue() == fresh
     err = capsys.readouterr().err  # the model's own check: no empty field, no pydantic prefix
     assert err == (
         "turnkit: invalid setting: a department limit needs a --key (which department)" + suffix

@@ -29,7 +29,12 @@ from turnkit.cli._inspect import (
 )
 from turnkit.config import RuntimeConfig, env_plugins, env_seconds
 from turnkit.demo import DEMO_MODEL_NAME, demo_agent
-from turnkit.errors import ConfigurationError, TurnkitError
+from turnkit.errors import (
+    ConfigurationError,
+    StoreError,
+    StoreUnavailableError,
+    TurnkitError,
+)
 from turnkit.events import DoneEvent
 from turnkit.ids import SessionId, TurnId, uuid7
 from turnkit.models import ModelClient, ModelSettings
@@ -283,6 +288,13 @@ async def _events(args: argparse.Namespace, out: TextIO) -> int:
 async def _budgets(args: argparse.Namespace, out: TextIO) -> int:
     if args.budgets_command != "set":  # a limit may be set before the first start
         await existing_database(args.database_url, args.database_schema)
+    else:
+        try:
+            await existing_database(args.database_url, args.database_schema)
+        except StoreUnavailableError:
+            raise
+        except StoreError:  # said, not refused (a limit may come first): a typo shows at once
+            out.write(f"no turnkit database at {shown_url(args.database_url)} yet: creating it\n")
     async with SqlStore.from_url(args.database_url, schema=args.database_schema) as store:
         if args.budgets_command == "set":
             limit = BudgetLimit(
