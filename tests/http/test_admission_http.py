@@ -205,6 +205,12 @@ async def test_a_callback_reaches_only_its_running_turn(tmp_path: Path) -> None:
         )
         assert other.json()["code"] == "callback-token-invalid"
 
+        # A call the turn never made is refused, and nothing reaches its stream.
+        stranger = {**body, "toolCallId": "call_never_made"}
+        refused = await http.post(url, json=stranger, headers={CALLBACK_TOKEN_HEADER: token})
+        assert (refused.status_code, refused.json()["code"]) == (422, "invalid-input")
+        assert "is not one of its tool calls" in refused.json()["detail"]
+
         # No user auth at all: the token names the turn, and who it acts for comes from it.
         reached = await http.post(url, json=body, headers={CALLBACK_TOKEN_HEADER: token})
         assert reached.status_code == 202, reached.text

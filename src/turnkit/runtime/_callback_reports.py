@@ -7,7 +7,13 @@ import logging
 from pydantic import ValidationError
 
 from turnkit.errors import ConfigurationError, InvalidInputError, TurnNotRunningError
-from turnkit.events import JobProgressEvent, encode_event
+from turnkit.events import (
+    JobProgressEvent,
+    ToolCompletedEvent,
+    ToolFailedEvent,
+    ToolStartedEvent,
+    encode_event,
+)
 from turnkit.ids import TurnId
 from turnkit.runtime._reads import RuntimeReads
 from turnkit.runtime._runner import Pinned
@@ -73,8 +79,8 @@ class RuntimeCallbacks(RuntimeReads):
         The event is ephemeral (the turn's driver alone writes its durable log). The report
         restarts the turn's idle window, wherever its driver runs (it stamps the turn's
         row). Raises as
-        `verify_callback` does, and `InvalidInputError` for a progress outside 0–1
-        (nothing is published).
+        `verify_callback` does, and `InvalidInputError` for a progress outside 0–1, or a
+        `tool_call_id` that is not a call of the turn still running (nothing is published).
         """
         scope = await self.verify_callback(turn_id, token)
         try:
@@ -91,9 +97,38 @@ class RuntimeCallbacks(RuntimeReads):
         except ValidationError as exc:
             raise InvalidInputError(f"a bad job progress report: {exc.errors()[0]['msg']}") from exc
         turn = TurnId(scope.turn_id)
+        await self._check_running_call(turn, tool_call_id)
         try:  # the driver's idle window reads the stamp; the report goes out regardless
             await self.store.note_activity(turn)
         except Exception as exc:  # noqa: BLE001 - a missed stamp only shortens the window
             log.warning("stamping progress on turn %s failed: %s", turn, exc)
         await self.replay.publish(turn, [(None, encode_event(event), False)])
         return scope
+
+    async def _check_running_call(self, turn: TurnId, tool_call_id: str) -> None:
+        """The turn started the call `tool_call_id` and has not finished it, by its log.
+
+        Raises:
+            InvalidInputError: no such call in the turn, or it finished already.
+        """
+        started = ended = False
+        async for stored in self.store.read_events(turn):
+            if stored.type not in _CALL_EVENTS or tool_call_id.encode() not in stored.data:
+                continue  # decoded only when it may name the call
+            event = stored.decode()
+            if isinstance(event, ToolStartedEvent) and event.block.tool_call_id == tool_call_id:
+                started = True
+            elif isinstance(event, ToolCompletedEvent | ToolFailedEvent) and (
+                event.result.tool_call_id == tool_call_id
+            ):
+                ended = True
+        if not started or ended:
+            said = "finished already" if ended else "is not one of its tool calls"
+            raise InvalidInputError(
+                f"tool call {tool_call_id!r} of turn {turn!r} {said}: a job reports progress "
+                "only for a call still running",
+                tool_call_id=tool_call_id,
+            )
+
+
+_CALL_EVENTS = frozenset({"tool.started", "tool.completed", "tool.failed"})
