@@ -138,3 +138,26 @@ async def test_a_hung_database_makes_the_process_not_ready_instead_of_hanging_th
     assert readyz.status_code == 503
     assert readyz.json()["code"] == "not-ready"
     assert "store: unavailable: no answer within 1.5 s" in readyz.json()["detail"]
+
+
+async def test_the_probe_does_not_wait_for_a_hung_call_to_be_cancelled(tmp_path: Path) -> None:
+    """Cancelling a call on a connection that hangs can take seconds; the answer cannot."""
+    store = SqlStore.from_url(f"sqlite:///{tmp_path / 'c.db'}")
+    await store.setup()
+    runtime = SessionRuntime(agent=Agent(model=ScriptedModel([])), store=store)
+    async def hangs(**_: object) -> list[object]:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            await asyncio.shield(asyncio.sleep(30))  # a driver slow to give the call up
+            raise
+        return []
+
+    store.list_sessions = hangs  # type: ignore[method-assign]
+    try:
+        async with asyncio.timeout(10):  # well before the 30 s the cancellation takes
+            readyz = await _probe(runtime)
+    finally:
+        await store.close()
+    assert readyz.status_code == 503
+    assert "store: unavailable: no answer within 1.5 s" in readyz.json()["detail"]

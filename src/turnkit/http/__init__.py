@@ -54,6 +54,27 @@ READY_REPLAY_TIMEOUT_S = 1.0
 """How long `/readyz` waits for the replay buffer before it says `degraded`."""
 
 
+async def _within(check: Awaitable[object], seconds: float) -> None:
+    """Await `check` for at most `seconds`; TimeoutError after that.
+
+    A check that overruns is cancelled without waiting for it: cancelling a call on a
+    connection that hangs can itself take seconds, and a probe must answer on time.
+    """
+    task = asyncio.ensure_future(check)
+    done, _ = await asyncio.wait({task}, timeout=seconds)
+    if not done:
+        task.cancel()
+        task.add_done_callback(_retrieved)
+        raise TimeoutError(f"no answer within {seconds:g} s")
+    task.result()
+
+
+def _retrieved(task: asyncio.Future[object]) -> None:
+    """Take an abandoned check's outcome, so asyncio does not report it as never read."""
+    if not task.cancelled():
+        task.exception()
+
+
 async def _anonymous() -> AuthResult:
     return None
 
@@ -129,9 +150,8 @@ def create_health_router(runtime: SessionRuntime) -> APIRouter:
 
     async def store_check() -> str:
         try:
-            async with asyncio.timeout(READY_STORE_TIMEOUT_S):  # a database that hangs
-                await runtime.store.list_sessions(limit=1)
-        except TimeoutError:
+            await _within(runtime.store.list_sessions(limit=1), READY_STORE_TIMEOUT_S)
+        except TimeoutError:  # a database that hangs
             return f"unavailable: no answer within {READY_STORE_TIMEOUT_S:g} s"
         except Exception as exc:  # noqa: BLE001 - any failure means not ready
             return f"unavailable: {type(exc).__name__}"
@@ -139,8 +159,7 @@ def create_health_router(runtime: SessionRuntime) -> APIRouter:
 
     async def replay_check() -> str:
         try:
-            async with asyncio.timeout(READY_REPLAY_TIMEOUT_S):  # a buffer that hangs
-                await runtime.replay.ping()
+            await _within(runtime.replay.ping(), READY_REPLAY_TIMEOUT_S)
         except Exception as exc:  # noqa: BLE001 - readers follow the Store meanwhile
             return f"degraded: {type(exc).__name__}; readers follow the Store"
         return "ok"
