@@ -43,7 +43,7 @@ from turnkit.agent import load_agents
 from turnkit.config import Durability, RuntimeConfig, env_plugins, env_seconds
 from turnkit.demo import demo_agent
 from turnkit.http import create_health_router, create_turnkit_router, install_problem_handlers
-from turnkit.http.body_limit import DEFAULT_MAX_BODY_BYTES, RequestBodyLimit
+from turnkit.http.body_limit import DEFAULT_MAX_BODY_BYTES, RequestBodyLimit, checked_bound
 from turnkit.protocols.agui import create_agui_router
 from turnkit.protocols.ai_sdk import create_ai_sdk_router
 from turnkit.replay import replay_from_url
@@ -162,7 +162,8 @@ def create_app(
     application.include_router(create_agui_router(rt, keepalive_s=keepalive_s))
     install_problem_handlers(application)
     if max_body_bytes is not None:
-        application.add_middleware(RequestBodyLimit, max_bytes=max_body_bytes)
+        bound = checked_bound(max_body_bytes)  # now, not at the first request
+        application.add_middleware(RequestBodyLimit, max_bytes=bound)
 
     @application.get("/", include_in_schema=False)
     async def chat_page() -> FileResponse:

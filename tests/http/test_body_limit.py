@@ -9,12 +9,13 @@ from urllib.parse import urlsplit
 
 import httpx
 import pytest
+from fastapi import FastAPI, Request
 from tests.support.server import serve
 
 from turnkit import RuntimeConfig, SessionRuntime
 from turnkit.demo import demo_agent
 from turnkit.errors import ConfigurationError
-from turnkit.http.body_limit import DEFAULT_MAX_BODY_BYTES
+from turnkit.http.body_limit import DEFAULT_MAX_BODY_BYTES, RequestBodyLimit
 from turnkit.quickstart import create_app, max_body_bytes_from_env
 
 LIMIT = 64 * 1024
@@ -118,3 +119,35 @@ def test_the_bound_comes_from_the_environment() -> None:
     for bad in ("0", "-5", "64MB"):
         with pytest.raises(ConfigurationError, match="TURNKIT_MAX_BODY_BYTES"):
             max_body_bytes_from_env({"TURNKIT_MAX_BODY_BYTES": bad})
+
+
+def test_an_app_of_your_own_gets_the_same_problem_body_either_way() -> None:
+    """The guide's snippet: a plain FastAPI app, no turnkit problem handlers installed."""
+    app = FastAPI()
+    app.add_middleware(RequestBodyLimit, max_bytes=LIMIT)
+
+    @app.post("/echo")
+    async def echo(request: Request) -> dict[str, int]:
+        return {"bytes": len(await request.body())}
+
+    def chunks() -> Iterator[bytes]:
+        for _ in range(4):
+            yield b"z" * LIMIT
+
+    with serve(app) as url:
+        assert httpx.post(f"{url}/echo", content=b"z" * 10, timeout=10).json() == {"bytes": 10}
+        declared = httpx.post(f"{url}/echo", content=b"z" * (LIMIT + 1), timeout=10)
+        streamed = httpx.post(f"{url}/echo", content=chunks(), timeout=10)
+    for response in (declared, streamed):
+        assert response.status_code == 413
+        assert response.headers["content-type"] == "application/problem+json"
+        assert response.json()["code"] == "content-too-large"
+
+
+def test_a_bound_below_one_byte_is_refused_when_the_app_is_made(tmp_path: Path) -> None:
+    runtime = SessionRuntime(
+        agent=demo_agent(), config=RuntimeConfig(database_url=f"sqlite:///{tmp_path / 'z.db'}")
+    )
+    for bad in (0, -1):
+        with pytest.raises(ConfigurationError, match="a whole number of 1 or more"):
+            create_app(runtime, max_body_bytes=bad)

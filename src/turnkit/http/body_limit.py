@@ -14,9 +14,10 @@ from __future__ import annotations
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from turnkit.errors import ConfigurationError
 from turnkit.http.problems import problem_response
 
-__all__ = ("DEFAULT_MAX_BODY_BYTES", "RequestBodyLimit")
+__all__ = ("DEFAULT_MAX_BODY_BYTES", "RequestBodyLimit", "checked_bound")
 
 DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
 """What `turnkit serve` accepts by default: two of the largest inline pictures, in base64."""
@@ -25,8 +26,8 @@ DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
 class BodyTooLargeError(HTTPException):
     """The body passed the bound while a route was reading it.
 
-    An `HTTPException`, so FastAPI's body parsing passes it on as it is and the app's
-    problem handlers answer 413.
+    An `HTTPException`, so FastAPI's body parsing passes it on as it is; whatever the app
+    answers to it, the middleware sends its own 413 instead.
     """
 
     def __init__(self, max_bytes: int) -> None:
@@ -37,14 +38,23 @@ def _detail(max_bytes: int) -> str:
     return f"the request body is over {max_bytes} bytes, the most this server accepts"
 
 
+def checked_bound(max_bytes: int) -> int:
+    """`max_bytes`, once it is a whole number of 1 or more.
+
+    Raises:
+        ConfigurationError: it is not.
+    """
+    if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1:
+        raise ConfigurationError(f"max_bytes is a whole number of 1 or more, not {max_bytes!r}")
+    return max_bytes
+
+
 class RequestBodyLimit:
     """ASGI middleware refusing request bodies over `max_bytes` with 413 `content-too-large`."""
 
     def __init__(self, app: ASGIApp, *, max_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:
-        if max_bytes < 1:
-            raise ValueError(f"max_bytes must be at least 1, not {max_bytes}")
         self.app = app
-        self.max_bytes = max_bytes
+        self.max_bytes = checked_bound(max_bytes)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Pass the request on, counting its body; refuse it once it passes the bound."""
@@ -69,11 +79,9 @@ class RequestBodyLimit:
 
         async def watched(message: Message) -> None:
             nonlocal started
-            if message["type"] == "http.response.start":
-                started = True
-                if over:  # answered by the app's own handler: the rest is never read
-                    headers = [h for h in message.get("headers", []) if h[0] != b"connection"]
-                    message = {**message, "headers": [*headers, (b"connection", b"close")]}
+            if over and not started:  # the app's own answer to the refusal: ours goes instead
+                return
+            started = started or message["type"] == "http.response.start"
             await send(message)
 
         try:
@@ -81,6 +89,9 @@ class RequestBodyLimit:
         except BodyTooLargeError:
             if started:  # a route that streams its answer while it reads: nothing to add
                 raise
+            await self._refuse(scope, receive, send)
+            return
+        if over and not started:  # an app's handler turned the error into a response
             await self._refuse(scope, receive, send)
 
     async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
