@@ -125,6 +125,8 @@ def test_an_unknown_session_or_turn_is_one_line(
     assert capsys.readouterr().err == (
         "turnkit: no session 'nope' [session-not-found; see docs/errors.md#session-not-found]\n"
     )
+    assert _run("turns", "--session", "bad id!", url=url, schema=schema)[0] == 2
+    assert "[invalid-session-id;" in capsys.readouterr().err
     assert _run("events", "turn_nope", url=url, schema=schema)[0] == 2
     assert capsys.readouterr().err.startswith("turnkit: no turn 'turn_nope' [turn-not-found;")
     with pytest.raises(SystemExit):

@@ -36,11 +36,12 @@ from turnkit.errors import (
     TurnkitError,
 )
 from turnkit.events import DoneEvent
-from turnkit.ids import SessionId, TurnId, uuid7
+from turnkit.ids import TurnId, uuid7
 from turnkit.models import ModelClient, ModelSettings
 from turnkit.models.litellm import ModelEndpoint
 from turnkit.replay import replay_from_url
 from turnkit.runtime import SessionRuntime
+from turnkit.runtime._validate import check_session_id
 from turnkit.runtime.budget_pauses import resume_budget_pauses
 from turnkit.runtime.worker import Worker
 from turnkit.store.sql import SqlStore, shown_url
@@ -262,7 +263,7 @@ async def _turns(args: argparse.Namespace, out: TextIO) -> int:
     await existing_database(args.database_url, args.database_schema)
     async with SqlStore.from_url(args.database_url, schema=args.database_schema) as store:
         if args.session is not None:
-            return await session_turns(store, out, SessionId(args.session))
+            return await session_turns(store, out, check_session_id(args.session))
         ceiling = _ceiling(args, _env_idle_window())
         return await stuck_turns(store, out, ceiling_s=ceiling, unclaimed_s=args.unclaimed_after)
 
