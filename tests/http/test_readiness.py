@@ -145,6 +145,7 @@ async def test_the_probe_does_not_wait_for_a_hung_call_to_be_cancelled(tmp_path:
     store = SqlStore.from_url(f"sqlite:///{tmp_path / 'c.db'}")
     await store.setup()
     runtime = SessionRuntime(agent=Agent(model=ScriptedModel([])), store=store)
+
     async def hangs(**_: object) -> list[object]:
         try:
             await asyncio.Event().wait()
