@@ -89,9 +89,7 @@ class RequestBodyLimit:
         except BodyTooLargeError:
             if started:  # a route that streams its answer while it reads: nothing to add
                 raise
-            await self._refuse(scope, receive, send)
-            return
-        if over and not started:  # an app's handler turned the error into a response
+        if over and not started:  # raised through, or answered by the app's own handler
             await self._refuse(scope, receive, send)
 
     async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
