@@ -178,7 +178,7 @@ async def list_sessions(
         if session.principal and session.organisation:
             owner += f" of {session.organisation}"
         out.write(
-            f"  {session.session_id}  {json.dumps(session.title or '')}  owner {owner}  "
+            f"  {session.session_id}  {_quoted(session.title or '')}  owner {owner}  "
             f"{session.last_input_seq} message(s)  active {_when(session.updated_at)}\n"
         )
     return 0
@@ -190,7 +190,7 @@ async def session_turns(store: SqlStore, out: TextIO, session_id: SessionId) -> 
     if session is None:
         raise SessionNotFoundError(f"no session {session_id!r}", session_id=session_id)
     turns = await store.list_turns(session_id)
-    out.write(f"session {session_id} {json.dumps(session.title or '')}: {len(turns)} turn(s)\n")
+    out.write(f"session {session_id} {_quoted(session.title or '')}: {len(turns)} turn(s)\n")
     for turn in turns:
         out.write(f"  {turn.turn_id}  {_status(turn)}  {_excerpt(turn.content)}\n")
         out.write(f"    {_account(turn)}\n")
@@ -222,7 +222,12 @@ def _status(turn: TurnRecord) -> str:
 
 def _excerpt(text: str, width: int = 60) -> str:
     line = " ".join(text.split())
-    return json.dumps(line if len(line) <= width else line[: width - 1] + "…")
+    return _quoted(line if len(line) <= width else line[: width - 1] + "…")
+
+
+def _quoted(text: str) -> str:
+    """Text in double quotes, as JSON writes it, any language's letters kept as they are."""
+    return json.dumps(text, ensure_ascii=False)
 
 
 def _account(turn: TurnRecord) -> str:
