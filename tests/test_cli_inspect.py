@@ -5,6 +5,10 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -132,3 +136,30 @@ def test_an_unknown_session_or_turn_is_one_line(
     with pytest.raises(SystemExit):
         main(["turns", "--stuck", "--session", "acme-1"])
     assert "not allowed with argument" in capsys.readouterr().err
+
+
+def test_a_reader_that_stops_early_gets_no_traceback(tmp_path: Path) -> None:
+    """`turnkit events … | head`: the command ends as a shell tool does (exit 141)."""
+    url = f"sqlite:///{tmp_path / 'pipe.db'}"
+    assert (
+        main(["run", "x" * 90_000, "--session", "long", "--database-url", url], out=io.StringIO())
+        == 0
+    )
+    turn_id = next(iter(_turn_ids(url, "long")))
+    reading = subprocess.Popen(
+        [sys.executable, "-m", "turnkit.cli", "events", turn_id, "--json", "--database-url", url],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert reading.stdout is not None
+    assert reading.stdout.read(10)  # a few bytes of a 90 KB answer, then the pipe closes
+    reading.stdout.close()
+    _, err = reading.communicate(timeout=60)
+    assert reading.returncode == 141
+    assert b"Traceback" not in err
+
+
+def _turn_ids(url: str, session: str) -> list[str]:
+    out = io.StringIO()
+    assert main(["turns", "--session", session, "--database-url", url], out=out) == 0
+    return re.findall(r"turn_[0-9a-f-]+", out.getvalue())

@@ -479,3 +479,6 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None) -> int
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # the reader stopped early (`| head`): as a shell tool would
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no flush error
+        return 141
