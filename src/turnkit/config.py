@@ -9,7 +9,15 @@ from typing import Final, Literal
 
 from turnkit.errors import ConfigurationError
 
-__all__ = ("DURABILITIES", "Durability", "RuntimeConfig", "env_plugins", "env_seconds")
+__all__ = (
+    "DURABILITIES",
+    "Durability",
+    "RuntimeConfig",
+    "env_idle_window_s",
+    "env_lease_ttl_s",
+    "env_plugins",
+    "env_seconds",
+)
 
 Durability = Literal["sync", "async", "exit"]
 """When LangGraph checkpoints are written (`RuntimeConfig.checkpoint_durability`)."""
@@ -171,6 +179,16 @@ def env_seconds(
             "before anything happened"
         )
     return seconds
+
+
+def env_idle_window_s(env: Mapping[str, str]) -> float:
+    """`TURNKIT_IDLE_WINDOW_S`, as every process reads it: 120 s unset or empty, at least 1 s."""
+    return env_seconds(env, "TURNKIT_IDLE_WINDOW_S", 120.0, minimum=1.0)
+
+
+def env_lease_ttl_s(env: Mapping[str, str]) -> float:
+    """`TURNKIT_LEASE_TTL_S`, as every process reads it: 8 s unset or empty, at least 1 s."""
+    return env_seconds(env, "TURNKIT_LEASE_TTL_S", 8.0, minimum=1.0)
 
 
 def env_plugins(env: Mapping[str, str]) -> list[str]:

@@ -40,7 +40,13 @@ except ImportError as exc:  # pragma: no cover - depends on the install
     raise missing_extra("The quickstart app", "fastapi", exc) from exc
 
 from turnkit.agent import load_agents
-from turnkit.config import Durability, RuntimeConfig, env_plugins, env_seconds
+from turnkit.config import (
+    Durability,
+    RuntimeConfig,
+    env_idle_window_s,
+    env_lease_ttl_s,
+    env_plugins,
+)
 from turnkit.demo import demo_agent
 from turnkit.http import create_health_router, create_turnkit_router, install_problem_handlers
 from turnkit.http.body_limit import DEFAULT_MAX_BODY_BYTES, RequestBodyLimit, checked_bound
@@ -57,7 +63,7 @@ _PAGE = Path(__file__).parent / "http" / "page"
 def runtime_from_env(env: Mapping[str, str] | None = None) -> SessionRuntime:
     """A runtime configured from `TURNKIT_*` environment variables."""
     env = os.environ if env is None else env
-    idle = env_seconds(env, "TURNKIT_IDLE_WINDOW_S", 120.0, minimum=1.0)
+    idle = env_idle_window_s(env)
     in_process = _flag(env, "TURNKIT_RUN_IN_PROCESS", default=True)
     config = RuntimeConfig(
         database_url=env.get("TURNKIT_DATABASE_URL", "sqlite:///turnkit.db"),
@@ -67,7 +73,7 @@ def runtime_from_env(env: Mapping[str, str] | None = None) -> SessionRuntime:
         idle_window_s=idle,
         heartbeat_interval_s=min(5.0, idle / 3),
         ceiling_s=max(3600.0, idle),
-        lease_ttl_s=env_seconds(env, "TURNKIT_LEASE_TTL_S", 8.0, minimum=1.0),
+        lease_ttl_s=env_lease_ttl_s(env),
         checkpoint_durability=cast(
             Durability | None, env.get("TURNKIT_CHECKPOINT_DURABILITY") or None
         ),  # RuntimeConfig refuses any other value

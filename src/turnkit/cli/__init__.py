@@ -27,7 +27,7 @@ from turnkit.cli._inspect import (
     show_events,
     stuck_turns,
 )
-from turnkit.config import RuntimeConfig, env_plugins, env_seconds
+from turnkit.config import RuntimeConfig, env_idle_window_s, env_lease_ttl_s, env_plugins
 from turnkit.demo import DEMO_MODEL_NAME, demo_agent
 from turnkit.errors import (
     ConfigurationError,
@@ -88,11 +88,6 @@ async def _run(args: argparse.Namespace, out: TextIO) -> int:
     return 0 if status == "succeeded" else 1
 
 
-def _env_idle_window() -> float:
-    """`TURNKIT_IDLE_WINDOW_S`, as the API processes read it (120 s when unset or empty)."""
-    return env_seconds(os.environ, "TURNKIT_IDLE_WINDOW_S", 120.0, minimum=1.0)
-
-
 def _ceiling(args: argparse.Namespace, idle: float) -> float:
     """`--ceiling`, else as the API processes have it: an hour, or the idle window if longer."""
     ceiling: float | None = getattr(args, "ceiling", None)
@@ -104,16 +99,12 @@ def _lease_ttl(args: argparse.Namespace) -> float:
     if not hasattr(args, "lease_ttl"):
         return 30.0
     given: float | None = args.lease_ttl
-    return (
-        given
-        if given is not None
-        else env_seconds(os.environ, "TURNKIT_LEASE_TTL_S", 8.0, minimum=1.0)
-    )
+    return given if given is not None else env_lease_ttl_s(os.environ)
 
 
 def _config(args: argparse.Namespace) -> RuntimeConfig:
     given: float | None = getattr(args, "idle_window", None)
-    idle = given or _env_idle_window()
+    idle = given or env_idle_window_s(os.environ)
     ceiling = _ceiling(args, idle)
     if given is not None and given > ceiling:
         raise ConfigurationError(f"--idle-window ({given:g} s) cannot exceed --ceiling "
@@ -264,7 +255,7 @@ async def _turns(args: argparse.Namespace, out: TextIO) -> int:
     async with SqlStore.from_url(args.database_url, schema=args.database_schema) as store:
         if args.session is not None:
             return await session_turns(store, out, check_session_id(args.session))
-        ceiling = _ceiling(args, _env_idle_window())
+        ceiling = _ceiling(args, env_idle_window_s(os.environ))
         return await stuck_turns(store, out, ceiling_s=ceiling, unclaimed_s=args.unclaimed_after)
 
 
