@@ -22,6 +22,7 @@ from turnkit.cli._args import parser as _parser
 from turnkit.cli._inspect import (
     Printer,
     existing_database,
+    existing_store,
     list_sessions,
     session_turns,
     show_events,
@@ -242,17 +243,15 @@ async def _work(args: argparse.Namespace, out: TextIO) -> int:
 
 
 async def _sweep(args: argparse.Namespace, out: TextIO) -> int:
-    await existing_database(args.database_url, args.database_schema)
     config = _config(args)
-    async with SqlStore.from_url(config.database_url, schema=config.database_schema) as store:
+    async with existing_store(config.database_url, config.database_schema) as store:
         ended = await store.sweep(ceiling_s=config.ceiling_s, max_attempts=config.max_attempts)
     out.write(f"swept {len(ended)} turn(s)\n" + "".join(f"  {t}\n" for t in ended))
     return 0
 
 
 async def _turns(args: argparse.Namespace, out: TextIO) -> int:
-    await existing_database(args.database_url, args.database_schema)
-    async with SqlStore.from_url(args.database_url, schema=args.database_schema) as store:
+    async with existing_store(args.database_url, args.database_schema) as store:
         if args.session is not None:
             return await session_turns(store, out, check_session_id(args.session))
         ceiling = _ceiling(args, env_idle_window_s(os.environ))
@@ -260,8 +259,7 @@ async def _turns(args: argparse.Namespace, out: TextIO) -> int:
 
 
 async def _sessions(args: argparse.Namespace, out: TextIO) -> int:
-    await existing_database(args.database_url, args.database_schema)
-    async with SqlStore.from_url(args.database_url, schema=args.database_schema) as store:
+    async with existing_store(args.database_url, args.database_schema) as store:
         return await list_sessions(
             store,
             out,
@@ -272,21 +270,20 @@ async def _sessions(args: argparse.Namespace, out: TextIO) -> int:
 
 
 async def _events(args: argparse.Namespace, out: TextIO) -> int:
-    await existing_database(args.database_url, args.database_schema)
-    async with SqlStore.from_url(args.database_url, schema=args.database_schema) as store:
+    async with existing_store(args.database_url, args.database_schema) as store:
         return await show_events(store, out, TurnId(args.turn_id), as_json=args.json)
 
 
 async def _budgets(args: argparse.Namespace, out: TextIO) -> int:
-    if args.budgets_command != "set":  # a limit may be set before the first start
+    try:
         await existing_database(args.database_url, args.database_schema)
-    else:
-        try:
-            await existing_database(args.database_url, args.database_schema)
-        except StoreUnavailableError:
+    except StoreUnavailableError:
+        raise
+    except StoreError:
+        if args.budgets_command != "set":
             raise
-        except StoreError:  # said, not refused (a limit may come first): a typo shows at once
-            out.write(f"no turnkit database at {shown_url(args.database_url)} yet: creating it\n")
+        # A limit may come before the first start: said, not refused, so a typo shows.
+        out.write(f"no turnkit database at {shown_url(args.database_url)} yet: creating it\n")
     async with SqlStore.from_url(args.database_url, schema=args.database_schema) as store:
         if args.budgets_command == "set":
             limit = BudgetLimit(

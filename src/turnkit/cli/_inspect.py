@@ -5,8 +5,10 @@ And how events print (`turnkit run` shows its turn's events the same way).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TextIO
 
@@ -33,6 +35,7 @@ from turnkit.store.sql import SqlStore, shown_url
 __all__ = (
     "Printer",
     "existing_database",
+    "existing_store",
     "list_sessions",
     "session_turns",
     "show_events",
@@ -111,11 +114,11 @@ def usd(cost: float) -> str:
     return "$" + f"{cost:.{decimals}f}".rstrip("0").rstrip(".")
 
 
-async def existing_database(url: str, schema: str | None) -> None:
+async def existing_database(url: str, schema: str | None, store: SqlStore | None = None) -> None:
     """Commands that only read or tidy a database refuse one turnkit never set up.
 
     Opening a store creates what is missing: a mistyped SQLite path or PostgreSQL schema
-    would answer from an empty new database.
+    would answer from an empty new database. `store`: the one to ask (else a probe).
     """
     if url.startswith("sqlite:///"):
         path = url.removeprefix("sqlite:///")
@@ -125,11 +128,12 @@ async def existing_database(url: str, schema: str | None) -> None:
                 path=path,
             )
         return
-    probe = SqlStore.from_url(url, schema=schema)
+    probe = store or SqlStore.from_url(url, schema=schema)
     try:
         revision = await probe.schema_revision()
     finally:
-        await probe.close()
+        if store is None:
+            await probe.close()
     if revision is None:
         where = f"schema {schema!r}" if schema else "its default schema"
         raise StoreError(
@@ -137,6 +141,18 @@ async def existing_database(url: str, schema: str | None) -> None:
             "upgrade` creates them)",
             url=shown_url(url),
         )
+
+
+@contextlib.asynccontextmanager
+async def existing_store(url: str, schema: str | None) -> AsyncIterator[SqlStore]:
+    """The store at `url`, opened once `existing_database` found turnkit set up there."""
+    store = SqlStore.from_url(url, schema=schema)
+    try:
+        await existing_database(url, schema, store)
+        await store.setup()
+        yield store
+    finally:
+        await store.close()
 
 
 async def stuck_turns(store: SqlStore, out: TextIO, *, ceiling_s: float, unclaimed_s: float) -> int:
