@@ -66,13 +66,17 @@ _COMMON = frozenset(
 )
 
 
+_MIN_SHARED_WORDS = 2
+"""The default: a sentence cites a result it shares a figure or this many words with."""
+
+
 class Citations(Plugin):
     """Cite the tool results an answer relies on (deterministic, no model call)."""
 
     name: ClassVar[str] = "citations"
     order: ClassVar[int] = 100
 
-    def __init__(self, *, min_shared_words: int = 2) -> None:
+    def __init__(self, *, min_shared_words: int = _MIN_SHARED_WORDS) -> None:
         if isinstance(min_shared_words, bool) or not isinstance(min_shared_words, int):
             raise ConfigurationError(
                 f"`min_shared_words` is a whole number, not {min_shared_words!r}"
@@ -82,8 +86,10 @@ class Citations(Plugin):
         self.min_shared_words = min_shared_words
 
     def settings(self) -> dict[str, JsonValue]:
-        """`min_shared_words` when it is not the default 2 (it counts in the agent's version)."""
-        return {} if self.min_shared_words == 2 else {"min_shared_words": self.min_shared_words}
+        """`min_shared_words` when it is not the default (it counts in the agent's version)."""
+        if self.min_shared_words == _MIN_SHARED_WORDS:
+            return {}
+        return {"min_shared_words": self.min_shared_words}
 
     async def enrich_message(
         self, ctx: PluginContext, answer: TextBlock, sources: Sequence[ToolResultBlock]
