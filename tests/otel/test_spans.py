@@ -51,6 +51,7 @@ CHAT = {
     "turnkit.turn_id",
     "turnkit.stage",
     "turnkit.family",
+    "turnkit.model",
     "turnkit.rung",
     "turnkit.fallback_index",
     "turnkit.cost_usd",
@@ -213,6 +214,25 @@ async def test_a_cascade_step_is_two_chat_spans_and_a_counted_step(
         a.get("error.type"): p.count for a, p in otel.points("gen_ai.client.operation.duration")
     }
     assert durations == {"provider-error": 1, None: 1}
+
+
+async def test_the_requested_model_is_named_without_its_provider_prefix(
+    runtime_factory: RuntimeFactory, otel: Telemetry
+) -> None:
+    # litellm routes by `provider/model`; the conventions put the provider in its own
+    # attribute and the model's own name in `gen_ai.request.model` and the span's name.
+    model = ScriptedModel([ModelStep.text_reply("Hi.")], name="scripted/m-small")
+    runtime = runtime_factory(Agent(model=model))
+    await collect_events(runtime.execute_message("s1", "hello"))
+
+    [chat] = otel.named("chat ")
+    assert chat.name == "chat m-small"
+    attrs = _attrs(chat)
+    assert (attrs["gen_ai.provider.name"], attrs["gen_ai.request.model"]) == ("scripted", "m-small")
+    assert attrs["gen_ai.response.model"] == "m-small"
+    assert attrs["turnkit.model"] == "scripted/m-small"  # the string the agent was given
+    usage = otel.points("gen_ai.client.token.usage")
+    assert {a["gen_ai.request.model"] for a, _ in usage} == {"m-small"}
 
 
 async def test_a_failed_turn_carries_error_type(

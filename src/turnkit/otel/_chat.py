@@ -51,6 +51,17 @@ _PROVIDERS = {
     "xai": "x_ai",
     "watsonx": "ibm.watsonx.ai",
 }
+
+
+def _requested_model(model: str, provider: str) -> str:
+    """The model's own name, without the provider prefix litellm routes by.
+
+    `gen_ai.provider.name` carries the provider: `openai/gpt-4o-mini` is `gpt-4o-mini`.
+    """
+    prefix = f"{provider}/"
+    return model[len(prefix) :] if model.startswith(prefix) and len(model) > len(prefix) else model
+
+
 _FINISH = {"end_turn": "stop", "tool_use": "tool_calls", "max_tokens": "length"}
 
 
@@ -142,21 +153,23 @@ class _LiveChat(ChatTrace):
     def _start(self, chunk: RungStarted) -> None:
         self.index += 1
         provider = _PROVIDERS.get(chunk.provider, chunk.provider)
+        model = _requested_model(chunk.model, chunk.provider)
         attributes = {
             **self.base,
             "gen_ai.provider.name": provider,
-            "gen_ai.request.model": chunk.model,
+            "gen_ai.request.model": model,
+            "turnkit.model": chunk.model,
             "turnkit.rung": chunk.rung,
             "turnkit.fallback_index": self.index,
         }
         self.span = self.found.tracer.start_span(
-            f"chat {chunk.model}", context=self.parent, kind=SpanKind.CLIENT, attributes=attributes
+            f"chat {model}", context=self.parent, kind=SpanKind.CLIENT, attributes=attributes
         )
         self.token = otel_context.attach(trace.set_span_in_context(self.span))
         self.metric = {
             "gen_ai.operation.name": "chat",
             "gen_ai.provider.name": provider,
-            "gen_ai.request.model": chunk.model,
+            "gen_ai.request.model": model,
         }
         self.started = time.perf_counter()
         self.first_chunk = False
