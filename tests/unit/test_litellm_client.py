@@ -664,6 +664,12 @@ async def test_a_missing_key_fails_at_once_naming_the_variable(
         await collect(default.stream(HELLO))
     assert "needs no key takes any text" in str(caught.value)  # a local server's way out
     assert openai_server.requests == []  # found before any request left
+    # A variable set to nothing is no key (a `.env` line `OPENAI_API_KEY=` sets it so).
+    monkeypatch.setenv("OPENAI_API_KEY", " ")
+    blank = new_client("openai/fake-model", api_base=openai_server.base_url)
+    with pytest.raises(ModelCredentialsError, match="set the environment variable OPENAI_API_KEY"):
+        await collect(blank.stream(HELLO))
+    assert openai_server.requests == []
     keyless = new_client("openai/fake-model", api_base=openai_server.base_url, api_key="none")
     openai_server.script("fake-model", [Reply.text("Hi.")])
     assert await collect(keyless.stream(HELLO))

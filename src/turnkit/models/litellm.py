@@ -409,7 +409,7 @@ class LiteLLMClient:
                 )
             return {"api_key": value}
         if not self._keys_checked:
-            missing = _missing_keys(litellm, self._model, self._api_base)
+            missing = _missing_keys(litellm, self._model, self._api_base, self._provider)
             if missing:
                 keyless = (
                     "; a server at api_base that needs no key takes any text as one"
@@ -499,14 +499,23 @@ class LiteLLMClient:
         return {}
 
 
-def _missing_keys(litellm: ModuleType, model: str, api_base: str | None) -> list[str]:
-    """Key variables the provider needs that are not set (none for a keyless server)."""
+def _missing_keys(
+    litellm: ModuleType, model: str, api_base: str | None, provider: str
+) -> list[str]:
+    """Key variables the provider needs that are not set, or set to nothing but spaces.
+
+    litellm counts `OPENAI_API_KEY=` as set; the provider would refuse it as no key.
+    """
     try:
         report = litellm.validate_environment(model=model, api_base=api_base)
     except Exception:  # noqa: BLE001 - when litellm cannot tell, let the call decide
         return []
     missing = report.get("missing_keys", ()) if isinstance(report, dict) else ()
-    return [k for k in missing if isinstance(k, str) and ("KEY" in k or "TOKEN" in k)]
+    named = [k for k in missing if isinstance(k, str) and ("KEY" in k or "TOKEN" in k)]
+    usual = f"{provider.upper()}_API_KEY"
+    if not named and usual in os.environ and not os.environ[usual].strip():
+        named = [usual]
+    return named
 
 
 class ModelEndpoint(BaseModel):
