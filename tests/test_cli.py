@@ -131,6 +131,23 @@ def test_serve_reports_a_database_it_cannot_use_in_one_line(tmp_path: Path) -> N
         assert "serving on" not in done.stdout  # it never served
 
 
+def test_serve_and_worker_refuse_a_redis_database_redis_does_not_have(tmp_path: Path) -> None:
+    require_service("Redis", "127.0.0.1", 6379)
+    url = "redis://127.0.0.1:6379/99"  # Redis has 16 databases unless told otherwise
+    env = {**os.environ, "TURNKIT_GC": "python", "TURNKIT_REDIS_URL": url}
+    env.pop("TURNKIT_DATABASE_URL", None)
+    for command in (["serve", "--port", "1"], ["worker"]):
+        done = subprocess.run(
+            [sys.executable, "-m", "turnkit.cli", *command],
+            capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path,
+        )  # fmt: skip
+        assert done.returncode == 2, done.stderr
+        assert done.stderr.startswith(
+            "turnkit: Redis refused this replay buffer's connection: DB index is out of range"
+        ), done.stderr
+        assert done.stderr.count("\n") == 1  # one line, not a failed lifespan's traceback
+
+
 def test_serve_on_a_port_in_use_says_so_in_one_line(tmp_path: Path) -> None:
     import socket
 

@@ -13,9 +13,10 @@ from pathlib import Path
 import httpx
 import pytest
 from fastapi import FastAPI
+from tests.conftest import require_service
 from tests.support.services import free_port
 
-from turnkit import Agent, RuntimeConfig, SessionRuntime
+from turnkit import Agent, ConfigurationError, RuntimeConfig, SessionRuntime
 from turnkit.http import create_health_router
 from turnkit.replay.redis import RedisReplayBuffer
 from turnkit.store.sql import SqlStore
@@ -78,6 +79,28 @@ async def test_readyz_stays_ready_while_only_the_replay_buffer_is_down(tmp_path:
         "store": "ok",
         "replay": "degraded: ConnectionError; readers follow the Store",
     }
+
+
+async def test_a_redis_that_refuses_the_url_s_database_stops_the_opening(tmp_path: Path) -> None:
+    """A database number Redis lacks is a mistake in the URL, not an outage to ride out."""
+    require_service("Redis", "127.0.0.1", 6379)
+    buffer = RedisReplayBuffer.from_url("redis://127.0.0.1:6379/99")  # 16 databases by default
+    runtime = SessionRuntime(
+        agent=Agent(model=ScriptedModel([])),
+        config=RuntimeConfig(database_url=f"sqlite:///{tmp_path / 'r.db'}"),
+        replay=buffer,
+    )
+    try:
+        with pytest.raises(ConfigurationError, match="DB index is out of range") as caught:
+            await runtime.open()
+        assert "check the database number" in str(caught.value)
+        assert not (tmp_path / "r.db").exists()  # refused before anything was opened
+        readyz = await _probe(runtime)  # a probe meanwhile says why, not "ConnectionError"
+    finally:
+        await runtime.close()
+        await buffer.close()
+    detail = readyz.json()["detail"]
+    assert "replay: degraded: Redis refused this replay buffer's connection" in detail
 
 
 @pytest.fixture

@@ -381,6 +381,7 @@ async def _serving(args: argparse.Namespace, out: TextIO) -> int:
         await store.schema_revision()
     finally:
         await store.close()
+    await _check_replay(os.environ.get("TURNKIT_REDIS_URL"))
     sock = _listening_socket(args.host, args.port)  # a port in use is one line, exit 2
     try:
         config.load()  # import the app now, so what it allocates is frozen with the rest
@@ -393,6 +394,19 @@ async def _serving(args: argparse.Namespace, out: TextIO) -> int:
     finally:
         sock.close()
     return 0
+
+
+async def _check_replay(url: str | None) -> None:
+    """Refuse a Redis URL that Redis refuses (one line, exit 2); an outage is ridden out."""
+    replay = replay_from_url(url)
+    try:
+        await replay.ping()
+    except ConfigurationError:
+        raise
+    except Exception:  # noqa: BLE001 - the app says so when it opens, and runs on
+        pass
+    finally:
+        await replay.close()
 
 
 def _listening_socket(host: str, port: int) -> socket.socket:

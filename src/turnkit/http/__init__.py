@@ -160,6 +160,8 @@ def create_health_router(runtime: SessionRuntime) -> APIRouter:
     async def replay_check() -> str:
         try:
             await _within(runtime.replay.ping(), READY_REPLAY_TIMEOUT_S)
+        except ConfigurationError as exc:  # it answered: say what it refused
+            return f"degraded: {exc}; readers follow the Store"
         except Exception as exc:  # noqa: BLE001 - readers follow the Store meanwhile
             return f"degraded: {type(exc).__name__}; readers follow the Store"
         return "ok"

@@ -185,8 +185,20 @@ class RedisReplayBuffer:
         await self._round_trip(_command(b"PEXPIRE", self._key(turn_id).encode(), grace_ms), 1)
 
     async def ping(self) -> None:
-        """Raise if Redis cannot be reached."""
-        await self.client.ping()
+        """Raise if Redis cannot be reached.
+
+        Raises:
+            ConfigurationError: Redis answered but refused the connection's setup (a
+                database number it does not have, a wrong password or user): waiting
+                will not mend it.
+        """
+        try:
+            await self.client.ping()
+        except (aioredis.ResponseError, aioredis.AuthenticationError) as exc:
+            raise ConfigurationError(
+                f"Redis refused this replay buffer's connection: {exc} (check the database "
+                "number, user and password in the Redis URL)"
+            ) from None
 
     async def drop(self, turn_id: TurnId) -> None:
         """DEL the turn's stream."""

@@ -195,20 +195,22 @@ class RuntimeCore:
             self._start_recovery()
 
     async def _open_parts(self) -> None:
-        if self._store is None:
-            self._store = await open_store(self.config, self.clock)
-        saver, self._close_checkpointer = await open_checkpointer(
-            self.config.database_url, schema=self.config.database_schema
-        )
-        self._graph = compile_turn_graph(saver)
-        try:
+        try:  # first: a buffer that refuses its setup stops the opening before anything opens
             await self.replay.ping()
+        except ConfigurationError:  # it answered, and would refuse every turn alike
+            raise
         except Exception as exc:  # noqa: BLE001 - the buffer is a fast path, never required
             log.warning(
                 "the replay buffer cannot be reached (%s): turns still run and readers "
                 "follow the Store until it answers",
                 exc,
             )
+        if self._store is None:
+            self._store = await open_store(self.config, self.clock)
+        saver, self._close_checkpointer = await open_checkpointer(
+            self.config.database_url, schema=self.config.database_schema
+        )
+        self._graph = compile_turn_graph(saver)
 
     def _start_recovery(self) -> None:
         """Run a worker loop beside the app: turns whose driver died are taken over."""
