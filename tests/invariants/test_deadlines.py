@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 import pytest
 from tests.conftest import RuntimeFactory
@@ -14,6 +14,7 @@ from tests.helpers import WrappedModel
 from turnkit import Agent, ConfigurationError, RuntimeConfig, SessionRuntime, ToolContext, tool
 from turnkit.events import DoneEvent, ErrorEvent, HeartbeatEvent, StreamEvent
 from turnkit.models import ModelChunk, ModelRequest
+from turnkit.plugins import ModelCallView, Plugin, PluginContext
 from turnkit.testing import ModelStep, ScriptedModel, call, collect_events
 
 
@@ -76,7 +77,9 @@ async def test_the_ceiling_times_the_turn_out(
     runtime = runtime_factory(Agent(model=model, tools=[busy]), config=config)
     async with asyncio.timeout(20):
         events = await collect_events(runtime.execute_message("s1", "never ends"))
-    assert "ceiling_s" in _timed_out(events).message
+    message = _timed_out(events).message
+    assert "ran past its ceiling of 1.5 s while tool 'busy' ran" in message
+    assert "ceiling_s" in message
     assert sum(e.type == "job.progress" for e in events) > 5  # it was never quiet
     record = await runtime.turn(events[-1].turn_id)
     assert record.status == "timed_out"
@@ -108,8 +111,34 @@ async def test_a_silent_tool_ends_at_the_idle_window(
     runtime = runtime_factory(Agent(model=model, tools=[silent]), config=config)
     async with asyncio.timeout(20):
         events = await collect_events(runtime.execute_message("s1", "wait"))
-    assert "idle_window_s" in _timed_out(events).message
+    message = _timed_out(events).message
+    assert "produced nothing for 0.5 s while tool 'silent' ran" in message
+    assert "idle_window_s" in message
     assert [e.type for e in events if e.type.startswith("tool.")] == ["tool.delta", "tool.started"]
+
+
+class _SlowHook(Plugin):
+    name = "slow-hook"
+
+    async def before_model_request(
+        self, ctx: PluginContext, call: ModelCallView
+    ) -> Sequence[str] | None:
+        await asyncio.sleep(30)
+        return None
+
+
+async def test_a_plugin_hook_that_goes_quiet_is_named_by_the_idle_window(
+    runtime_factory: RuntimeFactory, database_url: str
+) -> None:
+    model = ScriptedModel([ModelStep.text_reply("never asked")])
+    config = _deadlines(database_url, ceiling_s=60, idle_window_s=0.5)
+    agent = Agent(model=model, plugins=[_SlowHook()])
+    runtime = runtime_factory(agent, config=config)
+    async with asyncio.timeout(20):
+        events = await collect_events(runtime.execute_message("s1", "hello"))
+    message = _timed_out(events).message
+    assert "while plugin 'slow-hook' (before_model_request) ran" in message
+    assert model.calls == []
 
 
 async def test_a_turn_that_keeps_producing_outlives_its_idle_window(

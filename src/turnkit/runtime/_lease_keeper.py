@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from turnkit.clock import Clock
 from turnkit.config import RuntimeConfig
@@ -70,16 +70,20 @@ class LeaseKeeper:
         beat = asyncio.create_task(self.heartbeat(rec, send), name="turnkit-heartbeat")
         return keeper, beat
 
-    def overdue(self) -> DeadlineExceededError:
-        """Why the run's deadline expired: the idle window, or else the ceiling."""
+    def overdue(self, running: Sequence[str] = ()) -> DeadlineExceededError:
+        """Why the run's deadline expired: the idle window, or else the ceiling.
+
+        `running` names what the turn waited on then (a tool, a plugin's hook).
+        """
+        during = f" while {', '.join(dict.fromkeys(running))} ran" if running else ""
         if self.went_quiet:
             return DeadlineExceededError(
-                f"the turn produced nothing for {self.config.idle_window_s:g} s "
+                f"the turn produced nothing for {self.config.idle_window_s:g} s{during} "
                 "(`RuntimeConfig.idle_window_s`)",
                 idle_window_s=self.config.idle_window_s,
             )
         return DeadlineExceededError(
-            f"the turn ran past its ceiling of {self.config.ceiling_s:g} s "
+            f"the turn ran past its ceiling of {self.config.ceiling_s:g} s{during} "
             "(`RuntimeConfig.ceiling_s`)",
             ceiling_s=self.config.ceiling_s,
         )

@@ -312,7 +312,8 @@ class TurnDriver:
         except TimeoutError as exc:
             if not deadline.expired():
                 raise  # raised inside the turn, not by its deadline
-            raise self._keeper.overdue() from exc  # the idle window, or else the ceiling
+            # the idle window, or else the ceiling; naming what the turn waited on
+            raise self._keeper.overdue(rec.notes.running) from exc
         finally:
             self._keeper.deadline = None
 

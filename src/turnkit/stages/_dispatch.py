@@ -120,9 +120,10 @@ async def dispatch_tools(
                 output = await _guard_output(ctx, view, output)
         elif problem is None:
             doubt = part.tool_call_id in in_doubt
-            problem, code, output, answered_by = await otel.traced_tool(
-                rec, part, _run_guarded(ctx, part, tool, args, view, in_doubt=doubt)
-            )
+            with rec.notes.waiting_on(f"tool {part.name!r}"):
+                problem, code, output, answered_by = await otel.traced_tool(
+                    rec, part, _run_guarded(ctx, part, tool, args, view, in_doubt=doubt)
+                )
         duration = (time.perf_counter() - started) * 1000
         rec.notes.tool_timings.append((answered_by, duration))
         result = _record_result(ctx, part, answered_by, output, problem, code, duration)

@@ -110,7 +110,8 @@ async def _call_one(
     cannot end the turn by raising one.
     """
     try:
-        result = await getattr(plugin, hook)(_Context(ctx, plugin, stage_id), *args)
+        with ctx.recorder.notes.waiting_on(f"plugin {type(plugin).name!r} ({hook})"):
+            result = await getattr(plugin, hook)(_Context(ctx, plugin, stage_id), *args)
         wrong = _wrong_return(hook, result)
         if wrong is not None:
             raise TypeError(wrong)

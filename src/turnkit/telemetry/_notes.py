@@ -8,6 +8,8 @@ presented, and the counts the turn's ending summarizes.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,6 +52,9 @@ class TurnNotes:
     synthesize): the size of its context. Summary, naming and compaction calls leave it."""
     answer_block_id: str = "answer"
     """The block id of the turn's answer (set by synthesize), for enrichment events."""
+    running: list[str] = field(default_factory=list[str])
+    """What the turn waits on now, beside the model (`tool 'search'`, a plugin's hook): the
+    idle window's error names it when the turn goes quiet there."""
     pending_pause: PauseRequest | None = None
     """Set while a stage waits on a person; the driver then settles the pause."""
     answered_before: bool = False
@@ -65,6 +70,19 @@ class TurnNotes:
     """The newest guide the Store reported at the last commit."""
     requeued: int = 0
     """Guide messages the ending commit re-queued as turns of their own."""
+
+    @contextmanager
+    def waiting_on(self, what: str) -> Iterator[None]:
+        """Name `what` in `running` while it runs, and after, if a deadline cancelled it."""
+        self.running.append(what)
+        try:
+            yield
+        except asyncio.CancelledError:
+            raise  # kept: the idle window's or the ceiling's error names it
+        except BaseException:
+            self.running.remove(what)
+            raise
+        self.running.remove(what)
 
     @property
     def consumed_input_seq(self) -> int:
