@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Literal, TypedDict, cast
 
 from langchain_core.runnables import Runnable
@@ -44,6 +44,7 @@ __all__ = (
     "expect_new_thread",
     "latest_checkpoint_id",
     "has_pending_interrupt",
+    "forget_threads",
     "open_checkpointer",
     "pause_here",
     "run_turn",
@@ -290,6 +291,21 @@ def carry_events(
         await stop_carrying(keep)
 
     return stop
+
+
+async def forget_threads(graph: TurnGraph, thread_ids: Sequence[str]) -> None:
+    """Delete the threads' checkpoints (they hold the turns' messages) from the checkpointer."""
+    saver = graph.checkpointer
+    if not isinstance(saver, BaseCheckpointSaver) or not thread_ids:
+        return
+    many: Callable[[Sequence[str]], Awaitable[None]] | None = getattr(
+        saver, "adelete_threads", None
+    )
+    if many is not None:
+        await many(thread_ids)
+        return
+    for thread_id in thread_ids:  # a checkpointer of the app's own
+        await saver.adelete_thread(thread_id)
 
 
 def expect_new_thread(graph: TurnGraph, thread_id: str) -> None:

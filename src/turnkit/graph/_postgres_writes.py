@@ -329,10 +329,18 @@ class PgCheckpointWrites(BasePostgresSaver):
 
     async def adelete_thread(self, thread_id: str) -> None:
         """Delete a thread's checkpoints and writes (and forget what it holds)."""
-        self._held.pop(str(thread_id), None)
+        await self.adelete_threads((thread_id,))
+
+    async def adelete_threads(self, thread_ids: Sequence[str]) -> None:
+        """Delete the threads' checkpoints and writes in one transaction."""
+        ids = [str(t) for t in thread_ids]
+        for thread_id in ids:
+            self._held.pop(thread_id, None)
+        if not ids:
+            return
         async with self.pool.acquire() as conn, conn.transaction():
             for table in ("checkpoints", "checkpoint_blobs", "checkpoint_writes"):
-                await conn.execute(f"DELETE FROM {table} WHERE thread_id = $1", str(thread_id))
+                await conn.execute(f"DELETE FROM {table} WHERE thread_id = ANY($1::text[])", ids)
 
     async def aclose(self) -> None:
         """Store what every thread holds."""

@@ -363,7 +363,19 @@ class ThreadedSqliteSaver(SqliteSaver):
 
     async def adelete_thread(self, thread_id: str) -> None:
         """`delete_thread` on the saver's thread."""
-        await self._run(lambda: self._in_batch(lambda: self.delete_thread(thread_id), wait=True))
+        await self.adelete_threads((thread_id,))
+
+    async def adelete_threads(self, thread_ids: Sequence[str]) -> None:
+        """Delete the threads' checkpoints and writes in one transaction."""
+        rows = [(str(t),) for t in thread_ids]
+
+        def delete() -> None:
+            with self.cursor() as cur:
+                cur.executemany("DELETE FROM checkpoints WHERE thread_id = ?", rows)
+                cur.executemany("DELETE FROM writes WHERE thread_id = ?", rows)
+
+        if rows:
+            await self._run(lambda: self._in_batch(delete, wait=True))
 
 
 class _SaverConnection(SqliteConnection):

@@ -276,5 +276,5 @@ def _add_edit_routes(
     @router.delete("/sessions/{session_id}", status_code=204, summary="Delete a session")
     async def delete(session_id: SessionPath, principal: Caller) -> Response:
         await visible_session(runtime, session_id, principal)
-        await runtime.store.delete_session(SessionId(session_id))
+        await runtime.delete_session(session_id)
         return Response(status_code=204)

@@ -194,6 +194,21 @@ class SessionRuntime(RuntimeControl, RuntimeCallbacks, RuntimeBudgets):
             title=title,
         )
 
+    async def delete_session(self, session_id: str) -> bool:
+        """Delete a session: its inputs, turns, events, files and its turns' checkpoints.
+
+        Audit and usage rows stay (its spend still counts against budgets). Returns False
+        if there was no such session. A running turn is not stopped first: see
+        `Store.delete_session`.
+        """
+        sid = check_session_id(session_id)
+        await self.open()
+        turns = await self.store.list_turns(sid)
+        deleted = await self.store.delete_session(sid)
+        # After the rows: until then a paused turn of the session could still be resumed.
+        await self.forget_checkpoints([t.turn_id for t in turns])
+        return deleted
+
     async def execute_message(
         self,
         session_id: str,

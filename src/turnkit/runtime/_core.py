@@ -14,7 +14,7 @@ from turnkit.agent import Agent
 from turnkit.clock import Clock, SystemClock
 from turnkit.config import RuntimeConfig
 from turnkit.errors import ConfigurationError, InvalidInputError
-from turnkit.graph import TurnGraph, compile_turn_graph, open_checkpointer
+from turnkit.graph import TurnGraph, compile_turn_graph, forget_threads, open_checkpointer
 from turnkit.ids import TurnId, uuid7
 from turnkit.models import ModelClient
 from turnkit.models.litellm import ModelEndpoint
@@ -300,6 +300,12 @@ class RuntimeCore:
         driver = self._driving.get(turn_id)
         if driver is not None:
             driver.heard_guide(input_seq)
+
+    async def forget_checkpoints(self, turn_ids: Sequence[str]) -> None:
+        """Delete these turns' graph checkpoints (each turn is one checkpoint thread)."""
+        if self._graph is None:
+            raise _not_open()
+        await forget_threads(self._graph, turn_ids)
 
     def runner(self) -> TurnRunner:
         """What turns a claimed lease into a driver (used by `Worker`)."""

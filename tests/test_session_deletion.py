@@ -1,0 +1,94 @@
+"""Deleting a session deletes what its turns wrote, the graph checkpoints included: they
+hold the conversation's messages."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import httpx
+from fastapi import FastAPI
+
+from tests.conftest import POSTGRES_URL
+from tests.helpers import add
+from turnkit import Agent, RuntimeConfig, SessionRuntime
+from turnkit.events import DoneEvent
+from turnkit.http import create_turnkit_router
+from turnkit.testing import ModelStep, ScriptedModel, call, collect_events
+
+SECRET = "the vault code is 7-4-1-9"
+
+
+async def _checkpointed_text(database_url: str, schema: str | None) -> bytes:
+    """Every byte the checkpointer's tables hold, as one blob to search."""
+    if schema is None:
+        path = database_url.split("///", 1)[1].replace(".db", ".checkpoints.db")
+        with sqlite3.connect(path) as conn:
+            rows = conn.execute("SELECT checkpoint, metadata FROM checkpoints").fetchall()
+            rows += conn.execute("SELECT value FROM writes").fetchall()
+        return b"".join(bytes(cell) for row in rows for cell in row if cell is not None)
+    import asyncpg
+
+    conn = await asyncpg.connect(POSTGRES_URL, server_settings={"search_path": schema})
+    try:
+        found = b""
+        for query in (
+            "SELECT checkpoint::text FROM checkpoints",
+            "SELECT coalesce(blob, ''::bytea) FROM checkpoint_blobs",
+            "SELECT coalesce(blob, ''::bytea) FROM checkpoint_writes",
+        ):
+            for (cell,) in await conn.fetch(query):
+                found += cell.encode() if isinstance(cell, str) else bytes(cell)
+        return found
+    finally:
+        await conn.close()
+
+
+def _runtime(db: tuple[str, str | None], model: ScriptedModel) -> SessionRuntime:
+    url, schema = db
+    agent = Agent(model=model, tools=[add], approval="always")
+    config = RuntimeConfig(database_url=url, database_schema=schema)
+    return SessionRuntime(agent=agent, config=config)
+
+
+async def test_deleting_a_session_deletes_its_turns_checkpoints(
+    db: tuple[str, str | None],
+) -> None:
+    model = ScriptedModel(
+        [
+            ModelStep.text_reply("Noted."),
+            ModelStep.tool_call_reply(call("add", a=2, b=3)),  # paused for an approval
+            ModelStep.text_reply("Kept."),
+        ]
+    )
+    async with _runtime(db, model) as runtime, _runtime(db, model) as other:
+        done = await collect_events(runtime.execute_message("s1", SECRET))
+        assert isinstance(done[-1], DoneEvent)
+        assert done[-1].status == "succeeded"
+        paused = await collect_events(runtime.execute_message("s1", f"again: {SECRET}"))
+        assert (await runtime.turn(paused[-1].turn_id)).status == "awaiting_approval"
+        await collect_events(other.execute_message("s2", f"another session: {SECRET}"))
+        assert SECRET.encode() in await _checkpointed_text(*db)
+
+        assert await runtime.delete_session("s1")
+
+        left = await _checkpointed_text(*db)
+        assert f"another session: {SECRET}".encode() in left  # other sessions keep theirs
+        assert f"again: {SECRET}".encode() not in left
+        assert left.count(SECRET.encode()) == left.count(b"another session: " + SECRET.encode())
+        assert not await runtime.delete_session("s1")
+
+
+async def test_the_http_route_deletes_the_checkpoints_too(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'turnkit.db'}"
+    model = ScriptedModel([ModelStep.text_reply("Noted.")])
+    async with _runtime((url, None), model) as runtime:
+        await collect_events(runtime.execute_message("s1", SECRET))
+        assert SECRET.encode() in await _checkpointed_text(url, None)
+        app = FastAPI()
+        app.include_router(create_turnkit_router(runtime))
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://test"
+        ) as http:
+            assert (await http.delete("/api/harness/sessions/s1")).status_code == 204
+        assert SECRET.encode() not in await _checkpointed_text(url, None)
