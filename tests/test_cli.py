@@ -684,9 +684,13 @@ def _checkpoints(db: Path) -> int:
 
 
 def test_checkpoint_durability_decides_how_many_checkpoints_a_turn_writes(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    db = tmp_path / "pruned.db"
+    assert main(["run", "What is 2 + 3?", "--database-url", f"sqlite:///{db}"]) == 0
+    assert _checkpoints(db) == 0  # an ended turn's checkpoints are deleted
     written = {}
+    monkeypatch.setenv("TURNKIT_KEEP_ENDED_CHECKPOINTS", "1")  # what the turn wrote, kept
     for durability in ("sync", "exit"):
         db = tmp_path / f"{durability}.db"
         args = ["run", "What is 2 + 3?", "--database-url", f"sqlite:///{db}"]

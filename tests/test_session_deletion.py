@@ -11,7 +11,7 @@ from fastapi import FastAPI
 
 from tests.conftest import POSTGRES_URL
 from tests.helpers import add
-from turnkit import Agent, RuntimeConfig, SessionRuntime
+from turnkit import Agent, Approve, RuntimeConfig, SessionRuntime
 from turnkit.events import DoneEvent
 from turnkit.http import create_turnkit_router
 from turnkit.testing import ModelStep, ScriptedModel, call, collect_events
@@ -92,3 +92,68 @@ async def test_the_http_route_deletes_the_checkpoints_too(tmp_path: Path) -> Non
         ) as http:
             assert (await http.delete("/api/harness/sessions/s1")).status_code == 204
         assert SECRET.encode() not in await _checkpointed_text(url, None)
+
+
+async def _threads(database_url: str, schema: str | None) -> set[str]:
+    """The turns (checkpoint threads) the checkpointer holds anything for."""
+    if schema is None:
+        path = database_url.split("///", 1)[1].replace(".db", ".checkpoints.db")
+        with sqlite3.connect(path) as conn:
+            rows = conn.execute(
+                "SELECT thread_id FROM checkpoints UNION SELECT thread_id FROM writes"
+            ).fetchall()
+        return {str(r[0]) for r in rows}
+    import asyncpg
+
+    conn = await asyncpg.connect(POSTGRES_URL, server_settings={"search_path": schema})
+    try:
+        rows = await conn.fetch(
+            "SELECT thread_id FROM checkpoints UNION SELECT thread_id FROM checkpoint_blobs "
+            "UNION SELECT thread_id FROM checkpoint_writes"
+        )
+        return {str(r[0]) for r in rows}
+    finally:
+        await conn.close()
+
+
+async def test_an_ended_turns_checkpoints_are_deleted_and_a_paused_turns_kept(
+    db: tuple[str, str | None],
+) -> None:
+    """The checkpoint tables hold live turns only: a long session does not pile them up."""
+    model = ScriptedModel(
+        [
+            ModelStep.text_reply("One."),
+            ModelStep.text_reply("Two."),
+            ModelStep.tool_call_reply(call("add", a=2, b=3)),  # paused for an approval
+            ModelStep.text_reply("Five."),
+            ModelStep.tool_call_reply(call("add", a=1, b=1)),  # paused, then Stopped
+        ]
+    )
+    async with _runtime(db, model) as runtime:
+        ended = [
+            (await collect_events(runtime.execute_message("s1", text)))[-1].turn_id
+            for text in ("one", "two")
+        ]
+        paused = (await collect_events(runtime.execute_message("s1", "add")))[-1].turn_id
+        await runtime.wait_background()  # deletes what ended, without waiting for a batch
+        assert await _threads(*db) == {paused}
+        request = (await runtime.view("s1")).pending[0].request_id
+        await runtime.resume(paused, request, Approve())
+        await collect_events(runtime.reader().follow(paused))
+        assert (await runtime.turn(paused)).status == "succeeded"  # resumed from its checkpoint
+        stopped = (await collect_events(runtime.execute_message("s2", "add")))[-1].turn_id
+        assert await runtime.cancel(stopped) == "cancelled"  # ended in the Store, no driver
+        await runtime.wait_background()
+        assert await _threads(*db) == set()
+        assert [(await runtime.turn(t)).status for t in ended] == ["succeeded", "succeeded"]
+        assert len(await runtime.history("s1")) == 3  # what ended is read from the Store
+
+
+async def test_ended_checkpoints_can_be_kept(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'turnkit.db'}"
+    config = RuntimeConfig(database_url=url, keep_ended_checkpoints=True)
+    model = ScriptedModel([ModelStep.text_reply("Noted.")])
+    async with SessionRuntime(agent=Agent(model=model), config=config) as runtime:
+        done = await collect_events(runtime.execute_message("s1", "hello"))
+        await runtime.wait_background()
+        assert await _threads(url, None) == {done[-1].turn_id}

@@ -74,6 +74,10 @@ class RuntimeConfig:
             it starts, when its settings name no `max_tokens` (plus its prompt's size).
         callback_secret: The shared secret of turn-scoped callback tokens (the same in
             every process); None: callbacks are refused.
+        keep_ended_checkpoints: Keep a turn's graph checkpoints once it has ended. By
+            default they are deleted soon after (nothing resumes an ended turn; its
+            events, transcript and audit rows are what stays), so the checkpoint tables
+            hold the live turns only.
     """
 
     database_url: str = "sqlite:///turnkit.db"
@@ -96,6 +100,7 @@ class RuntimeConfig:
     budgets: Literal["off", "enforce"] = "off"
     budget_reserve_tokens: int = 4_096
     callback_secret: str | None = field(default=None, repr=False)
+    keep_ended_checkpoints: bool = False
 
     @property
     def durability(self) -> Durability:
@@ -197,3 +202,24 @@ def env_plugins(env: Mapping[str, str]) -> list[str]:
     Every process that drives turns (API processes and workers) must name the same ones.
     """
     return [name.strip() for name in env.get("TURNKIT_PLUGINS", "").split(",") if name.strip()]
+
+
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off", ""})
+
+
+def env_flag(env: Mapping[str, str], name: str, *, default: bool) -> bool:
+    """A yes/no setting: 1, true, yes, on or 0, false, no, off (or empty); else refused."""
+    value = env.get(name)
+    if value is None:
+        return default
+    if value.strip().lower() in _TRUE:
+        return True
+    if value.strip().lower() in _FALSE:
+        return False
+    raise ConfigurationError(f"{name}={value!r} is not yes or no (1/0, true/false, on/off)")
+
+
+def env_keep_ended_checkpoints(env: Mapping[str, str]) -> bool:
+    """`TURNKIT_KEEP_ENDED_CHECKPOINTS`: keep ended turns' checkpoints (default: no)."""
+    return env_flag(env, "TURNKIT_KEEP_ENDED_CHECKPOINTS", default=False)

@@ -19,6 +19,7 @@ LLM). Environment variables switch to production parts:
 | `TURNKIT_LEASE_TTL_S` | how long a driver's claim lasts unrenewed (default 8) |
 | `TURNKIT_PLUGINS` | installed plugins to run in every turn, by name, comma-separated |
 | `TURNKIT_MAX_BODY_BYTES` | the largest request body accepted (default 64 MiB; `off`: none) |
+| `TURNKIT_KEEP_ENDED_CHECKPOINTS` | `1` keeps ended turns' graph checkpoints (default: deleted) |
 """
 
 from __future__ import annotations
@@ -43,7 +44,9 @@ from turnkit.agent import load_agents
 from turnkit.config import (
     Durability,
     RuntimeConfig,
+    env_flag,
     env_idle_window_s,
+    env_keep_ended_checkpoints,
     env_lease_ttl_s,
     env_plugins,
 )
@@ -64,12 +67,12 @@ def runtime_from_env(env: Mapping[str, str] | None = None) -> SessionRuntime:
     """A runtime configured from `TURNKIT_*` environment variables."""
     env = os.environ if env is None else env
     idle = env_idle_window_s(env)
-    in_process = _flag(env, "TURNKIT_RUN_IN_PROCESS", default=True)
+    in_process = env_flag(env, "TURNKIT_RUN_IN_PROCESS", default=True)
     config = RuntimeConfig(
         database_url=env.get("TURNKIT_DATABASE_URL", "sqlite:///turnkit.db"),
         database_schema=env.get("TURNKIT_DATABASE_SCHEMA") or None,
         run_in_process=in_process,
-        recover_in_process=_flag(env, "TURNKIT_RECOVER_IN_PROCESS", default=in_process),
+        recover_in_process=env_flag(env, "TURNKIT_RECOVER_IN_PROCESS", default=in_process),
         idle_window_s=idle,
         heartbeat_interval_s=min(5.0, idle / 3),
         ceiling_s=max(3600.0, idle),
@@ -79,6 +82,7 @@ def runtime_from_env(env: Mapping[str, str] | None = None) -> SessionRuntime:
         ),  # RuntimeConfig refuses any other value
         max_running_turns=_count(env, "TURNKIT_MAX_RUNNING_TURNS"),
         budgets=cast(Literal["off", "enforce"], env.get("TURNKIT_BUDGETS") or "off"),
+        keep_ended_checkpoints=env_keep_ended_checkpoints(env),
     )  # RuntimeConfig refuses a `budgets` other than those two
     replay = replay_from_url(env.get("TURNKIT_REDIS_URL"))
     agents = (
@@ -110,22 +114,6 @@ def max_body_bytes_from_env(env: Mapping[str, str] | None = None) -> int | None:
     if bound is not None and bound < 1:
         raise ConfigurationError(f"TURNKIT_MAX_BODY_BYTES={value!r} is not at least 1 (or 'off')")
     return bound
-
-
-_TRUE = frozenset({"1", "true", "yes", "on"})
-_FALSE = frozenset({"0", "false", "no", "off", ""})
-
-
-def _flag(env: Mapping[str, str], name: str, *, default: bool) -> bool:
-    """A yes/no setting: 1, true, yes, on or 0, false, no, off (or empty); else refused."""
-    value = env.get(name)
-    if value is None:
-        return default
-    if value.strip().lower() in _TRUE:
-        return True
-    if value.strip().lower() in _FALSE:
-        return False
-    raise ConfigurationError(f"{name}={value!r} is not yes or no (1/0, true/false, on/off)")
 
 
 class _PageFiles(StaticFiles):

@@ -28,7 +28,13 @@ from turnkit.cli._inspect import (
     show_events,
     stuck_turns,
 )
-from turnkit.config import RuntimeConfig, env_idle_window_s, env_lease_ttl_s, env_plugins
+from turnkit.config import (
+    RuntimeConfig,
+    env_idle_window_s,
+    env_keep_ended_checkpoints,
+    env_lease_ttl_s,
+    env_plugins,
+)
 from turnkit.demo import DEMO_MODEL_NAME, demo_agent
 from turnkit.errors import (
     ConfigurationError,
@@ -121,6 +127,7 @@ def _config(args: argparse.Namespace) -> RuntimeConfig:
         max_attempts=getattr(args, "max_attempts", 3),
         checkpoint_durability=getattr(args, "checkpoint_durability", None),
         budgets=getattr(args, "budgets", None) or "off",
+        keep_ended_checkpoints=env_keep_ended_checkpoints(os.environ),
     )
 
 

@@ -29,7 +29,10 @@ class RuntimeControl(RuntimeReads):
         """
         if self._recovery is not None:  # a turn this process took over: stop it at once
             await self._recovery[2].stop(TurnId(turn_id))
-        return await self.host.cancel(TurnId(turn_id))
+        status = await self.host.cancel(TurnId(turn_id))
+        if status == "cancelled":  # ended in the Store, or by its driver here
+            self._aftermath.ended(turn_id)
+        return status
 
     async def resume(
         self, turn_id: str, request_id: str, resolution: Resolution, *, deps: Any = NO_DEPS

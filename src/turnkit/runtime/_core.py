@@ -211,6 +211,8 @@ class RuntimeCore:
             self.config.database_url, schema=self.config.database_schema
         )
         self._graph = compile_turn_graph(saver)
+        keep = self.config.keep_ended_checkpoints
+        self._aftermath.prune_with(None if keep else self.forget_checkpoints)
 
     def _start_recovery(self) -> None:
         """Run a worker loop beside the app: turns whose driver died are taken over."""

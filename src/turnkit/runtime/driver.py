@@ -206,7 +206,13 @@ class TurnDriver:
             trace.end(self.recorder, lease_lost=self.lease_lost)
             await self._release_budget()
             self.sink(None)
+            self._prune_if_ended()
         self._leave_aftermath()
+
+    def _prune_if_ended(self) -> None:
+        """A turn that ended here: its checkpoints resume nothing now (see `Aftermath`)."""
+        if self.ended and not self.lease_lost and self.aftermath is not None:
+            self.aftermath.ended(self.lease.turn_id)
 
     def _left_to_recovery(self, exc: StoreUnavailableError) -> None:
         """Nothing more of this attempt can be written: it stops, and leaves the turn.

@@ -319,6 +319,8 @@ class Worker:
         )
         for turn_id in ended:
             log.warning("swept %s: timed out with no live driver", turn_id)
+        if ended and not config.keep_ended_checkpoints:
+            await self.runtime.forget_checkpoints(list(ended))
         if config.budgets == "enforce":
             for resumed in await self.runtime.resume_budget_pauses():
                 log.info("resumed %s: its budget has room again", resumed)
