@@ -15,6 +15,7 @@ import pytest
 from turnkit import Agent, Organisation, RuntimeConfig, SessionRuntime, tool
 from turnkit.cli import main
 from turnkit.errors import ProviderError
+from turnkit.store.migrate import head_revision
 from turnkit.tenancy import Principal
 from turnkit.testing import ModelStep, ScriptedModel, call
 
@@ -136,6 +137,51 @@ def test_an_unknown_session_or_turn_is_one_line(
     with pytest.raises(SystemExit):
         main(["turns", "--stuck", "--session", "acme-1"])
     assert "not allowed with argument" in capsys.readouterr().err
+
+
+def _revision(url: str, schema: str | None) -> str:
+    from sqlalchemy import create_engine, text
+
+    engine = create_engine(url.replace("postgresql://", "postgresql+psycopg://", 1))
+    try:
+        with engine.begin() as conn:
+            table = f'"{schema}".tk_alembic_version' if schema else "tk_alembic_version"
+            return str(conn.execute(text(f"SELECT version_num FROM {table}")).scalar_one())
+    finally:
+        engine.dispose()
+
+
+def _set_revision(url: str, schema: str | None, revision: str) -> None:
+    """Make the database look as an older (or newer) turnkit left it."""
+    from sqlalchemy import create_engine, text
+
+    engine_url = url.replace("postgresql://", "postgresql+psycopg://", 1)
+    engine = create_engine(engine_url)
+    try:
+        with engine.begin() as conn:
+            table = f'"{schema}".tk_alembic_version' if schema else "tk_alembic_version"
+            conn.execute(text(f"UPDATE {table} SET version_num = :v"), {"v": revision})
+    finally:
+        engine.dispose()
+
+
+def test_reading_commands_never_migrate_the_schema(
+    db: tuple[str, str | None], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Processes still running on the older schema must not meet a new one unannounced."""
+    url, schema = db
+    asyncio.run(_seed(url, schema))
+    _set_revision(url, schema, "0012")
+    capsys.readouterr()
+    for command in (["sessions"], ["turns", "--session", "acme-1"], ["turns", "--stuck"]):
+        assert _run(*command, url=url, schema=schema)[0] == 2, command
+        err = capsys.readouterr().err
+        assert err.startswith("turnkit: the database schema is at '0012', this turnkit reads "), err
+        assert "run `turnkit db upgrade`" in err
+        assert err.count("\n") == 1
+    assert _revision(url, schema) == "0012"  # unchanged
+    _set_revision(url, schema, head_revision())  # as `turnkit db upgrade` leaves it
+    assert _run("sessions", url=url, schema=schema)[0] == 0
 
 
 def test_a_reader_that_stops_early_gets_no_traceback(tmp_path: Path) -> None:

@@ -30,6 +30,7 @@ from turnkit.events import (
 )
 from turnkit.ids import SessionId, TurnId
 from turnkit.store import TurnRecord, decode_events
+from turnkit.store.migrate import head_revision
 from turnkit.store.sql import SqlStore, shown_url
 
 __all__ = (
@@ -145,11 +146,22 @@ async def existing_database(url: str, schema: str | None, store: SqlStore | None
 
 @contextlib.asynccontextmanager
 async def existing_store(url: str, schema: str | None) -> AsyncIterator[SqlStore]:
-    """The store at `url`, opened once `existing_database` found turnkit set up there."""
+    """The store at `url`, opened once `existing_database` found turnkit set up there.
+
+    Its schema is left as it is: a command that reads or tidies never migrates (the
+    processes still running on an older schema would meet the new one unannounced).
+    """
     store = SqlStore.from_url(url, schema=schema)
     try:
         await existing_database(url, schema, store)
-        await store.setup()
+        revision = await store.schema_revision()
+        if revision != head_revision():
+            raise StoreError(
+                f"the database schema is at {revision!r}, this turnkit reads "
+                f"{head_revision()!r}: run `turnkit db upgrade` (it changes the schema for "
+                "every process using it), or use the turnkit that wrote it",
+                revision=revision,
+            )
         yield store
     finally:
         await store.close()
