@@ -665,6 +665,18 @@ function sessionFromHash() {
   }
 }
 
+// ── the sessions menu (narrow screens: the sessions column over the conversation) ──
+
+function menuOpen() {
+  return $("#menu").getAttribute("aria-expanded") === "true";
+}
+
+function setMenu(open) {
+  $("#menu").setAttribute("aria-expanded", String(open));
+  $("#sidebar").classList.toggle("open", open);
+  if (open) ($("#sessions [aria-current='true']") ?? $("#new-session")).focus();
+}
+
 // ── wiring ────────────────────────────────────────────────────────────────────────
 
 function bind() {
@@ -685,7 +697,18 @@ function bind() {
     }
   });
   $("#stop").addEventListener("click", stop);
+  $("#menu").addEventListener("click", () => setMenu(!menuOpen()));
+  document.addEventListener("keydown", (event) => {
+    if (event.key !== "Escape" || !menuOpen()) return;
+    setMenu(false);
+    $("#menu").focus();
+  });
+  document.addEventListener("click", (event) => {
+    if (menuOpen() && !event.target.closest("#sidebar, #menu")) setMenu(false);
+  });
   $("#new-session").addEventListener("click", async () => {
+    if (menuOpen()) setMenu(false);
+    box.focus();
     try {
       const created = await api.createSession();
       ui.sessions = [created, ...ui.sessions];
@@ -696,7 +719,10 @@ function bind() {
   });
   $("#sessions").addEventListener("click", (event) => {
     const button = event.target.closest("[data-session-id]");
-    if (button && button.dataset.sessionId !== ui.sessionId) openSession(button.dataset.sessionId, { push: true });
+    if (!button) return;
+    if (menuOpen()) setMenu(false);
+    box.focus(); // the chat picked: write in it
+    if (button.dataset.sessionId !== ui.sessionId) openSession(button.dataset.sessionId, { push: true });
   });
   const turns = $("#turns");
   turns.addEventListener("click", (event) => {

