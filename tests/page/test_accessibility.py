@@ -13,7 +13,7 @@ import pytest
 from playwright.sync_api import Page, expect
 
 from tests.page.harness import serve_page
-from tests.page.test_chat_page import send
+from tests.page.test_chat_page import ANSWER, _held_answer, send
 from turnkit import Agent
 from turnkit.testing import ModelStep, ScriptedModel
 
@@ -107,3 +107,24 @@ def test_a_menu_opens_the_sessions_on_a_narrow_window(page: Page, tmp_path: Path
         expect(page.locator("#new-session")).to_be_hidden()
         expect(page.locator("#message")).to_be_focused()
     model.assert_complete()
+
+
+def test_a_focused_session_keeps_focus_while_a_turn_streams(page: Page, tmp_path: Path) -> None:
+    model, agent = _held_answer(tmp_path)
+    with serve_page(tmp_path, agent) as app:
+        page.goto(app.url)
+        send(page, "Explain 42")
+        expect(page.locator(".block.text .text")).to_have_text(ANSWER[:18])
+        page.locator("#sessions button").focus()
+        page.evaluate("window.focused = document.activeElement")
+        model.release()  # the rest streams in: a redraw per piece, then the list's refresh
+        expect(page.locator(".block.text.answer .text")).to_have_text(ANSWER)
+        expect(page.locator("article.turn")).to_have_attribute("data-status", "succeeded")
+        expect(page.locator("#sessions button")).to_have_text("Explain 42")
+        assert page.evaluate("document.activeElement === window.focused && window.focused.isConnected")
+
+        page.click("#new-session")
+        expect(page.locator("#sessions button")).to_have_count(2)
+        page.locator("#sessions button", has_text="Explain 42").press("Enter")  # picked
+        expect(page.locator(".block.text.answer .text")).to_have_text(ANSWER)
+        expect(page.locator("#message")).to_be_focused()  # ready to write in that chat

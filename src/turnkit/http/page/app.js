@@ -318,18 +318,32 @@ function render() {
   if (atBottom) scroller.scrollTop = scroller.scrollHeight;
 }
 
+// Each session's list item, kept across redraws (a focused button stays the same element).
+const sessionItems = new Map(); // sessionId → li
+
 function renderSessions() {
   const list = $("#sessions");
-  list.replaceChildren(
-    ...ui.sessions.map((session) => {
-      const button = el("button", { type: "button", "data-session-id": session.sessionId });
-      button.textContent = session.title || "Untitled chat";
-      if (session.sessionId === ui.sessionId) button.setAttribute("aria-current", "true");
-      const item = el("li");
-      item.append(button);
-      return item;
-    }),
-  );
+  const keep = new Set();
+  let previous = null;
+  for (const session of ui.sessions) {
+    let item = sessionItems.get(session.sessionId);
+    if (!item) {
+      item = el("li", {}, el("button", { type: "button", "data-session-id": session.sessionId }));
+      sessionItems.set(session.sessionId, item);
+    }
+    const button = item.firstChild;
+    setText(button, session.title || "Untitled chat");
+    if (session.sessionId === ui.sessionId) button.setAttribute("aria-current", "true");
+    else button.removeAttribute("aria-current");
+    placeAfter(list, item, previous);
+    previous = item;
+    keep.add(session.sessionId);
+  }
+  for (const [sessionId, item] of sessionItems) {
+    if (keep.has(sessionId)) continue;
+    item.remove();
+    sessionItems.delete(sessionId);
+  }
   const current = ui.sessions.find((s) => s.sessionId === ui.sessionId);
   $("#session-title").textContent = current?.title || (ui.sessionId ? "Untitled chat" : "");
 }
