@@ -7,15 +7,16 @@ computed in the page (`scroll_width`, `contrast`), not taken from an audit tool.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 from playwright.sync_api import Page, expect
 
 from tests.page.harness import serve_page
-from tests.page.test_chat_page import ANSWER, _held_answer, send
+from tests.page.test_chat_page import ANSWER, PAY_BOB, _held_answer, send, wire
 from turnkit import Agent
-from turnkit.testing import ModelStep, ScriptedModel
+from turnkit.testing import ModelStep, ScriptedModel, call
 
 pytestmark = pytest.mark.slow
 
@@ -128,3 +129,56 @@ def test_a_focused_session_keeps_focus_while_a_turn_streams(page: Page, tmp_path
         page.locator("#sessions button", has_text="Explain 42").press("Enter")  # picked
         expect(page.locator(".block.text.answer .text")).to_have_text(ANSWER)
         expect(page.locator("#message")).to_be_focused()  # ready to write in that chat
+
+
+def test_a_card_takes_focus_from_the_message_box_and_says_what_it_needs(
+    page: Page, tmp_path: Path
+) -> None:
+    model = ScriptedModel([
+        *PAY_BOB,
+        ModelStep.tool_call_reply(call("ask_user", question="Which unit?",
+                                       choices=["EUR", "USD"])),
+        ModelStep.text_reply("42 EUR."),
+    ])  # fmt: skip
+    agent = Agent(model=model, tools=[wire], clarifications=True)
+    with serve_page(tmp_path, agent) as app:
+        page.goto(app.url)
+        send(page, "Pay Bob 5 EUR")  # focus is in the message box
+        card = page.locator(".card.approval")
+        expect(card).to_be_focused()  # the card itself: a stray key decides nothing
+        expect(page.locator("#announce")).to_have_text(re.compile(r"^Approval needed: Approve wire\?"))
+        page.keyboard.press("Tab")
+        expect(card.locator("[data-decision='approve']")).to_be_focused()
+        page.keyboard.press("Enter")
+        expect(page.locator(".block.text.answer .text")).to_have_text("Sent 5 EUR to Bob.")
+        expect(page.locator("#message")).to_be_focused()
+
+        send(page, "Multiply 6 by 7")
+        question = page.locator(".card.clarification")
+        expect(question).to_be_focused()
+        expect(page.locator("#announce")).to_have_text("Question: Which unit?")
+        # The ask_user row waits for the person: no spinner, no "running", no clock.
+        row = page.locator("article.turn").last.locator(".block.tool")
+        expect(row).to_have_attribute("data-status", "awaiting_input")
+        expect(row.locator(".status")).to_have_text("waiting for your answer:")
+        expect(row.locator(".icon")).to_have_text("?")
+        expect(row.locator(".duration")).to_have_text("")
+        question.locator("[data-choice='EUR']").click()
+        expect(page.locator(".block.text.answer .text").last).to_have_text("42 EUR.")
+        expect(row).to_have_attribute("data-status", "succeeded")
+    model.assert_complete()
+
+
+def test_focus_on_stop_goes_to_the_message_box_when_the_turn_ends(
+    page: Page, tmp_path: Path
+) -> None:
+    model, agent = _held_answer(tmp_path)
+    with serve_page(tmp_path, agent) as app:
+        page.goto(app.url)
+        send(page, "Explain 42")
+        expect(page.locator(".block.text .text")).to_have_text(ANSWER[:18])
+        page.locator("#stop").focus()
+        model.release()  # the turn ends by itself and Stop goes away
+        expect(page.locator("article.turn")).to_have_attribute("data-status", "succeeded")
+        expect(page.locator("#stop")).to_be_hidden()
+        expect(page.locator("#message")).to_be_focused()

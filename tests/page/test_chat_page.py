@@ -298,7 +298,9 @@ def test_an_approval_card_survives_a_reload_and_finishes_the_turn(
         page.unroute("**/stream**")
 
         expect(card).to_have_attribute("aria-label", "Approval needed")
-        expect(page.locator("#announce")).to_have_text("Approve wire?")  # said, not per token
+        expect(page.locator("#announce")).to_have_text(  # said, not per token
+            re.compile(r"^Approval needed: Approve wire\?")
+        )
         card.locator("[data-decision='approve']").click()
         expect(page.locator(".card")).to_have_count(0)
         expect(page.locator("#message")).to_be_focused()  # not lost with the clicked button

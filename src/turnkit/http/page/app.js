@@ -350,7 +350,10 @@ function renderSessions() {
 
 function renderComposer() {
   const live = liveTurn(ui.state);
-  $("#stop").hidden = !live;
+  const stopButton = $("#stop");
+  const hadFocus = document.activeElement === stopButton;
+  stopButton.hidden = !live;
+  if (hadFocus && !live) $("#message").focus(); // the turn ended by itself: focus is not lost
   $("#stop").disabled = ui.busy.has("stop");
   $("#send").disabled = ui.busy.has("send");
   // Only a running turn takes a message in; one waiting for an answer queues it.
@@ -484,6 +487,7 @@ const TOOL_ICONS = {
   preparing: "…",
   running: "",
   awaiting_approval: "?",
+  awaiting_input: "?",
   succeeded: "✓",
   failed: "✗",
   not_finished: "–", // the turn ended (stopped, failed) before the call was decided or done
@@ -493,6 +497,7 @@ const TOOL_STATES = {
   preparing: "being prepared:",
   running: "running:",
   awaiting_approval: "waiting for approval:",
+  awaiting_input: "waiting for your answer:",
   succeeded: "succeeded:",
   failed: "failed:",
   not_finished: "not finished:",
@@ -551,7 +556,13 @@ function drawDecision(box, turn) {
   box.replaceChildren();
   if (!pending) return;
   const label = pending.kind === "approval" ? "Approval needed" : "Question";
-  const card = el("div", { class: `card ${pending.kind}`, role: "group", "aria-label": label, "data-request-id": pending.requestId });
+  const card = el("div", {
+    class: `card ${pending.kind}`,
+    role: "group",
+    "aria-label": label,
+    tabindex: "-1",
+    "data-request-id": pending.requestId,
+  });
   if (pending.kind === "approval") {
     card.append(
       el("p", { class: "card-title" }, "Approve ", el("code", {}, pending.toolName ?? "this call"), "?"),
@@ -572,9 +583,13 @@ function drawDecision(box, turn) {
     );
   }
   box.append(card);
-  announce(pending.kind === "approval" ? `Approve ${pending.toolName ?? "this call"}?` : pending.question ?? label);
+  const asked = pending.kind === "approval" ? [`Approve ${pending.toolName ?? "this call"}?`, pending.summary] : [pending.question];
+  announce(`${label}: ${asked.filter(Boolean).join(" ")}`);
+  // The card takes focus from nowhere, or from an empty message box (the message that
+  // led here was just sent): the card itself, so a stray key decides nothing.
   const focused = document.activeElement;
-  if (!focused || focused === document.body) card.querySelector("button, input")?.focus();
+  const message = $("#message");
+  if (!focused || focused === document.body || (focused === message && !message.value)) card.focus();
 }
 
 const STATUS = {

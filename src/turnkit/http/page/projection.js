@@ -326,8 +326,8 @@ const FOLDERS = {
         choices: [],
       },
     ),
-  "clarification.requested": (turn, e) =>
-    askFor(turn, {
+  "clarification.requested": (turn, e) => {
+    const asked = askFor(turn, {
       kind: "clarification",
       requestId: e.request_id,
       seq: e.seq,
@@ -337,7 +337,9 @@ const FOLDERS = {
       summary: null,
       question: e.question,
       choices: e.choices ?? [],
-    }),
+    });
+    return asked === turn ? turn : waitOnAskUser(asked);
+  },
   "tasks.updated": (turn, e) => {
     const tasks = e.tasks;
     const at = turn.blocks.findIndex((b) => b.key === "tasks");
@@ -416,6 +418,13 @@ function waitingStatus(kind) {
 function askFor(turn, pending) {
   if (turn.answered.includes(pending.requestId) || turn.done) return turn;
   return { ...turn, pending, status: waitingStatus(pending.kind) };
+}
+
+/** The `ask_user` call a question comes from waits for the person, it does not run. */
+function waitOnAskUser(turn) {
+  const asking = (b) => b.kind === "tool" && b.toolName === "ask_user" && b.status === "running";
+  if (!turn.blocks.some(asking)) return turn;
+  return { ...turn, blocks: turn.blocks.map((b) => (asking(b) ? { ...b, status: "awaiting_input" } : b)) };
 }
 
 /** The same guide message: by its input seq when both know it, else by its request id. */
@@ -544,7 +553,7 @@ function upsertTool(turn, toolCallId, change) {
 
 /** Tool rows the turn ended before they finished (stopped while waiting or running). */
 function settleTools(turn) {
-  const open = new Set(["preparing", "running", "awaiting_approval"]);
+  const open = new Set(["preparing", "running", "awaiting_approval", "awaiting_input"]);
   if (!turn.blocks.some((b) => b.kind === "tool" && open.has(b.status))) return turn;
   const blocks = turn.blocks.map((b) =>
     b.kind === "tool" && open.has(b.status) ? { ...b, status: "not_finished" } : b,
