@@ -182,3 +182,41 @@ def test_focus_on_stop_goes_to_the_message_box_when_the_turn_ends(
         expect(page.locator("article.turn")).to_have_attribute("data-status", "succeeded")
         expect(page.locator("#stop")).to_be_hidden()
         expect(page.locator("#message")).to_be_focused()
+
+
+_COMPOSE = """(keyCode) => {
+  const box = document.querySelector("#message");
+  let submitted = 0;
+  const count = (event) => {
+    submitted += 1;
+    event.preventDefault();
+    event.stopImmediatePropagation(); // counted, never sent
+  };
+  window.addEventListener("submit", count, true);
+  box.focus();
+  box.value = "日本語";
+  box.dispatchEvent(new CompositionEvent("compositionstart", { data: "" }));
+  box.dispatchEvent(new CompositionEvent("compositionend", { data: "日本語" }));
+  const enter = { key: "Enter", code: "Enter", keyCode, bubbles: true, cancelable: true };
+  box.dispatchEvent(new KeyboardEvent("keydown", enter)); // Safari: isComposing is false
+  return new Promise((resolve) =>
+    setTimeout(() => {
+      const before = submitted;
+      box.dispatchEvent(new KeyboardEvent("keydown", { ...enter, keyCode: 13 }));
+      window.removeEventListener("submit", count, true);
+      resolve([before, submitted]);
+    }),
+  );
+}"""
+
+
+def test_enter_that_ends_an_input_method_composition_sends_nothing(
+    page: Page, tmp_path: Path
+) -> None:
+    with serve_page(tmp_path, Agent(model=ScriptedModel([]))) as app:
+        page.goto(app.url)
+        expect(page.locator("#empty")).to_be_visible()
+        for key_code in (229, 13):  # Safari's order: compositionend, then keydown Enter
+            # The Enter that confirms the text sends nothing; a later Enter sends.
+            assert page.evaluate(_COMPOSE, key_code) == [0, 1]
+        expect(page.locator("#message")).to_have_value("日本語")

@@ -719,8 +719,16 @@ function bind() {
       if (!sent && !box.value) box.value = text; // not sent: the text is not lost
     });
   });
+  // Enter that confirms an input method's text sends nothing. Safari ends the composition
+  // before that keydown (isComposing false), with keyCode 229 or in the same task.
+  let composed = false;
+  box.addEventListener("compositionend", () => {
+    composed = true;
+    setTimeout(() => (composed = false));
+  });
   box.addEventListener("keydown", (event) => {
-    if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {
+    const confirming = event.isComposing || event.keyCode === 229 || composed;
+    if (event.key === "Enter" && !event.shiftKey && !confirming) {
       event.preventDefault();
       $("#composer").requestSubmit();
     }
