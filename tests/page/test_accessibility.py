@@ -14,7 +14,7 @@ import pytest
 from playwright.sync_api import Page, expect
 
 from tests.page.harness import serve_page
-from tests.page.test_chat_page import ANSWER, PAY_BOB, _held_answer, send, wire
+from tests.page.test_chat_page import ANSWER, PAY_BOB, _held_answer, calculator, send, wire
 from turnkit import Agent
 from turnkit.testing import ModelStep, ScriptedModel, call
 
@@ -41,6 +41,51 @@ def assert_fits(page: Page, *selectors: str) -> None:
         box = page.locator(selector).bounding_box()
         assert box is not None, f"{selector} is not shown"
         assert box["x"] >= 0 and box["x"] + box["width"] <= window_width, (selector, box)
+
+
+_CONTRAST = """([selectors, edge]) => {
+  // The contrast of each selector's text (or, with `edge`, its top border against what is
+  // around it), as WCAG computes it: opacity and translucent backgrounds composited.
+  const parse = (css) => {
+    const [r, g, b, a = 1] = css.match(/[\\d.]+/g).map(Number);
+    return [r, g, b, a];
+  };
+  const over = (top, below) => [0, 1, 2].map((i) => top[i] * top[3] + below[i] * (1 - top[3])).concat(1);
+  const backdrop = (node) => {
+    const layers = [];
+    for (let n = node; n; n = n.parentElement) layers.unshift(parse(getComputedStyle(n).backgroundColor));
+    return layers.reduce((below, layer) => over(layer, below), [255, 255, 255, 1]);
+  };
+  const opacity = (node) => {
+    let o = 1;
+    for (let n = node; n; n = n.parentElement) o *= Number(getComputedStyle(n).opacity);
+    return o;
+  };
+  const luminance = (rgb) =>
+    rgb.slice(0, 3).map((v) => {
+      v /= 255;
+      return v <= 0.03928 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4;
+    }).reduce((sum, v, i) => sum + v * [0.2126, 0.7152, 0.0722][i], 0);
+  const ratio = (a, b) => {
+    const [hi, lo] = [luminance(a), luminance(b)].sort((x, y) => y - x);
+    return (hi + 0.05) / (lo + 0.05);
+  };
+  return Object.fromEntries(selectors.map((selector) => {
+    const node = document.querySelector(selector);
+    if (!node) return [selector, null];
+    const style = getComputedStyle(node);
+    const back = backdrop(edge ? node.parentElement : node);
+    const ink = parse(edge ? style.borderTopColor : style.color);
+    ink[3] *= opacity(node);
+    return [selector, Math.round(ratio(over(ink, back), back) * 100) / 100];
+  }));
+}"""
+
+
+def contrasts(page: Page, selectors: list[str], *, edge: bool = False) -> dict[str, float]:
+    """Each selector's (first match's) contrast ratio: its text, or with `edge` its border."""
+    found: dict[str, float] = page.evaluate(_CONTRAST, [selectors, edge])
+    return found
 
 
 def test_the_page_fits_a_narrow_window(page: Page, tmp_path: Path) -> None:
@@ -220,3 +265,76 @@ def test_enter_that_ends_an_input_method_composition_sends_nothing(
             # The Enter that confirms the text sends nothing; a later Enter sends.
             assert page.evaluate(_COMPOSE, key_code) == [0, 1]
         expect(page.locator("#message")).to_have_value("日本語")
+
+
+TEXT = [
+    ".chat-title",
+    "#sessions button",
+    "#send",
+    ".block.user .text",
+    ".block.narration.faded .text > p",
+    ".block.text.answer .text > p",
+    ".block.tool .name",
+    ".block.tool .args",
+    ".block.tool .duration",
+    ".meta",
+    ".card-title",
+]
+EDGES = ["#message", ".card .answer input"]
+
+
+def test_text_and_input_edges_keep_their_contrast_light_and_dark(
+    page: Page, tmp_path: Path
+) -> None:
+    model = ScriptedModel([
+        ModelStep.tool_call_reply(call("calculator", expression="6*7"),
+                                  text="Let me work that out."),
+        ModelStep.text_reply(ANSWER),
+        ModelStep.tool_call_reply(call("ask_user", question="Which unit?")),
+        ModelStep.text_reply("42 EUR."),
+    ])  # fmt: skip
+    agent = Agent(model=model, tools=[calculator], clarifications=True)
+    with serve_page(tmp_path, agent) as app:
+        page.goto(app.url)
+        send(page, "What is 6 times 7?")
+        expect(page.locator(".block.narration.faded")).to_have_count(1)
+        expect(page.locator(".block.text.answer .text")).to_have_text(ANSWER)
+        send(page, "In which unit?")
+        expect(page.locator(".card .answer input")).to_be_visible()
+        for scheme in ("light", "dark"):
+            page.emulate_media(color_scheme=scheme)
+            page.wait_for_function("!document.getAnimations().length")  # faded to the end
+            text = contrasts(page, TEXT)
+            assert {s: r for s, r in text.items() if r is None or r < 4.5} == {}, scheme
+            edges = contrasts(page, EDGES, edge=True)
+            assert {s: r for s, r in edges.items() if r is None or r < 3} == {}, scheme
+        dark = page.evaluate("getComputedStyle(document.documentElement).backgroundColor")
+        assert dark != "rgb(247, 247, 245)"  # the dark scheme is dark, not the light one
+        assert page.evaluate("getComputedStyle(document.documentElement).colorScheme") == (
+            "light dark"
+        )
+        page.fill(".card .answer input", "EUR")
+        page.press(".card .answer input", "Enter")
+        expect(page.locator(".block.text.answer .text").last).to_have_text("42 EUR.")
+    model.assert_complete()
+
+
+def test_streaming_text_respects_reduced_motion_and_its_cursor_is_not_read(
+    page: Page, tmp_path: Path
+) -> None:
+    model, agent = _held_answer(tmp_path)
+    with serve_page(tmp_path, agent) as app:
+        page.emulate_media(reduced_motion="reduce")
+        page.goto(app.url)
+        send(page, "Explain 42")
+        text = page.locator(".block.text.streaming .text > p")
+        expect(text).to_have_text(ANSWER[:18])
+        assert text.evaluate("n => getComputedStyle(n, '::after').content").startswith('"▍"')
+        assert text.evaluate("n => getComputedStyle(n, '::after').animationName") == "none"
+        cdp = page.context.new_cdp_session(page)
+        tree = cdp.send("Accessibility.getFullAXTree")
+        said = [str(node.get("name", {}).get("value", "")) for node in tree["nodes"]]
+        assert any(ANSWER[:18] in name for name in said)  # the text is read ...
+        assert not [name for name in said if "▍" in name]  # ... and the cursor is not
+        model.release()
+        expect(page.locator(".block.text.answer .text")).to_have_text(ANSWER)
