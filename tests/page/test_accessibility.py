@@ -338,3 +338,47 @@ def test_streaming_text_respects_reduced_motion_and_its_cursor_is_not_read(
         assert not [name for name in said if "▍" in name]  # ... and the cursor is not
         model.release()
         expect(page.locator(".block.text.answer .text")).to_have_text(ANSWER)
+
+
+ARABIC = "مرحبا بالعالم!"
+
+
+def test_a_screen_reader_can_tell_turns_speakers_and_directions(
+    page: Page, tmp_path: Path
+) -> None:
+    answer = f"# عنوان\n\n{ARABIC}\n\nSee [the docs](https://example.com/docs)."
+    model = ScriptedModel([ModelStep.text_reply(answer), ModelStep.text_reply("Done.")])
+    with serve_page(tmp_path, Agent(model=model)) as app:
+        page.goto(app.url)
+        expect(page.locator("#message")).to_have_attribute("dir", "auto")
+        send(page, ARABIC)
+        turn = page.locator("article.turn")
+        expect(turn).to_have_attribute("data-status", "succeeded")
+        # Arabic reads right to left: the message, each block of the answer, the title.
+        rtl = "n => getComputedStyle(n).direction"
+        assert page.locator(".block.user .text").evaluate(rtl) == "rtl"
+        text = page.locator(".block.text.answer .text")
+        assert text.locator("p").first.evaluate(rtl) == "rtl"
+        assert text.locator("p").last.evaluate(rtl) == "ltr"  # the English one stays
+        assert page.locator("#sessions button").evaluate(rtl) == "rtl"
+        assert page.locator("#session-title").evaluate(rtl) == "rtl"
+        expect(page).to_have_title(f"{ARABIC} — turnkit")
+
+        # One h1 (the chat's title), an h2 per turn, the model's `#` one level below.
+        expect(page.locator("h1")).to_have_count(1)
+        expect(page.locator("h1")).to_have_text(ARABIC)
+        expect(text.locator("h3")).to_have_text("عنوان")
+        send(page, "Thanks")
+        expect(page.get_by_role("article", name="Turn 2")).to_contain_text("Done.")
+        first = page.get_by_role("article", name="Turn 1")
+        expect(first.get_by_role("heading", level=2)).to_have_text("Turn 1")
+        expect(first.locator(".block.user")).to_have_text(f"You:{ARABIC}")
+        expect(first.locator(".block.text.answer")).to_contain_text("Answer:")
+        link = first.get_by_role("link", name="the docs (opens in a new tab)")
+        expect(link).to_have_attribute("target", "_blank")
+
+        page.emulate_media(forced_colors="active")  # the bubble keeps an edge there
+        bubble = page.locator(".block.user").first
+        expect(bubble).to_have_css("border-top-style", "solid")
+        expect(bubble).to_have_css("border-top-width", "1px")
+    model.assert_complete()

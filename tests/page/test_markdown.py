@@ -53,7 +53,7 @@ def test_an_answer_in_markdown_is_drawn_as_structure(page: Page, tmp_path: Path)
         send(page, "Make a plan")
         expect(page.locator("article.turn")).to_have_attribute("data-status", "succeeded")
         answer = page.locator(".block.text.answer .text")
-        expect(answer.locator("h2")).to_have_text("Plan")
+        expect(answer.locator("h4")).to_have_text("Plan")  # `##`, under the turn's h2
         first = answer.locator(":scope > p").first
         expect(first.locator("strong")).to_have_text("bold")
         expect(first.locator("em")).to_have_text("emphasis")
@@ -66,7 +66,7 @@ def test_an_answer_in_markdown_is_drawn_as_structure(page: Page, tmp_path: Path)
         )
         link = answer.locator("a")
         expect(link).to_have_count(1)  # the javascript: link stays text
-        expect(link).to_have_text("docs")
+        expect(link).to_have_text("docs (opens in a new tab)")  # the end is not shown
         expect(link).to_have_attribute("href", "https://example.com/docs")
         expect(link).to_have_attribute("rel", "noopener noreferrer nofollow")
         expect(answer.locator("ul > li").last).to_have_text("[bad](javascript:alert(1))")
@@ -126,7 +126,7 @@ def test_hostile_markdown_neither_freezes_nor_breaks_the_page(page: Page, tmp_pa
         send(page, "Break the page")
         expect(page.locator("article.turn")).to_have_attribute("data-status", "succeeded")
         answer = page.locator(".block.text.answer .text")
-        expect(answer.locator("h1")).to_have_text("a" + " " * 4000 + "b", use_inner_text=False)
+        expect(answer.locator("h3")).to_have_text("a" + " " * 4000 + "b", use_inner_text=False)
         assert "deep quote" in (answer.text_content() or "")
         assert (answer.text_content() or "").count("level") == 300
         send(page, "Still there?")  # the page keeps drawing

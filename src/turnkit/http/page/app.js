@@ -27,7 +27,7 @@ import {
   withTurn,
   withTurns,
 } from "./projection.js";
-import { renderMarkdown } from "./markdown.js";
+import { newTabNote, renderMarkdown } from "./markdown.js";
 import { followTurn } from "./sse.js";
 
 const $ = (selector) => document.querySelector(selector);
@@ -328,7 +328,7 @@ function renderSessions() {
   for (const session of ui.sessions) {
     let item = sessionItems.get(session.sessionId);
     if (!item) {
-      item = el("li", {}, el("button", { type: "button", "data-session-id": session.sessionId }));
+      item = el("li", {}, el("button", { type: "button", dir: "auto", "data-session-id": session.sessionId }));
       sessionItems.set(session.sessionId, item);
     }
     const button = item.firstChild;
@@ -345,7 +345,10 @@ function renderSessions() {
     sessionItems.delete(sessionId);
   }
   const current = ui.sessions.find((s) => s.sessionId === ui.sessionId);
-  $("#session-title").textContent = current?.title || (ui.sessionId ? "Untitled chat" : "");
+  const title = current?.title || (ui.sessionId ? "Untitled chat" : "New chat");
+  setText($("#session-title"), title);
+  const tabTitle = ui.sessionId ? `${title} — turnkit` : "turnkit";
+  if (document.title !== tabTitle) document.title = tabTitle;
 }
 
 function renderComposer() {
@@ -368,7 +371,7 @@ function renderQueue(items) {
     ...items.map((item) => {
       const li = el("li", { class: "queued", "data-delivery": item.delivery, "data-turn-id": item.turnId });
       const label = item.delivery === "guide" ? "joins the running turn" : "queued";
-      li.append(el("span", { class: "queued-label" }, label), el("span", { class: "text" }, item.content));
+      li.append(el("span", { class: "queued-label" }, label), el("span", { class: "text", dir: "auto" }, item.content));
       return li;
     }),
   );
@@ -380,21 +383,29 @@ function renderTurns(container, items) {
   const wanted = ui.state.order.filter((id) => !waiting.has(id)).map((id) => ui.state.turns[id]);
   const seen = new Set();
   let previous = null;
-  for (const turn of wanted) {
+  wanted.forEach((turn, index) => {
     let node = container.querySelector(`:scope > [data-turn-id="${CSS.escape(turn.turnId)}"]`);
     if (!node) node = newTurnElement(turn.turnId);
+    setText(node.firstChild, `Turn ${index + 1}`);
     drawTurn(node, turn);
     placeAfter(container, node, previous);
     previous = node;
     seen.add(node);
-  }
+  });
   for (const child of [...container.children]) if (!seen.has(child)) child.remove();
   $("#empty").hidden = wanted.length > 0;
 }
 
 function newTurnElement(turnId) {
-  const node = el("article", { class: "turn", "data-turn-id": turnId });
-  node.append(el("div", { class: "blocks" }), el("div", { class: "decision" }), el("footer", { class: "meta" }));
+  // Each turn is an article named by its heading ("Turn 2"), for moving turn by turn.
+  const heading = `turn-heading-${turnId}`;
+  const node = el("article", { class: "turn", "data-turn-id": turnId, "aria-labelledby": heading });
+  node.append(
+    el("h2", { class: "visually-hidden", id: heading }),
+    el("div", { class: "blocks" }),
+    el("div", { class: "decision" }),
+    el("footer", { class: "meta" }),
+  );
   node.blockNodes = new Map();
   return node;
 }
@@ -445,7 +456,10 @@ function newBlockElement(kind) {
     node.append(el("h3", {}, "Tasks"), el("ul"));
     return node;
   }
-  node.append(el(kind === "text" ? "div" : "p", { class: "text" }));
+  // Who speaks, for a screen reader: your message and the answer look alike to it.
+  if (kind === "user") node.append(el("span", { class: "visually-hidden who" }, "You:"));
+  if (kind === "text") node.append(el("span", { class: "visually-hidden who" }, "Answer:"));
+  node.append(el(kind === "text" ? "div" : "p", { class: "text", ...(kind === "user" ? { dir: "auto" } : {}) }));
   if (kind === "text") node.append(el("span", { class: "badge" }, "interrupted"), el("ol", { class: "citations" }));
   return node;
 }
@@ -463,6 +477,7 @@ function drawBlock(node, block, turn, index) {
       node.classList.toggle("streaming", !block.complete);
       node.classList.toggle("interrupted", block.interrupted);
       node.classList.toggle("faded", isFadedNarration(turn, index));
+      setText(node.querySelector(".who"), block.isAnswer ? "Answer:" : "Assistant:");
       drawCitations(node.querySelector(".citations"), block.citations);
       break;
     case "thinking":
@@ -539,7 +554,7 @@ function drawCitations(list, citations) {
     ...citations.map((c) => {
       const item = el("li");
       const label = c.title || c.source;
-      if (c.url && /^https?:\/\//i.test(c.url)) item.append(el("a", { href: c.url, rel: "noreferrer", target: "_blank" }, label));
+      if (c.url && /^https?:\/\//i.test(c.url)) item.append(el("a", { href: c.url, rel: "noreferrer", target: "_blank" }, label, newTabNote()));
       else item.append(label);
       if (c.quote) item.append(el("q", {}, c.quote));
       return item;
@@ -566,7 +581,7 @@ function drawDecision(box, turn) {
   if (pending.kind === "approval") {
     card.append(
       el("p", { class: "card-title" }, "Approve ", el("code", {}, pending.toolName ?? "this call"), "?"),
-      el("p", { class: "summary" }, pending.summary ?? ""),
+      el("p", { class: "summary", dir: "auto" }, pending.summary ?? ""),
       el("pre", { class: "arguments" }, JSON.stringify(pending.arguments ?? {}, null, 2)),
       el("div", { class: "actions" },
         el("button", { type: "button", class: "primary", "data-decision": "approve" }, "Approve"),
@@ -575,7 +590,7 @@ function drawDecision(box, turn) {
   } else {
     const choices = pending.choices.map((choice) => el("button", { type: "button", "data-choice": choice }, choice));
     card.append(
-      el("p", { class: "card-title" }, pending.question ?? ""),
+      el("p", { class: "card-title", dir: "auto" }, pending.question ?? ""),
       el("div", { class: "actions" }, ...choices),
       el("form", { class: "answer" },
         el("input", { name: "answer", placeholder: "Your answer", autocomplete: "off", "aria-label": "Your answer" }),

@@ -48,7 +48,8 @@ function appendBlocks(parent, lines, depth) {
       i = end + 1;
     } else if (block === "heading") {
       const [, marks, rest = ""] = HEADING.exec(line);
-      parent.append(inline(`h${marks.length}`, headingText(rest), depth));
+      // One level under the turn's own heading (h2): `#` is h3, `##` h4, down to h6.
+      parent.append(auto(inline(`h${Math.min(6, marks.length + 2)}`, headingText(rest), depth)));
       i += 1;
     } else if (block === "rule") {
       parent.append(document.createElement("hr"));
@@ -56,7 +57,7 @@ function appendBlocks(parent, lines, depth) {
     } else if (block === "quote") {
       const quoted = [];
       while (i < lines.length && QUOTE.test(lines[i])) quoted.push(lines[i++].replace(QUOTE, ""));
-      const quote = document.createElement("blockquote");
+      const quote = auto(document.createElement("blockquote"));
       appendBlocks(quote, quoted, depth + 1);
       parent.append(quote);
     } else if (block === "item") {
@@ -67,7 +68,7 @@ function appendBlocks(parent, lines, depth) {
       const paragraph = [];
       do paragraph.push(lines[i++].trim());
       while (i < lines.length && lines[i].trim() && !startsBlock(lines[i]));
-      parent.append(inline("p", paragraph.join("\n"), depth));
+      parent.append(auto(inline("p", paragraph.join("\n"), depth)));
     }
   }
 }
@@ -120,7 +121,7 @@ function appendList(parent, lines, i, depth) {
       own.push(deeper ? line : line.trim()); // a line not indented continues the item's text
       i += 1;
     }
-    const li = document.createElement("li");
+    const li = auto(document.createElement("li"));
     appendBlocks(li, dedent(own), depth + 1);
     list.append(li);
     const sibling = ITEM.exec(lines[i + 1] ?? "");
@@ -153,12 +154,12 @@ function appendTable(parent, lines, i, depth) {
   );
   const table = document.createElement("table");
   const head = table.createTHead().insertRow();
-  cells(lines[i]).forEach((cell, k) => head.append(aligned(inline("th", cell, depth), aligns[k])));
+  cells(lines[i]).forEach((cell, k) => head.append(aligned(auto(inline("th", cell, depth)), aligns[k])));
   const body = table.createTBody();
   i += 2;
   while (i < lines.length && lines[i].includes("|") && lines[i].trim()) {
     const row = body.insertRow();
-    cells(lines[i]).forEach((cell, k) => row.append(aligned(inline("td", cell, depth), aligns[k])));
+    cells(lines[i]).forEach((cell, k) => row.append(aligned(auto(inline("td", cell, depth)), aligns[k])));
     i += 1;
   }
   const scroller = element("div", table);
@@ -244,7 +245,21 @@ function link(match, depth) {
   anchor.href = href;
   anchor.target = "_blank";
   anchor.rel = "noopener noreferrer nofollow";
+  anchor.append(newTabNote());
   return anchor;
+}
+
+/** Said after a link's text: the link opens in a new tab. */
+export function newTabNote() {
+  const note = element("span", " (opens in a new tab)");
+  note.className = "visually-hidden";
+  return note;
+}
+
+/** Each block takes its direction from its own text (Arabic or Hebrew reads right to left). */
+function auto(node) {
+  node.dir = "auto";
+  return node;
 }
 
 function element(tag, ...children) {
