@@ -103,6 +103,14 @@ def test_the_page_fits_a_narrow_window(page: Page, tmp_path: Path) -> None:
             page.set_viewport_size(size)
             assert_fits(page, "#send", "#message")
             assert code.evaluate("n => n.scrollWidth > n.clientWidth")  # it scrolls itself
+        # A keyboard scrolls it too: Tab reaches it, an arrow key moves it.
+        expect(page.get_by_role("region", name="Code")).to_have_count(1)
+        expect(page.get_by_role("region", name="Table")).to_have_attribute("tabindex", "0")
+        code.focus()
+        page.keyboard.press("ArrowRight")
+        expect(code).to_be_focused()
+        page.wait_for_function("document.activeElement.scrollLeft > 0")  # bounded: WAIT_MS
+        expect(page.get_by_role("region", name="Conversation")).to_have_attribute("tabindex", "0")
         send(page, "Show me more")  # Stop shows beside Send while the turn runs
         expect(page.locator("#stop")).to_be_visible()
         for size in (NARROW, ZOOMED):
@@ -191,7 +199,9 @@ def test_a_card_takes_focus_from_the_message_box_and_says_what_it_needs(
         send(page, "Pay Bob 5 EUR")  # focus is in the message box
         card = page.locator(".card.approval")
         expect(card).to_be_focused()  # the card itself: a stray key decides nothing
+        expect(card.get_by_role("region", name="Arguments")).to_have_attribute("tabindex", "0")
         expect(page.locator("#announce")).to_have_text(re.compile(r"^Approval needed: Approve wire\?"))
+        page.keyboard.press("Tab")  # the arguments, which may scroll
         page.keyboard.press("Tab")
         expect(card.locator("[data-decision='approve']")).to_be_focused()
         page.keyboard.press("Enter")

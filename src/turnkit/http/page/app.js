@@ -27,7 +27,7 @@ import {
   withTurn,
   withTurns,
 } from "./projection.js";
-import { newTabNote, renderMarkdown } from "./markdown.js";
+import { newTabNote, renderMarkdown, scroller } from "./markdown.js";
 import { followTurn } from "./sse.js";
 
 const $ = (selector) => document.querySelector(selector);
@@ -582,7 +582,7 @@ function drawDecision(box, turn) {
     card.append(
       el("p", { class: "card-title" }, "Approve ", el("code", {}, pending.toolName ?? "this call"), "?"),
       el("p", { class: "summary", dir: "auto" }, pending.summary ?? ""),
-      el("pre", { class: "arguments" }, JSON.stringify(pending.arguments ?? {}, null, 2)),
+      scroller(el("pre", { class: "arguments" }, JSON.stringify(pending.arguments ?? {}, null, 2)), "Arguments"),
       el("div", { class: "actions" },
         el("button", { type: "button", class: "primary", "data-decision": "approve" }, "Approve"),
         el("button", { type: "button", "data-decision": "deny" }, "Deny")),

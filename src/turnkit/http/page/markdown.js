@@ -44,7 +44,7 @@ function appendBlocks(parent, lines, depth) {
       while (end < lines.length && !close.test(lines[end])) end += 1;
       const code = element("code", lines.slice(i + 1, end).join("\n"));
       if (fence[2]) code.className = `language-${fence[2]}`;
-      parent.append(element("pre", code));
+      parent.append(scroller(element("pre", code), "Code"));
       i = end + 1;
     } else if (block === "heading") {
       const [, marks, rest = ""] = HEADING.exec(line);
@@ -162,9 +162,9 @@ function appendTable(parent, lines, i, depth) {
     cells(lines[i]).forEach((cell, k) => row.append(aligned(auto(inline("td", cell, depth)), aligns[k])));
     i += 1;
   }
-  const scroller = element("div", table);
-  scroller.className = "table";
-  parent.append(scroller);
+  const wrapper = scroller(element("div", table), "Table");
+  wrapper.className = "table";
+  parent.append(wrapper);
   return i;
 }
 
@@ -254,6 +254,14 @@ export function newTabNote() {
   const note = element("span", " (opens in a new tab)");
   note.className = "visually-hidden";
   return note;
+}
+
+/** A box that scrolls sideways: a keyboard reaches it (Tab, then the arrow keys). */
+export function scroller(node, name) {
+  node.tabIndex = 0;
+  node.setAttribute("role", "region");
+  node.setAttribute("aria-label", name);
+  return node;
 }
 
 /** Each block takes its direction from its own text (Arabic or Hebrew reads right to left). */
