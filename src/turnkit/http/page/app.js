@@ -14,8 +14,6 @@ import {
   TERMINAL,
   apply,
   emptyState,
-  isEnded,
-  isFadedNarration,
   liveTurn,
   queued,
   withAnswered,
@@ -27,8 +25,10 @@ import {
   withTurn,
   withTurns,
 } from "./projection.js";
-import { newTabNote, renderMarkdown, scroller } from "./markdown.js";
 import { followTurn } from "./sse.js";
+import { drawTurn, el, newTurnElement, placeAfter, setText } from "./turn_view.js";
+
+export { usd } from "./turn_view.js"; // the page tests check its rule against the CLI's
 
 const $ = (selector) => document.querySelector(selector);
 const ui = {
@@ -387,286 +387,13 @@ function renderTurns(container, items) {
     let node = container.querySelector(`:scope > [data-turn-id="${CSS.escape(turn.turnId)}"]`);
     if (!node) node = newTurnElement(turn.turnId);
     setText(node.firstChild, `Turn ${index + 1}`);
-    drawTurn(node, turn);
+    drawTurn(node, turn, { busy: ui.busy, announce });
     placeAfter(container, node, previous);
     previous = node;
     seen.add(node);
   });
   for (const child of [...container.children]) if (!seen.has(child)) child.remove();
   $("#empty").hidden = wanted.length > 0;
-}
-
-function newTurnElement(turnId) {
-  // Each turn is an article named by its heading ("Turn 2"), for moving turn by turn.
-  const heading = `turn-heading-${turnId}`;
-  const node = el("article", { class: "turn", "data-turn-id": turnId, "aria-labelledby": heading });
-  node.append(
-    el("h2", { class: "visually-hidden", id: heading }),
-    el("div", { class: "blocks" }),
-    el("div", { class: "decision" }),
-    el("footer", { class: "meta" }),
-  );
-  node.blockNodes = new Map();
-  return node;
-}
-
-function drawTurn(node, turn) {
-  node.dataset.status = turn.status;
-  node.classList.toggle("ended", isEnded(turn));
-  const blocks = node.querySelector(".blocks");
-  const keep = new Set();
-  let previous = null;
-  turn.blocks.forEach((block, index) => {
-    let child = node.blockNodes.get(block.key);
-    if (!child || child.dataset.kind !== block.kind) {
-      child = newBlockElement(block.kind);
-      node.blockNodes.set(block.key, child);
-    }
-    drawBlock(child, block, turn, index);
-    placeAfter(blocks, child, previous);
-    previous = child;
-    keep.add(block.key);
-  });
-  for (const [key, child] of node.blockNodes) {
-    if (!keep.has(key)) {
-      child.remove();
-      node.blockNodes.delete(key);
-    }
-  }
-  drawDecision(node.querySelector(".decision"), turn);
-  setText(node.querySelector(".meta"), metaOf(turn));
-}
-
-function newBlockElement(kind) {
-  const node = el(kind === "thinking" ? "details" : "div", { class: `block ${kind}`, "data-kind": kind });
-  if (kind === "thinking") node.append(el("summary", {}, "Thinking"));
-  if (kind === "tool") {
-    node.append(
-      el("span", { class: "icon", "aria-hidden": "true" }),
-      el("span", { class: "status visually-hidden" }),
-      el("span", { class: "name" }),
-      el("span", { class: "args" }),
-      el("span", { class: "duration" }),
-      el("div", { class: "detail" }),
-      el("div", { class: "job" }, el("progress", { max: "1" }), el("span", { class: "job-message" })),
-    );
-    return node;
-  }
-  if (kind === "tasks") {
-    node.append(el("h3", {}, "Tasks"), el("ul"));
-    return node;
-  }
-  // Who speaks, for a screen reader: your message and the answer look alike to it.
-  if (kind === "user") node.append(el("span", { class: "visually-hidden who" }, "You:"));
-  if (kind === "text") node.append(el("span", { class: "visually-hidden who" }, "Answer:"));
-  node.append(el(kind === "text" ? "div" : "p", { class: "text", ...(kind === "user" ? { dir: "auto" } : {}) }));
-  if (kind === "text") node.append(el("span", { class: "badge" }, "interrupted"), el("ol", { class: "citations" }));
-  return node;
-}
-
-function drawBlock(node, block, turn, index) {
-  const text = node.querySelector(":scope > .text");
-  switch (block.kind) {
-    case "user":
-      setText(text, block.attachments ? `${block.text} (+${block.attachments} picture(s))` : block.text);
-      break;
-    case "text":
-      setMarkdown(text, block.text);
-      node.classList.toggle("answer", block.isAnswer);
-      node.classList.toggle("narration", !block.isAnswer);
-      node.classList.toggle("streaming", !block.complete);
-      node.classList.toggle("interrupted", block.interrupted);
-      node.classList.toggle("faded", isFadedNarration(turn, index));
-      setText(node.querySelector(".who"), block.isAnswer ? "Answer:" : "Assistant:");
-      drawCitations(node.querySelector(".citations"), block.citations);
-      break;
-    case "thinking":
-      setText(text, block.summary);
-      node.classList.toggle("faded", isFadedNarration(turn, index));
-      break;
-    case "tool":
-      drawTool(node, block);
-      break;
-    case "tasks":
-      drawTasks(node.querySelector("ul"), block.tasks);
-      break;
-    case "error":
-      setText(text, `${block.message} (${block.code})`);
-      break;
-    default:
-      setText(text, block.text);
-  }
-}
-
-const TOOL_ICONS = {
-  preparing: "…",
-  running: "",
-  awaiting_approval: "?",
-  awaiting_input: "?",
-  succeeded: "✓",
-  failed: "✗",
-  not_finished: "–", // the turn ended (stopped, failed) before the call was decided or done
-};
-
-const TOOL_STATES = {
-  preparing: "being prepared:",
-  running: "running:",
-  awaiting_approval: "waiting for approval:",
-  awaiting_input: "waiting for your answer:",
-  succeeded: "succeeded:",
-  failed: "failed:",
-  not_finished: "not finished:",
-};
-
-function drawTool(node, block) {
-  node.dataset.status = block.status;
-  setText(node.querySelector(".icon"), TOOL_ICONS[block.status] ?? "");
-  setText(node.querySelector(".status"), TOOL_STATES[block.status] ?? block.status);
-  setText(node.querySelector(".name"), block.toolName ?? "tool");
-  setText(node.querySelector(".args"), argumentsOf(block));
-  setText(node.querySelector(".duration"), toolDuration(block));
-  const detail = block.status === "failed" ? block.error ?? block.code : block.argumentsError;
-  setText(node.querySelector(".detail"), [detail, block.inDoubt && `in doubt: ${block.inDoubt}`].filter(Boolean).join(" · "));
-  const job = node.querySelector(".job");
-  job.hidden = !block.job;
-  if (block.job) {
-    const bar = job.querySelector("progress");
-    if (block.job.progress === null) bar.removeAttribute("value");
-    else bar.value = block.job.progress;
-    const state = block.job.done ? (block.job.isError ? "job failed" : "job done") : "";
-    setText(job.querySelector(".job-message"), [block.job.message, state].filter(Boolean).join(" · "));
-  }
-}
-
-function drawTasks(list, tasks) {
-  list.replaceChildren(
-    ...tasks.map((task) => {
-      const item = el("li", { class: `task ${task.status}`, "data-status": task.status });
-      item.textContent = task.title;
-      return item;
-    }),
-  );
-}
-
-function drawCitations(list, citations) {
-  if (list.childElementCount === citations.length) return;
-  list.replaceChildren(
-    ...citations.map((c) => {
-      const item = el("li");
-      const label = c.title || c.source;
-      if (c.url && /^https?:\/\//i.test(c.url)) item.append(el("a", { href: c.url, rel: "noreferrer", target: "_blank" }, label, newTabNote()));
-      else item.append(label);
-      if (c.quote) item.append(el("q", {}, c.quote));
-      return item;
-    }),
-  );
-}
-
-function drawDecision(box, turn) {
-  const pending = turn.pending;
-  const key = pending ? pending.requestId : "";
-  box.querySelectorAll("button").forEach((b) => (b.disabled = ui.busy.has(key)));
-  if (box.dataset.requestId === key) return; // keep what the person is typing
-  box.dataset.requestId = key;
-  box.replaceChildren();
-  if (!pending) return;
-  const label = pending.kind === "approval" ? "Approval needed" : "Question";
-  const card = el("div", {
-    class: `card ${pending.kind}`,
-    role: "group",
-    "aria-label": label,
-    tabindex: "-1",
-    "data-request-id": pending.requestId,
-  });
-  if (pending.kind === "approval") {
-    card.append(
-      el("p", { class: "card-title" }, "Approve ", el("code", {}, pending.toolName ?? "this call"), "?"),
-      el("p", { class: "summary", dir: "auto" }, pending.summary ?? ""),
-      scroller(el("pre", { class: "arguments" }, JSON.stringify(pending.arguments ?? {}, null, 2)), "Arguments"),
-      el("div", { class: "actions" },
-        el("button", { type: "button", class: "primary", "data-decision": "approve" }, "Approve"),
-        el("button", { type: "button", "data-decision": "deny" }, "Deny")),
-    );
-  } else {
-    const choices = pending.choices.map((choice) => el("button", { type: "button", "data-choice": choice }, choice));
-    card.append(
-      el("p", { class: "card-title", dir: "auto" }, pending.question ?? ""),
-      el("div", { class: "actions" }, ...choices),
-      el("form", { class: "answer" },
-        el("input", { name: "answer", placeholder: "Your answer", autocomplete: "off", "aria-label": "Your answer" }),
-        el("button", { type: "submit", class: "primary" }, "Answer")),
-    );
-  }
-  box.append(card);
-  const asked = pending.kind === "approval" ? [`Approve ${pending.toolName ?? "this call"}?`, pending.summary] : [pending.question];
-  announce(`${label}: ${asked.filter(Boolean).join(" ")}`);
-  // The card takes focus from nowhere, or from an empty message box (the message that
-  // led here was just sent): the card itself, so a stray key decides nothing.
-  const focused = document.activeElement;
-  const message = $("#message");
-  if (!focused || focused === document.body || (focused === message && !message.value)) card.focus();
-}
-
-const STATUS = {
-  running: "Working…",
-  awaiting_approval: "Waiting for your approval",
-  awaiting_input: "Waiting for your answer",
-  awaiting_budget: "Paused: out of budget",
-  succeeded: "Done",
-  failed: "Failed",
-  timed_out: "Timed out",
-  cancelled: "Stopped",
-};
-
-function metaOf(turn) {
-  const parts = [STATUS[turn.status] ?? turn.status];
-  if (turn.errorCode && turn.status !== "cancelled") parts[0] += ` (${turn.errorCode})`;
-  if (turn.connection === "reconnecting" && !turn.done) parts.push("reconnecting…");
-  if (turn.connection === "lost" && !turn.done) parts.push("connection lost");
-  const cost = turn.cost;
-  if (cost) {
-    parts.push(usd(cost.costUsd));
-    parts.push(`${cost.inputTokens.toLocaleString()} in / ${cost.outputTokens.toLocaleString()} out tokens`);
-    if (cost.durationMs !== null) parts.push(duration(cost.durationMs));
-  }
-  return parts.join(" · ");
-}
-
-// ── small helpers ─────────────────────────────────────────────────────────────────
-
-function el(tag, attributes = {}, ...children) {
-  const node = document.createElement(tag);
-  for (const [name, value] of Object.entries(attributes)) node.setAttribute(name, value);
-  node.append(...children);
-  return node;
-}
-
-function setText(node, text) {
-  if (node.textContent !== text) node.textContent = text;
-}
-
-// The model's text, drawn as Markdown again only when it changed (each streamed delta).
-const drawnMarkdown = new WeakMap();
-function setMarkdown(node, text) {
-  if (drawnMarkdown.get(node) === text) return;
-  try {
-    node.replaceChildren(renderMarkdown(text));
-  } catch {
-    node.textContent = text; // text the renderer cannot draw still shows, as written
-  }
-  drawnMarkdown.set(node, text);
-}
-
-function placeAfter(parent, node, previous) {
-  const want = previous ? previous.nextSibling : parent.firstChild;
-  if (want !== node) parent.insertBefore(node, want);
-}
-
-/** A finished call's duration; a running call's time so far, ticking (see `tick`). */
-function toolDuration(block) {
-  if (block.durationMs !== null) return duration(block.durationMs);
-  if (block.status !== "running" || !block.startedAt) return "";
-  return duration(Math.max(0, Date.now() - Date.parse(block.startedAt)));
 }
 
 function tick() {
@@ -676,28 +403,6 @@ function tick() {
   if (running) schedule();
 }
 
-function argumentsOf(block) {
-  if (!block.arguments) return block.chars ? `${block.chars} characters…` : "";
-  const text = Object.entries(block.arguments)
-    .map(([name, value]) => `${name}=${JSON.stringify(value)}`)
-    .join(", ");
-  return text.length > 90 ? `${text.slice(0, 89)}…` : text;
-}
-
-// A cost in dollars, as the CLI prints it: cents from $1 up, three significant digits
-// below, `$0` for none.
-export function usd(cost) {
-  if (!(cost > 0)) return "$0";
-  if (cost >= 1) {
-    return "$" + cost.toLocaleString("en-US", { minimumFractionDigits: 2, maximumFractionDigits: 2 });
-  }
-  const decimals = Math.min(100, 2 - Math.floor(Math.log10(cost)));
-  return "$" + cost.toFixed(decimals).replace(/0+$/, "").replace(/\.$/, "");
-}
-
-function duration(ms) {
-  return ms < 1000 ? `${Math.round(ms)} ms` : `${(ms / 1000).toFixed(1)} s`;
-}
 
 
 function sessionFromHash() {
