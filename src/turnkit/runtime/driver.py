@@ -49,6 +49,7 @@ from turnkit.stages._plugins import guard_input, on_events
 from turnkit.stages._types import Route, TranscriptMessage
 from turnkit.states import awaiting
 from turnkit.store import Lease, Store, TurnRecord, UnreadableEvent
+from turnkit.store.sql import database_unavailable
 from turnkit.telemetry import Publish, Recorder
 
 __all__ = ("DriveSetup", "TurnDriver", "renewal_due")
@@ -195,11 +196,7 @@ class TurnDriver:
             if self.recorder is not None:
                 await self._ending_or_recovery(self._end_failed(self.recorder, exc))
         except Exception as exc:  # noqa: BLE001 - any bug still ends the turn with a clear state
-            if self.recorder is not None:
-                unexpected = InternalError(
-                    f"unexpected {type(exc).__name__} inside the turn: {exc}"
-                )
-                await self._ending_or_recovery(self._end_failed(self.recorder, unexpected))
+            await self._failed_unexpectedly(exc)
         finally:
             await self._join_commit_ahead()
             await self._end_carrying(keep=False)  # if the turn did not end as it should
@@ -213,6 +210,21 @@ class TurnDriver:
         """A turn that ended here: its checkpoints resume nothing now (see `Aftermath`)."""
         if self.ended and not self.lease_lost and self.aftermath is not None:
             self.aftermath.ended(self.lease.turn_id)
+
+    async def _failed_unexpectedly(self, exc: Exception) -> None:
+        """A bug ends the turn `internal-error`; a database that cannot write now does not.
+
+        A checkpoint refused by a full disk or a read-only server (a failover) is an outage
+        like one out of reach: the turn is left for an attempt that finds it mended.
+        """
+        if database_unavailable(exc):
+            self._left_to_recovery(
+                StoreUnavailableError(f"{type(exc).__name__}: {str(exc).splitlines()[0]}")
+            )
+            return
+        if self.recorder is not None:
+            unexpected = InternalError(f"unexpected {type(exc).__name__} inside the turn: {exc}")
+            await self._ending_or_recovery(self._end_failed(self.recorder, unexpected))
 
     def _left_to_recovery(self, exc: StoreUnavailableError) -> None:
         """Nothing more of this attempt can be written: it stops, and leaves the turn.

@@ -152,7 +152,7 @@ class PgConnections:
     def _unavailable(self, exc: BaseException) -> StoreUnavailableError:
         """What a database out of reach raises (nothing was written)."""
         return StoreUnavailableError(
-            f"the database cannot be reached ({type(exc).__name__}: {first_line(exc)}); "
+            f"the database {_why_unavailable(exc)} ({type(exc).__name__}: {first_line(exc)}); "
             "nothing was written, retry shortly",
             url=self._shown_url(),
         )
@@ -185,7 +185,12 @@ def shown_url(url: str) -> str:
 
 
 def is_unreachable(exc: BaseException) -> bool:
-    """A failure to reach the database (refused, reset, shutting down), not a bad statement."""
+    """The database cannot take the statement now, whatever the statement.
+
+    Out of reach (refused, reset, shutting down), or reached but unable to write for now:
+    a read-only server (a replica after a failover), a full disk, no memory or no
+    connections left. Not a bad statement: the same one succeeds once it is mended.
+    """
     if isinstance(exc, OSError):
         return True
     if isinstance(exc, DBAPIError) and exc.connection_invalidated:
@@ -200,8 +205,31 @@ def is_unreachable(exc: BaseException) -> bool:
             return False
         if isinstance(driver, OSError) or type(driver).__name__ in UNREACHABLE_DRIVER_ERRORS:
             return True
-        driver = driver.__cause__
+        if str(getattr(driver, "sqlstate", "")).startswith(UNAVAILABLE_SQLSTATES):
+            return True
+        driver = getattr(driver, "orig", None) or driver.__cause__
     return False
+
+
+def _why_unavailable(exc: BaseException) -> str:
+    """`cannot be reached`, or for a server that answered, why it takes no writes now."""
+    driver: BaseException | None = exc
+    for _ in range(4):
+        if driver is None:
+            break
+        state = str(getattr(driver, "sqlstate", ""))
+        if state == "25006":
+            return "is read-only"
+        if state.startswith("53"):
+            return "is out of disk, memory or connections"
+        driver = getattr(driver, "orig", None) or driver.__cause__
+    return "cannot be reached"
+
+
+UNAVAILABLE_SQLSTATES = ("08", "25006", "53", "57P")
+"""SQLSTATEs (or their classes) of a server that cannot take statements now: connection
+exceptions, a read-only transaction, insufficient resources (disk full, out of memory,
+too many connections), an operator's shutdown."""
 
 
 _UNSTORABLE_TEXT = frozenset({"22021", "22P05"})

@@ -1,0 +1,147 @@
+"""A PostgreSQL server that answers but takes no writes (read-only after a failover, a full
+disk) is an outage to ride out: nothing is half-written, HTTP says 503, and a turn whose
+checkpoint it refused is left for recovery, not failed for good."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import asyncpg
+import httpx
+import pytest
+from fastapi import FastAPI
+
+from tests.conftest import POSTGRES_URL, require_service
+from turnkit import Agent, RuntimeConfig, SessionRuntime
+from turnkit.errors import StoreUnavailableError
+from turnkit.http import create_turnkit_router, install_problem_handlers
+from turnkit.ids import SessionId
+from turnkit.store.sql import SqlStore, database_unavailable
+from turnkit.testing import ModelStep, ScriptedModel
+
+
+@pytest.fixture
+async def read_only() -> AsyncIterator[tuple[str, str]]:
+    """(URL of a role whose transactions are read-only, schema set up for it)."""
+    require_service("PostgreSQL", "127.0.0.1", 5432)
+    role, schema = f"tk_ro_{uuid.uuid4().hex[:8]}", f"tk_test_{uuid.uuid4().hex[:12]}"
+    config = RuntimeConfig(database_url=POSTGRES_URL, database_schema=schema)
+    async with SessionRuntime(agent=Agent(model=ScriptedModel([])), config=config):
+        pass  # the tables and the checkpoints', as a writable role made them
+    admin = await asyncpg.connect(POSTGRES_URL)
+    try:
+        await admin.execute(f"CREATE ROLE {role} LOGIN")
+        await admin.execute(f"ALTER ROLE {role} SET default_transaction_read_only = on")
+        await admin.execute(f'GRANT ALL ON SCHEMA "{schema}" TO {role}')
+        await admin.execute(f'GRANT ALL ON ALL TABLES IN SCHEMA "{schema}" TO {role}')
+        await admin.execute(f'GRANT ALL ON ALL SEQUENCES IN SCHEMA "{schema}" TO {role}')
+        yield POSTGRES_URL.replace("postgres@", f"{role}@", 1), schema
+    finally:
+        await admin.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        await admin.execute(f"DROP OWNED BY {role}")
+        await admin.execute(f"DROP ROLE IF EXISTS {role}")
+        await admin.close()
+
+
+async def test_a_read_only_server_is_unavailable_not_a_bug(read_only: tuple[str, str]) -> None:
+    url, schema = read_only
+    store = SqlStore.from_url(url, schema=schema)
+    try:
+        with pytest.raises(StoreUnavailableError, match="is read-only") as caught:
+            await store.create_session(
+                SessionId("s1"), principal=None, organisation=None, title=None
+            )
+        assert "retry shortly" in caught.value.message
+    finally:
+        await store.close()
+
+    config = RuntimeConfig(database_url=url, database_schema=schema, auto_migrate=False)
+    starting = SessionRuntime(agent=Agent(model=ScriptedModel([])), config=config)
+    with pytest.raises(StoreUnavailableError, match="takes no writes now"):
+        await starting.open()  # one line from `turnkit serve`, not a driver's traceback
+    await starting.close()
+
+    # A process that opened before the server turned read-only: its Store now refuses.
+    store = SqlStore.from_url(url, schema=schema)
+    config = RuntimeConfig(database_url=POSTGRES_URL, database_schema=schema)
+    runtime = SessionRuntime(agent=Agent(model=ScriptedModel([])), config=config, store=store)
+    app = FastAPI()
+    install_problem_handlers(app)
+    app.include_router(create_turnkit_router(runtime))
+    await runtime.open()
+    try:
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://test"
+        ) as http:
+            answer = await http.post("/api/harness/sessions/s1/execute", json={"content": "hi"})
+    finally:
+        await runtime.close()
+        await store.close()
+    assert answer.status_code == 503, answer.text  # was a bare 500 "Internal Server Error"
+    assert answer.json()["code"] == "store-unavailable"
+    assert answer.headers["retry-after"]
+
+
+async def _refusal(read_only: tuple[str, str]) -> BaseException:
+    """The error a read-only server raises for a write, as asyncpg gives it."""
+    url, schema = read_only
+    conn = await asyncpg.connect(url, server_settings={"search_path": schema})
+    try:
+        await conn.execute("INSERT INTO tk_sessions (session_id) VALUES ('x')")
+    except asyncpg.PostgresError as exc:
+        return exc
+    finally:
+        await conn.close()
+    raise AssertionError("the role wrote")
+
+
+async def test_a_checkpoint_the_server_refuses_leaves_the_turn_to_recovery(
+    read_only: tuple[str, str],
+) -> None:
+    refusal = await _refusal(read_only)
+    assert database_unavailable(refusal)
+    _, schema = read_only
+    config = RuntimeConfig(
+        database_url=POSTGRES_URL, database_schema=schema, lease_ttl_s=1.0, max_attempts=3
+    )
+    model = ScriptedModel([ModelStep.text_reply("Answered on the second attempt.")])
+    async with SessionRuntime(agent=Agent(model=model), config=config) as runtime:
+        saver: Any = runtime._graph.checkpointer  # type: ignore[union-attr]  # pyright: ignore[reportPrivateUsage]
+        put = saver.aput
+        refused = []
+
+        async def refuse_once(*args: Any, **kwargs: Any) -> Any:
+            if not refused:
+                refused.append(True)
+                raise refusal  # the disk filled up, or the server became a replica
+            return await put(*args, **kwargs)
+
+        saver.aput = refuse_once
+        submission = await runtime.start("s1", "hello")
+        async with asyncio.timeout(20):
+            while not refused:
+                await asyncio.sleep(0.02)
+        for _ in range(50):  # a second: the old code failed the turn at once
+            record = await runtime.turn(submission.turn_id)
+            if record.status != "running":
+                break
+            await asyncio.sleep(0.02)
+        assert record.status == "running"  # not `failed`: nothing was wrong with the turn
+        assert record.error_code is None
+
+    recovery = RuntimeConfig(
+        database_url=POSTGRES_URL,
+        database_schema=schema,
+        lease_ttl_s=1.0,
+        recover_in_process=True,
+    )
+    again = ScriptedModel([ModelStep.text_reply("Answered on the second attempt.")])
+    async with SessionRuntime(agent=Agent(model=again), config=recovery) as runtime:
+        async with asyncio.timeout(30):
+            while (record := await runtime.turn(submission.turn_id)).status == "running":
+                await asyncio.sleep(0.1)
+    assert record.status == "succeeded"
+    assert record.attempts == 2
