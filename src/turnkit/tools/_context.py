@@ -40,7 +40,9 @@ class ToolContext(Generic[DepsT]):
         deps: The app's dependencies for this turn (a pool, a client, permissions), as
             given with the message in this process, else built by the runtime's `deps`
             factory: after a pause, a restart or on a worker they are built again, never
-            read back from the store. None when the app supplies none.
+            read back from the store. None when the app supplies none; a tool that
+            declares `ToolContext[Deps]` with a class for `Deps` is then not run (its call
+            fails saying the turn has no deps).
         callback_token: A token naming only this turn, for work the tool hands to another
             process (a job runner, a remote tool) to report back with
             (`SessionRuntime.report_job_progress`, `POST /turns/{id}/callback`). None when

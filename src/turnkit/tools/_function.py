@@ -4,6 +4,7 @@ import asyncio
 import inspect
 import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from types import SimpleNamespace
 from typing import Any, Final, cast, get_args, get_origin, get_type_hints, overload
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError, create_model
@@ -72,6 +73,50 @@ def _is_context(annotation: object) -> bool:
     return any(_is_context(arg) for arg in get_args(annotation) if arg is not type(None))
 
 
+def _deps_type(annotation: object) -> type | None:
+    """`Deps` of a `ToolContext[Deps]` annotation when it is a class (not None, not Any)."""
+    if get_origin(annotation) is ToolContext:
+        (deps,) = get_args(annotation)
+        return deps if isinstance(deps, type) and deps is not type(None) else None
+    for arg in get_args(annotation):
+        found = _deps_type(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _hints(fn: ToolFunction, name: str) -> dict[str, Any]:
+    """`fn`'s type hints, resolved.
+
+    A `ToolContext[...]` hint naming a type imported only for type checking (under
+    `if TYPE_CHECKING:`) is taken as a plain `ToolContext`: its deps type plays no part in
+    the schema.
+    """
+    try:
+        return get_type_hints(fn, include_extras=True)
+    except NameError as exc:
+        unresolved = exc
+    patched = {
+        param: ToolContext if isinstance(hint, str) and _names_context(hint) else hint
+        for param, hint in inspect.get_annotations(fn).items()
+    }
+    holder = SimpleNamespace(__annotations__=patched, __globals__=getattr(fn, "__globals__", {}))
+    try:
+        return get_type_hints(holder, include_extras=True)
+    except NameError:
+        raise ConfigurationError(
+            f"cannot resolve the type hints of tool {name!r}: {unresolved}"
+        ) from unresolved
+
+
+def _names_context(hint: str) -> bool:
+    """A hint written as `ToolContext[...]` (or `turnkit.ToolContext[...]`, or optional)."""
+    return any(
+        part.split("[", 1)[0].strip().rsplit(".", 1)[-1] == "ToolContext"
+        for part in hint.split("|")
+    )
+
+
 class FunctionTool:
     """A tool made from a typed Python function (sync or async)."""
 
@@ -99,6 +144,8 @@ class FunctionTool:
         self.description = description or doc.split("\n\n", 1)[0].strip() or self._name
         self._is_async = inspect.iscoroutinefunction(fn)
         self._context_param: str | None = None
+        self._deps_type: type | None = None
+        """The `Deps` of a `ToolContext[Deps]` parameter: the call needs deps."""
         self._args_model = self._build_model(fn, _param_docs(doc))
         schema = self._args_model.model_json_schema()
         schema.pop("title", None)
@@ -115,17 +162,13 @@ class FunctionTool:
         return self._name
 
     def _build_model(self, fn: ToolFunction, docs: dict[str, str]) -> type[BaseModel]:
-        try:
-            hints = get_type_hints(fn, include_extras=True)
-        except NameError as exc:
-            raise ConfigurationError(
-                f"cannot resolve the type hints of tool {self._name!r}: {exc}"
-            ) from exc
+        hints = _hints(fn, self._name)
         fields: dict[str, Any] = {}
         for param in inspect.signature(fn).parameters.values():
             annotation = hints.get(param.name, Any)
             if _is_context(annotation):
                 self._context_param = param.name
+                self._deps_type = _deps_type(annotation)
                 continue
             if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
                 raise ConfigurationError(
@@ -159,6 +202,12 @@ class FunctionTool:
         """Validate the arguments, run the function, return its result as JSON."""
         kwargs = self.validate(arguments)
         if self._context_param is not None:
+            if ctx.deps is None and self._deps_type is not None:
+                raise ConfigurationError(
+                    f"the tool {self._name!r} takes ToolContext[{self._deps_type.__name__}], "
+                    "but this turn has no deps: give SessionRuntime(deps=...) a factory "
+                    "(or pass deps= with the message)"
+                )
             kwargs[self._context_param] = ctx
         if self._is_async:
             result = await cast(Callable[..., Awaitable[Any]], self.fn)(**kwargs)

@@ -1,0 +1,74 @@
+"""A tool that takes `ToolContext[Deps]` gets deps or a clear failure, never `None.x`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from turnkit import Agent, DepsScope, RuntimeConfig, SessionRuntime, ToolContext, tool
+from turnkit.events import ToolCompletedEvent, ToolFailedEvent
+from turnkit.testing import ModelStep, ScriptedModel, call, collect_events
+
+
+@dataclass(frozen=True)
+class AppDeps:
+    tenant: str
+
+
+@tool
+async def whoami(ctx: ToolContext[AppDeps]) -> str:
+    """Say which tenant calls."""
+    return ctx.deps.tenant
+
+
+@tool
+async def anyone(ctx: ToolContext) -> str:
+    """Work without deps."""
+    return "no deps needed" if ctx.deps is None else "deps"
+
+
+def _runtime(tmp_path: Path, tools: list[object], **kwargs: object) -> SessionRuntime:
+    steps = [ModelStep.tool_call_reply(call(t.name)) for t in tools]  # type: ignore[attr-defined]
+    model = ScriptedModel([*steps, ModelStep.text_reply("Done.")])
+    config = RuntimeConfig(database_url=f"sqlite:///{tmp_path / 'deps.db'}")
+    return SessionRuntime(agent=Agent(model=model, tools=tools), config=config, **kwargs)  # type: ignore[arg-type]
+
+
+async def test_a_tool_that_needs_deps_says_so_when_none_were_given(tmp_path: Path) -> None:
+    async with _runtime(tmp_path, [whoami, anyone]) as runtime:
+        events = await collect_events(runtime.execute_message("s1", "who?"))
+    [failed] = [e for e in events if isinstance(e, ToolFailedEvent)]
+    assert failed.result.error is not None
+    assert "takes ToolContext[AppDeps], but this turn has no deps" in failed.result.error
+    assert "SessionRuntime(deps=...)" in failed.result.error
+    assert "NoneType" not in failed.result.error  # was: 'NoneType' object has no attribute
+    [done] = [e for e in events if isinstance(e, ToolCompletedEvent)]
+    assert done.result.output == "no deps needed"  # a plain ToolContext runs as before
+
+
+async def test_deps_from_the_factory_reach_it(tmp_path: Path) -> None:
+    def factory(scope: DepsScope) -> AppDeps:
+        return AppDeps(tenant="acme")
+
+    async with _runtime(tmp_path, [whoami], deps=factory) as runtime:
+        events = await collect_events(runtime.execute_message("s1", "who?"))
+    [done] = [e for e in events if isinstance(e, ToolCompletedEvent)]
+    assert done.result.output == "acme"
+
+
+async def test_a_deps_type_imported_for_type_checking_only_still_builds(tmp_path: Path) -> None:
+    from tests.tools_support.late_deps import tenant_of  # was: ConfigurationError at import
+
+    assert "ctx" not in str(tenant_of.spec().parameters)  # the context is not an argument
+    step = ModelStep.tool_call_reply(call("tenant_of", ticket=7))
+    model = ScriptedModel([step, ModelStep.text_reply("Done.")])
+    config = RuntimeConfig(database_url=f"sqlite:///{tmp_path / 'late.db'}")
+    runtime = SessionRuntime(
+        agent=Agent(model=model, tools=[tenant_of]),
+        config=config,
+        deps=lambda scope: AppDeps(tenant="globex"),
+    )
+    async with runtime:
+        events = await collect_events(runtime.execute_message("s1", "ticket 7?"))
+    [done] = [e for e in events if isinstance(e, ToolCompletedEvent)]
+    assert done.result.output == "ticket 7 of globex"
