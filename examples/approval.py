@@ -47,7 +47,7 @@ async def main() -> None:
         async for frame in second.reader().follow(request.turn_id, after_seq=request.seq):
             if isinstance(frame, Frame) and frame.seq is not None:
                 event = decode_event(frame.data)
-                print(f"#{event.seq} {event.type}")
+                print(f"#{frame.seq} {event.type}")
                 if event.type == "done":
                     break
         [turn] = await second.history("bank")

@@ -97,16 +97,16 @@ async def main() -> None:
         events = await collect_events(
             runtime.execute_message("s1", "Price of ACME? Buy 5.", principal="viewer")
         )
-        streamed = "".join(e.text for e in events if e.type == "message.delta")  # type: ignore[attr-defined]
+        streamed = "".join(e.text for e in events if e.type == "message.delta")
         print("streamed:", streamed)  # "[—]" from the first chunk that shows it
         for event in events:
             if event.type == "tool.failed":
-                print("denied:", event.result.error)  # type: ignore[attr-defined]
+                print("denied:", event.result.error)
             if isinstance(event, PluginEmittedEvent):
                 print("plugin event:", event.name, event.data)
             if isinstance(event, GuardrailEvent):
                 print("guardrail:", event.kind, event.action)
-        rows = await runtime.audit(events[0].turn_id)  # type: ignore[attr-defined]
+        rows = await runtime.audit(events[0].turn_id)
         print("audit:", [r.plugin_payloads for r in rows if r.plugin_payloads])
         [turn] = await runtime.history("s1")
         print("answer:", turn.answer)

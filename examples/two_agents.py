@@ -81,7 +81,7 @@ async def main() -> None:
                 settings=ModelSettings(seed=7) if agent else None,  # this message only
             ):
                 if event.type == "tool.completed":
-                    print(f"  tool -> {event.result.output}")  # type: ignore[attr-defined]
+                    print(f"  tool -> {event.result.output}")
                 if isinstance(event, MessageCompleteEvent) and event.block.is_answer:
                     record = await runtime.turn(event.turn_id)
                     print(f"[{record.agent} v{record.pinned['agent_version']}] {event.block.text}")

@@ -56,3 +56,14 @@ async def test_every_event_of_a_turn_fits_the_published_schema(
     assert base64.b64decode(picture["data"]) == PIXEL
     data = schema["$defs"]["ImagePart"]["properties"]["data"]["anyOf"][0]
     assert data == {"type": "string", "contentEncoding": "base64"}
+
+
+def test_the_durable_union_holds_every_durable_event_and_nothing_else() -> None:
+    import typing
+
+    from turnkit.events import DurableEvent, DurableStreamEvent, StreamEvent
+
+    every = typing.get_args(typing.get_args(StreamEvent)[0])
+    assert set(typing.get_args(DurableStreamEvent)) == {
+        cls for cls in every if issubclass(cls, DurableEvent)
+    }

@@ -15,8 +15,18 @@ USER_MODULE = '''
 import asyncio
 
 from turnkit import Agent, SessionRuntime, tool
+from turnkit.events import DurableStreamEvent
+from turnkit.plugins import Plugin, PluginContext
 from turnkit.testing import ModelStep, ScriptedModel, collect_events
 from turnkit.tools import FunctionTool
+
+
+class Watch(Plugin):
+    name = "watch"
+
+    async def on_event(self, ctx: PluginContext, event: DurableStreamEvent) -> None:
+        if event.type == "tool.completed":  # a durable event narrows on its type
+            print(event.seq, event.result.output)
 
 
 @tool(approval="always", name="pay")
@@ -35,6 +45,9 @@ async def main() -> None:
             elif event.type == "tool.completed":
                 print(event.result.output)
         await stream.aclose()
+        async for stored in runtime.events("turn_x"):
+            if stored.type == "done":
+                print(stored.seq, stored.status)
         events = await collect_events(runtime.execute_message("s1", "again"))
         last = events[-1]
         if last.type == "done":

@@ -34,6 +34,7 @@ from turnkit.states import TerminalStatus
 
 __all__ = (
     "STREAM_EVENT_ADAPTER",
+    "DurableStreamEvent",
     "ApprovalRequestedEvent",
     "BudgetPausedEvent",
     "CheckpointCreatedEvent",
@@ -609,6 +610,40 @@ StreamEvent = Annotated[
     Field(discriminator="type"),
 ]
 STREAM_EVENT_ADAPTER: TypeAdapter[StreamEvent] = TypeAdapter(StreamEvent)
+
+DurableStreamEvent = (
+    TurnStartedEvent
+    | InputGuidedEvent
+    | StepStartEvent
+    | StepEndEvent
+    | ThinkingCompleteEvent
+    | ToolStartedEvent
+    | ToolCompletedEvent
+    | ToolFailedEvent
+    | JobDispatchedEvent
+    | JobCompletedEvent
+    | ProviderCascadeEvent
+    | MessageCompleteEvent
+    | MessageCitationsEvent
+    | MessageEntitiesEvent
+    | ApprovalRequestedEvent
+    | BudgetPausedEvent
+    | ClarificationRequestedEvent
+    | GuardrailEvent
+    | PluginEmittedEvent
+    | CompactionCompletedEvent
+    | UsageEvent
+    | CheckpointCreatedEvent
+    | TurnRecoveringEvent
+    | SessionRenamedEvent
+    | ToolInDoubtEvent
+    | TasksUpdatedEvent
+    | RunFinishedEvent
+    | ErrorEvent
+    | DoneEvent
+)
+"""The events of `StreamEvent` that carry a `seq` (committed before they are sent), as
+one union: what `Plugin.on_event` and `SessionRuntime.events` give, narrowed on `type`."""
 
 
 def encode_event(event: DurableEvent | EphemeralEvent) -> bytes:

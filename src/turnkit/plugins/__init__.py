@@ -36,7 +36,7 @@ from pydantic import JsonValue
 
 from turnkit.blocks import TextBlock, ToolResultBlock
 from turnkit.errors import ConfigurationError
-from turnkit.events import Citation, DurableEvent, Entity
+from turnkit.events import Citation, DurableStreamEvent, Entity
 from turnkit.ids import SessionId, TurnId
 
 __all__ = (
@@ -207,8 +207,8 @@ class Plugin:
         """After a tool ran (or failed)."""
         return None
 
-    async def on_event(self, ctx: PluginContext, event: DurableEvent) -> None:
-        """After each durable event of the turn is committed."""
+    async def on_event(self, ctx: PluginContext, event: DurableStreamEvent) -> None:
+        """After each durable event of the turn is committed (narrow it on `event.type`)."""
         return None
 
     async def enrich_message(

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import cast
 
 from turnkit.audit import AuditRow
 from turnkit.errors import SessionNotFoundError, TurnNotFoundError
-from turnkit.events import StreamEvent
+from turnkit.events import DurableStreamEvent
 from turnkit.ids import SessionId, TurnId
 from turnkit.projection import PendingDecision, QueuedInput, SessionView, TurnView
 from turnkit.runtime._core import RuntimeCore
@@ -70,11 +71,13 @@ class RuntimeReads(RuntimeCore):
         """
         return list((await self.view(session_id)).queue)
 
-    async def events(self, turn_id: str, *, after_seq: int = 0) -> AsyncIterator[StreamEvent]:
-        """A turn's committed events after `after_seq`, in order."""
+    async def events(
+        self, turn_id: str, *, after_seq: int = 0
+    ) -> AsyncIterator[DurableStreamEvent]:
+        """A turn's committed events after `after_seq`, in order (each has a `seq`)."""
         await self.turn(turn_id)  # TurnNotFoundError if there is none
         async for stored in self.store.read_events(TurnId(turn_id), after_seq=after_seq):
-            yield stored.decode()
+            yield cast(DurableStreamEvent, stored.decode())  # only durable events are stored
 
     async def audit(self, turn_id: str) -> list[AuditRow]:
         """A turn's audit rows, in order."""

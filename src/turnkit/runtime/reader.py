@@ -49,7 +49,15 @@ from turnkit.replay import START, BufferEntry, ReplayBuffer
 from turnkit.states import TERMINAL_STATES
 from turnkit.store import Store, Submission, TurnProgress, TurnRecord
 
-__all__ = ("KEEPALIVE", "Frame", "TurnReader", "check_cursor", "parse_cursor", "set_once_sent")
+__all__ = (
+    "KEEPALIVE",
+    "Frame",
+    "KeepAlive",
+    "TurnReader",
+    "check_cursor",
+    "parse_cursor",
+    "set_once_sent",
+)
 
 _TERMINAL_TYPES: Final = frozenset({"done"})
 _CURSOR: Final = re.compile(r"(?:0|[1-9][0-9]{0,39})", re.ASCII)
@@ -71,12 +79,14 @@ class Frame:
     data: bytes
 
 
-class _KeepAlive:
+class KeepAlive:
+    """The type of `KEEPALIVE` (what a reader yields while it waits)."""
+
     def __repr__(self) -> str:
         return "KEEPALIVE"
 
 
-KEEPALIVE: Final = _KeepAlive()
+KEEPALIVE: Final = KeepAlive()
 """Yielded while the reader waits; send a comment so proxies keep the stream open."""
 
 
@@ -178,7 +188,7 @@ class TurnReader:
 
     async def follow(
         self, turn_id: TurnId, *, after_seq: int = 0
-    ) -> AsyncIterator[Frame | _KeepAlive]:
+    ) -> AsyncIterator[Frame | KeepAlive]:
         """Frames strictly after `after_seq`, ending with the turn's terminal event."""
         async for batch in self.follow_batches(turn_id, after_seq=after_seq):
             if isinstance(batch, list):
@@ -189,7 +199,7 @@ class TurnReader:
 
     async def follow_batches(
         self, turn_id: TurnId, *, after_seq: int = 0, submission: Submission | None = None
-    ) -> AsyncIterator[list[Frame] | _KeepAlive]:
+    ) -> AsyncIterator[list[Frame] | KeepAlive]:
         """`follow`, a batch at a time: the frames ready together, in order (never empty).
 
         A stream can send a batch in one write: the client cannot tell it from frames
