@@ -18,7 +18,7 @@ from turnkit import Agent, SessionRuntime, tool
 from turnkit.events import DurableStreamEvent
 from turnkit.plugins import Plugin, PluginContext
 from turnkit.testing import ModelStep, ScriptedModel, collect_events
-from turnkit.tools import FunctionTool
+from turnkit.tools import FunctionTool, ToolClass
 
 
 class Watch(Plugin):
@@ -56,6 +56,15 @@ async def main() -> None:
 
 
 tool_: FunctionTool = pay
+
+
+@tool(fallbacks=[pay])
+async def pay_first(to: str) -> str:
+    """Pay someone, another way when this fails."""
+    return to
+
+
+cascade: ToolClass = pay_first  # `@tool(fallbacks=...)` is a ToolClass, as documented
 asyncio.run(main())
 '''
 

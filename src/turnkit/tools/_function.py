@@ -15,6 +15,7 @@ from turnkit.models import ToolSpec
 from turnkit.pauses import ApprovalPolicy, check_approval_policy
 from turnkit.tools._context import ToolContext
 from turnkit.tools._errors import ToolArgumentsError, ToolResultError
+from turnkit.tools._protocol import Tool
 from turnkit.tools.cascade import ToolClass
 
 __all__ = ("NOT_APPLIED", "FunctionTool", "Reconcile", "tool")
@@ -261,10 +262,10 @@ def tool(
     *,
     name: str | None = None,
     description: str | None = None,
-    fallbacks: Sequence[FunctionTool],
+    fallbacks: Sequence[Tool],
     approval: ApprovalPolicy | None = None,
     reconcile: Reconcile | None = None,
-) -> Callable[[ToolFunction], FunctionTool | ToolClass]: ...
+) -> Callable[[ToolFunction], ToolClass]: ...
 
 
 def tool(
@@ -273,7 +274,7 @@ def tool(
     *,
     name: str | None = None,
     description: str | None = None,
-    fallbacks: Sequence[FunctionTool] = (),
+    fallbacks: Sequence[Tool] | None = None,
     approval: ApprovalPolicy | None = None,
     reconcile: Reconcile | None = None,
 ) -> Any:
@@ -301,7 +302,7 @@ def tool(
         made = FunctionTool(
             func, name=name, description=description, approval=approval, reconcile=reconcile
         )
-        if not fallbacks:
+        if fallbacks is None:
             return made
         return ToolClass(made.name, [made, *fallbacks])
 
