@@ -280,3 +280,18 @@ async def test_a_session_created_unnamed_takes_its_first_messages_name_and_keeps
     assert first is not None
     assert second is not None
     assert (first.title, second.title) == ("plan the offsite", "plan the offsite")
+
+
+async def test_a_session_is_read_by_its_id_and_an_unknown_one_is_refused(tmp_path: Path) -> None:
+    from turnkit.errors import SessionNotFoundError
+
+    model = ScriptedModel([ModelStep.text_reply("Hello.")])
+    config = RuntimeConfig(database_url=f"sqlite:///{tmp_path / 'session.db'}")
+    async with SessionRuntime(agent=Agent(model=model), config=config) as runtime:
+        done = await collect_events(runtime.execute_message("s1", "Plan my trip to Lisbon"))
+        session = await runtime.session("s1")
+        assert (session.session_id, session.title) == ("s1", "Plan my trip to Lisbon")
+        with pytest.raises(SessionNotFoundError, match="no session 'nope'"):
+            await runtime.session("nope")
+        frames = [f async for f in runtime.reader().follow(done[-1].turn_id, after_seq=1)]
+        assert frames  # a plain string is a turn id too

@@ -13,7 +13,7 @@ from turnkit.projection import PendingDecision, QueuedInput, SessionView, TurnVi
 from turnkit.runtime._core import RuntimeCore
 from turnkit.runtime._history import TurnHistory, session_view, turn_history, turn_view
 from turnkit.states import TERMINAL_STATES
-from turnkit.store import TurnRecord
+from turnkit.store import SessionRecord, TurnRecord
 
 __all__ = ("RuntimeReads",)
 
@@ -83,6 +83,17 @@ class RuntimeReads(RuntimeCore):
         """A turn's audit rows, in order."""
         await self.turn(turn_id)  # TurnNotFoundError if there is none
         return await self.store.read_audit(TurnId(turn_id))
+
+    async def session(self, session_id: str) -> SessionRecord:
+        """A session's record (title, owner, …).
+
+        Raises:
+            SessionNotFoundError: there is no such session.
+        """
+        record = await self.store.get_session(SessionId(session_id))
+        if record is None:
+            raise SessionNotFoundError(f"no session {session_id!r}", session_id=session_id)
+        return record
 
     async def turn(self, turn_id: str) -> TurnRecord:
         """A turn's record (status, last seq, …)."""

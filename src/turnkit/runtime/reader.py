@@ -186,11 +186,9 @@ class TurnReader:
         self.idle_window_s = idle_window_s
         self.keepalive_s = keepalive_s
 
-    async def follow(
-        self, turn_id: TurnId, *, after_seq: int = 0
-    ) -> AsyncIterator[Frame | KeepAlive]:
+    async def follow(self, turn_id: str, *, after_seq: int = 0) -> AsyncIterator[Frame | KeepAlive]:
         """Frames strictly after `after_seq`, ending with the turn's terminal event."""
-        async for batch in self.follow_batches(turn_id, after_seq=after_seq):
+        async for batch in self.follow_batches(TurnId(turn_id), after_seq=after_seq):
             if isinstance(batch, list):
                 for frame in batch:
                     yield frame
