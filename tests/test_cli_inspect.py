@@ -180,8 +180,20 @@ def test_reading_commands_never_migrate_the_schema(
         assert "run `turnkit db upgrade`" in err
         assert err.count("\n") == 1
     assert _revision(url, schema) == "0012"  # unchanged
+    code, out = _run("db", "current", url=url, schema=schema)
+    assert (code, out) == (
+        1,
+        f"schema: 0012 (this turnkit: {head_revision()}): behind; `turnkit db upgrade` "
+        "brings it up to date\n",
+    )
+    _set_revision(url, schema, "9999")  # as a newer turnkit would leave it
+    code, out = _run("db", "current", url=url, schema=schema)
+    assert code == 1
+    assert out.startswith("schema: 9999 (this turnkit: ") and "written by a newer turnkit" in out
     _set_revision(url, schema, head_revision())  # as `turnkit db upgrade` leaves it
     assert _run("sessions", url=url, schema=schema)[0] == 0
+    assert _run("db", "current", url=url, schema=schema)[1].endswith("): up to date\n")
+    assert _revision(url, schema) == head_revision()  # `db current` changed nothing
 
 
 def test_a_reader_that_stops_early_gets_no_traceback(tmp_path: Path) -> None:

@@ -51,6 +51,7 @@ from turnkit.runtime import SessionRuntime
 from turnkit.runtime._validate import check_session_id
 from turnkit.runtime.budget_pauses import resume_budget_pauses
 from turnkit.runtime.worker import Worker
+from turnkit.store.migrate import head_revision
 from turnkit.store.sql import SqlStore, shown_url
 
 __all__ = ("main",)
@@ -320,6 +321,37 @@ async def _budgets(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+async def _db(args: argparse.Namespace, out: TextIO) -> int:
+    if args.db_command == "current":
+        return await _db_current(args, out)
+    return await _db_upgrade(args, out)
+
+
+async def _db_current(args: argparse.Namespace, out: TextIO) -> int:
+    """`turnkit db current`: where the schema is, against this turnkit's; 1 unless equal."""
+    await existing_database(args.database_url, args.database_schema)  # no file made
+    store = SqlStore.from_url(args.database_url, schema=args.database_schema)
+    try:
+        revision = await store.schema_revision()
+    finally:
+        await store.close()
+    head = head_revision()
+    if revision == head:
+        out.write(f"schema: {revision} (this turnkit: {head}): up to date\n")
+        return 0
+    if revision is not None and revision > head:  # revisions are numbered in order
+        out.write(
+            f"schema: {revision} (this turnkit: {head}): written by a newer turnkit; use it, "
+            "or downgrade with it\n"
+        )
+    else:
+        out.write(
+            f"schema: {revision or 'empty'} (this turnkit: {head}): behind; "
+            "`turnkit db upgrade` brings it up to date\n"
+        )
+    return 1
+
+
 async def _db_upgrade(args: argparse.Namespace, out: TextIO) -> int:
     store = SqlStore.from_url(args.database_url, schema=args.database_schema)
     try:
@@ -438,7 +470,7 @@ _COMMANDS = {
     "run": _run,
     "worker": _worker,
     "sweep": _sweep,
-    "db": _db_upgrade,
+    "db": _db,
     "turns": _turns,
     "sessions": _sessions,
     "events": _events,

@@ -354,6 +354,12 @@ def _add_db(sub: _Subparsers) -> None:
     db_sub = db.add_subparsers(dest="db_command", required=True)
     upgrade = db_sub.add_parser("upgrade", help="apply schema migrations")
     _database_args(upgrade)
+    current = db_sub.add_parser(
+        "current",
+        help="print the schema's revision and this turnkit's; exit 1 unless they match "
+        "(changes nothing)",
+    )
+    _database_args(current)
 
 
 def _version() -> str:
