@@ -68,7 +68,7 @@ class Aftermath:
             return
         try:
             await self._forget(batch)
-        except Exception as exc:  # noqa: BLE001 - the sweep's pruning finds them later
+        except Exception as exc:  # noqa: BLE001 - they stay until their session is deleted
             log.warning("deleting the checkpoints of %d ended turn(s) failed: %s", len(batch), exc)
 
     async def prune_now(self) -> None:

@@ -218,9 +218,8 @@ class TurnDriver:
         like one out of reach: the turn is left for an attempt that finds it mended.
         """
         if database_unavailable(exc):
-            self._left_to_recovery(
-                StoreUnavailableError(f"{type(exc).__name__}: {str(exc).splitlines()[0]}")
-            )
+            said = (str(exc).strip().splitlines() or [""])[0]
+            self._left_to_recovery(StoreUnavailableError(f"{type(exc).__name__}: {said}"))
             return
         if self.recorder is not None:
             unexpected = InternalError(f"unexpected {type(exc).__name__} inside the turn: {exc}")
