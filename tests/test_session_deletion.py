@@ -157,3 +157,38 @@ async def test_ended_checkpoints_can_be_kept(tmp_path: Path) -> None:
         done = await collect_events(runtime.execute_message("s1", "hello"))
         await runtime.wait_background()
         assert await _threads(url, None) == {done[-1].turn_id}
+
+
+async def test_a_turn_a_reader_times_out_loses_its_checkpoints(tmp_path: Path) -> None:
+    """The process driving it died: a reader ends it, and nothing will resume it."""
+    import asyncio
+
+    from turnkit import ToolContext, tool
+
+    @tool
+    async def slow(ctx: ToolContext) -> str:
+        """Take a minute."""
+        await asyncio.sleep(60)
+        return "late"
+
+    url = f"sqlite:///{tmp_path / 'turnkit.db'}"
+    config = RuntimeConfig(
+        database_url=url, idle_window_s=1.0, heartbeat_interval_s=0.2, lease_ttl_s=1.0
+    )
+    model = ScriptedModel([ModelStep.tool_call_reply(call("slow"))])
+    first = SessionRuntime(agent=Agent(model=model, tools=[slow]), config=config)
+    await first.open()
+    submission = await first.start("s1", "slow please")
+    async with asyncio.timeout(10):
+        while "tool.started" not in [e.type async for e in first.events(submission.turn_id)]:
+            await asyncio.sleep(0.02)
+    await first.close()  # the process goes away mid-tool; nobody takes the turn over
+    assert await _threads(url, None) == {submission.turn_id}
+
+    async with SessionRuntime(agent=Agent(model=model, tools=[slow]), config=config) as second:
+        async with asyncio.timeout(20):
+            frames = [f async for f in second.reader().follow(submission.turn_id)]
+        assert frames
+        assert (await second.turn(submission.turn_id)).status == "timed_out"
+        await second.wait_background()
+        assert await _threads(url, None) == set()

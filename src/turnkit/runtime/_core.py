@@ -290,6 +290,7 @@ class RuntimeCore:
             clock=self.clock,
             idle_window_s=self.config.idle_window_s,
             keepalive_s=keepalive_s,
+            on_timed_out=self._aftermath.ended,
         )
 
     def _heard_guide(self, turn_id: TurnId, input_seq: int) -> None:

@@ -29,7 +29,7 @@ import asyncio
 import json
 import logging
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final, TypeVar
@@ -179,7 +179,10 @@ class TurnReader:
         clock: Clock,
         idle_window_s: float,
         keepalive_s: float = 10.0,
+        on_timed_out: Callable[[str], None] | None = None,
     ) -> None:
+        self.on_timed_out = on_timed_out
+        """Told of each turn this reader ended `timed_out` (its checkpoints resume nothing)."""
         self.store = store
         self.buffer = buffer
         self.clock = clock
@@ -282,13 +285,15 @@ class TurnReader:
         return record
 
     async def _time_out(self, turn_id: TurnId) -> None:
-        await self.store.time_out(
+        ended = await self.store.time_out(
             turn_id,
             reason=(
                 f"nothing arrived for {self.idle_window_s:g} s (the idle window): "
                 "the process driving this turn is gone"
             ),
         )
+        if ended and self.on_timed_out is not None:
+            self.on_timed_out(turn_id)
 
     async def _check(self, turn_id: TurnId, after_seq: int) -> TurnProgress:
         record = await self._progress(turn_id)
