@@ -399,3 +399,35 @@ async def test_a_pause_in_the_first_stage_is_on_disk_before_the_turn_says_so(
     assert done.status == "succeeded"
     assert len(RUNS) == 1
     assert len(before.calls) == 1  # resumed from the pause, not re-run from the start
+
+
+SENT_BY: list[str] = []
+
+
+@tool
+async def send_by_api(to: str) -> str:
+    """Send a message through the API (it is down)."""
+    raise ConnectionError("the API is down")
+
+
+@tool(approval="always")
+async def send_by_mail(to: str) -> str:
+    """Send a message by mail: a person approves each one."""
+    SENT_BY.append(f"mail to {to}")
+    return "mailed"
+
+
+async def test_a_tool_class_asks_when_any_member_would(tmp_path: Path) -> None:
+    """A failing first member must not open a way past a later member's approval."""
+    from turnkit.tools import ToolClass
+
+    send = ToolClass("send", [send_by_api, send_by_mail])
+    model = ScriptedModel(
+        [ModelStep.tool_call_reply(call("send", to="attacker@example.com"))],
+    )
+    config = RuntimeConfig(database_url=f"sqlite:///{tmp_path / 'class.db'}")
+    async with SessionRuntime(agent=Agent(model=model, tools=[send]), config=config) as runtime:
+        events = await collect_events(runtime.execute_message("s1", "send it"))
+    assert isinstance(events[-1], ApprovalRequestedEvent)  # asked before anything ran
+    assert events[-1].tool_name == "send"
+    assert SENT_BY == []

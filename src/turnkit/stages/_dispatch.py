@@ -45,7 +45,7 @@ from turnkit.stages._offered import offered_tools
 from turnkit.stages._planning import is_planning_tool, run_planning_tool
 from turnkit.stages._plugins import after_tool_call, before_tool_call, guard
 from turnkit.stages._types import StageContext, TranscriptMessage
-from turnkit.tools import Tool, ToolArgumentsError, ToolContext
+from turnkit.tools import Tool, ToolArgumentsError, ToolClass, ToolContext
 from turnkit.tools._errors import ToolResultError
 from turnkit.tools._storable import storable
 
@@ -437,10 +437,7 @@ def _settle_pause(
         if not isinstance(resolution, Answer):
             return ("the question was not answered", "tool-failed", None)
         return (None, "tool-failed", {"answer": resolution.text})
-    if tool is None:
-        return None
-    policy = getattr(tool, "approval", None) or ctx.agent.approval
-    if not needs_approval(policy, part.name, args):
+    if tool is None or not _needs_approval(ctx, tool, args):
         return None
     summary = summarize_call(part.name, args)
     rec.durable(
@@ -458,6 +455,18 @@ def _settle_pause(
         note = f": {resolution.note}" if resolution.note else ""
         return (f"the person denied this call{note}. Do not retry it as is", "tool-denied", None)
     return None  # approved: run it
+
+
+def _needs_approval(ctx: StageContext, tool: Tool, args: Mapping[str, JsonValue]) -> bool:
+    """Whether a person must approve the call first.
+
+    A `ToolClass` asks when any member would: its first member failing must not open a
+    way past a later member's policy. A member without a policy has the agent's.
+    """
+    if isinstance(tool, ToolClass):
+        return any(_needs_approval(ctx, member, args) for member in tool.tools)
+    policy = getattr(tool, "approval", None) or ctx.agent.approval
+    return needs_approval(policy, tool.name, args)
 
 
 def _wait(
