@@ -246,3 +246,31 @@ async def test_a_forged_callback_is_refused_before_anything_is_read(tmp_path: Pa
     )  # never opened: a token check must not need the database
     with pytest.raises(CallbackTokenError):
         await runtime.verify_callback("turn_1", "tkcb_forged")
+
+
+async def test_an_auth_that_returns_nonsense_is_the_apps_500_and_leaks_nothing(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def leaky_auth() -> object:
+        return {"id": "alice", "api_token": "tok_LIVE_abcdef"}  # the app's own mistake
+
+    runtime = SessionRuntime(
+        agent=Agent(model=ScriptedModel([])),
+        config=RuntimeConfig(database_url=f"sqlite:///{tmp_path / 'auth.db'}"),
+    )
+    await runtime.open()
+    app = FastAPI()
+    app.include_router(create_turnkit_router(runtime, auth=leaky_auth))
+    install_problem_handlers(app)
+    try:
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://test"
+        ) as http:
+            answer = await http.get("/api/harness/sessions")
+    finally:
+        await runtime.close()
+    assert answer.status_code == 500  # the app's mistake, not the caller's (it said 400)
+    assert answer.json()["code"] == "internal-error"
+    assert "tok_LIVE" not in answer.text
+    assert "returned a dict" in answer.json()["detail"]
+    assert any("tok_LIVE_abcdef" in r.getMessage() for r in caplog.records)  # for the app

@@ -8,10 +8,11 @@ install_problem_handlers(app)
 """
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
-from turnkit.errors import ConfigurationError, missing_extra
+from turnkit.errors import ConfigurationError, InternalError, missing_extra
 
 try:
     from fastapi import APIRouter, Depends, Response
@@ -38,6 +39,8 @@ __all__ = (
     "create_turnkit_router",
     "install_problem_handlers",
 )
+
+log = logging.getLogger("turnkit.http")
 
 AuthResult = TenantPrincipal | str | None
 AuthDependency = Callable[..., AuthResult | Awaitable[AuthResult]]
@@ -86,7 +89,13 @@ def _caller_dependency(auth: AuthDependency) -> Callable[..., Awaitable[Principa
         try:
             return TenantPrincipal.of(found)
         except TypeError as exc:
-            raise ConfigurationError(f"`auth` returned {found!r}: {exc}") from exc
+            # The app's mistake, not the caller's: a 500, and what `auth` returned (it may
+            # hold a token) goes to the server's log only.
+            log.error("the app's `auth` returned %r: %s", found, exc)
+            raise InternalError(
+                f"the app's `auth` returned a {type(found).__name__}, not a Principal, a "
+                "principal id or None (the server's log has the value)"
+            ) from exc
 
     return who
 
