@@ -349,6 +349,25 @@ async def test_client_errors_are_not_retriable(
     assert hint in caught.value.message
 
 
+async def test_credentials_a_provider_echoes_are_not_passed_on(
+    openai_server: FakeOpenAIServer,
+) -> None:
+    """A provider's (or a proxy's) error text reaches end users: no credential in it."""
+    echoed = (
+        "Incorrect API key provided: Basic cHJveHl1c2VyOnByb3h5cGFzcw== via "
+        "https://proxyuser:proxypass@proxy.internal/v1 (key sk-live1234567890abcdef)"
+    )
+    openai_server.script("fake-model", [Reply.error(400, echoed)])
+    with pytest.raises(ProviderError) as caught:
+        await collect(client_for(openai_server).stream(HELLO))
+    message = caught.value.message
+    assert "Provider said: " in message
+    assert "Incorrect API key provided: Basic ***" in message
+    for secret in ("cHJveHl1c2Vy", "proxypass", "sk-live1234567890abcdef"):
+        assert secret not in message
+    assert "https://***@proxy.internal/v1" in message
+
+
 async def test_exhausted_script_answers_500_naming_the_model(
     openai_server: FakeOpenAIServer,
 ) -> None:

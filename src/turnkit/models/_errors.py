@@ -10,6 +10,7 @@ from __future__ import annotations
 import email.utils
 import importlib
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -100,6 +101,7 @@ def _provider_error(
     """The message names the HTTP status only when the provider sent it."""
     if wait is not None:
         advice += f" (it asked to wait {wait:g} s)"
+    detail = redact_secrets(detail)
     if len(detail) > 500:
         detail = detail[:500] + "..."
     said = f" Provider said: {detail}" if detail else ""
@@ -113,6 +115,28 @@ def _provider_error(
         retry_after_s=wait,
         brief=f"{shown}{advice}.{said}",
     )
+
+
+_SECRETS = (
+    (re.compile(r"\b(Bearer|Basic)\s+[A-Za-z0-9._~+/=-]{6,}", re.IGNORECASE), r"\1 ***"),
+    (re.compile(r"\b(sk|rk|pk)-[A-Za-z0-9_-]{8,}"), r"\1-***"),
+    (re.compile(r"(://)[^/\s@:]+:[^/\s@]+@"), r"\1***@"),
+    (
+        re.compile(
+            r"(\b(?:api[_-]?key|token|secret|password)[\"']?\s*[:=]\s*[\"']?)[^\s\"',}]{4,}", re.I
+        ),
+        r"\1***",
+    ),
+)
+"""What a provider (or a proxy before it) may echo of a credential: tokens after `Bearer`
+or `Basic`, `sk-…` keys, a URL's `user:password@`, `api_key=…` and the like."""
+
+
+def redact_secrets(text: str) -> str:
+    """`text` with credential-shaped parts replaced by `***` (it reaches end users)."""
+    for pattern, replacement in _SECRETS:
+        text = pattern.sub(replacement, text)
+    return text
 
 
 def retry_after(exc: Exception) -> float | None:
