@@ -171,6 +171,7 @@ def test_serve_on_a_port_in_use_says_so_in_one_line(tmp_path: Path) -> None:
 def test_serve_hosts_the_agents_its_flags_name(tmp_path: Path) -> None:
     import socket
     import time
+    import urllib.error
     import urllib.request
 
     (tmp_path / "my_agents.py").write_text(
@@ -207,6 +208,20 @@ def test_serve_hosts_the_agents_its_flags_name(tmp_path: Path) -> None:
                 time.sleep(0.2)
         assert "Hello from my agent." in body
         assert '"agent":"helper"' in body
+        # Served on loopback, it answers to loopback names only (against DNS rebinding).
+        rebound = urllib.request.Request(
+            f"http://127.0.0.1:{port}/api/harness/sessions",
+            headers={"Host": f"attacker.example:{port}"},
+        )
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(rebound, timeout=30)
+        assert refused.value.code == 400
+        assert b'"code":"host-not-allowed"' in refused.value.read()
+        named = urllib.request.Request(
+            f"http://127.0.0.1:{port}/api/harness/sessions", headers={"Host": f"localhost:{port}"}
+        )
+        with urllib.request.urlopen(named, timeout=30) as response:
+            assert response.status == 200
     finally:
         server.terminate()
         server.wait(timeout=30)

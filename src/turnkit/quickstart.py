@@ -20,20 +20,25 @@ LLM). Environment variables switch to production parts:
 | `TURNKIT_PLUGINS` | installed plugins to run in every turn, by name, comma-separated |
 | `TURNKIT_MAX_BODY_BYTES` | the largest request body accepted (default 64 MiB; `off`: none) |
 | `TURNKIT_KEEP_ENDED_CHECKPOINTS` | `1` keeps ended turns' graph checkpoints (default: deleted) |
+| `TURNKIT_AUTH` | `module:name` of your FastAPI auth dependency (default: all anonymous) |
+| `TURNKIT_ALLOWED_HOSTS` | host names the app answers to, comma-separated (default: any) |
 """
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import os
-from collections.abc import AsyncIterator, Mapping
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Literal, cast
+from typing import Any, Literal, cast
 
 from turnkit.errors import ConfigurationError, missing_extra
 
 try:
-    from fastapi import FastAPI
+    from fastapi import Depends, FastAPI, HTTPException
     from fastapi.responses import FileResponse, Response
     from fastapi.staticfiles import StaticFiles
     from starlette.types import Scope
@@ -51,14 +56,28 @@ from turnkit.config import (
     env_plugins,
 )
 from turnkit.demo import demo_agent
-from turnkit.http import create_health_router, create_turnkit_router, install_problem_handlers
+from turnkit.http import (
+    AuthDependency,
+    create_health_router,
+    create_turnkit_router,
+    install_problem_handlers,
+)
 from turnkit.http.body_limit import DEFAULT_MAX_BODY_BYTES, RequestBodyLimit, checked_bound
+from turnkit.http.trusted_hosts import TrustedHosts
 from turnkit.protocols.agui import create_agui_router
 from turnkit.protocols.ai_sdk import create_ai_sdk_router
 from turnkit.replay import replay_from_url
 from turnkit.runtime import SessionRuntime
+from turnkit.tenancy import DEFAULT_ORGANISATION, Principal
 
-__all__ = ("app", "create_app", "max_body_bytes_from_env", "runtime_from_env")
+__all__ = (
+    "allowed_hosts_from_env",
+    "app",
+    "auth_from_env",
+    "create_app",
+    "max_body_bytes_from_env",
+    "runtime_from_env",
+)
 
 _PAGE = Path(__file__).parent / "http" / "page"
 
@@ -116,12 +135,79 @@ def max_body_bytes_from_env(env: Mapping[str, str] | None = None) -> int | None:
     return bound
 
 
+def auth_from_env(env: Mapping[str, str] | None = None) -> AuthDependency | None:
+    """`TURNKIT_AUTH`: the app's FastAPI auth dependency, by `package.module:name`.
+
+    Unset or empty: None (every caller is anonymous).
+
+    Raises:
+        ConfigurationError: it cannot be imported, or is not callable.
+    """
+    env = os.environ if env is None else env
+    spec = env.get("TURNKIT_AUTH", "").strip()
+    if not spec:
+        return None
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise ConfigurationError(f"TURNKIT_AUTH={spec!r} must look like `package.module:name`")
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())  # as with `uvicorn module:app`
+    try:
+        found = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigurationError(f"cannot load TURNKIT_AUTH={spec!r}: {exc}") from exc
+    if not callable(found):
+        raise ConfigurationError(f"TURNKIT_AUTH={spec!r} is not a function (a dependency)")
+    return cast(AuthDependency, found)
+
+
+def allowed_hosts_from_env(env: Mapping[str, str] | None = None) -> list[str] | None:
+    """`TURNKIT_ALLOWED_HOSTS`: host names, comma-separated; unset or empty: None (any)."""
+    env = os.environ if env is None else env
+    hosts = [h.strip() for h in env.get("TURNKIT_ALLOWED_HOSTS", "").split(",") if h.strip()]
+    return hosts or None
+
+
+def _default_organisation_only(auth: AuthDependency) -> Callable[..., Awaitable[str | None]]:
+    """`auth` for the protocol routes, which serve the default organisation's principals."""
+
+    async def principal(found: Any) -> str | None:
+        caller = Principal.of(found)
+        if caller is None:
+            return None
+        if caller.organisation != DEFAULT_ORGANISATION:
+            raise HTTPException(
+                403,
+                "the AI SDK and AG-UI routes serve the default organisation only; use "
+                "/api/harness for other organisations",
+            )
+        return caller.id
+
+    # Spelled out for FastAPI: this module's annotations are strings, and `auth` is local.
+    principal.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [inspect.Parameter("found", inspect.Parameter.KEYWORD_ONLY, default=Depends(auth))]
+    )
+    return principal
+
+
+async def _anonymous() -> None:
+    return None
+
+
+_PAGE_HEADERS = {
+    "Cache-Control": "no-cache",
+    # The page holds Approve buttons: no other site may frame it (clickjacking).
+    "X-Frame-Options": "DENY",
+    "Content-Security-Policy": "frame-ancestors 'none'",
+}
+
+
 class _PageFiles(StaticFiles):
     """The page's static files, revalidated on every load so an upgrade never mixes versions."""
 
     async def get_response(self, path: str, scope: Scope) -> Response:
         response = await super().get_response(path, scope)
-        response.headers["Cache-Control"] = "no-cache"
+        response.headers.update(_PAGE_HEADERS)
         return response
 
 
@@ -130,6 +216,8 @@ def create_app(
     *,
     keepalive_s: float = 10.0,
     max_body_bytes: int | None = DEFAULT_MAX_BODY_BYTES,
+    auth: AuthDependency | None = None,
+    allowed_hosts: Sequence[str] | None = None,
 ) -> FastAPI:
     """A FastAPI app with turnkit's routes, the chat page and the protocol adapters.
 
@@ -137,6 +225,11 @@ def create_app(
     at `/api/chat` and AG-UI's endpoint at `/api/agui/run`. `keepalive_s` is how often an
     idle stream sends a `: keep-alive` comment. A request body over `max_body_bytes` is refused
     with 413 `content-too-large` while it arrives (None: no bound).
+
+    `auth` is your FastAPI dependency naming the caller (see `create_turnkit_router`);
+    without one every caller is anonymous and sees every anonymous session: serve the app
+    to one person, or behind a proxy that authenticates. `allowed_hosts` are the host
+    names it answers to (None: any); others get 400 `host-not-allowed`.
     """
     rt = runtime or runtime_from_env()
 
@@ -150,22 +243,34 @@ def create_app(
             await rt.replay.close()
 
     application = FastAPI(title="turnkit", version="0.1.0", lifespan=lifespan)
-    application.include_router(create_turnkit_router(rt, keepalive_s=keepalive_s))
+    caller = auth or _anonymous
+    protocol_caller = _default_organisation_only(auth) if auth else _anonymous
+    application.include_router(create_turnkit_router(rt, keepalive_s=keepalive_s, auth=caller))
     application.include_router(create_health_router(rt))
-    application.include_router(create_ai_sdk_router(rt, keepalive_s=keepalive_s))
-    application.include_router(create_agui_router(rt, keepalive_s=keepalive_s))
+    application.include_router(
+        create_ai_sdk_router(rt, keepalive_s=keepalive_s, auth=protocol_caller)
+    )
+    application.include_router(
+        create_agui_router(rt, keepalive_s=keepalive_s, auth=protocol_caller)
+    )
     install_problem_handlers(application)
     if max_body_bytes is not None:
         bound = checked_bound(max_body_bytes)  # now, not at the first request
         application.add_middleware(RequestBodyLimit, max_bytes=bound)
+    if allowed_hosts is not None:
+        application.add_middleware(TrustedHosts, hosts=allowed_hosts)
 
     @application.get("/", include_in_schema=False)
     async def chat_page() -> FileResponse:
-        return FileResponse(_PAGE / "index.html", headers={"Cache-Control": "no-cache"})
+        return FileResponse(_PAGE / "index.html", headers=_PAGE_HEADERS)
 
     application.mount("/page", _PageFiles(directory=_PAGE), name="page")
     application.state.runtime = rt
     return application
 
 
-app = create_app(max_body_bytes=max_body_bytes_from_env())
+app = create_app(
+    max_body_bytes=max_body_bytes_from_env(),
+    auth=auth_from_env(),
+    allowed_hosts=allowed_hosts_from_env(),
+)

@@ -35,6 +35,7 @@ from turnkit.tenancy import Principal as TenantPrincipal
 
 __all__ = (
     "TURN_ID_HEADER",
+    "AuthDependency",
     "create_health_router",
     "create_turnkit_router",
     "install_problem_handlers",

@@ -1,0 +1,89 @@
+"""The quickstart app with your auth (`TURNKIT_AUTH`), for the host names it serves
+(`TURNKIT_ALLOWED_HOSTS`), and a page no other site may frame."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from turnkit import Agent, Organisation, RuntimeConfig, SessionRuntime
+from turnkit.errors import ConfigurationError
+from turnkit.quickstart import allowed_hosts_from_env, auth_from_env, create_app
+from turnkit.testing import ModelStep, ScriptedModel
+
+
+@pytest.fixture
+async def runtime(tmp_path: Path) -> AsyncIterator[SessionRuntime]:
+    model = ScriptedModel([ModelStep.text_reply("Hello.")], repeat_last=True)
+    config = RuntimeConfig(database_url=f"sqlite:///{tmp_path / 'quick.db'}")
+    tenancy = [Organisation(name="default"), Organisation(name="acme")]
+    async with SessionRuntime(agent=Agent(model=model), config=config, tenancy=tenancy) as rt:
+        yield rt
+
+
+def _client(app: object, host: str = "test") -> httpx.AsyncClient:
+    transport = httpx.ASGITransport(app=app)  # type: ignore[arg-type]
+    return httpx.AsyncClient(transport=transport, base_url=f"http://{host}")
+
+
+async def test_your_auth_decides_who_calls(runtime: SessionRuntime) -> None:
+    auth = auth_from_env({"TURNKIT_AUTH": "tests.support.header_auth:header_auth"})
+    app = create_app(runtime, auth=auth)
+    async with _client(app) as http:
+        assert (await http.get("/api/harness/sessions")).status_code == 401  # no one signed in
+        alice = {"x-user": "alice"}
+        sent = await http.post(
+            "/api/harness/sessions/a1/execute", json={"content": "my PIN is 4921"}, headers=alice
+        )
+        assert sent.status_code == 200
+        assert [
+            s["sessionId"] for s in (await http.get("/api/harness/sessions", headers=alice)).json()
+        ] == ["a1"]
+        bob = {"x-user": "bob"}
+        assert (await http.get("/api/harness/sessions", headers=bob)).json() == []
+        history = await http.get("/api/harness/sessions/a1/history", headers=bob)
+        assert history.status_code == 404
+        # The protocol routes take the same callers, of the default organisation only.
+        chat = {
+            "id": "c1",
+            "messages": [{"id": "m1", "role": "user", "parts": [{"type": "text", "text": "hi"}]}],
+        }
+        assert (await http.post("/api/chat", json=chat)).status_code == 401
+        other = {"x-user": "carol", "x-org": "acme"}
+        refused = await http.get("/api/chat/c1/stream", headers=other)
+        assert refused.status_code == 403
+
+
+def test_a_bad_auth_setting_is_refused_at_start() -> None:
+    with pytest.raises(ConfigurationError, match="must look like `package.module:name`"):
+        auth_from_env({"TURNKIT_AUTH": "header_auth"})
+    with pytest.raises(ConfigurationError, match="cannot load TURNKIT_AUTH"):
+        auth_from_env({"TURNKIT_AUTH": "tests.support.header_auth:nope"})
+    assert auth_from_env({"TURNKIT_AUTH": ""}) is None
+    assert allowed_hosts_from_env({"TURNKIT_ALLOWED_HOSTS": " chat.example.com, localhost "}) == [
+        "chat.example.com",
+        "localhost",
+    ]
+
+
+async def test_only_the_allowed_host_names_are_answered(runtime: SessionRuntime) -> None:
+    app = create_app(runtime, allowed_hosts=["chat.example.com", "*.internal.example"])
+    async with _client(app, "chat.example.com") as http:
+        assert (await http.get("/api/harness/sessions")).status_code == 200
+    async with _client(app, "api.internal.example:8443") as http:
+        assert (await http.get("/api/harness/sessions")).status_code == 200
+    async with _client(app, "attacker.example") as http:
+        refused = await http.get("/api/harness/sessions")
+    assert refused.status_code == 400
+    assert refused.json()["code"] == "host-not-allowed"
+
+
+async def test_no_other_site_may_frame_the_page(runtime: SessionRuntime) -> None:
+    async with _client(create_app(runtime)) as http:
+        for path in ("/", "/page/app.js"):
+            page = await http.get(path)
+            assert page.headers["x-frame-options"] == "DENY", path
+            assert page.headers["content-security-policy"] == "frame-ancestors 'none'", path
