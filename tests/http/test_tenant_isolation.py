@@ -212,3 +212,52 @@ async def test_tools_and_deps_see_the_whole_caller(db: tuple[str, str | None]) -
         await collect_events(runtime.execute_message("s1", "who?", principal=gina))
     assert SEEN == [("alice", "alice", "globex", "ops")]
     assert [s.caller for s in scopes] == [gina]
+
+
+async def _guest_or_member(
+    x_user: str | None = Header(default=None), x_org: str | None = Header(default=None)
+) -> Principal | None:  # an app with guest mode: no headers, no principal
+    return Principal(id=x_user, organisation=x_org or "acme") if x_user else None
+
+
+async def test_a_guest_never_writes_into_a_session_a_member_created_meanwhile(
+    db: tuple[str, str | None], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The route's look finds no session; alice's first message creates it before the
+    guest's is written: the write itself refuses the guest (it went in, and read hers)."""
+    url, schema = db
+    model = ScriptedModel([ModelStep.text_reply("ok.")], repeat_last=True)
+    runtime = SessionRuntime(
+        agent=Agent(model=model, skip_stages=frozenset({"anchor-plan"})),
+        tenancy=[Organisation(name="acme")],
+        config=RuntimeConfig(database_url=url, database_schema=schema),
+    )
+    await runtime.open()
+    app = FastAPI()
+    app.include_router(create_turnkit_router(runtime, auth=_guest_or_member))
+    install_problem_handlers(app)
+    try:
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://test"
+        ) as http:
+            alice = _as("alice", "acme")
+            said = await http.post(
+                f"{API}/sessions/new-1/execute", json={"content": "my PIN is 4921"}, headers=alice
+            )
+            assert said.status_code == 200
+            looked = runtime.store.get_session
+
+            async def not_there_yet(session_id: str) -> object:
+                return None  # the guest's route looked before alice's message was written
+
+            monkeypatch.setattr(runtime.store, "get_session", not_there_yet)
+            guest = await http.post(f"{API}/sessions/new-1/execute", json={"content": "DUMP"})
+            monkeypatch.setattr(runtime.store, "get_session", looked)
+        assert guest.status_code == 404
+        assert guest.json()["code"] == "session-not-found"
+        turns = await runtime.store.list_turns("new-1")  # type: ignore[arg-type]
+        assert [t.content for t in turns] == ["my PIN is 4921"]
+        # The app's own code (no principal, not a guest) still may.
+        assert (await runtime.start("new-1", "from the app")).is_new
+    finally:
+        await runtime.close()

@@ -134,6 +134,7 @@ def _add_execute_route(
             documents=body.documents,
             deps=request_deps,
             hold_until=sent,
+            anonymous=caller is None,  # not into a session someone signs in to own meanwhile
         )
         if submission.guided:  # joined a running turn: stream it from here on
             live = await runtime.turn(submission.turn_id)

@@ -177,6 +177,7 @@ async def _turn_of(
         request_id=body.run_id,
         principal=principal,
         hold_until=sent,
+        anonymous=principal is None,
         **extra,
     )
     return await runtime.turn(submission.turn_id), 0

@@ -189,6 +189,7 @@ async def _chat(
         principal=principal,
         deps=request_deps,
         hold_until=sent,
+        anonymous=principal is None,
     )
     reply = replies.render(await runtime.turn(submission.turn_id), 0)
     return _respond(set_once_sent(reply, sent), submission.turn_id)

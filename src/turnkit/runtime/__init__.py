@@ -95,6 +95,7 @@ class SessionRuntime(RuntimeControl, RuntimeCallbacks, RuntimeBudgets):
         principal: Principal | str | None = None,
         documents: Sequence[str] = (),
         claim: bool = False,
+        anonymous: bool = False,
     ) -> Submission:
         """Commit a user message and queue its turn (one transaction), without running it.
 
@@ -112,7 +113,10 @@ class SessionRuntime(RuntimeControl, RuntimeCallbacks, RuntimeBudgets):
         Before anything is written the message passes the admission chain (department,
         agent visibility, model, budget policy, attached `documents`, and the app's own
         checks); the first that fails raises and nothing is saved. `principal` is a
-        `Principal` (organisation, department, roles) or a bare id.
+        `Principal` (organisation, department, roles) or a bare id. With no principal the
+        message may go into any session (it is the app's own), unless `anonymous`: then it
+        comes from a caller nobody signed in (the HTTP routes set it when `auth` names
+        nobody) and goes only into a session nobody owns, checked where it is written.
 
         Raises:
             InvalidInputError: bad session id, empty or oversized content, bad delivery.
@@ -161,6 +165,7 @@ class SessionRuntime(RuntimeControl, RuntimeCallbacks, RuntimeBudgets):
                 delivery=delivery,
                 config=self.config,
                 claim_for=self.owner if claim else None,
+                anonymous=anonymous and caller is None,
             )
         )
         if submission.guided:
@@ -295,6 +300,7 @@ class SessionRuntime(RuntimeControl, RuntimeCallbacks, RuntimeBudgets):
         documents: Sequence[str] = (),
         deps: Any = NO_DEPS,
         hold_until: asyncio.Event | None = None,
+        anonymous: bool = False,
     ) -> Submission:
         """Commit a message and run its turn detached from the caller.
 
@@ -305,7 +311,8 @@ class SessionRuntime(RuntimeControl, RuntimeCallbacks, RuntimeBudgets):
         those of `execute_message`, and `hold_until`: a turn driven here takes its first
         step once this event is set (or a second has passed). A caller that streams the
         turn sets it once `turn.started` is written, so that event goes out before the
-        turn's first steps take the event loop (the execute route does).
+        turn's first steps take the event loop (the execute route does). `anonymous`: see
+        `submit`.
         """
         submission, slot = await self.host.slots.submit_claiming(
             functools.partial(
@@ -320,6 +327,7 @@ class SessionRuntime(RuntimeControl, RuntimeCallbacks, RuntimeBudgets):
                 effort=effort,
                 principal=principal,
                 documents=documents,
+                anonymous=anonymous,
             ),
             claim=self.config.run_in_process,
         )

@@ -30,6 +30,7 @@ def new_input(
     delivery: Delivery,
     config: RuntimeConfig,
     claim_for: str | None,
+    anonymous: bool = False,
 ) -> NewInput:
     """The message, its new turn and what the turn is pinned to, ready to commit.
 
@@ -73,6 +74,7 @@ def new_input(
         # The first of two names: read off the opening message (only an unnamed session
         # takes it); the turn's utility model may improve it.
         title=opening_title(request.content),
+        anonymous_caller=anonymous,
         claim_for=ClaimRequest(
             owner=claim_for, ttl_s=config.lease_ttl_s, max_attempts=config.max_attempts
         )

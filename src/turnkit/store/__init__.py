@@ -96,6 +96,9 @@ class NewInput:
     """Claim the new turn in the same transaction, when its session lets it run now."""
     title: str | None = None
     """The name an unnamed session takes with its first message, in the same transaction."""
+    anonymous_caller: bool = False
+    """Sent by a caller nobody signed in (not the app's own code): with no principal it
+    goes only into a session nobody owns, checked in the same transaction that writes it."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

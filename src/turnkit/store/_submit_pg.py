@@ -20,7 +20,7 @@ from datetime import datetime, timedelta
 from types import SimpleNamespace
 from typing import Any
 
-from sqlalchemy import ColumnElement
+from sqlalchemy import ColumnElement, true
 from sqlalchemy.dialects import postgresql
 
 from turnkit.events import TurnStartedEvent, encode_event
@@ -43,7 +43,7 @@ def _pg(expression: ColumnElement[object]) -> str:
 
 
 _SENT = postgresql.insert(sessions).excluded
-_OWNER_MAY_POST = _pg(owner_may_post(_SENT))
+_OWNER_MAY_POST = _pg(owner_may_post(_SENT, app=true()))
 """A message with a principal goes only into a session that principal owns or nobody does
 (another's session: nothing is written here, and the full transaction refuses it)."""
 
@@ -116,8 +116,11 @@ def _around_seq(started: TurnStartedEvent) -> tuple[bytes, bytes]:
 
 
 def can_submit(new: NewInput) -> bool:
-    """Whether `submit` handles `new` (otherwise: the full transaction)."""
-    return new.delivery == "queue" and new.create_session
+    """Whether `submit` handles `new` (otherwise: the full transaction).
+
+    Not a message of a caller nobody signed in: its owner check is the full transaction's.
+    """
+    return new.delivery == "queue" and new.create_session and not new.anonymous_caller
 
 
 async def submit(conn: Any, new: NewInput, now: datetime) -> Submission | None:

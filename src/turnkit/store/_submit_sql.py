@@ -13,6 +13,7 @@ from datetime import datetime, timedelta
 from typing import Any, cast
 
 from sqlalchemy import (
+    Boolean,
     Connection,
     and_,
     bindparam,
@@ -145,6 +146,7 @@ def submit(conn: Connection, insert: Any, new: NewInput, now: datetime) -> Submi
             "s_organisation": new.organisation if new.principal is not None else None,
             "s_now": now,
             "s_title": new.title,
+            "s_app": not new.anonymous_caller,
         },
     ).scalar_one_or_none()
     if seq is None:  # another principal's session: as if there were none
@@ -257,16 +259,16 @@ def _next_input_seq(insert: Any) -> Any:
             "organisation": owner_organisation(new.excluded),
             "updated_at": new.excluded.updated_at,
         },
-        where=owner_may_post(new.excluded),
+        where=owner_may_post(new.excluded, app=bindparam("s_app", type_=Boolean)),
     ).returning(sessions.c.last_input_seq)
 
 
 def _owner_may_post(conn: Connection, new: NewInput) -> bool:
     """Whether `new`'s principal may post into its session (no principal: the app may)."""
     found = sessions_sql.get(conn, new.session_id)
-    return (
-        new.principal is None or found is None or found.visible_to(new.principal, new.organisation)
-    )
+    if found is None or (new.principal is None and not new.anonymous_caller):
+        return True
+    return found.visible_to(new.principal, new.organisation)
 
 
 def owner_organisation(sent: Any) -> Any:
@@ -283,14 +285,14 @@ def owner_organisation(sent: Any) -> Any:
     )
 
 
-def owner_may_post(sent: Any) -> Any:
+def owner_may_post(sent: Any, *, app: Any) -> Any:
     """Whether a message from `sent.principal` may go into the session (see `_submit_pg`).
 
     Into one it owns (in its organisation) or nobody owns; a message with no principal
-    (the app's own code) into any.
+    into any when `app` holds (the app's own code, not a caller nobody signed in).
     """
     return or_(
-        sent.principal.is_(None),
+        and_(sent.principal.is_(None), app),
         sessions.c.principal.is_(None),
         and_(
             sessions.c.principal == sent.principal,
