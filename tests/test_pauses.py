@@ -431,3 +431,17 @@ async def test_a_tool_class_asks_when_any_member_would(tmp_path: Path) -> None:
     assert isinstance(events[-1], ApprovalRequestedEvent)  # asked before anything ran
     assert events[-1].tool_name == "send"
     assert SENT_BY == []
+
+
+def test_an_approval_summary_names_every_argument_however_long_one_is() -> None:
+    """A model cannot push the argument that matters out of the line a person approves."""
+    from turnkit.pauses import summarize_call
+
+    padded = summarize_call("send", {"a" * 500: 1, "body": "x" * 5000, "to": "attacker@example"})
+    assert 'to="attacker@example"' in padded
+    assert len(padded) < 260
+    assert summarize_call("transfer", {"amount": 5, "to": "Bob"}) == (
+        'Run transfer with amount=5, to="Bob"'
+    )
+    many = summarize_call("f", {f"k{n:02}": n for n in range(20)})
+    assert many.endswith(", and 8 more")

@@ -104,9 +104,25 @@ def needs_approval(
     raise ConfigurationError(f"approval policy {policy!r} is not 'never', 'always' or a function")
 
 
+_SHOWN_ARGUMENTS = 12
+"""Arguments a summary names, at most; the rest are counted."""
+
+
 def summarize_call(tool_name: str, arguments: Mapping[str, JsonValue]) -> str:
-    """A human-readable line for the approval card."""
-    args = json.dumps(dict(arguments), ensure_ascii=False, sort_keys=True)
-    if len(args) > 300:
-        args = args[:297] + "..."
-    return f"Run {tool_name} with {args}"
+    """A human-readable line for the approval card: every argument, each shortened.
+
+    Each name and value is cut on its own, so no argument (a long name or value the model
+    wrote) can push the others out of the line a person approves.
+    """
+    items = sorted(arguments.items())
+    shown = [
+        f"{_cut(key, 40)}={_cut(json.dumps(value, ensure_ascii=False), 120)}"
+        for key, value in items[:_SHOWN_ARGUMENTS]
+    ]
+    if len(items) > _SHOWN_ARGUMENTS:
+        shown.append(f"and {len(items) - _SHOWN_ARGUMENTS} more")
+    return f"Run {tool_name} with {', '.join(shown) or 'no arguments'}"
+
+
+def _cut(text: str, most: int) -> str:
+    return text if len(text) <= most else text[: most - 1] + "…"
