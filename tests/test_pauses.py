@@ -445,3 +445,16 @@ def test_an_approval_summary_names_every_argument_however_long_one_is() -> None:
     )
     many = summarize_call("f", {f"k{n:02}": n for n in range(20)})
     assert many.endswith(", and 8 more")
+
+
+async def test_a_policy_keyed_on_a_tool_classs_name_still_asks(tmp_path: Path) -> None:
+    """The agent's policy names the tool the model sees (the class), not its members."""
+    from turnkit.tools import ToolClass
+
+    send = ToolClass("send", [send_by_api, send_by_api])
+    model = ScriptedModel([ModelStep.tool_call_reply(call("send", to="a@example.com"))])
+    agent = Agent(model=model, tools=[send], approval=lambda name, args: name == "send")
+    config = RuntimeConfig(database_url=f"sqlite:///{tmp_path / 'named.db'}")
+    async with SessionRuntime(agent=agent, config=config) as runtime:
+        events = await collect_events(runtime.execute_message("s1", "send it"))
+    assert isinstance(events[-1], ApprovalRequestedEvent)

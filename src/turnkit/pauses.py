@@ -115,8 +115,9 @@ def summarize_call(tool_name: str, arguments: Mapping[str, JsonValue]) -> str:
     wrote) can push the others out of the line a person approves.
     """
     items = sorted(arguments.items())
+    room = max(120, 300 // max(1, len(items)))  # one argument (a command) shows 300
     shown = [
-        f"{_cut(key, 40)}={_cut(json.dumps(value, ensure_ascii=False), 120)}"
+        f"{_cut(key, 40)}={_cut(json.dumps(value, ensure_ascii=False), room)}"
         for key, value in items[:_SHOWN_ARGUMENTS]
     ]
     if len(items) > _SHOWN_ARGUMENTS:

@@ -175,11 +175,13 @@ def _default_organisation_only(auth: AuthDependency) -> Callable[..., Awaitable[
         caller = Principal.of(found)
         if caller is None:
             return None
-        if caller.organisation != DEFAULT_ORGANISATION:
+        if caller.organisation != DEFAULT_ORGANISATION or caller.department is not None:
+            # They know a caller by id alone: a department's budget and agents would not
+            # apply there, so such a caller uses /api/harness.
             raise HTTPException(
                 403,
-                "the AI SDK and AG-UI routes serve the default organisation only; use "
-                "/api/harness for other organisations",
+                "the AI SDK and AG-UI routes serve callers of the default organisation with "
+                "no department; use /api/harness",
             )
         return caller.id
 

@@ -19,7 +19,7 @@ from turnkit import Agent, RuntimeConfig, SessionRuntime
 from turnkit.errors import StoreUnavailableError
 from turnkit.http import create_turnkit_router, install_problem_handlers
 from turnkit.ids import SessionId
-from turnkit.store.sql import SqlStore, database_unavailable
+from turnkit.store.sql import SqlStore, database_refused
 from turnkit.testing import ModelStep, ScriptedModel
 
 
@@ -102,7 +102,7 @@ async def test_a_checkpoint_the_server_refuses_leaves_the_turn_to_recovery(
     read_only: tuple[str, str],
 ) -> None:
     refusal = await _refusal(read_only)
-    assert database_unavailable(refusal)
+    assert database_refused(refusal)
     _, schema = read_only
     config = RuntimeConfig(
         database_url=POSTGRES_URL, database_schema=schema, lease_ttl_s=1.0, max_attempts=3
@@ -145,3 +145,22 @@ async def test_a_checkpoint_the_server_refuses_leaves_the_turn_to_recovery(
                 await asyncio.sleep(0.1)
     assert record.status == "succeeded"
     assert record.attempts == 2
+
+
+async def test_an_app_error_that_looks_like_an_outage_still_fails_the_turn(
+    tmp_path: Any,
+) -> None:
+    """Only the database's own refusals leave a turn to recovery, not any OSError."""
+    assert not database_refused(FileNotFoundError("settings.toml"))
+    assert not database_refused(ConnectionRefusedError("the app's own service"))
+
+    def deps(scope: Any) -> object:
+        raise FileNotFoundError("settings.toml")
+
+    config = RuntimeConfig(database_url=f"sqlite:///{tmp_path / 'app.db'}")
+    model = ScriptedModel([ModelStep.text_reply("never")])
+    async with SessionRuntime(agent=Agent(model=model), config=config, deps=deps) as runtime:
+        async with asyncio.timeout(20):
+            events = [e async for e in runtime.execute_message("s1", "hello")]
+    assert events[-1].type == "done"
+    assert (events[-1].status, events[-1].error_code) == ("failed", "internal-error")

@@ -55,6 +55,8 @@ async def test_your_auth_decides_who_calls(runtime: SessionRuntime) -> None:
         other = {"x-user": "carol", "x-org": "acme"}
         refused = await http.get("/api/chat/c1/stream", headers=other)
         assert refused.status_code == 403
+        in_a_department = {"x-user": "dave", "x-dept": "sales"}  # its budget applies there
+        assert (await http.get("/api/chat/c1/stream", headers=in_a_department)).status_code == 403
 
 
 def test_a_bad_auth_setting_is_refused_at_start() -> None:

@@ -12,8 +12,9 @@ from turnkit import Principal
 async def header_auth(
     x_user: Annotated[str | None, Header()] = None,
     x_org: Annotated[str | None, Header()] = None,
+    x_dept: Annotated[str | None, Header()] = None,
 ) -> Principal:
     """The caller the proxy vouched for; none: 401."""
     if not x_user:
         raise HTTPException(401, "sign in first")
-    return Principal(id=x_user, organisation=x_org or "default")
+    return Principal(id=x_user, organisation=x_org or "default", department=x_dept)

@@ -368,6 +368,19 @@ async def test_credentials_a_provider_echoes_are_not_passed_on(
     assert "https://***@proxy.internal/v1" in message
 
 
+def test_ordinary_provider_words_are_not_taken_for_credentials() -> None:
+    from turnkit.models._errors import redact_secrets
+
+    for said in (
+        "Basic authentication failed",
+        "Missing bearer authentication",
+        "Invalid token: expected JSON",
+        "max_tokens=4096 is more than the model allows",
+    ):
+        assert redact_secrets(said) == said
+    assert redact_secrets("password: hunter2x9") == "password: ***"
+
+
 async def test_exhausted_script_answers_500_naming_the_model(
     openai_server: FakeOpenAIServer,
 ) -> None:

@@ -422,7 +422,7 @@ async def _serving(args: argparse.Namespace, out: TextIO) -> int:
         # name of its own that resolves here (DNS rebinding).
         from turnkit.http.trusted_hosts import LOOPBACK_HOSTS
 
-        os.environ["TURNKIT_ALLOWED_HOSTS"] = ",".join(LOOPBACK_HOSTS)
+        os.environ["TURNKIT_ALLOWED_HOSTS"] = ",".join((*LOOPBACK_HOSTS, args.host))
     config = uvicorn.Config(
         "turnkit.quickstart:app", host=args.host, port=args.port, log_level="info"
     )

@@ -374,7 +374,7 @@ async def _open_postgres_checkpointer(
 
     from turnkit.graph._postgres_saver import AsyncPgSaver, prepare_connection
     from turnkit.store._asyncpg_pool import close_pool, keep_session
-    from turnkit.store.sql import database_unavailable
+    from turnkit.store.sql import database_refused
 
     dsn = "postgresql://" + database_url.split("://", 1)[1]
     settings = {"search_path": schema} if schema else None
@@ -412,7 +412,7 @@ async def _open_postgres_checkpointer(
         ) from exc
     except BaseException as exc:
         await pool.close()
-        if isinstance(exc, Exception) and database_unavailable(exc):  # read-only, disk full
+        if isinstance(exc, Exception) and database_refused(exc):  # read-only, disk full
             raise StoreUnavailableError(
                 f"the database for checkpoints takes no writes now ({type(exc).__name__}: "
                 f"{exc}); retry shortly"

@@ -27,11 +27,13 @@ LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
 
 
 def host_name(header: str) -> str:
-    """The name in a `Host` header, without its port or an IPv6 address's brackets."""
+    """The name in a `Host` header: no port, no IPv6 brackets, no trailing dot, lower case."""
     header = header.strip().lower()
     if header.startswith("["):  # [::1]:8000
-        return header[1 : header.find("]")] if "]" in header else header
-    return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
+        name = header[1 : header.find("]")] if "]" in header else header
+    else:
+        name = header.rsplit(":", 1)[0] if header.count(":") == 1 else header
+    return name.rstrip(".")
 
 
 class TrustedHosts:
@@ -43,7 +45,7 @@ class TrustedHosts:
 
     def __init__(self, app: ASGIApp, *, hosts: Iterable[str]) -> None:
         self.app = app
-        self.hosts = tuple(h.strip().lower().strip("[]") for h in hosts if h.strip())
+        self.hosts = tuple(host_name(h) for h in hosts if h.strip())  # `x.com:443` is x.com
         if not self.hosts:
             raise ConfigurationError("TrustedHosts needs at least one host name (or '*')")
         self.anyone = "*" in self.hosts

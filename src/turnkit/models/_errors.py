@@ -118,12 +118,20 @@ def _provider_error(
 
 
 _SECRETS = (
-    (re.compile(r"\b(Bearer|Basic)\s+[A-Za-z0-9._~+/=-]{6,}", re.IGNORECASE), r"\1 ***"),
+    (  # a token has a digit or a sign in it ("Basic authentication failed" is words)
+        re.compile(
+            r"\b(Bearer|Basic)\s+(?=[A-Za-z0-9._~+/=-]*[0-9=+/._-])[A-Za-z0-9._~+/=-]{8,}",
+            re.IGNORECASE,
+        ),
+        r"\1 ***",
+    ),
     (re.compile(r"\b(sk|rk|pk)-[A-Za-z0-9_-]{8,}"), r"\1-***"),
     (re.compile(r"(://)[^/\s@:]+:[^/\s@]+@"), r"\1***@"),
     (
         re.compile(
-            r"(\b(?:api[_-]?key|token|secret|password)[\"']?\s*[:=]\s*[\"']?)[^\s\"',}]{4,}", re.I
+            r"(\b(?:api[_-]?key|token|secret|password)[\"']?\s*[:=]\s*[\"']?)"
+            r"(?=[^\s\"',}]*\d)[^\s\"',}]{4,}",
+            re.I,
         ),
         r"\1***",
     ),

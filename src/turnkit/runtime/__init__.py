@@ -209,10 +209,10 @@ class SessionRuntime(RuntimeControl, RuntimeCallbacks, RuntimeBudgets):
         sid = check_session_id(session_id)
         await self.open()
         turns = await self.store.list_turns(sid)
-        deleted = await self.store.delete_session(sid)
-        # After the rows: until then a paused turn of the session could still be resumed.
+        # The checkpoints first: if deleting them fails, the session is still there, and
+        # deleting it again finishes the job (its rows gone, nothing would name them).
         await self.forget_checkpoints([t.turn_id for t in turns])
-        return deleted
+        return await self.store.delete_session(sid)
 
     async def execute_message(
         self,

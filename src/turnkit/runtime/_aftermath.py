@@ -41,8 +41,12 @@ class Aftermath:
         self._hurry = asyncio.Event()
 
     def prune_with(self, forget: Forget | None) -> None:
-        """Delete ended turns' checkpoints with `forget` (None: keep them)."""
+        """Delete ended turns' checkpoints with `forget` (None: keep them); take work again.
+
+        Called when the runtime opens, also after it was closed.
+        """
         self._forget = forget
+        self._closed = False
 
     def ended(self, turn_id: str) -> None:
         """The turn has ended: its checkpoints go with the next batch."""

@@ -6,7 +6,6 @@ the turn's terminal state, its summary and its transcript, releasing the lease.
 
 from __future__ import annotations
 
-import contextlib
 import time
 from dataclasses import dataclass
 
@@ -61,17 +60,17 @@ async def end_succeeded(rec: Recorder, attempt: Attempt, checkpoint_id: str | No
     )
 
 
-async def end_failed(rec: Recorder, attempt: Attempt, exc: TurnError) -> None:
+async def end_failed(rec: Recorder, attempt: Attempt, exc: TurnError) -> bool:
     """Commit a failed ending (`timed_out` for a deadline), with its `error` event.
 
-    A lease lost meanwhile leaves the ending to the attempt that holds it now.
+    A lease lost meanwhile leaves the ending to the attempt that holds it now: False.
     """
     status: TerminalStatus = "timed_out" if isinstance(exc, DeadlineExceededError) else "failed"
     rec.durable(ErrorEvent, "runtime", code=exc.code, message=exc.message, details=_details(exc))
     summary = _summary(rec, attempt, status, exc.code)
     _finished(rec, summary, "runtime")
     rec.durable(DoneEvent, "runtime", status=status, error_code=exc.code)
-    with contextlib.suppress(StaleEpochError, LeaseLostError):
+    try:
         await rec.flush(
             status=status,
             error_code=exc.code,
@@ -79,12 +78,16 @@ async def end_failed(rec: Recorder, attempt: Attempt, exc: TurnError) -> None:
             release=True,
             transcript=ended_transcript(rec, status, exc.code, exc.message),
         )
+    except (StaleEpochError, LeaseLostError):
+        return False
+    return True
 
 
-async def end_aborted(rec: Recorder, attempt: Attempt) -> None:
+async def end_aborted(rec: Recorder, attempt: Attempt) -> bool:
     """Commit a cancelled ending; a call cut short is audited `user-aborted`.
 
-    The text that call had streamed is kept as an interrupted block.
+    The text that call had streamed is kept as an interrupted block. False when a lease
+    lost meanwhile leaves the ending to the attempt that holds it now.
     """
     call = rec.open_call
     if call is not None:
@@ -110,13 +113,16 @@ async def end_aborted(rec: Recorder, attempt: Attempt) -> None:
     summary = _summary(rec, attempt, "cancelled", None)
     _finished(rec, summary, "runtime")
     rec.durable(DoneEvent, "runtime", status="cancelled")
-    with contextlib.suppress(StaleEpochError, LeaseLostError):
+    try:
         await rec.flush(
             status="cancelled",
             summary=summary,
             release=True,
             transcript=ended_transcript(rec, "cancelled", None, None),
         )
+    except (StaleEpochError, LeaseLostError):
+        return False
+    return True
 
 
 def _summary(

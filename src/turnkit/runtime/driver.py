@@ -49,7 +49,7 @@ from turnkit.stages._plugins import guard_input, on_events
 from turnkit.stages._types import Route, TranscriptMessage
 from turnkit.states import awaiting
 from turnkit.store import Lease, Store, TurnRecord, UnreadableEvent
-from turnkit.store.sql import database_unavailable
+from turnkit.store.sql import database_refused
 from turnkit.telemetry import Publish, Recorder
 
 __all__ = ("DriveSetup", "TurnDriver", "renewal_due")
@@ -108,6 +108,8 @@ class TurnDriver:
         """The attempt's stage context, for the work after its ending."""
         self.ended = False
         """The turn reached a terminal state here (not a pause, not a lost lease)."""
+        self._ending_written = False
+        """Its ending is committed: nothing resumes the turn now (its checkpoints may go)."""
         self.recorder: Recorder | None = None
         self.skipped: list[UnreadableEvent] = []
         """Committed events of the turn this attempt could not decode (left out)."""
@@ -207,8 +209,12 @@ class TurnDriver:
         self._leave_aftermath()
 
     def _prune_if_ended(self) -> None:
-        """A turn that ended here: its checkpoints resume nothing now (see `Aftermath`)."""
-        if self.ended and not self.lease_lost and self.aftermath is not None:
+        """A turn whose ending this attempt committed: its checkpoints resume nothing now.
+
+        Not one whose ending failed to commit (a Stop during an outage): it is still
+        running in the Store, and the attempt that takes it over resumes from them.
+        """
+        if self._ending_written and not self.lease_lost and self.aftermath is not None:
             self.aftermath.ended(self.lease.turn_id)
 
     async def _failed_unexpectedly(self, exc: Exception) -> None:
@@ -217,8 +223,8 @@ class TurnDriver:
         A checkpoint refused by a full disk or a read-only server (a failover) is an outage
         like one out of reach: the turn is left for an attempt that finds it mended.
         """
-        if database_unavailable(exc):
-            said = (str(exc).strip().splitlines() or [""])[0]
+        if database_refused(exc):
+            said = (str(exc).strip().splitlines() or [""])[0][:200]
             self._left_to_recovery(StoreUnavailableError(f"{type(exc).__name__}: {said}"))
             return
         if self.recorder is not None:
@@ -395,7 +401,7 @@ class TurnDriver:
         self.ended = True
         checkpoint_id = await latest_checkpoint_id(self.graph, self.lease.turn_id, just_ran=True)
         await end_succeeded(rec, self._attempt(), checkpoint_id)
-        self._succeeded = True
+        self._ending_written = self._succeeded = True
 
     async def _pause(self, rec: Recorder) -> None:
         """End this invocation only: save the request, wait for a person, hold nothing.
@@ -415,12 +421,12 @@ class TurnDriver:
     async def _end_failed(self, rec: Recorder, exc: TurnError) -> None:
         self.ended = True
         await self._join_commit_ahead()  # its events, if it failed, commit with the ending
-        await end_failed(rec, self._attempt(), exc)
+        self._ending_written = await end_failed(rec, self._attempt(), exc)
 
     async def _end_aborted(self, rec: Recorder) -> None:
         self.ended = True
         await self._join_commit_ahead()
-        await end_aborted(rec, self._attempt())
+        self._ending_written = await end_aborted(rec, self._attempt())
 
 
 def _each_to(sink: Sink) -> Publish:

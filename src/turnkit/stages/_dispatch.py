@@ -437,7 +437,7 @@ def _settle_pause(
         if not isinstance(resolution, Answer):
             return ("the question was not answered", "tool-failed", None)
         return (None, "tool-failed", {"answer": resolution.text})
-    if tool is None or not _needs_approval(ctx, tool, args):
+    if tool is None or not _needs_approval(ctx, tool, part.name, args):
         return None
     summary = summarize_call(part.name, args)
     rec.durable(
@@ -457,16 +457,19 @@ def _settle_pause(
     return None  # approved: run it
 
 
-def _needs_approval(ctx: StageContext, tool: Tool, args: Mapping[str, JsonValue]) -> bool:
-    """Whether a person must approve the call first.
+def _needs_approval(
+    ctx: StageContext, tool: Tool, called: str, args: Mapping[str, JsonValue]
+) -> bool:
+    """Whether a person must approve the call (to `called`, the name the model used) first.
 
     A `ToolClass` asks when any member would: its first member failing must not open a
-    way past a later member's policy. A member without a policy has the agent's.
+    way past a later member's policy. A member without a policy has the agent's; every
+    policy is asked about the name the model called.
     """
     if isinstance(tool, ToolClass):
-        return any(_needs_approval(ctx, member, args) for member in tool.tools)
+        return any(_needs_approval(ctx, member, called, args) for member in tool.tools)
     policy = getattr(tool, "approval", None) or ctx.agent.approval
-    return needs_approval(policy, tool.name, args)
+    return needs_approval(policy, called, args)
 
 
 def _wait(

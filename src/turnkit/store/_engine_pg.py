@@ -205,10 +205,36 @@ def is_unreachable(exc: BaseException) -> bool:
             return False
         if isinstance(driver, OSError) or type(driver).__name__ in UNREACHABLE_DRIVER_ERRORS:
             return True
-        if str(getattr(driver, "sqlstate", "")).startswith(UNAVAILABLE_SQLSTATES):
+        if _temporary(getattr(driver, "sqlstate", None)):
             return True
         driver = getattr(driver, "orig", None) or driver.__cause__
     return False
+
+
+def database_refused(exc: BaseException) -> bool:
+    """The database answered, and refused the statement for a reason that clears.
+
+    Read-only (a replica after a failover), out of disk, memory or connections, shutting
+    down, connection lost. Only the database's own errors (they carry a SQLSTATE) count,
+    never an `OSError` or a bug in the app's code that merely looks alike.
+    """
+    seen: BaseException | None = exc
+    for _ in range(6):
+        if seen is None:
+            return False
+        if _temporary(getattr(seen, "sqlstate", None)):
+            return True
+        seen = getattr(seen, "orig", None) or seen.__cause__
+    return False
+
+
+def _temporary(state: object) -> bool:
+    """A SQLSTATE of a refusal that clears by itself (see `UNAVAILABLE_SQLSTATES`)."""
+    return (
+        isinstance(state, str)
+        and state.startswith(UNAVAILABLE_SQLSTATES)
+        and state not in _LASTING_SQLSTATES
+    )
 
 
 def _why_unavailable(exc: BaseException) -> str:
@@ -230,6 +256,9 @@ UNAVAILABLE_SQLSTATES = ("08", "25006", "53", "57P")
 """SQLSTATEs (or their classes) of a server that cannot take statements now: connection
 exceptions, a read-only transaction, insufficient resources (disk full, out of memory,
 too many connections), an operator's shutdown."""
+_LASTING_SQLSTATES = frozenset({"08P01", "53400", "57P04"})
+"""Of those, what does not clear by waiting: a protocol violation, a configured limit, a
+dropped database."""
 
 
 _UNSTORABLE_TEXT = frozenset({"22021", "22P05"})
