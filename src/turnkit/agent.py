@@ -291,10 +291,13 @@ def _qualname(fn: object) -> str:
     return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
 
 
-def load_agent(spec: str) -> Agent:
-    """Import an agent by `package.module:name` (an `Agent`, or a function returning one).
+def import_object(spec: str, named: str) -> object:
+    """Import `package.module:name`; `named` says what it is in errors (`the agent 'x'`).
 
     The current directory is importable, as with `uvicorn module:app`.
+
+    Raises:
+        ConfigurationError: `spec` is not of that form, or cannot be imported.
     """
     import importlib
     import os
@@ -302,13 +305,21 @@ def load_agent(spec: str) -> Agent:
 
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
-        raise ConfigurationError(f"agent {spec!r} must look like `package.module:name`")
+        raise ConfigurationError(f"{named} must look like `package.module:name`")
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
-        target = getattr(importlib.import_module(module_name), attr)
+        return getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as exc:
-        raise ConfigurationError(f"cannot load the agent {spec!r}: {exc}") from exc
+        raise ConfigurationError(f"cannot load {named}: {exc}") from exc
+
+
+def load_agent(spec: str) -> Agent:
+    """Import an agent by `package.module:name` (an `Agent`, or a function returning one).
+
+    The current directory is importable, as with `uvicorn module:app`.
+    """
+    target = import_object(spec, f"the agent {spec!r}")
     agent = target() if callable(target) and not isinstance(target, Agent) else target
     if not isinstance(agent, Agent):
         raise ConfigurationError(f"{spec!r} is not a turnkit.Agent (or a function returning one)")

@@ -26,10 +26,8 @@ LLM). Environment variables switch to production parts:
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import os
-import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -45,7 +43,7 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the install
     raise missing_extra("The quickstart app", "fastapi", exc) from exc
 
-from turnkit.agent import load_agents
+from turnkit.agent import import_object, load_agents
 from turnkit.config import (
     Durability,
     RuntimeConfig,
@@ -147,15 +145,7 @@ def auth_from_env(env: Mapping[str, str] | None = None) -> AuthDependency | None
     spec = env.get("TURNKIT_AUTH", "").strip()
     if not spec:
         return None
-    module_name, _, attr = spec.partition(":")
-    if not module_name or not attr:
-        raise ConfigurationError(f"TURNKIT_AUTH={spec!r} must look like `package.module:name`")
-    if os.getcwd() not in sys.path and "" not in sys.path:
-        sys.path.insert(0, os.getcwd())  # as with `uvicorn module:app`
-    try:
-        found = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigurationError(f"cannot load TURNKIT_AUTH={spec!r}: {exc}") from exc
+    found = import_object(spec, f"TURNKIT_AUTH={spec!r}")
     if not callable(found):
         raise ConfigurationError(f"TURNKIT_AUTH={spec!r} is not a function (a dependency)")
     return cast(AuthDependency, found)
