@@ -367,14 +367,13 @@ class ThreadedSqliteSaver(SqliteSaver):
 
     async def adelete_threads(self, thread_ids: Sequence[str]) -> None:
         """Delete the threads' checkpoints and writes in one transaction."""
-        rows = [(str(t),) for t in thread_ids]
+        ids = [str(t) for t in thread_ids]
 
         def delete() -> None:
-            with self.cursor() as cur:
-                cur.executemany("DELETE FROM checkpoints WHERE thread_id = ?", rows)
-                cur.executemany("DELETE FROM writes WHERE thread_id = ?", rows)
+            for thread_id in ids:  # LangGraph's own deletion, in the batch's one transaction
+                self.delete_thread(thread_id)
 
-        if rows:
+        if ids:
             await self._run(lambda: self._in_batch(delete, wait=True))
 
 
