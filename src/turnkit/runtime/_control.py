@@ -31,7 +31,7 @@ class RuntimeControl(RuntimeReads):
             await self._recovery[2].stop(TurnId(turn_id))
         status = await self.host.cancel(TurnId(turn_id))
         if status == "cancelled":  # ended in the Store, or by its driver here
-            self._aftermath.ended(turn_id)
+            self.forget_ended(turn_id)
         return status
 
     async def resume(

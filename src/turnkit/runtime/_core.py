@@ -290,7 +290,7 @@ class RuntimeCore:
             clock=self.clock,
             idle_window_s=self.config.idle_window_s,
             keepalive_s=keepalive_s,
-            on_timed_out=self._aftermath.ended,
+            on_timed_out=self.forget_ended,
         )
 
     def _heard_guide(self, turn_id: TurnId, input_seq: int) -> None:
@@ -303,6 +303,14 @@ class RuntimeCore:
         driver = self._driving.get(turn_id)
         if driver is not None:
             driver.heard_guide(input_seq)
+
+    def forget_ended(self, turn_id: str) -> None:
+        """Delete the checkpoints of a turn ended without its driver, with the next batch.
+
+        A Stop, the sweep or a reader's timeout ended it; unless ended turns' checkpoints
+        are kept, they go as a driver's do.
+        """
+        self._aftermath.ended(turn_id)
 
     async def forget_checkpoints(self, turn_ids: Sequence[str]) -> None:
         """Delete these turns' graph checkpoints (each turn is one checkpoint thread)."""

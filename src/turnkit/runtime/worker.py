@@ -319,11 +319,7 @@ class Worker:
         )
         for turn_id in ended:
             log.warning("swept %s: timed out with no live driver", turn_id)
-        if ended and not config.keep_ended_checkpoints:
-            try:
-                await self.runtime.forget_checkpoints(list(ended))
-            except Exception as exc:  # noqa: BLE001 - they stay; budget pauses still resume
-                log.warning("deleting the checkpoints of swept turns failed: %s", exc)
+            self.runtime.forget_ended(turn_id)
         if config.budgets == "enforce":
             for resumed in await self.runtime.resume_budget_pauses():
                 log.info("resumed %s: its budget has room again", resumed)
