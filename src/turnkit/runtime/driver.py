@@ -49,7 +49,7 @@ from turnkit.stages._plugins import guard_input, on_events
 from turnkit.stages._types import Route, TranscriptMessage
 from turnkit.states import awaiting
 from turnkit.store import Lease, Store, TurnRecord, UnreadableEvent
-from turnkit.store.sql import database_refused
+from turnkit.store.sql import database_refused, first_line
 from turnkit.telemetry import Publish, Recorder
 
 __all__ = ("DriveSetup", "TurnDriver", "renewal_due")
@@ -224,8 +224,8 @@ class TurnDriver:
         like one out of reach: the turn is left for an attempt that finds it mended.
         """
         if database_refused(exc):
-            said = (str(exc).strip().splitlines() or [""])[0][:200]
-            self._left_to_recovery(StoreUnavailableError(f"{type(exc).__name__}: {said}"))
+            said = f"{type(exc).__name__}: {first_line(exc)}"
+            self._left_to_recovery(StoreUnavailableError(said))
             return
         if self.recorder is not None:
             unexpected = InternalError(f"unexpected {type(exc).__name__} inside the turn: {exc}")

@@ -9,7 +9,7 @@ hears when a turn becomes claimable (`work_signal`). It also tells a database ou
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from sqlalchemy import event
@@ -199,16 +199,9 @@ def is_unreachable(exc: BaseException) -> bool:
         return True
     # The driver's own error, wrapped or not: SQLAlchemy's `orig` may itself be its asyncpg
     # adapter's error, whose cause is the driver's (a server shutting down, say).
-    driver: BaseException | None = getattr(exc, "orig", None) or exc
-    for _ in range(4):
-        if driver is None:
-            return False
-        if isinstance(driver, OSError) or type(driver).__name__ in UNREACHABLE_DRIVER_ERRORS:
-            return True
-        if _temporary(getattr(driver, "sqlstate", None)):
-            return True
-        driver = getattr(driver, "orig", None) or driver.__cause__
-    return False
+    return any(
+        isinstance(e, OSError) or type(e).__name__ in UNREACHABLE_DRIVER_ERRORS for e in _chain(exc)
+    ) or database_refused(exc)
 
 
 def database_refused(exc: BaseException) -> bool:
@@ -218,14 +211,17 @@ def database_refused(exc: BaseException) -> bool:
     down, connection lost. Only the database's own errors (they carry a SQLSTATE) count,
     never an `OSError` or a bug in the app's code that merely looks alike.
     """
+    return any(_temporary(getattr(e, "sqlstate", None)) for e in _chain(exc))
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    """`exc`, then what it wraps (SQLAlchemy's `orig`, else its cause), a few deep."""
     seen: BaseException | None = exc
     for _ in range(6):
         if seen is None:
-            return False
-        if _temporary(getattr(seen, "sqlstate", None)):
-            return True
+            return
+        yield seen
         seen = getattr(seen, "orig", None) or seen.__cause__
-    return False
 
 
 def _temporary(state: object) -> bool:
@@ -239,16 +235,12 @@ def _temporary(state: object) -> bool:
 
 def _why_unavailable(exc: BaseException) -> str:
     """`cannot be reached`, or for a server that answered, why it takes no writes now."""
-    driver: BaseException | None = exc
-    for _ in range(4):
-        if driver is None:
-            break
-        state = str(getattr(driver, "sqlstate", ""))
+    for error in _chain(exc):
+        state = str(getattr(error, "sqlstate", ""))
         if state == "25006":
             return "is read-only"
         if state.startswith("53"):
             return "is out of disk, memory or connections"
-        driver = getattr(driver, "orig", None) or driver.__cause__
     return "cannot be reached"
 
 
@@ -271,16 +263,11 @@ def unstorable_text(exc: BaseException) -> InvalidInputError | None:
     A NUL character in an id or a key reaches PostgreSQL only from a request nobody
     checked: a bad request, not a store failure.
     """
-    driver: BaseException | None = exc
-    for _ in range(4):
-        if driver is None:
-            return None
-        if getattr(driver, "sqlstate", None) in _UNSTORABLE_TEXT:
-            return InvalidInputError(
-                "a text holds a character PostgreSQL cannot store (such as NUL, U+0000); "
-                "nothing was written"
-            )
-        driver = getattr(driver, "orig", None) or driver.__cause__
+    if any(getattr(e, "sqlstate", None) in _UNSTORABLE_TEXT for e in _chain(exc)):
+        return InvalidInputError(
+            "a text holds a character PostgreSQL cannot store (such as NUL, U+0000); "
+            "nothing was written"
+        )
     return None
 
 
