@@ -330,9 +330,9 @@ async def _db(args: argparse.Namespace, out: TextIO) -> int:
 
 async def _db_current(args: argparse.Namespace, out: TextIO) -> int:
     """`turnkit db current`: where the schema is, against this turnkit's; 1 unless equal."""
-    await existing_database(args.database_url, args.database_schema)  # no file made
     store = SqlStore.from_url(args.database_url, schema=args.database_schema)
     try:
+        await existing_database(args.database_url, args.database_schema, store)  # no file made
         revision = await store.schema_revision()
     finally:
         await store.close()
