@@ -35,7 +35,6 @@ class ToolClass:
             raise ConfigurationError(f"tool class {name!r} needs at least one tool")
         self._name = name
         self.tools: tuple[Tool, ...] = tuple(tools)
-        self.approval = getattr(self.tools[0], "approval", None)
 
     @property
     def name(self) -> str:
