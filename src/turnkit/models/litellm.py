@@ -14,11 +14,10 @@ chunk, and every other provider streams through `litellm.acompletion` (`_litellm
 
 from __future__ import annotations
 
-import base64
 import ipaddress
 import logging
 import os
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping
 from types import ModuleType
 from typing import Literal
 from urllib.parse import urlsplit
@@ -26,21 +25,16 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field
 
 from turnkit import models as _models
-from turnkit.blocks import ContentPart, ImagePart, TextPart
 from turnkit.errors import (
     ConfigurationError,
-    InvalidInputError,
     ModelCredentialsError,
     UnknownModelError,
 )
 from turnkit.models import (
-    Content,
     ModelChunk,
-    ModelMessage,
     ModelRequest,
-    ToolSpec,
-    text_of,
 )
+from turnkit.models._chat_format import message_dicts, tool_dict
 from turnkit.models._direct import prepare as _prepare_direct
 from turnkit.models._errors import CallSite, map_error
 from turnkit.models._litellm_finish import finish
@@ -123,83 +117,6 @@ def _is_loopback(api_base: str | None) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
-
-
-def _part_dict(part: ContentPart) -> dict[str, object]:
-    if isinstance(part, TextPart):
-        return {"type": "text", "text": part.text}
-    url = part.url
-    if url is None:
-        assert part.data is not None  # an ImagePart has exactly one of url and data
-        url = f"data:{part.media_type};base64,{base64.b64encode(part.data).decode()}"
-    return {"type": "image_url", "image_url": {"url": url}}
-
-
-def _content(content: Content) -> object:
-    return content if isinstance(content, str) else [_part_dict(p) for p in content]
-
-
-def _message_dict(message: ModelMessage) -> dict[str, object]:
-    """One neutral message as an OpenAI chat message (a tool's pictures left out)."""
-    out: dict[str, object] = {"role": message.role}
-    if message.role == "assistant" and message.tool_calls:
-        out["content"] = text_of(message.content) or None
-        out["tool_calls"] = [
-            {
-                "id": call.tool_call_id,
-                "type": "function",
-                "function": {"name": call.name, "arguments": call.arguments},
-            }
-            for call in message.tool_calls
-        ]
-    elif message.role == "tool":
-        out["content"] = text_of(message.content)
-    else:
-        out["content"] = _content(message.content)
-    if message.role == "tool":
-        if not message.tool_call_id:
-            raise InvalidInputError(
-                "a 'tool' message needs tool_call_id: set it to the id of the call it answers"
-            )
-        out["tool_call_id"] = message.tool_call_id
-    elif message.name:
-        out["name"] = message.name
-    return out
-
-
-def _message_dicts(messages: Sequence[ModelMessage]) -> list[dict[str, object]]:
-    """Neutral messages as OpenAI chat messages.
-
-    OpenAI-style tool messages carry text only, so the pictures a batch of tool results
-    returned follow that batch as one user message (deterministically, so the prompt
-    prefix stays byte-identical from call to call).
-    """
-    out: list[dict[str, object]] = []
-    pictures: list[dict[str, object]] = []
-    for message in messages:
-        if message.role != "tool" and pictures:
-            out.append({"role": "user", "content": pictures})
-            pictures = []
-        out.append(_message_dict(message))
-        if message.role == "tool" and not isinstance(message.content, str):
-            shown = [_part_dict(p) for p in message.content if isinstance(p, ImagePart)]
-            if shown:
-                label = f"Pictures returned by tool call {message.tool_call_id}:"
-                pictures += [{"type": "text", "text": label}, *shown]
-    if pictures:
-        out.append({"role": "user", "content": pictures})
-    return out
-
-
-def _tool_dict(tool: ToolSpec) -> dict[str, object]:
-    return {
-        "type": "function",
-        "function": {
-            "name": tool.name,
-            "description": tool.description,
-            "parameters": tool.parameters,
-        },
-    }
 
 
 def _effort_for(budget: int) -> str:
@@ -342,10 +259,10 @@ class LiteLLMClient:
         litellm = _load_litellm()
         kwargs: dict[str, object] = {
             "model": self._model,
-            "messages": _message_dicts(request.messages),
+            "messages": message_dicts(request.messages),
         }
         if request.tools:
-            kwargs["tools"] = [_tool_dict(t) for t in request.tools]
+            kwargs["tools"] = [tool_dict(t) for t in request.tools]
         try:
             return int(litellm.token_counter(**kwargs))
         except Exception:  # noqa: BLE001 - a counter that fails must not fail the turn
@@ -446,7 +363,7 @@ class LiteLLMClient:
     def _call_kwargs(self, litellm: ModuleType, request: ModelRequest) -> dict[str, object]:
         kwargs: dict[str, object] = {
             "model": self._model,
-            "messages": _message_dicts(request.messages),
+            "messages": message_dicts(request.messages),
             "stream": True,
             "stream_options": {"include_usage": True},
             "timeout": self._timeout,
@@ -459,7 +376,7 @@ class LiteLLMClient:
         if request.settings is not None:
             kwargs.update(request.settings.sent())
         if request.tools:
-            kwargs["tools"] = [_tool_dict(t) for t in request.tools]
+            kwargs["tools"] = [tool_dict(t) for t in request.tools]
             if request.tool_choice != "auto":
                 kwargs["tool_choice"] = request.tool_choice
         if request.output_cap() is not None:

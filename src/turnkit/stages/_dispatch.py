@@ -7,7 +7,7 @@ import json
 import logging
 import time
 from collections.abc import Mapping
-from typing import Literal, cast
+from typing import cast
 
 from pydantic import JsonValue
 
@@ -17,8 +17,6 @@ from turnkit.blocks import ToolResultBlock, ToolUseBlock
 from turnkit.context.results import READ_RESULT_TOOL
 from turnkit.errors import ErrorCode
 from turnkit.events import (
-    ApprovalRequestedEvent,
-    ClarificationRequestedEvent,
     JobCompletedEvent,
     JobDispatchedEvent,
     JobProgressEvent,
@@ -29,23 +27,14 @@ from turnkit.events import (
 )
 from turnkit.ids import ToolCallId, derive_id
 from turnkit.models import ToolCallPart
-from turnkit.pauses import (
-    CLARIFY_TOOL,
-    RESOLUTION_ADAPTER,
-    Answer,
-    Deny,
-    PauseRequest,
-    Resolution,
-    needs_approval,
-    summarize_call,
-)
 from turnkit.plugins import ToolCall
 from turnkit.stages._message_list import result_message, result_text
 from turnkit.stages._offered import offered_tools
 from turnkit.stages._planning import is_planning_tool, run_planning_tool
 from turnkit.stages._plugins import after_tool_call, before_tool_call, guard
+from turnkit.stages._tool_pauses import is_clarify, pause_key, settle_pause
 from turnkit.stages._types import StageContext, TranscriptMessage
-from turnkit.tools import Tool, ToolArgumentsError, ToolClass, ToolContext
+from turnkit.tools import Tool, ToolArgumentsError, ToolContext
 from turnkit.tools._errors import ToolResultError
 from turnkit.tools._storable import storable
 
@@ -94,7 +83,7 @@ async def dispatch_tools(
     settled: dict[str, tuple[str | None, ErrorCode, JsonValue]] = {}
     for part, tool, args, problem, _ in plans:
         if problem is None and part.tool_call_id not in rec.journal.results:
-            outcome = _settle_pause(ctx, part, tool, args)
+            outcome = settle_pause(ctx, part, tool, args)
             if outcome is not None:
                 settled[part.tool_call_id] = outcome
 
@@ -401,96 +390,8 @@ class _Reports:
             )
 
 
-def _is_clarify(ctx: StageContext, part: ToolCallPart) -> bool:
-    return ctx.agent.clarifications and part.name == CLARIFY_TOOL
-
-
 def _is_read_result(ctx: StageContext, part: ToolCallPart) -> bool:
     return ctx.agent.tool_result_preview_chars is not None and part.name == READ_RESULT_TOOL
-
-
-def _settle_pause(
-    ctx: StageContext, part: ToolCallPart, tool: Tool | None, args: Mapping[str, JsonValue]
-) -> tuple[str | None, ErrorCode, JsonValue] | None:
-    """Pause for a question or an approval if this call needs one; the settled outcome.
-
-    Returns None when the call should simply run. Pausing raises out of the node (the
-    LangGraph interrupt); on resume the same code runs again and the interrupt returns
-    the person's answer.
-    """
-    rec = ctx.recorder
-    call_id = ToolCallId(part.tool_call_id)
-    request_id = derive_id("req", rec.turn_id, part.tool_call_id)
-    if _is_clarify(ctx, part):
-        question = str(args.get("question") or "")
-        raw_choices = args.get("choices") or []
-        choices = tuple(str(c) for c in raw_choices) if isinstance(raw_choices, list) else ()
-        rec.durable(
-            ClarificationRequestedEvent,
-            "tool-loop",
-            request_id=request_id,
-            question=question,
-            choices=choices,
-        )
-        payload: dict[str, JsonValue] = {"question": question, "choices": list(choices)}
-        resolution = _wait(ctx, request_id, "clarification", part, payload)
-        if not isinstance(resolution, Answer):
-            return ("the question was not answered", "tool-failed", None)
-        return (None, "tool-failed", {"answer": resolution.text})
-    if tool is None or not _needs_approval(ctx, tool, part.name, args):
-        return None
-    summary = summarize_call(part.name, args)
-    rec.durable(
-        ApprovalRequestedEvent,
-        "tool-loop",
-        request_id=request_id,
-        tool_call_id=call_id,
-        tool_name=part.name,
-        arguments=dict(args),
-        summary=summary,
-    )
-    payload = {"tool_name": part.name, "arguments": dict(args), "summary": summary}
-    resolution = _wait(ctx, request_id, "approval", part, payload)
-    if isinstance(resolution, Deny):
-        note = f": {resolution.note}" if resolution.note else ""
-        return (f"the person denied this call{note}. Do not retry it as is", "tool-denied", None)
-    return None  # approved: run it
-
-
-def _needs_approval(
-    ctx: StageContext, tool: Tool, called: str, args: Mapping[str, JsonValue]
-) -> bool:
-    """Whether a person must approve the call (to `called`, the name the model used) first.
-
-    A `ToolClass` asks when any member would: its first member failing must not open a
-    way past a later member's policy. A member without a policy has the agent's; every
-    policy is asked about the name the model called.
-    """
-    if isinstance(tool, ToolClass):
-        return any(_needs_approval(ctx, member, called, args) for member in tool.tools)
-    policy = getattr(tool, "approval", None) or ctx.agent.approval
-    return needs_approval(policy, called, args)
-
-
-def _wait(
-    ctx: StageContext,
-    request_id: str,
-    kind: Literal["approval", "clarification"],
-    part: ToolCallPart,
-    payload: dict[str, JsonValue],
-) -> Resolution:
-    rec = ctx.recorder
-    rec.notes.pending_pause = PauseRequest(
-        request_id=request_id, kind=kind, tool_call_id=part.tool_call_id, payload=payload
-    )
-    answer = ctx.interrupt({"request_id": request_id, "kind": kind})
-    rec.notes.pending_pause = None
-    return RESOLUTION_ADAPTER.validate_python(answer)
-
-
-def _pause_key(turn_id: str, tool_call_id: str) -> str:
-    """The journal key of the pause a call asked for (see `dedupe_key`)."""
-    return f"pause:{derive_id('req', turn_id, tool_call_id)}"
 
 
 Plan = tuple[ToolCallPart, Tool | None, dict[str, JsonValue], str | None, ErrorCode]
@@ -515,7 +416,7 @@ def _write_ahead(
     in_doubt: set[str] = set()
     # Nothing of a batch runs before all its pauses are settled: a batch that paused, and
     # was not yet resumed by an attempt that died, has no call that may have run.
-    paused = any(_pause_key(rec.turn_id, c.tool_call_id) in rec.journal.keys for c in calls)
+    paused = any(pause_key(rec.turn_id, c.tool_call_id) in rec.journal.keys for c in calls)
     doubtful = rec.notes.answered_before or not paused
     for part in calls:
         args, problem = _parse(part)
@@ -531,7 +432,7 @@ def _write_ahead(
         elif (
             problem is None
             and tool is None
-            and not _is_clarify(ctx, part)
+            and not is_clarify(ctx, part)
             and not _is_read_result(ctx, part)
             and not is_planning_tool(ctx, part.name)
         ):

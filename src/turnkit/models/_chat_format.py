@@ -1,0 +1,96 @@
+"""Requests in the OpenAI chat format: what both transports send for a model call.
+
+Neutral `ModelMessage`s and `ToolSpec`s become OpenAI chat dicts here, and nowhere else:
+`LiteLLMClient` builds one set of call arguments from them, which the direct stream and
+litellm's path both send.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Sequence
+
+from turnkit.blocks import ContentPart, ImagePart, TextPart
+from turnkit.errors import InvalidInputError
+from turnkit.models import Content, ModelMessage, ToolSpec, text_of
+
+__all__ = ("message_dicts", "part_dict", "tool_dict")
+
+
+def part_dict(part: ContentPart) -> dict[str, object]:
+    """One text or picture part as an OpenAI content part (a picture's bytes as a data URL)."""
+    if isinstance(part, TextPart):
+        return {"type": "text", "text": part.text}
+    url = part.url
+    if url is None:
+        assert part.data is not None  # an ImagePart has exactly one of url and data
+        url = f"data:{part.media_type};base64,{base64.b64encode(part.data).decode()}"
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
+def _content(content: Content) -> object:
+    return content if isinstance(content, str) else [part_dict(p) for p in content]
+
+
+def _message_dict(message: ModelMessage) -> dict[str, object]:
+    """One neutral message as an OpenAI chat message (a tool's pictures left out)."""
+    out: dict[str, object] = {"role": message.role}
+    if message.role == "assistant" and message.tool_calls:
+        out["content"] = text_of(message.content) or None
+        out["tool_calls"] = [
+            {
+                "id": call.tool_call_id,
+                "type": "function",
+                "function": {"name": call.name, "arguments": call.arguments},
+            }
+            for call in message.tool_calls
+        ]
+    elif message.role == "tool":
+        out["content"] = text_of(message.content)
+    else:
+        out["content"] = _content(message.content)
+    if message.role == "tool":
+        if not message.tool_call_id:
+            raise InvalidInputError(
+                "a 'tool' message needs tool_call_id: set it to the id of the call it answers"
+            )
+        out["tool_call_id"] = message.tool_call_id
+    elif message.name:
+        out["name"] = message.name
+    return out
+
+
+def message_dicts(messages: Sequence[ModelMessage]) -> list[dict[str, object]]:
+    """Neutral messages as OpenAI chat messages.
+
+    OpenAI-style tool messages carry text only, so the pictures a batch of tool results
+    returned follow that batch as one user message (deterministically, so the prompt
+    prefix stays byte-identical from call to call).
+    """
+    out: list[dict[str, object]] = []
+    pictures: list[dict[str, object]] = []
+    for message in messages:
+        if message.role != "tool" and pictures:
+            out.append({"role": "user", "content": pictures})
+            pictures = []
+        out.append(_message_dict(message))
+        if message.role == "tool" and not isinstance(message.content, str):
+            shown = [part_dict(p) for p in message.content if isinstance(p, ImagePart)]
+            if shown:
+                label = f"Pictures returned by tool call {message.tool_call_id}:"
+                pictures += [{"type": "text", "text": label}, *shown]
+    if pictures:
+        out.append({"role": "user", "content": pictures})
+    return out
+
+
+def tool_dict(tool: ToolSpec) -> dict[str, object]:
+    """A tool's spec as an OpenAI function tool."""
+    return {
+        "type": "function",
+        "function": {
+            "name": tool.name,
+            "description": tool.description,
+            "parameters": tool.parameters,
+        },
+    }

@@ -1,0 +1,121 @@
+"""Pauses before a tool call runs: the agent's question to a person, or a call to approve.
+
+A call that needs a person raises out of the node (LangGraph's interrupt); on resume the
+same code runs again and the interrupt returns the person's answer, so the call is settled
+exactly once however often the node is replayed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Literal
+
+from pydantic import JsonValue
+
+from turnkit.errors import ErrorCode
+from turnkit.events import ApprovalRequestedEvent, ClarificationRequestedEvent
+from turnkit.ids import ToolCallId, derive_id
+from turnkit.models import ToolCallPart
+from turnkit.pauses import (
+    CLARIFY_TOOL,
+    RESOLUTION_ADAPTER,
+    Answer,
+    Deny,
+    PauseRequest,
+    Resolution,
+    needs_approval,
+    summarize_call,
+)
+from turnkit.stages._types import StageContext
+from turnkit.tools import Tool, ToolClass
+
+__all__ = ("is_clarify", "pause_key", "settle_pause")
+
+
+def is_clarify(ctx: StageContext, part: ToolCallPart) -> bool:
+    """Whether the call is the agent's question to the person (when it may ask one)."""
+    return ctx.agent.clarifications and part.name == CLARIFY_TOOL
+
+
+def settle_pause(
+    ctx: StageContext, part: ToolCallPart, tool: Tool | None, args: Mapping[str, JsonValue]
+) -> tuple[str | None, ErrorCode, JsonValue] | None:
+    """Pause for a question or an approval if this call needs one; the settled outcome.
+
+    Returns None when the call should simply run. Pausing raises out of the node (the
+    LangGraph interrupt); on resume the same code runs again and the interrupt returns
+    the person's answer.
+    """
+    rec = ctx.recorder
+    call_id = ToolCallId(part.tool_call_id)
+    request_id = derive_id("req", rec.turn_id, part.tool_call_id)
+    if is_clarify(ctx, part):
+        question = str(args.get("question") or "")
+        raw_choices = args.get("choices") or []
+        choices = tuple(str(c) for c in raw_choices) if isinstance(raw_choices, list) else ()
+        rec.durable(
+            ClarificationRequestedEvent,
+            "tool-loop",
+            request_id=request_id,
+            question=question,
+            choices=choices,
+        )
+        payload: dict[str, JsonValue] = {"question": question, "choices": list(choices)}
+        resolution = _wait(ctx, request_id, "clarification", part, payload)
+        if not isinstance(resolution, Answer):
+            return ("the question was not answered", "tool-failed", None)
+        return (None, "tool-failed", {"answer": resolution.text})
+    if tool is None or not _needs_approval(ctx, tool, part.name, args):
+        return None
+    summary = summarize_call(part.name, args)
+    rec.durable(
+        ApprovalRequestedEvent,
+        "tool-loop",
+        request_id=request_id,
+        tool_call_id=call_id,
+        tool_name=part.name,
+        arguments=dict(args),
+        summary=summary,
+    )
+    payload = {"tool_name": part.name, "arguments": dict(args), "summary": summary}
+    resolution = _wait(ctx, request_id, "approval", part, payload)
+    if isinstance(resolution, Deny):
+        note = f": {resolution.note}" if resolution.note else ""
+        return (f"the person denied this call{note}. Do not retry it as is", "tool-denied", None)
+    return None  # approved: run it
+
+
+def _needs_approval(
+    ctx: StageContext, tool: Tool, called: str, args: Mapping[str, JsonValue]
+) -> bool:
+    """Whether a person must approve the call (to `called`, the name the model used) first.
+
+    A `ToolClass` asks when any member would: its first member failing must not open a
+    way past a later member's policy. A member without a policy has the agent's; every
+    policy is asked about the name the model called.
+    """
+    if isinstance(tool, ToolClass):
+        return any(_needs_approval(ctx, member, called, args) for member in tool.tools)
+    policy = getattr(tool, "approval", None) or ctx.agent.approval
+    return needs_approval(policy, called, args)
+
+
+def _wait(
+    ctx: StageContext,
+    request_id: str,
+    kind: Literal["approval", "clarification"],
+    part: ToolCallPart,
+    payload: dict[str, JsonValue],
+) -> Resolution:
+    rec = ctx.recorder
+    rec.notes.pending_pause = PauseRequest(
+        request_id=request_id, kind=kind, tool_call_id=part.tool_call_id, payload=payload
+    )
+    answer = ctx.interrupt({"request_id": request_id, "kind": kind})
+    rec.notes.pending_pause = None
+    return RESOLUTION_ADAPTER.validate_python(answer)
+
+
+def pause_key(turn_id: str, tool_call_id: str) -> str:
+    """The journal key of the pause a call asked for (see `dedupe_key`)."""
+    return f"pause:{derive_id('req', turn_id, tool_call_id)}"
