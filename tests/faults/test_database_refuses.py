@@ -164,3 +164,95 @@ async def test_an_app_error_that_looks_like_an_outage_still_fails_the_turn(
             events = [e async for e in runtime.execute_message("s1", "hello")]
     assert events[-1].type == "done"
     assert (events[-1].status, events[-1].error_code) == ("failed", "internal-error")
+
+
+@pytest.fixture
+async def failover() -> AsyncIterator[tuple[str, str, Any]]:
+    """(URL of a writable role, its schema, `turn(read_only)`) to play a failover.
+
+    `turn(True)` is the failover's first half: the server restarts (the role's
+    connections are cut) and new connections land on a read-only server, as when a
+    DNS name still points at the old primary, now a replica. `turn(False)` is the
+    second half: new connections reach the new primary; old ones stay where they were.
+    """
+    require_service("PostgreSQL", "127.0.0.1", 5432)
+    role, schema = f"tk_fo_{uuid.uuid4().hex[:8]}", f"tk_test_{uuid.uuid4().hex[:12]}"
+    config = RuntimeConfig(database_url=POSTGRES_URL, database_schema=schema)
+    async with SessionRuntime(agent=Agent(model=ScriptedModel([])), config=config):
+        pass
+    admin = await asyncpg.connect(POSTGRES_URL)
+
+    async def turn(read_only: bool) -> None:
+        if read_only:
+            await admin.execute(f"ALTER ROLE {role} SET default_transaction_read_only = on")
+            await admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = $1", role
+            )
+        else:
+            await admin.execute(f"ALTER ROLE {role} RESET default_transaction_read_only")
+
+    try:
+        await admin.execute(f"CREATE ROLE {role} LOGIN")
+        await admin.execute(f'GRANT ALL ON SCHEMA "{schema}" TO {role}')
+        await admin.execute(f'GRANT ALL ON ALL TABLES IN SCHEMA "{schema}" TO {role}')
+        await admin.execute(f'GRANT ALL ON ALL SEQUENCES IN SCHEMA "{schema}" TO {role}')
+        yield POSTGRES_URL.replace("postgres@", f"{role}@", 1), schema, turn
+    finally:
+        await admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = $1", role
+        )
+        await admin.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        await admin.execute(f"DROP OWNED BY {role}")
+        await admin.execute(f"DROP ROLE IF EXISTS {role}")
+        await admin.close()
+
+
+async def _first_success(write: Any, tries: int = 4) -> int:
+    """How many tries `write()` took: each refusal may retire the connections it used."""
+    for attempt in range(1, tries + 1):
+        try:
+            await write()
+        except StoreUnavailableError:
+            continue
+        return attempt
+    raise AssertionError(f"still refused after {tries} tries: connections to the old server")
+
+
+async def test_after_a_failover_connections_to_the_read_only_server_are_retired(
+    failover: tuple[str, str, Any],
+) -> None:
+    url, schema, turn = failover
+    config = RuntimeConfig(database_url=url, database_schema=schema, auto_migrate=False)
+    model = ScriptedModel([ModelStep.text_reply("Written on the new primary.")], repeat_last=True)
+    async with SessionRuntime(agent=Agent(model=model), config=config) as runtime:
+        saver: Any = runtime._graph.checkpointer  # type: ignore[union-attr]  # pyright: ignore[reportPrivateUsage]
+        store = runtime.store
+        names = iter(range(1000))
+
+        async def session() -> None:  # SQLAlchemy's pool
+            await store.create_session(SessionId(f"s{next(names)}"))
+
+        async def message() -> None:  # the driver's pool
+            await runtime.start(f"m{next(names)}", "hello")
+
+        async def checkpoint() -> None:  # the checkpointer's pool
+            try:
+                await saver.adelete_threads([f"t{next(names)}"])
+            except asyncpg.PostgresError as exc:
+                if database_refused(exc):
+                    raise StoreUnavailableError(str(exc)) from exc
+                raise
+
+        await turn(True)  # the old primary restarts as a replica, still under the name
+        for write in (session, message, checkpoint):
+            for _ in range(3):  # every pooled connection now reaches the read-only server
+                with pytest.raises(StoreUnavailableError):
+                    await write()
+        await turn(False)  # the name now reaches the new primary
+        tries = {w.__name__: await _first_success(w) for w in (session, message, checkpoint)}
+        assert set(tries.values()) == {1}, tries  # the refusals retired the old connections
+
+        async with asyncio.timeout(30):
+            events = [e async for e in runtime.execute_message("after", "hello")]
+        assert events[-1].type == "done"
+        assert events[-1].status == "succeeded"

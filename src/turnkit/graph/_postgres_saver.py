@@ -68,7 +68,7 @@ class AsyncPgSaver(PgCheckpointWrites):
 
     async def setup(self) -> None:
         """Create LangGraph's checkpoint tables (its own migrations, in its order)."""
-        async with self.pool.acquire() as conn:
+        async with self._connection() as conn:
             await conn.execute(self.MIGRATIONS[0])
             done = await conn.fetchval("SELECT max(v) FROM checkpoint_migrations")
             start = -1 if done is None else int(done)
@@ -96,7 +96,7 @@ class AsyncPgSaver(PgCheckpointWrites):
                 "WHERE thread_id = $1 AND checkpoint_ns = $2 ORDER BY checkpoint_id DESC LIMIT 1"
             )
             args = (thread_id, checkpoint_ns)
-        async with self.pool.acquire() as conn:
+        async with self._connection() as conn:
             rows = [dict(r) for r in await conn.fetch(self.SELECT_SQL + where, *args)]
             await self._migrate_old_sends(conn, rows)
         return self._tuple(rows[0]) if rows else None
@@ -122,7 +122,7 @@ class AsyncPgSaver(PgCheckpointWrites):
         if limit is not None:
             args.append(int(limit))
             query += f" LIMIT ${len(args)}"
-        async with self.pool.acquire() as conn:
+        async with self._connection() as conn:
             rows = [dict(r) for r in await conn.fetch(query, *args)]
             await self._migrate_old_sends(conn, rows)
         for row in rows:

@@ -9,7 +9,8 @@ writes its checkpoints in the statement of the turn's own commit.
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +28,7 @@ from langgraph.checkpoint.serde.types import _DeltaSnapshot
 
 from turnkit.graph._held import ThreadNotes, log_dropped, supersedable
 from turnkit.store import Rider
+from turnkit.store.sql import reached_read_only
 
 __all__ = (
     "CARRIED_CHECKPOINTS",
@@ -121,6 +123,21 @@ class PgCheckpointWrites(BasePostgresSaver):
         self._written = ThreadNotes()
         self._carriers: dict[str, Carrier] = {}
 
+    @asynccontextmanager
+    async def _connection(self) -> AsyncIterator[asyncpg.Connection]:
+        """A pooled connection; a read-only refusal retires the pool's connections.
+
+        After a failover, connections opened while the database's name still led to the
+        old primary keep reaching it, now a replica: the next acquire connects afresh.
+        """
+        try:
+            async with self.pool.acquire() as conn:
+                yield conn
+        except asyncpg.PostgresError as exc:
+            if reached_read_only(exc):
+                await self.pool.expire_connections()
+            raise
+
     def carry(self, thread_id: str, carrier: Carrier) -> Callable[[bool], Awaitable[None]]:
         """Let `carrier` write each checkpoint of the thread with its staged events.
 
@@ -168,7 +185,7 @@ class PgCheckpointWrites(BasePostgresSaver):
         """Run what the thread holds, then `write`, on one pooled connection."""
         held = self._held.pop(thread_id, [])
         try:
-            async with self.pool.acquire() as conn:
+            async with self._connection() as conn:
                 for item in held:
                     await write_held(conn, thread_id, item)
                 held = []
@@ -338,7 +355,7 @@ class PgCheckpointWrites(BasePostgresSaver):
             self._held.pop(thread_id, None)
         if not ids:
             return
-        async with self.pool.acquire() as conn, conn.transaction():
+        async with self._connection() as conn, conn.transaction():
             for table in ("checkpoints", "checkpoint_blobs", "checkpoint_writes"):
                 await conn.execute(f"DELETE FROM {table} WHERE thread_id = ANY($1::text[])", ids)
 

@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from sqlalchemy import event
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import ExceptionContext, make_url
 from sqlalchemy.exc import (
     ArgumentError,
     DBAPIError,
@@ -40,6 +40,7 @@ __all__ = (
     "first_line",
     "shown_url",
     "is_unreachable",
+    "reached_read_only",
 )
 
 T = TypeVar("T")
@@ -83,6 +84,7 @@ class PgConnections:
             pool_reset_on_return=None,
         )
         event.listen(self._async_engine.sync_engine.pool, "checkout", drop_if_closed)
+        event.listen(self._async_engine.sync_engine, "handle_error", _retire_if_read_only)
 
     async def _pg_driver(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
         """Run `fn(asyncpg_connection, *args)` on a pooled connection, outside SQLAlchemy.
@@ -98,6 +100,8 @@ class PgConnections:
             async with pool.acquire() as conn:
                 return await fn(conn, *args)
         except Exception as exc:  # the driver's own errors
+            if self._driver_pool is not None and reached_read_only(exc):
+                await self._driver_pool.expire_connections()
             if is_unreachable(exc):
                 raise self._unavailable(exc) from exc
             refused = unstorable_text(exc)
@@ -214,6 +218,23 @@ def database_refused(exc: BaseException) -> bool:
     return any(_temporary(getattr(e, "sqlstate", None)) for e in _chain(exc))
 
 
+def reached_read_only(exc: BaseException) -> bool:
+    """The connection reached a read-only server: after a failover, likely the old primary.
+
+    Connections opened while a database name still led to the old primary, now a replica,
+    keep reaching it after the name leads to the new one. Whoever sees this refusal
+    retires the pool's connections, so the next statement connects afresh.
+    """
+    return any(getattr(e, "sqlstate", None) == READ_ONLY_SQLSTATE for e in _chain(exc))
+
+
+def _retire_if_read_only(context: ExceptionContext) -> None:
+    """SQLAlchemy's `handle_error`: a read-only refusal invalidates the pool, as a lost link."""
+    if reached_read_only(context.original_exception):
+        context.is_disconnect = True
+        context.invalidate_pool_on_disconnect = True
+
+
 def _chain(exc: BaseException) -> Iterator[BaseException]:
     """`exc`, then what it wraps (SQLAlchemy's `orig`, else its cause), a few deep."""
     seen: BaseException | None = exc
@@ -237,14 +258,15 @@ def _why_unavailable(exc: BaseException) -> str:
     """`cannot be reached`, or for a server that answered, why it takes no writes now."""
     for error in _chain(exc):
         state = str(getattr(error, "sqlstate", ""))
-        if state == "25006":
+        if state == READ_ONLY_SQLSTATE:
             return "is read-only"
         if state.startswith("53"):
             return "is out of disk, memory or connections"
     return "cannot be reached"
 
 
-UNAVAILABLE_SQLSTATES = ("08", "25006", "53", "57P")
+READ_ONLY_SQLSTATE = "25006"
+UNAVAILABLE_SQLSTATES = ("08", READ_ONLY_SQLSTATE, "53", "57P")
 """SQLSTATEs (or their classes) of a server that cannot take statements now: connection
 exceptions, a read-only transaction, insufficient resources (disk full, out of memory,
 too many connections), an operator's shutdown."""

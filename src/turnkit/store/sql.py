@@ -41,13 +41,20 @@ from turnkit.store import (
 )
 from turnkit.store._coalesce import Coalescer
 from turnkit.store._engine import normalize_url
-from turnkit.store._engine_pg import database_refused, first_line, shown_url
+from turnkit.store._engine_pg import database_refused, first_line, reached_read_only, shown_url
 from turnkit.store._schema import SOURCES
 from turnkit.store._sql_budgets import SqlBudgets
 from turnkit.store._sql_queue import SqlQueue
 from turnkit.store._sql_sessions import SqlSessions
 
-__all__ = ("SqlStore", "database_refused", "first_line", "normalize_url", "shown_url")
+__all__ = (
+    "SqlStore",
+    "database_refused",
+    "first_line",
+    "normalize_url",
+    "reached_read_only",
+    "shown_url",
+)
 
 log = logging.getLogger(__name__)
 
