@@ -4,9 +4,15 @@
 // code, bold, italic, strike-through and links (http, https and mailto only).
 // Text still streaming renders as it stands: an open code fence runs to the end.
 //
-// It runs on every frame an answer streams, on text a model wrote: every pattern is linear
-// in its line (no nested quantifiers), inline patterns are searched once per paragraph,
-// and nesting deeper than MAX_DEPTH is drawn as text.
+// It runs on every frame an answer streams (on the blocks still open: markdown_stream.js),
+// on text a model wrote: every pattern is linear in its line (no nested quantifiers),
+// inline patterns are searched once per paragraph, and nesting deeper than MAX_DEPTH is
+// drawn as text.
+//
+// Blocks are read top to bottom, each from the line the one before it ended at, looking
+// only forward (at most one line past its own last, see LOOKAHEAD): what a block is never
+// depends on the lines before it. markdown_stream.js relies on this to keep blocks that
+// ended.
 
 const FENCE = /^ {0,3}(`{3,}|~{3,})[ \t]*([\w+#.-]*)/;
 const HEADING = /^ {0,3}(#{1,6})(?:[ \t]+(.*))?$/;
@@ -17,14 +23,34 @@ const SAFE_LINK = /^(https?:\/\/|mailto:)/i;
 const MAX_DEPTH = 16;
 const MAX_LINE = 10_000; // longer lines are not looked at as block syntax (a paragraph)
 
+/**
+ * How far past its last line a block may look to know it ended: a paragraph, quote or
+ * table reads the line after it, a list the line after a blank one.
+ */
+export const LOOKAHEAD = 1;
+
 /** The text as a fragment of DOM nodes. */
 export function renderMarkdown(text) {
-  const fragment = document.createDocumentFragment();
-  appendBlocks(fragment, text.replace(/\r\n?/g, "\n").split("\n"), 0);
-  return fragment;
+  return renderLines(splitLines(text)).fragment;
 }
 
-function appendBlocks(parent, lines, depth) {
+/** The text's lines, whichever line breaks it uses. */
+export function splitLines(text) {
+  return text.replace(/\r\n?/g, "\n").split("\n");
+}
+
+/**
+ * Lines as blocks: a fragment with one node per block, and for each block the index of
+ * the line after it (where the next block's search starts).
+ */
+export function renderLines(lines) {
+  const fragment = document.createDocumentFragment();
+  const ends = [];
+  appendBlocks(fragment, lines, 0, ends);
+  return { fragment, ends };
+}
+
+function appendBlocks(parent, lines, depth, ends = null) {
   if (depth > MAX_DEPTH) {
     parent.append(element("p", lines.join("\n"))); // as written: nothing deeper is parsed
     return;
@@ -70,6 +96,7 @@ function appendBlocks(parent, lines, depth) {
       while (i < lines.length && lines[i].trim() && !startsBlock(lines[i]));
       parent.append(auto(inline("p", paragraph.join("\n"), depth)));
     }
+    ends?.push(i);
   }
 }
 

@@ -3,7 +3,8 @@
 // only; what it needs of the page (requests being answered, the live region) is passed in.
 
 import { isEnded, isFadedNarration } from "./projection.js";
-import { newTabNote, renderMarkdown, scroller } from "./markdown.js";
+import { newTabNote, scroller } from "./markdown.js";
+import { drawMarkdown } from "./markdown_stream.js";
 
 export function newTurnElement(turnId) {
   // Each turn is an article named by its heading ("Turn 2"), for moving turn by turn.
@@ -81,7 +82,7 @@ function drawBlock(node, block, turn, index) {
       setText(text, block.attachments ? `${block.text} (+${block.attachments} picture(s))` : block.text);
       break;
     case "text":
-      setMarkdown(text, block.text);
+      drawMarkdown(text, block.text); // only what changed: its blocks still open
       node.classList.toggle("answer", block.isAnswer);
       node.classList.toggle("narration", !block.isAnswer);
       node.classList.toggle("streaming", !block.complete);
@@ -253,18 +254,6 @@ export function el(tag, attributes = {}, ...children) {
 
 export function setText(node, text) {
   if (node.textContent !== text) node.textContent = text;
-}
-
-// The model's text, drawn as Markdown again only when it changed (each streamed delta).
-const drawnMarkdown = new WeakMap();
-function setMarkdown(node, text) {
-  if (drawnMarkdown.get(node) === text) return;
-  try {
-    node.replaceChildren(renderMarkdown(text));
-  } catch {
-    node.textContent = text; // text the renderer cannot draw still shows, as written
-  }
-  drawnMarkdown.set(node, text);
 }
 
 export function placeAfter(parent, node, previous) {
