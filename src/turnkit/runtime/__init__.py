@@ -20,6 +20,7 @@ from turnkit.runtime._cancel import CancelToken
 from turnkit.runtime._control import RuntimeControl
 from turnkit.runtime._follow import follow_submission
 from turnkit.runtime._history import TurnHistory
+from turnkit.runtime._retention import RetentionReport, RuntimeRetention
 from turnkit.runtime._runner import Pinned
 from turnkit.runtime._submit import new_input
 from turnkit.runtime._validate import (
@@ -35,10 +36,17 @@ from turnkit.skills import Skill, skills_for
 from turnkit.store import Delivery, SessionRecord, Submission
 from turnkit.tenancy import Principal
 
-__all__ = ("CancelToken", "MessageContent", "SessionRuntime", "TurnHistory", "TurnRequest")
+__all__ = (
+    "CancelToken",
+    "MessageContent",
+    "RetentionReport",
+    "SessionRuntime",
+    "TurnHistory",
+    "TurnRequest",
+)
 
 
-class SessionRuntime(RuntimeControl, RuntimeCallbacks, RuntimeBudgets):
+class SessionRuntime(RuntimeControl, RuntimeCallbacks, RuntimeBudgets, RuntimeRetention):
     """Runs turns durably for one app: one compiled graph, one Store, one checkpointer.
 
     Use as an async context manager (it opens the database and compiles the graph):
@@ -77,8 +85,9 @@ class SessionRuntime(RuntimeControl, RuntimeCallbacks, RuntimeBudgets):
 
     Beside running turns (`execute_message`, `start`, `submit`, `retry`) it reads them
     back (`history`, `view`, `events`, `audit`), stops and resumes them (`cancel`,
-    `resume`), keeps budget limits (`set_budget_limit`, `budget_uses`) and takes
-    callbacks from other processes (`report_job_progress`).
+    `resume`), keeps budget limits (`set_budget_limit`, `budget_uses`), takes
+    callbacks from other processes (`report_job_progress`) and deletes sessions
+    (`delete_session`, and those idle for a while: `delete_idle_sessions`).
     """
 
     async def submit(

@@ -24,6 +24,7 @@ from turnkit.events import DurableEvent, StreamEvent, TurnStartedEvent, decode_e
 from turnkit.ids import SessionId, TurnId
 from turnkit.pauses import PauseRequest
 from turnkit.states import TurnStatus
+from turnkit.store._retention import IdleSession, Retention
 from turnkit.store._usage import UsageLine
 from turnkit.store._workspace import WorkspaceFile, check_workspace_path
 
@@ -41,10 +42,12 @@ __all__ = (
     "Rider",
     "Lease",
     "GuideFeed",
+    "IdleSession",
     "KeptTranscript",
     "KeptTurn",
     "NewInput",
     "PauseBook",
+    "Retention",
     "RunQueue",
     "RunSummary",
     "SessionDirectory",
@@ -746,6 +749,7 @@ class Store(
     PauseBook,
     GuideFeed,
     Workspace,
+    Retention,
     Protocol,
 ):
     """Durable turn storage (see `TurnLedger` and `RunQueue`). Safe for concurrent use."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -23,7 +24,7 @@ from turnkit.store._schema import (
     workspace_files,
 )
 
-__all__ = ("create", "get", "get_pg", "list_", "remove", "rename")
+__all__ = ("create", "get", "get_pg", "list_", "remove", "remove_many", "rename")
 
 
 def _record(row: Any) -> SessionRecord:
@@ -141,31 +142,41 @@ def _of_turn(column: Any) -> Any:
     return select(column).where(turns.c.turn_id == usage.c.turn_id).scalar_subquery()
 
 
-_KEEP_ATTRIBUTION = (
-    update(usage)
-    .where(  # rows whose turns go now: those of an earlier session by this id keep theirs
-        usage.c.turn_id.in_(
-            select(turns.c.turn_id).where(turns.c.session_id == bindparam("k_session"))
+def _keep_attribution(session_ids: Sequence[str]) -> Any:
+    """The sessions' usage rows take over who spent and when from their turns, before those go.
+
+    Only rows whose turns go now: those of an earlier session by the same id keep theirs.
+    """
+    return (
+        update(usage)
+        .where(
+            usage.c.turn_id.in_(select(turns.c.turn_id).where(turns.c.session_id.in_(session_ids)))
+        )
+        .values(
+            {
+                name: _of_turn(getattr(turns.c, name))
+                for name in ("organisation", "department", "principal", "created_at")
+            }
         )
     )
-    .values(
-        {
-            name: _of_turn(getattr(turns.c, name))
-            for name in ("organisation", "department", "principal", "created_at")
-        }
-    )
-)
-"""A session's usage rows take over who spent and when from its turns, before those go."""
 
 
 def remove(conn: Connection, session_id: SessionId) -> bool:
     """Delete the session, its chat data and files; audit rows have their own retention."""
-    turn_ids = select(turns.c.turn_id).where(turns.c.session_id == session_id)
-    conn.execute(_KEEP_ATTRIBUTION, {"k_session": session_id})
+    return remove_many(conn, [session_id]) == 1
+
+
+def remove_many(conn: Connection, session_ids: Sequence[str]) -> int:
+    """`remove` for many sessions at once; how many sessions were there to delete."""
+    if not session_ids:
+        return 0
+    ids = list(session_ids)
+    turn_ids = select(turns.c.turn_id).where(turns.c.session_id.in_(ids))
+    conn.execute(_keep_attribution(ids))
     conn.execute(delete(events).where(events.c.turn_id.in_(turn_ids)))
-    conn.execute(delete(pauses).where(pauses.c.session_id == session_id))
-    conn.execute(delete(transcripts).where(transcripts.c.session_id == session_id))
-    conn.execute(delete(turns).where(turns.c.session_id == session_id))
-    conn.execute(delete(inputs).where(inputs.c.session_id == session_id))
-    conn.execute(delete(workspace_files).where(workspace_files.c.session_id == session_id))
-    return conn.execute(delete(sessions).where(sessions.c.session_id == session_id)).rowcount == 1
+    conn.execute(delete(pauses).where(pauses.c.session_id.in_(ids)))
+    conn.execute(delete(transcripts).where(transcripts.c.session_id.in_(ids)))
+    conn.execute(delete(turns).where(turns.c.session_id.in_(ids)))
+    conn.execute(delete(inputs).where(inputs.c.session_id.in_(ids)))
+    conn.execute(delete(workspace_files).where(workspace_files.c.session_id.in_(ids)))
+    return int(conn.execute(delete(sessions).where(sessions.c.session_id.in_(ids))).rowcount)

@@ -1,18 +1,21 @@
-"""`SqlSessions`: `SqlStore`'s sessions, their usage report and their workspace files.
+"""`SqlSessions`: `SqlStore`'s sessions, their retention, usage report and workspace files.
 
-A base of `SqlStore`: the `SessionDirectory` and `Workspace` methods, on the statements of
-`_sessions_sql`, `_usage_sql` and `_workspace_sql`.
+A base of `SqlStore`: the `SessionDirectory`, `Retention` and `Workspace` methods, on the
+statements of `_sessions_sql`, `_retention_sql`, `_usage_sql` and `_workspace_sql`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Literal
 
 from turnkit.ids import SessionId, TurnId
 from turnkit.store import (
+    IdleSession,
     SessionRecord,
     WorkspaceFile,
+    _retention_sql as retention_sql,
     _sessions_sql as sessions_sql,
     _usage_sql as usage_sql,
     _workspace_sql as workspace_sql,
@@ -76,6 +79,18 @@ class SqlSessions(SqlEngine):
     async def delete_session(self, session_id: SessionId) -> bool:
         """Delete a session's chat data and files (audit rows stay); False if it did not exist."""
         return await self._tx(sessions_sql.remove, session_id)
+
+    async def idle_sessions(
+        self, *, idle_before: datetime, limit: int, after: IdleSession | None = None
+    ) -> list[IdleSession]:
+        """Sessions idle since before `idle_before`, oldest first (see `Retention`)."""
+        return await self._tx(retention_sql.idle, idle_before, limit, after, write=False)
+
+    async def delete_idle_sessions(
+        self, session_ids: Sequence[SessionId], *, idle_before: datetime
+    ) -> list[SessionId]:
+        """Delete those of `session_ids` still idle, in one transaction (see `Retention`)."""
+        return await self._tx(retention_sql.remove_idle, session_ids, idle_before)
 
     async def usage_report(
         self,
