@@ -29,6 +29,7 @@ from turnkit.cli._inspect import (
     show_events,
     stuck_turns,
 )
+from turnkit.cli._tidy import prune_sessions, sweep
 from turnkit.config import (
     RuntimeConfig,
     env_idle_window_s,
@@ -252,11 +253,7 @@ async def _work(args: argparse.Namespace, out: TextIO) -> int:
 
 
 async def _sweep(args: argparse.Namespace, out: TextIO) -> int:
-    config = _config(args)
-    async with existing_store(config.database_url, config.database_schema) as store:
-        ended = await store.sweep(ceiling_s=config.ceiling_s, max_attempts=config.max_attempts)
-    out.write(f"swept {len(ended)} turn(s)\n" + "".join(f"  {t}\n" for t in ended))
-    return 0
+    return await sweep(_config(args), out)
 
 
 async def _turns(args: argparse.Namespace, out: TextIO) -> int:
@@ -268,13 +265,15 @@ async def _turns(args: argparse.Namespace, out: TextIO) -> int:
 
 
 async def _sessions(args: argparse.Namespace, out: TextIO) -> int:
+    if args.sessions_command == "prune":
+        return await prune_sessions(args, out)
     async with existing_store(args.database_url, args.database_schema) as store:
         return await list_sessions(
             store,
             out,
             principal=args.principal,
             organisation=args.organisation,
-            limit=args.limit,
+            limit=args.limit or 50,
         )
 
 

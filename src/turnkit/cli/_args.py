@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import os
-from typing import TYPE_CHECKING
+import re
+from datetime import timedelta
+from typing import TYPE_CHECKING, NoReturn
 
 from turnkit.config import DURABILITIES
 
@@ -17,21 +19,38 @@ __all__ = ("DESCRIPTION", "parser")
 DESCRIPTION = """`turnkit` command line.
 
 `turnkit run "message"` streams one turn; `turnkit worker` drives queued turns;
-`turnkit sweep` times out orphaned runs; `turnkit db upgrade` applies migrations.
+`turnkit sweep` times out orphaned runs; `turnkit sessions prune` deletes idle sessions;
+`turnkit db upgrade` applies migrations.
 """
 
 
-def _database_args(parser: argparse.ArgumentParser) -> None:
+def _database_args(parser: argparse.ArgumentParser, *, suppress: bool = False) -> None:
+    """`--database-url` and `--database-schema`.
+
+    `suppress`: a sub-command's own, whose parent command has them too; unset, they leave
+    the parent's value (else argparse would overwrite a flag given before the
+    sub-command with the sub-command's default).
+    """
+    url = os.environ.get("TURNKIT_DATABASE_URL", "sqlite:///turnkit.db")
     parser.add_argument(
         "--database-url",
-        default=os.environ.get("TURNKIT_DATABASE_URL", "sqlite:///turnkit.db"),
+        default=argparse.SUPPRESS if suppress else url,
         help="where turns are stored (default: $TURNKIT_DATABASE_URL or sqlite:///turnkit.db)",
     )
+    schema = os.environ.get("TURNKIT_DATABASE_SCHEMA")
     parser.add_argument(
         "--database-schema",
-        default=os.environ.get("TURNKIT_DATABASE_SCHEMA"),
+        default=argparse.SUPPRESS if suppress else schema,
         help="PostgreSQL schema for turnkit's tables (default: $TURNKIT_DATABASE_SCHEMA)",
     )
+
+
+class _OneLineErrors(argparse.ArgumentParser):
+    """A parser whose errors are one line, without the usage (a deleting command's)."""
+
+    def error(self, message: str) -> NoReturn:
+        """Print `prog: error: message` and exit 2."""
+        self.exit(2, f"{self.prog}: error: {message}\n")
 
 
 def _durability_arg(parser: argparse.ArgumentParser) -> None:
@@ -237,10 +256,40 @@ def _add_sessions(sub: _Subparsers) -> None:
     sessions.add_argument(
         "--limit",
         type=_at_least_one,
-        default=50,
-        help="at most this many (default: %(default)s)",
+        default=None,  # 50 when listing; `prune` reads it as its own --limit
+        help="at most this many (default: 50)",
     )
     _database_args(sessions)
+    sessions_sub = sessions.add_subparsers(
+        dest="sessions_command", metavar="{prune}", parser_class=_OneLineErrors
+    )
+    prune = sessions_sub.add_parser(
+        "prune",
+        help="delete sessions idle for a while (never one with a running, queued or "
+        "paused turn), with their turns' checkpoints; audit and usage rows stay",
+    )
+    prune.add_argument(
+        "--idle-for",
+        type=_duration,
+        required=True,
+        metavar="DURATION",
+        help="how long a session must have been idle: a number and a unit, s m h d or w "
+        "(90d, 12h, 1d12h)",
+    )
+    prune.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="delete nothing: list the sessions that would be deleted",
+    )
+    prune.add_argument(
+        "--limit",
+        type=_at_least_one,
+        default=argparse.SUPPRESS,  # as `turnkit sessions --limit N prune` gives it
+        help="delete at most this many sessions, those with the oldest last message first "
+        "(default: all)",
+    )
+    # Where `turnkit sessions` gave them: a flag before `prune` is not dropped for a default.
+    _database_args(prune, suppress=True)
 
 
 def _add_events(sub: _Subparsers) -> None:
@@ -333,6 +382,31 @@ def _a_second_or_more(value: str) -> float:
     if seconds < 1:
         raise argparse.ArgumentTypeError(f"{value!r} is below 1 s: every turn would end at once")
     return seconds
+
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86_400, "w": 604_800}
+
+
+def _duration(value: str) -> timedelta:
+    """A duration such as `90d`, `12h` or `1d12h` (s, m, h, d, w), above 0, for argparse.
+
+    A bare number is refused: seconds, as the other flags read it, would make
+    `--idle-for 90` delete nearly every session.
+    """
+    text = value.strip().lower()
+    if text.startswith("-") and _DURATION.fullmatch(text[1:]):
+        raise argparse.ArgumentTypeError(f"{value!r} is not a duration above 0")
+    parts = _DURATION.findall(text)
+    if not text or "".join(n + unit for n, unit in parts) != text:
+        hint = f": write {text}d for days" if _DURATION.fullmatch(text + "d") else ""
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not a duration such as 90d, 12h or 30m (units: s, m, h, d, w){hint}"
+        )
+    seconds = sum(float(n) * _UNIT_SECONDS[unit] for n, unit in parts)
+    if not 0 < seconds < timedelta.max.total_seconds():
+        raise argparse.ArgumentTypeError(f"{value!r} is not a duration above 0")
+    return timedelta(seconds=seconds)
 
 
 def _at_least_one(value: str) -> int:
