@@ -8,6 +8,7 @@ import importlib.metadata
 import io
 import logging
 import os
+import re
 import subprocess
 import sys
 import uuid
@@ -299,7 +300,7 @@ def test_turns_stuck_lists_a_turn_no_process_claimed(tmp_path: Path) -> None:
     code, out = _stuck(url, "--unclaimed-after", "0.2")
     assert code == 1
     assert f"{first}  session s1  attempt 0" in out
-    assert "no process claimed it in 0 s" in out
+    assert re.search(r"no process claimed it in \d+ s", out), out  # 0 s, or 1 under load
     assert second not in out
 
 
