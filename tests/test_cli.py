@@ -149,6 +149,23 @@ def test_serve_and_worker_refuse_a_redis_database_redis_does_not_have(tmp_path: 
         assert done.stderr.count("\n") == 1  # one line, not a failed lifespan's traceback
 
 
+def test_serve_refuses_an_allowed_origin_that_is_not_one_in_one_line(tmp_path: Path) -> None:
+    env = {**os.environ, "TURNKIT_GC": "python", "TURNKIT_ALLOWED_ORIGINS": "app.example.com"}
+    env.pop("TURNKIT_DATABASE_URL", None)
+    done = subprocess.run(
+        [sys.executable, "-m", "turnkit.cli", "serve", "--port", "0",
+         "--database-url", f"sqlite:///{tmp_path / 'tk.db'}"],
+        capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith(
+        "turnkit: TURNKIT_ALLOWED_ORIGINS: 'app.example.com' is not an origin (no scheme); "
+        "write scheme://host[:port], such as https://chat.example.com"
+    ), done.stderr
+    assert done.stderr.count("\n") == 1
+    assert "serving on" not in done.stdout
+
+
 def test_serve_on_a_port_in_use_says_so_in_one_line(tmp_path: Path) -> None:
     import socket
 
@@ -223,6 +240,16 @@ def test_serve_hosts_the_agents_its_flags_name(tmp_path: Path) -> None:
         )
         with urllib.request.urlopen(named, timeout=30) as response:
             assert response.status == 200
+        # A page on another site cannot make a browser create or stop anything here.
+        forged = urllib.request.Request(
+            f"http://127.0.0.1:{port}/api/harness/sessions",
+            method="POST",
+            headers={"Origin": "https://attacker.example", "Sec-Fetch-Site": "cross-site"},
+        )
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(forged, timeout=30)
+        assert refused.value.code == 403
+        assert b'"code":"cross-origin-request"' in refused.value.read()
     finally:
         server.terminate()
         server.wait(timeout=30)

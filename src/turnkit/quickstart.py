@@ -22,6 +22,7 @@ LLM). Environment variables switch to production parts:
 | `TURNKIT_KEEP_ENDED_CHECKPOINTS` | `1` keeps ended turns' graph checkpoints (default: deleted) |
 | `TURNKIT_AUTH` | `module:name` of your FastAPI auth dependency (default: all anonymous) |
 | `TURNKIT_ALLOWED_HOSTS` | host names the app answers to, comma-separated (default: any) |
+| `TURNKIT_ALLOWED_ORIGINS` | other origins whose pages may POST to it, comma-separated (`*`: any) |
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ from turnkit.http import (
     install_problem_handlers,
 )
 from turnkit.http.body_limit import DEFAULT_MAX_BODY_BYTES, RequestBodyLimit, checked_bound
+from turnkit.http.cross_origin import CrossOriginProtection, checked_origins
 from turnkit.http.trusted_hosts import TrustedHosts
 from turnkit.protocols.agui import create_agui_router
 from turnkit.protocols.ai_sdk import create_ai_sdk_router
@@ -70,6 +72,7 @@ from turnkit.tenancy import DEFAULT_ORGANISATION, Principal
 
 __all__ = (
     "allowed_hosts_from_env",
+    "allowed_origins_from_env",
     "app",
     "auth_from_env",
     "create_app",
@@ -158,6 +161,19 @@ def allowed_hosts_from_env(env: Mapping[str, str] | None = None) -> list[str] | 
     return hosts or None
 
 
+def allowed_origins_from_env(env: Mapping[str, str] | None = None) -> list[str]:
+    """`TURNKIT_ALLOWED_ORIGINS`: origins trusted beside the app's own, comma-separated.
+
+    Unset or empty: none. `*` trusts every origin (no cross-origin check).
+
+    Raises:
+        ConfigurationError: one is not `scheme://host[:port]` (or `*`).
+    """
+    env = os.environ if env is None else env
+    given = env.get("TURNKIT_ALLOWED_ORIGINS", "").split(",")
+    return list(checked_origins(given, source="TURNKIT_ALLOWED_ORIGINS"))
+
+
 def _default_organisation_only(auth: AuthDependency) -> Callable[..., Awaitable[str | None]]:
     """`auth` for the protocol routes, which serve the default organisation's principals."""
 
@@ -210,6 +226,7 @@ def create_app(
     max_body_bytes: int | None = DEFAULT_MAX_BODY_BYTES,
     auth: AuthDependency | None = None,
     allowed_hosts: Sequence[str] | None = None,
+    allowed_origins: Sequence[str] = (),
 ) -> FastAPI:
     """A FastAPI app with turnkit's routes, the chat page and the protocol adapters.
 
@@ -221,8 +238,12 @@ def create_app(
     `auth` is your FastAPI dependency naming the caller (see `create_turnkit_router`);
     without one every caller is anonymous and sees every anonymous session: serve the app
     to one person, or behind a proxy that authenticates. `allowed_hosts` are the host
-    names it answers to (None: any); others get 400 `host-not-allowed`.
+    names it answers to (None: any); others get 400 `host-not-allowed`. A POST (or any
+    method but GET, HEAD and OPTIONS) a browser sends from another origin than the app's
+    own gets 403 `cross-origin-request`, unless that origin is in `allowed_origins`
+    (`["*"]`: any origin; see `CrossOriginProtection`).
     """
+    trusted = checked_origins(allowed_origins, source="allowed_origins")  # now, not later
     rt = runtime or runtime_from_env()
 
     @asynccontextmanager
@@ -249,6 +270,8 @@ def create_app(
     if max_body_bytes is not None:
         bound = checked_bound(max_body_bytes)  # now, not at the first request
         application.add_middleware(RequestBodyLimit, max_bytes=bound)
+    # Added before TrustedHosts, so inside it: a request for another host is 400 first.
+    application.add_middleware(CrossOriginProtection, origins=trusted)
     if allowed_hosts is not None:
         application.add_middleware(TrustedHosts, hosts=allowed_hosts)
 
@@ -265,4 +288,5 @@ app = create_app(
     max_body_bytes=max_body_bytes_from_env(),
     auth=auth_from_env(),
     allowed_hosts=allowed_hosts_from_env(),
+    allowed_origins=allowed_origins_from_env(),
 )

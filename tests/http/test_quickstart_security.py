@@ -1,5 +1,6 @@
 """The quickstart app with your auth (`TURNKIT_AUTH`), for the host names it serves
-(`TURNKIT_ALLOWED_HOSTS`), and a page no other site may frame."""
+(`TURNKIT_ALLOWED_HOSTS`), trusting the origins it is told to (`TURNKIT_ALLOWED_ORIGINS`),
+and a page no other site may frame."""
 
 from __future__ import annotations
 
@@ -11,7 +12,12 @@ import pytest
 
 from turnkit import Agent, Organisation, RuntimeConfig, SessionRuntime
 from turnkit.errors import ConfigurationError
-from turnkit.quickstart import allowed_hosts_from_env, auth_from_env, create_app
+from turnkit.quickstart import (
+    allowed_hosts_from_env,
+    allowed_origins_from_env,
+    auth_from_env,
+    create_app,
+)
 from turnkit.testing import ModelStep, ScriptedModel
 
 
@@ -81,6 +87,20 @@ async def test_only_the_allowed_host_names_are_answered(runtime: SessionRuntime)
         refused = await http.get("/api/harness/sessions")
     assert refused.status_code == 400
     assert refused.json()["code"] == "host-not-allowed"
+
+
+def test_the_trusted_origins_come_from_the_environment() -> None:
+    assert allowed_origins_from_env({}) == []
+    assert allowed_origins_from_env({"TURNKIT_ALLOWED_ORIGINS": " , "}) == []
+    given = {"TURNKIT_ALLOWED_ORIGINS": " https://App.example.com:443, http://localhost:5173 "}
+    assert allowed_origins_from_env(given) == ["https://app.example.com", "http://localhost:5173"]
+    assert allowed_origins_from_env({"TURNKIT_ALLOWED_ORIGINS": "*"}) == ["*"]
+    for bad in ("app.example.com", "https://app.example.com/", "https://*.example.com"):
+        with pytest.raises(ConfigurationError) as refused:
+            allowed_origins_from_env({"TURNKIT_ALLOWED_ORIGINS": f"http://localhost:5173,{bad}"})
+        said = str(refused.value)
+        assert said.startswith(f"TURNKIT_ALLOWED_ORIGINS: {bad!r} is not an origin ("), said
+        assert "\n" not in said
 
 
 async def test_no_other_site_may_frame_the_page(runtime: SessionRuntime) -> None:
