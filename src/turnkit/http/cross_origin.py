@@ -124,8 +124,8 @@ class CrossOriginProtection:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Pass an allowed request on; answer any other with a problem."""
-        if scope["type"] != "http" or self.anyone:  # websocket, lifespan
-            await self.app(scope, receive, send)
+        if scope["type"] != "http" or self.anyone or scope["method"] in _SAFE_METHODS:
+            await self.app(scope, receive, send)  # websocket, lifespan, reads
             return
         headers = dict(scope.get("headers") or ())
         origin, fetch_site = headers.get(b"origin"), headers.get(b"sec-fetch-site")
