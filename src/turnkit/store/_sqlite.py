@@ -26,7 +26,17 @@ from sqlalchemy import Boolean, DateTime
 from sqlalchemy.dialects import sqlite
 from sqlalchemy.exc import IntegrityError, OperationalError
 
-__all__ = ("BusyError", "RawResult", "SqliteConnection", "connect", "is_busy", "tune")
+from turnkit.errors import StoreUnavailableError
+
+__all__ = (
+    "BusyError",
+    "RawResult",
+    "SqliteConnection",
+    "cannot_write",
+    "connect",
+    "is_busy",
+    "tune",
+)
 
 _DIALECT = sqlite.dialect(paramstyle="named")
 _POSTCOMPILE = re.compile(r"__\[POSTCOMPILE_(\w+)\]")
@@ -100,6 +110,23 @@ def _bind_value(value: Any) -> Any:
         _last_time = (value, text)
         return text
     return value
+
+
+_CANNOT_WRITE = {
+    sqlite3.SQLITE_FULL: "is out of disk space",
+    sqlite3.SQLITE_READONLY: "is read-only",
+    sqlite3.SQLITE_IOERR: "could not be written (a disk I/O error)",
+}
+
+
+def cannot_write(exc: BaseException) -> str | None:
+    """Why SQLite cannot write now (a full disk, a read-only file, an I/O error), or None.
+
+    Such a refusal clears once the disk has room or the file may be written again: an
+    outage to wait out, not a bug. SQLite rolls such a transaction back whole.
+    """
+    code = getattr(exc, "sqlite_errorcode", None)
+    return _CANNOT_WRITE.get(code & 0xFF) if isinstance(code, int) else None
 
 
 def is_busy(exc: sqlite3.OperationalError) -> bool:
@@ -191,8 +218,9 @@ class SqliteConnection:
 
     dialect = _DIALECT
 
-    def __init__(self, raw: sqlite3.Connection) -> None:
+    def __init__(self, raw: sqlite3.Connection, path: str = "") -> None:
         self.raw = raw
+        self.path = path
         self._cache: OrderedDict[tuple[int, tuple[str, ...] | None], tuple[Any, _Compiled]]
         self._cache = OrderedDict()
 
@@ -243,6 +271,8 @@ class SqliteConnection:
         except sqlite3.OperationalError as exc:
             if is_busy(exc):  # a read that met a lock (writes hold theirs from BEGIN)
                 raise BusyError(str(exc)) from exc
+            if (unavailable := self._unavailable(exc)) is not None:
+                raise unavailable from exc
             raise
 
     @contextmanager
@@ -257,13 +287,29 @@ class SqliteConnection:
         except sqlite3.OperationalError as exc:
             if is_busy(exc):
                 raise BusyError(str(exc)) from exc
-            raise OperationalError("BEGIN", None, exc) from exc
+            raise self._unavailable(exc) or OperationalError("BEGIN", None, exc) from exc
         try:
             yield self
             self.raw.execute("COMMIT")
+        except sqlite3.OperationalError as exc:
+            self._roll_back()
+            if (unavailable := self._unavailable(exc)) is not None:
+                raise unavailable from exc
+            raise
         except BaseException:
             self._roll_back()
             raise
+
+    def _unavailable(self, exc: sqlite3.Error) -> StoreUnavailableError | None:
+        """What a refusal to write (`cannot_write`) raises; None for any other error."""
+        why = cannot_write(exc)
+        if why is None:
+            return None
+        return StoreUnavailableError(
+            f"the SQLite database {self.path!r} {why} ({exc}); nothing was written, "
+            "retry once it can be written again",
+            path=self.path,
+        )
 
     def _roll_back(self) -> None:
         """End a failed transaction (SQLite may have rolled it back already)."""
@@ -288,4 +334,4 @@ def connect(path: str, *, busy_timeout_ms: int, autocheckpoint: bool) -> SqliteC
     """Open `path` tuned (see `tune`), with explicit transactions."""
     raw = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     tune(raw, busy_timeout_ms=busy_timeout_ms, autocheckpoint=autocheckpoint)
-    return SqliteConnection(raw)
+    return SqliteConnection(raw, path)
