@@ -17,7 +17,7 @@ from fastapi import FastAPI
 from tests.conftest import POSTGRES_URL, require_service
 from turnkit import Agent, RuntimeConfig, SessionRuntime
 from turnkit.errors import StoreUnavailableError
-from turnkit.http import create_turnkit_router, install_problem_handlers
+from turnkit.http import create_health_router, create_turnkit_router, install_problem_handlers
 from turnkit.ids import SessionId
 from turnkit.store.sql import SqlStore, database_refused
 from turnkit.testing import ModelStep, ScriptedModel
@@ -256,3 +256,26 @@ async def test_after_a_failover_connections_to_the_read_only_server_are_retired(
             events = [e async for e in runtime.execute_message("after", "hello")]
         assert events[-1].type == "done"
         assert events[-1].status == "succeeded"
+
+
+async def test_readyz_is_not_ready_while_the_server_takes_no_writes(
+    failover: tuple[str, str, Any],
+) -> None:
+    """A load balancer stops sending writes to a process whose database became a replica."""
+    url, schema, turn = failover
+    config = RuntimeConfig(database_url=url, database_schema=schema, auto_migrate=False)
+    async with SessionRuntime(agent=Agent(model=ScriptedModel([])), config=config) as runtime:
+        app = FastAPI()
+        app.include_router(create_health_router(runtime))
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://test"
+        ) as http:
+            assert (await http.get("/readyz")).status_code == 200
+            await turn(True)  # the failover's first half: the old primary, now a replica
+            await http.get("/readyz")  # may meet a connection the restart cut: unavailable
+            for _ in range(2):  # its connections retired, the next ones reach it again
+                readyz = await http.get("/readyz")
+                assert readyz.status_code == 503  # was 200: its check was a read
+                assert "store: read-only" in readyz.json()["detail"]
+            await turn(False)  # the name reaches the new primary: ready at the next check
+            assert (await http.get("/readyz")).status_code == 200

@@ -10,7 +10,7 @@ install_problem_handlers(app)
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 from turnkit.errors import ConfigurationError, InternalError, missing_extra
 
@@ -58,8 +58,11 @@ READY_REPLAY_TIMEOUT_S = 1.0
 """How long `/readyz` waits for the replay buffer before it says `degraded`."""
 
 
-async def _within(check: Awaitable[object], seconds: float) -> None:
-    """Await `check` for at most `seconds`; TimeoutError after that.
+_T = TypeVar("_T")
+
+
+async def _within(check: Awaitable[_T], seconds: float) -> _T:
+    """`check`'s answer, awaited for at most `seconds`; TimeoutError after that.
 
     A check that overruns is cancelled without waiting for it: cancelling a call on a
     connection that hangs can itself take seconds, and a probe must answer on time.
@@ -70,10 +73,10 @@ async def _within(check: Awaitable[object], seconds: float) -> None:
         task.cancel()
         task.add_done_callback(_retrieved)
         raise TimeoutError(f"no answer within {seconds:g} s")
-    task.result()
+    return task.result()
 
 
-def _retrieved(task: asyncio.Future[object]) -> None:
+def _retrieved(task: asyncio.Future[Any]) -> None:
     """Take an abandoned check's outcome, so asyncio does not report it as never read."""
     if not task.cancelled():
         task.exception()
@@ -144,6 +147,23 @@ def create_turnkit_router(
     return router
 
 
+async def _store_check(runtime: SessionRuntime) -> str:
+    """`ok`, or why the Store cannot serve: out of reach, hanging, or taking no writes."""
+    try:
+        store = runtime.store
+        await _within(store.list_sessions(limit=1), READY_STORE_TIMEOUT_S)
+        refuses_writes = getattr(store, "refuses_writes", None)  # `SqlStore`'s
+        if refuses_writes is not None:
+            refused = await _within(refuses_writes(), READY_STORE_TIMEOUT_S)
+            if refused is not None:  # a replica after a failover: no write would work
+                return str(refused)
+    except TimeoutError:  # a database that hangs
+        return f"unavailable: no answer within {READY_STORE_TIMEOUT_S:g} s"
+    except Exception as exc:  # noqa: BLE001 - any failure means not ready
+        return f"unavailable: {type(exc).__name__}"
+    return "ok"
+
+
 def create_health_router(runtime: SessionRuntime) -> APIRouter:
     """Health routes for load balancers and orchestrators.
 
@@ -157,15 +177,6 @@ def create_health_router(runtime: SessionRuntime) -> APIRouter:
     @router.get("/healthz", summary="The process is up")
     async def healthz() -> dict[str, str]:
         return {"status": "ok"}
-
-    async def store_check() -> str:
-        try:
-            await _within(runtime.store.list_sessions(limit=1), READY_STORE_TIMEOUT_S)
-        except TimeoutError:  # a database that hangs
-            return f"unavailable: no answer within {READY_STORE_TIMEOUT_S:g} s"
-        except Exception as exc:  # noqa: BLE001 - any failure means not ready
-            return f"unavailable: {type(exc).__name__}"
-        return "ok"
 
     async def replay_check() -> str:
         try:
@@ -183,7 +194,7 @@ def create_health_router(runtime: SessionRuntime) -> APIRouter:
     )
     async def readyz() -> Response | dict[str, str]:
         # Both at once: the answer comes within the longer bound, well inside a probe's.
-        store, replay = await asyncio.gather(store_check(), replay_check())
+        store, replay = await asyncio.gather(_store_check(runtime), replay_check())
         checks = {"store": store, "replay": replay}
         if checks["store"] == "ok":
             return {"status": "ready", **checks}

@@ -110,6 +110,21 @@ class PgConnections:
                 raise refused from exc
             raise
 
+    async def refuses_writes(self) -> str | None:
+        """Why the database would refuse a write now (`read-only`), or None if it would not.
+
+        PostgreSQL: asks a pooled connection whether its transactions are read-only (a
+        replica, such as the old primary after a failover); if so, the pool's connections
+        are retired, so the next call connects afresh. SQLite: always None.
+        """
+        if self._async_engine is None:
+            return None
+        if await self._pg_driver(_read_only_now) != "on":
+            return None
+        if self._driver_pool is not None:
+            await self._driver_pool.expire_connections()
+        return "read-only"
+
     async def work_signal(self) -> asyncio.Event | None:
         """An event set when a turn may have become claimable; None where none is heard.
 
@@ -220,6 +235,11 @@ def database_refused(exc: BaseException) -> bool:
     return any(
         _temporary(getattr(e, "sqlstate", None)) or cannot_write(e) is not None for e in _chain(exc)
     )
+
+
+async def _read_only_now(conn: asyncpg.Connection) -> str:
+    """`on` when this connection's transactions are read-only (a hot standby, say)."""
+    return str(await conn.fetchval("SELECT current_setting('transaction_read_only')"))
 
 
 def reached_read_only(exc: BaseException) -> bool:
