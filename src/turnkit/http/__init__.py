@@ -31,6 +31,7 @@ from turnkit.http.problems import (
 )
 from turnkit.runtime import SessionRuntime
 from turnkit.runtime.deps import NO_DEPS
+from turnkit.store import Store
 from turnkit.tenancy import Principal as TenantPrincipal
 
 __all__ = (
@@ -150,18 +151,22 @@ def create_turnkit_router(
 async def _store_check(runtime: SessionRuntime) -> str:
     """`ok`, or why the Store cannot serve: out of reach, hanging, or taking no writes."""
     try:
-        store = runtime.store
-        await _within(store.list_sessions(limit=1), READY_STORE_TIMEOUT_S)
-        refuses_writes = getattr(store, "refuses_writes", None)  # `SqlStore`'s
-        if refuses_writes is not None:
-            refused = await _within(refuses_writes(), READY_STORE_TIMEOUT_S)
-            if refused is not None:  # a replica after a failover: no write would work
-                return str(refused)
+        refused = await _within(_refusal(runtime.store), READY_STORE_TIMEOUT_S)
     except TimeoutError:  # a database that hangs
         return f"unavailable: no answer within {READY_STORE_TIMEOUT_S:g} s"
     except Exception as exc:  # noqa: BLE001 - any failure means not ready
         return f"unavailable: {type(exc).__name__}"
-    return "ok"
+    return "ok" if refused is None else refused
+
+
+async def _refusal(store: Store) -> str | None:
+    """None if the Store answers a read and would take a write; else why it would not."""
+    await store.list_sessions(limit=1)
+    refuses_writes = getattr(store, "refuses_writes", None)  # `SqlStore`'s
+    if refuses_writes is None:
+        return None
+    refused = await refuses_writes()  # a replica after a failover: no write would work
+    return None if refused is None else str(refused)
 
 
 def create_health_router(runtime: SessionRuntime) -> APIRouter:
