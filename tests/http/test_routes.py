@@ -372,8 +372,8 @@ async def test_keep_alives_never_reach_a_client_as_empty_events(tmp_path: Path) 
 
     @tool
     async def slow(x: int) -> int:
-        """Take a while."""
-        await asyncio.sleep(0.4)
+        """Take a while: sixteen keep-alive periods, so a loaded machine still sends three."""
+        await asyncio.sleep(0.8)
         return x
 
     turn = [
