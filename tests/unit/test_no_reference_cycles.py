@@ -7,6 +7,7 @@ process with many turns pays for collections only for what it keeps on purpose.
 
 from __future__ import annotations
 
+import asyncio
 import gc
 from collections.abc import Iterator
 
@@ -88,3 +89,29 @@ def _ours_in_garbage() -> list[str]:
     return sorted(
         {type(o).__qualname__ for o in gc.garbage if type(o).__module__.startswith("turnkit")}
     )
+
+
+async def test_stopped_turns_leave_no_cycles_of_ours(
+    runtime_factory: RuntimeFactory, database_url: str, saved_garbage: None
+) -> None:
+    """A Stop cancels the turn's task: the task keeps its CancelledError, whose traceback
+    holds the frames that drove the turn; nothing of that may point back at the task."""
+
+    @tool
+    async def slow(x: int) -> int:
+        """Take a while."""
+        await asyncio.sleep(30)
+        return x
+
+    model = ScriptedModel([ModelStep.tool_call_reply(call("slow", x=1))], repeat_last=True)
+    runtime = runtime_factory(
+        Agent(model=model, tools=[slow]), config=RuntimeConfig(database_url=database_url)
+    )
+    for session in ("s1", "s2", "s3"):
+        submitted = await runtime.start(session, "Take a while.")
+        async for event in runtime.reader().events(submitted.turn_id):
+            if event.type == "tool.started":
+                break  # mid-call, in the tool
+        assert await runtime.cancel(submitted.turn_id) == "cancelled"
+    await runtime.wait_background()
+    assert _ours_in_garbage() == []  # was Detached, TurnDriver, Recorder, StageContext …

@@ -44,6 +44,9 @@ class DetachedTurns:
     def _forget(self, turn_id: TurnId, entry: Detached) -> None:
         if self._entries.get(turn_id) is entry:
             del self._entries[turn_id]
+        # A cancelled task keeps its CancelledError, whose traceback holds the frame that
+        # held `entry`: let go of the task and driver, so nothing cycles back to them.
+        entry.task = entry.driver = None
 
     def holds(self, turn_id: TurnId) -> bool:
         """Whether a task here drives (or is about to drive) `turn_id`."""
@@ -52,11 +55,12 @@ class DetachedTurns:
     async def stop(self, turn_id: TurnId) -> bool:
         """Cancel a turn detached here and wait for its task; False if none is."""
         entry = self._entries.get(turn_id)
-        if entry is None or entry.task is None:
+        task = entry.task if entry is not None else None
+        if entry is None or task is None:
             return False
         if not entry.ran:  # after the run, only its aftermath is left: let it finish
-            entry.task.cancel()
-        await asyncio.gather(entry.task, return_exceptions=True)
+            task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
         if entry.slot is not None:
             entry.slot.release()  # a task cancelled before its first step never ran its own
         return True

@@ -16,6 +16,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from turnkit.clock import Clock
 from turnkit.config import RuntimeConfig
@@ -170,15 +171,18 @@ class TurnDriver:
             assert graph_task is not None
             # Renewed from here on, through the hold and the setup (the app's deps factory).
             keeper, beat = self._keeper.start(graph_task, rec, self.sink)
+            # A cancelled task keeps its CancelledError, whose traceback holds this frame:
+            # the frame must not name the tasks, or they and the turn form a cycle.
+            del graph_task
             try:
                 setup = await self._prepare(rec, trace, hold_until)
                 await self._run_graph(rec, setup)
             finally:
-                keeper.cancel()
-                beat.cancel()
-                for task in rec.notes.background:  # a summary the turn no longer waits for
-                    task.cancel()
-                await asyncio.gather(keeper, beat, *rec.notes.background, return_exceptions=True)
+                # Summaries still running: the turn no longer waits for them.
+                tasks = [keeper, beat, *rec.notes.background]
+                del keeper, beat  # (see above)
+                rec.notes.background.clear()
+                await _cancelled(tasks)
             if rec.notes.pending_pause is not None:
                 await self._pause(rec)
             else:
@@ -339,6 +343,7 @@ class TurnDriver:
             raise self._keeper.overdue(rec.notes.running) from exc
         finally:
             self._keeper.deadline = None
+            del deadline  # it names this task, whose CancelledError holds this frame
 
     async def _end_carrying(self, *, keep: bool) -> None:
         """The turn's commits stop carrying its checkpoints (see `carry_events`)."""
@@ -441,3 +446,11 @@ def _each_to(sink: Sink) -> Publish:
             sink(event)
 
     return publish
+
+
+async def _cancelled(tasks: list[asyncio.Task[Any]]) -> None:
+    """Cancel `tasks` and wait for them; what they raised is theirs (and dropped here)."""
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    tasks.clear()
