@@ -85,3 +85,24 @@ async def test_a_full_disk_is_an_outage_not_a_failed_turn(small_disk: Path) -> N
             events = [e async for e in again.execute_message("after", "hello")]
         assert events[-1].type == "done"
         assert events[-1].status == "succeeded"
+
+
+async def test_an_apps_own_sqlite_that_cannot_write_still_fails_the_turn(tmp_path: Path) -> None:
+    """Only turnkit's own database counts as an outage, not a file the app's code writes."""
+    import sqlite3
+
+    own = tmp_path / "reference.db"
+    sqlite3.connect(own).execute("CREATE TABLE notes (x)").connection.close()
+
+    def deps(scope: object) -> object:
+        conn = sqlite3.connect(f"file:{own}?mode=ro", uri=True)
+        conn.execute("INSERT INTO notes VALUES (1)")  # attempt to write a readonly database
+        return conn
+
+    config = RuntimeConfig(database_url=f"sqlite:///{tmp_path / 'app.db'}")
+    model = ScriptedModel([ModelStep.text_reply("never")])
+    async with SessionRuntime(agent=Agent(model=model), config=config, deps=deps) as runtime:
+        async with asyncio.timeout(20):  # it hung: the turn was left for a recovery
+            events = [e async for e in runtime.execute_message("s1", "hello")]
+    assert events[-1].type == "done"
+    assert (events[-1].status, events[-1].error_code) == ("failed", "internal-error")

@@ -123,3 +123,19 @@ async def test_a_streams_first_event_is_read_without_waiting_for_the_stores_thre
         await store.close()
     assert [e.type for e in first] == ["turn.started"]
     assert still_blocked  # read while the thread was busy: it never went there
+
+
+def test_what_sqlite_cannot_write_for_now_and_what_needs_an_operator() -> None:
+    def error(code: int) -> sqlite3.OperationalError:
+        exc = sqlite3.OperationalError("refused")
+        exc.sqlite_errorcode = code  # type: ignore[attr-defined]
+        return exc
+
+    assert _sqlite.cannot_write(error(sqlite3.SQLITE_FULL)) == "is out of disk space"
+    assert _sqlite.cannot_write(error(sqlite3.SQLITE_READONLY)) == "is read-only"
+    assert _sqlite.cannot_write(error(sqlite3.SQLITE_READONLY_ROLLBACK)) == "is read-only"
+    assert "I/O error" in str(_sqlite.cannot_write(error(sqlite3.SQLITE_IOERR_SHORT_READ)))
+    # a file moved or deleted under the process does not come back by waiting
+    assert _sqlite.cannot_write(error(sqlite3.SQLITE_READONLY_DBMOVED)) is None
+    assert _sqlite.cannot_write(error(sqlite3.SQLITE_CONSTRAINT)) is None
+    assert _sqlite.cannot_write(OSError("no code")) is None

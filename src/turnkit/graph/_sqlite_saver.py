@@ -35,10 +35,11 @@ from langgraph.checkpoint.base import (
 )
 from langgraph.checkpoint.sqlite import SqliteSaver
 
+from turnkit.errors import StoreUnavailableError
 from turnkit.graph._held import ThreadNotes, log_dropped, supersedable
 from turnkit.store._folds import WalFolds
 from turnkit.store._group_commit import GroupCommit
-from turnkit.store._sqlite import SqliteConnection, is_busy, tune
+from turnkit.store._sqlite import SqliteConnection, cannot_write, is_busy, tune
 
 __all__ = ("ThreadedSqliteSaver",)
 
@@ -190,12 +191,27 @@ class ThreadedSqliteSaver(SqliteSaver):
             self.lock.release()
 
     async def _write(self, fn: Callable[[], T]) -> T:
+        """Run `fn` in a write transaction; a file that cannot be written is an outage.
+
+        A full disk, a read-only file or an I/O error raise `StoreUnavailableError` (the
+        transaction was rolled back whole), which a driver rides out as it does the
+        Store's: only the checkpointer's own errors count, never an app's SQLite.
+        """
         try:
-            if self._folds is not None and self._folds.must_wait():
-                raise _Busy  # behind the fold, on the thread
-            result = self._in_batch(fn, wait=False)
-        except _Busy:
-            result = await self.group.run(lambda _: fn())
+            try:
+                if self._folds is not None and self._folds.must_wait():
+                    raise _Busy  # behind the fold, on the thread
+                result = self._in_batch(fn, wait=False)
+            except _Busy:
+                result = await self.group.run(lambda _: fn())
+        except sqlite3.Error as exc:
+            if (why := cannot_write(exc)) is None:
+                raise
+            raise StoreUnavailableError(
+                f"the SQLite database {self._path!r} {why} ({exc}); "
+                "no checkpoint was written, retry once it is mended",
+                path=self._path,
+            ) from exc
         if self._folds is not None:
             self._folds.committed()
         return result

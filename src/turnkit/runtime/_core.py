@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Self, cast
 from turnkit.agent import Agent
 from turnkit.clock import Clock, SystemClock
 from turnkit.config import RuntimeConfig
-from turnkit.errors import ConfigurationError, InvalidInputError
+from turnkit.errors import ConfigurationError, InvalidInputError, StoreUnavailableError
 from turnkit.graph import TurnGraph, compile_turn_graph, forget_threads, open_checkpointer
 from turnkit.ids import TurnId, uuid7
 from turnkit.models import ModelClient
@@ -256,7 +256,7 @@ class RuntimeCore:
             try:
                 await close_checkpointer()
             except Exception as exc:
-                if not database_refused(exc):
+                if not isinstance(exc, StoreUnavailableError) and not database_refused(exc):
                     raise
                 # A full disk, a read-only server: the checkpoints it held are not stored;
                 # turns still running resume from their earlier ones.

@@ -27,7 +27,6 @@ from turnkit.clock import Clock
 from turnkit.errors import InvalidInputError, StoreError, StoreUnavailableError, missing_extra
 from turnkit.store._asyncpg_pool import close_pool, keep_session
 from turnkit.store._listen_pg import WorkListener
-from turnkit.store._sqlite import cannot_write
 
 if TYPE_CHECKING:
     import asyncpg
@@ -228,13 +227,11 @@ def database_refused(exc: BaseException) -> bool:
     """The database answered, and refused the statement for a reason that clears.
 
     Read-only (a replica after a failover), out of disk, memory or connections, shutting
-    down, connection lost; or SQLite unable to write its file (`cannot_write`). Only the
-    database's own errors (a SQLSTATE, SQLite's error code) count, never an `OSError` or
-    a bug in the app's code that merely looks alike.
+    down, connection lost. Only the database's own errors (they carry a SQLSTATE) count,
+    never an `OSError` or a bug in the app's code that merely looks alike. (SQLite's
+    connections raise `StoreUnavailableError` themselves: `cannot_write`.)
     """
-    return any(
-        _temporary(getattr(e, "sqlstate", None)) or cannot_write(e) is not None for e in _chain(exc)
-    )
+    return any(_temporary(getattr(e, "sqlstate", None)) for e in _chain(exc))
 
 
 async def _read_only_now(conn: asyncpg.Connection) -> str:
@@ -286,8 +283,6 @@ def _why_unavailable(exc: BaseException) -> str:
             return "is read-only"
         if state.startswith("53"):
             return "is out of disk, memory or connections"
-        if (why := cannot_write(error)) is not None:
-            return why
     return "cannot be reached"
 
 

@@ -115,18 +115,29 @@ def _bind_value(value: Any) -> Any:
 _CANNOT_WRITE = {
     sqlite3.SQLITE_FULL: "is out of disk space",
     sqlite3.SQLITE_READONLY: "is read-only",
-    sqlite3.SQLITE_IOERR: "could not be written (a disk I/O error)",
+    sqlite3.SQLITE_IOERR: "could not be read or written (a disk I/O error)",
 }
+_LASTING = frozenset(
+    {
+        sqlite3.SQLITE_READONLY_DBMOVED,  # the file was moved or deleted under the process
+        sqlite3.SQLITE_READONLY_CANTINIT,
+        sqlite3.SQLITE_READONLY_DIRECTORY,
+    }
+)
+"""Refusals that need a restart or an operator, not time: errors, not outages."""
 
 
 def cannot_write(exc: BaseException) -> str | None:
     """Why SQLite cannot write now (a full disk, a read-only file, an I/O error), or None.
 
     Such a refusal clears once the disk has room or the file may be written again: an
-    outage to wait out, not a bug. SQLite rolls such a transaction back whole.
+    outage to wait out, not a bug. SQLite rolls such a transaction back whole. A file
+    moved or deleted under the process is not one (`_LASTING`).
     """
     code = getattr(exc, "sqlite_errorcode", None)
-    return _CANNOT_WRITE.get(code & 0xFF) if isinstance(code, int) else None
+    if not isinstance(code, int) or code in _LASTING:
+        return None
+    return _CANNOT_WRITE.get(code & 0xFF)
 
 
 def is_busy(exc: sqlite3.OperationalError) -> bool:
@@ -307,7 +318,7 @@ class SqliteConnection:
             return None
         return StoreUnavailableError(
             f"the SQLite database {self.path!r} {why} ({exc}); nothing was written, "
-            "retry once it can be written again",
+            "retry once the disk or the file is mended",
             path=self.path,
         )
 
