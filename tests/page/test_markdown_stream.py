@@ -234,3 +234,36 @@ def test_every_frame_equals_the_text_so_far_drawn_from_scratch(page: Page, tmp_p
         )
         assert result["checked"] == len(TRICKY) + 60
         assert result["problems"] == []
+
+
+REPLACED_CHECK = """async ({ pairs }) => {
+  const base = document.baseURI;
+  const { renderMarkdown } = await import(new URL("page/markdown.js", base).href);
+  const { drawMarkdown } = await import(new URL("page/markdown_stream.js", base).href);
+  const problems = [];
+  for (const [before, after] of pairs) {
+    const shown = document.createElement("div");
+    drawMarkdown(shown, before);
+    drawMarkdown(shown, after);  // a retry's block written again, a snapshot after a gap
+    const fresh = document.createElement("div");
+    fresh.append(renderMarkdown(after));
+    if (!fresh.isEqualNode(shown)) problems.push(`${JSON.stringify(after)}: ${shown.innerHTML}`);
+  }
+  return problems;
+}"""
+
+
+def test_a_text_that_changes_rather_than_grows_is_drawn_as_it_now_is(
+    page: Page, tmp_path: Path
+) -> None:
+    """A kept block looked one line past its end: a text sharing only the block's own
+    lines (a recovered attempt writing the block again) must not keep it."""
+    with serve_page(tmp_path, Agent(model=ScriptedModel([]))) as app:
+        page.goto(app.url)
+        expect(page.locator("#empty")).to_be_visible()
+        pairs = [
+            ["Hello\n\nWorld\nmore", "Hello\nthere"],
+            ["- a\n\n- b\nc", "- a\n\n  still a"],
+            ["Intro.\n\nOld answer\n\n", "Intro.\n\nNew answer"],
+        ]
+        assert page.evaluate(REPLACED_CHECK, {"pairs": pairs}) == []

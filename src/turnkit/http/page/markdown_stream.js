@@ -29,7 +29,9 @@ export function drawMarkdown(container, text) {
 }
 
 function draw(container, text, state) {
-  if (!state || state.broken || !text.startsWith(state.done) || container.childNodes.length < state.kept) {
+  // Only a text that grew keeps blocks: a kept block also looked at the line after it,
+  // which a text that merely starts with the kept blocks may have changed.
+  if (!state || state.broken || !text.startsWith(state.text) || container.childNodes.length < state.kept) {
     state = { done: "", kept: 0, text: null }; // a new text, or not a continuation: all again
     container.replaceChildren();
   }
