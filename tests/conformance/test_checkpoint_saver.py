@@ -85,6 +85,35 @@ async def test_pending_writes_of_the_newest_checkpoint_are_kept(saver: Any, tmp_
     ]
 
 
+async def test_the_last_stages_checkpoint_waits_for_the_turns_ending(
+    saver: Any, tmp_path: Path
+) -> None:
+    db = tmp_path / "tk.checkpoints.db"
+    last = False
+    release = saver.hold_last(THREAD, lambda: last)
+    await saver.aput(config(), checkpoint(1), {"source": "loop", "step": 0}, {})
+    assert _stored(db) == (1, 0)  # not the last stage's: stored at once
+    last = True
+    await saver.aput(config(parent=1), checkpoint(2), {"source": "loop", "step": 1}, {})
+    assert _stored(db) == (1, 0)  # held: its stage's events are not committed yet
+    assert saver.take_written(THREAD) == checkpoint(2)["id"]
+    await release(True)  # the ending is committed: now it may follow them
+    assert _stored(db) == (2, 0)
+    found = await saver.aget_tuple({"configurable": {"thread_id": THREAD}})
+    assert found is not None
+    assert found.checkpoint["id"] == checkpoint(2)["id"]
+
+
+async def test_a_held_last_checkpoint_is_dropped_unless_wanted(saver: Any, tmp_path: Path) -> None:
+    db = tmp_path / "tk.checkpoints.db"
+    release = saver.hold_last(THREAD, lambda: True)
+    await saver.aput(config(), checkpoint(1), {"source": "loop", "step": 0}, {})
+    await release(False)  # the ending failed (a resume starts that stage again), or pruned
+    assert _stored(db) == (0, 0)
+    await saver.aput(config(parent=1), checkpoint(2), {"source": "loop", "step": 1}, {})
+    assert _stored(db) == (1, 0)  # released: the thread's checkpoints are stored again
+
+
 async def test_a_read_sees_writes_still_held(saver: Any) -> None:
     await saver.aput(config(), checkpoint(1), {"source": "loop", "step": 0}, {})
     await saver.aput_writes(config(parent=1), [("content", "pending")], "task-a")

@@ -108,8 +108,11 @@ async def _bracket(
         next_iteration = (iteration or 0) + 1 if following == "tool-loop" else None
         rec.durable(StepStartEvent, following, step=following, iteration=next_iteration)
     rec.last_stage_ended = following == "end"
-    if not rec.checkpoints_carry:  # else the step's checkpoint commits them with itself
-        await rec.flush()  # events of a super-step are durable before its checkpoint
+    if rec.checkpoints_carry:
+        return outcome  # the step's checkpoint commits them with itself
+    if rec.last_stage_ended and rec.ending_commits_last_stage:
+        return outcome  # the turn's ending commits them, before the step's checkpoint
+    await rec.flush()  # events of a super-step are durable before its checkpoint
     return outcome
 
 
@@ -268,7 +271,7 @@ async def run_turn(
 
 
 def carry_events(
-    graph: TurnGraph, thread_id: str, rec: Recorder
+    graph: TurnGraph, thread_id: str, rec: Recorder, *, keep_ended: bool = True
 ) -> Callable[[bool], Awaitable[None]] | None:
     """Have the thread's checkpoints commit `rec`'s staged events with them.
 
@@ -278,17 +281,41 @@ def carry_events(
     checkpoint's statement; a checkpoint that found nothing staged, and the last one,
     ride on the turn's next commit (the last on its ending). Only for checkpoints after
     every super-step (not `exit`).
+
+    A checkpointer that can only hold a thread's checkpoint back (SQLite, whose
+    checkpoints live in a file of their own) holds the last stage's: that stage's events
+    commit with the turn's ending, and the checkpoint is stored after it (`keep`), unless
+    the ending is committed and the turn's checkpoints are not kept once it has ended
+    (`keep_ended`).
     """
     saver = graph.checkpointer
     carry: Callable[..., Callable[[bool], Awaitable[None]]] | None = getattr(saver, "carry", None)
     if carry is None:
-        return None
+        return _hold_last(saver, thread_id, rec, keep_ended=keep_ended)
     stop_carrying = carry(thread_id, rec.commit_carrying)
     rec.held_checkpoints = functools.partial(saver.held_rider, thread_id)  # type: ignore[union-attr]
 
     async def stop(keep: bool) -> None:
         rec.held_checkpoints = None
         await stop_carrying(keep)
+
+    return stop
+
+
+def _hold_last(
+    saver: object, thread_id: str, rec: Recorder, *, keep_ended: bool
+) -> Callable[[bool], Awaitable[None]] | None:
+    hold: Callable[..., Callable[[bool], Awaitable[None]]] | None = getattr(
+        saver, "hold_last", None
+    )
+    if hold is None:
+        return None
+    release = hold(thread_id, lambda: rec.last_stage_ended)
+    rec.ending_commits_last_stage = True
+
+    async def stop(keep: bool) -> None:
+        rec.ending_commits_last_stage = False
+        await release(keep and (keep_ended or not rec.log_closed))
 
     return stop
 

@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import sqlite3
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -131,6 +131,9 @@ class ThreadedSqliteSaver(SqliteSaver):
         self._deferred: list[_Deferred] = []
         """Writes held for the next transaction (input checkpoints, plain task writes)."""
         self._deferred_lock = threading.Lock()  # the loop appends while a thread may take
+        self._last: dict[str, Callable[[], bool]] = {}
+        """Threads whose last stage's checkpoint waits for the turn's ending (`hold_last`)."""
+        self._held_last: dict[str, _Deferred] = {}
         batch_conn = _SaverConnection(self)
         self.group = GroupCommit(self._thread, lambda: batch_conn, _as_raised)
         """Writes that must wait for the lock, committed on the thread in batches."""
@@ -323,13 +326,19 @@ class ThreadedSqliteSaver(SqliteSaver):
         `DeltaChannel`, rebuilt from its ancestors' writes, would need them: `TurnState`
         has none.) A run's input checkpoint (`source: input`) is held for the next
         transaction, which comes right after it (the START task's checkpoint): a crash
-        between the two loses only a checkpoint no turn has run from.
+        between the two loses only a checkpoint no turn has run from. The checkpoint after
+        a turn's last stage waits for the turn's ending (see `hold_last`).
         """
         thread_id = str(config["configurable"]["thread_id"])
         parent = config["configurable"].get("checkpoint_id")
+        is_last = self._last.get(thread_id)
         with self._deferred_lock:
             self._deferred = [d for d in self._deferred if not d.superseded_by(thread_id, parent)]
-            if metadata.get("source") == "input":
+            if is_last is not None and is_last():
+                held_last = _Deferred.checkpoint(config, checkpoint, metadata.copy(), new_versions)
+                self._held_last[thread_id] = held_last
+                held = True
+            elif metadata.get("source") == "input":
                 self._deferred.insert(
                     0, _Deferred.checkpoint(config, checkpoint, metadata.copy(), new_versions)
                 )
@@ -348,6 +357,28 @@ class ThreadedSqliteSaver(SqliteSaver):
             saved = await self._write(lambda: self.put(config, checkpoint, metadata, new_versions))
         self._written.note(thread_id, str(checkpoint["id"]))
         return saved
+
+    def hold_last(
+        self, thread_id: str, is_last: Callable[[], bool]
+    ) -> Callable[[bool], Awaitable[None]]:
+        """Hold the checkpoint written once `is_last()` (the turn's last stage has ended).
+
+        That stage's closing events then commit with the turn's ending, not before the
+        checkpoint: one Store transaction less per turn. The checkpoint is stored only
+        after them, by the function returned: `write` once the ending (or a pause) is
+        committed and the checkpoint is still wanted; without it, it is dropped (a failed
+        ending, or a turn whose checkpoints are deleted once it has ended). A crash
+        before then resumes from the stage's own start, which commits nothing twice.
+        """
+        self._last[thread_id] = is_last
+
+        async def release(write: bool) -> None:
+            self._last.pop(thread_id, None)
+            held = self._held_last.pop(thread_id, None)
+            if held is not None and write:
+                await self._write(lambda: _write_held(self, held))
+
+        return release
 
     def take_written(self, thread_id: str) -> str | None:
         """The checkpoint id this saver last wrote for `thread_id` (forgotten once taken)."""

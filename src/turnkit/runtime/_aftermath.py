@@ -48,6 +48,11 @@ class Aftermath:
         self._forget = forget
         self._closed = False
 
+    @property
+    def prunes(self) -> bool:
+        """Ended turns' checkpoints are deleted (`ended`), not kept."""
+        return self._forget is not None and not self._closed
+
     def ended(self, turn_id: str) -> None:
         """The turn has ended: its checkpoints go with the next batch."""
         if self._forget is None or self._closed:

@@ -322,7 +322,10 @@ class TurnDriver:
             expect_new_thread(self.graph, self.lease.turn_id)
         durability = self.config.durability
         if durability != "exit":
-            self._stop_carrying = carry_events(self.graph, self.lease.turn_id, rec)
+            keep_ended = self.aftermath is None or not self.aftermath.prunes
+            self._stop_carrying = carry_events(
+                self.graph, self.lease.turn_id, rec, keep_ended=keep_ended
+            )
         rec.last_activity = self.clock.monotonic()  # the idle window starts with the run
         deadline = asyncio.timeout(max(remaining, 0.001))
         try:

@@ -117,6 +117,9 @@ class Recorder:
         self.last_stage_ended = False
         """The turn's last stage has ended: its checkpoint waits for the turn's ending,
         which commits the stage's closing events too."""
+        self.ending_commits_last_stage = False
+        """The last stage ends without a commit: its checkpoint is held until the turn's
+        ending, which commits the stage's closing events (SQLite; see `carry_events`)."""
 
     @property
     def checkpoints_carry(self) -> bool:
