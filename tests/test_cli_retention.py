@@ -250,3 +250,15 @@ def test_sweep_keeps_them_when_ended_checkpoints_are_kept(
         "kept their checkpoints (TURNKIT_KEEP_ENDED_CHECKPOINTS)"
     )
     assert turn_id in asyncio.run(checkpoint_rows(*db))
+
+
+def test_a_span_longer_than_the_calendar_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db: DB = (f"sqlite:///{tmp_path / 'turnkit.db'}", None)
+    turns = asyncio.run(_sessions(db))
+    code = main(["sessions", "prune", "--idle-for", "1000000d", *_flags(db)], out=io.StringIO())
+    assert code != 0  # was an OverflowError's traceback
+    [line] = capsys.readouterr().err.splitlines()
+    assert "reaches back before the year 1" in line
+    assert set(asyncio.run(checkpoint_rows(*db))) == set(turns.values())

@@ -178,6 +178,7 @@ async def test_a_session_that_came_back_since_it_was_found_is_kept(db: DB) -> No
         (timedelta(days=-1), None, "idle_for must be a timedelta above zero"),
         (90, None, "idle_for must be a timedelta above zero, not 90"),
         (NINETY_DAYS, 0, "limit must be a whole number of 1 or more, not 0"),
+        (timedelta(days=10**6), None, "reaches back before the year 1"),  # OverflowError
     ],
 )
 async def test_bad_arguments_are_refused_and_nothing_is_deleted(

@@ -21,7 +21,12 @@ from turnkit.config import RuntimeConfig, env_keep_ended_checkpoints
 from turnkit.demo import demo_agent
 from turnkit.errors import ConfigurationError
 from turnkit.runtime import SessionRuntime
-from turnkit.runtime._retention import RetentionBatch, check_retention, idle_session_batches
+from turnkit.runtime._retention import (
+    RetentionBatch,
+    check_retention,
+    idle_cutoff,
+    idle_session_batches,
+)
 from turnkit.store.sql import SqlStore, first_line
 
 __all__ = ("prune_sessions", "sweep")
@@ -104,7 +109,7 @@ async def _prune(
 ) -> int:
     sessions = turns = 0
     async with _runtime_on(store, config) as runtime:
-        idle_before = runtime.clock.now() - idle_for
+        idle_before = idle_cutoff(runtime.clock.now(), idle_for)
         out.write(f"sessions idle for {_span(idle_for)}: last active before {_when(idle_before)}\n")
         batches = idle_session_batches(
             runtime, idle_before=idle_before, limit=limit, dry_run=dry_run

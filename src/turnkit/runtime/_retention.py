@@ -25,6 +25,7 @@ __all__ = (
     "RetentionReport",
     "RuntimeRetention",
     "check_retention",
+    "idle_cutoff",
     "idle_session_batches",
 )
 
@@ -97,7 +98,7 @@ class RuntimeRetention(RuntimeCore):
         """
         check_retention(idle_for, limit)
         await self.open()
-        idle_before = self.clock.now() - idle_for
+        idle_before = idle_cutoff(self.clock.now(), idle_for)
         batches = idle_session_batches(self, idle_before=idle_before, limit=limit, dry_run=dry_run)
         found: list[SessionId] = []
         turns = count = 0
@@ -124,6 +125,20 @@ def check_retention(idle_for: object, limit: object) -> None:
         raise InvalidInputError(f"idle_for must be a timedelta above zero, not {idle_for!r}")
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
         raise InvalidInputError(f"limit must be a whole number of 1 or more, not {limit!r}")
+
+
+def idle_cutoff(now: datetime, idle_for: timedelta) -> datetime:
+    """`now - idle_for`: sessions last active before it are idle.
+
+    Raises:
+        InvalidInputError: `idle_for` reaches back past the first year of the calendar.
+    """
+    try:
+        return now - idle_for
+    except OverflowError:
+        raise InvalidInputError(
+            f"idle_for {idle_for} reaches back before the year 1; nothing is that old"
+        ) from None
 
 
 async def idle_session_batches(
