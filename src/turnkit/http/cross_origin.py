@@ -7,11 +7,11 @@ app.add_middleware(CrossOriginProtection, origins=["https://chat.example.com"])
 A page on another site can make a visitor's browser send a form, or a `fetch` in
 `no-cors` mode, to your API with the visitor's cookies: a POST with no body (create a
 session, Stop, Retry) needs no CORS preflight. Browsers say where such a request comes
-from (`Sec-Fetch-Site`, or `Origin` in older ones), so a request other than GET, HEAD or
-OPTIONS that a browser sent from another origin gets 403 `cross-origin-request` and
-reaches no route, unless its origin is listed. Requests that carry neither header (curl,
-SDKs, other servers) are not a browser's and pass. This is the check of Go's
-`net/http.CrossOriginProtection`.
+from (`Sec-Fetch-Site` to HTTPS and localhost, else `Origin`), so a request other than
+GET, HEAD or OPTIONS that a browser sent from another origin gets 403
+`cross-origin-request` and reaches no route, unless its origin is listed. Requests that
+carry neither header (curl, SDKs, other servers) are not a browser's and pass. This is
+the check of Go's `net/http.CrossOriginProtection`.
 """
 
 from __future__ import annotations
@@ -111,11 +111,11 @@ class CrossOriginProtection:
         """Whether a request with these headers may reach the app (None: header absent)."""
         if self.anyone or method in _SAFE_METHODS:
             return True
-        if fetch_site:  # every current browser sends it
+        if fetch_site:  # browsers send it to HTTPS and localhost addresses
             return fetch_site in ("same-origin", "none") or self._trusts(origin)
         if origin is None:  # not a browser, or one too old to send `Origin` either
             return True
-        # An older browser: same origin when `Origin` names the host the request is for.
+        # Plain HTTP, or an older browser: same origin when `Origin` names the request's host.
         # Only the scheme is not compared (`Host` has none); HSTS closes that gap.
         return _host_of(origin.lower()) == host.lower() or self._trusts(origin)
 
