@@ -20,6 +20,7 @@ from pydantic import ValidationError
 from turnkit.agent import Agent, load_agent, load_agents
 from turnkit.budgets import BudgetLimit
 from turnkit.cli._args import parser as _parser
+from turnkit.cli._copy import copy_database
 from turnkit.cli._inspect import (
     Printer,
     existing_database,
@@ -324,6 +325,8 @@ async def _budgets(args: argparse.Namespace, out: TextIO) -> int:
 async def _db(args: argparse.Namespace, out: TextIO) -> int:
     if args.db_command == "current":
         return await _db_current(args, out)
+    if args.db_command == "copy":
+        return await copy_database(args, out)
     return await _db_upgrade(args, out)
 
 

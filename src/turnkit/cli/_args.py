@@ -434,6 +434,36 @@ def _add_db(sub: _Subparsers) -> None:
         "(changes nothing)",
     )
     _database_args(current)
+    _add_db_copy(db_sub)
+
+
+def _add_db_copy(db_sub: _Subparsers) -> None:
+    copy = db_sub.add_parser(
+        "copy",
+        help="copy every turnkit row and the checkpoints of live turns into an empty "
+        "database (SQLite to PostgreSQL, say); the source is only read",
+    )
+    copy.add_argument("--from", dest="from_url", required=True, metavar="URL",
+                      help="the database to copy (never written)")  # fmt: skip
+    copy.add_argument("--from-schema", metavar="SCHEMA", help="its PostgreSQL schema")
+    copy.add_argument("--to", dest="to_url", required=True, metavar="URL",
+                      help="the database to copy into: migrated, and it must hold no "
+                      "turnkit row")  # fmt: skip
+    copy.add_argument("--to-schema", metavar="SCHEMA", help="its PostgreSQL schema")
+    copy.add_argument(
+        "--dry-run", action="store_true", help="write nothing: count what would be copied"
+    )
+    copy.add_argument(
+        "--force",
+        action="store_true",
+        help="copy even while the source has running or queued turns",
+    )
+    copy.add_argument(
+        "--batch-size",
+        type=_at_least_one,
+        default=500,
+        help="rows per transaction (default: %(default)s)",
+    )
 
 
 def _version() -> str:
