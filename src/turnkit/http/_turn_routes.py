@@ -15,6 +15,7 @@ except ImportError as exc:  # pragma: no cover - depends on the install
     raise missing_extra("The HTTP routes", "fastapi", exc) from exc
 
 from turnkit.http._access import Principal, SessionPath, owned, visible_turn
+from turnkit.http._sse_response import SseResponse
 from turnkit.http.models import (
     AnswerBody,
     ApprovalBody,
@@ -36,7 +37,6 @@ from turnkit.store import Submission
 __all__ = ("TURN_ID_HEADER", "add_turn_routes")
 
 TURN_ID_HEADER = "X-Turn-Id"
-_NO_PING_S = 10**9
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -54,20 +54,14 @@ class _Streams:
         *,
         submission: Submission | None = None,
         sent: asyncio.Event | None = None,
-    ) -> EventSourceResponse:
+    ) -> SseResponse:
         frames = self.runtime.reader(keepalive_s=self.keepalive_s).follow_batches(
             turn_id, after_seq=after, submission=submission
         )
         body = frames_to_sse(frames, max_frame_bytes=self.max_frame_bytes, turn_id=turn_id)
-        return EventSourceResponse(
-            body if sent is None else set_once_sent(body, sent),
-            status_code=200,
-            headers={TURN_ID_HEADER: turn_id, "Cache-Control": "no-store"},
-            # The reader sends its own keep-alives as single comment lines. sse-starlette's
-            # ping (`None` means its 15 s default, not off) ends with a blank line, which
-            # clients dispatch as an event with empty data: keep it from ever firing.
-            ping=_NO_PING_S,
-            sep="\n",
+        # The reader sends its own keep-alives, as single comment lines (no ping here).
+        return SseResponse(
+            body if sent is None else set_once_sent(body, sent), headers={TURN_ID_HEADER: turn_id}
         )
 
 

@@ -1,0 +1,175 @@
+"""`SseResponse`: head, chunks, end; a client that leaves or a server that exits stops it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import signal
+import socket
+import threading
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import uvicorn
+from httpx_sse import aconnect_sse
+from sse_starlette.sse import AppStatus
+from starlette.types import Message
+
+from turnkit import Agent, RuntimeConfig, SessionRuntime
+from turnkit.http._sse_response import SseResponse
+from turnkit.models import ModelChunk, ModelRequest, TextDelta
+from turnkit.quickstart import create_app
+
+END: Message = {"type": "http.response.body", "body": b"", "more_body": False}
+
+
+class _Body:
+    """Chunks, then a wait that only cancellation ends; records whether it was closed."""
+
+    def __init__(self, chunks: list[bytes], *, then_wait: bool) -> None:
+        self.chunks, self.then_wait = chunks, then_wait
+        self.closed = asyncio.Event()
+
+    async def __call__(self) -> AsyncIterator[bytes]:
+        try:
+            for chunk in self.chunks:
+                yield chunk
+            if self.then_wait:
+                await asyncio.Event().wait()
+        finally:
+            self.closed.set()
+
+
+class _HangingModel:
+    """Streams one word, then waits for ever (a turn the server's exit finds running)."""
+
+    model = "hanging"
+    provider = "test"
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
+        yield TextDelta("word ")
+        await asyncio.Event().wait()
+
+
+class _Client:
+    """The ASGI side of one connection: what was sent, and a disconnect on demand."""
+
+    def __init__(self) -> None:
+        self.sent: list[Message] = []
+        self.gone = asyncio.Event()
+
+    async def receive(self) -> Message:
+        await self.gone.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(self, message: Message) -> None:
+        self.sent.append(message)
+
+
+def _scope(method: str = "POST") -> dict[str, Any]:
+    return {"type": "http", "method": method, "headers": []}
+
+
+async def _serve(body: _Body, client: _Client, method: str = "POST") -> asyncio.Task[None]:
+    response = SseResponse(body(), headers={"X-Turn-Id": "t1"})
+    return asyncio.create_task(response(_scope(method), client.receive, client.send))
+
+
+async def test_head_then_each_chunk_then_the_end() -> None:
+    body, client = _Body([b"id: 1\ndata: {}\n\n", b": keep-alive\n"], then_wait=False), _Client()
+    await asyncio.wait_for(await _serve(body, client), 5)
+    start, *rest = client.sent
+    assert start["status"] == 200
+    assert dict(start["headers"]) == {
+        b"cache-control": b"no-store",
+        b"x-turn-id": b"t1",
+        b"connection": b"keep-alive",
+        b"x-accel-buffering": b"no",
+        b"content-type": b"text/event-stream; charset=utf-8",
+    }
+    assert rest == [
+        {"type": "http.response.body", "body": b"id: 1\ndata: {}\n\n", "more_body": True},
+        {"type": "http.response.body", "body": b": keep-alive\n", "more_body": True},
+        END,
+    ]
+    assert body.closed.is_set()
+
+
+async def test_a_client_that_leaves_stops_the_stream_and_closes_its_reader() -> None:
+    body, client = _Body([b"data: 1\n\n"], then_wait=True), _Client()
+    task = await _serve(body, client)
+    while len(client.sent) < 2:
+        await asyncio.sleep(0)
+    client.gone.set()
+    await asyncio.wait_for(task, 5)  # returns: the disconnect is not an error
+    assert body.closed.is_set()
+    assert client.sent[-1]["more_body"] is True  # nothing more was sent to a closed socket
+
+
+async def test_the_server_exiting_ends_the_stream_cleanly_so_the_client_resumes() -> None:
+    body, client = _Body([b"data: 1\n\n"], then_wait=True), _Client()
+    task = await _serve(body, client)
+    while len(client.sent) < 2:
+        await asyncio.sleep(0)
+    AppStatus.should_exit = True  # what uvicorn's exit signal sets (sse-starlette's flag)
+    try:
+        await asyncio.wait_for(task, 5)
+    finally:
+        AppStatus.should_exit = False
+    assert body.closed.is_set()
+    assert client.sent[-1] == END  # a clean end of body, not a truncated one
+
+
+async def test_a_cancelled_request_stays_cancelled() -> None:
+    body, client = _Body([], then_wait=True), _Client()
+    task = await _serve(body, client)
+    await asyncio.sleep(0.01)
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    assert task.cancelled()
+    assert body.closed.is_set()
+
+
+async def test_head_sends_no_stream() -> None:
+    body, client = _Body([b"data: 1\n\n"], then_wait=True), _Client()
+    await asyncio.wait_for(await _serve(body, client, "HEAD"), 5)
+    assert [m["type"] for m in client.sent] == ["http.response.start", "http.response.body"]
+    assert client.sent[-1] == END
+
+
+async def test_sigterm_ends_open_streams_and_the_server_exits(tmp_path: Path) -> None:
+    """A stream waiting on a turn that hangs ends with a clean end of body on SIGTERM."""
+    runtime = SessionRuntime(
+        agent=Agent(model=_HangingModel()),
+        config=RuntimeConfig(database_url=f"sqlite:///{tmp_path / 'exit.db'}"),
+    )
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(create_app(runtime), log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    while not server.started:
+        await asyncio.sleep(0.01)
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}/api/harness/sessions/s/execute"
+    types: list[str] = []
+    try:
+        async with (
+            httpx.AsyncClient(timeout=30) as http,
+            aconnect_sse(http, "POST", url, json={"content": "go"}) as source,
+        ):
+            async for sse in source.aiter_sse():
+                types.append(json.loads(sse.data)["type"])
+                if types[-1] == "message.delta":
+                    server.handle_exit(signal.SIGTERM, None)  # as uvicorn's handler does
+        await asyncio.to_thread(thread.join, 15)
+        assert not thread.is_alive()
+    finally:
+        AppStatus.should_exit = False
+        server.should_exit = True
+        sock.close()
+    assert types[0] == "turn.started"
+    assert "done" not in types  # the turn goes on elsewhere; the client resumes from its id
