@@ -116,7 +116,8 @@ async def test_a_checkpoint_the_server_refuses_leaves_the_turn_to_recovery(
         async def refuse_once(*args: Any, **kwargs: Any) -> Any:
             if not refused:
                 refused.append(True)
-                raise refusal  # the disk filled up, or the server became a replica
+                async with saver._connection():  # the saver's own connection is refused:
+                    raise refusal  # the disk filled up, or the server became a replica
             return await put(*args, **kwargs)
 
         saver.aput = refuse_once
@@ -279,3 +280,26 @@ async def test_readyz_is_not_ready_while_the_server_takes_no_writes(
                 assert "store: read-only" in readyz.json()["detail"]
             await turn(False)  # the name reaches the new primary: ready at the next check
             assert (await http.get("/readyz")).status_code == 200
+
+
+async def test_an_apps_own_read_only_postgres_still_fails_the_turn(
+    read_only: tuple[str, str],
+) -> None:
+    """Only turnkit's own connections' refusals are outages, not a replica the app writes to."""
+    url, schema = read_only
+
+    async def deps(scope: Any) -> object:
+        conn = await asyncpg.connect(url, server_settings={"search_path": schema})
+        try:  # the app's own replica: read-only
+            await conn.execute("INSERT INTO tk_sessions (session_id) VALUES ('x')")
+        finally:
+            await conn.close()
+        return conn
+
+    config = RuntimeConfig(database_url=POSTGRES_URL, database_schema=schema)
+    model = ScriptedModel([ModelStep.text_reply("never")])
+    async with SessionRuntime(agent=Agent(model=model), config=config, deps=deps) as runtime:
+        async with asyncio.timeout(20):  # it hung: the turn was left for a recovery
+            events = [e async for e in runtime.execute_message("s1", "hello")]
+    assert events[-1].type == "done"
+    assert (events[-1].status, events[-1].error_code) == ("failed", "internal-error")

@@ -26,9 +26,10 @@ from langgraph.checkpoint.base import (
 from langgraph.checkpoint.postgres.base import BasePostgresSaver
 from langgraph.checkpoint.serde.types import _DeltaSnapshot
 
+from turnkit.errors import StoreUnavailableError
 from turnkit.graph._held import ThreadNotes, log_dropped, supersedable
 from turnkit.store import Rider
-from turnkit.store.sql import reached_read_only
+from turnkit.store.sql import first_line, is_unreachable, reached_read_only, why_unavailable
 
 __all__ = (
     "CARRIED_CHECKPOINTS",
@@ -125,17 +126,24 @@ class PgCheckpointWrites(BasePostgresSaver):
 
     @asynccontextmanager
     async def _connection(self) -> AsyncIterator[asyncpg.Connection]:
-        """A pooled connection; a read-only refusal retires the pool's connections.
+        """A pooled connection; a database out of reach or refusing writes is an outage.
 
-        After a failover, connections opened while the database's name still led to the
-        old primary keep reaching it, now a replica: the next acquire connects afresh.
+        Such a failure raises `StoreUnavailableError` (a driver rides it out, as the
+        Store's); a read-only refusal also retires the pool's connections: after a
+        failover, connections opened while the database's name still led to the old
+        primary keep reaching it, now a replica, and the next acquire connects afresh.
         """
         try:
             async with self.pool.acquire() as conn:
                 yield conn
-        except asyncpg.PostgresError as exc:
+        except Exception as exc:
             if reached_read_only(exc):
                 await self.pool.expire_connections()
+            if is_unreachable(exc):  # only this pool's connections run here
+                raise StoreUnavailableError(
+                    f"the database {why_unavailable(exc)} ({type(exc).__name__}: "
+                    f"{first_line(exc)}); no checkpoint was written, retry shortly"
+                ) from exc
             raise
 
     def carry(self, thread_id: str, carrier: Carrier) -> Callable[[bool], Awaitable[None]]:

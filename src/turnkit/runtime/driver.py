@@ -50,7 +50,6 @@ from turnkit.stages._plugins import guard_input, on_events
 from turnkit.stages._types import Route, TranscriptMessage
 from turnkit.states import awaiting
 from turnkit.store import Lease, Store, TurnRecord, UnreadableEvent
-from turnkit.store.sql import database_refused, first_line
 from turnkit.telemetry import Publish, Recorder
 
 __all__ = ("DriveSetup", "TurnDriver", "renewal_due")
@@ -222,15 +221,12 @@ class TurnDriver:
             self.aftermath.ended(self.lease.turn_id)
 
     async def _failed_unexpectedly(self, exc: Exception) -> None:
-        """A bug ends the turn `internal-error`; a database that cannot write now does not.
+        """A bug ends the turn `internal-error`.
 
-        A checkpoint refused by a full disk or a read-only server (a failover) is an outage
-        like one out of reach: the turn is left for an attempt that finds it mended.
+        A database out of reach or refusing writes is not one: the Store and the
+        checkpointer raise `StoreUnavailableError` for their own connections (`run` leaves
+        the turn to recovery), so an app's own database failing its code fails the turn.
         """
-        if database_refused(exc):
-            said = f"{type(exc).__name__}: {first_line(exc)}"
-            self._left_to_recovery(StoreUnavailableError(said))
-            return
         if self.recorder is not None:
             unexpected = InternalError(f"unexpected {type(exc).__name__} inside the turn: {exc}")
             await self._ending_or_recovery(self._end_failed(self.recorder, unexpected))

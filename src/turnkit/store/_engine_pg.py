@@ -41,6 +41,7 @@ __all__ = (
     "shown_url",
     "is_unreachable",
     "reached_read_only",
+    "why_unavailable",
 )
 
 T = TypeVar("T")
@@ -171,7 +172,7 @@ class PgConnections:
     def _unavailable(self, exc: BaseException) -> StoreUnavailableError:
         """What a database out of reach raises (nothing was written)."""
         return StoreUnavailableError(
-            f"the database {_why_unavailable(exc)} ({type(exc).__name__}: {first_line(exc)}); "
+            f"the database {why_unavailable(exc)} ({type(exc).__name__}: {first_line(exc)}); "
             "nothing was written, retry shortly",
             url=self._shown_url(),
         )
@@ -275,7 +276,7 @@ def _temporary(state: object) -> bool:
     )
 
 
-def _why_unavailable(exc: BaseException) -> str:
+def why_unavailable(exc: BaseException) -> str:
     """`cannot be reached`, or for a server that answered, why it takes no writes now."""
     for error in _chain(exc):
         state = str(getattr(error, "sqlstate", ""))

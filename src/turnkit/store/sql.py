@@ -41,7 +41,14 @@ from turnkit.store import (
 )
 from turnkit.store._coalesce import Coalescer
 from turnkit.store._engine import normalize_url
-from turnkit.store._engine_pg import database_refused, first_line, reached_read_only, shown_url
+from turnkit.store._engine_pg import (
+    database_refused,
+    first_line,
+    is_unreachable,
+    reached_read_only,
+    shown_url,
+    why_unavailable,
+)
 from turnkit.store._schema import SOURCES
 from turnkit.store._sql_budgets import SqlBudgets
 from turnkit.store._sql_queue import SqlQueue
@@ -51,9 +58,11 @@ __all__ = (
     "SqlStore",
     "database_refused",
     "first_line",
+    "is_unreachable",
     "normalize_url",
     "reached_read_only",
     "shown_url",
+    "why_unavailable",
 )
 
 log = logging.getLogger(__name__)
