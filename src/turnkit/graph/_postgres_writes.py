@@ -26,10 +26,9 @@ from langgraph.checkpoint.base import (
 from langgraph.checkpoint.postgres.base import BasePostgresSaver
 from langgraph.checkpoint.serde.types import _DeltaSnapshot
 
-from turnkit.errors import StoreUnavailableError
 from turnkit.graph._held import ThreadNotes, log_dropped, supersedable
 from turnkit.store import Rider
-from turnkit.store.sql import first_line, is_unreachable, reached_read_only, why_unavailable
+from turnkit.store.sql import is_unreachable, reached_read_only, unavailable
 
 __all__ = (
     "CARRIED_CHECKPOINTS",
@@ -140,10 +139,7 @@ class PgCheckpointWrites(BasePostgresSaver):
             if reached_read_only(exc):
                 await self.pool.expire_connections()
             if is_unreachable(exc):  # only this pool's connections run here
-                raise StoreUnavailableError(
-                    f"the database {why_unavailable(exc)} ({type(exc).__name__}: "
-                    f"{first_line(exc)}); no checkpoint was written, retry shortly"
-                ) from exc
+                raise unavailable(exc) from exc
             raise
 
     def carry(self, thread_id: str, carrier: Carrier) -> Callable[[bool], Awaitable[None]]:

@@ -35,11 +35,10 @@ from langgraph.checkpoint.base import (
 )
 from langgraph.checkpoint.sqlite import SqliteSaver
 
-from turnkit.errors import StoreUnavailableError
 from turnkit.graph._held import ThreadNotes, log_dropped, supersedable
 from turnkit.store._folds import WalFolds
 from turnkit.store._group_commit import GroupCommit
-from turnkit.store._sqlite import SqliteConnection, cannot_write, is_busy, tune
+from turnkit.store._sqlite import SqliteConnection, is_busy, refusal, tune
 
 __all__ = ("ThreadedSqliteSaver",)
 
@@ -208,13 +207,9 @@ class ThreadedSqliteSaver(SqliteSaver):
             except _Busy:
                 result = await self.group.run(lambda _: fn())
         except sqlite3.Error as exc:
-            if (why := cannot_write(exc)) is None:
+            if (unavailable := refusal(exc, self._path)) is None:
                 raise
-            raise StoreUnavailableError(
-                f"the SQLite database {self._path!r} {why} ({exc}); "
-                "no checkpoint was written, retry once it is mended",
-                path=self._path,
-            ) from exc
+            raise unavailable from exc
         if self._folds is not None:
             self._folds.committed()
         return result

@@ -33,7 +33,6 @@ from turnkit.runtime.deps import DepsFactory
 from turnkit.runtime.reader import TurnReader
 from turnkit.skills import SkillSource
 from turnkit.store import Store
-from turnkit.store.sql import database_refused, first_line
 from turnkit.tenancy import Organisation, Tenancy
 from turnkit.tools import Tool
 
@@ -255,12 +254,10 @@ class RuntimeCore:
             close_checkpointer, self._close_checkpointer = self._close_checkpointer, None
             try:
                 await close_checkpointer()
-            except Exception as exc:
-                if not isinstance(exc, StoreUnavailableError) and not database_refused(exc):
-                    raise
+            except StoreUnavailableError as exc:
                 # A full disk, a read-only server: the checkpoints it held are not stored;
                 # turns still running resume from their earlier ones.
-                log.warning("closing: held checkpoints not stored: %s", first_line(exc))
+                log.warning("closing: held checkpoints not stored: %s", exc.message)
         if self._owns_store and self._store is not None:
             await self._store.close()
             self._store = None

@@ -41,7 +41,7 @@ __all__ = (
     "shown_url",
     "is_unreachable",
     "reached_read_only",
-    "why_unavailable",
+    "unavailable",
 )
 
 T = TypeVar("T")
@@ -171,11 +171,7 @@ class PgConnections:
 
     def _unavailable(self, exc: BaseException) -> StoreUnavailableError:
         """What a database out of reach raises (nothing was written)."""
-        return StoreUnavailableError(
-            f"the database {why_unavailable(exc)} ({type(exc).__name__}: {first_line(exc)}); "
-            "nothing was written, retry shortly",
-            url=self._shown_url(),
-        )
+        return unavailable(exc, url=self._shown_url())
 
     def _shown_url(self) -> str:
         return shown_url(self.url)
@@ -276,7 +272,16 @@ def _temporary(state: object) -> bool:
     )
 
 
-def why_unavailable(exc: BaseException) -> str:
+def unavailable(exc: BaseException, *, url: str | None = None) -> StoreUnavailableError:
+    """What a database out of reach, or refusing writes for now (`is_unreachable`), raises."""
+    return StoreUnavailableError(
+        f"the database {_why_unavailable(exc)} ({type(exc).__name__}: {first_line(exc)}); "
+        "nothing was written, retry shortly",
+        **({"url": url} if url is not None else {}),
+    )
+
+
+def _why_unavailable(exc: BaseException) -> str:
     """`cannot be reached`, or for a server that answered, why it takes no writes now."""
     for error in _chain(exc):
         state = str(getattr(error, "sqlstate", ""))

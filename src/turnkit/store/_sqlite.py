@@ -35,6 +35,7 @@ __all__ = (
     "cannot_write",
     "connect",
     "is_busy",
+    "refusal",
     "tune",
 )
 
@@ -138,6 +139,18 @@ def cannot_write(exc: BaseException) -> str | None:
     if not isinstance(code, int) or code in _LASTING:
         return None
     return _CANNOT_WRITE.get(code & 0xFF)
+
+
+def refusal(exc: BaseException, path: str) -> StoreUnavailableError | None:
+    """What SQLite's refusal to write `path` (`cannot_write`) raises; None for any other."""
+    why = cannot_write(exc)
+    if why is None:
+        return None
+    return StoreUnavailableError(
+        f"the SQLite database {path!r} {why} ({exc}); nothing was written, "
+        "retry once the disk or the file is mended",
+        path=path,
+    )
 
 
 def is_busy(exc: sqlite3.OperationalError) -> bool:
@@ -282,7 +295,7 @@ class SqliteConnection:
         except sqlite3.OperationalError as exc:
             if is_busy(exc):  # a read that met a lock (writes hold theirs from BEGIN)
                 raise BusyError(str(exc)) from exc
-            if (unavailable := self._unavailable(exc)) is not None:
+            if (unavailable := refusal(exc, self.path)) is not None:
                 raise unavailable from exc
             raise
 
@@ -298,29 +311,18 @@ class SqliteConnection:
         except sqlite3.OperationalError as exc:
             if is_busy(exc):
                 raise BusyError(str(exc)) from exc
-            raise self._unavailable(exc) or OperationalError("BEGIN", None, exc) from exc
+            raise refusal(exc, self.path) or OperationalError("BEGIN", None, exc) from exc
         try:
             yield self
             self.raw.execute("COMMIT")
         except sqlite3.OperationalError as exc:
             self._roll_back()
-            if (unavailable := self._unavailable(exc)) is not None:
+            if (unavailable := refusal(exc, self.path)) is not None:
                 raise unavailable from exc
             raise
         except BaseException:
             self._roll_back()
             raise
-
-    def _unavailable(self, exc: sqlite3.Error) -> StoreUnavailableError | None:
-        """What a refusal to write (`cannot_write`) raises; None for any other error."""
-        why = cannot_write(exc)
-        if why is None:
-            return None
-        return StoreUnavailableError(
-            f"the SQLite database {self.path!r} {why} ({exc}); nothing was written, "
-            "retry once the disk or the file is mended",
-            path=self.path,
-        )
 
     def _roll_back(self) -> None:
         """End a failed transaction (SQLite may have rolled it back already)."""

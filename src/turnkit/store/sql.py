@@ -47,7 +47,7 @@ from turnkit.store._engine_pg import (
     is_unreachable,
     reached_read_only,
     shown_url,
-    why_unavailable,
+    unavailable,
 )
 from turnkit.store._schema import SOURCES
 from turnkit.store._sql_budgets import SqlBudgets
@@ -62,7 +62,7 @@ __all__ = (
     "normalize_url",
     "reached_read_only",
     "shown_url",
-    "why_unavailable",
+    "unavailable",
 )
 
 log = logging.getLogger(__name__)
