@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ __all__ = (
     "env_lease_ttl_s",
     "env_plugins",
     "env_seconds",
+    "is_loopback_host",
 )
 
 Durability = Literal["sync", "async", "exit"]
@@ -223,3 +225,17 @@ def env_flag(env: Mapping[str, str], name: str, *, default: bool) -> bool:
 def env_keep_ended_checkpoints(env: Mapping[str, str]) -> bool:
     """`TURNKIT_KEEP_ENDED_CHECKPOINTS`: keep ended turns' checkpoints (default: no)."""
     return env_flag(env, "TURNKIT_KEEP_ENDED_CHECKPOINTS", default=False)
+
+
+def is_loopback_host(host: str) -> bool:
+    """Whether `host` (a name or an address, IPv6 with or without brackets) is this machine.
+
+    `localhost` and its subdomains, and loopback addresses (`127.0.0.0/8`, `::1`).
+    """
+    name = host.strip().strip("[]").lower().rstrip(".")
+    if name == "localhost" or name.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False

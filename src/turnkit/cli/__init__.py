@@ -6,7 +6,6 @@ import argparse
 import asyncio
 import contextlib
 import gc
-import ipaddress
 import logging
 import os
 import signal
@@ -37,6 +36,7 @@ from turnkit.config import (
     env_keep_ended_checkpoints,
     env_lease_ttl_s,
     env_plugins,
+    is_loopback_host,
 )
 from turnkit.demo import DEMO_MODEL_NAME, demo_agent
 from turnkit.errors import (
@@ -413,13 +413,13 @@ async def _serving(args: argparse.Namespace, out: TextIO) -> int:
         os.environ["TURNKIT_BUDGETS"] = args.budgets
     if named := _named_agents(args):
         os.environ["TURNKIT_AGENT"] = ",".join(named)
-    if not _loopback(args.host) and not os.environ.get("TURNKIT_AUTH"):
+    if not is_loopback_host(args.host) and not os.environ.get("TURNKIT_AUTH"):
         logging.getLogger("turnkit.cli").warning(
             "serving %s with no TURNKIT_AUTH: every caller is anonymous and shares every "
             "session nobody owns (docs/guides/deployment.md#who-may-call)",
             args.host,
         )
-    if "TURNKIT_ALLOWED_HOSTS" not in os.environ and _loopback(args.host):
+    if "TURNKIT_ALLOWED_HOSTS" not in os.environ and is_loopback_host(args.host):
         # Only this machine reaches the server: a page elsewhere must not reach it by a
         # name of its own that resolves here (DNS rebinding).
         from turnkit.http.trusted_hosts import LOOPBACK_HOSTS
@@ -461,16 +461,6 @@ async def _check_replay(url: str | None) -> None:
         pass
     finally:
         await replay.close()
-
-
-def _loopback(host: str) -> bool:
-    """Whether `host` (an address or `localhost`) is this machine's loopback."""
-    if host.strip("[]").lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 def _listening_socket(host: str, port: int) -> socket.socket:

@@ -14,7 +14,6 @@ chunk, and every other provider streams through `litellm.acompletion` (`_litellm
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import os
 from collections.abc import AsyncIterator, Mapping
@@ -25,6 +24,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field
 
 from turnkit import models as _models
+from turnkit.config import is_loopback_host
 from turnkit.errors import (
     ConfigurationError,
     ModelCredentialsError,
@@ -109,14 +109,7 @@ def _is_loopback(api_base: str | None) -> bool:
     if not api_base:
         return False
     host = urlsplit(api_base if "//" in api_base else f"//{api_base}").hostname
-    if host is None:
-        return False
-    if host == "localhost" or host.endswith(".localhost"):
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+    return host is not None and is_loopback_host(host)
 
 
 def _effort_for(budget: int) -> str:
