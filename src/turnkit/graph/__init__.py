@@ -48,6 +48,7 @@ __all__ = (
     "open_checkpointer",
     "pause_here",
     "run_turn",
+    "sqlite_checkpoint_file",
     "turn_part",
 )
 
@@ -373,14 +374,18 @@ async def open_checkpointer(
     if database_url.startswith("sqlite"):
         from turnkit.graph._sqlite_saver import ThreadedSqliteSaver
 
-        path = database_url.split("///", 1)[1] if "///" in database_url else ""
-        in_memory = path in ("", ":memory:")
-        saver = ThreadedSqliteSaver(":memory:" if in_memory else _checkpoint_path(path))
+        saver = ThreadedSqliteSaver(sqlite_checkpoint_file(database_url) or ":memory:")
         await saver.asetup()
         return saver, saver.aclose
     if database_url.startswith(("postgresql", "postgres")):
         return await _open_postgres_checkpointer(database_url, schema)
     raise ValueError(f"no checkpointer for database url {database_url!r}")
+
+
+def sqlite_checkpoint_file(database_url: str) -> str:
+    """The file a SQLite database's checkpoints live in; "" for one in memory."""
+    path = database_url.split("///", 1)[1] if "///" in database_url else ""
+    return "" if path in ("", ":memory:") else _checkpoint_path(path)
 
 
 _SETUP_LOCK = 7413620512

@@ -32,11 +32,10 @@ async def open_checkpoint_reader(
     PostgreSQL schema (a turnkit that never ran a turn there has none).
     """
     if database_url.startswith("sqlite"):
-        from turnkit.graph import _checkpoint_path
+        from turnkit.graph import sqlite_checkpoint_file
         from turnkit.graph._sqlite_saver import ThreadedSqliteSaver
 
-        path = database_url.split("///", 1)[1] if "///" in database_url else ""
-        where = _checkpoint_path(path) if path not in ("", ":memory:") else ""
+        where = sqlite_checkpoint_file(database_url)
         if not where or not Path(where).exists():  # noqa: ASYNC240 - one stat
             yield None
             return
