@@ -230,6 +230,26 @@ def test_a_card_takes_focus_from_the_message_box_and_says_what_it_needs(
     model.assert_complete()
 
 
+def test_a_card_drawn_with_its_turn_takes_focus(page: Page, tmp_path: Path) -> None:
+    # A turn first drawn already waiting (the page opened on it, or its events came in
+    # before the page drew it) has its card focused too, not only one that arrives later.
+    model = ScriptedModel([*PAY_BOB])
+    # A busy machine: frames come late, so a turn's events arrive before it is first drawn.
+    page.add_init_script("""{
+      const draw = window.requestAnimationFrame.bind(window);
+      window.requestAnimationFrame = (callback) => setTimeout(() => draw(callback), 400);
+    }""")
+    with serve_page(tmp_path, Agent(model=model, tools=[wire])) as app:
+        page.goto(app.url)
+        send(page, "Pay Bob 5 EUR")
+        expect(page.locator(".card.approval")).to_be_focused()
+        page.reload()
+        expect(page.locator(".card.approval")).to_be_focused()
+        page.locator(".card.approval [data-decision='approve']").click()
+        expect(page.locator(".block.text.answer .text")).to_have_text("Sent 5 EUR to Bob.")
+    model.assert_complete()
+
+
 def test_focus_on_stop_goes_to_the_message_box_when_the_turn_ends(
     page: Page, tmp_path: Path
 ) -> None:

@@ -386,9 +386,9 @@ function renderTurns(container, items) {
   wanted.forEach((turn, index) => {
     let node = container.querySelector(`:scope > [data-turn-id="${CSS.escape(turn.turnId)}"]`);
     if (!node) node = newTurnElement(turn.turnId);
+    placeAfter(container, node, previous); // in the page before it is drawn: its card can take focus
     setText(node.firstChild, `Turn ${index + 1}`);
     drawTurn(node, turn, { busy: ui.busy, announce });
-    placeAfter(container, node, previous);
     previous = node;
     seen.add(node);
   });
