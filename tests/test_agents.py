@@ -23,7 +23,7 @@ import pytest
 
 from tests.support import agents_host
 from tests.support.agents_host import AppDeps, RuleModel, special
-from turnkit import Agent, Approve, SessionRuntime
+from turnkit import Agent, Approve, SessionRuntime, tool
 from turnkit.errors import AgentNotFoundError
 from turnkit.events import (
     ApprovalRequestedEvent,
@@ -342,3 +342,28 @@ def test_an_agent_version_is_a_content_hash_equal_across_constructions() -> None
     assert special().version != special(settings=ModelSettings(temperature=0.5)).version
     assert len(special().version) == 16
     assert isinstance(special(), Agent)
+
+
+def _pay(to: str) -> str:
+    return f"paid {to}"
+
+
+def _large(name: str, args: Mapping[str, object]) -> bool:
+    return name == "pay"
+
+
+def test_a_tools_own_approval_policy_is_part_of_the_version() -> None:
+    # A deploy that makes a tool ask first is a new version: a turn paused under the old
+    # policy resumes under it (kept hosted) or ends agent-not-found, never silently changed.
+    def agent(approval: Any) -> Agent:
+        return Agent(model=RuleModel("m"), tools=[tool(_pay, approval=approval)])
+
+    versions = {agent(None).version, agent("always").version, agent("never").version,
+                agent(_large).version}  # fmt: skip
+    assert len(versions) == 4
+    assert agent("always").version == agent("always").version
+    # A tool on the agent's policy keeps the version it had before tools' own counted.
+    described = agent(None).describe()["tools"]
+    assert isinstance(described, list)
+    assert described[0] == {"name": "_pay", "description": described[0]["description"],
+                            "parameters": described[0]["parameters"]}  # fmt: skip

@@ -212,8 +212,8 @@ class Agent:
         """A content hash of the bundle: 16 hex digits, equal across processes.
 
         It covers the instructions, models (by name and endpoint, never by key), settings,
-        tools (name, description, argument schema), skills, knowledge, flags and
-        visibility. A turn is pinned to it: every driver rebuilds exactly this bundle.
+        tools (name, description, argument schema, own approval policy), skills, knowledge,
+        flags and visibility. A turn is pinned to it: every driver rebuilds exactly this bundle.
         """
         cached: str | None = self._version  # type: ignore[attr-defined]
         if cached is None:
@@ -230,10 +230,7 @@ class Agent:
             "model": describe_model(self.model),
             "utility_model": describe_model(self.utility_model),
             "synthesis_model": describe_model(self.synthesis_model),
-            "tools": [
-                {"name": s.name, "description": s.description, "parameters": s.parameters}
-                for s in self.registry().specs()
-            ],
+            "tools": [_tool_version(t) for t in self.registry()],
             "effort": self.effort,
             "skip_stages": sorted(self.skip_stages),
             "synthesis": self.synthesis,
@@ -284,6 +281,18 @@ def describe_model(model: object) -> object:
         value = getattr(model, attr, None)
         if isinstance(value, str):
             out[attr] = value
+    return out
+
+
+def _tool_version(tool: Tool) -> dict[str, object]:
+    """A tool as the agent's version sees it; its own approval policy only when it has one."""
+    spec = tool.spec()
+    out: dict[str, object] = {
+        "name": spec.name, "description": spec.description, "parameters": spec.parameters
+    }  # fmt: skip
+    policy = getattr(tool, "approval", None)
+    if policy is not None:  # a tool on the agent's policy keeps the version it had
+        out["approval"] = policy if isinstance(policy, str) else _qualname(policy)
     return out
 
 

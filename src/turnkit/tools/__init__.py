@@ -6,7 +6,7 @@ before it runs, and a validation failure becomes a failed result the model can r
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 from turnkit.errors import DuplicateToolError
 from turnkit.models import ToolSpec
@@ -64,6 +64,10 @@ class ToolRegistry:
 
     def __len__(self) -> int:
         return len(self._tools)
+
+    def __iter__(self) -> Iterator[Tool]:
+        """The tools in registration order."""
+        return iter(self._tools.values())
 
 
 def clarify_spec() -> ToolSpec:
