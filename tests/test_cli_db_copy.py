@@ -180,7 +180,7 @@ def test_a_copy_holds_every_row_and_a_paused_turn_resumes_there(
     for table in TABLES:
         assert f"  {table.name:<24} {len(before[table.name]):>10,} row(s) in " in out
     assert "  checkpoints" in out
-    assert "3 of 1 turn(s) in " in out  # the paused one: the ended turn's are gone
+    assert "3 of 1 thread(s) in " in out  # the paused turn: the ended turn's are gone
     assert lines[-1].startswith(f"copied {sum(map(len, before.values())):,} row(s) in 11 tables")
     after = asyncio.run(_rows(target))
     assert after == before  # every row, every value (times compare as instants)
@@ -292,7 +292,7 @@ def test_a_dry_run_counts_and_writes_nothing(dbs: Databases) -> None:
 
     assert (code, err) == (0, "")
     assert f"  tk_events                {len(before['tk_events']):>10,} row(s)" in out
-    assert "  checkpoints              of 1 turn(s)" in out
+    assert "  checkpoints              of 1 thread(s)" in out
     assert "target: no turnkit tables yet: the copy creates them" in out
     assert out.endswith("nothing was written (--dry-run)\n")
     store = SqlStore.from_url(target[0], schema=target[1])

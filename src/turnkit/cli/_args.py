@@ -440,7 +440,7 @@ def _add_db(sub: _Subparsers) -> None:
 def _add_db_copy(db_sub: _Subparsers) -> None:
     copy = db_sub.add_parser(
         "copy",
-        help="copy every turnkit row and the checkpoints of live turns into an empty "
+        help="copy every turnkit row and every checkpoint into an empty "
         "database (SQLite to PostgreSQL, say); the source is only read",
     )
     copy.add_argument("--from", dest="from_url", required=True, metavar="URL",
@@ -462,7 +462,7 @@ def _add_db_copy(db_sub: _Subparsers) -> None:
         "--batch-size",
         type=_at_least_one,
         default=500,
-        help="rows per transaction (default: %(default)s)",
+        help="rows read and inserted at a time (default: %(default)s)",
     )
 
 

@@ -1,42 +1,110 @@
-"""`turnkit db copy`: every turnkit row and live turn's checkpoints, into an empty database.
+"""`turnkit db copy`: every turnkit row and every thread's checkpoints, into an empty database.
 
 The source is opened as the reading commands open it (never created, never migrated, a
-schema at another revision refused) and only read. The target is migrated to this
-turnkit's schema, as a writing command does, and must hold no turnkit row. Rows go table
-by table, parents first, a page per transaction on each side; then the checkpoints of
-every turn the source's checkpointer holds any of (paused turns resume from them).
+schema at another revision refused) and only read, in one read transaction held for the
+whole copy: a snapshot of its tables (see `turnkit.store._copy_sql.held`; on PostgreSQL
+its checkpoints are read in the same snapshot, on SQLite in a snapshot of the checkpoint
+file taken right after). The target is migrated to this turnkit's schema, as a writing
+command does, and must hold no turnkit row. The checkpoints go first, through the target's
+checkpointer; then the rows, table by table, parents first, in one target transaction
+committed once every table is in. A database lost or failing mid-copy stops it with one
+line that says what the target holds: no turnkit row (perhaps some checkpoints, which the
+next copy writes again), so the copy can simply be run again.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import sqlite3
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import TextIO
+from typing import TextIO, TypeVar
+
+from sqlalchemy.exc import DBAPIError
 
 from turnkit.cli._inspect import existing_store
-from turnkit.errors import ConfigurationError, StoreError
+from turnkit.errors import ConfigurationError, StoreError, StoreUnavailableError, TurnkitError
 from turnkit.graph import open_checkpointer
-from turnkit.graph._copy import copy_thread, open_checkpoint_reader, threads_with_checkpoints
+from turnkit.graph._copy import (
+    Saver,
+    checkpoint_threads,
+    open_checkpoint_reader,
+    read_thread,
+    write_thread,
+)
 from turnkit.store._copy_sql import (
     TABLES,
+    Held,
     count_rows,
+    held,
     insert_rows,
     read_pages,
     rows_present,
     running_turns,
-    turn_id_pages,
 )
+from turnkit.store._engine_pg import first_line, is_unreachable
 from turnkit.store.migrate import head_revision
 from turnkit.store.sql import SqlStore, shown_url
 
 __all__ = ("copy_database",)
 
+T = TypeVar("T")
+
 
 def _where(url: str, schema: str | None) -> str:
     return shown_url(url) + (f" (schema {schema})" if schema else "")
+
+
+class _Progress:
+    """Which side the copy is working on, and what it has written to the target."""
+
+    def __init__(self) -> None:
+        self.side: str | None = None  # None: not copying (a refusal is said as it is)
+        self.threads = 0  # threads whose checkpoints went to the target
+        self.committing = False
+        self.committed = False
+        self.done: tuple[int, int, int] | None = None  # rows, threads, checkpoints copied
+
+    async def on(self, side: str, step: Awaitable[T]) -> T:
+        self.side = side
+        return await step
+
+    def stopped(self, exc: BaseException) -> StoreError:
+        """The one-line error for a database that failed mid-copy (see the module doc)."""
+        cause = exc
+        while isinstance(cause, TurnkitError) and cause.__cause__ is not None:
+            cause = cause.__cause__  # the driver's own words, not a wrapper's advice
+        lost = isinstance(exc, StoreUnavailableError) or is_unreachable(exc)
+        what = "cannot be reached" if lost else "failed"
+        said = (
+            f"the copy stopped: the {self.side} database {what} "
+            f"({type(cause).__name__}: {first_line(cause)}); "
+        )
+        if self.committing and lost:  # a commit refused is rolled back; a lost one, unknown
+            said += (
+                "the link was lost as the target committed, so it holds either the whole "
+                "copy or no turnkit row: `turnkit db copy --dry-run` with the same --to says "
+                "which (if none, copy again)"
+            )
+        else:
+            said += "the target holds no turnkit row (they go in one transaction, not committed)"
+            if self.threads:
+                said += (
+                    f", and may hold checkpoints of up to {self.threads:,} thread(s), "
+                    "which the next copy writes again"
+                )
+            said += ": copy again" + (" once it is back" if lost else "")
+        error = StoreUnavailableError if lost else StoreError
+        return error(said, side=self.side)
+
+
+def _a_database_error(exc: BaseException) -> bool:
+    """A database's failure (lost, refusing), not a bug: said in one line, not a trace."""
+    if isinstance(exc, StoreUnavailableError | DBAPIError | OSError | sqlite3.Error):
+        return True
+    return type(exc).__module__.split(".")[0] == "asyncpg"
 
 
 async def copy_database(args: argparse.Namespace, out: TextIO) -> int:
@@ -45,28 +113,107 @@ async def copy_database(args: argparse.Namespace, out: TextIO) -> int:
     if source_at == target_at:
         raise ConfigurationError("--from and --to name the same database: nothing to copy")
     started = time.perf_counter()
-    async with existing_store(*source_at) as source:
-        running = await running_turns(source)
-        if running and not args.force:
-            raise StoreError(
-                f"the source has {running} running or queued turn(s), and a process driving "
-                "them would go on writing there: stop its API processes and workers first "
-                "(paused turns may stay), or pass --force to copy them as they are",
-                running=running,
-            )
-        counts = await count_rows(source)
-        out.write(f"from {_where(*source_at)}\nto   {_where(*target_at)}\n")
-        if args.dry_run:
-            return await _dry_run(source, args, counts, out)
-        async with _empty_target(args, out) as target:
-            rows = await _copy_rows(source, target, args.batch_size, out)
-        threads, checkpoints = await _copy_checkpoints(source, args, out)
+    progress = _Progress()
+    try:
+        copied = await _copy(args, out, progress)
+    except Exception as exc:
+        if progress.side is None or not _a_database_error(exc):
+            raise
+        if not progress.committed:
+            raise progress.stopped(exc) from exc
+        copied = progress.done  # the source's read ended badly after the commit: no matter
+    if copied is None:
+        return 0  # a dry run
+    rows, threads, checkpoints = copied
     took = time.perf_counter() - started
     out.write(
         f"copied {rows:,} row(s) in {len(TABLES)} tables and {checkpoints:,} checkpoint(s) "
-        f"of {threads:,} turn(s) in {took:.1f} s\n"
+        f"of {threads:,} thread(s) in {took:.1f} s\n"
     )
     return 0
+
+
+async def _copy(
+    args: argparse.Namespace, out: TextIO, progress: _Progress
+) -> tuple[int, int, int] | None:
+    """The copy (None for a dry run): rows, threads, checkpoints copied."""
+    async with existing_store(args.from_url, args.from_schema) as source:
+        progress.side = "source"
+        _refuse_running(args, await running_turns(source), progress)
+        progress.side = None
+        out.write(f"from {_where(args.from_url, args.from_schema)}\n")
+        out.write(f"to   {_where(args.to_url, args.to_schema)}\n")
+        if args.dry_run:
+            progress.side = "source"
+            async with held(source, write=False) as snapshot, _reader(args, snapshot) as reader:
+                counts = await count_rows(snapshot)
+                threads = await checkpoint_threads(reader) if reader is not None else []
+            progress.side = None
+            await _dry_run(args, counts, len(threads), out)
+            return None
+        # The target's tables first, its checkpoints' too: on PostgreSQL creating those
+        # (CREATE INDEX CONCURRENTLY) waits for every snapshot open in the database.
+        async with _empty_target(args, out) as target, _target_saver(args, progress) as saver:
+            progress.side = "source"
+            async with held(source, write=False) as snapshot, _reader(args, snapshot) as reader:
+                _refuse_running(args, await running_turns(snapshot), progress)  # meanwhile?
+                threads = await checkpoint_threads(reader) if reader is not None else []
+                checkpoints = await _copy_checkpoints(reader, saver, threads, progress, out)
+                progress.side = "target"
+                async with held(target, write=True) as writing:
+                    rows = await _copy_rows(snapshot, writing, args.batch_size, progress, out)
+                    progress.side, progress.committing = "target", True
+                progress.committing, progress.committed = False, True
+                progress.done = (rows, len(threads), checkpoints)
+    return progress.done
+
+
+def _refuse_running(args: argparse.Namespace, running: int, progress: _Progress) -> None:
+    if running and not args.force:
+        progress.side = None
+        raise StoreError(
+            f"the source has {running} running or queued turn(s), and a process driving "
+            "them would go on writing there: stop its API processes and workers first "
+            "(paused turns may stay), or pass --force to copy them as they are",
+            running=running,
+        )
+
+
+@contextlib.asynccontextmanager
+async def _reader(args: argparse.Namespace, snapshot: Held) -> AsyncIterator[Saver | None]:
+    """The source's checkpoints, read in the snapshot of its tables where it can be shared."""
+    exported = await snapshot.export_snapshot()
+    async with open_checkpoint_reader(
+        args.from_url, schema=args.from_schema, snapshot=exported
+    ) as reader:
+        yield reader
+
+
+class _TargetSaver:
+    """The target's checkpointer; `flush` writes what it holds back, and closes it."""
+
+    def __init__(self, saver: Saver, close: Callable[[], Awaitable[None]]) -> None:
+        self.saver, self._close = saver, close
+        self.open = True
+
+    async def flush(self) -> None:
+        self.open = False
+        await self._close()
+
+
+@contextlib.asynccontextmanager
+async def _target_saver(
+    args: argparse.Namespace, progress: _Progress
+) -> AsyncIterator[_TargetSaver]:
+    progress.side = "target"
+    saver, close = await open_checkpointer(args.to_url, schema=args.to_schema)
+    target = _TargetSaver(saver, close)
+    try:
+        yield target
+    finally:
+        if target.open:  # the copy failed: what the saver holds is not wanted
+            with contextlib.suppress(Exception):
+                await close()
 
 
 @contextlib.asynccontextmanager
@@ -94,12 +241,15 @@ def _refuse_rows(args: argparse.Namespace, present: int) -> None:
         )
 
 
-async def _copy_rows(source: SqlStore, target: SqlStore, size: int, out: TextIO) -> int:
+async def _copy_rows(
+    source: Held, target: Held, size: int, progress: _Progress, out: TextIO
+) -> int:
     total = 0
     for table in TABLES:
         copied, started = 0, time.perf_counter()
-        async for rows in read_pages(source, table, size=size):
-            await insert_rows(target, table, rows)
+        pages = read_pages(source, table, size=size)
+        while (rows := await progress.on("source", anext(pages, None))) is not None:
+            await progress.on("target", insert_rows(target, table, rows))
             copied += len(rows)
         took = time.perf_counter() - started
         out.write(f"  {table.name:<24} {copied:>10,} row(s) in {took:.2f} s\n")
@@ -109,43 +259,39 @@ async def _copy_rows(source: SqlStore, target: SqlStore, size: int, out: TextIO)
 
 
 async def _copy_checkpoints(
-    source: SqlStore, args: argparse.Namespace, out: TextIO
-) -> tuple[int, int]:
-    """Copy the checkpoints of every turn the source holds any of: (turns, checkpoints)."""
-    threads = checkpoints = 0
+    reader: Saver | None,
+    target: _TargetSaver,
+    threads: list[str],
+    progress: _Progress,
+    out: TextIO,
+) -> int:
+    """Copy the checkpoints of every thread the source holds any of: how many."""
+    checkpoints = 0
     started = time.perf_counter()
-    async with open_checkpoint_reader(args.from_url, schema=args.from_schema) as reader:
-        if reader is not None:
-            saver, close = await open_checkpointer(args.to_url, schema=args.to_schema)
-            try:
-                async for ids in turn_id_pages(source, size=args.batch_size):
-                    for thread_id in await threads_with_checkpoints(reader, ids):
-                        checkpoints += await copy_thread(reader, saver, thread_id)
-                        threads += 1
-            finally:
-                await close()  # writes what the saver held back
+    for thread_id in threads:
+        assert reader is not None
+        thread = await progress.on("source", read_thread(reader, thread_id))
+        progress.threads += 1
+        checkpoints += await progress.on("target", write_thread(target.saver, thread))
+    await progress.on("target", target.flush())  # writes what the saver held back
     took = time.perf_counter() - started
-    out.write(f"  {'checkpoints':<24} {checkpoints:>10,} of {threads:,} turn(s) in {took:.2f} s\n")
-    return threads, checkpoints
+    out.write(
+        f"  {'checkpoints':<24} {checkpoints:>10,} of {len(threads):,} thread(s) in {took:.2f} s\n"
+    )
+    return checkpoints
 
 
 async def _dry_run(
-    source: SqlStore, args: argparse.Namespace, counts: dict[str, int], out: TextIO
-) -> int:
+    args: argparse.Namespace, counts: dict[str, int], threads: int, out: TextIO
+) -> None:
     for name, count in counts.items():
         out.write(f"  {name:<24} {count:>10,} row(s)\n")
-    threads = 0
-    async with open_checkpoint_reader(args.from_url, schema=args.from_schema) as reader:
-        if reader is not None:
-            async for ids in turn_id_pages(source, size=args.batch_size):
-                threads += len(await threads_with_checkpoints(reader, ids))
-    out.write(f"  {'checkpoints':<24} of {threads:,} turn(s)\n")
+    out.write(f"  {'checkpoints':<24} of {threads:,} thread(s)\n")
     out.write(f"target: {await _target_state(args.to_url, args.to_schema)}\n")
     out.write(
         f"would copy {sum(counts.values()):,} row(s) and the checkpoints of {threads:,} "
-        "turn(s); nothing was written (--dry-run)\n"
+        "thread(s); nothing was written (--dry-run)\n"
     )
-    return 0
 
 
 async def _target_state(url: str, schema: str | None) -> str:

@@ -1,17 +1,21 @@
 """Every turnkit row, read and written a page at a time (`turnkit db copy`).
 
 The pages are keyset pages in primary-key order, so a table of any size is read in
-bounded memory and each page is one short transaction on either side. Rows travel as
-plain values: times as aware UTC datetimes (SQLite gives them back naive), which each
-side stores its own way.
+bounded memory. The copy runs them in transactions it holds open (`held`): the source's
+pages in one read transaction, a snapshot of every table, and the target's in one write
+transaction, committed once every table is in. Rows travel as plain values: times as
+aware UTC datetimes (SQLite gives them back naive), which each side stores its own way.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
-from typing import Any
+import asyncio
+import contextlib
+import functools
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any, TypeVar
 
-from sqlalchemy import Connection, DateTime, Table, func, insert, inspect, select, tuple_
+from sqlalchemy import Connection, DateTime, Table, func, insert, inspect, select, text, tuple_
 
 from turnkit.store._engine import SqlEngine
 from turnkit.store._schema import (
@@ -31,15 +35,96 @@ from turnkit.store._schema import (
 
 __all__ = (
     "TABLES",
+    "Held",
     "count_rows",
+    "held",
     "insert_rows",
     "read_pages",
     "rows_present",
     "running_turns",
-    "turn_id_pages",
 )
 
 Row = dict[str, Any]
+T = TypeVar("T")
+
+
+class Held:
+    """One transaction of a store held open across calls (see `held`)."""
+
+    def __init__(self, store: SqlEngine) -> None:
+        self.store = store
+        self._sqlite: Any = None  # the SQLite connection in its transaction
+        self._pg: Any = None  # SQLAlchemy's async connection in its transaction
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        """`fn(conn, *args)` inside the held transaction."""
+        if self._pg is not None:
+            result: T = await self._pg.run_sync(fn, *args)
+            return result
+        if self.store._thread is None:  # in memory: the one connection, in place
+            return fn(self._sqlite, *args)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.store._thread, lambda: fn(self._sqlite, *args))
+
+    async def export_snapshot(self) -> str | None:
+        """PostgreSQL: an id another connection may read this snapshot by (SQLite: None)."""
+        if self._pg is None:
+            return None
+        query = text("SELECT pg_export_snapshot()")
+        return str(await self.run(lambda conn: conn.execute(query).scalar_one()))
+
+
+@contextlib.asynccontextmanager
+async def held(store: SqlEngine, *, write: bool) -> AsyncIterator[Held]:
+    """One transaction on `store` for every `run`, committed when the block ends cleanly.
+
+    Read (`write=False`): a snapshot. PostgreSQL's transaction is `REPEATABLE READ READ
+    ONLY`; SQLite's is a plain `BEGIN` (its snapshot is taken by the first read, and WAL
+    lets writers go on meanwhile). Write: PostgreSQL's default isolation, SQLite's `BEGIN
+    IMMEDIATE`. An error rolls it back whole.
+    """
+    tx = Held(store)
+    if store.dialect == "postgresql":
+        assert store._async_engine is not None
+        async with store._async_engine.connect() as conn:
+            if not write:
+                conn = await conn.execution_options(isolation_level="REPEATABLE READ")
+            async with conn.begin():
+                if not write:
+                    await conn.exec_driver_sql("SET TRANSACTION READ ONLY")
+                tx._pg = conn
+                yield tx
+        return
+    on_thread = store._thread is not None
+    sqlite = store._thread_conn() if on_thread else store._on_loop
+    assert sqlite is not None
+    begun = sqlite.transaction(write=write)
+    await _on(store, begun.__enter__)
+    tx._sqlite = sqlite
+    try:
+        yield tx
+    except BaseException as exc:
+        with contextlib.suppress(Exception):  # rolls back (and raises `exc` again)
+            await _on(store, functools.partial(begun.__exit__, type(exc), exc, exc.__traceback__))
+        raise
+    await _on(store, lambda: begun.__exit__(None, None, None))
+
+
+async def _on(store: SqlEngine, fn: Callable[[], T]) -> T:
+    """`fn()` on the SQLite store's thread (in place for a database in memory)."""
+    if store._thread is None:
+        return fn()
+    return await asyncio.get_running_loop().run_in_executor(store._thread, fn)
+
+
+Reads = SqlEngine | Held
+"""Where reads run: a store (a transaction each) or a held transaction."""
+
+
+async def _read(on: Reads, fn: Callable[..., T], *args: Any) -> T:
+    if isinstance(on, Held):
+        return await on.run(fn, *args)
+    return await on._tx(fn, *args, write=False)
 
 
 def _in_dependency_order(tables: Sequence[Table]) -> tuple[Table, ...]:
@@ -92,9 +177,9 @@ def _insert(conn: Connection, table: Table, rows: list[Row]) -> None:
     conn.execute(insert(table), rows)
 
 
-async def count_rows(store: SqlEngine) -> dict[str, int]:
+async def count_rows(on: Reads) -> dict[str, int]:
     """Rows in each turnkit table, by table name, in `TABLES` order."""
-    return {t.name: await store._tx(_count, t, write=False) for t in TABLES}
+    return {t.name: await _read(on, _count, t) for t in TABLES}
 
 
 async def rows_present(store: SqlEngine) -> int:
@@ -110,17 +195,17 @@ async def rows_present(store: SqlEngine) -> int:
     return await store._migrate(count)
 
 
-async def running_turns(store: SqlEngine) -> int:
+async def running_turns(on: Reads) -> int:
     """Turns running or queued (status `running`: a process drives or will claim them)."""
-    return await store._tx(_running, write=False)
+    return await _read(on, _running)
 
 
-async def read_pages(store: SqlEngine, table: Table, *, size: int) -> AsyncIterator[list[Row]]:
-    """The table's rows in primary-key order, `size` at a time (one transaction each)."""
+async def read_pages(on: Reads, table: Table, *, size: int) -> AsyncIterator[list[Row]]:
+    """The table's rows in primary-key order, `size` at a time."""
     after: tuple[Any, ...] | None = None
     key = [c.key for c in table.primary_key.columns]
     while True:
-        rows = await store._tx(_page, table, after, size, write=False)
+        rows = await _read(on, _page, table, after, size)
         if rows:
             yield rows
         if len(rows) < size:
@@ -128,26 +213,7 @@ async def read_pages(store: SqlEngine, table: Table, *, size: int) -> AsyncItera
         after = tuple(rows[-1][k] for k in key)
 
 
-async def insert_rows(store: SqlEngine, table: Table, rows: list[Row]) -> None:
-    """Insert `rows` (as `read_pages` gives them) in one transaction."""
+async def insert_rows(target: Held, table: Table, rows: list[Row]) -> None:
+    """Insert `rows` (as `read_pages` gives them) in the target's held transaction."""
     if rows:
-        await store._tx(_insert, table, rows)
-
-
-def _turn_ids(conn: Connection, after: str | None, limit: int) -> list[str]:
-    query = select(turns.c.turn_id).order_by(turns.c.turn_id).limit(limit)
-    if after is not None:
-        query = query.where(turns.c.turn_id > after)
-    return [row[0] for row in conn.execute(query).all()]
-
-
-async def turn_id_pages(store: SqlEngine, *, size: int) -> AsyncIterator[list[str]]:
-    """Every turn's id, in order, `size` at a time."""
-    after: str | None = None
-    while True:
-        ids = await store._tx(_turn_ids, after, size, write=False)
-        if ids:
-            yield ids
-        if len(ids) < size:
-            return
-        after = ids[-1]
+        await target.run(_insert, table, rows)
