@@ -27,17 +27,16 @@ LLM). Environment variables switch to production parts:
 
 from __future__ import annotations
 
-import inspect
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import Literal, cast
 
 from turnkit.errors import ConfigurationError, missing_extra
 
 try:
-    from fastapi import Depends, FastAPI, HTTPException
+    from fastapi import FastAPI
     from fastapi.responses import FileResponse, Response
     from fastapi.staticfiles import StaticFiles
     from starlette.types import Scope
@@ -68,7 +67,6 @@ from turnkit.protocols.agui import create_agui_router
 from turnkit.protocols.ai_sdk import create_ai_sdk_router
 from turnkit.replay import replay_from_url
 from turnkit.runtime import SessionRuntime
-from turnkit.tenancy import DEFAULT_ORGANISATION, Principal
 
 __all__ = (
     "allowed_hosts_from_env",
@@ -174,30 +172,6 @@ def allowed_origins_from_env(env: Mapping[str, str] | None = None) -> list[str]:
     return list(checked_origins(given, source="TURNKIT_ALLOWED_ORIGINS"))
 
 
-def _default_organisation_only(auth: AuthDependency) -> Callable[..., Awaitable[str | None]]:
-    """`auth` for the protocol routes, which serve the default organisation's principals."""
-
-    async def principal(found: Any) -> str | None:
-        caller = Principal.of(found)
-        if caller is None:
-            return None
-        if caller.organisation != DEFAULT_ORGANISATION or caller.department is not None:
-            # They know a caller by id alone: a department's budget and agents would not
-            # apply there, so such a caller uses /api/harness.
-            raise HTTPException(
-                403,
-                "the AI SDK and AG-UI routes serve callers of the default organisation with "
-                "no department; use /api/harness",
-            )
-        return caller.id
-
-    # Spelled out for FastAPI: this module's annotations are strings, and `auth` is local.
-    principal.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
-        [inspect.Parameter("found", inspect.Parameter.KEYWORD_ONLY, default=Depends(auth))]
-    )
-    return principal
-
-
 async def _anonymous() -> None:
     return None
 
@@ -257,14 +231,13 @@ def create_app(
 
     application = FastAPI(title="turnkit", version="0.1.0", lifespan=lifespan)
     caller = auth or _anonymous
-    protocol_caller = _default_organisation_only(auth) if auth else _anonymous
     application.include_router(create_turnkit_router(rt, keepalive_s=keepalive_s, auth=caller))
     application.include_router(create_health_router(rt))
     application.include_router(
-        create_ai_sdk_router(rt, keepalive_s=keepalive_s, auth=protocol_caller)
+        create_ai_sdk_router(rt, keepalive_s=keepalive_s, auth=caller)
     )
     application.include_router(
-        create_agui_router(rt, keepalive_s=keepalive_s, auth=protocol_caller)
+        create_agui_router(rt, keepalive_s=keepalive_s, auth=caller)
     )
     install_problem_handlers(application)
     if max_body_bytes is not None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Callable
 from typing import Annotated, Any, Final, cast
 
 from turnkit.errors import (
@@ -55,6 +55,7 @@ from turnkit.protocols._agui_wire import (
     resolution_of,
     user_content,
 )
+from turnkit.protocols._caller import AuthDependency, CallerId, anonymous, caller_id
 from turnkit.runtime import SessionRuntime
 from turnkit.runtime.reader import TurnReader, check_cursor, parse_cursor, set_once_sent
 from turnkit.runtime.stream_shutdown import SHUTDOWN_GRACE_S, until_shutdown
@@ -80,15 +81,10 @@ _AWAITING: Final[frozenset[TurnStatus]] = frozenset({"awaiting_approval", "await
 _PROBLEMS: Final[dict[int | str, dict[str, Any]]] = {
     status: {"content": {"application/problem+json": {}}} for status in (400, 404, 409, 416, 422)
 }
-Principal = str | None
-AuthDependency = Callable[..., Principal | Awaitable[Principal]]
 
 
 # ── the route ─────────────────────────────────────────────────────────────────────────
 
-
-async def _anonymous() -> Principal:
-    return None
 
 
 async def _no_deps() -> None:
@@ -98,7 +94,7 @@ async def _no_deps() -> None:
 def create_agui_router(
     runtime: SessionRuntime,
     *,
-    auth: AuthDependency = _anonymous,
+    auth: AuthDependency = anonymous,
     prefix: str = "/api/agui",
     keepalive_s: float = 10.0,
     deps: Callable[..., Any] | None = None,
@@ -120,7 +116,7 @@ def create_agui_router(
     router = APIRouter(prefix=prefix, tags=["ag-ui"], responses=_PROBLEMS)
     # Plain defaults, not `Annotated` aliases: the annotations are strings (postponed), and
     # FastAPI resolves them in this module's globals, where the closure's names are not.
-    caller, request_deps_of = Depends(auth), Depends(deps or _no_deps)
+    caller, request_deps_of = Depends(caller_id(auth)), Depends(deps or _no_deps)
 
     @router.post(
         "/run",
@@ -130,7 +126,7 @@ def create_agui_router(
     async def run(
         body: RunAgentInput,
         last_event_id: Annotated[str | None, Header()] = None,
-        principal: Principal = caller,
+        principal: CallerId = caller,
         request_deps: Any = request_deps_of,
     ) -> Response:
         cursor = None if last_event_id is None else parse_cursor(last_event_id)
@@ -149,7 +145,7 @@ async def _turn_of(
     runtime: SessionRuntime,
     body: RunAgentInput,
     cursor: int | None,
-    principal: Principal,
+    principal: CallerId,
     extra: dict[str, Any],
     sent: asyncio.Event,
 ) -> tuple[TurnRecord, int]:

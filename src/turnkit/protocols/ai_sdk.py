@@ -16,7 +16,7 @@ response's body (reading, lines, size bound) in `_ai_sdk_stream`.
 """
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from datetime import datetime, timedelta
 from typing import Annotated, Any, Final
 
@@ -41,6 +41,7 @@ from turnkit.ids import SESSION_ID_PATTERN, SessionId, TurnId
 from turnkit.protocols._ai_sdk_stream import DONE_LINE, PAUSED, Replies, line
 from turnkit.protocols._ai_sdk_translate import UIMessageStreamTranslator
 from turnkit.protocols._ai_sdk_wire import ChatRequest, UIMessage, pending_answer, user_content
+from turnkit.protocols._caller import AuthDependency, CallerId, anonymous, caller_id
 from turnkit.runtime import SessionRuntime
 from turnkit.runtime.deps import NO_DEPS
 from turnkit.runtime.reader import set_once_sent
@@ -57,8 +58,6 @@ __all__ = (
     "create_ai_sdk_router",
 )
 
-Principal = str | None
-AuthDependency = Callable[..., Principal | Awaitable[Principal]]
 
 STREAM_HEADERS: Final[Mapping[str, str]] = {
     "x-vercel-ai-ui-message-stream": "v1",
@@ -96,9 +95,6 @@ def _farewell(last: bytes | None) -> tuple[bytes, ...]:
 # ── the routes ─────────────────────────────────────────────────────────────────────────
 
 
-async def _anonymous() -> Principal:
-    return None
-
 
 async def _no_deps() -> Any:
     return NO_DEPS
@@ -107,7 +103,7 @@ async def _no_deps() -> Any:
 def create_ai_sdk_router(
     runtime: SessionRuntime,
     *,
-    auth: AuthDependency = _anonymous,
+    auth: AuthDependency = anonymous,
     prefix: str = "/api/chat",
     keepalive_s: float = 10.0,
     deps: Callable[..., Any] | None = None,
@@ -127,7 +123,7 @@ def create_ai_sdk_router(
     if max_frame_bytes < 1:
         raise ConfigurationError("max_frame_bytes must be at least 1")
     router = APIRouter(prefix=prefix, tags=["ai-sdk"])
-    Caller = Annotated[Principal, Depends(auth)]
+    Caller = Annotated[CallerId, Depends(caller_id(auth))]
     RequestDeps = Annotated[Any, Depends(deps or _no_deps)]
     replies = Replies(runtime, keepalive_s=keepalive_s, max_frame_bytes=max_frame_bytes)
 
@@ -155,7 +151,7 @@ def create_ai_sdk_router(
 
 
 async def _chat(
-    replies: Replies, body: ChatRequest, principal: Principal, request_deps: Any
+    replies: Replies, body: ChatRequest, principal: CallerId, request_deps: Any
 ) -> Response:
     """`POST {prefix}`: start a turn for the user's message, or resume the paused one."""
     runtime = replies.runtime
@@ -195,7 +191,7 @@ async def _chat(
     return _respond(set_once_sent(reply, sent), submission.turn_id)
 
 
-async def _resume_reply(replies: Replies, chat_id: str, principal: Principal) -> Response:
+async def _resume_reply(replies: Replies, chat_id: str, principal: CallerId) -> Response:
     """`GET {prefix}/{chat_id}/stream`: the live turn's message so far, then live.
 
     A paused turn's message comes whole, up to its pause: a reloaded page gets its
@@ -245,7 +241,7 @@ def _respond(body: AsyncIterator[bytes], turn_id: str) -> EventSourceResponse:
 
 
 async def _visible(
-    runtime: SessionRuntime, session_id: str, principal: Principal
+    runtime: SessionRuntime, session_id: str, principal: CallerId
 ) -> list[TurnRecord] | None:
     """The chat's turns, oldest first; None when it is not the caller's (or absent)."""
     record = await runtime.store.get_session(SessionId(session_id))

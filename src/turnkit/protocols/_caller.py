@@ -1,0 +1,68 @@
+"""The caller as the protocol routes know it: a principal id of the default organisation.
+
+The AI SDK and AG-UI routes take the same `auth` dependency as `create_turnkit_router`:
+it may return a `turnkit.Principal`, a bare principal id or None (anonymous). They know a
+caller by id alone, so a caller of another organisation or of a department is refused
+with 403 here (a department's budgets and agents would not apply): such a caller uses the
+harness routes.
+"""
+
+import inspect
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from turnkit.errors import InternalError, missing_extra
+from turnkit.tenancy import DEFAULT_ORGANISATION, Principal
+
+try:
+    from fastapi import Depends, HTTPException
+except ImportError as exc:  # pragma: no cover - depends on the install
+    raise missing_extra("The protocol routes", "fastapi", exc) from exc
+
+__all__ = ("AuthDependency", "CallerId", "anonymous", "caller_id")
+
+log = logging.getLogger("turnkit.protocols")
+
+CallerId = str | None
+"""A caller as the protocol routes compare it: a principal id (None: anonymous)."""
+
+AuthResult = Principal | str | None
+AuthDependency = Callable[..., AuthResult | Awaitable[AuthResult]]
+"""A FastAPI dependency naming the caller, as `create_turnkit_router` takes it."""
+
+
+async def anonymous() -> CallerId:
+    """The default `auth`: every caller is anonymous."""
+    return None
+
+
+def caller_id(auth: AuthDependency) -> Callable[..., Awaitable[CallerId]]:
+    """The dependency for the caller's id: `auth`'s answer, refused (403) off the default."""
+
+    async def caller(found: Any) -> CallerId:
+        try:
+            principal = Principal.of(found)
+        except TypeError as exc:
+            # The app's mistake, not the caller's: a 500, and what `auth` returned (it may
+            # hold a token) goes to the server's log only.
+            log.error("the app's `auth` returned %r: %s", found, exc)
+            raise InternalError(
+                f"the app's `auth` returned a {type(found).__name__}, not a Principal, a "
+                "principal id or None (the server's log has the value)"
+            ) from exc
+        if principal is None:
+            return None
+        if principal.organisation != DEFAULT_ORGANISATION or principal.department is not None:
+            raise HTTPException(
+                403,
+                "the AI SDK and AG-UI routes serve callers of the default organisation with "
+                "no department; use /api/harness",
+            )
+        return principal.id
+
+    # Spelled out for FastAPI: `auth` is local to this call, not a module-level name.
+    caller.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [inspect.Parameter("found", inspect.Parameter.KEYWORD_ONLY, default=Depends(auth))]
+    )
+    return caller
