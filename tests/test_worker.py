@@ -301,3 +301,38 @@ async def test_a_stopping_worker_hands_the_turns_it_leaves_over_at_once(tmp_path
             await _status_once_driven(runtime, Worker(runtime, poll_interval_s=0.02), turn.turn_id)
             == "succeeded"
         )
+
+
+async def test_a_turn_stopped_from_another_process_is_logged_cancelled(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Stop pressed on an API process: the worker says `cancelled`, not that it left it."""
+    caplog.set_level(logging.INFO, logger="turnkit.worker")
+    url = f"sqlite:///{tmp_path / 'w.db'}"
+    agent = Agent(model=ScriptedModel([ModelStep.hang()]), skip_stages=frozenset({"anchor-plan"}))
+    api_config = RuntimeConfig(database_url=url, run_in_process=False)
+    worker_config = RuntimeConfig(database_url=url, lease_ttl_s=0.3)
+    async with (
+        SessionRuntime(agent=agent, config=api_config) as api,
+        SessionRuntime(agent=agent, config=worker_config) as hosting,
+    ):
+        turn = await api.submit("s-1", "wait for me")
+        stop = asyncio.Event()
+        worker = Worker(hosting, concurrency=1, poll_interval_s=0.02, sweep_interval_s=3600)
+        running = asyncio.create_task(worker.run(stop))
+        try:
+            async with asyncio.timeout(20):
+                while f"claimed turn {turn.turn_id}" not in caplog.text:
+                    await asyncio.sleep(0.02)
+                assert await api.cancel(turn.turn_id) in ("running", "cancelled")
+                while f"finished turn {turn.turn_id}" not in caplog.text:
+                    await asyncio.sleep(0.02)
+        finally:
+            stop.set()
+            await running
+        assert (await api.turn(turn.turn_id)).status == "cancelled"
+    lines = [r.getMessage() for r in caplog.records if r.name == "turnkit.worker"]
+    [done] = [line for line in lines if line.startswith(f"finished turn {turn.turn_id} ")]
+    assert re.fullmatch(
+        rf"finished turn {turn.turn_id} \(session s-1\): cancelled in (\d+ ms|\d+\.\d s)", done
+    ), done

@@ -279,7 +279,9 @@ class Worker:
                 await driver.run()
                 outcome = ended[-1] if ended else self._unfinished(driver)
             except asyncio.CancelledError:
-                outcome = "cancelled" if task in self._stopped else _LEFT
+                # Stopped here, or ended by the driver itself (Stop pressed in another
+                # process cancels the driving task once the turn's ending is written).
+                outcome = "cancelled" if task in self._stopped else ended[-1] if ended else _LEFT
                 raise
             except Exception:
                 outcome = "crashed"
