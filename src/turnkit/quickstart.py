@@ -233,12 +233,8 @@ def create_app(
     caller = auth or _anonymous
     application.include_router(create_turnkit_router(rt, keepalive_s=keepalive_s, auth=caller))
     application.include_router(create_health_router(rt))
-    application.include_router(
-        create_ai_sdk_router(rt, keepalive_s=keepalive_s, auth=caller)
-    )
-    application.include_router(
-        create_agui_router(rt, keepalive_s=keepalive_s, auth=caller)
-    )
+    application.include_router(create_ai_sdk_router(rt, keepalive_s=keepalive_s, auth=caller))
+    application.include_router(create_agui_router(rt, keepalive_s=keepalive_s, auth=caller))
     install_problem_handlers(application)
     if max_body_bytes is not None:
         bound = checked_bound(max_body_bytes)  # now, not at the first request

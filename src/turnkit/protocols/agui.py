@@ -86,7 +86,6 @@ _PROBLEMS: Final[dict[int | str, dict[str, Any]]] = {
 # ── the route ─────────────────────────────────────────────────────────────────────────
 
 
-
 async def _no_deps() -> None:
     return None
 

@@ -95,7 +95,6 @@ def _farewell(last: bytes | None) -> tuple[bytes, ...]:
 # ── the routes ─────────────────────────────────────────────────────────────────────────
 
 
-
 async def _no_deps() -> Any:
     return NO_DEPS
 
