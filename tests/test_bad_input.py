@@ -30,7 +30,7 @@ from turnkit import (
 from turnkit.blocks import ImagePart, TextPart
 from turnkit.runtime import MessageContent
 from turnkit.runtime._validate import inline_bytes
-from turnkit.testing import ModelStep, ScriptedModel, collect_events
+from turnkit.testing import ModelStep, ScriptedModel, call, collect_events
 
 
 async def _nothing_written(runtime_factory: RuntimeFactory, session_id: str) -> None:
@@ -279,3 +279,37 @@ def test_a_wrong_type_at_construction_is_a_configuration_error(
 ) -> None:
     with pytest.raises(ConfigurationError, match=message):
         build()
+
+
+async def test_a_closed_runtime_refuses_work_until_it_is_opened_again(tmp_path: object) -> None:
+    model = ScriptedModel([ModelStep.text_reply("One."), ModelStep.text_reply("Two.")])
+    runtime = SessionRuntime(
+        agent=Agent(model=model),
+        config=RuntimeConfig(database_url=f"sqlite:///{tmp_path}/closed.db"),
+    )
+    await collect_events(runtime.execute_message("s1", "hi"))  # opens on first use
+    await runtime.close()
+    closed = "the runtime is closed"
+    with pytest.raises(ConfigurationError, match=closed):
+        await collect_events(runtime.execute_message("s1", "again"))
+    with pytest.raises(ConfigurationError, match=closed):
+        await runtime.submit("s1", "again")
+    with pytest.raises(ConfigurationError, match=closed):
+        await runtime.history("s1")
+    assert len(model.calls) == 1  # nothing ran, nothing reopened
+    async with runtime:  # opened again on purpose
+        events = await collect_events(runtime.execute_message("s1", "again"))
+        assert events[-1].type == "done"
+        assert len(await runtime.history("s1")) == 2
+
+
+async def test_a_resolution_that_is_not_one_is_invalid_input(
+    runtime_factory: RuntimeFactory,
+) -> None:
+    model = ScriptedModel([ModelStep.tool_call_reply(call("add", a=1, b=2))])
+    runtime = runtime_factory(Agent(model=model, tools=[add], approval="always"))
+    events = await collect_events(runtime.execute_message("s1", "add them"))
+    [asked] = [e for e in events if e.type == "approval.requested"]
+    with pytest.raises(InvalidInputError, match=r"Approve\(\), Deny\(note=...\) or Answer"):
+        await runtime.resume(asked.turn_id, asked.request_id, "approve")  # type: ignore[arg-type]
+    assert (await runtime.turn(asked.turn_id)).status == "awaiting_approval"

@@ -144,7 +144,7 @@ class SessionRuntime(RuntimeControl, RuntimeCallbacks, RuntimeBudgets, RuntimeRe
                 delivery=delivery,
             )
         caller = Principal.of(principal)
-        await self.open()
+        await self._ensure_open()
         admitted = await self.admission.admit(
             session_id=request.session_id,
             content=request.content,
@@ -200,7 +200,7 @@ class SessionRuntime(RuntimeControl, RuntimeCallbacks, RuntimeBudgets, RuntimeRe
         if title is not None:
             check_text(title, "the title")
         owner = Principal.of(principal)
-        await self.open()
+        await self._ensure_open()
         return await self.store.create_session(
             sid,
             principal=owner.id if owner is not None else None,
@@ -216,7 +216,7 @@ class SessionRuntime(RuntimeControl, RuntimeCallbacks, RuntimeBudgets, RuntimeRe
         `Store.delete_session`.
         """
         sid = check_session_id(session_id)
-        await self.open()
+        await self._ensure_open()
         turns = await self.store.list_turns(sid)
         # The checkpoints first: if deleting them fails, the session is still there, and
         # deleting it again finishes the job (its rows gone, nothing would name them).

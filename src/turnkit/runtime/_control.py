@@ -7,7 +7,7 @@ from typing import Any
 from turnkit import otel
 from turnkit.errors import InvalidInputError
 from turnkit.ids import TurnId
-from turnkit.pauses import Resolution
+from turnkit.pauses import Answer, Approve, Deny, Resolution
 from turnkit.runtime._reads import RuntimeReads
 from turnkit.runtime.deps import NO_DEPS
 from turnkit.states import TurnStatus
@@ -50,7 +50,8 @@ class RuntimeControl(RuntimeReads):
         Raises:
             PauseNotFoundError: the turn has no such request.
             PauseAnsweredError: the request was answered (or the turn ended) already.
-            InvalidInputError: an approval answered with text, or a question with a decision.
+            InvalidInputError: an approval answered with text, or a question with a decision;
+                a `resolution` that is not an `Approve`, `Deny` or `Answer`.
         """
         record = await self.turn(turn_id)
         if record.status == "awaiting_budget":
@@ -58,6 +59,11 @@ class RuntimeControl(RuntimeReads):
                 f"turn {turn_id!r} waits on a budget: it resumes by itself once a limit is "
                 "raised (set_budget_limit) or its period rolls over; cancel() ends it",
                 turn_id=turn_id,
+            )
+        if not isinstance(resolution, Approve | Deny | Answer):
+            raise InvalidInputError(
+                "resolution is turnkit.Approve(), Deny(note=...) or Answer(text=...), "
+                f"not {resolution!r}"
             )
         expected = {"awaiting_approval": ("approve", "deny"), "awaiting_input": ("answer",)}
         allowed = expected.get(record.status)

@@ -115,6 +115,8 @@ class RuntimeCore:
         self._held = HeldTranscripts()  # sessions' transcripts, kept across their turns
         self._aftermath = Aftermath()  # work turns left running after their ending
         self._opening: asyncio.Event | None = None
+        self._closed = False
+        """Closed by `close` (and not opened again): its methods refuse to open it."""
         self._close_checkpointer: Callable[[], Awaitable[None]] | None = None
         self._recovery: tuple[asyncio.Event, asyncio.Task[None], Worker] | None = None
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid7()[-12:]}"
@@ -180,7 +182,12 @@ class RuntimeCore:
         await self.close()
 
     async def open(self) -> None:
-        """Open the Store and checkpointer and compile the graph (idempotent)."""
+        """Open the Store and checkpointer and compile the graph (idempotent).
+
+        A runtime never opened opens on first use; one closed opens again only here (or
+        with `async with`): its other methods then raise `ConfigurationError`.
+        """
+        self._closed = False
         while self._opening is not None:  # another caller is opening it: wait for that
             await self._opening.wait()
         if self._graph is not None:
@@ -214,6 +221,12 @@ class RuntimeCore:
         keep = self.config.keep_ended_checkpoints
         self._aftermath.prune_with(None if keep else self.forget_checkpoints)
 
+    async def _ensure_open(self) -> None:
+        """Open the runtime on first use; refuse once it was closed."""
+        if self._closed:
+            raise _closed()
+        await self.open()
+
     def _start_recovery(self) -> None:
         """Run a worker loop beside the app: turns whose driver died are taken over."""
         from turnkit.runtime.worker import Worker
@@ -241,8 +254,10 @@ class RuntimeCore:
 
         Detached turns still running are abandoned, not cancelled: their leases expire and
         a worker resumes them (or a reader records them timed out). A naming call still
-        running after its turn is cancelled (the session keeps its first name).
+        running after its turn is cancelled (the session keeps its first name). Its
+        methods then raise `ConfigurationError` until it is opened again.
         """
+        self._closed = True
         if self._recovery is not None:
             stop, task, _ = self._recovery
             self._recovery = None
@@ -267,7 +282,7 @@ class RuntimeCore:
     def store(self) -> Store:
         """The Store turns are written to."""
         if self._store is None:
-            raise _not_open()
+            raise _closed() if self._closed else _not_open()
         return self._store
 
     async def _message_agent(self, agent: str | Agent | None) -> Agent:
@@ -341,6 +356,12 @@ class RuntimeCore:
             aftermath=self._aftermath,
             driving=self._driving,
         )
+
+
+def _closed() -> ConfigurationError:
+    return ConfigurationError(
+        "the runtime is closed: open it again (`async with runtime:` or `await runtime.open()`)"
+    )
 
 
 def _not_open() -> ConfigurationError:

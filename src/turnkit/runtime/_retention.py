@@ -97,7 +97,7 @@ class RuntimeRetention(RuntimeCore):
                 not a whole number of 1 or more.
         """
         check_retention(idle_for, limit)
-        await self.open()
+        await self._ensure_open()
         idle_before = idle_cutoff(self.clock.now(), idle_for)
         batches = idle_session_batches(self, idle_before=idle_before, limit=limit, dry_run=dry_run)
         found: list[SessionId] = []
