@@ -227,6 +227,10 @@ async def test_per_message_agent_with_unknown_model_writes_nothing(
         ({"lease_ttl_s": 1e300}, "at most a year"),
         ({"idle_window_s": float("nan")}, "idle_window_s must be a positive number"),
         ({"max_attempts": 0}, "^max_attempts must be at least 1"),
+        ({"database_url": ""}, "^database_url is a sqlite:///… or postgresql://… URL, not ''"),
+        ({"database_url": 123}, "^database_url is a sqlite:///… or postgresql://… URL, not 123"),
+        ({"database_schema": ""}, "^database_schema is a schema name or None"),
+        ({"database_schema": "tk"}, "^database_schema 'tk' applies to PostgreSQL only"),
     ],
 )
 def test_bad_configuration(kwargs: dict[str, float], message: str) -> None:
@@ -313,3 +317,17 @@ async def test_a_resolution_that_is_not_one_is_invalid_input(
     with pytest.raises(InvalidInputError, match=r"Approve\(\), Deny\(note=...\) or Answer"):
         await runtime.resume(asked.turn_id, asked.request_id, "approve")  # type: ignore[arg-type]
     assert (await runtime.turn(asked.turn_id)).status == "awaiting_approval"
+
+
+async def test_reads_of_a_session_or_turn_that_is_not_there_say_so(
+    runtime_factory: RuntimeFactory,
+) -> None:
+    runtime = runtime_factory(Agent(model=ScriptedModel([ModelStep.text_reply("Hi.")])))
+    await collect_events(runtime.execute_message("s1", "hi"))
+    for read in (runtime.pending, runtime.queue, runtime.view, runtime.history):
+        with pytest.raises(SessionNotFoundError, match="no session 'nope'"):
+            await read("nope")
+    assert await runtime.pending("s1") == []  # there, with nothing waiting
+    [turn] = await runtime.store.list_turns("s1")  # type: ignore[arg-type]
+    with pytest.raises(InvalidInputError, match="after_seq is 0 or more, not -1"):
+        [e async for e in runtime.events(turn.turn_id, after_seq=-1)]

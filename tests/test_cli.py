@@ -760,6 +760,21 @@ def test_a_bad_checkpoint_durability_is_refused(
         runtime_from_env({"TURNKIT_CHECKPOINT_DURABILITY": "never"})
 
 
+def test_an_empty_database_url_in_the_environment_is_unset(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What compose passes for a variable left unset: the default, not a URL ''."""
+    from turnkit.cli._args import parser
+    from turnkit.quickstart import runtime_from_env
+
+    empty = {"TURNKIT_DATABASE_URL": " ", "TURNKIT_DATABASE_SCHEMA": ""}
+    assert runtime_from_env(empty).config.database_url == "sqlite:///turnkit.db"
+    for name, value in empty.items():
+        monkeypatch.setenv(name, value)
+    args = parser().parse_args(["turns", "--stuck"])
+    assert (args.database_url, args.database_schema) == ("sqlite:///turnkit.db", None)
+
+
 def test_the_running_turn_limit_comes_from_the_environment() -> None:
     from turnkit.errors import ConfigurationError
     from turnkit.quickstart import runtime_from_env

@@ -112,6 +112,7 @@ class RuntimeConfig:
         return "async" if self.database_url.startswith(("postgresql", "postgres")) else "sync"
 
     def __post_init__(self) -> None:
+        self._check_database()
         if self.checkpoint_durability not in (None, *DURABILITIES):
             raise ConfigurationError(
                 f"checkpoint_durability {self.checkpoint_durability!r} is not one of "
@@ -138,6 +139,20 @@ class RuntimeConfig:
                 f"the credential lifetime ({self.credential_lifetime_s} s) must exceed the "
                 f"ceiling ({self.ceiling_s} s): a run that outlives its key fails model calls "
                 "halfway through; lower `ceiling_s` or issue longer-lived keys"
+            )
+
+    def _check_database(self) -> None:
+        url, schema = self.database_url, self.database_schema
+        if not isinstance(url, str) or not url.strip():
+            raise ConfigurationError(
+                f"database_url is a sqlite:///… or postgresql://… URL, not {url!r}"
+            )
+        if schema is not None and (not isinstance(schema, str) or not schema):
+            raise ConfigurationError(f"database_schema is a schema name or None, not {schema!r}")
+        if schema is not None and url.startswith("sqlite"):
+            raise ConfigurationError(
+                f"database_schema {schema!r} applies to PostgreSQL only: SQLite keeps "
+                "turnkit's tables in the database file (name another file instead)"
             )
 
     def _check_numbers(self) -> None:

@@ -87,7 +87,7 @@ def runtime_from_env(env: Mapping[str, str] | None = None) -> SessionRuntime:
     idle = env_idle_window_s(env)
     in_process = env_flag(env, "TURNKIT_RUN_IN_PROCESS", default=True)
     config = RuntimeConfig(
-        database_url=env.get("TURNKIT_DATABASE_URL", "sqlite:///turnkit.db"),
+        database_url=env.get("TURNKIT_DATABASE_URL", "").strip() or "sqlite:///turnkit.db",
         database_schema=env.get("TURNKIT_DATABASE_SCHEMA") or None,
         run_in_process=in_process,
         recover_in_process=env_flag(env, "TURNKIT_RECOVER_IN_PROCESS", default=in_process),

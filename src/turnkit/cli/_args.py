@@ -31,13 +31,13 @@ def _database_args(parser: argparse.ArgumentParser, *, suppress: bool = False) -
     the parent's value (else argparse would overwrite a flag given before the
     sub-command with the sub-command's default).
     """
-    url = os.environ.get("TURNKIT_DATABASE_URL", "sqlite:///turnkit.db")
+    url = os.environ.get("TURNKIT_DATABASE_URL", "").strip() or "sqlite:///turnkit.db"
     parser.add_argument(
         "--database-url",
         default=argparse.SUPPRESS if suppress else url,
         help="where turns are stored (default: $TURNKIT_DATABASE_URL or sqlite:///turnkit.db)",
     )
-    schema = os.environ.get("TURNKIT_DATABASE_SCHEMA")
+    schema = os.environ.get("TURNKIT_DATABASE_SCHEMA", "").strip() or None
     parser.add_argument(
         "--database-schema",
         default=argparse.SUPPRESS if suppress else schema,

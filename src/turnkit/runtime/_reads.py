@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 from typing import cast
 
 from turnkit.audit import AuditRow
-from turnkit.errors import SessionNotFoundError, TurnNotFoundError
+from turnkit.errors import InvalidInputError, SessionNotFoundError, TurnNotFoundError
 from turnkit.events import DurableStreamEvent
 from turnkit.ids import SessionId, TurnId
 from turnkit.projection import PendingDecision, QueuedInput, SessionView, TurnView
@@ -37,8 +37,13 @@ class RuntimeReads(RuntimeCore):
 
         `ended=False` (the default) leaves out turns that have ended: they change neither
         the queue nor the pending decisions, and a long session has many of them.
+
+        Raises:
+            SessionNotFoundError: there is no such session.
         """
         records = await self.store.list_turns(SessionId(session_id))
+        if not records:
+            await self.session(session_id)  # a session with no turn yet, or none at all
         if not ended:
             records = [r for r in records if r.status not in TERMINAL_STATES]
         return await session_view(self.store, records)
@@ -59,6 +64,9 @@ class RuntimeReads(RuntimeCore):
         """The approvals and questions a session's paused turns wait for, oldest first.
 
         What a page shows after a reload, without replaying any stream.
+
+        Raises:
+            SessionNotFoundError: there is no such session.
         """
         return list((await self.view(session_id)).pending)
 
@@ -68,13 +76,23 @@ class RuntimeReads(RuntimeCore):
         Turns waiting behind an open one (`delivery="queue"`) and the guide messages the
         running turn has not taken yet (`delivery="guide"`). The queue drains only when a
         turn ends (its `run.finished`), never when an answer arrives.
+
+        Raises:
+            SessionNotFoundError: there is no such session.
         """
         return list((await self.view(session_id)).queue)
 
     async def events(
         self, turn_id: str, *, after_seq: int = 0
     ) -> AsyncIterator[DurableStreamEvent]:
-        """A turn's committed events after `after_seq`, in order (each has a `seq`)."""
+        """A turn's committed events after `after_seq`, in order (each has a `seq`).
+
+        Raises:
+            TurnNotFoundError: there is no such turn.
+            InvalidInputError: `after_seq` is negative.
+        """
+        if after_seq < 0:
+            raise InvalidInputError(f"after_seq is 0 or more, not {after_seq}")
         await self.turn(turn_id)  # TurnNotFoundError if there is none
         async for stored in self.store.read_events(TurnId(turn_id), after_seq=after_seq):
             yield cast(DurableStreamEvent, stored.decode())  # only durable events are stored
