@@ -19,7 +19,7 @@ from turnkit import Agent, RuntimeConfig, SessionRuntime
 from turnkit.errors import StoreUnavailableError
 from turnkit.http import create_health_router, create_turnkit_router, install_problem_handlers
 from turnkit.ids import SessionId
-from turnkit.store.sql import SqlStore, database_refused
+from turnkit.store.sql import RETIRE_INTERVAL_S, SqlStore, database_refused
 from turnkit.testing import ModelStep, ScriptedModel
 
 
@@ -250,6 +250,10 @@ async def test_after_a_failover_connections_to_the_read_only_server_are_retired(
                 with pytest.raises(StoreUnavailableError):
                     await write()
         await turn(False)  # the name now reaches the new primary
+        # The first refusal retired each pool at once; those after it, within the interval,
+        # held their retirement back until it ends (a server that stays read-only is not
+        # reconnected to on every refusal): once it has, the next write connects afresh.
+        await asyncio.sleep(RETIRE_INTERVAL_S)
         tries = {w.__name__: await _first_success(w) for w in (session, message, checkpoint)}
         assert set(tries.values()) == {1}, tries  # the refusals retired the old connections
 
@@ -279,6 +283,7 @@ async def test_readyz_is_not_ready_while_the_server_takes_no_writes(
                 assert readyz.status_code == 503  # was 200: its check was a read
                 assert "store: read-only" in readyz.json()["detail"]
             await turn(False)  # the name reaches the new primary: ready at the next check
+            await asyncio.sleep(RETIRE_INTERVAL_S)  # after the retirement held back
             assert (await http.get("/readyz")).status_code == 200
 
 
@@ -303,3 +308,74 @@ async def test_an_apps_own_read_only_postgres_still_fails_the_turn(
             events = [e async for e in runtime.execute_message("s1", "hello")]
     assert events[-1].type == "done"
     assert (events[-1].status, events[-1].error_code) == ("failed", "internal-error")
+
+
+@pytest.fixture
+def connections(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    """New connections asyncpg opens (SQLAlchemy's and asyncpg's pools), by role."""
+    opened: dict[str, int] = {}
+    connect = asyncpg.connection.connect
+
+    async def counted(dsn: Any = None, *args: Any, **kwargs: Any) -> Any:
+        conn = await connect(dsn, *args, **kwargs)
+        user = conn.get_settings().session_authorization or ""
+        opened[user] = opened.get(user, 0) + 1
+        return conn
+
+    monkeypatch.setattr(asyncpg.connection, "connect", counted)
+    monkeypatch.setattr(asyncpg, "connect", counted)
+    return opened
+
+
+async def test_a_server_that_stays_read_only_costs_few_reconnects(
+    read_only: tuple[str, str], connections: dict[str, int]
+) -> None:
+    """Each refusal retired the pool: a deliberately read-only server was a reconnect storm."""
+    from turnkit.graph._postgres_saver import AsyncPgSaver
+
+    url, schema = read_only
+    role = url.split("://", 1)[1].split("@", 1)[0]
+    probes = 20
+    store = SqlStore.from_url(url, schema=schema)
+    config = RuntimeConfig(database_url=POSTGRES_URL, database_schema=schema)
+    runtime = SessionRuntime(agent=Agent(model=ScriptedModel([])), config=config, store=store)
+    app = FastAPI()
+    app.include_router(create_health_router(runtime))
+    await runtime.open()
+    try:
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://test"
+        ) as http:
+            for _ in range(probes):  # a load balancer's probes
+                readyz = await http.get("/readyz")
+                assert readyz.status_code == 503
+                assert "store: read-only" in readyz.json()["detail"]
+        probed, connections[role] = connections.get(role, 0), 0
+        for n in range(probes):  # SQLAlchemy's pool
+            with pytest.raises(StoreUnavailableError, match="is read-only"):
+                await store.create_session(SessionId(f"s{n}"))
+        for n in range(probes):  # the driver's pool
+            with pytest.raises(StoreUnavailableError, match="is read-only"):
+                await runtime.start(f"m{n}", "hello")
+        written, connections[role] = connections.get(role, 0), 0
+    finally:
+        await runtime.close()
+        await store.close()
+
+    pool = await asyncpg.create_pool(url, min_size=0, max_size=10,
+                                     server_settings={"search_path": schema})  # fmt: skip
+    saver = AsyncPgSaver(pool)
+    try:
+        for n in range(probes):  # the checkpointer's pool
+            with pytest.raises(StoreUnavailableError, match="is read-only"):
+                await saver.adelete_threads([f"t{n}"])
+    finally:
+        await pool.close()
+    checkpointed = connections.get(role, 0)
+    counts = {"readyz": probed, "writes": written, "checkpoints": checkpointed}
+    print(f"new connections over {probes} refusals each: {counts}")
+    # At most one retirement a pool while the refusals last (a few seconds at most):
+    # the first refusal's, maybe one more; the pools' first connections besides.
+    assert probed <= 3, counts  # was one a probe
+    assert written <= 6, counts  # was one a refused write
+    assert checkpointed <= 3, counts

@@ -9,6 +9,7 @@ writes its checkpoints in the statement of the turn's own commit.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -28,7 +29,7 @@ from langgraph.checkpoint.serde.types import _DeltaSnapshot
 
 from turnkit.graph._held import ThreadNotes, log_dropped, supersedable
 from turnkit.store import Rider
-from turnkit.store.sql import is_unreachable, reached_read_only, unavailable
+from turnkit.store.sql import Retirements, is_unreachable, reached_read_only, unavailable
 
 __all__ = (
     "CARRIED_CHECKPOINTS",
@@ -122,6 +123,8 @@ class PgCheckpointWrites(BasePostgresSaver):
         self._held: dict[str, list[Held]] = {}
         self._written = ThreadNotes()
         self._carriers: dict[str, Carrier] = {}
+        self._retirements = Retirements(time.monotonic)
+        """When the pool is retired for a read-only refusal (at most once an interval)."""
 
     @asynccontextmanager
     async def _connection(self) -> AsyncIterator[asyncpg.Connection]:
@@ -130,13 +133,17 @@ class PgCheckpointWrites(BasePostgresSaver):
         Such a failure raises `StoreUnavailableError` (a driver rides it out, as the
         Store's); a read-only refusal also retires the pool's connections: after a
         failover, connections opened while the database's name still led to the old
-        primary keep reaching it, now a replica, and the next acquire connects afresh.
+        primary keep reaching it, now a replica, and a later acquire connects afresh. At
+        most once an interval (`Retirements`): a server that stays read-only is not
+        reconnected to on every refused write.
         """
+        if self._retirements.due():
+            await self.pool.expire_connections()
         try:
             async with self.pool.acquire() as conn:
                 yield conn
         except Exception as exc:
-            if reached_read_only(exc):
+            if reached_read_only(exc) and self._retirements.refused():
                 await self.pool.expire_connections()
             if is_unreachable(exc):  # only this pool's connections run here
                 raise unavailable(exc) from exc

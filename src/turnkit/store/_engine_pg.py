@@ -9,6 +9,7 @@ hears when a turn becomes claimable (`work_signal`). It also tells a database ou
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -19,6 +20,7 @@ from sqlalchemy.exc import (
     DBAPIError,
     DisconnectionError,
     InterfaceError,
+    InvalidatePoolError,
     OperationalError,
 )
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
@@ -34,8 +36,10 @@ if TYPE_CHECKING:
 __all__ = (
     "CONNECT_TIMEOUT_S",
     "DRIVER_POOL_SIZE",
+    "RETIRE_INTERVAL_S",
     "UNREACHABLE_DRIVER_ERRORS",
     "PgConnections",
+    "Retirements",
     "drop_if_closed",
     "first_line",
     "shown_url",
@@ -48,6 +52,47 @@ T = TypeVar("T")
 DRIVER_POOL_SIZE = 10
 """Connections for PostgreSQL's hot statements (beside SQLAlchemy's pool for the rest)."""
 CONNECT_TIMEOUT_S = 10.0
+RETIRE_INTERVAL_S = 2.0
+"""A pool's connections are retired for a read-only refusal at most once this often.
+
+After a failover the first refusal retires them at once; refusals within the next two
+seconds (connections opened while the name still led to the old primary) are held back
+and retire them again when the interval ends, at the next connection handed out. A
+failover (promotion, then the name moving) takes seconds, so the first write after it
+finds the new primary within two seconds; a server that stays read-only (a replica on
+purpose, a read-only role) costs each pool one reconnect every two seconds at most,
+however many writes or readiness probes it refuses."""
+
+
+class Retirements:
+    """When a pool's connections are retired after read-only refusals: at most once an interval.
+
+    `refused` on each refusal says whether to retire now: the first after an interval
+    does; those within it are held back, and `due`, asked before a connection is handed
+    out, retires them once the interval has passed. Never more than one retirement an
+    interval, and never a refusal left without one.
+    """
+
+    def __init__(
+        self, monotonic: Callable[[], float], interval_s: float = RETIRE_INTERVAL_S
+    ) -> None:
+        self._monotonic = monotonic
+        self.interval_s = interval_s
+        self._last: float | None = None
+        self._held = False
+
+    def refused(self) -> bool:
+        """A connection met a read-only server: True to retire the pool's connections now."""
+        now = self._monotonic()
+        if self._last is None or now - self._last >= self.interval_s:
+            self._last, self._held = now, False
+            return True
+        self._held = True
+        return False
+
+    def due(self) -> bool:
+        """Before a connection is handed out: True to retire now a refusal held back."""
+        return self._held and self.refused()
 
 
 class PgConnections:
@@ -65,6 +110,11 @@ class PgConnections:
         self._driver_pool_lock = asyncio.Lock()
         self._listener: WorkListener | None = None
         """PostgreSQL: the connection that hears when a turn becomes claimable."""
+        # The pools' own time, not the store's clock (a test's clock may stand still).
+        self._engine_retirements = Retirements(time.monotonic)
+        """When SQLAlchemy's pool is retired for a read-only refusal."""
+        self._driver_retirements = Retirements(time.monotonic)
+        """When the driver's pool is retired for a read-only refusal."""
 
     def _open_async_engine(self) -> None:
         """SQLAlchemy's async engine for `url`, its tables in `schema` when one is given."""
@@ -84,8 +134,23 @@ class PgConnections:
             # return. A closed connection is caught at checkout (`drop_if_closed`).
             pool_reset_on_return=None,
         )
-        event.listen(self._async_engine.sync_engine.pool, "checkout", drop_if_closed)
-        event.listen(self._async_engine.sync_engine, "handle_error", _retire_if_read_only)
+        event.listen(self._async_engine.sync_engine.pool, "checkout", self._on_checkout)
+        event.listen(self._async_engine.sync_engine, "handle_error", self._retire_if_read_only)
+
+    def _on_checkout(self, dbapi_conn: Any, record: Any, proxy: Any) -> None:
+        """SQLAlchemy's `checkout`: no closed connection, and a retirement held back is done."""
+        drop_if_closed(dbapi_conn, record, proxy)
+        if self._engine_retirements.due():
+            raise InvalidatePoolError("the database refused a write as read-only")
+
+    def _retire_if_read_only(self, context: ExceptionContext) -> None:
+        """SQLAlchemy's `handle_error`: a read-only refusal invalidates the pool.
+
+        As a lost link does, at most once an interval (`Retirements`).
+        """
+        if reached_read_only(context.original_exception) and self._engine_retirements.refused():
+            context.is_disconnect = True
+            context.invalidate_pool_on_disconnect = True
 
     async def _pg_driver(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
         """Run `fn(asyncpg_connection, *args)` on a pooled connection, outside SQLAlchemy.
@@ -98,10 +163,16 @@ class PgConnections:
             raise StoreError("the store is closed", url=self._shown_url())
         try:
             pool = self._driver_pool or await self._open_driver_pool()
+            if self._driver_retirements.due():
+                await pool.expire_connections()
             async with pool.acquire() as conn:
                 return await fn(conn, *args)
         except Exception as exc:  # the driver's own errors
-            if self._driver_pool is not None and reached_read_only(exc):
+            if (
+                self._driver_pool is not None
+                and reached_read_only(exc)
+                and self._driver_retirements.refused()
+            ):
                 await self._driver_pool.expire_connections()
             if is_unreachable(exc):
                 raise self._unavailable(exc) from exc
@@ -115,13 +186,15 @@ class PgConnections:
 
         PostgreSQL: asks a pooled connection whether its transactions are read-only (a
         replica, such as the old primary after a failover); if so, the pool's connections
-        are retired, so the next call connects afresh. SQLite: always None.
+        are retired, so a later call connects afresh: at most once an interval
+        (`RETIRE_INTERVAL_S`), so frequent probes of a server that stays read-only do not
+        reconnect every time. SQLite: always None.
         """
         if self._async_engine is None:
             return None
         if await self._pg_driver(_read_only_now) != "on":
             return None
-        if self._driver_pool is not None:
+        if self._driver_pool is not None and self._driver_retirements.refused():
             await self._driver_pool.expire_connections()
         return "read-only"
 
@@ -241,16 +314,10 @@ def reached_read_only(exc: BaseException) -> bool:
 
     Connections opened while a database name still led to the old primary, now a replica,
     keep reaching it after the name leads to the new one. Whoever sees this refusal
-    retires the pool's connections, so the next statement connects afresh.
+    retires the pool's connections, so a later statement connects afresh (at most once an
+    interval: `Retirements`).
     """
     return any(getattr(e, "sqlstate", None) == READ_ONLY_SQLSTATE for e in _chain(exc))
-
-
-def _retire_if_read_only(context: ExceptionContext) -> None:
-    """SQLAlchemy's `handle_error`: a read-only refusal invalidates the pool, as a lost link."""
-    if reached_read_only(context.original_exception):
-        context.is_disconnect = True
-        context.invalidate_pool_on_disconnect = True
 
 
 def _chain(exc: BaseException) -> Iterator[BaseException]:

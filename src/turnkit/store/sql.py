@@ -42,6 +42,8 @@ from turnkit.store import (
 from turnkit.store._coalesce import Coalescer
 from turnkit.store._engine import normalize_url
 from turnkit.store._engine_pg import (
+    RETIRE_INTERVAL_S,
+    Retirements,
     database_refused,
     first_line,
     is_unreachable,
@@ -55,6 +57,8 @@ from turnkit.store._sql_queue import SqlQueue
 from turnkit.store._sql_sessions import SqlSessions
 
 __all__ = (
+    "RETIRE_INTERVAL_S",
+    "Retirements",
     "SqlStore",
     "database_refused",
     "first_line",
