@@ -96,6 +96,41 @@ def test_prune_deletes_idle_sessions_with_their_checkpoints(cli_db: DB) -> None:
     assert "  recent  " in listed.getvalue()
 
 
+async def _rows_only(db: DB, session_id: str) -> None:
+    """Delete a session's rows and not its checkpoints: a prune interrupted in between."""
+    from turnkit.ids import SessionId
+    from turnkit.store.sql import SqlStore
+
+    store = SqlStore.from_url(db[0], schema=db[1])
+    try:
+        deleted = await store.delete_idle_sessions(
+            [SessionId(session_id)], idle_before=ShiftedClock().now() - timedelta(days=90)
+        )
+    finally:
+        await store.close()
+    assert deleted == [session_id]
+
+
+def test_prune_deletes_the_checkpoints_an_interrupted_one_left(cli_db: DB) -> None:
+    turns = asyncio.run(_sessions(cli_db))
+    asyncio.run(_rows_only(cli_db, "old-1"))
+    assert turns["old-1"] in asyncio.run(checkpoint_rows(*cli_db))
+
+    code, out = _prune(cli_db, "--idle-for", "90d", "--dry-run")
+    assert code == 0
+    assert turns["old-1"] in asyncio.run(checkpoint_rows(*cli_db))  # a dry run deletes nothing
+
+    code, out = _prune(cli_db, "--idle-for", "90d")
+
+    assert code == 0, out
+    lines = out.splitlines()
+    assert lines[1] == (
+        "  deleted the checkpoints of 1 turn(s) already deleted (an earlier prune was interrupted)"
+    )
+    assert lines[-1] == "deleted 2 session(s) with 2 turn(s)"
+    assert set(asyncio.run(checkpoint_rows(*cli_db))) == {turns["recent"]}
+
+
 def test_a_dry_run_lists_what_would_go_and_deletes_nothing(cli_db: DB) -> None:
     turns = asyncio.run(_sessions(cli_db))
     before = asyncio.run(checkpoint_rows(*cli_db))

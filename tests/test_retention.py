@@ -171,6 +171,80 @@ async def test_a_session_that_came_back_since_it_was_found_is_kept(db: DB) -> No
         assert len(await runtime.history("s1")) == 2
 
 
+async def test_a_session_that_came_back_mid_run_keeps_its_checkpoints(db: DB) -> None:
+    """Its rows stay (the deletion checks again), and so do its ended turns' checkpoints."""
+    clock = ShiftedClock(DAYS_AGO_100)
+    async with _runtime(db, clock) as runtime:
+        first = await _chat(runtime, "s1")
+        gone = await _chat(runtime, "s2")
+        clock.shift = timedelta(0)
+        await runtime.wait_background()
+        before = await checkpoint_rows(*db)
+        assert {first, gone} <= set(before)
+        store = runtime.store
+        listed = store.idle_sessions
+
+        async def then_a_message(**kwargs: object) -> object:
+            found = await listed(**kwargs)  # type: ignore[arg-type]
+            await _chat(runtime, "s1", "I am back")  # while the prune runs
+            return found
+
+        store.idle_sessions = then_a_message  # type: ignore[method-assign]
+        try:
+            report = await runtime.delete_idle_sessions(NINETY_DAYS)
+        finally:
+            del store.idle_sessions  # type: ignore[method-assign]
+        assert report.session_ids == ("s2",)
+        assert len(await runtime.history("s1")) == 2
+        after = await checkpoint_rows(*db)
+        assert after.get(first) == before[first]  # were deleted: the session stayed
+        assert gone not in after
+
+
+async def test_checkpoints_a_prune_left_behind_go_with_a_later_one(db: DB) -> None:
+    """Interrupted between a session's rows and its checkpoints: the next prune takes them."""
+    clock = ShiftedClock(DAYS_AGO_100)
+    async with _runtime(db, clock) as runtime:
+        turns = [await _chat(runtime, "s1"), await _chat(runtime, "s1", "again")]
+        clock.shift = timedelta(0)
+        await runtime.wait_background()
+        forget = runtime.forget_checkpoints
+
+        async def crash(turn_ids: object) -> None:
+            raise RuntimeError("the process died here")
+
+        runtime.forget_checkpoints = crash  # type: ignore[method-assign,assignment]
+        with pytest.raises(RuntimeError, match="died"):
+            await runtime.delete_idle_sessions(NINETY_DAYS)
+        runtime.forget_checkpoints = forget  # type: ignore[method-assign]
+        assert not await _exists(runtime, "s1")  # its rows went first
+        assert set(turns) <= set(await checkpoint_rows(*db))
+        recent = await _chat(runtime, "s2")
+        await runtime.wait_background()
+
+        report = await runtime.delete_idle_sessions(NINETY_DAYS)
+
+        assert report.session_ids == ()
+        assert report.orphaned_turns == 2
+        left = await checkpoint_rows(*db)
+        assert not set(turns) & set(left)
+        assert recent in left  # a live session's turn keeps its checkpoints
+        assert (await runtime.delete_idle_sessions(NINETY_DAYS)).orphaned_turns == 0
+
+
+async def test_the_checkpoint_threads_of_turns_are_listed_a_page_at_a_time(db: DB) -> None:
+    clock = ShiftedClock()
+    async with _runtime(db, clock) as runtime:
+        turns = sorted([await _chat(runtime, f"s{n}") for n in range(5)])
+        await runtime.wait_background()
+        pages, after = [], ""
+        while page := await runtime.turn_threads(after=after, limit=2):
+            pages.append(page)
+            after = page[-1]
+        assert [len(p) for p in pages] == [2, 2, 1]
+        assert sorted(t for p in pages for t in p) == turns
+
+
 @pytest.mark.parametrize(
     ("idle_for", "limit", "says"),
     [

@@ -10,6 +10,7 @@ from typing import Final, Literal, NewType
 
 __all__ = (
     "SESSION_ID_PATTERN",
+    "TURN_ID_PREFIX",
     "RequestId",
     "SessionId",
     "StageId",
@@ -51,9 +52,13 @@ def uuid7() -> str:
     return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
+TURN_ID_PREFIX = "turn_"
+"""How every turn id begins (and so every checkpoint thread of turnkit's)."""
+
+
 def new_turn_id() -> TurnId:
     """Mint a fresh turn id (`turn_<uuid7>`)."""
-    return TurnId(f"turn_{uuid7()}")
+    return TurnId(f"{TURN_ID_PREFIX}{uuid7()}")
 
 
 def derive_id(prefix: str, *parts: str | int) -> str:

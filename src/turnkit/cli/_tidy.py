@@ -3,7 +3,8 @@
 They open the database as the reading commands do (`existing_store`: never created, never
 migrated; a schema at another revision is refused), and a runtime on that store to reach
 the graph checkpoints, which they delete as a running process does: the swept turns',
-and a pruned session's turns' before its rows.
+and a pruned session's turns' after its rows (and first, any a pruning interrupted
+between the two left behind).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from turnkit.runtime import SessionRuntime
 from turnkit.runtime._retention import (
     RetentionBatch,
     check_retention,
+    forget_orphaned_checkpoints,
     idle_cutoff,
     idle_session_batches,
 )
@@ -111,6 +113,11 @@ async def _prune(
     async with _runtime_on(store, config) as runtime:
         idle_before = idle_cutoff(runtime.clock.now(), idle_for)
         out.write(f"sessions idle for {_span(idle_for)}: last active before {_when(idle_before)}\n")
+        if not dry_run and (orphaned := await forget_orphaned_checkpoints(runtime)):
+            out.write(
+                f"  deleted the checkpoints of {orphaned} turn(s) already deleted "
+                "(an earlier prune was interrupted)\n"
+            )
         batches = idle_session_batches(
             runtime, idle_before=idle_before, limit=limit, dry_run=dry_run
         )

@@ -45,6 +45,7 @@ __all__ = (
     "latest_checkpoint_id",
     "has_pending_interrupt",
     "forget_threads",
+    "thread_ids",
     "open_checkpointer",
     "pause_here",
     "run_turn",
@@ -334,6 +335,19 @@ async def forget_threads(graph: TurnGraph, thread_ids: Sequence[str]) -> None:
         return
     for thread_id in thread_ids:  # a checkpointer of the app's own
         await saver.adelete_thread(thread_id)
+
+
+async def thread_ids(graph: TurnGraph, *, prefix: str, after: str, limit: int) -> list[str] | None:
+    """Up to `limit` checkpoint threads whose ids start with `prefix`, past `after`, in order.
+
+    None when the checkpointer cannot list its threads (an app's own).
+    """
+    lister: Callable[..., Awaitable[list[str]]] | None = getattr(
+        graph.checkpointer, "athread_ids", None
+    )
+    if lister is None:
+        return None
+    return await lister(prefix=prefix, after=after, limit=limit)
 
 
 def expect_new_thread(graph: TurnGraph, thread_id: str) -> None:

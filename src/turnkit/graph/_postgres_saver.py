@@ -52,6 +52,13 @@ def _numbered(sql: str) -> str:
 
 
 _PENDING_SENDS = _numbered(BasePostgresSaver.SELECT_PENDING_SENDS_SQL)
+_THREADS = " UNION ".join(
+    f"(SELECT DISTINCT thread_id FROM {table} WHERE thread_id > $1"
+    " AND starts_with(thread_id, $2) ORDER BY thread_id LIMIT $3)"
+    for table in ("checkpoints", "checkpoint_blobs", "checkpoint_writes")
+)
+THREAD_IDS = f"SELECT thread_id FROM ({_THREADS}) AS t ORDER BY thread_id LIMIT $3"
+"""Threads with any row, past one, named with a prefix, in order (keyset paging)."""
 
 
 async def prepare_connection(conn: asyncpg.Connection) -> None:
@@ -65,6 +72,14 @@ class AsyncPgSaver(PgCheckpointWrites):
     def __init__(self, pool: asyncpg.Pool) -> None:
         super().__init__(pool)
         self._new = ThreadNotes()
+
+    async def athread_ids(self, *, prefix: str, after: str, limit: int) -> list[str]:
+        """Up to `limit` threads holding any row whose ids start with `prefix`, past `after`.
+
+        In order, so the last one is the next call's `after` (`""` to start).
+        """
+        async with self._connection() as conn:
+            return [str(r[0]) for r in await conn.fetch(THREAD_IDS, after, prefix, limit)]
 
     async def setup(self) -> None:
         """Create LangGraph's checkpoint tables (its own migrations, in its order)."""

@@ -403,6 +403,25 @@ class ThreadedSqliteSaver(SqliteSaver):
 
         await self._write(lambda: self.put_writes(config, writes, task_id, task_path))
 
+    async def athread_ids(self, *, prefix: str, after: str, limit: int) -> list[str]:
+        """Up to `limit` threads holding any row whose ids start with `prefix`, past `after`.
+
+        In order, so the last one is the next call's `after` (`""` to start).
+        """
+        pattern = "".join(f"[{c}]" if c in "*?[" else c for c in prefix) + "*"
+        query = " UNION ".join(
+            f"SELECT thread_id FROM (SELECT DISTINCT thread_id FROM {table} WHERE thread_id > ?"
+            " AND thread_id GLOB ? ORDER BY thread_id LIMIT ?)"
+            for table in ("checkpoints", "writes")
+        )
+        args = (after, pattern, limit) * 2
+
+        def read() -> list[str]:
+            rows = self.conn.execute(f"{query} ORDER BY thread_id LIMIT ?", (*args, limit))
+            return [str(r[0]) for r in rows.fetchall()]
+
+        return await self._read(read)
+
     async def adelete_thread(self, thread_id: str) -> None:
         """`delete_thread` on the saver's thread."""
         await self.adelete_threads((thread_id,))

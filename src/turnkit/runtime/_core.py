@@ -14,8 +14,14 @@ from turnkit.agent import Agent
 from turnkit.clock import Clock, SystemClock
 from turnkit.config import RuntimeConfig
 from turnkit.errors import ConfigurationError, InvalidInputError, StoreUnavailableError
-from turnkit.graph import TurnGraph, compile_turn_graph, forget_threads, open_checkpointer
-from turnkit.ids import TurnId, uuid7
+from turnkit.graph import (
+    TurnGraph,
+    compile_turn_graph,
+    forget_threads,
+    open_checkpointer,
+    thread_ids,
+)
+from turnkit.ids import TURN_ID_PREFIX, TurnId, uuid7
 from turnkit.models import ModelClient
 from turnkit.models.litellm import ModelEndpoint
 from turnkit.plugins import Plugin, PluginValidationError, discover_plugins, validate_plugins
@@ -337,6 +343,16 @@ class RuntimeCore:
         if self._graph is None:
             raise _not_open()
         await forget_threads(self._graph, turn_ids)
+
+    async def turn_threads(self, *, after: str, limit: int) -> list[str] | None:
+        """Up to `limit` checkpoint threads named as turns, past `after`, in order.
+
+        Their turns may be gone (see `forget_orphaned_checkpoints`); None when the
+        checkpointer cannot list its threads (an app's own).
+        """
+        if self._graph is None:
+            raise _not_open()
+        return await thread_ids(self._graph, prefix=TURN_ID_PREFIX, after=after, limit=limit)
 
     def runner(self) -> TurnRunner:
         """What turns a claimed lease into a driver (used by `Worker`)."""

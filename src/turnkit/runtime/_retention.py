@@ -1,9 +1,13 @@
 """A runtime's retention: deleting the sessions nobody has used for a while.
 
-Each session goes the way `delete_session` deletes one: its turns' graph checkpoints
-first, then its rows (audit and usage rows stay). Sessions go in bounded batches, oldest
-first: a batch is one checkpoint deletion and one Store transaction, so no transaction
-holds the database for long and an interrupted run keeps what it finished.
+Sessions go in bounded batches, oldest first: a batch is one Store transaction, which
+checks again that each session is still idle and deletes the rows of those that are
+(audit and usage rows stay), then one deletion of those sessions' turns' graph
+checkpoints. A session that came back meanwhile (a new message) keeps its rows and its
+checkpoints. No transaction holds the database for long, and an interrupted run keeps
+what it finished; one interrupted between a batch's rows and its checkpoints leaves
+checkpoints of turns that no longer exist, which every later run deletes first
+(`forget_orphaned_checkpoints`).
 """
 
 from __future__ import annotations
@@ -21,10 +25,12 @@ from turnkit.store import IdleSession
 __all__ = (
     "BATCH_SESSIONS",
     "BATCH_TURNS",
+    "ORPHAN_PAGE",
     "RetentionBatch",
     "RetentionReport",
     "RuntimeRetention",
     "check_retention",
+    "forget_orphaned_checkpoints",
     "idle_cutoff",
     "idle_session_batches",
 )
@@ -35,6 +41,8 @@ BATCH_SESSIONS = 100
 """Sessions one batch deletes at most (and one page of the search lists)."""
 BATCH_TURNS = 1_000
 """Turns one batch deletes at most, unless a single session has more (it goes alone)."""
+ORPHAN_PAGE = 1_000
+"""Checkpoint threads `forget_orphaned_checkpoints` checks at a time."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -66,9 +74,12 @@ class RetentionReport:
     turns: int
     """Their turns."""
     batches: int
-    """How many batches it took (each one checkpoint deletion and one transaction)."""
+    """How many batches it took (each one transaction and one checkpoint deletion)."""
     dry_run: bool
     """Nothing was deleted: the report says what would have been."""
+    orphaned_turns: int = 0
+    """Turns already deleted whose checkpoints this run deleted (an earlier run was
+    interrupted between their sessions' rows and their checkpoints); 0 in a dry run."""
 
 
 class RuntimeRetention(RuntimeCore):
@@ -83,9 +94,13 @@ class RuntimeRetention(RuntimeCore):
         turns' last change: an ending, a Stop) is older than `idle_for` and none of its
         turns is unfinished. A session with a running, queued or **paused** turn is
         never deleted here, however old: a paused turn waits for a person (Stop it, or
-        `delete_session` it, to let it go). Each idle session goes as `delete_session`
-        deletes one: its turns' checkpoints first, then its inputs, turns, events,
-        transcripts and files; audit and usage rows stay (budgets keep counting).
+        `delete_session` it, to let it go). Each idle session goes with its inputs,
+        turns, events, transcripts, files and its turns' checkpoints, as `delete_session`
+        deletes one; audit and usage rows stay (budgets keep counting). A session that
+        gets a message while this runs is kept whole: each batch checks again, in the
+        transaction that deletes its rows, and only then deletes the checkpoints of the
+        sessions it deleted. A run interrupted between the two leaves those checkpoints
+        behind; the next run deletes them first (`orphaned_turns`).
 
         Args:
             idle_for: How long a session must have been idle; above zero.
@@ -99,6 +114,7 @@ class RuntimeRetention(RuntimeCore):
         check_retention(idle_for, limit)
         await self._ensure_open()
         idle_before = idle_cutoff(self.clock.now(), idle_for)
+        orphaned = 0 if dry_run else await forget_orphaned_checkpoints(self)
         batches = idle_session_batches(self, idle_before=idle_before, limit=limit, dry_run=dry_run)
         found: list[SessionId] = []
         turns = count = 0
@@ -112,6 +128,7 @@ class RuntimeRetention(RuntimeCore):
             turns=turns,
             batches=count,
             dry_run=dry_run,
+            orphaned_turns=orphaned,
         )
 
 
@@ -184,15 +201,49 @@ def _chunks(page: Sequence[IdleSession]) -> list[list[IdleSession]]:
 async def _delete(
     runtime: RuntimeCore, chunk: Sequence[IdleSession], idle_before: datetime
 ) -> RetentionBatch:
-    """The checkpoints first: if deleting them fails, the sessions are all still there."""
-    turn_ids: list[TurnId] = [t for session in chunk for t in session.turn_ids]
-    for start in range(0, len(turn_ids), BATCH_TURNS):
-        await runtime.forget_checkpoints(turn_ids[start : start + BATCH_TURNS])
+    """The rows of those still idle first, then their turns' checkpoints, and only theirs.
+
+    A session that came back since it was found keeps both. Interrupted between the two,
+    the checkpoints stay behind, of turns that no longer exist: the next run deletes them
+    (`forget_orphaned_checkpoints`). (The other way round, a session that came back kept
+    its rows but lost its checkpoints.) A still idle session has no turn newer than the
+    cutoff, so the turns it was found with are all it had.
+    """
     deleted = set(
         await runtime.store.delete_idle_sessions(
             [s.session_id for s in chunk], idle_before=idle_before
         )
     )
     batch = RetentionBatch(sessions=tuple(s for s in chunk if s.session_id in deleted))
+    turn_ids: list[TurnId] = [t for session in batch.sessions for t in session.turn_ids]
+    for start in range(0, len(turn_ids), BATCH_TURNS):
+        await runtime.forget_checkpoints(turn_ids[start : start + BATCH_TURNS])
     log.info("deleted %d idle session(s) with %d turn(s)", len(batch.sessions), batch.turns)
     return batch
+
+
+async def forget_orphaned_checkpoints(runtime: RuntimeCore) -> int:
+    """Delete the checkpoints of turns that no longer exist; how many turns' they were.
+
+    A run interrupted after a batch's rows and before its checkpoints leaves them. The
+    checkpointer's threads named as turns are checked a page at a time against the
+    Store: those whose turn is gone are deleted. (A turn's row is stored before its
+    first checkpoint, so a thread whose turn is missing was deleted.) A checkpointer of
+    the app's own that cannot list its threads is left as it is: 0.
+    """
+    after, forgotten = "", 0
+    while True:
+        page = await runtime.turn_threads(after=after, limit=ORPHAN_PAGE)
+        if not page:
+            break
+        kept = await runtime.store.existing_turns([TurnId(t) for t in page])
+        gone = [t for t in page if t not in kept]
+        if gone:
+            await runtime.forget_checkpoints(gone)
+            forgotten += len(gone)
+        if len(page) < ORPHAN_PAGE:
+            break
+        after = page[-1]
+    if forgotten:
+        log.info("deleted the checkpoints of %d turn(s) already deleted", forgotten)
+    return forgotten

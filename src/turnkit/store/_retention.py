@@ -49,3 +49,7 @@ class Retention(Protocol):
         new message) is left as it is. Returns the sessions deleted.
         """
         ...
+
+    async def existing_turns(self, turn_ids: Sequence[TurnId]) -> set[TurnId]:
+        """Those of `turn_ids` the Store still holds (a deleted session's turns are gone)."""
+        ...

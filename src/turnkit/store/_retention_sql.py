@@ -18,7 +18,7 @@ from turnkit.store._retention import IdleSession
 from turnkit.store._schema import UNFINISHED, aware, sessions, turns
 from turnkit.store._sessions_sql import remove_many
 
-__all__ = ("idle", "remove_idle")
+__all__ = ("existing_turns", "idle", "remove_idle")
 
 
 def _is_idle(idle_before: datetime) -> Any:
@@ -96,6 +96,14 @@ def remove_idle(
     ids = [SessionId(row.session_id) for row in still]
     remove_many(conn, ids)
     return ids
+
+
+def existing_turns(conn: Connection, turn_ids: Sequence[TurnId]) -> set[TurnId]:
+    """Those of `turn_ids` that have a row."""
+    if not turn_ids:
+        return set()
+    rows = conn.execute(select(turns.c.turn_id).where(turns.c.turn_id.in_(list(turn_ids))))
+    return {TurnId(row.turn_id) for row in rows}
 
 
 def _utc(value: datetime) -> datetime:

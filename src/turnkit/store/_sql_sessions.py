@@ -92,6 +92,10 @@ class SqlSessions(SqlEngine):
         """Delete those of `session_ids` still idle, in one transaction (see `Retention`)."""
         return await self._tx(retention_sql.remove_idle, session_ids, idle_before)
 
+    async def existing_turns(self, turn_ids: Sequence[TurnId]) -> set[TurnId]:
+        """Those of `turn_ids` the Store still holds (see `Retention`)."""
+        return await self._tx(retention_sql.existing_turns, turn_ids, write=False)
+
     async def usage_report(
         self,
         *,

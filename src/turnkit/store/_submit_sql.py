@@ -28,7 +28,7 @@ from sqlalchemy import (
 
 from turnkit.errors import RequestConflictError, SessionNotFoundError
 from turnkit.events import TurnStartedEvent, encode_event
-from turnkit.ids import SessionId, TurnId, uuid7
+from turnkit.ids import SessionId, TurnId, new_turn_id
 from turnkit.store import (
     ClaimRequest,
     Delivery,
@@ -503,7 +503,7 @@ def requeue_guides(conn: Connection, turn_id: TurnId, consumed_through: int, now
         principal=ended.principal,
     )
     for seq, content, request_id in unread:
-        new_id = TurnId(f"turn_{uuid7()}")
+        new_id = new_turn_id()
         _open_turn(
             conn, template, seq, now, requested="guide", turn_id=new_id, content=content,
             request_id=request_id, input_exists=True,
