@@ -168,6 +168,31 @@ async def test_a_failing_plugin_is_audited_and_the_turn_goes_on(tmp_path: Path) 
     assert errors[0] == {"hook": "after_model_response", "error": "RuntimeError('boom')"}
 
 
+class Rewriter(Plugin):
+    """Tries to change a result from a hook that only observes."""
+
+    name: ClassVar[str] = "rewriter"
+
+    async def after_tool_call(  # type: ignore[override]
+        self, ctx: PluginContext, call: ToolCall, result: ToolResultBlock
+    ) -> str:
+        return "a better result"
+
+
+async def test_a_value_returned_by_an_observing_hook_is_reported_not_dropped(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    agent = Agent(model=_model(), tools=[lookup], plugins=[Rewriter()])
+    async with _runtime(tmp_path, agent) as rt:
+        events = await collect_events(rt.execute_message("s1", "price?"))
+        rows = await rt.audit(events[0].turn_id)  # type: ignore[union-attr]
+    assert events[-1].status == "succeeded"  # type: ignore[union-attr]
+    [error] = [r.plugin_payloads["rewriter"] for r in rows if "rewriter" in r.plugin_payloads]
+    assert error["hook"] == "after_tool_call"
+    assert "it observes and returns None" in str(error["error"])
+    assert "plugin rewriter failed in after_tool_call" in caplog.text
+
+
 async def test_a_required_plugin_that_fails_fails_the_turn(tmp_path: Path) -> None:
     agent = Agent(model=_model(), tools=[lookup], plugins=[BrokenRequired()])
     async with _runtime(tmp_path, agent) as rt:

@@ -12,7 +12,7 @@ import logging
 import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from pydantic import JsonValue
 
@@ -146,10 +146,20 @@ _RETURNS: Mapping[str, tuple[tuple[type, ...], str]] = {
 }
 """What a hook may return besides None (the other hooks' results are not read)."""
 
+_OBSERVERS: Final = frozenset({"after_model_response", "after_tool_call", "on_event"})
+"""Hooks that only observe: a value one returns would be silently dropped, so it is refused."""
+
 
 def _wrong_return(hook: str, result: object) -> str | None:
+    if result is None:
+        return None
+    if hook in _OBSERVERS:
+        return (
+            f"{hook} returned {type(result).__name__} {result!r:.80}; it observes and returns "
+            "None (what it returns changes nothing)"
+        )
     expected = _RETURNS.get(hook)
-    if expected is None or result is None:
+    if expected is None:
         return None
     kinds, what = expected
     fits = isinstance(result, kinds)
