@@ -1,4 +1,6 @@
-"""`SseResponse`: head, chunks, end; a client that leaves or a server that exits stops it."""
+"""`SseResponse`: head, chunks, end; a client that leaves or a server that exits stops it.
+
+A stream with a farewell says it when the server exits, and only then."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ import json
 import signal
 import socket
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +21,7 @@ from sse_starlette.sse import AppStatus
 from starlette.types import Message
 
 from turnkit import Agent, RuntimeConfig, SessionRuntime
-from turnkit.http._sse_response import SseResponse
+from turnkit._sse_response import FAREWELL_TIMEOUT_S, SseResponse
 from turnkit.models import ModelChunk, ModelRequest, TextDelta
 from turnkit.quickstart import create_app
 
@@ -73,9 +75,30 @@ def _scope(method: str = "POST") -> dict[str, Any]:
     return {"type": "http", "method": method, "headers": []}
 
 
-async def _serve(body: _Body, client: _Client, method: str = "POST") -> asyncio.Task[None]:
-    response = SseResponse(body(), headers={"X-Turn-Id": "t1"})
+async def _serve(
+    body: _Body, client: _Client, method: str = "POST", *, farewell: bool = False
+) -> asyncio.Task[None]:
+    response = SseResponse(body(), headers={"X-Turn-Id": "t1"}, farewell=_bye if farewell else None)
     return asyncio.create_task(response(_scope(method), client.receive, client.send))
+
+
+def _bye(last: bytes | None) -> Iterable[bytes]:
+    if last == b"data: end\n\n":  # its end went out already
+        return ()
+    return [b"data: bye after " + (last or b"nothing").strip() + b"\n\n", b"data: [DONE]\n\n"]
+
+
+@contextlib.asynccontextmanager
+async def _server_exiting() -> AsyncIterator[None]:
+    AppStatus.should_exit = True  # what uvicorn's exit signal sets (sse-starlette's flag)
+    try:
+        yield
+    finally:
+        AppStatus.should_exit = False
+
+
+def _bodies(client: _Client) -> list[bytes]:
+    return [m["body"] for m in client.sent if m["type"] == "http.response.body"]
 
 
 async def test_head_then_each_chunk_then_the_end() -> None:
@@ -121,6 +144,79 @@ async def test_the_server_exiting_ends_the_stream_cleanly_so_the_client_resumes(
         AppStatus.should_exit = False
     assert body.closed.is_set()
     assert client.sent[-1] == END  # a clean end of body, not a truncated one
+
+
+async def test_the_server_exiting_sends_the_farewell_after_the_last_chunk_then_the_end() -> None:
+    body, client = _Body([b"data: 1\n\n", b"data: 2\n\n"], then_wait=True), _Client()
+    task = await _serve(body, client, farewell=True)
+    while len(client.sent) < 3:
+        await asyncio.sleep(0)
+    async with _server_exiting():
+        await asyncio.wait_for(task, 5)
+    assert body.closed.is_set()
+    assert not task.cancelled()
+    assert _bodies(client) == [
+        b"data: 1\n\n",
+        b"data: 2\n\n",
+        b"data: bye after data: 2\n\n",
+        b"data: [DONE]\n\n",
+        b"",
+    ]
+    assert client.sent[-1] == END
+
+
+async def test_a_stream_stopped_before_its_first_chunk_says_its_farewell_too() -> None:
+    body, client = _Body([], then_wait=True), _Client()
+    task = await _serve(body, client, farewell=True)
+    await asyncio.sleep(0.01)
+    async with _server_exiting():
+        await asyncio.wait_for(task, 5)
+    assert _bodies(client) == [b"data: bye after nothing\n\n", b"data: [DONE]\n\n", b""]
+
+
+async def test_a_stream_whose_end_went_out_says_nothing_more() -> None:
+    body, client = _Body([b"data: end\n\n"], then_wait=True), _Client()  # then closes up
+    task = await _serve(body, client, farewell=True)
+    while len(client.sent) < 2:
+        await asyncio.sleep(0)
+    async with _server_exiting():
+        await asyncio.wait_for(task, 5)
+    assert _bodies(client) == [b"data: end\n\n", b""]
+
+
+async def test_a_stream_that_ended_or_lost_its_client_says_no_farewell() -> None:
+    ended, client = _Body([b"data: 1\n\n"], then_wait=False), _Client()
+    await asyncio.wait_for(await _serve(ended, client, farewell=True), 5)
+    assert _bodies(client) == [b"data: 1\n\n", b""]
+    left, gone = _Body([b"data: 1\n\n"], then_wait=True), _Client()
+    task = await _serve(left, gone, farewell=True)
+    while len(gone.sent) < 2:
+        await asyncio.sleep(0)
+    gone.gone.set()
+    await asyncio.wait_for(task, 5)
+    async with _server_exiting():
+        await asyncio.sleep(0.6)  # the exit watcher polls every 0.5 s
+    assert _bodies(gone) == [b"data: 1\n\n"]
+
+
+async def test_a_farewell_to_a_client_that_does_not_read_holds_up_no_shutdown() -> None:
+    body, client = _Body([b"data: 1\n\n"], then_wait=True), _Client()
+    stuck = asyncio.Event()
+
+    async def send(message: Message) -> None:
+        if client.sent and message["body"] != b"data: 1\n\n":
+            await stuck.wait()  # the peer's window is full: this send never returns
+        client.sent.append(message)
+
+    response = SseResponse(body(), headers={}, farewell=_bye)
+    task = asyncio.create_task(response(_scope(), client.receive, send))
+    while len(client.sent) < 2:
+        await asyncio.sleep(0)
+    async with _server_exiting():
+        started = asyncio.get_running_loop().time()
+        await asyncio.wait_for(task, 5)
+    assert asyncio.get_running_loop().time() - started < FAREWELL_TIMEOUT_S + 1.0
+    assert _bodies(client) == [b"data: 1\n\n"]  # no end after a send cut short
 
 
 async def test_a_cancelled_request_stays_cancelled() -> None:

@@ -44,9 +44,11 @@ from turnkit.http import install_problem_handlers
 from turnkit.ids import SessionId
 from turnkit.models import ModelChunk, ModelRequest, TextDelta
 from turnkit.plugins import Plugin, PluginContext, ToolCall
+from turnkit.protocols import _ai_sdk_stream as wire
 from turnkit.protocols.ai_sdk import (
     ENDED_REPLAY_S,
     UIMessageStreamTranslator,
+    _farewell,
     _resumable,
     create_ai_sdk_router,
 )
@@ -781,3 +783,14 @@ async def test_idle_stream_sends_comment_keepalives(tmp_path: Path) -> None:
     chunks = chunks_of(text)
     assert chunks[-1] == {"type": "[DONE]"}
     assert chunks[-2]["type"] == "finish"
+
+
+def test_a_stream_whose_finish_went_out_says_no_error_at_shutdown() -> None:
+    finish = wire.line({"type": "finish", "messageMetadata": {"status": "succeeded"}})
+    assert _farewell(wire.DONE_LINE) == ()
+    assert _farewell(finish) == (wire.DONE_LINE,)
+    [error] = _farewell(wire.line({"type": "text-delta", "id": "t", "delta": "half"}))
+    assert b'"type":"error"' in error
+    assert b"server-shutting-down" in error
+    assert error.endswith(wire.DONE_LINE)
+    assert _farewell(None) == _farewell(wire.line({"type": "start"}))

@@ -14,8 +14,8 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the install
     raise missing_extra("The HTTP routes", "fastapi", exc) from exc
 
+from turnkit._sse_response import SseResponse
 from turnkit.http._access import Principal, SessionPath, owned, visible_turn
-from turnkit.http._sse_response import SseResponse
 from turnkit.http.models import (
     AnswerBody,
     ApprovalBody,

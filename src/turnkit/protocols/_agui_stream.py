@@ -17,8 +17,6 @@ from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from sse_starlette import ServerSentEvent
-
 from turnkit.ids import TurnId
 from turnkit.protocols._agui_translate import AgUi, Translator
 from turnkit.replay import BufferEntry, ReplayBuffer
@@ -36,7 +34,7 @@ async def stream_run(
     batches: AsyncGenerator[object, None],
     view: BufferView,
     bound: Bound,
-) -> AsyncIterator[ServerSentEvent | bytes]:
+) -> AsyncIterator[bytes]:
     """The response's body: the opening, then each batch's AG-UI frames, up to the run's end."""
     async with contextlib.aclosing(batches):  # closing the reader leaves the turn running
         for out in opening:
@@ -64,17 +62,25 @@ def _translated(
         translator.notice(view.views, view.seq)
         outs = translator.feed(item.data)
         for index, out in enumerate(outs):
-            written.append(bound.frame(out, item.seq if index == len(outs) - 1 else None).encode())
+            written.append(bound.frame(out, item.seq if index == len(outs) - 1 else None))
         if translator.finished:
             break
     return b"".join(written)
 
 
-def _frame(event: AgUi, seq: int | None) -> ServerSentEvent:
-    """One AG-UI event; the last frame of a durable turnkit event carries its seq as id."""
-    data = json.dumps(event, ensure_ascii=False, separators=(",", ":"))
-    # Lines end with "\n": the response's `sep` reaches only the frames it builds itself.
-    return ServerSentEvent(data=data, id=None if seq is None else str(seq), sep="\n")
+def _data(event: AgUi) -> bytes:
+    """An AG-UI event as one line of JSON (`json.dumps` escapes every line break)."""
+    return json.dumps(event, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def _frame(data: bytes, seq: int | None) -> bytes:
+    """One AG-UI frame; the last frame of a durable turnkit event carries its seq as id.
+
+    Lines end with a bare LF, never CRLF: @ag-ui/client splits frames on two LFs only.
+    """
+    if seq is None:
+        return b"data: %s\n\n" % data
+    return b"id: %d\ndata: %s\n\n" % (seq, data)
 
 
 _STRUCTURAL: Final = frozenset(
@@ -93,12 +99,12 @@ class Bound:
     max_bytes: int
     turn_id: str
 
-    def frame(self, event: AgUi, seq: int | None) -> ServerSentEvent:
-        sent = _frame(event, seq)
-        size = len(str(sent.data).encode())
+    def frame(self, event: AgUi, seq: int | None) -> bytes:
+        data = _data(event)
+        size = len(data)
         kind = event.get("type")
         if size <= self.max_bytes or kind in _STRUCTURAL:
-            return sent
+            return _frame(data, seq)
         # Losing one frame costs less than losing a turn that has run for minutes; the
         # stand-in keeps the frame's id, so a resume goes on after it.
         log.warning(
@@ -108,7 +114,7 @@ class Bound:
         if kind == "TOOL_CALL_RESULT":  # the call keeps its result message, not the content
             too_large = f"[a result of {size} bytes, too large to stream]"
             metadata: AgUi = {"turnkit": {"droppedBytes": size}}
-            return _frame({**event, "content": too_large, "metadata": metadata}, seq)
+            return _frame(_data({**event, "content": too_large, "metadata": metadata}), seq)
         dropped: AgUi = {"type": kind, "bytes": size}
         if seq is not None:
             dropped["seq"] = seq  # the turnkit event it stood for
@@ -118,7 +124,7 @@ class Bound:
             "name": "turnkit.frame_dropped",
             "value": dropped,
         }
-        return _frame(stand_in, seq)
+        return _frame(_data(stand_in), seq)
 
 
 class BufferView:

@@ -35,12 +35,12 @@ from turnkit.errors import (
 )
 
 try:
-    import anyio
     from fastapi import APIRouter, Depends, Header, Response
-    from sse_starlette import EventSourceResponse, ServerSentEvent
+    from sse_starlette import EventSourceResponse  # the routes' documented response class
 except ImportError as exc:  # pragma: no cover - depends on the install
     raise missing_extra("The AG-UI route", "fastapi", exc) from exc
 
+from turnkit._sse_response import SseResponse
 from turnkit.events import StreamEvent
 from turnkit.ids import SessionId, TurnId
 from turnkit.projection import PendingDecision, project
@@ -58,7 +58,6 @@ from turnkit.protocols._agui_wire import (
 from turnkit.protocols._caller import AuthDependency, CallerId, anonymous, caller_id
 from turnkit.runtime import SessionRuntime
 from turnkit.runtime.reader import TurnReader, check_cursor, parse_cursor, set_once_sent
-from turnkit.runtime.stream_shutdown import SHUTDOWN_GRACE_S, until_shutdown
 from turnkit.states import TurnStatus
 from turnkit.store import TurnRecord
 from turnkit.tenancy import DEFAULT_ORGANISATION
@@ -76,7 +75,6 @@ __all__ = (
 
 log = logging.getLogger("turnkit.protocols")
 
-_NO_PING_S: Final = 10**9
 _AWAITING: Final[frozenset[TurnStatus]] = frozenset({"awaiting_approval", "awaiting_input"})
 _PROBLEMS: Final[dict[int | str, dict[str, Any]]] = {
     status: {"content": {"application/problem+json": {}}} for status in (400, 404, 409, 416, 422)
@@ -187,7 +185,7 @@ async def _respond(
     *,
     keepalive_s: float,
     max_bytes: int,
-) -> EventSourceResponse:
+) -> SseResponse:
     """The run's SSE response: its opening, then the turn's events after `after`."""
     translator = Translator(
         thread_id=body.thread_id,
@@ -210,21 +208,16 @@ async def _respond(
         reader.follow_batches(record.turn_id, after_seq=after),
     )
     bound = Bound(max_bytes, record.turn_id)
-    shutdown = anyio.Event()
 
-    def farewell(_: object) -> list[ServerSentEvent]:  # nothing once the run ended
+    def farewell(_: bytes | None) -> list[bytes]:  # nothing once the run ended
         return [bound.frame(out, None) for out in translator.abandon(_SHUTTING_DOWN, SHUTDOWN)]
 
     stream = stream_run(translator, opening, batches, view, bound)
-    return EventSourceResponse(
-        set_once_sent(until_shutdown(stream, shutdown, farewell), sent),
-        shutdown_event=shutdown,
-        shutdown_grace_period=SHUTDOWN_GRACE_S,
+    # Keep-alives are single comment lines from the reader: no ping.
+    return SseResponse(
+        set_once_sent(stream, sent),
         headers={"X-Turn-Id": record.turn_id, "Cache-Control": "no-store"},
-        # Keep-alives are single comment lines from the reader; sse-starlette's ping
-        # (`None` means its 15 s default) ends with a blank line: never let it fire.
-        ping=_NO_PING_S,
-        sep="\n",  # @ag-ui/client splits frames on "\n\n" only (see `_agui_stream._frame`)
+        farewell=farewell,
     )
 
 

@@ -31,12 +31,12 @@ from turnkit.errors import (
 )
 
 try:
-    import anyio
     from fastapi import APIRouter, Depends, Path, Response
-    from sse_starlette import EventSourceResponse
+    from sse_starlette import EventSourceResponse  # the routes' documented response class
 except ImportError as exc:  # pragma: no cover - depends on the install
     raise missing_extra("The AI SDK route", "fastapi", exc) from exc
 
+from turnkit._sse_response import SseResponse
 from turnkit.ids import SESSION_ID_PATTERN, SessionId, TurnId
 from turnkit.protocols._ai_sdk_stream import DONE_LINE, PAUSED, Replies, line
 from turnkit.protocols._ai_sdk_translate import UIMessageStreamTranslator
@@ -45,7 +45,6 @@ from turnkit.protocols._caller import AuthDependency, CallerId, anonymous, calle
 from turnkit.runtime import SessionRuntime
 from turnkit.runtime.deps import NO_DEPS
 from turnkit.runtime.reader import set_once_sent
-from turnkit.runtime.stream_shutdown import SHUTDOWN_GRACE_S, until_shutdown
 from turnkit.states import TERMINAL_STATES
 from turnkit.store import TurnRecord
 from turnkit.tenancy import DEFAULT_ORGANISATION
@@ -65,7 +64,6 @@ STREAM_HEADERS: Final[Mapping[str, str]] = {
     "x-accel-buffering": "no",  # nginx: pass chunks on as they come
 }
 TURN_ID_HEADER: Final = "X-Turn-Id"
-_NO_PING_S: Final = 10**9
 _FAREWELL: Final = (
     line(
         {
@@ -223,16 +221,10 @@ def _resumable(turns: list[TurnRecord], now: datetime) -> TurnRecord | None:
     return None
 
 
-def _respond(body: AsyncIterator[bytes], turn_id: str) -> EventSourceResponse:
-    shutdown = anyio.Event()
-    ending: AsyncIterator[bytes] = until_shutdown(body, shutdown, _farewell)
-    return EventSourceResponse(
-        ending,
-        shutdown_event=shutdown,
-        shutdown_grace_period=SHUTDOWN_GRACE_S,
-        headers={**STREAM_HEADERS, TURN_ID_HEADER: turn_id},
-        ping=_NO_PING_S,  # keep-alives are our own comment lines (see turnkit.http)
-        sep="\n",
+def _respond(body: AsyncIterator[bytes], turn_id: str) -> SseResponse:
+    # Keep-alives are our own comment lines (see turnkit.http): no ping.
+    return SseResponse(
+        body, headers={**STREAM_HEADERS, TURN_ID_HEADER: turn_id}, farewell=_farewell
     )
 
 
