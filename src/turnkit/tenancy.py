@@ -9,11 +9,12 @@ the single `default` organisation and its `general` department.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from turnkit.errors import ConfigurationError
+from turnkit.errors import ConfigurationError, InternalError
 
 __all__ = (
     "ADMIN_ROLE",
@@ -23,7 +24,10 @@ __all__ = (
     "Organisation",
     "Principal",
     "Tenancy",
+    "principal_from_auth",
 )
+
+log = logging.getLogger("turnkit.http")
 
 DEFAULT_ORGANISATION = "default"
 DEFAULT_DEPARTMENT = "general"
@@ -56,6 +60,23 @@ class Principal(BaseModel):
         if isinstance(caller, str):
             return cls(id=caller)
         raise TypeError(f"a principal is a turnkit.Principal, a str or None, not {caller!r}")
+
+
+def principal_from_auth(found: object) -> Principal | None:
+    """What an app's `auth` dependency returned, as a principal (None: anonymous).
+
+    Raises:
+        InternalError: it returned something else: the app's mistake, not the caller's,
+            so a 500; the value (it may hold a token) goes to the server's log only.
+    """
+    try:
+        return Principal.of(found)  # type: ignore[arg-type]
+    except TypeError as exc:
+        log.error("the app's `auth` returned %r: %s", found, exc)
+        raise InternalError(
+            f"the app's `auth` returned a {type(found).__name__}, not a Principal, a "
+            "principal id or None (the server's log has the value)"
+        ) from exc
 
 
 class Department(BaseModel):

@@ -12,7 +12,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, TypeVar
 
-from turnkit.errors import ConfigurationError, InternalError, missing_extra
+from turnkit.errors import ConfigurationError, missing_extra
 
 try:
     from fastapi import APIRouter, Depends, Response
@@ -32,7 +32,7 @@ from turnkit.http.problems import (
 from turnkit.runtime import SessionRuntime
 from turnkit.runtime.deps import NO_DEPS
 from turnkit.store import Store
-from turnkit.tenancy import Principal as TenantPrincipal
+from turnkit.tenancy import Principal as TenantPrincipal, principal_from_auth
 
 __all__ = (
     "TURN_ID_HEADER",
@@ -91,16 +91,7 @@ def _caller_dependency(auth: AuthDependency) -> Callable[..., Awaitable[Principa
     """The dependency for the caller: `auth`'s answer as a principal (None: anonymous)."""
 
     async def who(found: Annotated[Any, Depends(auth)]) -> TenantPrincipal | None:
-        try:
-            return TenantPrincipal.of(found)
-        except TypeError as exc:
-            # The app's mistake, not the caller's: a 500, and what `auth` returned (it may
-            # hold a token) goes to the server's log only.
-            log.error("the app's `auth` returned %r: %s", found, exc)
-            raise InternalError(
-                f"the app's `auth` returned a {type(found).__name__}, not a Principal, a "
-                "principal id or None (the server's log has the value)"
-            ) from exc
+        return principal_from_auth(found)
 
     return who
 

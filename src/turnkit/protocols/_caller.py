@@ -8,12 +8,11 @@ harness routes.
 """
 
 import inspect
-import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from turnkit.errors import InternalError, missing_extra
-from turnkit.tenancy import DEFAULT_ORGANISATION, Principal
+from turnkit.errors import missing_extra
+from turnkit.tenancy import DEFAULT_ORGANISATION, Principal, principal_from_auth
 
 try:
     from fastapi import Depends, HTTPException
@@ -21,8 +20,6 @@ except ImportError as exc:  # pragma: no cover - depends on the install
     raise missing_extra("The protocol routes", "fastapi", exc) from exc
 
 __all__ = ("AuthDependency", "CallerId", "anonymous", "caller_id")
-
-log = logging.getLogger("turnkit.protocols")
 
 CallerId = str | None
 """A caller as the protocol routes compare it: a principal id (None: anonymous)."""
@@ -41,16 +38,7 @@ def caller_id(auth: AuthDependency) -> Callable[..., Awaitable[CallerId]]:
     """The dependency for the caller's id: `auth`'s answer, refused (403) off the default."""
 
     async def caller(found: Any) -> CallerId:
-        try:
-            principal = Principal.of(found)
-        except TypeError as exc:
-            # The app's mistake, not the caller's: a 500, and what `auth` returned (it may
-            # hold a token) goes to the server's log only.
-            log.error("the app's `auth` returned %r: %s", found, exc)
-            raise InternalError(
-                f"the app's `auth` returned a {type(found).__name__}, not a Principal, a "
-                "principal id or None (the server's log has the value)"
-            ) from exc
+        principal = principal_from_auth(found)
         if principal is None:
             return None
         if principal.organisation != DEFAULT_ORGANISATION or principal.department is not None:
