@@ -8,7 +8,6 @@ install_problem_handlers(app)
 """
 
 import asyncio
-import logging
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, TypeVar
 
@@ -26,6 +25,7 @@ from turnkit.http._turn_routes import TURN_ID_HEADER, add_turn_routes
 from turnkit.http.problems import (
     MEDIA_TYPE,
     Problem,
+    ProblemRoute,
     install_problem_handlers,
     problem_response,
 )
@@ -42,7 +42,6 @@ __all__ = (
     "install_problem_handlers",
 )
 
-log = logging.getLogger("turnkit.http")
 
 AuthResult = TenantPrincipal | str | None
 AuthDependency = Callable[..., AuthResult | Awaitable[AuthResult]]
@@ -122,7 +121,9 @@ def create_turnkit_router(
     request starts or resumes (`ToolContext.deps`); where the turn is driven elsewhere
     (a worker, after a restart) the runtime's own `deps` factory builds them.
     """
-    router = APIRouter(prefix=prefix, tags=["turnkit"], responses=_PROBLEMS)
+    router = APIRouter(
+        prefix=prefix, tags=["turnkit"], responses=_PROBLEMS, route_class=ProblemRoute
+    )
     who = _caller_dependency(auth)
     # No two routes answer the same method and path: this order only orders the OpenAPI paths.
     add_turn_routes(
@@ -168,7 +169,7 @@ def create_health_router(runtime: SessionRuntime) -> APIRouter:
     while it does not answer, readers follow the Store, so the process stays ready and
     says `"replay": "degraded: …"`.
     """
-    router = APIRouter(tags=["health"])
+    router = APIRouter(tags=["health"], route_class=ProblemRoute)
 
     @router.get("/healthz", summary="The process is up")
     async def healthz() -> dict[str, str]:

@@ -3,38 +3,34 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
-from turnkit.errors import (
-    DOCS_URL,
-    AdmissionRefusedError,
-    AttachmentNotIndexedError,
-    CallbackTokenError,
-    ConfigurationError,
-    InvalidInputError,
-    NotFoundError,
-    PauseAnsweredError,
-    ReplayCursorError,
-    RequestConflictError,
-    StaleEpochError,
-    StoreUnavailableError,
-    TurnkitError,
-    TurnNotRunningError,
+from turnkit._problems import (
+    MEDIA_TYPE,
+    Problem,
+    ProblemRoute,
+    problem_response,
+    status_for,
+    turnkit_problem,
+)
+from turnkit.errors import TurnkitError
+
+__all__ = (
+    "MEDIA_TYPE",
+    "Problem",
+    "ProblemRoute",
+    "install_problem_handlers",
+    "problem_response",
+    "status_for",
 )
 
-__all__ = ("Problem", "install_problem_handlers", "problem_response", "status_for")
-
-MEDIA_TYPE = "application/problem+json"
-RETRY_AFTER_S = 2
-"""What a 503 asks the client to wait before retrying (`Retry-After`)."""
 _HTTP_CODES = {
     401: "unauthenticated",
     403: "forbidden",
@@ -42,64 +38,6 @@ _HTTP_CODES = {
     405: "method-not-allowed",
     413: "content-too-large",
 }
-
-
-class Problem(BaseModel):
-    """An RFC 9457 problem body: `type` links the error code's documentation."""
-
-    model_config = ConfigDict(extra="allow")
-    type: str
-    title: str
-    status: int
-    detail: str
-    code: str
-
-
-def status_for(exc: TurnkitError) -> int:
-    """The HTTP status of an error."""
-    match exc:
-        case NotFoundError():
-            return 404
-        case ReplayCursorError():
-            return 416 if "last_seq" in exc.details else 400  # set for a cursor ahead
-        case InvalidInputError() | AttachmentNotIndexedError():
-            return 422
-        case AdmissionRefusedError():
-            return 403
-        case CallbackTokenError():
-            return 401
-        case TurnNotRunningError():
-            return 409
-        case StaleEpochError() | PauseAnsweredError() | RequestConflictError():
-            return 409
-        case StoreUnavailableError():
-            return 503
-        case ConfigurationError():
-            return 400
-        case _:
-            return 500
-
-
-def problem_response(
-    status: int,
-    code: str,
-    detail: str,
-    *,
-    headers: Mapping[str, str] | None = None,
-    **extra: Any,
-) -> JSONResponse:
-    """A problem+json response."""
-    body = Problem(
-        type=f"{DOCS_URL}#{code}",
-        title=code.replace("-", " ").replace("_", " "),
-        status=status,
-        detail=detail,
-        code=code,
-        **extra,
-    )
-    return JSONResponse(
-        body.model_dump(), status_code=status, media_type=MEDIA_TYPE, headers=headers
-    )
 
 
 _UNION_BRANCH = re.compile(r"(str|int|float|bool|list|dict|none)|.*[\[(].*")
@@ -129,9 +67,7 @@ def install_problem_handlers(app: FastAPI) -> None:
 
     async def turnkit_error(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, TurnkitError)
-        status = status_for(exc)
-        headers = {"Retry-After": str(RETRY_AFTER_S)} if status == 503 else None
-        return problem_response(status, exc.code, exc.message, headers=headers)
+        return turnkit_problem(exc)
 
     async def validation_error(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)

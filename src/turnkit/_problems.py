@@ -1,0 +1,158 @@
+"""Problem bodies (RFC 9457) for turnkit's errors, and routes that answer with them.
+
+Shared by the harness routes (`turnkit.http`) and the protocol routes
+(`turnkit.protocols`); `turnkit.http.install_problem_handlers` answers the rest of an app's
+errors (validation, HTTP) the same way.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Coroutine, Mapping
+from typing import Any
+
+from fastapi import Request, Response
+from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
+from pydantic import BaseModel, ConfigDict
+
+from turnkit.errors import (
+    DOCS_URL,
+    AdmissionRefusedError,
+    AttachmentNotIndexedError,
+    CallbackTokenError,
+    ConfigurationError,
+    InvalidInputError,
+    NotFoundError,
+    PauseAnsweredError,
+    ReplayCursorError,
+    RequestConflictError,
+    StaleEpochError,
+    StoreUnavailableError,
+    TurnkitError,
+    TurnNotRunningError,
+)
+
+__all__ = (
+    "MEDIA_TYPE",
+    "RETRY_AFTER_S",
+    "Problem",
+    "ProblemRoute",
+    "problem_response",
+    "status_for",
+    "turnkit_problem",
+)
+
+log = logging.getLogger("turnkit.http")
+
+MEDIA_TYPE = "application/problem+json"
+RETRY_AFTER_S = 2
+"""What a 503 asks the client to wait before retrying (`Retry-After`)."""
+
+
+class Problem(BaseModel):
+    """An RFC 9457 problem body: `type` links the error code's documentation."""
+
+    model_config = ConfigDict(extra="allow")
+    type: str
+    title: str
+    status: int
+    detail: str
+    code: str
+
+
+def status_for(exc: TurnkitError) -> int:
+    """The HTTP status of an error."""
+    match exc:
+        case NotFoundError():
+            return 404
+        case ReplayCursorError():
+            return 416 if "last_seq" in exc.details else 400  # set for a cursor ahead
+        case InvalidInputError() | AttachmentNotIndexedError():
+            return 422
+        case AdmissionRefusedError():
+            return 403
+        case CallbackTokenError():
+            return 401
+        case TurnNotRunningError():
+            return 409
+        case StaleEpochError() | PauseAnsweredError() | RequestConflictError():
+            return 409
+        case StoreUnavailableError():
+            return 503
+        case ConfigurationError():
+            return 400
+        case _:
+            return 500
+
+
+def problem_response(
+    status: int,
+    code: str,
+    detail: str,
+    *,
+    headers: Mapping[str, str] | None = None,
+    **extra: Any,
+) -> JSONResponse:
+    """A problem+json response."""
+    body = Problem(
+        type=f"{DOCS_URL}#{code}",
+        title=code.replace("-", " ").replace("_", " "),
+        status=status,
+        detail=detail,
+        code=code,
+        **extra,
+    )
+    return JSONResponse(
+        body.model_dump(), status_code=status, media_type=MEDIA_TYPE, headers=headers
+    )
+
+
+def turnkit_problem(exc: TurnkitError) -> JSONResponse:
+    """The problem response for a turnkit error (a 503 asks the client to retry)."""
+    status = status_for(exc)
+    headers = {"Retry-After": str(RETRY_AFTER_S)} if status == 503 else None
+    return problem_response(status, exc.code, exc.message, headers=headers)
+
+
+class ProblemRoute(APIRoute):
+    """A route that answers turnkit's errors with problem bodies in any app.
+
+    An app with `install_problem_handlers` (or its own handler for the error) answers
+    them itself; in one without, a turnkit error would otherwise be a bare 500. The
+    first such answer logs a warning that names the missing call.
+    """
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        """The route's handler, its turnkit errors answered as problems."""
+        handler = super().get_route_handler()
+
+        async def answer(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except TurnkitError as exc:
+                if _handled_by_app(request, exc):
+                    raise
+                _warn_once(exc)
+                return turnkit_problem(exc)
+
+        return answer
+
+
+def _handled_by_app(request: Request, exc: Exception) -> bool:
+    handlers: Mapping[Any, Any] = getattr(request.app, "exception_handlers", {})
+    return any(kind in handlers for kind in type(exc).__mro__)
+
+
+_warned: list[bool] = []
+
+
+def _warn_once(exc: TurnkitError) -> None:
+    if not _warned:
+        _warned.append(True)
+        log.warning(
+            "answered %s with a problem body, but the app has no problem handlers: call "
+            "turnkit.http.install_problem_handlers(app) so that validation and HTTP errors "
+            "are problem bodies too",
+            exc.code,
+        )
