@@ -263,12 +263,12 @@ class RuntimeCore:
         running after its turn is cancelled (the session keeps its first name). Its
         methods then raise `ConfigurationError` until it is opened again.
         """
-        self._closed = True
         if self._recovery is not None:
             stop, task, _ = self._recovery
             self._recovery = None
             stop.set()
             await asyncio.gather(task, return_exceptions=True)
+        self._closed = True  # (after its own recovery loop, which may still be sweeping)
         await self.host.close()
         await self._aftermath.close()
         if self._close_checkpointer is not None:
