@@ -420,9 +420,10 @@ async def _open_postgres_checkpointer(
 
     from turnkit.graph._postgres_saver import AsyncPgSaver, prepare_connection
     from turnkit.store._asyncpg_pool import close_pool, keep_session
+    from turnkit.store._engine_pg import asyncpg_dsn
     from turnkit.store.sql import database_refused
 
-    dsn = "postgresql://" + database_url.split("://", 1)[1]
+    dsn, timeout = asyncpg_dsn(database_url)
     settings = {"search_path": schema} if schema else None
     unreachable = (OSError, TimeoutError, asyncpg.PostgresConnectionError,
                    asyncpg.CannotConnectNowError, asyncpg.InterfaceError)  # fmt: skip
@@ -434,7 +435,7 @@ async def _open_postgres_checkpointer(
             server_settings=settings,
             init=prepare_connection,
             reset=keep_session,
-            timeout=10,
+            timeout=timeout,
         )
     except unreachable as exc:
         raise StoreUnavailableError(
@@ -442,7 +443,7 @@ async def _open_postgres_checkpointer(
         ) from exc
     saver = AsyncPgSaver(pool)
     try:
-        lock = await asyncpg.connect(dsn, server_settings=settings, timeout=10)
+        lock = await asyncpg.connect(dsn, server_settings=settings, timeout=timeout)
         try:
             await _take_setup_lock(lock)
             try:

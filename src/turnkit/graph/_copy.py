@@ -70,10 +70,11 @@ async def open_checkpoint_reader(
     import asyncpg
 
     from turnkit.graph._postgres_saver import AsyncPgSaver, prepare_connection
+    from turnkit.store._engine_pg import asyncpg_dsn
 
-    dsn = "postgresql://" + database_url.split("://", 1)[1]
+    dsn, timeout = asyncpg_dsn(database_url)
     settings = {"search_path": schema} if schema else None
-    conn = await asyncpg.connect(dsn, server_settings=settings, timeout=10)
+    conn = await asyncpg.connect(dsn, server_settings=settings, timeout=timeout)
     try:
         await prepare_connection(conn)
         async with conn.transaction(isolation="repeatable_read", readonly=True):

@@ -28,7 +28,13 @@ from turnkit.clock import Clock, SystemClock
 from turnkit.errors import ConfigurationError, StoreError
 from turnkit.store import _sqlite as sqlite_conn
 from turnkit.store._commit_sql import HotStatements
-from turnkit.store._engine_pg import PgConnections, first_line, is_unreachable, unstorable_text
+from turnkit.store._engine_pg import (
+    PgConnections,
+    first_line,
+    is_unreachable,
+    shown_url,
+    unstorable_text,
+)
 from turnkit.store._folds import WalFolds
 from turnkit.store._group_commit import GroupCommit
 from turnkit.store.migrate import current_revision, upgrade
@@ -106,7 +112,7 @@ class SqlEngine(PgConnections):
             self._open_async_engine()
             self._insert = postgresql.insert
         else:
-            raise StoreError(f"SqlStore supports SQLite and PostgreSQL, not {url!r}")
+            raise StoreError(f"SqlStore supports SQLite and PostgreSQL, not {shown_url(url)!r}")
         self._hot = HotStatements(self._insert)
 
     @property

@@ -26,7 +26,13 @@ from sqlalchemy.exc import (
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from turnkit.clock import Clock
-from turnkit.errors import InvalidInputError, StoreError, StoreUnavailableError, missing_extra
+from turnkit.errors import (
+    ConfigurationError,
+    InvalidInputError,
+    StoreError,
+    StoreUnavailableError,
+    missing_extra,
+)
 from turnkit.store._asyncpg_pool import close_pool, keep_session
 from turnkit.store._listen_pg import WorkListener
 
@@ -40,6 +46,7 @@ __all__ = (
     "UNREACHABLE_DRIVER_ERRORS",
     "PgConnections",
     "Retirements",
+    "asyncpg_dsn",
     "drop_if_closed",
     "first_line",
     "shown_url",
@@ -105,6 +112,8 @@ class PgConnections:
 
     def __init__(self) -> None:
         self._async_engine: AsyncEngine | None = None
+        self._timeout = CONNECT_TIMEOUT_S
+        """How long a new connection may take (the URL's `connect_timeout`)."""
         self._driver_pool: asyncpg.Pool | None = None
         """PostgreSQL's hot statements, on asyncpg outside SQLAlchemy (`_pg_driver`)."""
         self._driver_pool_lock = asyncio.Lock()
@@ -119,17 +128,21 @@ class PgConnections:
     def _open_async_engine(self) -> None:
         """SQLAlchemy's async engine for `url`, its tables in `schema` when one is given."""
         try:
-            import asyncpg  # noqa: F401 - the `postgres` extra
+            import asyncpg  # the `postgres` extra
         except ImportError as exc:
             raise missing_extra("A PostgreSQL database", "postgres", exc) from exc
-        connect_args: dict[str, Any] = {}
-        if self.schema is not None:
-            connect_args["server_settings"] = {"search_path": self.schema}
+        dsn, settings = self._asyncpg_dsn()
+
+        async def connect() -> Any:
+            # asyncpg reads the URL's libpq options (`sslmode`, `application_name` …) from
+            # the DSN; SQLAlchemy's dialect would pass them on as keywords it refuses.
+            return await asyncpg.connect(dsn, server_settings=settings, timeout=self._timeout)
+
         self._async_engine = create_async_engine(
-            self.url,
+            make_url(self.url).set(query={}),
+            async_creator=connect,
             pool_size=10,
             max_overflow=10,
-            connect_args=connect_args,
             # Every use is `begin()`, which ends its own transaction: no ROLLBACK on
             # return. A closed connection is caught at checkout (`drop_if_closed`).
             pool_reset_on_return=None,
@@ -216,9 +229,9 @@ class PgConnections:
 
     def _asyncpg_dsn(self) -> tuple[str, dict[str, str] | None]:
         """The URL and server settings for a plain asyncpg connection to this database."""
-        url = make_url(self.url).set(drivername="postgresql")
+        dsn, self._timeout = asyncpg_dsn(self.url)
         settings = {"search_path": self.schema} if self.schema is not None else None
-        return url.render_as_string(hide_password=False), settings
+        return dsn, settings
 
     async def _open_driver_pool(self) -> asyncpg.Pool:
         """The asyncpg pool for `_pg_driver`, opened on first use (no connection yet).
@@ -238,7 +251,7 @@ class PgConnections:
                     max_size=DRIVER_POOL_SIZE,
                     server_settings=settings,
                     reset=keep_session,
-                    timeout=CONNECT_TIMEOUT_S,
+                    timeout=self._timeout,
                 )
             return self._driver_pool
 
@@ -260,6 +273,34 @@ class PgConnections:
         if self._async_engine is not None:
             engine_a, self._async_engine = self._async_engine, None
             await engine_a.dispose()
+
+
+def asyncpg_dsn(url: str) -> tuple[str, float]:
+    """A plain asyncpg DSN for a `postgresql://` URL, and the timeout to connect with.
+
+    asyncpg reads libpq's query options itself (`sslmode`, `sslrootcert`,
+    `application_name`, `target_session_attrs` …) but would send `connect_timeout` to the
+    server as a setting it does not know: it becomes the timeout (default
+    `CONNECT_TIMEOUT_S`).
+
+    Raises:
+        ConfigurationError: `connect_timeout` is not a positive number of seconds.
+    """
+    parsed = make_url(url).set(drivername="postgresql")
+    query = dict(parsed.query)
+    raw = query.pop("connect_timeout", None)
+    timeout = CONNECT_TIMEOUT_S
+    if raw is not None:
+        given = raw if isinstance(raw, str) else raw[-1]
+        try:
+            timeout = float(given)
+        except ValueError:
+            timeout = 0.0
+        if not 0 < timeout < float("inf"):
+            raise ConfigurationError(
+                f"connect_timeout={given!r} in the database URL is not a positive number of seconds"
+            )
+    return parsed.set(query=query).render_as_string(hide_password=False), timeout
 
 
 def shown_url(url: str) -> str:
