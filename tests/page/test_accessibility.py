@@ -416,3 +416,30 @@ def test_a_screen_reader_can_tell_turns_speakers_and_directions(page: Page, tmp_
         expect(bubble).to_have_css("border-top-style", "solid")
         expect(bubble).to_have_css("border-top-width", "1px")
     model.assert_complete()
+
+
+_REORDER = """async () => {
+  const { placeAfter } = await import(new URL("page/turn_view.js", document.baseURI).href);
+  const list = document.createElement("ul");
+  const items = ["older", "newer"].map((name) => {
+    const item = document.createElement("li");
+    item.append(Object.assign(document.createElement("button"), { textContent: name }));
+    list.append(item);
+    return item;
+  });
+  document.body.append(list);
+  const button = items[1].firstChild;
+  button.focus();
+  placeAfter(list, items[1], null);  // the list's refresh moves "newer" to the top
+  const kept = document.activeElement === button && list.firstChild === items[1];
+  list.remove();
+  return kept;
+}"""
+
+
+def test_a_list_that_reorders_keeps_the_focus_of_what_it_moves(page: Page, tmp_path: Path) -> None:
+    # The sessions list reorders when a chat gets a name or a message; a session button that
+    # moved lost focus, and the Enter pressed on it next went nowhere.
+    with serve_page(tmp_path, Agent(model=ScriptedModel([]))) as app:
+        page.goto(app.url)
+        assert page.evaluate(_REORDER)

@@ -258,7 +258,13 @@ export function setText(node, text) {
 
 export function placeAfter(parent, node, previous) {
   const want = previous ? previous.nextSibling : parent.firstChild;
-  if (want !== node) parent.insertBefore(node, want);
+  if (want === node) return;
+  // Moving a node takes focus from whatever it holds (the browser blurs it): give it back,
+  // or a session button someone is about to press loses the key when the list reorders.
+  const focused = document.activeElement;
+  const holds = focused && focused !== document.body && node.contains(focused);
+  parent.insertBefore(node, want);
+  if (holds && document.activeElement !== focused) focused.focus({ preventScroll: true });
 }
 
 /** A finished call's duration; a running call's time so far, ticking (see `tick`). */
