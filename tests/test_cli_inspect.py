@@ -191,6 +191,21 @@ def test_reading_commands_never_migrate_the_schema(
     assert code == 1
     assert out.startswith("schema: 9999 (this turnkit: ")
     assert "written by a newer turnkit" in out
+    for command in (["sessions"], ["turns", "--stuck"], ["db", "upgrade"], ["sweep"]):
+        assert _run(*command, url=url, schema=schema)[0] == 2, command  # nor migrates back
+        err = capsys.readouterr().err
+        assert err.startswith("turnkit: the database schema is at '9999', written by a newer "
+                              "turnkit (this one knows up to "), err  # fmt: skip
+        assert err.count("\n") == 1
+    flags = ["--database-url", url, *(["--database-schema", schema] if schema else [])]
+    serving = subprocess.run(
+        [sys.executable, "-m", "turnkit.cli", "serve", "--port", "0", *flags],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert serving.returncode == 2  # before it serves, not a failed startup's traceback
+    assert serving.stderr.startswith("turnkit: the database schema is at '9999', written by")
+    assert serving.stderr.count("\n") == 1, serving.stderr
+    assert _revision(url, schema) == "9999"
     _set_revision(url, schema, head_revision())  # as `turnkit db upgrade` leaves it
     assert _run("sessions", url=url, schema=schema)[0] == 0
     assert _run("db", "current", url=url, schema=schema)[1].endswith("): up to date\n")

@@ -54,7 +54,7 @@ from turnkit.runtime import SessionRuntime
 from turnkit.runtime._validate import check_session_id
 from turnkit.runtime.budget_pauses import resume_budget_pauses
 from turnkit.runtime.worker import Worker
-from turnkit.store.migrate import head_revision
+from turnkit.store.migrate import head_revision, is_newer, newer_schema
 from turnkit.store.sql import SqlStore, shown_url
 
 __all__ = ("main",)
@@ -432,7 +432,9 @@ async def _serving(args: argparse.Namespace, out: TextIO) -> int:
     # failed lifespan's traceback after "serving on".
     store = SqlStore.from_url(args.database_url, schema=args.database_schema)
     try:
-        await store.schema_revision()
+        revision = await store.schema_revision()
+        if revision is not None and is_newer(revision):  # a rollback: its lifespan would fail
+            raise newer_schema(revision)
     finally:
         await store.close()
     await _check_replay(os.environ.get("TURNKIT_REDIS_URL"))

@@ -30,7 +30,7 @@ from turnkit.events import (
 )
 from turnkit.ids import SessionId, TurnId
 from turnkit.store import TurnRecord, decode_events
-from turnkit.store.migrate import head_revision
+from turnkit.store.migrate import head_revision, is_newer, newer_schema
 from turnkit.store.sql import SqlStore, shown_url
 
 __all__ = (
@@ -155,6 +155,8 @@ async def existing_store(url: str, schema: str | None) -> AsyncIterator[SqlStore
     try:
         await existing_database(url, schema, store)
         revision = await store.schema_revision()
+        if revision is not None and is_newer(revision):
+            raise newer_schema(revision)
         if revision != head_revision():
             raise StoreError(
                 f"the database schema is at {revision!r}, this turnkit reads "

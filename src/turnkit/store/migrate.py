@@ -8,9 +8,12 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from alembic.util.exc import CommandError
 from sqlalchemy import Connection
 
-__all__ = ("current_revision", "head_revision", "upgrade")
+from turnkit.errors import StoreError
+
+__all__ = ("current_revision", "head_revision", "is_newer", "newer_schema", "upgrade")
 
 _SCRIPTS = Path(__file__).parent / "migrations"
 
@@ -24,8 +27,33 @@ def _config(connection: Connection | None = None) -> Config:
 
 
 def upgrade(connection: Connection, revision: str = "head") -> None:
-    """Bring the schema on `connection` up to `revision` (inside its transaction)."""
+    """Bring the schema on `connection` up to `revision` (inside its transaction).
+
+    Raises:
+        StoreError: the schema was written by a newer turnkit (a rollback): nothing is
+            changed, and this turnkit cannot use it.
+    """
+    current = current_revision(connection)
+    if current is not None and is_newer(current):
+        raise newer_schema(current)
     command.upgrade(_config(connection), revision)
+
+
+def is_newer(revision: str) -> bool:
+    """Whether `revision` is one this turnkit does not ship: a newer turnkit wrote it."""
+    try:
+        return ScriptDirectory.from_config(_config()).get_revision(revision) is None
+    except CommandError:
+        return True
+
+
+def newer_schema(revision: str) -> StoreError:
+    """The error for a schema a newer turnkit wrote (this one cannot read or upgrade it)."""
+    return StoreError(
+        f"the database schema is at {revision!r}, written by a newer turnkit (this one "
+        f"knows up to {head_revision()!r}): run that turnkit, or downgrade the schema with it",
+        revision=revision,
+    )
 
 
 def current_revision(connection: Connection) -> str | None:
