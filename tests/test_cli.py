@@ -939,3 +939,15 @@ def test_a_number_the_environment_gets_wrong_is_refused_by_name() -> None:
     for name in ("TURNKIT_IDLE_WINDOW_S", "TURNKIT_LEASE_TTL_S"):  # every turn would end
         with pytest.raises(ConfigurationError, match=f"{name}='0.001' is below 1 s"):
             runtime_from_env({name: "0.001"})
+
+
+def test_run_read_by_a_reader_that_stops_early_ends_without_a_traceback(tmp_path: Path) -> None:
+    """`turnkit run … | head -1`: exit 141 and nothing on stderr, as a shell tool does."""
+    url = f"sqlite:///{tmp_path / 'pipe.db'}"
+    for lines in (1, 3):
+        done = subprocess.run(
+            f"{sys.executable} -m turnkit.cli run 'What is (12 + 3) * 7?' --database-url {url}"
+            f" | head -{lines} > /dev/null; exit ${{PIPESTATUS[0]}}",
+            shell=True, executable="/bin/bash", capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert (done.returncode, done.stderr) == (141, ""), done.stderr

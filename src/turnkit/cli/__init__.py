@@ -91,10 +91,13 @@ async def _run(args: argparse.Namespace, out: TextIO) -> int:
             model=model,
             settings=settings if settings != ModelSettings() else None,
         )
-        async for event in events:
-            printer.show(event)
-            if isinstance(event, DoneEvent):
-                status = event.status
+        # Closed here even when printing fails (`| head`): the turn stops before the runtime
+        # closes, not in asyncio's shutdown with the runtime gone.
+        async with contextlib.aclosing(events):
+            async for event in events:
+                printer.show(event)
+                if isinstance(event, DoneEvent):
+                    status = event.status
         await runtime.wait_background()  # a new session's name, asked after its first turn
     return 0 if status == "succeeded" else 1
 
