@@ -951,3 +951,31 @@ def test_run_read_by_a_reader_that_stops_early_ends_without_a_traceback(tmp_path
             shell=True, executable="/bin/bash", capture_output=True, text=True, timeout=120,
         )  # fmt: skip
         assert (done.returncode, done.stderr) == (141, ""), done.stderr
+
+
+@pytest.mark.parametrize(
+    ("agent", "shown", "answer"),
+    [
+        ("approving", "⏸ waits for approval: delete_file(path='/tmp/x.txt') · request ",
+         "/approvals/"),
+        ("asking", "? asks: Which unit? [EUR / USD] · request ", "/clarifications/"),
+    ],
+)  # fmt: skip
+def test_run_says_what_a_paused_turn_waits_for_and_where_to_answer(
+    tmp_path: Path, agent: str, shown: str, answer: str
+) -> None:
+    url = f"sqlite:///{tmp_path / 'paused.db'}"
+    out = io.StringIO()
+    code = main(["run", "please", "--agent", f"tests.support.asking_agent:{agent}",
+                 "--database-url", url], out=out)  # fmt: skip
+    text = out.getvalue()
+    assert code == 1, text
+    assert shown in text
+    [last] = text.splitlines()[-1:]
+    assert last.startswith("⏸ turn turn_")
+    assert "waits for an answer, which `turnkit run` cannot give" in last
+    assert answer in last
+    printed = io.StringIO()  # the stored log shows it the same way
+    turn_id = last.split()[2]
+    assert main(["events", turn_id, "--database-url", url], out=printed) == 0
+    assert shown in printed.getvalue()

@@ -45,7 +45,13 @@ from turnkit.errors import (
     StoreUnavailableError,
     TurnkitError,
 )
-from turnkit.events import DoneEvent
+from turnkit.events import (
+    ApprovalRequestedEvent,
+    BudgetPausedEvent,
+    ClarificationRequestedEvent,
+    DoneEvent,
+    DurableEvent,
+)
 from turnkit.ids import TurnId, uuid7
 from turnkit.models import ModelClient, ModelSettings
 from turnkit.models.litellm import ModelEndpoint
@@ -93,13 +99,37 @@ async def _run(args: argparse.Namespace, out: TextIO) -> int:
         )
         # Closed here even when printing fails (`| head`): the turn stops before the runtime
         # closes, not in asyncio's shutdown with the runtime gone.
+        paused: DurableEvent | None = None
         async with contextlib.aclosing(events):
             async for event in events:
                 printer.show(event)
                 if isinstance(event, DoneEvent):
                     status = event.status
+                elif isinstance(event, _PAUSES):
+                    paused = event
+        if paused is not None and status == "failed":  # the stream ended at the pause
+            out.write(_waiting(paused))
         await runtime.wait_background()  # a new session's name, asked after its first turn
     return 0 if status == "succeeded" else 1
+
+
+_PAUSES = (ApprovalRequestedEvent, ClarificationRequestedEvent, BudgetPausedEvent)
+
+
+def _waiting(event: DurableEvent) -> str:
+    """What a turn `turnkit run` leaves paused waits for, and where to answer it."""
+    turn = event.turn_id
+    if isinstance(event, BudgetPausedEvent):
+        return (
+            f"⏸ turn {turn} waits for a budget: it resumes by itself once the limit has room "
+            "(`turnkit budgets`); `turnkit turns` lists it\n"
+        )
+    kind = "approvals" if isinstance(event, ApprovalRequestedEvent) else "clarifications"
+    return (
+        f"⏸ turn {turn} waits for an answer, which `turnkit run` cannot give: answer it from "
+        "the chat page of `turnkit serve` on this database, or with POST "
+        f"/api/harness/turns/{turn}/{kind}/{getattr(event, 'request_id', '')}\n"
+    )
 
 
 def _ceiling(args: argparse.Namespace, idle: float) -> float:

@@ -14,6 +14,9 @@ from typing import TextIO
 
 from turnkit.errors import SessionNotFoundError, StoreError, TurnNotFoundError
 from turnkit.events import (
+    ApprovalRequestedEvent,
+    BudgetPausedEvent,
+    ClarificationRequestedEvent,
     DoneEvent,
     DurableEvent,
     EphemeralEvent,
@@ -87,6 +90,14 @@ class Printer:
                 self._line(f"    → {result.output!r}  ({ms:.1f} ms)")
             case ToolFailedEvent(result=result, code=code):
                 self._line(f"    ✗ {code}: {result.error}")
+            case ApprovalRequestedEvent(tool_name=name, arguments=arguments):
+                args = ", ".join(f"{k}={v!r}" for k, v in arguments.items())
+                self._line(f"  ⏸ waits for approval: {name}({args}) · request {event.request_id}")
+            case ClarificationRequestedEvent(question=question, choices=choices):
+                offered = f" [{' / '.join(choices)}]" if choices else ""
+                self._line(f"  ? asks: {question}{offered} · request {event.request_id}")
+            case BudgetPausedEvent(reason=reason):
+                self._line(f"  ⏸ paused for a budget: {reason}")
             case ProviderCascadeEvent():
                 nxt = f"trying {event.to_model}" if event.to_model else "no other model to try"
                 self._line(f"  ↷ {event.from_model} failed ({event.reason}); {nxt}")
