@@ -926,6 +926,10 @@ def test_a_yes_no_setting_or_a_redis_url_the_environment_gets_wrong_is_refused()
     with pytest.raises(ConfigurationError, match="the Redis URL 'http://app:\\*\\*\\*@x'") as bad:
         runtime_from_env({"TURNKIT_REDIS_URL": "http://app:secret@x"})
     assert "secret" not in str(bad.value)
+    # redis-py would take a database it cannot read as db 0: another app's, on a shared Redis.
+    with pytest.raises(ConfigurationError, match="its database 'abc' is not a number"):
+        runtime_from_env({"TURNKIT_REDIS_URL": "redis://:secret@127.0.0.1:6379/abc"})
+    assert runtime_from_env({"TURNKIT_REDIS_URL": "redis://127.0.0.1:6379/3"}).replay
 
 
 def test_a_number_the_environment_gets_wrong_is_refused_by_name() -> None:

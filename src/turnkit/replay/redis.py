@@ -12,6 +12,7 @@ import re
 import time
 from collections.abc import Sequence
 from typing import Any, Self
+from urllib.parse import urlsplit
 
 from turnkit.errors import ConfigurationError, missing_extra
 from turnkit.ids import TurnId
@@ -58,10 +59,17 @@ class RedisReplayBuffer:
         Raises:
             ConfigurationError: `url` is not a Redis URL.
         """
+        shown = re.sub(r"(://[^/@]*?:)[^/@]*@", r"\1***@", url)  # no password in logs
+        path = urlsplit(url).path.strip("/")
+        if url.startswith(("redis://", "rediss://")) and path and not path.isdigit():
+            # redis-py ignores a database it cannot read and takes db 0: someone else's.
+            raise ConfigurationError(
+                f"the Redis URL {shown!r} cannot be used: its database {path!r} is not a "
+                "number (redis://host:port/0)"
+            )
         try:
             client = aioredis.Redis.from_url(url, decode_responses=False)
         except ValueError as exc:  # a scheme redis-py does not know, a bad port or db
-            shown = re.sub(r"(://[^/@]*?:)[^/@]*@", r"\1***@", url)  # no password in logs
             raise ConfigurationError(f"the Redis URL {shown!r} cannot be used: {exc}") from None
         return cls(client, settings=settings, prefix=prefix, owns_client=True)
 
