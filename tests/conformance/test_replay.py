@@ -405,8 +405,9 @@ async def test_an_outage_of_the_buffer_is_one_warning_and_its_end_another(
             if down[0]:
                 raise ConnectionError("Error 111 connecting to 127.0.0.1:6390. Connection refused.")
 
-        async def release(self, turn_id: TurnId) -> None:
-            return None
+        async def release(self, turn_id: TurnId) -> None:  # after each turn: it fails too
+            if down[0]:
+                raise ConnectionError("Error 111 connecting to 127.0.0.1:6390. Connection refused.")
 
     flaky, now = cast(ReplayBuffer, Flaky()), datetime.now(UTC)
 

@@ -91,8 +91,10 @@ class BufferPublisher:
             return
         try:
             await self.buffer.release(self.turn_id)
-        except Exception:  # noqa: BLE001 - the entries then expire with their TTL
-            log.warning("releasing the buffered events of %s failed", self.turn_id)
+        except Exception as exc:  # noqa: BLE001 - the entries then expire with their TTL
+            _outages.failed(self.buffer, exc)  # an outage says so once, as publishing does
+        else:
+            _outages.worked(self.buffer)
 
     async def wait(self) -> None:
         """Return once everything up to the end marker is published."""
