@@ -589,3 +589,30 @@ def test_an_idle_event_source_gets_no_events_and_no_errors(page: Page, tmp_path:
         assert idle == [{"messages": replayed, "errors": 0}, 1]
         expect(page.locator("article.turn .meta")).not_to_contain_text("reconnecting")
         page.evaluate("window.idleSource.close()")
+
+
+def test_a_failed_turn_is_sent_again_with_retry(page: Page, tmp_path: Path) -> None:
+    from turnkit import ProviderError
+
+    down = ProviderError("the provider is down", status_code=503)
+    model = ScriptedModel([ModelStep.fail(down), ModelStep.text_reply("Back: 42.")])
+    agent = Agent(model=model, skip_stages=frozenset({"anchor-plan"}))
+    with serve_page(tmp_path, agent) as app:
+        page.goto(app.url)
+        send(page, "What is six times seven?")
+        failed = page.locator("article.turn").first
+        expect(failed).to_have_attribute("data-status", "failed")
+        again = failed.get_by_role("button", name="Retry")
+        expect(again).to_be_visible()
+        again.click()
+        turns = page.locator("article.turn")
+        expect(turns).to_have_count(2)
+        expect(turns.last.locator(".block.user .text")).to_have_text("What is six times seven?")
+        expect(turns.last.locator(".block.text.answer .text")).to_have_text("Back: 42.")
+        expect(turns.last).to_have_attribute("data-status", "succeeded")
+        expect(turns.last.get_by_role("button", name="Retry")).to_have_count(0)
+        page.reload()  # the same, drawn from history
+        expect(page.locator("article.turn")).to_have_count(2)
+        expect(
+            page.locator("article.turn").first.get_by_role("button", name="Retry")
+        ).to_be_visible()

@@ -45,15 +45,27 @@ export const clarify = (turnId, requestId, answer) =>
  * with the same `requestId`, which names the first turn again instead of starting a
  * second one.
  */
-export async function execute(sessionId, body) {
+export function execute(sessionId, body) {
+  return startTurn(`/sessions/${seg(sessionId)}/execute`, {
+    headers: { "Content-Type": "application/json" },
+    body: JSON.stringify(body),
+  });
+}
+
+/** Send a failed turn's message again as a new turn (its id); `key` makes it once only. */
+export function retry(turnId, key) {
+  return startTurn(`/turns/${seg(turnId)}/retry`, { headers: { "Idempotency-Key": key } });
+}
+
+async function startTurn(path, { headers, body }) {
   let lastError = null;
   for (let attempt = 0; attempt < 3; attempt += 1) {
     const controller = new AbortController();
     try {
-      const res = await fetch(`${API}/sessions/${seg(sessionId)}/execute`, {
+      const res = await fetch(`${API}${path}`, {
         method: "POST",
-        headers: { "Content-Type": "application/json", Accept: "text/event-stream" },
-        body: JSON.stringify(body),
+        headers: { ...headers, Accept: "text/event-stream" },
+        body,
         cache: "no-store",
         signal: controller.signal,
       });

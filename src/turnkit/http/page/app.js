@@ -283,6 +283,28 @@ async function decide(turnId, requestId, answer) {
   follow(turnId); // the same turn goes on, on the stream that is still open (if it closed: again)
 }
 
+/** Send a failed turn's message again: a new turn, followed like a message just sent. */
+async function retry(turnId) {
+  const failed = ui.state.turns[turnId];
+  const key = `retry:${turnId}`;
+  if (!failed || ui.busy.has(key)) return;
+  const sessionId = ui.sessionId;
+  ui.busy.add(key);
+  schedule();
+  try {
+    const next = await api.retry(turnId, api.requestId());
+    if (ui.sessionId !== sessionId || !next) return;
+    update((s) => withOpening(withTurn(s, next), next, failed.opening ?? ""));
+    ui.notice = "";
+    followLive(sessionId);
+  } catch (err) {
+    say(reason(err));
+  } finally {
+    ui.busy.delete(key);
+    schedule();
+  }
+}
+
 function say(text) {
   ui.notice = text;
   schedule();
@@ -483,6 +505,8 @@ function bind() {
   });
   const turns = $("#turns");
   turns.addEventListener("click", (event) => {
+    const again = event.target.closest("[data-retry]");
+    if (again) return retry(again.dataset.retry);
     const button = event.target.closest("[data-decision], [data-choice]");
     if (!button) return;
     const turnId = button.closest("[data-turn-id]").dataset.turnId;

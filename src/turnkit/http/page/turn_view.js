@@ -15,6 +15,7 @@ export function newTurnElement(turnId) {
     el("div", { class: "blocks" }),
     el("div", { class: "decision" }),
     el("footer", { class: "meta" }),
+    el("div", { class: "turn-actions" }),
   );
   node.blockNodes = new Map();
   return node;
@@ -46,6 +47,18 @@ export function drawTurn(node, turn, page) {
   }
   drawDecision(node.querySelector(".decision"), turn, page);
   setText(node.querySelector(".meta"), metaOf(turn));
+  drawActions(node.querySelector(".turn-actions"), turn, page);
+}
+
+/** A turn that failed or timed out offers to send its message again (a new turn). */
+function drawActions(box, turn, page) {
+  const retryable = isEnded(turn) && (turn.status === "failed" || turn.status === "timed_out");
+  if (!retryable) {
+    if (box.firstChild) box.replaceChildren();
+    return;
+  }
+  if (!box.firstChild) box.append(el("button", { type: "button", "data-retry": turn.turnId }, "Retry"));
+  box.firstChild.disabled = page.busy.has(`retry:${turn.turnId}`);
 }
 
 function newBlockElement(kind) {
