@@ -445,11 +445,17 @@ def test_a_refused_first_message_leaves_no_empty_chat(page: Page, tmp_path: Path
 
 
 def test_a_link_to_no_session_says_so_in_words(page: Page, tmp_path: Path) -> None:
-    with serve_page(tmp_path, Agent(model=ScriptedModel([]))) as app:
-        for bad in ("bad%20id%20%3Cx%3E", "never-seen"):
+    model = ScriptedModel([ModelStep.text_reply("Hello.")])
+    with serve_page(tmp_path, Agent(model=model, skip_stages=frozenset({"anchor-plan"}))) as app:
+        for bad in ("never-seen", "bad%20id%20%3Cx%3E"):
             page.goto(f"{app.url}#session={bad}")
             expect(page.locator("#notice")).to_contain_text("There is no chat")
             expect(page.locator("#notice")).not_to_contain_text("pattern")
+        # A message after a mangled link starts a new chat, not a validator's complaint.
+        send(page, "hi")
+        expect(page.locator(".block.text.answer .text")).to_have_text("Hello.")
+        expect(page.locator("#notice")).to_have_text("")
+        assert "bad%20id" not in page.url
 
 
 def test_back_returns_to_the_session_the_person_left(page: Page, tmp_path: Path) -> None:

@@ -121,6 +121,11 @@ async function openSession(sessionId, { push = false } = {}) {
     turns = await api.history(sessionId);
   } catch (err) {
     const missing = err instanceof api.ProblemError && (err.status === 404 || err.status === 422);
+    if (missing && err.status === 422 && ui.sessionId === sessionId) {
+      // Not a session id at all (a mangled link): a message starts a new chat, not an error.
+      ui.sessionId = null;
+      history.replaceState(null, "", location.pathname + location.search);
+    }
     return say(missing ? `There is no chat "${sessionId}" here; start a new one or pick one.` : reason(err));
   }
   if (ui.sessionId !== sessionId) return;
