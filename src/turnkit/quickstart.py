@@ -244,7 +244,7 @@ def create_app(
     if allowed_hosts is not None:
         application.add_middleware(TrustedHosts, hosts=allowed_hosts)
 
-    @application.get("/", include_in_schema=False)
+    @application.api_route("/", methods=["GET", "HEAD"], include_in_schema=False)
     async def chat_page() -> FileResponse:
         return FileResponse(_PAGE / "index.html", headers=_PAGE_HEADERS)
 

@@ -109,3 +109,12 @@ async def test_no_other_site_may_frame_the_page(runtime: SessionRuntime) -> None
             page = await http.get(path)
             assert page.headers["x-frame-options"] == "DENY", path
             assert page.headers["content-security-policy"] == "frame-ancestors 'none'", path
+
+
+async def test_the_chat_page_answers_head_as_get(runtime: SessionRuntime) -> None:
+    """Uptime checks and link previews ask with HEAD: the page is there, not 405."""
+    async with _client(create_app(runtime)) as http:
+        got, head = await http.get("/"), await http.head("/")
+    assert (got.status_code, head.status_code) == (200, 200)
+    assert head.headers["content-type"] == got.headers["content-type"]
+    assert head.content == b""
