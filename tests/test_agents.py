@@ -35,6 +35,7 @@ from turnkit.events import (
 from turnkit.models import ModelSettings
 from turnkit.runtime.agents import AgentCatalog, AgentData, ToolAccessRequest
 from turnkit.runtime.worker import Worker
+from turnkit.testing import ModelStep, ScriptedModel, call
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -87,6 +88,55 @@ async def test_a_per_message_agent_survives_a_pause_approved_in_another_runtime(
     assert done.status == "succeeded"
     # The special model answered, with the tool's view of the caller (not the default model).
     assert _answer(rest) == "special-model: ada at tenant-of-ada"
+
+
+async def test_a_turn_paused_under_an_older_turnkit_resumes_after_the_upgrade(
+    tmp_path: Path,
+) -> None:
+    """Tools' own approval policies joined the version in a later turnkit: a turn pinned to
+    the version the same bundle had before still resumes with it."""
+    import sqlite3
+
+    model = ScriptedModel([ModelStep.tool_call_reply(call("_pay", to="bo")),
+                           ModelStep.text_reply("Paid.")])  # fmt: skip
+    asking = Agent(model=model, tools=[tool(_pay, approval="always")],
+                   skip_stages=frozenset({"anchor-plan"}))  # fmt: skip
+    [earlier] = asking.earlier_versions
+    assert earlier != asking.version
+    runtime = agents_host.runtime(_url(tmp_path))
+    runtime.agents.add(asking)
+    async with runtime:
+        events = [e async for e in runtime.execute_message("s1", "pay bo", agent=asking)]
+        paused = events[-1]
+        assert isinstance(paused, ApprovalRequestedEvent)
+    with sqlite3.connect(tmp_path / "agents.db") as db:  # as the older turnkit pinned it
+        [(pinned,)] = db.execute("SELECT pinned FROM tk_turns").fetchall()
+        db.execute("UPDATE tk_turns SET pinned = ?", (pinned.replace(asking.version, earlier),))
+    upgraded = agents_host.runtime(_url(tmp_path))
+    upgraded.agents.add(asking)
+    async with upgraded:
+        assert (await upgraded.turn(paused.turn_id)).pinned["agent_version"] == earlier
+        await upgraded.resume(paused.turn_id, paused.request_id, Approve())
+        rest = await _until_done(upgraded, paused.turn_id)
+    assert rest[-1].status == "succeeded"  # type: ignore[union-attr]
+
+
+def test_a_policy_that_is_no_plain_function_has_one_version_in_every_process() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import functools; from tests.test_agents import _large, _pay, RuleModel;"
+        "from turnkit import Agent, tool;"
+        "print(Agent(model=RuleModel('m'), tools=[tool(_pay, approval=functools.partial(_large))],"
+        " approval=functools.partial(_large)).version)"
+    )
+    runs = {
+        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       check=True, cwd=Path(__file__).parent.parent).stdout
+        for _ in range(2)
+    }  # fmt: skip
+    assert len(runs) == 1, runs
 
 
 async def test_a_worker_drives_a_turn_started_elsewhere_with_its_pinned_agent(

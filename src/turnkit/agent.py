@@ -7,6 +7,7 @@ pinned to on every driver; creating, editing or dropping one deploys nothing.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 from collections.abc import Sequence
@@ -217,12 +218,22 @@ class Agent:
         """
         cached: str | None = self._version  # type: ignore[attr-defined]
         if cached is None:
-            canonical = json.dumps(self.describe(), sort_keys=True, separators=(",", ":"))
-            cached = hashlib.sha256(canonical.encode()).hexdigest()[:16]
+            cached = _hashed(self.describe())
             object.__setattr__(self, "_version", cached)
         return cached
 
-    def describe(self) -> dict[str, object]:
+    @property
+    def earlier_versions(self) -> tuple[str, ...]:
+        """Versions this same bundle had under an older turnkit, which turns may be pinned to.
+
+        Before tools' own approval policies counted, a bundle with such a tool hashed
+        without them: a turn paused then still resumes with this agent after the upgrade.
+        """
+        if all(getattr(t, "approval", None) is None for t in self.registry()):
+            return ()
+        return (_hashed(self.describe(tools_approval=False)),)
+
+    def describe(self, *, tools_approval: bool = True) -> dict[str, object]:
         """The bundle as plain JSON (what `version` hashes); functions by qualified name."""
         return {
             "name": self.name,
@@ -230,7 +241,7 @@ class Agent:
             "model": describe_model(self.model),
             "utility_model": describe_model(self.utility_model),
             "synthesis_model": describe_model(self.synthesis_model),
-            "tools": [_tool_version(t) for t in self.registry()],
+            "tools": [_tool_version(t, approval=tools_approval) for t in self.registry()],
             "effort": self.effort,
             "skip_stages": sorted(self.skip_stages),
             "synthesis": self.synthesis,
@@ -284,20 +295,34 @@ def describe_model(model: object) -> object:
     return out
 
 
-def _tool_version(tool: Tool) -> dict[str, object]:
+def _hashed(described: dict[str, object]) -> str:
+    canonical = json.dumps(described, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def _tool_version(tool: Tool, *, approval: bool = True) -> dict[str, object]:
     """A tool as the agent's version sees it; its own approval policy only when it has one."""
     spec = tool.spec()
     out: dict[str, object] = {
         "name": spec.name, "description": spec.description, "parameters": spec.parameters
     }  # fmt: skip
     policy = getattr(tool, "approval", None)
-    if policy is not None:  # a tool on the agent's policy keeps the version it had
+    if approval and policy is not None:  # a tool on the agent's policy keeps its version
         out["approval"] = policy if isinstance(policy, str) else _qualname(policy)
     return out
 
 
 def _qualname(fn: object) -> str:
-    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+    """A function by its qualified name, the same in every process.
+
+    A `functools.partial` names its function; any other callable object its class (their
+    `repr` holds a memory address, which would make a new version in every process).
+    """
+    if isinstance(fn, functools.partial):
+        return f"partial({_qualname(fn.func)})"
+    if not hasattr(fn, "__qualname__"):
+        fn = type(fn)
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', '?')}"
 
 
 def import_object(spec: str, named: str) -> object:

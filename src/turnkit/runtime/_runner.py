@@ -235,7 +235,7 @@ class TurnRunner:
         if (
             held is not None
             and held.name == pinned.agent
-            and pinned.version in (None, held.version)
+            and pinned.version in (None, held.version, *held.earlier_versions)
         ):
             base = held
         else:

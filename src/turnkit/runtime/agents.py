@@ -171,7 +171,10 @@ class AgentCatalog:
 
     def add(self, agent: Agent) -> None:
         """Host `agent` (it becomes its name's current version; older ones stay usable)."""
-        self._versions.setdefault(agent.name, {})[agent.version] = agent
+        versions = self._versions.setdefault(agent.name, {})
+        versions[agent.version] = agent
+        for earlier in agent.earlier_versions:  # turns pinned before an upgrade of turnkit
+            versions.setdefault(earlier, agent)
         self._current[agent.name] = agent
 
     async def get(self, name: str, version: str | None = None) -> Agent:
@@ -188,7 +191,7 @@ class AgentCatalog:
             agent = self._current.get(name)
         if agent is None:
             raise AgentNotFoundError(f"no agent named {name!r} on this host", agent=name)
-        if version is not None and agent.version != version:
+        if version is not None and version not in (agent.version, *agent.earlier_versions):
             raise AgentNotFoundError(
                 f"agent {name!r} is no longer at version {version} (the turn was pinned to "
                 f"it; the host now has {agent.version}): keep the old version registered "
