@@ -139,9 +139,13 @@ class ProblemRoute(APIRoute):
         return answer
 
 
-def _handled_by_app(request: Request, exc: Exception) -> bool:
+def _handled_by_app(request: Request, exc: TurnkitError) -> bool:
+    """Whether the app has a handler for turnkit's errors.
+
+    A catch-all for `Exception` answers 500 whatever the error, so it does not count.
+    """
     handlers: Mapping[Any, Any] = getattr(request.app, "exception_handlers", {})
-    return any(kind in handlers for kind in type(exc).__mro__)
+    return any(kind in handlers for kind in type(exc).__mro__ if issubclass(kind, TurnkitError))
 
 
 _warned: list[bool] = []

@@ -78,3 +78,21 @@ async def test_an_apps_own_handler_still_answers(tmp_path: Path) -> None:
         async with httpx.AsyncClient(transport=transport, base_url="http://app") as http:
             history = await http.get("/api/harness/sessions/nope/history")
     assert (history.status_code, history.text) == (410, "not here")
+
+
+async def test_a_catch_all_handler_does_not_turn_a_missing_session_into_a_500(
+    tmp_path: Path,
+) -> None:
+    runtime = _runtime(tmp_path)
+    app = FastAPI()
+
+    @app.exception_handler(Exception)
+    async def anything(_: Request, exc: Exception) -> PlainTextResponse:
+        return PlainTextResponse("oops", status_code=500)
+
+    app.include_router(create_turnkit_router(runtime))
+    async with runtime:
+        transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+        async with httpx.AsyncClient(transport=transport, base_url="http://app") as http:
+            history = await http.get("/api/harness/sessions/nope/history")
+    assert (history.status_code, history.json()["code"]) == (404, "session-not-found")

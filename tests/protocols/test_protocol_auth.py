@@ -89,7 +89,7 @@ async def test_a_principal_from_the_apps_auth_keeps_its_chats(tmp_path: Path) ->
 
 
 async def test_a_caller_the_protocol_routes_cannot_serve_is_told_so(tmp_path: Path) -> None:
-    runtime = _runtime(tmp_path)
+    runtime = _runtime(tmp_path, "Hello.")
 
     async def broken() -> object:
         return 42  # not a Principal, an id or None
@@ -104,6 +104,9 @@ async def test_a_caller_the_protocol_routes_cannot_serve_is_told_so(tmp_path: Pa
                 refused = await http.post("/api/chat", json=_chat("c1", "hi"), headers=headers)
                 assert refused.status_code == 403
                 assert "use /api/harness" in refused.json()["detail"]
+            named = {"x-user": "ada", "x-dept": "general"}  # the default department, by name
+            served = await http.post("/api/chat", json=_chat("c2", "hi"), headers=named)
+            assert served.status_code == 200, served.text
             anonymous = await http.post("/api/chat", json=_chat("c1", "hi"))
             assert anonymous.status_code == 401  # the app's own refusal
         transport = httpx.ASGITransport(app=_app(runtime, broken), raise_app_exceptions=False)

@@ -12,7 +12,12 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from turnkit.errors import missing_extra
-from turnkit.tenancy import DEFAULT_ORGANISATION, Principal, principal_from_auth
+from turnkit.tenancy import (
+    DEFAULT_DEPARTMENT,
+    DEFAULT_ORGANISATION,
+    Principal,
+    principal_from_auth,
+)
 
 try:
     from fastapi import Depends, HTTPException
@@ -20,6 +25,9 @@ except ImportError as exc:  # pragma: no cover - depends on the install
     raise missing_extra("The protocol routes", "fastapi", exc) from exc
 
 __all__ = ("AuthDependency", "CallerId", "anonymous", "caller_id")
+
+_DEFAULT = (None, DEFAULT_DEPARTMENT)
+"""A department the routes serve: none named, or the default one by its name."""
 
 CallerId = str | None
 """A caller as the protocol routes compare it: a principal id (None: anonymous)."""
@@ -41,7 +49,8 @@ def caller_id(auth: AuthDependency) -> Callable[..., Awaitable[CallerId]]:
         principal = principal_from_auth(found)
         if principal is None:
             return None
-        if principal.organisation != DEFAULT_ORGANISATION or principal.department is not None:
+        department = principal.department
+        if principal.organisation != DEFAULT_ORGANISATION or department not in _DEFAULT:
             raise HTTPException(
                 403,
                 "the AI SDK and AG-UI routes serve callers of the default organisation with "
