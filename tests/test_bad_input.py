@@ -21,6 +21,7 @@ from turnkit import (
     ModelCredentialsError,
     ModelFamily,
     ModelUnreachableError,
+    RuntimeClosedError,
     RuntimeConfig,
     SessionNotFoundError,
     SessionRuntime,
@@ -294,17 +295,24 @@ async def test_a_closed_runtime_refuses_work_until_it_is_opened_again(tmp_path: 
     await collect_events(runtime.execute_message("s1", "hi"))  # opens on first use
     await runtime.close()
     closed = "the runtime is closed"
-    with pytest.raises(ConfigurationError, match=closed):
+    with pytest.raises(RuntimeClosedError, match=closed):
         await collect_events(runtime.execute_message("s1", "again"))
-    with pytest.raises(ConfigurationError, match=closed):
+    with pytest.raises(RuntimeClosedError, match=closed):
         await runtime.submit("s1", "again")
-    with pytest.raises(ConfigurationError, match=closed):
+    with pytest.raises(RuntimeClosedError, match=closed):
         await runtime.history("s1")
     assert len(model.calls) == 1  # nothing ran, nothing reopened
     async with runtime:  # opened again on purpose
         events = await collect_events(runtime.execute_message("s1", "again"))
         assert events[-1].type == "done"
         assert len(await runtime.history("s1")) == 2
+    never_opened = SessionRuntime(
+        agent=Agent(model=ScriptedModel([ModelStep.text_reply("Later.")])),
+        config=RuntimeConfig(database_url=f"sqlite:///{tmp_path}/lazy.db"),
+    )
+    await never_opened.close()  # (a lifespan that only closes): it still opens on first use
+    assert (await collect_events(never_opened.execute_message("s1", "hi")))[-1].type == "done"
+    await never_opened.close()
 
 
 async def test_a_resolution_that_is_not_one_is_invalid_input(

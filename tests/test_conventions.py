@@ -143,6 +143,7 @@ def test_public_api_is_pinned() -> None:
         "ProviderError",
         "ReplayCursorError",
         "RequestConflictError",
+        "RuntimeClosedError",
         "RuntimeConfig",
         "SessionNotFoundError",
         "SessionRuntime",

@@ -27,6 +27,7 @@ from turnkit.errors import (
     PauseAnsweredError,
     ReplayCursorError,
     RequestConflictError,
+    RuntimeClosedError,
     StaleEpochError,
     StoreUnavailableError,
     TurnkitError,
@@ -78,7 +79,7 @@ def status_for(exc: TurnkitError) -> int:
             return 409
         case StaleEpochError() | PauseAnsweredError() | RequestConflictError():
             return 409
-        case StoreUnavailableError():
+        case StoreUnavailableError() | RuntimeClosedError():
             return 503
         case ConfigurationError():
             return 400

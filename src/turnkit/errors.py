@@ -15,6 +15,7 @@ TurnkitError
  │   └─ PauseNotFoundError
  ├─ PauseAnsweredError        the approval or question was answered already
  ├─ RequestConflictError      a request_id reused with different content
+ ├─ RuntimeClosedError        the runtime was closed (shutting down); open it again
  ├─ TurnError                 ends a turn with a code → `error` event + terminal state
  │   ├─ ProviderError                 one model call failed (retriable or not)
  │   ├─ FamilyExhaustedError          every rung of the model family failed
@@ -71,6 +72,7 @@ __all__ = (
     "ProviderError",
     "ReplayCursorError",
     "RequestConflictError",
+    "RuntimeClosedError",
     "SessionNotFoundError",
     "StaleEpochError",
     "StoreError",
@@ -136,6 +138,7 @@ ErrorCode = Literal[
     "attachment-not-indexed",
     "callback-token-invalid",
     "turn-not-running",
+    "runtime-closed",
 ]
 """The one catalog of error codes. Codes never change meaning once published."""
 
@@ -476,6 +479,15 @@ class StoreUnavailableError(StoreError):
     """The database cannot be reached right now; nothing was written. Retry later."""
 
     code: ClassVar[ErrorCode] = "store-unavailable"
+
+
+class RuntimeClosedError(TurnkitError):
+    """The runtime was closed (its app is shutting down); nothing was done.
+
+    It opens again only on purpose (`async with runtime:` or `await runtime.open()`).
+    """
+
+    code: ClassVar[ErrorCode] = "runtime-closed"
 
 
 class ReplayCursorError(TurnkitError):

@@ -13,7 +13,12 @@ from typing import TYPE_CHECKING, Self, cast
 from turnkit.agent import Agent
 from turnkit.clock import Clock, SystemClock
 from turnkit.config import RuntimeConfig
-from turnkit.errors import ConfigurationError, InvalidInputError, StoreUnavailableError
+from turnkit.errors import (
+    ConfigurationError,
+    InvalidInputError,
+    RuntimeClosedError,
+    StoreUnavailableError,
+)
 from turnkit.graph import (
     TurnGraph,
     compile_turn_graph,
@@ -191,7 +196,7 @@ class RuntimeCore:
         """Open the Store and checkpointer and compile the graph (idempotent).
 
         A runtime never opened opens on first use; one closed opens again only here (or
-        with `async with`): its other methods then raise `ConfigurationError`.
+        with `async with`): its other methods then raise `RuntimeClosedError`.
         """
         self._closed = False
         while self._opening is not None:  # another caller is opening it: wait for that
@@ -261,14 +266,16 @@ class RuntimeCore:
         Detached turns still running are abandoned, not cancelled: their leases expire and
         a worker resumes them (or a reader records them timed out). A naming call still
         running after its turn is cancelled (the session keeps its first name). Its
-        methods then raise `ConfigurationError` until it is opened again.
+        methods then raise `RuntimeClosedError` until it is opened again.
         """
         if self._recovery is not None:
             stop, task, _ = self._recovery
             self._recovery = None
             stop.set()
             await asyncio.gather(task, return_exceptions=True)
-        self._closed = True  # (after its own recovery loop, which may still be sweeping)
+        # Closed for good only if it was open (after its own recovery loop, which may still
+        # be sweeping): a runtime never opened, or closed twice, stays as it was.
+        self._closed = self._closed or self._graph is not None
         await self.host.close()
         await self._aftermath.close()
         if self._close_checkpointer is not None:
@@ -374,8 +381,8 @@ class RuntimeCore:
         )
 
 
-def _closed() -> ConfigurationError:
-    return ConfigurationError(
+def _closed() -> RuntimeClosedError:
+    return RuntimeClosedError(
         "the runtime is closed: open it again (`async with runtime:` or `await runtime.open()`)"
     )
 
