@@ -179,18 +179,24 @@ class Rewriter(Plugin):
         return "a better result"
 
 
+class RequiredRewriter(Rewriter):
+    name: ClassVar[str] = "required-rewriter"
+    required: ClassVar[bool] = True
+
+
 async def test_a_value_returned_by_an_observing_hook_is_reported_not_dropped(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    agent = Agent(model=_model(), tools=[lookup], plugins=[Rewriter()])
+    caplog.set_level(logging.WARNING, logger="turnkit")
+    agent = Agent(model=_model(), tools=[lookup], plugins=[RequiredRewriter()])
     async with _runtime(tmp_path, agent) as rt:
         events = await collect_events(rt.execute_message("s1", "price?"))
-        rows = await rt.audit(events[0].turn_id)  # type: ignore[union-attr]
-    assert events[-1].status == "succeeded"  # type: ignore[union-attr]
-    [error] = [r.plugin_payloads["rewriter"] for r in rows if "rewriter" in r.plugin_payloads]
-    assert error["hook"] == "after_tool_call"
-    assert "it observes and returns None" in str(error["error"])
-    assert "plugin rewriter failed in after_tool_call" in caplog.text
+    assert events[-1].status == "succeeded"  # type: ignore[union-attr]  # not a failure
+    told = [r.getMessage() for r in caplog.records if "required-rewriter" in r.getMessage()]
+    assert told == [
+        "plugin required-rewriter: after_tool_call returned str 'a better result', which "
+        "changes nothing (it observes; return None)"
+    ]
 
 
 async def test_a_required_plugin_that_fails_fails_the_turn(tmp_path: Path) -> None:

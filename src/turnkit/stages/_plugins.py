@@ -112,6 +112,8 @@ async def _call_one(
     try:
         with ctx.recorder.notes.waiting_on(f"plugin {type(plugin).name!r} ({hook})"):
             result = await getattr(plugin, hook)(_Context(ctx, plugin, stage_id), *args)
+        if hook in _OBSERVERS and result is not None:
+            _observer_returned(plugin, hook, result)
         wrong = _wrong_return(hook, result)
         if wrong is not None:
             raise TypeError(wrong)
@@ -147,19 +149,31 @@ _RETURNS: Mapping[str, tuple[tuple[type, ...], str]] = {
 """What a hook may return besides None (the other hooks' results are not read)."""
 
 _OBSERVERS: Final = frozenset({"after_model_response", "after_tool_call", "on_event"})
-"""Hooks that only observe: a value one returns would be silently dropped, so it is refused."""
+"""Hooks that only observe: what one returns changes nothing, which its author is told."""
+
+_told: set[tuple[str, str]] = set()
+"""(plugin, hook) pairs warned about a value their observing hook returned."""
+
+
+def _observer_returned(plugin: Plugin, hook: str, result: object) -> None:
+    """Warn once a process that an observing hook returned a value, which is dropped.
+
+    Not a failure: a hook that happens to return what it awaited (`return await log(...)`)
+    must not fail a `required` plugin's turns.
+    """
+    key = (type(plugin).name, hook)
+    if key not in _told:
+        _told.add(key)
+        log.warning(
+            "plugin %s: %s returned %s %.80r, which changes nothing (it observes; return "
+            "None)",
+            key[0], hook, type(result).__name__, result,
+        )  # fmt: skip
 
 
 def _wrong_return(hook: str, result: object) -> str | None:
-    if result is None:
-        return None
-    if hook in _OBSERVERS:
-        return (
-            f"{hook} returned {type(result).__name__} {result!r:.80}; it observes and returns "
-            "None (what it returns changes nothing)"
-        )
     expected = _RETURNS.get(hook)
-    if expected is None:
+    if expected is None or result is None:
         return None
     kinds, what = expected
     fits = isinstance(result, kinds)
