@@ -266,3 +266,28 @@ async def test_bad_arguments_are_refused_and_nothing_is_deleted(
         with pytest.raises(InvalidInputError, match=says):
             await runtime.delete_idle_sessions(idle_for, limit=limit)  # type: ignore[arg-type]
         assert await runtime.session(SessionId("s1"))
+
+
+async def test_a_runtime_given_its_store_leaves_checkpoints_it_cannot_account_for(
+    tmp_path: object,
+) -> None:
+    """Its checkpoints come from `database_url`, which other Stores' turns may share: a
+    prune there must not take their turns for deleted ones."""
+    from turnkit.store.sql import SqlStore
+
+    shared = f"sqlite:///{tmp_path}/shared.db"
+    clock = ShiftedClock()
+    async with _runtime((shared, None), clock) as owner:
+        theirs = await _chat(owner, "s1")
+        await owner.wait_background()
+    model = ScriptedModel([ModelStep.text_reply("Noted.")], repeat_last=True)
+    config = RuntimeConfig(database_url=shared, keep_ended_checkpoints=True)
+    own_store = SqlStore.from_url(f"sqlite:///{tmp_path}/other.db")
+    await own_store.setup()
+    try:
+        async with SessionRuntime(agent=Agent(model=model), config=config, store=own_store) as rt:
+            report = await rt.delete_idle_sessions(NINETY_DAYS)
+    finally:
+        await own_store.close()
+    assert report.orphaned_turns == 0
+    assert theirs in await checkpoint_rows(shared, None)

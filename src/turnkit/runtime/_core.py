@@ -292,6 +292,14 @@ class RuntimeCore:
         self._graph = None
 
     @property
+    def owns_store(self) -> bool:
+        """Whether the runtime opened its Store itself, from `database_url` as its checkpoints.
+
+        False when the app gave it one (`SessionRuntime(store=...)`).
+        """
+        return self._owns_store
+
+    @property
     def store(self) -> Store:
         """The Store turns are written to."""
         if self._store is None:

@@ -229,14 +229,19 @@ async def forget_orphaned_checkpoints(runtime: RuntimeCore) -> int:
     checkpointer's threads named as turns are checked a page at a time against the
     Store: those whose turn is gone are deleted. (A turn's row is stored before its
     first checkpoint, so a thread whose turn is missing was deleted.) A checkpointer of
-    the app's own that cannot list its threads is left as it is: 0.
+    the app's own that cannot list its threads is left as it is: 0. So is a runtime given
+    a Store of the app's own: its checkpoints (opened from `database_url`) may be shared
+    with other Stores, whose turns this one does not know.
     """
+    existing = getattr(runtime.store, "existing_turns", None)
+    if not runtime.owns_store or existing is None:
+        return 0
     after, forgotten = "", 0
     while True:
         page = await runtime.turn_threads(after=after, limit=ORPHAN_PAGE)
         if not page:
             break
-        kept = await runtime.store.existing_turns([TurnId(t) for t in page])
+        kept = await existing([TurnId(t) for t in page])
         gone = [t for t in page if t not in kept]
         if gone:
             await runtime.forget_checkpoints(gone)
