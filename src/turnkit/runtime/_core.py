@@ -44,6 +44,7 @@ from turnkit.runtime.deps import DepsFactory
 from turnkit.runtime.reader import TurnReader
 from turnkit.skills import SkillSource
 from turnkit.store import Store
+from turnkit.store._engine import normalize_url
 from turnkit.tenancy import Organisation, Tenancy
 from turnkit.tools import Tool
 
@@ -292,12 +293,17 @@ class RuntimeCore:
         self._graph = None
 
     @property
-    def owns_store(self) -> bool:
-        """Whether the runtime opened its Store itself, from `database_url` as its checkpoints.
+    def store_beside_checkpoints(self) -> bool:
+        """Whether the Store is in the database its checkpoints are in (`database_url`).
 
-        False when the app gave it one (`SessionRuntime(store=...)`).
+        So when the runtime opened it; a Store the app gave (`SessionRuntime(store=...)`)
+        only when it names the same database and schema.
         """
-        return self._owns_store
+        if self._owns_store:
+            return True
+        url, schema = getattr(self._store, "url", None), getattr(self._store, "schema", None)
+        config = self.config
+        return url == normalize_url(config.database_url) and schema == config.database_schema
 
     @property
     def store(self) -> Store:

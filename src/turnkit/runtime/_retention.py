@@ -229,12 +229,12 @@ async def forget_orphaned_checkpoints(runtime: RuntimeCore) -> int:
     checkpointer's threads named as turns are checked a page at a time against the
     Store: those whose turn is gone are deleted. (A turn's row is stored before its
     first checkpoint, so a thread whose turn is missing was deleted.) A checkpointer of
-    the app's own that cannot list its threads is left as it is: 0. So is a runtime given
-    a Store of the app's own: its checkpoints (opened from `database_url`) may be shared
-    with other Stores, whose turns this one does not know.
+    the app's own that cannot list its threads is left as it is: 0. So is a runtime whose
+    Store is in another database than its checkpoints: those may be shared with other
+    Stores, whose turns this one does not know.
     """
     existing = getattr(runtime.store, "existing_turns", None)
-    if not runtime.owns_store or existing is None:
+    if not runtime.store_beside_checkpoints or existing is None:
         return 0
     after, forgotten = "", 0
     while True:
