@@ -447,9 +447,10 @@ def test_a_refused_first_message_leaves_no_empty_chat(page: Page, tmp_path: Path
 def test_a_link_to_no_session_says_so_in_words(page: Page, tmp_path: Path) -> None:
     model = ScriptedModel([ModelStep.text_reply("Hello.")])
     with serve_page(tmp_path, Agent(model=model, skip_stages=frozenset({"anchor-plan"}))) as app:
-        for bad in ("never-seen", "bad%20id%20%3Cx%3E"):
+        for bad, shown in (("never-seen", "never-seen"), ("bad%20id%20%3Cx%3E", "bad id <x>")):
             page.goto(f"{app.url}#session={bad}")
-            expect(page.locator("#notice")).to_contain_text("There is no chat")
+            # (this link's answer, not the one before: the page is the same document)
+            expect(page.locator("#notice")).to_contain_text(f'There is no chat "{shown}"')
             expect(page.locator("#notice")).not_to_contain_text("pattern")
         # A message after a mangled link starts a new chat, not a validator's complaint.
         send(page, "hi")
