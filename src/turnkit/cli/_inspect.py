@@ -215,11 +215,11 @@ async def list_sessions(
         return 0
     out.write(f"{len(found)} session(s), most recently active first:\n")
     for session in found:
-        owner = session.principal or "nobody"
+        owner = "owner " + (session.principal or "") if session.principal else "anonymous"
         if session.principal and session.organisation:
             owner += f" of {session.organisation}"
         out.write(
-            f"  {session.session_id}  {_quoted(session.title or '')}  owner {owner}  "
+            f"  {session.session_id}  {_quoted(session.title or '')}  {owner}  "
             f"{session.last_input_seq} message(s)  active {_when(session.updated_at)}\n"
         )
     return 0
