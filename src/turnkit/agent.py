@@ -185,6 +185,7 @@ class Agent:
         # Built once (duplicate tool names fail here, at construction); an Agent is frozen.
         object.__setattr__(self, "_registry", ToolRegistry(self.tools))
         object.__setattr__(self, "_version", None)
+        object.__setattr__(self, "_earlier", None)
 
     def _check_builtin_names(self) -> None:
         """No tool of the agent's may have the name of a built-in tool it is offered."""
@@ -229,9 +230,12 @@ class Agent:
         Before tools' own approval policies counted, a bundle with such a tool hashed
         without them: a turn paused then still resumes with this agent after the upgrade.
         """
-        if all(getattr(t, "approval", None) is None for t in self.registry()):
-            return ()
-        return (_hashed(self.describe(tools_approval=False)),)
+        cached: tuple[str, ...] | None = self._earlier  # type: ignore[attr-defined]
+        if cached is None:  # asked each time a turn is driven: hashed once
+            own = any(getattr(t, "approval", None) is not None for t in self.registry())
+            cached = (_hashed(self.describe(tools_approval=False)),) if own else ()
+            object.__setattr__(self, "_earlier", cached)
+        return cached
 
     def describe(self, *, tools_approval: bool = True) -> dict[str, object]:
         """The bundle as plain JSON (what `version` hashes); functions by qualified name."""
