@@ -55,7 +55,6 @@ from turnkit.config import (
 )
 from turnkit.demo import demo_agent
 from turnkit.http import (
-    AuthDependency,
     create_health_router,
     create_turnkit_router,
     install_problem_handlers,
@@ -67,6 +66,7 @@ from turnkit.protocols.agui import create_agui_router
 from turnkit.protocols.ai_sdk import create_ai_sdk_router
 from turnkit.replay import replay_from_url
 from turnkit.runtime import SessionRuntime
+from turnkit.tenancy import AuthDependency, anonymous
 
 __all__ = (
     "allowed_hosts_from_env",
@@ -172,10 +172,6 @@ def allowed_origins_from_env(env: Mapping[str, str] | None = None) -> list[str]:
     return list(checked_origins(given, source="TURNKIT_ALLOWED_ORIGINS"))
 
 
-async def _anonymous() -> None:
-    return None
-
-
 _PAGE_HEADERS = {
     "Cache-Control": "no-cache",
     # The page holds Approve buttons: no other site may frame it (clickjacking).
@@ -230,7 +226,7 @@ def create_app(
             await rt.replay.close()
 
     application = FastAPI(title="turnkit", version="0.1.0", lifespan=lifespan)
-    caller = auth or _anonymous
+    caller = auth or anonymous
     application.include_router(create_turnkit_router(rt, keepalive_s=keepalive_s, auth=caller))
     application.include_router(create_health_router(rt))
     application.include_router(create_ai_sdk_router(rt, keepalive_s=keepalive_s, auth=caller))

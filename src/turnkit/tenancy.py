@@ -10,7 +10,7 @@ the single `default` organisation and its `general` department.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -23,7 +23,10 @@ __all__ = (
     "Department",
     "Organisation",
     "Principal",
+    "AuthDependency",
+    "AuthResult",
     "Tenancy",
+    "anonymous",
     "principal_from_auth",
 )
 
@@ -60,6 +63,17 @@ class Principal(BaseModel):
         if isinstance(caller, str):
             return cls(id=caller)
         raise TypeError(f"a principal is a turnkit.Principal, a str or None, not {caller!r}")
+
+
+AuthResult = Principal | str | None
+"""What an app's `auth` dependency returns: a principal, a bare principal id, None."""
+AuthDependency = Callable[..., AuthResult | Awaitable[AuthResult]]
+"""An app's FastAPI dependency naming the caller (every route helper takes one)."""
+
+
+async def anonymous() -> AuthResult:
+    """The default `auth`: every caller is anonymous."""
+    return None
 
 
 def principal_from_auth(found: object) -> Principal | None:

@@ -32,7 +32,12 @@ from turnkit.http.problems import (
 from turnkit.runtime import SessionRuntime
 from turnkit.runtime.deps import NO_DEPS
 from turnkit.store import Store
-from turnkit.tenancy import Principal as TenantPrincipal, principal_from_auth
+from turnkit.tenancy import (
+    AuthDependency,
+    Principal as TenantPrincipal,
+    anonymous,
+    principal_from_auth,
+)
 
 __all__ = (
     "TURN_ID_HEADER",
@@ -42,9 +47,6 @@ __all__ = (
     "install_problem_handlers",
 )
 
-
-AuthResult = TenantPrincipal | str | None
-AuthDependency = Callable[..., AuthResult | Awaitable[AuthResult]]
 
 _PROBLEMS: dict[int | str, dict[str, Any]] = {
     status: {"model": Problem, "content": {MEDIA_TYPE: {}}}
@@ -82,10 +84,6 @@ def _retrieved(task: asyncio.Future[Any]) -> None:
         task.exception()
 
 
-async def _anonymous() -> AuthResult:
-    return None
-
-
 def _caller_dependency(auth: AuthDependency) -> Callable[..., Awaitable[Principal]]:
     """The dependency for the caller: `auth`'s answer as a principal (None: anonymous)."""
 
@@ -102,7 +100,7 @@ async def _no_deps() -> Any:
 def create_turnkit_router(
     runtime: SessionRuntime,
     *,
-    auth: AuthDependency = _anonymous,
+    auth: AuthDependency = anonymous,
     prefix: str = "/api/harness",
     max_frame_bytes: int = 1_000_000,
     keepalive_s: float = 10.0,

@@ -15,7 +15,7 @@ from turnkit.errors import missing_extra
 from turnkit.tenancy import (
     DEFAULT_DEPARTMENT,
     DEFAULT_ORGANISATION,
-    Principal,
+    AuthDependency,
     principal_from_auth,
 )
 
@@ -24,22 +24,13 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the install
     raise missing_extra("The protocol routes", "fastapi", exc) from exc
 
-__all__ = ("AuthDependency", "CallerId", "anonymous", "caller_id")
+__all__ = ("CallerId", "caller_id")
 
 _DEFAULT = (None, DEFAULT_DEPARTMENT)
 """A department the routes serve: none named, or the default one by its name."""
 
 CallerId = str | None
 """A caller as the protocol routes compare it: a principal id (None: anonymous)."""
-
-AuthResult = Principal | str | None
-AuthDependency = Callable[..., AuthResult | Awaitable[AuthResult]]
-"""A FastAPI dependency naming the caller, as `create_turnkit_router` takes it."""
-
-
-async def anonymous() -> CallerId:
-    """The default `auth`: every caller is anonymous."""
-    return None
 
 
 def caller_id(auth: AuthDependency) -> Callable[..., Awaitable[CallerId]]:

@@ -56,12 +56,12 @@ from turnkit.protocols._agui_wire import (
     resolution_of,
     user_content,
 )
-from turnkit.protocols._caller import AuthDependency, CallerId, anonymous, caller_id
+from turnkit.protocols._caller import CallerId, caller_id
 from turnkit.runtime import SessionRuntime
 from turnkit.runtime.reader import TurnReader, check_cursor, parse_cursor, set_once_sent
 from turnkit.states import TurnStatus
 from turnkit.store import TurnRecord
-from turnkit.tenancy import DEFAULT_ORGANISATION
+from turnkit.tenancy import DEFAULT_ORGANISATION, AuthDependency, anonymous
 
 _SHUTTING_DOWN: Final = "the server is shutting down; the run goes on: reconnect with Last-Event-ID"
 

@@ -42,13 +42,13 @@ from turnkit.ids import SESSION_ID_PATTERN, SessionId, TurnId
 from turnkit.protocols._ai_sdk_stream import DONE_LINE, PAUSED, Replies, line
 from turnkit.protocols._ai_sdk_translate import UIMessageStreamTranslator
 from turnkit.protocols._ai_sdk_wire import ChatRequest, UIMessage, pending_answer, user_content
-from turnkit.protocols._caller import AuthDependency, CallerId, anonymous, caller_id
+from turnkit.protocols._caller import CallerId, caller_id
 from turnkit.runtime import SessionRuntime
 from turnkit.runtime.deps import NO_DEPS
 from turnkit.runtime.reader import set_once_sent
 from turnkit.states import TERMINAL_STATES
 from turnkit.store import TurnRecord
-from turnkit.tenancy import DEFAULT_ORGANISATION
+from turnkit.tenancy import DEFAULT_ORGANISATION, AuthDependency, anonymous
 
 __all__ = (
     "STREAM_HEADERS",
