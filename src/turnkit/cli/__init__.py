@@ -50,7 +50,6 @@ from turnkit.events import (
     BudgetPausedEvent,
     ClarificationRequestedEvent,
     DoneEvent,
-    DurableEvent,
 )
 from turnkit.ids import TurnId, uuid7
 from turnkit.models import ModelClient, ModelSettings
@@ -60,7 +59,7 @@ from turnkit.runtime import SessionRuntime
 from turnkit.runtime._validate import check_session_id
 from turnkit.runtime.budget_pauses import resume_budget_pauses
 from turnkit.runtime.worker import Worker
-from turnkit.store.migrate import head_revision, is_newer, newer_schema
+from turnkit.store.migrate import head_revision, is_newer, refuse_newer
 from turnkit.store.sql import SqlStore, shown_url
 
 __all__ = ("main",)
@@ -99,7 +98,7 @@ async def _run(args: argparse.Namespace, out: TextIO) -> int:
         )
         # Closed here even when printing fails (`| head`): the turn stops before the runtime
         # closes, not in asyncio's shutdown with the runtime gone.
-        paused: DurableEvent | None = None
+        paused: _Pause | None = None
         async with contextlib.aclosing(events):
             async for event in events:
                 printer.show(event)
@@ -113,10 +112,11 @@ async def _run(args: argparse.Namespace, out: TextIO) -> int:
     return 0 if status == "succeeded" else 1
 
 
+_Pause = ApprovalRequestedEvent | ClarificationRequestedEvent | BudgetPausedEvent
 _PAUSES = (ApprovalRequestedEvent, ClarificationRequestedEvent, BudgetPausedEvent)
 
 
-def _waiting(event: DurableEvent) -> str:
+def _waiting(event: _Pause) -> str:
     """What a turn `turnkit run` leaves paused waits for, and where to answer it."""
     turn = event.turn_id
     if isinstance(event, BudgetPausedEvent):
@@ -128,7 +128,7 @@ def _waiting(event: DurableEvent) -> str:
     return (
         f"⏸ turn {turn} waits for an answer, which `turnkit run` cannot give: answer it from "
         "the chat page of `turnkit serve` on this database, or with POST "
-        f"/api/harness/turns/{turn}/{kind}/{getattr(event, 'request_id', '')}\n"
+        f"/api/harness/turns/{turn}/{kind}/{event.request_id}\n"
     )
 
 
@@ -375,7 +375,7 @@ async def _db_current(args: argparse.Namespace, out: TextIO) -> int:
     if revision == head:
         out.write(f"schema: {revision} (this turnkit: {head}): up to date\n")
         return 0
-    if revision is not None and revision > head:  # revisions are numbered in order
+    if revision is not None and is_newer(revision):
         out.write(
             f"schema: {revision} (this turnkit: {head}): written by a newer turnkit; use it, "
             "or downgrade with it\n"
@@ -465,9 +465,7 @@ async def _serving(args: argparse.Namespace, out: TextIO) -> int:
     # failed lifespan's traceback after "serving on".
     store = SqlStore.from_url(args.database_url, schema=args.database_schema)
     try:
-        revision = await store.schema_revision()
-        if revision is not None and is_newer(revision):  # a rollback: its lifespan would fail
-            raise newer_schema(revision)
+        refuse_newer(await store.schema_revision())  # a rollback: its lifespan would fail
     finally:
         await store.close()
     await _check_replay(os.environ.get("TURNKIT_REDIS_URL"))

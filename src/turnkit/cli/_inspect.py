@@ -33,7 +33,7 @@ from turnkit.events import (
 )
 from turnkit.ids import SessionId, TurnId
 from turnkit.store import TurnRecord, decode_events
-from turnkit.store.migrate import head_revision, is_newer, newer_schema
+from turnkit.store.migrate import head_revision, refuse_newer
 from turnkit.store.sql import SqlStore, shown_url
 
 __all__ = (
@@ -166,8 +166,7 @@ async def existing_store(url: str, schema: str | None) -> AsyncIterator[SqlStore
     try:
         await existing_database(url, schema, store)
         revision = await store.schema_revision()
-        if revision is not None and is_newer(revision):
-            raise newer_schema(revision)
+        refuse_newer(revision)
         if revision != head_revision():
             raise StoreError(
                 f"the database schema is at {revision!r}, this turnkit reads "
@@ -215,7 +214,7 @@ async def list_sessions(
         return 0
     out.write(f"{len(found)} session(s), most recently active first:\n")
     for session in found:
-        owner = "owner " + (session.principal or "") if session.principal else "anonymous"
+        owner = f"owner {session.principal}" if session.principal else "anonymous"
         if session.principal and session.organisation:
             owner += f" of {session.organisation}"
         out.write(

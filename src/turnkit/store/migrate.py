@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 from alembic import command
@@ -13,7 +14,7 @@ from sqlalchemy import Connection
 
 from turnkit.errors import StoreError
 
-__all__ = ("current_revision", "head_revision", "is_newer", "newer_schema", "upgrade")
+__all__ = ("current_revision", "head_revision", "is_newer", "refuse_newer", "upgrade")
 
 _SCRIPTS = Path(__file__).parent / "migrations"
 
@@ -33,27 +34,37 @@ def upgrade(connection: Connection, revision: str = "head") -> None:
         StoreError: the schema was written by a newer turnkit (a rollback): nothing is
             changed, and this turnkit cannot use it.
     """
-    current = current_revision(connection)
-    if current is not None and is_newer(current):
-        raise newer_schema(current)
+    refuse_newer(current_revision(connection))
     command.upgrade(_config(connection), revision)
 
 
 def is_newer(revision: str) -> bool:
     """Whether `revision` is one this turnkit does not ship: a newer turnkit wrote it."""
     try:
-        return ScriptDirectory.from_config(_config()).get_revision(revision) is None
+        return _shipped().get_revision(revision) is None
     except CommandError:
         return True
 
 
-def newer_schema(revision: str) -> StoreError:
-    """The error for a schema a newer turnkit wrote (this one cannot read or upgrade it)."""
-    return StoreError(
+def refuse_newer(revision: str | None) -> None:
+    """Refuse a schema a newer turnkit wrote (a rollback): this one cannot use it.
+
+    Raises:
+        StoreError: `revision` is one this turnkit does not ship.
+    """
+    if revision is None or not is_newer(revision):
+        return
+    raise StoreError(
         f"the database schema is at {revision!r}, written by a newer turnkit (this one "
         f"knows up to {head_revision()!r}): run that turnkit, or downgrade the schema with it",
         revision=revision,
     )
+
+
+@functools.cache
+def _shipped() -> ScriptDirectory:
+    """The migration scripts this turnkit ships, read once a process."""
+    return ScriptDirectory.from_config(_config())
 
 
 def current_revision(connection: Connection) -> str | None:
@@ -64,6 +75,6 @@ def current_revision(connection: Connection) -> str | None:
 
 def head_revision() -> str:
     """The newest revision this turnkit version ships."""
-    head = ScriptDirectory.from_config(_config()).get_current_head()
+    head = _shipped().get_current_head()
     assert head is not None
     return head
