@@ -112,8 +112,6 @@ class PgConnections:
 
     def __init__(self) -> None:
         self._async_engine: AsyncEngine | None = None
-        self._timeout = CONNECT_TIMEOUT_S
-        """How long a new connection may take (the URL's `connect_timeout`)."""
         self._driver_pool: asyncpg.Pool | None = None
         """PostgreSQL's hot statements, on asyncpg outside SQLAlchemy (`_pg_driver`)."""
         self._driver_pool_lock = asyncio.Lock()
@@ -131,12 +129,12 @@ class PgConnections:
             import asyncpg  # the `postgres` extra
         except ImportError as exc:
             raise missing_extra("A PostgreSQL database", "postgres", exc) from exc
-        dsn, settings = self._asyncpg_dsn()
+        dsn, settings, timeout = self._asyncpg_dsn()
 
         async def connect() -> Any:
             # asyncpg reads the URL's libpq options (`sslmode`, `application_name` …) from
             # the DSN; SQLAlchemy's dialect would pass them on as keywords it refuses.
-            return await asyncpg.connect(dsn, server_settings=settings, timeout=self._timeout)
+            return await asyncpg.connect(dsn, server_settings=settings, timeout=timeout)
 
         self._async_engine = create_async_engine(
             make_url(self.url).set(query={}),
@@ -223,15 +221,15 @@ class PgConnections:
         if self._async_engine is None or self._closed:
             return None
         if self._listener is None:
-            dsn, settings = self._asyncpg_dsn()
+            dsn, settings, _ = self._asyncpg_dsn()
             self._listener = WorkListener(dsn, settings, self._clock.monotonic)
         return await self._listener.event()
 
-    def _asyncpg_dsn(self) -> tuple[str, dict[str, str] | None]:
-        """The URL and server settings for a plain asyncpg connection to this database."""
-        dsn, self._timeout = asyncpg_dsn(self.url)
+    def _asyncpg_dsn(self) -> tuple[str, dict[str, str] | None, float]:
+        """The URL, server settings and connect timeout for a plain asyncpg connection."""
+        dsn, timeout = asyncpg_dsn(self.url)
         settings = {"search_path": self.schema} if self.schema is not None else None
-        return dsn, settings
+        return dsn, settings, timeout
 
     async def _open_driver_pool(self) -> asyncpg.Pool:
         """The asyncpg pool for `_pg_driver`, opened on first use (no connection yet).
@@ -244,14 +242,14 @@ class PgConnections:
 
         async with self._driver_pool_lock:
             if self._driver_pool is None:
-                dsn, settings = self._asyncpg_dsn()
+                dsn, settings, timeout = self._asyncpg_dsn()
                 self._driver_pool = await asyncpg.create_pool(
                     dsn,
                     min_size=0,
                     max_size=DRIVER_POOL_SIZE,
                     server_settings=settings,
                     reset=keep_session,
-                    timeout=self._timeout,
+                    timeout=timeout,
                 )
             return self._driver_pool
 
