@@ -25,9 +25,7 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -35,7 +33,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-HOST = "127.0.0.1"
+import serve_clients
+
+HOST = serve_clients.HOST
 QUESTION = "What is 6 * 7?"
 
 
@@ -61,61 +61,19 @@ ROUTES: dict[str, tuple[Callable[[str], tuple[str, dict[str, Any]]], tuple[bytes
 }
 
 
-def _port() -> int:
-    with socket.socket() as sock:
-        sock.bind((HOST, 0))
-        return int(sock.getsockname()[1])
-
-
-class Server:
-    """`turnkit serve` from one source tree; reads its CPU time from /proc."""
+class Server(serve_clients.Server):
+    """`turnkit serve` from one source tree, on a free port, ready once it returns."""
 
     def __init__(self, name: str, src: Path, tmp: Path) -> None:
-        self.name, self.port = name, _port()
+        self.port = serve_clients._port()
         env = {**os.environ, "PYTHONPATH": str(src), "TURNKIT_RUN_IN_PROCESS": "1"}
         for var in ("TURNKIT_MODEL", "TURNKIT_REDIS_URL", "TURNKIT_DATABASE_URL",
                     "TURNKIT_MAX_RUNNING_TURNS", "TURNKIT_GC"):  # fmt: skip
             env.pop(var, None)
-        self.log = open(tmp / f"{name}.log", "wb")  # noqa: SIM115 - closed in stop()
         cmd = [sys.executable, "-m", "turnkit.cli", "serve", "--port", str(self.port),
                "--database-url", f"sqlite:///{tmp / (name + '.db')}"]  # fmt: skip
-        self.proc = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=self.log, cwd=tmp)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise SystemExit(f"{name} exited; see {self.log.name}")
-            try:
-                with socket.create_connection((HOST, self.port), timeout=1):
-                    return
-            except OSError:
-                time.sleep(0.1)
-        raise SystemExit(f"{name} did not start; see {self.log.name}")
-
-    def cpu_s(self) -> float:
-        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-        self.log.close()
-
-
-async def _turn(port: int, path: str, body: bytes) -> tuple[float, bytes]:
-    """POST one message and read the response to EOF; (seconds, raw response)."""
-    started = time.perf_counter()
-    reader, writer = await asyncio.open_connection(HOST, port)
-    head = (
-        f"POST {path} HTTP/1.1\r\nHost: {HOST}:{port}\r\nContent-Type: application/json\r\n"
-        f"Accept: text/event-stream\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
-    )
-    writer.write(head.encode() + body)
-    raw = await reader.read(-1)
-    writer.close()
-    return time.perf_counter() - started, raw
+        super().__init__(name, cmd, env, tmp / f"{name}.log", cwd=tmp)
+        self.wait_ready(f"http://{HOST}:{self.port}")
 
 
 async def load(server: Server, route: str, clients: int, per_client: int, tag: str) -> int:
@@ -125,7 +83,7 @@ async def load(server: Server, route: str, clients: int, per_client: int, tag: s
     async def client(i: int) -> None:
         for j in range(per_client):
             path, body = shape(f"{tag}-{i}-{j}")
-            _, raw = await _turn(server.port, path, json.dumps(body).encode())
+            _, raw = await serve_clients.post_turn(server.port, path, json.dumps(body).encode())
             if not raw.startswith(b"HTTP/1.1 200") or not all(s in raw for s in succeeded):
                 raise SystemExit(f"{server.name}: turn {tag}-{i}-{j} failed:\n{raw[-600:]!r}")
 

@@ -154,10 +154,12 @@ def in_process(database: str, turns: int) -> None:
 class Server:
     """A server process on a free port; reads its CPU time and peak RSS from /proc."""
 
-    def __init__(self, name: str, cmd: list[str], env: dict[str, str], log: Path) -> None:
+    def __init__(
+        self, name: str, cmd: list[str], env: dict[str, str], log: Path, *, cwd: Path = ROOT
+    ) -> None:
         self.name = name
         self.log = open(log, "wb")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=self.log, stderr=self.log)
+        self.proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=self.log, stderr=self.log)
 
     def wait_ready(self, url: str) -> None:
         deadline = time.monotonic() + 60
@@ -193,15 +195,15 @@ class Server:
 # ── the load ──────────────────────────────────────────────────────────────────────────
 
 
-async def post_turn(port: int, path: str) -> tuple[float, bytes]:
+async def post_turn(port: int, path: str, body: bytes = BODY) -> tuple[float, bytes]:
     """POST one message and read the SSE response to EOF; (seconds, raw body)."""
     started = time.perf_counter()
     reader, writer = await asyncio.open_connection(HOST, port)
     head = (
         f"POST {path} HTTP/1.1\r\nHost: {HOST}:{port}\r\nContent-Type: application/json\r\n"
-        f"Accept: text/event-stream\r\nContent-Length: {len(BODY)}\r\nConnection: close\r\n\r\n"
+        f"Accept: text/event-stream\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
     )
-    writer.write(head.encode() + BODY)
+    writer.write(head.encode() + body)
     raw = await reader.read(-1)
     writer.close()
     return time.perf_counter() - started, raw
