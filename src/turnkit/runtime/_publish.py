@@ -129,7 +129,7 @@ class _Outages:
     def worked(self, buffer: ReplayBuffer) -> None:
         if self._down and id(buffer) in self._down:
             self._down.discard(id(buffer))
-            log.warning("replay buffer is back; publishing again")
+            log.info("replay buffer is back; publishing again")
 
 
 _outages = _Outages()

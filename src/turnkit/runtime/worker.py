@@ -47,7 +47,7 @@ class _Backoff:
 
     def reset(self) -> None:
         if self.away:
-            log.warning("the database is back; claiming again")
+            log.info("the database is back; claiming again")
         self.delay, self.away = 0.0, False
 
 
