@@ -230,7 +230,12 @@ async def test_per_message_agent_with_unknown_model_writes_nothing(
         ({"max_attempts": 0}, "^max_attempts must be at least 1"),
         ({"database_url": ""}, "^database_url is a sqlite:///… or postgresql://… URL, not ''"),
         ({"database_url": 123}, "^database_url is a sqlite:///… or postgresql://… URL, not 123"),
-        ({"database_schema": ""}, "^database_schema is a schema name or None"),
+        ({"database_schema": ""}, "^database schema '' is not a plain PostgreSQL name"),
+        ({"database_schema": 5}, "^database_schema is a schema name or None, not 5"),
+        (
+            {"database_url": "postgresql://127.0.0.1/test", "database_schema": "Team-A"},
+            "^database schema 'Team-A' is not a plain PostgreSQL name",
+        ),
         ({"database_schema": "tk"}, "^database_schema 'tk' applies to PostgreSQL only"),
     ],
 )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Final, Literal
@@ -147,8 +148,10 @@ class RuntimeConfig:
             raise ConfigurationError(
                 f"database_url is a sqlite:///… or postgresql://… URL, not {url!r}"
             )
-        if schema is not None and (not isinstance(schema, str) or not schema):
+        if schema is not None and not isinstance(schema, str):
             raise ConfigurationError(f"database_schema is a schema name or None, not {schema!r}")
+        if schema is not None:
+            check_schema_name(schema)
         if schema is not None and url.startswith("sqlite"):
             raise ConfigurationError(
                 f"database_schema {schema!r} applies to PostgreSQL only: SQLite keeps "
@@ -254,3 +257,17 @@ def is_loopback_host(host: str) -> bool:
         return ipaddress.ip_address(name).is_loopback
     except ValueError:
         return False
+
+
+_SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+"""A PostgreSQL schema name that needs no quoting anywhere (`search_path` included)."""
+
+
+def check_schema_name(schema: str) -> None:
+    """Refuse a schema name that PostgreSQL would need quoted (one clear line)."""
+    if not _SCHEMA_NAME.fullmatch(schema):
+        raise ConfigurationError(
+            f"database schema {schema!r} is not a plain PostgreSQL name: 1-63 lowercase "
+            "letters, digits and underscores, not starting with a digit",
+            schema=schema,
+        )

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import re
 import sqlite3
 import threading
 from collections.abc import Callable
@@ -25,7 +24,8 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import StaticPool
 
 from turnkit.clock import Clock, SystemClock
-from turnkit.errors import ConfigurationError, StoreError
+from turnkit.config import check_schema_name
+from turnkit.errors import StoreError
 from turnkit.store import _sqlite as sqlite_conn
 from turnkit.store._commit_sql import HotStatements
 from turnkit.store._engine_pg import (
@@ -46,8 +46,6 @@ _THREAD_WAIT_MS = 30_000
 """How long the store's thread waits for SQLite's write lock before giving up."""
 _CHECKPOINT_EVERY = 256
 """Commits on the loop's connection between two WAL folds on the store's thread."""
-_SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
-"""A PostgreSQL schema name that needs no quoting anywhere (`search_path` included)."""
 
 
 def normalize_url(url: str) -> str:
@@ -66,12 +64,8 @@ class SqlEngine(PgConnections):
     def __init__(self, url: str, *, clock: Clock | None = None, schema: str | None = None) -> None:
         super().__init__()
         self.url = normalize_url(url)
-        if schema is not None and not _SCHEMA_NAME.fullmatch(schema):
-            raise ConfigurationError(
-                f"database schema {schema!r} is not a plain PostgreSQL name: 1-63 lowercase "
-                "letters, digits and underscores, not starting with a digit",
-                schema=schema,
-            )
+        if schema is not None:
+            check_schema_name(schema)
         self.schema = schema
         self._clock = clock or SystemClock()
         self._thread: ThreadPoolExecutor | None = None
