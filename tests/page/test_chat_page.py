@@ -312,6 +312,24 @@ def test_an_approval_card_survives_a_reload_and_finishes_the_turn(
     model.assert_complete()
 
 
+def test_a_denied_call_reads_denied_without_the_words_meant_for_the_model(
+    page: Page, tmp_path: Path
+) -> None:
+    model = ScriptedModel([PAY_BOB[0], ModelStep.text_reply("I did not send it.")])
+    with serve_page(tmp_path, Agent(model=model, tools=[wire])) as app:
+        page.goto(app.url)
+        pay_bob(page).locator("[data-decision='deny']").click()
+        tool_row = page.locator(".block.tool")
+        expect(tool_row).to_have_attribute("data-status", "denied")
+        expect(tool_row.locator(".status")).to_have_text("denied:")
+        expect(tool_row.locator(".icon")).to_have_text("⊘")
+        expect(tool_row.locator(".detail")).to_have_text("the person denied this call")
+        expect(page.locator(".block.text.answer .text")).to_have_text("I did not send it.")
+        page.reload()  # the same from history
+        expect(page.locator(".block.tool .detail")).to_have_text("the person denied this call")
+    model.assert_complete()
+
+
 def test_a_call_left_waiting_by_stop_is_no_longer_shown_waiting(page: Page, tmp_path: Path) -> None:
     model = ScriptedModel([ModelStep.tool_call_reply(call("wire", amount=5, to="Bob"))])
     with serve_page(tmp_path, Agent(model=model, tools=[wire])) as app:

@@ -280,9 +280,9 @@ const FOLDERS = {
     upsertTool(turn, e.tool_call_id, (b) => ({
       ...b,
       toolName: b.toolName ?? e.result.tool_name,
-      status: "failed",
+      status: e.code === "tool-denied" ? "denied" : "failed",
       durationMs: e.duration_ms,
-      error: e.result.error ?? null,
+      error: forPeople(e.result.error ?? null),
       code: e.code,
     })),
   "tool.in_doubt": (turn, e) =>
@@ -522,6 +522,13 @@ function upsertThinking(turn, blockId, change) {
   const blocks = turn.blocks.slice();
   blocks.splice(textAt, 0, block);
   return { ...turn, blocks };
+}
+
+/** What a denied call's error adds for the model only (the page leaves it out). */
+const MODEL_ONLY = ". Do not retry it as is";
+
+function forPeople(error) {
+  return error?.endsWith(MODEL_ONLY) ? error.slice(0, -MODEL_ONLY.length) : error;
 }
 
 function upsertTool(turn, toolCallId, change) {

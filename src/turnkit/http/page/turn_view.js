@@ -129,6 +129,7 @@ const TOOL_ICONS = {
   awaiting_input: "?",
   succeeded: "✓",
   failed: "✗",
+  denied: "⊘",
   not_finished: "–", // the turn ended (stopped, failed) before the call was decided or done
 };
 
@@ -139,6 +140,7 @@ const TOOL_STATES = {
   awaiting_input: "waiting for your answer:",
   succeeded: "succeeded:",
   failed: "failed:",
+  denied: "denied:",
   not_finished: "not finished:",
 };
 
@@ -149,7 +151,8 @@ function drawTool(node, block) {
   setText(node.querySelector(".name"), block.toolName ?? "tool");
   setText(node.querySelector(".args"), argumentsOf(block));
   setText(node.querySelector(".duration"), toolDuration(block));
-  const detail = block.status === "failed" ? block.error ?? block.code : block.argumentsError;
+  const ended = block.status === "failed" || block.status === "denied";
+  const detail = ended ? block.error ?? block.code : block.argumentsError;
   setText(node.querySelector(".detail"), [detail, block.inDoubt && `in doubt: ${block.inDoubt}`].filter(Boolean).join(" · "));
   const job = node.querySelector(".job");
   job.hidden = !block.job;
