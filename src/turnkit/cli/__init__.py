@@ -20,6 +20,7 @@ from turnkit.agent import Agent, load_agent, load_agents
 from turnkit.budgets import BudgetLimit
 from turnkit.cli._args import parser as _parser
 from turnkit.cli._copy import copy_database
+from turnkit.cli._export import export_session, export_target
 from turnkit.cli._inspect import (
     Printer,
     existing_database,
@@ -301,6 +302,11 @@ async def _turns(args: argparse.Namespace, out: TextIO) -> int:
 async def _sessions(args: argparse.Namespace, out: TextIO) -> int:
     if args.sessions_command == "prune":
         return await prune_sessions(args, out)
+    if args.sessions_command == "export":
+        session_id = check_session_id(args.session_id)
+        with export_target(args.output, out) as target:
+            async with existing_store(args.database_url, args.database_schema) as store:
+                return await export_session(store, target, session_id)
     async with existing_store(args.database_url, args.database_schema) as store:
         return await list_sessions(
             store,

@@ -5,10 +5,16 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import os
-import re
-from datetime import timedelta
 from typing import TYPE_CHECKING, NoReturn
 
+from turnkit.cli._flag_types import (
+    a_second_or_more,
+    at_least_one,
+    duration,
+    port,
+    positive_seconds,
+    seconds,
+)
 from turnkit.config import DURABILITIES
 
 if TYPE_CHECKING:
@@ -20,7 +26,7 @@ DESCRIPTION = """`turnkit` command line.
 
 `turnkit run "message"` streams one turn; `turnkit worker` drives queued turns;
 `turnkit sweep` times out orphaned runs; `turnkit sessions prune` deletes idle sessions;
-`turnkit db upgrade` applies migrations.
+`turnkit sessions export ID` prints one; `turnkit db upgrade` applies migrations.
 """
 
 
@@ -78,7 +84,7 @@ def _budgets_arg(parser: argparse.ArgumentParser) -> None:
 def _ceiling_arg(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--ceiling",
-        type=_positive_seconds,
+        type=positive_seconds,
         default=None,
         help="seconds a turn may run in all before it is timed out (default: 3600, or the "
         "idle window if that is longer)",
@@ -154,13 +160,13 @@ def _add_worker(sub: _Subparsers) -> None:
     )
     worker.add_argument(
         "--concurrency",
-        type=_at_least_one,
+        type=at_least_one,
         default=4,
         help="turns driven at once (default: %(default)s)",
     )
     worker.add_argument(
         "--poll-interval",
-        type=_positive_seconds,
+        type=positive_seconds,
         default=0.2,
         help="seconds to wait when no turn is claimable (default: %(default)s)",
     )
@@ -173,26 +179,26 @@ def _add_worker(sub: _Subparsers) -> None:
     )
     worker.add_argument(
         "--sweep-interval",
-        type=_positive_seconds,
+        type=positive_seconds,
         default=30.0,
         help="seconds between orphan sweeps (default: %(default)s)",
     )
     worker.add_argument(
         "--drain-timeout",
-        type=_seconds,
+        type=seconds,
         default=30.0,
         help="on SIGTERM, seconds running turns may take to finish before they are left to "
         "another worker (default: %(default)s)",
     )
     worker.add_argument(
         "--lease-ttl",
-        type=_a_second_or_more,  # unset: $TURNKIT_LEASE_TTL_S, read where it is used
+        type=a_second_or_more,  # unset: $TURNKIT_LEASE_TTL_S, read where it is used
         help="seconds a claim lasts unless renewed; another worker takes a turn over after "
         "its lease lapses (default: $TURNKIT_LEASE_TTL_S, else 8)",
     )
     worker.add_argument(
         "--idle-window",
-        type=_a_second_or_more,  # unset: $TURNKIT_IDLE_WINDOW_S, read where it is used
+        type=a_second_or_more,  # unset: $TURNKIT_IDLE_WINDOW_S, read where it is used
         help="seconds a turn may go without producing anything before it ends timed_out; "
         "keep it the same as the API processes' (default: $TURNKIT_IDLE_WINDOW_S, else 120)",
     )
@@ -235,7 +241,7 @@ def _add_turns(sub: _Subparsers) -> None:
     )
     turns.add_argument(
         "--unclaimed-after",
-        type=_positive_seconds,
+        type=positive_seconds,
         default=60.0,
         metavar="SECONDS",
         help="list a turn no process claimed after this long, when no turn of its session "
@@ -255,14 +261,22 @@ def _add_sessions(sub: _Subparsers) -> None:
     )
     sessions.add_argument(
         "--limit",
-        type=_at_least_one,
+        type=at_least_one,
         default=None,  # 50 when listing; `prune` reads it as its own --limit
         help="at most this many (default: 50)",
     )
     _database_args(sessions)
     sessions_sub = sessions.add_subparsers(
-        dest="sessions_command", metavar="{prune}", parser_class=_OneLineErrors
+        dest="sessions_command", metavar="{prune,export}", parser_class=_OneLineErrors
     )
+    export = sessions_sub.add_parser(
+        "export", help="print everything stored of one session as JSON lines (see the docs)"
+    )
+    export.add_argument("session_id", metavar="SESSION_ID", help="the session to export")
+    export.add_argument(
+        "--output", metavar="FILE", help="write to this new file, whole or not at all"
+    )
+    _database_args(export, suppress=True)
     prune = sessions_sub.add_parser(
         "prune",
         help="delete sessions idle for a while (never one with a running, queued or "
@@ -270,7 +284,7 @@ def _add_sessions(sub: _Subparsers) -> None:
     )
     prune.add_argument(
         "--idle-for",
-        type=_duration,
+        type=duration,
         required=True,
         metavar="DURATION",
         help="how long a session must have been idle: a number and a unit, s m h d or w "
@@ -283,7 +297,7 @@ def _add_sessions(sub: _Subparsers) -> None:
     )
     prune.add_argument(
         "--limit",
-        type=_at_least_one,
+        type=at_least_one,
         default=argparse.SUPPRESS,  # as `turnkit sessions --limit N prune` gives it
         help="delete at most this many sessions, those with the oldest last message first "
         "(default: all)",
@@ -340,7 +354,7 @@ def _add_serve(sub: _Subparsers) -> None:
     serve = sub.add_parser("serve", help="serve the HTTP routes (quickstart app)")
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s)")
     serve.add_argument(
-        "--port", type=_port, default=8000, help="port to bind (default: %(default)s)"
+        "--port", type=port, default=8000, help="port to bind (default: %(default)s)"
     )
     serve.add_argument(
         "--agent",
@@ -352,75 +366,6 @@ def _add_serve(sub: _Subparsers) -> None:
     _durability_arg(serve)
     _budgets_arg(serve)
     _otel_args(serve)
-
-
-def _seconds(value: str) -> float:
-    """A number of seconds, 0 or more, for argparse."""
-    try:
-        seconds = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds") from None
-    if not seconds >= 0 or seconds == float("inf"):
-        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds (0 or more)")
-    return seconds
-
-
-def _positive_seconds(value: str) -> float:
-    """A number of seconds above 0, for argparse."""
-    try:
-        seconds = _seconds(value)
-    except argparse.ArgumentTypeError:
-        seconds = 0.0
-    if seconds == 0:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds above 0")
-    return seconds
-
-
-def _a_second_or_more(value: str) -> float:
-    """A number of seconds of 1 or more (a lease or idle window: less ends every turn)."""
-    seconds = _positive_seconds(value)
-    if seconds < 1:
-        raise argparse.ArgumentTypeError(f"{value!r} is below 1 s: every turn would end at once")
-    return seconds
-
-
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
-_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86_400, "w": 604_800}
-
-
-def _duration(value: str) -> timedelta:
-    """A duration such as `90d`, `12h` or `1d12h` (s, m, h, d, w), above 0, for argparse.
-
-    A bare number is refused: seconds, as the other flags read it, would make
-    `--idle-for 90` delete nearly every session.
-    """
-    text = value.strip().lower()
-    if text.startswith("-") and _DURATION.fullmatch(text[1:]):
-        raise argparse.ArgumentTypeError(f"{value!r} is not a duration above 0")
-    parts = _DURATION.findall(text)
-    if not text or "".join(n + unit for n, unit in parts) != text:
-        hint = f": write {text}d for days" if _DURATION.fullmatch(text + "d") else ""
-        raise argparse.ArgumentTypeError(
-            f"{value!r} is not a duration such as 90d, 12h or 30m (units: s, m, h, d, w){hint}"
-        )
-    seconds = sum(float(n) * _UNIT_SECONDS[unit] for n, unit in parts)
-    if not 0 < seconds < timedelta.max.total_seconds():
-        raise argparse.ArgumentTypeError(f"{value!r} is not a duration above 0")
-    return timedelta(seconds=seconds)
-
-
-def _at_least_one(value: str) -> int:
-    """A whole number of 1 or more, for argparse."""
-    if not value.strip().isdigit() or int(value) < 1:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number of 1 or more")
-    return int(value)
-
-
-def _port(value: str) -> int:
-    """A TCP port number, for argparse."""
-    if not value.isdigit() or int(value) > 65535:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a port number (0-65535)")
-    return int(value)
 
 
 def _add_db(sub: _Subparsers) -> None:
@@ -460,7 +405,7 @@ def _add_db_copy(db_sub: _Subparsers) -> None:
     )
     copy.add_argument(
         "--batch-size",
-        type=_at_least_one,
+        type=at_least_one,
         default=500,
         help="rows read and inserted at a time (default: %(default)s)",
     )

@@ -1,0 +1,146 @@
+"""`turnkit sessions export ID`: everything the Store holds of one session, as JSON lines.
+
+One object per line, each with its `kind`: the `session`, then per turn (oldest first)
+the `turn`, its committed `event`s in `seq` order and its `audit` rows, then the
+session's workspace `file`s, and last an `end` line with the counts, so a file cut short
+is told from a whole one. Each turn's events are read up to the `last_seq` its record had
+when it was read, so a turn still running is exported as far as it had got.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TextIO
+
+from turnkit.errors import InvalidInputError, SessionNotFoundError
+from turnkit.ids import SessionId
+from turnkit.store import SessionRecord, TurnRecord
+from turnkit.store.sql import SqlStore
+
+__all__ = ("export_session", "export_target")
+
+
+@dataclass(slots=True)
+class _Counts:
+    turns: int = 0
+    events: int = 0
+    audit_rows: int = 0
+    files: int = 0
+
+
+async def export_session(store: SqlStore, out: TextIO, session_id: SessionId) -> int:
+    """Write the session's lines to `out`; `SessionNotFoundError` before any line if none."""
+    session = await store.get_session(session_id)
+    if session is None:
+        raise SessionNotFoundError(f"no session {session_id!r}", session_id=session_id)
+    counts = _Counts()
+    _line(out, _session(session))
+    for turn in await store.list_turns(session_id):
+        counts.turns += 1
+        _line(out, _turn(turn))
+        async for stored in store.read_events(turn.turn_id):
+            if stored.seq > turn.last_seq:
+                break  # written after the record was read: the next export has it
+            counts.events += 1
+            out.write(f'{{"kind":"event","turn_id":"{turn.turn_id}","event":')
+            out.write(stored.data.decode())
+            out.write("}\n")
+        for row in await store.read_audit(turn.turn_id):
+            counts.audit_rows += 1
+            audit: dict[str, object] = {
+                "kind": "audit",
+                "turn_id": turn.turn_id,
+                "row": row.model_dump(mode="json"),
+            }
+            _line(out, audit)
+    for file in await store.list_files(session_id):
+        counts.files += 1
+        _line(
+            out,
+            {
+                "kind": "file",
+                "path": file.path,
+                "media_type": file.media_type,
+                "version": file.version,
+                "updated_at": file.updated_at.isoformat(),
+                "turn_id": file.turn_id,
+                "content": file.content,
+            },
+        )
+    _line(out, {"kind": "end", "session_id": session_id, **asdict(counts)})
+    return 0
+
+
+@contextlib.contextmanager
+def export_target(path: str | None, stdout: TextIO) -> Iterator[TextIO]:
+    """Where the lines go: `stdout`, or `path` written whole or not at all.
+
+    The file is written beside `path` and renamed onto it only once every line is in, so
+    an export that fails leaves no file; an existing `path` is refused before anything is
+    read (an export is not a backup to overwrite).
+    """
+    if path is None:
+        yield stdout
+        return
+    target = Path(path)
+    if target.exists():
+        raise InvalidInputError(f"{path} exists: name a new file (an export never overwrites)")
+    partial = target.with_name(f".{target.name}.partial")
+    try:
+        with partial.open("x", encoding="utf-8") as file:
+            yield file
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(partial, target)
+    except FileExistsError:
+        raise InvalidInputError(
+            f"{partial} exists: another export to {path} is running, or one was cut short "
+            "(delete it and export again)"
+        ) from None
+    except FileNotFoundError as exc:
+        raise InvalidInputError(f"cannot write {path}: {exc.strerror}") from None
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+
+
+def _line(out: TextIO, record: dict[str, object]) -> None:
+    out.write(json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n")
+
+
+def _session(session: SessionRecord) -> dict[str, object]:
+    return {
+        "kind": "session",
+        "session_id": session.session_id,
+        "title": session.title,
+        "principal": session.principal,
+        "organisation": session.organisation,
+        "messages": session.last_input_seq,
+        "created_at": session.created_at.isoformat(),
+        "updated_at": session.updated_at.isoformat(),
+    }
+
+
+def _turn(turn: TurnRecord) -> dict[str, object]:
+    return {
+        "kind": "turn",
+        "turn_id": turn.turn_id,
+        "input_seq": turn.input_seq,
+        "status": turn.status,
+        "error_code": turn.error_code,
+        "content": turn.content,
+        "attachments": [part.model_dump(mode="json") for part in turn.attachments],
+        "agent": turn.agent,
+        "model": turn.model,
+        "attempts": turn.attempts,
+        "last_seq": turn.last_seq,
+        "summary": turn.summary.model_dump(mode="json") if turn.summary else None,
+        "created_at": turn.created_at.isoformat(),
+        "started_at": turn.started_at.isoformat() if turn.started_at else None,
+        "updated_at": turn.updated_at.isoformat(),
+    }

@@ -1,0 +1,78 @@
+"""The values the command line's flags take (argparse `type=` functions): one line each when bad."""
+
+from __future__ import annotations
+
+import argparse
+import re
+from datetime import timedelta
+
+__all__ = ("a_second_or_more", "at_least_one", "duration", "port", "positive_seconds", "seconds")
+
+
+def seconds(value: str) -> float:
+    """A number of seconds, 0 or more, for argparse."""
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds") from None
+    if not number >= 0 or number == float("inf"):
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds (0 or more)")
+    return number
+
+
+def positive_seconds(value: str) -> float:
+    """A number of seconds above 0, for argparse."""
+    try:
+        number = seconds(value)
+    except argparse.ArgumentTypeError:
+        number = 0.0
+    if number == 0:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds above 0")
+    return number
+
+
+def a_second_or_more(value: str) -> float:
+    """A number of seconds of 1 or more (a lease or idle window: less ends every turn)."""
+    number = positive_seconds(value)
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"{value!r} is below 1 s: every turn would end at once")
+    return number
+
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86_400, "w": 604_800}
+
+
+def duration(value: str) -> timedelta:
+    """A duration such as `90d`, `12h` or `1d12h` (s, m, h, d, w), above 0, for argparse.
+
+    A bare number is refused: seconds, as the other flags read it, would make
+    `--idle-for 90` delete nearly every session.
+    """
+    text = value.strip().lower()
+    if text.startswith("-") and _DURATION.fullmatch(text[1:]):
+        raise argparse.ArgumentTypeError(f"{value!r} is not a duration above 0")
+    parts = _DURATION.findall(text)
+    if not text or "".join(n + unit for n, unit in parts) != text:
+        hint = f": write {text}d for days" if _DURATION.fullmatch(text + "d") else ""
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not a duration such as 90d, 12h or 30m (units: s, m, h, d, w){hint}"
+        )
+    total = sum(float(n) * _UNIT_SECONDS[unit] for n, unit in parts)
+    if not 0 < total < timedelta.max.total_seconds():
+        raise argparse.ArgumentTypeError(f"{value!r} is not a duration above 0")
+    return timedelta(seconds=total)
+
+
+def at_least_one(value: str) -> int:
+    """A whole number of 1 or more, for argparse."""
+    if not value.strip().isdigit() or int(value) < 1:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number of 1 or more")
+    return int(value)
+
+
+def port(value: str) -> int:
+    """A TCP port number, for argparse."""
+    if not value.isdigit() or int(value) > 65535:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a port number (0-65535)")
+    return int(value)
