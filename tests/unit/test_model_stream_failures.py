@@ -178,6 +178,21 @@ async def test_a_web_page_says_what_came_back(raw_server: RawServer) -> None:
     assert "api_base" in error.message
 
 
+async def test_a_web_page_on_litellms_transport_walks_the_family_instead_of_an_empty_answer(
+    raw_server: RawServer,
+) -> None:
+    error = await failure(rung(raw_server, "html", "litellm"))
+    assert error.is_retriable is True
+    assert "not a chat-completion stream (content-type 'text/html" in error.message
+
+    family = ModelFamily(
+        "f", [rung(raw_server, "html", "litellm"), rung(raw_server, "good", "litellm")]
+    )
+    chunks = [chunk async for chunk in family.stream(HELLO)]
+    assert len([c for c in chunks if isinstance(c, RungFailed)]) == 1
+    assert [c.text for c in chunks if isinstance(c, TextDelta)] == ["from the next rung"]
+
+
 # ── what the messages claim ───────────────────────────────────────────────────────────
 
 

@@ -12,7 +12,7 @@ from collections.abc import AsyncGenerator
 from types import ModuleType
 
 from turnkit.models import ModelChunk, TextDelta, ThinkingDelta, ToolCallDelta
-from turnkit.models._openai_stream import StreamState, tool_call_piece
+from turnkit.models._openai_stream import ChatStreamError, StreamState, tool_call_piece
 
 __all__ = ("close_stream", "delta_chunks", "stream_litellm")
 
@@ -26,6 +26,7 @@ async def stream_litellm(
     """
     response = await litellm.acompletion(**kwargs)
     try:
+        _refuse_a_web_page(response)
         async for chunk in response:
             chunk_usage = getattr(chunk, "usage", None)
             if chunk_usage is not None:
@@ -40,6 +41,25 @@ async def stream_litellm(
                     yield piece
     finally:
         await close_stream(response)
+
+
+def _refuse_a_web_page(response: object) -> None:
+    """Raise when the 200 that litellm streams from is an HTML page (a proxy's error page).
+
+    litellm reads no event from such a body and ends the stream as a finished, empty
+    answer; the direct transport refuses any body that is not a chat-completion stream,
+    and this keeps the two alike where a provider's stream can never be HTML.
+    """
+    hidden = getattr(response, "_hidden_params", None)
+    headers = hidden.get("additional_headers") if isinstance(hidden, dict) else None
+    kind = headers.get("llm_provider-content-type") if isinstance(headers, dict) else None
+    if isinstance(kind, str) and kind.lower().startswith("text/html"):
+        raise ChatStreamError(
+            f"the response is not a chat-completion stream (content-type {kind!r}): check "
+            "that api_base is the address of the provider's API",
+            status_code=500,
+            origin="stream",
+        )
 
 
 def delta_chunks(delta: object) -> list[ModelChunk]:
