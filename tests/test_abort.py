@@ -8,8 +8,8 @@ from collections.abc import AsyncGenerator
 
 from tests.conftest import RuntimeFactory
 from tests.helpers import add
-from turnkit import Agent, CancelToken
-from turnkit.events import DoneEvent, MessageDeltaEvent
+from turnkit import Agent, CancelToken, RuntimeConfig
+from turnkit.events import DoneEvent, MessageCompleteEvent, MessageDeltaEvent, RunFinishedEvent
 from turnkit.testing import ModelStep, ScriptedModel, call
 
 
@@ -114,3 +114,37 @@ async def test_no_model_stream_is_left_to_the_garbage_collector(
     assert events[-1].status == "succeeded"
     assert len(model.calls) >= 2
     assert [n for n in finalized if "Model" in n] == []
+
+
+async def test_a_call_the_idle_window_cuts_short_is_audited_and_counted_and_its_text_kept(
+    runtime_factory: RuntimeFactory, database_url: str
+) -> None:
+    """The turn times out mid-call: the provider billed what it streamed, as for a Stop."""
+    model = ScriptedModel([ModelStep.hang("Thinking about it")])
+    config = RuntimeConfig(database_url=database_url, idle_window_s=0.5, heartbeat_interval_s=0.05)
+    runtime = runtime_factory(Agent(model=model), config=config)
+    async with asyncio.timeout(20):
+        events = [e async for e in runtime.execute_message("s1", "tell me a long story")]
+    done = events[-1]
+    assert isinstance(done, DoneEvent)
+    assert (done.status, done.error_code) == ("timed_out", "deadline-exceeded")
+    assert model.aborted == 1
+
+    rows = await runtime.audit(done.turn_id)
+    last = rows[-1]
+    assert last.call is not None
+    assert (last.call.outcome, last.call.error_code) == ("error", "deadline-exceeded")
+    assert last.identity.stage_id == "synthesize"
+    assert last.call.input_tokens > 0
+    assert last.call.output_tokens == 5  # "Thinking about it": 17 characters, estimated
+    assert last.payloads.interrupted_block is not None
+    usage = await runtime.store.read_usage(done.turn_id)  # type: ignore[arg-type]
+    assert usage.model_calls >= 1
+    assert usage.output_tokens >= 5
+    finished = next(e for e in events if isinstance(e, RunFinishedEvent))
+    assert finished.output_tokens >= 5  # the turn's own account counts the call too
+
+    kept = [e for e in events if isinstance(e, MessageCompleteEvent)]
+    assert [(e.block.text, e.block.interrupted) for e in kept] == [("Thinking about it", True)]
+    history = await runtime.history("s1")
+    assert "Thinking about it" in [b.text for b in history[0].blocks if hasattr(b, "text")]

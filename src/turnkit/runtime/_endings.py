@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from pydantic import JsonValue
 
-from turnkit.audit import AuditPayloads, CallShape, InterruptedBlockPayload
+from turnkit.audit import AuditPayloads, CallOutcome, CallShape, InterruptedBlockPayload
 from turnkit.blocks import TextBlock
 from turnkit.errors import DeadlineExceededError, LeaseLostError, StaleEpochError, TurnError
 from turnkit.events import (
@@ -66,6 +66,7 @@ async def end_failed(rec: Recorder, attempt: Attempt, exc: TurnError) -> bool:
     A lease lost meanwhile leaves the ending to the attempt that holds it now: False.
     """
     status: TerminalStatus = "timed_out" if isinstance(exc, DeadlineExceededError) else "failed"
+    _audit_cut_call(rec, outcome="error", error_code=exc.code)  # the idle window or ceiling
     rec.durable(ErrorEvent, "runtime", code=exc.code, message=exc.message, details=_details(exc))
     summary = _summary(rec, attempt, status, exc.code)
     _finished(rec, summary, "runtime")
@@ -89,27 +90,7 @@ async def end_aborted(rec: Recorder, attempt: Attempt) -> bool:
     The text that call had streamed is kept as an interrupted block. False when a lease
     lost meanwhile leaves the ending to the attempt that holds it now.
     """
-    call = rec.open_call
-    if call is not None:
-        kept = _keep_interrupted(rec, call)
-        rec.audit(
-            call.stage_id,
-            call=CallShape(
-                provider=call.provider,
-                model=call.model,
-                family=call.family,
-                rung=call.rung,
-                latency_ms=(time.perf_counter() - call.started) * 1000,
-                # Partial: the provider reports no usage for a stream cut short, so the
-                # request and the text streamed so far are estimated (budgets count them).
-                input_tokens=prompt_tokens(call.request) if call.request else 0,
-                output_tokens=text_tokens("".join(call.text)),
-                outcome="user-aborted",
-                error_code="user-aborted",
-            ),
-            payloads=AuditPayloads(interruptedBlock=kept) if kept is not None else None,
-        )
-        rec.open_call = None
+    _audit_cut_call(rec, outcome="user-aborted", error_code="user-aborted")
     summary = _summary(rec, attempt, "cancelled", None)
     _finished(rec, summary, "runtime")
     rec.durable(DoneEvent, "runtime", status="cancelled")
@@ -123,6 +104,35 @@ async def end_aborted(rec: Recorder, attempt: Attempt) -> bool:
     except (StaleEpochError, LeaseLostError):
         return False
     return True
+
+
+def _audit_cut_call(rec: Recorder, *, outcome: CallOutcome, error_code: str) -> None:
+    """Audit the model call the ending cut short, if one was open; keep the text it streamed.
+
+    The ending came from outside the call (a Stop, the idle window, the ceiling), so the
+    call left no row of its own. The provider reports no usage for a stream cut short:
+    the request and the text streamed so far are estimated, and budgets count them.
+    """
+    call = rec.open_call
+    if call is None:
+        return
+    kept = _keep_interrupted(rec, call)
+    rec.audit(
+        call.stage_id,
+        call=CallShape(
+            provider=call.provider,
+            model=call.model,
+            family=call.family,
+            rung=call.rung,
+            latency_ms=(time.perf_counter() - call.started) * 1000,
+            input_tokens=prompt_tokens(call.request) if call.request else 0,
+            output_tokens=text_tokens("".join(call.text)),
+            outcome=outcome,
+            error_code=error_code,
+        ),
+        payloads=AuditPayloads(interruptedBlock=kept) if kept is not None else None,
+    )
+    rec.open_call = None
 
 
 def _summary(
