@@ -19,6 +19,8 @@ from tests.helpers import report
 from tests.protocols.test_agui import HOLD_TEXT, GatedModel, add, build_app, transfer
 from tests.support.server import serve
 from turnkit import Agent
+from turnkit.errors import ProviderError
+from turnkit.models.family import ModelFamily
 from turnkit.testing import ModelStep, ScriptedModel, call
 
 ROOT = Path(__file__).parent.parent.parent
@@ -61,6 +63,14 @@ def _agents() -> list[Agent]:
         ),
         Agent(name="steady", model=ScriptedModel([ModelStep.text_reply(HOLD_TEXT, chunk_size=6)])),
         Agent(
+            name="cascade",
+            model=ModelFamily("f", [
+                ScriptedModel([ModelStep.cut("Partial text before ", ProviderError(
+                    "overloaded", status_code=503, is_retriable=True))], name="first"),
+                ScriptedModel([ModelStep.text_reply("Hello from the second rung.")], name="second"),
+            ]),
+        ),
+        Agent(
             name="oversized",
             model=ScriptedModel([
                 ModelStep.tool_call_reply(call("report", pages=5)),  # 60,000 characters
@@ -80,5 +90,5 @@ def test_the_ag_ui_client_reads_turnkit_runs(tmp_path: Path) -> None:
             env={**os.environ, "AGUI_URL": url, "AGUI_HOLD_TEXT": HOLD_TEXT},
         )  # fmt: skip
     assert done.returncode == 0, f"{done.stdout}\n{done.stderr}"
-    assert "pass 4" in done.stdout, done.stdout
+    assert "pass 5" in done.stdout, done.stdout
     assert "error" not in done.stderr.lower(), done.stderr  # e.g. "Subscriber error: ..."

@@ -43,6 +43,7 @@ from turnkit.events import (
 from turnkit.http import install_problem_handlers
 from turnkit.ids import SessionId
 from turnkit.models import ModelChunk, ModelRequest, TextDelta
+from turnkit.models.family import ModelFamily
 from turnkit.plugins import Plugin, PluginContext, ToolCall
 from turnkit.protocols import _ai_sdk_stream as wire
 from turnkit.protocols.ai_sdk import (
@@ -107,7 +108,7 @@ class GatedModel(WrappedModel):
 
 def build_app(
     tmp_path: Path,
-    model: ScriptedModel | GatedModel,
+    model: ScriptedModel | GatedModel | ModelFamily,
     *,
     tools: Sequence[Any] = (add, delete_file),
     keepalive_s: float = 10.0,
@@ -386,6 +387,9 @@ def test_translator_steps_reasoning_snapshots_and_sources() -> None:
         ("finish", None, None),
     ]
     assert out[-1]["finishReason"] == "other"
+    # The failed rung's part is marked, so a client can leave its text out; no other is.
+    marked = [(c["id"], c["providerMetadata"]) for c in out if "providerMetadata" in c]
+    assert marked == [("a", {"turnkit": {"discarded": True}})]
     source = next(c for c in out if c["type"] == "source-url")
     assert source == {"type": "source-url", "sourceId": "b:0", "url": "https://example.org",
                       "title": "Ex"}  # fmt: skip

@@ -16,6 +16,8 @@ import pytest
 from tests.helpers import report
 from tests.protocols.test_ai_sdk import GatedModel, NoDeletes, build_app
 from tests.support.server import serve
+from turnkit.errors import ProviderError
+from turnkit.models.family import ModelFamily
 from turnkit.testing import ModelStep, ScriptedModel, call
 
 ROOT = Path(__file__).parent.parent.parent
@@ -34,7 +36,7 @@ def _node() -> str:
     return node
 
 
-def _scripts() -> dict[str, ScriptedModel | GatedModel]:
+def _scripts() -> dict[str, ScriptedModel | GatedModel | ModelFamily]:
     return {
         "tool-turn": ScriptedModel([
             ModelStep.tool_call_reply(call("add", a=2, b=3), text="Adding."),
@@ -68,6 +70,11 @@ def _scripts() -> dict[str, ScriptedModel | GatedModel]:
             gated_call=1,
             hold_after=2,
         ),
+        "cascade": ModelFamily("f", [
+            ScriptedModel([ModelStep.cut("Partial text before ", ProviderError(
+                "overloaded", status_code=503, is_retriable=True))], name="first"),
+            ScriptedModel([ModelStep.text_reply("Hello from the second rung.")], name="second"),
+        ]),
         "oversized": ScriptedModel([
             ModelStep.tool_call_reply(call("report", pages=5)),  # a 60,000-character result
             ModelStep.text_reply("The report is written."),
@@ -85,6 +92,7 @@ def _scripts() -> dict[str, ScriptedModel | GatedModel]:
         "reload-paused",
         "reconnect",
         "oversized",
+        "cascade",
     ],
 )
 def test_the_ai_sdk_client_reads_turnkit_streams(scenario: str, tmp_path: Path) -> None:

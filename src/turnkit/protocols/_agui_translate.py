@@ -207,9 +207,16 @@ class Translator:
         self.finished, now = True, self.now()
         return [*self._close(now), _ev("RUN_ERROR", now, message=message, code=code)]
 
-    def _end_blocks(self, ts: datetime) -> list[AgUi]:
-        """End the open messages of blocks that will not complete; forget held ones."""
-        out = [_ev("TEXT_MESSAGE_END", ts, messageId=block_id)
+    def _end_blocks(self, ts: datetime, *, discarded: bool = False) -> list[AgUi]:
+        """End the open messages of blocks that will not complete; forget held ones.
+
+        `discarded`: their rung failed over, and the next writes the text again; the
+        message's `metadata` says so, for a client to leave it out.
+        """
+        mark: dict[str, JsonValue] = (
+            {"metadata": {"turnkit": {"discarded": True}}} if discarded else {}
+        )
+        out = [_ev("TEXT_MESSAGE_END", ts, messageId=block_id, **mark)
                for block_id, block in self.blocks.items() if block.opened]  # fmt: skip
         self.blocks.clear()
         return out
@@ -277,7 +284,7 @@ class Translator:
             case ToolCompletedEvent() | ToolFailedEvent():
                 return self._tool_result(event)
             case ProviderCascadeEvent():  # the failed rung's block never completes: end it
-                return [*self._end_blocks(event.ts), self._custom(event, raw)]
+                return [*self._end_blocks(event.ts, discarded=True), self._custom(event, raw)]
             case TurnRecoveringEvent():  # a new attempt may write the open block again
                 for block in self.blocks.values():
                     block.held = True

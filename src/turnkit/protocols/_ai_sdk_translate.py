@@ -57,6 +57,9 @@ from turnkit.events import (
 __all__ = ("Chunk", "UIMessageStreamTranslator")
 
 Chunk = dict[str, JsonValue]
+
+_DISCARDED: JsonValue = {"turnkit": {"discarded": True}}
+"""The `providerMetadata` that `text-end` leaves on a text part whose rung failed over."""
 """One UI message stream chunk, as the SDK's `uiMessageChunkSchema` reads it."""
 _FINISH_REASONS: Final[Mapping[str, str]] = {
     "succeeded": "stop",
@@ -244,7 +247,7 @@ class UIMessageStreamTranslator:
             del self._texts[block_id]
             self._again.pop(("text", block_id), None)
             self._ended.add(block_id)
-            out.append({"type": "text-end", "id": block_id})
+            out.append({"type": "text-end", "id": block_id, "providerMetadata": _DISCARDED})
         return [*out, *self._block_ended()]
 
     def _block_ended(self) -> list[Chunk]:

@@ -90,6 +90,15 @@ class ModelStep:
         return cls(text=text, tool_calls=calls, stop_reason="max_tokens")
 
     @classmethod
+    def cut(cls, text: str, error: Exception) -> ModelStep:
+        """Stream `text`, then raise `error`: a stream that breaks mid-answer.
+
+        With a retriable `ProviderError` in a `ModelFamily`, the next rung answers and
+        the text streamed so far is abandoned (`provider.cascade`).
+        """
+        return cls(text=text, error=error)
+
+    @classmethod
     def hang(cls, text: str = "") -> ModelStep:
         """Stream `text`, then wait until the call is cancelled."""
         return cls(text=text, hang_after_text=True)
@@ -172,7 +181,7 @@ class ScriptedModel:
         """Play the next step."""
         self.calls.append(request)
         step = self._next_step(request)
-        if step.error is not None:
+        if step.error is not None and not step.text:
             raise step.error
         finished = False
         try:
@@ -191,6 +200,8 @@ class ScriptedModel:
             yield ThinkingDelta(step.thinking[start : start + size])
         for start in range(0, len(step.text), size):
             yield TextDelta(step.text[start : start + size])
+        if step.error is not None:  # `cut`: the stream breaks after its text
+            raise step.error
         if step.hang_after_text:
             await asyncio.Event().wait()  # until cancelled
         for index, part in enumerate(step.tool_calls):

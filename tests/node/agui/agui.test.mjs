@@ -1,7 +1,8 @@
 // turnkit's AG-UI endpoint driven by the official client: @ag-ui/client's HttpAgent (with
 // its own event verifier) runs each scenario, and every event it receives is checked
 // against @ag-ui/core's schemas. Started by tests/protocols/test_agui_node.py, which serves
-// the app on AGUI_URL with the agents `tools`, `approval`, `reconnect` and `steady`.
+// the app on AGUI_URL with the agents `tools`, `approval`, `reconnect`, `steady`, `oversized`
+// and `cascade`.
 import assert from "node:assert/strict";
 import { randomUUID } from "node:crypto";
 import { test } from "node:test";
@@ -96,6 +97,22 @@ function assertUniqueIds(agent) {
   const ids = agent.messages.map((m) => m.id);
   assert.equal(new Set(ids).size, ids.length, `duplicate message ids: ${ids}`);
 }
+
+test("a rung that fails over leaves its message marked discarded", async () => {
+  const { agent, forwardedProps } = newAgent("cascade", [userMessage("Say hello")]);
+  const { events, failure } = await run(agent, { runId: `run-${randomUUID()}`, forwardedProps });
+  assert.equal(failure, undefined);
+  assert.equal(events.at(-1).type, "RUN_FINISHED");
+  const assistant = agent.messages.filter((m) => m.role === "assistant");
+  assert.deepEqual(
+    assistant.map((m) => [m.content, m.metadata?.turnkit?.discarded ?? false]),
+    [["Partial text before ", true], ["Hello from the second rung.", false]],
+  );
+  const shown = assistant.filter((m) => !m.metadata?.turnkit?.discarded).map((m) => m.content);
+  assert.deepEqual(shown, ["Hello from the second rung."]);
+  const custom = events.find((e) => e.type === "CUSTOM" && e.name === "turnkit.provider.cascade");
+  assert.equal(custom.value.to_model, "second");
+});
 
 test("a tool-using turn", async () => {
   const { agent, forwardedProps } = newAgent("tools", [userMessage("What is 2 + 3?")]);

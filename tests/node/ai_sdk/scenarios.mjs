@@ -340,7 +340,27 @@ async function reconnect() {
   assert.equal(again.chunks[0].messageId, whole.message.id);
 }
 
-const scenarios = { 'tool-turn': toolTurn, approval, 'two-approvals': twoApprovals, 'reload-paused': reloadPaused, 'approved-then-denied': approvedThenDenied, reconnect, oversized };
+// The first rung breaks mid-answer and the next one answers: the abandoned text part is
+// marked discarded (its providerMetadata), and leaving such parts out shows the answer only.
+async function cascade() {
+  const transport = new DefaultChatTransport({ api });
+  const stream = await send(transport, 'cascade', [user('Say hello')]);
+  const { message, errors } = await withDeadline(read(stream), 'cascade');
+  assert.deepEqual(errors, []);
+  const texts = message.parts.filter(p => p.type === 'text');
+  assert.deepEqual(
+    texts.map(p => [p.text, p.state, p.providerMetadata?.turnkit?.discarded ?? false]),
+    [['Partial text before ', 'done', true], ['Hello from the second rung.', 'done', false]],
+  );
+  const shown = texts.filter(p => !p.providerMetadata?.turnkit?.discarded).map(p => p.text);
+  assert.deepEqual(shown, ['Hello from the second rung.']);
+  const cascaded = message.parts.find(p => p.type === 'data-turnkit-provider.cascade');
+  assert.equal(cascaded.data.to_model, 'second');
+  assert.equal(message.metadata.status, 'succeeded');
+  await validateUIMessages({ messages: [user('Say hello'), message] });
+}
+
+const scenarios = { cascade, 'tool-turn': toolTurn, approval, 'two-approvals': twoApprovals, 'reload-paused': reloadPaused, 'approved-then-denied': approvedThenDenied, reconnect, oversized };
 const run = scenarios[scenario];
 if (!run) {
   console.error(`unknown scenario ${scenario}; one of ${Object.keys(scenarios)}`);
