@@ -983,3 +983,16 @@ def test_run_says_what_a_paused_turn_waits_for_and_where_to_answer(
     turn_id = last.split()[2]
     assert main(["events", turn_id, "--database-url", url], out=printed) == 0
     assert shown in printed.getvalue()
+
+
+def test_run_says_the_text_a_failed_model_streamed_is_dropped(tmp_path: Path) -> None:
+    out = io.StringIO()
+    url = f"sqlite:///{tmp_path / 'cascade.db'}"
+    code = main(["run", "hi", "--agent", "tests.support.cascade_agent:agent",
+                 "--database-url", url], out=out)  # fmt: skip
+    lines = out.getvalue().splitlines()
+    assert code == 0, lines
+    at = next(i for i, line in enumerate(lines) if "↷ first failed" in line)
+    assert lines[at - 1].endswith("Partial text before ")
+    assert lines[at + 1] == "    (the text above is dropped: the next model writes it again)"
+    assert "Hello from the second rung." in "\n".join(lines[at + 2 :])

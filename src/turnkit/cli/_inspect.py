@@ -99,8 +99,11 @@ class Printer:
             case BudgetPausedEvent(reason=reason):
                 self._line(f"  ⏸ paused for a budget: {reason}")
             case ProviderCascadeEvent():
+                cut = self.streaming is not None  # its text so far is not the answer
                 nxt = f"trying {event.to_model}" if event.to_model else "no other model to try"
                 self._line(f"  ↷ {event.from_model} failed ({event.reason}); {nxt}")
+                if cut:
+                    self._line("    (the text above is dropped: the next model writes it again)")
             case UsageEvent():
                 self._line(
                     f"usage: {event.model_calls} model call{'' if event.model_calls == 1 else 's'}"
