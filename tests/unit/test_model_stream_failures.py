@@ -258,3 +258,17 @@ def test_an_unknown_provider_prefix_is_named_with_the_openai_compatible_way() ->
 def test_retry_after_is_read_as_seconds_or_a_date(header: str, wait: float | None) -> None:
     error = ChatStreamError("busy", status_code=429, retry_after=header)
     assert retry_after(error) == wait
+
+
+async def test_a_stream_that_sends_no_usage_is_counted_alike_on_both_transports(
+    raw_server: RawServer,
+) -> None:
+    """A server ignoring `include_usage`: tokens are estimated, so budgets still count them."""
+    finished = {}
+    for transport in ("auto", "litellm"):
+        chunks = [c async for c in rung(raw_server, "good", transport).stream(HELLO)]
+        assert isinstance(chunks[-1], Finish)
+        finished[transport] = chunks[-1].usage
+    assert finished["auto"].input_tokens > 0
+    assert finished["auto"].output_tokens > 0
+    assert finished["auto"] == finished["litellm"]

@@ -12,10 +12,27 @@ import math
 from collections.abc import Mapping
 from types import ModuleType
 
-from turnkit.models import Finish, StopReason, Usage
+from turnkit.models import (
+    Finish,
+    ModelChunk,
+    StopReason,
+    TextDelta,
+    ThinkingDelta,
+    ToolCallDelta,
+    Usage,
+)
 from turnkit.models._openai_stream import StreamState
 
-__all__ = ("call_cost", "field_of", "finish", "stop_reason", "tokens", "usage_of")
+__all__ = (
+    "call_cost",
+    "estimated_usage",
+    "field_of",
+    "finish",
+    "note_output",
+    "stop_reason",
+    "tokens",
+    "usage_of",
+)
 
 log = logging.getLogger("turnkit.models")
 
@@ -27,6 +44,33 @@ def finish(litellm: ModuleType, state: StreamState, *, model: str, provider: str
     """The `Finish` for a stream that has ended; `model` is the bare model litellm resolved."""
     reason = stop_reason(state.finish_reason, state.saw_tool_call)
     return Finish(reason, usage_of(litellm, state.usage, model=model, provider=provider))
+
+
+def note_output(written: list[str], piece: ModelChunk) -> None:
+    """Keep what a piece wrote, for `estimated_usage`."""
+    if isinstance(piece, TextDelta | ThinkingDelta):
+        written.append(piece.text)
+    elif isinstance(piece, ToolCallDelta):
+        written.append(piece.arguments)
+
+
+def estimated_usage(
+    litellm: ModuleType, kwargs: Mapping[str, object], written: list[str]
+) -> dict[str, object]:
+    """Token counts for a stream that sent no usage, by litellm's counter.
+
+    litellm's path counts such a stream the same way itself, so both transports report
+    tokens (and a price) for a server that ignores `stream_options.include_usage`.
+    """
+    model = str(kwargs["model"])
+    try:
+        prompt = litellm.token_counter(model=model, messages=kwargs["messages"])
+        completion = litellm.token_counter(
+            model=model, text="".join(written), count_response_tokens=True
+        )
+    except Exception:  # noqa: BLE001 - an estimate must never fail the call
+        return {}
+    return {"prompt_tokens": prompt, "completion_tokens": completion}
 
 
 def stop_reason(finish_reason: str | None, saw_tool_call: bool) -> StopReason:

@@ -37,7 +37,7 @@ from turnkit.models import (
 from turnkit.models._chat_format import message_dicts, tool_dict
 from turnkit.models._direct import prepare as _prepare_direct
 from turnkit.models._errors import CallSite, map_error
-from turnkit.models._litellm_finish import finish
+from turnkit.models._litellm_finish import estimated_usage, finish, note_output
 from turnkit.models._litellm_stream import stream_litellm
 from turnkit.models._loader import load_litellm as _load_litellm
 from turnkit.models._openai_stream import StreamState, stream_chat
@@ -277,8 +277,11 @@ class LiteLLMClient:
         state = StreamState()
         direct = _prepare_direct(litellm, kwargs, model=self._bare_model) if self._direct else None
         pieces = stream_chat(direct, state) if direct else stream_litellm(litellm, kwargs, state)
+        written: list[str] | None = [] if direct else None  # to estimate a missing usage
         try:
             async for piece in pieces:
+                if written is not None:
+                    note_output(written, piece)
                 yield piece
         except Exception as exc:
             mapped = map_error(exc, self._call_site(), litellm)
@@ -287,6 +290,8 @@ class LiteLLMClient:
             raise mapped from exc
         finally:
             await pieces.aclose()
+        if state.usage is None and written is not None:  # as litellm's own path counts it
+            state.usage = estimated_usage(litellm, kwargs, written)
         yield finish(litellm, state, model=self._bare_model, provider=self._provider)
 
     # ── request ─────────────────────────────────────────────────────────────────────
