@@ -261,8 +261,12 @@ async def test_a_worker_on_postgres_starts_a_turn_from_what_its_claim_read(
     assert reads == []
 
 
-async def test_a_stopping_worker_hands_the_turns_it_leaves_over_at_once(tmp_path: Path) -> None:
-    """Left at its drain timeout, a turn is claimable now, not once its lease lapses."""
+async def test_a_stopping_worker_hands_the_turns_it_leaves_over_at_once(
+    db: tuple[str, str | None], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Left at its drain timeout, a turn is claimable now, not once its lease lapses; the
+    next worker says it was handed over, not that its driver died."""
+    caplog.set_level(logging.INFO, logger="turnkit.worker")
     from turnkit import tool
     from turnkit.testing import call
 
@@ -281,8 +285,9 @@ async def test_a_stopping_worker_hands_the_turns_it_leaves_over_at_once(tmp_path
         repeat_last=True,
     )
     agent = Agent(model=model, tools=[slow_once], skip_stages=frozenset({"anchor-plan"}))
+    url, schema = db
     config = RuntimeConfig(
-        database_url=f"sqlite:///{tmp_path / 'w.db'}", run_in_process=False, lease_ttl_s=60
+        database_url=url, database_schema=schema, run_in_process=False, lease_ttl_s=60
     )
     async with SessionRuntime(agent=agent, config=config) as runtime:
         turn = await runtime.submit("s-1", "go")
@@ -301,6 +306,13 @@ async def test_a_stopping_worker_hands_the_turns_it_leaves_over_at_once(tmp_path
             await _status_once_driven(runtime, Worker(runtime, poll_interval_s=0.02), turn.turn_id)
             == "succeeded"
         )
+        recovering = [e async for e in runtime.events(turn.turn_id) if e.type == "turn.recovering"]
+    assert [(e.attempt, e.cause) for e in recovering] == [(2, "handed-over")]  # type: ignore[attr-defined]
+    lines = [r.getMessage() for r in caplog.records if r.name == "turnkit.worker"]
+    assert (
+        f"recovering turn {turn.turn_id} (session s-1): attempt 2, handed over by a worker "
+        "that shut down"
+    ) in lines
 
 
 async def test_a_turn_stopped_from_another_process_is_logged_cancelled(

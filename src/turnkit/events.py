@@ -464,8 +464,9 @@ class TurnRecoveringEvent(DurableEvent):
     type: Literal["turn.recovering"] = "turn.recovering"
     attempt: PositiveInt
     """This attempt's number (2 for the first takeover)."""
-    cause: Literal["lease-expired", "retried"]
-    """`lease-expired`: the previous driver stopped renewing (killed, stopped, cut off);
+    cause: Literal["lease-expired", "handed-over", "retried"]
+    """`lease-expired`: the previous driver stopped renewing (killed, cut off);
+    `handed-over`: its worker shut down and left the turn to the next one;
     `retried`: a failed turn was retried."""
     resumed_from: Literal["checkpoint", "start"]
     """Where the attempt goes on from: the turn's last checkpoint, or its start (with

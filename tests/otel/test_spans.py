@@ -467,10 +467,12 @@ async def test_a_turn_recovered_after_a_crash_stays_one_trace(
     assert _attrs(crashed)["turnkit.outcome"] == "lease_lost"
     assert _attrs(recovered)["turnkit.attempt"] == 2
     assert _attrs(recovered)["turnkit.recovered"] is True
+    assert _attrs(recovered)["turnkit.recovery.cause"] == "lease-expired"
     assert _attrs(recovered)["turnkit.outcome"] == "succeeded"
     assert _attrs(recovered)["turnkit.turn_id"] == submission.turn_id
-    [(_, recoveries)] = otel.points("turnkit.recoveries")
+    [(attributes, recoveries)] = otel.points("turnkit.recoveries")
     assert recoveries.value == 1
+    assert attributes["turnkit.recovery.cause"] == "lease-expired"  # a crash, not a hand-over
 
 
 async def test_the_attempt_span_says_how_long_the_turn_was_held(

@@ -220,7 +220,10 @@ class _LiveTurn(TurnTrace):
                 self.done = event
             elif isinstance(event, TurnRecoveringEvent):
                 self.span.set_attribute("turnkit.recovered", True)
-                self.found.recoveries.add(1, {"gen_ai.agent.name": self.agent})
+                self.span.set_attribute("turnkit.recovery.cause", event.cause)
+                self.found.recoveries.add(
+                    1, {"gen_ai.agent.name": self.agent, "turnkit.recovery.cause": event.cause}
+                )
 
     def held(self, seconds: float) -> None:
         self.span.set_attribute("turnkit.held_ms", round(seconds * 1000, 3))

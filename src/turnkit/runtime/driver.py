@@ -361,7 +361,7 @@ class TurnDriver:
             TurnRecoveringEvent,
             "runtime",
             attempt=self.lease.attempt,
-            cause="lease-expired",
+            cause="handed-over" if self.lease.handed_over else "lease-expired",
             resumed_from="checkpoint" if resumed else "start",
             checkpoint_id=checkpoint,
             last_seq=self.lease.last_seq,

@@ -220,10 +220,13 @@ class Worker:
     def _start(self, lease: Lease, slot: Slot) -> None:
         if lease.took_over:
             log.info(
-                "recovering turn %s (session %s): attempt %d, its previous driver's lease expired",
+                "recovering turn %s (session %s): attempt %d, %s",
                 lease.turn_id,
                 lease.session_id,
                 lease.attempt,
+                "handed over by a worker that shut down"
+                if lease.handed_over
+                else "its previous driver's lease expired",
             )
         else:
             log.info(
@@ -348,6 +351,6 @@ class Worker:
         await asyncio.gather(*pending, return_exceptions=True)
         for lease in left:  # ended now: another worker takes each over at once, not after its ttl
             try:
-                await self.runtime.store.renew(lease, ttl_s=0)
-            except Exception as exc:  # noqa: BLE001 - taken over already, or unreachable: it lapses
+                await self.runtime.store.hand_over(lease)
+            except Exception as exc:  # noqa: BLE001 - unreachable: the lease lapses on its own
                 log.debug("could not hand %s over at once: %r", lease.turn_id, exc)

@@ -191,6 +191,15 @@ class RunQueue(Protocol):
         """Extend the lease; `StaleEpochError` when it is no longer this driver's."""
         ...
 
+    async def hand_over(self, lease: Lease) -> bool:
+        """End the lease now, for the next claim to take the turn at once.
+
+        For a driver that stops without ending its turn (a worker shutting down): the
+        next claim's `Lease.handed_over` says the turn was left, not orphaned by a crash.
+        False when the lease was no longer this driver's.
+        """
+        ...
+
     async def sweep(self, *, ceiling_s: float, max_attempts: int) -> list[TurnId]:
         """End orphaned `running` turns as `timed_out`; paused turns are never touched.
 

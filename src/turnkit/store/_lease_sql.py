@@ -25,14 +25,20 @@ from turnkit.store._schema import UNFINISHED, Fields, aware, events, turn_record
 
 __all__ = (
     "PROGRESS_TYPES",
+    "HANDED_OVER",
     "claim",
     "claim_pg",
+    "hand_over",
     "Refusal",
     "Renewal",
     "renew_many",
     "renew_many_pg",
     "spent_after_claim",
 )
+
+
+HANDED_OVER = "(handed over)"
+"""The `lease_owner` of a turn whose driver left it to the next claim (`hand_over`)."""
 
 
 PROGRESS_TYPES: tuple[str, ...] = (
@@ -168,6 +174,7 @@ def _taken(
         expires_at=expires,
         attempt=candidate.attempts + 1,
         took_over=candidate.lease_owner is not None,
+        handed_over=candidate.lease_owner == HANDED_OVER,
         last_seq=won.last_seq,
         started_at=started,
         cancel_requested=bool(won.cancel_requested),
@@ -254,6 +261,25 @@ class _Was:
     lease_epoch: int
     attempts: int
     lease_owner: str | None
+
+
+def hand_over(conn: Connection, lease: Lease, now: datetime) -> bool:
+    """End `lease` now and mark the turn handed over; False when the lease was gone.
+
+    The next claim takes the turn at once and knows its driver left it (a worker that
+    shut down) rather than died: its `Lease.handed_over`.
+    """
+    result = conn.execute(
+        update(turns)
+        .where(
+            turns.c.turn_id == lease.turn_id,
+            turns.c.lease_epoch == lease.epoch,
+            turns.c.lease_owner == lease.owner,
+            turns.c.status == "running",
+        )
+        .values(lease_owner=HANDED_OVER, lease_expires_at=now)
+    )
+    return bool(result.rowcount == 1)
 
 
 def _stale(lease: Lease) -> StaleEpochError:

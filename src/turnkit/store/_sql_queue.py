@@ -100,6 +100,11 @@ class SqlQueue(SqlEngine):
         assert outcome is not None  # every asked renewal gets an outcome
         return outcome
 
+    async def hand_over(self, lease: Lease) -> bool:
+        """End `lease` at once for the next claim, saying its driver left (see `Queue`)."""
+        now = self._clock.now()
+        return bool(await self._tx(lease_sql.hand_over, lease, now))
+
     async def _renew_many(
         self, asked: Sequence[lease_sql.Renewal]
     ) -> dict[lease_sql.Renewal, Lease | lease_sql.Refusal]:

@@ -264,11 +264,14 @@ class Lease:
     attempt: int
     """1 for the first attempt; higher after a takeover."""
     took_over: bool
-    """Whether this claim took over an expired one (the previous driver died)."""
+    """Whether this claim took over an expired one (the previous driver died or left)."""
     last_seq: int
     started_at: datetime
     cancel_requested: bool = False
     """Someone pressed Stop: the driver ends the turn `cancelled` at its next renewal."""
+    handed_over: bool = False
+    """The previous driver handed the turn over as its worker shut down (`hand_over`)
+    rather than dying: `took_over` too, but nothing went wrong."""
     record: TurnRecord | None = field(default=None, compare=False, repr=False)
     """The turn as the claim left it, where the claim read it anyway (PostgreSQL), so
     its driver starts without reading it again; None: read it with `get_turn`."""
