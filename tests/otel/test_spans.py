@@ -473,6 +473,12 @@ async def test_a_turn_recovered_after_a_crash_stays_one_trace(
     [(attributes, recoveries)] = otel.points("turnkit.recoveries")
     assert recoveries.value == 1
     assert attributes["turnkit.recovery.cause"] == "lease-expired"  # a crash, not a hand-over
+    # The call the crash cut short does not look done; the one run again says why it ran.
+    cut, again = otel.named("execute_tool fetch")
+    assert (_attrs(cut)["error.type"], cut.status.status_code) == ("cancelled", StatusCode.ERROR)
+    assert "turnkit.tool.in_doubt" not in _attrs(cut)
+    assert _attrs(again)["turnkit.tool.in_doubt"] is True
+    assert "error.type" not in _attrs(again)
 
 
 async def test_the_attempt_span_says_how_long_the_turn_was_held(

@@ -228,17 +228,25 @@ class _LiveChat(ChatTrace):
 
 
 def traced_tool(
-    recorder: Recorder, call: ToolCallPart, run: Awaitable[ToolOutcome]
+    recorder: Recorder, call: ToolCallPart, run: Awaitable[ToolOutcome], *, in_doubt: bool = False
 ) -> Awaitable[ToolOutcome]:
-    """`run` (one tool call) inside an `execute_tool {tool}` span; as is without a provider."""
+    """`run` (one tool call) inside an `execute_tool {tool}` span; as is without a provider.
+
+    `in_doubt`: an earlier attempt started the call and never finished it (it is
+    reconciled or run again).
+    """
     found = active()
     if found is None:
         return run
-    return _traced_tool(found, recorder, call, run)
+    return _traced_tool(found, recorder, call, run, in_doubt)
 
 
 async def _traced_tool(
-    found: Active, recorder: Recorder, call: ToolCallPart, run: Awaitable[ToolOutcome]
+    found: Active,
+    recorder: Recorder,
+    call: ToolCallPart,
+    run: Awaitable[ToolOutcome],
+    in_doubt: bool,
 ) -> ToolOutcome:
     parent = stage_span(recorder, "tool-loop")
     attributes: dict[str, Any] = {
@@ -249,6 +257,8 @@ async def _traced_tool(
         "gen_ai.conversation.id": recorder.session_id,
         "turnkit.turn_id": recorder.turn_id,
     }
+    if in_doubt:
+        attributes["turnkit.tool.in_doubt"] = True
     capture = capture_content()
     if capture:
         attributes["gen_ai.tool.call.arguments"] = call.arguments
@@ -264,6 +274,10 @@ async def _traced_tool(
                         set_status_on_exception=False):  # fmt: skip
         try:
             problem, code, output, answered_by = outcome = await run
+        except asyncio.CancelledError:  # a Stop, a deadline, a lost lease, a worker leaving
+            span.set_attribute("error.type", "cancelled")
+            span.set_status(Status(StatusCode.ERROR, "cancelled"))
+            raise
         except Exception as exc:
             span.set_attribute("error.type", error_type(exc))
             span.set_status(Status(StatusCode.ERROR, str(exc) if capture else error_type(exc)))

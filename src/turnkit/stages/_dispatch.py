@@ -111,7 +111,10 @@ async def dispatch_tools(
             doubt = part.tool_call_id in in_doubt
             with rec.notes.waiting_on(f"tool {part.name!r}"):
                 problem, code, output, answered_by = await otel.traced_tool(
-                    rec, part, _run_guarded(ctx, part, tool, args, view, in_doubt=doubt)
+                    rec,
+                    part,
+                    _run_guarded(ctx, part, tool, args, view, in_doubt=doubt),
+                    in_doubt=doubt,
                 )
         duration = (time.perf_counter() - started) * 1000
         rec.notes.tool_timings.append((answered_by, duration))
