@@ -28,6 +28,7 @@ from turnkit.runtime._detached import Detached, DetachedTurns
 from turnkit.runtime._publish import BufferPublisher
 from turnkit.runtime._runner import TurnRunner
 from turnkit.runtime._slots import Slot, TurnSlots
+from turnkit.runtime._turn_log import TurnLog
 from turnkit.runtime.deps import NO_DEPS
 from turnkit.runtime.driver import TurnDriver
 from turnkit.runtime.reader import TurnReader
@@ -173,10 +174,12 @@ class TurnHost:
         deps: Any,
     ) -> AsyncGenerator[DurableEvent | EphemeralEvent, None]:
         queue = _Handoff()
+        said = TurnLog(log, lease, self.clock)
         # The publisher lets other readers follow the turn too.
         async with BufferPublisher(self.replay, turn_id) as publisher:
 
             def sink(event: DurableEvent | EphemeralEvent | None) -> None:
+                said.see(event)
                 queue.put(event)
                 publisher(event)
 
@@ -220,6 +223,7 @@ class TurnHost:
                     if driver.recorder is None and not driver.lease_lost:  # before it began
                         with contextlib.suppress(Exception):
                             await asyncio.shield(self.end_cancelled(turn_id, stopped=True))
+                said.finished(said.outcome(driver))
                 await self._after(driver)  # also when the caller closed the stream (abort)
 
     def detach(
@@ -256,11 +260,20 @@ class TurnHost:
                 if claimed is None:
                     return
                 entry.lease, entry.slot = claimed
+            said = TurnLog(log, entry.lease, self.clock)
             async with BufferPublisher(self.replay, turn_id) as publisher:
+
+                def sink(event: DurableEvent | EphemeralEvent | None) -> None:
+                    said.see(event)
+                    publisher(event)
+
                 entry.driver = await self._runner().driver(
-                    entry.lease, sink=publisher, agent=agent, deps=deps
+                    entry.lease, sink=sink, agent=agent, deps=deps
                 )
-                await entry.driver.run(hold_until=hold_until)
+                try:
+                    await entry.driver.run(hold_until=hold_until)
+                finally:
+                    said.finished(said.outcome(entry.driver))
                 entry.ran = True
         except TurnNotFoundError:  # its session was deleted meanwhile: nothing left to write
             log.info("turn %s ended with its session, deleted while it ran", turn_id)

@@ -11,20 +11,18 @@ import asyncio
 import logging
 
 from turnkit.errors import StoreUnavailableError
-from turnkit.events import DoneEvent, DurableEvent, EphemeralEvent, ProviderCascadeEvent
+from turnkit.events import DurableEvent, EphemeralEvent
 from turnkit.ids import TurnId
 from turnkit.runtime import SessionRuntime
 from turnkit.runtime._publish import BufferPublisher
 from turnkit.runtime._slots import Slot
+from turnkit.runtime._turn_log import TurnLog
 from turnkit.runtime.driver import TurnDriver
-from turnkit.states import awaiting
 from turnkit.store import Lease
 
 __all__ = ("Worker",)
 
 log = logging.getLogger("turnkit.worker")
-
-_LEFT = "left to another worker (shutting down)"
 
 
 class _Backoff:
@@ -49,10 +47,6 @@ class _Backoff:
         if self.away:
             log.info("the database is back; claiming again")
         self.delay, self.away = 0.0, False
-
-
-def _duration(seconds: float) -> str:
-    return f"{seconds * 1000:.0f} ms" if seconds < 1 else f"{seconds:.1f} s"
 
 
 async def _wait(seconds: float, *events: asyncio.Event) -> None:
@@ -257,34 +251,23 @@ class Worker:
     async def _drive(self, lease: Lease) -> None:
         task = asyncio.current_task()
         assert task is not None
-        started = self.runtime.clock.monotonic()
-        ended: list[str] = []
+        said = TurnLog(log, lease, self.runtime.clock)
         outcome = "ended"
         async with BufferPublisher(self.runtime.replay, lease.turn_id) as publisher:
 
             def sink(event: DurableEvent | EphemeralEvent | None) -> None:
-                if isinstance(event, DoneEvent):
-                    code = event.error_code if event.status != "succeeded" else None
-                    ended.append(f"{event.status} ({code})" if code else event.status)
-                elif isinstance(event, ProviderCascadeEvent):  # a provider outage, visible
-                    log.warning(
-                        "turn %s: model %s failed (%s); %s",
-                        lease.turn_id,
-                        event.from_model,
-                        event.reason,
-                        f"trying {event.to_model}" if event.to_model else "no model left to try",
-                    )
+                said.see(event)
                 publisher(event)
 
             try:
                 driver = await self.runtime.runner().driver(lease, sink=sink)
                 self._drivers[task] = driver
                 await driver.run()
-                outcome = ended[-1] if ended else self._unfinished(driver)
+                outcome = said.outcome(driver, leaving=self._stopping)
             except asyncio.CancelledError:
                 # Stopped here, or ended by the driver itself (Stop pressed in another
                 # process cancels the driving task once the turn's ending is written).
-                outcome = "cancelled" if task in self._stopped else ended[-1] if ended else _LEFT
+                outcome = "cancelled" if task in self._stopped else said.outcome(None, leaving=True)
                 raise
             except Exception:
                 outcome = "crashed"
@@ -292,24 +275,7 @@ class Worker:
             finally:
                 self._drivers.pop(task, None)
                 self._stopped.discard(task)
-                log.info(
-                    "finished turn %s (session %s): %s in %s",
-                    lease.turn_id,
-                    lease.session_id,
-                    outcome,
-                    _duration(self.runtime.clock.monotonic() - started),
-                )
-
-    def _unfinished(self, driver: TurnDriver) -> str:
-        """Why a driver returned without a `done` event."""
-        if self._stopping:
-            return _LEFT
-        if driver.lease_lost:
-            return f"lease lost ({driver.why_lease_lost})"
-        pause = driver.recorder.notes.pending_pause if driver.recorder is not None else None
-        if pause is not None:
-            return awaiting(pause.kind)
-        return "ended"
+                said.finished(outcome)
 
     async def sweep(self) -> list[str]:
         """End orphaned runs now; returns their turn ids.

@@ -1,0 +1,68 @@
+"""What a process that drives turns logs of each: a model that failed over, then its ending.
+
+A worker logs on `turnkit.worker`, a runtime driving its own turns on `turnkit.runtime`:
+an operator of either sees a provider outage and every turn's ending in the log, not only
+in the turns.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from turnkit.clock import Clock
+from turnkit.events import DoneEvent, DurableEvent, EphemeralEvent, ProviderCascadeEvent
+from turnkit.runtime.driver import TurnDriver
+from turnkit.states import awaiting
+from turnkit.store import Lease
+
+__all__ = ("LEFT", "TurnLog")
+
+LEFT = "left to another worker (shutting down)"
+
+
+class TurnLog:
+    """One turn's lines: `see` each event it streams, then `finished` once it is over."""
+
+    __slots__ = ("_clock", "_lease", "_log", "_started", "ended")
+
+    def __init__(self, log: logging.Logger, lease: Lease, clock: Clock) -> None:
+        self._log, self._lease, self._clock = log, lease, clock
+        self._started = clock.monotonic()
+        self.ended: str | None = None
+        """The status (with its error code) its `done` said; None before it."""
+
+    def see(self, event: DurableEvent | EphemeralEvent | None) -> None:
+        if isinstance(event, DoneEvent):
+            code = event.error_code if event.status != "succeeded" else None
+            self.ended = f"{event.status} ({code})" if code else event.status
+        elif isinstance(event, ProviderCascadeEvent):  # a provider outage, visible
+            self._log.warning(
+                "turn %s: model %s failed (%s); %s",
+                self._lease.turn_id,
+                event.from_model,
+                event.reason,
+                f"trying {event.to_model}" if event.to_model else "no model left to try",
+            )
+
+    def outcome(self, driver: TurnDriver | None, *, leaving: bool = False) -> str:
+        """How the turn stands now its driver returned: its ending, or why it has none."""
+        if self.ended is not None:
+            return self.ended
+        if leaving:
+            return LEFT
+        if driver is not None and driver.lease_lost:
+            return f"lease lost ({driver.why_lease_lost})"
+        recorder = driver.recorder if driver is not None else None
+        pause = recorder.notes.pending_pause if recorder is not None else None
+        return awaiting(pause.kind) if pause is not None else "ended"
+
+    def finished(self, outcome: str) -> None:
+        seconds = self._clock.monotonic() - self._started
+        took = f"{seconds * 1000:.0f} ms" if seconds < 1 else f"{seconds:.1f} s"
+        self._log.info(
+            "finished turn %s (session %s): %s in %s",
+            self._lease.turn_id,
+            self._lease.session_id,
+            outcome,
+            took,
+        )
