@@ -996,3 +996,22 @@ def test_run_says_the_text_a_failed_model_streamed_is_dropped(tmp_path: Path) ->
     assert lines[at - 1].endswith("Partial text before ")
     assert lines[at + 1] == "    (the text above is dropped: the next model writes it again)"
     assert "Hello from the second rung." in "\n".join(lines[at + 2 :])
+
+
+def test_serve_and_worker_print_an_exporters_complaint_once_a_minute_in_their_format(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    exporter = logging.getLogger("opentelemetry.exporter.otlp.proto.http.trace_exporter")
+    with cli._info_logs_to_stderr():
+        for _ in range(5):  # an exporter retrying against a backend that is down
+            exporter.warning("Transient error %s encountered while exporting, retrying", "503")
+        exporter.error("Failed to export span batch")
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 2, lines
+    assert re.fullmatch(
+        r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} WARNING opentelemetry\.exporter\.otlp\.proto\.http"
+        r"\.trace_exporter: Transient error 503 encountered while exporting, retrying",
+        lines[0],
+    )
+    assert lines[1].endswith("ERROR opentelemetry.exporter.otlp.proto.http.trace_exporter: "
+                             "Failed to export span batch")  # fmt: skip

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import gc
 import logging
+import math
 import os
 import signal
 import socket
@@ -184,27 +185,50 @@ class _OneLine(logging.Formatter):
         return f"{text}: {error!r}" if error is not None else text
 
 
+class _EveryMinute(logging.Filter):
+    """Let one record of each message through a minute (an exporter retrying every second)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._last: dict[object, float] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        key = (record.name, record.msg)
+        if record.created - self._last.get(key, -math.inf) < 60:
+            return False
+        self._last[key] = record.created
+        return True
+
+
 @contextlib.contextmanager
 def _info_logs_to_stderr() -> Iterator[None]:
     """Show turnkit's INFO lines (a worker's claims, recoveries, finished turns) on stderr.
 
-    The database driver's warnings go there too, formatted the same, one line each.
+    The database driver's warnings go there too, formatted the same, one line each, and
+    so do OpenTelemetry's (an exporter that cannot reach its backend), at most one of each
+    kind a minute.
     """
     turnkit, driver = logging.getLogger("turnkit"), logging.getLogger("asyncpg")
+    exporters = logging.getLogger("opentelemetry")
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     quiet = logging.StreamHandler(sys.stderr)
     quiet.setFormatter(_OneLine("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    rare = logging.StreamHandler(sys.stderr)
+    rare.setFormatter(_OneLine("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    rare.addFilter(_EveryMinute())
     level = turnkit.level
     turnkit.addHandler(handler)
     turnkit.setLevel(logging.INFO)
     driver.addHandler(quiet)
+    exporters.addHandler(rare)
     try:
         yield
     finally:
         turnkit.removeHandler(handler)
         turnkit.setLevel(level)
         driver.removeHandler(quiet)
+        exporters.removeHandler(rare)
 
 
 GC_THRESHOLDS = (10_000, 20, 20)
