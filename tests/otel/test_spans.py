@@ -252,6 +252,8 @@ async def test_a_failed_turn_carries_error_type(
     assert invoke.status.status_code is StatusCode.ERROR
     [stage] = [s for s in otel.named("stage ") if s.status.status_code is StatusCode.ERROR]
     assert _parent(chat) == _id(stage)
+    # Described by the type, as the chat span is (never the provider's own words).
+    assert (invoke.status.description, stage.status.description) == ("provider-error",) * 2
     [(attrs, turns)] = otel.points("turnkit.turns")
     assert (attrs["turnkit.outcome"], attrs["error.type"], turns.value) == (
         "failed",

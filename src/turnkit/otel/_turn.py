@@ -255,7 +255,7 @@ class _LiveTurn(TurnTrace):
         span = self.open[1]
         if error is not None:
             span.set_attribute("error.type", error)
-            span.set_status(Status(StatusCode.ERROR))
+            span.set_status(Status(StatusCode.ERROR, error))
         span.end()
         self.open = None
 
@@ -280,7 +280,7 @@ class _LiveTurn(TurnTrace):
         attributes: dict[str, Any] = {"gen_ai.agent.name": self.agent, "turnkit.outcome": outcome}
         if error is not None:
             span.set_attribute("error.type", error)
-            span.set_status(Status(StatusCode.ERROR))
+            span.set_status(Status(StatusCode.ERROR, error))
             attributes["error.type"] = error
         span.end()
         self.found.turns.add(1, attributes)
