@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import io
 import logging
 import re
 import time
@@ -13,6 +14,7 @@ import pytest
 
 from tests.conftest import POSTGRES_URL
 from turnkit import Agent, RuntimeConfig, SessionRuntime
+from turnkit.cli import main
 from turnkit.ids import TurnId
 from turnkit.runtime.worker import Worker
 from turnkit.store import TurnRecord
@@ -313,6 +315,18 @@ async def test_a_stopping_worker_hands_the_turns_it_leaves_over_at_once(
         f"recovering turn {turn.turn_id} (session s-1): attempt 2, handed over by a worker "
         "that shut down"
     ) in lines
+    # An operator reading the turn sees the takeover and the call it ran again.
+    flags = ["--database-url", url, *(["--database-schema", schema] if schema else [])]
+    shown = io.StringIO()
+    assert await asyncio.to_thread(main, ["events", turn.turn_id, *flags], out=shown) == 0
+    assert (
+        "↻ attempt 2 took the turn over (a worker that shut down handed it over), from its "
+        "checkpoint\n  ? slow_once may have run in the attempt before: it runs again with the "
+        "same idempotency key\n"
+    ) in shown.getvalue()
+    listed = io.StringIO()
+    assert await asyncio.to_thread(main, ["turns", "--session", "s-1", *flags], out=listed) == 0
+    assert "· 2 attempts" in listed.getvalue()
 
 
 async def test_a_turn_stopped_from_another_process_is_logged_cancelled(

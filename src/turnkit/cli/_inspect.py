@@ -27,7 +27,9 @@ from turnkit.events import (
     StepStartEvent,
     ToolCompletedEvent,
     ToolFailedEvent,
+    ToolInDoubtEvent,
     ToolStartedEvent,
+    TurnRecoveringEvent,
     TurnStartedEvent,
     UsageEvent,
 )
@@ -98,6 +100,16 @@ class Printer:
                 self._line(f"  ? asks: {question}{offered} · request {event.request_id}")
             case BudgetPausedEvent(reason=reason):
                 self._line(f"  ⏸ paused for a budget: {reason}")
+            case TurnRecoveringEvent(attempt=attempt, cause=cause, resumed_from=where):
+                why = _TAKEN_OVER.get(cause, cause)
+                self._line(f"↻ attempt {attempt} took the turn over ({why}), from its {where}")
+            case ToolInDoubtEvent(tool_name=name, resolution=resolution):
+                done = (
+                    "its reconcile hook found it done"
+                    if resolution == "reconciled"
+                    else ("it runs again with the same idempotency key")
+                )
+                self._line(f"  ? {name} may have run in the attempt before: {done}")
             case ProviderCascadeEvent():
                 cut = self.streaming is not None  # its text so far is not the answer
                 nxt = f"trying {event.to_model}" if event.to_model else "no other model to try"
@@ -273,6 +285,12 @@ def _quoted(text: str) -> str:
     return json.dumps(text, ensure_ascii=False)
 
 
+_TAKEN_OVER = {
+    "lease-expired": "its previous driver died or was cut off",
+    "handed-over": "a worker that shut down handed it over",
+}
+
+
 def _account(turn: TurnRecord) -> str:
     """What the turn cost and when, from its summary once it settled."""
     parts = [f"agent {turn.agent}", f"created {_when(turn.created_at)}"]
@@ -285,6 +303,8 @@ def _account(turn: TurnRecord) -> str:
             usd(summary.cost_usd),
             _duration(summary.duration_ms),
         ]
+        if summary.attempt > 1:
+            parts.append(f"{summary.attempt} attempts")
     elif turn.status == "running":
         parts.append(f"attempt {turn.attempts}, owner {turn.lease_owner or '-'}")
     return " · ".join(parts)
