@@ -145,7 +145,9 @@ async def _store_check(runtime: SessionRuntime) -> str:
     except TimeoutError:  # a database that hangs
         return f"unavailable: no answer within {READY_STORE_TIMEOUT_S:g} s"
     except Exception as exc:  # noqa: BLE001 - any failure means not ready
-        return f"unavailable: {type(exc).__name__}"
+        # Class names only: the probe is public, and the errors' words name hosts and ports.
+        root = exc.__cause__
+        return f"unavailable: {type(exc).__name__}" + (f" ({type(root).__name__})" if root else "")
     return "ok" if refused is None else refused
 
 
