@@ -219,7 +219,7 @@ class RuntimeCore:
         except ConfigurationError:  # it answered, and would refuse every turn alike
             raise
         except Exception as exc:  # noqa: BLE001 - the buffer is a fast path, never required
-            log.warning(
+            logging.getLogger("turnkit.replay").warning(  # beside the buffer's other lines
                 "the replay buffer cannot be reached (%s): turns still run and readers "
                 "follow the Store until it answers",
                 exc,
