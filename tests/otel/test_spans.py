@@ -539,6 +539,20 @@ async def test_without_content_capture_no_span_quotes_a_tool_or_a_provider(
     ]
 
 
+async def test_with_content_capture_the_exception_event_keeps_its_type_and_adds_the_words(
+    runtime_factory: RuntimeFactory, otel: Telemetry
+) -> None:
+    set_capture_content(True)
+    refused = ProviderError("your prompt 'SECRETPROMPT' is too long", status_code=400)
+    runtime = runtime_factory(Agent(model=ScriptedModel([ModelStep.fail(refused)])))
+    await collect_events(runtime.execute_message("s1", "hi"))
+    [failed] = [s for s in otel.named("chat ") if s.status.status_code is StatusCode.ERROR]
+    [event] = [dict(e.attributes or {}) for e in failed.events]
+    assert event["exception.type"] == "provider-error"  # as without capture: one grouping
+    assert "SECRETPROMPT" in str(event["exception.message"])
+    assert "ProviderError" in str(event["exception.stacktrace"])
+
+
 async def test_a_captured_tool_result_is_the_one_past_the_guardrails(
     runtime_factory: RuntimeFactory, otel: Telemetry
 ) -> None:

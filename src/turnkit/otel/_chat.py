@@ -295,9 +295,13 @@ async def _traced_tool(
 
 
 def _record(span: Span, exc: BaseException) -> None:
-    """The `exception` event: whole with content capture on, else its type only."""
+    """The `exception` event: whole with content capture on, else its type only.
+
+    `exception.type` is the error's type either way (turnkit's code), so grouping by it
+    does not change when capture is switched; the stack names the class.
+    """
     if capture_content():
-        span.record_exception(exc)
+        span.record_exception(exc, attributes={"exception.type": error_type(exc)})
     else:
         span.add_event("exception", {"exception.type": error_type(exc)})
 
