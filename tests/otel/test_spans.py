@@ -13,9 +13,11 @@ from opentelemetry.trace import SpanKind, StatusCode
 from tests.conftest import RuntimeFactory
 from tests.helpers import add
 from tests.otel.conftest import Telemetry
+from tests.support.openai_server import FakeOpenAIServer, Reply
 
 from turnkit import Agent, Approve, ModelFamily, ProviderError, RuntimeConfig, SessionRuntime, tool
 from turnkit.events import ApprovalRequestedEvent, DoneEvent
+from turnkit.models.litellm import LiteLLMClient
 from turnkit.otel import set_capture_content
 from turnkit.otel._state import active
 from turnkit.runtime.reader import KEEPALIVE
@@ -233,6 +235,20 @@ async def test_the_requested_model_is_named_without_its_provider_prefix(
     assert attrs["turnkit.model"] == "scripted/m-small"  # the string the agent was given
     usage = otel.points("gen_ai.client.token.usage")
     assert {a["gen_ai.request.model"] for a, _ in usage} == {"m-small"}
+
+
+async def test_a_chat_span_names_the_server_a_rung_reached(
+    runtime_factory: RuntimeFactory, otel: Telemetry, openai_server: FakeOpenAIServer
+) -> None:
+    """Two endpoints serving one model name are told apart (`server.address`, `.port`)."""
+    openai_server.script("gpt-fake", [Reply.text("Hello.")])
+    client = LiteLLMClient("openai/gpt-fake", api_base=openai_server.base_url, api_key="sk")
+    runtime = runtime_factory(Agent(model=client))
+    await collect_events(runtime.execute_message("s1", "hello"))
+
+    [chat] = otel.named("chat ")
+    host, port = openai_server.base_url.split("//")[1].split("/")[0].split(":")
+    assert (_attrs(chat)["server.address"], _attrs(chat)["server.port"]) == (host, int(port))
 
 
 async def test_a_failed_turn_carries_error_type(

@@ -190,6 +190,8 @@ class RungStarted:
     rung: int
     model: str
     provider: str
+    address: str | None = None
+    """The rung's `api_base`, when it names one (None: the provider's own address)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -121,7 +121,13 @@ class ModelFamily:
         """Stream the call on the first rung that answers."""
         failures: list[tuple[str, Exception]] = []  # (rung's model, its failure)
         for index, rung in enumerate(self.rungs):
-            yield RungStarted(rung=index, model=rung.model, provider=rung.provider)
+            address = getattr(rung, "api_base", None)  # a `LiteLLMClient`'s
+            yield RungStarted(
+                rung=index,
+                model=rung.model,
+                provider=rung.provider,
+                address=address if isinstance(address, str) else None,
+            )
             started = time.perf_counter()
             try:
                 async with closing_stream(rung.stream(request)) as chunks:

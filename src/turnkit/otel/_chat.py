@@ -8,6 +8,7 @@ import time
 from collections.abc import Awaitable
 from contextvars import Token
 from typing import Any
+from urllib.parse import urlsplit
 
 from opentelemetry import context as otel_context, trace
 from opentelemetry.context import Context
@@ -161,6 +162,7 @@ class _LiveChat(ChatTrace):
             "turnkit.model": chunk.model,
             "turnkit.rung": chunk.rung,
             "turnkit.fallback_index": self.index,
+            **_server(chunk.address),
         }
         self.span = self.found.tracer.start_span(
             f"chat {model}", context=self.parent, kind=SpanKind.CLIENT, attributes=attributes
@@ -292,6 +294,20 @@ async def _traced_tool(
         elif capture:
             span.set_attribute("gen_ai.tool.call.result", json.dumps(output, default=str))
     return outcome
+
+
+def _server(address: str | None) -> dict[str, Any]:
+    """`server.address` and `server.port` of a rung's `api_base` (none for the default)."""
+    if address is None:
+        return {}
+    try:
+        parts = urlsplit(address)
+        port = parts.port or {"http": 80, "https": 443}.get(parts.scheme)
+    except ValueError:  # not a URL the client could have used
+        return {}
+    if not parts.hostname:
+        return {}
+    return {"server.address": parts.hostname, **({"server.port": port} if port else {})}
 
 
 def _record(span: Span, exc: BaseException) -> None:
