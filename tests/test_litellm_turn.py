@@ -77,6 +77,30 @@ async def test_rate_limited_rung_walks_to_the_next_over_http(
     assert (await runtime.history("s1"))[0].answer == "fine"
 
 
+async def test_each_failed_rung_is_audited_with_its_own_code_and_no_advice_it_followed(
+    runtime_factory: RuntimeFactory, openai_server: FakeOpenAIServer
+) -> None:
+    from tests.support.services import free_port
+
+    openai_server.script("busy", [Reply.error(503)])
+    openai_server.script("small", [Reply.text("fine")])
+    nowhere = LiteLLMClient(
+        "openai/gone", api_base=f"http://127.0.0.1:{free_port()}/v1", api_key="sk-test"
+    )
+    family = ModelFamily(
+        "gpt", [nowhere, _client(openai_server, "busy"), _client(openai_server, "small")]
+    )
+    runtime = runtime_factory(Agent(model=family))
+    events = await collect_events(runtime.execute_message("s1", "hello"))
+    assert (await runtime.history("s1"))[0].answer == "fine"
+    rows = [r for r in await runtime.audit(events[0].turn_id) if r.payloads.fallback_step]
+    codes = [r.call.error_code for r in rows if r.call is not None]
+    assert codes == ["model-unreachable", "provider-error"]
+    reasons = [r.payloads.fallback_step.reason for r in rows if r.payloads.fallback_step]
+    assert all("add a fallback rung" not in reason for reason in reasons), reasons
+    assert "HTTP 503" in reasons[1]
+
+
 async def test_server_errors_exhaust_the_family_over_http(
     runtime_factory: RuntimeFactory, openai_server: FakeOpenAIServer
 ) -> None:

@@ -10,6 +10,7 @@ from typing import Any
 from turnkit import otel
 from turnkit.audit import AuditPayloads, CallShape, FallbackStepPayload, ProviderCascadePayload
 from turnkit.errors import (
+    ErrorCode,
     FamilyExhaustedError,
     GuardrailBlockedError,
     OutputLimitExceededError,
@@ -387,6 +388,11 @@ async def _tool_delta(
     )
 
 
+def _rung_code(error: BaseException) -> ErrorCode:
+    """The code of a rung's own failure (`model-unreachable`, …) when the family walked on."""
+    return error.code if isinstance(error, TurnkitError) else "provider-error"
+
+
 def _audit_failed_rung(
     ctx: StageContext,
     stage_id: StageId,
@@ -394,9 +400,12 @@ def _audit_failed_rung(
     failed: RungFailed,
     attempts: list[str],
 ) -> None:
-    status = failed.error.status_code if isinstance(failed.error, ProviderError) else None
-    message = failed.error.message if isinstance(failed.error, TurnkitError) else str(failed.error)
-    reason = f"{type(failed.error).__name__}: {message}"
+    error = failed.error
+    status = error.status_code if isinstance(error, ProviderError) else None
+    message = error.message if isinstance(error, TurnkitError) else str(error)
+    if failed.next_rung is not None and isinstance(error, ProviderError) and error.brief:
+        message = error.brief  # without "add a fallback rung": the family has one, and used it
+    reason = f"{type(error).__name__}: {message}"
     step = FallbackStepPayload(
         from_rung=failed.rung,
         from_model=failed.model,
@@ -415,7 +424,7 @@ def _audit_failed_rung(
             rung=failed.rung,
             latency_ms=failed.latency_ms,
             outcome="error",
-            error_code="family-exhausted" if exhausted else "provider-error",
+            error_code="family-exhausted" if exhausted else _rung_code(error),
         ),
         payloads=AuditPayloads(
             fallbackStep=step,
