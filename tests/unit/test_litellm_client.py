@@ -10,6 +10,7 @@ import asyncio
 import email.utils
 import json
 import logging
+import re
 import socket
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator
@@ -797,6 +798,7 @@ async def test_a_providers_retry_after_is_kept_and_reported(
     with pytest.raises(FamilyExhaustedError) as both:
         await collect(ModelFamily("f", rungs[1:2]).stream(HELLO))
     assert 55 <= both.value.details["retry_after_s"] <= 60  # an HTTP date: from now
+    assert re.search(r"\(it asked to wait (5[5-9]|60) s\)", both.value.message)  # whole seconds
 
     # A rung that said nothing about waiting: no wait is known for the family.
     openai_server.script("one", [Reply.error(429, "slow down", retry_after="20")])

@@ -99,8 +99,10 @@ def _provider_error(
     wait: float | None,
 ) -> ProviderError:
     """The message names the HTTP status only when the provider sent it."""
-    if wait is not None:
-        advice += f" (it asked to wait {wait:g} s)"
+    if wait is not None:  # an HTTP date comes to a fraction of a second: not worth saying
+        advice += (
+            f" (it asked to wait {wait:g} s)" if wait < 10 else f" (it asked to wait {wait:.0f} s)"
+        )
     detail = redact_secrets(detail)
     if len(detail) > 500:
         detail = detail[:500] + "..."
