@@ -54,6 +54,7 @@ BODIES: dict[str, tuple[str, bytes]] = {
     "finish-no-done": (STREAM, event("whole") + event(finish="stop")),
     "not-json": (STREAM, event("hello") + b"data: {not json\n\n" + event(finish="stop") + DONE),
     "html": ("text/html", PAGE),
+    "looping": (STREAM, event("=" * 20) * 150 + event(finish="stop") + DONE),
 }
 
 
@@ -272,3 +273,15 @@ async def test_a_stream_that_sends_no_usage_is_counted_alike_on_both_transports(
     assert finished["auto"].input_tokens > 0
     assert finished["auto"].output_tokens > 0
     assert finished["auto"] == finished["litellm"]
+
+
+async def test_a_model_that_loops_is_stopped_by_litellm_and_said_to_loop(
+    raw_server: RawServer,
+) -> None:
+    """litellm's own guard ends a stream of one chunk repeated; it did not "break off"."""
+    error = await failure(rung(raw_server, "looping", "litellm"))
+    assert "the model sent the same chunk 100 times in a row" in error.message
+    assert "broke off" not in error.message
+    chunks = [c async for c in rung(raw_server, "looping", "auto").stream(HELLO)]
+    assert sum(len(c.text) for c in chunks if isinstance(c, TextDelta)) == 20 * 150
+

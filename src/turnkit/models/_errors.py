@@ -200,6 +200,12 @@ def _advice(status: int | None, exc: Exception, litellm: ModuleType) -> str:
     ):
         return "the request exceeds the model's context window; shorten the conversation"
     if isinstance(exc, _mid_stream(litellm)):
+        if "repeating the same chunk" in str(exc):  # litellm's guard against a looping model
+            return (
+                "litellm stopped the stream: the model sent the same chunk "
+                f"{getattr(litellm, 'REPEATED_STREAMING_CHUNK_LIMIT', 100)} times in a row "
+                "(litellm.REPEATED_STREAMING_CHUNK_LIMIT)"
+            )
         return "the stream broke off before the answer was complete"
     if status == 404:
         return "the provider does not know this model or endpoint; check the model and api_base"
