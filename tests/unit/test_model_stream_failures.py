@@ -284,4 +284,3 @@ async def test_a_model_that_loops_is_stopped_by_litellm_and_said_to_loop(
     assert "broke off" not in error.message
     chunks = [c async for c in rung(raw_server, "looping", "auto").stream(HELLO)]
     assert sum(len(c.text) for c in chunks if isinstance(c, TextDelta)) == 20 * 150
-
