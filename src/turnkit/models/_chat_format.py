@@ -14,7 +14,13 @@ from turnkit.blocks import ContentPart, ImagePart, TextPart
 from turnkit.errors import InvalidInputError
 from turnkit.models import Content, ModelMessage, ToolSpec, text_of
 
-__all__ = ("message_dicts", "part_dict", "tool_dict")
+__all__ = ("NOTE_PREFIX", "message_dicts", "part_dict", "tool_dict")
+
+NOTE_PREFIX = (
+    "Operator note (not from the user): the following was originally a mid-conversation "
+    "system-role reminder."
+)
+"""What a system note sent as a user message starts with (litellm's words for Anthropic)."""
 
 
 def part_dict(part: ContentPart) -> dict[str, object]:
@@ -60,19 +66,33 @@ def _message_dict(message: ModelMessage) -> dict[str, object]:
     return out
 
 
-def message_dicts(messages: Sequence[ModelMessage]) -> list[dict[str, object]]:
+def message_dicts(
+    messages: Sequence[ModelMessage], *, notes_in_place: bool = False
+) -> list[dict[str, object]]:
     """Neutral messages as OpenAI chat messages.
 
     OpenAI-style tool messages carry text only, so the pictures a batch of tool results
     returned follow that batch as one user message (deterministically, so the prompt
     prefix stays byte-identical from call to call).
+
+    `notes_in_place`: for a provider whose API has one system prompt, into which litellm
+    moves every system message (Gemini's), a system message after the conversation began
+    (a plan, a skill, a plugin's note) goes as a user message saying it is an operator's
+    note, where it stands, as litellm itself does for Anthropic. Moved to the system
+    prompt, every earlier turn's notes would pile up there, out of place, and change the
+    start of every later request.
     """
     out: list[dict[str, object]] = []
     pictures: list[dict[str, object]] = []
+    began = False
     for message in messages:
         if message.role != "tool" and pictures:
             out.append({"role": "user", "content": pictures})
             pictures = []
+        if notes_in_place and began and message.role == "system":
+            out.append({"role": "user", "content": f"{NOTE_PREFIX}\n\n{text_of(message.content)}"})
+            continue
+        began = began or message.role != "system"
         out.append(_message_dict(message))
         if message.role == "tool" and not isinstance(message.content, str):
             shown = [part_dict(p) for p in message.content if isinstance(p, ImagePart)]

@@ -52,6 +52,10 @@ _UNKNOWN_WINDOWS: set[str] = set()
 Transport = Literal["auto", "litellm"]
 """How calls travel: `auto` streams `openai` provider models directly, `litellm` never does."""
 
+_ONE_SYSTEM_PROMPT = frozenset({"gemini", "vertex_ai", "vertex_ai_beta"})
+"""Providers into whose one system prompt litellm moves every system message (Gemini's;
+litellm keeps a later one in place itself for Anthropic, Bedrock and Claude on Vertex)."""
+
 _MIN_THINKING_BUDGET = 1024
 """Providers with an explicit thinking budget (Anthropic, Gemini) reject smaller ones."""
 
@@ -199,6 +203,9 @@ class LiteLLMClient:
         self._num_retries = num_retries
         self._transport: Transport = transport
         self._direct = transport == "auto" and self._provider == "openai" and num_retries == 0
+        self._notes_in_place = (
+            self._provider in _ONE_SYSTEM_PROMPT and "claude" not in self._bare_model.lower()
+        )
         self._context_window = context_window
 
     @property
@@ -252,7 +259,7 @@ class LiteLLMClient:
         litellm = _load_litellm()
         kwargs: dict[str, object] = {
             "model": self._model,
-            "messages": message_dicts(request.messages),
+            "messages": message_dicts(request.messages, notes_in_place=self._notes_in_place),
         }
         if request.tools:
             kwargs["tools"] = [tool_dict(t) for t in request.tools]
@@ -361,7 +368,7 @@ class LiteLLMClient:
     def _call_kwargs(self, litellm: ModuleType, request: ModelRequest) -> dict[str, object]:
         kwargs: dict[str, object] = {
             "model": self._model,
-            "messages": message_dicts(request.messages),
+            "messages": message_dicts(request.messages, notes_in_place=self._notes_in_place),
             "stream": True,
             "stream_options": {"include_usage": True},
             "timeout": self._timeout,
