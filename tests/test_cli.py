@@ -985,6 +985,21 @@ def test_run_says_what_a_paused_turn_waits_for_and_where_to_answer(
     assert shown in printed.getvalue()
 
 
+def test_run_shows_a_fallback_once_and_no_log_line_of_it(tmp_path: Path) -> None:
+    """In its own process, as a user runs it: the runtime's own log of the fallback (INFO)
+    does not reach stderr in the middle of the streamed answer."""
+    root = Path(__file__).parent.parent
+    done = subprocess.run(
+        [sys.executable, "-m", "turnkit.cli", "run", "hi", "--agent",
+         "tests.support.cascade_agent:agent", "--database-url",
+         f"sqlite:///{tmp_path / 'cascade.db'}"],
+        cwd=root, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("↷ first failed") == 1
+    assert "model first failed" not in done.stderr
+
+
 def test_run_says_the_text_a_failed_model_streamed_is_dropped(tmp_path: Path) -> None:
     out = io.StringIO()
     url = f"sqlite:///{tmp_path / 'cascade.db'}"

@@ -172,6 +172,35 @@ async def test_attempts_that_made_progress_do_not_count(store: SqlStore, clock: 
     assert await store.sweep(ceiling_s=3600, max_attempts=3) == [stuck.turn_id]
 
 
+async def test_a_turn_handed_over_is_claimed_at_once_as_handed_over_and_costs_no_attempt(
+    store: SqlStore, clock: FakeClock
+) -> None:
+    """A worker shutting down leaves its turn: taken over now, said so, never counted."""
+    sub = await store.submit(new_input())
+    for attempt in range(1, 6):  # five deploys in a row, none of them getting anywhere
+        lease = await store.claim(f"w{attempt}", ttl_s=60, max_attempts=3)
+        assert lease is not None, f"attempt {attempt} was refused"
+        assert (lease.attempt, lease.took_over, lease.handed_over) == (
+            attempt,
+            attempt > 1,
+            attempt > 1,
+        )
+        renewed = await store.renew(lease, ttl_s=60)
+        assert renewed.handed_over == lease.handed_over  # a renewal keeps what the claim said
+        assert await store.hand_over(renewed) is True
+        assert await store.hand_over(renewed) is False  # no longer this driver's
+        clock.advance(0.001)  # it ended "now": free from the next moment on
+    assert await store.sweep(ceiling_s=3600, max_attempts=3) == []
+    clock.advance(61)  # one that dies instead does count, as before
+    crashed = await store.claim("w6", ttl_s=10, max_attempts=3)
+    assert crashed is not None
+    assert crashed.handed_over
+    clock.advance(11)
+    after_crash = await store.claim("w7", ttl_s=10, max_attempts=3)
+    assert after_crash is not None
+    assert (after_crash.took_over, after_crash.handed_over) == (True, False)
+
+
 async def test_a_lease_whose_turn_ended_is_lost_not_stale(store: SqlStore) -> None:
     sub = await store.submit(new_input())
     lease = await store.claim("w1", ttl_s=30, max_attempts=3)

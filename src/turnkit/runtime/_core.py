@@ -264,8 +264,9 @@ class RuntimeCore:
     async def close(self) -> None:
         """Close what the runtime opened.
 
-        Detached turns still running are abandoned, not cancelled: their leases expire and
-        a worker resumes them (or a reader records them timed out). A naming call still
+        Detached turns still running are abandoned, not cancelled: their leases are handed
+        over, and a worker (or a runtime recovering turns) takes them over at once; when
+        the database cannot be told, once their leases lapse. A naming call still
         running after its turn is cancelled (the session keeps its first name). Its
         methods then raise `RuntimeClosedError` until it is opened again.
         """

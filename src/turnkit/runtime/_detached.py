@@ -65,14 +65,15 @@ class DetachedTurns:
             entry.slot.release()  # a task cancelled before its first step never ran its own
         return True
 
-    def abandon(self) -> list[asyncio.Task[None]]:
-        """Tell every detached driver to write nothing more; their tasks, to cancel.
+    def abandon(self) -> tuple[list[asyncio.Task[None]], list[TurnDriver]]:
+        """Tell every detached driver to write nothing more; their tasks and drivers.
 
-        Closing the runtime is not Stop: their leases expire, and a worker or a reader
-        ends the turns.
+        The tasks are to cancel, the drivers' leases to hand over once they stopped.
+        Closing the runtime is not Stop: another process (a worker, a runtime recovering
+        turns) takes the turns over.
         """
         entries = list(self._entries.values())
-        for entry in entries:
-            if entry.driver is not None:
-                entry.driver.abandon()
-        return [entry.task for entry in entries if entry.task is not None]
+        drivers = [entry.driver for entry in entries if entry.driver is not None]
+        for driver in drivers:
+            driver.abandon()
+        return [entry.task for entry in entries if entry.task is not None], drivers

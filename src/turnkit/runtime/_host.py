@@ -3,8 +3,8 @@
 It streams a turn to an in-process caller (`execute_message`), or runs it detached in a
 task (`start`, `resume`, re-queued guides), always publishing to the replay buffer so other
 readers can follow. Every turn it drives holds one of the process's `slots` (see
-`TurnSlots`) until its driver returns. Closing the runtime abandons detached turns (their
-leases expire); only `stop` cancels one.
+`TurnSlots`) until its driver returns. Closing the runtime abandons detached turns and
+hands their leases over; only `stop` cancels one.
 """
 
 from __future__ import annotations
@@ -174,7 +174,7 @@ class TurnHost:
         deps: Any,
     ) -> AsyncGenerator[DurableEvent | EphemeralEvent, None]:
         queue = _Handoff()
-        said = TurnLog(log, lease, self.clock)
+        said = TurnLog(log, lease, self.clock, fallback_level=logging.INFO)
         # The publisher lets other readers follow the turn too.
         async with BufferPublisher(self.replay, turn_id) as publisher:
 
@@ -260,7 +260,7 @@ class TurnHost:
                 if claimed is None:
                     return
                 entry.lease, entry.slot = claimed
-            said = TurnLog(log, entry.lease, self.clock)
+            said = TurnLog(log, entry.lease, self.clock, fallback_level=logging.INFO)
             async with BufferPublisher(self.replay, turn_id) as publisher:
 
                 def sink(event: DurableEvent | EphemeralEvent | None) -> None:
@@ -339,11 +339,22 @@ class TurnHost:
         return status
 
     async def close(self) -> None:
-        """Abandon detached turns (their leases expire; a worker or reader ends them)."""
-        tasks = [*self._detached.abandon(), *self._shielded]
+        """Abandon detached turns and hand their leases over, as a worker does.
+
+        Another process (a worker, a runtime recovering turns) takes each over at once.
+        """
+        running, drivers = self._detached.abandon()
+        tasks = [*running, *self._shielded]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        for driver in drivers:
+            if driver.ended:
+                continue
+            try:
+                await self._store().hand_over(driver.lease)
+            except Exception as exc:  # noqa: BLE001 - unreachable: the lease lapses on its own
+                log.debug("could not hand %s over at once: %r", driver.lease.turn_id, exc)
 
 
 class _HandedDeps:

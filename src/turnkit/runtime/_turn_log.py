@@ -17,16 +17,25 @@ from turnkit.store import Lease
 
 __all__ = ("LEFT", "TurnLog")
 
-LEFT = "left to another worker (shutting down)"
+LEFT = "left to another process (shutting down)"
 
 
 class TurnLog:
     """One turn's lines: `see` each event it streams, then `finished` once it is over."""
 
-    __slots__ = ("_clock", "_lease", "_log", "_started", "ended")
+    __slots__ = ("_clock", "_fallback_level", "_lease", "_log", "_started", "ended")
 
-    def __init__(self, log: logging.Logger, lease: Lease, clock: Clock) -> None:
+    def __init__(
+        self, log: logging.Logger, lease: Lease, clock: Clock, *, fallback_level: int
+    ) -> None:
+        """`fallback_level`: what a fallback is logged at.
+
+        A worker's are warnings; an app's own runtime says them at INFO, since its caller
+        streams the same `provider.cascade`, and an app that set no logging up would get
+        them on stderr.
+        """
         self._log, self._lease, self._clock = log, lease, clock
+        self._fallback_level = fallback_level
         self._started = clock.monotonic()
         self.ended: str | None = None
         """The status (with its error code) its `done` said; None before it."""
@@ -36,7 +45,8 @@ class TurnLog:
             code = event.error_code if event.status != "succeeded" else None
             self.ended = f"{event.status} ({code})" if code else event.status
         elif isinstance(event, ProviderCascadeEvent):  # a provider outage, visible
-            self._log.warning(
+            self._log.log(
+                self._fallback_level,
                 "turn %s: model %s failed (%s); %s",
                 self._lease.turn_id,
                 event.from_model,
@@ -48,7 +58,7 @@ class TurnLog:
         """How the turn stands now its driver returned: its ending, or why it has none."""
         if self.ended is not None:
             return self.ended
-        if leaving:
+        if leaving or (driver is not None and driver.abandoned):
             return LEFT
         if driver is not None and driver.lease_lost:
             return f"lease lost ({driver.why_lease_lost})"

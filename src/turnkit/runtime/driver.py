@@ -96,6 +96,8 @@ class TurnDriver:
         self.clock = clock
         self.config = config
         self._keeper = LeaseKeeper(store=store, clock=clock, config=config, lease=lease)
+        self.abandoned = False
+        """Given up at shutdown (`abandon`), not lost to another driver."""
         self.record = record
         self.setup = setup
         self.sink = sink
@@ -146,6 +148,7 @@ class TurnDriver:
     def abandon(self) -> None:
         """Give the turn up without ending it (shutdown): the next cancel writes nothing."""
         self._keeper.lost = True
+        self.abandoned = True
 
     async def run(self, *, hold_until: asyncio.Event | None = None) -> None:
         """Run the turn to a terminal state. Cancelling this task aborts the turn.

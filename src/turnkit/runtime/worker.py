@@ -251,7 +251,7 @@ class Worker:
     async def _drive(self, lease: Lease) -> None:
         task = asyncio.current_task()
         assert task is not None
-        said = TurnLog(log, lease, self.runtime.clock)
+        said = TurnLog(log, lease, self.runtime.clock, fallback_level=logging.WARNING)
         outcome = "ended"
         async with BufferPublisher(self.runtime.replay, lease.turn_id) as publisher:
 

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, and_, bindparam, case, exists, or_, select, update
+from sqlalchemy import Connection, and_, bindparam, case, exists, func, or_, select, update
 from sqlalchemy.orm import aliased
 
 from turnkit.errors import LeaseLostError, StaleEpochError
@@ -56,14 +56,16 @@ def spent_after_claim() -> Any:
     """`spent_attempts` once the previous attempt is judged: one more if it made no progress.
 
     An attempt that committed progress since its claim does not count against
-    `max_attempts`, so restarts during a long turn never end it; a pause is progress.
+    `max_attempts`, so restarts during a long turn never end it; a pause is progress. Nor
+    does one its worker handed over as it shut down: a deploy is not the turn's failing.
     """
     progressed = exists().where(
         events.c.turn_id == turns.c.turn_id,
         events.c.seq > turns.c.claim_seq,
         events.c.type.in_(PROGRESS_TYPES),
     )
-    fruitless = and_(turns.c.attempts > 0, ~progressed)
+    left = func.coalesce(turns.c.lease_owner, "") == HANDED_OVER
+    fruitless = and_(turns.c.attempts > 0, ~progressed, ~left)
     return turns.c.spent_attempts + case((fruitless, 1), else_=0)
 
 
@@ -201,7 +203,8 @@ WITH candidate AS (
     SELECT t.turn_id, t.lease_epoch, t.lease_owner, t.attempts, judged.spent
     FROM tk_turns t
     CROSS JOIN LATERAL (
-        SELECT t.spent_attempts + CASE WHEN t.attempts > 0 AND NOT EXISTS (
+        SELECT t.spent_attempts + CASE WHEN t.attempts > 0
+            AND COALESCE(t.lease_owner, '') <> '{HANDED_OVER}' AND NOT EXISTS (
             SELECT FROM tk_events e
             WHERE e.turn_id = t.turn_id AND e.seq > t.claim_seq AND e.type IN ({progress})
         ) THEN 1 ELSE 0 END AS spent
@@ -391,18 +394,9 @@ def _key(lease: Lease) -> tuple[str, int, str]:
 
 
 def renewed(lease: Lease, expires: datetime, *, cancel_requested: bool) -> Lease:
-    """`lease`, extended to `expires`."""
-    return Lease(
-        turn_id=lease.turn_id,
-        session_id=lease.session_id,
-        owner=lease.owner,
-        epoch=lease.epoch,
-        expires_at=expires,
-        attempt=lease.attempt,
-        took_over=lease.took_over,
-        last_seq=lease.last_seq,
-        started_at=lease.started_at,
-        cancel_requested=cancel_requested,
+    """`lease`, extended to `expires` (the record its claim read is not carried on)."""
+    return dataclasses.replace(
+        lease, expires_at=expires, cancel_requested=cancel_requested, record=None
     )
 
 
