@@ -14,6 +14,7 @@ chunk, and every other provider streams through `litellm.acompletion` (`_litellm
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from collections.abc import AsyncIterator, Mapping
@@ -298,7 +299,8 @@ class LiteLLMClient:
         finally:
             await pieces.aclose()
         if state.usage is None and written is not None:  # as litellm's own path counts it
-            state.usage = estimated_usage(litellm, kwargs, written)
+            # In a thread: a tokenizer over a long prompt (or its first load) is slow.
+            state.usage = await asyncio.to_thread(estimated_usage, litellm, kwargs, written)
         yield finish(litellm, state, model=self._bare_model, provider=self._provider)
 
     # ── request ─────────────────────────────────────────────────────────────────────
