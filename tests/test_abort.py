@@ -148,3 +148,23 @@ async def test_a_call_the_idle_window_cuts_short_is_audited_and_counted_and_its_
     assert [(e.block.text, e.block.interrupted) for e in kept] == [("Thinking about it", True)]
     history = await runtime.history("s1")
     assert "Thinking about it" in [b.text for b in history[0].blocks if hasattr(b, "text")]
+
+
+async def test_a_planning_call_the_idle_window_cuts_is_billed_what_it_wrote_unshown(
+    runtime_factory: RuntimeFactory, database_url: str
+) -> None:
+    """The plan's text is never streamed to the person: it is still what the call wrote."""
+    planner = ScriptedModel([ModelStep.hang('{"intent": "a long story", "depth": "none"')])
+    config = RuntimeConfig(database_url=database_url, idle_window_s=0.5, heartbeat_interval_s=0.05)
+    runtime = runtime_factory(Agent(model=ScriptedModel([]), utility_model=planner), config=config)
+    async with asyncio.timeout(20):
+        events = [e async for e in runtime.execute_message("s1", "tell me a long story")]
+    done = events[-1]
+    assert isinstance(done, DoneEvent)
+    assert done.status == "timed_out"
+    [row] = [r for r in await runtime.audit(done.turn_id) if r.call is not None]
+    assert row.identity.stage_id == "anchor-plan"
+    assert row.call is not None
+    assert (row.call.outcome, row.call.error_code) == ("error", "deadline-exceeded")
+    assert row.call.output_tokens == 11  # 43 characters written, none of them shown
+    assert not [e for e in events if isinstance(e, MessageCompleteEvent)]  # nothing to keep

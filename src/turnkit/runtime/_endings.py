@@ -111,12 +111,27 @@ def _audit_cut_call(rec: Recorder, *, outcome: CallOutcome, error_code: str) -> 
 
     The ending came from outside the call (a Stop, the idle window, the ceiling), so the
     call left no row of its own. The provider reports no usage for a stream cut short:
-    the request and the text streamed so far are estimated, and budgets count them.
+    the request and all the call wrote so far (shown or not) are estimated, and budgets
+    count them; a call that had finished, its answer still being checked, is billed
+    what the provider reported.
     """
     call = rec.open_call
     if call is None:
         return
     kept = _keep_interrupted(rec, call)
+    if call.usage is not None:  # it finished; its answer was still being checked
+        spent = {
+            "input_tokens": call.usage.input_tokens,
+            "output_tokens": call.usage.output_tokens,
+            "cached_tokens": call.usage.cached_tokens,
+            "cost_usd": call.usage.cost_usd,
+        }
+    else:
+        written = call.written() if call.written is not None else "".join(call.text)
+        spent = {
+            "input_tokens": prompt_tokens(call.request) if call.request else 0,
+            "output_tokens": text_tokens(written),
+        }
     rec.audit(
         call.stage_id,
         call=CallShape(
@@ -125,10 +140,9 @@ def _audit_cut_call(rec: Recorder, *, outcome: CallOutcome, error_code: str) -> 
             family=call.family,
             rung=call.rung,
             latency_ms=(time.perf_counter() - call.started) * 1000,
-            input_tokens=prompt_tokens(call.request) if call.request else 0,
-            output_tokens=text_tokens("".join(call.text)),
             outcome=outcome,
             error_code=error_code,
+            **spent,
         ),
         payloads=AuditPayloads(interruptedBlock=kept) if kept is not None else None,
     )

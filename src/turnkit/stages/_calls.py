@@ -152,6 +152,8 @@ async def call_model(
                     case RungFailed():
                         _audit_failed_rung(ctx, stage_id, family, chunk, attempts)
                     case Finish():
+                        if rec.open_call is not None:  # cut while its answer is checked:
+                            rec.open_call.usage = chunk.usage  # it cost what it reported
                         result = await _finished(
                             ctx, stage_id, family, on, chunk, attempts, stream_text
                         )
@@ -210,6 +212,7 @@ class _Rung:
             self.block_id,
             _shown(self.asm, stream_text),
             request=request,
+            written=self.written,
         )
 
     def spent(self, request: ModelRequest) -> dict[str, int]:
@@ -218,8 +221,14 @@ class _Rung:
         The provider reports no usage for a stream stopped before its end, yet it read the
         request and wrote what streamed: budgets count the estimate, as for a Stop.
         """
-        written = self.asm.raw_text or "".join(self.asm.raw) or "".join(self.asm.text)
-        return {"input_tokens": prompt_tokens(request), "output_tokens": text_tokens(written)}
+        return {
+            "input_tokens": prompt_tokens(request),
+            "output_tokens": text_tokens(self.written()),
+        }
+
+    def written(self) -> str:
+        """All the call wrote so far, shown or not."""
+        return self.asm.raw_text or "".join(self.asm.raw) or "".join(self.asm.text)
 
     def shape(self, family: str, **outcome: Any) -> CallShape:
         """The call's shape on this rung, timed from the rung's start."""

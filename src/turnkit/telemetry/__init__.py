@@ -21,7 +21,7 @@ from turnkit.clock import Clock
 from turnkit.events import DurableEvent, EphemeralEvent, MessageDeltaEvent
 from turnkit.ids import SessionId, StageId, TurnId
 from turnkit.journal import Journal, dedupe_key
-from turnkit.models import ModelRequest
+from turnkit.models import ModelRequest, Usage
 from turnkit.pauses import PauseRequest
 from turnkit.states import TERMINAL_STATES, TurnStatus
 from turnkit.store import Rider, RunSummary, Store, TurnTranscript
@@ -57,6 +57,11 @@ class OpenCall:
     request: ModelRequest | None = None
     """The request: an aborted call is billed its estimated size as input (estimated
     only then, so a call in a long session costs no extra pass over its messages)."""
+    written: Callable[[], str] | None = None
+    """All the call wrote so far, shown or not (held back, not streamed): its output."""
+    usage: Usage | None = None
+    """What the provider reported, once the call finished (its answer still being
+    checked): an ending then bills that instead of an estimate."""
 
 
 HeldCheckpoints = Callable[[], tuple[Rider, Callable[[], None]] | None]
