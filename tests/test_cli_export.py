@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -114,6 +115,7 @@ def test_an_export_holds_the_session_its_turns_their_events_and_audit_and_its_fi
         "events": events,
         "audit_rows": audit_rows,
         "files": 1,
+        "unreadable_events": 0,
     }
 
 
@@ -128,6 +130,8 @@ def test_an_export_to_a_file_is_whole_or_absent_and_never_overwrites(
     target = tmp_path / "s-2.jsonl"
     assert _export("s-2", "--output", str(target), url=url, schema=None) == (0, "")
     assert target.read_text() == printed  # the same lines as on stdout
+    assert target.stat().st_mode & 0o777 == 0o600  # it holds conversations: its owner's only
+    assert sorted(p.name for p in tmp_path.iterdir() if "s-2" in p.name) == ["s-2.jsonl"]
 
     target.write_text("an earlier export\n")
     assert _export("s-2", "--output", str(target), url=url, schema=None)[0] == 2
@@ -143,3 +147,22 @@ def test_an_export_to_a_file_is_whole_or_absent_and_never_overwrites(
         _export("s-2", "--output", str(tmp_path / "no" / "dir.jsonl"), url=url, schema=None)[0] == 2
     )
     assert "cannot write" in capsys.readouterr().err
+
+
+def test_an_event_damaged_in_the_database_is_named_not_copied(tmp_path: Path) -> None:
+    db = tmp_path / "turnkit.db"
+    url = f"sqlite:///{db}"
+    seeded = asyncio.run(_seed(url, None))
+    turn_id = seeded["turns"][0]
+    with sqlite3.connect(db) as conn:
+        for seq, data in ((2, b"\x00\xff torn page"), (3, b'{"type": "step.start", "cut')):
+            conn.execute(
+                "UPDATE tk_events SET data = ? WHERE turn_id = ? AND seq = ?", (data, turn_id, seq)
+            )
+    code, out = _export("s-1", url=url, schema=None)
+    assert code == 0
+    lines = [json.loads(line) for line in out.splitlines()]  # every line is JSON still
+    damaged = [line for line in lines if line["kind"] == "unreadable_event"]
+    assert [(d["turn_id"], d["seq"]) for d in damaged] == [(turn_id, 2), (turn_id, 3)]
+    assert lines[-1]["unreadable_events"] == 2
+    assert lines[-1]["events"] == sum(len(v) for v in seeded["events"].values()) - 2

@@ -31,6 +31,7 @@ class _Counts:
     events: int = 0
     audit_rows: int = 0
     files: int = 0
+    unreadable_events: int = 0
 
 
 async def export_session(store: SqlStore, out: TextIO, session_id: SessionId) -> int:
@@ -46,9 +47,16 @@ async def export_session(store: SqlStore, out: TextIO, session_id: SessionId) ->
         async for stored in store.read_events(turn.turn_id):
             if stored.seq > turn.last_seq:
                 break  # written after the record was read: the next export has it
+            try:
+                text = stored.data.decode()
+                json.loads(text)
+            except ValueError:  # damaged in the database: say so, and go on
+                counts.unreadable_events += 1
+                _line(out, _unreadable(turn.turn_id, stored.seq, stored.type, stored.data))
+                continue
             counts.events += 1
             out.write(f'{{"kind":"event","turn_id":"{turn.turn_id}","event":')
-            out.write(stored.data.decode())
+            out.write(text)
             out.write("}\n")
         for row in await store.read_audit(turn.turn_id):
             counts.audit_rows += 1
@@ -88,25 +96,35 @@ def export_target(path: str | None, stdout: TextIO) -> Iterator[TextIO]:
         yield stdout
         return
     target = Path(path)
+    exists = InvalidInputError(f"{path} exists: name a new file (an export never overwrites)")
     if target.exists():
-        raise InvalidInputError(f"{path} exists: name a new file (an export never overwrites)")
+        raise exists
     partial = target.with_name(f".{target.name}.partial")
-    try:
-        with partial.open("x", encoding="utf-8") as file:
-            yield file
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(partial, target)
+    try:  # only its owner may read it: it holds the conversations
+        descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:
         raise InvalidInputError(
             f"{partial} exists: another export to {path} is running, or one was cut short "
             "(delete it and export again)"
         ) from None
-    except FileNotFoundError as exc:
+    except OSError as exc:
         raise InvalidInputError(f"cannot write {path}: {exc.strerror}") from None
-    except BaseException:
+    try:
+        with os.fdopen(descriptor, "w", encoding="utf-8") as file:
+            yield file
+            file.flush()
+            os.fsync(file.fileno())
+        try:
+            os.link(partial, target)  # unlike a rename, refuses a file that appeared meanwhile
+        except FileExistsError:
+            raise exists from None
+    finally:
         partial.unlink(missing_ok=True)
-        raise
+
+
+def _unreadable(turn_id: str, seq: int, kind: str, data: bytes) -> dict[str, object]:
+    return {"kind": "unreadable_event", "turn_id": turn_id, "seq": seq, "type": kind,
+            "bytes": len(data)}  # fmt: skip
 
 
 def _line(out: TextIO, record: dict[str, object]) -> None:
