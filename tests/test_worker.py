@@ -227,6 +227,32 @@ async def test_a_waiting_worker_on_postgres_claims_a_new_message_at_once(
     assert said.count("listening for new turns (LISTEN turnkit_work)") == 1
 
 
+async def test_a_listening_worker_takes_a_turn_handed_over_at_once(pg_schema: str) -> None:
+    """A turn another worker left at its shutdown is heard, not found at the next 60 s poll."""
+    model = ScriptedModel([ModelStep.text_reply("Done.")])
+    config = RuntimeConfig(database_url=POSTGRES_URL, database_schema=pg_schema)
+    async with (
+        SessionRuntime(agent=Agent(model=model), config=config) as worker_side,
+        SessionRuntime(agent=Agent(model=model), config=config) as api_side,
+    ):
+        sub = await api_side.submit("s-left", "hi")
+        lease = await api_side.store.claim("leaving", ttl_s=600, max_attempts=3)
+        assert lease is not None
+        stop = asyncio.Event()
+        worker = Worker(worker_side, poll_interval_s=60, sweep_interval_s=3600, listen=True)
+        running = asyncio.create_task(worker.run(stop))
+        try:
+            await asyncio.sleep(0.5)  # the worker found nothing claimable and waits
+            assert await api_side.store.hand_over(lease)
+            async with asyncio.timeout(20):  # far below the 60 s poll
+                while (await api_side.turn(sub.turn_id)).status == "running":
+                    await asyncio.sleep(0.01)
+            assert (await api_side.turn(sub.turn_id)).status == "succeeded"
+        finally:
+            stop.set()
+            await running
+
+
 async def test_a_worker_told_not_to_listen_only_polls(pg_schema: str, sent: list[str]) -> None:
     status = await _drive_one_submitted_elsewhere(pg_schema, listen=False, poll_interval_s=0.05)
     assert status == "succeeded"

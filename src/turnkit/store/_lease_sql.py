@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, and_, bindparam, case, exists, func, or_, select, update
+from sqlalchemy import Connection, and_, bindparam, case, exists, func, or_, select, text, update
 from sqlalchemy.orm import aliased
 
 from turnkit.errors import LeaseLostError, StaleEpochError
@@ -282,7 +282,11 @@ def hand_over(conn: Connection, lease: Lease, now: datetime) -> bool:
         )
         .values(lease_owner=HANDED_OVER, lease_expires_at=now)
     )
-    return bool(result.rowcount == 1)
+    if result.rowcount != 1:
+        return False
+    if conn.dialect.name == "postgresql":  # listening workers hear it now, not at their poll
+        conn.execute(text("SELECT pg_notify('turnkit_work', current_schema())"))
+    return True
 
 
 def _stale(lease: Lease) -> StaleEpochError:
