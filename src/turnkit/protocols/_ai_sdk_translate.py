@@ -57,10 +57,8 @@ from turnkit.events import (
 __all__ = ("Chunk", "UIMessageStreamTranslator")
 
 Chunk = dict[str, JsonValue]
-
-_DISCARDED: JsonValue = {"turnkit": {"discarded": True}}
-"""The `providerMetadata` that `text-end` leaves on a text part whose rung failed over."""
 """One UI message stream chunk, as the SDK's `uiMessageChunkSchema` reads it."""
+
 _FINISH_REASONS: Final[Mapping[str, str]] = {
     "succeeded": "stop",
     "failed": "error",
@@ -247,7 +245,9 @@ class UIMessageStreamTranslator:
             del self._texts[block_id]
             self._again.pop(("text", block_id), None)
             self._ended.add(block_id)
-            out.append({"type": "text-end", "id": block_id, "providerMetadata": _DISCARDED})
+            # Left on the part, for a client to leave out the text the next rung writes again.
+            discarded: Chunk = {"turnkit": {"discarded": True}}
+            out.append({"type": "text-end", "id": block_id, "providerMetadata": discarded})
         return [*out, *self._block_ended()]
 
     def _block_ended(self) -> list[Chunk]:
