@@ -297,6 +297,37 @@ async def test_a_long_turn_that_is_not_the_first_compacts_its_own_rounds(
     assert events[-1].status == "succeeded"
     last = [str(m.content) for m in model.calls[-1].messages]
     assert "read the twelve pages" in last  # the turn's opening message stays
+    # Each call reads the result of the round before it, whatever was compacted: the
+    # newest round stays whole, and the earlier turn goes before it does.
+    second_turn = model.calls[1:]
+    for n, request in enumerate(second_turn[1:]):
+        assert f"page {n}: text" in str(request.messages[-1].content), n
+        assert request.messages[-2].tool_calls, n  # with the call it answers
+    assert "Hello." not in last
+    if utility is not None:
+        asked = [
+            str(c.messages[-1].content)
+            for c in utility.calls
+            if c.messages[0].content == COMPACTION_PROMPT
+        ]
+        assert asked
+        assert all("current request, kept as it is: read the twelve pages" in a for a in asked)
+
+
+async def test_a_long_turn_keeps_its_plan_note_through_compaction(
+    runtime_factory: RuntimeFactory,
+) -> None:
+    """The note the turn works by (here: keep a task list) is not folded into a summary."""
+    rounds = [ModelStep.tool_call_reply(call("fetch_page", n=n)) for n in range(12)]
+    model = ScriptedModel([*rounds, ModelStep.text_reply("Read them all.")], context_window=900)
+    utility = ScriptedModel([ModelStep.text_reply("Pages were read.")], repeat_last=True)
+    agent = Agent(model=model, utility_model=utility, tools=[fetch_page], planning=True)
+    runtime = runtime_factory(agent)
+    long_ask = "please read the twelve pages " + "and then tell me what they say " * 12
+    events = await collect_events(runtime.execute_message("s1", long_ask))
+    assert [e for e in events if isinstance(e, CompactionCompletedEvent)]
+    notes = [str(m.content) for m in model.calls[-1].messages[1:] if m.role == "system"]
+    assert any("update_tasks" in note for note in notes), notes
 
 
 @tool

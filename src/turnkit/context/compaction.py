@@ -3,8 +3,9 @@
 Pure functions; the tool-loop stage makes the summary call. With a utility model the
 summarized messages are replaced by one summary message. Without one, the oldest turns
 are dropped until the request fits (a note says so). When the current turn is itself the
-bulk (a long run of tool rounds), its own work since its opening message is what goes.
-Either way the list then grows by appending again.
+bulk (a long run of tool rounds), the earlier turns and its own older rounds go; its
+opening message, its notes (a plan, a skill) and its newest round, whose results the
+model has not read yet, stay. Either way the list then grows by appending again.
 """
 
 from __future__ import annotations
@@ -57,32 +58,55 @@ class Split:
     tail: list[TranscriptMessage]
 
 
+def _leading(transcript: list[TranscriptMessage]) -> int:
+    """How many system messages open the list (the agent's instructions)."""
+    return next((i for i, m in enumerate(transcript) if m["role"] != "system"), len(transcript))
+
+
 def split_for_summary(transcript: list[TranscriptMessage]) -> Split:
     """Where to cut: summarize earlier turns and keep the current one whole.
 
-    In a session's first turn, keep its opening message and summarize the work done
-    since (every tool call already has its result when a call is about to be made, so no
-    call is cut from its result).
+    In a session's first turn (nothing before it to summarize), cut within it.
     """
-    opening = current_opening(transcript)
-    if opening > 1:
-        return Split(head=transcript[:1], middle=transcript[1:opening], tail=transcript[opening:])
+    lead, opening = _leading(transcript), current_opening(transcript)
+    if opening > lead:
+        head, middle = transcript[:lead], transcript[lead:opening]
+        return Split(head=head, middle=middle, tail=transcript[opening:])
     return split_within_turn(transcript)
 
 
 def split_within_turn(transcript: list[TranscriptMessage]) -> Split:
-    """Where to cut when the current turn itself is the bulk: after its opening message.
+    """Where to cut when the current turn itself is the bulk.
 
-    What came before stays as it is (earlier turns, or their summary); the turn's own
-    work since its opening message is summarized (or its oldest rounds dropped).
+    The earlier turns (or their summary) and the turn's older rounds go. What stays: the
+    agent's instructions, the turn's opening message and the notes added to it (a plan,
+    a skill: instructions it still follows), and its newest round, from the last
+    assistant message on, whose tool results (pictures too) the model has not read yet.
+    Every tool call kept has its result: a round goes or stays whole.
     """
-    opening = current_opening(transcript)
-    return Split(head=transcript[: opening + 1], middle=transcript[opening + 1 :], tail=[])
+    lead, opening = _leading(transcript), current_opening(transcript)
+    opened = transcript[opening : opening + 1]
+    own = transcript[opening + 1 :] if opened else transcript[lead:]
+    newest = max((i for i, m in enumerate(own) if m["role"] == "assistant"), default=len(own))
+    notes = [m for m in own[:newest] if m["role"] == "system"]
+    older = [m for m in own[:newest] if m["role"] != "system"]
+    earlier = transcript[lead:opening] if opened else []
+    return Split(
+        head=[*transcript[:lead], *opened, *notes],
+        middle=[*earlier, *older],
+        tail=own[newest:],
+    )
 
 
-def summary_request(middle: list[TranscriptMessage]) -> tuple[ModelMessage, ...]:
-    """The utility call's messages: the instruction, then the conversation as text."""
-    lines: list[str] = []
+def summary_request(
+    middle: list[TranscriptMessage], *, asked: str = ""
+) -> tuple[ModelMessage, ...]:
+    """The utility call's messages: the instruction, then the conversation as text.
+
+    `asked`: the person's current request, which stays as it is: the summary is written
+    with it in view (the messages to summarize may be the work done on it).
+    """
+    lines: list[str] = [f"(The person's current request, kept as it is: {asked})"] if asked else []
     for message in from_transcript(middle):
         text = text_of(message.content)
         calls = "; ".join(f"{c.name}({c.arguments})" for c in message.tool_calls)
@@ -127,10 +151,9 @@ def keep_newest(
     Earlier turns go first, whole; in a session's first turn, its oldest assistant rounds
     go (each with its tool results). A note says how many messages were left out.
     """
-    if split.tail:
-        units = _units(split.middle, lambda m: bool(m.get("opens_turn")))
-    else:
-        units = _units(split.middle, lambda m: m["role"] == "assistant")
+    # A turn goes from its opening message, a round from its assistant message (with its
+    # tool results): no call is cut from its result.
+    units = _units(split.middle, lambda m: bool(m.get("opens_turn")) or m["role"] == "assistant")
     dropped = 0
     while True:
         dropped += len(units.pop(0)) if units else 0

@@ -41,10 +41,17 @@ from turnkit.context.prefix import (
     view_of,
 )
 from turnkit.context.results import preview_result, repair_arguments
-from turnkit.context.transcript import PartJson
+from turnkit.context.transcript import PartJson, current_opening
 from turnkit.events import CompactionCompletedEvent, CompactionStartedEvent
 from turnkit.ids import StageId
-from turnkit.models import ModelRequest, ModelResponse, ToolCallPart, ToolSpec, estimate_tokens
+from turnkit.models import (
+    ModelRequest,
+    ModelResponse,
+    ToolCallPart,
+    ToolSpec,
+    estimate_tokens,
+    text_of,
+)
 from turnkit.models.family import ModelFamily
 from turnkit.stages._calls import call_model
 from turnkit.stages._guides import take_guides
@@ -167,12 +174,16 @@ async def _compact(
         return None
     rec = ctx.recorder
     await rec.ephemeral(CompactionStartedEvent, stage_id)
-    if ctx.utility is not None and _fits_utility(ctx.utility, split.middle):
+    opening = current_opening(transcript)
+    asked = ""
+    if opening < len(transcript):
+        asked = text_of(from_transcript(transcript[opening : opening + 1])[0].content)
+    if ctx.utility is not None and _fits_utility(ctx.utility, split.middle, asked):
         result = await call_model(
             ctx,
             stage_id,
             ctx.utility,
-            ModelRequest(messages=summary_request(split.middle), purpose="utility"),
+            ModelRequest(messages=summary_request(split.middle, asked=asked), purpose="utility"),
             block_key=f"compaction-{len(transcript)}",
             stream_text=False,
         )
@@ -212,12 +223,12 @@ async def _compact(
     return compacted
 
 
-def _fits_utility(utility: ModelFamily, middle: list[TranscriptMessage]) -> bool:
+def _fits_utility(utility: ModelFamily, middle: list[TranscriptMessage], asked: str) -> bool:
     """Whether the summary request fits the utility model's own window (else: keep-newest)."""
     window = utility.context_window()
     if window is None:
         return True
-    request = ModelRequest(messages=summary_request(middle), purpose="utility")
+    request = ModelRequest(messages=summary_request(middle, asked=asked), purpose="utility")
     return not needs_compaction(utility.count_tokens(request), window)
 
 
