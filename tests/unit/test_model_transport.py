@@ -146,6 +146,25 @@ async def test_litellm_callbacks_keep_calls_on_litellms_path(
     assert openai_server.headers[0]["user-agent"] != DIRECT_AGENT
 
 
+async def test_litellms_idle_cache_entry_keeps_the_direct_path(
+    openai_server: FakeOpenAIServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """litellm adds its own "cache" callback when its Gemini code first loads (a `Cache`
+    it only uses for keys): with no `litellm.cache` set it sees nothing, and an OpenAI
+    call after a Gemini one still goes direct. A real cache keeps calls on litellm's path."""
+    litellm = load_litellm()
+    for name in ("input_callback", "success_callback", "_async_success_callback"):
+        monkeypatch.setattr(litellm, name, ["cache"])
+    openai_server.script("fake-model", [Reply.text("ok"), Reply.text("ok")])
+
+    await collect(client(openai_server, "auto").stream(HELLO))
+    assert openai_server.headers[0]["user-agent"] == DIRECT_AGENT
+
+    monkeypatch.setattr(litellm, "cache", litellm.Cache(type="local"))
+    await collect(client(openai_server, "auto").stream(HELLO))
+    assert openai_server.headers[1]["user-agent"] != DIRECT_AGENT
+
+
 def test_a_model_litellm_sends_to_the_responses_api_is_declined() -> None:
     litellm = load_litellm()
     kwargs: dict[str, object] = {"messages": [{"role": "user", "content": "hi"}], "stream": True}

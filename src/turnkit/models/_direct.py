@@ -57,6 +57,21 @@ _CALLBACK_LISTS: Final = (
 
 _USER_AGENT: Final = "turnkit"
 
+
+def _has_callbacks(litellm: ModuleType) -> bool:
+    """Whether a litellm callback expects to see calls.
+
+    litellm's own `"cache"` entry does nothing while `litellm.cache` is unset, yet any
+    `Cache` object adds it, and litellm makes one when its Gemini and Vertex code is first
+    imported: such a call must not move every later OpenAI call onto litellm's path.
+    """
+    for name in _CALLBACK_LISTS:
+        found = getattr(litellm, name, None) or ()
+        if any(not (entry == "cache" and litellm.cache is None) for entry in found):
+            return True
+    return False
+
+
 _log = logging.getLogger(__name__)
 
 
@@ -68,7 +83,7 @@ def prepare(litellm: ModuleType, kwargs: Mapping[str, object], *, model: str) ->
         kwargs: The `acompletion` keyword arguments, credentials included.
         model: The bare model name litellm resolved (without `openai/`).
     """
-    if any(getattr(litellm, name, None) for name in _CALLBACK_LISTS):
+    if _has_callbacks(litellm):
         return None  # logging integrations see calls only on litellm's path
     api_base = _api_base(litellm, kwargs.get("api_base"))
     try:
