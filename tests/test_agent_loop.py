@@ -467,6 +467,33 @@ async def test_a_long_result_is_a_preview_the_model_can_read_on(
     assert len(window["text"]) == 22
 
 
+async def test_a_small_window_gets_a_preview_that_fits_it_and_says_how_to_read_on(
+    runtime_factory: RuntimeFactory,
+) -> None:
+    """The default 16,000-character preview would fill a 4,000-token window: the model gets
+    a quarter of the window, with the note, and reads on."""
+    model = ScriptedModel(
+        [
+            ModelStep.tool_call_reply(call("report", tool_call_id="call_r")),
+            ModelStep.tool_call_reply(
+                raw_call("read_tool_result", '{"tool_call_id": "call_r", "offset": 4000}')
+            ),
+            ModelStep.text_reply("Done reading."),
+        ],
+        context_window=4000,
+    )
+    runtime = runtime_factory(Agent(model=model, tools=[report]))
+    events = await collect_events(runtime.execute_message("s1", "Read the report"))
+    assert not [e for e in events if isinstance(e, CompactionCompletedEvent)]
+    shown = model.calls[1].messages[-1]
+    assert shown.role == "tool"
+    assert "call `read_tool_result` with tool_call_id='call_r' and offset=4000" in str(
+        shown.content
+    )
+    window = json.loads(str(model.calls[2].messages[-1].content))
+    assert (window["offset"], len(window["text"])) == (4000, 4000)  # the same step on
+
+
 async def test_almost_json_arguments_are_repaired(runtime_factory: RuntimeFactory) -> None:
     model = ScriptedModel(
         [

@@ -28,7 +28,7 @@ from turnkit.events import (
 from turnkit.ids import ToolCallId, derive_id
 from turnkit.models import ToolCallPart
 from turnkit.plugins import ToolCall
-from turnkit.stages._message_list import result_message, result_text
+from turnkit.stages._message_list import preview_chars, result_message, result_text
 from turnkit.stages._offered import offered_tools
 from turnkit.stages._planning import is_planning_tool, run_planning_tool
 from turnkit.stages._plugins import after_tool_call, before_tool_call, guard
@@ -287,9 +287,11 @@ def _read_result(ctx: StageContext, args: Mapping[str, JsonValue]) -> tuple[str 
         known = list(ctx.recorder.notes.full_results)
         return f"no result of this turn has tool_call_id {call_id!r}; known: {known}", None
     offset = args.get("offset") or 0
-    limit = args.get("limit") or ctx.agent.tool_result_preview_chars or len(full)
+    most = preview_chars(ctx) or len(full)
+    limit = args.get("limit") or most
     if not isinstance(offset, int) or not isinstance(limit, int) or offset < 0 or limit < 1:
         return "offset must be a whole number >= 0 and limit one >= 1", None
+    limit = min(limit, most)  # a window is never longer than a preview
     window = full[offset : offset + limit]
     rest = max(0, len(full) - offset - len(window))
     return None, {"text": window, "offset": offset, "remaining_chars": rest}

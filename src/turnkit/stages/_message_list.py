@@ -40,7 +40,7 @@ from turnkit.context.prefix import (
     tools_digest,
     view_of,
 )
-from turnkit.context.results import preview_result, repair_arguments
+from turnkit.context.results import READ_RESULT_TOOL, preview_result, repair_arguments
 from turnkit.context.transcript import PartJson, current_opening
 from turnkit.events import CompactionCompletedEvent, CompactionStartedEvent
 from turnkit.ids import StageId
@@ -254,11 +254,29 @@ def result_text(result: ToolResultBlock) -> str:
     return json.dumps(_without_pictures(result.output), ensure_ascii=False, separators=(",", ":"))
 
 
+PREVIEW_SHARE = 0.25
+"""The most of the context window a result's preview takes (at four characters a token)."""
+
+
+def preview_chars(ctx: StageContext) -> int | None:
+    """How much of a long result the model gets at once.
+
+    The agent's setting, within a quarter of the model's window: a small window still
+    shows the preview and the note saying how to read on, instead of compacting them
+    away at once.
+    """
+    limit = ctx.agent.tool_result_preview_chars
+    window = ctx.family.context_window()
+    if limit is None or window is None:
+        return limit
+    return max(200, min(limit, int(window * 4 * PREVIEW_SHARE)))
+
+
 def result_message(ctx: StageContext, result: ToolResultBlock) -> TranscriptMessage:
     """The tool message for `result`: a preview when long, its pictures as parts."""
     text = result_text(result)
-    limit = ctx.agent.tool_result_preview_chars
-    if limit is not None:
+    limit = preview_chars(ctx)
+    if limit is not None and result.tool_name != READ_RESULT_TOOL:  # a window is bounded
         text = preview_result(text, limit=limit, tool_call_id=result.tool_call_id)
     pictures = [] if result.is_error else _pictures(result.output)
     content: str | list[PartJson] = (
