@@ -13,7 +13,12 @@ import pytest
 
 from tests.helpers import WrappedModel, turn_status, until
 from turnkit import Agent, RuntimeConfig, SessionRuntime, tool
-from turnkit.errors import LeaseLostError, ProviderError
+from turnkit.errors import (
+    InvalidInputError,
+    LeaseLostError,
+    ProviderError,
+    SessionNotFoundError,
+)
 from turnkit.events import DoneEvent, DurableEvent
 from turnkit.ids import SessionId, TurnId
 from turnkit.models import ModelChunk, ModelRequest
@@ -236,7 +241,7 @@ async def test_a_rename_typed_mid_turn_survives(tmp_path: Path) -> None:
     @tool
     async def rename_now() -> str:
         """Stand-in for the person renaming the thread while the turn runs."""
-        await holder[0].store.rename_session(SessionId("s1"), "My own name")
+        await holder[0].rename_session("s1", "My own name")
         return "ok"
 
     model = ScriptedModel(
@@ -295,3 +300,17 @@ async def test_a_session_is_read_by_its_id_and_an_unknown_one_is_refused(tmp_pat
             await runtime.session("nope")
         frames = [f async for f in runtime.reader().follow(done[-1].turn_id, after_seq=1)]
         assert frames  # a plain string is a turn id too
+
+
+async def test_a_rename_from_python_is_checked_as_over_http(tmp_path: Path) -> None:
+    agent = Agent(model=ScriptedModel([ModelStep.text_reply("Hi.")]))
+    async with _runtime(tmp_path, agent) as runtime:
+        await collect_events(runtime.execute_message("s1", QUESTION))
+        for bad in ("", "   ", "x" * 501, "a\x00b"):
+            with pytest.raises(InvalidInputError, match="1-500 characters"):
+                await runtime.rename_session("s1", bad)
+        with pytest.raises(SessionNotFoundError):
+            await runtime.rename_session("nobody", "Fine")
+        renamed = await runtime.rename_session("s1", "Trip to Lisbon")
+        assert renamed.title == "Trip to Lisbon"
+        assert (await runtime.session("s1")).title == "Trip to Lisbon"

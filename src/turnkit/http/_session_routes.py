@@ -269,9 +269,7 @@ def _add_edit_routes(
     @router.patch("/sessions/{session_id}", response_model=SessionOut, summary="Rename")
     async def rename(session_id: SessionPath, body: RenameBody, principal: Caller) -> SessionOut:
         await visible_session(runtime, session_id, principal)
-        return SessionOut.model_validate(
-            await runtime.store.rename_session(SessionId(session_id), body.title)
-        )
+        return SessionOut.model_validate(await runtime.rename_session(session_id, body.title))
 
     @router.delete("/sessions/{session_id}", status_code=204, summary="Delete a session")
     async def delete(session_id: SessionPath, principal: Caller) -> Response:

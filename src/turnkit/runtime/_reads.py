@@ -12,6 +12,7 @@ from turnkit.ids import SessionId, TurnId
 from turnkit.projection import PendingDecision, QueuedInput, SessionView, TurnView
 from turnkit.runtime._core import RuntimeCore
 from turnkit.runtime._history import TurnHistory, session_view, turn_history, turn_view
+from turnkit.runtime._validate import check_session_id
 from turnkit.states import TERMINAL_STATES
 from turnkit.store import SessionRecord, TurnRecord
 
@@ -112,6 +113,22 @@ class RuntimeReads(RuntimeCore):
         if record is None:
             raise SessionNotFoundError(f"no session {session_id!r}", session_id=session_id)
         return record
+
+    async def rename_session(self, session_id: str, title: str) -> SessionRecord:
+        """Give a session a title of your own (a person's rename: never named over later).
+
+        Raises:
+            InvalidInputError: `title` is empty, only white space, longer than 500
+                characters, or holds a NUL.
+            SessionNotFoundError: there is no such session.
+        """
+        if not isinstance(title, str) or not title.strip() or len(title) > 500 or "\x00" in title:
+            raise InvalidInputError(
+                "a session title is 1-500 characters, not only white space, without NUL"
+            )
+        sid = check_session_id(session_id)
+        await self._ensure_open()
+        return await self.store.rename_session(sid, title)
 
     async def turn(self, turn_id: str) -> TurnRecord:
         """A turn's record (status, last seq, …)."""
