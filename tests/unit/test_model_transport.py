@@ -186,6 +186,16 @@ def test_a_model_litellm_sends_to_the_responses_api_is_declined() -> None:
             replace(RICH, settings=ModelSettings(seed=5), thinking_budget=4096),
             id="o-series-reasoning-and-max-completion-tokens",
         ),
+        pytest.param(
+            "gpt-4o",
+            replace(
+                RICH,
+                messages=tuple(
+                    replace(m, content="") if m.role == "assistant" else m for m in RICH.messages
+                ),
+            ),
+            id="a-tool-call-with-no-text",
+        ),
     ],
 )
 async def test_the_direct_body_is_the_one_litellm_sends(

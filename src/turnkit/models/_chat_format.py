@@ -42,7 +42,9 @@ def _message_dict(message: ModelMessage) -> dict[str, object]:
     """One neutral message as an OpenAI chat message (a tool's pictures left out)."""
     out: dict[str, object] = {"role": message.role}
     if message.role == "assistant" and message.tool_calls:
-        out["content"] = text_of(message.content) or None
+        said = text_of(message.content)
+        if said:  # none: no `content` at all, as litellm sends it (not null: other bytes)
+            out["content"] = said
         out["tool_calls"] = [
             {
                 "id": call.tool_call_id,
