@@ -56,6 +56,9 @@ class Split:
     head: list[TranscriptMessage]
     middle: list[TranscriptMessage]
     tail: list[TranscriptMessage]
+    rounds_from: int | None = None
+    """Where in `middle` the current turn's own rounds begin (None: all earlier turns):
+    earlier turns are dropped whole, the turn's rounds one at a time."""
 
 
 def _leading(transcript: list[TranscriptMessage]) -> int:
@@ -69,33 +72,48 @@ def split_for_summary(transcript: list[TranscriptMessage]) -> Split:
     In a session's first turn (nothing before it to summarize), cut within it.
     """
     lead, opening = _leading(transcript), current_opening(transcript)
-    if opening > lead:
+    if lead < opening < len(transcript):
         head, middle = transcript[:lead], transcript[lead:opening]
         return Split(head=head, middle=middle, tail=transcript[opening:])
     return split_within_turn(transcript)
 
 
-def split_within_turn(transcript: list[TranscriptMessage]) -> Split:
+def split_within_turn(
+    transcript: list[TranscriptMessage], *, keep_newest_round: bool = True
+) -> Split:
     """Where to cut when the current turn itself is the bulk.
 
     The earlier turns (or their summary) and the turn's older rounds go. What stays: the
-    agent's instructions, the turn's opening message and the notes added to it (a plan,
-    a skill: instructions it still follows), and its newest round, from the last
+    agent's instructions, the turn's opening message, the notes it works by (its plan, a
+    skill) and what the person added while it ran, and its newest round, from the last
     assistant message on, whose tool results (pictures too) the model has not read yet.
-    Every tool call kept has its result: a round goes or stays whole.
+    Every tool call kept has its result: a round goes or stays whole. With no older
+    round to let go (the newest is all there is), or `keep_newest_round=False` (it alone
+    would not fit), the newest round goes too.
     """
     lead, opening = _leading(transcript), current_opening(transcript)
     opened = transcript[opening : opening + 1]
     own = transcript[opening + 1 :] if opened else transcript[lead:]
-    newest = max((i for i, m in enumerate(own) if m["role"] == "assistant"), default=len(own))
-    notes = [m for m in own[:newest] if m["role"] == "system"]
-    older = [m for m in own[:newest] if m["role"] != "system"]
     earlier = transcript[lead:opening] if opened else []
+    newest = max((i for i, m in enumerate(own) if m["role"] == "assistant"), default=len(own))
+    kept = [m for m in own[:newest] if _stays(m)]
+    older = [m for m in own[:newest] if not _stays(m)]
+    if not keep_newest_round or (not earlier and not older):
+        newest = len(own)
+        kept = [m for m in own if _stays(m)]
+        older = [m for m in own if not _stays(m)]
     return Split(
-        head=[*transcript[:lead], *opened, *notes],
+        head=[*transcript[:lead], *opened, *kept],
         middle=[*earlier, *older],
         tail=own[newest:],
+        rounds_from=len(earlier),
     )
+
+
+def _stays(message: TranscriptMessage) -> bool:
+    """A note the turn works by, or a message the person sent into the turn (a guide)."""
+    guide = message["role"] == "user" and message.get("input_seq") is not None
+    return guide or bool(message.get("standing"))
 
 
 def summary_request(
@@ -151,9 +169,13 @@ def keep_newest(
     Earlier turns go first, whole; in a session's first turn, its oldest assistant rounds
     go (each with its tool results). A note says how many messages were left out.
     """
-    # A turn goes from its opening message, a round from its assistant message (with its
-    # tool results): no call is cut from its result.
-    units = _units(split.middle, lambda m: bool(m.get("opens_turn")) or m["role"] == "assistant")
+    # An earlier turn goes whole, from its opening message; a round of the current turn
+    # from its assistant message, with its tool results: no call is cut from its result.
+    cut = len(split.middle) if split.rounds_from is None else split.rounds_from
+    units = [
+        *_units(split.middle[:cut], lambda m: bool(m.get("opens_turn"))),
+        *_units(split.middle[cut:], lambda m: m["role"] == "assistant"),
+    ]
     dropped = 0
     while True:
         dropped += len(units.pop(0)) if units else 0

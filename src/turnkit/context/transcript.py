@@ -59,9 +59,11 @@ class TranscriptMessage(TypedDict):
     """Set on a user message: the input it came from (never sent to the model)."""
     opens_turn: NotRequired[bool]
     """Set on the user message that opened a turn (never sent to the model)."""
+    standing: NotRequired[bool]
+    """Set on a note the turn works by (its plan, a skill): compaction keeps it (never sent)."""
 
 
-PRIVATE_KEYS = frozenset({"input_seq", "opens_turn"})
+PRIVATE_KEYS = frozenset({"input_seq", "opens_turn", "standing"})
 """Transcript keys turnkit keeps for itself; they never reach the model."""
 
 

@@ -170,6 +170,8 @@ async def _compact(
     split = split_for_summary(transcript)
     if split.tail and needs_compaction(tokens([*split.head, *split.tail]), window):
         split = split_within_turn(transcript)  # without earlier turns it would not fit
+    if split.tail and needs_compaction(tokens([*split.head, *split.tail]), window):
+        split = split_within_turn(transcript, keep_newest_round=False)  # nor with its newest
     if not split.middle:
         return None
     rec = ctx.recorder

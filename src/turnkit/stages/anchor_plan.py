@@ -26,7 +26,7 @@ PLAN_PROMPT = (
 
 
 def _note(text: str) -> TranscriptMessage:
-    return {"role": "system", "content": text}
+    return {"role": "system", "content": text, "standing": True}  # compaction keeps it
 
 
 def _heuristic(content: str) -> PlanGenerationPayload:
