@@ -453,7 +453,7 @@ async def fetch(n: int) -> int:
 
 
 async def test_a_turn_recovered_after_a_crash_stays_one_trace(
-    tmp_path: Path, otel: Telemetry
+    tmp_path: Path, otel: Telemetry, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     config = RuntimeConfig(
         database_url=f"sqlite:///{tmp_path / 'app.db'}", lease_ttl_s=1.0, recover_in_process=True
@@ -465,6 +465,10 @@ async def test_a_turn_recovered_after_a_crash_stays_one_trace(
     async with asyncio.timeout(10):
         while not otel.named("chat "):  # until the tool runs
             await asyncio.sleep(0.02)
+    async def gone(lease: object) -> bool:  # it died: it hands nothing over
+        raise ConnectionError("the process is gone")
+
+    monkeypatch.setattr(first.store, "hand_over", gone)
     await first.close()  # the process goes away mid-tool: its lease lapses
 
     SLOW["seconds"] = 0.0
