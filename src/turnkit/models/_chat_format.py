@@ -38,13 +38,13 @@ def _content(content: Content) -> object:
     return content if isinstance(content, str) else [part_dict(p) for p in content]
 
 
-def _message_dict(message: ModelMessage) -> dict[str, object]:
+def _message_dict(message: ModelMessage, *, omit_empty: bool = False) -> dict[str, object]:
     """One neutral message as an OpenAI chat message (a tool's pictures left out)."""
     out: dict[str, object] = {"role": message.role}
     if message.role == "assistant" and message.tool_calls:
         said = text_of(message.content)
-        if said:  # none: no `content` at all, as litellm sends it (not null: other bytes)
-            out["content"] = said
+        if said or not omit_empty:  # OpenAI's: no `content`, as its SDK sends it (not null)
+            out["content"] = said or None
         out["tool_calls"] = [
             {
                 "id": call.tool_call_id,
@@ -69,13 +69,17 @@ def _message_dict(message: ModelMessage) -> dict[str, object]:
 
 
 def message_dicts(
-    messages: Sequence[ModelMessage], *, notes_in_place: bool = False
+    messages: Sequence[ModelMessage], *, notes_in_place: bool = False, omit_empty: bool = False
 ) -> list[dict[str, object]]:
     """Neutral messages as OpenAI chat messages.
 
     OpenAI-style tool messages carry text only, so the pictures a batch of tool results
     returned follow that batch as one user message (deterministically, so the prompt
     prefix stays byte-identical from call to call).
+
+    `omit_empty`: an assistant's tool calls with no text go without `content` (OpenAI's
+    SDK drops a null one, so both of its transports send the same bytes); other
+    providers get `null`, which some OpenAI-style servers require.
 
     `notes_in_place`: for a provider whose API has one system prompt, into which litellm
     moves every system message (Gemini's), a system message after the conversation began
@@ -95,7 +99,7 @@ def message_dicts(
             out.append({"role": "user", "content": f"{NOTE_PREFIX}\n\n{text_of(message.content)}"})
             continue
         began = began or message.role != "system"
-        out.append(_message_dict(message))
+        out.append(_message_dict(message, omit_empty=omit_empty))
         if message.role == "tool" and not isinstance(message.content, str):
             shown = [part_dict(p) for p in message.content if isinstance(p, ImagePart)]
             if shown:

@@ -260,7 +260,11 @@ class LiteLLMClient:
         litellm = _load_litellm()
         kwargs: dict[str, object] = {
             "model": self._model,
-            "messages": message_dicts(request.messages, notes_in_place=self._notes_in_place),
+            "messages": message_dicts(
+                request.messages,
+                notes_in_place=self._notes_in_place,
+                omit_empty=self._provider == "openai",
+            ),
         }
         if request.tools:
             kwargs["tools"] = [tool_dict(t) for t in request.tools]
@@ -370,7 +374,11 @@ class LiteLLMClient:
     def _call_kwargs(self, litellm: ModuleType, request: ModelRequest) -> dict[str, object]:
         kwargs: dict[str, object] = {
             "model": self._model,
-            "messages": message_dicts(request.messages, notes_in_place=self._notes_in_place),
+            "messages": message_dicts(
+                request.messages,
+                notes_in_place=self._notes_in_place,
+                omit_empty=self._provider == "openai",
+            ),
             "stream": True,
             "stream_options": {"include_usage": True},
             "timeout": self._timeout,
