@@ -490,8 +490,13 @@ async def test_a_small_window_gets_a_preview_that_fits_it_and_says_how_to_read_o
     assert "call `read_tool_result` with tool_call_id='call_r' and offset=4000" in str(
         shown.content
     )
-    window = json.loads(str(model.calls[2].messages[-1].content))
-    assert (window["offset"], len(window["text"])) == (4000, 4000)  # the same step on
+    sent = str(model.calls[2].messages[-1].content)
+    assert len(sent) <= 4000  # the window as the model reads it (JSON) is no preview longer
+    window = json.loads(sent)
+    full = "".join(f"line {i:04d}\n" for i in range(2000))
+    assert window["offset"] == 4000
+    assert 3000 < len(window["text"]) < 4000  # its newlines are two characters in JSON
+    assert window["text"] == json.dumps(full)[4000 : 4000 + len(window["text"])]
 
 
 async def test_almost_json_arguments_are_repaired(runtime_factory: RuntimeFactory) -> None:

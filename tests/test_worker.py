@@ -338,7 +338,7 @@ async def test_a_stopping_worker_hands_the_turns_it_leaves_over_at_once(
     assert [(e.attempt, e.cause) for e in recovering] == [(2, "handed-over")]  # type: ignore[attr-defined]
     lines = [r.getMessage() for r in caplog.records if r.name == "turnkit.worker"]
     assert (
-        f"recovering turn {turn.turn_id} (session s-1): attempt 2, handed over by a worker "
+        f"recovering turn {turn.turn_id} (session s-1): attempt 2, handed over by a process "
         "that shut down"
     ) in lines
     # An operator reading the turn sees the takeover and the call it ran again.

@@ -118,6 +118,10 @@ def export_target(path: str | None, stdout: TextIO) -> Iterator[TextIO]:
             os.link(partial, target)  # unlike a rename, refuses a file that appeared meanwhile
         except FileExistsError:
             raise exists from None
+        except OSError:  # a file system without hard links (FAT, some network mounts)
+            if target.exists():
+                raise exists from None
+            os.replace(partial, target)
     finally:
         partial.unlink(missing_ok=True)
 

@@ -65,15 +65,21 @@ class DetachedTurns:
             entry.slot.release()  # a task cancelled before its first step never ran its own
         return True
 
-    def abandon(self) -> tuple[list[asyncio.Task[None]], list[TurnDriver]]:
+    def abandon(self) -> tuple[list[asyncio.Task[None]], list[Lease]]:
         """Tell every detached driver to write nothing more; their tasks and drivers.
 
-        The tasks are to cancel, the drivers' leases to hand over once they stopped.
+        The tasks are to cancel; the leases (also of a turn whose driver is not built yet)
+        to hand over once they stopped, unless the turn ended meanwhile.
         Closing the runtime is not Stop: another process (a worker, a runtime recovering
         turns) takes the turns over.
         """
         entries = list(self._entries.values())
-        drivers = [entry.driver for entry in entries if entry.driver is not None]
-        for driver in drivers:
-            driver.abandon()
-        return [entry.task for entry in entries if entry.task is not None], drivers
+        for entry in entries:
+            if entry.driver is not None:
+                entry.driver.abandon()
+        leases = [
+            entry.driver.lease if entry.driver is not None else entry.lease
+            for entry in entries
+            if entry.lease is not None and not (entry.driver is not None and entry.driver.ended)
+        ]
+        return [entry.task for entry in entries if entry.task is not None], leases

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from pydantic import JsonValue
 
@@ -27,7 +28,7 @@ from turnkit.runtime._transcript import ended_transcript
 from turnkit.stages._budget import prompt_tokens, text_tokens
 from turnkit.states import TerminalStatus
 from turnkit.store import RunSummary
-from turnkit.telemetry import OpenCall, Recorder
+from turnkit.telemetry import OpenCall, Recorder, usage_fields
 
 __all__ = ("Attempt", "end_aborted", "end_failed", "end_succeeded")
 
@@ -119,13 +120,9 @@ def _audit_cut_call(rec: Recorder, *, outcome: CallOutcome, error_code: str) -> 
     if call is None:
         return
     kept = _keep_interrupted(rec, call)
+    spent: dict[str, Any]
     if call.usage is not None:  # it finished; its answer was still being checked
-        spent = {
-            "input_tokens": call.usage.input_tokens,
-            "output_tokens": call.usage.output_tokens,
-            "cached_tokens": call.usage.cached_tokens,
-            "cost_usd": call.usage.cost_usd,
-        }
+        spent = usage_fields(call.usage)
     else:
         written = call.written() if call.written is not None else "".join(call.text)
         spent = {

@@ -343,18 +343,16 @@ class TurnHost:
 
         Another process (a worker, a runtime recovering turns) takes each over at once.
         """
-        running, drivers = self._detached.abandon()
+        running, leases = self._detached.abandon()
         tasks = [*running, *self._shielded]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        for driver in drivers:
-            if driver.ended:
-                continue
+        for lease in leases:  # one no longer this process's (ended, paused) is refused
             try:
-                await self._store().hand_over(driver.lease)
+                await self._store().hand_over(lease)
             except Exception as exc:  # noqa: BLE001 - unreachable: the lease lapses on its own
-                log.debug("could not hand %s over at once: %r", driver.lease.turn_id, exc)
+                log.debug("could not hand %s over at once: %r", lease.turn_id, exc)
 
 
 class _HandedDeps:

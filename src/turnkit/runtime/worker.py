@@ -73,8 +73,9 @@ class Worker:
             (PgBouncer in transaction mode); the worker then only polls.
         sweep_interval_s: How often to run the orphan sweep.
         drain_timeout_s: On stop, how long running turns may take before they are
-            abandoned: their tasks stop without ending the turns, whose leases then
-            expire and another worker resumes them.
+            abandoned: their tasks stop without ending the turns, which are handed
+            over for another worker to take at once (or, when the database cannot be
+            told, once their leases lapse).
         owner: The lease owner name it claims under (default: the runtime's). A loop
             beside an app that drives turns itself takes a name of its own, so a Stop
             of the app's turn never mistakes this loop's lease for the app's.
@@ -218,7 +219,7 @@ class Worker:
                 lease.turn_id,
                 lease.session_id,
                 lease.attempt,
-                "handed over by a worker that shut down"
+                "handed over by a process that shut down"
                 if lease.handed_over
                 else "its previous driver's lease expired",
             )

@@ -40,7 +40,7 @@ from turnkit.models.family import ModelFamily
 from turnkit.stages._budget import prompt_tokens, take_budget_answers, text_tokens
 from turnkit.stages._plugins import answer_hold, guard
 from turnkit.stages._types import StageContext
-from turnkit.telemetry import OpenCall, Recorder
+from turnkit.telemetry import OpenCall, Recorder, usage_fields
 
 __all__ = ("CallResult", "call_model")
 
@@ -170,7 +170,7 @@ async def call_model(
         # One audit row per model call, however it ended (DESIGN §5.7).
         code = exc.code if isinstance(exc, TurnkitError) else "internal-error"
         chat.failed(exc)
-        spent = on.spent(request) if isinstance(exc, _CUT_BY_THE_TURN) else {}
+        spent = _billed(rec, on, request, exc)
         shape = on.shape(family.name, outcome="error", error_code=code, **spent)
         rec.audit(stage_id, call=shape)
         rec.open_call = None
@@ -186,6 +186,18 @@ async def call_model(
 
 _CUT_BY_THE_TURN = (GuardrailBlockedError, OutputLimitExceededError, PluginFailedError)
 """What the turn itself raises to stop a call mid-stream: the provider still billed it."""
+
+
+def _billed(rec: Recorder, on: _Rung, request: ModelRequest, exc: Exception) -> dict[str, Any]:
+    """What a failed call's row bills.
+
+    What the provider reported if the call finished (its answer's check refused it),
+    else an estimate if the turn cut it short, else nothing.
+    """
+    reported = rec.open_call.usage if rec.open_call is not None else None
+    if reported is not None:
+        return usage_fields(reported)
+    return on.spent(request) if isinstance(exc, _CUT_BY_THE_TURN) else {}
 
 
 class _Rung:

@@ -292,7 +292,7 @@ def _read_result(ctx: StageContext, args: Mapping[str, JsonValue]) -> tuple[str 
     if not isinstance(offset, int) or not isinstance(limit, int) or offset < 0 or limit < 1:
         return "offset must be a whole number >= 0 and limit one >= 1", None
     limit = min(limit, most)  # a window is never longer than a preview
-    window = full[offset : offset + limit]
+    window = _fitting(full[offset : offset + limit], most - 64)  # its JSON within it too
     rest = max(0, len(full) - offset - len(window))
     return None, {"text": window, "offset": offset, "remaining_chars": rest}
 
@@ -393,6 +393,16 @@ class _Reports:
                 tool_call_id=self.call_id,
                 is_error=failed,
             )
+
+
+def _fitting(window: str, most: int) -> str:
+    """`window`, shortened until its JSON (escapes and all) is at most `most` characters."""
+    for _ in range(8):  # each pass cuts in proportion: two or three are enough
+        sent = len(json.dumps(window, ensure_ascii=False))
+        if sent <= most or len(window) <= 1:
+            break
+        window = window[: max(1, len(window) * most // sent - 1)]
+    return window
 
 
 def _is_read_result(ctx: StageContext, part: ToolCallPart) -> bool:

@@ -81,7 +81,11 @@ def _claim_query(*, by_turn: bool, by_session: bool) -> Any:
         spent_after_claim().label("spent"),
     ).where(
         turns.c.status == "running",
-        or_(turns.c.lease_owner.is_(None), turns.c.lease_expires_at < bindparam("c_now")),
+        or_(
+            turns.c.lease_owner.is_(None),
+            turns.c.lease_owner == HANDED_OVER,  # free now, whatever the clocks say
+            turns.c.lease_expires_at < bindparam("c_now"),
+        ),
         spent_after_claim() < bindparam("c_max"),
         ~exists().where(
             earlier.c.session_id == turns.c.session_id,
@@ -210,7 +214,7 @@ WITH candidate AS (
         ) THEN 1 ELSE 0 END AS spent
     ) judged
     WHERE t.status = 'running'
-        AND (t.lease_owner IS NULL OR t.lease_expires_at < $1)
+        AND (t.lease_owner IS NULL OR t.lease_owner = '{HANDED_OVER}' OR t.lease_expires_at < $1)
         AND judged.spent < $2
         AND NOT EXISTS (
             SELECT FROM tk_turns earlier

@@ -28,7 +28,7 @@ from turnkit.store import Rider, RunSummary, Store, TurnTranscript
 from turnkit.telemetry._delta import DeltaBuilder
 from turnkit.telemetry._notes import TurnNotes
 
-__all__ = ("OpenCall", "Publish", "Recorder")
+__all__ = ("OpenCall", "Publish", "Recorder", "usage_fields")
 
 log = logging.getLogger("turnkit.runtime")
 
@@ -387,3 +387,13 @@ class Recorder:
         if events:
             self.publish(tuple(events))
         return events, result.carried
+
+
+def usage_fields(usage: Usage) -> dict[str, Any]:
+    """A provider's reported usage as the `CallShape` fields it fills."""
+    return {
+        "input_tokens": usage.input_tokens,
+        "output_tokens": usage.output_tokens,
+        "cached_tokens": usage.cached_tokens,
+        "cost_usd": usage.cost_usd,
+    }
