@@ -176,7 +176,7 @@ async def test_a_turn_handed_over_is_claimed_at_once_as_handed_over_and_costs_no
     store: SqlStore, clock: FakeClock
 ) -> None:
     """A worker shutting down leaves its turn: taken over now, said so, never counted."""
-    sub = await store.submit(new_input())
+    await store.submit(new_input())
     for attempt in range(1, 6):  # five deploys in a row, none of them getting anywhere
         lease = await store.claim(f"w{attempt}", ttl_s=60, max_attempts=3)
         assert lease is not None, f"attempt {attempt} was refused"
