@@ -465,6 +465,7 @@ async def test_a_turn_recovered_after_a_crash_stays_one_trace(
     async with asyncio.timeout(10):
         while not otel.named("chat "):  # until the tool runs
             await asyncio.sleep(0.02)
+
     async def gone(lease: object) -> bool:  # it died: it hands nothing over
         raise ConnectionError("the process is gone")
 
