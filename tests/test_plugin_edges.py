@@ -13,6 +13,7 @@ from turnkit import Agent, RuntimeConfig, SessionRuntime, tool
 from turnkit.blocks import ToolResultBlock
 from turnkit.errors import GuardrailBlockedError
 from turnkit.events import DurableEvent, GuardrailEvent, StreamEvent
+from turnkit.models import Usage
 from turnkit.plugins import (
     ModelCallView,
     Plugin,
@@ -376,3 +377,30 @@ def test_a_verdict_checks_its_fields_when_it_is_made() -> None:
         Verdict(action="redact", kind="email")
     with pytest.raises(TypeError, match="`replacement` is a string"):
         Verdict(action="allow", kind="email", replacement=3)  # type: ignore[arg-type]
+
+
+class HoldsAllThenBlocks(Plugin):
+    """Holds the whole answer back, then refuses it once it is complete."""
+
+    name: ClassVar[str] = "holds-all-then-blocks"
+
+    def answer_hold(self, text: str) -> int:
+        return len(text)
+
+    async def check_answer(self, ctx: PluginContext, text: str) -> Verdict | None:
+        return Verdict(action="block", kind="policy") if text.endswith("secret.") else None
+
+
+async def test_a_finished_answer_a_guardrail_refuses_is_billed_what_the_provider_reported(
+    tmp_path: Path,
+) -> None:
+    """The call finished (the provider said what it cost) before its answer was refused."""
+    answer = ModelStep(text="Here is the secret.", usage=Usage(input_tokens=1234, output_tokens=56))
+    agent = Agent(model=ScriptedModel([answer]), plugins=[HoldsAllThenBlocks()])
+    async with _runtime(tmp_path, agent) as rt:
+        events = await collect_events(rt.execute_message("s1", "tell me"))
+        rows = await rt.audit(events[-1].turn_id)
+    assert events[-1].error_code == "guardrail-blocked"  # type: ignore[union-attr]
+    [refused] = [r for r in rows if r.call is not None and r.call.outcome == "error"]
+    assert refused.call is not None
+    assert (refused.call.input_tokens, refused.call.output_tokens) == (1234, 56)
