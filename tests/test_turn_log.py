@@ -106,3 +106,31 @@ async def test_closing_a_runtime_hands_its_running_turns_over_and_says_so(
     assert taken.cause == "handed-over"
     assert isinstance(events[-1], DoneEvent)
     assert events[-1].status == "succeeded"
+
+
+async def test_closing_hands_over_a_turn_whose_driver_is_still_being_built(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Closed between its claim and its first step: no driver yet, and still handed over."""
+    from turnkit.runtime._runner import TurnRunner
+
+    building = asyncio.Event()
+
+    async def slow_driver(self: TurnRunner, *args: object, **kwargs: object) -> object:
+        building.set()
+        await asyncio.Event().wait()  # until the close cancels it
+        raise AssertionError("unreachable")
+
+    monkeypatch.setattr(TurnRunner, "driver", slow_driver)
+    config = RuntimeConfig(database_url=database_url, lease_ttl_s=60)
+    runtime = SessionRuntime(agent=Agent(model=ScriptedModel([])), config=config)
+    await runtime.open()
+    submission = await runtime.start("s-early", "hi")
+    async with asyncio.timeout(10):
+        await building.wait()
+    await runtime.close()
+    monkeypatch.undo()
+    async with SessionRuntime(agent=Agent(model=ScriptedModel([])), config=config) as after:
+        record = await after.turn(submission.turn_id)
+    assert record.status == "running"
+    assert record.lease_owner == "(handed over)"  # free now, not in 60 s
