@@ -97,3 +97,23 @@ def test_no_opening_message_is_cut_within_the_turn() -> None:
     transcript = [SYSTEM, {"role": "user", "content": "hi"}, *_round("c1"), *_round("c2")]
     split = split_for_summary(transcript)
     assert _contents(split.tail) == ["call c2", "result of c2"]
+
+
+def test_a_second_cut_counts_what_the_first_note_left_out_too() -> None:
+    earlier_note: TranscriptMessage = {
+        "role": "user",
+        "content": "[8 earlier message(s) were left out to stay within the context window]",
+    }
+    transcript = [
+        SYSTEM,
+        earlier_note,
+        _ask("q1", 1),
+        {"role": "assistant", "content": "a1"},
+        _ask("q2", 2),
+        *_round("c1"),
+    ]
+    kept = keep_newest(split_for_summary(transcript), lambda m: len(m) <= 5)
+    # The 8 the old note stood for, and q1 with its answer (the old note is no message).
+    assert _contents(kept)[1] == (
+        "[10 earlier message(s) were left out to stay within the context window]"
+    )

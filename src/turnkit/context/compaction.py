@@ -10,6 +10,7 @@ model has not read yet, stay. Either way the list then grows by appending again.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
@@ -161,13 +162,23 @@ def _units(
     return units
 
 
+_LEFT_OUT = re.compile(r"\[(\d+) earlier message\(s\) were left out")
+
+
+def _left_out(message: TranscriptMessage) -> int:
+    """How many messages dropping `message` leaves out: an earlier note counts its own."""
+    found = _LEFT_OUT.match(message["content"]) if isinstance(message["content"], str) else None
+    return int(found.group(1)) if found and message["role"] == "user" else 1
+
+
 def keep_newest(
     split: Split, fits: Callable[[list[TranscriptMessage]], bool]
 ) -> list[TranscriptMessage]:
     """The deterministic fallback: drop the oldest turns (or tool rounds) until it fits.
 
-    Earlier turns go first, whole; in a session's first turn, its oldest assistant rounds
-    go (each with its tool results). A note says how many messages were left out.
+    Earlier turns go first, whole; then the current turn's oldest rounds (each assistant
+    message with its tool results). A note says how many messages were left out in all,
+    those an earlier note counted included.
     """
     # An earlier turn goes whole, from its opening message; a round of the current turn
     # from its assistant message, with its tool results: no call is cut from its result.
@@ -178,7 +189,7 @@ def keep_newest(
     ]
     dropped = 0
     while True:
-        dropped += len(units.pop(0)) if units else 0
+        dropped += sum(_left_out(m) for m in units.pop(0)) if units else 0
         kept = [m for unit in units for m in unit]
         note = _note(
             f"[{dropped} earlier message(s) were left out to stay within the context window]"
