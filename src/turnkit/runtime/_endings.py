@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
 
 from pydantic import JsonValue
 
@@ -25,10 +24,9 @@ from turnkit.events import (
 )
 from turnkit.ids import StageId
 from turnkit.runtime._transcript import ended_transcript
-from turnkit.stages._budget import prompt_tokens, text_tokens
 from turnkit.states import TerminalStatus
 from turnkit.store import RunSummary
-from turnkit.telemetry import OpenCall, Recorder, usage_fields
+from turnkit.telemetry import OpenCall, Recorder
 
 __all__ = ("Attempt", "end_aborted", "end_failed", "end_succeeded")
 
@@ -120,15 +118,6 @@ def _audit_cut_call(rec: Recorder, *, outcome: CallOutcome, error_code: str) -> 
     if call is None:
         return
     kept = _keep_interrupted(rec, call)
-    spent: dict[str, Any]
-    if call.usage is not None:  # it finished; its answer was still being checked
-        spent = usage_fields(call.usage)
-    else:
-        written = call.written() if call.written is not None else "".join(call.text)
-        spent = {
-            "input_tokens": prompt_tokens(call.request) if call.request else 0,
-            "output_tokens": text_tokens(written),
-        }
     rec.audit(
         call.stage_id,
         call=CallShape(
@@ -139,7 +128,7 @@ def _audit_cut_call(rec: Recorder, *, outcome: CallOutcome, error_code: str) -> 
             latency_ms=(time.perf_counter() - call.started) * 1000,
             outcome=outcome,
             error_code=error_code,
-            **spent,
+            **call.billed(),
         ),
         payloads=AuditPayloads(interruptedBlock=kept) if kept is not None else None,
     )

@@ -40,7 +40,7 @@ from turnkit.models.family import ModelFamily
 from turnkit.stages._budget import prompt_tokens, take_budget_answers, text_tokens
 from turnkit.stages._plugins import answer_hold, guard
 from turnkit.stages._types import StageContext
-from turnkit.telemetry import OpenCall, Recorder, usage_fields
+from turnkit.telemetry import OpenCall, Recorder
 
 __all__ = ("CallResult", "call_model")
 
@@ -194,9 +194,9 @@ def _billed(rec: Recorder, on: _Rung, request: ModelRequest, exc: Exception) -> 
     What the provider reported if the call finished (its answer's check refused it),
     else an estimate if the turn cut it short, else nothing.
     """
-    reported = rec.open_call.usage if rec.open_call is not None else None
-    if reported is not None:
-        return usage_fields(reported)
+    call = rec.open_call
+    if call is not None and call.usage is not None:
+        return call.billed()
     return on.spent(request) if isinstance(exc, _CUT_BY_THE_TURN) else {}
 
 
@@ -223,8 +223,7 @@ class _Rung:
             self.started,
             self.block_id,
             _shown(self.asm, stream_text),
-            request=request,
-            written=self.written,
+            estimate=lambda: self.spent(request),
         )
 
     def spent(self, request: ModelRequest) -> dict[str, int]:
@@ -233,14 +232,8 @@ class _Rung:
         The provider reports no usage for a stream stopped before its end, yet it read the
         request and wrote what streamed: budgets count the estimate, as for a Stop.
         """
-        return {
-            "input_tokens": prompt_tokens(request),
-            "output_tokens": text_tokens(self.written()),
-        }
-
-    def written(self) -> str:
-        """All the call wrote so far, shown or not."""
-        return self.asm.raw_text or "".join(self.asm.raw) or "".join(self.asm.text)
+        written = self.asm.raw_text or "".join(self.asm.raw) or "".join(self.asm.text)
+        return {"input_tokens": prompt_tokens(request), "output_tokens": text_tokens(written)}
 
     def shape(self, family: str, **outcome: Any) -> CallShape:
         """The call's shape on this rung, timed from the rung's start."""

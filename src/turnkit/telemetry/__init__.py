@@ -21,7 +21,7 @@ from turnkit.clock import Clock
 from turnkit.events import DurableEvent, EphemeralEvent, MessageDeltaEvent
 from turnkit.ids import SessionId, StageId, TurnId
 from turnkit.journal import Journal, dedupe_key
-from turnkit.models import ModelRequest, Usage
+from turnkit.models import Usage
 from turnkit.pauses import PauseRequest
 from turnkit.states import TERMINAL_STATES, TurnStatus
 from turnkit.store import Rider, RunSummary, Store, TurnTranscript
@@ -54,14 +54,18 @@ class OpenCall:
     block_id: str = ""
     text: list[str] = field(default_factory=list[str])
     """The text streamed so far (what Stop keeps as an interrupted block)."""
-    request: ModelRequest | None = None
-    """The request: an aborted call is billed its estimated size as input (estimated
-    only then, so a call in a long session costs no extra pass over its messages)."""
-    written: Callable[[], str] | None = None
-    """All the call wrote so far, shown or not (held back, not streamed): its output."""
+    estimate: Callable[[], dict[str, int]] | None = None
+    """Its cost so far, estimated: the request, and all it wrote (shown or not). Asked
+    only when it is cut short, so a call in a long session costs no extra pass."""
     usage: Usage | None = None
     """What the provider reported, once the call finished (its answer still being
     checked): an ending then bills that instead of an estimate."""
+
+    def billed(self) -> dict[str, Any]:
+        """The `CallShape` usage fields of the call cut short: reported, else estimated."""
+        if self.usage is not None:
+            return usage_fields(self.usage)
+        return self.estimate() if self.estimate is not None else {}
 
 
 HeldCheckpoints = Callable[[], tuple[Rider, Callable[[], None]] | None]
