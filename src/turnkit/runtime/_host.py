@@ -28,7 +28,7 @@ from turnkit.runtime._detached import Detached, DetachedTurns
 from turnkit.runtime._publish import BufferPublisher
 from turnkit.runtime._runner import TurnRunner
 from turnkit.runtime._slots import Slot, TurnSlots
-from turnkit.runtime._turn_log import TurnLog
+from turnkit.runtime._turn_log import TurnLog, hand_over_all
 from turnkit.runtime.deps import NO_DEPS
 from turnkit.runtime.driver import TurnDriver
 from turnkit.runtime.reader import TurnReader
@@ -262,13 +262,8 @@ class TurnHost:
                 entry.lease, entry.slot = claimed
             said = TurnLog(log, entry.lease, self.clock, fallback_level=logging.INFO)
             async with BufferPublisher(self.replay, turn_id) as publisher:
-
-                def sink(event: DurableEvent | EphemeralEvent | None) -> None:
-                    said.see(event)
-                    publisher(event)
-
                 entry.driver = await self._runner().driver(
-                    entry.lease, sink=sink, agent=agent, deps=deps
+                    entry.lease, sink=said.watching(publisher), agent=agent, deps=deps
                 )
                 try:
                     await entry.driver.run(hold_until=hold_until)
@@ -348,11 +343,7 @@ class TurnHost:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        for lease in leases:  # one no longer this process's (ended, paused) is refused
-            try:
-                await self._store().hand_over(lease)
-            except Exception as exc:  # noqa: BLE001 - unreachable: the lease lapses on its own
-                log.debug("could not hand %s over at once: %r", lease.turn_id, exc)
+        await hand_over_all(self._store(), leases, log)
 
 
 class _HandedDeps:

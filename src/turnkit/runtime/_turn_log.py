@@ -8,14 +8,17 @@ in the turns.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Iterable
 
 from turnkit.clock import Clock
 from turnkit.events import DoneEvent, DurableEvent, EphemeralEvent, ProviderCascadeEvent
 from turnkit.runtime.driver import TurnDriver
 from turnkit.states import awaiting
-from turnkit.store import Lease
+from turnkit.store import Lease, Store
 
-__all__ = ("LEFT", "TurnLog")
+__all__ = ("LEFT", "TurnLog", "hand_over_all")
+
+Sink = Callable[[DurableEvent | EphemeralEvent | None], None]
 
 LEFT = "left to another process (shutting down)"
 
@@ -54,6 +57,15 @@ class TurnLog:
                 f"trying {event.to_model}" if event.to_model else "no model left to try",
             )
 
+    def watching(self, then: Sink) -> Sink:
+        """A sink that notes each event, then hands it to `then`."""
+
+        def sink(event: DurableEvent | EphemeralEvent | None) -> None:
+            self.see(event)
+            then(event)
+
+        return sink
+
     def outcome(self, driver: TurnDriver | None, *, leaving: bool = False) -> str:
         """How the turn stands now its driver returned: its ending, or why it has none."""
         if self.ended is not None:
@@ -76,3 +88,16 @@ class TurnLog:
             outcome,
             took,
         )
+
+
+async def hand_over_all(store: Store, leases: Iterable[Lease], log: logging.Logger) -> None:
+    """Hand each lease over, for another process to take its turn at once.
+
+    One no longer this process's (the turn ended or paused) is refused by the Store; a
+    database out of reach leaves the leases to lapse on their own.
+    """
+    for lease in leases:
+        try:
+            await store.hand_over(lease)
+        except Exception as exc:  # noqa: BLE001 - unreachable: the lease lapses on its own
+            log.debug("could not hand %s over at once: %r", lease.turn_id, exc)

@@ -11,12 +11,11 @@ import asyncio
 import logging
 
 from turnkit.errors import StoreUnavailableError
-from turnkit.events import DurableEvent, EphemeralEvent
 from turnkit.ids import TurnId
 from turnkit.runtime import SessionRuntime
 from turnkit.runtime._publish import BufferPublisher
 from turnkit.runtime._slots import Slot
-from turnkit.runtime._turn_log import TurnLog
+from turnkit.runtime._turn_log import TurnLog, hand_over_all
 from turnkit.runtime.driver import TurnDriver
 from turnkit.store import Lease
 
@@ -105,7 +104,6 @@ class Worker:
         self._drivers: dict[asyncio.Task[None], TurnDriver] = {}
         self._stopped: set[asyncio.Task[None]] = set()
         """Tasks cancelled by `stop` (Stop pressed), not by shutting down."""
-        self._stopping = False
         self._room = asyncio.Event()
         """Set when a turn this worker drives ends (room for another claim)."""
 
@@ -255,16 +253,11 @@ class Worker:
         said = TurnLog(log, lease, self.runtime.clock, fallback_level=logging.WARNING)
         outcome = "ended"
         async with BufferPublisher(self.runtime.replay, lease.turn_id) as publisher:
-
-            def sink(event: DurableEvent | EphemeralEvent | None) -> None:
-                said.see(event)
-                publisher(event)
-
             try:
-                driver = await self.runtime.runner().driver(lease, sink=sink)
+                driver = await self.runtime.runner().driver(lease, sink=said.watching(publisher))
                 self._drivers[task] = driver
                 await driver.run()
-                outcome = said.outcome(driver, leaving=self._stopping)
+                outcome = said.outcome(driver)  # abandoned by the drain: left, not ended
             except asyncio.CancelledError:
                 # Stopped here, or ended by the driver itself (Stop pressed in another
                 # process cancels the driving task once the turn's ending is written).
@@ -306,7 +299,6 @@ class Worker:
             len(self._tasks),
         )
         _, pending = await asyncio.wait(set(self._tasks), timeout=self.drain_timeout_s)
-        self._stopping = bool(pending)
         left = []
         for task in pending:
             # Shutting down is not Stop: leave the turn to the next worker, write nothing.
@@ -316,8 +308,4 @@ class Worker:
                 left.append(driver.lease)
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
-        for lease in left:  # ended now: another worker takes each over at once, not after its ttl
-            try:
-                await self.runtime.store.hand_over(lease)
-            except Exception as exc:  # noqa: BLE001 - unreachable: the lease lapses on its own
-                log.debug("could not hand %s over at once: %r", lease.turn_id, exc)
+        await hand_over_all(self.runtime.store, left, log)  # taken over now, not after a ttl
