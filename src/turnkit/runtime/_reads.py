@@ -12,7 +12,7 @@ from turnkit.ids import SessionId, TurnId
 from turnkit.projection import PendingDecision, QueuedInput, SessionView, TurnView
 from turnkit.runtime._core import RuntimeCore
 from turnkit.runtime._history import TurnHistory, session_view, turn_history, turn_view
-from turnkit.runtime._validate import check_session_id
+from turnkit.runtime._validate import check_session_id, check_text
 from turnkit.states import TERMINAL_STATES
 from turnkit.store import SessionRecord, TurnRecord
 
@@ -127,6 +127,7 @@ class RuntimeReads(RuntimeCore):
                 "a session title is 1-500 characters, not only white space, without NUL"
             )
         sid = check_session_id(session_id)
+        check_text(title, "the title")  # storable text, as a title given at creation
         await self._ensure_open()
         return await self.store.rename_session(sid, title)
 
