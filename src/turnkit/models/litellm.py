@@ -260,11 +260,7 @@ class LiteLLMClient:
         litellm = _load_litellm()
         kwargs: dict[str, object] = {
             "model": self._model,
-            "messages": message_dicts(
-                request.messages,
-                notes_in_place=self._notes_in_place,
-                omit_empty=self._provider == "openai",
-            ),
+            "messages": self._messages(request),
         }
         if request.tools:
             kwargs["tools"] = [tool_dict(t) for t in request.tools]
@@ -371,14 +367,18 @@ class LiteLLMClient:
         # The key was set (it was refused), so litellm names no missing one: the usual name.
         return f"{self._provider.upper()}_API_KEY"
 
+    def _messages(self, request: ModelRequest) -> list[dict[str, object]]:
+        """The request's messages as this provider is sent them (and counted)."""
+        return message_dicts(
+            request.messages,
+            notes_in_place=self._notes_in_place,
+            omit_empty=self._provider == "openai",
+        )
+
     def _call_kwargs(self, litellm: ModuleType, request: ModelRequest) -> dict[str, object]:
         kwargs: dict[str, object] = {
             "model": self._model,
-            "messages": message_dicts(
-                request.messages,
-                notes_in_place=self._notes_in_place,
-                omit_empty=self._provider == "openai",
-            ),
+            "messages": self._messages(request),
             "stream": True,
             "stream_options": {"include_usage": True},
             "timeout": self._timeout,
