@@ -343,7 +343,8 @@ class TurnHost:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        await hand_over_all(self._store(), leases, log)
+        if leases:  # a runtime never opened has no Store to ask
+            await hand_over_all(self._store(), leases, log)
 
 
 class _HandedDeps:
