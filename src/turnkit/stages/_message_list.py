@@ -180,12 +180,13 @@ async def _compact(
     asked = ""
     if opening < len(transcript):
         asked = text_of(from_transcript(transcript[opening : opening + 1])[0].content)
-    if ctx.utility is not None and _fits_utility(ctx.utility, split.middle, asked):
+    summarize = ModelRequest(messages=summary_request(split.middle, asked=asked), purpose="utility")
+    if ctx.utility is not None and _fits_utility(ctx.utility, summarize):
         result = await call_model(
             ctx,
             stage_id,
             ctx.utility,
-            ModelRequest(messages=summary_request(split.middle, asked=asked), purpose="utility"),
+            summarize,
             block_key=f"compaction-{len(transcript)}",
             stream_text=False,
         )
@@ -225,13 +226,10 @@ async def _compact(
     return compacted
 
 
-def _fits_utility(utility: ModelFamily, middle: list[TranscriptMessage], asked: str) -> bool:
+def _fits_utility(utility: ModelFamily, request: ModelRequest) -> bool:
     """Whether the summary request fits the utility model's own window (else: keep-newest)."""
     window = utility.context_window()
-    if window is None:
-        return True
-    request = ModelRequest(messages=summary_request(middle, asked=asked), purpose="utility")
-    return not needs_compaction(utility.count_tokens(request), window)
+    return window is None or not needs_compaction(utility.count_tokens(request), window)
 
 
 def repaired_calls(response: ModelResponse) -> tuple[ToolCallPart, ...]:
