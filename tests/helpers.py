@@ -41,6 +41,11 @@ async def add(a: int, b: int) -> int:
     return a + b
 
 
+def db_flags(url: str, schema: str | None) -> list[str]:
+    """The CLI's `--database-url` (and `--database-schema`, when there is one) for a test db."""
+    return ["--database-url", url, *(["--database-schema", schema] if schema else [])]
+
+
 def durable(events: list[DurableEvent | EphemeralEvent]) -> list[DurableEvent]:
     return [e for e in events if isinstance(e, DurableEvent)]
 

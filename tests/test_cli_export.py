@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from tests.helpers import db_flags
 from turnkit import Agent, RuntimeConfig, SessionRuntime, tool
 from turnkit.cli import main
 from turnkit.ids import SessionId
@@ -53,7 +54,7 @@ async def _seed(url: str, schema: str | None) -> dict[str, Any]:
 
 def _export(*argv: str, url: str, schema: str | None) -> tuple[int, str]:
     out = io.StringIO()
-    flags = ["--database-url", url, *(["--database-schema", schema] if schema else [])]
+    flags = db_flags(url, schema)
     return main(["sessions", "export", *argv, *flags], out=out), out.getvalue()
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import db_flags
 from turnkit import Agent, Organisation, RuntimeConfig, SessionRuntime, tool
 from turnkit.cli import main
 from turnkit.errors import ProviderError
@@ -63,7 +64,7 @@ async def _seed(url: str, schema: str | None) -> dict[str, str]:
 
 def _run(*argv: str, url: str, schema: str | None) -> tuple[int, str]:
     out = io.StringIO()
-    flags = ["--database-url", url, *(["--database-schema", schema] if schema else [])]
+    flags = db_flags(url, schema)
     return main([*argv, *flags], out=out), out.getvalue()
 
 
@@ -197,7 +198,7 @@ def test_reading_commands_never_migrate_the_schema(
         assert err.startswith("turnkit: the database schema is at '9999', written by a newer "
                               "turnkit (this one knows up to "), err  # fmt: skip
         assert err.count("\n") == 1
-    flags = ["--database-url", url, *(["--database-schema", schema] if schema else [])]
+    flags = db_flags(url, schema)
     serving = subprocess.run(
         [sys.executable, "-m", "turnkit.cli", "serve", "--port", "0", *flags],
         capture_output=True, text=True, timeout=120,

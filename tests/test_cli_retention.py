@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import POSTGRES_URL, require_service
+from tests.helpers import db_flags
 from tests.support.retention import ShiftedClock, checkpoint_rows
 from turnkit import Agent, RuntimeConfig, SessionRuntime, ToolContext, tool
 from turnkit.cli import main
@@ -46,8 +47,7 @@ async def _drop(schema: str) -> None:
 
 
 def _flags(db: DB) -> list[str]:
-    url, schema = db
-    return ["--database-url", url] + (["--database-schema", schema] if schema else [])
+    return db_flags(*db)
 
 
 def _config(db: DB, **kw: object) -> RuntimeConfig:

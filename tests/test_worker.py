@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import POSTGRES_URL
+from tests.helpers import db_flags
 from turnkit import Agent, RuntimeConfig, SessionRuntime
 from turnkit.cli import main
 from turnkit.ids import TurnId
@@ -342,7 +343,7 @@ async def test_a_stopping_worker_hands_the_turns_it_leaves_over_at_once(
         "that shut down"
     ) in lines
     # An operator reading the turn sees the takeover and the call it ran again.
-    flags = ["--database-url", url, *(["--database-schema", schema] if schema else [])]
+    flags = db_flags(url, schema)
     shown = io.StringIO()
     assert await asyncio.to_thread(main, ["events", turn.turn_id, *flags], out=shown) == 0
     assert (
