@@ -12,7 +12,7 @@ from collections.abc import AsyncGenerator
 from types import ModuleType
 
 from turnkit.models import ModelChunk, TextDelta, ThinkingDelta, ToolCallDelta
-from turnkit.models._openai_stream import ChatStreamError, StreamState, tool_call_piece
+from turnkit.models._openai_stream import StreamState, broken_stream, tool_call_piece
 
 __all__ = ("close_stream", "delta_chunks", "stream_litellm")
 
@@ -54,11 +54,9 @@ def _refuse_a_web_page(response: object) -> None:
     headers = hidden.get("additional_headers") if isinstance(hidden, dict) else None
     kind = headers.get("llm_provider-content-type") if isinstance(headers, dict) else None
     if isinstance(kind, str) and kind.lower().startswith("text/html"):
-        raise ChatStreamError(
+        raise broken_stream(
             f"the response is not a chat-completion stream (content-type {kind!r}): check "
-            "that api_base is the address of the provider's API",
-            status_code=500,
-            origin="stream",
+            "that api_base is the address of the provider's API"
         )
 
 

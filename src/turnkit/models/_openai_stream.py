@@ -24,7 +24,14 @@ import httpx
 
 from turnkit.models import ModelChunk, TextDelta, ThinkingDelta, ToolCallDelta
 
-__all__ = ("ChatCall", "ChatStreamError", "StreamState", "stream_chat", "tool_call_piece")
+__all__ = (
+    "ChatCall",
+    "ChatStreamError",
+    "StreamState",
+    "broken_stream",
+    "stream_chat",
+    "tool_call_piece",
+)
 
 _LIMITS = httpx.Limits(max_connections=1000, max_keepalive_connections=100)
 """The openai SDK's limits: a thousand concurrent streams to one endpoint do not queue."""
@@ -107,7 +114,7 @@ def _rebuild_error(
     )
 
 
-def _broken_stream(message: str) -> ChatStreamError:
+def broken_stream(message: str) -> ChatStreamError:
     """A 200 response that is not a whole chat-completion stream: retriable, as a 500."""
     return ChatStreamError(message, status_code=500, origin="stream")
 
@@ -213,7 +220,7 @@ def _parsed(payload: bytes) -> object:
     try:
         return json.loads(payload)
     except ValueError:
-        raise _broken_stream(
+        raise broken_stream(
             f"the provider sent a stream event that is not JSON: {_excerpt(payload)}"
         ) from None
 
@@ -221,10 +228,10 @@ def _parsed(payload: bytes) -> object:
 def _unfinished(events: _Events, content_type: str) -> ChatStreamError:
     """A 200 body that ended with neither `[DONE]` nor a finish reason."""
     if events.seen:
-        return _broken_stream(
+        return broken_stream(
             "the stream ended without a finish_reason or [DONE]: the answer was cut off"
         )
-    return _broken_stream(
+    return broken_stream(
         f"the response is not a chat-completion stream (content-type "
         f"{content_type or 'none'!r}, body {_excerpt(events.start)}): check that api_base "
         "is the address of an OpenAI-compatible server"
