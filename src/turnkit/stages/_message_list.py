@@ -89,17 +89,21 @@ async def prepare_request(
     family: ModelFamily,
     specs: tuple[ToolSpec, ...],
     purpose: Purpose,
+    block_key: str,
     closing: tuple[TranscriptMessage, ...] = (),
 ) -> Prepared:
     """Run the before-request hooks in order and check the prefix.
 
+    `block_key`: the prepared call's own (a compaction before it takes its block from it).
     `closing` is appended last (a separate synthesis call's instruction).
     """
     guides = await take_guides(ctx, stage_id, transcript)
     notes = await plugin_notes(ctx, stage_id, [*transcript, *guides])
     transcript = [*transcript, *guides, *notes, *closing]
     deliberate: Literal["compaction", "picture-release"] | None = None
-    compacted = await _compact(ctx, stage_id, transcript, family=family, specs=specs)
+    compacted = await _compact(
+        ctx, stage_id, transcript, family=family, specs=specs, block_key=block_key
+    )
     if compacted is not None:
         transcript, deliberate = compacted, "compaction"
     if count_pictures(transcript) > PICTURE_LIMIT:
@@ -150,6 +154,7 @@ async def _compact(
     *,
     family: ModelFamily,
     specs: tuple[ToolSpec, ...],
+    block_key: str,
 ) -> list[TranscriptMessage] | None:
     """The compacted transcript, or None when the call fits below 85% of the window."""
     window = family.context_window()
@@ -187,7 +192,7 @@ async def _compact(
             stage_id,
             ctx.utility,
             summarize,
-            block_key=f"compaction-{len(transcript)}",
+            block_key=f"compaction-{block_key}",
             stream_text=False,
         )
         compacted = with_summary(split, result.response.text)

@@ -93,6 +93,7 @@ async def _call(
         # The tools the loop offered stay in the prompt (its cached prefix), not to be used.
         specs=offered_tools(ctx) if _loop_offered_tools(ctx) else (),
         purpose="synthesize",
+        block_key="answer",
         closing=synthesis_request(ctx, transcript),
     )
     result = await call_model(

@@ -121,6 +121,7 @@ async def _call(
     thinking: ThinkingSummary | None,
 ) -> _Called:
     """Ask the model, tools offered, for the iteration's step."""
+    block_key = f"loop-{iteration}"
     prepared = await prepare_request(
         ctx,
         "tool-loop",
@@ -129,13 +130,14 @@ async def _call(
         family=ctx.family,
         specs=offered_tools(ctx),
         purpose="tool-loop",
+        block_key=block_key,
     )
     result = await call_model(
         ctx,
         "tool-loop",
         ctx.family,
         prepared.request,
-        block_key=f"loop-{iteration}",
+        block_key=block_key,
         on_answer=(lambda seen: thinking.start("tool-loop", seen)) if thinking else None,
         answer_after_chars=ANSWER_UNDER_WAY_CHARS,
     )
