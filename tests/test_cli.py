@@ -6,6 +6,7 @@ import argparse
 import gc
 import importlib.metadata
 import io
+import json
 import logging
 import os
 import re
@@ -23,6 +24,7 @@ from tests.support.openai_server import FakeOpenAIServer, Reply
 from turnkit import cli
 from turnkit.cli import main
 from turnkit.cli._inspect import usd
+from turnkit.cli._logs import info_logs_to_stderr
 
 
 def test_run_streams_a_turn_on_the_offline_demo_model(tmp_path: Path) -> None:
@@ -1017,7 +1019,7 @@ def test_serve_and_worker_print_an_exporters_complaint_once_a_minute_in_their_fo
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     exporter = logging.getLogger("opentelemetry.exporter.otlp.proto.http.trace_exporter")
-    with cli._info_logs_to_stderr():
+    with info_logs_to_stderr():
         for _ in range(5):  # an exporter retrying against a backend that is down
             exporter.warning("Transient error %s encountered while exporting, retrying", "503")
         exporter.error("Failed to export span batch")
@@ -1030,3 +1032,102 @@ def test_serve_and_worker_print_an_exporters_complaint_once_a_minute_in_their_fo
     )
     assert lines[1].endswith("ERROR opentelemetry.exporter.otlp.proto.http.trace_exporter: "
                              "Failed to export span batch")  # fmt: skip
+
+
+def test_serve_with_json_logs_writes_nothing_but_json_lines(tmp_path: Path) -> None:
+    """Its own lines, uvicorn's, the access log and console spans: each one JSON object,
+    a turn's lines naming the turn and the trace its spans carry."""
+    import socket
+    import time
+    import urllib.request
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {**os.environ, "TURNKIT_GC": "python", "TURNKIT_LOG_FORMAT": "json"}
+    for name in ("TURNKIT_DATABASE_URL", "TURNKIT_AGENT", "TURNKIT_MODEL", "OTEL_TRACES_EXPORTER",
+                 "OTEL_METRICS_EXPORTER", "OTEL_EXPORTER_OTLP_ENDPOINT"):  # fmt: skip
+        env.pop(name, None)
+    argv = [sys.executable, "-m", "turnkit.cli", "serve", "--port", str(port), "--otel-console",
+            "--database-url", f"sqlite:///{tmp_path / 's.db'}"]  # fmt: skip
+    out, err = (tmp_path / "out.log").open("w"), (tmp_path / "err.log").open("w")
+    server = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=out, stderr=err)
+    try:
+        url = f"http://127.0.0.1:{port}/api/harness/sessions/s1/execute"
+        deadline = time.monotonic() + 60
+        while True:
+            assert server.poll() is None, (tmp_path / "err.log").read_text()
+            try:
+                request = urllib.request.Request(
+                    url, data=b'{"content": "hi"}', headers={"content-type": "application/json"}
+                )
+                with urllib.request.urlopen(request, timeout=30) as response:
+                    body = response.read().decode()
+                break
+            except OSError:  # not listening yet
+                assert time.monotonic() < deadline, "turnkit serve did not start"
+                time.sleep(0.2)
+        assert '"type":"done"' in body
+        deadline = time.monotonic() + 30
+        while "finished turn" not in (tmp_path / "err.log").read_text():
+            assert time.monotonic() < deadline, "no line for the finished turn"
+            time.sleep(0.1)
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+        out.close()
+        err.close()
+    stdout = (tmp_path / "out.log").read_text().splitlines()
+    stderr = (tmp_path / "err.log").read_text().splitlines()
+    assert stdout
+    assert stderr
+    lines = [json.loads(line) for line in [*stdout, *stderr]]  # every line is JSON
+    messages = [line["message"] for line in lines]
+    assert any(m.startswith(f"turnkit serving on http://127.0.0.1:{port}") for m in messages)
+    assert any(m.startswith("OpenTelemetry on (console spans") for m in messages)
+    assert "Application startup complete." in messages  # uvicorn's own
+    assert any("POST /api/harness/sessions/s1/execute" in m for m in messages)  # its access log
+    [finished] = [line for line in lines if line["message"].startswith("finished turn")]
+    assert finished["session_id"] == "s1"
+    assert finished["turn_id"] in body
+    spans = [json.loads(m) for m in messages if m.startswith('{"name": ')]
+    turn_span = next(s for s in spans if s["name"].startswith("invoke_agent"))
+    assert turn_span["attributes"]["turnkit.turn_id"] == finished["turn_id"]
+    assert {line["level"] for line in lines} <= {"INFO", "WARNING"}
+
+
+def test_a_bad_log_format_is_one_line(capsys: pytest.CaptureFixture[str],
+                                      monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    monkeypatch.setenv("TURNKIT_LOG_FORMAT", "yaml")
+    for command in (["serve", "--port", "1"], ["worker"]):
+        code = main(command, out=io.StringIO())
+        err = capsys.readouterr().err
+        assert code == 2, command
+        assert err.startswith("turnkit: TURNKIT_LOG_FORMAT must be 'text' or 'json', not 'yaml'")
+        assert err.count("\n") == 1
+
+
+def test_a_worker_with_json_logs_announces_itself_in_json(tmp_path: Path) -> None:
+    import signal
+
+    env = {**os.environ, "TURNKIT_GC": "python", "TURNKIT_LOG_FORMAT": "json"}
+    for name in ("TURNKIT_DATABASE_URL", "TURNKIT_AGENT", "TURNKIT_REDIS_URL"):
+        env.pop(name, None)
+    argv = [sys.executable, "-m", "turnkit.cli", "worker",
+            "--database-url", f"sqlite:///{tmp_path / 'w.db'}"]  # fmt: skip
+    worker = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert worker.stderr is not None
+        first = worker.stderr.readline()  # the worker is up once it says so
+        worker.send_signal(signal.SIGTERM)
+        stdout, rest = worker.communicate(timeout=60)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+    assert worker.returncode == 0
+    assert stdout == ""
+    lines = [json.loads(line) for line in [first, *rest.splitlines()]]
+    assert lines[0]["logger"] == "turnkit.cli"
+    assert lines[0]["message"].startswith("turnkit worker ")
+    assert "hosting demo" in lines[0]["message"]

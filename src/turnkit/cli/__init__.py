@@ -7,7 +7,6 @@ import asyncio
 import contextlib
 import gc
 import logging
-import math
 import os
 import signal
 import socket
@@ -30,6 +29,13 @@ from turnkit.cli._inspect import (
     session_turns,
     show_events,
     stuck_turns,
+)
+from turnkit.cli._logs import (
+    announce,
+    info_logs_to_stderr,
+    log_format,
+    notices,
+    uvicorn_log_config,
 )
 from turnkit.cli._tidy import prune_sessions, sweep
 from turnkit.config import (
@@ -170,67 +176,6 @@ def _config(args: argparse.Namespace) -> RuntimeConfig:
     )
 
 
-class _OneLine(logging.Formatter):
-    """A record in one line: its exception's repr instead of a traceback.
-
-    asyncpg's pool warns with a traceback each time it fails to reconnect during an outage;
-    turnkit's own lines already say the database is out of reach. The record itself is
-    left as it is, for any other handler.
-    """
-
-    def format(self, record: logging.LogRecord) -> str:
-        error = record.exc_info[1] if record.exc_info else None
-        bare = logging.makeLogRecord({**record.__dict__, "exc_info": None, "exc_text": None})
-        text = super().format(bare)
-        return f"{text}: {error!r}" if error is not None else text
-
-
-class _EveryMinute(logging.Filter):
-    """Let one record of each message through a minute (an exporter retrying every second)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._last: dict[object, float] = {}
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        key = (record.name, record.msg)
-        if record.created - self._last.get(key, -math.inf) < 60:
-            return False
-        self._last[key] = record.created
-        return True
-
-
-@contextlib.contextmanager
-def _info_logs_to_stderr() -> Iterator[None]:
-    """Show turnkit's INFO lines (a worker's claims, recoveries, finished turns) on stderr.
-
-    The database driver's warnings go there too, formatted the same, one line each, and
-    so do OpenTelemetry's (an exporter that cannot reach its backend), at most one of each
-    kind a minute.
-    """
-    turnkit, driver = logging.getLogger("turnkit"), logging.getLogger("asyncpg")
-    exporters = logging.getLogger("opentelemetry")
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    quiet = logging.StreamHandler(sys.stderr)
-    quiet.setFormatter(_OneLine("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    rare = logging.StreamHandler(sys.stderr)
-    rare.setFormatter(_OneLine("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    rare.addFilter(_EveryMinute())
-    level = turnkit.level
-    turnkit.addHandler(handler)
-    turnkit.setLevel(logging.INFO)
-    driver.addHandler(quiet)
-    exporters.addHandler(rare)
-    try:
-        yield
-    finally:
-        turnkit.removeHandler(handler)
-        turnkit.setLevel(level)
-        driver.removeHandler(quiet)
-        exporters.removeHandler(rare)
-
-
 GC_THRESHOLDS = (10_000, 20, 20)
 """Collection thresholds `turnkit serve` and `turnkit worker` run with (Python's: 700, 10, 10)."""
 
@@ -255,11 +200,6 @@ def _tune_gc(mode: str) -> None:
         gc.collect()
         gc.freeze()
         gc.set_threshold(*GC_THRESHOLDS)
-
-
-async def _worker(args: argparse.Namespace, out: TextIO) -> int:
-    with _info_logs_to_stderr():
-        return await _work(args, out)
 
 
 def _named_agents(args: argparse.Namespace) -> list[str]:
@@ -296,10 +236,10 @@ async def _work(args: argparse.Namespace, out: TextIO) -> int:
             listen=args.listen,
         )
         hosted = ", ".join(agent.name for agent in agents)
-        out.write(
-            f"turnkit worker {runtime.owner} on {shown_url(args.database_url)}, hosting {hosted}\n"
+        announce(
+            out,
+            f"turnkit worker {runtime.owner} on {shown_url(args.database_url)}, hosting {hosted}",
         )
-        out.flush()
         await worker.run(stop)  # opens the runtime, waiting out a database not yet up
         # A session named after its opening turn ended here: give the call the same grace.
         with contextlib.suppress(TimeoutError):
@@ -430,8 +370,27 @@ async def _db_upgrade(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+_LOGGING_COMMANDS = frozenset({"serve", "worker"})
+"""The long-running commands, which log (the others print what they do)."""
+
+
 @contextlib.contextmanager
-def _telemetry(args: argparse.Namespace) -> Iterator[None]:
+def _logs(args: argparse.Namespace) -> Iterator[TextIO]:
+    """The log lines of serve and worker on stderr, in `TURNKIT_LOG_FORMAT`.
+
+    Yields where the command's own notices go (OpenTelemetry's set-up line): stderr, or
+    log lines when they are JSON.
+    """
+    if args.command not in _LOGGING_COMMANDS:
+        yield sys.stderr
+        return
+    chosen = log_format(os.environ)  # a bad value stops before anything is opened
+    with info_logs_to_stderr(chosen):
+        yield notices(chosen)
+
+
+@contextlib.contextmanager
+def _telemetry(args: argparse.Namespace, err: TextIO) -> Iterator[None]:
     """OpenTelemetry for the command's lifetime, as its flags and `OTEL_*` ask."""
     if not hasattr(args, "otel_console"):  # a command that runs no turns
         yield
@@ -441,7 +400,7 @@ def _telemetry(args: argparse.Namespace) -> Iterator[None]:
 
     if args.otel_capture_content:
         set_capture_content(True)
-    shutdown = configure(console=args.otel_console, err=sys.stderr)
+    shutdown = configure(console=args.otel_console, err=err, one_line_spans=err is not sys.stderr)
     try:
         yield
     finally:
@@ -450,11 +409,6 @@ def _telemetry(args: argparse.Namespace) -> Iterator[None]:
 
 
 async def _serve(args: argparse.Namespace, out: TextIO) -> int:
-    with _info_logs_to_stderr():  # turnkit's own lines beside uvicorn's (recoveries, outages)
-        return await _serving(args, out)
-
-
-async def _serving(args: argparse.Namespace, out: TextIO) -> int:
     try:
         import uvicorn
     except ImportError as exc:
@@ -489,7 +443,11 @@ async def _serving(args: argparse.Namespace, out: TextIO) -> int:
 
         os.environ["TURNKIT_ALLOWED_HOSTS"] = ",".join((*LOOPBACK_HOSTS, args.host))
     config = uvicorn.Config(
-        "turnkit.quickstart:app", host=args.host, port=args.port, log_level="info"
+        "turnkit.quickstart:app",
+        host=args.host,
+        port=args.port,
+        log_level="info",
+        log_config=uvicorn_log_config(log_format(os.environ)) or uvicorn.config.LOGGING_CONFIG,
     )
     # Reach the database before serving: one it cannot use is one line and exit 2, not a
     # failed lifespan's traceback after "serving on".
@@ -505,8 +463,7 @@ async def _serving(args: argparse.Namespace, out: TextIO) -> int:
         _tune_gc(gc_mode)
         host = f"[{args.host}]" if ":" in args.host else args.host  # an IPv6 address
         base = f"http://{host}:{sock.getsockname()[1]}"
-        out.write(f"turnkit serving on {base} (chat page {base}/, API {base}/api/harness)\n")
-        out.flush()
+        announce(out, f"turnkit serving on {base} (chat page {base}/, API {base}/api/harness)")
         await uvicorn.Server(config).serve(sockets=[sock])
     finally:
         sock.close()
@@ -546,7 +503,7 @@ def _listening_socket(host: str, port: int) -> socket.socket:
 
 _COMMANDS = {
     "run": _run,
-    "worker": _worker,
+    "worker": _work,
     "sweep": _sweep,
     "db": _db,
     "turns": _turns,
@@ -582,7 +539,7 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None) -> int
         parser.error("choose a command (turnkit -h says what each does)")
     stream = out or sys.stdout
     try:
-        with _telemetry(args):
+        with _logs(args) as err, _telemetry(args, err):
             return asyncio.run(_COMMANDS[args.command](args, stream))
     except TurnkitError as exc:
         sys.stderr.write(f"turnkit: {exc}\n")

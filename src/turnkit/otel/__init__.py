@@ -13,6 +13,7 @@ message was submitted. See docs/guides/observability.md.
 from __future__ import annotations
 
 from turnkit.otel._chat import ChatTrace, chat, traced_tool
+from turnkit.otel._log_ids import current_trace_ids
 from turnkit.otel._replay import record_replay_lag
 from turnkit.otel._state import capture_content, set_capture_content, use_providers
 from turnkit.otel._turn import (
@@ -31,6 +32,7 @@ __all__ = (
     "attempt",
     "capture_content",
     "chat",
+    "current_trace_ids",
     "record_replay_lag",
     "set_capture_content",
     "note_resume",

@@ -60,12 +60,14 @@ def configure(
     console: bool = False,
     err: TextIO,
     install: bool = True,
+    one_line_spans: bool = False,
 ) -> Callable[[], None] | None:
     """Build (and with `install`, set globally) tracer and meter providers.
 
     Writes one line to `err` for what was set up, or for what could not be (no SDK, an
-    exporter not installed). Returns the function that flushes and shuts the providers
-    down, or None when nothing was configured.
+    exporter not installed). `console` spans go to `err` too, indented, or each on one
+    line with `one_line_spans` (among JSON log lines). Returns the function that flushes
+    and shuts the providers down, or None when nothing was configured.
     """
     env = os.environ
     if not wanted(env, console=console):
@@ -95,7 +97,12 @@ def configure(
     missing: list[str] = []
     if console:
         # Spans to stderr: `turnkit run` prints the turn itself on stdout.
-        tracer_provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter(out=err)))
+        exporter = (
+            ConsoleSpanExporter(out=err, formatter=lambda span: span.to_json(indent=None) + "\n")
+            if one_line_spans
+            else ConsoleSpanExporter(out=err)
+        )
+        tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
         done.append("console spans")
     for name in _names(env, "OTEL_TRACES_EXPORTER"):
         cls = _exporter("opentelemetry_traces_exporter", name, env)

@@ -55,6 +55,7 @@ class TurnLog:
                 event.from_model,
                 event.reason,
                 f"trying {event.to_model}" if event.to_model else "no model left to try",
+                extra=self._about,
             )
 
     def watching(self, then: Sink) -> Sink:
@@ -87,7 +88,13 @@ class TurnLog:
             self._lease.session_id,
             outcome,
             took,
+            extra=self._about,
         )
+
+    @property
+    def _about(self) -> dict[str, str]:
+        """What a JSON line says the record is about (`turnkit.runtime.logs`)."""
+        return {"turn_id": self._lease.turn_id, "session_id": self._lease.session_id}
 
 
 async def hand_over_all(store: Store, leases: Iterable[Lease], log: logging.Logger) -> None:

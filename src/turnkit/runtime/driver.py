@@ -44,6 +44,7 @@ from turnkit.runtime._aftermath import Aftermath
 from turnkit.runtime._attempt_log import open_recorder
 from turnkit.runtime._endings import Attempt, end_aborted, end_failed, end_succeeded
 from turnkit.runtime._lease_keeper import LeaseKeeper, renewal_due
+from turnkit.runtime.logs import turn_logging
 from turnkit.stages import StageContext
 from turnkit.stages._naming import name_thread
 from turnkit.stages._plugins import guard_input, on_events
@@ -159,6 +160,7 @@ class TurnDriver:
         `cancelled`.
         """
         trace: TurnTrace = attempt(self.record, self.lease, self.traceparent)
+        turn_logging(self.lease.turn_id, self.lease.session_id)  # this task is the turn's
         try:
             rec, self.skipped = await open_recorder(
                 store=self.store,

@@ -211,6 +211,7 @@ class Worker:
         return True
 
     def _start(self, lease: Lease, slot: Slot) -> None:
+        about = {"turn_id": lease.turn_id, "session_id": lease.session_id}  # for JSON lines
         if lease.took_over:
             log.info(
                 "recovering turn %s (session %s): attempt %d, %s",
@@ -220,6 +221,7 @@ class Worker:
                 "handed over by a process that shut down"
                 if lease.handed_over
                 else "its previous driver's lease expired",
+                extra=about,
             )
         else:
             log.info(
@@ -227,6 +229,7 @@ class Worker:
                 lease.turn_id,
                 lease.session_id,
                 lease.attempt,
+                extra=about,
             )
         task = asyncio.create_task(self._drive(lease), name=f"turnkit-turn-{lease.turn_id}")
         self._tasks.add(task)
