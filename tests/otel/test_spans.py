@@ -121,6 +121,7 @@ async def test_a_tool_using_turn_is_one_span_tree(
     # One trace, rooted at the submission.
     assert {_trace_id(s) for s in otel.spans()} == {_trace_id(submit)}
     assert submit.parent is None
+    assert submit.attributes == {"gen_ai.conversation.id": "s1", "gen_ai.agent.name": agent.name}
     assert _parent(invoke) == _id(submit)
     assert invoke.name == f"invoke_agent {agent.name}"
     assert invoke.kind is SpanKind.INTERNAL

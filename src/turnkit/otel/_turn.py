@@ -56,12 +56,14 @@ _TURNS: weakref.WeakKeyDictionary[Recorder, _LiveTurn] = weakref.WeakKeyDictiona
 OnCommit = Callable[[Sequence[DurableEvent]], Awaitable[None]]
 
 
-def submit_traceparent() -> str:
+def submit_traceparent(*, session_id: str, agent: str) -> str:
     """The W3C `traceparent` a new turn is pinned to.
 
     The current span's, if there is one (an HTTP request, the caller's own span). Else,
-    with tracing on, a `turnkit.submit` span marks the submission and roots the trace;
-    with it off, fresh random ids, so processes that do trace still share one trace.
+    with tracing on, a `turnkit.submit` span marks the submission and roots the trace
+    (named by its session and agent: not by the turn, since a retried request is answered
+    with the turn it made the first time); with it off, fresh random ids, so processes
+    that do trace still share one trace.
     """
     current = trace.get_current_span().get_span_context()
     if not current.is_valid:
@@ -69,7 +71,11 @@ def submit_traceparent() -> str:
         if found is None:
             trace_id, span_id = random.getrandbits(128) or 1, random.getrandbits(64) or 1
             return f"00-{trace_id:032x}-{span_id:016x}-01"
-        span = found.tracer.start_span("turnkit.submit", kind=SpanKind.INTERNAL)
+        span = found.tracer.start_span(
+            "turnkit.submit",
+            kind=SpanKind.INTERNAL,
+            attributes={"gen_ai.conversation.id": session_id, "gen_ai.agent.name": agent},
+        )
         span.end()
         current = span.get_span_context()
     carrier: dict[str, str] = {}

@@ -58,9 +58,9 @@ class Pinned:
     """The W3C trace context every attempt of the turn joins (see `turnkit.otel`)."""
 
     @staticmethod
-    def new_traceparent() -> str:
+    def new_traceparent(*, session_id: str, agent: str) -> str:
         """The trace context to pin a turn submitted now to (the current span's, if any)."""
-        return otel.submit_traceparent()
+        return otel.submit_traceparent(session_id=session_id, agent=agent)
 
     @property
     def caller(self) -> Principal | None:
