@@ -201,12 +201,14 @@ async def test_a_cascade_step_is_two_chat_spans_and_a_counted_step(
     assert (failed.name, answered.name) == ("chat m-large", "chat m-small")
     assert _parent(failed) == _parent(answered)  # the same stage
     assert _attrs(failed)["error.type"] == "provider-error"
+    assert _attrs(failed)["http.response.status_code"] == 429  # which provider error it was
     assert failed.status.status_code is StatusCode.ERROR
     assert [e.name for e in failed.events] == ["exception"]
     assert (_attrs(failed)["turnkit.rung"], _attrs(failed)["turnkit.fallback_index"]) == (0, 0)
     assert (_attrs(answered)["turnkit.rung"], _attrs(answered)["turnkit.fallback_index"]) == (1, 1)
     assert _attrs(answered)["turnkit.family"] == "m"
     assert "error.type" not in _attrs(answered)
+    assert "http.response.status_code" not in _attrs(answered)
     [(step_attrs, steps)] = otel.points("turnkit.cascade.steps")
     assert steps.value == 1
     assert (step_attrs["turnkit.from_model"], step_attrs["turnkit.to_model"]) == (

@@ -220,6 +220,9 @@ class _LiveChat(ChatTrace):
             span.set_status(Status(StatusCode.ERROR, said))
             if exc is not None:
                 _record(span, exc)
+                status = getattr(exc, "status_code", None)  # the provider's HTTP answer
+                if isinstance(status, int):
+                    span.set_attribute("http.response.status_code", status)
             metric = {**metric, "error.type": error}
         self.found.duration.record(time.perf_counter() - self.started, metric)
         span.end()
