@@ -36,6 +36,9 @@ async def place_order(symbol: str, shares: int) -> str:
     return f"bought {shares} {symbol}"
 
 
+HOUSE_STYLE = "Quote prices with their currency. Never give investment advice."
+
+
 class HouseRules(Plugin):
     """Notes, a tool policy, an audit payload, an event and a guardrail in one plugin."""
 
@@ -44,10 +47,10 @@ class HouseRules(Plugin):
     async def before_model_request(
         self, ctx: PluginContext, call: ModelCallView
     ) -> Sequence[str] | None:
-        """A house-style note on the first call."""
-        if len(call.messages) <= 2:  # once, on the first call: appended, never rewritten
-            return ["Quote prices with their currency. Never give investment advice."]
-        return None
+        """A house-style note, once: appended, never rewritten, and kept after."""
+        if ("system", HOUSE_STYLE) in call.messages:
+            return None
+        return [HOUSE_STYLE]
 
     async def before_tool_call(self, ctx: PluginContext, call: ToolCall) -> str | None:
         """Only traders may place orders."""

@@ -16,6 +16,7 @@ from typing import Any
 from turnkit.blocks import ToolResultBlock
 from turnkit.events import (
     DurableEvent,
+    InputGuidedEvent,
     MessageCompleteEvent,
     StreamEvent,
     ThinkingCompleteEvent,
@@ -24,7 +25,7 @@ from turnkit.events import (
     ToolStartedEvent,
 )
 
-__all__ = ("CommittedCall", "CommittedGeneration", "Journal", "dedupe_key")
+__all__ = ("CommittedCall", "CommittedGeneration", "CommittedGuide", "Journal", "dedupe_key")
 
 _BY_FIELD = {
     "input.guided": "input_seq",
@@ -88,6 +89,17 @@ class CommittedGeneration:
     block_id: str = ""
     thinking: str = ""
     calls: list[CommittedCall] = field(default_factory=list[CommittedCall])
+    first_seq: int = 0
+    """The seq of its first committed event: what was committed before, its request held."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CommittedGuide:
+    """A guide message a request presented, recorded by `input.guided`."""
+
+    seq: int
+    input_seq: int
+    content: str
 
 
 @dataclass(slots=True)
@@ -102,6 +114,8 @@ class Journal:
         default_factory=dict[str, tuple[ToolResultBlock, str | None]]
     )
     """tool_call_id → (result, error code or None)."""
+    guides: list[CommittedGuide] = field(default_factory=list[CommittedGuide])
+    """In the order they were presented."""
 
     @classmethod
     def of(cls, events: Iterable[StreamEvent]) -> Journal:
@@ -119,12 +133,12 @@ class Journal:
     def _index(self, event: DurableEvent) -> None:
         match event:
             case MessageCompleteEvent(generation_id=str(gen), block=block):
-                committed = self.generations.setdefault(gen, CommittedGeneration())
+                committed = self._generation(gen, event.seq)
                 committed.text, committed.block_id = block.text, block.block_id
             case ThinkingCompleteEvent(generation_id=str(gen), block=block):
-                self.generations.setdefault(gen, CommittedGeneration()).thinking = block.summary
+                self._generation(gen, event.seq).thinking = block.summary
             case ToolStartedEvent(generation_id=str(gen), block=block):
-                self.generations.setdefault(gen, CommittedGeneration()).calls.append(
+                self._generation(gen, event.seq).calls.append(
                     CommittedCall(
                         tool_call_id=block.tool_call_id,
                         name=block.tool_name,
@@ -136,9 +150,26 @@ class Journal:
                 self.results[call_id] = (result, None)
             case ToolFailedEvent(tool_call_id=call_id, result=result, code=code):
                 self.results[call_id] = (result, code)
+            case InputGuidedEvent(input_seq=input_seq, content=content):
+                self.guides.append(
+                    CommittedGuide(seq=event.seq, input_seq=input_seq, content=content)
+                )
             case _:
                 pass
+
+    def _generation(self, generation_id: str, seq: int) -> CommittedGeneration:
+        committed = self.generations.setdefault(generation_id, CommittedGeneration())
+        if not committed.first_seq:
+            committed.first_seq = seq
+        return committed
 
     def generation(self, generation_id: str) -> CommittedGeneration | None:
         """A committed response, if this generation's effects reached the log."""
         return self.generations.get(generation_id)
+
+    def guides_before(self, generation: CommittedGeneration) -> list[CommittedGuide]:
+        """The guides committed before `generation`'s answer.
+
+        What its request presented, with those of the turn's earlier requests.
+        """
+        return [g for g in self.guides if g.seq < generation.first_seq]

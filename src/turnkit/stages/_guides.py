@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from turnkit.events import InputGuidedEvent
 from turnkit.ids import StageId
+from turnkit.journal import CommittedGeneration
 from turnkit.stages._types import StageContext, TranscriptMessage
 from turnkit.telemetry import Recorder
 
-__all__ = ("take_guides",)
+__all__ = ("presented_guides", "take_guides")
 
 
 async def take_guides(
@@ -45,3 +46,23 @@ async def _arrived(rec: Recorder) -> list[tuple[int, str, str | None]]:
         notes.guide_watermark = found[-1][0]
         notes.input_seqs = (*notes.input_seqs, *(seq for seq, _, _ in found))
     return found
+
+
+def presented_guides(
+    ctx: StageContext, transcript: list[TranscriptMessage], generation: CommittedGeneration
+) -> tuple[TranscriptMessage, ...]:
+    """The guides the request `generation` answered presented, from the log.
+
+    For an attempt that reuses the answer instead of asking again: the guides stand where
+    that request had them, and count as presented (never offered a second time).
+    """
+    present = {m.get("input_seq") for m in transcript}
+    found = [
+        g for g in ctx.recorder.journal.guides_before(generation) if g.input_seq not in present
+    ]
+    if not found:
+        return ()
+    notes = ctx.recorder.notes
+    notes.guide_watermark = max(notes.guide_watermark, *(g.input_seq for g in found))
+    notes.input_seqs = (*notes.input_seqs, *(g.input_seq for g in found))
+    return tuple({"role": "user", "content": g.content, "input_seq": g.input_seq} for g in found)

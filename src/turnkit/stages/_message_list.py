@@ -44,6 +44,7 @@ from turnkit.context.results import READ_RESULT_TOOL, preview_result, repair_arg
 from turnkit.context.transcript import PartJson, current_opening
 from turnkit.events import CompactionCompletedEvent, CompactionStartedEvent
 from turnkit.ids import StageId
+from turnkit.journal import CommittedGeneration
 from turnkit.models import (
     ModelRequest,
     ModelResponse,
@@ -54,12 +55,13 @@ from turnkit.models import (
 )
 from turnkit.models.family import ModelFamily
 from turnkit.stages._calls import call_model
-from turnkit.stages._guides import take_guides
+from turnkit.stages._guides import presented_guides, take_guides
 from turnkit.stages._plugins import before_model_request as plugin_notes
 from turnkit.stages._types import StageContext, TranscriptMessage, from_transcript
 
 __all__ = (
     "Prepared",
+    "answered_request",
     "cache_breakpoint",
     "prepare_request",
     "repaired_calls",
@@ -129,6 +131,30 @@ async def prepare_request(
     )
     ctx.recorder.notes.last_request = stored(view)
     return Prepared(transcript=transcript, request=request, report=report, previous=stored(view))
+
+
+async def answered_request(
+    ctx: StageContext,
+    stage_id: StageId,
+    transcript: list[TranscriptMessage],
+    generation: CommittedGeneration,
+    *,
+    specs: tuple[ToolSpec, ...],
+    closing: tuple[TranscriptMessage, ...] = (),
+) -> tuple[list[TranscriptMessage], PreviousRequest]:
+    """The request an earlier attempt's committed answer was given, rebuilt without a call.
+
+    Its guides come from the log; its notes from the plugins, asked again with the same
+    messages; `closing` as `prepare_request` takes it. What the turn goes on from, so the
+    next request extends this one. A compaction the request had is not made again here:
+    the next request makes it if it still needs it.
+    """
+    guides = presented_guides(ctx, transcript, generation)
+    notes = await plugin_notes(ctx, stage_id, [*transcript, *guides])
+    transcript = [*transcript, *guides, *notes, *closing]
+    previous = stored(RequestView.of(transcript, tools_digest(specs)))
+    ctx.recorder.notes.last_request = previous
+    return transcript, previous
 
 
 def cache_breakpoint(

@@ -20,8 +20,9 @@ from turnkit.context.prefix import PreviousRequest
 from turnkit.errors import OutputLimitExceededError
 from turnkit.events import MessageCompleteEvent
 from turnkit.ids import derive_id
+from turnkit.models import ToolSpec
 from turnkit.stages._calls import call_model
-from turnkit.stages._message_list import cache_breakpoint, prepare_request
+from turnkit.stages._message_list import answered_request, cache_breakpoint, prepare_request
 from turnkit.stages._offered import offered_tools
 from turnkit.stages._plugins import after_model_response
 from turnkit.stages._thinking import thinking_of
@@ -66,9 +67,17 @@ async def run_synthesize(
     committed = rec.journal.generation(generation)
     if committed is not None:
         # The answer is already in the log (a previous attempt died after writing it):
-        # never write, bill or stream it twice.
+        # never write, bill or stream it twice. The transcript keeps the request it answered.
         rec.notes.answer_block_id = committed.block_id
         text = committed.text
+        transcript, previous = await answered_request(
+            ctx,
+            "synthesize",
+            transcript,
+            committed,
+            specs=_specs(ctx),
+            closing=synthesis_request(ctx, transcript),
+        )
     else:
         text, transcript, previous = await _call(ctx, transcript, previous, generation)
     transcript = [*transcript, {"role": "assistant", "content": text}]
@@ -90,8 +99,7 @@ async def _call(
         transcript,
         previous,
         family=family,
-        # The tools the loop offered stay in the prompt (its cached prefix), not to be used.
-        specs=offered_tools(ctx) if _loop_offered_tools(ctx) else (),
+        specs=_specs(ctx),
         purpose="synthesize",
         block_key="answer",
         closing=synthesis_request(ctx, transcript),
@@ -174,3 +182,8 @@ def _commit(
         generation_id=answer["generation_id"],
         input_seqs=rec.notes.input_seqs,
     )
+
+
+def _specs(ctx: StageContext) -> tuple[ToolSpec, ...]:
+    """The tools the loop offered stay in the prompt (its cached prefix), not to be used."""
+    return offered_tools(ctx) if _loop_offered_tools(ctx) else ()

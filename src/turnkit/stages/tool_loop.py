@@ -24,6 +24,7 @@ from turnkit.stages._calls import CallResult, call_model
 from turnkit.stages._dispatch import dispatch_tools
 from turnkit.stages._message_list import (
     Prepared,
+    answered_request,
     cache_breakpoint,
     prepare_request,
     repaired_calls,
@@ -69,6 +70,10 @@ async def run_tool_loop(
         # A previous attempt already called the model for this iteration and committed
         # what it said: reuse it rather than pay for (and diverge on) a second call.
         take_budget_answers(ctx, "tool-loop", f"loop-{iteration}")  # in the node's order
+        # The turn goes on from the request that answer was given (its guides and notes).
+        transcript, previous = await answered_request(
+            ctx, "tool-loop", transcript, committed, specs=offered_tools(ctx)
+        )
         response = committed_response(committed)
         block_id = committed.block_id or derive_id("blk", rec.turn_id, f"loop-{iteration}", 0)
         calls = response.tool_calls

@@ -1,0 +1,124 @@
+"""An iteration whose model answer an earlier attempt committed goes on from the request
+that answer was given to: the plugins' notes and the guides it carried stay where they
+were, so the next request extends it (a resumed approval, a recovered crash)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import ClassVar
+
+from tests.conftest import RuntimeFactory
+from tests.helpers import until
+from turnkit import Agent, SessionRuntime, tool
+from turnkit.events import ApprovalRequestedEvent, DoneEvent, StreamEvent, ToolStartedEvent
+from turnkit.models import ModelRequest
+from turnkit.pauses import Approve
+from turnkit.plugins import ModelCallView, Plugin, PluginContext
+from turnkit.runtime.reader import Frame
+from turnkit.testing import ModelStep, ScriptedModel, call, collect_events
+
+RULES = "Quote prices with their currency."
+
+
+class HouseRules(Plugin):
+    """A note on the turn's first request only (decided from the messages it is shown)."""
+
+    name: ClassVar[str] = "house-rules"
+
+    async def before_model_request(
+        self, ctx: PluginContext, call: ModelCallView
+    ) -> Sequence[str] | None:
+        return [RULES] if len(call.messages) <= 2 else None
+
+
+@tool(approval="always")
+async def pay(to: str) -> str:
+    """Pay someone."""
+    return f"paid {to}"
+
+
+async def _finish(runtime: SessionRuntime, turn_id: str, after: int) -> list[StreamEvent]:
+    from turnkit.events import decode_event
+
+    out: list[StreamEvent] = []
+    async with asyncio.timeout(20):
+        async for frame in runtime.reader().follow(turn_id, after_seq=after):  # type: ignore[arg-type]
+            if isinstance(frame, Frame) and frame.seq is not None:
+                out.append(decode_event(frame.data))
+                if out[-1].type == "done":
+                    break
+    return out
+
+
+def _shown(request: ModelRequest) -> list[tuple[str, str]]:
+    return [(m.role, str(m.content)) for m in request.messages]
+
+
+async def test_a_resumed_approval_keeps_the_note_its_request_carried(
+    runtime_factory: RuntimeFactory,
+) -> None:
+    model = ScriptedModel(
+        [ModelStep.tool_call_reply(call("pay", to="bob")), ModelStep.text_reply("Paid Bob.")]
+    )
+    agent = Agent(
+        model=model, tools=[pay], plugins=[HouseRules()], skip_stages=frozenset({"anchor-plan"})
+    )
+    runtime = runtime_factory(agent)
+    events = await collect_events(runtime.execute_message("s1", "pay bob"))
+    asked = events[-1]
+    assert isinstance(asked, ApprovalRequestedEvent)
+    await runtime.resume(asked.turn_id, asked.request_id, Approve())
+    rest = await _finish(runtime, asked.turn_id, asked.seq)
+    assert isinstance(rest[-1], DoneEvent)
+    assert rest[-1].status == "succeeded"
+    first, second = (_shown(r) for r in model.calls)
+    assert ("system", RULES) in first
+    assert second[: len(first)] == first  # the note stays where the first request had it
+    assert [role for role, _ in second[len(first) :]] == ["assistant", "tool"]
+    rows = await runtime.audit(asked.turn_id)
+    breaks = [r.payloads.cache_breakpoint for r in rows if r.payloads.cache_breakpoint]
+    assert [b.broken_region for b in breaks if b is not None] == [None, None]
+
+
+async def test_a_guide_a_paused_request_carried_stays_before_its_answer(
+    runtime_factory: RuntimeFactory,
+) -> None:
+    release = asyncio.Event()
+
+    @tool
+    async def look(q: str) -> str:
+        """Look something up, slowly."""
+        await release.wait()
+        return f"found {q}"
+
+    model = ScriptedModel(
+        [
+            ModelStep.tool_call_reply(call("look", q="price")),
+            ModelStep.tool_call_reply(call("pay", to="bob")),
+            ModelStep.text_reply("Paid Bob, as you asked."),
+        ]
+    )
+    agent = Agent(model=model, tools=[look, pay], skip_stages=frozenset({"anchor-plan"}))
+    runtime = runtime_factory(agent)
+    events: list[StreamEvent] = []
+
+    async def drain() -> None:
+        async for event in runtime.execute_message("s1", "check the price"):
+            events.append(event)
+
+    consumer = asyncio.create_task(drain())
+    await until(lambda: any(isinstance(e, ToolStartedEvent) for e in events), "the lookup")
+    assert (await runtime.submit("s1", "then pay bob", delivery="guide")).guided
+    release.set()
+    await asyncio.wait_for(consumer, 10)
+    asked = events[-1]
+    assert isinstance(asked, ApprovalRequestedEvent)
+    await runtime.resume(asked.turn_id, asked.request_id, Approve())
+    rest = await _finish(runtime, asked.turn_id, asked.seq)
+    assert isinstance(rest[-1], DoneEvent)
+    assert rest[-1].status == "succeeded"
+    _, second, third = (_shown(r) for r in model.calls)
+    assert second[-1] == ("user", "then pay bob")
+    assert third[: len(second)] == second  # the guide stays before the answer it led to
+    assert [role for role, _ in third[len(second) :]] == ["assistant", "tool"]
