@@ -288,3 +288,29 @@ async def test_a_turn_whose_database_drops_mid_turn_is_recovered_not_failed(
         await runtime.close()
     assert (record.status, record.attempts) == ("succeeded", 2)
     assert [e.type for e in events if e.type in ("error", "turn.recovering")] == ["turn.recovering"]
+
+
+async def test_closing_hands_a_recovered_turn_over_at_once(tmp_path: Path) -> None:
+    """A turn the app's recovery loop took over is left to the next process when the app
+    closes, as its own turns are: it is not waited on (a deploy's grace is short)."""
+    db = tmp_path / "app.db"
+    config = RuntimeConfig(database_url=f"sqlite:///{db}", lease_ttl_s=1.0, run_in_process=False)
+    model = ScriptedModel([ModelStep.tool_call_reply(call("fetch", n=3))])
+    async with SessionRuntime(agent=Agent(model=model, tools=[fetch]), config=config) as api:
+        submission = await api.submit("s1", "fetch 3")  # queued for any process to take
+    app = _runtime(db, model, recover=True)
+    await app.open()
+    try:
+        deadline = time.monotonic() + 20
+        while not [e async for e in app.events(submission.turn_id) if e.type == "tool.started"]:
+            assert time.monotonic() < deadline, "the recovery loop never took the turn"
+            await asyncio.sleep(0.05)
+    finally:
+        began = time.monotonic()
+        await app.close()
+        took = time.monotonic() - began
+    assert took < 10, f"close waited {took:.1f} s for the turn (a worker's drain is 30 s)"
+    async with SessionRuntime(agent=Agent(model=model, tools=[fetch]), config=config) as after:
+        turn = await after.turn(submission.turn_id)
+    assert turn.status == "running"
+    assert turn.lease_owner == "(handed over)"  # another process takes it at once

@@ -248,6 +248,7 @@ class RuntimeCore:
             cast("SessionRuntime", self),  # the only runtime built on this core
             concurrency=self.config.recovery_concurrency,
             owner=f"{self.owner}/recovery",
+            drain_timeout_s=0.0,  # closing hands its turns over, as the app's own turns are
         )
         task = asyncio.create_task(worker.run(stop), name="turnkit-recovery")
         self._recovery = (stop, task, worker)
