@@ -22,9 +22,11 @@ from tests.conftest import POSTGRES_URL, require_service
 from tests.support import openai_server as fake_openai
 from tests.support.openai_server import FakeOpenAIServer, Reply
 from turnkit import cli
-from turnkit.cli import main
+from turnkit.cli import _worker as cli_worker, main
 from turnkit.cli._inspect import usd
 from turnkit.cli._logs import info_logs_to_stderr
+from turnkit.cli._settings import ceiling, runtime_config
+from turnkit.cli._worker import hosted_agents
 
 
 def test_run_streams_a_turn_on_the_offline_demo_model(tmp_path: Path) -> None:
@@ -503,7 +505,7 @@ def test_the_worker_command_shows_worker_lines_on_stderr(
                     "Failed to restore the pool connection floor; retrying", exc_info=True
                 )
 
-    monkeypatch.setattr(cli, "Worker", OneLineWorker)
+    monkeypatch.setattr(cli_worker, "Worker", OneLineWorker)
     url = f"sqlite:///{tmp_path / 'w.db'}"
     seen: list[logging.LogRecord] = []
     yours = logging.Handler()  # the app's own handler, beside the command's
@@ -542,7 +544,7 @@ def test_the_worker_listens_unless_told_only_to_poll(
         async def run(self, stop: object) -> None:
             pass
 
-    monkeypatch.setattr(cli, "Worker", Recorded)
+    monkeypatch.setattr(cli_worker, "Worker", Recorded)
     url = f"sqlite:///{tmp_path / 'w.db'}"
     assert main(["worker", "--database-url", url], out=io.StringIO()) == 0
     assert main(["worker", "--no-listen", "--database-url", url], out=io.StringIO()) == 0
@@ -570,7 +572,7 @@ def _gc_seen_by_worker(
         async def run(self, stop: object) -> None:
             seen.append((gc.get_threshold(), gc.get_freeze_count()))
 
-    monkeypatch.setattr(cli, "Worker", GcWorker)
+    monkeypatch.setattr(cli_worker, "Worker", GcWorker)
     code = main(["worker", "--database-url", f"sqlite:///{tmp_path / 'gc.db'}"], out=io.StringIO())
     threshold, frozen = seen[0] if seen else ((0, 0, 0), 0)
     return code, threshold, frozen
@@ -802,7 +804,7 @@ def test_budgets_are_enforced_when_the_flag_or_the_environment_says_so(
     assert runtime_from_env({"TURNKIT_BUDGETS": "enforce"}).config.budgets == "enforce"
     with pytest.raises(ConfigurationError, match="budgets 'bogus' is not"):
         runtime_from_env({"TURNKIT_BUDGETS": "bogus"})
-    flags = cli._config(cli._parser().parse_args(["worker", "--budgets", "enforce"]))
+    flags = runtime_config(cli._parser().parse_args(["worker", "--budgets", "enforce"]))
     assert flags.budgets == "enforce"
     url = f"sqlite:///{tmp_path / 'cli.db'}"
     # Budgets fail closed: with no limit set, a message is refused before it is written.
@@ -818,7 +820,7 @@ def test_the_default_checkpoint_durability_follows_the_database() -> None:
     assert RuntimeConfig(database_url="sqlite:///t.db").durability == "sync"  # in place
     assert RuntimeConfig(database_url=pg, checkpoint_durability="sync").durability == "sync"
     args = cli._parser().parse_args(["worker", "--database-url", pg])
-    assert cli._config(args).durability == "async"
+    assert runtime_config(args).durability == "async"
 
 
 def test_a_worker_takes_its_lease_and_idle_window_from_the_shared_environment(
@@ -830,11 +832,11 @@ def test_a_worker_takes_its_lease_and_idle_window_from_the_shared_environment(
     env = {"TURNKIT_LEASE_TTL_S": "20", "TURNKIT_IDLE_WINDOW_S": "300"}
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    worker = cli._config(cli._parser().parse_args(["worker"]))
+    worker = runtime_config(cli._parser().parse_args(["worker"]))
     api = runtime_from_env(env).config
     assert (worker.lease_ttl_s, worker.idle_window_s) == (api.lease_ttl_s, api.idle_window_s)
     assert (worker.lease_ttl_s, worker.idle_window_s) == (20.0, 300.0)
-    flags = cli._config(
+    flags = runtime_config(
         cli._parser().parse_args(["worker", "--lease-ttl", "5", "--idle-window", "9"])
     )
     assert (flags.lease_ttl_s, flags.idle_window_s, flags.heartbeat_interval_s) == (5.0, 9.0, 3.0)
@@ -843,17 +845,17 @@ def test_a_worker_takes_its_lease_and_idle_window_from_the_shared_environment(
 
     monkeypatch.setenv("TURNKIT_LEASE_TTL_S", "soon")  # the variable is named, not the flag
     with pytest.raises(ConfigurationError, match="TURNKIT_LEASE_TTL_S='soon' is not a number"):
-        cli._config(cli._parser().parse_args(["worker"]))
+        runtime_config(cli._parser().parse_args(["worker"]))
 
     monkeypatch.setenv("TURNKIT_LEASE_TTL_S", "20")
     monkeypatch.setenv("TURNKIT_IDLE_WINDOW_S", "7200")  # longer than the hour's ceiling
-    worker = cli._config(cli._parser().parse_args(["worker"]))
+    worker = runtime_config(cli._parser().parse_args(["worker"]))
     api = runtime_from_env({"TURNKIT_IDLE_WINDOW_S": "7200"}).config
     assert (worker.idle_window_s, worker.ceiling_s) == (api.idle_window_s, api.ceiling_s)
     assert worker.ceiling_s == 7200.0
-    sweep = cli._config(cli._parser().parse_args(["sweep"]))  # an operator's sweep agrees
+    sweep = runtime_config(cli._parser().parse_args(["sweep"]))  # an operator's sweep agrees
     assert (sweep.idle_window_s, sweep.ceiling_s) == (7200.0, 7200.0)
-    assert cli._ceiling(cli._parser().parse_args(["turns", "--stuck"]), 7200.0) == 7200.0
+    assert ceiling(cli._parser().parse_args(["turns", "--stuck"]), 7200.0) == 7200.0
 
 
 @pytest.mark.parametrize(
@@ -896,20 +898,20 @@ def test_an_idle_window_past_the_ceiling_is_refused_not_lowered(
     assert capsys.readouterr().err.startswith(
         "turnkit: --idle-window (10 s) cannot exceed --ceiling (5 s)"
     )
-    lowered = cli._config(cli._parser().parse_args(["worker", "--ceiling", "60"]))
+    lowered = runtime_config(cli._parser().parse_args(["worker", "--ceiling", "60"]))
     assert (lowered.idle_window_s, lowered.ceiling_s) == (60.0, 60.0)  # the default bows
 
 
 def test_an_empty_agent_flag_hosts_the_demo_agent(monkeypatch: pytest.MonkeyPatch) -> None:
     """Compose passes `--agent "${TURNKIT_AGENT:-}"`: unset, the worker runs the demo agent."""
     monkeypatch.delenv("TURNKIT_AGENT", raising=False)
-    [agent] = cli._hosted_agents(cli._parser().parse_args(["worker", "--agent", ""]))
+    [agent] = hosted_agents(cli._parser().parse_args(["worker", "--agent", ""]))
     assert agent.name == "demo"
     # With no --agent, the worker hosts what the API processes host: $TURNKIT_AGENT.
     monkeypatch.setenv("TURNKIT_AGENT", "tests.support.worker_agent:agent")
-    [shared] = cli._hosted_agents(cli._parser().parse_args(["worker"]))
+    [shared] = hosted_agents(cli._parser().parse_args(["worker"]))
     assert shared.name == "worker-test"
-    [named] = cli._hosted_agents(
+    [named] = hosted_agents(
         cli._parser().parse_args(
             ["worker", "--agent", "", "--agent", "tests.support.worker_agent:agent"]
         )

@@ -5,7 +5,10 @@ from __future__ import annotations
 import asyncio
 import io
 import logging
+import os
 import re
+import signal
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -389,3 +392,101 @@ async def test_a_turn_stopped_from_another_process_is_logged_cancelled(
     assert re.fullmatch(
         rf"finished turn {turn.turn_id} \(session s-1\): cancelled in (\d+ ms|\d+\.\d s)", done
     ), done
+
+
+async def test_a_turn_whose_model_this_worker_does_not_serve_fails_unknown_model(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The API process serves `fast` (`models=`), the worker does not: the turn says so."""
+    caplog.set_level(logging.INFO, logger="turnkit.worker")
+    config = RuntimeConfig(database_url=f"sqlite:///{tmp_path / 'w.db'}", run_in_process=False)
+    agent = Agent(model=ScriptedModel([ModelStep.text_reply("Hi.")]))
+    fast = ScriptedModel([ModelStep.text_reply("Fast.")])
+    async with SessionRuntime(agent=agent, config=config, models={"fast": fast}) as api:
+        submission = await api.submit("s1", "hello", model="fast")
+    async with SessionRuntime(agent=agent, config=config) as worker_runtime:
+        await _until_finished(worker_runtime, caplog, turns=1)
+        record = await worker_runtime.turn(submission.turn_id)
+    assert (record.status, record.error_code) == ("failed", "unknown-model")
+    lines = [r.getMessage() for r in caplog.records if r.name == "turnkit.worker"]
+    [done] = [line for line in lines if line.startswith(f"finished turn {submission.turn_id} ")]
+    assert "failed (unknown-model)" in done
+
+
+def test_a_worker_drives_turns_with_the_runtime_its_flag_names(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--runtime`: the app's own runtime (its deps, served models, callback secret) drives
+    the turns; the flags that would build another are refused beside it."""
+    (tmp_path / "myapp.py").write_text(
+        "from turnkit import Agent, RuntimeConfig, SessionRuntime, ToolContext, tool\n"
+        "from turnkit.testing import ModelStep, ScriptedModel, call\n"
+        "@tool\n"
+        "async def whoami(ctx: ToolContext[dict]) -> str:\n"
+        "    '''Who is asking.'''\n"
+        "    return ctx.deps['user'] + ' / ' + str(ctx.callback_token is not None)\n"
+        "fast = ScriptedModel([ModelStep.tool_call_reply(call('whoami')),\n"
+        "                      ModelStep.text_reply('Done.')], name='fast')\n"
+        "agent = Agent(model='openai/gpt-4o-mini', tools=[whoami],\n"
+        "              skip_stages=frozenset({'anchor-plan'}))\n"
+        f"URL = 'sqlite:///{tmp_path / 'app.db'}'\n"
+        "def build() -> SessionRuntime:\n"
+        "    config = RuntimeConfig(database_url=URL, run_in_process=False,\n"
+        "                           callback_secret='s3cret-s3cret-s3cret-s3cret')\n"
+        "    return SessionRuntime(agent=agent, config=config, models={'fast': fast},\n"
+        "                          deps=lambda scope: {'user': 'ada'})\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    import importlib
+
+    myapp = importlib.import_module("myapp")
+
+    async def submit() -> str:
+        async with myapp.build() as api:
+            return (await api.submit("s1", "who am I?", model="fast")).turn_id
+
+    turn_id = asyncio.run(submit())
+    code = main(["worker", "--runtime", "myapp:build", "--database-url", "sqlite:///x.db"])
+    assert code == 2  # a database beside the runtime's own: refused, in one line
+    assert capsys.readouterr().err.startswith(
+        "turnkit: --database-url cannot be given with --runtime: the runtime your function "
+    )
+    out = io.StringIO()
+    returned = threading.Event()
+
+    def stop_soon() -> None:
+        def watch() -> None:  # stop the worker once the turn has ended (20 s at most)
+            import sqlite3
+
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline:
+                with sqlite3.connect(tmp_path / "app.db") as db:
+                    [(status,)] = db.execute(
+                        "SELECT status FROM tk_turns WHERE turn_id = ?", (turn_id,)
+                    ).fetchall()
+                if status != "running":
+                    break
+                time.sleep(0.05)
+            if not returned.is_set():  # (a worker that stopped on its own has no handler)
+                os.kill(os.getpid(), signal.SIGTERM)
+
+        threading.Thread(target=watch, daemon=True).start()
+
+    stop_soon()
+    code = main(["worker", "--runtime", "myapp:build", "--poll-interval", "0.05"], out=out)
+    returned.set()
+    assert code == 0
+    assert out.getvalue().startswith("turnkit worker ")
+    assert "hosting assistant" in out.getvalue()  # the agent the runtime hosts
+
+    async def read() -> tuple[TurnRecord, list[str]]:
+        async with myapp.build() as runtime:
+            record = await runtime.turn(turn_id)
+            events = [e async for e in runtime.events(turn_id)]
+            results = [e.result.output for e in events if e.type == "tool.completed"]
+            return record, results
+
+    record, results = asyncio.run(read())
+    assert record.status == "succeeded"
+    assert results == ["ada / True"]  # the app's deps and callback secret, in the worker

@@ -195,12 +195,6 @@ class DuplicateToolError(ConfigurationError):
     code: ClassVar[ErrorCode] = "duplicate-tool"
 
 
-class UnknownModelError(ConfigurationError):
-    """A model string no provider resolves."""
-
-    code: ClassVar[ErrorCode] = "unknown-model"
-
-
 class InvalidInputError(TurnkitError):
     """Bad input to a public call; nothing was written."""
 
@@ -322,6 +316,16 @@ class TurnError(TurnkitError):
     """An error that ends a turn; it becomes an `error` event and a terminal state."""
 
     code: ClassVar[ErrorCode] = "internal-error"
+
+
+class UnknownModelError(ConfigurationError, TurnError):
+    """A model string no provider resolves.
+
+    Refused where it is given; inside a turn (a model only the process that admitted the
+    message serves, driven by one that does not) it ends the turn `failed`.
+    """
+
+    code: ClassVar[ErrorCode] = "unknown-model"
 
 
 class AgentNotFoundError(NotFoundError, TurnError):

@@ -5,10 +5,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import gc
 import logging
 import os
-import signal
 import socket
 import sys
 from collections.abc import Iterator, Sequence
@@ -16,7 +14,7 @@ from typing import TextIO
 
 from pydantic import ValidationError
 
-from turnkit.agent import Agent, load_agent, load_agents
+from turnkit.agent import load_agent
 from turnkit.budgets import BudgetLimit
 from turnkit.cli._args import parser as _parser
 from turnkit.cli._copy import copy_database
@@ -37,12 +35,18 @@ from turnkit.cli._logs import (
     notices,
     uvicorn_log_config,
 )
+from turnkit.cli._settings import (
+    GC_THRESHOLDS,
+    ceiling,
+    gc_mode,
+    named_agents,
+    runtime_config,
+    tune_gc,
+)
 from turnkit.cli._tidy import prune_sessions, sweep
+from turnkit.cli._worker import work
 from turnkit.config import (
-    RuntimeConfig,
     env_idle_window_s,
-    env_keep_ended_checkpoints,
-    env_lease_ttl_s,
     env_plugins,
     is_loopback_host,
 )
@@ -66,11 +70,10 @@ from turnkit.replay import replay_from_url
 from turnkit.runtime import SessionRuntime
 from turnkit.runtime._validate import check_session_id
 from turnkit.runtime.budget_pauses import resume_budget_pauses
-from turnkit.runtime.worker import Worker
 from turnkit.store.migrate import head_revision, is_newer, refuse_newer
 from turnkit.store.sql import SqlStore, shown_url
 
-__all__ = ("main",)
+__all__ = ("GC_THRESHOLDS", "main")
 
 
 async def _run(args: argparse.Namespace, out: TextIO) -> int:
@@ -95,7 +98,7 @@ async def _run(args: argparse.Namespace, out: TextIO) -> int:
     printer = Printer(out)
     plugins = env_plugins(os.environ)
     async with SessionRuntime(
-        agent=agent, models=served, config=_config(args), plugins=plugins
+        agent=agent, models=served, config=runtime_config(args), plugins=plugins
     ) as runtime:
         status = "failed"
         events = runtime.execute_message(
@@ -140,127 +143,16 @@ def _waiting(event: _Pause) -> str:
     )
 
 
-def _ceiling(args: argparse.Namespace, idle: float) -> float:
-    """`--ceiling`, else as the API processes have it: an hour, or the idle window if longer."""
-    ceiling: float | None = getattr(args, "ceiling", None)
-    return ceiling if ceiling is not None else max(3600.0, idle)
-
-
-def _lease_ttl(args: argparse.Namespace) -> float:
-    """A worker's `--lease-ttl`, else `$TURNKIT_LEASE_TTL_S` (8 s); `turnkit run`'s 30 s."""
-    if not hasattr(args, "lease_ttl"):
-        return 30.0
-    given: float | None = args.lease_ttl
-    return given if given is not None else env_lease_ttl_s(os.environ)
-
-
-def _config(args: argparse.Namespace) -> RuntimeConfig:
-    given: float | None = getattr(args, "idle_window", None)
-    idle = given or env_idle_window_s(os.environ)
-    ceiling = _ceiling(args, idle)
-    if given is not None and given > ceiling:
-        raise ConfigurationError(f"--idle-window ({given:g} s) cannot exceed --ceiling "
-                                 f"({ceiling:g} s)")  # fmt: skip
-    idle = min(idle, ceiling)  # a lower --ceiling bounds the environment's idle window
-    return RuntimeConfig(
-        database_url=args.database_url,
-        database_schema=args.database_schema,
-        lease_ttl_s=_lease_ttl(args),
-        ceiling_s=ceiling,
-        idle_window_s=idle,
-        heartbeat_interval_s=min(5.0, idle / 3),
-        max_attempts=getattr(args, "max_attempts", 3),
-        checkpoint_durability=getattr(args, "checkpoint_durability", None),
-        budgets=getattr(args, "budgets", None) or "off",
-        keep_ended_checkpoints=env_keep_ended_checkpoints(os.environ),
-    )
-
-
-GC_THRESHOLDS = (10_000, 20, 20)
-"""Collection thresholds `turnkit serve` and `turnkit worker` run with (Python's: 700, 10, 10)."""
-
-
-def _gc_mode() -> str:
-    """`TURNKIT_GC`: `tuned` (the default, also when empty) or `python`."""
-    mode = os.environ.get("TURNKIT_GC", "").strip().lower() or "tuned"
-    if mode not in ("tuned", "python"):
-        raise ConfigurationError(f"TURNKIT_GC must be 'tuned' or 'python', not {mode!r}")
-    return mode
-
-
-def _tune_gc(mode: str) -> None:
-    """Freeze what start-up allocated and collect less often, unless `mode` is `python`.
-
-    A loaded server holds many live objects, and Python's default thresholds run a full
-    collection over all of them every few hundred thousand allocations: with 1,000 turns in
-    flight that was about two fifths of the process's CPU. Frozen start-up objects are
-    never scanned again.
-    """
-    if mode == "tuned":
-        gc.collect()
-        gc.freeze()
-        gc.set_threshold(*GC_THRESHOLDS)
-
-
-def _named_agents(args: argparse.Namespace) -> list[str]:
-    """The `--agent` values given; an empty one (compose's unset `${TURNKIT_AGENT:-}`) is none."""
-    return [name for name in args.agent or () if name.strip()]
-
-
-def _hosted_agents(args: argparse.Namespace) -> tuple[Agent, ...]:
-    """The agents a worker hosts: those named, else `$TURNKIT_AGENT`'s, else the demo agent.
-
-    `$TURNKIT_AGENT` as `turnkit serve` reads it: names separated by commas.
-    """
-    named = _named_agents(args) or os.environ.get("TURNKIT_AGENT", "").strip(" ,")
-    return load_agents(named) if named else (demo_agent(os.environ.get("TURNKIT_MODEL") or None),)
-
-
-async def _work(args: argparse.Namespace, out: TextIO) -> int:
-    agents = _hosted_agents(args)
-    _tune_gc(_gc_mode())
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    replay = replay_from_url(args.redis_url)
-    plugins = env_plugins(os.environ)
-    runtime = SessionRuntime(agents=agents, config=_config(args), replay=replay, plugins=plugins)
-    try:
-        worker = Worker(
-            runtime,
-            concurrency=args.concurrency,
-            poll_interval_s=args.poll_interval,
-            sweep_interval_s=args.sweep_interval,
-            drain_timeout_s=args.drain_timeout,
-            listen=args.listen,
-        )
-        hosted = ", ".join(agent.name for agent in agents)
-        announce(
-            out,
-            f"turnkit worker {runtime.owner} on {shown_url(args.database_url)}, hosting {hosted}",
-        )
-        await worker.run(stop)  # opens the runtime, waiting out a database not yet up
-        # A session named after its opening turn ended here: give the call the same grace.
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(args.drain_timeout):
-                await runtime.wait_background()
-    finally:
-        await runtime.close()
-        await replay.close()
-    return 0
-
-
 async def _sweep(args: argparse.Namespace, out: TextIO) -> int:
-    return await sweep(_config(args), out)
+    return await sweep(runtime_config(args), out)
 
 
 async def _turns(args: argparse.Namespace, out: TextIO) -> int:
     async with existing_store(args.database_url, args.database_schema) as store:
         if args.session is not None:
             return await session_turns(store, out, check_session_id(args.session))
-        ceiling = _ceiling(args, env_idle_window_s(os.environ))
-        return await stuck_turns(store, out, ceiling_s=ceiling, unclaimed_s=args.unclaimed_after)
+        most = ceiling(args, env_idle_window_s(os.environ))
+        return await stuck_turns(store, out, ceiling_s=most, unclaimed_s=args.unclaimed_after)
 
 
 async def _sessions(args: argparse.Namespace, out: TextIO) -> int:
@@ -417,7 +309,7 @@ async def _serve(args: argparse.Namespace, out: TextIO) -> int:
             "pip install 'turnkit[fastapi]'"
         ) from exc
 
-    gc_mode = _gc_mode()  # a bad value stops before anything is imported or opened
+    collector = gc_mode()  # a bad value stops before anything is imported or opened
 
     os.environ["TURNKIT_DATABASE_URL"] = (
         args.database_url
@@ -428,7 +320,7 @@ async def _serve(args: argparse.Namespace, out: TextIO) -> int:
         os.environ["TURNKIT_CHECKPOINT_DURABILITY"] = args.checkpoint_durability
     if args.budgets:
         os.environ["TURNKIT_BUDGETS"] = args.budgets
-    if named := _named_agents(args):
+    if named := named_agents(args):
         os.environ["TURNKIT_AGENT"] = ",".join(named)
     if not is_loopback_host(args.host) and not os.environ.get("TURNKIT_AUTH"):
         logging.getLogger("turnkit.cli").warning(
@@ -460,7 +352,7 @@ async def _serve(args: argparse.Namespace, out: TextIO) -> int:
     sock = _listening_socket(args.host, args.port)  # a port in use is one line, exit 2
     try:
         config.load()  # import the app now, so what it allocates is frozen with the rest
-        _tune_gc(gc_mode)
+        tune_gc(collector)
         host = f"[{args.host}]" if ":" in args.host else args.host  # an IPv6 address
         base = f"http://{host}:{sock.getsockname()[1]}"
         announce(out, f"turnkit serving on {base} (chat page {base}/, API {base}/api/harness)")
@@ -503,7 +395,7 @@ def _listening_socket(host: str, port: int) -> socket.socket:
 
 _COMMANDS = {
     "run": _run,
-    "worker": _work,
+    "worker": work,
     "sweep": _sweep,
     "db": _db,
     "turns": _turns,
@@ -535,6 +427,7 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None) -> int
     """Entry point of the `turnkit` command."""
     parser = _parser()
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # which flags were given
     if args.command is None:
         parser.error("choose a command (turnkit -h says what each does)")
     stream = out or sys.stdout

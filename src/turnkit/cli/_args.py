@@ -159,6 +159,13 @@ def _add_worker(sub: _Subparsers) -> None:
         "else the demo agent)",
     )
     worker.add_argument(
+        "--runtime",
+        default=os.environ.get("TURNKIT_RUNTIME") or None,
+        help="`package.module:name` of your app's SessionRuntime, or of a function returning "
+        "one: its agents, database, deps, served models and settings drive the turns "
+        "(default: $TURNKIT_RUNTIME; not with --agent or the flags that build a runtime)",
+    )
+    worker.add_argument(
         "--concurrency",
         type=at_least_one,
         default=4,

@@ -12,7 +12,7 @@ from turnkit.agent import Agent, Effort
 from turnkit.budgets import BudgetSubject
 from turnkit.clock import Clock
 from turnkit.config import RuntimeConfig
-from turnkit.errors import TurnNotFoundError
+from turnkit.errors import TurnNotFoundError, UnknownModelError
 from turnkit.graph import TurnGraph, pause_here
 from turnkit.ids import TurnId
 from turnkit.models import ModelSettings
@@ -246,13 +246,19 @@ class TurnRunner:
         self, record: TurnRecord, pinned: Pinned, held: Agent | None, deps: Any
     ) -> DriveSetup:
         agent = await self._agent_of(pinned, held)
-        family = self.family(agent.model)
-        utility = self.family(agent.utility_model) if agent.utility_model is not None else None
-        synthesis = (
-            self.family(agent.synthesis_model or agent.model)
-            if agent.synthesis == "separate"
-            else None
-        )
+        try:
+            family = self.family(agent.model)
+            utility = self.family(agent.utility_model) if agent.utility_model is not None else None
+            synthesis = (
+                self.family(agent.synthesis_model or agent.model)
+                if agent.synthesis == "separate"
+                else None
+            )
+        except UnknownModelError as exc:  # admitted where it resolves, driven where it does not
+            raise UnknownModelError(
+                f"{exc.message} (the process driving the turn does not serve it: give every "
+                "process that drives turns the same models=, e.g. turnkit worker --runtime)"
+            ) from exc
         effort: Effort = pinned.effort or agent.effort
         budget = _thinking_budget(effort, family)
         registry = agent.registry()

@@ -1,0 +1,118 @@
+"""`turnkit worker`: claim queued turns and drive them.
+
+With the agents its flags name, or with the app's own runtime (`--runtime`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import inspect
+import os
+import signal
+from collections.abc import Sequence
+from typing import Final, TextIO
+
+from turnkit.agent import Agent, import_object, load_agents
+from turnkit.cli._logs import announce
+from turnkit.cli._settings import gc_mode, named_agents, runtime_config, tune_gc
+from turnkit.config import env_plugins
+from turnkit.demo import demo_agent
+from turnkit.errors import ConfigurationError
+from turnkit.replay import replay_from_url
+from turnkit.runtime import SessionRuntime
+from turnkit.runtime.worker import Worker
+from turnkit.store.sql import shown_url
+
+__all__ = ("RUNTIME_FLAGS", "hosted_agents", "load_runtime", "work")
+
+RUNTIME_FLAGS: Final = (
+    "--agent",
+    "--database-url",
+    "--database-schema",
+    "--redis-url",
+    "--lease-ttl",
+    "--idle-window",
+    "--ceiling",
+    "--max-attempts",
+    "--checkpoint-durability",
+    "--budgets",
+)
+"""The worker's flags that build a runtime: with `--runtime`, the app's runtime decides."""
+
+
+def hosted_agents(args: argparse.Namespace) -> tuple[Agent, ...]:
+    """The agents a worker hosts: those named, else `$TURNKIT_AGENT`'s, else the demo agent.
+
+    `$TURNKIT_AGENT` as `turnkit serve` reads it: names separated by commas.
+    """
+    named = named_agents(args) or os.environ.get("TURNKIT_AGENT", "").strip(" ,")
+    return load_agents(named) if named else (demo_agent(os.environ.get("TURNKIT_MODEL") or None),)
+
+
+async def load_runtime(spec: str) -> SessionRuntime:
+    """Import the app's runtime by `package.module:name`.
+
+    A `SessionRuntime`, or a function (sync or async) returning a new one.
+
+    Raises:
+        ConfigurationError: `spec` cannot be imported, or is not (and makes no) runtime.
+    """
+    target = import_object(spec, f"the runtime {spec!r}")
+    made = target() if callable(target) and not isinstance(target, SessionRuntime) else target
+    runtime = await made if inspect.isawaitable(made) else made
+    if not isinstance(runtime, SessionRuntime):
+        raise ConfigurationError(
+            f"{spec!r} is not a turnkit SessionRuntime (or a function returning one)"
+        )
+    return runtime
+
+
+def _refuse_beside_runtime(argv: Sequence[str]) -> None:
+    given = [f for f in RUNTIME_FLAGS if any(a == f or a.startswith(f + "=") for a in argv)]
+    if given:
+        raise ConfigurationError(
+            f"{', '.join(given)} cannot be given with --runtime: the runtime your function "
+            "builds has its own agents, database, replay buffer and settings"
+        )
+
+
+async def work(args: argparse.Namespace, out: TextIO) -> int:
+    """Drive queued turns until SIGINT or SIGTERM, then leave the rest to other workers."""
+    if args.runtime:
+        _refuse_beside_runtime(args.argv)
+        runtime = await load_runtime(args.runtime)
+    else:
+        runtime = SessionRuntime(
+            agents=hosted_agents(args),
+            config=runtime_config(args),
+            replay=replay_from_url(args.redis_url),
+            plugins=env_plugins(os.environ),
+        )
+    tune_gc(gc_mode())
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        worker = Worker(
+            runtime,
+            concurrency=args.concurrency,
+            poll_interval_s=args.poll_interval,
+            sweep_interval_s=args.sweep_interval,
+            drain_timeout_s=args.drain_timeout,
+            listen=args.listen,
+        )
+        hosted = ", ".join(agent.name for agent in runtime.agents.hosted())
+        url = shown_url(runtime.config.database_url)
+        announce(out, f"turnkit worker {runtime.owner} on {url}, hosting {hosted}")
+        await worker.run(stop)  # opens the runtime, waiting out a database not yet up
+        # A session named after its opening turn ended here: give the call the same grace.
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(args.drain_timeout):
+                await runtime.wait_background()
+    finally:
+        await runtime.close()
+        await runtime.replay.close()  # built for this worker: nothing else uses it
+    return 0
