@@ -313,6 +313,20 @@ async def test_no_part_of_a_redacted_value_is_ever_streamed(
         assert part not in shown
 
 
+async def test_words_that_end_in_digits_still_stream(tmp_path: Path) -> None:
+    """Chess moves, versions, row names: a digit that ends a word starts no number."""
+    answer = "Play e4 e5 Nf3 Nc6 Bb5 a6, then compare v1 v2 v10 on rows A1 B12 C30."
+    model = ScriptedModel([ModelStep.text_reply(answer, chunk_size=1)])
+    async with _runtime(tmp_path, Agent(model=model, plugins=[PiiRedaction()])) as rt:
+        events: list[StreamEvent] = await collect_events(rt.execute_message("s1", "moves?"))
+    deltas = [e.text for e in events if e.type == "message.delta"]  # type: ignore[union-attr]
+    assert "".join(deltas) == answer
+    assert len(deltas) > 10  # word by word, not held back to the end
+    assert PiiRedaction().answer_hold("w0 w1 w2 w3 w4 w5 w6") == len("w6")
+    assert PiiRedaction().answer_hold("rows A10 B20 C30") == len("C30")
+    assert PiiRedaction().answer_hold("call 555 123 4567") >= len("555 123 4567")  # held whole
+
+
 async def test_a_plugin_whose_answer_hold_fails_holds_the_rest_of_the_block(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -196,8 +196,8 @@ def _held(text: str, *, numbers: bool) -> int:
 
     The last word (letters, digits and `_ . + @ ( ) -`: an address or a number in the
     making) and, with `numbers`, the run of digits, spaces, brackets and dashes before it
-    when that run has a digit (or a `(` or `+` that may open one); again, while a word
-    and a number run join. Counted back from the end: a check per chunk costs the length
+    when that run has a digit (or a `(` or `+` that may open one), the digits that end a
+    word left out; again, while a word and a number run join. Counted back from the end: a check per chunk costs the length
     of the text's last word and number, not of the text.
     """
     cut = len(text)
@@ -209,6 +209,9 @@ def _held(text: str, *, numbers: bool) -> int:
             i = cut
             while i > 0 and (text[i - 1].isdecimal() or text[i - 1] in " ()+-"):
                 i -= 1
+            if 0 < i < cut and text[i - 1].isalpha():  # digits that end a word (`e4`,
+                while i < cut and text[i].isdecimal():  # `A10`) start no number
+                    i += 1
             run = text[i:cut]
             if any(ch.isdecimal() for ch in run):
                 cut = i
