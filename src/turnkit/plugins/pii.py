@@ -197,8 +197,8 @@ def _held(text: str, *, numbers: bool) -> int:
     The last word (letters, digits and `_ . + @ ( ) -`: an address or a number in the
     making) and, with `numbers`, the run of digits, spaces, brackets and dashes before it
     when that run has a digit (or a `(` or `+` that may open one), the digits that end a
-    word left out; again, while a word and a number run join. Counted back from the end: a check per chunk costs the length
-    of the text's last word and number, not of the text.
+    word left out; again, while a word and a number run join. Counted back from the end:
+    a check per chunk costs the length of the text's last word and number, not of the text.
     """
     cut = len(text)
     while True:  # a word and a number may join (`a@b.com.０９０`): until neither grows
