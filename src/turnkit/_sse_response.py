@@ -12,8 +12,9 @@ the exit stops sends its farewell, if it has one, then a clean end of body.
 The farewell is for clients that take a stream that simply ends for a finished answer
 (the AI SDK's, AG-UI's): their streams end with a last frame saying the server is shutting
 down (an `error` part, a `RUN_ERROR`), so their clients know to resume; the turn runs on
-elsewhere. A harness stream has none: a browser's `EventSource` reconnects by itself and
-resumes with `Last-Event-ID`.
+elsewhere. A harness stream's is a comment and a `retry` field: a browser's `EventSource`
+reconnects by itself and resumes with `Last-Event-ID`, and a client reading the body itself
+can tell the stream was cut.
 
 Shared by `turnkit.http` and `turnkit.protocols`, which import nothing of each other.
 """

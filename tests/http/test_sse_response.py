@@ -16,7 +16,6 @@ from typing import Any
 
 import httpx
 import uvicorn
-from httpx_sse import aconnect_sse
 from sse_starlette.sse import AppStatus
 from starlette.types import Message
 
@@ -252,15 +251,18 @@ async def test_sigterm_ends_open_streams_and_the_server_exits(tmp_path: Path) ->
         await asyncio.sleep(0.01)
     url = f"http://127.0.0.1:{sock.getsockname()[1]}/api/harness/sessions/s/execute"
     types: list[str] = []
+    lines: list[str] = []
     try:
         async with (
             httpx.AsyncClient(timeout=30) as http,
-            aconnect_sse(http, "POST", url, json={"content": "go"}) as source,
+            http.stream("POST", url, json={"content": "go"}) as response,
         ):
-            async for sse in source.aiter_sse():
-                types.append(json.loads(sse.data)["type"])
-                if types[-1] == "message.delta":
-                    server.handle_exit(signal.SIGTERM, None)  # as uvicorn's handler does
+            async for line in response.aiter_lines():
+                lines.append(line)
+                if line.startswith("data: "):
+                    types.append(json.loads(line.removeprefix("data: "))["type"])
+                    if types[-1] == "message.delta":
+                        server.handle_exit(signal.SIGTERM, None)  # as uvicorn's handler does
         await asyncio.to_thread(thread.join, 15)
         assert not thread.is_alive()
     finally:
@@ -269,3 +271,8 @@ async def test_sigterm_ends_open_streams_and_the_server_exits(tmp_path: Path) ->
         sock.close()
     assert types[0] == "turn.started"
     assert "done" not in types  # the turn goes on elsewhere; the client resumes from its id
+    # Said as a database outage is: a client reading the body itself knows to resume.
+    assert lines[-2:] == [
+        ": the server is shutting down; the turn goes on: reconnect with Last-Event-ID",
+        "retry: 2000",
+    ]

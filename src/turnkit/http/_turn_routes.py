@@ -27,7 +27,7 @@ from turnkit.http.models import (
     ResumeOut,
     TurnStatusOut,
 )
-from turnkit.http.sse import frames_to_sse
+from turnkit.http.sse import frames_to_sse, shutdown_farewell
 from turnkit.ids import SessionId, TurnId
 from turnkit.pauses import Answer, Approve, Deny, Resolution
 from turnkit.runtime import SessionRuntime
@@ -61,7 +61,9 @@ class _Streams:
         body = frames_to_sse(frames, max_frame_bytes=self.max_frame_bytes, turn_id=turn_id)
         # The reader sends its own keep-alives, as single comment lines (no ping here).
         return SseResponse(
-            body if sent is None else set_once_sent(body, sent), headers={TURN_ID_HEADER: turn_id}
+            body if sent is None else set_once_sent(body, sent),
+            headers={TURN_ID_HEADER: turn_id},
+            farewell=shutdown_farewell,
         )
 
 

@@ -10,7 +10,7 @@ from typing import Final
 from turnkit.errors import StoreUnavailableError
 from turnkit.runtime.reader import KEEPALIVE, Frame
 
-__all__ = ("frames_to_sse",)
+__all__ = ("frames_to_sse", "shutdown_farewell")
 
 log = logging.getLogger("turnkit.http")
 
@@ -41,6 +41,20 @@ def _event(frame: Frame) -> bytes:
 
 _OUTAGE_RETRY_MS: Final = 2000
 """How soon a client reconnects after its stream ended for a database outage."""
+
+
+def shutdown_farewell(last: bytes | None) -> tuple[bytes, ...]:
+    """What a stream the server's exit stops says last, unless its `done` went out.
+
+    A comment and a `retry` field, as for a database outage: an `EventSource` reconnects
+    anyway, and a client reading the body itself can tell the stream was cut, not ended.
+    """
+    if last is not None and b'"type":"done"' in last:
+        return ()
+    return (
+        _comment("the server is shutting down; the turn goes on: reconnect with Last-Event-ID"),
+        b"retry: %d\n" % _OUTAGE_RETRY_MS,
+    )
 
 
 async def frames_to_sse(
