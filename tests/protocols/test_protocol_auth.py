@@ -103,7 +103,7 @@ async def test_a_caller_the_protocol_routes_cannot_serve_is_told_so(tmp_path: Pa
             ):
                 refused = await http.post("/api/chat", json=_chat("c1", "hi"), headers=headers)
                 assert refused.status_code == 403
-                assert "use /api/harness" in refused.json()["detail"]
+                assert "use the harness routes" in refused.json()["detail"]
             named = {"x-user": "ada", "x-dept": "general"}  # the default department, by name
             served = await http.post("/api/chat", json=_chat("c2", "hi"), headers=named)
             assert served.status_code == 200, served.text

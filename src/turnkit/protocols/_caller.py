@@ -45,7 +45,8 @@ def caller_id(auth: AuthDependency) -> Callable[..., Awaitable[CallerId]]:
             raise HTTPException(
                 403,
                 "the AI SDK and AG-UI routes serve callers of the default organisation with "
-                "no department; use /api/harness",
+                "no department; callers of other organisations use the harness routes "
+                "(create_turnkit_router)",
             )
         return principal.id
 

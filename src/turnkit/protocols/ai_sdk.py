@@ -262,7 +262,7 @@ async def _answer(
         raise InvalidInputError("the chat has no turn for this assistant message")
     if record.status not in PAUSED:
         raise PauseAnsweredError(
-            f"turn {record.turn_id!r} is {record.status}, not waiting for an answer",
+            f"turn {record.turn_id!r} is not waiting for an answer (status: {record.status})",
             turn_id=record.turn_id,
         )
     pause = (await runtime.turn_view(record)).pending

@@ -38,7 +38,9 @@ def check_callback_token(secret: str | None, turn_id: str, token: str) -> None:
         )
     expected = callback_token(secret, turn_id).encode()
     if not hmac.compare_digest(expected, token.encode("utf-8", "replace")):
-        raise CallbackTokenError(f"the callback token is not turn {turn_id!r}'s", turn_id=turn_id)
+        raise CallbackTokenError(
+            f"the callback token was not issued for turn {turn_id!r}", turn_id=turn_id
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
