@@ -317,7 +317,7 @@ async def test_rate_limit_is_retriable_429_without_internal_retries(
     assert caught.value.status_code == 429
     assert caught.value.is_retriable is True
     assert "'openai/fake-model'" in caught.value.message
-    assert "fallback rung" in caught.value.message
+    assert "give the agent a fallback model (a ModelFamily)" in caught.value.message
     assert len(openai_server.requests) == 1, "litellm must not retry on its own"
     assert time.monotonic() - started < 5
 

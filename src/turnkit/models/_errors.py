@@ -108,7 +108,7 @@ def _provider_error(
         detail = detail[:500] + "..."
     said = f" Provider said: {detail}" if detail else ""
     shown = f"HTTP {status}: " if status and sent else ""
-    retry = "; retry later or add a fallback rung to the ModelFamily" if retriable else ""
+    retry = "; retry later, or give the agent a fallback model (a ModelFamily)" if retriable else ""
     return ProviderError(
         f"model {site.model!r} (provider {site.provider!r}) failed"
         f"{f' with HTTP {status}' if shown else ''}: {advice}{retry}.{said}",

@@ -418,7 +418,7 @@ def _audit_failed_rung(
     status = error.status_code if isinstance(error, ProviderError) else None
     message = error.message if isinstance(error, TurnkitError) else str(error)
     if failed.next_rung is not None and isinstance(error, ProviderError) and error.brief:
-        message = error.brief  # without "add a fallback rung": the family has one, and used it
+        message = error.brief  # without "give a fallback model": the family has one, and used it
     reason = f"{type(error).__name__}: {message}"
     step = FallbackStepPayload(
         from_rung=failed.rung,
