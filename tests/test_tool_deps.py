@@ -72,3 +72,19 @@ async def test_a_deps_type_imported_for_type_checking_only_still_builds(tmp_path
         events = await collect_events(runtime.execute_message("s1", "ticket 7?"))
     [done] = [e for e in events if isinstance(e, ToolCompletedEvent)]
     assert done.result.output == "ticket 7 of globex"
+
+
+async def test_a_deps_type_imported_for_type_checking_only_still_asks_for_deps(
+    tmp_path: Path,
+) -> None:
+    from tests.tools_support.late_deps import tenant_of
+
+    step = ModelStep.tool_call_reply(call("tenant_of", ticket=7))
+    model = ScriptedModel([step, ModelStep.text_reply("Done.")])
+    config = RuntimeConfig(database_url=f"sqlite:///{tmp_path / 'late.db'}")
+    async with SessionRuntime(agent=Agent(model=model, tools=[tenant_of]), config=config) as rt:
+        events = await collect_events(rt.execute_message("s1", "ticket 7?"))
+    [failed] = [e for e in events if isinstance(e, ToolFailedEvent)]
+    assert failed.result.error is not None
+    assert "takes ToolContext[AppDeps], but this turn has no deps" in failed.result.error
+    assert "NoneType" not in failed.result.error

@@ -86,6 +86,24 @@ def _deps_type(annotation: object) -> type | None:
     return None
 
 
+def _deps_named(hint: object) -> str | None:
+    """The deps a hint written `ToolContext[Deps]` names, when `Deps` did not resolve.
+
+    Imported for type checking only, it still asks for deps (its name, for the check). An
+    optional context (`ToolContext[Deps] | None`) asks for none.
+    """
+    if not isinstance(hint, str) or not _names_context(hint):
+        return None
+    parts = [part.strip() for part in hint.split("|")]
+    if "None" in parts or hint.startswith(("Optional[", "typing.Optional[")):
+        return None
+    context = next(part for part in parts if _names_context(part))
+    if "[" not in context:
+        return None
+    inner = context.split("[", 1)[1].rsplit("]", 1)[0].strip()
+    return None if inner in ("None", "Any", "typing.Any", "") else inner
+
+
 def _hints(fn: ToolFunction, name: str) -> dict[str, Any]:
     """`fn`'s type hints, resolved.
 
@@ -145,7 +163,8 @@ class FunctionTool:
         self.description = description or doc.split("\n\n", 1)[0].strip() or self._name
         self._is_async = inspect.iscoroutinefunction(fn)
         self._context_param: str | None = None
-        self._deps_type: type | None = None
+        self._deps_name: str | None = None
+        """The deps type its `ToolContext[...]` names (None: it takes none)."""
         """The `Deps` of a `ToolContext[Deps]` parameter: the call needs deps."""
         self._args_model = self._build_model(fn, _param_docs(doc))
         schema = self._args_model.model_json_schema()
@@ -164,12 +183,20 @@ class FunctionTool:
 
     def _build_model(self, fn: ToolFunction, docs: dict[str, str]) -> type[BaseModel]:
         hints = _hints(fn, self._name)
+        written = inspect.get_annotations(fn)
         fields: dict[str, Any] = {}
         for param in inspect.signature(fn).parameters.values():
             annotation = hints.get(param.name, Any)
             if _is_context(annotation):
                 self._context_param = param.name
-                self._deps_type = _deps_type(annotation)
+                deps = _deps_type(annotation)
+                self._deps_name = (
+                    deps.__name__
+                    if deps is not None
+                    else _deps_named(written.get(param.name))
+                    if annotation is ToolContext  # a `ToolContext[...]` that did not resolve
+                    else None
+                )
                 continue
             if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
                 raise ConfigurationError(
@@ -203,9 +230,9 @@ class FunctionTool:
         """Validate the arguments, run the function, return its result as JSON."""
         kwargs = self.validate(arguments)
         if self._context_param is not None:
-            if ctx.deps is None and self._deps_type is not None:
+            if ctx.deps is None and self._deps_name is not None:
                 raise ConfigurationError(
-                    f"the tool {self._name!r} takes ToolContext[{self._deps_type.__name__}], "
+                    f"the tool {self._name!r} takes ToolContext[{self._deps_name}], "
                     "but this turn has no deps: give SessionRuntime(deps=...) a factory "
                     "(or pass deps= with the message)"
                 )
