@@ -529,3 +529,33 @@ def test_a_plugins_settings_count_in_the_agents_version() -> None:
 
     with pytest.raises(PluginValidationError, match="`settings\\(\\)` returns what is not JSON"):
         validate_plugins([Unserialisable()])
+
+
+class CustomerNote(Plugin):
+    """A note about who asks, from the caller and the app's deps (a per-user prompt)."""
+
+    name: ClassVar[str] = "customer-note"
+
+    async def before_model_request(
+        self, ctx: PluginContext, call: ModelCallView
+    ) -> Sequence[str] | None:
+        assert ctx.caller is not None
+        deps = ctx.deps
+        assert isinstance(deps, dict)
+        note = f"The customer is {deps['name']} ({ctx.caller.id}, {sorted(ctx.caller.roles)})."
+        return None if ("system", note) in call.messages else [note]
+
+
+async def test_a_note_may_depend_on_the_caller_and_the_turns_deps(tmp_path: Path) -> None:
+    from turnkit import Principal
+
+    model = ScriptedModel([ModelStep.text_reply("Hello, Ada.")])
+    agent = Agent(model=model, plugins=[CustomerNote()], skip_stages=frozenset({"anchor-plan"}))
+    ada = Principal(id="u1", roles=frozenset({"vip"}))
+    async with _runtime(tmp_path, agent, deps=lambda scope: {"name": "Ada"}) as rt:
+        await rt.create_session("s1", principal=ada)
+        events = await collect_events(rt.execute_message("s1", "hi", principal=ada))
+    assert events[-1].type == "done"
+    assert ("system", "The customer is Ada (u1, ['vip']).") in [
+        (m.role, str(m.content)) for m in model.calls[0].messages
+    ]

@@ -38,6 +38,7 @@ from turnkit.blocks import TextBlock, ToolResultBlock
 from turnkit.errors import ConfigurationError
 from turnkit.events import Citation, DurableStreamEvent, Entity
 from turnkit.ids import SessionId, TurnId
+from turnkit.tenancy import Principal
 
 __all__ = (
     "ENTRY_POINT_GROUP",
@@ -157,6 +158,16 @@ class PluginContext(Protocol):
     @property
     def principal(self) -> str | None:
         """Who sent the message."""
+        ...
+
+    @property
+    def caller(self) -> Principal | None:
+        """Who sent the message, whole (organisation, department, roles; None: anonymous)."""
+        ...
+
+    @property
+    def deps(self) -> object:
+        """The app's dependencies for this turn, as its tools get them (None: none given)."""
         ...
 
     def audit(self, payload: JsonValue) -> None:

@@ -23,6 +23,7 @@ from turnkit.ids import SessionId, StageId, ToolCallId, TurnId
 from turnkit.models import ModelRequest, ModelResponse, text_of
 from turnkit.plugins import Enrichment, ModelCallView, Plugin, ToolCall, Verdict, overrides
 from turnkit.stages._types import StageContext, TranscriptMessage
+from turnkit.tenancy import Principal
 
 __all__ = (
     "after_model_response",
@@ -64,6 +65,14 @@ class _Context:
     @property
     def principal(self) -> str | None:
         return self.stage.principal
+
+    @property
+    def caller(self) -> Principal | None:
+        return self.stage.caller
+
+    @property
+    def deps(self) -> object:
+        return self.stage.deps
 
     def audit(self, payload: JsonValue) -> None:
         self.stage.recorder.audit(
