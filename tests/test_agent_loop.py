@@ -6,7 +6,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+from collections.abc import Sequence
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
@@ -37,6 +39,7 @@ from turnkit.events import (
     ToolCompletedEvent,
 )
 from turnkit.models import ModelRequest, Usage, estimate_tokens
+from turnkit.plugins import ModelCallView, Note, Plugin, PluginContext
 from turnkit.stages._thinking import SUMMARY_PROMPT
 from turnkit.testing import ModelStep, ScriptedModel, call, collect_events, raw_call
 
@@ -631,3 +634,53 @@ async def test_the_context_size_is_the_latest_own_model_call(
     record = await runtime.turn(events[0].turn_id)
     assert record.summary is not None
     assert record.summary.context_tokens == 340
+
+
+class _HouseStyle(Plugin):
+    """A note the whole session works by, added once (standing) or left to its round."""
+
+    name: ClassVar[str] = "house-style"
+    standing: ClassVar[bool] = True
+
+    async def before_model_request(
+        self, ctx: PluginContext, call: ModelCallView
+    ) -> Sequence[str | Note] | None:
+        if any(text == HOUSE_STYLE for _, text in call.messages):
+            return None
+        return [Note(HOUSE_STYLE, standing=True) if self.standing else HOUSE_STYLE]
+
+
+HOUSE_STYLE = "Quote every page number you read."
+
+
+class _RoundNote(_HouseStyle):
+    name: ClassVar[str] = "round-note"
+    standing: ClassVar[bool] = False
+
+
+@pytest.mark.parametrize("plugin", [_HouseStyle(), _RoundNote()], ids=["standing", "plain"])
+async def test_a_standing_plugin_note_stays_through_compaction(
+    runtime_factory: RuntimeFactory, plugin: Plugin
+) -> None:
+    """Marked standing, a plugin's note is kept as the plan's is; a plain one goes with its
+    round, and the plugin adds it again on the next request (not on the compacting one)."""
+    rounds = [ModelStep.tool_call_reply(call("fetch_page", n=n)) for n in range(12)]
+    model = ScriptedModel([*rounds, ModelStep.text_reply("Read them all.")], context_window=900)
+    utility = ScriptedModel([ModelStep.text_reply("Pages were read.")], repeat_last=True)
+    agent = Agent(
+        model=model,
+        utility_model=utility,
+        tools=[fetch_page],
+        plugins=[plugin],
+        skip_stages=frozenset({"anchor-plan"}),
+    )
+    runtime = runtime_factory(agent)
+    events = await collect_events(runtime.execute_message("s1", "read the twelve pages"))
+    assert [e for e in events if isinstance(e, CompactionCompletedEvent)]
+    carried = [HOUSE_STYLE in [str(m.content) for m in c.messages] for c in model.calls]
+    if isinstance(plugin, _RoundNote):
+        assert not all(carried)  # the compacting request went without it
+    else:
+        assert all(carried), carried  # every request carries the session's note
+        [first] = [m for m in model.calls[0].messages if str(m.content) == HOUSE_STYLE]
+        assert first.role == "system"

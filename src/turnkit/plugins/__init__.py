@@ -45,6 +45,7 @@ __all__ = (
     "HOOKS",
     "Enrichment",
     "ModelCallView",
+    "Note",
     "Plugin",
     "PluginContext",
     "PluginValidationError",
@@ -137,6 +138,19 @@ class Verdict:
             raise TypeError(f"a verdict's `replacement` is a string, not {self.replacement!r}")
 
 
+@dataclass(frozen=True, slots=True)
+class Note:
+    """A note `before_model_request` appends, as a plain string is, with how long it stays.
+
+    `standing=True`: the session works by it, as by the plan: compaction keeps it where it
+    was added, whole, instead of summarizing it with its round. Keep standing notes short:
+    they stay in every request of the session.
+    """
+
+    text: str
+    standing: bool = False
+
+
 class PluginContext(Protocol):
     """What a hook may use: the turn it runs in, its own audit payload and events."""
 
@@ -200,8 +214,12 @@ class Plugin:
 
     async def before_model_request(
         self, ctx: PluginContext, call: ModelCallView
-    ) -> Sequence[str] | None:
-        """Before a reasoning call: notes to append to the message list (kept for good)."""
+    ) -> Sequence[str | Note] | None:
+        """Before a reasoning call: notes to append to the message list (kept for good).
+
+        A string is a note that goes with its round when the history is compacted; a
+        `Note(text, standing=True)` stays through compaction.
+        """
         return None
 
     async def after_model_response(self, ctx: PluginContext, call: ModelCallView) -> None:

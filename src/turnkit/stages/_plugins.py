@@ -21,7 +21,15 @@ from turnkit.errors import GuardrailBlockedError, PluginFailedError
 from turnkit.events import DurableEvent, GuardrailEvent, PluginEmittedEvent, PluginSignalEvent
 from turnkit.ids import SessionId, StageId, ToolCallId, TurnId
 from turnkit.models import ModelRequest, ModelResponse, text_of
-from turnkit.plugins import Enrichment, ModelCallView, Plugin, ToolCall, Verdict, overrides
+from turnkit.plugins import (
+    Enrichment,
+    ModelCallView,
+    Note,
+    Plugin,
+    ToolCall,
+    Verdict,
+    overrides,
+)
 from turnkit.stages._types import StageContext, TranscriptMessage
 from turnkit.tenancy import Principal
 
@@ -148,7 +156,7 @@ def _failed(
 
 
 _RETURNS: Mapping[str, tuple[tuple[type, ...], str]] = {
-    "before_model_request": ((list, tuple), "a list of notes (strings)"),
+    "before_model_request": ((list, tuple), "a list of notes (strings or Notes)"),
     "before_tool_call": ((str,), "a reason (a string) to deny the call"),
     "enrich_message": ((Enrichment,), "an Enrichment"),
     "check_input": ((Verdict,), "a Verdict"),
@@ -187,7 +195,7 @@ def _wrong_return(hook: str, result: object) -> str | None:
     kinds, what = expected
     fits = isinstance(result, kinds)
     if fits and hook == "before_model_request":
-        fits = all(isinstance(note, str) for note in result)  # type: ignore[attr-defined]
+        fits = all(isinstance(note, str | Note) for note in result)  # type: ignore[attr-defined]
     if fits:
         return None
     return f"{hook} returned {type(result).__name__} {result!r:.80}; return {what} or None"
@@ -242,8 +250,13 @@ async def before_model_request(
     notes: list[TranscriptMessage] = []
     for _, found in await call_hook(ctx, stage_id, "before_model_request", view):
         for note in found or ():
-            if note.strip():
-                notes.append({"role": "system", "content": note})
+            text, standing = (note.text, note.standing) if isinstance(note, Note) else (note, False)
+            if not text.strip():
+                continue
+            message: TranscriptMessage = {"role": "system", "content": text}
+            if standing:
+                message["standing"] = True  # compaction keeps it (as the plan's note)
+            notes.append(message)
     return notes
 
 
