@@ -1,8 +1,8 @@
 """The AI SDK and AG-UI routes in an app's own FastAPI app, with the app's own `auth`.
 
 The app's `auth` returns a `turnkit.Principal`, as for `create_turnkit_router`: a chat goes
-on over several messages, a reloaded page finds its running message, another caller sees
-nothing, and a caller the routes cannot serve is told so.
+on over several messages, a reloaded page finds its running message, another caller (of
+this organisation or of another) sees nothing, and a tenant not served is told so.
 """
 
 from __future__ import annotations
@@ -88,27 +88,49 @@ async def test_a_principal_from_the_apps_auth_keeps_its_chats(tmp_path: Path) ->
         assert (await runtime.store.get_session("c1")).principal == "ada"  # type: ignore[arg-type,union-attr]
 
 
-async def test_a_caller_the_protocol_routes_cannot_serve_is_told_so(tmp_path: Path) -> None:
-    runtime = _runtime(tmp_path, "Hello.")
+async def test_callers_of_other_organisations_keep_their_own_chats(tmp_path: Path) -> None:
+    """Tenants use these routes as they use the harness's: a chat is its principal's within
+    their organisation, and an organisation or department not served is refused (403)."""
+    from turnkit import Department, Organisation
+
+    model = ScriptedModel([ModelStep.text_reply("Hello.")], repeat_last=True)
+    runtime = SessionRuntime(
+        agent=Agent(model=model),
+        config=RuntimeConfig(database_url=f"sqlite:///{tmp_path / 'app.db'}"),
+        tenancy=[
+            Organisation(name="acme", departments=(Department(name="sales"),)),
+            Organisation(name="globex"),
+        ],
+    )
 
     async def broken() -> object:
         return 42  # not a Principal, an id or None
 
+    acme = {"x-user": "ada", "x-org": "acme", "x-dept": "sales"}
+    globex = {"x-user": "ada", "x-org": "globex"}  # the same id, another tenant
     async with runtime:
         transport = httpx.ASGITransport(app=_app(runtime))
         async with httpx.AsyncClient(transport=transport, base_url="http://app") as http:
-            for headers in (
-                {"x-user": "ada", "x-dept": "sales"},
-                {"x-user": "ada", "x-org": "acme"},
-            ):
-                refused = await http.post("/api/chat", json=_chat("c1", "hi"), headers=headers)
-                assert refused.status_code == 403
-                assert "use the harness routes" in refused.json()["detail"]
-            named = {"x-user": "ada", "x-dept": "general"}  # the default department, by name
-            served = await http.post("/api/chat", json=_chat("c2", "hi"), headers=named)
+            served = await http.post("/api/chat", json=_chat("c1", "hi"), headers=acme)
             assert served.status_code == 200, served.text
+            assert _text(served.text) == "Hello."
+            other = await http.post("/api/chat", json=_chat("c1", "hi"), headers=globex)
+            assert other.status_code == 404  # acme's ada's chat, not globex's ada's
+            resumed = await http.get("/api/chat/c1/stream", headers=globex)
+            assert resumed.status_code == 204  # nothing of hers to resume
+            run = await http.post("/api/agui/run", json=_run("t1", "r1", "hi"), headers=globex)
+            assert _agui_text(run.text) == "Hello."
+            other = await http.post("/api/agui/run", json=_run("t1", "r2", "hi"), headers=acme)
+            assert other.status_code == 404
+            unknown = {"x-user": "ada", "x-org": "initech"}
+            refused = await http.post("/api/chat", json=_chat("c2", "hi"), headers=unknown)
+            assert refused.status_code == 403  # as the harness routes refuse it
+            assert refused.json()["code"] == "department-unknown"
             anonymous = await http.post("/api/chat", json=_chat("c1", "hi"))
             assert anonymous.status_code == 401  # the app's own refusal
+        session = await runtime.store.get_session("c1")  # type: ignore[arg-type]
+        assert session is not None
+        assert (session.principal, session.organisation) == ("ada", "acme")
         transport = httpx.ASGITransport(app=_app(runtime, broken), raise_app_exceptions=False)
         async with httpx.AsyncClient(transport=transport, base_url="http://app") as http:
             failed = await http.post("/api/agui/run", json=_run("t1", "r1", "hi"))

@@ -56,12 +56,12 @@ from turnkit.protocols._agui_wire import (
     resolution_of,
     user_content,
 )
-from turnkit.protocols._caller import CallerId, caller_id
+from turnkit.protocols._caller import Caller, caller_of, sees
 from turnkit.runtime import SessionRuntime
 from turnkit.runtime.reader import TurnReader, check_cursor, parse_cursor, set_once_sent
 from turnkit.states import TurnStatus
 from turnkit.store import TurnRecord
-from turnkit.tenancy import DEFAULT_ORGANISATION, AuthDependency, anonymous
+from turnkit.tenancy import AuthDependency, anonymous
 
 _SHUTTING_DOWN: Final = "the server is shutting down; the run goes on: reconnect with Last-Event-ID"
 
@@ -114,7 +114,7 @@ def create_agui_router(
     router = APIRouter(prefix=prefix, tags=["ag-ui"], responses=_PROBLEMS, route_class=ProblemRoute)
     # Plain defaults, not `Annotated` aliases: the annotations are strings (postponed), and
     # FastAPI resolves them in this module's globals, where the closure's names are not.
-    caller, request_deps_of = Depends(caller_id(auth)), Depends(deps or _no_deps)
+    caller, request_deps_of = Depends(caller_of(auth)), Depends(deps or _no_deps)
 
     @router.post(
         "/run",
@@ -124,7 +124,7 @@ def create_agui_router(
     async def run(
         body: RunAgentInput,
         last_event_id: Annotated[str | None, Header()] = None,
-        principal: CallerId = caller,
+        principal: Caller = caller,
         request_deps: Any = request_deps_of,
     ) -> Response:
         cursor = None if last_event_id is None else parse_cursor(last_event_id)
@@ -143,7 +143,7 @@ async def _turn_of(
     runtime: SessionRuntime,
     body: RunAgentInput,
     cursor: int | None,
-    principal: CallerId,
+    principal: Caller,
     extra: dict[str, Any],
     sent: asyncio.Event,
 ) -> tuple[TurnRecord, int]:
@@ -153,7 +153,7 @@ async def _turn_of(
     written). `extra` carries the request's `deps`, when the app gives them.
     """
     known = await runtime.store.get_session(SessionId(body.thread_id))
-    if known is not None and not known.visible_to(principal, DEFAULT_ORGANISATION):
+    if known is not None and not sees(principal, known):
         raise SessionNotFoundError(f"no thread {body.thread_id!r}", session_id=body.thread_id)
     if body.resume is not None:
         if known is None:

@@ -42,13 +42,13 @@ from turnkit.ids import SESSION_ID_PATTERN, SessionId, TurnId
 from turnkit.protocols._ai_sdk_stream import DONE_LINE, PAUSED, Replies, line
 from turnkit.protocols._ai_sdk_translate import UIMessageStreamTranslator
 from turnkit.protocols._ai_sdk_wire import ChatRequest, UIMessage, pending_answer, user_content
-from turnkit.protocols._caller import CallerId, caller_id
+from turnkit.protocols._caller import Caller, caller_of, sees
 from turnkit.runtime import SessionRuntime
 from turnkit.runtime.deps import NO_DEPS
 from turnkit.runtime.reader import set_once_sent
 from turnkit.states import TERMINAL_STATES
 from turnkit.store import TurnRecord
-from turnkit.tenancy import DEFAULT_ORGANISATION, AuthDependency, anonymous
+from turnkit.tenancy import AuthDependency, anonymous
 
 __all__ = (
     "STREAM_HEADERS",
@@ -121,7 +121,7 @@ def create_ai_sdk_router(
     if max_frame_bytes < 1:
         raise ConfigurationError("max_frame_bytes must be at least 1")
     router = APIRouter(prefix=prefix, tags=["ai-sdk"], route_class=ProblemRoute)
-    Caller = Annotated[CallerId, Depends(caller_id(auth))]
+    Who = Annotated[Caller, Depends(caller_of(auth))]
     RequestDeps = Annotated[Any, Depends(deps or _no_deps)]
     replies = Replies(runtime, keepalive_s=keepalive_s, max_frame_bytes=max_frame_bytes)
 
@@ -130,7 +130,7 @@ def create_ai_sdk_router(
         response_class=EventSourceResponse,
         summary="Send a chat message (or answer a pause) and stream the reply (AI SDK)",
     )
-    async def chat(body: ChatRequest, principal: Caller, request_deps: RequestDeps) -> Response:
+    async def chat(body: ChatRequest, principal: Who, request_deps: RequestDeps) -> Response:
         return await _chat(replies, body, principal, request_deps)
 
     @router.get(
@@ -141,7 +141,7 @@ def create_ai_sdk_router(
     )
     async def resume(
         session_id: Annotated[str, Path(max_length=128, pattern=SESSION_ID_PATTERN.pattern)],
-        principal: Caller,
+        principal: Who,
     ) -> Response:
         return await _resume_reply(replies, session_id, principal)
 
@@ -149,7 +149,7 @@ def create_ai_sdk_router(
 
 
 async def _chat(
-    replies: Replies, body: ChatRequest, principal: CallerId, request_deps: Any
+    replies: Replies, body: ChatRequest, principal: Caller, request_deps: Any
 ) -> Response:
     """`POST {prefix}`: start a turn for the user's message, or resume the paused one."""
     runtime = replies.runtime
@@ -189,7 +189,7 @@ async def _chat(
     return _respond(set_once_sent(reply, sent), submission.turn_id)
 
 
-async def _resume_reply(replies: Replies, chat_id: str, principal: CallerId) -> Response:
+async def _resume_reply(replies: Replies, chat_id: str, principal: Caller) -> Response:
     """`GET {prefix}/{chat_id}/stream`: the live turn's message so far, then live.
 
     A paused turn's message comes whole, up to its pause: a reloaded page gets its
@@ -233,11 +233,11 @@ def _respond(body: AsyncIterator[bytes], turn_id: str) -> SseResponse:
 
 
 async def _visible(
-    runtime: SessionRuntime, session_id: str, principal: CallerId
+    runtime: SessionRuntime, session_id: str, principal: Caller
 ) -> list[TurnRecord] | None:
     """The chat's turns, oldest first; None when it is not the caller's (or absent)."""
     record = await runtime.store.get_session(SessionId(session_id))
-    if record is None or not record.visible_to(principal, DEFAULT_ORGANISATION):
+    if record is None or not sees(principal, record):
         return None
     return await runtime.store.list_turns(SessionId(session_id))
 
