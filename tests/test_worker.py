@@ -447,11 +447,12 @@ def test_a_worker_drives_turns_with_the_runtime_its_flag_names(
             return (await api.submit("s1", "who am I?", model="fast")).turn_id
 
     turn_id = asyncio.run(submit())
-    code = main(["worker", "--runtime", "myapp:build", "--database-url", "sqlite:///x.db"])
+    code = main(["worker", "--runtime", "myapp:build", "--database-url=sqlite:///x.db"])
     assert code == 2  # a database beside the runtime's own: refused, in one line
     assert capsys.readouterr().err.startswith(
         "turnkit: --database-url cannot be given with --runtime: the runtime your function "
     )
+    out = io.StringIO()
     out = io.StringIO()
     returned = threading.Event()
 
@@ -474,7 +475,9 @@ def test_a_worker_drives_turns_with_the_runtime_its_flag_names(
         threading.Thread(target=watch, daemon=True).start()
 
     stop_soon()
-    code = main(["worker", "--runtime", "myapp:build", "--poll-interval", "0.05"], out=out)
+    # An empty --agent is none (compose passes `--agent ${TURNKIT_AGENT:-}`, unset).
+    argv = ["worker", "--runtime", "myapp:build", "--agent", "", "--poll-interval", "0.05"]
+    code = main(argv, out=out)
     returned.set()
     assert code == 0
     assert out.getvalue().startswith("turnkit worker ")

@@ -70,7 +70,19 @@ async def load_runtime(spec: str) -> SessionRuntime:
 
 
 def _refuse_beside_runtime(argv: Sequence[str]) -> None:
-    given = [f for f in RUNTIME_FLAGS if any(a == f or a.startswith(f + "=") for a in argv)]
+    """Refuse the flags that build a runtime, given with a value, beside `--runtime`.
+
+    An empty value is none (compose's `--agent ${TURNKIT_AGENT:-}` with the variable unset).
+    """
+    given: list[str] = []
+    for at, arg in enumerate(argv):
+        flag, equals, value = arg.partition("=")
+        if flag not in RUNTIME_FLAGS:
+            continue
+        if not equals:
+            value = argv[at + 1] if at + 1 < len(argv) else ""
+        if value.strip() and flag not in given:
+            given.append(flag)
     if given:
         raise ConfigurationError(
             f"{', '.join(given)} cannot be given with --runtime: the runtime your function "
