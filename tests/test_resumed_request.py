@@ -22,13 +22,16 @@ RULES = "Quote prices with their currency."
 
 
 class HouseRules(Plugin):
-    """A note on the turn's first request only (decided from the messages it is shown)."""
+    """A note on the turn's first request only (decided from the messages it is shown),
+    with an audit row and an event about each request it is asked about."""
 
     name: ClassVar[str] = "house-rules"
 
     async def before_model_request(
         self, ctx: PluginContext, call: ModelCallView
     ) -> Sequence[str] | None:
+        ctx.audit({"asked": len(call.messages)})
+        await ctx.emit("asked", {"messages": len(call.messages)})
         return [RULES] if len(call.messages) <= 2 else None
 
 
@@ -79,6 +82,11 @@ async def test_a_resumed_approval_keeps_the_note_its_request_carried(
     rows = await runtime.audit(asked.turn_id)
     breaks = [r.payloads.cache_breakpoint for r in rows if r.payloads.cache_breakpoint]
     assert [b.broken_region for b in breaks if b is not None] == [None, None]
+    # Asked again about the first request, the plugin's row and event are not written twice.
+    asked_rows = [r.plugin_payloads["house-rules"] for r in rows if r.plugin_payloads]
+    assert asked_rows == [{"asked": 2}, {"asked": 5}]
+    emitted = [e.data for e in [*events, *rest] if e.type == "plugin.emitted"]
+    assert emitted == [{"messages": 2}, {"messages": 5}]
 
 
 async def test_a_guide_a_paused_request_carried_stays_before_its_answer(

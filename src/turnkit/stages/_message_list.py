@@ -145,12 +145,13 @@ async def answered_request(
     """The request an earlier attempt's committed answer was given, rebuilt without a call.
 
     Its guides come from the log; its notes from the plugins, asked again with the same
-    messages; `closing` as `prepare_request` takes it. What the turn goes on from, so the
+    messages (what they audit or emit then was written the first time, and is not written
+    again); `closing` as `prepare_request` takes it. What the turn goes on from, so the
     next request extends this one. A compaction the request had is not made again here:
     the next request makes it if it still needs it.
     """
     guides = presented_guides(ctx, transcript, generation)
-    notes = await plugin_notes(ctx, stage_id, [*transcript, *guides])
+    notes = await plugin_notes(ctx, stage_id, [*transcript, *guides], replaying=True)
     transcript = [*transcript, *guides, *notes, *closing]
     previous = stored(RequestView.of(transcript, tools_digest(specs)))
     ctx.recorder.notes.last_request = previous

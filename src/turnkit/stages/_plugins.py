@@ -57,6 +57,8 @@ class _Context:
     stage: StageContext
     plugin: Plugin
     stage_id: StageId
+    replaying: bool = False
+    """Asked again for a request an earlier attempt made: what it writes is written already."""
 
     @property
     def session_id(self) -> SessionId:
@@ -83,6 +85,8 @@ class _Context:
         return self.stage.deps
 
     def audit(self, payload: JsonValue) -> None:
+        if self.replaying:
+            return
         self.stage.recorder.audit(
             self.stage_id, call=None, plugin_payloads={type(self.plugin).name: payload}
         )
@@ -90,6 +94,8 @@ class _Context:
     async def emit(self, name: str, data: Mapping[str, JsonValue], *, durable: bool = True) -> None:
         plugin = type(self.plugin).name
         fields = {"plugin": plugin, "name": f"plugin.{plugin}.{name}", "data": dict(data)}
+        if self.replaying:
+            return
         if durable and self.stage.recorder.log_closed:
             log.warning(
                 "plugin %s emitted %r after turn %s's ending was committed: not sent",
@@ -104,20 +110,29 @@ class _Context:
 
 
 async def call_hook(
-    ctx: StageContext, stage_id: StageId, hook: str, *args: Any
+    ctx: StageContext, stage_id: StageId, hook: str, *args: Any, replaying: bool = False
 ) -> list[tuple[Plugin, Any]]:
-    """Run `hook` on every plugin that has it, in order: (plugin, result) of those that ran."""
+    """Run `hook` on every plugin that has it, in order: (plugin, result) of those that ran.
+
+    `replaying`: the hook is asked again about what an earlier attempt did (its audit rows
+    and events are not written twice).
+    """
     out: list[tuple[Plugin, Any]] = []
     for plugin in ctx.plugins:
         if overrides(plugin, hook):
-            ran, result = await _call_one(ctx, stage_id, plugin, hook, *args)
+            ran, result = await _call_one(ctx, stage_id, plugin, hook, *args, replaying=replaying)
             if ran:
                 out.append((plugin, result))
     return out
 
 
 async def _call_one(
-    ctx: StageContext, stage_id: StageId, plugin: Plugin, hook: str, *args: Any
+    ctx: StageContext,
+    stage_id: StageId,
+    plugin: Plugin,
+    hook: str,
+    *args: Any,
+    replaying: bool = False,
 ) -> tuple[bool, Any]:
     """One plugin's hook: (True, its result), or (False, None) when it failed (recorded).
 
@@ -128,7 +143,7 @@ async def _call_one(
     """
     try:
         with ctx.recorder.notes.waiting_on(f"plugin {type(plugin).name!r} ({hook})"):
-            result = await getattr(plugin, hook)(_Context(ctx, plugin, stage_id), *args)
+            result = await getattr(plugin, hook)(_Context(ctx, plugin, stage_id, replaying), *args)
         if hook in _OBSERVERS and result is not None:
             _observer_returned(plugin, hook, result)
         wrong = _wrong_return(hook, result)
@@ -238,9 +253,16 @@ def call_view(
 
 
 async def before_model_request(
-    ctx: StageContext, stage_id: StageId, transcript: list[TranscriptMessage]
+    ctx: StageContext,
+    stage_id: StageId,
+    transcript: list[TranscriptMessage],
+    *,
+    replaying: bool = False,
 ) -> list[TranscriptMessage]:
-    """Notes plugins append before a reasoning call (kept: later calls carry them too)."""
+    """Notes plugins append before a reasoning call (kept: later calls carry them too).
+
+    `replaying`: for a request an earlier attempt made, whose answer is reused.
+    """
     if not ctx.plugins:
         return []
     view = ModelCallView(
@@ -248,7 +270,8 @@ async def before_model_request(
         messages=tuple((str(m["role"]), _text(m)) for m in transcript),
     )
     notes: list[TranscriptMessage] = []
-    for _, found in await call_hook(ctx, stage_id, "before_model_request", view):
+    hooked = await call_hook(ctx, stage_id, "before_model_request", view, replaying=replaying)
+    for _, found in hooked:
         for note in found or ():
             text, standing = (note.text, note.standing) if isinstance(note, Note) else (note, False)
             if not text.strip():
