@@ -432,6 +432,7 @@ def test_a_worker_drives_turns_with_the_runtime_its_flag_names(
         f"URL = 'sqlite:///{tmp_path / 'app.db'}'\n"
         "def build() -> SessionRuntime:\n"
         "    config = RuntimeConfig(database_url=URL, run_in_process=False,\n"
+        "                           recover_in_process=True,  # as the API's app has it\n"
         "                           callback_secret='s3cret-s3cret-s3cret-s3cret')\n"
         "    return SessionRuntime(agent=agent, config=config, models={'fast': fast},\n"
         "                          deps=lambda scope: {'user': 'ada'})\n"
@@ -447,11 +448,14 @@ def test_a_worker_drives_turns_with_the_runtime_its_flag_names(
             return (await api.submit("s1", "who am I?", model="fast")).turn_id
 
     turn_id = asyncio.run(submit())
-    code = main(["worker", "--runtime", "myapp:build", "--database-url=sqlite:///x.db"])
-    assert code == 2  # a database beside the runtime's own: refused, in one line
-    assert capsys.readouterr().err.startswith(
-        "turnkit: --database-url cannot be given with --runtime: the runtime your function "
-    )
+    for flag in (["--database-url=sqlite:///x.db"], ["--database-u", "sqlite:///x.db"]):
+        code = main(["worker", "--runtime", "myapp:build", *flag])
+        assert code == 2  # a database beside the runtime's own: refused, in one line
+        assert capsys.readouterr().err.startswith(
+            "turnkit: --database-url cannot be given with --runtime: the runtime your function "
+        )
+    assert main(["worker", "--runtime", "myapp:build", "--budget", "enforce"]) == 2
+    assert "--budgets cannot be given" in capsys.readouterr().err
     out = io.StringIO()
     out = io.StringIO()
     returned = threading.Event()
@@ -480,6 +484,9 @@ def test_a_worker_drives_turns_with_the_runtime_its_flag_names(
     code = main(argv, out=out)
     returned.set()
     assert code == 0
+    said = capsys.readouterr().err
+    assert "/recovery started" not in said  # the worker is the claim loop: no second one
+    assert "worker " in said
     assert out.getvalue().startswith("turnkit worker ")
     assert "hosting assistant" in out.getvalue()  # the agent the runtime hosts
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import inspect
 import os
 import signal
@@ -76,9 +77,12 @@ def _refuse_beside_runtime(argv: Sequence[str]) -> None:
     """
     given: list[str] = []
     for at, arg in enumerate(argv):
-        flag, equals, value = arg.partition("=")
-        if flag not in RUNTIME_FLAGS:
+        written, equals, value = arg.partition("=")
+        # argparse takes a flag's unique prefix (`--budget`) as the flag: so must this.
+        named = [f for f in RUNTIME_FLAGS if len(written) > 2 and f.startswith(written)]
+        if len(named) != 1:
             continue
+        flag = named[0]
         if not equals:
             value = argv[at + 1] if at + 1 < len(argv) else ""
         if value.strip() and flag not in given:
@@ -95,6 +99,9 @@ async def work(args: argparse.Namespace, out: TextIO) -> int:
     if args.runtime:
         _refuse_beside_runtime(args.argv)
         runtime = await load_runtime(args.runtime)
+        # This worker is the claim loop: the runtime's own would claim beside it, past
+        # --concurrency, and on through the drain.
+        runtime.config = dataclasses.replace(runtime.config, recover_in_process=False)
     else:
         runtime = SessionRuntime(
             agents=hosted_agents(args),
