@@ -142,9 +142,11 @@ class Verdict:
 class Note:
     """A note `before_model_request` appends, as a plain string is, with how long it stays.
 
-    `standing=True`: the session works by it, as by the plan: compaction keeps it where it
-    was added, whole, instead of summarizing it with its round. Keep standing notes short:
-    they stay in every request of the session.
+    `standing=True`: the turn works by it, as by the plan: compaction inside the turn keeps
+    it where it was added, whole, instead of summarizing it with its round. When a later
+    turn's compaction summarizes the earlier turns, it goes with them, as the plan does;
+    a plugin that adds its note when the request lacks it puts it back on the next
+    request. Keep standing notes short, and add each once.
     """
 
     text: str
