@@ -276,3 +276,21 @@ async def test_sigterm_ends_open_streams_and_the_server_exits(tmp_path: Path) ->
         ": the server is shutting down; the turn goes on: reconnect with Last-Event-ID",
         "retry: 2000",
     ]
+
+
+def test_the_harness_farewell_is_skipped_only_after_the_turns_own_done() -> None:
+    from datetime import UTC, datetime
+
+    from turnkit.events import DoneEvent, PluginEmittedEvent, encode_event
+    from turnkit.http.sse import shutdown_farewell
+
+    common = {"session_id": "s", "turn_id": "t", "stage_id": "post-turn", "seq": 7,
+              "ts": datetime.now(UTC)}  # fmt: skip
+    emitted = PluginEmittedEvent(**common, plugin="p", name="plugin.p.x", data={"type": "done"})
+    done = DoneEvent(**{**common, "seq": 8}, status="succeeded")
+    frame = b"id: %d\ndata: %s\n\n"
+    cut = frame % (7, encode_event(emitted))  # a payload that says "done" is not the end
+    assert shutdown_farewell(cut)[-1] == b"retry: 2000\n"
+    assert shutdown_farewell(cut + frame % (8, encode_event(done))) == ()
+    assert shutdown_farewell(b": keep-alive\n")[-1] == b"retry: 2000\n"
+    assert shutdown_farewell(None)[-1] == b"retry: 2000\n"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from collections.abc import AsyncIterator
@@ -49,12 +50,23 @@ def shutdown_farewell(last: bytes | None) -> tuple[bytes, ...]:
     A comment and a `retry` field, as for a database outage: an `EventSource` reconnects
     anyway, and a client reading the body itself can tell the stream was cut, not ended.
     """
-    if last is not None and b'"type":"done"' in last:
+    if last is not None and _ends_with_done(last):
         return ()
     return (
         _comment("the server is shutting down; the turn goes on: reconnect with Last-Event-ID"),
         b"retry: %d\n" % _OUTAGE_RETRY_MS,
     )
+
+
+def _ends_with_done(chunk: bytes) -> bool:
+    """Whether the last event in `chunk` is a `done` (its own `type`, not a payload's)."""
+    at = chunk.rfind(b"\ndata: ")
+    line = chunk[at + 7 :] if at >= 0 else chunk.removeprefix(b"data: ")
+    try:
+        event = json.loads(line.split(b"\n", 1)[0])
+    except ValueError:
+        return False
+    return isinstance(event, dict) and event.get("type") == "done"
 
 
 async def frames_to_sse(
