@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 from turnkit import Agent, DepsScope, RuntimeConfig, SessionRuntime, ToolContext, tool
 from turnkit.events import ToolCompletedEvent, ToolFailedEvent
 from turnkit.testing import ModelStep, ScriptedModel, call, collect_events
@@ -74,15 +76,29 @@ async def test_a_deps_type_imported_for_type_checking_only_still_builds(tmp_path
     assert done.result.output == "ticket 7 of globex"
 
 
-async def test_a_deps_type_imported_for_type_checking_only_still_asks_for_deps(
-    tmp_path: Path,
-) -> None:
-    from tests.tools_support.late_deps import tenant_of
+@tool
+async def tenant_or_none(ticket: int, ctx: ToolContext[AppDeps] | None = None) -> str:
+    """The tenant a ticket belongs to (the context is optional)."""
+    return f"ticket {ticket} of {ctx.deps.tenant if ctx else '?'}"
 
-    step = ModelStep.tool_call_reply(call("tenant_of", ticket=7))
+
+@pytest.mark.parametrize("optional", [False, True])
+@pytest.mark.parametrize("imported", ["for type checking", "at run time"])
+async def test_a_deps_type_imported_for_type_checking_only_still_asks_for_deps(
+    tmp_path: Path, imported: str, optional: bool
+) -> None:
+    """Wherever `AppDeps` is imported from, and optional or not, a missing deps is said."""
+    from tests.tools_support import late_deps
+
+    here = {False: whoami, True: tenant_or_none}
+    there = {False: late_deps.tenant_of, True: late_deps.tenant_or_none}
+    found = (there if imported == "for type checking" else here)[optional]
+    step = ModelStep.tool_call_reply(
+        call(found.name, **({"ticket": 7} if found.name != "whoami" else {}))
+    )
     model = ScriptedModel([step, ModelStep.text_reply("Done.")])
     config = RuntimeConfig(database_url=f"sqlite:///{tmp_path / 'late.db'}")
-    async with SessionRuntime(agent=Agent(model=model, tools=[tenant_of]), config=config) as rt:
+    async with SessionRuntime(agent=Agent(model=model, tools=[found]), config=config) as rt:
         events = await collect_events(rt.execute_message("s1", "ticket 7?"))
     [failed] = [e for e in events if isinstance(e, ToolFailedEvent)]
     assert failed.result.error is not None

@@ -15,3 +15,9 @@ if TYPE_CHECKING:
 async def tenant_of(ticket: int, ctx: ToolContext[AppDeps]) -> str:
     """The tenant a ticket belongs to."""
     return f"ticket {ticket} of {ctx.deps.tenant}"
+
+
+@tool
+async def tenant_or_none(ticket: int, ctx: ToolContext[AppDeps] | None = None) -> str:
+    """The tenant a ticket belongs to (the context is optional)."""
+    return f"ticket {ticket} of {ctx.deps.tenant if ctx else '?'}"

@@ -89,18 +89,15 @@ def _deps_type(annotation: object) -> type | None:
 def _deps_named(hint: object) -> str | None:
     """The deps a hint written `ToolContext[Deps]` names, when `Deps` did not resolve.
 
-    Imported for type checking only, it still asks for deps (its name, for the check). An
-    optional context (`ToolContext[Deps] | None`) asks for none.
+    Imported for type checking only, it still asks for deps (its name, for the check), as
+    a resolved one does, also inside `| None`.
     """
     if not isinstance(hint, str) or not _names_context(hint):
         return None
-    parts = [part.strip() for part in hint.split("|")]
-    if "None" in parts or hint.startswith(("Optional[", "typing.Optional[")):
-        return None
-    context = next(part for part in parts if _names_context(part))
+    context = next(part for part in hint.split("|") if _names_context(part)).strip()
     if "[" not in context:
         return None
-    inner = context.split("[", 1)[1].rsplit("]", 1)[0].strip()
+    inner = context.split("[", 1)[1].split("]", 1)[0].strip()
     return None if inner in ("None", "Any", "typing.Any", "") else inner
 
 
