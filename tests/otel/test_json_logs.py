@@ -84,3 +84,15 @@ def test_a_line_with_an_exception_stays_one_line() -> None:
         assert ("traceback" in line) is tracebacks
         assert "turn_id" not in line
         assert "trace_id" not in line
+
+
+def test_a_notice_written_in_pieces_is_one_json_line(json_lines: _Lines) -> None:
+    from turnkit.cli._logs import notices
+
+    said = notices("json")
+    print("turnkit: OpenTelemetry on", "(console spans)", file=said)
+    said.write("half a ")
+    said.write("line\nand the rest")
+    said.flush()
+    messages = [json.loads(line)["message"] for line in json_lines.lines]
+    assert messages == ["OpenTelemetry on (console spans)", "half a line", "and the rest"]

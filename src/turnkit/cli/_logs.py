@@ -108,17 +108,30 @@ def info_logs_to_stderr(chosen: str = "text") -> Iterator[None]:
 
 
 class _LinesToLog(io.TextIOBase):
-    """What a command would print on stderr, as log lines of `logger` instead."""
+    """What a command would print on stderr, as log lines of `logger` instead.
+
+    A line written in pieces (`print` writes its arguments one by one) is one record,
+    logged once its newline arrives (or at `flush`).
+    """
 
     def __init__(self, logger: logging.Logger) -> None:
         super().__init__()
         self._logger = logger
+        self._pending = ""
 
     def write(self, text: str) -> int:
-        for line in text.splitlines():
-            if line.strip():
-                self._logger.info(line.removeprefix("turnkit: "))
+        *lines, self._pending = (self._pending + text).split("\n")
+        for line in lines:
+            self._say(line)
         return len(text)
+
+    def flush(self) -> None:
+        pending, self._pending = self._pending, ""
+        self._say(pending)
+
+    def _say(self, line: str) -> None:
+        if line.strip():
+            self._logger.info(line.removeprefix("turnkit: "))
 
 
 def notices(chosen: str) -> TextIO:
