@@ -52,17 +52,21 @@ async def test_your_auth_decides_who_calls(runtime: SessionRuntime) -> None:
         assert (await http.get("/api/harness/sessions", headers=bob)).json() == []
         history = await http.get("/api/harness/sessions/a1/history", headers=bob)
         assert history.status_code == 404
-        # The protocol routes take the same callers, of the default organisation only.
+        # The protocol routes take the same callers, and admit them as the harness does.
         chat = {
             "id": "c1",
             "messages": [{"id": "m1", "role": "user", "parts": [{"type": "text", "text": "hi"}]}],
         }
         assert (await http.post("/api/chat", json=chat)).status_code == 401
-        other = {"x-user": "carol", "x-org": "acme"}
-        refused = await http.get("/api/chat/c1/stream", headers=other)
+        carol_of_acme = {"x-user": "carol", "x-org": "acme"}  # an organisation served here
+        started = await http.post("/api/chat", json=chat, headers=carol_of_acme)
+        assert started.status_code == 200, started.text
+        carol = {"x-user": "carol"}  # the same id in the default organisation: someone else
+        assert (await http.post("/api/chat", json=chat, headers=carol)).status_code == 404
+        dave = {"x-user": "dave", "x-dept": "sales"}  # a department not served here
+        refused = await http.post("/api/chat", json={**chat, "id": "c2"}, headers=dave)
         assert refused.status_code == 403
-        in_a_department = {"x-user": "dave", "x-dept": "sales"}  # its budget applies there
-        assert (await http.get("/api/chat/c1/stream", headers=in_a_department)).status_code == 403
+        assert refused.json()["code"] == "department-unknown"
 
 
 def test_a_bad_auth_setting_is_refused_at_start() -> None:
