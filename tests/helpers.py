@@ -208,3 +208,18 @@ async def waiting_for_slot(runtime: SessionRuntime, count: int) -> bool:
 async def calls_made(model: GatedModel, count: int) -> bool:
     """Whether the model has been called `count` times."""
     return model.calls == count
+
+
+async def follow_to_done(runtime: SessionRuntime, turn_id: str, after: int) -> list[Any]:
+    """The turn's events after seq `after`, followed live to its `done` (20 s at most)."""
+    from turnkit.events import decode_event
+    from turnkit.runtime.reader import Frame
+
+    out: list[Any] = []
+    async with asyncio.timeout(20):
+        async for frame in runtime.reader().follow(turn_id, after_seq=after):  # type: ignore[arg-type]
+            if isinstance(frame, Frame) and frame.seq is not None:
+                out.append(decode_event(frame.data))
+                if out[-1].type == "done":
+                    break
+    return out

@@ -192,7 +192,6 @@ def test_serve_on_a_port_in_use_says_so_in_one_line(tmp_path: Path) -> None:
 
 def test_serve_hosts_the_agents_its_flags_name(tmp_path: Path) -> None:
     import socket
-    import time
     import urllib.error
     import urllib.request
 
@@ -214,20 +213,7 @@ def test_serve_hosts_the_agents_its_flags_name(tmp_path: Path) -> None:
     log = (tmp_path / "serve.log").open("w")
     server = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=log, stderr=log)
     try:
-        url = f"http://127.0.0.1:{port}/api/harness/sessions/s1/execute"
-        deadline = time.monotonic() + 60
-        while True:
-            assert server.poll() is None, (tmp_path / "serve.log").read_text()
-            try:
-                request = urllib.request.Request(
-                    url, data=b'{"content": "hi"}', headers={"content-type": "application/json"}
-                )
-                with urllib.request.urlopen(request, timeout=30) as response:
-                    body = response.read().decode()
-                break
-            except OSError:  # not listening yet
-                assert time.monotonic() < deadline, "turnkit serve did not start"
-                time.sleep(0.2)
+        body = _execute_once_up(server, port, tmp_path / "serve.log")
         assert "Hello from my agent." in body
         assert '"agent":"helper"' in body
         # Served on loopback, it answers to loopback names only (against DNS rebinding).
@@ -1041,7 +1027,6 @@ def test_serve_with_json_logs_writes_nothing_but_json_lines(tmp_path: Path) -> N
     a turn's lines naming the turn and the trace its spans carry."""
     import socket
     import time
-    import urllib.request
 
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -1055,20 +1040,7 @@ def test_serve_with_json_logs_writes_nothing_but_json_lines(tmp_path: Path) -> N
     out, err = (tmp_path / "out.log").open("w"), (tmp_path / "err.log").open("w")
     server = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=out, stderr=err)
     try:
-        url = f"http://127.0.0.1:{port}/api/harness/sessions/s1/execute"
-        deadline = time.monotonic() + 60
-        while True:
-            assert server.poll() is None, (tmp_path / "err.log").read_text()
-            try:
-                request = urllib.request.Request(
-                    url, data=b'{"content": "hi"}', headers={"content-type": "application/json"}
-                )
-                with urllib.request.urlopen(request, timeout=30) as response:
-                    body = response.read().decode()
-                break
-            except OSError:  # not listening yet
-                assert time.monotonic() < deadline, "turnkit serve did not start"
-                time.sleep(0.2)
+        body = _execute_once_up(server, port, tmp_path / "err.log")
         assert '"type":"done"' in body
         deadline = time.monotonic() + 30
         while "finished turn" not in (tmp_path / "err.log").read_text():
@@ -1133,3 +1105,23 @@ def test_a_worker_with_json_logs_announces_itself_in_json(tmp_path: Path) -> Non
     assert lines[0]["logger"] == "turnkit.cli"
     assert lines[0]["message"].startswith("turnkit worker ")
     assert "hosting demo" in lines[0]["message"]
+
+
+def _execute_once_up(server: subprocess.Popen[bytes], port: int, log: Path) -> str:
+    """POST a message to `turnkit serve` once it listens (60 s at most): the SSE body."""
+    import time
+    import urllib.request
+
+    url = f"http://127.0.0.1:{port}/api/harness/sessions/s1/execute"
+    deadline = time.monotonic() + 60
+    while True:
+        assert server.poll() is None, log.read_text()
+        try:
+            request = urllib.request.Request(
+                url, data=b'{"content": "hi"}', headers={"content-type": "application/json"}
+            )
+            with urllib.request.urlopen(request, timeout=30) as response:
+                return str(response.read().decode())
+        except OSError:  # not listening yet
+            assert time.monotonic() < deadline, "turnkit serve did not start"
+            time.sleep(0.2)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import follow_to_done
 from turnkit import (
     Agent,
     Answer,
@@ -24,13 +25,11 @@ from turnkit.events import (
     ApprovalRequestedEvent,
     ClarificationRequestedEvent,
     DoneEvent,
-    StreamEvent,
     ToolCompletedEvent,
     ToolFailedEvent,
 )
 from turnkit.replay import ReplaySettings
 from turnkit.replay.memory import InMemoryReplayBuffer
-from turnkit.runtime.reader import Frame
 from turnkit.testing import ModelStep, ScriptedModel, call, collect_events
 
 RUNS: list[str] = []
@@ -46,20 +45,6 @@ async def send_email(to: str, ctx: ToolContext) -> str:
 def _runtime(db: Path, model: ScriptedModel, **agent_kw: object) -> SessionRuntime:
     agent = Agent(model=model, tools=[send_email], **agent_kw)  # type: ignore[arg-type]
     return SessionRuntime(agent=agent, config=RuntimeConfig(database_url=f"sqlite:///{db}"))
-
-
-async def _finish(runtime: SessionRuntime, turn_id: str, after: int) -> list[StreamEvent]:
-    """Follow the resumed turn to its end (bounded)."""
-    from turnkit.events import decode_event
-
-    out: list[StreamEvent] = []
-    async with asyncio.timeout(20):
-        async for frame in runtime.reader().follow(turn_id, after_seq=after):  # type: ignore[arg-type]
-            if isinstance(frame, Frame) and frame.seq is not None:
-                out.append(decode_event(frame.data))
-                if out[-1].type == "done":
-                    return out
-    return out
 
 
 @pytest.fixture(autouse=True)
@@ -90,7 +75,7 @@ async def test_approval_survives_a_restart_and_resumes_the_same_turn(tmp_path: P
         assert record.status == "awaiting_approval"
         assert record.lease_owner is None  # a paused turn holds no process
         await second.resume(asked.turn_id, asked.request_id, Approve())
-        rest = await _finish(second, asked.turn_id, after=asked.seq)
+        rest = await follow_to_done(second, asked.turn_id, asked.seq)
     finally:
         await second.close()
 
@@ -139,7 +124,7 @@ async def test_a_paused_turn_holds_no_task_lease_or_buffered_event_past_the_grac
         )
         # A reader that followed the turn to its pause waits on the Store, and follows
         # the resumed turn to its end.
-        follower = asyncio.create_task(_finish(runtime, asked.turn_id, after=asked.seq))
+        follower = asyncio.create_task(follow_to_done(runtime, asked.turn_id, asked.seq))
         await asyncio.sleep(0.1)
         await runtime.resume(asked.turn_id, asked.request_id, Approve())
         rest = await follower
@@ -167,7 +152,7 @@ async def test_a_denial_is_a_result_the_model_reads(tmp_path: Path) -> None:
         asked = events[-1]
         assert isinstance(asked, ApprovalRequestedEvent)
         await runtime.resume(asked.turn_id, asked.request_id, Deny(note="wrong address"))
-        rest = await _finish(runtime, asked.turn_id, after=asked.seq)
+        rest = await follow_to_done(runtime, asked.turn_id, asked.seq)
     finally:
         await runtime.close()
     [failed] = [e for e in rest if isinstance(e, ToolFailedEvent)]
@@ -209,7 +194,7 @@ async def test_a_call_beside_an_approval_is_not_in_doubt_when_the_batch_resumes(
         asked = events[-1]
         assert isinstance(asked, ApprovalRequestedEvent)
         await runtime.resume(asked.turn_id, asked.request_id, decision)
-        rest = await _finish(runtime, asked.turn_id, after=asked.seq)
+        rest = await follow_to_done(runtime, asked.turn_id, asked.seq)
     finally:
         await runtime.close()
     assert [e.type for e in rest if e.type == "tool.in_doubt"] == []
@@ -261,7 +246,7 @@ async def test_a_clarification_with_choices_pauses_then_answers(tmp_path: Path) 
         with pytest.raises(Exception, match="answer it with answer"):
             await runtime.resume(asked.turn_id, asked.request_id, Approve())
         await runtime.resume(asked.turn_id, asked.request_id, Answer(text="PDF"))
-        rest = await _finish(runtime, asked.turn_id, after=asked.seq)
+        rest = await follow_to_done(runtime, asked.turn_id, asked.seq)
     finally:
         await runtime.close()
     [answered] = [e for e in rest if isinstance(e, ToolCompletedEvent)]
@@ -292,7 +277,7 @@ async def test_answers_twice_or_for_another_turn_are_refused(tmp_path: Path) -> 
         await runtime.resume(one.turn_id, one.request_id, Approve())
         with pytest.raises(PauseAnsweredError, match="nothing was changed"):
             await runtime.resume(one.turn_id, one.request_id, Deny())
-        await _finish(runtime, one.turn_id, after=one.seq)
+        await follow_to_done(runtime, one.turn_id, one.seq)
     finally:
         await runtime.close()
 
@@ -390,7 +375,7 @@ async def test_a_pause_in_the_first_stage_is_on_disk_before_the_turn_says_so(
         # `first` is never closed before `second` resumes: only what is on disk counts.
         await second.open()
         await second.resume(asked.turn_id, asked.request_id, Approve())
-        rest = await _finish(second, asked.turn_id, after=asked.seq)
+        rest = await follow_to_done(second, asked.turn_id, asked.seq)
     finally:
         await second.close()
         await first.close()

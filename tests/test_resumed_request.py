@@ -9,13 +9,12 @@ from collections.abc import Sequence
 from typing import ClassVar
 
 from tests.conftest import RuntimeFactory
-from tests.helpers import until
-from turnkit import Agent, SessionRuntime, tool
+from tests.helpers import follow_to_done, until
+from turnkit import Agent, tool
 from turnkit.events import ApprovalRequestedEvent, DoneEvent, StreamEvent, ToolStartedEvent
 from turnkit.models import ModelRequest
 from turnkit.pauses import Approve
 from turnkit.plugins import ModelCallView, Plugin, PluginContext
-from turnkit.runtime.reader import Frame
 from turnkit.testing import ModelStep, ScriptedModel, call, collect_events
 
 RULES = "Quote prices with their currency."
@@ -41,19 +40,6 @@ async def pay(to: str) -> str:
     return f"paid {to}"
 
 
-async def _finish(runtime: SessionRuntime, turn_id: str, after: int) -> list[StreamEvent]:
-    from turnkit.events import decode_event
-
-    out: list[StreamEvent] = []
-    async with asyncio.timeout(20):
-        async for frame in runtime.reader().follow(turn_id, after_seq=after):  # type: ignore[arg-type]
-            if isinstance(frame, Frame) and frame.seq is not None:
-                out.append(decode_event(frame.data))
-                if out[-1].type == "done":
-                    break
-    return out
-
-
 def _shown(request: ModelRequest) -> list[tuple[str, str]]:
     return [(m.role, str(m.content)) for m in request.messages]
 
@@ -72,7 +58,7 @@ async def test_a_resumed_approval_keeps_the_note_its_request_carried(
     asked = events[-1]
     assert isinstance(asked, ApprovalRequestedEvent)
     await runtime.resume(asked.turn_id, asked.request_id, Approve())
-    rest = await _finish(runtime, asked.turn_id, asked.seq)
+    rest = await follow_to_done(runtime, asked.turn_id, asked.seq)
     assert isinstance(rest[-1], DoneEvent)
     assert rest[-1].status == "succeeded"
     first, second = (_shown(r) for r in model.calls)
@@ -123,7 +109,7 @@ async def test_a_guide_a_paused_request_carried_stays_before_its_answer(
     asked = events[-1]
     assert isinstance(asked, ApprovalRequestedEvent)
     await runtime.resume(asked.turn_id, asked.request_id, Approve())
-    rest = await _finish(runtime, asked.turn_id, asked.seq)
+    rest = await follow_to_done(runtime, asked.turn_id, asked.seq)
     assert isinstance(rest[-1], DoneEvent)
     assert rest[-1].status == "succeeded"
     _, second, third = (_shown(r) for r in model.calls)
