@@ -276,7 +276,7 @@ def _logs(args: argparse.Namespace) -> Iterator[TextIO]:
     if args.command not in _LOGGING_COMMANDS:
         yield sys.stderr
         return
-    chosen = log_format(os.environ)  # a bad value stops before anything is opened
+    chosen = args.log_format = log_format(os.environ)  # a bad value stops here, first
     with info_logs_to_stderr(chosen):
         yield notices(chosen)
 
@@ -339,7 +339,7 @@ async def _serve(args: argparse.Namespace, out: TextIO) -> int:
         host=args.host,
         port=args.port,
         log_level="info",
-        log_config=uvicorn_log_config(log_format(os.environ)) or uvicorn.config.LOGGING_CONFIG,
+        log_config=uvicorn_log_config(args.log_format) or uvicorn.config.LOGGING_CONFIG,
     )
     # Reach the database before serving: one it cannot use is one line and exit 2, not a
     # failed lifespan's traceback after "serving on".
@@ -355,7 +355,11 @@ async def _serve(args: argparse.Namespace, out: TextIO) -> int:
         tune_gc(collector)
         host = f"[{args.host}]" if ":" in args.host else args.host  # an IPv6 address
         base = f"http://{host}:{sock.getsockname()[1]}"
-        announce(out, f"turnkit serving on {base} (chat page {base}/, API {base}/api/harness)")
+        announce(
+            out,
+            f"turnkit serving on {base} (chat page {base}/, API {base}/api/harness)",
+            args.log_format,
+        )
         await uvicorn.Server(config).serve(sockets=[sock])
     finally:
         sock.close()

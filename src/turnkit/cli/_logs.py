@@ -11,7 +11,6 @@ import contextlib
 import io
 import logging
 import math
-import os
 import sys
 from collections.abc import Iterator, Mapping
 from typing import Any, Final, TextIO, cast
@@ -141,12 +140,12 @@ def notices(chosen: str) -> TextIO:
     return sys.stderr
 
 
-def announce(out: TextIO, text: str) -> None:
+def announce(out: TextIO, text: str, chosen: str) -> None:
     """Say that a server or worker is up: on `out`, or as a log line when logs are JSON.
 
-    A JSON log is then all a collector reads; `TURNKIT_LOG_FORMAT` was checked at start.
+    A JSON log is then all a collector reads. `chosen`: the log format.
     """
-    if log_format(os.environ) == "json":
+    if chosen == "json":
         logging.getLogger("turnkit.cli").info(text)
         return
     out.write(text + "\n")

@@ -125,7 +125,7 @@ async def work(args: argparse.Namespace, out: TextIO) -> int:
         )
         hosted = ", ".join(agent.name for agent in runtime.agents.hosted())
         url = shown_url(runtime.config.database_url)
-        announce(out, f"turnkit worker {runtime.owner} on {url}, hosting {hosted}")
+        announce(out, f"turnkit worker {runtime.owner} on {url}, hosting {hosted}", args.log_format)
         await worker.run(stop)  # opens the runtime, waiting out a database not yet up
         # A session named after its opening turn ended here: give the call the same grace.
         with contextlib.suppress(TimeoutError):
