@@ -31,8 +31,20 @@ async def take_guides(
             InputGuidedEvent, stage_id, content=content, input_seq=seq, request_id=request_id
         )
         if seq not in present:
-            added.append({"role": "user", "content": content, "input_seq": seq})
+            added.append(_message(content, seq))
     return tuple(added)
+
+
+def _message(content: str, input_seq: int) -> TranscriptMessage:
+    """A guide as the model reads it: a user message, marked with its input."""
+    return {"role": "user", "content": content, "input_seq": input_seq}
+
+
+def _presented(rec: Recorder, seqs: list[int]) -> None:
+    """Count guides `seqs` as presented: never offered again, and in the answer's inputs."""
+    notes = rec.notes
+    notes.guide_watermark = max(notes.guide_watermark, *seqs)
+    notes.input_seqs = (*notes.input_seqs, *seqs)
 
 
 async def _arrived(rec: Recorder) -> list[tuple[int, str, str | None]]:
@@ -43,8 +55,7 @@ async def _arrived(rec: Recorder) -> list[tuple[int, str, str | None]]:
         return []  # the last commit saw none newer: no query
     found = await rec.store.guided_inputs(rec.turn_id, after_input_seq=watermark)
     if found:
-        notes.guide_watermark = found[-1][0]
-        notes.input_seqs = (*notes.input_seqs, *(seq for seq, _, _ in found))
+        _presented(rec, [seq for seq, _, _ in found])
     return found
 
 
@@ -62,7 +73,5 @@ def presented_guides(
     ]
     if not found:
         return ()
-    notes = ctx.recorder.notes
-    notes.guide_watermark = max(notes.guide_watermark, *(g.input_seq for g in found))
-    notes.input_seqs = (*notes.input_seqs, *(g.input_seq for g in found))
-    return tuple({"role": "user", "content": g.content, "input_seq": g.input_seq} for g in found)
+    _presented(ctx.recorder, [g.input_seq for g in found])
+    return tuple(_message(g.content, g.input_seq) for g in found)
