@@ -86,6 +86,18 @@ def _deps_type(annotation: object) -> type | None:
     return None
 
 
+def _deps_label(annotation: object, written: object) -> str | None:
+    """The deps type a context parameter asks for, by name (None: it asks for none).
+
+    `annotation` as resolved; `written` as in the source, for a `ToolContext[...]` whose
+    deps type did not resolve (it resolved to a plain `ToolContext`).
+    """
+    deps = _deps_type(annotation)
+    if deps is not None:
+        return deps.__name__
+    return _deps_named(written) if annotation is ToolContext else None
+
+
 def _deps_named(hint: object) -> str | None:
     """The deps a hint written `ToolContext[Deps]` names, when `Deps` did not resolve.
 
@@ -186,14 +198,7 @@ class FunctionTool:
             annotation = hints.get(param.name, Any)
             if _is_context(annotation):
                 self._context_param = param.name
-                deps = _deps_type(annotation)
-                self._deps_name = (
-                    deps.__name__
-                    if deps is not None
-                    else _deps_named(written.get(param.name))
-                    if annotation is ToolContext  # a `ToolContext[...]` that did not resolve
-                    else None
-                )
+                self._deps_name = _deps_label(annotation, written.get(param.name))
                 continue
             if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
                 raise ConfigurationError(
