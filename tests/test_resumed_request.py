@@ -10,7 +10,7 @@ from typing import ClassVar
 
 from tests.conftest import RuntimeFactory
 from tests.helpers import follow_to_done, until
-from turnkit import Agent, tool
+from turnkit import Agent, SessionRuntime, tool
 from turnkit.events import ApprovalRequestedEvent, DoneEvent, StreamEvent, ToolStartedEvent
 from turnkit.models import ModelRequest
 from turnkit.pauses import Approve
@@ -40,6 +40,16 @@ async def pay(to: str) -> str:
     return f"paid {to}"
 
 
+async def _approved(runtime: SessionRuntime, asked: StreamEvent) -> list[StreamEvent]:
+    """Approve the paused call and follow the turn to its successful end."""
+    assert isinstance(asked, ApprovalRequestedEvent)
+    await runtime.resume(asked.turn_id, asked.request_id, Approve())
+    rest = await follow_to_done(runtime, asked.turn_id, asked.seq)
+    assert isinstance(rest[-1], DoneEvent)
+    assert rest[-1].status == "succeeded"
+    return rest
+
+
 def _shown(request: ModelRequest) -> list[tuple[str, str]]:
     return [(m.role, str(m.content)) for m in request.messages]
 
@@ -56,11 +66,7 @@ async def test_a_resumed_approval_keeps_the_note_its_request_carried(
     runtime = runtime_factory(agent)
     events = await collect_events(runtime.execute_message("s1", "pay bob"))
     asked = events[-1]
-    assert isinstance(asked, ApprovalRequestedEvent)
-    await runtime.resume(asked.turn_id, asked.request_id, Approve())
-    rest = await follow_to_done(runtime, asked.turn_id, asked.seq)
-    assert isinstance(rest[-1], DoneEvent)
-    assert rest[-1].status == "succeeded"
+    rest = await _approved(runtime, asked)
     first, second = (_shown(r) for r in model.calls)
     assert ("system", RULES) in first
     assert second[: len(first)] == first  # the note stays where the first request had it
@@ -107,11 +113,7 @@ async def test_a_guide_a_paused_request_carried_stays_before_its_answer(
     release.set()
     await asyncio.wait_for(consumer, 10)
     asked = events[-1]
-    assert isinstance(asked, ApprovalRequestedEvent)
-    await runtime.resume(asked.turn_id, asked.request_id, Approve())
-    rest = await follow_to_done(runtime, asked.turn_id, asked.seq)
-    assert isinstance(rest[-1], DoneEvent)
-    assert rest[-1].status == "succeeded"
+    await _approved(runtime, asked)
     _, second, third = (_shown(r) for r in model.calls)
     assert second[-1] == ("user", "then pay bob")
     assert third[: len(second)] == second  # the guide stays before the answer it led to
