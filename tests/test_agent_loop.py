@@ -470,6 +470,36 @@ async def test_a_long_result_is_a_preview_the_model_can_read_on(
     assert len(window["text"]) == 22
 
 
+@tool
+def forecast(city: str) -> str:
+    """The weather in a city."""
+    return f'{city}: "sunny", 21°C\nwind light'
+
+
+@tool
+def forecast_data(city: str) -> dict[str, object]:
+    """The weather in a city, as data."""
+    return {"city": city, "sky": "sunny"}
+
+
+async def test_a_string_result_reaches_the_model_as_written_and_data_as_json(
+    runtime_factory: RuntimeFactory,
+) -> None:
+    model = ScriptedModel(
+        [
+            ModelStep.tool_call_reply(
+                call("forecast", city="Oslo"), call("forecast_data", city="Oslo")
+            ),
+            ModelStep.text_reply("Sunny."),
+        ]
+    )
+    runtime = runtime_factory(Agent(model=model, tools=[forecast, forecast_data]))
+    await collect_events(runtime.execute_message("s1", "Weather?"))
+    text_result, data_result = model.calls[1].messages[-2:]
+    assert text_result.content == 'Oslo: "sunny", 21°C\nwind light'
+    assert json.loads(str(data_result.content)) == {"city": "Oslo", "sky": "sunny"}
+
+
 async def test_a_small_window_gets_a_preview_that_fits_it_and_says_how_to_read_on(
     runtime_factory: RuntimeFactory,
 ) -> None:
@@ -499,7 +529,7 @@ async def test_a_small_window_gets_a_preview_that_fits_it_and_says_how_to_read_o
     full = "".join(f"line {i:04d}\n" for i in range(2000))
     assert window["offset"] == 4000
     assert 3000 < len(window["text"]) < 4000  # its newlines are two characters in JSON
-    assert window["text"] == json.dumps(full)[4000 : 4000 + len(window["text"])]
+    assert window["text"] == full[4000 : 4000 + len(window["text"])]
 
 
 async def test_almost_json_arguments_are_repaired(runtime_factory: RuntimeFactory) -> None:

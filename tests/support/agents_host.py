@@ -79,7 +79,7 @@ class RuleModel:
             yield ToolCallDelta(index=0, tool_call_id="call_who", name="whoami", arguments="{}")
             yield Finish("tool_use", usage)
             return
-        said = json.loads(str(results[-1].content)) if results else "no tools"
+        said = str(results[-1].content) if results else "no tools"
         yield TextDelta(f"{self.model}: {said}")
         yield Finish("end_turn", usage)
 

@@ -280,9 +280,11 @@ def repaired_calls(response: ModelResponse) -> tuple[ToolCallPart, ...]:
 
 
 def result_text(result: ToolResultBlock) -> str:
-    """A tool result as the model reads it, in full (pictures left out)."""
+    """A tool result as the model reads it, in full: a string as written, else its JSON."""
     if result.is_error:
         return f"Error: {result.error}"
+    if isinstance(result.output, str):
+        return result.output
     return json.dumps(_without_pictures(result.output), ensure_ascii=False, separators=(",", ":"))
 
 
