@@ -235,6 +235,36 @@ async def test_a_summary_too_long_for_the_utility_model_keeps_the_newest_turns(
     assert events[-1].status == "succeeded"
 
 
+def _summaries_fail(request: ModelRequest) -> ModelStep:
+    if "compress a conversation" in str(request.messages[0].content):
+        return ModelStep.fail(ProviderError("overloaded", status_code=529))
+    return _background(request)
+
+
+async def test_a_utility_outage_at_compaction_keeps_the_newest_turns(
+    runtime_factory: RuntimeFactory,
+) -> None:
+    """The summary is the utility model's help: when it fails, the turn keeps its newest
+    turns, as without a utility model, and the audit says why."""
+    long = "word " * 300
+    model = ScriptedModel(
+        [ModelStep.text_reply(long), ModelStep.text_reply("Short answer.")], context_window=900
+    )
+    utility = ScriptedModel([ModelStep.respond(_summaries_fail)], repeat_last=True)
+    runtime = runtime_factory(Agent(model=model, utility_model=utility, tools=[add]))
+    await collect_events(runtime.execute_message("s1", long))
+    events = await collect_events(runtime.execute_message("s1", "Now be brief."))
+    [done] = [e for e in events if isinstance(e, CompactionCompletedEvent)]
+    assert (done.strategy, done.model) == ("keep-newest", None)
+    assert isinstance(events[-1], DoneEvent)
+    assert events[-1].status == "succeeded"
+    assert model.calls[-1].messages[-1].content == "Now be brief."
+    rows = await runtime.audit(events[0].turn_id)
+    [row] = [r for r in rows if r.payloads.compaction is not None]
+    assert row.payloads.compaction is not None
+    assert row.payloads.compaction.utility_error == "family-exhausted"
+
+
 async def test_compaction_without_a_utility_model_keeps_the_newest_turns(
     runtime_factory: RuntimeFactory,
 ) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from turnkit import Agent, RuntimeConfig, SessionRuntime
+from turnkit.errors import ProviderError
 from turnkit.events import (
     ApprovalRequestedEvent,
     DoneEvent,
@@ -220,3 +221,31 @@ async def test_agent_skills_limit_which_skills_a_slug_may_pick(tmp_path: Path) -
     assert "AABBA" not in notes[1]  # the app offers it, the agent does not name it
     assert "Work out what the person actually needs" in notes[2]
     assert "Turn the spec into a plan" not in notes[3]  # a builtin the agent does not name
+
+
+async def test_a_utility_outage_plans_by_the_heuristic_and_the_turn_answers(
+    tmp_path: Path,
+) -> None:
+    """Planning is the utility model's help, not the answer: when every rung of it fails
+    the turn goes on as if the agent had none, and the audit says why."""
+    utility = ScriptedModel(
+        [ModelStep.fail(ProviderError("overloaded", status_code=529))],
+        name="utility",
+        repeat_last=True,
+    )
+    model = ScriptedModel([ModelStep.text_reply("Here you go.")])
+    long = "Please compare these three laptops on price, weight and battery life " * 6
+    agent = Agent(model=model, utility_model=utility, planning=True)
+    async with _runtime(tmp_path, agent) as runtime:
+        events = await collect_events(runtime.execute_message("s1", long))
+        rows = await runtime.audit(events[0].turn_id)  # type: ignore[union-attr]
+    done = events[-1]
+    assert isinstance(done, DoneEvent)
+    assert done.status == "succeeded"
+    assert "first set its task list with `update_tasks`" in _system_notes(model.calls[0])
+    plans = [r.payloads.plan_generation for r in rows if r.payloads.plan_generation]
+    assert len(plans) == 1
+    assert plans[0].depth == "task_list"
+    assert plans[0].utility_error == "family-exhausted"
+    failed = [r.call for r in rows if r.call and r.identity.stage_id == "anchor-plan"]
+    assert [c.outcome for c in failed] == ["error"]  # the failed call keeps its own row

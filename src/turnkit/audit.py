@@ -101,6 +101,9 @@ class PlanGenerationPayload(BaseModel):
     tasks: tuple[str, ...] = ()
     skill: str | None = None
     """The skill the message picked with `/slug` (its reference), if any."""
+    utility_error: str | None = None
+    """Why the word-count heuristic planned although the agent has a utility model: the
+    error code of its failed planning call (its rungs have their own rows)."""
 
 
 class CacheBreakpointPayload(BaseModel):
@@ -200,6 +203,9 @@ class CompactionPayload(BaseModel):
     context_window: PositiveInt
     model: str | None = None
     """The model that wrote the summary (None for `keep-newest`)."""
+    utility_error: str | None = None
+    """Why old turns were dropped although the agent has a utility model: the error code
+    of its failed summary call (its rungs have their own rows)."""
 
 
 class ThinkingSummaryPayload(BaseModel):

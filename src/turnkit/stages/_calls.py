@@ -184,6 +184,10 @@ async def call_model(
     )
 
 
+UTILITY_OUTAGES = (FamilyExhaustedError, ProviderError)
+"""How a utility call (a plan, a summary) fails when the turn goes on without its help."""
+
+
 _CUT_BY_THE_TURN = (GuardrailBlockedError, OutputLimitExceededError, PluginFailedError)
 """What the turn itself raises to stop a call mid-stream: the provider still billed it."""
 

@@ -16,6 +16,7 @@ Every hook only appends, except the two deliberate, audited rewrites (2 and 3).
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
 from typing import Literal
 
@@ -54,10 +55,12 @@ from turnkit.models import (
     text_of,
 )
 from turnkit.models.family import ModelFamily
-from turnkit.stages._calls import call_model
+from turnkit.stages._calls import UTILITY_OUTAGES, CallResult, call_model
 from turnkit.stages._guides import presented_guides, take_guides
 from turnkit.stages._plugins import before_model_request as plugin_notes
 from turnkit.stages._types import StageContext, TranscriptMessage, from_transcript
+
+log = logging.getLogger(__name__)
 
 __all__ = (
     "Prepared",
@@ -213,15 +216,8 @@ async def _compact(
     if opening < len(transcript):
         asked = text_of(from_transcript(transcript[opening : opening + 1])[0].content)
     summarize = ModelRequest(messages=summary_request(split.middle, asked=asked), purpose="utility")
-    if ctx.utility is not None and _fits_utility(ctx.utility, summarize):
-        result = await call_model(
-            ctx,
-            stage_id,
-            ctx.utility,
-            summarize,
-            block_key=f"compaction-{block_key}",
-            stream_text=False,
-        )
+    result, failed = await _summary(ctx, stage_id, summarize, block_key)
+    if result is not None:
         compacted = with_summary(split, result.response.text)
         call, model, strategy = result.shape, result.shape.model, "summary"
     else:
@@ -240,6 +236,7 @@ async def _compact(
                 messages_after=len(compacted),
                 context_window=window,
                 model=model,
+                utility_error=failed,
             )
         ),
     )
@@ -256,6 +253,32 @@ async def _compact(
         model=model,
     )
     return compacted
+
+
+async def _summary(
+    ctx: StageContext, stage_id: StageId, summarize: ModelRequest, block_key: str
+) -> tuple[CallResult | None, str | None]:
+    """The utility model's summary call, or None and why there is none.
+
+    No utility model, or a summary request too long for its window: no call. A call that
+    fails on every rung: its error code (the summary is help; the turn keeps its newest
+    turns instead).
+    """
+    if ctx.utility is None or not _fits_utility(ctx.utility, summarize):
+        return None, None
+    try:
+        result = await call_model(
+            ctx,
+            stage_id,
+            ctx.utility,
+            summarize,
+            block_key=f"compaction-{block_key}",
+            stream_text=False,
+        )
+    except UTILITY_OUTAGES as exc:
+        log.warning("turn %s compacts without its utility model: %s", ctx.recorder.turn_id, exc)
+        return None, exc.code
+    return result, None
 
 
 def _fits_utility(utility: ModelFamily, request: ModelRequest) -> bool:

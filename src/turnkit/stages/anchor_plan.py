@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import json
+import logging
 import re
 from typing import Literal, cast
 
 from turnkit.audit import AuditPayloads, PlanGenerationPayload
 from turnkit.models import ModelMessage, ModelRequest
 from turnkit.skills import picked_skill
-from turnkit.stages._calls import call_model
+from turnkit.stages._calls import UTILITY_OUTAGES, call_model
 from turnkit.stages._planning import plan_notes
 from turnkit.stages._types import StageContext, StageOutcome, TranscriptMessage
 
 __all__ = ("PLAN_PROMPT", "run_anchor_plan")
+
+log = logging.getLogger(__name__)
 
 Depth = Literal["none", "task_list", "spec_plan_tasks"]
 
@@ -59,6 +62,9 @@ async def run_anchor_plan(
 ) -> StageOutcome:
     """Plan with the utility model if the agent has one, else by a cheap heuristic.
 
+    A utility model that fails on every rung leaves the plan to the heuristic: planning
+    helps the turn, it is not the turn.
+
     The tier's notes (the plan's tasks, or the spec → plan → tasks instructions for an
     agent with `planning`, and the instructions of a skill the message picked with
     `/slug`) are appended to the transcript as system notes, so every later call carries
@@ -75,10 +81,15 @@ async def run_anchor_plan(
             ),
             purpose="plan",
         )
-        result = await call_model(
-            ctx, "anchor-plan", ctx.utility, request, block_key="plan", stream_text=False
-        )
-        plan = _parse(result.response.text, content)
+        try:
+            result = await call_model(
+                ctx, "anchor-plan", ctx.utility, request, block_key="plan", stream_text=False
+            )
+        except UTILITY_OUTAGES as exc:  # the plan is help, not the turn
+            log.warning("turn %s plans without its utility model: %s", ctx.recorder.turn_id, exc)
+            plan = _heuristic(content).model_copy(update={"utility_error": exc.code})
+        else:
+            plan = _parse(result.response.text, content)
     picked = picked_skill(content, ctx.skills)
     if picked is not None:
         plan = plan.model_copy(update={"skill": picked.ref})
