@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 import pytest
@@ -162,6 +163,56 @@ async def test_a_denial_is_a_result_the_model_reads(tmp_path: Path) -> None:
     tool_message = model.calls[1].messages[-1]
     assert tool_message.role == "tool"
     assert "denied" in tool_message.content
+    assert rest[-1].type == "done"
+
+
+async def test_an_approval_may_change_the_arguments_the_call_runs_with(tmp_path: Path) -> None:
+    """The person fixes the address before approving: the tool runs once, with theirs, and
+    the model reads its call as it ran, in this turn and the next."""
+    db = tmp_path / "edit.db"
+    first = _runtime(db, ScriptedModel([ModelStep.tool_call_reply(call("send_email", to="x@"))]))
+    async with first:
+        events = await collect_events(first.execute_message("s1", "email Ada"))
+    asked = events[-1]
+    assert isinstance(asked, ApprovalRequestedEvent)
+    after = ScriptedModel([ModelStep.text_reply("Sent."), ModelStep.text_reply("Yes.")])
+    async with _runtime(db, after) as second:  # another process answers it
+        fixed = Approve(arguments={"to": "ada@example.com"})
+        await second.resume(asked.turn_id, asked.request_id, fixed)
+        rest = await follow_to_done(second, asked.turn_id, asked.seq)
+        await collect_events(second.execute_message("s1", "Did it go out?"))
+        history = await second.history("s1")
+    [completed] = [e for e in rest if isinstance(e, ToolCompletedEvent)]
+    assert completed.result.output == "sent to ada@example.com"
+    assert completed.result.arguments == {"to": "ada@example.com"}
+    assert len(RUNS) == 1
+    for request in after.calls:  # the answer's call, then the next turn's
+        [shown] = [m for m in request.messages if m.tool_calls]
+        assert json.loads(shown.tool_calls[0].arguments) == {"to": "ada@example.com"}
+    results = [b for b in history[0].blocks if b.kind == "tool_result"]
+    assert results[0].arguments == {"to": "ada@example.com"}  # type: ignore[union-attr]
+
+
+async def test_changed_arguments_the_tool_refuses_are_a_result_the_model_reads(
+    tmp_path: Path,
+) -> None:
+    model = ScriptedModel(
+        [
+            ModelStep.tool_call_reply(call("send_email", to="x@")),
+            ModelStep.text_reply("The address was refused."),
+        ]
+    )
+    async with _runtime(tmp_path / "bad.db", model) as runtime:
+        events = await collect_events(runtime.execute_message("s1", "email x"))
+        asked = events[-1]
+        assert isinstance(asked, ApprovalRequestedEvent)
+        wrong = Approve(arguments={"address": "ada@example.com"})
+        await runtime.resume(asked.turn_id, asked.request_id, wrong)
+        rest = await follow_to_done(runtime, asked.turn_id, asked.seq)
+    [failed] = [e for e in rest if isinstance(e, ToolFailedEvent)]
+    assert failed.code == "tool-arguments-invalid"
+    assert failed.result.arguments == {"address": "ada@example.com"}
+    assert RUNS == []
     assert rest[-1].type == "done"
 
 

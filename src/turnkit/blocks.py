@@ -148,6 +148,9 @@ class ToolResultBlock(BaseModel):
     is_error: bool = False
     error: str | None = None
     """Why the call failed, written for the model to read."""
+    arguments: dict[str, JsonValue] | None = None
+    """The arguments the call ran with when a person changed them at approval (None: the
+    model's, as its `tool.started` shows them)."""
 
 
 Block = Annotated[

@@ -39,11 +39,17 @@ CLARIFY_TOOL = "ask_user"
 
 
 class Approve(BaseModel):
-    """Let the paused tool call run."""
+    """Let the paused tool call run: as the model wrote it, or with `arguments` instead.
+
+    `arguments` are the call's arguments as the person changed them (all of them, not a
+    patch): the tool runs with them, and the model reads its call with them, as if it
+    had written them (`ToolResultBlock.arguments` records them).
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     kind: Literal["approve"] = "approve"
     note: str | None = None
+    arguments: dict[str, JsonValue] | None = None
 
 
 class Deny(BaseModel):

@@ -130,3 +130,37 @@ async def test_pending_decisions_come_from_a_route_after_a_reload(tmp_path: Path
     assert (queued["turnId"], queued["content"]) == (later, "then tidy up")
     assert (queued["delivery"], queued["inputSeq"]) == ("queue", 2)
     assert none_yet == 404  # no such session
+
+
+async def test_an_approval_over_http_may_change_the_arguments(tmp_path: Path) -> None:
+    model = ScriptedModel(
+        [
+            ModelStep.tool_call_reply(call("delete_file", path="/")),
+            ModelStep.text_reply("Deleted the temp file."),
+        ]
+    )
+    KEYS.clear()
+    with serve(_app(tmp_path / "edit.db", model)) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+            first = await _read(
+                http, "POST", f"{API}/sessions/ops/execute", "approval.requested",
+                json={"content": "clean up"},
+            )  # fmt: skip
+            asked = first[-1]
+            where = f"{API}/turns/{asked['turn_id']}/approvals/{asked['request_id']}"
+            denied = await http.post(
+                where, json={"decision": "deny", "arguments": {"path": "/tmp/z"}}
+            )
+            fixed = await http.post(
+                where, json={"decision": "approve", "arguments": {"path": "/tmp/z"}}
+            )
+            rest = await _read(
+                http, "GET", f"{API}/turns/{asked['turn_id']}/stream", "done",
+                headers={"Last-Event-ID": str(asked["seq"])},
+            )  # fmt: skip
+    assert denied.status_code == 422  # arguments go with an approval only; nothing answered
+    assert fixed.status_code == 202, fixed.text
+    [completed] = [e for e in rest if e["type"] == "tool.completed"]
+    assert completed["result"]["output"] == "deleted /tmp/z"
+    assert completed["result"]["arguments"] == {"path": "/tmp/z"}
+    assert len(KEYS) == 1

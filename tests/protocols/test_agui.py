@@ -403,6 +403,29 @@ async def test_a_denied_approval_is_a_failed_tool_result(app_for: Any) -> None:
     assert rest[-1].event["outcome"] == {"type": "success"}
 
 
+async def test_an_approval_with_edited_args_runs_the_call_with_them(app_for: Any) -> None:
+    model = ScriptedModel([
+        ModelStep.tool_call_reply(call("transfer", amount=500, to="Bob")),
+        ModelStep.text_reply("Sent."),
+    ])  # fmt: skip
+    async with app_for(Agent(model=model, tools=[transfer])) as http:
+        first = parse((await _post(http, run_input("t1", "r1", "Send"))).text)
+        interrupt = first[-1].event["outcome"]["interrupts"][0]
+        schema = interrupt["responseSchema"]["properties"]
+        edited = {"approved": True, "editedArgs": {"amount": 50, "to": "Bob"}}
+        cancelled = {"approved": False, "editedArgs": {"amount": 50, "to": "Bob"}}
+        refused = [{"interruptId": interrupt["id"], "status": "resolved", "payload": cancelled}]
+        bad = await _post(http, run_input("t1", "r2", None, resume=refused))
+        resume = [{"interruptId": interrupt["id"], "status": "resolved", "payload": edited}]
+        rest = parse((await _post(http, run_input("t1", "r3", None, resume=resume))).text)
+    assert schema["editedArgs"] == {"type": "object"}
+    assert (bad.status_code, bad.json()["code"]) == (422, "invalid-input")
+    assert "editedArgs" in bad.json()["detail"]
+    result = next(f.event for f in rest if f.event["type"] == "TOOL_CALL_RESULT")
+    assert result["content"] == "sent 50 EUR to Bob"
+    assert model.calls[1].messages[-2].tool_calls[0].arguments == '{"amount": 50, "to": "Bob"}'
+
+
 async def test_a_question_is_an_input_required_interrupt_answered_by_resume(
     app_for: Any,
 ) -> None:

@@ -58,6 +58,14 @@ def _agents() -> list[Agent]:
             tools=[transfer],
         ),
         Agent(
+            name="approval-edit",
+            model=ScriptedModel([
+                ModelStep.tool_call_reply(call("transfer", amount=500, to="Bob")),
+                ModelStep.text_reply("Sent 50."),
+            ]),
+            tools=[transfer],
+        ),
+        Agent(
             name="reconnect",
             model=GatedModel(ScriptedModel([ModelStep.text_reply(HOLD_TEXT, chunk_size=6)])),
         ),
@@ -90,5 +98,5 @@ def test_the_ag_ui_client_reads_turnkit_runs(tmp_path: Path) -> None:
             env={**os.environ, "AGUI_URL": url, "AGUI_HOLD_TEXT": HOLD_TEXT},
         )  # fmt: skip
     assert done.returncode == 0, f"{done.stdout}\n{done.stderr}"
-    assert "pass 5" in done.stdout, done.stdout
+    assert "pass 6" in done.stdout, done.stdout
     assert "error" not in done.stderr.lower(), done.stderr  # e.g. "Subscriber error: ..."

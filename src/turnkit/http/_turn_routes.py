@@ -228,7 +228,9 @@ def _add_control_routes(
         request_deps: RequestDeps,
     ) -> ResumeOut:
         resolution: Resolution = (
-            Approve(note=body.note) if body.decision == "approve" else Deny(note=body.note)
+            Approve(note=body.note, arguments=body.arguments)
+            if body.decision == "approve"
+            else Deny(note=body.note)
         )
         return await _settle_pause(
             runtime, turn_id, request_id, resolution, principal, request_deps

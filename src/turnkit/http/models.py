@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 from turnkit.agent import Effort
@@ -296,6 +296,14 @@ class ApprovalBody(_Camel):
 
     decision: str = Field(pattern="^(approve|deny)$")
     note: str | None = Field(default=None, max_length=4000)
+    arguments: dict[str, JsonValue] | None = None
+    """With `approve`: the call's arguments as the person changed them (all of them)."""
+
+    @model_validator(mode="after")
+    def _arguments_only_to_approve(self) -> ApprovalBody:
+        if self.arguments is not None and self.decision != "approve":
+            raise ValueError("arguments go with decision 'approve' only")
+        return self
 
 
 class AnswerBody(_Camel):

@@ -73,7 +73,11 @@ log = logging.getLogger("turnkit.protocols")
 AgUi = dict[str, JsonValue]
 _APPROVAL_SCHEMA: Final[AgUi] = {
     "type": "object",
-    "properties": {"approved": {"type": "boolean"}, "note": {"type": "string"}},
+    "properties": {
+        "approved": {"type": "boolean"},
+        "note": {"type": "string"},
+        "editedArgs": {"type": "object"},
+    },
     "required": ["approved"],
 }
 

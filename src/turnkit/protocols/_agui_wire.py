@@ -149,12 +149,18 @@ def resolution_of(request: PendingDecision, entry: ResumeEntry) -> Resolution:
             if entry.status == "cancelled":
                 return Deny(note="The person cancelled instead of approving.")
             approved, note = payload.get("approved"), payload.get("note")
-            if isinstance(approved, bool) and "editedArgs" not in payload:
+            edited = payload.get("editedArgs")
+            if isinstance(approved, bool) and (
+                edited is None or (approved and isinstance(edited, dict))
+            ):
                 text = note if isinstance(note, str) else None
-                return Approve(note=text) if approved else Deny(note=text)
+                if not approved:
+                    return Deny(note=text)
+                return Approve(note=text, arguments=edited)
             raise InvalidInputError(
-                'answer an approval with the payload {"approved": true | false, "note"?: "…"} '
-                "(edited arguments are not supported)"
+                'answer an approval with the payload {"approved": true | false, "note"?: "…", '
+                '"editedArgs"?: {…}} (editedArgs, the call\'s arguments as the person changed '
+                "them, go with approved: true only)"
             )
         if entry.status == "cancelled":
             return Answer(text=_DISMISSED)

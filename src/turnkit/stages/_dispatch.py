@@ -32,7 +32,7 @@ from turnkit.stages._message_list import preview_chars, result_message, result_t
 from turnkit.stages._offered import offered_tools
 from turnkit.stages._planning import is_planning_tool, run_planning_tool
 from turnkit.stages._plugins import after_tool_call, before_tool_call, guard
-from turnkit.stages._tool_pauses import is_clarify, pause_key, settle_pause
+from turnkit.stages._tool_pauses import Edited, Settled, is_clarify, pause_key, settle_pause
 from turnkit.stages._types import StageContext, TranscriptMessage
 from turnkit.tools import Tool, ToolArgumentsError, ToolContext
 from turnkit.tools._errors import ToolResultError
@@ -80,11 +80,14 @@ async def dispatch_tools(
     plans, in_doubt = _write_ahead(ctx, calls, truncated, generation_id, known_errors or {})
     await rec.flush()  # write ahead: every call is on record before any tool runs
     # Approvals and questions come first, in call order: nothing runs until all are settled.
-    settled: dict[str, tuple[str | None, ErrorCode, JsonValue]] = {}
+    settled: dict[str, Settled] = {}
+    edited: dict[str, dict[str, JsonValue]] = {}  # approved with the person's arguments
     for part, tool, args, problem, _ in plans:
         if problem is None and part.tool_call_id not in rec.journal.results:
             outcome = settle_pause(ctx, part, tool, args)
-            if outcome is not None:
+            if isinstance(outcome, Edited):
+                edited[part.tool_call_id] = outcome.arguments
+            elif outcome is not None:
                 settled[part.tool_call_id] = outcome
 
     async def run(
@@ -102,6 +105,7 @@ async def dispatch_tools(
             return _remember(ctx, block)
         answered_by = part.name
         output: JsonValue = None
+        args = edited.get(part.tool_call_id, args)
         view = ToolCall(tool_call_id=part.tool_call_id, name=part.name, arguments=dict(args))
         if part.tool_call_id in settled:
             problem, code, output = settled[part.tool_call_id]
@@ -118,7 +122,9 @@ async def dispatch_tools(
                 )
         duration = (time.perf_counter() - started) * 1000
         rec.notes.tool_timings.append((answered_by, duration))
-        result = _record_result(ctx, part, answered_by, output, problem, code, duration)
+        result = _record_result(
+            ctx, part, answered_by, output, problem, code, duration, edited.get(call_id)
+        )
         await after_tool_call(ctx, view, result)
         return _remember(ctx, result)
 
@@ -135,12 +141,18 @@ def _record_result(
     problem: str | None,
     code: ErrorCode,
     duration_ms: float,
+    edited: dict[str, JsonValue] | None,
 ) -> ToolResultBlock:
-    """Stage the call's `tool.completed` (or `tool.failed`, with `problem`); its result."""
+    """Stage the call's `tool.completed` (or `tool.failed`, with `problem`); its result.
+
+    `edited`: the arguments the approving person gave, which the call ran with.
+    """
     call_id = ToolCallId(part.tool_call_id)
     if problem is None:
         output = storable(output)
-        result = ToolResultBlock(tool_call_id=call_id, tool_name=part.name, output=output)
+        result = ToolResultBlock(
+            tool_call_id=call_id, tool_name=part.name, output=output, arguments=edited
+        )
         ctx.recorder.durable(
             ToolCompletedEvent,
             "tool-loop",
@@ -151,7 +163,11 @@ def _record_result(
         )
         return result
     result = ToolResultBlock(
-        tool_call_id=call_id, tool_name=part.name, is_error=True, error=str(storable(problem))
+        tool_call_id=call_id,
+        tool_name=part.name,
+        is_error=True,
+        error=str(storable(problem)),
+        arguments=edited,
     )
     ctx.recorder.durable(
         ToolFailedEvent,

@@ -8,6 +8,7 @@ exactly once however often the node is replayed.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import JsonValue
@@ -20,6 +21,7 @@ from turnkit.pauses import (
     CLARIFY_TOOL,
     RESOLUTION_ADAPTER,
     Answer,
+    Approve,
     Deny,
     PauseRequest,
     Resolution,
@@ -29,7 +31,17 @@ from turnkit.pauses import (
 from turnkit.stages._types import StageContext
 from turnkit.tools import Tool, ToolClass
 
-__all__ = ("is_clarify", "pause_key", "settle_pause")
+__all__ = ("Edited", "Settled", "is_clarify", "pause_key", "settle_pause")
+
+Settled = tuple[str | None, ErrorCode, JsonValue]
+"""A call answered without running it: (problem, its code, output)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Edited:
+    """An approved call that runs with the arguments the person gave instead."""
+
+    arguments: dict[str, JsonValue]
 
 
 def is_clarify(ctx: StageContext, part: ToolCallPart) -> bool:
@@ -39,12 +51,13 @@ def is_clarify(ctx: StageContext, part: ToolCallPart) -> bool:
 
 def settle_pause(
     ctx: StageContext, part: ToolCallPart, tool: Tool | None, args: Mapping[str, JsonValue]
-) -> tuple[str | None, ErrorCode, JsonValue] | None:
+) -> Settled | Edited | None:
     """Pause for a question or an approval if this call needs one; the settled outcome.
 
-    Returns None when the call should simply run. Pausing raises out of the node (the
-    LangGraph interrupt); on resume the same code runs again and the interrupt returns
-    the person's answer.
+    Returns None when the call should simply run, `Edited` when it runs with the
+    arguments the approving person gave. Pausing raises out of the node (the LangGraph
+    interrupt); on resume the same code runs again and the interrupt returns the
+    person's answer.
     """
     rec = ctx.recorder
     call_id = ToolCallId(part.tool_call_id)
@@ -82,6 +95,8 @@ def settle_pause(
     if isinstance(resolution, Deny):
         note = f": {resolution.note}" if resolution.note else ""
         return (f"the person denied this call{note}. Do not retry it as is", "tool-denied", None)
+    if isinstance(resolution, Approve) and resolution.arguments is not None:
+        return Edited(resolution.arguments)
     return None  # approved: run it
 
 

@@ -95,9 +95,6 @@ async def run_tool_loop(
     _narration(ctx, response.text, block_id, generation)
     if fatal is not None:
         raise fatal
-    assistant = to_transcript(
-        ModelMessage(role="assistant", content=response.text, tool_calls=calls)
-    )
     results = await dispatch_tools(
         ctx,
         calls,
@@ -105,9 +102,28 @@ async def run_tool_loop(
         generation_id=generation,
         known_errors=_known_errors(committed),
     )
+    assistant = to_transcript(
+        ModelMessage(role="assistant", content=response.text, tool_calls=_as_run(ctx, calls))
+    )
     return StageOutcome(
         transcript=[*transcript, assistant, *results], route="tool-loop", previous=previous
     )
+
+
+def _as_run(ctx: StageContext, calls: tuple[ToolCallPart, ...]) -> tuple[ToolCallPart, ...]:
+    """The calls as they ran: with the arguments a person gave at approval, if any.
+
+    The model then reads its call as it ran, as if it had written those arguments.
+    """
+    ran: list[ToolCallPart] = []
+    for call in calls:
+        result = ctx.recorder.notes.results.get(call.tool_call_id)
+        edited = result.arguments if result is not None else None
+        if edited is not None:
+            arguments = json.dumps(edited, ensure_ascii=False)
+            call = ToolCallPart(tool_call_id=call.tool_call_id, name=call.name, arguments=arguments)
+        ran.append(call)
+    return tuple(ran)
 
 
 @dataclass(frozen=True, slots=True)

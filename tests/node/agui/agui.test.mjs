@@ -1,8 +1,8 @@
 // turnkit's AG-UI endpoint driven by the official client: @ag-ui/client's HttpAgent (with
 // its own event verifier) runs each scenario, and every event it receives is checked
 // against @ag-ui/core's schemas. Started by tests/protocols/test_agui_node.py, which serves
-// the app on AGUI_URL with the agents `tools`, `approval`, `reconnect`, `steady`, `oversized`
-// and `cascade`.
+// the app on AGUI_URL with the agents `tools`, `approval`, `approval-edit`, `reconnect`,
+// `steady`, `oversized` and `cascade`.
 import assert from "node:assert/strict";
 import { randomUUID } from "node:crypto";
 import { test } from "node:test";
@@ -176,6 +176,22 @@ test("an approval round trip: interrupt, then resume", async () => {
   assert.equal(result.content, "sent 5 EUR to Bob");
   assert.equal(lastAssistantText(agent), "Sent.");
   assertUniqueIds(agent);
+});
+
+test("an approval with editedArgs runs the call with the person's arguments", async () => {
+  const { agent, forwardedProps } = newAgent("approval-edit", [userMessage("Send Bob 500 EUR")]);
+  const first = await run(agent, { runId: `run-${randomUUID()}`, forwardedProps });
+  assert.equal(first.failure, undefined);
+  const [interrupt] = agent.pendingInterrupts;
+  assert.deepEqual(interrupt.responseSchema.properties.editedArgs, { type: "object" });
+  const payload = { approved: true, editedArgs: { amount: 50, to: "Bob" } };
+  const resume = [{ interruptId: interrupt.id, status: "resolved", payload }];
+  const second = await run(agent, { runId: `run-${randomUUID()}`, forwardedProps, resume });
+  assert.equal(second.failure, undefined);
+  assert.equal(second.events.at(-1).outcome.type, "success");
+  const result = agent.messages.find((m) => m.role === "tool");
+  assert.equal(result.content, "sent 50 EUR to Bob");
+  assert.equal(lastAssistantText(agent), "Sent 50.");
 });
 
 test("a reconnect mid-text ends with the text of an uninterrupted read", async () => {
