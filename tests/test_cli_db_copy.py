@@ -236,9 +236,9 @@ def test_a_target_with_rows_at_another_revision_is_refused_before_it_is_migrated
     code, out, err = _copy(source, target)
 
     assert dry[0] == 0
-    assert "target: holds 38 turnkit row(s): the copy would be refused" in dry[1]
+    assert "target: holds 39 turnkit row(s): the copy would be refused" in dry[1]
     assert code == 2
-    assert "already holds 38 turnkit row(s)" in err
+    assert "already holds 39 turnkit row(s)" in err
     assert "target schema" not in out
     with sqlite3.connect(path) as conn:  # not migrated
         assert conn.execute("SELECT version_num FROM tk_alembic_version").fetchall() == [("0013",)]

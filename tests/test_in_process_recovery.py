@@ -314,3 +314,50 @@ async def test_closing_hands_a_recovered_turn_over_at_once(tmp_path: Path) -> No
         turn = await after.turn(submission.turn_id)
     assert turn.status == "running"
     assert turn.lease_owner == "(handed over)"  # another process takes it at once
+
+
+REFUNDS: list[int] = []
+
+
+@tool
+async def refund(amount: int) -> str:
+    """Refund (fast; no reconcile hook: a call in doubt would run again)."""
+    REFUNDS.append(amount)
+    return f"refunded {amount}"
+
+
+@tool
+async def slow_lookup(order: int) -> str:
+    """Look an order up (the process dies while it runs)."""
+    RAN.append(order)
+    await asyncio.sleep(SLOW["seconds"])
+    return f"order {order}"
+
+
+async def test_a_call_that_finished_beside_one_still_running_is_not_run_again(
+    tmp_path: Path,
+) -> None:
+    """Each result of a batch is committed as it comes in: the process dies while the slow
+    call runs, and the recovered turn re-runs only that one."""
+    RAN.clear()
+    db = tmp_path / "batch.db"
+    asks = ModelStep.tool_call_reply(call("refund", amount=5), call("slow_lookup", order=7))
+    config = RuntimeConfig(database_url=f"sqlite:///{db}", lease_ttl_s=1.0, recover_in_process=True)
+
+    def runtime(model: ScriptedModel) -> SessionRuntime:
+        return SessionRuntime(agent=Agent(model=model, tools=[refund, slow_lookup]), config=config)
+
+    REFUNDS.clear()
+    turn_id = await _dies_mid_call(runtime(ScriptedModel([asks])), "refund and look up")
+    SLOW["seconds"] = 0.0
+    try:
+        events = await _taken_over(runtime(ScriptedModel([ModelStep.text_reply("Done.")])), turn_id)
+    finally:
+        SLOW["seconds"] = 60.0
+    assert REFUNDS == [5]  # ran once
+    doubts = [e for e in events if isinstance(e, ToolInDoubtEvent)]
+    starts = {
+        e.block.tool_call_id: e.block.tool_name for e in events if isinstance(e, ToolStartedEvent)
+    }
+    assert [starts[d.tool_call_id] for d in doubts] == ["slow_lookup"]
+    assert events[-1].type == "done"

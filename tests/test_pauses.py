@@ -26,6 +26,7 @@ from turnkit.events import (
     ApprovalRequestedEvent,
     ClarificationRequestedEvent,
     DoneEvent,
+    RunFinishedEvent,
     ToolCompletedEvent,
     ToolFailedEvent,
 )
@@ -334,7 +335,14 @@ async def test_answers_twice_or_for_another_turn_are_refused(tmp_path: Path) -> 
 
 
 async def test_stop_while_awaiting_ends_the_turn_cancelled(tmp_path: Path) -> None:
-    model = ScriptedModel([ModelStep.tool_call_reply(call("send_email", to="c@example.com"))])
+    """Ended in the Store with no driver, the turn still says what it cost, and the next
+    turn's model reads the call it asked for, that it never ran, and why."""
+    model = ScriptedModel(
+        [
+            ModelStep.tool_call_reply(call("send_email", to="c@example.com"), text="On it."),
+            ModelStep.text_reply("Hello."),
+        ]
+    )
     runtime = _runtime(tmp_path / "stop.db", model)
     await runtime.open()
     try:
@@ -344,14 +352,100 @@ async def test_stop_while_awaiting_ends_the_turn_cancelled(tmp_path: Path) -> No
         record = await runtime.turn(asked.turn_id)
         assert (record.status, record.error_code) == ("cancelled", None)
         stored = [e async for e in runtime.events(asked.turn_id)]
-        assert isinstance(stored[-1], DoneEvent)
-        assert stored[-1].status == "cancelled"
-        assert stored[-1].seq == asked.seq + 1
+        assert [e.type for e in stored[-2:]] == ["run.finished", "done"]
+        finished, done = stored[-2:]
+        assert isinstance(done, DoneEvent)
+        assert done.status == "cancelled"
+        assert done.seq == asked.seq + 2
+        assert isinstance(finished, RunFinishedEvent)
+        assert (finished.status, finished.model_calls) == ("cancelled", 1)
+        assert finished.input_tokens > 0
+        assert record.summary is not None
+        assert record.summary.input_tokens == finished.input_tokens
         with pytest.raises(PauseAnsweredError):
             await runtime.resume(asked.turn_id, asked.request_id, Approve())
-        assert RUNS == []
+        await collect_events(runtime.execute_message("s1", "hi"))
+        [view] = [t for t in await runtime.history("s1") if t.turn_id == asked.turn_id]
     finally:
         await runtime.close()
+    assert RUNS == []
+    assert view.input_tokens == finished.input_tokens
+    shown = [(m.role, m.content, [c.name for c in m.tool_calls]) for m in model.calls[-1].messages]
+    assert shown[1:] == [
+        ("user", "email c", []),
+        ("assistant", "On it.", ["send_email"]),
+        ("tool", "Error: the turn ended before this call finished", []),
+        ("assistant", "[the person stopped this turn before I answered]", []),
+        ("user", "hi", []),
+    ]
+
+
+async def test_an_answered_pause_leaves_the_transcript_to_the_turn_s_end(tmp_path: Path) -> None:
+    """What the pause kept for a Stop is replaced by what the turn itself ends with."""
+    model = ScriptedModel(
+        [
+            ModelStep.tool_call_reply(call("send_email", to="c@example.com"), text="On it."),
+            ModelStep.text_reply("Sent."),
+            ModelStep.text_reply("You're welcome."),
+        ]
+    )
+    async with _runtime(tmp_path / "answered.db", model) as runtime:
+        asked = (await collect_events(runtime.execute_message("s1", "email c")))[-1]
+        assert isinstance(asked, ApprovalRequestedEvent)
+        await runtime.resume(asked.turn_id, asked.request_id, Approve())
+        await follow_to_done(runtime, asked.turn_id, asked.seq)
+        await collect_events(runtime.execute_message("s1", "thanks"))
+    shown = [(m.role, m.content) for m in model.calls[-1].messages]
+    assert shown[1:] == [
+        ("user", "email c"),
+        ("assistant", "On it."),
+        ("tool", "sent to c@example.com"),
+        ("assistant", "Sent."),
+        ("user", "thanks"),
+    ]
+
+
+@tool
+async def slow_lookup(order: str) -> str:
+    """Look an order up (slowly)."""
+    await asyncio.sleep(30)
+    return f"order {order}"
+
+
+@tool
+async def quick_note(text: str) -> str:
+    """Note something down."""
+    return f"noted {text}"
+
+
+async def test_a_stop_while_a_tool_runs_keeps_the_call_and_the_results_that_came_in(
+    tmp_path: Path,
+) -> None:
+    model = ScriptedModel(
+        [
+            ModelStep.tool_call_reply(
+                call("quick_note", text="a"), call("slow_lookup", order="7"), text="Checking."
+            ),
+            ModelStep.text_reply("Hello."),
+        ]
+    )
+    agent = Agent(model=model, tools=[quick_note, slow_lookup])
+    config = RuntimeConfig(database_url=f"sqlite:///{tmp_path / 'stop.db'}")
+    async with SessionRuntime(agent=agent, config=config) as runtime:
+        events = runtime.execute_message("s1", "look up order 7")
+        async for event in events:
+            if isinstance(event, ToolCompletedEvent):  # the quick one is in; the slow runs
+                assert await runtime.cancel(event.turn_id) == "cancelled"  # at once
+        await collect_events(runtime.execute_message("s1", "hi"))
+    shown = [(m.role, m.content) for m in model.calls[-1].messages]
+    assert shown[1:] == [
+        ("user", "look up order 7"),
+        ("assistant", "Checking."),
+        ("tool", "noted a"),
+        ("tool", "Error: the turn ended before this call finished"),
+        ("assistant", "[the person stopped this turn before I answered]"),
+        ("user", "hi"),
+    ]
 
 
 async def test_a_paused_turn_is_never_swept(tmp_path: Path) -> None:

@@ -64,6 +64,8 @@ class TurnHost:
         self._runner = runner
         self._reader = reader
         self._detached = DetachedTurns()
+        self._streamed: dict[TurnId, asyncio.Task[None]] = {}
+        """The driver tasks of turns streamed to a caller here (`stream`), for a Stop."""
         self._shielded: set[asyncio.Task[Any]] = set()
         self._deps = _HandedDeps()
         self.slots = TurnSlots(config.max_running_turns)
@@ -157,9 +159,14 @@ class TurnHost:
             self._deps.drop(turn_id)  # it will not resume
         if status == "cancelled":
             record = await store.get_turn(turn_id)
-            after = record.last_seq - 1 if record is not None else 0
-            async for done in store.read_events(turn_id, after_seq=after):
-                await self.replay.publish(turn_id, [(done.seq, done.data, True)])
+            after = record.last_seq - 2 if record is not None else 0
+            ending = [
+                (e.seq, e.data, True)
+                async for e in store.read_events(turn_id, after_seq=after)
+                if e.type in ("run.finished", "done")  # the Store's ending: its account, done
+            ]
+            if ending:
+                await self.replay.publish(turn_id, ending)
             if record is not None:  # guides it never presented wait as turns of their own
                 await self.pick_up(record.session_id)
         return status
@@ -196,6 +203,7 @@ class TurnHost:
                     await asyncio.shield(self.end_cancelled(turn_id, stopped=True))
                 raise
             task = asyncio.create_task(driver.run(), name=f"turnkit-turn-{turn_id}")
+            self._streamed[turn_id] = task
             watcher = (
                 asyncio.create_task(_cancel_when(cancel, task), name="turnkit-cancel-watch")
                 if cancel is not None
@@ -214,6 +222,8 @@ class TurnHost:
                     async for ended_by in self._reader().events(turn_id, after_seq=last_seq):
                         yield ended_by
             finally:
+                if self._streamed.get(turn_id) is task:
+                    del self._streamed[turn_id]
                 if watcher is not None:
                     watcher.cancel()
                 if not task.done():
@@ -320,7 +330,7 @@ class TurnHost:
         return await self._shield(self._cancel(turn_id))
 
     async def _cancel(self, turn_id: TurnId, *, again: bool = True) -> TurnStatus:
-        here = await self._detached.stop(turn_id)
+        here = await self._detached.stop(turn_id) or await self._stop_streamed(turn_id)
         if here:
             record = await self._store().get_turn(turn_id)
             if record is not None and record.status in TERMINAL_STATES:
@@ -332,6 +342,19 @@ class TurnHost:
             # would only reach it at its next renewal, after its tools began. Stop it now.
             return await self._cancel(turn_id, again=False)
         return status
+
+    async def _stop_streamed(self, turn_id: TurnId) -> bool:
+        """Cancel the driver of a turn streamed to a caller here; False if none is.
+
+        The driver ends the turn `cancelled` (its call aborted, `user-aborted` audited) and
+        the caller's stream ends with that `done`.
+        """
+        task = self._streamed.get(turn_id)
+        if task is None:
+            return False
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        return True
 
     async def close(self) -> None:
         """Abandon detached turns and hand their leases over, as a worker does.

@@ -9,6 +9,7 @@ transcripts were kept fall back to their message and answer.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import cast
 
 from pydantic import JsonValue
@@ -127,7 +128,7 @@ def ended_transcript(
     """
     messages = list(rec.notes.transcript)
     if status != "succeeded":
-        messages += _unanswered_calls(messages)
+        messages += _unanswered_calls(messages, rec.notes.result_messages)
         messages.append({"role": "assistant", "content": _ending_note(status, code, message)})
     last: dict[str, JsonValue] | None = None
     if rec.notes.last_request is not None:
@@ -147,14 +148,21 @@ def _json(message: TranscriptMessage) -> dict[str, JsonValue]:
     return cast(dict[str, JsonValue], dict(message))
 
 
-def _unanswered_calls(messages: list[TranscriptMessage]) -> list[TranscriptMessage]:
-    """Results for the calls of the newest assistant message that have none."""
+def _unanswered_calls(
+    messages: list[TranscriptMessage], came_in: Mapping[str, TranscriptMessage]
+) -> list[TranscriptMessage]:
+    """Results for the calls of the newest assistant message that have none yet.
+
+    A result that came in before the ending (`came_in`) is kept as it is; a call still
+    running, or waiting for a person, gets a failed one.
+    """
     for index in range(len(messages) - 1, -1, -1):
         message = messages[index]
         if message["role"] == "assistant":
             answered = {m.get("tool_call_id") for m in messages[index + 1 :]}
             return [
-                {
+                came_in.get(call["id"])
+                or {
                     "role": "tool",
                     "content": "Error: the turn ended before this call finished",
                     "tool_call_id": call["id"],

@@ -44,6 +44,7 @@ from turnkit.runtime._aftermath import Aftermath
 from turnkit.runtime._attempt_log import open_recorder
 from turnkit.runtime._endings import Attempt, end_aborted, end_failed, end_succeeded
 from turnkit.runtime._lease_keeper import LeaseKeeper, renewal_due
+from turnkit.runtime._transcript import ended_transcript
 from turnkit.runtime.logs import turn_logging
 from turnkit.stages import StageContext
 from turnkit.stages._naming import name_thread
@@ -425,7 +426,12 @@ class TurnDriver:
         if self.lease.cancel_requested:
             await self._end_aborted(rec)
             return
-        await rec.flush(status=awaiting(pause.kind), pause=pause, release=True)
+        # What the session keeps if the turn ends without an answer to this pause (a Stop
+        # ends it in the Store, with no driver); answering it lets the turn's end decide.
+        unanswered = ended_transcript(rec, "cancelled", None, None)
+        await rec.flush(
+            status=awaiting(pause.kind), pause=pause, release=True, transcript=unanswered
+        )
 
     async def _end_failed(self, rec: Recorder, exc: TurnError) -> None:
         self.ended = True

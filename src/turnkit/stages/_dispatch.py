@@ -125,10 +125,13 @@ async def dispatch_tools(
         result = _record_result(
             ctx, part, answered_by, output, problem, code, duration, edited.get(call_id)
         )
+        if batch:  # committed as it comes in: a crash now does not run it again
+            await rec.flush()
         await after_tool_call(ctx, view, result)
         return _remember(ctx, result)
 
-    if len(plans) == 1:
+    batch = len(plans) > 1
+    if not batch:
         return [await run(*plans[0])]
     return list(await asyncio.gather(*(run(*plan) for plan in plans)))
 
@@ -290,9 +293,11 @@ async def _reconcile(
 
 def _remember(ctx: StageContext, result: ToolResultBlock) -> TranscriptMessage:
     """Keep the whole result for `read_tool_result`; the model gets the message."""
-    ctx.recorder.notes.full_results[result.tool_call_id] = result_text(result)
-    ctx.recorder.notes.results[result.tool_call_id] = result
-    return result_message(ctx, result)
+    notes = ctx.recorder.notes
+    notes.full_results[result.tool_call_id] = result_text(result)
+    notes.results[result.tool_call_id] = result
+    message = notes.result_messages[result.tool_call_id] = result_message(ctx, result)
+    return message
 
 
 def _read_result(ctx: StageContext, args: Mapping[str, JsonValue]) -> tuple[str | None, JsonValue]:

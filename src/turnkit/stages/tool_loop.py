@@ -95,6 +95,8 @@ async def run_tool_loop(
     _narration(ctx, response.text, block_id, generation)
     if fatal is not None:
         raise fatal
+    asked = to_transcript(ModelMessage(role="assistant", content=response.text, tool_calls=calls))
+    rec.notes.transcript = [*transcript, asked]  # what an ending now (or a pause) keeps
     results = await dispatch_tools(
         ctx,
         calls,
@@ -102,8 +104,11 @@ async def run_tool_loop(
         generation_id=generation,
         known_errors=_known_errors(committed),
     )
-    assistant = to_transcript(
-        ModelMessage(role="assistant", content=response.text, tool_calls=_as_run(ctx, calls))
+    ran = _as_run(ctx, calls)
+    assistant = (
+        asked
+        if ran == calls
+        else to_transcript(ModelMessage(role="assistant", content=response.text, tool_calls=ran))
     )
     return StageOutcome(
         transcript=[*transcript, assistant, *results], route="tool-loop", previous=previous

@@ -9,14 +9,24 @@ Runs inside one transaction on a sync `Connection` (see `SqlStore._tx`).
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import Connection, select, update
 
-from turnkit.events import DoneEvent, InputGuidedEvent, decode_event, encode_event
+from turnkit.audit import UsageDelta
+from turnkit.events import (
+    DoneEvent,
+    InputGuidedEvent,
+    RunFinishedEvent,
+    decode_event,
+    encode_event,
+)
 from turnkit.ids import TurnId
+from turnkit.store import RunSummary
 from turnkit.store._pauses_sql import close_open_pauses
 from turnkit.store._schema import UNFINISHED, aware, events, turns
 from turnkit.store._submit_sql import requeue_guides
+from turnkit.store._turns_sql import read_usage
 
 __all__ = ("cancel",)
 
@@ -37,6 +47,8 @@ def cancel(
             turns.c.lease_epoch,
             turns.c.last_seq,
             turns.c.input_seq,
+            turns.c.attempts,
+            turns.c.model,
         ).where(turns.c.turn_id == turn_id)
     ).first()
     if row is None:
@@ -53,7 +65,9 @@ def cancel(
     if live:
         conn.execute(update(turns).where(turns.c.turn_id == turn_id).values(cancel_requested=True))
         return "running"
-    seq = row.last_seq + 1
+    spent = read_usage(conn, turn_id)
+    ending = _ending(row, turn_id, now, spent)
+    seq = ending[-1].seq
     won = conn.execute(
         update(turns)
         .where(
@@ -69,24 +83,70 @@ def cancel(
             lease_owner=None,
             last_seq=seq,
             updated_at=now,
+            **({"summary": _summary(ending[0]).model_dump_json()} if len(ending) > 1 else {}),
         )
     )
     if won.rowcount != 1:
         return cancel(conn, turn_id, now, stopped_owner)  # it moved under us: look again
-    done = DoneEvent(
-        session_id=row.session_id,
-        turn_id=turn_id,
-        stage_id="runtime",
-        ts=now,
-        seq=seq,
-        status="cancelled",
-    )
     conn.execute(
-        events.insert().values(turn_id=turn_id, seq=seq, type=done.type, data=encode_event(done))
+        events.insert(),
+        [
+            {"turn_id": turn_id, "seq": e.seq, "type": e.type, "data": encode_event(e)}
+            for e in ending
+        ],
     )
     close_open_pauses(conn, turn_id)
     requeue_guides(conn, turn_id, _presented_through(conn, turn_id, row.input_seq), now)
     return "cancelled"
+
+
+def _ending(
+    row: Any, turn_id: TurnId, now: datetime, spent: UsageDelta
+) -> list[RunFinishedEvent | DoneEvent]:
+    """The events that end the turn here: `done`, after `run.finished` if it spent anything.
+
+    The account is the turn's whole spend (its attempts before a pause, say), so its
+    history and usage say what it cost, as a turn its driver ended does.
+    """
+    common: dict[str, Any] = {"session_id": row.session_id, "turn_id": turn_id, "ts": now}
+    seq = row.last_seq + 1
+    ending: list[RunFinishedEvent | DoneEvent] = []
+    if spent.model_calls or spent.input_tokens or spent.cost_usd:
+        ending.append(
+            RunFinishedEvent(
+                **common,
+                stage_id="runtime",
+                seq=seq,
+                status="cancelled",
+                attempt=max(1, row.attempts),
+                model=row.model,
+                model_calls=spent.model_calls,
+                input_tokens=spent.input_tokens,
+                output_tokens=spent.output_tokens,
+                cached_tokens=spent.cached_tokens,
+                cost_usd=spent.cost_usd,
+                stop_reason="aborted",
+                duration_ms=0.0,
+            )
+        )
+        seq += 1
+    ending.append(DoneEvent(**common, stage_id="runtime", seq=seq, status="cancelled"))
+    return ending
+
+
+def _summary(account: RunFinishedEvent | DoneEvent) -> RunSummary:
+    assert isinstance(account, RunFinishedEvent)
+    return RunSummary(
+        status="cancelled",
+        model_calls=account.model_calls,
+        input_tokens=account.input_tokens,
+        output_tokens=account.output_tokens,
+        cached_tokens=account.cached_tokens,
+        cost_usd=account.cost_usd,
+        stop_reason=account.stop_reason,
+        model=account.model,
+        attempt=account.attempt,
+    )
 
 
 def _presented_through(conn: Connection, turn_id: TurnId, input_seq: int) -> int:

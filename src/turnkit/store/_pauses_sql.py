@@ -8,14 +8,14 @@ from datetime import datetime
 from typing import Any, cast
 
 from pydantic import JsonValue
-from sqlalchemy import Connection, select, update
+from sqlalchemy import Connection, delete, select, update
 
 from turnkit.errors import PauseAnsweredError, PauseNotFoundError
 from turnkit.ids import TurnId
 from turnkit.pauses import PauseRequest
 from turnkit.states import awaiting
 from turnkit.store import TurnRecord
-from turnkit.store._schema import pauses, turn_record, turns
+from turnkit.store._schema import pauses, transcripts, turn_record, turns
 
 __all__ = ("answer", "budget_pauses", "close_open_pauses", "open_pause", "pending_answer")
 
@@ -92,6 +92,8 @@ def answer(
         .where(pauses.c.request_id == request_id, pauses.c.status == "open")
         .values(status="answered", answer=json.dumps(value), answered_at=now)
     )
+    # The transcript the pause kept for a Stop: the turn's own end now writes its own.
+    conn.execute(delete(transcripts).where(transcripts.c.turn_id == turn_id))
     return _request(request_id, row.kind, row.payload)
 
 

@@ -44,6 +44,11 @@ class TurnNotes:
     """The turn's tool results seen by this attempt, by call id, in call order."""
     full_results: dict[str, str] = field(default_factory=dict[str, str])
     """Whole tool results of this turn by tool call id (read by `read_tool_result`)."""
+    result_messages: dict[str, TranscriptMessage] = field(
+        default_factory=dict[str, TranscriptMessage]
+    )
+    """The tool messages of this attempt's results by call id: an ending mid-batch keeps
+    those that came in (the rest get failed results)."""
     tool_calls: int = 0
     tool_timings: list[tuple[str, float]] = field(default_factory=list[tuple[str, float]])
     context_messages: int = 0
