@@ -49,6 +49,13 @@ def _runtime(db: Path, model: ScriptedModel, **agent_kw: object) -> SessionRunti
     return SessionRuntime(agent=agent, config=RuntimeConfig(database_url=f"sqlite:///{db}"))
 
 
+def _on(db: tuple[str, str | None], model: ScriptedModel) -> SessionRuntime:
+    """A runtime on the `db` fixture's store (SQLite, or a PostgreSQL schema)."""
+    url, schema = db
+    config = RuntimeConfig(database_url=url, database_schema=schema)
+    return SessionRuntime(agent=Agent(model=model, tools=[send_email]), config=config)
+
+
 @pytest.fixture(autouse=True)
 def _reset_runs() -> None:
     RUNS.clear()
@@ -334,7 +341,7 @@ async def test_answers_twice_or_for_another_turn_are_refused(tmp_path: Path) -> 
         await runtime.close()
 
 
-async def test_stop_while_awaiting_ends_the_turn_cancelled(tmp_path: Path) -> None:
+async def test_stop_while_awaiting_ends_the_turn_cancelled(db: tuple[str, str | None]) -> None:
     """Ended in the Store with no driver, the turn still says what it cost, and the next
     turn's model reads the call it asked for, that it never ran, and why."""
     model = ScriptedModel(
@@ -343,7 +350,7 @@ async def test_stop_while_awaiting_ends_the_turn_cancelled(tmp_path: Path) -> No
             ModelStep.text_reply("Hello."),
         ]
     )
-    runtime = _runtime(tmp_path / "stop.db", model)
+    runtime = _on(db, model)
     await runtime.open()
     try:
         asked = (await collect_events(runtime.execute_message("s1", "email c")))[-1]
@@ -380,7 +387,9 @@ async def test_stop_while_awaiting_ends_the_turn_cancelled(tmp_path: Path) -> No
     ]
 
 
-async def test_an_answered_pause_leaves_the_transcript_to_the_turn_s_end(tmp_path: Path) -> None:
+async def test_an_answered_pause_leaves_the_transcript_to_the_turn_s_end(
+    db: tuple[str, str | None],
+) -> None:
     """What the pause kept for a Stop is replaced by what the turn itself ends with."""
     model = ScriptedModel(
         [
@@ -389,7 +398,7 @@ async def test_an_answered_pause_leaves_the_transcript_to_the_turn_s_end(tmp_pat
             ModelStep.text_reply("You're welcome."),
         ]
     )
-    async with _runtime(tmp_path / "answered.db", model) as runtime:
+    async with _on(db, model) as runtime:
         asked = (await collect_events(runtime.execute_message("s1", "email c")))[-1]
         assert isinstance(asked, ApprovalRequestedEvent)
         await runtime.resume(asked.turn_id, asked.request_id, Approve())
