@@ -364,13 +364,20 @@ def test_a_plugin_s_answer_hold_must_be_a_plain_function() -> None:
         validate_plugins([AsyncHold()])
 
 
-async def test_an_input_guardrail_blocks_before_any_model_call(tmp_path: Path) -> None:
-    model = ScriptedModel([])
+async def test_an_input_guardrail_blocks_before_any_model_call_now_or_later(
+    tmp_path: Path,
+) -> None:
+    """The blocked message never reaches the model: not in its turn, nor in the next."""
+    model = ScriptedModel([ModelStep.text_reply("Hello.")])
     agent = Agent(model=model, plugins=[PiiRedaction(block=True, check_input=True)])
     async with _runtime(tmp_path, agent) as rt:
         events = await collect_events(rt.execute_message("s1", "my card is 4111 1111 1111 1111"))
+        assert model.calls == []
+        await collect_events(rt.execute_message("s1", "hi"))
     assert events[-1].error_code == "guardrail-blocked"  # type: ignore[union-attr]
-    assert model.calls == []
+    sent = " ".join(str(m.content) for m in model.calls[0].messages)
+    assert "4111" not in sent
+    assert "[this message was blocked by a guardrail and is not shown]" in sent
 
 
 async def test_an_answer_blocked_mid_stream_still_counts_what_it_cost(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ import logging
 import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, cast
 
 from pydantic import JsonValue
 
@@ -357,6 +357,10 @@ async def guard(
     return text
 
 
+BLOCKED_INPUT = "[this message was blocked by a guardrail and is not shown]"
+"""What the model reads, in later turns, in place of a message an input guardrail blocked."""
+
+
 def _text(message: TranscriptMessage) -> str:
     content = message.get("content", "")
     if isinstance(content, str):
@@ -378,7 +382,13 @@ async def guard_input(
         return transcript
     opening = transcript[-1]
     text = _text(opening)
-    checked = await guard(ctx, "runtime", "input", text, subject="user message")
+    try:
+        checked = await guard(ctx, "runtime", "input", text, subject="user message")
+    except GuardrailBlockedError:
+        # What the turn keeps for the next turn's model: never the message it blocked.
+        withheld = {**opening, "content": BLOCKED_INPUT}
+        ctx.recorder.notes.transcript = [*transcript[:-1], cast(TranscriptMessage, withheld)]
+        raise
     if checked == text:
         return transcript
     content: Any = checked
