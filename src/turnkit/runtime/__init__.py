@@ -247,7 +247,8 @@ class SessionRuntime(RuntimeControl, RuntimeCallbacks, RuntimeBudgets, RuntimeRe
         generator (or `cancel.cancel()`) aborts the turn: the model call is cancelled, the
         abort is audited as `user-aborted`, and the turn ends `cancelled`. A `request_id`
         already used in the session replays that turn's committed events instead of
-        running it again. A turn waits for the session's earlier turns to finish.
+        running it again, and follows it to its end (or pause) while it still runs. A turn
+        waits for the session's earlier turns to finish.
 
         `agent` names a hosted agent (or is one), `model`, `settings` and `effort`
         override the agent's for this message; `principal` is who sends it and `deps` the

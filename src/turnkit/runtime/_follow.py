@@ -5,10 +5,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncGenerator, Awaitable, Callable
-from typing import Any
+from typing import Any, Final
 
 from turnkit.agent import Agent
 from turnkit.events import DurableEvent, EphemeralEvent
+from turnkit.ids import TurnId
 from turnkit.runtime._cancel import CancelToken
 from turnkit.runtime._host import TurnHost
 from turnkit.runtime._slots import Slot
@@ -44,6 +45,10 @@ async def follow_submission(
     try:
         if submission.started is not None:
             yield submission.started  # committed with the input: no need to read it back
+        elif not submission.is_new:
+            async for repeated in _repeated(submission.turn_id, store, turn, reader):
+                yield repeated
+            return
         else:
             async for stored in store.read_events(submission.turn_id):
                 yield stored.decode()
@@ -68,3 +73,32 @@ async def follow_submission(
             claimed = submission.lease is not None
             with contextlib.suppress(Exception):
                 await asyncio.shield(host.end_cancelled(submission.turn_id, stopped=claimed))
+
+
+_WAITS: Final = ("approval.requested", "clarification.requested", "budget.paused")
+"""Where a stream of this process's turn returns: the turn waits for a person (or a limit)."""
+
+
+async def _repeated(
+    turn_id: TurnId,
+    store: Store,
+    turn: Callable[[str], Awaitable[TurnRecord]],
+    reader: Callable[[], TurnReader],
+) -> AsyncGenerator[DurableEvent | EphemeralEvent, None]:
+    """A repeated request's turn: what it committed, then the rest while it still runs.
+
+    It ends where the first request's stream would have: at `done`, or where the turn
+    waits for a person.
+    """
+    last = 0
+    async for stored in store.read_events(turn_id):
+        event = stored.decode()
+        last = stored.seq
+        yield event
+    record = await turn(turn_id)
+    if record.status != "running":
+        return  # ended, or waiting for a person: what it committed is all there is
+    async for live in reader().events(turn_id, after_seq=last):
+        yield live
+        if live.type == "done" or live.type in _WAITS:
+            return
