@@ -186,10 +186,11 @@ async def test_an_approval_may_change_the_arguments_the_call_runs_with(tmp_path:
     after = ScriptedModel([ModelStep.text_reply("Sent."), ModelStep.text_reply("Yes.")])
     async with _runtime(db, after) as second:  # another process answers it
         fixed = Approve(arguments={"to": "ada@example.com"})
-        await second.resume(asked.turn_id, asked.request_id, fixed)
+        await second.resume(asked.turn_id, asked.request_id, fixed, principal="grace")
         rest = await follow_to_done(second, asked.turn_id, asked.seq)
         await collect_events(second.execute_message("s1", "Did it go out?"))
         history = await second.history("s1")
+        rows = await second.audit(asked.turn_id)
     [completed] = [e for e in rest if isinstance(e, ToolCompletedEvent)]
     assert completed.result.output == "sent to ada@example.com"
     assert completed.result.arguments == {"to": "ada@example.com"}
@@ -199,6 +200,17 @@ async def test_an_approval_may_change_the_arguments_the_call_runs_with(tmp_path:
         assert json.loads(shown.tool_calls[0].arguments) == {"to": "ada@example.com"}
     results = [b for b in history[0].blocks if b.kind == "tool_result"]
     assert results[0].arguments == {"to": "ada@example.com"}  # type: ignore[union-attr]
+    [answer] = [r.payloads.pause_answer for r in rows if r.payloads.pause_answer]
+    assert answer is not None  # who answered, when, how; the arguments stay out
+    assert (answer.request_id, answer.pause, answer.decision) == (
+        asked.request_id,
+        "approval",
+        "approve",
+    )
+    assert (answer.by, answer.arguments_changed) == ("grace", True)
+    assert answer.at >= asked.ts
+    seqs = [r.identity.seq_within_turn for r in rows]
+    assert seqs == list(range(1, len(seqs) + 1))  # the resumed run's rows come after it
 
 
 async def test_changed_arguments_the_tool_refuses_are_a_result_the_model_reads(

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from typing import Literal
 
 from pydantic import (
+    AwareDatetime,
     BaseModel,
     ConfigDict,
     Field,
@@ -31,6 +32,7 @@ from turnkit.ids import SessionId, StageId, ToolCallId, TurnId
 __all__ = (
     "ThreadNamingPayload",
     "InterruptedBlockPayload",
+    "PauseAnswerPayload",
     "AuditPayloads",
     "AuditRow",
     "CacheBreakpointPayload",
@@ -272,6 +274,25 @@ class InterruptedBlockPayload(BaseModel):
     """How much text the block had when the turn was stopped."""
 
 
+class PauseAnswerPayload(BaseModel):
+    """Who answered a paused turn's request, when, and how (written with the answer).
+
+    The answer's text (a note, a question's answer, changed arguments) stays out of the
+    audit: the turn's events and the model's next request carry what it needs.
+    """
+
+    model_config = _CONFIG
+    kind: Literal["pauseAnswer"] = "pauseAnswer"
+    request_id: str
+    pause: Literal["approval", "clarification", "budget"]
+    decision: Literal["approve", "deny", "answer", "budget-cleared"]
+    by: str | None = None
+    """The principal that answered (None: not known, as for a budget raised by an operator)."""
+    at: AwareDatetime
+    arguments_changed: bool = False
+    """An approval that changed the call's arguments."""
+
+
 class AuditPayloads(BaseModel):
     """One typed slot per payload kind; a row fills the slots its call needs."""
 
@@ -294,6 +315,7 @@ class AuditPayloads(BaseModel):
     interrupted_block: InterruptedBlockPayload | None = Field(
         default=None, alias="interruptedBlock"
     )
+    pause_answer: PauseAnswerPayload | None = Field(default=None, alias="pauseAnswer")
 
     def kinds(self) -> tuple[str, ...]:
         """Wire names of the filled slots."""

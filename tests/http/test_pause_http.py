@@ -158,6 +158,11 @@ async def test_an_approval_over_http_may_change_the_arguments(tmp_path: Path) ->
                 http, "GET", f"{API}/turns/{asked['turn_id']}/stream", "done",
                 headers={"Last-Event-ID": str(asked["seq"])},
             )  # fmt: skip
+            rows = (await http.get(f"{API}/turns/{asked['turn_id']}/audit")).json()["rows"]
+    answers = [r["payloads"]["pauseAnswer"] for r in rows if r["payloads"].get("pauseAnswer")]
+    assert [(a["decision"], a["arguments_changed"], a["by"]) for a in answers] == [
+        ("approve", True, None)  # an anonymous caller is nobody known
+    ]
     assert denied.status_code == 422  # arguments go with an approval only; nothing answered
     assert fixed.status_code == 202, fixed.text
     [completed] = [e for e in rest if e["type"] == "tool.completed"]

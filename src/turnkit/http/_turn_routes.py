@@ -189,7 +189,9 @@ async def _settle_pause(
     request_deps: Any,
 ) -> ResumeOut:
     record = await visible_turn(runtime, turn_id, principal)
-    await runtime.resume(record.turn_id, request_id, resolution, deps=request_deps)
+    await runtime.resume(
+        record.turn_id, request_id, resolution, deps=request_deps, principal=principal
+    )
     status = (await runtime.turn(record.turn_id)).status
     return ResumeOut(turn_id=record.turn_id, request_id=request_id, status=status)
 

@@ -158,7 +158,7 @@ async def _turn_of(
     if body.resume is not None:
         if known is None:
             raise SessionNotFoundError(f"no thread {body.thread_id!r}", session_id=body.thread_id)
-        return await _resume(runtime, body, cursor, extra)
+        return await _resume(runtime, body, cursor, {**extra, "principal": principal})
     if cursor is not None:  # a reconnect: its turn exists already, nothing is written
         return await _turn_of_run(runtime, body.thread_id, body.run_id), cursor
     content = user_content(body.messages)

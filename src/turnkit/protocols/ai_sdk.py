@@ -159,7 +159,9 @@ async def _chat(
     turns = turns or []
     last = body.messages[-1]
     if last.role == "assistant":
-        turn_id, after, asked = await _answer(runtime, turns, last, body.message_id, request_deps)
+        turn_id, after, asked = await _answer(
+            runtime, turns, last, body.message_id, request_deps, principal
+        )
         reply = replies.render(await runtime.turn(turn_id), after, asked=asked)
         return _respond(reply, turn_id)
     if last.role != "user":
@@ -248,6 +250,7 @@ async def _answer(
     message: UIMessage,
     message_id: str | None,
     request_deps: Any,
+    principal: Caller,
 ) -> tuple[TurnId, int, tuple[str, ...]]:
     """Resume the paused turn the assistant message stands for.
 
@@ -272,7 +275,9 @@ async def _answer(
         request_id, resolution = pending_answer(record, pause, message)
     except ValidationError as exc:  # an empty answer, a reason past 4,000 characters
         raise InvalidInputError(f"the answer does not fit: {exc.errors()[0]['msg']}") from exc
-    await runtime.resume(record.turn_id, request_id, resolution, deps=request_deps)
+    await runtime.resume(
+        record.turn_id, request_id, resolution, deps=request_deps, principal=principal
+    )
     # Calls whose approval was asked in this or an earlier stream and not granted: their
     # parts carry it. A granted call a plugin then denies is an error part (the SDK's
     # denied part needs a denied approval).

@@ -12,6 +12,7 @@ from turnkit.runtime._reads import RuntimeReads
 from turnkit.runtime.deps import NO_DEPS
 from turnkit.states import TurnStatus
 from turnkit.store import Submission
+from turnkit.tenancy import Principal
 
 __all__ = ("RuntimeControl",)
 
@@ -35,7 +36,13 @@ class RuntimeControl(RuntimeReads):
         return status
 
     async def resume(
-        self, turn_id: str, request_id: str, resolution: Resolution, *, deps: Any = NO_DEPS
+        self,
+        turn_id: str,
+        request_id: str,
+        resolution: Resolution,
+        *,
+        deps: Any = NO_DEPS,
+        principal: Principal | str | None = None,
     ) -> Submission:
         """Answer a paused turn's request and continue the *same* turn.
 
@@ -45,7 +52,8 @@ class RuntimeControl(RuntimeReads):
         process when `RuntimeConfig.run_in_process`, else in a worker. Follow it with
         `reader().follow(turn_id, after_seq=...)` or the HTTP resume stream. The turn runs
         with the agent it was pinned to; `deps` (else the runtime's factory) are its tools'
-        dependencies.
+        dependencies. `principal` is who answers: the turn's audit records it (a
+        `pauseAnswer` row: who, when, which decision).
 
         Raises:
             PauseNotFoundError: the turn has no such request.
@@ -74,7 +82,8 @@ class RuntimeControl(RuntimeReads):
                 kind=resolution.kind,
             )
         cause = otel.resume_cause()  # taken now; kept once the answer is in
-        await self.store.answer_pause(record.turn_id, request_id, resolution.model_dump())
+        by = principal.id if isinstance(principal, Principal) else principal
+        await self.store.answer_pause(record.turn_id, request_id, resolution.model_dump(), by=by)
         otel.note_resume(record.turn_id, cause)
         if self.config.run_in_process:
             self.host.detach(record.turn_id, deps=deps)

@@ -332,9 +332,16 @@ class PauseBook(Protocol):
     """The requests paused turns wait on, and their answers."""
 
     async def answer_pause(
-        self, turn_id: TurnId, request_id: str, answer: dict[str, JsonValue]
+        self,
+        turn_id: TurnId,
+        request_id: str,
+        answer: dict[str, JsonValue],
+        *,
+        by: str | None = None,
     ) -> PauseRequest:
         """Record the answer and make the turn runnable again, in one transaction.
+
+        A `pauseAnswer` audit row says who (`by`, a principal id) answered, when and how.
 
         Raises `PauseNotFoundError` (no such request on this turn) or
         `PauseAnsweredError` (answered already); either way nothing changes.

@@ -8,14 +8,15 @@ from datetime import datetime
 from typing import Any, cast
 
 from pydantic import JsonValue
-from sqlalchemy import Connection, delete, select, update
+from sqlalchemy import Connection, delete, func, select, update
 
+from turnkit.audit import AuditPayloads, AuditRow, CallIdentity, PauseAnswerPayload
 from turnkit.errors import PauseAnsweredError, PauseNotFoundError
 from turnkit.ids import TurnId
 from turnkit.pauses import PauseRequest
 from turnkit.states import awaiting
 from turnkit.store import TurnRecord
-from turnkit.store._schema import pauses, transcripts, turn_record, turns
+from turnkit.store._schema import audit, pauses, transcripts, turn_record, turns
 
 __all__ = ("answer", "budget_pauses", "close_open_pauses", "open_pause", "pending_answer")
 
@@ -51,9 +52,17 @@ def _open_pause(insert: Any) -> Any:
 
 
 def answer(
-    conn: Connection, turn_id: TurnId, request_id: str, value: dict[str, JsonValue], now: datetime
+    conn: Connection,
+    turn_id: TurnId,
+    request_id: str,
+    value: dict[str, JsonValue],
+    now: datetime,
+    by: str | None = None,
 ) -> PauseRequest:
-    """Answer an open request of this turn and move the turn back to `running`."""
+    """Answer an open request of this turn and move the turn back to `running`.
+
+    Its `pauseAnswer` audit row (who, when, how) is written in the same transaction.
+    """
     row = conn.execute(
         select(pauses).where(pauses.c.request_id == request_id, pauses.c.turn_id == turn_id)
     ).first()
@@ -94,7 +103,45 @@ def answer(
     )
     # The transcript the pause kept for a Stop: the turn's own end now writes its own.
     conn.execute(delete(transcripts).where(transcripts.c.turn_id == turn_id))
+    _audit_answer(conn, row, value, now, by)
     return _request(request_id, row.kind, row.payload)
+
+
+def _audit_answer(
+    conn: Connection, row: Any, value: dict[str, JsonValue], now: datetime, by: str | None
+) -> None:
+    """Append the answer's `pauseAnswer` row after the turn's rows (no driver holds it)."""
+    last = conn.execute(
+        select(func.max(audit.c.seq_within_turn)).where(audit.c.turn_id == row.turn_id)
+    ).scalar_one()
+    entry = AuditRow(
+        identity=CallIdentity(
+            session_id=row.session_id,
+            turn_id=row.turn_id,
+            stage_id="runtime",
+            seq_within_turn=(last or 0) + 1,
+        ),
+        call=None,
+        payloads=AuditPayloads(
+            pauseAnswer=PauseAnswerPayload(
+                request_id=row.request_id,
+                pause=row.kind,
+                decision=cast(Any, value.get("kind")),
+                by=by,
+                at=now,
+                arguments_changed=value.get("arguments") is not None,
+            )
+        ),
+    )
+    conn.execute(
+        audit.insert().values(
+            turn_id=row.turn_id,
+            seq_within_turn=entry.identity.seq_within_turn,
+            session_id=row.session_id,
+            stage_id="runtime",
+            data=entry.model_dump_json(by_alias=True).encode(),
+        )
+    )
 
 
 def close_open_pauses(conn: Connection, turn_id: TurnId) -> None:

@@ -165,10 +165,15 @@ class SqlStore(SqlQueue, SqlSessions, SqlBudgets):
         return await self._hot_tx(submit_sql.guided_inputs, turn_id, after_input_seq, write=False)
 
     async def answer_pause(
-        self, turn_id: TurnId, request_id: str, answer: dict[str, JsonValue]
+        self,
+        turn_id: TurnId,
+        request_id: str,
+        answer: dict[str, JsonValue],
+        *,
+        by: str | None = None,
     ) -> PauseRequest:
         """Record an answer and make the turn runnable again (one transaction)."""
-        return await self._tx(pauses_sql.answer, turn_id, request_id, answer, self._clock.now())
+        return await self._tx(pauses_sql.answer, turn_id, request_id, answer, self._clock.now(), by)
 
     async def budget_pauses(
         self, organisation: str | None = None
