@@ -10,8 +10,9 @@ from jsonschema import Draft202012Validator
 
 from tests.conftest import RuntimeFactory
 from turnkit import Agent, ToolContext, tool
-from turnkit.blocks import ImagePart, TextPart
+from turnkit.blocks import ImagePart, TextPart, ToolResultBlock
 from turnkit.events import encode_event
+from turnkit.ids import ToolCallId
 from turnkit.testing import ModelStep, ScriptedModel, call, collect_events
 
 SCHEMA = Path(__file__).parent.parent / "docs" / "reference" / "events.schema.json"
@@ -67,3 +68,11 @@ def test_the_durable_union_holds_every_durable_event_and_nothing_else() -> None:
     assert set(typing.get_args(DurableStreamEvent)) == {
         cls for cls in every if issubclass(cls, DurableEvent)
     }
+
+
+def test_a_result_whose_arguments_nobody_changed_is_written_as_before() -> None:
+    """A reader of an earlier version (events forbid unknown fields) still reads it."""
+    plain = ToolResultBlock(tool_call_id=ToolCallId("c1"), tool_name="t", output="x")
+    edited = plain.model_copy(update={"arguments": {"to": "ada"}})
+    assert "arguments" not in json.loads(plain.model_dump_json())
+    assert json.loads(edited.model_dump_json())["arguments"] == {"to": "ada"}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
@@ -30,6 +31,7 @@ from turnkit.events import (
     ToolCompletedEvent,
     ToolFailedEvent,
 )
+from turnkit.plugins import Plugin, PluginContext, ToolCall
 from turnkit.replay import ReplaySettings
 from turnkit.replay.memory import InMemoryReplayBuffer
 from turnkit.testing import ModelStep, ScriptedModel, call, collect_events
@@ -466,6 +468,101 @@ async def test_a_stop_while_a_tool_runs_keeps_the_call_and_the_results_that_came
         ("tool", "Error: the turn ended before this call finished"),
         ("assistant", "[the person stopped this turn before I answered]"),
         ("user", "hi"),
+    ]
+
+
+async def test_a_reader_of_a_paused_turn_gets_done_when_it_is_stopped(tmp_path: Path) -> None:
+    model = ScriptedModel([ModelStep.tool_call_reply(call("send_email", to="c@example.com"))])
+    async with _runtime(tmp_path / "follow.db", model) as runtime:
+        asked = (await collect_events(runtime.execute_message("s1", "email c")))[-1]
+        assert isinstance(asked, ApprovalRequestedEvent)
+        reading = asyncio.create_task(
+            collect_events(runtime.reader().events(asked.turn_id, after_seq=asked.seq))
+        )
+        await asyncio.sleep(0.2)  # the reader waits on the paused turn
+        assert await runtime.cancel(asked.turn_id) == "cancelled"
+        read = await asyncio.wait_for(reading, 10)
+    assert [e.type for e in read] == ["run.finished", "done"]
+
+
+async def test_a_stop_right_after_the_answer_keeps_what_the_pause_kept(tmp_path: Path) -> None:
+    """Answered, then stopped before any driver took the turn on: the call never ran, and
+    the next turn's model reads so."""
+    model = ScriptedModel(
+        [
+            ModelStep.tool_call_reply(call("send_email", to="c@example.com"), text="On it."),
+            ModelStep.text_reply("Hello."),
+        ]
+    )
+    config = RuntimeConfig(database_url=f"sqlite:///{tmp_path / 'race.db'}", run_in_process=False)
+    agent = Agent(model=model, tools=[send_email])
+    async with SessionRuntime(agent=agent, config=config) as queued:  # no driver here
+        asked = (await collect_events(queued.execute_message("s1", "email c")))[-1]
+        assert isinstance(asked, ApprovalRequestedEvent)
+        await queued.resume(asked.turn_id, asked.request_id, Approve())
+        assert await queued.cancel(asked.turn_id) == "cancelled"
+    async with _runtime(tmp_path / "race.db", model) as runtime:
+        await collect_events(runtime.execute_message("s1", "hi"))
+    assert RUNS == []
+    shown = [(m.role, m.content) for m in model.calls[-1].messages]
+    assert shown[1:] == [
+        ("user", "email c"),
+        ("assistant", "On it."),
+        ("tool", "Error: the turn ended before this call finished"),
+        ("assistant", "[the person stopped this turn before I answered]"),
+        ("user", "hi"),
+    ]
+
+
+class _SlowObserver(Plugin):
+    """Looks at each result slowly (a log sink over the network, say)."""
+
+    name: ClassVar[str] = "slow-observer"
+
+    async def after_tool_call(self, ctx: PluginContext, call: ToolCall, result: object) -> None:
+        await asyncio.sleep(0.3)
+
+
+@tool(approval="always")
+async def send_note(text: str) -> str:
+    """Send a note (a side effect a person approves)."""
+    RUNS.append(text)
+    return f"sent {text}"
+
+
+async def test_a_stop_mid_batch_keeps_the_changed_arguments_and_the_results_that_came_in(
+    tmp_path: Path,
+) -> None:
+    model = ScriptedModel(
+        [
+            ModelStep.tool_call_reply(
+                call("send_note", text="draft"), call("slow_lookup", order="7"), text="On it."
+            ),
+            ModelStep.text_reply("Hello."),
+        ]
+    )
+    agent = Agent(model=model, tools=[send_note, slow_lookup], plugins=[_SlowObserver()])
+    config = RuntimeConfig(database_url=f"sqlite:///{tmp_path / 'batch.db'}")
+    async with SessionRuntime(agent=agent, config=config) as runtime:
+        asked = (await collect_events(runtime.execute_message("s1", "note it")))[-1]
+        assert isinstance(asked, ApprovalRequestedEvent)
+        await runtime.resume(asked.turn_id, asked.request_id, Approve(arguments={"text": "final"}))
+        async for event in runtime.reader().events(asked.turn_id, after_seq=asked.seq):
+            if isinstance(event, ToolCompletedEvent):  # the note is sent; the lookup runs
+                assert await runtime.cancel(asked.turn_id) == "cancelled"
+                break
+        await collect_events(runtime.execute_message("s1", "hi"))
+    assert RUNS == ["final"]
+    shown = [
+        (m.role, m.content, [c.arguments for c in m.tool_calls]) for m in model.calls[-1].messages
+    ]
+    assert shown[1:] == [
+        ("user", "note it", []),
+        ("assistant", "On it.", ['{"text": "final"}', '{"order": "7"}']),
+        ("tool", "sent final", []),
+        ("tool", "Error: the turn ended before this call finished", []),
+        ("assistant", "[the person stopped this turn before I answered]", []),
+        ("user", "hi", []),
     ]
 
 

@@ -136,6 +136,10 @@ class ToolUseBlock(BaseModel):
     arguments: dict[str, JsonValue]
 
 
+def _unset(value: object) -> bool:
+    return value is None
+
+
 class ToolResultBlock(BaseModel):
     """What a tool answered, or why it failed; the model reads both."""
 
@@ -148,9 +152,10 @@ class ToolResultBlock(BaseModel):
     is_error: bool = False
     error: str | None = None
     """Why the call failed, written for the model to read."""
-    arguments: dict[str, JsonValue] | None = None
-    """The arguments the call ran with when a person changed them at approval (None: the
-    model's, as its `tool.started` shows them)."""
+    arguments: dict[str, JsonValue] | None = Field(default=None, exclude_if=_unset)
+    """The arguments the call ran with when a person changed them at approval (absent: the
+    model's, as its `tool.started` shows them; left out then, so a reader of an earlier
+    version still reads the block)."""
 
 
 Block = Annotated[

@@ -14,6 +14,7 @@ from turnkit.runtime._cancel import CancelToken
 from turnkit.runtime._host import TurnHost
 from turnkit.runtime._slots import Slot
 from turnkit.runtime.reader import TurnReader
+from turnkit.states import PAUSED_STATES
 from turnkit.store import Store, Submission, TurnRecord
 
 __all__ = ("follow_submission",)
@@ -88,17 +89,19 @@ async def _repeated(
     """A repeated request's turn: what it committed, then the rest while it still runs.
 
     It ends where the first request's stream would have: at `done`, or where the turn
-    waits for a person.
+    waits for a person. The status is read first: a turn that ends or pauses meanwhile is
+    still followed to that event.
     """
+    running = (await turn(turn_id)).status == "running"
     last = 0
     async for stored in store.read_events(turn_id):
-        event = stored.decode()
         last = stored.seq
-        yield event
-    record = await turn(turn_id)
-    if record.status != "running":
+        yield stored.decode()
+    if not running:
         return  # ended, or waiting for a person: what it committed is all there is
     async for live in reader().events(turn_id, after_seq=last):
         yield live
-        if live.type == "done" or live.type in _WAITS:
+        if live.type == "done":
             return
+        if live.type in _WAITS and (await turn(turn_id)).status in PAUSED_STATES:
+            return  # waits for a person (a Stop that came first goes on to its done)

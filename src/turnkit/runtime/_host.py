@@ -161,7 +161,7 @@ class TurnHost:
             record = await store.get_turn(turn_id)
             after = record.last_seq - 2 if record is not None else 0
             ending = [
-                (e.seq, e.data, True)
+                (e.seq, e.data, e.type == "done")  # a reader's stream ends at done only
                 async for e in store.read_events(turn_id, after_seq=after)
                 if e.type in ("run.finished", "done")  # the Store's ending: its account, done
             ]

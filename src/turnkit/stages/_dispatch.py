@@ -32,8 +32,16 @@ from turnkit.stages._message_list import preview_chars, result_message, result_t
 from turnkit.stages._offered import offered_tools
 from turnkit.stages._planning import is_planning_tool, run_planning_tool
 from turnkit.stages._plugins import after_tool_call, before_tool_call, guard
-from turnkit.stages._tool_pauses import Edited, Settled, is_clarify, pause_key, settle_pause
+from turnkit.stages._tool_pauses import (
+    Edited,
+    Settled,
+    is_clarify,
+    pause_key,
+    settle_pause,
+    with_arguments_run,
+)
 from turnkit.stages._types import StageContext, TranscriptMessage
+from turnkit.telemetry import Recorder
 from turnkit.tools import Tool, ToolArgumentsError, ToolContext
 from turnkit.tools._errors import ToolResultError
 from turnkit.tools._storable import storable
@@ -89,6 +97,7 @@ async def dispatch_tools(
                 edited[part.tool_call_id] = outcome.arguments
             elif outcome is not None:
                 settled[part.tool_call_id] = outcome
+    _keep_edits(rec, edited)
 
     async def run(
         part: ToolCallPart,
@@ -125,15 +134,23 @@ async def dispatch_tools(
         result = _record_result(
             ctx, part, answered_by, output, problem, code, duration, edited.get(call_id)
         )
+        message = _remember(ctx, result)  # an ending from here on keeps it
         if batch:  # committed as it comes in: a crash now does not run it again
             await rec.flush()
         await after_tool_call(ctx, view, result)
-        return _remember(ctx, result)
+        return message
 
     batch = len(plans) > 1
     if not batch:
         return [await run(*plans[0])]
     return list(await asyncio.gather(*(run(*plan) for plan in plans)))
+
+
+def _keep_edits(rec: Recorder, edited: Mapping[str, dict[str, JsonValue]]) -> None:
+    """An ending from here on keeps the calls as they run: with the person's arguments."""
+    if edited:
+        shown = rec.notes.transcript
+        rec.notes.transcript = [*shown[:-1], with_arguments_run(shown[-1], edited)]
 
 
 def _record_result(

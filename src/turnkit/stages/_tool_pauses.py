@@ -7,12 +7,14 @@ exactly once however often the node is replayed.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import JsonValue
 
+from turnkit.context.transcript import TranscriptToolCall
 from turnkit.errors import ErrorCode
 from turnkit.events import ApprovalRequestedEvent, ClarificationRequestedEvent
 from turnkit.ids import ToolCallId, derive_id
@@ -28,10 +30,10 @@ from turnkit.pauses import (
     needs_approval,
     summarize_call,
 )
-from turnkit.stages._types import StageContext
+from turnkit.stages._types import StageContext, TranscriptMessage
 from turnkit.tools import Tool, ToolClass
 
-__all__ = ("Edited", "Settled", "is_clarify", "pause_key", "settle_pause")
+__all__ = ("Edited", "Settled", "is_clarify", "pause_key", "settle_pause", "with_arguments_run")
 
 Settled = tuple[str | None, ErrorCode, JsonValue]
 """A call answered without running it: (problem, its code, output)."""
@@ -42,6 +44,24 @@ class Edited:
     """An approved call that runs with the arguments the person gave instead."""
 
     arguments: dict[str, JsonValue]
+
+
+def with_arguments_run(
+    asked: TranscriptMessage, edited: Mapping[str, Mapping[str, JsonValue]]
+) -> TranscriptMessage:
+    """`asked` with the arguments a person gave at approval (by call id), as they ran.
+
+    The model then reads its calls with them, as if it had written them.
+    """
+    if not edited:
+        return asked
+    calls: list[TranscriptToolCall] = [
+        {**c, "arguments": json.dumps(edited[c["id"]], ensure_ascii=False)}
+        if c["id"] in edited
+        else c
+        for c in asked.get("tool_calls", [])
+    ]
+    return {**asked, "tool_calls": calls}
 
 
 def is_clarify(ctx: StageContext, part: ToolCallPart) -> bool:

@@ -32,6 +32,7 @@ from turnkit.stages._message_list import (
 from turnkit.stages._offered import offered_tools
 from turnkit.stages._plugins import after_model_response
 from turnkit.stages._thinking import ANSWER_UNDER_WAY_CHARS, ThinkingSummary, thinking_of
+from turnkit.stages._tool_pauses import with_arguments_run
 from turnkit.stages._types import (
     PendingAnswer,
     StageContext,
@@ -104,31 +105,15 @@ async def run_tool_loop(
         generation_id=generation,
         known_errors=_known_errors(committed),
     )
-    ran = _as_run(ctx, calls)
-    assistant = (
-        asked
-        if ran == calls
-        else to_transcript(ModelMessage(role="assistant", content=response.text, tool_calls=ran))
-    )
+    ran_with = {
+        call_id: result.arguments
+        for call_id, result in rec.notes.results.items()
+        if result.arguments is not None
+    }
+    assistant = with_arguments_run(asked, ran_with)  # a person's changes, as they ran
     return StageOutcome(
         transcript=[*transcript, assistant, *results], route="tool-loop", previous=previous
     )
-
-
-def _as_run(ctx: StageContext, calls: tuple[ToolCallPart, ...]) -> tuple[ToolCallPart, ...]:
-    """The calls as they ran: with the arguments a person gave at approval, if any.
-
-    The model then reads its call as it ran, as if it had written those arguments.
-    """
-    ran: list[ToolCallPart] = []
-    for call in calls:
-        result = ctx.recorder.notes.results.get(call.tool_call_id)
-        edited = result.arguments if result is not None else None
-        if edited is not None:
-            arguments = json.dumps(edited, ensure_ascii=False)
-            call = ToolCallPart(tool_call_id=call.tool_call_id, name=call.name, arguments=arguments)
-        ran.append(call)
-    return tuple(ran)
 
 
 @dataclass(frozen=True, slots=True)

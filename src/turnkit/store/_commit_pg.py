@@ -90,13 +90,14 @@ WITH fence AS (
 ), dropped AS (
     -- The session keeps one last request: the newest turn's (the row below is not seen).
     UPDATE tk_transcripts SET last_request = NULL
-    WHERE $27::text IS NOT NULL AND last_request IS NOT NULL
+    WHERE $27::text IS NOT NULL AND last_request IS NOT NULL AND turn_id <> $1
         AND session_id = (SELECT session_id FROM fence)
 ), kept AS (
     INSERT INTO tk_transcripts (turn_id, session_id, input_seq, replaces_history, messages,
                                 last_request)
     SELECT $1, f.session_id, f.input_seq, $25, $26, $27 FROM fence f WHERE $24
-    ON CONFLICT DO NOTHING
+    ON CONFLICT (turn_id) DO UPDATE SET replaces_history = EXCLUDED.replaces_history,
+        messages = EXCLUDED.messages, last_request = EXCLUDED.last_request
 ), {_ROWS}"""
 END = _END.replace("{rider}", "")
 

@@ -8,7 +8,7 @@ from datetime import datetime
 from typing import Any, cast
 
 from pydantic import JsonValue
-from sqlalchemy import Connection, delete, func, select, update
+from sqlalchemy import Connection, func, select, update
 
 from turnkit.audit import AuditPayloads, AuditRow, CallIdentity, PauseAnswerPayload
 from turnkit.errors import PauseAnsweredError, PauseNotFoundError
@@ -16,7 +16,7 @@ from turnkit.ids import TurnId
 from turnkit.pauses import PauseRequest
 from turnkit.states import awaiting
 from turnkit.store import TurnRecord
-from turnkit.store._schema import audit, pauses, transcripts, turn_record, turns
+from turnkit.store._schema import audit, pauses, turn_record, turns
 
 __all__ = ("answer", "budget_pauses", "close_open_pauses", "open_pause", "pending_answer")
 
@@ -101,8 +101,6 @@ def answer(
         .where(pauses.c.request_id == request_id, pauses.c.status == "open")
         .values(status="answered", answer=json.dumps(value), answered_at=now)
     )
-    # The transcript the pause kept for a Stop: the turn's own end now writes its own.
-    conn.execute(delete(transcripts).where(transcripts.c.turn_id == turn_id))
     _audit_answer(conn, row, value, now, by)
     return _request(request_id, row.kind, row.payload)
 

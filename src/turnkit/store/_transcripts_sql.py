@@ -53,7 +53,7 @@ def keep(
         owner = (found.session_id, found.input_seq)
     session_id, input_seq = owner
     if values["last_request"] is not None:
-        conn.execute(_DROP_LAST_REQUEST, {"d_session": session_id})
+        conn.execute(_DROP_LAST_REQUEST, {"d_session": session_id, "d_turn": turn_id})
     conn.execute(
         _insert_row(insert),
         {"turn_id": turn_id, "session_id": session_id, "input_seq": input_seq, **values},
@@ -62,7 +62,15 @@ def keep(
 
 @functools.cache
 def _insert_row(insert: Any) -> Any:
-    return insert(transcripts).on_conflict_do_nothing()
+    # A paused turn keeps the row a Stop would leave; its later pause or ending replaces it.
+    statement = insert(transcripts)
+    return statement.on_conflict_do_update(
+        index_elements=["turn_id"],
+        set_={
+            name: getattr(statement.excluded, name)
+            for name in ("replaces_history", "messages", "last_request")
+        },
+    )
 
 
 _OWNER = select(turns.c.session_id, turns.c.input_seq).where(turns.c.turn_id == bindparam("o_turn"))
@@ -71,6 +79,7 @@ _DROP_LAST_REQUEST = (
     .where(
         transcripts.c.session_id == bindparam("d_session"),
         transcripts.c.last_request.is_not(None),
+        transcripts.c.turn_id != bindparam("d_turn"),
     )
     .values(last_request=None)
 )
