@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -9,6 +10,7 @@ import pytest
 
 from turnkit import Agent, DepsScope, RuntimeConfig, SessionRuntime, ToolContext, tool
 from turnkit.events import ToolCompletedEvent, ToolFailedEvent
+from turnkit.runtime.worker import Worker
 from turnkit.testing import ModelStep, ScriptedModel, call, collect_events
 
 
@@ -104,3 +106,25 @@ async def test_a_deps_type_imported_for_type_checking_only_still_asks_for_deps(
     assert failed.result.error is not None
     assert "takes ToolContext[AppDeps], but this turn has no deps" in failed.result.error
     assert "NoneType" not in failed.result.error
+
+
+async def test_a_turn_the_runtimes_own_worker_drives_has_the_deps_its_caller_gave(
+    tmp_path: Path,
+) -> None:
+    """The recovery loop (a worker of the same runtime) may claim a queued turn before its
+    caller's task does: it drives it with the deps the caller handed in, not none."""
+    model = ScriptedModel([ModelStep.tool_call_reply(call("whoami")), ModelStep.text_reply("Ok.")])
+    config = RuntimeConfig(database_url=f"sqlite:///{tmp_path / 'w.db'}", run_in_process=False)
+    async with SessionRuntime(agent=Agent(model=model, tools=[whoami]), config=config) as runtime:
+        submission = await runtime.start("s1", "who?", deps=AppDeps(tenant="acme"))
+        stop = asyncio.Event()
+        working = asyncio.create_task(Worker(runtime, poll_interval_s=0.02).run(stop))
+        try:
+            events = await asyncio.wait_for(
+                collect_events(runtime.reader().events(submission.turn_id)), 10
+            )
+        finally:
+            stop.set()
+            await working
+    [done] = [e for e in events if isinstance(e, ToolCompletedEvent)]
+    assert done.result.output == "acme"

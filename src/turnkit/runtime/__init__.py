@@ -276,6 +276,8 @@ class SessionRuntime(RuntimeControl, RuntimeCallbacks, RuntimeBudgets, RuntimeRe
                 documents=documents,
             )
         )
+        if submission.is_new and deps is not NO_DEPS:  # whoever here drives it uses them
+            self.host.keep_deps(submission.turn_id, deps)
         follow = follow_submission(
             submission,
             host=self.host,
@@ -341,6 +343,8 @@ class SessionRuntime(RuntimeControl, RuntimeCallbacks, RuntimeBudgets, RuntimeRe
             ),
             claim=self.config.run_in_process,
         )
+        if submission.is_new and deps is not NO_DEPS:  # whoever here drives it uses them
+            self.host.keep_deps(submission.turn_id, deps)
         if submission.is_new and not submission.guided and self.config.run_in_process:
             self.host.detach(
                 submission.turn_id,

@@ -343,6 +343,18 @@ class TurnHost:
             return await self._cancel(turn_id, again=False)
         return status
 
+    def keep_deps(self, turn_id: TurnId, deps: Any) -> Any:
+        """Keep the deps a caller handed in for a turn (while it may run here); what is kept.
+
+        Whoever drives the turn in this process (its caller's stream, a detached task, the
+        runtime's recovery loop) drives it with them, not the deps factory's.
+        """
+        return self._deps.keep(turn_id, deps)
+
+    def turn_ended(self, turn_id: TurnId) -> None:
+        """Forget what was kept for a turn that ended (its handed-in deps)."""
+        self._deps.drop(turn_id)
+
     async def _stop_streamed(self, turn_id: TurnId) -> bool:
         """Cancel the driver of a turn streamed to a caller here; False if none is.
 

@@ -16,6 +16,7 @@ from turnkit.runtime import SessionRuntime
 from turnkit.runtime._publish import BufferPublisher
 from turnkit.runtime._slots import Slot
 from turnkit.runtime._turn_log import TurnLog, hand_over_all
+from turnkit.runtime.deps import NO_DEPS
 from turnkit.runtime.driver import TurnDriver
 from turnkit.store import Lease
 
@@ -257,9 +258,15 @@ class Worker:
         outcome = "ended"
         async with BufferPublisher(self.runtime.replay, lease.turn_id) as publisher:
             try:
-                driver = await self.runtime.runner().driver(lease, sink=said.watching(publisher))
+                host = self.runtime.host
+                deps = host.keep_deps(lease.turn_id, NO_DEPS)  # a caller's here, if any
+                driver = await self.runtime.runner().driver(
+                    lease, sink=said.watching(publisher), deps=deps
+                )
                 self._drivers[task] = driver
                 await driver.run()
+                if driver.ended:
+                    host.turn_ended(lease.turn_id)
                 outcome = said.outcome(driver)  # abandoned by the drain: left, not ended
             except asyncio.CancelledError:
                 # Stopped here, or ended by the driver itself (Stop pressed in another
