@@ -190,6 +190,55 @@ def test_serve_on_a_port_in_use_says_so_in_one_line(tmp_path: Path) -> None:
     assert "serving on" not in done.stdout
 
 
+def test_serve_serves_the_runtime_its_flag_names(tmp_path: Path) -> None:
+    """`--runtime`: the quickstart app around the app's own runtime (its deps factory)."""
+    import socket
+
+    (tmp_path / "servedapp.py").write_text(
+        "from turnkit import Agent, RuntimeConfig, SessionRuntime, ToolContext, tool\n"
+        "from turnkit.testing import ModelStep, ScriptedModel, call\n"
+        "@tool\n"
+        "async def tenant(ctx: ToolContext[dict]) -> str:\n"
+        "    '''The caller tenant.'''\n"
+        "    return ctx.deps['tenant']\n"
+        "model = ScriptedModel([ModelStep.tool_call_reply(call('tenant')),\n"
+        "                       ModelStep.text_reply('Served.')])\n"
+        "agent = Agent(model=model, tools=[tenant], skip_stages=frozenset({'anchor-plan'}))\n"
+        f"URL = 'sqlite:///{tmp_path / 'app.db'}'\n"
+        "async def build() -> SessionRuntime:\n"
+        "    return SessionRuntime(agent=agent, config=RuntimeConfig(database_url=URL),\n"
+        "                          deps=lambda scope: {'tenant': 'acme'})\n"
+    )
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    paths = [str(tmp_path), *filter(None, [os.environ.get("PYTHONPATH")])]
+    env = {**os.environ, "TURNKIT_GC": "python", "PYTHONPATH": os.pathsep.join(paths)}
+    for name in ("TURNKIT_DATABASE_URL", "TURNKIT_AGENT", "TURNKIT_MODEL", "TURNKIT_RUNTIME"):
+        env.pop(name, None)
+    refused = subprocess.run(
+        [sys.executable, "-m", "turnkit.cli", "serve", "--runtime", "servedapp:build",
+         "--agent", "servedapp:agent"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert refused.returncode == 2
+    assert refused.stderr.startswith("turnkit: --agent cannot be given with --runtime")
+    argv = [sys.executable, "-m", "turnkit.cli", "serve", "--port", str(port)]
+    log = (tmp_path / "serve.log").open("w")
+    served_env = {**env, "TURNKIT_RUNTIME": "servedapp:build"}
+    server = subprocess.Popen(argv, cwd=tmp_path, env=served_env, stdout=log, stderr=log)
+    try:
+        body = _execute_once_up(server, port, tmp_path / "serve.log")
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+        log.close()
+    assert '"output":"acme"' in body  # the app's deps factory, not none
+    assert "Served." in body
+    assert (tmp_path / "app.db").exists()  # the runtime's database, not ./turnkit.db
+    assert not (tmp_path / "turnkit.db").exists()
+
+
 def test_serve_hosts_the_agents_its_flags_name(tmp_path: Path) -> None:
     import socket
     import urllib.error

@@ -10,7 +10,7 @@ import os
 import socket
 import sys
 from collections.abc import Iterator, Sequence
-from typing import TextIO
+from typing import Any, TextIO
 
 from pydantic import ValidationError
 
@@ -44,7 +44,7 @@ from turnkit.cli._settings import (
     tune_gc,
 )
 from turnkit.cli._tidy import prune_sessions, sweep
-from turnkit.cli._worker import work
+from turnkit.cli._worker import load_runtime, refuse_beside_runtime, work
 from turnkit.config import (
     env_idle_window_s,
     env_plugins,
@@ -310,18 +310,7 @@ async def _serve(args: argparse.Namespace, out: TextIO) -> int:
         ) from exc
 
     collector = gc_mode()  # a bad value stops before anything is imported or opened
-
-    os.environ["TURNKIT_DATABASE_URL"] = (
-        args.database_url
-    )  # the flag wins (its default is $TURNKIT_DATABASE_URL)
-    if args.database_schema:
-        os.environ["TURNKIT_DATABASE_SCHEMA"] = args.database_schema
-    if args.checkpoint_durability:
-        os.environ["TURNKIT_CHECKPOINT_DURABILITY"] = args.checkpoint_durability
-    if args.budgets:
-        os.environ["TURNKIT_BUDGETS"] = args.budgets
-    if named := named_agents(args):
-        os.environ["TURNKIT_AGENT"] = ",".join(named)
+    runtime = await _served_runtime(args)
     if not is_loopback_host(args.host) and not os.environ.get("TURNKIT_AUTH"):
         logging.getLogger("turnkit.cli").warning(
             "serving %s with no TURNKIT_AUTH: every caller is anonymous and shares every "
@@ -335,7 +324,7 @@ async def _serve(args: argparse.Namespace, out: TextIO) -> int:
 
         os.environ["TURNKIT_ALLOWED_HOSTS"] = ",".join((*LOOPBACK_HOSTS, args.host))
     config = uvicorn.Config(
-        "turnkit.quickstart:app",
+        _app_around(runtime) if runtime is not None else "turnkit.quickstart:app",
         host=args.host,
         port=args.port,
         log_level="info",
@@ -343,12 +332,16 @@ async def _serve(args: argparse.Namespace, out: TextIO) -> int:
     )
     # Reach the database before serving: one it cannot use is one line and exit 2, not a
     # failed lifespan's traceback after "serving on".
-    store = SqlStore.from_url(args.database_url, schema=args.database_schema)
+    url, schema = args.database_url, args.database_schema
+    if runtime is not None:
+        url, schema = runtime.config.database_url, runtime.config.database_schema
+    store = SqlStore.from_url(url, schema=schema)
     try:
         refuse_newer(await store.schema_revision())  # a rollback: its lifespan would fail
     finally:
         await store.close()
-    await _check_replay(os.environ.get("TURNKIT_REDIS_URL"))
+    if runtime is None:  # the app's runtime brought its own replay buffer
+        await _check_replay(os.environ.get("TURNKIT_REDIS_URL"))
     sock = _listening_socket(args.host, args.port)  # a port in use is one line, exit 2
     try:
         config.load()  # import the app now, so what it allocates is frozen with the rest
@@ -364,6 +357,47 @@ async def _serve(args: argparse.Namespace, out: TextIO) -> int:
     finally:
         sock.close()
     return 0
+
+
+async def _served_runtime(args: argparse.Namespace) -> SessionRuntime | None:
+    """The app's runtime (`--runtime`); else None, and the flags set the environment.
+
+    Without a runtime of its own, the quickstart app builds one from the environment.
+    """
+    if args.runtime:
+        refuse_beside_runtime(args.argv)
+        return await load_runtime(args.runtime)
+    os.environ["TURNKIT_DATABASE_URL"] = (
+        args.database_url
+    )  # the flag wins (its default is $TURNKIT_DATABASE_URL)
+    if args.database_schema:
+        os.environ["TURNKIT_DATABASE_SCHEMA"] = args.database_schema
+    if args.checkpoint_durability:
+        os.environ["TURNKIT_CHECKPOINT_DURABILITY"] = args.checkpoint_durability
+    if args.budgets:
+        os.environ["TURNKIT_BUDGETS"] = args.budgets
+    if named := named_agents(args):
+        os.environ["TURNKIT_AGENT"] = ",".join(named)
+    return None
+
+
+def _app_around(runtime: SessionRuntime) -> Any:
+    """The quickstart app serving `runtime`, with the settings `TURNKIT_*` give the app."""
+    from turnkit.quickstart import (
+        allowed_hosts_from_env,
+        allowed_origins_from_env,
+        auth_from_env,
+        create_app,
+        max_body_bytes_from_env,
+    )
+
+    return create_app(
+        runtime,
+        max_body_bytes=max_body_bytes_from_env(),
+        auth=auth_from_env(),
+        allowed_hosts=allowed_hosts_from_env(),
+        allowed_origins=allowed_origins_from_env(),
+    )
 
 
 async def _check_replay(url: str | None) -> None:

@@ -369,6 +369,13 @@ def _add_serve(sub: _Subparsers) -> None:
         help="`package.module:name` of an Agent to host; repeat it to host several (the "
         "first is the default; default: $TURNKIT_AGENT, else the demo agent)",
     )
+    serve.add_argument(
+        "--runtime",
+        default=os.environ.get("TURNKIT_RUNTIME") or None,
+        help="`package.module:name` of your app's SessionRuntime, or of a function returning "
+        "one: the app serves it (its agents, database, deps, served models and settings) "
+        "(default: $TURNKIT_RUNTIME; not with --agent or the flags that build a runtime)",
+    )
     _database_args(serve)
     _durability_arg(serve)
     _budgets_arg(serve)

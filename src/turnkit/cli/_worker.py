@@ -26,7 +26,7 @@ from turnkit.runtime import SessionRuntime
 from turnkit.runtime.worker import Worker
 from turnkit.store.sql import shown_url
 
-__all__ = ("RUNTIME_FLAGS", "hosted_agents", "load_runtime", "work")
+__all__ = ("RUNTIME_FLAGS", "hosted_agents", "load_runtime", "refuse_beside_runtime", "work")
 
 RUNTIME_FLAGS: Final = (
     "--agent",
@@ -70,7 +70,7 @@ async def load_runtime(spec: str) -> SessionRuntime:
     return runtime
 
 
-def _refuse_beside_runtime(argv: Sequence[str]) -> None:
+def refuse_beside_runtime(argv: Sequence[str]) -> None:
     """Refuse the flags that build a runtime, given with a value, beside `--runtime`.
 
     An empty value is none (compose's `--agent ${TURNKIT_AGENT:-}` with the variable unset).
@@ -97,7 +97,7 @@ def _refuse_beside_runtime(argv: Sequence[str]) -> None:
 async def work(args: argparse.Namespace, out: TextIO) -> int:
     """Drive queued turns until SIGINT or SIGTERM, then leave the rest to other workers."""
     if args.runtime:
-        _refuse_beside_runtime(args.argv)
+        refuse_beside_runtime(args.argv)
         runtime = await load_runtime(args.runtime)
         # This worker is the claim loop: the runtime's own would claim beside it, past
         # --concurrency, and on through the drain.
