@@ -51,6 +51,17 @@ def _database_args(parser: argparse.ArgumentParser, *, suppress: bool = False) -
     )
 
 
+def _runtime_arg(parser: argparse.ArgumentParser, role: str) -> None:
+    """`--runtime`: the app's own `SessionRuntime`, whose parts `role`."""
+    parser.add_argument(
+        "--runtime",
+        default=os.environ.get("TURNKIT_RUNTIME") or None,
+        help="`package.module:name` of your app's SessionRuntime, or of a function returning "
+        f"one: its agents, database, deps, served models and settings {role} "
+        "(default: $TURNKIT_RUNTIME; not with --agent or the flags that build a runtime)",
+    )
+
+
 class _OneLineErrors(argparse.ArgumentParser):
     """A parser whose errors are one line, without the usage (a deleting command's)."""
 
@@ -158,13 +169,7 @@ def _add_worker(sub: _Subparsers) -> None:
         "first is the default; the current directory is importable; default: $TURNKIT_AGENT, "
         "else the demo agent)",
     )
-    worker.add_argument(
-        "--runtime",
-        default=os.environ.get("TURNKIT_RUNTIME") or None,
-        help="`package.module:name` of your app's SessionRuntime, or of a function returning "
-        "one: its agents, database, deps, served models and settings drive the turns "
-        "(default: $TURNKIT_RUNTIME; not with --agent or the flags that build a runtime)",
-    )
+    _runtime_arg(worker, "drive the turns")
     worker.add_argument(
         "--concurrency",
         type=at_least_one,
@@ -369,13 +374,7 @@ def _add_serve(sub: _Subparsers) -> None:
         help="`package.module:name` of an Agent to host; repeat it to host several (the "
         "first is the default; default: $TURNKIT_AGENT, else the demo agent)",
     )
-    serve.add_argument(
-        "--runtime",
-        default=os.environ.get("TURNKIT_RUNTIME") or None,
-        help="`package.module:name` of your app's SessionRuntime, or of a function returning "
-        "one: the app serves it (its agents, database, deps, served models and settings) "
-        "(default: $TURNKIT_RUNTIME; not with --agent or the flags that build a runtime)",
-    )
+    _runtime_arg(serve, "are what the app serves")
     _database_args(serve)
     _durability_arg(serve)
     _budgets_arg(serve)
