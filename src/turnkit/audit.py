@@ -274,6 +274,10 @@ class InterruptedBlockPayload(BaseModel):
     """How much text the block had when the turn was stopped."""
 
 
+Decision = Literal["approve", "deny", "answer", "budget-cleared"]
+DECISIONS: tuple[Decision, ...] = ("approve", "deny", "answer", "budget-cleared")
+
+
 class PauseAnswerPayload(BaseModel):
     """Who answered a paused turn's request, when, and how (written with the answer).
 
@@ -285,7 +289,8 @@ class PauseAnswerPayload(BaseModel):
     kind: Literal["pauseAnswer"] = "pauseAnswer"
     request_id: str
     pause: Literal["approval", "clarification", "budget"]
-    decision: Literal["approve", "deny", "answer", "budget-cleared"]
+    decision: Decision | None = None
+    """How it was answered (None: an answer of a shape turnkit does not write itself)."""
     by: str | None = None
     """The principal that answered (None: not known, as for a budget raised by an operator)."""
     at: AwareDatetime

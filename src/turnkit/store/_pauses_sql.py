@@ -10,7 +10,13 @@ from typing import Any, cast
 from pydantic import JsonValue
 from sqlalchemy import Connection, func, select, update
 
-from turnkit.audit import AuditPayloads, AuditRow, CallIdentity, PauseAnswerPayload
+from turnkit.audit import (
+    DECISIONS,
+    AuditPayloads,
+    AuditRow,
+    CallIdentity,
+    PauseAnswerPayload,
+)
 from turnkit.errors import PauseAnsweredError, PauseNotFoundError
 from turnkit.ids import TurnId
 from turnkit.pauses import PauseRequest
@@ -124,7 +130,7 @@ def _audit_answer(
             pauseAnswer=PauseAnswerPayload(
                 request_id=row.request_id,
                 pause=row.kind,
-                decision=cast(Any, value.get("kind")),
+                decision=next((d for d in DECISIONS if d == value.get("kind")), None),
                 by=by,
                 at=now,
                 arguments_changed=value.get("arguments") is not None,
