@@ -20,7 +20,6 @@ from turnkit.events import (
     ErrorEvent,
     MessageCompleteEvent,
     RunFinishedEvent,
-    ToolTiming,
 )
 from turnkit.ids import StageId
 from turnkit.runtime._transcript import ended_transcript
@@ -161,28 +160,7 @@ def _summary(
 
 def _finished(rec: Recorder, summary: RunSummary, stage: StageId) -> None:
     """Stage `run.finished`: the attempt's own account, just before `done`."""
-    rec.durable(
-        RunFinishedEvent,
-        stage,
-        status=summary.status,
-        attempt=summary.attempt,
-        model=summary.model,
-        model_calls=summary.model_calls,
-        input_tokens=summary.input_tokens,
-        output_tokens=summary.output_tokens,
-        cached_tokens=summary.cached_tokens,
-        cost_usd=summary.cost_usd,
-        tool_timings=tuple(
-            ToolTiming(tool=name, duration_ms=ms) for name, ms in summary.tool_timings
-        ),
-        context_messages=summary.context_messages,
-        context_tokens=summary.context_tokens,
-        stop_reason=summary.stop_reason,
-        error_code=summary.error_code,
-        duration_ms=summary.duration_ms,
-        recoveries=summary.recoveries,
-        skipped_events=summary.skipped_events,
-    )
+    rec.durable(RunFinishedEvent, stage, **summary.event_fields())
 
 
 def _keep_interrupted(rec: Recorder, call: OpenCall) -> InterruptedBlockPayload | None:

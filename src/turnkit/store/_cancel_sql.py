@@ -65,8 +65,8 @@ def cancel(
     if live:
         conn.execute(update(turns).where(turns.c.turn_id == turn_id).values(cancel_requested=True))
         return "running"
-    spent = read_usage(conn, turn_id)
-    ending = _ending(row, turn_id, now, spent)
+    spent_summary = _spent(row, read_usage(conn, turn_id))
+    ending = _ending(row, turn_id, now, spent_summary)
     seq = ending[-1].seq
     won = conn.execute(
         update(turns)
@@ -83,7 +83,7 @@ def cancel(
             lease_owner=None,
             last_seq=seq,
             updated_at=now,
-            **({"summary": _summary(ending[0]).model_dump_json()} if len(ending) > 1 else {}),
+            **({"summary": spent_summary.model_dump_json()} if spent_summary else {}),
         )
     )
     if won.rowcount != 1:
@@ -100,53 +100,39 @@ def cancel(
     return "cancelled"
 
 
-def _ending(
-    row: Any, turn_id: TurnId, now: datetime, spent: UsageDelta
-) -> list[RunFinishedEvent | DoneEvent]:
-    """The events that end the turn here: `done`, after `run.finished` if it spent anything.
+def _spent(row: Any, spent: UsageDelta) -> RunSummary | None:
+    """The turn's whole account (its attempts before a pause, say), if it spent anything."""
+    if not (spent.model_calls or spent.input_tokens or spent.cost_usd):
+        return None
+    return RunSummary(
+        status="cancelled",
+        model_calls=spent.model_calls,
+        input_tokens=spent.input_tokens,
+        output_tokens=spent.output_tokens,
+        cached_tokens=spent.cached_tokens,
+        cost_usd=spent.cost_usd,
+        stop_reason="aborted",
+        model=row.model,
+        attempt=max(1, row.attempts),
+    )
 
-    The account is the turn's whole spend (its attempts before a pause, say), so its
-    history and usage say what it cost, as a turn its driver ended does.
+
+def _ending(
+    row: Any, turn_id: TurnId, now: datetime, summary: RunSummary | None
+) -> list[RunFinishedEvent | DoneEvent]:
+    """The events that end the turn here: `done`, after `run.finished` with `summary`.
+
+    So its history and usage say what it cost, as a turn its driver ended does.
     """
     common: dict[str, Any] = {"session_id": row.session_id, "turn_id": turn_id, "ts": now}
     seq = row.last_seq + 1
     ending: list[RunFinishedEvent | DoneEvent] = []
-    if spent.model_calls or spent.input_tokens or spent.cost_usd:
-        ending.append(
-            RunFinishedEvent(
-                **common,
-                stage_id="runtime",
-                seq=seq,
-                status="cancelled",
-                attempt=max(1, row.attempts),
-                model=row.model,
-                model_calls=spent.model_calls,
-                input_tokens=spent.input_tokens,
-                output_tokens=spent.output_tokens,
-                cached_tokens=spent.cached_tokens,
-                cost_usd=spent.cost_usd,
-                stop_reason="aborted",
-                duration_ms=0.0,
-            )
-        )
+    if summary is not None:
+        fields = summary.event_fields()
+        ending.append(RunFinishedEvent(**common, stage_id="runtime", seq=seq, **fields))
         seq += 1
     ending.append(DoneEvent(**common, stage_id="runtime", seq=seq, status="cancelled"))
     return ending
-
-
-def _summary(account: RunFinishedEvent | DoneEvent) -> RunSummary:
-    assert isinstance(account, RunFinishedEvent)
-    return RunSummary(
-        status="cancelled",
-        model_calls=account.model_calls,
-        input_tokens=account.input_tokens,
-        output_tokens=account.output_tokens,
-        cached_tokens=account.cached_tokens,
-        cost_usd=account.cost_usd,
-        stop_reason=account.stop_reason,
-        model=account.model,
-        attempt=account.attempt,
-    )
 
 
 def _presented_through(conn: Connection, turn_id: TurnId, input_seq: int) -> int:

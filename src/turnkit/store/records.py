@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, JsonValue, ValidationError
 
 from turnkit.audit import UnreadableReason
 from turnkit.blocks import ImagePart
-from turnkit.events import StreamEvent, TurnStartedEvent, decode_event
+from turnkit.events import StreamEvent, ToolTiming, TurnStartedEvent, decode_event
 from turnkit.ids import SessionId, TurnId
 from turnkit.states import TurnStatus
 
@@ -199,6 +199,14 @@ class RunSummary(BaseModel):
     """Committed events of the turn this attempt could not decode and went on without."""
     recoveries: int = 0
     """Takeovers of the turn after its driver died (`turn.recovering` events)."""
+
+    def event_fields(self) -> dict[str, Any]:
+        """The account as `run.finished`'s fields (the event adds where and when)."""
+        fields = self.model_dump(exclude={"tool_timings"})
+        fields["tool_timings"] = tuple(
+            ToolTiming(tool=name, duration_ms=ms) for name, ms in self.tool_timings
+        )
+        return fields
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
