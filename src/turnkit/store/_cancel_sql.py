@@ -19,12 +19,11 @@ from turnkit.events import (
     InputGuidedEvent,
     RunFinishedEvent,
     decode_event,
-    encode_event,
 )
 from turnkit.ids import TurnId
 from turnkit.store import RunSummary
 from turnkit.store._pauses_sql import close_open_pauses
-from turnkit.store._schema import UNFINISHED, aware, events, turns
+from turnkit.store._schema import UNFINISHED, aware, event_values, events, turns
 from turnkit.store._submit_sql import requeue_guides
 from turnkit.store._turns_sql import read_usage
 
@@ -88,13 +87,7 @@ def cancel(
     )
     if won.rowcount != 1:
         return cancel(conn, turn_id, now, stopped_owner)  # it moved under us: look again
-    conn.execute(
-        events.insert(),
-        [
-            {"turn_id": turn_id, "seq": e.seq, "type": e.type, "data": encode_event(e)}
-            for e in ending
-        ],
-    )
+    conn.execute(events.insert(), [event_values(turn_id, e) for e in ending])
     close_open_pauses(conn, turn_id)
     requeue_guides(conn, turn_id, _presented_through(conn, turn_id, row.input_seq), now)
     return "cancelled"

@@ -15,7 +15,7 @@ from sqlalchemy import Connection, bindparam, case, select, update
 from turnkit.audit import AuditRow, UsageDelta
 from turnkit.clock import Clock
 from turnkit.errors import StaleEpochError, StoreError, TurnNotFoundError
-from turnkit.events import DurableEvent, encode_event
+from turnkit.events import DurableEvent
 from turnkit.ids import TurnId
 from turnkit.pauses import PauseRequest
 from turnkit.states import TERMINAL_STATES, TurnStatus
@@ -27,6 +27,8 @@ from turnkit.store import (
 from turnkit.store._schema import (
     SOURCES as _SOURCES,
     audit as _audit,
+    audit_values,
+    event_values,
     events as _events,
     turns as _turns,
     usage as _usage,
@@ -95,20 +97,8 @@ def commit_rows(
 
     What both `commit` and `_commit_pg`'s statements take.
     """
-    event_rows = [
-        {"turn_id": turn_id, "seq": e.seq, "type": e.type, "data": encode_event(e)}  # type: ignore[attr-defined]
-        for e in events
-    ]
-    audit_rows = [
-        {
-            "turn_id": turn_id,
-            "seq_within_turn": row.identity.seq_within_turn,
-            "session_id": row.identity.session_id,
-            "stage_id": row.identity.stage_id,
-            "data": row.model_dump_json(by_alias=True).encode(),
-        }
-        for row in audit
-    ]
+    event_rows = [event_values(turn_id, e) for e in events]
+    audit_rows = [{**audit_values(row), "turn_id": turn_id} for row in audit]
     usage = {row.identity.seq_within_turn: UsageDelta.of(row.call) for row in audit}
     session_id = audit[0].identity.session_id if audit else None
     return event_rows, audit_rows, (session_id, usage)

@@ -22,7 +22,7 @@ from turnkit.ids import TurnId
 from turnkit.pauses import PauseRequest
 from turnkit.states import awaiting
 from turnkit.store import TurnRecord
-from turnkit.store._schema import audit, pauses, turn_record, turns
+from turnkit.store._schema import audit, audit_values, pauses, turn_record, turns
 
 __all__ = ("answer", "budget_pauses", "close_open_pauses", "open_pause", "pending_answer")
 
@@ -137,15 +137,7 @@ def _audit_answer(
             )
         ),
     )
-    conn.execute(
-        audit.insert().values(
-            turn_id=row.turn_id,
-            seq_within_turn=entry.identity.seq_within_turn,
-            session_id=row.session_id,
-            stage_id="runtime",
-            data=entry.model_dump_json(by_alias=True).encode(),
-        )
-    )
+    conn.execute(audit.insert().values(**audit_values(entry)))
 
 
 def close_open_pauses(conn: Connection, turn_id: TurnId) -> None:

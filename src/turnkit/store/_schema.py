@@ -8,7 +8,9 @@ from typing import Any, cast
 
 from sqlalchemy import Table
 
+from turnkit.audit import AuditRow
 from turnkit.blocks import ImagePart
+from turnkit.events import DurableEvent, encode_event
 from turnkit.ids import SessionId, TurnId
 from turnkit.states import TRANSITIONS, TurnStatus
 from turnkit.store import RunSummary, TurnRecord
@@ -50,6 +52,23 @@ UNFINISHED: tuple[TurnStatus, ...] = (
     "awaiting_input",
     "awaiting_budget",
 )
+
+
+def event_values(turn_id: str, event: DurableEvent) -> dict[str, Any]:
+    """`event`'s row in `tk_events` (its wire bytes, as readers receive them)."""
+    return {"turn_id": turn_id, "seq": event.seq, "type": event.type, "data": encode_event(event)}  # type: ignore[attr-defined]
+
+
+def audit_values(row: AuditRow) -> dict[str, Any]:
+    """`row`'s row in `tk_audit`."""
+    identity = row.identity
+    return {
+        "turn_id": identity.turn_id,
+        "seq_within_turn": identity.seq_within_turn,
+        "session_id": identity.session_id,
+        "stage_id": identity.stage_id,
+        "data": row.model_dump_json(by_alias=True).encode(),
+    }
 
 
 def aware(value: datetime | None) -> datetime | None:
