@@ -92,10 +92,10 @@ class _Context:
         )
 
     async def emit(self, name: str, data: Mapping[str, JsonValue], *, durable: bool = True) -> None:
-        plugin = type(self.plugin).name
-        fields = {"plugin": plugin, "name": f"plugin.{plugin}.{name}", "data": dict(data)}
         if self.replaying:
             return
+        plugin = type(self.plugin).name
+        fields = {"plugin": plugin, "name": f"plugin.{plugin}.{name}", "data": dict(data)}
         if durable and self.stage.recorder.log_closed:
             log.warning(
                 "plugin %s emitted %r after turn %s's ending was committed: not sent",

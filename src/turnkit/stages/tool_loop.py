@@ -11,6 +11,8 @@ import json
 import logging
 from dataclasses import dataclass
 
+from pydantic import JsonValue
+
 from turnkit.audit import AuditPayloads, ToolCallRef, ToolSelectionPayload
 from turnkit.blocks import TextBlock
 from turnkit.context.prefix import PreviousRequest
@@ -105,10 +107,9 @@ async def run_tool_loop(
         generation_id=generation,
         known_errors=_known_errors(committed),
     )
-    ran_with = {
-        call_id: result.arguments
-        for call_id, result in rec.notes.results.items()
-        if result.arguments is not None
+    ran = (rec.notes.results.get(c.tool_call_id) for c in calls)  # this batch's, not the turn's
+    ran_with: dict[str, dict[str, JsonValue]] = {
+        r.tool_call_id: r.arguments for r in ran if r is not None and r.arguments is not None
     }
     assistant = with_arguments_run(asked, ran_with)  # a person's changes, as they ran
     return StageOutcome(
