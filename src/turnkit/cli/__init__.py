@@ -39,12 +39,14 @@ from turnkit.cli._settings import (
     GC_THRESHOLDS,
     ceiling,
     gc_mode,
+    load_runtime,
     named_agents,
+    refuse_beside_runtime,
     runtime_config,
     tune_gc,
 )
 from turnkit.cli._tidy import prune_sessions, sweep
-from turnkit.cli._worker import load_runtime, refuse_beside_runtime, work
+from turnkit.cli._worker import work
 from turnkit.config import (
     env_idle_window_s,
     env_plugins,

@@ -1,15 +1,19 @@
 """What the commands that run turns build from their flags and the environment.
 
-The runtime's configuration, the agents they host, the garbage collector's settings.
+The runtime's configuration (or the app's own runtime, `--runtime`), the agents they
+host, the garbage collector's settings.
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import inspect
 import os
+from collections.abc import Sequence
 from typing import Final
 
+from turnkit.agent import import_object
 from turnkit.config import (
     RuntimeConfig,
     env_idle_window_s,
@@ -17,8 +21,19 @@ from turnkit.config import (
     env_lease_ttl_s,
 )
 from turnkit.errors import ConfigurationError
+from turnkit.runtime import SessionRuntime
 
-__all__ = ("GC_THRESHOLDS", "ceiling", "gc_mode", "named_agents", "runtime_config", "tune_gc")
+__all__ = (
+    "GC_THRESHOLDS",
+    "RUNTIME_FLAGS",
+    "ceiling",
+    "gc_mode",
+    "load_runtime",
+    "named_agents",
+    "refuse_beside_runtime",
+    "runtime_config",
+    "tune_gc",
+)
 
 
 def ceiling(args: argparse.Namespace, idle: float) -> float:
@@ -87,3 +102,61 @@ def tune_gc(mode: str) -> None:
 def named_agents(args: argparse.Namespace) -> list[str]:
     """The `--agent` values given; an empty one (compose's unset `${TURNKIT_AGENT:-}`) is none."""
     return [name for name in args.agent or () if name.strip()]
+
+
+RUNTIME_FLAGS: Final = (
+    "--agent",
+    "--database-url",
+    "--database-schema",
+    "--redis-url",
+    "--lease-ttl",
+    "--idle-window",
+    "--ceiling",
+    "--max-attempts",
+    "--checkpoint-durability",
+    "--budgets",
+)
+"""The flags that build a runtime (serve's and the worker's): with `--runtime`, the app's
+runtime decides."""
+
+
+async def load_runtime(spec: str) -> SessionRuntime:
+    """Import the app's runtime by `package.module:name`.
+
+    A `SessionRuntime`, or a function (sync or async) returning a new one.
+
+    Raises:
+        ConfigurationError: `spec` cannot be imported, or is not (and makes no) runtime.
+    """
+    target = import_object(spec, f"the runtime {spec!r}")
+    made = target() if callable(target) and not isinstance(target, SessionRuntime) else target
+    runtime = await made if inspect.isawaitable(made) else made
+    if not isinstance(runtime, SessionRuntime):
+        raise ConfigurationError(
+            f"{spec!r} is not a turnkit SessionRuntime (or a function returning one)"
+        )
+    return runtime
+
+
+def refuse_beside_runtime(argv: Sequence[str]) -> None:
+    """Refuse the flags that build a runtime, given with a value, beside `--runtime`.
+
+    An empty value is none (compose's `--agent ${TURNKIT_AGENT:-}` with the variable unset).
+    """
+    given: list[str] = []
+    for at, arg in enumerate(argv):
+        written, equals, value = arg.partition("=")
+        # argparse takes a flag's unique prefix (`--budget`) as the flag: so must this.
+        named = [f for f in RUNTIME_FLAGS if len(written) > 2 and f.startswith(written)]
+        if len(named) != 1:
+            continue
+        flag = named[0]
+        if not equals:
+            value = argv[at + 1] if at + 1 < len(argv) else ""
+        if value.strip() and flag not in given:
+            given.append(flag)
+    if given:
+        raise ConfigurationError(
+            f"{', '.join(given)} cannot be given with --runtime: the runtime your function "
+            "builds has its own agents, database, replay buffer and settings"
+        )

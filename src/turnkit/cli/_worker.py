@@ -9,38 +9,28 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
-import inspect
 import os
 import signal
-from collections.abc import Sequence
-from typing import Final, TextIO
+from typing import TextIO
 
-from turnkit.agent import Agent, import_object, load_agents
+from turnkit.agent import Agent, load_agents
 from turnkit.cli._logs import announce
-from turnkit.cli._settings import gc_mode, named_agents, runtime_config, tune_gc
+from turnkit.cli._settings import (
+    gc_mode,
+    load_runtime,
+    named_agents,
+    refuse_beside_runtime,
+    runtime_config,
+    tune_gc,
+)
 from turnkit.config import env_plugins
 from turnkit.demo import demo_agent
-from turnkit.errors import ConfigurationError
 from turnkit.replay import replay_from_url
 from turnkit.runtime import SessionRuntime
 from turnkit.runtime.worker import Worker
 from turnkit.store.sql import shown_url
 
-__all__ = ("RUNTIME_FLAGS", "hosted_agents", "load_runtime", "refuse_beside_runtime", "work")
-
-RUNTIME_FLAGS: Final = (
-    "--agent",
-    "--database-url",
-    "--database-schema",
-    "--redis-url",
-    "--lease-ttl",
-    "--idle-window",
-    "--ceiling",
-    "--max-attempts",
-    "--checkpoint-durability",
-    "--budgets",
-)
-"""The worker's flags that build a runtime: with `--runtime`, the app's runtime decides."""
+__all__ = ("hosted_agents", "work")
 
 
 def hosted_agents(args: argparse.Namespace) -> tuple[Agent, ...]:
@@ -50,48 +40,6 @@ def hosted_agents(args: argparse.Namespace) -> tuple[Agent, ...]:
     """
     named = named_agents(args) or os.environ.get("TURNKIT_AGENT", "").strip(" ,")
     return load_agents(named) if named else (demo_agent(os.environ.get("TURNKIT_MODEL") or None),)
-
-
-async def load_runtime(spec: str) -> SessionRuntime:
-    """Import the app's runtime by `package.module:name`.
-
-    A `SessionRuntime`, or a function (sync or async) returning a new one.
-
-    Raises:
-        ConfigurationError: `spec` cannot be imported, or is not (and makes no) runtime.
-    """
-    target = import_object(spec, f"the runtime {spec!r}")
-    made = target() if callable(target) and not isinstance(target, SessionRuntime) else target
-    runtime = await made if inspect.isawaitable(made) else made
-    if not isinstance(runtime, SessionRuntime):
-        raise ConfigurationError(
-            f"{spec!r} is not a turnkit SessionRuntime (or a function returning one)"
-        )
-    return runtime
-
-
-def refuse_beside_runtime(argv: Sequence[str]) -> None:
-    """Refuse the flags that build a runtime, given with a value, beside `--runtime`.
-
-    An empty value is none (compose's `--agent ${TURNKIT_AGENT:-}` with the variable unset).
-    """
-    given: list[str] = []
-    for at, arg in enumerate(argv):
-        written, equals, value = arg.partition("=")
-        # argparse takes a flag's unique prefix (`--budget`) as the flag: so must this.
-        named = [f for f in RUNTIME_FLAGS if len(written) > 2 and f.startswith(written)]
-        if len(named) != 1:
-            continue
-        flag = named[0]
-        if not equals:
-            value = argv[at + 1] if at + 1 < len(argv) else ""
-        if value.strip() and flag not in given:
-            given.append(flag)
-    if given:
-        raise ConfigurationError(
-            f"{', '.join(given)} cannot be given with --runtime: the runtime your function "
-            "builds has its own agents, database, replay buffer and settings"
-        )
 
 
 async def work(args: argparse.Namespace, out: TextIO) -> int:
