@@ -99,14 +99,10 @@ def _spent(row: Any, spent: UsageDelta) -> RunSummary | None:
         return None
     return RunSummary(
         status="cancelled",
-        model_calls=spent.model_calls,
-        input_tokens=spent.input_tokens,
-        output_tokens=spent.output_tokens,
-        cached_tokens=spent.cached_tokens,
-        cost_usd=spent.cost_usd,
         stop_reason="aborted",
         model=row.model,
         attempt=max(1, row.attempts),
+        **spent.model_dump(),  # calls, tokens and cost, as RunSummary names them
     )
 
 
