@@ -46,6 +46,12 @@ EXPECT = {
         "ann (succeeded): North has 12 deals worth 340,000 EUR.",
         "usage sales: 1 turn(s)",
     ],
+    "structured_answer.py": [
+        'narration: {"team": "billing", "summary": "Charged twice for May"}',
+        "outputCheck attempt 0: valid=False urgent: Field required",
+        "outputCheck attempt 1: valid=True",
+        "routed to billing, urgent=True: Charged twice for May",
+    ],
     "two_agents.py": [
         "[general v",
         "] Hello! Ask me anything.",

@@ -19,6 +19,7 @@ from pydantic import JsonValue
 from turnkit.context.results import READ_RESULT_TOOL
 from turnkit.errors import ConfigurationError, DuplicateToolError
 from turnkit.models import ModelClient, ModelSettings
+from turnkit.output import OutputCheck
 from turnkit.pauses import CLARIFY_TOOL, ApprovalPolicy, check_approval_policy
 from turnkit.plugins import Plugin, validate_plugins
 from turnkit.tools import Tool, ToolRegistry
@@ -77,6 +78,11 @@ class Agent:
         synthesis_model: The model of the separate synthesis call (default: `model`);
             only with `synthesis="separate"`.
         synthesis_instructions: The closing instruction of a separate synthesis call.
+        output_type: The answer's shape (a pydantic model, a dataclass or a TypedDict):
+            the answering call asks its provider for that JSON, and an answer that does
+            not validate is sent back with what is wrong, up to `output_retries` times,
+            before the turn fails with `output-invalid`. None: the answer is free text.
+        output_retries: How many times an answer that does not validate is asked again.
         tool_result_preview_chars: A longer tool result is sent to the model as a
             preview of this many characters plus a note; the model reads on with the
             built-in `read_tool_result` tool. None sends results whole.
@@ -115,6 +121,8 @@ class Agent:
     synthesis: Synthesis = "terminal"
     synthesis_model: str | ModelClient | None = None
     synthesis_instructions: str = DEFAULT_SYNTHESIS_INSTRUCTIONS
+    output_type: object | None = None
+    output_retries: int = 1
     tool_result_preview_chars: int | None = 16_000
     max_tool_rounds: int | None = DEFAULT_MAX_TOOL_ROUNDS
     plugins: Sequence[Plugin] = ()
@@ -182,6 +190,12 @@ class Agent:
         object.__setattr__(self, "skills", tuple(self.skills))
         object.__setattr__(self, "knowledge", tuple(self.knowledge))
         object.__setattr__(self, "plugins", validate_plugins(self.plugins))
+        output = (
+            None
+            if self.output_type is None
+            else OutputCheck.of(self.output_type, self.output_retries)
+        )
+        object.__setattr__(self, "_output", output)
         # Built once (duplicate tool names fail here, at construction); an Agent is frozen.
         object.__setattr__(self, "_registry", ToolRegistry(self.tools))
         object.__setattr__(self, "_version", None)
@@ -203,6 +217,12 @@ class Agent:
                     f"offered ({builtins[item.name]}): rename it",
                     tool=item.name,
                 )
+
+    @property
+    def output(self) -> OutputCheck | None:
+        """The check of the answer's shape (`output_type`), or None for free text."""
+        check: OutputCheck | None = self._output  # type: ignore[attr-defined]
+        return check
 
     def registry(self) -> ToolRegistry:
         """The agent's tools by name."""
@@ -257,6 +277,7 @@ class Agent:
                 if self.max_tool_rounds != DEFAULT_MAX_TOOL_ROUNDS
                 else {}
             ),
+            **({"output": self.output.describe()} if self.output is not None else {}),
             "plugins": [_plugin_version(p) for p in self.plugins],
             "approval": self.approval
             if isinstance(self.approval, str)

@@ -3,8 +3,8 @@
 Each row carries the identity tuple (`session_id`, `turn_id`, `stage_id`,
 `seq_within_turn`), the post-routing call shape, and one typed slot per payload kind
 (`planGeneration`, `cacheBreakpoint`, `fallbackStep`, `toolSelection`, `toolFallbackStep`,
-`synthesisQuality`, `providerCascade`, `compaction`, `thinkingSummary`, `unreadableEvent`,
-`interruptedBlock`).
+`synthesisQuality`, `outputCheck`, `providerCascade`, `compaction`, `thinkingSummary`,
+`unreadableEvent`, `interruptedBlock`).
 A tool-loop call that emits tool calls fills two slots (`cacheBreakpoint` and
 `toolSelection`); a failed rung fills `fallbackStep`. The one untyped slot is
 `plugin_payloads`, namespaced by plugin name.
@@ -41,6 +41,7 @@ __all__ = (
     "CallShape",
     "CompactionPayload",
     "FallbackStepPayload",
+    "OutputCheckPayload",
     "PlanGenerationPayload",
     "ProviderCascadePayload",
     "SynthesisQualityPayload",
@@ -191,6 +192,20 @@ class SynthesisQualityPayload(BaseModel):
     """The answering call's generation id."""
 
 
+class OutputCheckPayload(BaseModel):
+    """An answer checked against the agent's `output_type` (one row per answer written)."""
+
+    model_config = _CONFIG
+    kind: Literal["outputCheck"] = "outputCheck"
+    attempt: NonNegativeInt
+    """0 for the first answer; n for the n-th written again after a failed check."""
+    valid: bool
+    problems: tuple[str, ...] = ()
+    """What did not validate (at most five), as the model was told."""
+    generation_id: str | None = None
+    """The call that wrote the answer checked."""
+
+
 class CompactionPayload(BaseModel):
     """History replaced to stay within the context window (one deliberate prefix break)."""
 
@@ -314,6 +329,7 @@ class AuditPayloads(BaseModel):
     )
     provider_cascade: ProviderCascadePayload | None = Field(default=None, alias="providerCascade")
     compaction: CompactionPayload | None = Field(default=None, alias="compaction")
+    output_check: OutputCheckPayload | None = Field(default=None, alias="outputCheck")
     thinking_summary: ThinkingSummaryPayload | None = Field(default=None, alias="thinkingSummary")
     unreadable_event: UnreadableEventPayload | None = Field(default=None, alias="unreadableEvent")
     thread_naming: ThreadNamingPayload | None = Field(default=None, alias="threadNaming")

@@ -20,6 +20,7 @@ TurnkitError
  │   ├─ ProviderError                 one model call failed (retriable or not)
  │   ├─ FamilyExhaustedError          every rung of the model family failed
  │   ├─ OutputLimitExceededError      the answer hit the provider's output limit
+ │   ├─ OutputInvalidError            the answer never matched the agent's `output_type`
  │   ├─ ToolCallError                 truncated/malformed tool call naming no tool
  │   ├─ DeadlineExceededError         idle window or ceiling → `timed_out`
  │   ├─ UserAbortedError              the caller closed the stream or cancelled
@@ -64,6 +65,7 @@ __all__ = (
     "ModelCredentialsError",
     "ModelUnreachableError",
     "NotFoundError",
+    "OutputInvalidError",
     "OutputLimitExceededError",
     "PauseAnsweredError",
     "PauseNotFoundError",
@@ -110,6 +112,7 @@ ErrorCode = Literal[
     "model-unreachable",
     "family-exhausted",
     "agent_output_limit_exceeded",
+    "output-invalid",
     "tool-call-malformed",
     "tool-arguments-invalid",
     "tool-not-found",
@@ -421,6 +424,12 @@ class OutputLimitExceededError(TurnError):
     """The provider's output limit cut the answer, or a response that named no tool."""
 
     code: ClassVar[ErrorCode] = "agent_output_limit_exceeded"
+
+
+class OutputInvalidError(TurnError):
+    """The answer did not match the agent's `output_type`, nor did any answer asked again."""
+
+    code: ClassVar[ErrorCode] = "output-invalid"
 
 
 class ToolCallError(TurnError):

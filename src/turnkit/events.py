@@ -197,7 +197,7 @@ class ThinkingCompleteEvent(DurableEvent):
 
 
 class MessageCompleteEvent(DurableEvent):
-    """A text block is complete: narration in `tool-loop`, the answer in `synthesize`."""
+    """A text block is complete: narration (`is_answer` false) or the answer (in `synthesize`)."""
 
     type: Literal["message.complete"] = "message.complete"
     block: TextBlock

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from turnkit.blocks import ContentPart, ImagePart, TextPart
+from turnkit.output import OutputShape
 
 __all__ = (
     "ALLOW_NETWORK",
@@ -130,6 +131,8 @@ class ModelRequest:
     purpose: Literal["plan", "tool-loop", "synthesize", "utility"] = "tool-loop"
     settings: ModelSettings | None = None
     """Sampling settings (the agent's, merged with the message's); None sends none."""
+    output: OutputShape | None = None
+    """The JSON shape the answer must have (the agent's `output_type`); None: free text."""
 
     def output_cap(self) -> int | None:
         """Output tokens this call may use: `max_output_tokens`, else the settings' cap."""

@@ -41,6 +41,7 @@ _MAPPED: Final = (
     "frequency_penalty",
     "tools",
     "tool_choice",
+    "response_format",
     "reasoning_effort",
     "thinking",
 )

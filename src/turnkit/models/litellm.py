@@ -396,6 +396,8 @@ class LiteLLMClient:
                 kwargs["tool_choice"] = request.tool_choice
         if request.output_cap() is not None:
             kwargs["max_tokens"] = request.output_cap()
+        if request.output is not None:
+            kwargs["response_format"] = request.output.response_format()
         kwargs.update(self._reasoning_kwargs(litellm, request))
         if self._extra_body:
             kwargs["extra_body"] = dict(self._extra_body)

@@ -55,6 +55,7 @@ from turnkit.models import (
     text_of,
 )
 from turnkit.models.family import ModelFamily
+from turnkit.output import OutputShape
 from turnkit.stages._calls import UTILITY_OUTAGES, CallResult, call_model
 from turnkit.stages._guides import presented_guides, take_guides
 from turnkit.stages._plugins import before_model_request as plugin_notes
@@ -124,6 +125,7 @@ async def prepare_request(
         thinking_budget=ctx.thinking_budget,
         purpose=purpose,
         settings=ctx.agent.settings,
+        output=_answer_shape(ctx, purpose),
     )
     view = RequestView.of(transcript, tools_digest(specs))
     report = check_prefix(
@@ -134,6 +136,18 @@ async def prepare_request(
     )
     ctx.recorder.notes.last_request = stored(view)
     return Prepared(transcript=transcript, request=request, report=report, previous=stored(view))
+
+
+def _answer_shape(ctx: StageContext, purpose: Purpose) -> OutputShape | None:
+    """The answer's JSON shape, for a call whose text may be the answer (None: free text).
+
+    The separate synthesis call writes the answer; without one, any tool-loop call may.
+    """
+    check = ctx.agent.output
+    if check is None:
+        return None
+    answers = purpose == "synthesize" or (purpose == "tool-loop" and ctx.synthesis is None)
+    return check.shape if answers else None
 
 
 async def answered_request(

@@ -12,15 +12,18 @@ string is the rendered string.
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass, field
 from typing import Literal
 
-from turnkit.audit import AuditPayloads, CallShape, SynthesisQualityPayload
+from turnkit.audit import AuditPayloads, CallShape, OutputCheckPayload, SynthesisQualityPayload
 from turnkit.blocks import TextBlock
 from turnkit.context.prefix import PreviousRequest
-from turnkit.errors import OutputLimitExceededError
+from turnkit.errors import OutputInvalidError, OutputLimitExceededError
 from turnkit.events import MessageCompleteEvent
 from turnkit.ids import derive_id
 from turnkit.models import ToolSpec
+from turnkit.output import repair_request
+from turnkit.stages._budget import take_budget_answers
 from turnkit.stages._calls import call_model
 from turnkit.stages._message_list import answered_request, cache_breakpoint, prepare_request
 from turnkit.stages._offered import offered_tools
@@ -45,44 +48,142 @@ def synthesis_request(
     return ({"role": "user", "content": ctx.agent.synthesis_instructions},)
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Written:
+    """An answer a call wrote, not yet committed (as the answer, or as narration).
+
+    It is committed as narration when it fails the agent's `output_type` check.
+    """
+
+    answer: PendingAnswer
+    source: Literal["tool-loop", "synthesize"]
+    committed: bool
+    """Already in the log: an earlier attempt wrote (and billed, and streamed) it."""
+    call: CallShape | None = None
+    payloads: AuditPayloads = field(default_factory=AuditPayloads)
+
+
 async def run_synthesize(
     ctx: StageContext,
     transcript: list[TranscriptMessage],
     previous: PreviousRequest | None,
     answer: PendingAnswer | None,
 ) -> StageOutcome:
-    """Commit the answer: the loop's terminal text (`answer`), or one call's text."""
+    """Commit the answer: the loop's terminal text (`answer`), or one call's text.
+
+    With the agent's `output_type`, an answer that does not validate is kept as
+    narration and asked for again (`output_retries` times) before the turn fails.
+    """
     rec = ctx.recorder
-    thinking = thinking_of(ctx)
-    if answer is not None:
-        if rec.journal.generation(answer["generation_id"]) is None:
-            if thinking is not None:
-                await thinking.commit("synthesize")
-            quality = _quality(ctx, answer, "tool-loop")
-            _commit(ctx, answer, call=None, payloads=AuditPayloads(synthesisQuality=quality))
-        rec.notes.answer_block_id = answer["block_id"]
-        rec.notes.context_messages = len(transcript)
+    if answer is not None:  # the transcript already ends with it
+        committed = rec.journal.generation(answer["generation_id"]) is not None
+        written = _Written(answer=answer, source="tool-loop", committed=committed)
+    else:
+        written, transcript, previous = await _write(
+            ctx, transcript, previous, attempt=0, closing=synthesis_request(ctx, transcript)
+        )
+    if ctx.agent.output is not None:
+        written, transcript, previous = await _checked(ctx, written, transcript, previous)
+    else:
+        await _commit(ctx, written, is_answer=True, first=True)
+    rec.notes.answer_block_id = written.answer["block_id"]
+    rec.notes.context_messages = len(transcript)
+    if written.answer is answer:  # the loop's own answer: the transcript has it already
         return StageOutcome(route="post-turn")
-    generation = derive_id("gen", rec.turn_id, "synthesize")
+    return StageOutcome(transcript=transcript, route="post-turn", previous=previous)
+
+
+async def _checked(
+    ctx: StageContext,
+    written: _Written,
+    transcript: list[TranscriptMessage],
+    previous: PreviousRequest | None,
+) -> tuple[_Written, list[TranscriptMessage], PreviousRequest | None]:
+    """The first answer that matches the agent's `output_type`, asking again as allowed.
+
+    Each answer that fails is committed as narration with its `outputCheck` row, and the
+    model reads what was wrong; the check is pure, so an attempt that resumes the turn
+    reaches the same verdicts on the answers already in the log.
+    """
+    check = ctx.agent.output
+    assert check is not None  # the caller checked
+    for attempt in range(check.retries + 1):
+        problems = check.problems(written.answer["text"])
+        verdict = OutputCheckPayload(
+            attempt=attempt,
+            valid=not problems,
+            problems=problems,
+            generation_id=written.answer["generation_id"],
+        )
+        await _commit(ctx, written, is_answer=not problems, first=attempt == 0, check=verdict)
+        if not problems:
+            return written, transcript, previous
+        if attempt == check.retries:
+            ctx.recorder.notes.transcript = transcript  # what the failed turn keeps
+            raise OutputInvalidError(
+                f"the answer did not match the agent's output_type after {attempt + 1} "
+                f"answer(s): {problems[0]}",
+                problems=list(problems),
+            )
+        closing: tuple[TranscriptMessage, ...] = (
+            {"role": "user", "content": repair_request(problems)},
+        )
+        ctx.recorder.notes.transcript = transcript
+        written, transcript, previous = await _write(
+            ctx, transcript, previous, attempt=attempt + 1, closing=closing
+        )
+    raise AssertionError("unreachable: the last attempt returns or raises")  # pragma: no cover
+
+
+async def _write(
+    ctx: StageContext,
+    transcript: list[TranscriptMessage],
+    previous: PreviousRequest | None,
+    *,
+    attempt: int,
+    closing: tuple[TranscriptMessage, ...],
+) -> tuple[_Written, list[TranscriptMessage], PreviousRequest | None]:
+    """One answer-writing call, or the answer an earlier attempt committed for it.
+
+    `attempt` 0 is the synthesis call; n the n-th answer asked again. The transcript
+    comes back ending with the answer.
+    """
+    rec = ctx.recorder
+    if attempt == 0:
+        generation, block_key = derive_id("gen", rec.turn_id, "synthesize"), "answer"
+    else:
+        generation = derive_id("gen", rec.turn_id, "synthesize", "output", attempt)
+        block_key = f"answer-again-{attempt}"
     committed = rec.journal.generation(generation)
     if committed is not None:
         # The answer is already in the log (a previous attempt died after writing it):
         # never write, bill or stream it twice. The transcript keeps the request it answered.
-        rec.notes.answer_block_id = committed.block_id
-        text = committed.text
+        take_budget_answers(ctx, "synthesize", block_key)  # in the node's order
         transcript, previous = await answered_request(
-            ctx,
-            "synthesize",
-            transcript,
-            committed,
-            specs=_specs(ctx),
-            closing=synthesis_request(ctx, transcript),
+            ctx, "synthesize", transcript, committed, specs=_specs(ctx), closing=closing
+        )
+        written = _Written(
+            answer={
+                "text": committed.text,
+                "block_id": committed.block_id,
+                "generation_id": generation,
+                "stop_reason": "end_turn",
+            },
+            source="synthesize",
+            committed=True,
         )
     else:
-        text, transcript, previous = await _call(ctx, transcript, previous, generation)
-    transcript = [*transcript, {"role": "assistant", "content": text}]
-    rec.notes.context_messages = len(transcript)
-    return StageOutcome(transcript=transcript, route="post-turn", previous=previous)
+        written, transcript, previous = await _call(
+            ctx,
+            transcript,
+            previous,
+            generation,
+            block_key=block_key,
+            closing=closing,
+            first=attempt == 0,
+        )
+    text = written.answer["text"]
+    return written, [*transcript, {"role": "assistant", "content": text}], previous
 
 
 async def _call(
@@ -90,9 +191,13 @@ async def _call(
     transcript: list[TranscriptMessage],
     previous: PreviousRequest | None,
     generation: str,
-) -> tuple[str, list[TranscriptMessage], PreviousRequest]:
+    *,
+    block_key: str,
+    closing: tuple[TranscriptMessage, ...],
+    first: bool,
+) -> tuple[_Written, list[TranscriptMessage], PreviousRequest]:
     family = ctx.synthesis or ctx.family
-    thinking = thinking_of(ctx)
+    thinking = thinking_of(ctx) if first else None
     prepared = await prepare_request(
         ctx,
         "synthesize",
@@ -101,15 +206,15 @@ async def _call(
         family=family,
         specs=_specs(ctx),
         purpose="synthesize",
-        block_key="answer",
-        closing=synthesis_request(ctx, transcript),
+        block_key=block_key,
+        closing=closing,
     )
     result = await call_model(
         ctx,
         "synthesize",
         family,
         prepared.request,
-        block_key="answer",
+        block_key=block_key,
         # the summary is written while the answer arrives
         on_answer=(lambda seen: thinking.start("synthesize", seen)) if thinking else None,
     )
@@ -129,20 +234,24 @@ async def _call(
     }
     payloads = AuditPayloads(
         cacheBreakpoint=cache_breakpoint(prepared, response, None),
-        synthesisQuality=_quality(ctx, pending, "synthesize"),
         providerCascade=result.cascade,
     )
     if response.stop_reason == "max_tokens":
-        ctx.recorder.audit("synthesize", call=shape, payloads=payloads)
+        quality = _quality(ctx, pending, "synthesize")
+        ctx.recorder.audit(
+            "synthesize",
+            call=shape,
+            payloads=payloads.model_copy(update={"synthesis_quality": quality}),
+        )
         raise OutputLimitExceededError(
             "the provider's output limit was reached while writing the answer; ask for a "
             "shorter answer or use a model with a larger output capacity",
             answer_chars=len(response.text),
         )
-    if thinking is not None:
-        await thinking.commit("synthesize")
-    _commit(ctx, pending, call=shape, payloads=payloads)
-    return response.text, prepared.transcript, prepared.previous
+    written = _Written(
+        answer=pending, source="synthesize", committed=False, call=shape, payloads=payloads
+    )
+    return written, prepared.transcript, prepared.previous
 
 
 def _loop_offered_tools(ctx: StageContext) -> bool:
@@ -168,17 +277,37 @@ def _quality(
     )
 
 
-def _commit(
-    ctx: StageContext, answer: PendingAnswer, *, call: CallShape | None, payloads: AuditPayloads
+async def _commit(
+    ctx: StageContext,
+    written: _Written,
+    *,
+    is_answer: bool,
+    first: bool,
+    check: OutputCheckPayload | None = None,
 ) -> None:
-    """The answer's audit row and `message.complete`, staged together (one transaction)."""
+    """A written answer's audit row and `message.complete`, staged together.
+
+    As the turn's answer, or as narration when it failed its check; nothing when an
+    earlier attempt committed it. Both go in one transaction.
+    """
+    if written.committed:
+        return
     rec = ctx.recorder
-    rec.audit("synthesize", call=call, payloads=payloads)
-    rec.notes.answer_block_id = answer["block_id"]
+    thinking = thinking_of(ctx)
+    if first and thinking is not None:
+        await thinking.commit("synthesize")  # the summary goes before the answer
+    answer = written.answer
+    payloads = written.payloads.model_copy(
+        update={
+            "synthesis_quality": _quality(ctx, answer, written.source) if is_answer else None,
+            "output_check": check,
+        }
+    )
+    rec.audit("synthesize", call=written.call, payloads=payloads)
     rec.durable(
         MessageCompleteEvent,
         "synthesize",
-        block=TextBlock(block_id=answer["block_id"], text=answer["text"], is_answer=True),
+        block=TextBlock(block_id=answer["block_id"], text=answer["text"], is_answer=is_answer),
         generation_id=answer["generation_id"],
         input_seqs=rec.notes.input_seqs,
     )

@@ -1,0 +1,328 @@
+"""An agent's `output_type`: the answer is asked for in a JSON shape, checked, and asked
+again with what was wrong before the turn fails."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+from pydantic import BaseModel, Field
+from typing_extensions import TypedDict
+
+from tests.conftest import RuntimeFactory
+from tests.helpers import add, until
+from tests.support.openai_server import FakeOpenAIServer, Reply
+from turnkit import Agent, RuntimeConfig, SessionRuntime
+from turnkit.audit import AuditRow
+from turnkit.blocks import TextBlock
+from turnkit.budgets import BudgetLimit
+from turnkit.errors import ConfigurationError
+from turnkit.events import BudgetPausedEvent, DoneEvent, ErrorEvent, MessageCompleteEvent
+from turnkit.models import Usage
+from turnkit.models.litellm import LiteLLMClient
+from turnkit.testing import ModelStep, ScriptedModel, call, collect_events
+
+NO_PLAN = frozenset({"anchor-plan"})
+
+
+class Sum(BaseModel):
+    """The answer to a sum."""
+
+    total: int
+    words: str = Field(min_length=3)
+
+
+VALID = '{"total": 5, "words": "five"}'
+
+
+def _checks(rows: list[AuditRow]) -> list[tuple[int, bool, tuple[str, ...]]]:
+    return [
+        (c.attempt, c.valid, c.problems)
+        for c in (r.payloads.output_check for r in rows)
+        if c is not None
+    ]
+
+
+def _texts(turn_blocks: object) -> list[tuple[str, bool]]:
+    return [(b.text, b.is_answer) for b in turn_blocks if isinstance(b, TextBlock)]  # type: ignore[attr-defined]
+
+
+async def test_the_answer_is_asked_for_in_the_shape_and_checked(
+    runtime_factory: RuntimeFactory,
+) -> None:
+    model = ScriptedModel(
+        [ModelStep.tool_call_reply(call("add", a=2, b=3)), ModelStep.text_reply(VALID)]
+    )
+    runtime = runtime_factory(Agent(model=model, tools=[add], output_type=Sum, skip_stages=NO_PLAN))
+    events = await collect_events(runtime.execute_message("s1", "What is 2 + 3?"))
+    model.assert_complete()
+    assert isinstance(events[-1], DoneEvent)
+    assert events[-1].status == "succeeded"
+    # Every loop call may be the answer, so each asks for the shape.
+    for request in model.calls:
+        assert request.output is not None
+        assert request.output.name == "Sum"
+        assert request.output.schema["required"] == ["total", "words"]
+    [turn] = await runtime.history("s1")
+    assert turn.answer is not None
+    assert Sum.model_validate_json(turn.answer) == Sum(total=5, words="five")
+    assert _checks(await runtime.audit(events[0].turn_id)) == [(0, True, ())]
+
+
+async def test_an_answer_that_does_not_validate_is_asked_for_again(
+    runtime_factory: RuntimeFactory,
+) -> None:
+    model = ScriptedModel([ModelStep.text_reply("The total is 5."), ModelStep.text_reply(VALID)])
+    runtime = runtime_factory(Agent(model=model, output_type=Sum, skip_stages=NO_PLAN))
+    events = await collect_events(runtime.execute_message("s1", "What is 2 + 3?"))
+    model.assert_complete()
+    assert isinstance(events[-1], DoneEvent)
+    assert events[-1].status == "succeeded"
+    # The failed answer stays what it was (narration); the one asked again is the answer.
+    completes = [e.block for e in events if isinstance(e, MessageCompleteEvent)]
+    assert [(b.text, b.is_answer) for b in completes] == [
+        ("The total is 5.", False),
+        (VALID, True),
+    ]
+    again = model.calls[1]
+    assert again.messages[: len(model.calls[0].messages)] == model.calls[0].messages
+    assert again.messages[-2].role == "assistant"
+    assert again.messages[-2].content == "The total is 5."
+    assert again.messages[-1].role == "user"
+    assert "does not match the required JSON schema" in str(again.messages[-1].content)
+    assert "Invalid JSON" in str(again.messages[-1].content)
+    assert again.output is not None
+    assert again.tool_choice == "none"
+    [turn] = await runtime.history("s1")
+    assert turn.answer == VALID
+    rows = await runtime.audit(events[0].turn_id)
+    [(first, valid_first, problems), second] = _checks(rows)
+    assert (first, valid_first) == (0, False)
+    assert problems
+    assert second == (1, True, ())
+    [quality] = [r.payloads.synthesis_quality for r in rows if r.payloads.synthesis_quality]
+    assert quality.source == "synthesize"
+    assert quality.answer_chars == len(VALID)
+
+
+async def test_a_field_that_fails_names_what_is_wrong(runtime_factory: RuntimeFactory) -> None:
+    model = ScriptedModel(
+        [ModelStep.text_reply('{"total": "five", "words": "5"}'), ModelStep.text_reply(VALID)]
+    )
+    runtime = runtime_factory(Agent(model=model, output_type=Sum, skip_stages=NO_PLAN))
+    await collect_events(runtime.execute_message("s1", "What is 2 + 3?"))
+    told = str(model.calls[1].messages[-1].content)
+    assert "- total: Input should be a valid integer" in told
+    assert "- words: String should have at least 3 characters" in told
+
+
+async def test_the_turn_fails_when_no_answer_validates(runtime_factory: RuntimeFactory) -> None:
+    model = ScriptedModel(
+        [
+            ModelStep.text_reply("five"),
+            ModelStep.text_reply("still five"),
+            ModelStep.text_reply("It was five."),
+            ModelStep.text_reply(VALID),
+        ]
+    )
+    agent = Agent(model=model, output_type=Sum, output_retries=1, skip_stages=NO_PLAN)
+    runtime = runtime_factory(agent)
+    events = await collect_events(runtime.execute_message("s1", "What is 2 + 3?"))
+    [error] = [e for e in events if isinstance(e, ErrorEvent)]
+    done = events[-1]
+    assert error.code == "output-invalid"
+    assert "after 2 answer(s)" in error.message
+    assert isinstance(done, DoneEvent)
+    assert done.status == "failed"
+    assert _checks(await runtime.audit(events[0].turn_id))[-1][:2] == (1, False)
+    # The next turn's model reads what was tried and why the turn ended.
+    await collect_events(runtime.execute_message("s1", "Try again."))
+    seen = [(m.role, str(m.content)) for m in model.calls[2].messages]
+    assert ("assistant", "five") in seen
+    assert ("assistant", "still five") in seen
+    assert any(role == "assistant" and "output-invalid" in text for role, text in seen)
+    [_, second] = await runtime.history("s1")
+    assert second.answer == VALID
+
+
+async def test_a_separate_synthesis_writes_again_with_its_own_model(
+    runtime_factory: RuntimeFactory,
+) -> None:
+    writer = ScriptedModel(
+        [ModelStep.text_reply("```json\n" + VALID + "\n```"), ModelStep.text_reply(VALID)],
+        name="writer",
+    )
+    model = ScriptedModel(
+        [ModelStep.tool_call_reply(call("add", a=2, b=3)), ModelStep.text_reply("Added.")]
+    )
+    agent = Agent(
+        model=model,
+        tools=[add],
+        synthesis="separate",
+        synthesis_model=writer,
+        output_type=Sum,
+        skip_stages=NO_PLAN,
+    )
+    runtime = runtime_factory(agent)
+    await collect_events(runtime.execute_message("s1", "What is 2 + 3?"))
+    writer.assert_complete()
+    # Only the calls that write the answer ask for its shape.
+    assert [r.output is not None for r in model.calls] == [False, False]
+    assert [r.output is not None for r in writer.calls] == [True, True]
+    [turn] = await runtime.history("s1")
+    assert turn.answer == VALID
+    assert [a for _, a in _texts(turn.blocks)] == [False, False, True]
+
+
+class Ticket(TypedDict):
+    """A TypedDict works as well as a model."""
+
+    title: str
+    urgent: bool
+
+
+async def test_a_typed_dict_and_no_retries(runtime_factory: RuntimeFactory) -> None:
+    model = ScriptedModel([ModelStep.text_reply('{"title": "Printer", "urgent": "maybe"}')])
+    agent = Agent(model=model, output_type=Ticket, output_retries=0, skip_stages=NO_PLAN)
+    runtime = runtime_factory(agent)
+    events = await collect_events(runtime.execute_message("s1", "File it."))
+    model.assert_complete()  # not asked again
+    [error] = [e for e in events if isinstance(e, ErrorEvent)]
+    assert error.code == "output-invalid"
+    assert error.details["problems"] == [
+        'urgent: Input should be a valid boolean, unable to interpret input (got "maybe")'
+    ]
+
+
+def test_output_type_must_be_an_object_with_a_schema() -> None:
+    model = ScriptedModel([])
+    with pytest.raises(ConfigurationError, match="must describe a JSON object"):
+        Agent(model=model, output_type=int)
+    with pytest.raises(ConfigurationError, match="has no JSON schema"):
+        Agent(model=model, output_type=object())
+    with pytest.raises(ConfigurationError, match="output_retries"):
+        Agent(model=model, output_type=Sum, output_retries=-1)
+    plain = Agent(model=model)
+    shaped = Agent(model=model, output_type=Sum)
+    assert plain.output is None
+    assert shaped.version != plain.version  # a turn is pinned to the shape it asked for
+    assert Agent(model=model, output_type=Sum, output_retries=2).version != shaped.version
+
+
+async def test_a_takeover_does_not_ask_again_for_an_answer_already_checked(
+    tmp_path: Path,
+) -> None:
+    """The first process dies while the answer is asked for again; the one that takes the
+    turn over reads the failed answer from the log and asks only for the new one."""
+    model = ScriptedModel(
+        [ModelStep.text_reply("five"), ModelStep.hang('{"tot'), ModelStep.text_reply(VALID)]
+    )
+    agent = Agent(model=model, output_type=Sum, skip_stages=NO_PLAN)
+    config = RuntimeConfig(database_url=f"sqlite:///{tmp_path / 't.db'}", lease_ttl_s=1.0)
+    async with SessionRuntime(agent=agent, config=config) as first:
+        submission = await first.start("s1", "What is 2 + 3?")
+        await until(lambda: len(model.calls) == 2, "the answer is asked for again")
+    later = dataclasses.replace(config, recover_in_process=True)
+    async with SessionRuntime(agent=agent, config=later) as second:
+        events = [e async for e in second.reader().follow(submission.turn_id)]
+        rows = await second.audit(submission.turn_id)
+        [turn] = await second.history("s1")
+    model.assert_complete()
+    assert len(model.calls) == 3  # the failed answer was not asked for twice
+    assert model.calls[2].messages == model.calls[1].messages
+    assert turn.answer == VALID
+    assert _checks(rows)[0][:2] == (0, False)
+    assert [c[:2] for c in _checks(rows)] == [(0, False), (1, True)]
+    assert json.loads(turn.answer) == {"total": 5, "words": "five"}
+    assert events
+
+
+@pytest.fixture(params=["direct", "litellm"])
+def transport(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Both ways a `LiteLLMClient` sends a call to an OpenAI-compatible server."""
+    if request.param == "litellm":  # a logging callback sends every call down litellm's path
+        import litellm
+
+        monkeypatch.setattr(litellm, "input_callback", [lambda *_args, **_kw: None])
+    return str(request.param)
+
+
+@pytest.mark.usefixtures("transport")
+async def test_the_provider_is_asked_for_the_json_schema_over_http(
+    runtime_factory: RuntimeFactory, openai_server: FakeOpenAIServer
+) -> None:
+    openai_server.script(
+        "fake-model",
+        [Reply.text("Five.", chunks=2), Reply.text(VALID, chunks=3)],
+    )
+    client = LiteLLMClient("openai/fake-model", api_base=openai_server.base_url, api_key="sk-t")
+    runtime = runtime_factory(Agent(model=client, output_type=Sum, skip_stages=NO_PLAN))
+    await collect_events(runtime.execute_message("s1", "What is 2 + 3?"))
+    [turn] = await runtime.history("s1")
+    assert turn.answer == VALID
+    first, again = openai_server.requests
+    for body in (first, again):
+        assert body["response_format"] == {
+            "type": "json_schema",
+            "json_schema": {"name": "Sum", "schema": Sum.model_json_schema()},
+        }
+    assert again["messages"][-2] == {"role": "assistant", "content": "Five."}  # type: ignore[index]
+
+
+@pytest.mark.usefixtures("transport")
+async def test_a_strict_response_format_of_the_clients_own_replaces_turnkits(
+    runtime_factory: RuntimeFactory, openai_server: FakeOpenAIServer
+) -> None:
+    strict = {
+        "type": "json_schema",
+        "json_schema": {"name": "Sum", "strict": True, "schema": Sum.model_json_schema()},
+    }
+    openai_server.script("fake-model", [Reply.text(VALID, chunks=2)])
+    client = LiteLLMClient(
+        "openai/fake-model",
+        api_base=openai_server.base_url,
+        api_key="sk-t",
+        extra_body={"response_format": strict},
+    )
+    runtime = runtime_factory(Agent(model=client, output_type=Sum, skip_stages=NO_PLAN))
+    await collect_events(runtime.execute_message("s1", "What is 2 + 3?"))
+    [body] = openai_server.requests
+    assert body["response_format"] == strict
+
+
+async def test_an_answer_asked_for_again_waits_for_its_budget(tmp_path: Path) -> None:
+    """The call asked again does not fit the budget: the turn pauses, and once the limit
+    is raised it goes on from the failed answer in the log (not asked for twice)."""
+    costly = dataclasses.replace(
+        ModelStep.text_reply("five"), usage=Usage(input_tokens=700, output_tokens=60)
+    )
+    model = ScriptedModel([costly, ModelStep.text_reply(VALID)])
+    agent = Agent(model=model, output_type=Sum, skip_stages=NO_PLAN)
+    config = RuntimeConfig(
+        database_url=f"sqlite:///{tmp_path / 'b.db'}",
+        budgets="enforce",
+        budget_reserve_tokens=50,
+        recover_in_process=True,
+    )
+    limit = BudgetLimit(scope="principal", key="ann", tokens=800)
+    async with SessionRuntime(agent=agent, config=config) as runtime:
+        await runtime.set_budget_limit(limit)
+        events = await collect_events(runtime.execute_message("s1", "2 + 3?", principal="ann"))
+        assert isinstance(events[-1], BudgetPausedEvent), [e.type for e in events]
+        turn_id = events[0].turn_id
+        await runtime.set_budget_limit(limit.model_copy(update={"tokens": 100_000}))
+        async with asyncio.timeout(20):
+            while (await runtime.turn(turn_id)).status == "running":
+                await asyncio.sleep(0.05)
+        logged = [e async for e in runtime.events(turn_id)]
+        rows = await runtime.audit(turn_id)
+        [turn] = await runtime.history("s1")
+    model.assert_complete()
+    assert isinstance(logged[-1], DoneEvent)
+    assert logged[-1].status == "succeeded"
+    assert [e.seq for e in logged] == list(range(1, len(logged) + 1))
+    assert turn.answer == VALID
+    assert [c[:2] for c in _checks(rows)] == [(0, False), (1, True)]
