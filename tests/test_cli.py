@@ -471,6 +471,14 @@ def test_version_prints_the_installed_version(capsys: pytest.CaptureFixture[str]
     assert capsys.readouterr().out == f"turnkit {importlib.metadata.version('turnkit')}\n"
 
 
+def test_python_dash_m_turnkit_runs_the_command_line() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "turnkit", "--version"], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == f"turnkit {importlib.metadata.version('turnkit')}\n"
+
+
 @pytest.mark.parametrize(
     ("argv", "says"),
     [

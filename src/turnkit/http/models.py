@@ -264,6 +264,8 @@ class TurnOut(_Camel):
     cost_usd: float = 0.0
     input_tokens: int = 0
     output_tokens: int = 0
+    error_code: str | None = None
+    """Why a turn that failed or timed out ended (the error's code)."""
 
 
 class TurnStatusOut(_Camel):

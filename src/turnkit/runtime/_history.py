@@ -32,6 +32,7 @@ class TurnHistory:
         cost_usd: The turn's cost once it has finished (0 before).
         input_tokens: Tokens its model calls sent, once it has finished.
         output_tokens: Tokens they wrote, once it has finished.
+        error_code: Why a turn that failed or timed out ended (None otherwise).
     """
 
     turn_id: TurnId
@@ -44,6 +45,7 @@ class TurnHistory:
     cost_usd: float = 0.0
     input_tokens: int = 0
     output_tokens: int = 0
+    error_code: str | None = None
 
     @property
     def answer(self) -> str | None:
@@ -74,6 +76,7 @@ async def turn_history(store: Store, turn: TurnRecord) -> TurnHistory:
         cost_usd=view.cost_usd,
         input_tokens=view.input_tokens,
         output_tokens=view.output_tokens,
+        error_code=turn.error_code,
     )
 
 
