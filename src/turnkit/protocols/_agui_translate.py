@@ -346,7 +346,11 @@ class Translator:
                         block_id)  # fmt: skip
         elif rest := text[len(block.sent) :]:
             out.append(_ev("TEXT_MESSAGE_CONTENT", event.ts, messageId=block_id, delta=rest))
-        out.append(_ev("TEXT_MESSAGE_END", event.ts, messageId=block_id))
+        # Which message is the answer (the rest is narration, or a failed answer).
+        mark: dict[str, JsonValue] = (
+            {"metadata": {"turnkit": {"answer": True}}} if event.block.is_answer else {}
+        )
+        out.append(_ev("TEXT_MESSAGE_END", event.ts, messageId=block_id, **mark))
         return out
 
     def _tool_call(self, event: ToolStartedEvent) -> list[AgUi]:

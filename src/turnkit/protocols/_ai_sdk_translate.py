@@ -152,8 +152,8 @@ class UIMessageStreamTranslator:
             case MessageSnapshotEvent():
                 self._stages.setdefault(event.block_id, event.stage_id)
                 return self._text_snapshot(event.block_id, event.text)
-            case MessageCompleteEvent():
-                return self._text_end(event.block.block_id, event.block.text)
+            case MessageCompleteEvent(block=block):
+                return self._text_end(block.block_id, block.text, answer=block.is_answer)
             case ThinkingDeltaEvent():
                 return self._reason(event.block_id, event.text)
             case ThinkingCompleteEvent():
@@ -291,7 +291,7 @@ class UIMessageStreamTranslator:
             return []  # a part cannot be rewritten: keep what the client has
         return self._text(block_id, text[len(so_far) :])
 
-    def _text_end(self, block_id: str, text: str) -> list[Chunk]:
+    def _text_end(self, block_id: str, text: str, *, answer: bool = False) -> list[Chunk]:
         self._again.pop(("text", block_id), None)
         if block_id in self._ended:
             return []
@@ -302,7 +302,10 @@ class UIMessageStreamTranslator:
             return out
         del self._texts[block_id]
         self._ended.add(block_id)
-        return [*out, {"type": "text-end", "id": block_id}, *self._block_ended()]
+        end: Chunk = {"type": "text-end", "id": block_id}
+        if answer:  # which part is the answer (the rest is narration, or a failed answer)
+            end["providerMetadata"] = {"turnkit": {"answer": True}}
+        return [*out, end, *self._block_ended()]
 
     def _reason(self, block_id: str, text: str) -> list[Chunk]:
         if ("reasoning", block_id) in self._again:

@@ -105,8 +105,12 @@ test("a rung that fails over leaves its message marked discarded", async () => {
   assert.equal(events.at(-1).type, "RUN_FINISHED");
   const assistant = agent.messages.filter((m) => m.role === "assistant");
   assert.deepEqual(
-    assistant.map((m) => [m.content, m.metadata?.turnkit?.discarded ?? false]),
-    [["Partial text before ", true], ["Hello from the second rung.", false]],
+    assistant.map((m) => [
+      m.content,
+      m.metadata?.turnkit?.discarded ?? false,
+      m.metadata?.turnkit?.answer ?? false,
+    ]),
+    [["Partial text before ", true, false], ["Hello from the second rung.", false, true]],
   );
   const shown = assistant.filter((m) => !m.metadata?.turnkit?.discarded).map((m) => m.content);
   assert.deepEqual(shown, ["Hello from the second rung."]);

@@ -341,7 +341,8 @@ async function reconnect() {
 }
 
 // The first rung breaks mid-answer and the next one answers: the abandoned text part is
-// marked discarded (its providerMetadata), and leaving such parts out shows the answer only.
+// marked discarded (its providerMetadata), and leaving such parts out shows the answer only;
+// the answer's part is marked as the answer.
 async function cascade() {
   const transport = new DefaultChatTransport({ api });
   const stream = await send(transport, 'cascade', [user('Say hello')]);
@@ -349,8 +350,16 @@ async function cascade() {
   assert.deepEqual(errors, []);
   const texts = message.parts.filter(p => p.type === 'text');
   assert.deepEqual(
-    texts.map(p => [p.text, p.state, p.providerMetadata?.turnkit?.discarded ?? false]),
-    [['Partial text before ', 'done', true], ['Hello from the second rung.', 'done', false]],
+    texts.map(p => [
+      p.text,
+      p.state,
+      p.providerMetadata?.turnkit?.discarded ?? false,
+      p.providerMetadata?.turnkit?.answer ?? false,
+    ]),
+    [
+      ['Partial text before ', 'done', true, false],
+      ['Hello from the second rung.', 'done', false, true],
+    ],
   );
   const shown = texts.filter(p => !p.providerMetadata?.turnkit?.discarded).map(p => p.text);
   assert.deepEqual(shown, ['Hello from the second rung.']);
