@@ -7,22 +7,31 @@ import asyncio
 import dataclasses
 import json
 from pathlib import Path
+from typing import Any, Literal
 
 import pytest
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationInfo, model_validator
 from typing_extensions import TypedDict
 
 from tests.conftest import RuntimeFactory
 from tests.helpers import add, until
 from tests.support.openai_server import FakeOpenAIServer, Reply
-from turnkit import Agent, RuntimeConfig, SessionRuntime
+from turnkit import Agent, AnswerContext, RuntimeConfig, SessionRuntime, tool
 from turnkit.audit import AuditRow
 from turnkit.blocks import TextBlock
 from turnkit.budgets import BudgetLimit
 from turnkit.errors import ConfigurationError
-from turnkit.events import BudgetPausedEvent, DoneEvent, ErrorEvent, MessageCompleteEvent
-from turnkit.models import Usage
+from turnkit.events import (
+    BudgetPausedEvent,
+    DoneEvent,
+    ErrorEvent,
+    MessageCompleteEvent,
+    MessageDeltaEvent,
+)
+from turnkit.http.models import TurnOut
+from turnkit.models import ModelMessage, ModelRequest, Usage
 from turnkit.models.litellm import LiteLLMClient
+from turnkit.store.sql import SqlStore
 from turnkit.testing import ModelStep, ScriptedModel, call, collect_events
 
 NO_PLAN = frozenset({"anchor-plan"})
@@ -92,7 +101,7 @@ async def test_an_answer_that_does_not_validate_is_asked_for_again(
     assert again.messages[-2].role == "assistant"
     assert again.messages[-2].content == "The total is 5."
     assert again.messages[-1].role == "user"
-    assert "does not match the required JSON schema" in str(again.messages[-1].content)
+    assert "Your answer was not accepted:" in str(again.messages[-1].content)
     assert "Invalid JSON" in str(again.messages[-1].content)
     assert again.output is not None
     assert again.tool_choice == "none"
@@ -144,8 +153,13 @@ async def test_the_turn_fails_when_no_answer_validates(runtime_factory: RuntimeF
     assert ("assistant", "five") in seen
     assert ("assistant", "still five") in seen
     assert any(role == "assistant" and "output-invalid" in text for role, text in seen)
-    [_, second] = await runtime.history("s1")
+    [first, second] = await runtime.history("s1")
     assert second.answer == VALID
+    assert first.error_code == "output-invalid"  # history says why the turn has no answer
+    assert TurnOut.model_validate(first).model_dump(by_alias=True)["errorCode"] == (
+        "output-invalid"
+    )
+    assert second.error_code is None
 
 
 async def test_a_separate_synthesis_writes_again_with_its_own_model(
@@ -293,11 +307,21 @@ async def test_a_strict_response_format_of_the_clients_own_replaces_turnkits(
     assert body["response_format"] == strict
 
 
-async def test_an_answer_asked_for_again_waits_for_its_budget(tmp_path: Path) -> None:
+async def test_an_answer_asked_for_again_waits_for_its_budget(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The call asked again does not fit the budget: the turn pauses, and once the limit
-    is raised it goes on from the failed answer in the log (not asked for twice)."""
+    is raised it goes on from the failed answer in the log (not asked for twice). It
+    follows the first call at once, while that call's spend is still being committed."""
+    commit = SqlStore.commit
+
+    async def slow_commit(self: SqlStore, *args: Any, **kwargs: Any) -> Any:
+        await asyncio.sleep(0.05)  # a store whose commit is a slow round trip
+        return await commit(self, *args, **kwargs)
+
+    monkeypatch.setattr(SqlStore, "commit", slow_commit)
     costly = dataclasses.replace(
-        ModelStep.text_reply("five"), usage=Usage(input_tokens=700, output_tokens=60)
+        ModelStep.text_reply("five"), usage=Usage(input_tokens=740, output_tokens=50)
     )
     model = ScriptedModel([costly, ModelStep.text_reply(VALID)])
     agent = Agent(model=model, output_type=Sum, skip_stages=NO_PLAN)
@@ -326,3 +350,242 @@ async def test_an_answer_asked_for_again_waits_for_its_budget(tmp_path: Path) ->
     assert [e.seq for e in logged] == list(range(1, len(logged) + 1))
     assert turn.answer == VALID
     assert [c[:2] for c in _checks(rows)] == [(0, False), (1, True)]
+
+
+@tool
+async def lookup_invoice(number: str) -> str:
+    """Look an invoice up."""
+    return f"invoice {number}: 2 charges of 40 EUR"
+
+
+class Routed(BaseModel):
+    """A ticket's team; billing needs the invoice looked up first."""
+
+    team: Literal["billing", "shipping"]
+
+    @model_validator(mode="after")
+    def billing_needs_an_invoice(self, info: ValidationInfo) -> Routed:
+        turn = info.context
+        if not isinstance(turn, AnswerContext):
+            return self  # read outside a turn: nothing to check against
+        if isinstance(turn.deps, dict) and turn.deps.get("strict"):
+            raise ValueError("this deployment refuses every answer")
+        if self.team == "billing" and not turn.called("lookup_invoice"):
+            raise ValueError("look up the invoice before routing to billing")
+        return self
+
+
+BILLING = '{"team": "billing"}'
+
+
+async def test_a_validator_reads_the_turn_and_the_model_may_use_tools_to_fix_it(
+    runtime_factory: RuntimeFactory,
+) -> None:
+    model = ScriptedModel(
+        [
+            ModelStep.text_reply(BILLING),
+            ModelStep.tool_call_reply(call("lookup_invoice", number="A1")),
+            ModelStep.text_reply(BILLING),
+        ]
+    )
+    agent = Agent(model=model, tools=[lookup_invoice], output_type=Routed, skip_stages=NO_PLAN)
+    runtime = runtime_factory(agent)
+    events = await collect_events(runtime.execute_message("s1", "I was charged twice."))
+    model.assert_complete()
+    assert isinstance(events[-1], DoneEvent)
+    assert events[-1].status == "succeeded"
+    again = model.calls[1]
+    assert again.tool_choice == "auto"  # asked again inside the loop: tools still usable
+    assert again.output is not None
+    assert again.messages[-1].role == "user"
+    assert "look up the invoice before routing to billing" in str(again.messages[-1].content)
+    completes = [e for e in events if isinstance(e, MessageCompleteEvent)]
+    assert [(e.stage_id, e.block.text, e.block.is_answer) for e in completes] == [
+        ("tool-loop", BILLING, False),
+        ("synthesize", BILLING, True),
+    ]
+    rows = await runtime.audit(events[0].turn_id)
+    assert [c[:2] for c in _checks(rows)] == [(0, False), (1, True)]
+    [turn] = await runtime.history("s1")
+    assert Routed.model_validate_json(turn.answer or "").team == "billing"
+
+
+async def test_a_takeover_keeps_the_verdict_its_attempt_committed(tmp_path: Path) -> None:
+    """The second process's deps would refuse every answer; the failed answer in the log
+    stays failed and the answer asked again is checked under the new deps, once."""
+    model = ScriptedModel(
+        [
+            ModelStep.text_reply(BILLING),
+            ModelStep.hang('{"te'),
+            ModelStep.text_reply('{"team": "shipping"}'),
+        ]
+    )
+    agent = Agent(model=model, tools=[lookup_invoice], output_type=Routed, skip_stages=NO_PLAN)
+    config = RuntimeConfig(database_url=f"sqlite:///{tmp_path / 't.db'}", lease_ttl_s=1.0)
+    async with SessionRuntime(agent=agent, config=config) as first:
+        submission = await first.start("s1", "Where is my parcel?")
+        await until(lambda: len(model.calls) == 2, "the answer is asked for again")
+    later = dataclasses.replace(config, recover_in_process=True)
+    async with SessionRuntime(
+        agent=agent, config=later, deps=lambda _scope: {"strict": True}
+    ) as second:
+        async with asyncio.timeout(20):
+            while (await second.turn(submission.turn_id)).status == "running":
+                await asyncio.sleep(0.05)
+        record = await second.turn(submission.turn_id)
+        rows = await second.audit(submission.turn_id)
+    model.assert_complete()
+    assert model.calls[2].messages == model.calls[1].messages  # the same request, once more
+    assert record.status == "failed"
+    assert record.error_code == "output-invalid"
+    assert [c[:2] for c in _checks(rows)] == [(0, False), (1, False)]
+    assert _checks(rows)[0][2] == ("Value error, look up the invoice before routing to billing",)
+
+
+async def test_a_stop_while_the_answer_is_asked_again_keeps_the_next_turns_prefix(
+    runtime_factory: RuntimeFactory,
+) -> None:
+    model = ScriptedModel(
+        [ModelStep.text_reply("five"), ModelStep.hang('{"total": 5, '), ModelStep.text_reply(VALID)]
+    )
+    runtime = runtime_factory(Agent(model=model, output_type=Sum, skip_stages=NO_PLAN))
+    submission = await runtime.start("s1", "2 + 3?")
+    async with asyncio.timeout(20):
+        async for event in runtime.reader().events(submission.turn_id):
+            if isinstance(event, MessageDeltaEvent) and "total" in event.text:
+                assert await runtime.cancel(submission.turn_id) == "cancelled"
+                break
+    second = await collect_events(runtime.execute_message("s1", "again"))
+    assert isinstance(second[-1], DoneEvent)
+    assert second[-1].status == "succeeded"
+    # The next request extends the stopped one: the message asking again included.
+    assert model.calls[2].messages[: len(model.calls[1].messages)] == model.calls[1].messages
+
+
+@pytest.mark.parametrize("output_type", [Sum, None], ids=["asked-again", "separate-synthesis"])
+async def test_an_answer_cut_by_the_output_limit_keeps_the_next_turns_prefix(
+    runtime_factory: RuntimeFactory, output_type: type[Sum] | None
+) -> None:
+    if output_type is None:  # a separate synthesis call, cut: the same ending
+        steps = [
+            ModelStep.text_reply("Adding."),
+            ModelStep.truncated("The long"),
+            ModelStep.text_reply("Again."),
+        ]
+        agent = Agent(
+            model=ScriptedModel([]), tools=[add], synthesis="separate", skip_stages=NO_PLAN
+        )
+    else:
+        steps = [ModelStep.text_reply("five"), ModelStep.truncated('{"total": 5')]
+        agent = Agent(model=ScriptedModel([]), output_type=Sum, skip_stages=NO_PLAN)
+    model = ScriptedModel([*steps, ModelStep.text_reply(VALID)])
+    runtime = runtime_factory(dataclasses.replace(agent, model=model))
+    first = await collect_events(runtime.execute_message("s1", "2 + 3?"))
+    assert isinstance(first[-1], DoneEvent)
+    assert first[-1].error_code == "agent_output_limit_exceeded"
+    second = await collect_events(runtime.execute_message("s1", "again"))
+    assert isinstance(second[-1], DoneEvent)
+    assert second[-1].status == "succeeded"
+    assert model.calls[2].messages[: len(model.calls[1].messages)] == model.calls[1].messages
+
+
+class Picky(BaseModel):
+    """A validator that assumes a JSON object."""
+
+    total: int
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shape(cls, data: dict[str, object]) -> dict[str, object]:
+        data["total"] = int(str(data["total"]))
+        return data
+
+
+async def test_a_validator_that_raises_any_error_asks_again(
+    runtime_factory: RuntimeFactory,
+) -> None:
+    model = ScriptedModel([ModelStep.text_reply("[5]"), ModelStep.text_reply('{"total": 5}')])
+    runtime = runtime_factory(Agent(model=model, output_type=Picky, skip_stages=NO_PLAN))
+    events = await collect_events(runtime.execute_message("s1", "2 + 3?"))
+    assert isinstance(events[-1], DoneEvent)
+    assert events[-1].status == "succeeded"
+    assert "TypeError: list indices must be integers" in str(model.calls[1].messages[-1].content)
+
+
+class Node(BaseModel):
+    """A model that nests itself."""
+
+    name: str
+    children: list[Node] = []
+
+
+def test_a_model_that_nests_itself_is_an_output_type() -> None:
+    agent = Agent(model=ScriptedModel([]), output_type=Node)
+    assert agent.output is not None
+    assert agent.output.shape.name == "Node"
+    assert agent.output.problems('{"name": "a", "children": [{"name": "b"}]}') == ()
+
+
+def test_a_model_with_tools_is_asked_for_the_shape_only_where_its_provider_takes_it() -> None:
+    """litellm turns `response_format` into a forced JSON tool call for models without a
+    native schema mode, which would leave the agent's own tools uncallable."""
+    import litellm
+
+    shape = Agent(model=ScriptedModel([]), output_type=Sum).output
+    assert shape is not None
+    tools = Agent(model=ScriptedModel([]), tools=[add]).registry().specs()
+
+    def sent(model: str, *, usable: bool) -> bool:
+        client = LiteLLMClient(model, api_key="sk-t")
+        request = ModelRequest(
+            messages=(ModelMessage(role="user", content="hi"),),
+            tools=tools,
+            tool_choice="auto" if usable else "none",
+            output=shape.shape,
+        )
+        return "response_format" in client._call_kwargs(litellm, request)
+
+    assert sent("anthropic/claude-3-5-sonnet-20240620", usable=True) is False
+    assert sent("anthropic/claude-3-5-sonnet-20240620", usable=False) is True
+    assert sent("anthropic/claude-sonnet-4-5", usable=True) is True
+    assert sent("openai/gpt-4o-mini", usable=True) is True
+
+
+def test_the_version_counts_the_type_and_retries_are_checked_without_one() -> None:
+    model = ScriptedModel([])
+
+    class Other(BaseModel):
+        total: int
+        words: str = Field(min_length=3)
+
+    Other.__doc__ = Sum.__doc__
+    assert (
+        Agent(model=model, output_type=Other).version != Agent(model=model, output_type=Sum).version
+    )
+    with pytest.raises(ConfigurationError, match="output_retries"):
+        Agent(model=model, output_retries=-1)
+
+
+async def test_a_synthesis_answer_that_calls_a_tool_is_told_no_tool_can_be_used(
+    runtime_factory: RuntimeFactory,
+) -> None:
+    writer = ScriptedModel(
+        [ModelStep.tool_call_reply(call("add", a=2, b=3)), ModelStep.text_reply(VALID)],
+        name="writer",
+    )
+    model = ScriptedModel([ModelStep.text_reply("Let me write it up.")])
+    agent = Agent(
+        model=model,
+        tools=[add],
+        synthesis="separate",
+        synthesis_model=writer,
+        output_type=Sum,
+        skip_stages=NO_PLAN,
+    )
+    runtime = runtime_factory(agent)
+    events = await collect_events(runtime.execute_message("s1", "What is 2 + 3?"))
+    assert isinstance(events[-1], DoneEvent)
+    assert events[-1].status == "succeeded"
+    told = str(writer.calls[1].messages[-1].content)
+    assert "- no tool can be used now: answer with the JSON object alone" in told
+    assert writer.calls[1].tool_choice == "none"

@@ -31,6 +31,7 @@ from turnkit.errors import (
     ModelNotAllowedError,
     ModelUnreachableError,
     NotFoundError,
+    OutputInvalidError,
     OutputLimitExceededError,
     PauseAnsweredError,
     PauseNotFoundError,
@@ -56,6 +57,7 @@ from turnkit.events import DurableEvent, EphemeralEvent, StreamEvent
 from turnkit.models import ModelSettings
 from turnkit.models.family import ModelFamily
 from turnkit.models.litellm import LiteLLMClient, ModelEndpoint
+from turnkit.output import AnswerContext
 from turnkit.pauses import Answer, Approve, Deny
 from turnkit.runtime import CancelToken, SessionRuntime, TurnHistory
 from turnkit.runtime.admission import AdmissionCheck
@@ -69,6 +71,7 @@ __all__ = (
     "AdmissionRefusedError",
     "Agent",
     "AgentCatalog",
+    "AnswerContext",
     "AgentData",
     "AgentNotAllowedError",
     "AgentNotFoundError",
@@ -107,6 +110,7 @@ __all__ = (
     "ModelUnreachableError",
     "NotFoundError",
     "Organisation",
+    "OutputInvalidError",
     "OutputLimitExceededError",
     "PauseAnsweredError",
     "PauseNotFoundError",

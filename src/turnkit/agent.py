@@ -19,7 +19,7 @@ from pydantic import JsonValue
 from turnkit.context.results import READ_RESULT_TOOL
 from turnkit.errors import ConfigurationError, DuplicateToolError
 from turnkit.models import ModelClient, ModelSettings
-from turnkit.output import OutputCheck
+from turnkit.output import OutputCheck, check_retries
 from turnkit.pauses import CLARIFY_TOOL, ApprovalPolicy, check_approval_policy
 from turnkit.plugins import Plugin, validate_plugins
 from turnkit.tools import Tool, ToolRegistry
@@ -190,6 +190,7 @@ class Agent:
         object.__setattr__(self, "skills", tuple(self.skills))
         object.__setattr__(self, "knowledge", tuple(self.knowledge))
         object.__setattr__(self, "plugins", validate_plugins(self.plugins))
+        check_retries(self.output_retries)
         output = (
             None
             if self.output_type is None

@@ -87,6 +87,8 @@ class CommittedGeneration:
 
     text: str = ""
     block_id: str = ""
+    is_answer: bool = False
+    """Its text was committed as the turn's answer (not as narration)."""
     thinking: str = ""
     calls: list[CommittedCall] = field(default_factory=list[CommittedCall])
     first_seq: int = 0
@@ -116,6 +118,8 @@ class Journal:
     """tool_call_id → (result, error code or None)."""
     guides: list[CommittedGuide] = field(default_factory=list[CommittedGuide])
     """In the order they were presented."""
+    answer_problems: dict[str, tuple[str, ...]] = field(default_factory=dict[str, tuple[str, ...]])
+    """generation_id → what its committed `outputCheck` found (from the audit rows)."""
 
     @classmethod
     def of(cls, events: Iterable[StreamEvent]) -> Journal:
@@ -135,6 +139,7 @@ class Journal:
             case MessageCompleteEvent(generation_id=str(gen), block=block):
                 committed = self._generation(gen, event.seq)
                 committed.text, committed.block_id = block.text, block.block_id
+                committed.is_answer = block.is_answer
             case ThinkingCompleteEvent(generation_id=str(gen), block=block):
                 self._generation(gen, event.seq).thinking = block.summary
             case ToolStartedEvent(generation_id=str(gen), block=block):

@@ -13,11 +13,20 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final, cast
 
-from pydantic import PydanticUserError, TypeAdapter, ValidationError
+from pydantic import JsonValue, PydanticUserError, TypeAdapter, ValidationError
 
 from turnkit.errors import ConfigurationError
+from turnkit.tenancy import Principal
 
-__all__ = ("MAX_PROBLEMS", "OutputCheck", "OutputShape", "repair_request")
+__all__ = (
+    "MAX_PROBLEMS",
+    "AnswerContext",
+    "OutputCheck",
+    "OutputShape",
+    "ToolCallMade",
+    "check_retries",
+    "repair_request",
+)
 
 MAX_PROBLEMS: Final = 5
 """The most problems an answer's check reports (to the model and in the audit)."""
@@ -41,20 +50,51 @@ class OutputShape:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ToolCallMade:
+    """A tool call the turn made before its answer, and its result as the model read it."""
+
+    name: str
+    arguments: Mapping[str, JsonValue]
+    """The arguments it ran with (empty when the model's were not a JSON object)."""
+    result: str | None
+    """The result's text as sent to the model; None when it has none (it never ran)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AnswerContext:
+    """What validators of an agent's `output_type` find in pydantic's `info.context`.
+
+    A validator that raises `ValueError` makes the answer fail its check; the model is
+    told the message. Outside a turn (`Triage.model_validate_json(answer)` in your app)
+    `info.context` is None, so a validator that needs it returns early then.
+    """
+
+    caller: Principal | None
+    """Who sent the message (None: anonymous)."""
+    deps: object
+    """The app's dependencies for this turn, as tools see them in `ToolContext.deps`."""
+    tool_calls: tuple[ToolCallMade, ...]
+    """This turn's tool calls, in the order the model made them."""
+
+    def called(self, name: str) -> bool:
+        """Whether the turn called the tool `name` (and it returned a result)."""
+        return any(c.name == name and c.result is not None for c in self.tool_calls)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class OutputCheck:
     """An agent's `output_type`: the shape asked for, how to check it, how often to retry."""
 
     shape: OutputShape
     retries: int
     adapter: TypeAdapter[Any]
+    type_name: str
+    """The type's qualified name (`module.Name`)."""
 
     @classmethod
-    def of(cls, output_type: object, retries: object) -> OutputCheck:
+    def of(cls, output_type: object, retries: int) -> OutputCheck:
         """The check for `output_type`; `ConfigurationError` when it has no object schema."""
-        if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
-            raise ConfigurationError(
-                f"`output_retries` must be a whole number of 0 or more, not {retries!r}"
-            )
+        check_retries(retries)
         try:
             adapter: TypeAdapter[Any] = TypeAdapter(cast(Any, output_type))
             schema = adapter.json_schema()
@@ -63,35 +103,71 @@ class OutputCheck:
                 f"`output_type` {output_type!r} has no JSON schema: use a pydantic model, "
                 f"a dataclass or a TypedDict ({exc})"
             ) from exc
-        if schema.get("type") != "object":
+        if _top(schema).get("type") != "object":
             raise ConfigurationError(
                 f"`output_type` must describe a JSON object (a pydantic model, a dataclass "
                 f"or a TypedDict), not {output_type!r}: wrap it in a model with one field"
             )
-        name = _schema_name(str(schema.get("title") or getattr(output_type, "__name__", "")))
-        return cls(shape=OutputShape(name=name, schema=schema), retries=retries, adapter=adapter)
+        top = _top(schema)
+        name = _schema_name(str(top.get("title") or getattr(output_type, "__name__", "")))
+        qualified = (
+            f"{getattr(output_type, '__module__', '')}.{getattr(output_type, '__qualname__', name)}"
+        )
+        return cls(
+            shape=OutputShape(name=name, schema=schema),
+            retries=retries,
+            adapter=adapter,
+            type_name=qualified,
+        )
 
-    def problems(self, text: str) -> tuple[str, ...]:
+    def problems(self, text: str, context: AnswerContext | None = None) -> tuple[str, ...]:
         """What is wrong with `text` as this type's JSON (empty when it is right)."""
         try:
-            self.adapter.validate_json(text)
+            self.adapter.validate_json(text, context=context)
         except ValidationError as exc:
             return tuple(_problem(e) for e in exc.errors(include_url=False)[:MAX_PROBLEMS])
+        except Exception as exc:  # noqa: BLE001 - a validator of the app's that did not expect it
+            return (f"{type(exc).__name__}: {exc}"[:_PROBLEM_CHARS],)
         return ()
 
     def describe(self) -> dict[str, object]:
-        """The check as the agent's version sees it: the schema and the retries."""
-        return {"schema": dict(self.shape.schema), "retries": self.retries}
+        """The check as the agent's version sees it: the type's name, schema and retries.
+
+        The name stands for its validators, which the schema does not show: renaming or
+        replacing the type makes a new version; changing a validator's code does not.
+        """
+        return {
+            "type": self.type_name,
+            "schema": dict(self.shape.schema),
+            "retries": self.retries,
+        }
+
+
+def check_retries(retries: object) -> None:
+    """`ConfigurationError` unless `retries` is a whole number of 0 or more."""
+    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+        raise ConfigurationError(
+            f"`output_retries` must be a whole number of 0 or more, not {retries!r}"
+        )
+
+
+def _top(schema: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The schema's top level, following a `$ref` into `$defs` (a model that nests itself)."""
+    ref = schema.get("$ref")
+    if isinstance(ref, str) and ref.startswith("#/$defs/"):
+        found = schema.get("$defs", {}).get(ref.removeprefix("#/$defs/"))
+        if isinstance(found, Mapping):
+            return found
+    return schema
 
 
 def repair_request(problems: tuple[str, ...]) -> str:
     """The message that asks the model to write its answer again, with what was wrong."""
     listed = "\n".join(f"- {p}" for p in problems)
     return (
-        "Your answer does not match the required JSON schema:\n"
+        "Your answer was not accepted:\n"
         f"{listed}\n"
-        "Write the whole answer again as one JSON object that matches the schema, "
-        "and nothing else."
+        "Fix this and answer again with only the JSON object the schema describes."
     )
 
 
@@ -102,9 +178,14 @@ def _schema_name(title: str) -> str:
 
 def _problem(error: Mapping[str, Any]) -> str:
     """One validation error as a line a model (and an auditor) reads."""
-    where = ".".join(str(p) for p in error.get("loc", ())) or "the answer"
+    message = str(error.get("msg", "invalid"))
+    loc = error.get("loc", ())
+    if not loc:  # the whole answer: a model validator's own message, or JSON that does not parse
+        return message[:_PROBLEM_CHARS]
+    where = ".".join(str(p) for p in loc)
     given = error.get("input")
     shown = ""
-    if error.get("type") not in ("missing", "json_invalid") and given is not None:
-        shown = f" (got {json.dumps(given, default=str)[:80]})"
-    return f"{where}: {error.get('msg', 'invalid')}{shown}"[:_PROBLEM_CHARS]
+    if error.get("type") != "missing" and given is not None:
+        given_json = json.dumps(given, default=str, ensure_ascii=False)
+        shown = f" (got {given_json if len(given_json) <= 80 else given_json[:79] + '…'})"
+    return f"{where}: {message}{shown}"[:_PROBLEM_CHARS]

@@ -396,12 +396,31 @@ class LiteLLMClient:
                 kwargs["tool_choice"] = request.tool_choice
         if request.output_cap() is not None:
             kwargs["max_tokens"] = request.output_cap()
-        if request.output is not None:
+        if request.output is not None and self._asks_for_shape(litellm, request):
             kwargs["response_format"] = request.output.response_format()
         kwargs.update(self._reasoning_kwargs(litellm, request))
         if self._extra_body:
             kwargs["extra_body"] = dict(self._extra_body)
         return kwargs
+
+    def _asks_for_shape(self, litellm: ModuleType, request: ModelRequest) -> bool:
+        """Whether this call sends the answer's JSON schema as `response_format`.
+
+        Always when no tool is usable, and on OpenAI-compatible endpoints. Beside usable
+        tools only for models litellm knows take a schema natively: for the others it
+        forces a JSON tool call, and the agent's own tools could never be called (the
+        answer is checked all the same).
+        """
+        if not request.tools or request.tool_choice == "none" or self._provider == "openai":
+            return True
+        try:
+            return bool(
+                litellm.supports_response_schema(
+                    model=self._bare_model, custom_llm_provider=self._provider
+                )
+            )
+        except Exception:  # noqa: BLE001 - a model litellm does not know: assume it cannot
+            return False
 
     def _reasoning_kwargs(self, litellm: ModuleType, request: ModelRequest) -> dict[str, object]:
         """`thinking` (exact budget) or `reasoning_effort`, only for reasoning models.

@@ -32,6 +32,10 @@ async def open_recorder(
         audit_rows = await store.read_audit(lease.turn_id)
         usage = await store.read_usage(lease.turn_id)
     journal.keys.add("turn.started")
+    for row in audit_rows:  # an answer's verdict is what its attempt committed
+        check = row.payloads.output_check
+        if check is not None and check.generation_id is not None:
+            journal.answer_problems[check.generation_id] = check.problems
     recorder = Recorder(
         store=store,
         session_id=lease.session_id,

@@ -354,6 +354,9 @@ async def _ready(
         return
     answered = take_budget_answers(ctx, stage_id, key)  # also when budgets are off by now
     if ctx.budget is not None:
+        # The spend of the call before is in that commit: the reservation must see it, or
+        # a call that follows another at once could pass a limit the first one reached.
+        await ctx.recorder.join_ahead()
         await ctx.budget.reserve(ctx, stage_id, request, key=key, answered=answered)
 
 

@@ -135,6 +135,7 @@ async def prepare_request(
         between_turns=previous is not None and previous["between_turns"],
     )
     ctx.recorder.notes.last_request = stored(view)
+    ctx.recorder.notes.transcript = transcript  # what an ending during the call keeps
     return Prepared(transcript=transcript, request=request, report=report, previous=stored(view))
 
 
@@ -172,6 +173,7 @@ async def answered_request(
     transcript = [*transcript, *guides, *notes, *closing]
     previous = stored(RequestView.of(transcript, tools_digest(specs)))
     ctx.recorder.notes.last_request = previous
+    ctx.recorder.notes.transcript = transcript
     return transcript, previous
 
 

@@ -11,18 +11,27 @@ string is the rendered string.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from dataclasses import dataclass, field
 from typing import Literal
 
-from turnkit.audit import AuditPayloads, CallShape, OutputCheckPayload, SynthesisQualityPayload
+from turnkit.audit import AuditPayloads, CallShape, SynthesisQualityPayload
 from turnkit.blocks import TextBlock
 from turnkit.context.prefix import PreviousRequest
-from turnkit.errors import OutputInvalidError, OutputLimitExceededError
+from turnkit.errors import OutputLimitExceededError
 from turnkit.events import MessageCompleteEvent
 from turnkit.ids import derive_id
+from turnkit.journal import CommittedGeneration
 from turnkit.models import ToolSpec
-from turnkit.output import repair_request
+from turnkit.output import MAX_PROBLEMS, OutputCheck
+from turnkit.stages._answer_check import (
+    Checked,
+    asked_again,
+    check_answer,
+    failed_answers,
+    out_of_retries,
+)
 from turnkit.stages._budget import take_budget_answers
 from turnkit.stages._calls import call_model
 from turnkit.stages._message_list import answered_request, cache_breakpoint, prepare_request
@@ -37,6 +46,9 @@ from turnkit.stages._types import (
 )
 
 __all__ = ("run_synthesize", "synthesis_request")
+
+_NO_TOOLS = "no tool can be used now: answer with the JSON object alone"
+"""Told a model that called tools where none were usable, when its answer failed."""
 
 
 def synthesis_request(
@@ -57,10 +69,12 @@ class _Written:
 
     answer: PendingAnswer
     source: Literal["tool-loop", "synthesize"]
-    committed: bool
-    """Already in the log: an earlier attempt wrote (and billed, and streamed) it."""
+    logged: CommittedGeneration | None
+    """What an earlier attempt committed of it (and billed, and streamed); None: new."""
     call: CallShape | None = None
     payloads: AuditPayloads = field(default_factory=AuditPayloads)
+    called_tools: bool = False
+    """The model named tools, which this call could not use (they were left out)."""
 
 
 async def run_synthesize(
@@ -71,21 +85,27 @@ async def run_synthesize(
 ) -> StageOutcome:
     """Commit the answer: the loop's terminal text (`answer`), or one call's text.
 
-    With the agent's `output_type`, an answer that does not validate is kept as
-    narration and asked for again (`output_retries` times) before the turn fails.
+    With the agent's `output_type`, an answer this stage writes that does not validate
+    is kept as narration and asked for again before the turn fails (the loop's own
+    terminal text was checked in the loop).
     """
     rec = ctx.recorder
+    check = ctx.agent.output
     if answer is not None:  # the transcript already ends with it
-        committed = rec.journal.generation(answer["generation_id"]) is not None
-        written = _Written(answer=answer, source="tool-loop", committed=committed)
+        logged = rec.journal.generation(answer["generation_id"])
+        written = _Written(answer=answer, source="tool-loop", logged=logged)
+        verdict = None if check is None else Checked(failed_answers(transcript), ())
+        await _commit(ctx, written, is_answer=True, first=True, checked=verdict)
     else:
         written, transcript, previous = await _write(
             ctx, transcript, previous, attempt=0, closing=synthesis_request(ctx, transcript)
         )
-    if ctx.agent.output is not None:
-        written, transcript, previous = await _checked(ctx, written, transcript, previous)
-    else:
-        await _commit(ctx, written, is_answer=True, first=True)
+        if check is None:
+            await _commit(ctx, written, is_answer=True, first=True)
+        else:
+            written, transcript, previous = await _checked(
+                ctx, check, written, transcript, previous
+            )
     rec.notes.answer_block_id = written.answer["block_id"]
     rec.notes.context_messages = len(transcript)
     if written.answer is answer:  # the loop's own answer: the transcript has it already
@@ -95,6 +115,7 @@ async def run_synthesize(
 
 async def _checked(
     ctx: StageContext,
+    check: OutputCheck,
     written: _Written,
     transcript: list[TranscriptMessage],
     previous: PreviousRequest | None,
@@ -102,37 +123,29 @@ async def _checked(
     """The first answer that matches the agent's `output_type`, asking again as allowed.
 
     Each answer that fails is committed as narration with its `outputCheck` row, and the
-    model reads what was wrong; the check is pure, so an attempt that resumes the turn
-    reaches the same verdicts on the answers already in the log.
+    model reads what was wrong. `transcript` ends with `written`'s answer.
     """
-    check = ctx.agent.output
-    assert check is not None  # the caller checked
-    for attempt in range(check.retries + 1):
-        problems = check.problems(written.answer["text"])
-        verdict = OutputCheckPayload(
-            attempt=attempt,
-            valid=not problems,
-            problems=problems,
-            generation_id=written.answer["generation_id"],
-        )
-        await _commit(ctx, written, is_answer=not problems, first=attempt == 0, check=verdict)
-        if not problems:
+    first = True
+    while True:
+        text, generation = written.answer["text"], written.answer["generation_id"]
+        checked = check_answer(ctx, check, transcript[:-1], text, generation, written.logged)
+        if written.called_tools and checked.problems:
+            told = (_NO_TOOLS, *checked.problems)[:MAX_PROBLEMS]
+            checked = dataclasses.replace(checked, problems=told)
+        await _commit(ctx, written, is_answer=not checked.problems, first=first, checked=checked)
+        if not checked.problems:
             return written, transcript, previous
-        if attempt == check.retries:
-            ctx.recorder.notes.transcript = transcript  # what the failed turn keeps
-            raise OutputInvalidError(
-                f"the answer did not match the agent's output_type after {attempt + 1} "
-                f"answer(s): {problems[0]}",
-                problems=list(problems),
-            )
-        closing: tuple[TranscriptMessage, ...] = (
-            {"role": "user", "content": repair_request(problems)},
-        )
-        ctx.recorder.notes.transcript = transcript
+        error = out_of_retries(ctx, check, checked, transcript)
+        if error is not None:
+            raise error
         written, transcript, previous = await _write(
-            ctx, transcript, previous, attempt=attempt + 1, closing=closing
+            ctx,
+            transcript,
+            previous,
+            attempt=checked.attempt + 1,
+            closing=(asked_again(checked),),
         )
-    raise AssertionError("unreachable: the last attempt returns or raises")  # pragma: no cover
+        first = False
 
 
 async def _write(
@@ -170,7 +183,7 @@ async def _write(
                 "stop_reason": "end_turn",
             },
             source="synthesize",
-            committed=True,
+            logged=committed,
         )
     else:
         written, transcript, previous = await _call(
@@ -249,7 +262,12 @@ async def _call(
             answer_chars=len(response.text),
         )
     written = _Written(
-        answer=pending, source="synthesize", committed=False, call=shape, payloads=payloads
+        answer=pending,
+        source="synthesize",
+        logged=None,
+        call=shape,
+        payloads=payloads,
+        called_tools=bool(response.tool_calls),
     )
     return written, prepared.transcript, prepared.previous
 
@@ -283,14 +301,14 @@ async def _commit(
     *,
     is_answer: bool,
     first: bool,
-    check: OutputCheckPayload | None = None,
+    checked: Checked | None = None,
 ) -> None:
     """A written answer's audit row and `message.complete`, staged together.
 
     As the turn's answer, or as narration when it failed its check; nothing when an
     earlier attempt committed it. Both go in one transaction.
     """
-    if written.committed:
+    if written.logged is not None:
         return
     rec = ctx.recorder
     thinking = thinking_of(ctx)
@@ -300,7 +318,7 @@ async def _commit(
     payloads = written.payloads.model_copy(
         update={
             "synthesis_quality": _quality(ctx, answer, written.source) if is_answer else None,
-            "output_check": check,
+            "output_check": None if checked is None else checked.payload(answer["generation_id"]),
         }
     )
     rec.audit("synthesize", call=written.call, payloads=payloads)

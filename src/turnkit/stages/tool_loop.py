@@ -21,6 +21,7 @@ from turnkit.events import MessageCompleteEvent
 from turnkit.ids import ToolCallId, derive_id
 from turnkit.journal import CommittedGeneration
 from turnkit.models import ModelMessage, ModelResponse, ToolCallPart, Usage
+from turnkit.stages._answer_check import asked_again, check_answer, commit_failed, out_of_retries
 from turnkit.stages._budget import take_budget_answers
 from turnkit.stages._calls import CallResult, call_model
 from turnkit.stages._dispatch import dispatch_tools
@@ -92,6 +93,9 @@ async def run_tool_loop(
     if not calls:
         if fatal is not None:
             raise fatal
+        refused = await _refused(ctx, response.text, transcript, block_id, generation, committed)
+        if refused is not None:  # not the answer after all: the model is told why
+            return StageOutcome(transcript=refused, route="tool-loop", previous=previous)
         return _answered(ctx, response, transcript, previous, block_id, generation)
     if thinking is not None:
         await thinking.discard()  # it was not the answer after all
@@ -256,6 +260,39 @@ def _answered(
     return StageOutcome(
         transcript=[*transcript, closing], route="synthesize", previous=previous, answer=answer
     )
+
+
+async def _refused(
+    ctx: StageContext,
+    text: str,
+    transcript: list[TranscriptMessage],
+    block_id: str,
+    generation: str,
+    committed: CommittedGeneration | None,
+) -> list[TranscriptMessage] | None:
+    """A terminal text that fails the agent's `output_type`: the transcript asking again.
+
+    None when it is the answer (or nothing checks it). The failed answer is committed as
+    narration with its `outputCheck` row; the next round may use tools before answering.
+    """
+    check = ctx.agent.output
+    if check is None or ctx.synthesis is not None:
+        return None
+    checked = check_answer(ctx, check, transcript, text, generation, committed)
+    if not checked.problems:
+        return None
+    thinking = thinking_of(ctx)
+    if thinking is not None:
+        await thinking.discard()  # it was not the answer after all
+    failed = [*transcript, to_transcript(ModelMessage(role="assistant", content=text))]
+    if committed is None:
+        commit_failed(
+            ctx, "tool-loop", checked, text=text, block_id=block_id, generation_id=generation
+        )
+    error = out_of_retries(ctx, check, checked, failed)
+    if error is not None:
+        raise error
+    return [*failed, asked_again(checked)]
 
 
 def _narration(ctx: StageContext, text: str, block_id: str, generation: str) -> None:
