@@ -31,6 +31,7 @@ from turnkit.events import (
 from turnkit.http.models import TurnOut
 from turnkit.models import ModelMessage, ModelRequest, Usage
 from turnkit.models.litellm import LiteLLMClient
+from turnkit.protocols.ai_sdk import UIMessageStreamTranslator
 from turnkit.store.sql import SqlStore
 from turnkit.testing import ModelStep, ScriptedModel, call, collect_events
 
@@ -589,3 +590,134 @@ async def test_a_synthesis_answer_that_calls_a_tool_is_told_no_tool_can_be_used(
     told = str(writer.calls[1].messages[-1].content)
     assert "- no tool can be used now: answer with the JSON object alone" in told
     assert writer.calls[1].tool_choice == "none"
+
+
+async def test_compaction_inside_the_turn_buys_no_more_answers_than_output_retries(
+    runtime_factory: RuntimeFactory,
+) -> None:
+    """Each failed answer is long, so compaction folds the older rounds (and the messages
+    asking again) away; the count of failed answers comes from the log."""
+    bad = "The total is five, " + "and I am sure of it " * 70
+    model = ScriptedModel(
+        [ModelStep.text_reply(bad)] * 8 + [ModelStep.text_reply(VALID)], context_window=900
+    )
+    agent = Agent(model=model, tools=[add], output_type=Sum, output_retries=2, skip_stages=NO_PLAN)
+    runtime = runtime_factory(agent)
+    async with asyncio.timeout(30):
+        events = await collect_events(runtime.execute_message("s1", "What is 2 + 3?"))
+    rows = await runtime.audit(events[0].turn_id)
+    assert [r for r in rows if r.payloads.compaction is not None]  # compaction did run
+    assert [e.code for e in events if isinstance(e, ErrorEvent)] == ["output-invalid"]
+    assert [c[:2] for c in _checks(rows)] == [(0, False), (1, False), (2, False)]
+    assert len(model.calls) == 3
+
+
+@tool
+async def fetch_page(n: int) -> str:
+    """A long page of a document."""
+    return f"page {n}: " + "text " * 60
+
+
+async def test_validators_see_the_turns_tool_calls_through_compaction(
+    runtime_factory: RuntimeFactory,
+) -> None:
+    rounds = [ModelStep.tool_call_reply(call("fetch_page", n=n)) for n in range(8)]
+    model = ScriptedModel(
+        [
+            ModelStep.tool_call_reply(call("lookup_invoice", number="A1")),
+            *rounds,
+            ModelStep.text_reply(BILLING),
+            ModelStep.text_reply(BILLING),  # only if the first was refused
+        ],
+        context_window=900,
+    )
+    agent = Agent(
+        model=model, tools=[lookup_invoice, fetch_page], output_type=Routed, skip_stages=NO_PLAN
+    )
+    runtime = runtime_factory(agent)
+    events = await collect_events(runtime.execute_message("s1", "I was charged twice."))
+    rows = await runtime.audit(events[0].turn_id)
+    assert [r for r in rows if r.payloads.compaction is not None]  # the early rounds folded
+    assert [c[:2] for c in _checks(rows)] == [(0, True)]
+
+
+@tool
+async def broken_lookup(number: str) -> str:
+    """Look an invoice up (the billing system is down)."""
+    raise RuntimeError("billing system unreachable")
+
+
+class RoutedStrict(BaseModel):
+    """Billing only after an invoice lookup that worked."""
+
+    team: Literal["billing", "shipping"]
+
+    @model_validator(mode="after")
+    def billing_needs_an_invoice(self, info: ValidationInfo) -> RoutedStrict:
+        turn = info.context
+        if (
+            isinstance(turn, AnswerContext)
+            and self.team == "billing"
+            and not turn.called("broken_lookup")
+        ):
+            failed = [c.error for c in turn.tool_calls if c.name == "broken_lookup"]
+            raise ValueError(f"look up the invoice before routing to billing ({failed})")
+        return self
+
+
+async def test_a_call_that_failed_does_not_count_as_called(
+    runtime_factory: RuntimeFactory,
+) -> None:
+    model = ScriptedModel(
+        [
+            ModelStep.tool_call_reply(call("broken_lookup", number="A1")),
+            ModelStep.text_reply(BILLING),
+            ModelStep.text_reply('{"team": "shipping"}'),
+        ]
+    )
+    agent = Agent(model=model, tools=[broken_lookup], output_type=RoutedStrict, skip_stages=NO_PLAN)
+    runtime = runtime_factory(agent)
+    events = await collect_events(runtime.execute_message("s1", "charged twice"))
+    rows = await runtime.audit(events[0].turn_id)
+    [(attempt, valid, problems), second] = _checks(rows)
+    assert (attempt, valid) == (0, False)
+    assert "billing system unreachable" in problems[0]  # the failed call's error is there
+    assert second[:2] == (1, True)
+
+
+async def test_the_ai_sdk_answer_part_is_marked_after_a_thinking_summary(
+    runtime_factory: RuntimeFactory,
+) -> None:
+    answer = '{"total": 4, "words": "' + "four " * 40 + '"}'  # long enough for a summary
+    model = ScriptedModel(
+        [
+            ModelStep(text="", thinking="maybe add", tool_calls=(call("add", a=2, b=2),)),
+            ModelStep.text_reply(answer, thinking="done"),
+        ]
+    )
+    utility = ScriptedModel(
+        [ModelStep.text_reply("The assistant added the numbers.")], name="background"
+    )
+    agent = Agent(
+        model=model, utility_model=utility, tools=[add], output_type=Sum, skip_stages=NO_PLAN
+    )
+    runtime = runtime_factory(agent)
+    events = await collect_events(runtime.execute_message("s1", "2+2?"))
+    [done] = [e for e in events if isinstance(e, MessageCompleteEvent) and e.block.is_answer]
+    assert any(e.type == "thinking.complete" for e in events)
+    translator = UIMessageStreamTranslator(message_id=events[0].turn_id)
+    out = translator.start()
+    for event in events:
+        out += translator.translate(event)
+    out += translator.finish()
+    ends = [c for c in out if c["type"] == "text-end" and c["id"] == done.block.block_id]
+    assert ends == [
+        {
+            "type": "text-end",
+            "id": done.block.block_id,
+            "providerMetadata": {"turnkit": {"answer": True}},
+        }
+    ]
+    assert [c["type"] for c in out].count("start-step") == [c["type"] for c in out].count(
+        "finish-step"
+    )

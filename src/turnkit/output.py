@@ -51,13 +51,15 @@ class OutputShape:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ToolCallMade:
-    """A tool call the turn made before its answer, and its result as the model read it."""
+    """A tool call the turn made before its answer, with its result."""
 
     name: str
     arguments: Mapping[str, JsonValue]
     """The arguments it ran with (empty when the model's were not a JSON object)."""
-    result: str | None
-    """The result's text as sent to the model; None when it has none (it never ran)."""
+    output: JsonValue = None
+    """What the tool returned (None when it failed)."""
+    error: str | None = None
+    """Why it failed (it raised, was denied, or its arguments did not fit); None: it ran."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -74,11 +76,11 @@ class AnswerContext:
     deps: object
     """The app's dependencies for this turn, as tools see them in `ToolContext.deps`."""
     tool_calls: tuple[ToolCallMade, ...]
-    """This turn's tool calls, in the order the model made them."""
+    """This turn's tool calls that have a result, in the order their results came in."""
 
     def called(self, name: str) -> bool:
-        """Whether the turn called the tool `name` (and it returned a result)."""
-        return any(c.name == name and c.result is not None for c in self.tool_calls)
+        """Whether the turn called the tool `name` and it ran (did not fail)."""
+        return any(c.name == name and c.error is None for c in self.tool_calls)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -214,6 +214,9 @@ class UIMessageStreamTranslator:
             return []
         if self._step == "open":
             return []
+        if self._step == "closing":  # the call whose text completes later goes on (its
+            self._step = "open"  # thinking summary): its answer's part keeps its end
+            return []
         out = self._close_step()
         self._step = "open"
         return [*out, {"type": "start-step"}]

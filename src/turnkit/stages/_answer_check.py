@@ -8,13 +8,11 @@ verdict on an answer already in the log is the one its attempt committed, so a t
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Final
 
 from turnkit.audit import AuditPayloads, OutputCheckPayload
 from turnkit.blocks import TextBlock
-from turnkit.context.transcript import PartJson, current_opening
 from turnkit.errors import OutputInvalidError
 from turnkit.events import MessageCompleteEvent
 from turnkit.ids import StageId
@@ -27,15 +25,13 @@ __all__ = (
     "asked_again",
     "check_answer",
     "commit_failed",
+    "answer_context",
     "failed_answers",
     "out_of_retries",
 )
 
 _FAILED: Final = "the answer did not pass its check"
 """What an answer in the log that failed its check is said to lack when its row is gone."""
-
-_ASKED_AGAIN: Final = repair_request(()).split(":", 1)[0]
-"""How every message asking for an answer again begins (none of the person's has no seq)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,23 +55,21 @@ class Checked:
 def check_answer(
     ctx: StageContext,
     check: OutputCheck,
-    transcript: list[TranscriptMessage],
     text: str,
     generation_id: str,
     logged: CommittedGeneration | None,
 ) -> Checked:
-    """The verdict on `text`, the answer of `generation_id`, given the turn so far.
+    """The verdict on `text`, the answer of `generation_id`.
 
-    `transcript` is what the answer was given (without the answer). For an answer already
-    in the log (`logged`), the verdict its attempt committed.
+    For an answer already in the log (`logged`), the verdict its attempt committed.
     """
-    attempt = failed_answers(transcript)
+    attempt = failed_answers(ctx, logged)
     if logged is None:
-        return Checked(attempt, check.problems(text, _context(ctx, transcript)))
+        return Checked(attempt, check.problems(text, answer_context(ctx)))
     if logged.is_answer:
         return Checked(attempt, ())
     found = ctx.recorder.journal.answer_problems.get(generation_id)
-    return Checked(attempt, found or check.problems(text, _context(ctx, transcript)) or (_FAILED,))
+    return Checked(attempt, found or check.problems(text, answer_context(ctx)) or (_FAILED,))
 
 
 def commit_failed(
@@ -99,6 +93,7 @@ def commit_failed(
         generation_id=generation_id,
         input_seqs=rec.notes.input_seqs,
     )
+    rec.notes.failed_answers += 1
 
 
 def asked_again(checked: Checked) -> TranscriptMessage:
@@ -123,41 +118,44 @@ def out_of_retries(
     )
 
 
-def failed_answers(transcript: list[TranscriptMessage]) -> int:
-    """How many of this turn's answers failed their check (each was asked for again)."""
-    return sum(
-        1
-        for m in transcript[current_opening(transcript) :]
-        if m["role"] == "user"
-        and "input_seq" not in m
-        and isinstance(m["content"], str)
-        and m["content"].startswith(_ASKED_AGAIN)
-    )
+def failed_answers(ctx: StageContext, logged: CommittedGeneration | None) -> int:
+    """How many of the turn's answers failed their check before this one.
+
+    Counted from the log (each failed answer's committed row; for an answer in the log,
+    those before it) and from this attempt's own, never from the transcript, which
+    compaction folds.
+    """
+    journal = ctx.recorder.journal
+    seqs = [
+        journal.generations[generation].first_seq
+        for generation, problems in journal.answer_problems.items()
+        if problems and generation in journal.generations
+    ]
+    if logged is not None:
+        return sum(1 for seq in seqs if seq < logged.first_seq)
+    return len(seqs) + ctx.recorder.notes.failed_answers
 
 
-def _context(ctx: StageContext, transcript: list[TranscriptMessage]) -> AnswerContext:
-    """The turn's caller, deps and tool calls, for the answer's validators."""
-    results = {
-        m.get("tool_call_id"): _text(m["content"]) for m in transcript if m["role"] == "tool"
+def answer_context(ctx: StageContext) -> AnswerContext:
+    """The turn's caller, deps and finished tool calls, for the answer's validators.
+
+    From the log and this attempt's results, not the transcript (compaction folds it).
+    """
+    rec = ctx.recorder
+    arguments = {
+        c.tool_call_id: c.arguments for g in rec.journal.generations.values() for c in g.calls
     }
-    made: list[ToolCallMade] = []
-    for message in transcript[current_opening(transcript) :]:
-        for tool_call in message.get("tool_calls", []) if message["role"] == "assistant" else []:
-            try:
-                arguments = json.loads(tool_call["arguments"] or "{}")
-            except ValueError:
-                arguments = {}
-            made.append(
-                ToolCallMade(
-                    name=tool_call["name"],
-                    arguments=arguments if isinstance(arguments, dict) else {},
-                    result=results.get(tool_call["id"]),
-                )
-            )
-    return AnswerContext(caller=ctx.caller, deps=ctx.deps, tool_calls=tuple(made))
-
-
-def _text(content: str | list[PartJson]) -> str:
-    if isinstance(content, str):
-        return content
-    return "".join(p.get("text", "") for p in content if p.get("kind") == "text")
+    arguments.update(rec.notes.call_arguments)
+    results = {call_id: block for call_id, (block, _) in rec.journal.results.items()}
+    for call_id, block in rec.notes.results.items():
+        results.setdefault(call_id, block)
+    made = tuple(
+        ToolCallMade(
+            name=block.tool_name,
+            arguments=block.arguments or arguments.get(call_id, {}),
+            output=None if block.is_error else block.output,
+            error=(block.error or "failed") if block.is_error else None,
+        )
+        for call_id, block in results.items()
+    )
+    return AnswerContext(caller=ctx.caller, deps=ctx.deps, tool_calls=made)

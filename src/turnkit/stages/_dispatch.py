@@ -504,6 +504,7 @@ def _write_ahead(
             idempotency_key=idempotency_key(rec.session_id, rec.turn_id, part.tool_call_id),
             arguments_error=problem,
         )
+        rec.notes.call_arguments[part.tool_call_id] = dict(args or {})
         if started is not None:  # not already in the log from an earlier attempt
             rec.notes.tool_calls += 1
         elif part.tool_call_id not in rec.journal.results and doubtful:

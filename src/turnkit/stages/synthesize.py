@@ -94,7 +94,7 @@ async def run_synthesize(
     if answer is not None:  # the transcript already ends with it
         logged = rec.journal.generation(answer["generation_id"])
         written = _Written(answer=answer, source="tool-loop", logged=logged)
-        verdict = None if check is None else Checked(failed_answers(transcript), ())
+        verdict = None if check is None else Checked(failed_answers(ctx, logged), ())
         await _commit(ctx, written, is_answer=True, first=True, checked=verdict)
     else:
         written, transcript, previous = await _write(
@@ -128,7 +128,7 @@ async def _checked(
     first = True
     while True:
         text, generation = written.answer["text"], written.answer["generation_id"]
-        checked = check_answer(ctx, check, transcript[:-1], text, generation, written.logged)
+        checked = check_answer(ctx, check, text, generation, written.logged)
         if written.called_tools and checked.problems:
             told = (_NO_TOOLS, *checked.problems)[:MAX_PROBLEMS]
             checked = dataclasses.replace(checked, problems=told)
@@ -329,6 +329,8 @@ async def _commit(
         generation_id=answer["generation_id"],
         input_seqs=rec.notes.input_seqs,
     )
+    if not is_answer:
+        rec.notes.failed_answers += 1
 
 
 def _specs(ctx: StageContext) -> tuple[ToolSpec, ...]:

@@ -278,7 +278,7 @@ async def _refused(
     check = ctx.agent.output
     if check is None or ctx.synthesis is not None:
         return None
-    checked = check_answer(ctx, check, transcript, text, generation, committed)
+    checked = check_answer(ctx, check, text, generation, committed)
     if not checked.problems:
         return None
     thinking = thinking_of(ctx)

@@ -13,6 +13,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import JsonValue
+
 from turnkit.blocks import ToolResultBlock
 from turnkit.context.prefix import PreviousRequest
 from turnkit.context.transcript import TranscriptMessage
@@ -42,6 +44,12 @@ class TurnNotes:
     """Raw reasoning of this attempt's calls: only the thinking summary reads it."""
     results: dict[str, ToolResultBlock] = field(default_factory=dict[str, ToolResultBlock])
     """The turn's tool results seen by this attempt, by call id, in call order."""
+    call_arguments: dict[str, dict[str, JsonValue]] = field(
+        default_factory=dict[str, dict[str, JsonValue]]
+    )
+    """The arguments of the tool calls this attempt dispatched, by call id."""
+    failed_answers: int = 0
+    """Answers this attempt committed that failed the agent's `output_type` check."""
     full_results: dict[str, str] = field(default_factory=dict[str, str])
     """Whole tool results of this turn by tool call id (read by `read_tool_result`)."""
     result_messages: dict[str, TranscriptMessage] = field(
