@@ -212,10 +212,8 @@ async def test_a_typed_dict_and_no_retries(runtime_factory: RuntimeFactory) -> N
     ]
 
 
-def test_output_type_must_be_an_object_with_a_schema() -> None:
+def test_output_type_must_have_a_json_schema() -> None:
     model = ScriptedModel([])
-    with pytest.raises(ConfigurationError, match="must describe a JSON object"):
-        Agent(model=model, output_type=int)
     with pytest.raises(ConfigurationError, match="has no JSON schema"):
         Agent(model=model, output_type=object())
     with pytest.raises(ConfigurationError, match="output_retries"):
@@ -721,3 +719,60 @@ async def test_the_ai_sdk_answer_part_is_marked_after_a_thinking_summary(
     assert [c["type"] for c in out].count("start-step") == [c["type"] for c in out].count(
         "finish-step"
     )
+
+
+class Refusal(BaseModel):
+    """Why the agent will not route the ticket."""
+
+    kind: Literal["refusal"]
+    reason: str
+
+
+class Route(BaseModel):
+    """Where the ticket goes."""
+
+    kind: Literal["route"]
+    team: Literal["billing", "shipping"]
+
+
+async def test_a_union_is_asked_for_wrapped_and_parsed_back(
+    runtime_factory: RuntimeFactory,
+) -> None:
+    """Providers take only an object at a schema's top: a union is asked for as
+    {"response": ...}, checked as that, and `parse` gives the value back."""
+    model = ScriptedModel(
+        [
+            ModelStep.text_reply('{"kind": "route", "team": "billing"}'),  # not wrapped
+            ModelStep.text_reply('{"response": {"kind": "refusal", "reason": "spam"}}'),
+        ]
+    )
+    agent = Agent(model=model, output_type=Route | Refusal, skip_stages=NO_PLAN)
+    assert agent.output is not None
+    runtime = runtime_factory(agent)
+    await collect_events(runtime.execute_message("s1", "BUY CHEAP WATCHES"))
+    model.assert_complete()
+    shape = model.calls[0].output
+    assert shape is not None
+    assert shape.name == "answer"
+    assert shape.schema["type"] == "object"
+    assert shape.schema["required"] == ["response"]
+    assert "response: Field required" in str(model.calls[1].messages[-1].content)
+    [turn] = await runtime.history("s1")
+    assert agent.output.parse(turn.answer or "") == Refusal(kind="refusal", reason="spam")
+
+
+def test_a_list_or_a_number_is_wrapped_too() -> None:
+    model = ScriptedModel([])
+    numbers = Agent(model=model, output_type=list[int]).output
+    assert numbers is not None
+    assert numbers.parse('{"response": [1, 2]}') == [1, 2]
+    assert numbers.problems('{"response": ["x"]}') == (
+        "response.0: Input should be a valid integer, unable to parse string as an integer "
+        '(got "x")',
+    )
+    assert (
+        Agent(model=model, output_type=int).version != Agent(model=model, output_type=str).version
+    )
+    sums = Agent(model=model, output_type=Sum).output
+    assert sums is not None
+    assert sums.parse(VALID) == Sum(total=5, words="five")  # an object is not wrapped

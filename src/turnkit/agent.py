@@ -78,7 +78,8 @@ class Agent:
         synthesis_model: The model of the separate synthesis call (default: `model`);
             only with `synthesis="separate"`.
         synthesis_instructions: The closing instruction of a separate synthesis call.
-        output_type: The answer's shape (a pydantic model, a dataclass or a TypedDict):
+        output_type: The answer's shape (a pydantic model, a dataclass, a TypedDict, or
+            a union or list of them; one that is not a JSON object is asked for wrapped):
             the answering call asks its provider for that JSON, and an answer that does
             not validate is sent back with what is wrong, up to `output_retries` times,
             before the turn fails with `output-invalid`. None: the answer is free text.

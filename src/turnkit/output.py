@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final, cast
 
-from pydantic import JsonValue, PydanticUserError, TypeAdapter, ValidationError
+from pydantic import JsonValue, PydanticUserError, TypeAdapter, ValidationError, create_model
 
 from turnkit.errors import ConfigurationError
 from turnkit.tenancy import Principal
@@ -85,41 +85,50 @@ class AnswerContext:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class OutputCheck:
-    """An agent's `output_type`: the shape asked for, how to check it, how often to retry."""
+    """An agent's `output_type`: the shape asked for, how to check it, how often to retry.
+
+    A type whose JSON is not an object (a union, a list, a number) is asked for wrapped,
+    as `{"response": ...}` (providers take only an object at the top of a schema);
+    `parse` unwraps it.
+    """
 
     shape: OutputShape
     retries: int
     adapter: TypeAdapter[Any]
+    """Validates the answer's JSON (the wrapper, for a type that is not an object)."""
+    wrapped: bool
+    """The answer is `{"response": <the type's JSON>}`."""
     type_name: str
     """The type's qualified name (`module.Name`)."""
 
     @classmethod
     def of(cls, output_type: object, retries: int) -> OutputCheck:
-        """The check for `output_type`; `ConfigurationError` when it has no object schema."""
+        """The check for `output_type`; `ConfigurationError` when it has no JSON schema."""
         check_retries(retries)
         try:
             adapter: TypeAdapter[Any] = TypeAdapter(cast(Any, output_type))
             schema = adapter.json_schema()
+            wrapped = _top(schema).get("type") != "object"
+            if wrapped:
+                wrapper = create_model("Answer", response=(cast(Any, output_type), ...))
+                adapter = TypeAdapter(wrapper)
+                schema = adapter.json_schema()
         except (PydanticUserError, TypeError) as exc:
             raise ConfigurationError(
                 f"`output_type` {output_type!r} has no JSON schema: use a pydantic model, "
-                f"a dataclass or a TypedDict ({exc})"
+                f"a dataclass, a TypedDict, or a union or list of them ({exc})"
             ) from exc
-        if _top(schema).get("type") != "object":
-            raise ConfigurationError(
-                f"`output_type` must describe a JSON object (a pydantic model, a dataclass "
-                f"or a TypedDict), not {output_type!r}: wrap it in a model with one field"
-            )
-        top = _top(schema)
-        name = _schema_name(str(top.get("title") or getattr(output_type, "__name__", "")))
+        given = getattr(output_type, "__name__", None)
+        title = str(given or ("answer" if wrapped else _top(schema).get("title") or ""))
         qualified = (
-            f"{getattr(output_type, '__module__', '')}.{getattr(output_type, '__qualname__', name)}"
+            f"{getattr(output_type, '__module__', '')}.{getattr(output_type, '__qualname__', '')}"
         )
         return cls(
-            shape=OutputShape(name=name, schema=schema),
+            shape=OutputShape(name=_schema_name(title), schema=schema),
             retries=retries,
             adapter=adapter,
-            type_name=qualified,
+            wrapped=wrapped,
+            type_name=qualified if given else repr(output_type),
         )
 
     def problems(self, text: str, context: AnswerContext | None = None) -> tuple[str, ...]:
@@ -131,6 +140,14 @@ class OutputCheck:
         except Exception as exc:  # noqa: BLE001 - a validator of the app's that did not expect it
             return (f"{type(exc).__name__}: {exc}"[:_PROBLEM_CHARS],)
         return ()
+
+    def parse(self, answer: str) -> Any:
+        """The answer as the type (unwrapped); pydantic's `ValidationError` if it is not.
+
+        Validators run with no context (`info.context` is None), as outside any turn.
+        """
+        value = self.adapter.validate_json(answer)
+        return value.response if self.wrapped else value
 
     def describe(self) -> dict[str, object]:
         """The check as the agent's version sees it: the type's name, schema and retries.
