@@ -6,8 +6,10 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import subprocess
+import sys
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Union
 
 import pytest
 from pydantic import BaseModel, Field, ValidationInfo, model_validator
@@ -16,12 +18,13 @@ from typing_extensions import TypedDict
 from tests.conftest import RuntimeFactory
 from tests.helpers import add, until
 from tests.support.openai_server import FakeOpenAIServer, Reply
-from turnkit import Agent, AnswerContext, RuntimeConfig, SessionRuntime, tool
+from turnkit import Agent, AnswerContext, Approve, RuntimeConfig, SessionRuntime, tool
 from turnkit.audit import AuditRow
 from turnkit.blocks import TextBlock
 from turnkit.budgets import BudgetLimit
 from turnkit.errors import ConfigurationError
 from turnkit.events import (
+    ApprovalRequestedEvent,
     BudgetPausedEvent,
     DoneEvent,
     ErrorEvent,
@@ -776,3 +779,118 @@ def test_a_list_or_a_number_is_wrapped_too() -> None:
     sums = Agent(model=model, output_type=Sum).output
     assert sums is not None
     assert sums.parse(VALID) == Sum(total=5, words="five")  # an object is not wrapped
+
+
+_UNION_VERSION = """
+from typing import Annotated
+from pydantic import AfterValidator, BaseModel
+from turnkit import Agent
+from turnkit.testing import ScriptedModel
+def positive(v: int) -> int:
+    return v
+class Refund(BaseModel):
+    amount: int
+answer = Refund | list[Annotated[int, AfterValidator(positive)]]
+print(Agent(model=ScriptedModel([]), output_type=answer).version)
+"""
+
+
+def test_a_union_agents_version_is_the_same_in_every_process() -> None:
+    """A turn is pinned to its agent's version: another process must compute it alike
+    (a union has no name of its own, and a validator function's repr has an address)."""
+    versions = {
+        subprocess.run(
+            [sys.executable, "-c", _UNION_VERSION],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=60,
+        ).stdout
+        for _ in range(2)
+    }
+    assert len(versions) == 1
+
+
+def _capped(limit: int, qualname: str) -> type[BaseModel]:
+    class Refund(BaseModel):
+        amount: int
+
+        @model_validator(mode="after")
+        def capped(self) -> Refund:
+            if self.amount > limit:
+                raise ValueError("too much")
+            return self
+
+    Refund.__qualname__ = qualname
+    return Refund
+
+
+def test_replacing_a_member_of_a_union_makes_a_new_version() -> None:
+    lenient, strict = _capped(1000, "Lenient.Refund"), _capped(10, "Strict.Refund")
+    model = ScriptedModel([])
+    for union in (lambda t: Union[t, int], lambda t: t | None, lambda t: list[t]):  # noqa: UP007 - the typing form, as well as `|`
+        assert (
+            Agent(model=model, output_type=union(lenient)).version
+            != Agent(model=model, output_type=union(strict)).version
+        )
+    shape = Agent(model=model, output_type=Union[Sum, int]).output  # noqa: UP007
+    assert shape is not None
+    assert shape.shape.name == "answer"  # a wrapped type is asked for by one name
+
+
+SEEN: list[tuple[tuple[str, dict[str, object], object, str | None], ...]] = []
+
+
+class Seen(BaseModel):
+    """Records what its validator is shown of the turn's tool calls."""
+
+    total: int
+
+    @model_validator(mode="after")
+    def record(self, info: ValidationInfo) -> Seen:
+        if isinstance(info.context, AnswerContext):
+            SEEN.append(
+                tuple(
+                    (c.name, dict(c.arguments), c.output, c.error) for c in info.context.tool_calls
+                )
+            )
+        return self
+
+
+@tool(approval="always")
+async def send_note(text: str = "default") -> str:
+    """Send a note."""
+    return f"sent {text}"
+
+
+@pytest.mark.parametrize(
+    ("decision", "seen"),
+    [
+        (
+            Approve(arguments={"text": "final"}),
+            ("send_note", {"text": "final"}, "sent final", None),
+        ),
+        (Approve(arguments={}), ("send_note", {}, "sent default", None)),
+    ],
+    ids=["changed", "emptied"],
+)
+async def test_validators_see_the_arguments_a_person_approved(
+    runtime_factory: RuntimeFactory, decision: Approve, seen: tuple[object, ...]
+) -> None:
+    model = ScriptedModel(
+        [
+            ModelStep.tool_call_reply(call("send_note", text="draft")),
+            ModelStep.text_reply('{"total": 5}'),
+        ]
+    )
+    runtime = runtime_factory(
+        Agent(model=model, tools=[send_note], output_type=Seen, skip_stages=NO_PLAN)
+    )
+    SEEN.clear()
+    asked = (await collect_events(runtime.execute_message("s1", "note it")))[-1]
+    assert isinstance(asked, ApprovalRequestedEvent)
+    await runtime.resume(asked.turn_id, asked.request_id, decision)
+    async with asyncio.timeout(20):
+        while (await runtime.turn(asked.turn_id)).status == "running":
+            await asyncio.sleep(0.05)
+    assert SEEN[-1] == (seen,)

@@ -11,7 +11,7 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Final, cast
+from typing import Any, Final, cast, get_args, get_origin
 
 from pydantic import JsonValue, PydanticUserError, TypeAdapter, ValidationError, create_model
 
@@ -118,17 +118,15 @@ class OutputCheck:
                 f"`output_type` {output_type!r} has no JSON schema: use a pydantic model, "
                 f"a dataclass, a TypedDict, or a union or list of them ({exc})"
             ) from exc
-        given = getattr(output_type, "__name__", None)
-        title = str(given or ("answer" if wrapped else _top(schema).get("title") or ""))
-        qualified = (
-            f"{getattr(output_type, '__module__', '')}.{getattr(output_type, '__qualname__', '')}"
-        )
+        title = "answer"
+        if not wrapped:
+            title = str(getattr(output_type, "__name__", "") or _top(schema).get("title") or "")
         return cls(
             shape=OutputShape(name=_schema_name(title), schema=schema),
             retries=retries,
             adapter=adapter,
             wrapped=wrapped,
-            type_name=qualified if given else repr(output_type),
+            type_name=type_key(output_type),
         )
 
     def problems(self, text: str, context: AnswerContext | None = None) -> tuple[str, ...]:
@@ -160,6 +158,27 @@ class OutputCheck:
             "schema": dict(self.shape.schema),
             "retries": self.retries,
         }
+
+
+def type_key(tp: object) -> str:
+    """A type as the same text in every process.
+
+    Classes by module and qualified name; generic forms (unions, `list[...]`,
+    `Annotated`, `Literal`) by their parts; anything else by its `repr` without addresses.
+    """
+    args = get_args(tp)
+    origin = get_origin(tp)
+    if origin is not None:
+        name = getattr(origin, "__qualname__", None) or _addressless(repr(origin))
+        return f"{name}[{', '.join(type_key(a) for a in args)}]"
+    if isinstance(tp, type):
+        return f"{tp.__module__}.{tp.__qualname__}"
+    return _addressless(repr(tp))
+
+
+def _addressless(text: str) -> str:
+    """`repr` without memory addresses (`<function f at 0x7f…>` → `<function f>`)."""
+    return re.sub(r" at 0x[0-9a-fA-F]+", "", text)
 
 
 def check_retries(retries: object) -> None:

@@ -35,6 +35,7 @@ from turnkit.events import (
     StepStartEvent,
     ThinkingCompleteEvent,
     ThinkingDeltaEvent,
+    ToolCompletedEvent,
     ToolFailedEvent,
     ToolStartedEvent,
     TurnRecoveringEvent,
@@ -334,6 +335,65 @@ async def test_a_fast_turn_streams_in_far_fewer_writes_than_chunks(tmp_path: Pat
 def _event(kind: type[Any], **fields: Any) -> Any:
     envelope = {"session_id": "s", "turn_id": "t", "stage_id": "tool-loop", "ts": datetime.now(UTC)}
     return kind(**envelope, **fields)
+
+
+def _stage(kind: type[Any], stage_id: str, **fields: Any) -> Any:
+    envelope = {"session_id": "s", "turn_id": "t", "stage_id": stage_id, "ts": datetime.now(UTC)}
+    return kind(**envelope, **fields)
+
+
+def test_a_recovered_attempt_that_goes_another_way_keeps_its_steps() -> None:
+    """The first attempt streamed an answer and ended the loop's step, then died before
+    synthesize committed it; the attempt that took over used a tool instead. The dead
+    text ends before the tool call, and the call and the answer are steps of their own."""
+    tr = UIMessageStreamTranslator(message_id="t")
+    out = tr.start()
+    out += tr.translate(_event(StepStartEvent, seq=2, step="tool-loop", iteration=1))
+    out += tr.translate(_event(MessageDeltaEvent, block_id="a", text="It is 5"))
+    out += tr.translate(_event(StepEndEvent, seq=3, step="tool-loop", iteration=1, duration_ms=1))
+    out += tr.translate(
+        _event(
+            TurnRecoveringEvent,
+            seq=4,
+            attempt=2,
+            cause="lease-expired",
+            resumed_from="checkpoint",
+            last_seq=3,
+        )
+    )
+    use = {"tool_call_id": "c1", "tool_name": "add", "arguments": {"a": 2, "b": 3}}
+    out += tr.translate(
+        _event(ToolStartedEvent, seq=5, generation_id="g1", idempotency_key="k", block=use)
+    )
+    result = {"tool_call_id": "c1", "tool_name": "add", "output": 5}
+    out += tr.translate(
+        _event(
+            ToolCompletedEvent,
+            seq=6,
+            tool_call_id="c1",
+            tool_name="add",
+            duration_ms=1,
+            result=result,
+        )
+    )
+    out += tr.translate(_event(StepStartEvent, seq=7, step="tool-loop", iteration=2))
+    out += tr.translate(_event(MessageDeltaEvent, block_id="b", text="5"))
+    out += tr.translate(_event(StepEndEvent, seq=8, step="tool-loop", iteration=2, duration_ms=1))
+    out += tr.translate(_stage(StepStartEvent, "synthesize", seq=9, step="synthesize"))
+    answer = {"block_id": "b", "text": "5", "is_answer": True}
+    out += tr.translate(_stage(MessageCompleteEvent, "synthesize", seq=10, block=answer))
+    out += tr.translate(
+        _stage(StepEndEvent, "synthesize", seq=11, step="synthesize", duration_ms=1)
+    )
+    out += tr.translate(_event(DoneEvent, seq=12, status="succeeded"))
+    out += tr.finish()
+    kinds = [
+        (c["type"], c.get("id") or c.get("toolCallId"))
+        for c in out
+        if not c["type"].startswith("data-")
+    ]
+    assert kinds.index(("text-end", "a")) < kinds.index(("tool-input-start", "c1"))
+    assert [k for k, _ in kinds].count("start-step") == 2
 
 
 def test_translator_steps_reasoning_snapshots_and_sources() -> None:

@@ -208,14 +208,18 @@ class UIMessageStreamTranslator:
 
     # steps ─────────────────────────────────────────────────────────────────────────────
 
-    def _open_step(self, block_id: str | None = None) -> list[Chunk]:
-        """Open a step for new content (a block of an open call stays in its step)."""
+    def _open_step(self, block_id: str | None = None, *, summary: bool = False) -> list[Chunk]:
+        """Open a step for new content (a block of an open call stays in its step).
+
+        A thinking summary (`summary`) written while the answer's text waits for its
+        `message.complete` joins that call's step, so the answer's part keeps its end.
+        """
         if block_id is not None and (block_id in self._texts or block_id in self._reasoning):
             return []
         if self._step == "open":
             return []
-        if self._step == "closing":  # the call whose text completes later goes on (its
-            self._step = "open"  # thinking summary): its answer's part keeps its end
+        if self._step == "closing" and summary:
+            self._step = "open"
             return []
         out = self._close_step()
         self._step = "open"
@@ -317,7 +321,7 @@ class UIMessageStreamTranslator:
             return []
         out: list[Chunk] = []
         if block_id not in self._reasoning:
-            out += self._open_step(block_id)
+            out += self._open_step(block_id, summary=True)
             out.append({"type": "reasoning-start", "id": block_id})
             self._reasoning[block_id] = ""
         self._reasoning[block_id] += text

@@ -152,7 +152,9 @@ def answer_context(ctx: StageContext) -> AnswerContext:
     made = tuple(
         ToolCallMade(
             name=block.tool_name,
-            arguments=block.arguments or arguments.get(call_id, {}),
+            arguments=block.arguments
+            if block.arguments is not None
+            else arguments.get(call_id, {}),
             output=None if block.is_error else block.output,
             error=(block.error or "failed") if block.is_error else None,
         )
