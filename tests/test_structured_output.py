@@ -166,6 +166,18 @@ async def test_the_turn_fails_when_no_answer_validates(runtime_factory: RuntimeF
     assert second.error_code is None
 
 
+def _with_writer(model: ScriptedModel, writer: ScriptedModel) -> Agent:
+    """An agent whose separate synthesis call, by `writer`, writes the answer."""
+    return Agent(
+        model=model,
+        tools=[add],
+        synthesis="separate",
+        synthesis_model=writer,
+        output_type=Sum,
+        skip_stages=NO_PLAN,
+    )
+
+
 async def test_a_separate_synthesis_writes_again_with_its_own_model(
     runtime_factory: RuntimeFactory,
 ) -> None:
@@ -176,15 +188,7 @@ async def test_a_separate_synthesis_writes_again_with_its_own_model(
     model = ScriptedModel(
         [ModelStep.tool_call_reply(call("add", a=2, b=3)), ModelStep.text_reply("Added.")]
     )
-    agent = Agent(
-        model=model,
-        tools=[add],
-        synthesis="separate",
-        synthesis_model=writer,
-        output_type=Sum,
-        skip_stages=NO_PLAN,
-    )
-    runtime = runtime_factory(agent)
+    runtime = runtime_factory(_with_writer(model, writer))
     await collect_events(runtime.execute_message("s1", "What is 2 + 3?"))
     writer.assert_complete()
     # Only the calls that write the answer ask for its shape.
@@ -576,15 +580,7 @@ async def test_a_synthesis_answer_that_calls_a_tool_is_told_no_tool_can_be_used(
         name="writer",
     )
     model = ScriptedModel([ModelStep.text_reply("Let me write it up.")])
-    agent = Agent(
-        model=model,
-        tools=[add],
-        synthesis="separate",
-        synthesis_model=writer,
-        output_type=Sum,
-        skip_stages=NO_PLAN,
-    )
-    runtime = runtime_factory(agent)
+    runtime = runtime_factory(_with_writer(model, writer))
     events = await collect_events(runtime.execute_message("s1", "What is 2 + 3?"))
     assert isinstance(events[-1], DoneEvent)
     assert events[-1].status == "succeeded"
