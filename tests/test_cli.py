@@ -21,6 +21,7 @@ import pytest
 from tests.conftest import POSTGRES_URL, require_service
 from tests.support import openai_server as fake_openai
 from tests.support.openai_server import FakeOpenAIServer, Reply
+from tests.support.services import free_port
 from turnkit import cli
 from turnkit.cli import _worker as cli_worker, main
 from turnkit.cli._inspect import usd
@@ -192,7 +193,6 @@ def test_serve_on_a_port_in_use_says_so_in_one_line(tmp_path: Path) -> None:
 
 def test_serve_serves_the_runtime_its_flag_names(tmp_path: Path) -> None:
     """`--runtime`: the quickstart app around the app's own runtime (its deps factory)."""
-    import socket
 
     (tmp_path / "servedapp.py").write_text(
         "from turnkit import Agent, RuntimeConfig, SessionRuntime, ToolContext, tool\n"
@@ -209,9 +209,7 @@ def test_serve_serves_the_runtime_its_flag_names(tmp_path: Path) -> None:
         "    return SessionRuntime(agent=agent, config=RuntimeConfig(database_url=URL),\n"
         "                          deps=lambda scope: {'tenant': 'acme'})\n"
     )
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     paths = [str(tmp_path), *filter(None, [os.environ.get("PYTHONPATH")])]
     env = {**os.environ, "TURNKIT_GC": "python", "PYTHONPATH": os.pathsep.join(paths)}
     for name in ("TURNKIT_DATABASE_URL", "TURNKIT_AGENT", "TURNKIT_MODEL", "TURNKIT_RUNTIME"):
@@ -240,7 +238,6 @@ def test_serve_serves_the_runtime_its_flag_names(tmp_path: Path) -> None:
 
 
 def test_serve_hosts_the_agents_its_flags_name(tmp_path: Path) -> None:
-    import socket
     import urllib.error
     import urllib.request
 
@@ -250,9 +247,7 @@ def test_serve_hosts_the_agents_its_flags_name(tmp_path: Path) -> None:
         "helper = Agent(name='helper', model=ScriptedModel([ModelStep.text_reply("
         "'Hello from my agent.')], repeat_last=True), skip_stages=frozenset({'anchor-plan'}))\n"
     )
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     env = {**os.environ, "TURNKIT_GC": "python"}
     for name in ("TURNKIT_DATABASE_URL", "TURNKIT_AGENT", "TURNKIT_MODEL"):
         env.pop(name, None)
@@ -1082,12 +1077,9 @@ def test_serve_and_worker_print_an_exporters_complaint_once_a_minute_in_their_fo
 def test_serve_with_json_logs_writes_nothing_but_json_lines(tmp_path: Path) -> None:
     """Its own lines, uvicorn's, the access log and console spans: each one JSON object,
     a turn's lines naming the turn and the trace its spans carry."""
-    import socket
     import time
 
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     env = {**os.environ, "TURNKIT_GC": "python", "TURNKIT_LOG_FORMAT": "json"}
     for name in ("TURNKIT_DATABASE_URL", "TURNKIT_AGENT", "TURNKIT_MODEL", "OTEL_TRACES_EXPORTER",
                  "OTEL_METRICS_EXPORTER", "OTEL_EXPORTER_OTLP_ENDPOINT"):  # fmt: skip

@@ -99,7 +99,7 @@ class OutputCheck:
     wrapped: bool
     """The answer is `{"response": <the type's JSON>}`."""
     type_name: str
-    """The type's qualified name (`module.Name`)."""
+    """The type as `type_key` writes it (the same in every process)."""
 
     @classmethod
     def of(cls, output_type: object, retries: int) -> OutputCheck:
