@@ -1019,7 +1019,7 @@ def test_run_says_what_a_paused_turn_waits_for_and_where_to_answer(
     assert shown in text
     [last] = text.splitlines()[-1:]
     assert last.startswith("⏸ turn turn_")
-    assert "waits for an answer, which `turnkit run` cannot give" in last
+    assert f"waits for an answer: `turnkit answer {last.split()[2]} --" in last
     assert answer in last
     printed = io.StringIO()  # the stored log shows it the same way
     turn_id = last.split()[2]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import socket
@@ -35,6 +36,7 @@ from turnkit.cli._logs import (
     notices,
     uvicorn_log_config,
 )
+from turnkit.cli._pauses import Pause, answer_turn, list_pauses, misused_answer_flag, waiting
 from turnkit.cli._settings import (
     GC_THRESHOLDS,
     ceiling,
@@ -111,38 +113,33 @@ async def _run(args: argparse.Namespace, out: TextIO) -> int:
         )
         # Closed here even when printing fails (`| head`): the turn stops before the runtime
         # closes, not in asyncio's shutdown with the runtime gone.
-        paused: _Pause | None = None
+        paused: Pause | None = None
         async with contextlib.aclosing(events):
             async for event in events:
                 printer.show(event)
                 if isinstance(event, DoneEvent):
                     status = event.status
-                elif isinstance(event, _PAUSES):
+                elif isinstance(
+                    event, ApprovalRequestedEvent | ClarificationRequestedEvent | BudgetPausedEvent
+                ):
                     paused = event
         if paused is not None and status == "failed":  # the stream ended at the pause
-            out.write(_waiting(paused))
+            out.write(waiting(paused))
         await runtime.wait_background()  # a new session's name, asked after its first turn
     return 0 if status == "succeeded" else 1
 
 
-_Pause = ApprovalRequestedEvent | ClarificationRequestedEvent | BudgetPausedEvent
-_PAUSES = (ApprovalRequestedEvent, ClarificationRequestedEvent, BudgetPausedEvent)
+async def _pauses(args: argparse.Namespace, out: TextIO) -> int:
+    session = check_session_id(args.session) if args.session is not None else None
+    async with existing_store(args.database_url, args.database_schema) as store:
+        return await list_pauses(store, out, session_id=session, limit=args.limit)
 
 
-def _waiting(event: _Pause) -> str:
-    """What a turn `turnkit run` leaves paused waits for, and where to answer it."""
-    turn = event.turn_id
-    if isinstance(event, BudgetPausedEvent):
-        return (
-            f"⏸ turn {turn} waits for a budget: it resumes by itself once the limit has room "
-            "(`turnkit budgets`); `turnkit turns` lists it\n"
-        )
-    kind = "approvals" if isinstance(event, ApprovalRequestedEvent) else "clarifications"
-    return (
-        f"⏸ turn {turn} waits for an answer, which `turnkit run` cannot give: answer it from "
-        "the chat page of `turnkit serve` on this database, or with POST "
-        f"/api/harness/turns/{turn}/{kind}/{event.request_id}\n"
-    )
+async def _answer(args: argparse.Namespace, out: TextIO) -> int:
+    config = runtime_config(args)
+    if args.queue:
+        config = dataclasses.replace(config, run_in_process=False)
+    return await answer_turn(args, out, config)
 
 
 async def _sweep(args: argparse.Namespace, out: TextIO) -> int:
@@ -435,6 +432,8 @@ def _listening_socket(host: str, port: int) -> socket.socket:
 
 _COMMANDS = {
     "run": _run,
+    "pauses": _pauses,
+    "answer": _answer,
     "worker": work,
     "sweep": _sweep,
     "db": _db,
@@ -470,6 +469,8 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None) -> int
     args.argv = list(sys.argv[1:] if argv is None else argv)  # which flags were given
     if args.command is None:
         parser.error("choose a command (turnkit -h says what each does)")
+    if args.command == "answer" and (misused := misused_answer_flag(args)):
+        parser.error(misused)
     stream = out or sys.stdout
     try:
         with _logs(args) as err, _telemetry(args, err):

@@ -11,6 +11,7 @@ from turnkit.cli._flag_types import (
     a_second_or_more,
     at_least_one,
     duration,
+    json_object,
     port,
     positive_seconds,
     seconds,
@@ -24,7 +25,8 @@ __all__ = ("DESCRIPTION", "parser")
 
 DESCRIPTION = """`turnkit` command line.
 
-`turnkit run "message"` streams one turn; `turnkit worker` drives queued turns;
+`turnkit run "message"` streams one turn; `turnkit pauses` lists turns waiting for a
+person and `turnkit answer` answers one; `turnkit worker` drives queued turns;
 `turnkit sweep` times out orphaned runs; `turnkit sessions prune` deletes idle sessions;
 `turnkit sessions export ID` prints one; `turnkit db upgrade` applies migrations.
 """
@@ -158,6 +160,54 @@ def _add_run(sub: _Subparsers) -> None:
     _durability_arg(run)
     _budgets_arg(run)
     _otel_args(run)
+
+
+def _add_pauses(sub: _Subparsers) -> None:
+    pauses = sub.add_parser("pauses", help="list the paused turns and what each waits for")
+    pauses.add_argument("--session", help="only this session's")
+    pauses.add_argument(
+        "--limit", type=at_least_one, default=100, help="at most this many (default: %(default)s)"
+    )
+    _database_args(pauses)
+    answer = sub.add_parser(
+        "answer", help="answer a paused turn's approval or question, then run it on here"
+    )
+    answer.add_argument("turn_id", help="the paused turn (`turnkit pauses` lists them)")
+    kind = answer.add_mutually_exclusive_group(required=True)
+    kind.add_argument("--approve", action="store_true", help="let the tool call run")
+    kind.add_argument("--deny", action="store_true", help="refuse it; the model reads why")
+    kind.add_argument("--reply", metavar="TEXT", help="answer the model's question")
+    answer.add_argument(
+        "--arguments",
+        type=json_object,
+        metavar="JSON",
+        help="with --approve: the call's arguments as you changed them, all of them, "
+        "as a JSON object (e.g. '{\"amount\": 40}')",
+    )
+    answer.add_argument("--note", help="with --approve or --deny: a note the model reads")
+    answer.add_argument(
+        "--request", help="the request to answer (default: the one the turn waits on)"
+    )
+    answer.add_argument("--by", help="who answers, as the turn's audit records it")
+    answer.add_argument(
+        "--agent",
+        help="`package.module:name` of the Agent the turn runs with (default: the demo agent)",
+    )
+    answer.add_argument(
+        "--api-base", help="base URL of the OpenAI-compatible server serving the turn's model"
+    )
+    answer.add_argument(
+        "--api-key-env", help="name of the environment variable holding the model's key"
+    )
+    answer.add_argument(
+        "--queue",
+        action="store_true",
+        help="only record the answer: a worker (`turnkit worker`) drives the turn on",
+    )
+    _database_args(answer)
+    _durability_arg(answer)
+    _budgets_arg(answer)
+    _otel_args(answer)
 
 
 def _add_worker(sub: _Subparsers) -> None:
@@ -442,6 +492,7 @@ def parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command")
     for add in (
         _add_run,
+        _add_pauses,
         _add_worker,
         _add_sweep,
         _add_turns,

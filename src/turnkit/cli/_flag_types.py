@@ -3,10 +3,21 @@
 from __future__ import annotations
 
 import argparse
+import json
 import re
 from datetime import timedelta
 
-__all__ = ("a_second_or_more", "at_least_one", "duration", "port", "positive_seconds", "seconds")
+from pydantic import JsonValue
+
+__all__ = (
+    "a_second_or_more",
+    "at_least_one",
+    "duration",
+    "json_object",
+    "port",
+    "positive_seconds",
+    "seconds",
+)
 
 
 def seconds(value: str) -> float:
@@ -76,3 +87,14 @@ def port(value: str) -> int:
     if not value.isdigit() or int(value) > 65535:
         raise argparse.ArgumentTypeError(f"{value!r} is not a port number (0-65535)")
     return int(value)
+
+
+def json_object(value: str) -> dict[str, JsonValue]:
+    """A JSON object (a tool call's arguments), for argparse."""
+    try:
+        parsed = json.loads(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{value!r} is not JSON ({exc})") from None
+    if not isinstance(parsed, dict):
+        raise argparse.ArgumentTypeError(f"{value!r} is not a JSON object ({{...}})")
+    return parsed

@@ -29,7 +29,7 @@ import asyncio
 import json
 import logging
 import re
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final, TypeVar
@@ -250,7 +250,9 @@ class TurnReader:
                 last_keepalive = self.clock.monotonic()
                 yield KEEPALIVE
 
-    async def events(self, turn_id: TurnId, *, after_seq: int = 0) -> AsyncIterator[StreamEvent]:
+    async def events(
+        self, turn_id: TurnId, *, after_seq: int = 0
+    ) -> AsyncGenerator[StreamEvent, None]:
         """`follow`, decoded: the turn's events after `after_seq`, without keep-alives."""
         async for frame in self.follow(turn_id, after_seq=after_seq):
             if isinstance(frame, Frame):

@@ -24,7 +24,14 @@ from turnkit.states import awaiting
 from turnkit.store import TurnRecord
 from turnkit.store._schema import audit, audit_values, pauses, turn_record, turns
 
-__all__ = ("answer", "budget_pauses", "close_open_pauses", "open_pause", "pending_answer")
+__all__ = (
+    "answer",
+    "budget_pauses",
+    "close_open_pauses",
+    "open_pause",
+    "open_pauses",
+    "pending_answer",
+)
 
 
 def open_pause(
@@ -164,28 +171,49 @@ def budget_pauses(
     conn: Connection, organisation: str | None
 ) -> list[tuple[TurnRecord, PauseRequest]]:
     """Turns paused `awaiting_budget` (of one organisation when given), with their requests."""
+    return _paused(conn, ("budget",), organisation=organisation)
+
+
+def open_pauses(
+    conn: Connection, session_id: str | None, limit: int
+) -> list[tuple[TurnRecord, PauseRequest]]:
+    """Paused turns (of one session when given), oldest first, with their open requests."""
+    kinds = ("approval", "clarification", "budget")
+    return _paused(conn, kinds, session_id=session_id, limit=limit)
+
+
+def _paused(
+    conn: Connection,
+    kinds: tuple[str, ...],
+    *,
+    organisation: str | None = None,
+    session_id: str | None = None,
+    limit: int | None = None,
+) -> list[tuple[TurnRecord, PauseRequest]]:
     query = (
         select(
             turns,
             pauses.c.request_id.label("pause_request_id"),  # the turn has a request_id too
+            pauses.c.kind.label("pause_kind"),
             pauses.c.payload.label("pause_payload"),
         )
         .join(pauses, pauses.c.turn_id == turns.c.turn_id)
         .where(
-            turns.c.status == "awaiting_budget",
-            pauses.c.kind == "budget",
+            turns.c.status.in_([awaiting(kind) for kind in kinds]),
+            pauses.c.kind.in_(kinds),
             pauses.c.status == "open",
         )
-        .order_by(turns.c.created_at)
+        .order_by(turns.c.created_at, pauses.c.created_at)
+        .limit(limit)
     )
     if organisation is not None:
         query = query.where(turns.c.organisation == organisation)
-    found = []
-    for row in conn.execute(query):
-        found.append(
-            (turn_record(row), _request(row.pause_request_id, "budget", row.pause_payload))
-        )
-    return found
+    if session_id is not None:
+        query = query.where(turns.c.session_id == session_id)
+    return [
+        (turn_record(row), _request(row.pause_request_id, row.pause_kind, row.pause_payload))
+        for row in conn.execute(query)
+    ]
 
 
 def _request(request_id: str, kind: str, payload_json: str) -> PauseRequest:

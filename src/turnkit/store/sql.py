@@ -181,6 +181,15 @@ class SqlStore(SqlQueue, SqlSessions, SqlBudgets):
         """Turns paused `awaiting_budget`, oldest first, with their requests."""
         return await self._tx(pauses_sql.budget_pauses, organisation, write=False)
 
+    async def open_pauses(
+        self, session_id: SessionId | None = None, *, limit: int = 100
+    ) -> list[tuple[TurnRecord, PauseRequest]]:
+        """Paused turns (of one session when given), oldest first, with their open requests.
+
+        Approvals, questions and budgets: what `turnkit pauses` lists.
+        """
+        return await self._tx(pauses_sql.open_pauses, session_id, limit, write=False)
+
     async def pending_answer(self, turn_id: TurnId) -> dict[str, JsonValue] | None:
         """The newest answer not yet consumed by a resumed run."""
         return await self._tx(pauses_sql.pending_answer, turn_id, write=False)
