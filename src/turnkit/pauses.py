@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, TypeAdapter
 
@@ -32,8 +32,13 @@ __all__ = (
     "summarize_call",
 )
 
-ApprovalPolicy = Literal["never", "always"] | Callable[[str, Mapping[str, JsonValue]], bool]
-"""`never`, `always` ("Ask before each action"), or a function of (tool name, arguments)."""
+ApprovalPolicy = Literal["never", "always"] | Callable[[str, Mapping[str, Any]], bool]
+"""`never`, `always` ("Ask before each action"), or a function of (tool name, arguments).
+
+A function gets the arguments as the tool would run with them: validated against its
+signature and converted (`"80"` for an `int` is `80`); a call whose arguments the tool
+refuses is not asked about (it fails without running), and a function that raises asks.
+"""
 
 CLARIFY_TOOL = "ask_user"
 
@@ -97,9 +102,7 @@ def check_approval_policy(policy: object, where: str) -> None:
     )
 
 
-def needs_approval(
-    policy: ApprovalPolicy, tool_name: str, arguments: Mapping[str, JsonValue]
-) -> bool:
+def needs_approval(policy: ApprovalPolicy, tool_name: str, arguments: Mapping[str, Any]) -> bool:
     """Whether a call needs a person's approval under `policy`."""
     if policy == "never":
         return False

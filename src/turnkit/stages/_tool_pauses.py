@@ -8,6 +8,7 @@ exactly once however often the node is replayed.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
@@ -31,9 +32,11 @@ from turnkit.pauses import (
     summarize_call,
 )
 from turnkit.stages._types import StageContext, TranscriptMessage
-from turnkit.tools import Tool, ToolClass
+from turnkit.tools import Tool, ToolArgumentsError, ToolClass
 
 __all__ = ("Edited", "Settled", "is_clarify", "pause_key", "settle_pause", "with_arguments_run")
+
+log = logging.getLogger("turnkit.tools")
 
 Settled = tuple[str | None, ErrorCode, JsonValue]
 """A call answered without running it: (problem, its code, output)."""
@@ -127,12 +130,31 @@ def _needs_approval(
 
     A `ToolClass` asks when any member would: its first member failing must not open a
     way past a later member's policy. A member without a policy has the agent's; every
-    policy is asked about the name the model called.
+    policy is asked about the name the model called, with the arguments that member would
+    run with (validated and converted: `"80"` is `80`). A member that would refuse the
+    arguments never runs them, so it needs no approval; a policy that raises asks.
     """
     if isinstance(tool, ToolClass):
         return any(_needs_approval(ctx, member, called, args) for member in tool.tools)
     policy = getattr(tool, "approval", None) or ctx.agent.approval
-    return needs_approval(policy, called, args)
+    if policy == "never":
+        return False
+    validate = getattr(tool, "validate", None)
+    if policy != "always" and callable(validate):
+        try:
+            args = validate(args)
+        except ToolArgumentsError:
+            return False  # it fails without running: the model reads why
+    try:
+        return needs_approval(policy, called, args)
+    except Exception as exc:  # noqa: BLE001 - an app's policy: fail closed, say so
+        log.warning(
+            "the approval policy of %r raised %s (%s): the call waits for a person",
+            called,
+            type(exc).__name__,
+            exc,
+        )
+        return True
 
 
 def _wait(

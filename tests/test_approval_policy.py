@@ -1,0 +1,94 @@
+"""An approval policy judges the call the tool would run, and a policy that fails asks."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from turnkit import Agent, RuntimeConfig, SessionRuntime, tool
+from turnkit.events import ApprovalRequestedEvent, ToolFailedEvent
+from turnkit.testing import ModelStep, ScriptedModel, call, collect_events
+
+REFUNDS: list[tuple[str, int]] = []
+SEEN: list[dict[str, Any]] = []
+
+
+def over_fifty(name: str, args: Mapping[str, Any]) -> bool:
+    SEEN.append(dict(args))
+    return bool(args["amount"] > 50)
+
+
+@tool(approval=over_fifty)
+async def refund(order_id: str, amount: int) -> str:
+    """Refund part of an order (a person approves more than 50)."""
+    REFUNDS.append((order_id, amount))
+    return f"refunded {amount} on {order_id}"
+
+
+@pytest.fixture(autouse=True)
+def _reset() -> None:
+    REFUNDS.clear()
+    SEEN.clear()
+
+
+async def _turn(tmp_path: Path, *steps: ModelStep) -> list[Any]:
+    model = ScriptedModel(list(steps))
+    agent = Agent(model=model, tools=[refund], skip_stages=frozenset({"anchor-plan"}))
+    config = RuntimeConfig(database_url=f"sqlite:///{tmp_path / 'policy.db'}")
+    async with SessionRuntime(agent=agent, config=config) as runtime:
+        return await collect_events(runtime.execute_message("s1", "refund A1"))
+
+
+async def test_the_policy_sees_the_arguments_the_tool_would_run_with(tmp_path: Path) -> None:
+    """A number written as text is the number the tool gets: a policy on the raw JSON
+    would see "80", compare nothing, and let an 80 refund through unasked."""
+    events = await _turn(tmp_path, ModelStep.tool_call_reply(call("refund", order_id="A1",
+                                                                  amount="80")))  # fmt: skip
+    assert SEEN == [{"order_id": "A1", "amount": 80}]
+    assert isinstance(events[-1], ApprovalRequestedEvent)
+    assert REFUNDS == []
+
+
+async def test_a_call_the_tool_would_refuse_is_not_asked_about(tmp_path: Path) -> None:
+    """Arguments the tool refuses never reach the policy: the model reads why and retries."""
+    events = await _turn(
+        tmp_path,
+        ModelStep.tool_call_reply(call("refund", order_id="A1")),  # no amount
+        ModelStep.tool_call_reply(call("refund", order_id="A1", amount=20)),
+        ModelStep.text_reply("Refunded 20."),
+    )
+    failed = [e for e in events if isinstance(e, ToolFailedEvent)]
+    assert [e.code for e in failed] == ["tool-arguments-invalid"]
+    assert SEEN == [{"order_id": "A1", "amount": 20}]
+    assert REFUNDS == [("A1", 20)]
+    assert events[-1].type == "done"
+
+
+def _broken(name: str, args: Mapping[str, Any]) -> bool:
+    raise KeyError("limit")
+
+
+@tool(approval=_broken)
+async def wire(to: str) -> str:
+    """Wire money."""
+    REFUNDS.append((to, 0))
+    return "wired"
+
+
+async def test_a_policy_that_raises_asks_a_person(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Failing closed: the call waits for a person instead of failing the whole turn."""
+    model = ScriptedModel([ModelStep.tool_call_reply(call("wire", to="Bob"))])
+    agent = Agent(model=model, tools=[wire], skip_stages=frozenset({"anchor-plan"}))
+    config = RuntimeConfig(database_url=f"sqlite:///{tmp_path / 'raises.db'}")
+    async with SessionRuntime(agent=agent, config=config) as runtime:
+        events = await collect_events(runtime.execute_message("s1", "wire Bob"))
+        status = (await runtime.turn(events[0].turn_id)).status
+    assert isinstance(events[-1], ApprovalRequestedEvent)
+    assert status == "awaiting_approval"
+    assert REFUNDS == []
+    assert "the approval policy of 'wire' raised KeyError" in caplog.text
