@@ -102,6 +102,7 @@ def test_public_api_is_pinned() -> None:
         "Answer",
         "AnswerContext",
         "Approve",
+        "ApproverRequiredError",
         "AttachmentNotIndexedError",
         "BudgetExceededError",
         "BudgetLimit",

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict
 from turnkit.errors import (
     DOCS_URL,
     AdmissionRefusedError,
+    ApproverRequiredError,
     AttachmentNotIndexedError,
     CallbackTokenError,
     ConfigurationError,
@@ -71,7 +72,7 @@ def status_for(exc: TurnkitError) -> int:
             return 416 if "last_seq" in exc.details else 400  # set for a cursor ahead
         case InvalidInputError() | AttachmentNotIndexedError():
             return 422
-        case AdmissionRefusedError():
+        case AdmissionRefusedError() | ApproverRequiredError():
             return 403
         case CallbackTokenError():
             return 401

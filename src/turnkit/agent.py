@@ -20,7 +20,12 @@ from turnkit.context.results import READ_RESULT_TOOL
 from turnkit.errors import ConfigurationError, DuplicateToolError
 from turnkit.models import ModelClient, ModelSettings
 from turnkit.output import OutputCheck, check_retries
-from turnkit.pauses import CLARIFY_TOOL, ApprovalPolicy, check_approval_policy
+from turnkit.pauses import (
+    CLARIFY_TOOL,
+    ApprovalPolicy,
+    check_approval_policy,
+    check_approver_role,
+)
 from turnkit.plugins import Plugin, validate_plugins
 from turnkit.tools import Tool, ToolRegistry
 
@@ -94,6 +99,10 @@ class Agent:
         approval: When a tool call waits for a person: `never`, `always` ("Ask before each
             action") or a function of (tool name, arguments). A tool's own `approval`
             (`@tool(approval=...)`) takes precedence.
+        approver_role: Who answers this agent's approvals over HTTP: None (the default)
+            for the session's owner (or an admin of its organisation); a role name for
+            a principal holding that role (or `admin`) in the session's organisation, and
+            not the owner unless they hold it. A tool's own `approver_role` wins.
         clarifications: Offer the model the built-in `ask_user` tool, which pauses the
             turn until the person answers its question.
         planning: Plan by tier (none, a task list, or spec → plan → task list) and offer
@@ -128,6 +137,7 @@ class Agent:
     max_tool_rounds: int | None = DEFAULT_MAX_TOOL_ROUNDS
     plugins: Sequence[Plugin] = ()
     approval: ApprovalPolicy = "never"
+    approver_role: str | None = None
     clarifications: bool = False
     planning: bool = False
     settings: ModelSettings = field(default_factory=ModelSettings)
@@ -186,6 +196,7 @@ class Agent:
                 _check_model(name, getattr(self, name))
         _check_tools(self.tools)
         check_approval_policy(self.approval, f"the agent {self.name!r}")
+        check_approver_role(self.approver_role, f"the agent {self.name!r}")
         self._check_builtin_names()
         object.__setattr__(self, "tools", tuple(self.tools))
         object.__setattr__(self, "skills", tuple(self.skills))
@@ -284,6 +295,7 @@ class Agent:
             "approval": self.approval
             if isinstance(self.approval, str)
             else _qualname(self.approval),
+            **({"approver_role": self.approver_role} if self.approver_role else {}),
             "clarifications": self.clarifications,
             "planning": self.planning,
             "settings": self.settings.model_dump(exclude_none=True, mode="json"),
@@ -336,6 +348,8 @@ def _tool_version(tool: Tool, *, approval: bool = True) -> dict[str, object]:
     policy = getattr(tool, "approval", None)
     if approval and policy is not None:  # a tool on the agent's policy keeps its version
         out["approval"] = policy if isinstance(policy, str) else _qualname(policy)
+    if role := getattr(tool, "approver_role", None):
+        out["approver_role"] = role
     return out
 
 

@@ -14,6 +14,7 @@ TurnkitError
  │   ├─ TurnNotFoundError
  │   └─ PauseNotFoundError
  ├─ PauseAnsweredError        the approval or question was answered already
+ ├─ ApproverRequiredError     the approval needs a role the caller does not hold
  ├─ RequestConflictError      a request_id reused with different content
  ├─ RuntimeClosedError        the runtime was closed (shutting down); open it again
  ├─ TurnError                 ends a turn with a code → `error` event + terminal state
@@ -68,6 +69,7 @@ __all__ = (
     "OutputInvalidError",
     "OutputLimitExceededError",
     "PauseAnsweredError",
+    "ApproverRequiredError",
     "PauseNotFoundError",
     "PluginFailedError",
     "PrefixRewriteError",
@@ -105,6 +107,7 @@ ErrorCode = Literal[
     "agent-not-found",
     "pause-not-found",
     "pause-already-answered",
+    "approver-required",
     "request-id-reused",
     "tool-denied",
     "provider-error",
@@ -307,6 +310,12 @@ class PauseAnsweredError(TurnkitError):
     """The approval or clarification request was answered already; nothing changed."""
 
     code: ClassVar[ErrorCode] = "pause-already-answered"
+
+
+class ApproverRequiredError(TurnkitError):
+    """The approval needs a role (`approver_role`) the caller does not hold; nothing changed."""
+
+    code: ClassVar[ErrorCode] = "approver-required"
 
 
 class RequestConflictError(TurnkitError):

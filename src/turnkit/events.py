@@ -343,6 +343,9 @@ class ApprovalRequestedEvent(DurableEvent):
     tool_name: str
     arguments: dict[str, JsonValue]
     summary: str
+    approver_role: str | None = Field(default=None, exclude_if=lambda role: role is None)
+    """The role that answers it over HTTP (absent: the session's owner); left out unset, so
+    a reader of an earlier version still reads the event."""
 
 
 class ClarificationRequestedEvent(DurableEvent):

@@ -10,6 +10,7 @@ its LangGraph checkpoint, from any process, however much later.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
@@ -20,6 +21,7 @@ from turnkit.errors import ConfigurationError
 
 __all__ = (
     "check_approval_policy",
+    "check_approver_role",
     "CLARIFY_TOOL",
     "RESOLUTION_ADAPTER",
     "Answer",
@@ -100,6 +102,18 @@ def check_approval_policy(policy: object, where: str) -> None:
         f"the approval policy {policy!r} of {where} is not 'never', 'always' or a function "
         "(tool_name, arguments) -> bool"
     )
+
+
+_ROLE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}")
+
+
+def check_approver_role(role: object, where: str) -> None:
+    """Refuse an `approver_role` that no principal's role could be (`ConfigurationError`)."""
+    if role is not None and not (isinstance(role, str) and _ROLE.fullmatch(role)):
+        raise ConfigurationError(
+            f"the approver_role {role!r} of {where} is not a role name (1-128 letters, digits "
+            "or `_ . : -`, starting with a letter or digit) or None"
+        )
 
 
 def needs_approval(policy: ApprovalPolicy, tool_name: str, arguments: Mapping[str, Any]) -> bool:

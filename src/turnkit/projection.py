@@ -75,6 +75,8 @@ class PendingDecision:
     summary: str | None = None
     question: str | None = None
     choices: tuple[str, ...] = ()
+    approver_role: str | None = None
+    """The role that answers an approval over HTTP (None: the session's owner)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -286,6 +288,7 @@ def decision_of(event: ApprovalRequestedEvent | ClarificationRequestedEvent) -> 
             tool_name=event.tool_name,
             arguments=event.arguments,
             summary=event.summary,
+            approver_role=event.approver_role,
         )
     return PendingDecision(
         turn_id=event.turn_id,

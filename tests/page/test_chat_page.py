@@ -312,6 +312,30 @@ def test_an_approval_card_survives_a_reload_and_finishes_the_turn(
     model.assert_complete()
 
 
+@tool(approval="always", approver_role="supervisor")
+async def wire_big(amount: int, to: str) -> str:
+    """Send a lot of money (a supervisor approves)."""
+    return f"sent {amount} EUR to {to}"
+
+
+def test_a_card_a_role_answers_says_so_and_the_owners_answer_is_refused(
+    page: Page, tmp_path: Path
+) -> None:
+    model = ScriptedModel([ModelStep.tool_call_reply(call("wire_big", amount=500, to="Bob"))])
+    with serve_page(tmp_path, Agent(model=model, tools=[wire_big])) as app:
+        page.goto(app.url)
+        send(page, "Pay Bob 500 EUR")
+        card = page.locator(".card.approval")
+        said = "Answered by a person with the supervisor role."
+        expect(card.locator(".approver")).to_have_text(said)
+        page.reload()  # from GET …/pending as well
+        expect(card.locator(".approver")).to_have_text(said)
+        card.locator("[data-decision='approve']").click()
+        expect(page.locator("#notice")).to_contain_text("'supervisor'")
+        expect(card).to_have_count(1)  # still waiting: the answer was not taken
+        expect(page.locator(".block.tool")).to_have_attribute("data-status", "awaiting_approval")
+
+
 def test_a_denied_call_reads_denied_without_the_words_meant_for_the_model(
     page: Page, tmp_path: Path
 ) -> None:

@@ -90,7 +90,9 @@ def _describe(request: PauseRequest) -> str:
         raw = payload.get("arguments")
         arguments = raw.items() if isinstance(raw, dict) else ()
         call = f"{payload.get('tool_name')}({', '.join(f'{k}={v!r}' for k, v in arguments)})"
-        return f"approve or deny: {call} · request {request.request_id}"
+        role = payload.get("approver_role")
+        by = f" (the {role} role answers over HTTP)" if role else ""
+        return f"approve or deny{by}: {call} · request {request.request_id}"
     if request.kind == "clarification":
         raw = payload.get("choices")
         choices = [str(c) for c in raw] if isinstance(raw, list) else []
@@ -141,7 +143,7 @@ async def answer_turn(args: argparse.Namespace, out: TextIO, config: RuntimeConf
         record = await store.get_turn(TurnId(args.turn_id))
         if record is None:
             raise TurnNotFoundError(f"no turn {args.turn_id!r}", turn_id=args.turn_id)
-        request_id = args.request or await _open_request(store, record)
+        request_id = args.request or await _open_request(store, record, resolution)
     served: dict[str, str | ModelClient | ModelEndpoint] = {}
     if args.api_base or args.api_key_env:  # where the turn's own model is served
         served[record.model] = ModelEndpoint(
@@ -150,6 +152,8 @@ async def answer_turn(args: argparse.Namespace, out: TextIO, config: RuntimeConf
     agent = load_agent(args.agent) if args.agent else demo_agent()
     plugins = env_plugins(os.environ)
     async with SessionRuntime(agent=agent, models=served, config=config, plugins=plugins) as rt:
+        if config.run_in_process:  # driven here: another agent would end it agent-not-found
+            await rt.runner().pinned_agent(record)
         await rt.resume(record.turn_id, request_id, resolution, principal=args.by)
         out.write(f"answered {request_id}: {resolution.kind}\n")
         if not config.run_in_process:
@@ -175,8 +179,13 @@ async def _follow(runtime: SessionRuntime, record: TurnRecord, out: TextIO) -> s
     return "failed"  # the stream ended with no ending: the runtime is closing
 
 
-async def _open_request(store: SqlStore, record: TurnRecord) -> str:
-    """The request `record`'s turn waits on, when the command names none."""
+async def _open_request(store: SqlStore, record: TurnRecord, resolution: Resolution) -> str:
+    """The request `record`'s turn waits on, when the command names none.
+
+    Raises:
+        InvalidInputError: it waits on a budget, or on another kind of answer.
+        PauseAnsweredError: it waits on nothing.
+    """
     if record.status == "awaiting_budget":
         raise InvalidInputError(
             f"turn {record.turn_id} waits on a budget: it resumes by itself once a limit has "
@@ -184,8 +193,16 @@ async def _open_request(store: SqlStore, record: TurnRecord) -> str:
             turn_id=record.turn_id,
         )
     for turn, request in await store.open_pauses(record.session_id):
-        if turn.turn_id == record.turn_id:
-            return request.request_id
+        if turn.turn_id != record.turn_id:
+            continue
+        asked = request.kind == "clarification"
+        if resolution.kind not in (("answer",) if asked else ("approve", "deny")):
+            what, how = ("a question", "--reply TEXT") if asked else ("an approval", "--approve")
+            raise InvalidInputError(
+                f"turn {record.turn_id} waits on {what}: answer it with {how}",
+                turn_id=record.turn_id,
+            )
+        return request.request_id
     raise PauseAnsweredError(
         f"turn {record.turn_id} waits on nothing: it is {record.status}",
         turn_id=record.turn_id,

@@ -15,7 +15,14 @@ except ImportError as exc:  # pragma: no cover - depends on the install
     raise missing_extra("The HTTP routes", "fastapi", exc) from exc
 
 from turnkit._sse_response import SseResponse
-from turnkit.http._access import Principal, SessionPath, owned, visible_turn
+from turnkit.http._access import (
+    Principal,
+    SessionPath,
+    answerable_pauses,
+    answerable_turn,
+    owned,
+    visible_turn,
+)
 from turnkit.http.models import (
     AnswerBody,
     ApprovalBody,
@@ -188,7 +195,7 @@ async def _settle_pause(
     principal: Principal,
     request_deps: Any,
 ) -> ResumeOut:
-    record = await visible_turn(runtime, turn_id, principal)
+    record = await answerable_turn(runtime, turn_id, request_id, principal)
     await runtime.resume(
         record.turn_id, request_id, resolution, deps=request_deps, principal=principal
     )
@@ -278,3 +285,14 @@ def _add_record_routes(
         record = await visible_turn(runtime, turn_id, principal)
         found = (await runtime.turn_view(record)).pending
         return PendingListOut(pending=[PendingOut.model_validate(found)] if found else [])
+
+    @router.get(
+        "/pauses",
+        response_model=PendingListOut,
+        summary="The approvals and questions the caller may answer, in every session",
+    )
+    async def inbox(
+        principal: Caller,
+        limit: Annotated[int, Query(ge=1, le=500, description="At most this many.")] = 100,
+    ) -> PendingListOut:
+        return PendingListOut(pending=await answerable_pauses(runtime, principal, limit))

@@ -135,6 +135,10 @@ class PendingOut(_Camel):
     summary: str | None = None
     question: str | None = None
     choices: list[str] = Field(default_factory=list[str])
+    approver_role: str | None = None
+    """The role that answers this approval (None: the session's owner, or an admin)."""
+    session_id: str | None = None
+    """The turn's session (in `GET /pauses`)."""
 
 
 class SkillOut(_Camel):

@@ -454,6 +454,8 @@ def _run_interrupted(
             "arguments": request.arguments,
             "summary": request.summary,
         }
+        if request.approver_role is not None:
+            turnkit["approverRole"] = request.approver_role
     else:
         answer: AgUi = {"type": "string"}
         if request.choices:

@@ -58,9 +58,10 @@ from turnkit.protocols._agui_wire import (
 )
 from turnkit.protocols._caller import Caller, caller_of, sees
 from turnkit.runtime import SessionRuntime
+from turnkit.runtime.answerers import check_answerer
 from turnkit.runtime.reader import TurnReader, check_cursor, parse_cursor, set_once_sent
 from turnkit.states import TurnStatus
-from turnkit.store import TurnRecord
+from turnkit.store import SessionRecord, TurnRecord
 from turnkit.tenancy import AuthDependency, anonymous
 
 _SHUTTING_DOWN: Final = "the server is shutting down; the run goes on: reconnect with Last-Event-ID"
@@ -158,7 +159,7 @@ async def _turn_of(
     if body.resume is not None:
         if known is None:
             raise SessionNotFoundError(f"no thread {body.thread_id!r}", session_id=body.thread_id)
-        return await _resume(runtime, body, cursor, {**extra, "principal": principal})
+        return await _resume(runtime, body, cursor, known, {**extra, "principal": principal})
     if cursor is not None:  # a reconnect: its turn exists already, nothing is written
         return await _turn_of_run(runtime, body.thread_id, body.run_id), cursor
     content = user_content(body.messages)
@@ -223,7 +224,11 @@ async def _respond(
 
 
 async def _resume(
-    runtime: SessionRuntime, body: RunAgentInput, cursor: int | None, extra: dict[str, Any]
+    runtime: SessionRuntime,
+    body: RunAgentInput,
+    cursor: int | None,
+    thread: SessionRecord,
+    extra: dict[str, Any],
 ) -> tuple[TurnRecord, int]:
     """Answer the interrupt `resume` names; the stream starts after it (or at the cursor)."""
     entries = body.resume or ()
@@ -233,6 +238,7 @@ async def _resume(
             f"not {len(entries)}"
         )
     record, request = await _find_request(runtime, body.thread_id, entries[0].interrupt_id)
+    check_answerer(request, thread, extra["principal"])  # an approval a role answers
     resolution = resolution_of(request, entries[0])
     after = request.seq if cursor is None else cursor
     check_cursor(record, after)

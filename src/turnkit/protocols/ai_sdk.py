@@ -44,6 +44,7 @@ from turnkit.protocols._ai_sdk_translate import UIMessageStreamTranslator
 from turnkit.protocols._ai_sdk_wire import ChatRequest, UIMessage, pending_answer, user_content
 from turnkit.protocols._caller import Caller, caller_of, sees
 from turnkit.runtime import SessionRuntime
+from turnkit.runtime.answerers import check_answerer
 from turnkit.runtime.deps import NO_DEPS
 from turnkit.runtime.reader import set_once_sent
 from turnkit.states import TERMINAL_STATES
@@ -271,6 +272,7 @@ async def _answer(
     pause = (await runtime.turn_view(record)).pending
     if pause is None:
         raise PauseAnsweredError(f"turn {record.turn_id!r} is not waiting for an answer")
+    check_answerer(pause, await runtime.store.get_session(record.session_id), principal)
     try:
         request_id, resolution = pending_answer(record, pause, message)
     except ValidationError as exc:  # an empty answer, a reason past 4,000 characters

@@ -58,9 +58,6 @@ class RuntimeControl(RuntimeReads):
         Raises:
             PauseNotFoundError: the turn has no such request.
             PauseAnsweredError: the request was answered (or the turn ended) already.
-            AgentNotFoundError: the turn would be driven here (`run_in_process`) and this
-                runtime does not host the agent (at the version) it was pinned to; nothing
-                is answered, and the turn still waits.
             InvalidInputError: an approval answered with text, or a question with a decision;
                 a `resolution` that is not an `Approve`, `Deny` or `Answer`.
         """
@@ -84,8 +81,6 @@ class RuntimeControl(RuntimeReads):
                 f"not {resolution.kind}",
                 kind=resolution.kind,
             )
-        if self.config.run_in_process:  # driven here: refused now, not ended at pickup
-            await self.runner().pinned_agent(record)
         cause = otel.resume_cause()  # taken now; kept once the answer is in
         by = principal.id if isinstance(principal, Principal) else principal
         await self.store.answer_pause(record.turn_id, request_id, resolution.model_dump(), by=by)

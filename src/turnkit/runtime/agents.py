@@ -54,6 +54,7 @@ class AgentData(BaseModel):
     settings: ModelSettings = Field(default_factory=ModelSettings)
     synthesis: Synthesis = "terminal"
     approval: Literal["never", "always"] = "never"
+    approver_role: str | None = None
     clarifications: bool = False
     skills: list[str] = Field(default_factory=list)
     knowledge: list[str] = Field(default_factory=list)
@@ -91,6 +92,7 @@ class AgentData(BaseModel):
             settings=self.settings,
             synthesis=self.synthesis,
             approval=self.approval,
+            approver_role=self.approver_role,
             clarifications=self.clarifications,
             skills=self.skills,
             knowledge=self.knowledge,

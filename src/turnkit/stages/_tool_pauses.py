@@ -101,7 +101,8 @@ def settle_pause(
         if not isinstance(resolution, Answer):
             return ("the question was not answered", "tool-failed", None)
         return (None, "tool-failed", {"answer": resolution.text})
-    if tool is None or not _needs_approval(ctx, tool, part.name, args):
+    asks = _approval(ctx, tool, part.name, args) if tool is not None else None
+    if asks is None:
         return None
     summary = summarize_call(part.name, args)
     rec.durable(
@@ -112,8 +113,15 @@ def settle_pause(
         tool_name=part.name,
         arguments=dict(args),
         summary=summary,
+        approver_role=asks.role,
     )
-    payload = {"tool_name": part.name, "arguments": dict(args), "summary": summary}
+    payload = {
+        "tool_name": part.name,
+        "arguments": dict(args),
+        "summary": summary,
+    }
+    if asks.role is not None:
+        payload["approver_role"] = asks.role
     resolution = _wait(ctx, request_id, "approval", part, payload)
     if isinstance(resolution, Deny):
         note = f": {resolution.note}" if resolution.note else ""
@@ -123,30 +131,38 @@ def settle_pause(
     return None  # approved: run it
 
 
-def _needs_approval(
+@dataclass(frozen=True, slots=True)
+class _Asks:
+    """A call needs a person's approval; `role` answers it (None: the session's owner)."""
+
+    role: str | None
+
+
+def _approval(
     ctx: StageContext, tool: Tool, called: str, args: Mapping[str, JsonValue]
-) -> bool:
+) -> _Asks | None:
     """Whether a person must approve the call (to `called`, the name the model used) first.
 
-    A `ToolClass` asks when any member would: its first member failing must not open a
-    way past a later member's policy. A member without a policy has the agent's; every
-    policy is asked about the name the model called, with the arguments that member would
-    run with (validated and converted: `"80"` is `80`). A member that would refuse the
-    arguments never runs them, so it needs no approval; a policy that raises asks.
+    A `ToolClass` asks when any member would (with the first such member's role): its
+    first member failing must not open a way past a later member's policy. A member
+    without a policy (or role) has the agent's; every policy is asked about the name the
+    model called, with the arguments that member would run with (validated and
+    converted: `"80"` is `80`). A member that would refuse the arguments never runs
+    them, so it needs no approval; a policy that raises asks.
     """
     if isinstance(tool, ToolClass):
-        return any(_needs_approval(ctx, member, called, args) for member in tool.tools)
+        return next((asks for m in tool.tools if (asks := _approval(ctx, m, called, args))), None)
     policy = getattr(tool, "approval", None) or ctx.agent.approval
     if policy == "never":
-        return False
+        return None
     validate = getattr(tool, "validate", None)
     if policy != "always" and callable(validate):
         try:
             args = validate(args)
         except ToolArgumentsError:
-            return False  # it fails without running: the model reads why
+            return None  # it fails without running: the model reads why
     try:
-        return needs_approval(policy, called, args)
+        needed = needs_approval(policy, called, args)
     except Exception as exc:  # noqa: BLE001 - an app's policy: fail closed, say so
         log.warning(
             "the approval policy of %r raised %s (%s): the call waits for a person",
@@ -154,7 +170,10 @@ def _needs_approval(
             type(exc).__name__,
             exc,
         )
-        return True
+        needed = True
+    if not needed:
+        return None
+    return _Asks(getattr(tool, "approver_role", None) or ctx.agent.approver_role)
 
 
 def _wait(

@@ -352,6 +352,20 @@ class PauseBook(Protocol):
         """The newest answer the turn has not consumed yet (what the resumed run needs)."""
         ...
 
+    async def open_pauses(
+        self,
+        session_id: SessionId | None = None,
+        *,
+        organisation: str | None = None,
+        limit: int = 100,
+    ) -> list[tuple[TurnRecord, PauseRequest]]:
+        """Paused turns, oldest first, each with the request it waits on.
+
+        Approvals, questions and budgets; of one session, one organisation when given; at
+        most `limit`.
+        """
+        ...
+
     async def budget_pauses(
         self, organisation: str | None = None
     ) -> list[tuple[TurnRecord, PauseRequest]]:

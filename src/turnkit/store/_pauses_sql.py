@@ -175,11 +175,11 @@ def budget_pauses(
 
 
 def open_pauses(
-    conn: Connection, session_id: str | None, limit: int
+    conn: Connection, session_id: str | None, organisation: str | None, limit: int
 ) -> list[tuple[TurnRecord, PauseRequest]]:
-    """Paused turns (of one session when given), oldest first, with their open requests."""
+    """Paused turns (of one session, one organisation when given), with their requests."""
     kinds = ("approval", "clarification", "budget")
-    return _paused(conn, kinds, session_id=session_id, limit=limit)
+    return _paused(conn, kinds, organisation=organisation, session_id=session_id, limit=limit)
 
 
 def _paused(

@@ -182,13 +182,14 @@ class SqlStore(SqlQueue, SqlSessions, SqlBudgets):
         return await self._tx(pauses_sql.budget_pauses, organisation, write=False)
 
     async def open_pauses(
-        self, session_id: SessionId | None = None, *, limit: int = 100
+        self,
+        session_id: SessionId | None = None,
+        *,
+        organisation: str | None = None,
+        limit: int = 100,
     ) -> list[tuple[TurnRecord, PauseRequest]]:
-        """Paused turns (of one session when given), oldest first, with their open requests.
-
-        Approvals, questions and budgets: what `turnkit pauses` lists.
-        """
-        return await self._tx(pauses_sql.open_pauses, session_id, limit, write=False)
+        """Paused turns, oldest first, with their open requests (see `Store`)."""
+        return await self._tx(pauses_sql.open_pauses, session_id, organisation, limit, write=False)
 
     async def pending_answer(self, turn_id: TurnId) -> dict[str, JsonValue] | None:
         """The newest answer not yet consumed by a resumed run."""

@@ -12,7 +12,7 @@ from pydantic_core import PydanticSerializationError, to_jsonable_python
 
 from turnkit.errors import ConfigurationError
 from turnkit.models import ToolSpec
-from turnkit.pauses import ApprovalPolicy, check_approval_policy
+from turnkit.pauses import ApprovalPolicy, check_approval_policy, check_approver_role
 from turnkit.tools._context import ToolContext
 from turnkit.tools._errors import ToolArgumentsError, ToolResultError
 from turnkit.tools._protocol import Tool
@@ -155,13 +155,17 @@ class FunctionTool:
         name: str | None = None,
         description: str | None = None,
         approval: ApprovalPolicy | None = None,
+        approver_role: str | None = None,
         reconcile: Reconcile | None = None,
     ) -> None:
         self.fn = fn
         if approval is not None:
             check_approval_policy(approval, f"the tool {name or fn.__name__!r}")
+        check_approver_role(approver_role, f"the tool {name or fn.__name__!r}")
         self.approval = approval
         """This tool's approval policy (None: the agent's)."""
+        self.approver_role = approver_role
+        """The role that answers this tool's approvals (None: the agent's)."""
         self._reconcile = reconcile
         self._name = name or fn.__name__
         if not _NAME.fullmatch(self._name):
@@ -282,6 +286,7 @@ def tool(
     name: str | None = None,
     description: str | None = None,
     approval: ApprovalPolicy | None = None,
+    approver_role: str | None = None,
     reconcile: Reconcile | None = None,
 ) -> Callable[[ToolFunction], FunctionTool]: ...
 
@@ -293,6 +298,7 @@ def tool(
     description: str | None = None,
     fallbacks: Sequence[Tool],
     approval: ApprovalPolicy | None = None,
+    approver_role: str | None = None,
     reconcile: Reconcile | None = None,
 ) -> Callable[[ToolFunction], ToolClass]: ...
 
@@ -305,6 +311,7 @@ def tool(
     description: str | None = None,
     fallbacks: Sequence[Tool] | None = None,
     approval: ApprovalPolicy | None = None,
+    approver_role: str | None = None,
     reconcile: Reconcile | None = None,
 ) -> Any:
     """Turn a typed function into a tool.
@@ -313,7 +320,8 @@ def tool(
     a parameter typed `ToolContext` is left out of the schema and receives the call's
     context. With `fallbacks`, the result is a `ToolClass`: when the function fails, the
     call pivots to the next fallback with the same arguments. `approval` (`"always"`,
-    `"never"` or a function of name and arguments) overrides the agent's policy.
+    `"never"` or a function of name and arguments) overrides the agent's policy, and
+    `approver_role` the agent's (who may answer its approvals over HTTP).
     `reconcile` is asked, when a call's earlier attempt died after the call started but
     before its result was committed, whether the call already took effect:
     `async def reconcile(idempotency_key, arguments) -> result | NOT_APPLIED`.
@@ -329,7 +337,12 @@ def tool(
 
     def wrap(func: ToolFunction) -> Any:
         made = FunctionTool(
-            func, name=name, description=description, approval=approval, reconcile=reconcile
+            func,
+            name=name,
+            description=description,
+            approval=approval,
+            approver_role=approver_role,
+            reconcile=reconcile,
         )
         if fallbacks is None:
             return made

@@ -158,6 +158,7 @@ export function withPending(state, items) {
       summary: item.summary ?? null,
       question: item.question ?? null,
       choices: item.choices ?? [],
+      approverRole: item.approverRole ?? null,
     };
     next = putTurn(next, { ...turn, pending, status: waitingStatus(pending.kind) });
   }
@@ -322,6 +323,7 @@ const FOLDERS = {
         toolName: e.tool_name,
         arguments: e.arguments,
         summary: e.summary,
+        approverRole: e.approver_role ?? null,
         question: null,
         choices: [],
       },

@@ -210,6 +210,9 @@ function drawDecision(box, turn, page) {
       el("p", { class: "card-title" }, "Approve ", el("code", {}, pending.toolName ?? "this call"), "?"),
       el("p", { class: "summary", dir: "auto" }, pending.summary ?? ""),
       scroller(el("pre", { class: "arguments" }, JSON.stringify(pending.arguments ?? {}, null, 2)), "Arguments"),
+      ...(pending.approverRole
+        ? [el("p", { class: "approver" }, "Answered by a person with the ", el("code", {}, pending.approverRole), " role.")]
+        : []),
       el("div", { class: "actions" },
         el("button", { type: "button", class: "primary", "data-decision": "approve" }, "Approve"),
         el("button", { type: "button", "data-decision": "deny" }, "Deny")),

@@ -1,0 +1,174 @@
+"""Who answers an approval over HTTP: a role the tool names (not the customer whose session
+it is), an admin, or the owner; and the inbox of what a caller may answer."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
+from typing import Annotated, Any
+
+import httpx
+import pytest
+from fastapi import Header
+from httpx_sse import aconnect_sse
+from tests.support.server import serve
+
+from turnkit import Agent, Organisation, Principal, RuntimeConfig, SessionRuntime, tool
+from turnkit.quickstart import create_app
+from turnkit.testing import ModelStep, ScriptedModel, call
+
+API = "/api/harness"
+REFUNDS: list[int] = []
+
+
+def over_fifty(name: str, args: Mapping[str, Any]) -> bool:
+    return bool(args["amount"] > 50)
+
+
+@tool(approval=over_fifty, approver_role="supervisor")
+async def refund(order_id: str, amount: int) -> str:
+    """Refund part of an order (a supervisor approves more than 50)."""
+    REFUNDS.append(amount)
+    return f"refunded {amount} on {order_id}"
+
+
+@tool(approval="always")
+async def cancel_order(order_id: str) -> str:
+    """Cancel an order (the customer confirms)."""
+    return f"cancelled {order_id}"
+
+
+async def _caller(
+    x_user: Annotated[str, Header()],
+    x_org: Annotated[str, Header()] = "acme",
+    x_role: Annotated[str | None, Header()] = None,
+) -> Principal:
+    roles = frozenset({x_role}) if x_role else frozenset()
+    return Principal(id=x_user, organisation=x_org, roles=roles)
+
+
+CUSTOMER = {"x-user": "cust"}
+SUPERVISOR = {"x-user": "sup", "x-role": "supervisor"}
+ELSEWHERE = {"x-user": "sup2", "x-org": "other", "x-role": "supervisor"}
+ADMIN = {"x-user": "boss", "x-role": "admin"}
+COLLEAGUE = {"x-user": "bob"}
+
+
+@pytest.fixture
+async def http(tmp_path: Path) -> AsyncIterator[httpx.AsyncClient]:
+    REFUNDS.clear()
+    model = ScriptedModel(
+        [
+            ModelStep.tool_call_reply(call("refund", order_id="A1", amount="80")),
+            ModelStep.text_reply("Refunded."),
+            ModelStep.tool_call_reply(call("cancel_order", order_id="A2")),
+            ModelStep.text_reply("Cancelled."),
+        ]
+    )
+    agent = Agent(model=model, tools=[refund, cancel_order], skip_stages=frozenset({"anchor-plan"}))
+    runtime = SessionRuntime(
+        agent=agent,
+        tenancy=[Organisation(name="acme"), Organisation(name="other")],
+        config=RuntimeConfig(database_url=f"sqlite:///{tmp_path / 'a.db'}"),
+    )
+    with serve(create_app(runtime, auth=_caller)) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+            yield client
+
+
+async def _events(response: httpx.Response) -> list[dict[str, Any]]:
+    return [
+        json.loads(line[6:])
+        for line in response.text.splitlines()
+        if line.startswith("data: {") and '"seq"' in line
+    ]
+
+
+async def _paused(http: httpx.AsyncClient, session: str, text: str) -> dict[str, Any]:
+    """Execute a message and read its stream up to the pause (which waits: it stays open)."""
+    url = f"{API}/sessions/{session}/execute"
+    async with aconnect_sse(http, "POST", url, json={"content": text}, headers=CUSTOMER) as sse:
+        sse.response.raise_for_status()
+        async for event in sse.aiter_sse():
+            data = json.loads(event.data)
+            if data.get("type") == "approval.requested":
+                return dict(data)
+    raise AssertionError("the stream ended before the pause")
+
+
+def _answer(asked: Mapping[str, Any], decision: str = "approve") -> tuple[str, dict[str, str]]:
+    url = f"{API}/turns/{asked['turn_id']}/approvals/{asked['request_id']}"
+    return url, {"decision": decision}
+
+
+async def test_a_refund_a_supervisor_answers_is_not_the_customers_to_approve(
+    http: httpx.AsyncClient,
+) -> None:
+    asked = await _paused(http, "s1", "refund A1")
+    assert asked["approver_role"] == "supervisor"
+    url, body = _answer(asked)
+
+    refused = await http.post(url, json=body, headers=CUSTOMER)
+    assert refused.status_code == 403, refused.text
+    assert refused.json()["code"] == "approver-required"
+    assert "'supervisor'" in refused.json()["detail"]
+    for stranger in (COLLEAGUE, ELSEWHERE):  # cannot even see the turn
+        hidden = await http.post(url, json=body, headers=stranger)
+        assert (hidden.status_code, hidden.json()["code"]) == (404, "turn-not-found")
+    turn = await http.get(f"{API}/turns/{asked['turn_id']}", headers=CUSTOMER)
+    assert turn.json()["status"] == "awaiting_approval"  # nothing was answered
+    assert REFUNDS == []
+
+    inbox = (await http.get(f"{API}/pauses", headers=SUPERVISOR)).json()["pending"]
+    assert [(p["requestId"], p["sessionId"], p["approverRole"]) for p in inbox] == [
+        (asked["request_id"], "s1", "supervisor")
+    ]
+    for nobody in (CUSTOMER, COLLEAGUE, ELSEWHERE):
+        assert (await http.get(f"{API}/pauses", headers=nobody)).json()["pending"] == []
+
+    ok = await http.post(url, json=body, headers=SUPERVISOR)
+    assert ok.status_code == 202, ok.text
+    rest = await http.get(f"{API}/turns/{asked['turn_id']}/stream", headers=CUSTOMER)
+    assert [e["type"] for e in await _events(rest)][-1] == "done"
+    assert REFUNDS == [80]
+    audit = (await http.get(f"{API}/turns/{asked['turn_id']}/audit", headers=CUSTOMER)).json()
+    answers = [r["payloads"]["pauseAnswer"] for r in audit["rows"]
+               if r["payloads"].get("pauseAnswer")]  # fmt: skip
+    assert [(a["by"], a["decision"]) for a in answers] == [("sup", "approve")]
+    again = await http.post(url, json=body, headers=SUPERVISOR)
+    assert (again.status_code, again.json()["code"]) == (409, "pause-already-answered")
+
+
+async def test_an_approval_with_no_role_is_the_owners_or_an_admins(
+    http: httpx.AsyncClient,
+) -> None:
+    first = await _paused(http, "s2", "refund A1")
+    url, body = _answer(first)
+    assert (await http.post(url, json=body, headers=SUPERVISOR)).status_code == 202
+    await http.get(f"{API}/turns/{first['turn_id']}/stream", headers=CUSTOMER)
+    asked = await _paused(http, "s2", "cancel A2")
+    assert "approver_role" not in asked  # left out unset, as earlier readers expect
+    url, body = _answer(asked)
+    mine = (await http.get(f"{API}/pauses", headers=CUSTOMER)).json()["pending"]
+    assert [p["requestId"] for p in mine] == [asked["request_id"]]
+    hidden = await http.post(url, json=body, headers=SUPERVISOR)  # not a supervisor's call
+    assert hidden.status_code == 404
+    by_admin = await http.post(url, json=body, headers=ADMIN)
+    assert by_admin.status_code == 202, by_admin.text
+
+
+async def test_an_ag_ui_resume_by_the_customer_is_refused_for_a_supervisors_approval(
+    http: httpx.AsyncClient,
+) -> None:
+    message = {"id": "m1", "role": "user", "content": "refund A1"}
+    run = {"threadId": "t1", "runId": "r1", "messages": [message]}
+    first = await http.post("/api/agui/run", json=run, headers=CUSTOMER)
+    frames = [json.loads(x[6:]) for x in first.text.splitlines() if x.startswith("data: ")]
+    (interrupt,) = frames[-1]["outcome"]["interrupts"]
+    assert interrupt["metadata"]["turnkit"]["approverRole"] == "supervisor"
+    resume = [{"interruptId": interrupt["id"], "status": "resolved", "payload": {"approved": True}}]
+    again = {"threadId": "t1", "runId": "r2", "messages": [], "resume": resume}
+    refused = await http.post("/api/agui/run", json=again, headers=CUSTOMER)
+    assert (refused.status_code, refused.json()["code"]) == (403, "approver-required")
+    assert REFUNDS == []
