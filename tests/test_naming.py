@@ -24,7 +24,8 @@ from turnkit.ids import SessionId, TurnId
 from turnkit.models import ModelChunk, ModelRequest
 from turnkit.plugins import Plugin, PluginContext
 from turnkit.runtime.driver import TurnDriver
-from turnkit.stages._naming import NAMING_PROMPT, opening_title
+from turnkit.stages._naming import NAMING_PROMPT
+from turnkit.stages._titles import opening_title
 from turnkit.telemetry import Recorder
 from turnkit.testing import ModelStep, ScriptedModel, call, collect_events
 

@@ -380,6 +380,28 @@ async def test_an_input_guardrail_blocks_before_any_model_call_now_or_later(
     assert "[this message was blocked by a guardrail and is not shown]" in sent
 
 
+async def test_a_session_is_not_named_by_what_an_input_guardrail_blocked_or_masked(
+    tmp_path: Path,
+) -> None:
+    """Its first name is read off the message before any guardrail sees it: it goes."""
+    model = ScriptedModel([ModelStep.text_reply("Noted.")])
+    agent = Agent(model=model, plugins=[PiiRedaction(block=True, check_input=True)])
+    masking = Agent(name="masking", model=model, plugins=[PiiRedaction(check_input=True)])
+    async with _runtime(tmp_path, agent, agents=[masking]) as rt:
+        await collect_events(rt.execute_message("s1", "my card 4111 1111 1111 1111 was charged"))
+        await collect_events(rt.execute_message("s2", "write to ada@example.com", agent="masking"))
+        named = await rt.session("s2")
+        blocked = await rt.session("s1")
+        await rt.create_session("s3", title="Card trouble")  # a name of the person's own
+        await collect_events(rt.execute_message("s3", "my card 4111 1111 1111 1111 again"))
+        kept = await rt.session("s3")
+    assert blocked.title == "Blocked message"
+    assert kept.title == "Card trouble"
+    assert named.title is not None
+    assert "ada@example.com" not in named.title
+    assert named.title.startswith("write to ")
+
+
 async def test_an_answer_blocked_mid_stream_still_counts_what_it_cost(tmp_path: Path) -> None:
     answer = "Sure. " + "Here is the long story. " * 40 + "Write to jane.doe@example.com."
     model = ScriptedModel([ModelStep.text_reply(answer, chunk_size=12)])

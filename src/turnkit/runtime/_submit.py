@@ -13,7 +13,7 @@ from turnkit.models.family import ModelFamily
 from turnkit.runtime._runner import Pinned, pinned_config
 from turnkit.runtime._validate import TurnRequest
 from turnkit.runtime.admission import Admitted
-from turnkit.stages._naming import opening_title
+from turnkit.stages._titles import opening_title
 from turnkit.store import ClaimRequest, Delivery, NewInput
 
 __all__ = ("new_input",)

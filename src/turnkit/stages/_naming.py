@@ -8,34 +8,22 @@ stands.
 from __future__ import annotations
 
 import logging
-import re
 from typing import Final
 
 from turnkit.audit import AuditPayloads, ThreadNamingPayload
 from turnkit.models import ModelMessage, ModelRequest
 from turnkit.stages._calls import call_model
+from turnkit.stages._titles import TITLE_CHARS, opening_title
 from turnkit.stages._types import StageContext
 
 __all__ = ("NAMING_PROMPT", "name_thread", "opening_title")
 
 log = logging.getLogger("turnkit.naming")
 
-TITLE_CHARS: Final = 60
 NAMING_PROMPT: Final = (
     "Name this conversation for a list of chats: at most six words, no quotes, no final "
     "period, in the language of the message. Answer with the name only."
 )
-
-
-def opening_title(text: str) -> str:
-    """A name read off a message: its first line, at most 60 characters, cut at a word."""
-    line = next((part for part in text.splitlines() if part.strip()), text)
-    line = re.sub(r"\s+", " ", re.sub(r"^/[a-z0-9-]+\s*", "", line.strip())).strip()
-    line = line or text.strip() or "New chat"
-    if len(line) <= TITLE_CHARS:
-        return line
-    cut = line[:TITLE_CHARS].rsplit(" ", 1)[0].rstrip(",;:.-")
-    return (cut or line[:TITLE_CHARS]) + "…"
 
 
 async def name_thread(ctx: StageContext, opening: str) -> None:

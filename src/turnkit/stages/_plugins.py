@@ -30,6 +30,7 @@ from turnkit.plugins import (
     Verdict,
     overrides,
 )
+from turnkit.stages._titles import opening_title
 from turnkit.stages._types import StageContext, TranscriptMessage
 from turnkit.tenancy import Principal
 
@@ -361,6 +362,20 @@ BLOCKED_INPUT = "[this message was blocked by a guardrail and is not shown]"
 """What the model reads, in later turns, in place of a message an input guardrail blocked."""
 
 
+BLOCKED_TITLE: Final = "Blocked message"
+"""A session's name when its opening message was blocked (the message named it)."""
+
+
+async def _retitle(ctx: StageContext, text: str, title: str) -> None:
+    """Rename a session its opening message `text` named, while that name still stands.
+
+    The name is read off the message when it is committed, before any guardrail sees it:
+    a list of chats must not show what a guardrail blocked or redacted.
+    """
+    rec = ctx.recorder
+    await rec.store.name_session(rec.session_id, title, current=opening_title(text))
+
+
 def _text(message: TranscriptMessage) -> str:
     content = message.get("content", "")
     if isinstance(content, str):
@@ -388,9 +403,11 @@ async def guard_input(
         # What the turn keeps for the next turn's model: never the message it blocked.
         withheld = {**opening, "content": BLOCKED_INPUT}
         ctx.recorder.notes.transcript = [*transcript[:-1], cast(TranscriptMessage, withheld)]
+        await _retitle(ctx, text, BLOCKED_TITLE)
         raise
     if checked == text:
         return transcript
+    await _retitle(ctx, text, opening_title(checked))
     content: Any = checked
     if not isinstance(opening["content"], str):  # keep the pictures, replace the text
         content = [{"kind": "text", "text": checked}] + [
