@@ -15,6 +15,7 @@ from turnkit import (
     Answer,
     Approve,
     Deny,
+    InvalidInputError,
     PauseAnsweredError,
     PauseNotFoundError,
     RuntimeConfig,
@@ -33,6 +34,7 @@ from turnkit.events import (
 )
 from turnkit.plugins import Plugin, PluginContext, ToolCall
 from turnkit.replay import ReplaySettings
+from turnkit.runtime.worker import Worker
 from turnkit.replay.memory import InMemoryReplayBuffer
 from turnkit.testing import ModelStep, ScriptedModel, call, collect_events
 
@@ -215,13 +217,14 @@ async def test_an_approval_may_change_the_arguments_the_call_runs_with(tmp_path:
     assert seqs == list(range(1, len(seqs) + 1))  # the resumed run's rows come after it
 
 
-async def test_changed_arguments_the_tool_refuses_are_a_result_the_model_reads(
+async def test_changed_arguments_the_tool_refuses_are_refused_and_the_pause_stays(
     tmp_path: Path,
 ) -> None:
+    """A person's typo must not use the approval up: it is refused, and they answer again."""
     model = ScriptedModel(
         [
             ModelStep.tool_call_reply(call("send_email", to="x@")),
-            ModelStep.text_reply("The address was refused."),
+            ModelStep.text_reply("Sent."),
         ]
     )
     async with _runtime(tmp_path / "bad.db", model) as runtime:
@@ -229,8 +232,43 @@ async def test_changed_arguments_the_tool_refuses_are_a_result_the_model_reads(
         asked = events[-1]
         assert isinstance(asked, ApprovalRequestedEvent)
         wrong = Approve(arguments={"address": "ada@example.com"})
-        await runtime.resume(asked.turn_id, asked.request_id, wrong)
+        with pytest.raises(InvalidInputError, match="do not fit 'send_email': .*to"):
+            await runtime.resume(asked.turn_id, asked.request_id, wrong)
+        assert (await runtime.turn(asked.turn_id)).status == "awaiting_approval"
+        fixed = Approve(arguments={"to": "ada@example.com"})
+        await runtime.resume(asked.turn_id, asked.request_id, fixed)
         rest = await follow_to_done(runtime, asked.turn_id, asked.seq)
+    assert RUNS and rest[-1].type == "done"
+
+
+async def test_changed_arguments_answered_where_the_agent_is_not_hosted_fail_when_run(
+    tmp_path: Path,
+) -> None:
+    """An API process without the agent cannot check them: the tool refuses them at run."""
+    model = ScriptedModel(
+        [
+            ModelStep.tool_call_reply(call("send_email", to="x@")),
+            ModelStep.text_reply("The address was refused."),
+        ]
+    )
+    db = tmp_path / "elsewhere.db"
+    async with _runtime(db, model) as runtime:
+        asked = (await collect_events(runtime.execute_message("s1", "email x")))[-1]
+        assert isinstance(asked, ApprovalRequestedEvent)
+    config = RuntimeConfig(database_url=f"sqlite:///{db}", run_in_process=False)
+    other = Agent(name="frontdesk", model=ScriptedModel([]))
+    async with SessionRuntime(agent=other, config=config) as api:
+        wrong = Approve(arguments={"address": "ada@example.com"})
+        await api.resume(asked.turn_id, asked.request_id, wrong)
+    async with _runtime(db, model) as runtime:
+        stop = asyncio.Event()
+        worker = Worker(runtime, concurrency=1, poll_interval_s=0.05, sweep_interval_s=3600)
+        working = asyncio.create_task(worker.run(stop))  # a worker hosting the agent
+        try:
+            rest = await follow_to_done(runtime, asked.turn_id, asked.seq)
+        finally:
+            stop.set()
+            await asyncio.wait_for(working, 20)
     [failed] = [e for e in rest if isinstance(e, ToolFailedEvent)]
     assert failed.code == "tool-arguments-invalid"
     assert failed.result.arguments == {"address": "ada@example.com"}

@@ -127,6 +127,10 @@ async def test_a_refund_a_supervisor_answers_is_not_the_customers_to_approve(
     for nobody in (CUSTOMER, COLLEAGUE, ELSEWHERE):
         assert (await http.get(f"{API}/pauses", headers=nobody)).json()["pending"] == []
 
+    typo = {"decision": "approve", "arguments": {"order_id": "A1", "amount": "lots"}}
+    refused = await http.post(url, json=typo, headers=SUPERVISOR)  # the pause stays open
+    assert (refused.status_code, refused.json()["code"]) == (422, "invalid-input")
+    assert "do not fit 'refund'" in refused.json()["detail"]
     ok = await http.post(url, json=body, headers=SUPERVISOR)
     assert ok.status_code == 202, ok.text
     rest = await http.get(f"{API}/turns/{asked['turn_id']}/stream", headers=CUSTOMER)

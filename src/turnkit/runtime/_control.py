@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
+from pydantic import JsonValue
+
 from turnkit import otel
-from turnkit.errors import InvalidInputError
+from turnkit.errors import AgentNotFoundError, InvalidInputError
 from turnkit.ids import TurnId
 from turnkit.pauses import Answer, Approve, Deny, Resolution
 from turnkit.runtime._reads import RuntimeReads
 from turnkit.runtime.deps import NO_DEPS
 from turnkit.states import TurnStatus
-from turnkit.store import Submission
+from turnkit.store import Submission, TurnRecord
 from turnkit.tenancy import Principal
+from turnkit.tools import ToolArgumentsError, ToolClass
 
 __all__ = ("RuntimeControl",)
 
@@ -59,7 +63,10 @@ class RuntimeControl(RuntimeReads):
             PauseNotFoundError: the turn has no such request.
             PauseAnsweredError: the request was answered (or the turn ended) already.
             InvalidInputError: an approval answered with text, or a question with a decision;
-                a `resolution` that is not an `Approve`, `Deny` or `Answer`.
+                a `resolution` that is not an `Approve`, `Deny` or `Answer`; arguments a
+                person changed that the tool refuses (checked when this runtime hosts the
+                turn's agent; else the tool refuses them when the call runs, as a result
+                the model reads).
         """
         record = await self.turn(turn_id)
         if record.status == "awaiting_budget":
@@ -81,6 +88,8 @@ class RuntimeControl(RuntimeReads):
                 f"not {resolution.kind}",
                 kind=resolution.kind,
             )
+        if isinstance(resolution, Approve) and resolution.arguments is not None:
+            await self._check_changed_arguments(record, request_id, resolution.arguments)
         cause = otel.resume_cause()  # taken now; kept once the answer is in
         by = principal.id if isinstance(principal, Principal) else principal
         await self.store.answer_pause(record.turn_id, request_id, resolution.model_dump(), by=by)
@@ -95,3 +104,33 @@ class RuntimeControl(RuntimeReads):
             requested_delivery="queue",
             is_new=False,
         )
+
+    async def _check_changed_arguments(
+        self, record: TurnRecord, request_id: str, arguments: Mapping[str, JsonValue]
+    ) -> None:
+        """Refuse changed arguments the approved call's tool would refuse (the pause stays).
+
+        Checked against the tool the turn's pinned agent has here; on a runtime that does
+        not host that agent, the tool checks them when the call runs.
+        """
+        asked = (await self.turn_view(record)).decisions
+        decision = next((d for d in asked if d.request_id == request_id), None)
+        if decision is None or decision.tool_name is None:
+            return  # not this turn's request: the Store says so
+        try:
+            agent = await self.runner().pinned_agent(record)
+        except AgentNotFoundError:
+            return
+        found = agent.registry().get(decision.tool_name)
+        tool = found.tools[0] if isinstance(found, ToolClass) else found  # as it pivots
+        validate = getattr(tool, "validate", None)
+        if not callable(validate):
+            return
+        try:
+            validate(arguments)
+        except ToolArgumentsError as exc:
+            raise InvalidInputError(
+                f"the changed arguments do not fit {decision.tool_name!r}: {exc.reason}; "
+                "nothing was answered",
+                tool=decision.tool_name,
+            ) from exc
