@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from turnkit import Agent, RuntimeConfig, SessionRuntime, tool
+from tests.helpers import follow_to_done
+from turnkit import Agent, Deny, RuntimeConfig, SessionRuntime, tool
 from turnkit.events import ApprovalRequestedEvent, ToolFailedEvent
 from turnkit.testing import ModelStep, ScriptedModel, call, collect_events
 
@@ -32,6 +33,7 @@ async def refund(order_id: str, amount: int) -> str:
 def _reset() -> None:
     REFUNDS.clear()
     SEEN.clear()
+    FLAKY["calls"] = 0
 
 
 async def _turn(tmp_path: Path, *steps: ModelStep) -> list[Any]:
@@ -92,3 +94,79 @@ async def test_a_policy_that_raises_asks_a_person(
     assert status == "awaiting_approval"
     assert REFUNDS == []
     assert "the approval policy of 'wire' raised KeyError" in caplog.text
+
+
+FLAKY = {"calls": 0}
+
+
+def _flaky(name: str, args: Mapping[str, Any]) -> bool:
+    FLAKY["calls"] += 1
+    if FLAKY["calls"] == 1:
+        raise TimeoutError("the limits service is down")  # fails closed: asks
+    return False  # back up on resume: it would not ask
+
+
+@tool(approval=_flaky)
+async def pay(to: str) -> str:
+    """Pay someone."""
+    REFUNDS.append((to, 1))
+    return "paid"
+
+
+async def test_a_denial_stands_when_the_policy_answers_otherwise_on_resume(
+    tmp_path: Path,
+) -> None:
+    """The node runs again on resume: the person's answer, not the policy, decides."""
+    model = ScriptedModel(
+        [ModelStep.tool_call_reply(call("pay", to="Bob")), ModelStep.text_reply("Not paid.")]
+    )
+    agent = Agent(model=model, tools=[pay], skip_stages=frozenset({"anchor-plan"}))
+    config = RuntimeConfig(database_url=f"sqlite:///{tmp_path / 'flaky.db'}")
+    async with SessionRuntime(agent=agent, config=config) as runtime:
+        asked = (await collect_events(runtime.execute_message("s1", "pay Bob")))[-1]
+        assert isinstance(asked, ApprovalRequestedEvent)
+        await runtime.resume(asked.turn_id, asked.request_id, Deny(note="no"))
+        rest = await follow_to_done(runtime, asked.turn_id, asked.seq)
+    assert REFUNDS == []
+    assert [e.code for e in rest if isinstance(e, ToolFailedEvent)] == ["tool-denied"]
+
+
+@tool(approval="always", approver_role="supervisor")
+async def manual_refund(order_id: str) -> str:
+    """Refund by hand: a supervisor approves."""
+    return "refunded by hand"
+
+
+@tool(fallbacks=[manual_refund])
+async def quick_refund(order_id: str) -> str:
+    """Refund through the processor (by hand when it is down)."""
+    raise RuntimeError("the processor is down")
+
+
+async def test_a_tool_class_asks_for_the_role_of_any_member_that_may_run(
+    tmp_path: Path,
+) -> None:
+    """The owner may not approve a call whose fallback only a supervisor may approve."""
+    model = ScriptedModel([ModelStep.tool_call_reply(call("quick_refund", order_id="A1"))])
+    agent = Agent(model=model, tools=[quick_refund], approval="always",
+                  skip_stages=frozenset({"anchor-plan"}))  # fmt: skip
+    config = RuntimeConfig(database_url=f"sqlite:///{tmp_path / 'class.db'}")
+    async with SessionRuntime(agent=agent, config=config) as runtime:
+        asked = (await collect_events(runtime.execute_message("s1", "refund A1")))[-1]
+    assert isinstance(asked, ApprovalRequestedEvent)
+    assert asked.approver_role == "supervisor"
+
+
+async def test_always_does_not_ask_about_a_call_the_tool_refuses(tmp_path: Path) -> None:
+    model = ScriptedModel(
+        [
+            ModelStep.tool_call_reply(call("manual_refund")),  # no order_id
+            ModelStep.text_reply("I need the order."),
+        ]
+    )
+    agent = Agent(model=model, tools=[manual_refund], skip_stages=frozenset({"anchor-plan"}))
+    config = RuntimeConfig(database_url=f"sqlite:///{tmp_path / 'refused.db'}")
+    async with SessionRuntime(agent=agent, config=config) as runtime:
+        events = await collect_events(runtime.execute_message("s1", "refund"))
+    assert not [e for e in events if isinstance(e, ApprovalRequestedEvent)]
+    assert [e.code for e in events if isinstance(e, ToolFailedEvent)] == ["tool-arguments-invalid"]

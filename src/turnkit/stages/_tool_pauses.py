@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -101,7 +101,13 @@ def settle_pause(
         if not isinstance(resolution, Answer):
             return ("the question was not answered", "tool-failed", None)
         return (None, "tool-failed", {"answer": resolution.text})
-    asks = _approval(ctx, tool, part.name, args) if tool is not None else None
+    if tool is None:
+        return None
+    asks = _approval(ctx, tool, part.name, args)
+    if asks is None and pause_key(rec.turn_id, part.tool_call_id) in rec.journal.keys:
+        # Asked before this run (the node runs again on resume): the person's answer
+        # stands, whatever the policy would say now (a flaky one, a service back up).
+        asks = _Asks(_role(ctx, tool.tools if isinstance(tool, ToolClass) else (tool,)))
     if asks is None:
         return None
     summary = summarize_call(part.name, args)
@@ -143,26 +149,50 @@ def _approval(
 ) -> _Asks | None:
     """Whether a person must approve the call (to `called`, the name the model used) first.
 
-    A `ToolClass` asks when any member would (with the first such member's role): its
-    first member failing must not open a way past a later member's policy. A member
-    without a policy (or role) has the agent's; every policy is asked about the name the
-    model called, with the arguments that member would run with (validated and
-    converted: `"80"` is `80`). A member that would refuse the arguments never runs
-    them, so it needs no approval; a policy that raises asks.
+    Every policy is asked about the name the model called, with the arguments the tool
+    would run with (validated and converted: `"80"` is `80`); a policy that raises asks.
+    A call the tool refuses never runs, so it needs no approval. A `ToolClass` asks when
+    any member would: its first member failing must not open a way past a later
+    member's policy; arguments its first member refuses run nowhere (the cascade does
+    not retry them), and a later member that refuses them is passed over. Its approval
+    needs the role of any asking member that names one: whoever approves must be
+    allowed to approve the member that may end up running.
     """
-    if isinstance(tool, ToolClass):
-        return next((asks for m in tool.tools if (asks := _approval(ctx, m, called, args))), None)
-    policy = getattr(tool, "approval", None) or ctx.agent.approval
-    if policy == "never":
+    members = tool.tools if isinstance(tool, ToolClass) else (tool,)
+    if _refuses(members[0], args):
         return None
+    asked = [m for m in members if not _refuses(m, args) and _asks(ctx, m, called, args)]
+    if not asked:
+        return None
+    return _Asks(_role(ctx, asked))
+
+
+def _role(ctx: StageContext, members: Sequence[Tool]) -> str | None:
+    """The first role any of `members` (else the agent) names for its approvals."""
+    roles = (getattr(m, "approver_role", None) or ctx.agent.approver_role for m in members)
+    return next((role for role in roles if role is not None), None)
+
+
+def _refuses(tool: Tool, args: Mapping[str, JsonValue]) -> bool:
+    """Whether `tool` refuses these arguments (a tool that checks none takes them)."""
     validate = getattr(tool, "validate", None)
-    if policy != "always" and callable(validate):
-        try:
-            args = validate(args)
-        except ToolArgumentsError:
-            return None  # it fails without running: the model reads why
+    if not callable(validate):
+        return False
     try:
-        needed = needs_approval(policy, called, args)
+        validate(args)
+    except ToolArgumentsError:
+        return True
+    return False
+
+
+def _asks(ctx: StageContext, tool: Tool, called: str, args: Mapping[str, JsonValue]) -> bool:
+    """Whether `tool`'s policy (else the agent's) asks about a call it takes."""
+    policy = getattr(tool, "approval", None) or ctx.agent.approval
+    if policy in ("never", "always"):
+        return policy == "always"
+    validate = getattr(tool, "validate", None)
+    try:
+        return needs_approval(policy, called, validate(args) if callable(validate) else args)
     except Exception as exc:  # noqa: BLE001 - an app's policy: fail closed, say so
         log.warning(
             "the approval policy of %r raised %s (%s): the call waits for a person",
@@ -170,10 +200,7 @@ def _approval(
             type(exc).__name__,
             exc,
         )
-        needed = True
-    if not needed:
-        return None
-    return _Asks(getattr(tool, "approver_role", None) or ctx.agent.approver_role)
+        return True
 
 
 def _wait(
