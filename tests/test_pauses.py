@@ -34,8 +34,8 @@ from turnkit.events import (
 )
 from turnkit.plugins import Plugin, PluginContext, ToolCall
 from turnkit.replay import ReplaySettings
-from turnkit.runtime.worker import Worker
 from turnkit.replay.memory import InMemoryReplayBuffer
+from turnkit.runtime.worker import Worker
 from turnkit.testing import ModelStep, ScriptedModel, call, collect_events
 
 RUNS: list[str] = []
@@ -238,7 +238,8 @@ async def test_changed_arguments_the_tool_refuses_are_refused_and_the_pause_stay
         fixed = Approve(arguments={"to": "ada@example.com"})
         await runtime.resume(asked.turn_id, asked.request_id, fixed)
         rest = await follow_to_done(runtime, asked.turn_id, asked.seq)
-    assert RUNS and rest[-1].type == "done"
+    assert RUNS
+    assert rest[-1].type == "done"
 
 
 async def test_changed_arguments_answered_where_the_agent_is_not_hosted_fail_when_run(

@@ -35,7 +35,8 @@ log = logging.getLogger("turnkit.http")
 DEFAULT_ORGANISATION = "default"
 DEFAULT_DEPARTMENT = "general"
 ADMIN_ROLE = "admin"
-"""The role that may pick any agent when the organisation pins a default agent."""
+"""The role that may pick any agent when the organisation pins a default agent, and may
+answer every approval of its organisation that names an `approver_role`."""
 
 _NAME = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
 

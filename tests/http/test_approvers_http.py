@@ -85,10 +85,13 @@ async def _events(response: httpx.Response) -> list[dict[str, Any]]:
     ]
 
 
-async def _paused(http: httpx.AsyncClient, session: str, text: str) -> dict[str, Any]:
+async def _paused(
+    http: httpx.AsyncClient, session: str, text: str, headers: Mapping[str, str] = CUSTOMER
+) -> dict[str, Any]:
     """Execute a message and read its stream up to the pause (which waits: it stays open)."""
     url = f"{API}/sessions/{session}/execute"
-    async with aconnect_sse(http, "POST", url, json={"content": text}, headers=CUSTOMER) as sse:
+    body = {"content": text}
+    async with aconnect_sse(http, "POST", url, json=body, headers=dict(headers)) as sse:
         sse.response.raise_for_status()
         async for event in sse.aiter_sse():
             data = json.loads(event.data)
@@ -144,7 +147,7 @@ async def test_a_refund_a_supervisor_answers_is_not_the_customers_to_approve(
     assert (again.status_code, again.json()["code"]) == (409, "pause-already-answered")
 
 
-async def test_an_approval_with_no_role_is_the_owners_or_an_admins(
+async def test_an_approval_with_no_role_is_the_owners_alone(
     http: httpx.AsyncClient,
 ) -> None:
     first = await _paused(http, "s2", "refund A1")
@@ -156,10 +159,12 @@ async def test_an_approval_with_no_role_is_the_owners_or_an_admins(
     url, body = _answer(asked)
     mine = (await http.get(f"{API}/pauses", headers=CUSTOMER)).json()["pending"]
     assert [p["requestId"] for p in mine] == [asked["request_id"]]
-    hidden = await http.post(url, json=body, headers=SUPERVISOR)  # not a supervisor's call
-    assert hidden.status_code == 404
-    by_admin = await http.post(url, json=body, headers=ADMIN)
-    assert by_admin.status_code == 202, by_admin.text
+    for stranger in (SUPERVISOR, ADMIN):  # not a role's call: nobody else's to answer
+        hidden = await http.post(url, json=body, headers=stranger)
+        assert hidden.status_code == 404
+        assert (await http.get(f"{API}/pauses", headers=stranger)).json()["pending"] == []
+    by_owner = await http.post(url, json=body, headers=CUSTOMER)
+    assert by_owner.status_code == 202, by_owner.text
 
 
 async def test_an_ag_ui_resume_by_the_customer_is_refused_for_a_supervisors_approval(
@@ -176,3 +181,75 @@ async def test_an_ag_ui_resume_by_the_customer_is_refused_for_a_supervisors_appr
     refused = await http.post("/api/agui/run", json=again, headers=CUSTOMER)
     assert (refused.status_code, refused.json()["code"]) == (403, "approver-required")
     assert REFUNDS == []
+
+
+ANONYMOUS: dict[str, str] = {}
+
+
+async def _anonymous_or(
+    x_user: Annotated[str | None, Header()] = None,
+    x_org: Annotated[str, Header()] = "acme",
+    x_role: Annotated[str | None, Header()] = None,
+) -> Principal | None:
+    return None if x_user is None else await _caller(x_user, x_org, x_role)
+
+
+@pytest.mark.parametrize(
+    "who",
+    [
+        {"x-user": "sup2", "x-org": "other", "x-role": "supervisor"},
+        {"x-user": "boss2", "x-org": "other", "x-role": "admin"},
+    ],
+)
+async def test_a_role_of_another_organisation_answers_no_unowned_sessions_approval(
+    tmp_path: Path, who: dict[str, str]
+) -> None:
+    """An anonymous customer's session belongs to no organisation: the turn's (the one its
+    message was admitted in) decides who holds the role, not the session's."""
+    REFUNDS.clear()
+    model = ScriptedModel([ModelStep.tool_call_reply(call("refund", order_id="A1", amount=80))])
+    agent = Agent(model=model, tools=[refund], skip_stages=frozenset({"anchor-plan"}))
+    runtime = SessionRuntime(
+        agent=agent,
+        tenancy=[Organisation(name="acme"), Organisation(name="other")],
+        config=RuntimeConfig(database_url=f"sqlite:///{tmp_path / 'anon.db'}"),
+    )
+    with serve(create_app(runtime, auth=_anonymous_or)) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+            asked = await _paused(http, "u1", "refund A1", ANONYMOUS)
+            answer_url, body = _answer(asked)
+            refused = await http.post(answer_url, json=body, headers=who)  # it sees the
+            assert refused.status_code == 403, refused.text  # session: nobody owns it
+            inbox = await http.get(f"{API}/pauses", headers=who)
+            assert inbox.json()["pending"] == []
+    assert REFUNDS == []
+
+
+async def test_the_inbox_finds_what_the_caller_answers_behind_what_it_does_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import turnkit.http._access as access
+
+    monkeypatch.setattr(access, "_PAGE", 1)  # one paused turn a page: as with many
+    model = ScriptedModel(
+        [
+            ModelStep.tool_call_reply(call("cancel_order", order_id="A1")),
+            ModelStep.tool_call_reply(call("cancel_order", order_id="A2")),
+            ModelStep.tool_call_reply(call("refund", order_id="A3", amount=80)),
+        ]
+    )
+    agent = Agent(model=model, tools=[refund, cancel_order], skip_stages=frozenset({"anchor-plan"}))
+    runtime = SessionRuntime(
+        agent=agent,
+        tenancy=[Organisation(name="acme")],
+        config=RuntimeConfig(database_url=f"sqlite:///{tmp_path / 'inbox.db'}"),
+    )
+    with serve(create_app(runtime, auth=_caller)) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+            await _paused(http, "s1", "cancel A1")  # the customers' own approvals
+            await _paused(http, "s2", "cancel A2")
+            asked = await _paused(http, "s3", "refund A3")
+            inbox = (await http.get(f"{API}/pauses", headers=SUPERVISOR)).json()["pending"]
+            mine = (await http.get(f"{API}/pauses?limit=1", headers=CUSTOMER)).json()["pending"]
+    assert [p["requestId"] for p in inbox] == [asked["request_id"]]
+    assert [p["sessionId"] for p in mine] == ["s1"]

@@ -65,7 +65,9 @@ async def list_pauses(
     store: SqlStore, out: TextIO, *, session_id: SessionId | None, limit: int
 ) -> int:
     """`turnkit pauses`: the paused turns, oldest first, each with what it waits for."""
-    found = await store.open_pauses(session_id, limit=limit)
+    found = await store.open_pauses(session_id, limit=limit + 1)  # one more: is there more?
+    more = len(found) > limit
+    found = found[:limit]
     if not found:
         where = f" in session {session_id}" if session_id is not None else ""
         out.write(f"no paused turns{where}\n")
@@ -79,7 +81,7 @@ async def list_pauses(
             f"agent {record.agent}  since {since}\n"
         )
         out.write(f"  {_describe(request)}\n")
-    if len(found) == limit:
+    if more:
         out.write(f"(the first {limit}; --limit shows more)\n")
     return 0
 

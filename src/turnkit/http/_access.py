@@ -12,6 +12,8 @@ from fastapi import Path
 from turnkit.errors import SessionNotFoundError, TurnNotFoundError
 from turnkit.http.models import PendingOut
 from turnkit.ids import SESSION_ID_PATTERN, SessionId, TurnId
+from turnkit.pauses import PauseRequest
+from turnkit.projection import PendingDecision
 from turnkit.runtime import SessionRuntime
 from turnkit.runtime.answerers import check_answerer, may_answer
 from turnkit.store import SessionRecord, TurnRecord
@@ -88,36 +90,58 @@ async def answerable_turn(
         except SessionNotFoundError as exc:
             raise TurnNotFoundError(f"no turn {turn_id!r}", turn_id=turn_id) from exc
         return record
-    if may_answer(decision, session, principal) is None:
+    if may_answer(decision, record, session, principal) is None:
         raise TurnNotFoundError(f"no turn {turn_id!r}", turn_id=turn_id)
-    check_answerer(decision, session, principal)
+    check_answerer(decision, record, session, principal)
     return record
 
 
-_INBOX_SCAN = 1000
-"""Paused turns `answerable_pauses` reads at most, before keeping those the caller may answer."""
+_PAGE = 200
+"""Paused turns `answerable_pauses` reads at a time."""
 
 
 async def answerable_pauses(
     runtime: SessionRuntime, principal: Principal, limit: int
 ) -> list[PendingOut]:
-    """The open approvals and questions `principal` may answer, oldest first.
+    """The open approvals and questions `principal` may answer, oldest first, at most `limit`.
 
-    Its own sessions' and, with a role, the approvals its role (or `admin`) answers in
-    its organisation.
+    Its own sessions' and, with a role, the approvals its role (or `admin`) answers in its
+    organisation. Paused turns are read a page at a time and judged by their saved
+    request first, so only those the caller may answer have their log read.
     """
     organisation = principal.organisation if principal is not None else None
     found: list[PendingOut] = []
     sessions: dict[SessionId, SessionRecord | None] = {}
-    paused = await runtime.store.open_pauses(organisation=organisation, limit=_INBOX_SCAN)
-    for record, request in paused:
-        if request.kind == "budget" or len(found) == limit:
-            continue
-        if record.session_id not in sessions:
-            sessions[record.session_id] = await runtime.store.get_session(record.session_id)
-        decision = (await runtime.turn_view(record)).pending
-        session = sessions[record.session_id]
-        if decision is not None and may_answer(decision, session, principal):
-            out = PendingOut.model_validate(decision)
-            found.append(out.model_copy(update={"session_id": record.session_id}))
+    offset = 0
+    while len(found) < limit:
+        paused = await runtime.store.open_pauses(
+            organisation=organisation, limit=_PAGE, offset=offset
+        )
+        for record, request in paused:
+            if request.kind == "budget" or len(found) == limit:
+                continue
+            if record.session_id not in sessions:
+                sessions[record.session_id] = await runtime.store.get_session(record.session_id)
+            session = sessions[record.session_id]
+            if not may_answer(_asked(record, request), record, session, principal):
+                continue
+            decision = (await runtime.turn_view(record)).pending
+            if decision is not None:
+                out = PendingOut.model_validate(decision)
+                found.append(out.model_copy(update={"session_id": record.session_id}))
+        if len(paused) < _PAGE:
+            break
+        offset += _PAGE
     return found
+
+
+def _asked(record: TurnRecord, request: PauseRequest) -> PendingDecision:
+    """What a saved request asks, enough to judge who may answer it (no log read)."""
+    role = request.payload.get("approver_role")
+    return PendingDecision(
+        turn_id=record.turn_id,
+        request_id=request.request_id,
+        kind="approval" if request.kind == "approval" else "clarification",
+        seq=record.last_seq,
+        approver_role=role if isinstance(role, str) else None,
+    )

@@ -238,7 +238,7 @@ async def _resume(
             f"not {len(entries)}"
         )
     record, request = await _find_request(runtime, body.thread_id, entries[0].interrupt_id)
-    check_answerer(request, thread, extra["principal"])  # an approval a role answers
+    check_answerer(request, record, thread, extra["principal"])  # an approval a role answers
     resolution = resolution_of(request, entries[0])
     after = request.seq if cursor is None else cursor
     check_cursor(record, after)

@@ -272,7 +272,8 @@ async def _answer(
     pause = (await runtime.turn_view(record)).pending
     if pause is None:
         raise PauseAnsweredError(f"turn {record.turn_id!r} is not waiting for an answer")
-    check_answerer(pause, await runtime.store.get_session(record.session_id), principal)
+    session = await runtime.store.get_session(record.session_id)
+    check_answerer(pause, record, session, principal)
     try:
         request_id, resolution = pending_answer(record, pause, message)
     except ValidationError as exc:  # an empty answer, a reason past 4,000 characters

@@ -358,11 +358,12 @@ class PauseBook(Protocol):
         *,
         organisation: str | None = None,
         limit: int = 100,
+        offset: int = 0,
     ) -> list[tuple[TurnRecord, PauseRequest]]:
         """Paused turns, oldest first, each with the request it waits on.
 
         Approvals, questions and budgets; of one session, one organisation when given; at
-        most `limit`.
+        most `limit`, after the first `offset`.
         """
         ...
 

@@ -175,11 +175,13 @@ def budget_pauses(
 
 
 def open_pauses(
-    conn: Connection, session_id: str | None, organisation: str | None, limit: int
+    conn: Connection, session_id: str | None, organisation: str | None, limit: int, offset: int
 ) -> list[tuple[TurnRecord, PauseRequest]]:
     """Paused turns (of one session, one organisation when given), with their requests."""
     kinds = ("approval", "clarification", "budget")
-    return _paused(conn, kinds, organisation=organisation, session_id=session_id, limit=limit)
+    return _paused(
+        conn, kinds, organisation=organisation, session_id=session_id, limit=limit, offset=offset
+    )
 
 
 def _paused(
@@ -189,6 +191,7 @@ def _paused(
     organisation: str | None = None,
     session_id: str | None = None,
     limit: int | None = None,
+    offset: int = 0,
 ) -> list[tuple[TurnRecord, PauseRequest]]:
     query = (
         select(
@@ -203,8 +206,9 @@ def _paused(
             pauses.c.kind.in_(kinds),
             pauses.c.status == "open",
         )
-        .order_by(turns.c.created_at, pauses.c.created_at)
+        .order_by(turns.c.created_at, turns.c.turn_id, pauses.c.created_at)
         .limit(limit)
+        .offset(offset)
     )
     if organisation is not None:
         query = query.where(turns.c.organisation == organisation)

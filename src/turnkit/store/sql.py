@@ -187,9 +187,12 @@ class SqlStore(SqlQueue, SqlSessions, SqlBudgets):
         *,
         organisation: str | None = None,
         limit: int = 100,
+        offset: int = 0,
     ) -> list[tuple[TurnRecord, PauseRequest]]:
         """Paused turns, oldest first, with their open requests (see `Store`)."""
-        return await self._tx(pauses_sql.open_pauses, session_id, organisation, limit, write=False)
+        return await self._tx(
+            pauses_sql.open_pauses, session_id, organisation, limit, offset, write=False
+        )
 
     async def pending_answer(self, turn_id: TurnId) -> dict[str, JsonValue] | None:
         """The newest answer not yet consumed by a resumed run."""
