@@ -3,6 +3,7 @@ it is), an admin, or the owner; and the inbox of what a caller may answer."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
@@ -55,26 +56,34 @@ ADMIN = {"x-user": "boss", "x-role": "admin"}
 COLLEAGUE = {"x-user": "bob"}
 
 
-@pytest.fixture
-async def http(tmp_path: Path) -> AsyncIterator[httpx.AsyncClient]:
+@contextlib.asynccontextmanager
+async def _served(
+    tmp_path: Path, steps: list[ModelStep], auth: Any = None
+) -> AsyncIterator[httpx.AsyncClient]:
+    """A quickstart app for an agent with both tools, in organisations acme and other."""
     REFUNDS.clear()
-    model = ScriptedModel(
-        [
-            ModelStep.tool_call_reply(call("refund", order_id="A1", amount="80")),
-            ModelStep.text_reply("Refunded."),
-            ModelStep.tool_call_reply(call("cancel_order", order_id="A2")),
-            ModelStep.text_reply("Cancelled."),
-        ]
-    )
+    model = ScriptedModel(steps)
     agent = Agent(model=model, tools=[refund, cancel_order], skip_stages=frozenset({"anchor-plan"}))
     runtime = SessionRuntime(
         agent=agent,
         tenancy=[Organisation(name="acme"), Organisation(name="other")],
-        config=RuntimeConfig(database_url=f"sqlite:///{tmp_path / 'a.db'}"),
+        config=RuntimeConfig(database_url=f"sqlite:///{tmp_path / 'approvers.db'}"),
     )
-    with serve(create_app(runtime, auth=_caller)) as url:
+    with serve(create_app(runtime, auth=auth or _caller)) as url:
         async with httpx.AsyncClient(base_url=url, timeout=30) as client:
             yield client
+
+
+@pytest.fixture
+async def http(tmp_path: Path) -> AsyncIterator[httpx.AsyncClient]:
+    steps = [
+        ModelStep.tool_call_reply(call("refund", order_id="A1", amount="80")),
+        ModelStep.text_reply("Refunded."),
+        ModelStep.tool_call_reply(call("cancel_order", order_id="A2")),
+        ModelStep.text_reply("Cancelled."),
+    ]
+    async with _served(tmp_path, steps) as client:
+        yield client
 
 
 async def _events(response: httpx.Response) -> list[dict[str, Any]]:
@@ -206,22 +215,14 @@ async def test_a_role_of_another_organisation_answers_no_unowned_sessions_approv
 ) -> None:
     """An anonymous customer's session belongs to no organisation: the turn's (the one its
     message was admitted in) decides who holds the role, not the session's."""
-    REFUNDS.clear()
-    model = ScriptedModel([ModelStep.tool_call_reply(call("refund", order_id="A1", amount=80))])
-    agent = Agent(model=model, tools=[refund], skip_stages=frozenset({"anchor-plan"}))
-    runtime = SessionRuntime(
-        agent=agent,
-        tenancy=[Organisation(name="acme"), Organisation(name="other")],
-        config=RuntimeConfig(database_url=f"sqlite:///{tmp_path / 'anon.db'}"),
-    )
-    with serve(create_app(runtime, auth=_anonymous_or)) as url:
-        async with httpx.AsyncClient(base_url=url, timeout=30) as http:
-            asked = await _paused(http, "u1", "refund A1", ANONYMOUS)
-            answer_url, body = _answer(asked)
-            refused = await http.post(answer_url, json=body, headers=who)  # it sees the
-            assert refused.status_code == 403, refused.text  # session: nobody owns it
-            inbox = await http.get(f"{API}/pauses", headers=who)
-            assert inbox.json()["pending"] == []
+    steps = [ModelStep.tool_call_reply(call("refund", order_id="A1", amount=80))]
+    async with _served(tmp_path, steps, _anonymous_or) as http:
+        asked = await _paused(http, "u1", "refund A1", ANONYMOUS)
+        answer_url, body = _answer(asked)
+        refused = await http.post(answer_url, json=body, headers=who)  # it sees the
+        assert refused.status_code == 403, refused.text  # session: nobody owns it
+        inbox = await http.get(f"{API}/pauses", headers=who)
+        assert inbox.json()["pending"] == []
     assert REFUNDS == []
 
 
@@ -231,25 +232,16 @@ async def test_the_inbox_finds_what_the_caller_answers_behind_what_it_does_not(
     import turnkit.http._access as access
 
     monkeypatch.setattr(access, "_PAGE", 1)  # one paused turn a page: as with many
-    model = ScriptedModel(
-        [
-            ModelStep.tool_call_reply(call("cancel_order", order_id="A1")),
-            ModelStep.tool_call_reply(call("cancel_order", order_id="A2")),
-            ModelStep.tool_call_reply(call("refund", order_id="A3", amount=80)),
-        ]
-    )
-    agent = Agent(model=model, tools=[refund, cancel_order], skip_stages=frozenset({"anchor-plan"}))
-    runtime = SessionRuntime(
-        agent=agent,
-        tenancy=[Organisation(name="acme")],
-        config=RuntimeConfig(database_url=f"sqlite:///{tmp_path / 'inbox.db'}"),
-    )
-    with serve(create_app(runtime, auth=_caller)) as url:
-        async with httpx.AsyncClient(base_url=url, timeout=30) as http:
-            await _paused(http, "s1", "cancel A1")  # the customers' own approvals
-            await _paused(http, "s2", "cancel A2")
-            asked = await _paused(http, "s3", "refund A3")
-            inbox = (await http.get(f"{API}/pauses", headers=SUPERVISOR)).json()["pending"]
-            mine = (await http.get(f"{API}/pauses?limit=1", headers=CUSTOMER)).json()["pending"]
+    steps = [
+        ModelStep.tool_call_reply(call("cancel_order", order_id="A1")),
+        ModelStep.tool_call_reply(call("cancel_order", order_id="A2")),
+        ModelStep.tool_call_reply(call("refund", order_id="A3", amount=80)),
+    ]
+    async with _served(tmp_path, steps) as http:
+        await _paused(http, "s1", "cancel A1")  # the customers' own approvals
+        await _paused(http, "s2", "cancel A2")
+        asked = await _paused(http, "s3", "refund A3")
+        inbox = (await http.get(f"{API}/pauses", headers=SUPERVISOR)).json()["pending"]
+        mine = (await http.get(f"{API}/pauses?limit=1", headers=CUSTOMER)).json()["pending"]
     assert [p["requestId"] for p in inbox] == [asked["request_id"]]
     assert [p["sessionId"] for p in mine] == ["s1"]
