@@ -52,6 +52,15 @@ EXPECT = {
         "outputCheck attempt 1: valid=True",
         "routed to billing, urgent=True: Charged twice for May",
     ],
+    "supervisor_approval.py": [
+        "customer sees: approval.requested",
+        "answered by role: supervisor",
+        "customer approves: 403 approver-required",
+        "supervisor's inbox: [('orders-ada', 'Run refund with amount=\"80\", order_id=\"A1\"')]",
+        "supervisor approves: 202",
+        "answer: Your 80 EUR refund on A1 is on its way.",
+        "approved by: [('sam', 'approve')]",
+    ],
     "two_agents.py": [
         "[general v",
         "] Hello! Ask me anything.",
