@@ -408,9 +408,14 @@ async def test_stop_while_awaiting_ends_the_turn_cancelled(db: tuple[str, str | 
     try:
         asked = (await collect_events(runtime.execute_message("s1", "email c")))[-1]
         assert isinstance(asked, ApprovalRequestedEvent)
-        assert await runtime.cancel(asked.turn_id) == "cancelled"
+        assert await runtime.cancel(asked.turn_id, principal="ops-ann") == "cancelled"
         record = await runtime.turn(asked.turn_id)
         assert (record.status, record.error_code) == ("cancelled", None)
+        rows = await runtime.audit(asked.turn_id)  # who ended the wait, and when
+        stops = [r.payloads.pause_answer for r in rows if r.payloads.pause_answer is not None]
+        assert [(s.request_id, s.decision, s.by) for s in stops] == [
+            (asked.request_id, "stopped", "ops-ann")
+        ]
         stored = [e async for e in runtime.events(asked.turn_id)]
         assert [e.type for e in stored[-2:]] == ["run.finished", "done"]
         finished, done = stored[-2:]

@@ -289,8 +289,8 @@ class InterruptedBlockPayload(BaseModel):
     """How much text the block had when the turn was stopped."""
 
 
-Decision = Literal["approve", "deny", "answer", "budget-cleared"]
-DECISIONS: tuple[Decision, ...] = ("approve", "deny", "answer", "budget-cleared")
+Decision = Literal["approve", "deny", "answer", "budget-cleared", "stopped"]
+DECISIONS: tuple[Decision, ...] = ("approve", "deny", "answer", "budget-cleared", "stopped")
 
 
 class PauseAnswerPayload(BaseModel):

@@ -176,6 +176,16 @@ async def test_an_approval_with_no_role_is_the_owners_alone(
     assert by_owner.status_code == 202, by_owner.text
 
 
+async def test_a_stop_over_http_records_who_ended_the_wait(http: httpx.AsyncClient) -> None:
+    asked = await _paused(http, "s4", "refund A1")
+    stop = await http.post(f"{API}/turns/{asked['turn_id']}/cancel", headers=CUSTOMER)
+    assert stop.json()["status"] == "cancelled"
+    audit = (await http.get(f"{API}/turns/{asked['turn_id']}/audit", headers=CUSTOMER)).json()
+    answers = [r["payloads"]["pauseAnswer"] for r in audit["rows"]
+               if r["payloads"].get("pauseAnswer")]  # fmt: skip
+    assert [(a["by"], a["decision"]) for a in answers] == [("cust", "stopped")]
+
+
 async def test_an_ag_ui_resume_by_the_customer_is_refused_for_a_supervisors_approval(
     http: httpx.AsyncClient,
 ) -> None:

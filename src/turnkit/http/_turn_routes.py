@@ -220,7 +220,7 @@ def _add_control_routes(
     @router.post("/turns/{turn_id}/cancel", response_model=CancelOut, summary="Stop a turn")
     async def cancel(turn_id: str, principal: Caller) -> CancelOut:
         record = await visible_turn(runtime, turn_id, principal)
-        status = await runtime.cancel(record.turn_id)
+        status = await runtime.cancel(record.turn_id, principal=principal)
         return CancelOut(turn_id=record.turn_id, status=status)
 
     @router.post(

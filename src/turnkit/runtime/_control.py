@@ -24,17 +24,20 @@ __all__ = ("RuntimeControl",)
 class RuntimeControl(RuntimeReads):
     """`SessionRuntime`'s Stop and resume."""
 
-    async def cancel(self, turn_id: str) -> TurnStatus:
+    async def cancel(self, turn_id: str, *, principal: Principal | str | None = None) -> TurnStatus:
         """Press Stop: end the turn `cancelled` from wherever it is driven.
 
         A turn driven in this process is cancelled at once (its model call aborted,
         `user-aborted` audited); a paused or queued turn is ended in the Store; a turn
         driven by another process is flagged and stops at that driver's next renewal.
-        Returns the turn's status after the call.
+        Returns the turn's status after the call. `principal` is who pressed it: a paused
+        turn's audit records it on each request it waited on (a `pauseAnswer` row,
+        decision `stopped`).
         """
         if self._recovery is not None:  # a turn this process took over: stop it at once
             await self._recovery[2].stop(TurnId(turn_id))
-        status = await self.host.cancel(TurnId(turn_id))
+        by = principal.id if isinstance(principal, Principal) else principal
+        status = await self.host.cancel(TurnId(turn_id), by=by)
         if status == "cancelled":  # ended in the Store, or by its driver here
             self.forget_ended(turn_id)
         return status

@@ -147,14 +147,18 @@ class TurnHost:
                 await asyncio.shield(self.end_cancelled(turn_id, stopped=True))
             raise
 
-    async def end_cancelled(self, turn_id: TurnId, *, stopped: bool) -> TurnStatus:
+    async def end_cancelled(
+        self, turn_id: TurnId, *, stopped: bool, by: str | None = None
+    ) -> TurnStatus:
         """End the turn `cancelled` in the Store (or flag its live driver), as `Store.cancel`.
 
         `stopped`: this host's drivers of the turn have stopped, so its lease on the turn
         no longer counts. Live readers wait on the buffer: they are handed the `done`.
+        `by`: who pressed Stop (the audit of a paused turn's requests records it).
         """
         store = self._store()
-        status = await store.cancel(turn_id, stopped_owner=self.owner if stopped else None)
+        owner = self.owner if stopped else None
+        status = await store.cancel(turn_id, stopped_owner=owner, by=by)
         if status in TERMINAL_STATES:
             self._deps.drop(turn_id)  # it will not resume
         if status == "cancelled":
@@ -319,7 +323,7 @@ class TurnHost:
         if lease is not None:
             self.detach(lease.turn_id, lease=lease, slot=self.slots.hold())
 
-    async def cancel(self, turn_id: TurnId) -> TurnStatus:
+    async def cancel(self, turn_id: TurnId, *, by: str | None = None) -> TurnStatus:
         """Stop (see `SessionRuntime.cancel`); it runs to its end even if its caller leaves.
 
         A turn detached here is cancelled and its task awaited. What its driver wrote
@@ -327,20 +331,22 @@ class TurnHost:
         had paused, or lost its lease) the turn is ended in the Store, where this host's own
         lease on it no longer counts.
         """
-        return await self._shield(self._cancel(turn_id))
+        return await self._shield(self._cancel(turn_id, by=by))
 
-    async def _cancel(self, turn_id: TurnId, *, again: bool = True) -> TurnStatus:
+    async def _cancel(
+        self, turn_id: TurnId, *, again: bool = True, by: str | None = None
+    ) -> TurnStatus:
         here = await self._detached.stop(turn_id) or await self._stop_streamed(turn_id)
         if here:
             record = await self._store().get_turn(turn_id)
             if record is not None and record.status in TERMINAL_STATES:
                 self._deps.drop(turn_id)
                 return record.status  # its driver wrote the ending
-        status = await self.end_cancelled(turn_id, stopped=here)
+        status = await self.end_cancelled(turn_id, stopped=here, by=by)
         if status == "running" and again and self._detached.holds(turn_id):
             # A driver here took the turn meanwhile (an approval raced the Stop): the flag
             # would only reach it at its next renewal, after its tools began. Stop it now.
-            return await self._cancel(turn_id, again=False)
+            return await self._cancel(turn_id, again=False, by=by)
         return status
 
     def keep_deps(self, turn_id: TurnId, deps: Any) -> Any:

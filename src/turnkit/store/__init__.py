@@ -305,7 +305,9 @@ class Watchdog(Protocol):
 class Canceller(Protocol):
     """Stop, from any process."""
 
-    async def cancel(self, turn_id: TurnId, *, stopped_owner: str | None = None) -> TurnStatus:
+    async def cancel(
+        self, turn_id: TurnId, *, stopped_owner: str | None = None, by: str | None = None
+    ) -> TurnStatus:
         """End a turn as `cancelled`, or ask its live driver to.
 
         A paused, queued or orphaned turn is ended here (a `done` event with status
@@ -313,7 +315,8 @@ class Canceller(Protocol):
         lease gets `cancel_requested` and `running` is returned: its driver stops at its
         next renewal. A finished turn is left as it is and its status returned.
         `stopped_owner`: that owner's drivers of the turn have stopped, so a lease it holds
-        counts as lapsed.
+        counts as lapsed. `by`: who pressed Stop; each request a paused turn waited on gets
+        a `pauseAnswer` audit row (decision `stopped`) saying so.
         """
         ...
 

@@ -31,11 +31,16 @@ __all__ = ("cancel",)
 
 
 def cancel(
-    conn: Connection, turn_id: TurnId, now: datetime, stopped_owner: str | None = None
+    conn: Connection,
+    turn_id: TurnId,
+    now: datetime,
+    stopped_owner: str | None = None,
+    by: str | None = None,
 ) -> str | None:
     """Cancel here if no live driver holds the turn, else flag it. None: no such turn.
 
     `stopped_owner`: a lease that owner holds counts as lapsed (its drivers have stopped).
+    `by`: who pressed Stop, recorded on each request the turn waited on.
     """
     row = conn.execute(
         select(
@@ -86,9 +91,9 @@ def cancel(
         )
     )
     if won.rowcount != 1:
-        return cancel(conn, turn_id, now, stopped_owner)  # it moved under us: look again
+        return cancel(conn, turn_id, now, stopped_owner, by)  # it moved under us: look again
     conn.execute(events.insert(), [event_values(turn_id, e) for e in ending])
-    close_open_pauses(conn, turn_id)
+    close_open_pauses(conn, turn_id, stopped_at=now, by=by)
     requeue_guides(conn, turn_id, _presented_through(conn, turn_id, row.input_seq), now)
     return "cancelled"
 

@@ -147,8 +147,18 @@ def _audit_answer(
     conn.execute(audit.insert().values(**audit_values(entry)))
 
 
-def close_open_pauses(conn: Connection, turn_id: TurnId) -> None:
-    """Close the turn's unanswered requests: it ended without their answers."""
+def close_open_pauses(
+    conn: Connection, turn_id: TurnId, *, stopped_at: datetime | None = None, by: str | None = None
+) -> None:
+    """Close the turn's unanswered requests: it ended without their answers.
+
+    `stopped_at`: a Stop ended it; each request gets its `pauseAnswer` row (decision
+    `stopped`, by `by`), so the audit says who ended the wait.
+    """
+    if stopped_at is not None:
+        unanswered = select(pauses).where(pauses.c.turn_id == turn_id, pauses.c.status == "open")
+        for row in conn.execute(unanswered).all():
+            _audit_answer(conn, row, {"kind": "stopped"}, stopped_at, by)
     conn.execute(
         update(pauses)
         .where(pauses.c.turn_id == turn_id, pauses.c.status == "open")

@@ -130,9 +130,12 @@ class SqlQueue(SqlEngine):
                 ended.append(TurnId(row.turn_id))
         return ended
 
-    async def cancel(self, turn_id: TurnId, *, stopped_owner: str | None = None) -> TurnStatus:
+    async def cancel(
+        self, turn_id: TurnId, *, stopped_owner: str | None = None, by: str | None = None
+    ) -> TurnStatus:
         """Cancel a turn here, or flag it for its live driver (see `Canceller`)."""
-        status = await self._tx(cancel_sql.cancel, turn_id, self._clock.now(), stopped_owner)
+        now = self._clock.now()
+        status = await self._tx(cancel_sql.cancel, turn_id, now, stopped_owner, by)
         if status is None:
             raise TurnNotFoundError(f"no turn {turn_id!r}", turn_id=turn_id)
         return cast(TurnStatus, status)
