@@ -9,8 +9,9 @@ from typing import Any
 import pytest
 
 from tests.helpers import follow_to_done
-from turnkit import Agent, Deny, RuntimeConfig, SessionRuntime, tool
-from turnkit.events import ApprovalRequestedEvent, ToolFailedEvent
+from turnkit import Agent, Deny, Principal, RuntimeConfig, SessionRuntime, tool
+from turnkit.events import ApprovalRequestedEvent, DoneEvent, ToolFailedEvent
+from turnkit.pauses import ApprovalContext
 from turnkit.testing import ModelStep, ScriptedModel, call, collect_events
 
 REFUNDS: list[tuple[str, int]] = []
@@ -170,3 +171,48 @@ async def test_always_does_not_ask_about_a_call_the_tool_refuses(tmp_path: Path)
         events = await collect_events(runtime.execute_message("s1", "refund"))
     assert not [e for e in events if isinstance(e, ApprovalRequestedEvent)]
     assert [e.code for e in events if isinstance(e, ToolFailedEvent)] == ["tool-arguments-invalid"]
+
+
+def _unless_a_supervisor_asks(name: str, args: Mapping[str, Any], ctx: ApprovalContext) -> bool:
+    SEEN.append({"caller": ctx.caller.id if ctx.caller else None, "session": ctx.session_id,
+                 "deps": ctx.deps})  # fmt: skip
+    return not (ctx.caller is not None and "supervisor" in ctx.caller.roles)
+
+
+@tool(approval=_unless_a_supervisor_asks)
+async def waive_fee(order_id: str) -> str:
+    """Waive an order's fee (a customer's request needs a supervisor's approval)."""
+    REFUNDS.append((order_id, 0))
+    return "waived"
+
+
+async def test_a_policy_may_read_who_asks_and_the_turns_deps(tmp_path: Path) -> None:
+    """As the Agents SDK's `needs_approval(ctx, ...)`: a supervisor's own request runs."""
+    model = ScriptedModel(
+        [
+            ModelStep.tool_call_reply(call("waive_fee", order_id="A1")),
+            ModelStep.text_reply("Waived."),
+            ModelStep.tool_call_reply(call("waive_fee", order_id="A2")),
+        ]
+    )
+    agent = Agent(model=model, tools=[waive_fee], skip_stages=frozenset({"anchor-plan"}))
+    config = RuntimeConfig(database_url=f"sqlite:///{tmp_path / 'context.db'}")
+    sam = Principal(id="sam", roles=frozenset({"supervisor"}))
+    async with SessionRuntime(agent=agent, config=config, deps=lambda caller: "shop-db") as runtime:
+        own = await collect_events(runtime.execute_message("s1", "waive A1", principal=sam))
+        asked = await collect_events(runtime.execute_message("s2", "waive A2", principal="ada"))
+    assert isinstance(own[-1], DoneEvent)
+    assert own[-1].status == "succeeded"
+    assert isinstance(asked[-1], ApprovalRequestedEvent)
+    assert REFUNDS == [("A1", 0)]
+    assert SEEN == [
+        {"caller": "sam", "session": "s1", "deps": "shop-db"},
+        {"caller": "ada", "session": "s2", "deps": "shop-db"},
+    ]
+
+
+def test_a_policy_of_another_shape_is_refused_where_it_is_given() -> None:
+    from turnkit.errors import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match="name, arguments"):
+        tool(approval=lambda: True)(waive_fee.fn)

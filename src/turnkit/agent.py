@@ -97,7 +97,8 @@ class Agent:
             offered. None: no bound but the turn's ceiling.
         plugins: Post-turn enrichment and other hooks, validated here and run by `order`.
         approval: When a tool call waits for a person: `never`, `always` ("Ask before each
-            action") or a function of (tool name, arguments). A tool's own `approval`
+            action") or a function of (tool name, arguments), or of (tool name,
+            arguments, `ApprovalContext`). A tool's own `approval`
             (`@tool(approval=...)`) takes precedence.
         approver_role: Who answers this agent's approvals over HTTP: None (the default)
             for the session's owner (or an admin of its organisation); a role name for

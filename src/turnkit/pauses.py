@@ -9,15 +9,18 @@ its LangGraph checkpoint, from any process, however much later.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, TypeAdapter
 
 from turnkit.errors import ConfigurationError
+from turnkit.tenancy import Principal
 
 __all__ = (
     "check_approval_policy",
@@ -25,6 +28,7 @@ __all__ = (
     "CLARIFY_TOOL",
     "RESOLUTION_ADAPTER",
     "Answer",
+    "ApprovalContext",
     "ApprovalPolicy",
     "Approve",
     "Deny",
@@ -34,8 +38,26 @@ __all__ = (
     "summarize_call",
 )
 
-ApprovalPolicy = Literal["never", "always"] | Callable[[str, Mapping[str, Any]], bool]
-"""`never`, `always` ("Ask before each action"), or a function of (tool name, arguments).
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ApprovalContext:
+    """What a three-argument approval policy reads beside the call: who asks, and where."""
+
+    caller: Principal | None
+    """Who sent the turn's message (None: anonymous)."""
+    deps: Any
+    """The turn's dependencies, as its tools get them (`ToolContext.deps`)."""
+    session_id: str
+    turn_id: str
+
+
+ApprovalPolicy = (
+    Literal["never", "always"]
+    | Callable[[str, Mapping[str, Any]], bool]
+    | Callable[[str, Mapping[str, Any], ApprovalContext], bool]
+)
+"""`never`, `always` ("Ask before each action"), or a function of (tool name, arguments),
+or of (tool name, arguments, `ApprovalContext`).
 
 A function gets the arguments as the tool would run with them: validated against its
 signature and converted (`"80"` for an `int` is `80`); a call whose arguments the tool
@@ -96,12 +118,33 @@ def check_approval_policy(policy: object, where: str) -> None:
         ConfigurationError: `"Always"`, `"alway"`, `True`: refused at construction, not
             at the first call that asks.
     """
-    if policy in ("never", "always") or (callable(policy) and not isinstance(policy, str)):
+    if policy in ("never", "always"):
+        return
+    if callable(policy) and not isinstance(policy, str) and _arity(policy) in (2, 3):
         return
     raise ConfigurationError(
         f"the approval policy {policy!r} of {where} is not 'never', 'always' or a function "
-        "(tool_name, arguments) -> bool"
+        "(name, arguments) -> bool or (name, arguments, context) -> bool"
     )
+
+
+@functools.lru_cache(maxsize=512)
+def _arity(policy: Callable[..., object]) -> int | None:
+    """How many positional arguments `policy` takes (2 or 3 are policies); None: unknown."""
+    try:
+        parameters = inspect.signature(policy).parameters.values()
+    except (TypeError, ValueError):  # a builtin without a signature: called as (name, args)
+        return 2
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    if any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in parameters):
+        return 3
+    required = [p for p in parameters if p.kind in kinds and p.default is p.empty]
+    positional = [p for p in parameters if p.kind in kinds]
+    if len(required) <= 3 <= len(positional):
+        return 3
+    if len(required) <= 2 <= len(positional):
+        return 2
+    return None
 
 
 _ROLE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}")
@@ -116,14 +159,24 @@ def check_approver_role(role: object, where: str) -> None:
         )
 
 
-def needs_approval(policy: ApprovalPolicy, tool_name: str, arguments: Mapping[str, Any]) -> bool:
-    """Whether a call needs a person's approval under `policy`."""
+def needs_approval(
+    policy: ApprovalPolicy,
+    tool_name: str,
+    arguments: Mapping[str, Any],
+    context: ApprovalContext | None = None,
+) -> bool:
+    """Whether a call needs a person's approval under `policy`.
+
+    A three-argument policy gets `context` (None outside a turn).
+    """
     if policy == "never":
         return False
     if policy == "always":
         return True
     if callable(policy):
-        return bool(policy(tool_name, arguments))
+        if _arity(policy) == 3:
+            return bool(cast(Any, policy)(tool_name, arguments, context))
+        return bool(cast(Any, policy)(tool_name, arguments))
     raise ConfigurationError(f"approval policy {policy!r} is not 'never', 'always' or a function")
 
 

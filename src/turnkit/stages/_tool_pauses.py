@@ -24,6 +24,7 @@ from turnkit.pauses import (
     CLARIFY_TOOL,
     RESOLUTION_ADAPTER,
     Answer,
+    ApprovalContext,
     Approve,
     Deny,
     PauseRequest,
@@ -191,8 +192,13 @@ def _asks(ctx: StageContext, tool: Tool, called: str, args: Mapping[str, JsonVal
     if policy in ("never", "always"):
         return policy == "always"
     validate = getattr(tool, "validate", None)
+    rec = ctx.recorder
+    context = ApprovalContext(
+        caller=ctx.caller, deps=ctx.deps, session_id=rec.session_id, turn_id=rec.turn_id
+    )
     try:
-        return needs_approval(policy, called, validate(args) if callable(validate) else args)
+        checked = validate(args) if callable(validate) else args
+        return needs_approval(policy, called, checked, context)
     except Exception as exc:  # noqa: BLE001 - an app's policy: fail closed, say so
         log.warning(
             "the approval policy of %r raised %s (%s): the call waits for a person",
