@@ -36,7 +36,14 @@ from turnkit.cli._logs import (
     notices,
     uvicorn_log_config,
 )
-from turnkit.cli._pauses import Pause, answer_turn, list_pauses, misused_answer_flag, waiting
+from turnkit.cli._pauses import (
+    PAUSES,
+    Pause,
+    answer_turn,
+    list_pauses,
+    misused_answer_flag,
+    waiting,
+)
 from turnkit.cli._settings import (
     GC_THRESHOLDS,
     ceiling,
@@ -61,12 +68,7 @@ from turnkit.errors import (
     StoreUnavailableError,
     TurnkitError,
 )
-from turnkit.events import (
-    ApprovalRequestedEvent,
-    BudgetPausedEvent,
-    ClarificationRequestedEvent,
-    DoneEvent,
-)
+from turnkit.events import DoneEvent
 from turnkit.ids import TurnId, uuid7
 from turnkit.models import ModelClient, ModelSettings
 from turnkit.models.litellm import ModelEndpoint
@@ -119,9 +121,7 @@ async def _run(args: argparse.Namespace, out: TextIO) -> int:
                 printer.show(event)
                 if isinstance(event, DoneEvent):
                     status = event.status
-                elif isinstance(
-                    event, ApprovalRequestedEvent | ClarificationRequestedEvent | BudgetPausedEvent
-                ):
+                elif isinstance(event, PAUSES):
                     paused = event
         if paused is not None and status == "failed":  # the stream ended at the pause
             out.write(waiting(paused))

@@ -34,12 +34,12 @@ from turnkit.runtime import SessionRuntime
 from turnkit.store import TurnRecord
 from turnkit.store.sql import SqlStore
 
-__all__ = ("Pause", "answer_turn", "list_pauses", "misused_answer_flag", "waiting")
+__all__ = ("PAUSES", "Pause", "answer_turn", "list_pauses", "misused_answer_flag", "waiting")
 
 Pause = ApprovalRequestedEvent | ClarificationRequestedEvent | BudgetPausedEvent
 """An event a turn stops at until someone (or a budget) answers."""
 
-_PAUSES = (ApprovalRequestedEvent, ClarificationRequestedEvent, BudgetPausedEvent)
+PAUSES = (ApprovalRequestedEvent, ClarificationRequestedEvent, BudgetPausedEvent)
 
 
 def waiting(event: Pause) -> str:
@@ -175,7 +175,7 @@ async def _follow(runtime: SessionRuntime, record: TurnRecord, out: TextIO) -> s
             printer.show(event)
             if isinstance(event, DoneEvent):
                 return event.status
-            if isinstance(event, _PAUSES):
+            if isinstance(event, PAUSES):
                 out.write(waiting(event))
                 return "paused"
     return "failed"  # the stream ended with no ending: the runtime is closing
