@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from tests.helpers import follow_to_done
-from turnkit import Agent, Deny, Principal, RuntimeConfig, SessionRuntime, tool
+from turnkit import Agent, Approve, Deny, Principal, RuntimeConfig, SessionRuntime, tool
 from turnkit.events import ApprovalRequestedEvent, DoneEvent, ToolFailedEvent
 from turnkit.pauses import ApprovalContext
 from turnkit.testing import ModelStep, ScriptedModel, call, collect_events
@@ -216,3 +216,120 @@ def test_a_policy_of_another_shape_is_refused_where_it_is_given() -> None:
 
     with pytest.raises(ConfigurationError, match="name, arguments"):
         tool(approval=lambda: True)(waive_fee.fn)
+
+
+RAN: list[str] = []
+
+
+def _only_for_workers(name: str, args: Mapping[str, Any], ctx: ApprovalContext) -> bool:
+    return ctx.deps == "worker-deps"  # asks only where the deps say so
+
+
+@tool(approval=_only_for_workers)
+async def archive(order_id: str) -> str:
+    """Archive an order."""
+    RAN.append(f"archive {order_id}")
+    return "archived"
+
+
+@tool(approval="always")
+async def delete_order(order_id: str) -> str:
+    """Delete an order (a person approves)."""
+    RAN.append(f"delete {order_id}")
+    return "deleted"
+
+
+async def test_a_call_that_did_not_ask_does_not_take_a_later_calls_answer(
+    tmp_path: Path,
+) -> None:
+    """LangGraph hands answers to a node's interrupts in order: a call before the pause
+    whose policy would ask on resume (other deps) must not take the answer meant for the
+    call that asked, nor leave that one waiting on a request answered already."""
+    RAN.clear()
+    model = ScriptedModel(
+        [
+            ModelStep.tool_call_reply(
+                call("archive", order_id="A1", tool_call_id="c1"),
+                call("delete_order", order_id="A2", tool_call_id="c2"),
+            ),
+            ModelStep.text_reply("Archived A1, deleted A2."),
+        ]
+    )
+    agent = Agent(
+        model=model, tools=[archive, delete_order], skip_stages=frozenset({"anchor-plan"})
+    )
+    config = RuntimeConfig(database_url=f"sqlite:///{tmp_path / 'order.db'}")
+    async with SessionRuntime(agent=agent, config=config, deps=lambda caller: "api-deps") as rt:
+        asked = (await collect_events(rt.execute_message("s1", "tidy up")))[-1]
+        assert isinstance(asked, ApprovalRequestedEvent)
+        assert asked.tool_name == "delete_order"
+        await rt.resume(asked.turn_id, asked.request_id, Approve(), deps="worker-deps")
+        rest = await follow_to_done(rt, asked.turn_id, asked.seq)
+        status = (await rt.turn(asked.turn_id)).status
+    assert status == "succeeded"
+    assert sorted(RAN) == ["archive A1", "delete A2"]
+    assert not [e for e in rest if isinstance(e, ApprovalRequestedEvent)]
+
+
+@tool(approval="always")
+async def pay_v2(order_id: str) -> str:
+    """Pay through the new processor (a person approves)."""
+    RAN.append(f"v2 {order_id}")
+    return "paid by v2"
+
+
+async def test_a_member_of_a_nested_tool_class_is_asked_about(tmp_path: Path) -> None:
+    from turnkit.tools import ToolClass
+
+    async def pay_v1(order_id: str) -> str:
+        """Pay through the old processor (it is down)."""
+        raise RuntimeError("down")
+
+    inner = ToolClass("pay_new", [pay_v2])
+    outer = tool(fallbacks=[inner])(pay_v1)
+    RAN.clear()
+    model = ScriptedModel([ModelStep.tool_call_reply(call("pay_v1", order_id="A1"))])
+    agent = Agent(model=model, tools=[outer], skip_stages=frozenset({"anchor-plan"}))
+    config = RuntimeConfig(database_url=f"sqlite:///{tmp_path / 'nested.db'}")
+    async with SessionRuntime(agent=agent, config=config) as runtime:
+        events = await collect_events(runtime.execute_message("s1", "pay A1"))
+    assert isinstance(events[-1], ApprovalRequestedEvent)
+    assert RAN == []
+
+
+def test_policies_of_every_shape_python_allows_are_taken_or_refused_clearly() -> None:
+    from dataclasses import dataclass
+
+    from turnkit.errors import ConfigurationError
+    from turnkit.tools import ToolClass
+
+    @dataclass
+    class Over:  # a dataclass instance is unhashable: taken all the same
+        limit: int
+
+        def __call__(self, name: str, args: Mapping[str, Any]) -> bool:
+            return bool(args["amount"] > self.limit)
+
+    def with_default(name: str, args: Mapping[str, Any], limit: int = 100) -> bool:
+        return bool(args["amount"] > limit)  # two arguments: the default stays
+
+    def needs_keyword(name: str, args: Mapping[str, Any], *, ctx: Any) -> bool:
+        return True
+
+    for policy in (Over(50), with_default):
+        tool(approval=policy)(refund.fn)
+    with pytest.raises(ConfigurationError, match="name, arguments"):
+        tool(approval=needs_keyword)(refund.fn)
+
+    @tool(approval="always", approver_role="clerk")
+    async def by_hand(order_id: str) -> str:
+        """Refund by hand."""
+        return "done"
+
+    @tool(approval="always", approver_role="finance")
+    async def by_wire(order_id: str) -> str:
+        """Refund by wire."""
+        return "done"
+
+    with pytest.raises(ConfigurationError, match="different approver roles"):
+        ToolClass("refund_any", [by_hand, by_wire])

@@ -101,9 +101,9 @@ class Agent:
             arguments, `ApprovalContext`). A tool's own `approval`
             (`@tool(approval=...)`) takes precedence.
         approver_role: Who answers this agent's approvals over HTTP: None (the default)
-            for the session's owner (or an admin of its organisation); a role name for
-            a principal holding that role (or `admin`) in the session's organisation, and
-            not the owner unless they hold it. A tool's own `approver_role` wins.
+            for the session's owner; a role name for a principal holding that role (or
+            `admin`) in the turn's organisation, and not the owner unless they hold it.
+            A tool's own `approver_role` wins.
         clarifications: Offer the model the built-in `ask_user` tool, which pauses the
             turn until the person answers its question.
         planning: Plan by tier (none, a task list, or spec → plan → task list) and offer

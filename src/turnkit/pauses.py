@@ -9,7 +9,6 @@ its LangGraph checkpoint, from any process, however much later.
 
 from __future__ import annotations
 
-import functools
 import inspect
 import json
 import re
@@ -128,21 +127,31 @@ def check_approval_policy(policy: object, where: str) -> None:
     )
 
 
-@functools.lru_cache(maxsize=512)
 def _arity(policy: Callable[..., object]) -> int | None:
-    """How many positional arguments `policy` takes (2 or 3 are policies); None: unknown."""
+    """How many arguments a policy function is called with: 2, 3, or None (not a policy).
+
+    Three when its third positional parameter has no default or is annotated
+    `ApprovalContext`; two when it takes (name, arguments) — also through `*args`, as every
+    policy was called before the context existed. A required keyword-only parameter
+    could never be given: not a policy.
+    """
     try:
-        parameters = inspect.signature(policy).parameters.values()
+        parameters = list(inspect.signature(policy).parameters.values())
     except (TypeError, ValueError):  # a builtin without a signature: called as (name, args)
         return 2
     kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    if any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in parameters):
-        return 3
-    required = [p for p in parameters if p.kind in kinds and p.default is p.empty]
     positional = [p for p in parameters if p.kind in kinds]
-    if len(required) <= 3 <= len(positional):
+    if any(p.kind is p.KEYWORD_ONLY and p.default is p.empty for p in parameters):
+        return None
+    if sum(p.default is p.empty for p in positional) > 3:
+        return None
+    if len(positional) >= 3 and (
+        positional[2].default is positional[2].empty
+        or "ApprovalContext" in str(positional[2].annotation)
+    ):
         return 3
-    if len(required) <= 2 <= len(positional):
+    takes_two = len(positional) >= 2 or any(p.kind is p.VAR_POSITIONAL for p in parameters)
+    if takes_two and sum(p.default is p.empty for p in positional) <= 2:
         return 2
     return None
 

@@ -5,6 +5,7 @@ A principal is its id within its organisation: one id in two organisations is tw
 Who may answer a paused turn's request: `turnkit.runtime.answerers`.
 """
 
+from datetime import datetime
 from typing import Annotated
 
 from fastapi import Path
@@ -98,6 +99,8 @@ async def answerable_turn(
 
 _PAGE = 200
 """Paused turns `answerable_pauses` reads at a time."""
+_PAGES = 50
+"""Pages it reads at most: the 10,000 oldest paused turns of the caller's organisation."""
 
 
 async def answerable_pauses(
@@ -106,16 +109,17 @@ async def answerable_pauses(
     """The open approvals and questions `principal` may answer, oldest first, at most `limit`.
 
     Its own sessions' and, with a role, the approvals its role (or `admin`) answers in its
-    organisation. Paused turns are read a page at a time and judged by their saved
-    request first, so only those the caller may answer have their log read.
+    organisation. Paused turns are read a page at a time (among the oldest
+    `_PAGE * _PAGES`) and judged by their saved request first, so only those the caller
+    may answer have their log read.
     """
     organisation = principal.organisation if principal is not None else None
     found: list[PendingOut] = []
     sessions: dict[SessionId, SessionRecord | None] = {}
-    offset = 0
-    while len(found) < limit:
+    after: tuple[datetime, str] | None = None
+    for _ in range(_PAGES):
         paused = await runtime.store.open_pauses(
-            organisation=organisation, limit=_PAGE, offset=offset
+            organisation=organisation, limit=_PAGE, after=after
         )
         for record, request in paused:
             if request.kind == "budget" or len(found) == limit:
@@ -129,9 +133,9 @@ async def answerable_pauses(
             if decision is not None:
                 out = PendingOut.model_validate(decision)
                 found.append(out.model_copy(update={"session_id": record.session_id}))
-        if len(paused) < _PAGE:
+        if len(paused) < _PAGE or len(found) == limit:
             break
-        offset += _PAGE
+        after = (paused[-1][0].created_at, paused[-1][0].turn_id)
     return found
 
 

@@ -90,9 +90,12 @@ async def dispatch_tools(
     # Approvals and questions come first, in call order: nothing runs until all are settled.
     settled: dict[str, Settled] = {}
     edited: dict[str, dict[str, JsonValue]] = {}  # approved with the person's arguments
-    for part, tool, args, problem, _ in plans:
+    asked = [pause_key(rec.turn_id, plan[0].tool_call_id) in rec.journal.keys for plan in plans]
+    last_asked = max((at for at, was in enumerate(asked) if was), default=-1)
+    for at, (part, tool, args, problem, _) in enumerate(plans):
         if problem is None and part.tool_call_id not in rec.journal.results:
-            outcome = settle_pause(ctx, part, tool, args)
+            decided = asked[at] if at <= last_asked else None  # as in the run that paused
+            outcome = settle_pause(ctx, part, tool, args, asked=decided)
             if isinstance(outcome, Edited):
                 edited[part.tool_call_id] = outcome.arguments
             elif outcome is not None:

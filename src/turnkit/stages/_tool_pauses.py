@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -74,14 +74,21 @@ def is_clarify(ctx: StageContext, part: ToolCallPart) -> bool:
 
 
 def settle_pause(
-    ctx: StageContext, part: ToolCallPart, tool: Tool | None, args: Mapping[str, JsonValue]
+    ctx: StageContext,
+    part: ToolCallPart,
+    tool: Tool | None,
+    args: Mapping[str, JsonValue],
+    *,
+    asked: bool | None = None,
 ) -> Settled | Edited | None:
     """Pause for a question or an approval if this call needs one; the settled outcome.
 
     Returns None when the call should simply run, `Edited` when it runs with the
     arguments the approving person gave. Pausing raises out of the node (the LangGraph
     interrupt); on resume the same code runs again and the interrupt returns the
-    person's answer.
+    person's answer. `asked`: whether the call asked in an earlier run of this batch
+    (None: it was not reached then, so its policy decides now). LangGraph hands answers
+    to the node's interrupts in order, so a call decided before must decide the same.
     """
     rec = ctx.recorder
     call_id = ToolCallId(part.tool_call_id)
@@ -104,11 +111,10 @@ def settle_pause(
         return (None, "tool-failed", {"answer": resolution.text})
     if tool is None:
         return None
-    asks = _approval(ctx, tool, part.name, args)
-    if asks is None and pause_key(rec.turn_id, part.tool_call_id) in rec.journal.keys:
-        # Asked before this run (the node runs again on resume): the person's answer
-        # stands, whatever the policy would say now (a flaky one, a service back up).
-        asks = _Asks(_role(ctx, tool.tools if isinstance(tool, ToolClass) else (tool,)))
+    if asked is None:
+        asks = _approval(ctx, tool, part.name, args)
+    else:  # decided in an earlier run: the person's answer (or its absence) stands,
+        asks = _Asks(_role(ctx, tool)) if asked else None  # whatever the policy says now
     if asks is None:
         return None
     summary = summarize_call(part.name, args)
@@ -152,26 +158,32 @@ def _approval(
 
     Every policy is asked about the name the model called, with the arguments the tool
     would run with (validated and converted: `"80"` is `80`); a policy that raises asks.
-    A call the tool refuses never runs, so it needs no approval. A `ToolClass` asks when
-    any member would: its first member failing must not open a way past a later
-    member's policy; arguments its first member refuses run nowhere (the cascade does
-    not retry them), and a later member that refuses them is passed over. Its approval
-    needs the role of any asking member that names one: whoever approves must be
-    allowed to approve the member that may end up running.
+    A call the tool refuses never runs, so it needs no approval. A `ToolClass` (nested
+    ones too) asks when any member would: its first member failing must not open a way
+    past a later member's policy; arguments its first member refuses run nowhere (the
+    cascade does not retry them), and a later member that refuses them is passed over.
     """
-    members = tool.tools if isinstance(tool, ToolClass) else (tool,)
+    members = _members(tool)
     if _refuses(members[0], args):
         return None
-    asked = [m for m in members if not _refuses(m, args) and _asks(ctx, m, called, args)]
-    if not asked:
+    if not any(not _refuses(m, args) and _asks(ctx, m, called, args) for m in members):
         return None
-    return _Asks(_role(ctx, asked))
+    return _Asks(_role(ctx, tool))
 
 
-def _role(ctx: StageContext, members: Sequence[Tool]) -> str | None:
-    """The first role any of `members` (else the agent) names for its approvals."""
-    roles = (getattr(m, "approver_role", None) or ctx.agent.approver_role for m in members)
-    return next((role for role in roles if role is not None), None)
+def _members(tool: Tool) -> tuple[Tool, ...]:
+    """The tools a call may end up running, in the order they are tried."""
+    return tool.leaves() if isinstance(tool, ToolClass) else (tool,)
+
+
+def _role(ctx: StageContext, tool: Tool) -> str | None:
+    """Who answers the call's approval: the role its tool names, else the agent's.
+
+    A tool class's members name one role at most (checked when it is made): whoever
+    approves may approve the member that ends up running.
+    """
+    named = (getattr(member, "approver_role", None) for member in _members(tool))
+    return next((role for role in named if role is not None), ctx.agent.approver_role)
 
 
 def _refuses(tool: Tool, args: Mapping[str, JsonValue]) -> bool:

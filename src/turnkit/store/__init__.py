@@ -361,12 +361,12 @@ class PauseBook(Protocol):
         *,
         organisation: str | None = None,
         limit: int = 100,
-        offset: int = 0,
+        after: tuple[datetime, str] | None = None,
     ) -> list[tuple[TurnRecord, PauseRequest]]:
         """Paused turns, oldest first, each with the request it waits on.
 
         Approvals, questions and budgets; of one session, one organisation when given; at
-        most `limit`, after the first `offset`.
+        most `limit`; with `after` (a turn's `created_at` and id), the turns after it.
         """
         ...
 

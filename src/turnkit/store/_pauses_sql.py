@@ -8,7 +8,7 @@ from datetime import datetime
 from typing import Any, cast
 
 from pydantic import JsonValue
-from sqlalchemy import Connection, func, select, update
+from sqlalchemy import Connection, func, select, tuple_, update
 
 from turnkit.audit import (
     DECISIONS,
@@ -185,12 +185,16 @@ def budget_pauses(
 
 
 def open_pauses(
-    conn: Connection, session_id: str | None, organisation: str | None, limit: int, offset: int
+    conn: Connection,
+    session_id: str | None,
+    organisation: str | None,
+    limit: int,
+    after: tuple[datetime, str] | None,
 ) -> list[tuple[TurnRecord, PauseRequest]]:
     """Paused turns (of one session, one organisation when given), with their requests."""
     kinds = ("approval", "clarification", "budget")
     return _paused(
-        conn, kinds, organisation=organisation, session_id=session_id, limit=limit, offset=offset
+        conn, kinds, organisation=organisation, session_id=session_id, limit=limit, after=after
     )
 
 
@@ -201,7 +205,7 @@ def _paused(
     organisation: str | None = None,
     session_id: str | None = None,
     limit: int | None = None,
-    offset: int = 0,
+    after: tuple[datetime, str] | None = None,
 ) -> list[tuple[TurnRecord, PauseRequest]]:
     query = (
         select(
@@ -216,10 +220,11 @@ def _paused(
             pauses.c.kind.in_(kinds),
             pauses.c.status == "open",
         )
-        .order_by(turns.c.created_at, turns.c.turn_id, pauses.c.created_at)
+        .order_by(turns.c.created_at, turns.c.turn_id, pauses.c.request_id)
         .limit(limit)
-        .offset(offset)
     )
+    if after is not None:  # keyset: a page is not shifted by turns answered meanwhile
+        query = query.where(tuple_(turns.c.created_at, turns.c.turn_id) > tuple_(*after))
     if organisation is not None:
         query = query.where(turns.c.organisation == organisation)
     if session_id is not None:

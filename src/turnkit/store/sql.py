@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator, Sequence
+from datetime import datetime
 
 from pydantic import JsonValue
 
@@ -187,11 +188,11 @@ class SqlStore(SqlQueue, SqlSessions, SqlBudgets):
         *,
         organisation: str | None = None,
         limit: int = 100,
-        offset: int = 0,
+        after: tuple[datetime, str] | None = None,
     ) -> list[tuple[TurnRecord, PauseRequest]]:
         """Paused turns, oldest first, with their open requests (see `Store`)."""
         return await self._tx(
-            pauses_sql.open_pauses, session_id, organisation, limit, offset, write=False
+            pauses_sql.open_pauses, session_id, organisation, limit, after, write=False
         )
 
     async def pending_answer(self, turn_id: TurnId) -> dict[str, JsonValue] | None:

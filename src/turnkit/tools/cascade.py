@@ -35,6 +35,20 @@ class ToolClass:
             raise ConfigurationError(f"tool class {name!r} needs at least one tool")
         self._name = name
         self.tools: tuple[Tool, ...] = tuple(tools)
+        roles = {role for t in self.leaves() if (role := getattr(t, "approver_role", None))}
+        if len(roles) > 1:  # one approval covers whichever member runs: one role decides it
+            raise ConfigurationError(
+                f"the members of tool class {name!r} name different approver roles "
+                f"({', '.join(sorted(roles))}): one approval covers whichever member runs"
+            )
+
+    def leaves(self) -> tuple[Tool, ...]:
+        """Its members in the order they are tried, a nested class's members in its place."""
+        return tuple(
+            leaf
+            for member in self.tools
+            for leaf in (member.leaves() if isinstance(member, ToolClass) else (member,))
+        )
 
     @property
     def name(self) -> str:
