@@ -16,7 +16,7 @@ from turnkit.runtime.deps import NO_DEPS
 from turnkit.states import TurnStatus
 from turnkit.store import Submission, TurnRecord
 from turnkit.tenancy import Principal
-from turnkit.tools import ToolArgumentsError, ToolClass
+from turnkit.tools import ToolArgumentsError, validated_arguments
 
 __all__ = ("RuntimeControl",)
 
@@ -124,13 +124,11 @@ class RuntimeControl(RuntimeReads):
             agent = await self.runner().pinned_agent(record)
         except AgentNotFoundError:
             return
-        found = agent.registry().get(decision.tool_name)
-        tool = found.tools[0] if isinstance(found, ToolClass) else found  # as it pivots
-        validate = getattr(tool, "validate", None)
-        if not callable(validate):
+        tool = agent.registry().get(decision.tool_name)
+        if tool is None:
             return
         try:
-            validate(arguments)
+            validated_arguments(tool, arguments)
         except ToolArgumentsError as exc:
             raise InvalidInputError(
                 f"the changed arguments do not fit {decision.tool_name!r}: {exc.reason}; "

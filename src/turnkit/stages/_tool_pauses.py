@@ -11,7 +11,7 @@ import json
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import JsonValue
 
@@ -25,6 +25,7 @@ from turnkit.pauses import (
     RESOLUTION_ADAPTER,
     Answer,
     ApprovalContext,
+    ApprovalPolicy,
     Approve,
     Deny,
     PauseRequest,
@@ -33,7 +34,7 @@ from turnkit.pauses import (
     summarize_call,
 )
 from turnkit.stages._types import StageContext, TranscriptMessage
-from turnkit.tools import Tool, ToolArgumentsError, ToolClass
+from turnkit.tools import Tool, ToolArgumentsError, ToolClass, validated_arguments
 
 __all__ = ("Edited", "Settled", "is_clarify", "pause_key", "settle_pause", "with_arguments_run")
 
@@ -164,11 +165,19 @@ def _approval(
     cascade does not retry them), and a later member that refuses them is passed over.
     """
     members = _members(tool)
-    if _refuses(members[0], args):
+    policies = [getattr(m, "approval", None) or ctx.agent.approval for m in members]
+    if all(policy == "never" for policy in policies):
+        return None  # most calls: no arguments checked here, the tool checks them
+    first = _checked(members[0], args)
+    if first is None:
         return None
-    if not any(not _refuses(m, args) and _asks(ctx, m, called, args) for m in members):
-        return None
-    return _Asks(_role(ctx, tool))
+    for at, (member, policy) in enumerate(zip(members, policies, strict=True)):
+        if policy == "never":
+            continue
+        checked = first if at == 0 else _checked(member, args)
+        if checked is not None and _asks(ctx, policy, called, checked):
+            return _Asks(_role(ctx, tool))
+    return None
 
 
 def _members(tool: Tool) -> tuple[Tool, ...]:
@@ -186,30 +195,25 @@ def _role(ctx: StageContext, tool: Tool) -> str | None:
     return next((role for role in named if role is not None), ctx.agent.approver_role)
 
 
-def _refuses(tool: Tool, args: Mapping[str, JsonValue]) -> bool:
-    """Whether `tool` refuses these arguments (a tool that checks none takes them)."""
-    validate = getattr(tool, "validate", None)
-    if not callable(validate):
-        return False
+def _checked(tool: Tool, args: Mapping[str, JsonValue]) -> Mapping[str, Any] | None:
+    """The arguments as `tool` would run with them; None when it refuses them."""
     try:
-        validate(args)
+        return validated_arguments(tool, args)
     except ToolArgumentsError:
-        return True
-    return False
+        return None
 
 
-def _asks(ctx: StageContext, tool: Tool, called: str, args: Mapping[str, JsonValue]) -> bool:
-    """Whether `tool`'s policy (else the agent's) asks about a call it takes."""
-    policy = getattr(tool, "approval", None) or ctx.agent.approval
+def _asks(
+    ctx: StageContext, policy: ApprovalPolicy, called: str, checked: Mapping[str, Any]
+) -> bool:
+    """Whether `policy` asks about a call with the `checked` arguments (raising: it asks)."""
     if policy in ("never", "always"):
         return policy == "always"
-    validate = getattr(tool, "validate", None)
     rec = ctx.recorder
     context = ApprovalContext(
         caller=ctx.caller, deps=ctx.deps, session_id=rec.session_id, turn_id=rec.turn_id
     )
     try:
-        checked = validate(args) if callable(validate) else args
         return needs_approval(policy, called, checked, context)
     except Exception as exc:  # noqa: BLE001 - an app's policy: fail closed, say so
         log.warning(

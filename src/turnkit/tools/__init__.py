@@ -15,7 +15,7 @@ from turnkit.tools._context import ToolContext
 from turnkit.tools._errors import ToolArgumentsError
 from turnkit.tools._function import NOT_APPLIED, FunctionTool, tool
 from turnkit.tools._protocol import Tool
-from turnkit.tools.cascade import ToolClass
+from turnkit.tools.cascade import ToolClass, validated_arguments
 
 __all__ = (
     "NOT_APPLIED",
@@ -27,6 +27,7 @@ __all__ = (
     "ToolContext",
     "ToolRegistry",
     "tool",
+    "validated_arguments",
 )
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pydantic import JsonValue
 
@@ -16,7 +16,7 @@ from turnkit.tools._errors import ToolArgumentsError
 if TYPE_CHECKING:
     from turnkit.tools._protocol import Tool
 
-__all__ = ("ToolClass",)
+__all__ = ("ToolClass", "validated_arguments")
 
 
 class ToolClass:
@@ -99,3 +99,17 @@ class ToolClass:
 
     def __repr__(self) -> str:
         return f"ToolClass({self._name!r}, {[t.name for t in self.tools]!r})"
+
+
+def validated_arguments(tool: Tool, arguments: Mapping[str, JsonValue]) -> Mapping[str, Any]:
+    """The arguments as `tool` would run with them: validated and converted (`"80"` → 80).
+
+    A `ToolClass`'s first member decides, as its cascade does (arguments it refuses are
+    not retried); a tool that checks none takes them as they are.
+
+    Raises:
+        ToolArgumentsError: the tool refuses them.
+    """
+    first = tool.leaves()[0] if isinstance(tool, ToolClass) else tool
+    validate = getattr(first, "validate", None)
+    return validate(arguments) if callable(validate) else arguments
