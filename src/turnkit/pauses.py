@@ -14,7 +14,7 @@ import json
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal, cast
+from typing import Annotated, Any, Final, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, TypeAdapter
 
@@ -22,6 +22,7 @@ from turnkit.errors import ConfigurationError
 from turnkit.tenancy import Principal
 
 __all__ = (
+    "ANSWERS",
     "check_approval_policy",
     "check_approver_role",
     "CLARIFY_TOOL",
@@ -95,6 +96,12 @@ class Answer(BaseModel):
     kind: Literal["answer"] = "answer"
     text: str = Field(min_length=1, max_length=20_000)
 
+
+ANSWERS: Final[Mapping[str, tuple[str, ...]]] = {
+    "approval": ("approve", "deny"),
+    "clarification": ("answer",),
+}
+"""The answers (`Resolution.kind`) each kind of request a person answers takes."""
 
 Resolution = Annotated[Approve | Deny | Answer, Field(discriminator="kind")]
 RESOLUTION_ADAPTER: TypeAdapter[Resolution] = TypeAdapter(Resolution)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import TextIO
 
@@ -40,6 +40,7 @@ from turnkit.store.sql import SqlStore, shown_url
 
 __all__ = (
     "Printer",
+    "call_line",
     "existing_database",
     "existing_store",
     "list_sessions",
@@ -48,6 +49,11 @@ __all__ = (
     "stuck_turns",
     "usd",
 )
+
+
+def call_line(tool_name: str, arguments: Mapping[str, object]) -> str:
+    """A tool call as the commands print it: `delete_file(path='/tmp/x.txt')`."""
+    return f"{tool_name}({', '.join(f'{k}={v!r}' for k, v in arguments.items())})"
 
 
 class Printer:
@@ -86,15 +92,14 @@ class Printer:
                 elif self.from_log:  # no deltas in a stored log: the whole text
                     self._line(block.text)
             case ToolStartedEvent(block=block):
-                args = ", ".join(f"{k}={v!r}" for k, v in block.arguments.items())
-                self._line(f"  ⚙ {block.tool_name}({args})")
+                self._line(f"  ⚙ {call_line(block.tool_name, block.arguments)}")
             case ToolCompletedEvent(result=result, duration_ms=ms):
                 self._line(f"    → {result.output!r}  ({ms:.1f} ms)")
             case ToolFailedEvent(result=result, code=code):
                 self._line(f"    ✗ {code}: {result.error}")
             case ApprovalRequestedEvent(tool_name=name, arguments=arguments):
-                args = ", ".join(f"{k}={v!r}" for k, v in arguments.items())
-                self._line(f"  ⏸ waits for approval: {name}({args}) · request {event.request_id}")
+                asked = call_line(name, arguments)
+                self._line(f"  ⏸ waits for approval: {asked} · request {event.request_id}")
             case ClarificationRequestedEvent(question=question, choices=choices):
                 offered = f" [{' / '.join(choices)}]" if choices else ""
                 self._line(f"  ? asks: {question}{offered} · request {event.request_id}")

@@ -16,7 +16,7 @@ from typing import TextIO
 from pydantic import JsonValue
 
 from turnkit.agent import load_agent
-from turnkit.cli._inspect import Printer, existing_store
+from turnkit.cli._inspect import Printer, call_line, existing_store
 from turnkit.config import RuntimeConfig, env_plugins
 from turnkit.demo import demo_agent
 from turnkit.errors import InvalidInputError, PauseAnsweredError, TurnNotFoundError
@@ -29,7 +29,7 @@ from turnkit.events import (
 from turnkit.ids import SessionId, TurnId
 from turnkit.models import ModelClient
 from turnkit.models.litellm import ModelEndpoint
-from turnkit.pauses import Answer, Approve, Deny, PauseRequest, Resolution
+from turnkit.pauses import ANSWERS, Answer, Approve, Deny, PauseRequest, Resolution
 from turnkit.runtime import SessionRuntime
 from turnkit.store import TurnRecord
 from turnkit.store.sql import SqlStore
@@ -74,8 +74,7 @@ async def list_pauses(
         return 0
     now = datetime.now(UTC)
     for record, request in found:
-        changed = record.updated_at
-        since = _ago(now - (changed if changed.tzinfo else changed.replace(tzinfo=UTC)))
+        since = _ago(now - record.updated_at)
         out.write(
             f"{record.turn_id}  {record.status}  session {record.session_id}  "
             f"agent {record.agent}  since {since}\n"
@@ -90,8 +89,7 @@ def _describe(request: PauseRequest) -> str:
     payload = request.payload
     if request.kind == "approval":
         raw = payload.get("arguments")
-        arguments = raw.items() if isinstance(raw, dict) else ()
-        call = f"{payload.get('tool_name')}({', '.join(f'{k}={v!r}' for k, v in arguments)})"
+        call = call_line(str(payload.get("tool_name")), raw if isinstance(raw, dict) else {})
         role = payload.get("approver_role")
         by = f" (the {role} role answers over HTTP)" if role else ""
         return f"approve or deny{by}: {call} · request {request.request_id}"
@@ -197,8 +195,8 @@ async def _open_request(store: SqlStore, record: TurnRecord, resolution: Resolut
     for turn, request in await store.open_pauses(record.session_id):
         if turn.turn_id != record.turn_id:
             continue
-        asked = request.kind == "clarification"
-        if resolution.kind not in (("answer",) if asked else ("approve", "deny")):
+        if resolution.kind not in ANSWERS[request.kind]:
+            asked = request.kind == "clarification"
             what, how = ("a question", "--reply TEXT") if asked else ("an approval", "--approve")
             raise InvalidInputError(
                 f"turn {record.turn_id} waits on {what}: answer it with {how}",

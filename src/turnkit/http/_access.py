@@ -16,7 +16,7 @@ from turnkit.ids import SESSION_ID_PATTERN, SessionId, TurnId
 from turnkit.pauses import PauseRequest
 from turnkit.projection import PendingDecision
 from turnkit.runtime import SessionRuntime
-from turnkit.runtime.answerers import check_answerer, may_answer
+from turnkit.runtime.answerers import approver_required, may_answer
 from turnkit.store import SessionRecord, TurnRecord
 from turnkit.tenancy import Principal as TenantPrincipal
 
@@ -91,9 +91,11 @@ async def answerable_turn(
         except SessionNotFoundError as exc:
             raise TurnNotFoundError(f"no turn {turn_id!r}", turn_id=turn_id) from exc
         return record
-    if may_answer(decision, record, session, principal) is None:
+    allowed = may_answer(decision, record, session, principal)
+    if allowed is None:
         raise TurnNotFoundError(f"no turn {turn_id!r}", turn_id=turn_id)
-    check_answerer(decision, record, session, principal)
+    if not allowed:
+        raise approver_required(decision)
     return record
 
 
@@ -122,7 +124,9 @@ async def answerable_pauses(
             organisation=organisation, limit=_PAGE, after=after
         )
         for record, request in paused:
-            if request.kind == "budget" or len(found) == limit:
+            if len(found) == limit:
+                break
+            if request.kind == "budget":
                 continue
             if record.session_id not in sessions:
                 sessions[record.session_id] = await runtime.store.get_session(record.session_id)

@@ -10,10 +10,10 @@ from pydantic import JsonValue
 from turnkit import otel
 from turnkit.errors import AgentNotFoundError, InvalidInputError
 from turnkit.ids import TurnId
-from turnkit.pauses import Answer, Approve, Deny, Resolution
+from turnkit.pauses import ANSWERS, Answer, Approve, Deny, Resolution
 from turnkit.runtime._reads import RuntimeReads
 from turnkit.runtime.deps import NO_DEPS
-from turnkit.states import TurnStatus
+from turnkit.states import TurnStatus, awaiting
 from turnkit.store import Submission, TurnRecord
 from turnkit.tenancy import Principal
 from turnkit.tools import ToolArgumentsError, validated_arguments
@@ -83,8 +83,9 @@ class RuntimeControl(RuntimeReads):
                 "resolution is turnkit.Approve(), Deny(note=...) or Answer(text=...), "
                 f"not {resolution!r}"
             )
-        expected = {"awaiting_approval": ("approve", "deny"), "awaiting_input": ("answer",)}
-        allowed = expected.get(record.status)
+        allowed = next(
+            (kinds for pause, kinds in ANSWERS.items() if awaiting(pause) == record.status), None
+        )
         if allowed is not None and resolution.kind not in allowed:
             raise InvalidInputError(
                 f"turn {turn_id!r} is {record.status}: answer it with {' or '.join(allowed)}, "

@@ -14,7 +14,7 @@ from turnkit.projection import PendingDecision
 from turnkit.store import SessionRecord, TurnRecord
 from turnkit.tenancy import ADMIN_ROLE, DEFAULT_ORGANISATION, Principal
 
-__all__ = ("check_answerer", "may_answer", "turn_organisation")
+__all__ = ("approver_required", "check_answerer", "may_answer", "turn_organisation")
 
 
 def turn_organisation(record: TurnRecord) -> str:
@@ -55,8 +55,13 @@ def check_answerer(
     For a caller who may not even see the turn, check `may_answer` first (a 404 hides it).
     """
     if may_answer(decision, record, session, principal) is False:
-        raise ApproverRequiredError(
-            f"this approval is answered by a principal with the role "
-            f"{decision.approver_role!r} (or admin) in the turn's organisation",
-            role=decision.approver_role,
-        )
+        raise approver_required(decision)
+
+
+def approver_required(decision: PendingDecision) -> ApproverRequiredError:
+    """The refusal of an answer to `decision` by a caller without its role."""
+    return ApproverRequiredError(
+        f"this approval is answered by a principal with the role "
+        f"{decision.approver_role!r} (or admin) in the turn's organisation",
+        role=decision.approver_role,
+    )
