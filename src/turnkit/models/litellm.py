@@ -193,6 +193,8 @@ class LiteLLMClient:
                 f"`timeout` must be a finite number of seconds above 0, not {timeout!r}"
             )
         self._bare_model, self._provider = _resolve(model, api_base)
+        self._native_schema: bool | None = None
+        """Whether litellm knows the model takes a JSON schema natively (None: not asked)."""
         self._model = model
         self._api_base = api_base
         self._api_key = api_key
@@ -413,14 +415,16 @@ class LiteLLMClient:
         """
         if not request.tools or request.tool_choice == "none" or self._provider == "openai":
             return True
-        try:
-            return bool(
-                litellm.supports_response_schema(
-                    model=self._bare_model, custom_llm_provider=self._provider
+        if self._native_schema is None:  # the model's, asked of litellm's table once
+            try:
+                self._native_schema = bool(
+                    litellm.supports_response_schema(
+                        model=self._bare_model, custom_llm_provider=self._provider
+                    )
                 )
-            )
-        except Exception:  # noqa: BLE001 - a model litellm does not know: assume it cannot
-            return False
+            except Exception:  # noqa: BLE001 - a model litellm does not know: it cannot
+                self._native_schema = False
+        return self._native_schema
 
     def _reasoning_kwargs(self, litellm: ModuleType, request: ModelRequest) -> dict[str, object]:
         """`thinking` (exact budget) or `reasoning_effort`, only for reasoning models.
