@@ -70,6 +70,7 @@ def test_an_approval_is_listed_answered_with_changed_arguments_and_the_turn_fini
                       "--database-url", url)  # fmt: skip
     assert code == 0, text
     assert text.startswith("answered req_")
+    assert "  ↳ approved as delete_file(path='/tmp/y.txt')" in text
     assert "    → 'deleted /tmp/y.txt'" in text  # the person's arguments ran
     assert "Deleted it." in text
     resumed = openai_server.requests[-1]["messages"]
@@ -111,6 +112,7 @@ def test_a_denial_and_a_second_pause_end_the_command_at_the_next_question(
     code, text = _cli("answer", turn_id, "--deny", "--note", "not that one", "--agent",
                       APPROVING, *_model(openai_server, key), "--database-url", url)  # fmt: skip
     assert code == 1, text
+    assert "  ↳ denied: not that one" in text
     assert "✗ tool-denied" in text
     assert "not that one" in json.dumps(openai_server.requests[-1]["messages"])
     assert "⏸ waits for approval: delete_file(path='/tmp/x.txt')" in text

@@ -25,6 +25,7 @@ from turnkit import (
     tool,
 )
 from turnkit.events import (
+    ApprovalAnsweredEvent,
     ApprovalRequestedEvent,
     ClarificationRequestedEvent,
     DoneEvent,
@@ -195,7 +196,10 @@ async def test_an_approval_may_change_the_arguments_the_call_runs_with(tmp_path:
         await collect_events(second.execute_message("s1", "Did it go out?"))
         history = await second.history("s1")
         rows = await second.audit(asked.turn_id)
+    [answered] = [e for e in rest if isinstance(e, ApprovalAnsweredEvent)]
+    assert (answered.decision, answered.arguments) == ("approve", {"to": "ada@example.com"})
     [completed] = [e for e in rest if isinstance(e, ToolCompletedEvent)]
+    assert completed.seq > answered.seq
     assert completed.result.output == "sent to ada@example.com"
     assert completed.result.arguments == {"to": "ada@example.com"}
     assert len(RUNS) == 1
@@ -313,6 +317,50 @@ async def test_a_call_beside_an_approval_is_not_in_doubt_when_the_batch_resumes(
     [noted] = [e for e in rest if isinstance(e, ToolCompletedEvent)][-1:]
     assert noted.result.output == "noted sent"
     assert rest[-1].type == "done"
+
+
+async def test_each_answer_is_on_the_stream_once_though_the_batch_replays_it(
+    tmp_path: Path,
+) -> None:
+    """Two calls ask in one batch: answering the first replays its answer when the second's
+    comes in; the stream says how each was answered, once, in answer order."""
+    model = ScriptedModel(
+        [
+            ModelStep.tool_call_reply(
+                call("send_email", to="a@example.com"), call("send_email", to="b@example.com")
+            ),
+            ModelStep.text_reply("One sent, one not."),
+        ]
+    )
+    async with _runtime(tmp_path / "two.db", model) as runtime:
+        events = await collect_events(runtime.execute_message("s1", "email a and b"))
+        first = events[-1]
+        assert isinstance(first, ApprovalRequestedEvent)
+        await runtime.resume(first.turn_id, first.request_id, Approve(note="fine"))
+        second = None
+        for _ in range(200):  # the node runs again: a's answer, then b's question
+            logged = [e async for e in runtime.events(first.turn_id, after_seq=first.seq)]
+            asked = [e for e in logged if isinstance(e, ApprovalRequestedEvent)]
+            if asked:
+                second = asked[0]
+                break
+            await asyncio.sleep(0.05)
+        assert second is not None
+        assert second.arguments == {"to": "b@example.com"}
+        fixed = Deny(note="not b")
+        await runtime.resume(second.turn_id, second.request_id, fixed)
+        rest = await follow_to_done(runtime, first.turn_id, first.seq)
+        view = await runtime.turn_view(first.turn_id)
+    answered = [e for e in rest if isinstance(e, ApprovalAnsweredEvent)]
+    assert [(e.request_id, e.decision, e.note) for e in answered] == [
+        (first.request_id, "approve", "fine"),
+        (second.request_id, "deny", "not b"),
+    ]
+    assert all(e.arguments is None for e in answered)  # nobody changed them
+    seqs = [e.seq for e in events if hasattr(e, "seq")] + [e.seq for e in rest]
+    assert seqs == list(range(1, len(seqs) + 1))
+    assert [(d.answer, d.note) for d in view.decisions] == [("approve", "fine"), ("deny", "not b")]
+    assert len(RUNS) == 1  # a ran once; b never
 
 
 async def test_a_paused_turn_s_view_shows_its_card_by_id_or_by_record(tmp_path: Path) -> None:

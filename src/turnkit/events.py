@@ -35,6 +35,7 @@ from turnkit.states import TerminalStatus
 __all__ = (
     "STREAM_EVENT_ADAPTER",
     "DurableStreamEvent",
+    "ApprovalAnsweredEvent",
     "ApprovalRequestedEvent",
     "BudgetPausedEvent",
     "CheckpointCreatedEvent",
@@ -348,6 +349,25 @@ class ApprovalRequestedEvent(DurableEvent):
     a reader of an earlier version still reads the event."""
 
 
+class ApprovalAnsweredEvent(DurableEvent):
+    """A person answered an approval; the turn goes on with the call or its refusal.
+
+    Who answered is in the audit (`pauseAnswer`), not on the stream.
+    """
+
+    type: Literal["approval.answered"] = "approval.answered"
+    request_id: str
+    tool_call_id: ToolCallId
+    tool_name: str
+    decision: Literal["approve", "deny"]
+    note: str | None = Field(default=None, exclude_if=lambda note: note is None)
+    """What the person wrote with the answer (a denial's reaches the model)."""
+    arguments: dict[str, JsonValue] | None = Field(
+        default=None, exclude_if=lambda arguments: arguments is None
+    )
+    """The arguments the person approved instead of the model's (all of them)."""
+
+
 class ClarificationRequestedEvent(DurableEvent):
     """The model asked the person a question; the turn is `awaiting_input`."""
 
@@ -594,6 +614,7 @@ StreamEvent = Annotated[
     | MessageCitationsEvent
     | MessageEntitiesEvent
     | ApprovalRequestedEvent
+    | ApprovalAnsweredEvent
     | BudgetPausedEvent
     | ClarificationRequestedEvent
     | GuardrailEvent
@@ -631,6 +652,7 @@ DurableStreamEvent = (
     | MessageCitationsEvent
     | MessageEntitiesEvent
     | ApprovalRequestedEvent
+    | ApprovalAnsweredEvent
     | BudgetPausedEvent
     | ClarificationRequestedEvent
     | GuardrailEvent

@@ -33,6 +33,7 @@ _BY_FIELD = {
     "job.completed": "job_id",
     "turn.recovering": "attempt",
     "tool.in_doubt": "tool_call_id",
+    "approval.answered": "request_id",
 }
 """Events that occur once per value of one field."""
 _ONCE = frozenset({"turn.started", "usage", "checkpoint.created", "run.finished", "error", "done"})

@@ -25,6 +25,7 @@ from pydantic import JsonValue
 
 from turnkit.blocks import Block, TextBlock, UserBlock
 from turnkit.events import (
+    ApprovalAnsweredEvent,
     ApprovalRequestedEvent,
     Citation,
     ClarificationRequestedEvent,
@@ -77,6 +78,11 @@ class PendingDecision:
     choices: tuple[str, ...] = ()
     approver_role: str | None = None
     """The role that answers an approval over HTTP (None: the session's owner)."""
+    answer: Literal["approve", "deny"] | None = None
+    """How a person answered the approval (`approval.answered`); None while it is open,
+    for a question, and in turns stored before the event existed."""
+    note: str | None = None
+    """What the person wrote with that answer."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -259,6 +265,12 @@ def _apply(fold: _Fold, event: DurableEvent) -> None:  # noqa: C901 - one arm pe
             view = replace(view, entities=(*view.entities, *entities))
         case ApprovalRequestedEvent() | ClarificationRequestedEvent():
             view = _asks(view, decision_of(event))
+        case ApprovalAnsweredEvent(request_id=request_id, decision=decision, note=note):
+            answered = (
+                replace(d, answer=decision, note=note) if d.request_id == request_id else d
+                for d in view.decisions
+            )
+            view = replace(view, decisions=tuple(answered))
         case ErrorEvent(code=code, message=message):
             view = replace(view, error_code=code, error_message=message)
         case RunFinishedEvent():

@@ -306,9 +306,12 @@ def test_an_approval_card_survives_a_reload_and_finishes_the_turn(
         expect(page.locator("#message")).to_be_focused()  # not lost with the clicked button
         expect(page.locator(".block.tool")).to_have_attribute("data-status", "succeeded")
         expect(page.locator(".block.tool .status")).to_have_text("succeeded:")  # not just ✓
+        expect(page.locator(".block.tool .detail")).to_have_text("approved")
         expect(page.locator(".block.text.answer .text")).to_have_text("Sent 5 EUR to Bob.")
         expect(page.locator("article.turn")).to_have_attribute("data-status", "succeeded")
         expect(page.locator("#announce")).to_have_text("The answer is complete.")
+        page.reload()  # the same from the turn's log
+        expect(page.locator(".block.tool .detail")).to_have_text("approved")
     model.assert_complete()
 
 

@@ -365,13 +365,16 @@ async def test_approval_pauses_as_an_interrupt_and_resume_continues_the_same_tur
         assert resumed.headers["x-turn-id"] == first.headers["x-turn-id"]
         rest = parse(resumed.text)
         check_run(rest)
-        assert types(rest)[:4] == ["RUN_STARTED", "STEP_STARTED", "TOOL_CALL_RESULT",
+        assert types(rest)[:5] == ["RUN_STARTED", "STEP_STARTED",
+                                   "CUSTOM:turnkit.approval.answered", "TOOL_CALL_RESULT",
                                    "STEP_FINISHED"]  # fmt: skip
         assert rest[0].event["runId"] == "r2"
         assert rest[1].event["stepName"] == "tool-loop"  # the step the pause left open
-        assert rest[2].event["toolCallId"] == interrupt["toolCallId"]
-        assert rest[2].event["content"] == "sent 5 EUR to Bob"
+        answered = rest[2].event["value"]
+        assert (answered["request_id"], answered["decision"]) == (interrupt["id"], "approve")
         assert int(rest[2].id or 0) == asked["seq"] + 1  # the same turn, the next seq
+        assert rest[3].event["toolCallId"] == interrupt["toolCallId"]
+        assert rest[3].event["content"] == "sent 5 EUR to Bob"
         assert rest[-1].event["outcome"] == {"type": "success"}
         assert "TOOL_CALL_START" not in types(rest)
 

@@ -596,8 +596,15 @@ async def test_an_approval_round_trip_continues_the_same_turn(
             more = chunks_of(second.text)
             assert more[0]["messageId"] == turn_id
             outcome = "tool-output-available" if approved else "tool-output-denied"
-            assert types(more)[:3] == ["start", outcome, "start-step"]
-            assert more[1]["toolCallId"] == "c1"
+            assert types(more)[:4] == [
+                "start", "data-turnkit-approval.answered", outcome, "start-step"
+            ]  # fmt: skip
+            decision = "approve" if approved else "deny"
+            assert (more[1]["data"]["tool_call_id"], more[1]["data"]["decision"]) == (
+                "c1",
+                decision,
+            )
+            assert more[2]["toolCallId"] == "c1"
             assert more[-2]["finishReason"] == "stop"
             answer = "".join(c["delta"] for c in more if c["type"] == "text-delta")
             assert answer == ("Deleted." if approved else "I left it.")
@@ -633,7 +640,8 @@ async def test_an_approved_call_a_plugin_then_denies_is_an_error_part(tmp_path: 
             second = await http.post(API, json=body)
             assert second.status_code == 200, second.text
             more = chunks_of(second.text)
-    assert more[1] == {
+    assert more[1]["type"] == "data-turnkit-approval.answered"  # the person approved ...
+    assert more[2] == {  # ... and the plugin refused it
         "type": "tool-output-error",
         "toolCallId": "c1",
         "errorText": "denied by no-deletes: deletions are frozen today. Do not retry it as is",

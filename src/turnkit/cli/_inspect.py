@@ -14,6 +14,7 @@ from typing import TextIO
 
 from turnkit.errors import SessionNotFoundError, StoreError, TurnNotFoundError
 from turnkit.events import (
+    ApprovalAnsweredEvent,
     ApprovalRequestedEvent,
     BudgetPausedEvent,
     ClarificationRequestedEvent,
@@ -100,6 +101,11 @@ class Printer:
             case ApprovalRequestedEvent(tool_name=name, arguments=arguments):
                 asked = call_line(name, arguments)
                 self._line(f"  ⏸ waits for approval: {asked} · request {event.request_id}")
+            case ApprovalAnsweredEvent(decision=decision, note=note, arguments=changed):
+                how = "approved" if decision == "approve" else "denied"
+                if changed is not None:
+                    how += f" as {call_line(event.tool_name, changed)}"
+                self._line(f"  ↳ {how}" + (f": {note}" if note else ""))
             case ClarificationRequestedEvent(question=question, choices=choices):
                 offered = f" [{' / '.join(choices)}]" if choices else ""
                 self._line(f"  ? asks: {question}{offered} · request {event.request_id}")

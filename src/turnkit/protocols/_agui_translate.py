@@ -17,6 +17,7 @@ from typing import Final, assert_never, cast
 from pydantic import JsonValue
 
 from turnkit.events import (
+    ApprovalAnsweredEvent,
     ApprovalRequestedEvent,
     BudgetPausedEvent,
     CheckpointCreatedEvent,
@@ -305,7 +306,7 @@ class Translator:
                 | CompactionCompletedEvent() | UsageEvent() | CheckpointCreatedEvent()
                 | HeartbeatEvent() | ToolInDoubtEvent() | TasksUpdatedEvent()
                 | RunFinishedEvent() | ErrorEvent() | PluginEmittedEvent() | PluginSignalEvent()
-                | SessionRenamedEvent() | BudgetPausedEvent()
+                | SessionRenamedEvent() | BudgetPausedEvent() | ApprovalAnsweredEvent()
             ):  # fmt: skip
                 # A budget pause keeps the run open: the turn goes on by itself once the
                 # limit is raised (nothing for the client to answer).

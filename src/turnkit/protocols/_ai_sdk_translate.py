@@ -14,6 +14,7 @@ from typing import Final, Literal, assert_never
 from pydantic import JsonValue
 
 from turnkit.events import (
+    ApprovalAnsweredEvent,
     ApprovalRequestedEvent,
     BudgetPausedEvent,
     CheckpointCreatedEvent,
@@ -201,6 +202,7 @@ class UIMessageStreamTranslator:
                 | CheckpointCreatedEvent() | ToolInDoubtEvent()
                 | PluginEmittedEvent() | SessionRenamedEvent()
                 | BudgetPausedEvent()  # the stream stays open: the turn resumes by itself
+                | ApprovalAnsweredEvent()  # a denial is also `tool-output-denied`
             ):  # fmt: skip
                 return [self._data(event)]
             case _:

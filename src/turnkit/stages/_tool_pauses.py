@@ -17,7 +17,11 @@ from pydantic import JsonValue
 
 from turnkit.context.transcript import TranscriptToolCall
 from turnkit.errors import ErrorCode
-from turnkit.events import ApprovalRequestedEvent, ClarificationRequestedEvent
+from turnkit.events import (
+    ApprovalAnsweredEvent,
+    ApprovalRequestedEvent,
+    ClarificationRequestedEvent,
+)
 from turnkit.ids import ToolCallId, derive_id
 from turnkit.models import ToolCallPart
 from turnkit.pauses import (
@@ -137,6 +141,17 @@ def settle_pause(
     if asks.role is not None:
         payload["approver_role"] = asks.role
     resolution = _wait(ctx, request_id, "approval", part, payload)
+    if isinstance(resolution, Approve | Deny):
+        rec.durable(
+            ApprovalAnsweredEvent,
+            "tool-loop",
+            request_id=request_id,
+            tool_call_id=call_id,
+            tool_name=part.name,
+            decision=resolution.kind,
+            note=resolution.note,
+            arguments=resolution.arguments if isinstance(resolution, Approve) else None,
+        )
     if isinstance(resolution, Deny):
         note = f": {resolution.note}" if resolution.note else ""
         return (f"the person denied this call{note}. Do not retry it as is", "tool-denied", None)

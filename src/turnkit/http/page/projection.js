@@ -286,6 +286,12 @@ const FOLDERS = {
       error: forPeople(e.result.error ?? null),
       code: e.code,
     })),
+  "approval.answered": (turn, e) =>
+    upsertTool(turn, e.tool_call_id, (b) => ({
+      ...b,
+      approval: { decision: e.decision, note: e.note ?? null, changed: e.arguments != null },
+      status: b.status === "awaiting_approval" ? (e.decision === "approve" ? "running" : "denied") : b.status,
+    })),
   "tool.in_doubt": (turn, e) =>
     upsertTool(turn, e.tool_call_id, (b) => ({ ...b, inDoubt: e.resolution })),
   "job.dispatched": (turn, e) =>

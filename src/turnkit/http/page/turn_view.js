@@ -144,6 +144,14 @@ const TOOL_STATES = {
   not_finished: "not finished:",
 };
 
+/** How a person answered the call's approval (a denial's note is in the call's error). */
+function approvalOf(block) {
+  const approval = block.approval;
+  if (!approval || approval.decision !== "approve") return null;
+  const how = approval.changed ? "approved with changed arguments" : "approved";
+  return approval.note ? `${how}: ${approval.note}` : how;
+}
+
 function drawTool(node, block) {
   node.dataset.status = block.status;
   setText(node.querySelector(".icon"), TOOL_ICONS[block.status] ?? "");
@@ -153,7 +161,8 @@ function drawTool(node, block) {
   setText(node.querySelector(".duration"), toolDuration(block));
   const ended = block.status === "failed" || block.status === "denied";
   const detail = ended ? block.error ?? block.code : block.argumentsError;
-  setText(node.querySelector(".detail"), [detail, block.inDoubt && `in doubt: ${block.inDoubt}`].filter(Boolean).join(" · "));
+  const notes = [detail, approvalOf(block), block.inDoubt && `in doubt: ${block.inDoubt}`];
+  setText(node.querySelector(".detail"), notes.filter(Boolean).join(" · "));
   const job = node.querySelector(".job");
   job.hidden = !block.job;
   if (block.job) {
