@@ -6,16 +6,26 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
 import httpx
 import pytest
-from fastapi import Header
+from fastapi import FastAPI, Header
 from httpx_sse import aconnect_sse
 from tests.support.server import serve
 
-from turnkit import Agent, Organisation, Principal, RuntimeConfig, SessionRuntime, tool
+from turnkit import (
+    Agent,
+    Organisation,
+    Principal,
+    RuntimeConfig,
+    SessionRuntime,
+    ToolContext,
+    tool,
+)
+from turnkit.http import create_turnkit_router, install_problem_handlers
 from turnkit.quickstart import create_app
 from turnkit.testing import ModelStep, ScriptedModel, call
 
@@ -255,3 +265,70 @@ async def test_the_inbox_finds_what_the_caller_answers_behind_what_it_does_not(
         mine = (await http.get(f"{API}/pauses?limit=1", headers=CUSTOMER)).json()["pending"]
     assert [p["requestId"] for p in inbox] == [asked["request_id"]]
     assert [p["sessionId"] for p in mine] == ["s1"]
+
+
+@dataclass(frozen=True)
+class Wallet:
+    """An app's deps: whose account a refund is paid from, and who built them."""
+
+    account: str
+    built_by: str
+
+
+PAID_FROM: list[Wallet] = []
+
+
+@tool(approval=over_fifty, approver_role="supervisor")
+async def refund_from_wallet(order_id: str, amount: int, ctx: ToolContext[Wallet]) -> str:
+    """Refund part of an order from the caller's wallet (a supervisor approves more than 50)."""
+    PAID_FROM.append(ctx.deps)
+    return f"refunded {amount} on {order_id} from {ctx.deps.account}"
+
+
+async def _request_wallet(x_user: Annotated[str, Header()]) -> Wallet:
+    return Wallet(account=f"wallet-of-{x_user}", built_by="request")
+
+
+async def test_a_supervisors_answer_runs_the_tool_with_the_customers_deps(
+    tmp_path: Path,
+) -> None:
+    """The approving request's deps are the supervisor's: the refund must not be paid from
+    their wallet."""
+    PAID_FROM.clear()
+    model = ScriptedModel([
+        ModelStep.tool_call_reply(call("refund_from_wallet", order_id="A1", amount=80)),
+        ModelStep.text_reply("Refunded."),
+        ModelStep.tool_call_reply(call("refund_from_wallet", order_id="A2", amount=10)),
+        ModelStep.text_reply("Refunded too."),
+    ])  # fmt: skip
+    runtime = SessionRuntime(
+        agent=Agent(model=model, tools=[refund_from_wallet]),
+        tenancy=[Organisation(name="acme")],
+        config=RuntimeConfig(database_url=f"sqlite:///{tmp_path / 'wallets.db'}"),
+        deps=lambda scope: Wallet(account=f"wallet-of-{scope.principal}", built_by="factory"),
+    )
+    app = FastAPI(lifespan=lambda _: _opened(runtime))
+    app.include_router(create_turnkit_router(runtime, auth=_caller, deps=_request_wallet))
+    install_problem_handlers(app)
+    with serve(app) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+            asked = await _paused(http, "s1", "refund A1")
+            url_, body = _answer(asked)
+            assert (await http.post(url_, json=body, headers=SUPERVISOR)).status_code == 202
+            rest = await http.get(f"{API}/turns/{asked['turn_id']}/stream", headers=CUSTOMER)
+            assert [e["type"] for e in await _events(rest)][-1] == "done"
+            small = await http.post(  # no approval: the customer's own request runs it
+                f"{API}/sessions/s1/execute", json={"content": "refund A2"}, headers=CUSTOMER
+            )
+            assert small.status_code == 200
+    # The customer's own request's deps, kept in the process for the turn they started
+    # (another process builds theirs with the factory, as a worker does); never the
+    # supervisor's.
+    assert [Wallet(account="wallet-of-cust", built_by="request")] * 2 == PAID_FROM
+    model.assert_complete()
+
+
+@contextlib.asynccontextmanager
+async def _opened(runtime: SessionRuntime) -> AsyncIterator[None]:
+    async with runtime:
+        yield

@@ -38,6 +38,7 @@ from turnkit.http.sse import frames_to_sse, shutdown_farewell
 from turnkit.ids import SessionId, TurnId
 from turnkit.pauses import Answer, Approve, Deny, Resolution
 from turnkit.runtime import SessionRuntime
+from turnkit.runtime.answerers import answer_deps
 from turnkit.runtime.reader import check_cursor, parse_cursor, set_once_sent
 from turnkit.store import Submission
 
@@ -196,9 +197,8 @@ async def _settle_pause(
     request_deps: Any,
 ) -> ResumeOut:
     record = await answerable_turn(runtime, turn_id, request_id, principal)
-    await runtime.resume(
-        record.turn_id, request_id, resolution, deps=request_deps, principal=principal
-    )
+    deps = answer_deps(record, principal, request_deps)
+    await runtime.resume(record.turn_id, request_id, resolution, deps=deps, principal=principal)
     status = (await runtime.turn(record.turn_id)).status
     return ResumeOut(turn_id=record.turn_id, request_id=request_id, status=status)
 

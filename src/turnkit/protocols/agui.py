@@ -58,7 +58,7 @@ from turnkit.protocols._agui_wire import (
 )
 from turnkit.protocols._caller import Caller, caller_of, sees
 from turnkit.runtime import SessionRuntime
-from turnkit.runtime.answerers import check_answerer
+from turnkit.runtime.answerers import answer_deps, check_answerer
 from turnkit.runtime.reader import TurnReader, check_cursor, parse_cursor, set_once_sent
 from turnkit.states import TurnStatus
 from turnkit.store import SessionRecord, TurnRecord
@@ -243,6 +243,8 @@ async def _resume(
     after = request.seq if cursor is None else cursor
     check_cursor(record, after)
     try:
+        if "deps" in extra:
+            extra = {**extra, "deps": answer_deps(record, extra["principal"], extra["deps"])}
         await runtime.resume(record.turn_id, request.request_id, resolution, **extra)
     except PauseAnsweredError:
         if cursor is None:  # a reconnect finds it answered already; anything else is a 409

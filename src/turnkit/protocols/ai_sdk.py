@@ -44,7 +44,7 @@ from turnkit.protocols._ai_sdk_translate import UIMessageStreamTranslator
 from turnkit.protocols._ai_sdk_wire import ChatRequest, UIMessage, pending_answer, user_content
 from turnkit.protocols._caller import Caller, caller_of, sees
 from turnkit.runtime import SessionRuntime
-from turnkit.runtime.answerers import check_answerer
+from turnkit.runtime.answerers import answer_deps, check_answerer
 from turnkit.runtime.deps import NO_DEPS
 from turnkit.runtime.reader import set_once_sent
 from turnkit.states import TERMINAL_STATES
@@ -278,9 +278,8 @@ async def _answer(
         request_id, resolution = pending_answer(record, pause, message)
     except ValidationError as exc:  # an empty answer, a reason past 4,000 characters
         raise InvalidInputError(f"the answer does not fit: {exc.errors()[0]['msg']}") from exc
-    await runtime.resume(
-        record.turn_id, request_id, resolution, deps=request_deps, principal=principal
-    )
+    deps = answer_deps(record, principal, request_deps)
+    await runtime.resume(record.turn_id, request_id, resolution, deps=deps, principal=principal)
     # Calls whose approval was asked in this or an earlier stream and not granted: their
     # parts carry it. A granted call a plugin then denies is an error part (the SDK's
     # denied part needs a denied approval).

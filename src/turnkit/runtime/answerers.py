@@ -9,17 +9,45 @@ helpers) decide who calls it.
 
 from __future__ import annotations
 
+from typing import Any
+
 from turnkit.errors import ApproverRequiredError
 from turnkit.projection import PendingDecision
+from turnkit.runtime.deps import NO_DEPS
 from turnkit.store import SessionRecord, TurnRecord
 from turnkit.tenancy import ADMIN_ROLE, DEFAULT_ORGANISATION, Principal
 
-__all__ = ("approver_required", "check_answerer", "may_answer", "turn_organisation")
+__all__ = (
+    "approver_required",
+    "answer_deps",
+    "check_answerer",
+    "may_answer",
+    "sent_by",
+    "turn_organisation",
+)
 
 
 def turn_organisation(record: TurnRecord) -> str:
     """The organisation the turn's message was admitted in (its sender's)."""
     return str(record.pinned.get("organisation") or DEFAULT_ORGANISATION)
+
+
+def sent_by(record: TurnRecord, principal: Principal | None) -> bool:
+    """Whether `principal` sent the turn's message (the same id in the same organisation)."""
+    sender = record.pinned.get("principal")
+    if principal is None:
+        return sender is None
+    return sender == principal.id and turn_organisation(record) == principal.organisation
+
+
+def answer_deps(record: TurnRecord, principal: Principal | None, request_deps: Any) -> Any:
+    """The deps a turn resumed by `principal`'s answer runs with.
+
+    The request's deps are its caller's: a supervisor's must not become the tools' of a
+    customer's turn. Only the message's sender brings theirs; anyone else's answer leaves
+    the runtime's factory to build the sender's (`NO_DEPS`), as a worker would.
+    """
+    return request_deps if sent_by(record, principal) else NO_DEPS
 
 
 def may_answer(
