@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+
 from tests.conftest import RuntimeFactory
 from tests.helpers import durable
 
 from turnkit import Agent, ModelFamily, ProviderError, tool
 from turnkit.events import DoneEvent, ErrorEvent, ProviderCascadeEvent, ToolCompletedEvent
+from turnkit.models import Finish, ModelChunk, ModelRequest, TextDelta, Usage
 from turnkit.testing import ModelStep, ScriptedModel, call, collect_events
 
 
@@ -130,3 +133,78 @@ async def test_tool_cascade_pivots_to_the_next_in_class_tool(
     assert (pivots[0].from_tool, pivots[0].to_tool) == ("search", "mirror_search")
     assert "primary index is down" in pivots[0].reason
     assert model.calls[0].tools[0].name == "search"  # the model sees one tool
+
+
+class _Unfinished:
+    """A hand-written client whose stream stops without its `Finish` (a mistake, or a cut)."""
+
+    model, provider = "half", "mine"
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
+        yield TextDelta("half an ans")
+
+
+async def test_a_stream_without_its_finish_is_a_failed_rung_the_next_one_answers(
+    runtime_factory: RuntimeFactory,
+) -> None:
+    """It is cut off: its rung fails (audited, retriable) and the family walks on."""
+    second = ScriptedModel([ModelStep.text_reply("A whole answer.")], name="whole")
+    runtime = runtime_factory(Agent(model=ModelFamily("fam", [_Unfinished(), second])))
+    events = await collect_events(runtime.execute_message("s1", "hello"))
+    assert isinstance(events[-1], DoneEvent)
+    assert events[-1].status == "succeeded"
+    [step] = [e for e in events if isinstance(e, ProviderCascadeEvent)]
+    assert (step.from_model, step.to_model) == ("half", "whole")
+    assert (await runtime.history("s1"))[0].answer == "A whole answer."
+    rows = await runtime.audit(events[0].turn_id)
+    [failed] = [r for r in rows if r.payloads.fallback_step is not None]
+    assert failed.call is not None
+    assert (failed.call.model, failed.call.outcome) == ("half", "error")
+
+
+async def test_a_lone_stream_without_its_finish_fails_the_turn_with_its_row(
+    runtime_factory: RuntimeFactory,
+) -> None:
+    runtime = runtime_factory(Agent(model=_Unfinished()))
+    events = await collect_events(runtime.execute_message("s1", "hello"))
+    [error] = [e for e in events if isinstance(e, ErrorEvent)]
+    assert "without a Finish chunk" in error.message
+    rows = await runtime.audit(events[0].turn_id)
+    calls = [r.call for r in rows if r.call is not None and r.call.model == "half"]
+    assert [c.outcome for c in calls] == ["error"]  # one row per model call, however it ended
+
+
+class _OpenAIStyle:
+    """A hand-written client that passes OpenAI's finish reason through as it is."""
+
+    model, provider = "ported", "mine"
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
+        yield TextDelta("A long answer that got cu")
+        yield Finish("length", Usage(output_tokens=4096))  # type: ignore[arg-type]
+
+
+async def test_a_stop_reason_turnkit_does_not_know_never_passes_for_a_whole_answer(
+    runtime_factory: RuntimeFactory,
+) -> None:
+    runtime = runtime_factory(Agent(model=_OpenAIStyle()))
+    events = await collect_events(runtime.execute_message("s1", "hello"))
+    assert isinstance(events[-1], DoneEvent)
+    assert events[-1].status == "failed"
+    [error] = [e for e in events if isinstance(e, ErrorEvent)]
+    assert "'length' is 'max_tokens'" in error.message
+    assert (await runtime.history("s1"))[0].answer is None  # the cut text is no answer
+
+
+async def test_a_whole_number_retry_after_is_the_familys_wait_too(
+    runtime_factory: RuntimeFactory,
+) -> None:
+    rungs = [
+        ScriptedModel([ModelStep.fail(ProviderError("busy", status_code=429, retry_after_s=3))]),
+        ScriptedModel([ModelStep.fail(ProviderError("busy", status_code=429, retry_after_s=5))]),
+    ]
+    runtime = runtime_factory(Agent(model=ModelFamily("fam", rungs)))
+    events = await collect_events(runtime.execute_message("s1", "hello"))
+    [error] = [e for e in events if isinstance(e, ErrorEvent)]
+    assert error.code == "family-exhausted"
+    assert (error.details or {}).get("retry_after_s") == 3.0  # the first rung back

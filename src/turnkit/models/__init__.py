@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Final, Literal, Protocol, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
@@ -31,6 +31,7 @@ __all__ = (
     "ModelSettings",
     "RungFailed",
     "RungStarted",
+    "STOP_REASONS",
     "StopReason",
     "TextDelta",
     "ThinkingDelta",
@@ -45,6 +46,9 @@ ALLOW_NETWORK = True
 """Tests set this to False so that no model client can reach a real provider by accident."""
 
 StopReason = Literal["end_turn", "tool_use", "max_tokens", "error"]
+STOP_REASONS: Final[tuple[StopReason, ...]] = get_args(StopReason)
+"""Why a call ended: its answer is complete, it calls tools, it hit the output limit, or
+the provider ended it with an error."""
 Role = Literal["system", "user", "assistant", "tool"]
 Content = str | tuple[ContentPart, ...]
 """A message's content: plain text, or parts (text and pictures)."""
@@ -180,10 +184,22 @@ class ToolCallDelta:
 
 @dataclass(frozen=True, slots=True)
 class Finish:
-    """The call ended; `usage` is the call's total."""
+    """The call ended; `usage` is the call's total.
+
+    `stop_reason` is one of `STOP_REASONS`: any other is refused here (`ValueError`), so a
+    hand-written client's OpenAI-style `"length"` cannot pass for a complete answer.
+    """
 
     stop_reason: StopReason
     usage: Usage = field(default_factory=Usage)
+
+    def __post_init__(self) -> None:
+        if self.stop_reason not in STOP_REASONS:
+            raise ValueError(
+                f"Finish.stop_reason is one of {', '.join(STOP_REASONS)}, not "
+                f"{self.stop_reason!r} (OpenAI's 'stop' is 'end_turn', 'length' is "
+                "'max_tokens', 'tool_calls' is 'tool_use')"
+            )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -13,6 +13,7 @@ from turnkit.errors import (
     TurnkitError,
 )
 from turnkit.models import (
+    Finish,
     ModelChunk,
     ModelClient,
     ModelRequest,
@@ -133,7 +134,9 @@ class ModelFamily:
                 async with closing_stream(rung.stream(request)) as chunks:
                     async for chunk in chunks:
                         yield chunk
-                return
+                        if isinstance(chunk, Finish):
+                            return
+                raise _unfinished(rung.model)
             except Exception as exc:
                 nxt = index + 1 if index + 1 < len(self.rungs) else None
                 if not (self.is_retriable(exc) or self._falls_back(exc, nxt)):
@@ -162,10 +165,19 @@ class ModelFamily:
         )
 
 
+def _unfinished(model: str) -> ProviderError:
+    """A client's stream that ended without its `Finish`: cut off, as a dropped connection."""
+    return ProviderError(
+        f"model {model!r} ended its stream without a Finish chunk (cut off); a ModelClient "
+        "ends every stream it completes with Finish(stop_reason, usage)",
+        is_retriable=True,
+    )
+
+
 def _shortest_wait(failures: list[tuple[str, Exception]]) -> float | None:
     """When every rung asked to wait (`Retry-After`), the first is back after the shortest."""
     waits = [getattr(exc, "retry_after_s", None) for _, exc in failures]
-    known = [w for w in waits if isinstance(w, float)]
+    known = [float(w) for w in waits if isinstance(w, int | float) and not isinstance(w, bool)]
     return min(known) if len(known) == len(waits) else None
 
 

@@ -177,11 +177,7 @@ async def call_model(
         raise
     finally:
         chat.close()
-    rec.open_call = None
-    raise ProviderError(
-        f"model {on.model!r} ended its stream without a finish; treat it as a provider failure",
-        is_retriable=False,
-    )
+    raise AssertionError("a family's stream ends with a Finish or raises")  # pragma: no cover
 
 
 UTILITY_OUTAGES = (FamilyExhaustedError, ProviderError)
