@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Mapping
 from pathlib import Path
+
+from pydantic import JsonValue
 
 from tests.helpers import turn_status
 from turnkit import Agent, Approve, RuntimeConfig, SessionRuntime, ToolContext, tool
@@ -13,11 +16,13 @@ from turnkit.events import (
     ApprovalRequestedEvent,
     StreamEvent,
     ToolCompletedEvent,
+    ToolFailedEvent,
     ToolInDoubtEvent,
     ToolStartedEvent,
     TurnRecoveringEvent,
 )
 from turnkit.ids import TurnId
+from turnkit.models import ToolSpec
 from turnkit.testing import ModelStep, ScriptedModel, call
 from turnkit.tools import NOT_APPLIED, Tool
 
@@ -163,6 +168,49 @@ async def test_a_call_in_doubt_is_reconciled_not_run_twice(tmp_path: Path) -> No
     assert completed.result.output == {"sent": 40, "key": doubt.idempotency_key}
     [recovering] = [e for e in events if isinstance(e, TurnRecoveringEvent)]
     assert recovering.attempt == 2
+    assert events[-1].type == "done"
+
+
+class _PayByHand:
+    """`pay` written by hand, its reconcile hook in the decorator's shape by mistake: it
+    returns the receipt (a two-key dict) instead of `(applied, result)`."""
+
+    name = "pay"
+
+    def spec(self) -> ToolSpec:
+        return pay.spec()
+
+    async def invoke(self, arguments: Mapping[str, JsonValue], ctx: ToolContext) -> JsonValue:
+        return await pay.invoke(arguments, ctx)
+
+    async def reconcile(self, arguments: Mapping[str, JsonValue], ctx: ToolContext) -> object:
+        return {"sent": arguments["amount"], "key": ctx.idempotency_key}
+
+
+async def test_a_reconcile_answer_of_the_wrong_shape_fails_the_call_not_runs_it_again(
+    tmp_path: Path,
+) -> None:
+    """A two-key dict must not unpack into (applied, result), nor the payment run twice."""
+    RAN.clear()
+    by_hand = _PayByHand()
+    first = _recovering(
+        tmp_path / "pay.db",
+        by_hand,
+        ScriptedModel([ModelStep.tool_call_reply(call("pay", amount=40))]),
+    )
+    turn_id = await _dies_mid_call(first, "pay 40")
+    SLOW["seconds"] = 0.0
+    try:
+        model = ScriptedModel([ModelStep.text_reply("It may have gone through; check.")])
+        events = await _taken_over(_recovering(tmp_path / "pay.db", by_hand, model), turn_id)
+    finally:
+        SLOW["seconds"] = 60.0
+    assert RAN == [40]  # not run again
+    [doubt] = [e for e in events if isinstance(e, ToolInDoubtEvent)]
+    assert doubt.resolution == "failed"
+    [failed] = [e for e in events if isinstance(e, ToolFailedEvent)]
+    assert "the reconcile hook of 'pay' returned dict" in (failed.result.error or "")
+    assert [e.type for e in events if e.type == "tool.completed"] == []
     assert events[-1].type == "done"
 
 

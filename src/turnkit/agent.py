@@ -27,7 +27,7 @@ from turnkit.pauses import (
     check_approver_role,
 )
 from turnkit.plugins import Plugin, validate_plugins
-from turnkit.tools import Tool, ToolRegistry
+from turnkit.tools import Tool, ToolClass, ToolRegistry
 
 __all__ = (
     "DEFAULT_MAX_TOOL_ROUNDS",
@@ -436,6 +436,20 @@ def _check_tools(tools: object) -> None:
                 f"tools[{at}] is {getattr(item, '__name__', type(item).__name__)!r}, not a "
                 f"tool{hint}"
             )
+        _check_own_approval(item)
+
+
+def _check_own_approval(tool: Tool) -> None:
+    """Refuse a hand-written tool's own bad `approval` or `approver_role` here.
+
+    A tool class's members' too: `@tool` refuses its own where it is given.
+    """
+    for member in tool.leaves() if isinstance(tool, ToolClass) else (tool,):
+        where = f"the tool {member.name!r}"
+        policy = getattr(member, "approval", None)
+        if policy is not None:
+            check_approval_policy(policy, where)
+        check_approver_role(getattr(member, "approver_role", None), where)
 
 
 def _plugin_version(plugin: Plugin) -> JsonValue:

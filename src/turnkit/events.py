@@ -510,9 +510,10 @@ class ToolInDoubtEvent(DurableEvent):
     tool_call_id: ToolCallId
     tool_name: str
     idempotency_key: str
-    resolution: Literal["reconciled", "rerun"]
+    resolution: Literal["reconciled", "rerun", "failed"]
     """`reconciled`: the tool's reconcile hook returned the result it already produced;
-    `rerun`: the call runs again."""
+    `rerun`: the call runs again; `failed`: the hook answered in a shape turnkit cannot
+    read, so the call fails without running again (its `tool.failed` says why)."""
 
 
 class Task(BaseModel):

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import pytest
 from pydantic import JsonValue
 
-from turnkit import ToolClass, ToolContext, tool
+from turnkit import Agent, ConfigurationError, ToolClass, ToolContext, tool
 from turnkit.ids import SessionId, ToolCallId, TurnId
+from turnkit.models import ToolSpec
+from turnkit.testing import ScriptedModel
 from turnkit.tools import NOT_APPLIED, ToolArgumentsError
 
 APPLIED: dict[str, JsonValue] = {}
@@ -59,3 +63,24 @@ async def test_a_fallback_that_refuses_the_arguments_leaves_the_real_failure_sta
     # Arguments the first member refuses are the model's to fix, and no member runs.
     with pytest.raises(ToolArgumentsError, match="order"):
         await ToolClass("place_order", [backup, other_schema]).invoke({}, _ctx("idem_b"))
+
+
+class _HandWritten:
+    """A tool written by hand, with its own approval policy spelled wrong."""
+
+    name = "wire"
+    approval = "Always"
+
+    def spec(self) -> ToolSpec:
+        return ToolSpec(name="wire", description="Send money.", parameters={"type": "object"})
+
+    async def invoke(self, arguments: Mapping[str, JsonValue], ctx: ToolContext) -> JsonValue:
+        return "sent"
+
+
+def test_a_hand_written_tools_own_policy_is_refused_where_the_agent_is_made() -> None:
+    """As `@tool(approval="Always")` is: not at the first call, where it only logs."""
+    with pytest.raises(ConfigurationError, match="'Always' of the tool 'wire'"):
+        Agent(model=ScriptedModel([]), tools=[_HandWritten()])
+    with pytest.raises(ConfigurationError, match="'Always' of the tool 'wire'"):
+        Agent(model=ScriptedModel([]), tools=[ToolClass("pay", [_HandWritten()])])

@@ -115,11 +115,11 @@ class Printer:
                 why = _TAKEN_OVER.get(cause, cause)
                 self._line(f"↻ attempt {attempt} took the turn over ({why}), from its {where}")
             case ToolInDoubtEvent(tool_name=name, resolution=resolution):
-                done = (
-                    "its reconcile hook found it done"
-                    if resolution == "reconciled"
-                    else ("it runs again with the same idempotency key")
-                )
+                done = {
+                    "reconciled": "its reconcile hook found it done",
+                    "failed": "its reconcile hook answered in a shape turnkit cannot read: "
+                    "it fails, not run again",
+                }.get(resolution, "it runs again with the same idempotency key")
                 self._line(f"  ? {name} may have run in the attempt before: {done}")
             case ProviderCascadeEvent():
                 cut = self.streaming is not None  # its text so far is not the answer

@@ -44,6 +44,7 @@ from turnkit.stages._types import StageContext, TranscriptMessage
 from turnkit.telemetry import Recorder
 from turnkit.tools import Tool, ToolArgumentsError, ToolContext
 from turnkit.tools._errors import ToolResultError
+from turnkit.tools._protocol import ReconcileMisfitError, ask_reconcile
 from turnkit.tools._storable import storable
 
 __all__ = ("dispatch_tools", "idempotency_key")
@@ -235,7 +236,9 @@ async def _run_one(
         problem, output = _read_result(ctx, args)
         return problem, "tool-arguments-invalid", output, part.name
     if in_doubt:
-        applied, output = await _reconcile(ctx, tool, part, args)
+        applied, output, misfit = await _reconcile(ctx, tool, part, args)
+        if misfit is not None:  # whether it took effect is not known: it must not run again
+            return misfit, "tool-failed", None, part.name
         if applied:
             return None, "tool-failed", output, part.name
     denied = await before_tool_call(
@@ -272,16 +275,17 @@ async def _guard_output(ctx: StageContext, call: ToolCall, output: JsonValue) ->
 
 async def _reconcile(
     ctx: StageContext, tool: Tool, part: ToolCallPart, args: Mapping[str, JsonValue]
-) -> tuple[bool, JsonValue]:
+) -> tuple[bool, JsonValue, str | None]:
     """A call an earlier attempt started and never finished: did it take effect?
 
-    The tool's reconcile hook answers (a tool without one runs again, with the same
-    idempotency key); the answer is committed as `tool.in_doubt` either way.
+    The tool's reconcile hook answers (a tool without one, or whose hook raises, runs
+    again, with the same idempotency key; one whose hook answers in a shape turnkit cannot
+    read fails: the third item says why); the answer is committed as `tool.in_doubt`.
     """
     rec = ctx.recorder
     key = idempotency_key(rec.session_id, rec.turn_id, part.tool_call_id)
     hook = getattr(tool, "reconcile", None)
-    applied, output = False, None
+    applied, output, misfit = False, None, None
     if hook is not None:
         tool_ctx = ToolContext(
             session_id=rec.session_id,
@@ -294,9 +298,11 @@ async def _reconcile(
             callback_token=ctx.callback_token,
         )
         try:
-            applied, output = await hook(args, tool_ctx)
+            applied, output = await ask_reconcile(hook, part.name, args, tool_ctx)
         except asyncio.CancelledError:
             raise
+        except ReconcileMisfitError as exc:
+            misfit = str(exc)
         except Exception as exc:  # noqa: BLE001 - a failing hook means "not known": run again
             log.warning("reconcile of %s (%s) failed: %s", part.name, part.tool_call_id, exc)
     rec.durable(
@@ -305,10 +311,10 @@ async def _reconcile(
         tool_call_id=ToolCallId(part.tool_call_id),
         tool_name=part.name,
         idempotency_key=key,
-        resolution="reconciled" if applied else "rerun",
+        resolution="failed" if misfit else "reconciled" if applied else "rerun",
     )
     await rec.flush()  # on record before the call runs again: readers see why it restarted
-    return applied, output
+    return applied, output, misfit
 
 
 def _remember(ctx: StageContext, result: ToolResultBlock) -> TranscriptMessage:

@@ -12,6 +12,7 @@ from turnkit.errors import ConfigurationError
 from turnkit.models import ToolSpec
 from turnkit.tools._context import ToolContext
 from turnkit.tools._errors import ToolArgumentsError
+from turnkit.tools._protocol import ask_reconcile
 
 if TYPE_CHECKING:
     from turnkit.tools._protocol import Tool
@@ -92,7 +93,7 @@ class ToolClass:
             hook = getattr(member, "reconcile", None)
             if hook is None:
                 continue
-            applied, output = await hook(arguments, ctx)
+            applied, output = await ask_reconcile(hook, member.name, arguments, ctx)
             if applied:
                 return True, output
         return False, None
