@@ -13,8 +13,7 @@ import os
 import tempfile
 
 from turnkit import Agent, Approve, RuntimeConfig, SessionRuntime, tool
-from turnkit.events import ApprovalRequestedEvent, DurableEvent, decode_event
-from turnkit.runtime.reader import Frame
+from turnkit.events import ApprovalRequestedEvent, DurableEvent
 from turnkit.testing import ModelStep, ScriptedModel, call
 
 
@@ -44,12 +43,9 @@ async def main() -> None:
     async with runtime(db, answering) as second:
         print("approving", request.summary)
         await second.resume(request.turn_id, request.request_id, Approve())
-        async for frame in second.reader().follow(request.turn_id, after_seq=request.seq):
-            if isinstance(frame, Frame) and frame.seq is not None:
-                event = decode_event(frame.data)
-                print(f"#{frame.seq} {event.type}")
-                if event.type == "done":
-                    break
+        async for event in second.follow(request.turn_id, after_seq=request.seq):
+            if isinstance(event, DurableEvent):  # it ends with `done` (or the next pause)
+                print(f"#{event.seq} {event.type}")
         [turn] = await second.history("bank")
         print("status:", turn.status)
         print("answer:", turn.answer)

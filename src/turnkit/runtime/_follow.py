@@ -76,7 +76,7 @@ async def follow_submission(
                 await asyncio.shield(host.end_cancelled(submission.turn_id, stopped=claimed))
 
 
-_WAITS: Final = ("approval.requested", "clarification.requested", "budget.paused")
+WAIT_EVENTS: Final = ("approval.requested", "clarification.requested", "budget.paused")
 """Where a stream of this process's turn returns: the turn waits for a person (or a limit)."""
 
 
@@ -103,5 +103,5 @@ async def _repeated(
         yield live
         if live.type == "done":
             return
-        if live.type in _WAITS and (await turn(turn_id)).status in PAUSED_STATES:
+        if live.type in WAIT_EVENTS and (await turn(turn_id)).status in PAUSED_STATES:
             return  # waits for a person (a Stop that came first goes on to its done)

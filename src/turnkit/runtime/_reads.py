@@ -7,13 +7,14 @@ from typing import cast
 
 from turnkit.audit import AuditRow
 from turnkit.errors import InvalidInputError, SessionNotFoundError, TurnNotFoundError
-from turnkit.events import DurableStreamEvent
+from turnkit.events import DurableStreamEvent, StreamEvent
 from turnkit.ids import SessionId, TurnId
 from turnkit.projection import PendingDecision, QueuedInput, SessionView, TurnView
 from turnkit.runtime._core import RuntimeCore
+from turnkit.runtime._follow import WAIT_EVENTS
 from turnkit.runtime._history import TurnHistory, session_view, turn_history, turn_view
 from turnkit.runtime._validate import check_session_id, check_text
-from turnkit.states import TERMINAL_STATES
+from turnkit.states import PAUSED_STATES, TERMINAL_STATES
 from turnkit.store import SessionRecord, TurnRecord
 
 __all__ = ("RuntimeReads",)
@@ -97,6 +98,30 @@ class RuntimeReads(RuntimeCore):
         await self.turn(turn_id)  # TurnNotFoundError if there is none
         async for stored in self.store.read_events(TurnId(turn_id), after_seq=after_seq):
             yield cast(DurableStreamEvent, stored.decode())  # only durable events are stored
+
+    async def follow(self, turn_id: str, *, after_seq: int = 0) -> AsyncIterator[StreamEvent]:
+        """A turn's events after `after_seq`, live, ending where `execute_message` ends.
+
+        It ends after `done`, or where the turn waits for a person (or a budget): follow
+        a turn you answered with `resume` from the pause's `seq`,
+        `runtime.follow(turn_id, after_seq=asked.seq)`, to see it go on. Live deltas come
+        too; what was committed before you followed is read from the Store.
+
+        Raises:
+            TurnNotFoundError: there is no such turn.
+            InvalidInputError: `after_seq` is negative.
+        """
+        if after_seq < 0:
+            raise InvalidInputError(f"after_seq is 0 or more, not {after_seq}")
+        record = await self.turn(turn_id)  # TurnNotFoundError if there is none
+        if record.status in PAUSED_STATES and after_seq >= record.last_seq:
+            return  # it waits already, and the caller has seen up to its pause
+        async for event in self.reader().events(record.turn_id, after_seq=after_seq):
+            yield event
+            if event.type == "done":
+                return
+            if event.type in WAIT_EVENTS and (await self.turn(turn_id)).status in PAUSED_STATES:
+                return  # waits for a person (a Stop that came first goes on to its done)
 
     async def audit(self, turn_id: str) -> list[AuditRow]:
         """A turn's audit rows, in order."""

@@ -161,6 +161,13 @@ class ScriptedModel:
                 + ", ".join(repr(c.purpose) for c in self.calls[len(self.steps) :])
             )
 
+    def __post_init__(self) -> None:
+        given: Sequence[object] = self.steps  # an untyped caller's list may hold anything
+        for at, step in enumerate(given):
+            if not isinstance(step, ModelStep):
+                hint = f": ModelStep.text_reply({step!r})" if isinstance(step, str) else ""
+                raise TypeError(f"steps[{at}] is {step!r}, not a ModelStep{hint}")
+
     def _next_step(self, request: ModelRequest) -> ModelStep:
         if self._cursor >= len(self.steps):
             if self.repeat_last and self.steps:
@@ -168,13 +175,26 @@ class ScriptedModel:
             else:
                 raise UnexpectedModelCall(
                     f"ScriptedModel {self.name!r} was called {len(self.calls)} times but its "
-                    f"script has {len(self.steps)} step(s)"
+                    f"script has {len(self.steps)} step(s); the call past it: "
+                    f"{request.purpose!r}"
                 )
         else:
             step = self.steps[self._cursor]
             self._cursor += 1
         while step.responder is not None:
-            step = step.responder(request)
+            answered: object = step.responder(request)
+            if not isinstance(answered, ModelStep):
+                raise TypeError(
+                    f"a ModelStep.respond function returned {answered!r}, not a ModelStep"
+                )
+            step = answered
+        if step.tool_calls and not request.tools:
+            raise UnexpectedModelCall(
+                f"ScriptedModel {self.name!r} step {self._cursor} calls "
+                f"{[c.name for c in step.tool_calls]} but this call ({request.purpose!r}) "
+                "offers no tools: its calls would be dropped. Give the agent the tools, or "
+                "script a text reply"
+            )
         return step
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
