@@ -208,3 +208,26 @@ async def test_a_whole_number_retry_after_is_the_familys_wait_too(
     [error] = [e for e in events if isinstance(e, ErrorEvent)]
     assert error.code == "family-exhausted"
     assert (error.details or {}).get("retry_after_s") == 3.0  # the first rung back
+
+
+class _Unpriced:
+    """A hand-written client that reports no usage."""
+
+    model, provider = "unpriced", "mine"
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
+        yield TextDelta("x" * 400)
+        yield Finish("end_turn")
+
+
+async def test_a_call_whose_client_reports_no_usage_is_counted_not_free(
+    runtime_factory: RuntimeFactory,
+) -> None:
+    """Budgets must see it: its tokens are estimated, as for a call cut short."""
+    runtime = runtime_factory(Agent(model=_Unpriced()))
+    events = await collect_events(runtime.execute_message("s1", "hello"))
+    rows = await runtime.audit(events[0].turn_id)
+    [answered] = [r.call for r in rows if r.call is not None and r.call.model == "unpriced"]
+    assert answered.output_tokens >= 90  # 400 characters, about four to a token
+    assert answered.input_tokens > 0
+    assert answered.cost_usd == 0.0  # turnkit prices only what litellm prices

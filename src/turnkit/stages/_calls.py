@@ -155,8 +155,9 @@ async def call_model(
                         if rec.open_call is not None:  # cut while its answer is checked:
                             rec.open_call.usage = chunk.usage  # it cost what it reported
                         result = await _finished(
-                            ctx, stage_id, family, on, chunk, attempts, stream_text
-                        )
+                            ctx, stage_id, family, on, _counted(chunk, on, request), attempts,
+                            stream_text,
+                        )  # fmt: skip
                         rec.open_call = None
                         _note_context(rec, request, chunk.usage)
                         chat.answered(result.response)
@@ -245,6 +246,20 @@ class _Rung:
             latency_ms=(time.perf_counter() - self.started) * 1000,
             **outcome,
         )
+
+
+def _counted(finish: Finish, on: _Rung, request: ModelRequest) -> Finish:
+    """`finish`, its usage estimated when a client reported none for what it streamed.
+
+    A hand-written `ModelClient` that leaves `Usage()` at zero would make the call free
+    for budgets; its tokens are estimated as for a call cut short (its cost stays 0).
+    """
+    if finish.usage != Usage():
+        return finish
+    asm = on.asm
+    if not (asm.text or asm.raw or asm.raw_text or asm.thinking or asm.calls):
+        return finish
+    return Finish(finish.stop_reason, Usage(**on.spent(request)))
 
 
 async def _finished(
