@@ -98,3 +98,66 @@ async def test_a_renewal_the_database_misses_is_tried_again_while_the_lease_runs
     assert why == "the database did not answer before the lease ran out"
     lost, cancelled, tries, _ = await kept([RuntimeError("epoch moved on")], 0.6)
     assert (lost, cancelled, tries) == (True, True, 1)  # not an outage: given up at once
+
+
+async def test_a_driver_that_stalled_past_its_lease_asks_the_database_before_giving_up() -> None:
+    """A process stalled past its lease (GC pause, suspended VM, a FakeClock jump): the
+    fenced renewal decides. Nobody took the turn: kept. Another epoch: lost. No answer
+    within half a renewal interval: lost."""
+    import asyncio
+    from dataclasses import replace
+    from datetime import timedelta
+    from typing import Any, cast
+
+    from turnkit.config import RuntimeConfig
+    from turnkit.errors import StaleEpochError
+    from turnkit.ids import SessionId, TurnId
+    from turnkit.runtime._lease_keeper import LeaseKeeper
+    from turnkit.store import Lease, Store
+    from turnkit.testing import FakeClock
+
+    config = RuntimeConfig(lease_ttl_s=8, idle_window_s=120, heartbeat_interval_s=1)
+
+    async def stalled(answer: str) -> tuple[bool, bool, str]:
+        clock = FakeClock()
+        lease = Lease(
+            turn_id=TurnId("turn_1"), session_id=SessionId("s1"), owner="me", epoch=1,
+            attempt=1, expires_at=clock.now() + timedelta(seconds=8), took_over=False,
+            last_seq=1, started_at=clock.now(),
+        )  # fmt: skip
+        asked = asyncio.Event()
+
+        class Renewing:
+            async def renew(self, held: Lease, *, ttl_s: float) -> Lease:
+                asked.set()
+                await asyncio.sleep(0.01)  # a round trip: longer than one loop iteration
+                if answer == "stale":
+                    raise StaleEpochError("epoch moved on", turn_id=held.turn_id, epoch=2)
+                if answer == "hang":
+                    await asyncio.sleep(30)
+                return replace(held, expires_at=clock.now() + timedelta(seconds=ttl_s))
+
+        keeper = LeaseKeeper(store=cast(Store, Renewing()), clock=clock, config=config, lease=lease)
+        work: asyncio.Task[Any] = asyncio.create_task(asyncio.sleep(30))
+        keeping = asyncio.create_task(keeper.keep(cast(Any, work)))
+        await asyncio.sleep(0)
+        clock.advance(60)  # the whole process stalled far past the lease's 8 s
+        await asyncio.wait_for(asyncio.shield(asyncio.ensure_future(asked.wait())), 5)
+        await asyncio.sleep(0.05)  # the database answered (or did not)
+        if answer == "hang":
+            clock.advance(config.lease_ttl_s / 3)  # a renewal interval passes unanswered
+            await asyncio.sleep(0.01)
+        cancelled = work.cancelled() or work.cancelling() > 0
+        keeping.cancel()
+        work.cancel()
+        await asyncio.gather(keeping, work, return_exceptions=True)
+        return keeper.lost, cancelled, keeper.why_lost
+
+    lost, cancelled, _ = await stalled("ours")
+    assert (lost, cancelled) == (False, False)  # nobody took it: the turn goes on
+    lost, cancelled, why = await stalled("stale")
+    assert (lost, cancelled) == (True, True)
+    assert why.startswith("its renewal failed")
+    lost, cancelled, why = await stalled("hang")
+    assert (lost, cancelled) == (True, True)
+    assert why == "the database did not answer before the lease ran out"

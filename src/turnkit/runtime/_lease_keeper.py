@@ -94,6 +94,13 @@ class LeaseKeeper:
         A renewal the database is briefly out of reach for is tried again at the next tick
         while the lease it last renewed still runs (nobody can take the turn before that):
         a blip during a long tool call does not cost the turn an attempt.
+
+        A renewal waits for the database until that lease runs out, and at least half a
+        renewal interval: a process that stalled past its lease (a long GC pause, a
+        suspended VM, a `FakeClock` jump) asks before it gives the turn up. The renewal is
+        fenced by the lease's epoch, so it succeeds only if nobody took the turn meanwhile;
+        then the turn is still this driver's alone, and goes on (or ends at the idle window
+        or ceiling that passed while it stalled).
         """
         if self.lease.cancel_requested:  # Stop came while no driver held it: do nothing
             graph_task.cancel()
@@ -106,7 +113,7 @@ class LeaseKeeper:
             await self.clock.sleep(max(0.0, due - self.clock.monotonic()))
             last = self.clock.monotonic()
             try:
-                self.lease = await self._renewed(renewed + ttl - last)
+                self.lease = await self._renewed(max(renewed + ttl - last, interval / 2))
             except TimeoutError:
                 # A database that hangs rather than refuses: the lease may have run out
                 # while the renewal waited, and another driver may hold the turn now.
