@@ -194,9 +194,10 @@ class TurnDriver:
                 await self._settle(rec)
             await self._end_carrying(keep=True)
         except asyncio.CancelledError:
-            if not self.lease_lost and self.recorder is not None:
+            lost = self.lease_lost  # (an abort refused below is lost too, yet still raises)
+            if not lost and self.recorder is not None:
                 await self._end_aborted(self.recorder)
-            if self.lease_lost:
+            if lost:
                 return  # someone else owns the turn now: write nothing, end quietly
             raise
         except (StaleEpochError, LeaseLostError):
@@ -437,11 +438,13 @@ class TurnDriver:
         self.ended = True
         await self._join_commit_ahead()  # its events, if it failed, commit with the ending
         self._ending_written = await end_failed(rec, self._attempt(), exc)
+        self._keeper.lost |= not self._ending_written  # refused: someone else's ending stands
 
     async def _end_aborted(self, rec: Recorder) -> None:
         self.ended = True
         await self._join_commit_ahead()
         self._ending_written = await end_aborted(rec, self._attempt())
+        self._keeper.lost |= not self._ending_written
 
 
 def _each_to(sink: Sink) -> Publish:
