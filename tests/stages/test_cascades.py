@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
+import pytest
 from tests.conftest import RuntimeFactory
 from tests.helpers import durable
 
-from turnkit import Agent, ModelFamily, ProviderError, tool
-from turnkit.events import DoneEvent, ErrorEvent, ProviderCascadeEvent, ToolCompletedEvent
+from turnkit import Agent, ConfigurationError, ModelFamily, ProviderError, tool
+from turnkit.events import (
+    DoneEvent,
+    ErrorEvent,
+    ProviderCascadeEvent,
+    ToolCompletedEvent,
+    ToolFailedEvent,
+)
 from turnkit.models import Finish, ModelChunk, ModelRequest, TextDelta, Usage
 from turnkit.testing import ModelStep, ScriptedModel, call, collect_events
 
@@ -231,3 +239,55 @@ async def test_a_call_whose_client_reports_no_usage_is_counted_not_free(
     assert answered.output_tokens >= 90  # 400 characters, about four to a token
     assert answered.input_tokens > 0
     assert answered.cost_usd == 0.0  # turnkit prices only what litellm prices
+
+
+@tool
+async def mirror_lookup(order_id: str) -> str:
+    """Look an order up on the mirror."""
+    return f"{order_id}: shipped (mirror)"
+
+
+@tool(timeout_s=0.2, fallbacks=[mirror_lookup])
+async def lookup(order_id: str) -> str:
+    """Look an order up (a service that sometimes hangs)."""
+    await asyncio.sleep(30)
+    return f"{order_id}: shipped"
+
+
+@tool(timeout_s=0.2)
+async def slow_lookup(order_id: str) -> str:
+    """Look an order up, slowly."""
+    await asyncio.sleep(30)
+    return f"{order_id}: shipped"
+
+
+async def test_a_tool_past_its_timeout_fails_a_call_the_model_reads(
+    runtime_factory: RuntimeFactory,
+) -> None:
+    model = ScriptedModel([
+        ModelStep.tool_call_reply(call("slow_lookup", order_id="A-1")),
+        ModelStep.text_reply("The lookup timed out."),
+        ModelStep.tool_call_reply(call("lookup", order_id="A-2")),
+        ModelStep.text_reply("Shipped."),
+    ])  # fmt: skip
+    runtime = runtime_factory(Agent(model=model, tools=[slow_lookup, lookup]))
+    async with asyncio.timeout(10):  # not the tools' 30 s
+        first = await collect_events(runtime.execute_message("s1", "where is A-1?"))
+        second = await collect_events(runtime.execute_message("s1", "and A-2?"))
+    [failed] = [e for e in first if isinstance(e, ToolFailedEvent)]
+    assert failed.code == "tool-failed"
+    assert "did not finish within 0.2 s and was stopped" in (failed.result.error or "")
+    assert "did not finish within 0.2 s" in model.calls[1].messages[-1].content
+    assert isinstance(first[-1], DoneEvent)
+    assert first[-1].status == "succeeded"  # the turn went on: the model read the failure
+    [answered] = [e for e in second if isinstance(e, ToolCompletedEvent)]
+    assert answered.result.output == "A-2: shipped (mirror)"  # the class tried its next member
+
+
+def test_a_timeout_that_is_not_a_duration_is_refused_where_it_is_given() -> None:
+    with pytest.raises(ConfigurationError, match="timeout_s of the tool 'late'"):
+
+        @tool(timeout_s=0)
+        async def late() -> str:
+            """Never."""
+            return "x"

@@ -6,7 +6,7 @@ import `_function`, which builds a `ToolClass` for `@tool(fallbacks=...)`.
 
 from __future__ import annotations
 
-__all__ = ("ToolArgumentsError", "ToolResultError")
+__all__ = ("ToolArgumentsError", "ToolResultError", "ToolTimeoutError")
 
 
 class ToolArgumentsError(Exception):
@@ -20,3 +20,7 @@ class ToolArgumentsError(Exception):
 
 class ToolResultError(Exception):
     """A tool returned a value that cannot be sent as JSON; the model reads the message."""
+
+
+class ToolTimeoutError(ToolResultError):
+    """A tool ran past its `timeout_s` and was stopped; the model reads the message."""

@@ -14,7 +14,7 @@ from turnkit.errors import ConfigurationError
 from turnkit.models import ToolSpec
 from turnkit.pauses import ApprovalPolicy, check_approval_policy, check_approver_role
 from turnkit.tools._context import ToolContext
-from turnkit.tools._errors import ToolArgumentsError, ToolResultError
+from turnkit.tools._errors import ToolArgumentsError, ToolResultError, ToolTimeoutError
 from turnkit.tools._protocol import Tool
 from turnkit.tools.cascade import ToolClass
 
@@ -157,8 +157,16 @@ class FunctionTool:
         approval: ApprovalPolicy | None = None,
         approver_role: str | None = None,
         reconcile: Reconcile | None = None,
+        timeout_s: float | None = None,
     ) -> None:
         self.fn = fn
+        if timeout_s is not None and not (isinstance(timeout_s, int | float) and timeout_s > 0):
+            raise ConfigurationError(
+                f"timeout_s of the tool {name or fn.__name__!r} is a number of seconds above 0 "
+                f"(or None: no limit), not {timeout_s!r}"
+            )
+        self.timeout_s = timeout_s
+        """How long a call may run before it is stopped and fails (None: no limit)."""
         if approval is not None:
             check_approval_policy(approval, f"the tool {name or fn.__name__!r}")
         check_approver_role(approver_role, f"the tool {name or fn.__name__!r}")
@@ -243,11 +251,7 @@ class FunctionTool:
                     "(or pass deps= with the message)"
                 )
             kwargs[self._context_param] = ctx
-        if self._is_async:
-            result = await cast(Callable[..., Awaitable[Any]], self.fn)(**kwargs)
-        else:
-            # Sync tools may block (files, HTTP); keep the event loop free.
-            result = await asyncio.to_thread(self.fn, **kwargs)
+        result = await self._run(kwargs)
         try:
             return cast(JsonValue, to_jsonable_python(result))
         except (PydanticSerializationError, ValueError) as exc:  # bytes that are not UTF-8
@@ -272,6 +276,26 @@ class FunctionTool:
             return False, None
         return True, cast(JsonValue, to_jsonable_python(found))
 
+    async def _run(self, kwargs: dict[str, Any]) -> Any:
+        """Call the function, within `timeout_s` when it has one."""
+        if self._is_async:
+            call = cast(Callable[..., Awaitable[Any]], self.fn)(**kwargs)
+        else:  # sync tools may block (files, HTTP): keep the event loop free
+            call = asyncio.to_thread(self.fn, **kwargs)
+        if self.timeout_s is None:
+            return await call
+        limit = asyncio.timeout(self.timeout_s)
+        try:
+            async with limit:
+                return await call
+        except TimeoutError:
+            if not limit.expired():
+                raise  # the tool's own
+            raise ToolTimeoutError(
+                f"the tool did not finish within {self.timeout_s:g} s and was stopped; it "
+                "may have taken effect, so check before calling it again"
+            ) from None
+
     def __repr__(self) -> str:
         return f"FunctionTool({self._name!r})"
 
@@ -288,6 +312,7 @@ def tool(
     approval: ApprovalPolicy | None = None,
     approver_role: str | None = None,
     reconcile: Reconcile | None = None,
+    timeout_s: float | None = None,
 ) -> Callable[[ToolFunction], FunctionTool]: ...
 
 
@@ -300,6 +325,7 @@ def tool(
     approval: ApprovalPolicy | None = None,
     approver_role: str | None = None,
     reconcile: Reconcile | None = None,
+    timeout_s: float | None = None,
 ) -> Callable[[ToolFunction], ToolClass]: ...
 
 
@@ -313,6 +339,7 @@ def tool(
     approval: ApprovalPolicy | None = None,
     approver_role: str | None = None,
     reconcile: Reconcile | None = None,
+    timeout_s: float | None = None,
 ) -> Any:
     """Turn a typed function into a tool.
 
@@ -325,6 +352,8 @@ def tool(
     `reconcile` is asked, when a call's earlier attempt died after the call started but
     before its result was committed, whether the call already took effect:
     `async def reconcile(idempotency_key, arguments) -> result | NOT_APPLIED`.
+    `timeout_s`: a call still running after that many seconds is stopped and fails with a
+    result the model reads (a `ToolClass` tries its next member).
 
     Example:
         ```python
@@ -343,6 +372,7 @@ def tool(
             approval=approval,
             approver_role=approver_role,
             reconcile=reconcile,
+            timeout_s=timeout_s,
         )
         if fallbacks is None:
             return made
