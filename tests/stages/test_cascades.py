@@ -291,3 +291,15 @@ def test_a_timeout_that_is_not_a_duration_is_refused_where_it_is_given() -> None
         async def late() -> str:
             """Never."""
             return "x"
+
+
+async def test_a_failure_without_words_is_named_by_its_type_alone(
+    runtime_factory: RuntimeFactory,
+) -> None:
+    first = ScriptedModel([ModelStep.fail(TimeoutError())], name="a")
+    second = ScriptedModel([ModelStep.text_reply("Fine.")], name="b")
+    family = ModelFamily("f", [first, second], is_retriable=lambda exc: True)
+    runtime = runtime_factory(Agent(model=family))
+    events = await collect_events(runtime.execute_message("s1", "hello"))
+    [step] = [e for e in events if isinstance(e, ProviderCascadeEvent)]
+    assert step.reason == "TimeoutError"  # not "TimeoutError: "

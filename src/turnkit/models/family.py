@@ -189,7 +189,9 @@ def _brief(exc: Exception, *, whole: bool = False) -> str:
     brief = getattr(exc, "brief", None)
     if isinstance(brief, str) and brief and not whole:
         return brief
-    return exc.message if isinstance(exc, TurnkitError) else f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, TurnkitError):
+        return exc.message
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
 def _summary(failures: list[tuple[str, Exception]]) -> str:

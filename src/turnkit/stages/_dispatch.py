@@ -374,7 +374,7 @@ async def _invoke(
     except asyncio.CancelledError:
         raise
     except Exception as exc:  # noqa: BLE001 - a failing tool is a result the model reads
-        problem = f"the tool raised {type(exc).__name__}: {exc}"
+        problem = f"the tool raised {type(exc).__name__}" + (f": {exc}" if str(exc) else "")
     reports.ended(failed=problem is not None)
     return problem, code, output, reports.answered_by
 

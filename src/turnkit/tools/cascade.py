@@ -77,7 +77,8 @@ class ToolClass:
                 await ctx.report_pivot(member.name, nxt, f"it refused the arguments: {exc}")
             except Exception as exc:  # noqa: BLE001 - a failed member is the cascade's trigger
                 last = exc
-                await ctx.report_pivot(member.name, nxt, f"{type(exc).__name__}: {exc}")
+                said = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+                await ctx.report_pivot(member.name, nxt, said)
         assert last is not None
         raise last
 
