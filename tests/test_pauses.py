@@ -795,3 +795,53 @@ async def test_a_policy_keyed_on_a_tool_classs_name_still_asks(tmp_path: Path) -
     async with SessionRuntime(agent=agent, config=config) as runtime:
         events = await collect_events(runtime.execute_message("s1", "send it"))
     assert isinstance(events[-1], ApprovalRequestedEvent)
+
+
+SEEN_BY_THE_TOOL: list[list[str]] = []
+LIVE: list[SessionRuntime] = []
+
+
+@tool(approval="always")
+async def wire(amount: int, ctx: ToolContext) -> str:
+    """Send money (a person approves); notes what the turn's log holds as it starts."""
+    SEEN_BY_THE_TOOL.append([e.type async for e in LIVE[0].events(ctx.turn_id)])
+    return f"sent {amount}"
+
+
+async def test_the_answer_is_committed_before_the_approved_call_runs(tmp_path: Path) -> None:
+    """A customer following the turn sees the call approved while it runs, not after."""
+    SEEN_BY_THE_TOOL.clear()
+    model = ScriptedModel([
+        ModelStep.tool_call_reply(call("wire", amount=5)),
+        ModelStep.text_reply("Sent."),
+    ])  # fmt: skip
+    config = RuntimeConfig(database_url=f"sqlite:///{tmp_path / 'w.db'}")
+    async with SessionRuntime(agent=Agent(model=model, tools=[wire]), config=config) as rt:
+        LIVE[:] = [rt]
+        asked = (await collect_events(rt.execute_message("s1", "pay 5")))[-1]
+        assert isinstance(asked, ApprovalRequestedEvent)
+        await rt.resume(asked.turn_id, asked.request_id, Approve())
+        await collect_events(rt.follow(asked.turn_id, after_seq=asked.seq))
+    [seen] = SEEN_BY_THE_TOOL
+    assert seen[-1] == "approval.answered"
+
+
+async def test_follow_from_the_start_ends_at_the_pause_the_turn_waits_on_now(
+    tmp_path: Path,
+) -> None:
+    """An earlier pause, answered already, is not where a follower stops."""
+    model = ScriptedModel([
+        ModelStep.tool_call_reply(call("send_email", to="a@example.com")),
+        ModelStep.tool_call_reply(call("send_email", to="b@example.com")),
+        ModelStep.text_reply("Both sent."),
+    ])  # fmt: skip
+    async with _runtime(tmp_path / "two.db", model) as runtime:
+        first = (await collect_events(runtime.execute_message("s1", "email a, then b")))[-1]
+        assert isinstance(first, ApprovalRequestedEvent)
+        await runtime.resume(first.turn_id, first.request_id, Approve())
+        second = (await collect_events(runtime.follow(first.turn_id, after_seq=first.seq)))[-1]
+        assert isinstance(second, ApprovalRequestedEvent)
+        assert second.request_id != first.request_id
+        whole = await collect_events(runtime.follow(first.turn_id))
+    assert whole[-1] == second
+    assert [e.type for e in whole].count("approval.requested") == 2

@@ -120,8 +120,10 @@ class RuntimeReads(RuntimeCore):
             yield event
             if event.type == "done":
                 return
-            if event.type in WAIT_EVENTS and (await self.turn(turn_id)).status in PAUSED_STATES:
-                return  # waits for a person (a Stop that came first goes on to its done)
+            if event.type in WAIT_EVENTS:
+                now = await self.turn(turn_id)  # the pause it waits on is its latest event
+                if now.status in PAUSED_STATES and event.seq >= now.last_seq:
+                    return  # waits for a person (a Stop that came first goes on to its done)
 
     async def audit(self, turn_id: str) -> list[AuditRow]:
         """A turn's audit rows, in order."""

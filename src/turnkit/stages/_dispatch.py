@@ -89,19 +89,7 @@ async def dispatch_tools(
     plans, in_doubt = _write_ahead(ctx, calls, truncated, generation_id, known_errors or {})
     await rec.flush()  # write ahead: every call is on record before any tool runs
     # Approvals and questions come first, in call order: nothing runs until all are settled.
-    settled: dict[str, Settled] = {}
-    edited: dict[str, dict[str, JsonValue]] = {}  # approved with the person's arguments
-    asked = [pause_key(rec.turn_id, plan[0].tool_call_id) in rec.journal.keys for plan in plans]
-    last_asked = max((at for at, was in enumerate(asked) if was), default=-1)
-    for at, (part, tool, args, problem, _) in enumerate(plans):
-        if problem is None and part.tool_call_id not in rec.journal.results:
-            decided = asked[at] if at <= last_asked else None  # as in the run that paused
-            outcome = settle_pause(ctx, part, tool, args, asked=decided)
-            if isinstance(outcome, Edited):
-                edited[part.tool_call_id] = outcome.arguments
-            elif outcome is not None:
-                settled[part.tool_call_id] = outcome
-    _keep_edits(rec, edited)
+    settled, edited = await _settle_pauses(ctx, plans)
 
     async def run(
         part: ToolCallPart,
@@ -247,6 +235,33 @@ async def _run_one(
     if denied is not None:
         return f"{denied}. Do not retry it as is", "tool-denied", None, part.name
     return await _invoke(ctx, tool, part, args)
+
+
+async def _settle_pauses(
+    ctx: StageContext, plans: list[Plan]
+) -> tuple[dict[str, Settled], dict[str, dict[str, JsonValue]]]:
+    """Settle the batch's approvals and questions, in call order (a pause raises out).
+
+    Returns the calls answered without running and the calls approved with the person's
+    arguments. A run resumed by an answer commits how it was answered before any call runs.
+    """
+    rec = ctx.recorder
+    settled: dict[str, Settled] = {}
+    edited: dict[str, dict[str, JsonValue]] = {}
+    asked = [pause_key(rec.turn_id, plan[0].tool_call_id) in rec.journal.keys for plan in plans]
+    last_asked = max((at for at, was in enumerate(asked) if was), default=-1)
+    for at, (part, tool, args, problem, _) in enumerate(plans):
+        if problem is None and part.tool_call_id not in rec.journal.results:
+            decided = asked[at] if at <= last_asked else None  # as in the run that paused
+            outcome = settle_pause(ctx, part, tool, args, asked=decided)
+            if isinstance(outcome, Edited):
+                edited[part.tool_call_id] = outcome.arguments
+            elif outcome is not None:
+                settled[part.tool_call_id] = outcome
+    _keep_edits(rec, edited)
+    if last_asked >= 0:  # resumed by an answer: readers see it before the calls run
+        await rec.flush()
+    return settled, edited
 
 
 async def _guard_output(ctx: StageContext, call: ToolCall, output: JsonValue) -> JsonValue:
