@@ -27,6 +27,8 @@ from turnkit import (
 )
 from turnkit.http import create_turnkit_router, install_problem_handlers
 from turnkit.quickstart import create_app
+from turnkit.runtime.answerers import answer_deps
+from turnkit.runtime.deps import NO_DEPS
 from turnkit.testing import ModelStep, ScriptedModel, call
 
 API = "/api/harness"
@@ -321,11 +323,15 @@ async def test_a_supervisors_answer_runs_the_tool_with_the_customers_deps(
                 f"{API}/sessions/s1/execute", json={"content": "refund A2"}, headers=CUSTOMER
             )
             assert small.status_code == 200
+            turn = await runtime.turn(asked["turn_id"])
     # The customer's own request's deps, kept in the process for the turn they started
     # (another process builds theirs with the factory, as a worker does); never the
     # supervisor's.
     assert [Wallet(account="wallet-of-cust", built_by="request")] * 2 == PAID_FROM
     model.assert_complete()
+    assert answer_deps(turn, "cust", "theirs") == NO_DEPS  # a bare id: not the sender ...
+    customer = Principal(id="cust", organisation="acme")
+    assert answer_deps(turn, customer, "theirs") == "theirs"  # ... the whole principal is
 
 
 @contextlib.asynccontextmanager

@@ -239,6 +239,8 @@ async def test_a_call_whose_client_reports_no_usage_is_counted_not_free(
     assert answered.output_tokens >= 90  # 400 characters, about four to a token
     assert answered.input_tokens > 0
     assert answered.cost_usd == 0.0  # turnkit prices only what litellm prices
+    finished = [e for e in events if e.type == "run.finished"][0]
+    assert finished.context_tokens == answered.input_tokens + answered.output_tokens
 
 
 @tool

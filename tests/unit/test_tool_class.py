@@ -12,6 +12,7 @@ from turnkit.ids import SessionId, ToolCallId, TurnId
 from turnkit.models import ToolSpec
 from turnkit.testing import ScriptedModel
 from turnkit.tools import NOT_APPLIED, ToolArgumentsError
+from turnkit.tools._protocol import ReconcileMisfitError
 
 APPLIED: dict[str, JsonValue] = {}
 
@@ -84,3 +85,26 @@ def test_a_hand_written_tools_own_policy_is_refused_where_the_agent_is_made() ->
         Agent(model=ScriptedModel([]), tools=[_HandWritten()])
     with pytest.raises(ConfigurationError, match="'Always' of the tool 'wire'"):
         Agent(model=ScriptedModel([]), tools=[ToolClass("pay", [_HandWritten()])])
+
+
+class _MisshapedHook:
+    """A hand-written member whose reconcile answers a receipt instead of (applied, result)."""
+
+    name = "place_by_hand"
+
+    def spec(self) -> ToolSpec:
+        return backup.spec()
+
+    async def invoke(self, arguments: Mapping[str, JsonValue], ctx: ToolContext) -> JsonValue:
+        return "placed"
+
+    async def reconcile(self, arguments: Mapping[str, JsonValue], ctx: ToolContext) -> object:
+        return {"receipt": "R-1", "state": "unknown"}
+
+
+async def test_a_misshaped_answer_does_not_hide_a_member_that_knows_it_ran() -> None:
+    orders = ToolClass("place_order", [_MisshapedHook(), backup])
+    APPLIED["idem_b"] = "placed 7 (backup)"
+    assert await orders.reconcile({"order": "7"}, _ctx("idem_b")) == (True, "placed 7 (backup)")
+    with pytest.raises(ReconcileMisfitError, match="returned dict"):  # nobody knows: it fails
+        await orders.reconcile({"order": "8"}, _ctx("idem_none"))

@@ -32,15 +32,16 @@ def turn_organisation(record: TurnRecord) -> str:
     return str(record.pinned.get("organisation") or DEFAULT_ORGANISATION)
 
 
-def sent_by(record: TurnRecord, principal: Principal | None) -> bool:
+def sent_by(record: TurnRecord, principal: Principal | str | None) -> bool:
     """Whether `principal` sent the turn's message (the same id in the same organisation)."""
+    principal = Principal.of(principal)
     sender = record.pinned.get("principal")
     if principal is None:
         return sender is None
     return sender == principal.id and turn_organisation(record) == principal.organisation
 
 
-def answer_deps(record: TurnRecord, principal: Principal | None, request_deps: Any) -> Any:
+def answer_deps(record: TurnRecord, principal: Principal | str | None, request_deps: Any) -> Any:
     """The deps a turn resumed by `principal`'s answer runs with.
 
     The request's deps are its caller's: a supervisor's must not become the tools' of a

@@ -152,14 +152,14 @@ async def call_model(
                     case RungFailed():
                         _audit_failed_rung(ctx, stage_id, family, chunk, attempts)
                     case Finish():
+                        finish = _counted(chunk, on, request)
                         if rec.open_call is not None:  # cut while its answer is checked:
-                            rec.open_call.usage = chunk.usage  # it cost what it reported
+                            rec.open_call.usage = finish.usage  # it cost what it reported
                         result = await _finished(
-                            ctx, stage_id, family, on, _counted(chunk, on, request), attempts,
-                            stream_text,
-                        )  # fmt: skip
+                            ctx, stage_id, family, on, finish, attempts, stream_text
+                        )
                         rec.open_call = None
-                        _note_context(rec, request, chunk.usage)
+                        _note_context(rec, request, finish.usage)
                         chat.answered(result.response)
                         return result
                     case _:
@@ -233,7 +233,9 @@ class _Rung:
         The provider reports no usage for a stream stopped before its end, yet it read the
         request and wrote what streamed: budgets count the estimate, as for a Stop.
         """
-        written = self.asm.raw_text or "".join(self.asm.raw) or "".join(self.asm.text)
+        asm = self.asm
+        written = asm.raw_text or "".join(asm.raw) or "".join(asm.text)
+        written += "".join(asm.thinking) + "".join("".join(p) for p in asm.calls.values())
         return {"input_tokens": prompt_tokens(request), "output_tokens": text_tokens(written)}
 
     def shape(self, family: str, **outcome: Any) -> CallShape:

@@ -12,7 +12,7 @@ from turnkit.errors import ConfigurationError
 from turnkit.models import ToolSpec
 from turnkit.tools._context import ToolContext
 from turnkit.tools._errors import ToolArgumentsError
-from turnkit.tools._protocol import ask_reconcile
+from turnkit.tools._protocol import ReconcileMisfitError, ask_reconcile
 
 if TYPE_CHECKING:
     from turnkit.tools._protocol import Tool
@@ -90,13 +90,20 @@ class ToolClass:
         Any member may have been the one that ran before the crash, so the first that says
         it did answers; `(False, None)` when none did or none has a hook.
         """
+        misfit: ReconcileMisfitError | None = None
         for member in self.tools:
             hook = getattr(member, "reconcile", None)
             if hook is None:
                 continue
-            applied, output = await ask_reconcile(hook, member.name, arguments, ctx)
+            try:
+                applied, output = await ask_reconcile(hook, member.name, arguments, ctx)
+            except ReconcileMisfitError as exc:  # another member may still know it ran
+                misfit = misfit or exc
+                continue
             if applied:
                 return True, output
+        if misfit is not None:  # whether that member's call took effect is not known
+            raise misfit
         return False, None
 
     def __repr__(self) -> str:
