@@ -590,7 +590,9 @@ async def test_a_thinking_summary_with_a_utility_model_and_none_without(
     utility = ScriptedModel(
         [
             ModelStep.text_reply('{"intent": "math", "depth": "none"}'),
-            ModelStep.text_reply("The assistant chose to add the numbers with the tool."),
+            ModelStep(  # reported without usage, as a hand-written client might
+                text="The assistant chose to add the numbers with the tool.", usage=Usage()
+            ),
         ],
         name="background",
     )
@@ -608,6 +610,7 @@ async def test_a_thinking_summary_with_a_utility_model_and_none_without(
     [row] = [r for r in rows if r.payloads.thinking_summary is not None]
     assert row.call is not None
     assert row.call.model == "background"  # priced as its own work, naming its model
+    assert row.call.output_tokens > 0  # counted, though its client reported nothing
     [turn] = await runtime.history("s1")
     assert any(isinstance(b, ThinkingSummaryBlock) for b in turn.blocks)
     # Raw reasoning is in no event, audit row or table.

@@ -35,6 +35,7 @@ from turnkit.models import (
     closing_stream,
 )
 from turnkit.models.family import ModelFamily
+from turnkit.stages._budget import prompt_tokens, text_tokens
 from turnkit.stages._types import StageContext
 
 __all__ = ("ANSWER_UNDER_WAY_CHARS", "SUMMARY_PROMPT", "ThinkingSummary", "thinking_of")
@@ -158,6 +159,11 @@ class ThinkingSummary:
                             text.append(piece)
                         case Finish(usage=usage, stop_reason=stop):
                             summary = "".join(text).strip()
+                            if usage == Usage() and summary:  # a client that reports none
+                                usage = Usage(
+                                    input_tokens=prompt_tokens(request),
+                                    output_tokens=text_tokens(summary),
+                                )
                             chat.answered(
                                 ModelResponse(
                                     text=summary,
