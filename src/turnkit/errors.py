@@ -89,6 +89,7 @@ __all__ = (
     "UserAbortedError",
     "error_codes",
     "missing_extra",
+    "typed_message",
 )
 
 DOCS_URL = "docs/errors.md"
@@ -152,6 +153,15 @@ ErrorCode = Literal[
 def error_codes() -> tuple[str, ...]:
     """All codes of the catalog, in catalog order."""
     return get_args(ErrorCode)
+
+
+def typed_message(exc: BaseException, message: str | None = None) -> str:
+    """`Type: message`, or the type alone when there are no words (`TimeoutError`).
+
+    `message` replaces the exception's own words when given.
+    """
+    words = str(exc) if message is None else message
+    return f"{type(exc).__name__}: {words}" if words else type(exc).__name__
 
 
 def missing_extra(feature: str, extra: str, cause: ImportError) -> ModuleNotFoundError:

@@ -15,7 +15,7 @@ from typing import Any, Final, cast, get_args, get_origin
 
 from pydantic import JsonValue, PydanticUserError, TypeAdapter, ValidationError, create_model
 
-from turnkit.errors import ConfigurationError
+from turnkit.errors import ConfigurationError, typed_message
 from turnkit.tenancy import Principal
 
 __all__ = (
@@ -136,7 +136,7 @@ class OutputCheck:
         except ValidationError as exc:
             return tuple(_problem(e) for e in exc.errors(include_url=False)[:MAX_PROBLEMS])
         except Exception as exc:  # noqa: BLE001 - a validator of the app's that did not expect it
-            return (f"{type(exc).__name__}: {exc}"[:_PROBLEM_CHARS],)
+            return (typed_message(exc)[:_PROBLEM_CHARS],)
         return ()
 
     def parse(self, answer: str) -> Any:

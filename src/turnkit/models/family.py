@@ -11,6 +11,7 @@ from turnkit.errors import (
     ModelUnreachableError,
     ProviderError,
     TurnkitError,
+    typed_message,
 )
 from turnkit.models import (
     Finish,
@@ -189,9 +190,7 @@ def _brief(exc: Exception, *, whole: bool = False) -> str:
     brief = getattr(exc, "brief", None)
     if isinstance(brief, str) and brief and not whole:
         return brief
-    if isinstance(exc, TurnkitError):
-        return exc.message
-    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    return exc.message if isinstance(exc, TurnkitError) else typed_message(exc)
 
 
 def _summary(failures: list[tuple[str, Exception]]) -> str:

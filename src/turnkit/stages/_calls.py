@@ -17,6 +17,7 @@ from turnkit.errors import (
     PluginFailedError,
     ProviderError,
     TurnkitError,
+    typed_message,
 )
 from turnkit.events import (
     ProviderCascadeEvent,
@@ -439,7 +440,7 @@ def _audit_failed_rung(
     message = error.message if isinstance(error, TurnkitError) else str(error)
     if failed.next_rung is not None and isinstance(error, ProviderError) and error.brief:
         message = error.brief  # without "give a fallback model": the family has one, and used it
-    reason = f"{type(error).__name__}: {message}" if message else type(error).__name__
+    reason = typed_message(error, message)
     step = FallbackStepPayload(
         from_rung=failed.rung,
         from_model=failed.model,

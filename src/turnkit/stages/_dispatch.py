@@ -15,7 +15,7 @@ from turnkit import otel
 from turnkit.audit import AuditPayloads, ToolFallbackStepPayload
 from turnkit.blocks import ToolResultBlock, ToolUseBlock
 from turnkit.context.results import READ_RESULT_TOOL
-from turnkit.errors import ErrorCode
+from turnkit.errors import ErrorCode, typed_message
 from turnkit.events import (
     JobCompletedEvent,
     JobDispatchedEvent,
@@ -389,7 +389,7 @@ async def _invoke(
     except asyncio.CancelledError:
         raise
     except Exception as exc:  # noqa: BLE001 - a failing tool is a result the model reads
-        problem = f"the tool raised {type(exc).__name__}" + (f": {exc}" if str(exc) else "")
+        problem = f"the tool raised {typed_message(exc)}"
     reports.ended(failed=problem is not None)
     return problem, code, output, reports.answered_by
 

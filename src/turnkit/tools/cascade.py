@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import JsonValue
 
-from turnkit.errors import ConfigurationError
+from turnkit.errors import ConfigurationError, typed_message
 from turnkit.models import ToolSpec
 from turnkit.tools._context import ToolContext
 from turnkit.tools._errors import ToolArgumentsError
@@ -77,8 +77,7 @@ class ToolClass:
                 await ctx.report_pivot(member.name, nxt, f"it refused the arguments: {exc}")
             except Exception as exc:  # noqa: BLE001 - a failed member is the cascade's trigger
                 last = exc
-                said = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-                await ctx.report_pivot(member.name, nxt, said)
+                await ctx.report_pivot(member.name, nxt, typed_message(exc))
         assert last is not None
         raise last
 
