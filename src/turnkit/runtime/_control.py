@@ -36,8 +36,7 @@ class RuntimeControl(RuntimeReads):
         """
         if self._recovery is not None:  # a turn this process took over: stop it at once
             await self._recovery[2].stop(TurnId(turn_id))
-        by = principal.id if isinstance(principal, Principal) else principal
-        status = await self.host.cancel(TurnId(turn_id), by=by)
+        status = await self.host.cancel(TurnId(turn_id), by=_id_of(principal))
         if status == "cancelled":  # ended in the Store, or by its driver here
             self.forget_ended(turn_id)
         return status
@@ -95,8 +94,8 @@ class RuntimeControl(RuntimeReads):
         if isinstance(resolution, Approve) and resolution.arguments is not None:
             await self._check_changed_arguments(record, request_id, resolution.arguments)
         cause = otel.resume_cause()  # taken now; kept once the answer is in
-        by = principal.id if isinstance(principal, Principal) else principal
-        await self.store.answer_pause(record.turn_id, request_id, resolution.model_dump(), by=by)
+        answer = resolution.model_dump()
+        await self.store.answer_pause(record.turn_id, request_id, answer, by=_id_of(principal))
         otel.note_resume(record.turn_id, cause)
         if self.config.run_in_process:
             self.host.detach(record.turn_id, deps=deps)
@@ -136,3 +135,8 @@ class RuntimeControl(RuntimeReads):
                 "nothing was answered",
                 tool=decision.tool_name,
             ) from exc
+
+
+def _id_of(principal: Principal | str | None) -> str | None:
+    """The principal id the audit records (None: anonymous)."""
+    return principal.id if isinstance(principal, Principal) else principal

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any, Final
 
 from turnkit.agent import Agent
-from turnkit.events import DurableEvent, EphemeralEvent
+from turnkit.events import DurableEvent, EphemeralEvent, StreamEvent
 from turnkit.ids import TurnId
 from turnkit.runtime._cancel import CancelToken
 from turnkit.runtime._host import TurnHost
@@ -17,7 +17,7 @@ from turnkit.runtime.reader import TurnReader
 from turnkit.states import PAUSED_STATES
 from turnkit.store import Store, Submission, TurnRecord
 
-__all__ = ("follow_submission",)
+__all__ = ("follow_submission", "until_waiting")
 
 
 async def follow_submission(
@@ -76,8 +76,28 @@ async def follow_submission(
                 await asyncio.shield(host.end_cancelled(submission.turn_id, stopped=claimed))
 
 
-WAIT_EVENTS: Final = ("approval.requested", "clarification.requested", "budget.paused")
+_WAITS: Final = ("approval.requested", "clarification.requested", "budget.paused")
 """Where a stream of this process's turn returns: the turn waits for a person (or a limit)."""
+
+
+async def until_waiting(
+    events: AsyncIterator[StreamEvent],
+    turn_id: TurnId,
+    turn: Callable[[str], Awaitable[TurnRecord]],
+) -> AsyncGenerator[StreamEvent, None]:
+    """`events` up to the turn's `done`, or to the pause it waits on now.
+
+    An earlier pause, answered already, is passed; a Stop that came first goes on to its
+    `done`.
+    """
+    async for event in events:
+        yield event
+        if event.type == "done":
+            return
+        if event.type in _WAITS:
+            now = await turn(turn_id)  # the pause it waits on is its latest event
+            if now.status in PAUSED_STATES and event.seq >= now.last_seq:
+                return
 
 
 async def _repeated(
@@ -99,9 +119,5 @@ async def _repeated(
         yield stored.decode()
     if not running:
         return  # ended, or waiting for a person: what it committed is all there is
-    async for live in reader().events(turn_id, after_seq=last):
+    async for live in until_waiting(reader().events(turn_id, after_seq=last), turn_id, turn):
         yield live
-        if live.type == "done":
-            return
-        if live.type in WAIT_EVENTS and (await turn(turn_id)).status in PAUSED_STATES:
-            return  # waits for a person (a Stop that came first goes on to its done)

@@ -11,7 +11,7 @@ from turnkit.events import DurableStreamEvent, StreamEvent
 from turnkit.ids import SessionId, TurnId
 from turnkit.projection import PendingDecision, QueuedInput, SessionView, TurnView
 from turnkit.runtime._core import RuntimeCore
-from turnkit.runtime._follow import WAIT_EVENTS
+from turnkit.runtime._follow import until_waiting
 from turnkit.runtime._history import TurnHistory, session_view, turn_history, turn_view
 from turnkit.runtime._validate import check_session_id, check_text
 from turnkit.states import PAUSED_STATES, TERMINAL_STATES
@@ -116,14 +116,9 @@ class RuntimeReads(RuntimeCore):
         record = await self.turn(turn_id)  # TurnNotFoundError if there is none
         if record.status in PAUSED_STATES and after_seq >= record.last_seq:
             return  # it waits already, and the caller has seen up to its pause
-        async for event in self.reader().events(record.turn_id, after_seq=after_seq):
+        events = self.reader().events(record.turn_id, after_seq=after_seq)
+        async for event in until_waiting(events, record.turn_id, self.turn):
             yield event
-            if event.type == "done":
-                return
-            if event.type in WAIT_EVENTS:
-                now = await self.turn(turn_id)  # the pause it waits on is its latest event
-                if now.status in PAUSED_STATES and event.seq >= now.last_seq:
-                    return  # waits for a person (a Stop that came first goes on to its done)
 
     async def audit(self, turn_id: str) -> list[AuditRow]:
         """A turn's audit rows, in order."""

@@ -45,8 +45,9 @@ def answer_deps(record: TurnRecord, principal: Principal | str | None, request_d
     """The deps a turn resumed by `principal`'s answer runs with.
 
     The request's deps are its caller's: a supervisor's must not become the tools' of a
-    customer's turn. Only the message's sender brings theirs; anyone else's answer leaves
-    the runtime's factory to build the sender's (`NO_DEPS`), as a worker would.
+    customer's turn. Only the message's sender brings theirs; anyone else's answer gives
+    none (`NO_DEPS`), so the turn runs with the deps this process kept for it, else those
+    the runtime's factory builds for the sender, as a worker would.
     """
     return request_deps if sent_by(record, principal) else NO_DEPS
 
