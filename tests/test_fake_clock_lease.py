@@ -1,7 +1,7 @@
 """A `FakeClock` jump past the lease's TTL while a turn runs: the driver still owns the turn
 (nobody took it), so it honours the idle window that passed and ends the turn `timed_out`.
 
-docs/guides/testing.md promises this; it held on SQLite only (issue: on PostgreSQL the
+docs/guides/testing.md promises this; it held on SQLite only (before: on PostgreSQL the
 stream became a follower of a turn nothing drove, and stayed `running` for good).
 """
 
@@ -16,19 +16,24 @@ from turnkit.events import DoneEvent, StreamEvent
 from turnkit.testing import FakeClock, ModelStep, ScriptedModel
 
 
-@pytest.mark.parametrize("jump", [31.0, 600.0])
-async def test_a_jump_past_the_idle_window_and_the_lease_times_the_turn_out(
-    db: tuple[str, str | None], jump: float
-) -> None:
+def _config(db: tuple[str, str | None]) -> RuntimeConfig:
+    """A 30 s idle window, well past the default 8 s lease; a ceiling out of the way."""
     url, schema = db
-    clock = FakeClock()
-    config = RuntimeConfig(
+    return RuntimeConfig(
         database_url=url,
         database_schema=schema,
         idle_window_s=30,
         heartbeat_interval_s=1,
         ceiling_s=6000,
     )
+
+
+@pytest.mark.parametrize("jump", [31.0, 600.0])
+async def test_a_jump_past_the_idle_window_and_the_lease_times_the_turn_out(
+    db: tuple[str, str | None], jump: float
+) -> None:
+    clock = FakeClock()
+    config = _config(db)
     assert jump > config.lease_ttl_s  # one jump past the lease as well as the idle window
     model = ScriptedModel([ModelStep.hang("thinking"), ModelStep.text_reply("back")])
     seen: list[StreamEvent] = []
@@ -55,15 +60,8 @@ async def test_a_jump_past_the_lease_alone_costs_the_driver_nothing(
 ) -> None:
     """Past the lease but within the idle window: nobody took the turn, so its driver's
     next renewal (fenced by its epoch) keeps it, and the turn runs on in the same attempt."""
-    url, schema = db
     clock = FakeClock()
-    config = RuntimeConfig(
-        database_url=url,
-        database_schema=schema,
-        idle_window_s=30,
-        heartbeat_interval_s=1,
-        ceiling_s=6000,
-    )
+    config = _config(db)
     model = ScriptedModel([ModelStep.hang("thinking")])
     seen: list[StreamEvent] = []
     kept = False
