@@ -220,8 +220,13 @@ class SessionDirectory(Protocol):
         principal: str | None = None,
         organisation: str | None = None,
         title: str | None = None,
+        parent: SessionId | None = None,
     ) -> SessionRecord:
-        """Create a session owned by `principal` of `organisation` (idempotent)."""
+        """Create a session owned by `principal` of `organisation` (idempotent).
+
+        `parent`: the session whose turn asked the delegated agent that answers here
+        (`Agent.as_tool`); such a session is not listed and goes when its parent does.
+        """
         ...
 
     async def get_session(self, session_id: SessionId) -> SessionRecord | None:
@@ -240,7 +245,15 @@ class SessionDirectory(Protocol):
 
         Only the principal's when `principal` is given (with `organisation`: only those it
         owns there); only those with no principal when `anonymous`; only those owned in
-        `organisation` when it is given alone; else every session.
+        `organisation` when it is given alone; else every session. Sessions delegated
+        agents answered in (those with a `parent_session`) are never listed.
+        """
+        ...
+
+    async def delegated_sessions(self, session_id: SessionId) -> list[SessionId]:
+        """The sessions agents asked as tools answered in for this one, at any depth.
+
+        They are deleted with it (`delete_session`).
         """
         ...
 

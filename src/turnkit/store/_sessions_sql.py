@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, Final
 
 from sqlalchemy import Connection, bindparam, delete, or_, select, update
 
@@ -24,7 +24,7 @@ from turnkit.store._schema import (
     workspace_files,
 )
 
-__all__ = ("create", "get", "get_pg", "list_", "remove", "remove_many", "rename")
+__all__ = ("create", "delegated", "get", "get_pg", "list_", "remove", "remove_many", "rename")
 
 
 def _record(row: Any) -> SessionRecord:
@@ -35,6 +35,7 @@ def _record(row: Any) -> SessionRecord:
         session_id=SessionId(row.session_id),
         principal=row.principal,
         organisation=row.organisation,
+        parent_session=row.parent_session,
         title=row.title,
         last_input_seq=row.last_input_seq,
         created_at=created,
@@ -64,6 +65,7 @@ def create(
     owner: tuple[str | None, str | None],
     title: str | None,
     now: datetime,
+    parent: SessionId | None = None,
 ) -> SessionRecord:
     """Insert if missing; return the session. `owner`: its principal and organisation."""
     conn.execute(
@@ -72,6 +74,7 @@ def create(
             session_id=session_id,
             principal=owner[0],
             organisation=owner[1],
+            parent_session=parent,
             title=title,
             last_input_seq=0,
             created_at=now,
@@ -89,10 +92,16 @@ def list_(
 ) -> list[SessionRecord]:
     """Newest first; `owner`'s (a principal and, when given, its organisation) only.
 
-    An organisation with no principal: the sessions owned in that organisation.
+    An organisation with no principal: the sessions owned in that organisation. A
+    delegated agent's session (one with a parent) is not listed.
     """
     principal, organisation = owner
-    query = select(sessions).order_by(sessions.c.updated_at.desc()).limit(limit)
+    query = (
+        select(sessions)
+        .where(sessions.c.parent_session.is_(None))
+        .order_by(sessions.c.updated_at.desc())
+        .limit(limit)
+    )
     if principal is not None:
         query = query.where(sessions.c.principal == principal)
         if organisation is not None:
@@ -161,6 +170,27 @@ def _keep_attribution(session_ids: Sequence[str]) -> Any:
     )
 
 
+_DELEGATION_DEPTH: Final = 16
+"""How deep delegated sessions are followed when their asking session is deleted."""
+
+
+def delegated(conn: Connection, session_id: SessionId) -> list[SessionId]:
+    """The sessions delegated agents answered in for `session_id`, at any depth."""
+    return [SessionId(s) for s in _with_delegated(conn, [session_id])[1:]]
+
+
+def _with_delegated(conn: Connection, ids: list[str]) -> list[str]:
+    """`ids` and the sessions delegated agents answered in for them, at any depth."""
+    found, frontier = list(ids), ids
+    for _ in range(_DELEGATION_DEPTH):
+        query = select(sessions.c.session_id).where(sessions.c.parent_session.in_(frontier))
+        frontier = [row.session_id for row in conn.execute(query)]
+        if not frontier:
+            break
+        found.extend(frontier)
+    return found
+
+
 def remove(conn: Connection, session_id: SessionId) -> bool:
     """Delete the session, its chat data and files; audit rows have their own retention."""
     return remove_many(conn, [session_id]) == 1
@@ -170,7 +200,7 @@ def remove_many(conn: Connection, session_ids: Sequence[str]) -> int:
     """`remove` for many sessions at once; how many sessions were there to delete."""
     if not session_ids:
         return 0
-    ids = list(session_ids)
+    ids = _with_delegated(conn, list(session_ids))
     turn_ids = select(turns.c.turn_id).where(turns.c.session_id.in_(ids))
     conn.execute(_keep_attribution(ids))
     conn.execute(delete(events).where(events.c.turn_id.in_(turn_ids)))
@@ -179,4 +209,6 @@ def remove_many(conn: Connection, session_ids: Sequence[str]) -> int:
     conn.execute(delete(turns).where(turns.c.session_id.in_(ids)))
     conn.execute(delete(inputs).where(inputs.c.session_id.in_(ids)))
     conn.execute(delete(workspace_files).where(workspace_files.c.session_id.in_(ids)))
-    return int(conn.execute(delete(sessions).where(sessions.c.session_id.in_(ids))).rowcount)
+    gone = conn.execute(delete(sessions).where(sessions.c.session_id.in_(ids[: len(session_ids)])))
+    conn.execute(delete(sessions).where(sessions.c.session_id.in_(ids[len(session_ids) :])))
+    return int(gone.rowcount)

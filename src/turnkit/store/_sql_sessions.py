@@ -41,11 +41,12 @@ class SqlSessions(SqlEngine):
         principal: str | None = None,
         organisation: str | None = None,
         title: str | None = None,
+        parent: SessionId | None = None,
     ) -> SessionRecord:
         """Create a session if it does not exist; return it."""
         owner = (principal, organisation if principal is not None else None)
         return await self._tx(
-            sessions_sql.create, self._insert, session_id, owner, title, self._clock.now()
+            sessions_sql.create, self._insert, session_id, owner, title, self._clock.now(), parent
         )
 
     async def get_session(self, session_id: SessionId) -> SessionRecord | None:
@@ -65,6 +66,10 @@ class SqlSessions(SqlEngine):
         """Sessions, most recently active first (see `SessionDirectory.list_sessions`)."""
         owner = (principal, organisation)
         return await self._tx(sessions_sql.list_, owner, anonymous, limit, write=False)
+
+    async def delegated_sessions(self, session_id: SessionId) -> list[SessionId]:
+        """The sessions agents asked as tools answered in for `session_id`, at any depth."""
+        return await self._tx(sessions_sql.delegated, session_id, write=False)
 
     async def rename_session(self, session_id: SessionId, title: str) -> SessionRecord:
         """Set a session's title (`SessionNotFoundError` if there is none)."""

@@ -36,6 +36,8 @@ class SessionRow(SQLModel, table=True):
     principal: str | None = Field(default=None, index=True, max_length=256)
     organisation: str | None = Field(default=None, max_length=128)
     """The owner's organisation (None: no owner, or a session older than this column)."""
+    parent_session: str | None = Field(default=None, index=True, max_length=128)
+    """The session whose turn asked a delegated agent (None: a conversation of its own)."""
     last_input_seq: int = 0
     created_at: datetime = Field(sa_column=_ts())
     updated_at: datetime = Field(sa_column=_ts())

@@ -98,6 +98,9 @@ class SessionRecord:
     updated_at: datetime
     organisation: str | None = None
     """The owner's organisation (None: no owner, or a session from before it was kept)."""
+    parent_session: SessionId | None = None
+    """The session whose turn asked the agent answering here (`Agent.as_tool`); such a
+    session is left out of lists and deleted with the session that asked."""
 
     def visible_to(self, principal: str | None, organisation: str | None) -> bool:
         """Whether the caller `principal` of `organisation` may see the session.
