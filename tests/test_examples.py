@@ -17,6 +17,17 @@ EXPECT = {
         "toolFallbackStep",
         "answer: ACME is at $12.50",
     ],
+    "agent_as_tool.py": [
+        "progress: asked shipping",
+        "progress: shipping: track_parcel",
+        "refunds answered: {'eligible': False, 'reason': 'it has not arrived yet'}",
+        "shipping answered: Order A7 is out for delivery and arrives today.",
+        "answer: Your order A7 arrives today; a refund can wait until it has arrived.",
+        "ada's sessions: ['desk-1']",
+        "shipping answered in a session of desk-1: desk-1",
+        "refunds answered in a session of desk-1: desk-1",
+        "specialist sessions left after deleting desk-1: 0",
+    ],
     "approval.py": [
         "approval.requested",
         "status: awaiting_approval",

@@ -27,7 +27,7 @@ from turnkit.pauses import (
     check_approver_role,
 )
 from turnkit.plugins import Plugin, validate_plugins
-from turnkit.tools import Tool, ToolClass, ToolRegistry
+from turnkit.tools import AgentTool, Tool, ToolClass, ToolRegistry
 
 __all__ = (
     "DEFAULT_MAX_TOOL_ROUNDS",
@@ -319,6 +319,69 @@ class Agent:
             changes["settings"] = self.settings.merged(settings)
         return dataclasses.replace(self, **changes) if changes else self  # type: ignore[arg-type]
 
+    def as_tool(
+        self,
+        *,
+        name: str | None = None,
+        description: str | None = None,
+        approval: ApprovalPolicy | None = None,
+        approver_role: str | None = None,
+    ) -> AgentTool:
+        """This agent as a tool another agent may call: each call is a turn of this agent.
+
+        The calling model sends a `message`; this agent answers it in a durable turn of
+        its own (in a session whose parent is the asking session) and its answer, text or
+        its `output_type`'s JSON, is the call's result. A runtime hosting the asking agent
+        hosts this one too.
+
+        Args:
+            name: The tool's name (default: the agent's name).
+            description: What the model reads to choose it (default: says whom it asks).
+            approval: A person approves each delegation first (`always`, or a policy of
+                the message); None: the asking agent's policy.
+            approver_role: Who approves it over HTTP (see `Agent.approver_role`).
+
+        Raises:
+            ConfigurationError: this agent would wait for a person (`clarifications`, or
+                an `always` approval policy of its own or of a tool): nobody is there to
+                answer an agent asked as a tool.
+        """
+        waits = _waits_for_a_person(self)
+        if waits:
+            raise ConfigurationError(
+                f"the agent {self.name!r} cannot be a tool: {waits}, and an agent asked as a "
+                "tool answers without a person (approve the delegation instead: "
+                "as_tool(approval='always'))"
+            )
+        made = AgentTool(
+            self,
+            name=name or self.name,
+            description=description
+            or f"Ask the {self.name} agent and get its answer. {_first_line(self.instructions)}",
+            approval=approval,
+            approver_role=approver_role,
+        )
+        _check_own_approval(made)
+        return made
+
+
+def _waits_for_a_person(agent: Agent) -> str | None:
+    """Why `agent` would pause for a person whatever it is asked (None: it need not)."""
+    if agent.clarifications:
+        return "it asks the user questions (clarifications=True)"
+    if agent.approval == "always":
+        return "its approval policy is 'always'"
+    for item in agent.registry():
+        for member in item.leaves() if isinstance(item, ToolClass) else (item,):
+            if getattr(member, "approval", None) == "always":
+                return f"its tool {member.name!r} asks for approval 'always'"
+    return None
+
+
+def _first_line(text: str) -> str:
+    line = text.strip().splitlines()[0] if text.strip() else ""
+    return line if len(line) <= 200 else line[:197] + "..."
+
 
 def describe_model(model: object) -> object:
     """A model string, client or family as plain JSON: names and endpoints, never keys."""
@@ -351,6 +414,8 @@ def _tool_version(tool: Tool, *, approval: bool = True) -> dict[str, object]:
         out["approval"] = policy if isinstance(policy, str) else _qualname(policy)
     if role := getattr(tool, "approver_role", None):
         out["approver_role"] = role
+    if isinstance(tool, AgentTool):  # the agent it asks is part of what the tool does
+        out["agent"] = {"name": tool.agent.name, "version": tool.agent.version}
     return out
 
 

@@ -18,6 +18,7 @@ from turnkit.runtime._budget_api import RuntimeBudgets
 from turnkit.runtime._callback_reports import RuntimeCallbacks
 from turnkit.runtime._cancel import CancelToken
 from turnkit.runtime._control import RuntimeControl
+from turnkit.runtime._delegation import ask_agent, delegated_session_id
 from turnkit.runtime._follow import follow_submission
 from turnkit.runtime._history import TurnHistory
 from turnkit.runtime._retention import RetentionReport, RuntimeRetention
@@ -35,6 +36,7 @@ from turnkit.runtime.deps import NO_DEPS
 from turnkit.skills import Skill, skills_for
 from turnkit.store import Delivery, SessionRecord, Submission
 from turnkit.tenancy import Principal
+from turnkit.tools._context import AskAgent
 
 __all__ = (
     "CancelToken",
@@ -43,6 +45,7 @@ __all__ = (
     "SessionRuntime",
     "TurnHistory",
     "TurnRequest",
+    "delegated_session_id",
 )
 
 
@@ -211,6 +214,8 @@ class SessionRuntime(RuntimeControl, RuntimeCallbacks, RuntimeBudgets, RuntimeRe
     async def delete_session(self, session_id: str) -> bool:
         """Delete a session: its inputs, turns, events, files and its turns' checkpoints.
 
+        The sessions agents asked as tools answered in for it go with it, the same way.
+
         Audit and usage rows stay (its spend still counts against budgets). Returns False
         if there was no such session. A running turn is not stopped first: see
         `Store.delete_session`.
@@ -218,6 +223,8 @@ class SessionRuntime(RuntimeControl, RuntimeCallbacks, RuntimeBudgets, RuntimeRe
         sid = check_session_id(session_id)
         await self._ensure_open()
         turns = await self.store.list_turns(sid)
+        for asked in await self.store.delegated_sessions(sid):  # deleted with it
+            turns += await self.store.list_turns(asked)
         # The checkpoints first: if deleting them fails, the session is still there, and
         # deleting it again finishes the job (its rows gone, nothing would name them).
         await self.forget_checkpoints([t.turn_id for t in turns])
@@ -355,6 +362,9 @@ class SessionRuntime(RuntimeControl, RuntimeCallbacks, RuntimeBudgets, RuntimeRe
                 hold_until=hold_until,
             )
         return submission
+
+    def _ask_agent(self) -> AskAgent:
+        return functools.partial(ask_agent, self)
 
     async def retry(self, turn_id: str, *, request_id: str | None = None) -> Submission:
         """Send a failed (or timed-out, or cancelled) turn's message again, as a new turn.

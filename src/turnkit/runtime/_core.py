@@ -47,6 +47,7 @@ from turnkit.store import Store
 from turnkit.store._engine import normalize_url
 from turnkit.tenancy import Organisation, Tenancy
 from turnkit.tools import Tool
+from turnkit.tools._context import AskAgent
 
 if TYPE_CHECKING:
     from turnkit.runtime import SessionRuntime
@@ -353,6 +354,14 @@ class RuntimeCore:
         if driver is not None:
             driver.heard_guide(input_seq)
 
+    def _gave_up(self, turn_id: str) -> bool:
+        """Whether this process's driver of `turn_id` gave it up (a shutdown, a lost lease).
+
+        A turn cancelled then is not stopped: another process takes it over.
+        """
+        driver = self._driving.get(TurnId(turn_id))
+        return driver is not None and driver.lease_lost
+
     def forget_ended(self, turn_id: str) -> None:
         """Delete the checkpoints of a turn ended without its driver, with the next batch.
 
@@ -394,7 +403,12 @@ class RuntimeCore:
             held=self._held,
             aftermath=self._aftermath,
             driving=self._driving,
+            ask_agent=self._ask_agent(),
         )
+
+    def _ask_agent(self) -> AskAgent | None:
+        """What runs an agent a tool call asks (`Agent.as_tool`): the runtime's own."""
+        return None
 
 
 def _closed() -> RuntimeClosedError:

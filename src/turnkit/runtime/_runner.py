@@ -32,6 +32,7 @@ from turnkit.stages._types import Route
 from turnkit.store import Lease, Store, TurnRecord
 from turnkit.telemetry import Recorder
 from turnkit.tenancy import DEFAULT_DEPARTMENT, DEFAULT_ORGANISATION, Principal
+from turnkit.tools._context import AskAgent
 
 __all__ = ("Driving", "TurnRunner", "pinned_config")
 
@@ -170,8 +171,11 @@ class TurnRunner:
         held: HeldTranscripts | None = None,
         aftermath: Aftermath | None = None,
         driving: Driving | None = None,
+        ask_agent: AskAgent | None = None,
     ) -> None:
         self.agents = agents
+        self.ask_agent = ask_agent
+        """Runs an agent a tool call asks (`Agent.as_tool`); None: such calls fail."""
         self.aftermath = aftermath
         """Where drivers leave work for after a turn's ending (None: it is dropped)."""
         self.held = held
@@ -294,6 +298,7 @@ class TurnRunner:
                 plugins=plugins,
                 interrupt=pause_here,
                 budget=gate,
+                ask_agent=self.ask_agent,
                 callback_token=(
                     callback_token(self.config.callback_secret, record.turn_id)
                     if self.config.callback_secret

@@ -21,7 +21,7 @@ from turnkit.ids import SessionId
 from turnkit.models import ModelClient, ModelSettings
 from turnkit.models.family import ModelFamily
 from turnkit.models.litellm import ModelEndpoint
-from turnkit.tools import Tool
+from turnkit.tools import AgentTool, Tool
 
 __all__ = (
     "AgentCatalog",
@@ -157,10 +157,22 @@ class AgentCatalog:
             if item.name in self.tools:
                 raise ConfigurationError(f"two host tools are named {item.name!r}")
             self.tools[item.name] = item
-        for agent in agents:
+        listed = list(agents)
+        for agent in listed:
             if agent.name in self._current and self._current[agent.name] != agent:
                 raise ConfigurationError(f"two agents are named {agent.name!r}")
             self.add(agent)
+        for agent in listed:  # an agent a tool asks (`as_tool`) took a listed one's name
+            if self._current[agent.name] != agent:
+                raise ConfigurationError(
+                    f"two agents are named {agent.name!r}: one is asked by another agent's "
+                    "tool (Agent.as_tool); rename one"
+                )
+        for item in self.tools.values():  # agents that bundles kept as data may ask
+            if isinstance(item, AgentTool) and item.agent.version not in self._versions.get(
+                item.agent.name, {}
+            ):
+                self.add(item.agent)
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -172,12 +184,19 @@ class AgentCatalog:
         return tuple(self._current.values())
 
     def add(self, agent: Agent) -> None:
-        """Host `agent` (it becomes its name's current version; older ones stay usable)."""
+        """Host `agent` (it becomes its name's current version; older ones stay usable).
+
+        The agents its tools ask (`Agent.as_tool`) are hosted too, so any process hosting
+        `agent` can drive their turns.
+        """
         versions = self._versions.setdefault(agent.name, {})
         versions[agent.version] = agent
         for earlier in agent.earlier_versions:  # turns pinned before an upgrade of turnkit
             versions.setdefault(earlier, agent)
         self._current[agent.name] = agent
+        for asked in _asked_agents(agent):
+            if asked.version not in self._versions.get(asked.name, {}):
+                self.add(asked)
 
     async def get(self, name: str, version: str | None = None) -> Agent:
         """The agent called `name` (at `version`, when given).
@@ -213,6 +232,11 @@ class AgentCatalog:
         except ValidationError as exc:
             raise ConfigurationError(f"the stored agent {name!r} is not valid: {exc}") from exc
         return data.build(self.tools)
+
+
+def _asked_agents(agent: Agent) -> list[Agent]:
+    """The agents `agent`'s tools ask (`Agent.as_tool`)."""
+    return [t.agent for t in agent.registry() if isinstance(t, AgentTool)]
 
 
 async def allowed_tools(

@@ -311,6 +311,7 @@ async def _reconcile(
             caller=ctx.caller,
             deps=ctx.deps,
             callback_token=ctx.callback_token,
+            _ask_agent=ctx.ask_agent,
         )
         try:
             applied, output = await ask_reconcile(hook, part.name, args, tool_ctx)
@@ -376,6 +377,7 @@ async def _invoke(
         callback_token=ctx.callback_token,
         _progress=reports.progress,
         _pivot=reports.pivot,
+        _ask_agent=ctx.ask_agent,
     )
     problem: str | None = None
     code: ErrorCode = "tool-failed"

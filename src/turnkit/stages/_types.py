@@ -23,6 +23,7 @@ from turnkit.skills import Skill
 from turnkit.telemetry import Recorder
 from turnkit.tenancy import Principal
 from turnkit.tools import ToolRegistry
+from turnkit.tools._context import AskAgent
 
 __all__ = (
     "BudgetCheck",
@@ -103,6 +104,8 @@ class StageContext:
     """The turn's callback token, for tools that hand work to another process."""
     budget: BudgetCheck | None = None
     """Budgets enforced: every model call reserves first (None: budgets are off)."""
+    ask_agent: AskAgent | None = None
+    """Runs an agent offered as a tool (`Agent.as_tool`) for a call: the runtime's."""
     scratch: dict[str, object] = field(default_factory=dict[str, object])
     """Per-attempt helpers shared across stages (the thinking summary in flight)."""
 

@@ -11,6 +11,7 @@ from collections.abc import Iterable, Iterator
 from turnkit.errors import DuplicateToolError
 from turnkit.models import ToolSpec
 from turnkit.pauses import CLARIFY_TOOL
+from turnkit.tools._agent_tool import AgentTool, AgentToolError
 from turnkit.tools._context import ToolContext
 from turnkit.tools._errors import ToolArgumentsError
 from turnkit.tools._function import NOT_APPLIED, FunctionTool, tool
@@ -19,6 +20,8 @@ from turnkit.tools.cascade import ToolClass, validated_arguments
 
 __all__ = (
     "NOT_APPLIED",
+    "AgentTool",
+    "AgentToolError",
     "FunctionTool",
     "clarify_spec",
     "Tool",

@@ -4,15 +4,20 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Generic
 
+from pydantic import JsonValue
 from typing_extensions import TypeVar
 
 from turnkit.ids import SessionId, ToolCallId, TurnId
 from turnkit.tenancy import Principal
 
-__all__ = ("DepsT", "ToolContext")
+__all__ = ("AskAgent", "DepsT", "ToolContext")
 
 DepsT = TypeVar("DepsT", default=Any)
 """The type of the app's dependencies a tool receives (`ToolContext[MyDeps]`)."""
+
+
+AskAgent = Callable[[Any, str, "ToolContext[Any]"], Awaitable[JsonValue]]
+"""How a runtime runs an agent offered as a tool: `(agent, message, ctx) -> answer`."""
 
 
 async def _ignore_progress(progress: float | None, message: str | None) -> None:
@@ -63,6 +68,7 @@ class ToolContext(Generic[DepsT]):
     _pivot: Callable[[str, str | None, str], Awaitable[None]] = field(
         default=_ignore_pivot, repr=False
     )
+    _ask_agent: AskAgent | None = field(default=None, repr=False)
 
     async def report_progress(
         self, progress: float | None = None, message: str | None = None

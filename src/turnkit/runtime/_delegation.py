@@ -1,0 +1,174 @@
+"""Agents asked as tools (`Agent.as_tool`): each call is a turn in a session of its own.
+
+The session's id is derived from the call's idempotency key, and its one message has a
+fixed request id, so asking again for the same call (after a crash of the asking turn,
+from its reconcile hook) joins the turn the first ask started instead of running the
+agent twice. The turn runs in the asking turn's slot: a bound on running turns never
+makes a parent wait for its own child. A Stop of the asking turn stops the asked one; a
+shutdown leaves both to whoever recovers them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import time
+from typing import TYPE_CHECKING, Final
+
+from pydantic import JsonValue
+
+from turnkit.agent import Agent
+from turnkit.events import (
+    DoneEvent,
+    DurableEvent,
+    EphemeralEvent,
+    ErrorEvent,
+    MessageCompleteEvent,
+    ToolStartedEvent,
+)
+from turnkit.ids import SessionId
+from turnkit.runtime.deps import NO_DEPS
+from turnkit.stages._titles import opening_title
+from turnkit.tools import AgentToolError, ToolContext
+
+if TYPE_CHECKING:
+    from turnkit.runtime import SessionRuntime
+
+__all__ = ("DELEGATED_SESSION_PREFIX", "ask_agent", "delegated_session_id")
+
+DELEGATED_SESSION_PREFIX: Final = "tk-sub."
+"""How the id of a session a delegated agent answers in begins."""
+
+_REQUEST_ID: Final = "delegated"
+"""The request id of the one message of a delegated session: asking again joins it."""
+
+_PULSE_S: Final = 5.0
+"""How often the asking call reports that the agent still works (keeps its turn alive)."""
+
+_WAITS: Final = {
+    "approval.requested": "an approval",
+    "clarification.requested": "an answer to its question",
+    "budget.paused": "a raised budget",
+}
+
+
+def delegated_session_id(idempotency_key: str, agent: str) -> SessionId:
+    """The session `agent` answers a call in, from the call's idempotency key.
+
+    The key is the asking call's (`ToolContext.idempotency_key`, and `idempotency_key` of
+    its `tool.started` event): every ask of the call lands in the same session.
+    """
+    digest = hashlib.sha256(f"{idempotency_key}\x00{agent}".encode()).hexdigest()
+    return SessionId(DELEGATED_SESSION_PREFIX + digest[:32])
+
+
+async def ask_agent(
+    runtime: SessionRuntime, agent: object, message: str, ctx: ToolContext
+) -> JsonValue:
+    """Run `agent` on `message` for the tool call `ctx` and return its answer.
+
+    Raises:
+        AgentToolError: the agent's turn failed, timed out, was stopped, or stopped to
+            wait for a person (that turn is then cancelled: nobody would answer it).
+    """
+    if not isinstance(agent, Agent):
+        raise AgentToolError(f"an agent tool asks a turnkit.Agent, not {type(agent).__name__}")
+    session_id = delegated_session_id(ctx.idempotency_key, agent.name)
+    caller = ctx.caller
+    await runtime.store.create_session(
+        session_id,
+        principal=caller.id if caller is not None else ctx.principal,
+        organisation=caller.organisation if caller is not None else None,
+        title=f"{agent.name}: {opening_title(message)}",
+        parent=ctx.session_id,
+    )
+    submission = await runtime.submit(
+        session_id,
+        message,
+        agent=agent,
+        request_id=_REQUEST_ID,
+        principal=caller if caller is not None else ctx.principal,
+        claim=True,
+    )
+    if submission.is_new:  # driven here, detached: a shutdown leaves it to recovery too
+        runtime.host.detach(
+            submission.turn_id,
+            lease=submission.lease,
+            # Counted, never refused: the asking turn waits for this one, in its own slot.
+            slot=runtime.host.slots.hold() if submission.lease is not None else None,
+            agent=agent,
+            deps=NO_DEPS if ctx.deps is None else ctx.deps,
+        )
+    await ctx.report_progress(None, f"asked {agent.name} (session {session_id})")
+    answer = _Answer(agent, submission.turn_id, session_id)
+    try:
+        async for event in runtime.follow(submission.turn_id):
+            await answer.take(event, ctx)
+    except asyncio.CancelledError:
+        if not runtime._gave_up(ctx.turn_id):  # a Stop: the asked agent stops too
+            await asyncio.shield(runtime.cancel(submission.turn_id))
+        raise  # a shutdown or a lost lease: whoever takes the asking turn over joins it
+    if answer.waits is not None:
+        await runtime.cancel(submission.turn_id)
+    return answer.result()
+
+
+class _Answer:
+    """What a delegated turn's events say: its answer, its failure, or the pause it met."""
+
+    def __init__(self, agent: Agent, turn_id: str, session_id: str) -> None:
+        self.agent = agent
+        self.where = f"turn {turn_id} in session {session_id}"
+        self.text: str | None = None
+        self.error: ErrorEvent | None = None
+        self.done: DoneEvent | None = None
+        self.waits: str | None = None
+        self._pulse = time.monotonic()
+
+    async def take(self, event: DurableEvent | EphemeralEvent, ctx: ToolContext) -> None:
+        """Keep what the answer needs; tell the asking call what the agent does."""
+        if isinstance(event, MessageCompleteEvent) and event.block.is_answer:
+            self.text = event.block.text
+        elif isinstance(event, ErrorEvent):
+            self.error = event
+        elif isinstance(event, DoneEvent):
+            self.done = event
+        elif (kind := getattr(event, "type", None)) in _WAITS:
+            self.waits = _WAITS[kind]
+        if isinstance(event, ToolStartedEvent):
+            await self._report(ctx, f"{self.agent.name}: {event.block.tool_name}")
+        elif time.monotonic() - self._pulse >= _PULSE_S:
+            await self._report(ctx, f"{self.agent.name} is working")
+
+    async def _report(self, ctx: ToolContext, message: str) -> None:
+        self._pulse = time.monotonic()
+        await ctx.report_progress(None, message)
+
+    def result(self) -> JsonValue:
+        """The answer: text, or the `output_type`'s JSON value.
+
+        Raises:
+            AgentToolError: the turn did not complete with an answer.
+        """
+        name = self.agent.name
+        if self.waits is not None:
+            raise AgentToolError(
+                f"the agent {name!r} stopped to wait for {self.waits}, which nobody gives "
+                f"an agent asked as a tool: its {self.where} was cancelled"
+            )
+        if self.done is None:
+            raise AgentToolError(f"the agent {name!r} did not finish ({self.where})")
+        if self.done.status != "succeeded" or self.text is None:
+            said = f": {self.error.message}" if self.error is not None else ""
+            raise AgentToolError(
+                f"the agent {name!r} did not answer: its {self.where} ended "
+                f"{self.done.status}{said}"
+            )
+        if self.agent.output is None:
+            return self.text
+        try:
+            value: JsonValue = json.loads(self.text)
+        except ValueError:
+            return self.text
+        return value

@@ -1,0 +1,115 @@
+"""`AgentTool`: an agent another agent calls as a tool (made by `Agent.as_tool`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Final
+
+from pydantic import JsonValue
+
+from turnkit.models import ToolSpec
+from turnkit.pauses import ApprovalPolicy
+from turnkit.tools._context import ToolContext
+from turnkit.tools._errors import ToolArgumentsError, ToolResultError
+
+__all__ = ("AgentTool", "AgentToolError")
+
+_MESSAGE_HELP: Final = (
+    "What to ask: the task and everything needed for it. The agent sees nothing else of "
+    "this conversation."
+)
+
+
+class AgentToolError(ToolResultError):
+    """An agent asked as a tool did not answer; the asking model reads why.
+
+    Its turn failed, timed out, was stopped, or would have waited for a person.
+    """
+
+
+class AgentTool:
+    """Another agent, offered as a tool: each call is one turn of that agent.
+
+    The model calls it with a `message`; the agent answers it in a turn of its own, in a
+    session of its own that names the asking session as its parent, durably like any turn
+    (recovered after a crash, audited, its tools approved the same way), and its answer is
+    the call's result: its text, or its JSON value when the agent has an `output_type`.
+    A call runs the agent once: after a crash of the asking turn the same call joins the
+    turn it started instead of asking again.
+
+    The agent answers without a person: it may not ask questions or wait for approvals
+    (put `approval=` on this tool to have a person approve the delegation itself).
+    """
+
+    def __init__(
+        self,
+        agent: Any,
+        *,
+        name: str,
+        description: str,
+        approval: ApprovalPolicy | None = None,
+        approver_role: str | None = None,
+    ) -> None:
+        self.agent = agent
+        """The `Agent` that answers."""
+        self._name = name
+        self._description = description
+        self.approval = approval
+        """The call's own approval policy (None: the asking agent's)."""
+        self.approver_role = approver_role
+        """Who approves the call over HTTP (None: the asking agent's rule)."""
+
+    @property
+    def name(self) -> str:
+        """The name the model calls."""
+        return self._name
+
+    def spec(self) -> ToolSpec:
+        """One argument: the message the agent answers."""
+        return ToolSpec(
+            name=self._name,
+            description=self._description,
+            parameters={
+                "type": "object",
+                "properties": {"message": {"type": "string", "description": _MESSAGE_HELP}},
+                "required": ["message"],
+                "additionalProperties": False,
+            },
+        )
+
+    async def invoke(self, arguments: Mapping[str, JsonValue], ctx: ToolContext) -> JsonValue:
+        """Ask the agent and return its answer.
+
+        Raises:
+            ToolArgumentsError: no `message`, or other arguments.
+            AgentToolError: the agent's turn did not answer, or there is no runtime to
+                run it (the tool was called outside a turn).
+        """
+        message = self.message_of(arguments)
+        ask = ctx._ask_agent
+        if ask is None:
+            raise AgentToolError(
+                f"the agent {self.agent.name!r} answers only inside a turn of a "
+                "SessionRuntime: call the asking agent through the runtime"
+            )
+        return await ask(self.agent, message, ctx)
+
+    async def reconcile(
+        self, arguments: Mapping[str, JsonValue], ctx: ToolContext
+    ) -> tuple[bool, JsonValue]:
+        """After a crash: join the turn this call started (it is not asked again)."""
+        return True, await self.invoke(arguments, ctx)
+
+    def message_of(self, arguments: Mapping[str, JsonValue]) -> str:
+        """The call's `message`, checked.
+
+        Raises:
+            ToolArgumentsError: it is missing, not text or blank, or other arguments came.
+        """
+        extra = sorted(set(arguments) - {"message"})
+        if extra:
+            raise ToolArgumentsError(self._name, f"unexpected arguments {extra}: only `message`")
+        message = arguments.get("message")
+        if not isinstance(message, str) or not message.strip():
+            raise ToolArgumentsError(self._name, "`message` must be non-empty text")
+        return message

@@ -1,0 +1,427 @@
+"""An agent offered to another as a tool: a durable turn of its own, asked once per call."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from pathlib import Path
+
+import pytest
+from pydantic import BaseModel
+
+from turnkit import Agent, Approve, RuntimeConfig, SessionRuntime, ToolContext, tool
+from turnkit.errors import ConfigurationError
+from turnkit.events import (
+    ApprovalRequestedEvent,
+    JobProgressEvent,
+    ToolCompletedEvent,
+    ToolFailedEvent,
+    ToolInDoubtEvent,
+    ToolStartedEvent,
+)
+from turnkit.ids import SessionId, ToolCallId, TurnId
+from turnkit.models import ModelRequest
+from turnkit.runtime import delegated_session_id
+from turnkit.runtime.agents import AgentCatalog
+from turnkit.runtime.worker import Worker
+from turnkit.testing import ModelStep, ScriptedModel, call, collect_events
+from turnkit.tools import AgentTool, AgentToolError
+
+CALLS: list[str] = []
+
+
+@tool
+async def order_status(order_id: str, ctx: ToolContext) -> str:
+    """Look an order up."""
+    CALLS.append(f"{ctx.principal}:{order_id}")
+    return f"order {order_id} shipped on Monday"
+
+
+def _specialist(*steps: ModelStep, **kwargs: object) -> Agent:
+    return Agent(
+        name="orders",
+        instructions="You answer questions about orders.\nBe brief.",
+        model=ScriptedModel(list(steps)),
+        tools=[order_status],
+        **kwargs,  # type: ignore[arg-type]
+    )
+
+
+def _asking(specialist: Agent, *steps: ModelStep) -> Agent:
+    return Agent(name="front-desk", model=ScriptedModel(list(steps)), tools=[specialist.as_tool()])
+
+
+def _runtime(tmp_path: Path, agent: Agent, **config: object) -> SessionRuntime:
+    url = f"sqlite:///{tmp_path / 'agents.db'}"
+    return SessionRuntime(agent=agent, config=RuntimeConfig(database_url=url, **config))  # type: ignore[arg-type]
+
+
+async def test_the_asked_agent_answers_in_a_session_of_its_own(tmp_path: Path) -> None:
+    CALLS.clear()
+    specialist = _specialist(
+        ModelStep.tool_call_reply(call("order_status", order_id="42")),
+        ModelStep.text_reply("Order 42 shipped on Monday."),
+    )
+    seen: list[ModelRequest] = []
+
+    def answer_with_result(request: ModelRequest) -> ModelStep:
+        seen.append(request)
+        return ModelStep.text_reply("Your order shipped on Monday.")
+
+    front = _asking(
+        specialist,
+        ModelStep.tool_call_reply(call("orders", message="When did order 42 ship?")),
+        ModelStep.respond(answer_with_result),
+    )
+    async with _runtime(tmp_path, front) as runtime:
+        asked = runtime.execute_message("s1", "where is 42?", principal="ann")
+        events = await collect_events(asked)
+        [done] = [e for e in events if isinstance(e, ToolCompletedEvent)]
+        assert done.result.output == "Order 42 shipped on Monday."
+        progress = [e.message for e in events if isinstance(e, JobProgressEvent)]
+        assert progress[1] == "orders: order_status"
+        assert CALLS == ["ann:42"]  # the specialist's tool ran once, for the same caller
+        # The asking model read the specialist's answer as the call's result.
+        assert "Order 42 shipped on Monday." in str(seen[0].messages[-1])
+        # The specialist's turn is a session of its own, owned by the caller, not listed.
+        listed = await runtime.store.list_sessions(principal="ann")
+        assert [s.session_id for s in listed] == ["s1"]
+        assert [s.session_id for s in await runtime.store.list_sessions()] == ["s1"]
+        [started] = [e for e in events if isinstance(e, ToolStartedEvent)]
+        assert started.idempotency_key is not None
+        child_id = delegated_session_id(started.idempotency_key, "orders")
+        assert progress[0] == f"asked orders (session {child_id})"
+        child = await runtime.store.get_session(child_id)
+        assert child is not None
+        assert (child.parent_session, child.principal) == ("s1", "ann")
+        assert child.title == "orders: When did order 42 ship?"
+        [child_turn] = await runtime.store.list_turns(child_id)
+        assert (child_turn.status, child_turn.agent) == ("succeeded", "orders")
+        # Deleting the asking session deletes the one the specialist answered in.
+        assert await runtime.store.delete_session(SessionId("s1"))
+        assert await runtime.store.get_session(child_id) is None
+
+
+class Verdict(BaseModel):
+    refund: bool
+    reason: str
+
+
+async def test_an_agent_with_an_output_type_answers_its_json_value(tmp_path: Path) -> None:
+    judge = Agent(
+        name="judge",
+        model=ScriptedModel([ModelStep.text_reply('{"refund": true, "reason": "late"}')]),
+        output_type=Verdict,
+    )
+    front = _asking(
+        judge,
+        ModelStep.tool_call_reply(call("judge", message="Refund order 7? It came late.")),
+        ModelStep.text_reply("Refunded."),
+    )
+    async with _runtime(tmp_path, front) as runtime:
+        events = await collect_events(runtime.execute_message("s1", "refund 7"))
+    [done] = [e for e in events if isinstance(e, ToolCompletedEvent)]
+    assert done.result.output == {"refund": True, "reason": "late"}
+
+
+async def test_an_agent_that_fails_is_a_failed_call_the_asking_model_reads(
+    tmp_path: Path,
+) -> None:
+    broken = _specialist(ModelStep.fail(RuntimeError("provider down")))
+    front = _asking(
+        broken,
+        ModelStep.tool_call_reply(call("orders", message="status of 9?")),
+        ModelStep.text_reply("The orders desk is unavailable."),
+    )
+    async with _runtime(tmp_path, front) as runtime:
+        events = await collect_events(runtime.execute_message("s1", "9?"))
+        record = await runtime.turn(events[0].turn_id)  # type: ignore[union-attr]
+    [failed] = [e for e in events if isinstance(e, ToolFailedEvent)]
+    error = failed.result.error or ""
+    assert "the agent 'orders' did not answer" in error
+    assert "ended failed" in error
+    assert record.status == "succeeded"  # the asking turn goes on and answers
+
+
+async def test_bad_arguments_are_sent_back_to_the_model(tmp_path: Path) -> None:
+    specialist = _specialist(ModelStep.text_reply("unused"))
+    front = _asking(
+        specialist,
+        ModelStep.tool_call_reply(call("orders", message="  ")),
+        ModelStep.text_reply("Sorry."),
+    )
+    async with _runtime(tmp_path, front) as runtime:
+        events = await collect_events(runtime.execute_message("s1", "?"))
+    [failed] = [e for e in events if isinstance(e, ToolFailedEvent)]
+    assert "`message` must be non-empty text" in (failed.result.error or "")
+
+
+def test_an_agent_that_would_wait_for_a_person_is_refused_as_a_tool() -> None:
+    model = ScriptedModel([ModelStep.text_reply("x")])
+    with pytest.raises(ConfigurationError, match="clarifications=True"):
+        Agent(name="asker", model=model, clarifications=True).as_tool()
+    with pytest.raises(ConfigurationError, match="approval policy is 'always'"):
+        Agent(name="careful", model=model, approval="always").as_tool()
+
+    @tool(approval="always")
+    async def refund(order_id: str) -> str:
+        """Refund an order."""
+        return "refunded"
+
+    with pytest.raises(ConfigurationError, match="its tool 'refund' asks for approval"):
+        Agent(name="refunds", model=model, tools=[refund]).as_tool()
+    # The delegation itself may need a person's approval instead.
+    made = Agent(name="refunds", model=model).as_tool(approval="always", name="ask_refunds")
+    assert (made.name, made.approval) == ("ask_refunds", "always")
+    assert made.spec().parameters["required"] == ["message"]
+
+
+def test_the_asking_agent_hosts_the_agent_it_asks_and_versions_with_it() -> None:
+    first = _specialist(ModelStep.text_reply("x"))
+    second = dataclasses.replace(first, instructions="Answer about orders, kindly.")
+    front_1 = _asking(first, ModelStep.text_reply("x"))
+    front_2 = _asking(second, ModelStep.text_reply("x"))
+    assert front_1.version != front_2.version  # the agent it asks is part of its tool
+    catalog = AgentCatalog([front_1])
+    assert set(catalog.names) == {"front-desk", "orders"}  # a worker can drive both
+
+
+async def test_a_tool_called_outside_a_turn_says_so() -> None:
+    made = _specialist(ModelStep.text_reply("x")).as_tool()
+    ctx = ToolContext(
+        session_id=SessionId("s"),
+        turn_id=TurnId("t"),
+        tool_call_id=ToolCallId("c"),
+        idempotency_key="k",
+    )
+    with pytest.raises(AgentToolError, match="only inside a turn of a SessionRuntime"):
+        await made.invoke({"message": "hi"}, ctx)
+    assert isinstance(made, AgentTool)
+
+
+def _always_ask(name: str, arguments: object) -> bool:
+    return True
+
+
+async def test_an_agent_that_stops_to_wait_for_a_person_fails_the_call_and_is_cancelled(
+    tmp_path: Path,
+) -> None:
+    cautious = _specialist(
+        ModelStep.tool_call_reply(call("order_status", order_id="5")),
+        ModelStep.text_reply("unused"),
+        approval=_always_ask,  # decided per call: not refused where the tool is made
+    )
+    front = _asking(
+        cautious,
+        ModelStep.tool_call_reply(call("orders", message="status of 5?")),
+        ModelStep.text_reply("I could not check order 5."),
+    )
+    CALLS.clear()
+    async with _runtime(tmp_path, front) as runtime:
+        events = await collect_events(runtime.execute_message("s1", "5?"))
+        [started] = [e for e in events if isinstance(e, ToolStartedEvent)]
+        assert started.idempotency_key is not None
+        child_id = delegated_session_id(started.idempotency_key, "orders")
+        [child_turn] = await runtime.store.list_turns(child_id)
+    [failed] = [e for e in events if isinstance(e, ToolFailedEvent)]
+    assert "stopped to wait for an approval" in (failed.result.error or "")
+    assert child_turn.status == "cancelled"  # not left waiting for an answer nobody gives
+    assert CALLS == []
+
+
+async def test_a_running_turn_bound_does_not_make_the_asking_turn_wait_for_itself(
+    tmp_path: Path,
+) -> None:
+    specialist = _specialist(ModelStep.text_reply("Shipped."))
+    front = _asking(
+        specialist,
+        ModelStep.tool_call_reply(call("orders", message="status of 3?")),
+        ModelStep.text_reply("It shipped."),
+    )
+    async with _runtime(tmp_path, front, max_running_turns=1) as runtime:
+        events = await collect_events(runtime.execute_message("s1", "3?"), timeout_s=20)
+    [done] = [e for e in events if isinstance(e, ToolCompletedEvent)]
+    assert done.result.output == "Shipped."
+
+
+WAREHOUSE = {"open": asyncio.Event(), "calls": 0}
+
+
+@tool
+async def ask_warehouse(order_id: str) -> str:
+    """Ask the warehouse (slow)."""
+    WAREHOUSE["calls"] += 1  # type: ignore[operator]
+    await WAREHOUSE["open"].wait()  # type: ignore[union-attr]
+    return f"order {order_id} is packed"
+
+
+def _recovering(db: Path, specialist: list[ModelStep], front: list[ModelStep]) -> SessionRuntime:
+    slow = Agent(name="orders", model=ScriptedModel(specialist), tools=[ask_warehouse])
+    asking = Agent(name="front-desk", model=ScriptedModel(front), tools=[slow.as_tool()])
+    config = RuntimeConfig(database_url=f"sqlite:///{db}", lease_ttl_s=1.0, recover_in_process=True)
+    return SessionRuntime(agent=asking, config=config)
+
+
+async def _first_tool_of(runtime: SessionRuntime, turn_id: str) -> ToolStartedEvent:
+    for _ in range(250):  # bounded: until the asking turn's call to the specialist began
+        for event in [e async for e in runtime.events(turn_id)]:
+            if isinstance(event, ToolStartedEvent):
+                return event
+        await asyncio.sleep(0.02)
+    raise AssertionError("the asking turn never called the specialist")
+
+
+async def test_after_a_crash_the_asking_turn_joins_the_turn_it_started(tmp_path: Path) -> None:
+    db = tmp_path / "app.db"
+    WAREHOUSE["open"] = asyncio.Event()
+    WAREHOUSE["calls"] = 0
+    first = _recovering(
+        db,
+        [ModelStep.tool_call_reply(call("ask_warehouse", order_id="8"))],
+        [ModelStep.tool_call_reply(call("orders", message="Is order 8 packed?"))],
+    )
+    await first.open()
+    submission = await first.start("s1", "is 8 packed?")
+    started = await _first_tool_of(first, submission.turn_id)
+    assert started.idempotency_key is not None
+    child_id = delegated_session_id(started.idempotency_key, "orders")
+    for _ in range(250):  # bounded: until the specialist's own tool runs
+        if WAREHOUSE["calls"] == 1:
+            break
+        await asyncio.sleep(0.02)
+    await first.close()  # the process goes away while the specialist works
+
+    WAREHOUSE["open"].set()  # type: ignore[union-attr]
+    # The specialist's first call is not asked again: the script holds only what follows.
+    second = _recovering(
+        db, [ModelStep.text_reply("Order 8 is packed.")], [ModelStep.text_reply("Packed.")]
+    )
+    await second.open()
+    try:
+        deadline = time.monotonic() + 30
+        while (await second.turn(submission.turn_id)).status == "running":
+            assert time.monotonic() < deadline, "the asking turn was never finished"
+            await asyncio.sleep(0.05)
+        record = await second.turn(submission.turn_id)
+        assert record.status == "succeeded"
+        events = [e async for e in second.events(submission.turn_id)]
+        [doubt] = [e for e in events if isinstance(e, ToolInDoubtEvent)]
+        assert doubt.resolution == "reconciled"  # joined, not asked again
+        [done] = [e for e in events if isinstance(e, ToolCompletedEvent)]
+        assert done.result.output == "Order 8 is packed."
+        [child_turn] = await second.store.list_turns(child_id)  # one turn: asked once
+        assert (child_turn.status, child_turn.attempts) == ("succeeded", 2)
+    finally:
+        await second.close()
+
+
+async def test_stopping_the_asking_turn_stops_the_asked_one(tmp_path: Path) -> None:
+    WAREHOUSE["open"] = asyncio.Event()
+    WAREHOUSE["calls"] = 0
+    db = tmp_path / "app.db"
+    runtime = _recovering(
+        db,
+        [ModelStep.tool_call_reply(call("ask_warehouse", order_id="4"))],
+        [ModelStep.tool_call_reply(call("orders", message="Is order 4 packed?"))],
+    )
+    async with runtime:
+        submission = await runtime.start("s1", "is 4 packed?")
+        started = await _first_tool_of(runtime, submission.turn_id)
+        assert started.idempotency_key is not None
+        child_id = delegated_session_id(started.idempotency_key, "orders")
+        for _ in range(250):  # bounded: until the specialist's own tool runs
+            if WAREHOUSE["calls"] == 1:
+                break
+            await asyncio.sleep(0.02)
+        assert await runtime.cancel(submission.turn_id) == "cancelled"
+        [child_turn] = await runtime.store.list_turns(child_id)
+    assert child_turn.status == "cancelled"
+
+
+async def test_a_worker_drives_both_turns_on_either_store(db: tuple[str, str | None]) -> None:
+    """Production's path: the API process only submits; a worker drives the asking turn,
+    and the asked agent's turn beside it, hosted because the asking agent asks it."""
+    url, schema = db
+    specialist = _specialist(ModelStep.text_reply("Order 11 shipped."))
+    front = _asking(
+        specialist,
+        ModelStep.tool_call_reply(call("orders", message="status of 11?")),
+        ModelStep.text_reply("It shipped."),
+    )
+    config = RuntimeConfig(database_url=url, database_schema=schema, run_in_process=False)
+    async with SessionRuntime(agent=front, config=config) as runtime:
+        submission = await runtime.start("s1", "11?", principal="ann")
+        stop = asyncio.Event()
+        worker = Worker(runtime, concurrency=1, poll_interval_s=0.02, sweep_interval_s=3600)
+        running = asyncio.create_task(worker.run(stop))
+        try:
+            deadline = time.monotonic() + 20
+            while (await runtime.turn(submission.turn_id)).status == "running":
+                assert time.monotonic() < deadline, "the worker never finished the turn"
+                await asyncio.sleep(0.05)
+        finally:
+            stop.set()
+            await running
+        events = [e async for e in runtime.events(submission.turn_id)]
+        [done] = [e for e in events if isinstance(e, ToolCompletedEvent)]
+        assert done.result.output == "Order 11 shipped."
+        assert [s.session_id for s in await runtime.store.list_sessions()] == ["s1"]
+
+
+def test_a_listed_agent_and_an_asked_one_of_the_same_name_are_refused() -> None:
+    asked = _specialist(ModelStep.text_reply("x"))
+    other = Agent(name="orders", model=ScriptedModel([ModelStep.text_reply("y")]))
+    front = _asking(asked, ModelStep.text_reply("x"))
+    for listed in ([other, front], [front, other]):
+        with pytest.raises(ConfigurationError, match="two agents are named 'orders'"):
+            AgentCatalog(listed)
+    catalog = AgentCatalog([front], tools=[asked.as_tool(name="ask_orders")])
+    assert catalog.names == ("front-desk", "orders")  # the default stays the first listed
+
+
+async def test_a_person_may_approve_the_delegation_itself(tmp_path: Path) -> None:
+    specialist = _specialist(ModelStep.text_reply("Order 2 shipped."))
+    front = Agent(
+        name="front-desk",
+        model=ScriptedModel(
+            [
+                ModelStep.tool_call_reply(call("orders", message="status of 2?")),
+                ModelStep.text_reply("It shipped."),
+            ]
+        ),
+        tools=[specialist.as_tool(approval="always")],
+    )
+    async with _runtime(tmp_path, front) as runtime:
+        events = await collect_events(runtime.execute_message("s1", "2?"))
+        [asked] = [e for e in events if isinstance(e, ApprovalRequestedEvent)]
+        assert asked.arguments == {"message": "status of 2?"}  # the card shows the message
+        assert [e for e in events if isinstance(e, JobProgressEvent)] == []  # not asked yet
+        await runtime.resume(asked.turn_id, asked.request_id, Approve())
+        after = await collect_events(runtime.follow(asked.turn_id, after_seq=asked.seq))
+    [done] = [e for e in after if isinstance(e, ToolCompletedEvent)]
+    assert done.result.output == "Order 2 shipped."
+
+
+async def test_deleting_the_asking_session_deletes_the_asked_turns_checkpoints(
+    tmp_path: Path,
+) -> None:
+    specialist = _specialist(ModelStep.text_reply("Order 6 shipped."))
+    front = _asking(
+        specialist,
+        ModelStep.tool_call_reply(call("orders", message="status of 6?")),
+        ModelStep.text_reply("It shipped."),
+    )
+    async with _runtime(tmp_path, front, keep_ended_checkpoints=True) as runtime:
+        events = await collect_events(runtime.execute_message("s1", "6?"))
+        [started] = [e for e in events if isinstance(e, ToolStartedEvent)]
+        assert started.idempotency_key is not None
+        child_id = delegated_session_id(started.idempotency_key, "orders")
+        [child_turn] = await runtime.store.list_turns(child_id)
+        threads = await runtime.turn_threads(after="", limit=100)
+        assert threads is not None
+        assert child_turn.turn_id in threads  # kept: the turn ended, its checkpoints stay
+        assert await runtime.store.delegated_sessions(SessionId("s1")) == [child_id]
+        assert await runtime.delete_session("s1")
+        assert await runtime.turn_threads(after="", limit=100) == []
+        assert await runtime.store.get_session(child_id) is None
