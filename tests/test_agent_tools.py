@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
-from turnkit import Agent, Approve, RuntimeConfig, SessionRuntime, ToolContext, tool
-from turnkit.errors import ConfigurationError
+from turnkit import Agent, Approve, Principal, RuntimeConfig, SessionRuntime, ToolContext, tool
+from turnkit.errors import AgentNotFoundError, ConfigurationError
 from turnkit.events import (
     ApprovalRequestedEvent,
     JobProgressEvent,
@@ -25,6 +25,7 @@ from turnkit.models import ModelRequest
 from turnkit.runtime import delegated_session_id
 from turnkit.runtime.agents import AgentCatalog
 from turnkit.runtime.worker import Worker
+from turnkit.tenancy import Organisation, Tenancy
 from turnkit.testing import ModelStep, ScriptedModel, call, collect_events
 from turnkit.tools import AgentTool, AgentToolError
 
@@ -256,10 +257,17 @@ async def ask_warehouse(order_id: str) -> str:
     return f"order {order_id} is packed"
 
 
-def _recovering(db: Path, specialist: list[ModelStep], front: list[ModelStep]) -> SessionRuntime:
+def _recovering(
+    db: Path, specialist: list[ModelStep], front: list[ModelStep], **settings: object
+) -> SessionRuntime:
     slow = Agent(name="orders", model=ScriptedModel(specialist), tools=[ask_warehouse])
     asking = Agent(name="front-desk", model=ScriptedModel(front), tools=[slow.as_tool()])
-    config = RuntimeConfig(database_url=f"sqlite:///{db}", lease_ttl_s=1.0, recover_in_process=True)
+    config = RuntimeConfig(
+        database_url=f"sqlite:///{db}",
+        lease_ttl_s=1.0,
+        recover_in_process=True,
+        **settings,  # type: ignore[arg-type]
+    )
     return SessionRuntime(agent=asking, config=config)
 
 
@@ -425,3 +433,102 @@ async def test_deleting_the_asking_session_deletes_the_asked_turns_checkpoints(
         assert await runtime.delete_session("s1")
         assert await runtime.turn_threads(after="", limit=100) == []
         assert await runtime.store.get_session(child_id) is None
+
+
+async def test_a_recovery_loop_of_one_slot_finishes_the_asking_and_the_asked_turn(
+    tmp_path: Path,
+) -> None:
+    """The asking turn, taken over first, drives the turn it joins: a loop with one place
+    would otherwise never claim it (the asking turn holds that place, waiting for it)."""
+    db = tmp_path / "app.db"
+    WAREHOUSE["open"] = asyncio.Event()
+    WAREHOUSE["calls"] = 0
+    first = _recovering(
+        db,
+        [ModelStep.tool_call_reply(call("ask_warehouse", order_id="8"))],
+        [ModelStep.tool_call_reply(call("orders", message="Is order 8 packed?"))],
+    )
+    await first.open()
+    submission = await first.start("s1", "is 8 packed?")
+    await _first_tool_of(first, submission.turn_id)
+    for _ in range(250):  # bounded: until the specialist's own tool runs
+        if WAREHOUSE["calls"] == 1:
+            break
+        await asyncio.sleep(0.02)
+    await first.close()
+    WAREHOUSE["open"].set()  # type: ignore[union-attr]
+    second = _recovering(
+        db,
+        [ModelStep.text_reply("Order 8 is packed.")],
+        [ModelStep.text_reply("Packed.")],
+        recovery_concurrency=1,
+    )
+    await second.open()
+    try:
+        deadline = time.monotonic() + 10
+        while (await second.turn(submission.turn_id)).status == "running":
+            assert time.monotonic() < deadline, "the asking turn waits for its own call's turn"
+            await asyncio.sleep(0.05)
+        events = [e async for e in second.events(submission.turn_id)]
+        [done] = [e for e in events if isinstance(e, ToolCompletedEvent)]
+        assert done.result.output == "Order 8 is packed."
+    finally:
+        await second.close()
+
+
+async def test_an_organisation_pinned_to_the_asking_agent_may_still_delegate(
+    tmp_path: Path,
+) -> None:
+    specialist = _specialist(ModelStep.text_reply("Order 7 shipped."))
+    front = _asking(
+        specialist,
+        ModelStep.tool_call_reply(call("orders", message="status of 7?")),
+        ModelStep.text_reply("It shipped."),
+    )
+    tenancy = Tenancy([Organisation(name="acme", default_agent="front-desk")])
+    config = RuntimeConfig(database_url=f"sqlite:///{tmp_path / 'a.db'}")
+    async with SessionRuntime(agent=front, config=config, tenancy=tenancy) as runtime:
+        ann = Principal(id="ann", organisation="acme")
+        events = await collect_events(runtime.execute_message("s1", "7?", principal=ann))
+    assert [e for e in events if isinstance(e, ToolFailedEvent)] == []
+    [done] = [e for e in events if isinstance(e, ToolCompletedEvent)]
+    assert done.result.output == "Order 7 shipped."
+
+
+async def test_a_message_cannot_name_an_agent_only_a_tool_asks(tmp_path: Path) -> None:
+    """Else `as_tool(approval="always")` would be skipped by asking the specialist directly."""
+    refunds = Agent(name="refunds", model=ScriptedModel([ModelStep.text_reply("Refunded.")]))
+    front = Agent(
+        name="front-desk",
+        model=ScriptedModel([ModelStep.text_reply("hi")]),
+        tools=[refunds.as_tool(approval="always")],  # a person approves each refund
+    )
+    config = RuntimeConfig(database_url=f"sqlite:///{tmp_path / 'a.db'}")
+    async with SessionRuntime(agent=front, config=config) as runtime:
+        with pytest.raises(AgentNotFoundError, match="no agent named 'refunds'"):
+            await collect_events(
+                runtime.execute_message("s2", "refund 7", principal="mallory", agent="refunds")
+            )
+        assert await runtime.store.get_session(SessionId("s2")) is None  # nothing written
+    listed = SessionRuntime(agents=[front, refunds], config=config)  # hosted in its own right
+    assert not listed.agents.asked_only("refunds")
+
+
+async def test_the_asked_session_has_the_asking_sessions_owner(tmp_path: Path) -> None:
+    """Also for a message of the app's own (no principal), such as a scheduled job's."""
+    specialist = _specialist(ModelStep.text_reply("Shipped."))
+    front = _asking(
+        specialist,
+        ModelStep.tool_call_reply(call("orders", message="status of ann's order 3?")),
+        ModelStep.text_reply("It shipped."),
+    )
+    async with _runtime(tmp_path, front) as runtime:
+        await runtime.store.create_session(SessionId("s1"), principal="ann", organisation="acme")
+        events = await collect_events(runtime.execute_message("s1", "check order 3"))
+        [started] = [e for e in events if isinstance(e, ToolStartedEvent)]
+        assert started.idempotency_key is not None
+        child_id = delegated_session_id(started.idempotency_key, "orders")
+        child = await runtime.store.get_session(child_id)
+    assert child is not None
+    assert (child.principal, child.organisation) == ("ann", "acme")
+    assert not child.visible_to(None, None)  # not readable by anonymous callers

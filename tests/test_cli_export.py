@@ -82,6 +82,7 @@ def test_an_export_holds_the_session_its_turns_their_events_and_audit_and_its_fi
         "Capital of France?",
         2,
     )
+    assert session["parent_session"] is None  # a conversation of its own (no asking session)
     turns = [line for line in lines if line["kind"] == "turn"]
     assert [t["turn_id"] for t in turns] == seeded["turns"]  # s-2's turn is not in it
     assert [(t["content"], t["status"]) for t in turns] == [

@@ -142,6 +142,7 @@ def _session(session: SessionRecord) -> dict[str, object]:
         "title": session.title,
         "principal": session.principal,
         "organisation": session.organisation,
+        "parent_session": session.parent_session,
         "messages": session.last_input_seq,
         "created_at": session.created_at.isoformat(),
         "updated_at": session.updated_at.isoformat(),

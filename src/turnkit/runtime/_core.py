@@ -14,6 +14,7 @@ from turnkit.agent import Agent
 from turnkit.clock import Clock, SystemClock
 from turnkit.config import RuntimeConfig
 from turnkit.errors import (
+    AgentNotFoundError,
     ConfigurationError,
     InvalidInputError,
     RuntimeClosedError,
@@ -320,6 +321,8 @@ class RuntimeCore:
         if agent is None:
             return self.agent
         if isinstance(agent, str):
+            if self.agents.asked_only(agent):  # run only by the tool that asks it
+                raise AgentNotFoundError(f"no agent named {agent!r} on this host", agent=agent)
             found = await self.agents.get(agent)
             self._check_plugins(found)  # added with `agents.add`, or by the loader, since
             return found
@@ -328,7 +331,7 @@ class RuntimeCore:
                 f"agent must be a name or a turnkit.Agent, not {type(agent).__name__}"
             )
         self._check_plugins(agent)
-        self.agents.add(agent)
+        self.agents.add(agent, asked=self.agents.asked_only(agent.name))
         self._families(agent.model)
         return agent
 

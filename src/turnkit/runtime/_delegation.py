@@ -27,9 +27,10 @@ from turnkit.events import (
     MessageCompleteEvent,
     ToolStartedEvent,
 )
-from turnkit.ids import SessionId
+from turnkit.ids import SessionId, TurnId
 from turnkit.runtime.deps import NO_DEPS
 from turnkit.stages._titles import opening_title
+from turnkit.store import Lease
 from turnkit.tools import AgentToolError, ToolContext
 
 if TYPE_CHECKING:
@@ -74,44 +75,90 @@ async def ask_agent(
     """
     if not isinstance(agent, Agent):
         raise AgentToolError(f"an agent tool asks a turnkit.Agent, not {type(agent).__name__}")
-    session_id = delegated_session_id(ctx.idempotency_key, agent.name)
-    caller = ctx.caller
-    await runtime.store.create_session(
-        session_id,
-        principal=caller.id if caller is not None else ctx.principal,
-        organisation=caller.organisation if caller is not None else None,
-        title=f"{agent.name}: {opening_title(message)}",
-        parent=ctx.session_id,
-    )
+    session_id = await _asked_session(runtime, agent, message, ctx)
     submission = await runtime.submit(
         session_id,
         message,
         agent=agent,
         request_id=_REQUEST_ID,
-        principal=caller if caller is not None else ctx.principal,
+        principal=ctx.caller if ctx.caller is not None else ctx.principal,
         claim=True,
     )
+    turn_id = submission.turn_id
     if submission.is_new:  # driven here, detached: a shutdown leaves it to recovery too
-        runtime.host.detach(
-            submission.turn_id,
-            lease=submission.lease,
-            # Counted, never refused: the asking turn waits for this one, in its own slot.
-            slot=runtime.host.slots.hold() if submission.lease is not None else None,
-            agent=agent,
-            deps=NO_DEPS if ctx.deps is None else ctx.deps,
-        )
+        _drive_here(runtime, turn_id, submission.lease, agent, ctx)
     await ctx.report_progress(None, f"asked {agent.name} (session {session_id})")
-    answer = _Answer(agent, submission.turn_id, session_id)
+    # Asked again (the asking turn was taken over): the turn the first ask started is
+    # driven here once its driver is gone. Left to a recovery loop or a worker, it could
+    # wait for the very slot the asking turn holds.
+    taking_over = (
+        None if submission.is_new else asyncio.create_task(_take_over(runtime, turn_id, agent, ctx))
+    )
+    answer = _Answer(agent, turn_id, session_id)
     try:
-        async for event in runtime.follow(submission.turn_id):
+        async for event in runtime.follow(turn_id):
             await answer.take(event, ctx)
     except asyncio.CancelledError:
         if not runtime._gave_up(ctx.turn_id):  # a Stop: the asked agent stops too
-            await asyncio.shield(runtime.cancel(submission.turn_id))
+            await asyncio.shield(runtime.cancel(turn_id))
         raise  # a shutdown or a lost lease: whoever takes the asking turn over joins it
+    finally:
+        if taking_over is not None:
+            taking_over.cancel()
     if answer.waits is not None:
-        await runtime.cancel(submission.turn_id)
+        await runtime.cancel(turn_id)
     return answer.result()
+
+
+async def _asked_session(
+    runtime: SessionRuntime, agent: Agent, message: str, ctx: ToolContext
+) -> SessionId:
+    """The call's session, created (once) with the asking session's owner."""
+    session_id = delegated_session_id(ctx.idempotency_key, agent.name)
+    asking = await runtime.store.get_session(ctx.session_id)
+    await runtime.store.create_session(
+        session_id,
+        principal=asking.principal if asking is not None else None,
+        organisation=asking.organisation if asking is not None else None,
+        title=f"{agent.name}: {opening_title(message)}",
+        parent=ctx.session_id,
+    )
+    return session_id
+
+
+def _drive_here(
+    runtime: SessionRuntime, turn_id: TurnId, lease: Lease | None, agent: Agent, ctx: ToolContext
+) -> None:
+    runtime.host.detach(
+        turn_id,
+        lease=lease,
+        # Counted, never refused: the asking turn waits for this one, in its own slot.
+        slot=runtime.host.slots.hold() if lease is not None else None,
+        agent=agent,
+        deps=NO_DEPS if ctx.deps is None else ctx.deps,
+    )
+
+
+async def _take_over(
+    runtime: SessionRuntime, turn_id: TurnId, agent: Agent, ctx: ToolContext
+) -> None:
+    """Claim the asked turn as soon as no live driver holds it, and drive it here.
+
+    A claim succeeds only on a lease handed over or lapsed, so a driver alive elsewhere
+    keeps its turn; it is tried every half lease until it succeeds or the caller is done.
+    """
+    config = runtime.config
+    while True:
+        lease = await runtime.store.claim(
+            runtime.host.owner,
+            ttl_s=config.lease_ttl_s,
+            max_attempts=config.max_attempts,
+            turn_id=turn_id,
+        )
+        if lease is not None:
+            _drive_here(runtime, turn_id, lease, agent, ctx)
+            return
+        await runtime.clock.sleep(config.lease_ttl_s / 2)
 
 
 class _Answer:

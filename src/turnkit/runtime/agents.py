@@ -151,6 +151,8 @@ class AgentCatalog:
     ) -> None:
         self._versions: dict[str, dict[str, Agent]] = {}
         self._current: dict[str, Agent] = {}
+        self._asked_only: set[str] = set()
+        """Names hosted only because a tool asks them (`Agent.as_tool`): not for callers."""
         self.loader = loader
         self.tools: dict[str, Tool] = {}
         for item in tools:
@@ -172,7 +174,7 @@ class AgentCatalog:
             if isinstance(item, AgentTool) and item.agent.version not in self._versions.get(
                 item.agent.name, {}
             ):
-                self.add(item.agent)
+                self.add(item.agent, asked=True)
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -183,20 +185,29 @@ class AgentCatalog:
         """The current version of every agent defined in code, in registration order."""
         return tuple(self._current.values())
 
-    def add(self, agent: Agent) -> None:
+    def add(self, agent: Agent, *, asked: bool = False) -> None:
         """Host `agent` (it becomes its name's current version; older ones stay usable).
 
         The agents its tools ask (`Agent.as_tool`) are hosted too, so any process hosting
-        `agent` can drive their turns.
+        `agent` can drive their turns; unless hosted in their own right as well, a message
+        cannot name them (`asked_only`): only the tool that asks them runs them.
         """
+        if not asked:
+            self._asked_only.discard(agent.name)
+        elif agent.name not in self._current or agent.name in self._asked_only:
+            self._asked_only.add(agent.name)
         versions = self._versions.setdefault(agent.name, {})
         versions[agent.version] = agent
         for earlier in agent.earlier_versions:  # turns pinned before an upgrade of turnkit
             versions.setdefault(earlier, agent)
         self._current[agent.name] = agent
-        for asked in _asked_agents(agent):
-            if asked.version not in self._versions.get(asked.name, {}):
-                self.add(asked)
+        for other in _asked_agents(agent):
+            if other.version not in self._versions.get(other.name, {}):
+                self.add(other, asked=True)
+
+    def asked_only(self, name: str) -> bool:
+        """Whether `name` is hosted only because an agent's tool asks it (`Agent.as_tool`)."""
+        return name in self._asked_only
 
     async def get(self, name: str, version: str | None = None) -> Agent:
         """The agent called `name` (at `version`, when given).
