@@ -23,7 +23,6 @@ from turnkit.events import (
     ToolStartedEvent,
 )
 from turnkit.ids import SessionId
-from turnkit.runtime import delegated_session_id
 from turnkit.testing import ModelStep, ScriptedModel, call
 
 
@@ -84,9 +83,8 @@ async def main() -> None:
         asked: list[SessionId] = []
         turn = runtime.execute_message("desk-1", "Where is A7? Refund?", principal="ada")
         async for event in turn:
-            if isinstance(event, ToolStartedEvent) and event.idempotency_key:
-                # The session a specialist answers in follows from the call it answers.
-                asked.append(delegated_session_id(event.idempotency_key, event.block.tool_name))
+            if isinstance(event, ToolStartedEvent) and event.asked_session_id:
+                asked.append(SessionId(event.asked_session_id))  # where the specialist answers
             elif isinstance(event, JobProgressEvent) and event.message:
                 print("progress:", event.message.split(" (session")[0])
             elif isinstance(event, ToolCompletedEvent):

@@ -14,6 +14,9 @@ from turnkit import Agent, Approve, Principal, RuntimeConfig, SessionRuntime, To
 from turnkit.errors import AgentNotFoundError, ConfigurationError
 from turnkit.events import (
     ApprovalRequestedEvent,
+    DoneEvent,
+    JobCompletedEvent,
+    JobDispatchedEvent,
     JobProgressEvent,
     ToolCompletedEvent,
     ToolFailedEvent,
@@ -435,47 +438,6 @@ async def test_deleting_the_asking_session_deletes_the_asked_turns_checkpoints(
         assert await runtime.store.get_session(child_id) is None
 
 
-async def test_a_recovery_loop_of_one_slot_finishes_the_asking_and_the_asked_turn(
-    tmp_path: Path,
-) -> None:
-    """The asking turn, taken over first, drives the turn it joins: a loop with one place
-    would otherwise never claim it (the asking turn holds that place, waiting for it)."""
-    db = tmp_path / "app.db"
-    WAREHOUSE["open"] = asyncio.Event()
-    WAREHOUSE["calls"] = 0
-    first = _recovering(
-        db,
-        [ModelStep.tool_call_reply(call("ask_warehouse", order_id="8"))],
-        [ModelStep.tool_call_reply(call("orders", message="Is order 8 packed?"))],
-    )
-    await first.open()
-    submission = await first.start("s1", "is 8 packed?")
-    await _first_tool_of(first, submission.turn_id)
-    for _ in range(250):  # bounded: until the specialist's own tool runs
-        if WAREHOUSE["calls"] == 1:
-            break
-        await asyncio.sleep(0.02)
-    await first.close()
-    WAREHOUSE["open"].set()  # type: ignore[union-attr]
-    second = _recovering(
-        db,
-        [ModelStep.text_reply("Order 8 is packed.")],
-        [ModelStep.text_reply("Packed.")],
-        recovery_concurrency=1,
-    )
-    await second.open()
-    try:
-        deadline = time.monotonic() + 10
-        while (await second.turn(submission.turn_id)).status == "running":
-            assert time.monotonic() < deadline, "the asking turn waits for its own call's turn"
-            await asyncio.sleep(0.05)
-        events = [e async for e in second.events(submission.turn_id)]
-        [done] = [e for e in events if isinstance(e, ToolCompletedEvent)]
-        assert done.result.output == "Order 8 is packed."
-    finally:
-        await second.close()
-
-
 async def test_an_organisation_pinned_to_the_asking_agent_may_still_delegate(
     tmp_path: Path,
 ) -> None:
@@ -532,3 +494,180 @@ async def test_the_asked_session_has_the_asking_sessions_owner(tmp_path: Path) -
     assert child is not None
     assert (child.principal, child.organisation) == ("ann", "acme")
     assert not child.visible_to(None, None)  # not readable by anonymous callers
+
+
+SLOW: dict[str, object] = {}
+
+
+@tool
+async def slow_lookup(order_id: str, ctx: ToolContext) -> str:
+    """Look an order up in a slow system that reports its progress."""
+    SLOW["calls"] = int(SLOW.get("calls", 0)) + 1  # type: ignore[call-overload]
+    if SLOW.get("block"):
+        await asyncio.Event().wait()  # the first process dies in here
+    for _ in range(int(SLOW.get("reports", 0))):  # type: ignore[call-overload]
+        await ctx.report_progress(None, "still looking")
+        await asyncio.sleep(0.2)
+    return f"order {order_id} is packed"
+
+
+def _crashing(
+    url: str,
+    schema: str | None,
+    specialist: list[ModelStep],
+    front: list[ModelStep],
+    **config: object,
+) -> SessionRuntime:
+    slow = Agent(name="orders", model=ScriptedModel(specialist), tools=[slow_lookup])
+    asking = Agent(name="front-desk", model=ScriptedModel(front), tools=[slow.as_tool()])
+    settings = RuntimeConfig(
+        database_url=url,
+        database_schema=schema,
+        lease_ttl_s=1.0,
+        recover_in_process=True,
+        **config,  # type: ignore[arg-type]
+    )
+    return SessionRuntime(agent=asking, config=settings)
+
+
+async def _leave_while_the_specialist_works(
+    url: str, schema: str | None
+) -> tuple[TurnId, SessionId]:
+    SLOW.clear()
+    SLOW["block"] = True
+    first = _crashing(
+        url,
+        schema,
+        [ModelStep.tool_call_reply(call("slow_lookup", order_id="8"))],
+        [ModelStep.tool_call_reply(call("orders", message="Is order 8 packed?"))],
+    )
+    await first.open()
+    submission = await first.start("s1", "is 8 packed?")
+    started = await _first_tool_of(first, submission.turn_id)
+    assert started.idempotency_key is not None
+    for _ in range(250):  # bounded: until the specialist's own tool runs
+        if SLOW.get("calls") == 1:
+            break
+        await asyncio.sleep(0.02)
+    await first.close()  # the process goes away while the specialist works
+    return submission.turn_id, delegated_session_id(started.idempotency_key, "orders")
+
+
+async def _finished(runtime: SessionRuntime, turn_id: TurnId, child: SessionId) -> None:
+    deadline = time.monotonic() + 30
+    while (await runtime.turn(turn_id)).status == "running":
+        assert time.monotonic() < deadline, "the asking turn was never finished"
+        await asyncio.sleep(0.05)
+    record = await runtime.turn(turn_id)
+    assert (record.status, record.error_code) == ("succeeded", None)
+    events = [e async for e in runtime.events(turn_id)]
+    [doubt] = [e for e in events if isinstance(e, ToolInDoubtEvent)]
+    assert doubt.resolution == "reconciled"
+    # The job the first attempt dispatched is completed by the one that joined it.
+    assert len([e for e in events if isinstance(e, JobDispatchedEvent)]) == 1
+    assert len([e for e in events if isinstance(e, JobCompletedEvent)]) == 1
+    [child_turn] = await runtime.store.list_turns(child)  # asked once
+    assert child_turn.status == "succeeded"
+
+
+async def test_one_recovery_slot_finishes_the_asking_turn_and_the_asked_one(
+    db: tuple[str, str | None],
+) -> None:
+    """The recovered asking turn holds the only slot while it joins the asked turn: that
+    turn runs in the asking turn's slot, not waiting for one (which would never come)."""
+    url, schema = db
+    turn_id, child = await _leave_while_the_specialist_works(url, schema)
+    SLOW["block"] = False
+    second = _crashing(
+        url,
+        schema,
+        [ModelStep.text_reply("Order 8 is packed.")],
+        [ModelStep.text_reply("Packed.")],
+        recovery_concurrency=1,
+        idle_window_s=20.0,
+    )
+    async with second:
+        await _finished(second, turn_id, child)
+
+
+async def test_joining_after_a_crash_keeps_the_asking_turn_alive(tmp_path: Path) -> None:
+    """While the recovered asking turn waits for the asked agent, its reports restart the
+    idle window, as they do before a crash: a specialist working longer than the window
+    does not time the asking turn out."""
+    url = f"sqlite:///{tmp_path / 'app.db'}"
+    turn_id, child = await _leave_while_the_specialist_works(url, None)
+    SLOW["block"], SLOW["reports"] = False, 15  # about 3 s, well past the window
+    second = _crashing(
+        url,
+        None,
+        [ModelStep.text_reply("Order 8 is packed.")],
+        [ModelStep.text_reply("Packed.")],
+        idle_window_s=1.0,
+        heartbeat_interval_s=0.05,
+    )
+    async with second:
+        await _finished(second, turn_id, child)
+
+
+async def test_a_short_idle_window_holds_while_the_asked_agent_reports_progress(
+    tmp_path: Path,
+) -> None:
+    """The asked agent's tool reports for about 3 s, past the 1 s idle window: its reports,
+    forwarded to the asking call, keep the asking turn going; `tool.started` names the
+    session the specialist answers in."""
+    SLOW.clear()
+    SLOW["reports"] = 15
+    runtime = _crashing(
+        f"sqlite:///{tmp_path / 'app.db'}",
+        None,
+        [
+            ModelStep.tool_call_reply(call("slow_lookup", order_id="9")),
+            ModelStep.text_reply("Order 9 is packed."),
+        ],
+        [
+            ModelStep.tool_call_reply(call("orders", message="Is order 9 packed?")),
+            ModelStep.text_reply("Packed."),
+        ],
+        idle_window_s=1.0,
+        heartbeat_interval_s=0.05,
+    )
+    async with runtime:
+        events = await collect_events(runtime.execute_message("s1", "9?"), timeout_s=30)
+    [done] = [e for e in events if isinstance(e, DoneEvent)]
+    assert done.status == "succeeded"
+    [started] = [e for e in events if isinstance(e, ToolStartedEvent)]
+    assert started.idempotency_key is not None
+    assert started.asked_session_id == delegated_session_id(started.idempotency_key, "orders")
+    progress = [e.message for e in events if isinstance(e, JobProgressEvent)]
+    assert "orders: still looking" in progress  # what the specialist's own tool said
+
+
+async def test_an_agent_that_does_not_answer_in_time_is_stopped(tmp_path: Path) -> None:
+    WAREHOUSE["open"] = asyncio.Event()  # never opened: the specialist's tool hangs
+    WAREHOUSE["calls"] = 0
+    slow = Agent(
+        name="orders",
+        model=ScriptedModel([ModelStep.tool_call_reply(call("ask_warehouse", order_id="1"))]),
+        tools=[ask_warehouse],
+    )
+    front = Agent(
+        name="front-desk",
+        model=ScriptedModel(
+            [
+                ModelStep.tool_call_reply(call("orders", message="Is order 1 packed?")),
+                ModelStep.text_reply("The warehouse is slow today."),
+            ]
+        ),
+        tools=[slow.as_tool(timeout_s=0.5)],
+    )
+    async with _runtime(tmp_path, front) as runtime:
+        events = await collect_events(runtime.execute_message("s1", "1?"), timeout_s=20)
+        [started] = [e for e in events if isinstance(e, ToolStartedEvent)]
+        assert started.asked_session_id is not None
+        [child_turn] = await runtime.store.list_turns(SessionId(started.asked_session_id))
+    [failed] = [e for e in events if isinstance(e, ToolFailedEvent)]
+    assert "did not answer within 0.5 s: its turn was stopped" in (failed.result.error or "")
+    assert child_turn.status == "cancelled"
+    assert [e for e in events if isinstance(e, DoneEvent)][0].status == "succeeded"
+    with pytest.raises(ConfigurationError, match="timeout_s of the tool 'orders'"):
+        slow.as_tool(timeout_s=0)

@@ -326,6 +326,7 @@ class Agent:
         description: str | None = None,
         approval: ApprovalPolicy | None = None,
         approver_role: str | None = None,
+        timeout_s: float | None = None,
     ) -> AgentTool:
         """This agent as a tool another agent may call: each call is a turn of this agent.
 
@@ -340,11 +341,13 @@ class Agent:
             approval: A person approves each delegation first (`always`, or a policy of
                 the message); None: the asking agent's policy.
             approver_role: Who approves it over HTTP (see `Agent.approver_role`).
+            timeout_s: Seconds this agent has to answer a call; then its turn is stopped
+                and the call fails (None: no limit but the turn's own deadlines).
 
         Raises:
             ConfigurationError: this agent would wait for a person (`clarifications`, or
                 an `always` approval policy of its own or of a tool): nobody is there to
-                answer an agent asked as a tool.
+                answer an agent asked as a tool; or `timeout_s` is not above 0.
         """
         waits = _waits_for_a_person(self)
         if waits:
@@ -360,6 +363,7 @@ class Agent:
             or f"Ask the {self.name} agent and get its answer. {_first_line(self.instructions)}",
             approval=approval,
             approver_role=approver_role,
+            timeout_s=timeout_s,
         )
         _check_own_approval(made)
         return made

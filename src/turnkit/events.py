@@ -256,6 +256,8 @@ class ToolStartedEvent(DurableEvent):
     """Handed to the tool as `ctx.idempotency_key`; the same on every retry of the call."""
     arguments_error: str | None = None
     """Why the call will not run (malformed JSON, unknown tool, cut by the output limit)."""
+    asked_session_id: str | None = None
+    """For an agent asked as a tool (`Agent.as_tool`): the session it answers in."""
 
 
 class ToolDeltaEvent(EphemeralEvent):

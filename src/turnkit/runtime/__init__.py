@@ -18,7 +18,7 @@ from turnkit.runtime._budget_api import RuntimeBudgets
 from turnkit.runtime._callback_reports import RuntimeCallbacks
 from turnkit.runtime._cancel import CancelToken
 from turnkit.runtime._control import RuntimeControl
-from turnkit.runtime._delegation import ask_agent, delegated_session_id
+from turnkit.runtime._delegation import ask_agent
 from turnkit.runtime._follow import follow_submission
 from turnkit.runtime._history import TurnHistory
 from turnkit.runtime._retention import RetentionReport, RuntimeRetention
@@ -36,6 +36,7 @@ from turnkit.runtime.deps import NO_DEPS
 from turnkit.skills import Skill, skills_for
 from turnkit.store import Delivery, SessionRecord, Submission
 from turnkit.tenancy import Principal
+from turnkit.tools import delegated_session_id
 from turnkit.tools._context import AskAgent
 
 __all__ = (

@@ -11,7 +11,6 @@ shutdown leaves both to whoever recovers them.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import time
 from typing import TYPE_CHECKING, Final
@@ -24,6 +23,7 @@ from turnkit.events import (
     DurableEvent,
     EphemeralEvent,
     ErrorEvent,
+    JobProgressEvent,
     MessageCompleteEvent,
     ToolStartedEvent,
 )
@@ -31,37 +31,25 @@ from turnkit.ids import SessionId, TurnId
 from turnkit.runtime.deps import NO_DEPS
 from turnkit.stages._titles import opening_title
 from turnkit.store import Lease
-from turnkit.tools import AgentToolError, ToolContext
+from turnkit.tools import AgentToolError, ToolContext, delegated_session_id
 
 if TYPE_CHECKING:
     from turnkit.runtime import SessionRuntime
 
-__all__ = ("DELEGATED_SESSION_PREFIX", "ask_agent", "delegated_session_id")
-
-DELEGATED_SESSION_PREFIX: Final = "tk-sub."
-"""How the id of a session a delegated agent answers in begins."""
+__all__ = ("ask_agent",)
 
 _REQUEST_ID: Final = "delegated"
 """The request id of the one message of a delegated session: asking again joins it."""
 
 _PULSE_S: Final = 5.0
-"""How often the asking call reports that the agent still works (keeps its turn alive)."""
+"""How often, at most, the asking call reports that the agent still works (which keeps
+the asking turn from its idle window; a third of that window when it is shorter)."""
 
 _WAITS: Final = {
     "approval.requested": "an approval",
     "clarification.requested": "an answer to its question",
     "budget.paused": "a raised budget",
 }
-
-
-def delegated_session_id(idempotency_key: str, agent: str) -> SessionId:
-    """The session `agent` answers a call in, from the call's idempotency key.
-
-    The key is the asking call's (`ToolContext.idempotency_key`, and `idempotency_key` of
-    its `tool.started` event): every ask of the call lands in the same session.
-    """
-    digest = hashlib.sha256(f"{idempotency_key}\x00{agent}".encode()).hexdigest()
-    return SessionId(DELEGATED_SESSION_PREFIX + digest[:32])
 
 
 async def ask_agent(
@@ -94,7 +82,7 @@ async def ask_agent(
     taking_over = (
         None if submission.is_new else asyncio.create_task(_take_over(runtime, turn_id, agent, ctx))
     )
-    answer = _Answer(agent, turn_id, session_id)
+    answer = _Answer(agent, turn_id, session_id, min(_PULSE_S, runtime.config.idle_window_s / 3))
     try:
         async for event in runtime.follow(turn_id):
             await answer.take(event, ctx)
@@ -164,8 +152,9 @@ async def _take_over(
 class _Answer:
     """What a delegated turn's events say: its answer, its failure, or the pause it met."""
 
-    def __init__(self, agent: Agent, turn_id: str, session_id: str) -> None:
+    def __init__(self, agent: Agent, turn_id: str, session_id: str, pulse_s: float) -> None:
         self.agent = agent
+        self.pulse_s = pulse_s
         self.where = f"turn {turn_id} in session {session_id}"
         self.text: str | None = None
         self.error: ErrorEvent | None = None
@@ -185,7 +174,9 @@ class _Answer:
             self.waits = _WAITS[kind]
         if isinstance(event, ToolStartedEvent):
             await self._report(ctx, f"{self.agent.name}: {event.block.tool_name}")
-        elif time.monotonic() - self._pulse >= _PULSE_S:
+        elif isinstance(event, JobProgressEvent) and event.message:  # its tools', nested
+            await self._report(ctx, f"{self.agent.name}: {event.message}")
+        elif time.monotonic() - self._pulse >= self.pulse_s:
             await self._report(ctx, f"{self.agent.name} is working")
 
     async def _report(self, ctx: ToolContext, message: str) -> None:

@@ -26,6 +26,7 @@ from turnkit.events import (
     ToolStartedEvent,
 )
 from turnkit.ids import ToolCallId, derive_id
+from turnkit.journal import dedupe_key
 from turnkit.models import ToolCallPart
 from turnkit.plugins import ToolCall
 from turnkit.stages._message_list import preview_chars, result_message, result_text
@@ -42,7 +43,7 @@ from turnkit.stages._tool_pauses import (
 )
 from turnkit.stages._types import StageContext, TranscriptMessage
 from turnkit.telemetry import Recorder
-from turnkit.tools import Tool, ToolArgumentsError, ToolContext
+from turnkit.tools import AgentTool, Tool, ToolArgumentsError, ToolContext
 from turnkit.tools._errors import ToolResultError
 from turnkit.tools._protocol import ReconcileMisfitError, ask_reconcile
 from turnkit.tools._storable import storable
@@ -301,6 +302,7 @@ async def _reconcile(
     key = idempotency_key(rec.session_id, rec.turn_id, part.tool_call_id)
     hook = getattr(tool, "reconcile", None)
     applied, output, misfit = False, None, None
+    reports = _Reports(ctx, tool, part)
     if hook is not None:
         tool_ctx = ToolContext(
             session_id=rec.session_id,
@@ -311,6 +313,9 @@ async def _reconcile(
             caller=ctx.caller,
             deps=ctx.deps,
             callback_token=ctx.callback_token,
+            # A hook may take a while (an agent asked as a tool joins the turn it began):
+            # its reports keep the turn's idle window open, as a running call's do.
+            _progress=reports.progress,
             _ask_agent=ctx.ask_agent,
         )
         try:
@@ -329,6 +334,8 @@ async def _reconcile(
         idempotency_key=key,
         resolution="failed" if misfit else "reconciled" if applied else "rerun",
     )
+    if misfit or applied:  # it does not run again: its job, if it had one, is over
+        reports.ended(failed=misfit is not None)
     await rec.flush()  # on record before the call runs again: readers see why it restarted
     return applied, output, misfit
 
@@ -405,7 +412,10 @@ class _Reports:
         self._tool_name = part.name
         self.call_id = ToolCallId(part.tool_call_id)
         self._job_id = derive_id("job", self._rec.turn_id, part.tool_call_id)
-        self._dispatched = False
+        # An earlier attempt may have dispatched it: then it is only completed here.
+        self._dispatched = dedupe_key("job.dispatched", {"job_id": self._job_id}) in (
+            self._rec.journal.keys
+        )
         self.answered_by = part.name
         """The tool that answered (a fallback step moves it)."""
 
@@ -518,6 +528,7 @@ def _write_ahead(
             code = "tool-not-found"
             offered = [spec.name for spec in offered_tools(ctx)]
             problem = f"there is no tool named {part.name!r}; available: {offered}"
+        key = idempotency_key(rec.session_id, rec.turn_id, part.tool_call_id)
         started = rec.durable(
             ToolStartedEvent,
             "tool-loop",
@@ -527,8 +538,9 @@ def _write_ahead(
                 arguments=args or {},
             ),
             generation_id=generation_id,
-            idempotency_key=idempotency_key(rec.session_id, rec.turn_id, part.tool_call_id),
+            idempotency_key=key,
             arguments_error=problem,
+            asked_session_id=tool.session_for(key) if isinstance(tool, AgentTool) else None,
         )
         rec.notes.call_arguments[part.tool_call_id] = dict(args or {})
         if started is not None:  # not already in the log from an earlier attempt

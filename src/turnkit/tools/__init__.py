@@ -11,7 +11,7 @@ from collections.abc import Iterable, Iterator
 from turnkit.errors import DuplicateToolError
 from turnkit.models import ToolSpec
 from turnkit.pauses import CLARIFY_TOOL
-from turnkit.tools._agent_tool import AgentTool, AgentToolError
+from turnkit.tools._agent_tool import AgentTool, AgentToolError, delegated_session_id
 from turnkit.tools._context import ToolContext
 from turnkit.tools._errors import ToolArgumentsError
 from turnkit.tools._function import NOT_APPLIED, FunctionTool, tool
@@ -24,6 +24,7 @@ __all__ = (
     "AgentToolError",
     "FunctionTool",
     "clarify_spec",
+    "delegated_session_id",
     "Tool",
     "ToolArgumentsError",
     "ToolClass",

@@ -2,22 +2,40 @@
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 from collections.abc import Mapping
 from typing import Any, Final
 
 from pydantic import JsonValue
 
+from turnkit.errors import ConfigurationError
+from turnkit.ids import SessionId
 from turnkit.models import ToolSpec
 from turnkit.pauses import ApprovalPolicy
 from turnkit.tools._context import ToolContext
 from turnkit.tools._errors import ToolArgumentsError, ToolResultError
 
-__all__ = ("AgentTool", "AgentToolError")
+__all__ = ("DELEGATED_SESSION_PREFIX", "AgentTool", "AgentToolError", "delegated_session_id")
+
+DELEGATED_SESSION_PREFIX: Final = "tk-sub."
+"""How the id of a session an agent asked as a tool answers in begins."""
 
 _MESSAGE_HELP: Final = (
     "What to ask: the task and everything needed for it. The agent sees nothing else of "
     "this conversation."
 )
+
+
+def delegated_session_id(idempotency_key: str, agent: str) -> SessionId:
+    """The session `agent` answers a call in, from the call's idempotency key.
+
+    The key is the asking call's (`ToolContext.idempotency_key`, and `idempotency_key` of
+    its `tool.started` event, which also names the session: `asked_session_id`): every
+    ask of the call lands in the same session.
+    """
+    digest = hashlib.sha256(f"{idempotency_key}\x00{agent}".encode()).hexdigest()
+    return SessionId(DELEGATED_SESSION_PREFIX + digest[:32])
 
 
 class AgentToolError(ToolResultError):
@@ -49,7 +67,17 @@ class AgentTool:
         description: str,
         approval: ApprovalPolicy | None = None,
         approver_role: str | None = None,
+        timeout_s: float | None = None,
     ) -> None:
+        if timeout_s is not None and not (
+            isinstance(timeout_s, int | float) and not isinstance(timeout_s, bool) and timeout_s > 0
+        ):
+            raise ConfigurationError(
+                f"timeout_s of the tool {name!r} is a number of seconds above 0 (or None: "
+                f"no limit), not {timeout_s!r}"
+            )
+        self.timeout_s = timeout_s
+        """Seconds the agent has to answer; then its turn is stopped and the call fails."""
         self.agent = agent
         """The `Agent` that answers."""
         self._name = name
@@ -92,13 +120,33 @@ class AgentTool:
                 f"the agent {self.agent.name!r} answers only inside a turn of a "
                 "SessionRuntime: call the asking agent through the runtime"
             )
-        return await ask(self.agent, message, ctx)
+        if self.timeout_s is None:
+            return await ask(self.agent, message, ctx)
+        try:
+            async with asyncio.timeout(self.timeout_s):  # its turn is stopped as by a Stop
+                return await ask(self.agent, message, ctx)
+        except TimeoutError:
+            raise AgentToolError(
+                f"the agent {self.agent.name!r} did not answer within {self.timeout_s:g} s: "
+                "its turn was stopped"
+            ) from None
 
     async def reconcile(
         self, arguments: Mapping[str, JsonValue], ctx: ToolContext
     ) -> tuple[bool, JsonValue]:
-        """After a crash: join the turn this call started (it is not asked again)."""
-        return True, await self.invoke(arguments, ctx)
+        """After a crash: join the turn this call started (it is not asked again).
+
+        When that turn did not answer, the call runs again, which joins the same turn
+        and fails saying why.
+        """
+        try:
+            return True, await self.invoke(arguments, ctx)
+        except AgentToolError:
+            return False, None
+
+    def session_for(self, idempotency_key: str) -> SessionId:
+        """The session the agent answers the call with this idempotency key in."""
+        return delegated_session_id(idempotency_key, self.agent.name)
 
     def message_of(self, arguments: Mapping[str, JsonValue]) -> str:
         """The call's `message`, checked.
