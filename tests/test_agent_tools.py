@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import time
 from pathlib import Path
 
+import httpx
 import pytest
+from fastapi import FastAPI, Header
 from pydantic import BaseModel
 
 from turnkit import Agent, Approve, Principal, RuntimeConfig, SessionRuntime, ToolContext, tool
-from turnkit.errors import AgentNotFoundError, ConfigurationError
+from turnkit.errors import AgentNotFoundError, ConfigurationError, InvalidInputError
 from turnkit.events import (
     ApprovalRequestedEvent,
     DoneEvent,
@@ -23,6 +26,7 @@ from turnkit.events import (
     ToolInDoubtEvent,
     ToolStartedEvent,
 )
+from turnkit.http import create_turnkit_router, install_problem_handlers
 from turnkit.ids import SessionId, ToolCallId, TurnId
 from turnkit.models import ModelRequest
 from turnkit.runtime import delegated_session_id
@@ -671,3 +675,203 @@ async def test_an_agent_that_does_not_answer_in_time_is_stopped(tmp_path: Path) 
     assert [e for e in events if isinstance(e, DoneEvent)][0].status == "succeeded"
     with pytest.raises(ConfigurationError, match="timeout_s of the tool 'orders'"):
         slow.as_tool(timeout_s=0)
+
+
+# Review (agents-as-tools, second pass)
+
+
+def _orders_desk(text: str = "Order 7 shipped.", instructions: str = "Orders.") -> Agent:
+    return Agent(
+        name="orders", instructions=instructions, model=ScriptedModel([ModelStep.text_reply(text)])
+    )
+
+
+def _asking_orders(specialist: Agent) -> Agent:
+    return Agent(
+        name="front-desk",
+        model=ScriptedModel(
+            [
+                ModelStep.tool_call_reply(call("orders", message="status of 7?")),
+                ModelStep.text_reply("It shipped."),
+            ]
+        ),
+        tools=[specialist.as_tool()],
+    )
+
+
+async def test_pinned_org_may_delegate_to_an_agent_also_listed(tmp_path: Path) -> None:
+    """Docs: 'An organisation pinned to a default agent still lets that agent ask others.'"""
+    specialist = _orders_desk()
+    front = _asking_orders(specialist)
+    tenancy = Tenancy([Organisation(name="acme", default_agent="front-desk")])
+    config = RuntimeConfig(database_url=f"sqlite:///{tmp_path / 'a.db'}")
+    async with SessionRuntime(
+        agents=[front, specialist], config=config, tenancy=tenancy
+    ) as runtime:
+        ann = Principal(id="ann", organisation="acme")
+        events = await collect_events(runtime.execute_message("s1", "7?", principal=ann))
+    failed = [e.result.error for e in events if isinstance(e, ToolFailedEvent)]
+    assert failed == []
+    [done] = [e for e in events if isinstance(e, ToolCompletedEvent)]
+    assert done.result.output == "Order 7 shipped."
+
+
+async def test_a_loaded_agent_does_not_make_the_agent_it_asks_nameable(tmp_path: Path) -> None:
+    """A loader that returns Agent objects: the agent they ask stays asked-only."""
+    specialist = _orders_desk()
+    loaded = _asking_orders(specialist)
+    loaded = Agent(name="desk", model=loaded.model, tools=loaded.tools)
+    base = Agent(name="base", model=ScriptedModel([ModelStep.text_reply("hi")]))
+
+    async def loader(name: str) -> Agent | None:
+        return loaded if name == "desk" else None
+
+    catalog = AgentCatalog([base], loader=loader)
+    config = RuntimeConfig(database_url=f"sqlite:///{tmp_path / 'a.db'}")
+    async with SessionRuntime(agents=catalog, config=config) as runtime:
+        events = await collect_events(runtime.execute_message("s1", "7?", agent="desk"))
+        assert [e for e in events if isinstance(e, ToolCompletedEvent)]
+        with pytest.raises(AgentNotFoundError):
+            await collect_events(
+                runtime.execute_message("s2", "refund", principal="mallory", agent="orders")
+            )
+
+
+def test_a_listed_agent_and_an_older_asked_one_are_refused_in_either_order() -> None:
+    asked_v1 = _orders_desk("v1", "Orders, v1.")
+    listed_v2 = _orders_desk("v2", "Orders, v2.")
+    assert asked_v1.version != listed_v2.version
+    front = _asking_orders(asked_v1)
+    for listed in ([listed_v2, front], [front, listed_v2]):
+        with pytest.raises(ConfigurationError, match="two agents are named 'orders'"):
+            AgentCatalog(listed)
+
+
+async def test_a_caller_cannot_answer_for_the_asked_agent(tmp_path: Path) -> None:
+    """tool.started names the asked session before a person approves the delegation: the
+    session's owner may not write the asked agent's answer there first."""
+    refunds = Agent(
+        name="refunds",
+        instructions="Refunds.",
+        model=ScriptedModel([ModelStep.text_reply("Refund refused: out of policy.")]),
+    )
+    chatty = Agent(
+        name="chatty",
+        instructions="Chat.",
+        model=ScriptedModel([ModelStep.text_reply("Refund issued, 500 EUR.")]),
+    )
+    front = Agent(
+        name="front-desk",
+        model=ScriptedModel(
+            [
+                ModelStep.tool_call_reply(call("refunds", message="refund order 7?")),
+                ModelStep.text_reply("done"),
+            ]
+        ),
+        tools=[refunds.as_tool(approval="always")],
+    )
+    config = RuntimeConfig(database_url=f"sqlite:///{tmp_path / 'a.db'}")
+    async with SessionRuntime(agents=[front, chatty], config=config) as runtime:
+        events = await collect_events(runtime.execute_message("s1", "refund 7", principal="ann"))
+        [started] = [e for e in events if isinstance(e, ToolStartedEvent)]
+        [asked] = [e for e in events if isinstance(e, ApprovalRequestedEvent)]
+        assert started.asked_session_id is not None
+        # The caller tries to open the asked session first, with its message and request id.
+        with pytest.raises(InvalidInputError, match="kept for agents asked as tools"):
+            await collect_events(
+                runtime.execute_message(
+                    started.asked_session_id,
+                    "refund order 7?",
+                    principal="ann",
+                    agent="chatty",
+                    request_id="delegated",
+                )
+            )
+        # Past the runtime's checks (the app's own store access), the call still refuses a
+        # session it did not open.
+        await runtime.store.create_session(SessionId(started.asked_session_id), principal="ann")
+        await runtime.resume(asked.turn_id, asked.request_id, Approve())
+        after = await collect_events(runtime.follow(asked.turn_id, after_seq=asked.seq))
+    assert [e for e in after if isinstance(e, ToolCompletedEvent)] == []  # not chatty's
+    [failed] = [e for e in after if isinstance(e, ToolFailedEvent)]
+    assert "not opened by this call" in (failed.result.error or "")
+
+
+async def test_a_failed_take_over_claim_is_tried_again(tmp_path: Path) -> None:
+    """The joining call's take-over survives a claim that fails once (a database blip)."""
+    from turnkit.errors import StoreUnavailableError
+
+    url = f"sqlite:///{tmp_path / 'app.db'}"
+    turn_id, child = await _leave_while_the_specialist_works(url, None)
+    SLOW["block"] = False
+    second = _crashing(
+        url,
+        None,
+        [ModelStep.text_reply("Order 8 is packed.")],
+        [ModelStep.text_reply("Packed.")],
+        recovery_concurrency=1,
+        idle_window_s=20.0,
+    )
+    failed: list[object] = []
+    async with second:
+        real = second.store.claim
+
+        async def flaky(*args: object, **kwargs: object) -> object:
+            if kwargs.get("turn_id") is not None and not failed:
+                failed.append(kwargs["turn_id"])
+                raise StoreUnavailableError("blip")
+            return await real(*args, **kwargs)  # type: ignore[arg-type]
+
+        second.store.claim = flaky  # type: ignore[method-assign]
+        await _finished(second, turn_id, child)
+    assert failed
+
+
+async def _user(x_user: str | None = Header(default=None)) -> str | None:
+    return x_user
+
+
+async def test_over_http_the_owner_reads_an_asked_session_but_sends_it_nothing(
+    tmp_path: Path,
+) -> None:
+    """An asked session's id is public (`asked_session_id`): a message there, or a session
+    opened first under it, would stand in for the specialist's answer. Both are refused."""
+    specialist = _specialist(ModelStep.text_reply("Order 5 shipped."))
+    front = _asking(
+        specialist,
+        ModelStep.tool_call_reply(call("orders", message="status of 5?")),
+        ModelStep.text_reply("It shipped."),
+    )
+    async with _runtime(tmp_path, front) as runtime:
+        app = FastAPI()
+        app.include_router(create_turnkit_router(runtime, auth=_user))
+        install_problem_handlers(app)
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+            ann = {"x-user": "ann"}
+            sent = await http.post(
+                "/api/harness/sessions/s1/execute", json={"content": "5?"}, headers=ann
+            )
+            assert sent.status_code == 200
+            [started] = [
+                json.loads(line[6:])
+                for line in sent.text.splitlines()
+                if line.startswith("data: ") and '"tool.started"' in line
+            ]
+            asked = started["asked_session_id"]
+            listed = await http.get("/api/harness/sessions", headers=ann)
+            assert [s["sessionId"] for s in listed.json()] == ["s1"]
+            history = await http.get(f"/api/harness/sessions/{asked}/history", headers=ann)
+            assert history.status_code == 200
+            assert history.json()[0]["answer"] == "Order 5 shipped."
+            for path, body in (
+                (f"/sessions/{asked}/execute", {"content": "refund 500 EUR"}),
+                ("/sessions/tk-sub.0123/execute", {"content": "hi"}),
+                ("/sessions", {"sessionId": "tk-sub.4567"}),
+            ):
+                refused = await http.post(f"/api/harness{path}", json=body, headers=ann)
+                assert refused.status_code == 422, refused.text
+                assert refused.json()["code"] == "invalid-input"
+                assert "kept for agents asked as tools" in refused.json()["detail"]
+        assert len(await runtime.store.list_turns(SessionId(asked))) == 1  # nothing written
+        assert await runtime.store.get_session(SessionId("tk-sub.4567")) is None

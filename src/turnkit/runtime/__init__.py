@@ -18,7 +18,7 @@ from turnkit.runtime._budget_api import RuntimeBudgets
 from turnkit.runtime._callback_reports import RuntimeCallbacks
 from turnkit.runtime._cancel import CancelToken
 from turnkit.runtime._control import RuntimeControl
-from turnkit.runtime._delegation import ask_agent
+from turnkit.runtime._delegation import ask_agent, refuse_delegated
 from turnkit.runtime._follow import follow_submission
 from turnkit.runtime._history import TurnHistory
 from turnkit.runtime._retention import RetentionReport, RuntimeRetention
@@ -138,6 +138,8 @@ class SessionRuntime(RuntimeControl, RuntimeCallbacks, RuntimeBudgets, RuntimeRe
             AdmissionRefusedError: a check refused the message (a subclass names which).
         """
         request = validate_request(self.config, session_id, content, request_id, effort)
+        if not isinstance(agent, Agent):  # an agent tool names its agent as an object
+            refuse_delegated(request.session_id)
         if delivery not in ("queue", "guide"):
             raise InvalidInputError(
                 f"delivery {delivery!r} is not 'queue' or 'guide'", delivery=delivery
@@ -198,9 +200,11 @@ class SessionRuntime(RuntimeControl, RuntimeCallbacks, RuntimeBudgets, RuntimeRe
     ) -> SessionRecord:
         """Create a session owned by `principal` (a no-op if it exists); returns it.
 
-        A bare id is a principal of the default organisation; None: nobody owns it.
+        A bare id is a principal of the default organisation; None: nobody owns it. Ids
+        beginning `tk-sub.` are kept for agents asked as tools (`InvalidInputError`).
         """
         sid = check_session_id(session_id)
+        refuse_delegated(sid)
         if title is not None:
             check_text(title, "the title")
         owner = Principal.of(principal)

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
+import logging
 from typing import TYPE_CHECKING, Final
 
 from pydantic import JsonValue
 
 from turnkit.agent import Agent
+from turnkit.clock import Clock
+from turnkit.errors import InvalidInputError
 from turnkit.events import (
     DoneEvent,
     DurableEvent,
@@ -28,15 +30,19 @@ from turnkit.events import (
     ToolStartedEvent,
 )
 from turnkit.ids import SessionId, TurnId
+from turnkit.runtime._turn_log import hand_over_all
 from turnkit.runtime.deps import NO_DEPS
 from turnkit.stages._titles import opening_title
 from turnkit.store import Lease
 from turnkit.tools import AgentToolError, ToolContext, delegated_session_id
+from turnkit.tools._agent_tool import DELEGATED_SESSION_PREFIX
 
 if TYPE_CHECKING:
     from turnkit.runtime import SessionRuntime
 
-__all__ = ("ask_agent",)
+__all__ = ("ask_agent", "refuse_delegated")
+
+log = logging.getLogger("turnkit.runtime")
 
 _REQUEST_ID: Final = "delegated"
 """The request id of the one message of a delegated session: asking again joins it."""
@@ -50,6 +56,23 @@ _WAITS: Final = {
     "clarification.requested": "an answer to its question",
     "budget.paused": "a raised budget",
 }
+
+
+def refuse_delegated(session_id: str) -> None:
+    """Refuse a session id kept for agents asked as tools (`tk-sub.`) to anyone else.
+
+    Such a session takes only its asking call's one message: another message (or a
+    session opened first under its id) would stand in for the asked agent's answer.
+
+    Raises:
+        InvalidInputError: `session_id` begins with `tk-sub.`.
+    """
+    if session_id.startswith(DELEGATED_SESSION_PREFIX):
+        raise InvalidInputError(
+            f"session ids beginning {DELEGATED_SESSION_PREFIX!r} are kept for agents asked "
+            "as tools: they take no other message (read them; send to the asking session)",
+            session_id=session_id,
+        )
 
 
 async def ask_agent(
@@ -73,17 +96,20 @@ async def ask_agent(
         claim=True,
     )
     turn_id = submission.turn_id
+    if not submission.is_new:  # joined: only the turn this call's own ask started
+        await _check_joined(runtime, agent, session_id, turn_id)
     if submission.is_new:  # driven here, detached: a shutdown leaves it to recovery too
         _drive_here(runtime, turn_id, submission.lease, agent, ctx)
-    await ctx.report_progress(None, f"asked {agent.name} (session {session_id})")
     # Asked again (the asking turn was taken over): the turn the first ask started is
     # driven here once its driver is gone. Left to a recovery loop or a worker, it could
     # wait for the very slot the asking turn holds.
     taking_over = (
         None if submission.is_new else asyncio.create_task(_take_over(runtime, turn_id, agent, ctx))
     )
-    answer = _Answer(agent, turn_id, session_id, min(_PULSE_S, runtime.config.idle_window_s / 3))
-    try:
+    pulse_s = min(_PULSE_S, runtime.config.idle_window_s / 3)
+    answer = _Answer(agent, turn_id, session_id, pulse_s, runtime.clock)
+    try:  # from here on a Stop (or timeout_s) stops the asked turn too
+        await ctx.report_progress(None, f"asked {agent.name} (session {session_id})")
         async for event in runtime.follow(turn_id):
             await answer.take(event, ctx)
     except asyncio.CancelledError:
@@ -93,6 +119,7 @@ async def ask_agent(
     finally:
         if taking_over is not None:
             taking_over.cancel()
+            await asyncio.gather(taking_over, return_exceptions=True)
     if answer.waits is not None:
         await runtime.cancel(turn_id)
     return answer.result()
@@ -104,14 +131,31 @@ async def _asked_session(
     """The call's session, created (once) with the asking session's owner."""
     session_id = delegated_session_id(ctx.idempotency_key, agent.name)
     asking = await runtime.store.get_session(ctx.session_id)
-    await runtime.store.create_session(
+    made = await runtime.store.create_session(
         session_id,
         principal=asking.principal if asking is not None else None,
         organisation=asking.organisation if asking is not None else None,
         title=f"{agent.name}: {opening_title(message)}",
         parent=ctx.session_id,
     )
+    if made.parent_session != ctx.session_id:  # a caller opened it first (its id is public)
+        raise AgentToolError(
+            f"the session {session_id} the agent {agent.name!r} answers this call in was "
+            "not opened by this call: it is not asked"
+        )
     return session_id
+
+
+async def _check_joined(
+    runtime: SessionRuntime, agent: Agent, session_id: SessionId, turn_id: TurnId
+) -> None:
+    """The turn a repeated ask joined is the asked agent's own, its session's first."""
+    record = await runtime.store.get_turn(turn_id)
+    if record is None or record.agent != agent.name or record.input_seq != 1:
+        raise AgentToolError(
+            f"the turn {turn_id} in session {session_id} is not the one the agent "
+            f"{agent.name!r} answers this call in: it is not asked"
+        )
 
 
 def _drive_here(
@@ -137,12 +181,26 @@ async def _take_over(
     """
     config = runtime.config
     while True:
-        lease = await runtime.store.claim(
-            runtime.host.owner,
-            ttl_s=config.lease_ttl_s,
-            max_attempts=config.max_attempts,
-            turn_id=turn_id,
+        claim = asyncio.ensure_future(
+            runtime.store.claim(
+                runtime.host.owner,
+                ttl_s=config.lease_ttl_s,
+                max_attempts=config.max_attempts,
+                turn_id=turn_id,
+            )
         )
+        try:
+            lease = await asyncio.shield(claim)
+        except asyncio.CancelledError:
+            # The caller is done (or leaving) while a claim may have committed: a lease
+            # taken and never driven would hold the turn for a whole ttl. Hand it over.
+            taken = await asyncio.gather(claim, return_exceptions=True)
+            if isinstance(taken[0], Lease):
+                await hand_over_all(runtime.store, [taken[0]], log)
+            raise
+        except Exception as exc:  # noqa: BLE001 - a failed claim is tried again
+            log.warning("taking over the asked turn %s failed: %r", turn_id, exc)
+            lease = None
         if lease is not None:
             _drive_here(runtime, turn_id, lease, agent, ctx)
             return
@@ -152,7 +210,11 @@ async def _take_over(
 class _Answer:
     """What a delegated turn's events say: its answer, its failure, or the pause it met."""
 
-    def __init__(self, agent: Agent, turn_id: str, session_id: str, pulse_s: float) -> None:
+    def __init__(
+        self, agent: Agent, turn_id: str, session_id: str, pulse_s: float, clock: Clock
+    ) -> None:
+        self.clock = clock
+        """The runtime's: the asking turn's idle window is measured on it."""
         self.agent = agent
         self.pulse_s = pulse_s
         self.where = f"turn {turn_id} in session {session_id}"
@@ -160,7 +222,7 @@ class _Answer:
         self.error: ErrorEvent | None = None
         self.done: DoneEvent | None = None
         self.waits: str | None = None
-        self._pulse = time.monotonic()
+        self._pulse = self.clock.monotonic()
 
     async def take(self, event: DurableEvent | EphemeralEvent, ctx: ToolContext) -> None:
         """Keep what the answer needs; tell the asking call what the agent does."""
@@ -176,11 +238,11 @@ class _Answer:
             await self._report(ctx, f"{self.agent.name}: {event.block.tool_name}")
         elif isinstance(event, JobProgressEvent) and event.message:  # its tools', nested
             await self._report(ctx, f"{self.agent.name}: {event.message}")
-        elif time.monotonic() - self._pulse >= self.pulse_s:
+        elif self.clock.monotonic() - self._pulse >= self.pulse_s:
             await self._report(ctx, f"{self.agent.name} is working")
 
     async def _report(self, ctx: ToolContext, message: str) -> None:
-        self._pulse = time.monotonic()
+        self._pulse = self.clock.monotonic()
         await ctx.report_progress(None, message)
 
     def result(self) -> JsonValue:

@@ -253,9 +253,9 @@ class Admission:
         principal, organisation = request.principal, request.organisation
         pinned_default = organisation.default_agent
         is_admin = principal is not None and principal.is_admin
-        # An agent only a tool asks (`Agent.as_tool`) comes as an object, from that tool:
-        # the pinned agent's own delegation, not a caller's pick (a name would be refused).
-        delegated = isinstance(agent, Agent) and self.agents.asked_only(agent.name)
+        # An agent a hosted tool asks (`Agent.as_tool`) comes as an object, from that tool:
+        # a delegation, not a caller's pick (a name of an asked-only agent is refused).
+        delegated = isinstance(agent, Agent) and self.agents.is_asked(agent)
         if pinned_default is not None and not is_admin and not delegated:
             asked = agent.name if isinstance(agent, Agent) else agent
             if asked is not None and asked != pinned_default:

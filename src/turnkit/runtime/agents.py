@@ -153,6 +153,8 @@ class AgentCatalog:
         self._current: dict[str, Agent] = {}
         self._asked_only: set[str] = set()
         """Names hosted only because a tool asks them (`Agent.as_tool`): not for callers."""
+        self._asked: set[tuple[str, str]] = set()
+        """(name, version) of every agent a hosted tool asks, also one listed in its own right."""
         self.loader = loader
         self.tools: dict[str, Tool] = {}
         for item in tools:
@@ -171,10 +173,8 @@ class AgentCatalog:
                     "tool (Agent.as_tool); rename one"
                 )
         for item in self.tools.values():  # agents that bundles kept as data may ask
-            if isinstance(item, AgentTool) and item.agent.version not in self._versions.get(
-                item.agent.name, {}
-            ):
-                self.add(item.agent, asked=True)
+            if isinstance(item, AgentTool):
+                self._host_asked(item.agent)
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -202,12 +202,21 @@ class AgentCatalog:
             versions.setdefault(earlier, agent)
         self._current[agent.name] = agent
         for other in _asked_agents(agent):
-            if other.version not in self._versions.get(other.name, {}):
-                self.add(other, asked=True)
+            self._host_asked(other)
+
+    def _host_asked(self, agent: Agent) -> None:
+        """Host an agent a tool asks: only for that tool, unless hosted in its own right."""
+        self._asked.add((agent.name, agent.version))
+        if agent.version not in self._versions.get(agent.name, {}):
+            self.add(agent, asked=True)
 
     def asked_only(self, name: str) -> bool:
         """Whether `name` is hosted only because an agent's tool asks it (`Agent.as_tool`)."""
         return name in self._asked_only
+
+    def is_asked(self, agent: Agent) -> bool:
+        """Whether a hosted agent's tool asks `agent` (this very version): a delegation."""
+        return (agent.name, agent.version) in self._asked
 
     async def get(self, name: str, version: str | None = None) -> Agent:
         """The agent called `name` (at `version`, when given).
@@ -219,6 +228,9 @@ class AgentCatalog:
         if version is not None and version in known:
             return known[version]
         agent = await self._load(name) if self.loader is not None else None
+        if agent is not None:  # the agents it asks: hosted for its tools only
+            for other in _asked_agents(agent):
+                self._host_asked(other)
         if agent is None:
             agent = self._current.get(name)
         if agent is None:
