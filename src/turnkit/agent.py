@@ -349,42 +349,16 @@ class Agent:
                 an `always` approval policy of its own or of a tool): nobody is there to
                 answer an agent asked as a tool; or `timeout_s` is not above 0.
         """
-        waits = _waits_for_a_person(self)
-        if waits:
-            raise ConfigurationError(
-                f"the agent {self.name!r} cannot be a tool: {waits}, and an agent asked as a "
-                "tool answers without a person (approve the delegation instead: "
-                "as_tool(approval='always'))"
-            )
-        made = AgentTool(
+        made = AgentTool.of(
             self,
-            name=name or self.name,
-            description=description
-            or f"Ask the {self.name} agent and get its answer. {_first_line(self.instructions)}",
+            name=name,
+            description=description,
             approval=approval,
             approver_role=approver_role,
             timeout_s=timeout_s,
         )
         _check_own_approval(made)
         return made
-
-
-def _waits_for_a_person(agent: Agent) -> str | None:
-    """Why `agent` would pause for a person whatever it is asked (None: it need not)."""
-    if agent.clarifications:
-        return "it asks the user questions (clarifications=True)"
-    if agent.approval == "always":
-        return "its approval policy is 'always'"
-    for item in agent.registry():
-        for member in item.leaves() if isinstance(item, ToolClass) else (item,):
-            if getattr(member, "approval", None) == "always":
-                return f"its tool {member.name!r} asks for approval 'always'"
-    return None
-
-
-def _first_line(text: str) -> str:
-    line = text.strip().splitlines()[0] if text.strip() else ""
-    return line if len(line) <= 200 else line[:197] + "..."
 
 
 def describe_model(model: object) -> object:

@@ -15,6 +15,7 @@ from turnkit.models import ToolSpec
 from turnkit.pauses import ApprovalPolicy
 from turnkit.tools._context import ToolContext
 from turnkit.tools._errors import ToolArgumentsError, ToolResultError
+from turnkit.tools.cascade import ToolClass
 
 __all__ = ("DELEGATED_SESSION_PREFIX", "AgentTool", "AgentToolError", "delegated_session_id")
 
@@ -86,6 +87,40 @@ class AgentTool:
         """The call's own approval policy (None: the asking agent's)."""
         self.approver_role = approver_role
         """Who approves the call over HTTP (None: the asking agent's rule)."""
+
+    @classmethod
+    def of(
+        cls,
+        agent: Any,
+        *,
+        name: str | None = None,
+        description: str | None = None,
+        approval: ApprovalPolicy | None = None,
+        approver_role: str | None = None,
+        timeout_s: float | None = None,
+    ) -> AgentTool:
+        """`agent` as a tool (see `Agent.as_tool`), refused if it would wait for a person.
+
+        Raises:
+            ConfigurationError: it would (`clarifications`, an `always` approval policy of
+                its own or of a tool), or `timeout_s` is not above 0.
+        """
+        waits = _waits_for_a_person(agent)
+        if waits:
+            raise ConfigurationError(
+                f"the agent {agent.name!r} cannot be a tool: {waits}, and an agent asked as a "
+                "tool answers without a person (approve the delegation instead: "
+                "as_tool(approval='always'))"
+            )
+        return cls(
+            agent,
+            name=name or agent.name,
+            description=description
+            or f"Ask the {agent.name} agent and get its answer. {_first_line(agent.instructions)}",
+            approval=approval,
+            approver_role=approver_role,
+            timeout_s=timeout_s,
+        )
 
     @property
     def name(self) -> str:
@@ -161,3 +196,21 @@ class AgentTool:
         if not isinstance(message, str) or not message.strip():
             raise ToolArgumentsError(self._name, "`message` must be non-empty text")
         return message
+
+
+def _waits_for_a_person(agent: Any) -> str | None:
+    """Why `agent` would pause for a person whatever it is asked (None: it need not)."""
+    if agent.clarifications:
+        return "it asks the user questions (clarifications=True)"
+    if agent.approval == "always":
+        return "its approval policy is 'always'"
+    for item in agent.registry():
+        for member in item.leaves() if isinstance(item, ToolClass) else (item,):
+            if getattr(member, "approval", None) == "always":
+                return f"its tool {member.name!r} asks for approval 'always'"
+    return None
+
+
+def _first_line(text: str) -> str:
+    line = text.strip().splitlines()[0] if text.strip() else ""
+    return line if len(line) <= 200 else line[:197] + "..."
