@@ -144,7 +144,7 @@ async def test_an_agent_that_fails_is_a_failed_call_the_asking_model_reads(
     )
     async with _runtime(tmp_path, front) as runtime:
         events = await collect_events(runtime.execute_message("s1", "9?"))
-        record = await runtime.turn(events[0].turn_id)  # type: ignore[union-attr]
+        record = await runtime.turn(events[0].turn_id)
     [failed] = [e for e in events if isinstance(e, ToolFailedEvent)]
     error = failed.result.error or ""
     assert "the agent 'orders' did not answer" in error
@@ -253,29 +253,85 @@ async def test_a_running_turn_bound_does_not_make_the_asking_turn_wait_for_itsel
     assert done.result.output == "Shipped."
 
 
-WAREHOUSE = {"open": asyncio.Event(), "calls": 0}
+SLOW: dict[str, object] = {}
 
 
 @tool
-async def ask_warehouse(order_id: str) -> str:
-    """Ask the warehouse (slow)."""
-    WAREHOUSE["calls"] += 1  # type: ignore[operator]
-    await WAREHOUSE["open"].wait()  # type: ignore[union-attr]
+async def slow_lookup(order_id: str, ctx: ToolContext) -> str:
+    """Look an order up in a slow system that reports its progress."""
+    SLOW["calls"] = int(SLOW.get("calls", 0)) + 1  # type: ignore[call-overload]
+    if SLOW.get("block"):
+        await asyncio.Event().wait()  # the first process dies in here
+    for _ in range(int(SLOW.get("reports", 0))):  # type: ignore[call-overload]
+        await ctx.report_progress(None, "still looking")
+        await asyncio.sleep(0.2)
     return f"order {order_id} is packed"
 
 
-def _recovering(
-    db: Path, specialist: list[ModelStep], front: list[ModelStep], **settings: object
+def _crashing(
+    url: str,
+    schema: str | None,
+    specialist: list[ModelStep],
+    front: list[ModelStep],
+    **config: object,
 ) -> SessionRuntime:
-    slow = Agent(name="orders", model=ScriptedModel(specialist), tools=[ask_warehouse])
+    slow = Agent(name="orders", model=ScriptedModel(specialist), tools=[slow_lookup])
     asking = Agent(name="front-desk", model=ScriptedModel(front), tools=[slow.as_tool()])
-    config = RuntimeConfig(
-        database_url=f"sqlite:///{db}",
+    settings = RuntimeConfig(
+        database_url=url,
+        database_schema=schema,
         lease_ttl_s=1.0,
         recover_in_process=True,
-        **settings,  # type: ignore[arg-type]
+        **config,  # type: ignore[arg-type]
     )
-    return SessionRuntime(agent=asking, config=config)
+    return SessionRuntime(agent=asking, config=settings)
+
+
+async def _leave_while_the_specialist_works(
+    url: str, schema: str | None
+) -> tuple[TurnId, SessionId]:
+    SLOW.clear()
+    SLOW["block"] = True
+    first = _crashing(
+        url,
+        schema,
+        [ModelStep.tool_call_reply(call("slow_lookup", order_id="8"))],
+        [ModelStep.tool_call_reply(call("orders", message="Is order 8 packed?"))],
+    )
+    await first.open()
+    submission = await first.start("s1", "is 8 packed?")
+    started = await _first_tool_of(first, submission.turn_id)
+    assert started.idempotency_key is not None
+    await _until_the_specialists_tool_runs()
+    await first.close()  # the process goes away while the specialist works
+    return submission.turn_id, delegated_session_id(started.idempotency_key, "orders")
+
+
+async def _until_the_specialists_tool_runs() -> None:
+    for _ in range(250):  # bounded: 5 s
+        if SLOW.get("calls") == 1:
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError("the specialist's tool never ran")
+
+
+async def _finished(runtime: SessionRuntime, turn_id: TurnId, child: SessionId) -> None:
+    deadline = time.monotonic() + 30
+    while (await runtime.turn(turn_id)).status == "running":
+        assert time.monotonic() < deadline, "the asking turn was never finished"
+        await asyncio.sleep(0.05)
+    record = await runtime.turn(turn_id)
+    assert (record.status, record.error_code) == ("succeeded", None)
+    events = [e async for e in runtime.events(turn_id)]
+    [doubt] = [e for e in events if isinstance(e, ToolInDoubtEvent)]
+    assert doubt.resolution == "reconciled"
+    # The job the first attempt dispatched is completed by the one that joined it.
+    assert len([e for e in events if isinstance(e, JobDispatchedEvent)]) == 1
+    assert len([e for e in events if isinstance(e, JobCompletedEvent)]) == 1
+    [done] = [e for e in events if isinstance(e, ToolCompletedEvent)]
+    assert done.result.output == "Order 8 is packed."
+    [child_turn] = await runtime.store.list_turns(child)  # asked once
+    assert (child_turn.status, child_turn.attempts) == ("succeeded", 2)  # taken over
 
 
 async def _first_tool_of(runtime: SessionRuntime, turn_id: str) -> ToolStartedEvent:
@@ -287,70 +343,22 @@ async def _first_tool_of(runtime: SessionRuntime, turn_id: str) -> ToolStartedEv
     raise AssertionError("the asking turn never called the specialist")
 
 
-async def test_after_a_crash_the_asking_turn_joins_the_turn_it_started(tmp_path: Path) -> None:
-    db = tmp_path / "app.db"
-    WAREHOUSE["open"] = asyncio.Event()
-    WAREHOUSE["calls"] = 0
-    first = _recovering(
-        db,
-        [ModelStep.tool_call_reply(call("ask_warehouse", order_id="8"))],
-        [ModelStep.tool_call_reply(call("orders", message="Is order 8 packed?"))],
-    )
-    await first.open()
-    submission = await first.start("s1", "is 8 packed?")
-    started = await _first_tool_of(first, submission.turn_id)
-    assert started.idempotency_key is not None
-    child_id = delegated_session_id(started.idempotency_key, "orders")
-    for _ in range(250):  # bounded: until the specialist's own tool runs
-        if WAREHOUSE["calls"] == 1:
-            break
-        await asyncio.sleep(0.02)
-    await first.close()  # the process goes away while the specialist works
-
-    WAREHOUSE["open"].set()  # type: ignore[union-attr]
-    # The specialist's first call is not asked again: the script holds only what follows.
-    second = _recovering(
-        db, [ModelStep.text_reply("Order 8 is packed.")], [ModelStep.text_reply("Packed.")]
-    )
-    await second.open()
-    try:
-        deadline = time.monotonic() + 30
-        while (await second.turn(submission.turn_id)).status == "running":
-            assert time.monotonic() < deadline, "the asking turn was never finished"
-            await asyncio.sleep(0.05)
-        record = await second.turn(submission.turn_id)
-        assert record.status == "succeeded"
-        events = [e async for e in second.events(submission.turn_id)]
-        [doubt] = [e for e in events if isinstance(e, ToolInDoubtEvent)]
-        assert doubt.resolution == "reconciled"  # joined, not asked again
-        [done] = [e for e in events if isinstance(e, ToolCompletedEvent)]
-        assert done.result.output == "Order 8 is packed."
-        [child_turn] = await second.store.list_turns(child_id)  # one turn: asked once
-        assert (child_turn.status, child_turn.attempts) == ("succeeded", 2)
-    finally:
-        await second.close()
-
-
 async def test_stopping_the_asking_turn_stops_the_asked_one(tmp_path: Path) -> None:
-    WAREHOUSE["open"] = asyncio.Event()
-    WAREHOUSE["calls"] = 0
-    db = tmp_path / "app.db"
-    runtime = _recovering(
-        db,
-        [ModelStep.tool_call_reply(call("ask_warehouse", order_id="4"))],
+    SLOW.clear()
+    SLOW["block"] = True
+    runtime = _crashing(
+        f"sqlite:///{tmp_path / 'app.db'}",
+        None,
+        [ModelStep.tool_call_reply(call("slow_lookup", order_id="4"))],
         [ModelStep.tool_call_reply(call("orders", message="Is order 4 packed?"))],
     )
     async with runtime:
         submission = await runtime.start("s1", "is 4 packed?")
         started = await _first_tool_of(runtime, submission.turn_id)
-        assert started.idempotency_key is not None
-        child_id = delegated_session_id(started.idempotency_key, "orders")
-        for _ in range(250):  # bounded: until the specialist's own tool runs
-            if WAREHOUSE["calls"] == 1:
-                break
-            await asyncio.sleep(0.02)
+        assert started.asked_session_id is not None
+        await _until_the_specialists_tool_runs()
         assert await runtime.cancel(submission.turn_id) == "cancelled"
-        [child_turn] = await runtime.store.list_turns(child_id)
+        [child_turn] = await runtime.store.list_turns(SessionId(started.asked_session_id))
     assert child_turn.status == "cancelled"
 
 
@@ -500,80 +508,6 @@ async def test_the_asked_session_has_the_asking_sessions_owner(tmp_path: Path) -
     assert not child.visible_to(None, None)  # not readable by anonymous callers
 
 
-SLOW: dict[str, object] = {}
-
-
-@tool
-async def slow_lookup(order_id: str, ctx: ToolContext) -> str:
-    """Look an order up in a slow system that reports its progress."""
-    SLOW["calls"] = int(SLOW.get("calls", 0)) + 1  # type: ignore[call-overload]
-    if SLOW.get("block"):
-        await asyncio.Event().wait()  # the first process dies in here
-    for _ in range(int(SLOW.get("reports", 0))):  # type: ignore[call-overload]
-        await ctx.report_progress(None, "still looking")
-        await asyncio.sleep(0.2)
-    return f"order {order_id} is packed"
-
-
-def _crashing(
-    url: str,
-    schema: str | None,
-    specialist: list[ModelStep],
-    front: list[ModelStep],
-    **config: object,
-) -> SessionRuntime:
-    slow = Agent(name="orders", model=ScriptedModel(specialist), tools=[slow_lookup])
-    asking = Agent(name="front-desk", model=ScriptedModel(front), tools=[slow.as_tool()])
-    settings = RuntimeConfig(
-        database_url=url,
-        database_schema=schema,
-        lease_ttl_s=1.0,
-        recover_in_process=True,
-        **config,  # type: ignore[arg-type]
-    )
-    return SessionRuntime(agent=asking, config=settings)
-
-
-async def _leave_while_the_specialist_works(
-    url: str, schema: str | None
-) -> tuple[TurnId, SessionId]:
-    SLOW.clear()
-    SLOW["block"] = True
-    first = _crashing(
-        url,
-        schema,
-        [ModelStep.tool_call_reply(call("slow_lookup", order_id="8"))],
-        [ModelStep.tool_call_reply(call("orders", message="Is order 8 packed?"))],
-    )
-    await first.open()
-    submission = await first.start("s1", "is 8 packed?")
-    started = await _first_tool_of(first, submission.turn_id)
-    assert started.idempotency_key is not None
-    for _ in range(250):  # bounded: until the specialist's own tool runs
-        if SLOW.get("calls") == 1:
-            break
-        await asyncio.sleep(0.02)
-    await first.close()  # the process goes away while the specialist works
-    return submission.turn_id, delegated_session_id(started.idempotency_key, "orders")
-
-
-async def _finished(runtime: SessionRuntime, turn_id: TurnId, child: SessionId) -> None:
-    deadline = time.monotonic() + 30
-    while (await runtime.turn(turn_id)).status == "running":
-        assert time.monotonic() < deadline, "the asking turn was never finished"
-        await asyncio.sleep(0.05)
-    record = await runtime.turn(turn_id)
-    assert (record.status, record.error_code) == ("succeeded", None)
-    events = [e async for e in runtime.events(turn_id)]
-    [doubt] = [e for e in events if isinstance(e, ToolInDoubtEvent)]
-    assert doubt.resolution == "reconciled"
-    # The job the first attempt dispatched is completed by the one that joined it.
-    assert len([e for e in events if isinstance(e, JobDispatchedEvent)]) == 1
-    assert len([e for e in events if isinstance(e, JobCompletedEvent)]) == 1
-    [child_turn] = await runtime.store.list_turns(child)  # asked once
-    assert child_turn.status == "succeeded"
-
-
 async def test_one_recovery_slot_finishes_the_asking_turn_and_the_asked_one(
     db: tuple[str, str | None],
 ) -> None:
@@ -647,12 +581,12 @@ async def test_a_short_idle_window_holds_while_the_asked_agent_reports_progress(
 
 
 async def test_an_agent_that_does_not_answer_in_time_is_stopped(tmp_path: Path) -> None:
-    WAREHOUSE["open"] = asyncio.Event()  # never opened: the specialist's tool hangs
-    WAREHOUSE["calls"] = 0
+    SLOW.clear()
+    SLOW["block"] = True  # the specialist's tool hangs
     slow = Agent(
         name="orders",
-        model=ScriptedModel([ModelStep.tool_call_reply(call("ask_warehouse", order_id="1"))]),
-        tools=[ask_warehouse],
+        model=ScriptedModel([ModelStep.tool_call_reply(call("slow_lookup", order_id="1"))]),
+        tools=[slow_lookup],
     )
     front = Agent(
         name="front-desk",
@@ -822,7 +756,7 @@ async def test_a_failed_take_over_claim_is_tried_again(tmp_path: Path) -> None:
                 raise StoreUnavailableError("blip")
             return await real(*args, **kwargs)  # type: ignore[arg-type]
 
-        second.store.claim = flaky  # type: ignore[method-assign]
+        second.store.claim = flaky  # type: ignore[method-assign,assignment]
         await _finished(second, turn_id, child)
     assert failed
 
