@@ -96,16 +96,14 @@ async def ask_agent(
         claim=True,
     )
     turn_id = submission.turn_id
-    if not submission.is_new:  # joined: only the turn this call's own ask started
-        await _check_joined(runtime, agent, session_id, turn_id)
+    taking_over: asyncio.Task[None] | None = None
     if submission.is_new:  # driven here, detached: a shutdown leaves it to recovery too
         _drive_here(runtime, turn_id, submission.lease, agent, ctx)
-    # Asked again (the asking turn was taken over): the turn the first ask started is
-    # driven here once its driver is gone. Left to a recovery loop or a worker, it could
-    # wait for the very slot the asking turn holds.
-    taking_over = (
-        None if submission.is_new else asyncio.create_task(_take_over(runtime, turn_id, agent, ctx))
-    )
+    else:  # asked again (the asking turn was taken over): only the turn this call began
+        await _check_joined(runtime, agent, session_id, turn_id)
+        # ... driven here once its driver is gone: left to a recovery loop or a worker,
+        # it could wait for the very place the asking turn holds.
+        taking_over = asyncio.create_task(_take_over(runtime, turn_id, agent, ctx))
     pulse_s = min(_PULSE_S, runtime.config.idle_window_s / 3)
     answer = _Answer(agent, turn_id, session_id, pulse_s, runtime.clock)
     try:  # from here on a Stop (or timeout_s) stops the asked turn too
