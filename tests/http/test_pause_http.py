@@ -120,6 +120,7 @@ async def test_pending_decisions_come_from_a_route_after_a_reload(tmp_path: Path
     [card] = by_session["pending"]
     assert card == by_turn["pending"][0]
     assert card["kind"] == "approval"
+    assert card["sessionId"] == "ops"  # the same card as in `GET /pauses`, whole
     assert card["requestId"] == asked["request_id"]
     assert card["toolName"] == "delete_file"
     assert card["arguments"] == {"path": "/tmp/y"}

@@ -135,8 +135,7 @@ async def answerable_pauses(
                 continue
             decision = (await runtime.turn_view(record)).pending
             if decision is not None:
-                out = PendingOut.model_validate(decision)
-                found.append(out.model_copy(update={"session_id": record.session_id}))
+                found.append(PendingOut.of(decision, record.session_id))
         if len(paused) < _PAGE or len(found) == limit:
             break
         after = (paused[-1][0].created_at, paused[-1][0].turn_id)

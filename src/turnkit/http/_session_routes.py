@@ -186,7 +186,7 @@ def _add_read_routes(
     async def session_pending(session_id: SessionPath, principal: Caller) -> PendingListOut:
         await visible_session(runtime, session_id, principal)
         found = await runtime.pending(session_id)
-        return PendingListOut(pending=[PendingOut.model_validate(p) for p in found])
+        return PendingListOut(pending=[PendingOut.of(p, session_id) for p in found])
 
     @router.get(
         "/sessions/{session_id}/queue",

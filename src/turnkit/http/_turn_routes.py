@@ -284,7 +284,7 @@ def _add_record_routes(
     async def turn_pending(turn_id: str, principal: Caller) -> PendingListOut:
         record = await visible_turn(runtime, turn_id, principal)
         found = (await runtime.turn_view(record)).pending
-        return PendingListOut(pending=[PendingOut.model_validate(found)] if found else [])
+        return PendingListOut(pending=[PendingOut.of(found, record.session_id)] if found else [])
 
     @router.get(
         "/pauses",

@@ -138,7 +138,12 @@ class PendingOut(_Camel):
     approver_role: str | None = None
     """The role that answers this approval (None: the session's owner, or an admin)."""
     session_id: str | None = None
-    """The turn's session (in `GET /pauses`)."""
+    """The turn's session."""
+
+    @classmethod
+    def of(cls, decision: object, session_id: str) -> PendingOut:
+        """A pending decision of a turn of `session_id`, as the routes send it."""
+        return cls.model_validate(decision).model_copy(update={"session_id": session_id})
 
 
 class SkillOut(_Camel):
