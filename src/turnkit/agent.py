@@ -347,9 +347,10 @@ class Agent:
         Raises:
             ConfigurationError: this agent would wait for a person (`clarifications`, or
                 an `always` approval policy of its own or of a tool): nobody is there to
-                answer an agent asked as a tool; or `timeout_s` is not above 0.
+                answer an agent asked as a tool; or `approval`, `approver_role` or
+                `timeout_s` is not valid.
         """
-        made = AgentTool.of(
+        return AgentTool.of(
             self,
             name=name,
             description=description,
@@ -357,8 +358,6 @@ class Agent:
             approver_role=approver_role,
             timeout_s=timeout_s,
         )
-        _check_own_approval(made)
-        return made
 
 
 def describe_model(model: object) -> object:

@@ -251,7 +251,7 @@ class SessionDirectory(Protocol):
         ...
 
     async def delegated_sessions(self, session_id: SessionId) -> list[SessionId]:
-        """The sessions agents asked as tools answered in for this one, at any depth.
+        """The sessions agents asked as tools answered in for this one, 16 levels deep.
 
         They are deleted with it (`delete_session`).
         """

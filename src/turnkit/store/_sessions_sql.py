@@ -175,12 +175,12 @@ _DELEGATION_DEPTH: Final = 16
 
 
 def delegated(conn: Connection, session_id: SessionId) -> list[SessionId]:
-    """The sessions delegated agents answered in for `session_id`, at any depth."""
+    """The sessions delegated agents answered in for `session_id`, up to 16 levels deep."""
     return [SessionId(s) for s in _with_delegated(conn, [session_id])[1:]]
 
 
 def _with_delegated(conn: Connection, ids: list[str]) -> list[str]:
-    """`ids` and the sessions delegated agents answered in for them, at any depth."""
+    """`ids` and the sessions delegated agents answered in for them, up to 16 levels deep."""
     found, frontier = list(ids), ids
     for _ in range(_DELEGATION_DEPTH):
         query = select(sessions.c.session_id).where(sessions.c.parent_session.in_(frontier))

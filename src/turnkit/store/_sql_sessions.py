@@ -68,7 +68,7 @@ class SqlSessions(SqlEngine):
         return await self._tx(sessions_sql.list_, owner, anonymous, limit, write=False)
 
     async def delegated_sessions(self, session_id: SessionId) -> list[SessionId]:
-        """The sessions agents asked as tools answered in for `session_id`, at any depth."""
+        """The sessions agents asked as tools answered in for `session_id`, 16 levels deep."""
         return await self._tx(sessions_sql.delegated, session_id, write=False)
 
     async def rename_session(self, session_id: SessionId, title: str) -> SessionRecord:

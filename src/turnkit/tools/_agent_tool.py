@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 from collections.abc import Mapping
 from typing import Any, Final
@@ -12,9 +11,10 @@ from pydantic import JsonValue
 from turnkit.errors import ConfigurationError
 from turnkit.ids import SessionId
 from turnkit.models import ToolSpec
-from turnkit.pauses import ApprovalPolicy
+from turnkit.pauses import ApprovalPolicy, check_approval_policy, check_approver_role
 from turnkit.tools._context import ToolContext
 from turnkit.tools._errors import ToolArgumentsError, ToolResultError
+from turnkit.tools._timeout import check_timeout_s, within
 from turnkit.tools.cascade import ToolClass
 
 __all__ = ("DELEGATED_SESSION_PREFIX", "AgentTool", "AgentToolError", "delegated_session_id")
@@ -70,13 +70,10 @@ class AgentTool:
         approver_role: str | None = None,
         timeout_s: float | None = None,
     ) -> None:
-        if timeout_s is not None and not (
-            isinstance(timeout_s, int | float) and not isinstance(timeout_s, bool) and timeout_s > 0
-        ):
-            raise ConfigurationError(
-                f"timeout_s of the tool {name!r} is a number of seconds above 0 (or None: "
-                f"no limit), not {timeout_s!r}"
-            )
+        check_timeout_s(timeout_s, name)
+        if approval is not None:
+            check_approval_policy(approval, f"the tool {name!r}")
+        check_approver_role(approver_role, f"the tool {name!r}")
         self.timeout_s = timeout_s
         """Seconds the agent has to answer; then its turn is stopped and the call fails."""
         self.agent = agent
@@ -155,16 +152,14 @@ class AgentTool:
                 f"the agent {self.agent.name!r} answers only inside a turn of a "
                 "SessionRuntime: call the asking agent through the runtime"
             )
-        if self.timeout_s is None:
-            return await ask(self.agent, message, ctx)
-        try:
-            async with asyncio.timeout(self.timeout_s):  # its turn is stopped as by a Stop
-                return await ask(self.agent, message, ctx)
-        except TimeoutError:
-            raise AgentToolError(
-                f"the agent {self.agent.name!r} did not answer within {self.timeout_s:g} s: "
-                "its turn was stopped"
-            ) from None
+        # Cancelled past `timeout_s`, the ask stops the asked turn as a Stop does.
+        return await within(self.timeout_s, ask(self.agent, message, ctx), self._expired)
+
+    def _expired(self) -> AgentToolError:
+        return AgentToolError(
+            f"the agent {self.agent.name!r} did not answer within {self.timeout_s:g} s: "
+            "its turn was stopped"
+        )
 
     async def reconcile(
         self, arguments: Mapping[str, JsonValue], ctx: ToolContext

@@ -16,6 +16,7 @@ from turnkit.pauses import ApprovalPolicy, check_approval_policy, check_approver
 from turnkit.tools._context import ToolContext
 from turnkit.tools._errors import ToolArgumentsError, ToolResultError, ToolTimeoutError
 from turnkit.tools._protocol import Tool
+from turnkit.tools._timeout import check_timeout_s, within
 from turnkit.tools.cascade import ToolClass
 
 __all__ = ("NOT_APPLIED", "FunctionTool", "Reconcile", "tool")
@@ -160,11 +161,7 @@ class FunctionTool:
         timeout_s: float | None = None,
     ) -> None:
         self.fn = fn
-        if timeout_s is not None and not (isinstance(timeout_s, int | float) and timeout_s > 0):
-            raise ConfigurationError(
-                f"timeout_s of the tool {name or fn.__name__!r} is a number of seconds above 0 "
-                f"(or None: no limit), not {timeout_s!r}"
-            )
+        check_timeout_s(timeout_s, name or fn.__name__)
         self.timeout_s = timeout_s
         """How long a call may run before it is stopped and fails (None: no limit)."""
         if approval is not None:
@@ -282,19 +279,13 @@ class FunctionTool:
             call = cast(Callable[..., Awaitable[Any]], self.fn)(**kwargs)
         else:  # sync tools may block (files, HTTP): keep the event loop free
             call = asyncio.to_thread(self.fn, **kwargs)
-        if self.timeout_s is None:
-            return await call
-        limit = asyncio.timeout(self.timeout_s)
-        try:
-            async with limit:
-                return await call
-        except TimeoutError:
-            if not limit.expired():
-                raise  # the tool's own
-            raise ToolTimeoutError(
-                f"the tool did not finish within {self.timeout_s:g} s and was stopped; it "
-                "may have taken effect, so check before calling it again"
-            ) from None
+        return await within(self.timeout_s, call, self._expired)
+
+    def _expired(self) -> ToolTimeoutError:
+        return ToolTimeoutError(
+            f"the tool did not finish within {self.timeout_s:g} s and was stopped; it "
+            "may have taken effect, so check before calling it again"
+        )
 
     def __repr__(self) -> str:
         return f"FunctionTool({self._name!r})"
