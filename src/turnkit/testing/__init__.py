@@ -1,7 +1,8 @@
-"""Test helpers: a deterministic scripted model and event collection.
+"""Test helpers: deterministic fake models and event collection.
 
-`ScriptedModel` is the default fake for unit tests and runs the offline demo; it never
-touches the network.
+`ScriptedModel` is the default fake for unit tests and runs the offline demo; `TestModel`
+calls an agent's tools with arguments made from their schemas and answers, with no
+script. Neither touches the network.
 """
 
 from __future__ import annotations
@@ -12,11 +13,13 @@ from typing import TypeVar
 
 from turnkit.testing._clock import FakeClock
 from turnkit.testing._scripted import ModelStep, ScriptedModel, UnexpectedModelCall, call, raw_call
+from turnkit.testing._test_model import TestModel
 
 __all__ = (
     "FakeClock",
     "ModelStep",
     "ScriptedModel",
+    "TestModel",
     "UnexpectedModelCall",
     "call",
     "collect_events",
