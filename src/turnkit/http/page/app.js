@@ -156,8 +156,8 @@ function loadQueue(sessionId) {
     .catch(() => {}); // guide messages still show once the turn takes them
 }
 
-async function afterTurn(sessionId) {
-  // Turns this page did not start (another tab, a guide message queued as its own turn).
+/** Add the turns this page did not start (another tab, a guide message queued as its own turn). */
+async function catchUp(sessionId) {
   try {
     const turns = await api.history(sessionId);
     if (ui.sessionId !== sessionId) return;
@@ -167,6 +167,10 @@ async function afterTurn(sessionId) {
   } catch {
     // the page keeps what it has
   }
+}
+
+async function afterTurn(sessionId) {
+  await catchUp(sessionId);
   followLive(sessionId); // the turn that waited behind the one that ended, if any
   refreshSessions();
 }
@@ -223,6 +227,13 @@ async function send(text) {
       update((s) => withGuide(s, turnId, guide));
     }
     ui.notice = "";
+    if (!live && !created) {
+      // The page saw no open turn, but another tab may have started one since it loaded:
+      // this message then waits behind it. Learn of it (and its card) before following.
+      await catchUp(sessionId);
+      if (ui.sessionId !== sessionId) return true;
+      loadPending(sessionId);
+    }
     // Its stream opens now if it is the live turn, else once the turns before it end.
     followLive(sessionId)?.then((how) => {
       const ended = ui.sessionId === sessionId ? ui.state.turns[turnId]?.status : null;

@@ -265,6 +265,7 @@ const FOLDERS = {
       toolName: e.block.tool_name,
       arguments: e.block.arguments,
       argumentsError: e.arguments_error ?? null,
+      askedSessionId: e.asked_session_id ?? null, // an agent asked as a tool: its session
       startedAt: e.ts,
       status: b.status === "preparing" ? "running" : b.status,
     })),
@@ -552,6 +553,7 @@ function upsertTool(turn, toolCallId, change) {
       toolName: null,
       arguments: null,
       argumentsError: null,
+      askedSessionId: null,
       status: "preparing",
       startedAt: null,
       chars: 0,

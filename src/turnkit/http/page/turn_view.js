@@ -73,6 +73,7 @@ function newBlockElement(kind) {
       el("span", { class: "duration" }),
       el("div", { class: "detail" }),
       el("div", { class: "job" }, el("progress", { max: "1" }), el("span", { class: "job-message" })),
+      el("a", { class: "asked", hidden: "" }),
     );
     return node;
   }
@@ -163,6 +164,15 @@ function drawTool(node, block) {
   const detail = ended ? block.error ?? block.code : block.argumentsError;
   const notes = [detail, approvalOf(block), block.inDoubt && `in doubt: ${block.inDoubt}`];
   setText(node.querySelector(".detail"), notes.filter(Boolean).join(" · "));
+  const asked = node.querySelector(".asked");
+  asked.hidden = !block.askedSessionId;
+  if (block.askedSessionId) {
+    // The asked agent's own conversation (its steps and text): opened here, Back returns.
+    const href = `#session=${encodeURIComponent(block.askedSessionId)}`;
+    if (asked.getAttribute("href") !== href) asked.setAttribute("href", href);
+    asked.dataset.sessionId = block.askedSessionId;
+    setText(asked, `Open the ${block.toolName ?? "agent"} conversation`);
+  }
   const job = node.querySelector(".job");
   job.hidden = !block.job;
   if (block.job) {

@@ -1,0 +1,55 @@
+"""An agent asked as a tool: its tool row leads to the session it answered in."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import Page, expect
+
+from tests.page.harness import serve_page
+from turnkit import Agent
+from turnkit.testing import ModelStep, ScriptedModel, call
+
+pytestmark = pytest.mark.slow
+
+
+def send(page: Page, text: str) -> None:
+    page.fill("#message", text)
+    page.press("#message", "Enter")
+
+
+def test_the_tool_row_of_an_asked_agent_links_to_its_session(page: Page, tmp_path: Path) -> None:
+    shipping = Agent(
+        name="shipping",
+        model=ScriptedModel([ModelStep.text_reply("A7 arrives today.")]),
+    )
+    desk = Agent(
+        name="front-desk",
+        model=ScriptedModel(
+            [
+                ModelStep.tool_call_reply(call("shipping", message="Where is order A7?")),
+                ModelStep.text_reply("Your parcel arrives today."),
+            ]
+        ),  # fmt: skip
+        tools=[shipping.as_tool()],
+    )
+    with serve_page(tmp_path, desk) as app:
+        page.goto(app.url)
+        send(page, "Where is A7?")
+        expect(page.locator(".block.text.answer .text")).to_have_text("Your parcel arrives today.")
+        link = page.locator(".block.tool a.asked")
+        expect(link).to_be_visible()
+        expect(link).to_have_attribute("href", re.compile(r"^#session=tk-sub\.[0-9a-f]{32}$"))
+        asking = page.url
+
+        page.reload()  # the link comes back from the turn's log, not from memory
+        expect(link).to_have_attribute("href", re.compile(r"^#session=tk-sub\.[0-9a-f]{32}$"))
+
+        link.click()  # the asked agent's own conversation, in the page
+        expect(page.locator("article.turn .block.user .text")).to_have_text("Where is order A7?")
+        expect(page.locator(".block.text.answer .text")).to_have_text("A7 arrives today.")
+        page.go_back()
+        assert page.url == asking
+        expect(page.locator(".block.text.answer .text")).to_have_text("Your parcel arrives today.")
