@@ -333,7 +333,8 @@ class Agent:
         The calling model sends a `message`; this agent answers it in a durable turn of
         its own (in a session whose parent is the asking session) and its answer, text or
         its `output_type`'s JSON, is the call's result. A runtime hosting the asking agent
-        hosts this one too.
+        hosts this one too. When this agent waits for a person (an approval, a question),
+        the asking turn waits with the same request, answered there.
 
         Args:
             name: The tool's name (default: the agent's name).
@@ -345,10 +346,7 @@ class Agent:
                 and the call fails (None: no limit but the turn's own deadlines).
 
         Raises:
-            ConfigurationError: this agent would wait for a person (`clarifications`, or
-                an `always` approval policy of its own or of a tool): nobody is there to
-                answer an agent asked as a tool; or `approval`, `approver_role` or
-                `timeout_s` is not valid.
+            ConfigurationError: `approval`, `approver_role` or `timeout_s` is not valid.
         """
         return AgentTool.of(
             self,

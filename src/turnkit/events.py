@@ -37,6 +37,7 @@ __all__ = (
     "DurableStreamEvent",
     "ApprovalAnsweredEvent",
     "ApprovalRequestedEvent",
+    "AskedPause",
     "BudgetPausedEvent",
     "CheckpointCreatedEvent",
     "Citation",
@@ -337,8 +338,30 @@ class ProviderCascadeEvent(DurableEvent):
     status_code: int | None = None
 
 
+class AskedPause(BaseModel):
+    """The pause of an agent asked as a tool, handed to the asking turn to be answered there.
+
+    The answer given to the asking turn goes on to this request of the asked turn.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+
+    agent: str
+    """The asked agent's name."""
+    session_id: SessionId
+    """Its session (`tool.started`'s `asked_session_id`)."""
+    turn_id: TurnId
+    """Its turn, which waits for the answer."""
+    request_id: str
+    """Its own request, answered with the asking turn's."""
+
+
 class ApprovalRequestedEvent(DurableEvent):
-    """A tool call waits for a person's approval; the turn is `awaiting_approval`."""
+    """A tool call waits for a person's approval; the turn is `awaiting_approval`.
+
+    With `asked`, the call is one an agent asked as a tool wants to make: the approval is
+    answered here and goes on to that agent's turn.
+    """
 
     type: Literal["approval.requested"] = "approval.requested"
     request_id: str
@@ -349,6 +372,8 @@ class ApprovalRequestedEvent(DurableEvent):
     approver_role: str | None = Field(default=None, exclude_if=lambda role: role is None)
     """The role that answers it over HTTP (absent: the session's owner); left out unset, so
     a reader of an earlier version still reads the event."""
+    asked: AskedPause | None = Field(default=None, exclude_if=lambda asked: asked is None)
+    """Set when an agent asked as a tool waits for this approval (left out unset)."""
 
 
 class ApprovalAnsweredEvent(DurableEvent):
@@ -371,12 +396,17 @@ class ApprovalAnsweredEvent(DurableEvent):
 
 
 class ClarificationRequestedEvent(DurableEvent):
-    """The model asked the person a question; the turn is `awaiting_input`."""
+    """The model asked the person a question; the turn is `awaiting_input`.
+
+    With `asked`, an agent asked as a tool asked it: the answer goes on to its turn.
+    """
 
     type: Literal["clarification.requested"] = "clarification.requested"
     request_id: str
     question: str
     choices: tuple[str, ...] = ()
+    asked: AskedPause | None = Field(default=None, exclude_if=lambda asked: asked is None)
+    """Set when an agent asked as a tool asks the question (left out unset)."""
 
 
 class BudgetPausedEvent(DurableEvent):

@@ -15,6 +15,8 @@ from typing import Any
 
 from turnkit.blocks import ToolResultBlock
 from turnkit.events import (
+    ApprovalRequestedEvent,
+    ClarificationRequestedEvent,
     DurableEvent,
     InputGuidedEvent,
     MessageCompleteEvent,
@@ -121,6 +123,10 @@ class Journal:
     """In the order they were presented."""
     answer_problems: dict[str, tuple[str, ...]] = field(default_factory=dict[str, tuple[str, ...]])
     """generation_id → what its committed `outputCheck` found (from the audit rows)."""
+    asked: dict[str, ApprovalRequestedEvent | ClarificationRequestedEvent] = field(
+        default_factory=dict[str, ApprovalRequestedEvent | ClarificationRequestedEvent]
+    )
+    """request_id → a pause an agent asked as a tool handed to this turn."""
 
     @classmethod
     def of(cls, events: Iterable[StreamEvent]) -> Journal:
@@ -156,6 +162,8 @@ class Journal:
                 self.results[call_id] = (result, None)
             case ToolFailedEvent(tool_call_id=call_id, result=result, code=code):
                 self.results[call_id] = (result, code)
+            case ApprovalRequestedEvent() | ClarificationRequestedEvent() if event.asked:
+                self.asked[event.request_id] = event
             case InputGuidedEvent(input_seq=input_seq, content=content):
                 self.guides.append(
                     CommittedGuide(seq=event.seq, input_seq=input_seq, content=content)

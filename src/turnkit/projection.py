@@ -27,6 +27,7 @@ from turnkit.blocks import Block, TextBlock, UserBlock
 from turnkit.events import (
     ApprovalAnsweredEvent,
     ApprovalRequestedEvent,
+    AskedPause,
     Citation,
     ClarificationRequestedEvent,
     DoneEvent,
@@ -83,6 +84,8 @@ class PendingDecision:
     for a question, and in turns stored before the event existed."""
     note: str | None = None
     """What the person wrote with that answer."""
+    asked: AskedPause | None = None
+    """The agent asked as a tool whose request this is (the answer goes on to its turn)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -301,6 +304,7 @@ def decision_of(event: ApprovalRequestedEvent | ClarificationRequestedEvent) -> 
             arguments=event.arguments,
             summary=event.summary,
             approver_role=event.approver_role,
+            asked=event.asked,
         )
     return PendingDecision(
         turn_id=event.turn_id,
@@ -309,6 +313,7 @@ def decision_of(event: ApprovalRequestedEvent | ClarificationRequestedEvent) -> 
         seq=event.seq,
         question=event.question,
         choices=event.choices,
+        asked=event.asked,
     )
 
 

@@ -33,6 +33,7 @@ from turnkit.pauses import ANSWERS, Answer, Approve, Deny, PauseRequest, Resolut
 from turnkit.runtime import SessionRuntime
 from turnkit.store import TurnRecord
 from turnkit.store.sql import SqlStore
+from turnkit.tools import DELEGATED_SESSION_PREFIX
 
 __all__ = ("PAUSES", "Pause", "answer_turn", "list_pauses", "misused_answer_flag", "waiting")
 
@@ -66,6 +67,8 @@ async def list_pauses(
 ) -> int:
     """`turnkit pauses`: the paused turns, oldest first, each with what it waits for."""
     found = await store.open_pauses(session_id, limit=limit + 1)  # one more: is there more?
+    # An agent asked as a tool waits in its asking turn too: that turn's request is answered.
+    found = [(r, q) for r, q in found if not r.session_id.startswith(DELEGATED_SESSION_PREFIX)]
     more = len(found) > limit
     found = found[:limit]
     if not found:

@@ -111,9 +111,9 @@ async def answerable_pauses(
     """The open approvals and questions `principal` may answer, oldest first, at most `limit`.
 
     Its own sessions' and, with a role, the approvals its role (or `admin`) answers in its
-    organisation. Paused turns are read a page at a time (among the oldest
-    `_PAGE * _PAGES`) and judged by their saved request first, so only those the caller
-    may answer have their log read.
+    organisation; not those of agents asked as tools, answered in their asking turns.
+    Paused turns are read a page at a time (among the oldest `_PAGE * _PAGES`) and judged
+    by their saved request first, so only those the caller may answer have their log read.
     """
     organisation = principal.organisation if principal is not None else None
     found: list[PendingOut] = []
@@ -131,6 +131,8 @@ async def answerable_pauses(
             if record.session_id not in sessions:
                 sessions[record.session_id] = await runtime.store.get_session(record.session_id)
             session = sessions[record.session_id]
+            if session is not None and session.parent_session is not None:
+                continue  # an agent asked as a tool: its asking turn's card stands for it
             if not may_answer(_asked(record, request), record, session, principal):
                 continue
             decision = (await runtime.turn_view(record)).pending

@@ -122,6 +122,15 @@ class SessionOut(_Camel):
     updated_at: datetime
 
 
+class AskedPauseOut(_Camel):
+    """The agent asked as a tool whose request a pending card is, and where it waits."""
+
+    agent: str
+    session_id: str
+    turn_id: str
+    request_id: str
+
+
 class PendingOut(_Camel):
     """An approval or a question a paused turn waits for."""
 
@@ -139,6 +148,8 @@ class PendingOut(_Camel):
     """The role that answers this approval (None: the session's owner, or an admin)."""
     session_id: str | None = None
     """The turn's session."""
+    asked: AskedPauseOut | None = None
+    """Set when an agent asked as a tool waits for this answer: it goes on to that agent."""
 
     @classmethod
     def of(cls, decision: object, session_id: str) -> PendingOut:

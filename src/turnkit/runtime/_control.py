@@ -2,21 +2,23 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from typing import Any
 
 from pydantic import JsonValue
 
 from turnkit import otel
-from turnkit.errors import AgentNotFoundError, InvalidInputError
+from turnkit.errors import AgentNotFoundError, InvalidInputError, PauseAnsweredError
+from turnkit.events import AskedPause
 from turnkit.ids import TurnId
 from turnkit.pauses import ANSWERS, Answer, Approve, Deny, Resolution
 from turnkit.runtime._reads import RuntimeReads
 from turnkit.runtime.deps import NO_DEPS
-from turnkit.states import TurnStatus, awaiting
+from turnkit.states import TERMINAL_STATES, TurnStatus, awaiting
 from turnkit.store import Submission, TurnRecord
 from turnkit.tenancy import Principal
-from turnkit.tools import ToolArgumentsError, validated_arguments
+from turnkit.tools import DELEGATED_SESSION_PREFIX, ToolArgumentsError, validated_arguments
 
 __all__ = ("RuntimeControl",)
 
@@ -39,6 +41,7 @@ class RuntimeControl(RuntimeReads):
         status = await self.host.cancel(TurnId(turn_id), by=_id_of(principal))
         if status == "cancelled":  # ended in the Store, or by its driver here
             self.forget_ended(turn_id)
+            await self._cancel_asked(turn_id, principal)  # nobody answers them now
         return status
 
     async def resume(
@@ -59,7 +62,9 @@ class RuntimeControl(RuntimeReads):
         `reader().follow(turn_id, after_seq=...)` or the HTTP resume stream. The turn runs
         with the agent it was pinned to; `deps` (else the runtime's factory) are its tools'
         dependencies. `principal` is who answers: the turn's audit records it (a
-        `pauseAnswer` row: who, when, which decision).
+        `pauseAnswer` row: who, when, which decision). A request an agent asked as a tool
+        handed to the turn (`asked` on its event) is answered in that agent's turn first,
+        with the same answer.
 
         Raises:
             PauseNotFoundError: the turn has no such request.
@@ -68,9 +73,30 @@ class RuntimeControl(RuntimeReads):
                 a `resolution` that is not an `Approve`, `Deny` or `Answer`; arguments a
                 person changed that the tool refuses (checked when this runtime hosts the
                 turn's agent; else the tool refuses them when the call runs, as a result
-                the model reads).
+                the model reads); a turn of an agent asked as a tool (its requests are
+                answered in the asking turn).
         """
         record = await self.turn(turn_id)
+        if record.session_id.startswith(DELEGATED_SESSION_PREFIX):
+            raise InvalidInputError(
+                f"turn {turn_id!r} is an agent's asked as a tool: what it waits for is "
+                "answered in the asking turn, which waits with it (see its pending card)",
+                turn_id=turn_id,
+            )
+        return await self._answer(record, request_id, resolution, deps=deps, principal=principal)
+
+    async def _answer(
+        self,
+        record: TurnRecord,
+        request_id: str,
+        resolution: Resolution,
+        *,
+        deps: Any,
+        principal: Principal | str | None,
+        drive: bool = True,
+    ) -> Submission:
+        """`resume`, for any turn; `drive`: go on in this process (with `run_in_process`)."""
+        turn_id = record.turn_id
         if record.status == "awaiting_budget":
             raise InvalidInputError(
                 f"turn {turn_id!r} waits on a budget: it resumes by itself once a limit is "
@@ -91,13 +117,16 @@ class RuntimeControl(RuntimeReads):
                 f"not {resolution.kind}",
                 kind=resolution.kind,
             )
-        if isinstance(resolution, Approve) and resolution.arguments is not None:
+        asked = await self._handed_over(record, request_id)
+        if asked is not None:  # the asked agent's turn takes the answer first
+            await self._answer_asked(asked, resolution, deps=deps, principal=principal)
+        elif isinstance(resolution, Approve) and resolution.arguments is not None:
             await self._check_changed_arguments(record, request_id, resolution.arguments)
         cause = otel.resume_cause()  # taken now; kept once the answer is in
         answer = resolution.model_dump()
         await self.store.answer_pause(record.turn_id, request_id, answer, by=_id_of(principal))
         otel.note_resume(record.turn_id, cause)
-        if self.config.run_in_process:
+        if drive and self.config.run_in_process:
             self.host.detach(record.turn_id, deps=deps)
         return Submission(
             session_id=record.session_id,
@@ -107,6 +136,44 @@ class RuntimeControl(RuntimeReads):
             requested_delivery="queue",
             is_new=False,
         )
+
+    async def _handed_over(self, record: TurnRecord, request_id: str) -> AskedPause | None:
+        """The asked agent's request this one stands for (None: the turn's own)."""
+        if not record.status.startswith("awaiting_"):
+            return None  # not paused: the Store says why it cannot be answered
+        decisions = (await self.turn_view(record)).decisions
+        return next((d.asked for d in decisions if d.request_id == request_id), None)
+
+    async def _answer_asked(
+        self,
+        asked: AskedPause,
+        resolution: Resolution,
+        *,
+        deps: Any,
+        principal: Principal | str | None,
+    ) -> None:
+        """Answer the request of an asked agent's turn (which may hand one over in turn).
+
+        The asking turn's call drives that turn again when it resumes. An answer given
+        before (an answer retried after a failure) or a turn that ended meanwhile leaves
+        the asking turn to find out when it follows the turn again.
+        """
+        record = await self.store.get_turn(asked.turn_id)
+        if record is None or record.status in TERMINAL_STATES:
+            return
+        with contextlib.suppress(PauseAnsweredError):
+            await self._answer(
+                record, asked.request_id, resolution, deps=deps, principal=principal, drive=False
+            )
+
+    async def _cancel_asked(self, turn_id: str, principal: Principal | str | None) -> None:
+        """Stop the asked agents' turns whose requests a stopped turn waited on."""
+        record = await self.store.get_turn(TurnId(turn_id))
+        if record is None:
+            return
+        for decision in (await self.turn_view(record)).decisions:
+            if decision.asked is not None:
+                await self.cancel(decision.asked.turn_id, principal=principal)
 
     async def _check_changed_arguments(
         self, record: TurnRecord, request_id: str, arguments: Mapping[str, JsonValue]

@@ -2,10 +2,12 @@
 
 The session's id is derived from the call's idempotency key, and its one message has a
 fixed request id, so asking again for the same call (after a crash of the asking turn,
-from its reconcile hook) joins the turn the first ask started instead of running the
-agent twice. The turn runs in the asking turn's slot: a bound on running turns never
-makes a parent wait for its own child. A Stop of the asking turn stops the asked one; a
-shutdown leaves both to whoever recovers them.
+from its reconcile hook, or once a person answered what it waited for) joins the turn
+the first ask started instead of running the agent twice. The turn runs in the asking
+turn's slot: a bound on running turns never makes a parent wait for its own child. A Stop
+of the asking turn stops the asked one; a shutdown leaves both to whoever recovers them.
+When the asked turn waits for a person, the ask raises `AskedAgentWaits`: the asking turn
+pauses with the same request, and the answer given there goes on to the asked turn.
 """
 
 from __future__ import annotations
@@ -21,6 +23,9 @@ from turnkit.agent import Agent
 from turnkit.clock import Clock
 from turnkit.errors import InvalidInputError
 from turnkit.events import (
+    ApprovalRequestedEvent,
+    BudgetPausedEvent,
+    ClarificationRequestedEvent,
     DoneEvent,
     DurableEvent,
     EphemeralEvent,
@@ -34,8 +39,13 @@ from turnkit.runtime._turn_log import hand_over_all
 from turnkit.runtime.deps import NO_DEPS
 from turnkit.stages._titles import opening_title
 from turnkit.store import Lease
-from turnkit.tools import AgentToolError, ToolContext, delegated_session_id
-from turnkit.tools._agent_tool import DELEGATED_SESSION_PREFIX
+from turnkit.tools import (
+    DELEGATED_SESSION_PREFIX,
+    AgentToolError,
+    AskedAgentWaits,
+    ToolContext,
+    delegated_session_id,
+)
 
 if TYPE_CHECKING:
     from turnkit.runtime import SessionRuntime
@@ -50,12 +60,6 @@ _REQUEST_ID: Final = "delegated"
 _PULSE_S: Final = 5.0
 """How often, at most, the asking call reports that the agent still works (which keeps
 the asking turn from its idle window; a third of that window when it is shorter)."""
-
-_WAITS: Final = {
-    "approval.requested": "an approval",
-    "clarification.requested": "an answer to its question",
-    "budget.paused": "a raised budget",
-}
 
 
 def refuse_delegated(session_id: str) -> None:
@@ -82,7 +86,8 @@ async def ask_agent(
 
     Raises:
         AgentToolError: the agent's turn failed, timed out, was stopped, or stopped to
-            wait for a person (that turn is then cancelled: nobody would answer it).
+            wait for a budget (that turn is then cancelled).
+        AskedAgentWaits: the agent's turn waits for a person's approval or answer.
     """
     if not isinstance(agent, Agent):
         raise AgentToolError(f"an agent tool asks a turnkit.Agent, not {type(agent).__name__}")
@@ -118,7 +123,9 @@ async def ask_agent(
         if taking_over is not None:
             taking_over.cancel()
             await asyncio.gather(taking_over, return_exceptions=True)
-    if answer.waits is not None:
+    if isinstance(answer.last, ApprovalRequestedEvent | ClarificationRequestedEvent):
+        raise AskedAgentWaits(agent.name, answer.last)  # the asking turn waits with it
+    if isinstance(answer.last, BudgetPausedEvent):
         await runtime.cancel(turn_id)
     return answer.result()
 
@@ -206,7 +213,7 @@ async def _take_over(
 
 
 class _Answer:
-    """What a delegated turn's events say: its answer, its failure, or the pause it met."""
+    """What a delegated turn's events say: its answer, its failure, or the pause it waits on."""
 
     def __init__(
         self, agent: Agent, turn_id: str, session_id: str, pulse_s: float, clock: Clock
@@ -219,7 +226,8 @@ class _Answer:
         self.text: str | None = None
         self.error: ErrorEvent | None = None
         self.done: DoneEvent | None = None
-        self.waits: str | None = None
+        self.last: DurableEvent | EphemeralEvent | None = None
+        """The last event followed: the pause it waits on, when it does."""
         self._pulse = self.clock.monotonic()
 
     async def take(self, event: DurableEvent | EphemeralEvent, ctx: ToolContext) -> None:
@@ -230,8 +238,7 @@ class _Answer:
             self.error = event
         elif isinstance(event, DoneEvent):
             self.done = event
-        elif (kind := getattr(event, "type", None)) in _WAITS:
-            self.waits = _WAITS[kind]
+        self.last = event
         if isinstance(event, ToolStartedEvent):
             await self._report(ctx, f"{self.agent.name}: {event.block.tool_name}")
         elif isinstance(event, JobProgressEvent) and event.message:  # its tools', nested
@@ -250,10 +257,10 @@ class _Answer:
             AgentToolError: the turn did not complete with an answer.
         """
         name = self.agent.name
-        if self.waits is not None:
+        if isinstance(self.last, BudgetPausedEvent):
             raise AgentToolError(
-                f"the agent {name!r} stopped to wait for {self.waits}, which nobody gives "
-                f"an agent asked as a tool: its {self.where} was cancelled"
+                f"the agent {name!r} stopped to wait for a raised budget: its {self.where} "
+                "was cancelled"
             )
         if self.done is None:
             raise AgentToolError(f"the agent {name!r} did not finish ({self.where})")

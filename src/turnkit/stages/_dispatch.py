@@ -34,16 +34,20 @@ from turnkit.stages._offered import offered_tools
 from turnkit.stages._planning import is_planning_tool, run_planning_tool
 from turnkit.stages._plugins import after_tool_call, before_tool_call, guard
 from turnkit.stages._tool_pauses import (
+    MAX_HANDED,
     Edited,
     Settled,
+    hand_over_pause,
+    handed_over,
     is_clarify,
     pause_key,
     settle_pause,
+    take_asked_answers,
     with_arguments_run,
 )
 from turnkit.stages._types import StageContext, TranscriptMessage
 from turnkit.telemetry import Recorder
-from turnkit.tools import AgentTool, Tool, ToolArgumentsError, ToolContext
+from turnkit.tools import AgentTool, AskedAgentWaits, Tool, ToolArgumentsError, ToolContext
 from turnkit.tools._errors import ToolResultError
 from turnkit.tools._protocol import ReconcileMisfitError, ask_reconcile
 from turnkit.tools._storable import storable
@@ -84,13 +88,19 @@ async def dispatch_tools(
     `truncated` means the provider's output limit cut the response while the model was
     writing these calls: nothing runs, each call gets a failed result saying so. A call
     whose result is already committed (a recovered attempt) is not run again; a call that
-    was written ahead but has no result runs again with the same idempotency key.
+    was written ahead but has no result runs again with the same idempotency key. A call
+    whose asked agent waits for a person hands its request to this turn, which then waits
+    (after the batch's other calls end) and follows the agent again once it is answered.
     """
     rec = ctx.recorder
     plans, in_doubt = _write_ahead(ctx, calls, truncated, generation_id, known_errors or {})
     await rec.flush()  # write ahead: every call is on record before any tool runs
     # Approvals and questions come first, in call order: nothing runs until all are settled.
     settled, edited = await _settle_pauses(ctx, plans)
+    handed = take_asked_answers(ctx, [plan[0] for plan in plans])
+    if handed:  # the answers are on record before the asked agents go on
+        await rec.flush()
+    waiting: dict[str, AskedAgentWaits] = {}
 
     async def run(
         part: ToolCallPart,
@@ -98,7 +108,7 @@ async def dispatch_tools(
         args: Mapping[str, JsonValue],
         problem: str | None,
         code: ErrorCode,
-    ) -> TranscriptMessage:
+    ) -> TranscriptMessage | None:
         started = time.perf_counter()
         call_id = ToolCallId(part.tool_call_id)
         done = rec.journal.results.get(call_id)
@@ -114,13 +124,23 @@ async def dispatch_tools(
             if problem is None and tool is not None:
                 output = await _guard_output(ctx, view, output)
         elif problem is None:
-            doubt = part.tool_call_id in in_doubt
-            with rec.notes.waiting_on(f"tool {part.name!r}"):
-                problem, code, output, answered_by = await otel.traced_tool(
-                    rec,
-                    part,
-                    _run_guarded(ctx, part, tool, args, view, in_doubt=doubt),
-                    in_doubt=doubt,
+            # A call that handed a request over follows its agent again: not in doubt.
+            doubt = part.tool_call_id in in_doubt and part.tool_call_id not in handed
+            try:
+                with rec.notes.waiting_on(f"tool {part.name!r}"):
+                    problem, code, output, answered_by = await otel.traced_tool(
+                        rec,
+                        part,
+                        _run_guarded(ctx, part, tool, args, view, in_doubt=doubt),
+                        in_doubt=doubt,
+                    )
+            except AskedAgentWaits as waits:
+                if handed_over(ctx, part) < MAX_HANDED:
+                    waiting[part.tool_call_id] = waits
+                    return None  # no result: the turn waits with the agent (below)
+                problem, code = (
+                    f"the agent {waits.agent!r} asked for a person too often",
+                    "tool-failed",
                 )
         duration = (time.perf_counter() - started) * 1000
         rec.notes.tool_timings.append((answered_by, duration))
@@ -134,9 +154,25 @@ async def dispatch_tools(
         return message
 
     batch = len(plans) > 1
-    if not batch:
-        return [await run(*plans[0])]
-    return list(await asyncio.gather(*(run(*plan) for plan in plans)))
+    if batch:
+        messages = list(await asyncio.gather(*(run(*plan) for plan in plans)))
+    else:
+        messages = [await run(*plans[0])]
+    _wait_with_asked(ctx, plans, waiting)
+    return [m for m in messages if m is not None]  # all of them: none waits
+
+
+def _wait_with_asked(
+    ctx: StageContext, plans: list[Plan], waiting: Mapping[str, AskedAgentWaits]
+) -> None:
+    """Pause with the request of the first call (in call order) whose asked agent waits.
+
+    The next one's is handed over once this one is answered (its call then finds its
+    agent still waiting). Raises out of the node (LangGraph's interrupt).
+    """
+    for part, *_ in plans:
+        if part.tool_call_id in waiting:
+            hand_over_pause(ctx, part, waiting[part.tool_call_id])
 
 
 def _keep_edits(rec: Recorder, edited: Mapping[str, dict[str, JsonValue]]) -> None:
@@ -320,8 +356,8 @@ async def _reconcile(
         )
         try:
             applied, output = await ask_reconcile(hook, part.name, args, tool_ctx)
-        except asyncio.CancelledError:
-            raise
+        except (asyncio.CancelledError, AskedAgentWaits):
+            raise  # the agent it joined waits for a person: so does this turn
         except ReconcileMisfitError as exc:
             misfit = str(exc)
         except Exception as exc:  # noqa: BLE001 - a failing hook means "not known": run again
@@ -391,6 +427,8 @@ async def _invoke(
     output: JsonValue = None
     try:
         output = await tool.invoke(args, tool_ctx)
+    except AskedAgentWaits:
+        raise  # not a result: the turn waits with the agent
     except ToolArgumentsError as exc:
         problem, code = f"{exc.reason}. Fix the arguments and call again", "tool-arguments-invalid"
     except ToolResultError as exc:

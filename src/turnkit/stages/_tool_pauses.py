@@ -1,17 +1,19 @@
-"""Pauses before a tool call runs: the agent's question to a person, or a call to approve.
+"""Pauses for a person: before a call runs, or while the agent a call asked waits for one.
 
-A call that needs a person raises out of the node (LangGraph's interrupt); on resume the
-same code runs again and the interrupt returns the person's answer, so the call is settled
-exactly once however often the node is replayed.
+Before a call runs: the agent's question, or a call to approve. While it runs: an agent
+asked as a tool waits for a person, and its request is handed to this turn. A call that
+needs a person raises out of the node (LangGraph's interrupt); on resume the same code
+runs again and the interrupt returns the person's answer, so the call is settled exactly
+once however often the node is replayed.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from pydantic import JsonValue
 
@@ -20,6 +22,7 @@ from turnkit.errors import ErrorCode
 from turnkit.events import (
     ApprovalAnsweredEvent,
     ApprovalRequestedEvent,
+    AskedPause,
     ClarificationRequestedEvent,
 )
 from turnkit.ids import ToolCallId, derive_id
@@ -38,14 +41,28 @@ from turnkit.pauses import (
     summarize_call,
 )
 from turnkit.stages._types import StageContext, TranscriptMessage
-from turnkit.tools import Tool, ToolArgumentsError, ToolClass, validated_arguments
+from turnkit.tools import AskedAgentWaits, Tool, ToolArgumentsError, ToolClass, validated_arguments
 
-__all__ = ("Edited", "Settled", "is_clarify", "pause_key", "settle_pause", "with_arguments_run")
+__all__ = (
+    "Edited",
+    "Settled",
+    "MAX_HANDED",
+    "hand_over_pause",
+    "handed_over",
+    "is_clarify",
+    "pause_key",
+    "settle_pause",
+    "take_asked_answers",
+    "with_arguments_run",
+)
 
 log = logging.getLogger("turnkit.tools")
 
 Settled = tuple[str | None, ErrorCode, JsonValue]
 """A call answered without running it: (problem, its code, output)."""
+
+MAX_HANDED: Final = 64
+"""Pauses one call hands over at most (a runaway asked agent stops being followed)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,3 +276,111 @@ def _wait(
 def pause_key(turn_id: str, tool_call_id: str) -> str:
     """The journal key of the pause a call asked for (see `dedupe_key`)."""
     return f"pause:{derive_id('req', turn_id, tool_call_id)}"
+
+
+def hand_over_pause(ctx: StageContext, part: ToolCallPart, waits: AskedAgentWaits) -> None:
+    """Pause this turn with the request an agent asked by the call `part` waits on.
+
+    The approval (or question) is committed here, naming the asked turn and its request
+    (`asked`), and the turn waits as for its own; the answer goes on to the asked turn
+    (`SessionRuntime.resume`), and the call follows it again when this turn resumes.
+    Raises out of the node (LangGraph's interrupt), like every pause.
+    """
+    rec = ctx.recorder
+    request_id = _handed_id(rec.turn_id, part, handed_over(ctx, part))
+    pause = waits.pause
+    asked = AskedPause(
+        agent=waits.agent,
+        session_id=pause.session_id,
+        turn_id=pause.turn_id,
+        request_id=pause.request_id,
+    )
+    if isinstance(pause, ApprovalRequestedEvent):
+        event: ApprovalRequestedEvent | ClarificationRequestedEvent | None = rec.durable(
+            ApprovalRequestedEvent,
+            "tool-loop",
+            request_id=request_id,
+            tool_call_id=ToolCallId(part.tool_call_id),
+            tool_name=pause.tool_name,
+            arguments=pause.arguments,
+            summary=f"{waits.agent}: {pause.summary}",
+            approver_role=pause.approver_role,
+            asked=asked,
+        )
+    else:
+        event = rec.durable(
+            ClarificationRequestedEvent,
+            "tool-loop",
+            request_id=request_id,
+            question=pause.question,
+            choices=pause.choices,
+            asked=asked,
+        )
+    if event is None:  # the log holds it already (cannot happen: its id is new)
+        raise RuntimeError(f"the request {request_id} was handed over before")
+    _wait(ctx, request_id, _kind(event), part, _payload(event))
+
+
+def take_asked_answers(ctx: StageContext, parts: Sequence[ToolCallPart]) -> set[str]:
+    """Take the answers to the requests the batch's agent tools handed over before.
+
+    In call order, for every call (those with a result too): LangGraph hands a node's
+    resume values to its interrupts in the order they are called, so each request handed
+    over must take its answer again whenever the node runs. An answered approval is on
+    the stream (`approval.answered`, once). Returns the calls that handed one over: they
+    follow their asked turn again (they were not cut off by a crash).
+    """
+    rec = ctx.recorder
+    handed: set[str] = set()
+    for part in parts:
+        for n in range(MAX_HANDED):
+            request_id = _handed_id(rec.turn_id, part, n)
+            pause = rec.journal.asked.get(request_id)
+            if pause is None:
+                break
+            handed.add(part.tool_call_id)
+            resolution = _wait(ctx, request_id, _kind(pause), part, _payload(pause))
+            if isinstance(pause, ApprovalRequestedEvent) and isinstance(resolution, Approve | Deny):
+                rec.durable(
+                    ApprovalAnsweredEvent,
+                    "tool-loop",
+                    request_id=request_id,
+                    tool_call_id=pause.tool_call_id,
+                    tool_name=pause.tool_name,
+                    decision=resolution.kind,
+                    note=resolution.note,
+                    arguments=resolution.arguments if isinstance(resolution, Approve) else None,
+                )
+    return handed
+
+
+def handed_over(ctx: StageContext, part: ToolCallPart) -> int:
+    """How many requests the call handed over before (at most `MAX_HANDED`)."""
+    journal, turn_id = ctx.recorder.journal, ctx.recorder.turn_id
+    return sum(1 for n in range(MAX_HANDED) if _handed_id(turn_id, part, n) in journal.asked)
+
+
+def _handed_id(turn_id: str, part: ToolCallPart, n: int) -> str:
+    return derive_id("req", turn_id, part.tool_call_id, "asked", n)
+
+
+def _kind(
+    event: ApprovalRequestedEvent | ClarificationRequestedEvent,
+) -> Literal["approval", "clarification"]:
+    return "approval" if isinstance(event, ApprovalRequestedEvent) else "clarification"
+
+
+def _payload(event: ApprovalRequestedEvent | ClarificationRequestedEvent) -> dict[str, JsonValue]:
+    """The saved request of a handed-over pause (what the inbox and the CLI read)."""
+    asked: JsonValue = event.asked.model_dump(mode="json") if event.asked is not None else None
+    if isinstance(event, ClarificationRequestedEvent):
+        return {"question": event.question, "choices": list(event.choices), "asked": asked}
+    payload: dict[str, JsonValue] = {
+        "tool_name": event.tool_name,
+        "arguments": dict(event.arguments),
+        "summary": event.summary,
+        "asked": asked,
+    }
+    if event.approver_role is not None:
+        payload["approver_role"] = event.approver_role
+    return payload

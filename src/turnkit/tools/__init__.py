@@ -11,17 +11,24 @@ from collections.abc import Iterable, Iterator
 from turnkit.errors import DuplicateToolError
 from turnkit.models import ToolSpec
 from turnkit.pauses import CLARIFY_TOOL
-from turnkit.tools._agent_tool import AgentTool, AgentToolError, delegated_session_id
+from turnkit.tools._agent_tool import (
+    DELEGATED_SESSION_PREFIX,
+    AgentTool,
+    AgentToolError,
+    delegated_session_id,
+)
 from turnkit.tools._context import ToolContext
-from turnkit.tools._errors import ToolArgumentsError
+from turnkit.tools._errors import AskedAgentWaits, ToolArgumentsError
 from turnkit.tools._function import NOT_APPLIED, FunctionTool, tool
 from turnkit.tools._protocol import Tool
 from turnkit.tools.cascade import ToolClass, validated_arguments
 
 __all__ = (
+    "DELEGATED_SESSION_PREFIX",
     "NOT_APPLIED",
     "AgentTool",
     "AgentToolError",
+    "AskedAgentWaits",
     "FunctionTool",
     "clarify_spec",
     "delegated_session_id",

@@ -8,14 +8,12 @@ from typing import Any, Final
 
 from pydantic import JsonValue
 
-from turnkit.errors import ConfigurationError
 from turnkit.ids import SessionId
 from turnkit.models import ToolSpec
 from turnkit.pauses import ApprovalPolicy, check_approval_policy, check_approver_role
 from turnkit.tools._context import ToolContext
 from turnkit.tools._errors import ToolArgumentsError, ToolResultError
 from turnkit.tools._timeout import check_timeout_s, within
-from turnkit.tools.cascade import ToolClass
 
 __all__ = ("DELEGATED_SESSION_PREFIX", "AgentTool", "AgentToolError", "delegated_session_id")
 
@@ -42,7 +40,7 @@ def delegated_session_id(idempotency_key: str, agent: str) -> SessionId:
 class AgentToolError(ToolResultError):
     """An agent asked as a tool did not answer; the asking model reads why.
 
-    Its turn failed, timed out, was stopped, or would have waited for a person.
+    Its turn failed, timed out, was stopped, or waited for a budget.
     """
 
 
@@ -56,8 +54,9 @@ class AgentTool:
     A call runs the agent once: after a crash of the asking turn the same call joins the
     turn it started instead of asking again.
 
-    The agent answers without a person: it may not ask questions or wait for approvals
-    (put `approval=` on this tool to have a person approve the delegation itself).
+    When the agent stops to wait for a person (an approval, a question), the asking turn
+    waits too, with the same approval or question, answered there; `approval=` on this
+    tool has a person approve the delegation itself.
     """
 
     def __init__(
@@ -96,19 +95,12 @@ class AgentTool:
         approver_role: str | None = None,
         timeout_s: float | None = None,
     ) -> AgentTool:
-        """`agent` as a tool (see `Agent.as_tool`), refused if it would wait for a person.
+        """`agent` as a tool (see `Agent.as_tool`).
 
         Raises:
-            ConfigurationError: it would (`clarifications`, an `always` approval policy of
-                its own or of a tool), or `timeout_s` is not above 0.
+            ConfigurationError: `timeout_s` is not above 0, or the approval policy or
+                role is not one.
         """
-        waits = _waits_for_a_person(agent)
-        if waits:
-            raise ConfigurationError(
-                f"the agent {agent.name!r} cannot be a tool: {waits}, and an agent asked as a "
-                "tool answers without a person (approve the delegation instead: "
-                "as_tool(approval='always'))"
-            )
         return cls(
             agent,
             name=name or agent.name,
@@ -191,19 +183,6 @@ class AgentTool:
         if not isinstance(message, str) or not message.strip():
             raise ToolArgumentsError(self._name, "`message` must be non-empty text")
         return message
-
-
-def _waits_for_a_person(agent: Any) -> str | None:
-    """Why `agent` would pause for a person whatever it is asked (None: it need not)."""
-    if agent.clarifications:
-        return "it asks the user questions (clarifications=True)"
-    if agent.approval == "always":
-        return "its approval policy is 'always'"
-    for item in agent.registry():
-        for member in item.leaves() if isinstance(item, ToolClass) else (item,):
-            if getattr(member, "approval", None) == "always":
-                return f"its tool {member.name!r} asks for approval 'always'"
-    return None
 
 
 def _first_line(text: str) -> str:

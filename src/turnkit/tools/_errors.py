@@ -1,12 +1,15 @@
-"""`ToolArgumentsError`, below both `FunctionTool` (which raises it) and `ToolClass`.
+"""What a tool call raises besides its result, below the tools and `ToolClass` alike.
 
-`ToolClass` re-raises it instead of pivoting; keeping it here means `cascade` need not
-import `_function`, which builds a `ToolClass` for `@tool(fallbacks=...)`.
+`ToolClass` re-raises `ToolArgumentsError` and `AskedAgentWaits` instead of pivoting to
+its next member; keeping them here means `cascade` need not import `_function`, which
+builds a `ToolClass` for `@tool(fallbacks=...)`.
 """
 
 from __future__ import annotations
 
-__all__ = ("ToolArgumentsError", "ToolResultError", "ToolTimeoutError")
+from turnkit.events import ApprovalRequestedEvent, ClarificationRequestedEvent
+
+__all__ = ("AskedAgentWaits", "ToolArgumentsError", "ToolResultError", "ToolTimeoutError")
 
 
 class ToolArgumentsError(Exception):
@@ -24,3 +27,20 @@ class ToolResultError(Exception):
 
 class ToolTimeoutError(ToolResultError):
     """A tool ran past its `timeout_s` and was stopped; the model reads the message."""
+
+
+class AskedAgentWaits(Exception):
+    """An agent asked as a tool waits for a person: the asking turn waits with it.
+
+    Not a result: the asking turn pauses with the same approval or question, and the
+    answer given there goes on to the asked turn; the call then follows it again.
+    """
+
+    def __init__(
+        self, agent: str, pause: ApprovalRequestedEvent | ClarificationRequestedEvent
+    ) -> None:
+        super().__init__(f"the agent {agent!r} waits for a person ({pause.request_id})")
+        self.agent = agent
+        """The asked agent's name."""
+        self.pause = pause
+        """What its turn waits for."""

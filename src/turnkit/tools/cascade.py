@@ -11,7 +11,7 @@ from pydantic import JsonValue
 from turnkit.errors import ConfigurationError, typed_message
 from turnkit.models import ToolSpec
 from turnkit.tools._context import ToolContext
-from turnkit.tools._errors import ToolArgumentsError
+from turnkit.tools._errors import AskedAgentWaits, ToolArgumentsError
 from turnkit.tools._protocol import ReconcileMisfitError, ask_reconcile
 
 if TYPE_CHECKING:
@@ -68,8 +68,8 @@ class ToolClass:
             nxt = self.tools[index + 1].name if index + 1 < len(self.tools) else None
             try:
                 return await member.invoke(arguments, ctx)
-            except asyncio.CancelledError:
-                raise
+            except (asyncio.CancelledError, AskedAgentWaits):
+                raise  # an asked agent waiting for a person has not failed
             except ToolArgumentsError as exc:
                 if last is None:  # the model's arguments do not fit the tool it was shown
                     raise
