@@ -281,6 +281,8 @@ async def _settle_pauses(
 
     Returns the calls answered without running and the calls approved with the person's
     arguments. A run resumed by an answer commits how it was answered before any call runs.
+    A call whose result is committed (an attempt recovered mid-batch) takes its answer
+    again all the same: LangGraph hands a node's answers to its interrupts in order.
     """
     rec = ctx.recorder
     settled: dict[str, Settled] = {}
@@ -288,13 +290,17 @@ async def _settle_pauses(
     asked = [pause_key(rec.turn_id, plan[0].tool_call_id) in rec.journal.keys for plan in plans]
     last_asked = max((at for at, was in enumerate(asked) if was), default=-1)
     for at, (part, tool, args, problem, _) in enumerate(plans):
-        if problem is None and part.tool_call_id not in rec.journal.results:
-            decided = asked[at] if at <= last_asked else None  # as in the run that paused
-            outcome = settle_pause(ctx, part, tool, args, asked=decided)
-            if isinstance(outcome, Edited):
-                edited[part.tool_call_id] = outcome.arguments
-            elif outcome is not None:
-                settled[part.tool_call_id] = outcome
+        done = part.tool_call_id in rec.journal.results
+        if problem is not None or (done and not asked[at]):
+            continue
+        decided = asked[at] if at <= last_asked else None  # as in the run that paused
+        outcome = settle_pause(ctx, part, tool, args, asked=decided)
+        if done:  # its answer taken again, in order (the next call's is the next one)
+            continue
+        if isinstance(outcome, Edited):
+            edited[part.tool_call_id] = outcome.arguments
+        elif outcome is not None:
+            settled[part.tool_call_id] = outcome
     _keep_edits(rec, edited)
     if last_asked >= 0:  # resumed by an answer: readers see it before the calls run
         await rec.flush()
