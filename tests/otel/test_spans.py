@@ -668,3 +668,38 @@ async def test_a_resume_answered_in_a_request_links_the_attempt_another_task_run
     [link] = resumed.links
     assert link.context.span_id == request.get_span_context().span_id
     assert _attrs(resumed)["turnkit.outcome"] == "succeeded"
+
+
+async def test_a_call_whose_asked_agent_waits_for_a_person_is_no_error(
+    otel: Telemetry, runtime_factory: RuntimeFactory
+) -> None:
+    @tool(approval="always")
+    async def refund(order_id: str) -> str:
+        """Refund an order."""
+        return f"refunded {order_id}"
+
+    refunds = Agent(
+        name="refunds",
+        model=ScriptedModel(
+            [ModelStep.tool_call_reply(call("refund", order_id="A1")), ModelStep.text_reply("ok")]
+        ),
+        tools=[refund],
+    )
+    front = Agent(
+        name="front",
+        model=ScriptedModel(
+            [
+                ModelStep.tool_call_reply(call("refunds", message="refund A1")),
+                ModelStep.text_reply(""),
+            ]
+        ),
+        tools=[refunds.as_tool()],
+    )
+    runtime = runtime_factory(front)
+    events = await collect_events(runtime.execute_message("s1", "refund A1"))
+    asked = events[-1]
+    assert isinstance(asked, ApprovalRequestedEvent)
+    [span] = [s for s in otel.named("execute_tool refunds") if s.attributes]
+    assert _attrs(span)["turnkit.tool.waits_for_person"] is True
+    assert span.status.status_code != StatusCode.ERROR
+    assert "error.type" not in _attrs(span)

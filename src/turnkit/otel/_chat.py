@@ -34,6 +34,7 @@ from turnkit.models import (
 from turnkit.otel._state import Active, active, capture_content
 from turnkit.otel._turn import stage_span
 from turnkit.telemetry import Recorder
+from turnkit.tools import AskedAgentWaits
 
 __all__ = ("ChatTrace", "chat", "traced_tool")
 
@@ -282,6 +283,9 @@ async def _traced_tool(
         except asyncio.CancelledError:  # a Stop, a deadline, a lost lease, a worker leaving
             span.set_attribute("error.type", "cancelled")
             span.set_status(Status(StatusCode.ERROR, "cancelled"))
+            raise
+        except AskedAgentWaits:  # not a failure: the turn waits for a person with the agent
+            span.set_attribute("turnkit.tool.waits_for_person", True)
             raise
         except Exception as exc:
             span.set_attribute("error.type", error_type(exc))
