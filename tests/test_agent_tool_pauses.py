@@ -4,6 +4,7 @@ person answers there, and the answer goes on to the asked agent's turn."""
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import time
 from pathlib import Path
@@ -25,6 +26,7 @@ from turnkit import (
     SessionRuntime,
     tool,
 )
+from turnkit.cli import main
 from turnkit.errors import InvalidInputError
 from turnkit.events import (
     ApprovalAnsweredEvent,
@@ -491,3 +493,17 @@ async def test_a_recovered_asking_turn_hands_over_what_the_joined_agent_waits_fo
     assert asked_turn.status == "succeeded"
     # The call joined the turn it began: not a call whose effect is unknown, run again.
     assert [e for e in events if isinstance(e, ToolInDoubtEvent)] == []
+
+
+async def test_turnkit_pauses_lists_the_asking_turn_only(tmp_path: Path) -> None:
+    async with _runtime(tmp_path, _asking_once(_one_refund())) as runtime:
+        events = await collect_events(runtime.execute_message("s1", "refund A1"))
+        asked = events[-1]
+        assert isinstance(asked, ApprovalRequestedEvent)
+    out = io.StringIO()
+    url = f"sqlite:///{tmp_path / 'pauses.db'}"
+    code = await asyncio.to_thread(main, ["pauses", "--database-url", url], out=out)
+    assert code == 0
+    head, request = out.getvalue().splitlines()
+    assert head.startswith(f"{asked.turn_id}  awaiting_approval  session s1  agent front-desk")
+    assert "approve or deny: refund(order_id='A1', amount_eur=20)" in request
