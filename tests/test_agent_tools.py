@@ -772,3 +772,24 @@ async def test_over_http_the_owner_reads_an_asked_session_but_sends_it_nothing(
                 assert "kept for agents asked as tools" in refused.json()["detail"]
         assert len(await runtime.store.list_turns(SessionId(asked))) == 1  # nothing written
         assert await runtime.store.get_session(SessionId("tk-sub.4567")) is None
+
+
+async def test_no_message_but_the_asking_calls_enters_an_asked_session(tmp_path: Path) -> None:
+    """Not even the app's own code passing the asked agent itself as an object."""
+    specialist = _specialist(ModelStep.text_reply("Order 6 shipped."))
+    front = _asking(
+        specialist,
+        ModelStep.tool_call_reply(call("orders", message="status of 6?")),
+        ModelStep.text_reply("It shipped."),
+    )
+    async with _runtime(tmp_path, front) as runtime:
+        events = await collect_events(runtime.execute_message("s1", "6?"))
+        [started] = [e for e in events if isinstance(e, ToolStartedEvent)]
+        assert started.asked_session_id is not None
+        for agent in (specialist, "orders", None):
+            with pytest.raises(InvalidInputError, match="kept for agents asked as tools"):
+                await runtime.submit(
+                    started.asked_session_id, "and 7?", agent=agent, request_id="delegated"
+                )
+        [asked_turn] = await runtime.store.list_turns(SessionId(started.asked_session_id))
+    assert asked_turn.status == "succeeded"

@@ -137,8 +137,44 @@ class SessionRuntime(RuntimeControl, RuntimeCallbacks, RuntimeBudgets, RuntimeRe
             UnknownModelError: the agent's (or the override's) model does not resolve.
             AdmissionRefusedError: a check refused the message (a subclass names which).
         """
+        return await self._submit(
+            session_id,
+            content,
+            agent=agent,
+            model=model,
+            settings=settings,
+            request_id=request_id,
+            delivery=delivery,
+            effort=effort,
+            principal=principal,
+            documents=documents,
+            claim=claim,
+            anonymous=anonymous,
+        )
+
+    async def _submit(
+        self,
+        session_id: str,
+        content: MessageContent,
+        *,
+        agent: str | Agent | None,
+        model: str | None = None,
+        settings: ModelSettings | None = None,
+        request_id: str | None,
+        delivery: Delivery = "queue",
+        effort: Effort | None = None,
+        principal: Principal | str | None,
+        documents: Sequence[str] = (),
+        claim: bool,
+        anonymous: bool = False,
+        asked: bool = False,
+    ) -> Submission:
+        """`submit`, also for the message an agent tool sends the agent it asks (`asked`).
+
+        That is the one message a session kept for agents asked as tools (`tk-sub.`) takes.
+        """
         request = validate_request(self.config, session_id, content, request_id, effort)
-        if not isinstance(agent, Agent):  # an agent tool names its agent as an object
+        if not asked:
             refuse_delegated(request.session_id)
         if delivery not in ("queue", "guide"):
             raise InvalidInputError(

@@ -92,13 +92,14 @@ async def ask_agent(
     if not isinstance(agent, Agent):
         raise AgentToolError(f"an agent tool asks a turnkit.Agent, not {type(agent).__name__}")
     session_id = await _asked_session(runtime, agent, message, ctx)
-    submission = await runtime.submit(
+    submission = await runtime._submit(
         session_id,
         message,
         agent=agent,
         request_id=_REQUEST_ID,
         principal=ctx.caller if ctx.caller is not None else ctx.principal,
         claim=True,
+        asked=True,
     )
     turn_id = submission.turn_id
     taking_over: asyncio.Task[None] | None = None
