@@ -4,6 +4,7 @@ person answers there, and the answer goes on to the asked agent's turn."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import io
 import json
 import time
@@ -507,3 +508,86 @@ async def test_turnkit_pauses_lists_the_asking_turn_only(tmp_path: Path) -> None
     head, request = out.getvalue().splitlines()
     assert head.startswith(f"{asked.turn_id}  awaiting_approval  session s1  agent front-desk")
     assert "approve or deny: refund(order_id='A1', amount_eur=20)" in request
+
+
+@tool(approval="always")
+async def note(text: str) -> str:
+    """Write a note."""
+    return f"noted {text}"
+
+
+async def test_a_handed_request_after_an_own_approval_of_the_batch_gets_its_own_answer(
+    tmp_path: Path,
+) -> None:
+    """The batch's own approval was answered and its call's result committed before the
+    asked agent's requests came: each handed request still waits for its own answer."""
+    twice = _refunds(
+        ModelStep.tool_call_reply(call("refund", order_id="A1", amount_eur=20)),
+        ModelStep.tool_call_reply(call("refund", order_id="B2", amount_eur=5)),
+        ModelStep.text_reply("Refunded both."),
+    )
+    front = Agent(
+        name="front-desk",
+        model=ScriptedModel(
+            [
+                ModelStep.tool_call_reply(
+                    call("note", text="hi"), call("refunds", message="refund A1 and B2")
+                ),
+                ModelStep.text_reply("Done."),
+            ]
+        ),
+        tools=[note, twice.as_tool()],
+    )
+    async with _runtime(tmp_path, front) as runtime:
+        events = await collect_events(runtime.execute_message("s1", "go"))
+        asked = events[-1]
+        assert isinstance(asked, ApprovalRequestedEvent)
+        assert asked.asked is None  # the batch's own first
+        for expected in ({"order_id": "A1", "amount_eur": 20}, {"order_id": "B2", "amount_eur": 5}):
+            await runtime.resume(asked.turn_id, asked.request_id, Approve())
+            more = await collect_events(runtime.follow(asked.turn_id, after_seq=asked.seq))
+            asked = more[-1]
+            assert isinstance(asked, ApprovalRequestedEvent)
+            assert asked.asked is not None
+            assert asked.arguments == expected
+            assert ([] if expected["order_id"] == "A1" else [("A1", 20)]) == REFUNDED
+        await runtime.resume(asked.turn_id, asked.request_id, Approve())
+        rest = await collect_events(runtime.follow(asked.turn_id, after_seq=asked.seq))
+    assert _ended(rest).status == "succeeded"
+    assert REFUNDED == [("A1", 20), ("B2", 5)]
+
+
+POLICY = {"asks": False}
+
+
+def _changing(name: str, arguments: object) -> bool:
+    return POLICY["asks"]  # a flag or a limit the app reads when the call is decided
+
+
+async def test_a_call_that_handed_a_request_over_keeps_its_own_decision(
+    tmp_path: Path,
+) -> None:
+    """The delegation's policy changes its mind while the person decides: the call is not
+    asked about again (that would take the person's answer to the specialist's request)."""
+    POLICY["asks"] = False
+    front = _front(
+        steps=[
+            ModelStep.tool_call_reply(call("refunds", message="Refund order A1, 20 EUR")),
+            ModelStep.text_reply("Done."),
+        ]
+    )
+    front = dataclasses.replace(front, tools=[_one_refund().as_tool(approval=_changing)])
+    async with _runtime(tmp_path, front) as runtime:
+        events = await collect_events(runtime.execute_message("s1", "refund A1"))
+        asked = events[-1]
+        assert isinstance(asked, ApprovalRequestedEvent)
+        assert asked.asked is not None
+        POLICY["asks"] = True
+        await runtime.resume(asked.turn_id, asked.request_id, Approve())
+        rest = await collect_events(runtime.follow(asked.turn_id, after_seq=asked.seq))
+        log = [e async for e in runtime.events(asked.turn_id)]
+    assert _ended(rest).status == "succeeded"
+    assert [e.request_id for e in log if isinstance(e, ApprovalRequestedEvent)] == [
+        asked.request_id
+    ]
+    assert REFUNDED == [("A1", 20)]

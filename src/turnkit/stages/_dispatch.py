@@ -289,6 +289,10 @@ async def _settle_pauses(
     edited: dict[str, dict[str, JsonValue]] = {}
     asked = [pause_key(rec.turn_id, plan[0].tool_call_id) in rec.journal.keys for plan in plans]
     last_asked = max((at for at, was in enumerate(asked) if was), default=-1)
+    if any(handed_over(ctx, plan[0]) for plan in plans):
+        # A call handed its agent's request over after the whole batch was decided (its
+        # answer comes after theirs): every call keeps the decision it made then.
+        last_asked = len(plans) - 1
     for at, (part, tool, args, problem, _) in enumerate(plans):
         done = part.tool_call_id in rec.journal.results
         if problem is not None or (done and not asked[at]):
