@@ -696,6 +696,59 @@ async def test_a_question_is_answered_with_the_ask_user_tool_output(tmp_path: Pa
     script.assert_complete()
 
 
+async def test_a_question_an_asked_agent_hands_over_is_answered_on_its_call(
+    tmp_path: Path,
+) -> None:
+    """The asking turn waits with the specialist's question; `addToolOutput` on the call
+    that asked the specialist answers it, and the same turn finishes."""
+    refunds = Agent(
+        name="refunds",
+        model=ScriptedModel([
+            ModelStep.tool_call_reply(call("ask_user", question="Which order?")),
+            ModelStep.text_reply("Refunded A1."),
+        ]),
+        clarifications=True,
+    )  # fmt: skip
+    script = ScriptedModel([
+        ModelStep.tool_call_reply(call("refunds", message="Refund it.", tool_call_id="d1")),
+        ModelStep.text_reply("Your refund is on its way."),
+    ])  # fmt: skip
+    runtime = SessionRuntime(
+        agent=Agent(name="desk", model=script, tools=[refunds.as_tool()]),
+        config=RuntimeConfig(database_url=f"sqlite:///{tmp_path / 'asked.db'}"),
+    )
+    app = FastAPI()
+    app.include_router(create_ai_sdk_router(runtime))
+    install_problem_handlers(app)
+    async with runtime:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+            first = await http.post(API, json={"id": "desk", "messages": [user("refund")]})
+            chunks = chunks_of(first.text)
+            turn_id = first.headers["x-turn-id"]
+            asked = next(c for c in chunks if c["type"] == "tool-input-available")
+            assert asked["toolName"] == "refunds"
+            data = {c["type"]: c["data"] for c in chunks if c["type"].startswith("data-")}
+            assert data["data-turnkit-clarification.requested"]["question"] == "Which order?"
+            assert chunks[-2]["messageMetadata"]["status"] == "awaiting_input"
+
+            # What `addToolOutput` on the `refunds` call leaves in the message.
+            part = {"type": "tool-refunds", "toolCallId": "d1", "state": "output-available",
+                    "input": asked["input"], "output": {"answer": "A1"}}  # fmt: skip
+            assistant = {"id": turn_id, "role": "assistant", "parts": [part]}
+            body = {"id": "desk", "messages": [user("refund"), assistant]}
+            second = await http.post(API, json=body)
+            assert second.status_code == 200, second.text
+            more = chunks_of(second.text)
+            done = next(c for c in more if c["type"] == "tool-output-available")
+            assert done == {"type": "tool-output-available", "toolCallId": "d1",
+                            "output": "Refunded A1."}  # fmt: skip
+            answer = "".join(c["delta"] for c in more if c["type"] == "text-delta")
+            assert answer == "Your refund is on its way."
+            assert more[-2]["messageMetadata"]["status"] == "succeeded"
+    script.assert_complete()
+
+
 async def test_a_chat_of_another_principal_is_not_found(tmp_path: Path) -> None:
     async def principal(x_user: str | None = Header(default=None)) -> str | None:
         return x_user

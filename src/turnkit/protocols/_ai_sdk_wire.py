@@ -18,6 +18,7 @@ from turnkit.errors import InvalidInputError
 from turnkit.ids import derive_id
 from turnkit.pauses import CLARIFY_TOOL, Answer, Approve, Deny, Resolution
 from turnkit.projection import PendingDecision
+from turnkit.stages._tool_pauses import handed_request_ids
 from turnkit.store import TurnRecord
 
 __all__ = ("ChatRequest", "UIMessage", "pending_answer", "user_content")
@@ -93,7 +94,10 @@ def pending_answer(
         call_id = part.get("toolCallId")
         if part.get("state") != "output-available" or not isinstance(call_id, str):
             continue
-        if derive_id("req", record.turn_id, call_id) != pause.request_id:
+        answers = {derive_id("req", record.turn_id, call_id)}
+        if pause.asked is not None:  # an agent this call asked handed its question over
+            answers |= handed_request_ids(record.turn_id, call_id)
+        if pause.request_id not in answers:
             continue
         output = part.get("output")
         if isinstance(output, dict) and isinstance(output.get("answer"), str):
@@ -103,6 +107,7 @@ def pending_answer(
         )
     raise InvalidInputError(
         f"the turn waits for an answer to its question: send it with addToolOutput for "
-        f"the `{CLARIFY_TOOL}` call",
+        f"the `{CLARIFY_TOOL}` call (for a question of an agent asked as a tool, for the "
+        "call that asked it)",
         request_id=pause.request_id,
     )

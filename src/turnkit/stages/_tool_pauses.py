@@ -49,6 +49,7 @@ __all__ = (
     "MAX_HANDED",
     "hand_over_pause",
     "handed_over",
+    "handed_request_ids",
     "is_clarify",
     "pause_key",
     "settle_pause",
@@ -358,6 +359,11 @@ def handed_over(ctx: StageContext, part: ToolCallPart) -> int:
     """How many requests the call handed over before (at most `MAX_HANDED`)."""
     journal, turn_id = ctx.recorder.journal, ctx.recorder.turn_id
     return sum(1 for n in range(MAX_HANDED) if _handed_id(turn_id, part, n) in journal.asked)
+
+
+def handed_request_ids(turn_id: str, tool_call_id: str) -> frozenset[str]:
+    """The ids the requests the call `tool_call_id` hands over may have (at most `MAX_HANDED`)."""
+    return frozenset(derive_id("req", turn_id, tool_call_id, "asked", n) for n in range(MAX_HANDED))
 
 
 def _handed_id(turn_id: str, part: ToolCallPart, n: int) -> str:
