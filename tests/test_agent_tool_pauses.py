@@ -591,3 +591,24 @@ async def test_a_call_that_handed_a_request_over_keeps_its_own_decision(
         asked.request_id
     ]
     assert REFUNDED == [("A1", 20)]
+
+
+async def test_turnkit_pauses_says_when_more_asking_turns_wait(tmp_path: Path) -> None:
+    """The asked turns it leaves out do not take the asking turns' places in a page."""
+    refund_step = ModelStep.tool_call_reply(call("refund", order_id="A1", amount_eur=20))
+    ask = ModelStep.tool_call_reply(call("refunds", message="refund A1"))
+    front = _front(_refunds(refund_step, refund_step), steps=[ask, ask])
+    async with _runtime(tmp_path, front) as runtime:
+        waiting = []
+        for session in ("s1", "s2"):
+            events = await collect_events(runtime.execute_message(session, "refund A1"))
+            assert isinstance(events[-1], ApprovalRequestedEvent)
+            waiting.append(events[-1].turn_id)
+    out = io.StringIO()
+    url = f"sqlite:///{tmp_path / 'pauses.db'}"
+    code = await asyncio.to_thread(main, ["pauses", "--limit", "1", "--database-url", url], out=out)
+    assert code == 0
+    listed = out.getvalue()
+    assert waiting[0] in listed
+    assert waiting[1] not in listed
+    assert listed.endswith("(the first 1; --limit shows more)\n")

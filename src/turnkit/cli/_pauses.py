@@ -62,13 +62,24 @@ def waiting(event: Pause) -> str:
     )
 
 
+_MAX_PAGES = 100
+"""Pages of paused turns `turnkit pauses` reads at most (each up to its limit + 1)."""
+
+
 async def list_pauses(
     store: SqlStore, out: TextIO, *, session_id: SessionId | None, limit: int
 ) -> int:
     """`turnkit pauses`: the paused turns, oldest first, each with what it waits for."""
-    found = await store.open_pauses(session_id, limit=limit + 1)  # one more: is there more?
-    # An agent asked as a tool waits in its asking turn too: that turn's request is answered.
-    found = [(r, q) for r, q in found if not r.session_id.startswith(DELEGATED_SESSION_PREFIX)]
+    found: list[tuple[TurnRecord, PauseRequest]] = []
+    after: tuple[datetime, str] | None = None
+    for _ in range(_MAX_PAGES):  # one more than the limit: is there more?
+        page = await store.open_pauses(session_id, limit=limit + 1, after=after)
+        # An agent asked as a tool waits in its asking turn too, whose request is answered:
+        # left out after the read, it must not take a place in the list.
+        found += [(r, q) for r, q in page if not r.session_id.startswith(DELEGATED_SESSION_PREFIX)]
+        if len(page) <= limit or len(found) > limit:
+            break
+        after = (page[-1][0].created_at, page[-1][0].turn_id)
     more = len(found) > limit
     found = found[:limit]
     if not found:
