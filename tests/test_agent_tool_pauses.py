@@ -612,3 +612,30 @@ async def test_turnkit_pauses_says_when_more_asking_turns_wait(tmp_path: Path) -
     assert waiting[0] in listed
     assert waiting[1] not in listed
     assert listed.endswith("(the first 1; --limit shows more)\n")
+
+
+async def test_a_stop_of_an_asking_turn_driven_elsewhere_stops_the_asked_one_at_once(
+    tmp_path: Path,
+) -> None:
+    """Answered, the asking turn was taken by a worker of another process: a Stop only
+    flags it there, and the asked turn, answered and free to run, is stopped here."""
+    async with _runtime(tmp_path, _asking_once(_one_refund())) as runtime:
+        events = await collect_events(runtime.execute_message("s1", "refund A1"))
+        asked = events[-1]
+        assert isinstance(asked, ApprovalRequestedEvent)
+        assert asked.asked is not None
+    async with _runtime(tmp_path, _asking_once(_one_refund()), run_in_process=False) as api:
+        await api.resume(asked.turn_id, asked.request_id, Approve())
+        config = api.config
+        lease = await api.store.claim(
+            "a-worker-elsewhere",
+            ttl_s=config.lease_ttl_s,
+            max_attempts=config.max_attempts,
+            turn_id=asked.turn_id,
+        )
+        assert lease is not None
+        assert await api.cancel(asked.turn_id) == "running"  # flagged for its driver
+        inner = await api.store.get_turn(asked.asked.turn_id)
+    assert inner is not None
+    assert inner.status == "cancelled"
+    assert REFUNDED == []

@@ -41,7 +41,8 @@ class RuntimeControl(RuntimeReads):
         status = await self.host.cancel(TurnId(turn_id), by=_id_of(principal))
         if status == "cancelled":  # ended in the Store, or by its driver here
             self.forget_ended(turn_id)
-            await self._cancel_asked(turn_id, principal)  # nobody answers them now
+        if status in ("cancelled", "running"):  # "running": its driver elsewhere is told
+            await self._cancel_asked(turn_id, principal)  # what it asked stops now too
         return status
 
     async def resume(
