@@ -9,7 +9,7 @@ import pytest
 from playwright.sync_api import Page, expect
 
 from tests.page.harness import serve_page
-from turnkit import Agent
+from turnkit import Agent, tool
 from turnkit.testing import ModelStep, ScriptedModel, call
 
 pytestmark = pytest.mark.slow
@@ -53,3 +53,53 @@ def test_the_tool_row_of_an_asked_agent_links_to_its_session(page: Page, tmp_pat
         page.go_back()
         assert page.url == asking
         expect(page.locator(".block.text.answer .text")).to_have_text("Your parcel arrives today.")
+
+
+def test_a_specialists_approval_is_answered_in_the_asking_chat_only(
+    page: Page, tmp_path: Path
+) -> None:
+    ran: list[str] = []
+
+    @tool(approval="always")
+    async def refund(order_id: str) -> str:
+        """Refund an order."""
+        ran.append(order_id)
+        return f"refunded {order_id}"
+
+    refunds = Agent(
+        name="refunds",
+        model=ScriptedModel(
+            [
+                ModelStep.tool_call_reply(call("refund", order_id="A7")),
+                ModelStep.text_reply("Refunded A7."),
+            ]
+        ),  # fmt: skip
+        tools=[refund],
+    )
+    desk = Agent(
+        name="front-desk",
+        model=ScriptedModel(
+            [
+                ModelStep.tool_call_reply(call("refunds", message="Refund order A7.")),
+                ModelStep.text_reply("Your refund is on its way."),
+            ]
+        ),  # fmt: skip
+        tools=[refunds.as_tool()],
+    )
+    with serve_page(tmp_path, desk) as app:
+        page.goto(app.url)
+        send(page, "Refund A7, please")
+        card = page.locator(".card.approval")
+        expect(card.locator(".summary")).to_have_text('refunds: Run refund with order_id="A7"')
+
+        page.locator(".block.tool a.asked").click()  # the specialist's own conversation
+        expect(page.locator(".asked-wait")).to_contain_text("answered in the conversation")
+        expect(page.locator(".card.approval")).to_have_count(0)  # no second card to answer
+        expect(page.locator("#composer")).to_be_hidden()
+        expect(page.locator("#asked-note")).to_be_visible()
+
+        page.go_back()
+        expect(page.locator("#composer")).to_be_visible()
+        card.locator("button[data-decision=approve]").click()
+        expect(page.locator(".block.text.answer .text")).to_have_text("Your refund is on its way.")
+    assert ran == ["A7"]

@@ -389,7 +389,15 @@ function renderSessions() {
   if (document.title !== tabTitle) document.title = tabTitle;
 }
 
+/** A session an agent asked as a tool answers in: read here, answered in the asking one. */
+function isAskedSession(sessionId) {
+  return Boolean(sessionId?.startsWith("tk-sub."));
+}
+
 function renderComposer() {
+  const asked = isAskedSession(ui.sessionId);
+  $("#composer").hidden = asked;
+  $("#asked-note").hidden = !asked;
   const live = liveTurn(ui.state);
   const stopButton = $("#stop");
   const hadFocus = document.activeElement === stopButton;
@@ -426,7 +434,7 @@ function renderTurns(container, items) {
     if (!node) node = newTurnElement(turn.turnId);
     placeAfter(container, node, previous); // in the page before it is drawn: its card can take focus
     setText(node.firstChild, `Turn ${index + 1}`);
-    drawTurn(node, turn, { busy: ui.busy, announce });
+    drawTurn(node, turn, { busy: ui.busy, announce, readOnly: isAskedSession(ui.sessionId) });
     previous = node;
     seen.add(node);
   });

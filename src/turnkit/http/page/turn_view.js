@@ -21,7 +21,8 @@ export function newTurnElement(turnId) {
   return node;
 }
 
-// `page`: { busy: request ids being answered, announce(text): the live region }.
+// `page`: { busy: request ids being answered, announce(text): the live region, readOnly:
+// the session of an agent asked as a tool, whose requests are answered where it was asked }.
 export function drawTurn(node, turn, page) {
   node.dataset.status = turn.status;
   node.classList.toggle("ended", isEnded(turn));
@@ -216,6 +217,11 @@ function drawDecision(box, turn, page) {
   box.dataset.requestId = key;
   box.replaceChildren();
   if (!pending) return;
+  if (page.readOnly) {
+    const what = pending.kind === "approval" ? `approval of ${pending.toolName ?? "a call"}` : "an answer";
+    box.append(el("p", { class: "card asked-wait", dir: "auto" }, `Waits for ${what}: answered in the conversation that asked this agent.`));
+    return;
+  }
   const label = pending.kind === "approval" ? "Approval needed" : "Question";
   const card = el("div", {
     class: `card ${pending.kind}`,
