@@ -919,3 +919,60 @@ def test_a_stream_whose_finish_went_out_says_no_error_at_shutdown() -> None:
     assert b"server-shutting-down" in error
     assert error.endswith(wire.DONE_LINE)
     assert _farewell(None) == _farewell(wire.line({"type": "start"}))
+
+
+async def test_a_denied_approval_an_asked_agent_handed_over_ends_its_call_denied(
+    tmp_path: Path,
+) -> None:
+    """The SDK's part of a denied approval must end denied (an output after a denial does
+    not validate): the call that asked the agent ends `tool-output-denied`, though the
+    agent's own answer (that it could not) reached the asking model."""
+
+    @tool(approval="always")
+    async def refund(order_id: str) -> str:
+        """Refund an order."""
+        return f"refunded {order_id}"
+
+    refunds = Agent(
+        name="refunds",
+        model=ScriptedModel([
+            ModelStep.tool_call_reply(call("refund", order_id="A1")),
+            ModelStep.text_reply("A person said no: nothing refunded."),
+        ]),
+        tools=[refund],
+    )  # fmt: skip
+    script = ScriptedModel([
+        ModelStep.tool_call_reply(call("refunds", message="Refund A1.", tool_call_id="d1")),
+        ModelStep.text_reply("No refund, then."),
+    ])  # fmt: skip
+    runtime = SessionRuntime(
+        agent=Agent(name="desk", model=script, tools=[refunds.as_tool()]),
+        config=RuntimeConfig(database_url=f"sqlite:///{tmp_path / 'denied.db'}"),
+    )
+    app = FastAPI()
+    app.include_router(create_ai_sdk_router(runtime))
+    install_problem_handlers(app)
+    async with runtime:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+            first = await http.post(API, json={"id": "desk", "messages": [user("refund")]})
+            turn_id = first.headers["x-turn-id"]
+            asked = next(c for c in chunks_of(first.text) if c["type"] == "tool-approval-request")
+            assert asked["toolCallId"] == "d1"
+            part = {
+                "type": "tool-refunds", "toolCallId": "d1", "state": "approval-responded",
+                "input": {"message": "Refund A1."},
+                "approval": {"id": asked["approvalId"], "approved": False},
+            }  # fmt: skip
+            assistant = {"id": turn_id, "role": "assistant", "parts": [part]}
+            body = {"id": "desk", "messages": [user("refund"), assistant],
+                    "trigger": "submit-message", "messageId": turn_id}  # fmt: skip
+            second = await http.post(API, json=body)
+            assert second.status_code == 200, second.text
+            more = chunks_of(second.text)
+    ends = [c for c in more if c.get("toolCallId") == "d1"]
+    assert ends == [{"type": "tool-output-denied", "toolCallId": "d1"}]
+    answer = "".join(c["delta"] for c in more if c["type"] == "text-delta")
+    assert answer == "No refund, then."
+    assert more[-2]["messageMetadata"]["status"] == "succeeded"
+    script.assert_complete()

@@ -54,6 +54,7 @@ from turnkit.events import (
     TurnStartedEvent,
     UsageEvent,
 )
+from turnkit.ids import derive_id
 
 __all__ = ("Chunk", "UIMessageStreamTranslator")
 
@@ -110,6 +111,8 @@ class UIMessageStreamTranslator:
         text so far; sent on only past what the client already has."""
         self._asked: set[str] = set(asked)
         """Tool calls with an approval request: only their denial is `tool-output-denied`."""
+        self._handed_denied: set[str] = set()
+        """Calls whose asked agent's last handed-over approval a person denied."""
         self._usage: dict[str, JsonValue] | None = None
         self._error: str | None = None
         """The failure's `error` text, until the turn's totals arrive to go before it."""
@@ -202,8 +205,10 @@ class UIMessageStreamTranslator:
                 | CheckpointCreatedEvent() | ToolInDoubtEvent()
                 | PluginEmittedEvent() | SessionRenamedEvent()
                 | BudgetPausedEvent()  # the stream stays open: the turn resumes by itself
-                | ApprovalAnsweredEvent()  # a denial is also `tool-output-denied`
             ):  # fmt: skip
+                return [self._data(event)]
+            case ApprovalAnsweredEvent():  # a denial is also `tool-output-denied`
+                self._note_handed_answer(event)
                 return [self._data(event)]
             case _:
                 assert_never(event)
@@ -370,6 +375,10 @@ class UIMessageStreamTranslator:
     def _tool_output(self, event: ToolCompletedEvent | ToolFailedEvent) -> Chunk:
         """The end of a tool part: its output, its denial, or its error."""
         if isinstance(event, ToolCompletedEvent):
+            if event.tool_call_id in self._handed_denied:
+                # The person denied what the agent this call asked wanted to do: the SDK's
+                # part of a denied approval ends denied (the agent's answer reached the model).
+                return {"type": "tool-output-denied", "toolCallId": event.tool_call_id}
             return {
                 "type": "tool-output-available",
                 "toolCallId": event.tool_call_id,
@@ -396,6 +405,18 @@ class UIMessageStreamTranslator:
             "toolCallId": event.tool_call_id,
         }
         return [request, self._data(event)]
+
+    def _note_handed_answer(self, event: ApprovalAnsweredEvent) -> None:
+        """Keep whether a request an asked agent handed over on this call was last denied.
+
+        A call's own approval has the request id derived from the turn and the call alone.
+        """
+        if event.request_id == derive_id("req", event.turn_id, event.tool_call_id):
+            return
+        if event.decision == "deny":
+            self._handed_denied.add(event.tool_call_id)
+        else:
+            self._handed_denied.discard(event.tool_call_id)
 
     def _failure(self) -> list[Chunk]:
         """The failure's `error`, once, after the metadata `finish` would carry.
