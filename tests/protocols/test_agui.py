@@ -621,3 +621,42 @@ def test_a_reconnect_mid_text_sends_the_rest_of_the_message_once(tmp_path: Path)
     assert types(after).count("TEXT_MESSAGE_START") == 1
     assert types(after).count("TEXT_MESSAGE_END") == 1
     assert [int(f.id) for f in after if f.id][0] == int(last_id) + 1
+
+
+async def test_an_asked_agents_question_names_that_agent_not_an_older_ask_user(
+    app_for: Any,
+) -> None:
+    refunds = Agent(
+        name="refunds",
+        model=ScriptedModel([
+            ModelStep.tool_call_reply(call("ask_user", question="Which order?")),
+            ModelStep.text_reply("Refunded B2."),
+        ]),
+        clarifications=True,
+    )  # fmt: skip
+    front = Agent(
+        name="desk",
+        model=ScriptedModel([
+            ModelStep.tool_call_reply(call("ask_user", question="Refund or exchange?")),
+            ModelStep.tool_call_reply(call("refunds", message="Refund the order.")),
+            ModelStep.text_reply("Done: B2 refunded."),
+        ]),
+        tools=[refunds.as_tool()],
+        clarifications=True,
+    )  # fmt: skip
+    async with app_for(front) as http:
+        first = parse((await _post(http, run_input("t1", "r1", "Help"))).text)
+        (own,) = first[-1].event["outcome"]["interrupts"]
+        assert "asked" not in own["metadata"]["turnkit"]
+        resume = [{"interruptId": own["id"], "status": "resolved", "payload": {"answer": "refund"}}]
+        second = parse((await _post(http, run_input("t1", "r2", None, resume=resume))).text)
+        (handed,) = second[-1].event["outcome"]["interrupts"]
+        assert handed["message"] == "Which order?"
+        assert handed["metadata"]["turnkit"]["asked"]["agent"] == "refunds"
+        assert "toolCallId" not in handed  # not the desk's own, answered, ask_user call
+        resume = [{"interruptId": handed["id"], "status": "resolved", "payload": {"answer": "B2"}}]
+        rest = parse((await _post(http, run_input("t1", "r3", None, resume=resume))).text)
+    check_run(rest)
+    results = [f.event for f in rest if f.event["type"] == "TOOL_CALL_RESULT"]
+    assert [r["content"] for r in results] == ["Refunded B2."]
+    assert rest[-1].event["outcome"] == {"type": "success"}

@@ -472,8 +472,16 @@ def _run_interrupted(
             "question": request.question,
             "choices": list(request.choices),
         }
-        if ask_user is not None:
+        if ask_user is not None and request.asked is None:  # not an asked agent's question
             interrupt["toolCallId"] = turnkit["toolCallId"] = ask_user
+    if request.asked is not None:  # an agent asked as a tool waits for it: the answer goes on
+        asked = request.asked
+        turnkit["asked"] = {
+            "agent": asked.agent,
+            "sessionId": asked.session_id,
+            "turnId": asked.turn_id,
+            "requestId": asked.request_id,
+        }
     interrupt["metadata"] = {"turnkit": turnkit}
     outcome: AgUi = {"type": "interrupt", "interrupts": [interrupt]}
     return _ev("RUN_FINISHED", ts, **run, outcome=outcome)
