@@ -507,7 +507,8 @@ async def test_turnkit_pauses_lists_the_asking_turn_only(tmp_path: Path) -> None
     assert code == 0
     head, request = out.getvalue().splitlines()
     assert head.startswith(f"{asked.turn_id}  awaiting_approval  session s1  agent front-desk")
-    assert "approve or deny: refund(order_id='A1', amount_eur=20)" in request
+    asks = "approve or deny: the refunds agent asks: refund(order_id='A1', amount_eur=20)"
+    assert asks in request
 
 
 @tool(approval="always")

@@ -101,17 +101,20 @@ async def list_pauses(
 
 def _describe(request: PauseRequest) -> str:
     payload = request.payload
+    asked = payload.get("asked")
+    who = f"the {asked.get('agent')} agent asks: " if isinstance(asked, dict) else ""
     if request.kind == "approval":
         raw = payload.get("arguments")
         call = call_line(str(payload.get("tool_name")), raw if isinstance(raw, dict) else {})
         role = payload.get("approver_role")
         by = f" (the {role} role answers over HTTP)" if role else ""
-        return f"approve or deny{by}: {call} · request {request.request_id}"
+        return f"approve or deny{by}: {who}{call} · request {request.request_id}"
     if request.kind == "clarification":
         raw = payload.get("choices")
         choices = [str(c) for c in raw] if isinstance(raw, list) else []
         offered = f" [{' / '.join(choices)}]" if choices else ""
-        return f"answer: {payload.get('question')}{offered} · request {request.request_id}"
+        question = payload.get("question")
+        return f"answer: {who}{question}{offered} · request {request.request_id}"
     reason = payload.get("reason") or "a budget limit"
     return f"a budget: {reason} (it resumes by itself once the limit has room)"
 

@@ -80,7 +80,7 @@ class RuntimeControl(RuntimeReads):
         record = await self.turn(turn_id)
         if record.session_id.startswith(DELEGATED_SESSION_PREFIX):
             raise InvalidInputError(
-                f"turn {turn_id!r} is an agent's asked as a tool: what it waits for is "
+                f"turn {turn_id!r} belongs to an agent asked as a tool: what it waits for is "
                 "answered in the asking turn, which waits with it (see its pending card)",
                 turn_id=turn_id,
             )
