@@ -102,4 +102,39 @@ def test_a_specialists_approval_is_answered_in_the_asking_chat_only(
         expect(page.locator("#composer")).to_be_visible()
         card.locator("button[data-decision=approve]").click()
         expect(page.locator(".block.text.answer .text")).to_have_text("Your refund is on its way.")
+        expect(page.locator(".block.tool .detail")).to_have_text("approved")
     assert ran == ["A7"]
+
+
+def test_a_specialists_denied_request_shows_on_its_call(page: Page, tmp_path: Path) -> None:
+    @tool(approval="always")
+    async def refund(order_id: str) -> str:
+        """Refund an order."""
+        return f"refunded {order_id}"
+
+    refunds = Agent(
+        name="refunds",
+        model=ScriptedModel(
+            [
+                ModelStep.tool_call_reply(call("refund", order_id="A7")),
+                ModelStep.text_reply("Not refunded: a person said no."),
+            ]
+        ),  # fmt: skip
+        tools=[refund],
+    )
+    desk = Agent(
+        name="front-desk",
+        model=ScriptedModel(
+            [
+                ModelStep.tool_call_reply(call("refunds", message="Refund order A7.")),
+                ModelStep.text_reply("No refund, then."),
+            ]
+        ),  # fmt: skip
+        tools=[refunds.as_tool()],
+    )
+    with serve_page(tmp_path, desk) as app:
+        page.goto(app.url)
+        send(page, "Refund A7, please")
+        page.locator(".card.approval button[data-decision=deny]").click()
+        expect(page.locator(".block.text.answer .text")).to_have_text("No refund, then.")
+        expect(page.locator(".block.tool .detail")).to_have_text("its request denied")

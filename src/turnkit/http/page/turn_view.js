@@ -149,6 +149,10 @@ const TOOL_STATES = {
 /** How a person answered the call's approval (a denial's note is in the call's error). */
 function approvalOf(block) {
   const approval = block.approval;
+  if (approval?.decision === "deny" && block.status === "succeeded") {
+    // A call to an agent asked as a tool: what it wanted to do was denied, and it answered.
+    return approval.note ? `its request denied: ${approval.note}` : "its request denied";
+  }
   if (!approval || approval.decision !== "approve") return null;
   const how = approval.changed ? "approved with changed arguments" : "approved";
   return approval.note ? `${how}: ${approval.note}` : how;
