@@ -333,6 +333,8 @@ def take_asked_answers(ctx: StageContext, parts: Sequence[ToolCallPart]) -> set[
     """
     rec = ctx.recorder
     handed: set[str] = set()
+    if not rec.journal.asked:  # most turns: no agent of theirs waited for a person
+        return handed
     for part in parts:
         for n in range(MAX_HANDED):
             request_id = _handed_id(rec.turn_id, part, n)
@@ -358,7 +360,12 @@ def take_asked_answers(ctx: StageContext, parts: Sequence[ToolCallPart]) -> set[
 def handed_over(ctx: StageContext, part: ToolCallPart) -> int:
     """How many requests the call handed over before (at most `MAX_HANDED`)."""
     journal, turn_id = ctx.recorder.journal, ctx.recorder.turn_id
-    return sum(1 for n in range(MAX_HANDED) if _handed_id(turn_id, part, n) in journal.asked)
+    if not journal.asked:  # most turns: no agent of theirs waited for a person
+        return 0
+    for n in range(MAX_HANDED):  # numbered from 0 in the order they were handed over
+        if _handed_id(turn_id, part, n) not in journal.asked:
+            return n
+    return MAX_HANDED
 
 
 def handed_request_ids(turn_id: str, tool_call_id: str) -> frozenset[str]:
