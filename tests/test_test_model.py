@@ -125,7 +125,7 @@ async def test_a_structured_answer_is_a_value_its_type_accepts(
     answer = _answer(await collect_events(runtime.execute_message("s", "forecast?")))
     assert Forecast.model_validate_json(answer) == Forecast(city="a", days=1, kind="sunny")
 
-    given = Forecast(city="Oslo", days=3, kind="rainy").model_dump()
+    given = Forecast(city="Oslo", days=3, kind="rainy")  # a model, or its JSON data
     chosen = runtime_factory(Agent(model=TestModel(output=given), output_type=Forecast))
     answer = _answer(await collect_events(chosen.execute_message("s2", "forecast?")))
     assert Forecast.model_validate_json(answer).city == "Oslo"

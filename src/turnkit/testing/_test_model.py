@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 from pydantic import JsonValue
+from pydantic_core import to_jsonable_python
 
 from turnkit.agent import PLANNING_TOOL_NAMES
 from turnkit.context.results import READ_RESULT_TOOL
@@ -54,6 +55,7 @@ class TestModel:
     call_tools: Literal["all"] | Sequence[str] = "all"
     answer: str | None = None
     output: Any = None
+    """The structured answer to give (a pydantic model, a dataclass or plain JSON data)."""
     utility_answer: str = "Test"
     name: str = "test"
     context_window: int | None = None
@@ -113,7 +115,7 @@ class TestModel:
             value = (
                 self.output if self.output is not None else schema_example(request.output.schema)
             )
-            return ModelStep.text_reply(json.dumps(value, ensure_ascii=False))
+            return ModelStep.text_reply(json.dumps(to_jsonable_python(value), ensure_ascii=False))
         if self.answer is not None:
             return ModelStep.text_reply(self.answer)
         if not called:
