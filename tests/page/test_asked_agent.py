@@ -55,37 +55,45 @@ def test_the_tool_row_of_an_asked_agent_links_to_its_session(page: Page, tmp_pat
         expect(page.locator(".block.text.answer .text")).to_have_text("Your parcel arrives today.")
 
 
-def test_a_specialists_approval_is_answered_in_the_asking_chat_only(
-    page: Page, tmp_path: Path
-) -> None:
-    ran: list[str] = []
+REFUNDED: list[str] = []
 
-    @tool(approval="always")
-    async def refund(order_id: str) -> str:
-        """Refund an order."""
-        ran.append(order_id)
-        return f"refunded {order_id}"
 
+@tool(approval="always")
+async def refund(order_id: str) -> str:
+    """Refund an order."""
+    REFUNDED.append(order_id)
+    return f"refunded {order_id}"
+
+
+def _refund_desk(specialist_says: str, desk_says: str) -> Agent:
+    """A front desk that asks a refunds agent, whose refund needs a person's approval."""
+    REFUNDED.clear()
     refunds = Agent(
         name="refunds",
         model=ScriptedModel(
             [
                 ModelStep.tool_call_reply(call("refund", order_id="A7")),
-                ModelStep.text_reply("Refunded A7."),
+                ModelStep.text_reply(specialist_says),
             ]
         ),  # fmt: skip
         tools=[refund],
     )
-    desk = Agent(
+    return Agent(
         name="front-desk",
         model=ScriptedModel(
             [
                 ModelStep.tool_call_reply(call("refunds", message="Refund order A7.")),
-                ModelStep.text_reply("Your refund is on its way."),
+                ModelStep.text_reply(desk_says),
             ]
         ),  # fmt: skip
         tools=[refunds.as_tool()],
     )
+
+
+def test_a_specialists_approval_is_answered_in_the_asking_chat_only(
+    page: Page, tmp_path: Path
+) -> None:
+    desk = _refund_desk("Refunded A7.", "Your refund is on its way.")
     with serve_page(tmp_path, desk) as app:
         page.goto(app.url)
         send(page, "Refund A7, please")
@@ -103,38 +111,15 @@ def test_a_specialists_approval_is_answered_in_the_asking_chat_only(
         card.locator("button[data-decision=approve]").click()
         expect(page.locator(".block.text.answer .text")).to_have_text("Your refund is on its way.")
         expect(page.locator(".block.tool .detail")).to_have_text("approved")
-    assert ran == ["A7"]
+    assert REFUNDED == ["A7"]
 
 
 def test_a_specialists_denied_request_shows_on_its_call(page: Page, tmp_path: Path) -> None:
-    @tool(approval="always")
-    async def refund(order_id: str) -> str:
-        """Refund an order."""
-        return f"refunded {order_id}"
-
-    refunds = Agent(
-        name="refunds",
-        model=ScriptedModel(
-            [
-                ModelStep.tool_call_reply(call("refund", order_id="A7")),
-                ModelStep.text_reply("Not refunded: a person said no."),
-            ]
-        ),  # fmt: skip
-        tools=[refund],
-    )
-    desk = Agent(
-        name="front-desk",
-        model=ScriptedModel(
-            [
-                ModelStep.tool_call_reply(call("refunds", message="Refund order A7.")),
-                ModelStep.text_reply("No refund, then."),
-            ]
-        ),  # fmt: skip
-        tools=[refunds.as_tool()],
-    )
+    desk = _refund_desk("Not refunded: a person said no.", "No refund, then.")
     with serve_page(tmp_path, desk) as app:
         page.goto(app.url)
         send(page, "Refund A7, please")
         page.locator(".card.approval button[data-decision=deny]").click()
         expect(page.locator(".block.text.answer .text")).to_have_text("No refund, then.")
         expect(page.locator(".block.tool .detail")).to_have_text("its request denied")
+    assert REFUNDED == []

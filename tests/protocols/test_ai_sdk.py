@@ -696,6 +696,28 @@ async def test_a_question_is_answered_with_the_ask_user_tool_output(tmp_path: Pa
     script.assert_complete()
 
 
+@asynccontextmanager
+async def _desk_asking(
+    tmp_path: Path, refunds: Agent, says: str
+) -> AsyncIterator[tuple[httpx.AsyncClient, ScriptedModel]]:
+    """The AI SDK route over a desk whose one call (`d1`) asks `refunds`, then says `says`."""
+    script = ScriptedModel([
+        ModelStep.tool_call_reply(call("refunds", message="Refund A1.", tool_call_id="d1")),
+        ModelStep.text_reply(says),
+    ])  # fmt: skip
+    runtime = SessionRuntime(
+        agent=Agent(name="desk", model=script, tools=[refunds.as_tool()]),
+        config=RuntimeConfig(database_url=f"sqlite:///{tmp_path / 'asked.db'}"),
+    )
+    app = FastAPI()
+    app.include_router(create_ai_sdk_router(runtime))
+    install_problem_handlers(app)
+    async with runtime:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+            yield http, script
+
+
 async def test_a_question_an_asked_agent_hands_over_is_answered_on_its_call(
     tmp_path: Path,
 ) -> None:
@@ -709,43 +731,30 @@ async def test_a_question_an_asked_agent_hands_over_is_answered_on_its_call(
         ]),
         clarifications=True,
     )  # fmt: skip
-    script = ScriptedModel([
-        ModelStep.tool_call_reply(call("refunds", message="Refund it.", tool_call_id="d1")),
-        ModelStep.text_reply("Your refund is on its way."),
-    ])  # fmt: skip
-    runtime = SessionRuntime(
-        agent=Agent(name="desk", model=script, tools=[refunds.as_tool()]),
-        config=RuntimeConfig(database_url=f"sqlite:///{tmp_path / 'asked.db'}"),
-    )
-    app = FastAPI()
-    app.include_router(create_ai_sdk_router(runtime))
-    install_problem_handlers(app)
-    async with runtime:
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
-            first = await http.post(API, json={"id": "desk", "messages": [user("refund")]})
-            chunks = chunks_of(first.text)
-            turn_id = first.headers["x-turn-id"]
-            asked = next(c for c in chunks if c["type"] == "tool-input-available")
-            assert asked["toolName"] == "refunds"
-            data = {c["type"]: c["data"] for c in chunks if c["type"].startswith("data-")}
-            assert data["data-turnkit-clarification.requested"]["question"] == "Which order?"
-            assert chunks[-2]["messageMetadata"]["status"] == "awaiting_input"
+    async with _desk_asking(tmp_path, refunds, "Your refund is on its way.") as (http, script):
+        first = await http.post(API, json={"id": "desk", "messages": [user("refund")]})
+        chunks = chunks_of(first.text)
+        turn_id = first.headers["x-turn-id"]
+        asked = next(c for c in chunks if c["type"] == "tool-input-available")
+        assert asked["toolName"] == "refunds"
+        data = {c["type"]: c["data"] for c in chunks if c["type"].startswith("data-")}
+        assert data["data-turnkit-clarification.requested"]["question"] == "Which order?"
+        assert chunks[-2]["messageMetadata"]["status"] == "awaiting_input"
 
-            # What `addToolOutput` on the `refunds` call leaves in the message.
-            part = {"type": "tool-refunds", "toolCallId": "d1", "state": "output-available",
-                    "input": asked["input"], "output": {"answer": "A1"}}  # fmt: skip
-            assistant = {"id": turn_id, "role": "assistant", "parts": [part]}
-            body = {"id": "desk", "messages": [user("refund"), assistant]}
-            second = await http.post(API, json=body)
-            assert second.status_code == 200, second.text
-            more = chunks_of(second.text)
-            done = next(c for c in more if c["type"] == "tool-output-available")
-            assert done == {"type": "tool-output-available", "toolCallId": "d1",
-                            "output": "Refunded A1."}  # fmt: skip
-            answer = "".join(c["delta"] for c in more if c["type"] == "text-delta")
-            assert answer == "Your refund is on its way."
-            assert more[-2]["messageMetadata"]["status"] == "succeeded"
+        # What `addToolOutput` on the `refunds` call leaves in the message.
+        part = {"type": "tool-refunds", "toolCallId": "d1", "state": "output-available",
+                "input": asked["input"], "output": {"answer": "A1"}}  # fmt: skip
+        assistant = {"id": turn_id, "role": "assistant", "parts": [part]}
+        body = {"id": "desk", "messages": [user("refund"), assistant]}
+        second = await http.post(API, json=body)
+        assert second.status_code == 200, second.text
+        more = chunks_of(second.text)
+        done = next(c for c in more if c["type"] == "tool-output-available")
+        assert done == {"type": "tool-output-available", "toolCallId": "d1",
+                        "output": "Refunded A1."}  # fmt: skip
+        answer = "".join(c["delta"] for c in more if c["type"] == "text-delta")
+        assert answer == "Your refund is on its way."
+        assert more[-2]["messageMetadata"]["status"] == "succeeded"
     script.assert_complete()
 
 
@@ -941,35 +950,22 @@ async def test_a_denied_approval_an_asked_agent_handed_over_ends_its_call_denied
         ]),
         tools=[refund],
     )  # fmt: skip
-    script = ScriptedModel([
-        ModelStep.tool_call_reply(call("refunds", message="Refund A1.", tool_call_id="d1")),
-        ModelStep.text_reply("No refund, then."),
-    ])  # fmt: skip
-    runtime = SessionRuntime(
-        agent=Agent(name="desk", model=script, tools=[refunds.as_tool()]),
-        config=RuntimeConfig(database_url=f"sqlite:///{tmp_path / 'denied.db'}"),
-    )
-    app = FastAPI()
-    app.include_router(create_ai_sdk_router(runtime))
-    install_problem_handlers(app)
-    async with runtime:
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
-            first = await http.post(API, json={"id": "desk", "messages": [user("refund")]})
-            turn_id = first.headers["x-turn-id"]
-            asked = next(c for c in chunks_of(first.text) if c["type"] == "tool-approval-request")
-            assert asked["toolCallId"] == "d1"
-            part = {
-                "type": "tool-refunds", "toolCallId": "d1", "state": "approval-responded",
-                "input": {"message": "Refund A1."},
-                "approval": {"id": asked["approvalId"], "approved": False},
-            }  # fmt: skip
-            assistant = {"id": turn_id, "role": "assistant", "parts": [part]}
-            body = {"id": "desk", "messages": [user("refund"), assistant],
-                    "trigger": "submit-message", "messageId": turn_id}  # fmt: skip
-            second = await http.post(API, json=body)
-            assert second.status_code == 200, second.text
-            more = chunks_of(second.text)
+    async with _desk_asking(tmp_path, refunds, "No refund, then.") as (http, script):
+        first = await http.post(API, json={"id": "desk", "messages": [user("refund")]})
+        turn_id = first.headers["x-turn-id"]
+        asked = next(c for c in chunks_of(first.text) if c["type"] == "tool-approval-request")
+        assert asked["toolCallId"] == "d1"
+        part = {
+            "type": "tool-refunds", "toolCallId": "d1", "state": "approval-responded",
+            "input": {"message": "Refund A1."},
+            "approval": {"id": asked["approvalId"], "approved": False},
+        }  # fmt: skip
+        assistant = {"id": turn_id, "role": "assistant", "parts": [part]}
+        body = {"id": "desk", "messages": [user("refund"), assistant],
+                "trigger": "submit-message", "messageId": turn_id}  # fmt: skip
+        second = await http.post(API, json=body)
+        assert second.status_code == 200, second.text
+        more = chunks_of(second.text)
     ends = [c for c in more if c.get("toolCallId") == "d1"]
     assert ends == [{"type": "tool-output-denied", "toolCallId": "d1"}]
     answer = "".join(c["delta"] for c in more if c["type"] == "text-delta")
