@@ -63,6 +63,14 @@ EXPECT = {
         "outputCheck attempt 1: valid=True",
         "routed to billing, urgent=True: Charged twice for May",
     ],
+    "specialist_approval.py": [
+        "front desk waits: awaiting_approval",
+        "asked by: refunds · its turn waits too",
+        'card: refunds: Run refund with amount_eur=30, order_id="A7"',
+        "answer: Done: 30 EUR are on their way back to you.",
+        "front-desk: succeeded, approved by sam",
+        "refunds: succeeded, approved by sam",
+    ],
     "supervisor_approval.py": [
         "customer sees: approval.requested",
         "answered by role: supervisor",
