@@ -741,9 +741,12 @@ async def test_a_question_an_asked_agent_hands_over_is_answered_on_its_call(
         assert data["data-turnkit-clarification.requested"]["question"] == "Which order?"
         assert chunks[-2]["messageMetadata"]["status"] == "awaiting_input"
 
-        # What `addToolOutput` on the `refunds` call leaves in the message.
+        # What `addToolOutput` on the `refunds` call leaves in the message: the answer and
+        # the question it answers (one call may hand over several).
+        request_id = data["data-turnkit-clarification.requested"]["request_id"]
+        output = {"answer": "A1", "requestId": request_id}
         part = {"type": "tool-refunds", "toolCallId": "d1", "state": "output-available",
-                "input": asked["input"], "output": {"answer": "A1"}}  # fmt: skip
+                "input": asked["input"], "output": output}  # fmt: skip
         assistant = {"id": turn_id, "role": "assistant", "parts": [part]}
         body = {"id": "desk", "messages": [user("refund"), assistant]}
         second = await http.post(API, json=body)
@@ -970,5 +973,52 @@ async def test_a_denied_approval_an_asked_agent_handed_over_ends_its_call_denied
     assert ends == [{"type": "tool-output-denied", "toolCallId": "d1"}]
     answer = "".join(c["delta"] for c in more if c["type"] == "text-delta")
     assert answer == "No refund, then."
+    assert more[-2]["messageMetadata"]["status"] == "succeeded"
+    script.assert_complete()
+
+
+async def test_a_second_handed_question_is_not_answered_with_the_first_answer(
+    tmp_path: Path,
+) -> None:
+    """Nothing on the stream empties the asking call's part between two questions: the
+    first answer, posted again, names the first question and answers nothing."""
+    refunds = Agent(
+        name="refunds",
+        model=ScriptedModel([
+            ModelStep.tool_call_reply(call("ask_user", question="Which order?")),
+            ModelStep.tool_call_reply(call("ask_user", question="Refund to which card?")),
+            ModelStep.text_reply("Refunded A1 to the Visa."),
+        ]),
+        clarifications=True,
+    )  # fmt: skip
+
+    def answered(turn_id: str, text: str, request_id: str) -> dict[str, object]:
+        part = {"type": "tool-refunds", "toolCallId": "d1", "state": "output-available",
+                "input": {"message": "Refund A1."},
+                "output": {"answer": text, "requestId": request_id}}  # fmt: skip
+        assistant = {"id": turn_id, "role": "assistant", "parts": [part]}
+        return {"id": "desk", "messages": [user("refund"), assistant]}
+
+    def question(chunks: list[dict[str, Any]]) -> dict[str, Any]:
+        [data] = [c["data"] for c in chunks if c["type"] == "data-turnkit-clarification.requested"]
+        return dict(data)
+
+    async with _desk_asking(tmp_path, refunds, "Done.") as (http, script):
+        first = await http.post(API, json={"id": "desk", "messages": [user("refund")]})
+        turn_id = first.headers["x-turn-id"]
+        which_order = question(chunks_of(first.text))
+        stale = answered(turn_id, "A1", which_order["request_id"])
+        second = await http.post(API, json=stale)
+        which_card = question(chunks_of(second.text))
+        assert which_card["question"] == "Refund to which card?"
+
+        again = await http.post(API, json=stale)  # the first answer, posted again
+        assert again.status_code == 422
+        assert which_card["request_id"] in again.json()["detail"]
+        third = await http.post(API, json=answered(turn_id, "the Visa", which_card["request_id"]))
+        assert third.status_code == 200, third.text
+        more = chunks_of(third.text)
+    done = next(c for c in more if c["type"] == "tool-output-available")
+    assert done["output"] == "Refunded A1 to the Visa."
     assert more[-2]["messageMetadata"]["status"] == "succeeded"
     script.assert_complete()

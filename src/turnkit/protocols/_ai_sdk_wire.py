@@ -100,14 +100,24 @@ def pending_answer(
         if pause.request_id not in answers:
             continue
         output = part.get("output")
+        if pause.asked is not None and (
+            not isinstance(output, dict) or output.get("requestId") != pause.request_id
+        ):
+            continue  # one call may hand over several questions: the answer names its own
         if isinstance(output, dict) and isinstance(output.get("answer"), str):
             output = output["answer"]
         return pause.request_id, Answer(
             text=output if isinstance(output, str) else json.dumps(output)
         )
+    if pause.asked is not None:
+        raise InvalidInputError(
+            f"the turn waits for an answer to the {pause.asked.agent!r} agent's question: "
+            "send it with addToolOutput for the call that asked that agent, output "
+            f"{{answer, requestId: {pause.request_id!r}}}",
+            request_id=pause.request_id,
+        )
     raise InvalidInputError(
         f"the turn waits for an answer to its question: send it with addToolOutput for "
-        f"the `{CLARIFY_TOOL}` call (for a question of an agent asked as a tool, for the "
-        "call that asked it)",
+        f"the `{CLARIFY_TOOL}` call",
         request_id=pause.request_id,
     )
