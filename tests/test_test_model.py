@@ -11,11 +11,12 @@ import subprocess
 import sys
 import uuid
 from decimal import Decimal
+from ipaddress import IPv4Interface, IPv4Network
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import pytest
-from pydantic import BaseModel, Field, TypeAdapter
+from pydantic import UUID4, BaseModel, Field, IPvAnyAddress, TypeAdapter
 from typing_extensions import TypedDict
 
 from tests.conftest import RuntimeFactory
@@ -226,6 +227,12 @@ class Node(BaseModel):
         Window,
         Node,
         list[Address],
+        Annotated[int, Field(le=-5, multiple_of=3)],
+        UUID4,
+        IPvAnyAddress,
+        IPv4Network,
+        IPv4Interface,
+        Annotated[dict[str, int], Field(min_length=1)],
     ],
     ids=repr,
 )

@@ -4,7 +4,7 @@ Deterministic and minimal: an object gets its required properties only, an array
 fewest items (at least one), a number the value nearest zero within its bounds, a string
 the shortest run of letters its length allows (or an example of its `format`). Schemas
 come from pydantic (`$ref`/`$defs`, `anyOf` for optional and union types, `allOf`), so
-that is what is covered; a `pattern` is not followed.
+that is what is covered; a `pattern` is not followed, and a date-time carries its zone.
 """
 
 from __future__ import annotations
@@ -27,6 +27,17 @@ _FORMATS: Mapping[str, str] = {
     "uri": "https://example.com/",
     "url": "https://example.com/",
     "uuid": "00000000-0000-4000-8000-000000000000",
+    "uuid1": "00000000-0000-1000-8000-000000000000",
+    "uuid3": "00000000-0000-3000-8000-000000000000",
+    "uuid4": "00000000-0000-4000-8000-000000000000",
+    "uuid5": "00000000-0000-5000-8000-000000000000",
+    "ipvanyaddress": "127.0.0.1",
+    "ipv4network": "127.0.0.0/8",
+    "ipv6network": "::/128",
+    "ipvanynetwork": "127.0.0.0/8",
+    "ipv4interface": "127.0.0.1/8",
+    "ipv6interface": "::1/128",
+    "ipvanyinterface": "127.0.0.1/8",
     "ipv4": "127.0.0.1",
     "ipv6": "::1",
     "hostname": "example.com",
@@ -95,7 +106,14 @@ class _Maker:
     def _object(self, schema: Mapping[str, Any], depth: int) -> JsonValue:
         properties: Mapping[str, Any] = schema.get("properties") or {}
         required = schema.get("required") or ()
-        return {name: self.value(properties.get(name, {}), 0, depth + 1) for name in required}
+        made = {name: self.value(properties.get(name, {}), 0, depth + 1) for name in required}
+        extra = schema.get("additionalProperties")
+        extra = extra if isinstance(extra, Mapping) else {}
+        for at in range(int(schema.get("minProperties", 0)) - len(made)):
+            made[f"{string.ascii_lowercase[at % 26]}{at // 26 or ''}"] = self.value(
+                extra, at, depth + 1
+            )
+        return made
 
     def _array(self, schema: Mapping[str, Any], depth: int) -> JsonValue:
         prefix = schema.get("prefixItems") or ()
@@ -143,6 +161,8 @@ def _number(schema: Mapping[str, Any], nth: int, *, integer: bool) -> int | floa
     multiple = schema.get("multipleOf")
     if multiple:
         value = math.ceil(value / multiple) * multiple
+        if high is not None and value > high:  # rounded up past the maximum: round down
+            value = math.floor(high / multiple) * multiple
     return math.ceil(value) if integer else float(value)
 
 
