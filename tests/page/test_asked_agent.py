@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 from pathlib import Path
 
@@ -65,19 +66,33 @@ async def refund(order_id: str) -> str:
     return f"refunded {order_id}"
 
 
-def _refund_desk(specialist_says: str, desk_says: str) -> Agent:
-    """A front desk that asks a refunds agent, whose refund needs a person's approval."""
+GATE: dict[str, bool] = {}
+
+
+@tool
+async def lookup(order_id: str) -> str:
+    """Look an order up (until the test lets it answer: at most 10 s)."""
+    GATE["started"] = True
+    for _ in range(200):
+        if GATE.get("go"):
+            break
+        await asyncio.sleep(0.05)
+    return f"{order_id}: shipped"
+
+
+def _refund_desk(specialist: list[ModelStep] | str, desk_says: str) -> Agent:
+    """A front desk that asks a refunds agent, whose refund needs a person's approval.
+
+    `specialist`: its script, or the text it answers after asking to refund A7.
+    """
     REFUNDED.clear()
-    refunds = Agent(
-        name="refunds",
-        model=ScriptedModel(
-            [
-                ModelStep.tool_call_reply(call("refund", order_id="A7")),
-                ModelStep.text_reply(specialist_says),
-            ]
-        ),  # fmt: skip
-        tools=[refund],
-    )
+    GATE.clear()
+    if isinstance(specialist, str):
+        specialist = [
+            ModelStep.tool_call_reply(call("refund", order_id="A7")),
+            ModelStep.text_reply(specialist),
+        ]
+    refunds = Agent(name="refunds", model=ScriptedModel(specialist), tools=[refund, lookup])
     return Agent(
         name="front-desk",
         model=ScriptedModel(
@@ -123,3 +138,42 @@ def test_a_specialists_denied_request_shows_on_its_call(page: Page, tmp_path: Pa
         expect(page.locator(".block.text.answer .text")).to_have_text("No refund, then.")
         expect(page.locator(".block.tool .detail")).to_have_text("its request denied")
     assert REFUNDED == []
+
+
+def test_a_denial_stays_noted_after_a_later_approval_on_the_same_call(
+    page: Page, tmp_path: Path
+) -> None:
+    refund_a7 = ModelStep.tool_call_reply(call("refund", order_id="A7"))
+    refund_b8 = ModelStep.tool_call_reply(call("refund", order_id="B8"))
+    desk = _refund_desk([refund_a7, refund_b8, ModelStep.text_reply("Refunded B8 only.")], "Done.")
+    with serve_page(tmp_path, desk) as app:
+        page.goto(app.url)
+        send(page, "Refund A7 and B8")
+        card = page.locator(".card.approval")
+        expect(card.locator(".summary")).to_contain_text("A7")
+        card.locator("button[data-decision=deny]").click()
+        expect(card.locator(".summary")).to_contain_text("B8")
+        card.locator("button[data-decision=approve]").click()
+        expect(page.locator(".block.text.answer .text")).to_have_text("Done.")
+        expect(page.locator(".block.tool .detail")).to_have_text("its request denied")
+    assert REFUNDED == ["B8"]
+
+
+def test_the_row_is_not_denied_while_the_asked_agent_goes_on(page: Page, tmp_path: Path) -> None:
+    steps = [
+        ModelStep.tool_call_reply(call("refund", order_id="A7")),
+        ModelStep.tool_call_reply(call("lookup", order_id="A7")),
+        ModelStep.text_reply("Not refunded; it shipped."),
+    ]
+    desk = _refund_desk(steps, "Done.")
+    with serve_page(tmp_path, desk) as app:
+        page.goto(app.url)
+        send(page, "Refund A7")
+        page.locator(".card.approval button[data-decision=deny]").click()
+        row = page.locator(".block.tool").first
+        try:  # its lookup holds the agent's answer back until the test lets it go
+            expect(row).to_have_attribute("data-status", "running")  # not "denied": it goes on
+        finally:
+            GATE["go"] = True
+        expect(page.locator(".block.text.answer .text")).to_have_text("Done.")
+        expect(row).to_have_attribute("data-status", "succeeded")

@@ -94,7 +94,12 @@ function announce(text) {
 
 /** Focus that a click took away (its button was removed) goes back to the message box. */
 function refocus() {
-  if (!document.activeElement || document.activeElement === document.body) $("#message").focus();
+  if (!document.activeElement || document.activeElement === document.body) focusWriting();
+}
+
+/** Where a person writes: the message box, or the conversation where it is hidden. */
+function focusWriting() {
+  (isAskedSession(ui.sessionId) ? $("#turns") : $("#message")).focus();
 }
 
 /** Follow the session's live turn (the first open one), if any: its stream, else null. */
@@ -402,7 +407,7 @@ function renderComposer() {
   const stopButton = $("#stop");
   const hadFocus = document.activeElement === stopButton;
   stopButton.hidden = !live;
-  if (hadFocus && !live) $("#message").focus(); // the turn ended by itself: focus is not lost
+  if (hadFocus && !live) focusWriting(); // the turn ended by itself: focus is not lost
   $("#stop").disabled = ui.busy.has("stop");
   $("#send").disabled = ui.busy.has("send");
   // Only a running turn takes a message in; one waiting for an answer queues it.

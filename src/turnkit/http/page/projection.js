@@ -291,7 +291,10 @@ const FOLDERS = {
     upsertTool(turn, e.tool_call_id, (b) => ({
       ...b,
       approval: { decision: e.decision, note: e.note ?? null, changed: e.arguments != null },
-      status: b.status === "awaiting_approval" ? (e.decision === "approve" ? "running" : "denied") : b.status,
+      // A request an asked agent handed over: a denial is its agent's to handle, the call goes
+      // on (and stays noted, whatever a later request of that agent was answered).
+      askedDenial: b.handed && e.decision === "deny" ? { note: e.note ?? null } : b.askedDenial ?? null,
+      status: b.status === "awaiting_approval" ? (e.decision === "approve" || b.handed ? "running" : "denied") : b.status,
     })),
   "tool.in_doubt": (turn, e) =>
     upsertTool(turn, e.tool_call_id, (b) => ({ ...b, inDoubt: e.resolution })),
@@ -321,7 +324,8 @@ const FOLDERS = {
     })),
   "approval.requested": (turn, e) =>
     askFor(
-      updateBlock(turn, `tool:${e.tool_call_id}`, (b) => ({ ...b, status: "awaiting_approval" })),
+      // `handed`: what an agent this call asked wants to do, not the call itself.
+      updateBlock(turn, `tool:${e.tool_call_id}`, (b) => ({ ...b, status: "awaiting_approval", handed: e.asked != null })),
       {
         kind: "approval",
         requestId: e.request_id,
@@ -554,6 +558,8 @@ function upsertTool(turn, toolCallId, change) {
       arguments: null,
       argumentsError: null,
       askedSessionId: null,
+      handed: false,
+      askedDenial: null,
       status: "preparing",
       startedAt: null,
       chars: 0,

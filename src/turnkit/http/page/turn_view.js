@@ -149,9 +149,10 @@ const TOOL_STATES = {
 /** How a person answered the call's approval (a denial's note is in the call's error). */
 function approvalOf(block) {
   const approval = block.approval;
-  if (approval?.decision === "deny" && block.status === "succeeded") {
-    // A call to an agent asked as a tool: what it wanted to do was denied, and it answered.
-    return approval.note ? `its request denied: ${approval.note}` : "its request denied";
+  const denial = block.askedDenial;
+  if (denial && block.status !== "denied") {
+    // A call to an agent asked as a tool: what it wanted to do was denied, and it went on.
+    return denial.note ? `its request denied: ${denial.note}` : "its request denied";
   }
   if (!approval || approval.decision !== "approve") return null;
   const how = approval.changed ? "approved with changed arguments" : "approved";
@@ -223,7 +224,9 @@ function drawDecision(box, turn, page) {
   if (!pending) return;
   if (page.readOnly) {
     const what = pending.kind === "approval" ? `approval of ${pending.toolName ?? "a call"}` : "an answer";
-    box.append(el("p", { class: "card asked-wait", dir: "auto" }, `Waits for ${what}: answered in the conversation that asked this agent.`));
+    const note = `Waits for ${what}: answered in the conversation that asked this agent.`;
+    box.append(el("p", { class: "card asked-wait", dir: "auto" }, note));
+    page.announce(note);
     return;
   }
   const label = pending.kind === "approval" ? "Approval needed" : "Question";
