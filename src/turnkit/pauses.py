@@ -19,10 +19,12 @@ from typing import Annotated, Any, Final, Literal, cast
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, TypeAdapter
 
 from turnkit.errors import ConfigurationError
+from turnkit.ids import derive_id
 from turnkit.tenancy import Principal
 
 __all__ = (
     "ANSWERS",
+    "call_request_id",
     "check_approval_policy",
     "check_approver_role",
     "CLARIFY_TOOL",
@@ -219,3 +221,11 @@ def summarize_call(tool_name: str, arguments: Mapping[str, JsonValue]) -> str:
 
 def _cut(text: str, most: int) -> str:
     return text if len(text) <= most else text[: most - 1] + "…"
+
+
+def call_request_id(turn_id: str, tool_call_id: str) -> str:
+    """The id of the approval or question a tool call of a turn asks a person for itself.
+
+    One an agent asked by that call hands over has another (it names the call and a count).
+    """
+    return derive_id("req", turn_id, tool_call_id)

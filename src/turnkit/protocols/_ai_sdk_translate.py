@@ -54,7 +54,7 @@ from turnkit.events import (
     TurnStartedEvent,
     UsageEvent,
 )
-from turnkit.ids import derive_id
+from turnkit.pauses import call_request_id
 
 __all__ = ("Chunk", "UIMessageStreamTranslator")
 
@@ -411,7 +411,7 @@ class UIMessageStreamTranslator:
 
         A call's own approval has the request id derived from the turn and the call alone.
         """
-        if event.request_id == derive_id("req", event.turn_id, event.tool_call_id):
+        if event.request_id == call_request_id(event.turn_id, event.tool_call_id):
             return
         if event.decision == "deny":
             self._handed_denied.add(event.tool_call_id)

@@ -15,10 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
 from turnkit.blocks import ImagePart, TextPart
 from turnkit.errors import InvalidInputError
-from turnkit.ids import derive_id
-from turnkit.pauses import CLARIFY_TOOL, Answer, Approve, Deny, Resolution
+from turnkit.pauses import CLARIFY_TOOL, Answer, Approve, Deny, Resolution, call_request_id
 from turnkit.projection import PendingDecision
-from turnkit.stages._tool_pauses import handed_request_ids
 from turnkit.store import TurnRecord
 
 __all__ = ("ChatRequest", "UIMessage", "pending_answer", "user_content")
@@ -94,16 +92,12 @@ def pending_answer(
         call_id = part.get("toolCallId")
         if part.get("state") != "output-available" or not isinstance(call_id, str):
             continue
-        answers = {derive_id("req", record.turn_id, call_id)}
-        if pause.asked is not None:  # an agent this call asked handed its question over
-            answers |= handed_request_ids(record.turn_id, call_id)
-        if pause.request_id not in answers:
-            continue
         output = part.get("output")
-        if pause.asked is not None and (
-            not isinstance(output, dict) or output.get("requestId") != pause.request_id
-        ):
-            continue  # one call may hand over several questions: the answer names its own
+        if pause.asked is not None:  # handed over by an asked agent: the answer names it
+            if not isinstance(output, dict) or output.get("requestId") != pause.request_id:
+                continue
+        elif call_request_id(record.turn_id, call_id) != pause.request_id:
+            continue
         if isinstance(output, dict) and isinstance(output.get("answer"), str):
             output = output["answer"]
         return pause.request_id, Answer(

@@ -37,6 +37,7 @@ from turnkit.pauses import (
     Deny,
     PauseRequest,
     Resolution,
+    call_request_id,
     needs_approval,
     summarize_call,
 )
@@ -49,7 +50,6 @@ __all__ = (
     "MAX_HANDED",
     "hand_over_pause",
     "handed_over",
-    "handed_request_ids",
     "is_clarify",
     "pause_key",
     "settle_pause",
@@ -115,7 +115,7 @@ def settle_pause(
     """
     rec = ctx.recorder
     call_id = ToolCallId(part.tool_call_id)
-    request_id = derive_id("req", rec.turn_id, part.tool_call_id)
+    request_id = call_request_id(rec.turn_id, part.tool_call_id)
     if is_clarify(ctx, part):
         question = str(args.get("question") or "")
         raw_choices = args.get("choices") or []
@@ -276,7 +276,7 @@ def _wait(
 
 def pause_key(turn_id: str, tool_call_id: str) -> str:
     """The journal key of the pause a call asked for (see `dedupe_key`)."""
-    return f"pause:{derive_id('req', turn_id, tool_call_id)}"
+    return f"pause:{call_request_id(turn_id, tool_call_id)}"
 
 
 def hand_over_pause(ctx: StageContext, part: ToolCallPart, waits: AskedAgentWaits) -> None:
@@ -366,11 +366,6 @@ def handed_over(ctx: StageContext, part: ToolCallPart) -> int:
         if _handed_id(turn_id, part, n) not in journal.asked:
             return n
     return MAX_HANDED
-
-
-def handed_request_ids(turn_id: str, tool_call_id: str) -> frozenset[str]:
-    """The ids the requests the call `tool_call_id` hands over may have (at most `MAX_HANDED`)."""
-    return frozenset(derive_id("req", turn_id, tool_call_id, "asked", n) for n in range(MAX_HANDED))
 
 
 def _handed_id(turn_id: str, part: ToolCallPart, n: int) -> str:
