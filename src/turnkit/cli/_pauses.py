@@ -33,7 +33,6 @@ from turnkit.pauses import ANSWERS, Answer, Approve, Deny, PauseRequest, Resolut
 from turnkit.runtime import SessionRuntime
 from turnkit.store import TurnRecord
 from turnkit.store.sql import SqlStore
-from turnkit.tools import DELEGATED_SESSION_PREFIX
 
 __all__ = ("PAUSES", "Pause", "answer_turn", "list_pauses", "misused_answer_flag", "waiting")
 
@@ -62,24 +61,13 @@ def waiting(event: Pause) -> str:
     )
 
 
-_MAX_PAGES = 100
-"""Pages of paused turns `turnkit pauses` reads at most (each up to its limit + 1)."""
-
-
 async def list_pauses(
     store: SqlStore, out: TextIO, *, session_id: SessionId | None, limit: int
 ) -> int:
     """`turnkit pauses`: the paused turns, oldest first, each with what it waits for."""
-    found: list[tuple[TurnRecord, PauseRequest]] = []
-    after: tuple[datetime, str] | None = None
-    for _ in range(_MAX_PAGES):  # one more than the limit: is there more?
-        page = await store.open_pauses(session_id, limit=limit + 1, after=after)
-        # An agent asked as a tool waits in its asking turn too, whose request is answered:
-        # left out after the read, it must not take a place in the list.
-        found += [(r, q) for r, q in page if not r.session_id.startswith(DELEGATED_SESSION_PREFIX)]
-        if len(page) <= limit or len(found) > limit:
-            break
-        after = (page[-1][0].created_at, page[-1][0].turn_id)
+    # One more than the limit: is there more? An agent asked as a tool waits in its asking
+    # turn too, whose request is the one answered: left out.
+    found = await store.open_pauses(session_id, limit=limit + 1, asked=False)
     more = len(found) > limit
     found = found[:limit]
     if not found:

@@ -121,7 +121,7 @@ async def answerable_pauses(
     after: tuple[datetime, str] | None = None
     for _ in range(_PAGES):
         paused = await runtime.store.open_pauses(
-            organisation=organisation, limit=_PAGE, after=after
+            organisation=organisation, limit=_PAGE, after=after, asked=False
         )
         for record, request in paused:
             if len(found) == limit:
@@ -131,8 +131,6 @@ async def answerable_pauses(
             if record.session_id not in sessions:
                 sessions[record.session_id] = await runtime.store.get_session(record.session_id)
             session = sessions[record.session_id]
-            if session is not None and session.parent_session is not None:
-                continue  # an agent asked as a tool: its asking turn's card stands for it
             if not may_answer(_asked(record, request), record, session, principal):
                 continue
             decision = (await runtime.turn_view(record)).pending

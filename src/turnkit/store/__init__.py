@@ -375,11 +375,14 @@ class PauseBook(Protocol):
         organisation: str | None = None,
         limit: int = 100,
         after: tuple[datetime, str] | None = None,
+        asked: bool = True,
     ) -> list[tuple[TurnRecord, PauseRequest]]:
         """Paused turns, oldest first, each with the request it waits on.
 
         Approvals, questions and budgets; of one session, one organisation when given; at
-        most `limit`; with `after` (a turn's `created_at` and id), the turns after it.
+        most `limit`; with `after` (a turn's `created_at` and id), the turns after it;
+        `asked=False` leaves out those of agents asked as tools (sessions with a parent),
+        whose requests their asking turns stand for.
         """
         ...
 

@@ -22,7 +22,7 @@ from turnkit.ids import TurnId
 from turnkit.pauses import PauseRequest
 from turnkit.states import awaiting
 from turnkit.store import TurnRecord
-from turnkit.store._schema import audit, audit_values, pauses, turn_record, turns
+from turnkit.store._schema import audit, audit_values, pauses, sessions, turn_record, turns
 
 __all__ = (
     "answer",
@@ -190,11 +190,21 @@ def open_pauses(
     organisation: str | None,
     limit: int,
     after: tuple[datetime, str] | None,
+    asked: bool,
 ) -> list[tuple[TurnRecord, PauseRequest]]:
-    """Paused turns (of one session, one organisation when given), with their requests."""
+    """Paused turns (of one session, one organisation when given), with their requests.
+
+    `asked=False` leaves out those of sessions with a parent (agents asked as tools).
+    """
     kinds = ("approval", "clarification", "budget")
     return _paused(
-        conn, kinds, organisation=organisation, session_id=session_id, limit=limit, after=after
+        conn,
+        kinds,
+        organisation=organisation,
+        session_id=session_id,
+        limit=limit,
+        after=after,
+        asked=asked,
     )
 
 
@@ -206,6 +216,7 @@ def _paused(
     session_id: str | None = None,
     limit: int | None = None,
     after: tuple[datetime, str] | None = None,
+    asked: bool = True,
 ) -> list[tuple[TurnRecord, PauseRequest]]:
     query = (
         select(
@@ -229,6 +240,9 @@ def _paused(
         query = query.where(turns.c.organisation == organisation)
     if session_id is not None:
         query = query.where(turns.c.session_id == session_id)
+    if not asked:
+        children = select(sessions.c.session_id).where(sessions.c.parent_session.is_not(None))
+        query = query.where(turns.c.session_id.not_in(children))
     return [
         (turn_record(row), _request(row.pause_request_id, row.pause_kind, row.pause_payload))
         for row in conn.execute(query)

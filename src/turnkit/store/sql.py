@@ -189,10 +189,11 @@ class SqlStore(SqlQueue, SqlSessions, SqlBudgets):
         organisation: str | None = None,
         limit: int = 100,
         after: tuple[datetime, str] | None = None,
+        asked: bool = True,
     ) -> list[tuple[TurnRecord, PauseRequest]]:
         """Paused turns, oldest first, with their open requests (see `Store`)."""
         return await self._tx(
-            pauses_sql.open_pauses, session_id, organisation, limit, after, write=False
+            pauses_sql.open_pauses, session_id, organisation, limit, after, asked, write=False
         )
 
     async def pending_answer(self, turn_id: TurnId) -> dict[str, JsonValue] | None:
