@@ -32,6 +32,7 @@ from turnkit.events import (
     MessageCompleteEvent,
     StreamEvent,
     ToolCompletedEvent,
+    ToolFailedEvent,
 )
 from turnkit.ids import SessionId
 from turnkit.models import ModelRequest, Usage
@@ -472,3 +473,57 @@ async def test_a_limit_for_a_department_that_does_not_exist_is_refused(
     assert [limit.key for limit in await runtime.budget_limits("acme")] == ["sales"]
     # An organisation this process does not serve may still be set up (another may serve it).
     await runtime.set_budget_limit(typo.model_copy(update={"organisation": "globex"}))
+
+
+def _costly(step: ModelStep, tokens: int) -> ModelStep:
+    return dataclasses.replace(step, usage=Usage(input_tokens=tokens, output_tokens=0))
+
+
+async def test_a_session_limit_covers_the_agents_its_turns_ask(
+    db: tuple[str, str | None],
+) -> None:
+    """A specialist spends against the asking session's limit, and is stopped by it."""
+    url, schema = db
+    specialist_model = ScriptedModel(
+        [
+            _costly(ModelStep.tool_call_reply(call("add", a=2, b=3)), 700),
+            ModelStep.text_reply("It is 5."),
+        ]
+    )
+    specialist = Agent(name="maths", model=specialist_model, tools=[add])
+    front_model = ScriptedModel(
+        [
+            _costly(ModelStep.tool_call_reply(call("maths", message="add 2 and 3")), 300),
+            ModelStep.text_reply("The specialist could not finish."),
+        ]
+    )
+    front = Agent(name="front-desk", model=front_model, tools=[specialist.as_tool()])
+    async with SessionRuntime(agent=front, config=_config(url, database_schema=schema)) as runtime:
+        await runtime.set_budget_limit(_limit(1_000_000))  # the principal: room to spare
+        await runtime.set_budget_limit(BudgetLimit(scope="session", key="s1", tokens=1_000))
+        events = await collect_events(runtime.execute_message("s1", "add 2 and 3", principal=ANN))
+
+        # The specialist's first call fit (300 + 700 of 1,000); its second did not, so its
+        # turn was stopped and the call failed naming the asking session's limit.
+        [failed] = [e for e in events if isinstance(e, ToolFailedEvent)]
+        assert failed.result.error is not None
+        assert "'maths' stopped to wait for a raised budget (the session budget of 's1'" in (
+            failed.result.error
+        )
+        assert len(specialist_model.calls) == 1
+        # The front desk's own next call does not fit either: it waits on the same limit.
+        paused = events[-1]
+        assert isinstance(paused, BudgetPausedEvent), [e.type for e in events]
+        assert (paused.scope, paused.key) == ("session", "s1")
+        assert "1000 of 1000 tokens" in paused.reason
+        [session_use] = [
+            u for u in await runtime.budget_uses(ANN, "s1") if u.limit.scope == "session"
+        ]
+        assert session_use.spent_tokens == 1_000
+        # Asked from the session, the specialist's own session is covered by its limit.
+        [asked] = await runtime.store.delegated_sessions(SessionId("s1"))
+        covering = await runtime.budget_uses(ANN, asked)
+        assert [(u.limit.scope, u.limit.key) for u in covering] == [
+            ("principal", ANN),
+            ("session", "s1"),
+        ]

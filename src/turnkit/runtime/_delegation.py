@@ -260,8 +260,8 @@ class _Answer:
         name = self.agent.name
         if isinstance(self.last, BudgetPausedEvent):
             raise AgentToolError(
-                f"the agent {name!r} stopped to wait for a raised budget: its {self.where} "
-                "was cancelled"
+                f"the agent {name!r} stopped to wait for a raised budget ({self.last.reason}): "
+                f"its {self.where} was cancelled"
             )
         if self.done is None:
             raise AgentToolError(f"the agent {name!r} did not finish ({self.where})")

@@ -18,6 +18,7 @@ from turnkit.budgets import (
 )
 from turnkit.ids import uuid7
 from turnkit.store._schema import budget_limits, reservations, turns, usage
+from turnkit.store._sessions_sql import asking, with_delegated
 from turnkit.store._usage_sql import (
     attributed,
     spent_at,
@@ -135,10 +136,12 @@ def release(conn: Connection, turn_id: str) -> None:
 
 
 def _covering(conn: Connection, subject: BudgetSubject) -> list[BudgetLimit]:
+    # An agent asked as a tool spends within the limits of the sessions that asked it.
     members = [
-        and_(budget_limits.c.scope == scope, budget_limits.c.key == key)
+        and_(budget_limits.c.scope == scope, budget_limits.c.key.in_(keys))
         for scope in SCOPES
         if (key := subject.key(scope)) is not None
+        for keys in [asking(conn, key) if scope == "session" else [key]]
     ]
     query = select(budget_limits).where(
         budget_limits.c.organisation == subject.organisation, or_(*members)
@@ -148,6 +151,8 @@ def _covering(conn: Connection, subject: BudgetSubject) -> list[BudgetLimit]:
 
 def _use(conn: Connection, limit: BudgetLimit, now: datetime) -> BudgetUse:
     start = window_start(limit.period, now)
+    # A session spends with the agents its turns asked (in sessions of their own).
+    keys = with_delegated(conn, [limit.key]) if limit.scope == "session" else [limit.key]
     member = {
         "organisation": spent_organisation,
         "department": spent_in,
@@ -160,7 +165,7 @@ def _use(conn: Connection, limit: BudgetLimit, now: datetime) -> BudgetUse:
             func.coalesce(func.sum(usage.c.input_tokens + usage.c.output_tokens), 0),
         )
         .select_from(with_turns)
-        .where(spent_organisation == limit.organisation, member == limit.key, attributed)
+        .where(spent_organisation == limit.organisation, member.in_(keys), attributed)
     )
     if start is not None:
         spent_q = spent_q.where(spent_at >= start)
@@ -177,7 +182,7 @@ def _use(conn: Connection, limit: BudgetLimit, now: datetime) -> BudgetUse:
             func.coalesce(func.sum(reservations.c.tokens), 0),
         ).where(
             reservations.c.organisation == limit.organisation,
-            held == limit.key,
+            held.in_(keys),
             reservations.c.expires_at > now,
         )
     ).one()

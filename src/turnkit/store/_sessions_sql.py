@@ -24,7 +24,18 @@ from turnkit.store._schema import (
     workspace_files,
 )
 
-__all__ = ("create", "delegated", "get", "get_pg", "list_", "remove", "remove_many", "rename")
+__all__ = (
+    "asking",
+    "create",
+    "delegated",
+    "get",
+    "get_pg",
+    "list_",
+    "remove",
+    "remove_many",
+    "rename",
+    "with_delegated",
+)
 
 
 def _record(row: Any) -> SessionRecord:
@@ -176,10 +187,22 @@ _DELEGATION_DEPTH: Final = 16
 
 def delegated(conn: Connection, session_id: SessionId) -> list[SessionId]:
     """The sessions delegated agents answered in for `session_id`, up to 16 levels deep."""
-    return [SessionId(s) for s in _with_delegated(conn, [session_id])[1:]]
+    return [SessionId(s) for s in with_delegated(conn, [session_id])[1:]]
 
 
-def _with_delegated(conn: Connection, ids: list[str]) -> list[str]:
+def asking(conn: Connection, session_id: str) -> list[str]:
+    """`session_id` and the sessions whose agents asked it, nearest first, 16 levels up."""
+    chain = [session_id]
+    parent = select(sessions.c.parent_session).where(sessions.c.session_id == bindparam("id"))
+    for _ in range(_DELEGATION_DEPTH):
+        above = conn.execute(parent, {"id": chain[-1]}).scalar_one_or_none()
+        if above is None or above in chain:
+            break
+        chain.append(above)
+    return chain
+
+
+def with_delegated(conn: Connection, ids: list[str]) -> list[str]:
     """`ids` and the sessions delegated agents answered in for them, up to 16 levels deep."""
     found, frontier = list(ids), ids
     for _ in range(_DELEGATION_DEPTH):
@@ -200,7 +223,7 @@ def remove_many(conn: Connection, session_ids: Sequence[str]) -> int:
     """`remove` for many sessions at once; how many sessions were there to delete."""
     if not session_ids:
         return 0
-    ids = _with_delegated(conn, list(session_ids))
+    ids = with_delegated(conn, list(session_ids))
     turn_ids = select(turns.c.turn_id).where(turns.c.session_id.in_(ids))
     conn.execute(_keep_attribution(ids))
     conn.execute(delete(events).where(events.c.turn_id.in_(turn_ids)))
