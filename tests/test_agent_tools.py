@@ -761,6 +761,16 @@ async def test_over_http_the_owner_reads_an_asked_session_but_sends_it_nothing(
             history = await http.get(f"/api/harness/sessions/{asked}/history", headers=ann)
             assert history.status_code == 200
             assert history.json()[0]["answer"] == "Order 5 shipped."
+            one = await http.get(f"/api/harness/sessions/{asked}", headers=ann)
+            assert one.status_code == 200
+            assert one.json()["title"] == "orders: status of 5?"
+            assert one.json()["parentSession"] == "s1"  # where its requests are answered
+            own = (await http.get("/api/harness/sessions/s1", headers=ann)).json()
+            assert (own["sessionId"], own["parentSession"]) == ("s1", None)
+            for path, who in ((asked, {"x-user": "bob"}), ("s404", ann)):
+                hidden = await http.get(f"/api/harness/sessions/{path}", headers=who)
+                assert hidden.status_code == 404, hidden.text
+                assert hidden.json()["code"] == "session-not-found"
             for path, body in (
                 (f"/sessions/{asked}/execute", {"content": "refund 500 EUR"}),
                 ("/sessions/tk-sub.0123/execute", {"content": "hi"}),

@@ -51,9 +51,20 @@ def test_the_tool_row_of_an_asked_agent_links_to_its_session(page: Page, tmp_pat
         link.click()  # the asked agent's own conversation, in the page
         expect(page.locator("article.turn .block.user .text")).to_have_text("Where is order A7?")
         expect(page.locator(".block.text.answer .text")).to_have_text("A7 arrives today.")
+        # Titled as it is stored, though no sessions list shows it; its note links back.
+        expect(page.locator("#session-title")).to_have_text("shipping: Where is order A7?")
+        expect(page).to_have_title("shipping: Where is order A7? — turnkit")
+        back = page.locator("#asked-from")
+        expect(back).to_have_attribute("href", "#" + asking.split("#", 1)[1])
         page.go_back()
         assert page.url == asking
         expect(page.locator(".block.text.answer .text")).to_have_text("Your parcel arrives today.")
+        expect(page.locator("#session-title")).not_to_have_text(re.compile("shipping"))
+        page.go_forward()
+        expect(page.locator(".block.text.answer .text")).to_have_text("A7 arrives today.")
+        back.click()  # the note's link leads to the conversation that asked
+        expect(page.locator(".block.text.answer .text")).to_have_text("Your parcel arrives today.")
+        expect(page.locator("#asked-note")).to_be_hidden()
 
 
 REFUNDED: list[str] = []

@@ -102,6 +102,11 @@ def _add_listing_routes(
         )
         return [SessionOut.model_validate(r) for r in records]
 
+    @router.get("/sessions/{session_id}", response_model=SessionOut, summary="One session")
+    async def get_session(session_id: SessionPath, principal: Caller) -> SessionOut:
+        # Also a session an agent asked as a tool answered in, which no list shows.
+        return SessionOut.model_validate(await visible_session(runtime, session_id, principal))
+
     @router.post(
         "/sessions",
         response_model=SessionOut,

@@ -114,12 +114,13 @@ class RenameBody(_Camel):
 
 
 class SessionOut(_Camel):
-    """A session."""
+    """A session (`parent_session`: the one whose agent asked this one's, as a tool)."""
 
     session_id: str
     title: str | None
     created_at: datetime
     updated_at: datetime
+    parent_session: str | None = None
 
 
 class AskedPauseOut(_Camel):

@@ -26,6 +26,7 @@ async function call(method, path, body) {
 const seg = encodeURIComponent;
 
 export const listSessions = () => call("GET", "/sessions?limit=100");
+export const getSession = (id) => call("GET", `/sessions/${seg(id)}`);
 export const createSession = () => call("POST", "/sessions", {});
 export const deleteSession = (id) => call("DELETE", `/sessions/${seg(id)}`);
 export const history = (id) => call("GET", `/sessions/${seg(id)}/history`);

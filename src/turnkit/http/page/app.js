@@ -34,6 +34,7 @@ const $ = (selector) => document.querySelector(selector);
 const ui = {
   sessions: [],
   sessionId: null,
+  asked: null, // the open session when an agent asked as a tool answered in it (no list has it)
   state: emptyState(null),
   followers: new Map(), // turnId → AbortController of its one stream
   busy: new Set(), // request ids being answered, "send", "stop"
@@ -115,6 +116,8 @@ async function openSession(sessionId, { push = false } = {}) {
   ui.sessionId = sessionId;
   ui.state = emptyState(sessionId);
   ui.notice = "";
+  ui.asked = null;
+  if (isAskedSession(sessionId)) loadAsked(sessionId);
   if (location.hash !== `#session=${sessionId}`) {
     // A session the person picked is a step Back returns from; the first one is not.
     if (push) history.pushState(null, "", `#session=${sessionId}`);
@@ -145,6 +148,18 @@ async function openSession(sessionId, { push = false } = {}) {
     while (finished.length > 0 && ui.sessionId === sessionId) await follow(finished.shift(), { replay: true });
   };
   await Promise.all([next(), next()]);
+}
+
+function loadAsked(sessionId) {
+  // Its title and the conversation that asked it, which the sessions list leaves out.
+  api
+    .getSession(sessionId)
+    .then((session) => {
+      if (ui.sessionId !== sessionId) return;
+      ui.asked = session;
+      schedule();
+    })
+    .catch(() => {}); // the history read says what is wrong with it
 }
 
 function loadPending(sessionId) {
@@ -387,7 +402,7 @@ function renderSessions() {
     item.remove();
     sessionItems.delete(sessionId);
   }
-  const current = ui.sessions.find((s) => s.sessionId === ui.sessionId);
+  const current = ui.sessions.find((s) => s.sessionId === ui.sessionId) ?? ui.asked;
   const title = current?.title || (ui.sessionId ? "Untitled chat" : "New chat");
   setText($("#session-title"), title);
   const tabTitle = ui.sessionId ? `${title} — turnkit` : "turnkit";
@@ -403,6 +418,10 @@ function renderComposer() {
   const asked = isAskedSession(ui.sessionId);
   $("#composer").hidden = asked;
   $("#asked-note").hidden = !asked;
+  const parent = asked ? ui.asked?.parentSession : null;
+  const from = $("#asked-from"); // a link once the asking conversation is known, else text
+  if (parent) from.setAttribute("href", `#session=${encodeURIComponent(parent)}`);
+  else from.removeAttribute("href");
   const live = liveTurn(ui.state);
   const stopButton = $("#stop");
   const hadFocus = document.activeElement === stopButton;
