@@ -527,3 +527,39 @@ async def test_a_session_limit_covers_the_agents_its_turns_ask(
             ("principal", ANN),
             ("session", "s1"),
         ]
+
+
+GATES: dict[str, asyncio.Event] = {}
+
+
+@tool
+async def slow_add(a: int, b: int) -> int:
+    """Add two integers, once the test lets it."""
+    GATES["runs"].set()
+    await asyncio.wait_for(GATES["goes_on"].wait(), timeout=20)
+    return a + b
+
+
+async def test_a_calls_reservation_goes_as_its_usage_is_recorded(
+    db: tuple[str, str | None],
+) -> None:
+    """While the call's tools run, what it spent counts once, not also as held."""
+    url, schema = db
+    GATES.update(runs=asyncio.Event(), goes_on=asyncio.Event())
+    first = _costly(ModelStep.tool_call_reply(call("slow_add", a=2, b=3)), 700)
+    model = ScriptedModel([first, ModelStep.text_reply("It is 5.")])
+    config = dataclasses.replace(_config(url, database_schema=schema), budget_reserve_tokens=4_000)
+    async with SessionRuntime(agent=Agent(model=model, tools=[slow_add]), config=config) as runtime:
+        await runtime.set_budget_limit(_limit(100_000))
+        running = asyncio.create_task(
+            collect_events(runtime.execute_message("s1", "add 2 and 3", principal=ANN))
+        )
+        try:
+            await asyncio.wait_for(GATES["runs"].wait(), timeout=20)
+            [use] = await runtime.budget_uses(ANN, "s1")
+            assert (use.spent_tokens, use.reserved_tokens) == (700, 0)
+        finally:
+            GATES["goes_on"].set()
+        events = await asyncio.wait_for(running, timeout=20)
+    assert isinstance(events[-1], DoneEvent)
+    assert events[-1].status == "succeeded"

@@ -61,10 +61,15 @@ new_events AS (
         output_tokens = tk_usage.output_tokens + excluded.output_tokens,
         cached_tokens = tk_usage.cached_tokens + excluded.cached_tokens,
         cost_usd = tk_usage.cost_usd + excluded.cost_usd
+    RETURNING turn_id
+), released AS (
+    -- A call's usage is recorded: what it reserved of a budget is spent, not held.
+    DELETE FROM tk_budget_reservations WHERE turn_id = $1 AND EXISTS (SELECT FROM added)
 )
 {rider}SELECT newest_guide_seq FROM fence
 """
-"""Events, audit rows and usage, written only if `fence` (the turn's row) was updated."""
+"""Events, audit rows and usage (the call's budget reservation released), written only if
+`fence` (the turn's row) was updated."""
 
 _LAST_SEQ = "CASE WHEN tk_turns.last_seq < $4 THEN $4 ELSE tk_turns.last_seq END"
 

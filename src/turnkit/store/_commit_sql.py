@@ -10,7 +10,7 @@ import functools
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Connection, bindparam, case, select, update
+from sqlalchemy import Connection, bindparam, case, delete, select, update
 
 from turnkit.audit import AuditRow, UsageDelta
 from turnkit.clock import Clock
@@ -30,6 +30,7 @@ from turnkit.store._schema import (
     audit_values,
     event_values,
     events as _events,
+    reservations as _reservations,
     turns as _turns,
     usage as _usage,
 )
@@ -87,6 +88,10 @@ class HotStatements:
                 name: getattr(_usage.c, name) + getattr(usage.excluded, name)
                 for name in UsageDelta.model_fields
             },
+        )
+        # A call's usage is recorded: what it reserved of a budget is spent, not held.
+        self.release_reservation = delete(_reservations).where(
+            _reservations.c.turn_id == bindparam("turn_id")
         )
 
 
@@ -166,6 +171,7 @@ def commit(
                 hot.add_usage,
                 {"turn_id": turn_id, "session_id": session_id, **delta.model_dump()},
             )
+            conn.execute(hot.release_reservation, {"turn_id": turn_id})
     return CommitResult(newest_guide_seq=newest_guide, requeued=requeued)
 
 
