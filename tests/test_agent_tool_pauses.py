@@ -40,6 +40,7 @@ from turnkit.events import (
     ToolInDoubtEvent,
 )
 from turnkit.http import create_turnkit_router, install_problem_handlers
+from turnkit.ids import SessionId
 from turnkit.runtime.worker import Worker
 from turnkit.testing import ModelStep, ScriptedModel, call, collect_events
 
@@ -326,6 +327,72 @@ async def test_stopping_the_waiting_asking_turn_stops_the_asked_one(tmp_path: Pa
     assert inner is not None
     assert inner.status == "cancelled"  # nobody is left to answer it
     assert REFUNDED == []
+
+
+async def test_the_waiting_asked_turn_is_stopped_only_through_the_asking_turn(
+    tmp_path: Path,
+) -> None:
+    """A Stop of the asked turn itself would leave the asking turn's card standing for a
+    request nobody can answer any more: it is refused, as answering it apart is."""
+    async with _runtime(tmp_path, _asking_once(_one_refund())) as runtime:
+        events = await collect_events(runtime.execute_message("s1", "refund A1"))
+        asked = events[-1]
+        assert isinstance(asked, ApprovalRequestedEvent)
+        assert asked.asked is not None
+        with pytest.raises(InvalidInputError, match="stop the asking turn"):
+            await runtime.cancel(asked.asked.turn_id)
+        inner = await runtime.store.get_turn(asked.asked.turn_id)
+        assert inner is not None
+        assert inner.status == "awaiting_approval"  # nothing changed
+        [card] = await runtime.pending("s1")  # the card still stands for it
+        assert card.asked == asked.asked
+        assert await runtime.cancel(asked.turn_id) == "cancelled"
+        inner = await runtime.store.get_turn(asked.asked.turn_id)
+    assert inner is not None
+    assert inner.status == "cancelled"
+    assert REFUNDED == []
+
+
+WORKING: dict[str, asyncio.Event] = {}
+
+
+@tool
+async def look_up(order_id: str) -> str:
+    """Look an order up (until the test stops it; at most 20 s)."""
+    WORKING["started"].set()
+    await asyncio.sleep(20)
+    return f"{order_id}: shipped"
+
+
+async def test_a_working_asked_turn_stopped_on_its_own_fails_only_its_call(
+    tmp_path: Path,
+) -> None:
+    """Not waiting for anyone, the asked turn may be stopped: the asking turn goes on."""
+    WORKING["started"] = asyncio.Event()
+    slow = Agent(
+        name="orders",
+        model=ScriptedModel([ModelStep.tool_call_reply(call("look_up", order_id="A1"))]),
+        tools=[look_up],
+    )
+    front = _front(
+        slow,
+        steps=[
+            ModelStep.tool_call_reply(call("orders", message="Where is A1?")),
+            ModelStep.text_reply("I could not find out, sorry."),
+        ],
+    )
+    async with _runtime(tmp_path, front) as runtime:
+        running = asyncio.create_task(collect_events(runtime.execute_message("s1", "A1?")))
+        await asyncio.wait_for(WORKING["started"].wait(), timeout=20)
+        [asked_session] = await runtime.store.delegated_sessions(SessionId("s1"))
+        [asked_turn] = await runtime.store.list_turns(asked_session)
+        assert await runtime.cancel(asked_turn.turn_id) == "cancelled"
+        events = await asyncio.wait_for(running, timeout=20)
+    [failed] = [e for e in events if isinstance(e, ToolFailedEvent)]
+    assert failed.result.error is not None
+    assert "its turn" in failed.result.error
+    assert "ended cancelled" in failed.result.error
+    assert _ended(events).status == "succeeded"
 
 
 async def test_a_request_handed_over_twice_over_is_answered_all_the_way_down(

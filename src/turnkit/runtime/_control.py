@@ -35,7 +35,28 @@ class RuntimeControl(RuntimeReads):
         Returns the turn's status after the call. `principal` is who pressed it: a paused
         turn's audit records it on each request it waited on (a `pauseAnswer` row,
         decision `stopped`).
+
+        Raises:
+            InvalidInputError: a turn of an agent asked as a tool that waits for a person:
+                its asking turn waits with it and holds its card, so Stop the asking turn
+                (which stops this one too) or answer the card.
         """
+        record = await self.store.get_turn(TurnId(turn_id))
+        if (
+            record is not None
+            and record.session_id.startswith(DELEGATED_SESSION_PREFIX)
+            and record.status in ("awaiting_approval", "awaiting_input")
+        ):
+            raise InvalidInputError(
+                f"turn {turn_id!r} belongs to an agent asked as a tool and waits for a person: "
+                "its asking turn waits with it (see its pending card); stop the asking turn, "
+                "which stops this one too",
+                turn_id=turn_id,
+            )
+        return await self._stop(turn_id, principal)
+
+    async def _stop(self, turn_id: str, principal: Principal | str | None) -> TurnStatus:
+        """`cancel`, for any turn (the asked turns a stopped turn waited on included)."""
         if self._recovery is not None:  # a turn this process took over: stop it at once
             await self._recovery[2].stop(TurnId(turn_id))
         status = await self.host.cancel(TurnId(turn_id), by=_id_of(principal))
@@ -174,7 +195,7 @@ class RuntimeControl(RuntimeReads):
             return
         for decision in (await self.turn_view(record)).decisions:
             if decision.asked is not None:
-                await self.cancel(decision.asked.turn_id, principal=principal)
+                await self._stop(decision.asked.turn_id, principal)
 
     async def _check_changed_arguments(
         self, record: TurnRecord, request_id: str, arguments: Mapping[str, JsonValue]

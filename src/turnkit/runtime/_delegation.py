@@ -118,7 +118,7 @@ async def ask_agent(
             await answer.take(event, ctx)
     except asyncio.CancelledError:
         if not runtime._gave_up(ctx.turn_id):  # a Stop: the asked agent stops too
-            await asyncio.shield(runtime.cancel(turn_id))
+            await asyncio.shield(runtime._stop(turn_id, None))
         raise  # a shutdown or a lost lease: whoever takes the asking turn over joins it
     finally:
         if taking_over is not None:
@@ -127,7 +127,7 @@ async def ask_agent(
     if isinstance(answer.last, ApprovalRequestedEvent | ClarificationRequestedEvent):
         raise AskedAgentWaits(agent.name, answer.last)  # the asking turn waits with it
     if isinstance(answer.last, BudgetPausedEvent):
-        await runtime.cancel(turn_id)
+        await runtime._stop(turn_id, None)
     return answer.result()
 
 
