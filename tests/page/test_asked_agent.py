@@ -188,3 +188,48 @@ def test_the_row_is_not_denied_while_the_asked_agent_goes_on(page: Page, tmp_pat
             GATE["go"] = True
         expect(page.locator(".block.text.answer .text")).to_have_text("Done.")
         expect(row).to_have_attribute("data-status", "succeeded")
+
+
+def test_a_stopped_asking_turn_leaves_no_busy_job_bar(page: Page, tmp_path: Path) -> None:
+    """Stop while the specialist waits: the call ends – and its job bar stops moving."""
+    desk = _refund_desk("Refunded A7.", "Your refund is on its way.")
+    with serve_page(tmp_path, desk) as app:
+        page.goto(app.url)
+        send(page, "Refund A7, please")
+        expect(page.locator(".card.approval")).to_be_visible()
+        page.locator("#stop").click()
+        expect(page.locator(".card.approval")).to_have_count(0)
+        expect(page.locator(".block.tool")).to_have_attribute("data-status", "not_finished")
+        expect(page.locator(".block.tool .job progress:indeterminate")).to_have_count(0)
+    assert REFUNDED == []
+
+
+def test_a_specialists_question_says_which_agent_asks_it(page: Page, tmp_path: Path) -> None:
+    refunds = Agent(
+        name="refunds",
+        model=ScriptedModel([
+            ModelStep.tool_call_reply(call("ask_user", question="Which order?",
+                                           choices=["C3", "D4"])),
+            ModelStep.text_reply("Refunded D4."),
+        ]),
+        clarifications=True,
+    )  # fmt: skip
+    desk = Agent(
+        name="front-desk",
+        model=ScriptedModel([
+            ModelStep.tool_call_reply(call("refunds", message="Refund the last order.")),
+            ModelStep.text_reply("Your refund of D4 is on its way."),
+        ]),
+        tools=[refunds.as_tool()],
+    )  # fmt: skip
+    with serve_page(tmp_path, desk) as app:
+        page.goto(app.url)
+        send(page, "Refund my last order")
+        title = page.locator(".card.clarification .card-title")
+        expect(title).to_have_text("refunds asks: Which order?")
+        page.reload()  # from the pending list, not the stream
+        expect(title).to_have_text("refunds asks: Which order?")
+        page.locator(".card.clarification [data-choice='D4']").click()
+        expect(page.locator(".block.text.answer .text")).to_have_text(
+            "Your refund of D4 is on its way."
+        )

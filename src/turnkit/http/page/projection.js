@@ -159,6 +159,7 @@ export function withPending(state, items) {
       question: item.question ?? null,
       choices: item.choices ?? [],
       approverRole: item.approverRole ?? null,
+      askedAgent: item.asked?.agent ?? null, // an agent asked as a tool waits for the answer
     };
     next = putTurn(next, { ...turn, pending, status: waitingStatus(pending.kind) });
   }
@@ -350,6 +351,7 @@ const FOLDERS = {
       summary: null,
       question: e.question,
       choices: e.choices ?? [],
+      askedAgent: e.asked?.agent ?? null,
     });
     return asked === turn ? turn : waitOnAskUser(asked);
   },

@@ -183,8 +183,10 @@ function drawTool(node, block) {
   job.hidden = !block.job;
   if (block.job) {
     const bar = job.querySelector("progress");
-    if (block.job.progress === null) bar.removeAttribute("value");
-    else bar.value = block.job.progress;
+    // A bar with no value moves as if the job worked: only while it may (not after its
+    // turn ended with the job unfinished, as a Stop leaves it).
+    if (block.job.progress === null && block.status !== "not_finished") bar.removeAttribute("value");
+    else bar.value = block.job.progress ?? 0;
     const state = block.job.done ? (block.job.isError ? "job failed" : "job done") : "";
     setText(job.querySelector(".job-message"), [block.job.message, state].filter(Boolean).join(" · "));
   }
@@ -251,8 +253,10 @@ function drawDecision(box, turn, page) {
     );
   } else {
     const choices = pending.choices.map((choice) => el("button", { type: "button", "data-choice": choice }, choice));
+    // A question an agent asked as a tool wants answered says which agent asks it.
+    const from = pending.askedAgent ? [el("span", { class: "asked-by" }, `${pending.askedAgent} asks: `)] : [];
     card.append(
-      el("p", { class: "card-title", dir: "auto" }, pending.question ?? ""),
+      el("p", { class: "card-title", dir: "auto" }, ...from, pending.question ?? ""),
       el("div", { class: "actions" }, ...choices),
       el("form", { class: "answer" },
         el("input", { name: "answer", placeholder: "Your answer", autocomplete: "off", "aria-label": "Your answer" }),
@@ -260,7 +264,8 @@ function drawDecision(box, turn, page) {
     );
   }
   box.append(card);
-  const asked = pending.kind === "approval" ? [`Approve ${pending.toolName ?? "this call"}?`, pending.summary] : [pending.question];
+  const asker = pending.askedAgent ? `${pending.askedAgent} asks: ` : "";
+  const asked = pending.kind === "approval" ? [`Approve ${pending.toolName ?? "this call"}?`, pending.summary] : [`${asker}${pending.question ?? ""}`];
   page.announce(`${label}: ${asked.filter(Boolean).join(" ")}`);
   // The card takes focus from nowhere, or from an empty message box (the message that
   // led here was just sent): the card itself, so a stray key decides nothing.
