@@ -144,6 +144,7 @@ def test_an_answer_no_one_can_give_is_one_line_and_leaves_the_turn_waiting(
             "pause-not-found",
         ),
         (("answer", turn_id, "--approve", "--agent", ASKING, *db), "agent-not-found"),
+        (("answer", turn_id, "--approve", *db), "the turn started with, or --queue"),
     ]
     for argv, said in refused:
         assert _cli(*argv)[0] == 2, argv

@@ -19,7 +19,12 @@ from turnkit.agent import load_agent
 from turnkit.cli._inspect import Printer, call_line, existing_store
 from turnkit.config import RuntimeConfig, env_plugins
 from turnkit.demo import demo_agent
-from turnkit.errors import InvalidInputError, PauseAnsweredError, TurnNotFoundError
+from turnkit.errors import (
+    AgentNotFoundError,
+    InvalidInputError,
+    PauseAnsweredError,
+    TurnNotFoundError,
+)
 from turnkit.events import (
     ApprovalRequestedEvent,
     BudgetPausedEvent,
@@ -158,7 +163,15 @@ async def answer_turn(args: argparse.Namespace, out: TextIO, config: RuntimeConf
     plugins = env_plugins(os.environ)
     async with SessionRuntime(agent=agent, models=served, config=config, plugins=plugins) as rt:
         if config.run_in_process:  # driven here: another agent would end it agent-not-found
-            await rt.runner().pinned_agent(record)
+            try:
+                await rt.runner().pinned_agent(record)
+            except AgentNotFoundError as exc:
+                raise AgentNotFoundError(
+                    f"{exc.message}: give --agent pkg.mod:name, the agent (or a function "
+                    "making it) the turn started with, or --queue to leave the turn to a "
+                    "worker or to the app that serves it",
+                    **exc.details,
+                ) from exc
         await rt.resume(record.turn_id, request_id, resolution, principal=args.by)
         out.write(f"answered {request_id}: {resolution.kind}\n")
         if not config.run_in_process:
