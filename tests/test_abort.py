@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import sys
 from collections.abc import AsyncGenerator
+
+import pytest
 
 from tests.conftest import RuntimeFactory
 from tests.helpers import add
 from turnkit import Agent, CancelToken, RuntimeConfig
 from turnkit.events import DoneEvent, MessageCompleteEvent, MessageDeltaEvent, RunFinishedEvent
+from turnkit.models import Usage
 from turnkit.testing import ModelStep, ScriptedModel, call
 
 
@@ -148,6 +152,34 @@ async def test_a_call_the_idle_window_cuts_short_is_audited_and_counted_and_its_
     assert [(e.block.text, e.block.interrupted) for e in kept] == [("Thinking about it", True)]
     history = await runtime.history("s1")
     assert "Thinking about it" in [b.text for b in history[0].blocks if hasattr(b, "text")]
+
+
+async def test_a_call_cut_short_is_priced_as_the_turns_earlier_calls(
+    runtime_factory: RuntimeFactory, database_url: str
+) -> None:
+    """A USD limit sees a call cut short: its estimate costs what the turn paid per token."""
+    priced = dataclasses.replace(
+        ModelStep.tool_call_reply(call("add", a=2, b=3)),
+        usage=Usage(input_tokens=900, output_tokens=100, cost_usd=0.01),  # $0.00001 a token
+    )
+    model = ScriptedModel([priced, ModelStep.hang("Thinking about it")])
+    config = RuntimeConfig(database_url=database_url, idle_window_s=0.5, heartbeat_interval_s=0.05)
+    runtime = runtime_factory(
+        Agent(model=model, tools=[add], skip_stages=frozenset({"anchor-plan"})), config=config
+    )
+    async with asyncio.timeout(20):
+        events = [e async for e in runtime.execute_message("s1", "add 2 and 3, then talk")]
+    done = events[-1]
+    assert isinstance(done, DoneEvent)
+    assert done.status == "timed_out"
+    *_, cut = [r.call for r in await runtime.audit(done.turn_id) if r.call is not None]
+    assert cut is not None
+    assert cut.error_code == "deadline-exceeded"
+    tokens = cut.input_tokens + cut.output_tokens
+    assert tokens > 0
+    assert cut.cost_usd == pytest.approx(tokens * 0.00001)
+    usage = await runtime.store.read_usage(done.turn_id)  # type: ignore[arg-type]
+    assert usage.cost_usd == pytest.approx(0.01 + tokens * 0.00001)
 
 
 async def test_a_planning_call_the_idle_window_cuts_is_billed_what_it_wrote_unshown(

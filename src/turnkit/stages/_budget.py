@@ -22,7 +22,14 @@ from turnkit.pauses import PauseRequest
 from turnkit.stages._types import StageContext
 from turnkit.store import BudgetBook
 
-__all__ = ("BudgetGate", "estimate_tokens", "prompt_tokens", "take_budget_answers", "text_tokens")
+__all__ = (
+    "BudgetGate",
+    "estimate_tokens",
+    "price_per_token",
+    "prompt_tokens",
+    "take_budget_answers",
+    "text_tokens",
+)
 
 _CHARS_PER_TOKEN: Final = 4
 _MESSAGE_OVERHEAD: Final = 8
@@ -76,7 +83,7 @@ class BudgetGate:
         """
         rec = ctx.recorder
         tokens = estimate_tokens(request, self.reserve_tokens)
-        usd = tokens * _price_per_token(rec.usage)
+        usd = tokens * price_per_token(rec.usage)
         for waited in range(answered, _MAX_PAUSES_PER_CALL):
             reservation, uses = await self.book.reserve_budget(
                 self.subject, turn_id=rec.turn_id, usd=usd, tokens=tokens, ttl_s=self.ttl_s
@@ -94,7 +101,7 @@ class BudgetGate:
         return all(use.fits(0.0, tokens) for use in await self.book.budget_uses(self.subject))
 
 
-def _price_per_token(usage: UsageDelta) -> float:
+def price_per_token(usage: UsageDelta) -> float:
     """What the turn's calls so far paid per token (0: nothing priced yet)."""
     tokens = usage.input_tokens + usage.output_tokens
     return usage.cost_usd / tokens if tokens else 0.0

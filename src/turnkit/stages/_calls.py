@@ -38,7 +38,12 @@ from turnkit.models import (
     closing_stream,
 )
 from turnkit.models.family import ModelFamily
-from turnkit.stages._budget import prompt_tokens, take_budget_answers, text_tokens
+from turnkit.stages._budget import (
+    price_per_token,
+    prompt_tokens,
+    take_budget_answers,
+    text_tokens,
+)
 from turnkit.stages._plugins import answer_hold, guard
 from turnkit.stages._types import StageContext
 from turnkit.telemetry import OpenCall, Recorder
@@ -122,7 +127,8 @@ async def call_model(
     rec = ctx.recorder
     await _ready(ctx, stage_id, request, block_key, reserve=reserve)
     attempts: list[str] = []
-    on = _Rung(family.model, family.provider, 0, derive_id("blk", rec.turn_id, block_key, 0))
+    price = price_per_token(rec.usage)
+    on = _Rung(family.model, family.provider, 0, derive_id("blk", rec.turn_id, block_key, 0), price)
     last_tool_delta: dict[int, float] = {}
     rec.open_call = on.open_call(stage_id, family.name, stream_text, request)
     chat = otel.chat(rec, stage_id, family.name, request)
@@ -148,7 +154,7 @@ async def call_model(
                     case RungStarted():
                         attempts.append(chunk.model)
                         block_id = derive_id("blk", rec.turn_id, block_key, len(attempts) - 1)
-                        on = _Rung(chunk.model, chunk.provider, chunk.rung, block_id)
+                        on = _Rung(chunk.model, chunk.provider, chunk.rung, block_id, price)
                         rec.open_call = on.open_call(stage_id, family.name, stream_text, request)
                     case RungFailed():
                         _audit_failed_rung(ctx, stage_id, family, chunk, attempts)
@@ -205,10 +211,13 @@ def _billed(rec: Recorder, on: _Rung, request: ModelRequest, exc: Exception) -> 
 class _Rung:
     """The rung a call is on: what it has streamed so far, under which block, since when."""
 
-    __slots__ = ("asm", "block_id", "model", "provider", "rung", "started")
+    __slots__ = ("asm", "block_id", "model", "price", "provider", "rung", "started")
 
-    def __init__(self, model: str, provider: str, rung: int, block_id: str) -> None:
+    def __init__(
+        self, model: str, provider: str, rung: int, block_id: str, price: float = 0.0
+    ) -> None:
         self.model, self.provider, self.rung, self.block_id = model, provider, rung, block_id
+        self.price = price  # per token, as the turn's calls so far paid: prices an estimate
         self.asm = _Assembler()
         self.started = time.perf_counter()
 
@@ -228,16 +237,19 @@ class _Rung:
             estimate=lambda: self.spent(request),
         )
 
-    def spent(self, request: ModelRequest) -> dict[str, int]:
+    def spent(self, request: ModelRequest) -> dict[str, Any]:
         """What a call the turn itself cut short (a guardrail's block, say) cost, estimated.
 
         The provider reports no usage for a stream stopped before its end, yet it read the
-        request and wrote what streamed: budgets count the estimate, as for a Stop.
+        request and wrote what streamed: budgets count the estimate, as for a Stop, priced
+        at what the turn's earlier calls paid per token (its first call: tokens only).
         """
         asm = self.asm
         written = asm.raw_text or "".join(asm.raw) or "".join(asm.text)
         written += "".join(asm.thinking) + "".join("".join(p) for p in asm.calls.values())
-        return {"input_tokens": prompt_tokens(request), "output_tokens": text_tokens(written)}
+        tokens_in, tokens_out = prompt_tokens(request), text_tokens(written)
+        cost = (tokens_in + tokens_out) * self.price
+        return {"input_tokens": tokens_in, "output_tokens": tokens_out, "cost_usd": cost}
 
     def shape(self, family: str, **outcome: Any) -> CallShape:
         """The call's shape on this rung, timed from the rung's start."""
@@ -255,7 +267,7 @@ def _counted(finish: Finish, on: _Rung, request: ModelRequest) -> Finish:
     """`finish`, its usage estimated when a client reported none for what it streamed.
 
     A hand-written `ModelClient` that leaves `Usage()` at zero would make the call free
-    for budgets; its tokens are estimated as for a call cut short (its cost stays 0).
+    for budgets; its tokens are estimated (and priced) as for a call cut short.
     """
     if finish.usage != Usage():
         return finish
