@@ -33,6 +33,7 @@ from turnkit.events import (
     ToolCompletedEvent,
     ToolFailedEvent,
 )
+from turnkit.ids import TurnId
 from turnkit.plugins import Plugin, PluginContext, ToolCall
 from turnkit.replay import ReplaySettings
 from turnkit.replay.memory import InMemoryReplayBuffer
@@ -437,6 +438,29 @@ async def test_answers_twice_or_for_another_turn_are_refused(tmp_path: Path) -> 
         await follow_to_done(runtime, one.turn_id, one.seq)
     finally:
         await runtime.close()
+
+
+async def test_the_store_reads_one_request_of_a_turn_by_its_id(db: tuple[str, str | None]) -> None:
+    model = ScriptedModel(
+        [
+            ModelStep.tool_call_reply(call("send_email", to="a@example.com")),
+            ModelStep.text_reply("ok"),
+        ]
+    )
+    async with _on(db, model) as runtime:
+        asked = (await collect_events(runtime.execute_message("s1", "email a")))[-1]
+        assert isinstance(asked, ApprovalRequestedEvent)
+        turn_id = TurnId(asked.turn_id)
+        saved = await runtime.store.get_pause(turn_id, asked.request_id)
+        assert saved is not None
+        assert (saved.kind, saved.tool_call_id) == ("approval", asked.tool_call_id)
+        assert saved.payload["tool_name"] == "send_email"
+        assert saved.payload["arguments"] == {"to": "a@example.com"}
+        assert await runtime.store.get_pause(turn_id, "req_nope") is None
+        assert await runtime.store.get_pause(TurnId("turn_nope"), asked.request_id) is None
+        await runtime.resume(asked.turn_id, asked.request_id, Approve())
+        answered = await runtime.store.get_pause(turn_id, asked.request_id)
+        assert answered == saved  # as saved, answered or not
 
 
 async def test_stop_while_awaiting_ends_the_turn_cancelled(db: tuple[str, str | None]) -> None:

@@ -12,7 +12,7 @@ from turnkit import otel
 from turnkit.errors import AgentNotFoundError, InvalidInputError, PauseAnsweredError
 from turnkit.events import AskedPause
 from turnkit.ids import TurnId
-from turnkit.pauses import ANSWERS, Answer, Approve, Deny, Resolution
+from turnkit.pauses import ANSWERS, Answer, Approve, Deny, PauseRequest, Resolution
 from turnkit.runtime._reads import RuntimeReads
 from turnkit.runtime.deps import NO_DEPS
 from turnkit.states import TERMINAL_STATES, TurnStatus, awaiting
@@ -139,11 +139,14 @@ class RuntimeControl(RuntimeReads):
                 f"not {resolution.kind}",
                 kind=resolution.kind,
             )
-        asked = await self._handed_over(record, request_id)
+        # Not paused (or no such request): the Store says why it cannot be answered.
+        paused = record.status.startswith("awaiting_")
+        pause = await self.store.get_pause(turn_id, request_id) if paused else None
+        asked = _asked_of(pause)
         if asked is not None:  # the asked agent's turn takes the answer first
             await self._answer_asked(asked, resolution, deps=deps, principal=principal)
         elif isinstance(resolution, Approve) and resolution.arguments is not None:
-            await self._check_changed_arguments(record, request_id, resolution.arguments)
+            await self._check_changed_arguments(record, pause, resolution.arguments)
         cause = otel.resume_cause()  # taken now; kept once the answer is in
         answer = resolution.model_dump()
         await self.store.answer_pause(record.turn_id, request_id, answer, by=_id_of(principal))
@@ -158,13 +161,6 @@ class RuntimeControl(RuntimeReads):
             requested_delivery="queue",
             is_new=False,
         )
-
-    async def _handed_over(self, record: TurnRecord, request_id: str) -> AskedPause | None:
-        """The asked agent's request this one stands for (None: the turn's own)."""
-        if not record.status.startswith("awaiting_"):
-            return None  # not paused: the Store says why it cannot be answered
-        decisions = (await self.turn_view(record)).decisions
-        return next((d.asked for d in decisions if d.request_id == request_id), None)
 
     async def _answer_asked(
         self,
@@ -198,32 +194,36 @@ class RuntimeControl(RuntimeReads):
                 await self._stop(decision.asked.turn_id, principal)
 
     async def _check_changed_arguments(
-        self, record: TurnRecord, request_id: str, arguments: Mapping[str, JsonValue]
+        self, record: TurnRecord, pause: PauseRequest | None, arguments: Mapping[str, JsonValue]
     ) -> None:
         """Refuse changed arguments the approved call's tool would refuse (the pause stays).
 
         Checked against the tool the turn's pinned agent has here; on a runtime that does
         not host that agent, the tool checks them when the call runs.
         """
-        asked = (await self.turn_view(record)).decisions
-        decision = next((d for d in asked if d.request_id == request_id), None)
-        if decision is None or decision.tool_name is None:
+        name = pause.payload.get("tool_name") if pause is not None else None
+        if not isinstance(name, str):
             return  # not this turn's request: the Store says so
         try:
             agent = await self.runner().pinned_agent(record)
         except AgentNotFoundError:
             return
-        tool = agent.registry().get(decision.tool_name)
+        tool = agent.registry().get(name)
         if tool is None:
             return
         try:
             validated_arguments(tool, arguments)
         except ToolArgumentsError as exc:
             raise InvalidInputError(
-                f"the changed arguments do not fit {decision.tool_name!r}: {exc.reason}; "
-                "nothing was answered",
-                tool=decision.tool_name,
+                f"the changed arguments do not fit {name!r}: {exc.reason}; nothing was answered",
+                tool=name,
             ) from exc
+
+
+def _asked_of(pause: PauseRequest | None) -> AskedPause | None:
+    """The asked agent's request a saved one stands for (None: the turn's own)."""
+    asked = pause.payload.get("asked") if pause is not None else None
+    return AskedPause.model_validate(asked) if asked is not None else None
 
 
 def _id_of(principal: Principal | str | None) -> str | None:

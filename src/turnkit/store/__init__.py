@@ -368,6 +368,10 @@ class PauseBook(Protocol):
         """The newest answer the turn has not consumed yet (what the resumed run needs)."""
         ...
 
+    async def get_pause(self, turn_id: TurnId, request_id: str) -> PauseRequest | None:
+        """The turn's request `request_id`, as saved (answered or not); None: it has none."""
+        ...
+
     async def open_pauses(
         self,
         session_id: SessionId | None = None,

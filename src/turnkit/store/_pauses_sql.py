@@ -28,6 +28,7 @@ __all__ = (
     "answer",
     "budget_pauses",
     "close_open_pauses",
+    "get_pause",
     "open_pause",
     "open_pauses",
     "pending_answer",
@@ -164,6 +165,16 @@ def close_open_pauses(
         .where(pauses.c.turn_id == turn_id, pauses.c.status == "open")
         .values(status="closed")
     )
+
+
+def get_pause(conn: Connection, turn_id: TurnId, request_id: str) -> PauseRequest | None:
+    """The turn's request `request_id`, as `open_pause` saved it."""
+    row = conn.execute(
+        select(pauses.c.kind, pauses.c.payload).where(
+            pauses.c.request_id == request_id, pauses.c.turn_id == turn_id
+        )
+    ).first()
+    return _request(request_id, row.kind, row.payload) if row is not None else None
 
 
 def pending_answer(conn: Connection, turn_id: TurnId) -> dict[str, JsonValue] | None:

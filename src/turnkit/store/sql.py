@@ -200,6 +200,10 @@ class SqlStore(SqlQueue, SqlSessions, SqlBudgets):
         """The newest answer not yet consumed by a resumed run."""
         return await self._tx(pauses_sql.pending_answer, turn_id, write=False)
 
+    async def get_pause(self, turn_id: TurnId, request_id: str) -> PauseRequest | None:
+        """The turn's request `request_id`, as saved (None: it has none)."""
+        return await self._tx(pauses_sql.get_pause, turn_id, request_id, write=False)
+
     # ── reads ───────────────────────────────────────────────────────────────────────
 
     async def read_events(
