@@ -80,3 +80,36 @@ def test_a_message_from_a_second_tab_waits_behind_the_turn_the_first_started(
         )
         expect(queue).to_have_count(0)
     model.assert_complete()
+
+
+def test_an_idle_tab_of_the_same_browser_shows_the_turn_another_tab_started(
+    page: Page, tmp_path: Path
+) -> None:
+    errors: list[str] = []
+    sibling = page.context.new_page()  # the same browser: tabs that hear each other
+    sibling.on("pageerror", lambda error: errors.append(str(error)))
+    model = ScriptedModel([
+        ModelStep.text_reply("Hello."),
+        ModelStep.text_reply("A is fine."),
+        ModelStep.text_reply("Hi again."),
+    ])  # fmt: skip
+    with serve_page(tmp_path, Agent(model=model)) as app:
+        page.goto(app.url)
+        send(page, "Hi")
+        expect(page.locator(".block.text.answer .text")).to_have_text("Hello.")
+        sibling.goto(page.url)  # the same chat, open and idle
+        expect(sibling.locator(".block.text.answer .text")).to_have_text("Hello.")
+
+        send(page, "Check A")  # the idle tab is told, and follows the new turn
+        expect(sibling.locator("article.turn .block.user .text")).to_have_text(["Hi", "Check A"])
+        expect(sibling.locator(".block.text.answer .text")).to_have_text(["Hello.", "A is fine."])
+
+        page.locator("#new-session").click()  # a new chat shows in the other tab's list
+        expect(sibling.locator("#sessions li")).to_have_count(2)
+        send(page, "Hello?")
+        expect(page.locator(".block.text.answer .text")).to_have_text("Hi again.")
+        expect(sibling.locator("#sessions li").first).to_have_text("Hello?")
+        # The idle tab stays on its chat: news of another chat changes only its list.
+        expect(sibling.locator(".block.text.answer .text")).to_have_text(["Hello.", "A is fine."])
+    sibling.close()
+    assert errors == [], f"the page raised: {errors}"

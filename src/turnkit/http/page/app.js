@@ -189,6 +189,27 @@ async function catchUp(sessionId) {
   }
 }
 
+// ── other tabs of this browser on this server: told of new turns and chats ─────────────
+// (A BroadcastChannel reaches only this origin's tabs; another device learns on its own
+// next read.)
+const tabs = typeof BroadcastChannel === "function" ? new BroadcastChannel(`turnkit:${api.API}`) : null;
+
+function tellTabs(news) {
+  tabs?.postMessage(news);
+}
+
+function heardFromTab({ data }) {
+  if (data?.kind === "sessions") return void refreshSessions();
+  if (data?.kind !== "turn" || data.sessionId !== ui.sessionId) return;
+  const sessionId = ui.sessionId; // a turn another tab started here: show it, follow it
+  catchUp(sessionId).then(() => {
+    if (ui.sessionId !== sessionId) return;
+    loadPending(sessionId);
+    loadQueue(sessionId);
+    followLive(sessionId);
+  });
+}
+
 async function afterTurn(sessionId) {
   await catchUp(sessionId);
   followLive(sessionId); // the turn that waited behind the one that ended, if any
@@ -206,7 +227,8 @@ function watchNaming(sessionId) {
   let looks = 0;
   const look = async () => {
     await refreshSessions();
-    if (title() === first && ++looks < NAMING_LOOKS) setTimeout(look, NAMING_EVERY_MS);
+    if (title() !== first) tellTabs({ kind: "sessions" });
+    else if (++looks < NAMING_LOOKS) setTimeout(look, NAMING_EVERY_MS);
   };
   setTimeout(look, NAMING_EVERY_MS);
 }
@@ -239,6 +261,8 @@ async function send(text) {
     const delivery = live && live.status === "running" ? "guide" : "queue";
     const body = { content: text, requestId: api.requestId(), delivery };
     const turnId = await api.execute(sessionId, body);
+    if (turnId) tellTabs({ kind: "turn", sessionId, turnId });
+    if (opening) tellTabs({ kind: "sessions" }); // named after its first message
     if (ui.sessionId !== sessionId || !turnId) return true;
     update((s) => withOpening(withTurn(s, turnId), turnId, text));
     if (delivery === "guide" && turnId === live.turnId) {
@@ -275,6 +299,7 @@ async function send(text) {
 /** Delete a session this page just made and show no session, as before it was made. */
 async function forget(sessionId) {
   await api.deleteSession(sessionId).catch(() => {}); // at worst an empty chat stays listed
+  tellTabs({ kind: "sessions" });
   ui.sessions = ui.sessions.filter((session) => session.sessionId !== sessionId);
   if (ui.sessionId !== sessionId) return;
   ui.sessionId = null;
@@ -329,6 +354,7 @@ async function retry(turnId) {
   schedule();
   try {
     const next = await api.retry(turnId, api.requestId());
+    if (next) tellTabs({ kind: "turn", sessionId, turnId: next });
     if (ui.sessionId !== sessionId || !next) return;
     update((s) => withOpening(withTurn(s, next), next, failed.opening ?? ""));
     ui.notice = "";
@@ -539,6 +565,7 @@ function bind() {
     try {
       const created = await api.createSession();
       ui.sessions = [created, ...ui.sessions];
+      tellTabs({ kind: "sessions" });
       await openSession(created.sessionId, { push: true });
     } catch (err) {
       say(reason(err));
@@ -576,6 +603,7 @@ function bind() {
 
 async function start() {
   bind();
+  tabs?.addEventListener("message", heardFromTab);
   setInterval(tick, 500);
   await refreshSessions();
   const wanted = sessionFromHash() ?? ui.sessions[0]?.sessionId ?? null;
