@@ -15,6 +15,7 @@ import os
 import sys
 import textwrap
 import time
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -22,10 +23,10 @@ import pytest
 
 from tests.conftest import POSTGRES_URL, RuntimeFactory, require_service
 from tests.helpers import add
-from turnkit import Agent, Approve, RuntimeConfig, SessionRuntime, tool
+from turnkit import Agent, Approve, ModelFamily, RuntimeConfig, SessionRuntime, tool
 from turnkit.budgets import BudgetLimit, BudgetSubject
 from turnkit.clock import SystemClock
-from turnkit.errors import InvalidInputError
+from turnkit.errors import InvalidInputError, ProviderError
 from turnkit.events import (
     BudgetPausedEvent,
     DoneEvent,
@@ -35,7 +36,14 @@ from turnkit.events import (
     ToolFailedEvent,
 )
 from turnkit.ids import SessionId
-from turnkit.models import ModelRequest, Usage
+from turnkit.models import (
+    Finish,
+    ModelChunk,
+    ModelRequest,
+    TextDelta,
+    ThinkingDelta,
+    Usage,
+)
 from turnkit.runtime.worker import Worker
 from turnkit.stages._naming import NAMING_PROMPT
 from turnkit.testing import ModelStep, ScriptedModel, call, collect_events
@@ -563,3 +571,119 @@ async def test_a_calls_reservation_goes_as_its_usage_is_recorded(
         events = await asyncio.wait_for(running, timeout=20)
     assert isinstance(events[-1], DoneEvent)
     assert events[-1].status == "succeeded"
+
+
+class _SlowAnswer:
+    """Streams reasoning and a long answer, then waits (mid-stream) for the test."""
+
+    model = "slow"
+    provider = "scripted"
+
+    def __init__(self) -> None:
+        self.streaming = asyncio.Event()
+        self.go_on = asyncio.Event()
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
+        yield ThinkingDelta("two and two make four")
+        for _ in range(30):  # past the 160 characters that start the summary
+            yield TextDelta("Four is the answer. ")
+        await asyncio.sleep(0.3)  # the summary fails meanwhile
+        yield TextDelta("And that is all. ")  # a delta: commits what is staged
+        await asyncio.sleep(0.1)
+        self.streaming.set()
+        await asyncio.wait_for(self.go_on.wait(), timeout=20)
+        yield Finish("end_turn", Usage(input_tokens=100, output_tokens=100))
+
+
+async def test_a_failed_thinking_summary_does_not_release_the_answering_calls_reservation(
+    db: tuple[str, str | None],
+) -> None:
+    url, schema = db
+    answer = _SlowAnswer()
+    utility = ScriptedModel(
+        [ModelStep.fail(ProviderError("utility down", status_code=500))],
+        name="background",
+        repeat_last=True,
+    )
+    agent = Agent(
+        model=answer,  # type: ignore[arg-type]
+        utility_model=utility,
+        skip_stages=frozenset({"anchor-plan"}),
+    )
+    config = RuntimeConfig(
+        database_url=url,
+        database_schema=schema,
+        budgets="enforce",
+        budget_reserve_tokens=4_000,
+    )
+    async with SessionRuntime(agent=agent, config=config) as runtime:
+        await runtime.set_budget_limit(
+            BudgetLimit(scope="principal", key=ANN, tokens=100_000, period="month")
+        )
+        running = asyncio.create_task(
+            collect_events(runtime.execute_message("s1", "2+2?", principal=ANN))
+        )
+        try:
+            await asyncio.wait_for(answer.streaming.wait(), timeout=20)
+            assert utility.calls, "the summary was asked (and failed)"
+            [use] = await runtime.budget_uses(ANN, "s1")
+            # The answering call is still streaming: what it reserved must still be held
+            # (else other turns may spend the same tokens).
+            assert use.reserved_tokens >= 4_000, (use.spent_tokens, use.reserved_tokens)
+        finally:
+            answer.go_on.set()
+        events = await asyncio.wait_for(running, timeout=20)
+    assert isinstance(events[-1], DoneEvent)
+
+
+class _SlowRung:
+    """A fallback rung: streams part of an answer, then waits mid-stream for the test."""
+
+    model = "m-fallback"
+    provider = "scripted"
+
+    def __init__(self) -> None:
+        self.streaming = asyncio.Event()
+        self.go_on = asyncio.Event()
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
+        yield TextDelta("Hello, ")
+        yield TextDelta("there.")
+        await asyncio.sleep(0.1)
+        self.streaming.set()
+        await asyncio.wait_for(self.go_on.wait(), timeout=20)
+        yield Finish("end_turn", Usage(input_tokens=100, output_tokens=100))
+
+
+async def test_a_failed_rung_does_not_release_the_reservation_the_next_rung_streams_on(
+    db: tuple[str, str | None],
+) -> None:
+    """A cascade is one call: its first rung's failure row must not free what it reserved."""
+    url, schema = db
+    first = ScriptedModel(
+        [ModelStep.fail(ProviderError("slow down", status_code=429))], name="m-first"
+    )
+    second = _SlowRung()
+    family = ModelFamily("m", [first, second])  # type: ignore[list-item]
+    config = RuntimeConfig(
+        database_url=url,
+        database_schema=schema,
+        budgets="enforce",
+        budget_reserve_tokens=4_000,
+    )
+    async with SessionRuntime(agent=Agent(model=family), config=config) as runtime:
+        await runtime.set_budget_limit(
+            BudgetLimit(scope="principal", key=ANN, tokens=100_000, period="month")
+        )
+        running = asyncio.create_task(
+            collect_events(runtime.execute_message("s1", "hello", principal=ANN))
+        )
+        try:
+            await asyncio.wait_for(second.streaming.wait(), timeout=20)
+            [use] = await runtime.budget_uses(ANN, "s1")
+            # The call (its second rung) is still streaming: its reservation must be held.
+            assert use.reserved_tokens >= 4_000, (use.spent_tokens, use.reserved_tokens)
+        finally:
+            second.go_on.set()
+        events = await asyncio.wait_for(running, timeout=20)
+    assert isinstance(events[-1], DoneEvent)

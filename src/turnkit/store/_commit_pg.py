@@ -61,10 +61,15 @@ new_events AS (
         output_tokens = tk_usage.output_tokens + excluded.output_tokens,
         cached_tokens = tk_usage.cached_tokens + excluded.cached_tokens,
         cost_usd = tk_usage.cost_usd + excluded.cost_usd
-    RETURNING turn_id
 ), released AS (
-    -- A call's usage is recorded: what it reserved of a budget is spent, not held.
-    DELETE FROM tk_budget_reservations WHERE turn_id = $1 AND EXISTS (SELECT FROM added)
+    -- A call's spend is recorded: what it reserved of a budget is spent, not held. A row
+    -- that spent nothing (a failed rung its cascade went on from) settles nothing.
+    DELETE FROM tk_budget_reservations WHERE turn_id = $1 AND EXISTS (
+        SELECT FROM unnest($13::int[], $15::int[], $16::int[], $18::float8[])
+            AS s(seq, input_tokens, output_tokens, cost_usd)
+        JOIN new_audit n ON n.seq_within_turn = s.seq
+        WHERE s.input_tokens > 0 OR s.output_tokens > 0 OR s.cost_usd > 0
+    )
 )
 {rider}SELECT newest_guide_seq FROM fence
 """

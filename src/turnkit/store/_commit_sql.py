@@ -89,7 +89,9 @@ class HotStatements:
                 for name in UsageDelta.model_fields
             },
         )
-        # A call's usage is recorded: what it reserved of a budget is spent, not held.
+        # A call's spend is recorded: what it reserved of a budget is spent, not held. A row
+        # that spent nothing (a failed rung its cascade went on from, a failed background
+        # call) settles nothing: the call that reserved may still stream.
         self.release_reservation = delete(_reservations).where(
             _reservations.c.turn_id == bindparam("turn_id")
         )
@@ -171,7 +173,8 @@ def commit(
                 hot.add_usage,
                 {"turn_id": turn_id, "session_id": session_id, **delta.model_dump()},
             )
-            conn.execute(hot.release_reservation, {"turn_id": turn_id})
+            if delta.input_tokens or delta.output_tokens or delta.cost_usd:
+                conn.execute(hot.release_reservation, {"turn_id": turn_id})
     return CommitResult(newest_guide_seq=newest_guide, requeued=requeued)
 
 
