@@ -767,6 +767,9 @@ async def test_over_http_the_owner_reads_an_asked_session_but_sends_it_nothing(
             assert one.json()["parentSession"] == "s1"  # where its requests are answered
             own = (await http.get("/api/harness/sessions/s1", headers=ann)).json()
             assert (own["sessionId"], own["parentSession"]) == ("s1", None)
+            kept = await http.delete(f"/api/harness/sessions/{asked}", headers=ann)
+            assert kept.status_code == 422, kept.text  # it goes with the session that asked
+            assert "deleted with the session that asked it" in kept.json()["detail"]
             for path, who in ((asked, {"x-user": "bob"}), ("s404", ann)):
                 hidden = await http.get(f"/api/harness/sessions/{path}", headers=who)
                 assert hidden.status_code == 404, hidden.text

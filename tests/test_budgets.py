@@ -23,6 +23,7 @@ import pytest
 
 from tests.conftest import POSTGRES_URL, RuntimeFactory, require_service
 from tests.helpers import add
+from tests.support.retention import ShiftedClock
 from turnkit import Agent, Approve, ModelFamily, RuntimeConfig, SessionRuntime, tool
 from turnkit.budgets import BudgetLimit, BudgetSubject
 from turnkit.clock import SystemClock
@@ -687,3 +688,89 @@ async def test_a_failed_rung_does_not_release_the_reservation_the_next_rung_stre
             second.go_on.set()
         events = await asyncio.wait_for(running, timeout=20)
     assert isinstance(events[-1], DoneEvent)
+
+
+def _asking_maths() -> Agent:
+    specialist = Agent(
+        name="maths",
+        model=ScriptedModel(
+            [
+                _costly(ModelStep.tool_call_reply(call("add", a=2, b=3)), 700),
+                _costly(ModelStep.text_reply("It is 5."), 100),
+            ]
+        ),
+        tools=[add],
+    )
+    return Agent(
+        name="front-desk",
+        model=ScriptedModel(
+            [
+                _costly(ModelStep.tool_call_reply(call("maths", message="add 2 and 3")), 300),
+                _costly(ModelStep.text_reply("5."), 100),
+                _costly(ModelStep.text_reply("Hello again."), 50),
+            ]
+        ),
+        tools=[specialist.as_tool()],
+    )
+
+
+async def _session_spend(runtime: SessionRuntime) -> int:
+    [use] = [u for u in await runtime.budget_uses(ANN, "s1") if u.limit.scope == "session"]
+    return use.spent_tokens
+
+
+async def test_retention_of_an_asked_agents_session_keeps_the_asking_session_limits_spend(
+    db: tuple[str, str | None],
+) -> None:
+    url, schema = db
+    clock = ShiftedClock(timedelta(days=-100))
+    config = RuntimeConfig(
+        database_url=url, database_schema=schema, budgets="enforce", budget_reserve_tokens=50
+    )
+    async with SessionRuntime(agent=_asking_maths(), config=config, clock=clock) as runtime:
+        await runtime.set_budget_limit(
+            BudgetLimit(scope="principal", key=ANN, tokens=1_000_000, period="total")
+        )
+        await runtime.set_budget_limit(
+            BudgetLimit(scope="session", key="s1", tokens=5_000, period="total")
+        )
+        await collect_events(runtime.execute_message("s1", "add 2 and 3", principal=ANN))
+        assert await _session_spend(runtime) == 1_200  # 300 + 100 here, 700 + 100 asked
+        clock.shift = timedelta(0)
+        await collect_events(runtime.execute_message("s1", "hello", principal=ANN))
+        assert await _session_spend(runtime) == 1_250
+
+        report = await runtime.delete_idle_sessions(timedelta(days=90))
+
+        # s1 is in use; the asked agent's session, idle, goes only with it.
+        assert report.session_ids == ()
+        [asked] = await runtime.store.delegated_sessions(SessionId("s1"))
+        assert await runtime.store.get_session(asked) is not None
+        # The session limit of s1 (period "total") still counts what was spent for it.
+        assert await _session_spend(runtime) == 1_250
+
+
+async def test_deleting_an_asked_agents_session_keeps_the_asking_session_limits_spend(
+    db: tuple[str, str | None],
+) -> None:
+    url, schema = db
+    config = RuntimeConfig(
+        database_url=url, database_schema=schema, budgets="enforce", budget_reserve_tokens=50
+    )
+    async with SessionRuntime(agent=_asking_maths(), config=config) as runtime:
+        await runtime.set_budget_limit(
+            BudgetLimit(scope="principal", key=ANN, tokens=1_000_000, period="total")
+        )
+        await runtime.set_budget_limit(
+            BudgetLimit(scope="session", key="s1", tokens=5_000, period="total")
+        )
+        await collect_events(runtime.execute_message("s1", "add 2 and 3", principal=ANN))
+        [asked] = await runtime.store.delegated_sessions(SessionId("s1"))
+        assert await _session_spend(runtime) == 1_200
+
+        with pytest.raises(InvalidInputError, match="deleted with the session that asked it"):
+            await runtime.delete_session(asked)
+        assert await runtime.store.get_session(asked) is not None
+        assert await _session_spend(runtime) == 1_200
+        assert await runtime.delete_session("s1")  # with it, the asked agent's session goes
+        assert await runtime.store.get_session(asked) is None

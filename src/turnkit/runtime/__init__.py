@@ -260,9 +260,22 @@ class SessionRuntime(RuntimeControl, RuntimeCallbacks, RuntimeBudgets, RuntimeRe
         Audit and usage rows stay (its spend still counts against budgets). Returns False
         if there was no such session. A running turn is not stopped first: see
         `Store.delete_session`.
+
+        Raises:
+            InvalidInputError: a session an agent asked as a tool answered in, while the
+                session that asked it is there: it goes with that one (whose `session`
+                budget counts what it spent).
         """
         sid = check_session_id(session_id)
         await self._ensure_open()
+        record = await self.store.get_session(sid)
+        parent = record.parent_session if record is not None else None
+        if parent is not None and await self.store.get_session(parent) is not None:
+            raise InvalidInputError(
+                f"session {session_id!r} is where an agent asked as a tool answered: it is "
+                f"deleted with the session that asked it ({parent!r})",
+                session_id=session_id,
+            )
         turns = await self.store.list_turns(sid)
         for asked in await self.store.delegated_sessions(sid):  # deleted with it
             turns += await self.store.list_turns(asked)

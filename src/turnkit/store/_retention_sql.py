@@ -31,7 +31,16 @@ def _is_idle(idle_before: datetime) -> Any:
         )
         .exists()
     )
-    return and_(sessions.c.updated_at < idle_before, ~busy)
+    # A session an agent asked as a tool answered in goes with the session that asked it
+    # (`remove_many`), never on its own: a session limit of that session counts its spend.
+    asking = sessions.alias("asking")
+    orphan = (
+        ~select(asking.c.session_id)
+        .where(asking.c.session_id == sessions.c.parent_session)
+        .exists()
+    )
+    own = or_(sessions.c.parent_session.is_(None), orphan)
+    return and_(sessions.c.updated_at < idle_before, ~busy, own)
 
 
 def idle(
