@@ -38,6 +38,7 @@ from turnkit.events import (
     ToolCompletedEvent,
     ToolFailedEvent,
     ToolInDoubtEvent,
+    ToolStartedEvent,
 )
 from turnkit.http import create_turnkit_router, install_problem_handlers
 from turnkit.ids import SessionId
@@ -190,6 +191,8 @@ async def test_the_asked_agents_question_is_asked_in_the_asking_turn(tmp_path: P
         assert isinstance(asked, ClarificationRequestedEvent)
         assert (asked.question, asked.choices) == ("Which order?", ("A1", "B2"))
         assert asked.asked is not None
+        asking = [e.block.tool_call_id for e in events if isinstance(e, ToolStartedEvent)]
+        assert [asked.tool_call_id] == asking  # the call that asked the agent waits
         assert (await runtime.turn(asked.turn_id)).status == "awaiting_input"
         await runtime.resume(asked.turn_id, asked.request_id, Answer(text="B2"))
         rest = await collect_events(runtime.follow(asked.turn_id, after_seq=asked.seq))

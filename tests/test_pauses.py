@@ -32,6 +32,7 @@ from turnkit.events import (
     RunFinishedEvent,
     ToolCompletedEvent,
     ToolFailedEvent,
+    ToolStartedEvent,
 )
 from turnkit.ids import TurnId
 from turnkit.plugins import Plugin, PluginContext, ToolCall
@@ -399,6 +400,10 @@ async def test_a_clarification_with_choices_pauses_then_answers(tmp_path: Path) 
         asked = events[-1]
         assert isinstance(asked, ClarificationRequestedEvent)
         assert (asked.question, asked.choices) == ("Which format?", ("PDF", "DOCX"))
+        [ask_user] = [e for e in events if isinstance(e, ToolStartedEvent)]
+        assert asked.tool_call_id == ask_user.block.tool_call_id  # the call that waits
+        [card] = await runtime.pending("s1")
+        assert card.tool_call_id == asked.tool_call_id
         assert (await runtime.turn(asked.turn_id)).status == "awaiting_input"
         assert "ask_user" in [t.name for t in model.calls[0].tools]
         with pytest.raises(Exception, match="answer it with answer"):

@@ -407,6 +407,9 @@ class ClarificationRequestedEvent(DurableEvent):
     choices: tuple[str, ...] = ()
     asked: AskedPause | None = Field(default=None, exclude_if=lambda asked: asked is None)
     """Set when an agent asked as a tool asks the question (left out unset)."""
+    tool_call_id: ToolCallId | None = Field(default=None, exclude_if=lambda call: call is None)
+    """The call that waits for the answer: the `ask_user` call, or the call that asked the
+    agent whose question this is (left out in logs written before it was recorded)."""
 
 
 class BudgetPausedEvent(DurableEvent):

@@ -311,6 +311,7 @@ def decision_of(event: ApprovalRequestedEvent | ClarificationRequestedEvent) -> 
         request_id=event.request_id,
         kind="clarification",
         seq=event.seq,
+        tool_call_id=event.tool_call_id,
         question=event.question,
         choices=event.choices,
         asked=event.asked,

@@ -653,7 +653,15 @@ async def test_an_asked_agents_question_names_that_agent_not_an_older_ask_user(
         (handed,) = second[-1].event["outcome"]["interrupts"]
         assert handed["message"] == "Which order?"
         assert handed["metadata"]["turnkit"]["asked"]["agent"] == "refunds"
-        assert "toolCallId" not in handed  # not the desk's own, answered, ask_user call
+        # The call that asked the agent waits: not the desk's own, answered, ask_user call.
+        asking = [
+            f.event["toolCallId"]
+            for f in second
+            if f.event["type"] == "TOOL_CALL_START" and f.event["toolCallName"] == "refunds"
+        ]
+        assert [handed["toolCallId"]] == asking
+        assert handed["toolCallId"] != own["toolCallId"]
+        assert handed["metadata"]["turnkit"]["toolCallId"] == handed["toolCallId"]
         resume = [{"interruptId": handed["id"], "status": "resolved", "payload": {"answer": "B2"}}]
         rest = parse((await _post(http, run_input("t1", "r3", None, resume=resume))).text)
     check_run(rest)

@@ -472,8 +472,11 @@ def _run_interrupted(
             "question": request.question,
             "choices": list(request.choices),
         }
-        if ask_user is not None and request.asked is None:  # not an asked agent's question
-            interrupt["toolCallId"] = turnkit["toolCallId"] = ask_user
+        # The call that waits: recorded on the request, else (older logs) the newest
+        # `ask_user` call, unless an asked agent's question (older logs name no call).
+        waiting = request.tool_call_id or (ask_user if request.asked is None else None)
+        if waiting is not None:
+            interrupt["toolCallId"] = turnkit["toolCallId"] = waiting
     if request.asked is not None:  # an agent asked as a tool waits for it: the answer goes on
         asked = request.asked
         turnkit["asked"] = {

@@ -126,6 +126,7 @@ def settle_pause(
             request_id=request_id,
             question=question,
             choices=choices,
+            tool_call_id=ToolCallId(part.tool_call_id),
         )
         payload: dict[str, JsonValue] = {"question": question, "choices": list(choices)}
         resolution = _wait(ctx, request_id, "clarification", part, payload)
@@ -316,6 +317,7 @@ def hand_over_pause(ctx: StageContext, part: ToolCallPart, waits: AskedAgentWait
             question=pause.question,
             choices=pause.choices,
             asked=asked,
+            tool_call_id=ToolCallId(part.tool_call_id),
         )
     if event is None:  # the log holds it already (cannot happen: its id is new)
         raise RuntimeError(f"the request {request_id} was handed over before")

@@ -345,7 +345,7 @@ const FOLDERS = {
       kind: "clarification",
       requestId: e.request_id,
       seq: e.seq,
-      toolCallId: null,
+      toolCallId: e.tool_call_id ?? null,
       toolName: null,
       arguments: null,
       summary: null,
