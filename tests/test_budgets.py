@@ -23,6 +23,8 @@ import pytest
 
 from tests.conftest import POSTGRES_URL, RuntimeFactory, require_service
 from tests.helpers import add
+from tests.support import openai_server as fake_openai
+from tests.support.openai_server import FakeOpenAIServer, Reply
 from tests.support.retention import ShiftedClock
 from turnkit import Agent, Approve, ModelFamily, RuntimeConfig, SessionRuntime, tool
 from turnkit.budgets import BudgetLimit, BudgetSubject
@@ -45,12 +47,14 @@ from turnkit.models import (
     ThinkingDelta,
     Usage,
 )
+from turnkit.models.litellm import LiteLLMClient
 from turnkit.runtime.worker import Worker
 from turnkit.stages._naming import NAMING_PROMPT
 from turnkit.testing import ModelStep, ScriptedModel, call, collect_events
 
 ROOT = Path(__file__).resolve().parents[1]
 ANN = "ann"
+openai_server = fake_openai.openai_server  # the fixture, visible to this module's tests
 
 
 def _config(url: str, **overrides: object) -> RuntimeConfig:
@@ -774,3 +778,87 @@ async def test_deleting_an_asked_agents_session_keeps_the_asking_session_limits_
         assert await _session_spend(runtime) == 1_200
         assert await runtime.delete_session("s1")  # with it, the asked agent's session goes
         assert await runtime.store.get_session(asked) is None
+
+
+def _a_700_token_call() -> ModelStep:
+    return dataclasses.replace(
+        ModelStep.tool_call_reply(call("add", a=2, b=3)),
+        usage=Usage(input_tokens=600, output_tokens=100),
+    )
+
+
+async def test_a_limit_with_room_for_one_call_resumes_one_turn(tmp_path: Path) -> None:
+    """The turns resumed before it in one pass count: the rest would only pause again."""
+    model = ScriptedModel(
+        [
+            _a_700_token_call(),
+            _a_700_token_call(),
+            ModelStep.text_reply("5"),
+            ModelStep.text_reply("5"),
+        ]
+    )
+    config = RuntimeConfig(
+        database_url=f"sqlite:///{tmp_path / 'tk.db'}", budgets="enforce", budget_reserve_tokens=50
+    )
+    async with SessionRuntime(agent=Agent(model=model, tools=[add]), config=config) as rt:
+        await rt.set_budget_limit(BudgetLimit(scope="department", key="general", tokens=1_450))
+        for session, who in (("s1", "ann"), ("s2", "bob")):
+            events = await collect_events(rt.execute_message(session, "add 2 and 3", principal=who))
+            assert isinstance(events[-1], BudgetPausedEvent), [e.type for e in events]
+        paused = await rt.store.budget_pauses()
+        assert len(paused) == 2
+        need = max(int(p.payload["tokens"]) for _, p in paused)  # type: ignore[arg-type]
+        [use] = await rt.store.budget_report("default")
+        # room for one more call, not for two
+        resumed = await rt.set_budget_limit(
+            BudgetLimit(
+                scope="department", key="general", tokens=use.spent_tokens + need + need // 2
+            )
+        )
+        assert len(resumed) == 1, resumed
+        for record, _ in await rt.store.budget_pauses():
+            await rt.cancel(record.turn_id)
+        async with asyncio.timeout(20):
+            for turn_id in resumed:
+                async for _ in rt.reader().follow(turn_id):
+                    pass
+
+
+PRICED = "tk-usd-first-call-test"
+
+
+async def test_turns_starting_at_once_cannot_overspend_a_usd_limit(
+    openai_server: FakeOpenAIServer, tmp_path: Path
+) -> None:
+    """A turn's first call reserves USD too, at its model's list price."""
+    import litellm
+
+    litellm.register_model({
+        f"openai/{PRICED}": {
+            "input_cost_per_token": 1e-5,
+            "output_cost_per_token": 1e-5,
+            "litellm_provider": "openai",
+            "mode": "chat",
+        }
+    })  # fmt: skip
+    # The first turn's call stalls (holding its reservation); the second would answer.
+    openai_server.script(PRICED, [Reply.text("thinking", stall=True), Reply.text("done")])
+    client = LiteLLMClient(f"openai/{PRICED}", api_base=openai_server.base_url, api_key="sk")
+    config = RuntimeConfig(
+        database_url=f"sqlite:///{tmp_path / 'usd.db'}",
+        budgets="enforce",
+        budget_reserve_tokens=1_000,  # a call may cost about (prompt + 1,000) x $1e-5 = $0.01
+    )
+    async with SessionRuntime(agent=Agent(model=client), config=config) as runtime:
+        await runtime.set_budget_limit(BudgetLimit(scope="organisation", usd=0.015))  # one call
+        first = await runtime.start("s1", "hello", principal="ann")
+        async with asyncio.timeout(10):
+            while not (use := (await runtime.store.budget_report("default"))[0]).reserved_tokens:
+                await asyncio.sleep(0.02)
+        assert use.reserved_usd > 0.0, "the first call of a turn reserved no USD"
+        second = await runtime.start("s2", "hello", principal="bob")
+        async with asyncio.timeout(10):
+            events = [e async for e in runtime.follow(second.turn_id)]
+        assert isinstance(events[-1], BudgetPausedEvent), [e.type for e in events]
+        await runtime.cancel(second.turn_id)
+        await runtime.cancel(first.turn_id)

@@ -13,7 +13,7 @@ from typing import Final, Literal
 
 from turnkit.models._loader import load_litellm
 
-__all__ = ("DEFAULT_FACTS", "ModelFacts", "model_facts", "thinking_budget")
+__all__ = ("DEFAULT_FACTS", "ModelFacts", "list_price", "model_facts", "thinking_budget")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -68,6 +68,29 @@ def model_facts(model: str) -> ModelFacts:
         max_output_tokens=max_output or DEFAULT_FACTS.max_output_tokens,
         supports_reasoning=get("supports_reasoning") is True,
     )
+
+
+def list_price(model: str, provider: str | None = None) -> tuple[float, float]:
+    """`(input, output)` USD per token from litellm's price map; `(0.0, 0.0)` if unpriced.
+
+    Not cached: `litellm.register_model` may give a model its price after a first lookup.
+    """
+    litellm = load_litellm()
+    info: object = None
+    for kwargs in ({"custom_llm_provider": provider}, {}):
+        try:
+            info = litellm.get_model_info(model=model, **kwargs)
+            break
+        except Exception:  # noqa: BLE001 - litellm raises plain errors for unmapped models
+            continue
+    if not isinstance(info, Mapping):
+        return (0.0, 0.0)
+
+    def price(name: str) -> float:
+        value = info.get(name)
+        return float(value) if isinstance(value, int | float) and value > 0 else 0.0
+
+    return (price("input_cost_per_token"), price("output_cost_per_token"))
 
 
 def thinking_budget(effort: Literal["off", "low", "medium", "high"], facts: ModelFacts) -> int:

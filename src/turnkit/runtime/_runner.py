@@ -280,7 +280,7 @@ class TurnRunner:
             deps = await build_deps(self.deps_factory, scope)
         plugins = merge_plugins(agent.plugins, self.plugins)
         skills = await self._skills(agent, principal)
-        gate = self._budget_gate(pinned, record)
+        gate = self._budget_gate(pinned, record, family)
 
         def ctx_factory(recorder: Recorder) -> StageContext:
             return StageContext(
@@ -324,7 +324,9 @@ class TurnRunner:
             skills = tuple(s for s in skills if s.ref in agent.skills or s.slug in agent.skills)
         return skills
 
-    def _budget_gate(self, pinned: Pinned, record: TurnRecord) -> BudgetGate | None:
+    def _budget_gate(
+        self, pinned: Pinned, record: TurnRecord, family: ModelFamily
+    ) -> BudgetGate | None:
         """What checks each model call against the budgets (None: budgets are off)."""
         if self.config.budgets != "enforce":
             return None
@@ -333,6 +335,7 @@ class TurnRunner:
             subject=pinned.budget_subject(record.session_id),
             reserve_tokens=self.config.budget_reserve_tokens,
             ttl_s=self.config.ceiling_s,
+            list_price=_dearest_price(family),
         )
 
 
@@ -342,6 +345,23 @@ def _entry(agent: Agent, *, registry_size: int) -> Route:
     if "tool-loop" in agent.skip_stages or registry_size == 0:
         return "synthesize"
     return "tool-loop"
+
+
+def _dearest_price(family: ModelFamily) -> tuple[float, float]:
+    """The highest input and output list prices (USD per token) among the family's rungs.
+
+    Only litellm-backed rungs have one (another client is not looked up: that would load
+    litellm for nothing).
+    """
+    from turnkit.models.litellm import LiteLLMClient
+
+    priced = [rung for rung in family.rungs if isinstance(rung, LiteLLMClient)]
+    if not priced:
+        return (0.0, 0.0)
+    from turnkit.models.catalog import list_price
+
+    prices = [list_price(rung.model, rung.provider) for rung in priced]
+    return (max(p[0] for p in prices), max(p[1] for p in prices))
 
 
 def _thinking_budget(effort: Effort, family: ModelFamily) -> int:

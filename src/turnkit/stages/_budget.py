@@ -65,6 +65,9 @@ class BudgetGate:
     subject: BudgetSubject
     reserve_tokens: int
     ttl_s: float
+    list_price: tuple[float, float] = (0.0, 0.0)
+    """The dearest `(input, output)` USD per token of the turn's model rungs (litellm's
+    price map): what a call reserves in USD before the turn has paid for any call."""
 
     async def reserve(
         self,
@@ -83,7 +86,7 @@ class BudgetGate:
         """
         rec = ctx.recorder
         tokens = estimate_tokens(request, self.reserve_tokens)
-        usd = tokens * price_per_token(rec.usage)
+        usd = self.reserve_usd(request, rec.usage)
         for waited in range(answered, _MAX_PAUSES_PER_CALL):
             reservation, uses = await self.book.reserve_budget(
                 self.subject, turn_id=rec.turn_id, usd=usd, tokens=tokens, ttl_s=self.ttl_s
@@ -94,6 +97,20 @@ class BudgetGate:
             request_id = derive_id("bud", rec.turn_id, stage_id, key, waited)
             _pause(ctx, stage_id, request_id, blocking, usd=usd, tokens=tokens)
         raise RuntimeError(f"a model call found no budget after {_MAX_PAUSES_PER_CALL} resumes")
+
+    def reserve_usd(self, request: ModelRequest, usage: UsageDelta) -> float:
+        """What a call reserves in USD: never less than its model's list price.
+
+        At the price the turn paid so far, or its list price if higher, so a turn's first
+        call (which has paid nothing yet) reserves too and turns starting at once cannot
+        overspend a USD limit together.
+        """
+        price_in, price_out = self.list_price
+        listed = (
+            prompt_tokens(request) * price_in
+            + (request.output_cap() or self.reserve_tokens) * price_out
+        )
+        return max(estimate_tokens(request, self.reserve_tokens) * price_per_token(usage), listed)
 
     async def has_room(self, request: ModelRequest) -> bool:
         """Whether a background call (naming, a summary) fits; it is skipped when not."""
