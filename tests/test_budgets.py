@@ -862,3 +862,33 @@ async def test_turns_starting_at_once_cannot_overspend_a_usd_limit(
         assert isinstance(events[-1], BudgetPausedEvent), [e.type for e in events]
         await runtime.cancel(second.turn_id)
         await runtime.cancel(first.turn_id)
+
+
+async def test_a_turn_resumed_by_a_new_period_spends_within_that_period(
+    db: tuple[str, str | None],
+) -> None:
+    """A turn's spend is dated by its start: what it spends after a new period resumed it
+    counts in that period too, or the day's limit would never see it."""
+    url, schema = db
+
+    def reply(request: ModelRequest) -> ModelStep:  # every call spends 700 tokens
+        return _a_700_token_call()
+
+    model = ScriptedModel([ModelStep.respond(reply)], repeat_last=True)
+    agent = Agent(model=model, tools=[add], max_tool_rounds=12)
+    config = _config(url, database_schema=schema)
+    async with SessionRuntime(agent=agent, config=config) as runtime:
+        await runtime.set_budget_limit(_limit(800, period="day"))
+        events = await collect_events(runtime.execute_message("s1", "add 2 and 3", principal=ANN))
+        paused = events[-1]
+        assert isinstance(paused, BudgetPausedEvent), [e.type for e in events]
+        assert len(model.calls) == 1
+    async with SessionRuntime(agent=agent, config=config, clock=_Tomorrow()) as later:
+        assert await later.resume_budget_pauses() == [paused.turn_id]  # a new day
+        async with asyncio.timeout(20):
+            rest = [e async for e in later.follow(paused.turn_id, after_seq=paused.seq)]
+        # Today's 800 tokens take one more 700-token call; the next waits for tomorrow.
+        again = rest[-1]
+        assert isinstance(again, BudgetPausedEvent), [e.type for e in rest]
+        assert "700 of 800 tokens" in again.reason
+        assert len(model.calls) == 2

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any, cast
 
@@ -17,7 +20,8 @@ from turnkit.budgets import (
     period_start as window_start,
 )
 from turnkit.ids import uuid7
-from turnkit.store._schema import budget_limits, reservations, turns, usage
+from turnkit.store._pauses_sql import SPENT_WHEN_ANSWERED
+from turnkit.store._schema import aware, budget_limits, pauses, reservations, turns, usage
 from turnkit.store._sessions_sql import asking, with_delegated
 from turnkit.store._usage_sql import (
     attributed,
@@ -110,7 +114,7 @@ def reserve(
         )
     # The turn's previous call is in the rollup by now: its reservation goes.
     release(conn, turn_id)
-    found = uses(conn, subject, now)
+    found = _with_own_spend(conn, turn_id, uses(conn, subject, now), now)
     if not all(use.fits(usd, tokens) for use in found):
         return None, found
     reservation_id = f"res_{uuid7()}"
@@ -133,6 +137,59 @@ def reserve(
 def release(conn: Connection, turn_id: str) -> None:
     """Drop a turn's reservation (its calls' usage is in the rollup now)."""
     conn.execute(delete(reservations).where(reservations.c.turn_id == turn_id))
+
+
+def _with_own_spend(
+    conn: Connection, turn_id: str, found: list[BudgetUse], now: datetime
+) -> list[BudgetUse]:
+    """`found`, each counting what the turn spent in that limit's period.
+
+    A turn's spend is dated by its start, yet one started before the period began (it
+    waited for a person or a budget across midnight) spends in it too. What it had spent
+    when a request of its was first answered in the period is left out (a paused turn
+    spends nothing); with no such answer, all of it counts.
+    """
+    row = conn.execute(select(turns.c.created_at).where(turns.c.turn_id == turn_id)).first()
+    started = aware(row.created_at) if row is not None else None
+    starts = [window_start(use.limit.period, now) for use in found]
+    if started is None or not any(s is not None and started < s for s in starts):
+        return found  # most calls: the turn began in every period that counts it
+    total = conn.execute(
+        select(usage.c.cost_usd, usage.c.input_tokens + usage.c.output_tokens).where(
+            usage.c.turn_id == turn_id
+        )
+    ).first()
+    if total is None:
+        return found
+    answers = conn.execute(
+        select(pauses.c.answered_at, pauses.c.payload)
+        .where(pauses.c.turn_id == turn_id, pauses.c.answered_at.is_not(None))
+        .order_by(pauses.c.answered_at)
+    ).all()
+    counted: list[BudgetUse] = []
+    for use, start in zip(found, starts, strict=True):
+        if start is None or started >= start:
+            counted.append(use)
+            continue
+        usd, tokens = _spent_when_answered(answers, start)
+        counted.append(
+            replace(
+                use,
+                spent_usd=use.spent_usd + max(0.0, float(total[0]) - usd),
+                spent_tokens=use.spent_tokens + max(0, int(total[1]) - tokens),
+            )
+        )
+    return counted
+
+
+def _spent_when_answered(answers: Sequence[Any], since: datetime) -> tuple[float, int]:
+    """What the turn had spent at its first answer since `since` (nothing known: 0)."""
+    for answered_at, payload_json in answers:
+        at = aware(answered_at)
+        if at is not None and at >= since:
+            spent = json.loads(payload_json).get(SPENT_WHEN_ANSWERED) or {}
+            return float(spent.get("usd", 0.0)), int(spent.get("tokens", 0))
+    return 0.0, 0
 
 
 def _covering(conn: Connection, subject: BudgetSubject) -> list[BudgetLimit]:

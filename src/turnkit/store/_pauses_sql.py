@@ -22,9 +22,18 @@ from turnkit.ids import TurnId
 from turnkit.pauses import PauseRequest
 from turnkit.states import awaiting
 from turnkit.store import TurnRecord
-from turnkit.store._schema import audit, audit_values, pauses, sessions, turn_record, turns
+from turnkit.store._schema import (
+    audit,
+    audit_values,
+    pauses,
+    sessions,
+    turn_record,
+    turns,
+    usage,
+)
 
 __all__ = (
+    "SPENT_WHEN_ANSWERED",
     "answer",
     "budget_pauses",
     "close_open_pauses",
@@ -113,10 +122,35 @@ def answer(
     conn.execute(
         update(pauses)
         .where(pauses.c.request_id == request_id, pauses.c.status == "open")
-        .values(status="answered", answer=json.dumps(value), answered_at=now)
+        .values(
+            status="answered",
+            answer=json.dumps(value),
+            answered_at=now,
+            payload=_with_spend(conn, turn_id, row.payload),
+        )
     )
     _audit_answer(conn, row, value, now, by)
     return _request(request_id, row.kind, row.payload)
+
+
+SPENT_WHEN_ANSWERED = "spent_when_answered"
+"""The payload key of what the turn had spent when its request was answered: a paused turn
+spends nothing, so a budget period that began during the pause counts from this on."""
+
+
+def _with_spend(conn: Connection, turn_id: TurnId, payload_json: str) -> str:
+    """The request's saved payload, with what its turn had spent by now."""
+    spent = conn.execute(
+        select(usage.c.cost_usd, usage.c.input_tokens + usage.c.output_tokens).where(
+            usage.c.turn_id == turn_id
+        )
+    ).first()
+    payload = json.loads(payload_json)
+    payload[SPENT_WHEN_ANSWERED] = {
+        "usd": float(spent[0]) if spent is not None else 0.0,
+        "tokens": int(spent[1]) if spent is not None else 0,
+    }
+    return json.dumps(payload)
 
 
 def _audit_answer(
@@ -263,6 +297,7 @@ def _paused(
 def _request(request_id: str, kind: str, payload_json: str) -> PauseRequest:
     """A saved request as `open_pause` wrote it (the tool call id kept in the payload)."""
     payload = json.loads(payload_json)
+    payload.pop(SPENT_WHEN_ANSWERED, None)  # the Store's own note, not the request's
     return PauseRequest(
         request_id=request_id,
         kind=cast(Any, kind),
