@@ -860,6 +860,9 @@ async def test_turns_starting_at_once_cannot_overspend_a_usd_limit(
         async with asyncio.timeout(10):
             events = [e async for e in runtime.follow(second.turn_id)]
         assert isinstance(events[-1], BudgetPausedEvent), [e.type for e in events]
+        # The reason says what to raise a USD limit by, not only the tokens.
+        assert "the next model call needs about" in events[-1].reason
+        assert events[-1].reason.endswith(" tokens ($0.0101)"), events[-1].reason
         await runtime.cancel(second.turn_id)
         await runtime.cancel(first.turn_id)
 

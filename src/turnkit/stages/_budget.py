@@ -135,7 +135,8 @@ def _pause(
 ) -> None:
     rec = ctx.recorder
     limit = blocking.limit
-    reason = f"{blocking.describe()}; the next model call needs about {tokens} tokens"
+    needs = f"{tokens} tokens" + (f" (${usd:.4f})" if usd > 0 else "")
+    reason = f"{blocking.describe()}; the next model call needs about {needs}"
     rec.durable(
         BudgetPausedEvent,
         stage_id,
