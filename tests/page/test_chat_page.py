@@ -373,6 +373,29 @@ def test_a_call_left_waiting_by_stop_is_no_longer_shown_waiting(page: Page, tmp_
         expect(page.locator(".block.tool")).to_have_attribute("data-status", "not_finished")
 
 
+def test_a_message_written_while_the_last_is_on_its_way_follows_it(
+    page: Page, tmp_path: Path
+) -> None:
+    """Enter while the page still reads back the turn it just started: not dropped."""
+    model = ScriptedModel([ModelStep.text_reply("Noted.")], repeat_last=True)
+    with serve_page(tmp_path, Agent(model=model)) as app:
+        page.goto(app.url)
+        send(page, "Hello")
+        expect(page.locator(".block.text.answer .text")).to_have_text("Noted.")
+
+        def slow_history(route: Any) -> None:
+            time.sleep(1.5)  # the read-back that follows a send, slowed down
+            route.continue_()
+
+        page.route("**/history", slow_history)
+        send(page, "First")
+        send(page, "Second")  # the first is still on its way
+        expect(page.locator("#message")).to_have_value("")
+        users = page.locator("article.turn .block.user .text")
+        expect(users).to_have_text(["Hello", "First", "Second"], timeout=WAIT_MS * 2)
+    assert any("Second" in str(m.content) for c in model.calls for m in c.messages)
+
+
 # ── the queue: guide messages and turns that wait, drained only when a turn ends ───────
 
 

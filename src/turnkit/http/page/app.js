@@ -454,7 +454,8 @@ function renderComposer() {
   stopButton.hidden = !live;
   if (hadFocus && !live) focusWriting(); // the turn ended by itself: focus is not lost
   $("#stop").disabled = ui.busy.has("stop");
-  $("#send").disabled = ui.busy.has("send");
+  // Sending never blocks the box: a message written meanwhile goes after it (see submit).
+  $("#send").setAttribute("aria-busy", String(ui.busy.has("send")));
   // Only a running turn takes a message in; one waiting for an answer queues it.
   $("#message").placeholder =
     live?.status === "running" ? "Add to the running turn…" : live ? "Queue a message for after this turn…" : "Send a message…";
@@ -526,14 +527,19 @@ function setMenu(open) {
 
 function bind() {
   const box = $("#message");
+  // One message at a time, in the order written: one sent while the one before is still on
+  // its way (its turn being read back, say) goes once that one is through, not lost.
+  let sending = Promise.resolve();
   $("#composer").addEventListener("submit", (event) => {
     event.preventDefault();
     const text = box.value.trim();
-    if (!text || ui.busy.has("send")) return;
+    if (!text) return;
     box.value = "";
-    send(text).then((sent) => {
-      if (!sent && !box.value) box.value = text; // not sent: the text is not lost
-    });
+    sending = sending
+      .then(() => send(text))
+      .then((sent) => {
+        if (!sent && !box.value) box.value = text; // not sent: the text is not lost
+      });
   });
   // Enter that confirms an input method's text sends nothing. Safari ends the composition
   // before that keydown (isComposing false), with keyCode 229 or in the same task.
