@@ -47,6 +47,7 @@ from turnkit.models import (
     ThinkingDelta,
     Usage,
 )
+from turnkit.models._loader import load_litellm
 from turnkit.models.litellm import LiteLLMClient
 from turnkit.runtime.worker import Worker
 from turnkit.stages._naming import NAMING_PROMPT
@@ -831,8 +832,7 @@ async def test_turns_starting_at_once_cannot_overspend_a_usd_limit(
     openai_server: FakeOpenAIServer, tmp_path: Path
 ) -> None:
     """A turn's first call reserves USD too, at its model's list price."""
-    import litellm
-
+    litellm = load_litellm()  # offline: never the network's price map
     litellm.register_model({
         f"openai/{PRICED}": {
             "input_cost_per_token": 1e-5,
@@ -895,3 +895,36 @@ async def test_a_turn_resumed_by_a_new_period_spends_within_that_period(
         assert isinstance(again, BudgetPausedEvent), [e.type for e in rest]
         assert "700 of 800 tokens" in again.reason
         assert len(model.calls) == 2
+
+
+async def test_a_first_call_cut_short_is_priced_at_its_models_list_price(
+    openai_server: FakeOpenAIServer, tmp_path: Path
+) -> None:
+    """The provider billed what it read and wrote: a USD limit sees it, first call or not."""
+    litellm = load_litellm()  # offline: never the network's price map
+    model = "tk-cut-first-call-test"
+    litellm.register_model({
+        f"openai/{model}": {
+            "input_cost_per_token": 1e-5,
+            "output_cost_per_token": 2e-5,
+            "litellm_provider": "openai",
+            "mode": "chat",
+        }
+    })  # fmt: skip
+    openai_server.script(model, [Reply.text("Thinking about it", stall=True)])
+    client = LiteLLMClient(f"openai/{model}", api_base=openai_server.base_url, api_key="sk")
+    config = RuntimeConfig(
+        database_url=f"sqlite:///{tmp_path / 'cut.db'}",
+        idle_window_s=0.5,
+        heartbeat_interval_s=0.05,
+    )
+    async with SessionRuntime(agent=Agent(model=client), config=config) as runtime:
+        async with asyncio.timeout(20):
+            events = await collect_events(runtime.execute_message("s1", "tell me a story"))
+        done = events[-1]
+        assert isinstance(done, DoneEvent)
+        assert done.status == "timed_out"
+        [cut] = [r.call for r in await runtime.audit(done.turn_id) if r.call is not None]
+    assert cut is not None
+    assert cut.output_tokens > 0
+    assert cut.cost_usd == pytest.approx(cut.input_tokens * 1e-5 + cut.output_tokens * 2e-5)

@@ -128,7 +128,8 @@ async def call_model(
     await _ready(ctx, stage_id, request, block_key, reserve=reserve)
     attempts: list[str] = []
     price = price_per_token(rec.usage)
-    on = _Rung(family.model, family.provider, 0, derive_id("blk", rec.turn_id, block_key, 0), price)
+    block_id = derive_id("blk", rec.turn_id, block_key, 0)
+    on = _Rung(family.model, family.provider, 0, block_id, price, family.rungs[0])
     last_tool_delta: dict[int, float] = {}
     rec.open_call = on.open_call(stage_id, family.name, stream_text, request)
     chat = otel.chat(rec, stage_id, family.name, request)
@@ -154,7 +155,8 @@ async def call_model(
                     case RungStarted():
                         attempts.append(chunk.model)
                         block_id = derive_id("blk", rec.turn_id, block_key, len(attempts) - 1)
-                        on = _Rung(chunk.model, chunk.provider, chunk.rung, block_id, price)
+                        client = family.rungs[chunk.rung]
+                        on = _Rung(chunk.model, chunk.provider, chunk.rung, block_id, price, client)
                         rec.open_call = on.open_call(stage_id, family.name, stream_text, request)
                     case RungFailed():
                         _audit_failed_rung(ctx, stage_id, family, chunk, attempts)
@@ -211,13 +213,20 @@ def _billed(rec: Recorder, on: _Rung, request: ModelRequest, exc: Exception) -> 
 class _Rung:
     """The rung a call is on: what it has streamed so far, under which block, since when."""
 
-    __slots__ = ("asm", "block_id", "model", "price", "provider", "rung", "started")
+    __slots__ = ("asm", "block_id", "client", "model", "price", "provider", "rung", "started")
 
     def __init__(
-        self, model: str, provider: str, rung: int, block_id: str, price: float = 0.0
+        self,
+        model: str,
+        provider: str,
+        rung: int,
+        block_id: str,
+        price: float = 0.0,
+        client: object = None,
     ) -> None:
         self.model, self.provider, self.rung, self.block_id = model, provider, rung, block_id
         self.price = price  # per token, as the turn's calls so far paid: prices an estimate
+        self.client = client  # the rung's model client: its list price, if litellm has one
         self.asm = _Assembler()
         self.started = time.perf_counter()
 
@@ -248,8 +257,23 @@ class _Rung:
         written = asm.raw_text or "".join(asm.raw) or "".join(asm.text)
         written += "".join(asm.thinking) + "".join("".join(p) for p in asm.calls.values())
         tokens_in, tokens_out = prompt_tokens(request), text_tokens(written)
-        cost = (tokens_in + tokens_out) * self.price
+        price_in, price_out = self._list_price() or (self.price, self.price)
+        cost = tokens_in * price_in + tokens_out * price_out
         return {"input_tokens": tokens_in, "output_tokens": tokens_out, "cost_usd": cost}
+
+    def _list_price(self) -> tuple[float, float] | None:
+        """The rung's `(input, output)` USD per token in litellm's price map, if it has one.
+
+        Looked up only for a call cut short: never on a call's way.
+        """
+        from turnkit.models.litellm import LiteLLMClient
+
+        if not isinstance(self.client, LiteLLMClient):
+            return None
+        from turnkit.models.catalog import list_price
+
+        listed = list_price(self.client.model, self.client.provider)
+        return listed if listed != (0.0, 0.0) else None
 
     def shape(self, family: str, **outcome: Any) -> CallShape:
         """The call's shape on this rung, timed from the rung's start."""
