@@ -43,7 +43,7 @@ from turnkit.models._litellm_stream import stream_litellm
 from turnkit.models._loader import load_litellm as _load_litellm
 from turnkit.models._openai_stream import StreamState, stream_chat
 
-__all__ = ("LiteLLMClient", "ModelEndpoint", "Transport", "resolve_model")
+__all__ = ("LiteLLMClient", "ModelEndpoint", "Transport", "list_price_of", "resolve_model")
 
 log = logging.getLogger("turnkit.models")
 
@@ -505,3 +505,16 @@ class ModelEndpoint(BaseModel):
             transport=self.transport,
             context_window=self.context_window,
         )
+
+
+def list_price_of(client: object) -> tuple[float, float] | None:
+    """A model client's `(input, output)` USD per token in litellm's price map.
+
+    None when litellm does not price it; only a `LiteLLMClient` is looked up.
+    """
+    if not isinstance(client, LiteLLMClient):
+        return None
+    from turnkit.models.catalog import list_price
+
+    listed = list_price(client.model, client.provider)
+    return listed if listed != (0.0, 0.0) else None

@@ -348,20 +348,11 @@ def _entry(agent: Agent, *, registry_size: int) -> Route:
 
 
 def _dearest_price(family: ModelFamily) -> tuple[float, float]:
-    """The highest input and output list prices (USD per token) among the family's rungs.
+    """The highest input and output list prices (USD per token) among the family's rungs."""
+    from turnkit.models.litellm import list_price_of
 
-    Only litellm-backed rungs have one (another client is not looked up: that would load
-    litellm for nothing).
-    """
-    from turnkit.models.litellm import LiteLLMClient
-
-    priced = [rung for rung in family.rungs if isinstance(rung, LiteLLMClient)]
-    if not priced:
-        return (0.0, 0.0)
-    from turnkit.models.catalog import list_price
-
-    prices = [list_price(rung.model, rung.provider) for rung in priced]
-    return (max(p[0] for p in prices), max(p[1] for p in prices))
+    prices = [p for rung in family.rungs if (p := list_price_of(rung)) is not None]
+    return (max((p[0] for p in prices), default=0.0), max((p[1] for p in prices), default=0.0))
 
 
 def _thinking_budget(effort: Effort, family: ModelFamily) -> int:

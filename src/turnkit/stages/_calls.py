@@ -251,29 +251,17 @@ class _Rung:
 
         The provider reports no usage for a stream stopped before its end, yet it read the
         request and wrote what streamed: budgets count the estimate, as for a Stop, priced
-        at what the turn's earlier calls paid per token (its first call: tokens only).
+        at its model's list price, else at what the turn's earlier calls paid per token.
         """
         asm = self.asm
         written = asm.raw_text or "".join(asm.raw) or "".join(asm.text)
         written += "".join(asm.thinking) + "".join("".join(p) for p in asm.calls.values())
         tokens_in, tokens_out = prompt_tokens(request), text_tokens(written)
-        price_in, price_out = self._list_price() or (self.price, self.price)
+        from turnkit.models.litellm import list_price_of  # only for a call cut short
+
+        price_in, price_out = list_price_of(self.client) or (self.price, self.price)
         cost = tokens_in * price_in + tokens_out * price_out
         return {"input_tokens": tokens_in, "output_tokens": tokens_out, "cost_usd": cost}
-
-    def _list_price(self) -> tuple[float, float] | None:
-        """The rung's `(input, output)` USD per token in litellm's price map, if it has one.
-
-        Looked up only for a call cut short: never on a call's way.
-        """
-        from turnkit.models.litellm import LiteLLMClient
-
-        if not isinstance(self.client, LiteLLMClient):
-            return None
-        from turnkit.models.catalog import list_price
-
-        listed = list_price(self.client.model, self.client.provider)
-        return listed if listed != (0.0, 0.0) else None
 
     def shape(self, family: str, **outcome: Any) -> CallShape:
         """The call's shape on this rung, timed from the rung's start."""

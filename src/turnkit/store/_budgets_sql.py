@@ -29,6 +29,7 @@ from turnkit.store._usage_sql import (
     spent_by,
     spent_in,
     spent_organisation,
+    turn_spend,
     with_turns,
 )
 
@@ -154,11 +155,7 @@ def _with_own_spend(
     starts = [window_start(use.limit.period, now) for use in found]
     if started is None or not any(s is not None and started < s for s in starts):
         return found  # most calls: the turn began in every period that counts it
-    total = conn.execute(
-        select(usage.c.cost_usd, usage.c.input_tokens + usage.c.output_tokens).where(
-            usage.c.turn_id == turn_id
-        )
-    ).first()
+    total = turn_spend(conn, turn_id)
     if total is None:
         return found
     answers = conn.execute(
@@ -175,8 +172,8 @@ def _with_own_spend(
         counted.append(
             replace(
                 use,
-                spent_usd=use.spent_usd + max(0.0, float(total[0]) - usd),
-                spent_tokens=use.spent_tokens + max(0, int(total[1]) - tokens),
+                spent_usd=use.spent_usd + max(0.0, total[0] - usd),
+                spent_tokens=use.spent_tokens + max(0, total[1] - tokens),
             )
         )
     return counted

@@ -29,8 +29,8 @@ from turnkit.store._schema import (
     sessions,
     turn_record,
     turns,
-    usage,
 )
+from turnkit.store._usage_sql import turn_spend
 
 __all__ = (
     "SPENT_WHEN_ANSWERED",
@@ -140,16 +140,9 @@ spends nothing, so a budget period that began during the pause counts from this 
 
 def _with_spend(conn: Connection, turn_id: TurnId, payload_json: str) -> str:
     """The request's saved payload, with what its turn had spent by now."""
-    spent = conn.execute(
-        select(usage.c.cost_usd, usage.c.input_tokens + usage.c.output_tokens).where(
-            usage.c.turn_id == turn_id
-        )
-    ).first()
+    usd, tokens = turn_spend(conn, turn_id) or (0.0, 0)
     payload = json.loads(payload_json)
-    payload[SPENT_WHEN_ANSWERED] = {
-        "usd": float(spent[0]) if spent is not None else 0.0,
-        "tokens": int(spent[1]) if spent is not None else 0,
-    }
+    payload[SPENT_WHEN_ANSWERED] = {"usd": usd, "tokens": tokens}
     return json.dumps(payload)
 
 
