@@ -63,6 +63,44 @@ async def test_tool_using_turn_over_http(
     assert len(openai_server.requests) == 2
 
 
+async def test_parallel_tool_calls_in_one_reply_each_run_and_answer_their_own_id(
+    runtime_factory: RuntimeFactory, openai_server: FakeOpenAIServer
+) -> None:
+    # The provider streams three calls at once, their argument deltas interleaved and
+    # named by index only: each must be put back together on its own.
+    openai_server.script(
+        "fake-model",
+        [
+            Reply.tool_calls(
+                [("add", {"a": 1, "b": 2}), ("add", {"a": 30, "b": 40}), ("add", {"a": 5, "b": 6})],
+                call_ids=["call_x", "call_y", "call_z"],
+                chunks=4,
+            ),
+            Reply.text("3, 70 and 11."),
+        ],
+    )
+    runtime = runtime_factory(Agent(model=_client(openai_server, "fake-model"), tools=[add]))
+    events = await collect_events(runtime.execute_message("s1", "Add three pairs."))
+
+    completed = {
+        e.tool_call_id: e.result.output for e in events if isinstance(e, ToolCompletedEvent)
+    }
+    assert completed == {"call_x": 3, "call_y": 70, "call_z": 11}
+    assert isinstance(events[-1], DoneEvent)
+    assert events[-1].status == "succeeded"
+    messages = openai_server.requests[1]["messages"]
+    assert isinstance(messages, list)
+    [asked] = [m for m in messages if m["role"] == "assistant" and m.get("tool_calls")]
+    assert [c["id"] for c in asked["tool_calls"]] == ["call_x", "call_y", "call_z"]
+    assert [json.loads(c["function"]["arguments"]) for c in asked["tool_calls"]] == [
+        {"a": 1, "b": 2},
+        {"a": 30, "b": 40},
+        {"a": 5, "b": 6},
+    ]
+    answers = {m["tool_call_id"]: json.loads(m["content"]) for m in messages if m["role"] == "tool"}
+    assert answers == {"call_x": 3, "call_y": 70, "call_z": 11}
+
+
 async def test_rate_limited_rung_walks_to_the_next_over_http(
     runtime_factory: RuntimeFactory, openai_server: FakeOpenAIServer
 ) -> None:

@@ -66,6 +66,15 @@ def _split(text: str, pieces: int) -> list[str]:
     return parts
 
 
+@dataclass(frozen=True, slots=True)
+class _Call:
+    """One tool call of a scripted reply: its id, name and JSON arguments."""
+
+    call_id: str
+    name: str
+    arguments: str
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Reply:
     """One scripted answer. Build it with `Reply.text`, `Reply.tool_call` or `Reply.error`."""
@@ -74,9 +83,7 @@ class Reply:
     content: str = ""
     reasoning: str = ""
     chunks: int = 3
-    tool_name: str = ""
-    tool_arguments: str = ""
-    call_id: str = ""
+    calls: tuple[_Call, ...] = ()
     status: int = 200
     message: str = ""
     finish_reason: str | None = None
@@ -136,11 +143,42 @@ class Reply:
         completion_tokens: int = 7,
     ) -> Reply:
         """One tool call; its JSON arguments are streamed across `chunks` deltas."""
+        return cls.tool_calls(
+            [(name, arguments)],
+            call_ids=[call_id],
+            chunks=chunks,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+        )
+
+    @classmethod
+    def tool_calls(
+        cls,
+        calls: Iterable[tuple[str, dict[str, object]]],
+        *,
+        call_ids: Iterable[str] | None = None,
+        chunks: int = 4,
+        prompt_tokens: int = 11,
+        completion_tokens: int = 7,
+    ) -> Reply:
+        """Several tool calls in one reply, as a model asks for parallel calls.
+
+        Each call's JSON arguments are split into `chunks` deltas, and the deltas of the
+        calls interleave (call 0's first piece, call 1's first piece, ...), each delta
+        naming its call by `index` only, as OpenAI streams them. Ids default to
+        `call_1`, `call_2`, ...
+        """
+        pairs = list(calls)
+        ids = list(call_ids) if call_ids is not None else []
+        ids += [f"call_{n}" for n in range(len(ids) + 1, len(pairs) + 1)]
+        if not pairs or len(ids) != len(pairs):
+            raise ValueError("Reply.tool_calls needs one id per call and at least one call")
         return cls(
             kind="tool_call",
-            tool_name=name,
-            tool_arguments=json.dumps(arguments),
-            call_id=call_id,
+            calls=tuple(
+                _Call(call_id, name, json.dumps(arguments))
+                for call_id, (name, arguments) in zip(ids, pairs, strict=True)
+            ),
             chunks=chunks,
             finish_reason="tool_calls",
             prompt_tokens=prompt_tokens,
@@ -201,11 +239,11 @@ def _usage(reply: Reply) -> dict[str, object]:
     }
 
 
-def _tool_call_message(reply: Reply) -> dict[str, object]:
+def _tool_call_message(call: _Call) -> dict[str, object]:
     return {
-        "id": reply.call_id,
+        "id": call.call_id,
         "type": "function",
-        "function": {"name": reply.tool_name, "arguments": reply.tool_arguments},
+        "function": {"name": call.name, "arguments": call.arguments},
     }
 
 
@@ -365,7 +403,7 @@ class FakeOpenAIServer:
         if reply.reasoning:
             message["reasoning_content"] = reply.reasoning
         if reply.kind == "tool_call":
-            message["tool_calls"] = [_tool_call_message(reply)]
+            message["tool_calls"] = [_tool_call_message(call) for call in reply.calls]
         return {
             "id": completion.id,
             "object": "chat.completion",
@@ -390,22 +428,21 @@ class FakeOpenAIServer:
             return completion.chunk(delta, finish, with_usage_key=include_usage)
 
         if reply.kind == "tool_call":
-            yield chunk(
-                {
-                    "role": "assistant",
-                    "content": None,
-                    "tool_calls": [
-                        {
-                            "index": 0,
-                            "id": reply.call_id,
-                            "type": "function",
-                            "function": {"name": reply.tool_name, "arguments": ""},
-                        }
-                    ],
+            for index, call in enumerate(reply.calls):
+                opening: dict[str, object] = {
+                    "index": index,
+                    "id": call.call_id,
+                    "type": "function",
+                    "function": {"name": call.name, "arguments": ""},
                 }
-            )
-            for piece in _split(reply.tool_arguments, reply.chunks):
-                yield chunk({"tool_calls": [{"index": 0, "function": {"arguments": piece}}]})
+                head = {"role": "assistant", "content": None} if index == 0 else {}
+                yield chunk({**head, "tool_calls": [opening]})
+            pieces = [_split(call.arguments, reply.chunks) for call in reply.calls]
+            for round_ in range(max(len(parts) for parts in pieces)):
+                for index, parts in enumerate(pieces):
+                    if round_ < len(parts):
+                        delta = {"index": index, "function": {"arguments": parts[round_]}}
+                        yield chunk({"tool_calls": [delta]})
         else:
             yield chunk({"role": "assistant", "content": ""})
             for piece in _split(reply.reasoning, reply.chunks):
