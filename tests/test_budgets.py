@@ -928,3 +928,116 @@ async def test_a_first_call_cut_short_is_priced_at_its_models_list_price(
     assert cut is not None
     assert cut.output_tokens > 0
     assert cut.cost_usd == pytest.approx(cut.input_tokens * 1e-5 + cut.output_tokens * 2e-5)
+
+
+async def test_a_turn_a_new_period_resumed_is_not_resumed_again_once_its_room_is_gone(
+    db: tuple[str, str | None],
+) -> None:
+    """What a turn resumed in a new period spent since counts for the sweep too: a pass
+    that resumed it every time would have it pause again, once per sweep, until its call
+    fails after 64 pauses."""
+    url, schema = db
+
+    def reply(request: ModelRequest) -> ModelStep:  # every call spends 700 tokens
+        return _a_700_token_call()
+
+    model = ScriptedModel([ModelStep.respond(reply)], repeat_last=True)
+    agent = Agent(model=model, tools=[add], max_tool_rounds=12)
+    config = _config(url, database_schema=schema)
+    async with SessionRuntime(agent=agent, config=config) as runtime:
+        await runtime.set_budget_limit(_limit(800, period="day"))
+        events = await collect_events(runtime.execute_message("s1", "add 2 and 3", principal=ANN))
+        paused = events[-1]
+        assert isinstance(paused, BudgetPausedEvent), [e.type for e in events]
+    async with SessionRuntime(agent=agent, config=config, clock=_Tomorrow()) as later:
+        assert await later.resume_budget_pauses() == [paused.turn_id]  # a new day
+        async with asyncio.timeout(20):
+            rest = [e async for e in later.follow(paused.turn_id, after_seq=paused.seq)]
+        again = rest[-1]
+        assert isinstance(again, BudgetPausedEvent), [e.type for e in rest]
+        assert "700 of 800 tokens" in again.reason
+        # Today's room is gone: the next sweep leaves the turn waiting for tomorrow.
+        assert await later.resume_budget_pauses() == []
+        assert len(model.calls) == 2
+
+
+async def test_turns_answered_in_a_new_period_cannot_overspend_it_together(
+    db: tuple[str, str | None],
+) -> None:
+    """Two turns that waited for a person across midnight: what the first spends after
+    its answer counts against today's limit for the second too."""
+    url, schema = db
+    spent = Usage(input_tokens=600, output_tokens=100)
+    model = ScriptedModel(
+        [
+            dataclasses.replace(ModelStep.tool_call_reply(call("send", to="Ann")), usage=spent),
+            dataclasses.replace(ModelStep.tool_call_reply(call("send", to="Bob")), usage=spent),
+            dataclasses.replace(ModelStep.text_reply("Sent."), usage=spent),
+            dataclasses.replace(ModelStep.text_reply("Sent."), usage=spent),
+        ]
+    )
+    agent = Agent(model=model, tools=[send])
+    config = _config(url, database_schema=schema)
+    waiting = []
+    async with SessionRuntime(agent=agent, config=config) as runtime:
+        await runtime.set_budget_limit(_limit(10_000, period="day"))
+        for session in ("s1", "s2"):
+            events = await collect_events(runtime.execute_message(session, "send", principal=ANN))
+            assert events[-1].type == "approval.requested", [e.type for e in events]
+            waiting.append(events[-1])
+    async with SessionRuntime(agent=agent, config=config, clock=_Tomorrow()) as later:
+        await later.set_budget_limit(_limit(800, period="day"))  # today: room for one call
+        first, second = waiting
+        await later.resume(first.turn_id, first.request_id, Approve())
+        async with asyncio.timeout(20):
+            rest = [e async for e in later.follow(first.turn_id, after_seq=first.seq)]
+        assert isinstance(rest[-1], DoneEvent), [e.type for e in rest]
+        await later.resume(second.turn_id, second.request_id, Approve())
+        async with asyncio.timeout(20):
+            rest = [e async for e in later.follow(second.turn_id, after_seq=second.seq)]
+        # The first turn spent 700 of today's 800 tokens: the second's call waits.
+        assert isinstance(rest[-1], BudgetPausedEvent), [e.type for e in rest]
+        assert "700 of 800 tokens" in rest[-1].reason
+        assert len(model.calls) == 3
+        await later.cancel(second.turn_id)
+
+
+_NIGHT = ShiftedClock()
+
+
+@tool
+async def add_past_midnight(a: int, b: int) -> int:
+    """Add two integers (the first time, a day goes by meanwhile)."""
+    if _NIGHT.shift == timedelta(0):
+        _NIGHT.shift = timedelta(days=1)
+    return a + b
+
+
+async def test_what_a_turn_spent_in_a_new_period_before_its_pause_still_counts_after_it(
+    db: tuple[str, str | None],
+) -> None:
+    """A turn that works on past midnight spends in the new day before it pauses there: an
+    answer in that day does not start its count again."""
+    url, schema = db
+    _NIGHT.shift = timedelta(0)
+    step = dataclasses.replace(
+        ModelStep.tool_call_reply(call("add_past_midnight", a=2, b=3)),
+        usage=Usage(input_tokens=600, output_tokens=100),
+    )
+    model = ScriptedModel([step], repeat_last=True)
+    agent = Agent(model=model, tools=[add_past_midnight], max_tool_rounds=12)
+    config = _config(url, database_schema=schema)
+    async with SessionRuntime(agent=agent, config=config, clock=_NIGHT) as runtime:
+        await runtime.set_budget_limit(_limit(2_000, period="day"))
+        events = await collect_events(runtime.execute_message("s1", "add 2 and 3", principal=ANN))
+        paused = events[-1]
+        assert isinstance(paused, BudgetPausedEvent), [e.type for e in events]
+        assert len(model.calls) == 3  # one yesterday, two (1,400 tokens) today
+        # An administrator raises today's limit by one call's worth.
+        assert await runtime.set_budget_limit(_limit(2_200, period="day")) == [paused.turn_id]
+        async with asyncio.timeout(20):
+            rest = [e async for e in runtime.follow(paused.turn_id, after_seq=paused.seq)]
+        # 1,400 of 2,200 tokens today: one more 700-token call fits, not three.
+        assert isinstance(rest[-1], BudgetPausedEvent), [e.type for e in rest]
+        assert len(model.calls) <= 4, len(model.calls)
+        await runtime.cancel(paused.turn_id)

@@ -146,9 +146,9 @@ def _with_own_spend(
     """`found`, each counting what the turn spent in that limit's period.
 
     A turn's spend is dated by its start, yet one started before the period began (it
-    waited for a person or a budget across midnight) spends in it too. What it had spent
-    when a request of its was first answered in the period is left out (a paused turn
-    spends nothing); with no such answer, all of it counts.
+    waited for a person or a budget across midnight) spends in it too. Once a request of
+    the turn was answered in the period, every use of the limit counts that (`_carried`);
+    until then all of the turn's spend counts, and only in its own check.
     """
     row = conn.execute(select(turns.c.created_at).where(turns.c.turn_id == turn_id)).first()
     started = aware(row.created_at) if row is not None else None
@@ -158,35 +158,72 @@ def _with_own_spend(
     total = turn_spend(conn, turn_id)
     if total is None:
         return found
-    answers = conn.execute(
-        select(pauses.c.answered_at, pauses.c.payload)
-        .where(pauses.c.turn_id == turn_id, pauses.c.answered_at.is_not(None))
-        .order_by(pauses.c.answered_at)
-    ).all()
+    answers = [
+        row.answered_at
+        for row in conn.execute(
+            select(pauses.c.answered_at).where(
+                pauses.c.turn_id == turn_id, pauses.c.answered_at.is_not(None)
+            )
+        ).all()
+    ]
     counted: list[BudgetUse] = []
     for use, start in zip(found, starts, strict=True):
-        if start is None or started >= start:
-            counted.append(use)
+        if start is None or started >= start or _answered_in(answers, start):
+            counted.append(use)  # answered in the period: `_use` counted it (`_carried`)
             continue
-        usd, tokens = _spent_when_answered(answers, start)
         counted.append(
             replace(
-                use,
-                spent_usd=use.spent_usd + max(0.0, total[0] - usd),
-                spent_tokens=use.spent_tokens + max(0, total[1] - tokens),
+                use, spent_usd=use.spent_usd + total[0], spent_tokens=use.spent_tokens + total[1]
             )
         )
     return counted
 
 
-def _spent_when_answered(answers: Sequence[Any], since: datetime) -> tuple[float, int]:
-    """What the turn had spent at its first answer since `since` (nothing known: 0)."""
-    for answered_at, payload_json in answers:
-        at = aware(answered_at)
-        if at is not None and at >= since:
-            spent = json.loads(payload_json).get(SPENT_WHEN_ANSWERED) or {}
-            return float(spent.get("usd", 0.0)), int(spent.get("tokens", 0))
-    return 0.0, 0
+def _answered_in(answers: Sequence[Any], since: datetime) -> bool:
+    """Whether a request of the turn was answered since `since`."""
+    return any((at := aware(answered_at)) is not None and at >= since for answered_at in answers)
+
+
+def _carried(
+    conn: Connection, limit: BudgetLimit, member: Any, keys: list[str], start: datetime
+) -> tuple[float, int]:
+    """What turns begun before `start` spent in the period, counted from an answer.
+
+    From the first answer to a request of theirs in the period: what each had spent then
+    is in that answer's payload. Only a request asked before the period began says what a
+    turn had spent by its start (it spent nothing while it waited); one asked in the
+    period came after the turn spent in it, so all of that turn's spend counts, as for a
+    turn never answered in it.
+    """
+    rows = conn.execute(
+        select(
+            usage.c.turn_id,
+            usage.c.cost_usd,
+            usage.c.input_tokens + usage.c.output_tokens,
+            pauses.c.payload,
+            pauses.c.created_at,
+        )
+        .select_from(with_turns.join(pauses, pauses.c.turn_id == usage.c.turn_id))
+        .where(
+            spent_organisation == limit.organisation,
+            member.in_(keys),
+            attributed,
+            spent_at < start,
+            pauses.c.answered_at >= start,
+        )
+        .order_by(usage.c.turn_id, pauses.c.answered_at)
+    ).all()
+    usd, tokens, seen = 0.0, 0, set()
+    for turn_id, cost, total, payload_json, asked_at in rows:
+        if turn_id in seen:
+            continue  # its first answer in the period counts
+        seen.add(turn_id)
+        asked = aware(asked_at)
+        waited = asked is not None and asked < start  # it waited from before the period
+        spent = (json.loads(payload_json).get(SPENT_WHEN_ANSWERED) or {}) if waited else {}
+        usd += max(0.0, float(cost) - float(spent.get("usd", 0.0)))
+        tokens += max(0, int(total) - int(spent.get("tokens", 0)))
+    return usd, tokens
 
 
 def _covering(conn: Connection, subject: BudgetSubject) -> list[BudgetLimit]:
@@ -224,6 +261,9 @@ def _use(conn: Connection, limit: BudgetLimit, now: datetime) -> BudgetUse:
     if start is not None:
         spent_q = spent_q.where(spent_at >= start)
     spent_usd, spent_tokens = conn.execute(spent_q).one()
+    if start is not None:  # turns begun before the period that went on in it spend in it too
+        carried_usd, carried_tokens = _carried(conn, limit, member, keys, start)
+        spent_usd, spent_tokens = spent_usd + carried_usd, spent_tokens + carried_tokens
     held = {
         "organisation": reservations.c.organisation,
         "department": reservations.c.department,

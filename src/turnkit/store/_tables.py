@@ -182,6 +182,7 @@ class PauseRow(SQLModel, table=True):
     """An approval or clarification request a paused turn waits on."""
 
     __tablename__ = "tk_pauses"
+    __table_args__ = (Index("ix_tk_pauses_answered_at", "answered_at"),)
     request_id: str = Field(primary_key=True, max_length=64)
     turn_id: str = Field(max_length=64, index=True)
     session_id: str = Field(max_length=128)
