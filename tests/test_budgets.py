@@ -1013,11 +1013,11 @@ async def add_past_midnight(a: int, b: int) -> int:
     return a + b
 
 
-async def test_what_a_turn_spent_in_a_new_period_before_its_pause_still_counts_after_it(
+async def test_a_turn_working_past_midnight_spends_in_the_new_day_from_its_first_call_there(
     db: tuple[str, str | None],
 ) -> None:
-    """A turn that works on past midnight spends in the new day before it pauses there: an
-    answer in that day does not start its count again."""
+    """Spend is dated by the call: yesterday's call of a turn that works on past midnight
+    is not in today's count, today's are, also after the turn pauses and resumes today."""
     url, schema = db
     _NIGHT.shift = timedelta(0)
     step = dataclasses.replace(
@@ -1032,12 +1032,17 @@ async def test_what_a_turn_spent_in_a_new_period_before_its_pause_still_counts_a
         events = await collect_events(runtime.execute_message("s1", "add 2 and 3", principal=ANN))
         paused = events[-1]
         assert isinstance(paused, BudgetPausedEvent), [e.type for e in events]
-        assert len(model.calls) == 3  # one yesterday, two (1,400 tokens) today
-        # An administrator raises today's limit by one call's worth.
-        assert await runtime.set_budget_limit(_limit(2_200, period="day")) == [paused.turn_id]
+        # One call yesterday; today three (the third fit the 600 tokens left), then none.
+        assert len(model.calls) == 4
+        assert "has used 2100 of 2000 tokens" in paused.reason
+        # An administrator raises today's limit: one more call fits, not three.
+        assert await runtime.set_budget_limit(_limit(2_400, period="day")) == [paused.turn_id]
         async with asyncio.timeout(20):
             rest = [e async for e in runtime.follow(paused.turn_id, after_seq=paused.seq)]
-        # 1,400 of 2,200 tokens today: one more 700-token call fits, not three.
-        assert isinstance(rest[-1], BudgetPausedEvent), [e.type for e in rest]
-        assert len(model.calls) <= 4, len(model.calls)
+        again = rest[-1]
+        assert isinstance(again, BudgetPausedEvent), [e.type for e in rest]
+        assert "has used 2800 of 2400 tokens" in again.reason
+        assert len(model.calls) == 5
+        [use] = await runtime.store.budget_report()
+        assert use.spent_tokens == 2_800  # what GET /budgets shows: today's calls only
         await runtime.cancel(paused.turn_id)

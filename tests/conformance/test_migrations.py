@@ -11,6 +11,7 @@ import sqlalchemy as sa
 from alembic import command
 from tests.helpers import new_input
 
+from turnkit.budgets import BudgetSubject
 from turnkit.ids import SessionId, TurnId
 from turnkit.store import TurnTranscript
 from turnkit.store.migrate import _config, upgrade
@@ -182,4 +183,66 @@ async def test_0013_gives_each_owned_session_its_first_turn_organisation(tmp_pat
     assert found["s-new"].organisation is None  # no turn to tell: matched by the id alone
     assert opened is not None
     assert opened.organisation is None  # nobody owns it
+    engine.dispose()
+
+
+async def test_0016_counts_each_limits_spend_from_the_first_check_that_writes(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "old.db"
+    engine = sa.create_engine(f"sqlite:///{path}")
+    now = datetime.now(UTC)
+    with engine.begin() as conn:
+        upgrade(conn, "0015")  # a limit, and a turn of this month that spent 700 tokens
+        conn.execute(
+            sa.text(
+                "INSERT INTO tk_budget_limits (scope, organisation, key, period, tokens,"
+                " updated_at) VALUES ('principal', 'default', 'ann', 'month', 10000, :now)"
+            ),
+            {"now": now},
+        )
+        conn.execute(
+            sa.text(
+                "INSERT INTO tk_turns (turn_id, session_id, input_seq, status, content,"
+                " agent, model, principal, last_seq, lease_epoch, attempts, created_at,"
+                " updated_at) VALUES ('t1', 's1', 1, 'succeeded', 'hi', 'a', 'm', 'ann',"
+                " 3, 1, 1, :now, :now)"
+            ),
+            {"now": now},
+        )
+        conn.execute(
+            sa.text(
+                "INSERT INTO tk_usage (turn_id, session_id, model_calls, input_tokens,"
+                " output_tokens, cached_tokens, cost_usd) VALUES ('t1', 's1', 1, 600, 100, 0, 0)"
+            )
+        )
+
+    def counted() -> tuple[object, ...]:
+        with engine.begin() as conn:
+            return tuple(
+                conn.execute(
+                    sa.text("SELECT spent_period, spent_tokens FROM tk_budget_limits")
+                ).one()
+            )
+
+    ann = BudgetSubject(organisation="default", department="default", principal="ann",
+                        session_id="s2")  # fmt: skip
+    async with SqlStore.from_url(f"sqlite:///{path}") as store:  # opening upgrades to head
+        assert counted() == (None, 0)  # not counted yet: a read scans
+        [use] = await store.budget_uses(ann)
+        assert use.spent_tokens == 700
+        assert counted() == (None, 0)
+        reservation, [use] = await store.reserve_budget(
+            ann, turn_id=TurnId("t2"), usd=0.0, tokens=100, ttl_s=60
+        )
+        assert reservation is not None
+        assert use.spent_tokens == 700
+        [use] = await store.budget_uses(ann)
+        assert (use.spent_tokens, use.reserved_tokens) == (700, 100)
+        assert counted() == (now.strftime("%Y-%m"), 700)  # counted from now on
+
+    with engine.begin() as conn:  # and back: the counts go
+        command.downgrade(_config(conn), "0015")
+        columns = {row[1] for row in conn.execute(sa.text("PRAGMA table_info(tk_budget_limits)"))}
+    assert "spent_period" not in columns
     engine.dispose()

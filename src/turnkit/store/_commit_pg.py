@@ -27,6 +27,7 @@ from typing import Any
 from turnkit.audit import UsageDelta
 from turnkit.ids import TurnId
 from turnkit.store import CommitResult, Rider
+from turnkit.store._budget_counts import CHAIN_PG, COUNTED_PG
 
 __all__ = ("APPEND", "END", "append", "end")
 
@@ -70,16 +71,21 @@ new_events AS (
         JOIN new_audit n ON n.seq_within_turn = s.seq
         WHERE s.input_tokens > 0 OR s.output_tokens > 0 OR s.cost_usd > 0
     )
+), CHAIN, counted AS (
+    -- ... and counts against every limit covering the turn, in the call's period.
+    COUNTED
 )
 {rider}SELECT newest_guide_seq FROM fence
 """
-"""Events, audit rows and usage (the call's budget reservation released), written only if
-`fence` (the turn's row) was updated."""
+_ROWS = _ROWS.replace("CHAIN", CHAIN_PG).replace("COUNTED", COUNTED_PG)
+"""Events, audit rows and usage (the call's budget reservation released, its spend
+counted against the limits covering it), written only if `fence` (the turn's row) was
+updated."""
 
 _LAST_SEQ = "CASE WHEN tk_turns.last_seq < $4 THEN $4 ELSE tk_turns.last_seq END"
 
 _APPEND = f"""
-WITH fence AS (
+WITH RECURSIVE fence AS (
     UPDATE tk_turns SET updated_at = $3, last_seq = {_LAST_SEQ}
     WHERE turn_id = $1 AND lease_epoch = $2
     RETURNING newest_guide_seq
@@ -88,7 +94,7 @@ APPEND = _APPEND.replace("{rider}", "")
 
 
 _END = f"""
-WITH fence AS (
+WITH RECURSIVE fence AS (
     UPDATE tk_turns
     SET updated_at = $3, last_seq = {_LAST_SEQ}, status = $19, error_code = $20,
         summary = COALESCE($21, tk_turns.summary), lease_owner = NULL, lease_expires_at = NULL

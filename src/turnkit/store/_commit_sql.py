@@ -24,6 +24,7 @@ from turnkit.store import (
     _pauses_sql as pauses_sql,
     _transcripts_sql as transcripts_sql,
 )
+from turnkit.store._budget_counts import ADD_SPEND, spend_params
 from turnkit.store._schema import (
     SOURCES as _SOURCES,
     audit as _audit,
@@ -173,8 +174,11 @@ def commit(
                 hot.add_usage,
                 {"turn_id": turn_id, "session_id": session_id, **delta.model_dump()},
             )
-            if delta.input_tokens or delta.output_tokens or delta.cost_usd:
+            tokens = delta.input_tokens + delta.output_tokens
+            if tokens or delta.cost_usd:
                 conn.execute(hot.release_reservation, {"turn_id": turn_id})
+                spend = spend_params(turn_id, delta.cost_usd, tokens, clock.now())
+                conn.execute(ADD_SPEND, spend)
     return CommitResult(newest_guide_seq=newest_guide, requeued=requeued)
 
 

@@ -30,10 +30,8 @@ from turnkit.store._schema import (
     turn_record,
     turns,
 )
-from turnkit.store._usage_sql import turn_spend
 
 __all__ = (
-    "SPENT_WHEN_ANSWERED",
     "answer",
     "budget_pauses",
     "close_open_pauses",
@@ -126,24 +124,10 @@ def answer(
             status="answered",
             answer=json.dumps(value),
             answered_at=now,
-            payload=_with_spend(conn, turn_id, row.payload),
         )
     )
     _audit_answer(conn, row, value, now, by)
     return _request(request_id, row.kind, row.payload)
-
-
-SPENT_WHEN_ANSWERED = "spent_when_answered"
-"""The payload key of what the turn had spent when its request was answered: a paused turn
-spends nothing, so a budget period that began during the pause counts from this on."""
-
-
-def _with_spend(conn: Connection, turn_id: TurnId, payload_json: str) -> str:
-    """The request's saved payload, with what its turn had spent by now."""
-    usd, tokens = turn_spend(conn, turn_id) or (0.0, 0)
-    payload = json.loads(payload_json)
-    payload[SPENT_WHEN_ANSWERED] = {"usd": usd, "tokens": tokens}
-    return json.dumps(payload)
 
 
 def _audit_answer(
@@ -290,7 +274,7 @@ def _paused(
 def _request(request_id: str, kind: str, payload_json: str) -> PauseRequest:
     """A saved request as `open_pause` wrote it (the tool call id kept in the payload)."""
     payload = json.loads(payload_json)
-    payload.pop(SPENT_WHEN_ANSWERED, None)  # the Store's own note, not the request's
+    payload.pop("spent_when_answered", None)  # a note earlier versions kept beside it
     return PauseRequest(
         request_id=request_id,
         kind=cast(Any, kind),

@@ -11,6 +11,7 @@ from sqlalchemy import Connection, bindparam, delete, or_, select, update
 from turnkit.errors import SessionNotFoundError
 from turnkit.ids import SessionId
 from turnkit.store import SessionRecord
+from turnkit.store._budget_counts import forget_sessions
 from turnkit.store._schema import (
     Fields,
     aware,
@@ -226,6 +227,7 @@ def remove_many(conn: Connection, session_ids: Sequence[str]) -> int:
     ids = with_delegated(conn, list(session_ids))
     turn_ids = select(turns.c.turn_id).where(turns.c.session_id.in_(ids))
     conn.execute(_keep_attribution(ids))
+    forget_sessions(conn, ids)
     conn.execute(delete(events).where(events.c.turn_id.in_(turn_ids)))
     conn.execute(delete(pauses).where(pauses.c.session_id.in_(ids)))
     conn.execute(delete(transcripts).where(transcripts.c.session_id.in_(ids)))

@@ -12,6 +12,7 @@ from sqlalchemy import (
     Boolean,
     Column,
     DateTime,
+    Float,
     Index,
     Integer,
     LargeBinary,
@@ -182,7 +183,6 @@ class PauseRow(SQLModel, table=True):
     """An approval or clarification request a paused turn waits on."""
 
     __tablename__ = "tk_pauses"
-    __table_args__ = (Index("ix_tk_pauses_answered_at", "answered_at"),)
     request_id: str = Field(primary_key=True, max_length=64)
     turn_id: str = Field(max_length=64, index=True)
     session_id: str = Field(max_length=128)
@@ -219,6 +219,15 @@ class BudgetLimitRow(SQLModel, table=True):
     usd: float | None = None
     tokens: int | None = Field(default=None, sa_type=BigInteger)
     updated_at: datetime = Field(sa_column=_ts())
+    spent_period: str | None = Field(default=None, max_length=16)
+    """The period `spent_usd` and `spent_tokens` count (`2026-12-06`, `2026-12`, `total`);
+    None until first counted (see `_budget_counts`)."""
+    spent_usd: float = Field(
+        default=0.0, sa_column=Column(Float, nullable=False, server_default=text("0"))
+    )
+    spent_tokens: int = Field(
+        default=0, sa_column=Column(BigInteger, nullable=False, server_default=text("0"))
+    )
 
 
 class BudgetReservationRow(SQLModel, table=True):

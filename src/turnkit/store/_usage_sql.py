@@ -18,7 +18,6 @@ __all__ = (
     "spent_in",
     "spent_organisation",
     "report",
-    "turn_spend",
     "with_turns",
 )
 
@@ -97,13 +96,3 @@ def report(
         )
         for row in conn.execute(query)
     ]
-
-
-def turn_spend(conn: Connection, turn_id: str) -> tuple[float, int] | None:
-    """What one turn has spent so far, USD and tokens (None: no call recorded yet)."""
-    row = conn.execute(
-        select(usage.c.cost_usd, usage.c.input_tokens + usage.c.output_tokens).where(
-            usage.c.turn_id == turn_id
-        )
-    ).first()
-    return (float(row[0]), int(row[1])) if row is not None else None
