@@ -101,6 +101,33 @@ async def test_parallel_tool_calls_in_one_reply_each_run_and_answer_their_own_id
     assert answers == {"call_x": 3, "call_y": 70, "call_z": 11}
 
 
+async def test_parallel_tool_calls_a_server_sends_without_index_stay_apart(
+    runtime_factory: RuntimeFactory, openai_server: FakeOpenAIServer
+) -> None:
+    # Some OpenAI-compatible servers send each call whole in a chunk of its own with no
+    # `index`: every call then arrives at position 0 and must not be joined to the last.
+    openai_server.script(
+        "fake-model",
+        [
+            Reply.tool_calls(
+                [("add", {"a": 1, "b": 2}), ("add", {"a": 30, "b": 40})],
+                call_ids=["call_x", "call_y"],
+                unindexed=True,
+            ),
+            Reply.text("3 and 70."),
+        ],
+    )
+    runtime = runtime_factory(Agent(model=_client(openai_server, "fake-model"), tools=[add]))
+    events = await collect_events(runtime.execute_message("s1", "Add two pairs."))
+
+    completed = {
+        e.tool_call_id: e.result.output for e in events if isinstance(e, ToolCompletedEvent)
+    }
+    assert completed == {"call_x": 3, "call_y": 70}
+    assert isinstance(events[-1], DoneEvent)
+    assert events[-1].status == "succeeded"
+
+
 async def test_rate_limited_rung_walks_to_the_next_over_http(
     runtime_factory: RuntimeFactory, openai_server: FakeOpenAIServer
 ) -> None:

@@ -158,6 +158,7 @@ class Reply:
         *,
         call_ids: Iterable[str] | None = None,
         chunks: int = 4,
+        unindexed: bool = False,
         prompt_tokens: int = 11,
         completion_tokens: int = 7,
     ) -> Reply:
@@ -165,8 +166,9 @@ class Reply:
 
         Each call's JSON arguments are split into `chunks` deltas, and the deltas of the
         calls interleave (call 0's first piece, call 1's first piece, ...), each delta
-        naming its call by `index` only, as OpenAI streams them. Ids default to
-        `call_1`, `call_2`, ...
+        naming its call by `index` only, as OpenAI streams them. With `unindexed`, each
+        call comes whole in a chunk of its own with no `index` at all, as some
+        OpenAI-compatible servers send them. Ids default to `call_1`, `call_2`, ...
         """
         pairs = list(calls)
         ids = list(call_ids) if call_ids is not None else []
@@ -179,7 +181,7 @@ class Reply:
                 _Call(call_id, name, json.dumps(arguments))
                 for call_id, (name, arguments) in zip(ids, pairs, strict=True)
             ),
-            chunks=chunks,
+            chunks=0 if unindexed else chunks,
             finish_reason="tool_calls",
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
@@ -427,7 +429,12 @@ class FakeOpenAIServer:
         def chunk(delta: dict[str, object] | None, finish: str | None = None) -> bytes:
             return completion.chunk(delta, finish, with_usage_key=include_usage)
 
-        if reply.kind == "tool_call":
+        if reply.kind == "tool_call" and reply.chunks == 0:  # whole calls, no index
+            for number, call in enumerate(reply.calls):
+                whole = {**_tool_call_message(call)}
+                head = {"role": "assistant", "content": None} if number == 0 else {}
+                yield chunk({**head, "tool_calls": [whole]})
+        elif reply.kind == "tool_call":
             for index, call in enumerate(reply.calls):
                 opening: dict[str, object] = {
                     "index": index,

@@ -89,6 +89,23 @@ class _Assembler:
         self.names: dict[int, str] = {}
         self.sent: dict[int, int] = {}
         """Argument characters already reported per call (for throttled `tool.delta`)."""
+        self.moved: dict[int, int] = {}
+        """A streamed index a second call id reused, and the slot its pieces go to now."""
+
+    def slot(self, index: int, tool_call_id: str | None) -> int:
+        """Where a tool-call piece goes: its own index, unless that holds another call.
+
+        Servers that send no `index` (each call whole in its own chunk, as some
+        OpenAI-compatible endpoints do) give every call position 0; a piece that names a
+        new call id at an index already holding another call starts a call of its own
+        instead of being joined to it.
+        """
+        slot = self.moved.get(index, index)
+        known = self.ids.get(slot)
+        if tool_call_id and known and tool_call_id != known:
+            slot = max([*self.calls, *self.moved.values()]) + 1
+            self.moved[index] = slot
+        return slot
 
     def tool_calls(self) -> tuple[ToolCallPart, ...]:
         return tuple(
@@ -424,24 +441,25 @@ async def _tool_delta(
     chunk: ToolCallDelta,
     last: dict[int, float],
 ) -> None:
-    parts = asm.calls.setdefault(chunk.index, [])
+    index = asm.slot(chunk.index, chunk.tool_call_id)
+    parts = asm.calls.setdefault(index, [])
     parts.append(chunk.arguments)
     if chunk.tool_call_id:
-        asm.ids[chunk.index] = chunk.tool_call_id
+        asm.ids[index] = chunk.tool_call_id
     if chunk.name:
-        asm.names[chunk.index] = chunk.name
+        asm.names[index] = chunk.name
     now = ctx.recorder.clock.monotonic()
-    if now - last.get(chunk.index, -1e9) < _TOOL_DELTA_INTERVAL_S:
+    if now - last.get(index, -1e9) < _TOOL_DELTA_INTERVAL_S:
         return  # at most twice a second per open call (seed 000)
-    last[chunk.index] = now
+    last[index] = now
     written = "".join(parts)
-    start = asm.sent.get(chunk.index, 0)
-    asm.sent[chunk.index] = len(written)
+    start = asm.sent.get(index, 0)
+    asm.sent[index] = len(written)
     await ctx.recorder.ephemeral(
         ToolDeltaEvent,
         stage_id,
-        tool_call_id=asm.ids.get(chunk.index, f"call_{chunk.index}"),
-        tool_name=asm.names.get(chunk.index),
+        tool_call_id=asm.ids.get(index, f"call_{index}"),
+        tool_name=asm.names.get(index),
         arguments_delta=written[start:],  # everything since the last report
         chars=len(written),
     )
