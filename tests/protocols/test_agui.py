@@ -406,6 +406,37 @@ async def test_a_denied_approval_is_a_failed_tool_result(app_for: Any) -> None:
     assert rest[-1].event["outcome"] == {"type": "success"}
 
 
+async def test_dismissing_the_interrupt_of_a_stopped_turn_ends_its_run_cancelled(
+    app_for: Any,
+) -> None:
+    # HttpAgent keeps an interrupt pending until a run ends: after a Stop of the paused
+    # turn, the client's dismissal must end one, or the thread takes no new message.
+    model = ScriptedModel([
+        ModelStep.tool_call_reply(call("transfer", amount=5, to="Bob")),
+        ModelStep.text_reply("Next one."),
+    ])  # fmt: skip
+    async with app_for(Agent(model=model, tools=[transfer])) as http:
+        first = await _post(http, run_input("t1", "r1", "Send"))
+        interrupt = parse(first.text)[-1].event["outcome"]["interrupts"][0]
+        turn = first.headers["x-turn-id"]
+        assert (await http.post(f"/api/harness/turns/{turn}/cancel")).status_code == 200
+        dismiss = [{"interruptId": interrupt["id"], "status": "cancelled"}]
+        ended = await _post(http, run_input("t1", "r2", None, resume=dismiss))
+        assert ended.status_code == 200, ended.text
+        frames = parse(ended.text)
+        check_run(frames)
+        assert frames[-1].event["type"] == "RUN_FINISHED"
+        assert frames[-1].event.get("outcome", {}).get("type") != "interrupt"
+        # An approval of it now is still refused: the turn is over.
+        approve = [{"interruptId": interrupt["id"], "status": "resolved",
+                    "payload": {"approved": True}}]  # fmt: skip
+        again = await _post(http, run_input("t1", "r3", None, resume=approve))
+        assert again.status_code == 409
+        nxt = await _post(http, run_input("t1", "r4", "And now?"))
+        assert nxt.status_code == 200, nxt.text
+        assert parse(nxt.text)[-1].event["type"] == "RUN_FINISHED"
+
+
 async def test_an_approval_with_edited_args_runs_the_call_with_them(app_for: Any) -> None:
     model = ScriptedModel([
         ModelStep.tool_call_reply(call("transfer", amount=500, to="Bob")),

@@ -247,9 +247,19 @@ async def _resume(
             extra = {**extra, "deps": answer_deps(record, extra["principal"], extra["deps"])}
         await runtime.resume(record.turn_id, request.request_id, resolution, **extra)
     except PauseAnsweredError:
-        if cursor is None:  # a reconnect finds it answered already; anything else is a 409
+        # A reconnect finds it answered already. So does a client dismissing an interrupt
+        # whose turn a Stop ended meanwhile: its run ends `cancelled` again, which clears
+        # the client's pending interrupt. Anything else is a 409.
+        if cursor is None and not await _stopped(runtime, record, entries[0]):
             raise
     return record, after
+
+
+async def _stopped(runtime: SessionRuntime, record: TurnRecord, entry: ResumeEntry) -> bool:
+    """Whether `entry` dismisses an interrupt of a turn that a Stop ended."""
+    if entry.status != "cancelled":
+        return False
+    return (await runtime.turn(record.turn_id)).status == "cancelled"
 
 
 async def _opening(
