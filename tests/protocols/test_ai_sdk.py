@@ -36,6 +36,7 @@ from turnkit.events import (
     ThinkingCompleteEvent,
     ThinkingDeltaEvent,
     ToolCompletedEvent,
+    ToolDeltaEvent,
     ToolFailedEvent,
     ToolStartedEvent,
     TurnRecoveringEvent,
@@ -1022,3 +1023,45 @@ async def test_a_second_handed_question_is_not_answered_with_the_first_answer(
     assert done["output"] == "Refunded A1 to the Visa."
     assert more[-2]["messageMetadata"]["status"] == "succeeded"
     script.assert_complete()
+
+
+def _started(tr: UIMessageStreamTranslator, call_id: str, seq: int) -> list[Any]:
+    block = {"tool_call_id": call_id, "tool_name": "add", "arguments": {"a": 1, "b": 2}}
+    return tr.translate(_event(ToolStartedEvent, seq=seq, block=block, idempotency_key=call_id))
+
+
+def test_a_stopped_turn_ends_the_parts_of_calls_that_were_running() -> None:
+    """A reloaded page must not draw a stopped turn's call as still running."""
+    tr = UIMessageStreamTranslator(message_id="t")
+    out = tr.start() + _started(tr, "c1", 1) + _started(tr, "c2", 2)
+    result = {"tool_call_id": "c1", "tool_name": "add", "output": 3}
+    out += tr.translate(_event(ToolCompletedEvent, seq=3, tool_call_id="c1", tool_name="add",
+                               result=result, duration_ms=1))  # fmt: skip
+    out += tr.translate(_event(DoneEvent, seq=4, status="cancelled"))
+    out += tr.finish()
+    ends = [(c["type"], c.get("toolCallId")) for c in out if c["type"].startswith("tool-output")]
+    assert ends == [("tool-output-available", "c1"), ("tool-output-error", "c2")]
+    kinds = [c["type"] for c in out]
+    assert kinds.index("tool-output-error") < kinds.index("abort") < kinds.index("finish")
+
+
+def test_a_failed_turn_ends_a_call_the_model_never_finished_writing() -> None:
+    tr = UIMessageStreamTranslator(message_id="t")
+    out = tr.start()
+    out += tr.translate(_event(ToolDeltaEvent, tool_call_id="c9", tool_name="add",
+                               arguments_delta='{"a": ', chars=6))  # fmt: skip
+    out += tr.translate(_event(ErrorEvent, seq=1, code="family-exhausted", message="all failed"))
+    out += tr.translate(_event(DoneEvent, seq=2, status="failed"))
+    [draft] = [c for c in out if c.get("toolCallId") == "c9" and c["type"] != "tool-input-start"]
+    assert draft["type"] == "tool-input-error"
+    assert "never ran" in draft["errorText"]
+    assert out[-1]["type"] == "error"
+
+
+def test_a_call_whose_approval_nobody_answered_keeps_its_request_when_stopped() -> None:
+    """The SDK's error part needs a granted approval: an unanswered one stays asked."""
+    tr = UIMessageStreamTranslator(message_id="t", asked=["c1"])
+    out = tr.start() + _started(tr, "c1", 1)
+    out += tr.translate(_event(DoneEvent, seq=2, status="cancelled"))
+    out += tr.finish()
+    assert not [c for c in out if c["type"] == "tool-output-error"]

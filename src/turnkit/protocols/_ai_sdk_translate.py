@@ -61,6 +61,10 @@ __all__ = ("Chunk", "UIMessageStreamTranslator")
 Chunk = dict[str, JsonValue]
 """One UI message stream chunk, as the SDK's `uiMessageChunkSchema` reads it."""
 
+_STOPPED: Final = "the turn was stopped before this call finished"
+_UNFINISHED: Final = "the turn ended before this call finished"
+_NOT_WRITTEN: Final = "the model failed before it finished writing this call: it never ran"
+
 _FINISH_REASONS: Final[Mapping[str, str]] = {
     "succeeded": "stop",
     "failed": "error",
@@ -106,6 +110,12 @@ class UIMessageStreamTranslator:
         self._ended: set[str] = set()
         self._ended_reasoning: set[str] = set()
         self._tools: set[str] = set()
+        self._running: dict[str, None] = {}
+        """Tool calls whose part has its input and no output yet, in call order."""
+        self._drafts: dict[str, str] = {}
+        """Tool calls being written (`tool-input-start` sent, no input yet): their names."""
+        self._approved: set[str] = set()
+        """Asked calls whose own approval a person granted (their part may end in an error)."""
         self._again: dict[tuple[str, str], str] = {}
         """Open blocks a recovering attempt writes again ("text"/"reasoning", block id): its
         text so far; sent on only past what the client already has."""
@@ -125,7 +135,7 @@ class UIMessageStreamTranslator:
         """Close what is open and end the message with `finish` (usage in its metadata)."""
         out = [*self._failure(), *self._close_step()]
         if self.status == "cancelled":
-            out.append({"type": "abort", "reason": "cancelled"})
+            out = [*self._end_running(_STOPPED), *out, {"type": "abort", "reason": "cancelled"}]
         chunk: Chunk = {"type": "finish", "messageMetadata": self._ending()}
         reason = _FINISH_REASONS.get(self.status or "")
         if reason is not None:
@@ -262,7 +272,21 @@ class UIMessageStreamTranslator:
             # Left on the part, for a client to leave out the text the next rung writes again.
             discarded: Chunk = {"turnkit": {"discarded": True}}
             out.append({"type": "text-end", "id": block_id, "providerMetadata": discarded})
-        return [*out, *self._block_ended()]
+        return [*out, *self._end_drafts(), *self._block_ended()]
+
+    def _end_drafts(self) -> list[Chunk]:
+        """End the parts of calls a model began and never finished writing (it failed)."""
+        drafts, self._drafts = self._drafts, {}
+        return [
+            {
+                "type": "tool-input-error",
+                "toolCallId": call,
+                "toolName": name,
+                "input": {},
+                "errorText": _NOT_WRITTEN,
+            }
+            for call, name in drafts.items()
+        ]
 
     def _block_ended(self) -> list[Chunk]:
         if self._step == "closing" and not self._texts and not self._reasoning:
@@ -352,6 +376,7 @@ class UIMessageStreamTranslator:
         if tool_call_id in self._tools:
             return []
         self._tools.add(tool_call_id)
+        self._drafts[tool_call_id] = tool_name
         start: Chunk = {
             "type": "tool-input-start",
             "toolCallId": tool_call_id,
@@ -362,6 +387,7 @@ class UIMessageStreamTranslator:
     def _tool_started(self, event: ToolStartedEvent) -> list[Chunk]:
         block = event.block
         out = self._tool_input_start(block.tool_call_id, block.tool_name)
+        self._drafts.pop(block.tool_call_id, None)
         chunk: Chunk = {
             "type": "tool-input-available",
             "toolCallId": block.tool_call_id,
@@ -370,10 +396,13 @@ class UIMessageStreamTranslator:
         }
         if event.arguments_error is not None:
             chunk = {**chunk, "type": "tool-input-error", "errorText": event.arguments_error}
+        else:
+            self._running[block.tool_call_id] = None
         return [*out, chunk]
 
     def _tool_output(self, event: ToolCompletedEvent | ToolFailedEvent) -> Chunk:
         """The end of a tool part: its output, its denial, or its error."""
+        self._running.pop(event.tool_call_id, None)
         if isinstance(event, ToolCompletedEvent):
             if event.tool_call_id in self._handed_denied:
                 # The person denied what the agent this call asked wanted to do: the SDK's
@@ -412,6 +441,8 @@ class UIMessageStreamTranslator:
         A call's own approval has the request id derived from the turn and the call alone.
         """
         if event.request_id == call_request_id(event.turn_id, event.tool_call_id):
+            if event.decision == "approve":
+                self._approved.add(event.tool_call_id)
             return
         if event.decision == "deny":
             self._handed_denied.add(event.tool_call_id)
@@ -427,7 +458,24 @@ class UIMessageStreamTranslator:
             return []
         text, self._error = self._error, None
         ending: Chunk = {"type": "message-metadata", "messageMetadata": self._ending()}
-        return [ending, {"type": "error", "errorText": text}]
+        return [*self._end_running(_UNFINISHED), ending, {"type": "error", "errorText": text}]
+
+    def _end_running(self, why: str) -> list[Chunk]:
+        """End the parts of calls that will never have a result (the turn ended first).
+
+        Without this a stopped or failed turn's message keeps them `input-available` (or
+        `approval-requested`), which a page draws as still running (or still to answer).
+        """
+        running, self._running = self._running, {}
+        # A call still waiting for its approval keeps its request: the SDK's error part
+        # needs a granted approval (and its denied part a denial nobody gave).
+        unanswered = self._asked - self._approved
+        ended: list[Chunk] = [
+            {"type": "tool-output-error", "toolCallId": call, "errorText": why}
+            for call in running
+            if call not in unanswered
+        ]
+        return [*self._end_drafts(), *ended]
 
     def _counted(self, event: UsageEvent | RunFinishedEvent) -> list[Chunk]:
         """The turn's totals so far: kept for `finish`, and sent as data."""
