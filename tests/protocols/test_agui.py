@@ -264,6 +264,21 @@ async def test_a_tool_using_turn_maps_to_ag_ui_events(app_for: Any) -> None:
     assert custom.id == str(custom.event["value"]["seq"])
 
 
+async def test_parallel_calls_with_no_text_go_in_one_assistant_message(app_for: Any) -> None:
+    # HttpAgent makes an assistant message for a call with no parent: the second call of
+    # the same model call must join the first's, not make one message per call.
+    model = ScriptedModel([
+        ModelStep.tool_call_reply(call("add", a=1, b=2), call("add", a=3, b=4)),
+        ModelStep.text_reply("3 and 7."),
+    ])  # fmt: skip
+    async with app_for(Agent(model=model, tools=[add])) as http:
+        frames = parse((await _post(http, run_input("t1", "r1", "Add both"))).text)
+    check_run(frames)
+    first, second = [f.event for f in frames if f.event["type"] == "TOOL_CALL_START"]
+    assert "parentMessageId" not in first
+    assert second["parentMessageId"] == first["toolCallId"]
+
+
 async def test_a_fast_turn_streams_in_far_fewer_writes_than_events(tmp_path: Path) -> None:
     """The frames of turnkit events ready together go out in one write, all, in order."""
     text = "abcdefghij" * 30

@@ -357,8 +357,12 @@ class Translator:
     def _tool_call(self, event: ToolStartedEvent) -> list[AgUi]:
         call, ts = event.block, event.ts
         start: AgUi = {"toolCallId": call.tool_call_id, "toolCallName": call.tool_name}
-        if event.generation_id in self.parents:
-            start["parentMessageId"] = self.parents[event.generation_id]
+        if event.generation_id is not None:
+            # The calls of one model call go in one assistant message: its text's, or, when
+            # it wrote none, the message the client made for its first call (by that id).
+            parent = self.parents.setdefault(event.generation_id, call.tool_call_id)
+            if parent != call.tool_call_id:
+                start["parentMessageId"] = parent
         arguments = json.dumps(call.arguments, ensure_ascii=False, separators=(",", ":"))
         held = self.client.arguments.get(call.tool_call_id, "")
         out = [_ev("TOOL_CALL_START", ts, **start)]
