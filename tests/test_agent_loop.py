@@ -665,6 +665,48 @@ async def test_the_summary_reads_the_answering_calls_reasoning_and_none_is_inven
     assert second[-1].status == "succeeded"
 
 
+async def test_a_summary_finished_before_its_call_turned_to_a_tool_is_still_audited(
+    runtime_factory: RuntimeFactory,
+) -> None:
+    """The summary is dropped (its call used a tool), but it was made and paid for: its
+    row is there, `cancelled`, and its cost is in the turn's rollup."""
+    long = "Let me add these numbers for you carefully. " * 6 + "\n\n"
+    model = ScriptedModel(
+        [
+            ModelStep(
+                text=long + "Calling the tool now. " * 20,
+                thinking="thinking about adding",
+                tool_calls=(call("add", a=1, b=2),),
+                stop_reason="tool_use",
+                chunk_size=4,
+            ),
+            ModelStep.text_reply("3 is the answer. " * 12),
+        ]
+    )
+    paid = Usage(input_tokens=100, output_tokens=10, cost_usd=0.01)
+    utility = ScriptedModel(
+        [dataclasses.replace(ModelStep.text_reply("It added."), usage=paid)],
+        name="background",
+        repeat_last=True,
+    )
+    agent = Agent(
+        model=model, utility_model=utility, tools=[add], skip_stages=frozenset({"anchor-plan"})
+    )
+    runtime = runtime_factory(agent)
+    events = await collect_events(runtime.execute_message("s1", "add 1 and 2"))
+    await runtime.wait_background()
+    turn_id = events[0].turn_id
+    summaries = [c for c in utility.calls if c.messages[0].content == SUMMARY_PROMPT]
+    assert summaries, "the scenario needs a summary started while the call streamed"
+    rows = [r for r in await runtime.audit(turn_id) if r.call and r.call.model == "background"]
+    assert len(rows) == len(utility.calls)
+    dropped = [r for r in rows if r.call is not None and r.call.outcome == "cancelled"]
+    assert dropped
+    usage = await runtime.store.read_usage(turn_id)
+    assert usage is not None
+    assert usage.cost_usd == pytest.approx(0.01 * len(utility.calls))
+
+
 async def test_the_context_size_is_the_latest_own_model_call(
     runtime_factory: RuntimeFactory,
 ) -> None:

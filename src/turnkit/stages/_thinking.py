@@ -88,11 +88,27 @@ class ThinkingSummary:
         self._task.add_done_callback(rec.notes.background.discard)
 
     async def discard(self) -> None:
-        """The call went on to use a tool: drop the summary in flight."""
+        """The call went on to use a tool: drop the summary in flight.
+
+        A summary whose call already finished is dropped too, but its call was made and
+        paid for: it is audited as `cancelled` with the usage it reported, so the turn's
+        rollup and budgets see it, as they see a summary cancelled mid-call.
+        """
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+        if task is None:
+            return
+        if task.done():
+            written = None if task.cancelled() or task.exception() else task.result()
+            if written is not None:
+                self._ctx.recorder.audit(
+                    self._stage,
+                    call=written.shape.model_copy(
+                        update={"outcome": "cancelled", "error_code": "cancelled"}
+                    ),
+                )
+            return
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
 
     async def commit(self, stage_id: StageId) -> None:
         """Wait for the summary and stage its event and audit row (before the answer's)."""
