@@ -25,7 +25,7 @@ async def test_history_skips_an_event_from_a_newer_version(
     async with SessionRuntime(
         agent=Agent(model=model), config=RuntimeConfig(database_url=f"sqlite:///{db}")
     ) as runtime:
-        events = await collect_events(runtime.execute_message("s1", "hi"))
+        events = await collect_events(runtime.execute_message("s1", "hi", request_id="r-same"))
         turn_id = events[0].turn_id
         last = (await runtime.turn(turn_id)).last_seq
     with sqlite3.connect(db) as conn:  # a newer turnkit appended a type this one lacks
@@ -37,7 +37,13 @@ async def test_history_skips_an_event_from_a_newer_version(
         agent=Agent(model=model), config=RuntimeConfig(database_url=f"sqlite:///{db}")
     ) as runtime:
         [turn] = await runtime.history("s1")
+        # Reading the turn's events, or asking again with the same request id, reads the
+        # rest of them too.
+        read = [e.seq async for e in runtime.events(turn_id)]
+        again = await collect_events(runtime.execute_message("s1", "hi", request_id="r-same"))
     assert turn.answer == "Hello."
+    assert read == list(range(1, last + 1))
+    assert again[-1].type == "done"
     assert "skipped unreadable event" in caplog.text
     assert "from.the.future" in caplog.text
 

@@ -16,6 +16,7 @@ from turnkit.runtime._slots import Slot
 from turnkit.runtime.reader import TurnReader
 from turnkit.states import PAUSED_STATES
 from turnkit.store import Store, Submission, TurnRecord
+from turnkit.store.records import readable, skip_unreadable
 
 __all__ = ("follow_submission", "until_waiting")
 
@@ -51,8 +52,8 @@ async def follow_submission(
                 yield repeated
             return
         else:
-            async for stored in store.read_events(submission.turn_id):
-                yield stored.decode()
+            async for committed in skip_unreadable(store.read_events(submission.turn_id)):
+                yield committed
         if not submission.is_new:
             return
         drive = host.stream(
@@ -116,7 +117,9 @@ async def _repeated(
     last = 0
     async for stored in store.read_events(turn_id):
         last = stored.seq
-        yield stored.decode()
+        event = readable(stored)  # None: unreadable by this version (logged, left out)
+        if event is not None:
+            yield event
     if not running:
         return  # ended, or waiting for a person: what it committed is all there is
     async for live in until_waiting(reader().events(turn_id, after_seq=last), turn_id, turn):

@@ -16,6 +16,7 @@ from turnkit.runtime._history import TurnHistory, session_view, turn_history, tu
 from turnkit.runtime._validate import check_session_id, check_text
 from turnkit.states import PAUSED_STATES, TERMINAL_STATES
 from turnkit.store import SessionRecord, TurnRecord
+from turnkit.store.records import skip_unreadable
 
 __all__ = ("RuntimeReads",)
 
@@ -96,8 +97,9 @@ class RuntimeReads(RuntimeCore):
         if after_seq < 0:
             raise InvalidInputError(f"after_seq is 0 or more, not {after_seq}")
         await self.turn(turn_id)  # TurnNotFoundError if there is none
-        async for stored in self.store.read_events(TurnId(turn_id), after_seq=after_seq):
-            yield cast(DurableStreamEvent, stored.decode())  # only durable events are stored
+        stored = self.store.read_events(TurnId(turn_id), after_seq=after_seq)
+        async for event in skip_unreadable(stored):  # an unreadable one is logged, left out
+            yield cast(DurableStreamEvent, event)  # only durable events are stored
 
     async def follow(self, turn_id: str, *, after_seq: int = 0) -> AsyncIterator[StreamEvent]:
         """A turn's events after `after_seq`, live, ending where `execute_message` ends.

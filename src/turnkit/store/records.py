@@ -21,6 +21,8 @@ from turnkit.ids import SessionId, TurnId
 from turnkit.states import TurnStatus
 
 __all__ = (
+    "readable",
+    "skip_unreadable",
     "ClaimRequest",
     "CommitResult",
     "Delivery",
@@ -360,27 +362,52 @@ async def decode_events(
     events: list[StreamEvent] = []
     skipped: list[UnreadableEvent] = []
     async for item in stored:
-        try:
-            events.append(item.decode())
-        except ValueError as exc:
-            reason = _unreadable_reason(exc)
-            log.warning(
-                "skipped unreadable event seq %d (%s) of turn %s: %s",
-                item.seq,
-                item.type,
-                item.turn_id,
-                reason,
-            )
-            skipped.append(
-                UnreadableEvent(
-                    turn_id=item.turn_id,
-                    seq=item.seq,
-                    type=item.type,
-                    reason=reason,
-                    size_bytes=len(item.data),
-                )
-            )
+        decoded = _decoded(item)
+        if isinstance(decoded, UnreadableEvent):
+            skipped.append(decoded)
+        else:
+            events.append(decoded)
     return events, skipped
+
+
+def _decoded(item: StoredEvent) -> StreamEvent | UnreadableEvent:
+    """The event, or what says why this version cannot read it (logged)."""
+    try:
+        return item.decode()
+    except ValueError as exc:
+        reason = _unreadable_reason(exc)
+        log.warning(
+            "skipped unreadable event seq %d (%s) of turn %s: %s",
+            item.seq,
+            item.type,
+            item.turn_id,
+            reason,
+        )
+        return UnreadableEvent(
+            turn_id=item.turn_id,
+            seq=item.seq,
+            type=item.type,
+            reason=reason,
+            size_bytes=len(item.data),
+        )
+
+
+def readable(item: StoredEvent) -> StreamEvent | None:
+    """The event, or None for one this version cannot read (logged)."""
+    decoded = _decoded(item)
+    return None if isinstance(decoded, UnreadableEvent) else decoded
+
+
+async def skip_unreadable(stored: AsyncIterator[StoredEvent]) -> AsyncIterator[StreamEvent]:
+    """The committed events this version can read; the others logged and left out.
+
+    The streaming form of `decode_events`, for reads that hold no lease to audit with
+    (`runtime.events`, the replay of a retried request).
+    """
+    async for item in stored:
+        event = readable(item)
+        if event is not None:
+            yield event
 
 
 async def readable_events(stored: AsyncIterator[StoredEvent]) -> list[StreamEvent]:
