@@ -65,6 +65,16 @@ def test_every_error_code_is_documented() -> None:
     assert not missing, f"add these codes to docs/errors.md: {missing}"
 
 
+def test_every_documented_error_code_is_in_the_catalog() -> None:
+    """The reverse too: a code docs/errors.md heads (one the HTTP layer answers, say) is one
+    `error_codes()` lists, so a client enumerating them misses none."""
+    text = (ROOT / "docs" / "errors.md").read_text()
+    headed = re.findall(r"^### `([a-z-]+)`", text, flags=re.MULTILINE)
+    assert headed
+    missing = sorted(set(headed) - set(errors.error_codes()))
+    assert not missing, f"add these codes to turnkit.errors.ErrorCode: {missing}"
+
+
 def test_every_error_class_has_its_own_code() -> None:
     classes = [
         c

@@ -146,6 +146,8 @@ ErrorCode = Literal[
     "callback-token-invalid",
     "turn-not-running",
     "runtime-closed",
+    "host-not-allowed",
+    "cross-origin-request",
 ]
 """The one catalog of error codes. Codes never change meaning once published."""
 
