@@ -92,6 +92,8 @@ class Reply:
     cached_tokens: int = 0
     stall: bool = False
     retry_after: str | None = None
+    model: str | None = None
+    """The model the chunks name (default: the one asked for)."""
 
     @classmethod
     def text(
@@ -105,6 +107,7 @@ class Reply:
         completion_tokens: int = 7,
         cached_tokens: int = 0,
         stall: bool = False,
+        model: str | None = None,
     ) -> Reply:
         """Assistant text, streamed in `chunks` content deltas.
 
@@ -118,6 +121,8 @@ class Reply:
             cached_tokens: Reported as `prompt_tokens_details.cached_tokens`.
             stall: Stream the first content delta, then hold the connection open until the
                 client disconnects (bounded); `FakeOpenAIServer.disconnects` counts these.
+            model: The model the chunks say answered (a dated snapshot of the one asked
+                for, say); default: the one asked for.
         """
         return cls(
             kind="text",
@@ -129,6 +134,7 @@ class Reply:
             completion_tokens=completion_tokens,
             cached_tokens=cached_tokens,
             stall=stall,
+            model=model,
         )
 
     @classmethod
@@ -247,6 +253,29 @@ def _tool_call_message(call: _Call) -> dict[str, object]:
         "type": "function",
         "function": {"name": call.name, "arguments": call.arguments},
     }
+
+
+def _tool_call_deltas(reply: Reply) -> Iterator[dict[str, object]]:
+    """The deltas of a reply's tool calls, as `Reply.tool_calls` describes them."""
+    if reply.chunks == 0:  # whole calls, no index
+        for number, call in enumerate(reply.calls):
+            head = {"role": "assistant", "content": None} if number == 0 else {}
+            yield {**head, "tool_calls": [_tool_call_message(call)]}
+        return
+    for index, call in enumerate(reply.calls):
+        opening: dict[str, object] = {
+            "index": index,
+            "id": call.call_id,
+            "type": "function",
+            "function": {"name": call.name, "arguments": ""},
+        }
+        head = {"role": "assistant", "content": None} if index == 0 else {}
+        yield {**head, "tool_calls": [opening]}
+    pieces = [_split(call.arguments, reply.chunks) for call in reply.calls]
+    for round_ in range(max(len(parts) for parts in pieces)):
+        for index, parts in enumerate(pieces):
+            if round_ < len(parts):
+                yield {"tool_calls": [{"index": index, "function": {"arguments": parts[round_]}}]}
 
 
 class FakeOpenAIServer:
@@ -389,7 +418,7 @@ class FakeOpenAIServer:
             )
         if reply.kind == "error":
             return _error_response(reply.status, reply.message, reply.retry_after)
-        completion = _Completion(model=model)
+        completion = _Completion(model=reply.model or model)
         if not body.get("stream"):
             return JSONResponse(self._whole(completion, reply))
         options = body.get("stream_options") or {}
@@ -429,27 +458,9 @@ class FakeOpenAIServer:
         def chunk(delta: dict[str, object] | None, finish: str | None = None) -> bytes:
             return completion.chunk(delta, finish, with_usage_key=include_usage)
 
-        if reply.kind == "tool_call" and reply.chunks == 0:  # whole calls, no index
-            for number, call in enumerate(reply.calls):
-                whole = {**_tool_call_message(call)}
-                head = {"role": "assistant", "content": None} if number == 0 else {}
-                yield chunk({**head, "tool_calls": [whole]})
-        elif reply.kind == "tool_call":
-            for index, call in enumerate(reply.calls):
-                opening: dict[str, object] = {
-                    "index": index,
-                    "id": call.call_id,
-                    "type": "function",
-                    "function": {"name": call.name, "arguments": ""},
-                }
-                head = {"role": "assistant", "content": None} if index == 0 else {}
-                yield chunk({**head, "tool_calls": [opening]})
-            pieces = [_split(call.arguments, reply.chunks) for call in reply.calls]
-            for round_ in range(max(len(parts) for parts in pieces)):
-                for index, parts in enumerate(pieces):
-                    if round_ < len(parts):
-                        delta = {"index": index, "function": {"arguments": parts[round_]}}
-                        yield chunk({"tool_calls": [delta]})
+        if reply.kind == "tool_call":
+            for delta in _tool_call_deltas(reply):
+                yield chunk(delta)
         else:
             yield chunk({"role": "assistant", "content": ""})
             for piece in _split(reply.reasoning, reply.chunks):

@@ -192,6 +192,8 @@ class Finish:
 
     stop_reason: StopReason
     usage: Usage = field(default_factory=Usage)
+    response_model: str | None = None
+    """The model the provider says answered (`gpt-4o-2024-08-06` for `gpt-4o`), when it said."""
 
     def __post_init__(self) -> None:
         if self.stop_reason not in STOP_REASONS:

@@ -43,7 +43,8 @@ _UNPRICED: set[tuple[str, str]] = set()
 def finish(litellm: ModuleType, state: StreamState, *, model: str, provider: str) -> Finish:
     """The `Finish` for a stream that has ended; `model` is the bare model litellm resolved."""
     reason = stop_reason(state.finish_reason, state.saw_tool_call)
-    return Finish(reason, usage_of(litellm, state.usage, model=model, provider=provider))
+    usage = usage_of(litellm, state.usage, model=model, provider=provider)
+    return Finish(reason, usage, response_model=state.model)
 
 
 def note_output(written: list[str], piece: ModelChunk) -> None:

@@ -31,6 +31,12 @@ async def stream_litellm(
             chunk_usage = getattr(chunk, "usage", None)
             if chunk_usage is not None:
                 state.usage = chunk_usage
+            # litellm names the requested model on its chunks; the provider's own word is
+            # kept aside in `_hidden_params`.
+            hidden = getattr(chunk, "_hidden_params", None)
+            said = hidden.get("provider_response_model") if isinstance(hidden, dict) else None
+            if isinstance(said, str) and said:
+                state.model = said
             choices = getattr(chunk, "choices", None) or ()
             for choice in choices[:1]:
                 reason = getattr(choice, "finish_reason", None)

@@ -59,6 +59,8 @@ class StreamState:
     finish_reason: str | None = None
     saw_tool_call: bool = False
     usage: dict[str, object] | None = None
+    model: str | None = None
+    """The `model` the provider's chunks name (the model that answered)."""
 
 
 Origin = Literal["status", "event", "stream"]
@@ -288,6 +290,13 @@ class _Events:
         return self.feed(b"\n\n") if self._rest or self._data else []
 
 
+def _note_model(event: dict[str, object], state: StreamState) -> None:
+    """The model the chunk says answered (a dated snapshot of the one asked for, say)."""
+    model = event.get("model")
+    if isinstance(model, str) and model:
+        state.model = model
+
+
 def _pieces(event: object, state: StreamState) -> list[ModelChunk]:
     """One `chat.completion.chunk` as turnkit chunks (its first choice only)."""
     if not isinstance(event, dict):
@@ -298,6 +307,7 @@ def _pieces(event: object, state: StreamState) -> list[ModelChunk]:
     usage = event.get("usage")
     if isinstance(usage, dict):
         state.usage = usage
+    _note_model(event, state)
     choices = event.get("choices")
     if not choices or not isinstance(choices, list) or not isinstance(choices[0], dict):
         return []

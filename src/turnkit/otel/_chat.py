@@ -181,7 +181,9 @@ class _LiveChat(ChatTrace):
         span, usage = self.span, chunk.usage
         if span is None:
             return
-        model = self.metric["gen_ai.request.model"]
+        # What the provider says answered (a dated snapshot, a router's pick), else the
+        # model asked for: the request model is all a client that says nothing tells us.
+        model = chunk.response_model or self.metric["gen_ai.request.model"]
         span.set_attribute("gen_ai.response.model", model)
         reason = _FINISH.get(chunk.stop_reason, chunk.stop_reason)
         span.set_attribute("gen_ai.response.finish_reasons", (reason,))
