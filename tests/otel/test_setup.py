@@ -125,3 +125,40 @@ def test_turnkit_run_with_otel_console_prints_the_spans(tmp_path: Path, how: str
 def test_the_commands_that_run_turns_take_the_otel_flags(command: list[str]) -> None:
     args = _parser().parse_args([*command, "--otel-console", "--otel-capture-content"])
     assert (args.otel_console, args.otel_capture_content) == (True, True)
+
+
+@pytest.mark.parametrize(
+    "variable", ["OTEL_EXPORTER_OTLP_PROTOCOL", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"]
+)
+def test_otlp_over_http_is_chosen_per_signal_as_the_launcher_does(
+    monkeypatch: pytest.MonkeyPatch, variable: str
+) -> None:
+    """`OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf` picks the HTTP exporter for spans.
+
+    Only the HTTP exporter is "installed" here: the gRPC one would be a silent mismatch
+    (gRPC against an HTTP port) where it is installed, and a false "not installed" where
+    it is not.
+    """
+    from opentelemetry.sdk.trace.export import ConsoleSpanExporter
+
+    import turnkit.otel.setup as setup
+
+    class _Point:
+        def load(self) -> type[ConsoleSpanExporter]:
+            return ConsoleSpanExporter
+
+    asked: list[tuple[str, str]] = []
+
+    def fake_entry_points(*, group: str, name: str) -> list[_Point]:
+        asked.append((group, name))
+        return [_Point()] if name == "otlp_proto_http" else []
+
+    monkeypatch.setattr(setup, "entry_points", fake_entry_points)
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "otlp")
+    monkeypatch.setenv(variable, "http/protobuf")
+    err = io.StringIO()
+    shutdown = configure(err=err, install=False)
+    assert shutdown is not None
+    shutdown()
+    assert asked == [("opentelemetry_traces_exporter", "otlp_proto_http")]
+    assert err.getvalue() == "turnkit: OpenTelemetry on (otlp spans; service.name=turnkit)\n"

@@ -46,8 +46,19 @@ def _names(environ: Mapping[str, str], variable: str) -> list[str]:
     return [n.strip() for n in raw.split(",") if n.strip() and n.strip() != "none"]
 
 
+def _protocol(environ: Mapping[str, str], signal: str) -> str:
+    """The OTLP protocol for `signal` (`TRACES`, `METRICS`), as the SDK's launcher reads it.
+
+    The signal's own `OTEL_EXPORTER_OTLP_{SIGNAL}_PROTOCOL` wins over
+    `OTEL_EXPORTER_OTLP_PROTOCOL`.
+    """
+    own = environ.get(f"OTEL_EXPORTER_OTLP_{signal}_PROTOCOL", "").strip()
+    return own or environ.get("OTEL_EXPORTER_OTLP_PROTOCOL", "").strip()
+
+
 def _exporter(group: str, name: str, environ: Mapping[str, str]) -> type[Any] | None:
-    if name == "otlp" and environ.get("OTEL_EXPORTER_OTLP_PROTOCOL", "") == "http/protobuf":
+    signal = "METRICS" if group == "opentelemetry_metrics_exporter" else "TRACES"
+    if name == "otlp" and _protocol(environ, signal) == "http/protobuf":
         name = "otlp_proto_http"
     for point in entry_points(group=group, name=name):
         loaded: type[Any] = point.load()
