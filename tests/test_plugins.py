@@ -3,6 +3,7 @@ failures are audited, shipped plugins cite, name entities and mask personal data
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import logging
 from collections.abc import Sequence
@@ -588,3 +589,17 @@ async def test_a_note_may_depend_on_the_caller_and_the_turns_deps(tmp_path: Path
     assert ("system", "The customer is Ada (u1, ['vip']).") in [
         (m.role, str(m.content)) for m in model.calls[0].messages
     ]
+
+
+def test_the_plugins_guide_names_the_fields_hooks_receive() -> None:
+    """The hook table names `ToolCall` and `ModelCallView` fields that exist."""
+    guide = (Path(__file__).parents[1] / "docs/guides/plugins.md").read_text()
+    table = [line for line in guide.splitlines() if line.startswith("| `")]
+    rows = {line.split("|")[1].strip(): line for line in table}
+    tool_fields = {f.name for f in dataclasses.fields(ToolCall)}
+    view_fields = {f.name for f in dataclasses.fields(ModelCallView)}
+    for name in tool_fields:
+        assert f"`{name}`" in rows["`before_tool_call`"]
+    for name in ("stage_id", "messages"):
+        assert name in view_fields
+        assert f"`{name}`" in rows["`before_model_request`"]
