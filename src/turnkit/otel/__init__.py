@@ -23,6 +23,7 @@ from turnkit.otel._turn import (
     resume_cause,
     stage_ended,
     stage_started,
+    submit_trace,
     submit_traceparent,
 )
 
@@ -39,6 +40,7 @@ __all__ = (
     "resume_cause",
     "stage_ended",
     "stage_started",
+    "submit_trace",
     "submit_traceparent",
     "traced_tool",
     "use_providers",

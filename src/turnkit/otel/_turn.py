@@ -13,7 +13,7 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from contextvars import Token
-from typing import Any
+from typing import Any, Final
 
 from opentelemetry import context as otel_context, trace
 from opentelemetry.context import Context
@@ -25,6 +25,7 @@ from opentelemetry.trace import (
     SpanKind,
     Status,
     StatusCode,
+    TraceFlags,
 )
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
@@ -46,6 +47,7 @@ __all__ = (
     "stage_ended",
     "stage_span",
     "stage_started",
+    "submit_trace",
     "submit_traceparent",
 )
 
@@ -56,14 +58,26 @@ _TURNS: weakref.WeakKeyDictionary[Recorder, _LiveTurn] = weakref.WeakKeyDictiona
 OnCommit = Callable[[Sequence[DurableEvent]], Awaitable[None]]
 
 
+INVENTED: Final = "trace_invented"
+"""The pinned key saying the turn's `traceparent` was made up by a process that traces
+nothing: whoever drives the turn samples it as a trace of its own (`_decided_here`)."""
+
+
+def submit_trace(*, session_id: str, agent: str) -> dict[str, Any]:
+    """What a new turn pins of its trace: its `traceparent` (and `INVENTED`, when made up)."""
+    invented = not trace.get_current_span().get_span_context().is_valid and active() is None
+    traceparent = submit_traceparent(session_id=session_id, agent=agent)
+    return {"traceparent": traceparent, **({INVENTED: True} if invented else {})}
+
+
 def submit_traceparent(*, session_id: str, agent: str) -> str:
     """The W3C `traceparent` a new turn is pinned to.
 
     The current span's, if there is one (an HTTP request, the caller's own span). Else,
     with tracing on, a `turnkit.submit` span marks the submission and roots the trace
     (named by its session and agent: not by the turn, since a retried request is answered
-    with the turn it made the first time); with it off, fresh random ids, so processes
-    that do trace still share one trace.
+    with the turn it made the first time); with it off, fresh random ids (pin them with
+    `INVENTED`), so processes that do trace still share one trace.
     """
     current = trace.get_current_span().get_span_context()
     if not current.is_valid:
@@ -166,6 +180,23 @@ def stage_span(recorder: Recorder, stage: str) -> Span | None:
     return turn.stage(stage) if turn is not None else None
 
 
+def _decided_here(found: Active, parent: Context, agent: str) -> Context:
+    """`parent`, sampled as this process's sampler samples a trace of its own.
+
+    The submitter traced nothing, so its sampled flag is no decision: a parent-based
+    sampler here (the SDK's default) would follow it and keep every such turn, whatever
+    ratio it was given.
+    """
+    invented = trace.get_current_span(parent).get_span_context()
+    sampler = getattr(found.tracer, "sampler", None)
+    if sampler is None:  # not the SDK's tracer: it samples as it does
+        return parent
+    decision = sampler.should_sample(None, invented.trace_id, f"invoke_agent {agent}")
+    flags = TraceFlags(TraceFlags.SAMPLED if decision.decision.is_sampled() else TraceFlags.DEFAULT)
+    decided = SpanContext(invented.trace_id, invented.span_id, is_remote=True, trace_flags=flags)
+    return trace.set_span_in_context(NonRecordingSpan(decided))
+
+
 class _LiveTurn(TurnTrace):
     def __init__(
         self, found: Active, record: TurnRecord, lease: Lease, traceparent: str | None
@@ -174,6 +205,8 @@ class _LiveTurn(TurnTrace):
         self.turn_id = record.turn_id
         self.agent = record.agent
         parent = _PROPAGATOR.extract({"traceparent": traceparent}) if traceparent else None
+        if parent is not None and record.pinned.get(INVENTED) is True:
+            parent = _decided_here(found, parent, record.agent)
         current = _CAUSES.pop(record.turn_id, None) or trace.get_current_span().get_span_context()
         stored = trace.get_current_span(parent).get_span_context() if parent else None
         links = (

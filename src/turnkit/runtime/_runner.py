@@ -59,9 +59,9 @@ class Pinned:
     """The W3C trace context every attempt of the turn joins (see `turnkit.otel`)."""
 
     @staticmethod
-    def new_traceparent(*, session_id: str, agent: str) -> str:
+    def new_trace(*, session_id: str, agent: str) -> dict[str, Any]:
         """The trace context to pin a turn submitted now to (the current span's, if any)."""
-        return otel.submit_traceparent(session_id=session_id, agent=agent)
+        return otel.submit_trace(session_id=session_id, agent=agent)
 
     @property
     def caller(self) -> Principal | None:
@@ -126,13 +126,13 @@ def pinned_config(
     overrides: dict[str, Any],
     tools: Sequence[str],
     principal: str | None,
-    traceparent: str | None = None,
+    trace: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """What a turn is pinned to at submit: every driver rebuilds exactly this.
 
     `agent` and `version` name the bundle, `overrides` the message's model and settings;
-    `tools` are the agent's tools the caller may use; `traceparent` is the trace every
-    attempt joins. The rest is kept for audit.
+    `tools` are the agent's tools the caller may use; `trace` the trace every attempt
+    joins (`Pinned.new_trace`). The rest is kept for audit.
     """
     return {
         "agent": agent.name,
@@ -149,7 +149,7 @@ def pinned_config(
         "tools": list(tools),
         "skip_stages": sorted(agent.skip_stages),
         "synthesis": agent.synthesis,
-        **({"traceparent": traceparent} if traceparent else {}),
+        **(trace or {}),
     }
 
 

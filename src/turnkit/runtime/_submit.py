@@ -52,7 +52,7 @@ def new_input(
         overrides=overrides,
         tools=tools,
         principal=principal,
-        traceparent=Pinned.new_traceparent(session_id=request.session_id, agent=turn_agent.name),
+        trace=Pinned.new_trace(session_id=request.session_id, agent=turn_agent.name),
     )
     if admitted.documents:
         pinned["documents"] = list(admitted.documents)

@@ -1,0 +1,58 @@
+"""A turn submitted by a process that traces nothing is sampled where it is driven."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased, Sampler, TraceIdRatioBased
+
+from turnkit import Agent, Approve, RuntimeConfig, SessionRuntime, tool
+from turnkit.events import ApprovalRequestedEvent
+from turnkit.otel import use_providers
+from turnkit.testing import ModelStep, ScriptedModel, call, collect_events
+
+
+@tool(approval="always")
+async def send_email(to: str) -> str:
+    """Send an email (needs a person's approval)."""
+    return f"sent to {to}"
+
+
+@pytest.mark.parametrize(("sampler", "kept"), [(TraceIdRatioBased(0.0), False), (ALWAYS_ON, True)])
+async def test_the_driving_process_samples_a_turn_whose_submitter_traced_nothing(
+    tmp_path: Path, sampler: Sampler, kept: bool
+) -> None:
+    config = RuntimeConfig(database_url=f"sqlite:///{tmp_path / 's.db'}")
+    before = ScriptedModel([ModelStep.tool_call_reply(call("send_email", to="ada@example.com"))])
+    async with SessionRuntime(agent=Agent(model=before, tools=[send_email]), config=config) as rt:
+        events = await collect_events(rt.execute_message("s1", "email Ada"))  # no tracing
+    asked = events[-1]
+    assert isinstance(asked, ApprovalRequestedEvent)
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(sampler=ParentBased(root=sampler))
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    meters = MeterProvider()
+    after = ScriptedModel([ModelStep.text_reply("Done: sent.")])
+    with use_providers(provider, meters):
+        async with SessionRuntime(
+            agent=Agent(model=after, tools=[send_email]), config=config
+        ) as rt:
+            pinned = (await rt.turn(asked.turn_id)).pinned["traceparent"]
+            await rt.resume(asked.turn_id, asked.request_id, Approve())
+            async with asyncio.timeout(20):
+                while (await rt.turn(asked.turn_id)).status != "succeeded":
+                    await asyncio.sleep(0.02)
+    provider.shutdown()
+    meters.shutdown()
+    spans = exporter.get_finished_spans()
+    # A worker sampling nothing keeps nothing; one keeping all keeps the pinned trace.
+    assert bool(spans) is kept
+    assert isinstance(pinned, str)
+    assert all(f"{s.context.trace_id:032x}" in pinned for s in spans)
