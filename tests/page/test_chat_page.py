@@ -315,6 +315,43 @@ def test_an_approval_card_survives_a_reload_and_finishes_the_turn(
     model.assert_complete()
 
 
+@tool
+async def balance(account: str) -> str:
+    """Look an account's balance up."""
+    return f"{account}: 120 EUR"
+
+
+def test_a_call_waiting_on_its_batchs_approval_is_shown_waiting_not_running(
+    page: Page, tmp_path: Path
+) -> None:
+    """Nothing of a batch runs until its approval is answered: the other call does not
+    tick as if it ran, before or after a reload, and runs once the answer is in."""
+    model = ScriptedModel(
+        [
+            ModelStep.tool_call_reply(
+                call("wire", amount=5, to="Bob"), call("balance", account="A")
+            ),
+            ModelStep.text_reply("Sent, and A has 120 EUR."),
+        ]
+    )
+    with serve_page(tmp_path, Agent(model=model, tools=[wire, balance])) as app:
+        page.goto(app.url)
+        send(page, "Pay Bob and check A")
+        card = page.locator(".card.approval")
+        expect(card.locator(".card-title")).to_have_text("Approve wire?")
+        waiting = page.locator(".block.tool").nth(1)
+        for _ in range(2):  # live, then from the turn's log
+            expect(waiting).to_have_attribute("data-status", "queued")
+            expect(waiting.locator(".status")).to_have_text("waiting for its batch's approval:")
+            expect(waiting.locator(".duration")).to_have_text("")
+            page.reload()
+            expect(card.locator(".card-title")).to_have_text("Approve wire?")
+        card.locator("[data-decision='approve']").click()
+        expect(waiting).to_have_attribute("data-status", "succeeded")
+        expect(page.locator(".block.tool").nth(0)).to_have_attribute("data-status", "succeeded")
+    model.assert_complete()
+
+
 @tool(approval="always", approver_role="supervisor")
 async def wire_big(amount: int, to: str) -> str:
     """Send a lot of money (a supervisor approves)."""

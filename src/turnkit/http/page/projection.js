@@ -289,14 +289,14 @@ const FOLDERS = {
       code: e.code,
     })),
   "approval.answered": (turn, e) =>
-    upsertTool(turn, e.tool_call_id, (b) => ({
+    releaseBatch(upsertTool(turn, e.tool_call_id, (b) => ({
       ...b,
       approval: { decision: e.decision, note: e.note ?? null, changed: e.arguments != null },
       // A request an asked agent handed over: a denial is its agent's to handle, the call goes
       // on (and stays noted, whatever a later request of that agent was answered).
       askedDenial: b.handed && e.decision === "deny" ? { note: e.note ?? null } : b.askedDenial ?? null,
       status: b.status === "awaiting_approval" ? (e.decision === "approve" || b.handed ? "running" : "denied") : b.status,
-    })),
+    })), e),
   "tool.in_doubt": (turn, e) =>
     upsertTool(turn, e.tool_call_id, (b) => ({ ...b, inDoubt: e.resolution })),
   "job.dispatched": (turn, e) =>
@@ -326,7 +326,10 @@ const FOLDERS = {
   "approval.requested": (turn, e) =>
     askFor(
       // `handed`: what an agent this call asked wants to do, not the call itself.
-      updateBlock(turn, `tool:${e.tool_call_id}`, (b) => ({ ...b, status: "awaiting_approval", handed: e.asked != null })),
+      holdBatch(
+        updateBlock(turn, `tool:${e.tool_call_id}`, (b) => ({ ...b, status: "awaiting_approval", handed: e.asked != null })),
+        e,
+      ),
       {
         kind: "approval",
         requestId: e.request_id,
@@ -576,9 +579,33 @@ function upsertTool(turn, toolCallId, change) {
   );
 }
 
+/**
+ * A call's own approval holds its whole batch: the other calls of the batch (started,
+ * not finished) wait for it, `queued`, not running (no clock ticks for them).
+ */
+function holdBatch(turn, e) {
+  if (e.asked != null) return turn; // an asked agent's request: the batch is running
+  const blocks = turn.blocks.map((b) =>
+    b.kind === "tool" && b.status === "running" && b.toolCallId !== e.tool_call_id && b.durationMs === null
+      ? { ...b, status: "queued" }
+      : b,
+  );
+  return { ...turn, blocks };
+}
+
+/** Once no call of the batch waits for its approval, the batch runs from then on. */
+function releaseBatch(turn, e) {
+  const held = (b) => b.kind === "tool" && b.status === "awaiting_approval" && !b.handed;
+  if (turn.blocks.some(held) || !turn.blocks.some((b) => b.status === "queued")) return turn;
+  const blocks = turn.blocks.map((b) =>
+    b.kind === "tool" && b.status === "queued" ? { ...b, status: "running", startedAt: e.ts } : b,
+  );
+  return { ...turn, blocks };
+}
+
 /** Tool rows the turn ended before they finished (stopped while waiting or running). */
 function settleTools(turn) {
-  const open = new Set(["preparing", "running", "awaiting_approval", "awaiting_input"]);
+  const open = new Set(["preparing", "running", "queued", "awaiting_approval", "awaiting_input"]);
   if (!turn.blocks.some((b) => b.kind === "tool" && open.has(b.status))) return turn;
   const blocks = turn.blocks.map((b) =>
     b.kind === "tool" && open.has(b.status) ? { ...b, status: "not_finished" } : b,

@@ -127,6 +127,7 @@ function drawBlock(node, block, turn, index) {
 const TOOL_ICONS = {
   preparing: "…",
   running: "",
+  queued: "…",
   awaiting_approval: "?",
   awaiting_input: "?",
   succeeded: "✓",
@@ -138,6 +139,7 @@ const TOOL_ICONS = {
 const TOOL_STATES = {
   preparing: "being prepared:",
   running: "running:",
+  queued: "waiting for its batch's approval:",
   awaiting_approval: "waiting for approval:",
   awaiting_input: "waiting for your answer:",
   succeeded: "succeeded:",
