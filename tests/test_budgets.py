@@ -1046,3 +1046,28 @@ async def test_a_turn_working_past_midnight_spends_in_the_new_day_from_its_first
         [use] = await runtime.store.budget_report()
         assert use.spent_tokens == 2_800  # what GET /budgets shows: today's calls only
         await runtime.cancel(paused.turn_id)
+
+
+async def test_a_process_whose_clock_is_behind_adds_to_the_new_days_count(
+    db: tuple[str, str | None],
+) -> None:
+    """Just after midnight, a process whose clock still says yesterday does not start
+    yesterday's count again: what it spends goes into today's, which the others read."""
+    url, schema = db
+    config = _config(url, database_schema=schema)
+    ahead = SessionRuntime(agent=Agent(model=_spending_model(), tools=[add]), config=config,
+                           clock=_Tomorrow())  # fmt: skip
+    behind = SessionRuntime(agent=Agent(model=_spending_model(), tools=[add]), config=config)
+    async with ahead, behind:
+        await ahead.set_budget_limit(_limit(100_000, period="day"))
+        first = await collect_events(ahead.execute_message("s1", "add 2 and 3", principal=ANN))
+        second = await collect_events(behind.execute_message("s2", "add 2 and 3", principal=ANN))
+        await ahead.wait_background()
+        await behind.wait_background()
+        spent = [await ahead.store.read_usage(e[0].turn_id) for e in (first, second)]
+        total = sum(u.input_tokens + u.output_tokens for u in spent if u is not None)
+        assert total >= 1_400
+        [use] = await ahead.store.budget_report()
+        assert use.spent_tokens == total  # the first turn's spend was not forgotten
+        [late] = await behind.store.budget_report()
+        assert late.spent_tokens == total  # the clock behind reads the newer count too

@@ -48,14 +48,20 @@ def _chain(turn: str) -> str:
 
 
 def _update(turn: str, usd: str, tokens: str, day: str, month: str, source: str) -> str:
-    """Add `usd` and `tokens` to each counted limit covering `turn`, rolling periods over."""
+    """Add `usd` and `tokens` to each counted limit covering `turn`, rolling periods over.
+
+    Only forward: a process whose clock is a little behind (still before midnight, when
+    another's count is of the new day) adds to the newer count instead of starting the
+    old period's again (period keys sort as they follow each other).
+    """
     now = f"CASE period WHEN 'day' THEN {day} WHEN 'month' THEN {month} ELSE 'total' END"
     return f"""UPDATE tk_budget_limits SET
     spent_usd = CASE WHEN spent_period IS NULL THEN spent_usd
-        WHEN spent_period = {now} THEN spent_usd + {usd} ELSE {usd} END,
+        WHEN spent_period >= {now} THEN spent_usd + {usd} ELSE {usd} END,
     spent_tokens = CASE WHEN spent_period IS NULL THEN spent_tokens
-        WHEN spent_period = {now} THEN spent_tokens + {tokens} ELSE {tokens} END,
-    spent_period = CASE WHEN spent_period IS NULL THEN NULL ELSE {now} END
+        WHEN spent_period >= {now} THEN spent_tokens + {tokens} ELSE {tokens} END,
+    spent_period = CASE WHEN spent_period IS NULL OR spent_period >= {now} THEN spent_period
+        ELSE {now} END
 {source}
 WHERE t.turn_id = {turn}
     AND tk_budget_limits.organisation = COALESCE(t.organisation, '{DEFAULT_ORGANISATION}')

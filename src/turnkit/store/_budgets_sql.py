@@ -165,7 +165,7 @@ def _use(conn: Connection, row: Any, now: datetime) -> BudgetUse:
     limit = _limit(row)
     if row.spent_period is None:
         spent_usd, spent_tokens = _scan(conn, limit, now)
-    elif row.spent_period == period_key(limit.period, now):
+    elif row.spent_period >= period_key(limit.period, now):  # a clock ahead counts too
         spent_usd, spent_tokens = row.spent_usd, row.spent_tokens
     else:
         spent_usd, spent_tokens = 0.0, 0  # a new period: nothing counted in it yet
