@@ -870,8 +870,9 @@ async def test_turns_starting_at_once_cannot_overspend_a_usd_limit(
 async def test_a_turn_resumed_by_a_new_period_spends_within_that_period(
     db: tuple[str, str | None],
 ) -> None:
-    """A turn's spend is dated by its start: what it spends after a new period resumed it
-    counts in that period too, or the day's limit would never see it."""
+    """What a turn spends after a new period resumed it counts in that period, for the
+    sweep too: a pass that resumed it every time would have it pause again, once per
+    sweep, until its call fails after 64 pauses."""
     url, schema = db
 
     def reply(request: ModelRequest) -> ModelStep:  # every call spends 700 tokens
@@ -894,6 +895,8 @@ async def test_a_turn_resumed_by_a_new_period_spends_within_that_period(
         again = rest[-1]
         assert isinstance(again, BudgetPausedEvent), [e.type for e in rest]
         assert "700 of 800 tokens" in again.reason
+        # Today's room is gone: the next sweep leaves the turn waiting for tomorrow.
+        assert await later.resume_budget_pauses() == []
         assert len(model.calls) == 2
 
 
@@ -928,37 +931,6 @@ async def test_a_first_call_cut_short_is_priced_at_its_models_list_price(
     assert cut is not None
     assert cut.output_tokens > 0
     assert cut.cost_usd == pytest.approx(cut.input_tokens * 1e-5 + cut.output_tokens * 2e-5)
-
-
-async def test_a_turn_a_new_period_resumed_is_not_resumed_again_once_its_room_is_gone(
-    db: tuple[str, str | None],
-) -> None:
-    """What a turn resumed in a new period spent since counts for the sweep too: a pass
-    that resumed it every time would have it pause again, once per sweep, until its call
-    fails after 64 pauses."""
-    url, schema = db
-
-    def reply(request: ModelRequest) -> ModelStep:  # every call spends 700 tokens
-        return _a_700_token_call()
-
-    model = ScriptedModel([ModelStep.respond(reply)], repeat_last=True)
-    agent = Agent(model=model, tools=[add], max_tool_rounds=12)
-    config = _config(url, database_schema=schema)
-    async with SessionRuntime(agent=agent, config=config) as runtime:
-        await runtime.set_budget_limit(_limit(800, period="day"))
-        events = await collect_events(runtime.execute_message("s1", "add 2 and 3", principal=ANN))
-        paused = events[-1]
-        assert isinstance(paused, BudgetPausedEvent), [e.type for e in events]
-    async with SessionRuntime(agent=agent, config=config, clock=_Tomorrow()) as later:
-        assert await later.resume_budget_pauses() == [paused.turn_id]  # a new day
-        async with asyncio.timeout(20):
-            rest = [e async for e in later.follow(paused.turn_id, after_seq=paused.seq)]
-        again = rest[-1]
-        assert isinstance(again, BudgetPausedEvent), [e.type for e in rest]
-        assert "700 of 800 tokens" in again.reason
-        # Today's room is gone: the next sweep leaves the turn waiting for tomorrow.
-        assert await later.resume_budget_pauses() == []
-        assert len(model.calls) == 2
 
 
 async def test_turns_answered_in_a_new_period_cannot_overspend_it_together(
