@@ -6,11 +6,13 @@ import asyncio
 from pathlib import Path
 
 import pytest
+from opentelemetry import trace
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased, Sampler, TraceIdRatioBased
+from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
 from turnkit import Agent, Approve, RuntimeConfig, SessionRuntime, tool
 from turnkit.events import ApprovalRequestedEvent
@@ -56,3 +58,37 @@ async def test_the_driving_process_samples_a_turn_whose_submitter_traced_nothing
     assert bool(spans) is kept
     assert isinstance(pinned, str)
     assert all(f"{s.context.trace_id:032x}" in pinned for s in spans)
+
+
+async def test_a_turn_whose_submitter_traced_nothing_is_sampled_as_a_trace_of_its_own(
+    tmp_path: Path,
+) -> None:
+    """The driving process decides as its sampler does for a trace of its own, whatever
+    span the code answering the pause runs in (here an upstream's unsampled request): the
+    turn's trace is the pinned one, that span is only linked."""
+    config = RuntimeConfig(database_url=f"sqlite:///{tmp_path / 's.db'}")
+    before = ScriptedModel([ModelStep.tool_call_reply(call("send_email", to="ada@example.com"))])
+    async with SessionRuntime(agent=Agent(model=before, tools=[send_email]), config=config) as rt:
+        events = await collect_events(rt.execute_message("s1", "email Ada"))  # no tracing
+    asked = events[-1]
+    assert isinstance(asked, ApprovalRequestedEvent)
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(sampler=ParentBased(root=ALWAYS_ON))  # the SDK's default
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    meters = MeterProvider()
+    after = ScriptedModel([ModelStep.text_reply("Done: sent.")])
+    upstream = SpanContext(0x1234, 0x5678, is_remote=True, trace_flags=TraceFlags(0))
+    with use_providers(provider, meters):
+        async with SessionRuntime(
+            agent=Agent(model=after, tools=[send_email]), config=config
+        ) as rt:
+            with trace.use_span(NonRecordingSpan(upstream)):  # an unsampled request
+                await rt.resume(asked.turn_id, asked.request_id, Approve())
+            async with asyncio.timeout(20):
+                while (await rt.turn(asked.turn_id)).status != "succeeded":
+                    await asyncio.sleep(0.02)
+    provider.shutdown()
+    meters.shutdown()
+    names = [s.name for s in exporter.get_finished_spans()]
+    assert "invoke_agent assistant" in names, names  # every trace of its own is kept

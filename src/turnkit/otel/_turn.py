@@ -191,7 +191,9 @@ def _decided_here(found: Active, parent: Context, agent: str) -> Context:
     sampler = getattr(found.tracer, "sampler", None)
     if sampler is None:  # not the SDK's tracer: it samples as it does
         return parent
-    decision = sampler.should_sample(None, invented.trace_id, f"invoke_agent {agent}")
+    # An empty context, not None: a parent-based sampler given None reads the current
+    # span (say, the request answering a pause) and follows its flag, not its root's.
+    decision = sampler.should_sample(Context(), invented.trace_id, f"invoke_agent {agent}")
     flags = TraceFlags(TraceFlags.SAMPLED if decision.decision.is_sampled() else TraceFlags.DEFAULT)
     decided = SpanContext(invented.trace_id, invented.span_id, is_remote=True, trace_flags=flags)
     return trace.set_span_in_context(NonRecordingSpan(decided))
