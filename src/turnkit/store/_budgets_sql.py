@@ -161,14 +161,13 @@ def _covering(conn: Connection, subject: BudgetSubject) -> list[Any]:
 
 
 def _use(conn: Connection, row: Any, now: datetime) -> BudgetUse:
-    """`row`'s limit with what its current period spent (its count, else a scan)."""
+    """`row`'s limit with what its current period spent (its count, else a scan).
+
+    The count is read again in the statement that sums the reservations: a call committed
+    meanwhile adds to the count and releases its reservation in one transaction, so one
+    snapshot sees it in exactly one of the two (PostgreSQL reads each statement afresh).
+    """
     limit = _limit(row)
-    if row.spent_period is None:
-        spent_usd, spent_tokens = _scan(conn, limit, now)
-    elif row.spent_period >= period_key(limit.period, now):  # a clock ahead counts too
-        spent_usd, spent_tokens = row.spent_usd, row.spent_tokens
-    else:
-        spent_usd, spent_tokens = 0.0, 0  # a new period: nothing counted in it yet
     held = {
         "organisation": reservations.c.organisation,
         "department": reservations.c.department,
@@ -176,16 +175,33 @@ def _use(conn: Connection, row: Any, now: datetime) -> BudgetUse:
         "session": reservations.c.session_id,
     }[limit.scope]
     keys = _members(conn, limit)
-    held_usd, held_tokens = conn.execute(
+    counted = [
+        select(column).where(*_key(row)).scalar_subquery()
+        for column in (
+            budget_limits.c.spent_period,
+            budget_limits.c.spent_usd,
+            budget_limits.c.spent_tokens,
+        )
+    ]
+    held_usd, held_tokens, period, counted_usd, counted_tokens = conn.execute(
         select(
             func.coalesce(func.sum(reservations.c.usd), 0.0),
             func.coalesce(func.sum(reservations.c.tokens), 0),
+            *counted,
         ).where(
             reservations.c.organisation == limit.organisation,
             held.in_(keys),
             reservations.c.expires_at > now,
         )
     ).one()
+    if period is None and counted_usd is None:  # deleted meanwhile: as it was read
+        period, counted_usd, counted_tokens = row.spent_period, row.spent_usd, row.spent_tokens
+    if period is None:
+        spent_usd, spent_tokens = _scan(conn, limit, now)
+    elif period >= period_key(limit.period, now):  # a clock ahead counts too
+        spent_usd, spent_tokens = counted_usd, counted_tokens
+    else:
+        spent_usd, spent_tokens = 0.0, 0  # a new period: nothing counted in it yet
     return BudgetUse(
         limit=limit,
         spent_usd=float(spent_usd),
