@@ -34,6 +34,9 @@ __all__ = ("delete_limit", "limits", "release", "report", "reserve", "set_limit"
 
 def set_limit(conn: Connection, insert: Any, limit: BudgetLimit, now: datetime) -> None:
     """Create or replace a limit."""
+    found = conn.execute(select(budget_limits.c.spent_period).where(*_key(limit))).first()
+    if found is not None and found.spent_period is None:
+        _hold_usage(conn)  # before the upsert locks a row a commit may be waiting for
     values = {
         "scope": limit.scope,
         "organisation": limit.organisation,
@@ -248,6 +251,10 @@ def _start_count(conn: Connection, row: Any, now: datetime) -> None:
     a commit that added before it is in the scan.
     """
     key = _key(row)
+    found = conn.execute(select(budget_limits.c.spent_period).where(*key)).first()
+    if found is None or found.spent_period is not None:
+        return  # deleted meanwhile, or counting already
+    _hold_usage(conn)
     locked = conn.execute(select(budget_limits).where(*key).with_for_update()).first()
     if locked is None or locked.spent_period is not None:
         return  # deleted meanwhile, or another process counted it
@@ -257,6 +264,19 @@ def _start_count(conn: Connection, row: Any, now: datetime) -> None:
         .where(*key)
         .values(spent_usd=usd, spent_tokens=tokens, spent_period=period_key(locked.period, now))
     )
+
+
+def _hold_usage(conn: Connection) -> None:
+    """Wait for every commit writing usage to end, and hold new ones off (PostgreSQL).
+
+    A commit in flight may have taken its snapshot before a new limit's row was written:
+    its count step does not see the row, so the limit's first scan must see its usage.
+    Under READ COMMITTED the scan only sees committed rows: this lock (it conflicts with
+    the commit's, taken before its snapshot) makes the scan come after every such commit,
+    and any later commit take its snapshot after the row is in.
+    """
+    if conn.dialect.name == "postgresql":
+        conn.execute(text("LOCK TABLE tk_usage IN SHARE MODE"))
 
 
 def _key(row: Any) -> tuple[Any, ...]:
