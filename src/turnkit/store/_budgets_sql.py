@@ -246,9 +246,9 @@ def _scan(conn: Connection, limit: BudgetLimit, now: datetime) -> tuple[float, i
 def _start_count(conn: Connection, row: Any, now: datetime) -> None:
     """Count what `row`'s limit spent this period, so commits add to it from now on.
 
-    `row` is a limit's row or a `BudgetLimit`; a limit counting already is left. The row
-    is locked first (PostgreSQL): a commit adding to it waits until the count is in, and
-    a commit that added before it is in the scan.
+    `row` is a limit's row or a `BudgetLimit`; a limit counting already is left. On
+    PostgreSQL commits recording usage are held off first (`_hold_usage`), then the row
+    is locked: each call is in the scan or adds to the count, never both or neither.
     """
     key = _key(row)
     found = conn.execute(select(budget_limits.c.spent_period).where(*key)).first()
