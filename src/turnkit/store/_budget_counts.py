@@ -4,8 +4,8 @@ A model call's commit adds its spend to every limit covering its turn (`ADD_SPEN
 the `counted` step of the PostgreSQL commit statement), dated by the call, not by its
 turn's start: checking a limit reads one row however long the history, and a turn that
 goes on past midnight spends in the new day. A limit's count is `NULL` until a write
-transaction first needs it (`start_count`, from a scan of the usage rollup); commits
-leave a `NULL` count alone and readers scan instead.
+transaction first needs it (`_budgets_sql._start_count`, from a scan of the usage
+rollup); commits leave a `NULL` count alone and readers scan instead.
 """
 
 from __future__ import annotations
