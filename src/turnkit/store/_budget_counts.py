@@ -10,40 +10,34 @@ rollup); commits leave a `NULL` count alone and readers scan instead.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, Final
 
-from sqlalchemy import Connection, text, update
+from sqlalchemy import text
 
-from turnkit.budgets import BudgetPeriod
-from turnkit.store._schema import budget_limits
+from turnkit.budgets import BudgetPeriod, period_start
+from turnkit.store._sessions_sql import DELEGATION_DEPTH
 from turnkit.tenancy import DEFAULT_DEPARTMENT, DEFAULT_ORGANISATION
 
-__all__ = ("CHAIN_PG", "COUNTED_PG", "ADD_SPEND", "forget_sessions", "period_key", "spend_params")
-
-_DEPTH: Final = 16
-"""How many asking sessions up a delegated turn's spend counts (as `asking` follows)."""
+__all__ = ("CHAIN_PG", "COUNTED_PG", "ADD_SPEND", "period_key", "spend_params")
 
 
-def period_key(period: BudgetPeriod | str, now: datetime) -> str:
+def period_key(period: BudgetPeriod, now: datetime) -> str:
     """The period containing `now` as a count names it (`2026-12-06`, `2026-12`, `total`)."""
-    now = now.astimezone(UTC)
-    if period == "day":
-        return now.strftime("%Y-%m-%d")
-    if period == "month":
-        return now.strftime("%Y-%m")
-    return "total"
+    start = period_start(period, now)
+    if start is None:
+        return "total"
+    return start.strftime("%Y-%m-%d" if period == "day" else "%Y-%m")
 
 
 def _chain(turn: str) -> str:
-    """The turn's session and the sessions that asked it, up the delegation chain."""
+    """The turn's session and those that asked it: `_sessions_sql.asking`, in SQL."""
     return f"""chain(session_id, depth) AS (
     SELECT session_id, 0 FROM tk_turns WHERE turn_id = {turn}
     UNION ALL
     SELECT s.parent_session, c.depth + 1
     FROM tk_sessions s JOIN chain c ON s.session_id = c.session_id
-    WHERE s.parent_session IS NOT NULL AND c.depth < {_DEPTH}
+    WHERE s.parent_session IS NOT NULL AND c.depth < {DELEGATION_DEPTH}
 )"""
 
 
@@ -89,15 +83,9 @@ COUNTED_PG: Final = _update(
     "d.tokens",
     "to_char($3::timestamptz AT TIME ZONE 'UTC', 'YYYY-MM-DD')",
     "to_char($3::timestamptz AT TIME ZONE 'UTC', 'YYYY-MM')",
-    """FROM tk_turns t, (
-    SELECT sum(s.cost_usd) AS usd, sum(s.input_tokens + s.output_tokens) AS tokens
-    FROM unnest($13::int[], $15::int[], $16::int[], $18::float8[])
-        AS s(seq, input_tokens, output_tokens, cost_usd)
-    JOIN new_audit n ON n.seq_within_turn = s.seq
-    HAVING sum(s.input_tokens + s.output_tokens) > 0 OR sum(s.cost_usd) > 0
-) d""",
+    "FROM tk_turns t, spent d",
 )
-"""The PostgreSQL commit statement's step adding the rows it inserted to the counts."""
+"""The PostgreSQL commit statement's step adding what its rows `spent` to the counts."""
 
 
 def spend_params(turn_id: str, usd: float, tokens: int, now: datetime) -> dict[str, Any]:
@@ -109,12 +97,3 @@ def spend_params(turn_id: str, usd: float, tokens: int, now: datetime) -> dict[s
         "c_day": period_key("day", now),
         "c_month": period_key("month", now),
     }
-
-
-def forget_sessions(conn: Connection, session_ids: Sequence[str]) -> None:
-    """Deleted sessions' spend leaves their session limits (a reused id starts afresh)."""
-    conn.execute(
-        update(budget_limits)
-        .where(budget_limits.c.scope == "session", budget_limits.c.key.in_(list(session_ids)))
-        .values(spent_usd=0.0, spent_tokens=0)
-    )

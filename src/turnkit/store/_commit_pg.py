@@ -31,7 +31,7 @@ from turnkit.store._budget_counts import CHAIN_PG, COUNTED_PG
 
 __all__ = ("APPEND", "END", "append", "end")
 
-_ROWS = """
+_ROWS = f"""
 new_events AS (
     INSERT INTO tk_events (turn_id, seq, type, data)
     SELECT $1, e.seq, e.type, e.data
@@ -62,22 +62,23 @@ new_events AS (
         output_tokens = tk_usage.output_tokens + excluded.output_tokens,
         cached_tokens = tk_usage.cached_tokens + excluded.cached_tokens,
         cost_usd = tk_usage.cost_usd + excluded.cost_usd
+), spent AS (
+    -- What the audit rows this statement inserted spent (none: no row).
+    SELECT sum(s.cost_usd) AS usd, sum(s.input_tokens + s.output_tokens) AS tokens
+    FROM unnest($13::int[], $15::int[], $16::int[], $18::float8[])
+        AS s(seq, input_tokens, output_tokens, cost_usd)
+    JOIN new_audit n ON n.seq_within_turn = s.seq
+    HAVING sum(s.input_tokens + s.output_tokens) > 0 OR sum(s.cost_usd) > 0
 ), released AS (
     -- A call's spend is recorded: what it reserved of a budget is spent, not held. A row
     -- that spent nothing (a failed rung its cascade went on from) settles nothing.
-    DELETE FROM tk_budget_reservations WHERE turn_id = $1 AND EXISTS (
-        SELECT FROM unnest($13::int[], $15::int[], $16::int[], $18::float8[])
-            AS s(seq, input_tokens, output_tokens, cost_usd)
-        JOIN new_audit n ON n.seq_within_turn = s.seq
-        WHERE s.input_tokens > 0 OR s.output_tokens > 0 OR s.cost_usd > 0
-    )
-), CHAIN, counted AS (
+    DELETE FROM tk_budget_reservations WHERE turn_id = $1 AND EXISTS (SELECT FROM spent)
+), {CHAIN_PG}, counted AS (
     -- ... and counts against every limit covering the turn, in the call's period.
-    COUNTED
+    {COUNTED_PG}
 )
-{rider}SELECT newest_guide_seq FROM fence
+{{rider}}SELECT newest_guide_seq FROM fence
 """
-_ROWS = _ROWS.replace("CHAIN", CHAIN_PG).replace("COUNTED", COUNTED_PG)
 """Events, audit rows and usage (the call's budget reservation released, its spend
 counted against the limits covering it), written only if `fence` (the turn's row) was
 updated."""
