@@ -120,10 +120,9 @@ def reserve(
     # The turn's previous call is in the rollup by now: its reservation goes.
     release(conn, turn_id)
     covering = _covering(conn, subject)
-    if any(row.spent_period is None for row in covering):
-        for row in covering:
-            _start_count(conn, row, now)
-        covering = _covering(conn, subject)
+    for row in covering:
+        if row.spent_period is None:
+            _start_count(conn, row, now)  # `_use` reads the count it starts
     found = [_use(conn, row, now) for row in covering]
     if not all(use.fits(usd, tokens) for use in found):
         return None, found
@@ -258,11 +257,12 @@ def _start_count(conn: Connection, row: Any, now: datetime) -> None:
     locked = conn.execute(select(budget_limits).where(*key).with_for_update()).first()
     if locked is None or locked.spent_period is not None:
         return  # deleted meanwhile, or another process counted it
-    usd, tokens = _scan(conn, _limit(locked), now)
+    limit = _limit(locked)
+    usd, tokens = _scan(conn, limit, now)
     conn.execute(
         update(budget_limits)
         .where(*key)
-        .values(spent_usd=usd, spent_tokens=tokens, spent_period=period_key(locked.period, now))
+        .values(spent_usd=usd, spent_tokens=tokens, spent_period=period_key(limit.period, now))
     )
 
 

@@ -11,10 +11,10 @@ from sqlalchemy import Connection, bindparam, delete, or_, select, update
 from turnkit.errors import SessionNotFoundError
 from turnkit.ids import SessionId
 from turnkit.store import SessionRecord
-from turnkit.store._budget_counts import forget_sessions
 from turnkit.store._schema import (
     Fields,
     aware,
+    budget_limits,
     events,
     inputs,
     pauses,
@@ -26,6 +26,7 @@ from turnkit.store._schema import (
 )
 
 __all__ = (
+    "DELEGATION_DEPTH",
     "asking",
     "create",
     "delegated",
@@ -182,8 +183,9 @@ def _keep_attribution(session_ids: Sequence[str]) -> Any:
     )
 
 
-_DELEGATION_DEPTH: Final = 16
-"""How deep delegated sessions are followed when their asking session is deleted."""
+DELEGATION_DEPTH: Final = 16
+"""How deep delegated sessions are followed: when their asking session is deleted, and up
+to the limits of the sessions that asked (budgets)."""
 
 
 def delegated(conn: Connection, session_id: SessionId) -> list[SessionId]:
@@ -195,7 +197,7 @@ def asking(conn: Connection, session_id: str) -> list[str]:
     """`session_id` and the sessions whose agents asked it, nearest first, 16 levels up."""
     chain = [session_id]
     parent = select(sessions.c.parent_session).where(sessions.c.session_id == bindparam("id"))
-    for _ in range(_DELEGATION_DEPTH):
+    for _ in range(DELEGATION_DEPTH):
         above = conn.execute(parent, {"id": chain[-1]}).scalar_one_or_none()
         if above is None or above in chain:
             break
@@ -206,7 +208,7 @@ def asking(conn: Connection, session_id: str) -> list[str]:
 def with_delegated(conn: Connection, ids: list[str]) -> list[str]:
     """`ids` and the sessions delegated agents answered in for them, up to 16 levels deep."""
     found, frontier = list(ids), ids
-    for _ in range(_DELEGATION_DEPTH):
+    for _ in range(DELEGATION_DEPTH):
         query = select(sessions.c.session_id).where(sessions.c.parent_session.in_(frontier))
         frontier = [row.session_id for row in conn.execute(query)]
         if not frontier:
@@ -227,7 +229,12 @@ def remove_many(conn: Connection, session_ids: Sequence[str]) -> int:
     ids = with_delegated(conn, list(session_ids))
     turn_ids = select(turns.c.turn_id).where(turns.c.session_id.in_(ids))
     conn.execute(_keep_attribution(ids))
-    forget_sessions(conn, ids)
+    # Their spend leaves their session limits' counts (a reused id starts afresh).
+    conn.execute(
+        update(budget_limits)
+        .where(budget_limits.c.scope == "session", budget_limits.c.key.in_(ids))
+        .values(spent_usd=0.0, spent_tokens=0)
+    )
     conn.execute(delete(events).where(events.c.turn_id.in_(turn_ids)))
     conn.execute(delete(pauses).where(pauses.c.session_id.in_(ids)))
     conn.execute(delete(transcripts).where(transcripts.c.session_id.in_(ids)))
