@@ -13,13 +13,7 @@ from typing import Final, Literal
 
 from turnkit.models._loader import load_litellm
 
-__all__ = (
-    "DEFAULT_FACTS",
-    "ModelFacts",
-    "list_price",
-    "model_facts",
-    "thinking_budget",
-)
+__all__ = ("DEFAULT_FACTS", "ModelFacts", "list_price", "model_facts", "thinking_budget")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

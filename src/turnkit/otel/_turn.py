@@ -64,27 +64,20 @@ nothing: whoever drives the turn samples it as a trace of its own (`_decided_her
 
 
 def submit_trace(*, session_id: str, agent: str) -> dict[str, Any]:
-    """What a new turn pins of its trace: its `traceparent` (and `INVENTED`, when made up)."""
-    invented = not trace.get_current_span().get_span_context().is_valid and active() is None
-    traceparent = submit_traceparent(session_id=session_id, agent=agent)
-    return {"traceparent": traceparent, **({INVENTED: True} if invented else {})}
-
-
-def submit_traceparent(*, session_id: str, agent: str) -> str:
-    """The W3C `traceparent` a new turn is pinned to.
+    """What a new turn pins of its trace: its W3C `traceparent` (and `INVENTED`).
 
     The current span's, if there is one (an HTTP request, the caller's own span). Else,
     with tracing on, a `turnkit.submit` span marks the submission and roots the trace
     (named by its session and agent: not by the turn, since a retried request is answered
-    with the turn it made the first time); with it off, fresh random ids (pin them with
-    `INVENTED`), so processes that do trace still share one trace.
+    with the turn it made the first time); with it off, fresh random ids, pinned as
+    `INVENTED`, so processes that do trace still share one trace.
     """
     current = trace.get_current_span().get_span_context()
     if not current.is_valid:
         found = active()
         if found is None:
             trace_id, span_id = random.getrandbits(128) or 1, random.getrandbits(64) or 1
-            return f"00-{trace_id:032x}-{span_id:016x}-01"
+            return {"traceparent": f"00-{trace_id:032x}-{span_id:016x}-01", INVENTED: True}
         span = found.tracer.start_span(
             "turnkit.submit",
             kind=SpanKind.INTERNAL,
@@ -94,7 +87,12 @@ def submit_traceparent(*, session_id: str, agent: str) -> str:
         current = span.get_span_context()
     carrier: dict[str, str] = {}
     _PROPAGATOR.inject(carrier, context=trace.set_span_in_context(NonRecordingSpan(current)))
-    return carrier["traceparent"]
+    return {"traceparent": carrier["traceparent"]}
+
+
+def submit_traceparent(*, session_id: str, agent: str) -> str:
+    """The W3C `traceparent` a new turn is pinned to (`submit_trace`'s)."""
+    return str(submit_trace(session_id=session_id, agent=agent)["traceparent"])
 
 
 class TurnTrace:
