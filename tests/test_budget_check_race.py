@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import uuid
 
-import asyncpg
 import pytest
 
-from tests.conftest import POSTGRES_URL, require_service
+from tests.conftest import POSTGRES_URL
 from tests.helpers import new_input
 from turnkit import BudgetLimit
 from turnkit.audit import AuditRow, CallIdentity, CallShape
@@ -21,71 +19,63 @@ from turnkit.store.sql import SqlStore
 
 
 async def test_a_call_committed_while_a_check_reads_counts_as_spent_or_as_held(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, pg_schema: str
 ) -> None:
     """A check reads a limit's count, then what reservations hold. A call of another turn
     committed in between (its spend added to the count, its reservation released, in one
     transaction) must be in one of the two reads, or the check lets two calls overspend."""
-    require_service("PostgreSQL", "127.0.0.1", 5432)
-    schema = f"tk_test_{uuid.uuid4().hex[:12]}"
+    schema = pg_schema
 
     def subject(who: str) -> BudgetSubject:
         return BudgetSubject(organisation="default", department="general", principal=who,
                              session_id=f"s-{who}")  # fmt: skip
 
-    try:
-        async with SqlStore.from_url(POSTGRES_URL, schema=schema) as store:
-            await store.set_budget_limit(BudgetLimit(scope="organisation", tokens=1_000))
-            sub = await store.submit(
-                new_input(
-                    session="s-bob", principal="bob", organisation="default", department="general"
-                )  # fmt: skip
-            )
-            lease = await store.claim("w1", ttl_s=30, max_attempts=3)
-            assert lease is not None
-            held, _ = await store.reserve_budget(
-                subject("bob"), turn_id=sub.turn_id, usd=0.0, tokens=600, ttl_s=600
-            )
-            assert held is not None  # bob's call may spend 600 of the 1,000 tokens
-            row = AuditRow(
-                identity=CallIdentity(session_id=sub.session_id, turn_id=sub.turn_id,
-                                      stage_id="tool-loop", seq_within_turn=1),
-                call=CallShape(provider="p", model="m", family="f", rung=0, latency_ms=1.0,
-                               input_tokens=500, output_tokens=100, outcome="ok"),
+    async with SqlStore.from_url(POSTGRES_URL, schema=schema) as store:
+        await store.set_budget_limit(BudgetLimit(scope="organisation", tokens=1_000))
+        sub = await store.submit(
+            new_input(
+                session="s-bob", principal="bob", organisation="default", department="general"
             )  # fmt: skip
+        )
+        lease = await store.claim("w1", ttl_s=30, max_attempts=3)
+        assert lease is not None
+        held, _ = await store.reserve_budget(
+            subject("bob"), turn_id=sub.turn_id, usd=0.0, tokens=600, ttl_s=600
+        )
+        assert held is not None  # bob's call may spend 600 of the 1,000 tokens
+        row = AuditRow(
+            identity=CallIdentity(session_id=sub.session_id, turn_id=sub.turn_id,
+                                  stage_id="tool-loop", seq_within_turn=1),
+            call=CallShape(provider="p", model="m", family="f", rung=0, latency_ms=1.0,
+                           input_tokens=500, output_tokens=100, outcome="ok"),
+        )  # fmt: skip
 
-            async def bobs_commit() -> None:  # another process records bob's call
-                async with SqlStore.from_url(POSTGRES_URL, schema=schema) as other:
-                    await other.commit(sub.turn_id, epoch=lease.epoch, audit=[row])
+        async def bobs_commit() -> None:  # another process records bob's call
+            async with SqlStore.from_url(POSTGRES_URL, schema=schema) as other:
+                await other.commit(sub.turn_id, epoch=lease.epoch, audit=[row])
 
-            original, between = (
-                _budgets_sql._members,
-                threading.Thread(target=lambda: asyncio.run(bobs_commit())),
-            )
+        original, between = (
+            _budgets_sql._members,
+            threading.Thread(target=lambda: asyncio.run(bobs_commit())),
+        )
 
-            def members(conn: object, limit: BudgetLimit) -> list[str]:
-                if not between.is_alive() and between.ident is None:
-                    between.start()  # after the check read the count, before the holds
-                    between.join(timeout=5)  # (a commit waiting for the check goes on later)
-                return original(conn, limit)  # type: ignore[arg-type]
+        def members(conn: object, limit: BudgetLimit) -> list[str]:
+            if not between.is_alive() and between.ident is None:
+                between.start()  # after the check read the count, before the holds
+                between.join(timeout=5)  # (a commit waiting for the check goes on later)
+            return original(conn, limit)  # type: ignore[arg-type]
 
-            monkeypatch.setattr(_budgets_sql, "_members", members)
-            try:
-                ann, [use] = await store.reserve_budget(
-                    subject("ann"), turn_id=TurnId("t-ann"), usd=0.0, tokens=600, ttl_s=600
-                )
-            finally:
-                monkeypatch.undo()
-                await asyncio.to_thread(between.join, 20)
-            assert ann is None, (
-                f"ann reserved 600 tokens with bob's 600 seen as neither spent nor held "
-                f"(the check saw {use.spent_tokens} spent, {use.reserved_tokens} held)"
-            )
-            [after] = await store.budget_report()
-            assert after.spent_tokens == 600
-    finally:
-        conn = await asyncpg.connect(POSTGRES_URL)
+        monkeypatch.setattr(_budgets_sql, "_members", members)
         try:
-            await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+            ann, [use] = await store.reserve_budget(
+                subject("ann"), turn_id=TurnId("t-ann"), usd=0.0, tokens=600, ttl_s=600
+            )
         finally:
-            await conn.close()
+            monkeypatch.undo()
+            await asyncio.to_thread(between.join, 20)
+        assert ann is None, (
+            f"ann reserved 600 tokens with bob's 600 seen as neither spent nor held "
+            f"(the check saw {use.spent_tokens} spent, {use.reserved_tokens} held)"
+        )
+        [after] = await store.budget_report()
+        assert after.spent_tokens == 600

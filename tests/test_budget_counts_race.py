@@ -5,31 +5,22 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import uuid
 from collections.abc import AsyncIterator
 
 import asyncpg
 
-from tests.conftest import POSTGRES_URL, require_service
-from tests.helpers import add
+from tests.conftest import POSTGRES_URL
+from tests.helpers import WrappedModel, add
 from turnkit import Agent, BudgetLimit, RuntimeConfig, SessionRuntime
 from turnkit.models import Finish, ModelChunk, ModelRequest, Usage
 from turnkit.testing import ModelStep, ScriptedModel, call, collect_events
 
 
-class _Gated:
+class _Gated(WrappedModel):
     """A ScriptedModel whose first call runs `gate()` before it yields its `Finish`."""
 
     def __init__(self, inner: ScriptedModel, gate: object) -> None:
         self.inner, self.gate, self.calls = inner, gate, 0
-
-    @property
-    def model(self) -> str:
-        return self.inner.model
-
-    @property
-    def provider(self) -> str:
-        return self.inner.provider
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
         self.calls += 1
@@ -39,11 +30,12 @@ class _Gated:
             yield chunk
 
 
-async def test_a_limit_set_while_a_calls_commit_is_in_flight_counts_that_call() -> None:
+async def test_a_limit_set_while_a_calls_commit_is_in_flight_counts_that_call(
+    pg_schema: str,
+) -> None:
     """The commit statement's snapshot predates the new limit's row: its UPDATE does not
     see the row, and the new limit's first scan does not see the uncommitted usage."""
-    require_service("PostgreSQL", "127.0.0.1", 5432)
-    schema = f"tk_test_{uuid.uuid4().hex[:12]}"
+    schema = pg_schema
     locker = await asyncpg.connect(POSTGRES_URL)
     locker_probe = await asyncpg.connect(POSTGRES_URL)
     setter: asyncio.Task[object] | None = None
@@ -109,8 +101,3 @@ async def test_a_limit_set_while_a_calls_commit_is_in_flight_counts_that_call() 
     finally:
         await locker_probe.close()
         await locker.close()
-        conn = await asyncpg.connect(POSTGRES_URL)
-        try:
-            await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-        finally:
-            await conn.close()
