@@ -698,8 +698,10 @@ async def test_a_paused_turn_is_never_swept(tmp_path: Path) -> None:
 
 async def test_stop_reaches_a_turn_driven_by_another_process(tmp_path: Path) -> None:
     db = tmp_path / "remote-stop.db"
+    # A lease long enough that a loaded machine's late renewal does not let it lapse: the
+    # turn must still be its driver's when `other` flags it.
     config = RuntimeConfig(
-        database_url=f"sqlite:///{db}", lease_ttl_s=0.3, heartbeat_interval_s=0.05
+        database_url=f"sqlite:///{db}", lease_ttl_s=2.0, heartbeat_interval_s=0.05
     )
     model = ScriptedModel([ModelStep.hang("thinking")])
     driving = SessionRuntime(agent=Agent(model=model), config=config)
