@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import Any, cast
+from functools import lru_cache
+from typing import Any, Final, cast
 
-from sqlalchemy import Connection, and_, delete, func, or_, select, text, update
+from sqlalchemy import Connection, Select, and_, bindparam, delete, func, or_, select, text, update
 
 from turnkit.budgets import (
-    SCOPES,
     BudgetLimit,
     BudgetPeriod,
     BudgetScope,
@@ -113,10 +113,7 @@ def reserve(
     cannot overspend together. Returns the reservation id (None: refused) and the uses.
     """
     if conn.dialect.name == "postgresql":
-        conn.execute(
-            text("SELECT pg_advisory_xact_lock(hashtext(:org))"),
-            {"org": f"turnkit-budget:{subject.organisation}"},
-        )
+        conn.execute(_ORGANISATION_LOCK, {"org": f"turnkit-budget:{subject.organisation}"})
     # The turn's previous call is in the rollup by now: its reservation goes.
     release(conn, turn_id)
     covering = _covering(conn, subject)
@@ -128,38 +125,100 @@ def reserve(
         return None, found
     reservation_id = f"res_{uuid7()}"
     conn.execute(
-        reservations.insert().values(
-            reservation_id=reservation_id,
-            turn_id=turn_id,
-            organisation=subject.organisation,
-            department=subject.department,
-            principal=subject.principal,
-            session_id=subject.session_id,
-            usd=usd,
-            tokens=tokens,
-            expires_at=now + timedelta(seconds=ttl_s),
-        )
+        _RESERVE,
+        {
+            "reservation_id": reservation_id,
+            "turn_id": turn_id,
+            "organisation": subject.organisation,
+            "department": subject.department,
+            "principal": subject.principal,
+            "session_id": subject.session_id,
+            "usd": usd,
+            "tokens": tokens,
+            "expires_at": now + timedelta(seconds=ttl_s),
+        },
     )
     return reservation_id, found
 
 
 def release(conn: Connection, turn_id: str) -> None:
     """Drop a turn's reservation (its calls' usage is in the rollup now)."""
-    conn.execute(delete(reservations).where(reservations.c.turn_id == turn_id))
+    conn.execute(_RELEASE, {"turn_id": turn_id})
+
+
+# The statements a check before every model call runs are built once, their values bound:
+# building and compiling them afresh cost more than running them.
+_ORGANISATION_LOCK: Final = text("SELECT pg_advisory_xact_lock(hashtext(:org))")
+_RESERVE: Final = reservations.insert()
+_RELEASE: Final = delete(reservations).where(reservations.c.turn_id == bindparam("turn_id"))
+_ROW: Final = (
+    budget_limits.c.scope == bindparam("l_scope"),
+    budget_limits.c.organisation == bindparam("org"),
+    budget_limits.c.key == bindparam("l_key"),
+    budget_limits.c.period == bindparam("l_period"),
+)
+_HELD: Final = {
+    "organisation": reservations.c.organisation,
+    "department": reservations.c.department,
+    "principal": reservations.c.principal,
+    "session": reservations.c.session_id,
+}
+
+
+def _keys(name: str, values: list[str]) -> dict[str, str]:
+    return {f"{name}{i}": value for i, value in enumerate(values)}
+
+
+@lru_cache(maxsize=32)
+def _covering_query(sessions: int) -> Select[Any]:
+    """The limits covering a subject whose session is asked by `sessions - 1` others."""
+    column = budget_limits.c
+    return select(budget_limits).where(
+        column.organisation == bindparam("org"),
+        or_(
+            and_(column.scope == "organisation", column.key == bindparam("org")),
+            and_(column.scope == "department", column.key == bindparam("department")),
+            and_(column.scope == "principal", column.key == bindparam("principal")),
+            and_(
+                column.scope == "session",
+                column.key.in_([bindparam(f"s{i}") for i in range(sessions)]),
+            ),
+        ),
+    )
 
 
 def _covering(conn: Connection, subject: BudgetSubject) -> list[Any]:
     # An agent asked as a tool spends within the limits of the sessions that asked it.
-    members = [
-        and_(budget_limits.c.scope == scope, budget_limits.c.key.in_(keys))
-        for scope in SCOPES
-        if (key := subject.key(scope)) is not None
-        for keys in [asking(conn, key) if scope == "session" else [key]]
+    chain = asking(conn, subject.session_id)
+    values = {
+        "org": subject.organisation,
+        "department": subject.department,
+        "principal": subject.principal,
+        **_keys("s", chain),
+    }
+    return list(conn.execute(_covering_query(len(chain)), values))
+
+
+@lru_cache(maxsize=64)
+def _use_query(scope: BudgetScope, members: int) -> Select[Any]:
+    """What a limit of `scope` over `members` keys holds reserved, and its count."""
+    counted = [
+        select(column).where(*_ROW).scalar_subquery()
+        for column in (
+            budget_limits.c.spent_period,
+            budget_limits.c.spent_usd,
+            budget_limits.c.spent_tokens,
+        )
     ]
-    query = select(budget_limits).where(
-        budget_limits.c.organisation == subject.organisation, or_(*members)
+    return select(
+        func.coalesce(func.sum(reservations.c.usd), 0.0),
+        func.coalesce(func.sum(reservations.c.tokens), 0),
+        *counted,
+    ).where(
+        reservations.c.organisation == bindparam("org"),
+        _HELD[scope].in_([bindparam(f"m{i}") for i in range(members)]),
+        reservations.c.expires_at > bindparam("now"),
     )
-    return list(conn.execute(query))
 
 
 def _use(conn: Connection, row: Any, now: datetime) -> BudgetUse:
@@ -170,31 +229,17 @@ def _use(conn: Connection, row: Any, now: datetime) -> BudgetUse:
     snapshot sees it in exactly one of the two (PostgreSQL reads each statement afresh).
     """
     limit = _limit(row)
-    held = {
-        "organisation": reservations.c.organisation,
-        "department": reservations.c.department,
-        "principal": reservations.c.principal,
-        "session": reservations.c.session_id,
-    }[limit.scope]
     keys = _members(conn, limit)
-    counted = [
-        select(column).where(*_key(row)).scalar_subquery()
-        for column in (
-            budget_limits.c.spent_period,
-            budget_limits.c.spent_usd,
-            budget_limits.c.spent_tokens,
-        )
-    ]
+    values = {
+        "org": limit.organisation,
+        "l_scope": limit.scope,
+        "l_key": limit.key,
+        "l_period": limit.period,
+        "now": now,
+        **_keys("m", keys),
+    }
     held_usd, held_tokens, period, counted_usd, counted_tokens = conn.execute(
-        select(
-            func.coalesce(func.sum(reservations.c.usd), 0.0),
-            func.coalesce(func.sum(reservations.c.tokens), 0),
-            *counted,
-        ).where(
-            reservations.c.organisation == limit.organisation,
-            held.in_(keys),
-            reservations.c.expires_at > now,
-        )
+        _use_query(limit.scope, len(keys)), values
     ).one()
     if period is None and counted_usd is None:  # deleted meanwhile: as it was read
         period, counted_usd, counted_tokens = row.spent_period, row.spent_usd, row.spent_tokens

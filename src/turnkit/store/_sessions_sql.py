@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
+from functools import lru_cache
 from typing import Any, Final
 
-from sqlalchemy import Connection, bindparam, delete, or_, select, update
+from sqlalchemy import Connection, Select, bindparam, delete, or_, select, update
 
 from turnkit.errors import SessionNotFoundError
 from turnkit.ids import SessionId
@@ -196,21 +197,32 @@ def delegated(conn: Connection, session_id: SessionId) -> list[SessionId]:
 def asking(conn: Connection, session_id: str) -> list[str]:
     """`session_id` and the sessions whose agents asked it, nearest first, 16 levels up."""
     chain = [session_id]
-    parent = select(sessions.c.parent_session).where(sessions.c.session_id == bindparam("id"))
     for _ in range(DELEGATION_DEPTH):
-        above = conn.execute(parent, {"id": chain[-1]}).scalar_one_or_none()
+        above = conn.execute(_PARENT, {"id": chain[-1]}).scalar_one_or_none()
         if above is None or above in chain:
             break
         chain.append(above)
     return chain
 
 
+_PARENT: Final = select(sessions.c.parent_session).where(sessions.c.session_id == bindparam("id"))
+
+
+@lru_cache(maxsize=32)
+def _children(parents: int) -> Select[Any]:
+    """The sessions whose agents `parents` sessions asked (built once per count)."""
+    parent = sessions.c.parent_session
+    return select(sessions.c.session_id).where(
+        parent.in_([bindparam(f"p{i}") for i in range(parents)])
+    )
+
+
 def with_delegated(conn: Connection, ids: list[str]) -> list[str]:
     """`ids` and the sessions delegated agents answered in for them, up to 16 levels deep."""
     found, frontier = list(ids), ids
     for _ in range(DELEGATION_DEPTH):
-        query = select(sessions.c.session_id).where(sessions.c.parent_session.in_(frontier))
-        frontier = [row.session_id for row in conn.execute(query)]
+        values = {f"p{i}": parent for i, parent in enumerate(frontier)}
+        frontier = [row.session_id for row in conn.execute(_children(len(frontier)), values)]
         if not frontier:
             break
         found.extend(frontier)
