@@ -280,8 +280,8 @@ class LiteLLMClient:
             InvalidInputError: A `tool` message has no `tool_call_id`.
             ProviderError: The provider failed; `is_retriable` says whether to walk on.
         """
-        self._check_network()
         litellm = _load_litellm()
+        self._check_network(litellm)
         kwargs = self._call_kwargs(litellm, request)
         kwargs.update(self._credentials(litellm))
         state = StreamState()
@@ -307,9 +307,11 @@ class LiteLLMClient:
 
     # ── request ─────────────────────────────────────────────────────────────────────
 
-    def _check_network(self) -> None:
-        base = self._api_base
-        if base is None and self._provider == "openai":  # as both transports read it
+    def _check_network(self, litellm: ModuleType) -> None:
+        # Where both transports send the call: the client's base, else litellm's global
+        # one, else (OpenAI) the environment's.
+        base = self._api_base or getattr(litellm, "api_base", None) or None
+        if base is None and self._provider == "openai":
             base = os.environ.get("OPENAI_BASE_URL") or os.environ.get("OPENAI_API_BASE")
         if _models.ALLOW_NETWORK or _is_loopback(base):
             return
