@@ -132,6 +132,7 @@ def _bind(
         if part == "replaced":
             rec.notes.history_replaced = True  # an earlier attempt rewrote it: keep it whole
     rec.notes.transcript = transcript  # what a failure now would keep
+    rec.notes.request_text = state["content"]  # as the input guardrails left it
     if state["previous"] is not None:
         rec.notes.last_request = state["previous"]
     return ctx, transcript

@@ -17,7 +17,7 @@ from turnkit.graph import TurnGraph, pause_here
 from turnkit.ids import TurnId
 from turnkit.models import ModelSettings
 from turnkit.models.family import ModelFamily, resolve_family
-from turnkit.plugins import Plugin, merge_plugins
+from turnkit.plugins import Plugin, merge_plugins, overrides
 from turnkit.runtime._aftermath import Aftermath
 from turnkit.runtime._held import HeldTranscripts
 from turnkit.runtime._transcript import session_transcript
@@ -306,7 +306,13 @@ class TurnRunner:
                 ),
             )
 
-        transcript, previous = await session_transcript(self.store, agent, record, self.held)
+        transcript, previous = await session_transcript(
+            self.store,
+            agent,
+            record,
+            self.held,
+            guarded=any(overrides(p, "check_input") for p in plugins),
+        )
         return DriveSetup(
             ctx_factory=ctx_factory,
             transcript=transcript,

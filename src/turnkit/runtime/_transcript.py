@@ -26,6 +26,13 @@ from turnkit.telemetry import Recorder
 
 __all__ = ("ended_transcript", "opening_message", "session_transcript")
 
+_UNCHECKED_INPUT = (
+    "[this message never reached the input guardrails (its turn did not keep what it "
+    "sent) and is not shown]"
+)
+"""What the model reads, with input guardrails in play, for the message of a turn that
+stored no transcript: a Stop before it ran, an orphan. Its raw text was never checked."""
+
 _OUTPUT_LIMIT_NOTE = (
     "[my previous answer failed: agent_output_limit_exceeded — the output limit was "
     "reached before it was complete]"
@@ -47,12 +54,19 @@ def opening_message(record: TurnRecord) -> TranscriptMessage:
 
 
 async def session_transcript(
-    store: Store, agent: Agent, record: TurnRecord, held: HeldTranscripts | None = None
+    store: Store,
+    agent: Agent,
+    record: TurnRecord,
+    held: HeldTranscripts | None = None,
+    *,
+    guarded: bool = False,
 ) -> tuple[list[TranscriptMessage], PreviousRequest | None]:
     """The transcript `record`'s turn starts from, and the session's last request.
 
     With `held`, the Store is asked only for the turns after the one held for the
-    session, and what the turn starts from is held in its place.
+    session, and what the turn starts from is held in its place. `guarded`: input
+    guardrails are in play, so a message no guardrail was seen checking (a turn that
+    stored no transcript) is withheld.
     """
     system: TranscriptMessage = {"role": "system", "content": agent.instructions}
     if record.input_seq <= 1:  # a session's first turn has no history to read
@@ -67,7 +81,7 @@ async def session_transcript(
         after=have.through if have is not None else None,
     )
     start = have if kept.continues else None
-    messages, size = _history(start, kept)
+    messages, size = _history(start, kept, guarded=guarded)
     last = kept.last_request or (start.last_request if start is not None else None)
     if held is not None and kept.turns:
         newest = kept.turns[-1]
@@ -85,7 +99,9 @@ async def session_transcript(
     return [system, *messages, opening_message(record)], previous
 
 
-def _history(start: Held | None, kept: KeptTranscript) -> tuple[list[TranscriptMessage], int]:
+def _history(
+    start: Held | None, kept: KeptTranscript, *, guarded: bool = False
+) -> tuple[list[TranscriptMessage], int]:
     """The history after the system message (and its size): `start`'s, then `kept`'s.
 
     Its messages are sealed: no hook changes them in place, so what the prefix check
@@ -97,7 +113,7 @@ def _history(start: Held | None, kept: KeptTranscript) -> tuple[list[TranscriptM
         stored = turn.transcript
         if stored is None:
             assert turn.record is not None
-            added = [seal(m) for m in _legacy(turn.record, turn.answer)]
+            added = [seal(m) for m in _legacy(turn.record, turn.answer, guarded=guarded)]
         else:
             added = [seal(cast(TranscriptMessage, m)) for m in stored.messages]
             if stored.replaces_history:  # the whole list, its own system message first
@@ -107,9 +123,18 @@ def _history(start: Held | None, kept: KeptTranscript) -> tuple[list[TranscriptM
     return messages, size
 
 
-def _legacy(turn: TurnRecord, answer: str | None) -> list[TranscriptMessage]:
-    """A turn with no stored transcript: its message and answer (or why it has none)."""
-    out: list[TranscriptMessage] = [opening_message(turn)]
+def _legacy(
+    turn: TurnRecord, answer: str | None, *, guarded: bool = False
+) -> list[TranscriptMessage]:
+    """A turn with no stored transcript: its message and answer (or why it has none).
+
+    `guarded`: its raw text may be what an input guardrail would block or mask, and no
+    record says what the guardrails made of it, so the model reads a note instead.
+    """
+    opening = opening_message(turn)
+    if guarded:
+        opening = {**opening, "content": _UNCHECKED_INPUT}
+    out: list[TranscriptMessage] = [opening]
     if answer is not None:
         out.append({"role": "assistant", "content": answer})
     elif turn.error_code == "agent_output_limit_exceeded":

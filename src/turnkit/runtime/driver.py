@@ -315,7 +315,7 @@ class TurnDriver:
             state = {
                 "transcript": own,
                 "part": part,
-                "content": self.record.content,
+                "content": rec.notes.request_text,  # as the input guardrails left it
                 "route": setup.entry,
                 "iteration": 0,
                 "previous": setup.previous,

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from turnkit.errors import GuardrailBlockedError
 from turnkit.events import InputGuidedEvent
 from turnkit.ids import StageId
 from turnkit.journal import CommittedGeneration
+from turnkit.stages._plugins import BLOCKED_INPUT, guard
 from turnkit.stages._types import StageContext, TranscriptMessage
 from turnkit.telemetry import Recorder
 
@@ -31,12 +33,22 @@ async def take_guides(
             InputGuidedEvent, stage_id, content=content, input_seq=seq, request_id=request_id
         )
         if seq not in present:
-            added.append(_message(content, seq))
+            added.append(await _message(ctx, stage_id, content, seq))
     return tuple(added)
 
 
-def _message(content: str, input_seq: int) -> TranscriptMessage:
-    """A guide as the model reads it: a user message, marked with its input."""
+async def _message(
+    ctx: StageContext, stage_id: StageId, content: str, input_seq: int
+) -> TranscriptMessage:
+    """A guide as the model reads it: a user message, marked with its input.
+
+    It is the person's message like any other: the input guardrails check it first (a
+    redaction is what the model reads; a blocked guide is withheld, the turn goes on).
+    """
+    try:
+        content = await guard(ctx, stage_id, "input", content, subject="guide message")
+    except GuardrailBlockedError:
+        content = BLOCKED_INPUT
     return {"role": "user", "content": content, "input_seq": input_seq}
 
 
@@ -59,8 +71,11 @@ async def _arrived(rec: Recorder) -> list[tuple[int, str, str | None]]:
     return found
 
 
-def presented_guides(
-    ctx: StageContext, transcript: list[TranscriptMessage], generation: CommittedGeneration
+async def presented_guides(
+    ctx: StageContext,
+    stage_id: StageId,
+    transcript: list[TranscriptMessage],
+    generation: CommittedGeneration,
 ) -> tuple[TranscriptMessage, ...]:
     """The guides the request `generation` answered presented, from the log.
 
@@ -74,4 +89,4 @@ def presented_guides(
     if not found:
         return ()
     _presented(ctx.recorder, [g.input_seq for g in found])
-    return tuple(_message(g.content, g.input_seq) for g in found)
+    return tuple([await _message(ctx, stage_id, g.content, g.input_seq) for g in found])

@@ -168,7 +168,7 @@ async def answered_request(
     next request extends this one. A compaction the request had is not made again here:
     the next request makes it if it still needs it.
     """
-    guides = presented_guides(ctx, transcript, generation)
+    guides = await presented_guides(ctx, stage_id, transcript, generation)
     notes = await plugin_notes(ctx, stage_id, [*transcript, *guides], replaying=True)
     transcript = [*transcript, *guides, *notes, *closing]
     previous = stored(RequestView.of(transcript, tools_digest(specs)))

@@ -407,6 +407,7 @@ async def guard_input(
         raise
     if checked == text:
         return transcript
+    ctx.recorder.notes.request_text = checked  # what the plan, naming and summary calls read
     await _retitle(ctx, text, opening_title(checked))
     content: Any = checked
     if not isinstance(opening["content"], str):  # keep the pictures, replace the text
