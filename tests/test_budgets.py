@@ -1043,3 +1043,44 @@ async def test_a_process_whose_clock_is_behind_adds_to_the_new_days_count(
         assert use.spent_tokens == total  # the first turn's spend was not forgotten
         [late] = await behind.store.budget_report()
         assert late.spent_tokens == total  # the clock behind reads the newer count too
+
+
+async def test_a_limit_that_counts_nothing_yet_starts_from_its_history_before_a_call(
+    db: tuple[str, str | None],
+) -> None:
+    """A limit from before limits kept counts (or whose count was lost): the first check
+    sums the period's history, off the event loop, and the limit counts from then on."""
+    from sqlalchemy import update
+
+    from turnkit.store._schema import budget_limits
+
+    url, schema = db
+    config = _config(url, database_schema=schema) if schema else _config(url)
+    first = _spending_model().steps
+    agent = Agent(model=ScriptedModel([*first, *first]), tools=[add])
+    async with SessionRuntime(agent=agent, config=config) as rt:
+        await rt.set_budget_limit(_limit(100_000))
+        done = await collect_events(rt.execute_message("s1", "add 2 and 3", principal=ANN))
+        assert isinstance(done[-1], DoneEvent)
+        subject = BudgetSubject(
+            organisation="default", department="default", principal=ANN, session_id="s2"
+        )
+        [use] = await rt.store.budget_uses(subject)
+        spent = use.spent_tokens  # the first turn's two calls
+        assert spent > 700
+        await rt.store._migrate(  # as an upgraded database holds it, and the limit lowered
+            lambda conn: conn.execute(
+                update(budget_limits).values(
+                    spent_period=None, spent_usd=0.0, spent_tokens=0, tokens=spent + 500
+                )
+            )
+        )
+        [use] = await rt.store.budget_uses(subject)
+        assert use.spent_tokens == spent  # summed from the history: nothing counted yet
+        events = await collect_events(rt.execute_message("s2", "add 2 and 3", principal=ANN))
+        assert isinstance(events[-1], BudgetPausedEvent)  # its first call fit, its second not
+        [use] = await rt.store.budget_uses(subject)
+        assert use.spent_tokens == spent + 700
+        counted = await rt.store._migrate(lambda conn: conn.execute(budget_limits.select()).one())
+        assert counted.spent_period is not None
+        assert counted.spent_tokens == spent + 700

@@ -29,7 +29,23 @@ from turnkit.store._usage_sql import (
     with_turns,
 )
 
-__all__ = ("delete_limit", "limits", "release", "report", "reserve", "set_limit", "uses")
+__all__ = (
+    "CountNeeded",
+    "delete_limit",
+    "limits",
+    "release",
+    "report",
+    "reserve",
+    "set_limit",
+    "uses",
+)
+
+
+class CountNeeded(Exception):
+    """A covering limit counts nothing yet, and the caller asked not to scan for it.
+
+    Starting a count sums the period's history: not something to do on the event loop.
+    """
 
 
 def set_limit(conn: Connection, insert: Any, limit: BudgetLimit, now: datetime) -> None:
@@ -77,9 +93,14 @@ def limits(conn: Connection, organisation: str | None) -> list[BudgetLimit]:
     return [_limit(row) for row in _rows(conn, organisation)]
 
 
-def uses(conn: Connection, subject: BudgetSubject, now: datetime) -> list[BudgetUse]:
-    """Each limit covering `subject`, with what its period has spent and holds reserved."""
-    return [_use(conn, row, now) for row in _covering(conn, subject)]
+def uses(
+    conn: Connection, subject: BudgetSubject, now: datetime, *, scan: bool = True
+) -> list[BudgetUse]:
+    """Each limit covering `subject`, with what its period has spent and holds reserved.
+
+    `scan=False`: raise `CountNeeded` rather than sum the history of an uncounted limit.
+    """
+    return [_use(conn, row, now) for row in _counted(_covering(conn, subject), scan)]
 
 
 def report(conn: Connection, organisation: str | None, now: datetime) -> list[BudgetUse]:
@@ -105,18 +126,20 @@ def reserve(
     tokens: int,
     ttl_s: float,
     now: datetime,
+    scan: bool = True,
 ) -> tuple[str | None, list[BudgetUse]]:
     """Reserve `usd` and `tokens` against every covering limit, or refuse.
 
     The check and the reservation are one transaction, serialised per organisation (an
     advisory lock on PostgreSQL; SQLite serialises writers), so turns running at once
     cannot overspend together. Returns the reservation id (None: refused) and the uses.
+    `scan=False`: raise `CountNeeded` rather than start a limit's count.
     """
     if conn.dialect.name == "postgresql":
         conn.execute(_ORGANISATION_LOCK, {"org": f"turnkit-budget:{subject.organisation}"})
     # The turn's previous call is in the rollup by now: its reservation goes.
     release(conn, turn_id)
-    covering = _covering(conn, subject)
+    covering = _counted(_covering(conn, subject), scan)
     for row in covering:
         if row.spent_period is None:
             _start_count(conn, row, now)  # `_use` reads the count it starts
@@ -219,6 +242,12 @@ def _use_query(scope: BudgetScope, members: int) -> Select[Any]:
         _HELD[scope].in_([bindparam(f"m{i}") for i in range(members)]),
         reservations.c.expires_at > bindparam("now"),
     )
+
+
+def _counted(rows: list[Any], scan: bool) -> list[Any]:
+    if not scan and any(row.spent_period is None for row in rows):
+        raise CountNeeded
+    return rows
 
 
 def _use(conn: Connection, row: Any, now: datetime) -> BudgetUse:

@@ -5,6 +5,8 @@ A base of `SqlStore`: the `BudgetBook` methods, on the statements of `_budgets_s
 
 from __future__ import annotations
 
+import functools
+
 from turnkit.budgets import BudgetLimit, BudgetPeriod, BudgetScope, BudgetSubject, BudgetUse
 from turnkit.ids import TurnId
 from turnkit.store import _budgets_sql as budgets_sql
@@ -36,19 +38,31 @@ class SqlBudgets(SqlEngine):
 
     async def budget_uses(self, subject: BudgetSubject) -> list[BudgetUse]:
         """Each limit covering `subject` with what its period has spent and holds reserved."""
-        return await self._tx(budgets_sql.uses, subject, self._clock.now(), write=False)
+        now = self._clock.now()
+        try:  # in place where it can: a check before a call reads a few rows
+            in_place = functools.partial(budgets_sql.uses, scan=False)
+            return await self._hot_tx(in_place, subject, now, write=False)
+        except budgets_sql.CountNeeded:  # a limit's history to sum: on the store's thread
+            return await self._tx(budgets_sql.uses, subject, now, write=False)
 
     async def reserve_budget(
         self, subject: BudgetSubject, *, turn_id: TurnId, usd: float, tokens: int, ttl_s: float
     ) -> tuple[str | None, list[BudgetUse]]:
         """Check and reserve in one transaction; the reservation id, or None when refused."""
-        return await self._tx(
-            lambda conn: budgets_sql.reserve(
-                conn, subject, turn_id=turn_id, usd=usd, tokens=tokens, ttl_s=ttl_s,
-                now=self._clock.now(),
-            )
-        )  # fmt: skip
+        reserve = functools.partial(
+            budgets_sql.reserve,
+            subject=subject,
+            turn_id=turn_id,
+            usd=usd,
+            tokens=tokens,
+            ttl_s=ttl_s,
+            now=self._clock.now(),
+        )
+        try:  # in place where it can, as `budget_uses`
+            return await self._hot_tx(functools.partial(reserve, scan=False))
+        except budgets_sql.CountNeeded:
+            return await self._tx(reserve)
 
     async def release_budget(self, turn_id: TurnId) -> None:
         """Drop the turn's reservation (its calls' usage is recorded, or it ended)."""
-        await self._tx(budgets_sql.release, turn_id)
+        await self._hot_tx(budgets_sql.release, turn_id)
