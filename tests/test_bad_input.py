@@ -162,6 +162,42 @@ def test_agent_with_two_tools_of_one_name() -> None:
         Agent(model=ScriptedModel([]), tools=[add, twin])
 
 
+class _NoSchema:
+    """A plain class: pydantic has no schema for it."""
+
+
+def _takes_a_plain_class(thing: _NoSchema) -> str:
+    return "x"
+
+
+def _takes_a_callback(callback: Callable[[int], int]) -> str:
+    return "x"
+
+
+@pytest.mark.parametrize("fn", [_takes_a_plain_class, _takes_a_callback])
+def test_a_tool_parameter_type_with_no_schema_is_a_configuration_error(
+    fn: Callable[..., str],
+) -> None:
+    with pytest.raises(ConfigurationError, match="has a parameter whose type has no JSON schema"):
+        tool(fn)
+
+
+def test_a_tool_decorated_on_a_method_is_refused_and_a_bound_method_works() -> None:
+    with pytest.raises(ConfigurationError, match=r"takes `self`.*tool\(instance\.lookup\)"):
+
+        class Service:
+            @tool
+            async def lookup(self, city: str) -> str:
+                return city
+
+    class Plain:
+        async def lookup(self, city: str) -> str:
+            return city
+
+    bound = tool(Plain().lookup)
+    assert bound.spec().parameters["required"] == ["city"]
+
+
 @pytest.mark.parametrize(
     ("name", "flags"),
     [

@@ -410,6 +410,25 @@ async def test_a_refused_connection_names_the_address_and_is_not_retried() -> No
     assert caught.value.address == address
 
 
+async def test_a_refused_connection_names_the_address_of_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With no api_base the call goes to $OPENAI_BASE_URL: the error names that address."""
+    with socket.socket() as sock:  # a port that was free a moment ago: nothing listens
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    address = f"http://127.0.0.1:{port}/v1"
+    monkeypatch.setenv("OPENAI_BASE_URL", address)
+    client = new_client("openai/fake-model", api_key="sk", timeout=5)
+
+    with pytest.raises(ModelUnreachableError) as caught:
+        await collect(client.stream(HELLO))
+
+    assert address in caught.value.message
+    assert caught.value.address == address
+    assert "default URL" not in caught.value.message
+
+
 async def test_stalled_stream_times_out_as_retriable(openai_server: FakeOpenAIServer) -> None:
     openai_server.script("fake-model", [Reply.text("hello world", stall=True)])
     client = client_for(openai_server, timeout=0.5)

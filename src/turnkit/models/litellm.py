@@ -294,7 +294,7 @@ class LiteLLMClient:
                     note_output(written, piece)
                 yield piece
         except Exception as exc:
-            mapped = map_error(exc, self._call_site(), litellm)
+            mapped = map_error(exc, self._call_site(litellm), litellm)
             if mapped is None:
                 raise
             raise mapped from exc
@@ -307,12 +307,18 @@ class LiteLLMClient:
 
     # ── request ─────────────────────────────────────────────────────────────────────
 
-    def _check_network(self, litellm: ModuleType) -> None:
-        # Where both transports send the call: the client's base, else litellm's global
-        # one, else (OpenAI) the environment's.
+    def _base_url(self, litellm: ModuleType) -> str | None:
+        """Where both transports send the call (None: the provider's default URL).
+
+        The client's base, else litellm's global one, else (OpenAI) the environment's.
+        """
         base = self._api_base or getattr(litellm, "api_base", None) or None
         if base is None and self._provider == "openai":
             base = os.environ.get("OPENAI_BASE_URL") or os.environ.get("OPENAI_API_BASE")
+        return base or None
+
+    def _check_network(self, litellm: ModuleType) -> None:
+        base = self._base_url(litellm)
         if _models.ALLOW_NETWORK or _is_loopback(base):
             return
         where = f"api_base {base!r}" if base else "the provider's default URL"
@@ -353,11 +359,11 @@ class LiteLLMClient:
             self._keys_checked = True
         return {}
 
-    def _call_site(self) -> CallSite:
+    def _call_site(self, litellm: ModuleType) -> CallSite:
         return CallSite(
             model=self._model,
             provider=self._provider,
-            api_base=self._api_base,
+            api_base=self._base_url(litellm),
             key_variable=self._key_variable(),
             timeout=self._timeout,
         )

@@ -7,7 +7,15 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from types import SimpleNamespace
 from typing import Any, Final, cast, get_args, get_origin, get_type_hints, overload
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError, create_model
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    JsonValue,
+    PydanticUserError,
+    ValidationError,
+    create_model,
+)
 from pydantic_core import PydanticSerializationError, to_jsonable_python
 
 from turnkit.errors import ConfigurationError
@@ -184,8 +192,16 @@ class FunctionTool:
         self._deps_name: str | None = None
         """The deps type its `ToolContext[...]` names (None: it takes none)."""
         """The `Deps` of a `ToolContext[Deps]` parameter: the call needs deps."""
-        self._args_model = self._build_model(fn, _param_docs(doc))
-        schema = self._args_model.model_json_schema()
+        try:
+            self._args_model = self._build_model(fn, _param_docs(doc))
+            schema = self._args_model.model_json_schema()
+        except PydanticUserError as exc:  # a parameter type with no schema (a plain class)
+            said = str(exc).splitlines()[0].split(". ")[0].rstrip(".")
+            raise ConfigurationError(
+                f"tool {self._name!r} has a parameter whose type has no JSON schema ({said}): "
+                "use str, int, float, bool, lists, dicts, enums, pydantic models, dataclasses "
+                "or TypedDicts"
+            ) from exc
         schema.pop("title", None)
         for prop in schema.get("properties", {}).values():
             # Property titles repeat the names: tokens on every call, nothing for the model.
@@ -203,7 +219,16 @@ class FunctionTool:
         hints = _hints(fn, self._name)
         written = inspect.get_annotations(fn)
         fields: dict[str, Any] = {}
-        for param in inspect.signature(fn).parameters.values():
+        params = list(inspect.signature(fn).parameters.values())
+        if params and params[0].name in ("self", "cls") and params[0].name not in hints:
+            # `@tool` on a method: the class's plain function, whose `self` no model can give
+            raise ConfigurationError(
+                f"tool {self._name!r} takes `{params[0].name}`: `@tool` on a method makes a "
+                "tool of the plain function, which no model can call; make the tool from "
+                f"the bound method instead (`tool(instance.{fn.__name__})`), or decorate a "
+                "function"
+            )
+        for param in params:
             annotation = hints.get(param.name, Any)
             if _is_context(annotation):
                 self._context_param = param.name
