@@ -479,6 +479,15 @@ def test_python_dash_m_turnkit_runs_the_command_line() -> None:
     [
         ([], "turnkit: error: choose a command (turnkit -h says what each does)"),
         (["--bogus"], "turnkit: error: unrecognized arguments: --bogus"),
+        (
+            ["answer", "t1", "--approve", "--arguments", '{"to": 5'],
+            "turnkit answer: error: argument --arguments: '{\"to\": 5' is not JSON "
+            "(Expecting ',' delimiter: line 1 column 9 (char 8))",
+        ),
+        (
+            ["budgets", "set", "--tokens", "many"],
+            "turnkit budgets set: error: argument --tokens: invalid int value: 'many'",
+        ),
     ],
 )
 def test_no_command_or_an_unknown_option_says_which(
@@ -487,7 +496,7 @@ def test_no_command_or_an_unknown_option_says_which(
     with pytest.raises(SystemExit) as stopped:
         main(argv)
     assert stopped.value.code == 2
-    assert capsys.readouterr().err.splitlines()[-1] == says
+    assert capsys.readouterr().err.splitlines() == [says]  # one line, no usage
 
 
 def _options(

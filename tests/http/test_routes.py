@@ -306,9 +306,10 @@ async def test_sessions_history_rename_delete_and_audit(client: httpx.AsyncClien
     assert renamed.json()["title"] == "Greetings"
     untitled = await client.patch(f"{API}/sessions/s1", json={}, headers=alice)
     assert (untitled.status_code, untitled.json()["detail"]) == (422, "body.title: Field required")
-    for blank in ("", "   "):
+    for blank, says in (("", "at least 1 character"), ("   ", "not only white space")):
         cleared = await client.patch(f"{API}/sessions/s1", json={"title": blank}, headers=alice)
         assert cleared.status_code == 422, blank
+        assert says in cleared.json()["detail"], cleared.json()
     # The constraints the routes check are in the OpenAPI document, where clients read them.
     schemas = (await client.get("/openapi.json")).json()["components"]["schemas"]
     assert schemas["RenameBody"]["required"] == ["title"]

@@ -65,7 +65,7 @@ def _runtime_arg(parser: argparse.ArgumentParser, role: str) -> None:
 
 
 class _OneLineErrors(argparse.ArgumentParser):
-    """A parser whose errors are one line, without the usage (a deleting command's)."""
+    """A parser whose errors are one line, without the usage (`-h` shows that)."""
 
     def error(self, message: str) -> NoReturn:
         """Print `prog: error: message` and exit 2."""
@@ -328,9 +328,7 @@ def _add_sessions(sub: _Subparsers) -> None:
         help="at most this many (default: 50)",
     )
     _database_args(sessions)
-    sessions_sub = sessions.add_subparsers(
-        dest="sessions_command", metavar="{prune,export}", parser_class=_OneLineErrors
-    )
+    sessions_sub = sessions.add_subparsers(dest="sessions_command", metavar="{prune,export}")
     export = sessions_sub.add_parser(
         "export", help="print everything stored of one session as JSON lines (see the docs)"
     )
@@ -483,7 +481,8 @@ def _version() -> str:
 
 def parser() -> argparse.ArgumentParser:
     """The `turnkit` command's parser."""
-    parser = argparse.ArgumentParser(prog="turnkit", description=DESCRIPTION)
+    # One-line errors, for every command too (`add_subparsers` makes parsers of its class).
+    parser: argparse.ArgumentParser = _OneLineErrors(prog="turnkit", description=DESCRIPTION)
     parser.add_argument(
         "--version", action="version", version=f"turnkit {_version()}", help="print the version"
     )

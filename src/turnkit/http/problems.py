@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -49,6 +49,14 @@ def _where(loc: Sequence[int | str]) -> list[int | str]:
     return [part for part in loc if not (isinstance(part, str) and _UNION_BRANCH.fullmatch(part))]
 
 
+def _said(error: Mapping[str, Any]) -> str:
+    """Pydantic's message, in words where it quotes a pattern a person cannot read."""
+    pattern = (error.get("ctx") or {}).get("pattern")
+    if error.get("type") == "string_pattern_mismatch" and pattern == r"\S":
+        return "String should be not only white space"
+    return str(error.get("msg", ""))
+
+
 def _detail(errors: list[dict[str, Any]]) -> str:
     """One line: each field once, with what each accepted form expected (`a, or b`)."""
     by_field: dict[str, list[str]] = {}
@@ -76,7 +84,7 @@ def install_problem_handlers(app: FastAPI) -> None:
         if not_json:
             reason = (not_json[0].get("ctx") or {}).get("error") or not_json[0].get("msg")
             return problem_response(422, "invalid-input", f"the body is not JSON: {reason}")
-        errors = [{"loc": _where(e.get("loc", ())), "msg": str(e.get("msg", ""))} for e in found]
+        errors = [{"loc": _where(e.get("loc", ())), "msg": _said(e)} for e in found]
         code = (
             "invalid-session-id"
             if any(e["loc"] == ["path", "session_id"] for e in errors)
