@@ -55,3 +55,11 @@ async def test_a_loopback_server_is_allowed(openai_server: FakeOpenAIServer) -> 
     pieces = [piece async for piece in client.stream(_REQUEST)]
     assert "".join(p.text for p in pieces if isinstance(p, TextDelta)) == "hello"
     assert isinstance(pieces[-1], Finish)
+
+
+def test_the_client_names_the_base_its_calls_go_to(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What spans (`server.address`) and errors name: the base the environment gave too."""
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:8000/v1")
+    assert LiteLLMClient("openai/m", api_key="sk").api_base == "http://127.0.0.1:8000/v1"
+    given = LiteLLMClient("openai/m", api_base="http://localhost:1/v1", api_key="sk")
+    assert given.api_base == "http://localhost:1/v1"

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import sys
 from collections.abc import AsyncIterator, Mapping
 from types import ModuleType
 from typing import Literal
@@ -223,8 +224,12 @@ class LiteLLMClient:
 
     @property
     def api_base(self) -> str | None:
-        """The base URL calls go to (None: the provider's default)."""
-        return self._api_base
+        """The base URL calls go to (None: the provider's default).
+
+        The one given, else litellm's global `api_base`, else for `openai/` models
+        `$OPENAI_BASE_URL` (or `$OPENAI_API_BASE`).
+        """
+        return self._base_url(sys.modules.get("litellm"))
 
     @property
     def transport(self) -> Transport:
@@ -307,7 +312,7 @@ class LiteLLMClient:
 
     # ── request ─────────────────────────────────────────────────────────────────────
 
-    def _base_url(self, litellm: ModuleType) -> str | None:
+    def _base_url(self, litellm: ModuleType | None) -> str | None:
         """Where both transports send the call (None: the provider's default URL).
 
         The client's base, else litellm's global one, else (OpenAI) the environment's.
