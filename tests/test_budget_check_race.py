@@ -21,9 +21,10 @@ from turnkit.store.sql import SqlStore
 async def test_a_call_committed_while_a_check_reads_counts_as_spent_or_as_held(
     monkeypatch: pytest.MonkeyPatch, pg_schema: str
 ) -> None:
-    """A check reads a limit's count, then what reservations hold. A call of another turn
-    committed in between (its spend added to the count, its reservation released, in one
-    transaction) must be in one of the two reads, or the check lets two calls overspend."""
+    """A check reads a limit's count and what reservations hold. A call of another turn
+    committed as the check runs (its spend added to the count, its reservation released,
+    in one transaction) must be in one of the two, or the check lets two calls overspend:
+    both are read in one statement (one snapshot), here just after that commit."""
     schema = pg_schema
 
     def subject(who: str) -> BudgetSubject:
@@ -55,17 +56,17 @@ async def test_a_call_committed_while_a_check_reads_counts_as_spent_or_as_held(
                 await other.commit(sub.turn_id, epoch=lease.epoch, audit=[row])
 
         original, between = (
-            _budgets_sql._members,
+            _budgets_sql.covering,
             threading.Thread(target=lambda: asyncio.run(bobs_commit())),
         )
 
-        def members(conn: object, limit: BudgetLimit) -> list[str]:
+        def covering(conn: object, who: BudgetSubject, now: object) -> list[object]:
             if not between.is_alive() and between.ident is None:
-                between.start()  # after the check read the count, before the holds
+                between.start()  # inside the check's transaction, before it reads
                 between.join(timeout=5)  # (a commit waiting for the check goes on later)
-            return original(conn, limit)  # type: ignore[arg-type]
+            return original(conn, who, now)  # type: ignore[arg-type]
 
-        monkeypatch.setattr(_budgets_sql, "_members", members)
+        monkeypatch.setattr(_budgets_sql, "covering", covering)
         try:
             ann, [use] = await store.reserve_budget(
                 subject("ann"), turn_id=TurnId("t-ann"), usd=0.0, tokens=600, ttl_s=600

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from functools import lru_cache
 from typing import Any, Final, cast
 
-from sqlalchemy import Connection, Select, and_, bindparam, delete, func, or_, select, text, update
+from sqlalchemy import Connection, bindparam, delete, func, select, text, update
 
 from turnkit.budgets import (
     BudgetLimit,
@@ -18,8 +17,9 @@ from turnkit.budgets import (
 )
 from turnkit.ids import uuid7
 from turnkit.store._budget_counts import period_key
+from turnkit.store._budget_uses_sql import covering, reported
 from turnkit.store._schema import budget_limits, reservations, turns, usage
-from turnkit.store._sessions_sql import asking, with_delegated
+from turnkit.store._sessions_sql import with_delegated
 from turnkit.store._usage_sql import (
     attributed,
     spent_at,
@@ -100,12 +100,12 @@ def uses(
 
     `scan=False`: raise `CountNeeded` rather than sum the history of an uncounted limit.
     """
-    return [_use(conn, row, now) for row in _counted(_covering(conn, subject), scan)]
+    return [_use(conn, row, now) for row in _counted(covering(conn, subject, now), scan)]
 
 
 def report(conn: Connection, organisation: str | None, now: datetime) -> list[BudgetUse]:
     """Every limit (of one organisation when given) with its current period's use."""
-    return [_use(conn, row, now) for row in _rows(conn, organisation)]
+    return [_use(conn, row, now) for row in reported(conn, organisation, now)]
 
 
 def _rows(conn: Connection, organisation: str | None) -> list[Any]:
@@ -139,11 +139,12 @@ def reserve(
         conn.execute(_ORGANISATION_LOCK, {"org": f"turnkit-budget:{subject.organisation}"})
     # The turn's previous call is in the rollup by now: its reservation goes.
     release(conn, turn_id)
-    covering = _counted(_covering(conn, subject), scan)
-    for row in covering:
-        if row.spent_period is None:
-            _start_count(conn, row, now)  # `_use` reads the count it starts
-    found = [_use(conn, row, now) for row in covering]
+    rows = _counted(covering(conn, subject, now), scan)
+    if any(row.spent_period is None for row in rows):
+        for row in rows:
+            _start_count(conn, row, now)
+        rows = covering(conn, subject, now)  # with the counts just started
+    found = [_use(conn, row, now) for row in rows]
     if not all(use.fits(usd, tokens) for use in found):
         return None, found
     reservation_id = f"res_{uuid7()}"
@@ -174,74 +175,6 @@ def release(conn: Connection, turn_id: str) -> None:
 _ORGANISATION_LOCK: Final = text("SELECT pg_advisory_xact_lock(hashtext(:org))")
 _RESERVE: Final = reservations.insert()
 _RELEASE: Final = delete(reservations).where(reservations.c.turn_id == bindparam("turn_id"))
-_ROW: Final = (
-    budget_limits.c.scope == bindparam("l_scope"),
-    budget_limits.c.organisation == bindparam("org"),
-    budget_limits.c.key == bindparam("l_key"),
-    budget_limits.c.period == bindparam("l_period"),
-)
-_HELD: Final = {
-    "organisation": reservations.c.organisation,
-    "department": reservations.c.department,
-    "principal": reservations.c.principal,
-    "session": reservations.c.session_id,
-}
-
-
-def _keys(name: str, values: list[str]) -> dict[str, str]:
-    return {f"{name}{i}": value for i, value in enumerate(values)}
-
-
-@lru_cache(maxsize=32)
-def _covering_query(sessions: int) -> Select[Any]:
-    """The limits covering a subject whose session is asked by `sessions - 1` others."""
-    column = budget_limits.c
-    return select(budget_limits).where(
-        column.organisation == bindparam("org"),
-        or_(
-            and_(column.scope == "organisation", column.key == bindparam("org")),
-            and_(column.scope == "department", column.key == bindparam("department")),
-            and_(column.scope == "principal", column.key == bindparam("principal")),
-            and_(
-                column.scope == "session",
-                column.key.in_([bindparam(f"s{i}") for i in range(sessions)]),
-            ),
-        ),
-    )
-
-
-def _covering(conn: Connection, subject: BudgetSubject) -> list[Any]:
-    # An agent asked as a tool spends within the limits of the sessions that asked it.
-    chain = asking(conn, subject.session_id)
-    values = {
-        "org": subject.organisation,
-        "department": subject.department,
-        "principal": subject.principal,
-        **_keys("s", chain),
-    }
-    return list(conn.execute(_covering_query(len(chain)), values))
-
-
-@lru_cache(maxsize=64)
-def _use_query(scope: BudgetScope, members: int) -> Select[Any]:
-    """What a limit of `scope` over `members` keys holds reserved, and its count."""
-    counted = [
-        select(column).where(*_ROW).scalar_subquery()
-        for column in (
-            budget_limits.c.spent_period,
-            budget_limits.c.spent_usd,
-            budget_limits.c.spent_tokens,
-        )
-    ]
-    return select(
-        func.coalesce(func.sum(reservations.c.usd), 0.0),
-        func.coalesce(func.sum(reservations.c.tokens), 0),
-        *counted,
-    ).where(
-        reservations.c.organisation == bindparam("org"),
-        _HELD[scope].in_([bindparam(f"m{i}") for i in range(members)]),
-        reservations.c.expires_at > bindparam("now"),
-    )
 
 
 def _counted(rows: list[Any], scan: bool) -> list[Any]:
@@ -251,39 +184,20 @@ def _counted(rows: list[Any], scan: bool) -> list[Any]:
 
 
 def _use(conn: Connection, row: Any, now: datetime) -> BudgetUse:
-    """`row`'s limit with what its current period spent (its count, else a scan).
-
-    The count is read again in the statement that sums the reservations: a call committed
-    meanwhile adds to the count and releases its reservation in one transaction, so one
-    snapshot sees it in exactly one of the two (PostgreSQL reads each statement afresh).
-    """
+    """`row`'s limit with what its current period spent (its count, else a scan)."""
     limit = _limit(row)
-    keys = _members(conn, limit)
-    values = {
-        "org": limit.organisation,
-        "l_scope": limit.scope,
-        "l_key": limit.key,
-        "l_period": limit.period,
-        "now": now,
-        **_keys("m", keys),
-    }
-    held_usd, held_tokens, period, counted_usd, counted_tokens = conn.execute(
-        _use_query(limit.scope, len(keys)), values
-    ).one()
-    if period is None and counted_usd is None:  # deleted meanwhile: as it was read
-        period, counted_usd, counted_tokens = row.spent_period, row.spent_usd, row.spent_tokens
-    if period is None:
+    if row.spent_period is None:
         spent_usd, spent_tokens = _scan(conn, limit, now)
-    elif period >= period_key(limit.period, now):  # a clock ahead counts too
-        spent_usd, spent_tokens = counted_usd, counted_tokens
+    elif row.spent_period >= period_key(limit.period, now):  # a clock ahead counts too
+        spent_usd, spent_tokens = row.spent_usd, row.spent_tokens
     else:
         spent_usd, spent_tokens = 0.0, 0  # a new period: nothing counted in it yet
     return BudgetUse(
         limit=limit,
         spent_usd=float(spent_usd),
         spent_tokens=int(spent_tokens),
-        reserved_usd=float(held_usd),
-        reserved_tokens=int(held_tokens),
+        reserved_usd=float(row.held_usd),
+        reserved_tokens=int(row.held_tokens),
     )
 
 
