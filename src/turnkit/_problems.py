@@ -30,6 +30,7 @@ from turnkit.errors import (
     RequestConflictError,
     RuntimeClosedError,
     StaleEpochError,
+    StoreError,
     StoreUnavailableError,
     TurnkitError,
     TurnNotRunningError,
@@ -110,11 +111,22 @@ def problem_response(
     )
 
 
+_STORE_FAILED: dict[int, str] = {
+    503: "the database is out of reach for now; nothing was written, retry shortly",
+    500: "the database failed this request (the server's log says why)",
+}
+"""What a client reads of a Store failure: its own words name hosts, ports and file paths."""
+
+
 def turnkit_problem(exc: TurnkitError) -> JSONResponse:
     """The problem response for a turnkit error (a 503 asks the client to retry)."""
     status = status_for(exc)
     headers = {"Retry-After": str(RETRY_AFTER_S)} if status == 503 else None
-    return problem_response(status, exc.code, exc.message, headers=headers)
+    detail = exc.message
+    if isinstance(exc, StoreError) and status >= 500:  # the log keeps the words
+        log.warning("answered %s %s: %s", status, exc.code, exc.message)
+        detail = _STORE_FAILED.get(status, _STORE_FAILED[500])
+    return problem_response(status, exc.code, detail, headers=headers)
 
 
 class ProblemRoute(APIRoute):

@@ -184,7 +184,14 @@ def _add_resume_routes(
         ] = None,
     ) -> Response:
         record = await visible_turn(runtime, turn_id, principal)
-        submission = await runtime.retry(record.turn_id, request_id=request_id)
+        # The new turn is the caller's, admitted as they are now: never the first sender's
+        # (another caller's, in a session nobody owns; or roles since taken away).
+        submission = await runtime.retry(
+            record.turn_id,
+            request_id=request_id,
+            principal=principal,
+            anonymous=principal is None,
+        )
         return stream(submission.turn_id, 0, submission=submission)
 
 

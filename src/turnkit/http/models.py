@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, model_validator
 from pydantic.alias_generators import to_camel
@@ -37,6 +37,11 @@ __all__ = (
 )
 
 
+MAX_PARTS = 1_000
+"""The most parts a message's content has (at most 20 of them pictures)."""
+_Parts = Annotated[list[ContentPart], Field(max_length=MAX_PARTS, fail_fast=True)]
+
+
 class _Camel(BaseModel):
     model_config = ConfigDict(
         alias_generator=to_camel, populate_by_name=True, extra="forbid", from_attributes=True
@@ -46,9 +51,9 @@ class _Camel(BaseModel):
 class ExecuteBody(_Camel):
     """Body of `POST /sessions/{id}/execute`."""
 
-    content: str | list[ContentPart] = Field(
+    content: str | _Parts = Field(
         description="The user's message: text, or parts (`text`, and `image` by `url` or "
-        "base64 `data` with a `media_type`).",
+        f"base64 `data` with a `media_type`; at most {MAX_PARTS} parts).",
     )
     request_id: str | None = Field(
         default=None, min_length=1, max_length=128, description="Idempotency key."

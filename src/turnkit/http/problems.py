@@ -67,6 +67,9 @@ def _detail(errors: list[dict[str, Any]]) -> str:
     return "; ".join(f"{field}: {', or '.join(said)}" for field, said in by_field.items())
 
 
+MAX_ERRORS = 20
+"""The most validation errors a problem body lists."""
+
 _METHODS = ("DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT")
 
 
@@ -84,13 +87,18 @@ def install_problem_handlers(app: FastAPI) -> None:
         if not_json:
             reason = (not_json[0].get("ctx") or {}).get("error") or not_json[0].get("msg")
             return problem_response(422, "invalid-input", f"the body is not JSON: {reason}")
-        errors = [{"loc": _where(e.get("loc", ())), "msg": _said(e)} for e in found]
+        # A body of a million bad items is a million errors: answer the first few (a
+        # problem body as large as the body it refuses would be a memory and CPU lever).
+        errors = [{"loc": _where(e.get("loc", ())), "msg": _said(e)} for e in found[:MAX_ERRORS]]
         code = (
             "invalid-session-id"
             if any(e["loc"] == ["path", "session_id"] for e in errors)
             else "invalid-input"
         )
-        return problem_response(422, code, _detail(errors) or "invalid request", errors=errors)
+        detail = _detail(errors) or "invalid request"
+        if len(found) > MAX_ERRORS:
+            detail += f"; and {len(found) - MAX_ERRORS} more errors"
+        return problem_response(422, code, detail, errors=errors)
 
     async def http_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)

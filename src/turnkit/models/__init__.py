@@ -103,7 +103,7 @@ class ModelSettings(BaseModel):
     max_tokens: int | None = Field(default=None, ge=1)
     """Output tokens per call (reasoning included); the provider's own cap when unset."""
     seed: int | None = None
-    stop: tuple[str, ...] | None = Field(default=None, max_length=4)
+    stop: tuple[str, ...] | None = Field(default=None, max_length=4, fail_fast=True)
     presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
 

@@ -56,7 +56,7 @@ class InputMessage(BaseModel):
     message_id: str = Field(default="", alias="id")
     role: str
     content: JsonValue = None
-    tool_calls: tuple[InputToolCall, ...] = ()
+    tool_calls: tuple[InputToolCall, ...] = Field(default=(), fail_fast=True)
     tool_call_id: str | None = None
 
 
@@ -85,11 +85,12 @@ class RunAgentInput(BaseModel):
     run_id: str = Field(min_length=1, max_length=128)
     parent_run_id: str | None = None
     state: JsonValue = None
-    messages: tuple[InputMessage, ...] = ()
-    tools: tuple[JsonValue, ...] = ()
-    context: tuple[JsonValue, ...] = ()
+    # fail_fast: a body of a million bad items stops at the first, not a million errors.
+    messages: tuple[InputMessage, ...] = Field(default=(), fail_fast=True)
+    tools: tuple[JsonValue, ...] = Field(default=(), fail_fast=True)
+    context: tuple[JsonValue, ...] = Field(default=(), fail_fast=True)
     forwarded_props: ForwardedProps = Field(default_factory=ForwardedProps)
-    resume: tuple[ResumeEntry, ...] | None = None
+    resume: tuple[ResumeEntry, ...] | None = Field(default=None, fail_fast=True)
     """The interrupts answered; an empty list is no resume, as AG-UI reads it."""
 
     @field_validator("resume")

@@ -28,7 +28,7 @@ class UIMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")  # the SDK adds fields over versions
     id: str = Field(max_length=256)
     role: Literal["system", "user", "assistant"]
-    parts: list[dict[str, JsonValue]] = Field(max_length=10_000)
+    parts: list[dict[str, JsonValue]] = Field(max_length=10_000, fail_fast=True)
 
 
 class ChatRequest(BaseModel):
@@ -36,7 +36,8 @@ class ChatRequest(BaseModel):
 
     model_config = ConfigDict(extra="ignore", populate_by_name=True)
     id: str = Field(min_length=1, max_length=128, description="The chat id: a session id.")
-    messages: list[UIMessage] = Field(min_length=1)
+    # fail_fast: a body of a million bad messages stops at the first, not a million errors.
+    messages: list[UIMessage] = Field(min_length=1, fail_fast=True)
     trigger: Literal["submit-message", "regenerate-message"] = "submit-message"
     message_id: str | None = Field(default=None, alias="messageId")
 

@@ -39,6 +39,9 @@ from turnkit.tenancy import Principal
 from turnkit.tools import delegated_session_id
 from turnkit.tools._context import AskAgent
 
+_AS_SENT: Any = object()
+"""`retry`'s default principal: the one who sent the retried turn's message."""
+
 __all__ = (
     "CancelToken",
     "MessageContent",
@@ -420,13 +423,23 @@ class SessionRuntime(RuntimeControl, RuntimeCallbacks, RuntimeBudgets, RuntimeRe
     def _ask_agent(self) -> AskAgent:
         return functools.partial(ask_agent, self)
 
-    async def retry(self, turn_id: str, *, request_id: str | None = None) -> Submission:
+    async def retry(
+        self,
+        turn_id: str,
+        *,
+        request_id: str | None = None,
+        principal: Principal | str | None | object = _AS_SENT,
+        anonymous: bool = False,
+    ) -> Submission:
         """Send a failed (or timed-out, or cancelled) turn's message again, as a new turn.
 
         It goes through the same commit path as any new message (`start`), so the new
         turn is queued, claimed and streamed like one; the failed turn stays as it was.
         A `request_id` makes the retry itself idempotent (it names this retry of this
         turn: the original message's own `request_id` is a new key here, not a replay).
+        `principal` is who retries (admitted as they are now, as for a new message; a
+        route passes its caller, and `anonymous` for a caller nobody signed in); left
+        out, the new turn is sent as the first one was (the app's own code retrying).
 
         Raises:
             TurnNotFoundError: no such turn.
@@ -451,6 +464,7 @@ class SessionRuntime(RuntimeControl, RuntimeCallbacks, RuntimeBudgets, RuntimeRe
             settings=pinned.settings,
             effort=pinned.effort,
             request_id=derive_id("retry", turn_id, request_id) if request_id else None,
-            principal=pinned.caller,
+            principal=pinned.caller if principal is _AS_SENT else cast(Any, principal),
             documents=pinned.documents,
+            anonymous=anonymous and principal is None,
         )

@@ -152,7 +152,7 @@ def submit(conn: Connection, insert: Any, new: NewInput, now: datetime) -> Submi
     if seq is None:  # another principal's session: as if there were none
         raise SessionNotFoundError(f"no session {new.session_id!r}", session_id=new.session_id)
     if new.delivery == "guide":
-        live = _live_turn(conn, new.session_id, now)
+        live = _live_turn(conn, new, now)
         if live is not None:
             conn.execute(
                 inputs.insert().values(
@@ -304,12 +304,17 @@ def owner_may_post(sent: Any, *, app: Any) -> Any:
     )
 
 
-def _live_turn(conn: Connection, session_id: str, now: datetime) -> str | None:
-    """The session's turn a driver holds right now (its row locked on PostgreSQL)."""
+def _live_turn(conn: Connection, new: NewInput, now: datetime) -> str | None:
+    """The session's turn a driver holds right now (its row locked on PostgreSQL).
+
+    Only one `new`'s sender may guide: a turn runs as its sender (tools, roles, budgets),
+    so a guide joins only a turn sent by the same principal of the same organisation (a
+    caller nobody signed in: a turn nobody sent). The app's own message joins any.
+    """
     query = (
         select(turns.c.turn_id)
         .where(
-            turns.c.session_id == session_id,
+            turns.c.session_id == new.session_id,
             turns.c.status == "running",
             turns.c.lease_owner.is_not(None),
             turns.c.lease_expires_at > now,
@@ -317,6 +322,12 @@ def _live_turn(conn: Connection, session_id: str, now: datetime) -> str | None:
         .order_by(turns.c.input_seq)
         .limit(1)
     )
+    if new.principal is not None:
+        query = query.where(
+            turns.c.principal == new.principal, turns.c.organisation == new.organisation
+        )
+    elif new.anonymous_caller:
+        query = query.where(turns.c.principal.is_(None))
     if conn.dialect.name == "postgresql":
         # Serialise with the driver's settle, which re-queues unread guides (seed 001 ⑦).
         query = query.with_for_update(of=turns)
