@@ -39,9 +39,6 @@ from turnkit.tenancy import Principal
 from turnkit.tools import delegated_session_id
 from turnkit.tools._context import AskAgent
 
-_AS_SENT: Any = object()
-"""`retry`'s default principal: the one who sent the retried turn's message."""
-
 __all__ = (
     "CancelToken",
     "MessageContent",
@@ -428,7 +425,7 @@ class SessionRuntime(RuntimeControl, RuntimeCallbacks, RuntimeBudgets, RuntimeRe
         turn_id: str,
         *,
         request_id: str | None = None,
-        principal: Principal | str | None | object = _AS_SENT,
+        principal: Principal | str | None = None,
         anonymous: bool = False,
     ) -> Submission:
         """Send a failed (or timed-out, or cancelled) turn's message again, as a new turn.
@@ -437,9 +434,9 @@ class SessionRuntime(RuntimeControl, RuntimeCallbacks, RuntimeBudgets, RuntimeRe
         turn is queued, claimed and streamed like one; the failed turn stays as it was.
         A `request_id` makes the retry itself idempotent (it names this retry of this
         turn: the original message's own `request_id` is a new key here, not a replay).
-        `principal` is who retries (admitted as they are now, as for a new message; a
-        route passes its caller, and `anonymous` for a caller nobody signed in); left
-        out, the new turn is sent as the first one was (the app's own code retrying).
+        `principal` is who retries, admitted as they are now, as for a new message
+        (`anonymous=True`: a caller nobody signed in); the HTTP route passes its caller.
+        With neither, the new turn is sent as the first one was (the app's own retry).
 
         Raises:
             TurnNotFoundError: no such turn.
@@ -464,7 +461,7 @@ class SessionRuntime(RuntimeControl, RuntimeCallbacks, RuntimeBudgets, RuntimeRe
             settings=pinned.settings,
             effort=pinned.effort,
             request_id=derive_id("retry", turn_id, request_id) if request_id else None,
-            principal=pinned.caller if principal is _AS_SENT else cast(Any, principal),
+            principal=principal if principal is not None or anonymous else pinned.caller,
             documents=pinned.documents,
             anonymous=anonymous and principal is None,
         )
