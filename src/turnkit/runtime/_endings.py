@@ -18,6 +18,7 @@ from turnkit.events import (
     CheckpointCreatedEvent,
     DoneEvent,
     ErrorEvent,
+    JobCompletedEvent,
     MessageCompleteEvent,
     RunFinishedEvent,
 )
@@ -65,6 +66,7 @@ async def end_failed(rec: Recorder, attempt: Attempt, exc: TurnError) -> bool:
     """
     status: TerminalStatus = "timed_out" if isinstance(exc, DeadlineExceededError) else "failed"
     _audit_cut_call(rec, outcome="error", error_code=exc.code)  # the idle window or ceiling
+    _end_cut_jobs(rec)
     rec.durable(ErrorEvent, "runtime", code=exc.code, message=exc.message, details=_details(exc))
     summary = _summary(rec, attempt, status, exc.code)
     _finished(rec, summary, "runtime")
@@ -89,6 +91,7 @@ async def end_aborted(rec: Recorder, attempt: Attempt) -> bool:
     lost meanwhile leaves the ending to the attempt that holds it now.
     """
     _audit_cut_call(rec, outcome="user-aborted", error_code="user-aborted")
+    _end_cut_jobs(rec)
     summary = _summary(rec, attempt, "cancelled", None)
     _finished(rec, summary, "runtime")
     rec.durable(DoneEvent, "runtime", status="cancelled")
@@ -102,6 +105,15 @@ async def end_aborted(rec: Recorder, attempt: Attempt) -> bool:
     except (StaleEpochError, LeaseLostError):
         return False
     return True
+
+
+def _end_cut_jobs(rec: Recorder) -> None:
+    """`job.completed` (an error) for each job the ending cut short: none stays open."""
+    for job_id, call_id in list(rec.notes.open_jobs.items()):
+        rec.durable(
+            JobCompletedEvent, "tool-loop", job_id=job_id, tool_call_id=call_id, is_error=True
+        )
+    rec.notes.open_jobs.clear()
 
 
 def _audit_cut_call(rec: Recorder, *, outcome: CallOutcome, error_code: str) -> None:

@@ -6,8 +6,8 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Mapping
-from typing import cast
+from collections.abc import Coroutine, Mapping
+from typing import Any, cast
 
 from pydantic import JsonValue
 
@@ -143,11 +143,28 @@ async def dispatch_tools(
 
     batch = len(plans) > 1
     if batch:
-        messages = list(await asyncio.gather(*(run(*plan) for plan in plans)))
+        messages = await _all_or_none([run(*plan) for plan in plans])
     else:
         messages = [await run(*plans[0])]
     _wait_with_asked(ctx, plans, waiting)
     return [m for m in messages if m is not None]  # all of them: none waits
+
+
+async def _all_or_none(
+    runs: list[Coroutine[Any, Any, TranscriptMessage | None]],
+) -> list[TranscriptMessage | None]:
+    """Await the batch's calls together; when one raises (the turn ends), stop the others.
+
+    A bare `gather` would leave them running past the turn's end, no longer anyone's.
+    """
+    tasks = [asyncio.ensure_future(one) for one in runs]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
 
 
 def _wait_with_asked(

@@ -50,6 +50,7 @@ def _tool_context(ctx: StageContext, part: ToolCallPart, reports: _Reports) -> T
         # turn it began), and its reports keep the turn's idle window open.
         _progress=reports.progress,
         _pivot=reports.pivot,  # a tool class's fallback steps: audited, the answerer moves
+        _answered=reports.answered,  # the member of a tool class that answered
         _ask_agent=ctx.ask_agent,
     )
 
@@ -76,7 +77,9 @@ async def invoke_tool(
         problem = str(exc)
     except asyncio.CancelledError:
         raise
-    except Exception as exc:  # noqa: BLE001 - a failing tool is a result the model reads
+    except (Exception, SystemExit) as exc:  # noqa: BLE001
+        # A failing tool is a result the model reads; `sys.exit()` in a tool (argparse,
+        # click on bad input) too: escaping the task, it would end the whole process.
         problem = f"the tool raised {typed_message(exc)}"
     reports.ended(failed=problem is not None)
     return problem, code, output, reports.answered_by
@@ -103,6 +106,7 @@ class _Reports:
         rec = self._rec
         if not self._dispatched:
             self._dispatched = True
+            rec.notes.open_jobs[self._job_id] = self.call_id  # completed by the ending if cut
             rec.durable(
                 JobDispatchedEvent,
                 "tool-loop",
@@ -136,9 +140,14 @@ class _Reports:
             ),
         )
 
+    def answered(self, member: str) -> None:
+        """The member of a tool class that returned the call's result."""
+        self.answered_by = member
+
     def ended(self, *, failed: bool) -> None:
         """Stage `job.completed` for a job that reported progress."""
         if self._dispatched:
+            self._rec.notes.open_jobs.pop(self._job_id, None)
             self._rec.durable(
                 JobCompletedEvent,
                 "tool-loop",
@@ -170,7 +179,7 @@ async def reconcile_call(
             raise  # the agent it joined waits for a person: so does this turn
         except ReconcileMisfitError as exc:
             misfit = str(exc)
-        except Exception as exc:  # noqa: BLE001 - a failing hook means "not known": run again
+        except (Exception, SystemExit) as exc:  # noqa: BLE001 - "not known": run again
             log.warning("reconcile of %s (%s) failed: %s", part.name, part.tool_call_id, exc)
     rec.durable(
         ToolInDoubtEvent,

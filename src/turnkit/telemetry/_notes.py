@@ -68,6 +68,9 @@ class TurnNotes:
     running: list[str] = field(default_factory=list[str])
     """What the turn waits on now, beside the model (`tool 'search'`, a plugin's hook): the
     idle window's error names it when the turn goes quiet there."""
+    open_jobs: dict[str, str] = field(default_factory=dict[str, str])
+    """job_id -> tool_call_id of jobs dispatched in this attempt and not completed yet: an
+    ending that cuts their call short (cancelled, timed out, failed) completes them."""
     pending_pause: PauseRequest | None = None
     """Set while a stage waits on a person; the driver then settles the pause."""
     answered_before: bool = False

@@ -28,6 +28,10 @@ async def _ignore_pivot(from_tool: str, to_tool: str | None, reason: str) -> Non
     return None
 
 
+def _ignore_answered(member: str) -> None:
+    return None
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ToolContext(Generic[DepsT]):
     """What a running tool knows about its call. Declare a `ToolContext` parameter to get it.
@@ -69,6 +73,7 @@ class ToolContext(Generic[DepsT]):
         default=_ignore_pivot, repr=False
     )
     _ask_agent: AskAgent | None = field(default=None, repr=False)
+    _answered: Callable[[str], None] = field(default=_ignore_answered, repr=False)
 
     async def report_progress(
         self, progress: float | None = None, message: str | None = None

@@ -1,9 +1,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
 import inspect
 import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 from typing import Any, Final, cast, get_args, get_origin, get_type_hints, overload
 
@@ -23,7 +26,7 @@ from turnkit.models import ToolSpec
 from turnkit.pauses import ApprovalPolicy, check_approval_policy, check_approver_role
 from turnkit.tools._context import ToolContext
 from turnkit.tools._errors import ToolArgumentsError, ToolResultError, ToolTimeoutError
-from turnkit.tools._protocol import Tool
+from turnkit.tools._protocol import ReconcileMisfitError, Tool
 from turnkit.tools._timeout import check_timeout_s, within
 from turnkit.tools.cascade import ToolClass
 
@@ -154,6 +157,22 @@ def _names_context(hint: str) -> bool:
     )
 
 
+_TOOL_THREADS: ThreadPoolExecutor | None = None
+"""Sync tools' own threads: one a timeout left running (a thread cannot be stopped) must
+not hold one of the event loop's default executor, which DNS lookups need too."""
+
+
+async def _in_tool_thread(fn: ToolFunction, kwargs: dict[str, Any]) -> Any:
+    """`fn(**kwargs)` in a tool thread, with the caller's context (as `to_thread` does)."""
+    global _TOOL_THREADS
+    if _TOOL_THREADS is None:
+        _TOOL_THREADS = ThreadPoolExecutor(64, thread_name_prefix="turnkit-tool")
+    context = contextvars.copy_context()
+    return await asyncio.get_running_loop().run_in_executor(
+        _TOOL_THREADS, functools.partial(context.run, fn, **kwargs)
+    )
+
+
 class FunctionTool:
     """A tool made from a typed Python function (sync or async)."""
 
@@ -276,7 +295,8 @@ class FunctionTool:
         result = await self._run(kwargs)
         try:
             return cast(JsonValue, to_jsonable_python(result))
-        except (PydanticSerializationError, ValueError) as exc:  # bytes that are not UTF-8
+        # bytes that are not UTF-8, a cycle, a dict keyed by a frozenset (TypeError)
+        except (PydanticSerializationError, ValueError, TypeError) as exc:
             raise ToolResultError(
                 f"the tool returned {type(result).__name__}, which cannot be sent as JSON "
                 f"({exc}): return text, numbers, lists, dicts or pydantic models"
@@ -293,17 +313,27 @@ class FunctionTool:
         """
         if self._reconcile is None:
             return False, None
-        found = await self._reconcile(ctx.idempotency_key, dict(arguments))
+        found = self._reconcile(ctx.idempotency_key, dict(arguments))
+        if inspect.isawaitable(found):  # a plain `def` hook answers at once
+            found = await found
         if found is NOT_APPLIED:
             return False, None
-        return True, cast(JsonValue, to_jsonable_python(found))
+        try:
+            return True, cast(JsonValue, to_jsonable_python(found))
+        except (PydanticSerializationError, ValueError, TypeError) as exc:
+            # It took effect: running it again is the one thing not to do.
+            raise ReconcileMisfitError(
+                f"the reconcile hook of {self._name!r} says the call took effect, but "
+                f"returned {type(found).__name__}, which cannot be sent as JSON ({exc}): "
+                "return text, numbers, lists, dicts or pydantic models"
+            ) from exc
 
     async def _run(self, kwargs: dict[str, Any]) -> Any:
         """Call the function, within `timeout_s` when it has one."""
         if self._is_async:
             call = cast(Callable[..., Awaitable[Any]], self.fn)(**kwargs)
         else:  # sync tools may block (files, HTTP): keep the event loop free
-            call = asyncio.to_thread(self.fn, **kwargs)
+            call = _in_tool_thread(self.fn, kwargs)
         return await within(self.timeout_s, call, self._expired)
 
     def _expired(self) -> ToolTimeoutError:

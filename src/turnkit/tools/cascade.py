@@ -67,7 +67,7 @@ class ToolClass:
         for index, member in enumerate(self.tools):
             nxt = self.tools[index + 1].name if index + 1 < len(self.tools) else None
             try:
-                return await member.invoke(arguments, ctx)
+                output = await member.invoke(arguments, ctx)
             except (asyncio.CancelledError, AskedAgentWaits):
                 raise  # an asked agent waiting for a person has not failed
             except ToolArgumentsError as exc:
@@ -78,6 +78,10 @@ class ToolClass:
             except Exception as exc:  # noqa: BLE001 - a failed member is the cascade's trigger
                 last = exc
                 await ctx.report_pivot(member.name, nxt, typed_message(exc))
+            else:
+                if not isinstance(member, ToolClass):  # a nested class names its own member
+                    ctx._answered(member.name)
+                return output
         assert last is not None
         raise last
 
