@@ -1084,3 +1084,64 @@ async def test_a_limit_that_counts_nothing_yet_starts_from_its_history_before_a_
         counted = await rt.store._migrate(lambda conn: conn.execute(budget_limits.select()).one())
         assert counted.spent_period is not None
         assert counted.spent_tokens == spent + 700
+
+
+async def test_a_turn_ended_without_its_driver_frees_what_its_call_reserved(
+    db: tuple[str, str | None],
+) -> None:
+    """A Stop, a time-out or a deleted session of a turn whose driver died frees its hold.
+
+    A driver SIGKILLed mid-call never releases what the call reserved. Unless the
+    transaction that ends the turn from outside drops it, it stays until it expires (the
+    ceiling, an hour by default), counted against every limit covering the turn: the
+    caller's next turns pause `awaiting_budget` on a turn that has ended, and no sweep
+    resumes them.
+    """
+    url, schema = db
+    config = _config(url, database_schema=schema, run_in_process=False)
+    async with SessionRuntime(
+        agent=Agent(model=_spending_model(), tools=[add]), config=config
+    ) as runtime:
+        await runtime.set_budget_limit(_limit(20_000))
+        stopped, timed_out, deleted = [
+            await runtime.submit(session, "add 2 and 3", principal=ANN)
+            for session in ("s1", "s2", "s3")
+        ]
+        for turn in (stopped, timed_out, deleted):  # a driver reserved for the call, then died
+            subject = BudgetSubject(
+                organisation="default", department="general", principal=ANN,
+                session_id=turn.session_id,
+            )  # fmt: skip
+            reservation, _ = await runtime.store.reserve_budget(
+                subject, turn_id=turn.turn_id, usd=0.0, tokens=4_000, ttl_s=3_600
+            )
+            assert reservation is not None
+        [use] = await runtime.budget_uses(ANN, "s9")
+        assert use.reserved_tokens == 12_000
+
+        assert await runtime.store.cancel(stopped.turn_id) == "cancelled"
+        assert await runtime.store.time_out(timed_out.turn_id, reason="its driver is gone")
+        await runtime.delete_session("s3")
+
+        [use] = await runtime.budget_uses(ANN, "s9")
+        assert use.reserved_tokens == 0, "ended turns still hold what their dead calls reserved"
+
+
+async def test_the_cli_refuses_a_limit_its_columns_cannot_hold_in_one_line(
+    db: tuple[str, str | None],
+) -> None:
+    """A key or organisation longer than its column is refused before anything is written.
+
+    On PostgreSQL it reached the INSERT and printed the driver's traceback (exit 1).
+    """
+    url, schema = db
+    for too_long in (["--key", "k" * 257], ["--key", "k", "--organisation", "o" * 129]):
+        cli = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "turnkit.cli", "budgets", "set", "--scope", "principal",
+            *too_long, "--tokens", "1000", "--database-url", url,
+            *(["--database-schema", schema] if schema else []),
+            cwd=ROOT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        _, err = await asyncio.wait_for(cli.communicate(), timeout=60)
+        assert (cli.returncode, err.decode().count("\n")) == (2, 1), err.decode()[-600:]
+        assert err.decode().startswith("turnkit: invalid setting:"), err.decode()

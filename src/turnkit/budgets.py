@@ -46,8 +46,8 @@ class BudgetLimit(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     scope: BudgetScope
-    organisation: str = DEFAULT_ORGANISATION
-    key: str = ""
+    organisation: str = Field(default=DEFAULT_ORGANISATION, min_length=1, max_length=128)
+    key: str = Field(default="", max_length=256)  # the widths of their columns
     period: BudgetPeriod = "month"
     usd: float | None = Field(default=None, ge=0, le=1e12, allow_inf_nan=False)
     tokens: int | None = Field(default=None, ge=0, le=_MAX_TOKENS)
@@ -110,15 +110,14 @@ class BudgetUse:
         return True
 
     def describe(self) -> str:
-        """One line: the limit and how much of it is used."""
+        """One line: the limit, what its period spent, and what calls in flight hold."""
         parts = []
         if self.limit.usd is not None:
-            used = self.spent_usd + self.reserved_usd
-            parts.append(f"${used:.4f} of ${self.limit.usd:.4f}")
+            held = f" (${self.reserved_usd:.4f} more held)" if self.reserved_usd else ""
+            parts.append(f"${self.spent_usd:.4f} of ${self.limit.usd:.4f}{held}")
         if self.limit.tokens is not None:
-            parts.append(
-                f"{self.spent_tokens + self.reserved_tokens} of {self.limit.tokens} tokens"
-            )
+            held = f" ({self.reserved_tokens} more held)" if self.reserved_tokens else ""
+            parts.append(f"{self.spent_tokens} of {self.limit.tokens} tokens{held}")
         return (
             f"the {self.limit.scope} budget of {self.limit.key!r} "
             f"({self.limit.period}) has used {' and '.join(parts)}"

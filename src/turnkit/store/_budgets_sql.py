@@ -278,7 +278,8 @@ def _key(row: Any) -> tuple[Any, ...]:
 
 
 def _limit(row: Any) -> BudgetLimit:
-    return BudgetLimit(
+    # As stored: a row an older turnkit let past today's checks still reads.
+    return BudgetLimit.model_construct(
         scope=cast(BudgetScope, row.scope),
         organisation=row.organisation,
         key=row.key,

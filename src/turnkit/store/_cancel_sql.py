@@ -11,7 +11,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, select, update
+from sqlalchemy import Connection, delete, select, update
 
 from turnkit.audit import UsageDelta
 from turnkit.events import (
@@ -23,7 +23,14 @@ from turnkit.events import (
 from turnkit.ids import TurnId
 from turnkit.store import RunSummary
 from turnkit.store._pauses_sql import close_open_pauses
-from turnkit.store._schema import UNFINISHED, aware, event_values, events, turns
+from turnkit.store._schema import (
+    UNFINISHED,
+    aware,
+    event_values,
+    events,
+    reservations,
+    turns,
+)
 from turnkit.store._submit_sql import requeue_guides
 from turnkit.store._turns_sql import read_usage
 
@@ -93,6 +100,8 @@ def cancel(
     if won.rowcount != 1:
         return cancel(conn, turn_id, now, stopped_owner, by)  # it moved under us: look again
     conn.execute(events.insert(), [event_values(turn_id, e) for e in ending])
+    # A driver that died mid-call left its reservation: nothing will release it now.
+    conn.execute(delete(reservations).where(reservations.c.turn_id == turn_id))
     close_open_pauses(conn, turn_id, stopped_at=now, by=by)
     requeue_guides(conn, turn_id, _presented_through(conn, turn_id, row.input_seq), now)
     return "cancelled"

@@ -19,6 +19,7 @@ from turnkit.store._schema import (
     events,
     inputs,
     pauses,
+    reservations,
     sessions,
     transcripts,
     turns,
@@ -248,6 +249,8 @@ def remove_many(conn: Connection, session_ids: Sequence[str]) -> int:
         .values(spent_usd=0.0, spent_tokens=0)
     )
     conn.execute(delete(events).where(events.c.turn_id.in_(turn_ids)))
+    # A dead driver's reservation would outlive its turn until it expires (the ceiling).
+    conn.execute(delete(reservations).where(reservations.c.turn_id.in_(turn_ids)))
     conn.execute(delete(pauses).where(pauses.c.session_id.in_(ids)))
     conn.execute(delete(transcripts).where(transcripts.c.session_id.in_(ids)))
     conn.execute(delete(turns).where(turns.c.session_id.in_(ids)))

@@ -9,12 +9,12 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, and_, or_, select, update
+from sqlalchemy import Connection, and_, delete, or_, select, update
 
 from turnkit.events import DoneEvent, ErrorEvent, encode_event
 from turnkit.ids import TurnId
 from turnkit.store._lease_sql import spent_after_claim
-from turnkit.store._schema import events, turns
+from turnkit.store._schema import events, reservations, turns
 
 __all__ = ("Orphan", "orphan", "sweep", "sweepable")
 
@@ -81,6 +81,8 @@ def sweep(conn: Connection, row: Orphan, now: datetime, reason: str) -> bool:
     )
     if won.rowcount != 1:
         return False
+    # Its driver is gone: what its last call reserved would otherwise be held to expiry.
+    conn.execute(delete(reservations).where(reservations.c.turn_id == row.turn_id))
     common: dict[str, Any] = {
         "session_id": row.session_id,
         "turn_id": row.turn_id,
