@@ -1135,7 +1135,11 @@ async def test_the_cli_refuses_a_limit_its_columns_cannot_hold_in_one_line(
     On PostgreSQL it reached the INSERT and printed the driver's traceback (exit 1).
     """
     url, schema = db
-    for too_long in (["--key", "k" * 257], ["--key", "k", "--organisation", "o" * 129]):
+    for too_long in (
+        ["--key", "k" * 257],
+        ["--key", "k", "--organisation", "o" * 129],
+        ["--key", "k", "--organisation", "Bad Org"],  # no caller's organisation is named so
+    ):
         cli = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "turnkit.cli", "budgets", "set", "--scope", "principal",
             *too_long, "--tokens", "1000", "--database-url", url,

@@ -238,3 +238,19 @@ def _turn_ids(url: str, session: str) -> list[str]:
     out = io.StringIO()
     assert main(["turns", "--session", session, "--database-url", url], out=out) == 0
     return re.findall(r"turn_[0-9a-f-]+", out.getvalue())
+
+
+def test_db_current_calls_a_database_without_tables_empty_and_behind(
+    db: tuple[str, str | None], tmp_path: Path
+) -> None:
+    """An empty SQLite file and an empty PostgreSQL schema read alike: behind, exit 1."""
+    url, schema = db
+    if schema is None:
+        url = f"sqlite:///{tmp_path / 'empty.db'}"
+        (tmp_path / "empty.db").touch()
+    code, out = _run("db", "current", url=url, schema=schema)
+    assert (code, out) == (
+        1,
+        f"schema: empty (this turnkit: {head_revision()}): behind; `turnkit db upgrade` "
+        "brings it up to date\n",
+    )

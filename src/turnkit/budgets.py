@@ -16,7 +16,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from turnkit.tenancy import DEFAULT_ORGANISATION
+from turnkit.tenancy import DEFAULT_ORGANISATION, NAME_PATTERN
 
 __all__ = (
     "BudgetLimit",
@@ -46,7 +46,7 @@ class BudgetLimit(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     scope: BudgetScope
-    organisation: str = Field(default=DEFAULT_ORGANISATION, min_length=1, max_length=128)
+    organisation: str = Field(default=DEFAULT_ORGANISATION, pattern=NAME_PATTERN)
     key: str = Field(default="", max_length=256)  # the widths of their columns
     period: BudgetPeriod = "month"
     usd: float | None = Field(default=None, ge=0, le=1e12, allow_inf_nan=False)

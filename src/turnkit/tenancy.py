@@ -20,6 +20,7 @@ __all__ = (
     "ADMIN_ROLE",
     "DEFAULT_DEPARTMENT",
     "DEFAULT_ORGANISATION",
+    "NAME_PATTERN",
     "Department",
     "Organisation",
     "Principal",
@@ -38,7 +39,10 @@ ADMIN_ROLE = "admin"
 """The role that may pick any agent when the organisation pins a default agent, and may
 answer every approval of its organisation that names an `approver_role`."""
 
-_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
+"""What an organisation's or department's name may be: 1-128 letters, digits or `_ . : -`,
+starting with a letter or digit."""
+_NAME = NAME_PATTERN
 
 
 class Principal(BaseModel):

@@ -228,7 +228,8 @@ async def _db_current(args: argparse.Namespace, out: TextIO) -> int:
     """`turnkit db current`: where the schema is, against this turnkit's; 1 unless equal."""
     store = SqlStore.from_url(args.database_url, schema=args.database_schema)
     try:
-        await existing_database(args.database_url, args.database_schema, store)  # no file made
+        if args.database_url.startswith("sqlite"):  # opening a missing file would make it
+            await existing_database(args.database_url, args.database_schema, store)
         revision = await store.schema_revision()
     finally:
         await store.close()
