@@ -14,6 +14,7 @@ from turnkit.events import (
     JobDispatchedEvent,
     JobProgressEvent,
     ToolCompletedEvent,
+    ToolDeltaEvent,
     ToolFailedEvent,
     ToolStartedEvent,
 )
@@ -312,6 +313,10 @@ async def test_a_call_id_used_before_in_the_turn_gets_a_new_one(
     started = [e for e in events if isinstance(e, ToolStartedEvent)]
     ids = [e.block.tool_call_id for e in started]
     assert ids == ["call_0", "call_0_r2_1"]  # renamed after the loop round it came in
+    # Its arguments streamed under the id it got: a client joins them to its own card.
+    deltas = [e.tool_call_id for e in events if isinstance(e, ToolDeltaEvent)]
+    assert deltas
+    assert set(deltas) == set(ids)
     assert len({e.idempotency_key for e in started}) == 2  # two actions, two keys
     assert [e.result.output for e in events if isinstance(e, ToolCompletedEvent)] == [2, 10]
     assert [e for e in events if e.type == "tool.in_doubt"] == []

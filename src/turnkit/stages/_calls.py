@@ -129,6 +129,7 @@ async def call_model(
     on_answer: Callable[[str], None] | None = None,
     answer_after_chars: int = 0,
     reserve: bool = True,
+    call_id: Callable[[str], str] = str,
 ) -> CallResult:
     """Run one call on `family`, streaming deltas and auditing failed rungs.
 
@@ -139,7 +140,9 @@ async def call_model(
     `on_answer` is called once the call has written `answer_after_chars` characters of
     text and no tool call (its answer is under way), with the reasoning it streamed.
     With budgets enforced the call first reserves what it may cost, and pauses the turn
-    when a limit has no room (`reserve=False`: the caller checked already).
+    when a limit has no room (`reserve=False`: the caller checked already). `call_id`:
+    the id a tool call's `tool.delta` goes out under, given the model's (the one the
+    caller will give the call).
     """
     rec = ctx.recorder
     await _ready(ctx, stage_id, request, block_key, reserve=reserve)
@@ -168,7 +171,7 @@ async def call_model(
                     case ThinkingDelta(text=text) if text:
                         on.asm.thinking.append(text)  # raw chain-of-thought stays inside
                     case ToolCallDelta():
-                        await _tool_delta(ctx, stage_id, on.asm, chunk, last_tool_delta)
+                        await _tool_delta(ctx, stage_id, on.asm, chunk, last_tool_delta, call_id)
                     case RungStarted():
                         attempts.append(chunk.model)
                         block_id = derive_id("blk", rec.turn_id, block_key, len(attempts) - 1)
@@ -440,6 +443,7 @@ async def _tool_delta(
     asm: _Assembler,
     chunk: ToolCallDelta,
     last: dict[int, float],
+    call_id: Callable[[str], str],
 ) -> None:
     index = asm.slot(chunk.index, chunk.tool_call_id)
     parts = asm.calls.setdefault(index, [])
@@ -458,7 +462,7 @@ async def _tool_delta(
     await ctx.recorder.ephemeral(
         ToolDeltaEvent,
         stage_id,
-        tool_call_id=asm.ids.get(index, f"call_{index}"),
+        tool_call_id=call_id(asm.ids.get(index, f"call_{index}")),
         tool_name=asm.names.get(index),
         arguments_delta=written[start:],  # everything since the last report
         chars=len(written),
