@@ -310,7 +310,8 @@ class Watchdog(Protocol):
     async def time_out(self, turn_id: TurnId, *, reason: str) -> bool:
         """End a `running` turn as `timed_out` (error + done events, epoch moved on).
 
-        False when the turn is not running (finished, paused) or moved meanwhile.
+        False when the turn is not running (finished, paused), a driver holds a live
+        lease on it (one took it over since it was judged abandoned), or it moved meanwhile.
         """
         ...
 

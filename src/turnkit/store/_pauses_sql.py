@@ -106,6 +106,7 @@ def answer(
             status="running",
             # A resumed run is a new run: fresh attempts and a fresh ceiling.
             attempts=0,
+            spent_attempts=0,  # the attempts that died before the pause were another run's
             started_at=None,
             lease_owner=None,
             lease_expires_at=None,

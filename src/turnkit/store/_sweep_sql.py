@@ -27,6 +27,8 @@ class Orphan:
     session_id: str
     lease_epoch: int
     last_seq: int
+    past_ceiling: bool = False
+    """Ended whoever holds it; otherwise only while no driver holds a live lease."""
 
 
 def sweepable(
@@ -34,8 +36,11 @@ def sweepable(
 ) -> list[Orphan]:
     """Running turns nobody can finish: past the ceiling, or out of attempts and unleased."""
     deadline = now - timedelta(seconds=ceiling_s)
+    past = and_(turns.c.started_at.is_not(None), turns.c.started_at < deadline)
     rows = conn.execute(
-        select(turns.c.turn_id, turns.c.session_id, turns.c.lease_epoch, turns.c.last_seq).where(
+        select(
+            turns.c.turn_id, turns.c.session_id, turns.c.lease_epoch, turns.c.last_seq, past
+        ).where(
             turns.c.status == "running",
             or_(
                 and_(turns.c.started_at.is_not(None), turns.c.started_at < deadline),
@@ -46,7 +51,7 @@ def sweepable(
             ),
         )
     ).all()
-    return [Orphan(r.turn_id, r.session_id, r.lease_epoch, r.last_seq) for r in rows]
+    return [Orphan(r.turn_id, r.session_id, r.lease_epoch, r.last_seq, bool(r[4])) for r in rows]
 
 
 def orphan(conn: Connection, turn_id: TurnId) -> Orphan | None:
@@ -69,6 +74,13 @@ def sweep(conn: Connection, row: Orphan, now: datetime, reason: str) -> bool:
             turns.c.lease_epoch == row.lease_epoch,
             turns.c.last_seq == row.last_seq,
             turns.c.status == "running",
+            # Judged in an earlier transaction (or by a reader): a driver that renewed or
+            # took the turn over since then holds a live lease, and keeps the turn.
+            *(
+                ()
+                if row.past_ceiling
+                else (or_(turns.c.lease_owner.is_(None), turns.c.lease_expires_at <= now),)
+            ),
         )
         .values(
             status="timed_out",
