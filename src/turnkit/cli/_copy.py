@@ -22,6 +22,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import TextIO, TypeVar
 
+from sqlalchemy import Table
 from sqlalchemy.exc import DBAPIError
 
 from turnkit.cli._inspect import existing_store
@@ -44,7 +45,7 @@ from turnkit.store._copy_sql import (
     rows_present,
     running_turns,
 )
-from turnkit.store._engine_pg import first_line, is_unreachable
+from turnkit.store._engine_pg import first_line, is_unreachable, unstorable_text
 from turnkit.store.migrate import head_revision
 from turnkit.store.sql import SqlStore, shown_url
 
@@ -249,13 +250,44 @@ async def _copy_rows(
         copied, started = 0, time.perf_counter()
         pages = read_pages(source, table, size=size)
         while (rows := await progress.on("source", anext(pages, None))) is not None:
-            await progress.on("target", insert_rows(target, table, rows))
+            try:
+                await progress.on("target", insert_rows(target, table, rows))
+            except Exception as exc:
+                if unstorable_text(exc) is None:
+                    raise
+                raise _unstorable(table, rows) from exc
             copied += len(rows)
         took = time.perf_counter() - started
         out.write(f"  {table.name:<24} {copied:>10,} row(s) in {took:.2f} s\n")
         out.flush()
         total += copied
     return total
+
+
+def _unstorable(table: Table, rows: list[dict[str, object]]) -> StoreError:
+    """The target refused a text (a NUL character): copying again would fail the same way."""
+    key = [c.key for c in table.primary_key.columns]
+    where = next(
+        (
+            (tuple(row[k] for k in key), name)
+            for row in rows
+            for name, value in row.items()
+            if isinstance(value, str) and "\x00" in value
+        ),
+        None,
+    )
+    said = (
+        f"a row of {table.name}"
+        if where is None
+        else (f"{table.name} {where[0]!r} (column {where[1]})")
+    )
+    return StoreError(
+        f"the copy stopped: {said} holds a character the target cannot store (NUL, "
+        "U+0000); the target holds no turnkit row (they go in one transaction, not "
+        "committed). Copying again fails the same way: remove the character in the "
+        "source first",
+        table=table.name,
+    )
 
 
 async def _copy_checkpoints(

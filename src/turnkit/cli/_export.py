@@ -17,9 +17,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TextIO
 
+from turnkit.audit import AuditRow
 from turnkit.errors import InvalidInputError, SessionNotFoundError
 from turnkit.ids import SessionId
 from turnkit.store import SessionRecord, TurnRecord
+from turnkit.store._turns_sql import audit_blobs
 from turnkit.store.sql import SqlStore
 
 __all__ = ("export_session", "export_target")
@@ -32,6 +34,7 @@ class _Counts:
     audit_rows: int = 0
     files: int = 0
     unreadable_events: int = 0
+    unreadable_audit_rows: int = 0
 
 
 async def export_session(store: SqlStore, out: TextIO, session_id: SessionId) -> int:
@@ -58,7 +61,14 @@ async def export_session(store: SqlStore, out: TextIO, session_id: SessionId) ->
             out.write(f'{{"kind":"event","turn_id":"{turn.turn_id}","event":')
             out.write(text)
             out.write("}\n")
-        for row in await store.read_audit(turn.turn_id):
+        for blob in await store._tx(audit_blobs, turn.turn_id, write=False):
+            try:
+                row = AuditRow.model_validate_json(blob)
+            except ValueError:  # damaged, or a newer turnkit's kind: say so, and go on
+                counts.unreadable_audit_rows += 1
+                _line(out, {"kind": "unreadable_audit", "turn_id": turn.turn_id,
+                            "bytes": len(blob)})  # fmt: skip
+                continue
             counts.audit_rows += 1
             audit: dict[str, object] = {
                 "kind": "audit",
@@ -80,7 +90,10 @@ async def export_session(store: SqlStore, out: TextIO, session_id: SessionId) ->
                 "content": file.content,
             },
         )
-    _line(out, {"kind": "end", "session_id": session_id, **asdict(counts)})
+    end = asdict(counts)
+    if not end["unreadable_audit_rows"]:  # the end line as documented unless there are any
+        del end["unreadable_audit_rows"]
+    _line(out, {"kind": "end", "session_id": session_id, **end})
     return 0
 
 

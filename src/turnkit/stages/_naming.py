@@ -65,7 +65,9 @@ async def name_thread(ctx: StageContext, opening: str) -> None:
         log.warning("naming session %s failed: %s", rec.session_id, exc)
         await _audited(ctx)
         return
-    title = result.response.text.strip().strip("\"'").strip()[: TITLE_CHARS * 2]
+    # A title is text any store keeps (as a person's rename is checked): no NUL.
+    title = result.response.text.replace("\x00", "").strip().strip("\"'").strip()
+    title = title[: TITLE_CHARS * 2]
     # The rename goes first: the row then says truly whether it was applied. A process
     # that dies between the two keeps the name and loses the row of this one small call.
     applied = bool(title) and await rec.store.name_session(rec.session_id, title, current=first)

@@ -7,7 +7,7 @@ from datetime import datetime
 from functools import lru_cache
 from typing import Any, Final
 
-from sqlalchemy import Connection, Select, bindparam, delete, or_, select, update
+from sqlalchemy import Connection, Select, bindparam, delete, func, or_, select, update
 
 from turnkit.errors import SessionNotFoundError
 from turnkit.ids import SessionId
@@ -166,6 +166,24 @@ def _of_turn(column: Any) -> Any:
     return select(column).where(turns.c.turn_id == usage.c.turn_id).scalar_subquery()
 
 
+def _spent_for() -> Any:
+    """Who a deleted turn spent for in usage reports.
+
+    Its principal, else its session's owner, as `_usage_sql.report` reads it while the
+    session is there.
+    """
+    owner = (
+        select(sessions.c.principal)
+        .where(sessions.c.session_id == turns.c.session_id)
+        .scalar_subquery()
+    )
+    return (
+        select(func.coalesce(turns.c.principal, owner))
+        .where(turns.c.turn_id == usage.c.turn_id)
+        .scalar_subquery()
+    )
+
+
 def _keep_attribution(session_ids: Sequence[str]) -> Any:
     """The sessions' usage rows take over who spent and when from their turns, before those go.
 
@@ -178,8 +196,11 @@ def _keep_attribution(session_ids: Sequence[str]) -> Any:
         )
         .values(
             {
-                name: _of_turn(getattr(turns.c, name))
-                for name in ("organisation", "department", "principal", "created_at")
+                **{
+                    name: _of_turn(getattr(turns.c, name))
+                    for name in ("organisation", "department", "created_at")
+                },
+                "principal": _spent_for(),
             }
         )
     )

@@ -34,6 +34,17 @@ attributed = or_(turns.c.turn_id.is_not(None), usage.c.created_at.is_not(None))
 GroupBy = Literal["session", "principal", "department", "day"]
 
 
+def _in_utc(conn: Connection, moment: ColumnElement[datetime]) -> ColumnElement[datetime]:
+    """`moment` as a UTC wall-clock time (SQLite stores UTC already).
+
+    PostgreSQL's `date()` of a `timestamptz` takes the session's TimeZone (a server or
+    database default), not UTC.
+    """
+    if conn.dialect.name == "postgresql":
+        return func.timezone("UTC", moment)
+    return moment
+
+
 def report(
     conn: Connection,
     by: GroupBy,
@@ -54,7 +65,7 @@ def report(
         "session": usage.c.session_id,
         "principal": func.coalesce(owner, ""),
         "department": spent_in,
-        "day": func.date(spent_at),
+        "day": func.date(_in_utc(conn, spent_at)),
     }[by]
     query = (
         select(
