@@ -437,6 +437,8 @@ class GuardrailEvent(DurableEvent):
     action: str
     tool_call_id: ToolCallId | None = None
     """The call whose result was checked (`tool_result` checkpoint only)."""
+    input_seq: int | None = None
+    """The message that joined the running turn (a guide) that was checked."""
 
 
 class PluginEmittedEvent(DurableEvent):

@@ -62,8 +62,9 @@ def dedupe_key(event_type: str, fields: Mapping[str, Any]) -> str | None:
         case _ if event_type in _BY_FIELD:
             return f"{event_type}:{fields[_BY_FIELD[event_type]]}"
         case "guardrail":
-            where = f"{fields['checkpoint']}:{fields.get('tool_call_id')}:{fields['subject']}"
-            return f"guardrail:{where}:{fields['kind']}:{fields['action']}"
+            # Per call (a tool result's) and per guide (each message joining is checked).
+            where = f"{fields.get('tool_call_id')}:{fields.get('input_seq')}:{fields['subject']}"
+            return f"guardrail:{fields['checkpoint']}:{where}:{fields['kind']}:{fields['action']}"
         case "session.renamed":
             return f"session.renamed:{fields['source']}"
         case "tasks.updated":

@@ -60,6 +60,8 @@ class Held:
     """The newest last request the Store kept up to `through`."""
     size: int
     """About how many bytes `messages` hold (`size_of`)."""
+    guarded: bool = False
+    """Built with input guardrails in play (turns with no stored transcript withheld)."""
 
 
 class HeldTranscripts:

@@ -75,6 +75,8 @@ async def session_transcript(
     have = held.get(session) if held is not None else None
     if have is not None and have.input_seq >= record.input_seq:
         have = None  # held from a later turn: not this one's history
+    if have is not None and have.guarded != guarded:
+        have = None  # built for an agent with other input guardrails: not this one's view
     kept = await store.kept_transcript(
         session,
         before_input_seq=record.input_seq,
@@ -93,6 +95,7 @@ async def session_transcript(
                 messages=tuple(messages),
                 last_request=last,
                 size=size,
+                guarded=guarded,
             ),
         )
     previous = cast(PreviousRequest, {**last, "between_turns": True}) if last else None

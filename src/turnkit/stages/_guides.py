@@ -46,7 +46,9 @@ async def _message(
     redaction is what the model reads; a blocked guide is withheld, the turn goes on).
     """
     try:
-        content = await guard(ctx, stage_id, "input", content, subject="guide message")
+        content = await guard(
+            ctx, stage_id, "input", content, subject="guide message", input_seq=input_seq
+        )
     except GuardrailBlockedError:
         content = BLOCKED_INPUT
     return {"role": "user", "content": content, "input_seq": input_seq}

@@ -317,6 +317,7 @@ async def guard(
     *,
     subject: str,
     call: ToolCall | None = None,
+    input_seq: int | None = None,
 ) -> str:
     """Run the guardrails of `checkpoint` on `text`; the text to go on with.
 
@@ -344,6 +345,7 @@ async def guard(
             subject=verdict.subject or subject,
             action=verdict.action,
             tool_call_id=ToolCallId(call.tool_call_id) if call is not None else None,
+            **({"input_seq": input_seq} if input_seq is not None else {}),
         )
         if verdict.action == "block":
             await ctx.recorder.flush()

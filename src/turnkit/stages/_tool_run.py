@@ -98,6 +98,8 @@ class _Reports:
         self._dispatched = dedupe_key("job.dispatched", {"job_id": self._job_id}) in (
             self._rec.journal.keys
         )
+        if self._dispatched:  # still open: this attempt's ending completes it if cut
+            self._rec.notes.open_jobs[self._job_id] = self.call_id
         self.answered_by = part.name
         """The tool that answered (a fallback step moves it)."""
 

@@ -4,6 +4,7 @@ import asyncio
 import contextvars
 import functools
 import inspect
+import os
 import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -160,6 +161,16 @@ def _names_context(hint: str) -> bool:
 _TOOL_THREADS: ThreadPoolExecutor | None = None
 """Sync tools' own threads: one a timeout left running (a thread cannot be stopped) must
 not hold one of the event loop's default executor, which DNS lookups need too."""
+
+
+def _forget_tool_threads() -> None:
+    """A forked child has none of the parent's threads: it starts a pool of its own."""
+    global _TOOL_THREADS
+    _TOOL_THREADS = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_tool_threads)
 
 
 async def _in_tool_thread(fn: ToolFunction, kwargs: dict[str, Any]) -> Any:
