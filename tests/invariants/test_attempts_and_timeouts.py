@@ -9,7 +9,12 @@ from datetime import UTC, datetime
 import pytest
 from tests.helpers import new_input, step_event
 
-from turnkit.events import ApprovalRequestedEvent
+from turnkit.events import (
+    ApprovalRequestedEvent,
+    JobCompletedEvent,
+    JobDispatchedEvent,
+    decode_event,
+)
 from turnkit.pauses import PauseRequest
 from turnkit.store import Submission
 from turnkit.store.sql import SqlStore
@@ -156,3 +161,39 @@ async def test_the_sweep_leaves_a_turn_whose_driver_renewed_after_it_was_judged(
     record = await store.get_turn(sub.turn_id)
     assert record is not None
     assert (record.status, record.lease_owner) == ("running", "w-live")
+
+
+def _dispatched(sub: Submission, seq: int) -> JobDispatchedEvent:
+    return JobDispatchedEvent(
+        session_id=sub.session_id,
+        turn_id=sub.turn_id,
+        stage_id="tool-loop",
+        ts=datetime.now(UTC),
+        seq=seq,
+        job_id="job-1",
+        tool_call_id="c1",
+        tool_name="export",
+    )
+
+
+@pytest.mark.parametrize("ending", ["stop", "sweep"])
+async def test_a_job_a_dead_driver_left_running_is_completed_by_the_ending(
+    store: SqlStore, clock: FakeClock, ending: str
+) -> None:
+    """A Stop or a sweep ending a turn whose driver died while a job ran: no job stays
+    open in the log (`job.completed`, an error, before `done`)."""
+    sub = await store.submit(new_input())
+    lease = await store.claim("w", ttl_s=10, max_attempts=1)
+    assert lease is not None
+    await store.commit(sub.turn_id, epoch=lease.epoch, events=[_dispatched(sub, 2)])
+    clock.advance(11)  # its worker died with the job running
+    if ending == "stop":
+        assert await store.cancel(sub.turn_id) == "cancelled"
+    else:
+        assert await store.sweep(ceiling_s=3600, max_attempts=1) == [sub.turn_id]
+    events = [decode_event(e.data) async for e in store.read_events(sub.turn_id)]
+    kinds = [e.type for e in events]
+    assert kinds[-1] == "done"
+    [completed] = [e for e in events if isinstance(e, JobCompletedEvent)]
+    assert (completed.job_id, completed.tool_call_id, completed.is_error) == ("job-1", "c1", True)
+    assert [e.seq for e in events] == list(range(1, len(events) + 1))  # gap-free

@@ -17,11 +17,13 @@ from turnkit.audit import UsageDelta
 from turnkit.events import (
     DoneEvent,
     InputGuidedEvent,
+    JobCompletedEvent,
     RunFinishedEvent,
     decode_event,
 )
 from turnkit.ids import TurnId
 from turnkit.store import RunSummary
+from turnkit.store._jobs_sql import cut_jobs
 from turnkit.store._pauses_sql import close_open_pauses
 from turnkit.store._schema import (
     UNFINISHED,
@@ -77,7 +79,7 @@ def cancel(
         conn.execute(update(turns).where(turns.c.turn_id == turn_id).values(cancel_requested=True))
         return "running"
     spent_summary = _spent(row, read_usage(conn, turn_id))
-    ending = _ending(row, turn_id, now, spent_summary)
+    ending = _ending(conn, row, turn_id, now, spent_summary)
     seq = ending[-1].seq
     won = conn.execute(
         update(turns)
@@ -121,15 +123,18 @@ def _spent(row: Any, spent: UsageDelta) -> RunSummary | None:
 
 
 def _ending(
-    row: Any, turn_id: TurnId, now: datetime, summary: RunSummary | None
-) -> list[RunFinishedEvent | DoneEvent]:
+    conn: Connection, row: Any, turn_id: TurnId, now: datetime, summary: RunSummary | None
+) -> list[JobCompletedEvent | RunFinishedEvent | DoneEvent]:
     """The events that end the turn here: `done`, after `run.finished` with `summary`.
 
-    So its history and usage say what it cost, as a turn its driver ended does.
+    So its history and usage say what it cost, as a turn its driver ended does; a job a
+    driver that died left running is completed first, as an error.
     """
     common: dict[str, Any] = {"session_id": row.session_id, "turn_id": turn_id, "ts": now}
-    seq = row.last_seq + 1
-    ending: list[RunFinishedEvent | DoneEvent] = []
+    ending: list[JobCompletedEvent | RunFinishedEvent | DoneEvent] = [
+        *cut_jobs(conn, turn_id, row.last_seq + 1, common)
+    ]
+    seq = row.last_seq + 1 + len(ending)
     if summary is not None:
         fields = summary.event_fields()
         ending.append(RunFinishedEvent(**common, stage_id="runtime", seq=seq, **fields))

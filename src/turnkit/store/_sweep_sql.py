@@ -11,10 +11,11 @@ from typing import Any
 
 from sqlalchemy import Connection, and_, delete, or_, select, update
 
-from turnkit.events import DoneEvent, ErrorEvent, encode_event
+from turnkit.events import DoneEvent, ErrorEvent
 from turnkit.ids import TurnId
+from turnkit.store._jobs_sql import cut_jobs
 from turnkit.store._lease_sql import spent_after_claim
-from turnkit.store._schema import events, reservations, turns
+from turnkit.store._schema import event_values, events, reservations, turns
 
 __all__ = ("Orphan", "orphan", "sweep", "sweepable")
 
@@ -65,8 +66,17 @@ def orphan(conn: Connection, turn_id: TurnId) -> Orphan | None:
 
 
 def sweep(conn: Connection, row: Orphan, now: datetime, reason: str) -> bool:
-    """Time one orphaned turn out: bump its epoch, append `error` + `done`. False if it moved."""
-    seq = row.last_seq + 1
+    """Time one orphaned turn out: bump its epoch, append `error` + `done`. False if it moved.
+
+    A job its dead driver left running is completed first, as an error.
+    """
+    common: dict[str, Any] = {
+        "session_id": row.session_id,
+        "turn_id": row.turn_id,
+        "ts": now,
+    }
+    jobs = cut_jobs(conn, TurnId(row.turn_id), row.last_seq + 1, common)
+    seq = row.last_seq + 1 + len(jobs)
     won = conn.execute(
         update(turns)
         .where(
@@ -95,19 +105,8 @@ def sweep(conn: Connection, row: Orphan, now: datetime, reason: str) -> bool:
         return False
     # Its driver is gone: what its last call reserved would otherwise be held to expiry.
     conn.execute(delete(reservations).where(reservations.c.turn_id == row.turn_id))
-    common: dict[str, Any] = {
-        "session_id": row.session_id,
-        "turn_id": row.turn_id,
-        "stage_id": "runtime",
-        "ts": now,
-    }
+    common["stage_id"] = "runtime"
     error = ErrorEvent(seq=seq, code="deadline-exceeded", message=reason, **common)
     done = DoneEvent(seq=seq + 1, status="timed_out", error_code="deadline-exceeded", **common)
-    conn.execute(
-        events.insert(),
-        [
-            {"turn_id": row.turn_id, "seq": e.seq, "type": e.type, "data": encode_event(e)}
-            for e in (error, done)
-        ],
-    )
+    conn.execute(events.insert(), [event_values(row.turn_id, e) for e in (*jobs, error, done)])
     return True
