@@ -118,9 +118,21 @@ def prepare(litellm: ModuleType, kwargs: Mapping[str, object], *, model: str) ->
         url=f"{api_base.rstrip('/')}/chat/completions",
         endpoint=_endpoint(api_base),
         headers=_headers(litellm, kwargs),
-        body=json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode(),
+        body=_encoded(body),
         timeout=_float(kwargs.get("timeout"), 600.0),
     )
+
+
+def _encoded(body: Mapping[str, object]) -> bytes:
+    """The body as UTF-8 JSON, or with non-ASCII escaped when it holds a lone surrogate.
+
+    A lone surrogate (a file name read with `surrogateescape`, say) has no UTF-8 form;
+    a JSON escape carries it, and the server decides what to make of it.
+    """
+    try:
+        return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+    except UnicodeEncodeError:
+        return json.dumps(body, separators=(",", ":")).encode()
 
 
 def _api_base(litellm: ModuleType, given: object) -> str:

@@ -55,7 +55,9 @@ def map_error(exc: Exception, site: CallSite, litellm: ModuleType) -> ProviderEr
     elif isinstance(exc, ChatStreamError) and status in (408, 504):  # litellm: `Timeout`
         retriable, advice = True, "the provider timed out"
     elif _refused(exc, httpx):
-        where = site.api_base or f"the {site.provider} default URL"
+        # api_base may carry a credential (`user:password@`, `?api-key=`): never repeat it.
+        where = redact_secrets(site.api_base) if site.api_base else None
+        where = where or f"the {site.provider} default URL"
         return ModelUnreachableError(
             f"model {site.model!r}: the connection to {where} was refused; is the "
             "server running there, and is api_base right?",

@@ -25,9 +25,11 @@ async def stream_litellm(
     litellm's stream is closed on the way out, also when the consumer stops early.
     """
     response = await litellm.acompletion(**kwargs)
+    said_anything = False
     try:
         _refuse_a_web_page(response)
         async for chunk in response:
+            said_anything = said_anything or _says_something(chunk)
             chunk_usage = getattr(chunk, "usage", None)
             if chunk_usage is not None:
                 state.usage = chunk_usage
@@ -45,8 +47,40 @@ async def stream_litellm(
                 for piece in delta_chunks(getattr(choice, "delta", None)):
                     state.saw_tool_call = state.saw_tool_call or isinstance(piece, ToolCallDelta)
                     yield piece
+        if not said_anything:
+            _refuse_a_whole_answer(response)
     finally:
         await close_stream(response)
+
+
+def _says_something(chunk: object) -> bool:
+    """Whether a chunk carries a delta or usage (litellm adds an empty closing one)."""
+    if getattr(chunk, "usage", None) is not None:
+        return True
+    for choice in getattr(chunk, "choices", None) or ():
+        if delta_chunks(getattr(choice, "delta", None)):
+            return True
+    return False
+
+
+def _refuse_a_whole_answer(response: object) -> None:
+    """Raise when a 200 `application/json` body gave no event: a server ignoring `stream`.
+
+    litellm reads no event from one whole answer and ends the stream as a finished, empty
+    one; the direct transport reads the answer. Refused (retriable), never an empty answer.
+    """
+    kind = _content_type(response)
+    if isinstance(kind, str) and kind.lower().startswith("application/json"):
+        raise broken_stream(
+            f"the response is one JSON answer, not a stream (content-type {kind!r}): the "
+            "server ignored `stream`; use transport='auto', which reads such an answer"
+        )
+
+
+def _content_type(response: object) -> object:
+    hidden = getattr(response, "_hidden_params", None)
+    headers = hidden.get("additional_headers") if isinstance(hidden, dict) else None
+    return headers.get("llm_provider-content-type") if isinstance(headers, dict) else None
 
 
 def _refuse_a_web_page(response: object) -> None:
@@ -56,9 +90,7 @@ def _refuse_a_web_page(response: object) -> None:
     answer; the direct transport refuses any body that is not a chat-completion stream,
     and this keeps the two alike where a provider's stream can never be HTML.
     """
-    hidden = getattr(response, "_hidden_params", None)
-    headers = hidden.get("additional_headers") if isinstance(hidden, dict) else None
-    kind = headers.get("llm_provider-content-type") if isinstance(headers, dict) else None
+    kind = _content_type(response)
     if isinstance(kind, str) and kind.lower().startswith("text/html"):
         raise broken_stream(
             f"the response is not a chat-completion stream (content-type {kind!r}): check "

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import weakref
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -163,7 +163,9 @@ async def _client(endpoint: str) -> httpx.AsyncClient:
         await pool.keeper.__anext__()  # runs to its first `yield`: it never suspends
     client = pool.clients.get(endpoint)
     if client is None or client.is_closed:
-        client = pool.clients[endpoint] = httpx.AsyncClient(limits=_LIMITS)
+        # Redirects are followed as the openai SDK (litellm's path) follows them; httpx
+        # drops the key on a redirect to another origin.
+        client = pool.clients[endpoint] = httpx.AsyncClient(limits=_LIMITS, follow_redirects=True)
     return client
 
 
@@ -196,15 +198,18 @@ async def stream_chat(call: ChatCall, state: StreamState) -> AsyncGenerator[Mode
             await response.aread()
             raise _status_error(response)
         content_type = response.headers.get("content-type", "")
+        reads = response.aiter_bytes()
+        head = b""
         if content_type.startswith("application/json"):
-            await response.aread()  # a server that ignores `stream`: one whole answer
-            for piece in _pieces(_as_chunk(_parsed(response.content)), state):
-                yield piece
-            return
+            answer, head = await _whole_answer(reads)
+            if answer is not None:  # a server that ignores `stream`: one whole answer
+                for piece in _pieces(_as_chunk(_parsed(answer)), state):
+                    yield piece
+                return
         events = _Events()
         # After `[DONE]` the body is still read to its end (`feed` then returns nothing),
         # so that the connection goes back to the pool instead of being closed.
-        async for raw in response.aiter_bytes():
+        async for raw in _after(head, reads):
             events.note_start(raw)
             for payload in events.feed(raw):
                 for piece in _pieces(_parsed(payload), state):
@@ -216,6 +221,30 @@ async def stream_chat(call: ChatCall, state: StreamState) -> AsyncGenerator[Mode
             raise _unfinished(events, content_type)
     finally:
         await response.aclose()
+
+
+async def _whole_answer(reads: AsyncIterator[bytes]) -> tuple[bytes | None, bytes]:
+    """A JSON-labelled body: `(answer, b"")`, or `(None, bytes read)` for an event stream.
+
+    Some servers label their event stream `application/json` (the openai SDK, on litellm's
+    path, reads it as a stream all the same).
+    """
+    head = b""
+    async for raw in reads:
+        head += raw
+        if head.strip():
+            break
+    if head.lstrip().startswith((b"data:", b":", b"event:", b"id:")):
+        return None, head
+    return head + b"".join([raw async for raw in reads]), b""
+
+
+async def _after(head: bytes, reads: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """The bytes already read, then the rest."""
+    if head:
+        yield head
+    async for raw in reads:
+        yield raw
 
 
 def _parsed(payload: bytes) -> object:
@@ -267,12 +296,16 @@ class _Events:
         """The payloads of the events `raw` completes (none once `[DONE]` was seen)."""
         if self.done:
             return []
-        lines = (self._rest + raw).split(b"\n") if self._rest else raw.split(b"\n")
-        self._rest = lines.pop()
+        buffer = self._rest + raw if self._rest else raw
+        held = b""
+        if b"\r" in buffer:  # CRLF or a lone CR ends a line too
+            if buffer.endswith(b"\r"):  # maybe half of a CRLF: decided by the next read
+                buffer, held = buffer[:-1], b"\r"
+            buffer = buffer.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        lines = buffer.split(b"\n")
+        self._rest = lines.pop() + held
         payloads: list[bytes] = []
         for line in lines:
-            if line.endswith(b"\r"):
-                line = line[:-1]
             if line.startswith(b"data:"):
                 self.seen = True
                 self._data.append(line[6:] if line[5:6] == b" " else line[5:])
@@ -340,14 +373,14 @@ def _pieces(event: object, state: StreamState) -> list[ModelChunk]:
 
 def _as_chunk(answer: object) -> object:
     """A whole `chat.completion` as one chunk whose delta is its message."""
-    if not isinstance(answer, dict) or "error" in answer:
+    if not isinstance(answer, dict) or answer.get("error"):
         return answer
     choices = answer.get("choices")
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
         raise ChatStreamError(f"not a chat completion: {str(answer)[:300]}", status_code=200)
     choice = choices[0]
     delta = {**choice, "delta": choice.get("message")}
-    return {"choices": [delta], "usage": answer.get("usage")}
+    return {"choices": [delta], "usage": answer.get("usage"), "model": answer.get("model")}
 
 
 def _tool_call_pieces(calls: list[object]) -> list[ModelChunk]:
@@ -360,6 +393,8 @@ def _tool_call_pieces(calls: list[object]) -> list[ModelChunk]:
         function = call.get("function")
         name = function.get("name") if isinstance(function, dict) else None
         arguments = function.get("arguments") if isinstance(function, dict) else None
+        if isinstance(arguments, dict | list):  # some servers send the object itself
+            arguments = json.dumps(arguments)  # as litellm's path passes it on
         piece = tool_call_piece(index, position, call_id, name, arguments)
         if piece is not None:
             out.append(piece)

@@ -38,7 +38,7 @@ from turnkit.models import (
 )
 from turnkit.models._chat_format import message_dicts, tool_dict
 from turnkit.models._direct import prepare as _prepare_direct
-from turnkit.models._errors import CallSite, map_error
+from turnkit.models._errors import CallSite, map_error, redact_secrets
 from turnkit.models._litellm_finish import estimated_usage, finish, note_output
 from turnkit.models._litellm_stream import stream_litellm
 from turnkit.models._loader import load_litellm as _load_litellm
@@ -326,7 +326,7 @@ class LiteLLMClient:
         base = self._base_url(litellm)
         if _models.ALLOW_NETWORK or _is_loopback(base):
             return
-        where = f"api_base {base!r}" if base else "the provider's default URL"
+        where = f"api_base {redact_secrets(base)!r}" if base else "the provider's default URL"
         raise ConfigurationError(
             f"model {self._model!r} would call {where}, but turnkit.models.ALLOW_NETWORK is "
             "False: point api_base at a loopback server (127.0.0.1, localhost, ::1), use "
