@@ -232,7 +232,8 @@ class TurnReader:
             if entries:
                 last_event = self.clock.monotonic()
                 record_replay_lag(entries[-1].data, self.clock.now())
-                if batch := [f async for f in self._from_buffer(turn_id, entries, progress)]:
+                frames = self._from_buffer(turn_id, entries, progress, buffer)
+                if batch := [f async for f in frames]:
                     yield batch
                 continue
             record = await self._progress(turn_id)
@@ -277,8 +278,12 @@ class TurnReader:
         if synced and not progress.done and record.status == "running":
             # Joined mid-block: the text so far of each block still being written, up to
             # the position live reading starts after (so nothing is sent twice or lost).
-            for snapshot in await _snapshots(buffer, self.clock):
-                yield snapshot
+            snapshots = await _snapshots(buffer, self.clock, buffer.position)
+            if buffer.seq >= progress.sent:
+                for snapshot in snapshots:
+                    yield snapshot
+            else:  # the Store is ahead of the buffer: snapshots once the buffer catches up
+                progress.resnap = True
 
     async def _progress(self, turn_id: TurnId) -> TurnProgress:
         record = await self.store.turn_progress(turn_id)
@@ -318,18 +323,30 @@ class TurnReader:
                 return
 
     async def _from_buffer(
-        self, turn_id: TurnId, entries: list[BufferEntry], progress: _Progress
+        self, turn_id: TurnId, entries: list[BufferEntry], progress: _Progress, buffer: _Buffer
     ) -> AsyncIterator[Frame]:
         for entry in entries:
-            if entry.seq is not None:
-                if entry.seq <= progress.sent:
-                    continue  # already sent from the Store
+            if entry.seq is None:
+                if buffer.seq < progress.sent:
+                    # Published before a durable event the Store already sent (the buffer
+                    # lags): sent now it would follow it (a delta after its block's
+                    # `message.complete`). Snapshots replace it once the buffer catches up.
+                    progress.resnap = True
+                    continue
+            else:
+                buffer.seq = max(buffer.seq, entry.seq)
                 if entry.seq > progress.sent + 1:  # a gap: fill it from the Store
                     async for stored in self.store.read_events(turn_id, after_seq=progress.sent):
                         if stored.seq >= entry.seq:
                             break
                         progress.sent = stored.seq
                         yield Frame(stored.seq, stored.data)
+                if progress.resnap and buffer.seq >= progress.sent and not progress.done:
+                    progress.resnap = False
+                    for snapshot in await _snapshots(buffer, self.clock, entry.position):
+                        yield snapshot
+                if entry.seq <= progress.sent:
+                    continue  # already sent from the Store
                 progress.sent = entry.seq
             yield Frame(entry.seq, entry.data)
             if entry.is_terminal:
@@ -359,12 +376,13 @@ _CASCADE: Final = b'"type":"provider.cascade"'
 _RECOVERING: Final = b'"type":"turn.recovering"'
 
 
-async def _snapshots(buffer: _Buffer, clock: Clock) -> list[Frame]:
-    """Snapshots of the blocks being written as of the buffer's synced position.
+async def _snapshots(buffer: _Buffer, clock: Clock, upto: str | None = None) -> list[Frame]:
+    """Snapshots of the blocks being written as of the buffer position `upto` (its own).
 
-    Bounded: at most 40 pages of entries are read.
+    Bounded: at most 40 pages of entries are read. Sets `buffer.seq` to the newest durable
+    event seen up to `upto`, when that is newer.
     """
-    upto, after = buffer.position, START
+    upto, after = buffer.position if upto is None else upto, START
     drafts = _Drafts()
     for _ in range(_SNAPSHOT_PAGES):
         if after == upto:
@@ -377,6 +395,8 @@ async def _snapshots(buffer: _Buffer, clock: Clock) -> list[Frame]:
             break
         for entry in entries:
             drafts.add(entry)
+            if entry.seq is not None:
+                buffer.seq = max(buffer.seq, entry.seq)
             after = entry.position
             if after == upto:
                 break
@@ -429,6 +449,8 @@ class _Drafts:
 class _Progress:
     sent: int
     done: bool = False
+    resnap: bool = False
+    """Deltas were held back (the buffer lagged the Store): send snapshots once it caught up."""
 
 
 class _Buffer:
@@ -438,6 +460,8 @@ class _Buffer:
         self.buffer = buffer
         self.turn_id = turn_id
         self.position = START
+        self.seq = 0
+        """The newest durable event the buffer holds up to `position` (0: not known)."""
         self.is_down = False
         self.backoff = 0.05
 
@@ -448,6 +472,7 @@ class _Buffer:
         """
         try:
             self.position = await self.buffer.tail(self.turn_id)
+            self.seq = 0  # not known at a new tail
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - any buffer failure: follow the Store
