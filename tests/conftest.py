@@ -6,6 +6,7 @@ import os
 import socket
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,8 @@ import turnkit.context.prefix
 import turnkit.models
 from tests.support.openai_server import openai_server as openai_server
 from turnkit import Agent, RuntimeConfig, SessionRuntime
+from turnkit.store.sql import SqlStore
+from turnkit.testing import FakeClock
 
 RuntimeFactory = Callable[..., SessionRuntime]
 
@@ -133,3 +136,17 @@ async def db(
             await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
         finally:
             await conn.close()
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    """A clock the test moves by hand, at 2026-05-01 UTC."""
+    return FakeClock(datetime(2026, 5, 1, tzinfo=UTC))
+
+
+@pytest.fixture
+async def store(db: tuple[str, str | None], clock: FakeClock) -> AsyncIterator[SqlStore]:
+    """An open `SqlStore` on each store of `db`, on `clock`."""
+    url, schema = db
+    async with SqlStore.from_url(url, clock=clock, schema=schema) as opened:
+        yield opened

@@ -23,6 +23,7 @@ from turnkit.events import DoneEvent, DurableEvent
 from turnkit.ids import SessionId, TurnId
 from turnkit.models import ModelChunk, ModelRequest
 from turnkit.plugins import Plugin, PluginContext
+from turnkit.plugins.pii import PiiRedaction
 from turnkit.runtime.driver import TurnDriver
 from turnkit.stages._naming import NAMING_PROMPT
 from turnkit.stages._titles import opening_title
@@ -190,10 +191,11 @@ async def test_nothing_lands_after_done_while_the_name_is_asked(tmp_path: Path) 
     assert [e.seq for e in stored] == list(range(1, len(stored) + 1))
 
 
-async def test_an_attempt_that_only_writes_the_ending_still_names_the_session(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The first driver dies after post-turn, before the ending; the takeover names it."""
+async def _taken_over_at_the_ending(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, agent: Agent, message: str
+) -> tuple[SessionRuntime, TurnId]:
+    """Run `message` in a driver that dies after post-turn, before the ending, then let a
+    second runtime take the turn over; the second, open, and the turn's id."""
     settle = TurnDriver._settle
     died: list[TurnId] = []
 
@@ -206,24 +208,56 @@ async def test_an_attempt_that_only_writes_the_ending_still_names_the_session(
     monkeypatch.setattr(TurnDriver, "_settle", die_once)
     db = tmp_path / "naming.db"
     config = RuntimeConfig(database_url=f"sqlite:///{db}", lease_ttl_s=1.0)
-    model = ScriptedModel([ModelStep.text_reply("Hi.")])
-    agent = Agent(model=model, utility_model=_utility("Causes of the crisis"))
     async with SessionRuntime(agent=agent, config=config) as first:
-        submission = await first.start("s1", QUESTION)
+        submission = await first.start("s1", message)
         await until(lambda: bool(died), "the first driver reaches the ending")
     assert (await turn_status(db, submission.turn_id)) == "running"
-    later = dataclasses.replace(config, recover_in_process=True)
-    async with SessionRuntime(agent=agent, config=later) as second:
-        async with asyncio.timeout(20):
-            while (await second.turn(submission.turn_id)).status == "running":
-                await asyncio.sleep(0.05)
-        await second.wait_background()
+    second = SessionRuntime(
+        agent=agent, config=dataclasses.replace(config, recover_in_process=True)
+    )
+    await second.open()
+    async with asyncio.timeout(20):
+        while (await second.turn(submission.turn_id)).status == "running":
+            await asyncio.sleep(0.05)
+    await second.wait_background()
+    return second, submission.turn_id
+
+
+async def test_an_attempt_that_only_writes_the_ending_still_names_the_session(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first driver dies after post-turn, before the ending; the takeover names it."""
+    model = ScriptedModel([ModelStep.text_reply("Hi.")])
+    agent = Agent(model=model, utility_model=_utility("Causes of the crisis"))
+    second, turn_id = await _taken_over_at_the_ending(tmp_path, monkeypatch, agent, QUESTION)
+    async with second:
         session = await second.store.get_session(SessionId("s1"))
-        record = await second.turn(submission.turn_id)
+        record = await second.turn(turn_id)
     assert record.status == "succeeded"
     assert record.attempts == 2
     assert session is not None
     assert session.title == "Causes of the crisis"
+
+
+async def test_a_takeover_that_only_writes_the_ending_names_from_the_masked_message(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The naming call of a turn taken over reads the message as the guardrails left it."""
+    long = "Please draft a short and friendly note for the team about the offsite"
+    utility = ScriptedModel([ModelStep.text_reply("Offsite note")], repeat_last=True)
+    agent = Agent(
+        model=ScriptedModel([ModelStep.text_reply("Done.")], repeat_last=True),
+        utility_model=utility,
+        plugins=[PiiRedaction(check_input=True)],
+        skip_stages=frozenset({"anchor-plan"}),
+    )
+    message = f"{long}, then write to ada@example.com"  # the address after the title's cut
+    second, _ = await _taken_over_at_the_ending(tmp_path, monkeypatch, agent, message)
+    await second.close()
+    assert utility.calls, "the naming call"
+    for request in utility.calls:
+        sent = " ".join(str(m.content) for m in request.messages)
+        assert "ada@example.com" not in sent, request.purpose
 
 
 async def test_without_a_utility_model_the_first_name_stands(tmp_path: Path) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -19,18 +18,6 @@ from turnkit.store.sql import SqlStore
 from turnkit.testing import FakeClock
 
 DB = tuple[str, str | None]
-
-
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock(datetime(2026, 5, 1, tzinfo=UTC))
-
-
-@pytest.fixture
-async def store(db: DB, clock: FakeClock) -> AsyncIterator[SqlStore]:
-    url, schema = db
-    async with SqlStore.from_url(url, clock=clock, schema=schema) as opened:
-        yield opened
 
 
 async def _events(store: Store, turn_id: TurnId) -> list[int]:

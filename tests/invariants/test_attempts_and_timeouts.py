@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 
 import pytest
@@ -21,18 +20,6 @@ from turnkit.store.sql import SqlStore
 from turnkit.testing import FakeClock
 
 DB = tuple[str, str | None]
-
-
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock(datetime(2026, 5, 1, tzinfo=UTC))
-
-
-@pytest.fixture
-async def store(db: DB, clock: FakeClock) -> AsyncIterator[SqlStore]:
-    url, schema = db
-    async with SqlStore.from_url(url, clock=clock, schema=schema) as opened:
-        yield opened
 
 
 def _asked(sub: Submission, seq: int) -> ApprovalRequestedEvent:
