@@ -31,7 +31,7 @@ def period_key(period: BudgetPeriod, now: datetime) -> str:
 
 
 def _chain(turn: str) -> str:
-    """The turn's session and those that asked it: `_sessions_sql.asking`, in SQL."""
+    """The turn's session and those whose agents asked it, 16 levels up, in SQL."""
     return f"""chain(session_id, depth) AS (
     SELECT session_id, 0 FROM tk_turns WHERE turn_id = {turn}
     UNION ALL

@@ -11,7 +11,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, delete, select, update
+from sqlalchemy import Connection, select, update
 
 from turnkit.audit import UsageDelta
 from turnkit.events import (
@@ -23,6 +23,7 @@ from turnkit.events import (
 )
 from turnkit.ids import TurnId
 from turnkit.store import RunSummary
+from turnkit.store._budgets_sql import release
 from turnkit.store._jobs_sql import cut_jobs
 from turnkit.store._pauses_sql import close_open_pauses
 from turnkit.store._schema import (
@@ -30,7 +31,6 @@ from turnkit.store._schema import (
     aware,
     event_values,
     events,
-    reservations,
     turns,
 )
 from turnkit.store._submit_sql import requeue_guides
@@ -102,8 +102,7 @@ def cancel(
     if won.rowcount != 1:
         return cancel(conn, turn_id, now, stopped_owner, by)  # it moved under us: look again
     conn.execute(events.insert(), [event_values(turn_id, e) for e in ending])
-    # A driver that died mid-call left its reservation: nothing will release it now.
-    conn.execute(delete(reservations).where(reservations.c.turn_id == turn_id))
+    release(conn, turn_id)  # a driver that died mid-call left its reservation
     close_open_pauses(conn, turn_id, stopped_at=now, by=by)
     requeue_guides(conn, turn_id, _presented_through(conn, turn_id, row.input_seq), now)
     return "cancelled"

@@ -29,7 +29,6 @@ from turnkit.store._schema import (
 
 __all__ = (
     "DELEGATION_DEPTH",
-    "asking",
     "create",
     "delegated",
     "get",
@@ -214,20 +213,6 @@ to the limits of the sessions that asked (budgets)."""
 def delegated(conn: Connection, session_id: SessionId) -> list[SessionId]:
     """The sessions delegated agents answered in for `session_id`, up to 16 levels deep."""
     return [SessionId(s) for s in with_delegated(conn, [session_id])[1:]]
-
-
-def asking(conn: Connection, session_id: str) -> list[str]:
-    """`session_id` and the sessions whose agents asked it, nearest first, 16 levels up."""
-    chain = [session_id]
-    for _ in range(DELEGATION_DEPTH):
-        above = conn.execute(_PARENT, {"id": chain[-1]}).scalar_one_or_none()
-        if above is None or above in chain:
-            break
-        chain.append(above)
-    return chain
-
-
-_PARENT: Final = select(sessions.c.parent_session).where(sessions.c.session_id == bindparam("id"))
 
 
 @lru_cache(maxsize=32)

@@ -6,6 +6,8 @@ A base of `SqlStore`: the `BudgetBook` methods, on the statements of `_budgets_s
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
+from typing import TypeVar
 
 from turnkit.budgets import BudgetLimit, BudgetPeriod, BudgetScope, BudgetSubject, BudgetUse
 from turnkit.ids import TurnId
@@ -13,6 +15,8 @@ from turnkit.store import _budgets_sql as budgets_sql
 from turnkit.store._engine import SqlEngine
 
 __all__ = ("SqlBudgets",)
+
+T = TypeVar("T")
 
 
 class SqlBudgets(SqlEngine):
@@ -38,12 +42,8 @@ class SqlBudgets(SqlEngine):
 
     async def budget_uses(self, subject: BudgetSubject) -> list[BudgetUse]:
         """Each limit covering `subject` with what its period has spent and holds reserved."""
-        now = self._clock.now()
-        try:  # in place where it can: a check before a call reads a few rows
-            in_place = functools.partial(budgets_sql.uses, scan=False)
-            return await self._hot_tx(in_place, subject, now, write=False)
-        except budgets_sql.CountNeeded:  # a limit's history to sum: on the store's thread
-            return await self._tx(budgets_sql.uses, subject, now, write=False)
+        uses = functools.partial(budgets_sql.uses, subject=subject, now=self._clock.now())
+        return await self._counted(uses, write=False)
 
     async def reserve_budget(
         self, subject: BudgetSubject, *, turn_id: TurnId, usd: float, tokens: int, ttl_s: float
@@ -58,11 +58,18 @@ class SqlBudgets(SqlEngine):
             ttl_s=ttl_s,
             now=self._clock.now(),
         )
-        try:  # in place where it can, as `budget_uses`
-            return await self._hot_tx(functools.partial(reserve, scan=False))
-        except budgets_sql.CountNeeded:
-            return await self._tx(reserve)
+        return await self._counted(reserve)
 
     async def release_budget(self, turn_id: TurnId) -> None:
         """Drop the turn's reservation (its calls' usage is recorded, or it ended)."""
         await self._hot_tx(budgets_sql.release, turn_id)
+
+    async def _counted(self, check: Callable[..., T], *, write: bool = True) -> T:
+        """`check(conn, scan=...)` in place where it can (a check reads a few rows).
+
+        A limit whose count must start (summing its history) goes to the store's thread.
+        """
+        try:
+            return await self._hot_tx(functools.partial(check, scan=False), write=write)
+        except budgets_sql.CountNeeded:
+            return await self._tx(check, write=write)

@@ -9,13 +9,14 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, and_, delete, or_, select, update
+from sqlalchemy import Connection, and_, or_, select, update
 
 from turnkit.events import DoneEvent, ErrorEvent
 from turnkit.ids import TurnId
+from turnkit.store._budgets_sql import release
 from turnkit.store._jobs_sql import cut_jobs
 from turnkit.store._lease_sql import spent_after_claim
-from turnkit.store._schema import event_values, events, reservations, turns
+from turnkit.store._schema import event_values, events, turns
 
 __all__ = ("Orphan", "orphan", "sweep", "sweepable")
 
@@ -103,8 +104,7 @@ def sweep(conn: Connection, row: Orphan, now: datetime, reason: str) -> bool:
     )
     if won.rowcount != 1:
         return False
-    # Its driver is gone: what its last call reserved would otherwise be held to expiry.
-    conn.execute(delete(reservations).where(reservations.c.turn_id == row.turn_id))
+    release(conn, row.turn_id)  # its driver is gone: its last call's hold would stay
     common["stage_id"] = "runtime"
     error = ErrorEvent(seq=seq, code="deadline-exceeded", message=reason, **common)
     done = DoneEvent(seq=seq + 1, status="timed_out", error_code="deadline-exceeded", **common)
