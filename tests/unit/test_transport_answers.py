@@ -134,6 +134,20 @@ class RawServer:
                 "usage": USAGE,
             }
             return _answer(200, "application/json", json.dumps(answer).encode())
+        if model == "refusal":  # a refusal streams in `delta.refusal`, content null
+            body = (
+                sse(chunk({"role": "assistant", "content": None, "refusal": ""}))
+                + sse(chunk({"refusal": "I can't help "}))
+                + sse(chunk({"refusal": "with that."}))
+                + sse(chunk({}, "stop"))
+                + DONE
+            )
+            return _answer(200, STREAM, body)
+        if model == "rate-limited-mid-stream":  # an error event after some text
+            error = {"message": "Rate limit reached for m", "code": "rate_limit_exceeded"}
+            return _answer(200, STREAM, sse(chunk({"content": "hel"})) + sse({"error": error}))
+        if model == "bom":  # a body that opens with a UTF-8 byte order mark
+            return _answer(200, STREAM, b"\xef\xbb\xbf" + GOOD)
         if model == "cr-lines":  # SSE allows a lone CR as the line ending
             body = sse(chunk({"content": "hello"}), b"\r\r") + sse(chunk({}, "stop"), b"\r\r")
             return _answer(200, STREAM, body + b"data: [DONE]\r\r")
@@ -291,3 +305,55 @@ async def test_events_ended_by_a_lone_cr_are_read(
     chunks = await collect(rung(raw_server, "cr-lines", transport))
 
     assert text_of(chunks) == "hello"
+
+
+# ── LOW: a refusal streamed in `delta.refusal` was dropped (an empty answer) ──────────
+
+
+async def test_a_refusal_is_read_as_the_answer(raw_server: RawServer) -> None:
+    """The direct path only: litellm's stream handler drops a delta that holds nothing
+    but `refusal` before turnkit sees it."""
+    chunks = await collect(rung(raw_server, "refusal", "auto"))
+
+    assert text_of(chunks) == "I can't help with that."
+    assert isinstance(chunks[-1], Finish)
+
+
+# ── LOW: a UTF-8 byte order mark cost the first event ─────────────────────────────────
+
+
+async def test_a_byte_order_mark_does_not_cost_the_first_event(raw_server: RawServer) -> None:
+    chunks = await collect(rung(raw_server, "bom", "auto"))
+
+    assert text_of(chunks) == "hello"
+
+
+# ── LOW: an api_base with a query string (api-version=…) built a broken URL ───────────
+
+
+async def test_an_api_base_with_a_query_keeps_it_after_the_path(raw_server: RawServer) -> None:
+    client = LiteLLMClient(
+        "openai/good",
+        api_base=f"{raw_server.base_url}?api-version=2024-10-21",
+        api_key="sk",
+        transport="auto",
+    )
+
+    chunks = await collect(client)
+
+    assert text_of(chunks) == "hello"
+    assert raw_server.paths[-1] == "/v1/chat/completions?api-version=2024-10-21"
+
+
+# ── LOW: a rate limit said inside the stream read as a server error on the direct path ─
+
+
+async def test_a_rate_limit_inside_the_stream_reads_alike_on_both_paths(
+    raw_server: RawServer, transport: Transport
+) -> None:
+    with pytest.raises(ProviderError) as caught:
+        await collect(rung(raw_server, "rate-limited-mid-stream", transport))
+
+    assert caught.value.status_code == 429
+    assert "rate limiting" in caught.value.message
+    assert caught.value.is_retriable

@@ -21,7 +21,7 @@ import os
 from collections.abc import Mapping
 from types import ModuleType
 from typing import Final
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 from turnkit.models._openai_stream import ChatCall
 
@@ -115,7 +115,7 @@ def prepare(litellm: ModuleType, kwargs: Mapping[str, object], *, model: str) ->
         if isinstance(more, Mapping):
             body.update(more)
     return ChatCall(
-        url=f"{api_base.rstrip('/')}/chat/completions",
+        url=_completions_url(api_base),
         endpoint=_endpoint(api_base),
         headers=_headers(litellm, kwargs),
         body=_encoded(body),
@@ -185,6 +185,12 @@ def _headers(litellm: ModuleType, kwargs: Mapping[str, object]) -> dict[str, str
         if isinstance(extra, Mapping):
             headers.update({str(k).lower(): str(v) for k, v in extra.items()})
     return headers
+
+
+def _completions_url(api_base: str) -> str:
+    """`{api_base}/chat/completions`, any query (`?api-version=…`) kept after the path."""
+    parts = urlsplit(api_base)
+    return urlunsplit(parts._replace(path=f"{parts.path.rstrip('/')}/chat/completions"))
 
 
 def _endpoint(api_base: str) -> str:

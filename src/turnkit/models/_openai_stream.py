@@ -69,6 +69,7 @@ server sent inside a 200 response, or a 200 response turnkit could not read as a
 chat-completion stream (cut off, not JSON, not a stream at all)."""
 
 _EXCERPT = 120
+_BOM = b"\xef\xbb\xbf"
 """Characters of an unreadable body quoted in the error."""
 
 
@@ -276,9 +277,10 @@ class _Events:
     nothing turnkit needs.
     """
 
-    __slots__ = ("_data", "_rest", "done", "seen", "start")
+    __slots__ = ("_began", "_data", "_rest", "done", "seen", "start")
 
     def __init__(self) -> None:
+        self._began = False
         self._rest = b""
         self._data: list[bytes] = []
         self.done = False
@@ -296,6 +298,9 @@ class _Events:
         """The payloads of the events `raw` completes (none once `[DONE]` was seen)."""
         if self.done:
             return []
+        if not self._began:
+            self._began = True
+            raw = raw.removeprefix(_BOM)  # a byte order mark opening the body is no part of it
         buffer = self._rest + raw if self._rest else raw
         held = b""
         if b"\r" in buffer:  # CRLF or a lone CR ends a line too
@@ -355,13 +360,18 @@ def _pieces(event: object, state: StreamState) -> list[ModelChunk]:
     delta = choice.get("delta")
     if not delta or not isinstance(delta, dict):
         return []
+    return _delta_pieces(delta, state)
+
+
+def _delta_pieces(delta: dict[str, object], state: StreamState) -> list[ModelChunk]:
+    """A choice's delta: thinking, text (a refusal's words too), tool-call pieces."""
     out: list[ModelChunk] = []
     reasoning = delta.get("reasoning_content") or delta.get("reasoning")
     if reasoning and isinstance(reasoning, str):
         out.append(ThinkingDelta(reasoning))
-    content = delta.get("content")
-    if content and isinstance(content, str):
-        out.append(TextDelta(content))
+    for said in (delta.get("content"), delta.get("refusal")):
+        if said and isinstance(said, str):
+            out.append(TextDelta(said))
     calls = delta.get("tool_calls")
     if calls and isinstance(calls, list):
         pieces = _tool_call_pieces(calls)
@@ -420,19 +430,28 @@ def tool_call_piece(
 def _stream_error(error: object) -> ChatStreamError:
     """An error event inside a 200 stream (vLLM, sglang, proxies).
 
-    Always status 500, whatever its `code` says, as litellm's path reports it: the
-    request was accepted, and the failure came while answering.
+    Status 500, whatever its `code` says, as litellm's path reports it: the request was
+    accepted, and the failure came while answering; 429 when it says the provider is
+    rate limiting, as litellm's path reads such a message too.
     """
     if not isinstance(error, dict):
-        return ChatStreamError(str(error), status_code=500, origin="event")
+        return ChatStreamError(
+            str(error), status_code=_in_stream_status(str(error)), origin="event"
+        )
     message = error.get("message")
     code = error.get("code")
+    text = message if isinstance(message, str) else json.dumps(error)
     return ChatStreamError(
-        message if isinstance(message, str) else json.dumps(error),
-        status_code=500,
+        text,
+        status_code=_in_stream_status(f"{text} {code} {error.get('type')}"),
         code=code if isinstance(code, str) else None,
         origin="event",
     )
+
+
+def _in_stream_status(said: str) -> int:
+    folded = said.lower()
+    return 429 if "rate limit" in folded or "rate_limit" in folded else 500
 
 
 def _status_error(response: httpx.Response) -> ChatStreamError:
