@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from turnkit import Agent, RuntimeConfig, SessionRuntime
+from turnkit import Agent, Principal, RuntimeConfig, SessionRuntime
 from turnkit.errors import ProviderError
 from turnkit.events import (
     ApprovalRequestedEvent,
@@ -15,6 +15,7 @@ from turnkit.events import (
 from turnkit.ids import SessionId
 from turnkit.models import ModelRequest, text_of
 from turnkit.skills import Skill
+from turnkit.tenancy import Organisation, Tenancy
 from turnkit.testing import ModelStep, ScriptedModel, call, collect_events
 
 
@@ -170,8 +171,8 @@ async def test_a_message_starting_with_a_slug_picks_the_skill(tmp_path: Path) ->
         instructions="Answer in one haiku: 5, 7 and 5 syllables.",
     )  # fmt: skip
 
-    def catalogue(principal: str | None) -> list[Skill]:
-        return [haiku] if principal == "poet" else []
+    def catalogue(principal: Principal | None) -> list[Skill]:
+        return [haiku] if principal is not None and principal.id == "poet" else []
 
     agent = Agent(model=model)
     async with _runtime(tmp_path, agent, skills=catalogue) as runtime:
@@ -190,6 +191,37 @@ async def test_a_message_starting_with_a_slug_picks_the_skill(tmp_path: Path) ->
     plans = [r.payloads.plan_generation for r in rows if r.payloads.plan_generation]
     assert plans[0].skill == "haiku"
     assert other[-1].status == "succeeded"  # type: ignore[union-attr]
+
+
+async def test_a_catalogue_tells_the_same_id_in_two_organisations_apart(tmp_path: Path) -> None:
+    """`alice` of `acme` and `alice` of `globex` are two callers: a catalogue that offers
+    acme's skill to acme's alice must be able to keep it from globex's."""
+    model = ScriptedModel([ModelStep.text_reply("Done.")], repeat_last=True)
+    pricing = Skill(
+        slug="pricing", name="Pricing", description="Quote a price.",
+        instructions="ACME ONLY: the margin floor is 37%.",
+    )  # fmt: skip
+    asked: list[Principal | None] = []
+
+    def catalogue(principal: Principal | None) -> list[Skill]:
+        asked.append(principal)
+        return [pricing] if principal is not None and principal.organisation == "acme" else []
+
+    acme, globex = (
+        Principal(id="alice", organisation="acme"),
+        Principal(id="alice", organisation="globex"),
+    )
+    tenancy = Tenancy([Organisation(name="acme"), Organisation(name="globex")])
+    async with _runtime(tmp_path, Agent(model=model), skills=catalogue, tenancy=tenancy) as runtime:
+        assert [s.slug for s in await runtime.skills(globex)] == ["brainstorming", "writing-plans"]
+        assert [s.slug for s in await runtime.skills(acme)][0] == "pricing"
+        await collect_events(runtime.execute_message("g1", "/pricing a quote", principal=globex))
+        await collect_events(runtime.execute_message("a1", "/pricing a quote", principal=acme))
+    assert "margin floor" not in _system_notes(model.calls[0])  # globex's alice
+    assert "margin floor" in _system_notes(model.calls[1])  # acme's alice
+    last = asked[-1]
+    assert last is not None
+    assert (last.id, last.organisation) == ("alice", "acme")
 
 
 async def test_agent_skills_limit_which_skills_a_slug_may_pick(tmp_path: Path) -> None:

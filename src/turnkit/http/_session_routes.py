@@ -142,7 +142,7 @@ def _add_account_routes(
             SkillOut(
                 ref=s.ref, slug=s.slug, name=s.name, description=s.description, builtin=s.builtin
             )
-            for s in await runtime.skills(principal.id if principal else None)
+            for s in await runtime.skills(principal)
         ]
 
     @router.get("/usage", response_model=UsageOut, summary="Usage by session, principal, …")

@@ -75,7 +75,8 @@ class SessionRuntime(RuntimeControl, RuntimeCallbacks, RuntimeBudgets, RuntimeRe
             endpoint (`ModelEndpoint(model=..., api_base=..., api_key_env=...)`), client
             or family.
         skills: Your skill catalogue: a list of `Skill`s, or a function of the principal
-            returning the skills that caller may see. Merged with the builtin skills; a
+            (a `Principal`, or None for an anonymous caller) returning the skills that
+            caller may see. Merged with the builtin skills; a
             message starting with `/slug` picks one.
         plugins: Plugins for every agent's turns (run after each agent's own): `Plugin`
             objects, or names of installed plugins (the `turnkit.plugins` entry-point
@@ -223,9 +224,12 @@ class SessionRuntime(RuntimeControl, RuntimeCallbacks, RuntimeBudgets, RuntimeRe
             self._heard_guide(submission.turn_id, submission.input_seq)
         return submission
 
-    async def skills(self, principal: str | None = None) -> tuple[Skill, ...]:
-        """The skills `principal` may pick with `/slug`: yours they may see, then builtin."""
-        return await skills_for(self.skill_source, principal)
+    async def skills(self, principal: Principal | str | None = None) -> tuple[Skill, ...]:
+        """The skills `principal` may pick with `/slug`: yours they may see, then builtin.
+
+        A bare id is a principal of the default organisation.
+        """
+        return await skills_for(self.skill_source, Principal.of(principal))
 
     async def create_session(
         self,

@@ -279,7 +279,7 @@ class TurnRunner:
             )
             deps = await build_deps(self.deps_factory, scope)
         plugins = merge_plugins(agent.plugins, self.plugins)
-        skills = await self._skills(agent, principal)
+        skills = await self._skills(agent, pinned.caller)
         gate = self._budget_gate(pinned, record, family)
 
         def ctx_factory(recorder: Recorder) -> StageContext:
@@ -323,7 +323,7 @@ class TurnRunner:
             ),
         )
 
-    async def _skills(self, agent: Agent, principal: str | None) -> tuple[Skill, ...]:
+    async def _skills(self, agent: Agent, principal: Principal | None) -> tuple[Skill, ...]:
         """The skills the turn may use: the caller's, narrowed to those the agent names."""
         skills = await skills_for(self.skills, principal)
         if agent.skills:

@@ -16,6 +16,7 @@ from importlib import resources
 from typing import Final
 
 from turnkit.errors import ConfigurationError
+from turnkit.tenancy import Principal
 
 __all__ = (
     "BRAINSTORMING",
@@ -65,9 +66,12 @@ class Skill:
         return f"builtin:{self.slug}" if self.builtin else self.slug
 
 
-SkillSource = Sequence[Skill] | Callable[[str | None], Sequence[Skill] | Awaitable[Sequence[Skill]]]
-"""An app's skill catalogue: a list, or a function of the principal returning the skills
-that caller may see (sync or async)."""
+SkillSource = (
+    Sequence[Skill] | Callable[[Principal | None], Sequence[Skill] | Awaitable[Sequence[Skill]]]
+)
+"""An app's skill catalogue: a list, or a function of the principal (its id, organisation,
+department and roles; None: anonymous) returning the skills that caller may see (sync or
+async)."""
 
 
 @cache
@@ -94,8 +98,12 @@ def _parse(slug: str, text: str) -> Skill:
     )
 
 
-async def skills_for(source: SkillSource | None, principal: str | None) -> tuple[Skill, ...]:
-    """The app's skills the caller may see, then the builtin ones."""
+async def skills_for(source: SkillSource | None, principal: Principal | None) -> tuple[Skill, ...]:
+    """The app's skills the caller may see, then the builtin ones.
+
+    A catalogue function gets the whole principal: the same id in two organisations is
+    two callers.
+    """
     own: Sequence[Skill] = ()
     if callable(source):
         found = source(principal)

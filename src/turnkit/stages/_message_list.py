@@ -211,9 +211,11 @@ async def _compact(
         return family.count_tokens(ModelRequest(messages=from_transcript(messages), tools=specs))
 
     probe = ModelRequest(messages=from_transcript(transcript), tools=specs)
-    # Far from the line even at a token per character (Chinese, Japanese): skip the exact
-    # count. The estimate assumes four characters a token, which such text is not.
-    if estimate_tokens(probe) * 4 < window * 0.4:
+    # Far from the line even at a token per byte of UTF-8 (no tokenizer packs more: a
+    # Chinese character may take three, an emoji or a rare script's character four): skip
+    # the exact count. The estimate assumes four characters a token, which such text is not.
+    bound = estimate_tokens(probe) * 4
+    if bound < window * 0.4 and bound + _wide_bytes(probe) < window * 0.4:
         return None
     before = family.count_tokens(probe)
     if not needs_compaction(before, window):
@@ -269,6 +271,13 @@ async def _compact(
         model=model,
     )
     return compacted
+
+
+def _wide_bytes(request: ModelRequest) -> int:
+    """The UTF-8 bytes of `request`'s text beyond one a character (none for ASCII)."""
+    texts = [text_of(m.content) for m in request.messages]
+    texts += [c.arguments for m in request.messages for c in m.tool_calls]
+    return sum(len(text.encode()) - len(text) for text in texts if not text.isascii())
 
 
 async def _summary(
