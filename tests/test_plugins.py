@@ -603,3 +603,73 @@ def test_the_plugins_guide_names_the_fields_hooks_receive() -> None:
     for name in ("stage_id", "messages"):
         assert name in view_fields
         assert f"`{name}`" in rows["`before_model_request`"]
+
+
+@tool
+async def find_customer(name: str) -> dict[str, object]:
+    """Find a customer."""
+    raise LookupError("two customers match: jane.doe@example.com and +47 912 34 567")
+
+
+async def test_a_failed_tool_s_message_is_masked_before_the_model_reads_it(
+    tmp_path: Path,
+) -> None:
+    """A tool's exception quotes what it looked up: it is a result the model reads too."""
+    model = ScriptedModel(
+        [ModelStep.tool_call_reply(call("find_customer", name="Jane")), ModelStep.text_reply("No.")]
+    )
+    agent = Agent(model=model, tools=[find_customer], plugins=[PiiRedaction()])
+    async with _runtime(tmp_path, agent) as rt:
+        events = await collect_events(rt.execute_message("s1", "find Jane"))
+    [failed] = [e for e in events if e.type == "tool.failed"]
+    assert "[email]" in failed.model_dump_json()
+    assert "[phone]" in failed.model_dump_json()
+    for value in ("jane.doe@example.com", "912 34 567"):
+        assert all(value not in e.model_dump_json() for e in events)
+        assert value not in str(model.calls[-1].messages)  # the model never read it
+    [finding] = [e for e in events if isinstance(e, GuardrailEvent)]
+    assert (finding.checkpoint, finding.kind) == ("tool_result", "email+phone")
+
+
+@pytest.mark.parametrize(
+    ("value", "mask"),
+    [
+        ("+33\u202f6\u202f12\u202f34\u202f56\u202f78", "[phone]"),  # narrow no-break spaces
+        ("555\u2011123\u20114567", "[phone]"),  # no-break hyphens
+        ("4111\u00a01111\u00a01111\u00a01111", "[card]"),  # no-break spaces
+        ("4111\u20131111\u20131111\u20131111", "[card]"),  # en dashes
+    ],
+)
+async def test_numbers_written_with_typographic_spaces_and_dashes_are_masked(
+    tmp_path: Path, value: str, mask: str
+) -> None:
+    """Models write numbers with no-break spaces and hyphens as often as with plain ones."""
+    answer = f"Call {value} today."
+    model = ScriptedModel([ModelStep.text_reply(answer, chunk_size=1)])
+    async with _runtime(tmp_path, Agent(model=model, plugins=[PiiRedaction()])) as rt:
+        events: list[StreamEvent] = await collect_events(rt.execute_message("s1", "number?"))
+    shown = "".join(e.text for e in events if e.type == "message.delta")  # type: ignore[union-attr]
+    [complete] = [e for e in events if e.type == "message.complete"]
+    assert shown == complete.block.text == f"Call {mask} today."  # type: ignore[union-attr]
+
+
+def test_a_streamed_table_of_numbers_is_masked_in_linear_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Line breaks settle what precedes them, also after a number (a column of figures)."""
+    from turnkit.plugins import pii
+
+    matched: list[int] = []
+    real = pii._mask
+
+    def counted(text: str, kinds: Sequence[str]) -> tuple[str, list[str]]:
+        matched.append(len(text))
+        return real(text, kinds)
+
+    monkeypatch.setattr(pii, "_mask", counted)
+    table = "12 34 56 78\n2026-01-02 2026-01-03\n" * 200  # 6,800 characters
+    streaming = pii._Streaming()
+    for end in range(1, len(table) + 1):  # as it streams, one character at a time
+        streaming.mask("turn", table[:end], pii.KINDS)
+    assert sum(matched) < 200 * len(table)  # not a rescan of the whole text per chunk
+    assert streaming.mask("turn", table, pii.KINDS) == (table, [])

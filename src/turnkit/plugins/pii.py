@@ -30,7 +30,13 @@ __all__ = ("PiiRedaction",)
 # Each pattern tries once per run of the characters it is made of (the lookbehinds), so a
 # long run that is no finding (`a.a.a.a…`, a hex dump) costs its length, not its square.
 _EMAIL = re.compile(r"(?<![\w.+-])[\w.+-]+@[\w-]+(?:\.[\w-]+)+\b")
-_NUMBER = re.compile(r"(?<![\w./-])(?:\( ?)?\+?\(?\d(?:[ ()-]{0,3}\d)*")
+_SPACES = " \u00a0\u2007\u2009\u202f"
+"""The spaces a number is written with: plain, no-break, figure, thin, narrow no-break."""
+_DASHES = "\u2010\u2011\u2012\u2013"
+"""Dashes a number is written with besides `-`: hyphen, no-break hyphen, figure, en dash."""
+_NUMBER = re.compile(
+    rf"(?<![\w./{_DASHES}-])(?:\([{_SPACES}]?)?\+?\(?\d(?:[{_SPACES}(){_DASHES}-]{{0,3}}\d)*"
+)
 """A run of digits with at most three spaces, dashes or brackets between each, after an
 optional `+` or `(`: a phone or card number, several side by side (a table's columns), or
 a number that is neither."""
@@ -115,9 +121,9 @@ def _keep_edges(run: str, mask: str) -> str:
 _SETTLED_BEFORE = 64
 """Characters from the end of text already checked that may still join a finding: more
 than the longest phone or card number with its separators."""
-_BREAK = re.compile(r"[^\w.+@()\s-]|(?<=[^\d()+\s-])\s")
-"""A character no finding is made of (`,` `;` `/` `。`), or white space after a character
-no number goes on through: no finding reaches across either."""
+_BREAK = re.compile(rf"[^\w.+@()\s{_DASHES}-]|[^\S{_SPACES}]|(?<=[^\d()+\s{_DASHES}-])\s")
+"""A character no finding is made of (`,` `;` `/` `。`, a line break or a tab), or white
+space after a character no number goes on through: no finding reaches across either."""
 _LAST_BREAK = re.compile(rf"(?s:.*)({_BREAK.pattern})")
 """The last `_BREAK` in a text: found from the end, not by listing every one."""
 
@@ -207,7 +213,7 @@ def _held(text: str, *, numbers: bool) -> int:
             cut -= 1
         if numbers:
             i = cut
-            while i > 0 and (text[i - 1].isdecimal() or text[i - 1] in " ()+-"):
+            while i > 0 and (text[i - 1].isdecimal() or text[i - 1] in _NUMBERISH):
                 i -= 1
             if 0 < i < cut and text[i - 1].isalpha():  # digits that end a word (`e4`,
                 while i < cut and text[i].isdecimal():  # `A10`) start no number
@@ -222,6 +228,7 @@ def _held(text: str, *, numbers: bool) -> int:
 
 
 _WORDISH = frozenset("_.+@()-")
+_NUMBERISH = frozenset(f"{_SPACES}{_DASHES}()+-")
 
 
 def _mask_json(value: object, kinds: tuple[str, ...], found: list[str]) -> object:

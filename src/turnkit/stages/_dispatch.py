@@ -243,10 +243,18 @@ async def _run_guarded(
     *,
     in_doubt: bool,
 ) -> tuple[str | None, ErrorCode, JsonValue, str]:
-    """Run a call, then its result through the tool-result guardrails (one trace span)."""
+    """Run a call, then its result through the tool-result guardrails (one trace span).
+
+    A failed call's problem is a result the model reads too (a tool's exception may quote
+    what it looked up): it goes through them as well.
+    """
     problem, code, output, answered_by = await _run_one(ctx, part, tool, args, in_doubt=in_doubt)
     if problem is None and tool is not None:
         output = await _guard_output(ctx, view, output)
+    elif problem is not None and tool is not None and ctx.plugins:
+        problem = await guard(
+            ctx, "tool-loop", "tool_result", problem, subject=f"result of {part.name}", call=view
+        )
     return problem, code, output, answered_by
 
 
