@@ -710,3 +710,66 @@ async def test_a_stop_of_an_asking_turn_driven_elsewhere_stops_the_asked_one_at_
     assert inner is not None
     assert inner.status == "cancelled"
     assert REFUNDED == []
+
+
+async def _until_ended(runtime: SessionRuntime, turn_id: str, wait_s: float = 30) -> str:
+    async with asyncio.timeout(wait_s):
+        while (status := (await runtime.turn(turn_id)).status) in ("running", "queued"):
+            await asyncio.sleep(0.05)
+    return status
+
+
+async def test_an_asking_turn_a_deploy_changed_stops_the_asked_one_it_waited_on(
+    db: tuple[str, str | None],
+) -> None:
+    """The asking agent changed while its request waited: the answer ends the asking turn
+    `agent-not-found`, and the asked turn stops too, rather than waiting for a driver
+    forever, or being recovered and running the refund for nobody."""
+    url, schema = db
+    config = RuntimeConfig(
+        database_url=url, database_schema=schema, recover_in_process=True, lease_ttl_s=2
+    )
+    async with SessionRuntime(agent=_asking_once(_one_refund()), config=config) as runtime:
+        events = await collect_events(runtime.execute_message("s1", "refund A1"))
+    asked = events[-1]
+    assert isinstance(asked, ApprovalRequestedEvent)
+    assert asked.asked is not None
+
+    edited = dataclasses.replace(_asking_once(_one_refund()), instructions="Edited.")
+    async with SessionRuntime(agent=edited, config=config) as runtime:
+        await runtime.resume(asked.turn_id, asked.request_id, Approve(), principal="sam")
+        assert await _until_ended(runtime, asked.turn_id) == "failed"
+        record = await runtime.turn(asked.turn_id)
+        await asyncio.sleep(config.lease_ttl_s * 2)  # room for a recovery loop to take it
+        inner = await _until_ended(runtime, asked.asked.turn_id, wait_s=10)
+    assert record.error_code == "agent-not-found"
+    assert inner == "cancelled"
+    assert REFUNDED == []  # nobody reads its answer: it never ran
+
+
+async def test_an_asking_turn_a_worker_cannot_drive_stops_the_asked_one(tmp_path: Path) -> None:
+    """An API process takes the answer (and hands it to the asked turn); the worker that
+    drives the asking turn has only the new version of its agent: both turns end."""
+    url = f"sqlite:///{tmp_path / 'pauses.db'}"
+    first = RuntimeConfig(database_url=url)
+    async with SessionRuntime(agent=_asking_once(_one_refund()), config=first) as runtime:
+        events = await collect_events(runtime.execute_message("s1", "refund A1"))
+    asked = events[-1]
+    assert isinstance(asked, ApprovalRequestedEvent)
+    assert asked.asked is not None
+
+    api = RuntimeConfig(database_url=url, run_in_process=False)
+    edited = dataclasses.replace(_asking_once(_one_refund()), instructions="Edited.")
+    async with SessionRuntime(agent=edited, config=api) as runtime:
+        await runtime.resume(asked.turn_id, asked.request_id, Approve(), principal="sam")
+        stop = asyncio.Event()
+        worker = Worker(runtime, concurrency=1, poll_interval_s=0.02, sweep_interval_s=3600)
+        running = asyncio.create_task(worker.run(stop))
+        try:
+            assert await _until_ended(runtime, asked.turn_id) == "failed"
+            inner = await _until_ended(runtime, asked.asked.turn_id, wait_s=10)
+        finally:
+            stop.set()
+            await running
+    assert inner == "cancelled"
+    assert REFUNDED == []

@@ -15,6 +15,7 @@ from turnkit.ids import TurnId
 from turnkit.pauses import ANSWERS, Answer, Approve, Deny, PauseRequest, Resolution
 from turnkit.runtime._reads import RuntimeReads
 from turnkit.runtime.deps import NO_DEPS
+from turnkit.runtime.driver import StopAsked
 from turnkit.states import TERMINAL_STATES, TurnStatus, awaiting
 from turnkit.store import Submission, TurnRecord
 from turnkit.tenancy import Principal
@@ -143,7 +144,10 @@ class RuntimeControl(RuntimeReads):
         paused = record.status.startswith("awaiting_")
         pause = await self.store.get_pause(turn_id, request_id) if paused else None
         asked = _asked_of(pause)
-        if asked is not None:  # the asked agent's turn takes the answer first
+        driven_here = drive and self.config.run_in_process
+        if asked is not None and not (driven_here and not await self._drivable(record)):
+            # The asked agent's turn takes the answer first; not when this turn, driven
+            # here, ends `agent-not-found` instead of following it: its ending stops it.
             await self._answer_asked(asked, resolution, deps=deps, principal=principal)
         elif isinstance(resolution, Approve) and resolution.arguments is not None:
             await self._check_changed_arguments(record, pause, resolution.arguments)
@@ -183,6 +187,21 @@ class RuntimeControl(RuntimeReads):
             await self._answer(
                 record, asked.request_id, resolution, deps=deps, principal=principal, drive=False
             )
+
+    async def _drivable(self, record: TurnRecord) -> bool:
+        """Whether this runtime has the agent `record` is pinned to (at its version)."""
+        try:
+            await self.runner().pinned_agent(record)
+        except AgentNotFoundError:
+            return False
+        return True
+
+    def _stop_asked(self) -> StopAsked:
+        return self._stop_asked_by
+
+    async def _stop_asked_by(self, turn_id: TurnId) -> None:
+        """Stop the asked turns a turn that ended waited on (nobody reads their answers)."""
+        await self._cancel_asked(turn_id, None)
 
     async def _cancel_asked(self, turn_id: str, principal: Principal | str | None) -> None:
         """Stop the asked agents' turns whose requests a stopped turn waited on."""

@@ -42,6 +42,7 @@ from turnkit.runtime._runner import Driving, TurnRunner
 from turnkit.runtime.admission import Admission, AdmissionCheck, DocumentResolver
 from turnkit.runtime.agents import AgentCatalog, ToolAccess
 from turnkit.runtime.deps import DepsFactory
+from turnkit.runtime.driver import StopAsked
 from turnkit.runtime.reader import TurnReader
 from turnkit.skills import SkillSource
 from turnkit.store import Store
@@ -407,10 +408,15 @@ class RuntimeCore:
             aftermath=self._aftermath,
             driving=self._driving,
             ask_agent=self._ask_agent(),
+            stop_asked=self._stop_asked(),
         )
 
     def _ask_agent(self) -> AskAgent | None:
         """What runs an agent a tool call asks (`Agent.as_tool`): the runtime's own."""
+        return None
+
+    def _stop_asked(self) -> StopAsked | None:
+        """What stops the asked agents' turns a turn that ended waited on: the runtime's."""
         return None
 
 

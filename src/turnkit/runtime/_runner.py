@@ -24,7 +24,7 @@ from turnkit.runtime._transcript import session_transcript
 from turnkit.runtime.agents import AgentCatalog
 from turnkit.runtime.callbacks import callback_token
 from turnkit.runtime.deps import NO_DEPS, DepsFactory, DepsScope, build_deps
-from turnkit.runtime.driver import DriveSetup, Sink, TurnDriver
+from turnkit.runtime.driver import DriveSetup, Sink, StopAsked, TurnDriver
 from turnkit.skills import Skill, SkillSource, skills_for
 from turnkit.stages import StageContext
 from turnkit.stages._budget import BudgetGate
@@ -172,10 +172,13 @@ class TurnRunner:
         aftermath: Aftermath | None = None,
         driving: Driving | None = None,
         ask_agent: AskAgent | None = None,
+        stop_asked: StopAsked | None = None,
     ) -> None:
         self.agents = agents
         self.ask_agent = ask_agent
         """Runs an agent a tool call asks (`Agent.as_tool`); None: such calls fail."""
+        self.stop_asked = stop_asked
+        """Stops the asked agents' turns whose requests a turn that ended waited on."""
         self.aftermath = aftermath
         """Where drivers leave work for after a turn's ending (None: it is dropped)."""
         self.held = held
@@ -224,6 +227,7 @@ class TurnRunner:
             sink=sink,
             traceparent=pinned.traceparent,
             aftermath=self.aftermath,
+            stop_asked=self.stop_asked,
         )
         return driver
 

@@ -39,6 +39,7 @@ from turnkit.graph import (
     run_turn,
     turn_part,
 )
+from turnkit.ids import TurnId
 from turnkit.otel import TurnTrace, attempt
 from turnkit.runtime._aftermath import Aftermath
 from turnkit.runtime._attempt_log import open_recorder
@@ -54,7 +55,7 @@ from turnkit.states import awaiting
 from turnkit.store import Lease, Store, TurnRecord, UnreadableEvent
 from turnkit.telemetry import Publish, Recorder
 
-__all__ = ("DriveSetup", "TurnDriver", "renewal_due")
+__all__ = ("DriveSetup", "StopAsked", "TurnDriver", "renewal_due")
 
 HOLD_MAX_S = 1.0
 """The longest a driver waits for its `hold_until` before it runs the turn anyway."""
@@ -64,6 +65,8 @@ log = logging.getLogger("turnkit.runtime")
 
 Sink = Callable[[DurableEvent | EphemeralEvent | None], None]
 """Where the driver sends events; `None` marks the end of the turn."""
+StopAsked = Callable[[TurnId], Awaitable[None]]
+"""Stops the turns of the agents asked as tools whose requests a turn waited on."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -92,6 +95,7 @@ class TurnDriver:
         sink: Sink,
         traceparent: str | None = None,
         aftermath: Aftermath | None = None,
+        stop_asked: StopAsked | None = None,
     ) -> None:
         self.graph = graph
         self.store = store
@@ -107,6 +111,8 @@ class TurnDriver:
         """The W3C trace context the turn was pinned to: this attempt's spans join it."""
         self.aftermath = aftermath
         """Where work for after a succeeded turn's ending runs (None: it is dropped)."""
+        self.stop_asked = stop_asked
+        """Stops what a turn that ended unanswered had asked (see `_stop_what_it_asked`)."""
         self._succeeded = False
         self._ctx: StageContext | None = None
         """The attempt's stage context, for the work after its ending."""
@@ -216,7 +222,33 @@ class TurnDriver:
             await self._release_budget()
             self.sink(None)
             self._prune_if_ended()
+            await self._stop_what_it_asked()
         self._leave_aftermath()
+
+    async def _stop_what_it_asked(self) -> None:
+        """A turn that ended without the answer of an agent it asked stops that agent's turn.
+
+        Its request was answered and handed on, so the asked turn would go on (or wait for a
+        driver) with nobody to read its answer: say the asking turn resumed after a deploy
+        removed or changed its agent (`agent-not-found`) before its call followed the asked
+        turn again. Done before this driver's slot is free, so the worker that drove it does
+        not claim the asked turn meanwhile. A succeeded turn followed each to its end.
+        """
+        rec = self.recorder
+        if (
+            rec is None
+            or not rec.journal.asked
+            or not self._ending_written
+            or self._succeeded
+            or self.lease_lost
+            or self.stop_asked is None
+        ):
+            return
+        try:
+            async with asyncio.timeout(self.config.idle_window_s):
+                await self.stop_asked(self.lease.turn_id)
+        except Exception as exc:  # noqa: BLE001 - never mask how the turn ended
+            log.warning("stopping what %s asked failed: %s", self.lease.turn_id, exc)
 
     def _prune_if_ended(self) -> None:
         """A turn whose ending this attempt committed: its checkpoints resume nothing now.
