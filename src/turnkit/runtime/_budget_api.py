@@ -61,7 +61,7 @@ class RuntimeBudgets(RuntimeCore):
         resumed = await resume_budget_pauses(self.store, organisation)
         if self.config.run_in_process:
             for turn_id in resumed:
-                self.host.detach(TurnId(turn_id))
+                self.host.detach(TurnId(turn_id), then_next=True)
         return resumed
 
     async def budget_limits(self, organisation: str | None = None) -> list[BudgetLimit]:

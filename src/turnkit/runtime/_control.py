@@ -156,7 +156,7 @@ class RuntimeControl(RuntimeReads):
         await self.store.answer_pause(record.turn_id, request_id, answer, by=_id_of(principal))
         otel.note_resume(record.turn_id, cause)
         if drive and self.config.run_in_process:
-            self.host.detach(record.turn_id, deps=deps)
+            self.host.detach(record.turn_id, deps=deps, then_next=True)
         return Submission(
             session_id=record.session_id,
             turn_id=record.turn_id,

@@ -25,6 +25,8 @@ class Detached:
     driver: TurnDriver | None = None
     ran: bool = False
     """The driver's run returned: its ending (or pause) stands, only its aftermath is left."""
+    then_next: bool = False
+    """Once it ends, take its session's next turn if nobody has (see `TurnHost.detach`)."""
 
 
 class DetachedTurns:

@@ -14,7 +14,7 @@ import contextlib
 import logging
 from collections import deque
 from collections.abc import AsyncGenerator, Callable, Coroutine
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 from turnkit.agent import Agent
 from turnkit.clock import Clock
@@ -38,6 +38,10 @@ from turnkit.store import Lease, Store, TurnRecord
 __all__ = ("TurnHost",)
 
 log = logging.getLogger("turnkit.runtime")
+
+NEXT_TURN_GRACE_S: Final = 2.0
+"""How long after a resumed turn ends before this process takes its session's next turn:
+the process that took that message, while it lives, claims it within a second."""
 
 T = TypeVar("T")
 
@@ -249,13 +253,17 @@ class TurnHost:
         agent: Agent | None = None,
         deps: Any = NO_DEPS,
         hold_until: asyncio.Event | None = None,
+        then_next: bool = False,
     ) -> None:
         """Drive a turn in a task of this runtime, publishing to the replay buffer.
 
         `lease` and `slot` as for `stream`; `hold_until` as for `TurnDriver.run`.
+        `then_next`: the turn resumes from a pause, which may have outlived the process
+        that took the session's next message (a deploy): once it ends, that turn is taken
+        here if nobody has taken it (`NEXT_TURN_GRACE_S`), and so on down the session.
         """
         deps = self._deps.keep(turn_id, deps)
-        entry = Detached(lease, slot)
+        entry = Detached(lease, slot, then_next=then_next)
         self._detached.start(
             turn_id, entry, self._run_detached(turn_id, entry, agent, deps, hold_until)
         )
@@ -291,6 +299,8 @@ class TurnHost:
                 entry.slot.release()
             if entry.driver is not None:
                 await self._after(entry.driver)  # also after Stop, which cancels this task
+                if entry.then_next and entry.driver.ended:
+                    self._in_background(self._next_turn(entry.driver.lease.session_id))
 
     async def _after(self, driver: TurnDriver) -> None:
         """After a turn's driver, however it ended (a Stop or an abort included).
@@ -303,6 +313,20 @@ class TurnHost:
         if driver.requeued:  # claimed and detached together, even if this task is cancelled
             await self._shield(self.pick_up(driver.lease.session_id))
 
+    async def _next_turn(self, session_id: SessionId) -> None:
+        """The session's next turn, once its own process would have claimed it."""
+        await self.clock.sleep(NEXT_TURN_GRACE_S)
+        try:
+            await self.pick_up(session_id, then_next=True)
+        except Exception as exc:  # noqa: BLE001 - a worker or recovery still takes it
+            log.warning("taking the next turn of session %s failed: %s", session_id, exc)
+
+    def _in_background(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run `work` in a task of its own, cancelled when the runtime closes."""
+        task = asyncio.create_task(work)
+        self._shielded.add(task)
+        task.add_done_callback(self._shielded.discard)
+
     async def _shield(self, work: Coroutine[Any, Any, T]) -> T:
         """Run `work` to its end even if the caller is cancelled meanwhile."""
         task = asyncio.create_task(work)
@@ -310,8 +334,11 @@ class TurnHost:
         task.add_done_callback(self._shielded.discard)
         return await asyncio.shield(task)
 
-    async def pick_up(self, session_id: SessionId) -> None:
-        """Run a turn this session queued meanwhile (e.g. a re-queued guide message)."""
+    async def pick_up(self, session_id: SessionId, *, then_next: bool = False) -> None:
+        """Run a turn this session queued meanwhile (e.g. a re-queued guide message).
+
+        `then_next` as for `detach`.
+        """
         if not self.config.run_in_process:
             return
         lease = await self._store().claim(
@@ -321,7 +348,7 @@ class TurnHost:
             session_id=session_id,
         )
         if lease is not None:
-            self.detach(lease.turn_id, lease=lease, slot=self.slots.hold())
+            self.detach(lease.turn_id, lease=lease, slot=self.slots.hold(), then_next=then_next)
 
     async def cancel(self, turn_id: TurnId, *, by: str | None = None) -> TurnStatus:
         """Stop (see `SessionRuntime.cancel`); it runs to its end even if its caller leaves.
