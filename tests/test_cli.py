@@ -929,6 +929,33 @@ def test_a_worker_flag_out_of_range_is_refused_before_it_starts(
     assert f"argument {flag}: {says}" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["sessions", "--limit", "99999999999999999999"],
+        ["pauses", "--limit", "99999999999999999999"],
+        ["sweep", "--max-attempts", "99999999999999999999"],
+        ["sweep", "--max-attempts", "0"],
+        ["turns", "--ceiling", "1e308"],
+        ["turns", "--unclaimed-after", "1e12"],
+        ["pauses", "--limit", "\u00b2"],
+    ],
+)
+def test_a_count_or_span_no_database_holds_is_one_line_not_a_traceback(
+    argv: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Refused as the flag's value, before the database is asked (which would overflow)."""
+    url = f"sqlite:///{tmp_path / 'turnkit.db'}"
+    assert main(["db", "upgrade", "--database-url", url], out=io.StringIO()) == 0
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as stopped:
+        main([*argv, "--database-url", url], out=io.StringIO())
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"turnkit {argv[0]}: error: argument {argv[1]}: {argv[2]!r} is "), err
+    assert err.count("\n") == 1
+
+
 def test_an_empty_session_is_refused_not_replaced(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -1183,3 +1210,35 @@ def _execute_once_up(server: subprocess.Popen[bytes], port: int, log: Path) -> s
         except OSError:  # not listening yet
             assert time.monotonic() < deadline, "turnkit serve did not start"
             time.sleep(0.2)
+
+
+@pytest.mark.parametrize("stop", ["SIGTERM", "SIGINT"])
+def test_serve_stopped_by_a_signal_drains_and_exits_0(stop: str, tmp_path: Path) -> None:
+    """As the docs promise (and `turnkit worker` does): a stop is not a failure."""
+    import signal
+    import time
+    import urllib.request
+
+    env = {**os.environ, "TURNKIT_GC": "python"}
+    for name in ("TURNKIT_DATABASE_URL", "TURNKIT_AGENT", "TURNKIT_REDIS_URL", "TURNKIT_RUNTIME"):
+        env.pop(name, None)
+    port = free_port()
+    argv = [sys.executable, "-m", "turnkit.cli", "serve", "--port", str(port),
+            "--database-url", f"sqlite:///{tmp_path / 's.db'}"]  # fmt: skip
+    server = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while True:  # until it answers: its signal handlers are uvicorn's then
+            assert server.poll() is None, "turnkit serve ended before it served"
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2):
+                    break
+            except OSError:
+                assert time.monotonic() < deadline, "turnkit serve never answered"
+                time.sleep(0.1)
+        server.send_signal(getattr(signal, stop))
+        assert server.wait(timeout=60) == 0
+    finally:
+        if server.poll() is None:
+            server.kill()

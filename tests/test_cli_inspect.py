@@ -254,3 +254,74 @@ def test_db_current_calls_a_database_without_tables_empty_and_behind(
         f"schema: empty (this turnkit: {head_revision()}): behind; `turnkit db upgrade` "
         "brings it up to date\n",
     )
+
+
+def test_budget_commands_never_migrate_a_database_behind(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`budgets list|set|delete` refuse an older schema as the reading commands do.
+
+    Only a database that is not there yet is created (`budgets set`).
+    """
+    from sqlalchemy import create_engine
+
+    from turnkit.store.migrate import upgrade
+
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    engine = create_engine(url)
+    try:
+        with engine.begin() as conn:
+            upgrade(conn, "0012")  # as an older turnkit left it, its processes still running
+    finally:
+        engine.dispose()
+    capsys.readouterr()
+    for command in (
+        ["budgets", "list"],
+        ["budgets", "delete", "--scope", "organisation"],
+        ["budgets", "set", "--scope", "organisation", "--usd", "5"],
+    ):
+        assert _run(*command, url=url, schema=None)[0] == 2, command
+        err = capsys.readouterr().err
+        assert err.startswith("turnkit: the database schema is at '0012', this turnkit reads "), err
+        assert err.count("\n") == 1
+    assert _revision(url, None) == "0012"  # unchanged
+    empty = tmp_path / "empty.db"
+    empty.touch()  # a file with no turnkit tables is one `budgets set` may set up
+    code, out = _run("budgets", "set", "--scope", "organisation", "--usd", "5",
+                     url=f"sqlite:///{empty}", schema=None)  # fmt: skip
+    assert code == 0
+    assert out.startswith(f"no turnkit database at sqlite:///{empty} yet: creating it\n")
+    assert _revision(f"sqlite:///{empty}", None) == head_revision()
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["sessions"],
+        ["db", "upgrade"],
+        ["db", "current"],
+        ["budgets", "set", "--scope", "organisation", "--usd", "5"],
+    ],
+)
+def test_a_schema_beside_a_sqlite_url_is_refused_by_every_command(
+    argv: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """As `turnkit run` and `RuntimeConfig` refuse it: SQLite has no schemas to choose."""
+    url = f"sqlite:///{tmp_path / 'turnkit.db'}"
+    assert main(["db", "upgrade", "--database-url", url], out=io.StringIO()) == 0
+    capsys.readouterr()
+    assert _run(*argv, url=url, schema="turnkit")[0] == 2
+    err = capsys.readouterr().err
+    assert err.startswith("turnkit: database schema 'turnkit' applies to PostgreSQL only"), err
+
+
+def test_db_copy_refuses_a_schema_beside_a_sqlite_url(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source, target = tmp_path / "a.db", tmp_path / "b.db"
+    assert main(["db", "upgrade", "--database-url", f"sqlite:///{source}"], out=io.StringIO()) == 0
+    capsys.readouterr()
+    argv = ["db", "copy", "--from", f"sqlite:///{source}", "--to", f"sqlite:///{target}"]
+    assert main([*argv, "--to-schema", "turnkit"], out=io.StringIO()) == 2
+    assert "applies to PostgreSQL only" in capsys.readouterr().err
+    assert not target.exists()  # nothing copied into the file as if it were the schema

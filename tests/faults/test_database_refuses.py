@@ -60,8 +60,9 @@ async def test_a_read_only_server_is_unavailable_not_a_bug(read_only: tuple[str,
 
     config = RuntimeConfig(database_url=url, database_schema=schema, auto_migrate=False)
     starting = SessionRuntime(agent=Agent(model=ScriptedModel([])), config=config)
-    with pytest.raises(StoreUnavailableError, match="takes no writes now"):
+    with pytest.raises(StoreUnavailableError, match="takes no writes now") as refused:
         await starting.open()  # one line from `turnkit serve`, not a driver's traceback
+    assert str(refused.value).count("[store-unavailable;") == 1, refused.value  # one code
     await starting.close()
 
     # A process that opened before the server turned read-only: its Store now refuses.

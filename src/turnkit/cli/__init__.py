@@ -8,6 +8,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import signal
 import socket
 import sys
 from collections.abc import Iterator, Sequence
@@ -178,41 +179,61 @@ async def _events(args: argparse.Namespace, out: TextIO) -> int:
 
 
 async def _budgets(args: argparse.Namespace, out: TextIO) -> int:
+    url, schema = args.database_url, args.database_schema
+    if args.budgets_command == "set" and not await _holds_turnkit(url, schema):
+        # A limit may come before the first start: said, not refused, so a typo shows.
+        out.write(f"no turnkit database at {shown_url(url)} yet: creating it\n")
+        async with SqlStore.from_url(url, schema=schema) as store:
+            return await _budget_limits(args, store, out)
+    # Never migrated, as the reading commands: processes on its schema may still run.
+    async with existing_store(url, schema) as store:
+        return await _budget_limits(args, store, out)
+
+
+async def _holds_turnkit(url: str, schema: str | None) -> bool:
+    """Whether turnkit's tables are at `url` (in `schema`), at any revision."""
     try:
-        await existing_database(args.database_url, args.database_schema)
+        await existing_database(url, schema)
     except StoreUnavailableError:
         raise
     except StoreError:
-        if args.budgets_command != "set":
-            raise
-        # A limit may come before the first start: said, not refused, so a typo shows.
-        out.write(f"no turnkit database at {shown_url(args.database_url)} yet: creating it\n")
-    async with SqlStore.from_url(args.database_url, schema=args.database_schema) as store:
-        if args.budgets_command == "set":
-            limit = BudgetLimit(
-                scope=args.scope,
-                organisation=args.organisation,
-                key=args.key,
-                period=args.period,
-                usd=args.usd,
-                tokens=args.tokens,
-            )
-            await store.set_budget_limit(limit)
-            resumed = await resume_budget_pauses(store, limit.organisation)
-            out.write(f"set the {limit.scope} budget of {limit.key!r} ({limit.period})\n")
-            out.write("".join(f"  resumed {turn_id}\n" for turn_id in resumed))
-        elif args.budgets_command == "delete":
-            found = await store.delete_budget_limit(
-                args.scope, args.organisation, args.key, args.period
-            )
-            out.write("deleted\n" if found else "no such limit\n")
-            return 0 if found else 1
-        else:
-            uses = await store.budget_report(args.organisation)
-            if not uses:
-                out.write("no budget limits\n")
-            for use in uses:
-                out.write(f"  {use.limit.organisation}  {use.describe()}\n")
+        return False
+    if not url.startswith("sqlite"):
+        return True
+    store = SqlStore.from_url(url, schema=schema)  # a file is there: turnkit's?
+    try:
+        return await store.schema_revision() is not None
+    finally:
+        await store.close()
+
+
+async def _budget_limits(args: argparse.Namespace, store: SqlStore, out: TextIO) -> int:
+    """`turnkit budgets list|set|delete` on an open store."""
+    if args.budgets_command == "set":
+        limit = BudgetLimit(
+            scope=args.scope,
+            organisation=args.organisation,
+            key=args.key,
+            period=args.period,
+            usd=args.usd,
+            tokens=args.tokens,
+        )
+        await store.set_budget_limit(limit)
+        resumed = await resume_budget_pauses(store, limit.organisation)
+        out.write(f"set the {limit.scope} budget of {limit.key!r} ({limit.period})\n")
+        out.write("".join(f"  resumed {turn_id}\n" for turn_id in resumed))
+    elif args.budgets_command == "delete":
+        found = await store.delete_budget_limit(
+            args.scope, args.organisation, args.key, args.period
+        )
+        out.write("deleted\n" if found else "no such limit\n")
+        return 0 if found else 1
+    else:
+        uses = await store.budget_report(args.organisation)
+        if not uses:
+            out.write("no budget limits\n")
+        for use in uses:
+            out.write(f"  {use.limit.organisation}  {use.describe()}\n")
     return 0
 
 
@@ -353,10 +374,28 @@ async def _serve(args: argparse.Namespace, out: TextIO) -> int:
             f"turnkit serving on {base} (chat page {base}/, API {base}/api/harness)",
             args.log_format,
         )
-        await uvicorn.Server(config).serve(sockets=[sock])
+        with _drained_on_signal():
+            await uvicorn.Server(config).serve(sockets=[sock])
     finally:
         sock.close()
     return 0
+
+
+@contextlib.contextmanager
+def _drained_on_signal() -> Iterator[None]:
+    """SIGINT and SIGTERM stop the server, which drains: the command then exits 0.
+
+    uvicorn handles them while it serves, and once it has shut down raises the signal
+    again to the handler it found, which would end the process 130 or 143 after a clean
+    drain; the one it finds here takes it and does nothing.
+    """
+    signals = (signal.SIGINT, signal.SIGTERM)
+    found = {sig: signal.signal(sig, lambda *_: None) for sig in signals}
+    try:
+        yield
+    finally:
+        for sig, handler in found.items():
+            signal.signal(sig, handler)
 
 
 async def _served_runtime(args: argparse.Namespace) -> SessionRuntime | None:

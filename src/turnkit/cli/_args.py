@@ -107,7 +107,7 @@ def _ceiling_arg(parser: argparse.ArgumentParser) -> None:
 def _max_attempts_arg(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--max-attempts",
-        type=int,
+        type=at_least_one,
         default=3,
         help="attempts a turn gets before the sweep times it out (default: %(default)s)",
     )

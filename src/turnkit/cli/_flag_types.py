@@ -20,26 +20,35 @@ __all__ = (
 )
 
 
+_MOST_SECONDS = 100 * 365.25 * 86_400
+"""A century: a longer span reaches back before the year 1 from now."""
+
+_MOST_COUNT = 2**31 - 1
+"""The largest count a flag takes: a database's integer column holds it."""
+
+
 def seconds(value: str) -> float:
-    """A number of seconds, 0 or more, for argparse."""
+    """A number of seconds, 0 or more (at most a century), for argparse."""
     try:
         number = float(value)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds") from None
     if not number >= 0 or number == float("inf"):
         raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds (0 or more)")
+    if number > _MOST_SECONDS:
+        raise argparse.ArgumentTypeError(f"{value!r} is more seconds than a century holds")
     return number
 
 
 def positive_seconds(value: str) -> float:
     """A number of seconds above 0, for argparse."""
     try:
-        number = seconds(value)
-    except argparse.ArgumentTypeError:
+        number = float(value)
+    except ValueError:
         number = 0.0
-    if number == 0:
+    if not 0 < number < float("inf"):
         raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds above 0")
-    return number
+    return seconds(value)  # at most a century
 
 
 def a_second_or_more(value: str) -> float:
@@ -76,9 +85,11 @@ def duration(value: str) -> timedelta:
 
 
 def at_least_one(value: str) -> int:
-    """A whole number of 1 or more, for argparse."""
-    if not value.strip().isdigit() or int(value) < 1:
+    """A whole number of 1 or more (at most 2,147,483,647), for argparse."""
+    if not value.strip().isascii() or not value.strip().isdigit() or int(value) < 1:
         raise argparse.ArgumentTypeError(f"{value!r} is not a whole number of 1 or more")
+    if int(value) > _MOST_COUNT:
+        raise argparse.ArgumentTypeError(f"{value!r} is larger than {_MOST_COUNT:,}")
     return int(value)
 
 

@@ -193,6 +193,12 @@ async def existing_store(url: str, schema: str | None) -> AsyncIterator[SqlStore
         await existing_database(url, schema, store)
         revision = await store.schema_revision()
         refuse_newer(revision)
+        if revision is None:  # a SQLite file turnkit never set up
+            raise StoreError(
+                f"{shown_url(url)} has no turnkit tables (a typo? `turnkit db upgrade` "
+                "creates them)",
+                url=shown_url(url),
+            )
         if revision != head_revision():
             raise StoreError(
                 f"the database schema is at {revision!r}, this turnkit reads "

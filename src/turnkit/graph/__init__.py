@@ -22,7 +22,7 @@ from langgraph.types import Command, interrupt
 from turnkit import otel
 from turnkit.clock import SystemClock
 from turnkit.context.prefix import PreviousRequest
-from turnkit.errors import StoreUnavailableError
+from turnkit.errors import StoreUnavailableError, TurnkitError
 from turnkit.events import StageName, StepEndEvent, StepStartEvent
 from turnkit.stages import (
     StageContext,
@@ -461,9 +461,10 @@ async def _open_postgres_checkpointer(
     except BaseException as exc:
         await pool.close()
         if isinstance(exc, Exception) and database_refused(exc):  # read-only, disk full
+            why = exc.message if isinstance(exc, TurnkitError) else exc  # without its code
             raise StoreUnavailableError(
                 f"the database for checkpoints takes no writes now ({type(exc).__name__}: "
-                f"{exc}); retry shortly"
+                f"{why}); retry shortly"
             ) from exc
         raise
 

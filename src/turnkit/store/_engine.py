@@ -25,7 +25,7 @@ from sqlalchemy.pool import StaticPool
 
 from turnkit.clock import Clock, SystemClock
 from turnkit.config import check_schema_name
-from turnkit.errors import StoreError
+from turnkit.errors import ConfigurationError, StoreError
 from turnkit.store import _sqlite as sqlite_conn
 from turnkit.store._commit_sql import HotStatements
 from turnkit.store._engine_pg import (
@@ -66,6 +66,12 @@ class SqlEngine(PgConnections):
         self.url = normalize_url(url)
         if schema is not None:
             check_schema_name(schema)
+            if self.url.startswith("sqlite"):  # as RuntimeConfig refuses it
+                raise ConfigurationError(
+                    f"database schema {schema!r} applies to PostgreSQL only: SQLite keeps "
+                    "turnkit's tables in the database file (name another file instead)",
+                    schema=schema,
+                )
         self.schema = schema
         self._clock = clock or SystemClock()
         self._thread: ThreadPoolExecutor | None = None
