@@ -279,6 +279,54 @@ async def test_parallel_calls_with_no_text_go_in_one_assistant_message(app_for: 
     assert second["parentMessageId"] == first["toolCallId"]
 
 
+async def test_a_call_id_an_earlier_turn_used_goes_out_renamed(app_for: Any) -> None:
+    # A server that numbers calls per response says `call_1` in every turn; the thread's
+    # client holds the first turn's `call_1` (and its result) when the second turn's comes.
+    model = ScriptedModel([
+        ModelStep.tool_call_reply(call("add", a=1, b=1, tool_call_id="call_1")),
+        ModelStep.text_reply("2."),
+        ModelStep.tool_call_reply(call("transfer", amount=5, to="Bob", tool_call_id="call_1")),
+        ModelStep.text_reply("Sent."),
+    ])  # fmt: skip
+    held = [
+        {"id": "u-r1", "role": "user", "content": "Add"},
+        {"id": "call_1", "role": "assistant", "toolCalls": [{"id": "call_1", "type": "function",
+         "function": {"name": "add", "arguments": '{"a":1,"b":1}'}}]},
+        {"id": "result_call_1", "role": "tool", "toolCallId": "call_1", "content": "2"},
+        {"id": "blk", "role": "assistant", "content": "2."},
+        {"id": "u-r2", "role": "user", "content": "Pay Bob"},
+    ]  # fmt: skip
+    async with app_for(Agent(model=model, tools=[add, transfer])) as http:
+        await _post(http, run_input("t1", "r1", "Add"))
+        paused = parse((await _post(http, {**run_input("t1", "r2"), "messages": held})).text)
+        check_run(paused)
+        [start] = [f.event for f in paused if f.event["type"] == "TOOL_CALL_START"]
+        renamed = start["toolCallId"]
+        assert renamed != "call_1"  # the client's call_1 is the first turn's
+        [args] = [f.event for f in paused if f.event["type"] == "TOOL_CALL_ARGS"]
+        assert (args["toolCallId"], json.loads(args["delta"])) == (
+            renamed,
+            {"amount": 5, "to": "Bob"},
+        )
+        [interrupt] = paused[-1].event["outcome"]["interrupts"]
+        assert interrupt["toolCallId"] == interrupt["metadata"]["turnkit"]["toolCallId"] == renamed
+        function = {"name": "transfer", "arguments": args["delta"]}
+        asked = {
+            "id": renamed,
+            "role": "assistant",
+            "toolCalls": [{"id": renamed, "type": "function", "function": function}],
+        }
+        resume = [
+            {"interruptId": interrupt["id"], "status": "resolved", "payload": {"approved": True}}
+        ]
+        body = {**run_input("t1", "r3"), "messages": [*held, asked], "resume": resume}
+        resumed = parse((await _post(http, body)).text)
+    check_run(resumed)
+    [result] = [f.event for f in resumed if f.event["type"] == "TOOL_CALL_RESULT"]
+    assert (result["toolCallId"], result["messageId"]) == (renamed, f"result_{renamed}")
+    assert result["content"] == "sent 5 EUR to Bob"
+
+
 async def test_a_fast_turn_streams_in_far_fewer_writes_than_events(tmp_path: Path) -> None:
     """The frames of turnkit events ready together go out in one write, all, in order."""
     text = "abcdefghij" * 30
@@ -319,6 +367,27 @@ async def test_an_oversized_frame_is_replaced_and_the_run_goes_on(app_for: Any) 
     assert result.id is not None  # it keeps the frame's id: a resume goes on after it
     text = "".join(f.event["delta"] for f in frames if f.event["type"] == "TEXT_MESSAGE_CONTENT")
     assert text == "The report is written."
+
+
+async def test_a_replayed_text_longer_than_the_bound_comes_in_several_contents(
+    app_for: Any,
+) -> None:
+    # A replay sends a finished block as one content with its whole text: cut, not dropped.
+    text = "Línea 👍 שלום\n" * 1_500  # about 24,000 characters, beyond the 5,000-byte bound
+    model = ScriptedModel([ModelStep.text_reply(text, chunk_size=100)])
+    async with app_for(Agent(model=model), max_frame_bytes=5_000) as http:
+        live = await _post(http, run_input("t-long", "r1", "Write"))
+        replayed = await _post(
+            http, run_input("t-long", "r1", "Write"), headers={"Last-Event-ID": "0"}
+        )
+    for response in (live, replayed):
+        assert response.status_code == 200, response.text
+        assert max(len(block.encode()) for block in response.text.split("\n\n")) < 5_000
+        frames = parse(response.text)
+        check_run(frames)
+        assert "CUSTOM:turnkit.frame_dropped" not in types(frames)
+        content = [f for f in frames if f.event["type"] == "TEXT_MESSAGE_CONTENT"]
+        assert "".join(f.event["delta"] for f in content) == text
 
 
 async def test_posting_the_same_run_again_starts_no_second_turn(app_for: Any) -> None:

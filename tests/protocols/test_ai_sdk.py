@@ -248,6 +248,27 @@ async def test_an_oversized_chunk_is_replaced_and_the_stream_goes_on(tmp_path: P
     assert answer["text"] == "The report is written."
 
 
+async def test_a_replayed_text_longer_than_the_bound_comes_in_several_deltas(
+    tmp_path: Path,
+) -> None:
+    # A replay sends a finished block as one delta with its whole text: cut, not dropped.
+    text = "Línea 👍 שלום\n" * 1_500  # about 24,000 characters, beyond the 5,000-byte bound
+    app = build_app(tmp_path, ScriptedModel([ModelStep.text_reply(text, chunk_size=100)]),
+                    max_frame_bytes=5_000)  # fmt: skip
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+            live = await http.post(API, json={"id": "long", "messages": [user("Write")]})
+            replayed = await http.get(f"{API}/long/stream")
+    for response in (live, replayed):
+        assert response.status_code == 200, response.text
+        assert max(len(line.encode()) for line in response.text.split("\n")) < 5_000
+        chunks = chunks_of(response.text)
+        assert "data-turnkit-frame-dropped" not in types(chunks)
+        [answer] = [p for p in fold(chunks) if p["type"] == "text"]
+        assert answer["text"] == text
+
+
 # ── mapping ─────────────────────────────────────────────────────────────────────────────
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Final, assert_never, cast
 
@@ -94,23 +94,36 @@ def _ev(kind: str, ts: datetime, **fields: JsonValue) -> AgUi:
 
 @dataclass(slots=True, kw_only=True)
 class ClientView:
-    """What the client says it holds already (its `messages`): only the rest is sent."""
+    """What the client says it holds already (its `messages`): only the rest is sent.
+
+    `taken` holds the tool call ids of the turns before the run's (the messages before
+    its last user message): turnkit's ids name calls per turn, and a server that numbers
+    calls per response (`call_1` every time) repeats them across turns, while an AG-UI
+    thread needs each id once. A call of the run's turn with such an id goes out renamed,
+    unless the client holds it under that id after its last user message (a thread
+    rebuilt from the session's history has the turn's calls under turnkit's ids).
+    """
 
     texts: dict[str, str]
     arguments: dict[str, str]
     results: set[str]
+    taken: set[str] = field(default_factory=set)
+    current: set[str] = field(default_factory=set)
 
 
 def client_view(messages: Sequence[InputMessage]) -> ClientView:
     view = ClientView(texts={}, arguments={}, results=set())
-    for message in messages:
+    last_user = max((i for i, m in enumerate(messages) if m.role == "user"), default=-1)
+    for index, message in enumerate(messages):
         if message.role == "assistant":
             if isinstance(message.content, str) and message.message_id:
                 view.texts[message.message_id] = message.content
             for call in message.tool_calls:
                 view.arguments[call.tool_call_id] = call.function.arguments
+                (view.taken if index < last_user else view.current).add(call.tool_call_id)
         elif message.role == "tool" and message.tool_call_id:
             view.results.add(message.tool_call_id)
+            (view.taken if index < last_user else view.current).add(message.tool_call_id)
     return view
 
 
@@ -140,6 +153,7 @@ class Translator:
         self.turn_id = turn_id
         self.client = client
         self.now = now
+        self.tag = turn_id[-12:]  # renames a call id an earlier turn holds
         self.steps: list[str] = []
         self.blocks: dict[str, _Block] = {}
         self.parents: dict[str, str] = {}  # generation id → text block of the same call
@@ -251,7 +265,12 @@ class Translator:
     def _interrupt(self, request: PendingDecision, ts: datetime) -> list[AgUi]:
         self.finished = True
         end = _run_interrupted(
-            request, ts, run=self.run, turn_id=self.turn_id, ask_user=self.ask_user
+            request,
+            ts,
+            run=self.run,
+            turn_id=self.turn_id,
+            ask_user=self.ask_user,
+            wire=self.wire_id,
         )
         return [*self._close(ts), end]
 
@@ -354,30 +373,38 @@ class Translator:
         out.append(_ev("TEXT_MESSAGE_END", event.ts, messageId=block_id, **mark))
         return out
 
+    def wire_id(self, tool_call_id: str) -> str:
+        """The call's id on this thread: renamed when an earlier turn's call has it."""
+        if tool_call_id in self.client.taken and tool_call_id not in self.client.current:
+            return f"{tool_call_id}_{self.tag}"
+        return tool_call_id
+
     def _tool_call(self, event: ToolStartedEvent) -> list[AgUi]:
         call, ts = event.block, event.ts
-        start: AgUi = {"toolCallId": call.tool_call_id, "toolCallName": call.tool_name}
+        call_id = self.wire_id(call.tool_call_id)
+        start: AgUi = {"toolCallId": call_id, "toolCallName": call.tool_name}
         if event.generation_id is not None:
             # The calls of one model call go in one assistant message: its text's, or, when
             # it wrote none, the message the client made for its first call (by that id).
-            parent = self.parents.setdefault(event.generation_id, call.tool_call_id)
-            if parent != call.tool_call_id:
+            parent = self.parents.setdefault(event.generation_id, call_id)
+            if parent != call_id:
                 start["parentMessageId"] = parent
         arguments = json.dumps(call.arguments, ensure_ascii=False, separators=(",", ":"))
-        held = self.client.arguments.get(call.tool_call_id, "")
+        held = self.client.arguments.get(call_id, "")
         out = [_ev("TOOL_CALL_START", ts, **start)]
         if arguments.startswith(held) and (rest := arguments[len(held) :]):
-            out.append(_ev("TOOL_CALL_ARGS", ts, toolCallId=call.tool_call_id, delta=rest))
-        out.append(_ev("TOOL_CALL_END", ts, toolCallId=call.tool_call_id))
+            out.append(_ev("TOOL_CALL_ARGS", ts, toolCallId=call_id, delta=rest))
+        out.append(_ev("TOOL_CALL_END", ts, toolCallId=call_id))
         return out
 
     def _tool_result(self, event: ToolCompletedEvent | ToolFailedEvent) -> list[AgUi]:
-        if event.tool_call_id in self.client.results:
+        call_id = self.wire_id(event.tool_call_id)
+        if call_id in self.client.results:
             return []  # the client has it already
         result = event.result
         fields: AgUi = {
-            "messageId": f"result_{event.tool_call_id}",
-            "toolCallId": event.tool_call_id,
+            "messageId": f"result_{call_id}",
+            "toolCallId": call_id,
             "role": "tool",
         }
         if isinstance(event, ToolFailedEvent) or result.is_error:
@@ -440,21 +467,28 @@ def _run_end(
 
 
 def _run_interrupted(
-    request: PendingDecision, ts: datetime, *, run: AgUi, turn_id: TurnId, ask_user: str | None
+    request: PendingDecision,
+    ts: datetime,
+    *,
+    run: AgUi,
+    turn_id: TurnId,
+    ask_user: str | None,
+    wire: Callable[[str], str],
 ) -> AgUi:
     """RUN_FINISHED with an interrupt outcome: the pause's question, and how to answer it."""
     turnkit: AgUi = {"turnId": turn_id}
     interrupt: AgUi = {"id": request.request_id}
+    call_id = None if request.tool_call_id is None else wire(request.tool_call_id)
     if request.kind == "approval":
         interrupt |= {
             "reason": "tool_call",
             "message": request.summary,
-            "toolCallId": request.tool_call_id,
+            "toolCallId": call_id,
             "responseSchema": _APPROVAL_SCHEMA,
         }
         turnkit |= {
             "kind": "approval",
-            "toolCallId": request.tool_call_id,
+            "toolCallId": call_id,
             "toolName": request.tool_name,
             "arguments": request.arguments,
             "summary": request.summary,
@@ -480,7 +514,7 @@ def _run_interrupted(
         # `ask_user` call, unless an asked agent's question (older logs name no call).
         waiting = request.tool_call_id or (ask_user if request.asked is None else None)
         if waiting is not None:
-            interrupt["toolCallId"] = turnkit["toolCallId"] = waiting
+            interrupt["toolCallId"] = turnkit["toolCallId"] = wire(waiting)
     if request.asked is not None:  # an agent asked as a tool waits for it: the answer goes on
         asked = request.asked
         turnkit["asked"] = {

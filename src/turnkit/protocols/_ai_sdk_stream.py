@@ -148,6 +148,9 @@ def line(chunk: Chunk) -> bytes:
     )
 
 
+_MAX_CHAR_BYTES: Final = 6
+"""The most one character takes in a JSON string (`\\u001f`; UTF-8 needs 4 at most)."""
+
 _STRUCTURAL: Final = frozenset(
     {
         "start", "finish", "start-step", "finish-step", "text-start", "text-end",
@@ -158,12 +161,26 @@ _STRUCTURAL: Final = frozenset(
 """Chunks a client's state machine needs: sent whatever their size."""
 
 
+_SPLITTABLE: Final = frozenset({"text-delta", "reasoning-delta"})
+"""Chunks whose `delta` may go out as several chunks: the client appends them all."""
+
+
 def bounded(chunk: Chunk, max_bytes: int, turn_id: str) -> bytes:
-    """`chunk`'s line, or a transient stand-in when it would pass `max_bytes`."""
+    """`chunk`'s line, or a transient stand-in when it would pass `max_bytes`.
+
+    A text or reasoning delta that would pass it goes out as several deltas instead (a
+    replayed block comes as one delta with its whole text).
+    """
     sent = line(chunk)
     kind = chunk.get("type")
     if len(sent) <= max_bytes or kind in _STRUCTURAL:
         return sent
+    delta = chunk.get("delta")
+    if kind in _SPLITTABLE and isinstance(delta, str):
+        room = max(1, (max_bytes - len(line({**chunk, "delta": ""}))) // _MAX_CHAR_BYTES)
+        return b"".join(
+            line({**chunk, "delta": delta[at : at + room]}) for at in range(0, len(delta), room)
+        )
     # Losing one chunk costs less than losing a turn that has run for minutes.
     log.warning(
         "dropped an oversized AI SDK chunk of turn %s (%s, %d bytes > %d)",
