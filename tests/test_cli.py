@@ -1242,3 +1242,22 @@ def test_serve_stopped_by_a_signal_drains_and_exits_0(stop: str, tmp_path: Path)
     finally:
         if server.poll() is None:
             server.kill()
+
+
+def test_serve_run_off_the_main_thread_leaves_signals_alone() -> None:
+    """uvicorn listens for no signal there (Python allows none): neither does serve."""
+    import threading
+
+    said: list[str] = []
+
+    def serve_part() -> None:
+        try:
+            with cli._drained_on_signal():
+                said.append("served")
+        except ValueError as exc:  # signal only works in main thread
+            said.append(str(exc))
+
+    thread = threading.Thread(target=serve_part)
+    thread.start()
+    thread.join()
+    assert said == ["served"]

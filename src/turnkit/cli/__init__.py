@@ -11,6 +11,7 @@ import os
 import signal
 import socket
 import sys
+import threading
 from collections.abc import Iterator, Sequence
 from typing import Any, TextIO
 
@@ -387,8 +388,12 @@ def _drained_on_signal() -> Iterator[None]:
 
     uvicorn handles them while it serves, and once it has shut down raises the signal
     again to the handler it found, which would end the process 130 or 143 after a clean
-    drain; the one it finds here takes it and does nothing.
+    drain; the one it finds here takes it and does nothing. Off the main thread, where
+    signals cannot be handled (nor does uvicorn listen for them), nothing changes.
     """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
     signals = (signal.SIGINT, signal.SIGTERM)
     found = {sig: signal.signal(sig, lambda *_: None) for sig in signals}
     try:

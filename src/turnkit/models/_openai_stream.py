@@ -69,8 +69,9 @@ server sent inside a 200 response, or a 200 response turnkit could not read as a
 chat-completion stream (cut off, not JSON, not a stream at all)."""
 
 _EXCERPT = 120
-_BOM = b"\xef\xbb\xbf"
 """Characters of an unreadable body quoted in the error."""
+_BOM = b"\xef\xbb\xbf"
+"""A UTF-8 byte order mark: some servers open the body with one."""
 
 
 class ChatStreamError(Exception):

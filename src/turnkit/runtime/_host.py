@@ -43,6 +43,9 @@ NEXT_TURN_GRACE_S: Final = 2.0
 """How long after a resumed turn ends before this process takes its session's next turn:
 the process that took that message, while it lives, claims it within a second."""
 
+_CLOSING_ROUNDS: Final = 5
+"""How often `close` looks again for work the tasks it stopped started as they ended."""
+
 T = TypeVar("T")
 
 
@@ -337,18 +340,29 @@ class TurnHost:
     async def pick_up(self, session_id: SessionId, *, then_next: bool = False) -> None:
         """Run a turn this session queued meanwhile (e.g. a re-queued guide message).
 
-        `then_next` as for `detach`.
+        `then_next` as for `detach`: such a turn waits for a slot, as any turn taken here
+        does (a re-queued guide is counted at once: its turn ending claimed it).
         """
         if not self.config.run_in_process:
             return
-        lease = await self._store().claim(
-            self.owner,
-            ttl_s=self.config.lease_ttl_s,
-            max_attempts=self.config.max_attempts,
-            session_id=session_id,
-        )
-        if lease is not None:
-            self.detach(lease.turn_id, lease=lease, slot=self.slots.hold(), then_next=then_next)
+        slot = await self.slots.take() if then_next else None
+        try:
+            lease = await self._store().claim(
+                self.owner,
+                ttl_s=self.config.lease_ttl_s,
+                max_attempts=self.config.max_attempts,
+                session_id=session_id,
+            )
+        except BaseException:
+            if slot is not None:
+                slot.release()
+            raise
+        if lease is None:
+            if slot is not None:
+                slot.release()
+            return
+        slot = slot if slot is not None else self.slots.hold()
+        self.detach(lease.turn_id, lease=lease, slot=slot, then_next=then_next)
 
     async def cancel(self, turn_id: TurnId, *, by: str | None = None) -> TurnStatus:
         """Stop (see `SessionRuntime.cancel`); it runs to its end even if its caller leaves.
@@ -406,11 +420,18 @@ class TurnHost:
 
         Another process (a worker, a runtime recovering turns) takes each over at once.
         """
-        running, leases = self._detached.abandon()
-        tasks = [*running, *self._shielded]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        leases: list[Lease] = []
+        for _ in range(_CLOSING_ROUNDS):
+            running, more = self._detached.abandon()
+            leases += more
+            tasks = [*running, *self._shielded]
+            if not tasks:
+                break
+            for task in tasks:
+                task.cancel()
+            # Their last steps may start more (a resumed turn that ended takes its session's
+            # next turn): those are abandoned in the next round, never left running.
+            await asyncio.gather(*tasks, return_exceptions=True)
         if leases:  # a runtime never opened has no Store to ask
             await hand_over_all(self._store(), leases, log)
 
