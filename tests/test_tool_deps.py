@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from turnkit import Agent, DepsScope, RuntimeConfig, SessionRuntime, ToolContext, tool
+from turnkit import Agent, Approve, DepsScope, RuntimeConfig, SessionRuntime, ToolContext, tool
 from turnkit.events import ToolCompletedEvent, ToolFailedEvent
 from turnkit.runtime.worker import Worker
 from turnkit.testing import ModelStep, ScriptedModel, call, collect_events
@@ -128,3 +128,57 @@ async def test_a_turn_the_runtimes_own_worker_drives_has_the_deps_its_caller_gav
             await working
     [done] = [e for e in events if isinstance(e, ToolCompletedEvent)]
     assert done.result.output == "acme"
+
+
+@tool(approval="always")
+async def close_ticket(ctx: ToolContext[AppDeps]) -> str:
+    """Close the caller's ticket (a person approves it)."""
+    return f"closed for {ctx.deps.tenant}"
+
+
+async def test_deps_of_turns_answered_in_another_process_are_not_kept_for_good(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A paused turn answered through another API process ends there: this process never
+    hears of it again, and kept its caller's deps (a session, a connection) for good."""
+    from turnkit.runtime import _host
+
+    monkeypatch.setattr(_host, "MAX_HANDED_DEPS", 2, raising=False)
+    steps = [ModelStep.tool_call_reply(call("close_ticket")), ModelStep.text_reply("Closed.")]
+    model = ScriptedModel(steps * 4)
+    config = RuntimeConfig(database_url=f"sqlite:///{tmp_path / 'two.db'}")
+    agent = Agent(model=model, tools=[close_ticket])
+    paused_here = SessionRuntime(agent=agent, config=config)
+    answering = SessionRuntime(agent=agent, config=config, deps=lambda s: AppDeps("factory"))
+    turns = []
+    async with paused_here, answering:
+        for n in range(4):
+            events = await collect_events(
+                paused_here.execute_message(f"s{n}", "close it", deps=AppDeps(tenant="acme"))
+            )
+            [asked] = [e for e in events if e.type == "approval.requested"]
+            await answering.resume(asked.turn_id, asked.request_id, Approve())
+            await collect_events(answering.follow(asked.turn_id, after_seq=asked.seq))
+            assert (await answering.turn(asked.turn_id)).status == "succeeded"
+            turns.append(asked.turn_id)
+        kept = [t for t in turns if t in paused_here.host._deps]
+    assert kept == turns[-2:]  # was: all four, one more for every turn answered elsewhere
+
+
+async def test_deps_of_turns_left_to_workers_elsewhere_are_not_kept_for_good(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An API process with `run_in_process=False` keeps a caller's deps for its own worker,
+    if it runs one; turns other processes' workers drive must not pile them up."""
+    from turnkit.runtime import _host
+
+    monkeypatch.setattr(_host, "MAX_HANDED_DEPS", 2, raising=False)
+    config = RuntimeConfig(database_url=f"sqlite:///{tmp_path / 'api.db'}", run_in_process=False)
+    model = ScriptedModel([ModelStep.text_reply("Ok.")])
+    async with SessionRuntime(agent=Agent(model=model, tools=[whoami]), config=config) as api:
+        submitted = [
+            (await api.start(f"s{n}", "who?", deps=AppDeps(tenant="acme"))).turn_id
+            for n in range(5)
+        ]
+        kept = [t for t in submitted if t in api.host._deps]
+    assert kept == submitted[-2:]  # the newest still reach a worker of this process

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import hashlib
+import uuid
+from pathlib import Path
 
 import pytest
 
+from turnkit import Agent, RuntimeConfig, SessionRuntime, tool
 from turnkit.context._sealed import seal
 from turnkit.context.prefix import RequestView, check_prefix, message_digest
 from turnkit.context.transcript import TranscriptMessage, from_transcript, sent_bytes
 from turnkit.errors import PrefixRewriteError
+from turnkit.testing import ModelStep, ScriptedModel, call, collect_events
 
 
 def _plain(message: TranscriptMessage) -> str:
@@ -86,3 +90,30 @@ def test_a_sealed_message_refuses_every_change_in_place() -> None:
     assert sealed == MESSAGES[3]
     rewritten = {**sealed, "content": "edited"}  # a new message: checked by value
     assert message_digest(rewritten) == _plain(rewritten) != message_digest(sealed)  # type: ignore[arg-type]
+
+
+async def test_what_ended_turns_leave_in_the_caches_is_bounded_by_size(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each turn's own messages are kept by value, and outlive it: a bound by count alone
+    kept 16,384 of them, long tool results and pasted documents included (a process of
+    one-turn sessions grew by about 15 MB a thousand turns with 16,000-character results)."""
+    from turnkit.context import prefix, transcript
+
+    monkeypatch.setattr(transcript, "_CACHE_CHARS", 100_000, raising=False)
+    turns = 12
+    steps = [ModelStep.tool_call_reply(call("fetch_page")), ModelStep.text_reply("Read it.")]
+    model = ScriptedModel(steps * turns)
+    config = RuntimeConfig(database_url=f"sqlite:///{tmp_path / 'pages.db'}")
+    async with SessionRuntime(agent=Agent(model=model, tools=[fetch_page]), config=config) as rt:
+        for n in range(turns):
+            await collect_events(rt.execute_message(f"s{n}", "read the page"))
+    for cache in (prefix.message_digest, transcript._model_message):
+        held = sum(len(key[1]) for key in cache.by_value)
+        assert held <= 100_000  # was: every turn's 16,000-character preview, and more
+
+
+@tool
+async def fetch_page() -> str:
+    """Fetch a long page."""
+    return uuid.uuid4().hex * 1_000

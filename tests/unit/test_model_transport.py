@@ -8,7 +8,9 @@ the SSE parser, error events inside a stream, and the connection pool's lifetime
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
+import weakref
 from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 from typing import Any
@@ -416,3 +418,19 @@ def test_one_pooled_client_per_endpoint_closed_with_its_loop(
 
     assert len(clients) == 1
     assert clients[0].is_closed, "asyncio.run's shutdown closes the loop's clients"
+
+
+def test_a_loop_that_ended_leaves_no_pool_behind(openai_server: FakeOpenAIServer) -> None:
+    """An app that runs each job in `asyncio.run` (a task queue's worker, a sync view)
+    kept every ended loop, and its pool, for good: the pool's keeper refers to its loop."""
+    openai_server.script("fake-model", [Reply.text("a"), Reply.text("b"), Reply.text("c")])
+
+    async def one_call() -> weakref.ref[asyncio.AbstractEventLoop]:
+        await collect(client(openai_server, "auto").stream(HELLO))
+        return weakref.ref(asyncio.get_running_loop())
+
+    loops = [asyncio.run(one_call()) for _ in range(3)]
+    gc.collect()
+
+    assert len(_openai_stream._POOLS) == 0  # was: one per loop that ever called
+    assert [loop() for loop in loops] == [None, None, None]

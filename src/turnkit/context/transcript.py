@@ -119,6 +119,8 @@ class DerivedCache(Generic[_T]):
         self.attr = attr
         self.build = build
         self.by_value: dict[MessageKey, _T] = {}
+        self._chars = 0
+        """The characters the kept keys hold (`_key_chars`)."""
 
     def __call__(self, message: TranscriptMessage) -> _T:
         """What `build` gives for `message`."""
@@ -139,10 +141,18 @@ class DerivedCache(Generic[_T]):
         found = self.by_value.get(key)
         if found is None:
             found = self.build(message)
-            if len(self.by_value) >= _CACHE_SIZE:
+            chars = _key_chars(key)
+            if len(self.by_value) >= _CACHE_SIZE or self._chars + chars > _CACHE_CHARS:
                 self.by_value.clear()
+                self._chars = 0
             self.by_value[key] = found
+            self._chars += chars
         return found
+
+
+def _key_chars(key: MessageKey) -> int:
+    """About what a key keeps alive: its content and its calls' arguments."""
+    return len(key[1]) + sum(len(arguments) for _, _, arguments in key[3] or ())
 
 
 def _build(message: TranscriptMessage) -> ModelMessage:
@@ -164,6 +174,10 @@ MessageKey = tuple[str, str, object, tuple[tuple[str, str, str], ...] | None]
 """What `message_key` returns: role, content, tool call id (or absent), tool calls."""
 
 _CACHE_SIZE: Final = 16_384
+_CACHE_CHARS: Final = 8 * 2**20
+"""The most characters a `DerivedCache` keeps by value. What it keeps outlives the turns
+that made it (their messages are sealed history from then on), so a bound by count alone
+would keep thousands of long tool results and pasted documents of ended turns."""
 
 
 def message_key(message: TranscriptMessage) -> MessageKey | None:

@@ -144,12 +144,18 @@ _POOLS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopPool] = (
 )
 
 
-async def _close_at_shutdown(pool: _LoopPool) -> AsyncGenerator[None, None]:
+async def _close_at_shutdown(
+    pool: _LoopPool, loop: asyncio.AbstractEventLoop
+) -> AsyncGenerator[None, None]:
     # Started once per loop and left suspended: the loop closes it in
     # `shutdown_asyncgens()` (asyncio.run, asyncio.Runner), and the clients with it.
     try:
         yield
     finally:
+        # The pool goes with its loop: this generator refers to the loop (its finalizer),
+        # so the pool, kept by the loop's key, would keep the loop alive for good.
+        if _POOLS.get(loop) is pool:
+            del _POOLS[loop]
         clients = list(pool.clients.values())
         pool.clients.clear()
         for client in clients:
@@ -161,7 +167,7 @@ async def _client(endpoint: str) -> httpx.AsyncClient:
     pool = _POOLS.get(loop)
     if pool is None:
         pool = _POOLS[loop] = _LoopPool()
-        pool.keeper = _close_at_shutdown(pool)
+        pool.keeper = _close_at_shutdown(pool, loop)
         await pool.keeper.__anext__()  # runs to its first `yield`: it never suspends
     client = pool.clients.get(endpoint)
     if client is None or client.is_closed:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import AsyncGenerator, Callable, Coroutine
 from typing import Any, Final, TypeVar
 
@@ -436,18 +436,29 @@ class TurnHost:
             await hand_over_all(self._store(), leases, log)
 
 
+MAX_HANDED_DEPS: Final = 4096
+"""Turns whose handed-in deps one process keeps at most, the oldest kept dropped first.
+
+A turn driven here holds its own deps; what is kept serves a turn that may come back here
+(a resume after its pause, the recovery loop). One that paused and was answered in another
+process, or was never answered, is not heard of here again: its deps would stay for good."""
+
+
 class _HandedDeps:
     """Deps a caller handed in for a turn, kept while the turn may resume in this process."""
 
     __slots__ = ("_by_turn",)
 
     def __init__(self) -> None:
-        self._by_turn: dict[TurnId, Any] = {}
+        self._by_turn: OrderedDict[TurnId, Any] = OrderedDict()
 
     def keep(self, turn_id: TurnId, deps: Any) -> Any:
         """`deps` if given (kept for the turn from now on), else what was kept for it."""
         if deps is not NO_DEPS:
             self._by_turn[turn_id] = deps
+            self._by_turn.move_to_end(turn_id)
+            while len(self._by_turn) > MAX_HANDED_DEPS:
+                self._by_turn.popitem(last=False)  # it gets the factory's, as elsewhere
             return deps
         return self._by_turn.get(turn_id, NO_DEPS)
 
