@@ -56,10 +56,15 @@ def test_ag_ui_sends_a_run_s_structure_whatever_its_size() -> None:
 
 
 def test_ai_sdk_stands_in_for_a_large_chunk_but_not_for_structure() -> None:
-    delta = {"type": "text-delta", "id": "b1", "delta": "y" * 500}
+    delta = {"type": "tool-input-delta", "toolCallId": "c1", "inputTextDelta": "y" * 500}
     stand_in = json.loads(bounded(delta, 200, "turn_1").removeprefix(b"data: "))
     assert stand_in["type"] == "data-turnkit-frame-dropped"
     assert stand_in["transient"] is True
-    assert stand_in["data"]["type"] == "text-delta"
+    assert stand_in["data"]["type"] == "tool-input-delta"
+    text = {"type": "text-delta", "id": "b1", "delta": "y" * 500}  # text goes in pieces
+    pieces = [json.loads(line.removeprefix(b"data: ")) for line in
+              bounded(text, 200, "turn_1").split(b"\n\n") if line]  # fmt: skip
+    assert len(pieces) > 1
+    assert "".join(p["delta"] for p in pieces) == "y" * 500
     start = {"type": "tool-input-available", "toolCallId": "c1", "input": {"text": "y" * 500}}
     assert json.loads(bounded(start, 200, "turn_1").removeprefix(b"data: ")) == start
