@@ -19,6 +19,7 @@ from typing import Final
 
 from turnkit.ids import TurnId
 from turnkit.protocols._agui_translate import AgUi, Translator
+from turnkit.protocols._pieces import pieces
 from turnkit.replay import BufferEntry, ReplayBuffer
 from turnkit.runtime.reader import KEEPALIVE, Frame
 from turnkit.store import Store
@@ -83,9 +84,6 @@ def _frame(data: bytes, seq: int | None) -> bytes:
     return b"id: %d\ndata: %s\n\n" % (seq, data)
 
 
-_MAX_CHAR_BYTES: Final = 6
-"""The most one character takes in a JSON string (`\\u001f`; UTF-8 needs 4 at most)."""
-
 _STRUCTURAL: Final = frozenset(
     {
         "RUN_STARTED", "RUN_FINISHED", "RUN_ERROR", "STEP_STARTED", "STEP_FINISHED",
@@ -112,11 +110,10 @@ class Bound:
         if kind == "TEXT_MESSAGE_CONTENT" and isinstance(delta, str):
             # Text goes out as several contents, the id on the last (a replayed block comes
             # as one content with its whole text).
-            room = max(1, (self.max_bytes - len(_data({**event, "delta": ""}))) // _MAX_CHAR_BYTES)
-            pieces = [delta[at : at + room] for at in range(0, len(delta), room)]
+            cut = pieces(delta, self.max_bytes - len(_data({**event, "delta": ""})))
             return b"".join(
-                _frame(_data({**event, "delta": piece}), seq if n == len(pieces) else None)
-                for n, piece in enumerate(pieces, 1)
+                _frame(_data({**event, "delta": piece}), seq if n == len(cut) else None)
+                for n, piece in enumerate(cut, 1)
             )
         # Losing one frame costs less than losing a turn that has run for minutes; the
         # stand-in keeps the frame's id, so a resume goes on after it.

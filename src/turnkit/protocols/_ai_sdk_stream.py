@@ -28,6 +28,7 @@ from turnkit.events import (
 )
 from turnkit.ids import TurnId
 from turnkit.protocols._ai_sdk_translate import Chunk, UIMessageStreamTranslator
+from turnkit.protocols._pieces import pieces
 from turnkit.runtime import SessionRuntime
 from turnkit.runtime.reader import KEEPALIVE
 from turnkit.store import TurnRecord
@@ -148,9 +149,6 @@ def line(chunk: Chunk) -> bytes:
     )
 
 
-_MAX_CHAR_BYTES: Final = 6
-"""The most one character takes in a JSON string (`\\u001f`; UTF-8 needs 4 at most)."""
-
 _STRUCTURAL: Final = frozenset(
     {
         "start", "finish", "start-step", "finish-step", "text-start", "text-end",
@@ -177,10 +175,8 @@ def bounded(chunk: Chunk, max_bytes: int, turn_id: str) -> bytes:
         return sent
     delta = chunk.get("delta")
     if kind in _SPLITTABLE and isinstance(delta, str):
-        room = max(1, (max_bytes - len(line({**chunk, "delta": ""}))) // _MAX_CHAR_BYTES)
-        return b"".join(
-            line({**chunk, "delta": delta[at : at + room]}) for at in range(0, len(delta), room)
-        )
+        room = max_bytes - len(line({**chunk, "delta": ""}))
+        return b"".join(line({**chunk, "delta": piece}) for piece in pieces(delta, room))
     # Losing one chunk costs less than losing a turn that has run for minutes.
     log.warning(
         "dropped an oversized AI SDK chunk of turn %s (%s, %d bytes > %d)",

@@ -324,18 +324,16 @@ class TurnHost:
         except Exception as exc:  # noqa: BLE001 - a worker or recovery still takes it
             log.warning("taking the next turn of session %s failed: %s", session_id, exc)
 
-    def _in_background(self, work: Coroutine[Any, Any, None]) -> None:
+    def _in_background(self, work: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
         """Run `work` in a task of its own, cancelled when the runtime closes."""
         task = asyncio.create_task(work)
         self._shielded.add(task)
         task.add_done_callback(self._shielded.discard)
+        return task
 
     async def _shield(self, work: Coroutine[Any, Any, T]) -> T:
         """Run `work` to its end even if the caller is cancelled meanwhile."""
-        task = asyncio.create_task(work)
-        self._shielded.add(task)
-        task.add_done_callback(self._shielded.discard)
-        return await asyncio.shield(task)
+        return await asyncio.shield(self._in_background(work))
 
     async def pick_up(self, session_id: SessionId, *, then_next: bool = False) -> None:
         """Run a turn this session queued meanwhile (e.g. a re-queued guide message).
