@@ -147,12 +147,12 @@ async def test_a_turn_that_keeps_producing_outlives_its_idle_window(
     """The window restarts on every chunk: slow is fine, quiet is not."""
     model = _SlowModel(
         [
-            ModelStep.tool_call_reply(call("busy", ticks=8)),
-            ModelStep.text_reply("All eight ticks are done.", chunk_size=3),
+            ModelStep.tool_call_reply(call("busy", ticks=20)),
+            ModelStep.text_reply("All twenty ticks are done.", chunk_size=2),
         ],
         gap=0.1,
     )
-    config = _deadlines(database_url, ceiling_s=60, idle_window_s=0.4)
+    config = _deadlines(database_url, ceiling_s=60, idle_window_s=1.0)
     runtime = runtime_factory(Agent(model=model, tools=[busy]), config=config)
     async with asyncio.timeout(20):
         events = await collect_events(runtime.execute_message("s1", "tick"))
@@ -160,7 +160,7 @@ async def test_a_turn_that_keeps_producing_outlives_its_idle_window(
     assert isinstance(done, DoneEvent)
     assert done.status == "succeeded"
     assert "".join(e.text for e in events if e.type == "message.delta") == (
-        "All eight ticks are done."
+        "All twenty ticks are done."
     )
 
 
@@ -169,10 +169,14 @@ async def test_a_model_that_only_reasons_outlives_its_idle_window(
 ) -> None:
     """Reasoning never reaches the stream, yet every piece of it is a chunk."""
     model = _SlowModel(
-        [ModelStep.text_reply("Four.", thinking="two plus two makes four", chunk_size=2)],
+        [
+            ModelStep.text_reply(
+                "Four.", thinking="two plus two makes four, and four is the answer", chunk_size=2
+            )
+        ],
         gap=0.1,
     )
-    config = _deadlines(database_url, ceiling_s=60, idle_window_s=0.4)
+    config = _deadlines(database_url, ceiling_s=60, idle_window_s=1.0)
     runtime = runtime_factory(Agent(model=model), config=config)
     async with asyncio.timeout(20):
         events = await collect_events(runtime.execute_message("s1", "2 + 2?"))
@@ -189,11 +193,13 @@ async def test_a_slow_thinking_summary_outlives_the_idle_window(
     def background(request: ModelRequest) -> ModelStep:
         if request.purpose == "plan":
             return ModelStep.text_reply('{"intent": "math", "depth": "none"}')
-        return ModelStep.text_reply("It weighed the sum and chose to answer directly.")
+        return ModelStep.text_reply(
+            "It weighed the sum and chose to answer directly.", chunk_size=2
+        )
 
     utility = _SlowModel([ModelStep.respond(background)], gap=0.1, repeat_last=True)
     model = ScriptedModel([ModelStep.text_reply("Four.", thinking="two and two")])
-    config = _deadlines(database_url, ceiling_s=60, idle_window_s=0.4)
+    config = _deadlines(database_url, ceiling_s=60, idle_window_s=1.0)
     runtime = runtime_factory(Agent(model=model, utility_model=utility), config=config)
     async with asyncio.timeout(20):
         events = await collect_events(runtime.execute_message("s1", "2 + 2?"))
