@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from tests.conftest import RuntimeFactory
 from tests.helpers import add
@@ -322,6 +324,57 @@ async def test_a_call_id_used_before_in_the_turn_gets_a_new_one(
     assert [e for e in events if e.type == "tool.in_doubt"] == []
     # The model reads each result under the id it now has.
     assert [m.tool_call_id for m in model.calls[2].messages if m.role == "tool"] == ids
+
+
+async def test_a_call_id_an_earlier_turn_used_gets_a_new_one(
+    runtime_factory: RuntimeFactory,
+) -> None:
+    """Anthropic refuses a request that carries one id twice, as after a cascade fell back."""
+    model = ScriptedModel(
+        [
+            ModelStep.tool_call_reply(call("add", a=1, b=1, tool_call_id="call_0")),
+            ModelStep.text_reply("2"),
+            ModelStep.tool_call_reply(call("add", a=5, b=5, tool_call_id="call_0")),
+            ModelStep.text_reply("10"),
+        ]
+    )
+    runtime = runtime_factory(Agent(model=model, tools=[add]))
+    await collect_events(runtime.execute_message("s1", "1 + 1"))
+    events = await collect_events(runtime.execute_message("s1", "5 + 5"))
+    started = [e.block.tool_call_id for e in events if isinstance(e, ToolStartedEvent)]
+    assert started == ["call_0_r1_1"]
+    assert {e.tool_call_id for e in events if isinstance(e, ToolDeltaEvent)} == {"call_0_r1_1"}
+    sent = model.calls[3].messages
+    asked = [c.tool_call_id for m in sent if m.role == "assistant" for c in m.tool_calls]
+    answered = [m.tool_call_id for m in sent if m.role == "tool"]
+    assert asked == answered == ["call_0", "call_0_r1_1"]
+
+
+async def test_a_call_id_a_provider_would_refuse_is_made_safe(
+    runtime_factory: RuntimeFactory,
+) -> None:
+    """Ids move between providers in a cascade: Anthropic takes `[A-Za-z0-9_-]` only,
+    OpenAI at most 40 characters."""
+    dotted = "functions.add:0"
+    long = "fc_0f0e50a1476a6c35006912c58dc9f8819192c25864eb16f07f"
+    model = ScriptedModel(
+        [
+            ModelStep.tool_call_reply(
+                call("add", a=1, b=1, tool_call_id=dotted),
+                call("add", a=2, b=2, tool_call_id=long),
+            ),
+            ModelStep.text_reply("2 and 4"),
+        ]
+    )
+    runtime = runtime_factory(Agent(model=model, tools=[add]))
+    events = await collect_events(runtime.execute_message("s1", "two sums"))
+    ids = [e.block.tool_call_id for e in events if isinstance(e, ToolStartedEvent)]
+    assert ids[0] == "functions_add_0"
+    assert ids[1].startswith("fc_0f0e50a1476a6c35006912c5")
+    assert len(ids[1]) == 40
+    assert all(re.fullmatch(r"[A-Za-z0-9_-]{1,40}", i) for i in ids)
+    assert {e.tool_call_id for e in events if isinstance(e, ToolDeltaEvent)} == set(ids)
+    assert [m.tool_call_id for m in model.calls[1].messages if m.role == "tool"] == ids
 
 
 async def test_a_model_that_keeps_calling_tools_answers_after_the_most_rounds(

@@ -7,7 +7,6 @@ separate synthesis call configured, that text is narration instead.
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ from turnkit.journal import CommittedGeneration
 from turnkit.models import ModelMessage, ModelResponse, ToolCallPart, Usage
 from turnkit.stages._answer_check import asked_again, check_answer, commit_failed, out_of_retries
 from turnkit.stages._budget import take_budget_answers
+from turnkit.stages._call_ids import call_namer, unique_ids
 from turnkit.stages._calls import CallResult, call_model
 from turnkit.stages._dispatch import dispatch_tools
 from turnkit.stages._message_list import (
@@ -87,7 +87,7 @@ async def run_tool_loop(
         called = await _call(ctx, transcript, previous, iteration, thinking)
         response, block_id = called.result.response, called.result.block_id
         transcript, previous = called.prepared.transcript, called.prepared.previous
-        calls = _unique_ids(repaired_calls(response), transcript, iteration)
+        calls = unique_ids(repaired_calls(response), transcript, iteration)
         fatal = _fatal(response, calls)
         _audit_call(ctx, called, calls, iteration, fatal)
     truncated = response.stop_reason == "max_tokens"
@@ -157,52 +157,11 @@ async def _call(
         block_key=block_key,
         on_answer=(lambda seen: thinking.start("tool-loop", seen)) if thinking else None,
         answer_after_chars=ANSWER_UNDER_WAY_CHARS,
-        call_id=functools.partial(_fresh_id, used=_turn_call_ids(transcript), iteration=iteration),
+        call_id=call_namer(transcript, iteration),
     )
     await after_model_response(ctx, "tool-loop", prepared.request, result.response)
     ctx.recorder.notes.reasoning.append(result.response.thinking)  # read only by the summary
     return _Called(prepared, result)
-
-
-def _unique_ids(
-    calls: tuple[ToolCallPart, ...], transcript: list[TranscriptMessage], iteration: int
-) -> tuple[ToolCallPart, ...]:
-    """The calls, each with an id no earlier call of the turn (or of this one) has.
-
-    An id names one call in the log, the transcript and the idempotency key; some servers
-    number calls per response (`call_0`, `call_1`, … every time).
-    """
-    used = _turn_call_ids(transcript)
-    out: list[ToolCallPart] = []
-    for call in calls:
-        new_id = _fresh_id(call.tool_call_id, used, iteration)
-        used.add(new_id)
-        if new_id != call.tool_call_id:
-            call = ToolCallPart(tool_call_id=new_id, name=call.name, arguments=call.arguments)
-        out.append(call)
-    return tuple(out)
-
-
-def _turn_call_ids(transcript: list[TranscriptMessage]) -> set[str]:
-    """The ids of the turn's calls so far: its own messages only (its cost stays flat)."""
-    used: set[str] = set()
-    for message in reversed(transcript):  # this turn's messages: ids name calls per turn
-        used.update(str(c.get("id")) for c in message.get("tool_calls", ()))
-        if message.get("opens_turn"):
-            break
-    return used
-
-
-def _fresh_id(given: str, used: set[str], iteration: int) -> str:
-    """`given`, or, when the turn used it already, `given_r{iteration}_{n}`.
-
-    The same rule names a call's `tool.delta` while the model writes it and its
-    `tool.started` after, so a client joins the two.
-    """
-    new_id, n = given, 1
-    while not new_id or new_id in used:  # letters, digits, `_`: every provider's ids
-        new_id, n = f"{given or 'call'}_r{iteration}_{n}", n + 1
-    return new_id
 
 
 def _fatal(response: ModelResponse, calls: tuple[ToolCallPart, ...]) -> TurnError | None:
