@@ -157,7 +157,7 @@ async def _call(
         block_key=block_key,
         on_answer=(lambda seen: thinking.start("tool-loop", seen)) if thinking else None,
         answer_after_chars=ANSWER_UNDER_WAY_CHARS,
-        call_id=call_namer(transcript, iteration),
+        call_id=call_namer(prepared.transcript, iteration),
     )
     await after_model_response(ctx, "tool-loop", prepared.request, result.response)
     ctx.recorder.notes.reasoning.append(result.response.thinking)  # read only by the summary
