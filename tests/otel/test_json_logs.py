@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import sys
@@ -11,12 +12,12 @@ import pytest
 from tests.conftest import RuntimeFactory
 from tests.otel.conftest import Telemetry
 
-from turnkit import Agent
+from turnkit import Agent, Approve, tool
 from turnkit.errors import ProviderError
-from turnkit.events import DoneEvent
+from turnkit.events import ApprovalRequestedEvent, DoneEvent
 from turnkit.models.family import ModelFamily
 from turnkit.runtime.logs import JsonLogFormatter
-from turnkit.testing import ModelStep, ScriptedModel, collect_events
+from turnkit.testing import ModelStep, ScriptedModel, call, collect_events
 
 
 class _Lines(logging.Handler):
@@ -96,3 +97,42 @@ def test_a_notice_written_in_pieces_is_one_json_line(json_lines: _Lines) -> None
     said.flush()
     messages = [json.loads(line)["message"] for line in json_lines.lines]
     assert messages == ["OpenTelemetry on (console spans)", "half a line", "and the rest"]
+
+
+@tool(approval="always")
+async def send_email(to: str) -> str:
+    """Send an email (needs a person's approval)."""
+    return f"sent to {to}"
+
+
+async def test_a_turns_ending_line_joins_its_attempt_not_the_request_that_resumed_it(
+    runtime_factory: RuntimeFactory, otel: Telemetry, json_lines: _Lines
+) -> None:
+    """`finished turn` is written once the attempt's span has ended: it still names it."""
+    model = ScriptedModel(
+        [
+            ModelStep.tool_call_reply(call("send_email", to="ada@example.com")),
+            ModelStep.text_reply("Sent."),
+        ]
+    )
+    runtime = runtime_factory(Agent(model=model, tools=[send_email]))
+    events = await collect_events(runtime.execute_message("s1", "email Ada"))
+    asked = events[-1]
+    assert isinstance(asked, ApprovalRequestedEvent)
+    tracer = otel.tracer_provider.get_tracer("tests")
+    with tracer.start_as_current_span("POST /approvals"):  # the approval route's request
+        await runtime.resume(asked.turn_id, asked.request_id, Approve())
+    async with asyncio.timeout(10):
+        async for _ in runtime.reader().follow(asked.turn_id):
+            pass
+        while len(otel.named("invoke_agent ")) < 2:
+            await asyncio.sleep(0.01)
+    lines = [json.loads(line) for line in json_lines.lines]
+    finished = [line for line in lines if line["message"].startswith("finished turn")]
+    assert [line["message"].split(": ")[1].split(" in ")[0] for line in finished] == [
+        "awaiting_approval",
+        "succeeded",
+    ]
+    for line, span in zip(finished, otel.named("invoke_agent "), strict=True):
+        assert line["trace_id"] == format(span.context.trace_id, "032x")
+        assert line["span_id"] == format(span.context.span_id, "016x")

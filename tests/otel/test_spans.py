@@ -556,8 +556,10 @@ async def test_without_content_capture_no_span_quotes_a_tool_or_a_provider(
     assert tool_span.status.description == "tool-failed"
     failed = [s for s in otel.named("chat ") if s.status.status_code is StatusCode.ERROR]
     assert [s.status.description for s in failed] == ["provider-error"]
-    exported = str([(s.status.description, s.events, s.attributes) for s in otel.spans()])
-    assert "SECRET" not in exported
+    exported = [
+        (s.status.description, s.attributes, [e.attributes for e in s.events]) for s in otel.spans()
+    ]
+    assert "SECRET" not in str(exported)
     assert [dict(e.attributes or {}) for e in failed[0].events] == [
         {"exception.type": "provider-error"}
     ]
@@ -575,6 +577,37 @@ async def test_with_content_capture_the_exception_event_keeps_its_type_and_adds_
     assert event["exception.type"] == "provider-error"  # as without capture: one grouping
     assert "SECRETPROMPT" in str(event["exception.message"])
     assert "ProviderError" in str(event["exception.stacktrace"])
+
+
+def _raised_from_a_raw_error() -> ProviderError:
+    """turnkit's error, raised from the provider's raw one (which quotes a credential)."""
+    try:
+        try:
+            raise RuntimeError("header Authorization: Bearer sk-RAWKEY0123456789abcdef")
+        except RuntimeError as raw:
+            raise ProviderError(
+                "the provider refused the key (Bearer ***)", status_code=401
+            ) from raw
+    except ProviderError as exc:
+        return exc
+
+
+async def test_with_content_capture_the_stack_leaves_out_the_raw_error_turnkits_came_from(
+    runtime_factory: RuntimeFactory, otel: Telemetry
+) -> None:
+    set_capture_content(True)
+    runtime = runtime_factory(
+        Agent(model=ScriptedModel([ModelStep.fail(_raised_from_a_raw_error())]))
+    )
+    await collect_events(runtime.execute_message("s1", "hi"))
+    [failed] = [s for s in otel.named("chat ") if s.status.status_code is StatusCode.ERROR]
+    [event] = [dict(e.attributes or {}) for e in failed.events]
+    assert "Bearer ***" in str(event["exception.message"])
+    assert "ProviderError" in str(event["exception.stacktrace"])
+    exported = [
+        (s.status.description, s.attributes, [e.attributes for e in s.events]) for s in otel.spans()
+    ]
+    assert "RAWKEY" not in str(exported)
 
 
 async def test_a_captured_tool_result_is_the_one_past_the_guardrails(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import traceback
 from collections.abc import Awaitable
 from contextvars import Token
 from typing import Any
@@ -323,10 +324,16 @@ def _record(span: Span, exc: BaseException) -> None:
     """The `exception` event: whole with content capture on, else its type only.
 
     `exception.type` is the error's type either way (turnkit's code), so grouping by it
-    does not change when capture is switched; the stack names the class.
+    does not change when capture is switched; the stack names the class. The stack of
+    turnkit's own error stops at it: the error it was raised from (a provider's, as the
+    client library raised it) may quote a credential that turnkit's message masks.
     """
     if capture_content():
-        span.record_exception(exc, attributes={"exception.type": error_type(exc)})
+        attributes = {"exception.type": error_type(exc)}
+        if isinstance(exc, TurnkitError):
+            stack = "".join(traceback.format_exception(exc, chain=False))
+            attributes["exception.stacktrace"] = stack
+        span.record_exception(exc, attributes=attributes)
     else:
         span.add_event("exception", {"exception.type": error_type(exc)})
 

@@ -106,6 +106,13 @@ class TurnTrace:
     def held(self, seconds: float) -> None:
         """The attempt waited `seconds` for its stream's opening before its first step."""
 
+    def ids(self) -> tuple[str, str] | None:
+        """The attempt span's trace id (32 hex digits) and span id (16); None untraced.
+
+        For a log line about the attempt written after its span ended (its ending).
+        """
+        return None
+
     def end(self, recorder: Recorder | None, *, lease_lost: bool) -> None:
         """The attempt is over: close its spans and count its outcome."""
 
@@ -266,6 +273,12 @@ class _LiveTurn(TurnTrace):
 
     def held(self, seconds: float) -> None:
         self.span.set_attribute("turnkit.held_ms", round(seconds * 1000, 3))
+
+    def ids(self) -> tuple[str, str] | None:
+        context = self.span.get_span_context()
+        if not context.is_valid:
+            return None
+        return format(context.trace_id, "032x"), format(context.span_id, "016x")
 
     def stage(self, name: str, *, fresh: bool = False) -> Span:
         """The open span of stage `name`; a new one when `fresh` (the stage starts again)."""

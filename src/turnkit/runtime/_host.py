@@ -244,7 +244,7 @@ class TurnHost:
                     if driver.recorder is None and not driver.lease_lost:  # before it began
                         with contextlib.suppress(Exception):
                             await asyncio.shield(self.end_cancelled(turn_id, stopped=True))
-                said.finished(said.outcome(driver))
+                said.finished(said.outcome(driver), driver)
                 await self._after(driver)  # also when the caller closed the stream (abort)
 
     def detach(
@@ -293,7 +293,7 @@ class TurnHost:
                 try:
                     await entry.driver.run(hold_until=hold_until)
                 finally:
-                    said.finished(said.outcome(entry.driver))
+                    said.finished(said.outcome(entry.driver), entry.driver)
                 entry.ran = True
         except TurnNotFoundError:  # its session was deleted meanwhile: nothing left to write
             log.info("turn %s ended with its session, deleted while it ran", turn_id)

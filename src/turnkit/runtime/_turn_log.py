@@ -79,7 +79,12 @@ class TurnLog:
         pause = recorder.notes.pending_pause if recorder is not None else None
         return awaiting(pause.kind) if pause is not None else "ended"
 
-    def finished(self, outcome: str) -> None:
+    def finished(self, outcome: str, driver: TurnDriver | None = None) -> None:
+        """The turn's ending line; with the trace ids of `driver`'s attempt span, if any.
+
+        It is written once that span has ended, maybe inside another span (the request
+        that answered a pause): the line still joins the attempt it tells the end of.
+        """
         seconds = self._clock.monotonic() - self._started
         took = f"{seconds * 1000:.0f} ms" if seconds < 1 else f"{seconds:.1f} s"
         self._log.info(
@@ -88,13 +93,18 @@ class TurnLog:
             self._lease.session_id,
             outcome,
             took,
-            extra=self._about,
+            extra=self._about | _trace_ids(driver),
         )
 
     @property
     def _about(self) -> dict[str, str]:
         """What a JSON line says the record is about (`turnkit.runtime.logs`)."""
         return {"turn_id": self._lease.turn_id, "session_id": self._lease.session_id}
+
+
+def _trace_ids(driver: TurnDriver | None) -> dict[str, str]:
+    ids = driver.trace_ids if driver is not None else None
+    return {"trace_id": ids[0], "span_id": ids[1]} if ids is not None else {}
 
 
 async def hand_over_all(store: Store, leases: Iterable[Lease], log: logging.Logger) -> None:

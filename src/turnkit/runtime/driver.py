@@ -121,6 +121,9 @@ class TurnDriver:
         self._ending_written = False
         """Its ending is committed: nothing resumes the turn now (its checkpoints may go)."""
         self.recorder: Recorder | None = None
+        self.trace_ids: tuple[str, str] | None = None
+        """The trace id and span id of this attempt's span, once it began (None untraced):
+        the log line saying how the turn ended names them, written after the span ended."""
         self.skipped: list[UnreadableEvent] = []
         """Committed events of the turn this attempt could not decode (left out)."""
         self._started = time.perf_counter()
@@ -167,6 +170,7 @@ class TurnDriver:
         `cancelled`.
         """
         trace: TurnTrace = attempt(self.record, self.lease, self.traceparent)
+        self.trace_ids = trace.ids()
         turn_logging(self.lease.turn_id, self.lease.session_id)  # this task is the turn's
         try:
             rec, self.skipped = await open_recorder(

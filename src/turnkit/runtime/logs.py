@@ -34,8 +34,9 @@ class JsonLogFormatter(logging.Formatter):
     """A record as one line of JSON.
 
     Keys: `time` (UTC, RFC 3339), `level`, `logger`, `message`; `turn_id` and
-    `session_id` when the line is about one turn; `trace_id` and `span_id` when it was
-    written inside a recorded span; `error` (`Type: message`) when it carries an
+    `session_id` when the line is about one turn; `trace_id` and `span_id` when the record
+    names them (a line about a span that has ended: a turn's ending) or it was written
+    inside a recorded span; `error` (`Type: message`) when it carries an
     exception, and with `tracebacks` its `traceback` too.
     """
 
@@ -59,7 +60,10 @@ class JsonLogFormatter(logging.Formatter):
             session_id = getattr(record, "session_id", None) or (turn[1] if turn else None)
             if session_id is not None:
                 line["session_id"] = session_id
-        if (ids := current_trace_ids()) is not None:
+        named = getattr(record, "trace_id", None), getattr(record, "span_id", None)
+        if named[0] is not None and named[1] is not None:  # a line about a span that ended
+            line["trace_id"], line["span_id"] = named
+        elif (ids := current_trace_ids()) is not None:
             line["trace_id"], line["span_id"] = ids
         if record.exc_info and record.exc_info[1] is not None:
             error = record.exc_info[1]

@@ -256,6 +256,7 @@ class Worker:
         assert task is not None
         said = TurnLog(log, lease, self.runtime.clock, fallback_level=logging.WARNING)
         outcome = "ended"
+        driver: TurnDriver | None = None
         async with BufferPublisher(self.runtime.replay, lease.turn_id) as publisher:
             try:
                 host = self.runtime.host
@@ -279,7 +280,7 @@ class Worker:
             finally:
                 self._drivers.pop(task, None)
                 self._stopped.discard(task)
-                said.finished(outcome)
+                said.finished(outcome, driver)
 
     async def sweep(self) -> list[str]:
         """End orphaned runs now; returns their turn ids.
