@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pydantic import JsonValue
@@ -57,13 +57,27 @@ class RuntimeControl(RuntimeReads):
         return await self._stop(turn_id, principal)
 
     async def _stop(self, turn_id: str, principal: Principal | str | None) -> TurnStatus:
-        """`cancel`, for any turn (the asked turns a stopped turn waited on included)."""
-        if self._recovery is not None:  # a turn this process took over: stop it at once
-            await self._recovery[2].stop(TurnId(turn_id))
-        status = await self.host.cancel(TurnId(turn_id), by=_id_of(principal))
+        """`cancel`, for any turn (the asked turns a stopped turn waited on included).
+
+        The transaction that ends the turn stops what it asked in the Store; this process
+        then stops a driver of theirs here at once and hands their readers the ending:
+        the turn's driver here, if it wrote the ending (`_stop_asked_by`), else this Stop.
+        """
+        key = TurnId(turn_id)
+        self._stopping[key] = self._stopping.get(key, 0) + 1
+        try:
+            if self._recovery is not None:  # a turn this process took over: stop it at once
+                await self._recovery[2].stop(key)
+            status = await self.host.cancel(key, by=_id_of(principal))
+            told = key in self._told_here
+        finally:
+            if (left := self._stopping.pop(key) - 1) > 0:
+                self._stopping[key] = left
+            else:
+                self._told_here.discard(key)
         if status == "cancelled":  # ended in the Store, or by its driver here
             self.forget_ended(turn_id)
-        if status in ("cancelled", "running"):  # "running": its driver elsewhere is told
+        if status in ("cancelled", "running") and not told:  # "running": flagged elsewhere
             await self._cancel_asked(turn_id, principal)  # what it asked stops now too
         return status
 
@@ -199,9 +213,16 @@ class RuntimeControl(RuntimeReads):
     def _stop_asked(self) -> StopAsked:
         return self._stop_asked_by
 
-    async def _stop_asked_by(self, turn_id: TurnId) -> None:
-        """Stop the asked turns a turn that ended waited on (nobody reads their answers)."""
-        await self._cancel_asked(turn_id, None)
+    async def _stop_asked_by(self, turn_id: TurnId, stopped: Sequence[TurnId]) -> None:
+        """A driver here wrote `turn_id`'s ending, which stopped `stopped` in the Store.
+
+        A driver of one of them here stops at once (not at its next renewal), and their
+        readers get their endings. A Stop of `turn_id` under way here leaves this to it.
+        """
+        if turn_id in self._stopping:
+            self._told_here.add(turn_id)
+        for asked in stopped:
+            await self._stop(asked, None)
 
     async def _cancel_asked(self, turn_id: str, principal: Principal | str | None) -> None:
         """Stop the asked agents' turns whose requests a stopped turn waited on."""

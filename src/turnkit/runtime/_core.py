@@ -134,6 +134,11 @@ class RuntimeCore:
         """Closed by `close` (and not opened again): its methods refuse to open it."""
         self._close_checkpointer: Callable[[], Awaitable[None]] | None = None
         self._recovery: tuple[asyncio.Event, asyncio.Task[None], Worker] | None = None
+        self._stopping: dict[TurnId, int] = {}
+        """Turns a Stop here is ending (by how many Stops at once)."""
+        self._told_here: set[TurnId] = set()
+        """Turns of `_stopping` whose driver here wrote the ending and stopped what it
+        asked: the Stop leaves that to it."""
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid7()[-12:]}"
         """This runtime's lease owner name."""
         self.host = TurnHost(

@@ -65,8 +65,9 @@ log = logging.getLogger("turnkit.runtime")
 
 Sink = Callable[[DurableEvent | EphemeralEvent | None], None]
 """Where the driver sends events; `None` marks the end of the turn."""
-StopAsked = Callable[[TurnId], Awaitable[None]]
-"""Stops the turns of the agents asked as tools whose requests a turn waited on."""
+StopAsked = Callable[[TurnId, Sequence[TurnId]], Awaitable[None]]
+"""Told that a turn's ending (written by its driver here) stopped the listed turns of the
+agents it asked, in the Store: a driver of one in this process stops at once."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -230,27 +231,27 @@ class TurnDriver:
         self._leave_aftermath()
 
     async def _stop_what_it_asked(self) -> None:
-        """A turn that ended without the answer of an agent it asked stops that agent's turn.
+        """Tell the runtime the turn's ending is written, and which asked turns it stopped.
 
-        Its request was answered and handed on, so the asked turn would go on (or wait for a
-        driver) with nobody to read its answer: say the asking turn resumed after a deploy
-        removed or changed its agent (`agent-not-found`) before its call followed the asked
-        turn again. Done before this driver's slot is free, so the worker that drove it does
-        not claim the asked turn meanwhile. A succeeded turn followed each to its end.
+        A turn that ended without the answer of an agent it asked, whose request it was
+        handed, stops that agent's turn in the transaction of its ending (see
+        `Store.commit`): say the asking turn resumed after a deploy removed or changed its
+        agent (`agent-not-found`) before its call followed the asked turn again. Nothing is
+        left to a process that may die after that ending; here a driver of such a turn in
+        this process is stopped at once, before this driver's slot is free, so the worker
+        that drove it does not claim the asked turn meanwhile. A succeeded turn followed
+        each to its end.
         """
         rec = self.recorder
-        if (
-            rec is None
-            or not rec.journal.asked
-            or not self._ending_written
-            or self._succeeded
-            or self.lease_lost
-            or self.stop_asked is None
-        ):
+        if rec is None or not self._ending_written or self.lease_lost or self.stop_asked is None:
             return
+        stopped = rec.notes.stopped_asked
         try:
+            if not stopped:  # nothing to stop: only a Stop under way here is told
+                await self.stop_asked(self.lease.turn_id, stopped)
+                return
             async with asyncio.timeout(self.config.idle_window_s):
-                await self.stop_asked(self.lease.turn_id)
+                await self.stop_asked(self.lease.turn_id, stopped)
         except Exception as exc:  # noqa: BLE001 - never mask how the turn ended
             log.warning("stopping what %s asked failed: %s", self.lease.turn_id, exc)
 

@@ -114,6 +114,10 @@ class TurnLedger(Protocol):
         turn ends, guide messages it never presented (input seq above
         `guides_consumed_through`) are re-queued as turns of their own, in the same
         transaction: a message that arrived mid-run is answered, never stranded.
+        A turn that ends other than `succeeded` stops, in the same transaction, the
+        unfinished turns of the agents it asked whose requests it was handed (one no live
+        driver holds ends `cancelled`, one a live driver holds is flagged as by `cancel`):
+        nobody reads their answers any more (`CommitResult.stopped_asked` lists them).
 
         Rejects a stale `epoch` with `StaleEpochError` and an illegal status move with
         `StoreError`; an already-stored `(turn_id, seq)` is kept as is (no error).
@@ -327,7 +331,8 @@ class Canceller(Protocol):
         A paused, queued or orphaned turn is ended here (a `done` event with status
         `cancelled`, its epoch moved on) and `cancelled` is returned. A turn with a live
         lease gets `cancel_requested` and `running` is returned: its driver stops at its
-        next renewal. A finished turn is left as it is and its status returned.
+        next renewal. A finished turn is left as it is and its status returned. A turn
+        ended here stops the turns of the agents it asked as `commit`'s ending does.
         `stopped_owner`: that owner's drivers of the turn have stopped, so a lease it holds
         counts as lapsed. `by`: who pressed Stop; each request a paused turn waited on gets
         a `pauseAnswer` audit row (decision `stopped`) saying so.

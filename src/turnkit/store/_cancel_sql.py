@@ -1,15 +1,18 @@
 """Cancelling a turn: end it here when no live driver holds it, else flag it for the driver.
 
 A turn ended here closes its open pause requests and gives the guide messages it never
-presented turns of their own, as a driver's ending does.
+presented turns of their own, as a driver's ending does. Any ending of a turn but a
+success also stops, in its own transaction, the turns of the agents it asked whose
+requests it was handed (`stop_asked`): nobody is left to read their answers.
 
 Runs inside one transaction on a sync `Connection` (see `SqlStore._tx`).
 """
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
-from typing import Any
+from typing import Any, Final
 
 from sqlalchemy import Connection, select, update
 
@@ -31,12 +34,20 @@ from turnkit.store._schema import (
     aware,
     event_values,
     events,
+    pauses,
     turns,
 )
 from turnkit.store._submit_sql import requeue_guides
 from turnkit.store._turns_sql import read_usage
 
-__all__ = ("cancel",)
+__all__ = ("ASKED_PAYLOAD", "cancel", "stop_asked")
+
+ASKED_PAYLOAD: Final = '%"asked":%'
+"""A saved request an asked agent may have handed over (`LIKE`, loose on purpose: it holds
+whatever way the JSON is spaced, and `stop_asked` reads each match exactly)."""
+
+_DEPTH: Final = 16
+"""How deep agents ask agents (as deep as delegated sessions go)."""
 
 
 def cancel(
@@ -45,11 +56,13 @@ def cancel(
     now: datetime,
     stopped_owner: str | None = None,
     by: str | None = None,
+    depth: int = 0,
 ) -> str | None:
     """Cancel here if no live driver holds the turn, else flag it. None: no such turn.
 
     `stopped_owner`: a lease that owner holds counts as lapsed (its drivers have stopped).
-    `by`: who pressed Stop, recorded on each request the turn waited on.
+    `by`: who pressed Stop, recorded on each request the turn waited on. A turn ended
+    here stops what it asked (`stop_asked`), `depth` levels down already.
     """
     row = conn.execute(
         select(
@@ -100,12 +113,52 @@ def cancel(
         )
     )
     if won.rowcount != 1:
-        return cancel(conn, turn_id, now, stopped_owner, by)  # it moved under us: look again
+        return cancel(conn, turn_id, now, stopped_owner, by, depth)  # it moved: look again
     conn.execute(events.insert(), [event_values(turn_id, e) for e in ending])
     release(conn, turn_id)  # a driver that died mid-call left its reservation
     close_open_pauses(conn, turn_id, stopped_at=now, by=by)
     requeue_guides(conn, turn_id, _presented_through(conn, turn_id, row.input_seq), now)
+    stop_asked(conn, turn_id, now, by=by, depth=depth)
     return "cancelled"
+
+
+def stop_asked(
+    conn: Connection, turn_id: TurnId, now: datetime, *, by: str | None = None, depth: int = 0
+) -> list[TurnId]:
+    """Stop the unfinished turns of the agents `turn_id` asked whose requests it was handed.
+
+    Run in the transaction that ends `turn_id` without its success: each such turn no
+    live driver holds ends `cancelled` here (and stops what it asked in turn); one a live
+    driver holds is flagged, so that driver, or whoever takes it over, ends it
+    `cancelled`. Returns the turns it stopped or flagged.
+    """
+    if depth >= _DEPTH:
+        return []
+    rows = conn.execute(
+        select(pauses.c.payload).where(
+            pauses.c.turn_id == turn_id, pauses.c.payload.like(ASKED_PAYLOAD)
+        )
+    ).all()
+    stopped: list[TurnId] = []
+    for asked in dict.fromkeys(_asked_turn(payload) for (payload,) in rows):
+        if asked is None:
+            continue
+        status = conn.execute(
+            select(turns.c.status).where(turns.c.turn_id == asked)
+        ).scalar_one_or_none()
+        if status in UNFINISHED and cancel(conn, asked, now, by=by, depth=depth + 1):
+            stopped.append(asked)
+    return stopped
+
+
+def _asked_turn(payload: str) -> TurnId | None:
+    """The asked agent's turn a saved request stands for (None: the turn's own request)."""
+    try:
+        asked = json.loads(payload).get("asked")
+    except (ValueError, AttributeError):
+        return None
+    turn = asked.get("turn_id") if isinstance(asked, dict) else None
+    return TurnId(turn) if isinstance(turn, str) else None
 
 
 def _spent(row: Any, spent: UsageDelta) -> RunSummary | None:

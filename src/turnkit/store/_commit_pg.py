@@ -10,11 +10,12 @@ as any single statement.
 If the fence refuses, nothing is written and the caller runs the full transaction, which
 says why (a stale epoch, a refused move) or does what the statement leaves out. An ending
 also refuses while a guide message the turn never presented waits on its row: re-queueing
-guides is the full transaction's work. The statement looks for such guides twice: in the
-turn's inputs, as its snapshot has them, and on the turn's row, where every guide writes
-its seq. A guide committed while the ending waited for that row is not in the snapshot,
-but the ending re-checks the row's new version (and a guide an older turnkit committed,
-which writes no seq on the row, is in the snapshot).
+guides is the full transaction's work; so is stopping the agents a turn that did not
+succeed asked, whose requests it was handed (`_cancel_sql.stop_asked`). The statement
+looks for such guides twice: in the turn's inputs, as its snapshot has them, and on the
+turn's row, where every guide writes its seq. A guide committed while the ending waited
+for that row is not in the snapshot, but the ending re-checks the row's new version (and
+a guide an older turnkit committed, which writes no seq on the row, is in the snapshot).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from turnkit.audit import UsageDelta
 from turnkit.ids import TurnId
 from turnkit.store import CommitResult, Rider
 from turnkit.store._budget_counts import CHAIN_PG, COUNTED_PG
+from turnkit.store._cancel_sql import ASKED_PAYLOAD
 
 __all__ = ("APPEND", "END", "append", "end")
 
@@ -102,6 +104,9 @@ WITH RECURSIVE fence AS (
     WHERE turn_id = $1 AND lease_epoch = $2 AND status = ANY($22::varchar[])
         AND ($23::int IS NULL OR newest_guide_seq <= $23 AND NOT EXISTS (
             SELECT FROM tk_inputs i WHERE i.turn_id = $1 AND i.delivery = 'guide' AND i.seq > $23
+        ))
+        AND ($19 = 'succeeded' OR NOT EXISTS (
+            SELECT FROM tk_pauses p WHERE p.turn_id = $1 AND p.payload LIKE '{ASKED_PAYLOAD}'
         ))
     RETURNING session_id, input_seq, newest_guide_seq
 ), dropped AS (

@@ -25,6 +25,7 @@ from turnkit.store import (
     _transcripts_sql as transcripts_sql,
 )
 from turnkit.store._budget_counts import ADD_SPEND, spend_params
+from turnkit.store._cancel_sql import stop_asked
 from turnkit.store._schema import (
     SOURCES as _SOURCES,
     audit as _audit,
@@ -159,6 +160,10 @@ def commit(
         # The guides themselves, in a statement of their own: on PostgreSQL it reads a
         # snapshot taken after the move above, which saw any guide that waited for the row.
         requeued = requeue_guides(conn, turn_id, guides_consumed_through, clock.now())
+    stopped: tuple[TurnId, ...] = ()
+    if status in TERMINAL_STATES and status != "succeeded":
+        # Nobody reads the answers of the agents it asked any more (see `stop_asked`).
+        stopped = tuple(stop_asked(conn, turn_id, clock.now()))
     if pause is not None:
         session_id = conn.execute(_SESSION_OF, {"p_turn": turn_id}).scalar_one()
         pauses_sql.open_pause(conn, insert, turn_id, session_id, pause, clock.now())
@@ -179,7 +184,7 @@ def commit(
                 conn.execute(hot.release_reservation, {"turn_id": turn_id})
                 spend = spend_params(turn_id, delta.cost_usd, tokens, clock.now())
                 conn.execute(ADD_SPEND, spend)
-    return CommitResult(newest_guide_seq=newest_guide, requeued=requeued)
+    return CommitResult(newest_guide_seq=newest_guide, requeued=requeued, stopped_asked=stopped)
 
 
 def _settled(*, summary: bool, release: bool) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from sqlalchemy import Connection, and_, or_, select, update
 from turnkit.events import DoneEvent, ErrorEvent
 from turnkit.ids import TurnId
 from turnkit.store._budgets_sql import release
+from turnkit.store._cancel_sql import stop_asked
 from turnkit.store._jobs_sql import cut_jobs
 from turnkit.store._lease_sql import spent_after_claim
 from turnkit.store._schema import event_values, events, turns
@@ -69,7 +70,8 @@ def orphan(conn: Connection, turn_id: TurnId) -> Orphan | None:
 def sweep(conn: Connection, row: Orphan, now: datetime, reason: str) -> bool:
     """Time one orphaned turn out: bump its epoch, append `error` + `done`. False if it moved.
 
-    A job its dead driver left running is completed first, as an error.
+    A job its dead driver left running is completed first, as an error; the turns of the
+    agents it asked whose requests it was handed are stopped (`stop_asked`).
     """
     common: dict[str, Any] = {
         "session_id": row.session_id,
@@ -109,4 +111,5 @@ def sweep(conn: Connection, row: Orphan, now: datetime, reason: str) -> bool:
     error = ErrorEvent(seq=seq, code="deadline-exceeded", message=reason, **common)
     done = DoneEvent(seq=seq + 1, status="timed_out", error_code="deadline-exceeded", **common)
     conn.execute(events.insert(), [event_values(row.turn_id, e) for e in (*jobs, error, done)])
+    stop_asked(conn, TurnId(row.turn_id), now)
     return True

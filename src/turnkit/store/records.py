@@ -303,6 +303,9 @@ class CommitResult:
     """The newest guide message attached to the turn (0: none)."""
     requeued: int = 0
     """Guide messages re-queued as turns of their own by this (terminal) commit."""
+    stopped_asked: tuple[TurnId, ...] = ()
+    """The turns of agents the turn asked that this ending stopped or flagged for their
+    drivers (an ending other than a success; see `Store.commit`)."""
     carried: bool = False
     """The commit's `rider` was written in the same statement (see `Rider`)."""
 

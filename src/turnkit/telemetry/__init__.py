@@ -387,6 +387,7 @@ class Recorder:
         notes = self.notes
         notes.newest_guide_seq = max(notes.newest_guide_seq, result.newest_guide_seq)
         notes.requeued += result.requeued
+        notes.stopped_asked += result.stopped_asked
         self.last_activity = self.clock.monotonic()
         if events:
             self.publish(tuple(events))

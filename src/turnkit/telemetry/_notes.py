@@ -18,6 +18,7 @@ from pydantic import JsonValue
 from turnkit.blocks import ToolResultBlock
 from turnkit.context.prefix import PreviousRequest
 from turnkit.context.transcript import TranscriptMessage
+from turnkit.ids import TurnId
 from turnkit.pauses import PauseRequest
 
 __all__ = ("TurnNotes",)
@@ -86,6 +87,8 @@ class TurnNotes:
     """The newest guide the Store reported at the last commit."""
     requeued: int = 0
     """Guide messages the ending commit re-queued as turns of their own."""
+    stopped_asked: tuple[TurnId, ...] = ()
+    """The asked agents' turns the ending commit stopped (see `CommitResult`)."""
 
     @contextmanager
     def waiting_on(self, what: str) -> Iterator[None]:
