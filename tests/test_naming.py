@@ -78,6 +78,14 @@ def test_the_opening_name_is_the_first_line_cut_at_a_word() -> None:
     assert QUESTION.startswith(long[:-1])
 
 
+def test_only_a_whole_leading_slug_is_dropped_from_the_opening_name() -> None:
+    # A `/slug` is the first word; a path that opens a message is not one.
+    assert opening_title("/etc/hosts is broken") == "/etc/hosts is broken"
+    assert opening_title("/usr/bin/python crashed") == "/usr/bin/python crashed"
+    assert opening_title("/haiku") == "/haiku"  # nothing after it: the message itself
+    assert opening_title("/haiku autumn rain") == "autumn rain"
+
+
 async def test_the_utility_model_replaces_the_opening_name(db: tuple[str, str | None]) -> None:
     model = ScriptedModel([ModelStep.text_reply("Housing, leverage, and trust.")])
     agent = Agent(model=model, utility_model=_utility("Causes of the 2008 crisis"))
@@ -346,6 +354,10 @@ async def test_a_rename_from_python_is_checked_as_over_http(tmp_path: Path) -> N
                 await runtime.rename_session("s1", bad)
         with pytest.raises(SessionNotFoundError):
             await runtime.rename_session("nobody", "Fine")
+        for bad in ("", "   ", "x" * 501):
+            with pytest.raises(InvalidInputError, match="1-500 characters"):
+                await runtime.create_session("s2", title=bad)
+        assert await runtime.store.get_session(SessionId("s2")) is None  # nothing written
         renamed = await runtime.rename_session("s1", "Trip to Lisbon")
         assert renamed.title == "Trip to Lisbon"
         assert (await runtime.session("s1")).title == "Trip to Lisbon"

@@ -28,7 +28,7 @@ from turnkit.runtime._validate import (
     MessageContent,
     TurnRequest,
     check_session_id,
-    check_text,
+    check_title,
     validate_request,
 )
 from turnkit.runtime.agents import allowed_tools
@@ -121,8 +121,10 @@ class SessionRuntime(RuntimeControl, RuntimeCallbacks, RuntimeBudgets, RuntimeRe
         With `claim=True` the new turn is also claimed for this runtime in the same
         transaction (when its session lets it run now): `Submission.lease` is then set.
 
-        A worker (or `execute_message`) runs the turn. A `request_id` already used in the
-        session returns the first submission and writes nothing.
+        A worker, or a runtime with `recover_in_process`, runs the turn (`execute_message`
+        and `start` submit and run in one call; given this turn's `request_id`, they follow
+        it, and it waits for one of those). A `request_id` already used in the session
+        returns the first submission and writes nothing.
 
         Before anything is written the message passes the admission chain (department,
         agent visibility, model, budget policy, attached `documents`, and the app's own
@@ -242,11 +244,14 @@ class SessionRuntime(RuntimeControl, RuntimeCallbacks, RuntimeBudgets, RuntimeRe
 
         A bare id is a principal of the default organisation; None: nobody owns it. Ids
         beginning `tk-sub.` are kept for agents asked as tools (`InvalidInputError`).
+        A `title` is checked as a rename's is: 1-500 characters, not only white space
+        (`InvalidInputError`, nothing written); a session created with one is never
+        named over.
         """
         sid = check_session_id(session_id)
         refuse_delegated(sid)
         if title is not None:
-            check_text(title, "the title")
+            check_title(title)
         owner = Principal.of(principal)
         await self._ensure_open()
         return await self.store.create_session(

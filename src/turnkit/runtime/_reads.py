@@ -13,7 +13,7 @@ from turnkit.projection import PendingDecision, QueuedInput, SessionView, TurnVi
 from turnkit.runtime._core import RuntimeCore
 from turnkit.runtime._follow import until_waiting
 from turnkit.runtime._history import TurnHistory, session_view, turn_history, turn_view
-from turnkit.runtime._validate import check_session_id, check_text
+from turnkit.runtime._validate import check_session_id, check_title
 from turnkit.states import PAUSED_STATES, TERMINAL_STATES
 from turnkit.store import SessionRecord, TurnRecord
 from turnkit.store.records import skip_unreadable
@@ -146,12 +146,8 @@ class RuntimeReads(RuntimeCore):
                 characters, or holds a NUL.
             SessionNotFoundError: there is no such session.
         """
-        if not isinstance(title, str) or not title.strip() or len(title) > 500 or "\x00" in title:
-            raise InvalidInputError(
-                "a session title is 1-500 characters, not only white space, without NUL"
-            )
+        check_title(title)
         sid = check_session_id(session_id)
-        check_text(title, "the title")  # storable text, as a title given at creation
         await self._ensure_open()
         return await self.store.rename_session(sid, title)
 

@@ -24,6 +24,7 @@ __all__ = (
     "TurnRequest",
     "check_session_id",
     "check_text",
+    "check_title",
     "split_content",
     "validate_request",
 )
@@ -117,6 +118,28 @@ def check_text(value: str, what: str) -> str:
                 field=what,
             ) from None
     return value
+
+
+MAX_TITLE_CHARS = 500
+"""The longest session title a caller may give (at creation or in a rename)."""
+
+
+def check_title(title: str) -> str:
+    """A session title a caller gave, or `InvalidInputError` (nothing is written then).
+
+    1-500 characters, not only white space, and text a database can store: as the HTTP
+    bodies of `POST /sessions` and `PATCH /sessions/{id}` check it.
+    """
+    if (
+        not isinstance(title, str)
+        or not title.strip()
+        or len(title) > MAX_TITLE_CHARS
+        or "\x00" in title
+    ):
+        raise InvalidInputError(
+            "a session title is 1-500 characters, not only white space, without NUL"
+        )
+    return check_text(title, "the title")  # a lone surrogate: storable by no database
 
 
 def validate_request(

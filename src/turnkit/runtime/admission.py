@@ -276,8 +276,8 @@ class Admission:
         assert agent is not None
         assert request.department is not None
         own = self.family(agent.model)
-        if model is not None and model in (own.name, *(r.model for r in own.rungs)):
-            model = None if model == own.name else model  # the agent's own: no override
+        if model == own.name:
+            model = None  # the agent's own: no override (one of its rungs is served or not)
         if model is not None and model not in self.served():
             raise ModelNotAllowedError(
                 f"model {model!r} is not served here (served: {sorted(self.served())!r}); "

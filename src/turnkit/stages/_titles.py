@@ -9,11 +9,15 @@ __all__ = ("TITLE_CHARS", "opening_title")
 
 TITLE_CHARS: Final = 60
 
+_SLUG: Final = re.compile(r"^/[a-z0-9][a-z0-9-]{0,63}(?:\s+|$)")
+"""A `/slug` as a message picks a skill with it (`turnkit.skills`): a whole first word."""
+
 
 def opening_title(text: str) -> str:
     """A name read off a message: its first line, at most 60 characters, cut at a word."""
     line = next((part for part in text.splitlines() if part.strip()), text)
-    line = re.sub(r"\s+", " ", re.sub(r"^/[a-z0-9-]+\s*", "", line.strip())).strip()
+    # A leading `/slug` (a skill's pick: a whole first word) is dropped; a path is kept.
+    line = re.sub(r"\s+", " ", _SLUG.sub("", line.strip())).strip()
     line = line or text.strip() or "New chat"
     if len(line) <= TITLE_CHARS:
         return line
