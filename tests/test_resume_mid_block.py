@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import REDIS_URL, require_service
-from turnkit import Agent, ModelFamily, ProviderError, RuntimeConfig, SessionRuntime
+from turnkit import Agent, ModelFamily, ProviderError, RuntimeConfig, SessionRuntime, tool
 from turnkit.clock import SystemClock
 from turnkit.events import (
     DurableEvent,
@@ -25,8 +25,17 @@ from turnkit.events import (
     TurnRecoveringEvent,
     encode_event,
 )
-from turnkit.models import Finish, ModelChunk, ModelRequest, TextDelta, Usage, text_of
-from turnkit.replay import ReplayBuffer
+from turnkit.ids import TurnId
+from turnkit.models import (
+    Finish,
+    ModelChunk,
+    ModelRequest,
+    TextDelta,
+    ToolCallDelta,
+    Usage,
+    text_of,
+)
+from turnkit.replay import BufferEntry, ReplayBuffer
 from turnkit.replay.memory import InMemoryReplayBuffer
 from turnkit.runtime.reader import _Buffer, _snapshots
 
@@ -191,5 +200,105 @@ async def test_a_block_a_recovering_attempt_writes_again_is_snapshotted_from_its
     await buffer.publish("t1", [delta("Hel"), delta("lo")])  # the new attempt, from the start
     reader_buffer = _Buffer(buffer, "t1")
     await reader_buffer.sync()
-    [snapshot] = await _snapshots(reader_buffer, clock)
+    [snapshot], partial = await _snapshots(reader_buffer, clock)
     assert b'"text":"Hello"' in snapshot.data  # not "Hello, worHello"
+    assert partial == set()
+
+
+@tool
+async def look_up(n: int) -> int:
+    """Look a number up."""
+    return n
+
+
+class LooksUpThenWrites(SlowWriter):
+    """Calls `look_up`, then writes the answer as SlowWriter does: its block is still
+    being written when the tool loop's stage ends, and completes in synthesize."""
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
+        if not any(m.role == "tool" for m in request.messages):
+            yield ToolCallDelta(index=0, tool_call_id="c1", name="look_up", arguments='{"n": 1}')
+            yield Finish("tool_use", Usage(input_tokens=5, output_tokens=5))
+            return
+        async for chunk in super().stream(request):
+            yield chunk
+
+
+class _LosesItsData(InMemoryReplayBuffer):
+    """Loses every entry of a turn once `after` deltas were published, as a Redis that
+    restarted empty does; the next read fails (readers notice the outage)."""
+
+    def __init__(self, after: int) -> None:
+        super().__init__()
+        self.after = after
+        self.deltas = 0
+        self.fail_reads = 0
+
+    def publish_now(
+        self, turn_id: TurnId, entries: Sequence[tuple[int | None, bytes, bool]]
+    ) -> None:
+        super().publish_now(turn_id, entries)
+        self.deltas += sum(b'"message.delta"' in data for _, data, _ in entries)
+        if self.deltas >= self.after and self.after:
+            self.after = 0
+            self._turns.pop(turn_id, None)  # positions go on above the old ones, as in Redis
+            self.fail_reads = 1
+
+    async def read(
+        self, turn_id: TurnId, *, after: str, wait_s: float, limit: int = 500
+    ) -> list[BufferEntry]:
+        if self.fail_reads:
+            self.fail_reads -= 1
+            raise ConnectionError("Redis restarted")
+        return await super().read(turn_id, after=after, wait_s=wait_s, limit=limit)
+
+
+async def test_a_buffer_that_lost_a_blocks_start_sends_no_snapshot_of_its_tail(
+    tmp_path: Path,
+) -> None:
+    """Redis restarted empty mid-block: the reader follows the Store, comes back to the
+    buffer, and must not send a snapshot built from the deltas published since (the
+    block's tail, as if it were its text so far); the block arrives whole when complete."""
+    buffer = _LosesItsData(after=10)
+    agent = Agent(
+        model=LooksUpThenWrites(), tools=[look_up], skip_stages=frozenset({"anchor-plan"})
+    )
+    config = RuntimeConfig(database_url=f"sqlite:///{tmp_path / 'lost.db'}")
+    async with SessionRuntime(agent=agent, config=config, replay=buffer) as runtime:
+        submission = await runtime.start("s1", "write")
+        screen: dict[str, str] = {}
+        snapshots: list[str] = []
+        async with asyncio.timeout(20):
+            async for event in runtime.reader().events(submission.turn_id):
+                if isinstance(event, MessageSnapshotEvent):
+                    snapshots.append(event.text)
+                    screen[event.block_id] = event.text
+                elif isinstance(event, MessageDeltaEvent):
+                    screen[event.block_id] = screen.get(event.block_id, "") + event.text
+                elif isinstance(event, MessageCompleteEvent):
+                    whole = event.block.text
+                    assert whole.startswith(screen.get(event.block.block_id, "")), screen
+    assert whole == "".join(WORDS)
+    assert buffer.after == 0  # the buffer did lose its data mid-block
+    assert all("".join(WORDS).startswith(text) for text in snapshots), snapshots
+
+
+async def test_a_snapshot_of_a_block_whose_start_the_buffer_lacks_is_never_built() -> None:
+    buffer, clock = InMemoryReplayBuffer(), SystemClock()
+    ids = {"session_id": "s1", "turn_id": "t1", "ts": clock.now(), "stage_id": "tool-loop"}
+
+    def delta(text: str) -> tuple[None, bytes, bool]:
+        return (None, encode_event(MessageDeltaEvent(**ids, block_id="blk", text=text)), False)
+
+    # What a stream holds after Redis restarted empty mid-block: the block's tail only.
+    await buffer.publish("t1", [delta("word10 "), delta("word11 ")])
+    reader_buffer = _Buffer(buffer, "t1")
+    await reader_buffer.sync()
+    assert await _snapshots(reader_buffer, clock) == ([], {"blk"})
+    # A publisher whose publishes failed sends the text so far: whole again from there.
+    so_far = MessageSnapshotEvent(**ids, block_id="blk", text="word0 word11 ")
+    await buffer.publish("t1", [(None, encode_event(so_far), False), delta("word12 ")])
+    await reader_buffer.sync()
+    [snapshot], partial = await _snapshots(reader_buffer, clock)
+    assert b'"text":"word0 word11 word12 "' in snapshot.data
+    assert partial == set()

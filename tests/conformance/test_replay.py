@@ -431,3 +431,82 @@ async def test_an_outage_of_the_buffer_is_one_warning_and_its_end_one_info_line(
     assert [r.levelno for r in back] == [logging.INFO]  # a recovery is news, not a warning
     assert "ConnectionError: Error 111" in warnings[0].getMessage()
     assert all(r.exc_info is None for r in warnings)  # no traceback per publish
+
+
+async def test_after_a_failed_publish_a_publisher_sends_each_open_blocks_text_first() -> None:
+    """A publish that failed (Redis away, or a timeout) lost deltas: a live reader would
+    append the next ones to text with a hole in it. The next publish that goes through
+    starts with a snapshot of each block still being written; a completed one gets none."""
+    buffer, down = InMemoryReplayBuffer(), [False]
+
+    class Flaky:
+        async def publish(self, turn_id: TurnId, entries: Sequence[Entry]) -> None:
+            if down[0]:
+                raise ConnectionError("Redis is away")
+            await buffer.publish(turn_id, entries)
+
+        async def release(self, turn_id: TurnId) -> None:
+            await buffer.release(turn_id)
+
+    turn, now = _turn(), datetime.now(UTC)
+
+    def delta(block: str, text: str) -> MessageDeltaEvent:
+        return MessageDeltaEvent(session_id="s1", turn_id=turn, stage_id="synthesize", ts=now,
+                                 block_id=block, text=text)  # fmt: skip
+
+    async with BufferPublisher(cast(ReplayBuffer, Flaky()), turn) as publish:
+        publish(delta("a", "Hel"))
+        publish(delta("b", "one"))
+        await asyncio.sleep(0.05)
+        down[0] = True
+        publish(delta("a", "lo, "))  # lost with its publish
+        await asyncio.sleep(0.05)
+        down[0] = False
+        publish(delta("a", "world"))
+        await asyncio.sleep(0.05)
+    seen = [json.loads(e.data) for e in await buffer.read(turn, after="0", wait_s=0)]
+    assert [(e["type"], e["block_id"], e["text"]) for e in seen] == [
+        ("message.delta", "a", "Hel"),
+        ("message.delta", "b", "one"),
+        ("message.snapshot", "a", "Hello, "),  # the text so far, the lost delta included
+        ("message.snapshot", "b", "one"),
+        ("message.delta", "a", "world"),
+    ]
+
+
+async def test_a_redis_that_hung_mid_block_leaves_no_hole_in_a_live_readers_text(
+    private_redis: PrivateRedis,
+) -> None:
+    """Redis stops answering while a block streams: the publishes meanwhile time out and
+    their deltas are lost. What a reader following the stream assembles (deltas appended,
+    a snapshot replacing) is the block's text so far, never text with a hole in it."""
+    from redis import asyncio as aioredis
+
+    from turnkit.replay.redis import RedisReplayBuffer
+
+    client = aioredis.Redis.from_url(private_redis.url, socket_timeout=0.3)
+    buffer = RedisReplayBuffer(client)
+    turn, now = _turn(), datetime.now(UTC)
+    words = [f"w{i} " for i in range(30)]
+    assert private_redis.proc is not None
+    try:
+        async with BufferPublisher(buffer, turn) as publish:
+            for i, word in enumerate(words):
+                if i == 10:
+                    private_redis.proc.send_signal(signal.SIGSTOP)
+                if i == 14:
+                    await asyncio.sleep(0.5)  # a publish or two time out meanwhile
+                    private_redis.proc.send_signal(signal.SIGCONT)
+                publish(MessageDeltaEvent(session_id="s1", turn_id=turn, stage_id="synthesize",
+                                          ts=now, block_id="b", text=word))  # fmt: skip
+                await asyncio.sleep(0.05)
+        text = ""
+        for entry in await buffer.read(turn, after="0", wait_s=0):
+            event = json.loads(entry.data)
+            text = event["text"] if event["type"] == "message.snapshot" else text + event["text"]
+            assert "".join(words).startswith(text), text
+        assert text == "".join(words)
+    finally:
+        if private_redis.proc.poll() is None:
+            private_redis.proc.send_signal(signal.SIGCONT)
+        await client.aclose()

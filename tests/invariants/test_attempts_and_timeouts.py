@@ -14,7 +14,9 @@ from turnkit.events import (
     JobDispatchedEvent,
     decode_event,
 )
+from turnkit.ids import TurnId
 from turnkit.pauses import PauseRequest
+from turnkit.replay.memory import InMemoryReplayBuffer
 from turnkit.store import Submission
 from turnkit.store.sql import SqlStore
 from turnkit.testing import FakeClock
@@ -78,7 +80,6 @@ async def test_a_reader_never_times_out_a_turn_a_worker_just_took_over(db: DB) -
     import asyncio
 
     from turnkit import Agent, RuntimeConfig, SessionRuntime
-    from turnkit.ids import TurnId
     from turnkit.testing import ModelStep, ScriptedModel
 
     url, schema = db
@@ -184,3 +185,56 @@ async def test_a_job_a_dead_driver_left_running_is_completed_by_the_ending(
     [completed] = [e for e in events if isinstance(e, JobCompletedEvent)]
     assert (completed.job_id, completed.tool_call_id, completed.is_error) == ("job-1", "c1", True)
     assert [e.seq for e in events] == list(range(1, len(events) + 1))  # gap-free
+
+
+class _Releases(InMemoryReplayBuffer):
+    """An in-memory buffer that records the turns released to their grace period."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.released: list[str] = []
+
+    async def release(self, turn_id: TurnId) -> None:
+        self.released.append(turn_id)
+        await super().release(turn_id)
+
+
+async def test_a_turn_ended_without_its_driver_keeps_its_live_entries_for_the_grace_only(
+    db: DB,
+) -> None:
+    """The driver died after publishing (its entries then live for the buffer's TTL, an
+    hour): the reader that times the turn out, or the sweep that ends it, shortens that
+    to the grace period a finished turn gets, as the buffer's settings document."""
+    import asyncio
+
+    from turnkit import Agent, RuntimeConfig, SessionRuntime
+    from turnkit.runtime.worker import Worker
+    from turnkit.testing import ModelStep, ScriptedModel
+
+    url, schema = db
+    config = RuntimeConfig(
+        database_url=url,
+        database_schema=schema,
+        run_in_process=False,
+        lease_ttl_s=0.3,
+        idle_window_s=0.6,
+        heartbeat_interval_s=0.2,
+        ceiling_s=1.0,
+    )
+    model = ScriptedModel([ModelStep.text_reply("Hi.")], repeat_last=True)
+    replay = _Releases()
+    async with SessionRuntime(agent=Agent(model=model), config=config, replay=replay) as runtime:
+        store = runtime.store
+        timed = await runtime.submit("s-1", "go")
+        assert await store.claim("worker-1", ttl_s=0.3, max_attempts=3) is not None
+        async with asyncio.timeout(5):
+            events = [e async for e in runtime.reader().events(timed.turn_id, after_seq=1)]
+        assert events[-1].type == "done"
+        assert (await runtime.turn(timed.turn_id)).status == "timed_out"
+        assert replay.released == [timed.turn_id]
+
+        swept = await runtime.submit("s-2", "go")
+        assert await store.claim("worker-1", ttl_s=0.3, max_attempts=3) is not None
+        await asyncio.sleep(1.1)  # past the ceiling, its lease lapsed: an orphan
+        assert await Worker(runtime).sweep() == [swept.turn_id]
+        assert replay.released == [timed.turn_id, swept.turn_id]

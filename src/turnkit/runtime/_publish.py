@@ -6,8 +6,19 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
 
-from turnkit.events import DoneEvent, DurableEvent, EphemeralEvent, encode_event
+from turnkit.events import (
+    DoneEvent,
+    DurableEvent,
+    EphemeralEvent,
+    MessageCompleteEvent,
+    MessageDeltaEvent,
+    MessageSnapshotEvent,
+    ProviderCascadeEvent,
+    TurnRecoveringEvent,
+    encode_event,
+)
 from turnkit.ids import TurnId
 from turnkit.replay import ReplayBuffer
 from turnkit.replay._gather import gather
@@ -40,6 +51,9 @@ class BufferPublisher:
         )
         self._graced = False
         """A batch with the terminal entry went out: it set the grace period already."""
+        self._open = _OpenBlocks()
+        self._lost = False
+        """A publish failed: its entries never reached the buffer (a remote one only)."""
 
     def __call__(self, event: DurableEvent | EphemeralEvent | None) -> None:
         if self._now is not None:
@@ -62,14 +76,21 @@ class BufferPublisher:
             while not self._queue.empty():
                 batch.append(self._queue.get_nowait())
             finished = None in batch
-            entries = [_entry(e) for e in batch if e is not None]
-            if not entries:
+            events = [e for e in batch if e is not None]
+            if not events:
                 continue
+            # After a failed publish, the blocks being written lost deltas in the buffer
+            # (and, if Redis lost its data, their start): their text so far goes first.
+            repair = self._open.snapshots() if self._lost else []
+            self._open.add(events)
+            entries = [_entry(e) for e in (*repair, *events)]
             try:
                 await self.buffer.publish(self.turn_id, entries)
             except Exception as exc:  # noqa: BLE001 - never fatal: readers follow the Store
+                self._lost = True
                 _outages.failed(self.buffer, exc)
             else:
+                self._lost = False
                 _outages.worked(self.buffer)
                 self._graced = self._graced or any(terminal for *_, terminal in entries)
 
@@ -133,6 +154,52 @@ class _Outages:
 
 
 _outages = _Outages()
+
+
+class _OpenBlocks:
+    """The text so far of each block being written, as this publisher sent it.
+
+    A remote buffer can lose entries (a publish that failed, a Redis that restarted
+    empty); a live reader would then append the next deltas to text with a hole in it.
+    After a failure the publisher sends a `message.snapshot` of each open block before
+    the next entries, which the reader forwards and builds later snapshots from.
+    """
+
+    __slots__ = ("_blocks",)
+
+    def __init__(self) -> None:
+        self._blocks: dict[str, tuple[MessageDeltaEvent | MessageSnapshotEvent, list[str]]] = {}
+
+    def add(self, events: Sequence[DurableEvent | EphemeralEvent]) -> None:
+        blocks = self._blocks
+        for event in events:
+            if isinstance(event, MessageDeltaEvent):
+                held = blocks.get(event.block_id)
+                if held is None:
+                    blocks[event.block_id] = (event, [event.text])
+                else:
+                    held[1].append(event.text)
+            elif isinstance(event, MessageCompleteEvent):
+                blocks.pop(event.block.block_id, None)
+            elif isinstance(event, ProviderCascadeEvent):  # the failed rung's block is void
+                for block_id in [b for b, (d, _) in blocks.items() if d.stage_id == event.stage_id]:
+                    del blocks[block_id]
+            elif isinstance(event, TurnRecoveringEvent):
+                blocks.clear()
+
+    def snapshots(self) -> list[MessageSnapshotEvent]:
+        now = datetime.now(UTC)
+        return [
+            MessageSnapshotEvent(
+                session_id=delta.session_id,
+                turn_id=delta.turn_id,
+                stage_id=delta.stage_id,
+                ts=now,
+                block_id=block_id,
+                text="".join(texts),
+            )
+            for block_id, (delta, texts) in self._blocks.items()
+        ]
 
 
 Entry = tuple[int | None, bytes, bool]

@@ -26,11 +26,12 @@ nothing is lost or sent twice (only deltas published during the outage are misse
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import re
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Final, TypeVar
 
@@ -278,8 +279,9 @@ class TurnReader:
         if synced and not progress.done and record.status == "running":
             # Joined mid-block: the text so far of each block still being written, up to
             # the position live reading starts after (so nothing is sent twice or lost).
-            snapshots = await _snapshots(buffer, self.clock, buffer.position)
+            snapshots, partial = await _snapshots(buffer, self.clock, buffer.position)
             if buffer.seq >= progress.sent:
+                progress.partial |= partial
                 for snapshot in snapshots:
                     yield snapshot
             else:  # the Store is ahead of the buffer: snapshots once the buffer catches up
@@ -299,8 +301,14 @@ class TurnReader:
                 "the process driving this turn is gone"
             ),
         )
-        if ended and self.on_timed_out is not None:
+        if not ended:
+            return
+        if self.on_timed_out is not None:
             self.on_timed_out(turn_id)
+        # No driver will publish its `done`: keep its entries for the grace period only
+        # (the last publish of the driver that died set them to live for the whole TTL).
+        with contextlib.suppress(Exception):
+            await self.buffer.release(turn_id)
 
     async def _check(self, turn_id: TurnId, after_seq: int) -> TurnProgress:
         record = await self._progress(turn_id)
@@ -326,6 +334,8 @@ class TurnReader:
         self, turn_id: TurnId, entries: list[BufferEntry], progress: _Progress, buffer: _Buffer
     ) -> AsyncIterator[Frame]:
         for entry in entries:
+            if progress.partial and not _sendable(entry, progress.partial):
+                continue  # a delta of a block the client cannot be given whole
             if entry.seq is None:
                 if buffer.seq < progress.sent:
                     # Published before a durable event the Store already sent (the buffer
@@ -343,7 +353,9 @@ class TurnReader:
                         yield Frame(stored.seq, stored.data)
                 if progress.resnap and buffer.seq >= progress.sent and not progress.done:
                     progress.resnap = False
-                    for snapshot in await _snapshots(buffer, self.clock, entry.position):
+                    snapshots, partial = await _snapshots(buffer, self.clock, entry.position)
+                    progress.partial |= partial
+                    for snapshot in snapshots:
                         yield snapshot
                 if entry.seq <= progress.sent:
                     continue  # already sent from the Store
@@ -376,8 +388,14 @@ _CASCADE: Final = b'"type":"provider.cascade"'
 _RECOVERING: Final = b'"type":"turn.recovering"'
 
 
-async def _snapshots(buffer: _Buffer, clock: Clock, upto: str | None = None) -> list[Frame]:
+async def _snapshots(
+    buffer: _Buffer, clock: Clock, upto: str | None = None
+) -> tuple[list[Frame], set[str]]:
     """Snapshots of the blocks being written as of the buffer position `upto` (its own).
+
+    Also the blocks being written whose start the buffer no longer holds (see `_Drafts`):
+    no snapshot of them can be whole, so the reader holds back their deltas and the
+    client gets them whole in their `message.complete`.
 
     Bounded: at most 40 pages of entries are read. Sets `buffer.seq` to the newest durable
     event seen up to `upto`, when that is newer.
@@ -390,7 +408,7 @@ async def _snapshots(buffer: _Buffer, clock: Clock, upto: str | None = None) -> 
         try:
             entries = await buffer.buffer.read(buffer.turn_id, after=after, wait_s=0)
         except Exception:  # noqa: BLE001 - no snapshot without the buffer; live goes on
-            return []
+            return [], set()
         if not entries:
             break
         for entry in entries:
@@ -400,7 +418,8 @@ async def _snapshots(buffer: _Buffer, clock: Clock, upto: str | None = None) -> 
             after = entry.position
             if after == upto:
                 break
-    return [Frame(None, encode_event(snapshot)) for snapshot in drafts.snapshots(clock.now())]
+    frames = [Frame(None, encode_event(snapshot)) for snapshot in drafts.snapshots(clock.now())]
+    return frames, drafts.partial - drafts.finished
 
 
 class _Drafts:
@@ -408,29 +427,50 @@ class _Drafts:
 
     A block is being written when the buffer has its deltas but no `message.complete`, and
     no `provider.cascade` of its stage (the failed rung's block is void) or
-    `turn.recovering` (the new attempt writes the block again) came after them.
+    `turn.recovering` (the new attempt writes the block again) came after them. A
+    `message.snapshot` in the buffer (a publisher sends one after its publishes failed)
+    stands for the block's text up to it.
+
+    A block is `partial` when its first delta comes before the buffer's first durable
+    event and no snapshot of it followed: a driver publishes a durable event before any
+    block, so the block began before what the buffer holds (Redis lost its data, or the
+    stream was trimmed) and its text there lacks a start.
     """
 
     def __init__(self) -> None:
         self.parts: dict[str, list[str]] = {}
         self.last: dict[str, dict[str, Any]] = {}
         self.finished: set[str] = set()
+        self.partial: set[str] = set()
+        self.durable = False
+        """A durable event was seen (a block begun after it is there from its start)."""
 
     def add(self, entry: BufferEntry) -> None:
         if entry.seq is None:
             event = json.loads(entry.data)
-            if event.get("type") == "message.delta":
-                self.parts.setdefault(event["block_id"], []).append(event["text"])
+            kind = event.get("type")
+            if kind == "message.delta":
+                block_id = event["block_id"]
+                if block_id not in self.parts and not self.durable:
+                    self.partial.add(block_id)
+                self.parts.setdefault(block_id, []).append(event["text"])
+                self.last[block_id] = event
+            elif kind == "message.snapshot":
+                self.parts[event["block_id"]] = [event["text"]]
                 self.last[event["block_id"]] = event
-        elif _COMPLETE in entry.data:
+                self.partial.discard(event["block_id"])
+            return
+        self.durable = True
+        if _COMPLETE in entry.data:
             self.finished.add(str(json.loads(entry.data)["block"]["block_id"]))
         elif _CASCADE in entry.data or _RECOVERING in entry.data:
             stage = json.loads(entry.data)["stage_id"] if _CASCADE in entry.data else None
             for block_id in [b for b, d in self.last.items() if stage in (None, d["stage_id"])]:
                 del self.parts[block_id], self.last[block_id]  # void: written again, or never
+                self.partial.discard(block_id)
 
     def snapshots(self, now: datetime) -> list[MessageSnapshotEvent]:
-        """Each unfinished block's text so far."""
+        """Each unfinished block's text so far (none of a partial block)."""
         return [
             MessageSnapshotEvent(
                 session_id=self.last[block_id]["session_id"],
@@ -441,8 +481,31 @@ class _Drafts:
                 text="".join(texts),
             )
             for block_id, texts in self.parts.items()
-            if block_id not in self.finished
+            if block_id not in self.finished and block_id not in self.partial
         ]
+
+
+def _sendable(entry: BufferEntry, partial: set[str]) -> bool:
+    """Whether to send an entry while some blocks are `partial` (see `_Drafts`).
+
+    Not a delta of a partial block. A snapshot of one makes it whole again (and is sent);
+    its `message.complete` ends it, and `turn.recovering` ends them all (the new attempt
+    writes open blocks again from their start).
+    """
+    if entry.seq is not None:
+        if _COMPLETE in entry.data:
+            partial.discard(str(json.loads(entry.data)["block"]["block_id"]))
+        elif _RECOVERING in entry.data:
+            partial.clear()
+        return True
+    event = json.loads(entry.data)
+    block_id = event.get("block_id")
+    if block_id not in partial:
+        return True
+    if event.get("type") == "message.snapshot":
+        partial.discard(block_id)
+        return True
+    return bool(event.get("type") != "message.delta")
 
 
 @dataclass(slots=True)
@@ -451,6 +514,8 @@ class _Progress:
     done: bool = False
     resnap: bool = False
     """Deltas were held back (the buffer lagged the Store): send snapshots once it caught up."""
+    partial: set[str] = field(default_factory=set)
+    """Blocks being written that no snapshot could make whole: their deltas are held back."""
 
 
 class _Buffer:

@@ -8,6 +8,7 @@ concurrency bound. The worker also sweeps orphaned runs on a timer.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 
 from turnkit.errors import StoreUnavailableError
@@ -296,6 +297,9 @@ class Worker:
         for turn_id in ended:
             log.warning("swept %s: timed out with no live driver", turn_id)
             self.runtime.forget_ended(turn_id)
+            # Its driver is gone: its live entries need not outlive the grace period.
+            with contextlib.suppress(Exception):
+                await self.runtime.replay.release(TurnId(turn_id))
         if config.budgets == "enforce":
             for resumed in await self.runtime.resume_budget_pauses():
                 log.info("resumed %s: its budget has room again", resumed)
