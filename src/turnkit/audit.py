@@ -4,7 +4,7 @@ Each row carries the identity tuple (`session_id`, `turn_id`, `stage_id`,
 `seq_within_turn`), the post-routing call shape, and one typed slot per payload kind
 (`planGeneration`, `cacheBreakpoint`, `fallbackStep`, `toolSelection`, `toolFallbackStep`,
 `synthesisQuality`, `outputCheck`, `providerCascade`, `compaction`, `thinkingSummary`,
-`unreadableEvent`, `interruptedBlock`).
+`unreadableEvent`, `interruptedBlock`, `pauseAnswer`, `agentRepinned`).
 A tool-loop call that emits tool calls fills two slots (`cacheBreakpoint` and
 `toolSelection`); a failed rung fills `fallbackStep`. The one untyped slot is
 `plugin_payloads`, namespaced by plugin name.
@@ -30,6 +30,7 @@ from pydantic import (
 from turnkit.ids import SessionId, StageId, ToolCallId, TurnId
 
 __all__ = (
+    "AgentRepinnedPayload",
     "ThreadNamingPayload",
     "InterruptedBlockPayload",
     "PauseAnswerPayload",
@@ -313,6 +314,23 @@ class PauseAnswerPayload(BaseModel):
     """An approval that changed the call's arguments."""
 
 
+class AgentRepinnedPayload(BaseModel):
+    """A turn that had not started ran on its agent's current version: its own was gone.
+
+    Written once, in `runtime`, by the attempt that re-pinned the turn, after the checks
+    that depend on the agent passed for the new version (the turn record's `pinned` says
+    the same: `agent_version` and `repinned_from`).
+    """
+
+    model_config = _CONFIG
+    kind: Literal["agentRepinned"] = "agentRepinned"
+    agent: str
+    from_version: str
+    """The version the turn was pinned to at submit (no longer hosted)."""
+    to_version: str
+    """The version it runs on."""
+
+
 class AuditPayloads(BaseModel):
     """One typed slot per payload kind; a row fills the slots its call needs."""
 
@@ -337,6 +355,7 @@ class AuditPayloads(BaseModel):
         default=None, alias="interruptedBlock"
     )
     pause_answer: PauseAnswerPayload | None = Field(default=None, alias="pauseAnswer")
+    agent_repinned: AgentRepinnedPayload | None = Field(default=None, alias="agentRepinned")
 
     def kinds(self) -> tuple[str, ...]:
         """Wire names of the filled slots."""

@@ -310,7 +310,11 @@ _TAKEN_OVER = {
 
 def _account(turn: TurnRecord) -> str:
     """What the turn cost and when, from its summary once it settled."""
-    parts = [f"agent {turn.agent}", f"created {_when(turn.created_at)}"]
+    agent = f"agent {turn.agent}"
+    earlier, version = turn.pinned.get("repinned_from"), turn.pinned.get("agent_version")
+    if isinstance(earlier, str) and isinstance(version, str):  # its version was gone
+        agent += f" (re-pinned from version {earlier} to {version} before it started)"
+    parts = [agent, f"created {_when(turn.created_at)}"]
     summary = turn.summary
     if summary is not None:
         calls = summary.model_calls

@@ -414,6 +414,8 @@ class RuntimeCore:
             driving=self._driving,
             ask_agent=self._ask_agent(),
             stop_asked=self._stop_asked(),
+            admission=self.admission,
+            tool_access=self.tool_access,
         )
 
     def _ask_agent(self) -> AskAgent | None:

@@ -13,7 +13,13 @@ from pydantic import JsonValue
 
 from turnkit.audit import AuditPayloads, CallOutcome, CallShape, InterruptedBlockPayload
 from turnkit.blocks import TextBlock
-from turnkit.errors import DeadlineExceededError, LeaseLostError, StaleEpochError, TurnError
+from turnkit.errors import (
+    AdmissionRefusedError,
+    DeadlineExceededError,
+    LeaseLostError,
+    StaleEpochError,
+    TurnError,
+)
 from turnkit.events import (
     CheckpointCreatedEvent,
     DoneEvent,
@@ -59,8 +65,13 @@ async def end_succeeded(rec: Recorder, attempt: Attempt, checkpoint_id: str | No
     )
 
 
-async def end_failed(rec: Recorder, attempt: Attempt, exc: TurnError) -> bool:
+async def end_failed(
+    rec: Recorder, attempt: Attempt, exc: TurnError | AdmissionRefusedError
+) -> bool:
     """Commit a failed ending (`timed_out` for a deadline), with its `error` event.
+
+    An admission check refuses inside a turn only when its agent is re-pinned before it
+    started (its checks run again): the turn ends with that check's code.
 
     A lease lost meanwhile leaves the ending to the attempt that holds it now: False.
     """
@@ -189,7 +200,7 @@ def _keep_interrupted(rec: Recorder, call: OpenCall) -> InterruptedBlockPayload 
     return InterruptedBlockPayload(block_id=call.block_id, chars=len(text))
 
 
-def _details(exc: TurnError) -> dict[str, JsonValue]:
+def _details(exc: TurnError | AdmissionRefusedError) -> dict[str, JsonValue]:
     """The error's typed attributes, as far as they are plain JSON."""
     out: dict[str, JsonValue] = {}
     for key, value in exc.details.items():

@@ -4,16 +4,22 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, cast
 
 from turnkit import otel
 from turnkit.agent import Agent, Effort
+from turnkit.audit import AgentRepinnedPayload
 from turnkit.budgets import BudgetSubject
 from turnkit.clock import Clock
 from turnkit.config import RuntimeConfig
-from turnkit.errors import TurnNotFoundError, UnknownModelError
-from turnkit.graph import TurnGraph, pause_here
+from turnkit.errors import (
+    AdmissionRefusedError,
+    AgentNotFoundError,
+    TurnNotFoundError,
+    UnknownModelError,
+)
+from turnkit.graph import TurnGraph, latest_checkpoint_id, pause_here
 from turnkit.ids import TurnId
 from turnkit.models import ModelSettings
 from turnkit.models.family import ModelFamily, resolve_family
@@ -21,7 +27,8 @@ from turnkit.plugins import Plugin, merge_plugins, overrides
 from turnkit.runtime._aftermath import Aftermath
 from turnkit.runtime._held import HeldTranscripts
 from turnkit.runtime._transcript import session_transcript
-from turnkit.runtime.agents import AgentCatalog
+from turnkit.runtime.admission import Admission
+from turnkit.runtime.agents import AgentCatalog, ToolAccess, allowed_tools
 from turnkit.runtime.callbacks import callback_token
 from turnkit.runtime.deps import NO_DEPS, DepsFactory, DepsScope, build_deps
 from turnkit.runtime.driver import DriveSetup, Sink, StopAsked, TurnDriver
@@ -109,6 +116,10 @@ class Pinned:
         )
 
 
+def _dict(value: object) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
 def _text(value: object) -> str | None:
     return value if isinstance(value, str) else None
 
@@ -173,8 +184,13 @@ class TurnRunner:
         driving: Driving | None = None,
         ask_agent: AskAgent | None = None,
         stop_asked: StopAsked | None = None,
+        admission: Admission | None = None,
+        tool_access: ToolAccess | None = None,
     ) -> None:
         self.agents = agents
+        self.admission = admission
+        """The checks a turn re-pinned before it started passes again (None: none is)."""
+        self.tool_access = tool_access
         self.ask_agent = ask_agent
         """Runs an agent a tool call asks (`Agent.as_tool`); None: such calls fail."""
         self.stop_asked = stop_asked
@@ -214,7 +230,7 @@ class TurnRunner:
         turn, pinned = record, Pinned.of(record)  # read once per attempt
 
         async def setup() -> DriveSetup:
-            return await self._setup(turn, pinned, agent, deps)
+            return await self._setup(turn, pinned, agent, deps, lease)
 
         driver = self._driving[lease.turn_id] = TurnDriver(
             graph=self.graph,
@@ -251,9 +267,17 @@ class TurnRunner:
         return base.with_overrides(model=pinned.model, settings=pinned.settings)
 
     async def _setup(
-        self, record: TurnRecord, pinned: Pinned, held: Agent | None, deps: Any
+        self, record: TurnRecord, pinned: Pinned, held: Agent | None, deps: Any, lease: Lease
     ) -> DriveSetup:
-        agent = await self._agent_of(pinned, held)
+        repinned: AgentRepinnedPayload | None = None
+        try:
+            agent = await self._agent_of(pinned, held)
+        except AgentNotFoundError:
+            again = await self._repin(record, pinned, lease)
+            if again is None:
+                raise
+            record, pinned, repinned, base = again
+            agent = base.with_overrides(model=pinned.model, settings=pinned.settings)
         try:
             family = self.family(agent.model)
             utility = self.family(agent.utility_model) if agent.utility_model is not None else None
@@ -325,7 +349,82 @@ class TurnRunner:
                 agent,
                 registry_size=len(registry) + int(agent.clarifications) + int(agent.planning),
             ),
+            repinned=repinned,
+            record=record,
         )
+
+    async def _repin(
+        self, record: TurnRecord, pinned: Pinned, lease: Lease
+    ) -> tuple[TurnRecord, Pinned, AgentRepinnedPayload, Agent] | None:
+        """Pin a turn that has not started to its agent's current version (None: it stays).
+
+        Only a turn whose pinned version is gone and that holds nothing but what submit
+        wrote: its `turn.started`, no audit row (but an earlier re-pin's), no checkpoint (a
+        claim that died before its first commit did nothing either). The checks that
+        depend on the agent run again for the new version, as the caller (one that refuses
+        raises its error); the new pin is written on the turn record, fenced on the lease
+        and on its log.
+        """
+        if self.admission is None or pinned.version is None or lease.last_seq > 1:
+            return None
+        try:
+            current = await self.agents.get(pinned.agent)
+        except AgentNotFoundError:
+            return None  # gone altogether: nothing to run it on
+        turn_id = record.turn_id
+        if current.version == pinned.version:
+            return None
+        # Its own `agentRepinned` row (an attempt that re-pinned it and died) is no work.
+        rows = await self.store.read_audit(turn_id)
+        if any(row.payloads.agent_repinned is None for row in rows):
+            return None
+        if await latest_checkpoint_id(self.graph, turn_id) is not None:
+            return None
+        try:
+            model = await self.admission.recheck(
+                current,
+                session_id=record.session_id,
+                content=record.content,
+                principal=pinned.caller,
+                organisation=pinned.organisation,
+                department=pinned.department,
+                model=pinned.model,
+            )
+        except (AdmissionRefusedError, AgentNotFoundError) as exc:
+            exc.message = (
+                f"{exc.message} (the turn had not started; its agent {current.name!r} is no "
+                f"longer at version {pinned.version}, and version {current.version} was "
+                "checked instead)"
+            )
+            exc.args = (exc.message,)
+            raise
+        turn_agent = current.with_overrides(model=model, settings=pinned.settings)
+        family = self.family(turn_agent.model)
+        if turn_agent.utility_model is not None:
+            self.family(turn_agent.utility_model)
+        tools = await allowed_tools(
+            self.tool_access, turn_agent, principal=pinned.principal, session_id=record.session_id
+        )
+        overrides = dict(_dict(record.pinned.get("overrides")))
+        overrides.pop("model", None)
+        if model is not None:
+            overrides["model"] = model
+        fresh = pinned_config(
+            turn_agent,
+            family,
+            pinned.effort or current.effort,
+            version=current.version,
+            overrides=overrides,
+            tools=tools,
+            principal=pinned.principal,
+        )
+        now = record.pinned | fresh | {"repinned_from": pinned.version}
+        await self.store.repin(lease, pinned=now, model=family.name)
+        record = replace(record, pinned=now, model=family.name)
+        payload = AgentRepinnedPayload(
+            agent=current.name, from_version=pinned.version, to_version=current.version
+        )
+        return record, Pinned.of(record), payload, current
 
     async def _skills(self, agent: Agent, principal: Principal | None) -> tuple[Skill, ...]:
         """The skills the turn may use: the caller's, narrowed to those the agent names."""

@@ -187,6 +187,46 @@ class Admission:
             documents=request.documents,
         )
 
+    async def recheck(
+        self,
+        agent: Agent,
+        *,
+        session_id: str,
+        content: str,
+        principal: Principal | None,
+        organisation: str,
+        department: str | None,
+        model: str | None,
+    ) -> str | None:
+        """Run the built-in checks that depend on the agent again, for `agent` instead.
+
+        For a turn admitted with another version of `agent` (gone since) that has not
+        started: the caller's agent visibility and the message's model (its override, or
+        the new version's own models against the department's blocked ones). Returns the
+        model override as it stands for `agent` (None: the agent's own). The department
+        must still exist; the budget and attachment checks and the app's own checks do not
+        run again (they do not depend on the agent's version).
+        """
+        served = self.tenancy.organisation(organisation)
+        found = served.department(department) if served is not None else None
+        if served is None or found is None:
+            raise DepartmentUnknownError(
+                f"the turn's department {department!r} of organisation {organisation!r} is "
+                "not served here any more",
+                department=department,
+                organisation=organisation,
+            )
+        request = AdmissionRequest(
+            session_id=session_id,
+            content=content,
+            principal=principal,
+            organisation=served,
+            department=found,
+            model=model,
+        )
+        request = replace(request, agent=await self._visible_agent(request, agent))
+        return self._model(request)
+
     async def budget_uses(self, principal: Principal | None, session_id: str) -> list[BudgetUse]:
         """Each limit a message of `principal` in `session_id` would spend against, as used.
 

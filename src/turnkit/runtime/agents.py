@@ -2,7 +2,9 @@
 
 A turn is pinned at submit to its agent's name and version (a content hash); every driver
 looks the agent up here again. A pinned agent that is gone, or no longer at that version,
-ends the turn `agent-not-found` — never silently with another agent.
+ends the turn `agent-not-found` — never silently with another agent — unless the turn had
+not started: then it is re-pinned to the current version, once the checks that depend on
+the agent pass for it (see `TurnRunner`).
 """
 
 from __future__ import annotations

@@ -18,10 +18,12 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from turnkit.audit import AgentRepinnedPayload, AuditPayloads
 from turnkit.clock import Clock
 from turnkit.config import RuntimeConfig
 from turnkit.context.prefix import PreviousRequest
 from turnkit.errors import (
+    AdmissionRefusedError,
     InternalError,
     LeaseLostError,
     StaleEpochError,
@@ -78,6 +80,10 @@ class DriveSetup:
     transcript: list[TranscriptMessage]
     previous: PreviousRequest | None
     entry: Route
+    repinned: AgentRepinnedPayload | None = None
+    """The turn had not started and now runs on its agent's current version (audited)."""
+    record: TurnRecord | None = None
+    """The turn as the setup left it (re-pinned: its new `pinned` and `model`)."""
 
 
 class TurnDriver:
@@ -215,7 +221,7 @@ class TurnDriver:
             self._keeper.lost = True
         except StoreUnavailableError as exc:
             self._left_to_recovery(exc)
-        except TurnError as exc:
+        except (TurnError, AdmissionRefusedError) as exc:  # refused: a re-pinned turn's check
             if self.recorder is not None:
                 await self._ending_or_recovery(self._end_failed(self.recorder, exc))
         except Exception as exc:  # noqa: BLE001 - any bug still ends the turn with a clear state
@@ -422,6 +428,8 @@ class TurnDriver:
             trace.held(self.clock.monotonic() - began)
         rec.notes.input_seqs = (self.record.input_seq,)
         setup = await self.setup()
+        if setup.repinned is not None:
+            await self._audit_repin(rec, setup)
         rec.notes.transcript = setup.transcript
         rec.notes.history = setup.transcript[:-1]  # the turn's own start at its message
         rec.notes.base_len = len(rec.notes.history)
@@ -430,6 +438,23 @@ class TurnDriver:
         if watcher.plugins:
             trace.watch(rec, functools.partial(on_events, watcher))
         return setup
+
+    async def _audit_repin(self, rec: Recorder, setup: DriveSetup) -> None:
+        """The turn runs on another version of its agent than it was pinned to: say so."""
+        payload = setup.repinned
+        assert payload is not None
+        if setup.record is not None:
+            self.record = setup.record
+        log.info(
+            "turn %s had not started and its agent %r is no longer at version %s: it runs "
+            "on version %s",
+            self.lease.turn_id,
+            payload.agent,
+            payload.from_version,
+            payload.to_version,
+        )
+        rec.audit("runtime", call=None, payloads=AuditPayloads(agentRepinned=payload))
+        await rec.flush()
 
     async def _hold(self, gate: asyncio.Event) -> None:
         """Wait for `gate`: a second at most, less with a short lease."""
@@ -471,7 +496,7 @@ class TurnDriver:
             status=awaiting(pause.kind), pause=pause, release=True, transcript=unanswered
         )
 
-    async def _end_failed(self, rec: Recorder, exc: TurnError) -> None:
+    async def _end_failed(self, rec: Recorder, exc: TurnError | AdmissionRefusedError) -> None:
         self.ended = True
         await self._join_commit_ahead()  # its events, if it failed, commit with the ending
         self._ending_written = await end_failed(rec, self._attempt(), exc)

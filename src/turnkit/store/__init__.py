@@ -204,6 +204,15 @@ class RunQueue(Protocol):
         """
         ...
 
+    async def repin(self, lease: Lease, *, pinned: dict[str, JsonValue], model: str) -> None:
+        """Replace the leased turn's pinned configuration (and its `model`) before it starts.
+
+        For a turn whose log holds only its `turn.started`: its driver found the agent
+        version it was pinned to gone and pins it to the current one.
+        `StaleEpochError` when the lease is no longer this driver's, or the turn's log grew.
+        """
+        ...
+
     async def sweep(self, *, ceiling_s: float, max_attempts: int) -> list[TurnId]:
         """End orphaned `running` turns as `timed_out`; paused turns are never touched.
 

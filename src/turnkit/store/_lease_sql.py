@@ -30,6 +30,7 @@ __all__ = (
     "claim_pg",
     "hand_over",
     "Refusal",
+    "repin",
     "Renewal",
     "renew_many",
     "renew_many_pg",
@@ -291,6 +292,29 @@ def hand_over(conn: Connection, lease: Lease, now: datetime) -> bool:
     if conn.dialect.name == "postgresql":  # listening workers hear it now, not at their poll
         conn.execute(text("SELECT pg_notify('turnkit_work', current_schema())"))
     return True
+
+
+def repin(conn: Connection, lease: Lease, pinned: str, model: str, now: datetime) -> None:
+    """Pin the leased turn anew (`pinned` as JSON), only while it holds what submit wrote.
+
+    Fenced on the lease, and on the turn's log holding nothing past `turn.started`.
+
+    Raises:
+        StaleEpochError: the lease is gone, or the turn got further meanwhile.
+    """
+    result = conn.execute(
+        update(turns)
+        .where(
+            turns.c.turn_id == lease.turn_id,
+            turns.c.lease_epoch == lease.epoch,
+            turns.c.lease_owner == lease.owner,
+            turns.c.status == "running",
+            turns.c.last_seq <= 1,
+        )
+        .values(pinned=pinned, model=model, updated_at=now)
+    )
+    if result.rowcount != 1:
+        raise _stale(lease)
 
 
 def _stale(lease: Lease) -> StaleEpochError:

@@ -8,10 +8,12 @@ operator's list of stuck turns, on the statements of `_submit_sql` / `_submit_pg
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any, cast
 
+from pydantic import JsonValue
 from sqlalchemy import Connection
 from sqlalchemy.exc import IntegrityError
 
@@ -104,6 +106,11 @@ class SqlQueue(SqlEngine):
         """End `lease` at once for the next claim, saying its driver left (see `Queue`)."""
         now = self._clock.now()
         return bool(await self._tx(lease_sql.hand_over, lease, now))
+
+    async def repin(self, lease: Lease, *, pinned: dict[str, JsonValue], model: str) -> None:
+        """Pin a turn that has not started to another agent version (see `RunQueue`)."""
+        text = json.dumps(pinned, sort_keys=True)
+        await self._tx(lease_sql.repin, lease, text, model, self._clock.now())
 
     async def _renew_many(
         self, asked: Sequence[lease_sql.Renewal]

@@ -499,6 +499,7 @@ def requeue_guides(conn: Connection, turn_id: TurnId, consumed_through: int, now
         ).where(turns.c.turn_id == turn_id)
     ).one()  # fmt: skip
     pinned = json.loads(ended.pinned) if ended.pinned else {}
+    pinned.pop("repinned_from", None)  # pinned so from the start: it was not re-pinned
     template = NewInput(
         session_id=SessionId(ended.session_id),
         turn_id=turn_id,
