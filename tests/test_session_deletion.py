@@ -14,6 +14,7 @@ from tests.helpers import add
 from turnkit import Agent, Approve, RuntimeConfig, SessionRuntime
 from turnkit.events import DoneEvent
 from turnkit.http import create_turnkit_router
+from turnkit.ids import SessionId
 from turnkit.testing import ModelStep, ScriptedModel, call, collect_events
 
 SECRET = "the vault code is 7-4-1-9"
@@ -192,3 +193,82 @@ async def test_a_turn_a_reader_times_out_loses_its_checkpoints(tmp_path: Path) -
         assert (await second.turn(submission.turn_id)).status == "timed_out"
         await second.wait_background()
         assert await _threads(url, None) == set()
+
+
+async def test_a_message_committed_while_its_session_is_deleted_is_not_left_behind(
+    pg_schema: str,
+) -> None:
+    """The delete locks the session first: a message it waited for goes with it, whole.
+
+    Without the lock, a delete that had already removed the session's turns when the
+    message committed went on to remove the session row only, leaving a turn (and its
+    input and events) that no session holds.
+    """
+    import asyncio
+
+    import asyncpg
+
+    config = RuntimeConfig(
+        database_url=POSTGRES_URL, database_schema=pg_schema, run_in_process=False
+    )
+    agent = Agent(model=ScriptedModel([ModelStep.text_reply("Hi.")]))
+    async with SessionRuntime(agent=agent, config=config) as runtime:
+        await runtime.submit("s1", "first")
+        holder = await asyncpg.connect(POSTGRES_URL, server_settings={"search_path": pg_schema})
+        try:
+            hold = holder.transaction()
+            await hold.start()  # another writer holds the session's row for a moment
+            await holder.execute("SELECT 1 FROM tk_sessions WHERE session_id = 's1' FOR UPDATE")
+            sending = asyncio.create_task(runtime.submit("s1", "second"))
+            await asyncio.sleep(0.3)  # the message waits for the row first, then the delete
+            deleting = asyncio.create_task(runtime.store.delete_session(SessionId("s1")))
+            await asyncio.sleep(0.3)
+            await hold.commit()
+            async with asyncio.timeout(10):
+                await sending
+                assert await deleting
+            left = await holder.fetch("SELECT status FROM tk_turns WHERE session_id = 's1'")
+            inputs = await holder.fetch("SELECT seq FROM tk_inputs WHERE session_id = 's1'")
+        finally:
+            await holder.close()
+        assert await runtime.store.get_session(SessionId("s1")) is None
+        assert (left, inputs) == ([], [])
+
+
+async def test_deleting_a_session_while_its_approval_is_answered_does_not_deadlock(
+    pg_schema: str,
+) -> None:
+    """An answer locks the turn, then its pause; the delete takes the turn's row first too.
+
+    The delete used to remove the pauses before the turns: racing an answer (which holds
+    the turn's row and wants the pause's) it deadlocked, and PostgreSQL aborted one of them
+    (a 500 over HTTP).
+    """
+    import asyncio
+
+    import asyncpg
+
+    config = RuntimeConfig(database_url=POSTGRES_URL, database_schema=pg_schema)
+    model = ScriptedModel([ModelStep.tool_call_reply(call("add", a=2, b=3))])
+    agent = Agent(model=model, tools=[add], approval="always")
+    async with SessionRuntime(agent=agent, config=config) as runtime:
+        paused = (await collect_events(runtime.execute_message("s1", "add")))[-1].turn_id
+        assert (await runtime.turn(paused)).status == "awaiting_approval"
+        answering = await asyncpg.connect(POSTGRES_URL, server_settings={"search_path": pg_schema})
+        try:
+            answer = answering.transaction()
+            await answer.start()  # an answer's first step: the turn's row
+            await answering.execute(
+                "UPDATE tk_turns SET status = 'running' WHERE turn_id = $1", paused
+            )
+            deleting = asyncio.create_task(runtime.store.delete_session(SessionId("s1")))
+            await asyncio.sleep(0.3)  # the delete now waits for the turn's row
+            async with asyncio.timeout(10):  # its second step: the pause's row
+                await answering.execute(
+                    "UPDATE tk_pauses SET status = 'answered' WHERE turn_id = $1", paused
+                )
+                await answer.commit()
+                assert await deleting
+        finally:
+            await answering.close()
+        assert await runtime.store.get_turn(paused) is None

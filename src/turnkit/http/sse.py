@@ -8,7 +8,7 @@ import re
 from collections.abc import AsyncIterator
 from typing import Final
 
-from turnkit.errors import StoreUnavailableError
+from turnkit.errors import StoreUnavailableError, TurnNotFoundError
 from turnkit.runtime.reader import KEEPALIVE, Frame
 
 __all__ = ("frames_to_sse", "shutdown_farewell")
@@ -76,11 +76,16 @@ async def frames_to_sse(
 
     A database outage that stops the reader ends the stream cleanly: a comment saying so
     and a `retry` field, so the client reconnects with `Last-Event-ID` once the database
-    is back (the turn goes on meanwhile) instead of seeing its connection cut.
+    is back (the turn goes on meanwhile) instead of seeing its connection cut. So does a
+    turn deleted with its session while it is followed: a comment, and no `retry` (there
+    is nothing to reconnect to).
     """
     try:
         async for chunk in _sse(batches, max_frame_bytes=max_frame_bytes, turn_id=turn_id):
             yield chunk
+    except TurnNotFoundError:  # its session was deleted while the stream followed it
+        log.info("the stream of turn %s ended: its session was deleted", turn_id)
+        yield _comment("the turn is gone: its session was deleted")
     except StoreUnavailableError as exc:
         log.warning("the stream of turn %s ended: %s", turn_id, exc.message)
         yield _comment("the database is unavailable: reconnect with Last-Event-ID")

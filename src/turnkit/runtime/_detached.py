@@ -60,7 +60,11 @@ class DetachedTurns:
         task = entry.task if entry is not None else None
         if entry is None or task is None:
             return False
-        if not entry.ran:  # after the run, only its aftermath is left: let it finish
+        # After the run, only its aftermath is left: let it finish. Cancelled once only: a
+        # second Stop (another tab) waits with the first, for a cancellation that lands
+        # while the driver stops its graph would leave the graph's step (and its model
+        # call) running, with nobody to close it.
+        if not entry.ran and not task.cancelling():
             task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         if entry.slot is not None:

@@ -409,7 +409,8 @@ class TurnHost:
         task = self._streamed.get(turn_id)
         if task is None:
             return False
-        task.cancel()
+        if not task.cancelling():  # once: a second Stop waits with the first (`stop`)
+            task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         return True
 

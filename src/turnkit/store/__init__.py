@@ -511,7 +511,7 @@ class Store(
         ...
 
     async def list_turns(self, session_id: SessionId) -> list[TurnRecord]:
-        """A session's turns, oldest first."""
+        """A session's turns in the order their messages were committed (`input_seq`)."""
         ...
 
     async def close(self) -> None:

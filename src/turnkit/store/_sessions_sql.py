@@ -237,7 +237,18 @@ def with_delegated(conn: Connection, ids: list[str]) -> list[str]:
 
 
 def remove(conn: Connection, session_id: SessionId) -> bool:
-    """Delete the session, its chat data and files; audit rows have their own retention."""
+    """Delete the session, its chat data and files; audit rows have their own retention.
+
+    The session's row is locked first (PostgreSQL), as retention does: a message committed
+    meanwhile either lands before the delete reads the session's turns (and goes with
+    them) or waits for it and then opens the session anew. Never a turn left without its
+    session.
+    """
+    conn.execute(
+        select(sessions.c.session_id)
+        .where(sessions.c.session_id == session_id)
+        .with_for_update(of=sessions)
+    ).all()
     return remove_many(conn, [session_id]) == 1
 
 
@@ -247,6 +258,10 @@ def remove_many(conn: Connection, session_ids: Sequence[str]) -> int:
         return 0
     ids = with_delegated(conn, list(session_ids))
     turn_ids = select(turns.c.turn_id).where(turns.c.session_id.in_(ids))
+    # The turns' rows first (PostgreSQL), as every writer of a turn takes them: an answer
+    # holds its turn's row and then updates its pause, so a delete that took the pause
+    # first deadlocked with it.
+    conn.execute(turn_ids.order_by(turns.c.turn_id).with_for_update(of=turns)).all()
     conn.execute(_keep_attribution(ids))
     # Their spend leaves their session limits' counts (a reused id starts afresh).
     conn.execute(

@@ -139,7 +139,9 @@ def _progress(
 _TURNS_OF_SESSION = (
     select(_turns)
     .where(_turns.c.session_id == bindparam("l_session"))
-    .order_by(_turns.c.created_at, _turns.c.turn_id)
+    # The order the messages were committed in (the one turns are claimed in), not their
+    # clocks': two processes, or two sends racing, may stamp a later message earlier.
+    .order_by(_turns.c.input_seq, _turns.c.turn_id)
 )
 
 
