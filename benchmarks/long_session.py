@@ -2,21 +2,24 @@
 
 Runs `--turns` turns one after another in ONE session of the offline demo agent (a plan
 call, then a calculator or word-count tool round, or a plain answer, in rotation) on
-SQLite in a temporary directory, and measures each turn's CPU (the whole process: the
-event loop and the store's thread). It reports, for the first and the last `--window`
-turns:
+SQLite in a temporary directory (or `--database-url`: PostgreSQL, in a schema of its own
+that is dropped after), and measures each turn's CPU (the whole process: the event loop
+and the store's thread). It reports, for the first and the last `--window` turns:
 
 - **framework CPU per turn**: the turn's CPU minus what the demo model spends on its own
   (it counts the whole request's tokens, which grows with the session) and minus encoding
   the request the model must receive (every message of the transcript becomes a
   `ModelMessage`, which no framework can avoid);
 - the turn's whole CPU, for reference;
+- the bytes the turn's checkpoints serialize (checkpoints and their writes), which must
+  not grow with the session;
 - the ratio last/first, with its spread over blocks of ten turns.
 
 `--cold` holds no session transcript between turns, as when each turn of the session lands
 on another worker: every turn then reads its whole history from the Store.
 
-Run:  .venv/bin/python benchmarks/long_session.py [--turns 500] [--window 50] [--cold] [--json PATH]
+Run:  .venv/bin/python benchmarks/long_session.py [--turns 500] [--window 50] [--cold]
+      [--database-url postgresql://…] [--json PATH]
 Prints a table and writes JSON (default benchmarks/results/long_session.json).
 """
 
@@ -57,6 +60,22 @@ class _Meter:
         self.outside = 0.0
 
 
+class _CountingSerde:
+    """The checkpointer's serializer, counting the bytes it writes."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.bytes = 0
+
+    def dumps_typed(self, obj: Any) -> tuple[str, bytes]:
+        kind, data = self.inner.dumps_typed(obj)
+        self.bytes += len(data)
+        return kind, data
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
 class _TimedDemoModel(DemoModel):
     """The demo model, with the CPU of its own work set aside."""
 
@@ -87,11 +106,14 @@ def _timed_encoding(meter: _Meter, encode: Callable[..., Any]) -> Callable[..., 
     return timed
 
 
-async def run_session(turns: int, *, cold: bool = False) -> list[dict[str, float]]:
-    """Per turn: whole CPU ms, framework CPU ms, wall ms.
+async def run_session(
+    turns: int, *, cold: bool = False, database_url: str | None = None
+) -> list[dict[str, float]]:
+    """Per turn: whole CPU ms, framework CPU ms, wall ms, checkpoint bytes.
 
     `cold`: the runtime holds no session transcript between turns, so each turn reads
     its whole history from the Store (as when every turn lands on another worker).
+    `database_url`: PostgreSQL (a schema of its own, dropped after); else SQLite.
     """
     meter = _Meter()
     encode = getattr(message_list, "from_transcript")  # noqa: B009 - patched for timing
@@ -99,30 +121,66 @@ async def run_session(turns: int, *, cold: bool = False) -> list[dict[str, float
     agent = dataclasses.replace(demo_agent(), model=_TimedDemoModel(meter))
     rows: list[dict[str, float]] = []
     with tempfile.TemporaryDirectory() as tmp:
-        config = RuntimeConfig(database_url=f"sqlite:///{tmp}/long.db")
-        async with SessionRuntime(agent=agent, config=config) as runtime:
-            if cold:
-                runtime._held = HeldTranscripts(max_bytes=0)  # holds nothing
-            for index in range(turns):
-                meter.outside = 0.0
-                wall, cpu = time.perf_counter(), time.process_time()
-                last = None
-                async for event in runtime.execute_message("long", MESSAGES[index % 3]):
-                    last = event
-                cpu = time.process_time() - cpu
-                wall = time.perf_counter() - wall
-                if not isinstance(last, DoneEvent) or last.status != "succeeded":
-                    raise SystemExit(f"turn {index + 1} did not succeed: {last!r}")
-                rows.append(
-                    {
-                        "cpu_ms": cpu * 1000,
-                        "framework_ms": (cpu - meter.outside) * 1000,
-                        "wall_ms": wall * 1000,
-                    }
-                )
-                if (index + 1) % 100 == 0:
-                    print(f"  … {index + 1} turns", file=sys.stderr)
+        schema = f"tk_long_{os.getpid()}" if database_url else None
+        if database_url:
+            await _schema(database_url, f"CREATE SCHEMA {schema}")
+        config = RuntimeConfig(
+            database_url=database_url or f"sqlite:///{tmp}/long.db", database_schema=schema
+        )
+        try:
+            await _run(config, agent, meter, rows, turns, cold=cold)
+        finally:
+            if database_url:
+                await _schema(database_url, f"DROP SCHEMA {schema} CASCADE")
     return rows
+
+
+async def _schema(database_url: str, statement: str) -> None:
+    import asyncpg
+
+    conn = await asyncpg.connect(database_url.replace("postgresql+asyncpg", "postgresql"))
+    try:
+        await conn.execute(statement)
+    finally:
+        await conn.close()
+
+
+async def _run(
+    config: RuntimeConfig,
+    agent: Any,
+    meter: _Meter,
+    rows: list[dict[str, float]],
+    turns: int,
+    *,
+    cold: bool,
+) -> None:
+    async with SessionRuntime(agent=agent, config=config) as runtime:
+        if cold:
+            runtime._held = HeldTranscripts(max_bytes=0)  # holds nothing
+        await runtime.open()
+        saver: Any = runtime._graph.checkpointer  # type: ignore[union-attr]
+        serde = saver.serde = _CountingSerde(saver.serde)
+        for index in range(turns):
+            meter.outside = 0.0
+            serde.bytes = 0
+            wall, cpu = time.perf_counter(), time.process_time()
+            last = None
+            async for event in runtime.execute_message("long", MESSAGES[index % 3]):
+                last = event
+            cpu = time.process_time() - cpu
+            wall = time.perf_counter() - wall
+            if not isinstance(last, DoneEvent) or last.status != "succeeded":
+                raise SystemExit(f"turn {index + 1} did not succeed: {last!r}")
+            rows.append(
+                {
+                    "cpu_ms": cpu * 1000,
+                    "framework_ms": (cpu - meter.outside) * 1000,
+                    "wall_ms": wall * 1000,
+                    "checkpoint_bytes": float(serde.bytes),
+                }
+            )
+            if (index + 1) % 100 == 0:
+                print(f"  … {index + 1} turns", file=sys.stderr)
 
 
 def _summary(first: list[float], last: list[float]) -> dict[str, float]:
@@ -151,18 +209,23 @@ async def main() -> None:
     )
     default_json = Path(__file__).parent / "results" / "long_session.json"
     parser.add_argument("--json", default=str(default_json))
+    parser.add_argument(
+        "--database-url", default=None, help="PostgreSQL (a schema of its own); else SQLite"
+    )
     args = parser.parse_args()
     if args.turns < 2 * args.window:
         raise SystemExit("--turns must be at least twice --window")
-    rows = await run_session(args.turns, cold=args.cold)
+    rows = await run_session(args.turns, cold=args.cold, database_url=args.database_url)
     head, tail = rows[: args.window], rows[-args.window :]
     results = {
         metric: _summary([r[metric] for r in head], [r[metric] for r in tail])
-        for metric in ("framework_ms", "cpu_ms", "wall_ms")
+        for metric in ("framework_ms", "cpu_ms", "wall_ms", "checkpoint_bytes")
     }
     w, n = args.window, args.turns
+    database = "PostgreSQL" if args.database_url else "SQLite"
     print(
-        f"\none session of {n} turns, demo agent{' (cold: no transcript held)' * args.cold}"
+        f"\none session of {n} turns, demo agent on {database}"
+        f"{' (cold: no transcript held)' * args.cold}"
         f" — {platform.python_version()} on {os.cpu_count()} cores\n"
     )
     print(
@@ -173,6 +236,7 @@ async def main() -> None:
         "framework_ms": "framework CPU ms (mean)",
         "cpu_ms": "whole CPU ms (mean)",
         "wall_ms": "wall ms (mean)",
+        "checkpoint_bytes": "checkpoint bytes (mean)",
     }
     for metric, r in results.items():
         print(
@@ -185,6 +249,7 @@ async def main() -> None:
         "ts": datetime.now(UTC).isoformat(),
         "label": args.label,
         "cold": args.cold,
+        "database": database,
         "turns": n,
         "window": w,
         "results": results,

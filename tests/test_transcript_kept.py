@@ -8,6 +8,9 @@ place; and all of it survives a restart mid-turn after compaction.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
+import sqlite3
 import time
 from pathlib import Path
 from typing import Any
@@ -15,7 +18,9 @@ from typing import Any
 from tests.conftest import RuntimeFactory
 from tests.helpers import add
 from turnkit import Agent, RuntimeConfig, SessionRuntime, tool
+from turnkit.demo import demo_agent
 from turnkit.events import CompactionCompletedEvent, DoneEvent, ToolStartedEvent
+from turnkit.graph import sqlite_checkpoint_file
 from turnkit.ids import SessionId, TurnId
 from turnkit.models import ModelRequest
 from turnkit.store import KeptTranscript
@@ -160,3 +165,86 @@ async def test_a_turn_recovered_after_compaction_keeps_its_whole_transcript(
         "Got 7.",
         "Thanks.",
     ]
+
+
+MESSAGES = ("What is (12 + 3) * 7?", "Thanks, that helps.", "How many words are in this line?")
+
+
+def _checkpoint_bytes(db: Path, turn_id: str) -> int:
+    """What one turn's checkpoints hold: their rows and their writes."""
+    with contextlib.closing(sqlite3.connect(sqlite_checkpoint_file(f"sqlite:///{db}"))) as conn:
+        (rows,) = conn.execute(
+            "SELECT coalesce(sum(length(checkpoint) + length(metadata)), 0) FROM checkpoints"
+            " WHERE thread_id = ?",
+            (turn_id,),
+        ).fetchone()
+        (writes,) = conn.execute(
+            "SELECT coalesce(sum(length(value)), 0) FROM writes WHERE thread_id = ?", (turn_id,)
+        ).fetchone()
+    return int(rows) + int(writes)
+
+
+def _kept_last_request_bytes(db: Path) -> int:
+    """The size of the last request the Store keeps for the session (its newest turn's)."""
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        (size,) = conn.execute(
+            "SELECT length(last_request) FROM tk_transcripts WHERE last_request IS NOT NULL"
+        ).fetchone()
+    return int(size)
+
+
+async def test_what_a_turn_stores_does_not_grow_with_its_session(tmp_path: Path) -> None:
+    """A late turn of a long session writes as many checkpoint bytes as an early one (its
+    previous request is stored beside the transcript, not listed message by message), and
+    the last request the Store keeps for the next turn is as small."""
+    db = tmp_path / "long.db"
+    config = RuntimeConfig(database_url=f"sqlite:///{db}", keep_ended_checkpoints=True)
+    turn_ids: list[str] = []
+    last_request: list[int] = []
+    async with SessionRuntime(agent=demo_agent(), config=config) as runtime:
+        for n in range(90):
+            events = await collect_events(runtime.execute_message("s1", MESSAGES[n % 3]))
+            assert isinstance(events[-1], DoneEvent)
+            assert events[-1].status == "succeeded"
+            turn_ids.append(events[0].turn_id)
+            last_request.append(_kept_last_request_bytes(db))
+        requests = [
+            r.payloads.cache_breakpoint.request_messages
+            for r in await runtime.audit(TurnId(turn_ids[-1]))
+            if r.payloads.cache_breakpoint
+        ]
+    assert max(requests) > 250  # a long session: every request carries them all
+    for turn in range(3, 6):  # one of each kind of turn, early and late
+        early = _checkpoint_bytes(db, turn_ids[turn])
+        assert _checkpoint_bytes(db, turn_ids[turn + 84]) <= early + 256, (turn, early)
+        assert last_request[turn + 84] <= last_request[turn] + 32, (turn, last_request[turn])
+
+
+async def test_a_late_turn_after_a_restart_sees_the_whole_previous_request(
+    tmp_path: Path,
+) -> None:
+    """Read back from the Store by a process that never saw the session, the previous
+    request is whole: the first request of the next turn shares all of it, and one whose
+    agent changed its instructions meanwhile shares none of it, as the agent's change."""
+    url = f"sqlite:///{tmp_path / 'restart.db'}"
+    async with SessionRuntime(agent=demo_agent(), config=RuntimeConfig(database_url=url)) as one:
+        for n in range(12):
+            await collect_events(one.execute_message("s1", MESSAGES[n % 3]))
+        last_turn = (await one.history("s1"))[-1].turn_id
+        rows = await one.audit(last_turn)
+    sent = [r.payloads.cache_breakpoint for r in rows if r.payloads.cache_breakpoint][-1]
+    changed = dataclasses.replace(demo_agent(), instructions="Answer in French.")
+    for agent, shared, region in (
+        (demo_agent(), sent.request_messages, None),
+        (changed, 0, "system"),
+    ):
+        async with SessionRuntime(agent=agent, config=RuntimeConfig(database_url=url)) as two:
+            events = await collect_events(two.execute_message("s1", "Thanks, that helps."))
+            assert isinstance(events[-1], DoneEvent)
+            assert events[-1].status == "succeeded"
+            rows = await two.audit(events[0].turn_id)
+        first = [r.payloads.cache_breakpoint for r in rows if r.payloads.cache_breakpoint][0]
+        assert first.prefix_messages == shared
+        assert first.broken_region == region
+        assert first.break_reason == (None if region is None else "agent-changed")
+        sent = [r.payloads.cache_breakpoint for r in rows if r.payloads.cache_breakpoint][-1]

@@ -246,3 +246,24 @@ async def test_0016_counts_each_limits_spend_from_the_first_check_that_writes(
         columns = {row[1] for row in conn.execute(sa.text("PRAGMA table_info(tk_budget_limits)"))}
     assert "spent_period" not in columns
     engine.dispose()
+
+
+async def test_0017_a_turn_start_looks_only_at_the_turns_since_the_one_held(
+    tmp_path: Path,
+) -> None:
+    """Which turns since the transcript a runtime holds stored none is a range of the index,
+    not a walk over every turn the session ever had."""
+    from sqlalchemy.dialects import sqlite
+
+    from turnkit.store._transcripts_sql import _WITHOUT_TRANSCRIPT
+
+    path = tmp_path / "old.db"
+    engine = sa.create_engine(f"sqlite:///{path}")
+    with engine.begin() as conn:
+        upgrade(conn, "0016")
+    async with SqlStore.from_url(f"sqlite:///{path}"):  # opening upgrades to head
+        pass
+    query = str(_WITHOUT_TRANSCRIPT.compile(dialect=sqlite.dialect()))
+    with sqlite3.connect(path) as conn:
+        plan = [row[3] for row in conn.execute(f"EXPLAIN QUERY PLAN {query}", ("s", 10, 12))]
+    assert any("input_seq>? AND input_seq<?" in step for step in plan), plan

@@ -10,8 +10,10 @@ appending until it crosses twenty again.
 
 from __future__ import annotations
 
+from itertools import islice
 from typing import Final
 
+from turnkit.context._known import KnownHistory
 from turnkit.context.transcript import (
     PartJson,
     TranscriptMessage,
@@ -25,9 +27,17 @@ PICTURE_LIMIT: Final = 20
 """More pictures than this in one call triggers a release."""
 
 
-def count_pictures(transcript: list[TranscriptMessage]) -> int:
-    """Pictures a request made of `transcript` would carry."""
-    return sum(picture_parts(m) for m in transcript if not isinstance(m["content"], str))
+def count_pictures(transcript: list[TranscriptMessage], known: KnownHistory | None = None) -> int:
+    """Pictures a request made of `transcript` would carry.
+
+    `known`: the session's history, which `transcript` may start with (its count is kept).
+    """
+    start, counted = 0, 0
+    if known is not None and known.leads(transcript):
+        start, counted = len(known.messages) + 1, known.pictures
+        counted += picture_parts(transcript[0])
+    rest = islice(transcript, start, None)
+    return counted + sum(picture_parts(m) for m in rest if not isinstance(m["content"], str))
 
 
 def release_pictures(transcript: list[TranscriptMessage]) -> tuple[list[TranscriptMessage], int]:

@@ -16,9 +16,10 @@ import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, TypedDict
+from typing import Literal, NotRequired, TypedDict
 
-from turnkit.context.transcript import DerivedCache, TranscriptMessage, sent_bytes
+from turnkit.context._known import KnownHistory, digests_of, joined_sha256, message_digest
+from turnkit.context.transcript import TranscriptMessage
 from turnkit.errors import PrefixRewriteError
 from turnkit.models import ToolSpec
 
@@ -30,6 +31,8 @@ __all__ = (
     "Region",
     "RequestView",
     "check_prefix",
+    "compact",
+    "expand",
     "message_digest",
     "stored",
     "tools_digest",
@@ -52,18 +55,6 @@ def tools_digest(tools: Sequence[ToolSpec]) -> str:
     return hashlib.sha256(raw).hexdigest()
 
 
-def _digest(message: TranscriptMessage) -> str:
-    return hashlib.sha256(sent_bytes(message)).hexdigest()[:32]
-
-
-message_digest: DerivedCache[str] = DerivedCache("digest", _digest)
-"""A digest of the bytes the model receives for a message.
-
-Every request of a session digests every message it carries, so a long session's digests
-are kept: on a sealed message, else by the message's values (see `DerivedCache`).
-"""
-
-
 @dataclass(frozen=True, slots=True)
 class RequestView:
     """What a request sent, as the prefix check sees it: a digest per message, in order."""
@@ -72,9 +63,18 @@ class RequestView:
     tools_sha256: str
 
     @classmethod
-    def of(cls, messages: Sequence[TranscriptMessage], tools_sha256: str) -> RequestView:
-        """The view of a request made of `messages` with tools hashed to `tools_sha256`."""
-        return cls(tuple([message_digest(m) for m in messages]), tools_sha256)
+    def of(
+        cls,
+        messages: Sequence[TranscriptMessage],
+        tools_sha256: str,
+        known: KnownHistory | None = None,
+    ) -> RequestView:
+        """The view of a request made of `messages` with tools hashed to `tools_sha256`.
+
+        `known`: the session's history, which `messages` may start with (after the system
+        message); its digests are not looked up again.
+        """
+        return cls(digests_of(messages, known), tools_sha256)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -96,6 +96,7 @@ def check_prefix(
     *,
     deliberate: Literal["compaction", "picture-release"] | None = None,
     between_turns: bool = False,
+    known: KnownHistory | None = None,
 ) -> PrefixReport:
     """Compare `current` with `previous` and report the shared prefix.
 
@@ -105,14 +106,15 @@ def check_prefix(
         deliberate: A rewrite this request makes on purpose (audited, never refused).
         between_turns: `previous` belongs to an earlier turn, so the agent's instructions
             or tools may have changed since (recorded as `agent-changed`).
+        known: The session's history `current` may start with (its hash is kept).
 
     Raises:
         PrefixRewriteError: An unexpected rewrite while `STRICT` is set.
     """
     shared = 0 if previous is None else _shared(previous.messages, current.messages)
     # One update over the joined digests hashes the same bytes as one update per digest.
-    joined = "".join(current.messages[:shared]).encode()
-    report = PrefixReport(shared=shared, prefix_sha256=hashlib.sha256(joined).hexdigest())
+    prefix_sha256 = joined_sha256(current.messages[:shared], known)
+    report = PrefixReport(shared=shared, prefix_sha256=prefix_sha256)
     if previous is None:
         return report
     region = _broken_region(previous, current, shared)
@@ -141,14 +143,17 @@ def check_prefix(
 
 def _shared(old: tuple[str, ...], new: tuple[str, ...]) -> int:
     """How many leading digests `old` and `new` share."""
-    if new[: len(old)] == old:  # the usual case: everything sent before is sent again
-        return min(len(old), len(new))
-    shared = 0
-    for a, b in zip(old, new, strict=False):
-        if a != b:
-            break
-        shared += 1
-    return shared
+    high = min(len(old), len(new))
+    if old[:high] == new[:high]:  # the usual case: everything sent before is sent again
+        return high
+    low = 0  # old[:low] == new[:low], old[:high] != new[:high]
+    while high - low > 1:  # halving by slices: a long session's lists are compared in C
+        middle = (low + high) // 2
+        if old[low:middle] == new[low:middle]:
+            low = middle
+        else:
+            high = middle
+    return low
 
 
 def _broken_region(previous: RequestView, current: RequestView, shared: int) -> Region | None:
@@ -160,17 +165,30 @@ def _broken_region(previous: RequestView, current: RequestView, shared: int) -> 
 
 
 class PreviousRequest(TypedDict):
-    """The session's previous reasoning request, as the prefix check needs it (JSON)."""
+    """The session's previous reasoning request, as the prefix check needs it (JSON).
+
+    In memory, `messages` holds a digest per message. Where it is stored (graph checkpoints,
+    the Store) it is `compact`: the messages it shares with the transcript stored beside it
+    are counted (`shares`), not listed, so what is written per checkpoint and per turn does
+    not grow with the session; `expand` reads it back against that transcript.
+    """
 
     messages: list[str]
-    """A digest per message, in order."""
+    """A digest per message, in order (compact: those after the first `shares`)."""
     tools_sha256: str
     between_turns: bool
     """It was made by an earlier turn (the agent may have changed since)."""
+    shares: NotRequired[int]
+    """Compact: its first `shares` messages are the stored transcript's (the first, its
+    system message, as `first` says: the agent may have changed it since)."""
+    first: NotRequired[str]
+    """Compact: the digest of its first message."""
+    sha256: NotRequired[str]
+    """Compact: the hash of all its digests joined, which `expand` checks."""
 
 
 def view_of(previous: PreviousRequest | None) -> RequestView | None:
-    """The prefix check's view of a stored previous request."""
+    """The prefix check's view of a previous request (as kept in memory: not compact)."""
     if previous is None:
         return None
     return RequestView(tuple(previous["messages"]), previous["tools_sha256"])
@@ -182,4 +200,58 @@ def stored(view: RequestView, *, between_turns: bool = False) -> PreviousRequest
         "messages": list(view.messages),
         "tools_sha256": view.tools_sha256,
         "between_turns": between_turns,
+    }
+
+
+def compact(
+    previous: PreviousRequest, beside: Sequence[str], known: KnownHistory | None = None
+) -> PreviousRequest:
+    """`previous` as it is stored beside a transcript whose digests are `beside`.
+
+    The messages it shares with that transcript are counted, not listed (see
+    `PreviousRequest`). `known`: the history both may start with (its hash is kept).
+    """
+    digests = previous["messages"]
+    if "shares" in previous or not digests or not beside:
+        return previous
+    # The first message is kept apart (`first`): an agent changed since sends another one.
+    shares = 1 + _shared(tuple(digests[1:]), tuple(beside[1:]))
+    if shares < 2:  # nothing worth leaving out
+        return previous
+    return {
+        "messages": digests[shares:],
+        "tools_sha256": previous["tools_sha256"],
+        "between_turns": previous["between_turns"],
+        "shares": shares,
+        "first": digests[0],
+        "sha256": joined_sha256(digests, known),
+    }
+
+
+def expand(
+    previous: PreviousRequest, beside: Sequence[str], known: KnownHistory | None = None
+) -> PreviousRequest:
+    """A stored `previous` with every digest listed again.
+
+    `beside`: the digests of the transcript it was stored beside. A transcript that no
+    longer starts with what the request sent (a history rebuilt otherwise since) cannot
+    fill in its messages; then only the first is known, and the prefix check sees a
+    rewrite after it.
+    """
+    shares = previous.get("shares")
+    if shares is None:
+        return previous
+    first, tail = previous.get("first", ""), previous["messages"]
+    digests = [first, *beside[1:shares], *tail]
+    if len(beside) < shares or joined_sha256(digests, known) != previous.get("sha256"):
+        log.warning(
+            "the previous request's first %d message(s) are not the stored transcript's: "
+            "the prefix check compares with its first message only",
+            shares,
+        )
+        digests = [first, *([""] * (shares - 1)), *tail]
+    return {
+        "messages": digests,
+        "tools_sha256": previous["tools_sha256"],
+        "between_turns": previous["between_turns"],
     }

@@ -21,7 +21,8 @@ from langgraph.types import Command, interrupt
 
 from turnkit import otel
 from turnkit.clock import SystemClock
-from turnkit.context.prefix import PreviousRequest
+from turnkit.context._known import digests_of
+from turnkit.context.prefix import PreviousRequest, compact, expand
 from turnkit.errors import StoreUnavailableError, TurnkitError
 from turnkit.events import StageName, StepEndEvent, StepStartEvent
 from turnkit.stages import (
@@ -50,6 +51,7 @@ __all__ = (
     "pause_here",
     "run_turn",
     "sqlite_checkpoint_file",
+    "stored_request",
     "turn_part",
 )
 
@@ -70,7 +72,8 @@ class TurnState(TypedDict):
     route: Route
     iteration: int
     previous: PreviousRequest | None
-    """The session's last reasoning request (the prefix check compares with it)."""
+    """The session's last reasoning request (the prefix check compares with it), `compact`
+    against the transcript: what it shares with it is counted, not listed."""
     answer: PendingAnswer | None
     """The tool-loop's terminal text, once a call named no tool."""
 
@@ -120,8 +123,12 @@ async def _bracket(
 
 def _bind(
     runtime: Runtime[StageContext], state: TurnState
-) -> tuple[StageContext, list[TranscriptMessage]]:
-    """The turn's context, bound to this node, and the whole transcript the node starts from."""
+) -> tuple[StageContext, list[TranscriptMessage], PreviousRequest | None]:
+    """The turn's context bound to this node, and what the node starts from.
+
+    That is the whole transcript and the session's last request (as the prefix check
+    reads it).
+    """
     ctx = runtime.context
     rec = ctx.recorder
     part = state.get("part")
@@ -133,9 +140,28 @@ def _bind(
             rec.notes.history_replaced = True  # an earlier attempt rewrote it: keep it whole
     rec.notes.transcript = transcript  # what a failure now would keep
     rec.notes.request_text = state["content"]  # as the input guardrails left it
-    if state["previous"] is not None:
-        rec.notes.last_request = state["previous"]
-    return ctx, transcript
+    previous = state["previous"]
+    if previous is not None:
+        kept = rec.notes.stored_request
+        if kept is not None and kept[0] == previous:  # this attempt stored it: as it was
+            previous = kept[1]
+        elif "shares" in previous:  # a checkpoint of an earlier attempt
+            previous = expand(previous, digests_of(transcript, rec.notes.known), rec.notes.known)
+        rec.notes.last_request = previous
+    return ctx, transcript, previous
+
+
+def stored_request(
+    rec: Recorder, previous: PreviousRequest, transcript: list[TranscriptMessage]
+) -> PreviousRequest:
+    """`previous` as the state keeps it beside `transcript` (`compact`)."""
+    kept = rec.notes.stored_request
+    if kept is not None and kept[1] is previous:
+        return kept[0]
+    known = rec.notes.known
+    out = compact(previous, digests_of(transcript, known), known)
+    rec.notes.stored_request = (out, previous)
+    return out
 
 
 def turn_part(
@@ -158,55 +184,58 @@ def _onward(route: Route) -> _Onward:
     return route
 
 
-def _update(ctx: StageContext, out: StageOutcome) -> dict[str, Any]:
+def _update(
+    ctx: StageContext, out: StageOutcome, transcript: list[TranscriptMessage]
+) -> dict[str, Any]:
+    """The state's update: `transcript` is the one the node started from."""
     update: dict[str, Any] = {"route": out.route}
     if out.transcript is not None:
         update["transcript"], update["part"] = turn_part(ctx.recorder, out.transcript)
-        ctx.recorder.notes.transcript = out.transcript
+        ctx.recorder.notes.transcript = transcript = out.transcript
     if out.previous is not None:
-        update["previous"] = out.previous
+        update["previous"] = stored_request(ctx.recorder, out.previous, transcript)
     if out.answer is not None:
         update["answer"] = out.answer
     return update
 
 
 async def _anchor_plan(state: TurnState, runtime: Runtime[StageContext]) -> Command[_Onward]:
-    ctx, transcript = _bind(runtime, state)
+    ctx, transcript, _ = _bind(runtime, state)
     out = await _bracket(
         ctx,
         "anchor-plan",
         None,
         lambda: run_anchor_plan(ctx, state["content"], transcript),
     )
-    return Command(update=_update(ctx, out), goto=_onward(out.route))
+    return Command(update=_update(ctx, out, transcript), goto=_onward(out.route))
 
 
 async def _tool_loop(state: TurnState, runtime: Runtime[StageContext]) -> Command[_Onward]:
-    ctx, transcript = _bind(runtime, state)
+    ctx, transcript, previous = _bind(runtime, state)
     iteration = state["iteration"] + 1
     out = await _bracket(
         ctx,
         "tool-loop",
         iteration,
-        lambda: run_tool_loop(ctx, transcript, iteration, state["previous"]),
+        lambda: run_tool_loop(ctx, transcript, iteration, previous),
     )
-    update = {**_update(ctx, out), "iteration": iteration}
+    update = {**_update(ctx, out, transcript), "iteration": iteration}
     return Command(update=update, goto=_onward(out.route))
 
 
 async def _synthesize(state: TurnState, runtime: Runtime[StageContext]) -> dict[str, Any]:
-    ctx, transcript = _bind(runtime, state)
+    ctx, transcript, previous = _bind(runtime, state)
     out = await _bracket(
         ctx,
         "synthesize",
         None,
-        lambda: run_synthesize(ctx, transcript, state["previous"], state["answer"]),
+        lambda: run_synthesize(ctx, transcript, previous, state["answer"]),
     )
-    return _update(ctx, out)
+    return _update(ctx, out, transcript)
 
 
 async def _post_turn(state: TurnState, runtime: Runtime[StageContext]) -> dict[str, Any]:
-    ctx, transcript = _bind(runtime, state)
+    ctx, transcript, _ = _bind(runtime, state)
     out = await _bracket(ctx, "post-turn", None, lambda: run_post_turn(ctx, transcript))
     return {"route": out.route}
 

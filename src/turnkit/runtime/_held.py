@@ -22,6 +22,7 @@ from typing import Final
 
 from pydantic import JsonValue
 
+from turnkit.context._known import KnownHistory
 from turnkit.context.transcript import TranscriptMessage
 from turnkit.ids import SessionId, TurnId
 
@@ -55,11 +56,12 @@ class Held:
     through: TurnId
     """The newest turn the messages include."""
     input_seq: int
-    messages: tuple[TranscriptMessage, ...]
+    known: KnownHistory
+    """The messages, with what each request derives from them (their digests)."""
     last_request: dict[str, JsonValue] | None
     """The newest last request the Store kept up to `through`."""
     size: int
-    """About how many bytes `messages` hold (`size_of`)."""
+    """About how many bytes the messages hold (`size_of`)."""
     guarded: bool = False
     """Built with input guardrails in play (turns with no stored transcript withheld)."""
 

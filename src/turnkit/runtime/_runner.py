@@ -334,7 +334,7 @@ class TurnRunner:
                 ),
             )
 
-        transcript, previous = await session_transcript(
+        transcript, previous, known = await session_transcript(
             self.store,
             agent,
             record,
@@ -345,6 +345,7 @@ class TurnRunner:
             ctx_factory=ctx_factory,
             transcript=transcript,
             previous=previous,
+            known=known,
             entry=_entry(
                 agent,
                 registry_size=len(registry) + int(agent.clarifications) + int(agent.planning),

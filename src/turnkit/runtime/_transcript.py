@@ -15,8 +15,9 @@ from typing import cast
 from pydantic import JsonValue
 
 from turnkit.agent import Agent
+from turnkit.context._known import KnownHistory, digests_of
 from turnkit.context._sealed import seal
-from turnkit.context.prefix import PreviousRequest
+from turnkit.context.prefix import PreviousRequest, compact, expand
 from turnkit.context.transcript import PartJson, TranscriptMessage
 from turnkit.graph import turn_part
 from turnkit.runtime._held import Held, HeldTranscripts, size_of
@@ -60,17 +61,18 @@ async def session_transcript(
     held: HeldTranscripts | None = None,
     *,
     guarded: bool = False,
-) -> tuple[list[TranscriptMessage], PreviousRequest | None]:
-    """The transcript `record`'s turn starts from, and the session's last request.
+) -> tuple[list[TranscriptMessage], PreviousRequest | None, KnownHistory]:
+    """The transcript `record`'s turn starts from, the session's last request, its history.
 
-    With `held`, the Store is asked only for the turns after the one held for the
-    session, and what the turn starts from is held in its place. `guarded`: input
-    guardrails are in play, so a message no guardrail was seen checking (a turn that
-    stored no transcript) is withheld.
+    The history is the transcript between its system message and the turn's own. With
+    `held`, the Store is asked only for the turns after the one held for the session, and
+    what the turn starts from is held in its place. `guarded`: input guardrails are in
+    play, so a message no guardrail was seen checking (a turn that stored no transcript)
+    is withheld.
     """
     system: TranscriptMessage = {"role": "system", "content": agent.instructions}
     if record.input_seq <= 1:  # a session's first turn has no history to read
-        return [system, opening_message(record)], None
+        return [system, opening_message(record)], None, KnownHistory()
     session = record.session_id
     have = held.get(session) if held is not None else None
     if have is not None and have.input_seq >= record.input_seq:
@@ -83,7 +85,7 @@ async def session_transcript(
         after=have.through if have is not None else None,
     )
     start = have if kept.continues else None
-    messages, size = _history(start, kept, guarded=guarded)
+    known, size = _history(start, kept, guarded=guarded)
     last = kept.last_request or (start.last_request if start is not None else None)
     if held is not None and kept.turns:
         newest = kept.turns[-1]
@@ -92,25 +94,29 @@ async def session_transcript(
             Held(
                 through=newest.turn_id,
                 input_seq=newest.input_seq,
-                messages=tuple(messages),
+                known=known,
                 last_request=last,
                 size=size,
                 guarded=guarded,
             ),
         )
-    previous = cast(PreviousRequest, {**last, "between_turns": True}) if last else None
-    return [system, *messages, opening_message(record)], previous
+    transcript = [system, *known.messages, opening_message(record)]
+    previous: PreviousRequest | None = None
+    if last:  # stored beside the history: what it shares with it is counted, not listed
+        stored = cast(PreviousRequest, {**last, "between_turns": True})
+        previous = expand(stored, digests_of(transcript, known), known)
+    return transcript, previous, known
 
 
 def _history(
     start: Held | None, kept: KeptTranscript, *, guarded: bool = False
-) -> tuple[list[TranscriptMessage], int]:
+) -> tuple[KnownHistory, int]:
     """The history after the system message (and its size): `start`'s, then `kept`'s.
 
     Its messages are sealed: no hook changes them in place, so what the prefix check
     and the request encoding derive from each is kept on it, across the session's turns.
     """
-    messages = list(start.messages) if start is not None else []
+    known = start.known if start is not None else KnownHistory()
     size = start.size if start is not None else 0
     for turn in kept.turns:
         stored = turn.transcript
@@ -120,10 +126,10 @@ def _history(
         else:
             added = [seal(cast(TranscriptMessage, m)) for m in stored.messages]
             if stored.replaces_history:  # the whole list, its own system message first
-                messages, size, added = [], 0, added[1:]
-        messages += added
+                known, size, added = KnownHistory(), 0, added[1:]
+        known = known.extended(added)
         size += size_of(added)
-    return messages, size
+    return known, size
 
 
 def _legacy(
@@ -160,10 +166,11 @@ def ended_transcript(
         messages.append({"role": "assistant", "content": _ending_note(status, code, message)})
     last: dict[str, JsonValue] | None = None
     if rec.notes.last_request is not None:
-        last = {
-            "messages": list(rec.notes.last_request["messages"]),
-            "tools_sha256": rec.notes.last_request["tools_sha256"],
-        }
+        # Stored beside the session's transcript, which the next turn's list starts with:
+        # what the request shares with it is counted, not listed (`compact`).
+        known = rec.notes.known
+        kept = compact(rec.notes.last_request, digests_of(messages, known), known)
+        last = {k: cast(JsonValue, v) for k, v in kept.items() if k != "between_turns"}
     own, part = turn_part(rec, messages)  # what checkpoints keep is what is stored
     return TurnTranscript(
         messages=tuple(_json(m) for m in own),

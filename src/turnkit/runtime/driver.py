@@ -21,6 +21,7 @@ from typing import Any
 from turnkit.audit import AgentRepinnedPayload, AuditPayloads
 from turnkit.clock import Clock
 from turnkit.config import RuntimeConfig
+from turnkit.context._known import KnownHistory
 from turnkit.context.prefix import PreviousRequest
 from turnkit.errors import (
     AdmissionRefusedError,
@@ -39,6 +40,7 @@ from turnkit.graph import (
     has_pending_interrupt,
     latest_checkpoint_id,
     run_turn,
+    stored_request,
     turn_part,
 )
 from turnkit.ids import TurnId
@@ -84,6 +86,8 @@ class DriveSetup:
     """The turn had not started and now runs on its agent's current version (audited)."""
     record: TurnRecord | None = None
     """The turn as the setup left it (re-pinned: its new `pinned` and `model`)."""
+    known: KnownHistory | None = None
+    """The transcript's history after its system message (`session_transcript`)."""
 
 
 class TurnDriver:
@@ -354,14 +358,18 @@ class TurnDriver:
             await self._announce_recovery(rec, resumed=resume)
         state: TurnState | None = None
         if not resume:
-            own, part = turn_part(rec, await guard_input(setup.ctx_factory(rec), setup.transcript))
+            guarded = await guard_input(setup.ctx_factory(rec), setup.transcript)
+            own, part = turn_part(rec, guarded)
+            previous = setup.previous
+            if previous is not None:  # stored beside the transcript: what they share is counted
+                previous = stored_request(rec, previous, guarded)
             state = {
                 "transcript": own,
                 "part": part,
                 "content": rec.notes.request_text,  # as the input guardrails left it
                 "route": setup.entry,
                 "iteration": 0,
-                "previous": setup.previous,
+                "previous": previous,
                 "answer": None,
             }
         if fresh:  # LangGraph's opening read of the newest checkpoint need ask nothing
@@ -433,6 +441,7 @@ class TurnDriver:
         rec.notes.transcript = setup.transcript
         rec.notes.history = setup.transcript[:-1]  # the turn's own start at its message
         rec.notes.base_len = len(rec.notes.history)
+        rec.notes.known = setup.known
         rec.notes.last_request = setup.previous
         watcher = self._ctx = setup.ctx_factory(rec)
         if watcher.plugins:

@@ -112,7 +112,8 @@ async def prepare_request(
     )
     if compacted is not None:
         transcript, deliberate = compacted, "compaction"
-    if count_pictures(transcript) > PICTURE_LIMIT:
+    known = ctx.recorder.notes.known
+    if count_pictures(transcript, known) > PICTURE_LIMIT:
         transcript, released = release_pictures(transcript)
         if released:
             deliberate = deliberate or "picture-release"
@@ -127,16 +128,17 @@ async def prepare_request(
         settings=ctx.agent.settings,
         output=_answer_shape(ctx, purpose),
     )
-    view = RequestView.of(transcript, tools_digest(specs))
+    view = RequestView.of(transcript, tools_digest(specs), known)
     report = check_prefix(
         view_of(previous),
         view,
         deliberate=deliberate,
         between_turns=previous is not None and previous["between_turns"],
+        known=known,
     )
-    ctx.recorder.notes.last_request = stored(view)
+    previous = ctx.recorder.notes.last_request = stored(view)
     ctx.recorder.notes.transcript = transcript  # what an ending during the call keeps
-    return Prepared(transcript=transcript, request=request, report=report, previous=stored(view))
+    return Prepared(transcript=transcript, request=request, report=report, previous=previous)
 
 
 def _answer_shape(ctx: StageContext, purpose: Purpose) -> OutputShape | None:
@@ -171,7 +173,7 @@ async def answered_request(
     guides = await presented_guides(ctx, stage_id, transcript, generation)
     notes = await plugin_notes(ctx, stage_id, [*transcript, *guides], replaying=True)
     transcript = [*transcript, *guides, *notes, *closing]
-    previous = stored(RequestView.of(transcript, tools_digest(specs)))
+    previous = stored(RequestView.of(transcript, tools_digest(specs), ctx.recorder.notes.known))
     ctx.recorder.notes.last_request = previous
     ctx.recorder.notes.transcript = transcript
     return transcript, previous

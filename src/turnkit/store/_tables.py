@@ -68,6 +68,9 @@ class TurnRow(SQLModel, table=True):
         Index("ix_turn_claimable", "status", "lease_expires_at"),
         # "does an earlier turn of this session still run?" (every claim asks it)
         Index("ix_turn_session_open", "session_id", "status", "input_seq"),
+        # a session's turns in a range of input seqs (a turn's start reads those since
+        # the transcript it holds)
+        Index("ix_turn_session_seq", "session_id", "input_seq"),
     )
     turn_id: str = Field(primary_key=True, max_length=64)
     session_id: str = Field(max_length=128)

@@ -16,6 +16,7 @@ from typing import Any
 from pydantic import JsonValue
 
 from turnkit.blocks import ToolResultBlock
+from turnkit.context._known import KnownHistory
 from turnkit.context.prefix import PreviousRequest
 from turnkit.context.transcript import TranscriptMessage
 from turnkit.ids import TurnId
@@ -35,10 +36,14 @@ class TurnNotes:
     changed in place: graph checkpoints leave it out and rejoin it)."""
     base_len: int = 0
     """How many of `transcript`'s messages earlier turns had already stored."""
+    known: KnownHistory | None = None
+    """`history` after its system message, with what requests derive from it kept."""
     history_replaced: bool = False
     """Compaction or picture release rewrote history this turn (stored whole)."""
     last_request: PreviousRequest | None = None
     """The turn's last reasoning request (the next turn's first is checked against it)."""
+    stored_request: tuple[PreviousRequest, PreviousRequest] | None = None
+    """The last request as the graph state stored it (`compact`), and as it was."""
     request_text: str = ""
     """The text of the message that opened the turn."""
     reasoning: list[str] = field(default_factory=list[str])
