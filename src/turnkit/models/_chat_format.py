@@ -8,6 +8,8 @@ litellm's path both send.
 from __future__ import annotations
 
 import base64
+import hashlib
+import re
 from collections.abc import Sequence
 
 from turnkit.blocks import ContentPart, ImagePart, TextPart
@@ -38,8 +40,48 @@ def _content(content: Content) -> object:
     return content if isinstance(content, str) else [part_dict(p) for p in content]
 
 
-def _message_dict(message: ModelMessage, *, omit_empty: bool = False) -> dict[str, object]:
+_SAFE_ID = re.compile(r"[A-Za-z0-9_-]{1,40}")
+"""A tool-call id every provider takes back (see `turnkit.stages._call_ids`)."""
+
+
+class _SentIds:
+    """The id each tool call goes by in one request: its own, unless a provider would refuse it.
+
+    turnkit names new calls safely and uniquely, but a session an older turnkit wrote may
+    repeat an id across turns (some servers number calls per response) or keep one with
+    other characters, which Anthropic refuses (a repeated id) and OpenAI too (over 40
+    characters). Such a call and the tool message answering it go by a fresh id, worked out
+    from the messages before them only: the same list sends the same bytes every time.
+    """
+
+    __slots__ = ("_given", "_used")
+
+    def __init__(self) -> None:
+        self._used: set[str] = set()
+        self._given: dict[str, str] = {}
+        """A call's id as stored, and the id its latest call goes by."""
+
+    def call(self, given: str) -> str:
+        sent = given
+        if not _SAFE_ID.fullmatch(given) or given in self._used:
+            base = re.sub(r"[^A-Za-z0-9_-]", "_", given)[:20] or "call"
+            digest = hashlib.blake2b(given.encode(), digest_size=6).hexdigest()
+            sent, n = f"{base}_{digest}", 1
+            while sent in self._used:
+                sent, n = f"{base}_{digest}_{n}", n + 1
+        self._used.add(sent)
+        self._given[given] = sent
+        return sent
+
+    def answer(self, given: str) -> str:
+        return self._given.get(given, given)
+
+
+def _message_dict(
+    message: ModelMessage, *, omit_empty: bool = False, ids: _SentIds | None = None
+) -> dict[str, object]:
     """One neutral message as an OpenAI chat message (a tool's pictures left out)."""
+    ids = ids if ids is not None else _SentIds()
     out: dict[str, object] = {"role": message.role}
     if message.role == "assistant" and message.tool_calls:
         said = text_of(message.content)
@@ -47,7 +89,7 @@ def _message_dict(message: ModelMessage, *, omit_empty: bool = False) -> dict[st
             out["content"] = said or None
         out["tool_calls"] = [
             {
-                "id": call.tool_call_id,
+                "id": ids.call(call.tool_call_id),
                 "type": "function",
                 "function": {"name": call.name, "arguments": call.arguments},
             }
@@ -62,7 +104,7 @@ def _message_dict(message: ModelMessage, *, omit_empty: bool = False) -> dict[st
             raise InvalidInputError(
                 "a 'tool' message needs tool_call_id: set it to the id of the call it answers"
             )
-        out["tool_call_id"] = message.tool_call_id
+        out["tool_call_id"] = ids.answer(message.tool_call_id)
     elif message.name:
         out["name"] = message.name
     return out
@@ -91,6 +133,7 @@ def message_dicts(
     out: list[dict[str, object]] = []
     pictures: list[dict[str, object]] = []
     began = False
+    ids = _SentIds()
     for message in messages:
         if message.role != "tool" and pictures:
             out.append({"role": "user", "content": pictures})
@@ -99,11 +142,12 @@ def message_dicts(
             out.append({"role": "user", "content": f"{NOTE_PREFIX}\n\n{text_of(message.content)}"})
             continue
         began = began or message.role != "system"
-        out.append(_message_dict(message, omit_empty=omit_empty))
+        sent = _message_dict(message, omit_empty=omit_empty, ids=ids)
+        out.append(sent)
         if message.role == "tool" and not isinstance(message.content, str):
             shown = [part_dict(p) for p in message.content if isinstance(p, ImagePart)]
             if shown:
-                label = f"Pictures returned by tool call {message.tool_call_id}:"
+                label = f"Pictures returned by tool call {sent['tool_call_id']}:"
                 pictures += [{"type": "text", "text": label}, *shown]
     if pictures:
         out.append({"role": "user", "content": pictures})

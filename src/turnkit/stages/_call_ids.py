@@ -28,6 +28,8 @@ def unique_ids(
     calls: tuple[ToolCallPart, ...], transcript: list[TranscriptMessage], iteration: int
 ) -> tuple[ToolCallPart, ...]:
     """The calls, each with an id no call in `transcript` (or before it in `calls`) has."""
+    if not calls:  # an answer: the transcript's ids need not be gathered
+        return calls
     used = _transcript_call_ids(transcript)
     out: list[ToolCallPart] = []
     for call in calls:
