@@ -297,9 +297,11 @@ class Worker:
         for turn_id in ended:
             log.warning("swept %s: timed out with no live driver", turn_id)
             self.runtime.forget_ended(turn_id)
-            # Its driver is gone: its live entries need not outlive the grace period.
-            with contextlib.suppress(Exception):
-                await self.runtime.replay.release(TurnId(turn_id))
+        if ended:  # their drivers are gone: their live entries need not outlive the grace
+            releases = (self.runtime.replay.release(TurnId(t)) for t in ended)
+            with contextlib.suppress(Exception):  # a hung buffer holds the sweep 2 s at most
+                async with asyncio.timeout(2.0):
+                    await asyncio.gather(*releases, return_exceptions=True)
         if config.budgets == "enforce":
             for resumed in await self.runtime.resume_budget_pauses():
                 log.info("resumed %s: its budget has room again", resumed)
