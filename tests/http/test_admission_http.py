@@ -274,3 +274,33 @@ async def test_an_auth_that_returns_nonsense_is_the_apps_500_and_leaks_nothing(
     assert "tok_LIVE" not in answer.text
     assert "returned a dict" in answer.json()["detail"]
     assert any("tok_LIVE_abcdef" in r.getMessage() for r in caplog.records)  # for the app
+
+
+async def test_an_unexpected_exception_answers_a_problem_body_that_names_only_its_type(
+    tmp_path: Path,
+) -> None:
+    """A bug in the app's own dependency (or a database error turnkit does not know) is a
+    500 problem body like every other error, and its message stays in the server's log."""
+
+    async def broken_auth() -> object:
+        raise RuntimeError("connection to ldap://admin:hunter2@10.0.0.5 failed")
+
+    runtime = SessionRuntime(
+        agent=Agent(model=ScriptedModel([])),
+        config=RuntimeConfig(database_url=f"sqlite:///{tmp_path / 'bug.db'}"),
+    )
+    await runtime.open()
+    app = FastAPI()
+    app.include_router(create_turnkit_router(runtime, auth=broken_auth))
+    install_problem_handlers(app)
+    try:
+        transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+            answer = await http.get("/api/harness/sessions")
+    finally:
+        await runtime.close()
+    assert answer.status_code == 500
+    assert answer.headers["content-type"].startswith("application/problem+json")
+    assert answer.json()["code"] == "internal-error"
+    assert "RuntimeError" in answer.json()["detail"]
+    assert "hunter2" not in answer.text

@@ -74,7 +74,11 @@ _METHODS = ("DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT")
 
 
 def install_problem_handlers(app: FastAPI) -> None:
-    """Answer every turnkit error, validation error and HTTP error with a problem body."""
+    """Answer every error with a problem body.
+
+    Turnkit's errors, validation and HTTP errors each as documented; any other exception
+    as 500 `internal-error`, naming only its type (the server logs it whole).
+    """
 
     async def turnkit_error(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, TurnkitError)
@@ -125,6 +129,12 @@ def install_problem_handlers(app: FastAPI) -> None:
             )
         )
 
+    async def unexpected(_: Request, exc: Exception) -> JSONResponse:
+        # Starlette raises the exception on after this answer: the server logs it whole.
+        detail = f"an unexpected {type(exc).__name__} on the server (its log has the details)"
+        return problem_response(500, "internal-error", detail)
+
     app.add_exception_handler(TurnkitError, turnkit_error)
     app.add_exception_handler(RequestValidationError, validation_error)
     app.add_exception_handler(StarletteHTTPException, http_error)
+    app.add_exception_handler(Exception, unexpected)
