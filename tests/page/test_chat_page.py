@@ -725,6 +725,14 @@ def test_a_failed_turn_is_sent_again_with_retry(page: Page, tmp_path: Path) -> N
         expect(turns.last.get_by_role("button", name="Retry")).to_have_count(0)
         page.reload()  # the same, drawn from history
         expect(page.locator("article.turn")).to_have_count(2)
-        expect(
-            page.locator("article.turn").first.get_by_role("button", name="Retry")
-        ).to_be_visible()
+        retry_again = page.locator("article.turn").first.get_by_role("button", name="Retry")
+        expect(retry_again).to_be_visible()
+        # Retry once more (or from another tab): the turn the first Retry started, not a third.
+        with page.expect_response(lambda r: r.url.endswith("/retry")) as answered:
+            retry_again.click()
+        assert answered.value.status == 200
+        with httpx.Client(base_url=app.url, timeout=10) as http:
+            [session] = http.get("/api/harness/sessions").json()
+            history = http.get(f"/api/harness/sessions/{session['sessionId']}/history").json()
+        assert len(history) == 2
+        expect(page.locator("article.turn")).to_have_count(2)

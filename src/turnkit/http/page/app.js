@@ -353,7 +353,9 @@ async function retry(turnId) {
   ui.busy.add(key);
   schedule();
   try {
-    const next = await api.retry(turnId, api.requestId());
+    // One key per failed turn: a second click (after a reload) or another tab's Retry of
+    // the same turn gets the turn the first one started, never a second run.
+    const next = await api.retry(turnId, `page-retry-${turnId}`);
     if (next) tellTabs({ kind: "turn", sessionId, turnId: next });
     if (ui.sessionId !== sessionId || !next) return;
     update((s) => withOpening(withTurn(s, next), next, failed.opening ?? ""));
