@@ -377,6 +377,32 @@ async def test_a_call_id_a_provider_would_refuse_is_made_safe(
     assert [m.tool_call_id for m in model.calls[1].messages if m.role == "tool"] == ids
 
 
+async def test_two_ids_made_safe_alike_stream_as_they_start(
+    runtime_factory: RuntimeFactory,
+) -> None:
+    """`a.b` and `a:b` are both `a_b` made safe: the second call is renamed, and its
+    arguments stream under the id it starts with."""
+    model = ScriptedModel(
+        [
+            ModelStep.tool_call_reply(
+                call("add", a=1, b=1, tool_call_id="a.b"),
+                call("add", a=2, b=2, tool_call_id="a:b"),
+            ),
+            ModelStep.text_reply("2 and 4"),
+        ]
+    )
+    runtime = runtime_factory(Agent(model=model, tools=[add]))
+    events = await collect_events(runtime.execute_message("s1", "two sums"))
+    started = [e.block.tool_call_id for e in events if isinstance(e, ToolStartedEvent)]
+    assert started == ["a_b", "a_b_r1_1"]
+    by_id: dict[str, str] = {}
+    for delta in (e for e in events if isinstance(e, ToolDeltaEvent)):
+        by_id[delta.tool_call_id] = by_id.get(delta.tool_call_id, "") + delta.arguments_delta
+    assert set(by_id) == set(started)
+    assert '{"a": 1, "b": 1}'.startswith(by_id["a_b"])  # each call's own arguments
+    assert '{"a": 2, "b": 2}'.startswith(by_id["a_b_r1_1"])
+
+
 async def test_a_model_that_keeps_calling_tools_answers_after_the_most_rounds(
     runtime_factory: RuntimeFactory,
 ) -> None:

@@ -48,12 +48,17 @@ def call_namer(transcript: list[TranscriptMessage], iteration: int) -> Callable[
     that names no tool pays nothing.
     """
     used: set[str] | None = None
+    named: dict[str, str] = {}  # each call's, as `unique_ids` names them, in their order
 
     def name(given: str) -> str:
         nonlocal used
+        if given in named:
+            return named[given]
         if used is None:
             used = _transcript_call_ids(transcript)
-        return _fresh_id(given, used, iteration)
+        named[given] = new_id = _fresh_id(given, used, iteration)
+        used.add(new_id)
+        return new_id
 
     return name
 
