@@ -112,6 +112,19 @@ async def test_the_utility_model_replaces_the_opening_name(db: tuple[str, str | 
     assert again.title == "Causes of the 2008 crisis"  # only the opening turn names
 
 
+async def test_a_name_written_on_several_lines_is_one_line(tmp_path: Path) -> None:
+    """A chat list shows one line per session: the first line with words, tabs as spaces."""
+    model = ScriptedModel([ModelStep.text_reply("Housing, leverage, and trust.")])
+    utility = _utility('\n"Causes of the 2008\t\tcrisis"\n\nA short title for your chat.')
+    config = RuntimeConfig(database_url=f"sqlite:///{tmp_path / 'lines.db'}")
+    async with SessionRuntime(agent=Agent(model=model, utility_model=utility), config=config) as rt:
+        await collect_events(rt.execute_message("s1", QUESTION))
+        await rt.wait_background()
+        session = await rt.store.get_session(SessionId("s1"))
+    assert session is not None
+    assert session.title == "Causes of the 2008 crisis"
+
+
 async def test_the_opening_turn_settles_before_the_name_arrives(tmp_path: Path) -> None:
     namer = _GatedNamer("Causes of the crisis")
     agent = Agent(model=ScriptedModel([ModelStep.text_reply("Hi.")]), utility_model=namer)

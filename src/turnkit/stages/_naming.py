@@ -65,8 +65,11 @@ async def name_thread(ctx: StageContext, opening: str) -> None:
         log.warning("naming session %s failed: %s", rec.session_id, exc)
         await _audited(ctx)
         return
-    # A title is text any store keeps (as a person's rename is checked): no NUL.
-    title = result.response.text.replace("\x00", "").strip().strip("\"'").strip()
+    # A title is one line of text any store keeps (as a person's rename is checked): no
+    # NUL; of a model that went on after it (an explanation), its first line with words.
+    said = result.response.text.replace("\x00", "")
+    line = next((part for part in said.splitlines() if part.strip()), "")
+    title = " ".join(line.split()).strip("\"'").strip()
     title = title[: TITLE_CHARS * 2]
     # The rename goes first: the row then says truly whether it was applied. A process
     # that dies between the two keeps the name and loses the row of this one small call.
