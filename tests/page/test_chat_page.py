@@ -714,6 +714,8 @@ def test_a_failed_turn_is_sent_again_with_retry(page: Page, tmp_path: Path) -> N
         send(page, "What is six times seven?")
         failed = page.locator("article.turn").first
         expect(failed).to_have_attribute("data-status", "failed")
+        # Said once: the error, which names the failed model, without a notice repeating it.
+        expect(failed.get_by_text("the provider is down")).to_have_count(1)
         again = failed.get_by_role("button", name="Retry")
         expect(again).to_be_visible()
         again.click()

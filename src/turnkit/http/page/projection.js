@@ -368,6 +368,7 @@ const FOLDERS = {
     addBlock(dropDrafts(turn), {
       kind: "notice",
       key: `notice:${e.seq}`,
+      exhausted: !e.to_model, // an error saying the same follows when the turn fails
       text: e.to_model
         ? `${e.from_model} failed (${e.reason}); went on with ${e.to_model}`
         : `${e.from_model} failed (${e.reason}); no model left`,
@@ -391,7 +392,14 @@ const FOLDERS = {
     }),
   error: (turn, e) =>
     addBlock(
-      { ...turn, errorCode: e.code, errorMessage: e.message },
+      {
+        ...turn,
+        errorCode: e.code,
+        errorMessage: e.message,
+        // The error names every failed model: the notice that no model was left goes.
+        blocks:
+          e.code === "family-exhausted" ? turn.blocks.filter((b) => !b.exhausted) : turn.blocks,
+      },
       { kind: "error", key: `error:${e.seq}`, code: e.code, message: e.message },
     ),
   usage: (turn, e) => (turn.cost ? turn : { ...turn, cost: costOf(e) }),
