@@ -54,7 +54,8 @@ def _said(error: Mapping[str, Any]) -> str:
     pattern = (error.get("ctx") or {}).get("pattern")
     if error.get("type") == "string_pattern_mismatch" and pattern == r"\S":
         return "String should be not only white space"
-    return str(error.get("msg", ""))
+    # A check of turnkit's own raised ValueError: its words, without pydantic's prefix.
+    return str(error.get("msg", "")).removeprefix("Value error, ")
 
 
 def _detail(errors: list[dict[str, Any]]) -> str:
