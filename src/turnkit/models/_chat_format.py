@@ -8,13 +8,12 @@ litellm's path both send.
 from __future__ import annotations
 
 import base64
-import hashlib
-import re
 from collections.abc import Sequence
 
 from turnkit.blocks import ContentPart, ImagePart, TextPart
 from turnkit.errors import InvalidInputError
 from turnkit.models import Content, ModelMessage, ToolSpec, text_of
+from turnkit.models.call_ids import fresh_call_id
 
 __all__ = ("NOTE_PREFIX", "message_dicts", "part_dict", "tool_dict")
 
@@ -40,10 +39,6 @@ def _content(content: Content) -> object:
     return content if isinstance(content, str) else [part_dict(p) for p in content]
 
 
-_SAFE_ID = re.compile(r"[A-Za-z0-9_-]{1,40}")
-"""A tool-call id every provider takes back (see `turnkit.stages._call_ids`)."""
-
-
 class _SentIds:
     """The id each tool call goes by in one request: its own, unless a provider would refuse it.
 
@@ -62,13 +57,7 @@ class _SentIds:
         """A call's id as stored, and the id its latest call goes by."""
 
     def call(self, given: str) -> str:
-        sent = given
-        if not _SAFE_ID.fullmatch(given) or given in self._used:
-            base = re.sub(r"[^A-Za-z0-9_-]", "_", given)[:20] or "call"
-            digest = hashlib.blake2b(given.encode(), digest_size=6).hexdigest()
-            sent, n = f"{base}_{digest}", 1
-            while sent in self._used:
-                sent, n = f"{base}_{digest}_{n}", n + 1
+        sent = fresh_call_id(given, self._used)
         self._used.add(sent)
         self._given[given] = sent
         return sent

@@ -9,19 +9,13 @@ that is, everywhere it appears: its events, the log, the transcript, its idempot
 
 from __future__ import annotations
 
-import hashlib
-import re
 from collections.abc import Callable
 
 from turnkit.models import ToolCallPart
+from turnkit.models.call_ids import fresh_call_id
 from turnkit.stages._types import TranscriptMessage
 
-__all__ = ("MAX_CALL_ID_CHARS", "call_namer", "unique_ids")
-
-MAX_CALL_ID_CHARS = 40
-"""The longest id any provider takes back (OpenAI's limit; Anthropic's is longer)."""
-
-_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
+__all__ = ("call_namer", "unique_ids")
 
 
 def unique_ids(
@@ -33,7 +27,7 @@ def unique_ids(
     used = _transcript_call_ids(transcript)
     out: list[ToolCallPart] = []
     for call in calls:
-        new_id = _fresh_id(call.tool_call_id, used, iteration)
+        new_id = fresh_call_id(call.tool_call_id, used, f"r{iteration}_")
         used.add(new_id)
         if new_id != call.tool_call_id:
             call = ToolCallPart(tool_call_id=new_id, name=call.name, arguments=call.arguments)
@@ -56,7 +50,7 @@ def call_namer(transcript: list[TranscriptMessage], iteration: int) -> Callable[
             return named[given]
         if used is None:
             used = _transcript_call_ids(transcript)
-        named[given] = new_id = _fresh_id(given, used, iteration)
+        named[given] = new_id = fresh_call_id(given, used, f"r{iteration}_")
         used.add(new_id)
         return new_id
 
@@ -69,20 +63,3 @@ def _transcript_call_ids(transcript: list[TranscriptMessage]) -> set[str]:
     Compaction bounds it, and what compaction summarized away is no longer sent.
     """
     return {str(c.get("id")) for m in transcript for c in m.get("tool_calls", ())}
-
-
-def _fresh_id(given: str, used: set[str], iteration: int) -> str:
-    """`given` made safe, or, when a call has it already, `<safe>_r{iteration}_{n}`."""
-    safe = _fit(_UNSAFE.sub("_", given) or "call")
-    new_id, n = safe, 1
-    while new_id in used:
-        new_id, n = _fit(f"{safe}_r{iteration}_{n}"), n + 1
-    return new_id
-
-
-def _fit(call_id: str) -> str:
-    """`call_id`, or a 40-character one made from its start and a digest of the whole."""
-    if len(call_id) <= MAX_CALL_ID_CHARS:
-        return call_id
-    digest = hashlib.blake2b(call_id.encode(), digest_size=6).hexdigest()  # 12 characters
-    return f"{call_id[: MAX_CALL_ID_CHARS - len(digest) - 1]}_{digest}"
