@@ -255,13 +255,9 @@ class TurnDriver:
         rec = self.recorder
         if rec is None or not self._ending_written or self.lease_lost or self.stop_asked is None:
             return
-        stopped = rec.notes.stopped_asked
-        try:
-            if not stopped:  # nothing to stop: only a Stop under way here is told
-                await self.stop_asked(self.lease.turn_id, stopped)
-                return
+        try:  # with nothing stopped, only a Stop under way here is told (at once)
             async with asyncio.timeout(self.config.idle_window_s):
-                await self.stop_asked(self.lease.turn_id, stopped)
+                await self.stop_asked(self.lease.turn_id, rec.notes.stopped_asked)
         except Exception as exc:  # noqa: BLE001 - never mask how the turn ended
             log.warning("stopping what %s asked failed: %s", self.lease.turn_id, exc)
 
