@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -248,27 +249,32 @@ async def test_a_forged_callback_is_refused_before_anything_is_read(tmp_path: Pa
         await runtime.verify_callback("turn_1", "tkcb_forged")
 
 
-async def test_an_auth_that_returns_nonsense_is_the_apps_500_and_leaks_nothing(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    async def leaky_auth() -> object:
-        return {"id": "alice", "api_token": "tok_LIVE_abcdef"}  # the app's own mistake
-
+async def _sessions_with_auth(tmp_path: Path, auth: Callable[..., Any]) -> httpx.Response:
+    """`GET /sessions` of an app whose `auth` dependency is `auth` (an exception it raises
+    is answered, as a server answers it, not raised into the test)."""
     runtime = SessionRuntime(
         agent=Agent(model=ScriptedModel([])),
         config=RuntimeConfig(database_url=f"sqlite:///{tmp_path / 'auth.db'}"),
     )
     await runtime.open()
     app = FastAPI()
-    app.include_router(create_turnkit_router(runtime, auth=leaky_auth))
+    app.include_router(create_turnkit_router(runtime, auth=auth))
     install_problem_handlers(app)
     try:
-        async with httpx.AsyncClient(
-            transport=httpx.ASGITransport(app=app), base_url="http://test"
-        ) as http:
-            answer = await http.get("/api/harness/sessions")
+        transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+            return await http.get("/api/harness/sessions")
     finally:
         await runtime.close()
+
+
+async def test_an_auth_that_returns_nonsense_is_the_apps_500_and_leaks_nothing(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def leaky_auth() -> object:
+        return {"id": "alice", "api_token": "tok_LIVE_abcdef"}  # the app's own mistake
+
+    answer = await _sessions_with_auth(tmp_path, leaky_auth)
     assert answer.status_code == 500  # the app's mistake, not the caller's (it said 400)
     assert answer.json()["code"] == "internal-error"
     assert "tok_LIVE" not in answer.text
@@ -285,20 +291,7 @@ async def test_an_unexpected_exception_answers_a_problem_body_that_names_only_it
     async def broken_auth() -> object:
         raise RuntimeError("connection to ldap://admin:hunter2@10.0.0.5 failed")
 
-    runtime = SessionRuntime(
-        agent=Agent(model=ScriptedModel([])),
-        config=RuntimeConfig(database_url=f"sqlite:///{tmp_path / 'bug.db'}"),
-    )
-    await runtime.open()
-    app = FastAPI()
-    app.include_router(create_turnkit_router(runtime, auth=broken_auth))
-    install_problem_handlers(app)
-    try:
-        transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
-        async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
-            answer = await http.get("/api/harness/sessions")
-    finally:
-        await runtime.close()
+    answer = await _sessions_with_auth(tmp_path, broken_auth)
     assert answer.status_code == 500
     assert answer.headers["content-type"].startswith("application/problem+json")
     assert answer.json()["code"] == "internal-error"
