@@ -15,7 +15,16 @@ from tests.helpers import add
 from tests.otel.conftest import Telemetry
 from tests.support.openai_server import FakeOpenAIServer, Reply
 
-from turnkit import Agent, Approve, ModelFamily, ProviderError, RuntimeConfig, SessionRuntime, tool
+from turnkit import (
+    Agent,
+    Approve,
+    ModelFamily,
+    ProviderError,
+    RuntimeConfig,
+    SessionRuntime,
+    ToolClass,
+    tool,
+)
 from turnkit.events import ApprovalRequestedEvent, DoneEvent
 from turnkit.models.litellm import LiteLLMClient
 from turnkit.otel import set_capture_content
@@ -736,3 +745,47 @@ async def test_a_call_whose_asked_agent_waits_for_a_person_is_no_error(
     assert _attrs(span)["turnkit.tool.waits_for_person"] is True
     assert span.status.status_code != StatusCode.ERROR
     assert "error.type" not in _attrs(span)
+
+
+@tool
+async def quote_primary(symbol: str) -> str:
+    """Quote a symbol."""
+    raise RuntimeError(f"primary feed down for {symbol}")
+
+
+@tool
+async def quote_backup(symbol: str) -> str:
+    """Quote a symbol from the backup feed."""
+    return f"{symbol} 101.5"
+
+
+@pytest.mark.parametrize("captured", [False, True])
+async def test_a_tool_class_fallback_step_is_an_event_on_its_calls_span(
+    runtime_factory: RuntimeFactory,
+    otel: Telemetry,
+    monkeypatch: pytest.MonkeyPatch,
+    captured: bool,
+) -> None:
+    if captured:
+        monkeypatch.setenv("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "true")
+    quote = ToolClass("quote", [quote_primary, quote_backup])
+    model = ScriptedModel(
+        [ModelStep.tool_call_reply(call("quote", symbol="ACME")), ModelStep.text_reply("101.5")]
+    )
+    runtime = runtime_factory(Agent(model=model, tools=[quote]))
+    events = await collect_events(runtime.execute_message("s1", "ACME?"))
+    assert isinstance(events[-1], DoneEvent)
+    assert events[-1].status == "succeeded"
+
+    [tool_span] = otel.named("execute_tool ")
+    assert _attrs(tool_span)["turnkit.tool.answered_by"] == "quote_backup"
+    assert tool_span.status.status_code is StatusCode.UNSET  # the class answered
+    [step] = [e for e in tool_span.events if e.name == "turnkit.tool.fallback"]
+    attrs = dict(step.attributes or {})
+    assert attrs["turnkit.tool.from"] == "quote_primary"
+    assert attrs["turnkit.tool.to"] == "quote_backup"
+    if captured:
+        assert "primary feed down for ACME" in str(attrs["turnkit.tool.fallback.reason"])
+    else:  # the member's words may quote the arguments
+        assert "turnkit.tool.fallback.reason" not in attrs
+        assert "ACME" not in json.dumps(attrs)

@@ -12,7 +12,7 @@ message was submitted. See docs/guides/observability.md.
 
 from __future__ import annotations
 
-from turnkit.otel._chat import ChatTrace, chat, traced_tool
+from turnkit.otel._chat import ChatTrace, chat, tool_fallback, traced_tool
 from turnkit.otel._log_ids import current_trace_ids
 from turnkit.otel._replay import record_replay_lag
 from turnkit.otel._state import capture_content, set_capture_content, use_providers
@@ -42,6 +42,7 @@ __all__ = (
     "stage_started",
     "submit_trace",
     "submit_traceparent",
+    "tool_fallback",
     "traced_tool",
     "use_providers",
 )

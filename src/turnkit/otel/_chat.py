@@ -37,7 +37,7 @@ from turnkit.otel._turn import stage_span
 from turnkit.telemetry import Recorder
 from turnkit.tools import AskedAgentWaits
 
-__all__ = ("ChatTrace", "chat", "traced_tool")
+__all__ = ("ChatTrace", "chat", "tool_fallback", "traced_tool")
 
 ToolOutcome = tuple[str | None, ErrorCode, JsonValue, str]
 """What running one tool call gives the dispatcher: problem, code, output, who answered."""
@@ -304,6 +304,25 @@ async def _traced_tool(
         elif capture:
             span.set_attribute("gen_ai.tool.call.result", json.dumps(output, default=str))
     return outcome
+
+
+def tool_fallback(from_tool: str, to_tool: str | None, reason: str) -> None:
+    """A tool class's fallback step: a `turnkit.tool.fallback` event on its call's span.
+
+    The member's own words (`reason`, which may quote the arguments) only with content
+    capture on; nothing without a provider or outside a recording span.
+    """
+    if active() is None:
+        return
+    span = trace.get_current_span()
+    if not span.is_recording():
+        return
+    attributes: dict[str, Any] = {"turnkit.tool.from": from_tool}
+    if to_tool is not None:
+        attributes["turnkit.tool.to"] = to_tool
+    if capture_content():
+        attributes["turnkit.tool.fallback.reason"] = reason
+    span.add_event("turnkit.tool.fallback", attributes)
 
 
 def _server(address: str | None) -> dict[str, Any]:

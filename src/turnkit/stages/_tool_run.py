@@ -8,6 +8,7 @@ from collections.abc import Mapping
 
 from pydantic import JsonValue
 
+from turnkit import otel
 from turnkit.audit import AuditPayloads, ToolFallbackStepPayload
 from turnkit.errors import ErrorCode, typed_message
 from turnkit.events import (
@@ -126,8 +127,9 @@ class _Reports:
         )
 
     async def pivot(self, from_tool: str, to_tool: str | None, reason: str) -> None:
-        """A fallback step of the tool class: audited, and the answering tool moves."""
+        """A fallback step of the tool class: audited, traced, and the answering tool moves."""
         self.answered_by = to_tool or from_tool
+        otel.tool_fallback(from_tool, to_tool, reason)
         self._rec.audit(
             "tool-loop",
             call=None,
