@@ -783,3 +783,42 @@ async def test_an_asked_agents_question_names_that_agent_not_an_older_ask_user(
     results = [f.event for f in rest if f.event["type"] == "TOOL_CALL_RESULT"]
     assert [r["content"] for r in results] == ["Refunded B2."]
     assert rest[-1].event["outcome"] == {"type": "success"}
+
+
+def thinking_agent(name: str = "thinking") -> Agent:
+    """An agent whose model shares its reasoning and whose utility model summarizes it."""
+    model = ScriptedModel([ModelStep.text_reply("Four. " * 40, thinking="two and two make four")])
+    utility = ScriptedModel(
+        [ModelStep.text_reply("It added the numbers.")], name="background", repeat_last=True
+    )
+    return Agent(
+        name=name, model=model, utility_model=utility, skip_stages=frozenset({"anchor-plan"})
+    )
+
+
+async def test_a_thinking_summary_is_a_reasoning_message(app_for: Any) -> None:
+    """AG-UI's own reasoning events, so a client shows it; the CUSTOM event stays."""
+    async with app_for(thinking_agent()) as http:
+        frames = parse((await _post(http, run_input("t1", "r1"))).text)
+        check_run(frames)
+        reasoning = [f.event for f in frames if f.event["type"].startswith("REASONING")]
+        assert [e["type"] for e in reasoning] == [
+            "REASONING_START",
+            "REASONING_MESSAGE_START",
+            "REASONING_MESSAGE_CONTENT",
+            "REASONING_MESSAGE_END",
+            "REASONING_END",
+        ]
+        block_id = reasoning[0]["messageId"]
+        assert {e["messageId"] for e in reasoning} == {block_id}
+        assert reasoning[1]["role"] == "reasoning"
+        assert reasoning[2]["delta"] == "It added the numbers."
+        assert "CUSTOM:turnkit.thinking.complete" in types(frames)
+
+        # A replay from the start, the client holding part of it: only the rest.
+        body = run_input("t1", "r1")
+        body["messages"].append({"id": block_id, "role": "reasoning", "content": "It added"})
+        again = parse((await _post(http, body, headers={"Last-Event-ID": "0"})).text)
+    check_run(again)
+    deltas = [f.event["delta"] for f in again if f.event["type"] == "REASONING_MESSAGE_CONTENT"]
+    assert deltas == [" the numbers."]

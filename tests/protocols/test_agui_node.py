@@ -16,7 +16,14 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import report
-from tests.protocols.test_agui import HOLD_TEXT, GatedModel, add, build_app, transfer
+from tests.protocols.test_agui import (
+    HOLD_TEXT,
+    GatedModel,
+    add,
+    build_app,
+    thinking_agent,
+    transfer,
+)
 from tests.support.server import serve
 from turnkit import Agent
 from turnkit.errors import ProviderError
@@ -78,6 +85,7 @@ def _agents() -> list[Agent]:
                 ScriptedModel([ModelStep.text_reply("Hello from the second rung.")], name="second"),
             ]),
         ),
+        thinking_agent(),
         Agent(
             name="oversized",
             model=ScriptedModel([
@@ -98,5 +106,5 @@ def test_the_ag_ui_client_reads_turnkit_runs(tmp_path: Path) -> None:
             env={**os.environ, "AGUI_URL": url, "AGUI_HOLD_TEXT": HOLD_TEXT},
         )  # fmt: skip
     assert done.returncode == 0, f"{done.stdout}\n{done.stderr}"
-    assert "pass 6" in done.stdout, done.stdout
+    assert "pass 7" in done.stdout, done.stdout
     assert "error" not in done.stderr.lower(), done.stderr  # e.g. "Subscriber error: ..."

@@ -23,6 +23,8 @@ from tests.helpers import WrappedModel, WriteRecorder, report
 from tests.support.server import serve
 from turnkit import Agent, RuntimeConfig, SessionRuntime, tool
 from turnkit.events import (
+    ApprovalAnsweredEvent,
+    ApprovalRequestedEvent,
     DoneEvent,
     ErrorEvent,
     MessageCitationsEvent,
@@ -140,6 +142,10 @@ def build_app(
         if isinstance(model, GatedModel):
             model.gate.set()
         return {"released": True}
+
+    @app.post("/test/cancel/{turn_id}")
+    async def cancel(turn_id: str) -> dict[str, str]:  # the harness route's Stop
+        return {"status": await runtime.cancel(turn_id)}
 
     return app
 
@@ -531,8 +537,9 @@ def test_a_plugin_s_denial_is_an_error_part_and_a_failure_sends_its_ending_first
     totals = {"model_calls": 2, "input_tokens": 9, "output_tokens": 3}
     out += tr.translate(_event(RunFinishedEvent, seq=5, status="failed", attempt=1, model="m",
                                duration_ms=1.0, **totals))  # fmt: skip
-    assert [c["type"] for c in out[-3:]] == [
+    assert [c["type"] for c in out[-4:]] == [
         "data-turnkit-run.finished",
+        "finish-step",  # the step the calls opened ends before the error
         "message-metadata",
         "error",
     ]
@@ -573,7 +580,7 @@ async def test_an_approval_round_trip_continues_the_same_turn(
             asked = next(c for c in chunks if c["type"] == "tool-approval-request")
             assert asked["toolCallId"] == "c1"
             assert types(chunks)[-5:] == [
-                "tool-approval-request", "data-turnkit-approval.requested",
+                "data-turnkit-approval.requested", "tool-approval-request",
                 "finish-step", "finish", "[DONE]",
             ]  # fmt: skip
             assert chunks[-2]["finishReason"] == "tool-calls"
@@ -1086,3 +1093,60 @@ def test_a_call_whose_approval_nobody_answered_keeps_its_request_when_stopped() 
     out += tr.translate(_event(DoneEvent, seq=2, status="cancelled"))
     out += tr.finish()
     assert not [c for c in out if c["type"] == "tool-output-error"]
+
+
+def test_a_failure_ends_the_open_text_before_its_error() -> None:
+    """`useChat` stops reading at `error`: a part still open there is drawn streaming."""
+    tr = UIMessageStreamTranslator(message_id="t")
+    out = tr.start()
+    out += tr.translate(_event(MessageDeltaEvent, block_id="b", text="Partial"))
+    out += tr.translate(_event(ErrorEvent, seq=1, code="provider-error", message="bad"))
+    out += tr.translate(_event(RunFinishedEvent, seq=2, status="failed", attempt=1, model="m",
+                               duration_ms=1.0, model_calls=1, input_tokens=5,
+                               output_tokens=2))  # fmt: skip
+    kinds = [c["type"] for c in out]
+    assert kinds[-4:] == ["text-end", "finish-step", "message-metadata", "error"]
+    assert [c["type"] for c in tr.finish()] == ["finish"]  # nothing is ended twice
+
+
+def test_an_approval_answered_before_the_stream_ends_sends_no_request() -> None:
+    """A rebuilt message replays the answer: a request would ask again, or leave an output
+    part whose approval lacks the decision (`validateUIMessages` refuses it)."""
+    tr = UIMessageStreamTranslator(message_id="t")
+    out = tr.start() + _started(tr, "c1", 1) + _started(tr, "c2", 2)
+    for seq, call_id in ((3, "c1"), (6, "c2")):
+        request_id = f"req_{call_id}"
+        out += tr.translate(_event(ApprovalRequestedEvent, seq=seq, request_id=request_id,
+                                   tool_call_id=call_id, tool_name="add", arguments={},
+                                   summary="Run add"))  # fmt: skip
+        if call_id == "c1":
+            out += tr.translate(_event(ApprovalAnsweredEvent, seq=4, request_id=request_id,
+                                       tool_call_id=call_id, tool_name="add", decision="deny",
+                                       note="not this one"))  # fmt: skip
+            result = {"tool_call_id": "c1", "tool_name": "add", "is_error": True,
+                      "error": "denied: not this one"}  # fmt: skip
+            out += tr.translate(_event(ToolFailedEvent, seq=5, tool_call_id="c1", result=result,
+                                       duration_ms=0, code="tool-denied"))  # fmt: skip
+    out += tr.finish()  # the stream ends at the second pause
+    requests = [c["toolCallId"] for c in out if c["type"] == "tool-approval-request"]
+    assert requests == ["c2"]
+    [denied] = [c for c in out if c.get("toolCallId") == "c1" and c["type"].startswith("tool-o")]
+    assert denied == {"type": "tool-output-error", "toolCallId": "c1",
+                      "errorText": "denied: not this one"}  # fmt: skip
+    assert out[-1]["finishReason"] == "tool-calls"
+    assert out[-1]["messageMetadata"]["status"] == "awaiting_approval"
+
+
+def test_a_rebuilt_message_of_a_turn_stopped_at_its_pause_ends_the_call() -> None:
+    """No approval card for a request nobody can answer any more: the call ends unfinished."""
+    tr = UIMessageStreamTranslator(message_id="t")
+    out = tr.start() + _started(tr, "c1", 1)
+    out += tr.translate(_event(ApprovalRequestedEvent, seq=2, request_id="req_c1",
+                               tool_call_id="c1", tool_name="add", arguments={},
+                               summary="Run add"))  # fmt: skip
+    out += tr.translate(_event(DoneEvent, seq=3, status="cancelled"))
+    out += tr.finish()
+    assert not [c for c in out if c["type"] == "tool-approval-request"]
+    [ended] = [c for c in out if c["type"] == "tool-output-error"]
+    assert ended["toolCallId"] == "c1"
+    assert "stopped" in ended["errorText"]

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from tests.helpers import report
-from tests.protocols.test_ai_sdk import GatedModel, NoDeletes, build_app
+from tests.protocols.test_ai_sdk import HOLD_TEXT, GatedModel, NoDeletes, build_app
 from tests.support.server import serve
 from turnkit.errors import ProviderError
 from turnkit.models.family import ModelFamily
@@ -60,6 +60,16 @@ def _scripts() -> dict[str, ScriptedModel | GatedModel | ModelFamily]:
             ),
             ModelStep.text_reply("Deleted both."),
         ]),
+        "approved-then-reloaded": ScriptedModel([
+            ModelStep.tool_call_reply(call("delete_file", path="/tmp/x")),
+            ModelStep.text_reply("Deleted."),
+        ]),
+        "two-approvals-reloaded": ScriptedModel([
+            ModelStep.tool_call_reply(
+                call("delete_file", path="/tmp/x"), call("delete_file", path="/tmp/y")
+            ),
+            ModelStep.text_reply("Deleted both."),
+        ]),
         "reconnect": GatedModel(
             ScriptedModel([
                 ModelStep.tool_call_reply(call("add", a=40, b=2), text="Adding."),
@@ -74,6 +84,16 @@ def _scripts() -> dict[str, ScriptedModel | GatedModel | ModelFamily]:
             ScriptedModel([ModelStep.cut("Partial text before ", ProviderError(
                 "overloaded", status_code=503, is_retriable=True))], name="first"),
             ScriptedModel([ModelStep.text_reply("Hello from the second rung.")], name="second"),
+        ]),
+        "fails-mid-text": ScriptedModel([
+            ModelStep.cut("Partial answer that ", ProviderError("bad request", status_code=400)),
+        ]),
+        "stopped": GatedModel(
+            ScriptedModel([ModelStep.text_reply(HOLD_TEXT)]), gated_call=0, hold_after=2
+        ),
+        "two-tools": ScriptedModel([
+            ModelStep.tool_call_reply(call("add", a=1, b=2), call("add", a=3, b=4)),
+            ModelStep.text_reply("3 and 7."),
         ]),
         "oversized": ScriptedModel([
             ModelStep.tool_call_reply(call("report", pages=5)),  # a 60,000-character result
@@ -93,6 +113,11 @@ def _scripts() -> dict[str, ScriptedModel | GatedModel | ModelFamily]:
         "reconnect",
         "oversized",
         "cascade",
+        "fails-mid-text",
+        "stopped",
+        "two-tools",
+        "approved-then-reloaded",
+        "two-approvals-reloaded",
     ],
 )
 def test_the_ai_sdk_client_reads_turnkit_streams(scenario: str, tmp_path: Path) -> None:

@@ -88,9 +88,12 @@ _STRUCTURAL: Final = frozenset(
     {
         "RUN_STARTED", "RUN_FINISHED", "RUN_ERROR", "STEP_STARTED", "STEP_FINISHED",
         "TEXT_MESSAGE_START", "TEXT_MESSAGE_END", "TOOL_CALL_START", "TOOL_CALL_END",
+        "REASONING_START", "REASONING_END", "REASONING_MESSAGE_START", "REASONING_MESSAGE_END",
     }
 )  # fmt: skip
 """Events a client's state machine needs: sent whatever their size."""
+_SPLITTABLE: Final = frozenset({"TEXT_MESSAGE_CONTENT", "REASONING_MESSAGE_CONTENT"})
+"""Events whose `delta` may go out as several events: the client appends them all."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,7 +110,7 @@ class Bound:
         if size <= self.max_bytes or kind in _STRUCTURAL:
             return _frame(data, seq)
         delta = event.get("delta")
-        if kind == "TEXT_MESSAGE_CONTENT" and isinstance(delta, str):
+        if kind in _SPLITTABLE and isinstance(delta, str):
             # Text goes out as several contents, the id on the last (a replayed block comes
             # as one content with its whole text).
             cut = pieces(delta, self.max_bytes - len(_data({**event, "delta": ""})))

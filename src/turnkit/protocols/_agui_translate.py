@@ -109,6 +109,7 @@ class ClientView:
     results: set[str]
     taken: set[str] = field(default_factory=set)
     current: set[str] = field(default_factory=set)
+    reasoning: dict[str, str] = field(default_factory=dict)
 
 
 def client_view(messages: Sequence[InputMessage]) -> ClientView:
@@ -121,6 +122,8 @@ def client_view(messages: Sequence[InputMessage]) -> ClientView:
             for call in message.tool_calls:
                 view.arguments[call.tool_call_id] = call.function.arguments
                 (view.taken if index < last_user else view.current).add(call.tool_call_id)
+        elif message.role == "reasoning" and isinstance(message.content, str):
+            view.reasoning[message.message_id] = message.content
         elif message.role == "tool" and message.tool_call_id:
             view.results.add(message.tool_call_id)
             (view.taken if index < last_user else view.current).add(message.tool_call_id)
@@ -317,9 +320,11 @@ class Translator:
                 return [self._custom(event, raw), *self._interrupt(decision_of(event), event.ts)]
             case DoneEvent():
                 return self._ending(event, event.ts)
+            case ThinkingCompleteEvent():
+                return [*self._reasoning(event), self._custom(event, raw)]
             case (
                 TurnStartedEvent() | InputGuidedEvent() | ThinkingDeltaEvent()
-                | ThinkingCompleteEvent() | ToolDeltaEvent() | JobDispatchedEvent()
+                | ToolDeltaEvent() | JobDispatchedEvent()
                 | JobProgressEvent() | JobCompletedEvent() | MessageCitationsEvent()
                 | MessageEntitiesEvent() | GuardrailEvent() | CompactionStartedEvent()
                 | CompactionCompletedEvent() | UsageEvent() | CheckpointCreatedEvent()
@@ -371,6 +376,23 @@ class Translator:
             {"metadata": {"turnkit": {"answer": True}}} if event.block.is_answer else {}
         )
         out.append(_ev("TEXT_MESSAGE_END", event.ts, messageId=block_id, **mark))
+        return out
+
+    def _reasoning(self, event: ThinkingCompleteEvent) -> list[AgUi]:
+        """The thinking summary as a reasoning message, in a reasoning span of its own.
+
+        Sent whole (the summary is committed at once), less the text the client holds.
+        """
+        block_id, text = event.block.block_id, event.block.summary
+        held = self.client.reasoning.get(block_id, "")
+        out = [
+            _ev("REASONING_START", event.ts, messageId=block_id),
+            _ev("REASONING_MESSAGE_START", event.ts, messageId=block_id, role="reasoning"),
+        ]
+        if text.startswith(held) and (rest := text[len(held) :]):
+            out.append(_ev("REASONING_MESSAGE_CONTENT", event.ts, messageId=block_id, delta=rest))
+        out.append(_ev("REASONING_MESSAGE_END", event.ts, messageId=block_id))
+        out.append(_ev("REASONING_END", event.ts, messageId=block_id))
         return out
 
     def wire_id(self, tool_call_id: str) -> str:

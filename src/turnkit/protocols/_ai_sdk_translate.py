@@ -121,6 +121,8 @@ class UIMessageStreamTranslator:
         text so far; sent on only past what the client already has."""
         self._asked: set[str] = set(asked)
         """Tool calls with an approval request: only their denial is `tool-output-denied`."""
+        self._requests: dict[str, str] = {}
+        """Approval requests not answered yet (tool call → request id): sent at the pause."""
         self._handed_denied: set[str] = set()
         """Calls whose asked agent's last handed-over approval a person denied."""
         self._usage: dict[str, JsonValue] | None = None
@@ -133,7 +135,7 @@ class UIMessageStreamTranslator:
 
     def finish(self) -> list[Chunk]:
         """Close what is open and end the message with `finish` (usage in its metadata)."""
-        out = [*self._failure(), *self._close_step()]
+        out = [*self._requested(), *self._failure(), *self._close_step()]
         if self.status == "cancelled":
             out = [*self._end_running(_STOPPED), *out, {"type": "abort", "reason": "cancelled"}]
         chunk: Chunk = {"type": "finish", "messageMetadata": self._ending()}
@@ -219,6 +221,10 @@ class UIMessageStreamTranslator:
                 return [self._data(event)]
             case ApprovalAnsweredEvent():  # a denial is also `tool-output-denied`
                 self._note_handed_answer(event)
+                if self._requests.get(event.tool_call_id) == event.request_id:
+                    del self._requests[event.tool_call_id]  # answered: the part never asks
+                    if self.status == "awaiting_approval" and not self._requests:
+                        self.status = None
                 return [self._data(event)]
             case _:
                 assert_never(event)
@@ -404,7 +410,7 @@ class UIMessageStreamTranslator:
         """The end of a tool part: its output, its denial, or its error."""
         self._running.pop(event.tool_call_id, None)
         if isinstance(event, ToolCompletedEvent):
-            if event.tool_call_id in self._handed_denied:
+            if event.tool_call_id in self._handed_denied and event.tool_call_id in self._asked:
                 # The person denied what the agent this call asked wanted to do: the SDK's
                 # part of a denied approval ends denied (the agent's answer reached the model).
                 return {"type": "tool-output-denied", "toolCallId": event.tool_call_id}
@@ -427,13 +433,25 @@ class UIMessageStreamTranslator:
             self.status = "awaiting_input"
             return [self._data(event)]
         self.status = "awaiting_approval"
-        self._asked.add(event.tool_call_id)
-        request: Chunk = {
-            "type": "tool-approval-request",
-            "approvalId": event.request_id,
-            "toolCallId": event.tool_call_id,
-        }
-        return [request, self._data(event)]
+        self._requests[event.tool_call_id] = event.request_id
+        return [self._data(event)]
+
+    def _requested(self) -> list[Chunk]:
+        """The `tool-approval-request` of each request the turn still waits for.
+
+        Sent only once the stream ends at the pause: a request answered meanwhile (a
+        rebuilt message replays its answer) would leave its part asking for an answer
+        already given, and the SDK's answered parts carry the person's decision, which
+        no chunk can set.
+        """
+        requests, self._requests = self._requests, {}
+        if self.status != "awaiting_approval":
+            return []  # the turn ended first: its call's part ends as unfinished
+        self._asked.update(requests)
+        return [
+            {"type": "tool-approval-request", "approvalId": request_id, "toolCallId": call}
+            for call, request_id in requests.items()
+        ]
 
     def _note_handed_answer(self, event: ApprovalAnsweredEvent) -> None:
         """Keep whether a request an asked agent handed over on this call was last denied.
@@ -458,7 +476,9 @@ class UIMessageStreamTranslator:
             return []
         text, self._error = self._error, None
         ending: Chunk = {"type": "message-metadata", "messageMetadata": self._ending()}
-        return [*self._end_running(_UNFINISHED), ending, {"type": "error", "errorText": text}]
+        # Its open text and reasoning parts end here: nothing after `error` reaches them.
+        closed = [*self._end_running(_UNFINISHED), *self._close_step()]
+        return [*closed, ending, {"type": "error", "errorText": text}]
 
     def _end_running(self, why: str) -> list[Chunk]:
         """End the parts of calls that will never have a result (the turn ended first).

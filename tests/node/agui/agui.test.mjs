@@ -2,7 +2,7 @@
 // its own event verifier) runs each scenario, and every event it receives is checked
 // against @ag-ui/core's schemas. Started by tests/protocols/test_agui_node.py, which serves
 // the app on AGUI_URL with the agents `tools`, `approval`, `approval-edit`, `reconnect`,
-// `steady`, `oversized` and `cascade`.
+// `steady`, `oversized`, `cascade` and `thinking`.
 import assert from "node:assert/strict";
 import { randomUUID } from "node:crypto";
 import { test } from "node:test";
@@ -246,5 +246,16 @@ test("an oversized tool result arrives as a placeholder and the run finishes", a
   const [tool] = agent.messages.filter((m) => m.role === "tool"); // the call is answered
   assert.equal(tool.content, result.content);
   assert.equal(lastAssistantText(agent), "The report is written.");
+  assertUniqueIds(agent);
+});
+
+test("a thinking summary arrives as a reasoning message", async () => {
+  const { agent, forwardedProps } = newAgent("thinking", [userMessage("2+2?")]);
+  const { events, failure } = await run(agent, { runId: `run-${randomUUID()}`, forwardedProps });
+  assert.equal(failure, undefined);
+  assert.equal(events.at(-1).type, "RUN_FINISHED");
+  const reasoning = agent.messages.filter((m) => m.role === "reasoning");
+  assert.deepEqual(reasoning.map((m) => m.content), ["It added the numbers."]);
+  assert.equal(lastAssistantText(agent), "Four. ".repeat(40));
   assertUniqueIds(agent);
 });

@@ -369,7 +369,141 @@ async function cascade() {
   await validateUIMessages({ messages: [user('Say hello'), message] });
 }
 
-const scenarios = { cascade, 'tool-turn': toolTurn, approval, 'two-approvals': twoApprovals, 'reload-paused': reloadPaused, 'approved-then-denied': approvedThenDenied, reconnect, oversized };
+// A model that fails mid-answer: the chat reports the error, and the text it had written
+// is ended, not left drawn as still streaming (the SDK stops reading at `error`).
+async function failsMidText() {
+  const errors = [];
+  const chat = new MemoryChat({
+    id: 'fails',
+    transport: new DefaultChatTransport({ api }),
+    onError: error => errors.push(error),
+  });
+  await withDeadline(chat.sendMessage({ text: 'Tell me' }), 'the failing turn');
+  assert.equal(chat.status, 'error');
+  assert.equal(errors.length, 1);
+  const message = chat.messages[1];
+  assert.equal(message.metadata.status, 'failed');
+  const [text] = message.parts.filter(p => p.type === 'text');
+  assert.equal(text.text, 'Partial answer that ');
+  assert.equal(text.state, 'done');
+  await validateUIMessages({ messages: chat.messages });
+}
+
+// Stop (the harness route's cancel) mid-answer: the message ends with the text so far, done.
+async function stopped() {
+  const errors = [];
+  const chat = new MemoryChat({
+    id: 'stop',
+    transport: new DefaultChatTransport({ api }),
+    onError: error => errors.push(error),
+  });
+  const held = 'The answer is fo';
+  const sending = chat.sendMessage({ text: 'What is the answer?' });
+  await waitFor(
+    () => chat.messages[1]?.parts.some(p => p.type === 'text' && p.text === held),
+    'the held text',
+  );
+  const cancelled = await fetch(`${base}/test/cancel/${chat.messages[1].id}`, { method: 'POST' });
+  assert.equal(cancelled.status, 200);
+  await withDeadline(sending, 'the stopped stream');
+  assert.deepEqual(errors, []);
+  assert.equal(chat.status, 'ready');
+  const message = chat.messages[1];
+  assert.equal(message.metadata.status, 'cancelled');
+  const [text] = message.parts.filter(p => p.type === 'text');
+  assert.equal(text.text, held);
+  assert.equal(text.state, 'done');
+  await validateUIMessages({ messages: chat.messages });
+}
+
+// One model response with two tool calls: two tool parts in one step, both with outputs.
+async function twoTools() {
+  const transport = new DefaultChatTransport({ api });
+  const stream = await send(transport, 'two', [user('Add twice')]);
+  const { message, errors } = await withDeadline(read(stream), 'two tools');
+  assert.deepEqual(errors, []);
+  const parts = withoutData(message);
+  assert.deepEqual(parts.map(p => [p.type, p.state, p.output]), [
+    ['step-start', undefined, undefined],
+    ['tool-add', 'output-available', 3],
+    ['tool-add', 'output-available', 7],
+    ['step-start', undefined, undefined],
+    ['text', 'done', undefined],
+  ]);
+  assert.equal(message.metadata.status, 'succeeded');
+  await validateUIMessages({ messages: [user('Add twice'), message] });
+}
+
+// Approved, then the chat opened on another page just after the turn ended: the message
+// comes whole, and the call's part is a valid one (no approval left without its answer).
+async function approvedThenReloaded() {
+  const first = new MemoryChat({
+    id: 'ops5',
+    transport: new DefaultChatTransport({ api }),
+    sendAutomaticallyWhen: answeredEveryApprovalAsked,
+  });
+  await withDeadline(first.sendMessage({ text: 'delete /tmp/x' }), 'first request');
+  const asked = first.messages[1].parts.find(p => p.state === 'approval-requested');
+  await first.addToolApprovalResponse({ id: asked.approval.id, approved: true });
+  await waitFor(
+    () =>
+      first.status === 'ready' &&
+      first.messages[1].parts.some(p => p.type === 'text' && p.text === 'Deleted.'),
+    'the approved turn to finish',
+  );
+  const reloaded = new MemoryChat({ id: 'ops5', transport: new DefaultChatTransport({ api }) });
+  await withDeadline(reloaded.resumeStream(), 'the resumed stream');
+  assert.equal(reloaded.messages.length, 1);
+  const [ran] = reloaded.messages[0].parts.filter(p => p.type === 'tool-delete_file');
+  assert.equal(ran.state, 'output-available');
+  assert.equal(ran.output, 'deleted /tmp/x');
+  await validateUIMessages({ messages: reloaded.messages });
+}
+
+// The first of two approvals answered (denied), then the chat opened on another page while
+// the turn waits for the second: only the open approval is asked again, and answering it
+// alone sends.
+async function twoApprovalsReloaded() {
+  const first = new MemoryChat({
+    id: 'ops6',
+    transport: new DefaultChatTransport({ api }),
+    sendAutomaticallyWhen: answeredEveryApprovalAsked,
+  });
+  await withDeadline(first.sendMessage({ text: 'delete /tmp/x and /tmp/y' }), 'first request');
+  const x = first.messages[1].parts.find(p => p.state === 'approval-requested');
+  assert.deepEqual(x.input, { path: '/tmp/x' });
+  await first.addToolApprovalResponse({ id: x.approval.id, approved: false, reason: 'not x' });
+  await waitFor(
+    () =>
+      first.status === 'ready' &&
+      first.messages[1].parts.some(p => p.state === 'approval-requested'),
+    'the second approval',
+  );
+  const errors = [];
+  const reloaded = new MemoryChat({
+    id: 'ops6',
+    transport: new DefaultChatTransport({ api }),
+    sendAutomaticallyWhen: answeredEveryApprovalAsked,
+    onError: error => errors.push(error),
+  });
+  await withDeadline(reloaded.resumeStream(), 'the resumed stream');
+  const open = reloaded.messages[0].parts.filter(p => p.state === 'approval-requested');
+  assert.deepEqual(open.map(p => p.input), [{ path: '/tmp/y' }]);
+  await reloaded.addToolApprovalResponse({ id: open[0].approval.id, approved: true });
+  await waitFor(
+    () =>
+      reloaded.status === 'ready' &&
+      reloaded.messages[0].parts.some(p => p.type === 'text' && p.text === 'Deleted both.'),
+    'the answer',
+  );
+  assert.deepEqual(errors, []);
+  const ran = reloaded.messages[0].parts.filter(p => p.type === 'tool-delete_file');
+  assert.deepEqual(ran.map(p => p.state), ['output-error', 'output-available']);
+  assert.match(ran[0].errorText, /not x/);
+  await validateUIMessages({ messages: reloaded.messages });
+}
+
+const scenarios = { cascade, 'tool-turn': toolTurn, approval, 'two-approvals': twoApprovals, 'reload-paused': reloadPaused, 'approved-then-denied': approvedThenDenied, reconnect, oversized, 'fails-mid-text': failsMidText, stopped, 'two-tools': twoTools, 'approved-then-reloaded': approvedThenReloaded, 'two-approvals-reloaded': twoApprovalsReloaded };
 const run = scenarios[scenario];
 if (!run) {
   console.error(`unknown scenario ${scenario}; one of ${Object.keys(scenarios)}`);
