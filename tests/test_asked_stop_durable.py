@@ -10,6 +10,7 @@ an asking turn driven here stops what it asked once, not once per path.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import signal
 import subprocess
@@ -20,13 +21,17 @@ from typing import Any
 
 import pytest
 
+from tests.helpers import new_input
 from tests.support.asked_kill import config, front_desk
+from tests.support.asked_working import answering, front_desk as working_desk
 from turnkit import Approve, SessionRuntime, tool
 from turnkit.events import ApprovalRequestedEvent, ToolStartedEvent
-from turnkit.ids import TurnId
+from turnkit.ids import SessionId, TurnId
 from turnkit.runtime.worker import Worker
 from turnkit.states import TERMINAL_STATES
-from turnkit.testing import ModelStep, collect_events
+from turnkit.store import ClaimRequest, Lease, Submission
+from turnkit.store.sql import SqlStore
+from turnkit.testing import FakeClock, ModelStep, collect_events
 
 ROOT = Path(__file__).parent.parent
 DB = tuple[str, str | None]
@@ -232,3 +237,131 @@ async def test_a_stop_of_an_asking_turn_driven_here_stops_the_asked_one_once(
     assert started  # the call followed the asked turn again
     assert stops.count(inner) <= 1, stops
     assert published.count(inner) <= 1, published
+
+
+# An asking turn that follows its asked agent while that agent still works (it never
+# paused, so the asking turn was handed nothing of it): the asked turn names the asking
+# one, and any ending of the asking turn but its success stops it all the same.
+
+
+def _killed_while_the_asked_agent_works(db: DB) -> None:
+    url, schema = db
+    script = "from tests.support.asked_working import main; main()"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
+    done = subprocess.run(
+        [sys.executable, "-c", script, url, schema or ""],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        timeout=90,
+        check=False,
+    )
+    assert done.returncode == -signal.SIGKILL, done.stderr.decode()[-3000:]
+
+
+@pytest.mark.parametrize("how", ["stop", "gone"])
+async def test_an_asking_turn_ended_while_its_agent_still_works_stops_that_agent(
+    db: DB, refunded: Path, how: str
+) -> None:
+    """The process driving both turns dies while the asked agent's model call is under
+    way. `stop`: the asking turn is then stopped (ended in the Store: no live driver);
+    `gone`: a process whose asking agent changed (a deploy) takes it over and ends it
+    `agent-not-found`. Either ending stops the asked turn in its transaction, so a
+    runtime recovering turns (and a worker) finds it `cancelled` and never runs the
+    refund nobody asks for any more."""
+    url, schema = db
+    _killed_while_the_asked_agent_works(db)
+    edited = dataclasses.replace(working_desk(answering()), instructions="Edited.")
+    settings = config(url, schema, run_in_process=False)
+    async with SessionRuntime(agent=edited, config=settings) as api:
+        [asking] = await api.store.list_turns(SessionId("s1"))
+        [sub] = await api.store.delegated_sessions(SessionId("s1"))
+        [inner] = await api.store.list_turns(sub)
+        assert (asking.status, inner.status) == ("running", "running")
+        assert await api.store.open_pauses() == []  # the asked agent never paused
+        await asyncio.sleep(1.2)  # the dead process's leases lapse (lease_ttl_s=1)
+        if how == "stop":
+            assert await api.cancel(asking.turn_id) == "cancelled"
+        else:
+            api.host.detach(asking.turn_id)  # taken over here, where its agent changed
+            assert await _status(api, asking.turn_id, within_s=10) == "failed"
+        ended = await api.store.get_turn(inner.turn_id)
+    assert ended is not None
+    assert ended.status == "cancelled"  # in the asking turn's ending
+    recovering = config(url, schema, recover_in_process=True)
+    async with SessionRuntime(agent=working_desk(answering()), config=recovering) as runtime:
+        stop = asyncio.Event()
+        worker = Worker(runtime, concurrency=2, poll_interval_s=0.02, sweep_interval_s=0.2)
+        working = asyncio.create_task(worker.run(stop))
+        try:
+            status = await _status(runtime, inner.turn_id, within_s=4)
+        finally:
+            stop.set()
+            await working
+    assert status == "cancelled"
+    assert await asyncio.to_thread(refunded.read_text) == ""  # no refund ran, anywhere
+
+
+async def _asking_and_asked(
+    store: SqlStore, n: int = 1, *, asked_owner: str | None, ttl_s: float = 60.0
+) -> tuple[Lease, Submission]:
+    """An asking turn its driver holds, and a turn asked by it (held by `asked_owner`)."""
+    asking = await store.submit(
+        new_input(f"s{n}", claim_for=ClaimRequest(owner="w", ttl_s=60, max_attempts=3))
+    )
+    assert asking.lease is not None
+    claim = (
+        ClaimRequest(owner=asked_owner, ttl_s=ttl_s, max_attempts=3)
+        if asked_owner is not None
+        else None
+    )
+    asked = await store.submit(
+        new_input(f"tk-sub.{n}", agent="refunds", asked_by=asking.turn_id, claim_for=claim)
+    )
+    assert (asked.lease is not None) == (asked_owner is not None)
+    return asking.lease, asked
+
+
+@pytest.mark.parametrize("held", [False, True])
+async def test_a_failed_asking_turn_stops_the_turn_it_asked_that_handed_it_nothing(
+    store: SqlStore, held: bool
+) -> None:
+    """The driver's own ending (on PostgreSQL its one-statement ending must leave this to
+    the full transaction): the asked turn ends `cancelled`, or, held by a live driver
+    elsewhere, is flagged for it."""
+    lease, asked = await _asking_and_asked(store, asked_owner="elsewhere" if held else None)
+    result = await store.commit(
+        lease.turn_id, epoch=lease.epoch, status="failed", error_code="boom", release=True
+    )
+    assert result.stopped_asked == (asked.turn_id,)
+    record = await store.get_turn(asked.turn_id)
+    assert record is not None
+    assert record.status == ("running" if held else "cancelled")
+    if asked.lease is not None:  # its driver learns at its next renewal
+        assert (await store.renew(asked.lease, ttl_s=60)).cancel_requested
+
+
+async def test_a_succeeded_asking_turn_leaves_the_turn_it_asked(store: SqlStore) -> None:
+    lease, asked = await _asking_and_asked(store, asked_owner=None)
+    result = await store.commit(lease.turn_id, epoch=lease.epoch, status="succeeded")
+    assert result.stopped_asked == ()
+    record = await store.get_turn(asked.turn_id)
+    assert record is not None
+    assert record.status == "running"
+
+
+async def test_a_stop_or_the_sweep_of_an_asking_turn_stops_the_turn_it_asked(
+    store: SqlStore, clock: FakeClock
+) -> None:
+    """Their drivers died: a Stop ends one asking turn in the Store, the sweep times the
+    other out; either way the turn it asked, which no live driver holds either, ends
+    `cancelled` with it."""
+    stopped, working = await _asking_and_asked(store, 1, asked_owner="died", ttl_s=1.0)
+    swept, queued = await _asking_and_asked(store, 2, asked_owner=None)
+    clock.advance(70)  # every lease lapses
+    assert await store.cancel(stopped.turn_id) == "cancelled"
+    assert await store.sweep(ceiling_s=60, max_attempts=3) == [swept.turn_id]
+    for asked in (working, queued):
+        record = await store.get_turn(asked.turn_id)
+        assert record is not None
+        assert record.status == "cancelled"

@@ -267,3 +267,64 @@ async def test_0017_a_turn_start_looks_only_at_the_turns_since_the_one_held(
     with sqlite3.connect(path) as conn:
         plan = [row[3] for row in conn.execute(f"EXPLAIN QUERY PLAN {query}", ("s", 10, 12))]
     assert any("input_seq>? AND input_seq<?" in step for step in plan), plan
+
+
+def _turn_schema(conn: sa.Connection) -> tuple[set[str], set[str | None]]:
+    found = sa.inspect(conn)
+    columns = {c["name"] for c in found.get_columns("tk_turns")}
+    return columns, {i["name"] for i in found.get_indexes("tk_turns")}
+
+
+async def test_0018_an_asked_turn_names_the_turn_that_asked_it(store: SqlStore) -> None:
+    """On both stores. A turn asked under an older turnkit names nobody, and is still
+    stopped with its asking turn through the request it handed over; one asked since
+    names the asking turn, and is stopped with it though it handed over nothing. The
+    downgrade drops the column and its index again."""
+    from pydantic import JsonValue
+
+    from turnkit.events import ApprovalRequestedEvent, AskedPause
+    from turnkit.pauses import PauseRequest
+
+    old = await store.submit(new_input("s-old"))
+    old_asked = await store.submit(new_input("tk-sub.old", asked_by=old.turn_id))
+    lease = await store.claim("w", ttl_s=10, max_attempts=3, turn_id=old.turn_id)
+    assert lease is not None
+    asked: dict[str, JsonValue] = {
+        "agent": "refunds",
+        "session_id": "tk-sub.old",
+        "turn_id": old_asked.turn_id,
+        "request_id": "req-a",
+    }
+    handed = ApprovalRequestedEvent(
+        session_id=old.session_id, turn_id=old.turn_id, stage_id="tool-loop",
+        ts=datetime.now(UTC), seq=2, request_id="req-1", tool_call_id="c1",
+        tool_name="refund", arguments={}, summary="refunds: refund",
+        asked=AskedPause.model_validate(asked),
+    )  # fmt: skip
+    await store.commit(
+        old.turn_id,
+        epoch=lease.epoch,
+        events=[handed],
+        status="awaiting_approval",
+        release=True,
+        pause=PauseRequest(
+            request_id="req-1", kind="approval", tool_call_id="c1", payload={"asked": asked}
+        ),
+    )
+    await store._migrate(lambda conn: command.downgrade(_config(conn), "0017"))
+    columns, indexes = await store._migrate(_turn_schema)
+    assert "asked_by" not in columns
+    assert "ix_turn_asked_by" not in indexes
+    await store._migrate(upgrade)  # the older turnkit's turns, as this one finds them
+    columns, indexes = await store._migrate(_turn_schema)
+    assert "asked_by" in columns
+    assert "ix_turn_asked_by" in indexes
+
+    new = await store.submit(new_input("s-new"))
+    new_asked = await store.submit(new_input("tk-sub.new", asked_by=new.turn_id))
+    assert await store.cancel(old.turn_id) == "cancelled"
+    assert await store.cancel(new.turn_id) == "cancelled"
+    for turn in (old_asked, new_asked):
+        record = await store.get_turn(turn.turn_id)
+        assert record is not None
+        assert record.status == "cancelled"

@@ -165,15 +165,19 @@ async def test_downgrading_0011_removes_the_announcements(
 
     def without_0011(conn: sa.Connection) -> None:
         command.downgrade(_config(conn), "0010")
-        # This code writes a session's organisation (0013): only 0011's trigger goes.
+        # This code writes a session's organisation (0013) and a turn's asking turn
+        # (0018): only 0011's trigger goes.
         conn.execute(sa.text("ALTER TABLE tk_sessions ADD COLUMN organisation varchar(128)"))
+        conn.execute(sa.text("ALTER TABLE tk_turns ADD COLUMN asked_by varchar(64)"))
+
+    def back_to_0010(conn: sa.Connection) -> None:
+        conn.execute(sa.text("ALTER TABLE tk_sessions DROP COLUMN organisation"))
+        conn.execute(sa.text("ALTER TABLE tk_turns DROP COLUMN asked_by"))
 
     await writer._migrate(without_0011)
     await writer.submit(new_input(session="s1"))
     assert await heard.until_marked() == []
-    await writer._migrate(
-        lambda conn: conn.execute(sa.text("ALTER TABLE tk_sessions DROP COLUMN organisation"))
-    )
+    await writer._migrate(back_to_0010)
     await writer._migrate(lambda conn: upgrade(conn))
     await writer.submit(new_input(session="s2"))
     assert await heard.until_marked() == [writer.schema]

@@ -12,7 +12,7 @@ from turnkit.agent import Agent, Effort
 from turnkit.blocks import TextPart
 from turnkit.errors import InvalidInputError
 from turnkit.events import StreamEvent
-from turnkit.ids import derive_id
+from turnkit.ids import TurnId, derive_id
 from turnkit.models import ModelSettings
 from turnkit.runtime._budget_api import RuntimeBudgets
 from turnkit.runtime._callback_reports import RuntimeCallbacks
@@ -170,14 +170,15 @@ class SessionRuntime(RuntimeControl, RuntimeCallbacks, RuntimeBudgets, RuntimeRe
         documents: Sequence[str] = (),
         claim: bool,
         anonymous: bool = False,
-        asked: bool = False,
+        asked_by: TurnId | None = None,
     ) -> Submission:
-        """`submit`, also for the message an agent tool sends the agent it asks (`asked`).
+        """`submit`, also for the message an agent tool sends the agent it asks.
 
-        That is the one message a session kept for agents asked as tools (`tk-sub.`) takes.
+        That is the one message a session kept for agents asked as tools (`tk-sub.`) takes;
+        `asked_by` is the turn whose agent asks, kept on the new turn (see `NewInput`).
         """
         request = validate_request(self.config, session_id, content, request_id, effort)
-        if not asked:
+        if asked_by is None:
             refuse_delegated(request.session_id)
         if delivery not in ("queue", "guide"):
             raise InvalidInputError(
@@ -220,6 +221,7 @@ class SessionRuntime(RuntimeControl, RuntimeCallbacks, RuntimeBudgets, RuntimeRe
                 config=self.config,
                 claim_for=self.owner if claim else None,
                 anonymous=anonymous and caller is None,
+                asked_by=asked_by,
             )
         )
         if submission.guided:

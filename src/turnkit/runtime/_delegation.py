@@ -99,7 +99,7 @@ async def ask_agent(
         request_id=_REQUEST_ID,
         principal=ctx.caller if ctx.caller is not None else ctx.principal,
         claim=True,
-        asked=True,
+        asked_by=ctx.turn_id,  # an ending of the asking turn but its success stops it
     )
     turn_id = submission.turn_id
     taking_over: asyncio.Task[None] | None = None

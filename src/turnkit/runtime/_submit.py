@@ -7,7 +7,7 @@ from typing import Any
 
 from turnkit.agent import Agent
 from turnkit.config import RuntimeConfig
-from turnkit.ids import new_turn_id
+from turnkit.ids import TurnId, new_turn_id
 from turnkit.models import ModelSettings
 from turnkit.models.family import ModelFamily
 from turnkit.runtime._runner import Pinned, pinned_config
@@ -31,11 +31,13 @@ def new_input(
     config: RuntimeConfig,
     claim_for: str | None,
     anonymous: bool = False,
+    asked_by: TurnId | None = None,
 ) -> NewInput:
     """The message, its new turn and what the turn is pinned to, ready to commit.
 
     `admitted.model` and `settings` are the message's overrides of the agent's;
-    `claim_for` names the owner that claims the turn in the same transaction.
+    `claim_for` names the owner that claims the turn in the same transaction;
+    `asked_by` the turn whose agent asks this one's as a tool.
     """
     effort = request.effort or turn_agent.effort
     overrides: dict[str, Any] = {}
@@ -75,6 +77,7 @@ def new_input(
         # takes it); the turn's utility model may improve it.
         title=opening_title(request.content),
         anonymous_caller=anonymous,
+        asked_by=asked_by,
         claim_for=ClaimRequest(
             owner=claim_for, ttl_s=config.lease_ttl_s, max_attempts=config.max_attempts
         )

@@ -115,8 +115,8 @@ class TurnLedger(Protocol):
         `guides_consumed_through`) are re-queued as turns of their own, in the same
         transaction: a message that arrived mid-run is answered, never stranded.
         A turn that ends other than `succeeded` stops, in the same transaction, the
-        unfinished turns of the agents it asked whose requests it was handed (one no live
-        driver holds ends `cancelled`, one a live driver holds is flagged as by `cancel`):
+        unfinished turns of the agents it asked as tools (one no live driver holds ends
+        `cancelled`, one a live driver holds is flagged as by `cancel`):
         nobody reads their answers any more (`CommitResult.stopped_asked` lists them).
 
         Rejects a stale `epoch` with `StaleEpochError` and an illegal status move with

@@ -2,8 +2,8 @@
 
 A turn ended here closes its open pause requests and gives the guide messages it never
 presented turns of their own, as a driver's ending does. Any ending of a turn but a
-success also stops, in its own transaction, the turns of the agents it asked whose
-requests it was handed (`stop_asked`): nobody is left to read their answers.
+success also stops, in its own transaction, the turns of the agents it asked
+(`stop_asked`): nobody is left to read their answers.
 
 Runs inside one transaction on a sync `Connection` (see `SqlStore._tx`).
 """
@@ -125,12 +125,15 @@ def cancel(
 def stop_asked(
     conn: Connection, turn_id: TurnId, now: datetime, *, by: str | None = None, depth: int = 0
 ) -> list[TurnId]:
-    """Stop the unfinished turns of the agents `turn_id` asked whose requests it was handed.
+    """Stop the unfinished turns of the agents `turn_id` asked as tools.
 
     Run in the transaction that ends `turn_id` without its success: each such turn no
     live driver holds ends `cancelled` here (and stops what it asked in turn); one a live
     driver holds is flagged, so that driver, or whoever takes it over, ends it
     `cancelled`. Returns the turns it stopped or flagged.
+
+    An asked turn names the turn that asked it (`asked_by`, since revision 0018); one an
+    older turnkit wrote is found through the asking turn's saved requests it was handed.
     """
     if depth >= _DEPTH:
         return []
@@ -139,8 +142,14 @@ def stop_asked(
             pauses.c.turn_id == turn_id, pauses.c.payload.like(ASKED_PAYLOAD)
         )
     ).all()
+    linked = conn.execute(
+        select(turns.c.turn_id)
+        .where(turns.c.asked_by == turn_id, turns.c.status.in_(UNFINISHED))
+        .order_by(turns.c.created_at, turns.c.turn_id)
+    ).scalars()
+    handed = (_asked_turn(payload) for (payload,) in rows)
     stopped: list[TurnId] = []
-    for asked in dict.fromkeys(_asked_turn(payload) for (payload,) in rows):
+    for asked in dict.fromkeys([*handed, *(TurnId(t) for t in linked)]):
         if asked is None:
             continue
         status = conn.execute(

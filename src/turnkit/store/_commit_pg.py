@@ -11,11 +11,11 @@ If the fence refuses, nothing is written and the caller runs the full transactio
 says why (a stale epoch, a refused move) or does what the statement leaves out. An ending
 also refuses while a guide message the turn never presented waits on its row: re-queueing
 guides is the full transaction's work; so is stopping the agents a turn that did not
-succeed asked, whose requests it was handed (`_cancel_sql.stop_asked`). The statement
-looks for such guides twice: in the turn's inputs, as its snapshot has them, and on the
-turn's row, where every guide writes its seq. A guide committed while the ending waited
-for that row is not in the snapshot, but the ending re-checks the row's new version (and
-a guide an older turnkit committed, which writes no seq on the row, is in the snapshot).
+succeed asked (`_cancel_sql.stop_asked`). The statement looks for such guides twice: in
+the turn's inputs, as its snapshot has them, and on the turn's row, where every guide
+writes its seq. A guide committed while the ending waited for that row is not in the
+snapshot, but the ending re-checks the row's new version (and a guide an older turnkit
+committed, which writes no seq on the row, is in the snapshot).
 """
 
 from __future__ import annotations
@@ -30,8 +30,12 @@ from turnkit.ids import TurnId
 from turnkit.store import CommitResult, Rider
 from turnkit.store._budget_counts import CHAIN_PG, COUNTED_PG
 from turnkit.store._cancel_sql import ASKED_PAYLOAD
+from turnkit.store._schema import UNFINISHED
 
 __all__ = ("APPEND", "END", "append", "end")
+
+_OPEN = ", ".join(f"'{s}'" for s in UNFINISHED)
+"""The statuses of a turn that has not ended, as SQL (an asked one to stop)."""
 
 _ROWS = f"""
 new_events AS (
@@ -107,6 +111,8 @@ WITH RECURSIVE fence AS (
         ))
         AND ($19 = 'succeeded' OR NOT EXISTS (
             SELECT FROM tk_pauses p WHERE p.turn_id = $1 AND p.payload LIKE '{ASKED_PAYLOAD}'
+        ) AND NOT EXISTS (
+            SELECT FROM tk_turns a WHERE a.asked_by = $1 AND a.status IN ({_OPEN})
         ))
     RETURNING session_id, input_seq, newest_guide_seq
 ), dropped AS (

@@ -93,7 +93,7 @@ INSERT INTO tk_turns (turn_id, session_id, input_seq, status, content, request_i
                       model, organisation, department, principal, last_seq,
                       cancel_requested, pinned, summary, attachments, error_code,
                       created_at, updated_at, lease_owner, lease_epoch, lease_expires_at,
-                      attempts, claim_seq, started_at)
+                      attempts, claim_seq, started_at, asked_by)
 SELECT $2, $1, d.seq, 'running', $4, $3, $5, $6, $7, $8, $9, 1, false, $10, NULL, $11, NULL,
        $13, $13,
        CASE WHEN d.queued THEN NULL ELSE $14 END,
@@ -101,7 +101,8 @@ SELECT $2, $1, d.seq, 'running', $4, $3, $5, $6, $7, $8, $9, 1, false, $10, NULL
        CASE WHEN d.queued THEN NULL ELSE $15::timestamptz END,
        CASE WHEN d.queued THEN 0 ELSE 1 END,
        CASE WHEN d.queued THEN 0 ELSE 1 END,
-       CASE WHEN d.queued THEN NULL ELSE $13 END
+       CASE WHEN d.queued THEN NULL ELSE $13 END,
+       $18
 FROM decided d
 RETURNING *
 """
@@ -151,6 +152,7 @@ async def submit(conn: Any, new: NewInput, now: datetime) -> Submission | None:
         now + timedelta(seconds=claim.ttl_s) if claim is not None else None,
         head,
         tail,
+        new.asked_by,
     )
     if row is None:
         return None

@@ -403,6 +403,7 @@ def _turn_values(
         "organisation": new.organisation,
         "department": new.department,
         "principal": new.principal,
+        "asked_by": new.asked_by,
         "last_seq": 1,
         "cancel_requested": False,
         "pinned": json.dumps(new.pinned, sort_keys=True),

@@ -71,7 +71,7 @@ def sweep(conn: Connection, row: Orphan, now: datetime, reason: str) -> bool:
     """Time one orphaned turn out: bump its epoch, append `error` + `done`. False if it moved.
 
     A job its dead driver left running is completed first, as an error; the turns of the
-    agents it asked whose requests it was handed are stopped (`stop_asked`).
+    agents it asked as tools are stopped (`stop_asked`).
     """
     common: dict[str, Any] = {
         "session_id": row.session_id,

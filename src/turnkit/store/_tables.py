@@ -71,6 +71,14 @@ class TurnRow(SQLModel, table=True):
         # a session's turns in a range of input seqs (a turn's start reads those since
         # the transcript it holds)
         Index("ix_turn_session_seq", "session_id", "input_seq"),
+        # the turns of the agents a turn asked as tools (an ending other than its success
+        # stops them); only those turns are in it
+        Index(
+            "ix_turn_asked_by",
+            "asked_by",
+            sqlite_where=text("asked_by IS NOT NULL"),
+            postgresql_where=text("asked_by IS NOT NULL"),
+        ),
     )
     turn_id: str = Field(primary_key=True, max_length=64)
     session_id: str = Field(max_length=128)
@@ -109,6 +117,8 @@ class TurnRow(SQLModel, table=True):
     department: str | None = Field(default=None, max_length=128)
     principal: str | None = Field(default=None, max_length=256)
     """Who the turn spends for (budgets, usage by department): fixed at submit."""
+    asked_by: str | None = Field(default=None, max_length=64)
+    """The turn whose agent asked this turn's as a tool (None: a turn of its own)."""
     started_at: datetime | None = Field(default=None, sa_column=_ts(nullable=True))
     created_at: datetime = Field(sa_column=_ts())
     updated_at: datetime = Field(sa_column=_ts())

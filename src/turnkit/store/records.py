@@ -77,6 +77,9 @@ class NewInput:
     anonymous_caller: bool = False
     """Sent by a caller nobody signed in (not the app's own code): with no principal it
     goes only into a session nobody owns, checked in the same transaction that writes it."""
+    asked_by: TurnId | None = None
+    """The turn whose agent asks this message's agent as a tool (`Agent.as_tool`), kept on
+    the new turn: an ending of that turn other than its success stops this one."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
