@@ -292,3 +292,29 @@ async def test_only_the_lease_holder_repins_and_only_before_the_turn_wrote_anyth
         with pytest.raises(StaleEpochError):
             await api.store.repin(second, pinned=pinned | {"agent_version": "late"}, model="m")
         assert (await api.turn(turn_id)).pinned["agent_version"] == "new"
+
+
+async def test_an_attempt_that_died_after_the_repin_leaves_its_audit_row_to_the_next(
+    db: DB,
+) -> None:
+    """The new pin and its `agentRepinned` row are two commits: an attempt that died
+    between them left a turn pinned anew whose audit says nothing of it. The attempt that
+    takes it over, before anything else of the turn is written, writes the row (once)."""
+    from turnkit.runtime._runner import Pinned
+
+    old = special()
+    async with _host(db, old) as api:
+        submission = await api.start("s1", "who am I?", agent="special")
+    new = special(instructions=EDITED)
+    async with _host(db, new) as deployed:
+        turn_id = submission.turn_id
+        lease = await deployed.store.claim("gone", ttl_s=0.05, max_attempts=3, turn_id=turn_id)
+        assert lease is not None
+        record = await deployed.turn(turn_id)
+        repinned = await deployed.runner()._repin(record, Pinned.of(record), lease)
+        assert repinned is not None  # pinned anew; the attempt dies before its audit row
+        assert (await deployed.turn(turn_id)).pinned["repinned_from"] == old.version
+        await asyncio.sleep(0.1)  # its lease lapses
+        record = await _work_until(deployed, turn_id, "succeeded", "failed")
+        assert (record.status, record.attempts) == ("succeeded", 2)
+        assert await _repins(deployed, turn_id) == [("special", old.version, new.version)]

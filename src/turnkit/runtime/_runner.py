@@ -278,6 +278,8 @@ class TurnRunner:
                 raise
             record, pinned, repinned, base = again
             agent = base.with_overrides(model=pinned.model, settings=pinned.settings)
+        else:
+            repinned = await self._repin_unsaid(record, pinned, lease)
         try:
             family = self.family(agent.model)
             utility = self.family(agent.utility_model) if agent.utility_model is not None else None
@@ -426,6 +428,26 @@ class TurnRunner:
             agent=current.name, from_version=pinned.version, to_version=current.version
         )
         return record, Pinned.of(record), payload, current
+
+    async def _repin_unsaid(
+        self, record: TurnRecord, pinned: Pinned, lease: Lease
+    ) -> AgentRepinnedPayload | None:
+        """The re-pin an attempt that died wrote without its `agentRepinned` row, if any.
+
+        The new pin (`Store.repin`) and the row (the driver's first commit) are two
+        commits. A turn that holds nothing but its `turn.started` yet was re-pinned to
+        the version it is pinned to, with no row saying so, gets the row from this attempt.
+        """
+        earlier = record.pinned.get("repinned_from")
+        if not isinstance(earlier, str) or pinned.version is None or lease.last_seq > 1:
+            return None
+        rows = await self.store.read_audit(record.turn_id)
+        said = (row.payloads.agent_repinned for row in rows)
+        if any(p is not None and p.to_version == pinned.version for p in said):
+            return None
+        return AgentRepinnedPayload(
+            agent=pinned.agent, from_version=earlier, to_version=pinned.version
+        )
 
     async def _skills(self, agent: Agent, principal: Principal | None) -> tuple[Skill, ...]:
         """The skills the turn may use: the caller's, narrowed to those the agent names."""
