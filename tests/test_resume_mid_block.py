@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REDIS_URL, require_service
+from tests.support.services import PrivateRedis, private_redis
 from turnkit import Agent, ModelFamily, ProviderError, RuntimeConfig, SessionRuntime, tool
 from turnkit.clock import SystemClock
 from turnkit.events import (
@@ -38,6 +39,8 @@ from turnkit.models import (
 from turnkit.replay import BufferEntry, ReplayBuffer
 from turnkit.replay.memory import InMemoryReplayBuffer
 from turnkit.runtime.reader import _Buffer, _snapshots
+
+__all__ = ("private_redis",)  # a fixture, re-exported for pytest
 
 WORDS = [f"word{i} " for i in range(40)]
 
@@ -302,3 +305,42 @@ async def test_a_snapshot_of_a_block_whose_start_the_buffer_lacks_is_never_built
     [snapshot], partial = await _snapshots(reader_buffer, clock)
     assert b'"text":"word0 word11 word12 "' in snapshot.data
     assert partial == set()
+
+
+async def test_a_redis_restarted_empty_mid_block_leaves_no_hole_on_a_live_readers_screen(
+    db: tuple[str, str | None], private_redis: PrivateRedis
+) -> None:
+    """Redis restarts empty while a reader is busy (its last deltas are in Redis, unread),
+    so fast that no call fails: the reader would append the next deltas to text with a
+    hole in it. The driver's next publish finds the stream gone and sends the block's text
+    so far first."""
+    from turnkit.replay.redis import RedisReplayBuffer
+
+    url, schema = db
+    buffer = RedisReplayBuffer.from_url(private_redis.url)
+    agent = Agent(model=SlowWriter(), skip_stages=frozenset({"anchor-plan"}))
+    config = RuntimeConfig(database_url=url, database_schema=schema)
+    screens: list[str] = []
+    try:
+        async with SessionRuntime(agent=agent, config=config, replay=buffer) as runtime:
+            submission = await runtime.start("s1", "write")
+            screen = ""
+            async with asyncio.timeout(20):
+                async for event in runtime.reader().events(submission.turn_id):
+                    if isinstance(event, MessageSnapshotEvent):
+                        screen = event.text
+                    elif isinstance(event, MessageDeltaEvent):
+                        screen += event.text
+                        if screen == "".join(WORDS[:10]):
+                            await asyncio.sleep(0.1)  # busy: the next deltas wait in Redis
+                            private_redis.kill()
+                            private_redis.start()
+                    elif isinstance(event, MessageCompleteEvent):
+                        complete = event.block.text
+                        break
+                    screens.append(screen)
+    finally:
+        await buffer.close()
+    assert complete == "".join(WORDS)
+    assert [s for s in screens if not complete.startswith(s)] == []
+    assert screen == complete

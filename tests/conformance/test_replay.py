@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import logging
@@ -19,7 +20,7 @@ from tests.support.services import PrivateRedis, private_redis
 
 from turnkit.events import DoneEvent, MessageDeltaEvent, encode_event
 from turnkit.ids import TurnId
-from turnkit.replay import ReplayBuffer, ReplaySettings
+from turnkit.replay import BufferEntry, ReplayBuffer, ReplaySettings
 from turnkit.replay.memory import InMemoryReplayBuffer
 from turnkit.runtime._publish import BufferPublisher, Entry
 
@@ -510,3 +511,114 @@ async def test_a_redis_that_hung_mid_block_leaves_no_hole_in_a_live_readers_text
         if private_redis.proc.poll() is None:
             private_redis.proc.send_signal(signal.SIGCONT)
         await client.aclose()
+
+
+def _screen(entries: Sequence[BufferEntry], text: str = "") -> str:
+    """A block's text as a live reader assembles it: deltas appended, a snapshot replacing."""
+    for entry in entries:
+        event = json.loads(entry.data)
+        text = event["text"] if event["type"] == "message.snapshot" else text + event["text"]
+    return text
+
+
+async def test_a_redis_restarted_empty_between_two_publishes_leaves_no_hole_in_a_live_reader(
+    private_redis: PrivateRedis,
+) -> None:
+    """Redis restarts empty so fast that no call fails (each is tried again on a new
+    connection): a delta the reader had not read yet is gone with it. The next publish
+    notices the stream is gone and sends the block's text so far first."""
+    from turnkit.replay.redis import RedisReplayBuffer
+
+    buffer = RedisReplayBuffer.from_url(private_redis.url)
+    turn, now = _turn(), datetime.now(UTC)
+    words = [f"w{i} " for i in range(15)]
+    try:
+        async with BufferPublisher(buffer, turn) as publish:
+            for i, word in enumerate(words):
+                if i == 11:  # the reader is between two reads; w10 is only in Redis
+                    private_redis.kill()
+                    private_redis.start()
+                publish(MessageDeltaEvent(session_id="s1", turn_id=turn, stage_id="synthesize",
+                                          ts=now, block_id="b", text=word))  # fmt: skip
+                await asyncio.sleep(0.02)
+                if i == 9:
+                    seen = await buffer.read(turn, after="0", wait_s=0)
+                    text, position = _screen(seen), seen[-1].position
+        assert text == "".join(words[:10])
+        text = _screen(await buffer.read(turn, after=position, wait_s=0), text)
+        assert text == "".join(words)  # not w0 … w9 w11 … w14: w10 came in the snapshot
+    finally:
+        await buffer.close()
+
+
+class _ReplyDropper:
+    """A TCP proxy to Redis that passes a command containing `trigger` on, waits for its
+    reply, and closes the client's connection instead of passing the reply back (as a
+    Redis that died after running it, keeping its data, or a proxy that failed, does)."""
+
+    def __init__(self, port: int, trigger: bytes) -> None:
+        self.port, self.trigger, self.armed = port, trigger, 0
+        self.server: asyncio.Server | None = None
+
+    async def __aenter__(self) -> str:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return f"redis://127.0.0.1:{self.server.sockets[0].getsockname()[1]}/0"
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.server is not None
+        self.server.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.port)
+        back = asyncio.create_task(self._pipe(up_reader, writer))
+        try:
+            while chunk := await reader.read(65536):
+                if self.armed and self.trigger in chunk:
+                    self.armed -= 1
+                    back.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await back
+                    up_writer.write(chunk)
+                    await up_reader.read(65536)  # it ran; the reply goes nowhere
+                    return
+                up_writer.write(chunk)
+        finally:
+            back.cancel()
+            writer.close()
+            up_writer.close()
+
+    @staticmethod
+    async def _pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+        while chunk := await source.read(65536):
+            sink.write(chunk)
+
+
+@pytest.mark.parametrize("size", [1, 3])
+async def test_a_publish_whose_reply_was_lost_is_not_streamed_twice(
+    private_redis: PrivateRedis, size: int
+) -> None:
+    """The connection breaks after Redis ran a publish, before its reply came: the publish
+    is tried again on a new connection only if its entries are not in the stream yet."""
+    from turnkit.replay.redis import RedisReplayBuffer
+
+    dropper = _ReplyDropper(private_redis.port, b"XADD")
+    turn = _turn()
+
+    def delta(text: str) -> Entry:
+        event = MessageDeltaEvent(session_id="s1", turn_id=turn, stage_id="synthesize",
+                                  ts=datetime.now(UTC), block_id="b", text=text)  # fmt: skip
+        return (None, encode_event(event), False)
+
+    async with dropper as url:
+        buffer = RedisReplayBuffer.from_url(url)
+        try:
+            await buffer.publish(turn, [delta("Hel")])
+            dropper.armed = 1
+            await buffer.publish(turn, [delta(f"lo{i}, ") for i in range(size)])
+            assert dropper.armed == 0  # its reply was lost
+            entries = await buffer.read(turn, after="0", wait_s=0)
+            ttl_ms = await buffer.client.pttl(buffer._key(turn))
+        finally:
+            await buffer.close()
+    assert _screen(entries) == "Hel" + "".join(f"lo{i}, " for i in range(size))  # once each
+    assert ttl_ms > 0

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 
 __all__ = (
     "BufferEntry",
+    "EntriesLostError",
     "InMemoryReplayBuffer",
     "RedisReplayBuffer",
     "ReplayBuffer",
@@ -40,6 +41,14 @@ class BufferEntry:
     seq: int | None
     data: bytes
     is_terminal: bool
+
+
+class EntriesLostError(Exception):
+    """A publish found the turn's earlier entries gone, and added nothing.
+
+    The buffer restarted empty, or the entries expired: readers following the turn may
+    have missed some of them.
+    """
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

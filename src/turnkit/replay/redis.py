@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 
 from turnkit.errors import ConfigurationError, missing_extra
 from turnkit.ids import TurnId
-from turnkit.replay import START, BufferEntry, ReplaySettings
+from turnkit.replay import START, BufferEntry, EntriesLostError, ReplaySettings
 
 try:
     import redis.asyncio as aioredis
@@ -49,6 +49,8 @@ class RedisReplayBuffer:
         self.settings = settings or ReplaySettings()
         self.prefix = prefix
         self._owns = owns_client
+        self._nomkstream = True
+        """Redis takes XADD NOMKSTREAM (6.2 and newer)."""
 
     @classmethod
     def from_url(
@@ -91,30 +93,90 @@ class RedisReplayBuffer:
         with all of them, where pipelined XADDs wake it after the first (one more XREAD
         round trip, and one more write to its client, per batch).
         """
+        await self._publish(turn_id, entries, follows=False)
+
+    async def publish_after(
+        self, turn_id: TurnId, entries: Sequence[tuple[int | None, bytes, bool]]
+    ) -> None:
+        """`publish`, for a caller whose earlier publish of the turn went through.
+
+        The XADDs carry NOMKSTREAM, which costs nothing more: a stream that is gone (Redis
+        restarted empty, or it expired) is not made again.
+
+        Raises:
+            EntriesLostError: The turn's stream is gone, with entries readers may not
+                have read; nothing of `entries` was added.
+        """
+        if not self._nomkstream:
+            await self._publish(turn_id, entries, follows=False)
+            return
+        try:
+            await self._publish(turn_id, entries, follows=True)
+        except aioredis.ResponseError:
+            # A Redis older than 6.2 refuses NOMKSTREAM (and ran nothing): publish as before.
+            await self._publish(turn_id, entries, follows=False)
+            self._nomkstream = False
+
+    async def _publish(
+        self, turn_id: TurnId, entries: Sequence[tuple[int | None, bytes, bool]], *, follows: bool
+    ) -> None:
         if not entries:
             return
         key = self._key(turn_id).encode()
         ttl = self.settings.ttl_s
+        head = (b"XADD", key, *((b"NOMKSTREAM",) if follows else ()), b"MAXLEN", b"~")
         maxlen = str(self.settings.max_entries).encode()
         commands = []
         for seq, data, terminal in entries:
             s = b"" if seq is None else str(seq).encode()
             t = b"1" if terminal else b"0"
-            commands.append(
-                _command(b"XADD", key, b"MAXLEN", b"~", maxlen, b"*", b"s", s, b"d", data, b"t", t)
-            )
+            commands.append(_command(*head, maxlen, b"*", b"s", s, b"d", data, b"t", t))
             if terminal:
                 ttl = self.settings.terminal_grace_s
-        commands.append(_command(b"PEXPIRE", key, str(int(ttl * 1000)).encode()))
+        expire = _command(b"PEXPIRE", key, str(int(ttl * 1000)).encode())
+        commands.append(expire)
         if len(entries) == 1:
-            await self._round_trip(b"".join(commands), len(commands), once=True)
-            return
-        replies = await self._round_trip(
-            b"".join((_MULTI, *commands, _EXEC)), len(commands) + 2, once=True
+            packed, count = b"".join(commands), len(commands)
+        else:
+            packed, count = b"".join((_MULTI, *commands, _EXEC)), len(commands) + 2
+        try:
+            replies = await self._send(packed, count)
+        except (aioredis.ConnectionError, OSError):
+            # Tried once more on a new connection (a pooled one dies with a Redis restart),
+            # unless Redis ran it before the connection broke: sent again, its entries
+            # would be streamed twice. Not after a timeout: Redis may yet run it.
+            if await self._landed(key, entries):
+                await self._round_trip(expire, 1)
+                return
+            replies = await self._send(packed, count)
+        if len(entries) == 1:
+            first = replies[0]
+        else:
+            results = replies[-1] or ()  # EXEC's; None: the transaction was aborted
+            for reply in results:
+                if isinstance(reply, Exception):
+                    raise reply
+            first = results[0] if results else None
+        if follows and first is None:  # NOMKSTREAM: the stream is gone, nothing was added
+            raise EntriesLostError(f"the replay buffer lost the entries of turn {turn_id}")
+
+    async def _landed(self, key: bytes, entries: Sequence[tuple[int | None, bytes, bool]]) -> bool:
+        """Whether the stream ends with `entries` (a publish whose reply was lost ran).
+
+        One publisher writes a turn, and every entry's data has its event's time to the
+        microsecond: the newest entries equal to these are these.
+        """
+        count = str(len(entries)).encode()
+        [newest] = await self._round_trip(
+            _command(b"XREVRANGE", key, b"+", b"-", b"COUNT", count), 1
         )
-        for reply in replies[-1] or ():  # EXEC's results; None: the transaction was aborted
-            if isinstance(reply, Exception):
-                raise reply
+        if not newest:
+            return False
+        for (_, fields), (seq, data, terminal) in zip(newest, reversed(entries), strict=False):
+            s = b"" if seq is None else str(seq).encode()
+            if list(fields) != [b"s", s, b"d", data, b"t", b"1" if terminal else b"0"]:
+                return False
+        return True
 
     async def tail(self, turn_id: TurnId) -> str:
         """The newest entry id, or "0"."""
@@ -158,21 +220,17 @@ class RedisReplayBuffer:
                 )
         return entries
 
-    async def _round_trip(self, packed: bytes, replies: int, *, once: bool = False) -> list[Any]:
+    async def _round_trip(self, packed: bytes, replies: int) -> list[Any]:
         """Send `packed` (RESP commands) on one pooled connection and read their replies.
 
         The per-call work of redis-py's command and pipeline objects cost more than the
         round trip itself. A call that failed on its connection is tried once more on a
         fresh one (a pooled connection dies with a Redis restart), as redis-py's commands
-        retry. `once`: not after a timeout, which Redis may yet answer having run the
-        commands (a publish sent again would add its entries twice).
+        retry. Only for calls that may run twice: a publish checks first (`_publish`).
         """
-        retried: tuple[type[Exception], ...] = (aioredis.ConnectionError, OSError)
-        if not once:
-            retried += (aioredis.TimeoutError,)
         try:
             return await self._send(packed, replies)
-        except retried:
+        except (aioredis.ConnectionError, aioredis.TimeoutError, OSError):
             return await self._send(packed, replies)
 
     async def _send(self, packed: bytes, replies: int) -> list[Any]:

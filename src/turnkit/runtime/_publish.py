@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 
 from turnkit.events import (
@@ -20,7 +20,7 @@ from turnkit.events import (
     encode_event,
 )
 from turnkit.ids import TurnId
-from turnkit.replay import ReplayBuffer
+from turnkit.replay import EntriesLostError, ReplayBuffer
 from turnkit.replay._gather import gather
 
 __all__ = ("BufferPublisher",)
@@ -54,6 +54,13 @@ class BufferPublisher:
         self._open = _OpenBlocks()
         self._lost = False
         """A publish failed: its entries never reached the buffer (a remote one only)."""
+        self._after: Callable[[TurnId, Sequence[Entry]], Awaitable[None]] | None = getattr(
+            buffer, "publish_after", None
+        )
+        """A remote buffer's `publish` that raises `EntriesLostError` if the turn's earlier
+        entries are gone (Redis restarted empty), instead of starting the turn anew."""
+        self._published = False
+        """A publish went through: the next ones follow its entries."""
 
     def __call__(self, event: DurableEvent | EphemeralEvent | None) -> None:
         if self._now is not None:
@@ -82,17 +89,29 @@ class BufferPublisher:
             # After a failed publish, the blocks being written lost deltas in the buffer
             # (and, if Redis lost its data, their start): their text so far goes first.
             repair = self._open.snapshots() if self._lost else []
-            self._open.add(events)
             entries = [_entry(e) for e in (*repair, *events)]
             try:
-                await self.buffer.publish(self.turn_id, entries)
+                if self._after is None or not self._published:
+                    await self.buffer.publish(self.turn_id, entries)
+                else:
+                    try:
+                        await self._after(self.turn_id, entries)
+                    except EntriesLostError:
+                        # Redis restarted empty since the last publish, so fast that no
+                        # call failed: readers following may have missed entries.
+                        if not repair:
+                            snapshots = self._open.snapshots()
+                            entries = [_entry(e) for e in (*snapshots, *events)]
+                        await self.buffer.publish(self.turn_id, entries)
             except Exception as exc:  # noqa: BLE001 - never fatal: readers follow the Store
                 self._lost = True
                 _outages.failed(self.buffer, exc)
             else:
                 self._lost = False
+                self._published = True
                 _outages.worked(self.buffer)
                 self._graced = self._graced or any(terminal for *_, terminal in entries)
+            self._open.add(events)
 
     async def __aenter__(self) -> BufferPublisher:
         return self
@@ -161,8 +180,9 @@ class _OpenBlocks:
 
     A remote buffer can lose entries (a publish that failed, a Redis that restarted
     empty); a live reader would then append the next deltas to text with a hole in it.
-    After a failure the publisher sends a `message.snapshot` of each open block before
-    the next entries, which the reader forwards and builds later snapshots from.
+    After a failure, or a publish that found the turn's entries gone, the publisher sends
+    a `message.snapshot` of each open block before the next entries, which the reader
+    forwards and builds later snapshots from.
     """
 
     __slots__ = ("_blocks",)
