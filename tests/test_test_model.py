@@ -159,6 +159,14 @@ def test_call_tools_must_be_all_or_names() -> None:
         TestModel(call_tools="weather")  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("given", [None, 3, ["weather", 3], {"weather": True}])
+def test_call_tools_of_another_kind_is_refused_where_it_is_made(given: object) -> None:
+    # Not only a stray string: None (meaning "no tools"?), a number, a list holding a
+    # non-name or a mapping are refused at once, not as an internal error inside a turn.
+    with pytest.raises(TypeError, match="give 'all' or a list of tool names"):
+        TestModel(call_tools=given)  # type: ignore[arg-type]
+
+
 def test_pytest_does_not_take_it_for_a_test_class(tmp_path: Path) -> None:
     test_file = tmp_path / "test_uses_it.py"
     test_file.write_text("from turnkit.testing import TestModel\n\ndef test_x():\n    pass\n")

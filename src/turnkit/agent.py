@@ -93,8 +93,9 @@ class Agent:
             preview of this many characters plus a note; the model reads on with the
             built-in `read_tool_result` tool. None sends results whole.
         max_tool_rounds: The most tool-loop rounds (reasoning calls that may use tools) a
-            turn makes; the model then writes its answer from what it has, with no tool
-            offered. None: no bound but the turn's ceiling.
+            turn makes; the model then writes its answer from what it has, in one more
+            call that offers the same tools but lets it call none (`tool_choice="none"`).
+            None: no bound but the turn's ceiling.
         plugins: Post-turn enrichment and other hooks, validated here and run by `order`.
         approval: When a tool call waits for a person: `never`, `always` ("Ask before each
             action") or a function of (tool name, arguments), or of (tool name,

@@ -65,7 +65,7 @@ async def run_tool_loop(
     rec = ctx.recorder
     rounds = ctx.agent.max_tool_rounds
     if rounds is not None and iteration > rounds:
-        # Enough rounds: the answer is written from what the turn has, with no tool offered.
+        # Enough rounds: the answer is written from what the turn has, with no tool callable.
         log.info("turn %s: %d tool rounds, the most its agent allows", rec.turn_id, rounds)
         return StageOutcome(transcript=transcript, route="synthesize", previous=previous)
     generation = derive_id("gen", rec.turn_id, "tool-loop", iteration)

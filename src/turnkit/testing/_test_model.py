@@ -63,10 +63,14 @@ class TestModel:
     _player: ScriptedModel = field(init=False)
 
     def __post_init__(self) -> None:
-        if isinstance(self.call_tools, str) and self.call_tools != "all":
-            raise TypeError(
-                f"call_tools is {self.call_tools!r}: give 'all' or a list of tool names"
-            )
+        given: object = self.call_tools  # an untyped caller's value may be anything
+        names = (
+            isinstance(given, Sequence)
+            and not isinstance(given, str)
+            and all(isinstance(name, str) for name in given)
+        )
+        if given != "all" and not names:
+            raise TypeError(f"call_tools is {given!r}: give 'all' or a list of tool names")
         self._player = ScriptedModel(
             [ModelStep.respond(self._decide)],
             name=self.name,
