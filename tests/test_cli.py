@@ -71,6 +71,7 @@ def test_a_bad_agent_path_is_a_clear_error(
     ("url", "says"),
     [
         ("mysql://x", "supports SQLite and PostgreSQL"),
+        ("sqlite:/turnkit.db", "is not a database URL: write sqlite:///"),  # one slash
         ("sqlite:////nonexistent-dir/x.db", "does its folder exist"),
         ("postgresql://postgres@127.0.0.1:1/x", "the database cannot be reached"),
     ],
