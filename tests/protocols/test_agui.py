@@ -822,3 +822,37 @@ async def test_a_thinking_summary_is_a_reasoning_message(app_for: Any) -> None:
     check_run(again)
     deltas = [f.event["delta"] for f in again if f.event["type"] == "REASONING_MESSAGE_CONTENT"]
     assert deltas == [" the numbers."]
+
+
+async def test_a_replay_sends_no_call_whose_result_the_client_holds(app_for: Any) -> None:
+    """`HttpAgent` lists every call started in a run and given no result as pending (a
+    front end may run it): a call whose result the client holds is not started again."""
+    model = ScriptedModel(
+        [ModelStep.tool_call_reply(call("add", a=2, b=3)), ModelStep.text_reply("5.")]
+    )
+    async with app_for(Agent(model=model, tools=[add])) as http:
+        first = parse((await _post(http, run_input("t1", "r1", "Add"))).text)
+        [start] = [f.event for f in first if f.event["type"] == "TOOL_CALL_START"]
+        [args] = [f.event for f in first if f.event["type"] == "TOOL_CALL_ARGS"]
+        [result] = [f.event for f in first if f.event["type"] == "TOOL_CALL_RESULT"]
+        call_id = start["toolCallId"]
+        function = {"name": "add", "arguments": args["delta"]}
+        held = [
+            {"id": "u-r1", "role": "user", "content": "Add"},
+            {"id": call_id, "role": "assistant",
+             "toolCalls": [{"id": call_id, "type": "function", "function": function}]},
+            {"id": result["messageId"], "role": "tool", "toolCallId": call_id, "content": "5"},
+        ]  # fmt: skip
+        body = {**run_input("t1", "r1"), "messages": held}
+        again = parse((await _post(http, body, headers={"Last-Event-ID": "0"})).text)
+    check_run(again)
+    started = {f.event["toolCallId"] for f in again if f.event["type"] == "TOOL_CALL_START"}
+    answered = {f.event["toolCallId"] for f in again if f.event["type"] == "TOOL_CALL_RESULT"}
+    assert started - answered == set()  # nothing the client would take as pending
+    assert call_id not in started
+    text = "".join(f.event["delta"] for f in again if f.event["type"] == "TOOL_CALL_ARGS")
+    assert text == ""
+    assert again[-1].event["outcome"] == {"type": "success"}
+    assert "5." in "".join(
+        f.event["delta"] for f in again if f.event["type"] == "TEXT_MESSAGE_CONTENT"
+    )

@@ -411,6 +411,10 @@ class Translator:
             parent = self.parents.setdefault(event.generation_id, call_id)
             if parent != call_id:
                 start["parentMessageId"] = parent
+        if call_id in self.client.results:
+            # The client holds the call and its result: started again with no result,
+            # `HttpAgent` would list it as a call still to run.
+            return []
         arguments = json.dumps(call.arguments, ensure_ascii=False, separators=(",", ":"))
         held = self.client.arguments.get(call_id, "")
         out = [_ev("TOOL_CALL_START", ts, **start)]
