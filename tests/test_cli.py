@@ -1262,3 +1262,15 @@ def test_serve_run_off_the_main_thread_leaves_signals_alone() -> None:
     thread.start()
     thread.join()
     assert said == ["served"]
+
+
+def test_run_names_the_demo_model_only_once_its_settings_are_taken(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    refused = io.StringIO()
+    assert main(["run", "hi", "--database-url", "mysql://x"], out=refused) == 2
+    assert "supports SQLite and PostgreSQL" in capsys.readouterr().err
+    assert refused.getvalue() == ""  # the error alone, no banner of a run that never began
+    ran = io.StringIO()
+    assert main(["run", "hi", "--database-url", f"sqlite:///{tmp_path / 'd.db'}"], out=ran) == 0
+    assert ran.getvalue().startswith("model: turnkit-demo — the OFFLINE DEMO model")

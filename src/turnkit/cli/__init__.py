@@ -90,11 +90,6 @@ async def _run(args: argparse.Namespace, out: TextIO) -> int:
         flag = "--api-base" if args.api_base else "--api-key-env"
         raise ConfigurationError(f"{flag} is for --model (or $TURNKIT_MODEL): name the model")
     agent = load_agent(args.agent) if args.agent else demo_agent()
-    if model is None and not args.agent:
-        out.write(
-            f"model: {DEMO_MODEL_NAME} — the OFFLINE DEMO model: fixed rules, not an LLM "
-            "(use --model provider/name for a real one)\n"
-        )
     served: dict[str, str | ModelClient | ModelEndpoint] = {}
     if model is not None:
         served[model] = ModelEndpoint(
@@ -108,6 +103,11 @@ async def _run(args: argparse.Namespace, out: TextIO) -> int:
     async with SessionRuntime(
         agent=agent, models=served, config=runtime_config(args), plugins=plugins
     ) as runtime:
+        if model is None and not args.agent:  # once nothing can refuse the settings
+            out.write(
+                f"model: {DEMO_MODEL_NAME} — the OFFLINE DEMO model: fixed rules, not an LLM "
+                "(use --model provider/name for a real one)\n"
+            )
         status = "failed"
         events = runtime.execute_message(
             f"cli-{uuid7()}" if args.session is None else args.session,
