@@ -108,6 +108,11 @@ def test_an_export_holds_the_session_its_turns_their_events_and_audit_and_its_fi
         "text/markdown",
         1,
     )
+    # Every time in one form, the events' (ISO 8601, UTC as Z).
+    times = [session["created_at"], session["updated_at"], file["updated_at"]]
+    times += [t[k] for t in turns for k in ("created_at", "started_at", "updated_at")]
+    times += [e["event"]["ts"] for e in lines if e["kind"] == "event"]
+    assert all(isinstance(t, str) and t.endswith("Z") for t in times), times
     events = sum(len(v) for v in seeded["events"].values())
     audit_rows = sum(len(v) for v in seeded["audit"].values())
     assert lines[-1] == {

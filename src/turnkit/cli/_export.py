@@ -14,6 +14,7 @@ import json
 import os
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TextIO
 
@@ -85,7 +86,7 @@ async def export_session(store: SqlStore, out: TextIO, session_id: SessionId) ->
                 "path": file.path,
                 "media_type": file.media_type,
                 "version": file.version,
-                "updated_at": file.updated_at.isoformat(),
+                "updated_at": _when(file.updated_at),
                 "turn_id": file.turn_id,
                 "content": file.content,
             },
@@ -139,6 +140,11 @@ def export_target(path: str | None, stdout: TextIO) -> Iterator[TextIO]:
         partial.unlink(missing_ok=True)
 
 
+def _when(moment: datetime) -> str:
+    """A row's time as the events and audit rows write theirs: ISO 8601, UTC as `Z`."""
+    return moment.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
 def _unreadable(turn_id: str, seq: int, kind: str, data: bytes) -> dict[str, object]:
     return {"kind": "unreadable_event", "turn_id": turn_id, "seq": seq, "type": kind,
             "bytes": len(data)}  # fmt: skip
@@ -157,8 +163,8 @@ def _session(session: SessionRecord) -> dict[str, object]:
         "organisation": session.organisation,
         "parent_session": session.parent_session,
         "messages": session.last_input_seq,
-        "created_at": session.created_at.isoformat(),
-        "updated_at": session.updated_at.isoformat(),
+        "created_at": _when(session.created_at),
+        "updated_at": _when(session.updated_at),
     }
 
 
@@ -176,7 +182,7 @@ def _turn(turn: TurnRecord) -> dict[str, object]:
         "attempts": turn.attempts,
         "last_seq": turn.last_seq,
         "summary": turn.summary.model_dump(mode="json") if turn.summary else None,
-        "created_at": turn.created_at.isoformat(),
-        "started_at": turn.started_at.isoformat() if turn.started_at else None,
-        "updated_at": turn.updated_at.isoformat(),
+        "created_at": _when(turn.created_at),
+        "started_at": _when(turn.started_at) if turn.started_at else None,
+        "updated_at": _when(turn.updated_at),
     }
