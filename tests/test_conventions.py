@@ -111,6 +111,7 @@ def test_public_api_is_pinned() -> None:
         "AgentNotFoundError",
         "Answer",
         "AnswerContext",
+        "AnswerMissingError",
         "Approve",
         "ApproverRequiredError",
         "AttachmentNotIndexedError",

@@ -22,6 +22,7 @@ TurnkitError
  │   ├─ FamilyExhaustedError          every rung of the model family failed
  │   ├─ OutputLimitExceededError      the answer hit the provider's output limit
  │   ├─ OutputInvalidError            the answer never matched the agent's `output_type`
+ │   ├─ AnswerMissingError            the answer call named tools (none usable), no text
  │   ├─ ToolCallError                 truncated/malformed tool call naming no tool
  │   ├─ DeadlineExceededError         idle window or ceiling → `timed_out`
  │   ├─ UserAbortedError              the caller closed the stream or cancelled
@@ -43,6 +44,7 @@ __all__ = (
     "DOCS_URL",
     "AdmissionRefusedError",
     "AgentNotAllowedError",
+    "AnswerMissingError",
     "AttachmentNotIndexedError",
     "BudgetExceededError",
     "BudgetPolicyMissingError",
@@ -117,6 +119,7 @@ ErrorCode = Literal[
     "family-exhausted",
     "agent_output_limit_exceeded",
     "output-invalid",
+    "answer-missing",
     "tool-call-malformed",
     "tool-arguments-invalid",
     "tool-not-found",
@@ -451,6 +454,12 @@ class OutputInvalidError(TurnError):
     """The answer did not match the agent's `output_type`, nor did any answer asked again."""
 
     code: ClassVar[ErrorCode] = "output-invalid"
+
+
+class AnswerMissingError(TurnError):
+    """The answer call named tools where none can be used, and wrote no text when asked again."""
+
+    code: ClassVar[ErrorCode] = "answer-missing"
 
 
 class ToolCallError(TurnError):

@@ -7,23 +7,34 @@ answer-writing call here instead (tools still offered, so the prompt prefix hold
 not usable). Either way the graph enters this stage exactly once per turn (no edge leads
 back into it), so a turn has one answer and one `synthesisQuality` row, and the audited
 string is the rendered string.
+
+A provider may name tools there anyway: they are never run. Text written beside them is the
+answer; a free-text answer call that wrote none is asked once more, told that no tool can be
+called now, and the turn fails (`answer-missing`) if that call writes no text either.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import logging
 from dataclasses import dataclass, field
 from typing import Literal
 
-from turnkit.audit import AuditPayloads, CallShape, SynthesisQualityPayload
+from turnkit.audit import (
+    AuditPayloads,
+    CallShape,
+    SynthesisQualityPayload,
+    ToolCallRef,
+    ToolSelectionPayload,
+)
 from turnkit.blocks import TextBlock
 from turnkit.context.prefix import PreviousRequest
-from turnkit.errors import OutputLimitExceededError
+from turnkit.errors import AnswerMissingError, OutputLimitExceededError
 from turnkit.events import MessageCompleteEvent
-from turnkit.ids import derive_id
+from turnkit.ids import ToolCallId, derive_id
 from turnkit.journal import CommittedGeneration
-from turnkit.models import ToolSpec
+from turnkit.models import ToolCallPart, ToolSpec
 from turnkit.output import MAX_PROBLEMS, OutputCheck
 from turnkit.stages._answer_check import (
     Checked,
@@ -47,8 +58,12 @@ from turnkit.stages._types import (
 
 __all__ = ("run_synthesize", "synthesis_request")
 
+log = logging.getLogger("turnkit.runtime")
+
 _NO_TOOLS = "no tool can be used now: answer with the JSON object alone"
 """Told a model that called tools where none were usable, when its answer failed."""
+_ANSWER_NOW = "No tool can be called now: answer from what you have, in text."
+"""Asks a free-text agent again whose answer call named tools and wrote no text."""
 
 
 def synthesis_request(
@@ -101,7 +116,7 @@ async def run_synthesize(
             ctx, transcript, previous, attempt=0, closing=synthesis_request(ctx, transcript)
         )
         if check is None:
-            await _commit(ctx, written, is_answer=True, first=True)
+            written, transcript, previous = await _in_text(ctx, written, transcript, previous)
         else:
             written, transcript, previous = await _checked(
                 ctx, check, written, transcript, previous
@@ -146,6 +161,51 @@ async def _checked(
             closing=(asked_again(checked),),
         )
         first = False
+
+
+async def _in_text(
+    ctx: StageContext,
+    written: _Written,
+    transcript: list[TranscriptMessage],
+    previous: PreviousRequest | None,
+) -> tuple[_Written, list[TranscriptMessage], PreviousRequest | None]:
+    """A free-text answer, asked for once more when its call only named tools.
+
+    That call (tools it could not use, no text) is committed as narration, and the model
+    is told no tool can be called now; an answer asked again that writes no text fails
+    the turn. `transcript` ends with `written`'s answer.
+    """
+    if not _only_named_tools(written):
+        await _commit(ctx, written, is_answer=True, first=True)
+        return written, transcript, previous
+    await _commit(ctx, written, is_answer=False, first=True)
+    closing: TranscriptMessage = {"role": "user", "content": _ANSWER_NOW}
+    written, transcript, previous = await _write(
+        ctx, transcript, previous, attempt=1, closing=(closing,)
+    )
+    if not written.answer["text"]:  # never in the log: an empty answer is not committed
+        if written.call is not None:
+            update = {"outcome": "error", "error_code": AnswerMissingError.code}
+            call = written.call.model_copy(update=update)
+            ctx.recorder.audit("synthesize", call=call, payloads=written.payloads)
+        ctx.recorder.notes.transcript = transcript[:-1]  # the request, not an empty answer
+        raise AnswerMissingError(
+            "the model wrote no answer: it named tools where no tool can be called, and "
+            "wrote no text when asked once more; use a model or server that honours "
+            'tool_choice "none"'
+        )
+    await _commit(ctx, written, is_answer=True, first=False)
+    return written, transcript, previous
+
+
+def _only_named_tools(written: _Written) -> bool:
+    """Whether a free-text agent's answer call named tools and wrote no text.
+
+    For a call in the log: its text was committed as narration, never as the answer.
+    """
+    if written.logged is not None:
+        return not written.logged.is_answer
+    return written.called_tools and not written.answer["text"]
 
 
 async def _write(
@@ -247,6 +307,7 @@ async def _call(
     }
     payloads = AuditPayloads(
         cacheBreakpoint=cache_breakpoint(prepared, response, None),
+        toolSelection=_dropped(ctx, prepared.request.tools, response.tool_calls),
         providerCascade=result.cascade,
     )
     if response.stop_reason == "max_tokens":
@@ -270,6 +331,27 @@ async def _call(
         called_tools=bool(response.tool_calls),
     )
     return written, prepared.transcript, prepared.previous
+
+
+def _dropped(
+    ctx: StageContext, offered: tuple[ToolSpec, ...], calls: tuple[ToolCallPart, ...]
+) -> ToolSelectionPayload | None:
+    """Tools an answer call named where none can be called: noted, never run."""
+    if not calls:
+        return None
+    names = ", ".join(c.name for c in calls)
+    log.warning(
+        "turn %s: the answer call named %s, but no tool can be called there "
+        '(tool_choice "none"): dropped, never run',
+        ctx.recorder.turn_id,
+        names,
+    )
+    return ToolSelectionPayload(
+        offered=tuple(s.name for s in offered),
+        selected=tuple(
+            ToolCallRef(tool_call_id=ToolCallId(c.tool_call_id), tool_name=c.name) for c in calls
+        ),
+    )
 
 
 def _loop_offered_tools(ctx: StageContext) -> bool:
