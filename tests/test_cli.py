@@ -72,6 +72,8 @@ def test_a_bad_agent_path_is_a_clear_error(
     [
         ("mysql://x", "supports SQLite and PostgreSQL"),
         ("sqlite:/turnkit.db", "is not a database URL: write sqlite:///"),  # one slash
+        ("postgresql:/app:S3cret@db/app", "is not a database URL: write"),  # one slash
+        ("postgresql://app:S3cret@db:5432x/app", "is not a database URL: its port"),
         ("sqlite:////nonexistent-dir/x.db", "does its folder exist"),
         ("postgresql://postgres@127.0.0.1:1/x", "the database cannot be reached"),
     ],
@@ -85,6 +87,7 @@ def test_a_bad_database_url_is_one_clear_line(
     assert says in err
     assert err.count("\n") == 1  # one line, no traceback
     assert err.startswith("turnkit: ")
+    assert "S3cret" not in err  # a URL that does not parse hides its password too
 
 
 @pytest.mark.parametrize(

@@ -72,6 +72,10 @@ class SqlEngine(PgConnections):
                 f"{shown_url(url)!r} is not a database URL: write sqlite:///path/to/file.db "
                 "(three slashes; four for an absolute path) or postgresql://user@host/db"
             ) from None
+        except ValueError:  # `postgresql://h:5432x/db`: SQLAlchemy's own error is int()'s
+            raise StoreError(
+                f"{shown_url(url)!r} is not a database URL: its port is not a number"
+            ) from None
         if schema is not None:
             check_schema_name(schema)
             if self.url.startswith("sqlite"):  # as RuntimeConfig refuses it

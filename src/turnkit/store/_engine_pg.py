@@ -9,6 +9,7 @@ hears when a turn becomes claimable (`work_signal`). It also tells a database ou
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -305,8 +306,10 @@ def shown_url(url: str) -> str:
     """A database URL as logs and errors may show it: no password, no driver name."""
     try:
         parsed = make_url(url)
-    except ArgumentError:  # not a URL at all: nothing in it to hide
-        return url
+    except (ArgumentError, ValueError):  # not a URL SQLAlchemy reads (`postgresql:/u:pw@h`)
+        head, at, rest = url.rpartition("@")  # what comes before the host may be a password
+        scheme = re.match(r"[\w+.-]*:?/*", head)
+        return f"{scheme.group() if scheme else ''}***@{rest}" if at else url
     if parsed.drivername.startswith("postgresql"):
         parsed = parsed.set(drivername="postgresql")
     return parsed.render_as_string(hide_password=True)
