@@ -622,3 +622,87 @@ async def test_a_publish_whose_reply_was_lost_is_not_streamed_twice(
             await buffer.close()
     assert _screen(entries) == "Hel" + "".join(f"lo{i}, " for i in range(size))  # once each
     assert ttl_ms > 0
+
+
+async def test_a_passing_refusal_of_a_publish_keeps_the_check_that_redis_lost_the_stream(
+    private_redis: PrivateRedis,
+) -> None:
+    """A publish Redis refuses for a while (NOREPLICAS here; OOM or BUSY alike) is a
+    failed publish, not a Redis too old for NOMKSTREAM: later publishes still notice a
+    Redis that restarted empty, instead of starting the stream anew with a hole in it."""
+    import redis.asyncio as aioredis
+    from redis.exceptions import ResponseError
+
+    from turnkit.replay import EntriesLostError
+    from turnkit.replay.redis import RedisReplayBuffer
+
+    buffer = RedisReplayBuffer.from_url(private_redis.url)
+    admin = aioredis.Redis.from_url(private_redis.url)
+    send, refused = buffer._send, []
+
+    async def refusing_once(packed: bytes, replies: int) -> list[object]:
+        if b"NOMKSTREAM" in packed and not refused:  # a replica away for one publish
+            refused.append(packed)
+            await admin.config_set("min-replicas-to-write", 1)
+            try:
+                return await send(packed, replies)
+            finally:
+                await admin.config_set("min-replicas-to-write", 0)
+        return await send(packed, replies)
+
+    buffer._send = refusing_once  # type: ignore[method-assign]
+    turn = _turn()
+
+    def delta(text: str) -> Entry:
+        event = MessageDeltaEvent(session_id="s1", turn_id=turn, stage_id="synthesize",
+                                  ts=datetime.now(UTC), block_id="b", text=text)  # fmt: skip
+        return (None, encode_event(event), False)
+
+    try:
+        await buffer.publish(turn, [delta("a")])
+        with pytest.raises(ResponseError, match="NOREPLICAS"):
+            await buffer.publish_after(turn, [delta("b")])  # failed: the publisher repairs
+        assert refused
+        await admin.delete(buffer._key(turn))  # as a Redis that restarted empty
+        with pytest.raises(EntriesLostError):
+            await buffer.publish_after(turn, [delta("c")])
+        assert await buffer.read(turn, after="0", wait_s=0) == []
+    finally:
+        await buffer.close()
+        await admin.aclose()
+
+
+async def test_a_redis_older_than_6_2_gets_its_publishes_without_nomkstream(
+    private_redis: PrivateRedis,
+) -> None:
+    """Redis 5 and 6.0 read NOMKSTREAM as the entry's id and refuse it (running nothing):
+    the publish goes again as before, and so do the next ones."""
+    from redis.exceptions import ResponseError
+
+    from turnkit.replay.redis import RedisReplayBuffer
+
+    buffer = RedisReplayBuffer.from_url(private_redis.url)
+    send, refused = buffer._send, []
+
+    async def old_redis(packed: bytes, replies: int) -> list[object]:
+        if b"NOMKSTREAM" in packed:  # what Redis 6.0 answers, as redis-py raises it
+            refused.append(packed)
+            raise ResponseError("Invalid stream ID specified as stream command argument")
+        return await send(packed, replies)
+
+    buffer._send = old_redis  # type: ignore[method-assign]
+    turn = _turn()
+
+    def delta(text: str) -> Entry:
+        event = MessageDeltaEvent(session_id="s1", turn_id=turn, stage_id="synthesize",
+                                  ts=datetime.now(UTC), block_id="b", text=text)  # fmt: skip
+        return (None, encode_event(event), False)
+
+    try:
+        await buffer.publish(turn, [delta("a")])
+        await buffer.publish_after(turn, [delta("b")])
+        await buffer.publish_after(turn, [delta("c"), delta("d")])
+        assert len(refused) == 1  # asked once
+        assert _screen(await buffer.read(turn, after="0", wait_s=0)) == "abcd"
+    finally:
+        await buffer.close()

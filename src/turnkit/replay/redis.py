@@ -112,7 +112,9 @@ class RedisReplayBuffer:
             return
         try:
             await self._publish(turn_id, entries, follows=True)
-        except aioredis.ResponseError:
+        except aioredis.ResponseError as exc:
+            if not _refuses_nomkstream(exc):
+                raise  # refused for now (OOM, BUSY, NOREPLICAS): a failed publish
             # A Redis older than 6.2 refuses NOMKSTREAM (and ran nothing): publish as before.
             await self._publish(turn_id, entries, follows=False)
             self._nomkstream = False
@@ -275,6 +277,15 @@ class RedisReplayBuffer:
         if self._owns:
             self._owns = False
             await self.client.aclose()
+
+
+def _refuses_nomkstream(exc: Exception) -> bool:
+    """Whether `exc` is a Redis older than 6.2 refusing XADD's NOMKSTREAM.
+
+    It reads the word as the entry's id; any other refusal (out of memory, busy, too few
+    replicas) passes, and the next publish may take NOMKSTREAM again.
+    """
+    return "Invalid stream ID" in str(exc) or "syntax error" in str(exc)
 
 
 def _command(*parts: bytes) -> bytes:
