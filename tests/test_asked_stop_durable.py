@@ -21,11 +21,12 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import new_input
+from tests.helpers import new_input, step_event
 from tests.support.asked_kill import config, front_desk
 from tests.support.asked_working import answering, front_desk as working_desk
 from turnkit import Approve, SessionRuntime, tool
-from turnkit.events import ApprovalRequestedEvent, ToolStartedEvent
+from turnkit.blocks import TextBlock
+from turnkit.events import ApprovalRequestedEvent, MessageCompleteEvent, ToolStartedEvent
 from turnkit.ids import SessionId, TurnId
 from turnkit.runtime.worker import Worker
 from turnkit.states import TERMINAL_STATES
@@ -365,3 +366,64 @@ async def test_a_stop_or_the_sweep_of_an_asking_turn_stops_the_turn_it_asked(
         record = await store.get_turn(asked.turn_id)
         assert record is not None
         assert record.status == "cancelled"
+
+
+async def test_a_stop_flagged_for_a_live_asking_turn_flags_the_turn_it_asked(
+    store: SqlStore, clock: FakeClock
+) -> None:
+    """Stop is pressed while another process drives the asking turn and the agent it asked
+    (the Stop only flags them), and that process dies before it learns of the Stop. The
+    asked turn's lease may lapse first, and a worker take it over before anyone takes the
+    asking turn over: that worker ends it `cancelled` rather than run the refund the
+    stopped conversation no longer asks for."""
+    asking, asked = await _asking_and_asked(store, asked_owner="w", ttl_s=1.0)
+    assert await store.cancel(asking.turn_id) == "running"  # a live driver holds it
+    clock.advance(2)  # the process died: the asked turn's lease lapses first
+    lease = await store.claim("worker-2", ttl_s=8, max_attempts=3)
+    assert lease is not None
+    assert lease.turn_id == asked.turn_id
+    assert lease.cancel_requested  # ... so the new driver ends it `cancelled`
+
+
+async def test_restarts_while_the_asked_agent_works_never_end_the_asking_turn(
+    store: SqlStore, clock: FakeClock
+) -> None:
+    """Every attempt of the asking turn dies while the agent it asked works: the asking
+    turn's call waits and commits nothing of its own, the asked turn commits progress.
+    Ten such restarts end neither (the asked turn's own attempts bound a crash loop); once
+    the asked turn ended, the asking turn's fruitless attempts count again."""
+    asking, asked = await _asking_and_asked(store, asked_owner=None)
+    seq = 1
+    for attempt in range(2, 12):
+        clock.advance(61)  # the process driving both died
+        lease = await store.claim(f"w{attempt}", ttl_s=60, max_attempts=3, turn_id=asking.turn_id)
+        assert lease is not None, f"attempt {attempt} of the asking turn was refused"
+        await store.commit(asking.turn_id, epoch=lease.epoch, events=[step_event(asking, seq + 1)])
+        inner = await store.claim(f"w{attempt}", ttl_s=60, max_attempts=3, turn_id=asked.turn_id)
+        assert inner is not None, f"attempt {attempt} of the asked turn was refused"
+        seq += 1
+        await store.commit(
+            asked.turn_id,
+            epoch=inner.epoch,
+            events=[
+                MessageCompleteEvent(
+                    session_id=asked.session_id,
+                    turn_id=asked.turn_id,
+                    stage_id="tool-loop",
+                    ts=clock.now(),
+                    seq=seq,
+                    block=TextBlock(block_id=f"b{seq}", text="progress"),
+                )
+            ],
+        )
+    clock.advance(61)
+    assert await store.sweep(ceiling_s=3600, max_attempts=3) == []
+    inner = await store.claim("w", ttl_s=60, max_attempts=3, turn_id=asked.turn_id)
+    assert inner is not None
+    await store.commit(asked.turn_id, epoch=inner.epoch, status="succeeded", release=True)
+    claims = 0
+    while await store.claim("w", ttl_s=60, max_attempts=3, turn_id=asking.turn_id):
+        claims += 1  # ... and dies at once, getting nowhere
+        assert claims < 3
+        clock.advance(61)
+    assert await store.sweep(ceiling_s=3600, max_attempts=3) == [asking.turn_id]

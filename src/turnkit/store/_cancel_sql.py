@@ -3,7 +3,9 @@
 A turn ended here closes its open pause requests and gives the guide messages it never
 presented turns of their own, as a driver's ending does. Any ending of a turn but a
 success also stops, in its own transaction, the turns of the agents it asked
-(`stop_asked`): nobody is left to read their answers.
+(`stop_asked`): nobody is left to read their answers. A turn flagged for its driver flags
+the running turns it asked with it (`flag_asked`), so that a process that dies before it
+learns of the Stop leaves none for a worker to run on.
 
 Runs inside one transaction on a sync `Connection` (see `SqlStore._tx`).
 """
@@ -40,7 +42,7 @@ from turnkit.store._schema import (
 from turnkit.store._submit_sql import requeue_guides
 from turnkit.store._turns_sql import read_usage
 
-__all__ = ("ASKED_PAYLOAD", "cancel", "stop_asked")
+__all__ = ("ASKED_PAYLOAD", "cancel", "flag_asked", "stop_asked")
 
 ASKED_PAYLOAD: Final = '%"asked":%'
 """A saved request an asked agent may have handed over (`LIKE`, loose on purpose: it holds
@@ -90,6 +92,7 @@ def cancel(
     )
     if live:
         conn.execute(update(turns).where(turns.c.turn_id == turn_id).values(cancel_requested=True))
+        flag_asked(conn, turn_id, depth=depth)
         return "running"
     spent_summary = _spent(row, read_usage(conn, turn_id))
     ending = _ending(conn, row, turn_id, now, spent_summary)
@@ -137,6 +140,43 @@ def stop_asked(
     """
     if depth >= _DEPTH:
         return []
+    stopped: list[TurnId] = []
+    for asked in _asked_turns(conn, turn_id):
+        status = conn.execute(
+            select(turns.c.status).where(turns.c.turn_id == asked)
+        ).scalar_one_or_none()
+        if status in UNFINISHED and cancel(conn, asked, now, by=by, depth=depth + 1):
+            stopped.append(asked)
+    return stopped
+
+
+def flag_asked(conn: Connection, turn_id: TurnId, *, depth: int = 0) -> None:
+    """Flag the running turns of the agents `turn_id` asked, as Stop flags `turn_id` itself.
+
+    Run in the transaction that flags `turn_id` for a live driver: that driver stops them
+    with it at its next renewal, but if it dies first, an asked turn's lease may lapse
+    before the asking turn's does, and whoever takes the asked turn over then ends it
+    `cancelled` instead of running it. A paused asked turn is left to the asking turn's
+    ending (`stop_asked`).
+    """
+    if depth >= _DEPTH:
+        return
+    for asked in _asked_turns(conn, turn_id):
+        flagged = conn.execute(
+            update(turns)
+            .where(turns.c.turn_id == asked, turns.c.status == "running")
+            .values(cancel_requested=True)
+        )
+        if flagged.rowcount:
+            flag_asked(conn, asked, depth=depth + 1)
+
+
+def _asked_turns(conn: Connection, turn_id: TurnId) -> list[TurnId]:
+    """The unfinished turns of the agents `turn_id` asked, oldest first.
+
+    An asked turn names the turn that asked it (`asked_by`, since revision 0018); one an
+    older turnkit wrote is found through the asking turn's saved requests it was handed.
+    """
     rows = conn.execute(
         select(pauses.c.payload).where(
             pauses.c.turn_id == turn_id, pauses.c.payload.like(ASKED_PAYLOAD)
@@ -148,16 +188,7 @@ def stop_asked(
         .order_by(turns.c.created_at, turns.c.turn_id)
     ).scalars()
     handed = (_asked_turn(payload) for (payload,) in rows)
-    stopped: list[TurnId] = []
-    for asked in dict.fromkeys([*handed, *(TurnId(t) for t in linked)]):
-        if asked is None:
-            continue
-        status = conn.execute(
-            select(turns.c.status).where(turns.c.turn_id == asked)
-        ).scalar_one_or_none()
-        if status in UNFINISHED and cancel(conn, asked, now, by=by, depth=depth + 1):
-            stopped.append(asked)
-    return stopped
+    return [t for t in dict.fromkeys([*handed, *(TurnId(t) for t in linked)]) if t is not None]
 
 
 def _asked_turn(payload: str) -> TurnId | None:

@@ -59,14 +59,19 @@ def spent_after_claim() -> Any:
     An attempt that committed progress since its claim does not count against
     `max_attempts`, so restarts during a long turn never end it; a pause is progress. Nor
     does one its worker handed over as it shut down: a deploy is not the turn's failing.
+    Nor does one made while an agent the turn asked as a tool had not ended: the asking
+    turn's call waits, and commits nothing, while that agent's turn works in its own (and
+    its own attempts, judged the same way, bound a crash loop).
     """
     progressed = exists().where(
         events.c.turn_id == turns.c.turn_id,
         events.c.seq > turns.c.claim_seq,
         events.c.type.in_(PROGRESS_TYPES),
     )
+    asked = aliased(turns)
+    asking = exists().where(asked.c.asked_by == turns.c.turn_id, asked.c.status.in_(UNFINISHED))
     left = func.coalesce(turns.c.lease_owner, "") == HANDED_OVER
-    fruitless = and_(turns.c.attempts > 0, ~progressed, ~left)
+    fruitless = and_(turns.c.attempts > 0, ~progressed, ~left, ~asking)
     return turns.c.spent_attempts + case((fruitless, 1), else_=0)
 
 
@@ -212,6 +217,8 @@ WITH candidate AS (
             AND COALESCE(t.lease_owner, '') <> '{HANDED_OVER}' AND NOT EXISTS (
             SELECT FROM tk_events e
             WHERE e.turn_id = t.turn_id AND e.seq > t.claim_seq AND e.type IN ({progress})
+        ) AND NOT EXISTS (
+            SELECT FROM tk_turns a WHERE a.asked_by = t.turn_id AND a.status IN ({unfinished})
         ) THEN 1 ELSE 0 END AS spent
     ) judged
     WHERE t.status = 'running'
