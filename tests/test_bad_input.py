@@ -25,6 +25,7 @@ from turnkit import (
     RuntimeConfig,
     SessionNotFoundError,
     SessionRuntime,
+    StoreError,
     UnknownModelError,
     tool,
 )
@@ -278,6 +279,65 @@ async def test_per_message_agent_with_unknown_model_writes_nothing(
 def test_bad_configuration(kwargs: dict[str, float], message: str) -> None:
     with pytest.raises(ConfigurationError, match=message):
         RuntimeConfig(**kwargs)  # type: ignore[arg-type]
+
+
+BAD_DATABASE_URLS = [
+    ("mysql://x", "turnkit supports SQLite and PostgreSQL, not 'mysql://x': write sqlite:///"),
+    ("turnkit.db", "'turnkit.db' is a file path, not a URL: write sqlite:///turnkit.db for"),
+    ("/var/lib/t.db", "'/var/lib/t.db' is a file path, not a URL: write sqlite:////var/lib/t.db"),
+    ("sqlite:/x.db", "'sqlite:/x.db' is not a database URL: write sqlite:///path/to/file.db"),
+    ("sqlite://x.db", "'sqlite://x.db' names a host, which SQLite has none of"),  # in memory
+    ("sqlite://data/t.db", "write sqlite:///data/t.db (three slashes"),
+    ("sqlite:///", "'sqlite:///' names no file"),
+    ("SQLITE:///x.db", "write its scheme in lowercase (sqlite:)"),
+    ("postgresql://app:S3cret@db:5x/turnkit", "'postgresql://***@db:5x/turnkit' is not a"),
+    ("mysql://app:S3cret@db/turnkit", "not 'mysql://app:***@db/turnkit'"),
+]
+
+
+@pytest.mark.parametrize(("url", "says"), BAD_DATABASE_URLS)
+def test_a_database_url_turnkit_cannot_open_is_refused_when_built(url: str, says: str) -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        RuntimeConfig(database_url=url)
+    message = str(caught.value)
+    assert message.startswith("database_url: ")
+    assert says in message
+    assert "\n" not in message
+    assert "S3cret" not in message
+
+
+@pytest.mark.parametrize(("url", "says"), BAD_DATABASE_URLS)
+async def test_a_store_built_on_such_a_url_refuses_it_too(url: str, says: str) -> None:
+    from turnkit.store.sql import SqlStore
+
+    with pytest.raises(StoreError) as caught:
+        SqlStore.from_url(url)
+    assert says in str(caught.value)
+    assert "S3cret" not in str(caught.value)
+
+
+def test_a_bad_database_url_in_the_environment_is_refused_when_read() -> None:
+    from turnkit.quickstart import runtime_from_env
+
+    with pytest.raises(ConfigurationError, match="write sqlite:///turnkit.db for a SQLite file"):
+        runtime_from_env({"TURNKIT_DATABASE_URL": "turnkit.db"})
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "sqlite://",
+        "sqlite:///:memory:",
+        "sqlite:///data/turnkit.db",
+        "sqlite:////var/lib/turnkit.db",
+        "sqlite+pysqlite:///turnkit.db",
+        "postgresql://",
+        "postgres://app@db/turnkit",
+        "postgresql+asyncpg://app:pw@db:5432/turnkit?sslmode=require",
+    ],
+)
+def test_database_urls_turnkit_opens_are_taken(url: str) -> None:
+    assert RuntimeConfig(database_url=url).database_url == url
 
 
 def test_agent_cannot_skip_synthesize() -> None:

@@ -73,7 +73,10 @@ def test_a_bad_agent_path_is_a_clear_error(
         ("mysql://x", "supports SQLite and PostgreSQL"),
         ("sqlite:/turnkit.db", "is not a database URL: write sqlite:///"),  # one slash
         ("postgresql:/app:S3cret@db/app", "is not a database URL: write"),  # one slash
-        ("postgresql://app:S3cret@db:5432x/app", "is not a database URL: its port"),
+        ("postgresql://app:S3cret@db:5432x/app", "'postgresql://***@db:5432x/app' is not a"),
+        ("turnkit.db", "is a file path, not a URL: write sqlite:///turnkit.db"),
+        ("sqlite://turnkit.db", "names a host, which SQLite has none of"),  # else: in memory
+        ("postgresql://app:S3cret@db:port/x", "'postgresql://***@db:port/x' is not a"),
         ("sqlite:////nonexistent-dir/x.db", "does its folder exist"),
         ("postgresql://postgres@127.0.0.1:1/x", "the database cannot be reached"),
     ],
@@ -81,13 +84,14 @@ def test_a_bad_agent_path_is_a_clear_error(
 def test_a_bad_database_url_is_one_clear_line(
     url: str, says: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code = main(["run", "hi", "--database-url", url], out=io.StringIO())
-    err = capsys.readouterr().err
-    assert code == 2
-    assert says in err
-    assert err.count("\n") == 1  # one line, no traceback
-    assert err.startswith("turnkit: ")
-    assert "S3cret" not in err  # a URL that does not parse hides its password too
+    for command in (["run", "hi"], ["db", "upgrade"]):  # a runtime's config, a Store alone
+        code = main([*command, "--database-url", url], out=io.StringIO())
+        err = capsys.readouterr().err
+        assert code == 2, command
+        assert says in err, command
+        assert err.count("\n") == 1, command  # one line, no traceback
+        assert err.startswith("turnkit: "), command
+        assert "S3cret" not in err, command
 
 
 @pytest.mark.parametrize(
@@ -127,7 +131,7 @@ def test_serve_reports_a_database_it_cannot_use_in_one_line(tmp_path: Path) -> N
     env = {**os.environ, "TURNKIT_GC": "python"}
     env.pop("TURNKIT_DATABASE_URL", None)
     for flags, says in (
-        (["--database-url", "nonsense"], "turnkit: SqlStore supports SQLite and PostgreSQL"),
+        (["--database-url", "nonsense"], "'nonsense' is a file path, not a URL: write sqlite:///"),
         (["--database-url", "postgresql://postgres@127.0.0.1:1/x"], "cannot be reached"),
         (["--port", "99999"], "argument --port: '99999' is not a port number (0-65535)"),
     ):

@@ -8,8 +8,8 @@ errors (validation, HTTP) the same way.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Coroutine, Mapping
-from typing import Any
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from typing import TYPE_CHECKING, Any
 
 from fastapi import Request, Response
 from fastapi.responses import JSONResponse
@@ -36,11 +36,15 @@ from turnkit.errors import (
     TurnNotRunningError,
 )
 
+if TYPE_CHECKING:
+    from turnkit.runtime import SessionRuntime
+
 __all__ = (
     "MEDIA_TYPE",
     "RETRY_AFTER_S",
     "Problem",
     "ProblemRoute",
+    "opened",
     "problem_response",
     "status_for",
     "turnkit_problem",
@@ -127,6 +131,25 @@ def turnkit_problem(exc: TurnkitError) -> JSONResponse:
         log.warning("answered %s %s: %s", status, exc.code, exc.message)
         detail = _STORE_FAILED.get(status, _STORE_FAILED[500])
     return problem_response(status, exc.code, detail, headers=headers)
+
+
+def opened(runtime: SessionRuntime) -> Callable[[], Awaitable[None]]:
+    """The routes' dependency that opens `runtime` at their first request (once).
+
+    As its methods do at their first message: a runtime nobody opened (a mounted app's
+    lifespan does not run) opens here; a closed one raises `RuntimeClosedError` (503).
+    A configuration the opening refuses (a schema to upgrade, say) is the server's
+    mistake, not the request's: 500 `internal-error`, its words in the server's log only.
+    """
+
+    async def open_runtime() -> None:
+        try:
+            await runtime.ensure_open()
+        except ConfigurationError as exc:
+            log.error("the runtime cannot open: %s", exc.message)
+            raise TurnkitError("the runtime cannot open (the server's log says why)") from exc
+
+    return open_runtime
 
 
 class ProblemRoute(APIRoute):

@@ -15,11 +15,14 @@ __all__ = (
     "DURABILITIES",
     "Durability",
     "RuntimeConfig",
+    "check_database_url",
+    "database_url_problem",
     "env_idle_window_s",
     "env_lease_ttl_s",
     "env_plugins",
     "env_seconds",
     "is_loopback_host",
+    "masked_url",
 )
 
 Durability = Literal["sync", "async", "exit"]
@@ -33,7 +36,7 @@ class RuntimeConfig:
 
     Attributes:
         database_url: Where the Store and checkpoints live (`sqlite:///…` or
-            `postgresql://…`).
+            `postgresql://…`; any other, or a bare file path, is refused when built).
         database_schema: PostgreSQL schema for turnkit's tables and checkpoints.
         auto_migrate: Apply schema migrations when the runtime opens (otherwise run
             `turnkit db upgrade` yourself; a schema behind this version is refused).
@@ -148,6 +151,7 @@ class RuntimeConfig:
             raise ConfigurationError(
                 f"database_url is a sqlite:///… or postgresql://… URL, not {url!r}"
             )
+        check_database_url(url)
         if schema is not None and not isinstance(schema, str):
             raise ConfigurationError(f"database_schema is a schema name or None, not {schema!r}")
         if schema is not None:
@@ -257,6 +261,87 @@ def is_loopback_host(host: str) -> bool:
         return ipaddress.ip_address(name).is_loopback
     except ValueError:
         return False
+
+
+_SCHEME = re.compile(r"([a-z][a-z0-9+.-]+):", re.IGNORECASE)
+"""A URL's scheme (two letters at least: `C:` starts a Windows path)."""
+
+_WRITE_A_URL: Final = (
+    "write sqlite:///path/to/file.db (three slashes; four for an absolute path) or "
+    "postgresql://user@host/db"
+)
+
+
+def database_url_problem(url: str) -> str | None:
+    """Why `url` is no database URL turnkit can open, with the fix; None when it is one.
+
+    Refused: a scheme other than SQLite's and PostgreSQL's, a bare file path, a URL
+    SQLAlchemy cannot read (`sqlite:/x.db`), and a SQLite URL naming a host
+    (`sqlite://x.db`, which would silently be a database in memory) or no file.
+    """
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    scheme = _SCHEME.match(url)
+    if scheme is None:
+        return f"{url!r} is a file path, not a URL: write sqlite:///{url} for a SQLite file there"
+    family = scheme.group(1).split("+")[0]
+    if family.lower() not in ("sqlite", "postgresql", "postgres"):
+        return f"turnkit supports SQLite and PostgreSQL, not {_shown(url)!r}: {_WRITE_A_URL}"
+    if family != family.lower():
+        return f"{_shown(url)!r}: write its scheme in lowercase ({family.lower()}:)"
+    try:
+        parsed = make_url(url)
+    except (ArgumentError, ValueError):  # a port that is no number: SQLAlchemy's ValueError
+        return f"{_shown(url)!r} is not a database URL: {_WRITE_A_URL}"
+    if family != "sqlite":
+        return None
+    if parsed.host or parsed.port or parsed.username:  # sqlite://x.db: x.db is the host
+        rest = url.split("://", 1)[1]
+        return (
+            f"{url!r} names a host, which SQLite has none of (it would be a database in "
+            f"memory, lost at exit): write sqlite:///{rest} (three slashes; four for an "
+            "absolute path)"
+        )
+    if parsed.database == "":
+        return (
+            f"{url!r} names no file: write sqlite:///path/to/file.db, or sqlite:// for a "
+            "database in memory"
+        )
+    return None
+
+
+def masked_url(url: str) -> str:
+    """A URL SQLAlchemy cannot read, as errors may show it: all before its host hidden.
+
+    What precedes the last `@` may hold a password (`postgresql:/user:password@host`); the
+    scheme and its slashes stay as typed, so a mistyped one still shows.
+    """
+    head, at, rest = url.rpartition("@")
+    scheme = re.match(r"[\w+.-]*:?/*", head)
+    return f"{scheme.group() if scheme else ''}***@{rest}" if at else url
+
+
+def _shown(url: str) -> str:
+    """`url` without its password, as errors may show it."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except (ArgumentError, ValueError):
+        return masked_url(url)
+
+
+def check_database_url(url: str, *, name: str = "database_url") -> None:
+    """Refuse a database URL turnkit cannot open (see `database_url_problem`), in one line.
+
+    Raises:
+        ConfigurationError: it names what is wrong and how to write it.
+    """
+    problem = database_url_problem(url)
+    if problem is not None:
+        raise ConfigurationError(f"{name}: {problem}")
 
 
 _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")

@@ -11,13 +11,14 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, TypeVar
 
-from turnkit.errors import ConfigurationError, missing_extra
+from turnkit.errors import ConfigurationError, RuntimeClosedError, missing_extra
 
 try:
     from fastapi import APIRouter, Depends, Response
 except ImportError as exc:  # pragma: no cover - depends on the install
     raise missing_extra("The HTTP routes", "fastapi", exc) from exc
 
+from turnkit._problems import opened
 from turnkit.http._access import Principal
 from turnkit.http._admin import add_budget_routes, add_callback_routes
 from turnkit.http._session_routes import add_session_routes
@@ -118,9 +119,17 @@ def create_turnkit_router(
     `deps` is a FastAPI dependency returning the app's dependencies for the turn a
     request starts or resumes (`ToolContext.deps`); where the turn is driven elsewhere
     (a worker, after a restart) the runtime's own `deps` factory builds them.
+
+    A runtime nobody opened opens at the first request, as at its first message in Python
+    (close it in your app's lifespan all the same: see `SessionRuntime.close`); a closed
+    one answers 503 `runtime-closed`.
     """
     router = APIRouter(
-        prefix=prefix, tags=["turnkit"], responses=_PROBLEMS, route_class=ProblemRoute
+        prefix=prefix,
+        tags=["turnkit"],
+        responses=_PROBLEMS,
+        route_class=ProblemRoute,
+        dependencies=[Depends(opened(runtime))],  # a runtime nobody opened opens here
     )
     who = _caller_dependency(auth)
     # No two routes answer the same method and path: this order only orders the OpenAPI paths.
@@ -141,7 +150,7 @@ def create_turnkit_router(
 async def _store_check(runtime: SessionRuntime) -> str:
     """`ok`, or why the Store cannot serve: out of reach, hanging, or taking no writes."""
     try:
-        refused = await _within(_refusal(runtime.store), READY_STORE_TIMEOUT_S)
+        refused = await _within(_opened_refusal(runtime), READY_STORE_TIMEOUT_S)
     except TimeoutError:  # a database that hangs
         return f"unavailable: no answer within {READY_STORE_TIMEOUT_S:g} s"
     except Exception as exc:  # noqa: BLE001 - any failure means not ready
@@ -149,6 +158,21 @@ async def _store_check(runtime: SessionRuntime) -> str:
         root = exc.__cause__
         return f"unavailable: {type(exc).__name__}" + (f" ({type(root).__name__})" if root else "")
     return "ok" if refused is None else refused
+
+
+async def _opened_refusal(runtime: SessionRuntime) -> str | None:
+    """`_refusal` of the runtime's Store; a runtime without one yet (nobody opened it) opens.
+
+    The opening is shielded: a probe that stops waiting for it does not cancel it halfway.
+    """
+    try:
+        store = runtime.store  # a closed runtime raises `RuntimeClosedError`: not ready
+    except ConfigurationError:  # not open: it opens now, as at the routes' first request
+        await asyncio.shield(runtime.ensure_open())
+        store = runtime.store
+    if runtime.closed:  # a Store the app gave outlives the runtime's close
+        raise RuntimeClosedError("the runtime is closed")
+    return await _refusal(store)
 
 
 async def _refusal(store: Store) -> str | None:
@@ -167,7 +191,9 @@ def create_health_router(runtime: SessionRuntime) -> APIRouter:
     `GET /healthz`: the process answers. `GET /readyz`: its Store answers too (503
     `not-ready` with `Retry-After` otherwise). The replay buffer is only a fast path:
     while it does not answer, readers follow the Store, so the process stays ready and
-    says `"replay": "degraded: …"`.
+    says `"replay": "degraded: …"`. A runtime nobody opened opens at the first `/readyz`
+    (so a load balancer's probe readies an app whose lifespan does not open it); a closed
+    one is not ready.
     """
     router = APIRouter(tags=["health"], route_class=ProblemRoute)
 

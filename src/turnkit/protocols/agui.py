@@ -40,7 +40,7 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the install
     raise missing_extra("The AG-UI route", "fastapi", exc) from exc
 
-from turnkit._problems import ProblemRoute
+from turnkit._problems import ProblemRoute, opened
 from turnkit._sse_response import SseResponse
 from turnkit.events import StreamEvent
 from turnkit.ids import SessionId, TurnId
@@ -112,7 +112,13 @@ def create_agui_router(
     """
     if max_frame_bytes < 1:
         raise ConfigurationError("max_frame_bytes must be at least 1")
-    router = APIRouter(prefix=prefix, tags=["ag-ui"], responses=_PROBLEMS, route_class=ProblemRoute)
+    router = APIRouter(
+        prefix=prefix,
+        tags=["ag-ui"],
+        responses=_PROBLEMS,
+        route_class=ProblemRoute,
+        dependencies=[Depends(opened(runtime))],  # a runtime nobody opened opens here
+    )
     # Plain defaults, not `Annotated` aliases: the annotations are strings (postponed), and
     # FastAPI resolves them in this module's globals, where the closure's names are not.
     caller, request_deps_of = Depends(caller_of(auth)), Depends(deps or _no_deps)

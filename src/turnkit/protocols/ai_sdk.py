@@ -36,7 +36,7 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the install
     raise missing_extra("The AI SDK route", "fastapi", exc) from exc
 
-from turnkit._problems import ProblemRoute
+from turnkit._problems import ProblemRoute, opened
 from turnkit._sse_response import SseResponse
 from turnkit.ids import SESSION_ID_PATTERN, SessionId, TurnId
 from turnkit.protocols._ai_sdk_stream import DONE_LINE, PAUSED, Replies, line
@@ -121,7 +121,12 @@ def create_ai_sdk_router(
     """
     if max_frame_bytes < 1:
         raise ConfigurationError("max_frame_bytes must be at least 1")
-    router = APIRouter(prefix=prefix, tags=["ai-sdk"], route_class=ProblemRoute)
+    router = APIRouter(
+        prefix=prefix,
+        tags=["ai-sdk"],
+        route_class=ProblemRoute,
+        dependencies=[Depends(opened(runtime))],  # a runtime nobody opened opens here
+    )
     Who = Annotated[Caller, Depends(caller_of(auth))]
     RequestDeps = Annotated[Any, Depends(deps or _no_deps)]
     replies = Replies(runtime, keepalive_s=keepalive_s, max_frame_bytes=max_frame_bytes)

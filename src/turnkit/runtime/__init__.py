@@ -190,7 +190,7 @@ class SessionRuntime(RuntimeControl, RuntimeCallbacks, RuntimeBudgets, RuntimeRe
                 delivery=delivery,
             )
         caller = Principal.of(principal)
-        await self._ensure_open()
+        await self.ensure_open()
         admitted = await self.admission.admit(
             session_id=request.session_id,
             content=request.content,
@@ -255,7 +255,7 @@ class SessionRuntime(RuntimeControl, RuntimeCallbacks, RuntimeBudgets, RuntimeRe
         if title is not None:
             check_title(title)
         owner = Principal.of(principal)
-        await self._ensure_open()
+        await self.ensure_open()
         return await self.store.create_session(
             sid,
             principal=owner.id if owner is not None else None,
@@ -278,7 +278,7 @@ class SessionRuntime(RuntimeControl, RuntimeCallbacks, RuntimeBudgets, RuntimeRe
                 budget counts what it spent).
         """
         sid = check_session_id(session_id)
-        await self._ensure_open()
+        await self.ensure_open()
         record = await self.store.get_session(sid)
         parent = record.parent_session if record is not None else None
         if parent is not None and await self.store.get_session(parent) is not None:

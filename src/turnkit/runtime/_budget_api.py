@@ -34,7 +34,7 @@ class RuntimeBudgets(RuntimeCore):
                 f"(its departments: {names})",
                 department=limit.key,
             )
-        await self._ensure_open()
+        await self.ensure_open()
         await self.store.set_budget_limit(limit)
         return await self.resume_budget_pauses(limit.organisation)
 
@@ -47,7 +47,7 @@ class RuntimeBudgets(RuntimeCore):
         period: BudgetPeriod = "month",
     ) -> bool:
         """Remove a budget limit; whether there was one."""
-        await self._ensure_open()
+        await self.ensure_open()
         return await self.store.delete_budget_limit(scope, organisation, key, period)
 
     async def resume_budget_pauses(self, organisation: str | None = None) -> list[str]:
@@ -57,7 +57,7 @@ class RuntimeBudgets(RuntimeCore):
         their sweep, so a turn also resumes when its budget period rolls over. Each turn
         checks its budget again before the call: one still short pauses again.
         """
-        await self._ensure_open()
+        await self.ensure_open()
         resumed = await resume_budget_pauses(self.store, organisation)
         if self.config.run_in_process:
             for turn_id in resumed:
@@ -66,13 +66,13 @@ class RuntimeBudgets(RuntimeCore):
 
     async def budget_limits(self, organisation: str | None = None) -> list[BudgetLimit]:
         """Every budget limit (of one organisation when given)."""
-        await self._ensure_open()
+        await self.ensure_open()
         return await self.store.budget_limits(organisation)
 
     async def budget_uses(
         self, principal: Principal | str | None, session_id: str
     ) -> list[BudgetUse]:
         """Each limit a message of `principal` in `session_id` would spend against, as used."""
-        await self._ensure_open()
+        await self.ensure_open()
         caller = Principal.of(principal)
         return await self.admission.budget_uses(caller, check_session_id(session_id))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import os
 import socket
@@ -241,8 +242,15 @@ class RuntimeCore:
         keep = self.config.keep_ended_checkpoints
         self._aftermath.prune_with(None if keep else self.forget_checkpoints)
 
-    async def _ensure_open(self) -> None:
-        """Open the runtime on first use; refuse once it was closed."""
+    async def ensure_open(self) -> None:
+        """Open the runtime on first use (once, however many callers ask at a time).
+
+        What its own methods do before they work, and turnkit's routes before they answer:
+        a runtime nobody opened opens here; one already open returns at once.
+
+        Raises:
+            RuntimeClosedError: it was closed (it opens again only with `open()`).
+        """
         if self._closed:
             raise _closed()
         await self.open()
@@ -258,7 +266,11 @@ class RuntimeCore:
             owner=f"{self.owner}/recovery",
             drain_timeout_s=0.0,  # closing hands its turns over, as the app's own turns are
         )
-        task = asyncio.create_task(worker.run(stop), name="turnkit-recovery")
+        # In a context of its own: opened by a request's first use, the loop would otherwise
+        # carry that request's context (its trace span, as every recovered turn's cause).
+        task = asyncio.create_task(
+            worker.run(stop), name="turnkit-recovery", context=contextvars.Context()
+        )
         self._recovery = (stop, task, worker)
 
     async def wait_background(self) -> None:
@@ -278,6 +290,11 @@ class RuntimeCore:
         the database cannot be told, once their leases lapse. A naming call still
         running after its turn is cancelled (the session keeps its first name). Its
         methods then raise `RuntimeClosedError` until it is opened again.
+
+        Close it (in the app's lifespan) even when it opened on first use: a runtime never
+        closed goes down with its process, and the turns it drives end `cancelled` when
+        the event loop cancels their tasks, or wait for their leases to lapse when the
+        process dies first.
         """
         if self._recovery is not None:
             stop, task, _ = self._recovery
@@ -314,6 +331,11 @@ class RuntimeCore:
         url, schema = getattr(self._store, "url", None), getattr(self._store, "schema", None)
         config = self.config
         return url == normalize_url(config.database_url) and schema == config.database_schema
+
+    @property
+    def closed(self) -> bool:
+        """Whether it was closed and not opened again (its methods raise `RuntimeClosedError`)."""
+        return self._closed
 
     @property
     def store(self) -> Store:

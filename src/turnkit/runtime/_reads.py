@@ -148,7 +148,7 @@ class RuntimeReads(RuntimeCore):
         """
         check_title(title)
         sid = check_session_id(session_id)
-        await self._ensure_open()
+        await self.ensure_open()
         return await self.store.rename_session(sid, title)
 
     async def turn(self, turn_id: str) -> TurnRecord:

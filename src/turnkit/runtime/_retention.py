@@ -112,7 +112,7 @@ class RuntimeRetention(RuntimeCore):
                 not a whole number of 1 or more.
         """
         check_retention(idle_for, limit)
-        await self._ensure_open()
+        await self.ensure_open()
         idle_before = idle_cutoff(self.clock.now(), idle_for)
         orphaned = 0 if dry_run else await forget_orphaned_checkpoints(self)
         batches = idle_session_batches(self, idle_before=idle_before, limit=limit, dry_run=dry_run)

@@ -20,11 +20,11 @@ from typing import Any, Self, TypeVar
 from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError, DBAPIError
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import StaticPool
 
 from turnkit.clock import Clock, SystemClock
-from turnkit.config import check_schema_name
+from turnkit.config import check_schema_name, database_url_problem
 from turnkit.errors import ConfigurationError, StoreError
 from turnkit.store import _sqlite as sqlite_conn
 from turnkit.store._commit_sql import HotStatements
@@ -64,18 +64,9 @@ class SqlEngine(PgConnections):
     def __init__(self, url: str, *, clock: Clock | None = None, schema: str | None = None) -> None:
         super().__init__()
         self.url = normalize_url(url)
-        try:
-            if self.url.startswith(("sqlite", "postgresql")):
-                make_url(self.url)
-        except ArgumentError:  # `sqlite:/x.db`: SQLAlchemy's own error names no URL or fix
-            raise StoreError(
-                f"{shown_url(url)!r} is not a database URL: write sqlite:///path/to/file.db "
-                "(three slashes; four for an absolute path) or postgresql://user@host/db"
-            ) from None
-        except ValueError:  # `postgresql://h:5432x/db`: SQLAlchemy's own error is int()'s
-            raise StoreError(
-                f"{shown_url(url)!r} is not a database URL: its port is not a number"
-            ) from None
+        problem = database_url_problem(url)  # as RuntimeConfig refuses it, for a Store built here
+        if problem is not None:
+            raise StoreError(problem)
         if schema is not None:
             check_schema_name(schema)
             if self.url.startswith("sqlite"):  # as RuntimeConfig refuses it

@@ -9,7 +9,6 @@ hears when a turn becomes claimable (`work_signal`). It also tells a database ou
 from __future__ import annotations
 
 import asyncio
-import re
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -27,6 +26,7 @@ from sqlalchemy.exc import (
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from turnkit.clock import Clock
+from turnkit.config import masked_url
 from turnkit.errors import (
     ConfigurationError,
     InvalidInputError,
@@ -307,9 +307,7 @@ def shown_url(url: str) -> str:
     try:
         parsed = make_url(url)
     except (ArgumentError, ValueError):  # not a URL SQLAlchemy reads (`postgresql:/u:pw@h`)
-        head, at, rest = url.rpartition("@")  # what comes before the host may be a password
-        scheme = re.match(r"[\w+.-]*:?/*", head)
-        return f"{scheme.group() if scheme else ''}***@{rest}" if at else url
+        return masked_url(url)
     if parsed.drivername.startswith("postgresql"):
         parsed = parsed.set(drivername="postgresql")
     return parsed.render_as_string(hide_password=True)
