@@ -585,6 +585,104 @@ def test_back_returns_to_the_session_the_person_left(page: Page, tmp_path: Path)
     model.assert_complete()
 
 
+class Held:
+    """The `method` requests to `pattern` a page sends, held until `release()`."""
+
+    def __init__(self, page: Page, pattern: str, method: str) -> None:
+        self.routes: list[Any] = []
+        self.holding = True
+        self.method = method
+        page.route(pattern, self._route)
+
+    def _route(self, route: Any) -> None:
+        if self.holding and route.request.method == self.method:
+            self.routes.append(route)
+        else:
+            route.continue_()
+
+    def release(self, first_only: bool = False) -> None:
+        """Let the held requests go (or only the first), and the next ones too."""
+        self.holding = first_only
+        while self.routes:
+            self.routes.pop(0).continue_()
+            if first_only:
+                return
+
+
+def pump_until(page: Page, predicate: Callable[[], object], bound_s: float) -> bool:
+    """Let the page run (its routes and events too) until `predicate`, `bound_s` at most."""
+    deadline = time.monotonic() + bound_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        page.wait_for_timeout(20)
+    return True
+
+
+def test_a_message_sent_while_new_chat_is_made_goes_to_the_new_chat(
+    page: Page, tmp_path: Path
+) -> None:
+    """New chat, then a message at once: the message waits for that chat, never the last one."""
+    model = ScriptedModel([ModelStep.text_reply("First."), ModelStep.text_reply("Second.")])
+    answers = page.locator(".block.text.answer .text")
+    with serve_page(tmp_path, Agent(model=model)) as app:
+        page.goto(app.url)
+        send(page, "one")
+        expect(answers).to_have_text("First.")
+        first = page.evaluate("location.hash")
+        created = Held(page, "**/api/harness/sessions", "POST")
+        posted: list[str] = []
+        page.on("request", lambda r: r.url.endswith("/execute") and posted.append(r.url))
+        page.click("#new-session")
+        assert pump_until(page, lambda: created.routes, WAIT_MS / 1000)
+        send(page, "two")  # while New chat's session is still being made
+        pump_until(page, lambda: posted, 0.5)  # the page used to post it at once
+        assert first.removeprefix("#session=") not in "".join(posted)
+        created.release()
+        expect(page.locator(".block.user .text")).to_have_text("two")
+        expect(answers).to_have_text("Second.")
+        assert page.evaluate("location.hash") != first
+        expect(page.locator("#sessions button")).to_have_count(2)
+        page.go_back()  # the chat that was open keeps its one turn
+        expect(page.locator(".block.user .text")).to_have_text("one")
+        expect(answers).to_have_text("First.")
+    model.assert_complete()
+
+
+def test_new_chat_before_the_list_arrives_stays_as_it_is(page: Page, tmp_path: Path) -> None:
+    """The session list arriving after New chat opens nothing again: no redraw, no restart."""
+    model = ScriptedModel([ModelStep.text_reply("Hello.")])
+    answers = page.locator(".block.text.answer .text")
+    with serve_page(tmp_path, Agent(model=model)) as app:
+        httpx.post(f"{app.url}/api/harness/sessions", json={}).raise_for_status()  # an older chat
+        listed = Held(page, "**/api/harness/sessions?limit=100", "GET")
+        page.goto(app.url)
+        assert pump_until(page, lambda: listed.routes, WAIT_MS / 1000)
+        page.click("#new-session")
+        wait_until(lambda: page.evaluate("location.hash"), "the new chat")
+        opened = page.evaluate("location.hash")
+        send(page, "hi")
+        expect(answers).to_have_text("Hello.")
+        page.evaluate(
+            """() => {
+              window.removedTurns = 0;
+              new MutationObserver((records) => {
+                for (const r of records) window.removedTurns += r.removedNodes.length;
+              }).observe(document.querySelector("#turns"), { childList: true });
+            }"""
+        )
+        read = Held(page, "**/history", "GET")  # a chat opened again would show empty
+        listed.release(first_only=True)  # the page's first read (the later ones: the sends')
+        expect(page.locator("#sessions button")).to_have_count(2)  # the list, drawn
+        assert page.evaluate("window.removedTurns") == 0  # the conversation was never reset
+        assert read.routes == []
+        read.release()
+        listed.release()
+        expect(answers).to_have_text("Hello.")
+        assert page.evaluate("location.hash") == opened
+    model.assert_complete()
+
+
 # ── Stop: the partial answer stays, marked interrupted ─────────────────────────────────
 
 

@@ -296,6 +296,18 @@ async function send(text) {
   }
 }
 
+/** Make a session and open it (its history is read on, while the next message goes to it). */
+async function newChat() {
+  try {
+    const created = await api.createSession();
+    ui.sessions = [created, ...ui.sessions];
+    tellTabs({ kind: "sessions" });
+    openSession(created.sessionId, { push: true });
+  } catch (err) {
+    say(reason(err));
+  }
+}
+
 /** Delete a session this page just made and show no session, as before it was made. */
 async function forget(sessionId) {
   await api.deleteSession(sessionId).catch(() => {}); // at worst an empty chat stays listed
@@ -530,7 +542,9 @@ function setMenu(open) {
 function bind() {
   const box = $("#message");
   // One message at a time, in the order written: one sent while the one before is still on
-  // its way (its turn being read back, say) goes once that one is through, not lost.
+  // its way (its turn being read back, say) goes once that one is through, not lost. New
+  // chat takes its place in the same line: a message written right after it goes to the
+  // chat it makes, not to the one open before (nor to a chat of its own).
   let sending = Promise.resolve();
   $("#composer").addEventListener("submit", (event) => {
     event.preventDefault();
@@ -567,17 +581,10 @@ function bind() {
   document.addEventListener("click", (event) => {
     if (menuOpen() && !event.target.closest("#sidebar, #menu")) setMenu(false);
   });
-  $("#new-session").addEventListener("click", async () => {
+  $("#new-session").addEventListener("click", () => {
     if (menuOpen()) setMenu(false);
     box.focus();
-    try {
-      const created = await api.createSession();
-      ui.sessions = [created, ...ui.sessions];
-      tellTabs({ kind: "sessions" });
-      await openSession(created.sessionId, { push: true });
-    } catch (err) {
-      say(reason(err));
-    }
+    sending = sending.then(newChat);
   });
   $("#sessions").addEventListener("click", (event) => {
     const button = event.target.closest("[data-session-id]");
@@ -614,6 +621,7 @@ async function start() {
   tabs?.addEventListener("message", heardFromTab);
   setInterval(tick, 500);
   await refreshSessions();
+  if (ui.sessionId) return; // a chat was opened while the list loaded (New chat, a message)
   const wanted = sessionFromHash() ?? ui.sessions[0]?.sessionId ?? null;
   if (wanted) await openSession(wanted);
   else schedule();
