@@ -4,7 +4,12 @@ names tools there anyway never runs them, and never leaves the turn an empty ans
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import ClassVar
 
 import pytest
 from pydantic import BaseModel
@@ -12,11 +17,22 @@ from pydantic import BaseModel
 from tests.conftest import RuntimeFactory
 from tests.helpers import add, until
 from tests.support.openai_server import FakeOpenAIServer, Reply
-from turnkit import Agent, RuntimeConfig, SessionRuntime
+from turnkit import Agent, BudgetLimit, RuntimeConfig, SessionRuntime
 from turnkit.audit import AuditRow
-from turnkit.blocks import TextBlock
-from turnkit.events import DoneEvent, ErrorEvent, MessageCompleteEvent, ToolStartedEvent
+from turnkit.blocks import TextBlock, ToolResultBlock
+from turnkit.events import (
+    BudgetPausedEvent,
+    DoneEvent,
+    ErrorEvent,
+    MessageCompleteEvent,
+    ToolDeltaEvent,
+    ToolStartedEvent,
+)
+from turnkit.models import Usage
 from turnkit.models.litellm import LiteLLMClient
+from turnkit.plugins import Enrichment, Plugin, PluginContext
+from turnkit.protocols._agui_translate import ClientView, Translator
+from turnkit.protocols._ai_sdk_translate import UIMessageStreamTranslator
 from turnkit.testing import ModelStep, ScriptedModel, call, collect_events
 
 NO_PLAN = frozenset({"anchor-plan"})
@@ -71,6 +87,34 @@ async def test_an_answer_call_that_only_names_tools_is_asked_once_more(
         ("", False),
         ("2 + 3 is 5.", True),
     ]
+
+
+async def test_a_dropped_call_and_its_empty_reply_are_drawn_as_nothing(
+    runtime_factory: RuntimeFactory,
+) -> None:
+    """A client shows neither the call the answer call named (it never runs: drawn, it would
+    stay "being written") nor the empty reply kept as narration (an empty message)."""
+    model = _last_round(
+        ModelStep.tool_call_reply(call("add", a=5, b=5)), ModelStep.text_reply("2 + 3 is 5.")
+    )
+    runtime = runtime_factory(Agent(model=model, tools=[add], max_tool_rounds=1))
+    events = await collect_events(runtime.execute_message("s1", "What is 2 + 3?"))
+    [ran] = [e.block.tool_call_id for e in events if isinstance(e, ToolStartedEvent)]
+    assert [e.tool_call_id for e in events if isinstance(e, ToolDeltaEvent)] == [ran]
+    ai_sdk = UIMessageStreamTranslator(message_id="m")
+    chunks = [c for e in events for c in ai_sdk.translate(e)] + ai_sdk.finish()
+    assert [c["toolCallId"] for c in chunks if c["type"] == "tool-input-start"] == [ran]
+    agui = Translator(
+        thread_id="t",
+        run_id="r",
+        turn_id=events[0].turn_id,
+        client=ClientView(texts={}, arguments={}, results=set()),
+        now=lambda: datetime.now(UTC),
+    )
+    frames = [f for e in events for f in agui.feed(e.model_dump_json().encode())]
+    [answer] = [e.block for e in events if isinstance(e, MessageCompleteEvent) and e.block.text]
+    opened = [f["messageId"] for f in frames if f["type"] == "TEXT_MESSAGE_START"]
+    assert opened == [answer.block_id]
 
 
 async def test_a_separate_synthesis_that_names_tools_twice_fails_the_turn(
@@ -227,3 +271,113 @@ async def test_a_server_that_ignores_tool_choice_is_asked_again_over_http(
     assert isinstance(last, list)
     assert last[-1] == {"role": "user", "content": ANSWER_NOW}
     assert len([e for e in events if isinstance(e, ToolStartedEvent)]) == 1
+
+
+async def test_blank_text_beside_tool_calls_is_no_answer(runtime_factory: RuntimeFactory) -> None:
+    """Servers often write a line break before a tool call: blank text is not an answer, so
+    the model is asked once more (and a blank answer asked again fails the turn)."""
+    model = _last_round(
+        ModelStep.tool_call_reply(call("add", a=5, b=5), text="\n\n"),
+        ModelStep.text_reply("2 + 3 is 5."),
+    )
+    runtime = runtime_factory(Agent(model=model, tools=[add], max_tool_rounds=1))
+    events = await collect_events(runtime.execute_message("s1", "What is 2 + 3?"))
+    [turn] = await runtime.history("s1")
+    model.assert_complete()
+    assert isinstance(events[-1], DoneEvent)
+    assert events[-1].status == "succeeded"
+    assert turn.answer == "2 + 3 is 5."
+    blank = _last_round(
+        ModelStep.tool_call_reply(call("add", a=5, b=5), text="\n"), ModelStep.text_reply(" \n")
+    )
+    again = runtime_factory(Agent(model=blank, tools=[add], max_tool_rounds=1))
+    events = await collect_events(again.execute_message("s2", "What is 2 + 3?"))
+    blank.assert_complete()
+    assert isinstance(events[-1], DoneEvent)
+    assert (events[-1].status, events[-1].error_code) == ("failed", "answer-missing")
+
+
+class _HoldAfterAnswer(Plugin):
+    """Holds the turn in post-turn, once both answer calls are in the log."""
+
+    name: ClassVar[str] = "hold-after-answer"
+    reached: ClassVar[asyncio.Event | None] = None
+
+    async def enrich_message(
+        self, ctx: PluginContext, answer: TextBlock, sources: Sequence[ToolResultBlock]
+    ) -> Enrichment | None:
+        if _HoldAfterAnswer.reached is not None:
+            _HoldAfterAnswer.reached.set()
+            await asyncio.sleep(3600)  # until the process "dies"
+        return None
+
+
+async def test_a_takeover_after_the_answer_asked_again_makes_no_answer_call(
+    db: tuple[str, str | None],
+) -> None:
+    """Both answer calls are in the log when the first process dies: the one that takes
+    the turn over reads them both and makes no call at all."""
+    url, schema = db
+    model = _last_round(
+        ModelStep.tool_call_reply(call("add", a=5, b=5)), ModelStep.text_reply("2 + 3 is 5.")
+    )
+    agent = Agent(
+        model=model,
+        tools=[add],
+        max_tool_rounds=1,
+        skip_stages=NO_PLAN,
+        plugins=[_HoldAfterAnswer()],
+    )
+    _HoldAfterAnswer.reached = asyncio.Event()
+    config = RuntimeConfig(database_url=url, database_schema=schema, lease_ttl_s=1.0)
+    try:
+        async with SessionRuntime(agent=agent, config=config) as first:
+            submission = await first.start("s1", "What is 2 + 3?")
+            async with asyncio.timeout(10):
+                await _HoldAfterAnswer.reached.wait()
+    finally:
+        _HoldAfterAnswer.reached = None
+    later = RuntimeConfig(
+        database_url=url, database_schema=schema, lease_ttl_s=1.0, recover_in_process=True
+    )
+    async with SessionRuntime(agent=agent, config=later) as second:
+        async with asyncio.timeout(20):
+            while (await second.turn(submission.turn_id)).status == "running":
+                await asyncio.sleep(0.05)
+        [turn] = await second.history("s1")
+        rows = await second.audit(submission.turn_id)
+    model.assert_complete()
+    assert len(model.calls) == 3
+    assert turn.answer == "2 + 3 is 5."
+    assert len(_synthesize_rows(rows)) == 2
+
+
+async def test_the_answer_asked_again_waits_for_its_budget(tmp_path: Path) -> None:
+    """The call asked again does not fit the budget: the turn pauses after the call that
+    named tools, and once the limit is raised it goes on without making that call again."""
+    costly = dataclasses.replace(
+        ModelStep.tool_call_reply(call("add", a=5, b=5)),
+        usage=Usage(input_tokens=740, output_tokens=50),
+    )
+    model = _last_round(costly, ModelStep.text_reply("2 + 3 is 5."))
+    agent = Agent(model=model, tools=[add], max_tool_rounds=1, skip_stages=NO_PLAN)
+    config = RuntimeConfig(
+        database_url=f"sqlite:///{tmp_path / 'b.db'}",
+        budgets="enforce",
+        budget_reserve_tokens=50,
+        recover_in_process=True,
+    )
+    limit = BudgetLimit(scope="principal", key="ann", tokens=900)
+    async with SessionRuntime(agent=agent, config=config) as runtime:
+        await runtime.set_budget_limit(limit)
+        events = await collect_events(runtime.execute_message("s1", "2 + 3?", principal="ann"))
+        assert isinstance(events[-1], BudgetPausedEvent), [e.type for e in events]
+        assert len(model.calls) == 2
+        await runtime.set_budget_limit(limit.model_copy(update={"tokens": 100_000}))
+        async with asyncio.timeout(20):
+            while (await runtime.turn(events[0].turn_id)).status == "running":
+                await asyncio.sleep(0.05)
+        [turn] = await runtime.history("s1")
+    model.assert_complete()
+    assert len(model.calls) == 3
+    assert turn.answer == "2 + 3 is 5."

@@ -707,6 +707,30 @@ def test_stop_keeps_the_partial_answer_as_interrupted(page: Page, tmp_path: Path
         expect(page.locator(".block.text.interrupted .text")).to_have_text(partial)
 
 
+def test_an_answer_call_that_named_a_tool_shows_only_the_answer(page: Page, tmp_path: Path) -> None:
+    """The answer call named a tool it could not use and wrote nothing, then answered when
+    asked again: the page shows no tool row for the dropped call and no empty bubble."""
+    model = ScriptedModel([
+        ModelStep.tool_call_reply(call("calculator", expression="6*7")),
+        ModelStep.tool_call_reply(call("calculator", expression="6*8")),
+        ModelStep.text_reply(ANSWER),
+    ])  # fmt: skip
+    agent = Agent(model=model, tools=[calculator], max_tool_rounds=1)
+    with serve_page(tmp_path, agent) as app:
+        page.goto(app.url)
+        send(page, "What is 6 times 7?")
+        turn = page.locator("article.turn")
+        expect(turn).to_have_attribute("data-status", "succeeded")
+        expect(turn.locator(".block.text.answer .text")).to_have_text(ANSWER)
+        kinds = "nodes => nodes.map(n => n.dataset.kind)"
+        assert turn.locator(".blocks > .block").evaluate_all(kinds) == ["user", "tool", "text"]
+        page.reload()
+        turn = page.locator("article.turn")
+        expect(turn.locator(".block.text.answer .text")).to_have_text(ANSWER)
+        assert turn.locator(".blocks > .block").evaluate_all(kinds) == ["user", "tool", "text"]
+    model.assert_complete()
+
+
 # ── a budget pause: the page says so, and goes on when the limit is raised ──────────────
 
 

@@ -363,6 +363,8 @@ class Translator:
     def _complete(self, event: MessageCompleteEvent) -> list[AgUi]:
         text, block_id = event.block.text, event.block.block_id
         block = self.blocks.pop(block_id, None) or _Block(sent=self.client.texts.get(block_id, ""))
+        if not (text or block.opened or event.block.is_answer):
+            return []  # narration with no text (a call that only named tools): nothing to show
         out = []
         if not block.opened:
             out.append(_ev("TEXT_MESSAGE_START", event.ts, messageId=block_id, role="assistant"))

@@ -130,6 +130,7 @@ async def call_model(
     answer_after_chars: int = 0,
     reserve: bool = True,
     call_id: Callable[[str], str] = str,
+    tool_deltas: bool = True,
 ) -> CallResult:
     """Run one call on `family`, streaming deltas and auditing failed rungs.
 
@@ -142,7 +143,9 @@ async def call_model(
     With budgets enforced the call first reserves what it may cost, and pauses the turn
     when a limit has no room (`reserve=False`: the caller checked already). `call_id`:
     the id a tool call's `tool.delta` goes out under, given the model's (the one the
-    caller will give the call).
+    caller will give the call). `tool_deltas=False`: no tool can be called (synthesize's
+    `tool_choice="none"`), so a call the model names anyway is assembled for the audit but
+    never shown (a client would draw it as a call being written, never finished).
     """
     rec = ctx.recorder
     await _ready(ctx, stage_id, request, block_key, reserve=reserve)
@@ -171,7 +174,9 @@ async def call_model(
                     case ThinkingDelta(text=text) if text:
                         on.asm.thinking.append(text)  # raw chain-of-thought stays inside
                     case ToolCallDelta():
-                        await _tool_delta(ctx, stage_id, on.asm, chunk, last_tool_delta, call_id)
+                        await _tool_delta(
+                            ctx, stage_id, on.asm, chunk, last_tool_delta, call_id, tool_deltas
+                        )
                     case RungStarted():
                         attempts.append(chunk.model)
                         block_id = derive_id("blk", rec.turn_id, block_key, len(attempts) - 1)
@@ -444,6 +449,7 @@ async def _tool_delta(
     chunk: ToolCallDelta,
     last: dict[int, float],
     call_id: Callable[[str], str],
+    shown: bool,
 ) -> None:
     index = asm.slot(chunk.index, chunk.tool_call_id)
     parts = asm.calls.setdefault(index, [])
@@ -452,6 +458,8 @@ async def _tool_delta(
         asm.ids[index] = chunk.tool_call_id
     if chunk.name:
         asm.names[index] = chunk.name
+    if not shown:
+        return
     now = ctx.recorder.clock.monotonic()
     if now - last.get(index, -1e9) < _TOOL_DELTA_INTERVAL_S:
         return  # at most twice a second per open call (seed 000)

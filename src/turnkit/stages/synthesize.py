@@ -183,7 +183,7 @@ async def _in_text(
     written, transcript, previous = await _write(
         ctx, transcript, previous, attempt=1, closing=(closing,)
     )
-    if not written.answer["text"]:  # never in the log: an empty answer is not committed
+    if not written.answer["text"].strip():  # never in the log: a blank answer is not committed
         if written.call is not None:
             update = {"outcome": "error", "error_code": AnswerMissingError.code}
             call = written.call.model_copy(update=update)
@@ -201,11 +201,12 @@ async def _in_text(
 def _only_named_tools(written: _Written) -> bool:
     """Whether a free-text agent's answer call named tools and wrote no text.
 
-    For a call in the log: its text was committed as narration, never as the answer.
+    Blank text counts as none (servers often write a line break before a call). For a call
+    in the log: its text was committed as narration, never as the answer.
     """
     if written.logged is not None:
         return not written.logged.is_answer
-    return written.called_tools and not written.answer["text"]
+    return written.called_tools and not written.answer["text"].strip()
 
 
 async def _write(
@@ -288,6 +289,7 @@ async def _call(
         family,
         prepared.request,
         block_key=block_key,
+        tool_deltas=False,  # no tool can be called here: one it names is never shown
         # the summary is written while the answer arrives
         on_answer=(lambda seen: thinking.start("synthesize", seen)) if thinking else None,
     )

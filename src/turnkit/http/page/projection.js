@@ -523,6 +523,8 @@ function completeText(turn, e) {
     complete: true,
   };
   const at = turn.blocks.findIndex((x) => x.key === key);
+  // Narration with no text (a call that only named tools it could not use): nothing to show.
+  if (at < 0 && !b.text && !done.isAnswer) return turn;
   const next =
     at < 0
       ? addBlock(turn, { ...newText(b.block_id), ...done })
