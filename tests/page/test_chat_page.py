@@ -683,6 +683,38 @@ def test_new_chat_before_the_list_arrives_stays_as_it_is(page: Page, tmp_path: P
     model.assert_complete()
 
 
+def test_the_controls_wait_for_the_page_to_start(page: Page, tmp_path: Path) -> None:
+    """Before app.js has wired the page its buttons are disabled: nothing is lost or reloaded."""
+    model = ScriptedModel([ModelStep.text_reply("Hello.")])
+    with serve_page(tmp_path, Agent(model=model)) as app:
+        script = Held(page, "**/page/app.js", "GET")  # a slow connection: the script late
+        made: list[str] = []
+        page.on("request", lambda r: r.method == "POST" and made.append(r.url))
+        loads: list[str] = []  # the documents the page loads
+        page.on("request", lambda r: r.resource_type == "document" and loads.append(r.url))
+        page.goto(app.url, wait_until="commit")
+        assert pump_until(page, lambda: script.routes, WAIT_MS / 1000)
+        expect(page.locator("#composer")).to_be_attached()
+        for control in ("#new-session", "#send", "#menu"):
+            expect(page.locator(control)).to_be_disabled()  # shown not ready (and greyed)
+        page.click("#new-session", force=True)
+        page.fill("#message", "hi")
+        page.press("#message", "Enter")  # a textarea: a new line, never a native submit
+        page.click("#send", force=True)  # a native submit would reload the page, text gone
+        page.wait_for_timeout(300)
+        assert made == []
+        assert loads == [app.url + "/"]  # the one load: no reload, nothing in the address
+        expect(page.locator("#message")).to_have_value("hi\n")  # what was written, kept
+        script.release()
+        for control in ("#new-session", "#send"):
+            expect(page.locator(control)).to_be_enabled()
+        page.click("#send")
+        expect(page.locator(".block.user .text")).to_have_text("hi")
+        expect(page.locator(".block.text.answer .text")).to_have_text("Hello.")
+        assert loads == [app.url + "/"]
+    model.assert_complete()
+
+
 # ── Stop: the partial answer stays, marked interrupted ─────────────────────────────────
 
 

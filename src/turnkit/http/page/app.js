@@ -614,6 +614,9 @@ function bind() {
     const wanted = sessionFromHash();
     if (wanted && wanted !== ui.sessionId) openSession(wanted);
   });
+  // The buttons come disabled (index.html) until now: before this a click did nothing, and
+  // Send submitted the form itself, a reload that lost what was written.
+  for (const button of ["#new-session", "#menu", "#send"]) $(button).disabled = false;
 }
 
 async function start() {
