@@ -130,9 +130,7 @@ class RedisReplayBuffer:
         maxlen = str(self.settings.max_entries).encode()
         commands = []
         for seq, data, terminal in entries:
-            s = b"" if seq is None else str(seq).encode()
-            t = b"1" if terminal else b"0"
-            commands.append(_command(*head, maxlen, b"*", b"s", s, b"d", data, b"t", t))
+            commands.append(_command(*head, maxlen, b"*", *_fields(seq, data, terminal)))
             if terminal:
                 ttl = self.settings.terminal_grace_s
         expire = _command(b"PEXPIRE", key, str(int(ttl * 1000)).encode())
@@ -174,9 +172,8 @@ class RedisReplayBuffer:
         )
         if not newest:
             return False
-        for (_, fields), (seq, data, terminal) in zip(newest, reversed(entries), strict=False):
-            s = b"" if seq is None else str(seq).encode()
-            if list(fields) != [b"s", s, b"d", data, b"t", b"1" if terminal else b"0"]:
+        for (_, fields), entry in zip(newest, reversed(entries), strict=False):
+            if list(fields) != list(_fields(*entry)):
                 return False
         return True
 
@@ -277,6 +274,12 @@ class RedisReplayBuffer:
         if self._owns:
             self._owns = False
             await self.client.aclose()
+
+
+def _fields(seq: int | None, data: bytes, terminal: bool) -> tuple[bytes, ...]:
+    """An entry's fields as XADD writes them and XRANGE reads them back."""
+    s = b"" if seq is None else str(seq).encode()
+    return (b"s", s, b"d", data, b"t", b"1" if terminal else b"0")
 
 
 def _refuses_nomkstream(exc: Exception) -> bool:

@@ -133,10 +133,7 @@ def stop_asked(
     Run in the transaction that ends `turn_id` without its success: each such turn no
     live driver holds ends `cancelled` here (and stops what it asked in turn); one a live
     driver holds is flagged, so that driver, or whoever takes it over, ends it
-    `cancelled`. Returns the turns it stopped or flagged.
-
-    An asked turn names the turn that asked it (`asked_by`, since revision 0018); one an
-    older turnkit wrote is found through the asking turn's saved requests it was handed.
+    `cancelled`. Returns the turns it stopped or flagged (found as `_asked_turns` says).
     """
     if depth >= _DEPTH:
         return []
@@ -172,7 +169,7 @@ def flag_asked(conn: Connection, turn_id: TurnId, *, depth: int = 0) -> None:
 
 
 def _asked_turns(conn: Connection, turn_id: TurnId) -> list[TurnId]:
-    """The unfinished turns of the agents `turn_id` asked, oldest first.
+    """The turns of the agents `turn_id` asked (those it names, unfinished), oldest first.
 
     An asked turn names the turn that asked it (`asked_by`, since revision 0018); one an
     older turnkit wrote is found through the asking turn's saved requests it was handed.

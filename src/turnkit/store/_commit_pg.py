@@ -30,12 +30,9 @@ from turnkit.ids import TurnId
 from turnkit.store import CommitResult, Rider
 from turnkit.store._budget_counts import CHAIN_PG, COUNTED_PG
 from turnkit.store._cancel_sql import ASKED_PAYLOAD
-from turnkit.store._schema import UNFINISHED
+from turnkit.store._schema import UNFINISHED_SQL
 
 __all__ = ("APPEND", "END", "append", "end")
-
-_OPEN = ", ".join(f"'{s}'" for s in UNFINISHED)
-"""The statuses of a turn that has not ended, as SQL (an asked one to stop)."""
 
 _ROWS = f"""
 new_events AS (
@@ -112,7 +109,7 @@ WITH RECURSIVE fence AS (
         AND ($19 = 'succeeded' OR NOT EXISTS (
             SELECT FROM tk_pauses p WHERE p.turn_id = $1 AND p.payload LIKE '{ASKED_PAYLOAD}'
         ) AND NOT EXISTS (
-            SELECT FROM tk_turns a WHERE a.asked_by = $1 AND a.status IN ({_OPEN})
+            SELECT FROM tk_turns a WHERE a.asked_by = $1 AND a.status IN ({UNFINISHED_SQL})
         ))
     RETURNING session_id, input_seq, newest_guide_seq
 ), dropped AS (

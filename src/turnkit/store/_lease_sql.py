@@ -21,7 +21,15 @@ from sqlalchemy.orm import aliased
 from turnkit.errors import LeaseLostError, StaleEpochError
 from turnkit.ids import SessionId, TurnId
 from turnkit.store import Lease, TurnRecord
-from turnkit.store._schema import UNFINISHED, Fields, aware, events, turn_record, turns
+from turnkit.store._schema import (
+    UNFINISHED,
+    UNFINISHED_SQL,
+    Fields,
+    aware,
+    events,
+    turn_record,
+    turns,
+)
 
 __all__ = (
     "PROGRESS_TYPES",
@@ -202,7 +210,6 @@ def _claim_pg_sql(*, by_turn: bool, by_session: bool) -> str:
     `$3` owner, `$4` the expiry, then `$5` the turn or session asked for, if any.
     """
     progress = ", ".join(f"'{t}'" for t in PROGRESS_TYPES)
-    unfinished = ", ".join(f"'{s}'" for s in UNFINISHED)
     only = ""
     if by_turn:
         only += " AND t.turn_id = $5"
@@ -218,7 +225,7 @@ WITH candidate AS (
             SELECT FROM tk_events e
             WHERE e.turn_id = t.turn_id AND e.seq > t.claim_seq AND e.type IN ({progress})
         ) AND NOT EXISTS (
-            SELECT FROM tk_turns a WHERE a.asked_by = t.turn_id AND a.status IN ({unfinished})
+            SELECT FROM tk_turns a WHERE a.asked_by = t.turn_id AND a.status IN ({UNFINISHED_SQL})
         ) THEN 1 ELSE 0 END AS spent
     ) judged
     WHERE t.status = 'running'
@@ -227,7 +234,7 @@ WITH candidate AS (
         AND NOT EXISTS (
             SELECT FROM tk_turns earlier
             WHERE earlier.session_id = t.session_id AND earlier.input_seq < t.input_seq
-                AND earlier.status IN ({unfinished})
+                AND earlier.status IN ({UNFINISHED_SQL})
         ){only}
     ORDER BY t.created_at, t.input_seq
     LIMIT 1
@@ -385,7 +392,7 @@ UPDATE tk_turns AS t SET lease_expires_at = r.expires
 FROM unnest($1::varchar[], $2::integer[], $3::varchar[], $4::timestamptz[])
     AS r(turn_id, epoch, owner, expires)
 WHERE t.turn_id = r.turn_id AND t.lease_epoch = r.epoch AND t.lease_owner = r.owner
-    AND t.status IN ({", ".join(f"'{s}'" for s in UNFINISHED)})
+    AND t.status IN ({UNFINISHED_SQL})
 RETURNING t.turn_id, t.lease_epoch, t.lease_owner, t.cancel_requested
 """
 _WHY_PG = "SELECT turn_id, lease_epoch, status FROM tk_turns WHERE turn_id = ANY($1::varchar[])"

@@ -52,6 +52,8 @@ UNFINISHED: tuple[TurnStatus, ...] = (
     "awaiting_input",
     "awaiting_budget",
 )
+UNFINISHED_SQL = ", ".join(f"'{s}'" for s in UNFINISHED)
+"""`UNFINISHED` as a SQL list (`status IN (...)` in hand-written statements)."""
 
 
 def event_values(turn_id: str, event: DurableEvent) -> dict[str, Any]:

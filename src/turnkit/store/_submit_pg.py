@@ -25,7 +25,7 @@ from sqlalchemy.dialects import postgresql
 
 from turnkit.events import TurnStartedEvent, encode_event
 from turnkit.store import NewInput, Submission
-from turnkit.store._schema import UNFINISHED, attachments_json, sessions
+from turnkit.store._schema import UNFINISHED_SQL, attachments_json, sessions
 from turnkit.store._submit_sql import (
     claim_of,
     opened,
@@ -76,7 +76,7 @@ WITH found AS (
         OR EXISTS (
             SELECT FROM tk_turns t
             WHERE t.session_id = $1 AND t.input_seq < s.seq
-                AND t.status IN ({", ".join(f"'{s}'" for s in UNFINISHED)})
+                AND t.status IN ({UNFINISHED_SQL})
         )
     ) AS queued
     FROM session s
