@@ -130,7 +130,6 @@ async def call_model(
     answer_after_chars: int = 0,
     reserve: bool = True,
     call_id: Callable[[str], str] = str,
-    tool_deltas: bool = True,
 ) -> CallResult:
     """Run one call on `family`, streaming deltas and auditing failed rungs.
 
@@ -143,9 +142,9 @@ async def call_model(
     With budgets enforced the call first reserves what it may cost, and pauses the turn
     when a limit has no room (`reserve=False`: the caller checked already). `call_id`:
     the id a tool call's `tool.delta` goes out under, given the model's (the one the
-    caller will give the call). `tool_deltas=False`: no tool can be called (synthesize's
-    `tool_choice="none"`), so a call the model names anyway is assembled for the audit but
-    never shown (a client would draw it as a call being written, never finished).
+    caller will give the call). Where no tool can be called (`tool_choice="none"`), a call
+    the model names anyway is assembled for the audit but never shown (a client would draw
+    it as a call being written, never finished).
     """
     rec = ctx.recorder
     await _ready(ctx, stage_id, request, block_key, reserve=reserve)
@@ -154,6 +153,7 @@ async def call_model(
     block_id = derive_id("blk", rec.turn_id, block_key, 0)
     on = _Rung(family.model, family.provider, 0, block_id, price, family.rungs[0])
     last_tool_delta: dict[int, float] = {}
+    shown = request.tool_choice != "none"  # a call no tool can answer is never drawn
     rec.open_call = on.open_call(stage_id, family.name, stream_text, request)
     chat = otel.chat(rec, stage_id, family.name, request)
     # Closed explicitly: the call returns at `Finish`, and a stream left to the garbage
@@ -175,7 +175,7 @@ async def call_model(
                         on.asm.thinking.append(text)  # raw chain-of-thought stays inside
                     case ToolCallDelta():
                         await _tool_delta(
-                            ctx, stage_id, on.asm, chunk, last_tool_delta, call_id, tool_deltas
+                            ctx, stage_id, on.asm, chunk, last_tool_delta, call_id, shown
                         )
                     case RungStarted():
                         attempts.append(chunk.model)

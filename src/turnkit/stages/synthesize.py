@@ -289,7 +289,6 @@ async def _call(
         family,
         prepared.request,
         block_key=block_key,
-        tool_deltas=False,  # no tool can be called here: one it names is never shown
         # the summary is written while the answer arrives
         on_answer=(lambda seen: thinking.start("synthesize", seen)) if thinking else None,
     )
