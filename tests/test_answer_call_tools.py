@@ -17,7 +17,7 @@ from pydantic import BaseModel
 from tests.conftest import RuntimeFactory
 from tests.helpers import add, until
 from tests.support.openai_server import FakeOpenAIServer, Reply
-from turnkit import Agent, BudgetLimit, RuntimeConfig, SessionRuntime
+from turnkit import Agent, BudgetLimit, RuntimeConfig, SessionRuntime, TurnHistory
 from turnkit.audit import AuditRow
 from turnkit.blocks import TextBlock, ToolResultBlock
 from turnkit.events import (
@@ -51,6 +51,21 @@ def _synthesize_rows(rows: list[AuditRow]) -> list[AuditRow]:
 def _dropped(row: AuditRow) -> list[str]:
     selection = row.payloads.tool_selection
     return [] if selection is None else [c.tool_name for c in selection.selected]
+
+
+async def _recovered(
+    agent: Agent, url: str, schema: str | None, turn_id: str
+) -> tuple[TurnHistory, list[AuditRow]]:
+    """A second runtime takes the turn over and runs it to its end: its turn and audit."""
+    later = RuntimeConfig(
+        database_url=url, database_schema=schema, lease_ttl_s=1.0, recover_in_process=True
+    )
+    async with SessionRuntime(agent=agent, config=later) as second:
+        async with asyncio.timeout(20):
+            while (await second.turn(turn_id)).status == "running":
+                await asyncio.sleep(0.05)
+        [turn] = await second.history("s1")
+        return turn, await second.audit(turn_id)
 
 
 async def test_an_answer_call_that_only_names_tools_is_asked_once_more(
@@ -230,15 +245,7 @@ async def test_a_takeover_does_not_ask_again_for_the_call_that_named_tools(
     async with SessionRuntime(agent=agent, config=config) as first:
         submission = await first.start("s1", "What is 2 + 3?")
         await until(lambda: len(model.calls) == 3, "the answer is asked for again")
-    later = RuntimeConfig(
-        database_url=url, database_schema=schema, lease_ttl_s=1.0, recover_in_process=True
-    )
-    async with SessionRuntime(agent=agent, config=later) as second:
-        async with asyncio.timeout(20):
-            while (await second.turn(submission.turn_id)).status == "running":
-                await asyncio.sleep(0.05)
-        [turn] = await second.history("s1")
-        rows = await second.audit(submission.turn_id)
+    turn, rows = await _recovered(agent, url, schema, submission.turn_id)
     model.assert_complete()
     assert len(model.calls) == 4  # the call that named tools was not made twice
     assert model.calls[3].messages == model.calls[2].messages
@@ -337,15 +344,7 @@ async def test_a_takeover_after_the_answer_asked_again_makes_no_answer_call(
                 await _HoldAfterAnswer.reached.wait()
     finally:
         _HoldAfterAnswer.reached = None
-    later = RuntimeConfig(
-        database_url=url, database_schema=schema, lease_ttl_s=1.0, recover_in_process=True
-    )
-    async with SessionRuntime(agent=agent, config=later) as second:
-        async with asyncio.timeout(20):
-            while (await second.turn(submission.turn_id)).status == "running":
-                await asyncio.sleep(0.05)
-        [turn] = await second.history("s1")
-        rows = await second.audit(submission.turn_id)
+    turn, rows = await _recovered(agent, url, schema, submission.turn_id)
     model.assert_complete()
     assert len(model.calls) == 3
     assert turn.answer == "2 + 3 is 5."

@@ -73,6 +73,13 @@ def _killed_after_the_ending(db: DB, how: str, asked: ApprovalRequestedEvent) ->
     assert done.returncode == -signal.SIGKILL, done.stderr.decode()[-3000:]
 
 
+async def _stored_status(store: SqlStore, turn_id: TurnId) -> str:
+    """The turn's status as the Store holds it (the turn is there)."""
+    record = await store.get_turn(turn_id)
+    assert record is not None
+    return record.status
+
+
 async def _status(runtime: SessionRuntime, turn_id: str, *, within_s: float) -> str:
     """The turn's status once it ended, or as it is after `within_s`."""
     deadline = time.monotonic() + within_s
@@ -335,9 +342,7 @@ async def test_a_failed_asking_turn_stops_the_turn_it_asked_that_handed_it_nothi
         lease.turn_id, epoch=lease.epoch, status="failed", error_code="boom", release=True
     )
     assert result.stopped_asked == (asked.turn_id,)
-    record = await store.get_turn(asked.turn_id)
-    assert record is not None
-    assert record.status == ("running" if held else "cancelled")
+    assert await _stored_status(store, asked.turn_id) == ("running" if held else "cancelled")
     if asked.lease is not None:  # its driver learns at its next renewal
         assert (await store.renew(asked.lease, ttl_s=60)).cancel_requested
 
@@ -346,9 +351,7 @@ async def test_a_succeeded_asking_turn_leaves_the_turn_it_asked(store: SqlStore)
     lease, asked = await _asking_and_asked(store, asked_owner=None)
     result = await store.commit(lease.turn_id, epoch=lease.epoch, status="succeeded")
     assert result.stopped_asked == ()
-    record = await store.get_turn(asked.turn_id)
-    assert record is not None
-    assert record.status == "running"
+    assert await _stored_status(store, asked.turn_id) == "running"
 
 
 async def test_a_stop_or_the_sweep_of_an_asking_turn_stops_the_turn_it_asked(
@@ -363,9 +366,7 @@ async def test_a_stop_or_the_sweep_of_an_asking_turn_stops_the_turn_it_asked(
     assert await store.cancel(stopped.turn_id) == "cancelled"
     assert await store.sweep(ceiling_s=60, max_attempts=3) == [swept.turn_id]
     for asked in (working, queued):
-        record = await store.get_turn(asked.turn_id)
-        assert record is not None
-        assert record.status == "cancelled"
+        assert await _stored_status(store, asked.turn_id) == "cancelled"
 
 
 async def test_a_stop_flagged_for_a_live_asking_turn_flags_the_turn_it_asked(

@@ -551,6 +551,13 @@ async def test_a_redis_restarted_empty_between_two_publishes_leaves_no_hole_in_a
         await buffer.close()
 
 
+def _delta(turn: TurnId, text: str) -> Entry:
+    """A `message.delta` of block `b` as a publisher hands it to the buffer."""
+    event = MessageDeltaEvent(session_id="s1", turn_id=turn, stage_id="synthesize",
+                              ts=datetime.now(UTC), block_id="b", text=text)  # fmt: skip
+    return (None, encode_event(event), False)
+
+
 class _ReplyDropper:
     """A TCP proxy to Redis that passes a command containing `trigger` on, waits for its
     reply, and closes the client's connection instead of passing the reply back (as a
@@ -604,17 +611,12 @@ async def test_a_publish_whose_reply_was_lost_is_not_streamed_twice(
     dropper = _ReplyDropper(private_redis.port, b"XADD")
     turn = _turn()
 
-    def delta(text: str) -> Entry:
-        event = MessageDeltaEvent(session_id="s1", turn_id=turn, stage_id="synthesize",
-                                  ts=datetime.now(UTC), block_id="b", text=text)  # fmt: skip
-        return (None, encode_event(event), False)
-
     async with dropper as url:
         buffer = RedisReplayBuffer.from_url(url)
         try:
-            await buffer.publish(turn, [delta("Hel")])
+            await buffer.publish(turn, [_delta(turn, "Hel")])
             dropper.armed = 1
-            await buffer.publish(turn, [delta(f"lo{i}, ") for i in range(size)])
+            await buffer.publish(turn, [_delta(turn, f"lo{i}, ") for i in range(size)])
             assert dropper.armed == 0  # its reply was lost
             entries = await buffer.read(turn, after="0", wait_s=0)
             ttl_ms = await buffer.client.pttl(buffer._key(turn))
@@ -653,19 +655,14 @@ async def test_a_passing_refusal_of_a_publish_keeps_the_check_that_redis_lost_th
     buffer._send = refusing_once  # type: ignore[method-assign]
     turn = _turn()
 
-    def delta(text: str) -> Entry:
-        event = MessageDeltaEvent(session_id="s1", turn_id=turn, stage_id="synthesize",
-                                  ts=datetime.now(UTC), block_id="b", text=text)  # fmt: skip
-        return (None, encode_event(event), False)
-
     try:
-        await buffer.publish(turn, [delta("a")])
+        await buffer.publish(turn, [_delta(turn, "a")])
         with pytest.raises(ResponseError, match="NOREPLICAS"):
-            await buffer.publish_after(turn, [delta("b")])  # failed: the publisher repairs
+            await buffer.publish_after(turn, [_delta(turn, "b")])  # failed: the publisher repairs
         assert refused
         await admin.delete(buffer._key(turn))  # as a Redis that restarted empty
         with pytest.raises(EntriesLostError):
-            await buffer.publish_after(turn, [delta("c")])
+            await buffer.publish_after(turn, [_delta(turn, "c")])
         assert await buffer.read(turn, after="0", wait_s=0) == []
     finally:
         await buffer.close()
@@ -693,15 +690,10 @@ async def test_a_redis_older_than_6_2_gets_its_publishes_without_nomkstream(
     buffer._send = old_redis  # type: ignore[method-assign]
     turn = _turn()
 
-    def delta(text: str) -> Entry:
-        event = MessageDeltaEvent(session_id="s1", turn_id=turn, stage_id="synthesize",
-                                  ts=datetime.now(UTC), block_id="b", text=text)  # fmt: skip
-        return (None, encode_event(event), False)
-
     try:
-        await buffer.publish(turn, [delta("a")])
-        await buffer.publish_after(turn, [delta("b")])
-        await buffer.publish_after(turn, [delta("c"), delta("d")])
+        await buffer.publish(turn, [_delta(turn, "a")])
+        await buffer.publish_after(turn, [_delta(turn, "b")])
+        await buffer.publish_after(turn, [_delta(turn, "c"), _delta(turn, "d")])
         assert len(refused) == 1  # asked once
         assert _screen(await buffer.read(turn, after="0", wait_s=0)) == "abcd"
     finally:
