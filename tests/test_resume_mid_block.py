@@ -39,6 +39,7 @@ from turnkit.models import (
 from turnkit.replay import BufferEntry, ReplayBuffer
 from turnkit.replay.memory import InMemoryReplayBuffer
 from turnkit.runtime.reader import _Buffer, _snapshots
+from turnkit.testing import ModelStep, ScriptedModel, call
 
 __all__ = ("private_redis",)  # a fixture, re-exported for pytest
 
@@ -344,3 +345,57 @@ async def test_a_redis_restarted_empty_mid_block_leaves_no_hole_on_a_live_reader
     assert complete == "".join(WORDS)
     assert [s for s in screens if not complete.startswith(s)] == []
     assert screen == complete
+
+
+async def test_progress_reported_after_redis_restarted_empty_does_not_make_the_stream_again(
+    private_redis: PrivateRedis, tmp_path: Path
+) -> None:
+    """A job's progress report is the first publish after Redis restarted empty: made again
+    by it, the stream would hide the loss from the driver. It is skipped; the turn's
+    later events reach the stream, led by nothing that was lost."""
+    from turnkit.replay.redis import RedisReplayBuffer
+    from turnkit.tools import ToolContext
+
+    handed: asyncio.Queue[tuple[str, str, str]] = asyncio.Queue()
+    finished = asyncio.Event()
+
+    @tool
+    async def hand_off(ctx: ToolContext) -> str:
+        """Hand the work to another process and wait for it."""
+        await handed.put((ctx.turn_id, ctx.tool_call_id, ctx.callback_token or ""))
+        await finished.wait()
+        return "done elsewhere"
+
+    agent = Agent(
+        model=ScriptedModel(
+            [ModelStep.tool_call_reply(call("hand_off")), ModelStep.text_reply("It is done.")]
+        ),
+        tools=[hand_off],
+        skip_stages=frozenset({"anchor-plan"}),
+    )
+    config = RuntimeConfig(
+        database_url=f"sqlite:///{tmp_path / 'progress.db'}", callback_secret="a-long-shared-secret"
+    )
+    buffer = RedisReplayBuffer.from_url(private_redis.url)
+    try:
+        async with SessionRuntime(agent=agent, config=config, replay=buffer) as runtime:
+            submission = await runtime.start("s1", "hand it off")
+            async with asyncio.timeout(20):
+                turn_id, call_id, token = await handed.get()
+                while not any(  # the driver published up to the call (then Redis restarts)
+                    b'"tool.started"' in e.data
+                    for e in await buffer.read(submission.turn_id, after="0", wait_s=0)
+                ):
+                    await asyncio.sleep(0.01)
+                private_redis.kill()
+                private_redis.start()
+                await runtime.report_job_progress(
+                    turn_id, token, job_id="job-1", tool_call_id=call_id, progress=0.5
+                )
+                assert await buffer.read(submission.turn_id, after="0", wait_s=0) == []
+                finished.set()
+                events = [e async for e in runtime.reader().events(submission.turn_id)]
+    finally:
+        await buffer.close()
+    assert [e.type for e in events][-1] == "done"
+    assert "".join(e.text for e in events if isinstance(e, MessageDeltaEvent)) == "It is done."

@@ -15,6 +15,7 @@ from turnkit.events import (
     encode_event,
 )
 from turnkit.ids import TurnId
+from turnkit.replay import EntriesLostError
 from turnkit.runtime._reads import RuntimeReads
 from turnkit.runtime._runner import Pinned
 from turnkit.runtime.callbacks import CallbackScope, callback_token, check_callback_token
@@ -102,8 +103,26 @@ class RuntimeCallbacks(RuntimeReads):
             await self.store.note_activity(turn)
         except Exception as exc:  # noqa: BLE001 - a missed stamp only shortens the window
             log.warning("stamping progress on turn %s failed: %s", turn, exc)
-        await self.replay.publish(turn, [(None, encode_event(event), False)])
+        await self._publish_progress(turn, encode_event(event))
         return scope
+
+    async def _publish_progress(self, turn: TurnId, data: bytes) -> None:
+        """Add the report to the turn's stream in the buffer, never making the stream anew.
+
+        A remote buffer whose stream of the turn is gone (Redis restarted empty) gets no
+        report: made again by it, the stream would hide the loss from the driver, whose next
+        publish would not send the text of its open blocks first. The report is ephemeral;
+        the next one reaches readers again once the driver's publish made the stream.
+        """
+        entries = [(None, data, False)]
+        after = getattr(self.replay, "publish_after", None)
+        if after is None:
+            await self.replay.publish(turn, entries)
+            return
+        try:
+            await after(turn, entries)
+        except EntriesLostError:
+            log.debug("the buffer lost turn %s's stream: a progress report skipped", turn)
 
     async def _check_running_call(self, turn: TurnId, tool_call_id: str) -> None:
         """The turn started the call `tool_call_id` and has not finished it, by its log.
