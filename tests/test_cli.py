@@ -298,6 +298,37 @@ def test_serve_hosts_the_agents_its_flags_name(tmp_path: Path) -> None:
         log.close()
 
 
+def test_serve_on_loopback_with_an_empty_allowed_hosts_answers_loopback_names_only(
+    tmp_path: Path,
+) -> None:
+    """`TURNKIT_ALLOWED_HOSTS=` (an env file's blank, compose's unset `${…:-}`) is unset."""
+    import urllib.error
+    import urllib.request
+
+    port = free_port()
+    env = {**os.environ, "TURNKIT_GC": "python", "TURNKIT_ALLOWED_HOSTS": " "}
+    for name in ("TURNKIT_DATABASE_URL", "TURNKIT_AGENT", "TURNKIT_MODEL", "TURNKIT_RUNTIME"):
+        env.pop(name, None)
+    argv = [sys.executable, "-m", "turnkit.cli", "serve", "--port", str(port),
+            "--database-url", f"sqlite:///{tmp_path / 's.db'}"]  # fmt: skip
+    log = (tmp_path / "serve.log").open("w")
+    server = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=log, stderr=log)
+    try:
+        _execute_once_up(server, port, tmp_path / "serve.log")
+        rebound = urllib.request.Request(
+            f"http://127.0.0.1:{port}/api/harness/sessions",
+            headers={"Host": f"attacker.example:{port}"},
+        )
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(rebound, timeout=30)
+        assert refused.value.code == 400
+        assert b'"code":"host-not-allowed"' in refused.value.read()
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+        log.close()
+
+
 def test_a_missing_extra_is_one_clear_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

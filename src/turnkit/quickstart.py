@@ -189,6 +189,10 @@ class _PageFiles(StaticFiles):
         return response
 
 
+_HEALTH_PATHS = ("/healthz", "/readyz")
+"""`create_health_router`'s probes, at the app's root: answered whatever the `Host`."""
+
+
 def create_app(
     runtime: SessionRuntime | None = None,
     *,
@@ -208,7 +212,8 @@ def create_app(
     `auth` is your FastAPI dependency naming the caller (see `create_turnkit_router`);
     without one every caller is anonymous and sees every anonymous session: serve the app
     to one person, or behind a proxy that authenticates. `allowed_hosts` are the host
-    names it answers to (None: any); others get 400 `host-not-allowed`. A POST (or any
+    names it answers to (None: any); others get 400 `host-not-allowed`, except the health
+    probes (`/healthz`, `/readyz`), which are sent by address. A POST (or any
     method but GET, HEAD and OPTIONS) a browser sends from another origin than the app's
     own gets 403 `cross-origin-request`, unless that origin is in `allowed_origins`
     (`["*"]`: any origin; see `CrossOriginProtection`).
@@ -237,8 +242,8 @@ def create_app(
         application.add_middleware(RequestBodyLimit, max_bytes=bound)
     # Added before TrustedHosts, so inside it: a request for another host is 400 first.
     application.add_middleware(CrossOriginProtection, origins=trusted)
-    if allowed_hosts is not None:
-        application.add_middleware(TrustedHosts, hosts=allowed_hosts)
+    if allowed_hosts is not None:  # probes by address (compose, a kubelet) are answered
+        application.add_middleware(TrustedHosts, hosts=allowed_hosts, exempt=_HEALTH_PATHS)
 
     @application.api_route("/", methods=["GET", "HEAD"], include_in_schema=False)
     async def chat_page() -> FileResponse:

@@ -93,6 +93,24 @@ async def test_only_the_allowed_host_names_are_answered(runtime: SessionRuntime)
     assert refused.json()["code"] == "host-not-allowed"
 
 
+async def test_health_probes_are_answered_whatever_the_host(runtime: SessionRuntime) -> None:
+    """A probe by address (compose's health check, a kubelet, a load balancer) names no host."""
+    from fastapi import FastAPI
+
+    app = create_app(runtime, allowed_hosts=["chat.example.com"])
+    outer = FastAPI()
+    outer.mount("/chat", create_app(runtime, allowed_hosts=["chat.example.com"]))
+    for served, prefix in ((app, ""), (outer, "/chat")):
+        async with _client(served, "10.0.0.7:8000") as http:
+            for path in ("/healthz", "/readyz"):
+                assert (await http.get(prefix + path)).status_code == 200, prefix + path
+                assert (await http.head(prefix + path)).status_code == 200, prefix + path
+            for path in ("/", "/api/harness/sessions", "/healthz/x", "/readyzz"):
+                refused = await http.get(prefix + path)
+                assert refused.status_code == 400, prefix + path
+                assert refused.json()["code"] == "host-not-allowed"
+
+
 def test_the_trusted_origins_come_from_the_environment() -> None:
     assert allowed_origins_from_env({}) == []
     assert allowed_origins_from_env({"TURNKIT_ALLOWED_ORIGINS": " , "}) == []

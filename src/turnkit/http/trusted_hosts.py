@@ -40,15 +40,18 @@ class TrustedHosts:
     """ASGI middleware answering requests for other host names with 400 `host-not-allowed`.
 
     `hosts` are names (`chat.example.com`), addresses, or `*.example.com` for any
-    subdomain; `*` allows every host (no check).
+    subdomain; `*` allows every host (no check). Requests for the `exempt` paths (below
+    where the app is mounted) pass whatever their host: the quickstart app exempts its
+    health probes, which orchestrators and load balancers send by address.
     """
 
-    def __init__(self, app: ASGIApp, *, hosts: Iterable[str]) -> None:
+    def __init__(self, app: ASGIApp, *, hosts: Iterable[str], exempt: Iterable[str] = ()) -> None:
         self.app = app
         self.hosts = tuple(host_name(h) for h in hosts if h.strip())  # `x.com:443` is x.com
         if not self.hosts:
             raise ConfigurationError("TrustedHosts needs at least one host name (or '*')")
         self.anyone = "*" in self.hosts
+        self.exempt = frozenset(exempt)
 
     def allows(self, name: str) -> bool:
         """Whether a request for `name` (from `host_name`) may reach the app."""
@@ -61,7 +64,7 @@ class TrustedHosts:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Pass a request for an allowed host on; answer any other with a problem."""
-        if scope["type"] != "http" or self.anyone:
+        if scope["type"] != "http" or self.anyone or _path(scope) in self.exempt:
             await self.app(scope, receive, send)
             return
         headers = dict(scope.get("headers") or ())
@@ -75,3 +78,10 @@ class TrustedHosts:
             f"this server does not answer to the host {name!r} (TURNKIT_ALLOWED_HOSTS)",
         )
         await response(scope, receive, send)
+
+
+def _path(scope: Scope) -> str:
+    """The request's path below where the app is mounted (Starlette keeps the whole path)."""
+    path: str = scope.get("path", "")
+    root: str = scope.get("root_path", "")
+    return path[len(root) :] if root and path.startswith(root) else path
