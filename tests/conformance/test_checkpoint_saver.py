@@ -259,3 +259,20 @@ async def test_checkpoints_that_wait_for_the_lock_share_a_transaction(tmp_path: 
         assert _stored(tmp_path / "tk.checkpoints.db")[0] == 20
     finally:
         await close()
+
+
+async def test_a_checkpoint_drops_only_its_own_turns_held_writes(
+    saver: Any, tmp_path: Path
+) -> None:
+    """With many turns at once, many turns' task writes wait for the next transaction. A
+    turn's new checkpoint drops the writes it supersedes (its parent's), and no other
+    turn's; the drop is made once, when a transaction takes what is held, not by looking
+    through every turn's held writes at each put."""
+    turns = 200
+    for i in range(turns):  # held: the next transaction writes them
+        await saver.aput_writes(config(parent=1, thread=f"t{i}"), [("content", "x")], "task")
+    for i in range(turns):  # each turn's input checkpoint, held too
+        await saver.aput(config(thread=f"n{i}"), checkpoint(0), {"source": "input"}, {})
+    # One transaction takes what is held: t0's write is superseded by its new checkpoint.
+    await saver.aput(config(parent=1, thread="t0"), checkpoint(2), {"source": "loop"}, {})
+    assert _stored(tmp_path / "tk.checkpoints.db") == (turns + 1, turns - 1)

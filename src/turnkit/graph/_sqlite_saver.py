@@ -98,14 +98,9 @@ class _Deferred:
     ) -> _Deferred:
         return cls(config, False, lambda s: s.put_writes(config, writes, task_id, path))
 
-    def superseded_by(self, thread_id: str, parent: str | None) -> bool:
-        """Task writes on `parent`, whose child checkpoint is being written."""
-        return (
-            not self.is_checkpoint
-            and parent is not None
-            and self.thread_id == thread_id
-            and self.checkpoint_id == parent
-        )
+    def superseded_in(self, superseded: set[tuple[str, str]]) -> bool:
+        """Task writes on a checkpoint whose child checkpoint was put since they were held."""
+        return not self.is_checkpoint and (self.thread_id, self.checkpoint_id) in superseded
 
 
 class ThreadedSqliteSaver(SqliteSaver):
@@ -130,6 +125,10 @@ class ThreadedSqliteSaver(SqliteSaver):
         self._deferred: list[_Deferred] = []
         """Writes held for the next transaction (input checkpoints, plain task writes)."""
         self._deferred_lock = threading.Lock()  # the loop appends while a thread may take
+        self._superseded: set[tuple[str, str]] = set()
+        """(thread, checkpoint) pairs whose child checkpoint was put: their held task writes
+        are dropped when a transaction takes what is deferred (not looked for at each put,
+        which costs a scan of every turn's held writes when many turns run at once)."""
         self._last: dict[str, Callable[[], bool]] = {}
         """Threads whose last stage's checkpoint waits for the turn's ending (`hold_last`)."""
         self._held_last: dict[str, _Deferred] = {}
@@ -174,6 +173,9 @@ class ThreadedSqliteSaver(SqliteSaver):
                     self.conn.execute("PRAGMA busy_timeout=0")
             with self._deferred_lock:
                 deferred, self._deferred = self._deferred, []
+                if self._superseded:
+                    superseded, self._superseded = self._superseded, set()
+                    deferred = [d for d in deferred if not d.superseded_in(superseded)]
             self._batch = True
             try:
                 for held in deferred:
@@ -328,7 +330,8 @@ class ThreadedSqliteSaver(SqliteSaver):
         parent = config["configurable"].get("checkpoint_id")
         is_last = self._last.get(thread_id)
         with self._deferred_lock:
-            self._deferred = [d for d in self._deferred if not d.superseded_by(thread_id, parent)]
+            if parent is not None:
+                self._superseded.add((thread_id, parent))
             if is_last is not None and is_last():
                 held_last = _Deferred.checkpoint(config, checkpoint, metadata.copy(), new_versions)
                 self._held_last[thread_id] = held_last

@@ -213,8 +213,10 @@ class _Compiled:
     def params(self, values: Mapping[str, Any] | None) -> dict[str, Any]:
         params = dict(self.fixed)
         if values:
+            params.update(values)
             for key, value in values.items():
-                params[key] = _bind_value(value)
+                if isinstance(value, datetime):  # the only values stored other than as given
+                    params[key] = _bind_value(value)
         return params
 
     def rows(self, raw: list[tuple[Any, ...]]) -> list[Any]:
@@ -269,7 +271,7 @@ class SqliteConnection:
         """Run `statement` with one parameter set, or with each of a list of them."""
         batch: list[Mapping[str, Any]] | None = None
         single: Mapping[str, Any] | None = None
-        if isinstance(parameters, Mapping) or parameters is None:
+        if type(parameters) is dict or parameters is None or isinstance(parameters, Mapping):
             single = parameters
         else:
             batch = list(parameters)

@@ -32,6 +32,9 @@ __all__ = ("OpenCall", "Publish", "Recorder", "usage_fields")
 
 log = logging.getLogger("turnkit.runtime")
 
+_TYPES: dict[type[DurableEvent], str] = {}
+"""Each durable event class's `type` (pydantic's `model_fields` is slow to ask per event)."""
+
 D = TypeVar("D", bound=DurableEvent)
 E = TypeVar("E", bound=EphemeralEvent)
 Publish = Callable[[Sequence[DurableEvent | EphemeralEvent]], None]
@@ -144,7 +147,10 @@ class Recorder:
         """
         if self.log_closed:
             return None
-        key = dedupe_key(cls.model_fields["type"].default, fields)
+        event_type = _TYPES.get(cls)
+        if event_type is None:
+            event_type = _TYPES[cls] = cls.model_fields["type"].default
+        key = dedupe_key(event_type, fields)
         if key is not None and key in self.journal.keys:
             return None
         event = cls(  # built before it takes its seq: fields that fail leave no gap
