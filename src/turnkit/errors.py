@@ -72,6 +72,7 @@ __all__ = (
     "OutputLimitExceededError",
     "PauseAnsweredError",
     "ApproverRequiredError",
+    "AskingTurnEndedError",
     "PauseNotFoundError",
     "PluginFailedError",
     "PrefixRewriteError",
@@ -151,6 +152,7 @@ ErrorCode = Literal[
     "runtime-closed",
     "host-not-allowed",
     "cross-origin-request",
+    "asking-turn-ended",
 ]
 """The one catalog of error codes. Codes never change meaning once published."""
 
@@ -319,6 +321,16 @@ class TurnNotRunningError(TurnkitError):
     """A callback reached a turn that is not running (finished, paused or cancelled)."""
 
     code: ClassVar[ErrorCode] = "turn-not-running"
+
+
+class AskingTurnEndedError(TurnNotRunningError):
+    """An agent was to be asked as a tool by a turn that has ended; nothing was written.
+
+    The asking turn's driver went on after its turn ended elsewhere (a Stop, the sweep,
+    its lease lost): nobody would read the asked agent's answer.
+    """
+
+    code: ClassVar[ErrorCode] = "asking-turn-ended"
 
 
 class PauseAnsweredError(TurnkitError):

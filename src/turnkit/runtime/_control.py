@@ -61,14 +61,14 @@ class RuntimeControl(RuntimeReads):
 
         The transaction that ends the turn stops what it asked in the Store; this process
         then stops a driver of theirs here at once and hands their readers the ending:
-        the turn's driver here, if it wrote the ending (`_stop_asked_by`), else this Stop.
+        the turn's driver here, if it wrote the ending (`_stop_asked_by`), else this Stop,
+        for the asked turns that had not ended before it (read first: the Store's ending
+        ends those no live driver holds).
         """
         key = TurnId(turn_id)
         self._stopping[key] = self._stopping.get(key, 0) + 1
         try:
-            if self._recovery is not None:  # a turn this process took over: stop it at once
-                await self._recovery[2].stop(key)
-            status = await self.host.cancel(key, by=_id_of(principal))
+            status, asked = await self.host.run_to_end(self._stop_here(key, principal))
             told = key in self._told_here
         finally:
             if (left := self._stopping.pop(key) - 1) > 0:
@@ -78,8 +78,17 @@ class RuntimeControl(RuntimeReads):
         if status == "cancelled":  # ended in the Store, or by its driver here
             self.forget_ended(turn_id)
         if status in ("cancelled", "running") and not told:  # "running": flagged elsewhere
-            await self._cancel_asked(turn_id, principal)  # what it asked stops now too
+            await self._cancel_asked(turn_id, principal, asked)  # what it asked stops now too
         return status
+
+    async def _stop_here(
+        self, key: TurnId, principal: Principal | str | None
+    ) -> tuple[TurnStatus, list[TurnId]]:
+        """Stop `key` (see `_stop`); the turns it asked that had not ended before."""
+        asked = await self.store.asked_turns(key)
+        if self._recovery is not None:  # a turn this process took over: stop it at once
+            await self._recovery[2].stop(key)
+        return await self.host.cancel(key, by=_id_of(principal)), asked
 
     async def resume(
         self,
@@ -224,14 +233,27 @@ class RuntimeControl(RuntimeReads):
         for asked in stopped:
             await self._stop(asked, None)
 
-    async def _cancel_asked(self, turn_id: str, principal: Principal | str | None) -> None:
-        """Stop the asked agents' turns whose requests a stopped turn waited on."""
+    async def _cancel_asked(
+        self, turn_id: str, principal: Principal | str | None, linked: Sequence[TurnId]
+    ) -> None:
+        """Stop the asked agents' turns a stopped turn waited on, or that named it.
+
+        `linked`: the turns it asked that had not ended before the Stop. Those its ending
+        flagged for a driver here stop at once, not at that driver's next renewal; those
+        it ended hand their readers here the `done`.
+        """
         record = await self.store.get_turn(TurnId(turn_id))
-        if record is None:
-            return
-        for decision in (await self.turn_view(record)).decisions:
-            if decision.asked is not None:
-                await self._stop(decision.asked.turn_id, principal)
+        handed = (
+            []
+            if record is None
+            else [
+                decision.asked.turn_id
+                for decision in (await self.turn_view(record)).decisions
+                if decision.asked is not None
+            ]
+        )
+        for asked in dict.fromkeys([*handed, *linked]):
+            await self._stop(asked, principal)
 
     async def _check_changed_arguments(
         self, record: TurnRecord, pause: PauseRequest | None, arguments: Mapping[str, JsonValue]

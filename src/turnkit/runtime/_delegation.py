@@ -21,7 +21,7 @@ from pydantic import JsonValue
 
 from turnkit.agent import Agent
 from turnkit.clock import Clock
-from turnkit.errors import InvalidInputError
+from turnkit.errors import AskingTurnEndedError, InvalidInputError
 from turnkit.events import (
     ApprovalRequestedEvent,
     BudgetPausedEvent,
@@ -86,21 +86,27 @@ async def ask_agent(
 
     Raises:
         AgentToolError: the agent's turn failed, timed out, was stopped, or stopped to
-            wait for a budget (that turn is then cancelled).
+            wait for a budget (that turn is then cancelled); or the asking turn ended
+            before the agent was asked (a stalled driver: nothing was submitted).
         AskedAgentWaits: the agent's turn waits for a person's approval or answer.
     """
     if not isinstance(agent, Agent):
         raise AgentToolError(f"an agent tool asks a turnkit.Agent, not {type(agent).__name__}")
     session_id = await _asked_session(runtime, agent, message, ctx)
-    submission = await runtime._submit(
-        session_id,
-        message,
-        agent=agent,
-        request_id=_REQUEST_ID,
-        principal=ctx.caller if ctx.caller is not None else ctx.principal,
-        claim=True,
-        asked_by=ctx.turn_id,  # an ending of the asking turn but its success stops it
-    )
+    try:
+        submission = await runtime._submit(
+            session_id,
+            message,
+            agent=agent,
+            request_id=_REQUEST_ID,
+            principal=ctx.caller if ctx.caller is not None else ctx.principal,
+            claim=True,
+            asked_by=ctx.turn_id,  # an ending of the asking turn but its success stops it
+        )
+    except AskingTurnEndedError as exc:  # this driver went on after its turn ended
+        raise AgentToolError(
+            f"the agent {agent.name!r} was not asked: the asking turn {ctx.turn_id} has ended"
+        ) from exc
     turn_id = submission.turn_id
     taking_over: asyncio.Task[None] | None = None
     if submission.is_new:  # driven here, detached: a shutdown leaves it to recovery too

@@ -335,6 +335,10 @@ class TurnHost:
         """Run `work` to its end even if the caller is cancelled meanwhile."""
         return await asyncio.shield(self._in_background(work))
 
+    async def run_to_end(self, work: Coroutine[Any, Any, T]) -> T:
+        """Run `work` to its end even if the caller is cancelled meanwhile (a Stop)."""
+        return await self._shield(work)
+
     async def pick_up(self, session_id: SessionId, *, then_next: bool = False) -> None:
         """Run a turn this session queued meanwhile (e.g. a re-queued guide message).
 

@@ -348,6 +348,14 @@ class Canceller(Protocol):
         """
         ...
 
+    async def asked_turns(self, turn_id: TurnId) -> list[TurnId]:
+        """The unfinished turns of the agents `turn_id` asked as tools, oldest first.
+
+        Those an ending of `turn_id` but its success stops (see `cancel`): read before a
+        Stop, they name the drivers in this process to stop at once.
+        """
+        ...
+
 
 class GuideFeed(Protocol):
     """Messages sent with `delivery=guide` to a running turn."""

@@ -42,7 +42,7 @@ from turnkit.store._schema import (
 from turnkit.store._submit_sql import requeue_guides
 from turnkit.store._turns_sql import read_usage
 
-__all__ = ("ASKED_PAYLOAD", "cancel", "flag_asked", "stop_asked")
+__all__ = ("ASKED_PAYLOAD", "cancel", "flag_asked", "stop_asked", "unfinished_asked")
 
 ASKED_PAYLOAD: Final = '%"asked":%'
 """A saved request an asked agent may have handed over (`LIKE`, loose on purpose: it holds
@@ -166,6 +166,21 @@ def flag_asked(conn: Connection, turn_id: TurnId, *, depth: int = 0) -> None:
         )
         if flagged.rowcount:
             flag_asked(conn, asked, depth=depth + 1)
+
+
+def unfinished_asked(conn: Connection, turn_id: TurnId) -> list[TurnId]:
+    """The turns `stop_asked` would stop now (those `_asked_turns` finds unfinished)."""
+    asked = _asked_turns(conn, turn_id)
+    if not asked:
+        return []
+    open_ = set(
+        conn.execute(
+            select(turns.c.turn_id).where(
+                turns.c.turn_id.in_(asked), turns.c.status.in_(UNFINISHED)
+            )
+        ).scalars()
+    )
+    return [TurnId(t) for t in asked if t in open_]
 
 
 def _asked_turns(conn: Connection, turn_id: TurnId) -> list[TurnId]:

@@ -15,7 +15,11 @@ succeed asked (`_cancel_sql.stop_asked`). The statement looks for such guides tw
 the turn's inputs, as its snapshot has them, and on the turn's row, where every guide
 writes its seq. A guide committed while the ending waited for that row is not in the
 snapshot, but the ending re-checks the row's new version (and a guide an older turnkit
-committed, which writes no seq on the row, is in the snapshot).
+committed, which writes no seq on the row, is in the snapshot). A turn asked while the
+ending waited for the row is not in the snapshot either: its submit wrote the asking turn's
+row (`_submit_sql.hold_asking`), so an ending but a success also requires the row it
+moves to be the version its snapshot read (`xmin`), and otherwise leaves the ending to
+the full transaction, whose `stop_asked` looks afresh.
 """
 
 from __future__ import annotations
@@ -110,7 +114,7 @@ WITH RECURSIVE fence AS (
             SELECT FROM tk_pauses p WHERE p.turn_id = $1 AND p.payload LIKE '{ASKED_PAYLOAD}'
         ) AND NOT EXISTS (
             SELECT FROM tk_turns a WHERE a.asked_by = $1 AND a.status IN ({UNFINISHED_SQL})
-        ))
+        ) AND tk_turns.xmin = (SELECT s.xmin FROM tk_turns s WHERE s.turn_id = $1))
     RETURNING session_id, input_seq, newest_guide_seq
 ), dropped AS (
     -- The session keeps one last request: the newest turn's (the row below is not seen).

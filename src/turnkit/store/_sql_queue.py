@@ -147,6 +147,10 @@ class SqlQueue(SqlEngine):
             raise TurnNotFoundError(f"no turn {turn_id!r}", turn_id=turn_id)
         return cast(TurnStatus, status)
 
+    async def asked_turns(self, turn_id: TurnId) -> list[TurnId]:
+        """The unfinished turns of the agents `turn_id` asked (see `Canceller`)."""
+        return await self._tx(cancel_sql.unfinished_asked, turn_id, write=False)
+
     async def note_activity(self, turn_id: TurnId) -> None:
         """Stamp a running turn's `updated_at` (see `Watchdog.note_activity`)."""
         await self._tx(turns_sql.note_activity, turn_id, self._clock.now())

@@ -11,6 +11,11 @@ may be claimed at once ("no earlier turn of the session is unfinished") is read 
 snapshot; a message committed to the same session meanwhile is not in it, but it did move
 the session's input seq, which the upsert returns as it is now. If the seq moved by more
 than this message, the turn is inserted queued, not claimed: the next claim takes it.
+
+A turn asked by another (`asked_by`) goes in only while the asking turn is unfinished, its
+row held as `_submit_sql.hold_asking` holds it (`SUBMIT_ASKED`, a statement of its own so
+other messages pay nothing for it); an ended one writes nothing here, and the full
+transaction refuses it.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ from turnkit.store._submit_sql import (
     started_event,
 )
 
-__all__ = ("SUBMIT", "can_submit", "submit")
+__all__ = ("SUBMIT", "SUBMIT_ASKED", "can_submit", "submit")
 
 
 def _pg(expression: ColumnElement[object]) -> str:
@@ -50,8 +55,15 @@ _OWNER_MAY_POST = _pg(owner_may_post(_SENT, app=true()))
 _SEQ_MARK = 9_007_199_254_740_881
 """A stand-in input seq: the encoded `turn.started` is cut around it, the server fills it."""
 
-SUBMIT = f"""
-WITH found AS (
+_ASKING = f"""asking AS (
+    -- The turn that asks is unfinished, and held (written) until this commits.
+    UPDATE tk_turns SET updated_at = updated_at
+    WHERE turn_id = $18 AND status IN ({UNFINISHED_SQL})
+    RETURNING turn_id
+), """
+
+_SUBMIT = f"""
+WITH {{asking}}found AS (
     SELECT FROM tk_inputs
     WHERE $3::varchar IS NOT NULL AND session_id = $1 AND request_id = $3
 ), seen AS (
@@ -60,7 +72,7 @@ WITH found AS (
     INSERT INTO tk_sessions (session_id, principal, organisation, title, last_input_seq,
                              created_at, updated_at)
     SELECT $1, $9, CASE WHEN $9::varchar IS NULL THEN NULL ELSE $7 END, $12, 1, $13, $13
-    WHERE NOT EXISTS (SELECT FROM found)
+    WHERE NOT EXISTS (SELECT FROM found){{held}}
     ON CONFLICT (session_id) DO UPDATE SET
         last_input_seq = tk_sessions.last_input_seq + 1,
         title = CASE WHEN tk_sessions.last_input_seq = 0 AND tk_sessions.title IS NULL
@@ -106,6 +118,12 @@ SELECT $2, $1, d.seq, 'running', $4, $3, $5, $6, $7, $8, $9, 1, false, $10, NULL
 FROM decided d
 RETURNING *
 """
+SUBMIT = _SUBMIT.replace("{asking}", "").replace("{held}", "")
+"""A message no turn asked: the common case."""
+SUBMIT_ASKED = _SUBMIT.replace("{asking}", _ASKING).replace(
+    "{held}", " AND EXISTS (SELECT FROM asking)"
+)
+"""A message an asking turn sends the agent it asks (`asked_by`, `$18`)."""
 
 
 def _around_seq(started: TurnStartedEvent) -> tuple[bytes, bytes]:
@@ -127,14 +145,14 @@ def can_submit(new: NewInput) -> bool:
 async def submit(conn: Any, new: NewInput, now: datetime) -> Submission | None:
     """Run `SUBMIT` on an asyncpg connection; None if nothing was written.
 
-    Nothing is written when the session already has the message's request id: the full
-    transaction answers with the first submission.
+    Nothing is written when the session already has the message's request id, or the turn
+    that asks has ended: the full transaction answers (the first submission, a refusal).
     """
     claim = claim_of(new)
     started = started_event(new, _SEQ_MARK, now)
     head, tail = _around_seq(started)
     row = await conn.fetchrow(
-        SUBMIT,
+        SUBMIT if new.asked_by is None else SUBMIT_ASKED,
         new.session_id,
         new.turn_id,
         new.request_id,

@@ -26,7 +26,7 @@ from sqlalchemy import (
     update,
 )
 
-from turnkit.errors import RequestConflictError, SessionNotFoundError
+from turnkit.errors import AskingTurnEndedError, RequestConflictError, SessionNotFoundError
 from turnkit.events import TurnStartedEvent, encode_event
 from turnkit.ids import SessionId, TurnId, new_turn_id
 from turnkit.store import (
@@ -90,10 +90,16 @@ _GUIDED = (
     )
     .order_by(inputs.c.seq)
 )
+_HOLD_ASKING = (
+    update(turns)
+    .where(turns.c.turn_id == bindparam("h_turn"), turns.c.status.in_(UNFINISHED))
+    .values(updated_at=turns.c.updated_at)  # unchanged: the row is written, not edited
+)
 
 __all__ = (
     "claim_of",
     "guided_inputs",
+    "hold_asking",
     "opened",
     "requeue_guides",
     "started_event",
@@ -102,7 +108,13 @@ __all__ = (
 
 
 def submit(conn: Connection, insert: Any, new: NewInput, now: datetime) -> Submission:
-    """Commit the input, its queued turn and the turn's first event, or return the first try."""
+    """Commit the input, its queued turn and the turn's first event, or return the first try.
+
+    Raises:
+        AskingTurnEndedError: `new.asked_by` names a turn that has ended (see `hold_asking`).
+    """
+    if new.asked_by is not None:
+        hold_asking(conn, new.asked_by)
     if new.request_id is not None:
         found = conn.execute(
             _BY_REQUEST, {"q_session": new.session_id, "q_request": new.request_id}
@@ -180,6 +192,28 @@ def submit(conn: Connection, insert: Any, new: NewInput, now: datetime) -> Submi
     # No live attempt to guide: the message opens its own turn, and the log says so.
     _, started, row = _open_turn(conn, new, seq, now, requested=new.delivery, claim=claim_of(new))
     return opened(new, seq, started, row)
+
+
+def hold_asking(conn: Connection, asking: TurnId) -> None:
+    """Hold the row of the turn that asks, until this transaction ends; refuse an ended one.
+
+    An asked turn is inserted only while its asking turn is unfinished, so the ending of
+    that turn, which stops the turns it asked (`_cancel_sql.stop_asked`), sees it. The row
+    is written (with what it holds), not only locked: an ending waits for this
+    transaction and then looks for asked turns afresh, and PostgreSQL's one-statement
+    ending, which looked in a snapshot taken before, finds the row moved and leaves the
+    ending to the full transaction (`_commit_pg.END`). On SQLite the writer lock
+    serialises the two.
+
+    Raises:
+        AskingTurnEndedError: the asking turn ended (or is gone): nothing is written.
+    """
+    if conn.execute(_HOLD_ASKING, {"h_turn": asking}).rowcount != 1:
+        raise AskingTurnEndedError(
+            f"the turn {asking!r} that asks this agent as a tool has ended: nobody reads "
+            "the answer any more, so the agent is not asked (nothing was written)",
+            turn_id=asking,
+        )
 
 
 def claim_of(new: NewInput) -> ClaimRequest | None:
