@@ -253,6 +253,20 @@ async def test_two_workers_racing_for_one_run_exactly_one_wins(
     assert winners[0].epoch == 1
 
 
+async def test_of_creates_racing_for_one_session_exactly_one_is_new(store: SqlStore) -> None:
+    """`is_new` tells the create that made the session from those that found it made."""
+    made = await asyncio.gather(
+        *(store.create_session(SessionId("s1"), title=f"T{i}") for i in range(8))
+    )
+    assert sum(m.is_new for m in made) == 1
+    assert len({m.title for m in made}) == 1  # each returns the session as stored
+    again = await store.create_session(SessionId("s1"))
+    found = await store.get_session(SessionId("s1"))
+    assert found is not None
+    assert (again.is_new, found.is_new) == (False, False)
+    assert found == made[0]  # `is_new` is not part of what a session is
+
+
 async def test_a_session_runs_its_turns_in_order(store: SqlStore) -> None:
     first = await store.submit(new_input())
     second = await store.submit(new_input(content="next"))

@@ -119,13 +119,13 @@ def _add_listing_routes(
     ) -> SessionOut:
         body = body or SessionBody()  # both fields are optional: so is the body
         session_id = body.session_id or f"s_{uuid7()}"
-        existing = await runtime.store.get_session(SessionId(session_id))
-        if existing is not None:
-            owned(existing, session_id, principal)
-            response.status_code = 200  # creating it again changes nothing
         record = await runtime.create_session(session_id, principal=principal, title=body.title)
-        # Someone may have created it between the read and the write: it must be ours too.
-        return SessionOut.model_validate(owned(record, session_id, principal))
+        # It may have been there already (or created by a request racing this one): the
+        # session must be the caller's, and only the request that created it answers 201.
+        owned(record, session_id, principal)
+        if not record.is_new:
+            response.status_code = 200  # creating it again changes nothing
+        return SessionOut.model_validate(record)
 
 
 def _add_account_routes(
@@ -279,5 +279,6 @@ def _add_edit_routes(
     @router.delete("/sessions/{session_id}", status_code=204, summary="Delete a session")
     async def delete(session_id: SessionPath, principal: Caller) -> Response:
         await visible_session(runtime, session_id, principal)
-        await runtime.delete_session(session_id)
+        if not await runtime.delete_session(session_id):  # a request racing this one did
+            raise SessionNotFoundError(f"no session {session_id!r}", session_id=session_id)
         return Response(status_code=204)

@@ -244,6 +244,9 @@ class SessionRuntime(RuntimeControl, RuntimeCallbacks, RuntimeBudgets, RuntimeRe
     ) -> SessionRecord:
         """Create a session owned by `principal` (a no-op if it exists); returns it.
 
+        The record's `is_new` is True only when this call created it (of calls racing for
+        one id, exactly one).
+
         A bare id is a principal of the default organisation; None: nobody owns it. Ids
         beginning `tk-sub.` are kept for agents asked as tools (`InvalidInputError`).
         A `title` is checked as a rename's is: 1-500 characters, not only white space

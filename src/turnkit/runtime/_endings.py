@@ -1,7 +1,9 @@
 """The three endings an attempt can write: succeeded, failed (or timed out), cancelled.
 
 Each stages the attempt's own account (`run.finished`) and `done`, then commits them with
-the turn's terminal state, its summary and its transcript, releasing the lease.
+the turn's terminal state, its summary and its transcript, releasing the lease. A failed or
+cancelled ending first drops those of an ending whose commit did not land (a Stop that cut
+the success's commit short): they never commit under another status.
 """
 
 from __future__ import annotations
@@ -76,6 +78,7 @@ async def end_failed(
     A lease lost meanwhile leaves the ending to the attempt that holds it now: False.
     """
     status: TerminalStatus = "timed_out" if isinstance(exc, DeadlineExceededError) else "failed"
+    rec.unstage_ending()  # an ending whose commit failed: not this one
     _audit_cut_call(rec, outcome="error", error_code=exc.code)  # the idle window or ceiling
     _end_cut_jobs(rec)
     rec.durable(ErrorEvent, "runtime", code=exc.code, message=exc.message, details=_details(exc))
@@ -101,6 +104,7 @@ async def end_aborted(rec: Recorder, attempt: Attempt) -> bool:
     The text that call had streamed is kept as an interrupted block. False when a lease
     lost meanwhile leaves the ending to the attempt that holds it now.
     """
+    rec.unstage_ending()  # a success whose commit the Stop cut short: not that ending
     _audit_cut_call(rec, outcome="user-aborted", error_code="user-aborted")
     _end_cut_jobs(rec)
     summary = _summary(rec, attempt, "cancelled", None)

@@ -237,6 +237,9 @@ class SessionDirectory(Protocol):
     ) -> SessionRecord:
         """Create a session owned by `principal` of `organisation` (idempotent).
 
+        Returns the session as stored; its `is_new` says whether this call created it, so
+        of calls racing for one id exactly one gets `is_new=True`.
+
         `parent`: the session whose turn asked the delegated agent that answers here
         (`Agent.as_tool`); such a session is not listed and goes when its parent does.
         """

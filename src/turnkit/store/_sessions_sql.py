@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import datetime
 from functools import lru_cache
 from typing import Any, Final
@@ -81,8 +82,11 @@ def create(
     now: datetime,
     parent: SessionId | None = None,
 ) -> SessionRecord:
-    """Insert if missing; return the session. `owner`: its principal and organisation."""
-    conn.execute(
+    """Insert if missing; return the session (`is_new`: this call inserted it).
+
+    `owner`: its principal and organisation.
+    """
+    inserted = conn.execute(
         insert(sessions)
         .values(
             session_id=session_id,
@@ -98,7 +102,7 @@ def create(
     )
     found = get(conn, session_id)
     assert found is not None
-    return found
+    return replace(found, is_new=inserted.rowcount == 1)
 
 
 def list_(

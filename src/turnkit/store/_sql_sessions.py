@@ -43,7 +43,7 @@ class SqlSessions(SqlEngine):
         title: str | None = None,
         parent: SessionId | None = None,
     ) -> SessionRecord:
-        """Create a session if it does not exist; return it."""
+        """Create a session if it does not exist; return it (`is_new`: this call created it)."""
         owner = (principal, organisation if principal is not None else None)
         return await self._tx(
             sessions_sql.create, self._insert, session_id, owner, title, self._clock.now(), parent

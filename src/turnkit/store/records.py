@@ -106,6 +106,10 @@ class SessionRecord:
     parent_session: SessionId | None = None
     """The session whose turn asked the agent answering here (`Agent.as_tool`); such a
     session is left out of lists and deleted with the session that asked."""
+    is_new: bool = field(default=False, compare=False)
+    """True on the record `create_session` returns when that very call created the
+    session; False when it was there already (another caller's create may have won the
+    race) and on every record read back."""
 
     def visible_to(self, principal: str | None, organisation: str | None) -> bool:
         """Whether the caller `principal` of `organisation` may see the session.

@@ -18,7 +18,13 @@ from pydantic import JsonValue
 
 from turnkit.audit import AuditPayloads, AuditRow, CallIdentity, CallShape, UsageDelta
 from turnkit.clock import Clock
-from turnkit.events import DurableEvent, EphemeralEvent, MessageDeltaEvent
+from turnkit.events import (
+    DoneEvent,
+    DurableEvent,
+    EphemeralEvent,
+    MessageDeltaEvent,
+    RunFinishedEvent,
+)
 from turnkit.ids import SessionId, StageId, TurnId
 from turnkit.journal import Journal, dedupe_key
 from turnkit.models import Usage
@@ -166,6 +172,19 @@ class Recorder:
             self.journal.keys.add(key)
         self._events.append(event)
         return event
+
+    def unstage_ending(self) -> None:
+        """Drop the `run.finished` and `done` of an ending whose commit did not land.
+
+        A commit cut off (a Stop cancelling it on its way, a database refusing it) keeps
+        its events staged for the next one. The ending written instead stages its own
+        `run.finished` and `done`, which would otherwise be taken for these (each occurs
+        once per turn) and commit the first ending's status in the second's log.
+        """
+        while self._events and isinstance(last := self._events[-1], RunFinishedEvent | DoneEvent):
+            self._events.pop()
+            self._seq -= 1
+            self.journal.keys.discard(last.type)  # each occurs once: its type is its key
 
     async def ephemeral(self, cls: type[E], stage_id: StageId, **fields: Any) -> E:
         """Publish an ephemeral event, after committing whatever durable events came first.
