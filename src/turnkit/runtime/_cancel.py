@@ -1,8 +1,31 @@
+"""Stop: the one cancellation of a turn's task that ends the turn `cancelled`.
+
+Anything else that cancels the task (the event loop shutting down, `asyncio.run`
+returning or interrupted, an app cancelling its tasks as it exits) leaves the turn to
+recovery, as a crash would (see `TurnDriver.run`).
+"""
+
 from __future__ import annotations
 
 import asyncio
+import weakref
+from typing import Any
 
-__all__ = ("CancelToken",)
+__all__ = ("CancelToken", "stop_task", "stopped")
+
+_STOPPED: weakref.WeakSet[asyncio.Task[Any]] = weakref.WeakSet()
+"""Tasks driving a turn that a Stop cancelled (`stop_task`); forgotten with the task."""
+
+
+def stop_task(task: asyncio.Task[Any]) -> None:
+    """Cancel the task that drives a turn, as a Stop: its driver ends the turn `cancelled`."""
+    _STOPPED.add(task)
+    task.cancel()
+
+
+def stopped(task: asyncio.Task[Any]) -> bool:
+    """Whether `task` was cancelled as a Stop (`stop_task`), not by a shutdown."""
+    return task in _STOPPED
 
 
 class CancelToken:

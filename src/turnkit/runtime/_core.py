@@ -291,10 +291,10 @@ class RuntimeCore:
         running after its turn is cancelled (the session keeps its first name). Its
         methods then raise `RuntimeClosedError` until it is opened again.
 
-        Close it (in the app's lifespan) even when it opened on first use: a runtime never
-        closed goes down with its process, and the turns it drives end `cancelled` when
-        the event loop cancels their tasks, or wait for their leases to lapse when the
-        process dies first.
+        Close it (in the app's lifespan) even when it opened on first use. A runtime never
+        closed goes down with its process: when the event loop cancels the tasks of the
+        turns it drives (`asyncio.run` returning or interrupted), each is handed over as
+        here, not cancelled; when the process dies first, their leases lapse.
         """
         if self._recovery is not None:
             stop, task, _ = self._recovery
@@ -391,7 +391,7 @@ class RuntimeCore:
         A turn cancelled then is not stopped: another process takes it over.
         """
         driver = self._driving.get(TurnId(turn_id))
-        return driver is not None and driver.lease_lost
+        return driver is not None and (driver.lease_lost or driver.leaving)
 
     def forget_ended(self, turn_id: str) -> None:
         """Delete the checkpoints of a turn ended without its driver, with the next batch.

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from turnkit.ids import TurnId
+from turnkit.runtime._cancel import stop_task
 from turnkit.runtime._slots import Slot
 from turnkit.runtime.driver import TurnDriver
 from turnkit.store import Lease
@@ -65,7 +66,7 @@ class DetachedTurns:
         # while the driver stops its graph would leave the graph's step (and its model
         # call) running, with nobody to close it.
         if not entry.ran and not task.cancelling():
-            task.cancel()
+            stop_task(task)
         await asyncio.gather(task, return_exceptions=True)
         if entry.slot is not None:
             entry.slot.release()  # a task cancelled before its first step never ran its own

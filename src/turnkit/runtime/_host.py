@@ -23,7 +23,7 @@ from turnkit.errors import TurnNotFoundError
 from turnkit.events import DurableEvent, EphemeralEvent
 from turnkit.ids import SessionId, TurnId
 from turnkit.replay import ReplayBuffer
-from turnkit.runtime._cancel import CancelToken
+from turnkit.runtime._cancel import CancelToken, stop_task
 from turnkit.runtime._detached import Detached, DetachedTurns
 from turnkit.runtime._publish import BufferPublisher
 from turnkit.runtime._runner import TurnRunner
@@ -238,7 +238,11 @@ class TurnHost:
                 if watcher is not None:
                     watcher.cancel()
                 if not task.done():
-                    task.cancel()
+                    # The caller left its stream (closed it, or its task was cancelled): a
+                    # Stop. Unless the driver's task is cancelled already: by a Stop, or
+                    # by a shutdown that cancels every task (which leaves the turn).
+                    if not task.cancelling():
+                        stop_task(task)
                     with contextlib.suppress(asyncio.CancelledError):
                         await task
                     if driver.recorder is None and not driver.lease_lost:  # before it began
@@ -414,7 +418,7 @@ class TurnHost:
         if task is None:
             return False
         if not task.cancelling():  # once: a second Stop waits with the first (`stop`)
-            task.cancel()
+            stop_task(task)
         await asyncio.gather(task, return_exceptions=True)
         return True
 
@@ -506,4 +510,4 @@ class _Handoff:
 
 async def _cancel_when(token: CancelToken, task: asyncio.Task[None]) -> None:
     await token.wait()
-    task.cancel()
+    stop_task(task)

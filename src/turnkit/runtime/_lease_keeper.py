@@ -19,6 +19,7 @@ from turnkit.clock import Clock
 from turnkit.config import RuntimeConfig
 from turnkit.errors import DeadlineExceededError, StoreUnavailableError
 from turnkit.events import EphemeralEvent, HeartbeatEvent
+from turnkit.runtime._cancel import stop_task
 from turnkit.store import Lease, Store
 from turnkit.telemetry import Recorder
 
@@ -103,7 +104,7 @@ class LeaseKeeper:
         or ceiling that passed while it stalled).
         """
         if self.lease.cancel_requested:  # Stop came while no driver held it: do nothing
-            graph_task.cancel()
+            stop_task(graph_task)
             return
         ttl = self.config.lease_ttl_s
         interval = ttl / 3
@@ -137,7 +138,7 @@ class LeaseKeeper:
                 return
             renewed = last
             if self.lease.cancel_requested:
-                graph_task.cancel()  # Stop pressed elsewhere: end as cancelled
+                stop_task(graph_task)  # Stop pressed elsewhere: end as cancelled
                 return
 
     async def _renewed(self, left: float) -> Lease:

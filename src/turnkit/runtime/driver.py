@@ -5,6 +5,11 @@ Write before send holds throughout (the Recorder commits before it publishes). I
 renewal fails the driver stops writing and the turn's work is cancelled. An attempt that
 takes over a dead one resumes from the last LangGraph checkpoint and repeats nothing the
 log already holds (see `turnkit.journal`).
+
+Only a Stop (`stop_task`: `SessionRuntime.cancel`, a `CancelToken`, the caller closing the
+stream it reads, Stop pressed in another process) ends a turn `cancelled`. Any other
+cancellation of the driver's task is the process going away (the event loop shutting
+down): the turn is left to recovery, as after a crash, and its lease handed over.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import contextlib
 import functools
 import logging
 import time
+import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -47,6 +53,7 @@ from turnkit.ids import TurnId
 from turnkit.otel import TurnTrace, attempt
 from turnkit.runtime._aftermath import Aftermath
 from turnkit.runtime._attempt_log import open_recorder
+from turnkit.runtime._cancel import stopped
 from turnkit.runtime._endings import Attempt, end_aborted, end_failed, end_succeeded
 from turnkit.runtime._lease_keeper import LeaseKeeper, renewal_due
 from turnkit.runtime._transcript import ended_transcript
@@ -63,6 +70,9 @@ __all__ = ("DriveSetup", "StopAsked", "TurnDriver", "renewal_due")
 
 HOLD_MAX_S = 1.0
 """The longest a driver waits for its `hold_until` before it runs the turn anyway."""
+
+HAND_OVER_WITHIN_S = 2.0
+"""How long a driver left at shutdown waits to hand its lease over (else it lapses)."""
 
 log = logging.getLogger("turnkit.runtime")
 
@@ -114,7 +124,12 @@ class TurnDriver:
         self.config = config
         self._keeper = LeaseKeeper(store=store, clock=clock, config=config, lease=lease)
         self.abandoned = False
-        """Given up at shutdown (`abandon`), not lost to another driver."""
+        """Given up at shutdown (`abandon`, or its task cancelled by no Stop), not lost to
+        another driver."""
+        self._task: weakref.ref[asyncio.Task[Any]] | None = None
+        """The task running `run` (weakly: its CancelledError's traceback holds this)."""
+        self._left = False
+        """Its task was cancelled by no Stop: it hands its lease over as it ends."""
         self.record = record
         self.setup = setup
         self.sink = sink
@@ -172,14 +187,34 @@ class TurnDriver:
         self._keeper.lost = True
         self.abandoned = True
 
+    @property
+    def leaving(self) -> bool:
+        """Its task is being cancelled, and not by a Stop: the process is going away.
+
+        Not for a lost lease, nor for the run's deadline (the idle window, the ceiling),
+        which cancel the task too. The turn is then left to recovery (see `run`).
+        """
+        task = self._task() if self._task is not None else None
+        if task is None or not task.cancelling() or stopped(task) or self.lease_lost:
+            return False
+        deadline = self._keeper.deadline
+        return deadline is None or not deadline.expired()
+
     async def run(self, *, hold_until: asyncio.Event | None = None) -> None:
-        """Run the turn to a terminal state. Cancelling this task aborts the turn.
+        """Run the turn to a terminal state, or until a Stop or the lease is lost.
+
+        A Stop cancels this task (`stop_task`): the turn ends `cancelled`. Any other
+        cancellation (the event loop shutting down, an app cancelling its tasks as it
+        exits) writes nothing more: the turn stays `running`, its lease is handed over
+        (within `HAND_OVER_WITHIN_S`, else it lapses), and the next attempt (a worker, a
+        runtime recovering turns) takes it over from its last checkpoint; the
+        cancellation is raised on.
 
         `hold_until`: wait for it (at most `HOLD_MAX_S`, and a third of the lease's TTL)
         before the turn's first step, so a caller streaming the turn sends `turn.started`
-        first. The lease is renewed meanwhile, and cancelling still ends the turn
-        `cancelled`.
+        first. The lease is renewed meanwhile, and a Stop still ends the turn `cancelled`.
         """
+        self._task = weakref.ref(_current_task())
         trace: TurnTrace = attempt(self.record, self.lease, self.traceparent)
         self.trace_ids = trace.ids()
         turn_logging(self.lease.turn_id, self.lease.session_id)  # this task is the turn's
@@ -215,10 +250,13 @@ class TurnDriver:
                 await self._settle(rec)
             await self._end_carrying(keep=True)
         except asyncio.CancelledError:
+            if self.leaving:  # not a Stop: the process goes away, and recovery goes on
+                self.abandon()
+                self._left = True
             lost = self.lease_lost  # (an abort refused below is lost too, yet still raises)
             if not lost and self.recorder is not None:
                 await self._end_aborted(self.recorder)
-            if lost:
+            if lost and not self._left:
                 return  # someone else owns the turn now: write nothing, end quietly
             raise
         except (StaleEpochError, LeaseLostError):
@@ -233,12 +271,27 @@ class TurnDriver:
         finally:
             await self._join_commit_ahead()
             await self._end_carrying(keep=False)  # if the turn did not end as it should
+            if self._left:
+                await self._hand_over()
             trace.end(self.recorder, lease_lost=self.lease_lost)
             await self._release_budget()
             self.sink(None)
             self._prune_if_ended()
             await self._stop_what_it_asked()
         self._leave_aftermath()
+
+    async def _hand_over(self) -> None:
+        """Left at shutdown: hand the lease over, for another process to take the turn now.
+
+        As `SessionRuntime.close` and a worker's drain do (the attempt is not counted
+        toward `max_attempts`). A database that does not answer in time leaves the lease
+        to lapse, as after a crash; asyncio waits for this before the loop closes.
+        """
+        try:
+            async with asyncio.timeout(HAND_OVER_WITHIN_S):
+                await self.store.hand_over(self.lease)
+        except Exception as exc:  # noqa: BLE001 - the lease lapses on its own
+            log.debug("could not hand %s over at once: %r", self.lease.turn_id, exc)
 
     async def _stop_what_it_asked(self) -> None:
         """Tell the runtime the turn's ending is written, and which asked turns it stopped.
@@ -512,6 +565,12 @@ class TurnDriver:
         await self._join_commit_ahead()
         self._ending_written = await end_aborted(rec, self._attempt())
         self._keeper.lost |= not self._ending_written
+
+
+def _current_task() -> asyncio.Task[Any]:
+    task = asyncio.current_task()
+    assert task is not None
+    return task
 
 
 def _each_to(sink: Sink) -> Publish:

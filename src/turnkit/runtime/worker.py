@@ -14,6 +14,7 @@ import logging
 from turnkit.errors import StoreUnavailableError
 from turnkit.ids import TurnId
 from turnkit.runtime import SessionRuntime
+from turnkit.runtime._cancel import stop_task
 from turnkit.runtime._publish import BufferPublisher
 from turnkit.runtime._slots import Slot
 from turnkit.runtime._turn_log import TurnLog, hand_over_all
@@ -243,7 +244,7 @@ class Worker:
         for task, driver in list(self._drivers.items()):
             if driver.lease.turn_id == turn_id:
                 self._stopped.add(task)
-                task.cancel()
+                stop_task(task)
                 await asyncio.gather(task, return_exceptions=True)
                 return True
         return False

@@ -1,0 +1,147 @@
+"""A process that goes away mid-turn, unclosed, leaves its turns to recovery: not `cancelled`.
+
+Only a Stop ends a turn `cancelled`. When `asyncio.run` returns, or is interrupted (Ctrl-C,
+a `KeyboardInterrupt`), asyncio cancels the tasks left, the turns' drivers among them: the
+turn stays `running`, its lease is handed over, and the next runtime recovering turns
+finishes it, running no committed tool again and asking the model only what it had not
+answered. A caller that was reading the turn's stream when Ctrl-C came left its stream,
+which is a Stop, as closing it is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.support.shutdown_child import agent, config
+from tests.test_agent_tools import (
+    SLOW,
+    _crashing,
+    _finished,
+    _first_tool_of,
+    _until_the_specialists_tool_runs,
+)
+from turnkit import SessionRuntime
+from turnkit.events import TurnRecoveringEvent
+from turnkit.ids import TurnId
+from turnkit.runtime import delegated_session_id
+from turnkit.states import TERMINAL_STATES
+from turnkit.testing import ModelStep, call
+
+ROOT = Path(__file__).parent.parent
+DB = tuple[str, str | None]
+
+
+def _child(db: DB, how: str, log: Path) -> TurnId:
+    """Run `tests.support.shutdown_child` to its end; the id of the turn it started."""
+    url, schema = db
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)]),
+        "TK_SHUTDOWN_LOG": str(log),
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", "from tests.support.shutdown_child import main; main()"]
+        + [url, schema or "", how],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=90,
+        check=False,
+    )
+    assert done.returncode == (0 if how in ("return", "stream-return") else 130), done.stderr
+    return TurnId(done.stdout.split()[0])
+
+
+async def _ended(runtime: SessionRuntime, turn_id: TurnId, within_s: float) -> str:
+    deadline = time.monotonic() + within_s
+    while (status := (await runtime.turn(turn_id)).status) not in TERMINAL_STATES:
+        assert time.monotonic() < deadline, f"{turn_id} still {status}"
+        await asyncio.sleep(0.05)
+    return status
+
+
+@pytest.mark.parametrize("how", ["return", "raise", "sigint", "stream-return"])
+async def test_a_turn_left_as_its_process_goes_away_is_recovered_not_cancelled(
+    db: DB, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    log = tmp_path / "calls.txt"
+    log.touch()
+    monkeypatch.setenv("TK_SHUTDOWN_LOG", str(log))
+    turn_id = _child(db, how, log)
+    url, schema = db
+    async with SessionRuntime(agent=agent(wait_s=0), config=config(url, schema)) as probe:
+        left = await probe.turn(turn_id)
+    # Not ended, and handed over: the next runtime takes it at once, not once it lapses.
+    assert (left.status, left.lease_owner) == ("running", "(handed over)")
+    settings = config(url, schema, recover_in_process=True)
+    async with SessionRuntime(agent=agent(wait_s=0, first=False), config=settings) as after:
+        assert await _ended(after, turn_id, 20) == "succeeded"
+        events = [e async for e in after.events(turn_id)]
+    [recovering] = [e for e in events if isinstance(e, TurnRecoveringEvent)]
+    assert (recovering.cause, recovering.resumed_from) == ("handed-over", "checkpoint")
+    calls = [line.rsplit(" ", 1)[0] for line in log.read_text().splitlines()]
+    # The tool's result was committed: it did not run again. The model was asked again
+    # only the call it had not answered (the recovering process's first).
+    assert calls == ["model call 1", "tool A1", "model call 2", "model call 1"]
+
+
+async def test_ctrl_c_while_reading_the_turns_stream_stops_the_turn(db: DB, tmp_path: Path) -> None:
+    log = tmp_path / "calls.txt"
+    log.touch()
+    turn_id = _child(db, "stream-sigint", log)
+    url, schema = db
+    async with SessionRuntime(agent=agent(wait_s=0), config=config(url, schema)) as after:
+        record = await after.turn(turn_id)
+    assert (record.status, record.error_code) == ("cancelled", None)
+
+
+async def _loop_shuts_down() -> None:
+    """What asyncio does as `asyncio.run` ends: cancel every task left, then wait for them."""
+    me = asyncio.current_task()
+    left = [task for task in asyncio.all_tasks() if task is not me]
+    for task in left:
+        task.cancel()
+    await asyncio.gather(*left, return_exceptions=True)
+
+
+async def test_an_asking_turn_cut_by_a_shutdown_leaves_the_asked_turn_to_recovery(
+    db: DB,
+) -> None:
+    url, schema = db
+    SLOW.clear()
+    SLOW["block"] = True
+    first = _crashing(
+        url,
+        schema,
+        [ModelStep.tool_call_reply(call("slow_lookup", order_id="8"))],
+        [ModelStep.tool_call_reply(call("orders", message="Is order 8 packed?"))],
+    )
+    await first.open()
+    submission = await first.start("s1", "is 8 packed?")
+    started = await _first_tool_of(first, submission.turn_id)
+    assert started.idempotency_key is not None
+    child = delegated_session_id(started.idempotency_key, "orders")
+    await _until_the_specialists_tool_runs()
+    await _loop_shuts_down()  # the runtime was never closed
+    [asked] = await first.store.list_turns(child)
+    asking = await first.turn(submission.turn_id)
+    assert (asking.status, asked.status) == ("running", "running")  # not stopped
+    await first.close()  # (only what it opened: no turn is left to it)
+    SLOW["block"] = False
+    second = _crashing(
+        url,
+        schema,
+        [ModelStep.text_reply("Order 8 is packed.")],
+        [ModelStep.text_reply("Packed.")],
+        idle_window_s=20.0,
+    )
+    async with second:
+        await _finished(second, submission.turn_id, child)
