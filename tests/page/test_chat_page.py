@@ -663,6 +663,8 @@ def test_new_chat_before_the_list_arrives_stays_as_it_is(page: Page, tmp_path: P
         opened = page.evaluate("location.hash")
         send(page, "hi")
         expect(answers).to_have_text("Hello.")
+        # Ended: the history read that follows a turn's end has gone out (before this draw).
+        expect(page.locator("article.turn")).to_have_attribute("data-status", "succeeded")
         page.evaluate(
             """() => {
               window.removedTurns = 0;
@@ -761,6 +763,42 @@ def test_an_answer_call_that_named_a_tool_shows_only_the_answer(page: Page, tmp_
         expect(turn.locator(".block.text.answer .text")).to_have_text(ANSWER)
         assert turn.locator(".blocks > .block").evaluate_all(kinds) == ["user", "tool", "text"]
     model.assert_complete()
+
+
+def test_narration_of_only_white_space_draws_no_bubble(page: Page, tmp_path: Path) -> None:
+    """A model wrote only a line break beside its tool call: no blank narration bubble, while
+    the turn runs (checked on every change of the page) or after a reload."""
+    model = ScriptedModel([
+        ModelStep.tool_call_reply(call("calculator", expression="6*7"), text="  \n \t\n"),
+        ModelStep.text_reply(ANSWER),
+    ])  # fmt: skip
+    agent = Agent(model=model, tools=[calculator], skip_stages=frozenset({"anchor-plan"}))
+    with serve_page(tmp_path, agent) as app:
+        page.goto(app.url)
+        page.evaluate(BLANK_WATCH)
+        send(page, "What is 6 times 7?")
+        turn = page.locator("article.turn")
+        expect(turn).to_have_attribute("data-status", "succeeded")
+        expect(turn.locator(".block.text.answer .text")).to_have_text(ANSWER)
+        kinds = "nodes => nodes.filter(n => !n.hidden).map(n => n.dataset.kind)"
+        assert turn.locator(".blocks > .block").evaluate_all(kinds) == ["user", "tool", "text"]
+        assert page.evaluate("window.blankSeen") is False
+        page.reload()
+        turn = page.locator("article.turn")
+        expect(turn.locator(".block.text.answer .text")).to_have_text(ANSWER)
+        assert turn.locator(".blocks > .block").evaluate_all(kinds) == ["user", "tool", "text"]
+    model.assert_complete()
+
+
+BLANK_WATCH = """() => {
+  window.blankSeen = false;
+  const blank = () => [...document.querySelectorAll(".block.text")].some(
+    (b) => b.checkVisibility() && !b.querySelector(".text").textContent.trim());
+  new MutationObserver(() => { if (blank()) window.blankSeen = true; })
+    .observe(document.body, { subtree: true, childList: true, characterData: true,
+                              attributes: true });
+}"""
+"""Notes in `window.blankSeen` whether a text bubble with no visible text was ever shown."""
 
 
 # ── a budget pause: the page says so, and goes on when the limit is raised ──────────────

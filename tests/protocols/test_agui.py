@@ -279,6 +279,26 @@ async def test_parallel_calls_with_no_text_go_in_one_assistant_message(app_for: 
     assert second["parentMessageId"] == first["toolCallId"]
 
 
+async def test_narration_of_only_white_space_is_no_message(app_for: Any) -> None:
+    # A model that writes a line break beside its call: no blank assistant message, and its
+    # call's parent is the message the client makes for it, not one that was never sent.
+    model = ScriptedModel([
+        ModelStep.tool_call_reply(call("add", a=1, b=2), text="  \n \t\n"),
+        ModelStep.text_reply("It is 3."),
+    ])  # fmt: skip
+    async with app_for(Agent(model=model, tools=[add])) as http:
+        frames = parse((await _post(http, run_input("t1", "r1", "Add"))).text)
+    check_run(frames)
+    started = [f.event for f in frames if f.event["type"] == "TEXT_MESSAGE_START"]
+    texts = {e["messageId"]: "" for e in started}
+    for f in frames:
+        if f.event["type"] == "TEXT_MESSAGE_CONTENT":
+            texts[f.event["messageId"]] += f.event["delta"]
+    assert list(texts.values()) == ["It is 3."]
+    [call_start] = [f.event for f in frames if f.event["type"] == "TOOL_CALL_START"]
+    assert "parentMessageId" not in call_start
+
+
 async def test_a_call_id_an_earlier_turn_used_goes_out_renamed(app_for: Any) -> None:
     # A server that numbers calls per response says `call_1` in every turn; the thread's
     # client holds the first turn's `call_1` (and its result) when the second turn's comes.

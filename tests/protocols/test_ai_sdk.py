@@ -345,6 +345,23 @@ async def test_a_tool_using_turn_maps_to_ui_message_chunks(
     assert _resumable(turns, later) is None
 
 
+async def test_narration_of_only_white_space_is_no_text_part(tmp_path: Path) -> None:
+    script = ScriptedModel([
+        ModelStep.tool_call_reply(call("add", a=1, b=2), text="  \n \t\n"),
+        ModelStep.text_reply("It is 3."),
+    ])  # fmt: skip
+    app = build_app(tmp_path, script)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+            body = {"id": "chat1", "messages": [user("Add")], "trigger": "submit-message"}
+            response = await http.post(API, json=body)
+    assert response.status_code == 200, response.text
+    parts = fold(chunks_of(response.text))
+    assert [p["text"] for p in parts if p["type"] == "text"] == ["It is 3."]
+    assert [p["type"] for p in parts if p["type"] != "step-start"] == ["tool-add", "text"]
+
+
 async def test_a_fast_turn_streams_in_far_fewer_writes_than_chunks(tmp_path: Path) -> None:
     """The chunks of events ready together go out in one write, all of them, in order."""
     text = "abcdefghij" * 30

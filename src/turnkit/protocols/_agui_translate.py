@@ -138,6 +138,8 @@ class _Block:
     opened: bool = False
     held: bool = False
     """Its deltas are not forwarded: the rest goes out with its `message.complete`."""
+    blank: str = ""
+    """White space the block started with, sent only once text follows it."""
 
 
 class Translator:
@@ -190,8 +192,10 @@ class Translator:
 
     def _remember(self, event: StreamEvent) -> None:
         match event:
-            case MessageCompleteEvent(generation_id=str() as generation):
-                self.parents[generation] = event.block.block_id
+            case MessageCompleteEvent(generation_id=str() as generation, block=block) if (
+                block.text.strip() or block.is_answer
+            ):  # a message was sent (white space alone is none): the call's parent
+                self.parents[generation] = block.block_id
             case ToolStartedEvent() if event.block.tool_name == CLARIFY_TOOL:
                 self.ask_user = event.block.tool_call_id
             case ErrorEvent():
@@ -347,10 +351,17 @@ class Translator:
             # A delta with no snapshot before it may follow deltas this stream never saw.
             unsure = block_id in self.client.texts or self.trusted_after is not None
             block.held = isinstance(event, MessageDeltaEvent) and unsure
-        whole = event.text if isinstance(event, MessageSnapshotEvent) else block.sent + event.text
+        if isinstance(event, MessageSnapshotEvent):
+            whole = event.text
+        else:
+            whole = block.sent + block.blank + event.text
         if block.held or not whole.startswith(block.sent):
             block.held = True  # the rest goes out with `message.complete`
             return []
+        if not (block.opened or whole.strip()):
+            block.blank = whole[len(block.sent) :]  # no message of white space alone
+            return []
+        block.blank = ""
         out = []
         if not block.opened:
             block.opened = True
@@ -363,8 +374,10 @@ class Translator:
     def _complete(self, event: MessageCompleteEvent) -> list[AgUi]:
         text, block_id = event.block.text, event.block.block_id
         block = self.blocks.pop(block_id, None) or _Block(sent=self.client.texts.get(block_id, ""))
-        if not (text or block.opened or event.block.is_answer):
-            return []  # narration with no text (a call that only named tools): nothing to show
+        if not (text.strip() or block.opened or event.block.is_answer):
+            # Narration with no text (a call that only named tools), or only white space
+            # beside its calls: nothing to show.
+            return []
         out = []
         if not block.opened:
             out.append(_ev("TEXT_MESSAGE_START", event.ts, messageId=block_id, role="assistant"))

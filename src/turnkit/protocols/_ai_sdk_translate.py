@@ -105,6 +105,8 @@ class UIMessageStreamTranslator:
         self.error_code: str | None = None
         self._step: Literal["closed", "open", "closing"] = "closed"
         self._texts: dict[str, str] = {}
+        self._blank: dict[str, str] = {}
+        """Text blocks with white space only so far: no part yet (none if nothing follows)."""
         self._stages: dict[str, str] = {}
         self._reasoning: dict[str, str] = {}
         self._ended: set[str] = set()
@@ -194,6 +196,7 @@ class UIMessageStreamTranslator:
                 return [*self._abandon(event.stage_id), self._data(event)]
             case TurnRecoveringEvent():  # the new attempt writes its open blocks again
                 self._again = {("text", b): "" for b in self._texts}
+                self._blank.clear()  # not sent: written again from their start
                 self._again.update({("reasoning", b): "" for b in self._reasoning})
                 return [self._data(event)]
             case ErrorEvent():
@@ -271,6 +274,8 @@ class UIMessageStreamTranslator:
     def _abandon(self, stage_id: str) -> list[Chunk]:
         """End the text blocks of a call that failed over: the next rung writes new ones."""
         out: list[Chunk] = []
+        for block_id in [b for b in self._blank if self._stages.get(b) == stage_id]:
+            del self._blank[block_id]
         for block_id in [b for b in self._texts if self._stages.get(b) == stage_id]:
             del self._texts[block_id]
             self._again.pop(("text", block_id), None)
@@ -322,6 +327,10 @@ class UIMessageStreamTranslator:
             return []
         out: list[Chunk] = []
         if block_id not in self._texts:
+            text = self._blank.pop(block_id, "") + text
+            if not text.strip():  # no part of white space alone
+                self._blank[block_id] = text
+                return []
             out += self._open_step(block_id)
             out.append({"type": "text-start", "id": block_id})
             self._texts[block_id] = ""
@@ -330,6 +339,7 @@ class UIMessageStreamTranslator:
         return out
 
     def _text_snapshot(self, block_id: str, text: str) -> list[Chunk]:
+        self._blank.pop(block_id, None)  # the snapshot has it
         so_far = self._texts.get(block_id, "")
         if not text.startswith(so_far):
             return []  # a part cannot be rewritten: keep what the client has
@@ -339,10 +349,12 @@ class UIMessageStreamTranslator:
         self._again.pop(("text", block_id), None)
         if block_id in self._ended:
             return []
+        self._blank.pop(block_id, None)  # the whole text has it
         so_far = self._texts.get(block_id, "")
         out = self._text(block_id, text[len(so_far) :] if text.startswith(so_far) else "")
         if block_id not in self._texts:
-            self._ended.add(block_id)  # empty: nothing to show
+            self._blank.pop(block_id, None)
+            self._ended.add(block_id)  # empty, or white space alone: nothing to show
             return out
         del self._texts[block_id]
         self._ended.add(block_id)

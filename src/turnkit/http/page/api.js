@@ -3,13 +3,30 @@
 
 export const API = new URL("api/harness", document.baseURI).pathname;
 
-/** An error answered as a problem body: `status`, `code` and the server's `detail`. */
+/**
+ * An error answer: `status`, and from a problem body its `code` and the server's `detail`.
+ * An answer with no problem body (a proxy's HTML error page) is put in plain words.
+ */
 export class ProblemError extends Error {
   constructor(status, problem) {
-    super(problem?.detail || problem?.title || `HTTP ${status}`);
+    super(problem?.detail || problem?.title || unexplained(status));
     this.status = status;
     this.code = problem?.code ?? null;
   }
+}
+
+/** Whether a failed answer may go again as it is: the way in had no answer from the server. */
+const GATEWAY = new Set([502, 503, 504]);
+
+function unexplained(status) {
+  if (GATEWAY.has(status)) return `The server did not answer (HTTP ${status}); try again in a moment.`;
+  return `The request failed (HTTP ${status}) with no reason given.`;
+}
+
+/** The error a failed answer stands for; its body is read only when it is JSON. */
+async function failure(res) {
+  const json = /[/+]json\b/i.test(res.headers.get("Content-Type") ?? "");
+  return new ProblemError(res.status, json ? await res.json().catch(() => null) : null);
 }
 
 async function call(method, path, body) {
@@ -19,7 +36,7 @@ async function call(method, path, body) {
     init.body = JSON.stringify(body);
   }
   const res = await fetch(`${API}${path}`, init);
-  if (!res.ok) throw new ProblemError(res.status, await res.json().catch(() => null));
+  if (!res.ok) throw await failure(res);
   return res.status === 204 ? null : res.json();
 }
 
@@ -42,9 +59,9 @@ export const clarify = (turnId, requestId, answer) =>
 /**
  * Send a message: the execute POST. Only its `X-Turn-Id` header is read; the body is
  * dropped at once (closing it never stops the turn) and the page follows the turn with an
- * EventSource from its first event. A connection that fails before the answer is retried
- * with the same `requestId`, which names the first turn again instead of starting a
- * second one.
+ * EventSource from its first event. A connection that fails before the answer, or a 502,
+ * 503 or 504 (a proxy that got no answer), is retried with the same `requestId`, which
+ * names the first turn again instead of starting a second one.
  */
 export function execute(sessionId, body) {
   return startTurn(`/sessions/${seg(sessionId)}/execute`, {
@@ -70,14 +87,14 @@ async function startTurn(path, { headers, body }) {
         cache: "no-store",
         signal: controller.signal,
       });
-      if (!res.ok) throw new ProblemError(res.status, await res.json().catch(() => null));
+      if (!res.ok) throw await failure(res);
       const turnId = res.headers.get("X-Turn-Id");
       controller.abort();
       return turnId;
     } catch (err) {
-      if (err instanceof ProblemError) throw err;
+      if (err instanceof ProblemError && !GATEWAY.has(err.status)) throw err;
       lastError = err;
-      await new Promise((resolve) => setTimeout(resolve, 300 * (attempt + 1)));
+      if (attempt < 2) await new Promise((resolve) => setTimeout(resolve, 300 * (attempt + 1)));
     }
   }
   throw lastError;

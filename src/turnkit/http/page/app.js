@@ -244,10 +244,22 @@ async function refreshSessions() {
 
 // ── actions ───────────────────────────────────────────────────────────────────────
 
+// The message whose sending failed last: { sessionId, text, requestId }. Its answer may
+// have been lost on the way back (a proxy's 502) after the server took it, so the same
+// message sent again to the same chat keeps its request id: the server then answers with
+// the turn it started, if it did, instead of running the message a second time.
+let unsent = null;
+
+function requestIdFor(sessionId, text) {
+  const again = unsent?.sessionId === sessionId && unsent.text === text;
+  return again ? unsent.requestId : api.requestId();
+}
+
 async function send(text) {
   ui.busy.add("send");
   schedule();
   let created = null;
+  let attempt = null;
   try {
     if (!ui.sessionId) {
       created = await api.createSession();
@@ -259,8 +271,10 @@ async function send(text) {
     // A message sent while a turn runs joins it (a guide message); otherwise it queues.
     const live = liveTurn(ui.state);
     const delivery = live && live.status === "running" ? "guide" : "queue";
-    const body = { content: text, requestId: api.requestId(), delivery };
+    const body = { content: text, requestId: requestIdFor(sessionId, text), delivery };
+    attempt = { sessionId, text, requestId: body.requestId };
     const turnId = await api.execute(sessionId, body);
+    unsent = attempt = null; // taken
     if (turnId) tellTabs({ kind: "turn", sessionId, turnId });
     if (opening) tellTabs({ kind: "sessions" }); // named after its first message
     if (ui.sessionId !== sessionId || !turnId) return true;
@@ -286,6 +300,7 @@ async function send(text) {
     refreshSessions(); // the session is named after its first message
     return true;
   } catch (err) {
+    if (attempt) unsent = attempt;
     // A first message the server refused leaves no empty chat behind.
     if (created && err instanceof api.ProblemError && err.status < 500) await forget(created.sessionId);
     say(reason(err));

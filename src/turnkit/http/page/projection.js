@@ -523,8 +523,11 @@ function completeText(turn, e) {
     complete: true,
   };
   const at = turn.blocks.findIndex((x) => x.key === key);
-  // Narration with no text (a call that only named tools it could not use): nothing to show.
-  if (at < 0 && !b.text && !done.isAnswer) return turn;
+  // Narration with no text (a call that only named tools it could not use), or only white
+  // space (a line break beside its tool calls): nothing to show, and its draft goes.
+  if (!b.text.trim() && !done.isAnswer) {
+    return at < 0 ? turn : { ...turn, blocks: turn.blocks.filter((_, i) => i !== at) };
+  }
   const next =
     at < 0
       ? addBlock(turn, { ...newText(b.block_id), ...done })

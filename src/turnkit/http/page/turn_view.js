@@ -97,6 +97,7 @@ function drawBlock(node, block, turn, index) {
       setText(text, block.attachments ? `${block.text} (+${block.attachments} picture(s))` : block.text);
       break;
     case "text":
+      node.hidden = !block.text.trim(); // white space so far: no empty bubble
       drawMarkdown(text, block.text); // only what changed: its blocks still open
       node.classList.toggle("answer", block.isAnswer);
       node.classList.toggle("narration", !block.isAnswer);
