@@ -121,6 +121,7 @@ def test_public_api_is_pinned() -> None:
         "CallbackTokenError",
         "CancelToken",
         "ConfigurationError",
+        "ContentFilteredError",
         "ContentTooLargeError",
         "DeadlineExceededError",
         "Deny",

@@ -22,7 +22,8 @@ TurnkitError
  │   ├─ FamilyExhaustedError          every rung of the model family failed
  │   ├─ OutputLimitExceededError      the answer hit the provider's output limit
  │   ├─ OutputInvalidError            the answer never matched the agent's `output_type`
- │   ├─ AnswerMissingError            the answer call named tools (none usable), no text
+ │   ├─ AnswerMissingError            the answer was empty (or only named tools), twice
+ │   ├─ ContentFilteredError          the provider's content filter left no answer
  │   ├─ ToolCallError                 truncated/malformed tool call naming no tool
  │   ├─ DeadlineExceededError         idle window or ceiling → `timed_out`
  │   ├─ UserAbortedError              the caller closed the stream or cancelled
@@ -53,6 +54,7 @@ __all__ = (
     "ModelNotAllowedError",
     "TurnNotRunningError",
     "ConfigurationError",
+    "ContentFilteredError",
     "ContentTooLargeError",
     "DeadlineExceededError",
     "DuplicateToolError",
@@ -121,6 +123,7 @@ ErrorCode = Literal[
     "agent_output_limit_exceeded",
     "output-invalid",
     "answer-missing",
+    "content-filtered",
     "tool-call-malformed",
     "tool-arguments-invalid",
     "tool-not-found",
@@ -469,9 +472,15 @@ class OutputInvalidError(TurnError):
 
 
 class AnswerMissingError(TurnError):
-    """The answer call named tools where none can be used, and wrote no text when asked again."""
+    """The model's answer had no text (empty, or only tools it could not call), twice."""
 
     code: ClassVar[ErrorCode] = "answer-missing"
+
+
+class ContentFilteredError(TurnError):
+    """The provider's content filter stopped the answer before it wrote any text."""
+
+    code: ClassVar[ErrorCode] = "content-filtered"
 
 
 class ToolCallError(TurnError):

@@ -131,6 +131,8 @@ class OutputCheck:
 
     def problems(self, text: str, context: AnswerContext | None = None) -> tuple[str, ...]:
         """What is wrong with `text` as this type's JSON (empty when it is right)."""
+        if not text.strip():  # said plainly, not as a JSON parser's end-of-input error
+            return ("the answer was empty",)
         try:
             self.adapter.validate_json(text, context=context)
         except ValidationError as exc:

@@ -45,9 +45,10 @@ __all__ = (
 ALLOW_NETWORK = True
 """Tests set this to False so that no model client can reach a real provider by accident."""
 
-StopReason = Literal["end_turn", "tool_use", "max_tokens", "error"]
+StopReason = Literal["end_turn", "tool_use", "max_tokens", "content_filter", "error"]
 STOP_REASONS: Final[tuple[StopReason, ...]] = get_args(StopReason)
-"""Why a call ended: its answer is complete, it calls tools, it hit the output limit, or
+"""Why a call ended: its answer is complete, it calls tools, it hit the output limit, the
+provider's content filter stopped it (a refusal: what it wrote may be cut, or nothing), or
 the provider ended it with an error."""
 Role = Literal["system", "user", "assistant", "tool"]
 Content = str | tuple[ContentPart, ...]
@@ -200,7 +201,7 @@ class Finish:
             raise ValueError(
                 f"Finish.stop_reason is one of {', '.join(STOP_REASONS)}, not "
                 f"{self.stop_reason!r} (OpenAI's 'stop' is 'end_turn', 'length' is "
-                "'max_tokens', 'tool_calls' is 'tool_use')"
+                "'max_tokens', 'tool_calls' is 'tool_use', 'content_filter' stays)"
             )
 
 

@@ -75,9 +75,16 @@ def estimated_usage(
 
 
 def stop_reason(finish_reason: str | None, saw_tool_call: bool) -> StopReason:
-    """Map an OpenAI finish reason; a call that streamed tool calls ends in `tool_use`."""
+    """Map an OpenAI finish reason; a call that streamed tool calls ends in `tool_use`.
+
+    `content_filter` (the provider's filter stopped the output: OpenAI and Azure's own;
+    litellm's for Anthropic's `refusal`, Gemini's `SAFETY` and `RECITATION`, Bedrock's
+    guardrails) stays `content_filter`, tool calls or not.
+    """
     if finish_reason == "length":
         return "max_tokens"
+    if finish_reason == "content_filter":
+        return "content_filter"
     if finish_reason in ("tool_calls", "function_call") or saw_tool_call:
         return "tool_use"
     return "end_turn"

@@ -9,8 +9,12 @@ back into it), so a turn has one answer and one `synthesisQuality` row, and the 
 string is the rendered string.
 
 A provider may name tools there anyway: they are never run. Text written beside them is the
-answer; a free-text answer call that wrote none is asked once more, told that no tool can be
-called now, and the turn fails (`answer-missing`) if that call writes no text either.
+answer. A free-text answer with no text (the loop's last reply or this stage's call; empty,
+blank, or only tools no call can use) is never the answer: it is kept as narration and the
+model is asked once more, told that no tool can be called now, and the turn fails
+(`answer-missing`) if that call writes no text either. An answer the provider's content
+filter stopped before any text fails the turn (`content-filtered`); one it cut after some
+text is the answer, its `synthesisQuality.stop_reason` saying `content_filter`.
 """
 
 from __future__ import annotations
@@ -55,6 +59,7 @@ from turnkit.stages._types import (
     StageOutcome,
     TranscriptMessage,
 )
+from turnkit.stages.tool_loop import content_filtered
 
 __all__ = ("run_synthesize", "synthesis_request")
 
@@ -63,7 +68,7 @@ log = logging.getLogger("turnkit.runtime")
 _NO_TOOLS = "no tool can be used now: answer with the JSON object alone"
 """Told a model that called tools where none were usable, when its answer failed."""
 _ANSWER_NOW = "No tool can be called now: answer from what you have, in text."
-"""Asks a free-text agent again whose answer call named tools and wrote no text."""
+"""Asks a free-text agent again whose answer had no text (empty, or only named tools)."""
 
 
 def synthesis_request(
@@ -109,8 +114,11 @@ async def run_synthesize(
     if answer is not None:  # the transcript already ends with it
         logged = rec.journal.generation(answer["generation_id"])
         written = _Written(answer=answer, source="tool-loop", logged=logged)
-        verdict = None if check is None else Checked(failed_answers(ctx, logged), ())
-        await _commit(ctx, written, is_answer=True, first=True, checked=verdict)
+        if check is None:
+            written, transcript, previous = await _in_text(ctx, written, transcript, previous)
+        else:  # checked in the loop, an empty answer included
+            verdict = Checked(failed_answers(ctx, logged), ())
+            await _commit(ctx, written, is_answer=True, first=True, checked=verdict)
     else:
         written, transcript, previous = await _write(
             ctx, transcript, previous, attempt=0, closing=synthesis_request(ctx, transcript)
@@ -169,19 +177,22 @@ async def _in_text(
     transcript: list[TranscriptMessage],
     previous: PreviousRequest | None,
 ) -> tuple[_Written, list[TranscriptMessage], PreviousRequest | None]:
-    """A free-text answer, asked for once more when its call only named tools.
+    """A free-text answer, asked for once more when it has no text.
 
-    That call (tools it could not use, no text) is committed as narration, and the model
-    is told no tool can be called now; an answer asked again that writes no text fails
-    the turn. `transcript` ends with `written`'s answer.
+    An answer with no text (an empty reply, or one that only named tools it could not use)
+    is committed as narration, and the model is asked again in a user message after the
+    request that reply answered (the empty reply itself is not sent back: some providers
+    refuse an empty assistant message), told that no tool can be called now; an answer
+    asked again that writes no text fails the turn. `transcript` ends with `written`'s
+    answer.
     """
-    if not _only_named_tools(written):
+    if _has_text(written):
         await _commit(ctx, written, is_answer=True, first=True)
         return written, transcript, previous
     await _commit(ctx, written, is_answer=False, first=True)
     closing: TranscriptMessage = {"role": "user", "content": _ANSWER_NOW}
     written, transcript, previous = await _write(
-        ctx, transcript, previous, attempt=1, closing=(closing,)
+        ctx, transcript[:-1], previous, attempt=1, closing=(closing,)
     )
     if not written.answer["text"].strip():  # never in the log: a blank answer is not committed
         if written.call is not None:
@@ -190,23 +201,24 @@ async def _in_text(
             ctx.recorder.audit("synthesize", call=call, payloads=written.payloads)
         ctx.recorder.notes.transcript = transcript[:-1]  # the request, not an empty answer
         raise AnswerMissingError(
-            "the model wrote no answer: it named tools where no tool can be called, and "
-            "wrote no text when asked once more; use a model or server that honours "
-            'tool_choice "none"'
+            "the model wrote no answer: its reply was empty (or only named tools where no "
+            "tool can be called), and it wrote no text when asked once more; retry the turn, "
+            'or use a model or server that answers in text and honours tool_choice "none"'
         )
     await _commit(ctx, written, is_answer=True, first=False)
     return written, transcript, previous
 
 
-def _only_named_tools(written: _Written) -> bool:
-    """Whether a free-text agent's answer call named tools and wrote no text.
+def _has_text(written: _Written) -> bool:
+    """Whether a free-text answer has text: blank counts as none.
 
-    Blank text counts as none (servers often write a line break before a call). For a call
-    in the log: its text was committed as narration, never as the answer.
+    Servers often write a line break before a call, and a model may end its turn with
+    nothing at all. For an answer in the log: it was committed as the answer, not as
+    narration.
     """
     if written.logged is not None:
-        return not written.logged.is_answer
-    return written.called_tools and not written.answer["text"].strip()
+        return written.logged.is_answer
+    return bool(written.answer["text"].strip())
 
 
 async def _write(
@@ -300,6 +312,9 @@ async def _call(
         shape = shape.model_copy(
             update={"outcome": "error", "error_code": "agent_output_limit_exceeded"}
         )
+    filtered = response.stop_reason == "content_filter" and not response.text.strip()
+    if filtered:
+        shape = shape.model_copy(update={"outcome": "error", "error_code": "content-filtered"})
     pending: PendingAnswer = {
         "text": response.text,
         "block_id": result.block_id,
@@ -323,6 +338,9 @@ async def _call(
             "shorter answer or use a model with a larger output capacity",
             answer_chars=len(response.text),
         )
+    if filtered:  # asked again, the same model would refuse again
+        ctx.recorder.audit("synthesize", call=shape, payloads=payloads)
+        raise content_filtered()
     written = _Written(
         answer=pending,
         source="synthesize",
@@ -404,7 +422,15 @@ async def _commit(
             "output_check": None if checked is None else checked.payload(answer["generation_id"]),
         }
     )
-    rec.audit("synthesize", call=written.call, payloads=payloads)
+    if written.call is not None or payloads.kinds():  # the loop's call has its own row
+        rec.audit("synthesize", call=written.call, payloads=payloads)
+    if is_answer and answer["stop_reason"] == "content_filter":
+        log.warning(
+            "turn %s: the provider's content filter cut the answer after %d characters; "
+            "kept as the answer (its synthesisQuality row says content_filter)",
+            rec.turn_id,
+            len(answer["text"]),
+        )
     rec.durable(
         MessageCompleteEvent,
         "synthesize",

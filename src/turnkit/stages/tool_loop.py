@@ -16,7 +16,12 @@ from pydantic import JsonValue
 from turnkit.audit import AuditPayloads, ToolCallRef, ToolSelectionPayload
 from turnkit.blocks import TextBlock
 from turnkit.context.prefix import PreviousRequest
-from turnkit.errors import OutputLimitExceededError, ToolCallError, TurnError
+from turnkit.errors import (
+    ContentFilteredError,
+    OutputLimitExceededError,
+    ToolCallError,
+    TurnError,
+)
 from turnkit.events import MessageCompleteEvent
 from turnkit.ids import ToolCallId, derive_id
 from turnkit.journal import CommittedGeneration
@@ -45,7 +50,7 @@ from turnkit.stages._types import (
     to_transcript,
 )
 
-__all__ = ("run_tool_loop",)
+__all__ = ("content_filtered", "run_tool_loop")
 
 log = logging.getLogger("turnkit.runtime")
 
@@ -172,12 +177,24 @@ def _fatal(response: ModelResponse, calls: tuple[ToolCallPart, ...]) -> TurnErro
             "was named: the cut text cannot stand as the answer",
             stop_reason=response.stop_reason,
         )
+    if not calls and response.stop_reason == "content_filter" and not response.text.strip():
+        return content_filtered()
     if any(not c.name for c in calls):
         return ToolCallError(
             "the model wrote a tool call without a tool name; the response cannot be trusted",
             stop_reason=response.stop_reason,
         )
     return None
+
+
+def content_filtered() -> ContentFilteredError:
+    """The error of an answer the provider's content filter stopped before any text."""
+    return ContentFilteredError(
+        "the provider's content filter stopped the answer before it wrote any text "
+        "(finish reason `content_filter`: a refusal or a safety block); rephrase the "
+        "message, or use a model or deployment with another content policy",
+        stop_reason="content_filter",
+    )
 
 
 def _audit_call(

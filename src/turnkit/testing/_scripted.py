@@ -90,6 +90,11 @@ class ModelStep:
         return cls(text=text, tool_calls=calls, stop_reason="max_tokens")
 
     @classmethod
+    def filtered(cls, text: str = "", *calls: ToolCallPart) -> ModelStep:
+        """Stop on the provider's content filter (`content_filter`), after `text` if any."""
+        return cls(text=text, tool_calls=calls, stop_reason="content_filter")
+
+    @classmethod
     def cut(cls, text: str, error: Exception) -> ModelStep:
         """Stream `text`, then raise `error`: a stream that breaks mid-answer.
 

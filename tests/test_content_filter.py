@@ -1,0 +1,141 @@
+"""A reply the provider's content filter stopped (finish reason `content_filter`: OpenAI and
+Azure's filter; through litellm also Anthropic's refusal and Gemini's SAFETY) is not a
+complete answer: with no text the turn fails (`content-filtered`); text it cut is kept as
+the answer, and its audit row says so."""
+
+from __future__ import annotations
+
+import logging
+from typing import Literal
+
+import pytest
+from pydantic import BaseModel
+
+from tests.conftest import RuntimeFactory
+from tests.helpers import add
+from tests.support.openai_server import FakeOpenAIServer, Reply
+from turnkit import Agent, ContentFilteredError, ModelFamily
+from turnkit.audit import AuditRow
+from turnkit.events import DoneEvent, ErrorEvent, MessageCompleteEvent, ProviderCascadeEvent
+from turnkit.models._litellm_finish import stop_reason
+from turnkit.models.litellm import LiteLLMClient
+from turnkit.testing import ModelStep, ScriptedModel, call, collect_events
+
+NO_PLAN = frozenset({"anchor-plan"})
+
+
+def _rows(rows: list[AuditRow], stage: str) -> list[AuditRow]:
+    return [r for r in rows if r.identity.stage_id == stage]
+
+
+def test_content_filter_is_its_own_stop_reason() -> None:
+    assert stop_reason("content_filter", False) == "content_filter"
+    assert stop_reason("content_filter", True) == "content_filter"
+    assert stop_reason("stop", False) == "end_turn"
+    assert ContentFilteredError.code == "content-filtered"
+
+
+async def test_a_filtered_reply_with_no_text_fails_the_turn(
+    runtime_factory: RuntimeFactory,
+) -> None:
+    model = ScriptedModel([ModelStep.tool_call_reply(call("add", a=2, b=3)), ModelStep.filtered()])
+    runtime = runtime_factory(Agent(model=model, tools=[add], skip_stages=NO_PLAN))
+    events = await collect_events(runtime.execute_message("s1", "What is 2 + 3?"))
+    [turn] = await runtime.history("s1")
+    rows = await runtime.audit(turn.turn_id)
+    model.assert_complete()  # not asked again: the same model would refuse again
+    assert isinstance(events[-1], DoneEvent)
+    assert (events[-1].status, events[-1].error_code) == ("failed", "content-filtered")
+    [error] = [e for e in events if isinstance(e, ErrorEvent)]
+    assert "content filter" in error.message
+    last = _rows(rows, "tool-loop")[-1]
+    assert last.call is not None
+    assert (last.call.outcome, last.call.error_code) == ("error", "content-filtered")
+    assert turn.answer is None
+
+
+async def test_text_the_filter_cut_is_the_answer_and_the_audit_says_so(
+    runtime_factory: RuntimeFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    model = ScriptedModel([ModelStep.filtered("Here is part")])
+    runtime = runtime_factory(Agent(model=model, tools=[add], skip_stages=NO_PLAN))
+    with caplog.at_level(logging.WARNING, logger="turnkit.runtime"):
+        events = await collect_events(runtime.execute_message("s1", "Tell me."))
+    [turn] = await runtime.history("s1")
+    assert isinstance(events[-1], DoneEvent)
+    assert events[-1].status == "succeeded"
+    assert turn.answer == "Here is part"
+    [row] = [r for r in await runtime.audit(turn.turn_id) if r.payloads.synthesis_quality]
+    assert row.payloads.synthesis_quality is not None
+    assert row.payloads.synthesis_quality.stop_reason == "content_filter"
+    assert any("content filter" in r.getMessage() for r in caplog.records)
+
+
+class Sum(BaseModel):
+    """The answer to a sum."""
+
+    total: int
+
+
+@pytest.mark.parametrize("agent_kind", ["separate", "structured"])
+async def test_a_filtered_answer_call_fails_the_turn_without_asking_again(
+    runtime_factory: RuntimeFactory, agent_kind: Literal["separate", "structured"]
+) -> None:
+    if agent_kind == "separate":
+        model = ScriptedModel([ModelStep.text_reply("Working."), ModelStep.filtered()])
+        agent = Agent(model=model, tools=[add], synthesis="separate", skip_stages=NO_PLAN)
+    else:
+        model = ScriptedModel([ModelStep.filtered()])
+        agent = Agent(model=model, tools=[add], output_type=Sum, skip_stages=NO_PLAN)
+    runtime = runtime_factory(agent)
+    events = await collect_events(runtime.execute_message("s1", "What is 2 + 3?"))
+    model.assert_complete()
+    assert isinstance(events[-1], DoneEvent)
+    assert (events[-1].status, events[-1].error_code) == ("failed", "content-filtered")
+
+
+async def test_a_family_does_not_walk_on_from_a_refusal(runtime_factory: RuntimeFactory) -> None:
+    """A refusal is an answer from the provider, not a failure of it: the next rung is
+    not asked (the text may have streamed already, and a rung is not a way around a
+    content policy)."""
+    first = ScriptedModel([ModelStep.filtered()], name="first")
+    second = ScriptedModel([], name="second")
+    runtime = runtime_factory(Agent(model=ModelFamily("m", [first, second]), skip_stages=NO_PLAN))
+    events = await collect_events(runtime.execute_message("s1", "Tell me."))
+    assert isinstance(events[-1], DoneEvent)
+    assert events[-1].error_code == "content-filtered"
+    assert not second.calls
+    assert not any(isinstance(e, ProviderCascadeEvent) for e in events)
+
+
+@pytest.mark.parametrize("transport", ["auto", "litellm"])
+async def test_a_filtered_reply_over_http(
+    runtime_factory: RuntimeFactory,
+    openai_server: FakeOpenAIServer,
+    transport: Literal["auto", "litellm"],
+) -> None:
+    openai_server.script(
+        "fake-model",
+        [
+            Reply.tool_call("add", {"a": 2, "b": 3}, call_id="call_1"),
+            Reply.text("", finish_reason="content_filter"),
+            Reply.text("Here is part", finish_reason="content_filter"),
+        ],
+    )
+    client = LiteLLMClient(
+        "openai/fake-model", api_base=openai_server.base_url, api_key="sk", transport=transport
+    )
+    runtime = runtime_factory(Agent(model=client, tools=[add], skip_stages=NO_PLAN))
+    events = await collect_events(runtime.execute_message("s1", "What is 2 + 3?"))
+    assert isinstance(events[-1], DoneEvent)
+    assert (events[-1].status, events[-1].error_code) == ("failed", "content-filtered")
+    assert len(openai_server.requests) == 2
+    events = await collect_events(runtime.execute_message("s2", "Tell me."))
+    assert isinstance(events[-1], DoneEvent)
+    assert events[-1].status == "succeeded"
+    [turn] = await runtime.history("s2")
+    assert turn.answer == "Here is part"
+    [row] = [r for r in await runtime.audit(turn.turn_id) if r.payloads.synthesis_quality]
+    assert row.payloads.synthesis_quality is not None
+    assert row.payloads.synthesis_quality.stop_reason == "content_filter"
+    assert [e.block.text for e in events if isinstance(e, MessageCompleteEvent)] == ["Here is part"]
