@@ -20,6 +20,7 @@ from turnkit import (
     Approve,
     RuntimeConfig,
     SessionRuntime,
+    StoreUnavailableError,
     ToolContext,
     TurnNotFoundError,
     tool,
@@ -58,6 +59,27 @@ async def test_a_stop_whose_caller_is_cancelled_still_ends_the_turn(tmp_path: Pa
 
         await until(cancelled, "the Stop runs to its end")
         assert runtime.host.slots.running == 0
+
+
+async def test_a_stop_cuts_a_driver_here_while_the_database_does_not_answer_a_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Looking up the turns a stopped turn asked fails (a database blip): the Stop still
+    cuts the model call this process drives, instead of answering 503 while it runs on."""
+    model = GatedModel()  # never answers: only the Stop ends the call
+    async with SessionRuntime(agent=Agent(model=model), config=_config(tmp_path)) as runtime:
+        submission = await runtime.start("s1", "hi")
+        await until(lambda: model.active == 1, "the model call is under way")
+
+        async def unavailable(turn_id: TurnId) -> list[TurnId]:
+            raise StoreUnavailableError("the database did not answer")
+
+        monkeypatch.setattr(runtime.store, "asked_turns", unavailable)
+        async with asyncio.timeout(10):
+            status = await runtime.cancel(submission.turn_id)
+        assert status == "cancelled"
+        assert model.active == 0
+        assert (await runtime.turn(submission.turn_id)).status == "cancelled"
 
 
 async def test_a_stop_of_a_turn_the_recovery_loop_drives_stops_it_at_once(

@@ -9,7 +9,12 @@ from typing import Any
 from pydantic import JsonValue
 
 from turnkit import otel
-from turnkit.errors import AgentNotFoundError, InvalidInputError, PauseAnsweredError
+from turnkit.errors import (
+    AgentNotFoundError,
+    InvalidInputError,
+    PauseAnsweredError,
+    StoreUnavailableError,
+)
 from turnkit.events import AskedPause
 from turnkit.ids import TurnId
 from turnkit.pauses import ANSWERS, Answer, Approve, Deny, PauseRequest, Resolution
@@ -85,7 +90,10 @@ class RuntimeControl(RuntimeReads):
         self, key: TurnId, principal: Principal | str | None
     ) -> tuple[TurnStatus, list[TurnId]]:
         """Stop `key` (see `_stop`); the turns it asked that had not ended before."""
-        asked = await self.store.asked_turns(key)
+        try:
+            asked = await self.store.asked_turns(key)
+        except StoreUnavailableError:  # a database blip must not delay cutting a driver here
+            asked = []  # the ending's own transaction still stops them (`Store.commit`)
         if self._recovery is not None:  # a turn this process took over: stop it at once
             await self._recovery[2].stop(key)
         return await self.host.cancel(key, by=_id_of(principal)), asked
