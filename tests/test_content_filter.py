@@ -14,9 +14,16 @@ from pydantic import BaseModel
 from tests.conftest import RuntimeFactory
 from tests.helpers import add
 from tests.support.openai_server import FakeOpenAIServer, Reply
-from turnkit import Agent, ContentFilteredError, ModelFamily
+from turnkit import Agent, ContentFilteredError, ModelFamily, tool
 from turnkit.audit import AuditRow
-from turnkit.events import DoneEvent, ErrorEvent, MessageCompleteEvent, ProviderCascadeEvent
+from turnkit.events import (
+    DoneEvent,
+    ErrorEvent,
+    MessageCompleteEvent,
+    ProviderCascadeEvent,
+    ToolFailedEvent,
+)
+from turnkit.models import ToolCallPart
 from turnkit.models._litellm_finish import stop_reason
 from turnkit.models.litellm import LiteLLMClient
 from turnkit.testing import ModelStep, ScriptedModel, call, collect_events
@@ -69,6 +76,28 @@ async def test_text_the_filter_cut_is_the_answer_and_the_audit_says_so(
     assert row.payloads.synthesis_quality is not None
     assert row.payloads.synthesis_quality.stop_reason == "content_filter"
     assert any("content filter" in r.getMessage() for r in caplog.records)
+
+
+async def test_no_call_of_a_filtered_response_runs(runtime_factory: RuntimeFactory) -> None:
+    """The filter stopped the response while it named a tool (OpenAI sends the name first,
+    the arguments after): a tool whose parameters are all optional would run with none."""
+    runs: list[str] = []
+
+    @tool
+    async def look_up(topic: str = "everything") -> str:
+        """Look a topic up."""
+        runs.append(topic)
+        return f"about {topic}"
+
+    cut = ToolCallPart(tool_call_id="call_1", name="look_up", arguments="")
+    model = ScriptedModel([ModelStep.filtered("", cut), ModelStep.text_reply("I cannot.")])
+    runtime = runtime_factory(Agent(model=model, tools=[look_up], skip_stages=NO_PLAN))
+    events = await collect_events(runtime.execute_message("s1", "Look it up."))
+    assert runs == []
+    [failed] = [e for e in events if isinstance(e, ToolFailedEvent)]
+    assert "content filter" in (failed.result.error or "")
+    assert isinstance(events[-1], DoneEvent)
+    assert (events[-1].status, events[-1].error_code) == ("succeeded", None)
 
 
 class Sum(BaseModel):

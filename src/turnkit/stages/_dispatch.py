@@ -67,21 +67,22 @@ async def dispatch_tools(
     ctx: StageContext,
     calls: tuple[ToolCallPart, ...],
     *,
-    truncated: bool,
+    cut: str | None,
     generation_id: str,
     known_errors: Mapping[str, str] | None = None,
 ) -> list[TranscriptMessage]:
     """Run a batch; one result message per call, in call order.
 
-    `truncated` means the provider's output limit cut the response while the model was
-    writing these calls: nothing runs, each call gets a failed result saying so. A call
+    `cut` says why the response stopped while the model was writing these calls (the
+    provider's output limit, its content filter): nothing runs, each call gets a failed
+    result saying so. A call
     whose result is already committed (a recovered attempt) is not run again; a call that
     was written ahead but has no result runs again with the same idempotency key. A call
     whose asked agent waits for a person hands its request to this turn, which then waits
     (after the batch's other calls end) and follows the agent again once it is answered.
     """
     rec = ctx.recorder
-    plans, in_doubt = _write_ahead(ctx, calls, truncated, generation_id, known_errors or {})
+    plans, in_doubt = _write_ahead(ctx, calls, cut, generation_id, known_errors or {})
     await rec.flush()  # write ahead: every call is on record before any tool runs
     # Approvals and questions come first, in call order: nothing runs until all are settled.
     settled, edited = await _settle_pauses(ctx, plans)
@@ -395,7 +396,7 @@ Plan = tuple[ToolCallPart, Tool | None, dict[str, JsonValue], str | None, ErrorC
 def _write_ahead(
     ctx: StageContext,
     calls: tuple[ToolCallPart, ...],
-    truncated: bool,
+    cut: str | None,
     generation_id: str,
     known: Mapping[str, str],
 ) -> tuple[list[Plan], set[str]]:
@@ -419,11 +420,8 @@ def _write_ahead(
         tool = ctx.registry.get(part.name)
         if part.tool_call_id in known:
             problem = known[part.tool_call_id]
-        elif truncated:
-            problem = (
-                "the output limit was reached while this call's arguments were being written; "
-                "nothing ran. Write the call again, shorter if you can"
-            )
+        elif cut is not None:
+            problem = cut
         elif (
             problem is None
             and tool is None

@@ -317,9 +317,10 @@ def _fits_utility(utility: ModelFamily, request: ModelRequest) -> bool:
 def repaired_calls(response: ModelResponse) -> tuple[ToolCallPart, ...]:
     """The response's tool calls with almost-JSON arguments repaired.
 
-    A response cut by the output limit is left alone: its arguments were never trusted.
+    A response cut by the output limit or the content filter is left alone: its arguments
+    are never trusted (none of its calls runs).
     """
-    if response.stop_reason == "max_tokens":
+    if response.stop_reason in ("max_tokens", "content_filter"):
         return response.tool_calls
     return tuple(
         ToolCallPart(

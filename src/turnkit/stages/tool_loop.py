@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Final
 
 from pydantic import JsonValue
 
@@ -50,9 +52,17 @@ from turnkit.stages._types import (
     to_transcript,
 )
 
-__all__ = ("content_filtered", "run_tool_loop")
+__all__ = ("CUT_CALLS", "content_filtered", "run_tool_loop")
 
 log = logging.getLogger("turnkit.runtime")
+
+CUT_CALLS: Final[Mapping[str, str]] = {
+    "max_tokens": "the output limit was reached while this call's arguments were being "
+    "written; nothing ran. Write the call again, shorter if you can",
+    "content_filter": "the provider's content filter stopped the response while this call "
+    "was being written; nothing ran",
+}
+"""Stop reasons whose response's tool calls never run, and the failed result each gets."""
 
 
 async def run_tool_loop(
@@ -95,7 +105,7 @@ async def run_tool_loop(
         calls = unique_ids(repaired_calls(response), transcript, iteration)
         fatal = _fatal(response, calls)
         _audit_call(ctx, called, calls, iteration, fatal)
-    truncated = response.stop_reason == "max_tokens"
+    cut = CUT_CALLS.get(response.stop_reason)
     if not calls:
         if fatal is not None:
             raise fatal
@@ -113,7 +123,7 @@ async def run_tool_loop(
     results = await dispatch_tools(
         ctx,
         calls,
-        truncated=truncated,
+        cut=cut,
         generation_id=generation,
         known_errors=_known_errors(committed),
     )
