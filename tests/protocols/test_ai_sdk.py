@@ -1126,6 +1126,22 @@ def test_a_failure_ends_the_open_text_before_its_error() -> None:
     assert [c["type"] for c in tr.finish()] == ["finish"]  # nothing is ended twice
 
 
+@pytest.mark.parametrize(
+    ("code", "reason"),
+    [("content-filtered", "content-filter"), ("agent_output_limit_exceeded", "length"),
+     ("provider-error", "error")],
+)  # fmt: skip
+def test_a_refused_or_cut_answer_finishes_with_the_sdks_own_reason(code: str, reason: str) -> None:
+    """`finishReason` tells a content filter's refusal and the output limit from any error."""
+    tr = UIMessageStreamTranslator(message_id="t")
+    out = tr.start()
+    out += tr.translate(_event(ErrorEvent, seq=1, code=code, message="no answer"))
+    out += tr.translate(_event(DoneEvent, seq=2, status="failed", error_code=code))
+    out += tr.finish()
+    assert out[-1]["type"] == "finish"
+    assert out[-1]["finishReason"] == reason
+
+
 def test_an_approval_answered_before_the_stream_ends_sends_no_request() -> None:
     """A rebuilt message replays the answer: a request would ask again, or leave an output
     part whose approval lacks the decision (`validateUIMessages` refuses it)."""

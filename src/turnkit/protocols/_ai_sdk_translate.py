@@ -73,6 +73,11 @@ _FINISH_REASONS: Final[Mapping[str, str]] = {
     "awaiting_approval": "tool-calls",
     "awaiting_input": "tool-calls",
 }
+_FINISH_BY_CODE: Final[Mapping[str, str]] = {
+    "content-filtered": "content-filter",
+    "agent_output_limit_exceeded": "length",
+}
+"""Failures the SDK has a finish reason of their own for."""
 
 
 def _event_json(event: StreamEvent) -> JsonValue:
@@ -141,7 +146,9 @@ class UIMessageStreamTranslator:
         if self.status == "cancelled":
             out = [*self._end_running(_STOPPED), *out, {"type": "abort", "reason": "cancelled"}]
         chunk: Chunk = {"type": "finish", "messageMetadata": self._ending()}
-        reason = _FINISH_REASONS.get(self.status or "")
+        reason = _FINISH_BY_CODE.get(self.error_code or "") or _FINISH_REASONS.get(
+            self.status or ""
+        )
         if reason is not None:
             chunk["finishReason"] = reason
         return [*out, chunk]
