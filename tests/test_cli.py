@@ -306,7 +306,7 @@ def test_serve_on_loopback_with_an_empty_allowed_hosts_answers_loopback_names_on
     import urllib.request
 
     port = free_port()
-    env = {**os.environ, "TURNKIT_GC": "python", "TURNKIT_ALLOWED_HOSTS": " "}
+    env = {**os.environ, "TURNKIT_GC": "python", "TURNKIT_ALLOWED_HOSTS": " \t"}
     for name in ("TURNKIT_DATABASE_URL", "TURNKIT_AGENT", "TURNKIT_MODEL", "TURNKIT_RUNTIME"):
         env.pop(name, None)
     argv = [sys.executable, "-m", "turnkit.cli", "serve", "--port", str(port),

@@ -339,8 +339,8 @@ async def _serve(args: argparse.Namespace, out: TextIO) -> int:
             "session nobody owns (docs/guides/deployment.md#who-may-call)",
             args.host,
         )
-    named_hosts = os.environ.get("TURNKIT_ALLOWED_HOSTS", "").strip(" ,")  # empty: as unset
-    if not named_hosts and is_loopback_host(args.host):
+    listed = os.environ.get("TURNKIT_ALLOWED_HOSTS", "").split(",")
+    if not any(h.strip() for h in listed) and is_loopback_host(args.host):  # empty: as unset
         # Only this machine reaches the server: a page elsewhere must not reach it by a
         # name of its own that resolves here (DNS rebinding).
         from turnkit.http.trusted_hosts import LOOPBACK_HOSTS
