@@ -27,6 +27,7 @@ import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+from tests.helpers import WrappedModel
 from turnkit import Agent, RuntimeConfig, SessionRuntime, tool
 from turnkit.models import ModelChunk, ModelRequest
 from turnkit.testing import ModelStep, ScriptedModel, call
@@ -44,7 +45,7 @@ async def note(text: str) -> str:
     return f"noted {text}"
 
 
-class SlowModel:
+class SlowModel(WrappedModel):
     """Asks for `note`, then (the second call) waits `wait_s` before it answers.
 
     A process that recovers the turn builds one with `wait_s=0`: it answers at once.
@@ -56,14 +57,6 @@ class SlowModel:
             steps.insert(0, ModelStep.tool_call_reply(call("note", text="A1")))
         self.inner = ScriptedModel(steps)
         self.wait_s = wait_s
-
-    @property
-    def model(self) -> str:
-        return self.inner.model
-
-    @property
-    def provider(self) -> str:
-        return self.inner.provider
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
         _append(f"model call {len(self.inner.calls) + 1}")
