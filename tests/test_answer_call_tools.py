@@ -320,6 +320,23 @@ class _HoldAfterAnswer(Plugin):
         return None
 
 
+async def _recovered_after_the_answer(
+    agent: Agent, url: str, schema: str | None
+) -> tuple[TurnHistory, list[AuditRow]]:
+    """The process dies once the answer is in the log (held in post-turn by the agent's
+    `_HoldAfterAnswer`); a second takes the turn over: its turn and audit."""
+    _HoldAfterAnswer.reached = asyncio.Event()
+    config = RuntimeConfig(database_url=url, database_schema=schema, lease_ttl_s=1.0)
+    try:
+        async with SessionRuntime(agent=agent, config=config) as first:
+            submission = await first.start("s1", "What is 2 + 3?")
+            async with asyncio.timeout(10):
+                await _HoldAfterAnswer.reached.wait()
+    finally:
+        _HoldAfterAnswer.reached = None
+    return await _recovered(agent, url, schema, submission.turn_id)
+
+
 async def test_a_takeover_after_the_answer_asked_again_makes_no_answer_call(
     db: tuple[str, str | None],
 ) -> None:
@@ -336,16 +353,7 @@ async def test_a_takeover_after_the_answer_asked_again_makes_no_answer_call(
         skip_stages=NO_PLAN,
         plugins=[_HoldAfterAnswer()],
     )
-    _HoldAfterAnswer.reached = asyncio.Event()
-    config = RuntimeConfig(database_url=url, database_schema=schema, lease_ttl_s=1.0)
-    try:
-        async with SessionRuntime(agent=agent, config=config) as first:
-            submission = await first.start("s1", "What is 2 + 3?")
-            async with asyncio.timeout(10):
-                await _HoldAfterAnswer.reached.wait()
-    finally:
-        _HoldAfterAnswer.reached = None
-    turn, rows = await _recovered(agent, url, schema, submission.turn_id)
+    turn, rows = await _recovered_after_the_answer(agent, url, schema)
     model.assert_complete()
     assert len(model.calls) == 3
     assert turn.answer == "2 + 3 is 5."

@@ -3,7 +3,6 @@ more, in a call of its own, and a second empty reply fails the turn (`answer-mis
 
 from __future__ import annotations
 
-import asyncio
 from typing import Literal
 
 import pytest
@@ -12,7 +11,11 @@ from pydantic import BaseModel
 from tests.conftest import RuntimeFactory
 from tests.helpers import add, until
 from tests.support.openai_server import FakeOpenAIServer, Reply
-from tests.test_answer_call_tools import _HoldAfterAnswer, _recovered
+from tests.test_answer_call_tools import (
+    _HoldAfterAnswer,
+    _recovered,
+    _recovered_after_the_answer,
+)
 from turnkit import Agent, RuntimeConfig, SessionRuntime
 from turnkit.audit import AuditRow
 from turnkit.blocks import TextBlock
@@ -179,16 +182,7 @@ async def test_a_takeover_after_the_answer_asked_again_makes_no_call(
     url, schema = db
     model = _after_a_tool(ModelStep.text_reply(""), ModelStep.text_reply("2 + 3 is 5."))
     agent = Agent(model=model, tools=[add], skip_stages=NO_PLAN, plugins=[_HoldAfterAnswer()])
-    _HoldAfterAnswer.reached = asyncio.Event()
-    config = RuntimeConfig(database_url=url, database_schema=schema, lease_ttl_s=1.0)
-    try:
-        async with SessionRuntime(agent=agent, config=config) as first:
-            submission = await first.start("s1", "What is 2 + 3?")
-            async with asyncio.timeout(10):
-                await _HoldAfterAnswer.reached.wait()
-    finally:
-        _HoldAfterAnswer.reached = None
-    turn, rows = await _recovered(agent, url, schema, submission.turn_id)
+    turn, rows = await _recovered_after_the_answer(agent, url, schema)
     model.assert_complete()
     assert len(model.calls) == 3
     assert turn.answer == "2 + 3 is 5."
