@@ -35,8 +35,8 @@ from turnkit.events import (
     ToolStartedEvent,
 )
 from turnkit.ids import SessionId, TurnId
-from turnkit.runtime._turn_log import hand_over_all
 from turnkit.runtime.deps import NO_DEPS
+from turnkit.runtime.driver import hand_over_all
 from turnkit.stages._titles import opening_title
 from turnkit.store import Lease
 from turnkit.tools import (

@@ -28,9 +28,9 @@ from turnkit.runtime._detached import Detached, DetachedTurns
 from turnkit.runtime._publish import BufferPublisher
 from turnkit.runtime._runner import TurnRunner
 from turnkit.runtime._slots import Slot, TurnSlots
-from turnkit.runtime._turn_log import TurnLog, hand_over_all
+from turnkit.runtime._turn_log import TurnLog
 from turnkit.runtime.deps import NO_DEPS
-from turnkit.runtime.driver import TurnDriver
+from turnkit.runtime.driver import TurnDriver, hand_over_all
 from turnkit.runtime.reader import TurnReader
 from turnkit.states import TERMINAL_STATES, TurnStatus
 from turnkit.store import Lease, Store, TurnRecord

@@ -8,15 +8,15 @@ in the turns.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
 from turnkit.clock import Clock
 from turnkit.events import DoneEvent, DurableEvent, EphemeralEvent, ProviderCascadeEvent
 from turnkit.runtime.driver import TurnDriver
 from turnkit.states import awaiting
-from turnkit.store import Lease, Store
+from turnkit.store import Lease
 
-__all__ = ("LEFT", "TurnLog", "hand_over_all")
+__all__ = ("LEFT", "TurnLog")
 
 Sink = Callable[[DurableEvent | EphemeralEvent | None], None]
 
@@ -105,16 +105,3 @@ class TurnLog:
 def _trace_ids(driver: TurnDriver | None) -> dict[str, str]:
     ids = driver.trace_ids if driver is not None else None
     return {"trace_id": ids[0], "span_id": ids[1]} if ids is not None else {}
-
-
-async def hand_over_all(store: Store, leases: Iterable[Lease], log: logging.Logger) -> None:
-    """Hand each lease over, for another process to take its turn at once.
-
-    One no longer this process's (the turn ended or paused) is refused by the Store; a
-    database out of reach leaves the leases to lapse on their own.
-    """
-    for lease in leases:
-        try:
-            await store.hand_over(lease)
-        except Exception as exc:  # noqa: BLE001 - unreachable: the lease lapses on its own
-            log.debug("could not hand %s over at once: %r", lease.turn_id, exc)

@@ -20,7 +20,7 @@ import functools
 import logging
 import time
 import weakref
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,7 +66,7 @@ from turnkit.states import awaiting
 from turnkit.store import Lease, Store, TurnRecord, UnreadableEvent
 from turnkit.telemetry import Publish, Recorder
 
-__all__ = ("DriveSetup", "StopAsked", "TurnDriver", "renewal_due")
+__all__ = ("DriveSetup", "StopAsked", "TurnDriver", "hand_over_all", "renewal_due")
 
 HOLD_MAX_S = 1.0
 """The longest a driver waits for its `hold_until` before it runs the turn anyway."""
@@ -214,7 +214,9 @@ class TurnDriver:
         before the turn's first step, so a caller streaming the turn sends `turn.started`
         first. The lease is renewed meanwhile, and a Stop still ends the turn `cancelled`.
         """
-        self._task = weakref.ref(_current_task())
+        graph_task = asyncio.current_task()
+        assert graph_task is not None
+        self._task = weakref.ref(graph_task)
         trace: TurnTrace = attempt(self.record, self.lease, self.traceparent)
         self.trace_ids = trace.ids()
         turn_logging(self.lease.turn_id, self.lease.session_id)  # this task is the turn's
@@ -228,8 +230,6 @@ class TurnDriver:
             )
             self.recorder = rec
             trace.watch(rec)
-            graph_task = asyncio.current_task()
-            assert graph_task is not None
             # Renewed from here on, through the hold and the setup (the app's deps factory).
             keeper, beat = self._keeper.start(graph_task, rec, self.sink)
             # A cancelled task keeps its CancelledError, whose traceback holds this frame:
@@ -287,11 +287,9 @@ class TurnDriver:
         toward `max_attempts`). A database that does not answer in time leaves the lease
         to lapse, as after a crash; asyncio waits for this before the loop closes.
         """
-        try:
+        with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(HAND_OVER_WITHIN_S):
-                await self.store.hand_over(self.lease)
-        except Exception as exc:  # noqa: BLE001 - the lease lapses on its own
-            log.debug("could not hand %s over at once: %r", self.lease.turn_id, exc)
+                await hand_over_all(self.store, [self.lease], log)
 
     async def _stop_what_it_asked(self) -> None:
         """Tell the runtime the turn's ending is written, and which asked turns it stopped.
@@ -567,10 +565,17 @@ class TurnDriver:
         self._keeper.lost |= not self._ending_written
 
 
-def _current_task() -> asyncio.Task[Any]:
-    task = asyncio.current_task()
-    assert task is not None
-    return task
+async def hand_over_all(store: Store, leases: Iterable[Lease], log: logging.Logger) -> None:
+    """Hand each lease over, for another process to take its turn at once.
+
+    One no longer this process's (the turn ended or paused) is refused by the Store; a
+    database out of reach leaves the leases to lapse on their own.
+    """
+    for lease in leases:
+        try:
+            await store.hand_over(lease)
+        except Exception as exc:  # noqa: BLE001 - unreachable: the lease lapses on its own
+            log.debug("could not hand %s over at once: %r", lease.turn_id, exc)
 
 
 def _each_to(sink: Sink) -> Publish:

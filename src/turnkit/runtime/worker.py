@@ -17,9 +17,9 @@ from turnkit.runtime import SessionRuntime
 from turnkit.runtime._cancel import stop_task
 from turnkit.runtime._publish import BufferPublisher
 from turnkit.runtime._slots import Slot
-from turnkit.runtime._turn_log import TurnLog, hand_over_all
+from turnkit.runtime._turn_log import TurnLog
 from turnkit.runtime.deps import NO_DEPS
-from turnkit.runtime.driver import TurnDriver
+from turnkit.runtime.driver import TurnDriver, hand_over_all
 from turnkit.store import Lease
 
 __all__ = ("Worker",)
