@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Final, Literal
 
 from turnkit.audit import AuditPayloads, CacheBreakpointPayload, CompactionPayload
 from turnkit.blocks import ToolResultBlock
@@ -64,6 +65,7 @@ from turnkit.stages._types import StageContext, TranscriptMessage, from_transcri
 log = logging.getLogger(__name__)
 
 __all__ = (
+    "CUT_CALLS",
     "Prepared",
     "answered_request",
     "cache_breakpoint",
@@ -314,13 +316,22 @@ def _fits_utility(utility: ModelFamily, request: ModelRequest) -> bool:
     return window is None or not needs_compaction(utility.count_tokens(request), window)
 
 
+CUT_CALLS: Final[Mapping[str, str]] = {
+    "max_tokens": "the output limit was reached while this call's arguments were being "
+    "written; nothing ran. Write the call again, shorter if you can",
+    "content_filter": "the provider's content filter stopped the response while this call "
+    "was being written; nothing ran",
+}
+"""Stop reasons whose response's tool calls never run, and the failed result each gets."""
+
+
 def repaired_calls(response: ModelResponse) -> tuple[ToolCallPart, ...]:
     """The response's tool calls with almost-JSON arguments repaired.
 
     A response cut by the output limit or the content filter is left alone: its arguments
     are never trusted (none of its calls runs).
     """
-    if response.stop_reason in ("max_tokens", "content_filter"):
+    if response.stop_reason in CUT_CALLS:
         return response.tool_calls
     return tuple(
         ToolCallPart(

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Final
 
 from pydantic import JsonValue
 
@@ -34,6 +32,7 @@ from turnkit.stages._call_ids import call_namer, unique_ids
 from turnkit.stages._calls import CallResult, call_model
 from turnkit.stages._dispatch import dispatch_tools
 from turnkit.stages._message_list import (
+    CUT_CALLS,
     Prepared,
     answered_request,
     cache_breakpoint,
@@ -52,17 +51,9 @@ from turnkit.stages._types import (
     to_transcript,
 )
 
-__all__ = ("CUT_CALLS", "content_filtered", "run_tool_loop")
+__all__ = ("content_filtered", "run_tool_loop")
 
 log = logging.getLogger("turnkit.runtime")
-
-CUT_CALLS: Final[Mapping[str, str]] = {
-    "max_tokens": "the output limit was reached while this call's arguments were being "
-    "written; nothing ran. Write the call again, shorter if you can",
-    "content_filter": "the provider's content filter stopped the response while this call "
-    "was being written; nothing ran",
-}
-"""Stop reasons whose response's tool calls never run, and the failed result each gets."""
 
 
 async def run_tool_loop(

@@ -271,7 +271,7 @@ class SqliteConnection:
         """Run `statement` with one parameter set, or with each of a list of them."""
         batch: list[Mapping[str, Any]] | None = None
         single: Mapping[str, Any] | None = None
-        if type(parameters) is dict or parameters is None or isinstance(parameters, Mapping):
+        if isinstance(parameters, Mapping) or parameters is None:
             single = parameters
         else:
             batch = list(parameters)
