@@ -6,16 +6,23 @@ from __future__ import annotations
 import dataclasses
 import io
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import ClassVar
 
 import pytest
+from pydantic import JsonValue
 
 from turnkit import Agent, RuntimeConfig, SessionRuntime, tool
 from turnkit.blocks import TextBlock, ToolResultBlock
 from turnkit.errors import ConfigurationError
-from turnkit.events import DurableEvent, GuardrailEvent, PluginEmittedEvent, StreamEvent
+from turnkit.events import (
+    DurableEvent,
+    DurableStreamEvent,
+    GuardrailEvent,
+    PluginEmittedEvent,
+    StreamEvent,
+)
 from turnkit.ids import SessionId
 from turnkit.plugins import (
     Enrichment,
@@ -167,6 +174,105 @@ async def test_a_failing_plugin_is_audited_and_the_turn_goes_on(tmp_path: Path) 
     assert events[-1].status == "succeeded"  # type: ignore[union-attr]
     errors = [r.plugin_payloads["broken"] for r in rows if "broken" in r.plugin_payloads]
     assert errors[0] == {"hook": "after_model_response", "error": "RuntimeError('boom')"}
+
+
+class Buggy(Plugin):
+    name: ClassVar[str] = "buggy"
+
+    async def before_tool_call(self, ctx: PluginContext, call: ToolCall) -> str | None:
+        return {"tool": call.name}["name"]  # a bug: the key is "tool"
+
+
+async def test_a_failing_hook_is_logged_with_its_exception_and_traceback(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A plugin's author debugging a bug reads the exception's type and where it raised."""
+    caplog.set_level(logging.WARNING, logger="turnkit.plugins")
+    agent = Agent(model=_model(), tools=[lookup], plugins=[Buggy()])
+    async with _runtime(tmp_path, agent) as rt:
+        events = await collect_events(rt.execute_message("s1", "price?"))
+    assert events[-1].status == "succeeded"  # type: ignore[union-attr]
+    [record] = [r for r in caplog.records if "buggy" in r.getMessage()]
+    assert record.getMessage() == "plugin buggy failed in before_tool_call: KeyError: 'name'"
+    assert record.exc_info is not None
+    assert isinstance(record.exc_info[1], KeyError)
+
+
+class BuggyWatcher(Plugin):
+    name: ClassVar[str] = "buggy-watcher"
+
+    async def on_event(self, ctx: PluginContext, event: DurableStreamEvent) -> None:
+        raise ValueError(f"cannot file {event.type}")
+
+
+async def test_a_hook_that_fails_again_and_again_is_traced_once_an_attempt(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="turnkit.plugins")
+    agent = Agent(model=_model(), tools=[lookup], plugins=[BuggyWatcher()])
+    async with _runtime(tmp_path, agent) as rt:
+        await collect_events(rt.execute_message("s1", "price?"))
+    failed = [r for r in caplog.records if "buggy-watcher failed" in r.getMessage()]
+    assert len(failed) > 5  # one line for each event it failed on
+    assert [r.exc_info is not None for r in failed] == [True] + [False] * (len(failed) - 1)
+
+
+class FlakyAnswerCheck(Plugin):
+    name: ClassVar[str] = "flaky-answer-check"
+
+    def __init__(self) -> None:
+        self.asked = 0
+
+    async def check_answer(self, ctx: PluginContext, text: str) -> Verdict | None:
+        self.asked += 1
+        raise ConnectionError("moderation service down")
+
+
+async def test_a_streaming_check_that_fails_is_recorded_once_per_block_not_per_chunk(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="turnkit.plugins")
+    answer = "word " * 40
+    check = FlakyAnswerCheck()
+    model = ScriptedModel([ModelStep.text_reply(answer, chunk_size=5)])
+    async with _runtime(tmp_path, Agent(model=model, plugins=[check])) as rt:
+        events: list[StreamEvent] = await collect_events(rt.execute_message("s1", "go"))
+        rows = await rt.audit(events[0].turn_id)  # type: ignore[union-attr]
+    assert events[-1].status == "succeeded"  # type: ignore[union-attr]
+    deltas = [e.text for e in events if e.type == "message.delta"]  # type: ignore[union-attr]
+    assert "".join(deltas) == answer  # it checked nothing: the text went on
+    assert check.asked > 10  # still asked on every chunk (a later one may succeed)
+    failures = [r.plugin_payloads for r in rows if "flaky-answer-check" in r.plugin_payloads]
+    assert failures == [
+        {
+            "flaky-answer-check": {
+                "hook": "check_answer",
+                "error": "ConnectionError('moderation service down')",
+            }
+        }
+    ]
+    assert caplog.text.count("failed in check_answer") == 1
+
+
+def test_a_plugin_class_or_settings_of_the_wrong_shape_are_refused_clearly() -> None:
+    class Listed(Plugin):
+        name: ClassVar[str] = "listed"
+
+        def settings(self) -> Mapping[str, JsonValue]:
+            return ["strict"]  # type: ignore[return-value]
+
+    class Nothing(Plugin):
+        name: ClassVar[str] = "nothing"
+
+        def settings(self) -> Mapping[str, JsonValue]:
+            return None  # type: ignore[return-value]
+
+    with pytest.raises(PluginValidationError, match=r"pass an instance, Denier\(\)"):
+        validate_plugins([Denier])  # type: ignore[list-item]
+    with pytest.raises(PluginValidationError, match="returns list; return a dict"):
+        validate_plugins([Listed()])
+    with pytest.raises(PluginValidationError, match="returns NoneType; return a dict"):
+        validate_plugins([Nothing()])
 
 
 class Rewriter(Plugin):

@@ -300,6 +300,10 @@ def _checked_name(plugin: object) -> str:
             f"{plugin!r} is a name: pass a plugin instance, or name installed plugins "
             "with `SessionRuntime(plugins=[...])` or `discover_plugins([...])`"
         )
+    if isinstance(plugin, type) and issubclass(plugin, Plugin):
+        raise PluginValidationError(
+            f"{plugin.__name__} is a plugin class: pass an instance, {plugin.__name__}()"
+        )
     if not isinstance(plugin, Plugin):
         raise PluginValidationError(f"{plugin!r} is not a turnkit.plugins.Plugin")
     cls = type(plugin)
@@ -314,8 +318,14 @@ def _checked_name(plugin: object) -> str:
         raise PluginValidationError(
             f"plugin {cls.name!r}: `order` is a whole number (lower runs first), not {cls.order!r}"
         )
+    settings: object = plugin.settings()
+    if not isinstance(settings, Mapping):
+        raise PluginValidationError(
+            f"plugin {cls.name!r}: `settings()` returns {type(settings).__name__}; return a dict "
+            "of what differs from the defaults (`{}` for nothing)"
+        )
     try:
-        json.dumps(dict(plugin.settings()))
+        json.dumps(dict(settings))
     except (TypeError, ValueError) as exc:
         raise PluginValidationError(
             f"plugin {cls.name!r}: `settings()` returns what is not JSON ({exc})"

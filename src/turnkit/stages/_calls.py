@@ -83,6 +83,8 @@ class _Assembler:
         one string each grows by a copy, where joining thousands of pieces costs far more)."""
         self.held = False
         """A plugin's `answer_hold` failed: the rest of the block waits for its end."""
+        self.failed_checks: set[str] = set()
+        """Plugins whose `check_answer` failure on this block is logged and audited (once)."""
         self.thinking: list[str] = []
         self.calls: dict[int, list[str]] = {}
         self.ids: dict[int, str] = {}
@@ -374,7 +376,9 @@ async def _shown_delta(
     settled = raw[: len(raw) - min(hold, len(raw))] if hold else raw
     if not settled:
         return ""
-    checked = await guard(ctx, stage_id, "answer", settled, subject="text")
+    checked = await guard(
+        ctx, stage_id, "answer", settled, subject="text", recorded=asm.failed_checks
+    )
     shown = asm.shown_text
     if not checked.startswith(shown):
         return ""
@@ -395,7 +399,7 @@ async def _guarded(ctx: StageContext, stage_id: StageId, on: _Rung, streamed: bo
     text = asm.raw_text
     if not text:
         return text
-    checked = await guard(ctx, stage_id, "answer", text, subject="text")
+    checked = await guard(ctx, stage_id, "answer", text, subject="text", recorded=asm.failed_checks)
     shown = asm.shown_text
     if len(checked) > len(shown) and checked.startswith(shown):
         rest = checked[len(shown) :]

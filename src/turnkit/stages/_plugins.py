@@ -134,13 +134,14 @@ async def _call_one(
     hook: str,
     *args: Any,
     replaying: bool = False,
+    recorded: set[str] | None = None,
 ) -> tuple[bool, Any]:
     """One plugin's hook: (True, its result), or (False, None) when it failed (recorded).
 
     A result of the wrong type is a failure too: a hook that returns `"no"` where a
     `Verdict` belongs would otherwise silently do nothing. Whatever a hook raises is its
     plugin's failure, turnkit's own errors included: a plugin that is not `required`
-    cannot end the turn by raising one.
+    cannot end the turn by raising one. `recorded`: see `_failed`.
     """
     try:
         with ctx.recorder.notes.waiting_on(f"plugin {type(plugin).name!r} ({hook})"):
@@ -151,20 +152,47 @@ async def _call_one(
         if wrong is not None:
             raise TypeError(wrong)
     except Exception as exc:  # noqa: BLE001 - recorded; a required plugin fails the turn
-        _failed(ctx, stage_id, plugin, hook, exc)
+        _failed(ctx, stage_id, plugin, hook, exc, recorded=recorded)
         return False, None
     return True, result
 
 
 def _failed(
-    ctx: StageContext, stage_id: StageId, plugin: Plugin, hook: str, exc: Exception
+    ctx: StageContext,
+    stage_id: StageId,
+    plugin: Plugin,
+    hook: str,
+    exc: Exception,
+    *,
+    recorded: set[str] | None = None,
 ) -> None:
-    """Log and audit a hook's failure; a `required` plugin's fails the turn."""
+    """Log and audit a hook's failure; a `required` plugin's fails the turn.
+
+    The log line carries the exception's type, and its traceback the first time the hook
+    fails in the attempt.
+
+    `recorded`: the plugins whose failure is already recorded for what is checked again
+    and again (a streamed block's text, chunk by chunk): each is logged and audited once
+    there, not once per chunk.
+    """
     name = type(plugin).name
-    log.warning("plugin %s failed in %s: %s", name, hook, exc)
-    ctx.recorder.audit(
-        stage_id, call=None, plugin_payloads={name: {"hook": hook, "error": repr(exc)}}
-    )
+    if recorded is None or name not in recorded:
+        if recorded is not None:
+            recorded.add(name)
+        traced = ctx.recorder.notes.plugin_tracebacks
+        first = (name, hook) not in traced
+        traced.add((name, hook))
+        log.warning(
+            "plugin %s failed in %s: %s: %s",
+            name,
+            hook,
+            type(exc).__name__,
+            exc,
+            exc_info=exc if first else None,
+        )
+        ctx.recorder.audit(
+            stage_id, call=None, plugin_payloads={name: {"hook": hook, "error": repr(exc)}}
+        )
     if type(plugin).required:
         raise PluginFailedError(
             f"plugin {name!r} failed in {hook} and is required: {exc}", plugin=name, hook=hook
@@ -318,8 +346,11 @@ async def guard(
     subject: str,
     call: ToolCall | None = None,
     input_seq: int | None = None,
+    recorded: set[str] | None = None,
 ) -> str:
     """Run the guardrails of `checkpoint` on `text`; the text to go on with.
+
+    `recorded`: the plugins whose failure on this text is already recorded (see `_failed`).
 
     Raises:
         GuardrailBlockedError: a guardrail blocked it.
@@ -334,7 +365,7 @@ async def guard(
             continue
         # Each guardrail checks what the ones before it let through (their redactions too).
         args: Sequence[object] = (call, text) if checkpoint == "tool_result" else (text,)
-        ran, verdict = await _call_one(ctx, stage_id, plugin, hook, *args)
+        ran, verdict = await _call_one(ctx, stage_id, plugin, hook, *args, recorded=recorded)
         if not ran or verdict is None:
             continue
         ctx.recorder.durable(

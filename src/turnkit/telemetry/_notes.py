@@ -54,6 +54,9 @@ class TurnNotes:
         default_factory=dict[str, dict[str, JsonValue]]
     )
     """The arguments of the tool calls this attempt dispatched, by call id."""
+    plugin_tracebacks: set[tuple[str, str]] = field(default_factory=set[tuple[str, str]])
+    """(plugin, hook) pairs whose failure this attempt logged with its traceback: a hook
+    that fails again (on every event, say) is logged in one line."""
     failed_answers: int = 0
     """Answers this attempt committed that failed the agent's `output_type` check."""
     full_results: dict[str, str] = field(default_factory=dict[str, str])
