@@ -330,7 +330,8 @@ class AskingTurnEndedError(TurnNotRunningError):
     """An agent was to be asked as a tool by a turn that has ended; nothing was written.
 
     The asking turn's driver went on after its turn ended elsewhere (a Stop, the sweep,
-    its lease lost): nobody would read the asked agent's answer.
+    its lease lost), or after a Stop from another process flagged it (`stop_pending`),
+    before its next lease renewal: nobody would read the asked agent's answer.
     """
 
     code: ClassVar[ErrorCode] = "asking-turn-ended"

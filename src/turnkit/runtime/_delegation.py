@@ -86,8 +86,9 @@ async def ask_agent(
 
     Raises:
         AgentToolError: the agent's turn failed, timed out, was stopped, or stopped to
-            wait for a budget (that turn is then cancelled); or the asking turn ended
-            before the agent was asked (a stalled driver: nothing was submitted).
+            wait for a budget (that turn is then cancelled); or the asking turn ended,
+            or was stopped from another process, before the agent was asked (nothing was
+            submitted).
         AskedAgentWaits: the agent's turn waits for a person's approval or answer.
     """
     if not isinstance(agent, Agent):
@@ -103,9 +104,10 @@ async def ask_agent(
             claim=True,
             asked_by=ctx.turn_id,  # an ending of the asking turn but its success stops it
         )
-    except AskingTurnEndedError as exc:  # this driver went on after its turn ended
+    except AskingTurnEndedError as exc:  # ended elsewhere, or a Stop this driver missed
+        why = "was stopped" if exc.details.get("stop_pending") else "has ended"
         raise AgentToolError(
-            f"the agent {agent.name!r} was not asked: the asking turn {ctx.turn_id} has ended"
+            f"the agent {agent.name!r} was not asked: the asking turn {ctx.turn_id} {why}"
         ) from exc
     turn_id = submission.turn_id
     taking_over: asyncio.Task[None] | None = None

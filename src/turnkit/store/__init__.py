@@ -161,6 +161,10 @@ class RunQueue(Protocol):
 
         The turn's first event (`turn.started`, seq 1) is written in the same
         transaction, so an input is never visible without its queued run.
+
+        A turn asked as a tool (`asked_by`) is refused (`AskingTurnEndedError`, nothing
+        written) when the asking turn has ended or has a Stop pending; the empty session
+        opened for it (its `parent_session` the asking turn's session) is then deleted.
         """
         ...
 

@@ -18,7 +18,7 @@ from sqlalchemy import Connection
 from sqlalchemy.exc import IntegrityError
 
 from turnkit.clock import Clock
-from turnkit.errors import TurnNotFoundError
+from turnkit.errors import AskingTurnEndedError, TurnNotFoundError
 from turnkit.ids import SessionId, TurnId
 from turnkit.states import TurnStatus
 from turnkit.store import (
@@ -53,7 +53,18 @@ class SqlQueue(SqlEngine):
         self._renewals = Coalescer(self._renew_many, most=RENEW_BATCH)
 
     async def submit(self, new: NewInput) -> Submission:
-        """Commit a user message, its queued turn and `turn.started` in one transaction."""
+        """Commit a user message, its queued turn and `turn.started` in one transaction.
+
+        A refused ask (`AskingTurnEndedError`) deletes the empty session it had opened.
+        """
+        try:
+            return await self._submit(new)
+        except AskingTurnEndedError:
+            assert new.asked_by is not None
+            await self._tx(submit_sql.drop_refused_session, new.session_id, new.asked_by)
+            raise
+
+    async def _submit(self, new: NewInput) -> Submission:
         if self._async_engine is not None and submit_pg.can_submit(new):
             try:
                 done = await self._pg_driver(submit_pg.submit, new, self._clock.now())

@@ -12,10 +12,10 @@ snapshot; a message committed to the same session meanwhile is not in it, but it
 the session's input seq, which the upsert returns as it is now. If the seq moved by more
 than this message, the turn is inserted queued, not claimed: the next claim takes it.
 
-A turn asked by another (`asked_by`) goes in only while the asking turn is unfinished, its
-row held as `_submit_sql.hold_asking` holds it (`SUBMIT_ASKED`, a statement of its own so
-other messages pay nothing for it); an ended one writes nothing here, and the full
-transaction refuses it.
+A turn asked by another (`asked_by`) goes in only while the asking turn is unfinished and
+has no Stop pending, its row held as `_submit_sql.hold_asking` holds it (`SUBMIT_ASKED`, a
+statement of its own so other messages pay nothing for it); otherwise nothing is written
+here, and the full transaction refuses it.
 """
 
 from __future__ import annotations
@@ -56,9 +56,10 @@ _SEQ_MARK = 9_007_199_254_740_881
 """A stand-in input seq: the encoded `turn.started` is cut around it, the server fills it."""
 
 _ASKING = f"""asking AS (
-    -- The turn that asks is unfinished, and held (written) until this commits.
+    -- The turn that asks is unfinished, with no Stop pending, and held (written) until
+    -- this commits.
     UPDATE tk_turns SET updated_at = updated_at
-    WHERE turn_id = $18 AND status IN ({UNFINISHED_SQL})
+    WHERE turn_id = $18 AND status IN ({UNFINISHED_SQL}) AND NOT cancel_requested
     RETURNING turn_id
 ), """
 
@@ -146,7 +147,8 @@ async def submit(conn: Any, new: NewInput, now: datetime) -> Submission | None:
     """Run `SUBMIT` on an asyncpg connection; None if nothing was written.
 
     Nothing is written when the session already has the message's request id, or the turn
-    that asks has ended: the full transaction answers (the first submission, a refusal).
+    that asks has ended or has a Stop pending: the full transaction answers (the first
+    submission, a refusal).
     """
     claim = claim_of(new)
     started = started_event(new, _SEQ_MARK, now)

@@ -92,12 +92,22 @@ _GUIDED = (
 )
 _HOLD_ASKING = (
     update(turns)
-    .where(turns.c.turn_id == bindparam("h_turn"), turns.c.status.in_(UNFINISHED))
+    .where(
+        turns.c.turn_id == bindparam("h_turn"),
+        turns.c.status.in_(UNFINISHED),
+        turns.c.cancel_requested.is_(False),  # no Stop pending (flagged for its driver)
+    )
     .values(updated_at=turns.c.updated_at)  # unchanged: the row is written, not edited
+)
+_STOP_PENDING = select(turns.c.turn_id).where(
+    turns.c.turn_id == bindparam("h_turn"),
+    turns.c.status.in_(UNFINISHED),
+    turns.c.cancel_requested.is_(True),
 )
 
 __all__ = (
     "claim_of",
+    "drop_refused_session",
     "guided_inputs",
     "hold_asking",
     "opened",
@@ -197,6 +207,10 @@ def submit(conn: Connection, insert: Any, new: NewInput, now: datetime) -> Submi
 def hold_asking(conn: Connection, asking: TurnId) -> None:
     """Hold the row of the turn that asks, until this transaction ends; refuse an ended one.
 
+    A turn with a Stop pending counts as ended: a Stop from another process flags it
+    (`cancel_requested`) for its live driver, which learns of it only at its next lease
+    renewal and may ask an agent meanwhile; nobody would read that agent's answer either.
+
     An asked turn is inserted only while its asking turn is unfinished, so the ending of
     that turn, which stops the turns it asked (`_cancel_sql.stop_asked`), sees it. The row
     is written (with what it holds), not only locked: an ending waits for this
@@ -206,14 +220,45 @@ def hold_asking(conn: Connection, asking: TurnId) -> None:
     serialises the two.
 
     Raises:
-        AskingTurnEndedError: the asking turn ended (or is gone): nothing is written.
+        AskingTurnEndedError: the asking turn ended (or is gone), or a Stop of it is
+            pending (`stop_pending`): nothing is written.
     """
-    if conn.execute(_HOLD_ASKING, {"h_turn": asking}).rowcount != 1:
+    if conn.execute(_HOLD_ASKING, {"h_turn": asking}).rowcount == 1:
+        return
+    if conn.execute(_STOP_PENDING, {"h_turn": asking}).first() is not None:
         raise AskingTurnEndedError(
-            f"the turn {asking!r} that asks this agent as a tool has ended: nobody reads "
-            "the answer any more, so the agent is not asked (nothing was written)",
+            f"the turn {asking!r} that asks this agent as a tool was stopped (its Stop "
+            "reaches its driver at the next lease renewal): nobody reads the answer, so "
+            "the agent is not asked (nothing was written)",
             turn_id=asking,
+            stop_pending=True,
         )
+    raise AskingTurnEndedError(
+        f"the turn {asking!r} that asks this agent as a tool has ended: nobody reads "
+        "the answer any more, so the agent is not asked (nothing was written)",
+        turn_id=asking,
+        stop_pending=False,
+    )
+
+
+def drop_refused_session(conn: Connection, session_id: SessionId, asking: TurnId) -> bool:
+    """Delete the empty session an ask `hold_asking` refused had opened (False: none).
+
+    Only a session the asking turn's session opened for an agent it asks (`parent_session`)
+    that never took a message: a refusal of that turn's asks is final (it stays ended, its
+    Stop stays pending), so no later ask of the same call would write into it.
+    """
+    asking_session = select(turns.c.session_id).where(turns.c.turn_id == asking)
+    found = conn.execute(
+        select(sessions.c.session_id)
+        .where(
+            sessions.c.session_id == session_id,
+            sessions.c.parent_session == asking_session.scalar_subquery(),
+            sessions.c.last_input_seq == 0,
+        )
+        .with_for_update(of=sessions)
+    ).first()
+    return found is not None and sessions_sql.remove_many(conn, [session_id]) == 1
 
 
 def claim_of(new: NewInput) -> ClaimRequest | None:
