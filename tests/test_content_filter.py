@@ -20,6 +20,7 @@ from turnkit.events import (
     DoneEvent,
     ErrorEvent,
     MessageCompleteEvent,
+    MessageDeltaEvent,
     ProviderCascadeEvent,
     ToolFailedEvent,
 )
@@ -168,3 +169,91 @@ async def test_a_filtered_reply_over_http(
     assert row.payloads.synthesis_quality is not None
     assert row.payloads.synthesis_quality.stop_reason == "content_filter"
     assert [e.block.text for e in events if isinstance(e, MessageCompleteEvent)] == ["Here is part"]
+
+
+FILTERED_NOTE = (
+    "[my previous answer failed: content-filtered — the provider's content filter stopped "
+    "it before it had any text]"
+)
+REFUSAL = "I'm sorry, I can't help with that."
+REFUSED_NOTE = f'[my previous answer failed: content-filtered — I refused: "{REFUSAL}"]'
+
+
+def _after_the_failed_turn(messages: tuple[object, ...], asked: str) -> tuple[object, ...]:
+    """The failed turn's message and what follows it in the next turn's first request."""
+    at = max(i for i, m in enumerate(messages) if getattr(m, "content", None) == asked)
+    return tuple((getattr(m, "role", None), getattr(m, "content", None)) for m in messages[at:])
+
+
+@pytest.mark.parametrize("refusal", ["", REFUSAL], ids=["filtered", "refused"])
+async def test_the_next_turn_reads_that_the_answer_was_filtered(
+    runtime_factory: RuntimeFactory, refusal: str
+) -> None:
+    """As after the output limit: the next turn's model reads, in place of the missing
+    answer, a note of its own saying why there was none (a refusal with its words), not a
+    user message left unanswered nor advice meant for a person."""
+    step = ModelStep.filtered(refusal=refusal) if refusal else ModelStep.filtered()
+    model = ScriptedModel([step, ModelStep.text_reply("Sure.")])
+    runtime = runtime_factory(Agent(model=model, tools=[add], skip_stages=NO_PLAN))
+    events = await collect_events(runtime.execute_message("s1", "Tell me."))
+    assert isinstance(events[-1], DoneEvent)
+    assert events[-1].error_code == "content-filtered"
+    await collect_events(runtime.execute_message("s1", "Something else, then."))
+    note = FILTERED_NOTE if not refusal else REFUSED_NOTE
+    assert _after_the_failed_turn(model.calls[1].messages, "Tell me.") == (
+        ("user", "Tell me."),
+        ("assistant", note),
+        ("user", "Something else, then."),
+    )
+
+
+async def test_a_refusal_fails_the_turn_with_its_words_in_the_error(
+    runtime_factory: RuntimeFactory,
+) -> None:
+    """A refusal (OpenAI's `refusal`) is not asked again and is not an answer: its words
+    are in the `error` event (message and `details.refusal`), never a message block."""
+    model = ScriptedModel([ModelStep.filtered(refusal=REFUSAL)])
+    agent = Agent(model=model, tools=[add], output_type=Sum, skip_stages=NO_PLAN)
+    runtime = runtime_factory(agent)
+    events = await collect_events(runtime.execute_message("s1", "What is 2 + 3?"))
+    model.assert_complete()
+    assert isinstance(events[-1], DoneEvent)
+    assert (events[-1].status, events[-1].error_code) == ("failed", "content-filtered")
+    [error] = [e for e in events if isinstance(e, ErrorEvent)]
+    assert REFUSAL in error.message
+    assert error.details == {"stop_reason": "content_filter", "refusal": REFUSAL}
+    assert not [e for e in events if isinstance(e, MessageCompleteEvent)]
+
+
+@pytest.mark.parametrize("transport", ["auto", "litellm"])
+async def test_a_refusal_over_http_fails_the_turn_on_both_transports(
+    runtime_factory: RuntimeFactory,
+    openai_server: FakeOpenAIServer,
+    transport: Literal["auto", "litellm"],
+) -> None:
+    """OpenAI streams a refusal in `delta.refusal` with the finish reason `stop`: on both
+    transports the turn fails `content-filtered` at once, its words not shown as an
+    answer (litellm's path drops them before turnkit sees them: the error has none)."""
+    openai_server.script(
+        "fake-model",
+        [Reply.tool_call("add", {"a": 2, "b": 3}, call_id="call_1"), Reply.refused(REFUSAL)],
+    )
+    client = LiteLLMClient(
+        "openai/fake-model", api_base=openai_server.base_url, api_key="sk", transport=transport
+    )
+    runtime = runtime_factory(Agent(model=client, tools=[add], skip_stages=NO_PLAN))
+    events = await collect_events(runtime.execute_message("s1", "What is 2 + 3?"))
+    assert isinstance(events[-1], DoneEvent)
+    assert (events[-1].status, events[-1].error_code) == ("failed", "content-filtered")
+    assert len(openai_server.requests) == 2  # not asked again
+    assert not [e for e in events if isinstance(e, MessageCompleteEvent) and e.block.text]
+    assert not [e for e in events if isinstance(e, MessageDeltaEvent)]
+    [error] = [e for e in events if isinstance(e, ErrorEvent)]
+    if transport == "auto":
+        assert error.details.get("refusal") == REFUSAL
+    else:
+        assert "refusal" not in error.details
+    [turn] = await runtime.history("s1")
+    [row] = [r for r in await runtime.audit(turn.turn_id) if r.identity.stage_id == "tool-loop"][1:]
+    assert row.call is not None
+    assert (row.call.outcome, row.call.error_code) == ("error", "content-filtered")

@@ -3,6 +3,7 @@ more, in a call of its own, and a second empty reply fails the turn (`answer-mis
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Literal
 
 import pytest
@@ -20,6 +21,7 @@ from turnkit import Agent, RuntimeConfig, SessionRuntime
 from turnkit.audit import AuditRow
 from turnkit.blocks import TextBlock
 from turnkit.events import DoneEvent, ErrorEvent, MessageCompleteEvent
+from turnkit.models import ModelMessage
 from turnkit.models.litellm import LiteLLMClient
 from turnkit.testing import ModelStep, ScriptedModel, call, collect_events
 
@@ -216,3 +218,105 @@ async def test_an_empty_reply_over_http_is_asked_once_more(
     last, before = openai_server.requests[2]["messages"], openai_server.requests[1]["messages"]
     assert isinstance(last, list)
     assert last == [*before, {"role": "user", "content": ANSWER_NOW}]  # type: ignore[misc]
+
+
+def _blank_replies(messages: Sequence[ModelMessage]) -> list[ModelMessage]:
+    """A request's assistant messages with no text and no tool call."""
+    return [
+        m
+        for m in messages
+        if m.role == "assistant" and not m.tool_calls and not str(m.content).strip()
+    ]
+
+
+@pytest.mark.parametrize("empty", ["", " \n\n"], ids=["empty", "blank"])
+async def test_an_empty_loop_reply_is_not_sent_to_the_separate_synthesis_call(
+    runtime_factory: RuntimeFactory, empty: str
+) -> None:
+    """The loop's last reply has no text: the synthesis call is the loop's request plus its
+    closing instruction (some providers refuse an empty assistant message, and litellm
+    puts a placeholder text in its place for Anthropic), and the session keeps none."""
+    model = _after_a_tool(ModelStep.text_reply(empty), ModelStep.text_reply("It is 5."))
+    agent = Agent(model=model, tools=[add], synthesis="separate", skip_stages=NO_PLAN)
+    runtime = runtime_factory(agent)
+    events = await collect_events(runtime.execute_message("s1", "What is 2 + 3?"))
+    [turn] = await runtime.history("s1")
+    model.assert_complete()
+    assert isinstance(events[-1], DoneEvent)
+    assert events[-1].status == "succeeded"
+    assert turn.answer == "It is 5."
+    synthesis = model.calls[2].messages
+    assert synthesis[:-1] == model.calls[1].messages
+    assert (synthesis[-1].role, synthesis[-1].content) == ("user", agent.synthesis_instructions)
+    follow = ScriptedModel([ModelStep.text_reply("Yes.")])
+    again = runtime_factory(Agent(model=follow, skip_stages=NO_PLAN))
+    await collect_events(again.execute_message("s1", "Sure?"))
+    assert _blank_replies(follow.calls[0].messages) == []
+
+
+async def test_an_empty_first_reply_leaves_the_synthesis_call_the_message_itself(
+    runtime_factory: RuntimeFactory,
+) -> None:
+    """Nothing ran and nothing was said: the synthesis call answers the message itself,
+    as when the loop is skipped (no closing instruction after the user's own message)."""
+    model = ScriptedModel([ModelStep.text_reply(""), ModelStep.text_reply("Hello.")])
+    agent = Agent(model=model, tools=[add], synthesis="separate", skip_stages=NO_PLAN)
+    runtime = runtime_factory(agent)
+    await collect_events(runtime.execute_message("s1", "Hi"))
+    model.assert_complete()
+    assert model.calls[1].messages == model.calls[0].messages
+    assert [c.tool_choice for c in model.calls] == ["auto", "none"]
+
+
+@pytest.mark.parametrize("synthesis", ["terminal", "separate"])
+async def test_an_empty_structured_answer_is_not_sent_back(
+    runtime_factory: RuntimeFactory, synthesis: Literal["terminal", "separate"]
+) -> None:
+    """An agent with an `output_type` asks again through its retries: the request that
+    asks again extends the one the empty answer answered, without the empty answer."""
+    if synthesis == "terminal":
+        model = _after_a_tool(ModelStep.text_reply(""), ModelStep.text_reply('{"total": 5}'))
+    else:
+        model = _after_a_tool(
+            ModelStep.text_reply("Done."),
+            ModelStep.text_reply(""),
+            ModelStep.text_reply('{"total": 5}'),
+        )
+    agent = Agent(
+        model=model, tools=[add], output_type=Sum, synthesis=synthesis, skip_stages=NO_PLAN
+    )
+    runtime = runtime_factory(agent)
+    await collect_events(runtime.execute_message("s1", "What is 2 + 3?"))
+    [turn] = await runtime.history("s1")
+    model.assert_complete()
+    assert turn.answer == '{"total": 5}'
+    asked = model.calls[-1].messages
+    assert asked[:-1] == model.calls[-2].messages
+    assert "empty" in str(asked[-1].content)
+
+
+@pytest.mark.parametrize("transport", ["auto", "litellm"])
+async def test_an_empty_loop_reply_over_http_is_not_sent_to_the_synthesis_call(
+    runtime_factory: RuntimeFactory,
+    openai_server: FakeOpenAIServer,
+    transport: Literal["auto", "litellm"],
+) -> None:
+    openai_server.script(
+        "fake-model",
+        [
+            Reply.tool_call("add", {"a": 2, "b": 3}, call_id="call_1"),
+            Reply.text(""),
+            Reply.text("It is 5."),
+        ],
+    )
+    client = LiteLLMClient(
+        "openai/fake-model", api_base=openai_server.base_url, api_key="sk", transport=transport
+    )
+    agent = Agent(model=client, tools=[add], synthesis="separate", skip_stages=NO_PLAN)
+    runtime = runtime_factory(agent)
+    events = await collect_events(runtime.execute_message("s1", "What is 2 + 3?"))
+    assert isinstance(events[-1], DoneEvent)
+    assert events[-1].status == "succeeded"
+    last, before = openai_server.requests[2]["messages"], openai_server.requests[1]["messages"]
+    assert isinstance(last, list)
+    assert last == [*before, {"role": "user", "content": agent.synthesis_instructions}]  # type: ignore[misc]

@@ -479,9 +479,16 @@ class AnswerMissingError(TurnError):
 
 
 class ContentFilteredError(TurnError):
-    """The provider's content filter stopped the answer before it wrote any text."""
+    """The provider's content filter stopped the answer before any text, or the model refused.
+
+    The words of a refusal (OpenAI's `refusal`) are in `refusal` and the message, never an
+    answer.
+    """
 
     code: ClassVar[ErrorCode] = "content-filtered"
+    stop_reason: str
+    refusal: str | None = None
+    """The words the model declined with, when they reached turnkit (None: none did)."""
 
 
 class ToolCallError(TurnError):

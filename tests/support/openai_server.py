@@ -94,6 +94,8 @@ class Reply:
     retry_after: str | None = None
     model: str | None = None
     """The model the chunks name (default: the one asked for)."""
+    refusal: str = ""
+    """Words the model declined with, streamed as `refusal` deltas (content stays null)."""
 
     @classmethod
     def text(
@@ -136,6 +138,15 @@ class Reply:
             stall=stall,
             model=model,
         )
+
+    @classmethod
+    def refused(cls, words: str, *, chunks: int = 3, finish_reason: str = "stop") -> Reply:
+        """A refusal as OpenAI sends one (structured outputs): `refusal` deltas, no content.
+
+        The first delta opens the message with `content` null and an empty `refusal`; the
+        words follow in `chunks` deltas; the finish reason is `stop`, as OpenAI's is.
+        """
+        return cls(kind="text", refusal=words, chunks=chunks, finish_reason=finish_reason)
 
     @classmethod
     def tool_call(
@@ -431,6 +442,8 @@ class FakeOpenAIServer:
     @staticmethod
     def _whole(completion: _Completion, reply: Reply) -> dict[str, object]:
         message: dict[str, object] = {"role": "assistant", "content": reply.content or None}
+        if reply.refusal:
+            message["refusal"] = reply.refusal
         if reply.reasoning:
             message["reasoning_content"] = reply.reasoning
         if reply.kind == "tool_call":
@@ -461,6 +474,10 @@ class FakeOpenAIServer:
         if reply.kind == "tool_call":
             for delta in _tool_call_deltas(reply):
                 yield chunk(delta)
+        elif reply.refusal:
+            yield chunk({"role": "assistant", "content": None, "refusal": ""})
+            for piece in _split(reply.refusal, reply.chunks):
+                yield chunk({"refusal": piece})
         else:
             yield chunk({"role": "assistant", "content": ""})
             for piece in _split(reply.reasoning, reply.chunks):

@@ -49,6 +49,42 @@ USAGE = {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}
 GOOD = sse(chunk({"content": "hello"})) + sse(chunk({}, "stop")) + DONE
 
 
+REFUSALS: dict[str, tuple[str, bytes]] = {
+    # a server that ignores `stream`: one JSON answer with a refusal
+    "refusal-whole": (
+        "application/json",
+        json.dumps(
+            {
+                "id": "chatcmpl-raw",
+                "object": "chat.completion",
+                "created": 0,
+                "model": "m",
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {
+                            "role": "assistant",
+                            "content": None,
+                            "refusal": "I can't help with that.",
+                        },
+                        "finish_reason": "stop",
+                    }
+                ],
+                "usage": USAGE,
+            }
+        ).encode(),
+    ),
+    # a server that sends `refusal: ""` on every delta of an ordinary answer
+    "empty-refusal-field": (
+        STREAM,
+        sse(chunk({"role": "assistant", "content": "", "refusal": ""}))
+        + sse(chunk({"content": "hello", "refusal": ""}))
+        + sse(chunk({}, "stop"))
+        + DONE,
+    ),
+}
+
+
 def _answer(status: int, content_type: str, body: bytes, extra: str = "") -> bytes:
     return (
         f"HTTP/1.1 {status} X\r\ncontent-type: {content_type}\r\n"
@@ -143,6 +179,8 @@ class RawServer:
                 + DONE
             )
             return _answer(200, STREAM, body)
+        if model in REFUSALS:
+            return _answer(200, *REFUSALS[model])
         if model == "rate-limited-mid-stream":  # an error event after some text
             error = {"message": "Rate limit reached for m", "code": "rate_limit_exceeded"}
             return _answer(200, STREAM, sse(chunk({"content": "hel"})) + sse({"error": error}))
@@ -307,16 +345,44 @@ async def test_events_ended_by_a_lone_cr_are_read(
     assert text_of(chunks) == "hello"
 
 
-# ── LOW: a refusal streamed in `delta.refusal` was dropped (an empty answer) ──────────
+# ── MEDIUM: a refusal (`delta.refusal`) was the answer on one path, nothing on the other ──
 
 
-async def test_a_refusal_is_read_as_the_answer(raw_server: RawServer) -> None:
-    """The direct path only: litellm's stream handler drops a delta that holds nothing
-    but `refusal` before turnkit sees it."""
-    chunks = await collect(rung(raw_server, "refusal", "auto"))
+async def test_a_refusal_ends_on_the_content_filter_without_answer_text(
+    raw_server: RawServer, transport: Transport
+) -> None:
+    """OpenAI's `refusal` is the model declining (structured outputs), not an answer: no
+    text, the finish says `content_filter`, and the words travel apart on the `Finish`.
+    litellm's stream handler drops every delta that holds only `refusal` words before
+    turnkit sees it; the opening delta's empty `refusal` still says the model refused."""
+    chunks = await collect(rung(raw_server, "refusal", transport))
 
-    assert text_of(chunks) == "I can't help with that."
-    assert isinstance(chunks[-1], Finish)
+    assert text_of(chunks) == ""
+    finish = chunks[-1]
+    assert isinstance(finish, Finish)
+    assert finish.stop_reason == "content_filter"
+    assert finish.refusal == ("I can't help with that." if transport == "auto" else "")
+
+
+async def test_a_refusal_in_one_json_answer_is_read_the_same(raw_server: RawServer) -> None:
+    chunks = await collect(rung(raw_server, "refusal-whole", "auto"))
+
+    assert text_of(chunks) == ""
+    finish = chunks[-1]
+    assert isinstance(finish, Finish)
+    assert (finish.stop_reason, finish.refusal) == ("content_filter", "I can't help with that.")
+
+
+async def test_an_empty_refusal_field_beside_text_is_no_refusal(
+    raw_server: RawServer, transport: Transport
+) -> None:
+    """Some servers send `refusal: ""` on every delta of an ordinary answer."""
+    chunks = await collect(rung(raw_server, "empty-refusal-field", transport))
+
+    assert text_of(chunks) == "hello"
+    finish = chunks[-1]
+    assert isinstance(finish, Finish)
+    assert (finish.stop_reason, finish.refusal) == ("end_turn", "")
 
 
 # ── LOW: a UTF-8 byte order mark cost the first event ─────────────────────────────────

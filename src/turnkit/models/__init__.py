@@ -195,6 +195,9 @@ class Finish:
     usage: Usage = field(default_factory=Usage)
     response_model: str | None = None
     """The model the provider says answered (`gpt-4o-2024-08-06` for `gpt-4o`), when it said."""
+    refusal: str = ""
+    """The words the model declined with, when it refused (OpenAI's `refusal`, sent apart
+    from the text): never text of the answer. A refusal ends with `content_filter`."""
 
     def __post_init__(self) -> None:
         if self.stop_reason not in STOP_REASONS:
@@ -241,6 +244,8 @@ class ModelResponse:
     tool_calls: tuple[ToolCallPart, ...]
     stop_reason: StopReason
     usage: Usage
+    refusal: str = ""
+    """The words the model declined with (`Finish.refusal`), apart from `text`."""
 
 
 class ModelClient(Protocol):

@@ -41,10 +41,16 @@ _UNPRICED: set[tuple[str, str]] = set()
 
 
 def finish(litellm: ModuleType, state: StreamState, *, model: str, provider: str) -> Finish:
-    """The `Finish` for a stream that has ended; `model` is the bare model litellm resolved."""
+    """The `Finish` for a stream that has ended; `model` is the bare model litellm resolved.
+
+    A refusal (`StreamState.refused`) ends with `content_filter`, its words apart.
+    """
     reason = stop_reason(state.finish_reason, state.saw_tool_call)
     usage = usage_of(litellm, state.usage, model=model, provider=provider)
-    return Finish(reason, usage, response_model=state.model)
+    if not state.refused():
+        return Finish(reason, usage, response_model=state.model)
+    words = state.refusal or ""
+    return Finish("content_filter", usage, response_model=state.model, refusal=words)
 
 
 def note_output(written: list[str], piece: ModelChunk) -> None:

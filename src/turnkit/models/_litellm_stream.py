@@ -44,7 +44,9 @@ async def stream_litellm(
                 reason = getattr(choice, "finish_reason", None)
                 if reason:
                     state.finish_reason = str(reason)
-                for piece in delta_chunks(getattr(choice, "delta", None)):
+                delta = getattr(choice, "delta", None)
+                state.note(getattr(delta, "content", None), getattr(delta, "refusal", None))
+                for piece in delta_chunks(delta):
                     state.saw_tool_call = state.saw_tool_call or isinstance(piece, ToolCallDelta)
                     yield piece
         if not said_anything:

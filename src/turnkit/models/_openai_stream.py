@@ -61,6 +61,29 @@ class StreamState:
     usage: dict[str, object] | None = None
     model: str | None = None
     """The `model` the provider's chunks name (the model that answered)."""
+    refusal: str | None = None
+    """OpenAI's `refusal` words, joined; None when no delta had the field as a string."""
+    saw_text: bool = False
+    """Some delta had text that is not blank."""
+
+    def note(self, content: object, refusal: object) -> None:
+        """Keep what a delta's `content` and `refusal` say of a refusal."""
+        if isinstance(content, str) and content.strip():
+            self.saw_text = True
+        if isinstance(refusal, str):
+            self.refusal = (self.refusal or "") + refusal
+
+    def refused(self) -> bool:
+        """Whether the model declined: `refusal` words, or an empty `refusal` and nothing else.
+
+        An empty `refusal` counts when the model wrote no text and no call after it: that
+        opening is all litellm's stream handler leaves of a refusal (it drops each delta
+        that holds only its words). An empty `refusal` beside text is no refusal: some
+        servers send one on every delta.
+        """
+        if self.refusal is None:
+            return False
+        return bool(self.refusal) or not (self.saw_text or self.saw_tool_call)
 
 
 Origin = Literal["status", "event", "stream"]
@@ -371,14 +394,18 @@ def _pieces(event: object, state: StreamState) -> list[ModelChunk]:
 
 
 def _delta_pieces(delta: dict[str, object], state: StreamState) -> list[ModelChunk]:
-    """A choice's delta: thinking, text (a refusal's words too), tool-call pieces."""
+    """A choice's delta: thinking, text, tool-call pieces.
+
+    A refusal's words (`refusal`) are no text of the answer: `state` keeps them apart.
+    """
     out: list[ModelChunk] = []
     reasoning = delta.get("reasoning_content") or delta.get("reasoning")
     if reasoning and isinstance(reasoning, str):
         out.append(ThinkingDelta(reasoning))
-    for said in (delta.get("content"), delta.get("refusal")):
-        if said and isinstance(said, str):
-            out.append(TextDelta(said))
+    content = delta.get("content")
+    state.note(content, delta.get("refusal"))
+    if content and isinstance(content, str):
+        out.append(TextDelta(content))
     calls = delta.get("tool_calls")
     if calls and isinstance(calls, list):
         pieces = _tool_call_pieces(calls)

@@ -306,6 +306,7 @@ class LiteLLMClient:
         finally:
             await pieces.aclose()
         if state.usage is None and written is not None:  # as litellm's own path counts it
+            written.append(state.refusal or "")  # a refusal's words were written too
             # In a thread: a tokenizer over a long prompt (or its first load) is slow.
             state.usage = await asyncio.to_thread(estimated_usage, litellm, kwargs, written)
         yield finish(litellm, state, model=self._bare_model, provider=self._provider)

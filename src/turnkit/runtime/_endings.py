@@ -91,7 +91,9 @@ async def end_failed(
             error_code=exc.code,
             summary=summary,
             release=True,
-            transcript=ended_transcript(rec, status, exc.code, exc.message),
+            transcript=ended_transcript(
+                rec, status, exc.code, exc.message, refusal=exc.details.get("refusal")
+            ),
         )
     except (StaleEpochError, LeaseLostError):
         return False

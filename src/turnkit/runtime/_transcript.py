@@ -38,6 +38,10 @@ _OUTPUT_LIMIT_NOTE = (
     "[my previous answer failed: agent_output_limit_exceeded — the output limit was "
     "reached before it was complete]"
 )
+_FILTERED_NOTE = (
+    "[my previous answer failed: content-filtered — the provider's content filter stopped "
+    "it before it had any text]"
+)
 
 
 def opening_message(record: TurnRecord) -> TranscriptMessage:
@@ -152,18 +156,25 @@ def _legacy(
 
 
 def ended_transcript(
-    rec: Recorder, status: TerminalStatus, code: str | None, message: str | None
+    rec: Recorder,
+    status: TerminalStatus,
+    code: str | None,
+    message: str | None,
+    *,
+    refusal: str | None = None,
 ) -> TurnTranscript:
     """What the turn adds to its session's transcript as it ends.
 
     A turn that ended without an answer keeps what its requests carried, answers any
     tool call left without a result, and says why it ended, so the next turn's model
-    knows (and the next request still starts with this turn's last one).
+    knows (and the next request still starts with this turn's last one). `refusal`: the
+    words a `content-filtered` turn's model declined with.
     """
     messages = list(rec.notes.transcript)
     if status != "succeeded":
         messages += _unanswered_calls(messages, rec.notes.result_messages)
-        messages.append({"role": "assistant", "content": _ending_note(status, code, message)})
+        note = _ending_note(status, code, message, refusal)
+        messages.append({"role": "assistant", "content": note})
     last: dict[str, JsonValue] | None = None
     if rec.notes.last_request is not None:
         # Stored beside the session's transcript, which the next turn's list starts with:
@@ -208,9 +219,24 @@ def _unanswered_calls(
     return []
 
 
-def _ending_note(status: TerminalStatus, code: str | None, message: str | None) -> str:
+def _ending_note(
+    status: TerminalStatus, code: str | None, message: str | None, refusal: str | None
+) -> str:
+    """Why the turn has no answer, as the model's own note (its next turn reads it).
+
+    A missing answer the model cannot do better on at once (the output limit, the
+    content filter, its own refusal) reads as its own, in words meant for it; any other
+    ending quotes the error.
+    """
     if code == "agent_output_limit_exceeded":
         return _OUTPUT_LIMIT_NOTE
+    if code == "content-filtered":
+        said = (refusal or "").strip()
+        return (
+            f'[my previous answer failed: content-filtered — I refused: "{said}"]'
+            if said
+            else _FILTERED_NOTE
+        )
     if status == "cancelled":
         return "[the person stopped this turn before I answered]"
     return (

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -313,7 +314,7 @@ def _counted(finish: Finish, on: _Rung, request: ModelRequest) -> Finish:
     asm = on.asm
     if not (asm.text or asm.raw or asm.raw_text or asm.thinking or asm.calls):
         return finish
-    return Finish(finish.stop_reason, Usage(**on.spent(request)))
+    return dataclasses.replace(finish, usage=Usage(**on.spent(request)))
 
 
 async def _finished(
@@ -336,6 +337,7 @@ async def _finished(
         tool_calls=asm.tool_calls(),
         stop_reason=finish.stop_reason,
         usage=usage,
+        refusal=finish.refusal,
     )
     shape = on.shape(
         family.name,

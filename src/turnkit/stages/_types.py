@@ -34,6 +34,7 @@ __all__ = (
     "StageOutcome",
     "TranscriptMessage",
     "from_transcript",
+    "reply_messages",
     "to_transcript",
 )
 
@@ -47,6 +48,16 @@ class PendingAnswer(TypedDict):
     block_id: str
     generation_id: str
     stop_reason: str
+
+
+def reply_messages(text: str) -> list[TranscriptMessage]:
+    """What a reply that named no tool adds to the transcript: nothing when it has no text.
+
+    An empty or blank reply is never sent back to the model (it is narration the model
+    is asked past): some providers refuse an empty assistant message, and litellm puts a
+    placeholder text in its place for Anthropic, which the session would then keep.
+    """
+    return [{"role": "assistant", "content": text}] if text.strip() else []
 
 
 class BudgetCheck(Protocol):

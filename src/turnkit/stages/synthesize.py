@@ -58,6 +58,7 @@ from turnkit.stages._types import (
     StageContext,
     StageOutcome,
     TranscriptMessage,
+    reply_messages,
 )
 from turnkit.stages.tool_loop import content_filtered
 
@@ -111,7 +112,7 @@ async def run_synthesize(
     """
     rec = ctx.recorder
     check = ctx.agent.output
-    if answer is not None:  # the transcript already ends with it
+    if answer is not None:  # the transcript already ends with it (when it has text)
         logged = rec.journal.generation(answer["generation_id"])
         written = _Written(answer=answer, source="tool-loop", logged=logged)
         if check is None:
@@ -146,7 +147,7 @@ async def _checked(
     """The first answer that matches the agent's `output_type`, asking again as allowed.
 
     Each answer that fails is committed as narration with its `outputCheck` row, and the
-    model reads what was wrong. `transcript` ends with `written`'s answer.
+    model reads what was wrong. `transcript` ends with `written`'s answer (when it has text).
     """
     first = True
     while True:
@@ -184,7 +185,7 @@ async def _in_text(
     request that reply answered (the empty reply itself is not sent back: some providers
     refuse an empty assistant message), told that no tool can be called now; an answer
     asked again that writes no text fails the turn. `transcript` ends with `written`'s
-    answer.
+    answer (an answer with no text is never in it: `reply_messages`).
     """
     if _has_text(written):
         await _commit(ctx, written, is_answer=True, first=True)
@@ -192,14 +193,14 @@ async def _in_text(
     await _commit(ctx, written, is_answer=False, first=True)
     closing: TranscriptMessage = {"role": "user", "content": _ANSWER_NOW}
     written, transcript, previous = await _write(
-        ctx, transcript[:-1], previous, attempt=1, closing=(closing,)
+        ctx, transcript, previous, attempt=1, closing=(closing,)
     )
     if not written.answer["text"].strip():  # never in the log: a blank answer is not committed
         if written.call is not None:
             update = {"outcome": "error", "error_code": AnswerMissingError.code}
             call = written.call.model_copy(update=update)
             ctx.recorder.audit("synthesize", call=call, payloads=written.payloads)
-        ctx.recorder.notes.transcript = transcript[:-1]  # the request, not an empty answer
+        ctx.recorder.notes.transcript = transcript  # the request: an empty answer is not in it
         raise AnswerMissingError(
             "the model wrote no answer: its reply was empty (or only named tools where no "
             "tool can be called), and it wrote no text when asked once more; retry the turn, "
@@ -232,7 +233,7 @@ async def _write(
     """One answer-writing call, or the answer an earlier attempt committed for it.
 
     `attempt` 0 is the synthesis call; n the n-th answer asked again. The transcript
-    comes back ending with the answer.
+    comes back ending with the answer, unless it has no text (`reply_messages`).
     """
     rec = ctx.recorder
     if attempt == 0:
@@ -268,8 +269,7 @@ async def _write(
             closing=closing,
             first=attempt == 0,
         )
-    text = written.answer["text"]
-    return written, [*transcript, {"role": "assistant", "content": text}], previous
+    return written, [*transcript, *reply_messages(written.answer["text"])], previous
 
 
 async def _call(
@@ -340,7 +340,7 @@ async def _call(
         )
     if filtered:  # asked again, the same model would refuse again
         ctx.recorder.audit("synthesize", call=shape, payloads=payloads)
-        raise content_filtered()
+        raise content_filtered(response.refusal)
     written = _Written(
         answer=pending,
         source="synthesize",

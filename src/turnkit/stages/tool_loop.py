@@ -48,6 +48,7 @@ from turnkit.stages._types import (
     StageContext,
     StageOutcome,
     TranscriptMessage,
+    reply_messages,
     to_transcript,
 )
 
@@ -179,7 +180,7 @@ def _fatal(response: ModelResponse, calls: tuple[ToolCallPart, ...]) -> TurnErro
             stop_reason=response.stop_reason,
         )
     if not calls and response.stop_reason == "content_filter" and not response.text.strip():
-        return content_filtered()
+        return content_filtered(response.refusal)
     if any(not c.name for c in calls):
         return ToolCallError(
             "the model wrote a tool call without a tool name; the response cannot be trusted",
@@ -188,13 +189,31 @@ def _fatal(response: ModelResponse, calls: tuple[ToolCallPart, ...]) -> TurnErro
     return None
 
 
-def content_filtered() -> ContentFilteredError:
-    """The error of an answer the provider's content filter stopped before any text."""
+_REFUSAL_SHOWN = 500
+"""Characters of a refusal's words the error message quotes (`refusal` has them all)."""
+
+
+def content_filtered(refusal: str = "") -> ContentFilteredError:
+    """The error of an answer the provider's content filter stopped before any text.
+
+    `refusal`: the words the model declined with (OpenAI's `refusal`), quoted in the message
+    and kept whole in the error's `refusal`; they are never the answer.
+    """
+    if not refusal.strip():
+        return ContentFilteredError(
+            "the provider's content filter stopped the answer before it wrote any text "
+            "(finish reason `content_filter`: a refusal or a safety block); rephrase the "
+            "message, or use a model or deployment with another content policy",
+            stop_reason="content_filter",
+        )
+    said = refusal.strip()
+    if len(said) > _REFUSAL_SHOWN:
+        said = said[:_REFUSAL_SHOWN] + "…"
     return ContentFilteredError(
-        "the provider's content filter stopped the answer before it wrote any text "
-        "(finish reason `content_filter`: a refusal or a safety block); rephrase the "
-        "message, or use a model or deployment with another content policy",
+        f'the model refused to answer: "{said}" (a refusal is not kept as an answer); '
+        "rephrase the message, or use a model or deployment with another content policy",
         stop_reason="content_filter",
+        refusal=refusal,
     )
 
 
@@ -238,12 +257,16 @@ def _answered(
     block_id: str,
     generation: str,
 ) -> StageOutcome:
-    """A call that named no tool: its text is the answer (or narration before synthesis)."""
-    closing = to_transcript(ModelMessage(role="assistant", content=response.text))
+    """A call that named no tool: its text is the answer (or narration before synthesis).
+
+    A reply with no text is not added to the transcript (`reply_messages`): synthesize
+    asks for the answer after the request that reply answered.
+    """
+    closing = reply_messages(response.text)
     if ctx.synthesis is not None:
         _narration(ctx, response.text, block_id, generation)
         return StageOutcome(
-            transcript=[*transcript, closing], route="synthesize", previous=previous
+            transcript=[*transcript, *closing], route="synthesize", previous=previous
         )
     answer: PendingAnswer = {
         "text": response.text,
@@ -252,7 +275,7 @@ def _answered(
         "stop_reason": response.stop_reason,
     }
     return StageOutcome(
-        transcript=[*transcript, closing], route="synthesize", previous=previous, answer=answer
+        transcript=[*transcript, *closing], route="synthesize", previous=previous, answer=answer
     )
 
 
@@ -278,7 +301,7 @@ async def _refused(
     thinking = thinking_of(ctx)
     if thinking is not None:
         await thinking.discard()  # it was not the answer after all
-    failed = [*transcript, to_transcript(ModelMessage(role="assistant", content=text))]
+    failed = [*transcript, *reply_messages(text)]  # an empty answer is not sent back
     if committed is None:
         commit_failed(
             ctx, "tool-loop", checked, text=text, block_id=block_id, generation_id=generation

@@ -63,6 +63,7 @@ class ModelStep:
     chunk_size: int = 8
     hang_after_text: bool = False
     usage: Usage | None = None
+    refusal: str = ""
 
     @classmethod
     def text_reply(cls, text: str, *, thinking: str = "", chunk_size: int = 8) -> ModelStep:
@@ -90,9 +91,12 @@ class ModelStep:
         return cls(text=text, tool_calls=calls, stop_reason="max_tokens")
 
     @classmethod
-    def filtered(cls, text: str = "", *calls: ToolCallPart) -> ModelStep:
-        """Stop on the provider's content filter (`content_filter`), after `text` if any."""
-        return cls(text=text, tool_calls=calls, stop_reason="content_filter")
+    def filtered(cls, text: str = "", *calls: ToolCallPart, refusal: str = "") -> ModelStep:
+        """Stop on the provider's content filter (`content_filter`), after `text` if any.
+
+        `refusal`: the words the model declined with (OpenAI's `refusal`, `Finish.refusal`).
+        """
+        return cls(text=text, tool_calls=calls, stop_reason="content_filter", refusal=refusal)
 
     @classmethod
     def cut(cls, text: str, error: Exception) -> ModelStep:
@@ -244,4 +248,4 @@ class ScriptedModel:
             output_tokens=_estimate_tokens(step.text + step.thinking)
             + sum(_estimate_tokens(c.arguments) for c in step.tool_calls),
         )
-        yield Finish(stop, usage)
+        yield Finish(stop, usage, refusal=step.refusal)
