@@ -347,6 +347,62 @@ async def test_a_redis_restarted_empty_mid_block_leaves_no_hole_on_a_live_reader
     assert screen == complete
 
 
+async def test_a_redis_back_with_an_older_copy_mid_block_loses_nothing_for_any_reader(
+    db: tuple[str, str | None], private_redis: PrivateRedis
+) -> None:
+    """Redis comes back from a snapshot older than the turn's stream, so fast that no call
+    fails: the stream is there, without its newest entries. A live reader gets every
+    durable event once and in order, and never shows text with a hole in it; so does a
+    reader that reconnects with its cursor after the restart."""
+    from turnkit.replay.redis import RedisReplayBuffer
+
+    url, schema = db
+    buffer = RedisReplayBuffer.from_url(private_redis.url)
+    agent = Agent(model=SlowWriter(), skip_stages=frozenset({"anchor-plan"}))
+    config = RuntimeConfig(database_url=url, database_schema=schema)
+
+    async def follow(turn_id: TurnId, after: int, restart: bool) -> tuple[list[int], list[str]]:
+        seqs, screens, screen = [], [], ""
+        async with asyncio.timeout(20):
+            async for event in runtime.reader().events(turn_id, after_seq=after):
+                if isinstance(event, DurableEvent):
+                    seqs.append(event.seq)
+                if isinstance(event, MessageSnapshotEvent):
+                    screen = event.text
+                elif isinstance(event, MessageDeltaEvent):
+                    screen += event.text
+                    if restart and screen == "".join(WORDS[:5]):
+                        await buffer.client.save()  # the copy Redis comes back with
+                    if restart and screen == "".join(WORDS[:10]):
+                        await asyncio.sleep(0.1)  # busy: the next deltas wait in Redis
+                        private_redis.kill()
+                        private_redis.start()
+                        cursor.append(seqs[-1])  # another reader reconnects with it now
+                screens.append(screen)
+        return seqs, screens
+
+    try:
+        async with SessionRuntime(agent=agent, config=config, replay=buffer) as runtime:
+            submission = await runtime.start("s1", "write")
+            cursor: list[int] = []
+            live = asyncio.create_task(follow(submission.turn_id, 0, restart=True))
+            async with asyncio.timeout(20):
+                while not cursor and not live.done():
+                    await asyncio.sleep(0.01)
+            resumed = await follow(submission.turn_id, cursor[0], restart=False)
+            seqs, screens = await live
+            record = await runtime.store.get_turn(submission.turn_id)
+    finally:
+        await buffer.close()
+    assert record is not None
+    last = record.last_seq
+    assert seqs == list(range(1, last + 1))  # each once, in order
+    assert resumed[0] == list(range(cursor[0] + 1, last + 1))
+    for shown in (screens, resumed[1]):
+        assert [s for s in shown if not "".join(WORDS).startswith(s)] == []
+        assert shown[-1] == "".join(WORDS)
+
+
 async def test_progress_reported_after_redis_restarted_empty_does_not_make_the_stream_again(
     private_redis: PrivateRedis, tmp_path: Path
 ) -> None:

@@ -551,6 +551,102 @@ async def test_a_redis_restarted_empty_between_two_publishes_leaves_no_hole_in_a
         await buffer.close()
 
 
+@pytest.mark.parametrize("clock", ["in step", "behind"])
+async def test_a_redis_back_with_an_older_copy_between_two_publishes_leaves_no_hole(
+    private_redis: PrivateRedis, clock: str
+) -> None:
+    """Redis comes back from a snapshot older than the stream (an RDB, an AOF synced a
+    second before, a replica promoted before it caught up), so fast that no call fails:
+    the deltas after the snapshot are gone, but the stream is there. The next publish
+    notices its last entry is gone and sends the block's text so far first. "behind": the
+    Redis that came back gives ids below those readers read already (its clock is behind
+    the one that wrote them); the publisher's entries still come after them."""
+    from turnkit.replay.redis import RedisReplayBuffer
+
+    buffer = RedisReplayBuffer.from_url(private_redis.url)
+    turn, now = _turn(), datetime.now(UTC)
+    if clock == "behind":  # the Redis that wrote the stream ran a minute ahead
+        ahead = f"{int(time.time() * 1000) + 60_000}-0"
+        await buffer.client.xadd(buffer._key(turn), {"s": ""}, id=ahead)
+        await buffer.client.xdel(buffer._key(turn), ahead)
+    words = [f"w{i} " for i in range(15)]
+    try:
+        async with BufferPublisher(buffer, turn) as publish:
+            for i, word in enumerate(words):
+                if i == 6:
+                    await buffer.client.save()  # w0 … w5: the copy Redis comes back with
+                if i == 11:  # the reader is between two reads; w10 is only in Redis
+                    private_redis.kill()
+                    private_redis.start()
+                publish(MessageDeltaEvent(session_id="s1", turn_id=turn, stage_id="synthesize",
+                                          ts=now, block_id="b", text=word))  # fmt: skip
+                await asyncio.sleep(0.02)
+                if i == 9:
+                    seen = await buffer.read(turn, after="0", wait_s=0)
+                    text, position = _screen(seen), seen[-1].position
+        assert text == "".join(words[:10])
+        text = _screen(await buffer.read(turn, after=position, wait_s=0), text)
+        assert text == "".join(words)  # not w0 … w9 w11 … w14: w10 came in the snapshot
+        joining = _screen(await buffer.read(turn, after="0", wait_s=0))
+        assert joining == "".join(words)  # a reader from the start: w6 … w10 in the snapshot
+    finally:
+        await buffer.close()
+
+
+async def test_a_publish_after_a_progress_report_finds_nothing_lost(
+    private_redis: PrivateRedis,
+) -> None:
+    """Another process added to the turn's stream after the publisher's last entry (a
+    job's progress report): that entry is still there, so nothing was lost and no text
+    is sent again."""
+    from turnkit.replay.redis import RedisReplayBuffer
+
+    buffer = RedisReplayBuffer.from_url(private_redis.url)
+    turn = _turn()
+    try:
+        position = await buffer.append(turn, [_delta(turn, "Hel")], after=None)
+        await buffer.publish_after(turn, [_delta(turn, "(a report)")])
+        assert await buffer.append(turn, [_delta(turn, "lo")], after=position)
+        assert _screen(await buffer.read(turn, after="0", wait_s=0)) == "Hel(a report)lo"
+    finally:
+        await buffer.close()
+
+
+async def test_a_redis_user_refused_scripts_still_gets_its_publishes(
+    private_redis: PrivateRedis, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A Redis user without EVAL and EVALSHA: publishes go as before (one warning says
+    what goes unnoticed), and a stream that is gone is still noticed."""
+    import redis.asyncio as aioredis
+
+    from turnkit.replay import EntriesLostError
+    from turnkit.replay.redis import RedisReplayBuffer
+
+    admin = aioredis.Redis.from_url(private_redis.url)
+    await admin.execute_command(
+        "ACL", "SETUSER", "noscripts", "on", "nopass", "~*", "&*", "+@all", "-eval", "-evalsha"
+    )
+    url = f"redis://noscripts@127.0.0.1:{private_redis.port}/0"
+    buffer = RedisReplayBuffer.from_url(url)
+    turn = _turn()
+    try:
+        with caplog.at_level(logging.WARNING, "turnkit.replay"):
+            position = await buffer.append(turn, [_delta(turn, "Hel")], after=None)
+            position = await buffer.append(
+                turn, [_delta(turn, "lo"), _delta(turn, ", ")], after=position
+            )
+            assert position == (await buffer.read(turn, after="0", wait_s=0))[-1].position
+            await buffer.append(turn, [_delta(turn, "world")], after=position)
+        assert _screen(await buffer.read(turn, after="0", wait_s=0)) == "Hello, world"
+        assert len([r for r in caplog.records if "refuses" in r.getMessage()]) == 1
+        await admin.delete(buffer._key(turn))  # as a Redis that restarted empty
+        with pytest.raises(EntriesLostError):
+            await buffer.append(turn, [_delta(turn, "!")], after=position)
+    finally:
+        await buffer.close()
+        await admin.aclose()
+
+
 def _delta(turn: TurnId, text: str) -> Entry:
     """A `message.delta` of block `b` as a publisher hands it to the buffer."""
     event = MessageDeltaEvent(session_id="s1", turn_id=turn, stage_id="synthesize",

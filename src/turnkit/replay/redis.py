@@ -8,6 +8,8 @@ Redis entry ids are the buffer positions; they never leave turnkit.
 
 from __future__ import annotations
 
+import hashlib
+import logging
 import re
 import time
 from collections.abc import Sequence
@@ -20,10 +22,13 @@ from turnkit.replay import START, BufferEntry, EntriesLostError, ReplaySettings
 
 try:
     import redis.asyncio as aioredis
+    from redis.exceptions import NoPermissionError, NoScriptError
 except ImportError as exc:  # pragma: no cover - depends on the install
     raise missing_extra("RedisReplayBuffer", "redis", exc) from exc
 
 __all__ = ("RedisReplayBuffer",)
+
+log = logging.getLogger("turnkit.replay")
 
 
 _MAX_BLOCK_S = 1.0
@@ -51,6 +56,8 @@ class RedisReplayBuffer:
         self._owns = owns_client
         self._nomkstream = True
         """Redis takes XADD NOMKSTREAM (6.2 and newer)."""
+        self._scripts = True
+        """Redis runs this buffer's scripts (a Redis user may be refused EVAL)."""
 
     @classmethod
     def from_url(
@@ -107,23 +114,111 @@ class RedisReplayBuffer:
             EntriesLostError: The turn's stream is gone, with entries readers may not
                 have read; nothing of `entries` was added.
         """
+        await self._publish_after(turn_id, entries)
+
+    async def _publish_after(
+        self, turn_id: TurnId, entries: Sequence[tuple[int | None, bytes, bool]]
+    ) -> str | None:
         if not self._nomkstream:
-            await self._publish(turn_id, entries, follows=False)
-            return
+            return await self._publish(turn_id, entries, follows=False)
         try:
-            await self._publish(turn_id, entries, follows=True)
+            return await self._publish(turn_id, entries, follows=True)
         except aioredis.ResponseError as exc:
             if not _refuses_nomkstream(exc):
                 raise  # refused for now (OOM, BUSY, NOREPLICAS): a failed publish
             # A Redis older than 6.2 refuses NOMKSTREAM (and ran nothing): publish as before.
-            await self._publish(turn_id, entries, follows=False)
+            position = await self._publish(turn_id, entries, follows=False)
             self._nomkstream = False
+            return position
+
+    async def append(
+        self,
+        turn_id: TurnId,
+        entries: Sequence[tuple[int | None, bytes, bool]],
+        *,
+        after: str | None,
+        floor: str | None = None,
+    ) -> str | None:
+        """`publish`, for the one publisher of a turn: checked, and the last entry's position.
+
+        Args:
+            turn_id: The turn whose stream gets the entries.
+            entries: `(seq, wire bytes, is_terminal)` each, in order.
+            after: The position `append` returned to this caller last (None: it added
+                nothing yet, so nothing is checked).
+            floor: The entries come after this position, whatever ids the stream gives
+                now: the caller's last position, when Redis lost it. A Redis that came
+                back with an older copy of the stream (a snapshot, an AOF synced up to a
+                second before, a replica promoted before it caught up) gives new entries
+                ids after its own newest, which, on a host whose clock is behind, readers
+                already read past.
+
+        Returns:
+            The position of the last entry added (None: `entries` is empty).
+
+        Raises:
+            EntriesLostError: The stream has no entry at `after` (Redis lost it, and maybe
+                more, with the stream or with an older copy of it); nothing was added.
+        """
+        if not entries:
+            return None
+        if not self._scripts:  # as before: only a stream that is gone is noticed
+            if after is None:
+                return await self._publish(turn_id, entries, follows=False)
+            return await self._publish_after(turn_id, entries)
+        key = self._key(turn_id).encode()
+        ttl = self.settings.ttl_s
+        args: list[bytes] = []
+        for seq, data, terminal in entries:
+            args += _fields(seq, data, terminal)[1::2]
+            if terminal:
+                ttl = self.settings.terminal_grace_s
+        head = (
+            (after or "").encode(),
+            (floor or "").encode(),
+            _next(floor).encode() if floor else b"",
+            str(self.settings.max_entries).encode(),
+            str(int(ttl * 1000)).encode(),
+        )
+        tail = (b"1", key, *head, *args)
+        try:
+            reply = await self._script(tail)
+        except (aioredis.ConnectionError, OSError):
+            # As `_publish`: sent again only if it did not run before the connection broke.
+            landed = await self._landed(key, entries)
+            if landed is not None:
+                await self._round_trip(_command(b"PEXPIRE", key, head[-1]), 1)
+                return landed
+            reply = await self._script(tail)
+        except aioredis.ResponseError as exc:
+            if not _refuses_scripts(exc):
+                raise  # refused for now (OOM, BUSY, NOREPLICAS): a failed publish
+            log.warning(
+                "Redis refuses this replay buffer's script (%s): a Redis that comes back "
+                "with an older copy of a turn's stream goes unnoticed (allow its user "
+                "EVAL and EVALSHA)",
+                exc,
+            )
+            self._scripts = False
+            return await self.append(turn_id, entries, after=after, floor=floor)
+        if reply is None:
+            raise EntriesLostError(f"the replay buffer lost entries of turn {turn_id}")
+        return _id(reply)
+
+    async def _script(self, tail: tuple[bytes, ...]) -> Any:
+        """`_APPEND` run on `tail` (EVALSHA; EVAL once when Redis does not have it yet)."""
+        try:
+            [reply] = await self._send(_command(b"EVALSHA", _APPEND_SHA, *tail), 1)
+        except NoScriptError:  # a Redis that restarted forgot it
+            [reply] = await self._send(_command(b"EVAL", _APPEND, *tail), 1)
+        return reply
 
     async def _publish(
         self, turn_id: TurnId, entries: Sequence[tuple[int | None, bytes, bool]], *, follows: bool
-    ) -> None:
+    ) -> str | None:
+        """MULTI/EXEC the XADDs; the position of the last entry added."""
         if not entries:
-            return
+            return None
         key = self._key(turn_id).encode()
         ttl = self.settings.ttl_s
         head = (b"XADD", key, *((b"NOMKSTREAM",) if follows else ()), b"MAXLEN", b"~")
@@ -145,37 +240,43 @@ class RedisReplayBuffer:
             # Tried once more on a new connection (a pooled one dies with a Redis restart),
             # unless Redis ran it before the connection broke: sent again, its entries
             # would be streamed twice. Not after a timeout: Redis may yet run it.
-            if await self._landed(key, entries):
+            landed = await self._landed(key, entries)
+            if landed is not None:
                 await self._round_trip(expire, 1)
-                return
+                return landed
             replies = await self._send(packed, count)
         if len(entries) == 1:
-            first = replies[0]
+            first = last = replies[0]
         else:
             results = replies[-1] or ()  # EXEC's; None: the transaction was aborted
             for reply in results:
                 if isinstance(reply, Exception):
                     raise reply
             first = results[0] if results else None
+            last = results[-2] if results else None  # the last XADD's (PEXPIRE is last)
         if follows and first is None:  # NOMKSTREAM: the stream is gone, nothing was added
             raise EntriesLostError(f"the replay buffer lost the entries of turn {turn_id}")
+        return None if last is None else _id(last)
 
-    async def _landed(self, key: bytes, entries: Sequence[tuple[int | None, bytes, bool]]) -> bool:
-        """Whether the stream ends with `entries` (a publish whose reply was lost ran).
+    async def _landed(
+        self, key: bytes, entries: Sequence[tuple[int | None, bytes, bool]]
+    ) -> str | None:
+        """The position of the last of `entries`, if the stream ends with them; else None.
 
-        One publisher writes a turn, and every entry's data has its event's time to the
-        microsecond: the newest entries equal to these are these.
+        A publish whose reply was lost ran when it does. One publisher writes a turn, and
+        every entry's data has its event's time to the microsecond: the newest entries
+        equal to these are these.
         """
         count = str(len(entries)).encode()
         [newest] = await self._round_trip(
             _command(b"XREVRANGE", key, b"+", b"-", b"COUNT", count), 1
         )
-        if not newest:
-            return False
+        if not newest or len(newest) < len(entries):
+            return None
         for (_, fields), entry in zip(newest, reversed(entries), strict=False):
             if list(fields) != list(_fields(*entry)):
-                return False
-        return True
+                return None
+        return _id(newest[0][0])
 
     async def tail(self, turn_id: TurnId) -> str:
         """The newest entry id, or "0"."""
@@ -291,12 +392,55 @@ def _refuses_nomkstream(exc: Exception) -> bool:
     return "Invalid stream ID" in str(exc) or "syntax error" in str(exc)
 
 
+def _refuses_scripts(exc: Exception) -> bool:
+    """Whether `exc` is Redis refusing EVALSHA itself (a user without it, scripting off)."""
+    return isinstance(exc, NoPermissionError) or "unknown command" in str(exc)
+
+
 def _command(*parts: bytes) -> bytes:
     """One command in RESP, the protocol's array of bulk strings."""
     out = [b"*%d\r\n" % len(parts)]
     for part in parts:
         out.append(b"$%d\r\n%s\r\n" % (len(part), part))
     return b"".join(out)
+
+
+_APPEND = b"""
+local key, after, floor, first = KEYS[1], ARGV[1], ARGV[2], ARGV[3]
+if after ~= '' and #redis.call('XRANGE', key, after, after) == 0 then
+  return false
+end
+local id = '*'
+if floor ~= '' then
+  if redis.call('EXISTS', key) == 1 then
+    redis.pcall('XSETID', key, floor)
+  else
+    id = first
+  end
+end
+local added
+for i = 6, #ARGV, 3 do
+  added = redis.call('XADD', key, 'MAXLEN', '~', ARGV[4], id,
+                     's', ARGV[i], 'd', ARGV[i + 1], 't', ARGV[i + 2])
+  id = '*'
+end
+redis.call('PEXPIRE', key, ARGV[5])
+return added
+"""
+"""`append` as one script: nothing is added after a hole, and nothing before `floor`.
+
+The entry at `after` is the caller's newest: if it is gone, so is what followed it on the
+Redis that lost it. `XSETID` raises the stream's last id to `floor` (refused, and left,
+when the stream already holds a newer entry); a stream that is gone is made with its
+first entry right after `floor`.
+"""
+_APPEND_SHA = hashlib.sha1(_APPEND).hexdigest().encode()  # Redis names a script by its SHA-1
+
+
+def _next(position: str) -> str:
+    """The entry id right after `position` (`ms-seq`)."""
+    ms, _, seq = position.partition("-")
+    return f"{ms}-{int(seq or 0) + 1}"
 
 
 _MULTI = _command(b"MULTI")

@@ -7,6 +7,7 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
+from typing import Protocol
 
 from turnkit.events import (
     DoneEvent,
@@ -54,13 +55,12 @@ class BufferPublisher:
         self._open = _OpenBlocks()
         self._lost = False
         """A publish failed: its entries never reached the buffer (a remote one only)."""
-        self._after: Callable[[TurnId, Sequence[Entry]], Awaitable[None]] | None = getattr(
-            buffer, "publish_after", None
-        )
-        """A remote buffer's `publish` that raises `EntriesLostError` if the turn's earlier
-        entries are gone (Redis restarted empty), instead of starting the turn anew."""
-        self._published = False
-        """A publish went through: the next ones follow its entries."""
+        self._append: _Append | None = getattr(buffer, "append", None)
+        """A remote buffer's `publish` that raises `EntriesLostError` if this publisher's
+        newest entry is gone (Redis restarted empty, or with an older copy of the stream),
+        instead of adding the next entries after a hole."""
+        self._position: str | None = None
+        """The position of the newest entry a publish that went through added."""
 
     def __call__(self, event: DurableEvent | EphemeralEvent | None) -> None:
         if self._now is not None:
@@ -91,24 +91,29 @@ class BufferPublisher:
             repair = self._open.snapshots() if self._lost else []
             entries = [_entry(e) for e in (*repair, *events)]
             try:
-                if self._after is None or not self._published:
+                if self._append is None:
                     await self.buffer.publish(self.turn_id, entries)
                 else:
                     try:
-                        await self._after(self.turn_id, entries)
+                        self._position = await self._append(
+                            self.turn_id, entries, after=self._position
+                        )
                     except EntriesLostError:
-                        # Redis restarted empty since the last publish, so fast that no
-                        # call failed: readers following may have missed entries.
+                        # Redis lost entries since the last publish (restarted empty or
+                        # from an older copy), so fast that no call failed: readers
+                        # following may have missed some. The text so far goes first,
+                        # after every position they may have read.
                         if not repair:
                             snapshots = self._open.snapshots()
                             entries = [_entry(e) for e in (*snapshots, *events)]
-                        await self.buffer.publish(self.turn_id, entries)
+                        self._position = await self._append(
+                            self.turn_id, entries, after=None, floor=self._position
+                        )
             except Exception as exc:  # noqa: BLE001 - never fatal: readers follow the Store
                 self._lost = True
                 _outages.failed(self.buffer, exc)
             else:
                 self._lost = False
-                self._published = True
                 _outages.worked(self.buffer)
                 self._graced = self._graced or any(terminal for *_, terminal in entries)
             self._open.add(events)
@@ -224,6 +229,19 @@ class _OpenBlocks:
 
 Entry = tuple[int | None, bytes, bool]
 """What a ReplayBuffer publishes: `(seq, wire bytes, is_terminal)`."""
+
+
+class _Append(Protocol):
+    """`RedisReplayBuffer.append`: a checked publish that tells where its entries went."""
+
+    def __call__(
+        self,
+        turn_id: TurnId,
+        entries: Sequence[Entry],
+        *,
+        after: str | None,
+        floor: str | None = None,
+    ) -> Awaitable[str | None]: ...
 
 
 def _entry(event: DurableEvent | EphemeralEvent) -> Entry:
