@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import base64
+import re
 from collections.abc import Callable
 
 import pytest
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 
 from tests.conftest import RuntimeFactory
 from tests.helpers import add
@@ -29,7 +30,7 @@ from turnkit import (
     UnknownModelError,
     tool,
 )
-from turnkit.blocks import ImagePart, TextPart
+from turnkit.blocks import ContentPart, ImagePart, TextPart, UserBlock
 from turnkit.runtime import MessageContent
 from turnkit.runtime._validate import inline_bytes
 from turnkit.testing import ModelStep, ScriptedModel, call, collect_events
@@ -130,11 +131,43 @@ async def test_a_picture_over_the_limit_is_refused_however_it_is_sent(
         with pytest.raises(InvalidInputError, match="says base64 but its data is not base64"):
             await collect_events(runtime.execute_message("s1", [ImagePart(url=broken)]))
     await _nothing_written(runtime_factory, "s1")
-    with pytest.raises(ValidationError, match="`data` is empty"):
-        ImagePart(data=b"")
     at_limit = "data:image/png;base64," + base64.b64encode(bytes(20 * 1024 * 1024)).decode()
     assert inline_bytes(ImagePart(url=at_limit)) == 20 * 1024 * 1024  # the limit is allowed
     assert ImagePart(data=b"\x89PNG", media_type="IMAGE/PNG").media_type == "image/png"
+
+
+@pytest.mark.parametrize(
+    ("build", "says"),
+    [
+        (lambda: ImagePart(data=b""), "an image's `data` is empty"),
+        (lambda: ImagePart(), "exactly one of `url` or `data`"),
+        (lambda: ImagePart(url="https://x.test/a.png", data=b"x"), "exactly one of"),
+        (lambda: ImagePart(data=b"x", media_type="text/html"), "'text/html' is not an image"),
+        (lambda: ImagePart(data="!!!"), "`data` text must be base64"),
+        (lambda: ImagePart(url="https://x.test/a.png", size=3), "size: Extra inputs"),
+        (lambda: TextPart(text=3), "text: Input should be a valid string"),
+        (lambda: TextPart(), "text: Field required"),
+    ],
+    ids=["empty", "none", "both", "not-image", "not-base64", "extra", "text-type", "no-text"],
+)
+def test_a_content_part_built_wrong_is_invalid_input(
+    build: Callable[[], object], says: str
+) -> None:
+    """A message part built wrong in Python raises `InvalidInputError`, as over HTTP.
+
+    It raised pydantic's `ValidationError`, which no `except TurnkitError` catches. The
+    error is a `ValueError` too, so a part inside a model pydantic validates still makes
+    that model's `ValidationError`.
+    """
+    with pytest.raises(InvalidInputError, match=re.escape(says)) as raised:
+        build()
+    assert raised.value.code == "invalid-input"
+    assert isinstance(raised.value, ValueError)
+    assert isinstance(raised.value.__cause__, ValidationError)
+    with pytest.raises(ValidationError, match="`data` is empty"):
+        UserBlock(text="look", attachments=({"data": b""},))  # type: ignore[arg-type]
+    with pytest.raises(ValidationError, match="Extra inputs"):
+        TypeAdapter(ContentPart).validate_json('{"kind": "image", "url": "x", "size": 3}')
 
 
 @pytest.mark.parametrize("session_id", ["", "has space", "x" * 129, "../etc", "-leading"])

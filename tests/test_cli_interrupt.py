@@ -1,9 +1,9 @@
 """Ctrl-C while the `turnkit` command is still starting: no traceback, exit status 130.
 
 Each test runs what the installed `turnkit` script runs (the entry point that
-`pyproject.toml` names, called as pip's script calls it) in a real subprocess, and sends
-it SIGINT while it imports: right after a given module finished loading, which
-`-X importtime` reports on stderr as it happens.
+`pyproject.toml` names, called as pip's script calls it), or `python -m turnkit`, in a
+real subprocess, and sends it SIGINT while it imports: right after a given module
+finished loading, which `-X importtime` reports on stderr as it happens.
 """
 
 from __future__ import annotations
@@ -28,10 +28,19 @@ def _script() -> str:
     return f"import sys\nfrom {module} import {name}\nsys.exit({name}())\n"
 
 
+@pytest.mark.parametrize("started_as", ["script", "python -m turnkit"])
 @pytest.mark.parametrize("after", ["turnkit.ids", "turnkit.runtime", "turnkit.cli._args"])
-def test_ctrl_c_while_the_command_starts_exits_quietly(after: str, tmp_path: Path) -> None:
+def test_ctrl_c_while_the_command_starts_exits_quietly(
+    after: str, started_as: str, tmp_path: Path
+) -> None:
+    """Either way in, Ctrl-C while it loads: status 130 and at most one line.
+
+    `python -m turnkit` printed a traceback: Python imports the package before it runs
+    `turnkit.__main__`, and the package imported the runtime with it.
+    """
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
-    argv = [sys.executable, "-X", "importtime", "-c", _script(), "sessions"]
+    how = ["-c", _script()] if started_as == "script" else ["-m", "turnkit"]
+    argv = [sys.executable, "-X", "importtime", *how, "sessions"]
     said: list[str] = []  # stderr, less the import times
     interrupted = False
     with subprocess.Popen(

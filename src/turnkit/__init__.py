@@ -4,70 +4,74 @@ The quickstart surface is re-exported here; everything else lives in its concept
 (`turnkit.events`, `turnkit.audit`, `turnkit.errors`, `turnkit.models`, `turnkit.tools`, …).
 """
 
-from turnkit.agent import Agent, Effort
-from turnkit.blocks import ImagePart, TextPart
-from turnkit.budgets import BudgetLimit
-from turnkit.config import RuntimeConfig
-from turnkit.errors import (
-    AdmissionRefusedError,
-    AgentNotAllowedError,
-    AgentNotFoundError,
-    AnswerMissingError,
-    ApproverRequiredError,
-    AttachmentNotIndexedError,
-    BudgetExceededError,
-    BudgetPolicyMissingError,
-    CallbackTokenError,
-    ConfigurationError,
-    ContentFilteredError,
-    ContentTooLargeError,
-    DeadlineExceededError,
-    DepartmentUnknownError,
-    DuplicateToolError,
-    EmptyContentError,
-    FamilyExhaustedError,
-    GuardrailBlockedError,
-    InternalError,
-    InvalidInputError,
-    InvalidSessionIdError,
-    ModelCredentialsError,
-    ModelNotAllowedError,
-    ModelUnreachableError,
-    NotFoundError,
-    OutputInvalidError,
-    OutputLimitExceededError,
-    PauseAnsweredError,
-    PauseNotFoundError,
-    PluginFailedError,
-    PrefixRewriteError,
-    ProviderError,
-    ReplayCursorError,
-    RequestConflictError,
-    RuntimeClosedError,
-    SessionNotFoundError,
-    StaleEpochError,
-    StoreError,
-    StoreUnavailableError,
-    ToolCallError,
-    TurnError,
-    TurnkitError,
-    TurnNotFoundError,
-    TurnNotRunningError,
-    UnknownModelError,
-    UserAbortedError,
-)
-from turnkit.events import DurableEvent, EphemeralEvent, StreamEvent
-from turnkit.models import ModelSettings
-from turnkit.models.family import ModelFamily
-from turnkit.models.litellm import LiteLLMClient, ModelEndpoint
-from turnkit.output import AnswerContext
-from turnkit.pauses import Answer, Approve, Deny
-from turnkit.runtime import CancelToken, SessionRuntime, TurnHistory
-from turnkit.runtime.admission import AdmissionCheck
-from turnkit.runtime.agents import AgentCatalog, AgentData, ToolAccessRequest
-from turnkit.runtime.deps import DepsScope
-from turnkit.tenancy import Department, Organisation, Principal, Tenancy
-from turnkit.tools import ToolClass, ToolContext, tool
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from turnkit.agent import Agent, Effort
+    from turnkit.blocks import ImagePart, TextPart
+    from turnkit.budgets import BudgetLimit
+    from turnkit.config import RuntimeConfig
+    from turnkit.errors import (
+        AdmissionRefusedError,
+        AgentNotAllowedError,
+        AgentNotFoundError,
+        AnswerMissingError,
+        ApproverRequiredError,
+        AttachmentNotIndexedError,
+        BudgetExceededError,
+        BudgetPolicyMissingError,
+        CallbackTokenError,
+        ConfigurationError,
+        ContentFilteredError,
+        ContentTooLargeError,
+        DeadlineExceededError,
+        DepartmentUnknownError,
+        DuplicateToolError,
+        EmptyContentError,
+        FamilyExhaustedError,
+        GuardrailBlockedError,
+        InternalError,
+        InvalidInputError,
+        InvalidSessionIdError,
+        ModelCredentialsError,
+        ModelNotAllowedError,
+        ModelUnreachableError,
+        NotFoundError,
+        OutputInvalidError,
+        OutputLimitExceededError,
+        PauseAnsweredError,
+        PauseNotFoundError,
+        PluginFailedError,
+        PrefixRewriteError,
+        ProviderError,
+        ReplayCursorError,
+        RequestConflictError,
+        RuntimeClosedError,
+        SessionNotFoundError,
+        StaleEpochError,
+        StoreError,
+        StoreUnavailableError,
+        ToolCallError,
+        TurnError,
+        TurnkitError,
+        TurnNotFoundError,
+        TurnNotRunningError,
+        UnknownModelError,
+        UserAbortedError,
+    )
+    from turnkit.events import DurableEvent, EphemeralEvent, StreamEvent
+    from turnkit.models import ModelSettings
+    from turnkit.models.family import ModelFamily
+    from turnkit.models.litellm import LiteLLMClient, ModelEndpoint
+    from turnkit.output import AnswerContext
+    from turnkit.pauses import Answer, Approve, Deny
+    from turnkit.runtime import CancelToken, SessionRuntime, TurnHistory
+    from turnkit.runtime.admission import AdmissionCheck
+    from turnkit.runtime.agents import AgentCatalog, AgentData, ToolAccessRequest
+    from turnkit.runtime.deps import DepsScope
+    from turnkit.tenancy import Department, Organisation, Principal, Tenancy
+    from turnkit.tools import ToolClass, ToolContext, tool
 
 __all__ = (
     "AdmissionCheck",
@@ -151,3 +155,90 @@ __all__ = (
 )
 
 __version__ = "0.1.0"
+
+_HOMES: dict[str, tuple[str, ...]] = {
+    "turnkit.agent": ("Agent", "Effort"),
+    "turnkit.blocks": ("ImagePart", "TextPart"),
+    "turnkit.budgets": ("BudgetLimit",),
+    "turnkit.config": ("RuntimeConfig",),
+    "turnkit.errors": (
+        "AdmissionRefusedError",
+        "AgentNotAllowedError",
+        "AgentNotFoundError",
+        "AnswerMissingError",
+        "ApproverRequiredError",
+        "AttachmentNotIndexedError",
+        "BudgetExceededError",
+        "BudgetPolicyMissingError",
+        "CallbackTokenError",
+        "ConfigurationError",
+        "ContentFilteredError",
+        "ContentTooLargeError",
+        "DeadlineExceededError",
+        "DepartmentUnknownError",
+        "DuplicateToolError",
+        "EmptyContentError",
+        "FamilyExhaustedError",
+        "GuardrailBlockedError",
+        "InternalError",
+        "InvalidInputError",
+        "InvalidSessionIdError",
+        "ModelCredentialsError",
+        "ModelNotAllowedError",
+        "ModelUnreachableError",
+        "NotFoundError",
+        "OutputInvalidError",
+        "OutputLimitExceededError",
+        "PauseAnsweredError",
+        "PauseNotFoundError",
+        "PluginFailedError",
+        "PrefixRewriteError",
+        "ProviderError",
+        "ReplayCursorError",
+        "RequestConflictError",
+        "RuntimeClosedError",
+        "SessionNotFoundError",
+        "StaleEpochError",
+        "StoreError",
+        "StoreUnavailableError",
+        "ToolCallError",
+        "TurnError",
+        "TurnkitError",
+        "TurnNotFoundError",
+        "TurnNotRunningError",
+        "UnknownModelError",
+        "UserAbortedError",
+    ),
+    "turnkit.events": ("DurableEvent", "EphemeralEvent", "StreamEvent"),
+    "turnkit.models": ("ModelSettings",),
+    "turnkit.models.family": ("ModelFamily",),
+    "turnkit.models.litellm": ("LiteLLMClient", "ModelEndpoint"),
+    "turnkit.output": ("AnswerContext",),
+    "turnkit.pauses": ("Answer", "Approve", "Deny"),
+    "turnkit.runtime": ("CancelToken", "SessionRuntime", "TurnHistory"),
+    "turnkit.runtime.admission": ("AdmissionCheck",),
+    "turnkit.runtime.agents": ("AgentCatalog", "AgentData", "ToolAccessRequest"),
+    "turnkit.runtime.deps": ("DepsScope",),
+    "turnkit.tenancy": ("Department", "Organisation", "Principal", "Tenancy"),
+    "turnkit.tools": ("ToolClass", "ToolContext", "tool"),
+}
+"""The module each name of `__all__` comes from.
+
+A name is imported when it is first used, not with the package: `turnkit.errors` or
+`turnkit.ids` alone do not load the runtime, and Ctrl-C while `python -m turnkit` loads
+is the command's (status 130, no traceback), as for the installed `turnkit` script.
+"""
+_HOME_OF = {name: module for module, names in _HOMES.items() for name in names}
+
+
+def __getattr__(name: str) -> Any:
+    module = _HOME_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module 'turnkit' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # the next lookup finds it without this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

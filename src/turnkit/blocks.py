@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import base64
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -11,12 +11,14 @@ from pydantic import (
     Field,
     JsonValue,
     TypeAdapter,
+    ValidationError,
     WithJsonSchema,
     field_serializer,
     field_validator,
     model_validator,
 )
 
+from turnkit.errors import InvalidInputError
 from turnkit.ids import ToolCallId
 
 __all__ = (
@@ -35,7 +37,33 @@ __all__ = (
 _CONFIG = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
 
-class TextPart(BaseModel):
+def _problems(error: ValidationError) -> str:
+    said = []
+    for item in error.errors(include_url=False):
+        where = ".".join(str(p) for p in item["loc"])
+        what = str(item["ctx"]["error"]) if item["type"] == "value_error" else item["msg"]
+        said.append(f"{where}: {what}" if where else what)
+    return "; ".join(said)
+
+
+class _Part(BaseModel):
+    """A message part: built wrong in Python, `InvalidInputError` (as over HTTP).
+
+    Pydantic calls this `__init__` for a part inside a model it validates too; there the
+    error, a `ValueError`, becomes a line of that model's `ValidationError`.
+    """
+
+    if not TYPE_CHECKING:  # the pydantic plugin's typed signature stays for type checkers
+
+        def __init__(self, **data: Any) -> None:
+            try:
+                super().__init__(**data)
+            except ValidationError as exc:
+                name = type(self).__name__
+                raise InvalidInputError(f"{name}: {_problems(exc)}") from exc
+
+
+class TextPart(_Part):
     """A piece of text inside a message that also carries pictures."""
 
     model_config = _CONFIG
@@ -43,7 +71,7 @@ class TextPart(BaseModel):
     text: str
 
 
-class ImagePart(BaseModel):
+class ImagePart(_Part):
     """A picture: by `url` (http(s) or a `data:` URL), or as raw `data` with a media type."""
 
     model_config = _CONFIG

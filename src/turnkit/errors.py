@@ -5,7 +5,7 @@ TurnkitError
  ├─ ConfigurationError        developer mistake; raised at construction, never mid-turn
  │   ├─ DuplicateToolError
  │   └─ UnknownModelError
- ├─ InvalidInputError         bad input to a public call; nothing was written
+ ├─ InvalidInputError         bad input to a public call; nothing was written (a ValueError)
  │   ├─ EmptyContentError
  │   ├─ ContentTooLargeError
  │   └─ InvalidSessionIdError
@@ -221,8 +221,12 @@ class DuplicateToolError(ConfigurationError):
     code: ClassVar[ErrorCode] = "duplicate-tool"
 
 
-class InvalidInputError(TurnkitError):
-    """Bad input to a public call; nothing was written."""
+class InvalidInputError(TurnkitError, ValueError):
+    """Bad input to a public call; nothing was written.
+
+    Also a `ValueError`: a message part built wrong inside a model pydantic validates
+    becomes a line of that model's `ValidationError`, as any bad value does.
+    """
 
     code: ClassVar[ErrorCode] = "invalid-input"
 

@@ -10,7 +10,13 @@ from tests.helpers import new_input, step_event
 
 from turnkit.audit import AuditPayloads, AuditRow, CallIdentity, CallShape, PlanGenerationPayload
 from turnkit.blocks import TextBlock
-from turnkit.errors import LeaseLostError, RequestConflictError, StaleEpochError, StoreError
+from turnkit.errors import (
+    LeaseLostError,
+    RequestConflictError,
+    SessionNotFoundError,
+    StaleEpochError,
+    StoreError,
+)
 from turnkit.events import DoneEvent, ErrorEvent, MessageCompleteEvent, TurnStartedEvent
 from turnkit.ids import SessionId, TurnId
 from turnkit.store import ClaimRequest, KeptTranscript, Store, Submission, TurnTranscript
@@ -640,3 +646,30 @@ async def test_a_token_limit_past_32_bits_is_kept(store: SqlStore) -> None:
     big = BudgetLimit(scope="organisation", organisation="acme", tokens=5_000_000_000)
     await store.set_budget_limit(big)
     assert await store.budget_limits("acme") == [big]
+
+
+async def test_rename_and_delete_for_a_caller_touch_only_a_session_it_may_see(
+    store: SqlStore,
+) -> None:
+    """`visible_to` is `SessionRecord.visible_to`, checked by the statement that writes."""
+    await store.create_session(SessionId("mine"), principal="ada", organisation="acme")
+    await store.create_session(SessionId("older"), principal="ada")  # from before organisations
+    await store.create_session(SessionId("nobodys"))
+    callers = [("ada", "acme"), ("ada", "other"), ("bob", "acme"), (None, None)]
+    for sid in ("mine", "older", "nobodys"):
+        record = await store.get_session(SessionId(sid))
+        assert record is not None
+        for caller in callers:
+            may = record.visible_to(*caller)
+            if may:
+                renamed = await store.rename_session(SessionId(sid), "T", visible_to=caller)
+                assert renamed.title == "T"
+            else:
+                with pytest.raises(SessionNotFoundError):
+                    await store.rename_session(SessionId(sid), "T", visible_to=caller)
+                assert not await store.delete_session(SessionId(sid), visible_to=caller)
+                assert await store.get_session(SessionId(sid)) is not None
+    assert await store.delete_session(SessionId("older"), visible_to=("ada", "other"))
+    assert await store.delete_session(SessionId("nobodys"), visible_to=(None, None))
+    assert not await store.delete_session(SessionId("nobodys"), visible_to=(None, None))
+    assert await store.delete_session(SessionId("mine"))  # the app's own: any session

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from typing import Any
 
 import httpx
 import pytest
@@ -11,6 +12,7 @@ from fastapi import FastAPI, Header
 
 from turnkit import Agent, RuntimeConfig, SessionRuntime, tool
 from turnkit.http import create_turnkit_router, install_problem_handlers
+from turnkit.ids import SessionId
 from turnkit.testing import ModelStep, ScriptedModel, call
 
 API = "/api/harness"
@@ -153,3 +155,60 @@ async def test_a_stop_that_cuts_the_answers_commit_short_ends_the_log_cancelled(
     finished = [line for line in stream.text.splitlines() if '"type":"run.finished"' in line]
     assert len(finished) == 1
     assert '"status":"cancelled"' in finished[0], finished
+
+
+@pytest.fixture
+async def recreated(
+    db: tuple[str, str | None], monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[httpx.AsyncClient]:
+    """A client whose every rename or delete first finds its session deleted and made anew
+    by bob: what another request does between a route's ownership check and its write."""
+    url, schema = db
+    config = RuntimeConfig(database_url=url, database_schema=schema)
+    agent = Agent(model=ScriptedModel([]))
+    async with SessionRuntime(agent=agent, config=config) as runtime:
+        store = runtime.store
+        delete, rename = store.delete_session, store.rename_session
+
+        async def bobs(session_id: SessionId) -> None:
+            assert await delete(session_id)
+            assert (await runtime.create_session(session_id, principal="bob")).is_new
+
+        async def delete_after(session_id: SessionId, **kwargs: Any) -> bool:
+            await bobs(session_id)
+            return await delete(session_id, **kwargs)
+
+        async def rename_after(session_id: SessionId, title: str, **kwargs: Any) -> Any:
+            await bobs(session_id)
+            return await rename(session_id, title, **kwargs)
+
+        monkeypatch.setattr(store, "delete_session", delete_after)
+        monkeypatch.setattr(store, "rename_session", rename_after)
+        app = FastAPI()
+        app.include_router(create_turnkit_router(runtime, auth=_principal))
+        install_problem_handlers(app)
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            yield client
+
+
+@pytest.mark.parametrize("verb", ["PATCH", "DELETE"])
+async def test_a_session_made_anew_by_another_is_neither_renamed_nor_deleted(
+    recreated: httpx.AsyncClient, verb: str
+) -> None:
+    """Alice's rename or delete whose session another principal made anew after the route
+    checked it answers 404 and leaves bob's session as it is.
+
+    The route checked the owner, then wrote in a second statement, so the write landed on
+    bob's session (renamed it, or deleted it with everything in it).
+    """
+    alice, bob = {"x-user": "alice"}, {"x-user": "bob"}
+    made = await recreated.post(f"{API}/sessions", json={"sessionId": "s1"}, headers=alice)
+    assert made.status_code == 201
+    body = {"title": "Alice's"} if verb == "PATCH" else None
+    answer = await recreated.request(verb, f"{API}/sessions/s1", json=body, headers=alice)
+    assert answer.status_code == 404, answer.text
+    assert answer.json()["code"] == "session-not-found"
+    kept = await recreated.get(f"{API}/sessions/s1", headers=bob)
+    assert kept.status_code == 200
+    assert kept.json()["title"] is None

@@ -100,3 +100,36 @@ def test_a_problem_body_keeps_its_words(page: Page, tmp_path: Path) -> None:
         expect(page.locator("#notice")).to_have_text(
             "The server did not answer (HTTP 504); try again in a moment."
         )
+
+
+def test_a_chat_list_that_did_not_load_keeps_saying_so_until_it_does(
+    page: Page, tmp_path: Path
+) -> None:
+    """The list's failure stays on the page while a chat opens; opening one reads it again.
+
+    Opening a chat cleared the notice, though the list was still empty: nothing said it
+    had not loaded, and (in a chat with no finished turn to replay) nothing read it again.
+    """
+    agent = Agent(model=ScriptedModel([]), skip_stages=frozenset({"anchor-plan"}))
+    with serve_page(tmp_path, agent) as app:
+        with httpx.Client(base_url=app.url, timeout=10) as http:
+            for session in ("s1", "s2"):  # chats with no turn: nothing replays, nothing ends
+                made = http.post("/api/harness/sessions", json={"sessionId": session})
+                assert made.status_code == 201
+        lists: list[str] = []
+
+        def down(route: Any) -> None:
+            lists.append(route.request.url)
+            route.fulfill(status=502, content_type="text/html", body=BAD_GATEWAY)
+
+        page.route("**/api/harness/sessions?limit=*", down)
+        with page.expect_response("**/sessions/s1/history"):  # s1 opened after the list failed
+            page.goto(f"{app.url}/#session=s1")
+        notice = page.locator("#notice")
+        expect(notice).to_have_text("The server did not answer (HTTP 502); try again in a moment.")
+        expect(page.locator("#sessions li")).to_have_count(0)
+        assert lists
+        page.unroute("**/api/harness/sessions?limit=*")
+        page.evaluate("location.hash = '#session=s2'")  # another chat opens: the list is read
+        expect(page.locator("#sessions li")).to_have_count(2)
+        expect(notice).to_have_text("")

@@ -273,12 +273,18 @@ def _add_edit_routes(
 
     @router.patch("/sessions/{session_id}", response_model=SessionOut, summary="Rename")
     async def rename(session_id: SessionPath, body: RenameBody, principal: Caller) -> SessionOut:
-        await visible_session(runtime, session_id, principal)
-        return SessionOut.model_validate(await runtime.rename_session(session_id, body.title))
+        # Who may rename is checked in the statement that writes (not read first, then
+        # written): a session deleted and made anew by another meanwhile is not theirs.
+        renamed = await runtime.rename_session(
+            session_id, body.title, principal=principal, anonymous=principal is None
+        )
+        return SessionOut.model_validate(renamed)
 
     @router.delete("/sessions/{session_id}", status_code=204, summary="Delete a session")
     async def delete(session_id: SessionPath, principal: Caller) -> Response:
-        await visible_session(runtime, session_id, principal)
-        if not await runtime.delete_session(session_id):  # a request racing this one did
+        # Not there, another's, or a request racing this one deleted it first: all 404.
+        if not await runtime.delete_session(
+            session_id, principal=principal, anonymous=principal is None
+        ):
             raise SessionNotFoundError(f"no session {session_id!r}", session_id=session_id)
         return Response(status_code=204)

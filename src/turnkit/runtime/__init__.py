@@ -21,6 +21,7 @@ from turnkit.runtime._control import RuntimeControl
 from turnkit.runtime._delegation import ask_agent, refuse_delegated
 from turnkit.runtime._follow import follow_submission
 from turnkit.runtime._history import TurnHistory
+from turnkit.runtime._reads import caller_scope
 from turnkit.runtime._retention import RetentionReport, RuntimeRetention
 from turnkit.runtime._runner import Pinned
 from turnkit.runtime._submit import new_input
@@ -266,7 +267,13 @@ class SessionRuntime(RuntimeControl, RuntimeCallbacks, RuntimeBudgets, RuntimeRe
             title=title,
         )
 
-    async def delete_session(self, session_id: str) -> bool:
+    async def delete_session(
+        self,
+        session_id: str,
+        *,
+        principal: Principal | str | None = None,
+        anonymous: bool = False,
+    ) -> bool:
         """Delete a session: its inputs, turns, events, files and its turns' checkpoints.
 
         The sessions agents asked as tools answered in for it go with it, the same way.
@@ -275,14 +282,27 @@ class SessionRuntime(RuntimeControl, RuntimeCallbacks, RuntimeBudgets, RuntimeRe
         if there was no such session. A running turn is not stopped first: see
         `Store.delete_session`.
 
+        `principal` deletes only a session it may see (`anonymous=True`: a caller nobody
+        signed in, only one nobody owns), checked in the transaction that deletes it;
+        another's answers False, as a missing one does, and nothing is deleted. With
+        neither, any session (the app's own delete). The HTTP route passes its caller.
+
         Raises:
             InvalidInputError: a session an agent asked as a tool answered in, while the
                 session that asked it is there: it goes with that one (whose `session`
                 budget counts what it spent).
         """
         sid = check_session_id(session_id)
+        caller = caller_scope(principal, anonymous)
         await self.ensure_open()
+        turns = await self.store.list_turns(sid)
+        for asked in await self.store.delegated_sessions(sid):  # deleted with it
+            turns += await self.store.list_turns(asked)
+        # Read after its turns: a session another caller made anew under this id before
+        # this read is refused here, so its turns' checkpoints are not forgotten.
         record = await self.store.get_session(sid)
+        if caller is not None and (record is None or not record.visible_to(*caller)):
+            return False
         parent = record.parent_session if record is not None else None
         if parent is not None and await self.store.get_session(parent) is not None:
             raise InvalidInputError(
@@ -290,13 +310,10 @@ class SessionRuntime(RuntimeControl, RuntimeCallbacks, RuntimeBudgets, RuntimeRe
                 f"deleted with the session that asked it ({parent!r})",
                 session_id=session_id,
             )
-        turns = await self.store.list_turns(sid)
-        for asked in await self.store.delegated_sessions(sid):  # deleted with it
-            turns += await self.store.list_turns(asked)
         # The checkpoints first: if deleting them fails, the session is still there, and
         # deleting it again finishes the job (its rows gone, nothing would name them).
         await self.forget_checkpoints([t.turn_id for t in turns])
-        return await self.store.delete_session(sid)
+        return await self.store.delete_session(sid, visible_to=caller)
 
     async def execute_message(
         self,

@@ -17,8 +17,23 @@ from turnkit.runtime._validate import check_session_id, check_title
 from turnkit.states import PAUSED_STATES, TERMINAL_STATES
 from turnkit.store import SessionRecord, TurnRecord
 from turnkit.store.records import skip_unreadable
+from turnkit.tenancy import Principal
 
-__all__ = ("RuntimeReads",)
+__all__ = ("RuntimeReads", "caller_scope")
+
+
+def caller_scope(
+    principal: Principal | str | None, anonymous: bool
+) -> tuple[str | None, str | None] | None:
+    """Whose sessions a write may touch: a caller's (principal, organisation), or None.
+
+    `anonymous`, with no principal: a caller nobody signed in, `(None, None)` (sessions
+    nobody owns). Neither: the app's own call, which may touch any session.
+    """
+    caller = Principal.of(principal)
+    if caller is not None:
+        return caller.id, caller.organisation
+    return (None, None) if anonymous else None
 
 
 class RuntimeReads(RuntimeCore):
@@ -138,18 +153,31 @@ class RuntimeReads(RuntimeCore):
             raise SessionNotFoundError(f"no session {session_id!r}", session_id=session_id)
         return record
 
-    async def rename_session(self, session_id: str, title: str) -> SessionRecord:
+    async def rename_session(
+        self,
+        session_id: str,
+        title: str,
+        *,
+        principal: Principal | str | None = None,
+        anonymous: bool = False,
+    ) -> SessionRecord:
         """Give a session a title of your own (a person's rename: never named over later).
+
+        `principal` renames only a session it may see (`anonymous=True`: a caller nobody
+        signed in, only one nobody owns), checked in the statement that writes the title;
+        with neither, any session (the app's own rename). The HTTP route passes its caller.
 
         Raises:
             InvalidInputError: `title` is empty, only white space, longer than 500
                 characters, or holds a NUL.
-            SessionNotFoundError: there is no such session.
+            SessionNotFoundError: there is no such session (that the caller may see).
         """
         check_title(title)
         sid = check_session_id(session_id)
         await self.ensure_open()
-        return await self.store.rename_session(sid, title)
+        return await self.store.rename_session(
+            sid, title, visible_to=caller_scope(principal, anonymous)
+        )
 
     async def turn(self, turn_id: str) -> TurnRecord:
         """A turn's record (status, last seq, …)."""

@@ -277,8 +277,21 @@ class SessionDirectory(Protocol):
         """
         ...
 
-    async def rename_session(self, session_id: SessionId, title: str) -> SessionRecord:
-        """Set a session's title."""
+    async def rename_session(
+        self,
+        session_id: SessionId,
+        title: str,
+        *,
+        visible_to: tuple[str | None, str | None] | None = None,
+    ) -> SessionRecord:
+        """Set a session's title (`SessionNotFoundError` if there is none).
+
+        `visible_to`: a caller's principal and organisation (both None: a caller nobody
+        signed in). The title is set only if that caller may see the session
+        (`SessionRecord.visible_to`), checked in the statement that writes it, so a
+        session deleted and made anew by someone else meanwhile is never renamed; else
+        `SessionNotFoundError`.
+        """
         ...
 
     async def usage_report(
@@ -310,8 +323,18 @@ class SessionDirectory(Protocol):
         """
         ...
 
-    async def delete_session(self, session_id: SessionId) -> bool:
-        """Delete a session with its inputs, turns, events and files (audit rows stay)."""
+    async def delete_session(
+        self,
+        session_id: SessionId,
+        *,
+        visible_to: tuple[str | None, str | None] | None = None,
+    ) -> bool:
+        """Delete a session with its inputs, turns, events and files (audit rows stay).
+
+        False if there is no such session. `visible_to`: as for `rename_session`; a
+        session that caller may not see (checked in the transaction that deletes it) is
+        left as it is, and the answer is False.
+        """
         ...
 
 

@@ -8,7 +8,18 @@ from datetime import datetime
 from functools import lru_cache
 from typing import Any, Final
 
-from sqlalchemy import Connection, Select, bindparam, delete, func, or_, select, update
+from sqlalchemy import (
+    ColumnElement,
+    Connection,
+    Select,
+    and_,
+    bindparam,
+    delete,
+    func,
+    or_,
+    select,
+    update,
+)
 
 from turnkit.errors import SessionNotFoundError
 from turnkit.ids import SessionId
@@ -38,6 +49,7 @@ __all__ = (
     "remove",
     "remove_many",
     "rename",
+    "visible",
     "with_delegated",
 )
 
@@ -133,13 +145,36 @@ def list_(
     return [_record(r) for r in conn.execute(query).all()]
 
 
-def rename(conn: Connection, session_id: SessionId, title: str, now: datetime) -> SessionRecord:
-    """Set the title."""
-    done = conn.execute(
-        update(sessions)
-        .where(sessions.c.session_id == session_id)
-        .values(title=title, updated_at=now)
+def visible(caller: tuple[str | None, str | None]) -> ColumnElement[bool]:
+    """The sessions `caller` (a principal and its organisation) may see, as a condition.
+
+    The same rule as `SessionRecord.visible_to`: nobody's, or the principal's in its
+    organisation (or in none).
+    """
+    principal, organisation = caller
+    if principal is None:
+        return sessions.c.principal.is_(None)
+    in_organisation: ColumnElement[bool] = sessions.c.organisation.is_(None)
+    if organisation is not None:
+        in_organisation = or_(in_organisation, sessions.c.organisation == organisation)
+    return or_(
+        sessions.c.principal.is_(None),
+        and_(sessions.c.principal == principal, in_organisation),
     )
+
+
+def rename(
+    conn: Connection,
+    session_id: SessionId,
+    title: str,
+    now: datetime,
+    caller: tuple[str | None, str | None] | None = None,
+) -> SessionRecord:
+    """Set the title; only if `caller` may see the session, when given (in this statement)."""
+    query = update(sessions).where(sessions.c.session_id == session_id)
+    if caller is not None:
+        query = query.where(visible(caller))
+    done = conn.execute(query.values(title=title, updated_at=now))
     if done.rowcount != 1:
         raise SessionNotFoundError(f"no session {session_id!r}", session_id=session_id)
     found = get(conn, session_id)
@@ -240,19 +275,24 @@ def with_delegated(conn: Connection, ids: list[str]) -> list[str]:
     return found
 
 
-def remove(conn: Connection, session_id: SessionId) -> bool:
+def remove(
+    conn: Connection,
+    session_id: SessionId,
+    caller: tuple[str | None, str | None] | None = None,
+) -> bool:
     """Delete the session, its chat data and files; audit rows have their own retention.
 
     The session's row is locked first (PostgreSQL), as retention does: a message committed
     meanwhile either lands before the delete reads the session's turns (and goes with
     them) or waits for it and then opens the session anew. Never a turn left without its
-    session.
+    session. With `caller`, nothing is deleted (False) unless it may see the session, as
+    the locked row says.
     """
-    conn.execute(
-        select(sessions.c.session_id)
-        .where(sessions.c.session_id == session_id)
-        .with_for_update(of=sessions)
-    ).all()
+    query = select(sessions.c.session_id).where(sessions.c.session_id == session_id)
+    if caller is not None:
+        query = query.where(visible(caller))
+    if not conn.execute(query.with_for_update(of=sessions)).all() and caller is not None:
+        return False
     return remove_many(conn, [session_id]) == 1
 
 

@@ -71,9 +71,15 @@ class SqlSessions(SqlEngine):
         """The sessions agents asked as tools answered in for `session_id`, 16 levels deep."""
         return await self._tx(sessions_sql.delegated, session_id, write=False)
 
-    async def rename_session(self, session_id: SessionId, title: str) -> SessionRecord:
-        """Set a session's title (`SessionNotFoundError` if there is none)."""
-        return await self._tx(sessions_sql.rename, session_id, title, self._clock.now())
+    async def rename_session(
+        self,
+        session_id: SessionId,
+        title: str,
+        *,
+        visible_to: tuple[str | None, str | None] | None = None,
+    ) -> SessionRecord:
+        """Set a session's title (`SessionNotFoundError` if there is none it may see)."""
+        return await self._tx(sessions_sql.rename, session_id, title, self._clock.now(), visible_to)
 
     async def name_session(
         self, session_id: SessionId, title: str, *, current: str | None = None
@@ -81,9 +87,14 @@ class SqlSessions(SqlEngine):
         """Name a session only while its title is still `current` (see `SessionDirectory`)."""
         return await self._tx(sessions_sql.name_if, session_id, title, current, self._clock.now())
 
-    async def delete_session(self, session_id: SessionId) -> bool:
-        """Delete a session's chat data and files (audit rows stay); False if it did not exist."""
-        return await self._tx(sessions_sql.remove, session_id)
+    async def delete_session(
+        self,
+        session_id: SessionId,
+        *,
+        visible_to: tuple[str | None, str | None] | None = None,
+    ) -> bool:
+        """Delete a session's chat data and files (audit rows stay); False if none to see."""
+        return await self._tx(sessions_sql.remove, session_id, visible_to)
 
     async def idle_sessions(
         self, *, idle_before: datetime, limit: int, after: IdleSession | None = None

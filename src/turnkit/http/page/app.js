@@ -39,6 +39,7 @@ const ui = {
   followers: new Map(), // turnId → AbortController of its one stream
   busy: new Set(), // request ids being answered, "send", "stop"
   notice: "",
+  listProblem: "", // why the chat list did not load: shown (under any notice) until it does
 };
 
 // ── following turns ────────────────────────────────────────────────────────────────
@@ -117,6 +118,7 @@ async function openSession(sessionId, { push = false } = {}) {
   ui.state = emptyState(sessionId);
   ui.notice = "";
   ui.asked = null;
+  if (ui.listProblem) refreshSessions(); // the list did not load: try it again
   if (isAskedSession(sessionId)) loadAsked(sessionId);
   if (location.hash !== `#session=${sessionId}`) {
     // A session the person picked is a step Back returns from; the first one is not.
@@ -236,8 +238,9 @@ function watchNaming(sessionId) {
 async function refreshSessions() {
   try {
     ui.sessions = await api.listSessions();
+    ui.listProblem = "";
   } catch (err) {
-    say(reason(err));
+    ui.listProblem = reason(err);
   }
   schedule();
 }
@@ -427,7 +430,7 @@ function render() {
   renderTurns(scroller, items);
   renderQueue(items);
   renderComposer();
-  $("#notice").textContent = ui.notice;
+  $("#notice").textContent = ui.notice || ui.listProblem;
   if (atBottom) scroller.scrollTop = scroller.scrollHeight;
 }
 
