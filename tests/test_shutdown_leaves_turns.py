@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import until
 from tests.support.shutdown_child import agent, config
 from tests.test_agent_tools import (
     SLOW,
@@ -27,12 +28,13 @@ from tests.test_agent_tools import (
     _first_tool_of,
     _until_the_specialists_tool_runs,
 )
-from turnkit import SessionRuntime
-from turnkit.events import TurnRecoveringEvent
+from turnkit import Agent, RuntimeConfig, SessionRuntime, tool
+from turnkit.errors import RuntimeClosedError
+from turnkit.events import DurableEvent, TurnRecoveringEvent
 from turnkit.ids import TurnId
 from turnkit.runtime import delegated_session_id
 from turnkit.states import TERMINAL_STATES
-from turnkit.testing import ModelStep, call
+from turnkit.testing import ModelStep, ScriptedModel, call
 
 ROOT = Path(__file__).parent.parent
 DB = tuple[str, str | None]
@@ -56,7 +58,8 @@ def _child(db: DB, how: str, log: Path) -> TurnId:
         timeout=90,
         check=False,
     )
-    assert done.returncode == (0 if how in ("return", "stream-return") else 130), done.stderr
+    ok = 0 if how in ("return", "stream-return", "tool-return") else 130
+    assert done.returncode == ok, done.stderr
     return TurnId(done.stdout.split()[0])
 
 
@@ -91,6 +94,126 @@ async def test_a_turn_left_as_its_process_goes_away_is_recovered_not_cancelled(
     # The tool's result was committed: it did not run again. The model was asked again
     # only the call it had not answered (the recovering process's first).
     assert calls == ["model call 1", "tool A1", "model call 2", "model call 1"]
+
+
+@pytest.mark.parametrize("how", ["tool-return", "tool-sigint"])
+async def test_a_tool_result_in_hand_as_the_process_goes_away_is_kept(
+    db: DB, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    """The tool ran, its result not yet committed, when the loop cancels the turn's task.
+
+    The driver commits what it holds on its way out (before it hands the lease over): the
+    process that takes the turn over does not run the tool again.
+    """
+    log = tmp_path / "calls.txt"
+    log.touch()
+    monkeypatch.setenv("TK_SHUTDOWN_LOG", str(log))
+    turn_id = _child(db, how, log)
+    url, schema = db
+    settings = config(url, schema, recover_in_process=True)
+    async with SessionRuntime(agent=agent(wait_s=0, first=False), config=settings) as after:
+        assert await _ended(after, turn_id, 20) == "succeeded"
+        events = [e async for e in after.events(turn_id)]
+    [recovering] = [e for e in events if isinstance(e, TurnRecoveringEvent)]
+    assert recovering.cause == "handed-over"
+    calls = [line.rsplit(" ", 1)[0] for line in log.read_text().splitlines()]
+    assert calls.count("tool A1") == 1, calls
+    assert [e.seq for e in events] == list(range(1, len(events) + 1))
+    assert [e.type for e in events].count("tool.completed") == 1
+
+
+async def test_closing_the_runtime_hands_a_streamed_turn_over_and_ends_its_stream(
+    db: DB, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`close()` while a caller reads the turn's stream is not a Stop: as a detached turn,
+    the turn is handed over at once, and the caller's stream ends with `RuntimeClosedError`
+    (it does not wait for the lease's next renewal to fail on the closed database)."""
+    log = tmp_path / "calls.txt"
+    log.touch()
+    monkeypatch.setenv("TK_SHUTDOWN_LOG", str(log))
+    url, schema = db
+    settings = RuntimeConfig(database_url=url, database_schema=schema, lease_ttl_s=60.0)
+    runtime = SessionRuntime(agent=agent(wait_s=60), config=settings)
+    await runtime.open()
+    seen: list[DurableEvent] = []
+
+    async def read() -> None:
+        async for event in runtime.execute_message("s1", "note A1"):
+            if isinstance(event, DurableEvent):
+                seen.append(event)
+
+    reading = asyncio.create_task(read())
+    await until(lambda: "model call 2" in log.read_text(), "the second call")
+    await runtime.close()
+    with pytest.raises(RuntimeClosedError) as left:
+        async with asyncio.timeout(10):  # the lease renews only every 20 s
+            await reading
+    turn_id = seen[0].turn_id
+    assert left.value.details == {"turn_id": turn_id, "last_seq": seen[-1].seq}
+    async with SessionRuntime(agent=agent(wait_s=0), config=config(url, schema)) as probe:
+        record = await probe.turn(turn_id)
+    assert (record.status, record.lease_owner) == ("running", "(handed over)")
+    recovering = config(url, schema, recover_in_process=True)
+    async with SessionRuntime(agent=agent(wait_s=0, first=False), config=recovering) as after:
+        assert await _ended(after, turn_id, 20) == "succeeded"
+        events = [e async for e in after.events(turn_id)]
+    [taken] = [e for e in events if isinstance(e, TurnRecoveringEvent)]
+    assert taken.cause == "handed-over"
+    assert [e.seq for e in events] == list(range(1, len(events) + 1))
+    calls = [line.rsplit(" ", 1)[0] for line in log.read_text().splitlines()]
+    assert calls == ["model call 1", "tool A1", "model call 2", "model call 1"]
+
+
+NOTED: list[str] = []
+CLOSING: list[SessionRuntime] = []
+"""The runtime `note_then_close` closes (once: a second run finds none, and fails)."""
+CLOSED: list[asyncio.Task[None]] = []
+
+
+@tool
+async def note_then_close(text: str) -> str:
+    """Write a note down; the runtime closes as the note is written."""
+    runtime = CLOSING.pop()
+    NOTED.append(text)
+    CLOSED.append(asyncio.create_task(runtime.close()))  # runs as the result is staged
+    return f"noted {text}"
+
+
+def _noting(url: str, schema: str | None, *steps: ModelStep, recover: bool) -> SessionRuntime:
+    settings = config(url, schema, recover_in_process=recover)
+    model = ScriptedModel(list(steps))
+    return SessionRuntime(agent=Agent(model=model, tools=[note_then_close]), config=settings)
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["detached", "streamed"])
+async def test_closing_the_runtime_as_a_tool_returns_keeps_its_result(
+    db: DB, streamed: bool
+) -> None:
+    """The driver commits the result it holds before it hands the turn over."""
+    NOTED.clear()
+    url, schema = db
+    asks = ModelStep.tool_call_reply(call("note_then_close", text="A1"))
+    first = _noting(url, schema, asks, ModelStep.text_reply("Noted."), recover=False)
+    await first.open()
+    CLOSING.append(first)
+    if streamed:
+        with pytest.raises(RuntimeClosedError) as left:
+            async for _ in first.execute_message("s1", "note A1"):
+                pass
+        turn_id = left.value.details["turn_id"]
+    else:
+        turn_id = (await first.start("s1", "note A1")).turn_id
+        await until(lambda: CLOSED, "the tool ran")
+    await CLOSED.pop()
+    after = _noting(url, schema, ModelStep.text_reply("Noted."), recover=True)
+    async with after:
+        assert await _ended(after, turn_id, 20) == "succeeded"
+        events = [e async for e in after.events(turn_id)]
+    assert NOTED == ["A1"]  # not run again
+    assert [e.seq for e in events] == list(range(1, len(events) + 1))
+    assert [e.type for e in events].count("tool.completed") == 1
+    [taken] = [e for e in events if isinstance(e, TurnRecoveringEvent)]
+    assert taken.cause == "handed-over"
 
 
 async def test_ctrl_c_while_reading_the_turns_stream_stops_the_turn(db: DB, tmp_path: Path) -> None:

@@ -114,6 +114,19 @@ async def test_a_held_last_checkpoint_is_dropped_unless_wanted(saver: Any, tmp_p
     assert _stored(db) == (1, 0)  # released: the thread's checkpoints are stored again
 
 
+async def test_a_cancelled_tasks_writes_are_not_stored(saver: Any, tmp_path: Path) -> None:
+    await saver.aput(config(), checkpoint(1), {"source": "loop", "step": 0}, {})
+    # The node returned (its writes are in), then its task was cancelled: LangGraph saves
+    # its writes with the error. A resume would take them as the node's result, though
+    # the events it staged were never committed: none is stored, so the node runs again.
+    writes = [("content", "done"), ("__error__", asyncio.CancelledError())]
+    await saver.aput_writes(config(parent=1), writes, "task-a")
+    assert _stored(tmp_path / "tk.checkpoints.db") == (1, 0)
+    found = await saver.aget_tuple({"configurable": {"thread_id": THREAD}})
+    assert found is not None
+    assert found.pending_writes == []
+
+
 async def test_a_read_sees_writes_still_held(saver: Any) -> None:
     await saver.aput(config(), checkpoint(1), {"source": "loop", "step": 0}, {})
     await saver.aput_writes(config(parent=1), [("content", "pending")], "task-a")

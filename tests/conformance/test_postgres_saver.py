@@ -174,6 +174,19 @@ async def test_langgraphs_own_writes_go_at_once_with_what_is_held(saver: Any, sc
     ]
 
 
+async def test_a_cancelled_tasks_writes_are_not_stored(saver: Any, schema: str) -> None:
+    await saver.aput(config(), checkpoint(1), {"source": "loop", "step": 0}, {})
+    # The node returned (its writes are in), then its task was cancelled: LangGraph saves
+    # its writes with the error. A resume would take them as the node's result, though
+    # the events it staged were never committed: none is stored, so the node runs again.
+    writes = [("content", "done"), ("__error__", asyncio.CancelledError())]
+    await saver.aput_writes(config(parent=1), writes, "task-a")
+    assert await _stored(schema) == (1, 0)
+    found = await saver.aget_tuple({"configurable": {"thread_id": THREAD}})
+    assert found is not None
+    assert found.pending_writes == []
+
+
 async def test_a_read_sees_writes_still_held(saver: Any) -> None:
     await saver.aput(config(), checkpoint(1), {"source": "loop", "step": 0}, {})
     await saver.aput_writes(config(parent=1), [("content", "pending")], "task-a")

@@ -12,7 +12,9 @@ takes its time over the second call. While that call waits, the process goes awa
 - `stream-sigint`: as `sigint`, with the turn streamed to `main` (`execute_message`): the
   caller leaves its stream, which is a Stop;
 - `stream-return`: a task of `main`'s reads the stream; `main` returns meanwhile (asyncio
-  cancels the reader and the turn's task together).
+  cancels the reader and the turn's task together);
+- `tool-sigint`, `tool-return`: as `sigint` and `return`, but the moment the `note` tool
+  has run (its result not yet committed), not while the second call waits.
 
 It prints the turn's id first. `TK_SHUTDOWN_LOG` names a file each tool run and each model
 call (in any process) appends a line to.
@@ -38,10 +40,19 @@ def _append(line: str) -> None:
         out.write(f"{line} {os.getpid()}\n")
 
 
+TOOL_RAN = asyncio.Event()
+"""Set as `note` returns, in a process that goes away then (`tool-...`)."""
+
+
 @tool
 async def note(text: str) -> str:
     """Write a note down."""
     _append(f"tool {text}")
+    how = os.environ.get("TK_SHUTDOWN_AT_TOOL")
+    if how == "sigint":
+        os.kill(os.getpid(), signal.SIGINT)  # asyncio cancels `main`, then every task
+    elif how == "return":
+        TOOL_RAN.set()  # `main` returns: asyncio cancels every task left
     return f"noted {text}"
 
 
@@ -109,6 +120,9 @@ async def _go(url: str, schema: str | None, how: str) -> None:
         return
     submission = await runtime.start("s1", "note A1")
     print(submission.turn_id, flush=True)
+    if how.startswith("tool-"):
+        await TOOL_RAN.wait()  # set by the tool, or cancelled by Ctrl-C (`tool-sigint`)
+        return
     await _second_call_waits()
     if how == "raise":
         raise KeyboardInterrupt
@@ -126,6 +140,8 @@ async def _read(stream: AsyncIterator[object]) -> None:
 
 def main() -> None:
     url, schema, how = sys.argv[1], sys.argv[2] or None, sys.argv[3]
+    if how.startswith("tool-"):
+        os.environ["TK_SHUTDOWN_AT_TOOL"] = how.removeprefix("tool-")
     try:
         asyncio.run(_go(url, schema, how))
     except KeyboardInterrupt:

@@ -4,16 +4,18 @@ A task's plain writes are held until the thread's next checkpoint, which superse
 a write on a LangGraph-internal channel (`__interrupt__`, `__resume__`, `__error__`, …)
 must be durable before the run stops, so it is never held. A held write that cannot be
 stored would fail every later write of its thread if it were held again, so it is logged
-and dropped: losing it only means its task runs again after a crash.
+and dropped: losing it only means its task runs again after a crash. The writes of a task
+cancelled mid-run are never stored at all (see `cancelled`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Iterable
 from typing import Any
 
-__all__ = ("ThreadNotes", "log_dropped", "supersedable")
+__all__ = ("ThreadNotes", "cancelled", "log_dropped", "supersedable")
 
 log = logging.getLogger("turnkit.graph")
 
@@ -21,6 +23,22 @@ log = logging.getLogger("turnkit.graph")
 def supersedable(writes: Iterable[tuple[str, Any]]) -> bool:
     """True when the thread's next checkpoint holds the result of all these writes."""
     return all(not channel.startswith("__") for channel, _ in writes)
+
+
+def cancelled(writes: Iterable[tuple[str, Any]]) -> bool:
+    """True for the writes of a task cancelled mid-run, which a saver stores none of.
+
+    LangGraph saves them, with the `CancelledError` as an `__error__` write, so that its
+    loop can finish the super-step; a resume would then take the task's other writes as
+    its result and not run it again. But a task cancelled (a Stop, a lost lease, the
+    process going away) committed none of its events, whatever its writes already hold
+    (say the result of a tool that had just returned): its node must run again, from
+    what the turn's log holds.
+    """
+    return any(
+        channel == "__error__" and isinstance(value, asyncio.CancelledError)
+        for channel, value in writes
+    )
 
 
 def log_dropped(thread_id: str, *, is_checkpoint: bool) -> None:

@@ -27,7 +27,7 @@ from langgraph.checkpoint.base import (
 from langgraph.checkpoint.postgres.base import BasePostgresSaver
 from langgraph.checkpoint.serde.types import _DeltaSnapshot
 
-from turnkit.graph._held import ThreadNotes, log_dropped, supersedable
+from turnkit.graph._held import ThreadNotes, cancelled, log_dropped, supersedable
 from turnkit.store import Rider
 from turnkit.store.sql import Retirements, is_unreachable, reached_read_only, unavailable
 
@@ -320,7 +320,8 @@ class PgCheckpointWrites(BasePostgresSaver):
     ) -> None:
         """Store a task's writes: plain ones are held, LangGraph's own go now.
 
-        Held writes wait for the next checkpoint; see `turnkit.graph._held`.
+        Held writes wait for the next checkpoint; those of a cancelled task are not
+        stored. See `turnkit.graph._held`.
         """
         configurable = config["configurable"]
         thread_id = str(configurable["thread_id"])
@@ -347,7 +348,7 @@ class PgCheckpointWrites(BasePostgresSaver):
                 [r[8] for r in rows],
             )
 
-        if not kept:
+        if not kept or cancelled(kept):  # its node runs again (see `cancelled`)
             return
         if supersedable(kept):
             checkpoint_id = configurable.get("checkpoint_id")

@@ -35,7 +35,7 @@ from langgraph.checkpoint.base import (
 )
 from langgraph.checkpoint.sqlite import SqliteSaver
 
-from turnkit.graph._held import ThreadNotes, log_dropped, supersedable
+from turnkit.graph._held import ThreadNotes, cancelled, log_dropped, supersedable
 from turnkit.store._folds import WalFolds
 from turnkit.store._group_commit import GroupCommit
 from turnkit.store._sqlite import SqliteConnection, is_busy, refusal, tune
@@ -396,8 +396,11 @@ class ThreadedSqliteSaver(SqliteSaver):
         deferred before it). A plain write is held until the next checkpoint, which
         supersedes it (see `aput`), or until something else is written: a write lost to a
         crash only means the task runs again, and turnkit's journal makes a re-run repeat
-        nothing.
+        nothing. Those of a task cancelled mid-run are not stored (see `cancelled` in
+        `turnkit.graph._held`): the task runs again.
         """
+        if cancelled(writes):
+            return
         if supersedable(writes):
             held = _Deferred.task_writes(config, list(writes), task_id, task_path)
             with self._deferred_lock:

@@ -352,6 +352,8 @@ class SessionRuntime(RuntimeControl, RuntimeCallbacks, RuntimeBudgets, RuntimeRe
             InvalidInputError: bad session id, empty or oversized content (nothing written).
             UnknownModelError: the agent's model string does not resolve.
             AdmissionRefusedError: a turn-start check refused it (nothing written).
+            RuntimeClosedError: the runtime was closed while the turn ran; the turn was
+                handed over, not stopped (its `turn_id` and the `last_seq` yielded).
         """
         submission, slot = await self.host.slots.submit_claiming(
             functools.partial(

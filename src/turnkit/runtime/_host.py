@@ -3,8 +3,8 @@
 It streams a turn to an in-process caller (`execute_message`), or runs it detached in a
 task (`start`, `resume`, re-queued guides), always publishing to the replay buffer so other
 readers can follow. Every turn it drives holds one of the process's `slots` (see
-`TurnSlots`) until its driver returns. Closing the runtime abandons detached turns and
-hands their leases over; only `stop` cancels one.
+`TurnSlots`) until its driver returns. Closing the runtime abandons the turns it drives,
+detached or streamed, and hands their leases over; only `stop` cancels one.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any, Final, TypeVar
 from turnkit.agent import Agent
 from turnkit.clock import Clock
 from turnkit.config import RuntimeConfig
-from turnkit.errors import TurnNotFoundError
+from turnkit.errors import RuntimeClosedError, TurnNotFoundError
 from turnkit.events import DurableEvent, EphemeralEvent
 from turnkit.ids import SessionId, TurnId
 from turnkit.replay import ReplayBuffer
@@ -71,8 +71,9 @@ class TurnHost:
         self._runner = runner
         self._reader = reader
         self._detached = DetachedTurns()
-        self._streamed: dict[TurnId, asyncio.Task[None]] = {}
-        """The driver tasks of turns streamed to a caller here (`stream`), for a Stop."""
+        self._streamed: dict[TurnId, tuple[asyncio.Task[None], TurnDriver]] = {}
+        """The driver tasks (and drivers) of turns streamed to a caller here (`stream`),
+        for a Stop and for `close`."""
         self._shielded: set[asyncio.Task[Any]] = set()
         self._deps = _HandedDeps()
         self.slots = TurnSlots(config.max_running_turns)
@@ -214,7 +215,7 @@ class TurnHost:
                     await asyncio.shield(self.end_cancelled(turn_id, stopped=True))
                 raise
             task = asyncio.create_task(driver.run(), name=f"turnkit-turn-{turn_id}")
-            self._streamed[turn_id] = task
+            self._streamed[turn_id] = task, driver
             watcher = (
                 asyncio.create_task(_cancel_when(cancel, task), name="turnkit-cancel-watch")
                 if cancel is not None
@@ -228,12 +229,11 @@ class TurnHost:
                     yield event
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-                if driver.lease_lost and not ended:
-                    # Someone else owns the turn now (a takeover or the sweep): read its ending.
-                    async for ended_by in self._reader().events(turn_id, after_seq=last_seq):
+                if not ended:
+                    async for ended_by in self._ended_elsewhere(driver, last_seq):
                         yield ended_by
             finally:
-                if self._streamed.get(turn_id) is task:
+                if self._streamed.get(turn_id, (None,))[0] is task:
                     del self._streamed[turn_id]
                 if watcher is not None:
                     watcher.cancel()
@@ -250,6 +250,22 @@ class TurnHost:
                             await asyncio.shield(self.end_cancelled(turn_id, stopped=True))
                 said.finished(said.outcome(driver), driver)
                 await self._after(driver)  # also when the caller closed the stream (abort)
+
+    async def _ended_elsewhere(
+        self, driver: TurnDriver, last_seq: int
+    ) -> AsyncGenerator[DurableEvent | EphemeralEvent, None]:
+        """The rest of a streamed turn its driver here stopped without ending.
+
+        Someone else owns the turn now (a takeover or the sweep): its ending, read from the
+        log. A turn left at shutdown (the runtime closed) has none yet: the stream ends
+        with `RuntimeClosedError` rather than wait for another process to finish it.
+        """
+        turn_id = driver.lease.turn_id
+        if driver.abandoned:
+            raise _left_to_another(turn_id, last_seq)
+        if driver.lease_lost:
+            async for ended_by in self._reader().events(turn_id, after_seq=last_seq):
+                yield ended_by
 
     def detach(
         self,
@@ -414,7 +430,7 @@ class TurnHost:
         The driver ends the turn `cancelled` (its call aborted, `user-aborted` audited) and
         the caller's stream ends with that `done`.
         """
-        task = self._streamed.get(turn_id)
+        task, _ = self._streamed.get(turn_id, (None, None))
         if task is None:
             return False
         if not task.cancelling():  # once: a second Stop waits with the first (`stop`)
@@ -423,15 +439,19 @@ class TurnHost:
         return True
 
     async def close(self) -> None:
-        """Abandon detached turns and hand their leases over, as a worker does.
+        """Abandon the turns driven here and hand their leases over, as a worker does.
 
-        Another process (a worker, a runtime recovering turns) takes each over at once.
+        Detached turns and turns streamed to a caller alike: each driver commits what it
+        had staged, writes nothing more, and another process (a worker, a runtime
+        recovering turns) takes the turn over at once. A caller's stream ends with
+        `RuntimeClosedError` (see `_left_to_another`).
         """
         leases: list[Lease] = []
         for _ in range(_CLOSING_ROUNDS):
             running, more = self._detached.abandon()
-            leases += more
-            tasks = [*running, *self._shielded]
+            streamed, left = self._abandon_streamed()
+            leases += more + left
+            tasks = [*running, *streamed, *self._shielded]
             if not tasks:
                 break
             for task in tasks:
@@ -441,6 +461,22 @@ class TurnHost:
             await asyncio.gather(*tasks, return_exceptions=True)
         if leases:  # a runtime never opened has no Store to ask
             await hand_over_all(self._store(), leases, log)
+
+    def _abandon_streamed(self) -> tuple[list[asyncio.Task[None]], list[Lease]]:
+        """Tell the drivers of streamed turns to write nothing more; their tasks and leases.
+
+        As `DetachedTurns.abandon`: closing the runtime is not a Stop.
+        """
+        tasks: list[asyncio.Task[None]] = []
+        leases: list[Lease] = []
+        for task, driver in self._streamed.values():
+            if task.done() or driver.abandoned:
+                continue
+            driver.abandon()
+            tasks.append(task)
+            if not driver.ended:
+                leases.append(driver.lease)
+        return tasks, leases
 
 
 MAX_HANDED_DEPS: Final = 4096
@@ -506,6 +542,21 @@ class _Handoff:
             finally:
                 self._waiter = None
         return self._items.popleft()
+
+
+def _left_to_another(turn_id: TurnId, last_seq: int) -> RuntimeClosedError:
+    """What a caller's stream raises when its turn was left unended (not a Stop).
+
+    The runtime was closed while the turn ran (or its process is going away): the turn
+    was handed over, still `running`, and another process finishes it.
+    """
+    return RuntimeClosedError(
+        f"the runtime was closed while turn {turn_id!r} ran: the turn was not stopped, "
+        "it goes on in another process (a worker, or a runtime recovering turns); follow "
+        f"it from an open runtime with `follow({turn_id!r}, after_seq={last_seq})`",
+        turn_id=turn_id,
+        last_seq=last_seq,
+    )
 
 
 async def _cancel_when(token: CancelToken, task: asyncio.Task[None]) -> None:

@@ -130,6 +130,9 @@ class TurnDriver:
         """The task running `run` (weakly: its CancelledError's traceback holds this)."""
         self._left = False
         """Its task was cancelled by no Stop: it hands its lease over as it ends."""
+        self._leave_by: float | None = None
+        """When (loop time) a driver given up at shutdown stops waiting for the database:
+        its last commit and its hand-over share `HAND_OVER_WITHIN_S`."""
         self.record = record
         self.setup = setup
         self.sink = sink
@@ -250,9 +253,7 @@ class TurnDriver:
                 await self._settle(rec)
             await self._end_carrying(keep=True)
         except asyncio.CancelledError:
-            if self.leaving:  # not a Stop: the process goes away, and recovery goes on
-                self.abandon()
-                self._left = True
+            await self._leave_if_shutting_down()
             lost = self.lease_lost  # (an abort refused below is lost too, yet still raises)
             if not lost and self.recorder is not None:
                 await self._end_aborted(self.recorder)
@@ -280,15 +281,41 @@ class TurnDriver:
             await self._stop_what_it_asked()
         self._leave_aftermath()
 
+    async def _leave_if_shutting_down(self) -> None:
+        """Cancelled: by no Stop, the process goes away, and recovery goes on (see `run`).
+
+        Given up at shutdown (so, or by `abandon`), the driver commits what it had staged
+        (say a tool's result), so the attempt that takes the turn over repeats none of it:
+        within `HAND_OVER_WITHIN_S`, which its hand-over shares. A database
+        that does not answer in time, or a lease no longer ours, commits nothing, and the
+        next attempt repeats the step from what the log holds, as after a crash. A pause
+        under way commits nothing: its request commits with the turn's move to waiting,
+        or not at all.
+        """
+        if self.leaving:
+            self.abandon()
+            self._left = True
+        rec = self.recorder
+        if not self.abandoned or rec is None or rec.notes.pending_pause is not None:
+            return
+        self._leave_by = asyncio.get_running_loop().time() + HAND_OVER_WITHIN_S
+        try:
+            async with asyncio.timeout_at(self._leave_by):
+                await rec.commit_left()
+        except Exception as exc:  # noqa: BLE001 - the turn is left either way
+            log.debug("could not commit what %s had staged: %r", self.lease.turn_id, exc)
+
     async def _hand_over(self) -> None:
         """Left at shutdown: hand the lease over, for another process to take the turn now.
 
         As `SessionRuntime.close` and a worker's drain do (the attempt is not counted
-        toward `max_attempts`). A database that does not answer in time leaves the lease
-        to lapse, as after a crash; asyncio waits for this before the loop closes.
+        toward `max_attempts`). A database that does not answer in time (what is left of
+        `HAND_OVER_WITHIN_S` after the driver's last commit) leaves the lease to lapse, as
+        after a crash; asyncio waits for this before the loop closes.
         """
+        within = asyncio.get_running_loop().time() + HAND_OVER_WITHIN_S
         with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(HAND_OVER_WITHIN_S):
+            async with asyncio.timeout_at(self._leave_by or within):
                 await hand_over_all(self.store, [self.lease], log)
 
     async def _stop_what_it_asked(self) -> None:

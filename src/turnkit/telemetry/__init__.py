@@ -274,6 +274,31 @@ class Recorder:
             )
         await self._committed(committed)
 
+    async def commit_left(self) -> None:
+        """Commit what is staged as the turn is left to another process (it is not ended).
+
+        A shutdown cancels the turn's task between a step's work and its commit: say a
+        tool returned, its result staged. Committed now, under the lease still held, the
+        attempt that takes the turn over finds it and does not run the tool again. The
+        commit `flush_ahead` started is waited for first (cancelled with the other tasks
+        of a loop shutting down, it staged its events again). An ending cut off on its way
+        (`run.finished`, `done`) is not committed: the turn is not ended here. Nor are the
+        checkpoints held for the turn's next commit: its events are durable ahead of them,
+        as after any flush, and the next attempt resumes from the checkpoint stored. No
+        plugin hears of the commit (`on_commit`): nothing more is staged.
+        """
+        task = self._ahead
+        if task is not None and task is not asyncio.current_task():
+            await asyncio.gather(task, return_exceptions=True)  # what it raised is its own
+            self._ahead = None
+        self.unstage_ending()
+        held, self.held_checkpoints = self.held_checkpoints, None
+        try:
+            async with self._lock:
+                await self._commit_staged(None, None)
+        finally:
+            self.held_checkpoints = held
+
     async def flush_ahead(self) -> None:
         """Start committing what is staged, and return without waiting for the commit.
 
