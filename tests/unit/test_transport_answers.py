@@ -82,6 +82,19 @@ REFUSALS: dict[str, tuple[str, bytes]] = {
         + sse(chunk({}, "stop"))
         + DONE,
     ),
+    "empty-refusal-alone": (
+        STREAM,
+        sse(chunk({"role": "assistant", "content": None, "refusal": ""}))
+        + sse(chunk({}, "stop"))
+        + DONE,
+    ),
+    "empty-refusal-thinking": (
+        STREAM,
+        sse(chunk({"role": "assistant", "content": None, "refusal": ""}))
+        + sse(chunk({"reasoning_content": "Let me think.", "refusal": ""}))
+        + sse(chunk({}, "stop"))
+        + DONE,
+    ),
 }
 
 
@@ -383,6 +396,33 @@ async def test_an_empty_refusal_field_beside_text_is_no_refusal(
     finish = chunks[-1]
     assert isinstance(finish, Finish)
     assert (finish.stop_reason, finish.refusal) == ("end_turn", "")
+
+
+async def test_an_empty_refusal_alone_is_a_refusal_only_where_its_words_are_dropped(
+    raw_server: RawServer, transport: Transport
+) -> None:
+    """litellm's handler drops a refusal's words: its empty opening is all that is left.
+
+    turnkit's own client reads the words, so there an empty `refusal` with nothing else is an
+    empty reply (asked again), not a refusal.
+    """
+    chunks = await collect(rung(raw_server, "empty-refusal-alone", transport))
+
+    finish = chunks[-1]
+    assert isinstance(finish, Finish)
+    expected = "content_filter" if transport == "litellm" else "end_turn"
+    assert finish.stop_reason == expected
+
+
+async def test_an_empty_refusal_beside_thinking_is_no_refusal(
+    raw_server: RawServer, transport: Transport
+) -> None:
+    """A reasoning model that only thought replied: it is asked again, not refused."""
+    chunks = await collect(rung(raw_server, "empty-refusal-thinking", transport))
+
+    finish = chunks[-1]
+    assert isinstance(finish, Finish)
+    assert finish.stop_reason == "end_turn"
 
 
 # ── LOW: a UTF-8 byte order mark cost the first event ─────────────────────────────────

@@ -24,6 +24,7 @@ async def stream_litellm(
 
     litellm's stream is closed on the way out, also when the consumer stops early.
     """
+    state.words_dropped = True
     response = await litellm.acompletion(**kwargs)
     said_anything = False
     try:
@@ -48,6 +49,8 @@ async def stream_litellm(
                 state.note(getattr(delta, "content", None), getattr(delta, "refusal", None))
                 for piece in delta_chunks(delta):
                     state.saw_tool_call = state.saw_tool_call or isinstance(piece, ToolCallDelta)
+                    if isinstance(piece, ThinkingDelta):
+                        state.note(None, None, piece.text)
                     yield piece
         if not said_anything:
             _refuse_a_whole_answer(response)

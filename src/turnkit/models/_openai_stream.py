@@ -63,27 +63,32 @@ class StreamState:
     """The `model` the provider's chunks name (the model that answered)."""
     refusal: str | None = None
     """OpenAI's `refusal` words, joined; None when no delta had the field as a string."""
-    saw_text: bool = False
-    """Some delta had text that is not blank."""
+    saw_output: bool = False
+    """Some delta had text or thinking that is not blank."""
+    words_dropped: bool = False
+    """The stream came through litellm's handler, which drops each delta holding only a
+    refusal's words."""
 
-    def note(self, content: object, refusal: object) -> None:
-        """Keep what a delta's `content` and `refusal` say of a refusal."""
-        if isinstance(content, str) and content.strip():
-            self.saw_text = True
+    def note(self, content: object, refusal: object, thinking: object = None) -> None:
+        """Keep what a delta's `content`, `refusal` and thinking say of a refusal."""
+        if any(isinstance(said, str) and said.strip() for said in (content, thinking)):
+            self.saw_output = True
         if isinstance(refusal, str):
             self.refusal = (self.refusal or "") + refusal
 
     def refused(self) -> bool:
         """Whether the model declined: `refusal` words, or an empty `refusal` and nothing else.
 
-        An empty `refusal` counts when the model wrote no text and no call after it: that
-        opening is all litellm's stream handler leaves of a refusal (it drops each delta
-        that holds only its words). An empty `refusal` beside text is no refusal: some
-        servers send one on every delta.
+        Through litellm's handler (`words_dropped`), an empty `refusal` counts when the
+        model wrote no text, no thinking and no call: that opening is all the handler leaves
+        of a refusal. Elsewhere the words arrive, and an empty `refusal` alone is an empty
+        reply (asked again): some servers send one on every delta, as they do beside text.
         """
         if self.refusal is None:
             return False
-        return bool(self.refusal) or not (self.saw_text or self.saw_tool_call)
+        if self.refusal:
+            return True
+        return self.words_dropped and not (self.saw_output or self.saw_tool_call)
 
 
 Origin = Literal["status", "event", "stream"]
@@ -403,7 +408,7 @@ def _delta_pieces(delta: dict[str, object], state: StreamState) -> list[ModelChu
     if reasoning and isinstance(reasoning, str):
         out.append(ThinkingDelta(reasoning))
     content = delta.get("content")
-    state.note(content, delta.get("refusal"))
+    state.note(content, delta.get("refusal"), reasoning)
     if content and isinstance(content, str):
         out.append(TextDelta(content))
     calls = delta.get("tool_calls")
