@@ -558,9 +558,11 @@ class StoreUnavailableError(StoreError):
 
 
 class RuntimeClosedError(TurnkitError):
-    """The runtime was closed (its app is shutting down); nothing was done.
+    """The runtime was closed (its app is shutting down); the call did nothing.
 
-    It opens again only on purpose (`async with runtime:` or `await runtime.open()`).
+    A stream of `execute_message` raises it too when its turn was still running as the
+    runtime closed: the turn was handed over, not stopped (`turn_id`, `last_seq`). It
+    opens again only on purpose (`async with runtime:` or `await runtime.open()`).
     """
 
     code: ClassVar[ErrorCode] = "runtime-closed"

@@ -8,8 +8,10 @@ from typing import Any
 
 from turnkit.clock import SystemClock
 from turnkit.events import (
+    DoneEvent,
     DurableEvent,
     EphemeralEvent,
+    ErrorEvent,
     PluginSignalEvent,
     StepEndEvent,
     StepStartEvent,
@@ -118,3 +120,20 @@ async def test_a_waiter_cancelled_does_not_cut_the_commit_off() -> None:
     await store.open_all()
     await rec.join_ahead()
     assert log == ["commit 1", "send 1"]
+
+
+async def test_a_turn_left_at_shutdown_commits_its_work_but_none_of_its_ending() -> None:
+    """An ending cut off on its way (its `error` staged with its `done`) is not committed.
+
+    The step's work before it is: the attempt that takes the turn over writes its own ending.
+    """
+    log: list[str] = []
+    rec, store = _recorder(log)
+    rec.durable(StepStartEvent, "tool-loop", step="tool-loop", iteration=1)
+    rec.ending_begins()
+    rec.durable(ErrorEvent, "runtime", code="internal-error", message="cut off", details={})
+    rec.durable(DoneEvent, "runtime", status="failed", error_code="internal-error")
+    left = asyncio.create_task(rec.commit_left())
+    await store.open_all()
+    await asyncio.wait_for(left, 5)
+    assert [line for line in log if line.startswith("commit")] == ["commit 1"]

@@ -54,6 +54,7 @@ class Attempt:
 async def end_succeeded(rec: Recorder, attempt: Attempt, checkpoint_id: str | None) -> None:
     """Commit a succeeded ending, naming the turn's last checkpoint when there is one."""
     status: TerminalStatus = "succeeded"
+    rec.ending_begins()
     if checkpoint_id is not None:
         rec.durable(CheckpointCreatedEvent, "post-turn", checkpoint_id=checkpoint_id)
     summary = _summary(rec, attempt, status, None)
@@ -79,6 +80,7 @@ async def end_failed(
     """
     status: TerminalStatus = "timed_out" if isinstance(exc, DeadlineExceededError) else "failed"
     rec.unstage_ending()  # an ending whose commit failed: not this one
+    rec.ending_begins()
     _audit_cut_call(rec, outcome="error", error_code=exc.code)  # the idle window or ceiling
     _end_cut_jobs(rec)
     rec.durable(ErrorEvent, "runtime", code=exc.code, message=exc.message, details=_details(exc))
@@ -107,6 +109,7 @@ async def end_aborted(rec: Recorder, attempt: Attempt) -> bool:
     lost meanwhile leaves the ending to the attempt that holds it now.
     """
     rec.unstage_ending()  # a success whose commit the Stop cut short: not that ending
+    rec.ending_begins()
     _audit_cut_call(rec, outcome="user-aborted", error_code="user-aborted")
     _end_cut_jobs(rec)
     summary = _summary(rec, attempt, "cancelled", None)

@@ -23,7 +23,7 @@ from turnkit.errors import RuntimeClosedError, TurnNotFoundError
 from turnkit.events import DurableEvent, EphemeralEvent
 from turnkit.ids import SessionId, TurnId
 from turnkit.replay import ReplayBuffer
-from turnkit.runtime._cancel import CancelToken, stop_task
+from turnkit.runtime._cancel import CancelToken, stop_task, stopped
 from turnkit.runtime._detached import Detached, DetachedTurns
 from turnkit.runtime._publish import BufferPublisher
 from turnkit.runtime._runner import TurnRunner
@@ -258,10 +258,11 @@ class TurnHost:
 
         Someone else owns the turn now (a takeover or the sweep): its ending, read from the
         log. A turn left at shutdown (the runtime closed) has none yet: the stream ends
-        with `RuntimeClosedError` rather than wait for another process to finish it.
+        with `RuntimeClosedError` rather than wait for another process to finish it; one
+        whose pause committed first ends as a paused turn's stream does.
         """
         turn_id = driver.lease.turn_id
-        if driver.abandoned:
+        if driver.abandoned and not driver.paused:
             raise _left_to_another(turn_id, last_seq)
         if driver.lease_lost:
             async for ended_by in self._reader().events(turn_id, after_seq=last_seq):
@@ -455,7 +456,8 @@ class TurnHost:
             if not tasks:
                 break
             for task in tasks:
-                task.cancel()
+                if not stopped(task):  # a Stop's own ending is not cut short
+                    task.cancel()
             # Their last steps may start more (a resumed turn that ended takes its session's
             # next turn): those are abandoned in the next round, never left running.
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -465,16 +467,20 @@ class TurnHost:
     def _abandon_streamed(self) -> tuple[list[asyncio.Task[None]], list[Lease]]:
         """Tell the drivers of streamed turns to write nothing more; their tasks and leases.
 
-        As `DetachedTurns.abandon`: closing the runtime is not a Stop.
+        As `DetachedTurns.abandon`: closing the runtime is not a Stop. A turn a Stop is
+        already ending (its caller left the stream) is left to end `cancelled`; `close`
+        waits for its task.
         """
         tasks: list[asyncio.Task[None]] = []
         leases: list[Lease] = []
         for task, driver in self._streamed.values():
             if task.done() or driver.abandoned:
                 continue
-            driver.abandon()
             tasks.append(task)
-            if not driver.ended:
+            if stopped(task):
+                continue
+            driver.abandon()
+            if not (driver.ended or driver.paused):
                 leases.append(driver.lease)
         return tasks, leases
 

@@ -147,6 +147,8 @@ class TurnDriver:
         """The attempt's stage context, for the work after its ending."""
         self.ended = False
         """The turn reached a terminal state here (not a pause, not a lost lease)."""
+        self.paused = False
+        """The turn's pause (its move to waiting for a person) committed here."""
         self._ending_written = False
         """Its ending is committed: nothing resumes the turn now (its checkpoints may go)."""
         self.recorder: Recorder | None = None
@@ -578,6 +580,7 @@ class TurnDriver:
         await rec.flush(
             status=awaiting(pause.kind), pause=pause, release=True, transcript=unanswered
         )
+        self.paused = True
 
     async def _end_failed(self, rec: Recorder, exc: TurnError | AdmissionRefusedError) -> None:
         self.ended = True

@@ -115,6 +115,8 @@ class Recorder:
         self._held: list[EphemeralEvent] | None = None
         """Ephemeral events waiting for that commit, sent right after its events; None
         when no commit is ahead (what a failed commit held back is dropped)."""
+        self._ending_after: int | None = None
+        """The seq after which the turn's ending began staging (`ending_begins`)."""
         self.usage = usage or UsageDelta()
         self.journal = journal or Journal()
         self.notes = TurnNotes()
@@ -274,6 +276,14 @@ class Recorder:
             )
         await self._committed(committed)
 
+    def ending_begins(self) -> None:
+        """Mark where the turn's ending starts staging its events.
+
+        Its `error`, cut jobs, `run.finished` and `done`: a turn left before that ending
+        commits keeps none of them (`commit_left`).
+        """
+        self._ending_after = self._seq
+
     async def commit_left(self) -> None:
         """Commit what is staged as the turn is left to another process (it is not ended).
 
@@ -282,7 +292,8 @@ class Recorder:
         attempt that takes the turn over finds it and does not run the tool again. The
         commit `flush_ahead` started is waited for first (cancelled with the other tasks
         of a loop shutting down, it staged its events again). An ending cut off on its way
-        (`run.finished`, `done`) is not committed: the turn is not ended here. Nor are the
+        (every event it staged, from its `error` to its `done`) is not committed: the turn
+        is not ended here, and the attempt that takes it over writes its own. Nor are the
         checkpoints held for the turn's next commit: its events are durable ahead of them,
         as after any flush, and the next attempt resumes from the checkpoint stored. No
         plugin hears of the commit (`on_commit`): nothing more is staged.
@@ -291,7 +302,11 @@ class Recorder:
         if task is not None and task is not asyncio.current_task():
             await asyncio.gather(task, return_exceptions=True)  # what it raised is its own
             self._ahead = None
-        self.unstage_ending()
+        ending = self._ending_after
+        if ending is not None:  # nothing of it is committed: it is all staged (in order)
+            while self._events and self._events[-1].seq > ending:
+                self._events.pop()
+                self._seq -= 1
         held, self.held_checkpoints = self.held_checkpoints, None
         try:
             async with self._lock:
