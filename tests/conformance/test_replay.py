@@ -18,6 +18,7 @@ import pytest
 from tests.conftest import REDIS_URL, require_service
 from tests.support.services import PrivateRedis, private_redis
 
+from turnkit.errors import ConfigurationError
 from turnkit.events import DoneEvent, MessageDeltaEvent, encode_event
 from turnkit.ids import TurnId
 from turnkit.replay import BufferEntry, ReplayBuffer, ReplaySettings
@@ -604,9 +605,9 @@ async def test_a_publish_after_a_progress_report_finds_nothing_lost(
     buffer = RedisReplayBuffer.from_url(private_redis.url)
     turn = _turn()
     try:
-        position = await buffer.append(turn, [_delta(turn, "Hel")], after=None)
+        position = await buffer.publish_checked(turn, [_delta(turn, "Hel")], after=None)
         await buffer.publish_after(turn, [_delta(turn, "(a report)")])
-        assert await buffer.append(turn, [_delta(turn, "lo")], after=position)
+        assert await buffer.publish_checked(turn, [_delta(turn, "lo")], after=position)
         assert _screen(await buffer.read(turn, after="0", wait_s=0)) == "Hel(a report)lo"
     finally:
         await buffer.close()
@@ -631,17 +632,17 @@ async def test_a_redis_user_refused_scripts_still_gets_its_publishes(
     turn = _turn()
     try:
         with caplog.at_level(logging.WARNING, "turnkit.replay"):
-            position = await buffer.append(turn, [_delta(turn, "Hel")], after=None)
-            position = await buffer.append(
+            position = await buffer.publish_checked(turn, [_delta(turn, "Hel")], after=None)
+            position = await buffer.publish_checked(
                 turn, [_delta(turn, "lo"), _delta(turn, ", ")], after=position
             )
             assert position == (await buffer.read(turn, after="0", wait_s=0))[-1].position
-            await buffer.append(turn, [_delta(turn, "world")], after=position)
+            await buffer.publish_checked(turn, [_delta(turn, "world")], after=position)
         assert _screen(await buffer.read(turn, after="0", wait_s=0)) == "Hello, world"
         assert len([r for r in caplog.records if "refuses" in r.getMessage()]) == 1
         await admin.delete(buffer._key(turn))  # as a Redis that restarted empty
         with pytest.raises(EntriesLostError):
-            await buffer.append(turn, [_delta(turn, "!")], after=position)
+            await buffer.publish_checked(turn, [_delta(turn, "!")], after=position)
     finally:
         await buffer.close()
         await admin.aclose()
@@ -794,3 +795,12 @@ async def test_a_redis_older_than_6_2_gets_its_publishes_without_nomkstream(
         assert _screen(await buffer.read(turn, after="0", wait_s=0)) == "abcd"
     finally:
         await buffer.close()
+
+
+@pytest.mark.parametrize(
+    "bad", [{"max_entries": 0}, {"ttl_s": 0.0}, {"ttl_s": float("nan")}, {"terminal_grace_s": -1.0}]
+)
+def test_replay_settings_out_of_range_are_refused(bad: dict[str, float]) -> None:
+    """A buffer that keeps no entry, or expires them at once, is a mistake said at once."""
+    with pytest.raises(ConfigurationError, match=next(iter(bad))):
+        ReplaySettings(**bad)  # type: ignore[arg-type]

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from turnkit.errors import ConfigurationError
 from turnkit.ids import TurnId
 
 if TYPE_CHECKING:
@@ -67,6 +68,16 @@ class ReplaySettings:
     max_entries: int = 10_000
     ttl_s: float = 3600.0
     terminal_grace_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        if self.max_entries < 1:
+            raise ConfigurationError(f"max_entries is at least 1, not {self.max_entries}")
+        if not self.ttl_s > 0:
+            raise ConfigurationError(f"ttl_s is a number of seconds above 0, not {self.ttl_s}")
+        if not self.terminal_grace_s >= 0:
+            raise ConfigurationError(
+                f"terminal_grace_s is a number of seconds, 0 or more, not {self.terminal_grace_s}"
+            )
 
 
 class ReplayBuffer(Protocol):

@@ -131,7 +131,7 @@ class RedisReplayBuffer:
             self._nomkstream = False
             return position
 
-    async def append(
+    async def publish_checked(
         self,
         turn_id: TurnId,
         entries: Sequence[tuple[int | None, bytes, bool]],
@@ -144,7 +144,7 @@ class RedisReplayBuffer:
         Args:
             turn_id: The turn whose stream gets the entries.
             entries: `(seq, wire bytes, is_terminal)` each, in order.
-            after: The position `append` returned to this caller last (None: it added
+            after: The position `publish_checked` returned to this caller last (None: it added
                 nothing yet, so nothing is checked).
             floor: The entries come after this position, whatever ids the stream gives
                 now: the caller's last position, when Redis lost it. A Redis that came
@@ -200,7 +200,7 @@ class RedisReplayBuffer:
                 exc,
             )
             self._scripts = False
-            return await self.append(turn_id, entries, after=after, floor=floor)
+            return await self.publish_checked(turn_id, entries, after=after, floor=floor)
         if reply is None:
             raise EntriesLostError(f"the replay buffer lost entries of turn {turn_id}")
         return _id(reply)
@@ -394,7 +394,8 @@ def _refuses_nomkstream(exc: Exception) -> bool:
 
 def _refuses_scripts(exc: Exception) -> bool:
     """Whether `exc` is Redis refusing EVALSHA itself (a user without it, scripting off)."""
-    return isinstance(exc, NoPermissionError) or "unknown command" in str(exc)
+    said = str(exc)
+    return isinstance(exc, NoPermissionError) or "unknown command" in said or "NOPERM" in said
 
 
 def _command(*parts: bytes) -> bytes:
@@ -427,7 +428,7 @@ end
 redis.call('PEXPIRE', key, ARGV[5])
 return added
 """
-"""`append` as one script: nothing is added after a hole, and nothing before `floor`.
+"""`publish_checked` as one script: nothing is added after a hole, and nothing before `floor`.
 
 The entry at `after` is the caller's newest: if it is gone, so is what followed it on the
 Redis that lost it. `XSETID` raises the stream's last id to `floor` (refused, and left,

@@ -55,7 +55,7 @@ class BufferPublisher:
         self._open = _OpenBlocks()
         self._lost = False
         """A publish failed: its entries never reached the buffer (a remote one only)."""
-        self._append: _Append | None = getattr(buffer, "append", None)
+        self._checked: _PublishChecked | None = getattr(buffer, "publish_checked", None)
         """A remote buffer's `publish` that raises `EntriesLostError` if this publisher's
         newest entry is gone (Redis restarted empty, or with an older copy of the stream),
         instead of adding the next entries after a hole."""
@@ -91,11 +91,11 @@ class BufferPublisher:
             repair = self._open.snapshots() if self._lost else []
             entries = [_entry(e) for e in (*repair, *events)]
             try:
-                if self._append is None:
+                if self._checked is None:
                     await self.buffer.publish(self.turn_id, entries)
                 else:
                     try:
-                        self._position = await self._append(
+                        self._position = await self._checked(
                             self.turn_id, entries, after=self._position
                         )
                     except EntriesLostError:
@@ -106,7 +106,7 @@ class BufferPublisher:
                         if not repair:
                             snapshots = self._open.snapshots()
                             entries = [_entry(e) for e in (*snapshots, *events)]
-                        self._position = await self._append(
+                        self._position = await self._checked(
                             self.turn_id, entries, after=None, floor=self._position
                         )
             except Exception as exc:  # noqa: BLE001 - never fatal: readers follow the Store
@@ -231,8 +231,8 @@ Entry = tuple[int | None, bytes, bool]
 """What a ReplayBuffer publishes: `(seq, wire bytes, is_terminal)`."""
 
 
-class _Append(Protocol):
-    """`RedisReplayBuffer.append`: a checked publish that tells where its entries went."""
+class _PublishChecked(Protocol):
+    """`RedisReplayBuffer.publish_checked`: a publish that tells where its entries went."""
 
     def __call__(
         self,
