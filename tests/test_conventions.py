@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import get_args
 
@@ -98,6 +100,22 @@ def test_event_schema_matches_the_snapshot() -> None:
         "e.STREAM_EVENT_ADAPTER.json_schema(), indent=2, sort_keys=True))' "
         "> docs/reference/events.schema.json`"
     )
+
+
+def test_the_package_loads_its_modules_on_first_use() -> None:
+    """`import turnkit` alone loads no runtime, yet every name and module is reachable."""
+    code = (
+        "import sys, turnkit\n"
+        "assert 'turnkit.runtime' not in sys.modules and 'langgraph' not in sys.modules\n"
+        "assert turnkit.errors.TurnkitError is turnkit.TurnkitError\n"
+        "assert turnkit.events.DoneEvent.__name__ == 'DoneEvent'\n"
+        "assert turnkit.SessionRuntime.__name__ == 'SessionRuntime'\n"
+        "assert not hasattr(turnkit, 'no_such_module')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr
 
 
 def test_public_api_is_pinned() -> None:

@@ -267,12 +267,20 @@ def test_a_plugin_class_or_settings_of_the_wrong_shape_are_refused_clearly() -> 
         def settings(self) -> Mapping[str, JsonValue]:
             return None  # type: ignore[return-value]
 
+    class Broken(Plugin):
+        name: ClassVar[str] = "broken"
+
+        def settings(self) -> Mapping[str, JsonValue]:
+            raise KeyError("limit")
+
     with pytest.raises(PluginValidationError, match=r"pass an instance, Denier\(\)"):
         validate_plugins([Denier])  # type: ignore[list-item]
     with pytest.raises(PluginValidationError, match="returns list; return a dict"):
         validate_plugins([Listed()])
     with pytest.raises(PluginValidationError, match="returns NoneType; return a dict"):
         validate_plugins([Nothing()])
+    with pytest.raises(PluginValidationError, match=r"`settings\(\)` raised KeyError\('limit'\)"):
+        validate_plugins([Broken()])
 
 
 class Rewriter(Plugin):

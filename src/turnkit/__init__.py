@@ -234,6 +234,12 @@ _HOME_OF = {name: module for module, names in _HOMES.items() for name in names}
 def __getattr__(name: str) -> Any:
     module = _HOME_OF.get(name)
     if module is None:
+        if not name.startswith("_"):  # `import turnkit` then `turnkit.errors.…`, as before
+            try:
+                return importlib.import_module(f"turnkit.{name}")
+            except ModuleNotFoundError as exc:
+                if exc.name != f"turnkit.{name}":
+                    raise  # a module of ours that needs something not installed
         raise AttributeError(f"module 'turnkit' has no attribute {name!r}")
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value  # the next lookup finds it without this function

@@ -318,7 +318,10 @@ def _checked_name(plugin: object) -> str:
         raise PluginValidationError(
             f"plugin {cls.name!r}: `order` is a whole number (lower runs first), not {cls.order!r}"
         )
-    settings: object = plugin.settings()
+    try:
+        settings: object = plugin.settings()
+    except Exception as exc:  # the plugin's own bug, said at registration
+        raise PluginValidationError(f"plugin {cls.name!r}: `settings()` raised {exc!r}") from exc
     if not isinstance(settings, Mapping):
         raise PluginValidationError(
             f"plugin {cls.name!r}: `settings()` returns {type(settings).__name__}; return a dict "

@@ -313,6 +313,8 @@ class SessionRuntime(RuntimeControl, RuntimeCallbacks, RuntimeBudgets, RuntimeRe
         # The checkpoints first: if deleting them fails, the session is still there, and
         # deleting it again finishes the job (its rows gone, nothing would name them).
         await self.forget_checkpoints([t.turn_id for t in turns])
+        if caller is None:  # the app's own call: a Store written before `visible_to` works
+            return await self.store.delete_session(sid)
         return await self.store.delete_session(sid, visible_to=caller)
 
     async def execute_message(

@@ -175,9 +175,10 @@ class RuntimeReads(RuntimeCore):
         check_title(title)
         sid = check_session_id(session_id)
         await self.ensure_open()
-        return await self.store.rename_session(
-            sid, title, visible_to=caller_scope(principal, anonymous)
-        )
+        caller = caller_scope(principal, anonymous)
+        if caller is None:  # the app's own call: a Store written before `visible_to` works
+            return await self.store.rename_session(sid, title)
+        return await self.store.rename_session(sid, title, visible_to=caller)
 
     async def turn(self, turn_id: str) -> TurnRecord:
         """A turn's record (status, last seq, …)."""

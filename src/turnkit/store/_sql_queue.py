@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any, cast
@@ -39,6 +40,8 @@ from turnkit.store._schema import turn_record
 
 __all__ = ("RENEW_BATCH", "UNIQUE_VIOLATION", "SqlQueue")
 
+log = logging.getLogger("turnkit.store")
+
 UNIQUE_VIOLATION = "23505"
 """PostgreSQL's SQLSTATE for a duplicate key."""
 RENEW_BATCH = 256
@@ -61,7 +64,10 @@ class SqlQueue(SqlEngine):
             return await self._submit(new)
         except AskingTurnEndedError:
             assert new.asked_by is not None
-            await self._tx(submit_sql.drop_refused_session, new.session_id, new.asked_by)
+            try:
+                await self._tx(submit_sql.drop_refused_session, new.session_id, new.asked_by)
+            except Exception:  # the refusal is what the caller must hear
+                log.warning("could not delete the empty session %s", new.session_id, exc_info=True)
             raise
 
     async def _submit(self, new: NewInput) -> Submission:
