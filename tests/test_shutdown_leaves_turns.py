@@ -30,9 +30,10 @@ from tests.test_agent_tools import (
 )
 from turnkit import Agent, RuntimeConfig, SessionRuntime, tool
 from turnkit.errors import RuntimeClosedError
-from turnkit.events import DurableEvent, TurnRecoveringEvent
+from turnkit.events import DoneEvent, DurableEvent, TurnRecoveringEvent
 from turnkit.ids import TurnId
 from turnkit.runtime import delegated_session_id
+from turnkit.runtime._cancel import stop_task
 from turnkit.states import TERMINAL_STATES
 from turnkit.testing import ModelStep, ScriptedModel, call
 
@@ -162,6 +163,40 @@ async def test_closing_the_runtime_hands_a_streamed_turn_over_and_ends_its_strea
     assert [e.seq for e in events] == list(range(1, len(events) + 1))
     calls = [line.rsplit(" ", 1)[0] for line in log.read_text().splitlines()]
     assert calls == ["model call 1", "tool A1", "model call 2", "model call 1"]
+
+
+async def test_closing_the_runtime_as_a_stop_is_under_way_lets_the_stop_end_the_turn(
+    db: DB, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Stop pressed just before `close()` (its task not yet run) still ends the turn
+    `cancelled`: closing does not turn it into a hand-over."""
+    log = tmp_path / "calls.txt"
+    log.touch()
+    monkeypatch.setenv("TK_SHUTDOWN_LOG", str(log))
+    url, schema = db
+    settings = RuntimeConfig(database_url=url, database_schema=schema, lease_ttl_s=60.0)
+    runtime = SessionRuntime(agent=agent(wait_s=60), config=settings)
+    await runtime.open()
+    seen: list[DurableEvent] = []
+
+    async def read() -> None:
+        async for event in runtime.execute_message("s1", "note A1"):
+            if isinstance(event, DurableEvent):
+                seen.append(event)
+
+    reading = asyncio.create_task(read())
+    await until(lambda: "model call 2" in log.read_text(), "the second call")
+    [(task, _)] = runtime.host._streamed.values()
+    stop_task(task)  # what a Stop does first; its task has not run since
+    await runtime.close()
+    async with asyncio.timeout(10):
+        await reading
+    done = seen[-1]
+    assert isinstance(done, DoneEvent)
+    assert done.status == "cancelled"
+    async with SessionRuntime(agent=agent(wait_s=0), config=config(url, schema)) as probe:
+        record = await probe.turn(seen[0].turn_id)
+    assert record.status == "cancelled"
 
 
 NOTED: list[str] = []
