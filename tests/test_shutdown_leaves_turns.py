@@ -123,14 +123,13 @@ async def test_a_tool_result_in_hand_as_the_process_goes_away_is_kept(
     assert [e.type for e in events].count("tool.completed") == 1
 
 
-async def test_closing_the_runtime_hands_a_streamed_turn_over_and_ends_its_stream(
-    db: DB, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """`close()` while a caller reads the turn's stream is not a Stop: as a detached turn,
-    the turn is handed over at once, and the caller's stream ends with `RuntimeClosedError`
-    (it does not wait for the lease's next renewal to fail on the closed database)."""
-    log = tmp_path / "calls.txt"
-    log.touch()
+async def _streamed_at_the_second_call(
+    db: DB, log: Path, monkeypatch: pytest.MonkeyPatch
+) -> tuple[SessionRuntime, list[DurableEvent], asyncio.Task[None]]:
+    """A turn streamed to a caller (its durable events into the list), at its second call.
+
+    A 60 s lease: its driver renews only every 20 s.
+    """
     monkeypatch.setenv("TK_SHUTDOWN_LOG", str(log))
     url, schema = db
     settings = RuntimeConfig(database_url=url, database_schema=schema, lease_ttl_s=60.0)
@@ -145,6 +144,19 @@ async def test_closing_the_runtime_hands_a_streamed_turn_over_and_ends_its_strea
 
     reading = asyncio.create_task(read())
     await until(lambda: "model call 2" in log.read_text(), "the second call")
+    return runtime, seen, reading
+
+
+async def test_closing_the_runtime_hands_a_streamed_turn_over_and_ends_its_stream(
+    db: DB, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`close()` while a caller reads the turn's stream is not a Stop: as a detached turn,
+    the turn is handed over at once, and the caller's stream ends with `RuntimeClosedError`
+    (it does not wait for the lease's next renewal to fail on the closed database)."""
+    log = tmp_path / "calls.txt"
+    log.touch()
+    runtime, seen, reading = await _streamed_at_the_second_call(db, log, monkeypatch)
+    url, schema = db
     await runtime.close()
     with pytest.raises(RuntimeClosedError) as left:
         async with asyncio.timeout(10):  # the lease renews only every 20 s
@@ -172,20 +184,8 @@ async def test_closing_the_runtime_as_a_stop_is_under_way_lets_the_stop_end_the_
     `cancelled`: closing does not turn it into a hand-over."""
     log = tmp_path / "calls.txt"
     log.touch()
-    monkeypatch.setenv("TK_SHUTDOWN_LOG", str(log))
+    runtime, seen, reading = await _streamed_at_the_second_call(db, log, monkeypatch)
     url, schema = db
-    settings = RuntimeConfig(database_url=url, database_schema=schema, lease_ttl_s=60.0)
-    runtime = SessionRuntime(agent=agent(wait_s=60), config=settings)
-    await runtime.open()
-    seen: list[DurableEvent] = []
-
-    async def read() -> None:
-        async for event in runtime.execute_message("s1", "note A1"):
-            if isinstance(event, DurableEvent):
-                seen.append(event)
-
-    reading = asyncio.create_task(read())
-    await until(lambda: "model call 2" in log.read_text(), "the second call")
     [(task, _)] = runtime.host._streamed.values()
     stop_task(task)  # what a Stop does first; its task has not run since
     await runtime.close()
