@@ -288,7 +288,8 @@ class RuntimeCore:
         Turns still running here are abandoned, not cancelled, detached ones and those
         streamed to a caller alike: each commits what it had staged, their leases are
         handed over, and a worker (or a runtime recovering turns) takes them over at once;
-        when the database cannot be told, once their leases lapse. A caller's
+        when the database cannot be told within 2 s (`HAND_OVER_WITHIN_S`, logged), once
+        their leases lapse. A caller's
         `execute_message` stream of such a turn raises `RuntimeClosedError` (with the
         turn's `turn_id` and the `last_seq` it yielded). A naming call still
         running after its turn is cancelled (the session keeps its first name). Its

@@ -44,6 +44,8 @@ async def follow_submission(
             yield joined
         return
     driving = False
+    if submission.is_new and submission.lease is not None:
+        host.claimed(submission.turn_id, submission.lease)  # `close` hands it over
     try:
         if submission.started is not None:
             yield submission.started  # committed with the input: no need to read it back
@@ -70,7 +72,7 @@ async def follow_submission(
             async for event in drive:
                 yield event
     finally:
-        if not driving and submission.is_new:
+        if not driving and submission.is_new and not host.left_at_close(submission.turn_id):
             # The caller left before the turn's driver began: abort it all the same.
             claimed = submission.lease is not None
             with contextlib.suppress(Exception):

@@ -30,7 +30,7 @@ from turnkit.runtime._runner import TurnRunner
 from turnkit.runtime._slots import Slot, TurnSlots
 from turnkit.runtime._turn_log import TurnLog
 from turnkit.runtime.deps import NO_DEPS
-from turnkit.runtime.driver import TurnDriver, hand_over_all
+from turnkit.runtime.driver import HAND_OVER_WITHIN_S, Sink, TurnDriver, hand_over_all
 from turnkit.runtime.reader import TurnReader
 from turnkit.states import TERMINAL_STATES, TurnStatus
 from turnkit.store import Lease, Store, TurnRecord
@@ -74,6 +74,10 @@ class TurnHost:
         self._streamed: dict[TurnId, tuple[asyncio.Task[None], TurnDriver]] = {}
         """The driver tasks (and drivers) of turns streamed to a caller here (`stream`),
         for a Stop and for `close`."""
+        self._starting: dict[TurnId, Lease] = {}
+        """Turns claimed for a caller's stream whose driver does not run yet (`claimed`)."""
+        self._left_starting: set[TurnId] = set()
+        """Of those, the turns `close` handed over: their streams end, running nothing."""
         self._shielded: set[asyncio.Task[Any]] = set()
         self._deps = _HandedDeps()
         self.slots = TurnSlots(config.max_running_turns)
@@ -133,6 +137,8 @@ class TurnHost:
                         yield other
                     return
                 lease, slot = claimed
+            elif self.left_at_close(turn_id):  # closed before its stream went on
+                raise _left_to_another(turn_id, lease.last_seq)
             drive = self._drive(turn_id, cancel, lease, record, agent, deps)
             async with contextlib.aclosing(drive):  # closing this stream aborts the turn
                 async for event in drive:
@@ -140,6 +146,23 @@ class TurnHost:
         finally:
             if slot is not None:
                 slot.release()
+
+    def claimed(self, turn_id: TurnId, lease: Lease) -> None:
+        """A turn claimed for a caller's stream, whose driver does not run yet.
+
+        Closing the runtime before the driver runs (the caller has yet to read past
+        `turn.started`, or the driver is being built) hands the turn over: its driver never
+        runs here, and the stream ends with `RuntimeClosedError`.
+        """
+        self._starting[turn_id] = lease
+
+    def left_at_close(self, turn_id: TurnId) -> bool:
+        """Whether `close` handed the turn over before its stream's driver ran (forgets it)."""
+        self._starting.pop(turn_id, None)
+        if turn_id in self._left_starting:
+            self._left_starting.discard(turn_id)
+            return True
+        return False
 
     async def _claim_or_cancel(self, turn_id: TurnId) -> tuple[Lease, Slot] | None:
         """`claim`, for a caller that streams the turn.
@@ -192,6 +215,7 @@ class TurnHost:
         agent: Agent | None,
         deps: Any,
     ) -> AsyncGenerator[DurableEvent | EphemeralEvent, None]:
+        self._starting[turn_id] = lease  # `close` hands it over until its driver runs
         queue = _Handoff()
         said = TurnLog(log, lease, self.clock, fallback_level=logging.INFO)
         # The publisher lets other readers follow the turn too.
@@ -202,18 +226,7 @@ class TurnHost:
                 queue.put(event)
                 publisher(event)
 
-            try:
-                driver = await self._runner().driver(
-                    lease,
-                    sink=sink,
-                    agent=agent,
-                    record=record,
-                    deps=self._deps.keep(turn_id, deps),
-                )
-            except asyncio.CancelledError:  # the caller left before the turn began
-                with contextlib.suppress(Exception):
-                    await asyncio.shield(self.end_cancelled(turn_id, stopped=True))
-                raise
+            driver = await self._built(lease, sink, record, agent, deps)
             task = asyncio.create_task(driver.run(), name=f"turnkit-turn-{turn_id}")
             self._streamed[turn_id] = task, driver
             watcher = (
@@ -250,6 +263,31 @@ class TurnHost:
                             await asyncio.shield(self.end_cancelled(turn_id, stopped=True))
                 said.finished(said.outcome(driver), driver)
                 await self._after(driver)  # also when the caller closed the stream (abort)
+
+    async def _built(
+        self, lease: Lease, sink: Sink, record: TurnRecord | None, agent: Agent | None, deps: Any
+    ) -> TurnDriver:
+        """The driver of a turn streamed to a caller, not yet running.
+
+        A caller that leaves meanwhile ends the turn `cancelled`; a `close` meanwhile
+        handed it over, and the caller's stream ends with `RuntimeClosedError`.
+        """
+        turn_id = lease.turn_id
+        try:
+            driver = await self._runner().driver(
+                lease, sink=sink, agent=agent, record=record, deps=self._deps.keep(turn_id, deps)
+            )
+        except asyncio.CancelledError:  # the caller left before the turn began
+            if not self.left_at_close(turn_id):
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(self.end_cancelled(turn_id, stopped=True))
+            raise
+        except BaseException:
+            self._starting.pop(turn_id, None)
+            raise
+        if self.left_at_close(turn_id):  # handed over meanwhile: it runs elsewhere
+            raise _left_to_another(turn_id, lease.last_seq)
+        return driver
 
     async def _ended_elsewhere(
         self, driver: TurnDriver, last_seq: int
@@ -445,9 +483,13 @@ class TurnHost:
         Detached turns and turns streamed to a caller alike: each driver commits what it
         had staged, writes nothing more, and another process (a worker, a runtime
         recovering turns) takes the turn over at once. A caller's stream ends with
-        `RuntimeClosedError` (see `_left_to_another`).
+        `RuntimeClosedError` (see `_left_to_another`). Each driver's last commit and the
+        hand-over share `HAND_OVER_WITHIN_S` from the moment they are cancelled: a database
+        that does not answer in time (a row locked by another connection) is given up on,
+        logged, and those leases lapse instead, as after a crash.
         """
         leases: list[Lease] = []
+        leave_by: float | None = None
         for _ in range(_CLOSING_ROUNDS):
             running, more = self._detached.abandon()
             streamed, left = self._abandon_streamed()
@@ -455,6 +497,8 @@ class TurnHost:
             tasks = [*running, *streamed, *self._shielded]
             if not tasks:
                 break
+            if leave_by is None:  # as each driver's own (`TurnDriver._leave_by`)
+                leave_by = asyncio.get_running_loop().time() + HAND_OVER_WITHIN_S
             for task in tasks:
                 if not stopped(task):  # a Stop's own ending is not cut short
                     task.cancel()
@@ -462,17 +506,22 @@ class TurnHost:
             # next turn): those are abandoned in the next round, never left running.
             await asyncio.gather(*tasks, return_exceptions=True)
         if leases:  # a runtime never opened has no Store to ask
-            await hand_over_all(self._store(), leases, log)
+            if leave_by is None:
+                leave_by = asyncio.get_running_loop().time() + HAND_OVER_WITHIN_S
+            await hand_over_all(self._store(), leases, log, by=leave_by)
 
     def _abandon_streamed(self) -> tuple[list[asyncio.Task[None]], list[Lease]]:
         """Tell the drivers of streamed turns to write nothing more; their tasks and leases.
 
         As `DetachedTurns.abandon`: closing the runtime is not a Stop. A turn a Stop is
         already ending (its caller left the stream) is left to end `cancelled`; `close`
-        waits for its task.
+        waits for its task. A turn whose driver does not run yet (`claimed`) is handed
+        over too, and never runs here.
         """
         tasks: list[asyncio.Task[None]] = []
-        leases: list[Lease] = []
+        leases = list(self._starting.values())  # claimed, their drivers not running yet
+        self._left_starting.update(self._starting)
+        self._starting.clear()
         for task, driver in self._streamed.values():
             if task.done() or driver.abandoned:
                 continue

@@ -316,9 +316,7 @@ class TurnDriver:
         after a crash; asyncio waits for this before the loop closes.
         """
         within = asyncio.get_running_loop().time() + HAND_OVER_WITHIN_S
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout_at(self._leave_by or within):
-                await hand_over_all(self.store, [self.lease], log)
+        await hand_over_all(self.store, [self.lease], log, by=self._leave_by or within)
 
     async def _stop_what_it_asked(self) -> None:
         """Tell the runtime the turn's ending is written, and which asked turns it stopped.
@@ -595,17 +593,34 @@ class TurnDriver:
         self._keeper.lost |= not self._ending_written
 
 
-async def hand_over_all(store: Store, leases: Iterable[Lease], log: logging.Logger) -> None:
+async def hand_over_all(
+    store: Store, leases: Iterable[Lease], log: logging.Logger, *, by: float | None = None
+) -> None:
     """Hand each lease over, for another process to take its turn at once.
 
     One no longer this process's (the turn ended or paused) is refused by the Store; a
-    database out of reach leaves the leases to lapse on their own.
+    database out of reach leaves the leases to lapse on their own. `by` (loop time): a
+    database that has not answered by then (a row locked by another connection) is given
+    up on, and the leases not handed over yet lapse, as after a crash (logged).
     """
-    for lease in leases:
-        try:
-            await store.hand_over(lease)
-        except Exception as exc:  # noqa: BLE001 - unreachable: the lease lapses on its own
-            log.debug("could not hand %s over at once: %r", lease.turn_id, exc)
+    left = list(leases)
+    try:
+        async with asyncio.timeout_at(by):
+            while left:
+                try:
+                    await store.hand_over(left[0])
+                except Exception as exc:  # noqa: BLE001 - unreachable: the lease lapses on its own
+                    log.debug("could not hand %s over at once: %r", left[0].turn_id, exc)
+                del left[0]
+    except TimeoutError:
+        log.warning(
+            "gave up handing over %s: the database did not answer within %.0f s; %s taken "
+            "over once %s lease lapses",
+            ", ".join(lease.turn_id for lease in left),
+            HAND_OVER_WITHIN_S,
+            "it is" if len(left) == 1 else "they are",
+            "its" if len(left) == 1 else "each",
+        )
 
 
 def _each_to(sink: Sink) -> Publish:

@@ -19,7 +19,7 @@ from turnkit.runtime._publish import BufferPublisher
 from turnkit.runtime._slots import Slot
 from turnkit.runtime._turn_log import TurnLog
 from turnkit.runtime.deps import NO_DEPS
-from turnkit.runtime.driver import TurnDriver, hand_over_all
+from turnkit.runtime.driver import HAND_OVER_WITHIN_S, TurnDriver, hand_over_all
 from turnkit.store import Lease
 
 __all__ = ("Worker",)
@@ -318,6 +318,7 @@ class Worker:
         )
         _, pending = await asyncio.wait(set(self._tasks), timeout=self.drain_timeout_s)
         left = []
+        leave_by = asyncio.get_running_loop().time() + HAND_OVER_WITHIN_S  # as `close`
         for task in pending:
             # Shutting down is not Stop: leave the turn to the next worker, write nothing.
             driver = self._drivers.get(task)
@@ -326,4 +327,4 @@ class Worker:
                 left.append(driver.lease)
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
-        await hand_over_all(self.runtime.store, left, log)  # taken over now, not after a ttl
+        await hand_over_all(self.runtime.store, left, log, by=leave_by)  # taken over now
