@@ -31,6 +31,9 @@ __all__ = ("RedisReplayBuffer",)
 log = logging.getLogger("turnkit.replay")
 
 
+_told: set[tuple[object, ...]] = set()
+"""The Redis servers and users whose refusal of the script this process warned of."""
+
 _MAX_BLOCK_S = 1.0
 """The longest one XREAD blocks (well under redis-py's default 5 s socket timeout)."""
 
@@ -175,42 +178,65 @@ class RedisReplayBuffer:
                 ttl = self.settings.terminal_grace_s
         head = (
             (after or "").encode(),
-            (floor or "").encode(),
             _next(floor).encode() if floor else b"",
             str(self.settings.max_entries).encode(),
             str(int(ttl * 1000)).encode(),
         )
         tail = (b"1", key, *head, *args)
         try:
-            reply = await self._script(tail)
-        except (aioredis.ConnectionError, OSError):
-            # As `_publish`: sent again only if it did not run before the connection broke.
-            landed = await self._landed(key, entries)
-            if landed is not None:
-                await self._round_trip(_command(b"PEXPIRE", key, head[-1]), 1)
-                return landed
-            reply = await self._script(tail)
+            try:
+                reply = await self._script(tail)
+            except (aioredis.ConnectionError, OSError):
+                # As `_publish`: sent again only if it did not run before the connection broke.
+                landed = await self._landed(key, entries)
+                if landed is not None:
+                    await self._round_trip(_command(b"PEXPIRE", key, head[-1]), 1)
+                    return landed
+                reply = await self._script(tail)
         except aioredis.ResponseError as exc:
-            if not _refuses_scripts(exc):
+            if not self._refused(exc):
                 raise  # refused for now (OOM, BUSY, NOREPLICAS): a failed publish
-            log.warning(
-                "Redis refuses this replay buffer's script (%s): a Redis that comes back "
-                "with an older copy of a turn's stream goes unnoticed (allow its user "
-                "EVAL and EVALSHA)",
-                exc,
-            )
-            self._scripts = False
             return await self.publish_checked(turn_id, entries, after=after, floor=floor)
         if reply is None:
             raise EntriesLostError(f"the replay buffer lost entries of turn {turn_id}")
         return _id(reply)
 
+    def _refused(self, exc: aioredis.ResponseError) -> bool:
+        """Whether `exc` refuses this buffer's script for good.
+
+        If so, this buffer publishes without it from now on, and says so once.
+        """
+        if not _refuses_scripts(exc):
+            return False
+        if self._scripts:
+            self._scripts = False
+            pool = self.client.connection_pool.connection_kwargs
+            user = tuple(pool.get(k) for k in ("host", "port", "path", "db", "username"))
+            if user in _told:  # another buffer of this process said so already (a CLI check)
+                return True
+            _told.add(user)
+            log.warning(
+                "Redis refuses this replay buffer's script (%s): publishes go without it, "
+                "and a Redis that comes back with an older copy of a turn's stream goes "
+                "unnoticed (allow its user EVALSHA, and EVAL or SCRIPT LOAD)",
+                exc,
+            )
+        return True
+
     async def _script(self, tail: tuple[bytes, ...]) -> Any:
-        """`_APPEND` run on `tail` (EVALSHA; EVAL once when Redis does not have it yet)."""
+        """`_APPEND` run on `tail` (EVALSHA; loaded first when Redis does not have it).
+
+        A Redis that restarted forgot it: EVAL runs it and keeps it, or, for a user that
+        may not EVAL, SCRIPT LOAD loads it (a user refused both refuses the script).
+        """
         try:
             [reply] = await self._send(_command(b"EVALSHA", _APPEND_SHA, *tail), 1)
-        except NoScriptError:  # a Redis that restarted forgot it
-            [reply] = await self._send(_command(b"EVAL", _APPEND, *tail), 1)
+        except NoScriptError:
+            try:
+                [reply] = await self._send(_command(b"EVAL", _APPEND, *tail), 1)
+            except NoPermissionError:
+                await self._send(_command(b"SCRIPT", b"LOAD", _APPEND), 1)
+                [reply] = await self._send(_command(b"EVALSHA", _APPEND_SHA, *tail), 1)
         return reply
 
     async def _publish(
@@ -333,12 +359,21 @@ class RedisReplayBuffer:
         except (aioredis.ConnectionError, aioredis.TimeoutError, OSError):
             return await self._send(packed, replies)
 
-    async def _send(self, packed: bytes, replies: int) -> list[Any]:
+    async def _send(self, packed: bytes, replies: int, *, errors: bool = False) -> list[Any]:
+        """The replies to `packed`; a refusal raises, or with `errors`, is a reply."""
         pool = self.client.connection_pool
         conn = await pool.get_connection()  # type: ignore[no-untyped-call]
         try:
             await conn.send_packed_command(packed, check_health=False)
-            return [await conn.read_response() for _ in range(replies)]
+            out: list[Any] = []
+            for _ in range(replies):
+                try:
+                    out.append(await conn.read_response())
+                except aioredis.ResponseError as exc:  # the reply is read: the next follows
+                    if not errors:
+                        raise
+                    out.append(exc)
+            return out
         except BaseException:
             await conn.disconnect()  # broken, or unread replies would answer the next caller
             raise
@@ -351,20 +386,61 @@ class RedisReplayBuffer:
         await self._round_trip(_command(b"PEXPIRE", self._key(turn_id).encode(), grace_ms), 1)
 
     async def ping(self) -> None:
-        """Raise if Redis cannot be reached.
+        """Raise if Redis cannot be reached, or refuses what this buffer needs.
+
+        Every command the buffer sends is tried on a key no turn has, changing nothing. A
+        user refused the script gets one warning here (publishes go without it).
 
         Raises:
             ConfigurationError: Redis answered but refused the connection's setup (a
-                database number it does not have, a wrong password or user): waiting
-                will not mend it.
+                database number it does not have, a wrong password or user), the
+                commands or keys the buffer needs (its user's ACL), or writes (a
+                read-only replica): waiting will not mend it.
         """
-        try:
-            await self.client.ping()
+        try:  # on a fresh connection if a pooled one died with a Redis restart
+            await self._round_trip(_command(b"PING"), 1)
         except (aioredis.ResponseError, aioredis.AuthenticationError) as exc:
             raise ConfigurationError(
                 f"Redis refused this replay buffer's connection: {exc} (check the database "
                 "number, user and password in the Redis URL)"
             ) from None
+        key = self._key(TurnId("ping")).encode()  # no turn's: their ids start with "turn_"
+        probes = (
+            _command(
+                b"XADD", key, b"NOMKSTREAM", b"MAXLEN", b"~", b"1", b"*", *_fields(None, b"", False)
+            ),
+            _command(b"XRANGE", key, b"-", b"+", b"COUNT", b"1"),
+            _command(b"XREVRANGE", key, b"+", b"-", b"COUNT", b"1"),
+            _command(b"XREAD", b"COUNT", b"1", b"STREAMS", key, b"0-0"),
+            _command(b"PEXPIRE", key, b"1"),
+            _command(b"DEL", key),
+        )
+        packed = b"".join(probes)
+        try:  # they change nothing: sent again on a fresh connection if one died
+            replies = await self._send(packed, len(probes), errors=True)
+        except (aioredis.ConnectionError, aioredis.TimeoutError, OSError):
+            replies = await self._send(packed, len(probes), errors=True)
+        for reply in replies:
+            if not isinstance(reply, aioredis.ResponseError) or _refuses_nomkstream(reply):
+                continue  # a Redis older than 6.2 refuses NOMKSTREAM: publishes go without
+            if isinstance(reply, aioredis.ReadOnlyError):
+                raise ConfigurationError(
+                    f"the replay buffer's Redis is a read-only replica ({reply}): point the "
+                    "Redis URL at the primary"
+                ) from None
+            if isinstance(reply, NoPermissionError) or "unknown command" in str(reply):
+                raise ConfigurationError(
+                    f"Redis refuses this replay buffer's commands or keys ({reply}): give its "
+                    "user the ACL in the operations guide (Redis persistence and failover)"
+                ) from None
+            raise reply  # refused for now (out of memory, busy): ridden out
+        if self._scripts:
+            head = (b"", b"", str(self.settings.max_entries).encode(), b"1")
+            try:
+                await self._script((b"1", key, *head))  # no entries: it adds nothing
+            except aioredis.ResponseError as exc:
+                if not self._refused(exc):
+                    raise
 
     async def drop(self, turn_id: TurnId) -> None:
         """DEL the turn's stream."""
@@ -393,9 +469,16 @@ def _refuses_nomkstream(exc: Exception) -> bool:
 
 
 def _refuses_scripts(exc: Exception) -> bool:
-    """Whether `exc` is Redis refusing EVALSHA itself (a user without it, scripting off)."""
-    said = str(exc)
-    return isinstance(exc, NoPermissionError) or "unknown command" in said or "NOPERM" in said
+    """Whether `exc` is Redis refusing the script commands themselves.
+
+    A user without EVALSHA, or without both EVAL and SCRIPT LOAD, or scripting off; not a
+    key, nor a command the script runs.
+    """
+    said = str(exc).lower()
+    if "unknown command" in said:
+        return True
+    refused = isinstance(exc, NoPermissionError) or "noperm" in said
+    return refused and re.search(r"'(evalsha|eval|script)\b", said) is not None
 
 
 def _command(*parts: bytes) -> bytes:
@@ -407,33 +490,36 @@ def _command(*parts: bytes) -> bytes:
 
 
 _APPEND = b"""
-local key, after, floor, first = KEYS[1], ARGV[1], ARGV[2], ARGV[3]
+local key, after, first = KEYS[1], ARGV[1], ARGV[2]
 if after ~= '' and #redis.call('XRANGE', key, after, after) == 0 then
   return false
 end
-local id = '*'
-if floor ~= '' then
-  if redis.call('EXISTS', key) == 1 then
-    redis.pcall('XSETID', key, floor)
-  else
-    id = first
-  end
-end
+local id = first ~= '' and first or '*'
 local added
-for i = 6, #ARGV, 3 do
-  added = redis.call('XADD', key, 'MAXLEN', '~', ARGV[4], id,
-                     's', ARGV[i], 'd', ARGV[i + 1], 't', ARGV[i + 2])
+for i = 5, #ARGV, 3 do
+  local entry = {'XADD', key, 'MAXLEN', '~', ARGV[3], id,
+                 's', ARGV[i], 'd', ARGV[i + 1], 't', ARGV[i + 2]}
+  if id == '*' then
+    added = redis.call(unpack(entry))
+  else
+    added = redis.pcall(unpack(entry))
+    if type(added) == 'table' and added.err then
+      entry[6] = '*'
+      added = redis.call(unpack(entry))
+    end
+  end
   id = '*'
 end
-redis.call('PEXPIRE', key, ARGV[5])
+redis.call('PEXPIRE', key, ARGV[4])
 return added
 """
-"""`publish_checked` as one script: nothing is added after a hole, and nothing before `floor`.
+"""`publish_checked` as one script: nothing is added after a hole, and nothing before the floor.
 
 The entry at `after` is the caller's newest: if it is gone, so is what followed it on the
-Redis that lost it. `XSETID` raises the stream's last id to `floor` (refused, and left,
-when the stream already holds a newer entry); a stream that is gone is made with its
-first entry right after `floor`.
+Redis that lost it. `first` (the id right after the floor) is the first entry's id, unless
+the stream has an id at or past it already (XADD refuses it, adding nothing): then the
+entries come after the stream's own. No XSETID, which a Redis user may be refused, and which
+may lower a stream's last id.
 """
 _APPEND_SHA = hashlib.sha1(_APPEND).hexdigest().encode()  # Redis names a script by its SHA-1
 
