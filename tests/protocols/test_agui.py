@@ -77,16 +77,19 @@ def build_app(
     keepalive_s: float = 10.0,
     clarifications: bool = False,
     max_frame_bytes: int = 1_000_000,
+    db: tuple[str, str | None] | None = None,
 ) -> FastAPI:
     """The AG-UI routes (and turnkit's, for cancel) over agents hosted by name.
 
     The first agent is the default; `forwardedProps.agent` picks another. The runtime is
-    opened by the app's lifespan (or by the test, in-process).
+    opened by the app's lifespan (or by the test, in-process). `db`: (database url, schema)
+    of another store than a fresh SQLite file.
     """
+    url, schema = db or (f"sqlite:///{tmp_path / 'agui.db'}", None)
     runtime = SessionRuntime(
         agent=agents[0],
         agents=list(agents[1:]),
-        config=RuntimeConfig(database_url=f"sqlite:///{tmp_path / 'agui.db'}"),
+        config=RuntimeConfig(database_url=url, database_schema=schema),
     )
     gates = [a.model.gate for a in agents if isinstance(a.model, GatedModel)]
 
@@ -539,6 +542,50 @@ async def test_dismissing_the_interrupt_of_a_stopped_turn_ends_its_run_cancelled
         nxt = await _post(http, run_input("t1", "r4", "And now?"))
         assert nxt.status_code == 200, nxt.text
         assert parse(nxt.text)[-1].event["type"] == "RUN_FINISHED"
+
+
+async def test_a_stopped_or_failed_turn_s_run_reports_its_usage(
+    tmp_path: Path, db: tuple[str, str | None]
+) -> None:
+    """AG-UI's `usage` on every ending, so a thread's runs add up to what its turns cost."""
+    from turnkit.errors import ProviderError
+
+    paused = Agent(name="pays", model=ScriptedModel([
+        ModelStep.tool_call_reply(call("transfer", amount=5, to="Bob")),
+    ]), tools=[transfer])  # fmt: skip
+    fails = Agent(name="fails", model=ScriptedModel([
+        ModelStep.tool_call_reply(call("add", a=1, b=2)),
+        ModelStep.fail(ProviderError("quota", status_code=400)),
+    ]), tools=[add])  # fmt: skip
+    app = build_app(tmp_path, [paused, fails], db=db)
+    runtime: SessionRuntime = app.state.runtime
+    async with runtime:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+            first = await _post(http, run_input("t1", "r1", "Send"))
+            assert "usage" not in parse(first.text)[-1].event  # counted when the turn ends
+            interrupt = parse(first.text)[-1].event["outcome"]["interrupts"][0]
+            turn = first.headers["x-turn-id"]
+            assert (await http.post(f"/api/harness/turns/{turn}/cancel")).status_code == 200
+            dismiss = [{"interruptId": interrupt["id"], "status": "cancelled"}]
+            stopped = parse((await _post(http, run_input("t1", "r2", None, resume=dismiss))).text)
+            failed = parse((await _post(
+                http, run_input("t2", "r3", forwardedProps={"agent": "fails"})
+            )).text)  # fmt: skip
+    check_run(stopped)
+    check_run(failed)
+    assert stopped[-1].event["outcome"] == {"type": "cancelled"}
+    assert failed[-1].event["type"] == "RUN_ERROR"
+    for frames, calls in ((stopped, 1), (failed, 2)):
+        [usage] = frames[-1].event["usage"]
+        assert usage["totalTokens"] == usage["inputTokens"] + usage["outputTokens"] > 0
+        account = next(
+            f.event["value"] for f in frames if f.event.get("name") == "turnkit.run.finished"
+        )
+        assert account["model_calls"] == calls
+        assert (usage["inputTokens"], usage["outputTokens"]) == (
+            account["input_tokens"], account["output_tokens"],
+        )  # fmt: skip
 
 
 async def test_an_approval_with_edited_args_runs_the_call_with_them(app_for: Any) -> None:

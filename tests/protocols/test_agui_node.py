@@ -87,6 +87,32 @@ def _agents() -> list[Agent]:
         ),
         thinking_agent(),
         Agent(
+            name="approval-usage",
+            model=ScriptedModel([
+                ModelStep.tool_call_reply(call("transfer", amount=5, to="Bob")),
+                ModelStep.text_reply("Sent."),
+            ]),
+            tools=[transfer],
+        ),
+        Agent(
+            name="question",
+            model=ScriptedModel([
+                ModelStep.tool_call_reply(
+                    call("ask_user", question="Which colour?", choices=["red", "blue"])
+                ),
+                ModelStep.text_reply("Blue it is."),
+            ]),
+            clarifications=True,
+        ),
+        Agent(
+            name="fails-after-tool",
+            model=ScriptedModel([
+                ModelStep.tool_call_reply(call("add", a=2, b=3)),
+                ModelStep.cut("The sum ", ProviderError("bad request", status_code=400)),
+            ]),
+            tools=[add],
+        ),
+        Agent(
             name="oversized",
             model=ScriptedModel([
                 ModelStep.tool_call_reply(call("report", pages=5)),  # 60,000 characters
@@ -106,5 +132,5 @@ def test_the_ag_ui_client_reads_turnkit_runs(tmp_path: Path) -> None:
             env={**os.environ, "AGUI_URL": url, "AGUI_HOLD_TEXT": HOLD_TEXT},
         )  # fmt: skip
     assert done.returncode == 0, f"{done.stdout}\n{done.stderr}"
-    assert "pass 7" in done.stdout, done.stdout
+    assert "pass 10" in done.stdout, done.stdout
     assert "error" not in done.stderr.lower(), done.stderr  # e.g. "Subscriber error: ..."

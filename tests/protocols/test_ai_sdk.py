@@ -118,10 +118,11 @@ def build_app(
     keepalive_s: float = 10.0,
     max_frame_bytes: int = 1_000_000,
     plugins: Sequence[Plugin] = (),
+    **agent_options: Any,
 ) -> FastAPI:
     """An app serving the AI SDK routes for one scripted agent (runtime opened by lifespan)."""
     runtime = SessionRuntime(
-        agent=Agent(model=model, tools=list(tools), plugins=list(plugins)),
+        agent=Agent(model=model, tools=list(tools), plugins=list(plugins), **agent_options),
         config=RuntimeConfig(database_url=f"sqlite:///{tmp_path / 'ai_sdk.db'}"),
     )
 
@@ -1088,6 +1089,10 @@ def test_a_stopped_turn_ends_the_parts_of_calls_that_were_running() -> None:
     assert ends == [("tool-output-available", "c1"), ("tool-output-error", "c2")]
     kinds = [c["type"] for c in out]
     assert kinds.index("tool-output-error") < kinds.index("abort") < kinds.index("finish")
+    # `abort` alone, as AI SDK 6 clients before 6.0.15 accept it (their chunk schemas are
+    # strict, and no client reads a reason: `finish` says the turn was cancelled).
+    assert out[kinds.index("abort")] == {"type": "abort"}
+    assert out[-1]["messageMetadata"]["status"] == "cancelled"
 
 
 def test_a_failed_turn_ends_a_call_the_model_never_finished_writing() -> None:

@@ -95,6 +95,15 @@ def _scripts() -> dict[str, ScriptedModel | GatedModel | ModelFamily]:
             ModelStep.tool_call_reply(call("add", a=1, b=2), call("add", a=3, b=4)),
             ModelStep.text_reply("3 and 7."),
         ]),
+        "thinking": ScriptedModel([
+            ModelStep.text_reply("Four. " * 40, thinking="two and two make four")
+        ]),
+        "question": ScriptedModel([
+            ModelStep.tool_call_reply(
+                call("ask_user", question="Which colour?", choices=["red", "blue"])
+            ),
+            ModelStep.text_reply("Blue it is."),
+        ]),
         "oversized": ScriptedModel([
             ModelStep.tool_call_reply(call("report", pages=5)),  # a 60,000-character result
             ModelStep.text_reply("The report is written."),
@@ -118,6 +127,8 @@ def _scripts() -> dict[str, ScriptedModel | GatedModel | ModelFamily]:
         "two-tools",
         "approved-then-reloaded",
         "two-approvals-reloaded",
+        "thinking",
+        "question",
     ],
 )
 def test_the_ai_sdk_client_reads_turnkit_streams(scenario: str, tmp_path: Path) -> None:
@@ -126,6 +137,13 @@ def test_the_ai_sdk_client_reads_turnkit_streams(scenario: str, tmp_path: Path) 
     options: dict[str, Any] = {
         "oversized": {"tools": [report], "max_frame_bytes": 50_000},
         "approved-then-denied": {"plugins": [NoDeletes()]},
+        "thinking": {
+            "utility_model": ScriptedModel(
+                [ModelStep.text_reply("It added the numbers.")], name="background", repeat_last=True
+            ),
+            "skip_stages": frozenset({"anchor-plan"}),
+        },
+        "question": {"clarifications": True},
     }.get(scenario, {})
     with serve(build_app(tmp_path, model, **options)) as url:
         done = subprocess.run(

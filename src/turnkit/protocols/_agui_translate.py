@@ -164,7 +164,8 @@ class Translator:
         self.parents: dict[str, str] = {}  # generation id → text block of the same call
         self.ask_user: str | None = None
         self.error: ErrorEvent | None = None
-        self.usage: UsageEvent | None = None
+        self.usage: UsageEvent | RunFinishedEvent | None = None
+        """The turn's totals: its `usage`, or the account a failed or stopped turn ends with."""
         self.model: str | None = None
         self.views = 0
         self.trusted_after: int | None = None  # set: only blocks begun after it are whole
@@ -203,7 +204,7 @@ class Translator:
             case UsageEvent():
                 self.usage = event
             case RunFinishedEvent():
-                self.model = event.model
+                self.usage, self.model = event, event.model
             case _:
                 pass
 
@@ -263,11 +264,29 @@ class Translator:
                 run=self.run,
                 turn_id=self.turn_id,
                 usage=self.usage,
-                model=self.model,
+                tokens=self._tokens(),
                 error=self.error,
             )
         )
         return out
+
+    def _tokens(self) -> list[JsonValue] | None:
+        """AG-UI's `usage` for the run that ends the turn: the turn's model calls.
+
+        turnkit counts a turn's usage when it ends, so a run that pauses reports none and
+        the run that ends the turn (succeeded, failed or stopped) reports the turn's:
+        the runs of a thread add up to its turns' totals.
+        """
+        u = self.usage
+        if u is None or u.model_calls == 0:
+            return None
+        tokens: AgUi = {
+            "inputTokens": u.input_tokens,
+            "outputTokens": u.output_tokens,
+            "totalTokens": u.input_tokens + u.output_tokens,
+            "cachedInputTokens": u.cached_tokens,
+        }
+        return [tokens | ({"model": self.model} if self.model else {})]
 
     def _interrupt(self, request: PendingDecision, ts: datetime) -> list[AgUi]:
         self.finished = True
@@ -471,15 +490,19 @@ def _run_end(
     *,
     run: AgUi,
     turn_id: TurnId,
-    usage: UsageEvent | None,
-    model: str | None,
+    usage: UsageEvent | RunFinishedEvent | None,
+    tokens: list[JsonValue] | None,
     error: ErrorEvent | None,
 ) -> AgUi:
-    """RUN_FINISHED (with the turn's usage) or RUN_ERROR, for a turn that is done."""
+    """RUN_FINISHED or RUN_ERROR, for a turn that is done.
+
+    `usage`: the turn's totals (turnkit's `result.usage`); `tokens`: the same as AG-UI's
+    `usage`, which every ending carries (a failed or stopped turn's calls count too).
+    """
+    extra: AgUi = {} if tokens is None else {"usage": tokens}
     match done.status:
         case "succeeded":
             result: AgUi = {"turnId": turn_id}
-            extra: AgUi = {}
             if (u := usage) is not None:
                 result["usage"] = {
                     "modelCalls": u.model_calls,
@@ -488,21 +511,14 @@ def _run_end(
                     "cachedTokens": u.cached_tokens,
                     "costUsd": u.cost_usd,
                 }
-                tokens: AgUi = {
-                    "inputTokens": u.input_tokens,
-                    "outputTokens": u.output_tokens,
-                    "totalTokens": u.input_tokens + u.output_tokens,
-                    "cachedInputTokens": u.cached_tokens,
-                }
-                extra["usage"] = [tokens | ({"model": model} if model else {})]
             outcome: AgUi = {"type": "success"}
             return _ev("RUN_FINISHED", ts, **run, outcome=outcome, result=result, **extra)
         case "cancelled":
-            return _ev("RUN_FINISHED", ts, **run, outcome={"type": "cancelled"})
+            return _ev("RUN_FINISHED", ts, **run, outcome={"type": "cancelled"}, **extra)
         case "failed" | "timed_out":
             message = error.message if error else f"the turn {done.status}"
             code = error.code if error else (done.error_code or done.status)
-            return _ev("RUN_ERROR", ts, message=message, code=code)
+            return _ev("RUN_ERROR", ts, message=message, code=code, **extra)
         case _:
             assert_never(done.status)
 

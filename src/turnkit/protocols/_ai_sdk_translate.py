@@ -144,7 +144,7 @@ class UIMessageStreamTranslator:
         """Close what is open and end the message with `finish` (usage in its metadata)."""
         out = [*self._requested(), *self._failure(), *self._close_step()]
         if self.status == "cancelled":
-            out = [*self._end_running(_STOPPED), *out, {"type": "abort", "reason": "cancelled"}]
+            out = [*self._end_running(_STOPPED), *out, {"type": "abort"}]
         chunk: Chunk = {"type": "finish", "messageMetadata": self._ending()}
         reason = _FINISH_BY_CODE.get(self.error_code or "") or _FINISH_REASONS.get(
             self.status or ""

@@ -2,7 +2,8 @@
 // its own event verifier) runs each scenario, and every event it receives is checked
 // against @ag-ui/core's schemas. Started by tests/protocols/test_agui_node.py, which serves
 // the app on AGUI_URL with the agents `tools`, `approval`, `approval-edit`, `reconnect`,
-// `steady`, `oversized`, `cascade` and `thinking`.
+// `steady`, `oversized`, `cascade`, `thinking`, `approval-usage`, `question` and
+// `fails-after-tool`.
 import assert from "node:assert/strict";
 import { randomUUID } from "node:crypto";
 import { test } from "node:test";
@@ -257,5 +258,54 @@ test("a thinking summary arrives as a reasoning message", async () => {
   const reasoning = agent.messages.filter((m) => m.role === "reasoning");
   assert.deepEqual(reasoning.map((m) => m.content), ["It added the numbers."]);
   assert.equal(lastAssistantText(agent), "Four. ".repeat(40));
+  assertUniqueIds(agent);
+});
+
+const tokens = (end) => (end.usage ?? []).reduce((sum, u) => sum + u.totalTokens, 0);
+
+test("a failed run's RUN_ERROR carries the usage of the calls made before the failure", async () => {
+  const { agent, forwardedProps } = newAgent("fails-after-tool", [userMessage("What is 2 + 3?")]);
+  const { events } = await run(agent, { runId: `run-${randomUUID()}`, forwardedProps });
+  const error = events.at(-1);
+  assert.equal(error.type, "RUN_ERROR");
+  assert.equal(error.code, "provider-error");
+  assert.equal(error.usage?.length, 1, "RUN_ERROR reports the usage before the failure");
+  assert.ok(tokens(error) > 0);
+  assert.equal(error.usage[0].model, "scripted");
+});
+
+test("the runs of a paused and resumed turn report its usage once", async () => {
+  const { agent, forwardedProps } = newAgent("approval-usage", [userMessage("Send Bob 5 EUR")]);
+  const first = await run(agent, { runId: `run-${randomUUID()}`, forwardedProps });
+  const paused = first.events.at(-1);
+  assert.equal(paused.outcome.type, "interrupt");
+  const [interrupt] = agent.pendingInterrupts;
+  const resume = [{ interruptId: interrupt.id, status: "resolved", payload: { approved: true } }];
+  const second = await run(agent, { runId: `run-${randomUUID()}`, forwardedProps, resume });
+  const done = second.events.at(-1);
+  assert.equal(done.outcome.type, "success");
+  const turn = done.result.usage;
+  assert.equal(turn.modelCalls, 2);
+  assert.equal(tokens(paused) + tokens(done), turn.inputTokens + turn.outputTokens);
+});
+
+test("a question is an input_required interrupt the next run answers", async () => {
+  const { agent, forwardedProps } = newAgent("question", [userMessage("Paint it")]);
+  const first = await run(agent, { runId: `run-${randomUUID()}`, forwardedProps });
+  assert.equal(first.events.at(-1).outcome.type, "interrupt");
+  const [interrupt] = agent.pendingInterrupts;
+  assert.equal(interrupt.reason, "input_required");
+  assert.equal(interrupt.message, "Which colour?");
+  assert.deepEqual(interrupt.responseSchema.properties.answer.examples, ["red", "blue"]);
+  const asked = agent.messages.flatMap((m) => m.toolCalls ?? []).find((c) => c.id === interrupt.toolCallId);
+  assert.equal(asked.function.name, "ask_user");
+  const resume = [{ interruptId: interrupt.id, status: "resolved", payload: { answer: "blue" } }];
+  const second = await run(agent, { runId: `run-${randomUUID()}`, forwardedProps, resume });
+  assert.equal(second.failure, undefined);
+  assert.equal(second.events.at(-1).outcome.type, "success");
+  assert.deepEqual(agent.pendingInterrupts, []);
+  const answered = agent.messages.find((m) => m.role === "tool" && m.toolCallId === interrupt.toolCallId);
+  assert.ok(answered, "the question's call has its result");
+  assert.equal(lastAssistantText(agent), "Blue it is.");
   assertUniqueIds(agent);
 });

@@ -6,6 +6,7 @@ import {
   AbstractChat,
   DefaultChatTransport,
   lastAssistantMessageIsCompleteWithApprovalResponses,
+  lastAssistantMessageIsCompleteWithToolCalls,
   readUIMessageStream,
   validateUIMessages,
 } from 'ai';
@@ -503,7 +504,59 @@ async function twoApprovalsReloaded() {
   await validateUIMessages({ messages: reloaded.messages });
 }
 
-const scenarios = { cascade, 'tool-turn': toolTurn, approval, 'two-approvals': twoApprovals, 'reload-paused': reloadPaused, 'approved-then-denied': approvedThenDenied, reconnect, oversized, 'fails-mid-text': failsMidText, stopped, 'two-tools': twoTools, 'approved-then-reloaded': approvedThenReloaded, 'two-approvals-reloaded': twoApprovalsReloaded };
+// The turn's thinking summary: a reasoning part, done, in the answer's step.
+async function thinking() {
+  const transport = new DefaultChatTransport({ api });
+  const stream = await send(transport, 'think', [user('What is 2 + 2?')]);
+  const { message, errors } = await withDeadline(read(stream), 'thinking');
+  assert.deepEqual(errors, []);
+  const parts = withoutData(message);
+  const reasoning = parts.filter(p => p.type === 'reasoning');
+  assert.deepEqual(reasoning.map(p => [p.text, p.state]), [['It added the numbers.', 'done']]);
+  const [text] = parts.filter(p => p.type === 'text');
+  assert.equal(text.text, 'Four. '.repeat(40));
+  assert.equal(text.state, 'done');
+  assert.equal(parts.filter(p => p.type === 'step-start').length, 1);
+  assert.equal(message.metadata.status, 'succeeded');
+  await validateUIMessages({ messages: [user('What is 2 + 2?'), message] });
+}
+
+// A question (the ask_user call): the chat answers it with addToolOutput and sends by
+// itself once the call has its output; the same assistant message goes on.
+async function question() {
+  const errors = [];
+  const chat = new MemoryChat({
+    id: 'ask',
+    transport: new DefaultChatTransport({ api }),
+    sendAutomaticallyWhen: lastAssistantMessageIsCompleteWithToolCalls,
+    onError: error => errors.push(error),
+  });
+  await withDeadline(chat.sendMessage({ text: 'paint it' }), 'first request');
+  assert.deepEqual(errors, []);
+  const asked = chat.messages[1];
+  assert.equal(asked.metadata.status, 'awaiting_input');
+  const call = asked.parts.find(p => p.type === 'tool-ask_user');
+  assert.equal(call.state, 'input-available');
+  assert.equal(call.input.question, 'Which colour?');
+  await chat.addToolOutput({ tool: 'ask_user', toolCallId: call.toolCallId, output: 'blue' });
+  await waitFor(
+    () =>
+      chat.status === 'ready' &&
+      chat.messages[1].parts.some(p => p.type === 'text' && p.text === 'Blue it is.'),
+    'the answered turn to finish',
+  );
+  assert.deepEqual(errors, []);
+  assert.equal(chat.messages.length, 2);
+  const done = chat.messages[1];
+  assert.equal(done.id, asked.id);
+  const answered = done.parts.filter(p => p.type === 'tool-ask_user');
+  assert.equal(answered.length, 1);
+  assert.equal(answered[0].state, 'output-available');
+  assert.equal(done.metadata.status, 'succeeded');
+  await validateUIMessages({ messages: chat.messages });
+}
+
+const scenarios = { thinking, question, cascade, 'tool-turn': toolTurn, approval, 'two-approvals': twoApprovals, 'reload-paused': reloadPaused, 'approved-then-denied': approvedThenDenied, reconnect, oversized, 'fails-mid-text': failsMidText, stopped, 'two-tools': twoTools, 'approved-then-reloaded': approvedThenReloaded, 'two-approvals-reloaded': twoApprovalsReloaded };
 const run = scenarios[scenario];
 if (!run) {
   console.error(`unknown scenario ${scenario}; one of ${Object.keys(scenarios)}`);
