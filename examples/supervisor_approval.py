@@ -8,6 +8,8 @@ own approval refused with 403 `approver-required`; the supervisor's inbox
 going on to the answer; the audit naming who approved.
 
 Run:  .venv/bin/python examples/supervisor_approval.py   (offline, scripted model, loopback)
+It serves the app with uvicorn: install the server extra first,
+`.venv/bin/pip install -e ".[fastapi]"` (`scripts/test.sh` installs it; `scripts/demo.sh` does not).
 """
 
 import asyncio

@@ -706,6 +706,9 @@ def test_serve_without_the_server_extra_names_the_extra(
     assert code == 2
     assert "pip install 'turnkit[fastapi]'" in err
     assert "uvicorn is missing" in err
+    # Into the Python that runs turnkit (a bare `pip` may be another's), and from a checkout.
+    assert f"{sys.executable} -m pip install 'turnkit[fastapi]'" in err
+    assert "from a checkout: -e '.[fastapi]'" in err
     assert err.count("\n") == 1
 
 

@@ -166,6 +166,28 @@ async def test_a_bad_body_is_described_in_the_fields_a_client_wrote(
         assert not any("[" in str(part) or part == "str" for part in error["loc"]), error
 
 
+@pytest.mark.parametrize(
+    ("path", "content_type"),
+    [
+        ("/sessions/s1/execute", "application/x-www-form-urlencoded"),  # curl -d without -H
+        ("/sessions", "text/plain"),
+    ],
+)
+async def test_a_json_body_sent_as_another_content_type_says_to_send_json(
+    client: httpx.AsyncClient, path: str, content_type: str
+) -> None:
+    """Not "body: Input should be a valid dictionary": the fix is the header."""
+    headers = {"x-user": "alice", "content-type": content_type}
+    response = await client.post(API + path, content=b'{"content": "hi"}', headers=headers)
+    assert response.status_code == 422, response.text
+    problem = response.json()
+    assert problem["code"] == "invalid-input"
+    assert problem["detail"] == (
+        f"the body is not JSON: it came as {content_type!r}; "
+        "send it with the header content-type: application/json"
+    )
+
+
 NUL_REQUESTS = [
     ("POST", "/sessions/n1/execute", {"content": "hi\u0000there"}),
     ("POST", "/sessions/n1/execute", {"content": [{"kind": "text", "text": "a\u0000"}]}),

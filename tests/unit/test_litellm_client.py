@@ -350,6 +350,25 @@ async def test_client_errors_are_not_retriable(
     assert hint in caught.value.message
 
 
+async def test_a_404_from_an_api_base_without_v1_says_so(
+    openai_server: FakeOpenAIServer,
+) -> None:
+    """`--api-base http://127.0.0.1:8000` for a server that serves `/v1/chat/completions`."""
+    root = openai_server.base_url.removesuffix("/v1")
+    client = new_client("openai/fake-model", api_base=root, api_key="none")
+    with pytest.raises(ProviderError) as caught:
+        await collect(client.stream(HELLO))
+    assert caught.value.status_code == 404
+    assert (
+        f"check the model and api_base ({root}: an OpenAI-compatible server's usually ends "
+        "in /v1)" in caught.value.message
+    )
+    openai_server.script("fake-model", [Reply.error(404, "no such model")])
+    with pytest.raises(ProviderError) as caught:  # at /v1 already: no such hint
+        await collect(client_for(openai_server).stream(HELLO))
+    assert "ends in /v1" not in caught.value.message
+
+
 async def test_credentials_a_provider_echoes_are_not_passed_on(
     openai_server: FakeOpenAIServer,
 ) -> None:
@@ -725,6 +744,24 @@ async def test_a_missing_key_fails_at_once_naming_the_variable(
     keyless = new_client("openai/fake-model", api_base=openai_server.base_url, api_key="none")
     openai_server.script("fake-model", [Reply.text("Hi.")])
     assert await collect(keyless.stream(HELLO))
+
+
+@pytest.mark.parametrize("variable", ["OPENAI_BASE_URL", "OPENAI_API_BASE"])
+async def test_a_missing_key_for_a_server_named_by_the_environment_says_any_text_will_do(
+    openai_server: FakeOpenAIServer, monkeypatch: pytest.MonkeyPatch, variable: str
+) -> None:
+    """`OPENAI_BASE_URL=... turnkit run --model openai/x`: the way out is named, as for api_base."""
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    monkeypatch.delenv("OPENAI_API_BASE", raising=False)
+    monkeypatch.setenv(variable, openai_server.base_url)
+    client = new_client("openai/fake-model")
+    with pytest.raises(ModelCredentialsError) as caught:
+        await collect(client.stream(HELLO))
+    assert caught.value.message.endswith(
+        f"; a server at {variable} that needs no key takes any text as one (OPENAI_API_KEY=none)"
+    )
+    assert openai_server.requests == []
 
 
 async def test_a_refused_key_is_a_credentials_error(openai_server: FakeOpenAIServer) -> None:

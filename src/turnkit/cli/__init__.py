@@ -326,9 +326,11 @@ async def _serve(args: argparse.Namespace, out: TextIO) -> int:
     try:
         import uvicorn
     except ImportError as exc:
+        # Name this Python's pip: a bare `pip` is often another environment's.
         raise ImportError(
             f"turnkit serve needs the server extra ({exc.name} is missing): "
-            "pip install 'turnkit[fastapi]'"
+            f"{sys.executable} -m pip install 'turnkit[fastapi]' "
+            "(from a checkout: -e '.[fastapi]')"
         ) from exc
 
     collector = gc_mode()  # a bad value stops before anything is imported or opened

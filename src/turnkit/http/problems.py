@@ -74,6 +74,21 @@ MAX_ERRORS = 20
 _METHODS = ("DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT")
 
 
+def _not_json_content_type(request: Request) -> str | None:
+    """The request's content type when it names one that is not JSON, else None.
+
+    FastAPI parses a body as JSON only when it has no content type or a JSON one
+    (`application/json`, `application/*+json`); any other leaves it unparsed.
+    """
+    sent = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    if not sent:
+        return None
+    kind, _, subtype = sent.partition("/")
+    if kind == "application" and (subtype == "json" or subtype.endswith("+json")):
+        return None
+    return sent
+
+
 def install_problem_handlers(app: FastAPI) -> None:
     """Answer every error with a problem body.
 
@@ -85,13 +100,22 @@ def install_problem_handlers(app: FastAPI) -> None:
         assert isinstance(exc, TurnkitError)
         return turnkit_problem(exc)
 
-    async def validation_error(_: Request, exc: Exception) -> JSONResponse:
+    async def validation_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)
         found = exc.errors()
         not_json = [e for e in found if e.get("type") == "json_invalid"]
         if not_json:
             reason = (not_json[0].get("ctx") or {}).get("error") or not_json[0].get("msg")
             return problem_response(422, "invalid-input", f"the body is not JSON: {reason}")
+        sent_as = _not_json_content_type(request)
+        if sent_as is not None and any(tuple(e.get("loc", ())) == ("body",) for e in found):
+            # FastAPI reads a body as JSON only under a JSON content type (curl's `-d`
+            # without `-H` sends a form): the fix is the header, not the body.
+            detail = (
+                f"the body is not JSON: it came as {sent_as!r}; "
+                "send it with the header content-type: application/json"
+            )
+            return problem_response(422, "invalid-input", detail)
         # A body of a million bad items is a million errors: answer the first few (a
         # problem body as large as the body it refuses would be a memory and CPU lever).
         errors = [{"loc": _where(e.get("loc", ())), "msg": _said(e)} for e in found[:MAX_ERRORS]]

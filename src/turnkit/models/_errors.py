@@ -11,6 +11,7 @@ import email.utils
 import importlib
 import math
 import re
+import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -85,6 +86,8 @@ def map_error(exc: Exception, site: CallSite, litellm: ModuleType) -> ProviderEr
     elif status is not None or isinstance(exc, openai.OpenAIError | ChatStreamError):
         retriable = status is not None and (status in RETRIABLE_STATUS or status >= 500)
         advice = _advice(status, exc, litellm)
+        if status == 404 and sent:
+            advice += _no_v1(site)
     else:
         return None
     wait = retry_after(exc) if sent else None
@@ -193,6 +196,21 @@ def _mid_stream(litellm: ModuleType) -> tuple[type, ...]:
     exceptions = getattr(litellm, "exceptions", None)
     kind = getattr(exceptions, "MidStreamFallbackError", None)
     return (kind,) if isinstance(kind, type) else ()
+
+
+def _no_v1(site: CallSite) -> str:
+    """For a 404 from an OpenAI-compatible server whose api_base lacks `/v1`: say so.
+
+    `--api-base http://127.0.0.1:8000` for a server that serves `/v1/chat/completions` is
+    the commonest way to get that 404; a proxy that serves the root never answers one.
+    """
+    if site.provider != "openai" or not site.api_base:
+        return ""
+    path = urllib.parse.urlsplit(site.api_base).path.rstrip("/")
+    if path.endswith("/v1"):
+        return ""
+    base = redact_secrets(site.api_base)
+    return f" ({base}: an OpenAI-compatible server's usually ends in /v1)"
 
 
 def _advice(status: int | None, exc: Exception, litellm: ModuleType) -> str:

@@ -323,6 +323,21 @@ class LiteLLMClient:
             base = os.environ.get("OPENAI_BASE_URL") or os.environ.get("OPENAI_API_BASE")
         return base or None
 
+    def _base_source(self, litellm: ModuleType) -> str | None:
+        """What set this client's address, in the words the user set it with (None: unset).
+
+        The same order as `_base_url`.
+        """
+        if self._api_base:
+            return "api_base"
+        if getattr(litellm, "api_base", None):
+            return "litellm.api_base"
+        if self._provider == "openai":
+            for variable in ("OPENAI_BASE_URL", "OPENAI_API_BASE"):
+                if os.environ.get(variable):
+                    return variable
+        return None
+
     def _check_network(self, litellm: ModuleType) -> None:
         base = self._base_url(litellm)
         if _models.ALLOW_NETWORK or _is_loopback(base):
@@ -351,9 +366,11 @@ class LiteLLMClient:
         if not self._keys_checked:
             missing = _missing_keys(litellm, self._model, self._api_base, self._provider)
             if missing:
+                where = self._base_source(litellm)
                 keyless = (
-                    "; a server at api_base that needs no key takes any text as one"
-                    if self._api_base
+                    f"; a server at {where} that needs no key takes any text as one "
+                    f"({missing[0]}=none)"
+                    if where
                     else ""
                 )
                 raise ModelCredentialsError(
