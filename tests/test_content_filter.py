@@ -6,6 +6,7 @@ the answer, and its audit row says so."""
 from __future__ import annotations
 
 import logging
+from datetime import UTC, datetime
 from typing import Literal
 
 import pytest
@@ -14,19 +15,23 @@ from pydantic import BaseModel
 from tests.conftest import RuntimeFactory
 from tests.helpers import add
 from tests.support.openai_server import FakeOpenAIServer, Reply
-from turnkit import Agent, ContentFilteredError, ModelFamily, tool
+from turnkit import Agent, ContentFilteredError, ModelFamily, RuntimeConfig, tool
 from turnkit.audit import AuditRow
+from turnkit.blocks import TextBlock
 from turnkit.events import (
     DoneEvent,
     ErrorEvent,
     MessageCompleteEvent,
     MessageDeltaEvent,
     ProviderCascadeEvent,
+    RunFinishedEvent,
     ToolFailedEvent,
 )
+from turnkit.journal import Journal
 from turnkit.models import ToolCallPart
 from turnkit.models._litellm_finish import stop_reason
 from turnkit.models.litellm import LiteLLMClient
+from turnkit.stages.tool_loop import committed_response
 from turnkit.testing import ModelStep, ScriptedModel, call, collect_events
 
 NO_PLAN = frozenset({"anchor-plan"})
@@ -257,3 +262,107 @@ async def test_a_refusal_over_http_fails_the_turn_on_both_transports(
     [row] = [r for r in await runtime.audit(turn.turn_id) if r.identity.stage_id == "tool-loop"][1:]
     assert row.call is not None
     assert (row.call.outcome, row.call.error_code) == ("error", "content-filtered")
+
+
+CUT_NOTE = (
+    "[my previous answer was cut: content_filter — the provider's content filter stopped it "
+    "after the text above, so it is incomplete]"
+)
+
+
+def _after_the_cut_answer(messages: tuple[object, ...], answer: str) -> tuple[object, ...]:
+    """The cut answer and what follows it in the next turn's first request."""
+    at = max(i for i, m in enumerate(messages) if getattr(m, "content", None) == answer)
+    return tuple((getattr(m, "role", None), getattr(m, "content", None)) for m in messages[at:])
+
+
+@pytest.mark.parametrize("synthesis", ["loop", "separate"])
+async def test_an_answer_the_filter_cut_is_marked_and_the_next_turn_reads_so(
+    runtime_factory: RuntimeFactory,
+    db: tuple[str, str | None],
+    synthesis: Literal["loop", "separate"],
+) -> None:
+    """As after the output limit, the next turn's model reads a note of its own that its
+    answer was cut (else it takes a truncated answer for a whole one); the person's screen
+    learns it from the answer's block (`filtered`) and the turn's `run.finished`."""
+    url, schema = db
+    config = RuntimeConfig(database_url=url, database_schema=schema)
+    first = [ModelStep.filtered("Here is part")]
+    second = [ModelStep.text_reply("Sure.")]
+    if synthesis == "separate":
+        first = [ModelStep.text_reply("Working."), *first]
+        second = [ModelStep.text_reply("Working."), *second]
+    model = ScriptedModel([*first, *second])
+    mode = "separate" if synthesis == "separate" else "terminal"
+    agent = Agent(model=model, tools=[add], synthesis=mode, skip_stages=NO_PLAN)
+    runtime = runtime_factory(agent, config=config)
+    events = await collect_events(runtime.execute_message("s1", "Tell me."))
+    assert isinstance(events[-1], DoneEvent)
+    assert events[-1].status == "succeeded"
+    blocks = [e.block for e in events if isinstance(e, MessageCompleteEvent)]
+    [answer] = [b for b in blocks if b.is_answer]
+    assert (answer.text, answer.filtered) == ("Here is part", True)
+    [finished] = [e for e in events if isinstance(e, RunFinishedEvent)]
+    assert finished.stop_reason == "content_filter"
+    [turn] = await runtime.history("s1")
+    assert [b for b in turn.blocks if isinstance(b, TextBlock) and b.is_answer] == [answer]
+    # the next turn, in another process: its history comes from the Store
+    await runtime.close()
+    again = runtime_factory(agent, config=config)
+    events = await collect_events(again.execute_message("s1", "Something else, then."))
+    assert isinstance(events[-1], DoneEvent)
+    assert events[-1].status == "succeeded"
+    [finished] = [e for e in events if isinstance(e, RunFinishedEvent)]
+    assert finished.stop_reason == "end_turn"
+    model.assert_complete()
+    asked = model.calls[len(first)].messages
+    assert _after_the_cut_answer(asked, "Here is part") == (
+        ("assistant", "Here is part"),
+        ("assistant", CUT_NOTE),
+        ("user", "Something else, then."),
+    )
+
+
+@pytest.mark.parametrize("transport", ["auto", "litellm"])
+async def test_an_answer_the_filter_cut_over_http_is_marked_for_the_next_turn(
+    runtime_factory: RuntimeFactory,
+    openai_server: FakeOpenAIServer,
+    transport: Literal["auto", "litellm"],
+) -> None:
+    openai_server.script(
+        "fake-model",
+        [Reply.text("Here is part", finish_reason="content_filter"), Reply.text("Sure.")],
+    )
+    client = LiteLLMClient(
+        "openai/fake-model", api_base=openai_server.base_url, api_key="sk", transport=transport
+    )
+    runtime = runtime_factory(Agent(model=client, tools=[add], skip_stages=NO_PLAN))
+    events = await collect_events(runtime.execute_message("s1", "Tell me."))
+    assert isinstance(events[-1], DoneEvent)
+    assert events[-1].status == "succeeded"
+    [answer] = [e.block for e in events if isinstance(e, MessageCompleteEvent)]
+    assert (answer.text, answer.filtered) == ("Here is part", True)
+    [finished] = [e for e in events if isinstance(e, RunFinishedEvent)]
+    assert finished.stop_reason == "content_filter"
+    await collect_events(runtime.execute_message("s1", "Something else, then."))
+    sent = openai_server.requests[1]["messages"]
+    at = max(i for i, m in enumerate(sent) if m.get("content") == "Here is part")
+    assert [(m["role"], m["content"]) for m in sent[at:]] == [
+        ("assistant", "Here is part"),
+        ("assistant", CUT_NOTE),
+        ("user", "Something else, then."),
+    ]
+
+
+def test_an_attempt_that_takes_over_reads_from_the_log_that_the_answer_was_cut() -> None:
+    """A takeover after the answer was committed ends the turn without writing it again:
+    the log says it was cut, for `run.finished` and the next turn's note."""
+    block = TextBlock(block_id="b", text="Here is part", is_answer=True, filtered=True)
+    complete = MessageCompleteEvent(session_id="s", turn_id="t", stage_id="synthesize",
+                                    ts=datetime.now(UTC), seq=3, block=block,
+                                    generation_id="gen_1")  # fmt: skip
+    journal = Journal.of([complete])
+    assert journal.answer_filtered
+    committed = journal.generation("gen_1")
+    assert committed is not None
+    assert committed_response(committed).stop_reason == "content_filter"

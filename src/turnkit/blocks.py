@@ -143,6 +143,8 @@ class TextBlock(BaseModel):
     """True only for the one block the synthesize stage wrote."""
     interrupted: bool = False
     """Stop cut the block while it was being written: this is its text so far."""
+    filtered: bool = False
+    """The provider's content filter stopped the call after this text: it is incomplete."""
 
 
 class ThinkingSummaryBlock(BaseModel):

@@ -84,6 +84,10 @@ class RuntimeConfig:
             default they are deleted soon after (nothing resumes an ended turn; its
             events, transcript and audit rows are what stays), so the checkpoint tables
             hold the live turns only.
+        held_transcript_bytes: How much memory the transcripts of recent sessions, held
+            between their turns so a turn reads only the turns since, may take (64 MiB by
+            default; least recently used sessions go first). 0 holds none: every turn
+            reads its session's whole history from the Store.
     """
 
     database_url: str = "sqlite:///turnkit.db"
@@ -107,6 +111,7 @@ class RuntimeConfig:
     budget_reserve_tokens: int = 4_096
     callback_secret: str | None = field(default=None, repr=False)
     keep_ended_checkpoints: bool = False
+    held_transcript_bytes: int = 64 * 2**20
 
     @property
     def durability(self) -> Durability:
@@ -166,8 +171,9 @@ class RuntimeConfig:
         for name in ("max_content_chars", "recovery_concurrency", "max_attempts"):
             if getattr(self, name) < 1:
                 raise ConfigurationError(f"{name} must be at least 1")
-        if self.budget_reserve_tokens < 0:
-            raise ConfigurationError("budget_reserve_tokens cannot be negative")
+        for name in ("budget_reserve_tokens", "held_transcript_bytes"):
+            if getattr(self, name) < 0:
+                raise ConfigurationError(f"{name} cannot be negative")
         for name in ("idle_window_s", "ceiling_s", "heartbeat_interval_s", "lease_ttl_s"):
             _check_seconds(name, getattr(self, name))
         if self.credential_lifetime_s is not None:

@@ -93,6 +93,8 @@ class CommittedGeneration:
     block_id: str = ""
     is_answer: bool = False
     """Its text was committed as the turn's answer (not as narration)."""
+    filtered: bool = False
+    """The provider's content filter cut its text (`TextBlock.filtered`)."""
     thinking: str = ""
     calls: list[CommittedCall] = field(default_factory=list[CommittedCall])
     first_seq: int = 0
@@ -142,12 +144,17 @@ class Journal:
             journal._index(event)
         return journal
 
+    @property
+    def answer_filtered(self) -> bool:
+        """Whether the answer committed in the log is one the content filter cut."""
+        return any(g.is_answer and g.filtered for g in self.generations.values())
+
     def _index(self, event: DurableEvent) -> None:
         match event:
             case MessageCompleteEvent(generation_id=str(gen), block=block):
                 committed = self._generation(gen, event.seq)
                 committed.text, committed.block_id = block.text, block.block_id
-                committed.is_answer = block.is_answer
+                committed.is_answer, committed.filtered = block.is_answer, block.filtered
             case ThinkingCompleteEvent(generation_id=str(gen), block=block):
                 self._generation(gen, event.seq).thinking = block.summary
             case ToolStartedEvent(generation_id=str(gen), block=block):

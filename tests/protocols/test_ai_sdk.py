@@ -1147,6 +1147,20 @@ def test_a_refused_or_cut_answer_finishes_with_the_sdks_own_reason(code: str, re
     assert out[-1]["finishReason"] == reason
 
 
+def test_an_answer_the_content_filter_cut_finishes_with_the_sdks_own_reason() -> None:
+    """The turn succeeded, but its answer is what the provider's filter let through: the
+    UI says `content-filter`, not `stop`, so it can show the answer as incomplete."""
+    tr = UIMessageStreamTranslator(message_id="t")
+    out = tr.start()
+    block = {"block_id": "b", "text": "Here is part", "is_answer": True, "filtered": True}
+    out += tr.translate(_stage(MessageCompleteEvent, "synthesize", seq=1, block=block))
+    out += tr.translate(_stage(DoneEvent, "post-turn", seq=2, status="succeeded"))
+    out += tr.finish()
+    assert out[-1]["type"] == "finish"
+    assert out[-1]["finishReason"] == "content-filter"
+    assert out[-1]["messageMetadata"]["status"] == "succeeded"
+
+
 def test_an_approval_answered_before_the_stream_ends_sends_no_request() -> None:
     """A rebuilt message replays the answer: a request would ask again, or leave an output
     part whose approval lacks the decision (`validateUIMessages` refuses it)."""

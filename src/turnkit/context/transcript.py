@@ -113,11 +113,19 @@ class DerivedCache(Generic[_T]):
     message itself (`attr`, one of `SealedMessage`'s slots); on any other message it is
     kept by the message's values in a bounded dict (never by identity: a hook that
     rewrote a message in place must still get a fresh one).
+
+    `shared`: a sealed message takes what an equal message left by value, if any. Off for
+    what holds the message's text (its `ModelMessage`): a sealed message is decoded from
+    the Store, so an equal one's would keep a second copy of the text for as long as the
+    session is held; built from the sealed message, it holds the same strings.
     """
 
-    def __init__(self, attr: str, build: Callable[[TranscriptMessage], _T]) -> None:
+    def __init__(
+        self, attr: str, build: Callable[[TranscriptMessage], _T], *, shared: bool = True
+    ) -> None:
         self.attr = attr
         self.build = build
+        self.shared = shared
         self.by_value: dict[MessageKey, _T] = {}
         self._chars = 0
         """The characters the kept keys hold (`_key_chars`)."""
@@ -130,7 +138,7 @@ class DerivedCache(Generic[_T]):
         try:
             return cast(_T, getattr(kept, self.attr))
         except AttributeError:
-            found = self._by_value(message)
+            found = self._by_value(message) if self.shared else self.build(message)
             setattr(kept, self.attr, found)
             return found
 
@@ -167,7 +175,7 @@ def _build(message: TranscriptMessage) -> ModelMessage:
     )
 
 
-_model_message: DerivedCache[ModelMessage] = DerivedCache("model", _build)
+_model_message: DerivedCache[ModelMessage] = DerivedCache("model", _build, shared=False)
 
 
 MessageKey = tuple[str, str, object, tuple[tuple[str, str, str], ...] | None]

@@ -108,6 +108,8 @@ class UIMessageStreamTranslator:
         self.status: str | None = None
         """The turn's terminal status (`done`), or the pause it stopped at."""
         self.error_code: str | None = None
+        self.filtered = False
+        """The answer is one the provider's content filter cut after some text."""
         self._step: Literal["closed", "open", "closing"] = "closed"
         self._texts: dict[str, str] = {}
         self._blank: dict[str, str] = {}
@@ -149,6 +151,8 @@ class UIMessageStreamTranslator:
         reason = _FINISH_BY_CODE.get(self.error_code or "") or _FINISH_REASONS.get(
             self.status or ""
         )
+        if self.filtered and self.status == "succeeded":
+            reason = "content-filter"  # the answer is what the filter let through
         if reason is not None:
             chunk["finishReason"] = reason
         return [*out, chunk]
@@ -178,6 +182,7 @@ class UIMessageStreamTranslator:
                 self._stages.setdefault(event.block_id, event.stage_id)
                 return self._text_snapshot(event.block_id, event.text)
             case MessageCompleteEvent(block=block):
+                self.filtered = self.filtered or (block.is_answer and block.filtered)
                 return self._text_end(block.block_id, block.text, answer=block.is_answer)
             case ThinkingDeltaEvent():
                 return self._reason(event.block_id, event.text)

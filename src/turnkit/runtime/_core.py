@@ -128,7 +128,8 @@ class RuntimeCore:
         self._graph: TurnGraph | None = None
         self._driving: Driving = weakref.WeakValueDictionary()
         """This process's turn drivers by turn, for the runners to share."""
-        self._held = HeldTranscripts()  # sessions' transcripts, kept across their turns
+        # sessions' transcripts, kept across their turns
+        self._held = HeldTranscripts(max_bytes=self.config.held_transcript_bytes)
         self._aftermath = Aftermath()  # work turns left running after their ending
         self._opening: asyncio.Event | None = None
         self._closed = False

@@ -31,7 +31,7 @@ from turnkit.events import (
     RunFinishedEvent,
 )
 from turnkit.ids import StageId
-from turnkit.runtime._transcript import ended_transcript
+from turnkit.runtime._transcript import answer_filtered, ended_transcript
 from turnkit.states import TerminalStatus
 from turnkit.store import RunSummary
 from turnkit.telemetry import OpenCall, Recorder
@@ -180,7 +180,7 @@ def _summary(
         tool_timings=tuple(rec.notes.tool_timings),
         context_messages=rec.notes.context_messages,
         context_tokens=rec.notes.context_tokens,
-        stop_reason={"succeeded": "end_turn", "cancelled": "aborted"}.get(status, "error"),
+        stop_reason=_stop_reason(rec, status),
         error_code=code,
         duration_ms=(time.perf_counter() - attempt.started) * 1000,
         model=attempt.model,
@@ -188,6 +188,13 @@ def _summary(
         skipped_events=attempt.skipped_events,
         recoveries=sum(1 for k in rec.journal.keys if k.startswith("turn.recovering:")),
     )
+
+
+def _stop_reason(rec: Recorder, status: TerminalStatus) -> str:
+    """`run.finished.stop_reason`: `content_filter` for an answer the filter cut."""
+    if status == "succeeded" and answer_filtered(rec):
+        return "content_filter"
+    return {"succeeded": "end_turn", "cancelled": "aborted"}.get(status, "error")
 
 
 def _finished(rec: Recorder, summary: RunSummary, stage: StageId) -> None:

@@ -9,12 +9,17 @@ whose history a later turn replaced (compaction) gets it from that turn on.
 
 Held messages are sealed (`turnkit.context._sealed`): they cannot change in place, so
 every turn's list shares them, and so does what is derived from each (its digest, its
-`ModelMessage`). The hold is bounded by an estimate of the bytes it keeps (pictures count
-by their encoded size), least recently used sessions going first.
+`ModelMessage`). The hold is bounded by an estimate of the memory it takes, least
+recently used sessions going first: each string at its own size (`sys.getsizeof`: text
+outside Latin-1 takes two or four bytes a character), a picture's base64 data and the
+bytes its `ModelMessage` decodes, and what a message keeps beside its strings (its dict,
+its `ModelMessage`, its digest, the keys decoded with it), measured with
+`benchmarks/held_size.py`.
 """
 
 from __future__ import annotations
 
+import sys
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -29,24 +34,37 @@ from turnkit.ids import SessionId, TurnId
 __all__ = ("DEFAULT_HELD_BYTES", "Held", "HeldTranscripts", "size_of")
 
 DEFAULT_HELD_BYTES: Final = 64 * 2**20
-"""About how much transcript one runtime holds across its sessions."""
-_MESSAGE_OVERHEAD: Final = 256
-"""About what a message costs beyond its text (the dict and its keys)."""
+"""About how much memory one runtime's held transcripts take (`held_transcript_bytes`)."""
+_MESSAGE_OVERHEAD: Final = 550
+"""What a held message keeps beside its strings: the sealed dict, the keys decoded with
+it, its `ModelMessage`, its digest and its places in the history's tuples (measured)."""
+_CALL_OVERHEAD: Final = 380
+"""What a tool call keeps beside its strings: its sealed list and dict, its `ToolCallPart`."""
+_PART_OVERHEAD: Final = 250
+"""What a part of a message with pictures keeps beside its strings."""
 
 
 def size_of(messages: Iterable[TranscriptMessage]) -> int:
-    """About how many bytes `messages` hold."""
+    """About how many bytes `messages` hold, held (within a quarter of what they take)."""
+    sized = sys.getsizeof  # it runs on every message a turn adds, and on a history read whole
     size = 0
+    count = 0
     for message in messages:
+        count += 1
         content = message["content"]
         if isinstance(content, str):
-            size += len(content)
+            size += sized(content)
         else:
-            size += sum(len(value) for part in content for value in part.values())
-        for call in message.get("tool_calls", ()):
-            size += len(call["arguments"]) + len(call["name"])
-        size += _MESSAGE_OVERHEAD
-    return size
+            for part in content:
+                size += _PART_OVERHEAD + sum(sized(value) for value in part.values())
+                if data := part.get("data"):  # base64: its `ModelMessage` holds the bytes
+                    size += len(data) * 3 // 4
+        if len(message) > 2:  # beyond its role and content
+            for call in message.get("tool_calls", ()):
+                size += _CALL_OVERHEAD + sized(call["arguments"]) + sized(call["id"])
+            if (answers := message.get("tool_call_id")) is not None:
+                size += sized(answers)
+    return size + count * _MESSAGE_OVERHEAD
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -25,7 +25,7 @@ from turnkit.states import TerminalStatus
 from turnkit.store import KeptTranscript, Store, TurnRecord, TurnTranscript
 from turnkit.telemetry import Recorder
 
-__all__ = ("ended_transcript", "opening_message", "session_transcript")
+__all__ = ("answer_filtered", "ended_transcript", "opening_message", "session_transcript")
 
 _UNCHECKED_INPUT = (
     "[this message never reached the input guardrails (its turn did not keep what it "
@@ -42,6 +42,13 @@ _FILTERED_NOTE = (
     "[my previous answer failed: content-filtered — the provider's content filter stopped "
     "it before it had any text]"
 )
+
+_CUT_NOTE = (
+    "[my previous answer was cut: content_filter — the provider's content filter stopped it "
+    "after the text above, so it is incomplete]"
+)
+"""Follows an answer the content filter cut after some text: the model's own note, as
+after the output limit, so the next turn knows its answer did not end where it meant."""
 
 
 def opening_message(record: TurnRecord) -> TranscriptMessage:
@@ -171,6 +178,8 @@ def ended_transcript(
     words a `content-filtered` turn's model declined with.
     """
     messages = list(rec.notes.transcript)
+    if status == "succeeded" and answer_filtered(rec):
+        messages.append({"role": "assistant", "content": _CUT_NOTE})
     if status != "succeeded":
         messages += _unanswered_calls(messages, rec.notes.result_messages)
         note = _ending_note(status, code, message, refusal)
@@ -188,6 +197,15 @@ def ended_transcript(
         replaces_history=part == "replaced",
         last_request=last,
     )
+
+
+def answer_filtered(rec: Recorder) -> bool:
+    """Whether the turn's answer is one the provider's content filter cut after some text.
+
+    Synthesize says so; an attempt that took over after it committed the answer reads it
+    from the log (the answer's block is `filtered`).
+    """
+    return rec.notes.answer_filtered or rec.journal.answer_filtered
 
 
 def _json(message: TranscriptMessage) -> dict[str, JsonValue]:

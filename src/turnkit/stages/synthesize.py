@@ -14,7 +14,8 @@ blank, or only tools no call can use) is never the answer: it is kept as narrati
 model is asked once more, told that no tool can be called now, and the turn fails
 (`answer-missing`) if that call writes no text either. An answer the provider's content
 filter stopped before any text fails the turn (`content-filtered`); one it cut after some
-text is the answer, its `synthesisQuality.stop_reason` saying `content_filter`.
+text is the answer, marked as cut: its block is `filtered`, its `synthesisQuality.stop_reason`
+says `content_filter`, and the session's next turn reads a note that it was cut.
 """
 
 from __future__ import annotations
@@ -131,6 +132,7 @@ async def run_synthesize(
                 ctx, check, written, transcript, previous
             )
     rec.notes.answer_block_id = written.answer["block_id"]
+    rec.notes.answer_filtered = written.answer["stop_reason"] == "content_filter"
     rec.notes.context_messages = len(transcript)
     if written.answer is answer:  # the loop's own answer: the transcript has it already
         return StageOutcome(route="post-turn")
@@ -254,7 +256,7 @@ async def _write(
                 "text": committed.text,
                 "block_id": committed.block_id,
                 "generation_id": generation,
-                "stop_reason": "end_turn",
+                "stop_reason": "content_filter" if committed.filtered else "end_turn",
             },
             source="synthesize",
             logged=committed,
@@ -424,7 +426,8 @@ async def _commit(
     )
     if written.call is not None or payloads.kinds():  # the loop's call has its own row
         rec.audit("synthesize", call=written.call, payloads=payloads)
-    if is_answer and answer["stop_reason"] == "content_filter":
+    filtered = answer["stop_reason"] == "content_filter"
+    if is_answer and filtered:
         log.warning(
             "turn %s: the provider's content filter cut the answer after %d characters; "
             "kept as the answer (its synthesisQuality row says content_filter)",
@@ -434,7 +437,9 @@ async def _commit(
     rec.durable(
         MessageCompleteEvent,
         "synthesize",
-        block=TextBlock(block_id=answer["block_id"], text=answer["text"], is_answer=is_answer),
+        block=TextBlock(
+            block_id=answer["block_id"], text=answer["text"], is_answer=is_answer, filtered=filtered
+        ),
         generation_id=answer["generation_id"],
         input_seqs=rec.notes.input_seqs,
     )

@@ -334,7 +334,7 @@ def committed_response(committed: CommittedGeneration) -> ModelResponse:
         text=committed.text,
         thinking=committed.thinking,
         tool_calls=calls,
-        stop_reason="tool_use" if calls else "end_turn",
+        stop_reason="tool_use" if calls else "content_filter" if committed.filtered else "end_turn",
         usage=Usage(),
     )
 

@@ -74,6 +74,9 @@ class TurnNotes:
     synthesize): the size of its context. Summary, naming and compaction calls leave it."""
     answer_block_id: str = "answer"
     """The block id of the turn's answer (set by synthesize), for enrichment events."""
+    answer_filtered: bool = False
+    """The provider's content filter cut the turn's answer after some text (set by
+    synthesize; an attempt that took over after it reads it from the log)."""
     running: list[str] = field(default_factory=list[str])
     """What the turn waits on now, beside the model (`tool 'search'`, a plugin's hook): the
     idle window's error names it when the turn goes quiet there."""
