@@ -1,10 +1,13 @@
 """The official AI SDK client (`ai` on npm) against a real server of the AI SDK routes.
 
-Node runs `tests/node/ai_sdk/scenarios.mjs` against uvicorn on 127.0.0.1. Nothing is
-installed at test time: run `npm ci --prefix tests/node/ai_sdk` first (CI does). Without
-`node` the tests skip, except under `CI=true`, where they fail.
+Node runs `tests/node/ai_sdk/scenarios.mjs` against uvicorn on 127.0.0.1, once with each
+tested major version of `ai`: 6 (`tests/node/ai_sdk`) and 7 (`tests/node/ai_sdk7`), each
+pinned by its package-lock.json. Nothing is installed at test time: run
+`npm ci --prefix tests/node/ai_sdk` and `npm ci --prefix tests/node/ai_sdk7` first (CI
+does). Without `node` the tests skip, except under `CI=true`, where they fail.
 """
 
+import json
 import os
 import shutil
 import subprocess
@@ -21,18 +24,26 @@ from turnkit.models.family import ModelFamily
 from turnkit.testing import ModelStep, ScriptedModel, call
 
 ROOT = Path(__file__).parent.parent.parent
-PACKAGE = ROOT / "tests" / "node" / "ai_sdk"
+SCENARIOS = ROOT / "tests" / "node" / "ai_sdk" / "scenarios.mjs"
+# One installed client per tested major version of `ai` (scenarios.mjs imports its ai.mjs).
+PACKAGES = {"ai6": "ai_sdk", "ai7": "ai_sdk7"}
 pytestmark = pytest.mark.slow
 
 
-def _node() -> str:
+def _node(package: Path) -> str:
     node = shutil.which("node")
     if node is None:
         if os.environ.get("CI") == "true":
             pytest.fail("node is not installed: the AI SDK client tests need it under CI")
         pytest.skip("node is not installed")
-    if not (PACKAGE / "node_modules" / "ai" / "package.json").exists():
-        pytest.fail("the AI SDK is not installed: run `npm ci --prefix tests/node/ai_sdk`")
+    install = f"run `npm ci --prefix tests/node/{package.name}`"
+    installed = package / "node_modules" / "ai" / "package.json"
+    if not installed.exists():
+        pytest.fail(f"the AI SDK is not installed: {install}")
+    pinned = json.loads((package / "package.json").read_text())["dependencies"]["ai"]
+    version = json.loads(installed.read_text())["version"]
+    if version != pinned:
+        pytest.fail(f"ai {version} is installed where {pinned} is pinned: {install}")
     return node
 
 
@@ -131,8 +142,12 @@ def _scripts() -> dict[str, ScriptedModel | GatedModel | ModelFamily]:
         "question",
     ],
 )
-def test_the_ai_sdk_client_reads_turnkit_streams(scenario: str, tmp_path: Path) -> None:
-    node = _node()
+@pytest.mark.parametrize("client", list(PACKAGES))
+def test_the_ai_sdk_client_reads_turnkit_streams(
+    client: str, scenario: str, tmp_path: Path
+) -> None:
+    package = ROOT / "tests" / "node" / PACKAGES[client]
+    node = _node(package)
     model = _scripts()[scenario]
     options: dict[str, Any] = {
         "oversized": {"tools": [report], "max_frame_bytes": 50_000},
@@ -147,8 +162,8 @@ def test_the_ai_sdk_client_reads_turnkit_streams(scenario: str, tmp_path: Path) 
     }.get(scenario, {})
     with serve(build_app(tmp_path, model, **options)) as url:
         done = subprocess.run(
-            [node, str(PACKAGE / "scenarios.mjs"), scenario, url],
-            cwd=PACKAGE, capture_output=True, text=True, timeout=60,
+            [node, str(SCENARIOS), scenario, url, str(package)],
+            cwd=package, capture_output=True, text=True, timeout=60,
         )  # fmt: skip
-    assert done.returncode == 0, f"{scenario}:\n{done.stdout}\n{done.stderr}"
+    assert done.returncode == 0, f"{client} {scenario}:\n{done.stdout}\n{done.stderr}"
     assert f"ok {scenario}" in done.stdout

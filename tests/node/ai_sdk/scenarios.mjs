@@ -1,17 +1,24 @@
 // The official AI SDK client against turnkit's AI SDK routes.
-// Run from tests/protocols/test_ai_sdk_node.py: node scenarios.mjs <scenario> <base url>
+// Run from tests/protocols/test_ai_sdk_node.py:
+//   node scenarios.mjs <scenario> <base url> <package dir>
+// The package dir (tests/node/ai_sdk for `ai` 6, tests/node/ai_sdk7 for `ai` 7) holds the
+// installed client: its ai.mjs re-exports the `ai` its package-lock.json pins, so one
+// file of scenarios runs against each version.
 // Each scenario talks to its own server (its own scripted model); exit code 0 = passed.
 import assert from 'node:assert/strict';
-import {
+import { join, resolve } from 'node:path';
+import { pathToFileURL } from 'node:url';
+
+const [scenario, base, packageDir] = process.argv.slice(2);
+if (packageDir === undefined) throw new Error('usage: scenarios.mjs <scenario> <base url> <package dir>');
+const {
   AbstractChat,
   DefaultChatTransport,
   lastAssistantMessageIsCompleteWithApprovalResponses,
   lastAssistantMessageIsCompleteWithToolCalls,
   readUIMessageStream,
   validateUIMessages,
-} from 'ai';
-
-const [scenario, base] = process.argv.slice(2);
+} = await import(pathToFileURL(join(resolve(packageDir), 'ai.mjs')).href);
 const api = `${base}/api/chat`;
 const DEADLINE_MS = 20_000;
 
