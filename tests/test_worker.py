@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -357,6 +358,117 @@ async def test_a_stopping_worker_hands_the_turns_it_leaves_over_at_once(
     listed = io.StringIO()
     assert await asyncio.to_thread(main, ["turns", "--session", "s-1", *flags], out=listed) == 0
     assert "· 2 attempts" in listed.getvalue()
+
+
+async def test_a_worker_stopped_while_it_waits_for_the_database_says_so(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Started before PostgreSQL answers and stopped before it did: its last line says it
+    stopped, as a worker that ran does, and that it never reached the database."""
+    caplog.set_level(logging.INFO, logger="turnkit.worker")
+    config = RuntimeConfig(database_url="postgresql://postgres@127.0.0.1:1/test")
+    runtime = SessionRuntime(agent=Agent(model=ScriptedModel([])), config=config)
+    worker = Worker(runtime, poll_interval_s=0.02)
+    stop = asyncio.Event()
+    running = asyncio.create_task(worker.run(stop))
+    try:
+        async with asyncio.timeout(20):
+            while "the database is unavailable" not in caplog.text:
+                await asyncio.sleep(0.02)
+    finally:
+        stop.set()
+        async with asyncio.timeout(20):
+            await running
+        await runtime.close()
+    lines = [r.getMessage() for r in caplog.records if r.name == "turnkit.worker"]
+    assert lines[-1] == f"worker {worker.owner} stopped before the database could be reached"
+
+
+class _HungBuffer:
+    """A replay buffer behind a Redis that stopped answering (hung, or a network that
+    drops packets): publishing and releasing wait until `answers` is set."""
+
+    def __init__(self) -> None:
+        from turnkit.replay.memory import InMemoryReplayBuffer
+
+        self.inner = InMemoryReplayBuffer()
+        self.answers = asyncio.Event()
+
+    async def publish(self, turn_id: TurnId, entries: Any) -> None:
+        await self.answers.wait()
+        self.inner.publish_now(turn_id, entries)
+
+    async def tail(self, turn_id: TurnId) -> str:
+        return await self.inner.tail(turn_id)
+
+    async def read(self, turn_id: TurnId, *, after: str, wait_s: float, limit: int = 500) -> Any:
+        return await self.inner.read(turn_id, after=after, wait_s=wait_s, limit=limit)
+
+    async def release(self, turn_id: TurnId) -> None:
+        await self.answers.wait()
+        await self.inner.release(turn_id)
+
+    async def ping(self) -> None:
+        pass
+
+    async def drop(self, turn_id: TurnId) -> None:
+        await self.inner.drop(turn_id)
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+
+async def test_a_worker_stopping_while_redis_does_not_answer_still_stops_and_hands_over(
+    db: tuple[str, str | None],
+) -> None:
+    """SIGTERM while the replay buffer hangs: the drain ends (a turn's last entries are
+    left to the Store, not waited for) and hands the turn over, so a process manager's
+    stop timeout does not kill the worker with the turn's lease still held."""
+    from turnkit import tool
+    from turnkit.testing import call
+
+    first_run = asyncio.Event()
+
+    @tool
+    async def slow_once(x: int) -> int:
+        """Take long the first time only."""
+        if not first_run.is_set():
+            first_run.set()
+            await asyncio.sleep(60)
+        return x
+
+    model = ScriptedModel(
+        [ModelStep.tool_call_reply(call("slow_once", x=1)), ModelStep.text_reply("Done.")],
+        repeat_last=True,
+    )
+    agent = Agent(model=model, tools=[slow_once], skip_stages=frozenset({"anchor-plan"}))
+    url, schema = db
+    config = RuntimeConfig(
+        database_url=url, database_schema=schema, run_in_process=False, lease_ttl_s=60
+    )
+    buffer = _HungBuffer()
+    async with SessionRuntime(agent=agent, config=config, replay=buffer) as runtime:
+        turn = await runtime.submit("s-1", "go")
+        stop = asyncio.Event()
+        leaving = Worker(runtime, concurrency=1, poll_interval_s=0.02, drain_timeout_s=0.1)
+        running = asyncio.create_task(leaving.run(stop))
+        try:
+            async with asyncio.timeout(20):
+                await first_run.wait()  # mid-turn, its events not yet in the buffer
+            stop.set()
+            async with asyncio.timeout(30):  # before: waited for the buffer for ever
+                await running
+        finally:
+            buffer.answers.set()
+            await asyncio.gather(running, return_exceptions=True)
+        record = await runtime.turn(turn.turn_id)
+        assert record.status == "running"
+        assert record.lease_expires_at is not None
+        assert record.lease_expires_at <= runtime.clock.now()  # handed over, not held
+        assert (
+            await _status_once_driven(runtime, Worker(runtime, poll_interval_s=0.02), turn.turn_id)
+            == "succeeded"
+        )
 
 
 async def test_a_turn_stopped_from_another_process_is_logged_cancelled(

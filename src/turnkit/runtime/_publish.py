@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
@@ -27,6 +26,10 @@ from turnkit.replay._gather import gather
 __all__ = ("BufferPublisher",)
 
 log = logging.getLogger("turnkit.replay")
+
+CUT_SHORT_FLUSH_S = 2.0
+"""How long an attempt whose task was cancelled waits for a remote buffer to take its last
+entries (see `BufferPublisher.__aexit__`)."""
 
 
 class BufferPublisher:
@@ -121,7 +124,7 @@ class BufferPublisher:
     async def __aenter__(self) -> BufferPublisher:
         return self
 
-    async def __aexit__(self, *exc: object) -> None:
+    async def __aexit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
         """Send the end marker (a no-op if the driver sent it), wait for the rest, release.
 
         Whatever way the attempt ended (done, paused, lease lost), no driver here
@@ -129,8 +132,30 @@ class BufferPublisher:
         period only (a paused turn would otherwise hold them for the whole TTL). A batch
         that carried the terminal entry to a remote buffer set that already, in its own
         round trip.
+
+        An attempt cut short (its task cancelled: a worker's drain, a Stop, whether or
+        not the driver let the cancellation through) waits at
+        most `CUT_SHORT_FLUSH_S` for a remote buffer: one that does not answer (Redis
+        hung, or behind a network that drops packets) would otherwise hold a stopping
+        worker past its drain timeout, for as long as its client's timeouts and retries
+        take. What was left unpublished readers read from the Store, and the entries
+        expire with their TTL. Cancelling the task while it waits here stops the wait.
         """
         self(None)
+        task = asyncio.current_task()
+        cancelled = exc_type is not None and issubclass(exc_type, asyncio.CancelledError)
+        if not cancelled and (task is None or not task.cancelling()):
+            await self._finish()
+            return
+        try:
+            async with asyncio.timeout(CUT_SHORT_FLUSH_S):
+                await self._finish()
+        except TimeoutError:
+            log.debug(
+                "left the last entries of %s unpublished: the buffer did not answer", self.turn_id
+            )
+
+    async def _finish(self) -> None:
         await self.wait()
         if self._graced:
             return
@@ -142,10 +167,20 @@ class BufferPublisher:
             _outages.worked(self.buffer)
 
     async def wait(self) -> None:
-        """Return once everything up to the end marker is published."""
-        if self._task is not None:
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        """Return once everything up to the end marker is published.
+
+        Cancelling the caller cancels the publishing as well (and is not swallowed).
+        """
+        task = self._task
+        if task is None:
+            return
+        try:
+            await asyncio.wait((task,))
+        except asyncio.CancelledError:
+            task.cancel()
+            raise
+        if not task.cancelled():
+            task.result()
 
 
 class _Outages:

@@ -123,6 +123,7 @@ class Worker:
         """
         runtime = self.runtime
         if not await self._until_open(stop):
+            log.info("worker %s stopped before the database could be reached", self.owner)
             return
         clock = runtime.clock
         next_sweep = clock.monotonic()
@@ -318,7 +319,6 @@ class Worker:
         )
         _, pending = await asyncio.wait(set(self._tasks), timeout=self.drain_timeout_s)
         left = []
-        leave_by = asyncio.get_running_loop().time() + HAND_OVER_WITHIN_S  # as `close`
         for task in pending:
             # Shutting down is not Stop: leave the turn to the next worker, write nothing.
             driver = self._drivers.get(task)
@@ -326,5 +326,8 @@ class Worker:
                 driver.abandon()
                 left.append(driver.lease)
             task.cancel()
+        # Each task's last commit and publish are bounded (`HAND_OVER_WITHIN_S`,
+        # `CUT_SHORT_FLUSH_S`): a hung Redis must not eat the hand-over's own time.
         await asyncio.gather(*pending, return_exceptions=True)
+        leave_by = asyncio.get_running_loop().time() + HAND_OVER_WITHIN_S
         await hand_over_all(self.runtime.store, left, log, by=leave_by)  # taken over now
