@@ -483,13 +483,14 @@ class TurnHost:
         Detached turns and turns streamed to a caller alike: each driver commits what it
         had staged, writes nothing more, and another process (a worker, a runtime
         recovering turns) takes the turn over at once. A caller's stream ends with
-        `RuntimeClosedError` (see `_left_to_another`). Each driver's last commit and the
-        hand-over share `HAND_OVER_WITHIN_S` from the moment they are cancelled: a database
-        that does not answer in time (a row locked by another connection) is given up on,
-        logged, and those leases lapse instead, as after a crash.
+        `RuntimeClosedError` (see `_left_to_another`). Each driver's last commit waits at
+        most `HAND_OVER_WITHIN_S` from the moment it is cancelled, its last publish
+        `CUT_SHORT_FLUSH_S`, and then the hand-over `HAND_OVER_WITHIN_S` (as a worker's
+        drain): a database that does not answer in time (a row locked by another
+        connection) is given up on, logged, and those leases lapse instead, as after a
+        crash.
         """
         leases: list[Lease] = []
-        leave_by: float | None = None
         for _ in range(_CLOSING_ROUNDS):
             running, more = self._detached.abandon()
             streamed, left = self._abandon_streamed()
@@ -497,8 +498,6 @@ class TurnHost:
             tasks = [*running, *streamed, *self._shielded]
             if not tasks:
                 break
-            if leave_by is None:  # as each driver's own (`TurnDriver._leave_by`)
-                leave_by = asyncio.get_running_loop().time() + HAND_OVER_WITHIN_S
             for task in tasks:
                 if not stopped(task):  # a Stop's own ending is not cut short
                     task.cancel()
@@ -506,8 +505,7 @@ class TurnHost:
             # next turn): those are abandoned in the next round, never left running.
             await asyncio.gather(*tasks, return_exceptions=True)
         if leases:  # a runtime never opened has no Store to ask
-            if leave_by is None:
-                leave_by = asyncio.get_running_loop().time() + HAND_OVER_WITHIN_S
+            leave_by = asyncio.get_running_loop().time() + HAND_OVER_WITHIN_S
             await hand_over_all(self._store(), leases, log, by=leave_by)
 
     def _abandon_streamed(self) -> tuple[list[asyncio.Task[None]], list[Lease]]:
