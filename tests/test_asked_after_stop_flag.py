@@ -1,8 +1,9 @@
 """An agent is not asked by a turn whose Stop is pending in another process.
 
 A Stop pressed in one process, of a turn another process drives, only flags that turn: its
-driver learns of it at its next lease renewal. Until then the driver goes on, and a tool
-call may start; but an agent it asks then would run (and act: a refund) for a conversation
+driver learns of it at its next lease renewal, unless its process hears the Stop (on
+PostgreSQL, where it listens, at once). Until then the driver goes on, and a tool call may
+start; but an agent it asks then would run (and act: a refund) for a conversation
 the user stopped. The asked turn's submit refuses it, with nothing written, not even the
 session the ask would have opened.
 """
@@ -10,6 +11,7 @@ session the ask would have opened.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +46,9 @@ async def test_an_agent_asked_after_a_stop_elsewhere_flagged_the_asking_turn_is_
     """Runtime `here` drives the front desk; the moment its first tool runs, runtime
     `elsewhere` (another process, in effect) presses Stop, which only flags the turn (its
     lease is live, renewed every 10 s). The front desk then asks the refunds agent: the
-    ask is refused, so no refund runs, and neither a turn nor a session is left of it."""
+    ask is refused, so no refund runs, and neither a turn nor a session is left of it.
+    (`here` does not listen for Stops, as behind a pooler that relays no notifications:
+    a process that listens would stop the turn before it asks.)"""
     url, schema = db
     reached, stopped = asyncio.Event(), asyncio.Event()
 
@@ -73,8 +77,9 @@ async def test_an_agent_asked_after_a_stop_elsewhere_flagged_the_asking_turn_is_
         tools=[look_up, refunds.as_tool()],
     )  # fmt: skip
     config = RuntimeConfig(database_url=url, database_schema=schema, lease_ttl_s=30.0)
+    deaf = dataclasses.replace(config, listen_for_stops=False)
     async with (
-        SessionRuntime(agent=desk, config=config) as here,
+        SessionRuntime(agent=desk, config=deaf) as here,
         SessionRuntime(agent=desk, config=config) as elsewhere,
     ):
         asking = asyncio.create_task(collect_events(here.execute_message("s1", "refund A1")))

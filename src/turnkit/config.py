@@ -72,6 +72,12 @@ class RuntimeConfig:
         heartbeat_interval_s: How often the driver sends a heartbeat while a model call
             is silent.
         lease_ttl_s: How long a claim lasts without renewal; drivers renew at a third.
+        listen_for_stops: On PostgreSQL, hear a Stop pressed in another process for a
+            turn driven here the moment it commits (`LISTEN turnkit_stop`, on one
+            connection of the process's own, opened when it first drives a turn), so
+            the turn stops at once. Off behind a pooler that cannot relay notifications
+            (PgBouncer in transaction mode): such a Stop then stops the turn at its
+            driver's next lease renewal (within `lease_ttl_s` / 3).
         max_attempts: How many attempts a turn gets before the sweep times it out.
         budgets: `enforce` checks budget limits at turn start and before every model
             call, and refuses a message no limit covers (budgets fail closed); `off`
@@ -106,6 +112,7 @@ class RuntimeConfig:
     credential_lifetime_s: float | None = None
     heartbeat_interval_s: float = 5.0
     lease_ttl_s: float = 8.0
+    listen_for_stops: bool = True
     max_attempts: int = 3
     budgets: Literal["off", "enforce"] = "off"
     budget_reserve_tokens: int = 4_096
@@ -253,6 +260,16 @@ def env_flag(env: Mapping[str, str], name: str, *, default: bool) -> bool:
 def env_keep_ended_checkpoints(env: Mapping[str, str]) -> bool:
     """`TURNKIT_KEEP_ENDED_CHECKPOINTS`: keep ended turns' checkpoints (default: no)."""
     return env_flag(env, "TURNKIT_KEEP_ENDED_CHECKPOINTS", default=False)
+
+
+def env_listen_for_stops(env: Mapping[str, str]) -> bool:
+    """`TURNKIT_LISTEN_FOR_STOPS`: hear Stops pressed elsewhere at once (unset or empty: yes).
+
+    Empty means the default, as compose passes a variable it was not given.
+    """
+    if not env.get("TURNKIT_LISTEN_FOR_STOPS", "").strip():
+        return True
+    return env_flag(env, "TURNKIT_LISTEN_FOR_STOPS", default=True)
 
 
 def is_loopback_host(host: str) -> bool:

@@ -335,7 +335,7 @@ class AskingTurnEndedError(TurnNotRunningError):
 
     The asking turn's driver went on after its turn ended elsewhere (a Stop, the sweep,
     its lease lost), or after a Stop from another process flagged it (`stop_pending`),
-    before its next lease renewal: nobody would read the asked agent's answer.
+    before the Stop reached it: nobody would read the asked agent's answer.
     """
 
     code: ClassVar[ErrorCode] = "asking-turn-ended"

@@ -20,6 +20,7 @@ LLM). Environment variables switch to production parts:
 | `TURNKIT_PLUGINS` | installed plugins to run in every turn, by name, comma-separated |
 | `TURNKIT_MAX_BODY_BYTES` | the largest request body accepted (default 64 MiB; `off`: none) |
 | `TURNKIT_KEEP_ENDED_CHECKPOINTS` | `1` keeps ended turns' graph checkpoints (default: deleted) |
+| `TURNKIT_LISTEN_FOR_STOPS` | `0` behind a pooler relaying no notifications (Stops: at renewal) |
 | `TURNKIT_AUTH` | `module:name` of your FastAPI auth dependency (default: all anonymous) |
 | `TURNKIT_ALLOWED_HOSTS` | host names the app answers to, comma-separated (default: any) |
 | `TURNKIT_ALLOWED_ORIGINS` | other origins whose pages may POST to it, comma-separated (`*`: any) |
@@ -51,6 +52,7 @@ from turnkit.config import (
     env_idle_window_s,
     env_keep_ended_checkpoints,
     env_lease_ttl_s,
+    env_listen_for_stops,
     env_plugins,
 )
 from turnkit.demo import demo_agent
@@ -101,6 +103,7 @@ def runtime_from_env(env: Mapping[str, str] | None = None) -> SessionRuntime:
         max_running_turns=_count(env, "TURNKIT_MAX_RUNNING_TURNS"),
         budgets=cast(Literal["off", "enforce"], env.get("TURNKIT_BUDGETS") or "off"),
         keep_ended_checkpoints=env_keep_ended_checkpoints(env),
+        listen_for_stops=env_listen_for_stops(env),
     )  # RuntimeConfig refuses a `budgets` other than those two
     replay = replay_from_url(env.get("TURNKIT_REDIS_URL"))
     agents = (

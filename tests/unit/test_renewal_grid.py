@@ -67,6 +67,9 @@ async def test_a_renewal_the_database_misses_is_tried_again_while_the_lease_runs
                     raise failure
                 return replace(held, expires_at=datetime.now(UTC) + timedelta(seconds=ttl_s))
 
+            def stop_signal(self, turn_id: TurnId) -> None:
+                return None  # hears no Stop: renewals alone tell
+
         store = cast(Store, Renewing())
         keeper = LeaseKeeper(store=store, clock=SystemClock(), config=config, lease=lease)
         work: asyncio.Task[Any] = asyncio.create_task(asyncio.sleep(seconds))
@@ -136,6 +139,9 @@ async def test_a_driver_that_stalled_past_its_lease_asks_the_database_before_giv
                 if answer == "hang":
                     await asyncio.sleep(30)
                 return replace(held, expires_at=clock.now() + timedelta(seconds=ttl_s))
+
+            def stop_signal(self, turn_id: TurnId) -> None:
+                return None
 
         keeper = LeaseKeeper(store=cast(Store, Renewing()), clock=clock, config=config, lease=lease)
         work: asyncio.Task[Any] = asyncio.create_task(asyncio.sleep(30))

@@ -236,8 +236,9 @@ def _add_worker(sub: _Subparsers) -> None:
         "--no-listen",
         dest="listen",
         action="store_false",
-        help="only poll: do not LISTEN for new turns on PostgreSQL (for a pooler that "
-        "cannot relay notifications, such as PgBouncer in transaction mode)",
+        help="only poll: do not LISTEN for new turns, nor for Stops of the turns it drives, "
+        "on PostgreSQL (for a pooler that cannot relay notifications, such as PgBouncer in "
+        "transaction mode)",
     )
     worker.add_argument(
         "--sweep-interval",

@@ -19,6 +19,7 @@ from turnkit.config import (
     env_idle_window_s,
     env_keep_ended_checkpoints,
     env_lease_ttl_s,
+    env_listen_for_stops,
 )
 from turnkit.errors import ConfigurationError
 from turnkit.runtime import SessionRuntime
@@ -70,6 +71,7 @@ def runtime_config(args: argparse.Namespace) -> RuntimeConfig:
         checkpoint_durability=getattr(args, "checkpoint_durability", None),
         budgets=getattr(args, "budgets", None) or "off",
         keep_ended_checkpoints=env_keep_ended_checkpoints(os.environ),
+        listen_for_stops=env_listen_for_stops(os.environ),
     )
 
 

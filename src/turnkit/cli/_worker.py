@@ -57,6 +57,8 @@ async def work(args: argparse.Namespace, out: TextIO) -> int:
             replay=replay_from_url(args.redis_url),
             plugins=env_plugins(os.environ),
         )
+    if not args.listen:  # nor for Stops of the turns the runtime drives (an asked agent's)
+        runtime.config = dataclasses.replace(runtime.config, listen_for_stops=False)
     tune_gc(gc_mode())
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

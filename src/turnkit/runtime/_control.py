@@ -37,7 +37,9 @@ class RuntimeControl(RuntimeReads):
 
         A turn driven in this process is cancelled at once (its model call aborted,
         `user-aborted` audited); a paused or queued turn is ended in the Store; a turn
-        driven by another process is flagged and stops at that driver's next renewal.
+        driven by another process is flagged and stops at once where that process hears
+        it (PostgreSQL, `RuntimeConfig.listen_for_stops`), else at its driver's next
+        lease renewal.
         Returns the turn's status after the call. `principal` is who pressed it: a paused
         turn's audit records it on each request it waited on (a `pauseAnswer` row,
         decision `stopped`).

@@ -1,7 +1,8 @@
 """`LeaseKeeper`: keeps a driven turn's lease and watches its idle window.
 
 The lease is renewed at least every ttl/3, on a grid the process's drivers share (so the
-Store extends the leases due together in one transaction); once renewal fails (a database
+Store extends the leases due together in one transaction), and at once when the Store
+hears a Stop of the turn pressed in another process (PostgreSQL); once renewal fails (a database
 out of reach is tried again at the next tick while the lease still runs) the turn's work is
 cancelled and the keeper says the lease is lost. Meanwhile heartbeats go out
 while the turn is quiet, and a turn silent for the idle window has its run's deadline
@@ -110,8 +111,7 @@ class LeaseKeeper:
         interval = ttl / 3
         last = renewed = self.clock.monotonic()
         while True:
-            due = renewal_due(last, interval)
-            await self.clock.sleep(max(0.0, due - self.clock.monotonic()))
+            await self._until(renewal_due(last, interval))
             last = self.clock.monotonic()
             try:
                 self.lease = await self._renewed(max(renewed + ttl - last, interval / 2))
@@ -140,6 +140,30 @@ class LeaseKeeper:
             if self.lease.cancel_requested:
                 stop_task(graph_task)  # Stop pressed elsewhere: end as cancelled
                 return
+
+    async def _until(self, due: float) -> None:
+        """Sleep until `due` (monotonic), or until a Stop of the turn is heard meanwhile.
+
+        Where the Store hears Stops pressed in other processes (`Store.stop_signal`,
+        unless `RuntimeConfig.listen_for_stops` is off), such a Stop wakes the keeper at
+        once: its renewal then says so, and the turn stops without waiting for the grid.
+        """
+        signal = (
+            self.store.stop_signal(self.lease.turn_id) if self.config.listen_for_stops else None
+        )
+        wait = max(0.0, due - self.clock.monotonic())
+        if signal is None:
+            await self.clock.sleep(wait)
+            return
+        if not signal.is_set():
+            sleeping = asyncio.ensure_future(self.clock.sleep(wait))
+            heard = asyncio.ensure_future(signal.wait())
+            try:
+                await asyncio.wait((sleeping, heard), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                sleeping.cancel()
+                heard.cancel()
+        signal.clear()  # heard (or not): the renewal that follows reads the flag
 
     async def _renewed(self, left: float) -> Lease:
         """The lease renewed, or TimeoutError once `left` seconds (what it has left) pass."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 
 from turnkit.errors import StoreUnavailableError
@@ -71,8 +72,11 @@ class Worker:
             `concurrency` turns does not poll: it claims again as soon as one ends.
         listen: Also wake when the Store announces a claimable turn (PostgreSQL:
             `LISTEN`), so a new message is claimed at once rather than at the next
-            poll. Turn it off behind a pooler that cannot relay notifications
-            (PgBouncer in transaction mode); the worker then only polls.
+            poll; and hear a Stop pressed elsewhere for a turn it drives at once
+            (`RuntimeConfig.listen_for_stops`, which off also turns this off). Turn it
+            off behind a pooler that cannot relay notifications (PgBouncer in
+            transaction mode); the worker then only polls, and its turns learn of such a
+            Stop at their next lease renewal.
         sweep_interval_s: How often to run the orphan sweep.
         drain_timeout_s: On stop, how long running turns may take before they are
             abandoned: their tasks stop without ending the turns, which are handed
@@ -264,9 +268,10 @@ class Worker:
             try:
                 host = self.runtime.host
                 deps = host.keep_deps(lease.turn_id, NO_DEPS)  # a caller's here, if any
-                driver = await self.runtime.runner().driver(
-                    lease, sink=said.watching(publisher), deps=deps
-                )
+                runner = self.runtime.runner()
+                if not self.listen:  # nor for Stops: nothing here relays notifications
+                    runner.config = dataclasses.replace(runner.config, listen_for_stops=False)
+                driver = await runner.driver(lease, sink=said.watching(publisher), deps=deps)
                 self._drivers[task] = driver
                 await driver.run()
                 if driver.ended:

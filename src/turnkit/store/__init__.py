@@ -199,6 +199,14 @@ class RunQueue(Protocol):
         """Extend the lease; `StaleEpochError` when it is no longer this driver's."""
         ...
 
+    def stop_signal(self, turn_id: TurnId) -> asyncio.Event | None:
+        """An event set when Stop may have been pressed for `turn_id` in another process.
+
+        Its driver renews at once when it is set (`renew` says `cancel_requested`), rather
+        than at its next renewal. None where Stops are not heard: renewals alone tell.
+        """
+        ...
+
     async def hand_over(self, lease: Lease) -> bool:
         """End the lease now, for the next claim to take the turn at once.
 
@@ -370,8 +378,9 @@ class Canceller(Protocol):
         A paused, queued or orphaned turn is ended here (a `done` event with status
         `cancelled`, its epoch moved on) and `cancelled` is returned. A turn with a live
         lease gets `cancel_requested` and `running` is returned: its driver stops at its
-        next renewal. A finished turn is left as it is and its status returned. A turn
-        ended here stops the turns of the agents it asked as `commit`'s ending does.
+        next renewal, or at once where its process hears the Stop (`stop_signal`). A
+        finished turn is left as it is and its status returned. A turn ended here stops
+        the turns of the agents it asked as `commit`'s ending does.
         `stopped_owner`: that owner's drivers of the turn have stopped, so a lease it holds
         counts as lapsed. `by`: who pressed Stop; each request a paused turn waited on gets
         a `pauseAnswer` audit row (decision `stopped`) saying so.

@@ -5,7 +5,9 @@ presented turns of their own, as a driver's ending does. Any ending of a turn bu
 success also stops, in its own transaction, the turns of the agents it asked
 (`stop_asked`): nobody is left to read their answers. A turn flagged for its driver flags
 the running turns it asked with it (`flag_asked`), so that a process that dies before it
-learns of the Stop leaves none for a worker to run on.
+learns of the Stop leaves none for a worker to run on. On PostgreSQL each turn flagged
+is also announced (`NOTIFY turnkit_stop`, at commit), so a driver that listens stops at
+once rather than at its next renewal.
 
 Runs inside one transaction on a sync `Connection` (see `SqlStore._tx`).
 """
@@ -16,7 +18,7 @@ import json
 from datetime import datetime
 from typing import Any, Final
 
-from sqlalchemy import Connection, select, update
+from sqlalchemy import Connection, select, text, update
 
 from turnkit.audit import UsageDelta
 from turnkit.events import (
@@ -42,7 +44,14 @@ from turnkit.store._schema import (
 from turnkit.store._submit_sql import requeue_guides
 from turnkit.store._turns_sql import read_usage
 
-__all__ = ("ASKED_PAYLOAD", "cancel", "flag_asked", "stop_asked", "unfinished_asked")
+__all__ = (
+    "ASKED_PAYLOAD",
+    "cancel",
+    "flag_asked",
+    "notify_stop",
+    "stop_asked",
+    "unfinished_asked",
+)
 
 ASKED_PAYLOAD: Final = '%"asked":%'
 """A saved request an asked agent may have handed over (`LIKE`, loose on purpose: it holds
@@ -92,6 +101,7 @@ def cancel(
     )
     if live:
         conn.execute(update(turns).where(turns.c.turn_id == turn_id).values(cancel_requested=True))
+        notify_stop(conn, turn_id)
         flag_asked(conn, turn_id, depth=depth)
         return "running"
     spent_summary = _spent(row, read_usage(conn, turn_id))
@@ -165,7 +175,18 @@ def flag_asked(conn: Connection, turn_id: TurnId, *, depth: int = 0) -> None:
             .values(cancel_requested=True)
         )
         if flagged.rowcount:
+            notify_stop(conn, asked)
             flag_asked(conn, asked, depth=depth + 1)
+
+
+def notify_stop(conn: Connection, turn_id: TurnId) -> None:
+    """PostgreSQL: tell the turn's driver of its Stop now (`turnkit_stop`), not at its renewal.
+
+    Sent when the flagging transaction commits; a process that drives the turn and listens
+    renews its lease at once (see `Store.stop_signal`). SQLite has no notifications.
+    """
+    if conn.dialect.name == "postgresql":
+        conn.execute(text("SELECT pg_notify('turnkit_stop', :turn_id)"), {"turn_id": turn_id})
 
 
 def unfinished_asked(conn: Connection, turn_id: TurnId) -> list[TurnId]:

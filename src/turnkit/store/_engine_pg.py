@@ -2,8 +2,9 @@
 
 A base of `SqlEngine`: SQLAlchemy's async engine (asyncpg) for most transactions, an
 asyncpg pool of its own for a turn's hot statements (`_pg_driver`), and the connection that
-hears when a turn becomes claimable (`work_signal`). It also tells a database out of reach
-(`StoreUnavailableError`) from a bad statement, on either database.
+hears when a turn becomes claimable (`work_signal`) or is stopped (`stop_signal`). It also
+tells a database out of reach (`StoreUnavailableError`) from a bad statement, on either
+database.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from turnkit.errors import (
     missing_extra,
 )
 from turnkit.store._asyncpg_pool import close_pool, keep_session
-from turnkit.store._listen_pg import WorkListener
+from turnkit.store._listen_pg import Listener
 
 if TYPE_CHECKING:
     import asyncpg
@@ -116,8 +117,8 @@ class PgConnections:
         self._driver_pool: asyncpg.Pool | None = None
         """PostgreSQL's hot statements, on asyncpg outside SQLAlchemy (`_pg_driver`)."""
         self._driver_pool_lock = asyncio.Lock()
-        self._listener: WorkListener | None = None
-        """PostgreSQL: the connection that hears when a turn becomes claimable."""
+        self._listener: Listener | None = None
+        """PostgreSQL: the connection that hears when a turn becomes claimable or stopped."""
         # The pools' own time, not the store's clock (a test's clock may stand still).
         self._engine_retirements = Retirements(time.monotonic)
         """When SQLAlchemy's pool is retired for a read-only refusal."""
@@ -219,12 +220,31 @@ class PgConnections:
         announced. Each call listens again if the connection was lost (which also sets the
         event); while it cannot connect, the answer is None. SQLite: always None.
         """
+        listener = self._the_listener()
+        return None if listener is None else await listener.event()
+
+    def stop_signal(self, turn_id: str) -> asyncio.Event | None:
+        """An event set when Stop may have been pressed for `turn_id` in another process.
+
+        PostgreSQL notifies every listening process when a Stop flags a turn for its live
+        driver (`turnkit_stop`, at the Stop's commit); the event of that turn is set, and
+        its driver renews its lease at once to learn of it. The listening connection is
+        opened in the background (the process's one, shared with `work_signal`); until it
+        listens, and after it is lost until it listens again, nothing sets the event: the
+        driver learns of a Stop at its next renewal, as without it. Call it again at each
+        renewal: a lost connection is opened again. SQLite: always None.
+        """
+        listener = self._the_listener()
+        return None if listener is None else listener.stop_signal(turn_id)
+
+    def _the_listener(self) -> Listener | None:
+        """The process's listening connection (not opened yet); None on SQLite or closed."""
         if self._async_engine is None or self._closed:
             return None
         if self._listener is None:
             dsn, settings, _ = self._asyncpg_dsn()
-            self._listener = WorkListener(dsn, settings, self._clock.monotonic)
-        return await self._listener.event()
+            self._listener = Listener(dsn, settings, self._clock.monotonic)
+        return self._listener
 
     def _asyncpg_dsn(self) -> tuple[str, dict[str, str] | None, float]:
         """The URL, server settings and connect timeout for a plain asyncpg connection."""

@@ -1,12 +1,21 @@
-"""Hear when a turn becomes claimable: `LISTEN turnkit_work` on a connection of its own.
+"""Hear PostgreSQL's notifications on one connection of a process's own.
 
-Migration `0011` makes PostgreSQL send `turnkit_work` (its payload the tables' schema)
-when a turn is queued unclaimed, put back unclaimed, or unblocked by the end of an
-earlier turn of its session. `WorkListener` sets an `asyncio.Event` on each one for its
-own schema. It connects on first use; a connection the server closed sets the event (the
-caller looks once more, as it would after a poll) and the next `event()` connects again.
-A connection that cannot be opened is logged and retried after `RETRY_S`; until then the
-caller polls, as without a listener.
+`LISTEN turnkit_work`: migration `0011` makes PostgreSQL send it (its payload the tables'
+schema) when a turn is queued unclaimed, put back unclaimed, or unblocked by the end of an
+earlier turn of its session; `Listener.event` sets an `asyncio.Event` on each one for its
+own schema (a worker's claim loop waits on it).
+
+`LISTEN turnkit_stop`: a Stop that flags a turn for its live driver (`_cancel_sql`) sends
+it, its payload the turn's id, when its transaction commits; `Listener.stop_signal` gives
+each turn driven here an event the notification for that turn sets (its lease keeper then
+renews at once, and learns of the Stop).
+
+The connection is opened on first use: by `event()` itself, or in the background by
+`stop_signal`. A connection the server closed sets the work event (the caller looks once
+more, as it would after a poll), and the next use connects again; then every turn's stop
+event is set too (a Stop sent meanwhile went unheard: each keeper renews once). A
+connection that cannot be opened is logged and retried after `RETRY_S`; until then the
+claim loop polls and Stops are heard at the next renewal, as without a listener.
 """
 
 from __future__ import annotations
@@ -14,21 +23,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import weakref
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ("CHANNEL", "RETRY_S", "WorkListener")
+__all__ = ("CHANNEL", "RETRY_S", "STOP_CHANNEL", "Listener")
 
 log = logging.getLogger("turnkit.store")
 
 CHANNEL = "turnkit_work"
+STOP_CHANNEL = "turnkit_stop"
 RETRY_S = 5.0
-"""After a failed connect, how long `event()` answers None before it tries again."""
+"""After a failed connect, how long the listener waits before it tries again."""
 _CONNECT_TIMEOUT_S = 5.0
 
 
-class WorkListener:
-    """One listening connection and the event its notifications set."""
+class Listener:
+    """One listening connection, the work event and the stop events its notifications set."""
 
     def __init__(
         self, dsn: str, settings: dict[str, str] | None, monotonic: Callable[[], float]
@@ -37,22 +48,44 @@ class WorkListener:
         self._settings = {**(settings or {}), "application_name": "turnkit-listen"}
         self._monotonic = monotonic
         self._signal = asyncio.Event()
+        self._stops: weakref.WeakValueDictionary[str, asyncio.Event] = weakref.WeakValueDictionary()
+        """Each turn driven here: the event a Stop of it sets (kept while its keeper holds it)."""
         self._conn: Any = None
         self._schema: str | None = None
         self._retry_at = 0.0
         """After a failed connect: when to try again (0: the last connect worked)."""
+        self._connected_before = False
+        self._connecting: asyncio.Task[asyncio.Event | None] | None = None
         self._lock = asyncio.Lock()
 
+    def _listening(self) -> bool:
+        return self._conn is not None and not self._conn.is_closed()
+
     async def event(self) -> asyncio.Event | None:
-        """The event, listening again if the connection was lost; None while it cannot."""
-        if self._conn is not None and not self._conn.is_closed():
+        """The work event, listening again if the connection was lost; None while it cannot."""
+        if self._listening():
             return self._signal
         if self._monotonic() < self._retry_at:
             return None
         async with self._lock:
-            if self._conn is None or self._conn.is_closed():
+            if not self._listening():
                 await self._connect()
         return self._signal if self._conn is not None else None
+
+    def stop_signal(self, turn_id: str) -> asyncio.Event:
+        """The event a Stop of `turn_id` sets; connects in the background if need be.
+
+        The same event for as long as someone holds it. Call it again now and then (each
+        renewal does): a connection lost meanwhile is opened again.
+        """
+        signal = self._stops.get(turn_id)
+        if signal is None:
+            signal = self._stops[turn_id] = asyncio.Event()
+        idle = self._connecting is None or self._connecting.done()
+        if idle and not self._listening() and self._monotonic() >= self._retry_at:
+            self._connecting = asyncio.create_task(self.event(), name="turnkit-listen")
+            self._connecting.add_done_callback(_logged)
+        return signal
 
     async def _connect(self) -> None:
         import asyncpg  # the `postgres` extra
@@ -65,28 +98,42 @@ class WorkListener:
             )
             self._schema = await conn.fetchval("SELECT current_schema()")
             await conn.add_listener(CHANNEL, self._notified)
+            await conn.add_listener(STOP_CHANNEL, self._stopped)
         except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
             # refused, timed out, too many clients, closed at once: poll meanwhile
             if conn is not None:
                 conn.terminate()
             if not self._retry_at:
                 log.warning(
-                    "cannot listen for new turns (%s: %s); polling until it can",
+                    "cannot listen for new turns and Stops (%s: %s); polling until it can",
                     type(exc).__name__,
                     exc,
                 )
             self._retry_at = self._monotonic() + RETRY_S
             return
+        except BaseException:  # cancelled (the store closing): leave no connection open
+            if conn is not None:
+                conn.terminate()
+            raise
         conn.add_termination_listener(self._lost)
         self._conn = conn
         if self._retry_at:
-            log.info("listening for new turns again")
+            log.info("listening for new turns and Stops again")
         self._retry_at = 0.0
         self._signal.set()  # what was queued while nobody listened: look once
+        if self._connected_before:  # a Stop sent while nobody listened: renew once
+            for signal in list(self._stops.values()):
+                signal.set()
+        self._connected_before = True
 
     def _notified(self, _conn: Any, _pid: int, _channel: str, payload: str) -> None:
         if payload == self._schema:
             self._signal.set()
+
+    def _stopped(self, _conn: Any, _pid: int, _channel: str, payload: str) -> None:
+        signal = self._stops.get(payload)  # a turn driven here (ids are unique across schemas)
+        if signal is not None:
+            signal.set()
 
     def _lost(self, conn: Any) -> None:
         if conn is self._conn:  # not a connection already replaced
@@ -95,8 +142,18 @@ class WorkListener:
 
     async def close(self) -> None:
         """Stop listening (idempotent)."""
+        connecting, self._connecting = self._connecting, None
+        if connecting is not None and not connecting.done():
+            connecting.cancel()
+            await asyncio.gather(connecting, return_exceptions=True)
         conn, self._conn = self._conn, None
         if conn is not None:
             conn.remove_termination_listener(self._lost)
             with contextlib.suppress(Exception):  # a connection already broken: gone anyway
                 await conn.close(timeout=_CONNECT_TIMEOUT_S)
+
+
+def _logged(task: asyncio.Task[asyncio.Event | None]) -> None:
+    """A background connect that failed other than as `_connect` expects: logged."""
+    if not task.cancelled() and task.exception() is not None:
+        log.warning("listening for Stops failed: %r", task.exception())

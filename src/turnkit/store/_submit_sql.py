@@ -228,7 +228,7 @@ def hold_asking(conn: Connection, asking: TurnId) -> None:
     if conn.execute(_STOP_PENDING, {"h_turn": asking}).first() is not None:
         raise AskingTurnEndedError(
             f"the turn {asking!r} that asks this agent as a tool was stopped (its Stop "
-            "reaches its driver at the next lease renewal): nobody reads the answer, so "
+            "has not reached its driver yet): nobody reads the answer, so "
             "the agent is not asked (nothing was written)",
             turn_id=asking,
             stop_pending=True,

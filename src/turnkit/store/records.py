@@ -288,7 +288,7 @@ class Lease:
     last_seq: int
     started_at: datetime
     cancel_requested: bool = False
-    """Someone pressed Stop: the driver ends the turn `cancelled` at its next renewal."""
+    """Someone pressed Stop: the driver ends the turn `cancelled` (this renewal tells it)."""
     handed_over: bool = False
     """The previous driver handed the turn over as its worker shut down (`hand_over`)
     rather than dying: `took_over` too, but nothing went wrong."""
