@@ -449,7 +449,7 @@ async def _open_postgres_checkpointer(
     import asyncpg
 
     from turnkit.graph._postgres_saver import AsyncPgSaver, prepare_connection
-    from turnkit.store._asyncpg_pool import close_pool, keep_session
+    from turnkit.store._asyncpg_pool import NO_STATEMENT_EXPIRY, close_pool, keep_session
     from turnkit.store._engine_pg import asyncpg_dsn
     from turnkit.store.sql import database_refused
 
@@ -466,6 +466,7 @@ async def _open_postgres_checkpointer(
             init=prepare_connection,
             reset=keep_session,
             timeout=timeout,
+            **NO_STATEMENT_EXPIRY,
         )
     except unreachable as exc:
         raise StoreUnavailableError(

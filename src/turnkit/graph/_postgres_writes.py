@@ -29,6 +29,7 @@ from langgraph.checkpoint.serde.types import _DeltaSnapshot
 
 from turnkit.graph._held import ThreadNotes, cancelled, log_dropped, supersedable
 from turnkit.store import Rider
+from turnkit.store._asyncpg_pool import pooled
 from turnkit.store.sql import Retirements, is_unreachable, reached_read_only, unavailable
 
 __all__ = (
@@ -140,7 +141,7 @@ class PgCheckpointWrites(BasePostgresSaver):
         if self._retirements.due():
             await self.pool.expire_connections()
         try:
-            async with self.pool.acquire() as conn:
+            async with pooled(self.pool) as conn:
                 yield conn
         except Exception as exc:
             if reached_read_only(exc) and self._retirements.refused():

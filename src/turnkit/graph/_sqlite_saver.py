@@ -69,6 +69,28 @@ def _write_held(saver: SqliteSaver, held: _Deferred) -> None:
         log_dropped(held.thread_id, is_checkpoint=held.is_checkpoint)
 
 
+def _written_part(config: RunnableConfig) -> RunnableConfig:
+    """What of a write's config the saver stores: its plain values.
+
+    The thread, namespace, checkpoint id and metadata, not the objects LangGraph runs the
+    turn with (its state, its recorder), which a write held for a later transaction would
+    keep alive after the turn has ended.
+    """
+    plain = (str, int, float, bool)
+    return {
+        "configurable": {
+            key: value
+            for key, value in config.get("configurable", {}).items()
+            if not key.startswith("__") and isinstance(value, plain)
+        },
+        "metadata": {
+            key: value
+            for key, value in config.get("metadata", {}).items()
+            if isinstance(value, plain)
+        },
+    }
+
+
 class _Deferred:
     """A write held for a later transaction: an input checkpoint or one task's writes."""
 
@@ -90,13 +112,15 @@ class _Deferred:
         metadata: CheckpointMetadata,
         new_versions: ChannelVersions,
     ) -> _Deferred:
-        return cls(config, True, lambda s: s.put(config, checkpoint, metadata, new_versions))
+        kept = _written_part(config)
+        return cls(kept, True, lambda s: s.put(kept, checkpoint, metadata, new_versions))
 
     @classmethod
     def task_writes(
         cls, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str, path: str
     ) -> _Deferred:
-        return cls(config, False, lambda s: s.put_writes(config, writes, task_id, path))
+        kept = _written_part(config)
+        return cls(kept, False, lambda s: s.put_writes(kept, writes, task_id, path))
 
     def superseded_in(self, superseded: set[tuple[str, str]]) -> bool:
         """Task writes on a checkpoint whose child checkpoint was put since they were held."""

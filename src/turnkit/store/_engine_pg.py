@@ -35,7 +35,7 @@ from turnkit.errors import (
     StoreUnavailableError,
     missing_extra,
 )
-from turnkit.store._asyncpg_pool import close_pool, keep_session
+from turnkit.store._asyncpg_pool import NO_STATEMENT_EXPIRY, close_pool, keep_session, pooled
 from turnkit.store._listen_pg import Listener
 
 if TYPE_CHECKING:
@@ -136,7 +136,9 @@ class PgConnections:
         async def connect() -> Any:
             # asyncpg reads the URL's libpq options (`sslmode`, `application_name` …) from
             # the DSN; SQLAlchemy's dialect would pass them on as keywords it refuses.
-            return await asyncpg.connect(dsn, server_settings=settings, timeout=timeout)
+            return await asyncpg.connect(
+                dsn, server_settings=settings, timeout=timeout, **NO_STATEMENT_EXPIRY
+            )
 
         self._async_engine = create_async_engine(
             make_url(self.url).set(query={}),
@@ -178,7 +180,7 @@ class PgConnections:
             pool = self._driver_pool or await self._open_driver_pool()
             if self._driver_retirements.due():
                 await pool.expire_connections()
-            async with pool.acquire() as conn:
+            async with pooled(pool) as conn:
                 return await fn(conn, *args)
         except Exception as exc:  # the driver's own errors
             if (
@@ -271,6 +273,7 @@ class PgConnections:
                     server_settings=settings,
                     reset=keep_session,
                     timeout=timeout,
+                    **NO_STATEMENT_EXPIRY,
                 )
             return self._driver_pool
 

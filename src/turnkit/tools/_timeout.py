@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
@@ -33,13 +34,17 @@ async def within(
 ) -> T:
     """Await `call`, cancelled after `timeout_s` (None: no limit); then raise `expired()`.
 
-    A `TimeoutError` the call raises itself goes through as it is.
+    A `TimeoutError` the call raises itself goes through as it is. The timer is set from
+    a context of its own: the event loop keeps a timer, cancelled or not, until it would
+    have fired, and with it the context it was set in, which holds the whole turn.
     """
     if timeout_s is None:
         return await call
-    limit = asyncio.timeout(timeout_s)
+    limit = asyncio.timeout(None)
     try:
         async with limit:
+            by = asyncio.get_running_loop().time() + timeout_s
+            contextvars.Context().run(limit.reschedule, by)
             return await call
     except TimeoutError:
         if not limit.expired():

@@ -1,0 +1,129 @@
+"""A finished turn is let go when it ends: nothing keeps its recorder, state or transcript.
+
+A turn's context carries LangGraph's config for the stage running, and through it the
+whole turn. Whatever is scheduled on the event loop during a turn keeps a copy of that
+context: a database driver's timers kept each turn alive for minutes (PostgreSQL), so did
+a tool's time limit (cancelled, its timer stays until it would have fired), and a
+checkpoint write held for the next transaction kept its turn until then (SQLite).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import sqlite3
+import weakref
+from pathlib import Path
+from typing import Any
+
+import pytest
+from langchain_core.runnables import RunnableConfig
+
+from tests.conftest import RuntimeFactory
+from tests.test_held_transcripts import _agent, _Model, _text
+from turnkit import Agent, RuntimeConfig, SessionRuntime, tool
+from turnkit.events import DoneEvent
+from turnkit.graph._sqlite_saver import ThreadedSqliteSaver
+from turnkit.telemetry import Recorder
+
+
+def _watch_recorders(monkeypatch: pytest.MonkeyPatch) -> list[weakref.ref[Recorder]]:
+    recorders: list[weakref.ref[Recorder]] = []
+    made = Recorder.__init__
+
+    def recording(self: Recorder, *args: Any, **kwargs: Any) -> None:
+        made(self, *args, **kwargs)
+        recorders.append(weakref.ref(self))
+
+    monkeypatch.setattr(Recorder, "__init__", recording)
+    return recorders
+
+
+async def _held_after(
+    runtime: SessionRuntime, recorders: list[weakref.ref[Recorder]], *, own_task: bool
+) -> int:
+    """Run four turns; how many of their recorders are still alive once they have ended."""
+
+    async def one(n: int) -> None:
+        ended = [e async for e in runtime.execute_message(f"s{n % 2}", _text("ascii", 120, n))]
+        assert isinstance(ended[-1], DoneEvent)
+        assert ended[-1].status == "succeeded"
+
+    for n in range(4):
+        await (asyncio.create_task(one(n)) if own_task else one(n))
+    assert len(recorders) == 4
+    alive = 4
+    for _ in range(50):  # what runs after a turn's end (its aftermath) has its moment
+        await asyncio.sleep(0.01)
+        gc.collect()
+        alive = sum(ref() is not None for ref in recorders)
+        if not alive:
+            break
+    return alive
+
+
+@pytest.mark.parametrize("keep", [False, True], ids=["pruned", "checkpoints-kept"])
+@pytest.mark.parametrize("own_task", [True, False], ids=["task-per-turn", "in-caller"])
+async def test_no_finished_turn_is_kept_alive(
+    runtime_factory: RuntimeFactory,
+    db: tuple[str, str | None],
+    monkeypatch: pytest.MonkeyPatch,
+    own_task: bool,
+    keep: bool,
+) -> None:
+    recorders = _watch_recorders(monkeypatch)
+    url, schema = db
+    config = RuntimeConfig(database_url=url, database_schema=schema, keep_ended_checkpoints=keep)
+    runtime = runtime_factory(_agent("ascii"), config=config)
+    assert await _held_after(runtime, recorders, own_task=own_task) == 0
+
+
+async def test_a_tool_with_a_time_limit_keeps_no_finished_turn_alive(
+    runtime_factory: RuntimeFactory, db: tuple[str, str | None], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The limit's timer, cancelled when the tool returns, stays on the event loop until
+    it would have fired: it holds nothing of the turn."""
+
+    @tool(timeout_s=300)
+    async def look_up(topic: str) -> str:
+        """Look a topic up."""
+        return _text("ascii", 600, topic)
+
+    recorders = _watch_recorders(monkeypatch)
+    url, schema = db
+    agent = Agent(model=_Model("ascii"), tools=[look_up], skip_stages=frozenset({"anchor-plan"}))
+    config = RuntimeConfig(database_url=url, database_schema=schema)
+    runtime = runtime_factory(agent, config=config)
+    assert await _held_after(runtime, recorders, own_task=True) == 0
+
+
+class _TurnState:
+    """Stands for what LangGraph runs a stage with (the turn's state, its recorder)."""
+
+
+async def test_a_checkpoint_write_held_for_later_keeps_nothing_of_its_turn(tmp_path: Path) -> None:
+    """SQLite: a task's writes wait for the next transaction, holding only what is stored."""
+    saver = ThreadedSqliteSaver(str(tmp_path / "checkpoints.db"))
+    await saver.asetup()
+    turn = _TurnState()
+    config: RunnableConfig = {
+        "configurable": {
+            "thread_id": "t1",
+            "checkpoint_ns": "",
+            "checkpoint_id": "c1",
+            "__pregel_runtime": turn,
+        },
+        "metadata": {"turn": "t1", "state": turn},
+    }
+    await saver.aput_writes(config, [("answer", "kept")], task_id="task-1")
+    held = weakref.ref(turn)
+    del turn, config
+    gc.collect()
+    assert held() is None  # the write is still held, its turn let go
+    await saver.aclose()  # writes what is held
+    stored = sqlite3.connect(tmp_path / "checkpoints.db")
+    try:
+        rows = stored.execute("SELECT thread_id, checkpoint_id, task_id FROM writes").fetchall()
+    finally:
+        stored.close()
+    assert rows == [("t1", "c1", "task-1")]
