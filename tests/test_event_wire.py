@@ -76,3 +76,31 @@ def test_a_result_whose_arguments_nobody_changed_is_written_as_before() -> None:
     edited = plain.model_copy(update={"arguments": {"to": "ada"}})
     assert "arguments" not in json.loads(plain.model_dump_json())
     assert json.loads(edited.model_dump_json())["arguments"] == {"to": "ada"}
+
+
+def test_a_text_block_says_filtered_only_when_the_filter_cut_it() -> None:
+    """A block the filter did not cut carries no `filtered` key, so a turnkit from before
+    the field (which refuses unknown keys) still reads every other answer; a cut one
+    carries it and reads back the same."""
+    from turnkit.blocks import TextBlock
+    from turnkit.events import MessageCompleteEvent, decode_event
+
+    def complete(block: TextBlock) -> MessageCompleteEvent:
+        return MessageCompleteEvent.model_validate(
+            {
+                "turn_id": "turn_1",
+                "session_id": "s",
+                "seq": 3,
+                "ts": "2026-12-07T00:00:00Z",
+                "stage_id": "synthesize",
+                "generation_id": "g1",
+                "block": block,
+            }
+        )
+
+    whole = encode_event(complete(TextBlock(block_id="b1", text="All of it.", is_answer=True)))
+    assert "filtered" not in json.loads(whole)["block"]
+    cut = complete(TextBlock(block_id="b1", text="Here is", is_answer=True, filtered=True))
+    wire = json.loads(encode_event(cut))
+    assert wire["block"]["filtered"] is True
+    assert decode_event(encode_event(cut)) == cut

@@ -143,7 +143,9 @@ class TextBlock(BaseModel):
     """True only for the one block the synthesize stage wrote."""
     interrupted: bool = False
     """Stop cut the block while it was being written: this is its text so far."""
-    filtered: bool = False
+    # Written only when true: a turnkit from before the field reads every other answer's
+    # block (during a rolling deploy, a process of either may take a turn over).
+    filtered: bool = Field(default=False, exclude_if=lambda filtered: not filtered)
     """The provider's content filter stopped the call after this text: it is incomplete."""
 
 
