@@ -127,3 +127,42 @@ async def test_a_checkpoint_write_held_for_later_keeps_nothing_of_its_turn(tmp_p
     finally:
         stored.close()
     assert rows == [("t1", "c1", "task-1")]
+
+
+async def test_a_pooled_connection_goes_back_when_its_user_is_cancelled_twice() -> None:
+    """A Stop and then a drain cancel the same task: the second cancel, landing while the
+    connection is being handed back, must not leave it out of the pool for good."""
+    from turnkit.store._asyncpg_pool import pooled
+
+    class Pool:
+        def __init__(self) -> None:
+            self.out = 0
+            self.releasing = asyncio.Event()
+
+        async def acquire(self) -> object:
+            self.out += 1
+            return object()
+
+        async def release(self, _conn: object) -> None:
+            self.releasing.set()
+            await asyncio.sleep(0.01)  # a round trip to reset the connection
+            self.out -= 1
+
+    pool = Pool()
+
+    async def user() -> None:
+        async with pooled(pool):
+            await asyncio.sleep(3600)
+
+    task = asyncio.create_task(user())
+    await asyncio.sleep(0)
+    task.cancel()  # the first cancel: the `async with` hands the connection back
+    await asyncio.wait_for(pool.releasing.wait(), 5)
+    task.cancel()  # the second, while it is being handed back
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    for _ in range(100):
+        if pool.out == 0:
+            break
+        await asyncio.sleep(0.01)
+    assert pool.out == 0

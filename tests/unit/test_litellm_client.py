@@ -360,13 +360,13 @@ async def test_a_404_from_an_api_base_without_v1_says_so(
         await collect(client.stream(HELLO))
     assert caught.value.status_code == 404
     assert (
-        f"check the model and api_base ({root}: an OpenAI-compatible server's usually ends "
-        "in /v1)" in caught.value.message
+        f"check the model and api_base ({root}: if that server serves its API under /v1, "
+        "add /v1 to the address)" in caught.value.message
     )
     openai_server.script("fake-model", [Reply.error(404, "no such model")])
     with pytest.raises(ProviderError) as caught:  # at /v1 already: no such hint
         await collect(client_for(openai_server).stream(HELLO))
-    assert "ends in /v1" not in caught.value.message
+    assert "add /v1" not in caught.value.message
 
 
 async def test_credentials_a_provider_echoes_are_not_passed_on(

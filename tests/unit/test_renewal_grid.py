@@ -167,3 +167,74 @@ async def test_a_driver_that_stalled_past_its_lease_asks_the_database_before_giv
     lost, cancelled, why = await stalled("hang")
     assert (lost, cancelled) == (True, True)
     assert why == "the database did not answer before the lease ran out"
+
+
+async def test_a_stop_heard_while_the_lease_is_being_renewed_stops_the_turn_at_once() -> None:
+    """The notification of a Stop can land during a renewal that read the turn just before
+    the Stop committed: the keeper still holds the turn's event then, so its next wait
+    ends at once and the renewal after it reads the Stop (not a third of the ttl later)."""
+    import asyncio
+    import weakref
+    from dataclasses import replace
+    from datetime import UTC, datetime, timedelta
+    from typing import Any, cast
+
+    from turnkit.clock import SystemClock
+    from turnkit.config import RuntimeConfig
+    from turnkit.ids import SessionId, TurnId
+    from turnkit.runtime._lease_keeper import LeaseKeeper
+    from turnkit.store import Lease, Store
+
+    config = RuntimeConfig(lease_ttl_s=60, idle_window_s=120, heartbeat_interval_s=1)
+    lease = Lease(
+        turn_id=TurnId("turn_1"), session_id=SessionId("s1"), owner="me", epoch=1, attempt=1,
+        expires_at=datetime.now(UTC) + timedelta(seconds=60), took_over=False, last_seq=1,
+        started_at=datetime.now(UTC),
+    )  # fmt: skip
+
+    class Listening:
+        """As the PostgreSQL Store: events kept only while someone holds them."""
+
+        def __init__(self) -> None:
+            self.stops: weakref.WeakValueDictionary[str, asyncio.Event] = (
+                weakref.WeakValueDictionary()
+            )
+            self.renewals = 0
+
+        def stop_signal(self, turn_id: TurnId) -> asyncio.Event:
+            signal = self.stops.get(turn_id)
+            if signal is None:
+                signal = self.stops[turn_id] = asyncio.Event()
+            return signal
+
+        async def renew(self, held: Lease, *, ttl_s: float) -> Lease:
+            self.renewals += 1
+            stopped = self.renewals > 1
+            if self.renewals == 1:
+                import gc
+
+                gc.collect()
+                if (signal := self.stops.get(held.turn_id)) is not None:
+                    signal.set()  # the Stop's NOTIFY, arriving while this renewal runs
+            return replace(
+                held,
+                expires_at=datetime.now(UTC) + timedelta(seconds=ttl_s),
+                cancel_requested=stopped,
+            )
+
+    store = Listening()
+    keeper = LeaseKeeper(store=cast(Store, store), clock=SystemClock(), config=config, lease=lease)
+    work: asyncio.Task[Any] = asyncio.create_task(asyncio.sleep(3600))
+    keeping = asyncio.create_task(keeper.keep(cast(Any, work)))
+    try:
+        for _ in range(100):  # the keeper waits for its first renewal, its event held
+            if lease.turn_id in store.stops:
+                break
+            await asyncio.sleep(0.01)
+        store.stops[lease.turn_id].set()  # some signal: the keeper renews at once
+        await asyncio.wait([work], timeout=10)  # a renewal interval is 20 s here
+        assert work.cancelled(), f"still running after {store.renewals} renewal(s)"
+        assert store.renewals == 2
+    finally:
+        keeping.cancel()
+        work.cancel()

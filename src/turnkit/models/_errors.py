@@ -210,7 +210,7 @@ def _no_v1(site: CallSite) -> str:
     if path.endswith("/v1"):
         return ""
     base = redact_secrets(site.api_base)
-    return f" ({base}: an OpenAI-compatible server's usually ends in /v1)"
+    return f" ({base}: if that server serves its API under /v1, add /v1 to the address)"
 
 
 def _advice(status: int | None, exc: Exception, litellm: ModuleType) -> str:

@@ -60,6 +60,8 @@ class LeaseKeeper:
         """The running graph's deadline (the ceiling); the heartbeat brings it forward."""
         self.went_quiet = False
         """The turn produced nothing for the idle window: its deadline was brought forward."""
+        self._heard: asyncio.Event | None = None
+        """The event a Stop of the turn heard from another process sets (`_until`)."""
 
     def start(
         self,
@@ -148,9 +150,12 @@ class LeaseKeeper:
         unless `RuntimeConfig.listen_for_stops` is off), such a Stop wakes the keeper at
         once: its renewal then says so, and the turn stops without waiting for the grid.
         """
-        signal = (
-            self.store.stop_signal(self.lease.turn_id) if self.config.listen_for_stops else None
-        )
+        # A Store of one's own written before `stop_signal` existed hears no Stops.
+        listen = getattr(self.store, "stop_signal", None) if self.config.listen_for_stops else None
+        signal = listen(self.lease.turn_id) if listen is not None else None
+        # Held for the keeper's life (the Store keeps it only while someone does): a Stop
+        # heard during the renewal that follows wakes the next wait at once.
+        self._heard = signal
         wait = max(0.0, due - self.clock.monotonic())
         if signal is None:
             await self.clock.sleep(wait)

@@ -38,7 +38,16 @@ async def pooled(pool: Any) -> AsyncIterator[Any]:
         yield conn
     finally:
         loop = asyncio.get_running_loop()
-        await loop.create_task(pool.release(conn), context=contextvars.Context())
+        release = loop.create_task(pool.release(conn), context=contextvars.Context())
+        _releasing.add(release)
+        release.add_done_callback(_releasing.discard)
+        # Shielded: a caller cancelled again while it waits must not cancel the release
+        # (the connection would be out of the pool for good).
+        await asyncio.shield(release)
+
+
+_releasing: set[asyncio.Task[None]] = set()
+"""Releases under way (the loop keeps only weak references to tasks)."""
 
 
 CLOSE_WAIT_S = 5.0
