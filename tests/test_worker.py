@@ -612,3 +612,51 @@ def test_a_worker_drives_turns_with_the_runtime_its_flag_names(
     record, results = asyncio.run(read())
     assert record.status == "succeeded"
     assert results == ["ada / True"]  # the app's deps and callback secret, in the worker
+
+
+async def test_a_worker_stopping_while_a_turn_s_driver_is_being_built_hands_it_over(
+    db: tuple[str, str | None], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGTERM while a claimed turn's driver is still being built: the drain hands that
+    turn over too, so another worker takes it at once instead of after its lease lapses."""
+    from turnkit.runtime._runner import TurnRunner
+
+    building = asyncio.Event()
+    built = TurnRunner.driver
+
+    async def slow_build(self: TurnRunner, *args: Any, **kwargs: Any) -> Any:
+        building.set()
+        await asyncio.sleep(60)  # loading the agent's deps, say
+        return await built(self, *args, **kwargs)
+
+    agent = Agent(
+        model=ScriptedModel([ModelStep.text_reply("Done.")], repeat_last=True),
+        skip_stages=frozenset({"anchor-plan"}),
+    )
+    url, schema = db
+    config = RuntimeConfig(
+        database_url=url, database_schema=schema, run_in_process=False, lease_ttl_s=60
+    )
+    async with SessionRuntime(agent=agent, config=config) as runtime:
+        turn = await runtime.submit("s-1", "go")
+        stop = asyncio.Event()
+        monkeypatch.setattr(TurnRunner, "driver", slow_build)
+        leaving = Worker(runtime, concurrency=1, poll_interval_s=0.02, drain_timeout_s=0.1)
+        running = asyncio.create_task(leaving.run(stop))
+        try:
+            async with asyncio.timeout(20):
+                await building.wait()
+            stop.set()
+            async with asyncio.timeout(30):
+                await running
+        finally:
+            await asyncio.gather(running, return_exceptions=True)
+        monkeypatch.setattr(TurnRunner, "driver", built)
+        record = await runtime.turn(turn.turn_id)
+        assert record.status == "running"
+        assert record.lease_expires_at is not None
+        assert record.lease_expires_at <= runtime.clock.now()  # handed over, not held
+        assert (
+            await _status_once_driven(runtime, Worker(runtime, poll_interval_s=0.02), turn.turn_id)
+            == "succeeded"
+        )

@@ -109,6 +109,8 @@ class Worker:
         self.listen = listen
         self._tasks: set[asyncio.Task[None]] = set()
         self._drivers: dict[asyncio.Task[None], TurnDriver] = {}
+        self._claimed: dict[asyncio.Task[None], Lease] = {}
+        """Each driving task's lease, from its claim (its driver may not be built yet)."""
         self._stopped: set[asyncio.Task[None]] = set()
         """Tasks cancelled by `stop` (Stop pressed), not by shutting down."""
         self._room = asyncio.Event()
@@ -264,6 +266,7 @@ class Worker:
         said = TurnLog(log, lease, self.runtime.clock, fallback_level=logging.WARNING)
         outcome = "ended"
         driver: TurnDriver | None = None
+        self._claimed[task] = lease  # a drain hands it over, also before its driver runs
         async with BufferPublisher(self.runtime.replay, lease.turn_id) as publisher:
             try:
                 host = self.runtime.host
@@ -287,6 +290,7 @@ class Worker:
                 log.exception("driving %s failed", lease.turn_id)
             finally:
                 self._drivers.pop(task, None)
+                self._claimed.pop(task, None)
                 self._stopped.discard(task)
                 said.finished(outcome, driver)
 
@@ -330,6 +334,8 @@ class Worker:
             if driver is not None:
                 driver.abandon()
                 left.append(driver.lease)
+            elif (claimed := self._claimed.get(task)) is not None:  # its driver not built yet
+                left.append(claimed)
             task.cancel()
         # Each task's last commit and publish are bounded (`HAND_OVER_WITHIN_S`,
         # `CUT_SHORT_FLUSH_S`): a hung Redis must not eat the hand-over's own time.
