@@ -4,7 +4,7 @@ Each row carries the identity tuple (`session_id`, `turn_id`, `stage_id`,
 `seq_within_turn`), the post-routing call shape, and one typed slot per payload kind
 (`planGeneration`, `cacheBreakpoint`, `fallbackStep`, `toolSelection`, `toolFallbackStep`,
 `synthesisQuality`, `outputCheck`, `providerCascade`, `compaction`, `thinkingSummary`,
-`unreadableEvent`, `interruptedBlock`, `pauseAnswer`, `agentRepinned`).
+`unreadableEvent`, `interruptedBlock`, `pauseAnswer`, `agentRepinned`, `askedTurn`).
 A tool-loop call that emits tool calls fills two slots (`cacheBreakpoint` and
 `toolSelection`); a failed rung fills `fallbackStep`. The one untyped slot is
 `plugin_payloads`, namespaced by plugin name.
@@ -12,7 +12,7 @@ A tool-loop call that emits tool calls fills two slots (`cacheBreakpoint` and
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Literal
 
 from pydantic import (
@@ -27,10 +27,13 @@ from pydantic import (
     model_validator,
 )
 
+from turnkit.events import AskedUsage
 from turnkit.ids import SessionId, StageId, ToolCallId, TurnId
+from turnkit.states import TerminalStatus
 
 __all__ = (
     "AgentRepinnedPayload",
+    "AskedTurnPayload",
     "ThreadNamingPayload",
     "InterruptedBlockPayload",
     "PauseAnswerPayload",
@@ -53,6 +56,7 @@ __all__ = (
     "UnreadableEventPayload",
     "UnreadableReason",
     "UsageDelta",
+    "asked_usage",
 )
 
 _CONFIG = ConfigDict(
@@ -331,6 +335,51 @@ class AgentRepinnedPayload(BaseModel):
     """The version it runs on."""
 
 
+class AskedTurnPayload(BaseModel):
+    """What an agent asked as a tool spent, recorded in the asking turn when the call ended.
+
+    Written once per asked turn, in `tool-loop`, when its call gets its result (the
+    answer, or the failure of a turn that ended `failed`, `timed_out` or `cancelled`): the
+    asked turn's own totals plus what the agents it asked spent, as its own rows of this
+    kind say. A call that runs again after a crash joins the same turn and adds nothing.
+    """
+
+    model_config = _CONFIG
+    kind: Literal["askedTurn"] = "askedTurn"
+    tool_call_id: ToolCallId
+    """The asking turn's call."""
+    agent: str
+    session_id: SessionId
+    """The asked agent's session (`tk-sub.…`)."""
+    turn_id: TurnId
+    """The asked agent's turn."""
+    status: TerminalStatus
+    """How the asked turn ended."""
+    turns: PositiveInt = 1
+    """Asked turns counted here: this one and those it asked, at any depth."""
+    model_calls: NonNegativeInt = 0
+    input_tokens: NonNegativeInt = 0
+    output_tokens: NonNegativeInt = 0
+    cached_tokens: NonNegativeInt = 0
+    cost_usd: NonNegativeFloat = 0.0
+
+
+def asked_usage(spent: Iterable[AskedTurnPayload | None]) -> AskedUsage | None:
+    """The sum of `askedTurn` payloads, each asked turn once (None: there are none)."""
+    by_turn = {s.turn_id: s for s in spent if s is not None}
+    if not by_turn:
+        return None
+    rows = by_turn.values()
+    return AskedUsage(
+        turns=sum(s.turns for s in rows),
+        model_calls=sum(s.model_calls for s in rows),
+        input_tokens=sum(s.input_tokens for s in rows),
+        output_tokens=sum(s.output_tokens for s in rows),
+        cached_tokens=sum(s.cached_tokens for s in rows),
+        cost_usd=sum(s.cost_usd for s in rows),
+    )
+
+
 class AuditPayloads(BaseModel):
     """One typed slot per payload kind; a row fills the slots its call needs."""
 
@@ -356,6 +405,7 @@ class AuditPayloads(BaseModel):
     )
     pause_answer: PauseAnswerPayload | None = Field(default=None, alias="pauseAnswer")
     agent_repinned: AgentRepinnedPayload | None = Field(default=None, alias="agentRepinned")
+    asked_turn: AskedTurnPayload | None = Field(default=None, alias="askedTurn")
 
     def kinds(self) -> tuple[str, ...]:
         """Wire names of the filled slots."""

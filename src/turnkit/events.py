@@ -38,6 +38,7 @@ __all__ = (
     "ApprovalAnsweredEvent",
     "ApprovalRequestedEvent",
     "AskedPause",
+    "AskedUsage",
     "BudgetPausedEvent",
     "CheckpointCreatedEvent",
     "Citation",
@@ -480,6 +481,24 @@ class CompactionCompletedEvent(DurableEvent):
     """The model that wrote the summary (None for `keep-newest`)."""
 
 
+class AskedUsage(BaseModel):
+    """What the agents a turn asked as tools spent, each counting the agents it asked.
+
+    Kept apart from the turn's own totals, which count only its own model calls: the
+    question's whole cost is the own totals plus these.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+
+    turns: PositiveInt
+    """The asked turns counted, those they asked in turn included."""
+    model_calls: NonNegativeInt = 0
+    input_tokens: NonNegativeInt = 0
+    output_tokens: NonNegativeInt = 0
+    cached_tokens: NonNegativeInt = 0
+    cost_usd: NonNegativeFloat = 0.0
+
+
 class UsageEvent(DurableEvent):
     """Totals for the turn so far: tokens and cost over every model call."""
 
@@ -489,6 +508,9 @@ class UsageEvent(DurableEvent):
     output_tokens: NonNegativeInt
     cached_tokens: NonNegativeInt = 0
     cost_usd: NonNegativeFloat = 0.0
+    asked: AskedUsage | None = Field(default=None, exclude_if=lambda asked: asked is None)
+    """What the agents the turn asked as tools spent, apart from the totals above (absent
+    when it asked none)."""
 
 
 class CheckpointCreatedEvent(DurableEvent):
@@ -611,6 +633,9 @@ class RunFinishedEvent(DurableEvent):
     skipped_events: NonNegativeInt = 0
     """Committed events of the turn this attempt could not decode and went on without
     (each has an `unreadableEvent` audit row)."""
+    asked: AskedUsage | None = Field(default=None, exclude_if=lambda asked: asked is None)
+    """What the agents the turn asked as tools spent, apart from the turn's own totals
+    above (absent when it asked none)."""
 
 
 class ErrorEvent(DurableEvent):

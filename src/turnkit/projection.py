@@ -28,6 +28,7 @@ from turnkit.events import (
     ApprovalAnsweredEvent,
     ApprovalRequestedEvent,
     AskedPause,
+    AskedUsage,
     Citation,
     ClarificationRequestedEvent,
     DoneEvent,
@@ -118,6 +119,8 @@ class TurnView:
     cost_usd: float = 0.0
     input_tokens: int = 0
     output_tokens: int = 0
+    asked: AskedUsage | None = None
+    """What the agents the turn asked as tools spent, apart from its own cost and tokens."""
     error_code: str | None = None
     error_message: str | None = None
     settled: bool = False
@@ -283,6 +286,7 @@ def _apply(fold: _Fold, event: DurableEvent) -> None:  # noqa: C901 - one arm pe
                 cost_usd=event.cost_usd,
                 input_tokens=event.input_tokens,
                 output_tokens=event.output_tokens,
+                asked=event.asked,
             )
         case DoneEvent(status=status):
             view = replace(view, status=status, pending=None)

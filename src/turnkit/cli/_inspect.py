@@ -16,6 +16,7 @@ from turnkit.errors import SessionNotFoundError, StoreError, TurnNotFoundError
 from turnkit.events import (
     ApprovalAnsweredEvent,
     ApprovalRequestedEvent,
+    AskedUsage,
     BudgetPausedEvent,
     ClarificationRequestedEvent,
     DoneEvent,
@@ -41,6 +42,7 @@ from turnkit.store.sql import SqlStore, shown_url
 
 __all__ = (
     "Printer",
+    "asked_line",
     "call_line",
     "existing_database",
     "existing_store",
@@ -55,6 +57,13 @@ __all__ = (
 def call_line(tool_name: str, arguments: Mapping[str, object]) -> str:
     """A tool call as the commands print it: `delete_file(path='/tmp/x.txt')`."""
     return f"{tool_name}({', '.join(f'{k}={v!r}' for k, v in arguments.items())})"
+
+
+def asked_line(asked: AskedUsage) -> str:
+    """What agents asked as tools spent, apart from the turn's own calls."""
+    turns = f"{asked.turns} turn{'' if asked.turns == 1 else 's'}"
+    calls = f"{asked.model_calls} model call{'' if asked.model_calls == 1 else 's'}"
+    return f"+ asked agents: {turns}, {calls}, {usd(asked.cost_usd)}"
 
 
 class Printer:
@@ -132,6 +141,7 @@ class Printer:
                     f"usage: {event.model_calls} model call{'' if event.model_calls == 1 else 's'}"
                     f" · {event.input_tokens} in / "
                     f"{event.output_tokens} out tokens · {usd(event.cost_usd)}"
+                    + (f" · {asked_line(event.asked)}" if event.asked is not None else "")
                 )
             case ErrorEvent(code=code, message=message):
                 self._line(f"✗ error [{code}]: {message}")
@@ -326,6 +336,8 @@ def _account(turn: TurnRecord) -> str:
         ]
         if summary.attempt > 1:
             parts.append(f"{summary.attempt} attempts")
+        if summary.asked is not None:
+            parts.append(asked_line(summary.asked))
     elif turn.status == "running":
         parts.append(f"attempt {turn.attempts}, owner {turn.lease_owner or '-'}")
     return " · ".join(parts)

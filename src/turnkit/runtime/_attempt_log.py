@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from turnkit.audit import AuditPayloads, AuditRow, UnreadableEventPayload
+from turnkit.audit import AskedTurnPayload, AuditPayloads, AuditRow, UnreadableEventPayload
 from turnkit.clock import Clock
 from turnkit.journal import Journal
 from turnkit.runtime._transcript import opening_message
@@ -32,10 +32,13 @@ async def open_recorder(
         audit_rows = await store.read_audit(lease.turn_id)
         usage = await store.read_usage(lease.turn_id)
     journal.keys.add("turn.started")
+    asked_spent: dict[str, AskedTurnPayload] = {}
     for row in audit_rows:  # an answer's verdict is what its attempt committed
         check = row.payloads.output_check
         if check is not None and check.generation_id is not None:
             journal.answer_problems[check.generation_id] = check.problems
+        if (spent := row.payloads.asked_turn) is not None:  # counted once, whoever asks again
+            asked_spent[spent.turn_id] = spent
     recorder = Recorder(
         store=store,
         session_id=lease.session_id,
@@ -50,6 +53,7 @@ async def open_recorder(
     )
     _audit_unreadable(recorder, skipped, audit_rows)
     recorder.notes.context_tokens = context_tokens(audit_rows)
+    recorder.notes.asked_spent = asked_spent
     recorder.notes.transcript = [opening_message(record)]  # until the setup has run
     recorder.notes.request_text = record.content
     for call_id, (block, _) in journal.results.items():

@@ -20,10 +20,12 @@ from typing import TYPE_CHECKING, Final
 from pydantic import JsonValue
 
 from turnkit.agent import Agent
+from turnkit.audit import AskedTurnPayload, UsageDelta, asked_usage
 from turnkit.clock import Clock
 from turnkit.errors import AskingTurnEndedError, InvalidInputError
 from turnkit.events import (
     ApprovalRequestedEvent,
+    AskedUsage,
     BudgetPausedEvent,
     ClarificationRequestedEvent,
     DoneEvent,
@@ -38,6 +40,7 @@ from turnkit.ids import SessionId, TurnId
 from turnkit.runtime.deps import NO_DEPS
 from turnkit.runtime.driver import hand_over_all
 from turnkit.stages._titles import opening_title
+from turnkit.states import TERMINAL_STATES, TerminalStatus, TurnStatus
 from turnkit.store import Lease
 from turnkit.tools import (
     DELEGATED_SESSION_PREFIX,
@@ -56,6 +59,13 @@ log = logging.getLogger("turnkit.runtime")
 
 _REQUEST_ID: Final = "delegated"
 """The request id of the one message of a delegated session: asking again joins it."""
+
+_ENDED: Final[dict[TurnStatus, TerminalStatus]] = {
+    "succeeded": "succeeded",
+    "failed": "failed",
+    "timed_out": "timed_out",
+    "cancelled": "cancelled",
+}
 
 _PULSE_S: Final = 5.0
 """How often, at most, the asking call reports that the agent still works (which keeps
@@ -126,7 +136,7 @@ async def ask_agent(
             await answer.take(event, ctx)
     except asyncio.CancelledError:
         if not runtime._gave_up(ctx.turn_id):  # a Stop: the asked agent stops too
-            await asyncio.shield(runtime._stop(turn_id, None))
+            await asyncio.shield(_stop_and_count(runtime, agent, session_id, turn_id, ctx))
         raise  # a shutdown or a lost lease: whoever takes the asking turn over joins it
     finally:
         if taking_over is not None:
@@ -136,7 +146,65 @@ async def ask_agent(
         raise AskedAgentWaits(agent.name, answer.last)  # the asking turn waits with it
     if isinstance(answer.last, BudgetPausedEvent):
         await runtime._stop(turn_id, None)
+    await _count_spent(runtime, agent, session_id, turn_id, ctx)
     return answer.result()
+
+
+async def _stop_and_count(
+    runtime: SessionRuntime, agent: Agent, session_id: SessionId, turn_id: TurnId, ctx: ToolContext
+) -> None:
+    """Stop the asked turn (a Stop, or `timeout_s`), then count what it spent if it ended."""
+    await runtime._stop(turn_id, None)
+    try:
+        await _count_spent(runtime, agent, session_id, turn_id, ctx)
+    except Exception as exc:  # noqa: BLE001 - the call fails anyway; never mask why
+        log.warning("reading what the asked turn %s spent failed: %r", turn_id, exc)
+
+
+async def _count_spent(
+    runtime: SessionRuntime, agent: Agent, session_id: SessionId, turn_id: TurnId, ctx: ToolContext
+) -> None:
+    """Hand the asking call what the asked turn spent, once that turn has ended.
+
+    Its account as its ending wrote it (`run.finished`: its own totals and what the agents
+    it asked spent), so a call that joins it again after a crash reads the same numbers;
+    a turn ended with no account (timed out by the sweep) is read from its usage rollup
+    and its own `askedTurn` audit rows. One still running is not counted here.
+    """
+    record = await runtime.store.get_turn(turn_id)
+    if record is None or record.status not in TERMINAL_STATES:
+        return
+    own: UsageDelta
+    nested: AskedUsage | None
+    if record.summary is not None:
+        summary = record.summary
+        own = UsageDelta(
+            model_calls=summary.model_calls,
+            input_tokens=summary.input_tokens,
+            output_tokens=summary.output_tokens,
+            cached_tokens=summary.cached_tokens,
+            cost_usd=summary.cost_usd,
+        )
+        nested = summary.asked
+    else:
+        own = await runtime.store.read_usage(turn_id)
+        rows = await runtime.store.read_audit(turn_id)
+        nested = asked_usage(row.payloads.asked_turn for row in rows)
+    ctx._asked_spent(
+        AskedTurnPayload(
+            tool_call_id=ctx.tool_call_id,
+            agent=agent.name,
+            session_id=session_id,
+            turn_id=turn_id,
+            status=_ENDED[record.status],
+            turns=1 + (nested.turns if nested is not None else 0),
+            model_calls=own.model_calls + (nested.model_calls if nested else 0),
+            input_tokens=own.input_tokens + (nested.input_tokens if nested else 0),
+            output_tokens=own.output_tokens + (nested.output_tokens if nested else 0),
+            cached_tokens=own.cached_tokens + (nested.cached_tokens if nested else 0),
+            cost_usd=own.cost_usd + (nested.cost_usd if nested else 0.0),
+        )
+    )
 
 
 async def _asked_session(

@@ -13,7 +13,13 @@ from dataclasses import dataclass
 
 from pydantic import JsonValue
 
-from turnkit.audit import AuditPayloads, CallOutcome, CallShape, InterruptedBlockPayload
+from turnkit.audit import (
+    AuditPayloads,
+    CallOutcome,
+    CallShape,
+    InterruptedBlockPayload,
+    asked_usage,
+)
 from turnkit.blocks import TextBlock
 from turnkit.errors import (
     AdmissionRefusedError,
@@ -187,6 +193,7 @@ def _summary(
         attempt=attempt.number,
         skipped_events=attempt.skipped_events,
         recoveries=sum(1 for k in rec.journal.keys if k.startswith("turn.recovering:")),
+        asked=asked_usage(rec.notes.asked_spent.values()),
     )
 
 

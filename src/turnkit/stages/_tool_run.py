@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from pydantic import JsonValue
 
 from turnkit import otel
-from turnkit.audit import AuditPayloads, ToolFallbackStepPayload
+from turnkit.audit import AskedTurnPayload, AuditPayloads, ToolFallbackStepPayload
 from turnkit.errors import ErrorCode, typed_message
 from turnkit.events import (
     JobCompletedEvent,
@@ -52,6 +52,7 @@ def _tool_context(ctx: StageContext, part: ToolCallPart, reports: _Reports) -> T
         _progress=reports.progress,
         _pivot=reports.pivot,  # a tool class's fallback steps: audited, the answerer moves
         _answered=reports.answered,  # the member of a tool class that answered
+        _asked_spent=reports.asked_spent,  # an agent asked as a tool ended: what it spent
         _ask_agent=ctx.ask_agent,
     )
 
@@ -147,6 +148,19 @@ class _Reports:
     def answered(self, member: str) -> None:
         """The member of a tool class that returned the call's result."""
         self.answered_by = member
+
+    def asked_spent(self, spent: AskedTurnPayload) -> None:
+        """Audit what an agent asked by this call spent, once per asked turn.
+
+        A call that runs again after a crash joins the turn it asked, which the audit rows
+        read back already count: nothing is added twice.
+        """
+        rec = self._rec
+        if spent.turn_id in rec.notes.asked_spent:
+            return
+        spent = spent.model_copy(update={"tool_call_id": self.call_id})
+        rec.notes.asked_spent[spent.turn_id] = spent
+        rec.audit("tool-loop", call=None, payloads=AuditPayloads(askedTurn=spent))
 
     def ended(self, *, failed: bool) -> None:
         """Stage `job.completed` for a job that reported progress."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 
+from turnkit.audit import asked_usage
 from turnkit.blocks import TextBlock
 from turnkit.events import MessageCitationsEvent, MessageEntitiesEvent, UsageEvent
 from turnkit.plugins import Enrichment
@@ -56,5 +57,6 @@ async def run_post_turn(ctx: StageContext, transcript: list[TranscriptMessage]) 
         output_tokens=usage.output_tokens,
         cached_tokens=usage.cached_tokens,
         cost_usd=usage.cost_usd,
+        asked=asked_usage(rec.notes.asked_spent.values()),
     )
     return StageOutcome(route="end")

@@ -20,8 +20,9 @@ from typing import Any, Final
 
 from sqlalchemy import Connection, select, text, update
 
-from turnkit.audit import UsageDelta
+from turnkit.audit import AuditRow, UsageDelta, asked_usage
 from turnkit.events import (
+    AskedUsage,
     DoneEvent,
     InputGuidedEvent,
     JobCompletedEvent,
@@ -42,7 +43,7 @@ from turnkit.store._schema import (
     turns,
 )
 from turnkit.store._submit_sql import requeue_guides
-from turnkit.store._turns_sql import read_usage
+from turnkit.store._turns_sql import audit_blobs, read_usage
 
 __all__ = (
     "ASKED_PAYLOAD",
@@ -104,7 +105,7 @@ def cancel(
         notify_stop(conn, turn_id)
         flag_asked(conn, turn_id, depth=depth)
         return "running"
-    spent_summary = _spent(row, read_usage(conn, turn_id))
+    spent_summary = _spent(row, read_usage(conn, turn_id), _asked_spent(conn, turn_id))
     ending = _ending(conn, row, turn_id, now, spent_summary)
     seq = ending[-1].seq
     won = conn.execute(
@@ -234,17 +235,28 @@ def _asked_turn(payload: str) -> TurnId | None:
     return TurnId(turn) if isinstance(turn, str) else None
 
 
-def _spent(row: Any, spent: UsageDelta) -> RunSummary | None:
+def _spent(row: Any, spent: UsageDelta, asked: AskedUsage | None) -> RunSummary | None:
     """The turn's whole account (its attempts before a pause, say), if it spent anything."""
-    if not (spent.model_calls or spent.input_tokens or spent.cost_usd):
+    if not (spent.model_calls or spent.input_tokens or spent.cost_usd or asked):
         return None
     return RunSummary(
         status="cancelled",
         stop_reason="aborted",
         model=row.model,
         attempt=max(1, row.attempts),
+        asked=asked,
         **spent.model_dump(),  # calls, tokens and cost, as RunSummary names them
     )
+
+
+def _asked_spent(conn: Connection, turn_id: TurnId) -> AskedUsage | None:
+    """What the agents the turn asked spent, as its `askedTurn` audit rows recorded it."""
+    rows = (
+        AuditRow.model_validate_json(blob)
+        for blob in audit_blobs(conn, turn_id)
+        if b"askedTurn" in blob  # most rows are model calls: decode only these
+    )
+    return asked_usage(row.payloads.asked_turn for row in rows)
 
 
 def _ending(

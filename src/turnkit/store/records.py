@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, JsonValue, ValidationError
 
 from turnkit.audit import UnreadableReason
 from turnkit.blocks import ImagePart
-from turnkit.events import StreamEvent, ToolTiming, TurnStartedEvent, decode_event
+from turnkit.events import AskedUsage, StreamEvent, ToolTiming, TurnStartedEvent, decode_event
 from turnkit.ids import SessionId, TurnId
 from turnkit.states import TurnStatus
 
@@ -211,6 +211,9 @@ class RunSummary(BaseModel):
     """Committed events of the turn this attempt could not decode and went on without."""
     recoveries: int = 0
     """Takeovers of the turn after its driver died (`turn.recovering` events)."""
+    asked: AskedUsage | None = None
+    """What the agents the turn asked as tools spent, apart from the totals above (None:
+    it asked none)."""
 
     def event_fields(self) -> dict[str, Any]:
         """The account as `run.finished`'s fields (the event adds where and when)."""

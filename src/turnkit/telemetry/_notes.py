@@ -15,6 +15,7 @@ from typing import Any
 
 from pydantic import JsonValue
 
+from turnkit.audit import AskedTurnPayload
 from turnkit.blocks import ToolResultBlock
 from turnkit.context._known import KnownHistory
 from turnkit.context.prefix import PreviousRequest
@@ -100,6 +101,9 @@ class TurnNotes:
     """Guide messages the ending commit re-queued as turns of their own."""
     stopped_asked: tuple[TurnId, ...] = ()
     """The asked agents' turns the ending commit stopped (see `CommitResult`)."""
+    asked_spent: dict[str, AskedTurnPayload] = field(default_factory=dict[str, AskedTurnPayload])
+    """What each agent the turn asked as a tool spent, by its turn id, as recorded when its
+    call ended (read back from the audit by a later attempt: each counts once)."""
 
     @contextmanager
     def waiting_on(self, what: str) -> Iterator[None]:

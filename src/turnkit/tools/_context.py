@@ -7,6 +7,7 @@ from typing import Any, Generic
 from pydantic import JsonValue
 from typing_extensions import TypeVar
 
+from turnkit.audit import AskedTurnPayload
 from turnkit.ids import SessionId, ToolCallId, TurnId
 from turnkit.tenancy import Principal
 
@@ -29,6 +30,10 @@ async def _ignore_pivot(from_tool: str, to_tool: str | None, reason: str) -> Non
 
 
 def _ignore_answered(member: str) -> None:
+    return None
+
+
+def _ignore_asked_spent(spent: AskedTurnPayload) -> None:
     return None
 
 
@@ -74,6 +79,9 @@ class ToolContext(Generic[DepsT]):
     )
     _ask_agent: AskAgent | None = field(default=None, repr=False)
     _answered: Callable[[str], None] = field(default=_ignore_answered, repr=False)
+    _asked_spent: Callable[[AskedTurnPayload], None] = field(
+        default=_ignore_asked_spent, repr=False
+    )
 
     async def report_progress(
         self, progress: float | None = None, message: str | None = None

@@ -433,6 +433,7 @@ function costOf(e) {
     outputTokens: e.output_tokens ?? 0,
     cachedTokens: e.cached_tokens ?? 0,
     modelCalls: e.model_calls ?? 0,
+    asked: e.asked ?? null, // what agents it asked as tools spent, apart from the above
     durationMs: null,
   };
 }

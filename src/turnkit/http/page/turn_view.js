@@ -297,6 +297,7 @@ function metaOf(turn) {
   if (cost) {
     parts.push(usd(cost.costUsd));
     parts.push(`${cost.inputTokens.toLocaleString()} in / ${cost.outputTokens.toLocaleString()} out tokens`);
+    if (cost.asked) parts.push(`+ ${usd(cost.asked.cost_usd)} asked agents`);
     if (cost.durationMs !== null) parts.push(duration(cost.durationMs));
   }
   return parts.join(" · ");
