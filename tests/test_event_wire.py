@@ -104,3 +104,30 @@ def test_a_text_block_says_filtered_only_when_the_filter_cut_it() -> None:
     wire = json.loads(encode_event(cut))
     assert wire["block"]["filtered"] is True
     assert decode_event(encode_event(cut)) == cut
+
+
+def test_stored_rows_leave_out_what_they_do_not_fill() -> None:
+    """An audit row names only the payload slots it fills, and a turn's summary has no
+    `asked` when it asked nobody: a turnkit from before a slot or field was added (its
+    models refuse unknown keys) reads every row and summary that does not use it."""
+    from turnkit.audit import AskedTurnPayload, AuditPayloads
+    from turnkit.events import AskedUsage
+    from turnkit.store import RunSummary
+
+    assert json.loads(AuditPayloads().model_dump_json(by_alias=True)) == {}
+    spent = AskedTurnPayload(
+        tool_call_id=ToolCallId("call_1"),
+        agent="shipping",
+        session_id="tk-sub.1",
+        turn_id="turn_2",
+        status="succeeded",
+        model_calls=2,
+        cost_usd=0.75,
+    )
+    filled = json.loads(AuditPayloads(askedTurn=spent).model_dump_json(by_alias=True))
+    assert list(filled) == ["askedTurn"]
+    assert AuditPayloads.model_validate(filled).asked_turn == spent
+    plain = RunSummary(status="succeeded", model_calls=1)
+    assert "asked" not in json.loads(plain.model_dump_json())
+    asked = RunSummary(status="succeeded", asked=AskedUsage(turns=1, model_calls=2))
+    assert RunSummary.model_validate_json(asked.model_dump_json()) == asked

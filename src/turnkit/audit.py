@@ -380,32 +380,67 @@ def asked_usage(spent: Iterable[AskedTurnPayload | None]) -> AskedUsage | None:
     )
 
 
+def _unfilled(slot: object) -> bool:
+    """An empty payload slot, left out of a row's JSON.
+
+    So a turnkit from before a slot was added still reads every row that does not fill
+    it (during a rolling deploy, a process of either may take a turn over).
+    """
+    return slot is None
+
+
 class AuditPayloads(BaseModel):
     """One typed slot per payload kind; a row fills the slots its call needs."""
 
     model_config = _CONFIG
-    plan_generation: PlanGenerationPayload | None = Field(default=None, alias="planGeneration")
-    cache_breakpoint: CacheBreakpointPayload | None = Field(default=None, alias="cacheBreakpoint")
-    fallback_step: FallbackStepPayload | None = Field(default=None, alias="fallbackStep")
-    tool_selection: ToolSelectionPayload | None = Field(default=None, alias="toolSelection")
+    plan_generation: PlanGenerationPayload | None = Field(
+        default=None, exclude_if=_unfilled, alias="planGeneration"
+    )
+    cache_breakpoint: CacheBreakpointPayload | None = Field(
+        default=None, exclude_if=_unfilled, alias="cacheBreakpoint"
+    )
+    fallback_step: FallbackStepPayload | None = Field(
+        default=None, exclude_if=_unfilled, alias="fallbackStep"
+    )
+    tool_selection: ToolSelectionPayload | None = Field(
+        default=None, exclude_if=_unfilled, alias="toolSelection"
+    )
     tool_fallback_step: ToolFallbackStepPayload | None = Field(
-        default=None, alias="toolFallbackStep"
+        default=None, exclude_if=_unfilled, alias="toolFallbackStep"
     )
     synthesis_quality: SynthesisQualityPayload | None = Field(
-        default=None, alias="synthesisQuality"
+        default=None, exclude_if=_unfilled, alias="synthesisQuality"
     )
-    provider_cascade: ProviderCascadePayload | None = Field(default=None, alias="providerCascade")
-    compaction: CompactionPayload | None = Field(default=None, alias="compaction")
-    output_check: OutputCheckPayload | None = Field(default=None, alias="outputCheck")
-    thinking_summary: ThinkingSummaryPayload | None = Field(default=None, alias="thinkingSummary")
-    unreadable_event: UnreadableEventPayload | None = Field(default=None, alias="unreadableEvent")
-    thread_naming: ThreadNamingPayload | None = Field(default=None, alias="threadNaming")
+    provider_cascade: ProviderCascadePayload | None = Field(
+        default=None, exclude_if=_unfilled, alias="providerCascade"
+    )
+    compaction: CompactionPayload | None = Field(
+        default=None, exclude_if=_unfilled, alias="compaction"
+    )
+    output_check: OutputCheckPayload | None = Field(
+        default=None, exclude_if=_unfilled, alias="outputCheck"
+    )
+    thinking_summary: ThinkingSummaryPayload | None = Field(
+        default=None, exclude_if=_unfilled, alias="thinkingSummary"
+    )
+    unreadable_event: UnreadableEventPayload | None = Field(
+        default=None, exclude_if=_unfilled, alias="unreadableEvent"
+    )
+    thread_naming: ThreadNamingPayload | None = Field(
+        default=None, exclude_if=_unfilled, alias="threadNaming"
+    )
     interrupted_block: InterruptedBlockPayload | None = Field(
-        default=None, alias="interruptedBlock"
+        default=None, exclude_if=_unfilled, alias="interruptedBlock"
     )
-    pause_answer: PauseAnswerPayload | None = Field(default=None, alias="pauseAnswer")
-    agent_repinned: AgentRepinnedPayload | None = Field(default=None, alias="agentRepinned")
-    asked_turn: AskedTurnPayload | None = Field(default=None, alias="askedTurn")
+    pause_answer: PauseAnswerPayload | None = Field(
+        default=None, exclude_if=_unfilled, alias="pauseAnswer"
+    )
+    agent_repinned: AgentRepinnedPayload | None = Field(
+        default=None, exclude_if=_unfilled, alias="agentRepinned"
+    )
+    asked_turn: AskedTurnPayload | None = Field(
+        default=None, exclude_if=_unfilled, alias="askedTurn"
+    )
 
     def kinds(self) -> tuple[str, ...]:
         """Wire names of the filled slots."""

@@ -146,7 +146,7 @@ async def ask_agent(
         raise AskedAgentWaits(agent.name, answer.last)  # the asking turn waits with it
     if isinstance(answer.last, BudgetPausedEvent):
         await runtime._stop(turn_id, None)
-    await _count_spent(runtime, agent, session_id, turn_id, ctx)
+    await _counted(runtime, agent, session_id, turn_id, ctx)
     return answer.result()
 
 
@@ -155,9 +155,20 @@ async def _stop_and_count(
 ) -> None:
     """Stop the asked turn (a Stop, or `timeout_s`), then count what it spent if it ended."""
     await runtime._stop(turn_id, None)
+    await _counted(runtime, agent, session_id, turn_id, ctx)
+
+
+async def _counted(
+    runtime: SessionRuntime, agent: Agent, session_id: SessionId, turn_id: TurnId, ctx: ToolContext
+) -> None:
+    """`_count_spent`, never failing the call: its answer (or failure) stands either way.
+
+    A database blip here must not turn an answer already paid for into a failed call the
+    model would ask again.
+    """
     try:
         await _count_spent(runtime, agent, session_id, turn_id, ctx)
-    except Exception as exc:  # noqa: BLE001 - the call fails anyway; never mask why
+    except Exception as exc:  # noqa: BLE001 - accounting never fails the call
         log.warning("reading what the asked turn %s spent failed: %r", turn_id, exc)
 
 

@@ -266,9 +266,9 @@ class Worker:
         said = TurnLog(log, lease, self.runtime.clock, fallback_level=logging.WARNING)
         outcome = "ended"
         driver: TurnDriver | None = None
-        self._claimed[task] = lease  # a drain hands it over, also before its driver runs
         async with BufferPublisher(self.runtime.replay, lease.turn_id) as publisher:
             try:
+                self._claimed[task] = lease  # a drain hands it over, also before it is built
                 host = self.runtime.host
                 deps = host.keep_deps(lease.turn_id, NO_DEPS)  # a caller's here, if any
                 runner = self.runtime.runner()

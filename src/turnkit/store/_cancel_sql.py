@@ -20,7 +20,7 @@ from typing import Any, Final
 
 from sqlalchemy import Connection, select, text, update
 
-from turnkit.audit import AuditRow, UsageDelta, asked_usage
+from turnkit.audit import AskedTurnPayload, UsageDelta, asked_usage
 from turnkit.events import (
     AskedUsage,
     DoneEvent,
@@ -251,12 +251,15 @@ def _spent(row: Any, spent: UsageDelta, asked: AskedUsage | None) -> RunSummary 
 
 def _asked_spent(conn: Connection, turn_id: TurnId) -> AskedUsage | None:
     """What the agents the turn asked spent, as its `askedTurn` audit rows recorded it."""
-    rows = (
-        AuditRow.model_validate_json(blob)
-        for blob in audit_blobs(conn, turn_id)
-        if b"askedTurn" in blob  # most rows are model calls: decode only these
-    )
-    return asked_usage(row.payloads.asked_turn for row in rows)
+    spent: list[AskedTurnPayload] = []
+    for blob in audit_blobs(conn, turn_id):
+        if b'"askedTurn":{' not in blob:  # most rows are model calls: decode only these
+            continue
+        try:
+            spent.append(AskedTurnPayload.model_validate(json.loads(blob)["payloads"]["askedTurn"]))
+        except (ValueError, KeyError, TypeError):  # written by a newer turnkit: not counted
+            continue
+    return asked_usage(spent)
 
 
 def _ending(

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, JsonValue, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError
 
 from turnkit.audit import UnreadableReason
 from turnkit.blocks import ImagePart
@@ -211,7 +211,8 @@ class RunSummary(BaseModel):
     """Committed events of the turn this attempt could not decode and went on without."""
     recoveries: int = 0
     """Takeovers of the turn after its driver died (`turn.recovering` events)."""
-    asked: AskedUsage | None = None
+    # Written only when set: a turnkit from before it reads every other turn's summary.
+    asked: AskedUsage | None = Field(default=None, exclude_if=lambda asked: asked is None)
     """What the agents the turn asked as tools spent, apart from the totals above (None:
     it asked none)."""
 
