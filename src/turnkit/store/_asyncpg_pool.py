@@ -40,7 +40,7 @@ async def pooled(pool: Any) -> AsyncIterator[Any]:
         loop = asyncio.get_running_loop()
         release = loop.create_task(pool.release(conn), context=contextvars.Context())
         _releasing.add(release)
-        release.add_done_callback(_releasing.discard)
+        release.add_done_callback(_released)
         # Shielded: a caller cancelled again while it waits must not cancel the release
         # (the connection would be out of the pool for good).
         await asyncio.shield(release)
@@ -48,6 +48,16 @@ async def pooled(pool: Any) -> AsyncIterator[Any]:
 
 _releasing: set[asyncio.Task[None]] = set()
 """Releases under way (the loop keeps only weak references to tasks)."""
+
+
+def _released(task: asyncio.Task[None]) -> None:
+    """Forget a release; its failure reached a caller that left (cancelled) is not logged.
+
+    asyncpg's pool has already dropped a connection it could not reset.
+    """
+    _releasing.discard(task)
+    if not task.cancelled():
+        task.exception()
 
 
 CLOSE_WAIT_S = 5.0
