@@ -97,9 +97,11 @@ class _OneConnection:
     def __init__(self, conn: Any) -> None:
         self._conn = conn
 
-    @contextlib.asynccontextmanager
-    async def acquire(self) -> AsyncIterator[Any]:
-        yield self._conn
+    async def acquire(self) -> Any:
+        return self._conn
+
+    async def release(self, conn: Any) -> None:
+        """Nothing to reset: the reader's one connection keeps its transaction."""
 
     async def expire_connections(self) -> None:
         """Nothing to retire: the reader's one connection ends with the copy."""
