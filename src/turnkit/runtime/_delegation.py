@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, cast
 
 from pydantic import JsonValue
 
@@ -40,7 +40,7 @@ from turnkit.ids import SessionId, TurnId
 from turnkit.runtime.deps import NO_DEPS
 from turnkit.runtime.driver import hand_over_all
 from turnkit.stages._titles import opening_title
-from turnkit.states import TERMINAL_STATES, TerminalStatus, TurnStatus
+from turnkit.states import TERMINAL_STATES, TerminalStatus
 from turnkit.store import Lease
 from turnkit.tools import (
     DELEGATED_SESSION_PREFIX,
@@ -59,13 +59,6 @@ log = logging.getLogger("turnkit.runtime")
 
 _REQUEST_ID: Final = "delegated"
 """The request id of the one message of a delegated session: asking again joins it."""
-
-_ENDED: Final[dict[TurnStatus, TerminalStatus]] = {
-    "succeeded": "succeeded",
-    "failed": "failed",
-    "timed_out": "timed_out",
-    "cancelled": "cancelled",
-}
 
 _PULSE_S: Final = 5.0
 """How often, at most, the asking call reports that the agent still works (which keeps
@@ -207,7 +200,7 @@ async def _count_spent(
             agent=agent.name,
             session_id=session_id,
             turn_id=turn_id,
-            status=_ENDED[record.status],
+            status=cast(TerminalStatus, record.status),  # ended: one of TERMINAL_STATES
             turns=1 + (nested.turns if nested is not None else 0),
             model_calls=own.model_calls + (nested.model_calls if nested else 0),
             input_tokens=own.input_tokens + (nested.input_tokens if nested else 0),

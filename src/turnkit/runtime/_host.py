@@ -30,7 +30,7 @@ from turnkit.runtime._runner import TurnRunner
 from turnkit.runtime._slots import Slot, TurnSlots
 from turnkit.runtime._turn_log import TurnLog
 from turnkit.runtime.deps import NO_DEPS
-from turnkit.runtime.driver import HAND_OVER_WITHIN_S, Sink, TurnDriver, hand_over_all
+from turnkit.runtime.driver import Sink, TurnDriver, hand_over_all
 from turnkit.runtime.reader import TurnReader
 from turnkit.states import TERMINAL_STATES, TurnStatus
 from turnkit.store import Lease, Store, TurnRecord
@@ -215,7 +215,7 @@ class TurnHost:
         agent: Agent | None,
         deps: Any,
     ) -> AsyncGenerator[DurableEvent | EphemeralEvent, None]:
-        self._starting[turn_id] = lease  # `close` hands it over until its driver runs
+        self.claimed(turn_id, lease)  # `close` hands it over until its driver runs
         queue = _Handoff()
         said = TurnLog(log, lease, self.clock, fallback_level=logging.INFO)
         # The publisher lets other readers follow the turn too.
@@ -505,8 +505,7 @@ class TurnHost:
             # next turn): those are abandoned in the next round, never left running.
             await asyncio.gather(*tasks, return_exceptions=True)
         if leases:  # a runtime never opened has no Store to ask
-            leave_by = asyncio.get_running_loop().time() + HAND_OVER_WITHIN_S
-            await hand_over_all(self._store(), leases, log, by=leave_by)
+            await hand_over_all(self._store(), leases, log)  # its own HAND_OVER_WITHIN_S
 
     def _abandon_streamed(self) -> tuple[list[asyncio.Task[None]], list[Lease]]:
         """Tell the drivers of streamed turns to write nothing more; their tasks and leases.

@@ -315,8 +315,7 @@ class TurnDriver:
         `HAND_OVER_WITHIN_S` after the driver's last commit) leaves the lease to lapse, as
         after a crash; asyncio waits for this before the loop closes.
         """
-        within = asyncio.get_running_loop().time() + HAND_OVER_WITHIN_S
-        await hand_over_all(self.store, [self.lease], log, by=self._leave_by or within)
+        await hand_over_all(self.store, [self.lease], log, by=self._leave_by)
 
     async def _stop_what_it_asked(self) -> None:
         """Tell the runtime the turn's ending is written, and which asked turns it stopped.
@@ -599,10 +598,13 @@ async def hand_over_all(
     """Hand each lease over, for another process to take its turn at once.
 
     One no longer this process's (the turn ended or paused) is refused by the Store; a
-    database out of reach leaves the leases to lapse on their own. `by` (loop time): a
-    database that has not answered by then (a row locked by another connection) is given
-    up on, and the leases not handed over yet lapse, as after a crash (logged).
+    database out of reach leaves the leases to lapse on their own. `by` (loop time; by
+    default `HAND_OVER_WITHIN_S` from now): a database that has not answered by then (a
+    row locked by another connection) is given up on, and the leases not handed over yet
+    lapse, as after a crash (logged).
     """
+    if by is None:
+        by = asyncio.get_running_loop().time() + HAND_OVER_WITHIN_S
     left = list(leases)
     try:
         async with asyncio.timeout_at(by):

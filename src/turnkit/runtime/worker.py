@@ -20,7 +20,7 @@ from turnkit.runtime._publish import BufferPublisher
 from turnkit.runtime._slots import Slot
 from turnkit.runtime._turn_log import TurnLog
 from turnkit.runtime.deps import NO_DEPS
-from turnkit.runtime.driver import HAND_OVER_WITHIN_S, TurnDriver, hand_over_all
+from turnkit.runtime.driver import TurnDriver, hand_over_all
 from turnkit.store import Lease
 
 __all__ = ("Worker",)
@@ -340,5 +340,4 @@ class Worker:
         # Each task's last commit and publish are bounded (`HAND_OVER_WITHIN_S`,
         # `CUT_SHORT_FLUSH_S`): a hung Redis must not eat the hand-over's own time.
         await asyncio.gather(*pending, return_exceptions=True)
-        leave_by = asyncio.get_running_loop().time() + HAND_OVER_WITHIN_S
-        await hand_over_all(self.runtime.store, left, log, by=leave_by)  # taken over now
+        await hand_over_all(self.runtime.store, left, log)  # taken over now, within 2 s
