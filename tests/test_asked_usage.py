@@ -14,7 +14,7 @@ import time
 
 from turnkit import Agent, RuntimeConfig, SessionRuntime, tool
 from turnkit.audit import AskedTurnPayload
-from turnkit.cli._inspect import Printer
+from turnkit.cli._inspect import Printer, asked_line
 from turnkit.events import (
     AskedUsage,
     RunFinishedEvent,
@@ -360,3 +360,10 @@ async def test_a_call_run_again_after_a_crash_counts_a_failed_asked_turn_once(
         turns=1, model_calls=2, input_tokens=40, output_tokens=1, cost_usd=0.5
     )
     assert [s.status for s in spent] == ["failed"]
+
+
+def test_asked_agents_without_a_price_are_not_printed_as_free() -> None:
+    """Asked turns on models with no price add up to $0: the line leaves the cost out."""
+    assert asked_line(AskedUsage(turns=1, model_calls=1)) == "+ asked agents: 1 turn, 1 model call"
+    priced = AskedUsage(turns=2, model_calls=3, cost_usd=0.0042)
+    assert asked_line(priced) == "+ asked agents: 2 turns, 3 model calls, $0.0042"

@@ -1,7 +1,8 @@
 """The official AG-UI client (`@ag-ui/client` on npm) against a real server of the AG-UI route.
 
 `node --test tests/node/agui/agui.test.mjs` drives uvicorn on 127.0.0.1 with HttpAgent: a
-tool-using turn, an approval round trip and a reconnect mid-text. Nothing is installed at
+tool-using turn, an approval round trip, a reconnect mid-text, what asked agents spent
+and an answer a content filter cut. Nothing is installed at
 test time: run `npm ci --prefix tests/node/agui` first (CI does). Without `node` the test
 skips, except under `CI=true`, where it fails.
 """
@@ -27,6 +28,7 @@ from tests.protocols.test_agui import (
 from tests.support.server import serve
 from turnkit import Agent
 from turnkit.errors import ProviderError
+from turnkit.models import Usage
 from turnkit.models.family import ModelFamily
 from turnkit.testing import ModelStep, ScriptedModel, call
 
@@ -113,6 +115,20 @@ def _agents() -> list[Agent]:
             tools=[add],
         ),
         Agent(
+            name="asks",
+            model=ScriptedModel([
+                ModelStep(tool_calls=(call("shipping", message="Where is A7?"),),
+                          usage=Usage(input_tokens=5, output_tokens=1, cost_usd=0.0625)),
+                ModelStep(text="It arrives today.",
+                          usage=Usage(input_tokens=6, output_tokens=2, cost_usd=0.0625)),
+            ]),
+            tools=[Agent(name="shipping", model=ScriptedModel([
+                ModelStep(text="A7 arrives today.",
+                          usage=Usage(input_tokens=12, output_tokens=3, cost_usd=0.25)),
+            ])).as_tool()],
+        ),
+        Agent(name="filtered", model=ScriptedModel([ModelStep.filtered("Here is the first ")])),
+        Agent(
             name="oversized",
             model=ScriptedModel([
                 ModelStep.tool_call_reply(call("report", pages=5)),  # 60,000 characters
@@ -132,5 +148,5 @@ def test_the_ag_ui_client_reads_turnkit_runs(tmp_path: Path) -> None:
             env={**os.environ, "AGUI_URL": url, "AGUI_HOLD_TEXT": HOLD_TEXT},
         )  # fmt: skip
     assert done.returncode == 0, f"{done.stdout}\n{done.stderr}"
-    assert "pass 10" in done.stdout, done.stdout
+    assert "pass 12" in done.stdout, done.stdout
     assert "error" not in done.stderr.lower(), done.stderr  # e.g. "Subscriber error: ..."

@@ -19,7 +19,9 @@ import pytest
 from tests.helpers import report
 from tests.protocols.test_ai_sdk import HOLD_TEXT, GatedModel, NoDeletes, build_app
 from tests.support.server import serve
+from turnkit import Agent
 from turnkit.errors import ProviderError
+from turnkit.models import Usage
 from turnkit.models.family import ModelFamily
 from turnkit.testing import ModelStep, ScriptedModel, call
 
@@ -119,7 +121,21 @@ def _scripts() -> dict[str, ScriptedModel | GatedModel | ModelFamily]:
             ModelStep.tool_call_reply(call("report", pages=5)),  # a 60,000-character result
             ModelStep.text_reply("The report is written."),
         ]),
+        "asked": ScriptedModel([
+            ModelStep(tool_calls=(call("shipping", message="Where is A7?"),),
+                      usage=Usage(input_tokens=5, output_tokens=1, cost_usd=0.0625)),
+            ModelStep(text="It arrives today.",
+                      usage=Usage(input_tokens=6, output_tokens=2, cost_usd=0.0625)),
+        ]),
     }  # fmt: skip
+
+
+def _shipping() -> Agent:
+    """The agent the "asked" scenario asks as a tool (costs are binary fractions)."""
+    step = ModelStep(
+        text="A7 arrives today.", usage=Usage(input_tokens=12, output_tokens=3, cost_usd=0.25)
+    )
+    return Agent(name="shipping", model=ScriptedModel([step]))
 
 
 @pytest.mark.parametrize(
@@ -140,6 +156,7 @@ def _scripts() -> dict[str, ScriptedModel | GatedModel | ModelFamily]:
         "two-approvals-reloaded",
         "thinking",
         "question",
+        "asked",
     ],
 )
 @pytest.mark.parametrize("client", list(PACKAGES))
@@ -159,6 +176,7 @@ def test_the_ai_sdk_client_reads_turnkit_streams(
             "skip_stages": frozenset({"anchor-plan"}),
         },
         "question": {"clarifications": True},
+        "asked": {"tools": [_shipping().as_tool()]},
     }.get(scenario, {})
     with serve(build_app(tmp_path, model, **options)) as url:
         done = subprocess.run(

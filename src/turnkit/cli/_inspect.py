@@ -60,10 +60,15 @@ def call_line(tool_name: str, arguments: Mapping[str, object]) -> str:
 
 
 def asked_line(asked: AskedUsage) -> str:
-    """What agents asked as tools spent, apart from the turn's own calls."""
+    """What agents asked as tools spent, apart from the turn's own calls.
+
+    The cost only when there is one: asked turns on models without a price add up to $0,
+    which would read as free (the chat page's cost line says the same).
+    """
     turns = f"{asked.turns} turn{'' if asked.turns == 1 else 's'}"
     calls = f"{asked.model_calls} model call{'' if asked.model_calls == 1 else 's'}"
-    return f"+ asked agents: {turns}, {calls}, {usd(asked.cost_usd)}"
+    cost = f", {usd(asked.cost_usd)}" if asked.cost_usd > 0 else ""
+    return f"+ asked agents: {turns}, {calls}{cost}"
 
 
 class Printer:

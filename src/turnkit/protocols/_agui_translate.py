@@ -63,6 +63,7 @@ from turnkit.ids import TurnId
 from turnkit.pauses import CLARIFY_TOOL
 from turnkit.projection import PendingDecision, decision_of
 from turnkit.protocols._agui_wire import InputMessage
+from turnkit.protocols._asked import asked_usage
 
 __all__ = ("SHUTDOWN", "AgUi", "ClientView", "Translator", "client_view")
 
@@ -167,6 +168,8 @@ class Translator:
         self.usage: UsageEvent | RunFinishedEvent | None = None
         """The turn's totals: its `usage`, or the account a failed or stopped turn ends with."""
         self.model: str | None = None
+        self.filtered = False
+        """The turn's answer is one the provider's content filter cut after some text."""
         self.views = 0
         self.trusted_after: int | None = None  # set: only blocks begun after it are whole
         self.finished = False
@@ -192,6 +195,8 @@ class Translator:
                     block.held = True
 
     def _remember(self, event: StreamEvent) -> None:
+        if isinstance(event, MessageCompleteEvent) and event.block.is_answer:
+            self.filtered = event.block.filtered
         match event:
             case MessageCompleteEvent(generation_id=str() as generation, block=block) if (
                 block.text.strip() or block.is_answer
@@ -266,6 +271,7 @@ class Translator:
                 usage=self.usage,
                 tokens=self._tokens(),
                 error=self.error,
+                filtered=self.filtered,
             )
         )
         return out
@@ -405,10 +411,12 @@ class Translator:
                         block_id)  # fmt: skip
         elif rest := text[len(block.sent) :]:
             out.append(_ev("TEXT_MESSAGE_CONTENT", event.ts, messageId=block_id, delta=rest))
-        # Which message is the answer (the rest is narration, or a failed answer).
-        mark: dict[str, JsonValue] = (
-            {"metadata": {"turnkit": {"answer": True}}} if event.block.is_answer else {}
-        )
+        # Which message is the answer (the rest is narration, or a failed answer), and
+        # whether the provider's content filter cut it.
+        turnkit: AgUi = {"answer": True} if event.block.is_answer else {}
+        if event.block.is_answer and event.block.filtered:
+            turnkit["filtered"] = True
+        mark: dict[str, JsonValue] = {"metadata": {"turnkit": turnkit}} if turnkit else {}
         out.append(_ev("TEXT_MESSAGE_END", event.ts, messageId=block_id, **mark))
         return out
 
@@ -493,24 +501,32 @@ def _run_end(
     usage: UsageEvent | RunFinishedEvent | None,
     tokens: list[JsonValue] | None,
     error: ErrorEvent | None,
+    filtered: bool = False,
 ) -> AgUi:
     """RUN_FINISHED or RUN_ERROR, for a turn that is done.
 
-    `usage`: the turn's totals (turnkit's `result.usage`); `tokens`: the same as AG-UI's
-    `usage`, which every ending carries (a failed or stopped turn's calls count too).
+    `usage`: the turn's totals (turnkit's `result.usage`, with `asked` when it asked agents
+    as tools); `tokens`: its own calls as AG-UI's `usage`, which every ending carries (a
+    failed or stopped turn's calls count too); `filtered`: the provider's content filter
+    cut the answer (`result.filtered`).
     """
     extra: AgUi = {} if tokens is None else {"usage": tokens}
     match done.status:
         case "succeeded":
             result: AgUi = {"turnId": turn_id}
             if (u := usage) is not None:
-                result["usage"] = {
+                totals: AgUi = {
                     "modelCalls": u.model_calls,
                     "inputTokens": u.input_tokens,
                     "outputTokens": u.output_tokens,
                     "cachedTokens": u.cached_tokens,
                     "costUsd": u.cost_usd,
                 }
+                if u.asked is not None:  # what the agents it asked as tools spent, apart
+                    totals["asked"] = asked_usage(u.asked)
+                result["usage"] = totals
+            if filtered:
+                result["filtered"] = True
             outcome: AgUi = {"type": "success"}
             return _ev("RUN_FINISHED", ts, **run, outcome=outcome, result=result, **extra)
         case "cancelled":

@@ -55,6 +55,7 @@ from turnkit.events import (
     UsageEvent,
 )
 from turnkit.pauses import call_request_id
+from turnkit.protocols._asked import asked_usage
 
 __all__ = ("Chunk", "UIMessageStreamTranslator")
 
@@ -530,6 +531,8 @@ class UIMessageStreamTranslator:
             "cachedTokens": event.cached_tokens,
             "costUsd": event.cost_usd,
         }
+        if event.asked is not None:  # what the agents it asked as tools spent, apart
+            self._usage["asked"] = asked_usage(event.asked)
         return [self._data(event)]
 
     def _sources(self, event: MessageCitationsEvent) -> list[Chunk]:

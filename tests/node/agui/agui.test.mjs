@@ -2,8 +2,8 @@
 // its own event verifier) runs each scenario, and every event it receives is checked
 // against @ag-ui/core's schemas. Started by tests/protocols/test_agui_node.py, which serves
 // the app on AGUI_URL with the agents `tools`, `approval`, `approval-edit`, `reconnect`,
-// `steady`, `oversized`, `cascade`, `thinking`, `approval-usage`, `question` and
-// `fails-after-tool`.
+// `steady`, `oversized`, `cascade`, `thinking`, `approval-usage`, `question`,
+// `fails-after-tool`, `asks` (it asks `shipping` as a tool) and `filtered`.
 import assert from "node:assert/strict";
 import { randomUUID } from "node:crypto";
 import { test } from "node:test";
@@ -128,6 +128,9 @@ test("a tool-using turn", async () => {
   assert.equal(end.type, "RUN_FINISHED");
   assert.equal(end.outcome.type, "success");
   assert.ok(end.result.usage.modelCalls >= 2);
+  assert.ok(!("asked" in end.result.usage), "a turn that asked no agent has no `asked`");
+  const last = agent.messages.at(-1);
+  assert.ok(!("filtered" in last.metadata.turnkit) && !("filtered" in end.result));
   const steps = events.filter((e) => e.type === "STEP_STARTED").map((e) => e.stepName);
   assert.deepEqual(steps, ["anchor-plan", "tool-loop", "tool-loop", "synthesize", "post-turn"]);
 
@@ -308,4 +311,35 @@ test("a question is an input_required interrupt the next run answers", async () 
   assert.ok(answered, "the question's call has its result");
   assert.equal(lastAssistantText(agent), "Blue it is.");
   assertUniqueIds(agent);
+});
+
+test("a turn that asked an agent reports what it spent, apart from its own", async () => {
+  const { agent, forwardedProps } = newAgent("asks", [userMessage("Where is A7?")]);
+  const { events, failure } = await run(agent, { runId: `run-${randomUUID()}`, forwardedProps });
+  assert.equal(failure, undefined);
+  const end = events.at(-1);
+  assert.equal(end.type, "RUN_FINISHED");
+  assert.equal(end.outcome.type, "success");
+  const spent = {
+    turns: 1, modelCalls: 1, inputTokens: 12, outputTokens: 3, cachedTokens: 0, costUsd: 0.25,
+  };
+  assert.deepEqual(end.result.usage.asked, spent);
+  assert.equal(end.result.usage.costUsd, 0.125); // its own calls only
+  assert.equal(tokens(end), 14); // AG-UI's `usage`: its own calls too
+  const usage = events.find((e) => e.type === "CUSTOM" && e.name === "turnkit.usage");
+  assert.equal(usage.value.asked.cost_usd, 0.25);
+  assert.equal(lastAssistantText(agent), "It arrives today.");
+});
+
+test("an answer a content filter cut is marked, on its message and on the run", async () => {
+  const { agent, forwardedProps } = newAgent("filtered", [userMessage("Tell me")]);
+  const { events, failure } = await run(agent, { runId: `run-${randomUUID()}`, forwardedProps });
+  assert.equal(failure, undefined);
+  const end = events.at(-1);
+  assert.equal(end.type, "RUN_FINISHED");
+  assert.equal(end.outcome.type, "success");
+  assert.equal(end.result.filtered, true);
+  const answer = agent.messages.find((m) => m.metadata?.turnkit?.answer);
+  assert.equal(answer.content, "Here is the first ");
+  assert.equal(answer.metadata.turnkit.filtered, true);
 });

@@ -94,6 +94,7 @@ async function toolTurn() {
   assert.equal(message.metadata.status, 'succeeded');
   assert.equal(message.metadata.turnId, message.id);
   assert.ok(message.metadata.usage.modelCalls >= 2);
+  assert.ok(!('asked' in message.metadata.usage), 'a turn that asked no agent has no `asked`');
   const usage = message.parts.find(p => p.type === 'data-turnkit-usage');
   assert.equal(usage.data.type, 'usage');
   assert.equal(chunks.at(-1).type, 'finish');
@@ -563,7 +564,23 @@ async function question() {
   await validateUIMessages({ messages: chat.messages });
 }
 
-const scenarios = { thinking, question, cascade, 'tool-turn': toolTurn, approval, 'two-approvals': twoApprovals, 'reload-paused': reloadPaused, 'approved-then-denied': approvedThenDenied, reconnect, oversized, 'fails-mid-text': failsMidText, stopped, 'two-tools': twoTools, 'approved-then-reloaded': approvedThenReloaded, 'two-approvals-reloaded': twoApprovalsReloaded };
+// A turn that asked an agent as a tool: its usage says what that agent spent, apart.
+async function asked() {
+  const transport = new DefaultChatTransport({ api });
+  const stream = await send(transport, 'asked', [user('Where is A7?')]);
+  const { message, chunks, errors } = await withDeadline(read(stream), 'asked');
+  assert.deepEqual(errors, []);
+  assert.equal(message.metadata.status, 'succeeded');
+  const spent = {
+    turns: 1, modelCalls: 1, inputTokens: 12, outputTokens: 3, cachedTokens: 0, costUsd: 0.25,
+  };
+  assert.deepEqual(message.metadata.usage.asked, spent);
+  assert.equal(message.metadata.usage.costUsd, 0.125); // its own calls only
+  assert.deepEqual(chunks.at(-1).messageMetadata.usage.asked, spent);
+  await validateUIMessages({ messages: [user('Where is A7?'), message] });
+}
+
+const scenarios = { asked, thinking, question, cascade, 'tool-turn': toolTurn, approval, 'two-approvals': twoApprovals, 'reload-paused': reloadPaused, 'approved-then-denied': approvedThenDenied, reconnect, oversized, 'fails-mid-text': failsMidText, stopped, 'two-tools': twoTools, 'approved-then-reloaded': approvedThenReloaded, 'two-approvals-reloaded': twoApprovalsReloaded };
 const run = scenarios[scenario];
 if (!run) {
   console.error(`unknown scenario ${scenario}; one of ${Object.keys(scenarios)}`);

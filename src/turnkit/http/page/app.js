@@ -28,7 +28,7 @@ import {
 import { followTurn } from "./sse.js";
 import { drawTurn, el, newTurnElement, placeAfter, setText } from "./turn_view.js";
 
-export { usd } from "./turn_view.js"; // the page tests check its rule against the CLI's
+export { askedLine, usd } from "./turn_view.js"; // the page tests check them against the CLI's
 
 const $ = (selector) => document.querySelector(selector);
 const ui = {

@@ -297,7 +297,7 @@ function metaOf(turn) {
   if (cost) {
     parts.push(usd(cost.costUsd));
     parts.push(`${cost.inputTokens.toLocaleString()} in / ${cost.outputTokens.toLocaleString()} out tokens`);
-    if (cost.asked) parts.push(`+ ${usd(cost.asked.cost_usd)} asked agents`);
+    if (cost.asked) parts.push(askedLine(cost.asked));
     if (cost.durationMs !== null) parts.push(duration(cost.durationMs));
   }
   return parts.join(" · ");
@@ -340,6 +340,17 @@ function argumentsOf(block) {
     .map(([name, value]) => `${name}=${JSON.stringify(value)}`)
     .join(", ");
   return text.length > 90 ? `${text.slice(0, 89)}…` : text;
+}
+
+// What the agents a turn asked as tools spent (`asked` of its usage), as the CLI prints it:
+// the turns and model calls, and the cost only when there is one (asked turns on models
+// without a price add up to $0, which would read as free).
+export function askedLine(asked) {
+  const turns = `${asked.turns} turn${asked.turns === 1 ? "" : "s"}`;
+  const made = asked.model_calls ?? 0;
+  const calls = `${made} model call${made === 1 ? "" : "s"}`;
+  const cost = asked.cost_usd > 0 ? `, ${usd(asked.cost_usd)}` : "";
+  return `+ asked agents: ${turns}, ${calls}${cost}`;
 }
 
 // A cost in dollars, as the CLI prints it: cents from $1 up, three significant digits
