@@ -3,6 +3,11 @@
 The event stream is the union of event classes (narrowed by `type`), and closable; `@tool`
 with options is a `FunctionTool`, as bare `@tool` is. A check that cannot fail would prove
 nothing, so the same run must reject a field read on an event not narrowed yet.
+
+tests/typing_usage/ holds a user's modules (tools, events, audit, errors, a plugin, the
+routes, the testing helpers), checked in one run: `assert_type` pins what the public types
+give, and each `# type: ignore[...]` there marks a call they must refuse (`--strict` warns
+of an ignore that is not needed, so a type widened to `Any` fails the run).
 """
 
 from __future__ import annotations
@@ -10,6 +15,25 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
+
+USAGE = Path(__file__).parent / "typing_usage"
+
+
+@pytest.fixture(scope="module")
+def mypy_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One cache for the module's mypy runs: the second reuses turnkit's analysis."""
+    return tmp_path_factory.mktemp("mypy_cache")
+
+
+def _mypy(cache: Path, *paths: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "mypy", "--strict", "--cache-dir", str(cache),
+         *map(str, paths)],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+
 
 USER_MODULE = '''
 import asyncio
@@ -69,14 +93,12 @@ asyncio.run(main())
 '''
 
 
-def test_a_users_module_type_checks_where_it_should_and_only_there(tmp_path: Path) -> None:
+def test_a_users_module_type_checks_where_it_should_and_only_there(
+    tmp_path: Path, mypy_cache: Path
+) -> None:
     module = tmp_path / "user_app.py"
     module.write_text(USER_MODULE)
-    done = subprocess.run(
-        [sys.executable, "-m", "mypy", "--strict", "--cache-dir", str(tmp_path / "cache"),
-         str(module)],
-        capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
+    done = _mypy(mypy_cache, module)
     errors = [line for line in done.stdout.splitlines() if ": error:" in line]
     last_line = (
         USER_MODULE.splitlines().index(
@@ -87,3 +109,13 @@ def test_a_users_module_type_checks_where_it_should_and_only_there(tmp_path: Pat
     assert len(errors) >= 1, done.stdout
     assert all(f"user_app.py:{last_line}:" in line for line in errors), done.stdout
     assert any('has no attribute "status"' in line for line in errors), done.stdout
+
+
+def test_the_documented_idioms_keep_their_types_under_mypy_strict(mypy_cache: Path) -> None:
+    """`tool.fn` keeps its function's signature, a sync reconcile hook is taken, and the
+    attributes docs/errors.md lists are typed (not `Any`, not missing)."""
+    modules = sorted(USAGE.glob("*.py"))
+    assert len(modules) >= 4, modules
+    done = _mypy(mypy_cache, *modules)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"no issues found in {len(modules)} source files" in done.stdout, done.stdout

@@ -241,6 +241,10 @@ class ContentTooLargeError(InvalidInputError):
     """A message longer than the configured bound."""
 
     code: ClassVar[ErrorCode] = "content-too-large"
+    chars: int
+    """How long the message is (characters; bytes for a picture)."""
+    limit: int
+    """The bound it crossed."""
 
 
 class InvalidSessionIdError(InvalidInputError):
@@ -310,12 +314,18 @@ class BudgetExceededError(AdmissionRefusedError):
     """A budget covering the caller has no room left this period."""
 
     code: ClassVar[ErrorCode] = "budget-exceeded"
+    scope: Literal["organisation", "department", "principal", "session"]
+    """The scope of the limit with no room left."""
+    key: str
+    """The scope's member the limit covers (a department, a principal id, a session id)."""
 
 
 class AttachmentNotIndexedError(AdmissionRefusedError):
     """An attached document has no indexed copy (one still being read is fine)."""
 
     code: ClassVar[ErrorCode] = "attachment-not-indexed"
+    document: str
+    """The attached document with no indexed copy."""
 
 
 class CallbackTokenError(TurnkitError):
@@ -339,6 +349,10 @@ class AskingTurnEndedError(TurnNotRunningError):
     """
 
     code: ClassVar[ErrorCode] = "asking-turn-ended"
+    turn_id: str
+    """The asking turn."""
+    stop_pending: bool
+    """Whether a Stop flagged it that has not reached its driver yet."""
 
 
 class PauseAnsweredError(TurnkitError):
@@ -351,6 +365,8 @@ class ApproverRequiredError(TurnkitError):
     """The approval needs a role (`approver_role`) the caller does not hold; nothing changed."""
 
     code: ClassVar[ErrorCode] = "approver-required"
+    role: str
+    """The role that answers the approval."""
 
 
 class RequestConflictError(TurnkitError):
@@ -383,18 +399,32 @@ class AgentNotFoundError(NotFoundError, TurnError):
     """
 
     code: ClassVar[ErrorCode] = "agent-not-found"
+    agent: str
+    """The agent's name."""
+    version: str | None = None
+    """The version a pinned turn needs (None: no agent of that name at all)."""
 
 
 class PluginFailedError(TurnError):
     """A plugin marked `required` raised in one of its hooks."""
 
     code: ClassVar[ErrorCode] = "plugin-failed"
+    plugin: str
+    """The plugin's name."""
+    hook: str
+    """The hook that raised."""
 
 
 class GuardrailBlockedError(TurnError):
     """A guardrail blocked the user's message, a tool result or the answer."""
 
     code: ClassVar[ErrorCode] = "guardrail-blocked"
+    plugin: str
+    """The guardrail plugin's name."""
+    checkpoint: Literal["input", "tool_result", "answer"]
+    """What it checked."""
+    kind: str
+    """What it found (the verdict's `kind`)."""
 
 
 class ProviderError(TurnError):
@@ -430,6 +460,8 @@ class ModelCredentialsError(ProviderError):
     """
 
     code: ClassVar[ErrorCode] = "model-credentials"
+    model: str
+    variable: str
 
     def __init__(
         self, message: str, *, model: str, variable: str, status_code: int | None = None
@@ -451,6 +483,8 @@ class ModelUnreachableError(ProviderError):
     """
 
     code: ClassVar[ErrorCode] = "model-unreachable"
+    model: str
+    address: str
 
     def __init__(self, message: str, *, model: str, address: str) -> None:
         TurnError.__init__(
@@ -462,6 +496,12 @@ class FamilyExhaustedError(TurnError):
     """Every rung of the model family failed; the turn never widens to another family."""
 
     code: ClassVar[ErrorCode] = "family-exhausted"
+    family: str
+    """The family's name."""
+    attempts: tuple[str, ...]
+    """The model of each rung tried, in order."""
+    retry_after_s: float | None = None
+    """The shortest wait every rung asked for (None: not every rung asked)."""
 
 
 class OutputLimitExceededError(TurnError):
@@ -474,6 +514,8 @@ class OutputInvalidError(TurnError):
     """The answer did not match the agent's `output_type`, nor did any answer asked again."""
 
     code: ClassVar[ErrorCode] = "output-invalid"
+    problems: list[str]
+    """What was wrong with the last answer."""
 
 
 class AnswerMissingError(TurnError):

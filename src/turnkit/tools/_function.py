@@ -9,7 +9,7 @@ import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
-from typing import Any, Final, cast, get_args, get_origin, get_type_hints, overload
+from typing import Any, Final, Generic, cast, get_args, get_origin, get_type_hints, overload
 
 from pydantic import (
     BaseModel,
@@ -21,6 +21,7 @@ from pydantic import (
     create_model,
 )
 from pydantic_core import PydanticSerializationError, to_jsonable_python
+from typing_extensions import ParamSpec, TypeVar
 
 from turnkit.errors import ConfigurationError
 from turnkit.models import ToolSpec
@@ -34,6 +35,10 @@ from turnkit.tools.cascade import ToolClass
 __all__ = ("NOT_APPLIED", "FunctionTool", "Reconcile", "tool")
 
 ToolFunction = Callable[..., Any]
+P = ParamSpec("P", default=...)
+"""The parameters of a tool's function (`FunctionTool.fn` keeps them)."""
+R = TypeVar("R", default=Any)
+"""What a tool's function returns (a coroutine of it, for an `async def`)."""
 
 
 class _NotApplied:
@@ -44,8 +49,9 @@ class _NotApplied:
 NOT_APPLIED: Final = _NotApplied()
 """What a reconcile hook returns when the call did not take effect (it runs again)."""
 
-Reconcile = Callable[[str, dict[str, JsonValue]], Awaitable[Any]]
-"""`async (idempotency_key, arguments) -> the call's result, or NOT_APPLIED`."""
+Reconcile = Callable[[str, dict[str, JsonValue]], Awaitable[object] | object]
+"""`async (idempotency_key, arguments) -> the call's result, or NOT_APPLIED` (a plain `def`
+answers at once)."""
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 
@@ -184,12 +190,16 @@ async def _in_tool_thread(fn: ToolFunction, kwargs: dict[str, Any]) -> Any:
     )
 
 
-class FunctionTool:
-    """A tool made from a typed Python function (sync or async)."""
+class FunctionTool(Generic[P, R]):
+    """A tool made from a typed Python function (sync or async).
+
+    `fn` is that function, its signature kept (`my_tool.fn(...)` type-checks as a call of
+    it); a bare `FunctionTool` annotation means any function.
+    """
 
     def __init__(
         self,
-        fn: ToolFunction,
+        fn: Callable[P, R],
         *,
         name: str | None = None,
         description: str | None = None,
@@ -358,7 +368,7 @@ class FunctionTool:
 
 
 @overload
-def tool(fn: ToolFunction, /) -> FunctionTool: ...
+def tool(fn: Callable[P, R], /) -> FunctionTool[P, R]: ...
 
 
 @overload
@@ -370,7 +380,7 @@ def tool(
     approver_role: str | None = None,
     reconcile: Reconcile | None = None,
     timeout_s: float | None = None,
-) -> Callable[[ToolFunction], FunctionTool]: ...
+) -> Callable[[Callable[P, R]], FunctionTool[P, R]]: ...
 
 
 @overload
