@@ -22,10 +22,11 @@ import asyncpg
 import pytest
 
 from tests.conftest import POSTGRES_URL
-from tests.helpers import new_input, until
+from tests.helpers import GatedModel, new_input, until
 from turnkit import Agent, RuntimeConfig, SessionRuntime, tool
-from turnkit.ids import SessionId
+from turnkit.ids import SessionId, TurnId
 from turnkit.models import ModelChunk, ModelRequest, TextDelta
+from turnkit.runtime._lease_keeper import LeaseKeeper
 from turnkit.runtime.worker import Worker
 from turnkit.store import ClaimRequest
 from turnkit.store.sql import SqlStore
@@ -306,3 +307,102 @@ async def test_a_lost_listening_connection_is_opened_again_at_the_next_renewal(
         signal.clear()
         assert await stopping.cancel(sub.turn_id) == "running"
         await until(signal.is_set, "the Stop is heard on the new connection")
+
+
+@pytest.mark.parametrize(
+    ("driver", "listening"), [("runtime", False), ("runtime", True), ("worker", True)]
+)
+async def test_a_stop_between_the_claim_and_the_keepers_first_wait_is_heard_at_once(
+    pg_schema: str, monkeypatch: pytest.MonkeyPatch, driver: str, listening: bool
+) -> None:
+    """A Stop from another process commits after the turn's claim but before its lease
+    keeper asks to hear Stops of it: its notification finds nobody waiting for that turn
+    (`listening`: the process already listened, as a worker does, and drops it), or the
+    process did not listen yet (its first turn: nobody heard it). The keeper still learns
+    of it before its first renewal (20 s on with a 60 s lease): the turn ends `cancelled`
+    within the test's 10 s bound, and the model, which answers only once its call is
+    cut, never answers."""
+    model = GatedModel()  # never opened: the turn runs until something stops it
+    agent = Agent(name="assistant", model=model)
+    entered, gate = asyncio.Event(), asyncio.Event()
+    keep = LeaseKeeper.keep
+
+    async def gated(self: LeaseKeeper, graph_task: asyncio.Task[object]) -> None:
+        entered.set()
+        await gate.wait()  # the window: claimed, not yet asking for the turn's Stop signal
+        await keep(self, graph_task)
+
+    monkeypatch.setattr(LeaseKeeper, "keep", gated)
+    async with contextlib.AsyncExitStack() as stack:
+        here = await stack.enter_async_context(
+            SessionRuntime(
+                agent=agent, config=_config(pg_schema, run_in_process=driver == "runtime")
+            )
+        )
+        if driver == "worker":
+            await stack.enter_async_context(_worker(here))
+        elsewhere = await stack.enter_async_context(
+            SessionRuntime(agent=agent, config=_config(pg_schema, run_in_process=False))
+        )
+        marker = asyncio.Event()
+        if listening:
+            marker = here.store.stop_signal(TurnId("marker")) or marker  # nobody drives it
+            assert await here.store.work_signal() is not None
+        else:  # nothing asked to listen yet
+            assert here.store._listener is None  # type: ignore[attr-defined]
+        submission = await (here if driver == "runtime" else elsewhere).start("s1", "hi")
+        await until(entered.is_set, "the turn is claimed and its keeper starts")
+
+        assert await elsewhere.cancel(submission.turn_id) == "running"  # flagged
+        if listening:  # heard in commit order: once the marker is, the Stop was
+            admin = await asyncpg.connect(POSTGRES_URL)
+            try:
+                await admin.execute("SELECT pg_notify('turnkit_stop', 'marker')")
+            finally:
+                await admin.close()
+            await until(marker.is_set, "the Stop's notification reached this process")
+        gate.set()
+
+        async def cancelled() -> bool:
+            return (await elsewhere.turn(submission.turn_id)).status == "cancelled"
+
+        await until(cancelled, "the keeper learns of the Stop before its first renewal")
+        assert model.calls == 1
+        assert model.active == 0
+
+
+async def test_a_stop_flagged_before_the_process_listened_is_heard_by_a_later_ask(
+    pg_schema: str,
+) -> None:
+    """A turn is claimed and flagged by a Stop before the driving process listens (say
+    while its listening connection opens); the driver asks for its `stop_signal` only once
+    the process listens: the signal is set already. A turn nobody stopped is not; a turn
+    heard stopped while nobody here asked for it is set when someone does."""
+    claim = ClaimRequest(owner="w1", ttl_s=60, max_attempts=3)
+    async with (
+        SqlStore.from_url(POSTGRES_URL, schema=pg_schema) as stopping,
+        SqlStore.from_url(POSTGRES_URL, schema=pg_schema) as driving,
+    ):
+        flagged = await stopping.submit(new_input("s1", claim_for=claim))
+        quiet = await stopping.submit(new_input("s2", claim_for=claim))
+        later = await stopping.submit(new_input("s3", claim_for=claim))
+        assert await stopping.cancel(flagged.turn_id) == "running"
+        assert await driving.work_signal() is not None  # listening from here on
+        signal = driving.stop_signal(flagged.turn_id)
+        assert signal is not None
+        assert signal.is_set()
+        marker = driving.stop_signal(TurnId("marker"))
+        assert marker is not None
+        assert await stopping.cancel(later.turn_id) == "running"
+        admin = await asyncpg.connect(POSTGRES_URL)
+        try:  # heard in commit order: once the marker is, the Stop was
+            await admin.execute("SELECT pg_notify('turnkit_stop', 'marker')")
+        finally:
+            await admin.close()
+        await until(marker.is_set, "the Stop's notification reached the driving store")
+        later_signal = driving.stop_signal(later.turn_id)
+        assert later_signal is not None
+        assert later_signal.is_set()
+        quiet_signal = driving.stop_signal(quiet.turn_id)
+        assert quiet_signal is not None
+        assert not quiet_signal.is_set()

@@ -15,7 +15,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from typing import TYPE_CHECKING, Final, cast
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any, Final, cast
 
 from pydantic import JsonValue
 
@@ -34,6 +35,7 @@ from turnkit.events import (
     ErrorEvent,
     JobProgressEvent,
     MessageCompleteEvent,
+    RunFinishedEvent,
     ToolStartedEvent,
 )
 from turnkit.ids import SessionId, TurnId
@@ -41,7 +43,7 @@ from turnkit.runtime.deps import NO_DEPS
 from turnkit.runtime.driver import hand_over_all
 from turnkit.stages._titles import opening_title
 from turnkit.states import TERMINAL_STATES, TerminalStatus
-from turnkit.store import Lease
+from turnkit.store import Lease, RunSummary
 from turnkit.tools import (
     DELEGATED_SESSION_PREFIX,
     AgentToolError,
@@ -129,7 +131,7 @@ async def ask_agent(
             await answer.take(event, ctx)
     except asyncio.CancelledError:
         if not runtime._gave_up(ctx.turn_id):  # a Stop: the asked agent stops too
-            await asyncio.shield(_stop_and_count(runtime, agent, session_id, turn_id, ctx))
+            await _through_a_stop(runtime, ctx, _stop_and_count(runtime, answer, ctx))
         raise  # a shutdown or a lost lease: whoever takes the asking turn over joins it
     finally:
         if taking_over is not None:
@@ -139,68 +141,120 @@ async def ask_agent(
         raise AskedAgentWaits(agent.name, answer.last)  # the asking turn waits with it
     if isinstance(answer.last, BudgetPausedEvent):
         await runtime._stop(turn_id, None)
-    await _counted(runtime, agent, session_id, turn_id, ctx)
+        await _followed_to_its_end(runtime, answer, ctx)
+    await _counted(runtime, answer, ctx)
     return answer.result()
 
 
-async def _stop_and_count(
-    runtime: SessionRuntime, agent: Agent, session_id: SessionId, turn_id: TurnId, ctx: ToolContext
+async def _through_a_stop(
+    runtime: SessionRuntime, ctx: ToolContext, work: Coroutine[Any, Any, None]
 ) -> None:
-    """Stop the asked turn (a Stop, or `timeout_s`), then count what it spent if it ended."""
-    await runtime._stop(turn_id, None)
-    await _counted(runtime, agent, session_id, turn_id, ctx)
+    """Run `work` to its end, though the asking call is cancelled again meanwhile.
+
+    A Stop of the asking turn that comes while `timeout_s` stops the asked one (or the
+    asking turn's deadline while a Stop does) must not cut the count short: the asking
+    turn's ending would be written without it, and nothing counts it later. A shutdown
+    or a lost lease does not wait: whoever takes the asking turn over joins the asked one.
+    """
+    task = asyncio.ensure_future(work)
+    while True:
+        try:
+            await asyncio.shield(task)
+            return
+        except asyncio.CancelledError:
+            if task.done() or runtime._gave_up(ctx.turn_id):
+                raise
 
 
-async def _counted(
-    runtime: SessionRuntime, agent: Agent, session_id: SessionId, turn_id: TurnId, ctx: ToolContext
-) -> None:
+async def _stop_and_count(runtime: SessionRuntime, answer: _Answer, ctx: ToolContext) -> None:
+    """Stop the asked turn (a Stop, or `timeout_s`), then count what it spent once it ended.
+
+    A driver here ends it before `_stop` returns; a driver in another process is flagged,
+    and ends it once it hears the Stop (PostgreSQL: at once) or at its next renewal:
+    its ending is waited for, a lease's ttl at most (`_followed_to_its_end`).
+    """
+    await runtime._stop(answer.turn_id, None)
+    await _followed_to_its_end(runtime, answer, ctx)
+    await _counted(runtime, answer, ctx)
+
+
+async def _followed_to_its_end(runtime: SessionRuntime, answer: _Answer, ctx: ToolContext) -> None:
+    """Follow the asked turn from where the call left it to its `done`: ttl seconds at most.
+
+    Its `run.finished` is then what `_count_spent` counts. A turn whose driver does not end
+    it within a lease's ttl (a process stalled, or gone: the sweep ends its turn later) is
+    not waited for longer, and not counted.
+    """
+    if answer.done is not None:
+        return
+    try:
+        async with asyncio.timeout(runtime.config.lease_ttl_s):
+            async for event in runtime.follow(answer.turn_id, after_seq=answer.seq):
+                answer.keep(event)
+    except TimeoutError:
+        log.warning(
+            "the asked turn %s did not end within %g s of its Stop: the asking turn %s does "
+            "not count what it spent",
+            answer.turn_id,
+            runtime.config.lease_ttl_s,
+            ctx.turn_id,
+        )
+    except Exception as exc:  # noqa: BLE001 - accounting never fails the call (`_counted`)
+        log.warning("following the asked turn %s to its end failed: %r", answer.turn_id, exc)
+
+
+async def _counted(runtime: SessionRuntime, answer: _Answer, ctx: ToolContext) -> None:
     """`_count_spent`, never failing the call: its answer (or failure) stands either way.
 
     A database blip here must not turn an answer already paid for into a failed call the
     model would ask again.
     """
     try:
-        await _count_spent(runtime, agent, session_id, turn_id, ctx)
+        await _count_spent(runtime, answer, ctx)
     except Exception as exc:  # noqa: BLE001 - accounting never fails the call
-        log.warning("reading what the asked turn %s spent failed: %r", turn_id, exc)
+        log.warning("reading what the asked turn %s spent failed: %r", answer.turn_id, exc)
 
 
-async def _count_spent(
-    runtime: SessionRuntime, agent: Agent, session_id: SessionId, turn_id: TurnId, ctx: ToolContext
-) -> None:
+async def _count_spent(runtime: SessionRuntime, answer: _Answer, ctx: ToolContext) -> None:
     """Hand the asking call what the asked turn spent, once that turn has ended.
 
     Its account as its ending wrote it (`run.finished`: its own totals and what the agents
-    it asked spent), so a call that joins it again after a crash reads the same numbers;
-    a turn ended with no account (timed out by the sweep) is read from its usage rollup
-    and its own `askedTurn` audit rows. One still running is not counted here.
+    it asked spent), so a call that joins it again after a crash reads the same numbers:
+    as the call followed it (no read), else as its record's summary holds it; a turn
+    ended with no account (timed out by the sweep) is read from its usage rollup and its
+    own `askedTurn` audit rows. One still running is not counted here.
     """
-    record = await runtime.store.get_turn(turn_id)
-    if record is None or record.status not in TERMINAL_STATES:
-        return
+    status: str
     own: UsageDelta
     nested: AskedUsage | None
-    if record.summary is not None:
-        summary = record.summary
-        own = UsageDelta(
-            model_calls=summary.model_calls,
-            input_tokens=summary.input_tokens,
-            output_tokens=summary.output_tokens,
-            cached_tokens=summary.cached_tokens,
-            cost_usd=summary.cost_usd,
-        )
-        nested = summary.asked
+    account: RunFinishedEvent | RunSummary | None = answer.finished
+    if answer.done is not None and account is not None:  # followed to its end: no read
+        status = answer.done.status
     else:
-        own = await runtime.store.read_usage(turn_id)
-        rows = await runtime.store.read_audit(turn_id)
+        record = await runtime.store.get_turn(answer.turn_id)
+        if record is None or record.status not in TERMINAL_STATES:
+            return
+        status, account = record.status, record.summary
+    if account is not None:
+        own = UsageDelta(
+            model_calls=account.model_calls,
+            input_tokens=account.input_tokens,
+            output_tokens=account.output_tokens,
+            cached_tokens=account.cached_tokens,
+            cost_usd=account.cost_usd,
+        )
+        nested = account.asked
+    else:
+        own = await runtime.store.read_usage(answer.turn_id)
+        rows = await runtime.store.read_audit(answer.turn_id)
         nested = asked_usage(row.payloads.asked_turn for row in rows)
     ctx._asked_spent(
         AskedTurnPayload(
             tool_call_id=ctx.tool_call_id,
-            agent=agent.name,
-            session_id=session_id,
-            turn_id=turn_id,
-            status=cast(TerminalStatus, record.status),  # ended: one of TERMINAL_STATES
+            agent=answer.agent.name,
+            session_id=answer.session_id,
+            turn_id=answer.turn_id,
+            status=cast(TerminalStatus, status),  # ended: one of TERMINAL_STATES
             turns=1 + (nested.turns if nested is not None else 0),
             model_calls=own.model_calls + (nested.model_calls if nested else 0),
             input_tokens=own.input_tokens + (nested.input_tokens if nested else 0),
@@ -297,28 +351,46 @@ class _Answer:
     """What a delegated turn's events say: its answer, its failure, or the pause it waits on."""
 
     def __init__(
-        self, agent: Agent, turn_id: str, session_id: str, pulse_s: float, clock: Clock
+        self, agent: Agent, turn_id: TurnId, session_id: SessionId, pulse_s: float, clock: Clock
     ) -> None:
         self.clock = clock
         """The runtime's: the asking turn's idle window is measured on it."""
         self.agent = agent
+        self.turn_id = turn_id
+        self.session_id = session_id
         self.pulse_s = pulse_s
         self.where = f"turn {turn_id} in session {session_id}"
         self.text: str | None = None
         self.error: ErrorEvent | None = None
         self.done: DoneEvent | None = None
+        self.finished: RunFinishedEvent | None = None
+        """Its account, as its ending wrote it (what `_count_spent` counts)."""
+        self.seq = 0
+        """The last committed event followed: following again goes on from there."""
         self.last: DurableEvent | EphemeralEvent | None = None
         """The last event followed: the pause it waits on, when it does."""
         self._pulse = self.clock.monotonic()
 
-    async def take(self, event: DurableEvent | EphemeralEvent, ctx: ToolContext) -> None:
-        """Keep what the answer needs; tell the asking call what the agent does."""
+    def keep(self, event: DurableEvent | EphemeralEvent) -> None:
+        """Keep what the answer and the count need of `event`.
+
+        Not as `last`: a turn followed on past its budget pause, once stopped, still
+        answers as that pause says.
+        """
         if isinstance(event, MessageCompleteEvent) and event.block.is_answer:
             self.text = event.block.text
         elif isinstance(event, ErrorEvent):
             self.error = event
+        elif isinstance(event, RunFinishedEvent):
+            self.finished = event
         elif isinstance(event, DoneEvent):
             self.done = event
+        if isinstance(event, DurableEvent):
+            self.seq = event.seq
+
+    async def take(self, event: DurableEvent | EphemeralEvent, ctx: ToolContext) -> None:
+        """Keep what the answer needs; tell the asking call what the agent does."""
+        self.keep(event)
         self.last = event
         if isinstance(event, ToolStartedEvent):
             await self._report(ctx, f"{self.agent.name}: {event.block.tool_name}")

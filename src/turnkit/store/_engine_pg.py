@@ -230,9 +230,11 @@ class PgConnections:
 
         PostgreSQL notifies every listening process when a Stop flags a turn for its live
         driver (`turnkit_stop`, at the Stop's commit); the event of that turn is set, and
-        its driver renews its lease at once to learn of it. The listening connection is
-        opened in the background (the process's one, shared with `work_signal`); until it
-        listens, and after it is lost until it listens again, nothing sets the event: the
+        its driver renews its lease at once to learn of it. A Stop heard before anyone
+        asked for the turn's event (between its claim and its driver's first call), or
+        flagged before the connection listened (read as it opens), sets the event as it
+        is made. The listening connection is opened in the background (the process's one,
+        shared with `work_signal`); while it cannot be, nothing sets the event: the
         driver learns of a Stop at its next renewal, as without it. Call it again at each
         renewal: a lost connection is opened again. SQLite: always None.
         """

@@ -10,6 +10,13 @@ it, its payload the turn's id, when its transaction commits; `Listener.stop_sign
 each turn driven here an event the notification for that turn sets (its lease keeper then
 renews at once, and learns of the Stop).
 
+A turn's driver asks for its event only once it holds the turn: a Stop that commits
+between its claim and that moment is not lost. The listener keeps the ids of the last
+`HEARD_KEPT` turns it heard stopped that nobody here asked about, and gives a turn among
+them an event already set; and as it starts listening it reads the ids of the running
+turns already flagged for their drivers (one statement per connection: a Stop flagged
+before it listened was not announced to it) and counts them as heard.
+
 The connection is opened on first use: by `event()` itself, or in the background by
 `stop_signal`. A connection the server closed sets the work event (the caller looks once
 more, as it would after a poll), and the next use connects again; then every turn's stop
@@ -24,10 +31,11 @@ import asyncio
 import contextlib
 import logging
 import weakref
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ("CHANNEL", "RETRY_S", "STOP_CHANNEL", "Listener")
+__all__ = ("CHANNEL", "HEARD_KEPT", "RETRY_S", "STOP_CHANNEL", "Listener")
 
 log = logging.getLogger("turnkit.store")
 
@@ -35,7 +43,10 @@ CHANNEL = "turnkit_work"
 STOP_CHANNEL = "turnkit_stop"
 RETRY_S = 5.0
 """After a failed connect, how long the listener waits before it tries again."""
+HEARD_KEPT = 1024
+"""How many Stops of turns nobody here asked about the listener remembers (the newest)."""
 _CONNECT_TIMEOUT_S = 5.0
+_FLAGGED = "SELECT turn_id FROM tk_turns WHERE status = 'running' AND cancel_requested LIMIT $1"
 
 
 class Listener:
@@ -50,6 +61,8 @@ class Listener:
         self._signal = asyncio.Event()
         self._stops: weakref.WeakValueDictionary[str, asyncio.Event] = weakref.WeakValueDictionary()
         """Each turn driven here: the event a Stop of it sets (kept while its keeper holds it)."""
+        self._heard: OrderedDict[str, None] = OrderedDict()
+        """Turns heard stopped before anyone here asked for their event (the newest last)."""
         self._conn: Any = None
         self._schema: str | None = None
         self._retry_at = 0.0
@@ -81,6 +94,9 @@ class Listener:
         signal = self._stops.get(turn_id)
         if signal is None:
             signal = self._stops[turn_id] = asyncio.Event()
+            if turn_id in self._heard:  # stopped before its driver asked
+                del self._heard[turn_id]
+                signal.set()
         idle = self._connecting is None or self._connecting.done()
         if idle and not self._listening() and self._monotonic() >= self._retry_at:
             self._connecting = asyncio.create_task(self.event(), name="turnkit-listen")
@@ -99,6 +115,8 @@ class Listener:
             self._schema = await conn.fetchval("SELECT current_schema()")
             await conn.add_listener(CHANNEL, self._notified)
             await conn.add_listener(STOP_CHANNEL, self._stopped)
+            # Listening now: a Stop flagged before went unheard, so it is read instead.
+            flagged = await conn.fetch(_FLAGGED, HEARD_KEPT)
         except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
             # refused, timed out, too many clients, closed at once: poll meanwhile
             if conn is not None:
@@ -125,15 +143,26 @@ class Listener:
             for signal in list(self._stops.values()):
                 signal.set()
         self._connected_before = True
+        for row in flagged:
+            self._heard_stop(row["turn_id"])
 
     def _notified(self, _conn: Any, _pid: int, _channel: str, payload: str) -> None:
         if payload == self._schema:
             self._signal.set()
 
     def _stopped(self, _conn: Any, _pid: int, _channel: str, payload: str) -> None:
-        signal = self._stops.get(payload)  # a turn driven here (ids are unique across schemas)
+        self._heard_stop(payload)
+
+    def _heard_stop(self, turn_id: str) -> None:
+        """Set the turn's event; or, nobody here asked for it yet, remember the Stop."""
+        signal = self._stops.get(turn_id)  # a turn driven here (ids are unique across schemas)
         if signal is not None:
             signal.set()
+            return
+        self._heard[turn_id] = None  # (perhaps claimed here and not asked for yet)
+        self._heard.move_to_end(turn_id)
+        while len(self._heard) > HEARD_KEPT:
+            self._heard.popitem(last=False)
 
     def _lost(self, conn: Any) -> None:
         if conn is self._conn:  # not a connection already replaced
