@@ -10,6 +10,8 @@ import json
 import logging
 import os
 import re
+import select
+import socket
 import subprocess
 import sys
 import uuid
@@ -127,12 +129,59 @@ def test_a_schema_name_that_would_need_quoting_is_refused(
         assert err.count("\n") == 1
 
 
+def _mistyped_host_is_told_apart() -> bool:
+    """Whether this machine's resolver says a `.invalid` name has no address (RFC 6761)."""
+    try:
+        socket.getaddrinfo("nosuchhost.invalid", 5432)
+    except socket.gaierror as exc:
+        return exc.errno == socket.EAI_NONAME
+    return False
+
+
+def test_serve_stops_at_once_on_a_database_host_that_does_not_resolve(tmp_path: Path) -> None:
+    if not _mistyped_host_is_told_apart():
+        pytest.skip("this machine's resolver cannot answer for a name that does not exist")
+    env = {**os.environ, "TURNKIT_GC": "python"}
+    url = "postgresql://postgres:S3cret@nosuchhost.invalid/x"
+    done = subprocess.run(
+        [sys.executable, "-m", "turnkit.cli", "serve", "--port", "1", "--database-url", url],
+        capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert done.stderr == (
+        "turnkit: the database host 'nosuchhost.invalid' does not resolve: check the host "
+        "name in the database URL [configuration-invalid; see "
+        "docs/errors.md#configuration-invalid]\n"
+    )
+
+
+def test_serve_waits_for_a_database_that_refuses_connections(tmp_path: Path) -> None:
+    """A database restarting under a deploy refuses connections for a while: serve waits
+    (saying so) instead of exiting, as a worker does."""
+    env = {**os.environ, "TURNKIT_GC": "python"}
+    url = "postgresql://postgres@127.0.0.1:1/x"
+    with subprocess.Popen(
+        [sys.executable, "-m", "turnkit.cli", "serve", "--port", "0", "--database-url", url],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path,
+    ) as proc:  # fmt: skip
+        try:
+            assert proc.stderr is not None
+            ready, _, _ = select.select([proc.stderr], [], [], 60)
+            assert ready, "serve said nothing in 60 s"
+            first = proc.stderr.readline()
+            assert "WARNING turnkit.cli: the database is unavailable (" in first, first
+            assert "retrying with backoff" in first
+            assert proc.poll() is None  # still waiting
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+
+
 def test_serve_reports_a_database_it_cannot_use_in_one_line(tmp_path: Path) -> None:
     env = {**os.environ, "TURNKIT_GC": "python"}
     env.pop("TURNKIT_DATABASE_URL", None)
     for flags, says in (
         (["--database-url", "nonsense"], "'nonsense' is a file path, not a URL: write sqlite:///"),
-        (["--database-url", "postgresql://postgres@127.0.0.1:1/x"], "cannot be reached"),
         (["--port", "99999"], "argument --port: '99999' is not a port number (0-65535)"),
     ):
         done = subprocess.run(
@@ -712,6 +761,44 @@ def test_serve_without_the_server_extra_names_the_extra(
     assert err.count("\n") == 1
 
 
+def test_serve_without_the_server_extra_names_uv_in_a_venv_uv_made(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """uv's virtual environments have no pip: `python -m pip` there fails."""
+    (tmp_path / "pyvenv.cfg").write_text(
+        "home = /usr/bin\nimplementation = CPython\nuv = 0.5.11\nversion_info = 3.12.8\n"
+    )
+    monkeypatch.setitem(sys.modules, "uvicorn", None)
+    monkeypatch.setattr(sys, "prefix", str(tmp_path))
+    code = main(["serve", "--port", "1"], out=io.StringIO())
+    err = capsys.readouterr().err
+    assert code == 2
+    assert f"uv pip install --python {sys.executable} 'turnkit[fastapi]'" in err
+    assert "-m pip" not in err
+    assert err.count("\n") == 1
+
+
+def test_the_install_command_fits_the_environment(tmp_path: Path) -> None:
+    from turnkit.cli._settings import install_command
+
+    made_by_venv = tmp_path / "venv"
+    made_by_venv.mkdir()
+    (made_by_venv / "pyvenv.cfg").write_text("home = /usr/bin\nversion = 3.11.7\n")
+    assert install_command("x[y]", prefix=str(made_by_venv), executable="/v/bin/python") == (
+        "/v/bin/python -m pip install 'x[y]'"
+    )
+    made_by_uv = tmp_path / "uv"
+    made_by_uv.mkdir()
+    (made_by_uv / "pyvenv.cfg").write_text("home = /usr/bin\nuv = 0.5.11\n")
+    assert install_command("x[y]", prefix=str(made_by_uv), executable="/u/bin/python") == (
+        "uv pip install --python /u/bin/python 'x[y]'"
+    )
+    no_venv = tmp_path / "system"  # no pyvenv.cfg at all: the system's Python
+    assert install_command("x", prefix=str(no_venv), executable="/usr/bin/python3") == (
+        "/usr/bin/python3 -m pip install 'x'"
+    )
+
+
 # ── models, endpoints and agents from the command line ─────────────────────────────
 
 openai_server = fake_openai.openai_server  # the fixture, visible to this module's tests
@@ -1033,6 +1120,30 @@ def test_an_empty_agent_flag_hosts_the_demo_agent(monkeypatch: pytest.MonkeyPatc
         )
     )
     assert named.name == "worker-test"
+
+
+@pytest.mark.parametrize("empty", ["", "  "])
+def test_an_empty_yes_no_setting_means_its_default(empty: str) -> None:
+    """Compose passes a variable it was not given as empty: every flag then keeps its
+    default, as unset (driving and recovering in process on, checkpoints not kept,
+    listening for Stops on), and an empty recovery flag follows the driving one."""
+    from turnkit.quickstart import runtime_from_env
+
+    base = {"TURNKIT_DATABASE_URL": "sqlite:///:memory:"}
+    flags = (
+        "TURNKIT_RUN_IN_PROCESS",
+        "TURNKIT_RECOVER_IN_PROCESS",
+        "TURNKIT_KEEP_ENDED_CHECKPOINTS",
+        "TURNKIT_LISTEN_FOR_STOPS",
+    )
+    unset = runtime_from_env(base).config
+    for name in flags:
+        assert runtime_from_env({**base, name: empty}).config == unset, name
+    config = runtime_from_env({**base, **dict.fromkeys(flags, empty)}).config
+    assert (config.run_in_process, config.recover_in_process) == (True, True)
+    assert (config.keep_ended_checkpoints, config.listen_for_stops) == (False, True)
+    off = {**base, "TURNKIT_RUN_IN_PROCESS": "0", "TURNKIT_RECOVER_IN_PROCESS": empty}
+    assert runtime_from_env(off).config.recover_in_process is False  # follows driving
 
 
 def test_a_yes_no_setting_or_a_redis_url_the_environment_gets_wrong_is_refused() -> None:

@@ -257,6 +257,40 @@ async def test_closing_while_another_connection_locks_the_turns_row_returns(
     assert taken.cause == "lease-expired"
 
 
+@pytest.mark.parametrize("db", ["sqlite"], indirect=True)
+async def test_closing_while_another_process_holds_the_sqlite_write_lock_returns(
+    db: DB, tmp_path: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Another connection keeps a write transaction open on the SQLite file: `close()`
+    does not wait out the store thread's busy timeout (made ten minutes here) for its
+    last writes; they give up, and the turn is taken over once the lock is gone and its
+    lease lapsed."""
+    import sqlite3
+
+    monkeypatch.setattr("turnkit.store._engine._THREAD_WAIT_MS", 600_000)
+    log_path = tmp_path / "calls.txt"
+    log_path.touch()
+    runtime, seen, reading = await _at_the_second_call(db, log_path, monkeypatch)
+    turn_id = seen[0].turn_id
+    locker = sqlite3.connect(db[0].removeprefix("sqlite:///"), isolation_level=None)
+    try:
+        locker.execute("BEGIN IMMEDIATE")
+        with caplog.at_level("WARNING", logger="turnkit.runtime"):
+            async with asyncio.timeout(60):  # would wait for the lock for ten minutes
+                await runtime.close()
+        assert locker.in_transaction  # closed while the lock was still held
+        with pytest.raises(RuntimeClosedError):
+            async with asyncio.timeout(10):
+                await reading
+        locker.execute("ROLLBACK")
+    finally:
+        locker.close()
+    assert [r for r in caplog.records if turn_id in r.getMessage() and "hand" in r.getMessage()]
+    events = await _taken_over_once(db, turn_id, log_path)
+    [taken] = [e for e in events if isinstance(e, TurnRecoveringEvent)]
+    assert taken.cause == "lease-expired"
+
+
 @pytest.mark.parametrize("moment", ["driver-built", "started-yielded"])
 async def test_closing_before_a_streamed_turns_driver_runs_hands_the_turn_over(
     db: DB, tmp_path: Any, monkeypatch: pytest.MonkeyPatch, moment: str

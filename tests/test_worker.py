@@ -17,9 +17,10 @@ from typing import Any
 import pytest
 
 from tests.conftest import POSTGRES_URL
-from tests.helpers import db_flags
+from tests.helpers import db_flags, until
 from turnkit import Agent, RuntimeConfig, SessionRuntime
 from turnkit.cli import main
+from turnkit.errors import StoreUnavailableError
 from turnkit.ids import TurnId
 from turnkit.runtime.worker import Worker
 from turnkit.store import TurnRecord
@@ -382,6 +383,59 @@ async def test_a_worker_stopped_while_it_waits_for_the_database_says_so(
         await runtime.close()
     lines = [r.getMessage() for r in caplog.records if r.name == "turnkit.worker"]
     assert lines[-1] == f"worker {worker.owner} stopped before the database could be reached"
+
+
+async def test_a_worker_waiting_for_the_database_says_so_again_while_it_waits(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A database down at start is waited out, and the wait is not silent: a warning
+    says it is still unavailable, and for how long, every `STILL_AWAY_EVERY_S`."""
+    monkeypatch.setattr("turnkit.runtime.worker.STILL_AWAY_EVERY_S", 0.0, raising=False)
+    caplog.set_level(logging.INFO, logger="turnkit.worker")
+    config = RuntimeConfig(database_url="postgresql://postgres@127.0.0.1:1/test")
+    runtime = SessionRuntime(agent=Agent(model=ScriptedModel([])), config=config)
+    stop = asyncio.Event()
+    running = asyncio.create_task(Worker(runtime).run(stop))
+    try:
+        await until(
+            lambda: caplog.text.count("the database is still unavailable after") >= 2,
+            "the wait is told again",
+        )
+    finally:
+        stop.set()
+        async with asyncio.timeout(20):
+            await running
+        await runtime.close()
+    assert caplog.text.count("the database is unavailable (") == 1
+
+
+async def test_a_database_host_that_does_not_resolve_stops_a_starting_worker(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A mistyped host is no outage to wait out: the worker raises at once (the CLI:
+    one line, exit 2), where it used to retry forever after one warning."""
+    import socket
+
+    from turnkit.errors import ConfigurationError
+
+    found = socket.getaddrinfo
+
+    def resolve(host: Any, *args: Any, **kwargs: Any) -> Any:
+        if host == "db.mistyped":
+            raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+        return found(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", resolve)
+    config = RuntimeConfig(database_url="postgresql://postgres@db.mistyped/test")
+    runtime = SessionRuntime(agent=Agent(model=ScriptedModel([])), config=config)
+    try:
+        with pytest.raises(ConfigurationError, match="'db.mistyped' does not resolve"):
+            async with asyncio.timeout(20):
+                await Worker(runtime).run(asyncio.Event())
+        with pytest.raises(StoreUnavailableError, match="its host name does not resolve"):
+            await runtime.open()  # the Python API: the same outage error, named
+    finally:
+        await runtime.close()
 
 
 class _HungBuffer:

@@ -242,19 +242,24 @@ def env_plugins(env: Mapping[str, str]) -> list[str]:
 
 
 _TRUE = frozenset({"1", "true", "yes", "on"})
-_FALSE = frozenset({"0", "false", "no", "off", ""})
+_FALSE = frozenset({"0", "false", "no", "off"})
 
 
 def env_flag(env: Mapping[str, str], name: str, *, default: bool) -> bool:
-    """A yes/no setting: 1, true, yes, on or 0, false, no, off (or empty); else refused."""
-    value = env.get(name)
-    if value is None:
+    """A yes/no setting: 1, true, yes, on or 0, false, no, off; else refused.
+
+    Unset or empty (blanks only) is `default`: docker compose passes a variable it was
+    not given as empty (`environment: [NAME]`, `NAME: ${NAME:-}`).
+    """
+    given = env.get(name, "")
+    value = given.strip().lower()
+    if not value:
         return default
-    if value.strip().lower() in _TRUE:
+    if value in _TRUE:
         return True
-    if value.strip().lower() in _FALSE:
+    if value in _FALSE:
         return False
-    raise ConfigurationError(f"{name}={value!r} is not yes or no (1/0, true/false, on/off)")
+    raise ConfigurationError(f"{name}={given!r} is not yes or no (1/0, true/false, on/off)")
 
 
 def env_keep_ended_checkpoints(env: Mapping[str, str]) -> bool:
@@ -263,12 +268,7 @@ def env_keep_ended_checkpoints(env: Mapping[str, str]) -> bool:
 
 
 def env_listen_for_stops(env: Mapping[str, str]) -> bool:
-    """`TURNKIT_LISTEN_FOR_STOPS`: hear Stops pressed elsewhere at once (unset or empty: yes).
-
-    Empty means the default, as compose passes a variable it was not given.
-    """
-    if not env.get("TURNKIT_LISTEN_FOR_STOPS", "").strip():
-        return True
+    """`TURNKIT_LISTEN_FOR_STOPS`: hear Stops pressed elsewhere at once (unset or empty: yes)."""
     return env_flag(env, "TURNKIT_LISTEN_FOR_STOPS", default=True)
 
 

@@ -187,3 +187,55 @@ async def test_the_probe_does_not_wait_for_a_hung_call_to_be_cancelled(tmp_path:
         await store.close()
     assert readyz.status_code == 503
     assert "store: unavailable: no answer within 1.5 s" in readyz.json()["detail"]
+
+
+async def test_readyz_reuses_a_replay_buffer_that_answered_never_one_that_did_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Probes every second from several load balancers ask Redis once per
+    `READY_REPLAY_KEPT_S` while it answers; a failure is never reused, so the first probe
+    after Redis is back says `ok`, and while it is down each probe asks again."""
+    from turnkit.replay.memory import InMemoryReplayBuffer
+
+    class Counted(InMemoryReplayBuffer):
+        asked = 0
+        down = False
+
+        async def ping(self) -> None:
+            self.asked += 1
+            if self.down:
+                raise ConnectionError("Redis is down")
+
+    buffer = Counted()
+    runtime = SessionRuntime(
+        agent=Agent(model=ScriptedModel([])),
+        config=RuntimeConfig(database_url=f"sqlite:///{tmp_path / 'r.db'}"),
+        replay=buffer,
+    )
+    monkeypatch.setattr(
+        "turnkit.http.READY_REPLAY_KEPT_S", 3600.0, raising=False
+    )  # no probe outlives it
+    app = FastAPI()
+    app.include_router(create_health_router(runtime))
+    async with (
+        runtime,
+        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as http,
+    ):
+
+        async def replay() -> str:
+            ready = await http.get("/readyz")
+            assert ready.status_code == 200  # the Store answers: ready, whatever Redis says
+            return str(ready.json()["replay"])
+
+        buffer.down, buffer.asked = True, 0  # (opening the runtime asked it once)
+        assert [await replay() for _ in range(3)] == ["degraded: ConnectionError; readers "
+                                                      "follow the Store"] * 3  # fmt: skip
+        assert buffer.asked == 3  # a failure is not reused
+        buffer.down = False
+        assert [await replay() for _ in range(5)] == ["ok"] * 5
+        assert buffer.asked == 4  # asked once, then reused
+        monkeypatch.setattr(
+            "turnkit.http.READY_REPLAY_KEPT_S", 0.0, raising=False
+        )  # its time is up
+        assert await replay() == "ok"
+        assert buffer.asked == 5

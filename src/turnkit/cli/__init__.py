@@ -50,6 +50,7 @@ from turnkit.cli._settings import (
     GC_THRESHOLDS,
     ceiling,
     gc_mode,
+    install_command,
     load_runtime,
     named_agents,
     refuse_beside_runtime,
@@ -78,10 +79,13 @@ from turnkit.replay import replay_from_url
 from turnkit.runtime import SessionRuntime
 from turnkit.runtime._validate import check_session_id
 from turnkit.runtime.budget_pauses import resume_budget_pauses
+from turnkit.runtime.worker import until_reached
 from turnkit.store.migrate import head_revision, is_newer, refuse_newer
 from turnkit.store.sql import SqlStore, shown_url
 
 __all__ = ("GC_THRESHOLDS", "main")
+
+log = logging.getLogger("turnkit.cli")
 
 
 async def _run(args: argparse.Namespace, out: TextIO) -> int:
@@ -326,17 +330,16 @@ async def _serve(args: argparse.Namespace, out: TextIO) -> int:
     try:
         import uvicorn
     except ImportError as exc:
-        # Name this Python's pip: a bare `pip` is often another environment's.
+        # Into this Python (a bare `pip` is often another environment's; uv's have none).
         raise ImportError(
             f"turnkit serve needs the server extra ({exc.name} is missing): "
-            f"{sys.executable} -m pip install 'turnkit[fastapi]' "
-            "(from a checkout: -e '.[fastapi]')"
+            f"{install_command('turnkit[fastapi]')} (from a checkout: -e '.[fastapi]')"
         ) from exc
 
     collector = gc_mode()  # a bad value stops before anything is imported or opened
     runtime = await _served_runtime(args)
     if not is_loopback_host(args.host) and not os.environ.get("TURNKIT_AUTH"):
-        logging.getLogger("turnkit.cli").warning(
+        log.warning(
             "serving %s with no TURNKIT_AUTH: every caller is anonymous and shares every "
             "session nobody owns (docs/guides/deployment.md#who-may-call)",
             args.host,
@@ -356,15 +359,20 @@ async def _serve(args: argparse.Namespace, out: TextIO) -> int:
         log_config=uvicorn_log_config(args.log_format) or uvicorn.config.LOGGING_CONFIG,
     )
     # Reach the database before serving: one it cannot use is one line and exit 2, not a
-    # failed lifespan's traceback after "serving on".
+    # failed lifespan's traceback after "serving on". One that is down or refuses
+    # connections (restarting under a deploy) is waited for, as a worker waits.
     url, schema = args.database_url, args.database_schema
     if runtime is not None:
         url, schema = runtime.config.database_url, runtime.config.database_schema
-    store = SqlStore.from_url(url, schema=schema)
-    try:
-        refuse_newer(await store.schema_revision())  # a rollback: its lifespan would fail
-    finally:
-        await store.close()
+
+    async def check_schema() -> None:
+        store = SqlStore.from_url(url, schema=schema)
+        try:
+            refuse_newer(await store.schema_revision())  # a rollback: its lifespan would fail
+        finally:
+            await store.close()
+
+    await until_reached(check_schema, url, asyncio.Event(), logger=log)
     if runtime is None:  # the app's runtime brought its own replay buffer
         await _check_replay(os.environ.get("TURNKIT_REDIS_URL"))
     sock = _listening_socket(args.host, args.port)  # a port in use is one line, exit 2

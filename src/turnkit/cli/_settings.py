@@ -8,9 +8,13 @@ from __future__ import annotations
 
 import argparse
 import gc
+import importlib.util
 import inspect
 import os
+import re
+import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Final
 
 from turnkit.agent import import_object
@@ -29,12 +33,36 @@ __all__ = (
     "RUNTIME_FLAGS",
     "ceiling",
     "gc_mode",
+    "install_command",
     "load_runtime",
     "named_agents",
     "refuse_beside_runtime",
     "runtime_config",
     "tune_gc",
 )
+
+
+def install_command(
+    requirement: str, *, prefix: str | None = None, executable: str | None = None
+) -> str:
+    """The command that installs `requirement` into the Python running turnkit.
+
+    A virtual environment uv made (its `pyvenv.cfg` says `uv = …`) has no pip in it:
+    `uv pip install --python …`. Otherwise this Python's own pip (a bare `pip` is often
+    another environment's), after `ensurepip` when it has none.
+    """
+    prefix = sys.prefix if prefix is None else prefix
+    executable = sys.executable if executable is None else executable
+    try:
+        made = (Path(prefix) / "pyvenv.cfg").read_text(errors="replace")
+    except OSError:
+        made = ""
+    if re.search(r"^\s*uv\s*=", made, re.MULTILINE):
+        return f"uv pip install --python {executable} '{requirement}'"
+    pip = f"{executable} -m pip install '{requirement}'"
+    if prefix == sys.prefix and importlib.util.find_spec("pip") is None:
+        return f"{executable} -m ensurepip && {pip}"
+    return pip
 
 
 def ceiling(args: argparse.Namespace, idle: float) -> float:

@@ -35,10 +35,12 @@ from langgraph.checkpoint.base import (
 )
 from langgraph.checkpoint.sqlite import SqliteSaver
 
+from turnkit.errors import StoreUnavailableError
 from turnkit.graph._held import ThreadNotes, cancelled, log_dropped, supersedable
+from turnkit.store._engine import CLOSE_LOCK_WAIT_S
 from turnkit.store._folds import WalFolds
 from turnkit.store._group_commit import GroupCommit
-from turnkit.store._sqlite import SqliteConnection, is_busy, refusal, tune
+from turnkit.store._sqlite import LockWait, SqliteConnection, is_busy, refusal, tune
 
 __all__ = ("ThreadedSqliteSaver",)
 
@@ -139,6 +141,8 @@ class ThreadedSqliteSaver(SqliteSaver):
         self.lock = threading.RLock()  # type: ignore[assignment]  # held across a batch
         self._batch = False
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="turnkit-checkpoints")
+        self._lock_wait = LockWait(_WAIT_MS)
+        """How the thread's writes wait for the lock (given up on close)."""
         self._folds = (
             WalFolds(self._thread, self._fold_wal, every=_FOLD_EVERY)
             if path != ":memory:"
@@ -185,9 +189,12 @@ class ThreadedSqliteSaver(SqliteSaver):
             raise _Busy
         try:
             if wait:
-                self.conn.execute(f"PRAGMA busy_timeout={_WAIT_MS}")
+                self.conn.execute(f"PRAGMA busy_timeout={LockWait.SLICE_MS}")
             try:
-                self.conn.execute("BEGIN IMMEDIATE")
+                if wait:
+                    self._lock_wait.begin(self.conn)
+                else:
+                    self.conn.execute("BEGIN IMMEDIATE")
             except sqlite3.OperationalError as exc:
                 if is_busy(exc):
                     raise _Busy from exc
@@ -258,10 +265,18 @@ class ThreadedSqliteSaver(SqliteSaver):
         await self._run(self.setup)
 
     async def aclose(self) -> None:
-        """Write what is deferred, close the connection and stop the thread."""
+        """Write what is deferred, close the connection and stop the thread.
+
+        A write that waits for a lock another process holds gives up after
+        `CLOSE_LOCK_WAIT_S` (what it held is then not stored: `StoreUnavailableError`).
+        """
         try:
             if self._deferred:
-                await self._write(lambda: None)
+                writing = asyncio.ensure_future(self._write(lambda: None))
+                done, _ = await asyncio.wait([writing], timeout=CLOSE_LOCK_WAIT_S)
+                if not done:
+                    self._lock_wait.give_up()
+                await writing
         finally:
 
             def close() -> None:
@@ -482,5 +497,16 @@ class _SaverConnection(SqliteConnection):
 
 
 def _as_raised(exc: BaseException) -> BaseException:
-    """What every caller of a batch whose transaction failed raises: that error."""
+    """What every caller of a batch whose transaction failed raises.
+
+    That error; or for a lock not had (another process holds it), an outage the driver
+    rides out.
+    """
+    if isinstance(exc, _Busy):
+        error = StoreUnavailableError(
+            "the SQLite checkpoint database stayed locked by another connection; "
+            "nothing was written"
+        )
+        error.__cause__ = exc
+        return error
     return exc

@@ -59,6 +59,10 @@ READY_STORE_TIMEOUT_S = 1.5
 """How long `/readyz` waits for the Store before it answers 503 (a database that hangs)."""
 READY_REPLAY_TIMEOUT_S = 1.0
 """How long `/readyz` waits for the replay buffer before it says `degraded`."""
+READY_REPLAY_KEPT_S = 2.0
+"""How long `/readyz` reuses a replay buffer that answered `ok` instead of asking again:
+probes from several load balancers (and an orchestrator) each second cost Redis one check
+in this time, not one each. A `degraded` answer is never reused."""
 
 
 _T = TypeVar("_T")
@@ -191,9 +195,10 @@ def create_health_router(runtime: SessionRuntime) -> APIRouter:
     `GET /healthz`: the process answers. `GET /readyz`: its Store answers too (503
     `not-ready` with `Retry-After` otherwise). The replay buffer is only a fast path:
     while it does not answer, readers follow the Store, so the process stays ready and
-    says `"replay": "degraded: …"`. A runtime nobody opened opens at the first `/readyz`
-    (so a load balancer's probe readies an app whose lifespan does not open it); a closed
-    one is not ready.
+    says `"replay": "degraded: …"`; a replay buffer that answered is not asked again for
+    `READY_REPLAY_KEPT_S` (one that did not is asked at every probe). A runtime nobody
+    opened opens at the first `/readyz` (so a load balancer's probe readies an app whose
+    lifespan does not open it); a closed one is not ready.
     """
     router = APIRouter(tags=["health"], route_class=ProblemRoute)
 
@@ -201,13 +206,22 @@ def create_health_router(runtime: SessionRuntime) -> APIRouter:
     async def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
+    answered_at: float | None = None
+    """When the replay buffer last answered `ok` (loop time)."""
+
     async def replay_check() -> str:
+        nonlocal answered_at
+        now = asyncio.get_running_loop().time()
+        if answered_at is not None and now - answered_at < READY_REPLAY_KEPT_S:
+            return "ok"
+        answered_at = None  # asked again: until it answers, nothing is reused
         try:
             await _within(runtime.replay.ping(), READY_REPLAY_TIMEOUT_S)
         except ConfigurationError as exc:  # it answered: say what it refused
             return f"degraded: {exc}; readers follow the Store"
         except Exception as exc:  # noqa: BLE001 - readers follow the Store meanwhile
             return f"degraded: {type(exc).__name__}; readers follow the Store"
+        answered_at = now
         return "ok"
 
     @router.get(

@@ -11,8 +11,10 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import time
+from collections.abc import Awaitable, Callable
 
-from turnkit.errors import StoreUnavailableError
+from turnkit.errors import ConfigurationError, StoreUnavailableError
 from turnkit.ids import TurnId
 from turnkit.runtime import SessionRuntime
 from turnkit.runtime._cancel import stop_task
@@ -22,23 +24,42 @@ from turnkit.runtime._turn_log import TurnLog
 from turnkit.runtime.deps import NO_DEPS
 from turnkit.runtime.driver import TurnDriver, hand_over_all
 from turnkit.store import Lease
+from turnkit.store.sql import unresolved_host
 
-__all__ = ("Worker",)
+__all__ = ("Worker", "until_reached")
 
 log = logging.getLogger("turnkit.worker")
 
 
-class _Backoff:
-    """0.2 s doubling to 5 s while the database is away; logs once per outage."""
+STILL_AWAY_EVERY_S = 30.0
+"""While the database stays away, a warning says so again this often (and for how long)."""
 
-    def __init__(self) -> None:
+
+class _Backoff:
+    """0.2 s doubling to 5 s while the database is away.
+
+    Logs a warning when an outage starts, another every `STILL_AWAY_EVERY_S` while it
+    lasts (so a worker stuck waiting says so), and an INFO line when it ends.
+    """
+
+    def __init__(self, logger: logging.Logger = log) -> None:
+        self.log = logger
         self.delay = 0.0
         self.away = False
+        self._since = self._told = 0.0
 
     def next(self, exc: Exception) -> float:
+        now = time.monotonic()
         if not self.away:
-            log.warning("the database is unavailable (%s); retrying with backoff", exc)
-            self.away = True
+            self.log.warning("the database is unavailable (%s); retrying with backoff", exc)
+            self.away, self._since, self._told = True, now, now
+        elif now - self._told >= STILL_AWAY_EVERY_S:
+            self.log.warning(
+                "the database is still unavailable after %.0f s (%s); retrying with backoff",
+                now - self._since,
+                exc,
+            )
+            self._told = now
         return self.later()
 
     def later(self) -> float:
@@ -60,6 +81,40 @@ async def _wait(seconds: float, *events: asyncio.Event) -> None:
     finally:
         for waiting in waits:
             waiting.cancel()
+
+
+async def until_reached(
+    attempt: Callable[[], Awaitable[object]],
+    database_url: str,
+    stop: asyncio.Event,
+    *,
+    logger: logging.Logger = log,
+) -> bool:
+    """Run `attempt` until it reaches the database; False if `stop` is set first.
+
+    A database that is down or refuses connections is waited out with backoff (0.2 s
+    doubling to 5 s), logged when it starts and again every 30 s while it lasts.
+
+    Raises:
+        ConfigurationError: the database's host name does not resolve at the first try (a
+            mistyped URL, which no wait mends).
+    """
+    backoff = _Backoff(logger=logger)
+    first = True
+    while not stop.is_set():
+        try:
+            await attempt()
+            return True
+        except (StoreUnavailableError, OSError) as exc:
+            host = unresolved_host(exc, database_url) if first else None
+            if host is not None:
+                raise ConfigurationError(
+                    f"the database host {host!r} does not resolve: check the host name in "
+                    "the database URL"
+                ) from exc
+            first = False
+            await _wait(backoff.next(exc), stop)
+    return False
 
 
 class Worker:
@@ -125,7 +180,9 @@ class Worker:
         """Claim and drive runs until `stop` is set, then drain.
 
         A database that cannot be reached (at start or later) is waited out with backoff
-        (0.2 s doubling to 5 s): the worker logs it and keeps trying until `stop`.
+        (0.2 s doubling to 5 s): the worker logs it, again every 30 s while it lasts, and
+        keeps trying until `stop`. At start, a host name that does not resolve raises
+        `ConfigurationError` instead.
         """
         runtime = self.runtime
         if not await self._until_open(stop):
@@ -185,14 +242,7 @@ class Worker:
             log.exception("the sweep failed; trying again after the sweep interval")
 
     async def _until_open(self, stop: asyncio.Event) -> bool:
-        backoff = _Backoff()
-        while not stop.is_set():
-            try:
-                await self.runtime.open()
-                return True
-            except (StoreUnavailableError, OSError) as exc:
-                await _wait(backoff.next(exc), stop)
-        return False
+        return await until_reached(self.runtime.open, self.runtime.config.database_url, stop)
 
     async def _claim_one(self) -> bool:
         """Claim and start one runnable turn, if there is room and one; whether it did.

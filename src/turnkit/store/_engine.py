@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import sqlite3
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Self, TypeVar
@@ -44,6 +45,9 @@ __all__ = ("SqlEngine", "normalize_url")
 T = TypeVar("T")
 _THREAD_WAIT_MS = 30_000
 """How long the store's thread waits for SQLite's write lock before giving up."""
+CLOSE_LOCK_WAIT_S = 2.0
+"""On close, how long writes still queued on the store's thread may wait for SQLite's lock
+(another process's open transaction) before they give up."""
 _CHECKPOINT_EVERY = 256
 """Commits on the loop's connection between two WAL folds on the store's thread."""
 
@@ -87,6 +91,8 @@ class SqlEngine(PgConnections):
         self._conn_lock = threading.Lock()
         self._folds: WalFolds | None = None
         """WAL folds on the store's thread for the loop's connection (file databases)."""
+        self._lock_wait = sqlite_conn.LockWait(_THREAD_WAIT_MS)
+        """How the store's thread waits for SQLite's write lock (given up on close)."""
         self._group: GroupCommit | None = None
         """Write transactions on the store's thread, committed together (file databases)."""
         if self.url.startswith("sqlite"):
@@ -141,12 +147,15 @@ class SqlEngine(PgConnections):
                 assert self._group is not None
                 return await self._group.run(fn, *args, behind=behind)
 
-            def run() -> T:
-                try:
-                    with self._thread_conn().transaction(write=write) as conn:
-                        return fn(conn, *args)
-                except sqlite_conn.BusyError as exc:
-                    raise self._busy_too_long(exc) from exc
+            def run() -> T:  # a read: tried again while it meets a lock, as a write waits
+                since = time.monotonic()
+                while True:
+                    try:
+                        with self._thread_conn().transaction(write=write) as conn:
+                            return fn(conn, *args)
+                    except sqlite_conn.BusyError as exc:
+                        if not self._lock_wait.waits(since):
+                            raise self._busy_too_long(exc) from exc
 
             return await asyncio.get_running_loop().run_in_executor(self._thread, run)
         assert self._async_engine is not None
@@ -165,9 +174,14 @@ class SqlEngine(PgConnections):
         """What a transaction on the store's thread raises when it failed (as it is)."""
         if not isinstance(exc, sqlite_conn.BusyError):
             return exc
+        held = (
+            "when the store closed"
+            if self._lock_wait.given_up
+            else f"for {_THREAD_WAIT_MS / 1000:g} s"
+        )
         error = StoreError(
-            f"the SQLite database {self._path!r} stayed locked by another connection for "
-            f"{_THREAD_WAIT_MS / 1000:g} s; nothing was written",
+            f"the SQLite database {self._path!r} stayed locked by another connection "
+            f"{held}; nothing was written",
             path=self._path,
         )
         error.__cause__ = exc
@@ -178,7 +192,10 @@ class SqlEngine(PgConnections):
         if self._on_thread is None:
             assert self._path is not None
             self._on_thread = sqlite_conn.connect(
-                self._path, busy_timeout_ms=_THREAD_WAIT_MS, autocheckpoint=True
+                self._path,
+                busy_timeout_ms=_THREAD_WAIT_MS,
+                autocheckpoint=True,
+                lock_wait=self._lock_wait,
             )
         return self._on_thread
 
@@ -314,7 +331,12 @@ class SqlEngine(PgConnections):
 
             if on_loop is not None:
                 on_loop.close()
-            await asyncio.get_running_loop().run_in_executor(self._thread, dispose)
+            disposed = asyncio.get_running_loop().run_in_executor(self._thread, dispose)
+            # Queued writes may wait for a lock another process holds: not for long.
+            done, _ = await asyncio.wait([disposed], timeout=CLOSE_LOCK_WAIT_S)
+            if not done:
+                self._lock_wait.give_up()
+            await disposed
             self._thread.shutdown(wait=True)
         await self._close_pg()
 

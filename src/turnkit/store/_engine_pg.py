@@ -10,9 +10,10 @@ database.
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from sqlalchemy import event
 from sqlalchemy.engine import ExceptionContext, make_url
@@ -55,6 +56,7 @@ __all__ = (
     "is_unreachable",
     "reached_read_only",
     "unavailable",
+    "unresolved_host",
 )
 
 T = TypeVar("T")
@@ -406,15 +408,43 @@ def _temporary(state: object) -> bool:
 
 def unavailable(exc: BaseException, *, url: str | None = None) -> StoreUnavailableError:
     """What a database out of reach, or refusing writes for now (`is_unreachable`), raises."""
+    then = "check the host name in the URL" if _no_such_name(exc) else "retry shortly"
     return StoreUnavailableError(
         f"the database {_why_unavailable(exc)} ({type(exc).__name__}: {first_line(exc)}); "
-        "nothing was written, retry shortly",
+        f"nothing was written, {then}",
         **({"url": url} if url is not None else {}),
     )
 
 
+_NO_SUCH_NAME: Final = frozenset(
+    code for code in (socket.EAI_NONAME, getattr(socket, "EAI_NODATA", None)) if code is not None
+)
+"""`getaddrinfo` errors of a name the resolver answered has no address (not a resolver
+that could not answer now, `EAI_AGAIN`)."""
+
+
+def unresolved_host(exc: BaseException, url: str) -> str | None:
+    """The host of database URL `url` when `exc` says no such name exists; else None.
+
+    A mistyped host, most likely; though a container platform's name may also vanish
+    while its container is down.
+    """
+    if not _no_such_name(exc):
+        return None
+    try:
+        return make_url(url).host or "localhost"
+    except (ArgumentError, ValueError):
+        return "?"
+
+
+def _no_such_name(exc: BaseException) -> bool:
+    return any(isinstance(e, socket.gaierror) and e.errno in _NO_SUCH_NAME for e in _chain(exc))
+
+
 def _why_unavailable(exc: BaseException) -> str:
     """`cannot be reached`, or for a server that answered, why it takes no writes now."""
+    if _no_such_name(exc):
+        return "cannot be reached: its host name does not resolve"
     for error in _chain(exc):
         state = str(getattr(error, "sqlstate", ""))
         if state == READ_ONLY_SQLSTATE:

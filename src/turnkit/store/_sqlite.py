@@ -16,6 +16,8 @@ from __future__ import annotations
 import contextlib
 import re
 import sqlite3
+import threading
+import time
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -30,6 +32,7 @@ from turnkit.errors import StoreUnavailableError
 
 __all__ = (
     "BusyError",
+    "LockWait",
     "RawResult",
     "SqliteConnection",
     "cannot_write",
@@ -46,6 +49,50 @@ _CACHE_SIZE = 512
 
 class BusyError(Exception):
     """Another connection holds the write lock (raised only when the wait is zero)."""
+
+
+class LockWait:
+    """A thread's wait for SQLite's locks: up to `wait_ms`, unless given up sooner.
+
+    SQLite's own busy timeout cannot be cut short (not even by `interrupt()`), so a write
+    that met a lock another process holds would hold its thread, and whoever closes it,
+    for the whole timeout. A connection that waits this way has a busy timeout of one
+    `SLICE_MS` and tries again slice after slice instead, and `give_up` ends the wait
+    within one slice: the transaction then fails as if the timeout had run out.
+    """
+
+    SLICE_MS: ClassVar[int] = 50
+
+    def __init__(self, wait_ms: int) -> None:
+        self.wait_ms = wait_ms
+        self._given_up = threading.Event()
+
+    def give_up(self) -> None:
+        """Transactions waiting for a lock now, or later, stop waiting (for good)."""
+        self._given_up.set()
+
+    @property
+    def given_up(self) -> bool:
+        return self._given_up.is_set()
+
+    def waits(self, since: float) -> bool:
+        """Whether a wait that began at `since` (`time.monotonic()`) goes on."""
+        return not self.given_up and time.monotonic() - since < self.wait_ms / 1000
+
+    def begin(self, raw: sqlite3.Connection) -> None:
+        """BEGIN IMMEDIATE on `raw` (busy timeout `SLICE_MS`), waiting as told.
+
+        Raises:
+            sqlite3.OperationalError: the lock was not had (busy), or BEGIN failed.
+        """
+        since = time.monotonic()
+        while True:
+            try:
+                raw.execute("BEGIN IMMEDIATE")
+                return
+            except sqlite3.OperationalError as exc:
+                if not is_busy(exc) or not self.waits(since):
+                    raise
 
 
 class _Row(tuple[Any, ...]):
@@ -244,9 +291,13 @@ class SqliteConnection:
 
     dialect = _DIALECT
 
-    def __init__(self, raw: sqlite3.Connection, path: str = "") -> None:
+    def __init__(
+        self, raw: sqlite3.Connection, path: str = "", *, lock_wait: LockWait | None = None
+    ) -> None:
         self.raw = raw
         self.path = path
+        self.lock_wait = lock_wait
+        """How its write transactions wait for the lock; None: the busy timeout alone."""
         self._cache: OrderedDict[tuple[int, tuple[str, ...] | None], tuple[Any, _Compiled]]
         self._cache = OrderedDict()
 
@@ -309,7 +360,10 @@ class SqliteConnection:
         waits for it here — `BusyError` when the busy timeout is zero — or never waits later.
         """
         try:
-            self.raw.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+            if write and self.lock_wait is not None:
+                self.lock_wait.begin(self.raw)
+            else:
+                self.raw.execute("BEGIN IMMEDIATE" if write else "BEGIN")
         except sqlite3.OperationalError as exc:
             if is_busy(exc):
                 raise BusyError(str(exc)) from exc
@@ -345,8 +399,16 @@ def tune(raw: sqlite3.Connection, *, busy_timeout_ms: int, autocheckpoint: bool 
         raw.execute("PRAGMA wal_autocheckpoint=0")
 
 
-def connect(path: str, *, busy_timeout_ms: int, autocheckpoint: bool) -> SqliteConnection:
-    """Open `path` tuned (see `tune`), with explicit transactions."""
+def connect(
+    path: str, *, busy_timeout_ms: int, autocheckpoint: bool, lock_wait: LockWait | None = None
+) -> SqliteConnection:
+    """Open `path` tuned (see `tune`), with explicit transactions.
+
+    With `lock_wait`, its write transactions wait for the lock as that says, and its busy
+    timeout is one `LockWait.SLICE_MS` (`busy_timeout_ms` is not used).
+    """
     raw = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    if lock_wait is not None:
+        busy_timeout_ms = LockWait.SLICE_MS
     tune(raw, busy_timeout_ms=busy_timeout_ms, autocheckpoint=autocheckpoint)
-    return SqliteConnection(raw, path)
+    return SqliteConnection(raw, path, lock_wait=lock_wait)

@@ -51,6 +51,7 @@ from turnkit.store._engine_pg import (
     reached_read_only,
     shown_url,
     unavailable,
+    unresolved_host,
 )
 from turnkit.store._schema import SOURCES
 from turnkit.store._sql_budgets import SqlBudgets
@@ -68,6 +69,7 @@ __all__ = (
     "reached_read_only",
     "shown_url",
     "unavailable",
+    "unresolved_host",
 )
 
 log = logging.getLogger(__name__)
