@@ -175,11 +175,29 @@ def allowed_origins_from_env(env: Mapping[str, str] | None = None) -> list[str]:
     return list(checked_origins(given, source="TURNKIT_ALLOWED_ORIGINS"))
 
 
+_PAGE_CSP = "; ".join(
+    (
+        "default-src 'none'",
+        "script-src 'self'",  # its own modules: no inline script, no eval
+        "style-src 'self'",  # its own style sheet: no inline style
+        "img-src 'self' data:",  # its icon is `data:,`
+        "connect-src 'self'",  # its API and streams, on its own origin
+        "base-uri 'none'",
+        "form-action 'none'",  # its forms are sent by script, never as a navigation
+        "frame-ancestors 'none'",  # it holds Approve buttons: no other site may frame it
+    )
+)
+"""The chat page's `Content-Security-Policy`: should anything on it ever parse the model's
+text as HTML, the browser still runs no script and loads nothing from elsewhere."""
+
 _PAGE_HEADERS = {
     "Cache-Control": "no-cache",
-    # The page holds Approve buttons: no other site may frame it (clickjacking).
-    "X-Frame-Options": "DENY",
-    "Content-Security-Policy": "frame-ancestors 'none'",
+    "X-Frame-Options": "DENY",  # as `frame-ancestors 'none'`, for browsers older than CSP 2
+    "Content-Security-Policy": _PAGE_CSP,
+    "X-Content-Type-Options": "nosniff",
+    # Not `no-referrer`: that makes a browser send `Origin: null` with the page's own POSTs,
+    # which CrossOriginProtection refuses over plain HTTP.
+    "Referrer-Policy": "same-origin",
 }
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+import turnkit.quickstart
 from turnkit import Agent, Organisation, RuntimeConfig, SessionRuntime
 from turnkit.errors import ConfigurationError
 from turnkit.quickstart import (
@@ -125,12 +126,49 @@ def test_the_trusted_origins_come_from_the_environment() -> None:
         assert "\n" not in said
 
 
+def _directives(policy: str) -> dict[str, list[str]]:
+    found: dict[str, list[str]] = {}
+    for directive in policy.split(";"):
+        name, *values = directive.split()
+        found[name.lower()] = values
+    return found
+
+
 async def test_no_other_site_may_frame_the_page(runtime: SessionRuntime) -> None:
     async with _client(create_app(runtime)) as http:
         for path in ("/", "/page/app.js"):
             page = await http.get(path)
             assert page.headers["x-frame-options"] == "DENY", path
-            assert page.headers["content-security-policy"] == "frame-ancestors 'none'", path
+            csp = _directives(page.headers["content-security-policy"])
+            assert csp["frame-ancestors"] == ["'none'"], path
+
+
+async def test_the_page_runs_only_its_own_script(runtime: SessionRuntime) -> None:
+    """A strict policy on every file of the page: should anything ever draw the model's
+    text as HTML, no inline script, `eval`, other site's script or request runs."""
+    from fastapi import FastAPI
+
+    app = create_app(runtime)
+    outer = FastAPI()
+    outer.mount("/chat", create_app(runtime))
+    for served, prefix in ((app, ""), (outer, "/chat")):
+        async with _client(served) as http:
+            for path in ("/", "/page/app.js", "/page/style.css", "/page/markdown.js"):
+                page = await http.get(prefix + path)
+                assert page.status_code == 200, path
+                csp = _directives(page.headers["content-security-policy"])
+                assert csp["default-src"] == ["'none'"], path
+                assert csp["script-src"] == ["'self'"], path  # no 'unsafe-inline', no eval
+                assert csp["style-src"] == ["'self'"], path
+                assert csp["connect-src"] == ["'self'"], path
+                assert csp["img-src"] == ["'self'", "data:"], path
+                assert csp["base-uri"] == ["'none'"], path
+                assert csp["form-action"] == ["'none'"], path
+                assert page.headers["x-content-type-options"] == "nosniff", path
+                assert page.headers["referrer-policy"] == "same-origin", path
+    index = (Path(turnkit.quickstart.__file__).parent / "http" / "page" / "index.html").read_text()
+    assert "<script>" not in index  # nothing inline to allow
+    assert " style=" not in index
 
 
 async def test_the_chat_page_answers_head_as_get(runtime: SessionRuntime) -> None:

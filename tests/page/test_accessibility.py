@@ -14,11 +14,21 @@ import pytest
 from playwright.sync_api import Page, ViewportSize, expect
 
 from tests.page.harness import serve_page
-from tests.page.test_chat_page import ANSWER, PAY_BOB, _held_answer, calculator, send, wire
+from tests.page.test_chat_page import (
+    ANSWER,
+    PAY_BOB,
+    _held_answer,
+    calculator,
+    send,
+    wait_until,
+    wire,
+)
 from turnkit import Agent
 from turnkit.testing import ModelStep, ScriptedModel, call
 
 pytestmark = pytest.mark.slow
+
+FADED = "!document.getAnimations().length"
 
 NARROW: ViewportSize = {"width": 320, "height": 640}
 ZOOMED: ViewportSize = {"width": 640, "height": 400}  # a 1280x800 window at 200%
@@ -113,7 +123,9 @@ def test_the_page_fits_a_narrow_window(page: Page, tmp_path: Path) -> None:
         code.focus()
         page.keyboard.press("ArrowRight")
         expect(code).to_be_focused()
-        page.wait_for_function("document.activeElement.scrollLeft > 0")  # bounded: WAIT_MS
+        # Polled with `evaluate`: `wait_for_function` evals its text, which the page's
+        # Content-Security-Policy refuses (no `unsafe-eval`).
+        wait_until(lambda: page.evaluate("document.activeElement.scrollLeft > 0"), "a scroll")
         expect(page.get_by_role("region", name="Conversation")).to_have_attribute("tabindex", "0")
         send(page, "Show me more")  # Stop shows beside Send while the turn runs
         expect(page.locator("#stop")).to_be_visible()
@@ -339,7 +351,8 @@ def test_text_and_input_edges_keep_their_contrast_light_and_dark(
         expect(page.locator(".card .answer input")).to_be_visible()
         for scheme in ("light", "dark"):
             page.emulate_media(color_scheme=scheme)
-            page.wait_for_function("!document.getAnimations().length")  # faded to the end
+            # Faded to the end, polled with `evaluate` (see above).
+            wait_until(lambda: page.evaluate(FADED), "the fade to end")
             text = contrasts(page, TEXT)
             assert {s: r for s, r in text.items() if r is None or r < 4.5} == {}, scheme
             edges = contrasts(page, EDGES, edge=True)

@@ -873,7 +873,8 @@ def test_an_idle_event_source_gets_no_events_and_no_errors(page: Page, tmp_path:
         turn_id = page.locator("article.turn").get_attribute("data-turn-id")
         stream = f"/api/harness/turns/{turn_id}/stream"
         page.evaluate(_LISTEN, f"{stream}?after=0")
-        page.wait_for_function("window.idle.messages > 0 && window.idleSource.readyState === 1")
+        opened = "window.idle.messages > 0 && window.idleSource.readyState === 1"
+        wait_until(lambda: page.evaluate(opened), "the replay")  # no wait_for_function: CSP
         page.wait_for_timeout(500)  # the replay up to `approval.requested` is in
         replayed = page.evaluate("window.idle.messages")
 

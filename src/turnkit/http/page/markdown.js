@@ -211,8 +211,10 @@ function cells(line) {
   return found.map((cell) => cell.trim());
 }
 
+// A class, not a style attribute: the page's Content-Security-Policy refuses inline styles
+// (markdown_stream.js copies attributes when it patches a cell whose alignment changed).
 function aligned(cell, align) {
-  if (align) cell.style.textAlign = align;
+  if (align) cell.className = `align-${align}`;
   return cell;
 }
 

@@ -244,9 +244,9 @@ function drawDecision(box, turn, page) {
   });
   if (pending.kind === "approval") {
     card.append(
-      el("p", { class: "card-title" }, "Approve ", el("code", {}, pending.toolName ?? "this call"), "?"),
-      el("p", { class: "summary", dir: "auto" }, pending.summary ?? ""),
-      scroller(el("pre", { class: "arguments" }, JSON.stringify(pending.arguments ?? {}, null, 2)), "Arguments"),
+      el("p", { class: "card-title" }, "Approve ", el("code", {}, visible(pending.toolName ?? "this call")), "?"),
+      el("p", { class: "summary", dir: "auto" }, visible(pending.summary ?? "")),
+      scroller(el("pre", { class: "arguments" }, visible(JSON.stringify(pending.arguments ?? {}, null, 2))), "Arguments"),
       ...(pending.approverRole
         ? [el("p", { class: "approver" }, "Answered by a person with the ", el("code", {}, pending.approverRole), " role.")]
         : []),
@@ -268,7 +268,10 @@ function drawDecision(box, turn, page) {
   }
   box.append(card);
   const asker = pending.askedAgent ? `${pending.askedAgent} asks: ` : "";
-  const asked = pending.kind === "approval" ? [`Approve ${pending.toolName ?? "this call"}?`, pending.summary] : [`${asker}${pending.question ?? ""}`];
+  const asked =
+    pending.kind === "approval"
+      ? [`Approve ${visible(pending.toolName ?? "this call")}?`, pending.summary && visible(pending.summary)]
+      : [`${asker}${pending.question ?? ""}`];
   page.announce(`${label}: ${asked.filter(Boolean).join(" ")}`);
   // The card takes focus from nowhere, or from an empty message box (the message that
   // led here was just sent): the card itself, so a stray key decides nothing.
@@ -312,6 +315,18 @@ export function el(tag, attributes = {}, ...children) {
   return node;
 }
 
+// Characters that draw nothing (zero-width spaces and joiners, invisible tag letters) or turn
+// the text around them (right-to-left overrides and isolates), as `\u202e` escapes, in what
+// a person approves: a tool call's arguments show as the call has them. JSON writes the same
+// escapes, so arguments stay JSON; a character past U+FFFF is its two UTF-16 halves.
+const INVISIBLE = /[\p{Cf}\p{Zl}\p{Zp}]/gu;
+
+export function visible(text) {
+  return text.replace(INVISIBLE, (found) =>
+    Array.from({ length: found.length }, (_, k) => `\\u${found.charCodeAt(k).toString(16).padStart(4, "0")}`).join(""),
+  );
+}
+
 export function setText(node, text) {
   if (node.textContent !== text) node.textContent = text;
 }
@@ -337,7 +352,7 @@ function toolDuration(block) {
 function argumentsOf(block) {
   if (!block.arguments) return block.chars ? `${block.chars} characters…` : "";
   const text = Object.entries(block.arguments)
-    .map(([name, value]) => `${name}=${JSON.stringify(value)}`)
+    .map(([name, value]) => visible(`${name}=${JSON.stringify(value)}`))
     .join(", ");
   return text.length > 90 ? `${text.slice(0, 89)}…` : text;
 }
