@@ -41,7 +41,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 import asyncpg
 from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 
-import turnkit.runtime as runtime_module
+import turnkit.runtime._core as runtime_module
 
 # The same tool-using turn the turn-overhead benchmark measures (run as a script, this
 # folder is on the path).

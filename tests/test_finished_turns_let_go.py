@@ -2,14 +2,17 @@
 
 A turn's context carries LangGraph's config for the stage running, and through it the
 whole turn. Whatever is scheduled on the event loop during a turn keeps a copy of that
-context: a database driver's timers kept each turn alive for minutes (PostgreSQL), so did
-a tool's time limit (cancelled, its timer stays until it would have fired), and a
-checkpoint write held for the next transaction kept its turn until then (SQLite).
+context: a database driver's timers kept each turn alive for minutes (PostgreSQL), a
+connection it opened for a turn kept that turn as long as it stayed open (its socket's
+reader), so did a tool's time limit (cancelled, its timer stays until it would have
+fired), and a checkpoint write held for the next transaction kept its turn until then
+(SQLite).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import gc
 import sqlite3
 import weakref
@@ -19,7 +22,7 @@ from typing import Any
 import pytest
 from langchain_core.runnables import RunnableConfig
 
-from tests.conftest import RuntimeFactory
+from tests.conftest import POSTGRES_URL, RuntimeFactory, require_service
 from tests.test_held_transcripts import _agent, _Model, _text
 from turnkit import Agent, RuntimeConfig, SessionRuntime, tool
 from turnkit.events import DoneEvent
@@ -129,40 +132,76 @@ async def test_a_checkpoint_write_held_for_later_keeps_nothing_of_its_turn(tmp_p
     assert rows == [("t1", "c1", "task-1")]
 
 
+async def _pool(**options: Any) -> Any:
+    """A real asyncpg pool, as turnkit's are made (no statement timers, no reset)."""
+    require_service("PostgreSQL", "127.0.0.1", 5432)
+    import asyncpg
+
+    from turnkit.store._asyncpg_pool import NO_STATEMENT_EXPIRY, keep_session
+
+    options.setdefault("reset", keep_session)
+    return await asyncpg.create_pool(POSTGRES_URL, min_size=0, max_size=1, **options,
+                                     **NO_STATEMENT_EXPIRY)  # fmt: skip
+
+
+_turn_var: contextvars.ContextVar[_TurnState] = contextvars.ContextVar("turn")
+
+
+async def test_a_connection_a_pool_opens_for_a_turn_keeps_nothing_of_it() -> None:
+    """PostgreSQL: a connection opened while a turn runs (the pool had none free) keeps
+    its socket's reader on the event loop for as long as it is open; that reader holds
+    nothing of the turn, nor does the idle timeout set as the connection goes back."""
+    from turnkit.store._asyncpg_pool import close_pool, pooled
+
+    pool = await _pool()
+
+    async def turn() -> weakref.ref[_TurnState]:
+        state = _TurnState()
+        _turn_var.set(state)
+        async with pooled(pool) as conn:
+            assert await conn.fetchval("SELECT 1") == 1
+        return weakref.ref(state)
+
+    try:
+        for _ in range(2):  # the first opens the connection, the second reuses it
+            held = await asyncio.create_task(turn())
+            await asyncio.sleep(0)  # the task's own last callbacks
+            gc.collect()
+            assert held() is None
+    finally:
+        await close_pool(pool)  # cut after a few seconds if a connection is still out
+
+
 async def test_a_pooled_connection_goes_back_when_its_user_is_cancelled_twice() -> None:
     """A Stop and then a drain cancel the same task: the second cancel, landing while the
     connection is being handed back, must not leave it out of the pool for good."""
-    from turnkit.store._asyncpg_pool import pooled
+    from turnkit.store._asyncpg_pool import close_pool, pooled
 
-    class Pool:
-        def __init__(self) -> None:
-            self.out = 0
-            self.releasing = asyncio.Event()
+    releasing = asyncio.Event()
 
-        async def acquire(self) -> object:
-            self.out += 1
-            return object()
+    async def slow_reset(_conn: object) -> None:
+        releasing.set()
+        await asyncio.sleep(0.05)  # as a round trip to reset the connection would
 
-        async def release(self, _conn: object) -> None:
-            self.releasing.set()
-            await asyncio.sleep(0.01)  # a round trip to reset the connection
-            self.out -= 1
-
-    pool = Pool()
+    pool = await _pool(reset=slow_reset)
 
     async def user() -> None:
         async with pooled(pool):
             await asyncio.sleep(3600)
 
-    task = asyncio.create_task(user())
-    await asyncio.sleep(0)
-    task.cancel()  # the first cancel: the `async with` hands the connection back
-    await asyncio.wait_for(pool.releasing.wait(), 5)
-    task.cancel()  # the second, while it is being handed back
-    with pytest.raises(asyncio.CancelledError):
-        await task
-    for _ in range(100):
-        if pool.out == 0:
-            break
-        await asyncio.sleep(0.01)
-    assert pool.out == 0
+    try:
+        task = asyncio.create_task(user())
+        for _ in range(500):
+            if pool.get_size() and not pool.get_idle_size():
+                break
+            await asyncio.sleep(0.01)
+        task.cancel()  # the first cancel: the `async with` hands the connection back
+        await asyncio.wait_for(releasing.wait(), 5)
+        task.cancel()  # the second, while it is being handed back
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        async with asyncio.timeout(5):  # the pool's one connection is back
+            async with pool.acquire() as conn:
+                assert await conn.fetchval("SELECT 1") == 1
+    finally:
+        await close_pool(pool)  # cut after a few seconds if a connection is still out
