@@ -876,3 +876,18 @@ async def test_follow_from_the_start_ends_at_the_pause_the_turn_waits_on_now(
         whole = await collect_events(runtime.follow(first.turn_id))
     assert whole[-1] == second
     assert [e.type for e in whole].count("approval.requested") == 2
+
+
+def test_the_summary_shows_invisible_and_direction_characters_as_escapes() -> None:
+    # What a person approves reads as the call has it: a right-to-left override would show
+    # `report\u202etxt.exe` as "reportexe.txt", and a zero-width space or tag letter hides.
+    from turnkit.pauses import summarize_call
+
+    summary = summarize_call(
+        "rename", {"path": "report\u202etxt.exe", "to": "keep\u200bme\U000e0041", "who": "Ørsted"}
+    )
+    assert summary == (
+        'Run rename with path="report\\u202etxt.exe", to="keep\\u200bme\\udb40\\udc41", '
+        'who="Ørsted"'
+    )
+    assert summary.isprintable()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import inspect
 import json
 import re
+import unicodedata
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, Final, Literal, cast
@@ -211,12 +212,36 @@ def summarize_call(tool_name: str, arguments: Mapping[str, JsonValue]) -> str:
     items = sorted(arguments.items())
     room = max(120, 300 // max(1, len(items)))  # one argument (a command) shows 300
     shown = [
-        f"{_cut(key, 40)}={_cut(json.dumps(value, ensure_ascii=False), room)}"
+        f"{_cut(_visible(key), 40)}={_cut(_visible(json.dumps(value, ensure_ascii=False)), room)}"
         for key, value in items[:_SHOWN_ARGUMENTS]
     ]
     if len(items) > _SHOWN_ARGUMENTS:
         shown.append(f"and {len(items) - _SHOWN_ARGUMENTS} more")
     return f"Run {tool_name} with {', '.join(shown) or 'no arguments'}"
+
+
+def _visible(text: str) -> str:
+    r"""`text` with what draws nothing or turns the text around it as `\u202e` escapes.
+
+    Zero-width spaces and joiners, invisible tag letters, direction overrides and isolates
+    (Unicode's format characters) and line or paragraph separators: a person reading the
+    line sees every character the call carries, in the order it has them. A character past
+    U+FFFF is its two UTF-16 halves, as JSON writes it.
+    """
+    if text.isascii():
+        return text
+    return "".join(_escaped(c) if unicodedata.category(c) in _INVISIBLE else c for c in text)
+
+
+_INVISIBLE: Final = frozenset({"Cf", "Zl", "Zp"})
+
+
+def _escaped(char: str) -> str:
+    code = ord(char)
+    if code <= 0xFFFF:
+        return f"\\u{code:04x}"
+    code -= 0x10000
+    return f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"
 
 
 def _cut(text: str, most: int) -> str:
