@@ -9,7 +9,7 @@ import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
-from typing import Any, Final, Generic, cast, get_args, get_origin, get_type_hints, overload
+from typing import Any, Final, cast, get_args, get_origin, get_type_hints, overload
 
 from pydantic import (
     BaseModel,
@@ -21,7 +21,6 @@ from pydantic import (
     create_model,
 )
 from pydantic_core import PydanticSerializationError, to_jsonable_python
-from typing_extensions import ParamSpec, TypeVar
 
 from turnkit.errors import ConfigurationError
 from turnkit.models import ToolSpec
@@ -35,10 +34,6 @@ from turnkit.tools.cascade import ToolClass
 __all__ = ("NOT_APPLIED", "FunctionTool", "Reconcile", "tool")
 
 ToolFunction = Callable[..., Any]
-P = ParamSpec("P", default=...)
-"""The parameters of a tool's function (`FunctionTool.fn` keeps them)."""
-R = TypeVar("R", default=Any)
-"""What a tool's function returns (a coroutine of it, for an `async def`)."""
 
 
 class _NotApplied:
@@ -190,16 +185,16 @@ async def _in_tool_thread(fn: ToolFunction, kwargs: dict[str, Any]) -> Any:
     )
 
 
-class FunctionTool(Generic[P, R]):
+class FunctionTool:
     """A tool made from a typed Python function (sync or async).
 
-    `fn` is that function, its signature kept (`my_tool.fn(...)` type-checks as a call of
-    it); a bare `FunctionTool` annotation means any function.
+    `fn` is that function. Not generic over its signature: mypy would type a list of two
+    tools of different signatures as `list[object]`, refusing `tools=TOOLS` in user code.
     """
 
     def __init__(
         self,
-        fn: Callable[P, R],
+        fn: ToolFunction,
         *,
         name: str | None = None,
         description: str | None = None,
@@ -368,7 +363,7 @@ class FunctionTool(Generic[P, R]):
 
 
 @overload
-def tool(fn: Callable[P, R], /) -> FunctionTool[P, R]: ...
+def tool(fn: ToolFunction, /) -> FunctionTool: ...
 
 
 @overload
@@ -380,7 +375,7 @@ def tool(
     approver_role: str | None = None,
     reconcile: Reconcile | None = None,
     timeout_s: float | None = None,
-) -> Callable[[Callable[P, R]], FunctionTool[P, R]]: ...
+) -> Callable[[ToolFunction], FunctionTool]: ...
 
 
 @overload
