@@ -891,3 +891,16 @@ def test_the_summary_shows_invisible_and_direction_characters_as_escapes() -> No
         'who="Ørsted"'
     )
     assert summary.isprintable()
+
+
+def test_the_summary_shows_control_characters_as_escapes_and_never_cuts_one_in_half() -> None:
+    # A terminal acts on ESC and the C1 controls: an argument name or value carrying them
+    # could redraw the line a person approves in the CLI.
+    from turnkit.pauses import summarize_call
+
+    summary = summarize_call("t", {"k\x1b[2K\rx": "v\x9b2J\x7f"})
+    assert summary == 'Run t with k\\u001b[2K\\u000dx="v\\u009b2J\\u007f"'
+    assert summary.isprintable()
+    cut = summarize_call("t", {"k": "a" * 290 + "\u202e" * 10})
+    assert cut.endswith("\\u202e…")
+    assert cut.isprintable()

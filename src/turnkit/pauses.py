@@ -204,36 +204,48 @@ _SHOWN_ARGUMENTS = 12
 
 
 def summarize_call(tool_name: str, arguments: Mapping[str, JsonValue]) -> str:
-    """A human-readable line for the approval card: every argument, each shortened.
+    r"""A human-readable line for the approval card: every argument, each shortened.
 
     Each name and value is cut on its own, so no argument (a long name or value the model
-    wrote) can push the others out of the line a person approves.
+    wrote) can push the others out of the line a person approves. What would draw nothing,
+    turn the text around it or drive a terminal shows as an escape (`\u202e`).
     """
     items = sorted(arguments.items())
     room = max(120, 300 // max(1, len(items)))  # one argument (a command) shows 300
     shown = [
-        f"{_cut(_visible(key), 40)}={_cut(_visible(json.dumps(value, ensure_ascii=False)), room)}"
+        f"{_shown(key, 40)}={_shown(json.dumps(value, ensure_ascii=False), room)}"
         for key, value in items[:_SHOWN_ARGUMENTS]
     ]
     if len(items) > _SHOWN_ARGUMENTS:
         shown.append(f"and {len(items) - _SHOWN_ARGUMENTS} more")
-    return f"Run {tool_name} with {', '.join(shown) or 'no arguments'}"
+    return f"Run {_shown(tool_name, 80)} with {', '.join(shown) or 'no arguments'}"
 
 
-def _visible(text: str) -> str:
-    r"""`text` with what draws nothing or turns the text around it as `\u202e` escapes.
+_HIDDEN: Final = frozenset({"Cc", "Cf", "Zl", "Zp"})
+"""Control characters (a terminal acts on them), format characters (zero-width spaces and
+joiners, invisible tag letters, direction overrides and isolates), line and paragraph
+separators: shown as escapes, so a person reads every character a call carries, in the
+order it has them."""
 
-    Zero-width spaces and joiners, invisible tag letters, direction overrides and isolates
-    (Unicode's format characters) and line or paragraph separators: a person reading the
-    line sees every character the call carries, in the order it has them. A character past
-    U+FFFF is its two UTF-16 halves, as JSON writes it.
+
+def _shown(text: str, most: int) -> str:
+    r"""`text` with each hidden character as a `\u202e` escape, cut to `most` characters.
+
+    A character past U+FFFF is its two UTF-16 halves, as JSON writes it; a cut never splits
+    an escape.
     """
-    if text.isascii():
+    if text.isprintable() and len(text) <= most:
         return text
-    return "".join(_escaped(c) if unicodedata.category(c) in _INVISIBLE else c for c in text)
-
-
-_INVISIBLE: Final = frozenset({"Cf", "Zl", "Zp"})
+    pieces = [_escaped(c) if unicodedata.category(c) in _HIDDEN else c for c in text]
+    if sum(map(len, pieces)) <= most:
+        return "".join(pieces)
+    kept, length = [], 0
+    for piece in pieces:
+        if length + len(piece) > most - 1:
+            break
+        kept.append(piece)
+        length += len(piece)
+    return "".join(kept) + "…"
 
 
 def _escaped(char: str) -> str:
@@ -242,10 +254,6 @@ def _escaped(char: str) -> str:
         return f"\\u{code:04x}"
     code -= 0x10000
     return f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"
-
-
-def _cut(text: str, most: int) -> str:
-    return text if len(text) <= most else text[: most - 1] + "…"
 
 
 def call_request_id(turn_id: str, tool_call_id: str) -> str:

@@ -255,7 +255,7 @@ function drawDecision(box, turn, page) {
         el("button", { type: "button", "data-decision": "deny" }, "Deny")),
     );
   } else {
-    const choices = pending.choices.map((choice) => el("button", { type: "button", "data-choice": choice }, choice));
+    const choices = pending.choices.map((choice) => el("button", { type: "button", "data-choice": choice }, visible(choice)));
     // A question an agent asked as a tool wants answered says which agent asks it.
     const from = pending.askedAgent ? [el("span", { class: "asked-by" }, `${pending.askedAgent} asks: `)] : [];
     card.append(
