@@ -122,6 +122,7 @@ def test_public_api_is_pinned() -> None:
     assert sorted(turnkit.__all__) == [
         "AdmissionCheck",
         "AdmissionRefusedError",
+        "AdmissionRequest",
         "Agent",
         "AgentCatalog",
         "AgentData",

@@ -67,7 +67,7 @@ if TYPE_CHECKING:
     from turnkit.output import AnswerContext
     from turnkit.pauses import Answer, Approve, Deny
     from turnkit.runtime import CancelToken, SessionRuntime, TurnHistory
-    from turnkit.runtime.admission import AdmissionCheck
+    from turnkit.runtime.admission import AdmissionCheck, AdmissionRequest
     from turnkit.runtime.agents import AgentCatalog, AgentData, ToolAccessRequest
     from turnkit.runtime.deps import DepsScope
     from turnkit.tenancy import Department, Organisation, Principal, Tenancy
@@ -76,6 +76,7 @@ if TYPE_CHECKING:
 __all__ = (
     "AdmissionCheck",
     "AdmissionRefusedError",
+    "AdmissionRequest",
     "Agent",
     "AgentCatalog",
     "AnswerContext",
@@ -216,7 +217,7 @@ _HOMES: dict[str, tuple[str, ...]] = {
     "turnkit.output": ("AnswerContext",),
     "turnkit.pauses": ("Answer", "Approve", "Deny"),
     "turnkit.runtime": ("CancelToken", "SessionRuntime", "TurnHistory"),
-    "turnkit.runtime.admission": ("AdmissionCheck",),
+    "turnkit.runtime.admission": ("AdmissionCheck", "AdmissionRequest"),
     "turnkit.runtime.agents": ("AgentCatalog", "AgentData", "ToolAccessRequest"),
     "turnkit.runtime.deps": ("DepsScope",),
     "turnkit.tenancy": ("Department", "Organisation", "Principal", "Tenancy"),
