@@ -73,9 +73,13 @@ def _small_caches() -> None:
     from turnkit.runtime import _held
 
     setattr(transcript, "_CACHE_SIZE", 32)  # noqa: B010
-    defaults = _held.HeldTranscripts.__init__.__kwdefaults__
-    if defaults is not None:
-        defaults["max_bytes"] = 256 * 1024
+    # The runtime passes its `held_transcript_bytes` explicitly: cap what it is given.
+    full = _held.HeldTranscripts.__init__
+
+    def small(self: _held.HeldTranscripts, *, max_bytes: int = _held.DEFAULT_HELD_BYTES) -> None:
+        full(self, max_bytes=min(max_bytes, 256 * 1024))
+
+    setattr(_held.HeldTranscripts, "__init__", small)  # noqa: B010
 
 
 STATS = "TURNKIT_SOAK_STATS"
@@ -367,6 +371,9 @@ def _summarise(
             "rss_mib_first": first["rss_kib"] / 1024, "rss_mib_last": last["rss_kib"] / 1024,
             "rss_mib_max": max(s["workers"][i]["rss_kib"] for s in samples) / 1024,
             "rss_bytes_per_turn": _slope([(t, w["rss_kib"] * 1024) for t, w in pts]),
+            # the same over the later half of those turns: below the whole's if it levels off
+            "rss_bytes_per_turn_late": _slope([(t, w["rss_kib"] * 1024) for t, w in pts
+                                               if t >= (pts[0][0] + pts[-1][0]) / 2]),
             "fds_first": first["fds"], "fds_last": last["fds"],
             "fds_max": max(s["workers"][i]["fds"] for s in samples),
             "fds_per_1000_turns": _slope([(t, w["fds"]) for t, w in pts]) * 1000,
@@ -407,14 +414,16 @@ def _print(r: dict[str, Any]) -> None:
           f"p50 {r['p50_s'] or 0:.2f} s, p99 {r['p99_s'] or 0:.2f} s), "
           f"growth after {r['args']['warmup']} s\n")  # fmt: skip
     print(
-        "| worker | turns | RSS MiB first → last (max) | RSS bytes/turn | live objects/turn "
+        "| worker | turns | RSS MiB first → last (max) | RSS bytes/turn (later half) "
+        "| live objects/turn "
         "| asyncio tasks first → last (max) | fds first → last (max) | fds/1000 turns "
         "| threads | recovered | errors / warnings |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for i, w in enumerate(r["workers"]):
         print(f"| {i} | {w['turns']} | {w['rss_mib_first']:.1f} → {w['rss_mib_last']:.1f} "
-              f"({w['rss_mib_max']:.1f}) | {w['rss_bytes_per_turn']:,.0f} | "
+              f"({w['rss_mib_max']:.1f}) | {w['rss_bytes_per_turn']:,.0f} "
+              f"({w['rss_bytes_per_turn_late']:,.0f}) | "
               f"{w['objects_per_turn']:.2f} | {w['tasks_first']} → {w['tasks_last']} "
               f"({w['tasks_max']}) | {w['fds_first']} → "
               f"{w['fds_last']} ({w['fds_max']}) | {w['fds_per_1000_turns']:.2f} | "
