@@ -6,7 +6,8 @@ holds it (that driver ends it when it hears the Stop, or at its next renewal), a
 when a Stop of the asking turn comes while the timeout's stop is still under way. Then the
 asking turn's `asked` is what the asked turn's own `run.finished` says. An asked turn
 followed to its end is counted from the events the call followed: its record is not read
-again once it ended.
+again once it ended. An asked turn whose driver stalls is waited for only while the
+asking turn's lease still runs, and a wait given up at shutdown is cancelled.
 """
 
 from __future__ import annotations
@@ -227,3 +228,123 @@ async def test_an_asked_turn_is_not_read_again_once_it_ended(
         output_tokens=asked.output_tokens, cost_usd=asked.cost_usd,
     )  # fmt: skip
     assert ended_reads == []
+
+
+async def test_an_asking_turn_stopped_elsewhere_ends_itself_though_the_asked_one_stalls(
+    db: DB, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Stop is pressed in another process while the asking turn follows an asked turn a
+    stalled process holds (it never hears the Stop, nor ends it). The asking turn's keeper
+    renews no more once it learned of the Stop, so the asking call waits for the asked
+    turn's ending only while the asking lease still runs: its own driver then ends it
+    `cancelled`. Here a takeover is tried the moment that driver writes its ending (as a
+    worker that polls at that instant would): it finds the lease still running."""
+
+    @tool
+    async def look_up(order_id: str) -> str:
+        """Look an order up (never run: the asked turn's driver stalls)."""
+        return f"order {order_id}"
+
+    front = _front(_orders(look_up), [], timeout_s=60)
+    held: list[Lease] = []
+    holding: list[asyncio.Future[None]] = []
+
+    def stalled_elsewhere(
+        runtime: SessionRuntime, turn_id: TurnId, lease: Lease | None, agent: Agent, ctx: Any
+    ) -> None:
+        async def held_by_a_stalled_process() -> None:
+            assert lease is not None
+            await runtime.store.hand_over(lease)
+            taken = await runtime.store.claim("stalled", ttl_s=60, max_attempts=3, turn_id=turn_id)
+            assert taken is not None
+            held.append(taken)
+
+        holding.append(asyncio.ensure_future(held_by_a_stalled_process()))
+
+    monkeypatch.setattr(_delegation, "_drive_here", stalled_elsewhere)
+    taken: list[Lease] = []
+    ending_written = asyncio.Event()
+    async with contextlib.AsyncExitStack() as stack:
+        here = await stack.enter_async_context(
+            SessionRuntime(agent=front, config=_config(db, lease_ttl_s=2.0))
+        )
+        elsewhere = await stack.enter_async_context(
+            SessionRuntime(agent=front, config=_config(db, run_in_process=False))
+        )
+        commit = here.store.commit
+
+        async def taken_over_first(turn_id: TurnId, **kwargs: Any) -> Any:
+            if kwargs.get("status") is None or turn_id != asking:
+                return await commit(turn_id, **kwargs)
+            lease = await elsewhere.store.claim(
+                "worker-2", ttl_s=60, max_attempts=5, turn_id=turn_id
+            )
+            if lease is not None:  # the asking lease ran out: another worker took it
+                taken.append(lease)
+            try:
+                return await commit(turn_id, **kwargs)
+            finally:
+                ending_written.set()
+
+        monkeypatch.setattr(here.store, "commit", taken_over_first)
+        submission = await here.start("s1", "Order 7?")
+        asking = submission.turn_id
+        await until(lambda: bool(held), "a stalled process holds the asked turn")
+        assert await elsewhere.cancel(asking) == "running"  # flagged for its driver here
+        await until(ending_written.is_set, "the asking turn's driver writes its ending")
+        record = await elsewhere.store.get_turn(asking)
+        stalled = await elsewhere.store.get_turn(held[0].turn_id)
+    assert taken == []  # the asking lease still ran as its driver ended it
+    assert record is not None
+    assert record.status == "cancelled"
+    assert stalled is not None
+    assert stalled.status == "running"  # never ended: not counted, not waited for longer
+
+
+async def test_a_count_given_up_at_shutdown_is_cancelled_with_the_asking_call(
+    db: DB, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past `timeout_s` the asking call stops the asked turn (a stalled process holds it)
+    and waits for its ending; the process then shuts down. The asking call gives the turn
+    up to whoever takes it over, and its wait for the asked turn's ending goes with it: it
+    is not left following a turn through a Store that closes."""
+
+    @tool
+    async def look_up(order_id: str) -> str:
+        """Look an order up (never run: the asked turn's driver stalls)."""
+        return f"order {order_id}"
+
+    front = _front(_orders(look_up), [], timeout_s=0.2)
+    held: list[Lease] = []
+    holding: list[asyncio.Future[None]] = []
+
+    def stalled_elsewhere(
+        runtime: SessionRuntime, turn_id: TurnId, lease: Lease | None, agent: Agent, ctx: Any
+    ) -> None:
+        async def held_by_a_stalled_process() -> None:
+            assert lease is not None
+            await runtime.store.hand_over(lease)
+            taken = await runtime.store.claim("stalled", ttl_s=60, max_attempts=3, turn_id=turn_id)
+            assert taken is not None
+            held.append(taken)
+
+        holding.append(asyncio.ensure_future(held_by_a_stalled_process()))
+
+    counting: list[asyncio.Task[Any]] = []
+    following = asyncio.Event()
+    follow = _delegation._followed_to_its_end
+
+    async def noted(*args: Any) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        counting.append(task)
+        following.set()
+        await follow(*args)
+
+    monkeypatch.setattr(_delegation, "_drive_here", stalled_elsewhere)
+    monkeypatch.setattr(_delegation, "_followed_to_its_end", noted)
+    async with SessionRuntime(agent=front, config=_config(db, lease_ttl_s=20.0)) as here:
+        await here.start("s1", "Order 7?")
+        await until(following.is_set, "past timeout_s, the call waits for the asked turn's end")
+    [task] = counting
+    assert task.cancelled()

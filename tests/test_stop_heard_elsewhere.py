@@ -28,7 +28,7 @@ from turnkit.ids import SessionId, TurnId
 from turnkit.models import ModelChunk, ModelRequest, TextDelta
 from turnkit.runtime._lease_keeper import LeaseKeeper
 from turnkit.runtime.worker import Worker
-from turnkit.store import ClaimRequest
+from turnkit.store import ClaimRequest, _listen_pg
 from turnkit.store.sql import SqlStore
 from turnkit.testing import ModelStep, ScriptedModel, call
 
@@ -406,3 +406,32 @@ async def test_a_stop_flagged_before_the_process_listened_is_heard_by_a_later_as
         quiet_signal = driving.stop_signal(quiet.turn_id)
         assert quiet_signal is not None
         assert not quiet_signal.is_set()
+
+
+async def test_a_refused_read_of_flagged_turns_leaves_the_listener_listening(
+    pg_schema: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The server refuses the read of the turns already flagged for Stop as the listener
+    opens (here a table it cannot find, as in a schema not migrated yet or for a role
+    that may not read it): that is logged once, and the process listens all the same, so
+    new turns and Stops are still heard as they are sent, not at the next poll or renewal."""
+    monkeypatch.setattr(_listen_pg, "_FLAGGED", "SELECT turn_id FROM tk_no_such_table LIMIT $1")
+    claim = ClaimRequest(owner="w1", ttl_s=60, max_attempts=3)
+    async with (
+        SqlStore.from_url(POSTGRES_URL, schema=pg_schema) as stopping,
+        SqlStore.from_url(POSTGRES_URL, schema=pg_schema) as driving,
+    ):
+        assert await driving.work_signal() is not None  # listening
+        driven = await stopping.submit(new_input("s1", claim_for=claim))
+        signal = driving.stop_signal(driven.turn_id)
+        assert signal is not None
+        assert not signal.is_set()
+        assert await stopping.cancel(driven.turn_id) == "running"  # flagged, announced
+        await until(signal.is_set, "the Stop is heard as it is sent")
+        listener = driving._listener  # type: ignore[attr-defined]
+        await listener._conn.close()  # opened again at the next use: refused again
+        await until(lambda: listener._conn is None, "the closed connection is let go")
+        assert await driving.work_signal() is not None
+    refused = [r for r in caplog.records if "flagged for Stop" in r.getMessage()]
+    assert len(refused) == 1
+    assert refused[0].levelname == "WARNING"

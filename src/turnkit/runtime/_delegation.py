@@ -62,6 +62,9 @@ log = logging.getLogger("turnkit.runtime")
 _REQUEST_ID: Final = "delegated"
 """The request id of the one message of a delegated session: asking again joins it."""
 
+_GIVE_UP_S: Final = 1.0
+"""How long a call given up (a shutdown, a lost lease) waits for its cancelled count."""
+
 _PULSE_S: Final = 5.0
 """How often, at most, the asking call reports that the agent still works (which keeps
 the asking turn from its idle window; a third of that window when it is shorter)."""
@@ -154,7 +157,8 @@ async def _through_a_stop(
     A Stop of the asking turn that comes while `timeout_s` stops the asked one (or the
     asking turn's deadline while a Stop does) must not cut the count short: the asking
     turn's ending would be written without it, and nothing counts it later. A shutdown
-    or a lost lease does not wait: whoever takes the asking turn over joins the asked one.
+    or a lost lease does not wait: whoever takes the asking turn over joins the asked one,
+    and `work` is cancelled (it would go on reading a Store that closes).
     """
     task = asyncio.ensure_future(work)
     while True:
@@ -162,7 +166,13 @@ async def _through_a_stop(
             await asyncio.shield(task)
             return
         except asyncio.CancelledError:
-            if task.done() or runtime._gave_up(ctx.turn_id):
+            if task.done():
+                raise
+            if runtime._gave_up(ctx.turn_id):
+                task.cancel()
+                await asyncio.wait((task,), timeout=_GIVE_UP_S)
+                if task.done() and not task.cancelled():
+                    task.exception()  # retrieved: accounting failing as it leaves is moot
                 raise
 
 
@@ -171,7 +181,7 @@ async def _stop_and_count(runtime: SessionRuntime, answer: _Answer, ctx: ToolCon
 
     A driver here ends it before `_stop` returns; a driver in another process is flagged,
     and ends it once it hears the Stop (PostgreSQL: at once) or at its next renewal:
-    its ending is waited for, a lease's ttl at most (`_followed_to_its_end`).
+    its ending is waited for, half a lease's ttl at most (`_followed_to_its_end`).
     """
     await runtime._stop(answer.turn_id, None)
     await _followed_to_its_end(runtime, answer, ctx)
@@ -179,16 +189,21 @@ async def _stop_and_count(runtime: SessionRuntime, answer: _Answer, ctx: ToolCon
 
 
 async def _followed_to_its_end(runtime: SessionRuntime, answer: _Answer, ctx: ToolContext) -> None:
-    """Follow the asked turn from where the call left it to its `done`: ttl seconds at most.
+    """Follow the asked turn from where the call left it to its `done`: ttl/2 seconds at most.
 
     Its `run.finished` is then what `_count_spent` counts. A turn whose driver does not end
-    it within a lease's ttl (a process stalled, or gone: the sweep ends its turn later) is
-    not waited for longer, and not counted.
+    it within half a lease's ttl (a process stalled, or gone: the sweep ends its turn
+    later) is not waited for longer, and not counted. Half: a live driver elsewhere hears
+    the Stop at its next renewal, within a third; and the asking turn's own lease must
+    outlast the wait, though its keeper renews it no more once it learned of a Stop
+    pressed elsewhere (renewed then, or less than a third ago, it has two thirds left at
+    least): its driver, not a process that takes the turn over, writes its ending.
     """
     if answer.done is not None:
         return
+    within_s = runtime.config.lease_ttl_s / 2
     try:
-        async with asyncio.timeout(runtime.config.lease_ttl_s):
+        async with asyncio.timeout(within_s):
             async for event in runtime.follow(answer.turn_id, after_seq=answer.seq):
                 answer.keep(event)
     except TimeoutError:
@@ -196,7 +211,7 @@ async def _followed_to_its_end(runtime: SessionRuntime, answer: _Answer, ctx: To
             "the asked turn %s did not end within %g s of its Stop: the asking turn %s does "
             "not count what it spent",
             answer.turn_id,
-            runtime.config.lease_ttl_s,
+            within_s,
             ctx.turn_id,
         )
     except Exception as exc:  # noqa: BLE001 - accounting never fails the call (`_counted`)

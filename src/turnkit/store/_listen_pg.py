@@ -15,7 +15,9 @@ between its claim and that moment is not lost. The listener keeps the ids of the
 `HEARD_KEPT` turns it heard stopped that nobody here asked about, and gives a turn among
 them an event already set; and as it starts listening it reads the ids of the running
 turns already flagged for their drivers (one statement per connection: a Stop flagged
-before it listened was not announced to it) and counts them as heard.
+before it listened was not announced to it) and counts them as heard: a read the server
+refuses (a schema not migrated yet, a role that may not read `tk_turns`) is logged once,
+and the listener listens on.
 
 The connection is opened on first use: by `event()` itself, or in the background by
 `stop_signal`. A connection the server closed sets the work event (the caller looks once
@@ -68,6 +70,8 @@ class Listener:
         self._retry_at = 0.0
         """After a failed connect: when to try again (0: the last connect worked)."""
         self._connected_before = False
+        self._flagged_refused = False
+        """Reading the turns flagged for Stop was refused once (logged then only)."""
         self._connecting: asyncio.Task[asyncio.Event | None] | None = None
         self._lock = asyncio.Lock()
 
@@ -116,7 +120,7 @@ class Listener:
             await conn.add_listener(CHANNEL, self._notified)
             await conn.add_listener(STOP_CHANNEL, self._stopped)
             # Listening now: a Stop flagged before went unheard, so it is read instead.
-            flagged = await conn.fetch(_FLAGGED, HEARD_KEPT)
+            flagged = await self._flagged(conn)
         except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
             # refused, timed out, too many clients, closed at once: poll meanwhile
             if conn is not None:
@@ -143,8 +147,32 @@ class Listener:
             for signal in list(self._stops.values()):
                 signal.set()
         self._connected_before = True
-        for row in flagged:
-            self._heard_stop(row["turn_id"])
+        for turn_id in flagged:
+            self._heard_stop(turn_id)
+
+    async def _flagged(self, conn: Any) -> list[str]:
+        """The running turns flagged for Stop; none where the server refuses the query.
+
+        Refused (a schema not migrated yet, a role that may not read `tk_turns`), it is
+        logged once and the listener listens on: a Stop is still heard as it is sent, and
+        one flagged before reaches its driver at the next renewal. A connection that
+        fails meanwhile fails the connect, as any other step of it would.
+        """
+        import asyncpg  # the `postgres` extra
+
+        try:
+            rows = await conn.fetch(_FLAGGED, HEARD_KEPT)
+        except asyncpg.PostgresError as exc:
+            if not self._flagged_refused:
+                self._flagged_refused = True
+                log.warning(
+                    "cannot read the turns already flagged for Stop (%s: %s); listening on, "
+                    "a Stop flagged before is heard at its turn's next renewal",
+                    type(exc).__name__,
+                    exc,
+                )
+            return []
+        return [row["turn_id"] for row in rows]
 
     def _notified(self, _conn: Any, _pid: int, _channel: str, payload: str) -> None:
         if payload == self._schema:
