@@ -109,12 +109,16 @@ async def test_an_asked_turn_driven_elsewhere_past_the_timeout_counts_once_it_en
         handed.append(asyncio.ensure_future(runtime.store.hand_over(lease)))
 
     monkeypatch.setattr(_delegation, "_drive_here", driven_elsewhere)
-    # A 3 s lease: the driver elsewhere renews within a second (SQLite hears no Stops).
-    config = _config(db, lease_ttl_s=3.0)
+    # The driver elsewhere renews its 3 s lease every second and hears the Stop there
+    # (SQLite hears no Stops); the asking call waits half its own 6 s lease for that.
+    config = _config(db, lease_ttl_s=6.0)
     async with contextlib.AsyncExitStack() as stack:
         here = await stack.enter_async_context(SessionRuntime(agent=front, config=config))
         elsewhere = await stack.enter_async_context(
-            SessionRuntime(agents=[front, orders], config=_config(db, run_in_process=False))
+            SessionRuntime(
+                agents=[front, orders],
+                config=_config(db, run_in_process=False, lease_ttl_s=3.0),
+            )
         )
         await stack.enter_async_context(_worker(elsewhere))
         events = await collect_events(here.execute_message("s1", "Order 7?"), timeout_s=30)
