@@ -92,6 +92,11 @@ async def test_only_the_allowed_host_names_are_answered(runtime: SessionRuntime)
         refused = await http.get("/api/harness/sessions")
     assert refused.status_code == 400
     assert refused.json()["code"] == "host-not-allowed"
+    # What to do, as the cross-origin refusal says it: where to list the name.
+    assert refused.json()["detail"] == (
+        "this server does not answer to the host 'attacker.example'; list it in "
+        "TURNKIT_ALLOWED_HOSTS (TrustedHosts' `hosts`) to allow it"
+    )
 
 
 async def test_health_probes_are_answered_whatever_the_host(runtime: SessionRuntime) -> None:

@@ -446,6 +446,24 @@ async def test_a_refused_connection_names_the_address_of_the_environment(
     assert address in caught.value.message
     assert caught.value.address == address
     assert "default URL" not in caught.value.message
+    # It names what to check in the words the address was set with, not an argument not given.
+    assert "is OPENAI_BASE_URL right?" in caught.value.message
+
+
+async def test_a_404_names_the_variable_the_address_came_from(
+    openai_server: FakeOpenAIServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`turnkit serve` with `OPENAI_BASE_URL` and a model the server does not have."""
+    monkeypatch.setenv("OPENAI_BASE_URL", openai_server.base_url)
+    openai_server.script("fake-model", [Reply.error(404, "no such model")])
+    with pytest.raises(ProviderError) as caught:
+        await collect(new_client("openai/fake-model", api_key="sk").stream(HELLO))
+    assert "check the model and OPENAI_BASE_URL." in caught.value.message
+    root = openai_server.base_url.removesuffix("/v1")
+    monkeypatch.setenv("OPENAI_BASE_URL", root)
+    with pytest.raises(ProviderError) as caught:
+        await collect(new_client("openai/fake-model", api_key="sk").stream(HELLO))
+    assert f"check the model and OPENAI_BASE_URL ({root}: if that server" in caught.value.message
 
 
 async def test_stalled_stream_times_out_as_retriable(openai_server: FakeOpenAIServer) -> None:
@@ -552,6 +570,8 @@ def test_unresolvable_model_raises_unknown_model_error() -> None:
     assert "'definitely-not-a-provider-model-xyz'" in message
     assert "openai/" in message
     assert "turnkit.testing.ScriptedModel" in message
+    # `turnkit serve` and `turnkit worker` take the model from $TURNKIT_MODEL, not --model.
+    assert "the demo model (no --model, TURNKIT_MODEL unset)" in message
 
 
 def test_client_construction_fails_for_an_unresolvable_model() -> None:

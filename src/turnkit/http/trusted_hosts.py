@@ -75,7 +75,8 @@ class TrustedHosts:
         response = problem_response(
             400,
             "host-not-allowed",
-            f"this server does not answer to the host {name!r} (TURNKIT_ALLOWED_HOSTS)",
+            f"this server does not answer to the host {name!r}; list it in "
+            "TURNKIT_ALLOWED_HOSTS (TrustedHosts' `hosts`) to allow it",
         )
         await response(scope, receive, send)
 

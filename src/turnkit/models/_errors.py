@@ -40,6 +40,8 @@ class CallSite:
     key_variable: str
     timeout: float
     """Seconds the client waits for the provider (connect and between reads)."""
+    base_source: str = "api_base"
+    """What set `api_base`, in the words the user set it with (`OPENAI_BASE_URL`, ...)."""
 
 
 def map_error(exc: Exception, site: CallSite, litellm: ModuleType) -> ProviderError | None:
@@ -61,7 +63,7 @@ def map_error(exc: Exception, site: CallSite, litellm: ModuleType) -> ProviderEr
         where = where or f"the {site.provider} default URL"
         return ModelUnreachableError(
             f"model {site.model!r}: the connection to {where} was refused; is the "
-            "server running there, and is api_base right?",
+            f"server running there, and is {site.base_source} right?",
             model=site.model,
             address=where,
         )
@@ -85,7 +87,7 @@ def map_error(exc: Exception, site: CallSite, litellm: ModuleType) -> ProviderEr
         status, retriable, advice = status or 429, True, "the provider is rate limiting"
     elif status is not None or isinstance(exc, openai.OpenAIError | ChatStreamError):
         retriable = status is not None and (status in RETRIABLE_STATUS or status >= 500)
-        advice = _advice(status, exc, litellm)
+        advice = _advice(status, exc, litellm, site)
         if status == 404 and sent:
             advice += _no_v1(site)
     else:
@@ -213,7 +215,7 @@ def _no_v1(site: CallSite) -> str:
     return f" ({base}: if that server serves its API under /v1, add /v1 to the address)"
 
 
-def _advice(status: int | None, exc: Exception, litellm: ModuleType) -> str:
+def _advice(status: int | None, exc: Exception, litellm: ModuleType, site: CallSite) -> str:
     if (
         isinstance(exc, litellm.ContextWindowExceededError)
         or getattr(exc, "code", None) in _CONTEXT_WINDOW_CODES
@@ -228,7 +230,10 @@ def _advice(status: int | None, exc: Exception, litellm: ModuleType) -> str:
             )
         return "the stream broke off before the answer was complete"
     if status == 404:
-        return "the provider does not know this model or endpoint; check the model and api_base"
+        return (
+            "the provider does not know this model or endpoint; check the model and "
+            f"{site.base_source}"
+        )
     if status is not None and status >= 500:
         return "the provider had a server error"
     if status is not None and status in RETRIABLE_STATUS:

@@ -71,8 +71,8 @@ def _resolve(model: str, api_base: str | None = None) -> tuple[str, str]:
         raise UnknownModelError(
             f"cannot resolve model {model!r} to a provider: {_prefix_advice(litellm, model)} (see "
             "litellm's provider list); to run without a provider key or network: "
-            "turnkit.testing.ScriptedModel in code, or the demo model (no --model) on the "
-            "command line",
+            "turnkit.testing.ScriptedModel in code, or the demo model (no --model, "
+            "TURNKIT_MODEL unset) on the command line",
             model=model,
         ) from exc
     return str(bare), str(provider)
@@ -389,6 +389,7 @@ class LiteLLMClient:
             api_base=self._base_url(litellm),
             key_variable=self._key_variable(),
             timeout=self._timeout,
+            base_source=self._base_source(litellm) or "api_base",
         )
 
     def _key_variable(self) -> str:
