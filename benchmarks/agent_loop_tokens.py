@@ -234,7 +234,7 @@ async def run_openai_agents(server: FakeServer) -> list[str]:
     agents.set_tracing_disabled(True)
     client = AsyncOpenAI(base_url=server.base_url, api_key="sk-bench", max_retries=0)
     model = agents.OpenAIChatCompletionsModel(model="fake", openai_client=client)
-    tools = [agents.function_tool(add)]
+    tools: list[agents.Tool] = [agents.function_tool(add)]
     agent = agents.Agent(name="assistant", instructions=SYSTEM, model=model, tools=tools)
     answers: list[str] = []
     items: list[Any] = []
@@ -256,7 +256,7 @@ def measure(records: list[Json]) -> tuple[list[Json], list[Json]]:
     """Per turn plus a total, and per request. A request that does not start with the whole
     previous request is a prefix break; `diverged` shows the first segment that differs."""
     keys = ("calls", "input_tokens", "output_tokens", "prefix_tokens", "breaks")
-    rows = [dict.fromkeys(keys, 0) for _ in range(len(TURNS) + 1)]
+    rows: list[Json] = [dict.fromkeys(keys, 0) for _ in range(len(TURNS) + 1)]
     requests: list[Json] = []
     previous: list[str] = []
     for record in records:
@@ -288,7 +288,7 @@ async def bench(server: FakeServer) -> dict[str, Json]:
     for name, runner in zip(("turnkit", "pydantic-ai", "openai-agents"), runners, strict=True):
         try:
             answers = await asyncio.wait_for(runner(server), timeout=120)
-        except Exception as exc:
+        except ImportError as exc:  # a peer not installed; any other failure is a crash
             results[name] = {"available": False, "reason": f"{type(exc).__name__}: {exc}"}
             continue
         with server.lock:
@@ -366,13 +366,15 @@ def main() -> None:
         results = asyncio.run(bench(server))
     report(results)
     fewest, cached = verdict(results)
-    env = {"python": sys.version.split()[0], "platform": platform.platform()}
+    env: Json = {"python": sys.version.split()[0], "platform": platform.platform()}
     env |= {"token_counter": COUNTER, "packages": {p: _version(p) for p in PACKAGES}}
     goals = {"fewest_calls": fewest, "prefix_share_ge_90_from_turn_2": cached}
     out = {"environment": env, "goals": goals, "frameworks": results}
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(out, indent=2) + "\n")
     print(f"wrote {args.json}")
+    if not results["turnkit"].get("answers_ok"):
+        raise SystemExit("turnkit did not give the scripted conversation's answers")
 
 
 if __name__ == "__main__":

@@ -105,7 +105,7 @@ async def _measure(url: str, schema: str | None, size: int, checks: int) -> dict
         await store._migrate(lambda c: _fill(c, size, now))
         for scope, key, period in _LIMITS:
             await store.set_budget_limit(
-                BudgetLimit(scope=scope, organisation="acme", key=key, period=period, usd=1e9)  # type: ignore[arg-type]
+                BudgetLimit(scope=scope, organisation="acme", key=key, period=period, usd=1e9)
             )
         times: dict[str, list[float]] = {"counted": [], "scanned": []}
         for n in range(checks):  # interleaved, the order flipping each round

@@ -143,7 +143,7 @@ async def _on_langgraph(
         async for chunk in original(kind):
             yield chunk
 
-    turn_overhead._fake_stream = slow_stream  # type: ignore[assignment]
+    turn_overhead._fake_stream = slow_stream
 
     async def run(i: int, lags: list[float]) -> None:
         config = {"configurable": {"thread_id": f"t{i}"}}
@@ -152,7 +152,7 @@ async def _on_langgraph(
             _lag(event, lags)
 
     async def close() -> None:
-        turn_overhead._fake_stream = original  # type: ignore[assignment]
+        turn_overhead._fake_stream = original
 
     return run, close
 

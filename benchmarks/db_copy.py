@@ -6,7 +6,7 @@ copied too), then runs `turnkit db copy` into a fresh PostgreSQL schema, which i
 afterwards.
 
 Run:  .venv/bin/python benchmarks/db_copy.py [--sessions 1000] [--paused 50]
-          [--postgres postgresql://postgres@127.0.0.1:5432/test]
+          [--postgres postgresql://postgres@127.0.0.1:5432/test] [--json PATH]
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import io
+import json
 import tempfile
 import time
 import uuid
@@ -58,6 +59,7 @@ def run() -> None:
     parser.add_argument("--sessions", type=int, default=1000)
     parser.add_argument("--paused", type=int, default=50)
     parser.add_argument("--postgres", default="postgresql://postgres@127.0.0.1:5432/test")
+    parser.add_argument("--json", type=Path, help="also write the figures as JSON here")
     args = parser.parse_args()
     schema = f"tk_bench_{uuid.uuid4().hex[:8]}"
     with tempfile.TemporaryDirectory() as tmp:
@@ -72,8 +74,15 @@ def run() -> None:
             took = time.perf_counter() - started
             asyncio.run(_drop(args.postgres, schema))
     print(out.getvalue(), end="")
+    if code != 0:
+        raise SystemExit(f"turnkit db copy exited {code}")
     rows = int(out.getvalue().rsplit("copied ", 1)[1].split(" row", 1)[0].replace(",", ""))
     print(f"exit {code}: {rows:,} rows in {took:.2f} s ({rows / took:,.0f} rows/s, whole command)")
+    if args.json:
+        figures = {"sessions": args.sessions, "paused": args.paused, "rows": rows, "seconds": took}
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(figures | {"rows_per_s": rows / took}, indent=2))
+        print(f"wrote {args.json}")
 
 
 if __name__ == "__main__":

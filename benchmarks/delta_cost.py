@@ -180,7 +180,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             high = await _cpu(run, args.high)
             per_delta[name].append((high - low) / extra * 1e6)
     await runner.runtime.close()
-    rows = [
+    rows: list[dict[str, Any]] = [
         {
             "path": name,
             "us_per_delta_median": statistics.median(values),

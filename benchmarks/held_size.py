@@ -14,7 +14,8 @@ transcript under (`Held.size`) with two measures of what it takes:
 It also times `size_of` on one turn's messages (it runs on every turn).
 
 Run:  .venv/bin/python benchmarks/held_size.py [--turns 200] [--mix chat,tools,unicode]
-Prints a table.
+          [--json PATH]
+Prints a table (and writes it as JSON with `--json`).
 """
 
 from __future__ import annotations
@@ -182,6 +183,7 @@ async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--turns", type=int, default=200)
     parser.add_argument("--mix", default="chat,tools,unicode")
+    parser.add_argument("--json", type=Path, help="also write the rows as JSON here")
     args = parser.parse_args()
     tracemalloc.start()
     with tempfile.TemporaryDirectory() as tmp:
@@ -192,13 +194,21 @@ async def main() -> None:
         "| size_of: a turn's messages, all |"
     )
     print("|---|---|---|---|---|---|---|---|")
+    rows = []
     for r in runs:
         turn, whole = _timed(r["history"])
+        row = {k: v for k, v in r.items() if k != "history"}
+        rows.append(row | {"size_of_turn_us": turn, "size_of_all_us": whole})
         print(
             f"| {r['mix']} | {r['messages']} | {r['estimate']:,} | {r['freed']:,} | "
             f"{r['walked']:,} | {r['freed'] / r['estimate']:.2f} | "
             f"{r['walked'] / r['estimate']:.2f} | {turn:.1f} µs, {whole:,.0f} µs |"
         )
+
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"turns": args.turns, "rows": rows}, indent=2))
+        print(f"wrote {args.json}")
 
 
 if __name__ == "__main__":

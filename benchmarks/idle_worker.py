@@ -26,6 +26,7 @@ import random
 import statistics
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -83,7 +84,7 @@ def main() -> None:
     parser.add_argument("--gap", type=float, default=0.3)
     parser.add_argument("--json", default=str(ROOT / "benchmarks/results/idle_worker.json"))
     args = parser.parse_args()
-    logs = ROOT / "benchmarks/results/idle_worker_logs"
+    logs = Path(args.json).parent / "idle_worker_logs"  # beside the results
     logs.mkdir(parents=True, exist_ok=True)
     names = list(CONTENDERS)
     rows: list[dict[str, Any]] = []
@@ -96,7 +97,7 @@ def main() -> None:
                 got = asyncio.run(_turns(urls[0], args.turns, args.gap, seed=r))
             finally:
                 stop_layout(procs, schema)
-            row = {"contender": name, "round": r + 1, **got,
+            row: dict[str, Any] = {"contender": name, "round": r + 1, **got,
                    "first": _pcts(got["first_ms"]), "done": _pcts(got["done_ms"])}  # fmt: skip
             rows.append(row)
             print(f"round {r + 1}: {name}: first event p50 {row['first']['p50']:.1f} ms, "

@@ -43,7 +43,9 @@ from typing import Any
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 import turnkit.stages._message_list as message_list
+from _patch import replace
 from turnkit import RuntimeConfig, SessionRuntime
+from turnkit.context.transcript import from_transcript
 from turnkit.demo import DemoModel, demo_agent
 from turnkit.events import DoneEvent
 from turnkit.models import ModelChunk, ModelRequest
@@ -116,8 +118,8 @@ async def run_session(
     `database_url`: PostgreSQL (a schema of its own, dropped after); else SQLite.
     """
     meter = _Meter()
-    encode = getattr(message_list, "from_transcript")  # noqa: B009 - patched for timing
-    setattr(message_list, "from_transcript", _timed_encoding(meter, encode))  # noqa: B010
+    # the request's encoding, timed where the stages call it
+    replace(message_list, "from_transcript", _timed_encoding(meter, from_transcript))
     agent = dataclasses.replace(demo_agent(), model=_TimedDemoModel(meter))
     rows: list[dict[str, float]] = []
     with tempfile.TemporaryDirectory() as tmp:

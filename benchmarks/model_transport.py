@@ -215,13 +215,18 @@ def litellm_call(base: str) -> Call:
 
 def openai_call(base: str) -> Call:
     from openai import AsyncOpenAI
+    from openai.types.chat import ChatCompletionMessageParam
 
     client = AsyncOpenAI(base_url=base, api_key="sk-bench", max_retries=0)
+    messages: list[ChatCompletionMessageParam] = [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": QUESTION},
+    ]  # `_messages()`, as the SDK types them
 
     async def call(chunks: int) -> str:
         stream = await client.chat.completions.create(
             model=f"bench-{chunks}",
-            messages=_messages(),  # type: ignore[arg-type]
+            messages=messages,
             stream=True,
             stream_options={"include_usage": True},
         )

@@ -28,11 +28,13 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
@@ -52,12 +54,16 @@ import turnkit.runtime.driver
 
 # The same tool-using turn the turn-overhead benchmark measures (run as a script, this
 # folder is on the path).
+from _patch import patched
 from turn_overhead import _reply, add
 from turnkit import Agent, RuntimeConfig, SessionRuntime
 from turnkit.events import DoneEvent
-from turnkit.otel import use_providers
-from turnkit.otel._chat import NO_CHAT
-from turnkit.otel._turn import NO_TURN
+from turnkit.models import ModelRequest, ToolCallPart
+from turnkit.otel import ChatTrace, TurnTrace, use_providers
+from turnkit.otel._chat import NO_CHAT, ToolOutcome
+from turnkit.otel._turn import INVENTED, NO_TURN
+from turnkit.store import Lease, TurnRecord
+from turnkit.telemetry import Recorder
 from turnkit.testing import ModelStep, ScriptedModel
 
 
@@ -66,33 +72,73 @@ class _Drop(SpanExporter):
         return SpanExportResult.SUCCESS
 
 
-_REAL = {
-    "attempt": turnkit.runtime.driver.attempt,
-    "chat": turnkit.otel.chat,
-    "traced_tool": turnkit.otel.traced_tool,
-    "submit_traceparent": turnkit.otel.submit_traceparent,
-}
-_STUBS: dict[str, Any] = {
-    "attempt": lambda record, lease, traceparent: NO_TURN,
-    "chat": lambda recorder, stage, family, request: NO_CHAT,
-    "traced_tool": lambda recorder, part, run: run,
-    "submit_traceparent": lambda: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
-}
+_TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+_CALLS: Counter[str] = Counter()
+"""How often each stub ran: one that never runs replaces a name the runtime no longer calls."""
+
+
+def _attempt(record: TurnRecord, lease: Lease, traceparent: str | None) -> TurnTrace:
+    _CALLS["attempt"] += 1
+    return NO_TURN
+
+
+def _chat(recorder: Recorder, stage: str, family: str, request: ModelRequest) -> ChatTrace:
+    _CALLS["chat"] += 1
+    return NO_CHAT
+
+
+def _traced_tool(
+    recorder: Recorder, call: ToolCallPart, run: Awaitable[ToolOutcome], *, in_doubt: bool = False
+) -> Awaitable[ToolOutcome]:
+    _CALLS["traced_tool"] += 1
+    return run
+
+
+def _submit_trace(*, session_id: str, agent: str) -> dict[str, Any]:
+    _CALLS["submit_trace"] += 1
+    return {"traceparent": _TRACEPARENT, INVENTED: True}
+
+
+def _stage_started(recorder: Recorder, stage: str, iteration: int | None) -> None:
+    _CALLS["stage_started"] += 1
+
+
+def _stage_ended(recorder: Recorder, stage: str) -> None:
+    _CALLS["stage_ended"] += 1
+
+
+if TYPE_CHECKING:  # each stub has the signature of what it replaces
+    turnkit.otel.attempt = _attempt
+    turnkit.otel.chat = _chat
+    turnkit.otel.traced_tool = _traced_tool
+    turnkit.otel.submit_trace = _submit_trace
+    turnkit.otel.stage_started = _stage_started
+    turnkit.otel.stage_ended = _stage_ended
+
+_STUBS: list[tuple[ModuleType, str, Callable[..., object]]] = [
+    (turnkit.runtime.driver, "attempt", _attempt),  # imported by name there
+    (turnkit.otel, "chat", _chat),
+    (turnkit.otel, "traced_tool", _traced_tool),
+    (turnkit.otel, "submit_trace", _submit_trace),
+    (turnkit.otel, "stage_started", _stage_started),
+    (turnkit.otel, "stage_ended", _stage_ended),
+]
+"""The instrumentation entry points a turn calls, where the runtime looks them up."""
 
 
 @contextmanager
 def _stubbed() -> Iterator[None]:
-    turnkit.runtime.driver.attempt = _STUBS["attempt"]
-    turnkit.otel.chat = _STUBS["chat"]
-    turnkit.otel.traced_tool = _STUBS["traced_tool"]
-    turnkit.otel.submit_traceparent = _STUBS["submit_traceparent"]
-    try:
+    with ExitStack() as stack:
+        for owner, name, stub in _STUBS:
+            stack.enter_context(patched(owner, name, stub))
         yield
-    finally:
-        turnkit.runtime.driver.attempt = _REAL["attempt"]
-        turnkit.otel.chat = _REAL["chat"]
-        turnkit.otel.traced_tool = _REAL["traced_tool"]
-        turnkit.otel.submit_traceparent = _REAL["submit_traceparent"]
+
+
+def _check_stubs_ran() -> None:
+    """Fail if a stub never ran: the runtime calls something else now, unstubbed."""
+    idle = [f"{owner.__name__}.{name}" for owner, name, _ in _STUBS if not _CALLS[name]]
+    if idle:
+        raise RuntimeError(f"stubs never called (the runtime no longer calls them): {idle}")
 
 
 def _contenders() -> tuple[list[tuple[str, Callable[[], AbstractContextManager[None]]]], Any]:
@@ -123,7 +169,8 @@ async def main() -> None:
     parser.add_argument("--turns", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=20)
-    parser.add_argument("--json", default="benchmarks/results/otel_overhead.json")
+    default_json = Path(__file__).parent / "results" / "otel_overhead.json"
+    parser.add_argument("--json", default=str(default_json))
     args = parser.parse_args()
 
     model = ScriptedModel([ModelStep.respond(_reply)], repeat_last=True)
@@ -168,7 +215,7 @@ async def main() -> None:
         finally:
             await runtime.close()
             close()
-
+    _check_stubs_ran()
     _report(args, [name for name, _ in setups], wall, cpu)
 
 

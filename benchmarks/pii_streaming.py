@@ -52,7 +52,7 @@ async def one_turn(text: str, pii: bool, db: Path) -> float:
         started = time.perf_counter()
         events = await collect_events(rt.execute_message("s1", "write"), limit=len(text))
         took = time.perf_counter() - started
-    shown = "".join(e.text for e in events if e.type == "message.delta")  # type: ignore[union-attr]
+    shown = "".join(e.text for e in events if e.type == "message.delta")
     if pii:
         leaked = [v for v in VALUES if v in shown]
         assert not leaked, f"went out unmasked: {leaked}"

@@ -30,7 +30,7 @@ import statistics
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -39,12 +39,14 @@ from typing import Any
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 import asyncpg
+from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 
 import turnkit.runtime._core as runtime_module
 
 # The same tool-using turn the turn-overhead benchmark measures (run as a script, this
 # folder is on the path).
+from _patch import patched
 from turn_overhead import ANSWER, _reply, add, write_json
 from turnkit import Agent, RuntimeConfig, SessionRuntime
 from turnkit.config import Durability
@@ -66,7 +68,9 @@ class _TimedModel(ScriptedModel):
         return ScriptedModel.stream(self, request)
 
 
-async def _langgraph_saver(database_url: str, *, schema: str | None = None) -> Any:
+async def _langgraph_saver(
+    database_url: str, *, schema: str | None = None
+) -> tuple[BaseCheckpointSaver[Any], Callable[[], Awaitable[None]]]:
     """LangGraph's own `AsyncPostgresSaver` on a psycopg pool, as turnkit used it before."""
     from psycopg.rows import dict_row
     from psycopg_pool import AsyncConnectionPool
@@ -102,13 +106,11 @@ async def _runtime(
         checkpoint_durability=durability,
     )
     runtime = SessionRuntime(agent=agent, config=config)
-    ours = runtime_module.open_checkpointer
-    if langgraph_saver:
-        runtime_module.open_checkpointer = _langgraph_saver  # type: ignore[assignment]
-    try:
+    if langgraph_saver:  # the runtime opens its checkpointer by this name, imported there
+        with patched(runtime_module, "open_checkpointer", _langgraph_saver):
+            await runtime.open()
+    else:
         await runtime.open()
-    finally:
-        runtime_module.open_checkpointer = ours
     return runtime, model
 
 
@@ -193,7 +195,7 @@ async def main() -> None:
             await admin.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
         await admin.close()
 
-    rows = []
+    rows: list[dict[str, Any]] = []
     for name, times in wall.items():
         rows.append(
             {

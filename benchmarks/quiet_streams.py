@@ -49,8 +49,9 @@ from turn_overhead import add, write_json
 from turnkit import Agent, RuntimeConfig, SessionRuntime
 from turnkit.ids import TurnId
 from turnkit.runtime.reader import Frame
-from turnkit.store import TurnProgress
+from turnkit.store import Lease, TurnProgress, _lease_sql as lease_sql
 from turnkit.store._coalesce import Coalescer
+from turnkit.store.sql import SqlStore
 
 ROOT = Path(__file__).parent.parent
 POSTGRES = os.environ.get("TURNKIT_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
@@ -105,7 +106,8 @@ async def child(store: str, mode: str, streams: int, window: float) -> dict[str,
     config = RuntimeConfig(database_url=url, database_schema=schema)
     runtime = SessionRuntime(agent=agent, config=config)
     await runtime.open()
-    store_impl: Any = runtime.store
+    store_impl = runtime.store
+    assert isinstance(store_impl, SqlStore), type(store_impl)
     asks, reads, renewals, renewal_txs = [0], [0], [0], [0]
     read_many, renew_many = store_impl._read_progress, store_impl._renew_many
 
@@ -122,7 +124,9 @@ async def child(store: str, mode: str, streams: int, window: float) -> dict[str,
         asks[0] += len(turn_ids)
         return await (records if mode == "record" else read_many)(turn_ids)
 
-    async def counted_renewals(asked: Sequence[Any]) -> dict[Any, Any]:
+    async def counted_renewals(
+        asked: Sequence[lease_sql.Renewal],
+    ) -> dict[lease_sql.Renewal, Lease | lease_sql.Refusal]:
         renewal_txs[0] += 1
         renewals[0] += len(asked)
         return await renew_many(asked)
@@ -134,7 +138,7 @@ async def child(store: str, mode: str, streams: int, window: float) -> dict[str,
         events = [asyncio.Event() for _ in range(streams)]
         tasks = [asyncio.create_task(_follow(runtime, i, events[i])) for i in range(streams)]
         await asyncio.wait_for(asyncio.gather(*(e.wait() for e in events)), 300)
-        await asyncio.sleep(2)  # the start-up burst settles
+        await asyncio.sleep(min(2.0, window))  # the start-up burst settles
         asks[0] = reads[0] = renewals[0] = renewal_txs[0] = 0
         cpu, wall = _cpu_s(), time.perf_counter()
         await asyncio.sleep(window)
@@ -188,7 +192,8 @@ def main() -> None:
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        result = asyncio.run(child(*args.child, args.streams, args.window))
+        store, mode = args.child
+        result = asyncio.run(child(store, mode, args.streams, args.window))
         print(json.dumps(result))
         return
     stores, modes = args.stores.split(","), args.modes.split(",")

@@ -246,7 +246,7 @@ def main() -> None:
     if (1, 1) not in layouts:
         raise SystemExit("--layouts must include 1+1 (the ratios are against it)")
     runs = [(a, w, float(lat)) for lat in args.latencies.split(",") for a, w in layouts]
-    logs = ROOT / "benchmarks/results/scale_out_logs"
+    logs = Path(args.json).parent / "scale_out_logs"  # beside the results
     logs.mkdir(parents=True, exist_ok=True)
 
     rows: list[dict[str, Any]] = []

@@ -49,13 +49,14 @@ import tempfile
 import time
 import tracemalloc
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
+from _patch import replace
 from turnkit import Agent, RuntimeConfig, SessionRuntime, tool
 from turnkit.context import transcript
 from turnkit.errors import ProviderError
@@ -72,6 +73,7 @@ from turnkit.models import (
 from turnkit.pauses import Approve
 from turnkit.replay import ReplayBuffer, ReplaySettings
 from turnkit.replay.memory import InMemoryReplayBuffer
+from turnkit.runtime.reader import Frame, KeepAlive
 from turnkit.store import _sqlite as sqlite_store
 
 GRACE_S = 0.1
@@ -154,11 +156,12 @@ async def _reconnect(runtime: SessionRuntime, session: str, message: str) -> Non
     """A detached turn; its reader drops after 3 events and comes back with its cursor."""
     submission = await runtime.start(session, message)
     seq = 0
-    stream = runtime.reader().follow(submission.turn_id)
+    frames = runtime.reader().follow(submission.turn_id)
+    stream = cast(AsyncGenerator[Frame | KeepAlive, None], frames)  # closed when it drops
     async with contextlib.aclosing(stream):
         async for frame in stream:
-            if getattr(frame, "seq", None) is not None:
-                seq = frame.seq  # type: ignore[union-attr]
+            if isinstance(frame, Frame) and frame.seq is not None:
+                seq = frame.seq
                 if seq >= 3:
                     break
     await _drain(runtime.reader().follow(submission.turn_id, after_seq=seq))
@@ -583,14 +586,16 @@ async def main() -> None:
         "--json", default=str(Path(__file__).parent / "results" / "soak_memory.json")
     )
     args = parser.parse_args()
+    if args.batches < 2 or args.turns < 1:
+        parser.error("--batches must be at least 2 (growth is between two), --turns at least 1")
     if args.large:
         args.turns, args.batches = 2000, 8
     elif (
         not args.full_caches
     ):  # bounded caches that take thousands of turns to fill: made small, so that
         # what a short run measures is what grows without bound
-        setattr(sqlite_store, "_CACHE_SIZE", SMALL_CACHE)  # noqa: B010 - 512 statements
-        setattr(transcript, "_CACHE_SIZE", SMALL_CACHE)  # noqa: B010 - 16,384 messages
+        replace(sqlite_store, "_CACHE_SIZE", SMALL_CACHE)  # 512 statements
+        replace(transcript, "_CACHE_SIZE", SMALL_CACHE)  # 16,384 messages
     if args.trace:
         tracemalloc.start(TRACE_FRAMES)
     results = []

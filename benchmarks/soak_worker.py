@@ -46,14 +46,16 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import AsyncGenerator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 from turnkit import Agent, RuntimeConfig, SessionRuntime
 from turnkit.pauses import Approve
 from turnkit.replay import replay_from_url
+from turnkit.runtime.reader import Frame, KeepAlive
 
 ROOT = Path(__file__).parent.parent
 KINDS = ("plain", "tool", "fail", "stop", "cancel", "approve")
@@ -63,23 +65,27 @@ ENDS = {"plain": "succeeded", "tool": "succeeded", "approve": "succeeded", "fail
 
 SMALL = "TURNKIT_SOAK_SMALL_CACHES"
 """Set in the workers' environment unless `--full-caches`: see `_small_caches`."""
+SMALL_HELD_BYTES = 256 * 1024
+"""The held transcripts' bound in the workers unless `--full-caches` (64 MiB by default)."""
 
 
 def _small_caches() -> None:
     """Shrink the two bounded caches that take thousands of turns to fill (the messages
     kept by value, 16,384; recent sessions' transcripts, 64 MiB), so that what a run of
     minutes measures is what grows without bound (private names: this is a benchmark)."""
+    from _patch import replace
     from turnkit.context import transcript
-    from turnkit.runtime import _held
+    from turnkit.runtime._held import HeldTranscripts
 
-    setattr(transcript, "_CACHE_SIZE", 32)  # noqa: B010
-    # The runtime passes its `held_transcript_bytes` explicitly: cap what it is given.
-    full = _held.HeldTranscripts.__init__
+    replace(transcript, "_CACHE_SIZE", 32)
+    # The runtime passes its configured bound (`held_transcript_bytes`), so a new default
+    # would change nothing: every HeldTranscripts built from now on is capped instead.
+    full = HeldTranscripts.__init__
 
-    def small(self: _held.HeldTranscripts, *, max_bytes: int = _held.DEFAULT_HELD_BYTES) -> None:
-        full(self, max_bytes=min(max_bytes, 256 * 1024))
+    def capped(self: HeldTranscripts, *, max_bytes: int = SMALL_HELD_BYTES) -> None:
+        full(self, max_bytes=min(max_bytes, SMALL_HELD_BYTES))
 
-    setattr(_held.HeldTranscripts, "__init__", small)  # noqa: B010
+    replace(HeldTranscripts, "__init__", capped)
 
 
 STATS = "TURNKIT_SOAK_STATS"
@@ -123,21 +129,28 @@ def _plain(url: str) -> str:
 # ── the producers ────────────────────────────────────────────────────────────────────
 
 
+def _frames(
+    runtime: SessionRuntime, turn_id: str, after: int
+) -> AsyncGenerator[Frame | KeepAlive, None]:
+    """A reader's frames after `after`: a generator, closed when the caller stops early."""
+    frames = runtime.reader().follow(turn_id, after_seq=after)
+    return cast(AsyncGenerator[Frame | KeepAlive, None], frames)
+
+
 async def _follow(
     runtime: SessionRuntime, turn_id: str, after: int, until: str = ""
 ) -> tuple[int, dict[str, Any]]:
     """Read a turn's frames after `after` (until an event of type `until`); the last seq
     and the last event."""
     seq, event = after, {}
-    stream = runtime.reader().follow(turn_id, after_seq=after)
+    stream = _frames(runtime, turn_id, after)
     async with contextlib.aclosing(stream):
         async for frame in stream:
-            data = getattr(frame, "data", None)
-            if data is None:
+            if not isinstance(frame, Frame):
                 continue
-            if frame.seq is not None:  # type: ignore[union-attr]
-                seq = frame.seq  # type: ignore[union-attr]
-            event = json.loads(data)
+            if frame.seq is not None:
+                seq = frame.seq
+            event = json.loads(frame.data)
             if until and event.get("type") == until:
                 break
     return seq, event
@@ -149,11 +162,10 @@ async def _one(runtime: SessionRuntime, session: str, kind: str, index: int) -> 
     if kind in ("plain", "tool", "fail"):
         await _follow(runtime, turn_id, 0)
     elif kind == "cancel":  # Stop pressed while the reader follows on
-        stream = runtime.reader().follow(turn_id)
+        stream = _frames(runtime, turn_id, 0)
         async with contextlib.aclosing(stream):
             async for frame in stream:
-                data = getattr(frame, "data", None)
-                if data is not None and json.loads(data).get("type") == "message.delta":
+                if isinstance(frame, Frame) and json.loads(frame.data)["type"] == "message.delta":
                     await runtime.cancel(turn_id)
                     break
         await _follow(runtime, turn_id, 0)
@@ -331,7 +343,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         await producing
         await asyncio.sleep(3)  # the buffer's grace for the last turns
         samples.append(await _sample(args, schema, procs, logs, done, began))
-        ended = {}
+        ended: dict[str, tuple[str, str]] = {}
         for turn_id, kind, _ in done:
             if turn_id is not None:
                 ended[turn_id] = (kind, (await runtime.turn(turn_id)).status)

@@ -72,13 +72,13 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from turnkit import Agent, RuntimeConfig, SessionRuntime
 from turnkit.events import MessageDeltaEvent, encode_event
-from turnkit.models import Finish, ModelChunk, ModelRequest, TextDelta, Usage
+from turnkit.models import Finish, ModelChunk, ModelRequest, TextDelta, Usage, text_of
 from turnkit.quickstart import create_app
 from turnkit.replay import ReplayBuffer
 from turnkit.replay.memory import InMemoryReplayBuffer
 
 HOST = "127.0.0.1"
-REDIS_URL = "redis://127.0.0.1:6379/0"
+REDIS_URL = os.environ.get("TURNKIT_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 API = "/api/harness"
 CHUNK = "abcdefgh"  # every streamed chunk: 8 characters, like ScriptedModel's default
 ANSWER = "The sum of two and three is five."
@@ -124,7 +124,8 @@ class BenchModel:
         return "bench"
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
-        user = next((m.content for m in reversed(request.messages) if m.role == "user"), "")
+        users = (m.content for m in reversed(request.messages) if m.role == "user")
+        user = text_of(next(users, ""))
         match = _DIRECTIVE.match(user.strip())
         if match is None:
             for start in range(0, len(ANSWER), 8):
@@ -655,15 +656,15 @@ async def bench_turnkit(
             row = await throughput(
                 metric,
                 client,
-                lambda rep, burst=burst: f"{API}/sessions/b{tag}-{int(burst)}-{rep}/execute",
-                lambda burst=burst: {"content": bench_message(args.events, burst=burst)},
+                functools.partial(_bulk_url, tag, burst),
+                functools.partial(_bulk_body, args.events, burst),
                 args.events,
                 args.reps,
                 budget_s * 0.15,
                 findings,
             )
-            floor = RATE_FLOOR if burst else RATE_FLOOR_SUSPENDING
-            rows.append(row | {"floor_metric": floor})
+            floor_metric = RATE_FLOOR if burst else RATE_FLOOR_SUSPENDING
+            rows.append(row | {"floor_metric": floor_metric})
     return {
         "buffer": name,
         "rows": rows,
@@ -671,6 +672,22 @@ async def bench_turnkit(
         "check_failures": findings.counts,
         "problems": findings.problems,
     }
+
+
+def _bulk_url(tag: str, burst: bool, rep: int) -> str:
+    return f"{API}/sessions/b{tag}-{int(burst)}-{rep}/execute"
+
+
+def _bulk_body(events: int, burst: bool) -> dict[str, Any]:
+    return {"content": bench_message(events, burst=burst)}
+
+
+def _floor_url(rep: int) -> str:
+    return "/floor/execute"
+
+
+def _floor_body(events: int, suspend: bool) -> dict[str, Any]:
+    return {"content": "hi", "n": events, "suspend": suspend}
 
 
 FIRST_FLOOR_EVENTS = 1000
@@ -723,8 +740,8 @@ async def bench_floor(
                 await throughput(
                     metric,
                     client,
-                    lambda _: "/floor/execute",
-                    lambda suspend=suspend: {"content": "hi", "n": bulk, "suspend": suspend},
+                    _floor_url,
+                    functools.partial(_floor_body, bulk, suspend),
                     bulk,
                     args.reps,
                     budget_s * 0.25,

@@ -365,6 +365,7 @@ def create_agent_turn() -> Turn | None:
     """LangChain's `create_agent` (a LangGraph graph, no checkpointer), streamed."""
     try:
         from langchain.agents import create_agent
+        from langchain.agents.middleware.types import InputAgentState
         from langchain_core.language_models import BaseChatModel
         from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage, ToolMessage
         from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
@@ -390,7 +391,7 @@ def create_agent_turn() -> Turn | None:
                 message = AIMessage(content="", tool_calls=[tool_call])
             return ChatResult(generations=[ChatGeneration(message=message)])
 
-        async def _astream(  # type: ignore[override]
+        async def _astream(
             self, messages: list[BaseMessage], *args: Any, **kw: Any
         ) -> AsyncIterator[ChatGenerationChunk]:
             if isinstance(messages[-1], ToolMessage):
@@ -399,7 +400,7 @@ def create_agent_turn() -> Turn | None:
                     yield ChatGenerationChunk(message=chunk)
                 return
             call_chunk = {"name": "add", "args": '{"a": 2, "b": 3}', "id": "c1", "index": 0}
-            chunk = AIMessageChunk(content="", tool_call_chunks=[call_chunk])  # type: ignore[list-item]
+            chunk = AIMessageChunk(content="", tool_call_chunks=[call_chunk])
             yield ChatGenerationChunk(message=chunk)
 
     @lc_tool("add")
@@ -411,7 +412,7 @@ def create_agent_turn() -> Turn | None:
 
     async def run(i: int) -> int:
         n = 0
-        request = {"messages": [{"role": "user", "content": "2+3?"}]}
+        request: InputAgentState = {"messages": [{"role": "user", "content": "2+3?"}]}
         async for _chunk in graph.astream(request, stream_mode="messages"):
             n += 1
         return n
