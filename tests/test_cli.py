@@ -138,21 +138,55 @@ def _mistyped_host_is_told_apart() -> bool:
     return False
 
 
-def test_serve_stops_at_once_on_a_database_host_that_does_not_resolve(tmp_path: Path) -> None:
+def test_serve_stops_on_a_database_host_that_still_does_not_resolve(
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Waited for through the grace a platform's name may need, then one line, exit 2."""
     if not _mistyped_host_is_told_apart():
         pytest.skip("this machine's resolver cannot answer for a name that does not exist")
-    env = {**os.environ, "TURNKIT_GC": "python"}
+    monkeypatch.setattr("turnkit.runtime.worker.UNRESOLVED_GRACE_S", 0.5, raising=False)
+    for name in ("TURNKIT_DATABASE_URL", "TURNKIT_ALLOWED_HOSTS"):  # serve sets them
+        monkeypatch.setenv(name, "")
     url = "postgresql://postgres:S3cret@nosuchhost.invalid/x"
-    done = subprocess.run(
-        [sys.executable, "-m", "turnkit.cli", "serve", "--port", "1", "--database-url", url],
-        capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path,
-    )  # fmt: skip
-    assert done.returncode == 2, done.stderr
-    assert done.stderr == (
+    code = main(["serve", "--port", "1", "--database-url", url], out=io.StringIO())
+    assert code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
         "turnkit: the database host 'nosuchhost.invalid' does not resolve: check the host "
         "name in the database URL [configuration-invalid; see "
-        "docs/errors.md#configuration-invalid]\n"
+        "docs/errors.md#configuration-invalid]"
     )
+    waited = [r for r in caplog.records if "the database is unavailable (" in r.getMessage()]
+    assert waited, "no wait through the grace"
+    assert "S3cret" not in caplog.text
+
+
+@pytest.mark.parametrize("command", ["serve", "worker"])
+def test_a_database_certificate_that_fails_verification_stops_at_once(
+    tmp_path: Path, command: str
+) -> None:
+    """A CA the URL does not trust or a certificate for another name: one line, exit 2,
+    where serve and worker used to retry forever."""
+    from tests.support.tls_server import tls_postgres
+
+    env = {**os.environ, "TURNKIT_GC": "python"}
+    with tls_postgres(tmp_path) as (port, cert):
+        url = f"postgresql://u@127.0.0.1:{port}/x?sslmode=verify-full&sslrootcert={cert}"
+        flags = ["--port", "1"] if command == "serve" else []
+        done = subprocess.run(
+            [sys.executable, "-m", "turnkit.cli", command, *flags, "--database-url", url],
+            capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path,
+        )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    [line] = done.stderr.splitlines()
+    assert line.startswith(
+        "turnkit: the database's TLS certificate cannot be verified ([SSL: CERTIFICATE_VERIFY"
+    ), line
+    assert line.endswith(
+        "check sslmode and sslrootcert in the database URL, and the server's certificate "
+        "[configuration-invalid; see docs/errors.md#configuration-invalid]"
+    ), line
 
 
 def test_serve_waits_for_a_database_that_refuses_connections(tmp_path: Path) -> None:
@@ -175,6 +209,51 @@ def test_serve_waits_for_a_database_that_refuses_connections(tmp_path: Path) -> 
         finally:
             proc.terminate()
             proc.wait(timeout=30)
+
+
+def test_serve_waits_for_a_postgresql_that_takes_no_writes(tmp_path: Path) -> None:
+    """Read-only (a replica after a failover): its schema reads fine, but the app's start
+    sets up checkpoint tables, a write. serve waits, as the worker does, where its
+    lifespan used to fail with a traceback."""
+    import asyncio
+
+    import asyncpg
+    from sqlalchemy.engine import make_url
+
+    admin = make_url(POSTGRES_URL)
+    require_service("PostgreSQL", admin.host or "127.0.0.1", admin.port or 5432)
+    name = f"tk_ro_{uuid.uuid4().hex[:12]}"
+    url = admin.set(database=name).render_as_string(hide_password=False)
+
+    async def database(sql: str) -> None:
+        conn = await asyncpg.connect(POSTGRES_URL)
+        try:
+            await conn.execute(sql)
+        finally:
+            await conn.close()
+
+    asyncio.run(database(f"CREATE DATABASE {name}"))
+    try:
+        assert main(["db", "upgrade", "--database-url", url], out=io.StringIO()) == 0
+        asyncio.run(database(f"ALTER DATABASE {name} SET default_transaction_read_only = on"))
+        env = {**os.environ, "TURNKIT_GC": "python"}
+        with subprocess.Popen(
+            [sys.executable, "-m", "turnkit.cli", "serve", "--port", "0", "--database-url", url],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path,
+        ) as proc:  # fmt: skip
+            try:
+                assert proc.stderr is not None
+                ready, _, _ = select.select([proc.stderr], [], [], 60)
+                assert ready, "serve said nothing in 60 s"
+                first = proc.stderr.readline()
+                assert "WARNING turnkit.cli: the database is unavailable (" in first, first
+                assert "read-only" in first
+                assert proc.poll() is None  # still waiting
+            finally:
+                proc.terminate()
+                proc.wait(timeout=30)
+    finally:
+        asyncio.run(database(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
 
 
 def test_serve_reports_a_database_it_cannot_use_in_one_line(tmp_path: Path) -> None:

@@ -261,30 +261,51 @@ async def test_closing_while_another_connection_locks_the_turns_row_returns(
 async def test_closing_while_another_process_holds_the_sqlite_write_lock_returns(
     db: DB, tmp_path: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Another connection keeps a write transaction open on the SQLite file: `close()`
-    does not wait out the store thread's busy timeout (made ten minutes here) for its
-    last writes; they give up, and the turn is taken over once the lock is gone and its
-    lease lapsed."""
+    """Another process keeps write transactions open on the SQLite files (the Store's
+    and the checkpoints'): `close()` does not wait out the busy timeout (made ten minutes
+    here) for the last writes; they give up, and the turn is taken over once the locks
+    are gone and its lease lapsed. The checkpointer's writes and the store's share one
+    window for the lock (made 5 s here) after the hand-over's, as the docs say: they
+    used to wait one after the other."""
     import sqlite3
 
+    from turnkit.graph import sqlite_checkpoint_file
+    from turnkit.runtime.driver import HAND_OVER_WITHIN_S
+
+    window = 5.0
     monkeypatch.setattr("turnkit.store._engine._THREAD_WAIT_MS", 600_000)
+    monkeypatch.setattr("turnkit.store._engine.CLOSE_LOCK_WAIT_S", window)
+    monkeypatch.setattr("turnkit.graph._sqlite_saver.CLOSE_LOCK_WAIT_S", window, raising=False)
     log_path = tmp_path / "calls.txt"
     log_path.touch()
     runtime, seen, reading = await _at_the_second_call(db, log_path, monkeypatch)
     turn_id = seen[0].turn_id
-    locker = sqlite3.connect(db[0].removeprefix("sqlite:///"), isolation_level=None)
+    files = (db[0].removeprefix("sqlite:///"), sqlite_checkpoint_file(db[0]))
+    lockers = [sqlite3.connect(file, isolation_level=None) for file in files]
     try:
-        locker.execute("BEGIN IMMEDIATE")
+        for locker in lockers:
+            locker.execute("BEGIN IMMEDIATE")
+        # A task's writes the checkpointer holds for its next transaction: its close
+        # waits for the lock to write them, as the store's waits for the hand-over's.
+        saver = runtime._graph.checkpointer  # type: ignore[union-attr]
+        other = {"configurable": {"thread_id": "other", "checkpoint_ns": "", "checkpoint_id": "1"}}
+        await saver.aput_writes(other, [("notes", "held")], "task-1")
+        assert saver._deferred
         with caplog.at_level("WARNING", logger="turnkit.runtime"):
+            began = time.monotonic()
             async with asyncio.timeout(60):  # would wait for the lock for ten minutes
                 await runtime.close()
-        assert locker.in_transaction  # closed while the lock was still held
+            took = time.monotonic() - began
+        assert all(locker.in_transaction for locker in lockers)  # closed under the locks
+        assert took < HAND_OVER_WITHIN_S + window + 3, took  # not a window each (+ 5 s)
         with pytest.raises(RuntimeClosedError):
             async with asyncio.timeout(10):
                 await reading
-        locker.execute("ROLLBACK")
+        for locker in lockers:
+            locker.execute("ROLLBACK")
     finally:
-        locker.close()
+        for locker in lockers:
+            locker.close()
     assert [r for r in caplog.records if turn_id in r.getMessage() and "hand" in r.getMessage()]
     events = await _taken_over_once(db, turn_id, log_path)
     [taken] = [e for e in events if isinstance(e, TurnRecoveringEvent)]

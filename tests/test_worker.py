@@ -410,32 +410,143 @@ async def test_a_worker_waiting_for_the_database_says_so_again_while_it_waits(
 
 
 async def test_a_database_host_that_does_not_resolve_stops_a_starting_worker(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A mistyped host is no outage to wait out: the worker raises at once (the CLI:
-    one line, exit 2), where it used to retry forever after one warning."""
+    """A mistyped host is no outage to wait out for long: once the grace a platform's
+    name may need to appear is over, the worker raises (the CLI: one line, exit 2),
+    where it used to retry forever after one warning."""
     import socket
 
     from turnkit.errors import ConfigurationError
 
     found = socket.getaddrinfo
+    asked: list[float] = []
 
     def resolve(host: Any, *args: Any, **kwargs: Any) -> Any:
         if host == "db.mistyped":
+            asked.append(time.monotonic())
             raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
         return found(host, *args, **kwargs)
 
     monkeypatch.setattr(socket, "getaddrinfo", resolve)
+    monkeypatch.setattr("turnkit.runtime.worker.UNRESOLVED_GRACE_S", 0.5, raising=False)
+    caplog.set_level(logging.WARNING, logger="turnkit.worker")
     config = RuntimeConfig(database_url="postgresql://postgres@db.mistyped/test")
     runtime = SessionRuntime(agent=Agent(model=ScriptedModel([])), config=config)
     try:
         with pytest.raises(ConfigurationError, match="'db.mistyped' does not resolve"):
             async with asyncio.timeout(20):
                 await Worker(runtime).run(asyncio.Event())
+        assert len(asked) > 1  # asked again through the grace, not stopped at the first
+        assert asked[-1] - asked[0] >= 0.5
+        assert "the database is unavailable (" in caplog.text  # waited as for an outage
         with pytest.raises(StoreUnavailableError, match="its host name does not resolve"):
             await runtime.open()  # the Python API: the same outage error, named
     finally:
         await runtime.close()
+
+
+def _no_such_name() -> StoreUnavailableError:
+    """What a store raises when its database host name does not resolve."""
+    import socket
+
+    from turnkit.store.sql import unavailable
+
+    cause = socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+    try:
+        raise unavailable(cause) from cause
+    except StoreUnavailableError as exc:
+        return exc
+
+
+async def test_a_database_host_name_that_appears_during_the_grace_is_reached(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A compose peer or a StatefulSet's pod has no name until it is up: a starting
+    process waits for it, warning as for an outage, and goes on once it resolves."""
+    from turnkit.runtime.worker import until_reached
+
+    tries: list[int] = []
+
+    async def attempt() -> None:
+        tries.append(len(tries))
+        if len(tries) < 3:
+            raise _no_such_name()
+
+    caplog.set_level(logging.WARNING, logger="turnkit.worker")
+    async with asyncio.timeout(20):
+        assert await until_reached(attempt, "postgresql://db.later/x", asyncio.Event())
+    assert len(tries) == 3
+    assert "the database is unavailable (the database cannot be reached: its host" in caplog.text
+
+
+async def test_a_tls_certificate_that_fails_verification_stops_a_starting_worker(
+    tmp_path: Path,
+) -> None:
+    """A CA the URL does not trust, or a certificate for another name, is no outage: the
+    worker raises at once (the CLI: one line, exit 2), where it retried forever."""
+    from tests.support.tls_server import tls_postgres
+    from turnkit.errors import ConfigurationError
+
+    with tls_postgres(tmp_path) as (port, cert):
+        url = f"postgresql://u@127.0.0.1:{port}/x?sslmode=verify-full&sslrootcert={cert}"
+        runtime = SessionRuntime(
+            agent=Agent(model=ScriptedModel([])), config=RuntimeConfig(database_url=url)
+        )
+        try:
+            with pytest.raises(ConfigurationError) as raised:
+                async with asyncio.timeout(20):
+                    await Worker(runtime).run(asyncio.Event())
+        finally:
+            await runtime.close()
+    said = str(raised.value)
+    assert said.startswith("the database's TLS certificate cannot be verified ("), said
+    assert "check sslmode and sslrootcert in the database URL" in said
+
+
+async def test_no_root_certificate_to_verify_with_stops_a_starting_worker(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`sslmode=verify-full` with no `sslrootcert` and none where libpq looks by default
+    (`~/.postgresql/root.crt`): the driver cannot use the URL, and no wait mends that."""
+    from turnkit.errors import ConfigurationError
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("PGSSLROOTCERT", raising=False)
+    url = f"{POSTGRES_URL}?sslmode=verify-full"
+    runtime = SessionRuntime(
+        agent=Agent(model=ScriptedModel([])), config=RuntimeConfig(database_url=url)
+    )
+    try:
+        with pytest.raises(ConfigurationError, match="the database URL cannot be used \\(root"):
+            async with asyncio.timeout(20):
+                await Worker(runtime).run(asyncio.Event())
+    finally:
+        await runtime.close()
+
+
+def test_tls_failures_are_told_from_a_connection_lost_mid_handshake() -> None:
+    """Settings the two sides disagree on mend by no wait; a handshake cut short does."""
+    import ssl
+
+    from turnkit.store.sql import tls_refused, unavailable
+
+    def wrapped(error: BaseException) -> BaseException:
+        try:
+            try:
+                raise error
+            except OSError as exc:
+                raise unavailable(exc) from None  # only the context leads to it
+        except StoreUnavailableError as outer:
+            return outer
+
+    verify = ssl.SSLCertVerificationError(1, "certificate verify failed: self-signed")
+    assert "cannot be verified" in (tls_refused(wrapped(verify)) or "")
+    refused = ssl.SSLError(1, "[SSL: TLSV1_ALERT_PROTOCOL_VERSION] tlsv1 alert")
+    assert "handshake with the database fails" in (tls_refused(wrapped(refused)) or "")
+    assert tls_refused(wrapped(ssl.SSLEOFError(8, "EOF occurred"))) is None
+    assert tls_refused(wrapped(ConnectionResetError(104, "reset"))) is None
+    assert tls_refused(_no_such_name()) is None
 
 
 class _HungBuffer:

@@ -366,11 +366,17 @@ async def _serve(args: argparse.Namespace, out: TextIO) -> int:
         url, schema = runtime.config.database_url, runtime.config.database_schema
 
     async def check_schema() -> None:
+        from turnkit.graph import open_checkpointer
+
         store = SqlStore.from_url(url, schema=schema)
         try:
             refuse_newer(await store.schema_revision())  # a rollback: its lifespan would fail
         finally:
             await store.close()
+        # The lifespan sets up the checkpoint tables, a write: a server that takes none now
+        # (read-only after a failover) is waited for here, not a failed lifespan.
+        _, close_checkpointer = await open_checkpointer(url, schema=schema)
+        await close_checkpointer()
 
     await until_reached(check_schema, url, asyncio.Event(), logger=log)
     if runtime is None:  # the app's runtime brought its own replay buffer

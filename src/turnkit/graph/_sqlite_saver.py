@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import sqlite3
 import threading
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -37,7 +38,7 @@ from langgraph.checkpoint.sqlite import SqliteSaver
 
 from turnkit.errors import StoreUnavailableError
 from turnkit.graph._held import ThreadNotes, cancelled, log_dropped, supersedable
-from turnkit.store._engine import CLOSE_LOCK_WAIT_S
+from turnkit.store._engine import close_lock_wait_s
 from turnkit.store._folds import WalFolds
 from turnkit.store._group_commit import GroupCommit
 from turnkit.store._sqlite import LockWait, SqliteConnection, is_busy, refusal, tune
@@ -267,13 +268,14 @@ class ThreadedSqliteSaver(SqliteSaver):
     async def aclose(self) -> None:
         """Write what is deferred, close the connection and stop the thread.
 
-        A write that waits for a lock another process holds gives up after
-        `CLOSE_LOCK_WAIT_S` (what it held is then not stored: `StoreUnavailableError`).
+        A read or a write that waits for a lock another process holds gives up after
+        `CLOSE_LOCK_WAIT_S` (`close_lock_wait_s`), all told: a write's checkpoints are then
+        not stored (`StoreUnavailableError`), a read fails.
         """
         try:
             if self._deferred:
                 writing = asyncio.ensure_future(self._write(lambda: None))
-                done, _ = await asyncio.wait([writing], timeout=CLOSE_LOCK_WAIT_S)
+                done, _ = await asyncio.wait([writing], timeout=close_lock_wait_s())
                 if not done:
                     self._lock_wait.give_up()
                 await writing
@@ -285,7 +287,12 @@ class ThreadedSqliteSaver(SqliteSaver):
                 if self._fold_conn is not None:
                     self._fold_conn.close()
 
-            await self._run(close)  # after any fold: the thread runs in order
+            # After any fold, and any read or write still waiting (the thread runs in order).
+            closing = asyncio.ensure_future(self._run(close))
+            done, _ = await asyncio.wait([closing], timeout=close_lock_wait_s())
+            if not done:
+                self._lock_wait.give_up()
+            await closing
             self._thread.shutdown(wait=True)
 
     def _flush_deferred(self) -> None:
@@ -310,12 +317,19 @@ class ThreadedSqliteSaver(SqliteSaver):
         except _Busy:
 
             def wait_and_read() -> T:
-                # Under the lock: the loop must never find the long timeout on `conn`.
+                # Under the lock: the loop must never find a timeout on `conn`. Slice after
+                # slice, as a write waits: a close can cut the wait short (`give_up`).
                 with self.lock:
                     self._flush_deferred()
-                    self.conn.execute(f"PRAGMA busy_timeout={_WAIT_MS}")
+                    self.conn.execute(f"PRAGMA busy_timeout={LockWait.SLICE_MS}")
                     try:
-                        return fn()
+                        since = time.monotonic()
+                        while True:
+                            try:
+                                return fn()
+                            except sqlite3.OperationalError as exc:
+                                if not is_busy(exc) or not self._lock_wait.waits(since):
+                                    raise
                     finally:
                         self.conn.execute("PRAGMA busy_timeout=0")
 

@@ -47,7 +47,7 @@ from turnkit.runtime.driver import StopAsked
 from turnkit.runtime.reader import TurnReader
 from turnkit.skills import SkillSource
 from turnkit.store import Store
-from turnkit.store._engine import normalize_url
+from turnkit.store._engine import closing_within, normalize_url
 from turnkit.tenancy import Organisation, Tenancy
 from turnkit.tools import Tool
 from turnkit.tools._context import AskAgent
@@ -290,7 +290,9 @@ class RuntimeCore:
         streamed to a caller alike: each commits what it had staged, their leases are
         handed over, and a worker (or a runtime recovering turns) takes them over at once;
         when the database cannot be told within 2 s (`HAND_OVER_WITHIN_S`, logged), once
-        their leases lapse. A caller's
+        their leases lapse. On SQLite, reads and writes still waiting for a lock another
+        process holds then get 2 s more (`CLOSE_LOCK_WAIT_S`), the checkpoints' and the
+        Store's together. A caller's
         `execute_message` stream of such a turn raises `RuntimeClosedError` (with the
         turn's `turn_id` and the `last_seq` it yielded). A naming call still
         running after its turn is cancelled (the session keeps its first name). Its
@@ -311,17 +313,18 @@ class RuntimeCore:
         self._closed = self._closed or self._graph is not None
         await self.host.close()
         await self._aftermath.close()
-        if self._close_checkpointer is not None:
-            close_checkpointer, self._close_checkpointer = self._close_checkpointer, None
-            try:
-                await close_checkpointer()
-            except StoreUnavailableError as exc:
-                # A full disk, a read-only server: the checkpoints it held are not stored;
-                # turns still running resume from their earlier ones.
-                log.warning("closing: held checkpoints not stored: %s", exc.message)
-        if self._owns_store and self._store is not None:
-            await self._store.close()
-            self._store = None
+        with closing_within():  # one wait for SQLite's lock, for both closes
+            if self._close_checkpointer is not None:
+                close_checkpointer, self._close_checkpointer = self._close_checkpointer, None
+                try:
+                    await close_checkpointer()
+                except StoreUnavailableError as exc:
+                    # A full disk, a read-only server: the checkpoints it held are not
+                    # stored; turns still running resume from their earlier ones.
+                    log.warning("closing: held checkpoints not stored: %s", exc.message)
+            if self._owns_store and self._store is not None:
+                await self._store.close()
+                self._store = None
         self._graph = None
 
     @property

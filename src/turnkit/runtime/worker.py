@@ -24,7 +24,7 @@ from turnkit.runtime._turn_log import TurnLog
 from turnkit.runtime.deps import NO_DEPS
 from turnkit.runtime.driver import TurnDriver, hand_over_all
 from turnkit.store import Lease
-from turnkit.store.sql import unresolved_host
+from turnkit.store.sql import tls_refused, unresolved_host
 
 __all__ = ("Worker", "until_reached")
 
@@ -33,6 +33,13 @@ log = logging.getLogger("turnkit.worker")
 
 STILL_AWAY_EVERY_S = 30.0
 """While the database stays away, a warning says so again this often (and for how long)."""
+
+UNRESOLVED_GRACE_S = 30.0
+"""How long a starting process waits for a database host name that does not resolve.
+
+A name a platform gives a service (a compose service, a StatefulSet's pod) may not exist
+until that service is up; one that still does not resolve after this is taken as a
+mistyped URL."""
 
 
 class _Backoff:
@@ -93,26 +100,35 @@ async def until_reached(
     """Run `attempt` until it reaches the database; False if `stop` is set first.
 
     A database that is down or refuses connections is waited out with backoff (0.2 s
-    doubling to 5 s), logged when it starts and again every 30 s while it lasts.
+    doubling to 5 s), logged when it starts and again every 30 s while it lasts. So is a
+    host name that does not resolve, for `UNRESOLVED_GRACE_S`: a platform's name for a
+    service that is not up yet.
 
     Raises:
-        ConfigurationError: the database's host name does not resolve at the first try (a
-            mistyped URL, which no wait mends).
+        ConfigurationError: the database's host name still does not resolve after
+            `UNRESOLVED_GRACE_S` (a mistyped URL, most likely), or its TLS settings
+            cannot reach it (a certificate that fails verification): no wait mends those.
     """
     backoff = _Backoff(logger=logger)
-    first = True
+    unresolved_since: float | None = None
     while not stop.is_set():
         try:
             await attempt()
             return True
         except (StoreUnavailableError, OSError) as exc:
-            host = unresolved_host(exc, database_url) if first else None
-            if host is not None:
+            if (refused := tls_refused(exc)) is not None:
+                raise ConfigurationError(refused) from exc
+            host = unresolved_host(exc, database_url)
+            now = time.monotonic()
+            if host is None:
+                unresolved_since = None
+            elif unresolved_since is None:
+                unresolved_since = now
+            elif now - unresolved_since >= UNRESOLVED_GRACE_S:
                 raise ConfigurationError(
                     f"the database host {host!r} does not resolve: check the host name in "
                     "the database URL"
                 ) from exc
-            first = False
             await _wait(backoff.next(exc), stop)
     return False
 
@@ -181,8 +197,9 @@ class Worker:
 
         A database that cannot be reached (at start or later) is waited out with backoff
         (0.2 s doubling to 5 s): the worker logs it, again every 30 s while it lasts, and
-        keeps trying until `stop`. At start, a host name that does not resolve raises
-        `ConfigurationError` instead.
+        keeps trying until `stop`. At start, a host name that still does not resolve
+        after `UNRESOLVED_GRACE_S` (30 s), or TLS settings that cannot reach the database
+        (a certificate that fails verification), raise `ConfigurationError` instead.
         """
         runtime = self.runtime
         if not await self._until_open(stop):

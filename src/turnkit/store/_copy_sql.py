@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, TypeVar
 
@@ -32,6 +33,7 @@ from turnkit.store._schema import (
     usage,
     workspace_files,
 )
+from turnkit.store._sqlite import BusyError
 
 __all__ = (
     "TABLES",
@@ -51,20 +53,38 @@ T = TypeVar("T")
 class Held:
     """One transaction of a store held open across calls (see `held`)."""
 
-    def __init__(self, store: SqlEngine) -> None:
+    def __init__(self, store: SqlEngine, *, write: bool) -> None:
         self.store = store
+        self.write = write
         self._sqlite: Any = None  # the SQLite connection in its transaction
         self._pg: Any = None  # SQLAlchemy's async connection in its transaction
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
-        """`fn(conn, *args)` inside the held transaction."""
+        """`fn(conn, *args)` inside the held transaction.
+
+        On SQLite's thread, a read that meets a lock (another process's checkpoint, its
+        WAL recovery) is tried again as the store's own reads are, until the store's
+        lock wait runs out or a close gives it up.
+        """
         if self._pg is not None:
             result: T = await self._pg.run_sync(fn, *args)
             return result
         if self.store._thread is None:  # in memory: the one connection, in place
             return fn(self._sqlite, *args)
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.store._thread, lambda: fn(self._sqlite, *args))
+        store, conn = self.store, self._sqlite
+
+        def read() -> T:
+            since = time.monotonic()
+            while True:
+                try:
+                    return fn(conn, *args)
+                except BusyError as exc:
+                    if self.write:  # a write holds its lock from BEGIN: `fn` may be half done
+                        raise
+                    if not store._lock_wait.waits(since):
+                        raise store._busy_too_long(exc) from exc
+
+        return await asyncio.get_running_loop().run_in_executor(store._thread, read)
 
     async def export_snapshot(self) -> str | None:
         """PostgreSQL: an id another connection may read this snapshot by (SQLite: None)."""
@@ -83,7 +103,7 @@ async def held(store: SqlEngine, *, write: bool) -> AsyncIterator[Held]:
     lets writers go on meanwhile). Write: PostgreSQL's default isolation, SQLite's `BEGIN
     IMMEDIATE`. An error rolls it back whole.
     """
-    tx = Held(store)
+    tx = Held(store, write=write)
     if store.dialect == "postgresql":
         assert store._async_engine is not None
         async with store._async_engine.connect() as conn:

@@ -14,8 +14,9 @@ import contextlib
 import sqlite3
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextvars import ContextVar
 from typing import Any, Self, TypeVar
 
 from sqlalchemy import Connection, Engine, create_engine, event, text
@@ -40,16 +41,39 @@ from turnkit.store._folds import WalFolds
 from turnkit.store._group_commit import GroupCommit
 from turnkit.store.migrate import current_revision, upgrade
 
-__all__ = ("SqlEngine", "normalize_url")
+__all__ = ("SqlEngine", "close_lock_wait_s", "closing_within", "normalize_url")
 
 T = TypeVar("T")
 _THREAD_WAIT_MS = 30_000
 """How long the store's thread waits for SQLite's write lock before giving up."""
 CLOSE_LOCK_WAIT_S = 2.0
-"""On close, how long writes still queued on the store's thread may wait for SQLite's lock
-(another process's open transaction) before they give up."""
+"""On close, how long work still queued on the store's thread may wait for SQLite's lock
+(another process's open transaction) before it gives up."""
+_CLOSE_BY: ContextVar[float | None] = ContextVar("turnkit_close_by", default=None)
 _CHECKPOINT_EVERY = 256
 """Commits on the loop's connection between two WAL folds on the store's thread."""
+
+
+@contextlib.contextmanager
+def closing_within(seconds: float | None = None) -> Iterator[None]:
+    """Closes inside wait for SQLite's lock `seconds` from now all told, not each that long.
+
+    `seconds` is `CLOSE_LOCK_WAIT_S` unless given. A runtime closes its checkpointer,
+    then its store: behind locks another process holds, each would wait its own
+    `CLOSE_LOCK_WAIT_S`, one after the other.
+    """
+    wait_s = CLOSE_LOCK_WAIT_S if seconds is None else seconds
+    token = _CLOSE_BY.set(time.monotonic() + wait_s)
+    try:
+        yield
+    finally:
+        _CLOSE_BY.reset(token)
+
+
+def close_lock_wait_s() -> float:
+    """How long a close may still wait for SQLite's lock (see `closing_within`)."""
+    by = _CLOSE_BY.get()
+    return CLOSE_LOCK_WAIT_S if by is None else max(0.0, by - time.monotonic())
 
 
 def normalize_url(url: str) -> str:
@@ -333,7 +357,7 @@ class SqlEngine(PgConnections):
                 on_loop.close()
             disposed = asyncio.get_running_loop().run_in_executor(self._thread, dispose)
             # Queued writes may wait for a lock another process holds: not for long.
-            done, _ = await asyncio.wait([disposed], timeout=CLOSE_LOCK_WAIT_S)
+            done, _ = await asyncio.wait([disposed], timeout=close_lock_wait_s())
             if not done:
                 self._lock_wait.give_up()
             await disposed

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import ssl
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any, Final, TypeVar
@@ -435,6 +436,53 @@ def unresolved_host(exc: BaseException, url: str) -> str | None:
         return make_url(url).host or "localhost"
     except (ArgumentError, ValueError):
         return "?"
+
+
+def tls_refused(exc: BaseException) -> str | None:
+    """Why the URL's settings cannot reach the database, when TLS or the driver says so.
+
+    The server's certificate fails verification (a CA the URL's `sslrootcert` does not
+    trust, a name or address it was not issued for), the handshake is refused (no TLS
+    version or cipher both sides speak), or the driver cannot use the URL's options (no
+    root certificate to verify with, an unknown `sslmode`): no wait mends any of them.
+    The message ends with what to check. A connection lost mid-handshake (EOF, reset) is
+    an outage, not this; None then.
+    """
+    tls = "check sslmode and sslrootcert in the database URL, and the server's certificate"
+    for error in _wrapped(exc):
+        if isinstance(error, ssl.SSLCertVerificationError):
+            return f"the database's TLS certificate cannot be verified ({first_line(error)}): {tls}"
+        if isinstance(error, ssl.SSLError) and not isinstance(error, _SSL_LOST):
+            return f"the TLS handshake with the database fails ({first_line(error)}): {tls}"
+        if type(error).__name__ == "ClientConfigurationError":  # asyncpg's, for its options
+            return f"the database URL cannot be used ({first_line(error)}): check its options"
+    return None
+
+
+_SSL_LOST = (
+    ssl.SSLEOFError,
+    ssl.SSLSyscallError,
+    ssl.SSLZeroReturnError,
+    ssl.SSLWantReadError,
+    ssl.SSLWantWriteError,
+)
+"""TLS errors of a connection cut or closed, not of settings the two sides disagree on."""
+
+
+def _wrapped(exc: BaseException) -> Iterator[BaseException]:
+    """`exc` and every error it wraps (SQLAlchemy's `orig`, a cause, a context), a few deep."""
+    pending, seen = [exc], set[int]()
+    while pending and len(seen) < 12:
+        error = pending.pop(0)
+        if id(error) in seen:
+            continue
+        seen.add(id(error))
+        yield error
+        pending += [
+            e
+            for e in (getattr(error, "orig", None), error.__cause__, error.__context__)
+            if isinstance(e, BaseException)
+        ]
 
 
 def _no_such_name(exc: BaseException) -> bool:

@@ -50,6 +50,7 @@ from turnkit.store._engine_pg import (
     is_unreachable,
     reached_read_only,
     shown_url,
+    tls_refused,
     unavailable,
     unresolved_host,
 )
@@ -68,6 +69,7 @@ __all__ = (
     "normalize_url",
     "reached_read_only",
     "shown_url",
+    "tls_refused",
     "unavailable",
     "unresolved_host",
 )
