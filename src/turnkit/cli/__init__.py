@@ -370,9 +370,12 @@ async def _serve(args: argparse.Namespace, out: TextIO) -> int:
 
         store = SqlStore.from_url(url, schema=schema)
         try:
-            refuse_newer(await store.schema_revision())  # a rollback: its lifespan would fail
+            revision = await store.schema_revision()
+            refuse_newer(revision)  # a rollback: its lifespan would fail
         finally:
             await store.close()
+        if revision is None:  # a new database (or schema): the lifespan makes it
+            return
         # The lifespan sets up the checkpoint tables, a write: a server that takes none now
         # (read-only after a failover) is waited for here, not a failed lifespan.
         _, close_checkpointer = await open_checkpointer(url, schema=schema)
