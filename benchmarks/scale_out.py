@@ -216,8 +216,11 @@ def stop_layout(procs: list[subprocess.Popen[bytes]], schema: str) -> None:
             proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             proc.kill()
-    subprocess.run(["psql", POSTGRES, "-q", "-c", f'DROP SCHEMA "{schema}" CASCADE'],
-                   capture_output=True, check=False, timeout=60)  # fmt: skip
+    try:
+        subprocess.run(["psql", POSTGRES, "-q", "-c", f'DROP SCHEMA "{schema}" CASCADE'],
+                       capture_output=True, check=False, timeout=60)  # fmt: skip
+    except FileNotFoundError:  # no PostgreSQL client here
+        print(f"psql not found: drop schema {schema!r} by hand", file=sys.stderr)
 
 
 def write_json(args: argparse.Namespace, summary: list[Any], rows: list[Any]) -> None:

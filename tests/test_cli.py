@@ -146,7 +146,7 @@ def test_serve_stops_on_a_database_host_that_still_does_not_resolve(
     """Waited for through the grace a platform's name may need, then one line, exit 2."""
     if not _mistyped_host_is_told_apart():
         pytest.skip("this machine's resolver cannot answer for a name that does not exist")
-    monkeypatch.setattr("turnkit.runtime.worker.UNRESOLVED_GRACE_S", 0.5, raising=False)
+    monkeypatch.setattr("turnkit.runtime.worker.UNRESOLVED_GRACE_S", 0.5)
     for name in ("TURNKIT_DATABASE_URL", "TURNKIT_ALLOWED_HOSTS"):  # serve sets them
         monkeypatch.setenv(name, "")
     url = "postgresql://postgres:S3cret@nosuchhost.invalid/x"

@@ -275,7 +275,6 @@ async def test_closing_while_another_process_holds_the_sqlite_write_lock_returns
     window = 5.0
     monkeypatch.setattr("turnkit.store._engine._THREAD_WAIT_MS", 600_000)
     monkeypatch.setattr("turnkit.store._engine.CLOSE_LOCK_WAIT_S", window)
-    monkeypatch.setattr("turnkit.graph._sqlite_saver.CLOSE_LOCK_WAIT_S", window, raising=False)
     log_path = tmp_path / "calls.txt"
     log_path.touch()
     runtime, seen, reading = await _at_the_second_call(db, log_path, monkeypatch)

@@ -435,3 +435,17 @@ async def test_a_refused_read_of_flagged_turns_leaves_the_listener_listening(
     refused = [r for r in caplog.records if "flagged for Stop" in r.getMessage()]
     assert len(refused) == 1
     assert refused[0].levelname == "WARNING"
+
+
+async def test_a_connection_lost_while_reading_flagged_turns_fails_the_connect(
+    pg_schema: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The server ends the listener's connection during that read (a restart: 57P01): not
+    a refusal to log and listen past on a dead connection, but a connect that failed, so
+    the process polls and connects again later."""
+    ends_itself = "SELECT pg_terminate_backend(pg_backend_pid()) WHERE $1::int > 0"
+    monkeypatch.setattr(_listen_pg, "_FLAGGED", ends_itself)
+    async with SqlStore.from_url(POSTGRES_URL, schema=pg_schema) as driving:
+        assert await driving.work_signal() is None  # polling: the connect failed
+        assert driving._listener._conn is None  # type: ignore[attr-defined]
+    assert not [r for r in caplog.records if "flagged for Stop" in r.getMessage()]

@@ -390,7 +390,7 @@ async def test_a_worker_waiting_for_the_database_says_so_again_while_it_waits(
 ) -> None:
     """A database down at start is waited out, and the wait is not silent: a warning
     says it is still unavailable, and for how long, every `STILL_AWAY_EVERY_S`."""
-    monkeypatch.setattr("turnkit.runtime.worker.STILL_AWAY_EVERY_S", 0.0, raising=False)
+    monkeypatch.setattr("turnkit.runtime.worker.STILL_AWAY_EVERY_S", 0.0)
     caplog.set_level(logging.INFO, logger="turnkit.worker")
     config = RuntimeConfig(database_url="postgresql://postgres@127.0.0.1:1/test")
     runtime = SessionRuntime(agent=Agent(model=ScriptedModel([])), config=config)
@@ -429,7 +429,7 @@ async def test_a_database_host_that_does_not_resolve_stops_a_starting_worker(
         return found(host, *args, **kwargs)
 
     monkeypatch.setattr(socket, "getaddrinfo", resolve)
-    monkeypatch.setattr("turnkit.runtime.worker.UNRESOLVED_GRACE_S", 0.5, raising=False)
+    monkeypatch.setattr("turnkit.runtime.worker.UNRESOLVED_GRACE_S", 0.5)
     caplog.set_level(logging.WARNING, logger="turnkit.worker")
     config = RuntimeConfig(database_url="postgresql://postgres@db.mistyped/test")
     runtime = SessionRuntime(agent=Agent(model=ScriptedModel([])), config=config)
@@ -545,6 +545,13 @@ def test_tls_failures_are_told_from_a_connection_lost_mid_handshake() -> None:
     refused = ssl.SSLError(1, "[SSL: TLSV1_ALERT_PROTOCOL_VERSION] tlsv1 alert")
     assert "handshake with the database fails" in (tls_refused(wrapped(refused)) or "")
     assert tls_refused(wrapped(ssl.SSLEOFError(8, "EOF occurred"))) is None
+    # A proxy whose server is not up yet, a record cut short: outages, waited out.
+    alert = ssl.SSLError(1, "[SSL: TLSV1_ALERT_INTERNAL_ERROR] tlsv1 alert internal error")
+    assert tls_refused(wrapped(alert)) is None
+    assert tls_refused(wrapped(ssl.SSLError(1, "[SSL: BAD_RECORD_MAC] bad record mac"))) is None
+    early = ssl.SSLCertVerificationError(1, "certificate verify failed: not yet valid")
+    early.verify_code = 9  # at boot, before the clock is synced
+    assert tls_refused(wrapped(early)) is None
     assert tls_refused(wrapped(ConnectionResetError(104, "reset"))) is None
     assert tls_refused(_no_such_name()) is None
 

@@ -10,6 +10,7 @@ database.
 from __future__ import annotations
 
 import asyncio
+import re
 import socket
 import ssl
 import time
@@ -451,22 +452,39 @@ def tls_refused(exc: BaseException) -> str | None:
     tls = "check sslmode and sslrootcert in the database URL, and the server's certificate"
     for error in _wrapped(exc):
         if isinstance(error, ssl.SSLCertVerificationError):
+            if getattr(error, "verify_code", None) == _NOT_YET_VALID:  # a clock not synced yet
+                return None
             return f"the database's TLS certificate cannot be verified ({first_line(error)}): {tls}"
-        if isinstance(error, ssl.SSLError) and not isinstance(error, _SSL_LOST):
+        if isinstance(error, ssl.SSLError) and _ssl_reason(error) in _SSL_SETTINGS:
             return f"the TLS handshake with the database fails ({first_line(error)}): {tls}"
         if type(error).__name__ == "ClientConfigurationError":  # asyncpg's, for its options
             return f"the database URL cannot be used ({first_line(error)}): check its options"
     return None
 
 
-_SSL_LOST = (
-    ssl.SSLEOFError,
-    ssl.SSLSyscallError,
-    ssl.SSLZeroReturnError,
-    ssl.SSLWantReadError,
-    ssl.SSLWantWriteError,
+_SSL_SETTINGS: Final = frozenset(
+    {
+        "UNSUPPORTED_PROTOCOL",
+        "TLSV1_ALERT_PROTOCOL_VERSION",
+        "NO_SHARED_CIPHER",
+        "SSLV3_ALERT_HANDSHAKE_FAILURE",
+        "NO_PROTOCOLS_AVAILABLE",
+    }
 )
-"""TLS errors of a connection cut or closed, not of settings the two sides disagree on."""
+"""TLS failures of settings the two sides disagree on (a version, a cipher), which no wait
+mends; any other (a record cut short, a proxy whose server is not up yet) is an outage."""
+_NOT_YET_VALID: Final = 9
+"""OpenSSL's `X509_V_ERR_CERT_NOT_YET_VALID`: at boot, a clock not synced yet says so."""
+_REASON = re.compile(r"\[SSL: ([A-Z0-9_]+)\]")
+
+
+def _ssl_reason(error: ssl.SSLError) -> str | None:
+    """OpenSSL's reason for `error` (`NO_SHARED_CIPHER`), from its message if not given."""
+    reason = getattr(error, "reason", None)
+    if reason:
+        return str(reason)
+    found = _REASON.search(str(error))
+    return found.group(1) if found else None
 
 
 def _wrapped(exc: BaseException) -> Iterator[BaseException]:

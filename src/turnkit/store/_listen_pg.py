@@ -163,6 +163,8 @@ class Listener:
         try:
             rows = await conn.fetch(_FLAGGED, HEARD_KEPT)
         except asyncpg.PostgresError as exc:
+            if not _refused(exc):  # a shutdown, a lost connection: the connect fails
+                raise
             if not self._flagged_refused:
                 self._flagged_refused = True
                 log.warning(
@@ -214,3 +216,13 @@ def _logged(task: asyncio.Task[asyncio.Event | None]) -> None:
     """A background connect that failed other than as `_connect` expects: logged."""
     if not task.cancelled() and task.exception() is not None:
         log.warning("listening for Stops failed: %r", task.exception())
+
+
+def _refused(exc: BaseException) -> bool:
+    """Whether the server refused a statement as written: SQLSTATE class 42 or 3F000.
+
+    A table or schema it does not have, a privilege the role lacks; not a connection lost
+    or a server shutting down (57P01), which fail the connect as any outage does.
+    """
+    state = str(getattr(exc, "sqlstate", "") or "")
+    return state.startswith("42") or state == "3F000"
