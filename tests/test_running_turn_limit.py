@@ -10,7 +10,7 @@ import pytest
 
 from tests.helpers import GatedModel, calls_made, drain, until, waiting_for_slot
 from turnkit import Agent, RuntimeConfig, SessionRuntime
-from turnkit.events import DoneEvent
+from turnkit.events import DoneEvent, MessageCompleteEvent
 from turnkit.runtime.worker import Worker
 
 
@@ -164,8 +164,9 @@ async def test_a_caller_that_leaves_at_turn_started_while_its_turn_waits_cancels
 
 
 async def test_a_stop_right_after_start_ends_the_turn_and_frees_its_slot(tmp_path: Path) -> None:
+    # The gate opens only after the Stop: a driver that began before it (a loaded loop
+    # runs it while the Stop commits) waits in its first model call and answers nothing.
     model = GatedModel()
-    model.gate.set()
     config = RuntimeConfig(database_url=f"sqlite:///{tmp_path / 't.db'}", max_running_turns=1)
     async with SessionRuntime(agent=Agent(model=model), config=config) as runtime:
         stopped = await runtime.start("s-a", "hi")
@@ -173,14 +174,16 @@ async def test_a_stop_right_after_start_ends_the_turn_and_frees_its_slot(tmp_pat
         assert await runtime.cancel(stopped.turn_id) == "cancelled"
         record = await runtime.turn(stopped.turn_id)
         assert (record.status, record.lease_owner) == ("cancelled", None)
-        done = [e async for e in runtime.events(stopped.turn_id)][-1]
+        events = [e async for e in runtime.events(stopped.turn_id)]
+        done = events[-1]
         assert isinstance(done, DoneEvent)
         assert done.status == "cancelled"
+        assert not [e for e in events if isinstance(e, MessageCompleteEvent)]  # no answer
+        model.gate.set()
         # The only slot is free again, and the session is not held up.
         nxt = await asyncio.wait_for(drain(runtime.execute_message("s-b", "hi")), 20)
         same = await asyncio.wait_for(drain(runtime.execute_message("s-a", "again")), 20)
     assert [nxt[-1].status, same[-1].status] == ["succeeded", "succeeded"]
-    assert model.calls == 2  # the stopped turn never called the model
 
 
 async def test_a_stop_while_a_detached_turn_waits_for_a_slot_ends_it(tmp_path: Path) -> None:
