@@ -123,16 +123,20 @@ def start_layout(
                "--redis-url", REDIS, *worker_args]  # fmt: skip
         procs.append(_start(cmd, env, logs / f"worker{i}.log"))
     deadline = time.monotonic() + 60
-    for url in urls:
-        while True:
-            try:
-                if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise SystemExit(f"{url} did not start; see {logs}")
-            time.sleep(0.1)
+    try:
+        for url in urls:
+            while True:
+                try:
+                    if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise SystemExit(f"{url} did not start; see {logs}")
+                time.sleep(0.1)
+    except BaseException:
+        stop_layout(procs, schema)  # what did start must not outlive the run
+        raise
     return urls, procs
 
 
