@@ -20,7 +20,6 @@ import asyncio
 import contextlib
 import sqlite3
 import threading
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -41,7 +40,14 @@ from turnkit.graph._held import ThreadNotes, cancelled, log_dropped, supersedabl
 from turnkit.store._engine import close_lock_wait_s
 from turnkit.store._folds import WalFolds
 from turnkit.store._group_commit import GroupCommit
-from turnkit.store._sqlite import LockWait, SqliteConnection, is_busy, refusal, tune
+from turnkit.store._sqlite import (
+    LockWait,
+    SqliteConnection,
+    busy_error,
+    is_busy,
+    refusal,
+    tune,
+)
 
 __all__ = ("ThreadedSqliteSaver",)
 
@@ -323,13 +329,7 @@ class ThreadedSqliteSaver(SqliteSaver):
                     self._flush_deferred()
                     self.conn.execute(f"PRAGMA busy_timeout={LockWait.SLICE_MS}")
                     try:
-                        since = time.monotonic()
-                        while True:
-                            try:
-                                return fn()
-                            except sqlite3.OperationalError as exc:
-                                if not is_busy(exc) or not self._lock_wait.waits(since):
-                                    raise
+                        return self._lock_wait.retry(fn, busy=busy_error)
                     finally:
                         self.conn.execute("PRAGMA busy_timeout=0")
 

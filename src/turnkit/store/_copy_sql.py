@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, TypeVar
 
@@ -33,7 +32,7 @@ from turnkit.store._schema import (
     usage,
     workspace_files,
 )
-from turnkit.store._sqlite import BusyError
+from turnkit.store._sqlite import BusyError, busy_error
 
 __all__ = (
     "TABLES",
@@ -74,15 +73,14 @@ class Held:
         store, conn = self.store, self._sqlite
 
         def read() -> T:
-            since = time.monotonic()
-            while True:
-                try:
-                    return fn(conn, *args)
-                except BusyError as exc:
-                    if self.write:  # a write holds its lock from BEGIN: `fn` may be half done
-                        raise
-                    if not store._lock_wait.waits(since):
-                        raise store._busy_too_long(exc) from exc
+            # A write holds its lock from BEGIN: `fn` may be half done, so it is not retried.
+            again = (lambda exc: False) if self.write else busy_error
+            try:
+                return store._lock_wait.retry(lambda: fn(conn, *args), busy=again)
+            except BusyError as exc:
+                if self.write:
+                    raise
+                raise store._busy_too_long(exc) from exc
 
         return await asyncio.get_running_loop().run_in_executor(store._thread, read)
 

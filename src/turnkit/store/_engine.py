@@ -171,15 +171,15 @@ class SqlEngine(PgConnections):
                 assert self._group is not None
                 return await self._group.run(fn, *args, behind=behind)
 
+            def once() -> T:
+                with self._thread_conn().transaction(write=write) as conn:
+                    return fn(conn, *args)
+
             def run() -> T:  # a read: tried again while it meets a lock, as a write waits
-                since = time.monotonic()
-                while True:
-                    try:
-                        with self._thread_conn().transaction(write=write) as conn:
-                            return fn(conn, *args)
-                    except sqlite_conn.BusyError as exc:
-                        if not self._lock_wait.waits(since):
-                            raise self._busy_too_long(exc) from exc
+                try:
+                    return self._lock_wait.retry(once, busy=sqlite_conn.busy_error)
+                except sqlite_conn.BusyError as exc:
+                    raise self._busy_too_long(exc) from exc
 
             return await asyncio.get_running_loop().run_in_executor(self._thread, run)
         assert self._async_engine is not None

@@ -19,10 +19,10 @@ import sqlite3
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from sqlalchemy import Boolean, DateTime
 from sqlalchemy.dialects import sqlite
@@ -30,9 +30,12 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 
 from turnkit.errors import StoreUnavailableError
 
+T = TypeVar("T")
+
 __all__ = (
     "BusyError",
     "LockWait",
+    "busy_error",
     "RawResult",
     "SqliteConnection",
     "cannot_write",
@@ -85,13 +88,19 @@ class LockWait:
         Raises:
             sqlite3.OperationalError: the lock was not had (busy), or BEGIN failed.
         """
+        self.retry(lambda: raw.execute("BEGIN IMMEDIATE"), busy=busy_error)
+
+    def retry(self, attempt: Callable[[], T], *, busy: Callable[[Exception], bool]) -> T:
+        """`attempt()`, tried while it meets a lock (`busy(exc)`) and the wait goes on.
+
+        Its last error is raised once `busy` says no or the wait is over (or given up).
+        """
         since = time.monotonic()
         while True:
             try:
-                raw.execute("BEGIN IMMEDIATE")
-                return
-            except sqlite3.OperationalError as exc:
-                if not is_busy(exc) or not self.waits(since):
+                return attempt()
+            except Exception as exc:
+                if not busy(exc) or not self.waits(since):
                     raise
 
 
@@ -197,6 +206,13 @@ def refusal(exc: BaseException, path: str) -> StoreUnavailableError | None:
         f"the SQLite database {path!r} {why} ({exc}); nothing was written, "
         "retry once the disk or the file is mended",
         path=path,
+    )
+
+
+def busy_error(exc: Exception) -> bool:
+    """`exc` says another connection holds a lock (`BusyError`, or SQLite's own error)."""
+    return isinstance(exc, BusyError) or (
+        isinstance(exc, sqlite3.OperationalError) and is_busy(exc)
     )
 
 
