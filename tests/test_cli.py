@@ -189,6 +189,44 @@ def test_a_database_certificate_that_fails_verification_stops_at_once(
     ), line
 
 
+@pytest.mark.parametrize("command", ["serve", "worker"])
+def test_a_tls_file_the_database_url_names_and_that_is_not_there_stops_at_once(
+    tmp_path: Path, command: str
+) -> None:
+    """A missing, unreadable or empty `sslrootcert`/`sslcert`: one line naming the option
+    and the path, exit 2, where serve and worker retried as if the database were down.
+
+    The driver reads the files before it connects: no server is needed (port 1).
+    """
+    (tmp_path / "empty.pem").write_text("")
+    env = {**os.environ, "TURNKIT_GC": "python"}
+    for name in ("PGSSLMODE", "PGSSLROOTCERT", "PGSSLCERT", "PGSSLKEY", "PGSSLCRL"):
+        env.pop(name, None)
+    flags = ["--port", "1"] if command == "serve" else []
+    missing = tmp_path / "certs" / "ca.pem"
+    for query, says in (
+        (f"sslmode=verify-full&sslrootcert={missing}",
+         f"sslrootcert in the database URL names '{missing}', which does not exist: "),
+        (f"sslmode=require&sslcert={missing}&sslkey={missing}",
+         f"sslcert in the database URL names '{missing}', which does not exist: "),
+        (f"sslmode=require&sslrootcert={tmp_path}",
+         f"sslrootcert in the database URL names '{tmp_path}', which is a directory, not a "),
+        (f"sslmode=verify-ca&sslrootcert={tmp_path / 'empty.pem'}",
+         "a TLS file the database URL names cannot be used ([X509: NO_CERTIFICATE_OR_CRL"),
+    ):  # fmt: skip
+        url = f"postgresql://u:S3cret@127.0.0.1:1/x?{query}"
+        done = subprocess.run(
+            [sys.executable, "-m", "turnkit.cli", command, *flags, "--database-url", url],
+            capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path,
+        )  # fmt: skip
+        assert done.returncode == 2, done.stderr
+        assert "unavailable" not in done.stderr  # never taken for an outage
+        [line] = done.stderr.splitlines()
+        assert line.startswith(f"turnkit: {says}"), line
+        assert line.endswith("[configuration-invalid; see docs/errors.md#configuration-invalid]")
+        assert "S3cret" not in done.stderr + done.stdout
+
+
 def test_serve_waits_for_a_database_that_refuses_connections(tmp_path: Path) -> None:
     """A database restarting under a deploy refuses connections for a while: serve waits
     (saying so) instead of exiting, as a worker does."""
@@ -371,6 +409,8 @@ def test_serve_serves_the_runtime_its_flag_names(tmp_path: Path) -> None:
     assert "Served." in body
     assert (tmp_path / "app.db").exists()  # the runtime's database, not ./turnkit.db
     assert not (tmp_path / "turnkit.db").exists()
+    said = (tmp_path / "serve.log").read_text()  # its first line: the runtime's own parts
+    assert f"from sqlite:///{tmp_path / 'app.db'}, hosting assistant (model " in said, said
 
 
 def test_serve_hosts_the_agents_its_flags_name(tmp_path: Path) -> None:
@@ -743,7 +783,64 @@ def test_the_worker_command_shows_worker_lines_on_stderr(
     out = io.StringIO()  # its first line names the database, never its password
     secret = "postgresql://app:S3cret@127.0.0.1:1/x"
     assert main(["worker", "--database-url", secret], out=out) == 0
-    assert out.getvalue().endswith(" on postgresql://app:***@127.0.0.1:1/x, hosting demo\n")
+    assert " on postgresql://app:***@127.0.0.1:1/x, hosting demo (model " in out.getvalue()
+    assert "S3cret" not in out.getvalue()
+
+
+def test_the_worker_s_first_line_names_each_agent_s_model_and_the_demo_one_as_such(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    class Idle:
+        def __init__(self, runtime: object, **options: object) -> None:
+            pass
+
+        async def run(self, stop: object) -> None:
+            pass
+
+    monkeypatch.setattr(cli_worker, "Worker", Idle)
+    monkeypatch.delenv("TURNKIT_AGENT", raising=False)
+    monkeypatch.delenv("TURNKIT_MODEL", raising=False)
+    url = f"sqlite:///{tmp_path / 'w.db'}"
+    out = io.StringIO()
+    assert main(["worker", "--database-url", url], out=out) == 0
+    assert out.getvalue().endswith(
+        ", hosting demo (model turnkit-demo, the OFFLINE DEMO model: fixed rules, not an LLM; "
+        "set TURNKIT_MODEL or --agent for a real one)\n"
+    )
+    monkeypatch.setenv("TURNKIT_MODEL", "openai/gpt-4o-mini")
+    out = io.StringIO()
+    assert main(["worker", "--database-url", url], out=out) == 0
+    assert out.getvalue().endswith(", hosting demo (model openai/gpt-4o-mini)\n")
+    assert "DEMO" not in out.getvalue()
+
+
+def test_a_start_up_line_names_served_models_without_their_secrets() -> None:
+    from turnkit import Agent, ModelFamily, SessionRuntime
+    from turnkit.cli._settings import hosting
+    from turnkit.demo import DemoModel
+    from turnkit.models.litellm import LiteLLMClient, ModelEndpoint
+
+    proxy = "https://app:S3cret@llm.example.com:8443/v1?api-key=K3y"
+    cheap = ModelFamily("cheap", [LiteLLMClient("openai/gpt-4o-mini", api_key="sk-L34k"),
+                                  DemoModel()])  # fmt: skip
+    fast = ModelEndpoint(model="openai/gpt-4o", api_base=proxy, api_key_env="FAST_KEY")
+    runtime = SessionRuntime(
+        agents=[
+            Agent(name="support", model="fast"),
+            Agent(name="triage", model=cheap),
+            Agent(name="plain", model="anthropic/claude-3-5-haiku"),
+        ],
+        models={"fast": fast},
+    )
+    line = hosting(runtime)
+    assert line == (
+        "support (model fast: openai/gpt-4o at https://llm.example.com:8443/v1), "
+        "triage (model family cheap: openai/gpt-4o-mini, turnkit-demo, the OFFLINE DEMO model: "
+        "fixed rules, not an LLM; set TURNKIT_MODEL or --agent for a real one), "
+        "plain (model anthropic/claude-3-5-haiku)"
+    )
+    for secret in ("S3cret", "K3y", "sk-L34k"):
+        assert secret not in line
 
 
 def test_the_worker_listens_unless_told_only_to_poll(
@@ -1225,6 +1322,24 @@ def test_an_empty_yes_no_setting_means_its_default(empty: str) -> None:
     assert runtime_from_env(off).config.recover_in_process is False  # follows driving
 
 
+@pytest.mark.parametrize("blank", [" ", " , "])
+def test_a_blank_agent_or_model_variable_means_the_demo_in_the_app_as_in_the_worker(
+    blank: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from turnkit.demo import DemoModel
+    from turnkit.quickstart import runtime_from_env
+
+    env = {"TURNKIT_DATABASE_URL": "sqlite:///:memory:", "TURNKIT_AGENT": blank,
+           "TURNKIT_MODEL": " "}  # fmt: skip
+    app = runtime_from_env(env).agent
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    [worker] = hosted_agents(argparse.Namespace(agent=None))
+    for agent in (app, worker):
+        assert agent.name == "demo"
+        assert isinstance(agent.model, DemoModel)
+
+
 def test_a_yes_no_setting_or_a_redis_url_the_environment_gets_wrong_is_refused() -> None:
     from turnkit.errors import ConfigurationError
     from turnkit.quickstart import runtime_from_env
@@ -1374,7 +1489,11 @@ def test_serve_with_json_logs_writes_nothing_but_json_lines(tmp_path: Path) -> N
     assert stderr
     lines = [json.loads(line) for line in [*stdout, *stderr]]  # every line is JSON
     messages = [line["message"] for line in lines]
-    assert any(m.startswith(f"turnkit serving on http://127.0.0.1:{port}") for m in messages)
+    [up] = [m for m in messages if m.startswith(f"turnkit serving on http://127.0.0.1:{port}")]
+    assert up.endswith(  # the database it serves from, the agent and its model
+        f" from sqlite:///{tmp_path / 's.db'}, hosting demo (model turnkit-demo, the OFFLINE "
+        "DEMO model: fixed rules, not an LLM; set TURNKIT_MODEL or --agent for a real one)"
+    ), up
     assert any(m.startswith("OpenTelemetry on (console spans") for m in messages)
     assert "Application startup complete." in messages  # uvicorn's own
     assert any("POST /api/harness/sessions/s1/execute" in m for m in messages)  # its access log

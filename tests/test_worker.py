@@ -556,6 +556,47 @@ def test_tls_failures_are_told_from_a_connection_lost_mid_handshake() -> None:
     assert tls_refused(_no_such_name()) is None
 
 
+def test_a_tls_file_is_blamed_only_when_the_driver_reads_it_and_it_is_not_there(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Unix socket not there yet is an outage (FileNotFoundError too); so is any failure
+    under `sslmode=disable`, or under `prefer`, where the driver reads no `sslrootcert`."""
+    from turnkit.store.sql import tls_file_refused, unavailable
+
+    for name in ("PGSSLMODE", "PGSSLROOTCERT", "PGSSLCERT", "PGSSLKEY", "PGSSLCRL"):
+        monkeypatch.delenv(name, raising=False)
+
+    def wrapped(error: OSError) -> BaseException:
+        try:
+            try:
+                raise error
+            except OSError as exc:
+                raise unavailable(exc) from None  # only the context leads to it
+        except StoreUnavailableError as outer:
+            return outer
+
+    gone = wrapped(FileNotFoundError(2, "No such file or directory"))
+    missing, there = tmp_path / "ca.pem", tmp_path / "there.pem"
+    there.write_text("-----BEGIN CERTIFICATE-----\n")
+    base = "postgresql://u@/x?host=/run/postgresql"
+    said = tls_file_refused(gone, f"{base}&sslmode=require&sslrootcert={missing}")
+    assert said == (
+        f"sslrootcert in the database URL names '{missing}', which does not exist: check the "
+        "path, and that the file is there for this process (a mounted secret, a container's "
+        "volume)"
+    )
+    assert tls_file_refused(gone, base) is None  # the socket is not there (yet)
+    assert tls_file_refused(gone, f"{base}&sslmode=require&sslrootcert={there}") is None
+    assert tls_file_refused(gone, f"{base}&sslmode=disable&sslrootcert={missing}") is None
+    assert tls_file_refused(gone, f"{base}&sslmode=prefer&sslrootcert={missing}") is None
+    assert tls_file_refused(wrapped(ConnectionRefusedError(111, "refused")),
+                            f"{base}&sslmode=require&sslrootcert={missing}") is None  # fmt: skip
+    monkeypatch.setenv("PGSSLCERT", str(missing))  # as libpq, the driver reads these too
+    assert (tls_file_refused(gone, f"{base}&sslmode=prefer") or "").startswith(
+        f"$PGSSLCERT names '{missing}', which does not exist"
+    )
+
+
 class _HungBuffer:
     """A replay buffer behind a Redis that stopped answering (hung, or a network that
     drops packets): publishing and releasing wait until `answers` is set."""

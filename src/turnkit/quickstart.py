@@ -106,10 +106,9 @@ def runtime_from_env(env: Mapping[str, str] | None = None) -> SessionRuntime:
         listen_for_stops=env_listen_for_stops(env),
     )  # RuntimeConfig refuses a `budgets` other than those two
     replay = replay_from_url(env.get("TURNKIT_REDIS_URL"))
+    named = env.get("TURNKIT_AGENT", "").strip(" ,")  # blank: unset, as `turnkit worker` has it
     agents = (
-        load_agents(env["TURNKIT_AGENT"])
-        if env.get("TURNKIT_AGENT")
-        else (demo_agent(env.get("TURNKIT_MODEL") or None),)
+        load_agents(named) if named else (demo_agent(env.get("TURNKIT_MODEL", "").strip() or None),)
     )
     return SessionRuntime(agents=agents, config=config, replay=replay, plugins=env_plugins(env))
 

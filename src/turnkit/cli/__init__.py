@@ -50,6 +50,7 @@ from turnkit.cli._settings import (
     GC_THRESHOLDS,
     ceiling,
     gc_mode,
+    hosting,
     install_command,
     load_runtime,
     named_agents,
@@ -390,9 +391,11 @@ async def _serve(args: argparse.Namespace, out: TextIO) -> int:
         tune_gc(collector)
         host = f"[{args.host}]" if ":" in args.host else args.host  # an IPv6 address
         base = f"http://{host}:{sock.getsockname()[1]}"
+        served = runtime or _quickstart_runtime()
         announce(
             out,
-            f"turnkit serving on {base} (chat page {base}/, API {base}/api/harness)",
+            f"turnkit serving on {base} (chat page {base}/, API {base}/api/harness) "
+            f"from {shown_url(url)}, hosting {hosting(served)}",
             args.log_format,
         )
         with _drained_on_signal():
@@ -443,6 +446,14 @@ async def _served_runtime(args: argparse.Namespace) -> SessionRuntime | None:
     if named := named_agents(args):
         os.environ["TURNKIT_AGENT"] = ",".join(named)
     return None
+
+
+def _quickstart_runtime() -> SessionRuntime:
+    """The runtime the quickstart app built from the environment (once uvicorn loaded it)."""
+    from turnkit.quickstart import app
+
+    runtime: SessionRuntime = app.state.runtime
+    return runtime
 
 
 def _app_around(runtime: SessionRuntime) -> Any:

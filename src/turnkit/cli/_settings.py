@@ -13,9 +13,10 @@ import inspect
 import os
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Final
+from urllib.parse import urlsplit
 
 from turnkit.agent import import_object
 from turnkit.config import (
@@ -25,6 +26,7 @@ from turnkit.config import (
     env_lease_ttl_s,
     env_listen_for_stops,
 )
+from turnkit.demo import DEMO_MODEL_NAME
 from turnkit.errors import ConfigurationError
 from turnkit.runtime import SessionRuntime
 
@@ -33,6 +35,7 @@ __all__ = (
     "RUNTIME_FLAGS",
     "ceiling",
     "gc_mode",
+    "hosting",
     "install_command",
     "load_runtime",
     "named_agents",
@@ -127,6 +130,57 @@ def tune_gc(mode: str) -> None:
         gc.collect()
         gc.freeze()
         gc.set_threshold(*GC_THRESHOLDS)
+
+
+_DEMO: Final = (
+    f"{DEMO_MODEL_NAME}, the OFFLINE DEMO model: fixed rules, not an LLM; "
+    "set TURNKIT_MODEL or --agent for a real one"
+)
+
+
+def hosting(runtime: SessionRuntime) -> str:
+    """The agents `runtime` hosts, each with its model, for a start-up line.
+
+    `support (model openai/gpt-4o-mini), triage (model fast: family fast: a, b)`; the
+    demo model says that it is the offline demo, not an LLM. Model names and endpoint
+    addresses only: never a key, nor an address's user, password or query.
+    """
+    return ", ".join(
+        f"{agent.name} (model {_model(agent.model, runtime.models)})"
+        for agent in runtime.agents.hosted()
+    )
+
+
+def _model(model: object, served: Mapping[str, object], depth: int = 0) -> str:
+    """`model` as a start-up line names it (a served name with what it stands for)."""
+    if isinstance(model, str):
+        stands_for = served.get(model) if depth < 3 else None
+        if stands_for is None or stands_for == model:
+            return model
+        return f"{model}: {_model(stands_for, served, depth + 1)}"
+    name = getattr(model, "model", None)
+    if name == DEMO_MODEL_NAME:
+        return _DEMO
+    rungs = getattr(model, "rungs", None)
+    if rungs is not None:
+        tried = ", ".join(_model(rung, served, depth + 1) for rung in rungs)
+        return f"family {getattr(model, 'name', '?')}: {tried}"
+    shown = name if isinstance(name, str) else type(model).__name__
+    base = getattr(model, "api_base", None)
+    return f"{shown} at {_address(base)}" if isinstance(base, str) and base else shown
+
+
+def _address(url: str) -> str:
+    """An endpoint's address without what may be secret: its user, password and query."""
+    try:
+        parts = urlsplit(url if "//" in url else f"//{url}")
+        host = parts.hostname or "?"
+        port = f":{parts.port}" if parts.port is not None else ""
+    except ValueError:  # a port that is not a number
+        return "?"
+    host = f"[{host}]" if ":" in host else host
+    scheme = f"{parts.scheme}://" if parts.scheme else ""
+    return f"{scheme}{host}{port}{parts.path}"
 
 
 def named_agents(args: argparse.Namespace) -> list[str]:

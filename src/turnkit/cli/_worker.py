@@ -17,6 +17,7 @@ from turnkit.agent import Agent, load_agents
 from turnkit.cli._logs import announce
 from turnkit.cli._settings import (
     gc_mode,
+    hosting,
     load_runtime,
     named_agents,
     refuse_beside_runtime,
@@ -39,7 +40,8 @@ def hosted_agents(args: argparse.Namespace) -> tuple[Agent, ...]:
     `$TURNKIT_AGENT` as `turnkit serve` reads it: names separated by commas.
     """
     named = named_agents(args) or os.environ.get("TURNKIT_AGENT", "").strip(" ,")
-    return load_agents(named) if named else (demo_agent(os.environ.get("TURNKIT_MODEL") or None),)
+    model = os.environ.get("TURNKIT_MODEL", "").strip() or None  # blank: the demo model
+    return load_agents(named) if named else (demo_agent(model),)
 
 
 async def work(args: argparse.Namespace, out: TextIO) -> int:
@@ -73,9 +75,12 @@ async def work(args: argparse.Namespace, out: TextIO) -> int:
             drain_timeout_s=args.drain_timeout,
             listen=args.listen,
         )
-        hosted = ", ".join(agent.name for agent in runtime.agents.hosted())
         url = shown_url(runtime.config.database_url)
-        announce(out, f"turnkit worker {runtime.owner} on {url}, hosting {hosted}", args.log_format)
+        announce(
+            out,
+            f"turnkit worker {runtime.owner} on {url}, hosting {hosting(runtime)}",
+            args.log_format,
+        )
         await worker.run(stop)  # opens the runtime, waiting out a database not yet up
         # A session named after its opening turn ended here: give the call the same grace.
         with contextlib.suppress(TimeoutError):

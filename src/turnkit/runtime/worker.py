@@ -24,7 +24,7 @@ from turnkit.runtime._turn_log import TurnLog
 from turnkit.runtime.deps import NO_DEPS
 from turnkit.runtime.driver import TurnDriver, hand_over_all
 from turnkit.store import Lease
-from turnkit.store.sql import tls_refused, unresolved_host
+from turnkit.store.sql import tls_file_refused, tls_refused, unresolved_host
 
 __all__ = ("Worker", "until_reached")
 
@@ -106,8 +106,10 @@ async def until_reached(
 
     Raises:
         ConfigurationError: the database's host name still does not resolve after
-            `UNRESOLVED_GRACE_S` (a mistyped URL, most likely), or its TLS settings
-            cannot reach it (a certificate that fails verification): no wait mends those.
+            `UNRESOLVED_GRACE_S` (a mistyped URL, most likely), its TLS settings cannot
+            reach it (a certificate that fails verification), or a TLS file the URL names
+            (`sslrootcert`, `sslcert`, `sslkey`, `sslcrl`) is missing or unreadable: no
+            wait mends those.
     """
     backoff = _Backoff(logger=logger)
     unresolved_since: float | None = None
@@ -116,7 +118,8 @@ async def until_reached(
             await attempt()
             return True
         except (StoreUnavailableError, OSError) as exc:
-            if (refused := tls_refused(exc)) is not None:
+            refused = tls_refused(exc) or tls_file_refused(exc, database_url)
+            if refused is not None:
                 raise ConfigurationError(refused) from exc
             host = unresolved_host(exc, database_url)
             now = time.monotonic()
@@ -199,7 +202,8 @@ class Worker:
         (0.2 s doubling to 5 s): the worker logs it, again every 30 s while it lasts, and
         keeps trying until `stop`. At start, a host name that still does not resolve
         after `UNRESOLVED_GRACE_S` (30 s), or TLS settings that cannot reach the database
-        (a certificate that fails verification), raise `ConfigurationError` instead.
+        (a certificate that fails verification, a TLS file the URL names that is not
+        there), raise `ConfigurationError` instead.
         """
         runtime = self.runtime
         if not await self._until_open(stop):

@@ -10,6 +10,7 @@ database.
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import socket
 import ssl
@@ -57,6 +58,7 @@ __all__ = (
     "shown_url",
     "is_unreachable",
     "reached_read_only",
+    "tls_file_refused",
     "unavailable",
     "unresolved_host",
 )
@@ -460,6 +462,89 @@ def tls_refused(exc: BaseException) -> str | None:
         if type(error).__name__ == "ClientConfigurationError":  # asyncpg's, for its options
             return f"the database URL cannot be used ({first_line(error)}): check its options"
     return None
+
+
+_TLS_FILES: Final = (
+    ("sslrootcert", "PGSSLROOTCERT"),
+    ("sslcrl", "PGSSLCRL"),
+    ("sslcert", "PGSSLCERT"),
+    ("sslkey", "PGSSLKEY"),
+)
+"""The files a PostgreSQL URL's TLS reads, by query option and the variable that stands in."""
+_VERIFYING: Final = frozenset({"require", "verify-ca", "verify-full"})
+"""The `sslmode`s under which the driver reads `sslrootcert` and `sslcrl`."""
+_FILE_ERRORS: Final = (FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError)
+
+
+def tls_file_refused(exc: BaseException, url: str) -> str | None:
+    """Why a TLS file database URL `url` names cannot be used, when that is what `exc` says.
+
+    The driver reads `sslrootcert`, `sslcrl`, `sslcert` and `sslkey` (or `$PGSSLROOTCERT`
+    and the like) before it connects: one that does not exist, is a directory or cannot
+    be read, or holds no certificate or key, fails every attempt the same way, which no
+    wait mends. The message names the option and the path. None for any other failure
+    (a Unix socket not there yet is an outage), and under `sslmode=disable`.
+    """
+    errors = list(_wrapped(exc))
+    unreadable = any(isinstance(e, _FILE_ERRORS) for e in errors)
+    unparsed = next((e for e in errors if _tls_file_unparsed(e)), None)
+    if not unreadable and unparsed is None:
+        return None
+    try:
+        query = make_url(url).query
+    except (ArgumentError, ValueError):
+        return None
+    mode = _option(query, "sslmode") or os.environ.get("PGSSLMODE") or "prefer"
+    if mode == "disable":
+        return None
+    named: list[str] = []
+    for option, variable in _TLS_FILES:
+        if option in ("sslrootcert", "sslcrl") and mode not in _VERIFYING:
+            continue  # not read under allow or prefer
+        path, source = _option(query, option), f"{option} in the database URL"
+        if not path:
+            path, source = os.environ.get(variable), f"${variable}"
+        if not path:
+            continue
+        named.append(f"{option}={path}")
+        problem = _file_problem(path)
+        if unreadable and problem is not None:
+            return (
+                f"{source} names {path!r}, which {problem}: check the path, and that the "
+                "file is there for this process (a mounted secret, a container's volume)"
+            )
+    if unparsed is not None and named:
+        return (
+            f"a TLS file the database URL names cannot be used ({first_line(unparsed)}): "
+            f"check {', '.join(named)} (PEM certificates and keys)"
+        )
+    return None
+
+
+def _option(query: Any, name: str) -> str | None:
+    """A URL query option's value (its last, when given more than once)."""
+    value = query.get(name)
+    if isinstance(value, tuple):
+        value = value[-1] if value else None
+    return str(value) if value else None
+
+
+def _file_problem(path: str) -> str | None:
+    """What stops the driver reading the file at `path`; None when it can."""
+    if not os.path.exists(path):
+        return "does not exist"
+    if os.path.isdir(path):
+        return "is a directory, not a file"
+    if not os.access(path, os.R_OK):
+        return "cannot be read (permission denied)"
+    return None
+
+
+def _tls_file_unparsed(error: BaseException) -> bool:
+    """OpenSSL found no certificate, CRL or key it can use in a file it read."""
+    if not isinstance(error, ssl.SSLError) or isinstance(error, ssl.SSLCertVerificationError):
+        return False
+    return getattr(error, "library", None) in ("PEM", "X509") or "PEM lib" in str(error)
 
 
 _SSL_SETTINGS: Final = frozenset(
