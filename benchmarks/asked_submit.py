@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import platform
 import statistics
 import time
@@ -34,6 +33,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import _services
 from turnkit.ids import SessionId, TurnId, new_turn_id
 from turnkit.store import ClaimRequest, NewInput, _submit_pg as submit_pg
 from turnkit.store.sql import SqlStore
@@ -174,12 +174,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=400)
     parser.add_argument("--turns", type=int, default=20_000)
-    parser.add_argument(
-        "--postgres",
-        default=os.environ.get(
-            "TURNKIT_BENCH_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"
-        ),
-    )
+    parser.add_argument("--postgres", default=_services.POSTGRES_URL)
     parser.add_argument(
         "--json",
         type=Path,

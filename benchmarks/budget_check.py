@@ -11,7 +11,8 @@ with budgets on, two ways in the same run, alternating:
   turnkit did before limits kept counts (and as it still does, once, to start a count).
 
 On SQLite in a temporary directory and, when `--postgres URL` is given (default
-`$TURNKIT_BENCH_POSTGRES_URL`), on PostgreSQL in a schema of its own.
+`$TURNKIT_BENCH_POSTGRES_URL`, else `$TURNKIT_TEST_POSTGRES_URL`), on PostgreSQL in a
+schema of its own.
 
 Run:  .venv/bin/python benchmarks/budget_check.py [--sizes 1000,20000,100000] [--checks 30]
       [--postgres postgresql://postgres@127.0.0.1:5432/test] [--json PATH]
@@ -34,6 +35,7 @@ from typing import Any
 
 from sqlalchemy import Connection, insert, text, update
 
+import _services
 from turnkit.budgets import BudgetLimit, BudgetSubject
 from turnkit.ids import TurnId
 from turnkit.store._schema import budget_limits, turns, usage
@@ -142,7 +144,7 @@ async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", default="1000,20000,100000")
     parser.add_argument("--checks", type=int, default=30)
-    parser.add_argument("--postgres", default=os.environ.get("TURNKIT_BENCH_POSTGRES_URL"))
+    parser.add_argument("--postgres", default=_services.GIVEN_POSTGRES_URL)
     parser.add_argument(
         "--json", default=str(Path(__file__).parent / "results" / "budget_check.json")
     )

@@ -57,6 +57,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import _procs
+
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 # The turn-overhead benchmark's turn (run as a script, this folder is on the path).
@@ -442,4 +444,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with _procs.stopped_at_end():  # a child `subprocess.run` waits for is stopped too
+        main()

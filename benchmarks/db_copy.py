@@ -22,6 +22,7 @@ from pathlib import Path
 
 import asyncpg
 
+import _services
 from turnkit import Agent, RuntimeConfig, SessionRuntime, tool
 from turnkit.cli import main
 from turnkit.testing import ModelStep, ScriptedModel, call, collect_events
@@ -58,7 +59,7 @@ def run() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--sessions", type=int, default=1000)
     parser.add_argument("--paused", type=int, default=50)
-    parser.add_argument("--postgres", default="postgresql://postgres@127.0.0.1:5432/test")
+    parser.add_argument("--postgres", default=_services.POSTGRES_URL)
     parser.add_argument("--json", type=Path, help="also write the figures as JSON here")
     args = parser.parse_args()
     schema = f"tk_bench_{uuid.uuid4().hex[:8]}"

@@ -13,7 +13,7 @@ Two contenders alternate, each on a fresh schema per round: workers at their def
 
 Run:  .venv/bin/python benchmarks/idle_worker.py [--turns 40] [--rounds 3] [--workers 2]
       [--gap 0.3] [--json PATH]
-Needs PostgreSQL on 127.0.0.1:5432 (database `test`) and Redis on 127.0.0.1:6379.
+Needs PostgreSQL and Redis, where `scale_out.py` finds them.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from typing import Any
 
 import httpx
 
+import _procs
 from scale_out import API, ROOT, start_layout, stop_layout, write_json
 
 CONTENDERS: dict[str, tuple[str, ...]] = {
@@ -139,4 +140,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with _procs.stopped_at_end():
+        main()

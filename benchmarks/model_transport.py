@@ -48,6 +48,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+import _procs
+
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 HOST = "127.0.0.1"
@@ -136,17 +138,20 @@ def _free_port() -> int:
 
 def _start_server(gap_ms: float) -> tuple[subprocess.Popen[bytes], str]:
     port = _free_port()
-    process = subprocess.Popen(
-        [sys.executable, __file__, "--serve", str(port), "--gap-ms", str(gap_ms)]
-    )
+    process = _procs.start([sys.executable, __file__, "--serve", str(port), "--gap-ms",
+                            str(gap_ms)])  # fmt: skip
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection((HOST, port), timeout=0.2).close()
-            return process, f"http://{HOST}:{port}/v1"
-        except OSError:
-            time.sleep(0.05)
-    process.kill()
+    try:
+        while time.monotonic() < deadline and process.poll() is None:
+            try:
+                socket.create_connection((HOST, port), timeout=0.2).close()
+                return process, f"http://{HOST}:{port}/v1"
+            except OSError:
+                time.sleep(0.05)
+    except BaseException:
+        _procs.stop([process])
+        raise
+    _procs.stop([process])
     raise RuntimeError("the benchmark server did not start")
 
 
@@ -359,8 +364,7 @@ async def main() -> None:
         ]
         results = await measure(contenders, args.rounds, args.calls, args.short, args.long)
     finally:
-        process.terminate()
-        process.wait(timeout=10)
+        _procs.stop([process], timeout=10)
 
     sdk = next(r for r in results if r.name.startswith("openai SDK"))
     rows: list[dict[str, Any]] = []
@@ -426,4 +430,5 @@ if __name__ == "__main__":
         gap = float(sys.argv[sys.argv.index("--gap-ms") + 1]) / 1e3 if "--gap-ms" in sys.argv else 0
         asyncio.run(_serve(int(sys.argv[2]), gap))
     else:
-        asyncio.run(main())
+        with _procs.stopped_at_end():
+            asyncio.run(main())

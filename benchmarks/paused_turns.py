@@ -31,6 +31,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import _procs
+
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 from turnkit import Agent, RuntimeConfig, SessionRuntime, tool
@@ -159,4 +161,5 @@ def _in_child(args: argparse.Namespace, grace_s: float) -> dict[str, float]:
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    with _procs.stopped_at_end():  # a child `subprocess.run` waits for is stopped too
+        asyncio.run(main())

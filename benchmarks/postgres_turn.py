@@ -36,6 +36,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import _services
+
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 import asyncpg
@@ -54,7 +56,7 @@ from turnkit.events import DoneEvent, MessageCompleteEvent
 from turnkit.models import ModelChunk, ModelRequest
 from turnkit.testing import ModelStep, ScriptedModel
 
-POSTGRES = os.environ.get("TURNKIT_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
+POSTGRES = _services.POSTGRES_URL
 
 
 @dataclass(slots=True)

@@ -17,7 +17,7 @@ shared grid), and a reader reads only its turn's status, seq and lease. `--modes
 runs every read and renewal in a transaction of its own (`alone`), and that plus the whole
 turn record per read (`record`, as readers read before), to show what each buys.
 Contenders run in fresh interpreters, rotating over `--rounds`, on a SQLite file and on
-PostgreSQL (a fresh schema in `TURNKIT_TEST_POSTGRES_URL`).
+PostgreSQL (a fresh schema in `TURNKIT_BENCH_POSTGRES_URL`, else `TURNKIT_TEST_POSTGRES_URL`).
 
 Run:  .venv/bin/python benchmarks/quiet_streams.py [--streams 1000] [--window 10]
       [--rounds 2] [--stores sqlite,postgres] [--modes shared,alone,record] [--json PATH]
@@ -42,6 +42,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import _procs
+import _services
+
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 from concurrent_turns import _SlowModel
@@ -54,7 +57,7 @@ from turnkit.store._coalesce import Coalescer
 from turnkit.store.sql import SqlStore
 
 ROOT = Path(__file__).parent.parent
-POSTGRES = os.environ.get("TURNKIT_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
+POSTGRES = _services.POSTGRES_URL
 SHARED_BATCH = 256
 """Asks one shared read answers (as `SqlStore` does)."""
 
@@ -251,4 +254,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with _procs.stopped_at_end():  # a child `subprocess.run` waits for is stopped too
+        main()

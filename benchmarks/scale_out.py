@@ -18,7 +18,8 @@ the same latency in the same round (median, min–max over rounds).
 
 Run:  .venv/bin/python benchmarks/scale_out.py [--turns 200] [--in-flight 64]
       [--layouts 1+1,1+2,1+3,2+2] [--latencies 0,0.5] [--rounds 2] [--json PATH]
-Needs PostgreSQL on 127.0.0.1:5432 (database `test`) and Redis on 127.0.0.1:6379.
+Needs PostgreSQL and Redis (`TURNKIT_BENCH_POSTGRES_URL`, `TURNKIT_BENCH_REDIS_URL`, else
+the tests' `TURNKIT_TEST_*`, else 127.0.0.1:5432 database `test` and 127.0.0.1:6379).
 """
 
 from __future__ import annotations
@@ -41,13 +42,15 @@ from typing import Any
 
 import httpx
 
+import _procs
+import _services
 from turnkit import Agent
 from turnkit.demo import DemoModel, demo_agent
 from turnkit.models import ModelChunk, ModelRequest
 
 ROOT = Path(__file__).parent.parent
-POSTGRES = os.environ.get("TURNKIT_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
-REDIS = os.environ.get("TURNKIT_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+POSTGRES = _services.POSTGRES_URL
+REDIS = _services.REDIS_URL
 API = "/api/harness"
 LATENCY_VAR = "TURNKIT_BENCH_MODEL_LATENCY_S"
 TICK_MS = 1000 / os.sysconf("SC_CLK_TCK")
@@ -84,11 +87,6 @@ def _port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _start(cmd: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-    with open(log, "wb") as out:
-        return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=out)
-
-
 def start_layout(
     apis: int,
     workers: int,
@@ -109,23 +107,26 @@ def start_layout(
         LATENCY_VAR: str(latency),
     }  # fmt: skip
     env.pop("TURNKIT_MODEL", None)
-    procs, urls = [], []
-    for i in range(apis):
-        port = _port()
-        cmd = [sys.executable, "-m", "turnkit.cli", "serve", "--port", str(port),
-               "--database-url", POSTGRES, "--database-schema", schema]  # fmt: skip
-        procs.append(_start(cmd, env, logs / f"api{i}.log"))
-        urls.append(f"http://127.0.0.1:{port}")
-    for i in range(workers):
-        cmd = [sys.executable, "-m", "turnkit.cli", "worker", "--agent", "scale_out:AGENT",
-               "--concurrency", str(per_worker),
-               "--database-url", POSTGRES, "--database-schema", schema,
-               "--redis-url", REDIS, *worker_args]  # fmt: skip
-        procs.append(_start(cmd, env, logs / f"worker{i}.log"))
-    deadline = time.monotonic() + 60
+    procs: list[subprocess.Popen[bytes]] = []
+    urls: list[str] = []
     try:
+        for i in range(apis):
+            port = _port()
+            cmd = [sys.executable, "-m", "turnkit.cli", "serve", "--port", str(port),
+                   "--database-url", POSTGRES, "--database-schema", schema]  # fmt: skip
+            procs.append(_procs.start(cmd, log=logs / f"api{i}.log", env=env, cwd=ROOT))
+            urls.append(f"http://127.0.0.1:{port}")
+        for i in range(workers):
+            cmd = [sys.executable, "-m", "turnkit.cli", "worker", "--agent", "scale_out:AGENT",
+                   "--concurrency", str(per_worker),
+                   "--database-url", POSTGRES, "--database-schema", schema,
+                   "--redis-url", REDIS, *worker_args]  # fmt: skip
+            procs.append(_procs.start(cmd, log=logs / f"worker{i}.log", env=env, cwd=ROOT))
+        deadline = time.monotonic() + 60
         for url in urls:
             while True:
+                if any(proc.poll() is not None for proc in procs):  # a bad agent, port, URL
+                    raise SystemExit(f"a process of the layout exited at start; see {logs}")
                 try:
                     if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
                         break
@@ -213,13 +214,7 @@ def run_layout(
 
 def stop_layout(procs: list[subprocess.Popen[bytes]], schema: str) -> None:
     """SIGTERM every process of a layout, wait for them, drop its schema."""
-    for proc in procs:
-        proc.terminate()
-    for proc in procs:
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+    _procs.stop(procs)
     try:
         subprocess.run(["psql", POSTGRES, "-q", "-c", f'DROP SCHEMA "{schema}" CASCADE'],
                        capture_output=True, check=False, timeout=60)  # fmt: skip
@@ -301,4 +296,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with _procs.stopped_at_end():
+        main()

@@ -33,6 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import _procs
 import serve_clients
 
 HOST = serve_clients.HOST
@@ -93,9 +94,11 @@ async def load(server: Server, route: str, clients: int, per_client: int, tag: s
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="tk-serve-ab-"))
-    servers = [Server(name, src, tmp) for name, src in args.tree]
+    servers: list[Server] = []
     rows: list[dict[str, Any]] = []
     try:
+        for name, src in args.tree:  # one that does not start stops those that did
+            servers.append(Server(name, src, tmp))
         for rnd in range(args.rounds):
             for server in servers if rnd % 2 == 0 else servers[::-1]:
                 asyncio.run(load(server, args.path, 20, 1, f"warm{rnd}"))
@@ -160,4 +163,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with _procs.stopped_at_end():
+        main()

@@ -45,6 +45,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
+import _procs
+
 ROOT = Path(__file__).parent.parent
 HOST = "127.0.0.1"
 API = "/api/harness"
@@ -158,20 +160,22 @@ class Server:
         self, name: str, cmd: list[str], env: dict[str, str], log: Path, *, cwd: Path = ROOT
     ) -> None:
         self.name = name
-        self.log = open(log, "wb")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=self.log, stderr=self.log)
+        self.log = log
+        self.proc = _procs.start(cmd, log=log, env=env, cwd=cwd)
 
     def wait_ready(self, url: str) -> None:
+        """Return once it accepts connections; else stop it and exit, naming its log."""
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise SystemExit(f"{self.name} exited; see {self.log.name}")
+                raise SystemExit(f"{self.name} exited; see {self.log}")
             try:
                 with socket.create_connection((HOST, int(url.rsplit(":", 1)[1])), timeout=1):
                     return
             except OSError:
                 time.sleep(0.1)
-        raise SystemExit(f"{self.name} did not start; see {self.log.name}")
+        self.stop()
+        raise SystemExit(f"{self.name} did not start; see {self.log}")
 
     def cpu_s(self) -> float:
         fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -184,12 +188,7 @@ class Server:
         return float("nan")
 
     def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-        self.log.close()
+        _procs.stop([self.proc])
 
 
 # ── the load ──────────────────────────────────────────────────────────────────────────
@@ -267,21 +266,27 @@ def start_turnkit(tmp: Path, name: str, gc_mode: str, bound: str | None) -> tupl
 
 def start_servers(tmp: Path) -> tuple[dict[str, tuple[Server, int, str]], int]:
     """The floor and each of `TURNKIT_SERVERS`; also the frames per turn."""
-    servers = {}
-    for name, mode, bound in TURNKIT_SERVERS:
-        server, port = start_turnkit(tmp, name, mode, bound)
-        servers[name] = (server, port, API)
-    _, raw = asyncio.run(post_turn(servers["turnkit serve"][1], f"{API}/sessions/warmup/execute"))
-    frames = parse_frames(dechunk(raw))
-    if not frames or DONE not in (frames[-1]["data"] or "").encode():
-        raise SystemExit(f"the warm-up turn did not end with done:\n{raw[-400:]!r}")
-    (tmp / "frames.json").write_text(json.dumps(frames))
-    floor_port = _port()
-    floor = Server("floor", [sys.executable, __file__, "--floor-server", str(floor_port),
-                   "--frames", str(tmp / "frames.json")], {**os.environ},
-                   tmp / "floor.log")  # fmt: skip
-    floor.wait_ready(f"http://{HOST}:{floor_port}")
-    return {"sse-starlette floor": (floor, floor_port, "/floor"), **servers}, len(frames)
+    servers: dict[str, tuple[Server, int, str]] = {}
+    try:
+        for name, mode, bound in TURNKIT_SERVERS:
+            server, port = start_turnkit(tmp, name, mode, bound)
+            servers[name] = (server, port, API)
+        path = f"{API}/sessions/warmup/execute"
+        _, raw = asyncio.run(post_turn(servers["turnkit serve"][1], path))
+        frames = parse_frames(dechunk(raw))
+        if not frames or DONE not in (frames[-1]["data"] or "").encode():
+            raise SystemExit(f"the warm-up turn did not end with done:\n{raw[-400:]!r}")
+        (tmp / "frames.json").write_text(json.dumps(frames))
+        floor_port = _port()
+        floor = Server("floor", [sys.executable, __file__, "--floor-server", str(floor_port),
+                       "--frames", str(tmp / "frames.json")], {**os.environ},
+                       tmp / "floor.log")  # fmt: skip
+        servers = {"sse-starlette floor": (floor, floor_port, "/floor"), **servers}
+        floor.wait_ready(f"http://{HOST}:{floor_port}")
+    except BaseException:  # what did start must not outlive the run
+        _procs.stop(server.proc for server, _, _ in servers.values())
+        raise
+    return servers, len(frames)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -383,4 +388,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with _procs.stopped_at_end():
+        main()

@@ -13,8 +13,8 @@ Each scenario runs with many sessions (one turn each) and with one long session:
 
 - `sqlite`: `execute_message` on SQLite in a temporary directory, in-memory replay;
 - `postgres`: the same on PostgreSQL (a schema of its own, dropped after) with the Redis
-  replay buffer (`--database-url`, `--redis-url`; default from `TURNKIT_TEST_POSTGRES_URL`
-  and `TURNKIT_TEST_REDIS_URL`, skipped without them);
+  replay buffer (`--database-url`, `--redis-url`; default from `TURNKIT_BENCH_POSTGRES_URL`
+  and `TURNKIT_BENCH_REDIS_URL`, else the `TURNKIT_TEST_*` ones, skipped without them);
 - `http`: the quickstart app under uvicorn in this process, driven over HTTP/SSE
   (execute, resume with `Last-Event-ID`, approve, cancel) by an httpx client.
 
@@ -53,6 +53,8 @@ from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, cast
+
+import _services
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
@@ -580,8 +582,8 @@ async def main() -> None:
         action="store_true",
         help="tracemalloc the heap (slow; RSS then counts its own tables)",
     )
-    parser.add_argument("--database-url", default=os.environ.get("TURNKIT_TEST_POSTGRES_URL"))
-    parser.add_argument("--redis-url", default=os.environ.get("TURNKIT_TEST_REDIS_URL"))
+    parser.add_argument("--database-url", default=_services.GIVEN_POSTGRES_URL)
+    parser.add_argument("--redis-url", default=_services.GIVEN_REDIS_URL)
     parser.add_argument(
         "--json", default=str(Path(__file__).parent / "results" / "soak_memory.json")
     )

@@ -30,7 +30,8 @@ cancelled), none twice and none lost; a mismatch is printed and makes the exit c
 Run:  .venv/bin/python benchmarks/soak_worker.py [--duration 600] [--warmup 60]
       [--workers 2] [--producers 8] [--concurrency 8] [--sample-every 15] [--long-every 3]
       [--full-caches] [--database-url URL] [--redis-url URL] [--json PATH]
-Defaults: `TURNKIT_TEST_POSTGRES_URL` and `TURNKIT_TEST_REDIS_URL` (else 127.0.0.1).
+Defaults: `TURNKIT_BENCH_POSTGRES_URL` and `TURNKIT_BENCH_REDIS_URL`, else
+`TURNKIT_TEST_POSTGRES_URL` and `TURNKIT_TEST_REDIS_URL`, else 127.0.0.1.
 Use a Redis of its own: the key count and memory are the whole database's.
 """
 
@@ -49,6 +50,9 @@ import uuid
 from collections.abc import AsyncGenerator
 from pathlib import Path
 from typing import Any, cast
+
+import _procs
+import _services
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
@@ -299,16 +303,20 @@ def _start_workers(
                                                     os.environ.get("PYTHONPATH")])),
         SMALL: "0" if args.full_caches else "1",
     }  # fmt: skip
-    procs, logs = [], []
-    for i in range(args.workers):
-        cmd = [sys.executable, "-m", "turnkit.cli", "worker", "--agent", "soak_worker:AGENT",
-               "--concurrency", str(args.concurrency), "--database-url", args.database_url,
-               "--database-schema", schema, "--redis-url", args.redis_url]  # fmt: skip
-        log = logdir / f"worker{i}.log"
-        mine = {**env, STATS: str(log.with_suffix(".stats.json"))}
-        with open(log, "wb") as out:
-            procs.append(subprocess.Popen(cmd, cwd=ROOT, env=mine, stdout=out, stderr=out))
-        logs.append(log)
+    procs: list[subprocess.Popen[bytes]] = []
+    logs: list[Path] = []
+    try:
+        for i in range(args.workers):
+            cmd = [sys.executable, "-m", "turnkit.cli", "worker", "--agent", "soak_worker:AGENT",
+                   "--concurrency", str(args.concurrency), "--database-url", args.database_url,
+                   "--database-schema", schema, "--redis-url", args.redis_url]  # fmt: skip
+            log = logdir / f"worker{i}.log"
+            mine = {**env, STATS: str(log.with_suffix(".stats.json"))}
+            procs.append(_procs.start(cmd, log=log, env=mine, cwd=ROOT))
+            logs.append(log)
+    except BaseException:  # what did start must not outlive the run
+        _procs.stop(procs)
+        raise
     return procs, logs
 
 
@@ -322,11 +330,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     runtime = SessionRuntime(agent=soak_agent(), config=config,
                              replay=replay_from_url(args.redis_url))  # fmt: skip
     await runtime.open()  # creates the schema before the workers start
-    procs, logs = _start_workers(args, schema, logdir)
+    procs: list[subprocess.Popen[bytes]] = []
     done: list[Any] = []
     samples: list[dict[str, Any]] = []
-    began = time.monotonic()
     try:
+        procs, logs = _start_workers(args, schema, logdir)
+        began = time.monotonic()
         deadline = began + args.duration
         producing = asyncio.create_task(_producers(runtime, args, deadline, done))
         while not producing.done():
@@ -348,13 +357,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             if turn_id is not None:
                 ended[turn_id] = (kind, (await runtime.turn(turn_id)).status)
     finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        await asyncio.to_thread(_procs.stop, procs, 60)
         await runtime.close()
         await runtime.replay.close()
         import asyncpg
@@ -472,10 +475,8 @@ def main() -> None:
         default=3,
         help="every Nth turn of a producer goes to its long session (0: none)",
     )
-    parser.add_argument("--database-url", default=os.environ.get(
-        "TURNKIT_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"))  # fmt: skip
-    parser.add_argument("--redis-url", default=os.environ.get(
-        "TURNKIT_TEST_REDIS_URL", "redis://127.0.0.1:6379/0"))  # fmt: skip
+    parser.add_argument("--database-url", default=_services.POSTGRES_URL)
+    parser.add_argument("--redis-url", default=_services.REDIS_URL)
     parser.add_argument(
         "--full-caches",
         action="store_true",
@@ -495,4 +496,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with _procs.stopped_at_end():
+        main()

@@ -1,8 +1,8 @@
 """SSE latency and throughput of turnkit's HTTP routes, over loopback, against a plain floor.
 
-For each replay buffer (in-memory; Redis on 127.0.0.1:6379 when it answers) the quickstart
-app (`create_app`) is served by a real uvicorn server on a free 127.0.0.1 port with a fresh
-temp SQLite database, and an httpx + httpx-sse client measures:
+For each replay buffer (in-memory; Redis where `_services.REDIS_URL` says, when it
+answers) the quickstart app (`create_app`) is served by a real uvicorn server on a free
+127.0.0.1 port with a fresh temp SQLite database, and an httpx + httpx-sse client measures:
 
 1. first event after POST `/execute` (instant model, anchor-plan skipped, no tools), and
    the whole turn (POST sent → `done` received), each turn followed by a request to the
@@ -61,6 +61,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import _procs
+import _services
+
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 import httpx
@@ -78,7 +81,7 @@ from turnkit.replay import ReplayBuffer
 from turnkit.replay.memory import InMemoryReplayBuffer
 
 HOST = "127.0.0.1"
-REDIS_URL = os.environ.get("TURNKIT_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+REDIS_URL = _services.REDIS_URL
 API = "/api/harness"
 CHUNK = "abcdefgh"  # every streamed chunk: 8 characters, like ScriptedModel's default
 ANSWER = "The sum of two and three is five."
@@ -761,7 +764,7 @@ async def bench_floor(
 
 
 def redis_available() -> str | None:
-    """None when Redis answers PING on 127.0.0.1:6379, else why not."""
+    """None when Redis answers PING at `REDIS_URL`, else why not."""
     try:
         import redis
     except ImportError:
@@ -934,4 +937,5 @@ def _write(
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    with _procs.stopped_at_end():  # its uvicorn child (daemonic) is stopped at exit
+        asyncio.run(main())

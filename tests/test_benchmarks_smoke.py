@@ -10,6 +10,7 @@ Chromium skip without them on a developer machine and fail under CI=true.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -185,6 +186,8 @@ def _env() -> dict[str, str]:
     )}  # fmt: skip
     for name in ("TURNKIT_DATABASE_URL", "TURNKIT_AGENT", "TURNKIT_MODEL", "TURNKIT_RUNTIME"):
         env.pop(name, None)
+    # The suite's services, whatever a developer's benchmark settings say.
+    env["TURNKIT_BENCH_POSTGRES_URL"], env["TURNKIT_BENCH_REDIS_URL"] = POSTGRES_URL, REDIS_URL
     return env
 
 
@@ -287,3 +290,78 @@ def test_soak_worker_small_caches_reach_the_worker_runtime(tmp_path: Path) -> No
     assert done.returncode == 0, done.stderr
     held, cache = (int(n) for n in done.stdout.split())
     assert (held, cache) == (256 * 1024, 32)
+
+
+def _processes_naming(marker: str) -> list[str]:
+    """The live processes whose command line holds `marker` (pid: command line)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            raw = (entry / "cmdline").read_bytes()
+        except OSError:  # gone meanwhile
+            continue
+        cmdline = raw.replace(b"\0", b" ").decode("utf-8", "replace")
+        if marker in cmdline:
+            found.append(f"{entry.name}: {cmdline}")
+    return found
+
+
+def _kill_naming(marker: str) -> None:
+    """Kill what a leaky run left behind, so one failure does not load every later test."""
+    import signal
+
+    for line in _processes_naming(marker):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(line.split(":")[0]), signal.SIGKILL)
+
+
+def test_a_server_that_does_not_start_stops_those_that_did(tmp_path: Path) -> None:
+    """serve_ab starts one server per tree: when the second cannot start (a tree whose
+    turnkit does not import), the first, already serving, is stopped, not left running."""
+    broken = tmp_path / "broken" / "turnkit"
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text("raise SystemExit('this tree is broken')\n")
+    env = {**_env(), "TMPDIR": str(tmp_path)}  # the servers' databases: named by tmp_path
+    try:
+        done = subprocess.run(
+            [sys.executable, str(BENCHMARKS / "serve_ab.py"), "--tree", f"a={ROOT / 'src'}",
+             "--tree", f"b={broken.parent}", "--clients", "1", "--turns-per-client", "1",
+             "--rounds", "1"],
+            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
+        )  # fmt: skip
+        assert done.returncode != 0
+        assert "b exited; see" in done.stderr, done.stderr[-2000:]
+        assert _processes_naming(str(tmp_path)) == []
+    finally:
+        _kill_naming(str(tmp_path))
+
+
+def test_a_benchmark_stopped_mid_run_stops_its_servers(tmp_path: Path) -> None:
+    """SIGTERM (a CI job's timeout) while serve_clients measures: its `turnkit serve`
+    processes stop with it, where they outlived it."""
+    import signal
+    import time
+
+    env = {**_env(), "TMPDIR": str(tmp_path)}
+    bench = subprocess.Popen(
+        [sys.executable, str(BENCHMARKS / "serve_clients.py"), "--clients", "2",
+         "--turns-per-client", "1", "--rounds", "50", "--json", str(tmp_path / "out.json")],
+        cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        while not any("turnkit.cli serve" in p for p in _processes_naming(str(tmp_path))):
+            assert bench.poll() is None, bench.communicate()[1][-2000:]
+            assert time.monotonic() < deadline, "no server started"
+            time.sleep(0.1)
+        bench.send_signal(signal.SIGTERM)
+        _, err = bench.communicate(timeout=120)
+        assert _processes_naming(str(tmp_path)) == []
+        assert bench.returncode == 128 + signal.SIGTERM, err[-2000:]  # through its `finally`s
+    finally:
+        if bench.poll() is None:
+            bench.kill()
+            bench.wait()
+        _kill_naming(str(tmp_path))
