@@ -24,11 +24,15 @@ LLM). Environment variables switch to production parts:
 | `TURNKIT_AUTH` | `module:name` of your FastAPI auth dependency (default: all anonymous) |
 | `TURNKIT_ALLOWED_HOSTS` | host names the app answers to, comma-separated (default: any) |
 | `TURNKIT_ALLOWED_ORIGINS` | other origins whose pages may POST to it, comma-separated (`*`: any) |
+
+The app's lifespan configures the OpenTelemetry SDK from the standard `OTEL_*` variables,
+as `turnkit serve` does (once a process; not when a tracer provider is set already).
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -64,6 +68,7 @@ from turnkit.http import (
 from turnkit.http.body_limit import DEFAULT_MAX_BODY_BYTES, RequestBodyLimit, checked_bound
 from turnkit.http.cross_origin import CrossOriginProtection, checked_origins
 from turnkit.http.trusted_hosts import TrustedHosts
+from turnkit.otel.setup import configure_once
 from turnkit.protocols.agui import create_agui_router
 from turnkit.protocols.ai_sdk import create_ai_sdk_router
 from turnkit.replay import replay_from_url
@@ -243,12 +248,15 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        flush = configure_once(err=sys.stderr)  # as `turnkit serve`: OTEL_* asks for it
         await rt.open()
         try:
             yield
         finally:
             await rt.close()
             await rt.replay.close()
+            if flush is not None:
+                flush()
 
     application = FastAPI(title="turnkit", version="0.1.0", lifespan=lifespan)
     caller = auth or anonymous

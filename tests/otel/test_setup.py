@@ -121,6 +121,76 @@ def test_turnkit_run_with_otel_console_prints_the_spans(tmp_path: Path, how: str
     assert "stage post-turn" in names
 
 
+_QUICKSTART = """
+import sys
+
+from fastapi.testclient import TestClient
+from opentelemetry import trace
+
+from turnkit.otel.setup import configure
+from turnkit.quickstart import create_app
+
+if sys.argv[1] == "cli-first":  # as `turnkit serve` does before it serves the app
+    configure(err=sys.stderr)
+for _ in range(2):  # a second app in the process configures nothing more
+    with TestClient(create_app()) as client:
+        answer = client.post(
+            "/api/harness/sessions/s1/execute", json={"content": "What is (12 + 3) * 7?"}
+        )
+        print(answer.status_code, "105" in answer.text)
+print("tracer provider:", type(trace.get_tracer_provider()).__name__)
+"""
+
+
+def _quickstart(tmp_path: Path, otel: dict[str, str], how: str = "alone") -> tuple[str, str]:
+    """Serve the quickstart app (its lifespan too) in a process of its own: stdout, stderr."""
+    script = tmp_path / "serve.py"
+    script.write_text(_QUICKSTART)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "TURNKIT_"))}
+    env |= otel | {
+        "TURNKIT_DATABASE_URL": f"sqlite:///{tmp_path / 'q.db'}",
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+    }
+    done = subprocess.run(
+        [sys.executable, str(script), how],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout, done.stderr
+
+
+_ON = "turnkit: OpenTelemetry on (console spans; service.name=turnkit)"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["alone", "cli-first"])
+def test_the_quickstart_app_configures_telemetry_from_the_environment(
+    tmp_path: Path, how: str
+) -> None:
+    """`uvicorn turnkit.quickstart:app` exports what `OTEL_*` asks for, as `turnkit serve`
+    does; once a process, whoever asked first."""
+    out, err = _quickstart(
+        tmp_path, {"OTEL_TRACES_EXPORTER": "console", "OTEL_METRICS_EXPORTER": "none"}, how
+    )
+    assert out.splitlines() == ["200 True", "200 True", "tracer provider: TracerProvider"]
+    assert err.count(_ON) == 1
+    assert "Overriding of current TracerProvider" not in err
+    assert '"name": "stage tool-loop"' in err  # the turns' spans, on stderr
+    assert err.count('"name": "invoke_agent ') == 2  # both apps' turns, one provider
+
+
+@pytest.mark.slow
+def test_the_quickstart_app_costs_nothing_without_otel_variables(tmp_path: Path) -> None:
+    out, err = _quickstart(tmp_path, {})
+    assert out.splitlines() == ["200 True", "200 True", "tracer provider: ProxyTracerProvider"]
+    assert "OpenTelemetry" not in err
+
+
 @pytest.mark.parametrize("command", [["run", "hi"], ["worker"], ["serve"]])
 def test_the_commands_that_run_turns_take_the_otel_flags(command: list[str]) -> None:
     args = _parser().parse_args([*command, "--otel-console", "--otel-capture-content"])

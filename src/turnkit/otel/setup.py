@@ -1,4 +1,6 @@
-"""Configure the OpenTelemetry SDK from the standard `OTEL_*` variables (the CLI uses this).
+"""Configure the OpenTelemetry SDK from the standard `OTEL_*` variables.
+
+The CLI's commands (`configure`) and the quickstart app's lifespan (`configure_once`) use it.
 
 Nothing is configured unless asked: `--otel-console`, or one of `OTEL_TRACES_EXPORTER`,
 `OTEL_METRICS_EXPORTER`, `OTEL_EXPORTER_OTLP_ENDPOINT`,
@@ -17,7 +19,7 @@ from collections.abc import Callable, Mapping
 from importlib.metadata import entry_points
 from typing import Any, TextIO
 
-__all__ = ("configure", "wanted")
+__all__ = ("configure", "configure_once", "wanted")
 
 _TRIGGERS = (
     "OTEL_TRACES_EXPORTER",
@@ -26,6 +28,9 @@ _TRIGGERS = (
     "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
 )
 _OTLP_HINT = "pip install opentelemetry-exporter-otlp"
+
+_installed: list[Any] = []
+"""The tracer and meter providers `configure` installed in this process (set once)."""
 
 
 def wanted(environ: Mapping[str, str], *, console: bool) -> bool:
@@ -137,6 +142,7 @@ def configure(
     if install:
         trace.set_tracer_provider(tracer_provider)
         metrics.set_meter_provider(meter_provider)
+        _installed[:] = [tracer_provider, meter_provider]
     service = resource.attributes.get("service.name")
     err.write(f"turnkit: OpenTelemetry on ({', '.join(done)}; service.name={service})\n")
 
@@ -145,6 +151,35 @@ def configure(
         meter_provider.shutdown()
 
     return shutdown
+
+
+def configure_once(*, err: TextIO) -> Callable[[], None] | None:
+    """Configure from `OTEL_*` as the CLI does, once a process, for an app served alone.
+
+    Nothing happens (nothing is even imported) unless an `OTEL_*` variable asks, nor when
+    this process has a tracer provider already: the CLI's (`turnkit serve` configured
+    it), an earlier app's, or one the app or `opentelemetry-instrument` set. Returns the
+    function that flushes what was recorded so far (the providers themselves shut down
+    when the process exits), or None.
+    """
+    if _installed or not wanted(os.environ, console=False):
+        return None
+    try:
+        from opentelemetry import trace
+    except ImportError:  # no API either: `configure` says what to install
+        pass
+    else:
+        if not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
+            return None  # the app (or an agent) set its own
+    if configure(err=err) is None:
+        return None
+    providers = list(_installed)
+
+    def flush() -> None:
+        for provider in providers:
+            provider.force_flush()
+
+    return flush
 
 
 def _build(cls: Any, name: str, err: TextIO) -> Any:
