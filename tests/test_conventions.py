@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 import subprocess
@@ -227,3 +228,46 @@ def test_no_import_circles_inside(package: str) -> None:
         if graph.chain_exists(importer=a, imported=b) and graph.chain_exists(importer=b, imported=a)
     ]
     assert circles == []
+
+
+_CITATION = re.compile(r"\bseeds? ?0\d\d|\bthe seeds?'s?\b|\bDESIGN\b|design brief|§|\bissue #\d")
+"""What points a reader at the project's planning notes instead of explaining itself."""
+
+
+def test_source_and_docs_stand_alone() -> None:
+    """Docstrings, comments, messages and docs explain themselves: no planning-note citations."""
+    found = [
+        f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+        for folder in ("src", "examples", "docs")
+        for path in sorted((ROOT / folder).rglob("*"))
+        if path.suffix in {".py", ".md", ".js", ".html", ".css", ".toml"}
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if _CITATION.search(line)
+    ]
+    assert not found, "\n".join(found)
+
+
+def test_no_field_description_is_lost() -> None:
+    """A field's docstring follows the field: two in a row leave one field undescribed.
+
+    (Pydantic reads the string right after a field as its description, in the published
+    schemas and the API docs; a second string is dropped silently.)
+    """
+    lost = []
+    for path in sorted((ROOT / "src" / "turnkit").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.ClassDef):
+                continue
+            body = node.body
+            for before, after in zip(body, body[1:], strict=False):
+                if _is_text(before) and _is_text(after) and before is not body[0]:
+                    lost.append(f"{path.relative_to(ROOT)}:{after.lineno} ({node.name})")
+    assert not lost, lost
+
+
+def _is_text(node: object) -> bool:
+    return (
+        isinstance(node, ast.Expr)
+        and isinstance(node.value, ast.Constant)
+        and isinstance(node.value.value, str)
+    )

@@ -70,6 +70,7 @@ async def test_an_empty_loop_reply_is_asked_once_more(
     assert quality is not None
     assert (quality.source, quality.answer_chars) == ("synthesize", len("2 + 3 is 5."))
     assert len(_rows(rows, "tool-loop")) == 2
+    assert [r for r in rows if r.payloads.synthesis_quality] == [answer_row]  # one answer
     usage = await runtime.store.read_usage(turn.turn_id)
     assert usage is not None
     assert usage.model_calls == 3
@@ -131,6 +132,8 @@ async def test_an_empty_answer_call_is_asked_once_more(
     assert first.call is not None
     assert first.payloads.synthesis_quality is None
     assert second.payloads.synthesis_quality is not None
+    rows = await runtime.audit(turn.turn_id)
+    assert [r for r in rows if r.payloads.synthesis_quality] == [second]  # one answer
 
 
 class Sum(BaseModel):

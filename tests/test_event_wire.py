@@ -11,7 +11,7 @@ from jsonschema import Draft202012Validator
 from tests.conftest import RuntimeFactory
 from turnkit import Agent, ToolContext, tool
 from turnkit.blocks import ImagePart, TextPart, ToolResultBlock
-from turnkit.events import encode_event
+from turnkit.events import TurnStartedEvent, encode_event
 from turnkit.ids import ToolCallId
 from turnkit.testing import ModelStep, ScriptedModel, call, collect_events
 
@@ -131,3 +131,9 @@ def test_stored_rows_leave_out_what_they_do_not_fill() -> None:
     assert "asked" not in json.loads(plain.model_dump_json())
     asked = RunSummary(status="succeeded", asked=AskedUsage(turns=1, model_calls=2))
     assert RunSummary.model_validate_json(asked.model_dump_json()) == asked
+
+
+def test_the_message_of_turn_started_is_described_in_the_schema() -> None:
+    fields = TurnStartedEvent.model_json_schema()["properties"]
+    assert fields["content"]["description"] == "The user's message."
+    assert fields["attachments"]["description"] == "Pictures the person attached to the message."

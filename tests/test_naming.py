@@ -1,4 +1,4 @@
-"""Thread naming in two writes: the opening message's name at once, then the utility
+"""Thread naming in two writes: the opening message's name at once, then the background
 model's once the opening turn has settled, never over a person's rename."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from turnkit.errors import (
     ProviderError,
     SessionNotFoundError,
 )
-from turnkit.events import DoneEvent, DurableEvent
+from turnkit.events import DoneEvent, DurableEvent, RunFinishedEvent
 from turnkit.ids import SessionId, TurnId
 from turnkit.models import ModelChunk, ModelRequest
 from turnkit.plugins import Plugin, PluginContext
@@ -28,6 +28,7 @@ from turnkit.runtime.driver import TurnDriver
 from turnkit.stages._naming import NAMING_PROMPT
 from turnkit.stages._titles import opening_title
 from turnkit.telemetry import Recorder
+from turnkit.tenancy import DEFAULT_ORGANISATION, Organisation
 from turnkit.testing import ModelStep, ScriptedModel, call, collect_events
 
 QUESTION = "What were the three biggest causes of the 2008 financial crisis, in plain words?"
@@ -102,10 +103,18 @@ async def test_the_utility_model_replaces_the_opening_name(db: tuple[str, str | 
     assert session is not None
     assert session.title == "Causes of the 2008 crisis"
     naming = [r for r in rows if r.payloads.thread_naming is not None]
-    assert [r.identity.stage_id for r in naming] == ["post-turn"]
+    assert [r.identity.stage_id for r in naming] == ["thread-naming"]
     assert naming[0].call is not None  # its own priced row, on the opening turn
     assert naming[0].payloads.thread_naming.applied  # type: ignore[union-attr]
+    assert not [r for r in rows if r.identity.stage_id == "post-turn" and r.call is not None]
     assert usage.model_calls == sum(1 for r in rows if r.call is not None)  # the name's too
+    # The turn's own account, streamed before the name was asked, leaves the name out:
+    # the rollup is it plus the rows of stage `thread-naming`.
+    [finished] = [e for e in events if isinstance(e, RunFinishedEvent)]
+    named = [r.call for r in rows if r.identity.stage_id == "thread-naming" and r.call]
+    assert usage.model_calls == finished.model_calls + len(named)
+    assert usage.input_tokens == finished.input_tokens + sum(c.input_tokens for c in named)
+    assert usage.output_tokens == finished.output_tokens + sum(c.output_tokens for c in named)
     [done] = [e for e in events if isinstance(e, DoneEvent)]
     assert done is events[-1]  # the turn's log ends with its ending
     assert again is not None
@@ -179,7 +188,7 @@ async def test_a_failed_naming_call_leaves_its_row_and_the_first_name(tmp_path: 
     assert session.title == opening_title(QUESTION)
     failed = [r for r in rows if r.call is not None and r.call.outcome == "error"]
     assert [(r.identity.stage_id, r.call.family) for r in failed] == [  # type: ignore[union-attr]
-        ("post-turn", "utility")
+        ("thread-naming", "utility")
     ]
     assert stored[-1].type == "done"  # nothing was appended after the ending
 
@@ -374,3 +383,57 @@ async def test_a_rename_from_python_is_checked_as_over_http(tmp_path: Path) -> N
         renamed = await runtime.rename_session("s1", "Trip to Lisbon")
         assert renamed.title == "Trip to Lisbon"
         assert (await runtime.session("s1")).title == "Trip to Lisbon"
+
+
+async def test_the_organisations_background_model_names_its_sessions(
+    db: tuple[str, str | None],
+) -> None:
+    """An organisation that names a background model has every member's session named
+    by it: an agent without a utility model too, and over an agent's own."""
+    org = Organisation(name=DEFAULT_ORGANISATION, background_model="namer")
+    namer = _utility("Named by the organisation")
+    own = _utility("Named by the agent")
+    config = RuntimeConfig(database_url=db[0], database_schema=db[1])
+    plain = Agent(name="plain", model=ScriptedModel([ModelStep.text_reply("Hi.")]))
+    helper = Agent(
+        name="helper", model=ScriptedModel([ModelStep.text_reply("Hi.")]), utility_model=own
+    )
+    async with SessionRuntime(
+        agents=[plain, helper], models={"namer": namer}, tenancy=[org], config=config
+    ) as runtime:
+        for session, agent in (("s1", "plain"), ("s2", "helper")):
+            await collect_events(runtime.execute_message(session, QUESTION, agent=agent))
+        await runtime.wait_background()
+        titles = [(await runtime.session(s)).title for s in ("s1", "s2")]
+    assert titles == ["Named by the organisation"] * 2
+    assert not [r for r in own.calls if _names(r)]
+
+
+async def test_without_a_background_model_the_opening_name_stands(tmp_path: Path) -> None:
+    agent = Agent(model=ScriptedModel([ModelStep.text_reply("Hi.")]))
+    async with _runtime(tmp_path, agent) as runtime:
+        events = await collect_events(runtime.execute_message("s1", QUESTION))
+        await runtime.wait_background()
+        session = await runtime.session("s1")
+        rows = await runtime.audit(events[0].turn_id)  # type: ignore[union-attr]
+    assert session.title == opening_title(QUESTION)
+    assert not [r for r in rows if r.identity.stage_id == "thread-naming"]
+
+
+def test_a_naming_row_stored_by_an_earlier_version_still_reads() -> None:
+    """Rows written before naming had its own stage say `post-turn`: they still decode."""
+    from turnkit.audit import AuditRow
+
+    stored = {
+        "identity": {
+            "session_id": "s1",
+            "turn_id": "turn_1",
+            "stage_id": "post-turn",
+            "seq_within_turn": 3,
+        },
+        "call": None,
+        "payloads": {"threadNaming": {"kind": "threadNaming", "title_chars": 9, "applied": True}},
+    }
+    row = AuditRow.model_validate(stored)
+    assert row.identity.stage_id == "post-turn"
+    assert row.payloads.thread_naming is not None

@@ -314,6 +314,51 @@ async def test_a_value_returned_by_an_observing_hook_is_reported_not_dropped(
     ]
 
 
+class PlanWatcher(Plugin):
+    """Sees every model call by its stage; adds a note to the planning call only."""
+
+    name: ClassVar[str] = "plan-watcher"
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str, str]] = []
+
+    async def before_model_request(
+        self, ctx: PluginContext, call: ModelCallView
+    ) -> Sequence[str] | None:
+        self.seen.append(("before", call.stage_id, call.messages[-1][1]))
+        return ["Plan in English."] if call.stage_id == "anchor-plan" else None
+
+    async def after_model_response(self, ctx: PluginContext, call: ModelCallView) -> None:
+        self.seen.append(("after", call.stage_id, call.response_text))
+
+
+async def test_the_planning_call_is_hooked_too(tmp_path: Path) -> None:
+    """A plugin sees the utility model's planning call, told apart by its stage: its note
+    goes to that call only, and the plan still comes from the answer."""
+    plan = '{"intent": "price", "depth": "task_list", "tasks": ["look it up"]}'
+    utility = ScriptedModel([ModelStep.text_reply(plan)], name="utility", repeat_last=True)
+    plugin, model = PlanWatcher(), _model()
+    agent = Agent(model=model, utility_model=utility, tools=[lookup], planning=True)
+    async with _runtime(tmp_path, agent, plugins=[plugin]) as rt:
+        events = await collect_events(rt.execute_message("s1", "price of ACME?"))
+        rows = await rt.audit(events[0].turn_id)  # type: ignore[union-attr]
+    assert [(when, stage) for when, stage, _ in plugin.seen] == [
+        ("before", "anchor-plan"),
+        ("after", "anchor-plan"),
+        ("before", "tool-loop"),
+        ("after", "tool-loop"),
+        ("before", "tool-loop"),
+        ("after", "tool-loop"),
+    ]
+    assert plugin.seen[0][2] == "price of ACME?"  # the message the plan is asked about
+    assert plugin.seen[1][2] == plan
+    planning = utility.calls[0]
+    assert [(m.role, m.content) for m in planning.messages][-1] == ("system", "Plan in English.")
+    assert "Plan in English." not in str(model.calls[0].messages)
+    [row] = [r for r in rows if r.payloads.plan_generation is not None]
+    assert row.payloads.plan_generation.tasks == ("look it up",)  # type: ignore[union-attr]
+
+
 async def test_a_required_plugin_that_fails_fails_the_turn(tmp_path: Path) -> None:
     agent = Agent(model=_model(), tools=[lookup], plugins=[BrokenRequired()])
     async with _runtime(tmp_path, agent) as rt:

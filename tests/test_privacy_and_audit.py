@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 
 from tests.conftest import RuntimeFactory
 from turnkit import Agent, ModelFamily, ProviderError
 from turnkit.events import ErrorEvent, MessageDeltaEvent, encode_event
-from turnkit.testing import ModelStep, ScriptedModel, collect_events
+from turnkit.models import Finish, ModelChunk, ModelRequest, TextDelta, ToolCallDelta, Usage
+from turnkit.testing import FakeClock, ModelStep, ScriptedModel, collect_events
 
 
 async def test_raw_reasoning_never_leaves_the_runtime(runtime_factory: RuntimeFactory) -> None:
@@ -95,6 +96,58 @@ async def test_throttled_tool_deltas_lose_no_argument_text(
     deltas = [e for e in events if isinstance(e, ToolDeltaEvent)]
     assert deltas
     assert "".join(d.arguments_delta for d in deltas) == args[: deltas[-1].chars]
+
+
+class _SlowArguments:
+    """Streams two tool calls' arguments a piece at a time, 0.1 s (fake) apart, then answers."""
+
+    model = "slow-args"
+    provider = "test"
+
+    def __init__(self, clock: FakeClock, pieces: int) -> None:
+        self.clock, self.pieces, self.calls = clock, pieces, 0
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
+        self.calls += 1
+        if self.calls > 1:
+            yield TextDelta("3")
+            yield Finish(stop_reason="end_turn", usage=Usage(input_tokens=5, output_tokens=1))
+            return
+        for index in (0, 1):
+            yield ToolCallDelta(index=index, tool_call_id=f"c{index}", name="add", arguments="")
+        for _ in range(self.pieces):
+            self.clock.advance(0.1)
+            for index in (0, 1):
+                yield ToolCallDelta(index=index, arguments=" ")
+        for index in (0, 1):
+            yield ToolCallDelta(index=index, arguments='{"a": 1, "b": 2}')
+        yield Finish(stop_reason="tool_use", usage=Usage(input_tokens=5, output_tokens=9))
+
+
+async def test_tool_deltas_go_out_at_most_twice_a_second_per_call(
+    runtime_factory: RuntimeFactory,
+) -> None:
+    """Arguments streamed for 2 s go out as a few reports per call, each 0.5 s or more
+    after the one before (a client redraws a call being written, it does not need every
+    piece); every call has its own pace, and nothing written is lost."""
+    from tests.helpers import add
+    from turnkit.events import ToolDeltaEvent
+
+    clock = FakeClock()
+    model = _SlowArguments(clock, pieces=20)
+    runtime = runtime_factory(Agent(model=model, tools=[add]), clock=clock)
+    events = await collect_events(runtime.execute_message("s1", "1+2, twice"))
+    deltas = [e for e in events if isinstance(e, ToolDeltaEvent)]
+    by_call = {
+        call: [d for d in deltas if d.tool_call_id == call]
+        for call in dict.fromkeys(d.tool_call_id for d in deltas)
+    }
+    assert len(by_call) == 2
+    for sent in by_call.values():
+        gaps = [(b.ts - a.ts).total_seconds() for a, b in zip(sent, sent[1:], strict=False)]
+        assert 3 <= len(sent) <= 5, gaps  # 2 s of pieces: one at once, then each 0.5 s
+        assert min(gaps) >= 0.5 - 1e-6, gaps
+        assert "".join(d.arguments_delta for d in sent) == " " * sent[-1].chars
 
 
 async def test_enrichment_points_at_the_answer_block(runtime_factory: RuntimeFactory) -> None:

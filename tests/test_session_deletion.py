@@ -7,6 +7,7 @@ import sqlite3
 from pathlib import Path
 
 import httpx
+import sqlalchemy as sa
 from fastapi import FastAPI
 
 from tests.conftest import POSTGRES_URL
@@ -272,3 +273,34 @@ async def test_deleting_a_session_while_its_approval_is_answered_does_not_deadlo
         finally:
             await answering.close()
         assert await runtime.store.get_turn(paused) is None
+
+
+_AUDIT_TABLES = ("tk_audit", "tk_usage", "tk_budget_limits", "tk_budget_reservations")
+
+
+def _audit_foreign_keys(conn: sa.Connection) -> dict[str, list[str]]:
+    found = sa.inspect(conn)
+    return {
+        table: [fk["referred_table"] for fk in found.get_foreign_keys(table)]
+        for table in _AUDIT_TABLES
+    }
+
+
+async def test_audit_rows_outlive_their_deleted_chat(db: tuple[str, str | None]) -> None:
+    """On both stores: no audit table points at a chat table, so a deleted chat's turns
+    keep their audit rows and their spend (a delete can neither cascade nor be refused)."""
+    url, schema = db
+    config = RuntimeConfig(database_url=url, database_schema=schema)
+    model = ScriptedModel([ModelStep.text_reply("Hello.")])
+    async with SessionRuntime(agent=Agent(model=model), config=config) as runtime:
+        events = await collect_events(runtime.execute_message("s1", "hi"))
+        turn_id = events[0].turn_id
+        before = await runtime.audit(turn_id)
+        await runtime.delete_session("s1")
+        after = await runtime.store.read_audit(turn_id)
+        usage = await runtime.store.read_usage(turn_id)
+        keys = await runtime.store._migrate(_audit_foreign_keys)  # type: ignore[attr-defined]
+    assert keys == dict.fromkeys(_AUDIT_TABLES, [])
+    assert before
+    assert after == before
+    assert usage.model_calls == 1

@@ -182,3 +182,30 @@ async def test_deps_of_turns_left_to_workers_elsewhere_are_not_kept_for_good(
         ]
         kept = [t for t in submitted if t in api.host._deps]
     assert kept == submitted[-2:]  # the newest still reach a worker of this process
+
+
+async def test_a_search_tool_reads_the_knowledge_of_the_turns_agent(tmp_path: Path) -> None:
+    """One search tool, two agents: each turn's call searches its own agent's knowledge
+    bases, which the model never sees; and learns whether it may keep memories."""
+    searched: list[tuple[tuple[str, ...], bool]] = []
+
+    @tool
+    async def search(query: str, ctx: ToolContext) -> str:
+        """Search the knowledge bases."""
+        searched.append((ctx.knowledge, ctx.memory))
+        return f"nothing about {query}"
+
+    def model() -> ScriptedModel:
+        return ScriptedModel(
+            [ModelStep.tool_call_reply(call("search", query="refunds")), ModelStep.text_reply("ok")]
+        )
+
+    hr = Agent(name="hr", model=model(), tools=[search], knowledge=["kb-hr", "kb-policies"])
+    ops = Agent(name="ops", model=model(), tools=[search], knowledge=["kb-ops"], memory=True)
+    config = RuntimeConfig(database_url=f"sqlite:///{tmp_path / 'kb.db'}")
+    async with SessionRuntime(agents=[hr, ops], config=config) as runtime:
+        await collect_events(runtime.execute_message("s1", "refunds?", agent="hr"))
+        await collect_events(runtime.execute_message("s2", "refunds?", agent="ops"))
+    assert searched == [(("kb-hr", "kb-policies"), False), (("kb-ops",), True)]
+    sent = str([m.content for m in hr.model.calls[0].messages])  # type: ignore[union-attr]
+    assert "kb-hr" not in sent

@@ -69,8 +69,10 @@ class Agent:
         model: A litellm model string (`"openai/gpt-4o-mini"`), a `ModelClient`, or a
             `ModelFamily` whose rungs are tried in order.
         utility_model: The background model: plans in anchor-plan, writes the turn's
-            thinking summary and compacts history. Without one, anchor-plan plans by a
-            heuristic, there is no thinking summary, and compaction drops old turns.
+            thinking summary, compacts history and names the session (unless the
+            organisation names its own `background_model`). Without one, anchor-plan
+            plans by a heuristic, there is no thinking summary, and compaction drops old
+            turns.
         tools: What the model may call; names must be unique.
         effort: Thinking budget per call (off/low/medium/high = 0/1,024/4,096/16,384
             tokens), none for models without reasoning.
@@ -113,9 +115,10 @@ class Agent:
         settings: Sampling settings (temperature, top_p, max_tokens, seed, ...) of the
             reasoning calls; a message may override them field by field.
         skills: Skill references the agent may use (`builtin:<slug>` or the app's own).
-        knowledge: Knowledge base ids; never sent to the model, resolved by the app's
-            tools for each search.
-        memory: Whether the app's memory tools may keep facts across sessions.
+        knowledge: Knowledge base ids; never sent to the model. The app's search tools
+            read them from `ToolContext.knowledge` for each search.
+        memory: Whether the app's memory tools may keep facts across sessions (they read
+            it from `ToolContext.memory`).
         visibility: Who may pick the agent: `private` (its owner), `department` or
             `organisation`.
         owner: The principal id a `private` agent belongs to.

@@ -28,7 +28,7 @@ from pydantic import (
 )
 
 from turnkit.events import AskedUsage
-from turnkit.ids import SessionId, StageId, ToolCallId, TurnId
+from turnkit.ids import AuditStageId, SessionId, ToolCallId, TurnId
 from turnkit.states import TerminalStatus
 
 __all__ = (
@@ -76,7 +76,10 @@ class CallIdentity(BaseModel):
     model_config = _CONFIG
     session_id: SessionId
     turn_id: TurnId
-    stage_id: StageId
+    stage_id: AuditStageId
+    """The stage that made the call, `runtime`, or `thread-naming` for the call that names
+    the session after its opening turn ended (rows stored before that stage existed say
+    `post-turn`)."""
     seq_within_turn: PositiveInt
     """1-based position of the row among the turn's audit rows."""
 

@@ -119,9 +119,9 @@ class TurnStartedEvent(DurableEvent):
 
     type: Literal["turn.started"] = "turn.started"
     content: str
+    """The user's message."""
     attachments: tuple[ImagePart, ...] = ()
     """Pictures the person attached to the message."""
-    """The user's message."""
     request_id: str | None = None
     agent: str
     model: str

@@ -11,12 +11,14 @@ from typing import Final, Literal, NewType
 __all__ = (
     "SESSION_ID_PATTERN",
     "TURN_ID_PREFIX",
+    "AuditStageId",
     "RequestId",
     "SessionId",
     "StageId",
     "ToolCallId",
     "TurnId",
     "derive_id",
+    "event_stage",
     "is_valid_session_id",
     "new_turn_id",
     "uuid7",
@@ -29,6 +31,18 @@ RequestId = NewType("RequestId", str)
 
 StageId = Literal["runtime", "anchor-plan", "tool-loop", "synthesize", "post-turn"]
 """Who produced an event: one of the four stages, or the runtime around them."""
+
+AuditStageId = Literal[
+    "runtime", "anchor-plan", "tool-loop", "synthesize", "post-turn", "thread-naming"
+]
+"""Who made an audited call: a stage, the runtime, or `thread-naming` (the call that names
+a session after its opening turn has ended; it writes no events)."""
+
+
+def event_stage(stage_id: AuditStageId) -> StageId:
+    """The stage an event of `stage_id`'s work names (naming's are the runtime's)."""
+    return "runtime" if stage_id == "thread-naming" else stage_id
+
 
 SESSION_ID_PATTERN: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
 """1-128 characters: letters, digits and `_ . : -`, starting with a letter or digit."""
@@ -65,7 +79,8 @@ def derive_id(prefix: str, *parts: str | int) -> str:
     """Derive a stable id from the log position it stands for.
 
     The same parts always give the same id, so a retried attempt that derives an id
-    for the same position commits nothing twice (seed 001, `generationId`).
+    for the same position commits nothing twice (a block's or a call's id is the same on
+    every attempt).
     """
     digest = hashlib.blake2b("\x1f".join(map(str, parts)).encode(), digest_size=10).hexdigest()
     return f"{prefix}_{digest}"

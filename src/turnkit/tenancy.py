@@ -116,6 +116,9 @@ class Organisation(BaseModel):
         default_department: Where a principal with no department sits.
         default_agent: With a name here, a non-admin may use only that agent: asking for
             another is refused, never silently swapped.
+        background_model: The model (a name the runtime's `models=` serves) that names
+            its members' sessions after their opening turn; None: each agent's
+            `utility_model` does, and an agent without one leaves the opening name.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -124,6 +127,7 @@ class Organisation(BaseModel):
     departments: tuple[Department, ...] = ()
     default_department: str = Field(default=DEFAULT_DEPARTMENT, pattern=_NAME)
     default_agent: str | None = None
+    background_model: str | None = None
 
     @model_validator(mode="after")
     def _seed_default_department(self) -> Organisation:

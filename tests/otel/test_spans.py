@@ -315,12 +315,12 @@ async def test_a_thinking_summary_is_its_own_chat_span(
     utility.assert_complete()
     background = otel.named("chat m-background")
     # The plan (anchor-plan), the thinking summary, which is written while the loop runs,
-    # and the thread's name (post-turn): each its own chat span, none failed.
+    # and the thread's name (thread-naming): each its own chat span, none failed.
     stages = sorted(str(_attrs(span)["turnkit.stage"]) for span in background)
     assert stages[0] == "anchor-plan"
-    assert "post-turn" in stages
+    assert "thread-naming" in stages
     assert len(stages) == 3
-    assert set(stages) - {"anchor-plan", "post-turn"}, stages  # the summary's stage
+    assert set(stages) - {"anchor-plan", "thread-naming"}, stages  # the summary's stage
     for span in background:
         assert _attrs(span)["gen_ai.usage.output_tokens"] > 0  # type: ignore[operator]
         assert span.status.status_code is not StatusCode.ERROR

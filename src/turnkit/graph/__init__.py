@@ -105,7 +105,7 @@ async def _bracket(
         iteration=iteration,
         duration_ms=(time.perf_counter() - started) * 1000,
     )
-    # The next stage's `step.start` shares this transaction (DESIGN §11): one commit less
+    # The next stage's `step.start` shares this transaction: one commit less
     # per stage. The next node stages it again, and the Recorder's journal drops the copy,
     # also when a recovered attempt resumes at that node.
     following = outcome.route

@@ -7,8 +7,8 @@ nothing.
 
 | hook | when | may |
 |---|---|---|
-| `before_model_request` | before each reasoning call | append notes (never rewrite) |
-| `after_model_response` | after each reasoning call | observe |
+| `before_model_request` | before each model call of a stage | append notes (never rewrite) |
+| `after_model_response` | after each model call of a stage | observe |
 | `before_tool_call` | before a tool runs | deny it with a reason the model reads |
 | `after_tool_call` | after a tool ran | observe |
 | `on_event` | after each durable event is committed | observe |
@@ -217,15 +217,17 @@ class Plugin:
     async def before_model_request(
         self, ctx: PluginContext, call: ModelCallView
     ) -> Sequence[str | Note] | None:
-        """Before a reasoning call: notes to append to the message list (kept for good).
+        """Before a stage's model call: notes to append to the message list (kept for good).
 
-        A string is a note that goes with its round when the history is compacted; a
+        The stages' calls are anchor-plan's planning call (its notes go to that call
+        only), then each tool-loop and synthesize call; `call.stage_id` says which. A
+        string is a note that goes with its round when the history is compacted; a
         `Note(text, standing=True)` stays through compaction.
         """
         return None
 
     async def after_model_response(self, ctx: PluginContext, call: ModelCallView) -> None:
-        """After a reasoning call (the view carries the response)."""
+        """After a stage's model call answered (the view carries the response)."""
         return None
 
     async def before_tool_call(self, ctx: PluginContext, call: ToolCall) -> str | None:

@@ -84,7 +84,8 @@ class SessionRuntime(RuntimeControl, RuntimeCallbacks, RuntimeBudgets, RuntimeRe
             group), loaded only when named.
         config: Runtime settings; store, replay, clock: the parts to use (defaults:
             from `config`).
-        tenancy: The organisations served (their departments and default agents).
+        tenancy: The organisations served (their departments, default agents and
+            background models).
         admission: Your own checks, run after the built-in ones on every message.
         documents: Says whether each document a message attaches (by id) is indexed, still
             being read, or missing; without it, a message cannot attach documents.

@@ -157,6 +157,9 @@ class RuntimeCore:
             self._families(hosted.model)  # an unresolvable model string fails here, not mid-turn
         self.tenancy = tenancy if isinstance(tenancy, Tenancy) else Tenancy(tenancy or ())
         """The organisations served, their departments and default-agent switches."""
+        for served in self.tenancy.organisations:
+            if served.background_model is not None:  # unresolvable: fails here, not after a turn
+                self._families(served.background_model)
         self.admission = Admission(
             tenancy=self.tenancy,
             agents=self.agents,

@@ -266,6 +266,13 @@ class TurnRunner:
             base = await self.agents.get(pinned.agent, pinned.version)
         return base.with_overrides(model=pinned.model, settings=pinned.settings)
 
+    def _background_model(self, organisation: str) -> ModelFamily | None:
+        """The organisation's background model, if it names one."""
+        served = self.admission.tenancy.organisation(organisation) if self.admission else None
+        if served is None or served.background_model is None:
+            return None
+        return self.family(served.background_model)
+
     async def _setup(
         self, record: TurnRecord, pinned: Pinned, held: Agent | None, deps: Any, lease: Lease
     ) -> DriveSetup:
@@ -283,6 +290,7 @@ class TurnRunner:
         try:
             family = self.family(agent.model)
             utility = self.family(agent.utility_model) if agent.utility_model is not None else None
+            naming = self._background_model(pinned.organisation) or utility
             synthesis = (
                 self.family(agent.synthesis_model or agent.model)
                 if agent.synthesis == "separate"
@@ -321,6 +329,7 @@ class TurnRunner:
                 registry=registry,
                 thinking_budget=budget,
                 synthesis=synthesis,
+                naming=naming,
                 principal=principal,
                 caller=pinned.caller,
                 deps=deps,

@@ -285,7 +285,7 @@ async def allowed_tools(
         granted = policy(request)
         if inspect.isawaitable(granted):
             granted = await granted
-    except Exception as exc:  # noqa: BLE001 - the seed's rule: fall back to no optional tools
+    except Exception as exc:  # noqa: BLE001 - a failing policy grants no optional tools
         log.warning("the tool access policy failed (%s): the turn runs without tools", exc)
         return ()
     allowed = set(granted)

@@ -384,7 +384,7 @@ class TurnDriver:
         rec, ctx = self.recorder, self._ctx
         if rec is None or ctx is None or not self._succeeded or self.aftermath is None:
             return
-        if self.record.input_seq != 1 or ctx.utility is None:
+        if self.record.input_seq != 1 or ctx.naming is None:
             return
         self.aftermath.leave(
             functools.partial(name_thread, ctx, rec.notes.request_text),

@@ -24,7 +24,7 @@ from turnkit.events import (
     ProviderCascadeEvent,
     ToolDeltaEvent,
 )
-from turnkit.ids import StageId, derive_id
+from turnkit.ids import AuditStageId, StageId, derive_id, event_stage
 from turnkit.models import (
     Finish,
     ModelRequest,
@@ -123,7 +123,7 @@ class _Assembler:
 
 async def call_model(
     ctx: StageContext,
-    stage_id: StageId,
+    audited_as: AuditStageId,
     family: ModelFamily,
     request: ModelRequest,
     *,
@@ -150,6 +150,7 @@ async def call_model(
     it as a call being written, never finished).
     """
     rec = ctx.recorder
+    stage_id = event_stage(audited_as)  # what its events (if any) name
     await _ready(ctx, stage_id, request, block_key, reserve=reserve)
     attempts: list[str] = []
     price = price_per_token(rec.usage)
@@ -158,7 +159,7 @@ async def call_model(
     last_tool_delta: dict[int, float] = {}
     shown = request.tool_choice != "none"  # a call no tool can answer is never drawn
     rec.open_call = on.open_call(stage_id, family.name, stream_text, request)
-    chat = otel.chat(rec, stage_id, family.name, request)
+    chat = otel.chat(rec, audited_as, family.name, request)
     # Closed explicitly: the call returns at `Finish`, and a stream left to the garbage
     # collector keeps its provider connection open until then.
     try:
@@ -187,7 +188,7 @@ async def call_model(
                         on = _Rung(chunk.model, chunk.provider, chunk.rung, block_id, price, client)
                         rec.open_call = on.open_call(stage_id, family.name, stream_text, request)
                     case RungFailed():
-                        _audit_failed_rung(ctx, stage_id, family, chunk, attempts)
+                        _audit_failed_rung(ctx, audited_as, family, chunk, attempts)
                     case Finish():
                         finish = _counted(chunk, on, request)
                         if rec.open_call is not None:  # cut while its answer is checked:
@@ -205,12 +206,12 @@ async def call_model(
         rec.open_call = None  # every rung already left its own row
         raise
     except Exception as exc:
-        # One audit row per model call, however it ended (DESIGN §5.7).
+        # One audit row per model call, however it ended.
         code = exc.code if isinstance(exc, TurnkitError) else "internal-error"
         chat.failed(exc)
         spent = _billed(rec, on, request, exc)
         shape = on.shape(family.name, outcome="error", error_code=code, **spent)
-        rec.audit(stage_id, call=shape)
+        rec.audit(audited_as, call=shape)
         rec.open_call = None
         raise
     finally:
@@ -468,7 +469,7 @@ async def _tool_delta(
         return
     now = ctx.recorder.clock.monotonic()
     if now - last.get(index, -1e9) < _TOOL_DELTA_INTERVAL_S:
-        return  # at most twice a second per open call (seed 000)
+        return  # at most twice a second per open call: a client redraws, not a feed
     last[index] = now
     written = "".join(parts)
     start = asm.sent.get(index, 0)
@@ -490,7 +491,7 @@ def _rung_code(error: BaseException) -> ErrorCode:
 
 def _audit_failed_rung(
     ctx: StageContext,
-    stage_id: StageId,
+    audited_as: AuditStageId,
     family: ModelFamily,
     failed: RungFailed,
     attempts: list[str],
@@ -511,7 +512,7 @@ def _audit_failed_rung(
     )
     exhausted = failed.next_rung is None
     ctx.recorder.audit(
-        stage_id,
+        audited_as,
         call=CallShape(
             provider=failed.provider,
             model=failed.model,
@@ -532,7 +533,7 @@ def _audit_failed_rung(
     )
     ctx.recorder.durable(
         ProviderCascadeEvent,
-        stage_id,
+        event_stage(audited_as),
         family=family.name,
         from_rung=failed.rung,
         from_model=failed.model,

@@ -1,6 +1,6 @@
 """Thread naming in two writes.
 
-A name read off the opening message lands at once; the utility model's better name,
+A name read off the opening message lands at once; the background model's better name,
 asked for once the opening turn has settled, replaces it only while the first still
 stands.
 """
@@ -27,16 +27,20 @@ NAMING_PROMPT: Final = (
 
 
 async def name_thread(ctx: StageContext, opening: str) -> None:
-    """Ask the utility model for a better name; apply it only over the opening name.
+    """Ask the background model for a better name; apply it only over the opening name.
 
-    Runs after the session's opening turn has settled (the driver leaves it running): the
-    turn never waits for it, and its log gets no event from it. The call is audited as
-    the turn's own row (`threadNaming`, stage `post-turn`) and counts in the turn's usage
-    and budgets. A person's rename (even one typed mid-turn) always survives; a missing
-    utility model, a failed call or a budget with no room leaves the first name standing.
+    The background model is the organisation's (`Organisation.background_model`), else
+    the agent's utility model. Runs after the session's opening turn has settled (the
+    driver leaves it running): the turn never waits for it, and its log gets no event
+    from it. The call is audited on the turn, as a row of its own stage (`threadNaming`,
+    stage `thread-naming`): it counts in the turn's usage rollup and budgets, not in the
+    turn's `run.finished` or `usage` event (written before it). A person's rename (even
+    one typed mid-turn) always survives; no background model, a failed call or a budget
+    with no room leaves the first name standing.
     """
     rec = ctx.recorder
-    if ctx.utility is None:
+    namer = ctx.naming
+    if namer is None:
         return
     first = opening_title(opening)
     session = await rec.store.get_session(rec.session_id)
@@ -48,14 +52,15 @@ async def name_thread(ctx: StageContext, opening: str) -> None:
             ModelMessage(role="user", content=opening[:2000]),
         ),
         purpose="utility",
+        tool_choice="none",  # no tool to call: nothing to show as one being written
     )
     if ctx.budget is not None and not await ctx.budget.has_room(request):
         return  # naming never pauses a turn: the first name stands
     try:
         result = await call_model(
             ctx,
-            "post-turn",
-            ctx.utility,
+            "thread-naming",
+            namer,
             request,
             block_key="title",
             stream_text=False,
@@ -75,7 +80,7 @@ async def name_thread(ctx: StageContext, opening: str) -> None:
     # that dies between the two keeps the name and loses the row of this one small call.
     applied = bool(title) and await rec.store.name_session(rec.session_id, title, current=first)
     rec.audit(
-        "post-turn",
+        "thread-naming",
         call=result.shape,
         payloads=AuditPayloads(
             threadNaming=ThreadNamingPayload(title_chars=len(title), applied=applied)

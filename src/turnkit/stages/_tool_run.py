@@ -47,6 +47,8 @@ def _tool_context(ctx: StageContext, part: ToolCallPart, reports: _Reports) -> T
         caller=ctx.caller,
         deps=ctx.deps,
         callback_token=ctx.callback_token,
+        knowledge=tuple(ctx.agent.knowledge),
+        memory=ctx.agent.memory,
         # Also a reconcile hook's: it may take a while (an agent asked as a tool joins the
         # turn it began), and its reports keep the turn's idle window open.
         _progress=reports.progress,

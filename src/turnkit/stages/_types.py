@@ -99,6 +99,9 @@ class StageContext:
     thinking_budget: int
     synthesis: ModelFamily | None = None
     """The family of a separate synthesis call; None: the loop's terminal text answers."""
+    naming: ModelFamily | None = None
+    """The background model that names a session after its opening turn: the
+    organisation's `background_model`, else the agent's utility model (None: no naming)."""
     principal: str | None = None
     """Who sent the message; tools see it in `ToolContext.principal`."""
     caller: Principal | None = None

@@ -1,4 +1,4 @@
-"""anchor-plan: classify intent and decide how much planning the turn needs (seed 002)."""
+"""anchor-plan: classify intent and decide how much planning the turn needs."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from turnkit.models import ModelMessage, ModelRequest
 from turnkit.skills import picked_skill
 from turnkit.stages._calls import UTILITY_OUTAGES, call_model
 from turnkit.stages._planning import plan_notes
+from turnkit.stages._plugins import after_model_response, before_model_request
 from turnkit.stages._types import StageContext, StageOutcome, TranscriptMessage
 
 __all__ = ("PLAN_PROMPT", "run_anchor_plan")
@@ -30,6 +31,26 @@ PLAN_PROMPT = (
 
 def _note(text: str) -> TranscriptMessage:
     return {"role": "system", "content": text, "standing": True}  # compaction keeps it
+
+
+async def _plan_request(ctx: StageContext, content: str) -> ModelRequest:
+    """The planning call, with the notes plugins append to it.
+
+    Their notes go to this call only: the turn's own calls ask the plugins again.
+    """
+    asked: list[TranscriptMessage] = [
+        {"role": "system", "content": PLAN_PROMPT},
+        {"role": "user", "content": content},
+    ]
+    notes = await before_model_request(ctx, "anchor-plan", asked)
+    return ModelRequest(
+        messages=(
+            ModelMessage(role="system", content=PLAN_PROMPT),
+            ModelMessage(role="user", content=content),
+            *(ModelMessage(role="system", content=str(n["content"])) for n in notes),
+        ),
+        purpose="plan",
+    )
 
 
 def _heuristic(content: str) -> PlanGenerationPayload:
@@ -74,13 +95,7 @@ async def run_anchor_plan(
     if ctx.utility is None:
         plan = _heuristic(content)
     else:
-        request = ModelRequest(
-            messages=(
-                ModelMessage(role="system", content=PLAN_PROMPT),
-                ModelMessage(role="user", content=content),
-            ),
-            purpose="plan",
-        )
+        request = await _plan_request(ctx, content)
         try:
             result = await call_model(
                 ctx, "anchor-plan", ctx.utility, request, block_key="plan", stream_text=False
@@ -89,6 +104,7 @@ async def run_anchor_plan(
             log.warning("turn %s plans without its utility model: %s", ctx.recorder.turn_id, exc)
             plan = _heuristic(content).model_copy(update={"utility_error": exc.code})
         else:
+            await after_model_response(ctx, "anchor-plan", request, result.response)
             plan = _parse(result.response.text, content)
     picked = picked_skill(content, ctx.skills)
     if picked is not None:

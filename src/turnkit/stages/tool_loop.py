@@ -67,7 +67,7 @@ async def run_tool_loop(
 
     Text written in a pass that goes on to use a tool stays its own block. A response
     cut by the output limit while writing tool calls gets failed results and the loop
-    goes on; one cut with no call named is fatal (seed 002 "Finishing").
+    goes on; one cut with no call named is fatal (there is no answer to finish with).
     """
     rec = ctx.recorder
     rounds = ctx.agent.max_tool_rounds

@@ -408,7 +408,7 @@ def _live_turn(conn: Connection, new: NewInput, now: datetime) -> str | None:
     elif new.anonymous_caller:
         query = query.where(turns.c.principal.is_(None))
     if conn.dialect.name == "postgresql":
-        # Serialise with the driver's settle, which re-queues unread guides (seed 001 ⑦).
+        # Serialise with the driver's settle, which re-queues guides the turn never read.
         query = query.with_for_update(of=turns)
     return conn.execute(query).scalar_one_or_none()
 

@@ -3,7 +3,7 @@
 Durable events get their `seq` here and are staged; `flush()` commits everything staged in
 one Store transaction and only then publishes the events. An ephemeral event flushes first,
 so nothing is ever published ahead of a durable event produced before it (write before
-send, DESIGN §5.1). Stages never touch the Store.
+send). Stages never touch the Store.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from turnkit.events import (
     MessageDeltaEvent,
     RunFinishedEvent,
 )
-from turnkit.ids import SessionId, StageId, TurnId
+from turnkit.ids import AuditStageId, SessionId, StageId, TurnId
 from turnkit.journal import Journal, dedupe_key
 from turnkit.models import Usage
 from turnkit.pauses import PauseRequest
@@ -235,7 +235,7 @@ class Recorder:
 
     def audit(
         self,
-        stage_id: StageId,
+        stage_id: AuditStageId,
         *,
         call: CallShape | None,
         payloads: AuditPayloads | None = None,

@@ -61,6 +61,10 @@ class ToolContext(Generic[DepsT]):
             process (a job runner, a remote tool) to report back with
             (`SessionRuntime.report_job_progress`, `POST /turns/{id}/callback`). None when
             the runtime has no `callback_secret`.
+        knowledge: The knowledge base ids of the turn's agent (`Agent.knowledge`, as
+            pinned with the turn), for a search tool to search in; never sent to the model.
+        memory: Whether the turn's agent may keep facts across sessions (`Agent.memory`),
+            for a memory tool to honour.
     """
 
     session_id: SessionId
@@ -71,6 +75,8 @@ class ToolContext(Generic[DepsT]):
     caller: Principal | None = None
     deps: DepsT = None  # type: ignore[assignment]
     callback_token: str | None = field(default=None, repr=False)
+    knowledge: tuple[str, ...] = ()
+    memory: bool = False
     _progress: Callable[[float | None, str | None], Awaitable[None]] = field(
         default=_ignore_progress, repr=False
     )
