@@ -40,6 +40,7 @@ __all__ = (
     "TranscriptPart",
     "TurnGraph",
     "TurnState",
+    "bind_resumed",
     "carry_events",
     "compile_turn_graph",
     "expect_new_thread",
@@ -130,7 +131,18 @@ def _bind(
     reads it).
     """
     ctx = runtime.context
-    rec = ctx.recorder
+    transcript, previous = bind_state(ctx.recorder, state)
+    return ctx, transcript, previous
+
+
+def bind_state(
+    rec: Recorder, state: TurnState
+) -> tuple[list[TranscriptMessage], PreviousRequest | None]:
+    """Take the turn's transcript and last request from `state` into `rec`'s notes.
+
+    What a stage starts from, and what the turn keeps if it ends now.
+    """
+    rec.notes.bound = True
     part = state.get("part")
     if part == "turn":
         transcript = [*rec.notes.history, *state["transcript"]]
@@ -148,7 +160,19 @@ def _bind(
         elif "shares" in previous:  # a checkpoint of an earlier attempt
             previous = expand(previous, digests_of(transcript, rec.notes.known), rec.notes.known)
         rec.notes.last_request = previous
-    return ctx, transcript, previous
+    return transcript, previous
+
+
+async def bind_resumed(graph: TurnGraph, thread_id: str, rec: Recorder) -> None:
+    """A resumed run in which no stage ran: take its notes from the thread's state.
+
+    The thread's last stage had finished and its writes were stored before the turn's
+    ending was committed, so resuming it runs nothing. The turn's ending must still keep
+    what the turn did (its calls, results and answer), as the stage would have bound it.
+    """
+    snapshot = await graph.aget_state(cast(Any, {"configurable": {"thread_id": thread_id}}))
+    if snapshot.values:
+        bind_state(rec, cast(TurnState, snapshot.values))
 
 
 def stored_request(

@@ -97,8 +97,17 @@ class RuntimeControl(RuntimeReads):
         except StoreUnavailableError:  # a database blip must not delay cutting a driver here
             asked = []  # the ending's own transaction still stops them (`Store.commit`)
         if self._recovery is not None:  # a turn this process took over: stop it at once
-            await self._recovery[2].stop(key)
-        return await self.host.cancel(key, by=_id_of(principal)), asked
+            await self._recovery[2].stop(key, by=_id_of(principal))
+        status = await self.host.cancel(key, by=_id_of(principal))
+        if (
+            status == "running"
+            and self._recovery is not None
+            and await self._recovery[2].stop(key, by=_id_of(principal))
+        ):
+            # the recovery loop claimed it meanwhile (its claim was in flight): stopped here
+            record = await self.store.get_turn(key)
+            status = record.status if record is not None else status
+        return status, asked
 
     async def resume(
         self,

@@ -41,6 +41,7 @@ from turnkit.events import DurableEvent, EphemeralEvent, TurnRecoveringEvent
 from turnkit.graph import (
     TurnGraph,
     TurnState,
+    bind_resumed,
     carry_events,
     expect_new_thread,
     has_pending_interrupt,
@@ -466,6 +467,8 @@ class TurnDriver:
                     durability=durability,
                     resume=answer,
                 )
+                if resume and not rec.notes.bound:  # its last stage had run: nothing did
+                    await bind_resumed(self.graph, self.lease.turn_id, rec)
         except TimeoutError as exc:
             if not deadline.expired():
                 raise  # raised inside the turn, not by its deadline

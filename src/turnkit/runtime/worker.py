@@ -185,6 +185,8 @@ class Worker:
         self._drivers: dict[asyncio.Task[None], TurnDriver] = {}
         self._claimed: dict[asyncio.Task[None], Lease] = {}
         """Each driving task's lease, from its claim (its driver may not be built yet)."""
+        self._claiming: asyncio.Future[None] | None = None
+        """The claim under way, if any: a Stop waits for it to land (`stop`)."""
         self._stopped: set[asyncio.Task[None]] = set()
         """Tasks cancelled by `stop` (Stop pressed), not by shutting down."""
         self._room = asyncio.Event()
@@ -278,6 +280,7 @@ class Worker:
         if slot is None:
             return False
         runtime, config = self.runtime, self.runtime.config
+        claiming = self._claiming = asyncio.get_running_loop().create_future()
         try:
             lease = await runtime.store.claim(
                 self.owner, ttl_s=config.lease_ttl_s, max_attempts=config.max_attempts
@@ -285,6 +288,9 @@ class Worker:
         except BaseException:
             slot.release()
             raise
+        finally:
+            self._claiming = None
+            claiming.set_result(None)
         if lease is None:
             slot.release()
             return False
@@ -313,17 +319,28 @@ class Worker:
                 extra=about,
             )
         task = asyncio.create_task(self._drive(lease), name=f"turnkit-turn-{lease.turn_id}")
+        self._claimed[task] = lease  # a Stop finds it before its first step (`stop`)
         self._tasks.add(task)
         task.add_done_callback(lambda done: slot.release())
         task.add_done_callback(self._ended)
 
-    async def stop(self, turn_id: TurnId) -> bool:
-        """Stop a turn this worker drives: it ends `cancelled`. False if it drives none."""
-        for task, driver in list(self._drivers.items()):
-            if driver.lease.turn_id == turn_id:
+    async def stop(self, turn_id: TurnId, *, by: str | None = None) -> bool:
+        """Stop a turn this worker drives: it ends `cancelled`. False if it drives none.
+
+        A turn it claimed whose driver is not built yet, or was stopped before it wrote
+        anything, is ended in the Store, where this worker's lease on it no longer counts.
+        `by`: who pressed Stop.
+        """
+        if self._claiming is not None:  # a claim in flight may be this turn's: let it land
+            await asyncio.shield(self._claiming)
+        for task, lease in list(self._claimed.items()):
+            if lease.turn_id == turn_id:  # its driver built or not (it then never runs)
                 self._stopped.add(task)
                 stop_task(task)
                 await asyncio.gather(task, return_exceptions=True)
+                # A driver that wrote its ending keeps it; one stopped before it could
+                # write anything leaves the turn to end here, where our lease no longer counts.
+                await self.runtime.store.cancel(turn_id, stopped_owner=self.owner, by=by)
                 return True
         return False
 

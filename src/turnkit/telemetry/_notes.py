@@ -47,6 +47,8 @@ class TurnNotes:
     """The last request as the graph state stored it (`compact`), and as it was."""
     request_text: str = ""
     """The text of the message that opened the turn."""
+    bound: bool = False
+    """A stage of this attempt took the transcript from the graph's state."""
     reasoning: list[str] = field(default_factory=list[str])
     """Raw reasoning of this attempt's calls: only the thinking summary reads it."""
     results: dict[str, ToolResultBlock] = field(default_factory=dict[str, ToolResultBlock])
