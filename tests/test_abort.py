@@ -120,12 +120,14 @@ async def test_no_model_stream_is_left_to_the_garbage_collector(
     assert [n for n in finalized if "Model" in n] == []
 
 
-async def test_a_call_the_idle_window_cuts_short_is_audited_and_counted_and_its_text_kept(
+async def test_a_call_the_ceiling_cuts_short_is_audited_and_counted_and_its_text_kept(
     runtime_factory: RuntimeFactory, database_url: str
 ) -> None:
     """The turn times out mid-call: the provider billed what it streamed, as for a Stop."""
     model = ScriptedModel([ModelStep.hang("Thinking about it")])
-    config = RuntimeConfig(database_url=database_url, idle_window_s=0.5, heartbeat_interval_s=0.05)
+    config = RuntimeConfig(  # a model call is never idle: its ceiling cuts it
+        database_url=database_url, ceiling_s=0.5, idle_window_s=0.5, heartbeat_interval_s=0.05
+    )
     runtime = runtime_factory(Agent(model=model), config=config)
     async with asyncio.timeout(20):
         events = [e async for e in runtime.execute_message("s1", "tell me a long story")]
@@ -163,7 +165,9 @@ async def test_a_call_cut_short_is_priced_as_the_turns_earlier_calls(
         usage=Usage(input_tokens=900, output_tokens=100, cost_usd=0.01),  # $0.00001 a token
     )
     model = ScriptedModel([priced, ModelStep.hang("Thinking about it")])
-    config = RuntimeConfig(database_url=database_url, idle_window_s=0.5, heartbeat_interval_s=0.05)
+    config = RuntimeConfig(  # a model call is never idle: its ceiling cuts it
+        database_url=database_url, ceiling_s=0.5, idle_window_s=0.5, heartbeat_interval_s=0.05
+    )
     runtime = runtime_factory(
         Agent(model=model, tools=[add], skip_stages=frozenset({"anchor-plan"})), config=config
     )
@@ -182,12 +186,14 @@ async def test_a_call_cut_short_is_priced_as_the_turns_earlier_calls(
     assert usage.cost_usd == pytest.approx(0.01 + tokens * 0.00001)
 
 
-async def test_a_planning_call_the_idle_window_cuts_is_billed_what_it_wrote_unshown(
+async def test_a_planning_call_the_ceiling_cuts_is_billed_what_it_wrote_unshown(
     runtime_factory: RuntimeFactory, database_url: str
 ) -> None:
     """The plan's text is never streamed to the person: it is still what the call wrote."""
     planner = ScriptedModel([ModelStep.hang('{"intent": "a long story", "depth": "none"')])
-    config = RuntimeConfig(database_url=database_url, idle_window_s=0.5, heartbeat_interval_s=0.05)
+    config = RuntimeConfig(  # a model call is never idle: its ceiling cuts it
+        database_url=database_url, ceiling_s=0.5, idle_window_s=0.5, heartbeat_interval_s=0.05
+    )
     runtime = runtime_factory(Agent(model=ScriptedModel([]), utility_model=planner), config=config)
     async with asyncio.timeout(20):
         events = [e async for e in runtime.execute_message("s1", "tell me a long story")]

@@ -101,7 +101,7 @@ async def test_a_turn_paused_under_an_older_turnkit_resumes_after_the_upgrade(
                            ModelStep.text_reply("Paid.")])  # fmt: skip
     asking = Agent(model=model, tools=[tool(_pay, approval="always")],
                    skip_stages=frozenset({"anchor-plan"}))  # fmt: skip
-    [earlier] = asking.earlier_versions
+    earlier = asking.earlier_versions[0]  # hashed without the tool's own policy
     assert earlier != asking.version
     runtime = agents_host.runtime(_url(tmp_path))
     runtime.agents.add(asking)

@@ -12,6 +12,7 @@ import asyncio
 import dataclasses
 import json
 import os
+import re
 import sys
 import textwrap
 import time
@@ -862,7 +863,10 @@ async def test_turns_starting_at_once_cannot_overspend_a_usd_limit(
         assert isinstance(events[-1], BudgetPausedEvent), [e.type for e in events]
         # The reason says what to raise a USD limit by, not only the tokens.
         assert "the next model call needs about" in events[-1].reason
-        assert events[-1].reason.endswith(" tokens ($0.0101)"), events[-1].reason
+        # ... and the dollars are those tokens at the model's list price ($1e-5 a token).
+        needs = re.search(r" about (\d+) tokens \(\$(\d+\.\d{4})\)$", events[-1].reason)
+        assert needs is not None, events[-1].reason
+        assert float(needs[2]) == pytest.approx(int(needs[1]) * 1e-5, abs=1e-4)
         await runtime.cancel(second.turn_id)
         await runtime.cancel(first.turn_id)
 
@@ -918,6 +922,7 @@ async def test_a_first_call_cut_short_is_priced_at_its_models_list_price(
     client = LiteLLMClient(f"openai/{model}", api_base=openai_server.base_url, api_key="sk")
     config = RuntimeConfig(
         database_url=f"sqlite:///{tmp_path / 'cut.db'}",
+        ceiling_s=0.5,  # a model call is never idle: its ceiling cuts it
         idle_window_s=0.5,
         heartbeat_interval_s=0.05,
     )

@@ -196,14 +196,15 @@ async def test_a_stream_whose_frame_never_ends_fails_the_turn(
     assert any(isinstance(e, ProviderCascadeEvent) and e.status_code == 408 for e in events)
 
 
-async def test_a_stalled_stream_ends_at_the_idle_window_and_hangs_up(
+async def test_a_stalled_stream_ends_at_the_ceiling_and_hangs_up(
     runtime_factory: RuntimeFactory, openai_server: FakeOpenAIServer, database_url: str
 ) -> None:
-    """A provider that goes quiet mid-stream, under the client's own timeout: the turn
-    ends `timed_out` at the idle window and the connection to the provider is closed."""
+    """A provider that goes quiet mid-stream, under the client's own timeout: a model call
+    is never idle (its heartbeats count), so the turn ends `timed_out` at its ceiling and
+    the connection to the provider is closed."""
     openai_server.script("stalls", [Reply.text("Hello there, this never", stall=True)])
     config = RuntimeConfig(
-        database_url=database_url, idle_window_s=0.5, heartbeat_interval_s=0.05, ceiling_s=60
+        database_url=database_url, idle_window_s=0.5, heartbeat_interval_s=0.05, ceiling_s=1.0
     )
     runtime = runtime_factory(Agent(model=_client(openai_server, "stalls")), config=config)
     async with asyncio.timeout(20):

@@ -30,7 +30,6 @@ from turnkit.plugins import Plugin, validate_plugins
 from turnkit.tools import AgentTool, Tool, ToolClass, ToolRegistry
 
 __all__ = (
-    "DEFAULT_MAX_TOOL_ROUNDS",
     "DEFAULT_SYNTHESIS_INSTRUCTIONS",
     "PLANNING_TOOL_NAMES",
     "Agent",
@@ -42,8 +41,9 @@ __all__ = (
     "load_agents",
 )
 
-DEFAULT_MAX_TOOL_ROUNDS: Final = 50
-"""`Agent.max_tool_rounds` unless set: a model that calls tools for ever stops there."""
+_ROUNDS_ONCE_DEFAULT: Final = 50
+"""What `Agent.max_tool_rounds` was unless set, in turnkit releases before it had no bound:
+versions hashed then left it out when it was this (see `Agent.earlier_versions`)."""
 
 PLANNING_TOOL_NAMES: Final = ("update_tasks", "write_file", "read_file", "list_files")
 """The built-in tools an agent with `planning=True` is offered."""
@@ -97,7 +97,9 @@ class Agent:
         max_tool_rounds: The most tool-loop rounds (reasoning calls that may use tools) a
             turn makes; the model then writes its answer from what it has, in one more
             call that offers the same tools but lets it call none (`tool_choice="none"`).
-            None: no bound but the turn's ceiling.
+            None (the default): no bound; the loop ends when the model answers, and a
+            runaway one at the turn's ceiling (`RuntimeConfig.ceiling_s`), a budget
+            limit or a Stop.
         plugins: Post-turn enrichment and other hooks, validated here and run by `order`.
         approval: When a tool call waits for a person: `never`, `always` ("Ask before each
             action") or a function of (tool name, arguments), or of (tool name,
@@ -139,7 +141,7 @@ class Agent:
     output_type: object | None = None
     output_retries: int = 1
     tool_result_preview_chars: int | None = 16_000
-    max_tool_rounds: int | None = DEFAULT_MAX_TOOL_ROUNDS
+    max_tool_rounds: int | None = None
     plugins: Sequence[Plugin] = ()
     approval: ApprovalPolicy = "never"
     approver_role: str | None = None
@@ -266,17 +268,43 @@ class Agent:
         """Versions this same bundle had under an older turnkit, which turns may be pinned to.
 
         Before tools' own approval policies counted, a bundle with such a tool hashed
-        without them: a turn paused then still resumes with this agent after the upgrade.
+        without them; while `max_tool_rounds` defaulted to 50, a bundle that set 50 hashed
+        without it and one that set None with it. A turn paused then still resumes with
+        this agent after the upgrade.
         """
         cached: tuple[str, ...] | None = self._earlier  # type: ignore[attr-defined]
         if cached is None:  # asked each time a turn is driven: hashed once
             own = any(getattr(t, "approval", None) is not None for t in self.registry())
-            cached = (_hashed(self.describe(tools_approval=False)),) if own else ()
+            approvals = (True, False) if own else (True,)
+            rounds = self.max_tool_rounds in (None, _ROUNDS_ONCE_DEFAULT)
+            found = (
+                _hashed(self.describe(tools_approval=approval, rounds_before=before))
+                for before in ((False, True) if rounds else (False,))
+                for approval in approvals
+            )
+            cached = tuple(dict.fromkeys(v for v in found if v != self.version))
             object.__setattr__(self, "_earlier", cached)
         return cached
 
-    def describe(self, *, tools_approval: bool = True) -> dict[str, object]:
-        """The bundle as plain JSON (what `version` hashes); functions by qualified name."""
+    def _rounds_described(self, before: bool) -> dict[str, object]:
+        """`max_tool_rounds` as the version hashes it: left out when None (the default).
+
+        `before`: as turnkit hashed it while the default was 50 (left out when 50, kept
+        when None).
+        """
+        rounds = self.max_tool_rounds
+        if before:
+            return {"max_tool_rounds": rounds} if rounds != _ROUNDS_ONCE_DEFAULT else {}
+        return {"max_tool_rounds": rounds} if rounds is not None else {}
+
+    def describe(
+        self, *, tools_approval: bool = True, rounds_before: bool = False
+    ) -> dict[str, object]:
+        """The bundle as plain JSON (what `version` hashes); functions by qualified name.
+
+        `tools_approval=False` and `rounds_before=True` describe it as older turnkit
+        releases did (see `earlier_versions`).
+        """
         return {
             "name": self.name,
             "instructions": self.instructions,
@@ -290,11 +318,7 @@ class Agent:
             "synthesis_instructions": self.synthesis_instructions,
             "tool_result_preview_chars": self.tool_result_preview_chars,
             # Only when set: agents that keep the default keep the version they had.
-            **(
-                {"max_tool_rounds": self.max_tool_rounds}
-                if self.max_tool_rounds != DEFAULT_MAX_TOOL_ROUNDS
-                else {}
-            ),
+            **self._rounds_described(rounds_before),
             **({"output": self.output.describe()} if self.output is not None else {}),
             "plugins": [_plugin_version(p) for p in self.plugins],
             "approval": self.approval

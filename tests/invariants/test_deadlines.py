@@ -1,5 +1,5 @@
 """DESIGN §5.5: the ceiling and the idle window end a run as `timed_out`; heartbeats fill
-a silent model call without counting as output."""
+a silent model call and keep its idle window open, but not a silent tool's."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from turnkit import Agent, ConfigurationError, RuntimeConfig, SessionRuntime, To
 from turnkit.events import DoneEvent, ErrorEvent, HeartbeatEvent, StreamEvent
 from turnkit.models import ModelChunk, ModelRequest
 from turnkit.plugins import ModelCallView, Plugin, PluginContext
-from turnkit.testing import ModelStep, ScriptedModel, call, collect_events
+from turnkit.testing import FakeClock, ModelStep, ScriptedModel, call, collect_events
 
 
 def _deadlines(database_url: str, *, ceiling_s: float, idle_window_s: float) -> RuntimeConfig:
@@ -87,20 +87,128 @@ async def test_the_ceiling_times_the_turn_out(
     assert record.summary.status == "timed_out"
 
 
-async def test_a_model_call_that_goes_quiet_ends_at_the_idle_window(
-    runtime_factory: RuntimeFactory, database_url: str
+class _SilentThinker(WrappedModel):
+    """The scripted model, silent until `speak` is set: it thinks without a word."""
+
+    def __init__(self, steps: list[ModelStep]) -> None:
+        self.inner = ScriptedModel(steps)
+        self.thinking = asyncio.Event()
+        self.speak = asyncio.Event()
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
+        self.thinking.set()
+        await self.speak.wait()
+        async for chunk in self.inner.stream(request):
+            yield chunk
+
+
+def _fake_clock_deadlines(db: tuple[str, str | None]) -> RuntimeConfig:
+    """A 30 s idle window, beats every second (a `FakeClock`); the ceiling and the lease's
+    renewals out of the way (the lease is not what these tests are about)."""
+    return RuntimeConfig(
+        database_url=db[0],
+        database_schema=db[1],
+        idle_window_s=30,
+        heartbeat_interval_s=1,
+        ceiling_s=6000,
+        lease_ttl_s=600,
+    )
+
+
+async def _advance_by_heartbeats(
+    clock: FakeClock, seen: asyncio.Queue[StreamEvent], seconds: float, interval: float
+) -> list[StreamEvent]:
+    """Move `clock` on one heartbeat interval at a time for `seconds`, waiting for each beat.
+
+    Stops early at an `error` or `done` (the turn ending); the events seen.
+    """
+    got: list[StreamEvent] = []
+    moved = 0.0
+    while moved < seconds:
+        clock.advance(interval)
+        moved += interval
+        while not isinstance(event := await seen.get(), HeartbeatEvent):
+            got.append(event)
+            if isinstance(event, (ErrorEvent, DoneEvent)):
+                return got
+        got.append(event)
+    return got
+
+
+async def test_a_model_that_thinks_silently_past_the_idle_window_answers(
+    runtime_factory: RuntimeFactory, db: tuple[str, str | None]
 ) -> None:
-    model = ScriptedModel([ModelStep.hang("Let me think")])
-    config = _deadlines(database_url, ceiling_s=60, idle_window_s=0.5)
-    runtime = runtime_factory(Agent(model=model), config=config)
-    async with asyncio.timeout(20):  # a third of the ceiling: the idle window ended it
-        events = await collect_events(runtime.execute_message("s1", "think hard"))
-    error = _timed_out(events)
-    assert "produced nothing for 0.5 s" in error.message
-    assert "idle_window_s" in error.message
-    assert model.aborted == 1
-    assert any(isinstance(e, HeartbeatEvent) for e in events)  # heartbeats are not output
-    assert (await runtime.turn(events[-1].turn_id)).status == "timed_out"
+    """A model call that sends nothing for three idle windows is alive: its heartbeats
+    keep the window open, and the turn ends with the model's answer."""
+    clock = FakeClock()
+    model = _SilentThinker([ModelStep.text_reply("Forty-two, after long thought.")])
+    config = _fake_clock_deadlines(db)
+    agent = Agent(model=model, skip_stages=frozenset({"anchor-plan"}))
+    runtime = runtime_factory(agent, config=config, clock=clock)
+    seen: asyncio.Queue[StreamEvent] = asyncio.Queue()
+
+    async def consume() -> None:
+        async for event in runtime.execute_message("s1", "think hard"):
+            await seen.put(event)
+
+    async with asyncio.timeout(30):
+        consuming = asyncio.create_task(consume())
+        await model.thinking.wait()
+        during = await _advance_by_heartbeats(clock, seen, 3 * config.idle_window_s, 1.0)
+        assert not any(isinstance(e, (ErrorEvent, DoneEvent)) for e in during)
+        beats = [e for e in during if isinstance(e, HeartbeatEvent)]
+        assert len(beats) == 3 * config.idle_window_s  # one a second, as the call thought
+        model.speak.set()
+        await consuming
+    rest = []
+    while not seen.empty():
+        rest.append(seen.get_nowait())
+    done = rest[-1]
+    assert isinstance(done, DoneEvent)
+    assert (done.status, done.error_code) == ("succeeded", None)
+    answer = "".join(e.text for e in rest if e.type == "message.delta")
+    assert answer == "Forty-two, after long thought."
+    assert (await runtime.turn(done.turn_id)).status == "succeeded"
+
+
+async def test_a_tool_that_goes_quiet_after_a_silent_model_call_still_times_out(
+    runtime_factory: RuntimeFactory, db: tuple[str, str | None]
+) -> None:
+    """Heartbeats count only while the model thinks: the tool it then calls, silent
+    for the idle window, ends the turn `timed_out` all the same."""
+    clock = FakeClock()
+    model = _SilentThinker([ModelStep.tool_call_reply(call("wait_forever"))])
+
+    @tool
+    async def wait_forever() -> str:
+        """Wait without a word."""
+        await asyncio.Event().wait()
+        return "never"
+
+    config = _fake_clock_deadlines(db)
+    agent = Agent(model=model, tools=[wait_forever], skip_stages=frozenset({"anchor-plan"}))
+    runtime = runtime_factory(agent, config=config, clock=clock)
+    seen: asyncio.Queue[StreamEvent] = asyncio.Queue()
+
+    async def consume() -> None:
+        async for event in runtime.execute_message("s1", "wait"):
+            await seen.put(event)
+
+    async with asyncio.timeout(30):
+        consuming = asyncio.create_task(consume())
+        await model.thinking.wait()
+        during = await _advance_by_heartbeats(clock, seen, 2 * config.idle_window_s, 1.0)
+        assert not any(isinstance(e, (ErrorEvent, DoneEvent)) for e in during)
+        model.speak.set()
+        events: list[StreamEvent] = []
+        while not any(e.type == "tool.started" for e in events):
+            events.append(await seen.get())
+        events += await _advance_by_heartbeats(clock, seen, 3 * config.idle_window_s, 1.0)
+        await consuming
+    while not seen.empty():
+        events.append(seen.get_nowait())
+    message = _timed_out(events).message
+    assert "produced nothing for 30 s while tool 'wait_forever' ran" in message
 
 
 async def test_a_silent_tool_ends_at_the_idle_window(

@@ -403,6 +403,56 @@ async def test_two_ids_made_safe_alike_stream_as_they_start(
     assert '{"a": 2, "b": 2}'.startswith(by_id["a_b_r1_1"])
 
 
+async def test_a_long_tool_loop_runs_until_the_model_answers(
+    runtime_factory: RuntimeFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No round limit unless the agent sets one: 60 rounds, past the 50 turnkit once
+    stopped at and past the 25 super-steps some LangGraph releases allow by default."""
+    from langgraph._internal import _config
+
+    limit = type(_config.DEFAULT_RECURSION_LIMIT)(25)  # as LangGraph 1.0 had it
+    monkeypatch.setattr(_config, "DEFAULT_RECURSION_LIMIT", limit)
+    rounds = 60
+    model = ScriptedModel(
+        [
+            *(ModelStep.tool_call_reply(call("add", a=n, b=1)) for n in range(rounds)),
+            ModelStep.text_reply("Counted to sixty."),
+        ]
+    )
+    agent = Agent(model=model, tools=[add])
+    assert agent.max_tool_rounds is None
+    runtime = runtime_factory(agent)
+    events = await collect_events(runtime.execute_message("s1", "count to sixty, one by one"))
+    done = events[-1]
+    assert isinstance(done, DoneEvent)
+    assert (done.status, done.error_code) == ("succeeded", None)
+    outputs = [e.result.output for e in events if isinstance(e, ToolCompletedEvent)]
+    assert outputs == list(range(1, rounds + 1))
+    assert (await runtime.history("s1"))[0].answer == "Counted to sixty."
+    assert all(c.tool_choice != "none" for c in model.calls)  # never made to stop
+    model.assert_complete()
+
+
+def test_the_default_round_limit_keeps_agent_versions_and_resumes_older_pins() -> None:
+    """Agents that keep the default keep their version; one that sets the old default of
+    50 gets a version of its own, and still resumes turns pinned to the one it had."""
+    before = {  # as the releases that stopped at 50 unless told otherwise hashed them
+        "default": "1326b40e48a9d0a2",
+        "None": "b0767fb776a11f05",
+        "12": "25502e552197a019",
+    }
+    kept = Agent(name="digest", model="openai/gpt-4o-mini")
+    assert kept.version == before["default"]
+    unbounded = Agent(name="digest", model="openai/gpt-4o-mini", max_tool_rounds=None)
+    assert unbounded.version == kept.version  # the same bundle now
+    assert before["None"] in unbounded.earlier_versions
+    fifty = Agent(name="digest", model="openai/gpt-4o-mini", max_tool_rounds=50)
+    assert fifty.version != kept.version  # it stops where the default does not
+    assert fifty.earlier_versions == (before["default"],)
+    twelve = Agent(name="digest", model="openai/gpt-4o-mini", max_tool_rounds=12)
+    assert (twelve.version, twelve.earlier_versions) == (before["12"], ())
+
+
 async def test_a_model_that_keeps_calling_tools_answers_after_the_most_rounds(
     runtime_factory: RuntimeFactory,
 ) -> None:

@@ -56,6 +56,9 @@ __all__ = (
     "turn_part",
 )
 
+_NO_STEP_LIMIT = 2**31 - 1
+"""The graph's `recursion_limit`: in effect none (see `run_turn`)."""
+
 
 class TurnState(TypedDict):
     """Graph state: plain JSON, so any checkpointer stores it without custom types.
@@ -318,7 +321,10 @@ async def run_turn(
     The stages' Recorder sends the turn's events itself; what a tool writes to
     LangGraph's stream writer is dropped.
     """
-    config: Any = {"configurable": {"thread_id": thread_id}}
+    # Each tool round is a super-step: LangGraph's own step limit (25 in some releases,
+    # or what LANGGRAPH_DEFAULT_RECURSION_LIMIT says) must not end a long loop. The turn's
+    # ceiling, its budgets, a Stop and `Agent.max_tool_rounds` bound it instead.
+    config: Any = {"configurable": {"thread_id": thread_id}, "recursion_limit": _NO_STEP_LIMIT}
     graph_input: Any = Command(resume=resume) if resume is not None else state
     async for _ in graph.astream(
         graph_input, config, context=ctx, stream_mode="custom", durability=durability

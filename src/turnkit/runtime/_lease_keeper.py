@@ -24,7 +24,7 @@ from turnkit.runtime._cancel import stop_task
 from turnkit.store import Lease, Store
 from turnkit.telemetry import Recorder
 
-__all__ = ("RENEWAL_TICKS", "LeaseKeeper", "renewal_due")
+__all__ = ("RENEWAL_TICKS", "LeaseKeeper", "reasoning", "renewal_due")
 
 RENEWAL_TICKS = 4
 """Ticks of the shared renewal grid per renewal interval (a third of the lease's ttl)."""
@@ -41,6 +41,16 @@ def renewal_due(last: float, interval: float) -> float:
     """
     tick = interval / RENEWAL_TICKS
     return math.ceil((last + interval - tick) / tick) * tick
+
+
+def reasoning(rec: Recorder) -> bool:
+    """A model call of the turn is in flight and the turn waits on nothing else.
+
+    Its heartbeats then count as activity. A tool, or a plugin's hook (a model call's
+    `before_model_request`, an output check on its answer), is named in `notes.running`
+    while it runs: it keeps the idle window by reporting progress.
+    """
+    return rec.open_call is not None and not rec.notes.running
 
 
 class LeaseKeeper:
@@ -209,8 +219,11 @@ class LeaseKeeper:
     async def heartbeat(self, rec: Recorder, send: Callable[[EphemeralEvent], None]) -> None:
         """Send heartbeats while the turn is quiet; end its run past the idle window.
 
-        The window counts what the turn produces (`rec.last_activity`), not heartbeats,
-        and progress reported for it from outside the driver (`heard_elsewhere`).
+        The window counts what the turn produces (`rec.last_activity`) and progress
+        reported for it from outside the driver (`heard_elsewhere`). While a model call is
+        in flight and nothing else is awaited (`reasoning`), the heartbeats sent for it
+        count too: a model that thinks without a word is not idle, and only the ceiling,
+        its client's own timeout, a Stop or a lost lease end it.
         """
         interval = self.config.heartbeat_interval_s
         last_beat = -math.inf
@@ -218,7 +231,9 @@ class LeaseKeeper:
             await self.clock.sleep(interval)
             now = self.clock.monotonic()
             deadline = self.deadline
-            if deadline is not None and now - rec.last_activity >= self.config.idle_window_s:
+            thinking = reasoning(rec)
+            quiet_for = now - rec.last_activity
+            if deadline is not None and not thinking and quiet_for >= self.config.idle_window_s:
                 heard = await self.heard_elsewhere()
                 if heard is not None:
                     rec.last_activity = max(rec.last_activity, now - heard)
@@ -231,6 +246,8 @@ class LeaseKeeper:
                 # Straight to the sink: a heartbeat carries nothing that must be ordered
                 # after staged events, and LangGraph's writer only works inside a node.
                 last_beat = now
+                if thinking:  # a heartbeat for a model call restarts the window
+                    rec.last_activity = now
                 send(
                     HeartbeatEvent(
                         session_id=rec.session_id,

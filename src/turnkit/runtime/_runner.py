@@ -351,6 +351,7 @@ class TurnRunner:
             record,
             self.held,
             guarded=any(overrides(p, "check_input") for p in plugins),
+            system_prompt=self.config.system_prompt(agent.instructions),
         )
         return DriveSetup(
             ctx_factory=ctx_factory,

@@ -72,8 +72,12 @@ async def session_transcript(
     held: HeldTranscripts | None = None,
     *,
     guarded: bool = False,
+    system_prompt: str | None = None,
 ) -> tuple[list[TranscriptMessage], PreviousRequest | None, KnownHistory]:
     """The transcript `record`'s turn starts from, the session's last request, its history.
+
+    It opens with one system message: `system_prompt` (the agent's instructions with the
+    runtime's guidance: `RuntimeConfig.system_prompt`), else the instructions alone.
 
     The history is the transcript between its system message and the turn's own. With
     `held`, the Store is asked only for the turns after the one held for the session, and
@@ -81,7 +85,8 @@ async def session_transcript(
     play, so a message no guardrail was seen checking (a turn that stored no transcript)
     is withheld.
     """
-    system: TranscriptMessage = {"role": "system", "content": agent.instructions}
+    prompt = agent.instructions if system_prompt is None else system_prompt
+    system: TranscriptMessage = {"role": "system", "content": prompt}
     if record.input_seq <= 1:  # a session's first turn has no history to read
         return [system, opening_message(record)], None, KnownHistory()
     session = record.session_id
