@@ -16,13 +16,10 @@ call run again, approvals honoured, cancelled logs frozen, each request's transc
 holding every earlier turn's message and answer once and in order, retries returning the
 same turn, and no exception but turnkit's typed errors.
 
-One known bug is let through unless `TURNKIT_FUZZ_STRICT=1`: a Stop that lands after the
-model's answer but before the turn's ending is committed ends the turn `cancelled` with
-no answer in its log, while the session's transcript keeps the answer text (followed by
-"the person stopped this turn before I answered"), which the next turn's model reads.
-
-A second is let through the same way: a Stop of a turn this process is just starting to
-drive can still return `running` (flagged; the turn ends at its next lease renewal).
+A Stop that lands after the model's answer streamed keeps, in the log, `history` and the
+next model's transcript alike, either the turn's answer (kept before the Stop: no note
+that the person stopped it) or, as a Stop mid-answer does, the text as an interrupted
+block followed by the note "the person stopped this turn before I answered".
 
 `TURNKIT_FUZZ_SEEDS` (default 20) and `TURNKIT_FUZZ_STEPS` (default 25) size the run;
 `TURNKIT_FUZZ_SEED=N` runs that one seed. A failure names its seed.
@@ -92,6 +89,8 @@ class Seen:
     messages: list[int]
     answers: list[int]
     raw: list[str] = field(default_factory=list)
+    noted: list[int] = field(default_factory=list)
+    """The answers the note that the person stopped the turn follows."""
 
 
 class World:
@@ -165,6 +164,7 @@ class World:
     def _respond(self, request: ModelRequest) -> ModelStep:
         mine: list[int] = []
         answers: list[int] = []
+        noted: list[int] = []
         last_user = -1
         for at, message in enumerate(request.messages):
             text = _text(message.content).strip()
@@ -173,13 +173,15 @@ class World:
                 last_user = at
             elif message.role == "assistant" and (found := ANSWER.match(text)):
                 answers.append(int(found.group(1)))
+            elif message.role == "assistant" and text == STOPPED_NOTE and _answers(request, at):
+                noted.append(answers[-1])  # the note right after an answer
         assert mine, f"a model request without a fuzz message: {request.messages}"
         n = mine[-1]
         raw = [
             f"{m.role}:{_text(m.content)[:60]!r}:{[c.name for c in m.tool_calls]}"
             for m in request.messages
         ]
-        self.seen.append(Seen(n, mine, answers, raw))
+        self.seen.append(Seen(n, mine, answers, raw, noted))
         kind = self.turns_by_n()[n].kind
         if any(m.role == "tool" for m in request.messages[last_user + 1 :]):
             return ModelStep.text_reply(f"answer m{n}")
@@ -302,8 +304,6 @@ class World:
             f"cancel m{turn.n} ({turn.kind})", lambda: self.runtime.cancel(turn.turn_id)
         )
         self.trace.append(f"  -> {status}")
-        if status == "running" and KNOWN_STOP_RACE:  # flagged: it ends at its next renewal
-            return
         assert status in TERMINAL, f"Stop of m{turn.n} in one process left it {status}"
         if status == "cancelled" and turn.frozen_at is None:
             turn.frozen_at = len(await self.log(turn.turn_id))
@@ -455,13 +455,17 @@ class World:
             assert seen.messages == [t.n for t in earlier] + [seen.n], (
                 f"m{seen.n}'s request holds messages {seen.messages}"
             )
-            # a succeeded turn's answer; a stopped turn's text, if it was committed first
-            answered = [t.n for t in earlier if await self._answered(t)]
+            # a succeeded turn's answer; a stopped turn's text, if it was committed first,
+            # as its answer (no note follows) or as an interrupted block (the note follows)
+            kept = {t.n: await self._answered(t) for t in earlier}
+            answered = [n for n, how in kept.items() if how]
             read = [a for a in seen.answers if a != seen.n]
-            if KNOWN_UNSHOWN_ANSWER:
-                read = [a for a in read if a in answered or not await self._unshown(turns[a])]
             assert read == answered, (
                 f"m{seen.n}'s request holds answers {seen.answers}, expected {answered}: {seen.raw}"
+            )
+            noted = [n for n, how in kept.items() if how == "interrupted"]
+            assert [a for a in seen.noted if a != seen.n] == noted, (
+                f"m{seen.n}'s request notes a Stop after {seen.noted}, expected {noted}: {seen.raw}"
             )
 
     async def _check_tools(self) -> None:
@@ -484,16 +488,8 @@ class World:
                 if turn.decisions[:1] in (["approve"], ["edit"]) and status == "succeeded":
                     assert runs, f"approved m{turn.n} succeeded without running"
 
-    async def _unshown(self, turn: Turn) -> bool:
-        """A Stop landed after the model answered, before the answer was committed.
-
-        KNOWN BUG (left open, see the module docstring): the turn ends `cancelled` with
-        no `message.complete`, yet the session's transcript keeps the answer text, so
-        the next turn's model reads an answer the history never shows.
-        """
-        return await self.status(turn) == "cancelled"
-
-    async def _answered(self, turn: Turn) -> bool:
+    async def _answered(self, turn: Turn) -> str | None:
+        """How the turn's whole answer was kept ("answer", "interrupted"), None if not."""
         log = await self.log(turn.turn_id)
         blocks = [e.block for e in log if e.type == "message.complete"]
         whole = f"answer m{turn.n}"
@@ -506,19 +502,16 @@ class World:
         status = log[-1].status if log and log[-1].type == "done" else None
         assert status != "succeeded" or texts, f"m{turn.n} succeeded with no answer"
         assert status in ("succeeded", "cancelled") or not texts, (turn, status)
-        return bool(texts)
+        if texts:
+            return "answer"
+        return "interrupted" if whole in cut else None
 
     async def close(self) -> None:
         await self.runtime.close()
         await asyncio.gather(*(task for _, task in self.streams), return_exceptions=True)
 
 
-KNOWN_UNSHOWN_ANSWER = os.environ.get("TURNKIT_FUZZ_STRICT", "") != "1"
-KNOWN_STOP_RACE = KNOWN_UNSHOWN_ANSWER
-"""Let a Stop return `running` for a turn this process is about to drive (a known race,
-left open): the turn is flagged and ends at its driver's next renewal."""
-"""Let the next turn read the answer of a turn stopped between its answer and its ending
-(a known bug, left open); `TURNKIT_FUZZ_STRICT=1` checks it too."""
+STOPPED_NOTE = "[the person stopped this turn before I answered]"
 OPERATIONS: list[tuple[str, int]] = [
     ("send", 8),
     ("retry", 2),
@@ -553,6 +546,11 @@ async def run_seed(seed: int, url: str, schema: str | None, steps: int) -> None:
         ) from exc
     finally:
         await world.close()
+
+
+def _answers(request: ModelRequest, at: int) -> bool:
+    """Whether the message before `at` is a fuzz answer."""
+    return at > 0 and ANSWER.match(_text(request.messages[at - 1].content).strip()) is not None
 
 
 def _seeds() -> list[int]:

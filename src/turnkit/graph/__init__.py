@@ -33,7 +33,7 @@ from turnkit.stages import (
     run_synthesize,
     run_tool_loop,
 )
-from turnkit.stages._types import PendingAnswer, Route, TranscriptMessage
+from turnkit.stages._types import PendingAnswer, Route, TranscriptMessage, shown
 from turnkit.telemetry import Recorder
 
 __all__ = (
@@ -155,6 +155,11 @@ def bind_state(
             rec.notes.history_replaced = True  # an earlier attempt rewrote it: keep it whole
     rec.notes.transcript = transcript  # what a failure now would keep
     rec.notes.request_text = state["content"]  # as the input guardrails left it
+    answer = state.get("answer")
+    if answer is not None:  # the loop's answer, streamed: a Stop now keeps it as shown
+        shown(rec, "tool-loop", answer)
+        committed = rec.journal.generation(answer["generation_id"])
+        rec.notes.answer_kept |= committed is not None and committed.is_answer
     previous = state["previous"]
     if previous is not None:
         kept = rec.notes.stored_request

@@ -75,8 +75,10 @@ class DetachedTurns:
     def abandon(self) -> tuple[list[asyncio.Task[None]], list[Lease]]:
         """Tell every detached driver to write nothing more; their tasks and drivers.
 
-        The tasks are to cancel; the leases (also of a turn whose driver is not built yet)
-        to hand over once they stopped, unless the turn ended meanwhile.
+        The tasks are to cancel; the leases (also of a turn whose driver is not built yet,
+        or whose ending is under way: cut short, it does not land) to hand over once they
+        stopped, unless the turn's ending is committed (the Store refuses the lease of a
+        turn that ended or paused meanwhile).
         Closing the runtime is not Stop: another process (a worker, a runtime recovering
         turns) takes the turns over.
         """
@@ -87,6 +89,7 @@ class DetachedTurns:
         leases = [
             entry.driver.lease if entry.driver is not None else entry.lease
             for entry in entries
-            if entry.lease is not None and not (entry.driver is not None and entry.driver.ended)
+            if entry.lease is not None
+            and not (entry.driver is not None and entry.driver.ending_committed)
         ]
         return [entry.task for entry in entries if entry.task is not None], leases

@@ -21,6 +21,7 @@ from turnkit.audit import (
     asked_usage,
 )
 from turnkit.blocks import TextBlock
+from turnkit.context.transcript import TranscriptMessage
 from turnkit.errors import (
     AdmissionRefusedError,
     DeadlineExceededError,
@@ -117,6 +118,7 @@ async def end_aborted(rec: Recorder, attempt: Attempt) -> bool:
     rec.unstage_ending()  # a success whose commit the Stop cut short: not that ending
     rec.ending_begins()
     _audit_cut_call(rec, outcome="user-aborted", error_code="user-aborted")
+    _keep_shown_answer(rec)
     _end_cut_jobs(rec)
     summary = _summary(rec, attempt, "cancelled", None)
     _finished(rec, summary, "runtime")
@@ -221,6 +223,29 @@ def _keep_interrupted(rec: Recorder, call: OpenCall) -> InterruptedBlockPayload 
     rec.durable(MessageCompleteEvent, call.stage_id, block=block)
     rec.notes.transcript = [*rec.notes.transcript, {"role": "assistant", "content": text}]
     return InterruptedBlockPayload(block_id=call.block_id, chars=len(text))
+
+
+def _keep_shown_answer(rec: Recorder) -> None:
+    """Keep the answer a stopped turn had streamed in full, as the person saw it.
+
+    Its block not kept yet (the Stop came after its call finished, before the ending):
+    kept as an interrupted block, as for a call cut mid-stream, in history and in the
+    transcript the next turn's model reads. Kept as the turn's answer already: the
+    transcript ends with it (a Stop inside the stage that kept it, before the stage
+    handed its transcript on).
+    """
+    shown = rec.notes.shown_answer
+    if shown is None:
+        return
+    if f"message.complete:{shown.generation_id}" not in rec.journal.keys:
+        block = TextBlock(block_id=shown.block_id, text=shown.text, interrupted=True)
+        rec.durable(MessageCompleteEvent, shown.stage_id, block=block)
+    elif not rec.notes.answer_kept:
+        return  # kept as narration (it failed the answer's check): the turn went on
+    said: TranscriptMessage = {"role": "assistant", "content": shown.text}
+    transcript = rec.notes.transcript
+    if not transcript or transcript[-1] != said:
+        rec.notes.transcript = [*transcript, said]
 
 
 def _details(exc: TurnError | AdmissionRefusedError) -> dict[str, JsonValue]:

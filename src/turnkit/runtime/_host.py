@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import logging
 from collections import OrderedDict, deque
-from collections.abc import AsyncGenerator, Callable, Coroutine
+from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine
 from typing import Any, Final, TypeVar
 
 from turnkit.agent import Agent
@@ -78,7 +78,13 @@ class TurnHost:
         """Turns claimed for a caller's stream whose driver does not run yet (`claimed`)."""
         self._left_starting: set[TurnId] = set()
         """Of those, the turns `close` handed over: their streams end, running nothing."""
+        self._stopped_starting: set[TurnId] = set()
+        """Of those, the turns a Stop ended in the Store: their streams end with that ending,
+        running nothing."""
         self._shielded: set[asyncio.Task[Any]] = set()
+        self._claims: set[asyncio.Future[None]] = set()
+        """Claims of this host under way: a Stop that finds the turn claimed waits for them
+        to land (the turn's driver here is then found, and stopped)."""
         self._deps = _HandedDeps()
         self.slots = TurnSlots(config.max_running_turns)
 
@@ -93,11 +99,13 @@ class TurnHost:
         while waited < self.config.ceiling_s:
             slot = await self.slots.take()
             try:
-                lease = await store.claim(
-                    self.owner,
-                    ttl_s=self.config.lease_ttl_s,
-                    max_attempts=self.config.max_attempts,
-                    turn_id=turn_id,
+                lease = await self._claiming(
+                    store.claim(
+                        self.owner,
+                        ttl_s=self.config.lease_ttl_s,
+                        max_attempts=self.config.max_attempts,
+                        turn_id=turn_id,
+                    )
                 )
             except BaseException:
                 slot.release()
@@ -137,12 +145,18 @@ class TurnHost:
                         yield other
                     return
                 lease, slot = claimed
+            elif self._stopped_at_start(turn_id):  # stopped before its stream went on
+                raise _StoppedEarly
             elif self.left_at_close(turn_id):  # closed before its stream went on
                 raise _left_to_another(turn_id, lease.last_seq)
             drive = self._drive(turn_id, cancel, lease, record, agent, deps)
             async with contextlib.aclosing(drive):  # closing this stream aborts the turn
                 async for event in drive:
                     yield event
+        except _StoppedEarly:  # a Stop ended it in the Store before its driver ran
+            assert lease is not None
+            async for ended in self._reader().events(turn_id, after_seq=lease.last_seq):
+                yield ended
         finally:
             if slot is not None:
                 slot.release()
@@ -159,10 +173,53 @@ class TurnHost:
     def left_at_close(self, turn_id: TurnId) -> bool:
         """Whether `close` handed the turn over before its stream's driver ran (forgets it)."""
         self._starting.pop(turn_id, None)
+        self._stopped_starting.discard(turn_id)
         if turn_id in self._left_starting:
             self._left_starting.discard(turn_id)
             return True
         return False
+
+    def _stop_starting(self, turn_id: TurnId) -> bool:
+        """A Stop of a turn claimed for a caller's stream whose driver does not run yet.
+
+        Its driver never runs: the Stop ends the turn in the Store, where this host's
+        lease on it no longer counts, and the stream ends with that ending. False if no
+        such turn is here.
+        """
+        if turn_id not in self._starting or turn_id in self._left_starting:
+            return False
+        self._stopped_starting.add(turn_id)
+        return True
+
+    def _stopped_at_start(self, turn_id: TurnId) -> bool:
+        """Whether a Stop ended the turn before its stream's driver ran (forgets it)."""
+        if turn_id not in self._stopped_starting:
+            return False
+        self._stopped_starting.discard(turn_id)
+        self._starting.pop(turn_id, None)
+        return True
+
+    async def _claiming(self, claim: Awaitable[Lease | None]) -> Lease | None:
+        """`claim`, counted as under way until it lands (see `_cancel`).
+
+        Its caller registers the turn it claimed before it awaits anything else, so a
+        Stop woken as the claim lands finds the turn's driver here.
+        """
+        landed = asyncio.get_running_loop().create_future()
+        self._claims.add(landed)
+        try:
+            return await claim
+        finally:
+            self._claims.discard(landed)
+            landed.set_result(None)
+
+    def _drives(self, turn_id: TurnId) -> bool:
+        """Whether a driver here holds (or is about to drive) `turn_id`."""
+        return (
+            self._detached.holds(turn_id)
+            or turn_id in self._streamed
+            or (turn_id in self._starting and turn_id not in self._left_starting)
+        )
 
     async def _claim_or_cancel(self, turn_id: TurnId) -> tuple[Lease, Slot] | None:
         """`claim`, for a caller that streams the turn.
@@ -270,7 +327,8 @@ class TurnHost:
         """The driver of a turn streamed to a caller, not yet running.
 
         A caller that leaves meanwhile ends the turn `cancelled`; a `close` meanwhile
-        handed it over, and the caller's stream ends with `RuntimeClosedError`.
+        handed it over, and the caller's stream ends with `RuntimeClosedError`; a Stop
+        meanwhile ended the turn in the Store (`_StoppedEarly`: its driver never runs).
         """
         turn_id = lease.turn_id
         try:
@@ -284,7 +342,10 @@ class TurnHost:
             raise
         except BaseException:
             self._starting.pop(turn_id, None)
+            self._stopped_starting.discard(turn_id)
             raise
+        if self._stopped_at_start(turn_id):
+            raise _StoppedEarly
         if self.left_at_close(turn_id):  # handed over meanwhile: it runs elsewhere
             raise _left_to_another(turn_id, lease.last_seq)
         return driver
@@ -408,11 +469,13 @@ class TurnHost:
             return
         slot = await self.slots.take() if then_next else None
         try:
-            lease = await self._store().claim(
-                self.owner,
-                ttl_s=self.config.lease_ttl_s,
-                max_attempts=self.config.max_attempts,
-                session_id=session_id,
+            lease = await self._claiming(
+                self._store().claim(
+                    self.owner,
+                    ttl_s=self.config.lease_ttl_s,
+                    max_attempts=self.config.max_attempts,
+                    session_id=session_id,
+                )
             )
         except BaseException:
             if slot is not None:
@@ -438,17 +501,25 @@ class TurnHost:
     async def _cancel(
         self, turn_id: TurnId, *, again: bool = True, by: str | None = None
     ) -> TurnStatus:
-        here = await self._detached.stop(turn_id) or await self._stop_streamed(turn_id)
+        here = (
+            await self._detached.stop(turn_id)
+            or await self._stop_streamed(turn_id)
+            or self._stop_starting(turn_id)
+        )
         if here:
             record = await self._store().get_turn(turn_id)
             if record is not None and record.status in TERMINAL_STATES:
                 self._deps.drop(turn_id)
                 return record.status  # its driver wrote the ending
         status = await self.end_cancelled(turn_id, stopped=here, by=by)
-        if status == "running" and again and self._detached.holds(turn_id):
-            # A driver here took the turn meanwhile (an approval raced the Stop): the flag
-            # would only reach it at its next renewal, after its tools began. Stop it now.
-            return await self._cancel(turn_id, again=False, by=by)
+        if status == "running" and again:
+            # A claim of ours may have taken the turn meanwhile (an approval, the session's
+            # next turn picked up, a caller's stream waiting for its turn): once it lands,
+            # its driver here is found. The flag would only reach it at its next renewal,
+            # after its tools began. Stop it now.
+            await asyncio.gather(*(asyncio.shield(claim) for claim in list(self._claims)))
+            if self._drives(turn_id):
+                return await self._cancel(turn_id, again=False, by=by)
         return status
 
     def keep_deps(self, turn_id: TurnId, deps: Any) -> Any:
@@ -516,7 +587,11 @@ class TurnHost:
         over too, and never runs here.
         """
         tasks: list[asyncio.Task[None]] = []
-        leases = list(self._starting.values())  # claimed, their drivers not running yet
+        leases = [  # claimed, their drivers not running yet (a Stop ended some)
+            lease
+            for turn_id, lease in self._starting.items()
+            if turn_id not in self._stopped_starting
+        ]
         self._left_starting.update(self._starting)
         self._starting.clear()
         for task, driver in self._streamed.values():
@@ -526,7 +601,7 @@ class TurnHost:
             if stopped(task):
                 continue
             driver.abandon()
-            if not (driver.ended or driver.paused):
+            if not (driver.ending_committed or driver.paused):  # an ending cut short: not
                 leases.append(driver.lease)
         return tasks, leases
 
@@ -594,6 +669,10 @@ class _Handoff:
             finally:
                 self._waiter = None
         return self._items.popleft()
+
+
+class _StoppedEarly(Exception):
+    """A Stop ended a streamed turn in the Store before its driver ran."""
 
 
 def _left_to_another(turn_id: TurnId, last_seq: int) -> RuntimeClosedError:

@@ -187,8 +187,9 @@ def ended_transcript(
         messages.append({"role": "assistant", "content": _CUT_NOTE})
     if status != "succeeded":
         messages += _unanswered_calls(messages, rec.notes.result_messages)
-        note = _ending_note(status, code, message, refusal)
-        messages.append({"role": "assistant", "content": note})
+        if not (status == "cancelled" and rec.notes.answer_kept):  # stopped once answered
+            note = _ending_note(status, code, message, refusal)
+            messages.append({"role": "assistant", "content": note})
     last: dict[str, JsonValue] | None = None
     if rec.notes.last_request is not None:
         # Stored beside the session's transcript, which the next turn's list starts with:

@@ -168,6 +168,11 @@ class TurnDriver:
         return self._keeper.lease
 
     @property
+    def ending_committed(self) -> bool:
+        """Its ending is committed (`ended` is set as the ending begins, before it lands)."""
+        return self._ending_written
+
+    @property
     def lease_lost(self) -> bool:
         """The turn may no longer be ours (renewal failed, or it was given up)."""
         return self._keeper.lost
@@ -582,6 +587,20 @@ class TurnDriver:
         )
         self.paused = True
 
+    async def _bind_unbound(self, rec: Recorder) -> None:
+        """A Stop before any stage of a resumed attempt took the thread's state.
+
+        The turn keeps what its earlier attempts did (their calls, results and answer,
+        as the log shows them), as a stage would have bound it; a state that cannot be
+        read leaves the transcript as the attempt set it up.
+        """
+        if rec.notes.bound or (self.lease.attempt == 1 and self.lease.last_seq <= 1):
+            return
+        try:
+            await bind_resumed(self.graph, self.lease.turn_id, rec)
+        except Exception as exc:  # noqa: BLE001 - never keep the turn from ending
+            log.warning("reading the state of stopped turn %s failed: %s", self.lease.turn_id, exc)
+
     async def _end_failed(self, rec: Recorder, exc: TurnError | AdmissionRefusedError) -> None:
         self.ended = True
         await self._join_commit_ahead()  # its events, if it failed, commit with the ending
@@ -591,6 +610,7 @@ class TurnDriver:
     async def _end_aborted(self, rec: Recorder) -> None:
         self.ended = True
         await self._join_commit_ahead()
+        await self._bind_unbound(rec)
         self._ending_written = await end_aborted(rec, self._attempt())
         self._keeper.lost |= not self._ending_written
 

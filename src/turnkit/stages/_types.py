@@ -20,7 +20,7 @@ from turnkit.models import ModelRequest
 from turnkit.models.family import ModelFamily
 from turnkit.plugins import Plugin
 from turnkit.skills import Skill
-from turnkit.telemetry import Recorder
+from turnkit.telemetry import Recorder, ShownAnswer
 from turnkit.tenancy import Principal
 from turnkit.tools import ToolRegistry
 from turnkit.tools._context import AskAgent
@@ -35,6 +35,7 @@ __all__ = (
     "TranscriptMessage",
     "from_transcript",
     "reply_messages",
+    "shown",
     "to_transcript",
 )
 
@@ -58,6 +59,17 @@ def reply_messages(text: str) -> list[TranscriptMessage]:
     placeholder text in its place for Anthropic, which the session would then keep.
     """
     return [{"role": "assistant", "content": text}] if text.strip() else []
+
+
+def shown(rec: Recorder, stage_id: StageId, answer: PendingAnswer) -> None:
+    """Note the answer a call streamed to the person in full (see `TurnNotes.shown_answer`)."""
+    if answer["text"].strip():
+        rec.notes.shown_answer = ShownAnswer(
+            stage_id=stage_id,
+            block_id=answer["block_id"],
+            generation_id=answer["generation_id"],
+            text=answer["text"],
+        )
 
 
 class BudgetCheck(Protocol):

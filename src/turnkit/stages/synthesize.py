@@ -60,6 +60,7 @@ from turnkit.stages._types import (
     StageOutcome,
     TranscriptMessage,
     reply_messages,
+    shown,
 )
 from turnkit.stages.tool_loop import content_filtered
 
@@ -343,6 +344,7 @@ async def _call(
     if filtered:  # asked again, the same model would refuse again
         ctx.recorder.audit("synthesize", call=shape, payloads=payloads)
         raise content_filtered(response.refusal)
+    shown(ctx.recorder, "synthesize", pending)
     written = _Written(
         answer=pending,
         source="synthesize",
@@ -411,9 +413,12 @@ async def _commit(
     As the turn's answer, or as narration when it failed its check; nothing when an
     earlier attempt committed it. Both go in one transaction.
     """
+    rec = ctx.recorder
+    if is_answer:  # a Stop from now on leaves it the turn's answer (`end_aborted`)
+        shown(rec, written.source, written.answer)
+        rec.notes.answer_kept = True
     if written.logged is not None:
         return
-    rec = ctx.recorder
     thinking = thinking_of(ctx)
     if first and thinking is not None:
         await thinking.commit("synthesize")  # the summary goes before the answer

@@ -49,6 +49,7 @@ from turnkit.stages._types import (
     StageOutcome,
     TranscriptMessage,
     reply_messages,
+    shown,
     to_transcript,
 )
 
@@ -274,6 +275,7 @@ def _answered(
         "generation_id": generation,
         "stop_reason": response.stop_reason,
     }
+    shown(ctx.recorder, "tool-loop", answer)
     return StageOutcome(
         transcript=[*transcript, *closing], route="synthesize", previous=previous, answer=answer
     )

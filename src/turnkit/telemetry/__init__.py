@@ -32,9 +32,9 @@ from turnkit.pauses import PauseRequest
 from turnkit.states import TERMINAL_STATES, TurnStatus
 from turnkit.store import Rider, RunSummary, Store, TurnTranscript
 from turnkit.telemetry._delta import DeltaBuilder
-from turnkit.telemetry._notes import TurnNotes
+from turnkit.telemetry._notes import ShownAnswer, TurnNotes
 
-__all__ = ("OpenCall", "Publish", "Recorder", "usage_fields")
+__all__ = ("OpenCall", "Publish", "Recorder", "ShownAnswer", "usage_fields")
 
 log = logging.getLogger("turnkit.runtime")
 

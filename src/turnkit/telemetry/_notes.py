@@ -20,10 +20,20 @@ from turnkit.blocks import ToolResultBlock
 from turnkit.context._known import KnownHistory
 from turnkit.context.prefix import PreviousRequest
 from turnkit.context.transcript import TranscriptMessage
-from turnkit.ids import TurnId
+from turnkit.ids import StageId, TurnId
 from turnkit.pauses import PauseRequest
 
-__all__ = ("TurnNotes",)
+__all__ = ("ShownAnswer", "TurnNotes")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ShownAnswer:
+    """An answer a call streamed to the person in full, before its block is kept."""
+
+    stage_id: StageId
+    block_id: str
+    generation_id: str
+    text: str
 
 
 @dataclass(slots=True, eq=False, kw_only=True)
@@ -77,6 +87,13 @@ class TurnNotes:
     synthesize): the size of its context. Summary, naming and compaction calls leave it."""
     answer_block_id: str = "answer"
     """The block id of the turn's answer (set by synthesize), for enrichment events."""
+    shown_answer: ShownAnswer | None = None
+    """The answer the turn's latest answering call streamed in full. Until its
+    `message.complete` is staged (synthesize), an ending that cuts the turn (a Stop)
+    keeps its text as an interrupted block, as it keeps a call cut mid-stream."""
+    answer_kept: bool = False
+    """The turn's answer block is staged or committed (an earlier attempt's included): a
+    Stop after it leaves the answer as it is, with no note that it came before it."""
     answer_filtered: bool = False
     """The provider's content filter cut the turn's answer after some text (set by
     synthesize; an attempt that took over after it reads it from the log)."""
