@@ -121,8 +121,9 @@ async def test_stop_after_the_answer_was_kept_leaves_it_the_answer_with_no_note(
     assert NOTE not in said
 
 
+@pytest.mark.parametrize("synthesis", ["terminal", "separate"])
 async def test_stop_of_a_taken_over_turn_keeps_what_its_earlier_attempt_did(
-    db: DB, monkeypatch: pytest.MonkeyPatch
+    db: DB, monkeypatch: pytest.MonkeyPatch, synthesis: str
 ) -> None:
     """Stopped before its new attempt ran a stage: the next model still reads the answer.
 
@@ -145,9 +146,10 @@ async def test_stop_of_a_taken_over_turn_keeps_what_its_earlier_attempt_did(
         return await run_turn(*args, **kwargs)  # pragma: no cover
 
     monkeypatch.setattr(turnkit.graph, "run_post_turn", held_post_turn)
-    model = _model()
+    model = _model() if synthesis == "terminal" else _separate_model()
+    agent = Agent(model=model, tools=[lookup], synthesis=synthesis)  # type: ignore[arg-type]
     config = RuntimeConfig(database_url=url, database_schema=schema)
-    runtime = SessionRuntime(agent=Agent(model=model, tools=[lookup]), config=config)
+    runtime = SessionRuntime(agent=agent, config=config)
     await runtime.open()
     first = await runtime.start("s1", "first")
     await asyncio.wait_for(answered.wait(), 30)
@@ -156,7 +158,7 @@ async def test_stop_of_a_taken_over_turn_keeps_what_its_earlier_attempt_did(
 
     monkeypatch.setattr(driver, "run_turn", held_run)
     config = RuntimeConfig(database_url=url, database_schema=schema, recover_in_process=True)
-    async with SessionRuntime(agent=Agent(model=model, tools=[lookup]), config=config) as again:
+    async with SessionRuntime(agent=agent, config=config) as again:
         await asyncio.wait_for(resumed.wait(), 30)
         assert await again.cancel(first.turn_id) == "cancelled"
         monkeypatch.setattr(driver, "run_turn", run_turn)
@@ -165,6 +167,10 @@ async def test_stop_of_a_taken_over_turn_keeps_what_its_earlier_attempt_did(
         events = await collect_events(again.execute_message("s1", "second"))
         assert events[-1].status == "succeeded"
     said = [(m.role, str(m.content)) for m in model.calls[-1].messages if m.role != "system"]
+    if synthesis == "separate":  # the answer a synthesis call wrote, kept with no note after it
+        assert ("assistant", ANSWER) in said
+        assert all(NOTE not in text for _, text in said), said
+        return
     assert said == [
         ("user", "first"),
         ("assistant", ""),
@@ -172,3 +178,16 @@ async def test_stop_of_a_taken_over_turn_keeps_what_its_earlier_attempt_did(
         ("assistant", ANSWER),
         ("user", "second"),
     ]
+
+
+def _separate_model() -> ScriptedModel:
+    """For an agent whose answer a synthesis call of its own writes."""
+    return ScriptedModel(
+        [
+            ModelStep.tool_call_reply(call("lookup", key="a")),
+            ModelStep.text_reply("I looked it up."),
+            ModelStep.text_reply(ANSWER),
+            ModelStep.text_reply("Nothing to look up."),
+            ModelStep.text_reply("second answer"),
+        ]
+    )

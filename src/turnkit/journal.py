@@ -145,6 +145,11 @@ class Journal:
         return journal
 
     @property
+    def answer_kept(self) -> bool:
+        """Whether the log holds the turn's answer (whichever stage wrote it)."""
+        return any(g.is_answer for g in self.generations.values())
+
+    @property
     def answer_filtered(self) -> bool:
         """Whether the answer committed in the log is one the content filter cut."""
         return any(g.is_answer and g.filtered for g in self.generations.values())

@@ -187,7 +187,8 @@ def ended_transcript(
         messages.append({"role": "assistant", "content": _CUT_NOTE})
     if status != "succeeded":
         messages += _unanswered_calls(messages, rec.notes.result_messages)
-        if not (status == "cancelled" and rec.notes.answer_kept):  # stopped once answered
+        answered = rec.notes.answer_kept or rec.journal.answer_kept  # by an earlier attempt too
+        if not (status == "cancelled" and answered):  # stopped once answered
             note = _ending_note(status, code, message, refusal)
             messages.append({"role": "assistant", "content": note})
     last: dict[str, JsonValue] | None = None
