@@ -190,11 +190,9 @@ def test_a_database_certificate_that_fails_verification_stops_at_once(
 
 
 @pytest.mark.parametrize("command", ["serve", "worker"])
-def test_a_tls_file_the_database_url_names_and_that_is_not_there_stops_at_once(
-    tmp_path: Path, command: str
-) -> None:
-    """A missing, unreadable or empty `sslrootcert`/`sslcert`: one line naming the option
-    and the path, exit 2, where serve and worker retried as if the database were down.
+def test_a_tls_file_with_no_certificate_in_it_stops_at_once(tmp_path: Path, command: str) -> None:
+    """An empty `sslrootcert`: one line naming the option and the path, exit 2, where
+    serve and worker retried as if the database were down.
 
     The driver reads the files before it connects: no server is needed (port 1).
     """
@@ -202,6 +200,38 @@ def test_a_tls_file_the_database_url_names_and_that_is_not_there_stops_at_once(
     env = {**os.environ, "TURNKIT_GC": "python"}
     for name in ("PGSSLMODE", "PGSSLROOTCERT", "PGSSLCERT", "PGSSLKEY", "PGSSLCRL"):
         env.pop(name, None)
+    flags = ["--port", "1"] if command == "serve" else []
+    url = f"postgresql://u:S3cret@127.0.0.1:1/x?sslmode=verify-ca&sslrootcert={tmp_path}/empty.pem"
+    done = subprocess.run(
+        [sys.executable, "-m", "turnkit.cli", command, *flags, "--database-url", url],
+        capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert "unavailable" not in done.stderr  # never taken for an outage
+    [line] = done.stderr.splitlines()
+    assert line.startswith(
+        "turnkit: a TLS file the database URL names cannot be used ([X509: NO_CERTIFICATE_OR_CRL"
+    ), line
+    assert line.endswith("[configuration-invalid; see docs/errors.md#configuration-invalid]")
+    assert "S3cret" not in done.stderr + done.stdout
+
+
+@pytest.mark.parametrize("command", ["serve", "worker"])
+def test_a_tls_file_the_database_url_names_and_that_is_still_not_there_stops_after_the_grace(
+    tmp_path: Path,
+    command: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A missing `sslrootcert`/`sslcert`, or a directory where it should be: waited for
+    as a certificate a sidecar writes after the start may be, saying so, then one line
+    naming the option and the path, exit 2.
+    """
+    monkeypatch.setattr("turnkit.runtime.worker.UNRESOLVED_GRACE_S", 0.5)
+    for name in ("PGSSLMODE", "PGSSLROOTCERT", "PGSSLCERT", "PGSSLKEY", "PGSSLCRL"):
+        monkeypatch.delenv(name, raising=False)
+    for name in ("TURNKIT_DATABASE_URL", "TURNKIT_ALLOWED_HOSTS", "TURNKIT_AGENT"):
+        monkeypatch.setenv(name, "")  # serve sets the first two
     flags = ["--port", "1"] if command == "serve" else []
     missing = tmp_path / "certs" / "ca.pem"
     for query, says in (
@@ -211,20 +241,18 @@ def test_a_tls_file_the_database_url_names_and_that_is_not_there_stops_at_once(
          f"sslcert in the database URL names '{missing}', which does not exist: "),
         (f"sslmode=require&sslrootcert={tmp_path}",
          f"sslrootcert in the database URL names '{tmp_path}', which is a directory, not a "),
-        (f"sslmode=verify-ca&sslrootcert={tmp_path / 'empty.pem'}",
-         "a TLS file the database URL names cannot be used ([X509: NO_CERTIFICATE_OR_CRL"),
     ):  # fmt: skip
         url = f"postgresql://u:S3cret@127.0.0.1:1/x?{query}"
-        done = subprocess.run(
-            [sys.executable, "-m", "turnkit.cli", command, *flags, "--database-url", url],
-            capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path,
-        )  # fmt: skip
-        assert done.returncode == 2, done.stderr
-        assert "unavailable" not in done.stderr  # never taken for an outage
-        [line] = done.stderr.splitlines()
+        out = io.StringIO()
+        assert main([command, *flags, "--database-url", url], out=out) == 2
+        err = capsys.readouterr().err
+        first = err.splitlines()[0]  # said at once, then waited for
+        assert f": {says}" in first
+        assert first.endswith("waiting up to 0.5 s for it")
+        line = err.splitlines()[-1]
         assert line.startswith(f"turnkit: {says}"), line
         assert line.endswith("[configuration-invalid; see docs/errors.md#configuration-invalid]")
-        assert "S3cret" not in done.stderr + done.stdout
+        assert "S3cret" not in err + out.getvalue()
 
 
 def test_serve_waits_for_a_database_that_refuses_connections(tmp_path: Path) -> None:
@@ -785,6 +813,37 @@ def test_the_worker_command_shows_worker_lines_on_stderr(
     assert main(["worker", "--database-url", secret], out=out) == 0
     assert " on postgresql://app:***@127.0.0.1:1/x, hosting demo (model " in out.getvalue()
     assert "S3cret" not in out.getvalue()
+    out = io.StringIO()  # nor one given in its query, nor a client key's passphrase
+    query = "postgresql://app@127.0.0.1:1/x?password=S3cret&sslpassword=K3yPass&sslmode=prefer"
+    assert main(["worker", "--database-url", query], out=out) == 0
+    assert (
+        " on postgresql://app@127.0.0.1:1/x?password=***&sslmode=prefer&sslpassword=***, "
+    ) in out.getvalue()
+    assert "S3cret" not in out.getvalue()
+    assert "K3yPass" not in out.getvalue()
+
+
+def test_a_database_url_is_shown_without_the_secrets_in_its_query() -> None:
+    """A password, a client key's passphrase or a token in the query is `***`; the rest,
+    file paths included, stays readable."""
+    from turnkit.store.sql import shown_url
+
+    url = (
+        "postgresql+asyncpg://u:pw@db:5432/app?sslmode=verify-full&sslpassword=K3yPass"
+        "&sslkey=/certs/client.key&sslcert=/certs/client.crt&sslrootcert=/certs/ca.pem"
+        "&passfile=/home/u/.pgpass&application_name=api&password=S3cret&AuthToken=T0k&x_Key=z"
+    )
+    assert shown_url(url) == (  # as SQLAlchemy renders a query: sorted, paths quoted
+        "postgresql://u:***@db:5432/app?AuthToken=***&application_name=api"
+        "&passfile=%2Fhome%2Fu%2F.pgpass&password=***&sslcert=%2Fcerts%2Fclient.crt"
+        "&sslkey=%2Fcerts%2Fclient.key&sslmode=verify-full&sslpassword=***"
+        "&sslrootcert=%2Fcerts%2Fca.pem&x_Key=***"
+    )
+    # One SQLAlchemy cannot read (a port that is no number): all before the host hidden.
+    assert shown_url("postgresql://u:pw@db:x/app?password=S3cret&sslmode=require") == (
+        "postgresql://***@db:x/app?password=***&sslmode=require"
+    )
+    assert shown_url("sqlite:///tmp/app.db") == "sqlite:///tmp/app.db"
 
 
 def test_the_worker_s_first_line_names_each_agent_s_model_and_the_demo_one_as_such(
@@ -821,6 +880,7 @@ def test_a_start_up_line_names_served_models_without_their_secrets() -> None:
     from turnkit.models.litellm import LiteLLMClient, ModelEndpoint
 
     proxy = "https://app:S3cret@llm.example.com:8443/v1?api-key=K3y"
+    keyed = "https://gateway.example.com/key/sk-Pr0xyKey123/v1"
     cheap = ModelFamily("cheap", [LiteLLMClient("openai/gpt-4o-mini", api_key="sk-L34k"),
                                   DemoModel()])  # fmt: skip
     fast = ModelEndpoint(model="openai/gpt-4o", api_base=proxy, api_key_env="FAST_KEY")
@@ -829,17 +889,19 @@ def test_a_start_up_line_names_served_models_without_their_secrets() -> None:
             Agent(name="support", model="fast"),
             Agent(name="triage", model=cheap),
             Agent(name="plain", model="anthropic/claude-3-5-haiku"),
+            Agent(name="gated", model="gated"),
         ],
-        models={"fast": fast},
+        models={"fast": fast, "gated": ModelEndpoint(model="openai/gpt-4o", api_base=keyed)},
     )
     line = hosting(runtime)
     assert line == (
         "support (model fast: openai/gpt-4o at https://llm.example.com:8443/v1), "
         "triage (model family cheap: openai/gpt-4o-mini, turnkit-demo, the OFFLINE DEMO model: "
         "fixed rules, not an LLM; set TURNKIT_MODEL or --agent for a real one), "
-        "plain (model anthropic/claude-3-5-haiku)"
+        "plain (model anthropic/claude-3-5-haiku), "
+        "gated (model gated: openai/gpt-4o at https://gateway.example.com/key/sk-***/v1)"
     )
-    for secret in ("S3cret", "K3y", "sk-L34k"):
+    for secret in ("S3cret", "K3y", "sk-L34k", "Pr0xyKey123"):
         assert secret not in line
 
 
@@ -1014,6 +1076,18 @@ def test_an_api_base_without_a_model_is_refused(
     assert main(argv, out=io.StringIO()) == 2  # not the demo model, silently
     err = capsys.readouterr().err
     assert err.startswith("turnkit: --api-base is for --model (or $TURNKIT_MODEL): name the model")
+
+
+def test_run_with_a_blank_model_variable_runs_the_demo_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`TURNKIT_MODEL=" "` (a blank in a .env or a ConfigMap) is unset, as serve and the
+    worker have it: the demo model answers, not an unknown model ' '."""
+    monkeypatch.setenv("TURNKIT_MODEL", " \t")
+    out = io.StringIO()
+    assert main(["run", "What is 2 + 3?", "--database-url", f"sqlite:///{tmp_path / 'd.db'}"],
+                out=out) == 0  # fmt: skip
+    assert "5" in out.getvalue()
 
 
 def test_run_with_a_missing_key_names_the_variable(
@@ -1322,7 +1396,7 @@ def test_an_empty_yes_no_setting_means_its_default(empty: str) -> None:
     assert runtime_from_env(off).config.recover_in_process is False  # follows driving
 
 
-@pytest.mark.parametrize("blank", [" ", " , "])
+@pytest.mark.parametrize("blank", [" ", " , ", "\n", "\t,\n "])
 def test_a_blank_agent_or_model_variable_means_the_demo_in_the_app_as_in_the_worker(
     blank: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -1330,7 +1404,7 @@ def test_a_blank_agent_or_model_variable_means_the_demo_in_the_app_as_in_the_wor
     from turnkit.quickstart import runtime_from_env
 
     env = {"TURNKIT_DATABASE_URL": "sqlite:///:memory:", "TURNKIT_AGENT": blank,
-           "TURNKIT_MODEL": " "}  # fmt: skip
+           "TURNKIT_MODEL": " \n"}  # fmt: skip
     app = runtime_from_env(env).agent
     for name, value in env.items():
         monkeypatch.setenv(name, value)

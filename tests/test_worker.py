@@ -597,6 +597,124 @@ def test_a_tls_file_is_blamed_only_when_the_driver_reads_it_and_it_is_not_there(
     )
 
 
+def _wrapped_in_unavailable(error: OSError) -> StoreUnavailableError:
+    """What a store raises when connecting fails with `error` (its context)."""
+    from turnkit.store.sql import unavailable
+
+    try:
+        try:
+            raise error
+        except OSError as exc:
+            raise unavailable(exc) from None
+    except StoreUnavailableError as outer:
+        return outer
+
+
+def test_a_tls_file_the_driver_does_not_read_is_never_blamed_for_a_socket_not_there(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Over Unix sockets only and with no sslmode the driver uses no TLS, so a missing
+    socket (a restart) is an outage whatever certificate is named; an `sslkey` is read
+    only beside a certificate; a database other than PostgreSQL reads none."""
+    from turnkit.store.sql import tls_file_missing, tls_file_refused
+
+    for name in ("PGSSLMODE", "PGSSLROOTCERT", "PGSSLCERT", "PGSSLKEY", "PGSSLCRL", "PGHOST"):
+        monkeypatch.delenv(name, raising=False)
+    gone = _wrapped_in_unavailable(FileNotFoundError(2, "No such file or directory"))
+    missing = tmp_path / "client.crt"
+    for url in (
+        f"postgresql://u@/x?host=/var/run/postgresql&sslcert={missing}",
+        f"postgresql://u@%2Fvar%2Frun%2Fpostgresql/x?sslcert={missing}",
+        f"postgresql+asyncpg://u@/x?host=/run/postgresql,/tmp&sslcert={missing}",
+        f"postgresql://u@127.0.0.1/x?sslmode=require&sslkey={missing}",
+        f"sqlite:///{tmp_path / 'x.db'}?sslcert={missing}",
+    ):
+        assert tls_file_refused(gone, url) is None, url
+    monkeypatch.setenv("PGSSLCERT", str(missing))
+    assert tls_file_refused(gone, "postgresql://u@/x?host=/var/run/postgresql") is None
+    monkeypatch.setenv("PGHOST", "/var/run/postgresql")
+    assert tls_file_refused(gone, "postgresql://u@/x") is None
+    monkeypatch.delenv("PGHOST")
+    # No host at all: the driver's defaults end with localhost (TCP), so it reads them.
+    blamed = f"$PGSSLCERT names '{missing}', which does not exist"
+    assert (tls_file_refused(gone, "postgresql://u@/x") or "").startswith(blamed)
+    # Told to use TLS, the driver reads them over a socket too.
+    socket = "postgresql://u@/x?host=/var/run/postgresql&sslmode=require"
+    assert (tls_file_refused(gone, socket) or "").startswith(blamed)
+    assert (tls_file_missing(gone, socket) or "").startswith(blamed)  # it may yet appear
+    monkeypatch.setenv("PGSSLMODE", "prefer")
+    assert (tls_file_refused(gone, "postgresql://u@/x?host=/tmp") or "").startswith(blamed)
+
+
+def test_verify_full_with_an_underscore_reads_the_root_certificate(tmp_path: Path) -> None:
+    """The driver takes `verify_full` as `verify-full`: a missing `sslrootcert` is named."""
+    from turnkit.store.sql import tls_file_refused
+
+    gone = _wrapped_in_unavailable(FileNotFoundError(2, "No such file or directory"))
+    for mode in ("verify_full", "verify_ca"):
+        url = f"postgresql://u@db/x?sslmode={mode}&sslrootcert={tmp_path / 'ca.pem'}"
+        assert (tls_file_refused(gone, url) or "").startswith("sslrootcert in the database URL")
+
+
+async def test_a_tls_file_that_appears_during_the_grace_is_used_and_one_that_does_not_stops(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A certificate a sidecar writes after the start is waited for, as a host name that
+    does not resolve yet; one still missing after the grace stops the start, and one
+    with no certificate in it stops it at once."""
+    import ssl
+
+    from turnkit.errors import ConfigurationError
+    from turnkit.runtime.worker import until_reached
+
+    for name in ("PGSSLMODE", "PGSSLROOTCERT", "PGSSLCERT", "PGSSLKEY", "PGSSLCRL"):
+        monkeypatch.delenv(name, raising=False)
+    ca = tmp_path / "ca.pem"
+    url = f"postgresql://u@db/x?sslmode=verify-full&sslrootcert={ca}"
+    tries: list[float] = []
+
+    async def attempt() -> None:
+        tries.append(time.monotonic())
+        if len(tries) == 3:
+            ca.write_text("-----BEGIN CERTIFICATE-----\n")  # the sidecar wrote it
+        if not ca.exists():
+            raise _wrapped_in_unavailable(FileNotFoundError(2, "No such file or directory"))
+
+    caplog.set_level(logging.WARNING, logger="turnkit.worker")
+    async with asyncio.timeout(20):
+        assert await until_reached(attempt, url, asyncio.Event())
+    assert len(tries) == 3
+    assert f"names '{ca}', which does not exist: check the path" in caplog.text
+
+    ca.unlink()
+    tries.clear()
+    monkeypatch.setattr("turnkit.runtime.worker.UNRESOLVED_GRACE_S", 0.5)
+
+    async def never() -> None:
+        tries.append(time.monotonic())
+        raise _wrapped_in_unavailable(FileNotFoundError(2, "No such file or directory"))
+
+    with pytest.raises(ConfigurationError, match=f"names '{ca}', which does not exist"):
+        async with asyncio.timeout(20):
+            await until_reached(never, url, asyncio.Event())
+    assert len(tries) > 1
+    assert tries[-1] - tries[0] >= 0.5
+
+    ca.write_text("")
+    tries.clear()
+
+    async def unparsed() -> None:
+        tries.append(time.monotonic())
+        error = ssl.SSLError(136, "[X509: NO_CERTIFICATE_OR_CRL_FOUND] no certificate")
+        error.library = "X509"
+        raise _wrapped_in_unavailable(error)
+
+    with pytest.raises(ConfigurationError, match="a TLS file the database URL names cannot"):
+        async with asyncio.timeout(20):
+            await until_reached(unparsed, url, asyncio.Event())
+    assert len(tries) == 1
+
+
 class _HungBuffer:
     """A replay buffer behind a Redis that stopped answering (hung, or a network that
     drops packets): publishing and releasing wait until `answers` is set."""

@@ -32,6 +32,7 @@ as `turnkit serve` does (once a process; not when a tracer provider is set alrea
 from __future__ import annotations
 
 import os
+import string
 import sys
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -111,7 +112,9 @@ def runtime_from_env(env: Mapping[str, str] | None = None) -> SessionRuntime:
         listen_for_stops=env_listen_for_stops(env),
     )  # RuntimeConfig refuses a `budgets` other than those two
     replay = replay_from_url(env.get("TURNKIT_REDIS_URL"))
-    named = env.get("TURNKIT_AGENT", "").strip(" ,")  # blank: unset, as `turnkit worker` has it
+    named = env.get("TURNKIT_AGENT", "").strip(
+        string.whitespace + ","
+    )  # blank: unset, as `turnkit worker` has it
     agents = (
         load_agents(named) if named else (demo_agent(env.get("TURNKIT_MODEL", "").strip() or None),)
     )

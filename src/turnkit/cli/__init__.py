@@ -90,7 +90,7 @@ log = logging.getLogger("turnkit.cli")
 
 
 async def _run(args: argparse.Namespace, out: TextIO) -> int:
-    model = args.model or os.environ.get("TURNKIT_MODEL") or None
+    model = args.model or os.environ.get("TURNKIT_MODEL", "").strip() or None  # blank: demo
     if model is None and (args.api_base or args.api_key_env):
         flag = "--api-base" if args.api_base else "--api-key-env"
         raise ConfigurationError(f"{flag} is for --model (or $TURNKIT_MODEL): name the model")

@@ -28,6 +28,7 @@ from turnkit.config import (
 )
 from turnkit.demo import DEMO_MODEL_NAME
 from turnkit.errors import ConfigurationError
+from turnkit.models._errors import redact_secrets
 from turnkit.runtime import SessionRuntime
 
 __all__ = (
@@ -143,7 +144,8 @@ def hosting(runtime: SessionRuntime) -> str:
 
     `support (model openai/gpt-4o-mini), triage (model fast: family fast: a, b)`; the
     demo model says that it is the offline demo, not an LLM. Model names and endpoint
-    addresses only: never a key, nor an address's user, password or query.
+    addresses only: never a key, nor an address's user, password or query (nor a key in its
+    path).
     """
     return ", ".join(
         f"{agent.name} (model {_model(agent.model, runtime.models)})"
@@ -171,7 +173,10 @@ def _model(model: object, served: Mapping[str, object], depth: int = 0) -> str:
 
 
 def _address(url: str) -> str:
-    """An endpoint's address without what may be secret: its user, password and query."""
+    """An endpoint's address without what may be secret: its user, password and query.
+
+    A key-shaped part of its path (`/key/sk-…/v1`) shows as `***`.
+    """
     try:
         parts = urlsplit(url if "//" in url else f"//{url}")
         host = parts.hostname or "?"
@@ -180,7 +185,7 @@ def _address(url: str) -> str:
         return "?"
     host = f"[{host}]" if ":" in host else host
     scheme = f"{parts.scheme}://" if parts.scheme else ""
-    return f"{scheme}{host}{port}{parts.path}"
+    return f"{scheme}{host}{port}{redact_secrets(parts.path)}"
 
 
 def named_agents(args: argparse.Namespace) -> list[str]:

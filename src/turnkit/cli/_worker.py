@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import os
 import signal
+import string
 from typing import TextIO
 
 from turnkit.agent import Agent, load_agents
@@ -39,7 +40,7 @@ def hosted_agents(args: argparse.Namespace) -> tuple[Agent, ...]:
 
     `$TURNKIT_AGENT` as `turnkit serve` reads it: names separated by commas.
     """
-    named = named_agents(args) or os.environ.get("TURNKIT_AGENT", "").strip(" ,")
+    named = named_agents(args) or os.environ.get("TURNKIT_AGENT", "").strip(string.whitespace + ",")
     model = os.environ.get("TURNKIT_MODEL", "").strip() or None  # blank: the demo model
     return load_agents(named) if named else (demo_agent(model),)
 

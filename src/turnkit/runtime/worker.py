@@ -24,7 +24,7 @@ from turnkit.runtime._turn_log import TurnLog
 from turnkit.runtime.deps import NO_DEPS
 from turnkit.runtime.driver import TurnDriver, hand_over_all
 from turnkit.store import Lease
-from turnkit.store.sql import tls_file_refused, tls_refused, unresolved_host
+from turnkit.store.sql import tls_file_missing, tls_file_refused, tls_refused, unresolved_host
 
 __all__ = ("Worker", "until_reached")
 
@@ -35,11 +35,12 @@ STILL_AWAY_EVERY_S = 30.0
 """While the database stays away, a warning says so again this often (and for how long)."""
 
 UNRESOLVED_GRACE_S = 30.0
-"""How long a starting process waits for a database host name that does not resolve.
+"""How long a starting process waits for a database host name that does not resolve, or a
+TLS file the database URL names that is missing or unreadable.
 
 A name a platform gives a service (a compose service, a StatefulSet's pod) may not exist
-until that service is up; one that still does not resolve after this is taken as a
-mistyped URL."""
+until that service is up, nor a certificate a sidecar writes until it has run; one still
+not there after this is taken as a mistyped URL."""
 
 
 class _Backoff:
@@ -100,40 +101,57 @@ async def until_reached(
     """Run `attempt` until it reaches the database; False if `stop` is set first.
 
     A database that is down or refuses connections is waited out with backoff (0.2 s
-    doubling to 5 s), logged when it starts and again every 30 s while it lasts. So is a
-    host name that does not resolve, for `UNRESOLVED_GRACE_S`: a platform's name for a
-    service that is not up yet.
+    doubling to 5 s), logged when it starts and again every 30 s while it lasts. So is,
+    for `UNRESOLVED_GRACE_S`, what may not exist yet while the process starts: a host name
+    that does not resolve (a platform's name for a service that is not up yet), and a TLS
+    file the URL names that is missing or unreadable (a certificate a sidecar writes).
 
     Raises:
-        ConfigurationError: the database's host name still does not resolve after
-            `UNRESOLVED_GRACE_S` (a mistyped URL, most likely), its TLS settings cannot
-            reach it (a certificate that fails verification), or a TLS file the URL names
-            (`sslrootcert`, `sslcert`, `sslkey`, `sslcrl`) is missing or unreadable: no
+        ConfigurationError: the database's host name still does not resolve, or a TLS
+            file the URL names (`sslrootcert`, `sslcert`, `sslkey`, `sslcrl`) is still
+            missing or unreadable, after `UNRESOLVED_GRACE_S` (a mistyped URL, most
+            likely); or at once, its TLS settings cannot reach it (a certificate that
+            fails verification) or a TLS file holds no certificate or key it can use: no
             wait mends those.
     """
     backoff = _Backoff(logger=logger)
-    unresolved_since: float | None = None
+    missing_since: float | None = None
     while not stop.is_set():
         try:
             await attempt()
             return True
         except (StoreUnavailableError, OSError) as exc:
-            refused = tls_refused(exc) or tls_file_refused(exc, database_url)
-            if refused is not None:
-                raise ConfigurationError(refused) from exc
-            host = unresolved_host(exc, database_url)
+            missing = _not_there_yet(exc, database_url)
             now = time.monotonic()
-            if host is None:
-                unresolved_since = None
-            elif unresolved_since is None:
-                unresolved_since = now
-            elif now - unresolved_since >= UNRESOLVED_GRACE_S:
-                raise ConfigurationError(
-                    f"the database host {host!r} does not resolve: check the host name in "
-                    "the database URL"
-                ) from exc
+            if missing is None:
+                missing_since = None
+            elif missing_since is None:
+                missing_since = now
+                logger.warning("%s; waiting up to %g s for it", missing, UNRESOLVED_GRACE_S)
+            elif now - missing_since >= UNRESOLVED_GRACE_S:
+                raise ConfigurationError(missing) from exc
             await _wait(backoff.next(exc), stop)
     return False
+
+
+def _not_there_yet(exc: BaseException, database_url: str) -> str | None:
+    """What `exc` says is not there (yet), as `until_reached` says it after the grace.
+
+    None for an outage.
+
+    Raises:
+        ConfigurationError: what no wait mends (`tls_refused`, a TLS file unparsed).
+    """
+    missing = tls_file_missing(exc, database_url)
+    refused = tls_refused(exc) or (None if missing else tls_file_refused(exc, database_url))
+    if refused is not None:
+        raise ConfigurationError(refused) from exc
+    if missing is not None:
+        return missing
+    host = unresolved_host(exc, database_url)
+    if host is None:
+        return None
+    return f"the database host {host!r} does not resolve: check the host name in the database URL"
 
 
 class Worker:
@@ -202,10 +220,11 @@ class Worker:
 
         A database that cannot be reached (at start or later) is waited out with backoff
         (0.2 s doubling to 5 s): the worker logs it, again every 30 s while it lasts, and
-        keeps trying until `stop`. At start, a host name that still does not resolve
-        after `UNRESOLVED_GRACE_S` (30 s), or TLS settings that cannot reach the database
-        (a certificate that fails verification, a TLS file the URL names that is not
-        there), raise `ConfigurationError` instead.
+        keeps trying until `stop`. At start, a host name that still does not resolve or a
+        TLS file the URL names that is still not there after `UNRESOLVED_GRACE_S` (30 s),
+        or at once TLS settings that cannot reach the database (a certificate that fails
+        verification, a TLS file with no certificate or key in it), raise
+        `ConfigurationError` instead.
         """
         runtime = self.runtime
         if not await self._until_open(stop):

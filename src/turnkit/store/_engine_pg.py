@@ -17,6 +17,7 @@ import ssl
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any, Final, TypeVar
+from urllib.parse import unquote, unquote_plus
 
 from sqlalchemy import event
 from sqlalchemy.engine import ExceptionContext, make_url
@@ -58,6 +59,7 @@ __all__ = (
     "shown_url",
     "is_unreachable",
     "reached_read_only",
+    "tls_file_missing",
     "tls_file_refused",
     "unavailable",
     "unresolved_host",
@@ -334,14 +336,42 @@ def asyncpg_dsn(url: str) -> tuple[str, float]:
 
 
 def shown_url(url: str) -> str:
-    """A database URL as logs and errors may show it: no password, no driver name."""
+    """A database URL as logs and errors may show it: no password, no driver name.
+
+    The password is `***`, in the URL's `user:password@` and in its query: the value of
+    any option whose name holds `pass`, `secret`, `token` or `key` (`password`,
+    `sslpassword` …) is `***` too, except the options that name a file (`sslkey`,
+    `sslcert`, `sslrootcert`, `sslcrl`, `passfile`), which show the path.
+    """
     try:
         parsed = make_url(url)
     except (ArgumentError, ValueError):  # not a URL SQLAlchemy reads (`postgresql:/u:pw@h`)
-        return masked_url(url)
+        return _masked_query(masked_url(url))
     if parsed.drivername.startswith("postgresql"):
         parsed = parsed.set(drivername="postgresql")
-    return parsed.render_as_string(hide_password=True)
+    return _masked_query(parsed.render_as_string(hide_password=True))
+
+
+_SECRET_OPTION: Final = re.compile(r"pass|secret|token|key", re.IGNORECASE)
+"""A URL query option whose value may be a secret (`password`, `sslpassword`, `api_key` …)."""
+_PATH_OPTIONS: Final = frozenset({"sslkey", "sslcert", "sslrootcert", "sslcrl", "passfile"})
+"""Query options that name a file, shown: the path is no secret, and the errors name it."""
+_QUERY_OPTION: Final = re.compile(r"([?&])([^=&#]*)=([^&#]*)")
+
+
+def _masked_query(url: str) -> str:
+    """`url` with the values of its secret-looking query options as `***`."""
+    head, mark, query = url.partition("?")
+    if not mark:
+        return url
+
+    def masked(option: re.Match[str]) -> str:
+        name = unquote_plus(option[2]).strip().lower()
+        if _SECRET_OPTION.search(name) is None or name in _PATH_OPTIONS:
+            return option[0]
+        return f"{option[1]}{option[2]}=***"
+
+    return head + _QUERY_OPTION.sub(masked, mark + query)
 
 
 def is_unreachable(exc: BaseException) -> bool:
@@ -472,7 +502,8 @@ _TLS_FILES: Final = (
 )
 """The files a PostgreSQL URL's TLS reads, by query option and the variable that stands in."""
 _VERIFYING: Final = frozenset({"require", "verify-ca", "verify-full"})
-"""The `sslmode`s under which the driver reads `sslrootcert` and `sslcrl`."""
+"""The `sslmode`s under which the driver reads `sslrootcert` and `sslcrl` (it reads
+`verify_full` as `verify-full`)."""
 _FILE_ERRORS: Final = (FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError)
 
 
@@ -481,44 +512,88 @@ def tls_file_refused(exc: BaseException, url: str) -> str | None:
 
     The driver reads `sslrootcert`, `sslcrl`, `sslcert` and `sslkey` (or `$PGSSLROOTCERT`
     and the like) before it connects: one that does not exist, is a directory or cannot
-    be read, or holds no certificate or key, fails every attempt the same way, which no
-    wait mends. The message names the option and the path. None for any other failure
-    (a Unix socket not there yet is an outage), and under `sslmode=disable`.
+    be read, or holds no certificate or key, fails every attempt the same way. The
+    message names the option and the path. None for any other failure (a Unix socket not
+    there yet is an outage), and for a file the driver does not read: under
+    `sslmode=disable`; with only Unix-socket hosts and no `sslmode` (no TLS then); an
+    `sslkey` without an `sslcert`; `sslrootcert` and `sslcrl` under `allow` or `prefer`;
+    any of them for a database other than PostgreSQL.
     """
+    found = _tls_file_problem(exc, url)
+    return found[0] if found is not None else None
+
+
+def tls_file_missing(exc: BaseException, url: str) -> str | None:
+    """`tls_file_refused`'s answer when the file is missing or unreadable, not unparsed.
+
+    Such a file may yet appear (a mounted secret, a sidecar that writes a certificate
+    after the process starts); one that holds no certificate or key will not mend.
+    """
+    found = _tls_file_problem(exc, url)
+    return found[0] if found is not None and found[1] else None
+
+
+def _tls_file_problem(exc: BaseException, url: str) -> tuple[str, bool] | None:
+    """`tls_file_refused`'s message, and whether the file is missing or unreadable."""
     errors = list(_wrapped(exc))
     unreadable = any(isinstance(e, _FILE_ERRORS) for e in errors)
     unparsed = next((e for e in errors if _tls_file_unparsed(e)), None)
     if not unreadable and unparsed is None:
         return None
-    try:
-        query = make_url(url).query
-    except (ArgumentError, ValueError):
-        return None
-    mode = _option(query, "sslmode") or os.environ.get("PGSSLMODE") or "prefer"
-    if mode == "disable":
-        return None
-    named: list[str] = []
-    for option, variable in _TLS_FILES:
-        if option in ("sslrootcert", "sslcrl") and mode not in _VERIFYING:
-            continue  # not read under allow or prefer
-        path, source = _option(query, option), f"{option} in the database URL"
-        if not path:
-            path, source = os.environ.get(variable), f"${variable}"
-        if not path:
-            continue
-        named.append(f"{option}={path}")
+    files = _tls_files_read(url)
+    for _, path, source in files:
         problem = _file_problem(path)
         if unreadable and problem is not None:
             return (
                 f"{source} names {path!r}, which {problem}: check the path, and that the "
                 "file is there for this process (a mounted secret, a container's volume)"
-            )
-    if unparsed is not None and named:
+            ), True
+    if unparsed is not None and files:
+        named = ", ".join(f"{option}={path}" for option, path, _ in files)
         return (
             f"a TLS file the database URL names cannot be used ({first_line(unparsed)}): "
-            f"check {', '.join(named)} (PEM certificates and keys)"
-        )
+            f"check {named} (PEM certificates and keys)"
+        ), False
     return None
+
+
+def _tls_files_read(url: str) -> list[tuple[str, str, str]]:
+    """The TLS files asyncpg reads to connect to `url`: (option, path, where it is named)."""
+    try:
+        parsed = make_url(url)
+    except (ArgumentError, ValueError):
+        return []
+    if parsed.drivername.split("+")[0] not in ("postgresql", "postgres"):
+        return []
+    query = parsed.query
+    given = _option(query, "sslmode") or os.environ.get("PGSSLMODE")
+    if given is None and _unix_sockets_only(parsed):
+        return []  # the driver uses no TLS over a Unix socket unless told to
+    mode = (given or "prefer").replace("_", "-")
+    if mode == "disable":
+        return []
+    files: list[tuple[str, str, str]] = []
+    for option, variable in _TLS_FILES:
+        if option in ("sslrootcert", "sslcrl") and mode not in _VERIFYING:
+            continue  # not read under allow or prefer
+        if option == "sslkey" and not any(named == "sslcert" for named, _, _ in files):
+            continue  # read only beside a certificate
+        path, source = _option(query, option), f"{option} in the database URL"
+        if not path:
+            path, source = os.environ.get(variable), f"${variable}"
+        if path:
+            files.append((option, path, source))
+    return files
+
+
+def _unix_sockets_only(parsed: Any) -> bool:
+    """Every host asyncpg would try for URL `parsed` is a Unix socket's directory.
+
+    The host in the URL, else its `host` option, else `$PGHOST`; none at all means the
+    driver's defaults, which end with `localhost` (TCP).
+    """
+    hosts = unquote(parsed.host or "") or _option(parsed.query, "host") or os.environ.get("PGHOST")
+    return bool(hosts) and all(host.startswith("/") for host in str(hosts).split(","))
 
 
 def _option(query: Any, name: str) -> str | None:
