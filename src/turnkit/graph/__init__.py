@@ -158,8 +158,6 @@ def bind_state(
     answer = state.get("answer")
     if answer is not None:  # the loop's answer, streamed: a Stop now keeps it as shown
         shown(rec, "tool-loop", answer)
-        committed = rec.journal.generation(answer["generation_id"])
-        rec.notes.answer_kept |= committed is not None and committed.is_answer
     previous = state["previous"]
     if previous is not None:
         kept = rec.notes.stored_request

@@ -38,7 +38,7 @@ from turnkit.events import (
     RunFinishedEvent,
 )
 from turnkit.ids import StageId
-from turnkit.runtime._transcript import answer_filtered, ended_transcript
+from turnkit.runtime._transcript import answer_filtered, answer_kept, ended_transcript
 from turnkit.states import TerminalStatus
 from turnkit.store import RunSummary
 from turnkit.telemetry import OpenCall, Recorder
@@ -240,7 +240,7 @@ def _keep_shown_answer(rec: Recorder) -> None:
     if f"message.complete:{shown.generation_id}" not in rec.journal.keys:
         block = TextBlock(block_id=shown.block_id, text=shown.text, interrupted=True)
         rec.durable(MessageCompleteEvent, shown.stage_id, block=block)
-    elif not rec.notes.answer_kept:
+    elif not answer_kept(rec):
         return  # kept as narration (it failed the answer's check): the turn went on
     said: TranscriptMessage = {"role": "assistant", "content": shown.text}
     transcript = rec.notes.transcript

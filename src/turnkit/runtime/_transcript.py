@@ -25,7 +25,13 @@ from turnkit.states import TerminalStatus
 from turnkit.store import KeptTranscript, Store, TurnRecord, TurnTranscript
 from turnkit.telemetry import Recorder
 
-__all__ = ("answer_filtered", "ended_transcript", "opening_message", "session_transcript")
+__all__ = (
+    "answer_filtered",
+    "answer_kept",
+    "ended_transcript",
+    "opening_message",
+    "session_transcript",
+)
 
 _UNCHECKED_INPUT = (
     "[this message never reached the input guardrails (its turn did not keep what it "
@@ -187,8 +193,7 @@ def ended_transcript(
         messages.append({"role": "assistant", "content": _CUT_NOTE})
     if status != "succeeded":
         messages += _unanswered_calls(messages, rec.notes.result_messages)
-        answered = rec.notes.answer_kept or rec.journal.answer_kept  # by an earlier attempt too
-        if not (status == "cancelled" and answered):  # stopped once answered
+        if not (status == "cancelled" and answer_kept(rec)):  # stopped once answered
             note = _ending_note(status, code, message, refusal)
             messages.append({"role": "assistant", "content": note})
     last: dict[str, JsonValue] | None = None
@@ -204,6 +209,14 @@ def ended_transcript(
         replaces_history=part == "replaced",
         last_request=last,
     )
+
+
+def answer_kept(rec: Recorder) -> bool:
+    """Whether the turn's answer is kept.
+
+    Staged by synthesize, or in the log (an earlier attempt's, whichever stage wrote it).
+    """
+    return rec.notes.answer_kept or rec.journal.answer_kept
 
 
 def answer_filtered(rec: Recorder) -> bool:

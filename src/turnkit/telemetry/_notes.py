@@ -92,8 +92,8 @@ class TurnNotes:
     `message.complete` is staged (synthesize), an ending that cuts the turn (a Stop)
     keeps its text as an interrupted block, as it keeps a call cut mid-stream."""
     answer_kept: bool = False
-    """The turn's answer block is staged or committed (an earlier attempt's included): a
-    Stop after it leaves the answer as it is, with no note that it came before it."""
+    """Synthesize is keeping the turn's answer block (an earlier attempt's committed one is
+    in the journal): a Stop after it leaves the answer as it is, with no note after it."""
     answer_filtered: bool = False
     """The provider's content filter cut the turn's answer after some text (set by
     synthesize; an attempt that took over after it reads it from the log)."""
