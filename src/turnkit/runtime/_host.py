@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import logging
 from collections import OrderedDict, deque
-from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncGenerator, Callable, Coroutine
 from typing import Any, Final, TypeVar
 
 from turnkit.agent import Agent
@@ -24,6 +24,7 @@ from turnkit.events import DurableEvent, EphemeralEvent
 from turnkit.ids import SessionId, TurnId
 from turnkit.replay import ReplayBuffer
 from turnkit.runtime._cancel import CancelToken, stop_task, stopped
+from turnkit.runtime._claims import ClaimsInFlight
 from turnkit.runtime._detached import Detached, DetachedTurns
 from turnkit.runtime._publish import BufferPublisher
 from turnkit.runtime._runner import TurnRunner
@@ -82,7 +83,7 @@ class TurnHost:
         """Of those, the turns a Stop ended in the Store: their streams end with that ending,
         running nothing."""
         self._shielded: set[asyncio.Task[Any]] = set()
-        self._claims: set[asyncio.Future[None]] = set()
+        self._claims = ClaimsInFlight()
         """Claims of this host under way: a Stop that finds the turn claimed waits for them
         to land (the turn's driver here is then found, and stopped)."""
         self._deps = _HandedDeps()
@@ -99,7 +100,7 @@ class TurnHost:
         while waited < self.config.ceiling_s:
             slot = await self.slots.take()
             try:
-                lease = await self._claiming(
+                lease = await self._claims.claim(
                     store.claim(
                         self.owner,
                         ttl_s=self.config.lease_ttl_s,
@@ -198,20 +199,6 @@ class TurnHost:
         self._stopped_starting.discard(turn_id)
         self._starting.pop(turn_id, None)
         return True
-
-    async def _claiming(self, claim: Awaitable[Lease | None]) -> Lease | None:
-        """`claim`, counted as under way until it lands (see `_cancel`).
-
-        Its caller registers the turn it claimed before it awaits anything else, so a
-        Stop woken as the claim lands finds the turn's driver here.
-        """
-        landed = asyncio.get_running_loop().create_future()
-        self._claims.add(landed)
-        try:
-            return await claim
-        finally:
-            self._claims.discard(landed)
-            landed.set_result(None)
 
     def _drives(self, turn_id: TurnId) -> bool:
         """Whether a driver here holds (or is about to drive) `turn_id`."""
@@ -469,7 +456,7 @@ class TurnHost:
             return
         slot = await self.slots.take() if then_next else None
         try:
-            lease = await self._claiming(
+            lease = await self._claims.claim(
                 self._store().claim(
                     self.owner,
                     ttl_s=self.config.lease_ttl_s,
@@ -517,7 +504,7 @@ class TurnHost:
             # next turn picked up, a caller's stream waiting for its turn): once it lands,
             # its driver here is found. The flag would only reach it at its next renewal,
             # after its tools began. Stop it now.
-            await asyncio.gather(*(asyncio.shield(claim) for claim in list(self._claims)))
+            await self._claims.landed()
             if self._drives(turn_id):
                 return await self._cancel(turn_id, again=False, by=by)
         return status

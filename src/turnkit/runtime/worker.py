@@ -18,6 +18,7 @@ from turnkit.errors import ConfigurationError, StoreUnavailableError
 from turnkit.ids import TurnId
 from turnkit.runtime import SessionRuntime
 from turnkit.runtime._cancel import stop_task
+from turnkit.runtime._claims import ClaimsInFlight
 from turnkit.runtime._publish import BufferPublisher
 from turnkit.runtime._slots import Slot
 from turnkit.runtime._turn_log import TurnLog
@@ -203,8 +204,8 @@ class Worker:
         self._drivers: dict[asyncio.Task[None], TurnDriver] = {}
         self._claimed: dict[asyncio.Task[None], Lease] = {}
         """Each driving task's lease, from its claim (its driver may not be built yet)."""
-        self._claiming: asyncio.Future[None] | None = None
-        """The claim under way, if any: a Stop waits for it to land (`stop`)."""
+        self._claims = ClaimsInFlight()
+        """Its claim under way, if any: a Stop waits for it to land (`stop`)."""
         self._stopped: set[asyncio.Task[None]] = set()
         """Tasks cancelled by `stop` (Stop pressed), not by shutting down."""
         self._room = asyncio.Event()
@@ -299,17 +300,15 @@ class Worker:
         if slot is None:
             return False
         runtime, config = self.runtime, self.runtime.config
-        claiming = self._claiming = asyncio.get_running_loop().create_future()
         try:
-            lease = await runtime.store.claim(
-                self.owner, ttl_s=config.lease_ttl_s, max_attempts=config.max_attempts
+            lease = await self._claims.claim(
+                runtime.store.claim(
+                    self.owner, ttl_s=config.lease_ttl_s, max_attempts=config.max_attempts
+                )
             )
         except BaseException:
             slot.release()
             raise
-        finally:
-            self._claiming = None
-            claiming.set_result(None)
         if lease is None:
             slot.release()
             return False
@@ -350,8 +349,7 @@ class Worker:
         anything, is ended in the Store, where this worker's lease on it no longer counts.
         `by`: who pressed Stop.
         """
-        if self._claiming is not None:  # a claim in flight may be this turn's: let it land
-            await asyncio.shield(self._claiming)
+        await self._claims.landed()  # a claim in flight may be this turn's: let it land
         for task, lease in list(self._claimed.items()):
             if lease.turn_id == turn_id:  # its driver built or not (it then never runs)
                 self._stopped.add(task)
